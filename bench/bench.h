@@ -1,0 +1,9 @@
+/* stria-bench subcommands. Each returns a process exit code. */
+#ifndef STRIA_BENCH_H
+#define STRIA_BENCH_H
+
+int stria_bench_kernels(int argc, char **argv);
+int stria_bench_ring(int argc, char **argv);
+int stria_bench_transport(int argc, char **argv);
+
+#endif

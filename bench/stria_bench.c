@@ -1,0 +1,45 @@
+/* stria-bench: benchmarks that print ratios measured side by side in one run. */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} stria__bench_cmd_t;
+
+static const stria__bench_cmd_t stria__cmds[] = {
+#ifdef STRIA_BENCH_KERNELS
+    {"kernels", stria_bench_kernels, "attention kernel throughput vs this machine's FMA peak"},
+#endif
+#ifdef STRIA_BENCH_RING
+    {"ring", stria_bench_ring, "ring balance: striped and zigzag vs contiguous layouts"},
+#endif
+#ifdef STRIA_BENCH_TRANSPORT
+    {"transport", stria_bench_transport, "ring-link bandwidth vs ucx_perftest"},
+#endif
+};
+
+static void stria__usage(FILE *out)
+{
+    fprintf(out, "usage: stria-bench COMMAND [OPTIONS]   (stria-bench COMMAND --help)\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof(stria__cmds) / sizeof(stria__cmds[0]); i++)
+        fprintf(out, "  %-10s %s\n", stria__cmds[i].name, stria__cmds[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        stria__usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof(stria__cmds) / sizeof(stria__cmds[0]); i++)
+        if (strcmp(argv[1], stria__cmds[i].name) == 0)
+            return stria__cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "stria-bench: unknown command '%s'\n", argv[1]);
+    stria__usage(stderr);
+    return 2;
+}

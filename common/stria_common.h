@@ -1,0 +1,195 @@
+/*
+ * stria common: status codes and error messages, logging, clocks, the thread
+ * pool, storage dtypes and their conversions, and .npy file I/O.
+ *
+ * Error convention: every fallible function returns stria_status_t (0 = OK,
+ * negative = error). A function that fails also records a human-readable
+ * message in a thread-local buffer, read with stria_error_msg(). The message is
+ * valid until the next failing stria call on the same thread.
+ */
+#ifndef STRIA_COMMON_H
+#define STRIA_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ------------------------------------------------------ */
+
+/* X(name, value, description): the single list behind stria_status_t and
+ * stria_status_str(). */
+#define STRIA_STATUS_MAP(X)                                                                        \
+    X(OK, 0, "success")                                                                            \
+    X(ERR_INVALID_ARG, -1, "invalid argument")                                                     \
+    X(ERR_NO_MEMORY, -2, "out of memory")                                                          \
+    X(ERR_IO, -3, "I/O error")                                                                     \
+    X(ERR_FORMAT, -4, "malformed input")                                                           \
+    X(ERR_UNSUPPORTED, -5, "unsupported")                                                          \
+    X(ERR_TIMEOUT, -6, "deadline exceeded")                                                        \
+    X(ERR_CANCELLED, -7, "cancelled")                                                              \
+    X(ERR_PEER, -8, "peer failure")                                                                \
+    X(ERR_TRANSPORT, -9, "transport error")                                                        \
+    X(ERR_PROTOCOL, -10, "protocol error")                                                         \
+    X(ERR_NOT_FOUND, -11, "not found")                                                             \
+    X(ERR_BUSY, -12, "resource busy")                                                              \
+    X(ERR_AUTH, -13, "authentication failed")                                                      \
+    X(ERR_CLOSED, -14, "connection closed")                                                        \
+    X(ERR_INTERNAL, -15, "internal error")
+
+typedef enum {
+#define STRIA__STATUS_ENUM(name, value, desc) STRIA_##name = value,
+    STRIA_STATUS_MAP(STRIA__STATUS_ENUM)
+#undef STRIA__STATUS_ENUM
+} stria_status_t;
+
+/* Static description of a status code ("invalid argument"); never NULL. */
+const char *stria_status_str(stria_status_t status);
+
+/* Symbolic name of a status code ("STRIA_ERR_INVALID_ARG"); never NULL. */
+const char *stria_status_name(stria_status_t status);
+
+/* Records a message for the calling thread and returns `status`, so that
+ * callers can write `return stria_error_set(STRIA_ERR_INVALID_ARG, "...")`. */
+stria_status_t stria_error_set(stria_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Prepends context to the current thread's message ("rank 2: <old message>")
+ * and returns `status`. */
+stria_status_t stria_error_wrap(stria_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The calling thread's last error message ("" if none). Valid until the next
+ * stria_error_set() on this thread. */
+const char *stria_error_msg(void);
+
+/* Clears the calling thread's message. */
+void stria_error_clear(void);
+
+/* ---- logging ----------------------------------------------------------- */
+
+typedef enum {
+    STRIA_LOG_ERROR = 0,
+    STRIA_LOG_WARN = 1,
+    STRIA_LOG_INFO = 2,
+    STRIA_LOG_DEBUG = 3,
+} stria_log_level_t;
+
+/* Current level; initialised from STRIA_LOG_LEVEL (error|warn|info|debug),
+ * default warn. */
+stria_log_level_t stria_log_level(void);
+void stria_log_set_level(stria_log_level_t level);
+/* Parses "error", "warn", "info", "debug"; returns STRIA_ERR_INVALID_ARG
+ * otherwise. */
+stria_status_t stria_log_parse_level(const char *name, stria_log_level_t *level_out);
+void stria_log_write(stria_log_level_t level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define stria_log(level, ...)                                                                      \
+    do {                                                                                           \
+        if ((level) <= stria_log_level())                                                          \
+            stria_log_write((level), __FILE__, __LINE__, __VA_ARGS__);                             \
+    } while (0)
+#define stria_log_error(...) stria_log(STRIA_LOG_ERROR, __VA_ARGS__)
+#define stria_log_warn(...)  stria_log(STRIA_LOG_WARN, __VA_ARGS__)
+#define stria_log_info(...)  stria_log(STRIA_LOG_INFO, __VA_ARGS__)
+#define stria_log_debug(...) stria_log(STRIA_LOG_DEBUG, __VA_ARGS__)
+
+/* ---- clocks ------------------------------------------------------------ */
+
+/* Monotonic wall clock in seconds. */
+double stria_time_now(void);
+/* CPU time consumed by the calling thread, in seconds. */
+double stria_time_thread_cpu(void);
+
+/* ---- allocation -------------------------------------------------------- */
+
+/* 64-byte aligned allocation; size 0 returns NULL. Free with stria_free(). */
+void *stria_malloc_aligned(size_t size);
+/* As stria_malloc_aligned() but zero-filled. */
+void *stria_calloc_aligned(size_t size);
+void stria_free(void *ptr);
+
+/* ---- thread pool ------------------------------------------------------- */
+
+typedef struct stria_pool stria_pool_t;
+
+/* A task of a parallel loop: `task` in [0, n_tasks), `thread` in
+ * [0, stria_pool_size(pool)) identifies the executing thread (for per-thread
+ * scratch). */
+typedef void (*stria_pool_task_cb)(void *ctx, size_t task, int thread);
+
+/* Creates a pool of `n_threads` threads including the caller (so n_threads - 1
+ * workers are started); 0 means the number of online CPUs. STRIA_THREADS in
+ * the environment overrides 0. Free with stria_pool_destroy(). */
+stria_status_t stria_pool_create(int n_threads, stria_pool_t **pool_out);
+void stria_pool_destroy(stria_pool_t *pool);
+/* Threads of the pool (including the caller); 1 for a NULL pool. */
+int stria_pool_size(const stria_pool_t *pool);
+/* Runs fn for every task and returns when all are done. Tasks are handed out
+ * dynamically in increasing index order. A NULL pool runs them on the caller.
+ * Concurrent calls on one pool are serialised. */
+void stria_pool_run(stria_pool_t *pool, size_t n_tasks, stria_pool_task_cb fn, void *ctx);
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+typedef enum {
+    STRIA_DTYPE_F32 = 0,
+    STRIA_DTYPE_BF16 = 1,
+    STRIA_DTYPE_F16 = 2,
+} stria_dtype_t;
+
+/* "fp32", "bf16", "fp16". */
+const char *stria_dtype_name(stria_dtype_t dtype);
+/* Accepts fp32|f32|float32, bf16|bfloat16, fp16|f16|float16. */
+stria_status_t stria_dtype_parse(const char *name, stria_dtype_t *dtype_out);
+/* Bytes per element (4 or 2); 0 for an unknown dtype. */
+size_t stria_dtype_size(stria_dtype_t dtype);
+
+/* Round-to-nearest-even conversions; NaN stays NaN, overflow gives inf. */
+uint16_t stria_f32_to_bf16(float x);
+float stria_bf16_to_f32(uint16_t x);
+uint16_t stria_f32_to_f16(float x);
+float stria_f16_to_f32(uint16_t x);
+/* Element i of a buffer of `dtype`, as fp32. */
+float stria_dtype_load(stria_dtype_t dtype, const void *base, size_t i);
+/* Stores x (rounded) as element i of a buffer of `dtype`. */
+void stria_dtype_store(stria_dtype_t dtype, void *base, size_t i, float x);
+/* Converts n elements; src and dst must not overlap. */
+void stria_dtype_convert(stria_dtype_t src_dtype, const void *src, stria_dtype_t dst_dtype,
+                         void *dst, size_t n);
+
+/* ---- .npy files -------------------------------------------------------- */
+
+#define STRIA_NPY_MAX_DIMS 8
+
+/* An array read from or written to a .npy file (format 1.0/2.0/3.0, C order,
+ * little-endian). Supported element types: float32 ("<f4"), float16 ("<f2"),
+ * float64 ("<f8", read only, converted to float32). */
+typedef struct {
+    stria_dtype_t dtype; /* STRIA_DTYPE_F32 or STRIA_DTYPE_F16 */
+    int ndim;
+    int64_t shape[STRIA_NPY_MAX_DIMS];
+    void *data; /* owned; free with stria_npy_free() */
+} stria_npy_t;
+
+/* Reads `path` into *arr (arr->data allocated here). Errors name the file and
+ * what is wrong (magic, header, dtype, order, shape, truncation). */
+stria_status_t stria_npy_read(const char *path, stria_npy_t *arr);
+/* Writes `n_elems` elements of `dtype` (F32 or F16) with the given shape. */
+stria_status_t stria_npy_write(const char *path, stria_dtype_t dtype, int ndim,
+                               const int64_t *shape, const void *data);
+/* Frees arr->data and resets *arr; safe on a zeroed or freed array. */
+void stria_npy_free(stria_npy_t *arr);
+/* Number of elements (product of the shape). */
+int64_t stria_npy_numel(const stria_npy_t *arr);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_COMMON_H */

@@ -1,0 +1,44 @@
+#include "stria_common.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double stria_time_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double stria_time_thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void *stria_malloc_aligned(size_t size)
+{
+    void *ptr = NULL;
+    if (size == 0)
+        return NULL;
+    /* Round up so that vector loops may read a whole cache line past the end. */
+    size = (size + 63) & ~(size_t)63;
+    if (posix_memalign(&ptr, 64, size) != 0)
+        return NULL;
+    return ptr;
+}
+
+void *stria_calloc_aligned(size_t size)
+{
+    void *ptr = stria_malloc_aligned(size);
+    if (ptr != NULL)
+        memset(ptr, 0, (size + 63) & ~(size_t)63);
+    return ptr;
+}
+
+void stria_free(void *ptr)
+{
+    free(ptr);
+}

@@ -1,0 +1,900 @@
+/*
+ * The attention driver: argument checks, position masks, tiling, online
+ * softmax, merging and the backward pass, on top of the per-ISA operations of
+ * kernels_int.h. Layout-agnostic: every mask decision comes from positions.
+ */
+#include "kernels_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STRIA__POS_LIMIT ((int64_t)1 << 62)
+
+/* ---- tensors and validation ------------------------------------------- */
+
+stria_tensor_t stria_tensor_contiguous(void *data, stria_dtype_t dtype, int64_t tokens,
+                                       int64_t heads, int64_t head_dim)
+{
+    stria_tensor_t t;
+    t.data = data;
+    t.dtype = dtype;
+    t.stride_head = head_dim;
+    t.stride_token = heads * head_dim;
+    t.stride_batch = tokens * heads * head_dim;
+    return t;
+}
+
+static stria_status_t stria__check_shape(const stria_attn_params_t *p, const char *fn)
+{
+    if (p == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
+    if (p->batch < 1 || p->q_tokens < 1 || p->kv_tokens < 1 || p->heads < 1 || p->kv_heads < 1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: sizes must be >= 1 (batch=%lld q_tokens=%lld kv_tokens=%lld "
+                               "heads=%lld kv_heads=%lld)",
+                               fn, (long long)p->batch, (long long)p->q_tokens,
+                               (long long)p->kv_tokens, (long long)p->heads,
+                               (long long)p->kv_heads);
+    if (p->batch > INT32_MAX || p->q_tokens > INT32_MAX || p->kv_tokens > INT32_MAX ||
+        p->heads > 65536 || p->kv_heads > 65536)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: sizes too large", fn);
+    if (p->heads % p->kv_heads != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: heads (%lld) must be a multiple of kv_heads (%lld)", fn,
+                               (long long)p->heads, (long long)p->kv_heads);
+    if (p->head_dim < STRIA_HEAD_DIM_MIN || p->head_dim > STRIA_HEAD_DIM_MAX ||
+        p->head_dim % 8 != 0)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "%s: head_dim %lld unsupported (must be a multiple of 8 in %d..%d)",
+                               fn, (long long)p->head_dim, STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX);
+    if (!(p->scale >= 0.0f) || isinf(p->scale))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: scale must be a finite number > 0 (or 0 for the default)", fn);
+    return STRIA_OK;
+}
+
+static stria_status_t stria__check_tensor(const stria_tensor_t *t, const char *fn, const char *name,
+                                          int64_t tokens, int64_t heads, int64_t dim,
+                                          bool need_f32)
+{
+    if (t == NULL || t->data == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s is NULL", fn, name);
+    if (stria_dtype_size(t->dtype) == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s has unknown dtype %d", fn,
+                               name, (int)t->dtype);
+    if (need_f32 && t->dtype != STRIA_DTYPE_F32)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s must be fp32, not %s", fn,
+                               name, stria_dtype_name(t->dtype));
+    if (t->stride_batch < 0 || t->stride_token < 0 || t->stride_head < 0 ||
+        (tokens > 1 && t->stride_token == 0) || (heads > 1 && t->stride_head == 0) ||
+        (heads > 1 && t->stride_head < dim && t->stride_token >= dim * heads))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: tensor %s has invalid strides (batch=%lld token=%lld "
+                               "head=%lld, head_dim=%lld)",
+                               fn, name, (long long)t->stride_batch, (long long)t->stride_token,
+                               (long long)t->stride_head, (long long)dim);
+    return STRIA_OK;
+}
+
+static float stria__scale(const stria_attn_params_t *p)
+{
+    return p->scale > 0.0f ? p->scale : 1.0f / sqrtf((float)p->head_dim);
+}
+
+static inline char *stria__row_ptr(const stria_tensor_t *t, int64_t b, int64_t tok, int64_t h)
+{
+    return (char *)t->data +
+           (size_t)(b * t->stride_batch + tok * t->stride_token + h * t->stride_head) *
+               stria_dtype_size(t->dtype);
+}
+
+/* Expands runs into one position per token; checks counts and ranges. */
+static stria_status_t stria__expand_positions(const stria_positions_t *pos, int64_t tokens,
+                                              const char *fn, const char *which, int64_t **out)
+{
+    int64_t *arr = malloc((size_t)tokens * sizeof(int64_t));
+    int64_t n = 0;
+
+    if (arr == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate positions", fn);
+    if (pos->runs == NULL || pos->n_runs == 0) {
+        for (int64_t i = 0; i < tokens; i++)
+            arr[i] = i;
+        *out = arr;
+        return STRIA_OK;
+    }
+    for (size_t r = 0; r < pos->n_runs; r++) {
+        const stria_pos_run_t *run = &pos->runs[r];
+        int64_t last;
+        if (run->count < 0 || run->count > tokens - n) {
+            free(arr);
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "%s: %s position runs hold more than the block's %lld tokens",
+                                   fn, which, (long long)tokens);
+        }
+        if (run->count == 0)
+            continue;
+        if (__builtin_mul_overflow(run->count - 1, run->stride, &last) ||
+            __builtin_add_overflow(last, run->first, &last) || run->first < 0 ||
+            run->first >= STRIA__POS_LIMIT || last < 0 || last >= STRIA__POS_LIMIT) {
+            free(arr);
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "%s: %s position run %zu (first=%lld stride=%lld count=%lld) "
+                                   "leaves [0, 2^62)",
+                                   fn, which, r, (long long)run->first, (long long)run->stride,
+                                   (long long)run->count);
+        }
+        for (int64_t i = 0; i < run->count; i++)
+            arr[n++] = run->first + i * run->stride;
+    }
+    if (n != tokens) {
+        free(arr);
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: %s position runs cover %lld tokens, the block has %lld", fn,
+                               which, (long long)n, (long long)tokens);
+    }
+    *out = arr;
+    return STRIA_OK;
+}
+
+/* ---- per-call context ---------------------------------------------------- */
+
+typedef struct {
+    const stria_kern_ops_t *ops;
+    const stria_attn_params_t *p;
+    int64_t B, Tq, Tk, H, Hkv, G, D, Dp;
+    float scale;
+    bool causal;
+    int64_t nqt, nkt;
+    int64_t *qpos, *kpos;
+    int64_t *qmin, *qmax, *kmin, *kmax; /* per tile */
+    int n_threads;
+} stria__ctx_t;
+
+static void stria__ctx_free(stria__ctx_t *c)
+{
+    free(c->qpos);
+    free(c->kpos);
+    free(c->qmin);
+    free(c->kmin);
+}
+
+static void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int64_t n_tiles,
+                               int64_t *mn, int64_t *mx)
+{
+    for (int64_t t = 0; t < n_tiles; t++) {
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        int64_t end = (t + 1) * tile < n ? (t + 1) * tile : n;
+        for (int64_t i = t * tile; i < end; i++) {
+            lo = pos[i] < lo ? pos[i] : lo;
+            hi = pos[i] > hi ? pos[i] : hi;
+        }
+        mn[t] = lo;
+        mx[t] = hi;
+    }
+}
+
+static stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p,
+                                      const char *fn)
+{
+    stria_status_t st;
+
+    memset(c, 0, sizeof(*c));
+    c->ops = stria__kern_ops();
+    if (c->ops == NULL)
+        return STRIA_ERR_UNSUPPORTED; /* message set by stria__kern_ops() */
+    c->p = p;
+    c->B = p->batch;
+    c->Tq = p->q_tokens;
+    c->Tk = p->kv_tokens;
+    c->H = p->heads;
+    c->Hkv = p->kv_heads;
+    c->G = p->heads / p->kv_heads;
+    c->D = p->head_dim;
+    c->Dp = stria__round_up(p->head_dim, STRIA__DPAD);
+    c->scale = stria__scale(p);
+    c->causal = p->causal;
+    c->nqt = (c->Tq + STRIA__BQ - 1) / STRIA__BQ;
+    c->nkt = (c->Tk + STRIA__BK - 1) / STRIA__BK;
+    c->n_threads = stria_pool_size(p->pool);
+
+    st = stria__expand_positions(&p->q_pos, c->Tq, fn, "query", &c->qpos);
+    if (st != STRIA_OK)
+        return st;
+    st = stria__expand_positions(&p->kv_pos, c->Tk, fn, "key", &c->kpos);
+    if (st != STRIA_OK)
+        goto err;
+    c->qmin = malloc(2 * (size_t)c->nqt * sizeof(int64_t));
+    c->kmin = malloc(2 * (size_t)c->nkt * sizeof(int64_t));
+    if (c->qmin == NULL || c->kmin == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate tile bounds", fn);
+        goto err;
+    }
+    c->qmax = c->qmin + c->nqt;
+    c->kmax = c->kmin + c->nkt;
+    stria__tile_bounds(c->qpos, c->Tq, STRIA__BQ, c->nqt, c->qmin, c->qmax);
+    stria__tile_bounds(c->kpos, c->Tk, STRIA__BK, c->nkt, c->kmin, c->kmax);
+    return STRIA_OK;
+err:
+    stria__ctx_free(c);
+    return st;
+}
+
+/* Tile pair classes under the mask. */
+enum { STRIA__TILE_SKIP = 0, STRIA__TILE_FULL = 1, STRIA__TILE_PARTIAL = 2 };
+
+static inline int stria__tile_class(const stria__ctx_t *c, int64_t qt, int64_t kt)
+{
+    if (!c->causal)
+        return STRIA__TILE_FULL;
+    if (c->kmin[kt] > c->qmax[qt])
+        return STRIA__TILE_SKIP;
+    if (c->kmax[kt] <= c->qmin[qt])
+        return STRIA__TILE_FULL;
+    return STRIA__TILE_PARTIAL;
+}
+
+/* Sets masked scores of a tile (and padding columns) to -inf. */
+static void stria__mask_tile(const stria__ctx_t *c, float *s, int64_t q0, int bq, int64_t k0,
+                             int bk, int cls)
+{
+    for (int i = 0; i < bq; i++) {
+        float *row = s + (size_t)i * STRIA__BK;
+        if (cls == STRIA__TILE_PARTIAL) {
+            int64_t qp = c->qpos[q0 + i];
+            for (int j = 0; j < bk; j++)
+                if (c->kpos[k0 + j] > qp)
+                    row[j] = -INFINITY;
+        }
+        for (int j = bk; j < STRIA__BK; j++)
+            row[j] = -INFINITY;
+    }
+}
+
+/* ---- packing ------------------------------------------------------------- */
+
+/* rows [t0, t0+n) of head h as fp32 [BQ or BK][Dp], zero padded */
+static void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
+                             int64_t h, int64_t t0, int n, int rows, float *dst)
+{
+    for (int i = 0; i < rows; i++) {
+        float *d = dst + (size_t)i * c->Dp;
+        if (i < n) {
+            c->ops->row_load(t->dtype, stria__row_ptr(t, b, t0 + i, h), d, (int)c->D);
+            for (int64_t j = c->D; j < c->Dp; j++)
+                d[j] = 0.0f;
+        } else {
+            memset(d, 0, (size_t)c->Dp * sizeof(float));
+        }
+    }
+}
+
+/* rows [t0, t0+n) of head h transposed: fp32 [Dp][BK], zero padded */
+static void stria__pack_cols(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                             int64_t t0, int n, float *tmp_row, float *dst)
+{
+    memset(dst, 0, (size_t)c->Dp * STRIA__BK * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        c->ops->row_load(t->dtype, stria__row_ptr(t, b, t0 + i, h), tmp_row, (int)c->D);
+        for (int64_t d = 0; d < c->D; d++)
+            dst[(size_t)d * STRIA__BK + (size_t)i] = tmp_row[d];
+    }
+}
+
+/* ---- merge ------------------------------------------------------------- */
+
+/* (oa, *lsea) <- merge of (oa, *lsea) and (ob, lseb). Max-subtracted weights:
+ * both are <= 1, so nothing overflows whatever the LSE gap. */
+static inline void stria__merge_row(float *oa, float *lsea, const float *ob, float lseb,
+                                    int64_t D)
+{
+    float a = *lsea;
+    if (lseb == -INFINITY)
+        return;
+    if (a == -INFINITY) {
+        memcpy(oa, ob, (size_t)D * sizeof(float));
+        *lsea = lseb;
+        return;
+    }
+    float mx = a > lseb ? a : lseb;
+    float lse = mx + log1pf(expf(-fabsf(a - lseb)));
+    float wa = expf(a - lse);
+    float wb = expf(lseb - lse);
+    for (int64_t d = 0; d < D; d++)
+        oa[d] = wa * oa[d] + wb * ob[d];
+    *lsea = lse;
+}
+
+/* ---- forward ----------------------------------------------------------- */
+
+typedef struct {
+    stria__ctx_t *c;
+    const stria_tensor_t *q, *k, *v, *o;
+    float *lse;
+    bool accumulate;
+    float *kt_packed; /* [B][Hkv][nkt][Dp][BK] */
+    float *v_packed;  /* [B][Hkv][nkt][BK][Dp] */
+    float *scratch;   /* per thread */
+    size_t scratch_floats;
+} stria__fwd_job_t;
+
+static void stria__fwd_pack_task(void *arg, size_t task, int thread)
+{
+    stria__fwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t kt = (int64_t)task % c->nkt;
+    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
+    int64_t b = (int64_t)task / c->nkt / c->Hkv;
+    int64_t k0 = kt * STRIA__BK;
+    int n = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
+    size_t tile = (size_t)c->Dp * STRIA__BK;
+    float *tmp = job->scratch + (size_t)thread * job->scratch_floats;
+
+    stria__pack_cols(c, job->k, b, hk, k0, n, tmp, job->kt_packed + task * tile);
+    stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
+}
+
+static void stria__fwd_task(void *arg, size_t task, int thread)
+{
+    stria__fwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    const stria_kern_ops_t *ops = c->ops;
+    int64_t qt = (int64_t)task % c->nqt;
+    int64_t h = ((int64_t)task / c->nqt) % c->H;
+    int64_t b = (int64_t)task / c->nqt / c->H;
+    int64_t hk = h / c->G;
+    int64_t q0 = qt * STRIA__BQ;
+    int bq = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
+    int64_t Dp = c->Dp;
+    size_t tile = (size_t)Dp * STRIA__BK;
+    float *qf = job->scratch + (size_t)thread * job->scratch_floats;
+    float *oacc = qf + STRIA__BQ * Dp;
+    float *s = oacc + STRIA__BQ * Dp;
+    float *m = s + STRIA__BQ * STRIA__BK;
+    float *l = m + STRIA__BQ;
+
+    stria__pack_rows(c, job->q, b, h, q0, bq, bq, qf);
+    memset(oacc, 0, (size_t)bq * (size_t)Dp * sizeof(float));
+    for (int i = 0; i < bq; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    for (int64_t kt = 0; kt < c->nkt; kt++) {
+        int cls = stria__tile_class(c, qt, kt);
+        if (cls == STRIA__TILE_SKIP)
+            continue;
+        int64_t k0 = kt * STRIA__BK;
+        int bk = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
+        size_t tidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
+        const float *ktp = job->kt_packed + tidx * tile;
+        const float *vp = job->v_packed + tidx * tile;
+
+        ops->gemm(bq, STRIA__BK, (int)c->D, qf, Dp, 1, ktp, STRIA__BK, s, STRIA__BK, false);
+        if (cls == STRIA__TILE_PARTIAL || bk < STRIA__BK)
+            stria__mask_tile(c, s, q0, bq, k0, bk, cls);
+        for (int i = 0; i < bq; i++) {
+            float *row = s + (size_t)i * STRIA__BK;
+            float mx = ops->row_max(row, STRIA__BK);
+            if (mx == -INFINITY) { /* this row sees no key of this tile */
+                memset(row, 0, STRIA__BK * sizeof(float));
+                continue;
+            }
+            float m_new = mx * c->scale > m[i] ? mx * c->scale : m[i];
+            float alpha = expf(m[i] - m_new);
+            float sum = ops->row_exp(row, STRIA__BK, c->scale, m_new);
+            l[i] = l[i] * alpha + sum;
+            m[i] = m_new;
+            if (alpha != 1.0f) {
+                float *orow = oacc + (size_t)i * Dp;
+                for (int64_t d = 0; d < Dp; d++)
+                    orow[d] *= alpha;
+            }
+        }
+        ops->gemm(bq, (int)Dp, STRIA__BK, s, STRIA__BK, 1, vp, Dp, oacc, Dp, true);
+    }
+    for (int i = 0; i < bq; i++) {
+        float *orow = oacc + (size_t)i * Dp;
+        float lse_new;
+        if (l[i] > 0.0f) {
+            float inv = 1.0f / l[i];
+            for (int64_t d = 0; d < c->D; d++)
+                orow[d] *= inv;
+            lse_new = m[i] + logf(l[i]);
+        } else {
+            memset(orow, 0, (size_t)c->D * sizeof(float));
+            lse_new = -INFINITY;
+        }
+        float *out = (float *)stria__row_ptr(job->o, b, q0 + i, h);
+        float *lse_out = job->lse + (size_t)((b * c->H + h) * c->Tq + q0 + i);
+        if (job->accumulate) {
+            stria__merge_row(out, lse_out, orow, lse_new, c->D);
+        } else {
+            memcpy(out, orow, (size_t)c->D * sizeof(float));
+            *lse_out = lse_new;
+        }
+    }
+}
+
+stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *o, float *lse, bool accumulate)
+{
+    static const char fn[] = "stria_attn_fwd";
+    stria__fwd_job_t job;
+    stria__ctx_t c;
+    stria_status_t st;
+    size_t tile, n_ktiles;
+
+    st = stria__check_shape(params, fn);
+    if (st != STRIA_OK)
+        return st;
+    if ((st = stria__check_tensor(q, fn, "q", params->q_tokens, params->heads, params->head_dim,
+                                  false)) != STRIA_OK ||
+        (st = stria__check_tensor(k, fn, "k", params->kv_tokens, params->kv_heads,
+                                  params->head_dim, false)) != STRIA_OK ||
+        (st = stria__check_tensor(v, fn, "v", params->kv_tokens, params->kv_heads,
+                                  params->head_dim, false)) != STRIA_OK ||
+        (st = stria__check_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim,
+                                  true)) != STRIA_OK)
+        return st;
+    if (k->dtype != q->dtype || v->dtype != q->dtype)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: q, k and v must share one dtype (q=%s k=%s v=%s)", fn,
+                               stria_dtype_name(q->dtype), stria_dtype_name(k->dtype),
+                               stria_dtype_name(v->dtype));
+    if (lse == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
+    st = stria__ctx_init(&c, params, fn);
+    if (st != STRIA_OK)
+        return st;
+
+    memset(&job, 0, sizeof(job));
+    job.c = &c;
+    job.q = q;
+    job.k = k;
+    job.v = v;
+    job.o = o;
+    job.lse = lse;
+    job.accumulate = accumulate;
+    tile = (size_t)c.Dp * STRIA__BK;
+    n_ktiles = (size_t)(c.B * c.Hkv * c.nkt);
+    job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 2 * STRIA__BQ);
+    job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
+    job.kt_packed = stria_malloc_aligned(2 * n_ktiles * tile * sizeof(float));
+    job.scratch = stria_malloc_aligned((size_t)c.n_threads * job.scratch_floats * sizeof(float));
+    if (job.kt_packed == NULL || job.scratch == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
+                             (2 * n_ktiles * tile * sizeof(float)) >> 20);
+        goto out;
+    }
+    job.v_packed = job.kt_packed + n_ktiles * tile;
+    stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
+    stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
+    st = STRIA_OK;
+out:
+    stria_free(job.scratch);
+    stria_free(job.kt_packed);
+    stria__ctx_free(&c);
+    return st;
+}
+
+/* ---- init, merge, finalize, delta --------------------------------------- */
+
+static stria_status_t stria__check_rows(const stria_attn_params_t *p, const char *fn)
+{
+    /* Row-wise functions need only batch, q_tokens, heads and head_dim. */
+    stria_attn_params_t tmp;
+    if (p == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
+    tmp = *p;
+    tmp.kv_tokens = 1;
+    tmp.kv_heads = 1;
+    return stria__check_shape(&tmp, fn);
+}
+
+stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const stria_tensor_t *o,
+                                       float *lse)
+{
+    static const char fn[] = "stria_attn_partial_init";
+    stria_status_t st = stria__check_rows(params, fn);
+    if (st != STRIA_OK)
+        return st;
+    st = stria__check_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim, true);
+    if (st != STRIA_OK)
+        return st;
+    if (lse == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
+    for (int64_t b = 0; b < params->batch; b++)
+        for (int64_t t = 0; t < params->q_tokens; t++)
+            for (int64_t h = 0; h < params->heads; h++)
+                memset(stria__row_ptr(o, b, t, h), 0, (size_t)params->head_dim * sizeof(float));
+    for (int64_t i = 0; i < params->batch * params->heads * params->q_tokens; i++)
+        lse[i] = -INFINITY;
+    return STRIA_OK;
+}
+
+stria_status_t stria_attn_merge(const stria_attn_params_t *params, const stria_tensor_t *o_a,
+                                float *lse_a, const stria_tensor_t *o_b, const float *lse_b)
+{
+    static const char fn[] = "stria_attn_merge";
+    const stria_attn_params_t *p = params;
+    stria_status_t st = stria__check_rows(params, fn);
+    if (st != STRIA_OK)
+        return st;
+    if ((st = stria__check_tensor(o_a, fn, "o_a", p->q_tokens, p->heads, p->head_dim, true)) !=
+            STRIA_OK ||
+        (st = stria__check_tensor(o_b, fn, "o_b", p->q_tokens, p->heads, p->head_dim, true)) !=
+            STRIA_OK)
+        return st;
+    if (lse_a == NULL || lse_b == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t h = 0; h < p->heads; h++)
+            for (int64_t t = 0; t < p->q_tokens; t++) {
+                size_t li = (size_t)((b * p->heads + h) * p->q_tokens + t);
+                stria__merge_row((float *)stria__row_ptr(o_a, b, t, h), &lse_a[li],
+                                 (const float *)stria__row_ptr(o_b, b, t, h), lse_b[li],
+                                 p->head_dim);
+            }
+    return STRIA_OK;
+}
+
+stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stria_tensor_t *o_part,
+                                   const stria_tensor_t *o_out)
+{
+    static const char fn[] = "stria_attn_finalize";
+    const stria_attn_params_t *p = params;
+    stria_status_t st = stria__check_rows(params, fn);
+    if (st != STRIA_OK)
+        return st;
+    if ((st = stria__check_tensor(o_part, fn, "o_part", p->q_tokens, p->heads, p->head_dim,
+                                  true)) != STRIA_OK ||
+        (st = stria__check_tensor(o_out, fn, "o_out", p->q_tokens, p->heads, p->head_dim,
+                                  false)) != STRIA_OK)
+        return st;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t t = 0; t < p->q_tokens; t++)
+            for (int64_t h = 0; h < p->heads; h++)
+                stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(o_part, b, t, h),
+                                    o_out->dtype, stria__row_ptr(o_out, b, t, h),
+                                    (size_t)p->head_dim);
+    return STRIA_OK;
+}
+
+stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const stria_tensor_t *o,
+                                    const stria_tensor_t *d_o, float *delta)
+{
+    static const char fn[] = "stria_attn_bwd_delta";
+    const stria_attn_params_t *p = params;
+    stria_status_t st = stria__check_rows(params, fn);
+    if (st != STRIA_OK)
+        return st;
+    if ((st = stria__check_tensor(o, fn, "o", p->q_tokens, p->heads, p->head_dim, false)) !=
+            STRIA_OK ||
+        (st = stria__check_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false)) !=
+            STRIA_OK)
+        return st;
+    if (delta == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: delta is NULL", fn);
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t h = 0; h < p->heads; h++)
+            for (int64_t t = 0; t < p->q_tokens; t++) {
+                const void *orow = stria__row_ptr(o, b, t, h);
+                const void *grow = stria__row_ptr(d_o, b, t, h);
+                float acc = 0.0f;
+                for (int64_t d = 0; d < p->head_dim; d++)
+                    acc += stria_dtype_load(o->dtype, orow, (size_t)d) *
+                           stria_dtype_load(d_o->dtype, grow, (size_t)d);
+                delta[(b * p->heads + h) * p->q_tokens + t] = acc;
+            }
+    return STRIA_OK;
+}
+
+/* ---- backward ---------------------------------------------------------- */
+
+typedef struct {
+    stria__ctx_t *c;
+    const stria_tensor_t *q, *k, *v, *d_o, *dq, *dk, *dv;
+    const float *lse, *delta;
+    float *q_packed;  /* [B][H][nqt][BQ][Dp] */
+    float *do_packed; /* [B][H][nqt][BQ][Dp] */
+    float *k_packed;  /* [B][Hkv][nkt][BK][Dp] */
+    float *kt_packed; /* [B][Hkv][nkt][Dp][BK] */
+    float *vt_packed; /* [B][Hkv][nkt][Dp][BK] */
+    float *scratch;   /* per thread */
+    size_t scratch_floats;
+} stria__bwd_job_t;
+
+static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
+{
+    stria__bwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t qt = (int64_t)task % c->nqt;
+    int64_t h = ((int64_t)task / c->nqt) % c->H;
+    int64_t b = (int64_t)task / c->nqt / c->H;
+    int64_t q0 = qt * STRIA__BQ;
+    int n = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
+    size_t tile = (size_t)STRIA__BQ * c->Dp;
+    (void)thread;
+    stria__pack_rows(c, job->q, b, h, q0, n, STRIA__BQ, job->q_packed + task * tile);
+    stria__pack_rows(c, job->d_o, b, h, q0, n, STRIA__BQ, job->do_packed + task * tile);
+}
+
+static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
+{
+    stria__bwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t kt = (int64_t)task % c->nkt;
+    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
+    int64_t b = (int64_t)task / c->nkt / c->Hkv;
+    int64_t k0 = kt * STRIA__BK;
+    int n = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
+    size_t tile = (size_t)STRIA__BK * c->Dp;
+    float *tmp = job->scratch + (size_t)thread * job->scratch_floats;
+
+    stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
+    stria__pack_cols(c, job->k, b, hk, k0, n, tmp, job->kt_packed + task * tile);
+    stria__pack_cols(c, job->v, b, hk, k0, n, tmp, job->vt_packed + task * tile);
+}
+
+/* Per-thread scratch of the backward pass. */
+typedef struct {
+    float *p;   /* [BQ][BK] probabilities */
+    float *ds;  /* [BQ][BK] dP, then dS * scale */
+    float *dk;  /* [BK][Dp] */
+    float *dv;  /* [BK][Dp] */
+    float *dq;  /* [BQ][Dp] */
+    float *tmp; /* [Dp] */
+} stria__bwd_scratch_t;
+
+static stria__bwd_scratch_t stria__bwd_scratch(stria__bwd_job_t *job, int thread)
+{
+    stria__bwd_scratch_t s;
+    int64_t Dp = job->c->Dp;
+    s.p = job->scratch + (size_t)thread * job->scratch_floats;
+    s.ds = s.p + STRIA__BQ * STRIA__BK;
+    s.dk = s.ds + STRIA__BQ * STRIA__BK;
+    s.dv = s.dk + STRIA__BK * Dp;
+    s.dq = s.dv + STRIA__BK * Dp;
+    s.tmp = s.dq + STRIA__BQ * Dp;
+    return s;
+}
+
+/* One (query tile, key tile) pair of head h: recomputes P, then accumulates
+ * dV and dK of the key tile into s->dv, s->dk (want_dkdv) and dQ of the query
+ * tile into s->dq (want_dq). */
+static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b, int64_t h,
+                            int64_t qt, int64_t kt, int cls, bool want_dkdv, bool want_dq)
+{
+    stria__ctx_t *c = job->c;
+    const stria_kern_ops_t *ops = c->ops;
+    int64_t hk = h / c->G;
+    int64_t Dp = c->Dp;
+    int64_t q0 = qt * STRIA__BQ, k0 = kt * STRIA__BK;
+    int bq = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
+    int bk = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
+    size_t qtile = (size_t)STRIA__BQ * Dp, ktile = (size_t)STRIA__BK * Dp;
+    size_t qidx = (size_t)((b * c->H + h) * c->nqt + qt);
+    size_t kidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
+    const float *qp = job->q_packed + qidx * qtile;
+    const float *dop = job->do_packed + qidx * qtile;
+    const float *kp = job->k_packed + kidx * ktile;
+    const float *ktp = job->kt_packed + kidx * ktile;
+    const float *vtp = job->vt_packed + kidx * ktile;
+    const float *lse = job->lse + (size_t)((b * c->H + h) * c->Tq + q0);
+    const float *delta = job->delta + (size_t)((b * c->H + h) * c->Tq + q0);
+
+    ops->gemm(bq, STRIA__BK, (int)c->D, qp, Dp, 1, ktp, STRIA__BK, s->p, STRIA__BK, false);
+    if (cls == STRIA__TILE_PARTIAL || bk < STRIA__BK)
+        stria__mask_tile(c, s->p, q0, bq, k0, bk, cls);
+    for (int i = 0; i < bq; i++) {
+        float *row = s->p + (size_t)i * STRIA__BK;
+        if (lse[i] == -INFINITY) /* the row saw no key in the whole pass */
+            memset(row, 0, STRIA__BK * sizeof(float));
+        else
+            ops->row_exp(row, STRIA__BK, c->scale, lse[i]);
+    }
+    /* dP = dO V^T */
+    ops->gemm(bq, STRIA__BK, (int)c->D, dop, Dp, 1, vtp, STRIA__BK, s->ds, STRIA__BK, false);
+    for (int i = 0; i < bq; i++) {
+        float *prow = s->p + (size_t)i * STRIA__BK;
+        float *drow = s->ds + (size_t)i * STRIA__BK;
+        float di = delta[i];
+        for (int j = 0; j < STRIA__BK; j++)
+            drow[j] = prow[j] * (drow[j] - di) * c->scale;
+    }
+    if (want_dkdv) {
+        /* dV += P^T dO, dK += dS^T Q */
+        ops->gemm(bk, (int)Dp, bq, s->p, 1, STRIA__BK, dop, Dp, s->dv, Dp, true);
+        ops->gemm(bk, (int)Dp, bq, s->ds, 1, STRIA__BK, qp, Dp, s->dk, Dp, true);
+    }
+    if (want_dq) /* dQ += dS K */
+        ops->gemm(bq, (int)Dp, bk, s->ds, STRIA__BK, 1, kp, Dp, s->dq, Dp, true);
+}
+
+static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
+                                int64_t h, int64_t t0, int n, const float *src)
+{
+    for (int i = 0; i < n; i++) {
+        float *dst = (float *)stria__row_ptr(t, b, t0 + i, h);
+        const float *row = src + (size_t)i * c->Dp;
+        for (int64_t d = 0; d < c->D; d++)
+            dst[d] += row[d];
+    }
+}
+
+/* dK/dV of one key tile of kv head hk, over every query head of its group;
+ * with_dq also accumulates dQ (only when one task owns all key tiles of the
+ * group, so that no two tasks write the same dQ rows). */
+static void stria__bwd_ktile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b,
+                             int64_t hk, int64_t kt, bool with_dq)
+{
+    stria__ctx_t *c = job->c;
+    int64_t k0 = kt * STRIA__BK;
+    int bk = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
+
+    memset(s->dk, 0, (size_t)STRIA__BK * c->Dp * sizeof(float));
+    memset(s->dv, 0, (size_t)STRIA__BK * c->Dp * sizeof(float));
+    for (int64_t g = 0; g < c->G; g++) {
+        int64_t h = hk * c->G + g;
+        for (int64_t qt = 0; qt < c->nqt; qt++) {
+            int cls = stria__tile_class(c, qt, kt);
+            if (cls == STRIA__TILE_SKIP)
+                continue;
+            if (with_dq)
+                memset(s->dq, 0, (size_t)STRIA__BQ * c->Dp * sizeof(float));
+            stria__bwd_tile(job, s, b, h, qt, kt, cls, true, with_dq);
+            if (with_dq) {
+                int64_t q0 = qt * STRIA__BQ;
+                int bq = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
+                stria__bwd_add_rows(c, job->dq, b, h, q0, bq, s->dq);
+            }
+        }
+    }
+    stria__bwd_add_rows(c, job->dk, b, hk, k0, bk, s->dk);
+    stria__bwd_add_rows(c, job->dv, b, hk, k0, bk, s->dv);
+}
+
+/* Mode A: one task per (batch, kv head) computes everything of its group. */
+static void stria__bwd_group_task(void *arg, size_t task, int thread)
+{
+    stria__bwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t hk = (int64_t)task % c->Hkv;
+    int64_t b = (int64_t)task / c->Hkv;
+    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    for (int64_t kt = 0; kt < c->nkt; kt++)
+        stria__bwd_ktile(job, &s, b, hk, kt, true);
+}
+
+/* Mode B, pass 1: one task per (batch, kv head, key tile) for dK and dV. */
+static void stria__bwd_dkdv_task(void *arg, size_t task, int thread)
+{
+    stria__bwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t kt = (int64_t)task % c->nkt;
+    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
+    int64_t b = (int64_t)task / c->nkt / c->Hkv;
+    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    stria__bwd_ktile(job, &s, b, hk, kt, false);
+}
+
+/* Mode B, pass 2: one task per (batch, head, query tile) for dQ. */
+static void stria__bwd_dq_task(void *arg, size_t task, int thread)
+{
+    stria__bwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t qt = (int64_t)task % c->nqt;
+    int64_t h = ((int64_t)task / c->nqt) % c->H;
+    int64_t b = (int64_t)task / c->nqt / c->H;
+    int64_t q0 = qt * STRIA__BQ;
+    int bq = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
+    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+
+    memset(s.dq, 0, (size_t)STRIA__BQ * c->Dp * sizeof(float));
+    for (int64_t kt = 0; kt < c->nkt; kt++) {
+        int cls = stria__tile_class(c, qt, kt);
+        if (cls != STRIA__TILE_SKIP)
+            stria__bwd_tile(job, &s, b, h, qt, kt, cls, false, true);
+    }
+    stria__bwd_add_rows(c, job->dq, b, h, q0, bq, s.dq);
+}
+
+stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *d_o, const float *lse, const float *delta,
+                              const stria_tensor_t *dq, const stria_tensor_t *dk,
+                              const stria_tensor_t *dv)
+{
+    static const char fn[] = "stria_attn_bwd";
+    const stria_attn_params_t *p = params;
+    stria__bwd_job_t job;
+    stria__ctx_t c;
+    stria_status_t st;
+    size_t qtile, ktile, n_q, n_k, total;
+    size_t n_groups;
+
+    st = stria__check_shape(params, fn);
+    if (st != STRIA_OK)
+        return st;
+    if ((st = stria__check_tensor(q, fn, "q", p->q_tokens, p->heads, p->head_dim, false)) !=
+            STRIA_OK ||
+        (st = stria__check_tensor(k, fn, "k", p->kv_tokens, p->kv_heads, p->head_dim, false)) !=
+            STRIA_OK ||
+        (st = stria__check_tensor(v, fn, "v", p->kv_tokens, p->kv_heads, p->head_dim, false)) !=
+            STRIA_OK ||
+        (st = stria__check_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false)) !=
+            STRIA_OK ||
+        (st = stria__check_tensor(dq, fn, "dq", p->q_tokens, p->heads, p->head_dim, true)) !=
+            STRIA_OK ||
+        (st = stria__check_tensor(dk, fn, "dk", p->kv_tokens, p->kv_heads, p->head_dim, true)) !=
+            STRIA_OK ||
+        (st = stria__check_tensor(dv, fn, "dv", p->kv_tokens, p->kv_heads, p->head_dim, true)) !=
+            STRIA_OK)
+        return st;
+    if (k->dtype != q->dtype || v->dtype != q->dtype || d_o->dtype != q->dtype)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: q, k, v and d_o must share one dtype (q=%s k=%s v=%s d_o=%s)",
+                               fn, stria_dtype_name(q->dtype), stria_dtype_name(k->dtype),
+                               stria_dtype_name(v->dtype), stria_dtype_name(d_o->dtype));
+    if (lse == NULL || delta == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: %s is NULL", fn,
+                               lse == NULL ? "lse" : "delta");
+    if (dq->data == dk->data || dq->data == dv->data || dk->data == dv->data)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: dq, dk and dv must not alias", fn);
+    st = stria__ctx_init(&c, params, fn);
+    if (st != STRIA_OK)
+        return st;
+
+    memset(&job, 0, sizeof(job));
+    job.c = &c;
+    job.q = q;
+    job.k = k;
+    job.v = v;
+    job.d_o = d_o;
+    job.dq = dq;
+    job.dk = dk;
+    job.dv = dv;
+    job.lse = lse;
+    job.delta = delta;
+    qtile = (size_t)STRIA__BQ * c.Dp;
+    ktile = (size_t)STRIA__BK * c.Dp;
+    n_q = (size_t)(c.B * c.H * c.nqt);
+    n_k = (size_t)(c.B * c.Hkv * c.nkt);
+    total = 2 * n_q * qtile + 3 * n_k * ktile;
+    job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK + 2 * STRIA__BK * c.Dp +
+                                  STRIA__BQ * c.Dp + c.Dp);
+    job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
+    job.q_packed = stria_malloc_aligned(total * sizeof(float));
+    job.scratch = stria_malloc_aligned((size_t)c.n_threads * job.scratch_floats * sizeof(float));
+    if (job.q_packed == NULL || job.scratch == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
+                             (total * sizeof(float)) >> 20);
+        goto out;
+    }
+    job.do_packed = job.q_packed + n_q * qtile;
+    job.k_packed = job.do_packed + n_q * qtile;
+    job.kt_packed = job.k_packed + n_k * ktile;
+    job.vt_packed = job.kt_packed + n_k * ktile;
+    stria_pool_run(p->pool, n_q, stria__bwd_pack_q_task, &job);
+    stria_pool_run(p->pool, n_k, stria__bwd_pack_k_task, &job);
+
+    /* One task per (batch, kv head) needs no second pass but only balances when
+     * there are enough groups for the threads; otherwise split key tiles for
+     * dK/dV and query tiles for dQ, recomputing P once more. */
+    n_groups = (size_t)(c.B * c.Hkv);
+    if (c.n_threads == 1 || n_groups >= 4 * (size_t)c.n_threads ||
+        (n_groups >= (size_t)c.n_threads && n_groups % (size_t)c.n_threads == 0)) {
+        stria_pool_run(p->pool, n_groups, stria__bwd_group_task, &job);
+    } else {
+        stria_pool_run(p->pool, n_k, stria__bwd_dkdv_task, &job);
+        stria_pool_run(p->pool, n_q, stria__bwd_dq_task, &job);
+    }
+    st = STRIA_OK;
+out:
+    stria_free(job.scratch);
+    stria_free(job.q_packed);
+    stria__ctx_free(&c);
+    return st;
+}

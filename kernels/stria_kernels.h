@@ -1,0 +1,159 @@
+/*
+ * stria kernels: exact attention on one (Q block, K/V block) pair.
+ *
+ * The ring engine calls these once per ring step. A forward step produces a
+ * *partial* result for the block pair: an fp32 output normalised by its own
+ * softmax denominator and the fp32 log-sum-exp (LSE) of its scaled scores.
+ * Partials from different K/V blocks are combined with stria_attn_merge()
+ * (or by stria_attn_fwd() itself with `accumulate`), which cannot overflow,
+ * and stria_attn_finalize() writes the output in the storage dtype.
+ *
+ * Tensors use the layout [batch, tokens, heads, head_dim] with explicit
+ * element strides for batch, token and head; head_dim is contiguous.
+ * Storage dtypes are fp32, bf16 and fp16; all arithmetic accumulates in fp32.
+ * Grouped-query attention: query head h reads K/V head h / (heads / kv_heads);
+ * K/V are never replicated in memory.
+ *
+ * Masks come from token positions. The rows of each block are described by
+ * runs of (first, stride, count) global positions; causal attention lets a
+ * query at position p see keys at positions <= p. Contiguous, striped and
+ * zigzag shards are all described this way; the kernel has no notion of a
+ * layout. Tiles that are fully masked are skipped, tiles that are fully visible
+ * run without a mask. A query row that sees no key of the block gets
+ * LSE = -inf and a zero partial output; merging handles such rows exactly.
+ *
+ * Several CPU variants exist (portable C, AVX2+FMA, AVX-512); the best one the
+ * CPU supports is chosen once, on first use. STRIA_KERNEL=portable|avx2|avx512
+ * in the environment forces one (an unavailable choice is an error reported by
+ * the first kernel call).
+ *
+ * Threading: every call may run on a thread pool (params->pool); NULL runs on
+ * the calling thread. Calls do not keep pointers after they return.
+ */
+#ifndef STRIA_KERNELS_H
+#define STRIA_KERNELS_H
+
+#include "stria_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STRIA_HEAD_DIM_MIN 16
+#define STRIA_HEAD_DIM_MAX 256
+
+/* Positions first, first + stride, ..., first + (count - 1) * stride. */
+typedef struct {
+    int64_t first;
+    int64_t stride;
+    int64_t count;
+} stria_pos_run_t;
+
+/* Global positions of a block's tokens, in the block's token order, as runs.
+ * The counts of the runs must add up to the block's token count. runs == NULL
+ * (n_runs == 0) means positions 0, 1, ..., tokens - 1. Positions must lie in
+ * [0, 2^62). */
+typedef struct {
+    const stria_pos_run_t *runs;
+    size_t n_runs;
+} stria_positions_t;
+
+/* A strided view of a [batch, tokens, heads, head_dim] tensor. Strides are in
+ * elements; head_dim is contiguous. The shape comes from stria_attn_params_t.
+ * The caller owns `data`. */
+typedef struct {
+    void *data;
+    stria_dtype_t dtype;
+    int64_t stride_batch;
+    int64_t stride_token;
+    int64_t stride_head;
+} stria_tensor_t;
+
+/* Shapes and options shared by every call on a block pair. Zero-initialise and
+ * set the fields; new fields keep zero as their default. */
+typedef struct {
+    int64_t batch;
+    int64_t q_tokens;  /* tokens in the query block */
+    int64_t kv_tokens; /* tokens in the key/value block */
+    int64_t heads;     /* query heads */
+    int64_t kv_heads;  /* key/value heads; heads must be a multiple */
+    int64_t head_dim;  /* 16..256, a multiple of 8 */
+    float scale;       /* softmax scale; 0 means 1/sqrt(head_dim) */
+    bool causal;       /* key position <= query position */
+    stria_positions_t q_pos;
+    stria_positions_t kv_pos;
+    stria_pool_t *pool; /* NULL: run on the calling thread */
+} stria_attn_params_t;
+
+/* A contiguous [batch, tokens, heads, head_dim] view of `data`. */
+stria_tensor_t stria_tensor_contiguous(void *data, stria_dtype_t dtype, int64_t tokens,
+                                       int64_t heads, int64_t head_dim);
+
+/* Forward partial attention of a Q block against a K/V block.
+ *
+ * q: [batch, q_tokens, heads, head_dim]; k, v: [batch, kv_tokens, kv_heads,
+ * head_dim], all of one storage dtype. o: fp32 [batch, q_tokens, heads,
+ * head_dim]; lse: fp32, contiguous [batch, heads, q_tokens] (natural log of
+ * the softmax denominator of the scaled scores).
+ *
+ * accumulate == false: (o, lse) receive this block's partial.
+ * accumulate == true: this block's partial is merged into (o, lse), which must
+ * hold a partial already (initialise with stria_attn_partial_init()).
+ */
+stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *o, float *lse, bool accumulate);
+
+/* Sets (o, lse) to the empty partial: o = 0, lse = -inf. o must be fp32. */
+stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const stria_tensor_t *o,
+                                       float *lse);
+
+/* Merges the partial (o_b, lse_b) into (o_a, lse_a), for q_tokens rows. Both
+ * outputs are fp32. Uses max-subtracted weights, so LSE gaps of any size and
+ * -inf rows are exact. */
+stria_status_t stria_attn_merge(const stria_attn_params_t *params, const stria_tensor_t *o_a,
+                                float *lse_a, const stria_tensor_t *o_b, const float *lse_b);
+
+/* Writes the fp32 partial `o_part` to `o_out` in o_out->dtype (rounding to
+ * nearest even). Rows with LSE = -inf are already zero. */
+stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stria_tensor_t *o_part,
+                                   const stria_tensor_t *o_out);
+
+/* D = rowsum(dO * O) for every (batch, head, query): delta is fp32,
+ * contiguous [batch, heads, q_tokens]. o and d_o may be of any dtype. Compute it
+ * once per backward pass. */
+stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const stria_tensor_t *o,
+                                    const stria_tensor_t *d_o, float *delta);
+
+/* Backward of one block pair: accumulates (+=) into dq (fp32, Q's shape) and
+ * dk, dv (fp32, K's shape). lse is the final LSE of the forward pass over all
+ * K/V blocks and delta the output of stria_attn_bwd_delta(), both
+ * [batch, heads, q_tokens]. q, k, v, d_o share one storage dtype. dq must not
+ * alias dk/dv. */
+stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *d_o, const float *lse, const float *delta,
+                              const stria_tensor_t *dq, const stria_tensor_t *dk,
+                              const stria_tensor_t *dv);
+
+/* ---- CPU variants ------------------------------------------------------ */
+
+/* Name of the variant in use ("portable", "avx2", "avx512"), selecting it on
+ * first use. */
+const char *stria_kernels_variant(void);
+
+/* Forces a variant by name for the whole process. Errors:
+ * STRIA_ERR_NOT_FOUND (unknown name), STRIA_ERR_UNSUPPORTED (CPU lacks it). */
+stria_status_t stria_kernels_set_variant(const char *name);
+
+/* Whether the named variant exists in this build and runs on this CPU. */
+bool stria_kernels_variant_available(const char *name);
+
+/* Names of all variants compiled in, NULL-terminated, best last. */
+const char *const *stria_kernels_variant_names(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_KERNELS_H */

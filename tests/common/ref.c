@@ -1,0 +1,199 @@
+#include "ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t ref__pos(const int64_t *pos, int64_t i)
+{
+    return pos ? pos[i] : i;
+}
+
+#define REF_DEFINE(NAME, T, EXP, LOG)                                                              \
+    void NAME(const ref_shape_t *s, const float *q, const float *k, const float *v,               \
+              const float *d_o, ref_out_t *out)                                                    \
+    {                                                                                              \
+        int64_t B = s->batch, Tq = s->q_tokens, Tk = s->kv_tokens, H = s->heads;                   \
+        int64_t Hk = s->kv_heads, D = s->head_dim, G = H / Hk;                                     \
+        T scale = (T)s->scale;                                                                     \
+        T *p = malloc((size_t)Tk * sizeof(T));                                                     \
+        T *acc = malloc((size_t)D * sizeof(T));                                                    \
+        memset(out, 0, sizeof(*out));                                                              \
+        out->o = calloc((size_t)(B * Tq * H * D), sizeof(double));                                 \
+        out->lse = calloc((size_t)(B * H * Tq), sizeof(double));                                   \
+        if (d_o) {                                                                                 \
+            out->dq = calloc((size_t)(B * Tq * H * D), sizeof(double));                            \
+            out->dk = calloc((size_t)(B * Tk * Hk * D), sizeof(double));                           \
+            out->dv = calloc((size_t)(B * Tk * Hk * D), sizeof(double));                           \
+        }                                                                                          \
+        T *dk = d_o ? calloc((size_t)(B * Tk * Hk * D), sizeof(T)) : NULL;                         \
+        T *dv = d_o ? calloc((size_t)(B * Tk * Hk * D), sizeof(T)) : NULL;                         \
+        for (int64_t b = 0; b < B; b++)                                                            \
+            for (int64_t h = 0; h < H; h++) {                                                      \
+                int64_t hk = h / G;                                                                \
+                for (int64_t i = 0; i < Tq; i++) {                                                 \
+                    const float *qi = q + ((b * Tq + i) * H + h) * D;                              \
+                    int64_t qp = ref__pos(s->q_pos, i);                                            \
+                    T m = (T)-INFINITY, l = 0;                                                     \
+                    for (int64_t j = 0; j < Tk; j++) {                                             \
+                        if (s->causal && ref__pos(s->kv_pos, j) > qp) {                            \
+                            p[j] = (T)-INFINITY;                                                   \
+                            continue;                                                              \
+                        }                                                                          \
+                        const float *kj = k + ((b * Tk + j) * Hk + hk) * D;                        \
+                        T dot = 0;                                                                 \
+                        for (int64_t d = 0; d < D; d++)                                            \
+                            dot += (T)qi[d] * (T)kj[d];                                            \
+                        p[j] = dot * scale;                                                        \
+                        m = p[j] > m ? p[j] : m;                                                   \
+                    }                                                                              \
+                    double *oi = out->o + ((b * Tq + i) * H + h) * D;                              \
+                    double *lse = out->lse + (b * H + h) * Tq + i;                                 \
+                    if (m == (T)-INFINITY) {                                                       \
+                        *lse = -INFINITY;                                                          \
+                        continue;                                                                  \
+                    }                                                                              \
+                    for (int64_t j = 0; j < Tk; j++) {                                             \
+                        p[j] = EXP(p[j] - m);                                                      \
+                        l += p[j];                                                                 \
+                    }                                                                              \
+                    for (int64_t d = 0; d < D; d++)                                                \
+                        acc[d] = 0;                                                                \
+                    for (int64_t j = 0; j < Tk; j++) {                                             \
+                        if (p[j] == 0)                                                             \
+                            continue;                                                              \
+                        const float *vj = v + ((b * Tk + j) * Hk + hk) * D;                        \
+                        for (int64_t d = 0; d < D; d++)                                            \
+                            acc[d] += p[j] * (T)vj[d];                                             \
+                    }                                                                              \
+                    for (int64_t d = 0; d < D; d++)                                                \
+                        oi[d] = (double)(acc[d] / l);                                              \
+                    T lse_t = m + LOG(l);                                                          \
+                    *lse = (double)lse_t;                                                          \
+                    if (!d_o)                                                                      \
+                        continue;                                                                  \
+                    const float *gi = d_o + ((b * Tq + i) * H + h) * D;                            \
+                    T delta = 0;                                                                   \
+                    for (int64_t d = 0; d < D; d++)                                                \
+                        delta += (T)gi[d] * (acc[d] / l);                                          \
+                    double *dqi = out->dq + ((b * Tq + i) * H + h) * D;                            \
+                    for (int64_t d = 0; d < D; d++)                                                \
+                        acc[d] = 0;                                                                \
+                    for (int64_t j = 0; j < Tk; j++) {                                             \
+                        if (p[j] == 0)                                                             \
+                            continue;                                                              \
+                        T pij = p[j] / l;                                                          \
+                        const float *kj = k + ((b * Tk + j) * Hk + hk) * D;                        \
+                        const float *vj = v + ((b * Tk + j) * Hk + hk) * D;                        \
+                        T *dkj = dk + ((b * Tk + j) * Hk + hk) * D;                                \
+                        T *dvj = dv + ((b * Tk + j) * Hk + hk) * D;                                \
+                        T dp = 0;                                                                  \
+                        for (int64_t d = 0; d < D; d++)                                            \
+                            dp += (T)gi[d] * (T)vj[d];                                             \
+                        T ds = pij * (dp - delta) * scale;                                         \
+                        for (int64_t d = 0; d < D; d++) {                                          \
+                            dvj[d] += pij * (T)gi[d];                                              \
+                            dkj[d] += ds * (T)qi[d];                                               \
+                            acc[d] += ds * (T)kj[d];                                               \
+                        }                                                                          \
+                    }                                                                              \
+                    for (int64_t d = 0; d < D; d++)                                                \
+                        dqi[d] = (double)acc[d];                                                   \
+                }                                                                                  \
+            }                                                                                      \
+        if (d_o) {                                                                                 \
+            for (int64_t x = 0; x < B * Tk * Hk * D; x++) {                                        \
+                out->dk[x] = (double)dk[x];                                                        \
+                out->dv[x] = (double)dv[x];                                                        \
+            }                                                                                      \
+        }                                                                                          \
+        free(dk);                                                                                  \
+        free(dv);                                                                                  \
+        free(p);                                                                                   \
+        free(acc);                                                                                 \
+    }
+
+REF_DEFINE(ref_f64_run, double, exp, log)
+REF_DEFINE(ref_f32_run, float, expf, logf)
+
+void ref_out_free(ref_out_t *out)
+{
+    free(out->o);
+    free(out->lse);
+    free(out->dq);
+    free(out->dk);
+    free(out->dv);
+    memset(out, 0, sizeof(*out));
+}
+
+static double ref__err(double a, double r)
+{
+    if (isinf(r) || isinf(a)) {
+        if (a == r)
+            return 0.0;
+        return INFINITY;
+    }
+    if (isnan(a) || isnan(r))
+        return INFINITY;
+    return fabs(a - r);
+}
+
+double ref_max_err_f32(const float *a, const double *ref, size_t n)
+{
+    double e = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x = ref__err((double)a[i], ref[i]);
+        e = x > e ? x : e;
+    }
+    return e;
+}
+
+double ref_max_err_f64(const double *a, const double *ref, size_t n)
+{
+    double e = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x = ref__err(a[i], ref[i]);
+        e = x > e ? x : e;
+    }
+    return e;
+}
+
+double ref_max_abs(const double *ref, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(ref[i]) && fabs(ref[i]) > m)
+            m = fabs(ref[i]);
+    return m;
+}
+
+void ref_fill(float *out, size_t n, uint64_t seed, float amp, stria_dtype_t dtype)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        float u = (float)((x >> 40) * (1.0 / 16777216.0)); /* [0, 1) */
+        float val = (2.0f * u - 1.0f) * amp;
+        uint16_t h;
+        switch (dtype) {
+        case STRIA_DTYPE_BF16:
+            h = stria_f32_to_bf16(val);
+            val = stria_bf16_to_f32(h);
+            break;
+        case STRIA_DTYPE_F16:
+            h = stria_f32_to_f16(val);
+            val = stria_f16_to_f32(h);
+            break;
+        default:
+            break;
+        }
+        out[i] = val;
+    }
+}
+
+void ref_to_dtype(const float *src, size_t n, stria_dtype_t dtype, void *dst)
+{
+    stria_dtype_convert(STRIA_DTYPE_F32, src, dtype, dst, n);
+}

@@ -1,0 +1,44 @@
+/* Test-only reference attention: a naive implementation, in fp64 (the truth)
+ * and in plain fp32 (the yardstick of the tolerance rule), over contiguous
+ * [batch, tokens, heads, head_dim] fp32 inputs and explicit positions. */
+#ifndef STRIA_TEST_REF_H
+#define STRIA_TEST_REF_H
+
+#include "stria_common.h"
+
+typedef struct {
+    int64_t batch, q_tokens, kv_tokens, heads, kv_heads, head_dim;
+    double scale; /* must be set */
+    bool causal;
+    const int64_t *q_pos;  /* q_tokens positions; NULL = 0.. */
+    const int64_t *kv_pos; /* kv_tokens positions; NULL = 0.. */
+} ref_shape_t;
+
+/* Outputs of a reference pass, allocated by ref_*_run(), freed by
+ * ref_out_free(). o: [B,Tq,H,D]; lse: [B,H,Tq]; dq like q, dk/dv like k. Only
+ * filled when d_o was given: dq, dk, dv. */
+typedef struct {
+    double *o, *lse, *dq, *dk, *dv;
+} ref_out_t;
+
+/* fp64 reference. q, k, v, d_o: fp32 contiguous (d_o may be NULL). */
+void ref_f64_run(const ref_shape_t *s, const float *q, const float *k, const float *v,
+                 const float *d_o, ref_out_t *out);
+/* The same algorithm computed entirely in fp32 (results widened to double). */
+void ref_f32_run(const ref_shape_t *s, const float *q, const float *k, const float *v,
+                 const float *d_o, ref_out_t *out);
+void ref_out_free(ref_out_t *out);
+
+/* max |a[i] - ref[i]| over n elements; -inf/-inf pairs count as 0, any other
+ * non-finite mismatch as +inf. */
+double ref_max_err_f32(const float *a, const double *ref, size_t n);
+double ref_max_err_f64(const double *a, const double *ref, size_t n);
+double ref_max_abs(const double *ref, size_t n);
+
+/* Deterministic pseudo-random fill in [-amp, amp), rounded to dtype and stored
+ * as fp32 in out (so every implementation sees the same values). */
+void ref_fill(float *out, size_t n, uint64_t seed, float amp, stria_dtype_t dtype);
+/* Converts fp32 values to dtype storage (dst has n elements of dtype). */
+void ref_to_dtype(const float *src, size_t n, stria_dtype_t dtype, void *dst);
+
+#endif

@@ -1,0 +1,161 @@
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stria_common.h"
+
+Test(common, status_strings_and_errors)
+{
+    cr_expect_str_eq(stria_status_str(STRIA_OK), "success");
+    cr_expect_str_eq(stria_status_name(STRIA_ERR_TIMEOUT), "STRIA_ERR_TIMEOUT");
+    cr_expect_str_eq(stria_status_str((stria_status_t)-999), "unknown status");
+    cr_expect_eq(stria_error_set(STRIA_ERR_IO, "disk %d", 3), STRIA_ERR_IO);
+    cr_expect_str_eq(stria_error_msg(), "disk 3");
+    stria_error_wrap(STRIA_ERR_IO, "rank %d", 2);
+    cr_expect_str_eq(stria_error_msg(), "rank 2: disk 3");
+    stria_error_clear();
+    cr_expect_str_eq(stria_error_msg(), "");
+}
+
+Test(common, bf16_and_fp16_conversions)
+{
+    cr_expect_eq(stria_f32_to_bf16(1.0f), 0x3f80);
+    cr_expect_eq(stria_bf16_to_f32(0x3f80), 1.0f);
+    /* 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125: rounds to even (1.0) */
+    cr_expect_eq(stria_f32_to_bf16(1.00390625f), 0x3f80);
+    cr_expect_eq(stria_f32_to_bf16(1.01171875f), 0x3f82);
+    cr_expect(isnan(stria_bf16_to_f32(stria_f32_to_bf16(NAN))));
+    cr_expect_eq(stria_f32_to_f16(1.0f), 0x3c00);
+    cr_expect_eq(stria_f32_to_f16(65504.0f), 0x7bff);
+    cr_expect_eq(stria_f32_to_f16(1e6f), 0x7c00);
+    cr_expect_eq(stria_f32_to_f16(-2.0f), 0xc000);
+    cr_expect_eq(stria_f32_to_f16(5.9604644775390625e-8f), 0x0001); /* smallest subnormal */
+    cr_expect(isnan(stria_f16_to_f32(stria_f32_to_f16(NAN))));
+    /* every finite fp16 value round-trips */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00)
+            continue;
+        float f = stria_f16_to_f32((uint16_t)h);
+        cr_assert_eq(stria_f32_to_f16(f), (uint16_t)h, "fp16 %#x -> %g", h, f);
+    }
+    for (uint32_t h = 0; h < 0x10000; h += 7) {
+        if ((h & 0x7f80) == 0x7f80)
+            continue;
+        float f = stria_bf16_to_f32((uint16_t)h);
+        cr_assert_eq(stria_f32_to_bf16(f), (uint16_t)h);
+    }
+    stria_dtype_t dt;
+    cr_expect_eq(stria_dtype_parse("bfloat16", &dt), STRIA_OK);
+    cr_expect_eq(dt, STRIA_DTYPE_BF16);
+    cr_expect_eq(stria_dtype_parse("int8", &dt), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "int8") != NULL);
+}
+
+static void count_task(void *ctx, size_t task, int thread)
+{
+    int *hits = ctx;
+    (void)thread;
+    __atomic_fetch_add(&hits[task], 1, __ATOMIC_RELAXED);
+}
+
+Test(common, pool_runs_every_task_once)
+{
+    stria_pool_t *pool;
+    int hits[1000];
+    cr_assert_eq(stria_pool_create(3, &pool), STRIA_OK);
+    cr_expect_eq(stria_pool_size(pool), 3);
+    for (int round = 0; round < 50; round++) {
+        memset(hits, 0, sizeof(hits));
+        stria_pool_run(pool, 1000, count_task, hits);
+        for (int i = 0; i < 1000; i++)
+            cr_assert_eq(hits[i], 1, "round %d task %d ran %d times", round, i, hits[i]);
+    }
+    stria_pool_destroy(pool);
+    memset(hits, 0, sizeof(hits));
+    stria_pool_run(NULL, 10, count_task, hits);
+    cr_expect_eq(hits[9], 1);
+    cr_expect_eq(stria_pool_create(-1, &pool), STRIA_ERR_INVALID_ARG);
+}
+
+static char tmp_path[256];
+
+static void write_bytes(const void *data, size_t n)
+{
+    FILE *f = fopen(tmp_path, "wb");
+    cr_assert_not_null(f);
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+static void make_tmp(void)
+{
+    snprintf(tmp_path, sizeof(tmp_path), "/tmp/stria_test_%d.npy", (int)getpid());
+}
+
+static void rm_tmp(void)
+{
+    unlink(tmp_path);
+}
+
+Test(common, npy_round_trip, .init = make_tmp, .fini = rm_tmp)
+{
+    float data[2 * 3 * 4];
+    int64_t shape[3] = {2, 3, 4};
+    stria_npy_t arr;
+    for (int i = 0; i < 24; i++)
+        data[i] = (float)i * 0.5f - 3.0f;
+    cr_assert_eq(stria_npy_write(tmp_path, STRIA_DTYPE_F32, 3, shape, data), STRIA_OK);
+    cr_assert_eq(stria_npy_read(tmp_path, &arr), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(arr.ndim, 3);
+    cr_expect_eq(arr.shape[2], 4);
+    cr_expect_eq(stria_npy_numel(&arr), 24);
+    cr_expect_eq(memcmp(arr.data, data, sizeof(data)), 0);
+    stria_npy_free(&arr);
+
+    uint16_t h[5] = {0x3c00, 0x4000, 0, 0xbc00, 0x7bff};
+    int64_t s1[1] = {5};
+    cr_assert_eq(stria_npy_write(tmp_path, STRIA_DTYPE_F16, 1, s1, h), STRIA_OK);
+    cr_assert_eq(stria_npy_read(tmp_path, &arr), STRIA_OK);
+    cr_expect_eq(arr.dtype, STRIA_DTYPE_F16);
+    cr_expect_eq(arr.ndim, 1);
+    cr_expect_eq(memcmp(arr.data, h, sizeof(h)), 0);
+    stria_npy_free(&arr);
+}
+
+static void expect_npy_error(const char *needle)
+{
+    stria_npy_t arr;
+    cr_expect_eq(stria_npy_read(tmp_path, &arr), STRIA_ERR_FORMAT);
+    cr_expect(strstr(stria_error_msg(), needle) != NULL, "message '%s' lacks '%s'",
+              stria_error_msg(), needle);
+}
+
+Test(common, npy_bad_files, .init = make_tmp, .fini = rm_tmp)
+{
+    stria_npy_t arr;
+    write_bytes("hello world, not numpy", 22);
+    expect_npy_error("bad magic");
+
+    const char hdr_i4[] = "\x93NUMPY\x01\x00\x36\x00{'descr': '<i4', 'fortran_order': False, "
+                          "'shape': (2,), }\n";
+    write_bytes(hdr_i4, sizeof(hdr_i4) - 1);
+    expect_npy_error("unsupported dtype");
+
+    const char hdr_f[] = "\x93NUMPY\x01\x00\x36\x00{'descr': '<f4', 'fortran_order': True, "
+                         "'shape': (2,), }\n";
+    write_bytes(hdr_f, sizeof(hdr_f) - 1);
+    expect_npy_error("Fortran");
+
+    float data[8] = {0};
+    int64_t shape[1] = {8};
+    cr_assert_eq(stria_npy_write(tmp_path, STRIA_DTYPE_F32, 1, shape, data), STRIA_OK);
+    cr_assert_eq(truncate(tmp_path, 128 + 10), 0); /* header block is 128 bytes */
+    expect_npy_error("truncated data");
+
+    cr_expect_eq(stria_npy_read("/nonexistent/x.npy", &arr), STRIA_ERR_IO);
+    cr_expect(strstr(stria_error_msg(), "/nonexistent/x.npy") != NULL);
+}

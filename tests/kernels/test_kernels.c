@@ -1,0 +1,437 @@
+/* Kernel suite: every CPU variant against an fp64 reference, with the
+ * tolerance rule of the architecture: the error must stay within 2x the error
+ * of a plain fp32 implementation on the same inputs, plus a small floor. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+#include "stria_kernels.h"
+
+typedef struct {
+    int64_t B, Tq, Tk, H, Hkv, D;
+    bool causal;
+    stria_dtype_t dtype;
+    stria_pos_run_t qruns[2];
+    size_t n_qruns;
+    stria_pos_run_t kruns[2];
+    size_t n_kruns;
+    int threads;
+    float scale; /* 0 = default */
+} kcase_t;
+
+static int64_t *expand(const stria_pos_run_t *runs, size_t n_runs, int64_t tokens)
+{
+    int64_t *pos = malloc((size_t)tokens * sizeof(int64_t));
+    int64_t n = 0;
+    if (n_runs == 0)
+        for (int64_t i = 0; i < tokens; i++)
+            pos[i] = i;
+    for (size_t r = 0; r < n_runs; r++)
+        for (int64_t i = 0; i < runs[r].count; i++)
+            pos[n++] = runs[r].first + i * runs[r].stride;
+    return pos;
+}
+
+typedef struct {
+    double o, lse, dq, dk, dv;
+} errs_t;
+
+/* Floor of the tolerance rule: relative to the size of the values compared. */
+#define FLOOR_REL 2e-6
+
+static void check_err(const char *what, double err, double naive_err, double maxabs,
+                      const char *variant, const kcase_t *c)
+{
+    double tol = 2.0 * naive_err + FLOOR_REL * (1.0 + maxabs);
+    cr_expect(err <= tol,
+              "%s: variant %s dtype %s D=%lld Tq=%lld Tk=%lld H=%lld/%lld causal=%d threads=%d: "
+              "error %.3g > tolerance %.3g (naive fp32 error %.3g, max |ref| %.3g)",
+              what, variant, stria_dtype_name(c->dtype), (long long)c->D, (long long)c->Tq,
+              (long long)c->Tk, (long long)c->H, (long long)c->Hkv, c->causal, c->threads, err,
+              tol, naive_err, maxabs);
+}
+
+static void run_case(const kcase_t *c, const char *variant)
+{
+    size_t nq = (size_t)(c->B * c->Tq * c->H * c->D);
+    size_t nk = (size_t)(c->B * c->Tk * c->Hkv * c->D);
+    size_t nl = (size_t)(c->B * c->H * c->Tq);
+    size_t es = stria_dtype_size(c->dtype);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *g = malloc(nq * 4);
+    void *qs = malloc(nq * es), *ks = malloc(nk * es), *vs = malloc(nk * es), *gs = malloc(nq * es);
+    float *o = malloc(nq * 4), *lse = malloc(nl * 4), *delta = malloc(nl * 4);
+    float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4);
+    int64_t *qpos = expand(c->qruns, c->n_qruns, c->Tq);
+    int64_t *kpos = expand(c->kruns, c->n_kruns, c->Tk);
+    stria_pool_t *pool = NULL;
+
+    cr_assert_eq(stria_kernels_set_variant(variant), STRIA_OK, "%s", stria_error_msg());
+    if (c->threads > 1)
+        cr_assert_eq(stria_pool_create(c->threads, &pool), STRIA_OK);
+    ref_fill(q, nq, 1 + (uint64_t)c->D, 1.0f, c->dtype);
+    ref_fill(k, nk, 2 + (uint64_t)c->Tk, 1.0f, c->dtype);
+    ref_fill(v, nk, 3, 1.0f, c->dtype);
+    ref_fill(g, nq, 4, 1.0f, c->dtype);
+    ref_to_dtype(q, nq, c->dtype, qs);
+    ref_to_dtype(k, nk, c->dtype, ks);
+    ref_to_dtype(v, nk, c->dtype, vs);
+    ref_to_dtype(g, nq, c->dtype, gs);
+
+    stria_attn_params_t p = {0};
+    p.batch = c->B;
+    p.q_tokens = c->Tq;
+    p.kv_tokens = c->Tk;
+    p.heads = c->H;
+    p.kv_heads = c->Hkv;
+    p.head_dim = c->D;
+    p.scale = c->scale;
+    p.causal = c->causal;
+    p.q_pos.runs = c->n_qruns ? c->qruns : NULL;
+    p.q_pos.n_runs = c->n_qruns;
+    p.kv_pos.runs = c->n_kruns ? c->kruns : NULL;
+    p.kv_pos.n_runs = c->n_kruns;
+    p.pool = pool;
+    stria_tensor_t tq = stria_tensor_contiguous(qs, c->dtype, c->Tq, c->H, c->D);
+    stria_tensor_t tk = stria_tensor_contiguous(ks, c->dtype, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tv = stria_tensor_contiguous(vs, c->dtype, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tg = stria_tensor_contiguous(gs, c->dtype, c->Tq, c->H, c->D);
+    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
+    stria_tensor_t tdq = stria_tensor_contiguous(dq, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
+    stria_tensor_t tdk = stria_tensor_contiguous(dk, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tdv = stria_tensor_contiguous(dv, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
+
+    cr_assert_eq(stria_attn_fwd(&p, &tq, &tk, &tv, &to, lse, false), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_delta(&p, &to, &tg, delta), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_bwd(&p, &tq, &tk, &tv, &tg, lse, delta, &tdq, &tdk, &tdv), STRIA_OK,
+                 "%s", stria_error_msg());
+
+    ref_shape_t rs = {c->B, c->Tq, c->Tk, c->H, c->Hkv, c->D,
+                      c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->D), c->causal, qpos, kpos};
+    ref_out_t r64, r32;
+    ref_f64_run(&rs, q, k, v, g, &r64);
+    ref_f32_run(&rs, q, k, v, g, &r32);
+
+    check_err("O", ref_max_err_f32(o, r64.o, nq), ref_max_err_f64(r32.o, r64.o, nq),
+              ref_max_abs(r64.o, nq), variant, c);
+    check_err("LSE", ref_max_err_f32(lse, r64.lse, nl), ref_max_err_f64(r32.lse, r64.lse, nl),
+              ref_max_abs(r64.lse, nl), variant, c);
+    check_err("dQ", ref_max_err_f32(dq, r64.dq, nq), ref_max_err_f64(r32.dq, r64.dq, nq),
+              ref_max_abs(r64.dq, nq), variant, c);
+    check_err("dK", ref_max_err_f32(dk, r64.dk, nk), ref_max_err_f64(r32.dk, r64.dk, nk),
+              ref_max_abs(r64.dk, nk), variant, c);
+    check_err("dV", ref_max_err_f32(dv, r64.dv, nk), ref_max_err_f64(r32.dv, r64.dv, nk),
+              ref_max_abs(r64.dv, nk), variant, c);
+
+    ref_out_free(&r64);
+    ref_out_free(&r32);
+    stria_pool_destroy(pool);
+    free(q), free(k), free(v), free(g), free(qs), free(ks), free(vs), free(gs);
+    free(o), free(lse), free(delta), free(dq), free(dk), free(dv), free(qpos), free(kpos);
+}
+
+static void for_each_variant(const kcase_t *c)
+{
+    const char *const *names = stria_kernels_variant_names();
+    int ran = 0;
+    for (size_t i = 0; names[i] != NULL; i++) {
+        if (!stria_kernels_variant_available(names[i])) {
+            cr_log_warn("variant %s not supported by this CPU: skipped", names[i]);
+            continue;
+        }
+        run_case(c, names[i]);
+        ran++;
+    }
+    cr_assert(ran >= 1);
+}
+
+static const stria_dtype_t all_dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16, STRIA_DTYPE_F16};
+
+Test(kernels, head_dims_dtypes_causal_gqa_odd_tokens)
+{
+    static const int64_t dims[] = {16, 32, 64, 80, 96, 128, 256};
+    for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++)
+        for (size_t t = 0; t < 3; t++) {
+            kcase_t c = {.B = 2, .Tq = 37, .Tk = 37, .H = 4, .Hkv = 2, .D = dims[d],
+                         .causal = true, .dtype = all_dtypes[t], .threads = 1};
+            for_each_variant(&c);
+        }
+}
+
+Test(kernels, multi_tile_causal_and_noncausal)
+{
+    for (int causal = 0; causal < 2; causal++)
+        for (size_t t = 0; t < 3; t++) {
+            kcase_t c = {.B = 1, .Tq = 157, .Tk = 203, .H = 2, .Hkv = 1, .D = 64,
+                         .causal = causal, .dtype = all_dtypes[t], .threads = 2};
+            c.qruns[0] = (stria_pos_run_t){46, 1, 157}; /* queries are the last 157 keys */
+            c.n_qruns = 1;
+            for_each_variant(&c);
+        }
+}
+
+/* Striped attention, ring of 4, rank 1: the K/V block of source rank j holds
+ * positions j, j+4, ...; the diagonal is included iff j <= 1. */
+Test(kernels, striped_steps_diagonal_included_and_excluded)
+{
+    for (int64_t j = 0; j < 4; j++) {
+        kcase_t c = {.B = 1, .Tq = 100, .Tk = 100, .H = 2, .Hkv = 2, .D = 32, .causal = true,
+                     .dtype = STRIA_DTYPE_F32, .threads = 1};
+        c.qruns[0] = (stria_pos_run_t){1, 4, 100};
+        c.n_qruns = 1;
+        c.kruns[0] = (stria_pos_run_t){j, 4, 100};
+        c.n_kruns = 1;
+        for_each_variant(&c);
+    }
+}
+
+/* Zigzag: two runs per block, and offset positions far from zero. */
+Test(kernels, zigzag_runs_and_offsets)
+{
+    kcase_t c = {.B = 1, .Tq = 80, .Tk = 80, .H = 1, .Hkv = 1, .D = 48, .causal = true,
+                 .dtype = STRIA_DTYPE_BF16, .threads = 2};
+    c.qruns[0] = (stria_pos_run_t){1000040, 1, 40};
+    c.qruns[1] = (stria_pos_run_t){1000280, 1, 40};
+    c.n_qruns = 2;
+    c.kruns[0] = (stria_pos_run_t){1000000, 1, 40};
+    c.kruns[1] = (stria_pos_run_t){1000300, 1, 40};
+    c.n_kruns = 2;
+    for_each_variant(&c);
+}
+
+/* Rows that see no key get LSE = -inf and zero output and gradients. */
+Test(kernels, rows_without_visible_keys)
+{
+    kcase_t c = {.B = 1, .Tq = 70, .Tk = 30, .H = 2, .Hkv = 1, .D = 16, .causal = true,
+                 .dtype = STRIA_DTYPE_F32, .threads = 1, .scale = 0.3f};
+    c.qruns[0] = (stria_pos_run_t){0, 1, 70};
+    c.n_qruns = 1;
+    c.kruns[0] = (stria_pos_run_t){50, 1, 30}; /* queries 0..49 see nothing */
+    c.n_kruns = 1;
+    for_each_variant(&c);
+}
+
+/* Two threads exercise both backward schedules (one task per kv-head group,
+ * and split key/query tiles when there are too few groups). */
+Test(kernels, threaded_backward_schedules)
+{
+    kcase_t a = {.B = 1, .Tq = 190, .Tk = 190, .H = 3, .Hkv = 1, .D = 64, .causal = true,
+                 .dtype = STRIA_DTYPE_F32, .threads = 2};
+    kcase_t b = {.B = 2, .Tq = 130, .Tk = 130, .H = 4, .Hkv = 4, .D = 64, .causal = true,
+                 .dtype = STRIA_DTYPE_F16, .threads = 2};
+    for_each_variant(&a);
+    for_each_variant(&b);
+}
+
+/* ---- merge ----------------------------------------------------------------- */
+
+static void block_params(stria_attn_params_t *p, int64_t Tq, int64_t Tk, int64_t H, int64_t D)
+{
+    memset(p, 0, sizeof(*p));
+    p->batch = 1;
+    p->q_tokens = Tq;
+    p->kv_tokens = Tk;
+    p->heads = H;
+    p->kv_heads = H;
+    p->head_dim = D;
+    p->causal = true;
+}
+
+/* Splitting K/V into k blocks and merging equals one big block, k = 1..8. */
+Test(kernels, merge_associativity)
+{
+    const int64_t Tq = 96, Tk = 160, H = 2, D = 32;
+    size_t nq = (size_t)(Tq * H * D), nk = (size_t)(Tk * H * D), nl = (size_t)(H * Tq);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    float *o1 = malloc(nq * 4), *l1 = malloc(nl * 4), *o2 = malloc(nq * 4), *l2 = malloc(nl * 4);
+    float *ob = malloc(nq * 4), *lb = malloc(nl * 4);
+    stria_pos_run_t qrun = {64, 1, Tq}; /* queries at 64..159, keys at 0..159 */
+    stria_attn_params_t p;
+
+    ref_fill(q, nq, 11, 2.0f, STRIA_DTYPE_F32);
+    ref_fill(k, nk, 12, 2.0f, STRIA_DTYPE_F32);
+    ref_fill(v, nk, 13, 1.0f, STRIA_DTYPE_F32);
+    block_params(&p, Tq, Tk, H, D);
+    p.q_pos.runs = &qrun;
+    p.q_pos.n_runs = 1;
+    stria_tensor_t tq = stria_tensor_contiguous(q, STRIA_DTYPE_F32, Tq, H, D);
+    stria_tensor_t to1 = stria_tensor_contiguous(o1, STRIA_DTYPE_F32, Tq, H, D);
+    stria_tensor_t to2 = stria_tensor_contiguous(o2, STRIA_DTYPE_F32, Tq, H, D);
+    stria_tensor_t tob = stria_tensor_contiguous(ob, STRIA_DTYPE_F32, Tq, H, D);
+    stria_tensor_t tk = stria_tensor_contiguous(k, STRIA_DTYPE_F32, Tk, H, D);
+    stria_tensor_t tv = stria_tensor_contiguous(v, STRIA_DTYPE_F32, Tk, H, D);
+    cr_assert_eq(stria_attn_fwd(&p, &tq, &tk, &tv, &to1, l1, false), STRIA_OK, "%s",
+                 stria_error_msg());
+
+    for (int nb = 1; nb <= 8; nb++) {
+        /* via accumulate, and via explicit merge, in reverse block order */
+        cr_assert_eq(stria_attn_partial_init(&p, &to2, l2), STRIA_OK);
+        for (int blk = nb - 1; blk >= 0; blk--) {
+            int64_t k0 = Tk * blk / nb, k1 = Tk * (blk + 1) / nb;
+            stria_pos_run_t krun = {k0, 1, k1 - k0};
+            stria_attn_params_t pb = p;
+            pb.kv_tokens = k1 - k0;
+            pb.kv_pos.runs = &krun;
+            pb.kv_pos.n_runs = 1;
+            stria_tensor_t tkb = tk, tvb = tv;
+            tkb.data = k + k0 * H * D;
+            tvb.data = v + k0 * H * D;
+            if (blk % 2 == 0) {
+                cr_assert_eq(stria_attn_fwd(&pb, &tq, &tkb, &tvb, &to2, l2, true), STRIA_OK,
+                             "%s", stria_error_msg());
+            } else {
+                cr_assert_eq(stria_attn_fwd(&pb, &tq, &tkb, &tvb, &tob, lb, false), STRIA_OK);
+                cr_assert_eq(stria_attn_merge(&p, &to2, l2, &tob, lb), STRIA_OK);
+            }
+        }
+        for (size_t i = 0; i < nq; i++)
+            cr_assert_float_eq(o2[i], o1[i], 2e-5, "k=%d: O[%zu] %g vs %g", nb, i, o2[i], o1[i]);
+        for (size_t i = 0; i < nl; i++)
+            cr_assert_float_eq(l2[i], l1[i], 2e-5, "k=%d: LSE[%zu] %g vs %g", nb, i, l2[i], l1[i]);
+    }
+    free(q), free(k), free(v), free(o1), free(l1), free(o2), free(l2), free(ob), free(lb);
+}
+
+/* LSE gaps of +-1e4 and -inf rows merge without overflow or NaN. */
+Test(kernels, merge_extreme_lse_and_empty_rows)
+{
+    const int64_t T = 4, D = 16;
+    float oa[4 * 16], ob[4 * 16];
+    float la[4] = {1e4f, -1e4f, -INFINITY, -INFINITY};
+    float lb[4] = {-1e4f, 1e4f, 3.0f, -INFINITY};
+    stria_attn_params_t p;
+    block_params(&p, T, 1, 1, D);
+    for (int i = 0; i < T * D; i++) {
+        oa[i] = 1.0f;
+        ob[i] = 2.0f;
+    }
+    for (int d = 0; d < D; d++) /* -inf rows hold zero partials */
+        oa[2 * D + d] = oa[3 * D + d] = ob[3 * D + d] = 0.0f;
+    stria_tensor_t ta = stria_tensor_contiguous(oa, STRIA_DTYPE_F32, T, 1, D);
+    stria_tensor_t tb = stria_tensor_contiguous(ob, STRIA_DTYPE_F32, T, 1, D);
+    cr_assert_eq(stria_attn_merge(&p, &ta, la, &tb, lb), STRIA_OK, "%s", stria_error_msg());
+    for (int d = 0; d < D; d++) {
+        cr_expect_float_eq(oa[0 * D + d], 1.0f, 1e-6);
+        cr_expect_float_eq(oa[1 * D + d], 2.0f, 1e-6);
+        cr_expect_float_eq(oa[2 * D + d], 2.0f, 1e-6);
+        cr_expect_eq(oa[3 * D + d], 0.0f);
+    }
+    cr_expect_float_eq(la[0], 1e4f, 1e-2);
+    cr_expect_float_eq(la[1], 1e4f, 1e-2);
+    cr_expect_float_eq(la[2], 3.0f, 1e-6);
+    cr_expect(isinf(la[3]) && la[3] < 0);
+    /* equal LSEs: weights 1/2 each, lse + log 2 */
+    float oc[16], od[16], lc = 5.0f, ld = 5.0f;
+    for (int d = 0; d < D; d++) {
+        oc[d] = 1.0f;
+        od[d] = 3.0f;
+    }
+    block_params(&p, 1, 1, 1, D);
+    stria_tensor_t tc = stria_tensor_contiguous(oc, STRIA_DTYPE_F32, 1, 1, D);
+    stria_tensor_t td = stria_tensor_contiguous(od, STRIA_DTYPE_F32, 1, 1, D);
+    cr_assert_eq(stria_attn_merge(&p, &tc, &lc, &td, &ld), STRIA_OK);
+    cr_expect_float_eq(oc[0], 2.0f, 1e-6);
+    cr_expect_float_eq(lc, 5.0f + logf(2.0f), 1e-6);
+}
+
+Test(kernels, finalize_rounds_to_storage_dtype)
+{
+    float part[2 * 16];
+    uint16_t out[2 * 16];
+    stria_attn_params_t p;
+    block_params(&p, 2, 1, 1, 16);
+    for (int i = 0; i < 32; i++)
+        part[i] = 1.0f + (float)i / 7.0f;
+    stria_tensor_t tp = stria_tensor_contiguous(part, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tb = stria_tensor_contiguous(out, STRIA_DTYPE_BF16, 2, 1, 16);
+    cr_assert_eq(stria_attn_finalize(&p, &tp, &tb), STRIA_OK);
+    for (int i = 0; i < 32; i++)
+        cr_expect_eq(out[i], stria_f32_to_bf16(part[i]));
+    stria_tensor_t th = stria_tensor_contiguous(out, STRIA_DTYPE_F16, 2, 1, 16);
+    cr_assert_eq(stria_attn_finalize(&p, &tp, &th), STRIA_OK);
+    for (int i = 0; i < 32; i++)
+        cr_expect_eq(out[i], stria_f32_to_f16(part[i]));
+}
+
+/* ---- bad arguments --------------------------------------------------------- */
+
+static void expect_error(stria_status_t st, stria_status_t want, const char *needle)
+{
+    cr_expect_eq(st, want, "status %s, wanted %s (%s)", stria_status_name(st),
+                 stria_status_name(want), stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), needle) != NULL, "message '%s' lacks '%s'",
+              stria_error_msg(), needle);
+}
+
+Test(kernels, bad_arguments_get_clear_errors)
+{
+    float buf[4 * 2 * 32] = {0}, lse[8];
+    stria_attn_params_t p;
+    block_params(&p, 4, 4, 2, 32);
+    stria_tensor_t t = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, 4, 2, 32);
+    stria_tensor_t o = t;
+    float obuf[4 * 2 * 32];
+    o.data = obuf;
+
+    expect_error(stria_attn_fwd(NULL, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
+                 "params");
+    expect_error(stria_attn_fwd(&p, NULL, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
+                 "tensor q is NULL");
+    expect_error(stria_attn_fwd(&p, &t, &t, &t, &o, NULL, false), STRIA_ERR_INVALID_ARG, "lse");
+
+    stria_attn_params_t bad = p;
+    bad.q_tokens = 0;
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
+                 "q_tokens=0");
+    bad = p;
+    bad.heads = 3;
+    bad.kv_heads = 2;
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
+                 "multiple of kv_heads");
+    bad = p;
+    bad.head_dim = 20;
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_UNSUPPORTED,
+                 "head_dim 20");
+    bad.head_dim = 264;
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_UNSUPPORTED,
+                 "head_dim 264");
+    bad = p;
+    bad.scale = -1.0f;
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
+                 "scale");
+    bad = p;
+    stria_pos_run_t run = {0, 1, 3}; /* 3 positions for 4 tokens */
+    bad.q_pos.runs = &run;
+    bad.q_pos.n_runs = 1;
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
+                 "cover 3 tokens");
+    stria_pos_run_t neg = {-5, 1, 4};
+    bad.q_pos.runs = &neg;
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
+                 "leaves");
+
+    stria_tensor_t tb = t;
+    tb.dtype = STRIA_DTYPE_BF16;
+    expect_error(stria_attn_fwd(&p, &t, &tb, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
+                 "share one dtype");
+    stria_tensor_t o16 = o;
+    o16.dtype = STRIA_DTYPE_F16;
+    expect_error(stria_attn_fwd(&p, &t, &t, &t, &o16, lse, false), STRIA_ERR_INVALID_ARG,
+                 "must be fp32");
+    expect_error(stria_attn_bwd(&p, &t, &t, &t, &t, lse, lse, &o, &o, &o), STRIA_ERR_INVALID_ARG,
+                 "alias");
+    expect_error(stria_attn_merge(&p, &o, lse, NULL, lse), STRIA_ERR_INVALID_ARG, "o_b");
+    expect_error(stria_kernels_set_variant("sse9"), STRIA_ERR_NOT_FOUND, "sse9");
+}
+
+Test(kernels, variant_selection)
+{
+    const char *const *names = stria_kernels_variant_names();
+    cr_assert_str_eq(names[0], "portable");
+    cr_assert(stria_kernels_variant_available("portable"));
+    cr_assert_eq(stria_kernels_set_variant("portable"), STRIA_OK);
+    cr_assert_str_eq(stria_kernels_variant(), "portable");
+}
