@@ -20,13 +20,14 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_TRANSPORT
     {"transport", stria_bench_transport, "ring-link bandwidth vs ucx_perftest"},
 #endif
+    {NULL, NULL, NULL},
 };
 
 static void stria__usage(FILE *out)
 {
     fprintf(out, "usage: stria-bench COMMAND [OPTIONS]   (stria-bench COMMAND --help)\n\n"
                  "commands:\n");
-    for (size_t i = 0; i < sizeof(stria__cmds) / sizeof(stria__cmds[0]); i++)
+    for (size_t i = 0; stria__cmds[i].name != NULL; i++)
         fprintf(out, "  %-10s %s\n", stria__cmds[i].name, stria__cmds[i].help);
 }
 
@@ -36,7 +37,7 @@ int main(int argc, char **argv)
         stria__usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    for (size_t i = 0; i < sizeof(stria__cmds) / sizeof(stria__cmds[0]); i++)
+    for (size_t i = 0; stria__cmds[i].name != NULL; i++)
         if (strcmp(argv[1], stria__cmds[i].name) == 0)
             return stria__cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "stria-bench: unknown command '%s'\n", argv[1]);
