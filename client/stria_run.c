@@ -1,0 +1,554 @@
+/*
+ * stria-run: run attention on .npy inputs.
+ *
+ *   stria-run local --q Q.npy --k K.npy --v V.npy [--do DO.npy] --out DIR
+ *   stria-run random --shape B,T,H,D --out FILE.npy
+ *
+ * `local` computes in this process (see --help); `random` writes test inputs. Inputs are [batch,
+ * tokens, heads, head_dim] (K/V with kv_heads); outputs are float32 .npy files.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "stria_common.h"
+#include "stria_kernels.h"
+
+typedef struct {
+    const char *q_path, *k_path, *v_path, *do_path, *out_dir;
+    bool causal;
+    bool dtype_set;
+    stria_dtype_t dtype;
+    float scale;
+    int threads;
+    bool quiet;
+} stria__run_opts_t;
+
+/* Inputs converted to the compute dtype, and outputs in fp32. */
+typedef struct {
+    int64_t B, T, H, Hkv, D;
+    stria_dtype_t dtype;
+    void *q, *k, *v, *d_o; /* storage dtype, contiguous */
+    float *o, *lse, *dq, *dk, *dv;
+} stria__run_data_t;
+
+static void stria__run_usage(FILE *out)
+{
+    fprintf(
+        out,
+        "usage: stria-run local --q Q.npy --k K.npy --v V.npy [--do DO.npy] --out DIR\n"
+        "                       [--causal | --no-causal] [--dtype fp32|bf16|fp16]\n"
+        "                       [--scale X] [--threads T] [--quiet]\n"
+        "\n"
+        "Computes exact attention in this process.\n"
+        "\n"
+        "  --q PATH         queries, [batch, tokens, heads, head_dim], float32 or float16 .npy\n"
+        "  --k PATH         keys, [batch, tokens, kv_heads, head_dim]; heads must be a\n"
+        "                   multiple of kv_heads (grouped-query attention)\n"
+        "  --v PATH         values, same shape as --k\n"
+        "  --do PATH        output gradient, same shape as --q: also runs the backward pass\n"
+        "  --out DIR        output folder (created if missing): o.npy (Q's shape),\n"
+        "                   lse.npy ([batch, heads, tokens], natural log), and with --do\n"
+        "                   dq.npy, dk.npy, dv.npy; all float32, holding the values in the\n"
+        "                   computed precision (rounded to --dtype)\n"
+        "  --causal         causal mask: token i sees tokens <= i (default)\n"
+        "  --no-causal      no mask\n"
+        "  --dtype D        storage dtype to compute in: fp32, bf16 or fp16 (inputs are\n"
+        "                   converted on load; default: the dtype of the Q file; arithmetic\n"
+        "                   accumulates in fp32 always)\n"
+        "  --scale X        softmax scale (default 1/sqrt(head_dim))\n"
+        "  --threads T      compute threads (default: all online CPUs)\n"
+        "  --quiet          print nothing on success\n"
+        "  -h, --help       this help\n"
+        "\n"
+        "Environment: STRIA_KERNEL=portable|avx2|avx512 forces a CPU kernel variant;\n"
+        "STRIA_LOG_LEVEL=error|warn|info|debug.\n"
+        "Exit status: 0 success, 1 computation or file error, 2 usage error.\n");
+}
+
+static int stria__usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "stria-run: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see stria-run --help)\n");
+    return 2;
+}
+
+static int stria__parse_opts(int argc, char **argv, stria__run_opts_t *o)
+{
+    enum {
+        OPT_Q = 256,
+        OPT_K,
+        OPT_V,
+        OPT_DO,
+        OPT_OUT,
+        OPT_CAUSAL,
+        OPT_NOCAUSAL,
+        OPT_DTYPE,
+        OPT_SCALE,
+        OPT_THREADS,
+        OPT_QUIET
+    };
+    static const struct option longopts[] = {
+        {"q", required_argument, NULL, OPT_Q},
+        {"k", required_argument, NULL, OPT_K},
+        {"v", required_argument, NULL, OPT_V},
+        {"do", required_argument, NULL, OPT_DO},
+        {"out", required_argument, NULL, OPT_OUT},
+        {"causal", no_argument, NULL, OPT_CAUSAL},
+        {"no-causal", no_argument, NULL, OPT_NOCAUSAL},
+        {"dtype", required_argument, NULL, OPT_DTYPE},
+        {"scale", required_argument, NULL, OPT_SCALE},
+        {"threads", required_argument, NULL, OPT_THREADS},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    char *end;
+
+    memset(o, 0, sizeof(*o));
+    o->causal = true;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        switch (c) {
+        case OPT_Q:
+            o->q_path = optarg;
+            break;
+        case OPT_K:
+            o->k_path = optarg;
+            break;
+        case OPT_V:
+            o->v_path = optarg;
+            break;
+        case OPT_DO:
+            o->do_path = optarg;
+            break;
+        case OPT_OUT:
+            o->out_dir = optarg;
+            break;
+        case OPT_CAUSAL:
+            o->causal = true;
+            break;
+        case OPT_NOCAUSAL:
+            o->causal = false;
+            break;
+        case OPT_DTYPE:
+            if (stria_dtype_parse(optarg, &o->dtype) != STRIA_OK)
+                return stria__usage_error("--dtype: %s", stria_error_msg());
+            o->dtype_set = true;
+            break;
+        case OPT_SCALE:
+            errno = 0;
+            o->scale = strtof(optarg, &end);
+            if (errno != 0 || end == optarg || *end != '\0' || !(o->scale > 0.0f) ||
+                isinf(o->scale))
+                return stria__usage_error("--scale '%s': expected a finite number > 0", optarg);
+            break;
+        case OPT_THREADS: {
+            errno = 0;
+            long t = strtol(optarg, &end, 10);
+            if (errno != 0 || end == optarg || *end != '\0' || t < 1 || t > 1024)
+                return stria__usage_error("--threads '%s': expected an integer in 1..1024", optarg);
+            o->threads = (int)t;
+            break;
+        }
+        case OPT_QUIET:
+            o->quiet = true;
+            break;
+        case 'h':
+            stria__run_usage(stdout);
+            exit(0);
+        case ':':
+            return stria__usage_error("option %s needs a value", argv[optind - 1]);
+        default:
+            return stria__usage_error("unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return stria__usage_error("unexpected argument '%s'", argv[optind]);
+    if (o->q_path == NULL || o->k_path == NULL || o->v_path == NULL)
+        return stria__usage_error("%s", "--q, --k and --v are required");
+    if (o->out_dir == NULL)
+        return stria__usage_error("%s", "--out DIR is required");
+    return 0;
+}
+
+/* Checks a 4-D array and returns its shape. */
+static stria_status_t stria__check_4d(const stria_npy_t *a, const char *path, int64_t shape[4])
+{
+    if (a->ndim != 4)
+        return stria_error_set(STRIA_ERR_FORMAT,
+                               "%s: expected 4 dimensions [batch, tokens, heads, head_dim], "
+                               "got %d",
+                               path, a->ndim);
+    for (int i = 0; i < 4; i++) {
+        if (a->shape[i] < 1)
+            return stria_error_set(STRIA_ERR_FORMAT, "%s: dimension %d is %lld (must be >= 1)",
+                                   path, i, (long long)a->shape[i]);
+        shape[i] = a->shape[i];
+    }
+    return STRIA_OK;
+}
+
+/* Converts an array to `dtype` storage; takes ownership of arr->data. */
+static stria_status_t stria__to_dtype(stria_npy_t *arr, stria_dtype_t dtype, void **out)
+{
+    size_t n = (size_t)stria_npy_numel(arr);
+    if (arr->dtype == dtype) {
+        *out = arr->data;
+        arr->data = NULL;
+        return STRIA_OK;
+    }
+    void *dst = stria_malloc_aligned(n * stria_dtype_size(dtype));
+    if (dst == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate %zu elements", n);
+    stria_dtype_convert(arr->dtype, arr->data, dtype, dst, n);
+    stria_npy_free(arr);
+    *out = dst;
+    return STRIA_OK;
+}
+
+static stria_status_t stria__load_inputs(const stria__run_opts_t *o, stria__run_data_t *d)
+{
+    stria_npy_t a[4];
+    const char *paths[4] = {o->q_path, o->k_path, o->v_path, o->do_path};
+    int64_t shapes[4][4];
+    void **dst[4] = {&d->q, &d->k, &d->v, &d->d_o};
+    int n = o->do_path ? 4 : 3;
+    stria_status_t st = STRIA_OK;
+
+    memset(a, 0, sizeof(a));
+    for (int i = 0; i < n; i++) {
+        st = stria_npy_read(paths[i], &a[i]);
+        if (st != STRIA_OK)
+            goto out;
+        st = stria__check_4d(&a[i], paths[i], shapes[i]);
+        if (st != STRIA_OK)
+            goto out;
+    }
+    if (memcmp(shapes[1], shapes[2], sizeof(shapes[1])) != 0) {
+        st = stria_error_set(STRIA_ERR_FORMAT, "%s and %s: K and V shapes differ", o->k_path,
+                             o->v_path);
+        goto out;
+    }
+    if (shapes[0][0] != shapes[1][0] || shapes[0][1] != shapes[1][1] ||
+        shapes[0][3] != shapes[1][3]) {
+        st = stria_error_set(STRIA_ERR_FORMAT,
+                             "Q [%lld, %lld, %lld, %lld] and K [%lld, %lld, %lld, %lld] must "
+                             "agree in batch, tokens and head_dim",
+                             (long long)shapes[0][0], (long long)shapes[0][1],
+                             (long long)shapes[0][2], (long long)shapes[0][3],
+                             (long long)shapes[1][0], (long long)shapes[1][1],
+                             (long long)shapes[1][2], (long long)shapes[1][3]);
+        goto out;
+    }
+    if (shapes[0][2] % shapes[1][2] != 0) {
+        st = stria_error_set(STRIA_ERR_FORMAT,
+                             "Q has %lld heads, K/V %lld: heads must be a multiple of kv_heads",
+                             (long long)shapes[0][2], (long long)shapes[1][2]);
+        goto out;
+    }
+    if (n == 4 && memcmp(shapes[0], shapes[3], sizeof(shapes[0])) != 0) {
+        st = stria_error_set(STRIA_ERR_FORMAT, "%s: dO must have Q's shape", o->do_path);
+        goto out;
+    }
+    d->B = shapes[0][0];
+    d->T = shapes[0][1];
+    d->H = shapes[0][2];
+    d->Hkv = shapes[1][2];
+    d->D = shapes[0][3];
+    d->dtype = o->dtype_set ? o->dtype : a[0].dtype;
+    for (int i = 0; i < n; i++) {
+        st = stria__to_dtype(&a[i], d->dtype, dst[i]);
+        if (st != STRIA_OK)
+            goto out;
+    }
+out:
+    for (int i = 0; i < 4; i++)
+        stria_npy_free(&a[i]);
+    return st;
+}
+
+static stria_status_t stria__alloc_outputs(stria__run_data_t *d, bool backward)
+{
+    size_t nq = (size_t)(d->B * d->T * d->H * d->D);
+    size_t nk = (size_t)(d->B * d->T * d->Hkv * d->D);
+    d->o = stria_malloc_aligned(nq * sizeof(float));
+    d->lse = stria_malloc_aligned((size_t)(d->B * d->H * d->T) * sizeof(float));
+    if (d->o == NULL || d->lse == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate outputs");
+    if (backward) {
+        d->dq = stria_calloc_aligned(nq * sizeof(float));
+        d->dk = stria_calloc_aligned(nk * sizeof(float));
+        d->dv = stria_calloc_aligned(nk * sizeof(float));
+        if (d->dq == NULL || d->dk == NULL || d->dv == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate gradients");
+    }
+    return STRIA_OK;
+}
+
+/* Single-process attention over the whole sequence. */
+static stria_status_t stria__compute_local(const stria__run_opts_t *o, stria__run_data_t *d,
+                                           stria_pool_t *pool)
+{
+    stria_attn_params_t p;
+    float *delta = NULL;
+    stria_status_t st;
+
+    memset(&p, 0, sizeof(p));
+    p.batch = d->B;
+    p.q_tokens = d->T;
+    p.kv_tokens = d->T;
+    p.heads = d->H;
+    p.kv_heads = d->Hkv;
+    p.head_dim = d->D;
+    p.scale = o->scale;
+    p.causal = o->causal;
+    p.pool = pool;
+    stria_tensor_t tq = stria_tensor_contiguous(d->q, d->dtype, d->T, d->H, d->D);
+    stria_tensor_t tk = stria_tensor_contiguous(d->k, d->dtype, d->T, d->Hkv, d->D);
+    stria_tensor_t tv = stria_tensor_contiguous(d->v, d->dtype, d->T, d->Hkv, d->D);
+    stria_tensor_t to = stria_tensor_contiguous(d->o, STRIA_DTYPE_F32, d->T, d->H, d->D);
+
+    st = stria_attn_fwd(&p, &tq, &tk, &tv, &to, d->lse, false);
+    if (st != STRIA_OK || d->d_o == NULL)
+        return st;
+    delta = stria_malloc_aligned((size_t)(d->B * d->H * d->T) * sizeof(float));
+    if (delta == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate delta");
+    stria_tensor_t tg = stria_tensor_contiguous(d->d_o, d->dtype, d->T, d->H, d->D);
+    stria_tensor_t tdq = stria_tensor_contiguous(d->dq, STRIA_DTYPE_F32, d->T, d->H, d->D);
+    stria_tensor_t tdk = stria_tensor_contiguous(d->dk, STRIA_DTYPE_F32, d->T, d->Hkv, d->D);
+    stria_tensor_t tdv = stria_tensor_contiguous(d->dv, STRIA_DTYPE_F32, d->T, d->Hkv, d->D);
+    st = stria_attn_bwd_delta(&p, &to, &tg, delta);
+    if (st == STRIA_OK)
+        st = stria_attn_bwd(&p, &tq, &tk, &tv, &tg, d->lse, delta, &tdq, &tdk, &tdv);
+    stria_free(delta);
+    return st;
+}
+
+/* Rounds fp32 values to the compute dtype in place (they stay fp32). */
+static void stria__round_to(float *x, size_t n, stria_dtype_t dtype)
+{
+    if (dtype == STRIA_DTYPE_F32)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        stria_dtype_store(dtype, &h, 0, x[i]);
+        x[i] = stria_dtype_load(dtype, &h, 0);
+    }
+}
+
+static stria_status_t stria__write(const char *dir, const char *name, int ndim,
+                                   const int64_t *shape, const float *data)
+{
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >= sizeof(path))
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "output path too long");
+    return stria_npy_write(path, STRIA_DTYPE_F32, ndim, shape, data);
+}
+
+static stria_status_t stria__write_outputs(const stria__run_opts_t *o, stria__run_data_t *d)
+{
+    int64_t qshape[4] = {d->B, d->T, d->H, d->D};
+    int64_t kshape[4] = {d->B, d->T, d->Hkv, d->D};
+    int64_t lshape[3] = {d->B, d->H, d->T};
+    size_t nq = (size_t)(d->B * d->T * d->H * d->D);
+    size_t nk = (size_t)(d->B * d->T * d->Hkv * d->D);
+    stria_status_t st;
+
+    if (mkdir(o->out_dir, 0777) != 0 && errno != EEXIST)
+        return stria_error_set(STRIA_ERR_IO, "%s: cannot create output folder: %s", o->out_dir,
+                               strerror(errno));
+    stria__round_to(d->o, nq, d->dtype);
+    st = stria__write(o->out_dir, "o.npy", 4, qshape, d->o);
+    if (st == STRIA_OK)
+        st = stria__write(o->out_dir, "lse.npy", 3, lshape, d->lse);
+    if (st != STRIA_OK || d->dq == NULL)
+        return st;
+    stria__round_to(d->dq, nq, d->dtype);
+    stria__round_to(d->dk, nk, d->dtype);
+    stria__round_to(d->dv, nk, d->dtype);
+    st = stria__write(o->out_dir, "dq.npy", 4, qshape, d->dq);
+    if (st == STRIA_OK)
+        st = stria__write(o->out_dir, "dk.npy", 4, kshape, d->dk);
+    if (st == STRIA_OK)
+        st = stria__write(o->out_dir, "dv.npy", 4, kshape, d->dv);
+    return st;
+}
+
+static void stria__free_data(stria__run_data_t *d)
+{
+    stria_free(d->q);
+    stria_free(d->k);
+    stria_free(d->v);
+    stria_free(d->d_o);
+    stria_free(d->o);
+    stria_free(d->lse);
+    stria_free(d->dq);
+    stria_free(d->dk);
+    stria_free(d->dv);
+}
+
+static int stria__cmd_local(int argc, char **argv)
+{
+    stria__run_opts_t o;
+    stria__run_data_t d;
+    stria_pool_t *pool = NULL;
+    stria_status_t st;
+    double t0, t1;
+    int rc = stria__parse_opts(argc, argv, &o);
+
+    if (rc != 0)
+        return rc;
+    memset(&d, 0, sizeof(d));
+    st = stria__load_inputs(&o, &d);
+    if (st == STRIA_OK)
+        st = stria__alloc_outputs(&d, o.do_path != NULL);
+    if (st == STRIA_OK)
+        st = stria_pool_create(o.threads, &pool);
+    t0 = stria_time_now();
+    if (st == STRIA_OK)
+        st = stria__compute_local(&o, &d, pool);
+    t1 = stria_time_now();
+    if (st == STRIA_OK)
+        st = stria__write_outputs(&o, &d);
+    if (st == STRIA_OK && !o.quiet) {
+        double flops = 4.0 * (double)d.B * (double)d.H * (double)d.T * (double)d.T * (double)d.D;
+        if (o.causal)
+            flops *= 0.5;
+        if (o.do_path)
+            flops *= 3.5; /* forward + backward (2.5x forward) */
+        printf("stria-run local: batch=%lld tokens=%lld heads=%lld kv_heads=%lld head_dim=%lld "
+               "dtype=%s %s%s\n",
+               (long long)d.B, (long long)d.T, (long long)d.H, (long long)d.Hkv, (long long)d.D,
+               stria_dtype_name(d.dtype), o.causal ? "causal" : "non-causal",
+               o.do_path ? " forward+backward" : " forward");
+        printf("  kernel %s, %d threads: %.3f s, %.1f GFLOP/s; outputs in %s/\n",
+               stria_kernels_variant(), stria_pool_size(pool), t1 - t0, flops / (t1 - t0) * 1e-9,
+               o.out_dir);
+    }
+    stria_pool_destroy(pool);
+    stria__free_data(&d);
+    if (st != STRIA_OK) {
+        fprintf(stderr, "stria-run: %s\n",
+                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+        return 1;
+    }
+    return 0;
+}
+
+/* stria-run random: writes a reproducible random .npy array. */
+static int stria__cmd_random(int argc, char **argv)
+{
+    int64_t shape[STRIA_NPY_MAX_DIMS];
+    int ndim = 0;
+    const char *out = NULL, *shape_arg = NULL;
+    uint64_t seed = 1;
+    float amp = 1.0f;
+    bool f16 = false;
+    char *end;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            printf("usage: stria-run random --shape B,T,H,D --out FILE.npy [--seed N] "
+                   "[--amplitude A] [--float16]\n"
+                   "Writes uniform random values in [-A, A) (default A = 1) as float32 (or\n"
+                   "float16) .npy, reproducible for a given seed (default 1).\n");
+            return 0;
+        }
+        if (val == NULL)
+            return stria__usage_error("option %s needs a value (or is unknown)", a);
+        if (strcmp(a, "--shape") == 0) {
+            shape_arg = val;
+        } else if (strcmp(a, "--out") == 0) {
+            out = val;
+        } else if (strcmp(a, "--seed") == 0) {
+            errno = 0;
+            seed = strtoull(val, &end, 10);
+            if (errno != 0 || end == val || *end != '\0')
+                return stria__usage_error("--seed '%s': expected a non-negative integer", val);
+        } else if (strcmp(a, "--amplitude") == 0) {
+            amp = strtof(val, &end);
+            if (end == val || *end != '\0' || !(amp > 0.0f) || isinf(amp))
+                return stria__usage_error("--amplitude '%s': expected a finite number > 0", val);
+        } else if (strcmp(a, "--float16") == 0) {
+            f16 = true;
+            continue;
+        } else {
+            return stria__usage_error("unknown option '%s'", a);
+        }
+        i++;
+    }
+    if (shape_arg == NULL || out == NULL)
+        return stria__usage_error("%s", "--shape and --out are required");
+    for (const char *p = shape_arg; *p != '\0';) {
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno != 0 || v < 1 || v > ((int64_t)1 << 32) ||
+            ndim == STRIA_NPY_MAX_DIMS || (*end != ',' && *end != '\0'))
+            return stria__usage_error("--shape '%s': expected up to 8 comma-separated sizes >= 1",
+                                      shape_arg);
+        shape[ndim++] = v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (__builtin_mul_overflow(n, (size_t)shape[i], &n) || n > ((size_t)1 << 34))
+            return stria__usage_error("--shape '%s': too many elements", shape_arg);
+    }
+    float *data = stria_malloc_aligned(n * sizeof(float));
+    if (data == NULL) {
+        fprintf(stderr, "stria-run: cannot allocate %zu elements\n", n);
+        return 1;
+    }
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data[i] = ((float)(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
+    }
+    stria_status_t st;
+    if (f16) {
+        uint16_t *h = stria_malloc_aligned(n * sizeof(uint16_t));
+        if (h == NULL) {
+            stria_free(data);
+            fprintf(stderr, "stria-run: cannot allocate %zu elements\n", n);
+            return 1;
+        }
+        stria_dtype_convert(STRIA_DTYPE_F32, data, STRIA_DTYPE_F16, h, n);
+        st = stria_npy_write(out, STRIA_DTYPE_F16, ndim, shape, h);
+        stria_free(h);
+    } else {
+        st = stria_npy_write(out, STRIA_DTYPE_F32, ndim, shape, data);
+    }
+    stria_free(data);
+    if (st != STRIA_OK) {
+        fprintf(stderr, "stria-run: %s\n", stria_error_msg());
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        stria__run_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "local") == 0)
+        return stria__cmd_local(argc - 1, argv + 1);
+    if (strcmp(argv[1], "random") == 0)
+        return stria__cmd_random(argc - 1, argv + 1);
+    fprintf(stderr, "stria-run: unknown command '%s' (expected: local, random)\n", argv[1]);
+    return 2;
+}

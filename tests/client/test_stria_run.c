@@ -1,0 +1,193 @@
+/* stria-run as a user runs it: real .npy files, a real process, exit codes. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ref.h"
+
+static char dir[256];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/stria_run_test_%d", (int)getpid());
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir -p %s", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static void teardown(void)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    (void)system(cmd);
+}
+
+/* Runs stria-run with the given arguments (stdout/stderr to files in dir);
+ * returns the exit status. */
+static int run(const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s %s >%s/stdout 2>%s/stderr", STRIA_RUN_BIN, args, dir, dir);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st), "stria-run did not exit normally");
+    return WEXITSTATUS(st);
+}
+
+static char *slurp(const char *name)
+{
+    static char buf[8192];
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+static void write_arr(const char *name, int64_t B, int64_t T, int64_t H, int64_t D, float *data)
+{
+    char path[512];
+    int64_t shape[4] = {B, T, H, D};
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    cr_assert_eq(stria_npy_write(path, STRIA_DTYPE_F32, 4, shape, data), STRIA_OK);
+}
+
+static float *read_arr(const char *name, int64_t n)
+{
+    char path[512];
+    stria_npy_t a;
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    cr_assert_eq(stria_npy_read(path, &a), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(a.dtype, STRIA_DTYPE_F32);
+    cr_assert_eq(stria_npy_numel(&a), n);
+    return a.data;
+}
+
+static void check(const char *name, const double *ref, int64_t n, double tol)
+{
+    float *x = read_arr(name, n);
+    double err = ref_max_err_f32(x, ref, (size_t)n);
+    cr_expect(err <= tol, "%s: max error %.3g > %.3g", name, err, tol);
+    stria_free(x);
+}
+
+static void run_and_check(bool causal, const char *dtype_flag, stria_dtype_t dt, double tol)
+{
+    const int64_t B = 2, T = 45, H = 4, Hk = 2, D = 32;
+    size_t nq = (size_t)(B * T * H * D), nk = (size_t)(B * T * Hk * D);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *g = malloc(nq * 4);
+    ref_fill(q, nq, 1, 1.0f, dt);
+    ref_fill(k, nk, 2, 1.0f, dt);
+    ref_fill(v, nk, 3, 1.0f, dt);
+    ref_fill(g, nq, 4, 1.0f, dt);
+    write_arr("q.npy", B, T, H, D, q);
+    write_arr("k.npy", B, T, Hk, D, k);
+    write_arr("v.npy", B, T, Hk, D, v);
+    write_arr("do.npy", B, T, H, D, g);
+    char args[2048];
+    snprintf(args, sizeof(args),
+             "local --q %s/q.npy --k %s/k.npy --v %s/v.npy --do %s/do.npy --out %s/out %s %s", dir,
+             dir, dir, dir, dir, causal ? "--causal" : "--no-causal", dtype_flag);
+    cr_assert_eq(run(args), 0, "stria-run failed: %s", slurp("stderr"));
+    cr_expect(strstr(slurp("stdout"), "forward+backward") != NULL);
+
+    ref_shape_t rs = {B, T, T, H, Hk, D, 1.0 / sqrt((double)D), causal, NULL, NULL};
+    ref_out_t r;
+    ref_f64_run(&rs, q, k, v, g, &r);
+    check("out/o.npy", r.o, (int64_t)nq, tol);
+    check("out/lse.npy", r.lse, B * H * T, 1e-5);
+    check("out/dq.npy", r.dq, (int64_t)nq, tol);
+    check("out/dk.npy", r.dk, (int64_t)nk, tol);
+    check("out/dv.npy", r.dv, (int64_t)nk, tol);
+    ref_out_free(&r);
+    free(q), free(k), free(v), free(g);
+}
+
+Test(stria_run, fp32_causal_gqa_matches_reference, .init = setup, .fini = teardown)
+{
+    run_and_check(true, "", STRIA_DTYPE_F32, 1e-5);
+}
+
+Test(stria_run, bf16_noncausal_matches_reference, .init = setup, .fini = teardown)
+{
+    /* outputs are rounded to bf16: half an ulp of values below 4 is 2^-7 */
+    run_and_check(false, "--dtype bf16", STRIA_DTYPE_BF16, 1.0 / 128);
+}
+
+Test(stria_run, random_writes_reproducible_arrays, .init = setup, .fini = teardown)
+{
+    char args[1024];
+    snprintf(args, sizeof(args), "random --shape 1,4,2,16 --seed 7 --out %s/a.npy", dir);
+    cr_assert_eq(run(args), 0, "%s", slurp("stderr"));
+    snprintf(args, sizeof(args), "random --shape 1,4,2,16 --seed 7 --out %s/b.npy", dir);
+    cr_assert_eq(run(args), 0);
+    float *a = read_arr("a.npy", 128), *b = read_arr("b.npy", 128);
+    cr_expect_eq(memcmp(a, b, 128 * 4), 0);
+    stria_free(a);
+    stria_free(b);
+    snprintf(args, sizeof(args), "random --shape 1,0 --out %s/c.npy", dir);
+    cr_expect_eq(run(args), 2);
+}
+
+Test(stria_run, bad_inputs_get_clear_errors, .init = setup, .fini = teardown)
+{
+    float x[2 * 8 * 2 * 16] = {0};
+    char args[2048];
+    write_arr("q.npy", 2, 8, 2, 16, x);
+    write_arr("k.npy", 2, 8, 2, 16, x);
+    write_arr("k3.npy", 2, 8, 3, 16, x); /* 2 heads are not a multiple of 3 */
+    write_arr("short.npy", 2, 7, 2, 16, x);
+
+    cr_expect_eq(run("local --q only.npy"), 2);
+    cr_expect(strstr(slurp("stderr"), "--k and --v are required") != NULL);
+    cr_expect_eq(run("local --bogus"), 2);
+    cr_expect(strstr(slurp("stderr"), "unknown option") != NULL);
+    cr_expect_eq(run("frobnicate"), 2);
+    cr_expect_eq(run("--help"), 0);
+    cr_expect(strstr(slurp("stdout"), "--dtype") != NULL);
+
+    snprintf(args, sizeof(args), "local --q %s/q.npy --k %s/k.npy --v %s/v.npy --out %s/o", dir,
+             dir, dir, dir);
+    cr_expect_eq(run(args), 1);
+    cr_expect(strstr(slurp("stderr"), "v.npy: cannot open") != NULL, "%s", slurp("stderr"));
+
+    snprintf(args, sizeof(args), "local --q %s/q.npy --k %s/k3.npy --v %s/k3.npy --out %s/o", dir,
+             dir, dir, dir);
+    cr_expect_eq(run(args), 1);
+    cr_expect(strstr(slurp("stderr"), "multiple of kv_heads") != NULL, "%s", slurp("stderr"));
+
+    snprintf(args, sizeof(args), "local --q %s/q.npy --k %s/short.npy --v %s/short.npy --out %s/o",
+             dir, dir, dir, dir);
+    cr_expect_eq(run(args), 1);
+    cr_expect(strstr(slurp("stderr"), "must agree") != NULL, "%s", slurp("stderr"));
+
+    snprintf(args, sizeof(args),
+             "local --q %s/q.npy --k %s/k.npy --v %s/k.npy --dtype int4 --out %s/o", dir, dir, dir,
+             dir);
+    cr_expect_eq(run(args), 2);
+    cr_expect(strstr(slurp("stderr"), "int4") != NULL);
+
+    /* truncated file */
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "head -c 200 %s/q.npy > %s/trunc.npy", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(args, sizeof(args), "local --q %s/trunc.npy --k %s/k.npy --v %s/k.npy --out %s/o", dir,
+             dir, dir, dir);
+    cr_expect_eq(run(args), 1);
+    cr_expect(strstr(slurp("stderr"), "truncated") != NULL, "%s", slurp("stderr"));
+
+    /* not a .npy file at all */
+    snprintf(cmd, sizeof(cmd), "echo hello > %s/text.npy", dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(args, sizeof(args), "local --q %s/text.npy --k %s/k.npy --v %s/k.npy --out %s/o", dir,
+             dir, dir, dir);
+    cr_expect_eq(run(args), 1);
+    cr_expect(strstr(slurp("stderr"), "bad magic") != NULL, "%s", slurp("stderr"));
+}

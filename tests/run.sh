@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds stria and runs every test twice: in the Release build (build/) and in
+# an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/).
+# Installs missing dependencies first. Exits non-zero on the first failure; the
+# output ends with ctest's summary.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+"$root/deploy/install-deps.sh"
+
+export UCX_HANDLE_ERRORS=none
+export STRIA_LOG_LEVEL=${STRIA_LOG_LEVEL:-error}
+
+build_and_test() {
+  local dir=$1
+  shift
+  echo "== configure $dir ($*)"
+  cmake -S "$root" -B "$root/$dir" "$@" >/dev/null
+  echo "== build $dir"
+  cmake --build "$root/$dir" -j "$jobs"
+  echo "== test $dir"
+  (cd "$root/$dir" && ctest --output-on-failure --timeout 900 -j "$jobs")
+}
+
+build_and_test build -DCMAKE_BUILD_TYPE=Release -DSTRIA_SANITIZE=OFF
+# halt_on_error keeps a sanitizer report from being lost in a passing test.
+ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1} \
+UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+  build_and_test build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_SANITIZE=ON
