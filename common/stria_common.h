@@ -188,6 +188,99 @@ void stria_npy_free(stria_npy_t *arr);
 /* Number of elements (product of the shape). */
 int64_t stria_npy_numel(const stria_npy_t *arr);
 
+/* ---- options: command-line flags and configuration files ---------------- */
+
+/* Every setting of a program is one entry of a NULL-name-terminated table;
+ * the same table parses `--name VALUE` / `--name=VALUE` flags and `name = value`
+ * lines of a configuration file, so every configuration setting is also a flag. */
+typedef enum {
+    STRIA_OPT_STRING = 0, /* dst: const char ** (points into argv or a copy owned by the table) */
+    STRIA_OPT_INT = 1,    /* dst: int64_t *, checked against [min, max] */
+    STRIA_OPT_DOUBLE = 2, /* dst: double *, checked against [min, max] */
+    STRIA_OPT_BOOL = 3,   /* dst: bool *; flag without value = true; true/false/yes/no/1/0 */
+    STRIA_OPT_FLAG = 4,   /* dst: bool *, flags only, never takes a value */
+} stria_opt_type_t;
+
+typedef struct {
+    const char *name; /* without the leading dashes */
+    stria_opt_type_t type;
+    void *dst;
+    double min, max; /* for INT and DOUBLE */
+    const char *metavar;
+    const char *help;
+} stria_opt_t;
+
+/* Sets option `name` from the text `value` (NULL for a bare flag). Errors name
+ * the option and the accepted range. Strings are copied (freed by
+ * stria_opts_free()). */
+stria_status_t stria_opt_set(const stria_opt_t *opts, const char *name, const char *value);
+
+/* Parses argv[first..argc) as flags; positional arguments are an error.
+ * `--config FILE`, if present, is loaded first (when `config_path` is non-NULL
+ * it receives the file's path), so flags override the file. */
+stria_status_t stria_opts_parse(const stria_opt_t *opts, int argc, char **argv, int first,
+                                const char **config_path);
+
+/* Loads `name = value` lines; `#` starts a comment; blank lines are ignored.
+ * Errors name the file and the line ("/etc/stria/worker.conf:7: ..."). */
+stria_status_t stria_opts_load_file(const stria_opt_t *opts, const char *path);
+
+/* Prints `--name METAVAR  help` lines for every option. */
+void stria_opts_print_help(const stria_opt_t *opts, void *file /* FILE * */);
+
+/* Frees the strings copied by stria_opt_set(); string destinations are reset
+ * to NULL only if they still point at such a copy. */
+void stria_opts_free(const stria_opt_t *opts);
+
+/* Parses "HOST:PORT" ("[v6]:PORT" too) into host (NUL-terminated, at most
+ * host_len bytes) and port in [0, 65535]. */
+stria_status_t stria_parse_host_port(const char *text, char *host, size_t host_len, int *port_out);
+
+/* ---- systemd notification ------------------------------------------------ */
+
+/* Sends `state` ("READY=1", "STATUS=...", "WATCHDOG=1", "STOPPING=1") to the
+ * service manager through $NOTIFY_SOCKET. Without NOTIFY_SOCKET it does
+ * nothing and returns STRIA_OK. */
+stria_status_t stria_notify(const char *state);
+/* Watchdog interval in seconds from $WATCHDOG_USEC (and $WATCHDOG_PID, if set,
+ * must be this process); 0 when no watchdog is configured. */
+double stria_notify_watchdog_interval(void);
+
+/* ---- metrics (Prometheus text exposition format 0.0.4) ------------------- */
+
+typedef struct stria_metrics stria_metrics_t;
+typedef struct stria_metric stria_metric_t;
+
+typedef enum {
+    STRIA_METRIC_COUNTER = 0,
+    STRIA_METRIC_GAUGE = 1,
+    STRIA_METRIC_HISTOGRAM = 2,
+} stria_metric_kind_t;
+
+/* A registry; thread-safe. Free with stria_metrics_destroy(). */
+stria_status_t stria_metrics_create(stria_metrics_t **reg_out);
+void stria_metrics_destroy(stria_metrics_t *reg);
+
+/* Returns the series `name{labels}` of a family, creating family and series
+ * on first use. `labels` is NULL or "key=\"value\",..." (values escaped with
+ * stria_metrics_escape()). Histograms need `buckets` (n_buckets ascending upper
+ * bounds; +Inf is implicit) on first use. The handle lives as long as the
+ * registry. Returns NULL on bad names or kind mismatch (message set). */
+stria_metric_t *stria_metrics_get(stria_metrics_t *reg, stria_metric_kind_t kind, const char *name,
+                                  const char *help, const char *labels, const double *buckets,
+                                  size_t n_buckets);
+void stria_metric_add(stria_metric_t *m, double v);     /* counters and gauges */
+void stria_metric_set(stria_metric_t *m, double v);     /* gauges */
+void stria_metric_observe(stria_metric_t *m, double v); /* histograms */
+/* Removes every series of a family whose labels contain `label_match` (e.g.
+ * "job=\"7\""), for metrics of things that are gone. */
+void stria_metrics_forget(stria_metrics_t *reg, const char *label_match);
+
+/* Renders the registry; *text_out is malloc'ed (caller frees). */
+stria_status_t stria_metrics_render(stria_metrics_t *reg, char **text_out, size_t *len_out);
+/* Escapes a label value (backslash, quote, newline) into out (out_len bytes). */
+void stria_metrics_escape(const char *value, char *out, size_t out_len);
+
 #ifdef __cplusplus
 }
 #endif

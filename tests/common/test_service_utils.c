@@ -1,0 +1,196 @@
+/* Options and configuration files, systemd notification, Prometheus metrics. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "stria_common.h"
+
+static const char *s_listen;
+static int64_t s_port;
+static double s_period;
+static bool s_verbose, s_foreground;
+
+static const stria_opt_t opts[] = {
+    {"listen", STRIA_OPT_STRING, &s_listen, 0, 0, "HOST:PORT", "address"},
+    {"port", STRIA_OPT_INT, &s_port, 0, 65535, "N", "port"},
+    {"period", STRIA_OPT_DOUBLE, &s_period, 0.01, 60, "S", "seconds"},
+    {"verbose", STRIA_OPT_BOOL, &s_verbose, 0, 0, NULL, "chatty"},
+    {"foreground", STRIA_OPT_FLAG, &s_foreground, 0, 0, NULL, "stay"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+static char path[256];
+
+static void write_file(const char *text)
+{
+    snprintf(path, sizeof(path), "/tmp/stria_cfg_%d.conf", (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(service_utils, flags_and_config_file)
+{
+    write_file("# a comment\n\nlisten = 10.0.0.1:7000   # trailing comment\nport=99\n"
+               "period = 2.5\nverbose = yes\n");
+    char *argv[] = {"prog", "--config", path, "--port=100", "--foreground", "--verbose=false"};
+    const char *cfg = NULL;
+    cr_assert_eq(stria_opts_parse(opts, 6, argv, 1, &cfg), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_str_eq(s_listen, "10.0.0.1:7000");
+    cr_expect_eq(s_port, 100); /* the flag overrides the file */
+    cr_expect_float_eq(s_period, 2.5, 1e-12);
+    cr_expect(!s_verbose);
+    cr_expect(s_foreground);
+    cr_expect_str_eq(cfg, path);
+    stria_opts_free(opts);
+    cr_expect_null(s_listen);
+    unlink(path);
+}
+
+static void expect_cfg_error(const char *text, const char *needle)
+{
+    write_file(text);
+    cr_expect_neq(stria_opts_load_file(opts, path), STRIA_OK);
+    cr_expect(strstr(stria_error_msg(), needle) != NULL, "message '%s' lacks '%s'",
+              stria_error_msg(), needle);
+    unlink(path);
+}
+
+Test(service_utils, config_errors_name_the_line)
+{
+    expect_cfg_error("listen = a:1\nport = 70000\n", ":2: --port '70000': must be in 0..65535");
+    expect_cfg_error("\n\nnonsense line\n", ":3: expected 'name = value'");
+    expect_cfg_error("colour = blue\n", ":1: unknown setting 'colour'");
+    expect_cfg_error("period = fast\n", ":1: --period 'fast': expected a number");
+    expect_cfg_error("foreground = 1\n", "unknown setting 'foreground'");
+    cr_expect_eq(stria_opts_load_file(opts, "/nonexistent.conf"), STRIA_ERR_IO);
+    cr_expect(strstr(stria_error_msg(), "/nonexistent.conf") != NULL);
+
+    char *argv1[] = {"prog", "--bogus"};
+    cr_expect_eq(stria_opts_parse(opts, 2, argv1, 1, NULL), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "unknown option '--bogus'") != NULL);
+    char *argv2[] = {"prog", "--port"};
+    cr_expect_eq(stria_opts_parse(opts, 2, argv2, 1, NULL), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "needs a value") != NULL);
+    char *argv3[] = {"prog", "stray"};
+    cr_expect_eq(stria_opts_parse(opts, 2, argv3, 1, NULL), STRIA_ERR_INVALID_ARG);
+    stria_opts_free(opts);
+}
+
+Test(service_utils, host_port)
+{
+    char host[64];
+    int port;
+    cr_assert_eq(stria_parse_host_port("127.0.0.1:7400", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_str_eq(host, "127.0.0.1");
+    cr_expect_eq(port, 7400);
+    cr_assert_eq(stria_parse_host_port("[::1]:0", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_str_eq(host, "::1");
+    cr_expect_eq(port, 0);
+    cr_expect_neq(stria_parse_host_port("localhost", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_neq(stria_parse_host_port("h:99999", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_neq(stria_parse_host_port(":80", host, sizeof(host), &port), STRIA_OK);
+}
+
+Test(service_utils, notify_sends_to_socket)
+{
+    char sock_path[108];
+    snprintf(sock_path, sizeof(sock_path), "/tmp/stria_notify_%d.sock", (int)getpid());
+    unlink(sock_path);
+    int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    strcpy(addr.sun_path, sock_path);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    setenv("NOTIFY_SOCKET", sock_path, 1);
+    cr_assert_eq(stria_notify("READY=1\nSTATUS=serving"), STRIA_OK, "%s", stria_error_msg());
+    char buf[128] = {0};
+    ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
+    cr_expect_eq(n, (ssize_t)strlen("READY=1\nSTATUS=serving"));
+    cr_expect_str_eq(buf, "READY=1\nSTATUS=serving");
+    close(fd);
+    unlink(sock_path);
+    unsetenv("NOTIFY_SOCKET");
+    cr_expect_eq(stria_notify("READY=1"), STRIA_OK); /* no manager: nothing to do */
+    setenv("WATCHDOG_USEC", "2000000", 1);
+    cr_expect_float_eq(stria_notify_watchdog_interval(), 2.0, 1e-9);
+    unsetenv("WATCHDOG_USEC");
+    cr_expect_eq(stria_notify_watchdog_interval(), 0.0);
+}
+
+Test(service_utils, metrics_render_parses_with_prometheus_client)
+{
+    stria_metrics_t *reg;
+    static const double buckets[] = {0.001, 0.01, 0.1, 1.0};
+    char esc[64];
+    cr_assert_eq(stria_metrics_create(&reg), STRIA_OK);
+    stria_metric_t *c = stria_metrics_get(reg, STRIA_METRIC_COUNTER, "stria_test_bytes_total",
+                                          "Bytes sent.\nSecond line", "rank=\"1\"", NULL, 0);
+    stria_metric_t *g = stria_metrics_get(reg, STRIA_METRIC_GAUGE, "stria_test_memory_bytes",
+                                          "Memory in use.", NULL, NULL, 0);
+    stria_metric_t *h = stria_metrics_get(reg, STRIA_METRIC_HISTOGRAM, "stria_test_step_seconds",
+                                          "Step time.", "kind=\"compute\"", buckets, 4);
+    stria_metrics_escape("a\"b\\c\nd", esc, sizeof(esc));
+    cr_expect_str_eq(esc, "a\\\"b\\\\c\\nd");
+    char labels[128];
+    snprintf(labels, sizeof(labels), "job=\"%s\"", esc);
+    stria_metric_t *weird = stria_metrics_get(reg, STRIA_METRIC_GAUGE, "stria_test_weird",
+                                              "Odd label.", labels, NULL, 0);
+    cr_assert(c && g && h && weird);
+    cr_expect_null(
+        stria_metrics_get(reg, STRIA_METRIC_GAUGE, "stria_test_bytes_total", "", NULL, NULL, 0));
+    cr_expect_null(stria_metrics_get(reg, STRIA_METRIC_GAUGE, "9bad name", "", NULL, NULL, 0));
+    stria_metric_add(c, 1024);
+    stria_metric_add(c, 1024);
+    stria_metric_set(g, 1.5e9);
+    stria_metric_set(weird, NAN);
+    stria_metric_observe(h, 0.005);
+    stria_metric_observe(h, 0.05);
+    stria_metric_observe(h, 5.0);
+
+    char *text;
+    size_t len;
+    cr_assert_eq(stria_metrics_render(reg, &text, &len), STRIA_OK);
+    cr_expect(strstr(text, "stria_test_bytes_total{rank=\"1\"} 2048\n") != NULL, "%s", text);
+    cr_expect(strstr(text, "stria_test_step_seconds_bucket{kind=\"compute\",le=\"0.01\"} 1\n") !=
+              NULL);
+    cr_expect(strstr(text, "le=\"+Inf\"} 3\n") != NULL);
+
+    /* a real Prometheus text parser must accept it and read the same values */
+    char file[128];
+    snprintf(file, sizeof(file), "/tmp/stria_metrics_%d.txt", (int)getpid());
+    FILE *f = fopen(file, "w");
+    fwrite(text, 1, len, f);
+    fclose(f);
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "%s -c \"import sys\nfrom prometheus_client.parser import "
+             "text_string_to_metric_families as p\n"
+             "fs={f.name: f for f in p(open('%s').read())}\n"
+             "assert fs['stria_test_bytes'].samples[0].value == 2048, fs\n"
+             "assert fs['stria_test_memory_bytes'].samples[0].value == 1.5e9\n"
+             "h=fs['stria_test_step_seconds']; assert h.type == 'histogram'\n"
+             "s={(x.name, x.labels.get('le')): x.value for x in h.samples}\n"
+             "assert s[('stria_test_step_seconds_count', None)] == 3, s\n"
+             "assert abs(s[('stria_test_step_seconds_sum', None)] - 5.055) < 1e-12\n"
+             "want = 'a' + chr(34) + 'b' + chr(92) + 'c' + chr(10) + 'd'\n"
+             "assert fs['stria_test_weird'].samples[0].labels['job'] == want\n"
+             "print('parsed', len(fs), 'families')\"",
+             STRIA_SYSTEM_PYTHON, file);
+    int rc = system(cmd);
+    cr_expect_eq(rc, 0, "prometheus_client rejected the exposition:\n%s", text);
+    unlink(file);
+    free(text);
+
+    stria_metrics_forget(reg, "rank=\"1\"");
+    cr_assert_eq(stria_metrics_render(reg, &text, &len), STRIA_OK);
+    cr_expect(strstr(text, "stria_test_bytes_total") == NULL);
+    free(text);
+    stria_metrics_destroy(reg);
+}
