@@ -1,0 +1,325 @@
+#include "stria_service.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STRIA__HTTP_MAX_REQUEST 8192
+#define STRIA__HTTP_IDLE_MS     5000
+
+struct stria_http_metrics {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    stria_metrics_t *reg;
+    int port;
+    int open_handles; /* listener + connections, for deferred free */
+    bool stopping;
+    struct stria__http_conn *conns;
+};
+
+typedef struct stria__http_conn {
+    uv_tcp_t tcp;
+    uv_timer_t idle;
+    stria_http_metrics_t *srv;
+    char req[STRIA__HTTP_MAX_REQUEST];
+    size_t req_len;
+    char *resp;
+    bool responded;
+    int closing_handles;
+    struct stria__http_conn *next, *prev;
+} stria__http_conn_t;
+
+static void stria__http_maybe_free(stria_http_metrics_t *srv)
+{
+    if (srv->stopping && srv->open_handles == 0)
+        free(srv);
+}
+
+static void stria__conn_handle_closed(uv_handle_t *h)
+{
+    stria__http_conn_t *c = h->data;
+    if (--c->closing_handles > 0)
+        return;
+    stria_http_metrics_t *srv = c->srv;
+    free(c->resp);
+    free(c);
+    srv->open_handles--;
+    stria__http_maybe_free(srv);
+}
+
+static void stria__conn_close(stria__http_conn_t *c)
+{
+    if (c->closing_handles > 0)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        c->srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->closing_handles = 2;
+    uv_timer_stop(&c->idle);
+    uv_close((uv_handle_t *)&c->idle, stria__conn_handle_closed);
+    uv_close((uv_handle_t *)&c->tcp, stria__conn_handle_closed);
+}
+
+static void stria__conn_written(uv_write_t *w, int status)
+{
+    stria__http_conn_t *c = w->data;
+    (void)status;
+    free(w);
+    stria__conn_close(c);
+}
+
+static void stria__conn_respond(stria__http_conn_t *c, int code, const char *reason,
+                                const char *ctype, const char *body, size_t body_len)
+{
+    char head[256];
+    int n = snprintf(head, sizeof(head),
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n",
+                     code, reason, ctype, body_len);
+    uv_write_t *w = malloc(sizeof(*w));
+    c->resp = malloc((size_t)n + body_len);
+    if (w == NULL || c->resp == NULL) {
+        free(w);
+        stria__conn_close(c);
+        return;
+    }
+    memcpy(c->resp, head, (size_t)n);
+    memcpy(c->resp + n, body, body_len);
+    c->responded = true;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_buf_t buf = uv_buf_init(c->resp, (unsigned)((size_t)n + body_len));
+    w->data = c;
+    if (uv_write(w, (uv_stream_t *)&c->tcp, &buf, 1, stria__conn_written) != 0) {
+        free(w);
+        stria__conn_close(c);
+    }
+}
+
+static void stria__conn_error(stria__http_conn_t *c, int code, const char *reason)
+{
+    char body[128];
+    int n = snprintf(body, sizeof(body), "%d %s\n", code, reason);
+    stria__conn_respond(c, code, reason, "text/plain; charset=utf-8", body, (size_t)n);
+}
+
+static void stria__conn_request(stria__http_conn_t *c)
+{
+    char method[16], path[256];
+    if (sscanf(c->req, "%15s %255s HTTP/1.%*c", method, path) != 2) {
+        stria__conn_error(c, 400, "Bad Request");
+        return;
+    }
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        stria__conn_error(c, 405, "Method Not Allowed");
+        return;
+    }
+    char *q = strchr(path, '?');
+    if (q)
+        *q = '\0';
+    if (strcmp(path, "/metrics") != 0) {
+        stria__conn_error(c, 404, "Not Found");
+        return;
+    }
+    char *text;
+    size_t len;
+    if (stria_metrics_render(c->srv->reg, &text, &len) != STRIA_OK) {
+        stria__conn_error(c, 500, "Internal Server Error");
+        return;
+    }
+    stria__conn_respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", text,
+                        strcmp(method, "HEAD") == 0 ? 0 : len);
+    free(text);
+}
+
+static void stria__conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    stria__http_conn_t *c = h->data;
+    (void)suggested;
+    buf->base = c->req + c->req_len;
+    buf->len = sizeof(c->req) - 1 - c->req_len;
+}
+
+static void stria__conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    stria__http_conn_t *c = s->data;
+    (void)buf;
+    if (nread < 0) {
+        stria__conn_close(c);
+        return;
+    }
+    if (nread == 0 || c->responded)
+        return;
+    c->req_len += (size_t)nread;
+    c->req[c->req_len] = '\0';
+    if (strstr(c->req, "\r\n\r\n") != NULL || strstr(c->req, "\n\n") != NULL)
+        stria__conn_request(c);
+    else if (c->req_len >= sizeof(c->req) - 1)
+        stria__conn_error(c, 400, "Bad Request");
+}
+
+static void stria__conn_idle(uv_timer_t *t)
+{
+    stria__conn_close(t->data);
+}
+
+static void stria__http_accept(uv_stream_t *server, int status)
+{
+    stria_http_metrics_t *srv = server->data;
+    stria__http_conn_t *c;
+    if (status < 0 || srv->stopping)
+        return;
+    c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return;
+    c->srv = srv;
+    uv_tcp_init(srv->loop, &c->tcp);
+    uv_timer_init(srv->loop, &c->idle);
+    c->tcp.data = c;
+    c->idle.data = c;
+    srv->open_handles++;
+    c->next = srv->conns;
+    if (srv->conns)
+        srv->conns->prev = c;
+    srv->conns = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
+        uv_read_start((uv_stream_t *)&c->tcp, stria__conn_alloc, stria__conn_read) != 0) {
+        stria__conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->idle, stria__conn_idle, STRIA__HTTP_IDLE_MS, 0);
+}
+
+static void stria__http_listener_closed(uv_handle_t *h)
+{
+    stria_http_metrics_t *srv = h->data;
+    srv->open_handles--;
+    stria__http_maybe_free(srv);
+}
+
+stria_status_t stria_http_metrics_start(uv_loop_t *loop, const char *listen, stria_metrics_t *reg,
+                                        stria_http_metrics_t **out)
+{
+    char host[256];
+    int port, rc;
+    struct sockaddr_storage addr;
+    stria_http_metrics_t *srv;
+    stria_status_t st;
+
+    st = stria_parse_host_port(listen, host, sizeof(host), &port);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "metrics address");
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "metrics address '%s': host must be a numeric IP address", listen);
+    srv = calloc(1, sizeof(*srv));
+    if (srv == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate metrics server");
+    srv->loop = loop;
+    srv->reg = reg;
+    uv_tcp_init(loop, &srv->listener);
+    srv->listener.data = srv;
+    srv->open_handles = 1;
+    rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&addr, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&srv->listener, 64, stria__http_accept);
+    if (rc != 0) {
+        st = stria_error_set(STRIA_ERR_IO, "metrics endpoint %s: %s", listen, uv_strerror(rc));
+        srv->stopping = true;
+        uv_close((uv_handle_t *)&srv->listener, stria__http_listener_closed);
+        return st;
+    }
+    struct sockaddr_storage bound;
+    int blen = sizeof(bound);
+    uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&bound, &blen);
+    srv->port = bound.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
+                                            : ntohs(((struct sockaddr_in *)&bound)->sin_port);
+    *out = srv;
+    return STRIA_OK;
+}
+
+int stria_http_metrics_port(const stria_http_metrics_t *srv)
+{
+    return srv->port;
+}
+
+void stria_http_metrics_stop(stria_http_metrics_t *srv)
+{
+    if (srv == NULL || srv->stopping)
+        return;
+    srv->stopping = true;
+    while (srv->conns != NULL)
+        stria__conn_close(srv->conns);
+    uv_close((uv_handle_t *)&srv->listener, stria__http_listener_closed);
+}
+
+/* ---- watchdog and signals ---------------------------------------------- */
+
+struct stria_service {
+    uv_signal_t sigterm, sigint;
+    uv_timer_t watchdog;
+    bool watchdog_on;
+    stria_shutdown_cb cb;
+    void *arg;
+    int open_handles;
+};
+
+static void stria__svc_signal(uv_signal_t *h, int signum)
+{
+    stria_service_t *svc = h->data;
+    svc->cb(svc->arg, signum);
+}
+
+static void stria__svc_watchdog(uv_timer_t *t)
+{
+    (void)t;
+    stria_notify("WATCHDOG=1");
+}
+
+stria_status_t stria_service_start(uv_loop_t *loop, stria_shutdown_cb on_shutdown, void *arg,
+                                   stria_service_t **out)
+{
+    stria_service_t *svc = calloc(1, sizeof(*svc));
+    double wd = stria_notify_watchdog_interval();
+
+    if (svc == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate service state");
+    signal(SIGPIPE, SIG_IGN);
+    svc->cb = on_shutdown;
+    svc->arg = arg;
+    uv_signal_init(loop, &svc->sigterm);
+    uv_signal_init(loop, &svc->sigint);
+    uv_timer_init(loop, &svc->watchdog);
+    svc->sigterm.data = svc->sigint.data = svc->watchdog.data = svc;
+    uv_signal_start(&svc->sigterm, stria__svc_signal, SIGTERM);
+    uv_signal_start(&svc->sigint, stria__svc_signal, SIGINT);
+    if (wd > 0.0) {
+        uint64_t ms = (uint64_t)(wd * 500.0);
+        uv_timer_start(&svc->watchdog, stria__svc_watchdog, 0, ms > 0 ? ms : 1);
+        svc->watchdog_on = true;
+    }
+    *out = svc;
+    return STRIA_OK;
+}
+
+static void stria__svc_closed(uv_handle_t *h)
+{
+    stria_service_t *svc = h->data;
+    if (--svc->open_handles == 0)
+        free(svc);
+}
+
+void stria_service_stop(stria_service_t *svc)
+{
+    if (svc == NULL)
+        return;
+    svc->open_handles = 3;
+    uv_close((uv_handle_t *)&svc->sigterm, stria__svc_closed);
+    uv_close((uv_handle_t *)&svc->sigint, stria__svc_closed);
+    uv_close((uv_handle_t *)&svc->watchdog, stria__svc_closed);
+}

@@ -1,0 +1,48 @@
+/*
+ * stria service helpers shared by the daemons: the Prometheus /metrics HTTP
+ * endpoint, the systemd watchdog, and shutdown signals, all on a libuv loop.
+ *
+ * Everything here runs on the loop's thread; create, use and stop the objects
+ * from that thread only.
+ */
+#ifndef STRIA_SERVICE_H
+#define STRIA_SERVICE_H
+
+#include <uv.h>
+
+#include "stria_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct stria_http_metrics stria_http_metrics_t;
+
+/* Serves GET /metrics (text exposition of `reg`) on `listen` ("HOST:PORT";
+ * port 0 picks a free port, read it with stria_http_metrics_port()). Other
+ * paths get 404, other methods 405, oversized or malformed requests 400;
+ * idle connections are closed after a few seconds. `reg` must outlive the
+ * server. Stop with stria_http_metrics_stop(). */
+stria_status_t stria_http_metrics_start(uv_loop_t *loop, const char *listen, stria_metrics_t *reg,
+                                        stria_http_metrics_t **out);
+int stria_http_metrics_port(const stria_http_metrics_t *srv);
+/* Closes the listener and every open connection; frees the server once libuv
+ * has released the handles (run the loop to completion). */
+void stria_http_metrics_stop(stria_http_metrics_t *srv);
+
+typedef void (*stria_shutdown_cb)(void *arg, int signum);
+
+typedef struct stria_service stria_service_t;
+
+/* Starts the watchdog (WATCHDOG=1 every half of $WATCHDOG_USEC, if set) and
+ * watches SIGTERM and SIGINT, calling `on_shutdown` once per signal. SIGPIPE
+ * is ignored. Stop with stria_service_stop(). */
+stria_status_t stria_service_start(uv_loop_t *loop, stria_shutdown_cb on_shutdown, void *arg,
+                                   stria_service_t **out);
+void stria_service_stop(stria_service_t *svc);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
