@@ -55,8 +55,7 @@ static stria_status_t stria__check_shape(const stria_attn_params_t *p, const cha
 }
 
 static stria_status_t stria__check_tensor(const stria_tensor_t *t, const char *fn, const char *name,
-                                          int64_t tokens, int64_t heads, int64_t dim,
-                                          bool need_f32)
+                                          int64_t tokens, int64_t heads, int64_t dim, bool need_f32)
 {
     if (t == NULL || t->data == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s is NULL", fn, name);
@@ -175,8 +174,7 @@ static void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int6
     }
 }
 
-static stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p,
-                                      const char *fn)
+static stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p, const char *fn)
 {
     stria_status_t st;
 
@@ -235,31 +233,33 @@ static inline int stria__tile_class(const stria__ctx_t *c, int64_t qt, int64_t k
     return STRIA__TILE_PARTIAL;
 }
 
-/* Sets masked scores of a tile (and padding columns) to -inf. */
-static void stria__mask_tile(const stria__ctx_t *c, float *s, int64_t q0, int bq, int64_t k0,
-                             int bk, int cls)
+/* Sets the masked scores of a straddling tile to -inf. st is transposed:
+ * [bk keys][STRIA__BQ queries]. */
+static void stria__mask_tile(const stria__ctx_t *c, float *st, int64_t q0, int bq, int64_t k0,
+                             int bk)
 {
-    for (int i = 0; i < bq; i++) {
-        float *row = s + (size_t)i * STRIA__BK;
-        if (cls == STRIA__TILE_PARTIAL) {
-            int64_t qp = c->qpos[q0 + i];
-            for (int j = 0; j < bk; j++)
-                if (c->kpos[k0 + j] > qp)
-                    row[j] = -INFINITY;
-        }
-        for (int j = bk; j < STRIA__BK; j++)
-            row[j] = -INFINITY;
+    const int64_t *qp = c->qpos + q0;
+    for (int j = 0; j < bk; j++) {
+        float *row = st + (size_t)j * STRIA__BQ;
+        int64_t kp = c->kpos[k0 + j];
+        for (int i = 0; i < bq; i++)
+            row[i] = kp > qp[i] ? -INFINITY : row[i];
     }
+}
+
+static inline int stria__tile_len(int64_t total, int64_t t0, int64_t tile)
+{
+    return (int)(total - t0 < tile ? total - t0 : tile);
 }
 
 /* ---- packing ------------------------------------------------------------- */
 
-/* rows [t0, t0+n) of head h as fp32 [BQ or BK][Dp], zero padded */
-static void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
-                             int64_t h, int64_t t0, int n, int rows, float *dst)
+/* rows [t0, t0+n) of head h as fp32 [rows][Dp], zero padded */
+static void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                             int64_t t0, int n, int rows, float *dst)
 {
     for (int i = 0; i < rows; i++) {
-        float *d = dst + (size_t)i * c->Dp;
+        float *d = dst + (size_t)i * (size_t)c->Dp;
         if (i < n) {
             c->ops->row_load(t->dtype, stria__row_ptr(t, b, t0 + i, h), d, (int)c->D);
             for (int64_t j = c->D; j < c->Dp; j++)
@@ -270,24 +270,24 @@ static void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int
     }
 }
 
-/* rows [t0, t0+n) of head h transposed: fp32 [Dp][BK], zero padded */
-static void stria__pack_cols(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
-                             int64_t t0, int n, float *tmp_row, float *dst)
+/* dst[Dp][BQ] = transpose of the packed rows src[BQ][Dp]. Blocked so both
+ * sides stay in a few cache lines at a time. */
+static void stria__transpose_tile(const stria__ctx_t *c, const float *src, float *dst)
 {
-    memset(dst, 0, (size_t)c->Dp * STRIA__BK * sizeof(float));
-    for (int i = 0; i < n; i++) {
-        c->ops->row_load(t->dtype, stria__row_ptr(t, b, t0 + i, h), tmp_row, (int)c->D);
-        for (int64_t d = 0; d < c->D; d++)
-            dst[(size_t)d * STRIA__BK + (size_t)i] = tmp_row[d];
-    }
+    const int64_t Dp = c->Dp;
+    for (int i0 = 0; i0 < STRIA__BQ; i0 += 16)
+        for (int64_t d0 = 0; d0 < Dp; d0 += 16)
+            for (int64_t d = d0; d < d0 + 16; d++)
+                for (int i = i0; i < i0 + 16; i++)
+                    dst[(size_t)d * STRIA__BQ + (size_t)i] =
+                        src[(size_t)i * (size_t)Dp + (size_t)d];
 }
 
 /* ---- merge ------------------------------------------------------------- */
 
 /* (oa, *lsea) <- merge of (oa, *lsea) and (ob, lseb). Max-subtracted weights:
  * both are <= 1, so nothing overflows whatever the LSE gap. */
-static inline void stria__merge_row(float *oa, float *lsea, const float *ob, float lseb,
-                                    int64_t D)
+static inline void stria__merge_row(float *oa, float *lsea, const float *ob, float lseb, int64_t D)
 {
     float a = *lsea;
     if (lseb == -INFINITY)
@@ -313,9 +313,9 @@ typedef struct {
     const stria_tensor_t *q, *k, *v, *o;
     float *lse;
     bool accumulate;
-    float *kt_packed; /* [B][Hkv][nkt][Dp][BK] */
-    float *v_packed;  /* [B][Hkv][nkt][BK][Dp] */
-    float *scratch;   /* per thread */
+    float *k_packed; /* [B][Hkv][nkt][BK][Dp] */
+    float *v_packed; /* [B][Hkv][nkt][BK][Dp] */
+    float *scratch;  /* per thread */
     size_t scratch_floats;
 } stria__fwd_job_t;
 
@@ -327,14 +327,16 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
     int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
     int64_t b = (int64_t)task / c->nkt / c->Hkv;
     int64_t k0 = kt * STRIA__BK;
-    int n = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
+    int n = stria__tile_len(c->Tk, k0, STRIA__BK);
     size_t tile = (size_t)c->Dp * STRIA__BK;
-    float *tmp = job->scratch + (size_t)thread * job->scratch_floats;
 
-    stria__pack_cols(c, job->k, b, hk, k0, n, tmp, job->kt_packed + task * tile);
+    (void)thread;
+    stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
     stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
 }
 
+/* One query tile of one head against every key tile: S^T = K Q^T, online
+ * softmax down the columns, O = diag(alpha) O + P V. */
 static void stria__fwd_task(void *arg, size_t task, int thread)
 {
     stria__fwd_job_t *job = arg;
@@ -345,18 +347,20 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     int64_t b = (int64_t)task / c->nqt / c->H;
     int64_t hk = h / c->G;
     int64_t q0 = qt * STRIA__BQ;
-    int bq = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
+    int bq = stria__tile_len(c->Tq, q0, STRIA__BQ);
     int64_t Dp = c->Dp;
     size_t tile = (size_t)Dp * STRIA__BK;
-    float *qf = job->scratch + (size_t)thread * job->scratch_floats;
-    float *oacc = qf + STRIA__BQ * Dp;
-    float *s = oacc + STRIA__BQ * Dp;
-    float *m = s + STRIA__BQ * STRIA__BK;
+    float *qt_buf = job->scratch + (size_t)thread * job->scratch_floats; /* [Dp][BQ] */
+    float *oacc = qt_buf + STRIA__BQ * Dp;                               /* [BQ][Dp] */
+    float *st = oacc + STRIA__BQ * Dp;                                   /* [BK][BQ] */
+    float *m = st + STRIA__BQ * STRIA__BK;
     float *l = m + STRIA__BQ;
+    float *alpha = l + STRIA__BQ;
+    bool first = true;
 
-    stria__pack_rows(c, job->q, b, h, q0, bq, bq, qf);
-    memset(oacc, 0, (size_t)bq * (size_t)Dp * sizeof(float));
-    for (int i = 0; i < bq; i++) {
+    stria__pack_rows(c, job->q, b, h, q0, bq, STRIA__BQ, oacc);
+    stria__transpose_tile(c, oacc, qt_buf);
+    for (int i = 0; i < STRIA__BQ; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
@@ -365,36 +369,23 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
         if (cls == STRIA__TILE_SKIP)
             continue;
         int64_t k0 = kt * STRIA__BK;
-        int bk = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
+        int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
         size_t tidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
-        const float *ktp = job->kt_packed + tidx * tile;
+        const float *kp = job->k_packed + tidx * tile;
         const float *vp = job->v_packed + tidx * tile;
 
-        ops->gemm(bq, STRIA__BK, (int)c->D, qf, Dp, 1, ktp, STRIA__BK, s, STRIA__BK, false);
-        if (cls == STRIA__TILE_PARTIAL || bk < STRIA__BK)
-            stria__mask_tile(c, s, q0, bq, k0, bk, cls);
-        for (int i = 0; i < bq; i++) {
-            float *row = s + (size_t)i * STRIA__BK;
-            float mx = ops->row_max(row, STRIA__BK);
-            if (mx == -INFINITY) { /* this row sees no key of this tile */
-                memset(row, 0, STRIA__BK * sizeof(float));
-                continue;
-            }
-            float m_new = mx * c->scale > m[i] ? mx * c->scale : m[i];
-            float alpha = expf(m[i] - m_new);
-            float sum = ops->row_exp(row, STRIA__BK, c->scale, m_new);
-            l[i] = l[i] * alpha + sum;
-            m[i] = m_new;
-            if (alpha != 1.0f) {
-                float *orow = oacc + (size_t)i * Dp;
-                for (int64_t d = 0; d < Dp; d++)
-                    orow[d] *= alpha;
-            }
-        }
-        ops->gemm(bq, (int)Dp, STRIA__BK, s, STRIA__BK, 1, vp, Dp, oacc, Dp, true);
+        ops->gemm(bk, STRIA__BQ, (int)c->D, kp, Dp, false, qt_buf, STRIA__BQ, st, STRIA__BQ, NULL,
+                  false);
+        if (cls == STRIA__TILE_PARTIAL)
+            stria__mask_tile(c, st, q0, bq, k0, bk);
+        ops->softmax_fwd(st, bk, STRIA__BQ, c->scale, m, l, alpha);
+        ops->gemm(bq, (int)Dp, bk, st, STRIA__BQ, true, vp, Dp, oacc, Dp, alpha, !first);
+        first = false;
     }
+    if (first) /* every key tile was masked */
+        memset(oacc, 0, (size_t)bq * (size_t)Dp * sizeof(float));
     for (int i = 0; i < bq; i++) {
-        float *orow = oacc + (size_t)i * Dp;
+        float *orow = oacc + (size_t)i * (size_t)Dp;
         float lse_new;
         if (l[i] > 0.0f) {
             float inv = 1.0f / l[i];
@@ -431,18 +422,17 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
         return st;
     if ((st = stria__check_tensor(q, fn, "q", params->q_tokens, params->heads, params->head_dim,
                                   false)) != STRIA_OK ||
-        (st = stria__check_tensor(k, fn, "k", params->kv_tokens, params->kv_heads,
-                                  params->head_dim, false)) != STRIA_OK ||
-        (st = stria__check_tensor(v, fn, "v", params->kv_tokens, params->kv_heads,
-                                  params->head_dim, false)) != STRIA_OK ||
+        (st = stria__check_tensor(k, fn, "k", params->kv_tokens, params->kv_heads, params->head_dim,
+                                  false)) != STRIA_OK ||
+        (st = stria__check_tensor(v, fn, "v", params->kv_tokens, params->kv_heads, params->head_dim,
+                                  false)) != STRIA_OK ||
         (st = stria__check_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim,
                                   true)) != STRIA_OK)
         return st;
     if (k->dtype != q->dtype || v->dtype != q->dtype)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: q, k and v must share one dtype (q=%s k=%s v=%s)", fn,
-                               stria_dtype_name(q->dtype), stria_dtype_name(k->dtype),
-                               stria_dtype_name(v->dtype));
+        return stria_error_set(
+            STRIA_ERR_INVALID_ARG, "%s: q, k and v must share one dtype (q=%s k=%s v=%s)", fn,
+            stria_dtype_name(q->dtype), stria_dtype_name(k->dtype), stria_dtype_name(v->dtype));
     if (lse == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
     st = stria__ctx_init(&c, params, fn);
@@ -459,22 +449,22 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     job.accumulate = accumulate;
     tile = (size_t)c.Dp * STRIA__BK;
     n_ktiles = (size_t)(c.B * c.Hkv * c.nkt);
-    job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 2 * STRIA__BQ);
+    job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
-    job.kt_packed = stria_malloc_aligned(2 * n_ktiles * tile * sizeof(float));
+    job.k_packed = stria_malloc_aligned(2 * n_ktiles * tile * sizeof(float));
     job.scratch = stria_malloc_aligned((size_t)c.n_threads * job.scratch_floats * sizeof(float));
-    if (job.kt_packed == NULL || job.scratch == NULL) {
+    if (job.k_packed == NULL || job.scratch == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
                              (2 * n_ktiles * tile * sizeof(float)) >> 20);
         goto out;
     }
-    job.v_packed = job.kt_packed + n_ktiles * tile;
+    job.v_packed = job.k_packed + n_ktiles * tile;
     stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
     stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
     st = STRIA_OK;
 out:
     stria_free(job.scratch);
-    stria_free(job.kt_packed);
+    stria_free(job.k_packed);
     stria__ctx_free(&c);
     return st;
 }
@@ -550,15 +540,14 @@ stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stri
         return st;
     if ((st = stria__check_tensor(o_part, fn, "o_part", p->q_tokens, p->heads, p->head_dim,
                                   true)) != STRIA_OK ||
-        (st = stria__check_tensor(o_out, fn, "o_out", p->q_tokens, p->heads, p->head_dim,
-                                  false)) != STRIA_OK)
+        (st = stria__check_tensor(o_out, fn, "o_out", p->q_tokens, p->heads, p->head_dim, false)) !=
+            STRIA_OK)
         return st;
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t t = 0; t < p->q_tokens; t++)
             for (int64_t h = 0; h < p->heads; h++)
-                stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(o_part, b, t, h),
-                                    o_out->dtype, stria__row_ptr(o_out, b, t, h),
-                                    (size_t)p->head_dim);
+                stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(o_part, b, t, h), o_out->dtype,
+                                    stria__row_ptr(o_out, b, t, h), (size_t)p->head_dim);
     return STRIA_OK;
 }
 
@@ -597,12 +586,13 @@ typedef struct {
     stria__ctx_t *c;
     const stria_tensor_t *q, *k, *v, *d_o, *dq, *dk, *dv;
     const float *lse, *delta;
-    float *q_packed;  /* [B][H][nqt][BQ][Dp] */
-    float *do_packed; /* [B][H][nqt][BQ][Dp] */
-    float *k_packed;  /* [B][Hkv][nkt][BK][Dp] */
-    float *kt_packed; /* [B][Hkv][nkt][Dp][BK] */
-    float *vt_packed; /* [B][Hkv][nkt][Dp][BK] */
-    float *scratch;   /* per thread */
+    float *q_packed;   /* [B][H][nqt][BQ][Dp] */
+    float *qt_packed;  /* [B][H][nqt][Dp][BQ] */
+    float *do_packed;  /* [B][H][nqt][BQ][Dp] */
+    float *dot_packed; /* [B][H][nqt][Dp][BQ] */
+    float *k_packed;   /* [B][Hkv][nkt][BK][Dp] */
+    float *v_packed;   /* [B][Hkv][nkt][BK][Dp] */
+    float *scratch;    /* per thread */
     size_t scratch_floats;
 } stria__bwd_job_t;
 
@@ -614,11 +604,15 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     int64_t h = ((int64_t)task / c->nqt) % c->H;
     int64_t b = (int64_t)task / c->nqt / c->H;
     int64_t q0 = qt * STRIA__BQ;
-    int n = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
-    size_t tile = (size_t)STRIA__BQ * c->Dp;
+    int n = stria__tile_len(c->Tq, q0, STRIA__BQ);
+    size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
+    float *qp = job->q_packed + task * tile, *dop = job->do_packed + task * tile;
+
     (void)thread;
-    stria__pack_rows(c, job->q, b, h, q0, n, STRIA__BQ, job->q_packed + task * tile);
-    stria__pack_rows(c, job->d_o, b, h, q0, n, STRIA__BQ, job->do_packed + task * tile);
+    stria__pack_rows(c, job->q, b, h, q0, n, STRIA__BQ, qp);
+    stria__transpose_tile(c, qp, job->qt_packed + task * tile);
+    stria__pack_rows(c, job->d_o, b, h, q0, n, STRIA__BQ, dop);
+    stria__transpose_tile(c, dop, job->dot_packed + task * tile);
 }
 
 static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
@@ -629,41 +623,60 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
     int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
     int64_t b = (int64_t)task / c->nkt / c->Hkv;
     int64_t k0 = kt * STRIA__BK;
-    int n = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
-    size_t tile = (size_t)STRIA__BK * c->Dp;
-    float *tmp = job->scratch + (size_t)thread * job->scratch_floats;
+    int n = stria__tile_len(c->Tk, k0, STRIA__BK);
+    size_t tile = (size_t)STRIA__BK * (size_t)c->Dp;
 
+    (void)thread;
     stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
-    stria__pack_cols(c, job->k, b, hk, k0, n, tmp, job->kt_packed + task * tile);
-    stria__pack_cols(c, job->v, b, hk, k0, n, tmp, job->vt_packed + task * tile);
+    stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
 }
 
 /* Per-thread scratch of the backward pass. */
 typedef struct {
-    float *p;   /* [BQ][BK] probabilities */
-    float *ds;  /* [BQ][BK] dP, then dS * scale */
-    float *dk;  /* [BK][Dp] */
-    float *dv;  /* [BK][Dp] */
-    float *dq;  /* [BQ][Dp] */
-    float *tmp; /* [Dp] */
+    float *pt;    /* [BK][BQ] P^T */
+    float *dst;   /* [BK][BQ] dP^T, then dS^T * scale */
+    float *dk;    /* [BK][Dp] */
+    float *dv;    /* [BK][Dp] */
+    float *dq;    /* [BQ][Dp] */
+    float *lse;   /* [BQ] LSE of the query tile, +inf for rows without keys */
+    float *delta; /* [BQ] */
 } stria__bwd_scratch_t;
 
 static stria__bwd_scratch_t stria__bwd_scratch(stria__bwd_job_t *job, int thread)
 {
     stria__bwd_scratch_t s;
     int64_t Dp = job->c->Dp;
-    s.p = job->scratch + (size_t)thread * job->scratch_floats;
-    s.ds = s.p + STRIA__BQ * STRIA__BK;
-    s.dk = s.ds + STRIA__BQ * STRIA__BK;
+    s.pt = job->scratch + (size_t)thread * job->scratch_floats;
+    s.dst = s.pt + STRIA__BQ * STRIA__BK;
+    s.dk = s.dst + STRIA__BQ * STRIA__BK;
     s.dv = s.dk + STRIA__BK * Dp;
     s.dq = s.dv + STRIA__BK * Dp;
-    s.tmp = s.dq + STRIA__BQ * Dp;
+    s.lse = s.dq + STRIA__BQ * Dp;
+    s.delta = s.lse + STRIA__BQ;
     return s;
 }
 
-/* One (query tile, key tile) pair of head h: recomputes P, then accumulates
- * dV and dK of the key tile into s->dv, s->dk (want_dkdv) and dQ of the query
- * tile into s->dq (want_dq). */
+/* LSE and D of query tile qt of head h into the scratch. A row that saw no key
+ * gets LSE = +inf so that its probabilities come out as exp(-inf) = 0; padding
+ * rows likewise. */
+static void stria__bwd_load_stats(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b,
+                                  int64_t h, int64_t qt)
+{
+    stria__ctx_t *c = job->c;
+    int64_t q0 = qt * STRIA__BQ;
+    int bq = stria__tile_len(c->Tq, q0, STRIA__BQ);
+    const float *lse = job->lse + (size_t)((b * c->H + h) * c->Tq + q0);
+    const float *delta = job->delta + (size_t)((b * c->H + h) * c->Tq + q0);
+    for (int i = 0; i < STRIA__BQ; i++) {
+        s->lse[i] = i < bq && lse[i] != -INFINITY ? lse[i] : INFINITY;
+        s->delta[i] = i < bq ? delta[i] : 0.0f;
+    }
+}
+
+/* One (query tile, key tile) pair of head h, transposed: recomputes P^T, then
+ * accumulates dV and dK of the key tile into s->dv, s->dk (want_dkdv) and dQ of
+ * the query tile into s->dq (want_dq). The LSE and D of the query tile must be
+ * in s (stria__bwd_load_stats). */
 static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b, int64_t h,
                             int64_t qt, int64_t kt, int cls, bool want_dkdv, bool want_dq)
 {
@@ -672,45 +685,35 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     int64_t hk = h / c->G;
     int64_t Dp = c->Dp;
     int64_t q0 = qt * STRIA__BQ, k0 = kt * STRIA__BK;
-    int bq = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
-    int bk = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
-    size_t qtile = (size_t)STRIA__BQ * Dp, ktile = (size_t)STRIA__BK * Dp;
+    int bq = stria__tile_len(c->Tq, q0, STRIA__BQ);
+    int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
+    size_t qtile = (size_t)STRIA__BQ * (size_t)Dp, ktile = (size_t)STRIA__BK * (size_t)Dp;
     size_t qidx = (size_t)((b * c->H + h) * c->nqt + qt);
     size_t kidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
     const float *qp = job->q_packed + qidx * qtile;
+    const float *qtp = job->qt_packed + qidx * qtile;
     const float *dop = job->do_packed + qidx * qtile;
+    const float *dotp = job->dot_packed + qidx * qtile;
     const float *kp = job->k_packed + kidx * ktile;
-    const float *ktp = job->kt_packed + kidx * ktile;
-    const float *vtp = job->vt_packed + kidx * ktile;
-    const float *lse = job->lse + (size_t)((b * c->H + h) * c->Tq + q0);
-    const float *delta = job->delta + (size_t)((b * c->H + h) * c->Tq + q0);
+    const float *vp = job->v_packed + kidx * ktile;
 
-    ops->gemm(bq, STRIA__BK, (int)c->D, qp, Dp, 1, ktp, STRIA__BK, s->p, STRIA__BK, false);
-    if (cls == STRIA__TILE_PARTIAL || bk < STRIA__BK)
-        stria__mask_tile(c, s->p, q0, bq, k0, bk, cls);
-    for (int i = 0; i < bq; i++) {
-        float *row = s->p + (size_t)i * STRIA__BK;
-        if (lse[i] == -INFINITY) /* the row saw no key in the whole pass */
-            memset(row, 0, STRIA__BK * sizeof(float));
-        else
-            ops->row_exp(row, STRIA__BK, c->scale, lse[i]);
-    }
-    /* dP = dO V^T */
-    ops->gemm(bq, STRIA__BK, (int)c->D, dop, Dp, 1, vtp, STRIA__BK, s->ds, STRIA__BK, false);
-    for (int i = 0; i < bq; i++) {
-        float *prow = s->p + (size_t)i * STRIA__BK;
-        float *drow = s->ds + (size_t)i * STRIA__BK;
-        float di = delta[i];
-        for (int j = 0; j < STRIA__BK; j++)
-            drow[j] = prow[j] * (drow[j] - di) * c->scale;
-    }
+    /* P^T = exp(scale K Q^T - lse) */
+    ops->gemm(bk, STRIA__BQ, (int)c->D, kp, Dp, false, qtp, STRIA__BQ, s->pt, STRIA__BQ, NULL,
+              false);
+    if (cls == STRIA__TILE_PARTIAL)
+        stria__mask_tile(c, s->pt, q0, bq, k0, bk);
+    ops->softmax_bwd_p(s->pt, bk, STRIA__BQ, c->scale, s->lse);
+    /* dP^T = V dO^T, then dS^T = P^T (dP^T - D) scale */
+    ops->gemm(bk, STRIA__BQ, (int)c->D, vp, Dp, false, dotp, STRIA__BQ, s->dst, STRIA__BQ, NULL,
+              false);
+    ops->softmax_bwd_ds(s->pt, s->dst, bk, STRIA__BQ, s->delta, c->scale);
     if (want_dkdv) {
         /* dV += P^T dO, dK += dS^T Q */
-        ops->gemm(bk, (int)Dp, bq, s->p, 1, STRIA__BK, dop, Dp, s->dv, Dp, true);
-        ops->gemm(bk, (int)Dp, bq, s->ds, 1, STRIA__BK, qp, Dp, s->dk, Dp, true);
+        ops->gemm(bk, (int)Dp, bq, s->pt, STRIA__BQ, false, dop, Dp, s->dv, Dp, NULL, true);
+        ops->gemm(bk, (int)Dp, bq, s->dst, STRIA__BQ, false, qp, Dp, s->dk, Dp, NULL, true);
     }
     if (want_dq) /* dQ += dS K */
-        ops->gemm(bq, (int)Dp, bk, s->ds, STRIA__BK, 1, kp, Dp, s->dq, Dp, true);
+        ops->gemm(bq, (int)Dp, bk, s->dst, STRIA__BQ, true, kp, Dp, s->dq, Dp, NULL, true);
 }
 
 static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
@@ -718,7 +721,7 @@ static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, 
 {
     for (int i = 0; i < n; i++) {
         float *dst = (float *)stria__row_ptr(t, b, t0 + i, h);
-        const float *row = src + (size_t)i * c->Dp;
+        const float *row = src + (size_t)i * (size_t)c->Dp;
         for (int64_t d = 0; d < c->D; d++)
             dst[d] += row[d];
     }
@@ -727,28 +730,29 @@ static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, 
 /* dK/dV of one key tile of kv head hk, over every query head of its group;
  * with_dq also accumulates dQ (only when one task owns all key tiles of the
  * group, so that no two tasks write the same dQ rows). */
-static void stria__bwd_ktile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b,
-                             int64_t hk, int64_t kt, bool with_dq)
+static void stria__bwd_ktile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b, int64_t hk,
+                             int64_t kt, bool with_dq)
 {
     stria__ctx_t *c = job->c;
     int64_t k0 = kt * STRIA__BK;
-    int bk = (int)((c->Tk - k0) < STRIA__BK ? (c->Tk - k0) : STRIA__BK);
+    int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
 
-    memset(s->dk, 0, (size_t)STRIA__BK * c->Dp * sizeof(float));
-    memset(s->dv, 0, (size_t)STRIA__BK * c->Dp * sizeof(float));
+    memset(s->dk, 0, (size_t)STRIA__BK * (size_t)c->Dp * sizeof(float));
+    memset(s->dv, 0, (size_t)STRIA__BK * (size_t)c->Dp * sizeof(float));
     for (int64_t g = 0; g < c->G; g++) {
         int64_t h = hk * c->G + g;
         for (int64_t qt = 0; qt < c->nqt; qt++) {
             int cls = stria__tile_class(c, qt, kt);
             if (cls == STRIA__TILE_SKIP)
                 continue;
+            stria__bwd_load_stats(job, s, b, h, qt);
             if (with_dq)
-                memset(s->dq, 0, (size_t)STRIA__BQ * c->Dp * sizeof(float));
+                memset(s->dq, 0, (size_t)STRIA__BQ * (size_t)c->Dp * sizeof(float));
             stria__bwd_tile(job, s, b, h, qt, kt, cls, true, with_dq);
             if (with_dq) {
                 int64_t q0 = qt * STRIA__BQ;
-                int bq = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
-                stria__bwd_add_rows(c, job->dq, b, h, q0, bq, s->dq);
+                stria__bwd_add_rows(c, job->dq, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ),
+                                    s->dq);
             }
         }
     }
@@ -789,16 +793,16 @@ static void stria__bwd_dq_task(void *arg, size_t task, int thread)
     int64_t h = ((int64_t)task / c->nqt) % c->H;
     int64_t b = (int64_t)task / c->nqt / c->H;
     int64_t q0 = qt * STRIA__BQ;
-    int bq = (int)((c->Tq - q0) < STRIA__BQ ? (c->Tq - q0) : STRIA__BQ);
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
 
-    memset(s.dq, 0, (size_t)STRIA__BQ * c->Dp * sizeof(float));
+    memset(s.dq, 0, (size_t)STRIA__BQ * (size_t)c->Dp * sizeof(float));
+    stria__bwd_load_stats(job, &s, b, h, qt);
     for (int64_t kt = 0; kt < c->nkt; kt++) {
         int cls = stria__tile_class(c, qt, kt);
         if (cls != STRIA__TILE_SKIP)
             stria__bwd_tile(job, &s, b, h, qt, kt, cls, false, true);
     }
-    stria__bwd_add_rows(c, job->dq, b, h, q0, bq, s.dq);
+    stria__bwd_add_rows(c, job->dq, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ), s.dq);
 }
 
 stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_tensor_t *q,
@@ -862,9 +866,9 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     ktile = (size_t)STRIA__BK * c.Dp;
     n_q = (size_t)(c.B * c.H * c.nqt);
     n_k = (size_t)(c.B * c.Hkv * c.nkt);
-    total = 2 * n_q * qtile + 3 * n_k * ktile;
+    total = 4 * n_q * qtile + 2 * n_k * ktile;
     job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK + 2 * STRIA__BK * c.Dp +
-                                  STRIA__BQ * c.Dp + c.Dp);
+                                  STRIA__BQ * c.Dp + 2 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     job.q_packed = stria_malloc_aligned(total * sizeof(float));
     job.scratch = stria_malloc_aligned((size_t)c.n_threads * job.scratch_floats * sizeof(float));
@@ -873,10 +877,11 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
                              (total * sizeof(float)) >> 20);
         goto out;
     }
-    job.do_packed = job.q_packed + n_q * qtile;
-    job.k_packed = job.do_packed + n_q * qtile;
-    job.kt_packed = job.k_packed + n_k * ktile;
-    job.vt_packed = job.kt_packed + n_k * ktile;
+    job.qt_packed = job.q_packed + n_q * qtile;
+    job.do_packed = job.qt_packed + n_q * qtile;
+    job.dot_packed = job.do_packed + n_q * qtile;
+    job.k_packed = job.dot_packed + n_q * qtile;
+    job.v_packed = job.k_packed + n_k * ktile;
     stria_pool_run(p->pool, n_q, stria__bwd_pack_q_task, &job);
     stria_pool_run(p->pool, n_k, stria__bwd_pack_k_task, &job);
 

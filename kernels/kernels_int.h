@@ -7,8 +7,11 @@
 
 #include <stddef.h>
 
-/* Tile sizes of the driver: queries per tile and keys per tile. Packed fp32
- * rows are padded to STRIA__DPAD elements so vector code needs no tails. */
+/* Tile sizes of the driver: queries per tile and keys per tile. Score tiles
+ * are stored transposed, [keys][queries], so that every softmax statistic
+ * (per query) is a column and the softmax passes need no horizontal
+ * reductions. Packed fp32 rows are padded to STRIA__DPAD elements so vector
+ * code needs no tails. STRIA__BQ must be a multiple of 16. */
 #define STRIA__BQ   64
 #define STRIA__BK   64
 #define STRIA__DPAD 16
@@ -18,23 +21,35 @@ static inline int64_t stria__round_up(int64_t x, int64_t m)
     return (x + m - 1) / m * m;
 }
 
-/* The operations a CPU variant provides. All buffers are fp32 unless stated. */
+/* The operations a CPU variant provides. All buffers are fp32 unless stated.
+ * "cols" arguments are multiples of 16; rows and k may be anything >= 0. */
 typedef struct {
     const char *name;
     /* Whether this CPU can run the variant. */
     bool (*cpu_ok)(void);
-    /* C[i][j] (+)= sum_p A(i, p) * B[p][j] for i < m, j < n, p < k, where
-     * A(i, p) = a[i * a_rs + p * a_ks]. B rows are ldb apart and padded to a
-     * multiple of 16 readable elements; C rows are ldc apart and exactly n
-     * elements are written per row. accumulate == false overwrites C. */
-    void (*gemm)(int m, int n, int k, const float *a, ptrdiff_t a_rs, ptrdiff_t a_ks,
-                 const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, bool accumulate);
-    /* max over x[0..n); -inf for n == 0. */
-    float (*row_max)(const float *x, int n);
-    /* x[i] = exp(x[i] * scale - sub) in place; returns sum of the new x.
-     * x[i] = -inf gives 0. */
-    float (*row_exp)(float *x, int n, float scale, float sub);
-    /* dst[0..n) = fp32 of the n elements of `dtype` at src. */
+    /* C[i][j] = beta_i * C[i][j] + sum_{p<k} A(i, p) * B[p][j] for i < m,
+     * j < n (n a multiple of 16). A(i, p) = a[i * lda + p] when !trans_a and
+     * a[p * lda + i] when trans_a. B rows are ldb apart, C rows ldc apart.
+     * beta_i = 0 when !accumulate (C is only written), else c_scale[i], or 1
+     * when c_scale is NULL. */
+    void (*gemm)(int m, int n, int k, const float *a, ptrdiff_t lda, bool trans_a, const float *b,
+                 ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *c_scale, bool accumulate);
+    /* Online softmax step over a transposed score tile st[rows][cols] (keys x
+     * queries, row stride cols). For every column i, with running max m[i]
+     * (of scaled scores) and running sum l[i]:
+     *   m' = max(m[i], scale * max_j st[j][i]); alpha[i] = exp(m[i] - m');
+     *   st[j][i] = exp(scale * st[j][i] - m'); l[i] = alpha[i] * l[i] + sum_j st[j][i].
+     * -inf scores give 0; a column that has seen no finite score keeps
+     * m = -inf, l = 0 and gets zero probabilities. */
+    void (*softmax_fwd)(float *st, int rows, int cols, float scale, float *m, float *l,
+                        float *alpha);
+    /* st[j][i] = exp(scale * st[j][i] - lse[i]) in place; lse[i] = +inf
+     * gives 0 (the driver maps rows without keys to +inf). */
+    void (*softmax_bwd_p)(float *st, int rows, int cols, float scale, const float *lse);
+    /* dpt[j][i] = pt[j][i] * (dpt[j][i] - delta[i]) * scale. */
+    void (*softmax_bwd_ds)(const float *pt, float *dpt, int rows, int cols, const float *delta,
+                           float scale);
+    /* dst[0..n) = fp32 of the n elements of `dtype` at src; n a multiple of 8. */
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
 } stria_kern_ops_t;
 

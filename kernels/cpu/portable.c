@@ -8,15 +8,16 @@ static bool stria__portable_ok(void)
     return true;
 }
 
-static void stria__portable_gemm(int m, int n, int k, const float *a, ptrdiff_t a_rs,
-                                 ptrdiff_t a_ks, const float *b, ptrdiff_t ldb, float *c,
-                                 ptrdiff_t ldc, bool accumulate)
+static void stria__portable_gemm(int m, int n, int k, const float *a, ptrdiff_t lda, bool trans_a,
+                                 const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                                 const float *c_scale, bool accumulate)
 {
+    ptrdiff_t a_rs = trans_a ? 1 : lda, a_ks = trans_a ? lda : 1;
     for (int i = 0; i < m; i++) {
         float *crow = c + (ptrdiff_t)i * ldc;
-        if (!accumulate)
-            for (int j = 0; j < n; j++)
-                crow[j] = 0.0f;
+        float beta = !accumulate ? 0.0f : c_scale != NULL ? c_scale[i] : 1.0f;
+        for (int j = 0; j < n; j++)
+            crow[j] = beta == 0.0f ? 0.0f : crow[j] * beta;
         for (int p = 0; p < k; p++) {
             float av = a[(ptrdiff_t)i * a_rs + (ptrdiff_t)p * a_ks];
             const float *brow = b + (ptrdiff_t)p * ldb;
@@ -26,22 +27,48 @@ static void stria__portable_gemm(int m, int n, int k, const float *a, ptrdiff_t 
     }
 }
 
-static float stria__portable_row_max(const float *x, int n)
+static void stria__portable_softmax_fwd(float *st, int rows, int cols, float scale, float *m,
+                                        float *l, float *alpha)
 {
-    float m = -INFINITY;
-    for (int i = 0; i < n; i++)
-        m = x[i] > m ? x[i] : m;
-    return m;
+    for (int i = 0; i < cols; i++) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < rows; j++) {
+            float s = st[(size_t)j * (size_t)cols + (size_t)i];
+            mx = s > mx ? s : mx;
+        }
+        float m_new = mx * scale > m[i] ? mx * scale : m[i];
+        /* a column that has seen no key yet subtracts 0: its scores are -inf */
+        float sub = m_new == -INFINITY ? 0.0f : m_new;
+        for (int j = 0; j < rows; j++) {
+            float *s = &st[(size_t)j * (size_t)cols + (size_t)i];
+            *s = expf(*s * scale - sub);
+            sum += *s;
+        }
+        alpha[i] = expf(m[i] - sub);
+        l[i] = l[i] * alpha[i] + sum;
+        m[i] = m_new;
+    }
 }
 
-static float stria__portable_row_exp(float *x, int n, float scale, float sub)
+static void stria__portable_softmax_bwd_p(float *st, int rows, int cols, float scale,
+                                          const float *lse)
 {
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] * scale - sub);
-        sum += x[i];
+    for (int j = 0; j < rows; j++) {
+        float *row = st + (size_t)j * (size_t)cols;
+        for (int i = 0; i < cols; i++)
+            row[i] = expf(row[i] * scale - lse[i]);
     }
-    return sum;
+}
+
+static void stria__portable_softmax_bwd_ds(const float *pt, float *dpt, int rows, int cols,
+                                           const float *delta, float scale)
+{
+    for (int j = 0; j < rows; j++) {
+        const float *prow = pt + (size_t)j * (size_t)cols;
+        float *drow = dpt + (size_t)j * (size_t)cols;
+        for (int i = 0; i < cols; i++)
+            drow[i] = prow[i] * (drow[i] - delta[i]) * scale;
+    }
 }
 
 static void stria__portable_row_load(stria_dtype_t dtype, const void *src, float *dst, int n)
@@ -54,7 +81,8 @@ const stria_kern_ops_t stria__kern_portable = {
     .name = "portable",
     .cpu_ok = stria__portable_ok,
     .gemm = stria__portable_gemm,
-    .row_max = stria__portable_row_max,
-    .row_exp = stria__portable_row_exp,
+    .softmax_fwd = stria__portable_softmax_fwd,
+    .softmax_bwd_p = stria__portable_softmax_bwd_p,
+    .softmax_bwd_ds = stria__portable_softmax_bwd_ds,
     .row_load = stria__portable_row_load,
 };

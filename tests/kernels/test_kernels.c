@@ -50,8 +50,8 @@ static void check_err(const char *what, double err, double naive_err, double max
               "%s: variant %s dtype %s D=%lld Tq=%lld Tk=%lld H=%lld/%lld causal=%d threads=%d: "
               "error %.3g > tolerance %.3g (naive fp32 error %.3g, max |ref| %.3g)",
               what, variant, stria_dtype_name(c->dtype), (long long)c->D, (long long)c->Tq,
-              (long long)c->Tk, (long long)c->H, (long long)c->Hkv, c->causal, c->threads, err,
-              tol, naive_err, maxabs);
+              (long long)c->Tk, (long long)c->H, (long long)c->Hkv, c->causal, c->threads, err, tol,
+              naive_err, maxabs);
 }
 
 static void run_case(const kcase_t *c, const char *variant)
@@ -109,8 +109,16 @@ static void run_case(const kcase_t *c, const char *variant)
     cr_assert_eq(stria_attn_bwd(&p, &tq, &tk, &tv, &tg, lse, delta, &tdq, &tdk, &tdv), STRIA_OK,
                  "%s", stria_error_msg());
 
-    ref_shape_t rs = {c->B, c->Tq, c->Tk, c->H, c->Hkv, c->D,
-                      c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->D), c->causal, qpos, kpos};
+    ref_shape_t rs = {c->B,
+                      c->Tq,
+                      c->Tk,
+                      c->H,
+                      c->Hkv,
+                      c->D,
+                      c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->D),
+                      c->causal,
+                      qpos,
+                      kpos};
     ref_out_t r64, r32;
     ref_f64_run(&rs, q, k, v, g, &r64);
     ref_f32_run(&rs, q, k, v, g, &r32);
@@ -155,8 +163,15 @@ Test(kernels, head_dims_dtypes_causal_gqa_odd_tokens)
     static const int64_t dims[] = {16, 32, 64, 80, 96, 128, 256};
     for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++)
         for (size_t t = 0; t < 3; t++) {
-            kcase_t c = {.B = 2, .Tq = 37, .Tk = 37, .H = 4, .Hkv = 2, .D = dims[d],
-                         .causal = true, .dtype = all_dtypes[t], .threads = 1};
+            kcase_t c = {.B = 2,
+                         .Tq = 37,
+                         .Tk = 37,
+                         .H = 4,
+                         .Hkv = 2,
+                         .D = dims[d],
+                         .causal = true,
+                         .dtype = all_dtypes[t],
+                         .threads = 1};
             for_each_variant(&c);
         }
 }
@@ -165,8 +180,15 @@ Test(kernels, multi_tile_causal_and_noncausal)
 {
     for (int causal = 0; causal < 2; causal++)
         for (size_t t = 0; t < 3; t++) {
-            kcase_t c = {.B = 1, .Tq = 157, .Tk = 203, .H = 2, .Hkv = 1, .D = 64,
-                         .causal = causal, .dtype = all_dtypes[t], .threads = 2};
+            kcase_t c = {.B = 1,
+                         .Tq = 157,
+                         .Tk = 203,
+                         .H = 2,
+                         .Hkv = 1,
+                         .D = 64,
+                         .causal = causal,
+                         .dtype = all_dtypes[t],
+                         .threads = 2};
             c.qruns[0] = (stria_pos_run_t){46, 1, 157}; /* queries are the last 157 keys */
             c.n_qruns = 1;
             for_each_variant(&c);
@@ -178,8 +200,15 @@ Test(kernels, multi_tile_causal_and_noncausal)
 Test(kernels, striped_steps_diagonal_included_and_excluded)
 {
     for (int64_t j = 0; j < 4; j++) {
-        kcase_t c = {.B = 1, .Tq = 100, .Tk = 100, .H = 2, .Hkv = 2, .D = 32, .causal = true,
-                     .dtype = STRIA_DTYPE_F32, .threads = 1};
+        kcase_t c = {.B = 1,
+                     .Tq = 100,
+                     .Tk = 100,
+                     .H = 2,
+                     .Hkv = 2,
+                     .D = 32,
+                     .causal = true,
+                     .dtype = STRIA_DTYPE_F32,
+                     .threads = 1};
         c.qruns[0] = (stria_pos_run_t){1, 4, 100};
         c.n_qruns = 1;
         c.kruns[0] = (stria_pos_run_t){j, 4, 100};
@@ -191,8 +220,15 @@ Test(kernels, striped_steps_diagonal_included_and_excluded)
 /* Zigzag: two runs per block, and offset positions far from zero. */
 Test(kernels, zigzag_runs_and_offsets)
 {
-    kcase_t c = {.B = 1, .Tq = 80, .Tk = 80, .H = 1, .Hkv = 1, .D = 48, .causal = true,
-                 .dtype = STRIA_DTYPE_BF16, .threads = 2};
+    kcase_t c = {.B = 1,
+                 .Tq = 80,
+                 .Tk = 80,
+                 .H = 1,
+                 .Hkv = 1,
+                 .D = 48,
+                 .causal = true,
+                 .dtype = STRIA_DTYPE_BF16,
+                 .threads = 2};
     c.qruns[0] = (stria_pos_run_t){1000040, 1, 40};
     c.qruns[1] = (stria_pos_run_t){1000280, 1, 40};
     c.n_qruns = 2;
@@ -205,8 +241,16 @@ Test(kernels, zigzag_runs_and_offsets)
 /* Rows that see no key get LSE = -inf and zero output and gradients. */
 Test(kernels, rows_without_visible_keys)
 {
-    kcase_t c = {.B = 1, .Tq = 70, .Tk = 30, .H = 2, .Hkv = 1, .D = 16, .causal = true,
-                 .dtype = STRIA_DTYPE_F32, .threads = 1, .scale = 0.3f};
+    kcase_t c = {.B = 1,
+                 .Tq = 70,
+                 .Tk = 30,
+                 .H = 2,
+                 .Hkv = 1,
+                 .D = 16,
+                 .causal = true,
+                 .dtype = STRIA_DTYPE_F32,
+                 .threads = 1,
+                 .scale = 0.3f};
     c.qruns[0] = (stria_pos_run_t){0, 1, 70};
     c.n_qruns = 1;
     c.kruns[0] = (stria_pos_run_t){50, 1, 30}; /* queries 0..49 see nothing */
@@ -218,12 +262,160 @@ Test(kernels, rows_without_visible_keys)
  * and split key/query tiles when there are too few groups). */
 Test(kernels, threaded_backward_schedules)
 {
-    kcase_t a = {.B = 1, .Tq = 190, .Tk = 190, .H = 3, .Hkv = 1, .D = 64, .causal = true,
-                 .dtype = STRIA_DTYPE_F32, .threads = 2};
-    kcase_t b = {.B = 2, .Tq = 130, .Tk = 130, .H = 4, .Hkv = 4, .D = 64, .causal = true,
-                 .dtype = STRIA_DTYPE_F16, .threads = 2};
+    kcase_t a = {.B = 1,
+                 .Tq = 190,
+                 .Tk = 190,
+                 .H = 3,
+                 .Hkv = 1,
+                 .D = 64,
+                 .causal = true,
+                 .dtype = STRIA_DTYPE_F32,
+                 .threads = 2};
+    kcase_t b = {.B = 2,
+                 .Tq = 130,
+                 .Tk = 130,
+                 .H = 4,
+                 .Hkv = 4,
+                 .D = 64,
+                 .causal = true,
+                 .dtype = STRIA_DTYPE_F16,
+                 .threads = 2};
     for_each_variant(&a);
     for_each_variant(&b);
+}
+
+/* ---- SIMD variants against the portable oracle ----------------------------- */
+
+typedef struct {
+    float *o, *lse, *dq, *dk, *dv;
+} outs_t;
+
+/* Forward and backward of one case with one variant; inputs in amp-scaled
+ * pseudo-random values so that scores span a wide range. */
+static void run_outputs(const kcase_t *c, const char *variant, float amp, outs_t *out)
+{
+    size_t nq = (size_t)(c->B * c->Tq * c->H * c->D);
+    size_t nk = (size_t)(c->B * c->Tk * c->Hkv * c->D);
+    size_t nl = (size_t)(c->B * c->H * c->Tq);
+    size_t es = stria_dtype_size(c->dtype);
+    float *f = malloc(nq * 4);
+    void *qs = malloc(nq * es), *ks = malloc(nk * es), *vs = malloc(nk * es), *gs = malloc(nq * es);
+    float *delta = malloc(nl * 4);
+    stria_pool_t *pool = NULL;
+
+    out->o = malloc(nq * 4);
+    out->lse = malloc(nl * 4);
+    out->dq = calloc(nq, 4);
+    out->dk = calloc(nk, 4);
+    out->dv = calloc(nk, 4);
+    cr_assert_eq(stria_kernels_set_variant(variant), STRIA_OK, "%s", stria_error_msg());
+    if (c->threads > 1)
+        cr_assert_eq(stria_pool_create(c->threads, &pool), STRIA_OK);
+    ref_fill(f, nq, 21, amp, c->dtype);
+    ref_to_dtype(f, nq, c->dtype, qs);
+    ref_fill(f, nq, 22, 1.0f, c->dtype);
+    ref_to_dtype(f, nq, c->dtype, gs);
+    ref_fill(f, nk, 23, amp, c->dtype);
+    ref_to_dtype(f, nk, c->dtype, ks);
+    ref_fill(f, nk, 24, 1.0f, c->dtype);
+    ref_to_dtype(f, nk, c->dtype, vs);
+
+    stria_attn_params_t p = {0};
+    p.batch = c->B;
+    p.q_tokens = c->Tq;
+    p.kv_tokens = c->Tk;
+    p.heads = c->H;
+    p.kv_heads = c->Hkv;
+    p.head_dim = c->D;
+    p.scale = c->scale;
+    p.causal = c->causal;
+    p.q_pos.runs = c->n_qruns ? c->qruns : NULL;
+    p.q_pos.n_runs = c->n_qruns;
+    p.kv_pos.runs = c->n_kruns ? c->kruns : NULL;
+    p.kv_pos.n_runs = c->n_kruns;
+    p.pool = pool;
+    stria_tensor_t tq = stria_tensor_contiguous(qs, c->dtype, c->Tq, c->H, c->D);
+    stria_tensor_t tk = stria_tensor_contiguous(ks, c->dtype, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tv = stria_tensor_contiguous(vs, c->dtype, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tg = stria_tensor_contiguous(gs, c->dtype, c->Tq, c->H, c->D);
+    stria_tensor_t to = stria_tensor_contiguous(out->o, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
+    stria_tensor_t tdq = stria_tensor_contiguous(out->dq, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
+    stria_tensor_t tdk = stria_tensor_contiguous(out->dk, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tdv = stria_tensor_contiguous(out->dv, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
+    cr_assert_eq(stria_attn_fwd(&p, &tq, &tk, &tv, &to, out->lse, false), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_delta(&p, &to, &tg, delta), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_bwd(&p, &tq, &tk, &tv, &tg, out->lse, delta, &tdq, &tdk, &tdv),
+                 STRIA_OK, "%s", stria_error_msg());
+    stria_pool_destroy(pool);
+    free(f), free(qs), free(ks), free(vs), free(gs), free(delta);
+}
+
+static void outs_free(outs_t *o)
+{
+    free(o->o), free(o->lse), free(o->dq), free(o->dk), free(o->dv);
+}
+
+/* max |a - b| <= rel * max |b| (elementwise equality of -inf included). */
+static void expect_close(const char *what, const char *variant, const float *a, const float *b,
+                         size_t n, double rel)
+{
+    double maxabs = 0.0, err = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(b[i]) || isinf(a[i])) {
+            cr_expect(a[i] == b[i], "%s: variant %s element %zu: %g vs portable %g", what, variant,
+                      i, a[i], b[i]);
+            continue;
+        }
+        double d = fabs((double)a[i] - (double)b[i]);
+        cr_expect(d == d, "%s: variant %s element %zu is NaN", what, variant, i);
+        err = d > err ? d : err;
+        maxabs = fabs(b[i]) > maxabs ? fabs(b[i]) : maxabs;
+    }
+    cr_expect(err <= rel * maxabs,
+              "%s: variant %s differs from portable by %.3g (max |x| %.3g, "
+              "allowed %.3g)",
+              what, variant, err, maxabs, rel * maxabs);
+    cr_log_info("%s: variant %s vs portable: max diff %.3g of max |x| %.3g (%.3g)", what, variant,
+                err, maxabs, maxabs > 0 ? err / maxabs : 0.0);
+}
+
+/* Every SIMD variant on the same inputs as the portable one: head_dims with
+ * column tails (16, 80), GQA, offsets, every dtype, two threads. */
+Test(kernels, simd_variants_match_portable)
+{
+    static const int64_t dims[] = {16, 80, 128, 256};
+    const char *const *names = stria_kernels_variant_names();
+    for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++)
+        for (size_t t = 0; t < 3; t++) {
+            kcase_t c = {.B = 2,
+                         .Tq = 150,
+                         .Tk = 170,
+                         .H = 4,
+                         .Hkv = 2,
+                         .D = dims[d],
+                         .causal = d != 2,
+                         .dtype = all_dtypes[t],
+                         .threads = 1 + (int)(d % 2)};
+            c.qruns[0] = (stria_pos_run_t){20, 1, 150};
+            c.n_qruns = 1;
+            size_t nq = (size_t)(c.B * c.Tq * c.H * c.D), nk = (size_t)(c.B * c.Tk * c.Hkv * c.D);
+            outs_t ref;
+            run_outputs(&c, "portable", 3.0f, &ref);
+            for (size_t v = 0; names[v] != NULL; v++) {
+                outs_t got;
+                if (strcmp(names[v], "portable") == 0 || !stria_kernels_variant_available(names[v]))
+                    continue;
+                run_outputs(&c, names[v], 3.0f, &got);
+                expect_close("O", names[v], got.o, ref.o, nq, 1e-5);
+                expect_close("LSE", names[v], got.lse, ref.lse, (size_t)(c.B * c.H * c.Tq), 1e-6);
+                expect_close("dQ", names[v], got.dq, ref.dq, nq, 2e-5);
+                expect_close("dK", names[v], got.dk, ref.dk, nk, 2e-5);
+                expect_close("dV", names[v], got.dv, ref.dv, nk, 2e-5);
+                outs_free(&got);
+            }
+            outs_free(&ref);
+        }
 }
 
 /* ---- merge ----------------------------------------------------------------- */
@@ -280,8 +472,8 @@ Test(kernels, merge_associativity)
             tkb.data = k + k0 * H * D;
             tvb.data = v + k0 * H * D;
             if (blk % 2 == 0) {
-                cr_assert_eq(stria_attn_fwd(&pb, &tq, &tkb, &tvb, &to2, l2, true), STRIA_OK,
-                             "%s", stria_error_msg());
+                cr_assert_eq(stria_attn_fwd(&pb, &tq, &tkb, &tvb, &to2, l2, true), STRIA_OK, "%s",
+                             stria_error_msg());
             } else {
                 cr_assert_eq(stria_attn_fwd(&pb, &tq, &tkb, &tvb, &tob, lb, false), STRIA_OK);
                 cr_assert_eq(stria_attn_merge(&p, &to2, l2, &tob, lb), STRIA_OK);
@@ -376,8 +568,7 @@ Test(kernels, bad_arguments_get_clear_errors)
     float obuf[4 * 2 * 32];
     o.data = obuf;
 
-    expect_error(stria_attn_fwd(NULL, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
-                 "params");
+    expect_error(stria_attn_fwd(NULL, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG, "params");
     expect_error(stria_attn_fwd(&p, NULL, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
                  "tensor q is NULL");
     expect_error(stria_attn_fwd(&p, &t, &t, &t, &o, NULL, false), STRIA_ERR_INVALID_ARG, "lse");
@@ -400,8 +591,7 @@ Test(kernels, bad_arguments_get_clear_errors)
                  "head_dim 264");
     bad = p;
     bad.scale = -1.0f;
-    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
-                 "scale");
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG, "scale");
     bad = p;
     stria_pos_run_t run = {0, 1, 3}; /* 3 positions for 4 tokens */
     bad.q_pos.runs = &run;
@@ -410,8 +600,7 @@ Test(kernels, bad_arguments_get_clear_errors)
                  "cover 3 tokens");
     stria_pos_run_t neg = {-5, 1, 4};
     bad.q_pos.runs = &neg;
-    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG,
-                 "leaves");
+    expect_error(stria_attn_fwd(&bad, &t, &t, &t, &o, lse, false), STRIA_ERR_INVALID_ARG, "leaves");
 
     stria_tensor_t tb = t;
     tb.dtype = STRIA_DTYPE_BF16;

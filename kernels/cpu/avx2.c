@@ -1,0 +1,229 @@
+/* AVX2 + FMA variant (with F16C for fp16 loads). Compiled with those flags
+ * and only called after stria__avx2_ok() said yes.
+ *
+ * With 16 ymm registers the micro-kernel keeps a 6 x 16 block of C in 12
+ * accumulators, two B vectors and one broadcast: 12 FMAs per 8 loads. */
+#include "../kernels_int.h"
+
+#include <immintrin.h>
+
+#define STRIA__MR 6 /* rows of C per micro-kernel */
+#define STRIA__NV 2 /* ymm vectors of C per row (16 columns) */
+
+#define STRIA__INLINE static inline __attribute__((always_inline))
+
+static bool stria__avx2_ok(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+/* ---- GEMM ---------------------------------------------------------------- */
+
+/* C block [mr][16] (see stria_kern_ops_t.gemm); a points at row 0 of the
+ * block (column 0 when trans_a). */
+STRIA__INLINE void stria__uk(const int mr, const bool trans_a, int k, const float *a, ptrdiff_t lda,
+                             const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                             const float *c_scale, bool accumulate)
+{
+    __m256 acc[STRIA__MR][STRIA__NV];
+
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 2
+        for (int j = 0; j < STRIA__NV; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    for (int p = 0; p < k; p++) {
+        const float *bp = b + (ptrdiff_t)p * ldb;
+        __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+#pragma GCC unroll 6
+        for (int i = 0; i < mr; i++) {
+            __m256 av = _mm256_broadcast_ss(trans_a ? &a[(ptrdiff_t)p * lda + i]
+                                                    : &a[(ptrdiff_t)i * lda + p]);
+            acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++) {
+        float *cr = c + (ptrdiff_t)i * ldc;
+#pragma GCC unroll 2
+        for (int j = 0; j < STRIA__NV; j++) {
+            __m256 v = acc[i][j];
+            if (accumulate && c_scale != NULL)
+                v = _mm256_fmadd_ps(_mm256_loadu_ps(cr + 8 * j), _mm256_set1_ps(c_scale[i]), v);
+            else if (accumulate)
+                v = _mm256_add_ps(_mm256_loadu_ps(cr + 8 * j), v);
+            _mm256_storeu_ps(cr + 8 * j, v);
+        }
+    }
+}
+
+#define STRIA__UK_CASE(MR)                                                                         \
+    case MR:                                                                                       \
+        if (trans_a)                                                                               \
+            stria__uk(MR, true, k, ai, lda, b + j0, ldb, ci, ldc, cs, accumulate);                 \
+        else                                                                                       \
+            stria__uk(MR, false, k, ai, lda, b + j0, ldb, ci, ldc, cs, accumulate);                \
+        break;
+
+static void stria__avx2_gemm(int m, int n, int k, const float *a, ptrdiff_t lda, bool trans_a,
+                             const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                             const float *c_scale, bool accumulate)
+{
+    for (int j0 = 0; j0 < n; j0 += 8 * STRIA__NV) {
+        for (int i0 = 0; i0 < m; i0 += STRIA__MR) {
+            int mr = m - i0 < STRIA__MR ? m - i0 : STRIA__MR;
+            const float *ai = trans_a ? a + i0 : a + (ptrdiff_t)i0 * lda;
+            const float *cs = c_scale != NULL ? c_scale + i0 : NULL;
+            float *ci = c + (ptrdiff_t)i0 * ldc + j0;
+            switch (mr) {
+                STRIA__UK_CASE(1)
+                STRIA__UK_CASE(2)
+                STRIA__UK_CASE(3)
+                STRIA__UK_CASE(4)
+                STRIA__UK_CASE(5)
+                STRIA__UK_CASE(6)
+            default:
+                break;
+            }
+        }
+    }
+}
+#undef STRIA__UK_CASE
+
+/* ---- exp and the softmax passes --------------------------------------- */
+
+/* exp(x) to about 1 ulp (Cephes' expf polynomial on the reduced argument).
+ * x < ln(FLT_MIN) gives exactly 0 (so -inf does, and no denormals reach the
+ * GEMMs); NaN stays NaN; x > 88.7 saturates at inf. */
+STRIA__INLINE __m256 stria__exp(__m256 x)
+{
+    __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_NLT_UQ);
+    /* max/min return their second operand for NaN: keep NaN in that slot */
+    x = _mm256_max_ps(_mm256_set1_ps(-87.33654f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(88.7228f), x);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 z = _mm256_mul_ps(r, r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, z, r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    /* 2^n for n in [-126, 128] (128 encodes inf) */
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
+}
+
+static void stria__avx2_softmax_fwd(float *st, int rows, int cols, float scale, float *m, float *l,
+                                    float *alpha)
+{
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
+
+    for (int i = 0; i < cols; i += 8) {
+        float *col = st + i;
+        __m256 mx0 = ninf, mx1 = ninf;
+        int j = 0;
+        for (; j + 1 < rows; j += 2) {
+            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (size_t)j * (size_t)cols));
+            mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(col + (size_t)(j + 1) * (size_t)cols));
+        }
+        if (j < rows)
+            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (size_t)j * (size_t)cols));
+        __m256 m_old = _mm256_loadu_ps(m + i);
+        __m256 m_new = _mm256_max_ps(_mm256_mul_ps(_mm256_max_ps(mx0, mx1), vscale), m_old);
+        /* columns that have seen no key subtract 0: their scores are all -inf */
+        __m256 sub = _mm256_andnot_ps(_mm256_cmp_ps(m_new, ninf, _CMP_EQ_OQ), m_new);
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        for (j = 0; j + 1 < rows; j += 2) {
+            float *r0 = col + (size_t)j * (size_t)cols, *r1 = r0 + cols;
+            __m256 p0 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r0), vscale, sub));
+            __m256 p1 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r1), vscale, sub));
+            _mm256_storeu_ps(r0, p0);
+            _mm256_storeu_ps(r1, p1);
+            s0 = _mm256_add_ps(s0, p0);
+            s1 = _mm256_add_ps(s1, p1);
+        }
+        if (j < rows) {
+            float *r0 = col + (size_t)j * (size_t)cols;
+            __m256 p0 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r0), vscale, sub));
+            _mm256_storeu_ps(r0, p0);
+            s0 = _mm256_add_ps(s0, p0);
+        }
+        __m256 a = stria__exp(_mm256_sub_ps(m_old, sub));
+        _mm256_storeu_ps(alpha + i, a);
+        _mm256_storeu_ps(l + i, _mm256_fmadd_ps(_mm256_loadu_ps(l + i), a, _mm256_add_ps(s0, s1)));
+        _mm256_storeu_ps(m + i, m_new);
+    }
+}
+
+static void stria__avx2_softmax_bwd_p(float *st, int rows, int cols, float scale, const float *lse)
+{
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int i = 0; i < cols; i += 8) {
+        __m256 sub = _mm256_loadu_ps(lse + i);
+        for (int j = 0; j < rows; j++) {
+            float *p = st + (size_t)j * (size_t)cols + i;
+            _mm256_storeu_ps(p, stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(p), vscale, sub)));
+        }
+    }
+}
+
+static void stria__avx2_softmax_bwd_ds(const float *pt, float *dpt, int rows, int cols,
+                                       const float *delta, float scale)
+{
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int i = 0; i < cols; i += 8) {
+        __m256 d = _mm256_loadu_ps(delta + i);
+        for (int j = 0; j < rows; j++) {
+            const float *p = pt + (size_t)j * (size_t)cols + i;
+            float *g = dpt + (size_t)j * (size_t)cols + i;
+            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p), _mm256_sub_ps(_mm256_loadu_ps(g), d));
+            _mm256_storeu_ps(g, _mm256_mul_ps(x, vscale));
+        }
+    }
+}
+
+/* ---- conversions ------------------------------------------------------- */
+
+static void stria__avx2_row_load(stria_dtype_t dtype, const void *src, float *dst, int n)
+{
+    const uint16_t *h = src;
+    const float *f = src;
+    switch (dtype) {
+    case STRIA_DTYPE_BF16:
+        for (int i = 0; i < n; i += 8) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+        break;
+    case STRIA_DTYPE_F16:
+        for (int i = 0; i < n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+        break;
+    case STRIA_DTYPE_F32:
+    default:
+        for (int i = 0; i < n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_loadu_ps(f + i));
+        break;
+    }
+}
+
+const stria_kern_ops_t stria__kern_avx2 = {
+    .name = "avx2",
+    .cpu_ok = stria__avx2_ok,
+    .gemm = stria__avx2_gemm,
+    .softmax_fwd = stria__avx2_softmax_fwd,
+    .softmax_bwd_p = stria__avx2_softmax_bwd_p,
+    .softmax_bwd_ds = stria__avx2_softmax_bwd_ds,
+    .row_load = stria__avx2_row_load,
+};

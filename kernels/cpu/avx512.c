@@ -1,0 +1,253 @@
+/* AVX-512 variant (F, BW, VL, DQ). Compiled with the AVX-512 flags and only
+ * called after stria__avx512_ok() said yes.
+ *
+ * The GEMM micro-kernel keeps a 6 x 64 block of C in 24 zmm accumulators:
+ * every k step loads four vectors of B and broadcasts six scalars of A, so 24
+ * FMAs run per 10 loads and the two FMA pipes never wait on a single chain. */
+#include "../kernels_int.h"
+
+#include <immintrin.h>
+
+#define STRIA__MR 6 /* rows of C per micro-kernel */
+#define STRIA__NV 4 /* zmm vectors of C per row */
+
+#define STRIA__INLINE static inline __attribute__((always_inline))
+
+static bool stria__avx512_ok(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma");
+}
+
+/* ---- GEMM ---------------------------------------------------------------- */
+
+/* C block [mr][16 nv] (see stria_kern_ops_t.gemm); a points at row 0 of the
+ * block (column 0 when trans_a). mr, nv and trans_a are compile-time
+ * constants after inlining, so the accumulators live in registers. */
+STRIA__INLINE void stria__uk(const int mr, const int nv, const bool trans_a, int k, const float *a,
+                             ptrdiff_t lda, const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                             const float *c_scale, bool accumulate)
+{
+    __m512 acc[STRIA__MR][STRIA__NV];
+
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nv; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    for (int p = 0; p < k; p++) {
+        const float *bp = b + (ptrdiff_t)p * ldb;
+        __m512 bv[STRIA__NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < nv; j++)
+            bv[j] = _mm512_loadu_ps(bp + 16 * j);
+#pragma GCC unroll 6
+        for (int i = 0; i < mr; i++) {
+            __m512 av =
+                _mm512_set1_ps(trans_a ? a[(ptrdiff_t)p * lda + i] : a[(ptrdiff_t)i * lda + p]);
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++)
+                acc[i][j] = _mm512_fmadd_ps(av, bv[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++) {
+        float *cr = c + (ptrdiff_t)i * ldc;
+        if (!accumulate) {
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++)
+                _mm512_storeu_ps(cr + 16 * j, acc[i][j]);
+        } else if (c_scale != NULL) {
+            __m512 beta = _mm512_set1_ps(c_scale[i]);
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++)
+                _mm512_storeu_ps(cr + 16 * j,
+                                 _mm512_fmadd_ps(_mm512_loadu_ps(cr + 16 * j), beta, acc[i][j]));
+        } else {
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++)
+                _mm512_storeu_ps(cr + 16 * j,
+                                 _mm512_add_ps(_mm512_loadu_ps(cr + 16 * j), acc[i][j]));
+        }
+    }
+}
+
+#define STRIA__UK_CASE(MR, NV)                                                                     \
+    case (MR)*8 + (NV):                                                                            \
+        if (trans_a)                                                                               \
+            stria__uk(MR, NV, true, k, a, lda, b, ldb, c, ldc, c_scale, accumulate);               \
+        else                                                                                       \
+            stria__uk(MR, NV, false, k, a, lda, b, ldb, c, ldc, c_scale, accumulate);              \
+        break;
+#define STRIA__UK_ROW(MR)                                                                          \
+    STRIA__UK_CASE(MR, 1) STRIA__UK_CASE(MR, 2) STRIA__UK_CASE(MR, 3) STRIA__UK_CASE(MR, 4)
+
+static void stria__uk_dispatch(int mr, int nv, bool trans_a, int k, const float *a, ptrdiff_t lda,
+                               const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                               const float *c_scale, bool accumulate)
+{
+    switch (mr * 8 + nv) {
+        STRIA__UK_ROW(1)
+        STRIA__UK_ROW(2)
+        STRIA__UK_ROW(3)
+        STRIA__UK_ROW(4)
+        STRIA__UK_ROW(5)
+        STRIA__UK_ROW(6)
+    default:
+        break;
+    }
+}
+
+static void stria__avx512_gemm(int m, int n, int k, const float *a, ptrdiff_t lda, bool trans_a,
+                               const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                               const float *c_scale, bool accumulate)
+{
+    /* Column blocks outside: the [k][64] panel of B stays in L1 while the row
+     * blocks of A stream past it. */
+    for (int j0 = 0; j0 < n; j0 += 16 * STRIA__NV) {
+        int nv = (n - j0) / 16 < STRIA__NV ? (n - j0) / 16 : STRIA__NV;
+        for (int i0 = 0; i0 < m; i0 += STRIA__MR) {
+            int mr = m - i0 < STRIA__MR ? m - i0 : STRIA__MR;
+            const float *ai = trans_a ? a + i0 : a + (ptrdiff_t)i0 * lda;
+            stria__uk_dispatch(mr, nv, trans_a, k, ai, lda, b + j0, ldb,
+                               c + (ptrdiff_t)i0 * ldc + j0, ldc,
+                               c_scale != NULL ? c_scale + i0 : NULL, accumulate);
+        }
+    }
+}
+
+/* ---- exp and the softmax passes --------------------------------------- */
+
+/* exp(x) to about 1 ulp (Cephes' expf polynomial on the reduced argument,
+ * 2^n applied with vscalefps). x < ln(FLT_MIN) gives exactly 0 (so -inf does,
+ * and no denormals reach the GEMMs); NaN stays NaN. */
+STRIA__INLINE __m512 stria__exp(__m512 x)
+{
+    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 z = _mm512_mul_ps(r, r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, z, r);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, y, n);
+}
+
+static void stria__avx512_softmax_fwd(float *st, int rows, int cols, float scale, float *m,
+                                      float *l, float *alpha)
+{
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+
+    for (int i = 0; i < cols; i += 16) {
+        float *col = st + i;
+        __m512 mx0 = ninf, mx1 = ninf;
+        int j = 0;
+        for (; j + 1 < rows; j += 2) {
+            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (size_t)j * (size_t)cols));
+            mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(col + (size_t)(j + 1) * (size_t)cols));
+        }
+        if (j < rows)
+            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (size_t)j * (size_t)cols));
+        __m512 m_old = _mm512_loadu_ps(m + i);
+        __m512 m_new = _mm512_max_ps(_mm512_mul_ps(_mm512_max_ps(mx0, mx1), vscale), m_old);
+        /* columns that have seen no key subtract 0: their scores are all -inf */
+        __m512 sub = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, ninf, _CMP_EQ_OQ), m_new,
+                                          _mm512_setzero_ps());
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        for (j = 0; j + 1 < rows; j += 2) {
+            float *r0 = col + (size_t)j * (size_t)cols, *r1 = r0 + cols;
+            __m512 p0 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r0), vscale, sub));
+            __m512 p1 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r1), vscale, sub));
+            _mm512_storeu_ps(r0, p0);
+            _mm512_storeu_ps(r1, p1);
+            s0 = _mm512_add_ps(s0, p0);
+            s1 = _mm512_add_ps(s1, p1);
+        }
+        if (j < rows) {
+            float *r0 = col + (size_t)j * (size_t)cols;
+            __m512 p0 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r0), vscale, sub));
+            _mm512_storeu_ps(r0, p0);
+            s0 = _mm512_add_ps(s0, p0);
+        }
+        __m512 a = stria__exp(_mm512_sub_ps(m_old, sub));
+        _mm512_storeu_ps(alpha + i, a);
+        _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), a, _mm512_add_ps(s0, s1)));
+        _mm512_storeu_ps(m + i, m_new);
+    }
+}
+
+static void stria__avx512_softmax_bwd_p(float *st, int rows, int cols, float scale,
+                                        const float *lse)
+{
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int i = 0; i < cols; i += 16) {
+        __m512 sub = _mm512_loadu_ps(lse + i);
+        for (int j = 0; j < rows; j++) {
+            float *p = st + (size_t)j * (size_t)cols + i;
+            _mm512_storeu_ps(p, stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(p), vscale, sub)));
+        }
+    }
+}
+
+static void stria__avx512_softmax_bwd_ds(const float *pt, float *dpt, int rows, int cols,
+                                         const float *delta, float scale)
+{
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int i = 0; i < cols; i += 16) {
+        __m512 d = _mm512_loadu_ps(delta + i);
+        for (int j = 0; j < rows; j++) {
+            const float *p = pt + (size_t)j * (size_t)cols + i;
+            float *g = dpt + (size_t)j * (size_t)cols + i;
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p), _mm512_sub_ps(_mm512_loadu_ps(g), d));
+            _mm512_storeu_ps(g, _mm512_mul_ps(x, vscale));
+        }
+    }
+}
+
+/* ---- conversions ------------------------------------------------------- */
+
+STRIA__INLINE __m512 stria__load16(stria_dtype_t dtype, const void *src, int i, __mmask16 mk)
+{
+    switch (dtype) {
+    case STRIA_DTYPE_BF16: {
+        __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)src + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case STRIA_DTYPE_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)src + i));
+    case STRIA_DTYPE_F32:
+    default:
+        return _mm512_maskz_loadu_ps(mk, (const float *)src + i);
+    }
+}
+
+static void stria__avx512_row_load(stria_dtype_t dtype, const void *src, float *dst, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, stria__load16(dtype, src, i, 0xffff));
+    if (i < n) {
+        __mmask16 mk = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(dst + i, mk, stria__load16(dtype, src, i, mk));
+    }
+}
+
+const stria_kern_ops_t stria__kern_avx512 = {
+    .name = "avx512",
+    .cpu_ok = stria__avx512_ok,
+    .gemm = stria__avx512_gemm,
+    .softmax_fwd = stria__avx512_softmax_fwd,
+    .softmax_bwd_p = stria__avx512_softmax_bwd_p,
+    .softmax_bwd_ds = stria__avx512_softmax_bwd_ds,
+    .row_load = stria__avx512_row_load,
+};

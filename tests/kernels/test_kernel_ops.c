@@ -1,0 +1,287 @@
+/* The per-ISA operations of the kernel module (kernels_int.h), each SIMD
+ * variant against the portable one: GEMM shapes and tails, the softmax passes
+ * (exp accuracy, -inf, large negative scores, empty columns), and exact dtype
+ * conversions. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_int.h"
+#include "ref.h"
+
+static const stria_kern_ops_t *ops_of(const char *name)
+{
+    cr_assert_eq(stria_kernels_set_variant(name), STRIA_OK, "%s", stria_error_msg());
+    const stria_kern_ops_t *ops = stria__kern_ops();
+    cr_assert_not_null(ops);
+    cr_assert_str_eq(ops->name, name);
+    return ops;
+}
+
+/* Calls fn for every SIMD variant this CPU runs; returns how many. */
+static int for_each_simd(void (*fn)(const stria_kern_ops_t *simd, const stria_kern_ops_t *port))
+{
+    const char *const *names = stria_kernels_variant_names();
+    const stria_kern_ops_t *port = ops_of("portable");
+    int ran = 0;
+    for (size_t i = 0; names[i] != NULL; i++) {
+        if (strcmp(names[i], "portable") == 0)
+            continue;
+        if (!stria_kernels_variant_available(names[i])) {
+            cr_log_warn("variant %s not supported by this CPU: skipped", names[i]);
+            continue;
+        }
+        fn(ops_of(names[i]), port);
+        ran++;
+    }
+    return ran;
+}
+
+/* ---- GEMM ------------------------------------------------------------------ */
+
+static void gemm_case(const stria_kern_ops_t *simd, const stria_kern_ops_t *port, int m, int n,
+                      int k, bool trans_a, bool accumulate, bool with_scale)
+{
+    ptrdiff_t lda = (trans_a ? m : k) + 3, ldb = n + 16, ldc = n + 32;
+    size_t na = (size_t)lda * (size_t)(trans_a ? k : m) + 1;
+    size_t nb = (size_t)ldb * (size_t)k + 1, nc = (size_t)ldc * (size_t)m + 1;
+    float *a = malloc(na * 4), *b = malloc(nb * 4), *cs = malloc((size_t)m * 4 + 4);
+    float *c1 = malloc(nc * 4), *c2 = malloc(nc * 4);
+
+    ref_fill(a, na, (uint64_t)(m * 131 + k), 1.0f, STRIA_DTYPE_F32);
+    ref_fill(b, nb, (uint64_t)(n * 17 + k), 1.0f, STRIA_DTYPE_F32);
+    ref_fill(c1, nc, 5, 2.0f, STRIA_DTYPE_F32);
+    ref_fill(cs, (size_t)m + 1, 6, 1.0f, STRIA_DTYPE_F32);
+    memcpy(c2, c1, nc * 4);
+    port->gemm(m, n, k, a, lda, trans_a, b, ldb, c1, ldc, with_scale ? cs : NULL, accumulate);
+    simd->gemm(m, n, k, a, lda, trans_a, b, ldb, c2, ldc, with_scale ? cs : NULL, accumulate);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldc; j++) {
+            size_t x = (size_t)i * (size_t)ldc + (size_t)j;
+            if (j >= n) { /* beyond n: untouched */
+                cr_assert_eq(c2[x], c1[x], "%s gemm wrote C[%d][%d] beyond n=%d", simd->name, i, j,
+                             n);
+                continue;
+            }
+            /* sums of k products of values in [-1, 1]: rounding differs by order */
+            double tol = 1e-6 * (k + 4);
+            cr_assert(fabs((double)c2[x] - (double)c1[x]) <= tol,
+                      "%s gemm m=%d n=%d k=%d trans=%d acc=%d scale=%d: C[%d][%d] = %.9g, "
+                      "portable %.9g",
+                      simd->name, m, n, k, trans_a, accumulate, with_scale, i, j, c2[x], c1[x]);
+        }
+    free(a), free(b), free(cs), free(c1), free(c2);
+}
+
+static void gemm_all(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    static const int ms[] = {1, 2, 5, 6, 7, 12, 13, 64};
+    static const int ns[] = {16, 32, 48, 64, 80, 144};
+    static const int ks[] = {0, 1, 7, 64, 70};
+    for (size_t im = 0; im < sizeof(ms) / sizeof(ms[0]); im++)
+        for (size_t in = 0; in < sizeof(ns) / sizeof(ns[0]); in++)
+            for (size_t ik = 0; ik < sizeof(ks) / sizeof(ks[0]); ik++)
+                for (int mode = 0; mode < 6; mode++)
+                    gemm_case(simd, port, ms[im], ns[in], ks[ik], mode & 1, mode >= 2, mode >= 4);
+}
+
+Test(kernel_ops, gemm_shapes_tails_and_modes)
+{
+    int ran = for_each_simd(gemm_all);
+    cr_log_info("%d SIMD variant(s) checked", ran);
+}
+
+/* ---- softmax passes ------------------------------------------------------- */
+
+/* Relative error in units of the float spacing at the reference value. */
+static double ulps(float got, double want)
+{
+    if (want == 0.0)
+        return got == 0.0f ? 0.0 : INFINITY;
+    int e;
+    frexp(want, &e);
+    return fabs((double)got - want) / ldexp(1.0, e - 24);
+}
+
+static void exp_accuracy(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { R = 8, C = 64 };
+    float st[R * C], m[C], l[C], alpha[C];
+    const float lse[C] = {0};
+    double worst = 0.0;
+    (void)port;
+    /* x = scale * s - lse over [-87, 0.5]: the range the passes see */
+    for (int rep = 0; rep < 400; rep++) {
+        for (int i = 0; i < R * C; i++)
+            st[i] = -87.0f + 87.5f * (float)((rep * R * C + i) % 100003) / 100003.0f;
+        float in[R * C];
+        memcpy(in, st, sizeof(in));
+        simd->softmax_bwd_p(st, R, C, 1.0f, lse);
+        for (int i = 0; i < R * C; i++) {
+            double u = ulps(st[i], exp((double)in[i]));
+            worst = u > worst ? u : worst;
+        }
+    }
+    cr_expect(worst <= 4.0, "%s exp: worst error %.2f ulp", simd->name, worst);
+    cr_log_info("%s exp: worst error %.2f ulp over [-87, 0.5]", simd->name, worst);
+
+    /* special values: -inf and anything below ln(FLT_MIN) give exactly 0;
+     * +inf lse (rows without keys) gives 0 */
+    float sp[2 * C], lse2[C];
+    for (int i = 0; i < C; i++) {
+        sp[i] = i % 4 == 0 ? -INFINITY : i % 4 == 1 ? -1e30f : i % 4 == 2 ? -90.0f : -1.0f;
+        sp[C + i] = 3.0f;
+        lse2[i] = i % 2 ? INFINITY : 0.0f;
+    }
+    simd->softmax_bwd_p(sp, 2, C, 1.0f, lse2);
+    for (int i = 0; i < C; i++) {
+        if (i % 2 == 1) {
+            cr_expect_eq(sp[i], 0.0f, "%s: exp(x - inf) = %g", simd->name, sp[i]);
+            cr_expect_eq(sp[C + i], 0.0f, "%s: exp(3 - inf) = %g", simd->name, sp[C + i]);
+        } else if (i % 4 == 2 || i % 4 == 0) {
+            cr_expect_eq(sp[i], 0.0f, "%s: exp(%s) = %g, want 0", simd->name,
+                         i % 4 == 0 ? "-inf" : "-90", sp[i]);
+        } else {
+            cr_expect(ulps(sp[i], exp(-1.0)) <= 2.0, "%s: exp(-1) = %.9g", simd->name, sp[i]);
+            cr_expect(ulps(sp[C + i], exp(3.0)) <= 4.0, "%s: exp(3) = %.9g", simd->name, sp[C + i]);
+        }
+    }
+    /* NaN propagates instead of turning into a silent 0 */
+    for (int i = 0; i < C; i++)
+        sp[i] = i == 5 ? NAN : -1.0f;
+    simd->softmax_bwd_p(sp, 1, C, 1.0f, lse);
+    cr_expect(isnan(sp[5]), "%s: exp(NaN) = %g", simd->name, sp[5]);
+    (void)m, (void)l, (void)alpha;
+}
+
+Test(kernel_ops, exp_accuracy_and_special_values)
+{
+    for_each_simd(exp_accuracy);
+}
+
+/* softmax_fwd over a sequence of tiles, with masked (-inf) entries, columns
+ * that see nothing for a while, and a huge jump of the running max. */
+static void softmax_fwd_steps(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { R = 37, C = 48 };
+    float s1[R * C], s2[R * C], in[R * C], m1[C], m2[C], l1[C], l2[C], a1[C], a2[C];
+    for (int i = 0; i < C; i++) {
+        m1[i] = m2[i] = -INFINITY;
+        l1[i] = l2[i] = 0.0f;
+    }
+    for (int step = 0; step < 4; step++) {
+        ref_fill(s1, R * C, (uint64_t)(40 + step), 8.0f, STRIA_DTYPE_F32);
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < C; i++) {
+                float *x = &s1[j * C + i];
+                if (i < 8 && step < 2) /* columns 0..7 see no key in steps 0, 1 */
+                    *x = -INFINITY;
+                else if ((i + j) % 3 == 0) /* causal-like holes */
+                    *x = -INFINITY;
+                else if (i >= 40 && step == 3) /* running max jumps by ~1000 */
+                    *x += 1000.0f;
+            }
+        memcpy(s2, s1, sizeof(s1));
+        memcpy(in, s1, sizeof(s1));
+        port->softmax_fwd(s1, R, C, 0.3f, m1, l1, a1);
+        simd->softmax_fwd(s2, R, C, 0.3f, m2, l2, a2);
+        for (int i = 0; i < C; i++) {
+            cr_expect(m2[i] == m1[i], "%s step %d col %d: m %g vs %g", simd->name, step, i, m2[i],
+                      m1[i]);
+            cr_expect(fabsf(l2[i] - l1[i]) <= 2e-5f * fabsf(l1[i]),
+                      "%s step %d col %d: l %.9g vs %.9g", simd->name, step, i, l2[i], l1[i]);
+            cr_expect(fabsf(a2[i] - a1[i]) <= 1e-6f * fabsf(a1[i]) + 1e-37f,
+                      "%s step %d col %d: alpha %.9g vs %.9g", simd->name, step, i, a2[i], a1[i]);
+        }
+        for (int x = 0; x < R * C; x++) {
+            cr_assert(!isnan(s2[x]), "%s step %d: NaN probability at %d", simd->name, step, x);
+            /* the portable pass rounds scale * s before subtracting; the
+             * SIMD ones fuse it: the exponent differs by up to |scale s| 2^-24 */
+            if (in[x] == -INFINITY) {
+                cr_expect(s2[x] == 0.0f, "%s step %d: masked p[%d] = %g", simd->name, step, x,
+                          s2[x]);
+                continue;
+            }
+            float rel = 1e-6f + fabsf(0.3f * in[x]) * 1.2e-7f;
+            cr_expect(fabsf(s2[x] - s1[x]) <= rel * fabsf(s1[x]) + 1e-37f,
+                      "%s step %d: p[%d] %.9g vs %.9g", simd->name, step, x, s2[x], s1[x]);
+        }
+        if (step < 2)
+            for (int i = 0; i < 8; i++)
+                cr_expect(m2[i] == -INFINITY && l2[i] == 0.0f && s2[i] == 0.0f,
+                          "%s: an empty column got m=%g l=%g p=%g", simd->name, m2[i], l2[i],
+                          s2[i]);
+    }
+}
+
+Test(kernel_ops, softmax_fwd_online_steps)
+{
+    for_each_simd(softmax_fwd_steps);
+}
+
+static void softmax_ds(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { R = 13, C = 32 };
+    float p[R * C], g1[R * C], g2[R * C], delta[C];
+    ref_fill(p, R * C, 50, 1.0f, STRIA_DTYPE_F32);
+    ref_fill(g1, R * C, 51, 3.0f, STRIA_DTYPE_F32);
+    ref_fill(delta, C, 52, 1.0f, STRIA_DTYPE_F32);
+    memcpy(g2, g1, sizeof(g1));
+    port->softmax_bwd_ds(p, g1, R, C, delta, 0.125f);
+    simd->softmax_bwd_ds(p, g2, R, C, delta, 0.125f);
+    for (int x = 0; x < R * C; x++)
+        cr_expect_eq(g2[x], g1[x], "%s ds[%d]: %.9g vs %.9g", simd->name, x, g2[x], g1[x]);
+}
+
+Test(kernel_ops, softmax_bwd_ds_matches)
+{
+    for_each_simd(softmax_ds);
+}
+
+/* ---- conversions ----------------------------------------------------------- */
+
+/* Every 16-bit pattern, as bf16 and as fp16, converts exactly (NaN stays
+ * NaN), and lengths that are not a multiple of the vector width write
+ * exactly n elements. */
+static void conversions(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { N = 65536 };
+    uint16_t *h = malloc(N * 2 + 64);
+    float *a = malloc(N * 4 + 64), *b = malloc(N * 4 + 64);
+    static const stria_dtype_t dts[] = {STRIA_DTYPE_BF16, STRIA_DTYPE_F16};
+    for (int i = 0; i < N; i++)
+        h[i] = (uint16_t)i;
+    for (size_t d = 0; d < 2; d++) {
+        port->row_load(dts[d], h, a, N);
+        simd->row_load(dts[d], h, b, N);
+        for (int i = 0; i < N; i++)
+            cr_assert(memcmp(&a[i], &b[i], 4) == 0 || (isnan(a[i]) && isnan(b[i])),
+                      "%s %s 0x%04x: %.9g vs %.9g", simd->name, stria_dtype_name(dts[d]), i, b[i],
+                      a[i]);
+    }
+    for (int n = 8; n <= 72; n += 8)
+        for (size_t d = 0; d < 3; d++) {
+            stria_dtype_t dt = d == 2 ? STRIA_DTYPE_F32 : dts[d];
+            for (int i = 0; i < n + 16; i++)
+                b[i] = -7.0f;
+            simd->row_load(dt, dt == STRIA_DTYPE_F32 ? (const void *)a : (const void *)(h + 100), b,
+                           n);
+            port->row_load(dt, dt == STRIA_DTYPE_F32 ? (const void *)a : (const void *)(h + 100),
+                           a + N - 100, n);
+            for (int i = 0; i < n; i++)
+                cr_assert(memcmp(&b[i], &a[N - 100 + i], 4) == 0 ||
+                              (isnan(b[i]) && isnan(a[N - 100 + i])),
+                          "%s %s n=%d element %d differs", simd->name, stria_dtype_name(dt), n, i);
+            for (int i = n; i < n + 16; i++)
+                cr_assert_eq(b[i], -7.0f, "%s %s n=%d wrote element %d", simd->name,
+                             stria_dtype_name(dt), n, i);
+        }
+    free(h), free(a), free(b);
+}
+
+Test(kernel_ops, conversions_exact)
+{
+    for_each_simd(conversions);
+}
