@@ -1,0 +1,576 @@
+/* stria-bench kernels: attention kernel throughput against this machine's own
+ * fp32 FMA peak, measured in the same run.
+ *
+ * The peak comes from a loop of independent FMA chains (512-bit for the
+ * avx512 variant, 256-bit for avx2; the portable variant is measured against
+ * the widest the CPU has, so its fraction shows the distance to the machine's
+ * best). With T threads every thread runs the loop at once and the peak is
+ * their sum. Attention throughput counts useful FLOPs only: forward
+ * 4 * Tq * Tk * D * H (half of it when causal with equal blocks), backward
+ * 2.5 x forward; each figure is the median of --reps timed runs after one
+ * warm-up run. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRIA__BENCH_X86 1
+#endif
+
+#include "bench.h"
+#include "stria_common.h"
+#include "stria_kernels.h"
+
+typedef struct {
+    int64_t seq, head_dim, heads, kv_heads;
+    int threads, reps;
+    stria_dtype_t dtype;
+    bool causal;
+    bool json;
+    const char *variant; /* NULL: the default choice; "all": every available one */
+} stria__kb_opts_t;
+
+static void stria__kb_usage(FILE *out)
+{
+    fprintf(out, "usage: stria-bench kernels [OPTIONS]\n"
+                 "\n"
+                 "Measures this machine's fp32 FMA peak, then forward and backward attention\n"
+                 "throughput (one batch, Q/K/V of --seq tokens), and prints GFLOP/s and the\n"
+                 "fraction of the peak. Figures are medians of --reps runs.\n"
+                 "\n"
+                 "options:\n"
+                 "  --seq S          tokens per sequence (default 4096; 1..1048576)\n"
+                 "  --head-dim D     head dimension, a multiple of 8 in 16..256 (default 128)\n"
+                 "  --heads H        query heads (default 8; 1..1024)\n"
+                 "  --kv-heads K     key/value heads, dividing H (default: H)\n"
+                 "  --threads T      threads of the kernel pool (default 1; 1..1024)\n"
+                 "  --dtype X        fp32 | bf16 | fp16 storage of Q, K, V, dO (default fp32)\n"
+                 "  --causal         causal mask (default)\n"
+                 "  --no-causal      no mask\n"
+                 "  --reps N         timed runs per pass, median reported (default 5; 1..1000)\n"
+                 "  --variant V      kernel variant: portable | avx2 | avx512 | all (every one\n"
+                 "                   this CPU runs, side by side); default: the best available\n"
+                 "  --json           one JSON object per line instead of the table\n"
+                 "  -h, --help       this text\n"
+                 "\n"
+                 "FLOPs counted: forward 4*S*S*D*H (2*S*S*D*H causal), backward 2.5x forward.\n");
+}
+
+static int stria__kb_bad(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "stria-bench kernels: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n(see stria-bench kernels --help)\n");
+    return 2;
+}
+
+static bool stria__kb_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end = NULL;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Returns -1 to continue, else an exit code. */
+static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->seq = 4096;
+    o->head_dim = 128;
+    o->heads = 8;
+    o->threads = 1;
+    o->reps = 5;
+    o->dtype = STRIA_DTYPE_F32;
+    o->causal = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            stria__kb_usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--causal") == 0) {
+            o->causal = true;
+        } else if (strcmp(a, "--no-causal") == 0) {
+            o->causal = false;
+        } else if (strcmp(a, "--json") == 0) {
+            o->json = true;
+        } else if (strcmp(a, "--seq") == 0 || strcmp(a, "--head-dim") == 0 ||
+                   strcmp(a, "--heads") == 0 || strcmp(a, "--kv-heads") == 0 ||
+                   strcmp(a, "--threads") == 0 || strcmp(a, "--reps") == 0 ||
+                   strcmp(a, "--dtype") == 0 || strcmp(a, "--variant") == 0) {
+            if (val == NULL)
+                return stria__kb_bad("option %s needs a value%s", a, "");
+            i++;
+            if (strcmp(a, "--dtype") == 0) {
+                if (stria_dtype_parse(val, &o->dtype) != STRIA_OK)
+                    return stria__kb_bad("--dtype '%s': expected fp32, bf16 or fp16%s", val, "");
+            } else if (strcmp(a, "--variant") == 0) {
+                o->variant = val;
+            } else if (strcmp(a, "--seq") == 0) {
+                if (!stria__kb_int(val, 1, 1 << 20, &o->seq))
+                    return stria__kb_bad("--seq '%s': expected an integer in 1..1048576%s", val,
+                                         "");
+            } else if (strcmp(a, "--head-dim") == 0) {
+                if (!stria__kb_int(val, STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX, &o->head_dim) ||
+                    o->head_dim % 8 != 0)
+                    return stria__kb_bad("--head-dim '%s': expected a multiple of 8 in 16..256%s",
+                                         val, "");
+            } else if (strcmp(a, "--heads") == 0) {
+                if (!stria__kb_int(val, 1, 1024, &o->heads))
+                    return stria__kb_bad("--heads '%s': expected an integer in 1..1024%s", val, "");
+            } else if (strcmp(a, "--kv-heads") == 0) {
+                if (!stria__kb_int(val, 1, 1024, &o->kv_heads))
+                    return stria__kb_bad("--kv-heads '%s': expected an integer in 1..1024%s", val,
+                                         "");
+            } else if (strcmp(a, "--threads") == 0) {
+                if (!stria__kb_int(val, 1, 1024, &n))
+                    return stria__kb_bad("--threads '%s': expected an integer in 1..1024%s", val,
+                                         "");
+                o->threads = (int)n;
+            } else {
+                if (!stria__kb_int(val, 1, 1000, &n))
+                    return stria__kb_bad("--reps '%s': expected an integer in 1..1000%s", val, "");
+                o->reps = (int)n;
+            }
+        } else {
+            return stria__kb_bad("unknown option '%s'%s", a, "");
+        }
+    }
+    if (o->kv_heads == 0)
+        o->kv_heads = o->heads;
+    if (o->heads % o->kv_heads != 0) {
+        fprintf(stderr,
+                "stria-bench kernels: --heads %lld is not a multiple of --kv-heads %lld\n"
+                "(see stria-bench kernels --help)\n",
+                (long long)o->heads, (long long)o->kv_heads);
+        return 2;
+    }
+    if (o->variant != NULL && strcmp(o->variant, "all") != 0) {
+        const char *const *names = stria_kernels_variant_names();
+        bool known = false;
+        for (size_t i = 0; names[i] != NULL; i++)
+            known = known || strcmp(names[i], o->variant) == 0;
+        if (!known)
+            return stria__kb_bad("--variant '%s': unknown (expected portable, avx2, avx512 or "
+                                 "all)%s",
+                                 o->variant, "");
+        if (!stria_kernels_variant_available(o->variant)) {
+            fprintf(stderr, "stria-bench kernels: variant %s is not supported by this CPU\n",
+                    o->variant);
+            return 2;
+        }
+    }
+    return -1;
+}
+
+/* ---- FMA peak ---------------------------------------------------------- */
+
+/* Independent FMA chains: more than latency x pipes (4 x 2 on current cores),
+ * so the FMA units, not the dependencies, set the pace. */
+#define STRIA__PEAK_CHAINS 12
+
+typedef struct {
+    int width; /* vector bits: 512, 256 */
+    double seconds;
+    pthread_barrier_t *barrier;
+    double flops, elapsed;
+    float sink;
+} stria__peak_arg_t;
+
+#ifdef STRIA__BENCH_X86
+/* x <- x * 0.5 + 0.5 converges to 1 and stays normal: no denormal slowdowns
+ * and nothing the compiler may fold. */
+#define STRIA__PEAK_LOOP(VEC, SET1, FMA, ADD, STORE, LANES)                                        \
+    VEC acc[STRIA__PEAK_CHAINS], half = SET1(0.5f);                                                \
+    double t0, t;                                                                                  \
+    long long iters = 0;                                                                           \
+    for (int c = 0; c < STRIA__PEAK_CHAINS; c++)                                                   \
+        acc[c] = SET1(1.0f + (float)c);                                                            \
+    t0 = stria_time_now();                                                                         \
+    do {                                                                                           \
+        for (int it = 0; it < 4096; it++) {                                                        \
+            _Pragma("GCC unroll 12") for (int c = 0; c < STRIA__PEAK_CHAINS; c++) acc[c] =         \
+                FMA(acc[c], half, half);                                                           \
+        }                                                                                          \
+        iters += 4096;                                                                             \
+        t = stria_time_now();                                                                      \
+    } while (t - t0 < seconds);                                                                    \
+    for (int c = 1; c < STRIA__PEAK_CHAINS; c++)                                                   \
+        acc[0] = ADD(acc[0], acc[c]);                                                              \
+    float out[LANES];                                                                              \
+    STORE(out, acc[0]);                                                                            \
+    *sink = out[0];                                                                                \
+    *elapsed = t - t0;                                                                             \
+    return (double)iters * STRIA__PEAK_CHAINS * (LANES)*2.0;
+
+__attribute__((target("avx512f,fma"))) static double
+stria__peak_avx512(double seconds, double *elapsed, float *sink)
+{
+    STRIA__PEAK_LOOP(__m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps, 16)
+}
+
+__attribute__((target("avx2,fma"))) static double stria__peak_avx2(double seconds, double *elapsed,
+                                                                   float *sink)
+{
+    STRIA__PEAK_LOOP(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps, 8)
+}
+#endif
+
+/* Scalar FMA chains: the peak of a CPU without vector FMA. */
+static double stria__peak_scalar(double seconds, double *elapsed, float *sink)
+{
+    float acc[STRIA__PEAK_CHAINS];
+    double t0, t;
+    long long iters = 0;
+    for (int c = 0; c < STRIA__PEAK_CHAINS; c++)
+        acc[c] = 1.0f + (float)c;
+    t0 = stria_time_now();
+    do {
+        for (int it = 0; it < 4096; it++)
+            for (int c = 0; c < STRIA__PEAK_CHAINS; c++)
+                acc[c] = fmaf(acc[c], 0.5f, 0.5f);
+        iters += 4096;
+        t = stria_time_now();
+    } while (t - t0 < seconds);
+    for (int c = 1; c < STRIA__PEAK_CHAINS; c++)
+        acc[0] += acc[c];
+    *sink = acc[0];
+    *elapsed = t - t0;
+    return (double)iters * STRIA__PEAK_CHAINS * 2.0;
+}
+
+static void *stria__peak_thread(void *p)
+{
+    stria__peak_arg_t *a = p;
+    pthread_barrier_wait(a->barrier);
+#ifdef STRIA__BENCH_X86
+    if (a->width == 512)
+        a->flops = stria__peak_avx512(a->seconds, &a->elapsed, &a->sink);
+    else if (a->width == 256)
+        a->flops = stria__peak_avx2(a->seconds, &a->elapsed, &a->sink);
+    else
+#endif
+        a->flops = stria__peak_scalar(a->seconds, &a->elapsed, &a->sink);
+    return NULL;
+}
+
+/* Vector width whose FMA peak a variant is compared against. */
+static int stria__peak_width(const char *variant)
+{
+#ifdef STRIA__BENCH_X86
+    __builtin_cpu_init();
+    bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+    bool has256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (strcmp(variant, "avx512") == 0 && has512)
+        return 512;
+    if (strcmp(variant, "avx2") == 0 && has256)
+        return 256;
+    if (strcmp(variant, "portable") == 0)
+        return has512 ? 512 : has256 ? 256 : 32;
+#else
+    (void)variant;
+#endif
+    return 32;
+}
+
+/* Total GFLOP/s of `threads` threads running the loop at once; the median
+ * of three tries, each thread timing itself. */
+static stria_status_t stria__peak_measure(int width, int threads, double *gflops_out)
+{
+    double tries[3];
+    pthread_barrier_t barrier;
+    stria__peak_arg_t *args = calloc((size_t)threads, sizeof(*args));
+    pthread_t *tids = calloc((size_t)threads, sizeof(*tids));
+    stria_status_t st = STRIA_OK;
+
+    if (args == NULL || tids == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate peak threads");
+        goto out;
+    }
+    for (int r = 0; r < 3; r++) {
+        int started = 0;
+        double total = 0.0;
+        pthread_barrier_init(&barrier, NULL, (unsigned)threads);
+        for (int t = 0; t < threads; t++) {
+            args[t].width = width;
+            args[t].seconds = 0.15;
+            args[t].barrier = &barrier;
+        }
+        for (int t = 1; t < threads; t++, started++)
+            if (pthread_create(&tids[t], NULL, stria__peak_thread, &args[t]) != 0)
+                break;
+        if (started != threads - 1) {
+            /* the started threads wait at the barrier forever: cannot recover */
+            fprintf(stderr, "stria-bench kernels: cannot start %d peak threads\n", threads);
+            exit(1);
+        }
+        stria__peak_thread(&args[0]);
+        for (int t = 1; t < threads; t++)
+            pthread_join(tids[t], NULL);
+        pthread_barrier_destroy(&barrier);
+        for (int t = 0; t < threads; t++)
+            total += args[t].flops / args[t].elapsed;
+        tries[r] = total * 1e-9;
+    }
+    for (int i = 0; i < 3; i++) /* median of three */
+        for (int j = i + 1; j < 3; j++)
+            if (tries[j] < tries[i]) {
+                double x = tries[i];
+                tries[i] = tries[j];
+                tries[j] = x;
+            }
+    *gflops_out = tries[1];
+out:
+    free(args);
+    free(tids);
+    return st;
+}
+
+/* ---- attention runs ----------------------------------------------------- */
+
+typedef struct {
+    stria_attn_params_t p;
+    size_t nq, nk, nl;
+    void *q, *k, *v, *d_o;  /* storage dtype */
+    float *o, *lse, *delta; /* fp32 */
+    float *dq, *dk, *dv;    /* fp32 */
+    stria_tensor_t tq, tk, tv, tdo, to, tdq, tdk, tdv;
+} stria__kb_data_t;
+
+static void stria__kb_data_free(stria__kb_data_t *d)
+{
+    stria_free(d->q);
+    stria_free(d->k);
+    stria_free(d->v);
+    stria_free(d->d_o);
+    stria_free(d->o);
+    stria_free(d->lse);
+    stria_free(d->delta);
+    stria_free(d->dq);
+    stria_free(d->dk);
+    stria_free(d->dv);
+    memset(d, 0, sizeof(*d));
+}
+
+static void stria__kb_fill(void *buf, stria_dtype_t dtype, size_t n, uint64_t seed)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        float x = (float)((double)(s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+        stria_dtype_store(dtype, buf, i, x);
+    }
+}
+
+static stria_status_t stria__kb_data_init(stria__kb_data_t *d, const stria__kb_opts_t *o,
+                                          stria_pool_t *pool)
+{
+    size_t es = stria_dtype_size(o->dtype);
+    memset(d, 0, sizeof(*d));
+    d->p.batch = 1;
+    d->p.q_tokens = o->seq;
+    d->p.kv_tokens = o->seq;
+    d->p.heads = o->heads;
+    d->p.kv_heads = o->kv_heads;
+    d->p.head_dim = o->head_dim;
+    d->p.causal = o->causal;
+    d->p.pool = pool;
+    d->nq = (size_t)(o->seq * o->heads * o->head_dim);
+    d->nk = (size_t)(o->seq * o->kv_heads * o->head_dim);
+    d->nl = (size_t)(o->seq * o->heads);
+    d->q = stria_malloc_aligned(d->nq * es);
+    d->d_o = stria_malloc_aligned(d->nq * es);
+    d->k = stria_malloc_aligned(d->nk * es);
+    d->v = stria_malloc_aligned(d->nk * es);
+    d->o = stria_malloc_aligned(d->nq * sizeof(float));
+    d->dq = stria_malloc_aligned(d->nq * sizeof(float));
+    d->dk = stria_malloc_aligned(d->nk * sizeof(float));
+    d->dv = stria_malloc_aligned(d->nk * sizeof(float));
+    d->lse = stria_malloc_aligned(d->nl * sizeof(float));
+    d->delta = stria_malloc_aligned(d->nl * sizeof(float));
+    if (!d->q || !d->d_o || !d->k || !d->v || !d->o || !d->dq || !d->dk || !d->dv || !d->lse ||
+        !d->delta) {
+        stria__kb_data_free(d);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the benchmark tensors");
+    }
+    stria__kb_fill(d->q, o->dtype, d->nq, 1);
+    stria__kb_fill(d->k, o->dtype, d->nk, 2);
+    stria__kb_fill(d->v, o->dtype, d->nk, 3);
+    stria__kb_fill(d->d_o, o->dtype, d->nq, 4);
+    d->tq = stria_tensor_contiguous(d->q, o->dtype, o->seq, o->heads, o->head_dim);
+    d->tdo = stria_tensor_contiguous(d->d_o, o->dtype, o->seq, o->heads, o->head_dim);
+    d->tk = stria_tensor_contiguous(d->k, o->dtype, o->seq, o->kv_heads, o->head_dim);
+    d->tv = stria_tensor_contiguous(d->v, o->dtype, o->seq, o->kv_heads, o->head_dim);
+    d->to = stria_tensor_contiguous(d->o, STRIA_DTYPE_F32, o->seq, o->heads, o->head_dim);
+    d->tdq = stria_tensor_contiguous(d->dq, STRIA_DTYPE_F32, o->seq, o->heads, o->head_dim);
+    d->tdk = stria_tensor_contiguous(d->dk, STRIA_DTYPE_F32, o->seq, o->kv_heads, o->head_dim);
+    d->tdv = stria_tensor_contiguous(d->dv, STRIA_DTYPE_F32, o->seq, o->kv_heads, o->head_dim);
+    return STRIA_OK;
+}
+
+static stria_status_t stria__kb_fwd(stria__kb_data_t *d, double *secs)
+{
+    double t0 = stria_time_now();
+    stria_status_t st = stria_attn_fwd(&d->p, &d->tq, &d->tk, &d->tv, &d->to, d->lse, false);
+    *secs = stria_time_now() - t0;
+    return st;
+}
+
+/* The backward pass proper: D = rowsum(dO * O), then dQ, dK, dV. */
+static stria_status_t stria__kb_bwd(stria__kb_data_t *d, double *secs)
+{
+    stria_status_t st;
+    double t0;
+    memset(d->dq, 0, d->nq * sizeof(float));
+    memset(d->dk, 0, d->nk * sizeof(float));
+    memset(d->dv, 0, d->nk * sizeof(float));
+    t0 = stria_time_now();
+    st = stria_attn_bwd_delta(&d->p, &d->to, &d->tdo, d->delta);
+    if (st == STRIA_OK)
+        st = stria_attn_bwd(&d->p, &d->tq, &d->tk, &d->tv, &d->tdo, d->lse, d->delta, &d->tdq,
+                            &d->tdk, &d->tdv);
+    *secs = stria_time_now() - t0;
+    return st;
+}
+
+static int stria__kb_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double stria__kb_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), stria__kb_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void stria__kb_report(const stria__kb_opts_t *o, const char *variant, const char *pass,
+                             double secs, double flops, double peak)
+{
+    double gflops = secs > 0.0 ? flops / secs * 1e-9 : 0.0;
+    if (o->json) {
+        printf("{\"name\":\"attention\",\"pass\":\"%s\",\"seq\":%lld,\"head_dim\":%lld,"
+               "\"heads\":%lld,\"kv_heads\":%lld,\"threads\":%d,\"dtype\":\"%s\","
+               "\"causal\":%s,\"variant\":\"%s\",\"reps\":%d,\"seconds\":%.6f,"
+               "\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f}\n",
+               pass, (long long)o->seq, (long long)o->head_dim, (long long)o->heads,
+               (long long)o->kv_heads, o->threads, stria_dtype_name(o->dtype),
+               o->causal ? "true" : "false", variant, o->reps, secs, gflops, peak,
+               peak > 0 ? gflops / peak : 0.0);
+    } else {
+        printf("  %-9s %-4s %10.4f s %9.1f GFLOP/s %6.1f%% of peak\n", variant, pass, secs, gflops,
+               peak > 0 ? 100.0 * gflops / peak : 0.0);
+    }
+    fflush(stdout);
+}
+
+static int stria__kb_run_variant(const stria__kb_opts_t *o, const char *variant,
+                                 stria__kb_data_t *d)
+{
+    int width = stria__peak_width(variant);
+    double peak = 0.0, fwd_flops, *times = NULL, secs;
+    stria_status_t st;
+
+    if (stria_kernels_set_variant(variant) != STRIA_OK) {
+        fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
+        return 1;
+    }
+    if (stria__peak_measure(width, o->threads, &peak) != STRIA_OK) {
+        fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
+        return 1;
+    }
+    if (o->json) {
+        printf("{\"name\":\"fma_peak\",\"pass\":\"peak\",\"seq\":%lld,\"head_dim\":%lld,"
+               "\"heads\":%lld,\"kv_heads\":%lld,\"threads\":%d,\"dtype\":\"fp32\","
+               "\"causal\":%s,\"variant\":\"%s\",\"reps\":3,\"vector_bits\":%d,\"chains\":%d,"
+               "\"seconds\":0.15,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":1}\n",
+               (long long)o->seq, (long long)o->head_dim, (long long)o->heads,
+               (long long)o->kv_heads, o->threads, o->causal ? "true" : "false", variant, width,
+               STRIA__PEAK_CHAINS, peak, peak);
+    } else {
+        printf("  %-9s peak %d x %d-bit FMA chains, %d thread(s) busy: %.1f GFLOP/s "
+               "(%.1f per core)\n",
+               variant, STRIA__PEAK_CHAINS, width, o->threads, peak, peak / o->threads);
+    }
+    fwd_flops = 4.0 * (double)o->seq * (double)o->seq * (double)o->head_dim * (double)o->heads;
+    if (o->causal)
+        fwd_flops *= 0.5;
+    times = malloc((size_t)o->reps * sizeof(double));
+    if (times == NULL) {
+        fprintf(stderr, "stria-bench kernels: out of memory\n");
+        return 1;
+    }
+    /* warm-up: first-touch of the workspaces, thread start-up */
+    if ((st = stria__kb_fwd(d, &secs)) != STRIA_OK || (st = stria__kb_bwd(d, &secs)) != STRIA_OK)
+        goto fail;
+    for (int r = 0; r < o->reps; r++)
+        if ((st = stria__kb_fwd(d, &times[r])) != STRIA_OK)
+            goto fail;
+    stria__kb_report(o, variant, "fwd", stria__kb_median(times, o->reps), fwd_flops, peak);
+    for (int r = 0; r < o->reps; r++)
+        if ((st = stria__kb_bwd(d, &times[r])) != STRIA_OK)
+            goto fail;
+    stria__kb_report(o, variant, "bwd", stria__kb_median(times, o->reps), 2.5 * fwd_flops, peak);
+    free(times);
+    return 0;
+fail:
+    fprintf(stderr, "stria-bench kernels: %s: %s\n", stria_status_name(st), stria_error_msg());
+    free(times);
+    return 1;
+}
+
+int stria_bench_kernels(int argc, char **argv)
+{
+    stria__kb_opts_t o;
+    stria__kb_data_t d;
+    stria_pool_t *pool = NULL;
+    const char *single[2] = {NULL, NULL};
+    const char *const *variants = single;
+    int rc = stria__kb_parse(argc, argv, &o);
+
+    if (rc >= 0)
+        return rc;
+    if (o.variant != NULL && strcmp(o.variant, "all") == 0)
+        variants = stria_kernels_variant_names();
+    else
+        single[0] = o.variant != NULL ? o.variant : stria_kernels_variant();
+    if (strcmp(variants[0], "none") == 0) {
+        fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
+        return 1;
+    }
+    if (stria_pool_create(o.threads, &pool) != STRIA_OK) {
+        fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
+        return 1;
+    }
+    if (stria__kb_data_init(&d, &o, pool) != STRIA_OK) {
+        fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
+        stria_pool_destroy(pool);
+        return 1;
+    }
+    if (!o.json)
+        printf("stria-bench kernels: S=%lld H=%lld/%lld D=%lld %s %s, %d thread(s), median of %d\n",
+               (long long)o.seq, (long long)o.heads, (long long)o.kv_heads, (long long)o.head_dim,
+               o.causal ? "causal" : "non-causal", stria_dtype_name(o.dtype), o.threads, o.reps);
+    rc = 0;
+    for (size_t i = 0; variants[i] != NULL && rc == 0; i++) {
+        if (!stria_kernels_variant_available(variants[i]))
+            continue;
+        rc = stria__kb_run_variant(&o, variants[i], &d);
+    }
+    stria__kb_data_free(&d);
+    stria_pool_destroy(pool);
+    return rc;
+}
