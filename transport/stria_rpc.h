@@ -1,0 +1,267 @@
+/*
+ * stria RPC: framed request/reply over TCP for the control plane (coordinator)
+ * and the data plane (worker inputs and outputs).
+ *
+ * Wire format (the authoritative description is proto/stria.proto): a 40-byte
+ * little-endian header (stria_rpc_header_t), a protobuf message of pb_len
+ * bytes, then payload_len raw bytes. Tensors are payloads, never protobuf
+ * `bytes` fields, so a server reads them straight into the buffer a method's
+ * payload callback names, and a client reads reply payloads straight into a
+ * buffer it names. The first frame of a connection is a hello (protocol
+ * version, service name, token); nothing else is served before it.
+ *
+ * Server: stria_rpc_server_start() binds, listens and runs a libuv loop on a
+ * thread of its own. Every callback (payload, handler, tick, posted function)
+ * runs on that thread, one at a time, so a service keeps its state without
+ * locks as long as only callbacks touch it. A handler replies at once or
+ * later, from any thread, with stria_rpc_call_reply() or stria_rpc_call_fail().
+ *
+ * Client: plain blocking sockets with poll() for deadlines; no event loop.
+ * A client is one connection, used by one call at a time (concurrent calls
+ * from several threads are serialised by a mutex); open one client per thread
+ * for parallel transfers. A call that fails with a transport error or a
+ * timeout closes the connection; the next call reconnects (hello included).
+ *
+ * Authentication: with a token configured, the hello must carry it (compared
+ * in constant time) or the server answers STRIA_ERR_AUTH and closes. Methods
+ * marked STRIA_RPC_METHOD_ADMIN need a connection whose hello carried the
+ * admin token; when no admin token is configured, every connection that
+ * passed the hello may call them.
+ */
+#ifndef STRIA_RPC_H
+#define STRIA_RPC_H
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "stria_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- frames ------------------------------------------------------------ */
+
+#define STRIA_RPC_MAGIC       0x41525453u /* "STRA" as little-endian bytes */
+#define STRIA_RPC_VERSION     1
+#define STRIA_RPC_HEADER_SIZE 40
+#define STRIA_RPC_FLAG_REPLY  0x1u
+#define STRIA_RPC_FLAG_HELLO  0x2u
+
+/* Default limits of one frame. */
+#define STRIA_RPC_DEFAULT_MAX_PB      (16u << 20)
+#define STRIA_RPC_DEFAULT_MAX_PAYLOAD ((uint64_t)1 << 30)
+/* A hello message is small; a larger one is refused. */
+#define STRIA_RPC_MAX_HELLO_PB (64u << 10)
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t flags;
+    uint32_t method;
+    int32_t status;
+    uint64_t request_id;
+    uint32_t pb_len;
+    uint32_t timeout_ms;
+    uint64_t payload_len;
+} stria_rpc_header_t;
+
+/* Serialises a header into 40 little-endian bytes. */
+void stria_rpc_header_encode(const stria_rpc_header_t *header, uint8_t out[STRIA_RPC_HEADER_SIZE]);
+/* Parses 40 bytes; checks nothing (the receiver validates the fields). */
+void stria_rpc_header_decode(const uint8_t in[STRIA_RPC_HEADER_SIZE], stria_rpc_header_t *header);
+
+/* ---- helpers ----------------------------------------------------------- */
+
+/* Splits "HOST:PORT" or "[V6HOST]:PORT" into host (NUL-terminated, at most
+ * host_cap - 1 characters) and port (0..65535). */
+stria_status_t stria_rpc_addr_parse(const char *addr, char *host, size_t host_cap,
+                                    uint16_t *port_out);
+
+/* Reads a token from a file: the first line without its line end and
+ * surrounding blanks; it must be 1..4096 printable characters. *token_out is
+ * allocated with malloc(); the caller frees it. */
+stria_status_t stria_rpc_token_read(const char *path, char **token_out);
+
+/* Constant-time comparison of two NUL-terminated strings: the time depends on
+ * the longer length only, never on where they differ. NULL equals "". */
+bool stria_rpc_token_equal(const char *a, const char *b);
+
+/* ---- server ------------------------------------------------------------ */
+
+typedef struct stria_rpc_server stria_rpc_server_t;
+typedef struct stria_rpc_call stria_rpc_call_t;
+
+/* Called with the decoded request once the request (and its payload, if any)
+ * has arrived. The handler must eventually reply exactly once, on any thread. */
+typedef void (*stria_rpc_handler_cb)(void *ctx, stria_rpc_call_t *call);
+
+/* Called when a request announces payload_len > 0 raw bytes, after its
+ * protobuf message is decoded (stria_rpc_call_request() is valid) and before
+ * any payload byte is read. Set *buf_out to a buffer of at least payload_len
+ * bytes that stays valid until the call is destroyed (see
+ * stria_rpc_call_set_cleanup()); the bytes are read straight into it. A
+ * non-OK return (with stria_error_set()) makes the server skip the payload
+ * and reply with that status and message; the handler is then not called. */
+typedef stria_status_t (*stria_rpc_payload_cb)(void *ctx, stria_rpc_call_t *call,
+                                               uint64_t payload_len, void **buf_out);
+
+/* A function to run later with its argument. */
+typedef void (*stria_rpc_done_cb)(void *arg);
+
+#define STRIA_RPC_METHOD_ADMIN 0x1u /* needs the admin role */
+
+/* How a server serves one method of its service. */
+typedef struct {
+    stria_rpc_handler_cb handler; /* NULL: not served (STRIA_ERR_UNSUPPORTED) */
+    stria_rpc_payload_cb payload; /* NULL: requests with a payload are refused */
+    unsigned flags;               /* STRIA_RPC_METHOD_* */
+} stria_rpc_method_t;
+
+/* Zero-initialise and set the fields; zero means the default. */
+typedef struct {
+    const char *listen;                        /* "HOST:PORT"; port 0 picks a free port */
+    const ProtobufCServiceDescriptor *service; /* the service exposed */
+    const stria_rpc_method_t *methods;         /* service->n_methods entries, copied */
+    void *ctx;                                 /* first argument of every callback */
+    const char *token;                         /* NULL or "": no authentication; copied */
+    const char *admin_token;                   /* NULL or "": admin methods open to all; copied */
+    uint32_t max_pb_bytes;                     /* default STRIA_RPC_DEFAULT_MAX_PB */
+    uint64_t max_payload_bytes;                /* default STRIA_RPC_DEFAULT_MAX_PAYLOAD */
+    uint32_t max_connections;                  /* default 1024; extra connections are closed */
+    uint32_t max_inflight;                     /* unanswered requests per connection before the
+                                                  server stops reading it; default 64 */
+    double hello_timeout_s;                    /* a connection silent this long after accept is
+                                                  closed; default 10 */
+    stria_rpc_done_cb tick;                    /* NULL or run every tick_period_s on the loop */
+    double tick_period_s;
+    const char *name; /* for logs ("coordinator"); copied */
+} stria_rpc_server_params_t;
+
+/* Binds, listens and starts the loop thread. Errors: STRIA_ERR_INVALID_ARG
+ * (bad params or address), STRIA_ERR_IO (bind/listen failed, e.g. address in
+ * use), STRIA_ERR_NO_MEMORY. Free with stria_rpc_server_stop(). */
+stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *params,
+                                      stria_rpc_server_t **server_out);
+
+/* The bound port (useful after listening on port 0). */
+uint16_t stria_rpc_server_port(const stria_rpc_server_t *server);
+
+/* Runs fn(arg) on the loop thread soon; callable from any thread, including
+ * the loop thread itself (then it runs after the current callback). */
+stria_status_t stria_rpc_server_post(stria_rpc_server_t *server, stria_rpc_done_cb fn, void *arg);
+
+/* Closes the listener and every connection, stops and joins the loop thread
+ * and frees the server. Call it from a thread other than the loop thread,
+ * after every call has been replied to (a reply after stop is undefined).
+ * NULL is ignored. */
+void stria_rpc_server_stop(stria_rpc_server_t *server);
+
+/* The decoded request, of the method's input type. Valid until the call is
+ * replied to. */
+const ProtobufCMessage *stria_rpc_call_request(const stria_rpc_call_t *call);
+/* The request payload (the buffer from the payload callback) and its length;
+ * NULL and 0 without a payload. */
+void *stria_rpc_call_payload(const stria_rpc_call_t *call, uint64_t *len_out);
+/* The method index. */
+uint32_t stria_rpc_call_method(const stria_rpc_call_t *call);
+/* Whether the connection has the admin role. */
+bool stria_rpc_call_admin(const stria_rpc_call_t *call);
+/* When the client gives up waiting, on the stria_time_now() clock; 0 when the
+ * client set no deadline. */
+double stria_rpc_call_deadline(const stria_rpc_call_t *call);
+/* "ADDRESS:PORT" of the client, for logs. Valid while the call lives. */
+const char *stria_rpc_call_peer(const stria_rpc_call_t *call);
+/* Runs fn(arg) on the loop thread when the call is destroyed: after its reply
+ * is written, or when the connection is lost (even before the handler ran,
+ * e.g. in the middle of its payload). Use it to release the payload buffer.
+ * One cleanup per call; a second call replaces the first. Loop thread only. */
+void stria_rpc_call_set_cleanup(stria_rpc_call_t *call, stria_rpc_done_cb fn, void *arg);
+
+/* Replies to a call and releases it (the call and its request are invalid
+ * afterwards). `reply` must be of the method's output type; it is serialised
+ * before this returns, so the caller may free it at once. `payload` (may be
+ * NULL with payload_len 0) is sent after it: when payload_done is NULL it is
+ * copied now; otherwise it is sent from the caller's buffer, which must stay
+ * valid until payload_done(payload_done_arg) runs on the loop thread (after
+ * the write, or when the connection is gone). Callable from any thread.
+ * Returns STRIA_ERR_INVALID_ARG for a reply of the wrong type (the client
+ * then gets STRIA_ERR_INTERNAL) and STRIA_ERR_NO_MEMORY; the call is released
+ * in every case. */
+stria_status_t stria_rpc_call_reply(stria_rpc_call_t *call, const ProtobufCMessage *reply,
+                                    const void *payload, uint64_t payload_len,
+                                    stria_rpc_done_cb payload_done, void *payload_done_arg);
+
+/* Replies with an error status (< 0) and a message, and releases the call.
+ * Callable from any thread. */
+void stria_rpc_call_fail(stria_rpc_call_t *call, stria_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- client ------------------------------------------------------------ */
+
+typedef struct stria_rpc_client stria_rpc_client_t;
+
+/* Zero-initialise and set the fields; zero means the default. */
+typedef struct {
+    const char *address;                       /* "HOST:PORT" of the server */
+    const ProtobufCServiceDescriptor *service; /* the service expected there */
+    const char *token;                         /* NULL: none; copied */
+    const char *client_name;                   /* for the server's logs; copied */
+    double connect_timeout_s;                  /* connect + hello; default 10 */
+    uint32_t max_pb_bytes;                     /* largest reply message accepted; default 16 MiB */
+    uint64_t max_payload_bytes;                /* largest reply payload accepted; default 1 GiB */
+} stria_rpc_client_params_t;
+
+/* Connects and exchanges the hello. Errors: STRIA_ERR_IO (cannot connect),
+ * STRIA_ERR_TIMEOUT, STRIA_ERR_AUTH (token refused), STRIA_ERR_PROTOCOL
+ * (version or service mismatch, not a stria server). Free with
+ * stria_rpc_client_close(). */
+stria_status_t stria_rpc_client_connect(const stria_rpc_client_params_t *params,
+                                        stria_rpc_client_t **client_out);
+
+/* Closes the connection and frees the client; NULL is ignored. */
+void stria_rpc_client_close(stria_rpc_client_t *client);
+
+/* Whether the server granted the admin role at the last hello. */
+bool stria_rpc_client_admin(const stria_rpc_client_t *client);
+
+/* The server's frame limits from the last hello. */
+uint64_t stria_rpc_client_max_payload(const stria_rpc_client_t *client);
+
+/* One call. */
+typedef struct {
+    uint32_t method;                 /* index in the service */
+    const ProtobufCMessage *request; /* of the method's input type */
+    const void *payload;             /* raw bytes sent after the request; */
+    uint64_t payload_len;            /* read during the call only */
+    void *reply_buf;                 /* where a reply payload goes; NULL: */
+    uint64_t reply_buf_cap;          /* allocated (see stria_rpc_reply_t) */
+    double timeout_s;                /* whole call; <= 0: no deadline */
+} stria_rpc_request_t;
+
+/* A reply. Free with stria_rpc_reply_free(). */
+typedef struct {
+    ProtobufCMessage *msg; /* of the method's output type */
+    void *payload;         /* reply_buf when one was given, else allocated */
+    uint64_t payload_len;  /* 0 when the reply had no payload */
+    void *stria__arena;
+    bool stria__payload_owned;
+} stria_rpc_reply_t;
+
+/* Sends a request and waits for its reply until the deadline. On success
+ * *reply_out holds the reply. Errors: the server's status with its message
+ * (e.g. STRIA_ERR_INVALID_ARG for a bad job spec); STRIA_ERR_TIMEOUT (the
+ * connection is closed); STRIA_ERR_CLOSED / STRIA_ERR_IO (the connection is
+ * closed); STRIA_ERR_PROTOCOL (an invalid reply; closed); STRIA_ERR_NO_MEMORY
+ * (the reply payload is larger than reply_buf_cap; the connection stays
+ * usable). */
+stria_status_t stria_rpc_client_call(stria_rpc_client_t *client, const stria_rpc_request_t *req,
+                                     stria_rpc_reply_t *reply_out);
+
+/* Frees the reply message and an allocated payload; safe on a zeroed reply. */
+void stria_rpc_reply_free(stria_rpc_reply_t *reply);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_RPC_H */
