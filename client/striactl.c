@@ -1,0 +1,754 @@
+/*
+ * striactl: the admin CLI of a stria ring.
+ *
+ *   striactl [--coordinator HOST:PORT] [--token-file FILE] [--json] COMMAND ...
+ *
+ * Commands: status, workers, jobs [--all], job ID, drain WORKER, undrain WORKER,
+ * cancel JOB [--reason TEXT]. WORKER is a worker id or its RPC address.
+ * `--json` prints one JSON document per command with the field names listed in
+ * docs/DEPLOY.md. Exit status: 0 success, 1 the coordinator refused the
+ * request (unknown name, bad state), 2 usage error, 3 coordinator unreachable,
+ * 4 authentication or permission refused.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "stria.pb-c.h"
+#include "stria_rpc.h"
+
+enum {
+    C_CANCEL_JOB = 6,
+    C_GET_STATUS = 7,
+    C_GET_RING = 8,
+    C_LIST_WORKERS = 9,
+    C_LIST_JOBS = 10,
+    C_DRAIN = 11,
+    C_GET_JOB = 4,
+};
+
+enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_AUTH = 4 };
+
+#define STRIACTL_DEFAULT_COORDINATOR "127.0.0.1:7400"
+
+typedef struct {
+    const char *coordinator;
+    char *token;
+    bool json;
+    double timeout_s;
+    stria_rpc_client_t *rpc;
+} ctl_t;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: striactl [--coordinator HOST:PORT] [--token-file FILE] [--json]\n"
+            "                [--timeout SECONDS] COMMAND [ARGS]\n"
+            "\n"
+            "commands:\n"
+            "  status               the ring: one line per worker, and coordinator uptime/version\n"
+            "  workers              every known worker\n"
+            "  jobs [--all]         active and queued jobs (--all: finished ones too)\n"
+            "  job ID               one job: spec, assignment, state, timings, failure reason\n"
+            "  drain WORKER         the worker finishes its jobs and takes no new ones (admin)\n"
+            "  undrain WORKER       the worker takes jobs again (admin)\n"
+            "  cancel JOB [--reason TEXT]   stop a job (admin)\n"
+            "\n"
+            "WORKER is a worker id or its RPC address (HOST:PORT).\n"
+            "--coordinator defaults to $STRIA_COORDINATOR, else " STRIACTL_DEFAULT_COORDINATOR ".\n"
+            "--token-file: the service's token (the admin token for drain, undrain, cancel);\n"
+            "  default $STRIA_TOKEN_FILE.\n"
+            "--json prints machine-readable output with stable field names (docs/DEPLOY.md).\n"
+            "\n"
+            "exit status: 0 success; 1 the coordinator refused the request (unknown worker or\n"
+            "job, wrong state); 2 usage error; 3 coordinator unreachable; 4 authentication or\n"
+            "permission refused.\n");
+}
+
+static int exit_code(stria_status_t st)
+{
+    switch (st) {
+    case STRIA_OK:
+        return EXIT_OK;
+    case STRIA_ERR_AUTH:
+        return EXIT_AUTH;
+    case STRIA_ERR_IO:
+    case STRIA_ERR_TIMEOUT:
+    case STRIA_ERR_CLOSED:
+    case STRIA_ERR_PROTOCOL:
+        return EXIT_UNREACHABLE;
+    default:
+        return EXIT_REFUSED;
+    }
+}
+
+static int fail(stria_status_t st)
+{
+    fprintf(stderr, "striactl: %s\n",
+            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+    return exit_code(st);
+}
+
+static stria_status_t call(ctl_t *c, uint32_t method, const ProtobufCMessage *req,
+                           stria_rpc_reply_t *reply)
+{
+    stria_rpc_request_t rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.method = method;
+    rq.request = req;
+    rq.timeout_s = c->timeout_s;
+    memset(reply, 0, sizeof(*reply));
+    stria_status_t st = stria_rpc_client_call(c->rpc, &rq, reply);
+    if (st != STRIA_OK && (st == STRIA_ERR_IO || st == STRIA_ERR_TIMEOUT || st == STRIA_ERR_CLOSED))
+        stria_error_wrap(st, "coordinator %s", c->coordinator);
+    return st;
+}
+
+/* ---- formatting ------------------------------------------------------------- */
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p == '\n')
+            printf("\\n");
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+static const char *worker_state_name(Stria__V1__WorkerState s)
+{
+    switch (s) {
+    case STRIA__V1__WORKER_STATE__WORKER_STATE_HEALTHY:
+        return "healthy";
+    case STRIA__V1__WORKER_STATE__WORKER_STATE_DRAINING:
+        return "draining";
+    case STRIA__V1__WORKER_STATE__WORKER_STATE_DEAD:
+        return "dead";
+    default:
+        return "unknown";
+    }
+}
+
+static const char *job_state_name(Stria__V1__JobState s)
+{
+    static const char *const names[] = {"unknown",      "pending",  "loading", "forward",
+                                        "forward-done", "backward", "done",    "failed",
+                                        "cancelled",    "released", "expired"};
+    return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "unknown";
+}
+
+static const char *layout_name(Stria__V1__Layout l)
+{
+    return l == STRIA__V1__LAYOUT__LAYOUT_CONTIGUOUS ? "contiguous"
+           : l == STRIA__V1__LAYOUT__LAYOUT_ZIGZAG   ? "zigzag"
+                                                     : "striped";
+}
+
+static const char *dtype_name(Stria__V1__Dtype d)
+{
+    return d == STRIA__V1__DTYPE__DTYPE_BF16   ? "bf16"
+           : d == STRIA__V1__DTYPE__DTYPE_FP16 ? "fp16"
+                                               : "fp32";
+}
+
+static void fmt_bytes(char *out, size_t n, uint64_t b)
+{
+    if (b >= (1ull << 30))
+        snprintf(out, n, "%.1f GiB", (double)b / (double)(1ull << 30));
+    else if (b >= (1ull << 20))
+        snprintf(out, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else
+        snprintf(out, n, "%" PRIu64 " B", b);
+}
+
+static void fmt_duration(char *out, size_t n, uint64_t ms)
+{
+    uint64_t s = ms / 1000;
+    if (s >= 86400)
+        snprintf(out, n, "%" PRIu64 "d%02" PRIu64 "h", s / 86400, (s % 86400) / 3600);
+    else if (s >= 3600)
+        snprintf(out, n, "%" PRIu64 "h%02" PRIu64 "m", s / 3600, (s % 3600) / 60);
+    else if (s >= 60)
+        snprintf(out, n, "%" PRIu64 "m%02" PRIu64 "s", s / 60, s % 60);
+    else
+        snprintf(out, n, "%.1fs", (double)ms / 1000.0);
+}
+
+static void json_worker(const Stria__V1__WorkerInfo *w)
+{
+    printf("{\"id\":%" PRIu64 ",\"state\":", w->worker_id);
+    json_str(worker_state_name(w->state));
+    printf(",\"host\":");
+    json_str(w->host);
+    printf(",\"device\":");
+    json_str(w->device);
+    printf(",\"rpc_address\":");
+    json_str(w->rpc_address);
+    printf(",\"ucx_address\":");
+    json_str(w->ucx_address);
+    printf(",\"heartbeat_age_ms\":%u,\"memory_bytes\":%" PRIu64
+           ",\"memory_reserved_bytes\":%" PRIu64 ",\"memory_in_use_bytes\":%" PRIu64
+           ",\"current_job\":%" PRIu64 ",\"step\":%u,\"steps_total\":%u,\"ring_index\":%d,"
+           "\"draining\":%s,\"version\":",
+           w->heartbeat_age_ms, w->memory_bytes, w->memory_reserved_bytes, w->memory_in_use_bytes,
+           w->current_job_id, w->step, w->steps_total, w->ring_index,
+           w->draining ? "true" : "false");
+    json_str(w->software_version);
+    printf(",\"kernel\":");
+    json_str(w->kernel_variant);
+    printf(",\"jobs\":[");
+    for (size_t i = 0; i < w->n_job_ids; i++)
+        printf("%s%" PRIu64, i ? "," : "", w->job_ids[i]);
+    printf("]}");
+}
+
+/* Aligned table: rows of cells, printed with column widths. */
+#define MAX_COLS 12
+typedef struct {
+    int ncols;
+    size_t nrows, cap;
+    char *(*cells)[MAX_COLS];
+} table_t;
+
+static void table_add(table_t *t, const char *const *cells)
+{
+    if (t->nrows == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 16;
+        t->cells = realloc(t->cells, t->cap * sizeof(*t->cells));
+    }
+    for (int c = 0; c < t->ncols; c++)
+        t->cells[t->nrows][c] = strdup(cells[c] ? cells[c] : "");
+    t->nrows++;
+}
+
+static void table_print(table_t *t)
+{
+    size_t w[MAX_COLS] = {0};
+    for (size_t r = 0; r < t->nrows; r++)
+        for (int c = 0; c < t->ncols; c++)
+            if (strlen(t->cells[r][c]) > w[c])
+                w[c] = strlen(t->cells[r][c]);
+    for (size_t r = 0; r < t->nrows; r++) {
+        for (int c = 0; c < t->ncols; c++)
+            if (c + 1 < t->ncols)
+                printf("%-*s  ", (int)w[c], t->cells[r][c]);
+            else
+                printf("%s", t->cells[r][c]);
+        printf("\n");
+        for (int c = 0; c < t->ncols; c++)
+            free(t->cells[r][c]);
+    }
+    free(t->cells);
+}
+
+static void worker_row(table_t *t, int rank, const Stria__V1__WorkerInfo *w)
+{
+    char rk[16], id[24], age[32], job[24], step[32], mem[64], used[24], cap[24];
+    snprintf(rk, sizeof(rk), rank >= 0 ? "%d" : "-", rank);
+    snprintf(id, sizeof(id), "%" PRIu64, w->worker_id);
+    fmt_duration(age, sizeof(age), w->heartbeat_age_ms);
+    snprintf(job, sizeof(job), w->current_job_id ? "%" PRIu64 : "-", w->current_job_id);
+    if (w->steps_total > 0)
+        snprintf(step, sizeof(step), "%u/%u", w->step, w->steps_total);
+    else
+        snprintf(step, sizeof(step), "-");
+    fmt_bytes(used, sizeof(used), w->memory_in_use_bytes);
+    fmt_bytes(cap, sizeof(cap), w->memory_bytes);
+    snprintf(mem, sizeof(mem), "%s / %s", used, cap);
+    const char *cells[] = {rk,  id,  w->host, w->device, worker_state_name(w->state),
+                           age, job, step,    mem,       w->rpc_address};
+    table_add(t, cells);
+}
+
+/* ---- commands ----------------------------------------------------------------- */
+
+static int cmd_status(ctl_t *c)
+{
+    Stria__V1__GetStatusRequest sreq = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    Stria__V1__GetRingRequest rreq = STRIA__V1__GET_RING_REQUEST__INIT;
+    stria_rpc_reply_t sr, rr;
+    stria_status_t st = call(c, C_GET_STATUS, &sreq.base, &sr);
+    if (st != STRIA_OK)
+        return fail(st);
+    st = call(c, C_GET_RING, &rreq.base, &rr);
+    if (st != STRIA_OK) {
+        stria_rpc_reply_free(&sr);
+        return fail(st);
+    }
+    const Stria__V1__GetStatusReply *s = (const Stria__V1__GetStatusReply *)sr.msg;
+    const Stria__V1__GetRingReply *r = (const Stria__V1__GetRingReply *)rr.msg;
+    if (c->json) {
+        printf("{\"coordinator\":");
+        json_str(c->coordinator);
+        printf(",\"version\":");
+        json_str(s->software_version);
+        printf(",\"protocol_version\":%u,\"uptime_ms\":%" PRIu64 ",\"heartbeat_period_ms\":%u,"
+               "\"job_ttl_s\":%u,\"workers_healthy\":%u,\"workers_draining\":%u,"
+               "\"workers_dead\":%u,\"jobs_pending\":%u,\"jobs_active\":%u,"
+               "\"jobs_submitted\":%" PRIu64 ",\"jobs_failed\":%" PRIu64 ",\"ring\":[",
+               s->protocol_version, s->uptime_ms, s->heartbeat_period_ms, s->job_ttl_s,
+               s->workers_healthy, s->workers_draining, s->workers_dead, s->jobs_pending,
+               s->jobs_active, s->jobs_submitted, s->jobs_failed);
+        for (size_t i = 0; i < r->n_members; i++) {
+            printf("%s{\"rank\":%d,\"worker\":", i ? "," : "", r->members[i]->rank);
+            if (r->members[i]->worker)
+                json_worker(r->members[i]->worker);
+            else
+                printf("null");
+            printf("}");
+        }
+        printf("]}\n");
+    } else {
+        char up[32];
+        fmt_duration(up, sizeof(up), s->uptime_ms);
+        printf("coordinator %s  version %s  up %s  heartbeat %u ms  job ttl %u s\n", c->coordinator,
+               s->software_version, up, s->heartbeat_period_ms, s->job_ttl_s);
+        printf("workers: %u healthy, %u draining, %u dead    jobs: %u active, %u pending, "
+               "%" PRIu64 " submitted, %" PRIu64 " failed\n\n",
+               s->workers_healthy, s->workers_draining, s->workers_dead, s->jobs_active,
+               s->jobs_pending, s->jobs_submitted, s->jobs_failed);
+        table_t t = {.ncols = 10};
+        const char *head[] = {"RANK",      "WORKER", "HOST", "DEVICE", "STATE",
+                              "HEARTBEAT", "JOB",    "STEP", "MEMORY", "ADDRESS"};
+        table_add(&t, head);
+        for (size_t i = 0; i < r->n_members; i++)
+            if (r->members[i]->worker)
+                worker_row(&t, r->members[i]->rank, r->members[i]->worker);
+        if (r->n_members == 0)
+            printf("(no workers registered)\n");
+        else
+            table_print(&t);
+    }
+    stria_rpc_reply_free(&sr);
+    stria_rpc_reply_free(&rr);
+    return EXIT_OK;
+}
+
+static int cmd_workers(ctl_t *c)
+{
+    Stria__V1__ListWorkersRequest req = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    stria_status_t st = call(c, C_LIST_WORKERS, &req.base, &reply);
+    if (st != STRIA_OK)
+        return fail(st);
+    const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
+    if (c->json) {
+        printf("{\"workers\":[");
+        for (size_t i = 0; i < r->n_workers; i++) {
+            printf(i ? "," : "");
+            json_worker(r->workers[i]);
+        }
+        printf("]}\n");
+    } else {
+        table_t t = {.ncols = 10};
+        const char *head[] = {"RANK",      "WORKER", "HOST", "DEVICE", "STATE",
+                              "HEARTBEAT", "JOB",    "STEP", "MEMORY", "ADDRESS"};
+        table_add(&t, head);
+        for (size_t i = 0; i < r->n_workers; i++)
+            worker_row(&t, r->workers[i]->ring_index, r->workers[i]);
+        if (r->n_workers == 0)
+            printf("(no workers registered)\n");
+        else
+            table_print(&t);
+    }
+    stria_rpc_reply_free(&reply);
+    return EXIT_OK;
+}
+
+static void json_job(const Stria__V1__JobInfo *j)
+{
+    const Stria__V1__Assignment *a = j->assignment;
+    const Stria__V1__JobSpec *s = a ? a->spec : NULL;
+    printf("{\"id\":%" PRIu64 ",\"state\":", j->job_id);
+    json_str(job_state_name(j->state));
+    printf(",\"failure\":");
+    json_str(j->failure);
+    printf(",\"queue_position\":%u,\"step\":%u,\"steps_total\":%u", j->queue_position, j->step,
+           j->steps_total);
+    if (s != NULL) {
+        printf(",\"spec\":{\"batch\":%u,\"seq_len\":%" PRIu64 ",\"heads\":%u,\"kv_heads\":%u,"
+               "\"head_dim\":%u,\"dtype\":\"%s\",\"causal\":%s,\"layout\":\"%s\","
+               "\"ring_size\":%u,\"scale\":%g,\"label\":",
+               s->batch, s->seq_len, s->heads, s->kv_heads, s->head_dim, dtype_name(s->dtype),
+               s->causal ? "true" : "false", layout_name(s->layout), s->ring_size,
+               (double)s->scale);
+        json_str(s->label);
+        printf("}");
+    }
+    if (a != NULL) {
+        printf(",\"memory_per_rank_bytes\":%" PRIu64 ",\"ranks\":[", a->memory_per_rank_bytes);
+        for (size_t i = 0; i < a->n_ranks; i++) {
+            const Stria__V1__RankAssignment *r = a->ranks[i];
+            printf("%s{\"rank\":%u,\"worker\":%" PRIu64 ",\"host\":", i ? "," : "", r->rank,
+                   r->worker_id);
+            json_str(r->host);
+            printf(",\"rpc_address\":");
+            json_str(r->rpc_address);
+            printf(",\"tokens\":%" PRIu64 "}", r->tokens);
+        }
+        printf("]");
+    }
+    const Stria__V1__JobTimings *t = j->timings;
+    if (t != NULL)
+        printf(",\"timings_ms\":{\"submitted\":%" PRIu64 ",\"started\":%" PRIu64
+               ",\"forward_started\":%" PRIu64 ",\"forward_done\":%" PRIu64
+               ",\"backward_started\":%" PRIu64 ",\"backward_done\":%" PRIu64
+               ",\"finished\":%" PRIu64 ",\"last_activity\":%" PRIu64 "}",
+               t->submitted_ms, t->started_ms, t->forward_started_ms, t->forward_done_ms,
+               t->backward_started_ms, t->backward_done_ms, t->finished_ms, t->last_activity_ms);
+    printf("}");
+}
+
+static int cmd_jobs(ctl_t *c, bool all)
+{
+    Stria__V1__ListJobsRequest req = STRIA__V1__LIST_JOBS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.include_finished = all;
+    stria_status_t st = call(c, C_LIST_JOBS, &req.base, &reply);
+    if (st != STRIA_OK)
+        return fail(st);
+    const Stria__V1__ListJobsReply *r = (const Stria__V1__ListJobsReply *)reply.msg;
+    if (c->json) {
+        printf("{\"jobs\":[");
+        for (size_t i = 0; i < r->n_jobs; i++) {
+            printf(i ? "," : "");
+            json_job(r->jobs[i]);
+        }
+        printf("]}\n");
+    } else if (r->n_jobs == 0) {
+        printf(all ? "(no jobs)\n" : "(no active or queued jobs; --all lists finished ones)\n");
+    } else {
+        table_t t = {.ncols = 8};
+        const char *head[] = {"JOB",   "STATE",  "RANKS", "SEQ",
+                              "SHAPE", "LAYOUT", "STEP",  "LABEL / FAILURE"};
+        table_add(&t, head);
+        for (size_t i = 0; i < r->n_jobs; i++) {
+            const Stria__V1__JobInfo *j = r->jobs[i];
+            const Stria__V1__JobSpec *s = j->assignment ? j->assignment->spec : NULL;
+            char id[24], ranks[16], seq[24], shape[64], step[32];
+            snprintf(id, sizeof(id), "%" PRIu64, j->job_id);
+            snprintf(ranks, sizeof(ranks), "%zu", j->assignment ? j->assignment->n_ranks : 0);
+            snprintf(seq, sizeof(seq), "%" PRIu64, s ? s->seq_len : 0);
+            if (s)
+                snprintf(shape, sizeof(shape), "b%u h%u/%u d%u %s%s", s->batch, s->heads,
+                         s->kv_heads, s->head_dim, dtype_name(s->dtype),
+                         s->causal ? " causal" : "");
+            else
+                snprintf(shape, sizeof(shape), "-");
+            if (j->steps_total)
+                snprintf(step, sizeof(step), "%u/%u", j->step, j->steps_total);
+            else
+                snprintf(step, sizeof(step), "-");
+            const char *extra = j->failure && j->failure[0] ? j->failure : s ? s->label : "";
+            const char *cells[] = {id,    job_state_name(j->state),         ranks, seq,
+                                   shape, s ? layout_name(s->layout) : "-", step,  extra};
+            table_add(&t, cells);
+        }
+        table_print(&t);
+    }
+    stria_rpc_reply_free(&reply);
+    return EXIT_OK;
+}
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || s[0] == '-')
+        return false;
+    *out = v;
+    return true;
+}
+
+static void print_ms_time(const char *label, uint64_t ms, uint64_t base)
+{
+    if (ms == 0)
+        return;
+    time_t sec = (time_t)(ms / 1000);
+    struct tm tm;
+    char buf[64];
+    gmtime_r(&sec, &tm);
+    strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+    if (base != 0 && ms >= base)
+        printf("  %-18s %s.%03" PRIu64 "Z  (+%.3f s)\n", label, buf, ms % 1000,
+               (double)(ms - base) / 1000.0);
+    else
+        printf("  %-18s %s.%03" PRIu64 "Z\n", label, buf, ms % 1000);
+}
+
+static int cmd_job(ctl_t *c, const char *arg)
+{
+    uint64_t id = 0;
+    if (!parse_u64(arg, &id)) {
+        fprintf(stderr, "striactl: job id '%s' is not a number\n", arg);
+        return EXIT_USAGE;
+    }
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.job_id = id;
+    stria_status_t st = call(c, C_GET_JOB, &req.base, &reply);
+    if (st != STRIA_OK)
+        return fail(st);
+    const Stria__V1__JobInfo *j = ((const Stria__V1__GetJobReply *)reply.msg)->job;
+    if (j == NULL) {
+        stria_rpc_reply_free(&reply);
+        stria_error_set(STRIA_ERR_PROTOCOL, "the coordinator sent no job");
+        return fail(STRIA_ERR_PROTOCOL);
+    }
+    if (c->json) {
+        json_job(j);
+        printf("\n");
+    } else {
+        const Stria__V1__Assignment *a = j->assignment;
+        const Stria__V1__JobSpec *s = a ? a->spec : NULL;
+        printf("job %" PRIu64 "  %s", j->job_id, job_state_name(j->state));
+        if (j->steps_total)
+            printf("  step %u/%u", j->step, j->steps_total);
+        if (j->queue_position)
+            printf("  queue position %u", j->queue_position);
+        printf("\n");
+        if (j->failure && j->failure[0])
+            printf("failure: %s\n", j->failure);
+        if (s) {
+            printf("spec: batch %u, seq_len %" PRIu64 ", heads %u, kv_heads %u, head_dim %u, "
+                   "%s, %s, %s layout, scale %g%s%s\n",
+                   s->batch, s->seq_len, s->heads, s->kv_heads, s->head_dim, dtype_name(s->dtype),
+                   s->causal ? "causal" : "non-causal", layout_name(s->layout), (double)s->scale,
+                   s->label && s->label[0] ? ", " : "", s->label ? s->label : "");
+        }
+        if (a && a->n_ranks) {
+            char mem[32];
+            fmt_bytes(mem, sizeof(mem), a->memory_per_rank_bytes);
+            printf("assignment: %zu ranks, %s per rank\n", a->n_ranks, mem);
+            table_t t = {.ncols = 5};
+            const char *head[] = {"RANK", "WORKER", "HOST", "ADDRESS", "TOKENS"};
+            table_add(&t, head);
+            for (size_t i = 0; i < a->n_ranks; i++) {
+                char rk[16], wid[24], tok[24];
+                snprintf(rk, sizeof(rk), "%u", a->ranks[i]->rank);
+                snprintf(wid, sizeof(wid), "%" PRIu64, a->ranks[i]->worker_id);
+                snprintf(tok, sizeof(tok), "%" PRIu64, a->ranks[i]->tokens);
+                const char *cells[] = {rk, wid, a->ranks[i]->host, a->ranks[i]->rpc_address, tok};
+                table_add(&t, cells);
+            }
+            table_print(&t);
+        }
+        const Stria__V1__JobTimings *t = j->timings;
+        if (t) {
+            printf("timings (UTC):\n");
+            print_ms_time("submitted", t->submitted_ms, 0);
+            print_ms_time("started", t->started_ms, t->submitted_ms);
+            print_ms_time("forward started", t->forward_started_ms, t->submitted_ms);
+            print_ms_time("forward done", t->forward_done_ms, t->submitted_ms);
+            print_ms_time("backward started", t->backward_started_ms, t->submitted_ms);
+            print_ms_time("backward done", t->backward_done_ms, t->submitted_ms);
+            print_ms_time("finished", t->finished_ms, t->submitted_ms);
+            print_ms_time("last activity", t->last_activity_ms, t->submitted_ms);
+        }
+    }
+    stria_rpc_reply_free(&reply);
+    return EXIT_OK;
+}
+
+/* A worker named by id or RPC address. */
+static stria_status_t resolve_worker(ctl_t *c, const char *name, uint64_t *id_out)
+{
+    Stria__V1__ListWorkersRequest req = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    uint64_t id = 0;
+    bool numeric = parse_u64(name, &id);
+    stria_status_t st = call(c, C_LIST_WORKERS, &req.base, &reply);
+    if (st != STRIA_OK)
+        return st;
+    const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
+    st = stria_error_set(STRIA_ERR_NOT_FOUND,
+                         "no worker '%s' (give a worker id or RPC address; see striactl "
+                         "workers)",
+                         name);
+    for (size_t i = 0; i < r->n_workers; i++) {
+        const Stria__V1__WorkerInfo *w = r->workers[i];
+        if ((numeric && w->worker_id == id) ||
+            (w->rpc_address && strcmp(w->rpc_address, name) == 0)) {
+            *id_out = w->worker_id;
+            st = STRIA_OK;
+            break;
+        }
+    }
+    stria_rpc_reply_free(&reply);
+    return st;
+}
+
+static int cmd_drain(ctl_t *c, const char *name, bool drain)
+{
+    uint64_t id = 0;
+    stria_status_t st = resolve_worker(c, name, &id);
+    if (st != STRIA_OK)
+        return fail(st);
+    Stria__V1__DrainWorkerRequest req = STRIA__V1__DRAIN_WORKER_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.worker_id = id;
+    req.drain = drain;
+    st = call(c, C_DRAIN, &req.base, &reply);
+    if (st != STRIA_OK)
+        return fail(st);
+    const Stria__V1__WorkerInfo *w = ((const Stria__V1__DrainWorkerReply *)reply.msg)->worker;
+    if (c->json) {
+        printf("{\"worker\":");
+        if (w)
+            json_worker(w);
+        else
+            printf("null");
+        printf("}\n");
+    } else {
+        printf("worker %" PRIu64 " (%s): %s%s\n", id, w ? w->rpc_address : "?",
+               drain ? "draining" : "undrained",
+               drain && w && w->n_job_ids ? " (finishing its jobs)" : "");
+    }
+    stria_rpc_reply_free(&reply);
+    return EXIT_OK;
+}
+
+static int cmd_cancel(ctl_t *c, const char *arg, const char *reason)
+{
+    uint64_t id = 0;
+    if (!parse_u64(arg, &id)) {
+        fprintf(stderr, "striactl: job id '%s' is not a number\n", arg);
+        return EXIT_USAGE;
+    }
+    Stria__V1__CancelJobRequest req = STRIA__V1__CANCEL_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.job_id = id;
+    req.reason = (char *)(reason ? reason : "cancelled by an administrator (striactl)");
+    stria_status_t st = call(c, C_CANCEL_JOB, &req.base, &reply);
+    if (st != STRIA_OK)
+        return fail(st);
+    const Stria__V1__CancelJobReply *r = (const Stria__V1__CancelJobReply *)reply.msg;
+    if (c->json)
+        printf("{\"id\":%" PRIu64 ",\"state\":\"%s\"}\n", id, job_state_name(r->state));
+    else
+        printf("job %" PRIu64 ": %s\n", id, job_state_name(r->state));
+    stria_rpc_reply_free(&reply);
+    return EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    ctl_t c;
+    const char *token_file = getenv("STRIA_TOKEN_FILE");
+    int i = 1;
+
+    memset(&c, 0, sizeof(c));
+    c.coordinator = getenv("STRIA_COORDINATOR");
+    if (c.coordinator == NULL || c.coordinator[0] == '\0')
+        c.coordinator = STRIACTL_DEFAULT_COORDINATOR;
+    c.timeout_s = 10.0;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return EXIT_OK;
+        } else if (strcmp(a, "--json") == 0) {
+            c.json = true;
+        } else if ((strcmp(a, "--coordinator") == 0 || strcmp(a, "--token-file") == 0 ||
+                    strcmp(a, "--timeout") == 0) &&
+                   i + 1 < argc) {
+            const char *v = argv[++i];
+            if (a[2] == 'c')
+                c.coordinator = v;
+            else if (a[2] == 't' && a[3] == 'o')
+                token_file = v;
+            else {
+                char *end;
+                c.timeout_s = strtod(v, &end);
+                if (end == v || *end != '\0' || !(c.timeout_s > 0)) {
+                    fprintf(stderr, "striactl: --timeout '%s': expected seconds > 0\n", v);
+                    return EXIT_USAGE;
+                }
+            }
+        } else {
+            fprintf(stderr, "striactl: unknown or incomplete option '%s' (see striactl --help)\n",
+                    a);
+            return EXIT_USAGE;
+        }
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[i++];
+    int nargs = argc - i;
+    char **args = argv + i;
+    /* check the command's arguments before connecting */
+    bool all = false;
+    const char *reason = NULL;
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "workers") == 0) {
+        if (nargs != 0)
+            goto bad_args;
+    } else if (strcmp(cmd, "jobs") == 0) {
+        if (nargs > 1 || (nargs == 1 && strcmp(args[0], "--all") != 0))
+            goto bad_args;
+        all = nargs == 1;
+    } else if (strcmp(cmd, "job") == 0 || strcmp(cmd, "drain") == 0 ||
+               strcmp(cmd, "undrain") == 0) {
+        if (nargs != 1)
+            goto bad_args;
+    } else if (strcmp(cmd, "cancel") == 0) {
+        if (nargs == 3 && strcmp(args[1], "--reason") == 0)
+            reason = args[2];
+        else if (nargs != 1)
+            goto bad_args;
+    } else {
+        fprintf(stderr, "striactl: unknown command '%s' (see striactl --help)\n", cmd);
+        return EXIT_USAGE;
+    }
+    if (token_file != NULL && token_file[0] != '\0' &&
+        stria_rpc_token_read(token_file, &c.token) != STRIA_OK) {
+        fprintf(stderr, "striactl: %s\n", stria_error_msg());
+        return EXIT_USAGE;
+    }
+    stria_rpc_client_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.address = c.coordinator;
+    p.service = &stria__v1__coordinator__descriptor;
+    p.token = c.token;
+    p.client_name = "striactl";
+    p.connect_timeout_s = c.timeout_s;
+    stria_status_t st = stria_rpc_client_connect(&p, &c.rpc);
+    if (st != STRIA_OK) {
+        if (st != STRIA_ERR_AUTH)
+            stria_error_wrap(st, "cannot reach the coordinator at %s", c.coordinator);
+        free(c.token);
+        return fail(st == STRIA_ERR_AUTH ? st : STRIA_ERR_IO);
+    }
+    int rc;
+    if (strcmp(cmd, "status") == 0)
+        rc = cmd_status(&c);
+    else if (strcmp(cmd, "workers") == 0)
+        rc = cmd_workers(&c);
+    else if (strcmp(cmd, "jobs") == 0)
+        rc = cmd_jobs(&c, all);
+    else if (strcmp(cmd, "job") == 0)
+        rc = cmd_job(&c, args[0]);
+    else if (strcmp(cmd, "drain") == 0 || strcmp(cmd, "undrain") == 0)
+        rc = cmd_drain(&c, args[0], cmd[0] == 'd');
+    else
+        rc = cmd_cancel(&c, args[0], reason);
+    stria_rpc_client_close(c.rpc);
+    free(c.token);
+    return rc;
+
+bad_args:
+    fprintf(stderr, "striactl %s: wrong arguments (see striactl --help)\n", cmd);
+    return EXIT_USAGE;
+}
