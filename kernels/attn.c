@@ -415,7 +415,8 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     stria__fwd_job_t job;
     stria__ctx_t c;
     stria_status_t st;
-    size_t tile, n_ktiles;
+    size_t tile, n_ktiles, total;
+    stria__ws_t ws = {0};
 
     st = stria__check_shape(params, fn);
     if (st != STRIA_OK)
@@ -451,20 +452,21 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     n_ktiles = (size_t)(c.B * c.Hkv * c.nkt);
     job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
-    job.k_packed = stria_malloc_aligned(2 * n_ktiles * tile * sizeof(float));
-    job.scratch = stria_malloc_aligned((size_t)c.n_threads * job.scratch_floats * sizeof(float));
-    if (job.k_packed == NULL || job.scratch == NULL) {
+    total = 2 * n_ktiles * tile + (size_t)c.n_threads * job.scratch_floats;
+    if (2.0 * (double)n_ktiles * (double)tile > 0x1p58 ||
+        !stria__ws_get(total * sizeof(float), &ws)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
-                             (2 * n_ktiles * tile * sizeof(float)) >> 20);
+                             (total * sizeof(float)) >> 20);
         goto out;
     }
+    job.k_packed = ws.ptr;
     job.v_packed = job.k_packed + n_ktiles * tile;
+    job.scratch = job.v_packed + n_ktiles * tile;
     stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
     stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
     st = STRIA_OK;
 out:
-    stria_free(job.scratch);
-    stria_free(job.k_packed);
+    stria__ws_put(&ws);
     stria__ctx_free(&c);
     return st;
 }
@@ -582,6 +584,9 @@ stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const str
 
 /* ---- backward ---------------------------------------------------------- */
 
+/* Most threads for which the backward pass keeps one dQ copy per thread. */
+#define STRIA__BWD_MAX_DQ_COPIES 8
+
 typedef struct {
     stria__ctx_t *c;
     const stria_tensor_t *q, *k, *v, *d_o, *dq, *dk, *dv;
@@ -590,11 +595,22 @@ typedef struct {
     float *qt_packed;  /* [B][H][nqt][Dp][BQ] */
     float *do_packed;  /* [B][H][nqt][BQ][Dp] */
     float *dot_packed; /* [B][H][nqt][Dp][BQ] */
+    float *dq_packed;  /* [n_dq][B][H][nqt][BQ][Dp] dQ accumulators */
+    int n_dq;          /* copies of the dQ accumulators (one per thread in mode C) */
+    size_t dq_floats;  /* floats per copy */
     float *k_packed;   /* [B][Hkv][nkt][BK][Dp] */
     float *v_packed;   /* [B][Hkv][nkt][BK][Dp] */
     float *scratch;    /* per thread */
     size_t scratch_floats;
 } stria__bwd_job_t;
+
+static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
+                                int64_t h, int64_t t0, int n, const float *src)
+{
+    for (int i = 0; i < n; i++)
+        c->ops->row_acc((float *)stria__row_ptr(t, b, t0 + i, h), src + (size_t)i * (size_t)c->Dp,
+                        (int)c->D);
+}
 
 static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
 {
@@ -613,6 +629,25 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     stria__transpose_tile(c, qp, job->qt_packed + task * tile);
     stria__pack_rows(c, job->d_o, b, h, q0, n, STRIA__BQ, dop);
     stria__transpose_tile(c, dop, job->dot_packed + task * tile);
+    for (int i = 0; i < job->n_dq; i++)
+        memset(job->dq_packed + (size_t)i * job->dq_floats + task * tile, 0, tile * sizeof(float));
+}
+
+/* Adds the dQ accumulators of one query tile to the caller's dq. */
+static void stria__bwd_unpack_dq_task(void *arg, size_t task, int thread)
+{
+    stria__bwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t qt = (int64_t)task % c->nqt;
+    int64_t h = ((int64_t)task / c->nqt) % c->H;
+    int64_t b = (int64_t)task / c->nqt / c->H;
+    int64_t q0 = qt * STRIA__BQ;
+    size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
+
+    (void)thread;
+    for (int i = 0; i < job->n_dq; i++)
+        stria__bwd_add_rows(c, job->dq, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ),
+                            job->dq_packed + (size_t)i * job->dq_floats + task * tile);
 }
 
 static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
@@ -637,7 +672,6 @@ typedef struct {
     float *dst;   /* [BK][BQ] dP^T, then dS^T * scale */
     float *dk;    /* [BK][Dp] */
     float *dv;    /* [BK][Dp] */
-    float *dq;    /* [BQ][Dp] */
     float *lse;   /* [BQ] LSE of the query tile, +inf for rows without keys */
     float *delta; /* [BQ] */
 } stria__bwd_scratch_t;
@@ -650,8 +684,7 @@ static stria__bwd_scratch_t stria__bwd_scratch(stria__bwd_job_t *job, int thread
     s.dst = s.pt + STRIA__BQ * STRIA__BK;
     s.dk = s.dst + STRIA__BQ * STRIA__BK;
     s.dv = s.dk + STRIA__BK * Dp;
-    s.dq = s.dv + STRIA__BK * Dp;
-    s.lse = s.dq + STRIA__BQ * Dp;
+    s.lse = s.dv + STRIA__BK * Dp;
     s.delta = s.lse + STRIA__BQ;
     return s;
 }
@@ -675,10 +708,11 @@ static void stria__bwd_load_stats(stria__bwd_job_t *job, stria__bwd_scratch_t *s
 
 /* One (query tile, key tile) pair of head h, transposed: recomputes P^T, then
  * accumulates dV and dK of the key tile into s->dv, s->dk (want_dkdv) and dQ of
- * the query tile into s->dq (want_dq). The LSE and D of the query tile must be
- * in s (stria__bwd_load_stats). */
+ * the query tile into its tile of the dQ accumulators dq_acc (one copy of
+ * job->dq_packed; NULL: no dQ). The LSE and D of the query tile must be in s
+ * (stria__bwd_load_stats). */
 static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b, int64_t h,
-                            int64_t qt, int64_t kt, int cls, bool want_dkdv, bool want_dq)
+                            int64_t qt, int64_t kt, int cls, bool want_dkdv, float *dq_acc)
 {
     stria__ctx_t *c = job->c;
     const stria_kern_ops_t *ops = c->ops;
@@ -712,26 +746,16 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
         ops->gemm(bk, (int)Dp, bq, s->pt, STRIA__BQ, false, dop, Dp, s->dv, Dp, NULL, true);
         ops->gemm(bk, (int)Dp, bq, s->dst, STRIA__BQ, false, qp, Dp, s->dk, Dp, NULL, true);
     }
-    if (want_dq) /* dQ += dS K */
-        ops->gemm(bq, (int)Dp, bk, s->dst, STRIA__BQ, true, kp, Dp, s->dq, Dp, NULL, true);
+    if (dq_acc != NULL) /* dQ += dS K */
+        ops->gemm(bq, (int)Dp, bk, s->dst, STRIA__BQ, true, kp, Dp, dq_acc + qidx * qtile, Dp, NULL,
+                  true);
 }
 
-static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
-                                int64_t h, int64_t t0, int n, const float *src)
-{
-    for (int i = 0; i < n; i++) {
-        float *dst = (float *)stria__row_ptr(t, b, t0 + i, h);
-        const float *row = src + (size_t)i * (size_t)c->Dp;
-        for (int64_t d = 0; d < c->D; d++)
-            dst[d] += row[d];
-    }
-}
-
-/* dK/dV of one key tile of kv head hk, over every query head of its group;
- * with_dq also accumulates dQ (only when one task owns all key tiles of the
- * group, so that no two tasks write the same dQ rows). */
+/* dK/dV of one key tile of kv head hk, over every query head of its group,
+ * and dQ contributions into dq_acc (NULL: none). No two concurrent tasks may
+ * share a dq_acc unless they own disjoint query rows. */
 static void stria__bwd_ktile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b, int64_t hk,
-                             int64_t kt, bool with_dq)
+                             int64_t kt, float *dq_acc)
 {
     stria__ctx_t *c = job->c;
     int64_t k0 = kt * STRIA__BK;
@@ -746,14 +770,7 @@ static void stria__bwd_ktile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int
             if (cls == STRIA__TILE_SKIP)
                 continue;
             stria__bwd_load_stats(job, s, b, h, qt);
-            if (with_dq)
-                memset(s->dq, 0, (size_t)STRIA__BQ * (size_t)c->Dp * sizeof(float));
-            stria__bwd_tile(job, s, b, h, qt, kt, cls, true, with_dq);
-            if (with_dq) {
-                int64_t q0 = qt * STRIA__BQ;
-                stria__bwd_add_rows(c, job->dq, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ),
-                                    s->dq);
-            }
+            stria__bwd_tile(job, s, b, h, qt, kt, cls, true, dq_acc);
         }
     }
     stria__bwd_add_rows(c, job->dk, b, hk, k0, bk, s->dk);
@@ -769,7 +786,20 @@ static void stria__bwd_group_task(void *arg, size_t task, int thread)
     int64_t b = (int64_t)task / c->Hkv;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
     for (int64_t kt = 0; kt < c->nkt; kt++)
-        stria__bwd_ktile(job, &s, b, hk, kt, true);
+        stria__bwd_ktile(job, &s, b, hk, kt, job->dq_packed);
+}
+
+/* Mode C: one task per (batch, kv head, key tile) for everything; dQ goes to
+ * the executing thread's own copy of the accumulators, summed at the end. */
+static void stria__bwd_ktile_task(void *arg, size_t task, int thread)
+{
+    stria__bwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t kt = (int64_t)task % c->nkt;
+    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
+    int64_t b = (int64_t)task / c->nkt / c->Hkv;
+    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    stria__bwd_ktile(job, &s, b, hk, kt, job->dq_packed + (size_t)thread * job->dq_floats);
 }
 
 /* Mode B, pass 1: one task per (batch, kv head, key tile) for dK and dV. */
@@ -781,7 +811,7 @@ static void stria__bwd_dkdv_task(void *arg, size_t task, int thread)
     int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
     int64_t b = (int64_t)task / c->nkt / c->Hkv;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
-    stria__bwd_ktile(job, &s, b, hk, kt, false);
+    stria__bwd_ktile(job, &s, b, hk, kt, NULL);
 }
 
 /* Mode B, pass 2: one task per (batch, head, query tile) for dQ. */
@@ -792,17 +822,14 @@ static void stria__bwd_dq_task(void *arg, size_t task, int thread)
     int64_t qt = (int64_t)task % c->nqt;
     int64_t h = ((int64_t)task / c->nqt) % c->H;
     int64_t b = (int64_t)task / c->nqt / c->H;
-    int64_t q0 = qt * STRIA__BQ;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
 
-    memset(s.dq, 0, (size_t)STRIA__BQ * (size_t)c->Dp * sizeof(float));
     stria__bwd_load_stats(job, &s, b, h, qt);
     for (int64_t kt = 0; kt < c->nkt; kt++) {
         int cls = stria__tile_class(c, qt, kt);
         if (cls != STRIA__TILE_SKIP)
-            stria__bwd_tile(job, &s, b, h, qt, kt, cls, false, true);
+            stria__bwd_tile(job, &s, b, h, qt, kt, cls, false, job->dq_packed);
     }
-    stria__bwd_add_rows(c, job->dq, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ), s.dq);
 }
 
 stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_tensor_t *q,
@@ -818,6 +845,8 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     stria_status_t st;
     size_t qtile, ktile, n_q, n_k, total;
     size_t n_groups;
+    char mode;
+    stria__ws_t ws = {0};
 
     st = stria__check_shape(params, fn);
     if (st != STRIA_OK)
@@ -866,40 +895,58 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     ktile = (size_t)STRIA__BK * c.Dp;
     n_q = (size_t)(c.B * c.H * c.nqt);
     n_k = (size_t)(c.B * c.Hkv * c.nkt);
-    total = 4 * n_q * qtile + 2 * n_k * ktile;
-    job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK + 2 * STRIA__BK * c.Dp +
-                                  STRIA__BQ * c.Dp + 2 * STRIA__BQ);
+    job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK + 2 * STRIA__BK * c.Dp + 2 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
-    job.q_packed = stria_malloc_aligned(total * sizeof(float));
-    job.scratch = stria_malloc_aligned((size_t)c.n_threads * job.scratch_floats * sizeof(float));
-    if (job.q_packed == NULL || job.scratch == NULL) {
+    /* Schedules: mode A, one task per (batch, kv head), needs nothing extra
+     * but balances only with enough groups per thread. Mode C, one task per
+     * (batch, kv head, key tile) with a dQ copy per thread, balances at any
+     * shape for the price of zeroing and summing the copies: used for a few
+     * threads. Mode B splits key tiles for dK/dV and query tiles for dQ,
+     * recomputing P once more: for many threads and few groups. */
+    n_groups = (size_t)(c.B * c.Hkv);
+    if (c.n_threads == 1)
+        mode = 'A';
+    else if (c.n_threads <= STRIA__BWD_MAX_DQ_COPIES)
+        mode = 'C';
+    else if (n_groups >= 4 * (size_t)c.n_threads ||
+             (n_groups >= (size_t)c.n_threads && n_groups % (size_t)c.n_threads == 0))
+        mode = 'A';
+    else
+        mode = 'B';
+    job.n_dq = mode == 'C' ? c.n_threads : 1;
+    job.dq_floats = n_q * qtile;
+    total = (4 + (size_t)job.n_dq) * n_q * qtile + 2 * n_k * ktile +
+            (size_t)c.n_threads * job.scratch_floats;
+    if ((4.0 + job.n_dq) * (double)n_q * (double)qtile + 2.0 * (double)n_k * (double)ktile >
+            0x1p58 ||
+        !stria__ws_get(total * sizeof(float), &ws)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
                              (total * sizeof(float)) >> 20);
         goto out;
     }
+    /* every part is a multiple of 16 floats: 64-byte aligned like the buffer */
+    job.q_packed = ws.ptr;
     job.qt_packed = job.q_packed + n_q * qtile;
     job.do_packed = job.qt_packed + n_q * qtile;
     job.dot_packed = job.do_packed + n_q * qtile;
-    job.k_packed = job.dot_packed + n_q * qtile;
+    job.dq_packed = job.dot_packed + n_q * qtile;
+    job.k_packed = job.dq_packed + (size_t)job.n_dq * job.dq_floats;
     job.v_packed = job.k_packed + n_k * ktile;
+    job.scratch = job.v_packed + n_k * ktile;
     stria_pool_run(p->pool, n_q, stria__bwd_pack_q_task, &job);
     stria_pool_run(p->pool, n_k, stria__bwd_pack_k_task, &job);
-
-    /* One task per (batch, kv head) needs no second pass but only balances when
-     * there are enough groups for the threads; otherwise split key tiles for
-     * dK/dV and query tiles for dQ, recomputing P once more. */
-    n_groups = (size_t)(c.B * c.Hkv);
-    if (c.n_threads == 1 || n_groups >= 4 * (size_t)c.n_threads ||
-        (n_groups >= (size_t)c.n_threads && n_groups % (size_t)c.n_threads == 0)) {
+    if (mode == 'A') {
         stria_pool_run(p->pool, n_groups, stria__bwd_group_task, &job);
+    } else if (mode == 'C') {
+        stria_pool_run(p->pool, n_k, stria__bwd_ktile_task, &job);
     } else {
         stria_pool_run(p->pool, n_k, stria__bwd_dkdv_task, &job);
         stria_pool_run(p->pool, n_q, stria__bwd_dq_task, &job);
     }
+    stria_pool_run(p->pool, n_q, stria__bwd_unpack_dq_task, &job);
     st = STRIA_OK;
 out:
-    stria_free(job.scratch);
-    stria_free(job.q_packed);
+    stria__ws_put(&ws);
     stria__ctx_free(&c);
     return st;
 }

@@ -51,6 +51,8 @@ typedef struct {
                            float scale);
     /* dst[0..n) = fp32 of the n elements of `dtype` at src; n a multiple of 8. */
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
+    /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */
+    void (*row_acc)(float *dst, const float *src, int n);
 } stria_kern_ops_t;
 
 extern const stria_kern_ops_t stria__kern_portable;
@@ -58,6 +60,18 @@ extern const stria_kern_ops_t stria__kern_portable;
 extern const stria_kern_ops_t stria__kern_avx2;
 extern const stria_kern_ops_t stria__kern_avx512;
 #endif
+
+/* A workspace buffer (64-byte aligned, `size` usable bytes). Released buffers
+ * are cached for the next call (workspace.c); contents are undefined. */
+typedef struct {
+    void *ptr;
+    size_t size;
+} stria__ws_t;
+
+/* Takes a buffer of at least `size` bytes; false when out of memory. */
+bool stria__ws_get(size_t size, stria__ws_t *ws);
+/* Gives a buffer back (to the cache or to the system); resets *ws. */
+void stria__ws_put(stria__ws_t *ws);
 
 /* The variant in use (selected on first call). Returns NULL and sets the error
  * message when STRIA_KERNEL names an unusable variant. */

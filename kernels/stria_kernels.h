@@ -29,6 +29,12 @@
  *
  * Threading: every call may run on a thread pool (params->pool); NULL runs on
  * the calling thread. Calls do not keep pointers after they return.
+ *
+ * Memory: stria_attn_fwd() and stria_attn_bwd() pack their operands into a
+ * workspace about the size of their inputs (backward: about 6x Q plus 2x K;
+ * one more copy of dQ per thread for 2..8 threads). Up to four workspace
+ * buffers, 1 GiB in all, are kept between calls for reuse, so that repeated
+ * calls do not pay page faults again; they are freed at exit.
  */
 #ifndef STRIA_KERNELS_H
 #define STRIA_KERNELS_H

@@ -218,6 +218,13 @@ static void stria__avx2_row_load(stria_dtype_t dtype, const void *src, float *ds
     }
 }
 
+static void stria__avx2_row_acc(float *dst, const float *src, int n)
+{
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(dst + i,
+                         _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+}
+
 const stria_kern_ops_t stria__kern_avx2 = {
     .name = "avx2",
     .cpu_ok = stria__avx2_ok,
@@ -226,4 +233,5 @@ const stria_kern_ops_t stria__kern_avx2 = {
     .softmax_bwd_p = stria__avx2_softmax_bwd_p,
     .softmax_bwd_ds = stria__avx2_softmax_bwd_ds,
     .row_load = stria__avx2_row_load,
+    .row_acc = stria__avx2_row_acc,
 };

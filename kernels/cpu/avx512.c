@@ -242,6 +242,20 @@ static void stria__avx512_row_load(stria_dtype_t dtype, const void *src, float *
     }
 }
 
+static void stria__avx512_row_acc(float *dst, const float *src, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i,
+                         _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 mk = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(
+            dst + i, mk,
+            _mm512_add_ps(_mm512_maskz_loadu_ps(mk, dst + i), _mm512_maskz_loadu_ps(mk, src + i)));
+    }
+}
+
 const stria_kern_ops_t stria__kern_avx512 = {
     .name = "avx512",
     .cpu_ok = stria__avx512_ok,
@@ -250,4 +264,5 @@ const stria_kern_ops_t stria__kern_avx512 = {
     .softmax_bwd_p = stria__avx512_softmax_bwd_p,
     .softmax_bwd_ds = stria__avx512_softmax_bwd_ds,
     .row_load = stria__avx512_row_load,
+    .row_acc = stria__avx512_row_acc,
 };

@@ -77,6 +77,12 @@ static void stria__portable_row_load(stria_dtype_t dtype, const void *src, float
         dst[i] = stria_dtype_load(dtype, src, (size_t)i);
 }
 
+static void stria__portable_row_acc(float *dst, const float *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
 const stria_kern_ops_t stria__kern_portable = {
     .name = "portable",
     .cpu_ok = stria__portable_ok,
@@ -85,4 +91,5 @@ const stria_kern_ops_t stria__kern_portable = {
     .softmax_bwd_p = stria__portable_softmax_bwd_p,
     .softmax_bwd_ds = stria__portable_softmax_bwd_ds,
     .row_load = stria__portable_row_load,
+    .row_acc = stria__portable_row_acc,
 };

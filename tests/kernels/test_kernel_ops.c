@@ -285,3 +285,23 @@ Test(kernel_ops, conversions_exact)
 {
     for_each_simd(conversions);
 }
+
+static void accumulate_rows(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    float src[272], d1[272], d2[272];
+    ref_fill(src, 272, 60, 1.0f, STRIA_DTYPE_F32);
+    for (int n = 8; n <= 256; n += 8) {
+        ref_fill(d1, 272, 61, 1.0f, STRIA_DTYPE_F32);
+        memcpy(d2, d1, sizeof(d1));
+        port->row_acc(d1, src, n);
+        simd->row_acc(d2, src, n);
+        for (int i = 0; i < 272; i++)
+            cr_assert_eq(d2[i], d1[i], "%s row_acc n=%d element %d: %g vs %g", simd->name, n, i,
+                         d2[i], d1[i]);
+    }
+}
+
+Test(kernel_ops, row_acc_matches)
+{
+    for_each_simd(accumulate_rows);
+}

@@ -258,8 +258,10 @@ Test(kernels, rows_without_visible_keys)
     for_each_variant(&c);
 }
 
-/* Two threads exercise both backward schedules (one task per kv-head group,
- * and split key/query tiles when there are too few groups). */
+/* Every backward schedule: with 2..8 threads one task per key tile and a dQ
+ * copy per thread (a, b); beyond 8 threads one task per kv-head group when
+ * the groups divide among the threads (c), else key tiles for dK/dV and query
+ * tiles for dQ in two passes (d). */
 Test(kernels, threaded_backward_schedules)
 {
     kcase_t a = {.B = 1,
@@ -280,8 +282,30 @@ Test(kernels, threaded_backward_schedules)
                  .causal = true,
                  .dtype = STRIA_DTYPE_F16,
                  .threads = 2};
+    kcase_t c = {.B = 3,
+                 .Tq = 70,
+                 .Tk = 70,
+                 .H = 6,
+                 .Hkv = 3,
+                 .D = 32,
+                 .causal = true,
+                 .dtype = STRIA_DTYPE_F32,
+                 .threads = 9};
+    kcase_t d = {.B = 1,
+                 .Tq = 200,
+                 .Tk = 140,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 48,
+                 .causal = true,
+                 .dtype = STRIA_DTYPE_BF16,
+                 .threads = 9};
+    d.qruns[0] = (stria_pos_run_t){60, 1, 200};
+    d.n_qruns = 1;
     for_each_variant(&a);
     for_each_variant(&b);
+    for_each_variant(&c);
+    for_each_variant(&d);
 }
 
 /* ---- SIMD variants against the portable oracle ----------------------------- */
