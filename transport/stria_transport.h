@@ -87,6 +87,57 @@ void stria_link_cancel(stria_link_t *link, stria_link_req_t *req);
 void stria_link_abort(stria_link_t *link, stria_status_t reason, const char *msg);
 void stria_link_destroy(stria_link_t *link);
 
+/* ---- in-process link ------------------------------------------------------
+ *
+ * A ring of `size` ranks that are threads of one process, for tests and
+ * benchmarks. The ranks share a hub of mailboxes; a send completes when its
+ * bytes have been copied into the matching receive (rendezvous: whichever of
+ * the two is posted second does the copy). Receives match sends from the
+ * predecessor by tag, in posting order; a tag match with a different length
+ * fails both requests with STRIA_ERR_PROTOCOL.
+ *
+ * stria_link_abort() marks the hub aborted: from then on every pending and
+ * new operation of every rank fails with STRIA_ERR_PEER and a message naming
+ * the aborting rank (the first abort wins). stria_inproc_hub_reset() clears
+ * that state for the next pass.
+ */
+
+typedef struct stria_inproc_hub stria_inproc_hub_t;
+
+/* Creates a hub for a ring of `size` ranks (1..65535). The caller holds one
+ * reference, dropped with stria_inproc_hub_release(); every link holds one
+ * more until stria_link_destroy(), so the order of releases does not
+ * matter. */
+stria_status_t stria_inproc_hub_create(int size, stria_inproc_hub_t **hub_out);
+void stria_inproc_hub_release(stria_inproc_hub_t *hub);
+
+/* Creates rank `rank`'s link (one per rank and hub). Free with
+ * stria_link_destroy() after releasing every request of the link. */
+stria_status_t stria_inproc_link_create(stria_inproc_hub_t *hub, int rank, stria_link_t **link_out);
+
+/* Clears the aborted state and every fault. Only while no rank has a
+ * request pending. */
+void stria_inproc_hub_reset(stria_inproc_hub_t *hub);
+
+/* Faults injected into one rank, counted in posted operations (isend and
+ * irecv calls) of that rank since the fault was set. */
+typedef enum {
+    STRIA_INPROC_FAULT_NONE = 0,
+    /* The rank dies: its operation number after_ops + 1 and all later ones
+     * fail with STRIA_ERR_TRANSPORT, and the hub is aborted in its name, as a
+     * transport would report a dead peer. */
+    STRIA_INPROC_FAULT_FAIL = 1,
+    /* The rank hangs: sends from operation after_ops + 1 on are accepted but
+     * never delivered, so only deadlines (or an abort) end the pass. */
+    STRIA_INPROC_FAULT_STALL = 2,
+} stria_inproc_fault_t;
+
+stria_status_t stria_inproc_fault_inject(stria_inproc_hub_t *hub, int rank,
+                                         stria_inproc_fault_t fault, uint64_t after_ops);
+
+/* ---- end of in-process link --------------------------------------------- */
+
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,248 @@
+/*
+ * Layouts: which global token positions each rank of a ring holds. All three
+ * layouts keep positions increasing within a shard, so padding (positions
+ * >= seq) always sits at the end of a shard; the ring engine relies on that
+ * to hand the kernels only the real prefix of every block.
+ */
+#include "stria_common.h"
+
+#include <string.h>
+
+static const char *const stria__layout_names[] = {"striped", "contiguous", "zigzag"};
+
+const char *stria_layout_kind_name(stria_layout_kind_t kind)
+{
+    if ((unsigned)kind < sizeof(stria__layout_names) / sizeof(stria__layout_names[0]))
+        return stria__layout_names[kind];
+    return "unknown";
+}
+
+stria_status_t stria_layout_kind_parse(const char *name, stria_layout_kind_t *kind_out)
+{
+    if (name == NULL || kind_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_kind_parse: NULL argument");
+    for (size_t i = 0; i < sizeof(stria__layout_names) / sizeof(stria__layout_names[0]); i++) {
+        if (strcmp(name, stria__layout_names[i]) == 0) {
+            *kind_out = (stria_layout_kind_t)i;
+            return STRIA_OK;
+        }
+    }
+    return stria_error_set(STRIA_ERR_INVALID_ARG,
+                           "unknown layout '%s' (expected striped, contiguous or zigzag)", name);
+}
+
+stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq,
+                                 stria_layout_t *layout_out)
+{
+    stria_layout_t l;
+    int64_t unit;
+
+    if (layout_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: layout_out is NULL");
+    if (kind != STRIA_LAYOUT_STRIPED && kind != STRIA_LAYOUT_CONTIGUOUS &&
+        kind != STRIA_LAYOUT_ZIGZAG)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: unknown layout %d",
+                               (int)kind);
+    if (n_ranks < 1 || n_ranks > STRIA_LAYOUT_MAX_RANKS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: %d ranks (must be 1..%d)",
+                               n_ranks, STRIA_LAYOUT_MAX_RANKS);
+    if (seq < 1 || seq > STRIA_LAYOUT_MAX_SEQ)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_layout_init: sequence of %lld tokens (must be 1..2^48)",
+                               (long long)seq);
+    unit = kind == STRIA_LAYOUT_ZIGZAG ? 2 * (int64_t)n_ranks : (int64_t)n_ranks;
+    l.kind = kind;
+    l.n_ranks = n_ranks;
+    l.seq = seq;
+    l.seq_padded = (seq + unit - 1) / unit * unit;
+    l.shard_tokens = l.seq_padded / n_ranks;
+    *layout_out = l;
+    return STRIA_OK;
+}
+
+static bool stria__layout_ok(const stria_layout_t *l, int rank)
+{
+    return l != NULL && rank >= 0 && rank < l->n_ranks;
+}
+
+int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t index)
+{
+    const stria_layout_t *l = layout;
+    int64_t n = l != NULL ? l->n_ranks : 0, c;
+
+    if (!stria__layout_ok(l, rank) || index < 0 || index >= l->shard_tokens)
+        return -1;
+    switch (l->kind) {
+    case STRIA_LAYOUT_STRIPED:
+        return rank + index * n;
+    case STRIA_LAYOUT_CONTIGUOUS:
+        return rank * l->shard_tokens + index;
+    case STRIA_LAYOUT_ZIGZAG:
+        c = l->shard_tokens / 2;
+        return index < c ? rank * c + index : (2 * n - 1 - rank) * c + (index - c);
+    }
+    return -1;
+}
+
+stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, int *rank_out,
+                                   int64_t *index_out)
+{
+    const stria_layout_t *l = layout;
+    int64_t n, c, chunk;
+    int rank;
+    int64_t index;
+
+    if (l == NULL || rank_out == NULL || index_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_locate: NULL argument");
+    if (pos < 0 || pos >= l->seq_padded)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_layout_locate: position %lld outside [0, %lld)",
+                               (long long)pos, (long long)l->seq_padded);
+    n = l->n_ranks;
+    switch (l->kind) {
+    case STRIA_LAYOUT_STRIPED:
+        rank = (int)(pos % n);
+        index = pos / n;
+        break;
+    case STRIA_LAYOUT_CONTIGUOUS:
+        rank = (int)(pos / l->shard_tokens);
+        index = pos % l->shard_tokens;
+        break;
+    case STRIA_LAYOUT_ZIGZAG:
+        c = l->shard_tokens / 2;
+        chunk = pos / c;
+        rank = (int)(chunk < n ? chunk : 2 * n - 1 - chunk);
+        index = (chunk < n ? 0 : c) + pos % c;
+        break;
+    default:
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_locate: unknown layout %d",
+                               (int)l->kind);
+    }
+    *rank_out = rank;
+    *index_out = index;
+    return STRIA_OK;
+}
+
+static int64_t stria__clamp(int64_t x, int64_t hi)
+{
+    return x < 0 ? 0 : (x > hi ? hi : x);
+}
+
+size_t stria_layout_shard_runs(const stria_layout_t *layout, int rank, bool with_padding,
+                               stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS])
+{
+    const stria_layout_t *l = layout;
+    stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS];
+    size_t n_tmp = 0, n_out = 0;
+    int64_t n, c, L, S;
+
+    if (!stria__layout_ok(l, rank) || runs == NULL)
+        return 0;
+    n = l->n_ranks;
+    L = l->shard_tokens;
+    /* Padded positions are the highest ones, so "real only" is a cut at seq. */
+    S = with_padding ? l->seq_padded : l->seq;
+    switch (l->kind) {
+    case STRIA_LAYOUT_STRIPED:
+        tmp[n_tmp++] =
+            (stria_layout_run_t){rank, n, rank >= S ? 0 : stria__clamp((S - rank + n - 1) / n, L)};
+        break;
+    case STRIA_LAYOUT_CONTIGUOUS:
+        tmp[n_tmp++] = (stria_layout_run_t){rank * L, 1, stria__clamp(S - rank * L, L)};
+        break;
+    case STRIA_LAYOUT_ZIGZAG:
+        c = L / 2;
+        tmp[n_tmp++] = (stria_layout_run_t){rank * c, 1, stria__clamp(S - rank * c, c)};
+        tmp[n_tmp++] = (stria_layout_run_t){(2 * n - 1 - rank) * c, 1,
+                                            stria__clamp(S - (2 * n - 1 - rank) * c, c)};
+        break;
+    default:
+        return 0;
+    }
+    for (size_t i = 0; i < n_tmp; i++)
+        if (tmp[i].count > 0)
+            runs[n_out++] = tmp[i];
+    return n_out;
+}
+
+int64_t stria_layout_shard_valid(const stria_layout_t *layout, int rank)
+{
+    stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
+    size_t n = stria_layout_shard_runs(layout, rank, false, runs);
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += runs[i].count;
+    return total;
+}
+
+static stria_status_t stria__layout_check_copy(const stria_layout_t *l, int rank, int64_t outer,
+                                               size_t row_bytes, const void *a, const void *b,
+                                               const char *fn)
+{
+    if (l == NULL || a == NULL || b == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    if (rank < 0 || rank >= l->n_ranks)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: rank %d outside the ring of %d", fn,
+                               rank, l->n_ranks);
+    if (outer < 1 || row_bytes == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: outer (%lld) and row_bytes (%zu) must be >= 1", fn,
+                               (long long)outer, row_bytes);
+    return STRIA_OK;
+}
+
+/* Copies between full and shard rows along the real runs: to_shard selects
+ * the direction. */
+static void stria__layout_copy(const stria_layout_t *l, int rank, int64_t outer, size_t row_bytes,
+                               char *full, char *shard, bool to_shard)
+{
+    stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
+    size_t n_runs = stria_layout_shard_runs(l, rank, false, runs);
+    int64_t L = l->shard_tokens, S = l->seq;
+
+    for (int64_t o = 0; o < outer; o++) {
+        char *f = full + (size_t)(o * S) * row_bytes;
+        char *sh = shard + (size_t)(o * L) * row_bytes;
+        int64_t idx = 0;
+        for (size_t r = 0; r < n_runs; r++) {
+            const stria_layout_run_t *run = &runs[r];
+            if (run->stride == 1) {
+                char *fp = f + (size_t)run->first * row_bytes;
+                char *sp = sh + (size_t)idx * row_bytes;
+                size_t bytes = (size_t)run->count * row_bytes;
+                memcpy(to_shard ? sp : fp, to_shard ? fp : sp, bytes);
+            } else {
+                for (int64_t i = 0; i < run->count; i++) {
+                    char *fp = f + (size_t)(run->first + i * run->stride) * row_bytes;
+                    char *sp = sh + (size_t)(idx + i) * row_bytes;
+                    memcpy(to_shard ? sp : fp, to_shard ? fp : sp, row_bytes);
+                }
+            }
+            idx += run->count;
+        }
+        if (to_shard && idx < L)
+            memset(sh + (size_t)idx * row_bytes, 0, (size_t)(L - idx) * row_bytes);
+    }
+}
+
+stria_status_t stria_layout_scatter(const stria_layout_t *layout, int rank, int64_t outer,
+                                    size_t row_bytes, const void *full, void *shard)
+{
+    stria_status_t st = stria__layout_check_copy(layout, rank, outer, row_bytes, full, shard,
+                                                 "stria_layout_scatter");
+    if (st != STRIA_OK)
+        return st;
+    stria__layout_copy(layout, rank, outer, row_bytes, (char *)full, shard, true);
+    return STRIA_OK;
+}
+
+stria_status_t stria_layout_gather(const stria_layout_t *layout, int rank, int64_t outer,
+                                   size_t row_bytes, const void *shard, void *full)
+{
+    stria_status_t st = stria__layout_check_copy(layout, rank, outer, row_bytes, shard, full,
+                                                 "stria_layout_gather");
+    if (st != STRIA_OK)
+        return st;
+    stria__layout_copy(layout, rank, outer, row_bytes, full, (char *)shard, false);
+    return STRIA_OK;
+}

@@ -1,0 +1,190 @@
+/*
+ * stria ring engine: exact attention over a ring of N ranks.
+ *
+ * Every rank holds one shard of the global sequence (a layout from
+ * stria_common.h: striped, contiguous or zigzag) for Q, K, V and, in the
+ * backward pass, O, LSE and dO. The engine runs one rank's side of a pass on
+ * the calling thread and talks to its neighbours only through a ring link
+ * (stria_transport.h), so the same code runs over the in-process link and
+ * over UCX between processes.
+ *
+ * Forward, on rank r: N steps; at step s the K/V block that started on rank
+ * (r - s) mod N is merged into an fp32 partial (O, LSE). The send of the
+ * current block to r + 1 and the receive of the next one from r - 1 are posted
+ * before the step's compute (double buffering). At the end O is rounded once
+ * to its storage dtype; LSE stays fp32.
+ *
+ * Backward, on rank r: D = rowsum(dO * O) once; K/V travel N - 1 hops as in
+ * the forward pass; every rank adds the block's dK/dV contribution (fp32) to
+ * the running sum received from its predecessor and sends it on, so after N
+ * hops each block's dK/dV is back on its owner. The sum is pipelined one step
+ * behind its K/V: a rank computes its contribution into a fresh buffer while
+ * the running sum is still on the way, then adds. dQ stays local.
+ *
+ * Results are deterministic: every sum and merge happens in an order fixed by
+ * the rank and step numbers, never by message arrival, so any link gives
+ * bit-identical results for the same inputs.
+ *
+ * Padding: the layout pads the sequence to a multiple of N (2N for zigzag);
+ * padded tokens sit at the end of each shard and the engine gives the kernels
+ * only the real prefix of every block, so padding never changes a real output
+ * or gradient (causal or not). Padded rows of O, dQ, dK, dV are written as
+ * zeros and padded LSE entries as -inf.
+ *
+ * Errors: a failing rank (kernel error, link error, missed deadline) aborts
+ * the link, so the other ranks fail fast, and returns a status whose message
+ * starts with "rank R:"; an abort seen from another rank returns
+ * STRIA_ERR_PEER with a message naming the rank that aborted. Every pending
+ * request is cancelled and every buffer freed before returning.
+ */
+#ifndef STRIA_RING_H
+#define STRIA_RING_H
+
+#include "stria_common.h"
+#include "stria_kernels.h"
+#include "stria_transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The global problem, identical on every rank. */
+typedef struct {
+    int64_t batch;
+    int64_t seq; /* real tokens of the global sequence */
+    int64_t heads;
+    int64_t kv_heads; /* heads must be a multiple; only kv_heads travel */
+    int64_t head_dim; /* as the kernels accept: 16..256, a multiple of 8 */
+    float scale;      /* 0: 1/sqrt(head_dim) */
+    bool causal;
+    stria_dtype_t dtype; /* storage dtype of q, k, v and d_o */
+} stria_ring_shape_t;
+
+/* Options of a pass object. Zero-initialise; zero is the default of every
+ * field. */
+typedef struct {
+    /* Time budget of one ring step, in seconds: 0 means
+     * STRIA_RING_DEFAULT_TIMEOUT_S, < 0 means no deadline. The budgets add
+     * up: a wait in step s fails once the call has run (s + 1) budgets (but
+     * waits at least a tenth of a budget), so that when ranks block on each
+     * other in a chain, the one next to the failed rank gives up first and
+     * the error names the right rank. The final exchanges count as further
+     * steps. */
+    double step_timeout_s;
+    /* Kernel threads of this rank (NULL: the calling thread only). Borrowed:
+     * must outlive the pass object. */
+    stria_pool_t *pool;
+    /* Tells passes that share one link apart: messages carry it in their tag.
+     * Every rank of a ring must use the same id. */
+    uint32_t pass_id;
+} stria_ring_opts_t;
+
+#define STRIA_RING_DEFAULT_TIMEOUT_S 300.0
+
+/* What one rank did in one step of its last pass. */
+typedef struct {
+    int src_rank;          /* owner of the K/V block of this step */
+    bool computed;         /* false: the block had no visible key for this shard */
+    double compute_s;      /* thread CPU time of the step's kernel calls */
+    double compute_wall_s; /* wall time of the same calls */
+    double wait_s;         /* wall time blocked on the link */
+    uint64_t bytes_sent;
+    uint64_t bytes_recv;
+} stria_ring_step_stats_t;
+
+typedef struct stria_ring_pass stria_ring_pass_t;
+
+/* Creates rank stria_link_rank(link)'s pass object for a ring of
+ * stria_link_size(link) ranks. The link is borrowed and must outlive the
+ * object; the object is used by one thread at a time. Free with
+ * stria_ring_pass_destroy(). */
+stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape_t *shape,
+                                      stria_layout_kind_t layout, const stria_ring_opts_t *opts,
+                                      stria_ring_pass_t **pass_out);
+void stria_ring_pass_destroy(stria_ring_pass_t *pass);
+
+/* The layout of the pass: shard_tokens (L below) and the padding. */
+const stria_layout_t *stria_ring_pass_layout(const stria_ring_pass_t *pass);
+
+/* Forward pass of this rank. Every rank of the ring must call it (the same
+ * number of times, in the same order with stria_ring_bwd()).
+ *
+ * q: [batch, L, heads, head_dim], k, v: [batch, L, kv_heads, head_dim], this
+ * rank's shards in shape->dtype (padded rows are never read).
+ * o: [batch, L, heads, head_dim] in any dtype; lse: fp32, contiguous
+ * [batch, heads, L]. All buffers belong to the caller and are only used
+ * during the call. */
+stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *o, float *lse);
+
+/* Backward pass of this rank. q, k, v as in stria_ring_fwd(); o and lse are
+ * that pass's outputs (o in any dtype); d_o: [batch, L, heads, head_dim] in
+ * shape->dtype. Writes dq ([batch, L, heads, head_dim]), dk and dv
+ * ([batch, L, kv_heads, head_dim]) in their own dtypes (fp32 keeps the full
+ * accumulated precision). */
+stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *o, const float *lse, const stria_tensor_t *d_o,
+                              const stria_tensor_t *dq, const stria_tensor_t *dk,
+                              const stria_tensor_t *dv);
+
+/* Per-step statistics of the last stria_ring_fwd()/stria_ring_bwd() call
+ * (N entries, step order; zeros before the first call). Valid until the next
+ * call or stria_ring_pass_destroy(). */
+const stria_ring_step_stats_t *stria_ring_pass_stats(const stria_ring_pass_t *pass,
+                                                     size_t *n_steps_out);
+
+/* ---- single-process convenience ---------------------------------------- */
+
+/* Full (unsharded) tensors of stria_ring_run_local(), all contiguous and
+ * owned by the caller. Tokens are the shape's seq. */
+typedef struct {
+    const void *q;     /* [batch, seq, heads, head_dim], shape->dtype */
+    const void *k, *v; /* [batch, seq, kv_heads, head_dim], shape->dtype */
+    void *o;           /* [batch, seq, heads, head_dim] in o_dtype: forward
+                        * output, backward input */
+    stria_dtype_t o_dtype;
+    float *lse;         /* [batch, heads, seq]: forward output, backward input */
+    const void *d_o;    /* [batch, seq, heads, head_dim], shape->dtype */
+    void *dq, *dk, *dv; /* backward outputs in grad_dtype (dk, dv: kv_heads) */
+    stria_dtype_t grad_dtype;
+} stria_ring_local_io_t;
+
+typedef enum {
+    STRIA_RING_PASS_FWD = 1,     /* q, k, v -> o, lse */
+    STRIA_RING_PASS_BWD = 2,     /* q, k, v, o, lse, d_o -> dq, dk, dv */
+    STRIA_RING_PASS_FWD_BWD = 3, /* both, o and lse of the forward feed the backward */
+} stria_ring_passes_t;
+
+typedef struct {
+    stria_layout_kind_t layout;
+    int n_ranks; /* 1..256 threads */
+    stria_ring_passes_t passes;
+    double step_timeout_s; /* as in stria_ring_opts_t */
+    int threads_per_rank;  /* kernel threads of each rank; 0 or 1: none extra */
+} stria_ring_local_opts_t;
+
+/* Filled by stria_ring_run_local() when given. */
+typedef struct {
+    /* Wall time from the first rank's start to the last rank's end of each
+     * pass (0 for a pass not run). */
+    double fwd_wall_s, bwd_wall_s;
+    /* Optional, caller-allocated n_ranks * n_ranks entries, [rank][step]. */
+    stria_ring_step_stats_t *fwd_steps, *bwd_steps;
+} stria_ring_local_stats_t;
+
+/* Scatters the full tensors with the layout, runs n_ranks threads over an
+ * in-process ring and gathers the results: the same values as single-process
+ * attention over the whole sequence. On error the message names the rank
+ * where the failure started; outputs may be partly written. */
+stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
+                                    const stria_ring_local_opts_t *opts,
+                                    const stria_ring_local_io_t *io,
+                                    stria_ring_local_stats_t *stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_RING_H */

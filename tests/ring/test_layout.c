@@ -1,0 +1,171 @@
+/* Layouts: shard maps, padding, runs, scatter and gather. */
+#include <criterion/criterion.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "stria_common.h"
+
+static const stria_layout_kind_t all_kinds[] = {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS,
+                                                STRIA_LAYOUT_ZIGZAG};
+
+/* Every property of one layout, checked exhaustively over its positions. */
+static void check_layout(stria_layout_kind_t kind, int n, int64_t seq)
+{
+    stria_layout_t l;
+    const char *name = stria_layout_kind_name(kind);
+    int64_t unit = kind == STRIA_LAYOUT_ZIGZAG ? 2 * n : n;
+
+    cr_assert_eq(stria_layout_init(kind, n, seq, &l), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(l.seq, seq);
+    cr_assert_eq(l.seq_padded % unit, 0, "%s N=%d S=%lld: padded %lld", name, n, (long long)seq,
+                 (long long)l.seq_padded);
+    cr_assert(l.seq_padded >= seq && l.seq_padded < seq + unit);
+    cr_assert_eq(l.shard_tokens * n, l.seq_padded);
+
+    char *seen = calloc((size_t)l.seq_padded, 1);
+    int64_t total_valid = 0;
+    for (int r = 0; r < n; r++) {
+        int64_t valid = stria_layout_shard_valid(&l, r);
+        int64_t prev = -1;
+        total_valid += valid;
+        for (int64_t i = 0; i < l.shard_tokens; i++) {
+            int64_t pos = stria_layout_position(&l, r, i);
+            int rr;
+            int64_t ii;
+            cr_assert(pos >= 0 && pos < l.seq_padded);
+            cr_assert(pos > prev, "%s N=%d: positions of rank %d do not increase", name, n, r);
+            prev = pos;
+            cr_assert_eq(seen[pos], 0, "%s N=%d: position %lld held twice", name, n,
+                         (long long)pos);
+            seen[pos] = 1;
+            /* real tokens are exactly the prefix of the shard */
+            cr_assert_eq(pos < seq, i < valid, "%s N=%d S=%lld rank %d index %lld pos %lld", name,
+                         n, (long long)seq, r, (long long)i, (long long)pos);
+            cr_assert_eq(stria_layout_locate(&l, pos, &rr, &ii), STRIA_OK);
+            cr_assert(rr == r && ii == i, "%s: locate(%lld) = (%d, %lld), want (%d, %lld)", name,
+                      (long long)pos, rr, (long long)ii, r, (long long)i);
+        }
+        /* runs expand to the positions, with and without padding */
+        for (int pad = 0; pad < 2; pad++) {
+            stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
+            size_t nr = stria_layout_shard_runs(&l, r, pad, runs);
+            int64_t idx = 0;
+            for (size_t k = 0; k < nr; k++) {
+                cr_assert(runs[k].count > 0);
+                for (int64_t c = 0; c < runs[k].count; c++, idx++)
+                    cr_assert_eq(runs[k].first + c * runs[k].stride,
+                                 stria_layout_position(&l, r, idx));
+            }
+            cr_assert_eq(idx, pad ? l.shard_tokens : valid, "%s N=%d rank %d pad=%d: %lld tokens",
+                         name, n, r, pad, (long long)idx);
+        }
+    }
+    cr_assert_eq(total_valid, seq);
+    free(seen);
+}
+
+Test(layout, bijection_padding_prefix_and_runs)
+{
+    for (size_t k = 0; k < 3; k++)
+        for (int n = 1; n <= 9; n++)
+            for (int64_t seq = 1; seq <= 5 * n + 3; seq++)
+                check_layout(all_kinds[k], n, seq);
+    check_layout(STRIA_LAYOUT_ZIGZAG, 8, 16384 + 5);
+    check_layout(STRIA_LAYOUT_STRIPED, 16, 1000);
+}
+
+static void expect_shard(stria_layout_kind_t kind, int n, int64_t seq, int rank,
+                         const int64_t *want, int64_t count, int64_t valid)
+{
+    stria_layout_t l;
+    cr_assert_eq(stria_layout_init(kind, n, seq, &l), STRIA_OK);
+    cr_assert_eq(l.shard_tokens, count);
+    cr_assert_eq(stria_layout_shard_valid(&l, rank), valid);
+    for (int64_t i = 0; i < count; i++)
+        cr_expect_eq(stria_layout_position(&l, rank, i), want[i], "%s rank %d index %lld",
+                     stria_layout_kind_name(kind), rank, (long long)i);
+}
+
+Test(layout, known_shards)
+{
+    /* striped, 4 ranks, 10 tokens (padded to 12): rank 1 holds 1, 5, 9 */
+    expect_shard(STRIA_LAYOUT_STRIPED, 4, 10, 1, (int64_t[]){1, 5, 9}, 3, 3);
+    expect_shard(STRIA_LAYOUT_STRIPED, 4, 10, 2, (int64_t[]){2, 6, 10}, 3, 2);
+    /* contiguous: rank 2 of 3 over 7 tokens (padded to 9) holds 6, 7, 8 */
+    expect_shard(STRIA_LAYOUT_CONTIGUOUS, 3, 7, 2, (int64_t[]){6, 7, 8}, 3, 1);
+    /* zigzag, 2 ranks, 8 tokens: chunks of 2; rank 0 holds chunks 0 and 3 */
+    expect_shard(STRIA_LAYOUT_ZIGZAG, 2, 8, 0, (int64_t[]){0, 1, 6, 7}, 4, 4);
+    expect_shard(STRIA_LAYOUT_ZIGZAG, 2, 8, 1, (int64_t[]){2, 3, 4, 5}, 4, 4);
+    /* zigzag, 2 ranks, 5 tokens (padded to 8): rank 0 keeps only 0, 1 */
+    expect_shard(STRIA_LAYOUT_ZIGZAG, 2, 5, 0, (int64_t[]){0, 1, 6, 7}, 4, 2);
+    expect_shard(STRIA_LAYOUT_ZIGZAG, 2, 5, 1, (int64_t[]){2, 3, 4, 5}, 4, 3);
+    /* fewer tokens than ranks: some shards hold only padding */
+    expect_shard(STRIA_LAYOUT_CONTIGUOUS, 8, 3, 5, (int64_t[]){5}, 1, 0);
+}
+
+Test(layout, scatter_gather_round_trip)
+{
+    for (size_t k = 0; k < 3; k++)
+        for (int n = 1; n <= 5; n++) {
+            const int64_t seq = 23, B = 2, row = 3;
+            stria_layout_t l;
+            cr_assert_eq(stria_layout_init(all_kinds[k], n, seq, &l), STRIA_OK);
+            float *full = malloc((size_t)(B * seq * row) * sizeof(float));
+            float *back = calloc((size_t)(B * seq * row), sizeof(float));
+            float *shard = malloc((size_t)(B * l.shard_tokens * row) * sizeof(float));
+            for (int64_t i = 0; i < B * seq * row; i++)
+                full[i] = (float)i + 1.0f;
+            for (int r = 0; r < n; r++) {
+                memset(shard, 0xff, (size_t)(B * l.shard_tokens * row) * sizeof(float));
+                cr_assert_eq(stria_layout_scatter(&l, r, B, row * sizeof(float), full, shard),
+                             STRIA_OK);
+                for (int64_t b = 0; b < B; b++)
+                    for (int64_t i = 0; i < l.shard_tokens; i++) {
+                        int64_t pos = stria_layout_position(&l, r, i);
+                        for (int64_t c = 0; c < row; c++) {
+                            float got = shard[(b * l.shard_tokens + i) * row + c];
+                            float want = pos < seq ? full[(b * seq + pos) * row + c] : 0.0f;
+                            cr_assert_eq(got, want, "%s N=%d rank %d b=%lld i=%lld",
+                                         stria_layout_kind_name(all_kinds[k]), n, r, (long long)b,
+                                         (long long)i);
+                        }
+                    }
+                cr_assert_eq(stria_layout_gather(&l, r, B, row * sizeof(float), shard, back),
+                             STRIA_OK);
+            }
+            cr_assert_eq(memcmp(full, back, (size_t)(B * seq * row) * sizeof(float)), 0);
+            free(full), free(back), free(shard);
+        }
+}
+
+Test(layout, names_and_errors)
+{
+    stria_layout_t l;
+    stria_layout_kind_t kind;
+    int r;
+    int64_t i;
+    float buf[4];
+
+    for (size_t k = 0; k < 3; k++) {
+        cr_assert_eq(stria_layout_kind_parse(stria_layout_kind_name(all_kinds[k]), &kind),
+                     STRIA_OK);
+        cr_assert_eq(kind, all_kinds[k]);
+    }
+    cr_expect_eq(stria_layout_kind_parse("ring", &kind), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "'ring'") != NULL, "%s", stria_error_msg());
+    cr_expect_str_eq(stria_layout_kind_name((stria_layout_kind_t)7), "unknown");
+    cr_expect_eq(stria_layout_init(STRIA_LAYOUT_STRIPED, 0, 10, &l), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "0 ranks") != NULL, "%s", stria_error_msg());
+    cr_expect_eq(stria_layout_init(STRIA_LAYOUT_STRIPED, 2, 0, &l), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "0 tokens") != NULL, "%s", stria_error_msg());
+    cr_expect_eq(stria_layout_init((stria_layout_kind_t)9, 2, 4, &l), STRIA_ERR_INVALID_ARG);
+    cr_assert_eq(stria_layout_init(STRIA_LAYOUT_ZIGZAG, 2, 4, &l), STRIA_OK);
+    cr_expect_eq(stria_layout_position(&l, 2, 0), -1);
+    cr_expect_eq(stria_layout_position(&l, 0, 2), -1);
+    cr_expect_eq(stria_layout_locate(&l, 4, &r, &i), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(stria_layout_scatter(&l, 3, 1, 4, buf, buf + 2), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "rank 3") != NULL, "%s", stria_error_msg());
+    cr_expect_eq(stria_layout_gather(&l, 0, 0, 4, buf, buf + 2), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(stria_layout_gather(&l, 0, 1, 4, NULL, buf), STRIA_ERR_INVALID_ARG);
+}
