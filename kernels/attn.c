@@ -149,6 +149,9 @@ typedef struct {
     int64_t *qpos, *kpos;
     int64_t *qmin, *qmax, *kmin, *kmax; /* per tile */
     int n_threads;
+    /* bf16 inputs on a CPU with a bf16 dot product: the score products
+     * (K Q^T, V dO^T) run on packed bf16 pairs, everything else in fp32 */
+    bool bf16;
 } stria__ctx_t;
 
 static void stria__ctx_free(stria__ctx_t *c)
@@ -283,6 +286,85 @@ static void stria__transpose_tile(const stria__ctx_t *c, const float *src, float
                         src[(size_t)i * (size_t)Dp + (size_t)d];
 }
 
+/* rows [t0, t0+n) of head h of a bf16 tensor, bit for bit, as [rows][Dp]
+ * bf16, zero padded */
+static void stria__pack_rows_bf16(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
+                                  int64_t h, int64_t t0, int n, int rows, uint16_t *dst)
+{
+    for (int i = 0; i < rows; i++) {
+        uint16_t *d = dst + (size_t)i * (size_t)c->Dp;
+        size_t copied = i < n ? (size_t)c->D : 0;
+        if (copied > 0)
+            memcpy(d, stria__row_ptr(t, b, t0 + i, h), copied * sizeof(uint16_t));
+        memset(d + copied, 0, ((size_t)c->Dp - copied) * sizeof(uint16_t));
+    }
+}
+
+/* dst[Dp/2][BQ] pairs = transpose of src[BQ][Dp] bf16 taken as 32-bit pairs:
+ * the B operand layout of the bf16 GEMM. */
+static void stria__transpose_pairs(const stria__ctx_t *c, const uint16_t *src, uint16_t *dst)
+{
+    const int64_t P = c->Dp / 2;
+    for (int i0 = 0; i0 < STRIA__BQ; i0 += 16)
+        for (int64_t d0 = 0; d0 < P; d0 += 8)
+            for (int64_t d = d0; d < d0 + 8; d++)
+                for (int i = i0; i < i0 + 16; i++)
+                    memcpy(dst + 2 * ((size_t)d * STRIA__BQ + (size_t)i),
+                           src + (size_t)i * (size_t)c->Dp + 2 * (size_t)d, 2 * sizeof(uint16_t));
+}
+
+/* Packs the query-side B operand of a score product (Q^T or dO^T) of one
+ * tile: fp32 transposed, or bf16 pairs (using tmp, BQ * Dp floats, for the
+ * rows). rows_f32 receives the fp32 rows when not NULL. */
+static void stria__pack_qside(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                              int64_t q0, int n, float *rows_f32, float *tmp, float *dst)
+{
+    if (c->bf16) {
+        stria__pack_rows_bf16(c, t, b, h, q0, n, STRIA__BQ, (uint16_t *)tmp);
+        stria__transpose_pairs(c, (const uint16_t *)tmp, (uint16_t *)dst);
+        if (rows_f32 != NULL)
+            stria__pack_rows(c, t, b, h, q0, n, STRIA__BQ, rows_f32);
+    } else {
+        float *rows = rows_f32 != NULL ? rows_f32 : tmp;
+        stria__pack_rows(c, t, b, h, q0, n, STRIA__BQ, rows);
+        stria__transpose_tile(c, rows, dst);
+    }
+}
+
+/* Packs a key-side A operand of a score product (K or V rows) of one tile. */
+static void stria__pack_kside(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                              int64_t k0, int n, float *dst)
+{
+    if (c->bf16)
+        stria__pack_rows_bf16(c, t, b, h, k0, n, STRIA__BK, (uint16_t *)dst);
+    else
+        stria__pack_rows(c, t, b, h, k0, n, STRIA__BK, dst);
+}
+
+/* st[bk][BQ] = A B: A the packed key-side rows, B the packed query-side
+ * operand (see the two functions above). */
+static void stria__score_gemm(const stria__ctx_t *c, int bk, const float *a, const float *b,
+                              float *st)
+{
+    if (c->bf16)
+        c->ops->gemm_bf16(bk, STRIA__BQ, (int)c->Dp, (const uint16_t *)a, c->Dp,
+                          (const uint16_t *)b, 2 * STRIA__BQ, st, STRIA__BQ);
+    else
+        c->ops->gemm(bk, STRIA__BQ, (int)c->D, a, c->Dp, false, b, STRIA__BQ, st, STRIA__BQ, NULL,
+                     false);
+}
+
+/* Floats per packed tile of a score operand: bf16 pairs take half. */
+static size_t stria__score_tile_floats(const stria__ctx_t *c, size_t tile)
+{
+    return c->bf16 ? tile / 2 : tile;
+}
+
+static void stria__ctx_set_dtype(stria__ctx_t *c, stria_dtype_t dtype)
+{
+    c->bf16 = dtype == STRIA_DTYPE_BF16 && c->ops->gemm_bf16 != NULL && c->ops->gemm_bf16_ok();
+}
+
 /* ---- merge ------------------------------------------------------------- */
 
 /* (oa, *lsea) <- merge of (oa, *lsea) and (ob, lseb). Max-subtracted weights:
@@ -313,9 +395,10 @@ typedef struct {
     const stria_tensor_t *q, *k, *v, *o;
     float *lse;
     bool accumulate;
-    float *k_packed; /* [B][Hkv][nkt][BK][Dp] */
+    float *k_packed; /* [B][Hkv][nkt][BK][Dp], fp32 or bf16 (k_tile floats each) */
     float *v_packed; /* [B][Hkv][nkt][BK][Dp] */
-    float *scratch;  /* per thread */
+    size_t k_tile;
+    float *scratch; /* per thread */
     size_t scratch_floats;
 } stria__fwd_job_t;
 
@@ -331,7 +414,7 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
     size_t tile = (size_t)c->Dp * STRIA__BK;
 
     (void)thread;
-    stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
+    stria__pack_kside(c, job->k, b, hk, k0, n, job->k_packed + task * job->k_tile);
     stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
 }
 
@@ -358,8 +441,7 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     float *alpha = l + STRIA__BQ;
     bool first = true;
 
-    stria__pack_rows(c, job->q, b, h, q0, bq, STRIA__BQ, oacc);
-    stria__transpose_tile(c, oacc, qt_buf);
+    stria__pack_qside(c, job->q, b, h, q0, bq, NULL, oacc, qt_buf);
     for (int i = 0; i < STRIA__BQ; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
@@ -371,11 +453,10 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
         int64_t k0 = kt * STRIA__BK;
         int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
         size_t tidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
-        const float *kp = job->k_packed + tidx * tile;
+        const float *kp = job->k_packed + tidx * job->k_tile;
         const float *vp = job->v_packed + tidx * tile;
 
-        ops->gemm(bk, STRIA__BQ, (int)c->D, kp, Dp, false, qt_buf, STRIA__BQ, st, STRIA__BQ, NULL,
-                  false);
+        stria__score_gemm(c, bk, kp, qt_buf, st);
         if (cls == STRIA__TILE_PARTIAL)
             stria__mask_tile(c, st, q0, bq, k0, bk);
         ops->softmax_fwd(st, bk, STRIA__BQ, c->scale, m, l, alpha);
@@ -448,11 +529,13 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     job.o = o;
     job.lse = lse;
     job.accumulate = accumulate;
+    stria__ctx_set_dtype(&c, q->dtype);
     tile = (size_t)c.Dp * STRIA__BK;
     n_ktiles = (size_t)(c.B * c.Hkv * c.nkt);
+    job.k_tile = stria__score_tile_floats(&c, tile);
     job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
-    total = 2 * n_ktiles * tile + (size_t)c.n_threads * job.scratch_floats;
+    total = n_ktiles * (job.k_tile + tile) + (size_t)c.n_threads * job.scratch_floats;
     if (2.0 * (double)n_ktiles * (double)tile > 0x1p58 ||
         !stria__ws_get(total * sizeof(float), &ws)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
@@ -460,7 +543,7 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
         goto out;
     }
     job.k_packed = ws.ptr;
-    job.v_packed = job.k_packed + n_ktiles * tile;
+    job.v_packed = job.k_packed + n_ktiles * job.k_tile;
     job.scratch = job.v_packed + n_ktiles * tile;
     stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
     stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
@@ -553,11 +636,41 @@ stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stri
     return STRIA_OK;
 }
 
+typedef struct {
+    const stria_kern_ops_t *ops;
+    const stria_attn_params_t *p;
+    const stria_tensor_t *o, *d_o;
+    float *delta;
+} stria__delta_job_t;
+
+/* D of one (batch, head) for all its tokens. */
+static void stria__delta_task(void *arg, size_t task, int thread)
+{
+    stria__delta_job_t *job = arg;
+    const stria_attn_params_t *p = job->p;
+    int64_t h = (int64_t)task % p->heads, b = (int64_t)task / p->heads;
+    int n = (int)p->head_dim;
+    float orow[STRIA_HEAD_DIM_MAX], grow[STRIA_HEAD_DIM_MAX];
+
+    (void)thread;
+    for (int64_t t = 0; t < p->q_tokens; t++) {
+        float acc[8] = {0};
+        job->ops->row_load(job->o->dtype, stria__row_ptr(job->o, b, t, h), orow, n);
+        job->ops->row_load(job->d_o->dtype, stria__row_ptr(job->d_o, b, t, h), grow, n);
+        for (int d = 0; d < n; d += 8) /* head_dim is a multiple of 8 */
+            for (int j = 0; j < 8; j++)
+                acc[j] += orow[d + j] * grow[d + j];
+        job->delta[(b * p->heads + h) * p->q_tokens + t] =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+}
+
 stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const stria_tensor_t *o,
                                     const stria_tensor_t *d_o, float *delta)
 {
     static const char fn[] = "stria_attn_bwd_delta";
     const stria_attn_params_t *p = params;
+    stria__delta_job_t job;
     stria_status_t st = stria__check_rows(params, fn);
     if (st != STRIA_OK)
         return st;
@@ -568,17 +681,14 @@ stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const str
         return st;
     if (delta == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: delta is NULL", fn);
-    for (int64_t b = 0; b < p->batch; b++)
-        for (int64_t h = 0; h < p->heads; h++)
-            for (int64_t t = 0; t < p->q_tokens; t++) {
-                const void *orow = stria__row_ptr(o, b, t, h);
-                const void *grow = stria__row_ptr(d_o, b, t, h);
-                float acc = 0.0f;
-                for (int64_t d = 0; d < p->head_dim; d++)
-                    acc += stria_dtype_load(o->dtype, orow, (size_t)d) *
-                           stria_dtype_load(d_o->dtype, grow, (size_t)d);
-                delta[(b * p->heads + h) * p->q_tokens + t] = acc;
-            }
+    job.ops = stria__kern_ops();
+    if (job.ops == NULL)
+        return STRIA_ERR_UNSUPPORTED; /* message set by stria__kern_ops() */
+    job.p = p;
+    job.o = o;
+    job.d_o = d_o;
+    job.delta = delta;
+    stria_pool_run(p->pool, (size_t)(p->batch * p->heads), stria__delta_task, &job);
     return STRIA_OK;
 }
 
@@ -591,16 +701,17 @@ typedef struct {
     stria__ctx_t *c;
     const stria_tensor_t *q, *k, *v, *d_o, *dq, *dk, *dv;
     const float *lse, *delta;
-    float *q_packed;   /* [B][H][nqt][BQ][Dp] */
-    float *qt_packed;  /* [B][H][nqt][Dp][BQ] */
-    float *do_packed;  /* [B][H][nqt][BQ][Dp] */
-    float *dot_packed; /* [B][H][nqt][Dp][BQ] */
-    float *dq_packed;  /* [n_dq][B][H][nqt][BQ][Dp] dQ accumulators */
-    int n_dq;          /* copies of the dQ accumulators (one per thread in mode C) */
-    size_t dq_floats;  /* floats per copy */
-    float *k_packed;   /* [B][Hkv][nkt][BK][Dp] */
-    float *v_packed;   /* [B][Hkv][nkt][BK][Dp] */
-    float *scratch;    /* per thread */
+    /* fp32 rows, [B][H][nqt][BQ][Dp] and [B][Hkv][nkt][BK][Dp] */
+    float *q_packed, *do_packed, *k_packed;
+    /* score operands, fp32 or bf16 (q_stile / k_stile floats per tile):
+     * Q^T, dO^T [B][H][nqt][Dp][BQ]; K, V rows [B][Hkv][nkt][BK][Dp] (ks_packed
+     * is k_packed in fp32) */
+    float *qt_packed, *dot_packed, *ks_packed, *v_packed;
+    size_t q_stile, k_stile;
+    float *dq_packed; /* [n_dq][B][H][nqt][BQ][Dp] dQ accumulators */
+    int n_dq;         /* copies of the dQ accumulators (one per thread in mode C) */
+    size_t dq_floats; /* floats per copy */
+    float *scratch;   /* per thread */
     size_t scratch_floats;
 } stria__bwd_job_t;
 
@@ -623,12 +734,11 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     int n = stria__tile_len(c->Tq, q0, STRIA__BQ);
     size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
     float *qp = job->q_packed + task * tile, *dop = job->do_packed + task * tile;
+    float *tmp = job->dq_packed + task * tile; /* zeroed below */
 
     (void)thread;
-    stria__pack_rows(c, job->q, b, h, q0, n, STRIA__BQ, qp);
-    stria__transpose_tile(c, qp, job->qt_packed + task * tile);
-    stria__pack_rows(c, job->d_o, b, h, q0, n, STRIA__BQ, dop);
-    stria__transpose_tile(c, dop, job->dot_packed + task * tile);
+    stria__pack_qside(c, job->q, b, h, q0, n, qp, tmp, job->qt_packed + task * job->q_stile);
+    stria__pack_qside(c, job->d_o, b, h, q0, n, dop, tmp, job->dot_packed + task * job->q_stile);
     for (int i = 0; i < job->n_dq; i++)
         memset(job->dq_packed + (size_t)i * job->dq_floats + task * tile, 0, tile * sizeof(float));
 }
@@ -663,7 +773,9 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
 
     (void)thread;
     stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
-    stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
+    if (c->bf16)
+        stria__pack_kside(c, job->k, b, hk, k0, n, job->ks_packed + task * job->k_stile);
+    stria__pack_kside(c, job->v, b, hk, k0, n, job->v_packed + task * job->k_stile);
 }
 
 /* Per-thread scratch of the backward pass. */
@@ -725,21 +837,20 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     size_t qidx = (size_t)((b * c->H + h) * c->nqt + qt);
     size_t kidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
     const float *qp = job->q_packed + qidx * qtile;
-    const float *qtp = job->qt_packed + qidx * qtile;
+    const float *qtp = job->qt_packed + qidx * job->q_stile;
     const float *dop = job->do_packed + qidx * qtile;
-    const float *dotp = job->dot_packed + qidx * qtile;
+    const float *dotp = job->dot_packed + qidx * job->q_stile;
     const float *kp = job->k_packed + kidx * ktile;
-    const float *vp = job->v_packed + kidx * ktile;
+    const float *ksp = job->ks_packed + kidx * job->k_stile;
+    const float *vp = job->v_packed + kidx * job->k_stile;
 
     /* P^T = exp(scale K Q^T - lse) */
-    ops->gemm(bk, STRIA__BQ, (int)c->D, kp, Dp, false, qtp, STRIA__BQ, s->pt, STRIA__BQ, NULL,
-              false);
+    stria__score_gemm(c, bk, ksp, qtp, s->pt);
     if (cls == STRIA__TILE_PARTIAL)
         stria__mask_tile(c, s->pt, q0, bq, k0, bk);
     ops->softmax_bwd_p(s->pt, bk, STRIA__BQ, c->scale, s->lse);
     /* dP^T = V dO^T, then dS^T = P^T (dP^T - D) scale */
-    ops->gemm(bk, STRIA__BQ, (int)c->D, vp, Dp, false, dotp, STRIA__BQ, s->dst, STRIA__BQ, NULL,
-              false);
+    stria__score_gemm(c, bk, vp, dotp, s->dst);
     ops->softmax_bwd_ds(s->pt, s->dst, bk, STRIA__BQ, s->delta, c->scale);
     if (want_dkdv) {
         /* dV += P^T dO, dK += dS^T Q */
@@ -891,10 +1002,13 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     job.dv = dv;
     job.lse = lse;
     job.delta = delta;
+    stria__ctx_set_dtype(&c, q->dtype);
     qtile = (size_t)STRIA__BQ * c.Dp;
     ktile = (size_t)STRIA__BK * c.Dp;
     n_q = (size_t)(c.B * c.H * c.nqt);
     n_k = (size_t)(c.B * c.Hkv * c.nkt);
+    job.q_stile = stria__score_tile_floats(&c, qtile);
+    job.k_stile = stria__score_tile_floats(&c, ktile);
     job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK + 2 * STRIA__BK * c.Dp + 2 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* Schedules: mode A, one task per (batch, kv head), needs nothing extra
@@ -915,9 +1029,9 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
         mode = 'B';
     job.n_dq = mode == 'C' ? c.n_threads : 1;
     job.dq_floats = n_q * qtile;
-    total = (4 + (size_t)job.n_dq) * n_q * qtile + 2 * n_k * ktile +
-            (size_t)c.n_threads * job.scratch_floats;
-    if ((4.0 + job.n_dq) * (double)n_q * (double)qtile + 2.0 * (double)n_k * (double)ktile >
+    total = (2 + (size_t)job.n_dq) * n_q * qtile + 2 * n_q * job.q_stile + n_k * ktile +
+            (c.bf16 ? 2 : 1) * n_k * job.k_stile + (size_t)c.n_threads * job.scratch_floats;
+    if ((6.0 + job.n_dq) * (double)n_q * (double)qtile + 3.0 * (double)n_k * (double)ktile >
             0x1p58 ||
         !stria__ws_get(total * sizeof(float), &ws)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
@@ -926,13 +1040,18 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     }
     /* every part is a multiple of 16 floats: 64-byte aligned like the buffer */
     job.q_packed = ws.ptr;
-    job.qt_packed = job.q_packed + n_q * qtile;
-    job.do_packed = job.qt_packed + n_q * qtile;
-    job.dot_packed = job.do_packed + n_q * qtile;
-    job.dq_packed = job.dot_packed + n_q * qtile;
-    job.k_packed = job.dq_packed + (size_t)job.n_dq * job.dq_floats;
+    job.do_packed = job.q_packed + n_q * qtile;
+    job.dq_packed = job.do_packed + n_q * qtile;
+    job.qt_packed = job.dq_packed + (size_t)job.n_dq * job.dq_floats;
+    job.dot_packed = job.qt_packed + n_q * job.q_stile;
+    job.k_packed = job.dot_packed + n_q * job.q_stile;
     job.v_packed = job.k_packed + n_k * ktile;
-    job.scratch = job.v_packed + n_k * ktile;
+    job.ks_packed = job.k_packed;
+    job.scratch = job.v_packed + n_k * job.k_stile;
+    if (c.bf16) {
+        job.ks_packed = job.scratch;
+        job.scratch = job.ks_packed + n_k * job.k_stile;
+    }
     stria_pool_run(p->pool, n_q, stria__bwd_pack_q_task, &job);
     stria_pool_run(p->pool, n_k, stria__bwd_pack_k_task, &job);
     if (mode == 'A') {

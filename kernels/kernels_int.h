@@ -53,6 +53,14 @@ typedef struct {
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
     /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */
     void (*row_acc)(float *dst, const float *src, int n);
+    /* Optional (NULL when absent; usable only when gemm_bf16_ok() says so):
+     * C[i][j] = sum_{p<k} A[i][p] * B(p, j) with bf16 inputs and fp32
+     * accumulation, C overwritten. A: bf16 rows lda elements apart. B: bf16
+     * interleaved in pairs along k, B(p, j) = b[(p / 2) * ldb + 2 * j + p % 2].
+     * k even, n a multiple of 16. Denormal inputs count as zero. */
+    void (*gemm_bf16)(int m, int n, int k, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                      ptrdiff_t ldb, float *c, ptrdiff_t ldc);
+    bool (*gemm_bf16_ok)(void);
 } stria_kern_ops_t;
 
 extern const stria_kern_ops_t stria__kern_portable;

@@ -30,7 +30,7 @@ static int for_each_simd(void (*fn)(const stria_kern_ops_t *simd, const stria_ke
         if (strcmp(names[i], "portable") == 0)
             continue;
         if (!stria_kernels_variant_available(names[i])) {
-            cr_log_warn("variant %s not supported by this CPU: skipped", names[i]);
+            cr_log_info("variant %s not supported by this CPU: skipped", names[i]);
             continue;
         }
         fn(ops_of(names[i]), port);
@@ -304,4 +304,63 @@ static void accumulate_rows(const stria_kern_ops_t *simd, const stria_kern_ops_t
 Test(kernel_ops, row_acc_matches)
 {
     for_each_simd(accumulate_rows);
+}
+
+/* The bf16 GEMM (where a variant has one and the CPU runs it) against an
+ * fp64 sum of the same bf16 products: products of bf16 are exact in fp32,
+ * so only the fp32 additions round. */
+static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    static const int ms[] = {1, 5, 6, 7, 64};
+    static const int ns[] = {16, 48, 64, 80};
+    static const int ks[] = {2, 16, 128, 256};
+    (void)port;
+    if (simd->gemm_bf16 == NULL || !simd->gemm_bf16_ok()) {
+        cr_log_info("variant %s: no bf16 GEMM (none in the variant, or no AVX512-BF16)",
+                    simd->name);
+        return;
+    }
+    for (size_t im = 0; im < sizeof(ms) / sizeof(ms[0]); im++)
+        for (size_t in = 0; in < sizeof(ns) / sizeof(ns[0]); in++)
+            for (size_t ik = 0; ik < sizeof(ks) / sizeof(ks[0]); ik++) {
+                int m = ms[im], n = ns[in], k = ks[ik];
+                ptrdiff_t lda = k + 8, ldb = 2 * n + 32, ldc = n + 16;
+                size_t na = (size_t)(m * lda), nb = (size_t)(k / 2 * ldb), nc = (size_t)(m * ldc);
+                float *af = malloc(na * 4), *bf = malloc((size_t)k * (size_t)n * 4);
+                uint16_t *a = malloc(na * 2), *b = calloc(nb, 2);
+                float *c = malloc(nc * 4);
+                ref_fill(af, na, (uint64_t)(m + 7 * k), 2.0f, STRIA_DTYPE_BF16);
+                ref_fill(bf, (size_t)(k * n), (uint64_t)(n + 3 * k), 2.0f, STRIA_DTYPE_BF16);
+                ref_to_dtype(af, na, STRIA_DTYPE_BF16, a);
+                for (int p = 0; p < k; p++)
+                    for (int j = 0; j < n; j++)
+                        b[(p / 2) * ldb + 2 * j + p % 2] = stria_f32_to_bf16(bf[p * n + j]);
+                for (size_t i = 0; i < nc; i++)
+                    c[i] = -7.0f;
+                simd->gemm_bf16(m, n, k, a, lda, b, ldb, c, ldc);
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < ldc; j++) {
+                        float got = c[i * ldc + j];
+                        if (j >= n) {
+                            cr_assert_eq(got, -7.0f, "%s bf16 gemm wrote C[%d][%d] beyond n=%d",
+                                         simd->name, i, j, n);
+                            continue;
+                        }
+                        double want = 0.0, mag = 0.0;
+                        for (int p = 0; p < k; p++) {
+                            double x = (double)af[i * lda + p] * (double)bf[p * n + j];
+                            want += x;
+                            mag += fabs(x);
+                        }
+                        cr_assert(fabs((double)got - want) <= 1.2e-7 * k * mag + 1e-30,
+                                  "%s bf16 gemm m=%d n=%d k=%d C[%d][%d] = %.9g, want %.9g",
+                                  simd->name, m, n, k, i, j, got, want);
+                    }
+                free(af), free(bf), free(a), free(b), free(c);
+            }
+}
+
+Test(kernel_ops, bf16_gemm_exact_products)
+{
+    for_each_simd(bf16_gemm);
 }
