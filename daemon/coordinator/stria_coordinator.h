@@ -1,0 +1,90 @@
+/*
+ * stria coordinator: the control plane of the service.
+ *
+ * It serves the stria.v1.Coordinator service (proto/stria.proto) over the RPC
+ * layer: workers register and heartbeat; clients submit jobs and get an
+ * assignment (ring members in order, each rank's token shard and addresses);
+ * workers report the phases of each job; admins list, drain and cancel.
+ *
+ * Workers. A worker is identified by its RPC address. One that misses three
+ * heartbeat periods is marked dead and leaves the ring; every job it takes
+ * part in fails with a reason naming it. When it heartbeats or registers
+ * again it rejoins (a new incarnation, i.e. a restarted process, also fails
+ * the jobs it held). The ring is the healthy, non-draining workers sorted by
+ * (host, RPC address), so the workers of one host sit together and the order
+ * is stable across restarts.
+ *
+ * Jobs. A job of ring size n takes n consecutive workers of the ring. It is
+ * admitted when every member has the capacity for its per-rank memory
+ * estimate (stria_coord_rank_memory()); otherwise it is refused with a clear
+ * error (too few workers: STRIA_ERR_BUSY; too little memory:
+ * STRIA_ERR_NO_MEMORY). It starts (LOADING) once its members have that memory
+ * free and no earlier queued job waits for one of them; until then it is
+ * PENDING, in submission order. Jobs on disjoint workers, or that fit side by
+ * side, are active together. A job without client or worker activity for its
+ * TTL expires and its workers drop it. The coordinator keeps the most recent
+ * finished jobs for the admin tools.
+ *
+ * Threads: everything runs on the RPC server's loop thread; the functions
+ * below are called from any other single thread.
+ */
+#ifndef STRIA_COORDINATOR_H
+#define STRIA_COORDINATOR_H
+
+#include "stria_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Limits of a job spec; a spec outside them is refused naming the field. */
+#define STRIA_COORD_MAX_BATCH 65536
+#define STRIA_COORD_MAX_HEADS 65536
+#define STRIA_COORD_MAX_SEQ   ((uint64_t)1 << 40)
+#define STRIA_COORD_MAX_TTL_S (7u * 86400u)
+#define STRIA_COORD_MAX_LABEL 256
+#define STRIA_COORD_MAX_RING  4096
+
+typedef struct stria_coord stria_coord_t;
+
+/* Zero-initialise and set the fields; zero means the default. */
+typedef struct {
+    const char *listen;        /* "HOST:PORT" (required); port 0 picks one */
+    double heartbeat_period_s; /* period told to workers; dead after 3; default 1 */
+    double job_ttl_s;          /* default TTL of a job; default 600 */
+    const char *token;         /* token contents (not a path); NULL: no authentication */
+    const char *admin_token;   /* NULL: admin methods open to every connection */
+    uint32_t max_workers;      /* registered workers kept; default 4096 */
+    uint32_t max_jobs;         /* pending and active jobs; default 4096 */
+    uint32_t history;          /* finished jobs kept for the admin tools; default 1024 */
+    /* Optional registry that receives the coordinator's gauges and counters
+     * (stria_coordinator_*); must outlive the coordinator. */
+    stria_metrics_t *metrics;
+} stria_coord_params_t;
+
+/* Starts serving. Errors: STRIA_ERR_INVALID_ARG (a parameter, named),
+ * STRIA_ERR_IO (cannot listen). Stop with stria_coord_stop(). */
+stria_status_t stria_coord_start(const stria_coord_params_t *params, stria_coord_t **coord_out);
+
+/* The bound port. */
+uint16_t stria_coord_port(const stria_coord_t *coord);
+
+/* Stops serving and frees everything; NULL is ignored. */
+void stria_coord_stop(stria_coord_t *coord);
+
+/* Admission estimate of the memory of one rank of a job, in bytes: its Q, K,
+ * V, dO, O, dQ, dK, dV shards in the job dtype and its fp32 LSE, the ring
+ * buffers (K/V double-buffered in the job dtype, dK/dV double-buffered in
+ * fp32, the fp32 output accumulators) and the kernels' fp32 workspaces, all
+ * for shard_tokens (padded) tokens. It matches what a worker allocates.
+ * STRIA_ERR_INVALID_ARG for sizes <= 0 or an unknown dtype;
+ * STRIA_ERR_NO_MEMORY when the result does not fit in 63 bits. */
+stria_status_t stria_coord_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
+                                       int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                       uint64_t *bytes_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_COORDINATOR_H */

@@ -1,0 +1,1160 @@
+/* Coordinator suite: registration, ring order, heartbeats and dead workers,
+ * admission, queueing, the job state machine, TTL, admin methods, and the
+ * stria-coordinator daemon as a real process against bad peers. Workers are
+ * played by the test through the Coordinator service itself. */
+#include <criterion/criterion.h>
+
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../rpc/rpc_testutil.h"
+#include "proc.h"
+#include "stria_coordinator.h"
+
+enum {
+    M_REGISTER = 0,
+    M_HEARTBEAT = 1,
+    M_REPORT = 2,
+    M_SUBMIT = 3,
+    M_GET_JOB = 4,
+    M_RELEASE = 5,
+    M_CANCEL = 6,
+    M_STATUS = 7,
+    M_RING = 8,
+    M_LIST_WORKERS = 9,
+    M_LIST_JOBS = 10,
+    M_DRAIN = 11,
+};
+
+#define JS(x)  STRIA__V1__JOB_STATE__JOB_STATE_##x
+#define EV(x)  STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_##x
+#define WST(x) STRIA__V1__WORKER_STATE__WORKER_STATE_##x
+
+/* ---- fixture ------------------------------------------------------------- */
+
+typedef struct {
+    stria_coord_t *co; /* in-process coordinator, or NULL */
+    test_proc_t *proc; /* daemon process, or NULL */
+    uint16_t port;
+    stria_rpc_client_t *cl;
+} fx_t;
+
+static stria_rpc_client_t *fx_connect(const fx_t *fx, const char *token, stria_status_t *st)
+{
+    char addr[64];
+    stria_rpc_client_params_t p = {0};
+    stria_rpc_client_t *cl = NULL;
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", fx->port);
+    p.address = addr;
+    p.service = &stria__v1__coordinator__descriptor;
+    p.token = token;
+    p.client_name = "coordinator test";
+    p.connect_timeout_s = 5;
+    *st = stria_rpc_client_connect(&p, &cl);
+    return cl;
+}
+
+static void fx_start(fx_t *fx, double hb, double ttl, const char *token, const char *admin)
+{
+    stria_coord_params_t p = {0};
+    stria_status_t st;
+    memset(fx, 0, sizeof(*fx));
+    p.listen = "127.0.0.1:0";
+    p.heartbeat_period_s = hb;
+    p.job_ttl_s = ttl;
+    p.token = token;
+    p.admin_token = admin;
+    cr_assert_eq(stria_coord_start(&p, &fx->co), STRIA_OK, "%s", stria_error_msg());
+    fx->port = stria_coord_port(fx->co);
+    fx->cl = fx_connect(fx, admin ? admin : token, &st);
+    cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+}
+
+static void fx_stop(fx_t *fx)
+{
+    stria_rpc_client_close(fx->cl);
+    fx->cl = NULL;
+    if (fx->co != NULL)
+        stria_coord_stop(fx->co);
+    fx->co = NULL;
+    if (fx->proc != NULL) {
+        int status = test_proc_stop(fx->proc, SIGTERM, 5.0);
+        cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "stria-coordinator did not exit cleanly on SIGTERM (status 0x%x)", status);
+        fx->proc = NULL;
+    }
+}
+
+static stria_status_t fx_call(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
+                              stria_rpc_reply_t *rep)
+{
+    stria_rpc_request_t r = {.method = method, .request = req, .timeout_s = 10};
+    memset(rep, 0, sizeof(*rep));
+    return stria_rpc_client_call(cl, &r, rep);
+}
+
+typedef struct {
+    uint64_t id;
+    uint64_t incarnation;
+} wk_t;
+
+static wk_t reg_worker(const fx_t *fx, const char *host, int port, uint64_t memory)
+{
+    Stria__V1__RegisterWorkerRequest req = STRIA__V1__REGISTER_WORKER_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    char rpc[64], ucx[64];
+    wk_t w = {0, 1000u + (uint64_t)port};
+    snprintf(rpc, sizeof(rpc), "127.0.0.1:%d", port);
+    snprintf(ucx, sizeof(ucx), "127.0.0.1:%d", port + 100);
+    req.rpc_address = rpc;
+    req.ucx_address = ucx;
+    req.host = (char *)host;
+    req.device = (char *)"cpu";
+    req.memory_bytes = memory;
+    req.software_version = (char *)"test";
+    req.incarnation = w.incarnation;
+    cr_assert_eq(fx_call(fx->cl, M_REGISTER, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    w.id = ((Stria__V1__RegisterWorkerReply *)rep.msg)->worker_id;
+    cr_assert_gt(w.id, 0);
+    stria_rpc_reply_free(&rep);
+    return w;
+}
+
+/* A heartbeat reporting the given jobs; drop ids come back in drop[]. */
+static stria_status_t heartbeat(const fx_t *fx, wk_t w, const uint64_t *jobs, size_t n_jobs,
+                                uint32_t idle_ms, uint64_t *drop, size_t *n_drop, bool *rejoined)
+{
+    Stria__V1__HeartbeatRequest req = STRIA__V1__HEARTBEAT_REQUEST__INIT;
+    Stria__V1__WorkerJobStatus js[8], *jp[8];
+    stria_rpc_reply_t rep;
+    stria_status_t st;
+    req.worker_id = w.id;
+    req.incarnation = w.incarnation;
+    for (size_t i = 0; i < n_jobs; i++) {
+        stria__v1__worker_job_status__init(&js[i]);
+        js[i].job_id = jobs[i];
+        js[i].phase = JS(LOADING);
+        js[i].idle_ms = idle_ms;
+        jp[i] = &js[i];
+    }
+    req.n_jobs = n_jobs;
+    req.jobs = jp;
+    st = fx_call(fx->cl, M_HEARTBEAT, &req.base, &rep);
+    if (st != STRIA_OK)
+        return st;
+    Stria__V1__HeartbeatReply *r = (Stria__V1__HeartbeatReply *)rep.msg;
+    if (n_drop != NULL) {
+        *n_drop = r->n_drop_job_ids;
+        for (size_t i = 0; i < r->n_drop_job_ids && i < 8; i++)
+            drop[i] = r->drop_job_ids[i];
+    }
+    if (rejoined != NULL)
+        *rejoined = r->rejoined;
+    stria_rpc_reply_free(&rep);
+    return STRIA_OK;
+}
+
+static Stria__V1__JobSpec spec_default(void)
+{
+    Stria__V1__JobSpec s = STRIA__V1__JOB_SPEC__INIT;
+    s.batch = 1;
+    s.seq_len = 1024;
+    s.heads = 4;
+    s.kv_heads = 2;
+    s.head_dim = 64;
+    s.causal = true;
+    return s;
+}
+
+/* Per-rank memory of spec_default() on n ranks. */
+static uint64_t mem_default(int n)
+{
+    uint64_t m = 0;
+    cr_assert_eq(stria_coord_rank_memory(1, (1024 + n - 1) / n, 4, 2, 64, STRIA_DTYPE_F32, &m),
+                 STRIA_OK);
+    return m;
+}
+
+static stria_status_t submit(const fx_t *fx, const Stria__V1__JobSpec *s, stria_rpc_reply_t *rep)
+{
+    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    req.spec = (Stria__V1__JobSpec *)s;
+    return fx_call(fx->cl, M_SUBMIT, &req.base, rep);
+}
+
+/* Submits and returns the job id; asserts success. */
+static uint64_t submit_ok(const fx_t *fx, const Stria__V1__JobSpec *s, Stria__V1__JobState want)
+{
+    stria_rpc_reply_t rep;
+    cr_assert_eq(submit(fx, s, &rep), STRIA_OK, "%s", stria_error_msg());
+    Stria__V1__SubmitJobReply *r = (Stria__V1__SubmitJobReply *)rep.msg;
+    uint64_t id = r->assignment->job_id;
+    cr_expect_eq(r->state, want, "job %llu: state %d, expected %d", (unsigned long long)id,
+                 r->state, want);
+    stria_rpc_reply_free(&rep);
+    return id;
+}
+
+/* Job detail; caller frees rep. */
+static Stria__V1__JobInfo *get_job(const fx_t *fx, uint64_t id, stria_rpc_reply_t *rep)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    req.job_id = id;
+    cr_assert_eq(fx_call(fx->cl, M_GET_JOB, &req.base, rep), STRIA_OK, "%s", stria_error_msg());
+    return ((Stria__V1__GetJobReply *)rep->msg)->job;
+}
+
+static Stria__V1__JobState job_state(const fx_t *fx, uint64_t id)
+{
+    stria_rpc_reply_t rep;
+    Stria__V1__JobState s = get_job(fx, id, &rep)->state;
+    stria_rpc_reply_free(&rep);
+    return s;
+}
+
+static stria_status_t release(const fx_t *fx, uint64_t id)
+{
+    Stria__V1__ReleaseJobRequest req = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    stria_status_t st;
+    req.job_id = id;
+    st = fx_call(fx->cl, M_RELEASE, &req.base, &rep);
+    stria_rpc_reply_free(&rep);
+    return st;
+}
+
+static stria_status_t report(const fx_t *fx, wk_t w, uint64_t job, uint32_t rank, int event,
+                             const char *msg, Stria__V1__JobState *state_out)
+{
+    Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    stria_status_t st;
+    req.worker_id = w.id;
+    req.job_id = job;
+    req.rank = rank;
+    req.event = event;
+    req.message = (char *)(msg ? msg : "");
+    st = fx_call(fx->cl, M_REPORT, &req.base, &rep);
+    if (st == STRIA_OK && state_out != NULL)
+        *state_out = ((Stria__V1__ReportJobReply *)rep.msg)->state;
+    stria_rpc_reply_free(&rep);
+    return st;
+}
+
+/* The ring (ranks >= 0) as worker ids; returns its length. */
+static size_t ring_ids(const fx_t *fx, uint64_t *ids, size_t cap, int *states)
+{
+    Stria__V1__GetRingRequest req = STRIA__V1__GET_RING_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    size_t n = 0;
+    cr_assert_eq(fx_call(fx->cl, M_RING, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    Stria__V1__GetRingReply *r = (Stria__V1__GetRingReply *)rep.msg;
+    for (size_t i = 0; i < r->n_members && n < cap; i++) {
+        if (states != NULL)
+            states[i] = r->members[i]->worker->state;
+        if (r->members[i]->rank >= 0) {
+            cr_expect_eq(r->members[i]->rank, (int)n, "ring ranks must be 0, 1, ...");
+            ids[n++] = r->members[i]->worker->worker_id;
+        }
+    }
+    stria_rpc_reply_free(&rep);
+    return n;
+}
+
+/* Keeps `keep` alive with heartbeats until `pred` holds or timeout_s. */
+static bool wait_until(const fx_t *fx, const wk_t *keep, size_t n_keep,
+                       bool (*pred)(const fx_t *, void *), void *arg, double timeout_s)
+{
+    double end = stria_time_now() + timeout_s;
+    while (stria_time_now() < end) {
+        for (size_t i = 0; i < n_keep; i++)
+            heartbeat(fx, keep[i], NULL, 0, 0, NULL, NULL, NULL);
+        if (pred(fx, arg))
+            return true;
+        usleep(20000);
+    }
+    return false;
+}
+
+/* A job's state without touching it (GetJob would keep it alive). */
+static Stria__V1__JobState job_state_quiet(const fx_t *fx, uint64_t id)
+{
+    Stria__V1__ListJobsRequest req = STRIA__V1__LIST_JOBS_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    Stria__V1__JobState s = 0;
+    req.include_finished = true;
+    cr_assert_eq(fx_call(fx->cl, M_LIST_JOBS, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    Stria__V1__ListJobsReply *r = (Stria__V1__ListJobsReply *)rep.msg;
+    for (size_t i = 0; i < r->n_jobs; i++)
+        if (r->jobs[i]->job_id == id)
+            s = r->jobs[i]->state;
+    stria_rpc_reply_free(&rep);
+    return s;
+}
+
+static bool pred_ring_len(const fx_t *fx, void *arg)
+{
+    uint64_t ids[16];
+    return ring_ids(fx, ids, 16, NULL) == *(size_t *)arg;
+}
+
+/* ---- workers and the ring ------------------------------------------------ */
+
+Test(coord, ring_order_groups_hosts, .timeout = 30)
+{
+    fx_t fx;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    wk_t a = reg_worker(&fx, "node-b", 7002, 1 << 30);
+    wk_t b = reg_worker(&fx, "node-a", 7003, 1 << 30);
+    wk_t c = reg_worker(&fx, "node-b", 7001, 1 << 30);
+    wk_t d = reg_worker(&fx, "node-a", 7000, 1 << 30);
+    uint64_t ids[8];
+    cr_assert_eq(ring_ids(&fx, ids, 8, NULL), 4);
+    cr_expect_eq(ids[0], d.id);
+    cr_expect_eq(ids[1], b.id);
+    cr_expect_eq(ids[2], c.id);
+    cr_expect_eq(ids[3], a.id);
+    /* Registering again keeps the id and the order. */
+    wk_t a2 = reg_worker(&fx, "node-b", 7002, 1 << 30);
+    cr_expect_eq(a2.id, a.id);
+    cr_assert_eq(ring_ids(&fx, ids, 8, NULL), 4);
+    cr_expect_eq(ids[3], a.id);
+
+    Stria__V1__ListWorkersRequest lw = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    cr_assert_eq(fx_call(fx.cl, M_LIST_WORKERS, &lw.base, &rep), STRIA_OK);
+    Stria__V1__ListWorkersReply *r = (Stria__V1__ListWorkersReply *)rep.msg;
+    cr_assert_eq(r->n_workers, 4);
+    cr_expect_str_eq(r->workers[0]->rpc_address, "127.0.0.1:7000");
+    cr_expect_str_eq(r->workers[0]->ucx_address, "127.0.0.1:7100");
+    cr_expect_str_eq(r->workers[0]->host, "node-a");
+    cr_expect_eq(r->workers[0]->state, WST(HEALTHY));
+    cr_expect_eq(r->workers[0]->memory_bytes, 1 << 30);
+    cr_expect_eq(r->workers[3]->ring_index, 3);
+    stria_rpc_reply_free(&rep);
+    fx_stop(&fx);
+}
+
+Test(coord, registration_is_validated, .timeout = 30)
+{
+    fx_t fx;
+    Stria__V1__RegisterWorkerRequest req = STRIA__V1__REGISTER_WORKER_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    char longhost[400];
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    req.rpc_address = (char *)"127.0.0.1:7000";
+    req.ucx_address = (char *)"127.0.0.1:7100";
+    req.host = (char *)"h";
+    req.device = (char *)"cpu";
+    req.memory_bytes = 1;
+
+    req.ucx_address = (char *)"";
+    cr_expect_eq(fx_call(fx.cl, M_REGISTER, &req.base, &rep), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "ucx_address is missing") != NULL, "%s", stria_error_msg());
+    req.ucx_address = (char *)"127.0.0.1:7100";
+    req.rpc_address = (char *)"127.0.0.1:0";
+    cr_expect_eq(fx_call(fx.cl, M_REGISTER, &req.base, &rep), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "port 0") != NULL, "%s", stria_error_msg());
+    req.rpc_address = (char *)"nonsense";
+    cr_expect_eq(fx_call(fx.cl, M_REGISTER, &req.base, &rep), STRIA_ERR_INVALID_ARG);
+    req.rpc_address = (char *)"127.0.0.1:7000";
+    req.memory_bytes = 0;
+    cr_expect_eq(fx_call(fx.cl, M_REGISTER, &req.base, &rep), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "memory_bytes") != NULL, "%s", stria_error_msg());
+    req.memory_bytes = 1;
+    memset(longhost, 'x', sizeof(longhost) - 1);
+    longhost[sizeof(longhost) - 1] = '\0';
+    req.host = longhost;
+    cr_expect_eq(fx_call(fx.cl, M_REGISTER, &req.base, &rep), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "longer than") != NULL, "%s", stria_error_msg());
+    req.host = (char *)"h";
+    cr_expect_eq(fx_call(fx.cl, M_REGISTER, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    /* An unknown worker's heartbeat asks it to register. */
+    wk_t ghost = {12345, 1};
+    cr_expect_eq(heartbeat(&fx, ghost, NULL, 0, 0, NULL, NULL, NULL), STRIA_ERR_NOT_FOUND);
+    cr_expect(strstr(stria_error_msg(), "register again") != NULL, "%s", stria_error_msg());
+    fx_stop(&fx);
+}
+
+Test(coord, silent_worker_dies_and_rejoins, .timeout = 30)
+{
+    fx_t fx;
+    uint64_t ids[8];
+    int states[8];
+    size_t want;
+    bool rejoined = false;
+    fx_start(&fx, 0.2, 60, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1 << 30);
+    wk_t b = reg_worker(&fx, "h", 7001, 1 << 30);
+    cr_assert_eq(ring_ids(&fx, ids, 8, NULL), 2);
+
+    /* A 2-rank job on both; then b goes silent. */
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t job = submit_ok(&fx, &s, JS(LOADING));
+    double t0 = stria_time_now();
+    want = 1;
+    cr_assert(wait_until(&fx, &a, 1, pred_ring_len, &want, 10), "b was never marked dead");
+    double took = stria_time_now() - t0;
+    cr_expect_geq(took, 3 * 0.2 - 0.05, "marked dead after %.3f s, before 3 periods", took);
+    cr_assert_eq(ring_ids(&fx, ids, 8, states), 1);
+    cr_expect_eq(ids[0], a.id);
+    cr_expect_eq(states[1], WST(DEAD));
+
+    stria_rpc_reply_t rep;
+    Stria__V1__JobInfo *info = get_job(&fx, job, &rep);
+    cr_expect_eq(info->state, JS(FAILED));
+    cr_expect(strstr(info->failure, "missed 3 heartbeats") != NULL, "%s", info->failure);
+    cr_expect(strstr(info->failure, "127.0.0.1:7001") != NULL, "%s", info->failure);
+    stria_rpc_reply_free(&rep);
+
+    /* The default ring is what is healthy now. */
+    uint64_t job1 = submit_ok(&fx, &s, JS(LOADING));
+    info = get_job(&fx, job1, &rep);
+    cr_expect_eq(info->assignment->n_ranks, 1);
+    stria_rpc_reply_free(&rep);
+
+    /* b comes back: it rejoins and is told to drop the failed job. */
+    uint64_t drop[8];
+    size_t n_drop = 0;
+    cr_assert_eq(heartbeat(&fx, b, &job, 1, 0, drop, &n_drop, &rejoined), STRIA_OK);
+    cr_expect(rejoined);
+    cr_expect_eq(n_drop, 1);
+    cr_expect_eq(drop[0], job);
+    cr_expect_eq(ring_ids(&fx, ids, 8, NULL), 2);
+    fx_stop(&fx);
+}
+
+Test(coord, restarted_worker_loses_its_jobs, .timeout = 30)
+{
+    fx_t fx;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1 << 30);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t job = submit_ok(&fx, &s, JS(LOADING));
+    /* Same address, new incarnation: the old process is gone. */
+    Stria__V1__RegisterWorkerRequest req = STRIA__V1__REGISTER_WORKER_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    req.rpc_address = (char *)"127.0.0.1:7000";
+    req.ucx_address = (char *)"127.0.0.1:7999";
+    req.host = (char *)"h";
+    req.device = (char *)"cpu";
+    req.memory_bytes = 1 << 30;
+    req.incarnation = a.incarnation + 1;
+    cr_assert_eq(fx_call(fx.cl, M_REGISTER, &req.base, &rep), STRIA_OK);
+    cr_expect_eq(((Stria__V1__RegisterWorkerReply *)rep.msg)->worker_id, a.id);
+    cr_expect(((Stria__V1__RegisterWorkerReply *)rep.msg)->rejoined);
+    stria_rpc_reply_free(&rep);
+    Stria__V1__JobInfo *info = get_job(&fx, job, &rep);
+    cr_expect_eq(info->state, JS(FAILED));
+    cr_expect(strstr(info->failure, "restarted") != NULL, "%s", info->failure);
+    stria_rpc_reply_free(&rep);
+    /* The old incarnation's heartbeats are refused. */
+    cr_expect_eq(heartbeat(&fx, a, NULL, 0, 0, NULL, NULL, NULL), STRIA_ERR_NOT_FOUND);
+    fx_stop(&fx);
+}
+
+/* ---- admission ----------------------------------------------------------- */
+
+typedef struct {
+    const char *what;
+    void (*mutate)(Stria__V1__JobSpec *s);
+    const char *msg;
+} bad_spec_t;
+
+static void m_batch0(Stria__V1__JobSpec *s)
+{
+    s->batch = 0;
+}
+static void m_seq0(Stria__V1__JobSpec *s)
+{
+    s->seq_len = 0;
+}
+static void m_seq_huge(Stria__V1__JobSpec *s)
+{
+    s->seq_len = (uint64_t)1 << 62;
+}
+static void m_heads0(Stria__V1__JobSpec *s)
+{
+    s->heads = 0;
+}
+static void m_kv_not_div(Stria__V1__JobSpec *s)
+{
+    s->heads = 6, s->kv_heads = 4;
+}
+static void m_kv_more(Stria__V1__JobSpec *s)
+{
+    s->kv_heads = 8;
+}
+static void m_dim12(Stria__V1__JobSpec *s)
+{
+    s->head_dim = 12;
+}
+static void m_dim_odd(Stria__V1__JobSpec *s)
+{
+    s->head_dim = 68;
+}
+static void m_dim_big(Stria__V1__JobSpec *s)
+{
+    s->head_dim = 512;
+}
+static void m_dtype(Stria__V1__JobSpec *s)
+{
+    s->dtype = 7;
+}
+static void m_layout(Stria__V1__JobSpec *s)
+{
+    s->layout = 9;
+}
+static void m_scale_nan(Stria__V1__JobSpec *s)
+{
+    s->scale = NAN;
+}
+static void m_scale_neg(Stria__V1__JobSpec *s)
+{
+    s->scale = -1;
+}
+static void m_ttl(Stria__V1__JobSpec *s)
+{
+    s->ttl_s = 100000000;
+}
+static void m_short_seq(Stria__V1__JobSpec *s)
+{
+    s->seq_len = 1;
+}
+
+Test(coord, nonsense_specs_are_refused, .timeout = 30)
+{
+    static const bad_spec_t cases[] = {
+        {"batch 0", m_batch0, "batch must be"},
+        {"seq_len 0", m_seq0, "seq_len must be"},
+        {"huge seq_len", m_seq_huge, "seq_len must be 1..1099511627776"},
+        {"heads 0", m_heads0, "heads must be"},
+        {"heads % kv_heads", m_kv_not_div, "heads (6) must be a multiple of kv_heads (4)"},
+        {"kv_heads > heads", m_kv_more, "kv_heads must be 1..heads"},
+        {"head_dim 12", m_dim12, "head_dim must be"},
+        {"head_dim 68", m_dim_odd, "head_dim must be"},
+        {"head_dim 512", m_dim_big, "head_dim must be"},
+        {"dtype 7", m_dtype, "dtype 7"},
+        {"layout 9", m_layout, "layout 9"},
+        {"scale NaN", m_scale_nan, "scale must be finite"},
+        {"scale < 0", m_scale_neg, "scale must be finite"},
+        {"ttl", m_ttl, "ttl_s"},
+        {"seq shorter than ring", m_short_seq, "without tokens"},
+    };
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    reg_worker(&fx, "h", 7000, 1ull << 34);
+    reg_worker(&fx, "h", 7001, 1ull << 34);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        Stria__V1__JobSpec s = spec_default();
+        cases[i].mutate(&s);
+        cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_INVALID_ARG, "%s accepted", cases[i].what);
+        cr_expect(strstr(stria_error_msg(), cases[i].msg) != NULL, "%s: '%s'", cases[i].what,
+                  stria_error_msg());
+    }
+    Stria__V1__SubmitJobRequest empty = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    cr_expect_eq(fx_call(fx.cl, M_SUBMIT, &empty.base, &rep), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "spec is missing") != NULL, "%s", stria_error_msg());
+    /* Still serving. */
+    Stria__V1__JobSpec s = spec_default();
+    submit_ok(&fx, &s, JS(LOADING));
+    fx_stop(&fx);
+}
+
+Test(coord, too_few_workers_or_too_little_memory, .timeout = 30)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    Stria__V1__JobSpec s = spec_default();
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_BUSY);
+    cr_expect(strstr(stria_error_msg(), "0 are available") != NULL, "%s", stria_error_msg());
+    reg_worker(&fx, "h", 7000, mem_default(2));
+    reg_worker(&fx, "h", 7001, mem_default(2));
+    s.ring_size = 3;
+    cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_BUSY);
+    cr_expect(strstr(stria_error_msg(), "needs 3 workers but 2 are available (2 healthy") != NULL,
+              "%s", stria_error_msg());
+    /* Fits on two ranks, not on one. */
+    s.ring_size = 1;
+    cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_NO_MEMORY);
+    cr_expect(strstr(stria_error_msg(), "MiB per rank") != NULL, "%s", stria_error_msg());
+    s.ring_size = 0;
+    s.batch = 64;
+    cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_NO_MEMORY);
+    cr_expect(strstr(stria_error_msg(), "use a larger ring") != NULL, "%s", stria_error_msg());
+    /* Astronomical: the estimate itself overflows. */
+    s.batch = 65536;
+    s.heads = s.kv_heads = 65536;
+    s.head_dim = 256;
+    s.seq_len = (uint64_t)1 << 40;
+    cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_NO_MEMORY, "%s", stria_error_msg());
+    s = spec_default();
+    submit_ok(&fx, &s, JS(LOADING));
+    fx_stop(&fx);
+}
+
+Test(coord, assignment_stripes_and_defaults, .timeout = 30)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    Stria__V1__JobSpec s = spec_default();
+    fx_start(&fx, 1.0, 77, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1ull << 32);
+    wk_t b = reg_worker(&fx, "h", 7001, 1ull << 32);
+    s.seq_len = 11;
+    s.label = (char *)"layer 3";
+    cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK, "%s", stria_error_msg());
+    Stria__V1__Assignment *as = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
+    cr_assert_eq(as->n_ranks, 2);
+    cr_expect_eq(as->spec->ring_size, 2);
+    cr_expect_eq(as->spec->ttl_s, 77);
+    cr_expect_float_eq(as->spec->scale, 0.125f, 1e-7);
+    cr_expect_str_eq(as->spec->label, "layer 3");
+    cr_expect_eq(as->spec->layout, STRIA__V1__LAYOUT__LAYOUT_STRIPED);
+    cr_expect_eq(as->max_tokens_per_rank, 6, "11 tokens on 2 ranks pad to 6 each");
+    cr_expect_gt(as->memory_per_rank_bytes, 0);
+    /* Rank r holds r, r + 2, ...: 6 real tokens on rank 0, 5 on rank 1. */
+    const uint64_t want_tokens[2] = {6, 5};
+    const uint64_t want_worker[2] = {a.id, b.id};
+    for (uint32_t r = 0; r < 2; r++) {
+        Stria__V1__RankAssignment *ra = as->ranks[r];
+        uint64_t sum = 0;
+        cr_expect_eq(ra->rank, r);
+        cr_expect_eq(ra->worker_id, want_worker[r]);
+        cr_expect_eq(ra->tokens, want_tokens[r]);
+        cr_expect_str_eq(ra->rpc_address, r == 0 ? "127.0.0.1:7000" : "127.0.0.1:7001");
+        cr_expect_str_eq(ra->ucx_address, r == 0 ? "127.0.0.1:7100" : "127.0.0.1:7101");
+        cr_assert_geq(ra->n_runs, 1);
+        cr_expect_eq(ra->runs[0]->first, r);
+        cr_expect_eq(ra->runs[0]->stride, 2);
+        for (size_t k = 0; k < ra->n_runs; k++)
+            sum += ra->runs[k]->count;
+        cr_expect_eq(sum, ra->tokens);
+    }
+    stria_rpc_reply_free(&rep);
+    /* Zigzag: two runs per rank. */
+    s.layout = STRIA__V1__LAYOUT__LAYOUT_ZIGZAG;
+    s.seq_len = 16;
+    cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK, "%s", stria_error_msg());
+    as = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
+    cr_expect_eq(as->ranks[0]->n_runs, 2);
+    cr_expect_eq(as->ranks[0]->runs[0]->first, 0);
+    cr_expect_eq(as->ranks[0]->runs[1]->first, 12);
+    cr_expect_eq(as->ranks[1]->runs[0]->first, 4);
+    stria_rpc_reply_free(&rep);
+    fx_stop(&fx);
+}
+
+/* ---- queueing ------------------------------------------------------------ */
+
+Test(coord, jobs_queue_in_order_on_shared_workers, .timeout = 30)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    uint64_t m = mem_default(2);
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    /* Room for one default job and a bit: 1.7x its need. */
+    reg_worker(&fx, "h", 7000, m + m * 7 / 10);
+    reg_worker(&fx, "h", 7001, m + m * 7 / 10);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t ja = submit_ok(&fx, &s, JS(LOADING));
+    cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK);
+    Stria__V1__SubmitJobReply *r = (Stria__V1__SubmitJobReply *)rep.msg;
+    uint64_t jb = r->assignment->job_id;
+    cr_expect_eq(r->state, JS(PENDING));
+    cr_expect_eq(r->queue_position, 1);
+    stria_rpc_reply_free(&rep);
+    /* A smaller job would fit now, but must not overtake the queued one. */
+    Stria__V1__JobSpec small = spec_default();
+    small.seq_len = 512;
+    uint64_t jc = submit_ok(&fx, &small, JS(PENDING));
+    Stria__V1__JobInfo *info = get_job(&fx, jc, &rep);
+    cr_expect_eq(info->queue_position, 2);
+    stria_rpc_reply_free(&rep);
+    /* no_queue refuses instead of waiting. */
+    s.no_queue = true;
+    cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_BUSY);
+    cr_expect(strstr(stria_error_msg(), "no_queue") != NULL, "%s", stria_error_msg());
+    /* Releasing the first starts the queued ones that now fit, in order. */
+    cr_expect_eq(release(&fx, ja), STRIA_OK);
+    cr_expect_eq(job_state(&fx, ja), JS(RELEASED));
+    cr_expect_eq(job_state(&fx, jb), JS(LOADING));
+    cr_expect_eq(job_state(&fx, jc), JS(LOADING), "b (1.0) and c (0.5) fit in 1.7 together");
+    cr_expect_eq(release(&fx, ja), STRIA_OK, "release is idempotent");
+    cr_expect_eq(release(&fx, 999), STRIA_ERR_NOT_FOUND);
+    fx_stop(&fx);
+}
+
+Test(coord, jobs_on_disjoint_workers_run_together, .timeout = 30)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    uint64_t m = mem_default(2);
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    wk_t w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = reg_worker(&fx, i < 2 ? "host-0" : "host-1", 7000 + i, m + m / 2);
+    Stria__V1__JobSpec s = spec_default();
+    s.ring_size = 2;
+    uint64_t ja = submit_ok(&fx, &s, JS(LOADING));
+    uint64_t jb = submit_ok(&fx, &s, JS(LOADING));
+    uint64_t jc = submit_ok(&fx, &s, JS(PENDING));
+    Stria__V1__JobInfo *ia = get_job(&fx, ja, &rep);
+    cr_expect_eq(ia->assignment->ranks[0]->worker_id, w[0].id);
+    cr_expect_eq(ia->assignment->ranks[1]->worker_id, w[1].id);
+    stria_rpc_reply_free(&rep);
+    Stria__V1__JobInfo *ib = get_job(&fx, jb, &rep);
+    cr_expect_eq(ib->assignment->ranks[0]->worker_id, w[2].id, "one host's workers together");
+    cr_expect_eq(ib->assignment->ranks[1]->worker_id, w[3].id);
+    stria_rpc_reply_free(&rep);
+
+    Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    cr_assert_eq(fx_call(fx.cl, M_STATUS, &gs.base, &rep), STRIA_OK);
+    Stria__V1__GetStatusReply *st = (Stria__V1__GetStatusReply *)rep.msg;
+    cr_expect_eq(st->jobs_active, 2);
+    cr_expect_eq(st->jobs_pending, 1);
+    cr_expect_eq(st->workers_healthy, 4);
+    cr_expect_eq(st->jobs_submitted, 3);
+    cr_expect_str_eq(st->software_version, STRIA_VERSION);
+    cr_expect_eq(st->protocol_version, STRIA_RPC_VERSION);
+    stria_rpc_reply_free(&rep);
+
+    /* c waits for the workers of a (the least loaded window when it came). */
+    cr_expect_eq(release(&fx, jb), STRIA_OK);
+    cr_expect_eq(job_state(&fx, jc), JS(PENDING));
+    cr_expect_eq(release(&fx, ja), STRIA_OK);
+    cr_expect_eq(job_state(&fx, jc), JS(LOADING));
+    fx_stop(&fx);
+}
+
+/* ---- the job state machine ----------------------------------------------- */
+
+Test(coord, job_lifecycle_through_reports, .timeout = 30)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    Stria__V1__JobState st = 0;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1ull << 32);
+    wk_t b = reg_worker(&fx, "h", 7001, 1ull << 32);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t job = submit_ok(&fx, &s, JS(LOADING));
+
+    cr_expect_eq(report(&fx, b, job, 0, EV(LOADED), NULL, &st), STRIA_ERR_INVALID_ARG,
+                 "b is rank 1, not rank 0");
+    cr_expect(strstr(stria_error_msg(), "is not rank 0") != NULL, "%s", stria_error_msg());
+    cr_expect_eq(report(&fx, a, 777, 0, EV(LOADED), NULL, &st), STRIA_ERR_NOT_FOUND);
+    cr_expect_eq(report(&fx, a, job, 0, EV(BACKWARD_STARTED), NULL, &st), STRIA_ERR_INVALID_ARG,
+                 "backward before forward");
+    cr_expect_eq(report(&fx, a, job, 0, 42, NULL, &st), STRIA_ERR_INVALID_ARG);
+
+    cr_expect_eq(report(&fx, a, job, 0, EV(LOADED), NULL, &st), STRIA_OK);
+    cr_expect_eq(st, JS(LOADING));
+    cr_expect_eq(report(&fx, a, job, 0, EV(FORWARD_STARTED), NULL, &st), STRIA_OK);
+    cr_expect_eq(st, JS(RUNNING_FORWARD));
+    cr_expect_eq(report(&fx, b, job, 1, EV(FORWARD_STARTED), NULL, &st), STRIA_OK);
+    cr_expect_eq(report(&fx, a, job, 0, EV(FORWARD_DONE), NULL, &st), STRIA_OK);
+    cr_expect_eq(st, JS(RUNNING_FORWARD), "one rank done is not the job done");
+    cr_expect_eq(report(&fx, b, job, 1, EV(FORWARD_DONE), NULL, &st), STRIA_OK);
+    cr_expect_eq(st, JS(FORWARD_DONE));
+    cr_expect_eq(report(&fx, a, job, 0, EV(BACKWARD_STARTED), NULL, &st), STRIA_OK);
+    cr_expect_eq(st, JS(RUNNING_BACKWARD));
+    cr_expect_eq(report(&fx, a, job, 0, EV(BACKWARD_DONE), NULL, &st), STRIA_OK);
+    cr_expect_eq(report(&fx, b, job, 1, EV(BACKWARD_DONE), NULL, &st), STRIA_OK);
+    cr_expect_eq(st, JS(DONE));
+    Stria__V1__JobInfo *info = get_job(&fx, job, &rep);
+    cr_expect_gt(info->timings->submitted_ms, 0);
+    cr_expect_geq(info->timings->forward_started_ms, info->timings->started_ms);
+    cr_expect_geq(info->timings->forward_done_ms, info->timings->forward_started_ms);
+    cr_expect_geq(info->timings->backward_done_ms, info->timings->backward_started_ms);
+    cr_expect_eq(info->timings->finished_ms, 0);
+    stria_rpc_reply_free(&rep);
+    cr_expect_eq(release(&fx, job), STRIA_OK);
+    cr_expect_eq(report(&fx, a, job, 0, EV(FORWARD_STARTED), NULL, &st), STRIA_OK);
+    cr_expect_eq(st, JS(RELEASED), "a report on a finished job tells the worker to drop it");
+
+    /* A failure names the rank, the worker and the reason. */
+    uint64_t job2 = submit_ok(&fx, &s, JS(LOADING));
+    cr_expect_eq(report(&fx, b, job2, 1, EV(FAILED), "step 3: peer timed out", &st), STRIA_OK);
+    cr_expect_eq(st, JS(FAILED));
+    info = get_job(&fx, job2, &rep);
+    cr_expect(strstr(info->failure, "rank 1 (worker") != NULL, "%s", info->failure);
+    cr_expect(strstr(info->failure, "step 3: peer timed out") != NULL, "%s", info->failure);
+    cr_expect_gt(info->timings->finished_ms, 0);
+    stria_rpc_reply_free(&rep);
+
+    Stria__V1__ListJobsRequest lj = STRIA__V1__LIST_JOBS_REQUEST__INIT;
+    cr_assert_eq(fx_call(fx.cl, M_LIST_JOBS, &lj.base, &rep), STRIA_OK);
+    cr_expect_eq(((Stria__V1__ListJobsReply *)rep.msg)->n_jobs, 0, "both jobs are finished");
+    stria_rpc_reply_free(&rep);
+    lj.include_finished = true;
+    cr_assert_eq(fx_call(fx.cl, M_LIST_JOBS, &lj.base, &rep), STRIA_OK);
+    cr_expect_eq(((Stria__V1__ListJobsReply *)rep.msg)->n_jobs, 2);
+    stria_rpc_reply_free(&rep);
+    fx_stop(&fx);
+}
+
+Test(coord, abandoned_jobs_expire, .timeout = 30)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    fx_start(&fx, 0.1, 0.4, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1ull << 32);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t idle = submit_ok(&fx, &s, JS(LOADING));
+    uint64_t busy = submit_ok(&fx, &s, JS(LOADING));
+    /* `busy` is in use on the worker (heartbeats say it was used just now);
+     * `idle` is not. The TTL is whole seconds: 0.4 rounds up to 1. */
+    double t0 = stria_time_now(), end = t0 + 10;
+    bool expired = false;
+    while (stria_time_now() < end && !expired) {
+        heartbeat(&fx, a, &busy, 1, 0, NULL, NULL, NULL);
+        expired = job_state_quiet(&fx, idle) == JS(EXPIRED);
+        usleep(20000);
+    }
+    cr_assert(expired, "the abandoned job never expired");
+    cr_expect_geq(stria_time_now() - t0, 0.95, "expired before its TTL");
+    cr_expect_eq(job_state_quiet(&fx, busy), JS(LOADING), "a job in use must not expire");
+    Stria__V1__JobInfo *info = get_job(&fx, idle, &rep);
+    cr_expect(strstr(info->failure, "abandoned") != NULL, "%s", info->failure);
+    stria_rpc_reply_free(&rep);
+    /* The worker is told to drop the expired job. */
+    uint64_t both[2] = {idle, busy}, drop[8];
+    size_t n_drop = 0;
+    cr_assert_eq(heartbeat(&fx, a, both, 2, 0, drop, &n_drop, NULL), STRIA_OK);
+    cr_expect_eq(n_drop, 1);
+    cr_expect_eq(drop[0], idle);
+    fx_stop(&fx);
+}
+
+/* ---- admin --------------------------------------------------------------- */
+
+Test(coord, cancel_and_drain_need_the_admin_token, .timeout = 30)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    stria_status_t st;
+    uint64_t ids[8];
+    fx_start(&fx, 1.0, 60, "user", "admin");
+    cr_expect(stria_rpc_client_admin(fx.cl));
+    wk_t a = reg_worker(&fx, "h", 7000, 1ull << 32);
+    wk_t b = reg_worker(&fx, "h", 7001, 1ull << 32);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t job = submit_ok(&fx, &s, JS(LOADING));
+
+    stria_rpc_client_t *user = fx_connect(&fx, "user", &st);
+    cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+    cr_expect_null(fx_connect(&fx, "wrong", &st));
+    cr_expect_eq(st, STRIA_ERR_AUTH);
+    cr_expect_null(fx_connect(&fx, NULL, &st));
+    cr_expect_eq(st, STRIA_ERR_AUTH);
+
+    Stria__V1__CancelJobRequest cj = STRIA__V1__CANCEL_JOB_REQUEST__INIT;
+    cj.job_id = job;
+    cj.reason = (char *)"maintenance";
+    cr_expect_eq(fx_call(user, M_CANCEL, &cj.base, &rep), STRIA_ERR_AUTH);
+    Stria__V1__DrainWorkerRequest dw = STRIA__V1__DRAIN_WORKER_REQUEST__INIT;
+    dw.worker_id = b.id;
+    dw.drain = true;
+    cr_expect_eq(fx_call(user, M_DRAIN, &dw.base, &rep), STRIA_ERR_AUTH);
+    cr_expect_eq(ring_ids(&fx, ids, 8, NULL), 2);
+
+    cr_assert_eq(fx_call(fx.cl, M_CANCEL, &cj.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(((Stria__V1__CancelJobReply *)rep.msg)->state, JS(CANCELLED));
+    stria_rpc_reply_free(&rep);
+    Stria__V1__JobInfo *info = get_job(&fx, job, &rep);
+    cr_expect_eq(info->state, JS(CANCELLED));
+    cr_expect(strstr(info->failure, "cancelled by an admin") != NULL, "%s", info->failure);
+    cr_expect(strstr(info->failure, "maintenance") != NULL, "%s", info->failure);
+    stria_rpc_reply_free(&rep);
+    uint64_t drop[8];
+    size_t n_drop = 0;
+    cr_assert_eq(heartbeat(&fx, a, &job, 1, 0, drop, &n_drop, NULL), STRIA_OK);
+    cr_expect_eq(n_drop, 1, "the worker is told to drop the cancelled job");
+
+    cr_assert_eq(fx_call(fx.cl, M_DRAIN, &dw.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    Stria__V1__WorkerInfo *wi = ((Stria__V1__DrainWorkerReply *)rep.msg)->worker;
+    cr_expect_eq(wi->state, WST(DRAINING));
+    cr_expect_eq(wi->ring_index, -1);
+    stria_rpc_reply_free(&rep);
+    cr_expect_eq(ring_ids(&fx, ids, 8, NULL), 1);
+    uint64_t j1 = submit_ok(&fx, &s, JS(LOADING));
+    info = get_job(&fx, j1, &rep);
+    cr_expect_eq(info->assignment->n_ranks, 1, "a draining worker takes no new job");
+    cr_expect_eq(info->assignment->ranks[0]->worker_id, a.id);
+    stria_rpc_reply_free(&rep);
+    dw.drain = false;
+    cr_assert_eq(fx_call(fx.cl, M_DRAIN, &dw.base, &rep), STRIA_OK);
+    stria_rpc_reply_free(&rep);
+    cr_expect_eq(ring_ids(&fx, ids, 8, NULL), 2);
+    dw.worker_id = 4242;
+    cr_expect_eq(fx_call(fx.cl, M_DRAIN, &dw.base, &rep), STRIA_ERR_NOT_FOUND);
+    stria_rpc_client_close(user);
+    fx_stop(&fx);
+}
+
+/* ---- the daemon as a process --------------------------------------------- */
+
+static char g_dir[64];
+
+static void write_file(const char *name, const char *text)
+{
+    char path[128];
+    FILE *f;
+    snprintf(path, sizeof(path), "%s/%s", g_dir, name);
+    f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Runs stria-coordinator with extra arguments; reads its port from the line
+ * it prints and checks the --port-file agrees. */
+static void fx_spawn(fx_t *fx, const char *const *extra, const char *client_token)
+{
+    char port_file[128], log_path[128], line[256], buf[32] = {0};
+    const char *argv[32];
+    const char *colon;
+    int n = 0;
+    stria_status_t st;
+    FILE *f;
+    memset(fx, 0, sizeof(*fx));
+    snprintf(port_file, sizeof(port_file), "%s/port", g_dir);
+    snprintf(log_path, sizeof(log_path), "%s/coordinator.log", g_dir);
+    unlink(port_file);
+    argv[n++] = STRIA_COORDINATOR_BIN;
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    argv[n++] = "--port-file";
+    argv[n++] = port_file;
+    argv[n++] = "--log-level";
+    argv[n++] = "error";
+    for (; extra != NULL && *extra != NULL; extra++)
+        argv[n++] = *extra;
+    argv[n] = NULL;
+    fx->proc = test_proc_start((char *const *)argv, log_path, NULL);
+    cr_assert_not_null(fx->proc, "cannot start %s", STRIA_COORDINATOR_BIN);
+    cr_assert(
+        test_proc_wait_line(fx->proc, "stria-coordinator listening on ", 10.0, line, sizeof(line)),
+        "stria-coordinator did not report its address (log in %s)", log_path);
+    colon = strrchr(line, ':');
+    cr_assert_not_null(colon, "%s", line);
+    fx->port = (uint16_t)atoi(colon + 1);
+    cr_assert_gt(fx->port, 0, "%s", line);
+    f = fopen(port_file, "r");
+    cr_assert_not_null(f, "no --port-file written");
+    cr_expect_not_null(fgets(buf, sizeof(buf), f));
+    fclose(f);
+    cr_expect_eq(atoi(buf), fx->port, "--port-file says %s", buf);
+    fx->cl = fx_connect(fx, client_token, &st);
+    cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+}
+
+static void setup_dir(void)
+{
+    snprintf(g_dir, sizeof(g_dir), "/tmp/stria-coord-XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir));
+}
+
+static void teardown_dir(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0)
+        cr_log_warn("could not remove %s", g_dir);
+}
+
+/* A raw connection to the daemon, greeted with `token`. */
+static int raw_greeted(const fx_t *fx, const char *token)
+{
+    rt_reply_t r;
+    int fd = rt_connect(fx->port);
+    cr_assert_geq(fd, 0);
+    cr_assert(rt_hello(fd, "stria.v1.Coordinator", token, STRIA_RPC_VERSION));
+    cr_assert(rt_read_reply(fd, &r, 5000));
+    cr_assert_eq(r.h.status, 0, "hello refused: %s", r.err ? r.err->message : "");
+    rt_reply_free(&r);
+    return fd;
+}
+
+/* The daemon still answers a valid request on a fresh connection. */
+static void still_serving(const fx_t *fx)
+{
+    Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    stria_status_t st;
+    stria_rpc_client_t *cl = fx_connect(fx, "tok", &st);
+    cr_assert_eq(st, STRIA_OK, "daemon stopped serving: %s", stria_error_msg());
+    cr_expect_eq(fx_call(cl, M_STATUS, &gs.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    stria_rpc_client_close(cl);
+}
+
+Test(daemon, bad_peers_get_errors_and_the_daemon_keeps_serving, .timeout = 60, .init = setup_dir,
+     .fini = teardown_dir)
+{
+    fx_t fx;
+    rt_reply_t r;
+    uint8_t hb[STRIA_RPC_HEADER_SIZE];
+    stria_rpc_header_t h;
+    int fd;
+    char tok_arg[128];
+    write_file("token", "tok\n");
+    snprintf(tok_arg, sizeof(tok_arg), "%s/token", g_dir);
+    const char *extra[] = {"--token-file", tok_arg, NULL};
+    fx_spawn(&fx, extra, "tok");
+
+    /* Wrong version in the header: error naming both versions, closed. */
+    fd = rt_connect(fx.port);
+    h = rt_header(0, 1);
+    h.flags = STRIA_RPC_FLAG_HELLO;
+    h.version = 9;
+    stria_rpc_header_encode(&h, hb);
+    cr_assert(rt_send(fd, hb, sizeof(hb)));
+    cr_assert(rt_read_reply(fd, &r, 5000));
+    cr_expect_eq(r.h.status, STRIA_ERR_PROTOCOL);
+    cr_expect(strstr(r.err->message, "version 9") != NULL, "%s", r.err->message);
+    rt_reply_free(&r);
+    cr_expect(rt_wait_closed(fd, 5000));
+    close(fd);
+    still_serving(&fx);
+
+    /* No token, wrong token. */
+    const char *toks[] = {NULL, "tok2"};
+    for (int i = 0; i < 2; i++) {
+        fd = rt_connect(fx.port);
+        cr_assert(rt_hello(fd, "stria.v1.Coordinator", toks[i], STRIA_RPC_VERSION));
+        cr_assert(rt_read_reply(fd, &r, 5000));
+        cr_expect_eq(r.h.status, STRIA_ERR_AUTH);
+        rt_reply_free(&r);
+        cr_expect(rt_wait_closed(fd, 5000));
+        close(fd);
+    }
+    still_serving(&fx);
+
+    /* Oversized message length: error, closed. */
+    fd = raw_greeted(&fx, "tok");
+    h = rt_header(M_STATUS, 2);
+    h.pb_len = 0xffffffffu;
+    stria_rpc_header_encode(&h, hb);
+    cr_assert(rt_send(fd, hb, sizeof(hb)));
+    cr_assert(rt_read_reply(fd, &r, 5000));
+    cr_expect_eq(r.h.status, STRIA_ERR_PROTOCOL);
+    cr_expect(strstr(r.err->message, "exceeds the limit") != NULL, "%s", r.err->message);
+    rt_reply_free(&r);
+    cr_expect(rt_wait_closed(fd, 5000));
+    close(fd);
+    still_serving(&fx);
+
+    /* Truncated: a header promising 100 bytes, 10 sent, then gone. */
+    fd = raw_greeted(&fx, "tok");
+    h = rt_header(M_SUBMIT, 3);
+    h.pb_len = 100;
+    stria_rpc_header_encode(&h, hb);
+    cr_assert(rt_send(fd, hb, sizeof(hb)) && rt_send(fd, "0123456789", 10));
+    close(fd);
+    still_serving(&fx);
+
+    /* Malformed body and unknown method: errors, the connection lives on. */
+    fd = raw_greeted(&fx, "tok");
+    uint8_t junk[16];
+    memset(junk, 0xff, sizeof(junk));
+    h = rt_header(M_SUBMIT, 4);
+    h.pb_len = sizeof(junk);
+    stria_rpc_header_encode(&h, hb);
+    cr_assert(rt_send(fd, hb, sizeof(hb)) && rt_send(fd, junk, sizeof(junk)));
+    cr_assert(rt_read_reply(fd, &r, 5000));
+    cr_expect_eq(r.h.status, STRIA_ERR_FORMAT);
+    cr_expect(strstr(r.err->message, "SubmitJobRequest") != NULL, "%s", r.err->message);
+    rt_reply_free(&r);
+    Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    cr_assert(rt_send_frame(fd, rt_header(12, 5), &gs.base, NULL, 0));
+    cr_assert(rt_read_reply(fd, &r, 5000));
+    cr_expect_eq(r.h.status, STRIA_ERR_UNSUPPORTED);
+    cr_expect(strstr(r.err->message, "method index 12 does not exist") != NULL, "%s",
+              r.err->message);
+    rt_reply_free(&r);
+    /* A nonsense spec, on the same connection. */
+    Stria__V1__SubmitJobRequest sj = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    Stria__V1__JobSpec s = spec_default();
+    s.heads = 5;
+    s.kv_heads = 2;
+    sj.spec = &s;
+    cr_assert(rt_send_frame(fd, rt_header(M_SUBMIT, 6), &sj.base, NULL, 0));
+    cr_assert(rt_read_reply(fd, &r, 5000));
+    cr_expect_eq(r.h.status, STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(r.err->message, "multiple of kv_heads") != NULL, "%s", r.err->message);
+    rt_reply_free(&r);
+    cr_assert(rt_send_frame(fd, rt_header(M_STATUS, 7), &gs.base, NULL, 0));
+    cr_assert(rt_read_reply(fd, &r, 5000));
+    cr_expect_eq(r.h.status, 0, "valid request after errors");
+    rt_reply_free(&r);
+    close(fd);
+    still_serving(&fx);
+    fx_stop(&fx);
+}
+
+Test(daemon, workers_die_and_rejoin_across_processes, .timeout = 60, .init = setup_dir,
+     .fini = teardown_dir)
+{
+    fx_t fx;
+    uint64_t ids[8];
+    size_t want = 1;
+    bool rejoined = false;
+    const char *extra[] = {"--heartbeat-period", "0.2", NULL};
+    fx_spawn(&fx, extra, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1ull << 32);
+    wk_t b = reg_worker(&fx, "h", 7001, 1ull << 32);
+    cr_assert_eq(ring_ids(&fx, ids, 8, NULL), 2);
+    cr_assert(wait_until(&fx, &a, 1, pred_ring_len, &want, 10), "b never marked dead");
+    cr_assert_eq(heartbeat(&fx, b, NULL, 0, 0, NULL, NULL, &rejoined), STRIA_OK);
+    cr_expect(rejoined);
+    cr_expect_eq(ring_ids(&fx, ids, 8, NULL), 2);
+    fx_stop(&fx);
+}
+
+Test(daemon, bad_flags_exit_2, .timeout = 30, .init = setup_dir, .fini = teardown_dir)
+{
+    const char *cases[][4] = {
+        {"--bogus", NULL, NULL, "unknown option"},
+        {"--heartbeat-period", "0", NULL, "--heartbeat-period"},
+        {"--job-ttl", "abc", NULL, "--job-ttl"},
+        {"--listen", "nohost", NULL, "--listen"},
+        {"--token-file", "/nonexistent/token", NULL, "--token-file"},
+        {"--log-level", "loud", NULL, "--log-level"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char err_path[128], cmd[512], msg[1024] = {0};
+        FILE *f;
+        int status;
+        snprintf(err_path, sizeof(err_path), "%s/err", g_dir);
+        snprintf(cmd, sizeof(cmd), "'%s' %s %s >/dev/null 2>'%s'", STRIA_COORDINATOR_BIN,
+                 cases[i][0], cases[i][1] ? cases[i][1] : "", err_path);
+        status = system(cmd);
+        cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "%s: status 0x%x", cmd, status);
+        f = fopen(err_path, "r");
+        cr_assert_not_null(f);
+        if (fread(msg, 1, sizeof(msg) - 1, f) == 0)
+            msg[0] = '\0';
+        fclose(f);
+        cr_expect(strstr(msg, cases[i][3]) != NULL, "%s: stderr '%s'", cmd, msg);
+    }
+    /* A busy port: start-up failure, status 1. */
+    fx_t fx;
+    char listen[64], cmd[256];
+    fx_spawn(&fx, NULL, NULL);
+    snprintf(listen, sizeof(listen), "127.0.0.1:%u", fx.port);
+    snprintf(cmd, sizeof(cmd), "'%s' --listen %s >/dev/null 2>&1", STRIA_COORDINATOR_BIN, listen);
+    int status = system(cmd);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 1, "busy port: status 0x%x", status);
+    fx_stop(&fx);
+}
