@@ -425,7 +425,9 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     stria__fwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
     const stria_kern_ops_t *ops = c->ops;
-    int64_t qt = (int64_t)task % c->nqt;
+    /* last query tiles first: under a causal mask they see the most keys, and
+     * tasks are handed out in index order, so the small ones fill the end */
+    int64_t qt = c->nqt - 1 - (int64_t)task % c->nqt;
     int64_t h = ((int64_t)task / c->nqt) % c->H;
     int64_t b = (int64_t)task / c->nqt / c->H;
     int64_t hk = h / c->G;
