@@ -1,10 +1,12 @@
 /*
  * stria-run: run attention on .npy inputs.
  *
- *   stria-run local --q Q.npy --k K.npy --v V.npy [--do DO.npy] --out DIR
+ *   stria-run local  --q Q.npy --k K.npy --v V.npy [--do DO.npy] --out DIR
+ *   stria-run submit --coordinator HOST:PORT --q Q.npy ... --out DIR
  *   stria-run random --shape B,T,H,D --out FILE.npy
  *
- * `local` computes in this process (see --help); `random` writes test inputs. Inputs are [batch,
+ * `local` computes in this process (optionally over an in-process ring),
+ * `submit` through the service, `random` writes test inputs (see --help). Inputs are [batch,
  * tokens, heads, head_dim] (K/V with kv_heads); outputs are float32 .npy files.
  */
 #include <errno.h>
@@ -15,8 +17,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
+#include "stria_client.h"
 #include "stria_common.h"
 #include "stria_kernels.h"
+#include "stria_ring.h"
 
 typedef struct {
     const char *q_path, *k_path, *v_path, *do_path, *out_dir;
@@ -26,6 +32,17 @@ typedef struct {
     float scale;
     int threads;
     bool quiet;
+    /* local ring / service */
+    int ranks; /* 0: no ring (local), all workers (submit) */
+    bool layout_set;
+    stria_layout_kind_t layout;
+    /* submit */
+    bool submit;
+    const char *coordinator;
+    const char *token_file;
+    double step_timeout_s;
+    bool check;
+    const char *label;
 } stria__run_opts_t;
 
 /* Inputs converted to the compute dtype, and outputs in fp32. */
@@ -78,7 +95,7 @@ static int stria__usage_error(const char *fmt, const char *arg)
     return 2;
 }
 
-static int stria__parse_opts(int argc, char **argv, stria__run_opts_t *o)
+static int stria__parse_opts(int argc, char **argv, bool submit, stria__run_opts_t *o)
 {
     enum {
         OPT_Q = 256,
@@ -91,7 +108,14 @@ static int stria__parse_opts(int argc, char **argv, stria__run_opts_t *o)
         OPT_DTYPE,
         OPT_SCALE,
         OPT_THREADS,
-        OPT_QUIET
+        OPT_QUIET,
+        OPT_RANKS,
+        OPT_LAYOUT,
+        OPT_COORD,
+        OPT_TOKEN,
+        OPT_STEP,
+        OPT_CHECK,
+        OPT_LABEL
     };
     static const struct option longopts[] = {
         {"q", required_argument, NULL, OPT_Q},
@@ -105,6 +129,13 @@ static int stria__parse_opts(int argc, char **argv, stria__run_opts_t *o)
         {"scale", required_argument, NULL, OPT_SCALE},
         {"threads", required_argument, NULL, OPT_THREADS},
         {"quiet", no_argument, NULL, OPT_QUIET},
+        {"ranks", required_argument, NULL, OPT_RANKS},
+        {"layout", required_argument, NULL, OPT_LAYOUT},
+        {"coordinator", required_argument, NULL, OPT_COORD},
+        {"token-file", required_argument, NULL, OPT_TOKEN},
+        {"step-timeout", required_argument, NULL, OPT_STEP},
+        {"check", no_argument, NULL, OPT_CHECK},
+        {"label", required_argument, NULL, OPT_LABEL},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -113,6 +144,8 @@ static int stria__parse_opts(int argc, char **argv, stria__run_opts_t *o)
 
     memset(o, 0, sizeof(*o));
     o->causal = true;
+    o->submit = submit;
+    o->token_file = getenv("STRIA_TOKEN_FILE");
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -161,6 +194,41 @@ static int stria__parse_opts(int argc, char **argv, stria__run_opts_t *o)
         case OPT_QUIET:
             o->quiet = true;
             break;
+        case OPT_RANKS: {
+            errno = 0;
+            long r = strtol(optarg, &end, 10);
+            if (errno != 0 || end == optarg || *end != '\0' || r < 1 || r > 256)
+                return stria__usage_error("--ranks '%s': expected an integer in 1..256", optarg);
+            o->ranks = (int)r;
+            break;
+        }
+        case OPT_LAYOUT:
+            if (stria_layout_kind_parse(optarg, &o->layout) != STRIA_OK)
+                return stria__usage_error("--layout: %s", stria_error_msg());
+            o->layout_set = true;
+            break;
+        case OPT_COORD:
+        case OPT_TOKEN:
+        case OPT_STEP:
+        case OPT_CHECK:
+        case OPT_LABEL:
+            if (!submit)
+                return stria__usage_error("option %s is for stria-run submit", argv[optind - 1]);
+            if (c == OPT_COORD)
+                o->coordinator = optarg;
+            else if (c == OPT_TOKEN)
+                o->token_file = optarg;
+            else if (c == OPT_CHECK)
+                o->check = true;
+            else if (c == OPT_LABEL)
+                o->label = optarg;
+            else {
+                o->step_timeout_s = strtod(optarg, &end);
+                if (end == optarg || *end != '\0' || !(o->step_timeout_s > 0) ||
+                    isinf(o->step_timeout_s))
+                    return stria__usage_error("--step-timeout '%s': expected seconds > 0", optarg);
+            }
+            break;
         case 'h':
             stria__run_usage(stdout);
             exit(0);
@@ -176,6 +244,8 @@ static int stria__parse_opts(int argc, char **argv, stria__run_opts_t *o)
         return stria__usage_error("%s", "--q, --k and --v are required");
     if (o->out_dir == NULL)
         return stria__usage_error("%s", "--out DIR is required");
+    if (submit && o->coordinator == NULL)
+        return stria__usage_error("%s", "--coordinator HOST:PORT is required");
     return 0;
 }
 
@@ -333,6 +403,43 @@ static stria_status_t stria__compute_local(const stria__run_opts_t *o, stria__ru
     return st;
 }
 
+/* The whole sequence over an in-process ring of o->ranks threads. */
+static stria_status_t stria__compute_ring(const stria__run_opts_t *o, stria__run_data_t *d)
+{
+    stria_ring_shape_t shape;
+    stria_ring_local_opts_t ro;
+    stria_ring_local_io_t io;
+
+    memset(&shape, 0, sizeof(shape));
+    shape.batch = d->B;
+    shape.seq = d->T;
+    shape.heads = d->H;
+    shape.kv_heads = d->Hkv;
+    shape.head_dim = d->D;
+    shape.scale = o->scale;
+    shape.causal = o->causal;
+    shape.dtype = d->dtype;
+    memset(&ro, 0, sizeof(ro));
+    ro.layout = o->layout_set ? o->layout : STRIA_LAYOUT_STRIPED;
+    ro.n_ranks = o->ranks;
+    ro.passes = d->d_o ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD;
+    int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    ro.threads_per_rank = threads / o->ranks > 1 ? threads / o->ranks : 1;
+    memset(&io, 0, sizeof(io));
+    io.q = d->q;
+    io.k = d->k;
+    io.v = d->v;
+    io.o = d->o;
+    io.o_dtype = STRIA_DTYPE_F32;
+    io.lse = d->lse;
+    io.d_o = d->d_o;
+    io.dq = d->dq;
+    io.dk = d->dk;
+    io.dv = d->dv;
+    io.grad_dtype = STRIA_DTYPE_F32;
+    return stria_ring_run_local(&shape, &ro, &io, NULL);
+}
+
 /* Rounds fp32 values to the compute dtype in place (they stay fp32). */
 static void stria__round_to(float *x, size_t n, stria_dtype_t dtype)
 {
@@ -403,7 +510,7 @@ static int stria__cmd_local(int argc, char **argv)
     stria_pool_t *pool = NULL;
     stria_status_t st;
     double t0, t1;
-    int rc = stria__parse_opts(argc, argv, &o);
+    int rc = stria__parse_opts(argc, argv, false, &o);
 
     if (rc != 0)
         return rc;
@@ -415,7 +522,7 @@ static int stria__cmd_local(int argc, char **argv)
         st = stria_pool_create(o.threads, &pool);
     t0 = stria_time_now();
     if (st == STRIA_OK)
-        st = stria__compute_local(&o, &d, pool);
+        st = o.ranks > 0 ? stria__compute_ring(&o, &d) : stria__compute_local(&o, &d, pool);
     t1 = stria_time_now();
     if (st == STRIA_OK)
         st = stria__write_outputs(&o, &d);
@@ -435,6 +542,252 @@ static int stria__cmd_local(int argc, char **argv)
                o.out_dir);
     }
     stria_pool_destroy(pool);
+    stria__free_data(&d);
+    if (st != STRIA_OK) {
+        fprintf(stderr, "stria-run: %s\n",
+                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- stria-run submit ----------------------------------------------------- */
+
+typedef struct {
+    bool tty;
+    stria_phase_t last_phase;
+    double last_draw;
+} stria__progress_t;
+
+static void stria__progress(void *arg, stria_phase_t phase, double done, double total)
+{
+    static const char *const names[] = {"queued", "upload", "forward", "backward", "download"};
+    stria__progress_t *p = arg;
+    double now = stria_time_now();
+    if (!p->tty || (phase == p->last_phase && now - p->last_draw < 0.1))
+        return;
+    p->last_phase = phase;
+    p->last_draw = now;
+    if (phase == STRIA_PHASE_QUEUED) {
+        fprintf(stderr, "\r\033[K  queued: position %.0f", done);
+        return;
+    }
+    double frac = total > 0 ? done / total : 0.0;
+    frac = frac < 0 ? 0 : frac > 1 ? 1 : frac;
+    char bar[33];
+    int filled = (int)(frac * 32);
+    for (int i = 0; i < 32; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[32] = '\0';
+    if (phase == STRIA_PHASE_FORWARD || phase == STRIA_PHASE_BACKWARD)
+        fprintf(stderr, "\r\033[K  %-8s [%s] step %.0f/%.0f", names[phase], bar, done, total);
+    else
+        fprintf(stderr, "\r\033[K  %-8s [%s] %.1f/%.1f MiB", names[phase], bar, done / 1048576.0,
+                total / 1048576.0);
+}
+
+static void stria__progress_end(stria__progress_t *p)
+{
+    if (p->tty)
+        fprintf(stderr, "\r\033[K");
+}
+
+/* Converts a buffer of the compute dtype to fp32. */
+static void stria__widen(stria_dtype_t dtype, const void *src, float *dst, size_t n)
+{
+    stria_dtype_convert(dtype, src, STRIA_DTYPE_F32, dst, n);
+}
+
+/* Max |a - b| after rounding both to dtype; the tolerance scales with the
+ * dtype's precision and the values' size. */
+static bool stria__compare(const char *name, const float *a, const float *b, size_t n,
+                           stria_dtype_t dtype, bool quiet)
+{
+    double err = 0, mag = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        float x = a[i], y = b[i];
+        if (dtype != STRIA_DTYPE_F32) {
+            stria_dtype_store(dtype, &h, 0, y);
+            y = stria_dtype_load(dtype, &h, 0);
+        }
+        if (isinf(x) && isinf(y) && x == y)
+            continue;
+        double e = fabs((double)x - (double)y);
+        if (!(e <= err))
+            err = isnan(e) ? INFINITY : e > err ? e : err;
+        if (isfinite(y) && fabs((double)y) > mag)
+            mag = fabs((double)y);
+    }
+    double eps = dtype == STRIA_DTYPE_F32 ? 1e-5 : dtype == STRIA_DTYPE_BF16 ? 1.6e-2 : 2e-3;
+    double tol = eps * (1.0 + mag);
+    bool ok = err <= tol;
+    if (!quiet || !ok)
+        printf("  check %-4s max |service - local| = %.3g (tolerance %.3g) %s\n", name, err, tol,
+               ok ? "ok" : "FAILED");
+    return ok;
+}
+
+static int stria__cmd_submit(int argc, char **argv)
+{
+    stria__run_opts_t o;
+    stria__run_data_t d;
+    stria_client_t *client = NULL;
+    stria_job_t *job = NULL;
+    stria_call_stats_t fs, bs;
+    char *token = NULL;
+    stria_status_t st;
+    int rc = stria__parse_opts(argc, argv, true, &o);
+    stria__progress_t prog = {isatty(2) != 0, (stria_phase_t)-1, 0};
+    double t_fwd = 0, t_bwd = 0;
+
+    if (rc != 0)
+        return rc;
+    memset(&d, 0, sizeof(d));
+    memset(&bs, 0, sizeof(bs));
+    st = stria__load_inputs(&o, &d);
+    if (st == STRIA_OK)
+        st = stria__alloc_outputs(&d, o.do_path != NULL);
+    if (st == STRIA_OK && o.token_file != NULL && o.token_file[0] != '\0') {
+        FILE *f = fopen(o.token_file, "r");
+        char line[4200];
+        if (f == NULL || fgets(line, sizeof(line), f) == NULL) {
+            st = stria_error_set(STRIA_ERR_IO, "%s: cannot read the token: %s", o.token_file,
+                                 f ? "empty file" : strerror(errno));
+        } else {
+            line[strcspn(line, "\r\n")] = '\0';
+            token = strdup(line);
+        }
+        if (f)
+            fclose(f);
+    }
+    stria_client_params_t cp;
+    memset(&cp, 0, sizeof(cp));
+    cp.coordinator = o.coordinator;
+    cp.token = token;
+    cp.client_name = "stria-run";
+    if (st == STRIA_OK)
+        st = stria_client_connect(&cp, &client);
+
+    size_t nq = (size_t)(d.B * d.T * d.H * d.D), nk = (size_t)(d.B * d.T * d.Hkv * d.D);
+    size_t es = stria_dtype_size(d.dtype);
+    void *o_s = NULL, *dq_s = NULL, *dk_s = NULL, *dv_s = NULL;
+    if (st == STRIA_OK) {
+        o_s = stria_malloc_aligned(nq * es);
+        if (o.do_path) {
+            dq_s = stria_malloc_aligned(nq * es);
+            dk_s = stria_malloc_aligned(nk * es);
+            dv_s = stria_malloc_aligned(nk * es);
+        }
+        if (o_s == NULL || (o.do_path && (dq_s == NULL || dk_s == NULL || dv_s == NULL)))
+            st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate outputs");
+    }
+    stria_job_spec_t spec;
+    memset(&spec, 0, sizeof(spec));
+    spec.batch = d.B;
+    spec.seq_len = d.T;
+    spec.heads = d.H;
+    spec.kv_heads = d.Hkv;
+    spec.head_dim = d.D;
+    spec.dtype = d.dtype;
+    spec.causal = o.causal;
+    spec.layout = o.layout_set ? o.layout : STRIA_LAYOUT_STRIPED;
+    spec.ring_size = o.ranks;
+    spec.scale = o.scale;
+    spec.step_timeout_s = o.step_timeout_s;
+    spec.label = o.label;
+    if (st == STRIA_OK) {
+        double t0 = stria_time_now();
+        st = stria_client_forward(client, &spec, d.q, d.k, d.v, o_s, d.lse, stria__progress, &prog,
+                                  &fs, &job);
+        t_fwd = stria_time_now() - t0;
+        stria__progress_end(&prog);
+    }
+    if (st == STRIA_OK && o.do_path) {
+        double t0 = stria_time_now();
+        st = stria_client_backward(job, d.d_o, dq_s, dk_s, dv_s, stria__progress, &prog, &bs);
+        t_bwd = stria_time_now() - t0;
+        stria__progress_end(&prog);
+    }
+    uint64_t job_id = stria_job_id(job);
+    int ring = stria_job_ring_size(job);
+    if (job != NULL) {
+        stria_status_t rst = stria_client_release(job);
+        if (st == STRIA_OK && rst != STRIA_OK)
+            st = rst;
+    }
+    if (st == STRIA_OK) {
+        stria__widen(d.dtype, o_s, d.o, nq);
+        if (o.do_path) {
+            stria__widen(d.dtype, dq_s, d.dq, nq);
+            stria__widen(d.dtype, dk_s, d.dk, nk);
+            stria__widen(d.dtype, dv_s, d.dv, nk);
+        }
+        st = stria__write_outputs(&o, &d);
+    }
+    if (st == STRIA_OK && !o.quiet) {
+        double flops = 4.0 * (double)d.B * (double)d.H * (double)d.T * (double)d.T * (double)d.D;
+        if (o.causal)
+            flops *= 0.5;
+        printf("stria-run submit: job %llu on %d workers, batch=%lld tokens=%lld heads=%lld "
+               "kv_heads=%lld head_dim=%lld dtype=%s %s %s\n",
+               (unsigned long long)job_id, ring, (long long)d.B, (long long)d.T, (long long)d.H,
+               (long long)d.Hkv, (long long)d.D, stria_dtype_name(d.dtype),
+               o.causal ? "causal" : "non-causal",
+               stria_layout_kind_name(o.layout_set ? o.layout : STRIA_LAYOUT_STRIPED));
+        printf("  forward:  %.3f s (queue %.3f, upload %.3f, pass %.3f, download %.3f), "
+               "%.1f GFLOP/s in the pass\n",
+               t_fwd, fs.queued_s, fs.upload_s, fs.pass_s, fs.download_s, flops / fs.pass_s * 1e-9);
+        printf("            rank kernel time %.3f..%.3f s (balance %.2f), longest ring wait "
+               "%.3f s\n",
+               fs.rank_compute_s_min, fs.rank_compute_s_max,
+               fs.rank_compute_s_max > 0 ? fs.rank_compute_s_min / fs.rank_compute_s_max : 1.0,
+               fs.rank_wait_s_max);
+        if (o.do_path)
+            printf("  backward: %.3f s (upload %.3f, pass %.3f, download %.3f), %.1f GFLOP/s in "
+                   "the pass; rank kernel time %.3f..%.3f s\n",
+                   t_bwd, bs.upload_s, bs.pass_s, bs.download_s, 2.5 * flops / bs.pass_s * 1e-9,
+                   bs.rank_compute_s_min, bs.rank_compute_s_max);
+        printf("  outputs in %s/\n", o.out_dir);
+    }
+    if (st == STRIA_OK && o.check) {
+        stria__run_data_t l = d;
+        stria_pool_t *pool = NULL;
+        l.o = l.lse = l.dq = l.dk = l.dv = NULL;
+        st = stria__alloc_outputs(&l, o.do_path != NULL);
+        if (st == STRIA_OK)
+            st = stria_pool_create(o.threads, &pool);
+        if (st == STRIA_OK)
+            st = stria__compute_local(&o, &l, pool);
+        if (st == STRIA_OK) {
+            bool ok = stria__compare("O", d.o, l.o, nq, d.dtype, o.quiet);
+            ok &= stria__compare("LSE", d.lse, l.lse, (size_t)(d.B * d.H * d.T), STRIA_DTYPE_F32,
+                                 o.quiet);
+            if (o.do_path) {
+                ok &= stria__compare("dQ", d.dq, l.dq, nq, d.dtype, o.quiet);
+                ok &= stria__compare("dK", d.dk, l.dk, nk, d.dtype, o.quiet);
+                ok &= stria__compare("dV", d.dv, l.dv, nk, d.dtype, o.quiet);
+            }
+            if (!ok)
+                st = stria_error_set(STRIA_ERR_INTERNAL,
+                                     "--check: the service's results differ from the "
+                                     "in-process computation");
+            else if (!o.quiet)
+                printf("  check: the service's results match the in-process computation\n");
+        }
+        stria_pool_destroy(pool);
+        stria_free(l.o);
+        stria_free(l.lse);
+        stria_free(l.dq);
+        stria_free(l.dk);
+        stria_free(l.dv);
+    }
+    stria_free(o_s);
+    stria_free(dq_s);
+    stria_free(dk_s);
+    stria_free(dv_s);
+    stria_client_close(client);
+    free(token);
     stria__free_data(&d);
     if (st != STRIA_OK) {
         fprintf(stderr, "stria-run: %s\n",
@@ -549,6 +902,8 @@ int main(int argc, char **argv)
         return stria__cmd_local(argc - 1, argv + 1);
     if (strcmp(argv[1], "random") == 0)
         return stria__cmd_random(argc - 1, argv + 1);
-    fprintf(stderr, "stria-run: unknown command '%s' (expected: local, random)\n", argv[1]);
+    if (strcmp(argv[1], "submit") == 0)
+        return stria__cmd_submit(argc - 1, argv + 1);
+    fprintf(stderr, "stria-run: unknown command '%s' (expected: local, submit, random)\n", argv[1]);
     return 2;
 }

@@ -1,0 +1,906 @@
+/*
+ * libstria: submit, scatter, run, gather. See stria_client.h.
+ *
+ * Each call proceeds in phases (upload, pass, download); within a phase one
+ * thread per rank talks to that rank's worker over its own connection, and the
+ * calling thread waits for them, reporting progress. Phases are separated by a
+ * join, so every rank starts its pass only once every rank has its inputs:
+ * the ring never waits on a slow upload.
+ */
+#include "stria_client.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "stria.pb-c.h"
+#include "stria_rpc.h"
+
+/* Method indices of the services, in declaration order (proto/stria.proto). */
+enum {
+    STRIA__COORD_SUBMIT_JOB = 3,
+    STRIA__COORD_GET_JOB = 4,
+    STRIA__COORD_RELEASE_JOB = 5,
+    STRIA__COORD_GET_STATUS = 7,
+};
+enum {
+    STRIA__WORKER_PUT_INPUT = 0,
+    STRIA__WORKER_RUN_FORWARD = 1,
+    STRIA__WORKER_RUN_BACKWARD = 2,
+    STRIA__WORKER_GET_OUTPUT = 3,
+    STRIA__WORKER_DROP_JOB = 4,
+};
+
+#define STRIA__COORD_TIMEOUT_S 10.0
+#define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
+#define STRIA__MAX_CHUNK       ((uint64_t)64 << 20)
+#define STRIA__POLL_S          0.2
+
+struct stria_client {
+    stria_client_params_t params;
+    char *coordinator;
+    char *token;
+    char *client_name;
+    stria_rpc_client_t *coord;
+    stria_job_t *jobs; /* open jobs, released by stria_client_close() */
+};
+
+typedef struct {
+    int rank;
+    char rpc_address[300];
+    int64_t tokens;
+    stria_rpc_client_t *conn;
+    /* result of the rank's part of the current phase */
+    stria_status_t status;
+    char error[768];
+    double compute_s, wait_s;
+    uint64_t bytes; /* moved in the current phase, read by the progress poller */
+} stria__rank_t;
+
+struct stria_job {
+    stria_client_t *client;
+    stria_job_t *next;
+    uint64_t id;
+    stria_job_spec_t spec; /* as assigned: defaults filled in */
+    stria_layout_t layout;
+    int n_ranks;
+    stria__rank_t *ranks;
+    double pass_timeout_s;
+    bool forward_done;
+};
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static size_t stria__row_bytes(const stria_job_t *job, int64_t heads)
+{
+    return (size_t)heads * (size_t)job->spec.head_dim * stria_dtype_size(job->spec.dtype);
+}
+
+static void stria__capture_error(stria__rank_t *r, stria_status_t st, const char *what)
+{
+    r->status = st;
+    snprintf(r->error, sizeof(r->error), "%s: %s", what,
+             stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+}
+
+/* The status of a phase: the first rank whose failure is its own (not a peer's
+ * abort or a cancellation) explains the others. */
+static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
+{
+    int pick = -1;
+    for (int i = 0; i < job->n_ranks; i++) {
+        stria_status_t st = job->ranks[i].status;
+        if (st == STRIA_OK)
+            continue;
+        if (pick < 0 || ((job->ranks[pick].status == STRIA_ERR_PEER ||
+                          job->ranks[pick].status == STRIA_ERR_CANCELLED) &&
+                         st != STRIA_ERR_PEER && st != STRIA_ERR_CANCELLED))
+            pick = i;
+    }
+    if (pick < 0)
+        return STRIA_OK;
+    stria__rank_t *r = &job->ranks[pick];
+    return stria_error_set(r->status, "job %llu, %s, rank %d (worker %s): %s",
+                           (unsigned long long)job->id, phase, r->rank, r->rpc_address, r->error);
+}
+
+static stria_status_t stria__coord_call(stria_client_t *c, uint32_t method,
+                                        const ProtobufCMessage *req, stria_rpc_reply_t *reply)
+{
+    stria_rpc_request_t rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.method = method;
+    rq.request = req;
+    rq.timeout_s = STRIA__COORD_TIMEOUT_S;
+    stria_status_t st = stria_rpc_client_call(c->coord, &rq, reply);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "coordinator %s", c->coordinator);
+    return STRIA_OK;
+}
+
+/* ---- client ------------------------------------------------------------- */
+
+stria_status_t stria_client_connect(const stria_client_params_t *params,
+                                    stria_client_t **client_out)
+{
+    stria_client_t *c;
+    stria_rpc_client_params_t rp;
+    stria_rpc_reply_t reply;
+    stria_status_t st;
+
+    if (params == NULL || params->coordinator == NULL || client_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_connect: the coordinator address is required");
+    c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate client");
+    c->params = *params;
+    c->coordinator = strdup(params->coordinator);
+    c->token = params->token ? strdup(params->token) : NULL;
+    c->client_name = strdup(params->client_name ? params->client_name : "libstria");
+    if (c->coordinator == NULL || c->client_name == NULL || (params->token && c->token == NULL)) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate client");
+        goto err;
+    }
+    if (c->params.connect_timeout_s <= 0)
+        c->params.connect_timeout_s = 10.0;
+    if (c->params.rpc_timeout_s <= 0)
+        c->params.rpc_timeout_s = 120.0;
+
+    memset(&rp, 0, sizeof(rp));
+    rp.address = c->coordinator;
+    rp.service = &stria__v1__coordinator__descriptor;
+    rp.token = c->token;
+    rp.client_name = c->client_name;
+    rp.connect_timeout_s = c->params.connect_timeout_s;
+    st = stria_rpc_client_connect(&rp, &c->coord);
+    if (st != STRIA_OK) {
+        stria_error_wrap(st, "coordinator %s", c->coordinator);
+        goto err;
+    }
+    Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    memset(&reply, 0, sizeof(reply));
+    st = stria__coord_call(c, STRIA__COORD_GET_STATUS, &req.base, &reply);
+    stria_rpc_reply_free(&reply);
+    if (st != STRIA_OK)
+        goto err;
+    *client_out = c;
+    return STRIA_OK;
+err:
+    stria_rpc_client_close(c->coord);
+    free(c->coordinator);
+    free(c->token);
+    free(c->client_name);
+    free(c);
+    return st;
+}
+
+void stria_client_close(stria_client_t *client)
+{
+    if (client == NULL)
+        return;
+    while (client->jobs != NULL)
+        stria_client_release(client->jobs);
+    stria_rpc_client_close(client->coord);
+    free(client->coordinator);
+    free(client->token);
+    free(client->client_name);
+    free(client);
+}
+
+/* ---- rank threads ------------------------------------------------------- */
+
+typedef struct stria__phase stria__phase_t;
+typedef void (*stria__rank_fn)(stria__phase_t *ph, stria__rank_t *r);
+
+struct stria__phase {
+    stria_job_t *job;
+    stria__rank_fn fn;
+    /* inputs and outputs of the phase, full tensors */
+    const void *in[3];
+    int n_in;
+    void *out[3];
+    float *lse_out;
+    int n_out;
+    bool backward;
+    /* completion */
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    int remaining;
+};
+
+typedef struct {
+    stria__phase_t *ph;
+    stria__rank_t *r;
+} stria__thread_arg_t;
+
+static void *stria__rank_thread(void *arg)
+{
+    stria__thread_arg_t *ta = arg;
+    stria__phase_t *ph = ta->ph;
+    ta->r->status = STRIA_OK;
+    ta->r->error[0] = '\0';
+    ph->fn(ph, ta->r);
+    pthread_mutex_lock(&ph->lock);
+    ph->remaining--;
+    pthread_cond_signal(&ph->cv);
+    pthread_mutex_unlock(&ph->lock);
+    return NULL;
+}
+
+/* Polls the coordinator for the slowest rank's step while a pass runs. */
+static void stria__poll_progress(stria__phase_t *ph, stria_progress_cb progress, void *arg,
+                                 stria_phase_t phase)
+{
+    stria_job_t *job = ph->job;
+    if (phase == STRIA_PHASE_UPLOAD || phase == STRIA_PHASE_DOWNLOAD) {
+        uint64_t done = 0, total = 0;
+        for (int i = 0; i < job->n_ranks; i++)
+            done += __atomic_load_n(&job->ranks[i].bytes, __ATOMIC_RELAXED);
+        int n_tensors = phase == STRIA_PHASE_UPLOAD ? ph->n_in : ph->n_out;
+        (void)n_tensors;
+        total = 0;
+        for (int i = 0; i < job->n_ranks; i++) {
+            int64_t t = job->ranks[i].tokens * job->spec.batch;
+            if (phase == STRIA_PHASE_UPLOAD)
+                total += (uint64_t)t * (ph->backward
+                                            ? stria__row_bytes(job, job->spec.heads)
+                                            : stria__row_bytes(job, job->spec.heads) +
+                                                  2 * stria__row_bytes(job, job->spec.kv_heads));
+            else
+                total +=
+                    (uint64_t)t * (ph->backward ? stria__row_bytes(job, job->spec.heads) +
+                                                      2 * stria__row_bytes(job, job->spec.kv_heads)
+                                                : stria__row_bytes(job, job->spec.heads) +
+                                                      (uint64_t)job->spec.heads * 4);
+        }
+        progress(arg, phase, (double)done, (double)total);
+        return;
+    }
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.job_id = job->id;
+    memset(&reply, 0, sizeof(reply));
+    if (stria__coord_call(job->client, STRIA__COORD_GET_JOB, &req.base, &reply) == STRIA_OK) {
+        Stria__V1__GetJobReply *r = (Stria__V1__GetJobReply *)reply.msg;
+        if (r->job != NULL && r->job->steps_total > 0)
+            progress(arg, phase, (double)r->job->step, (double)r->job->steps_total);
+    }
+    stria_rpc_reply_free(&reply);
+}
+
+/* Runs fn on one thread per rank and waits for all of them. */
+static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
+                                       stria_progress_cb progress, void *arg, stria_phase_t phase)
+{
+    stria_job_t *job = ph->job;
+    pthread_t *th = calloc((size_t)job->n_ranks, sizeof(pthread_t));
+    stria__thread_arg_t *ta = calloc((size_t)job->n_ranks, sizeof(*ta));
+    int started = 0;
+
+    if (th == NULL || ta == NULL) {
+        free(th);
+        free(ta);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start rank threads");
+    }
+    pthread_mutex_init(&ph->lock, NULL);
+    pthread_cond_init(&ph->cv, NULL);
+    ph->remaining = job->n_ranks;
+    for (int i = 0; i < job->n_ranks; i++) {
+        job->ranks[i].bytes = 0;
+        ta[i].ph = ph;
+        ta[i].r = &job->ranks[i];
+        if (pthread_create(&th[i], NULL, stria__rank_thread, &ta[i]) != 0) {
+            job->ranks[i].status = STRIA_ERR_NO_MEMORY;
+            snprintf(job->ranks[i].error, sizeof(job->ranks[i].error), "cannot start a thread");
+            pthread_mutex_lock(&ph->lock);
+            ph->remaining--;
+            pthread_mutex_unlock(&ph->lock);
+            continue;
+        }
+        started++;
+    }
+    pthread_mutex_lock(&ph->lock);
+    while (ph->remaining > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(STRIA__POLL_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&ph->cv, &ph->lock, &ts);
+        if (ph->remaining > 0 && progress != NULL) {
+            pthread_mutex_unlock(&ph->lock);
+            stria__poll_progress(ph, progress, arg, phase);
+            pthread_mutex_lock(&ph->lock);
+        }
+    }
+    pthread_mutex_unlock(&ph->lock);
+    for (int i = 0; i < job->n_ranks; i++)
+        if (job->ranks[i].status != STRIA_ERR_NO_MEMORY || started == job->n_ranks)
+            pthread_join(th[i], NULL);
+    pthread_cond_destroy(&ph->cv);
+    pthread_mutex_destroy(&ph->lock);
+    free(th);
+    free(ta);
+    return stria__phase_status(job, name);
+}
+
+static stria_status_t stria__rank_connect(stria_job_t *job, stria__rank_t *r)
+{
+    stria_rpc_client_params_t rp;
+    if (r->conn != NULL)
+        return STRIA_OK;
+    memset(&rp, 0, sizeof(rp));
+    rp.address = r->rpc_address;
+    rp.service = &stria__v1__worker__descriptor;
+    rp.token = job->client->token;
+    rp.client_name = job->client->client_name;
+    rp.connect_timeout_s = job->client->params.connect_timeout_s;
+    return stria_rpc_client_connect(&rp, &r->conn);
+}
+
+/* Packs this rank's real tokens of a full [batch, seq, heads, dim] tensor. */
+static void stria__pack_shard(const stria_job_t *job, const stria__rank_t *r, const void *full,
+                              size_t row_bytes, void *shard)
+{
+    for (int64_t b = 0; b < job->spec.batch; b++)
+        for (int64_t i = 0; i < r->tokens; i++) {
+            int64_t pos = stria_layout_position(&job->layout, r->rank, i);
+            memcpy((char *)shard + (size_t)(b * r->tokens + i) * row_bytes,
+                   (const char *)full + (size_t)(b * job->spec.seq_len + pos) * row_bytes,
+                   row_bytes);
+        }
+}
+
+static void stria__unpack_shard(const stria_job_t *job, const stria__rank_t *r, const void *shard,
+                                size_t row_bytes, void *full)
+{
+    for (int64_t b = 0; b < job->spec.batch; b++)
+        for (int64_t i = 0; i < r->tokens; i++) {
+            int64_t pos = stria_layout_position(&job->layout, r->rank, i);
+            memcpy((char *)full + (size_t)(b * job->spec.seq_len + pos) * row_bytes,
+                   (const char *)shard + (size_t)(b * r->tokens + i) * row_bytes, row_bytes);
+        }
+}
+
+/* LSE [batch, heads, tokens]. */
+static void stria__unpack_lse(const stria_job_t *job, const stria__rank_t *r, const float *shard,
+                              float *full)
+{
+    int64_t BH = job->spec.batch * job->spec.heads;
+    for (int64_t bh = 0; bh < BH; bh++)
+        for (int64_t i = 0; i < r->tokens; i++) {
+            int64_t pos = stria_layout_position(&job->layout, r->rank, i);
+            full[bh * job->spec.seq_len + pos] = shard[bh * r->tokens + i];
+        }
+}
+
+static stria_status_t stria__put_tensor(stria_job_t *job, stria__rank_t *r,
+                                        Stria__V1__Tensor tensor, const void *buf, uint64_t len)
+{
+    uint64_t max = stria_rpc_client_max_payload(r->conn);
+    uint64_t chunk = max < STRIA__MAX_CHUNK ? max : STRIA__MAX_CHUNK;
+    for (uint64_t off = 0; off < len;) {
+        uint64_t n = len - off < chunk ? len - off : chunk;
+        Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
+        stria_rpc_request_t rq;
+        stria_rpc_reply_t reply;
+        req.job_id = job->id;
+        req.rank = (uint32_t)r->rank;
+        req.tensor = tensor;
+        req.offset = off;
+        req.total_bytes = len;
+        memset(&rq, 0, sizeof(rq));
+        rq.method = STRIA__WORKER_PUT_INPUT;
+        rq.request = &req.base;
+        rq.payload = (const char *)buf + off;
+        rq.payload_len = n;
+        rq.timeout_s = job->client->params.rpc_timeout_s;
+        memset(&reply, 0, sizeof(reply));
+        stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
+        stria_rpc_reply_free(&reply);
+        if (st != STRIA_OK)
+            return st;
+        off += n;
+        __atomic_fetch_add(&r->bytes, n, __ATOMIC_RELAXED);
+    }
+    return STRIA_OK;
+}
+
+static stria_status_t stria__get_tensor(stria_job_t *job, stria__rank_t *r,
+                                        Stria__V1__Tensor tensor, void *buf, uint64_t len)
+{
+    for (uint64_t off = 0; off < len;) {
+        Stria__V1__GetOutputRequest req = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+        stria_rpc_request_t rq;
+        stria_rpc_reply_t reply;
+        req.job_id = job->id;
+        req.rank = (uint32_t)r->rank;
+        req.tensor = tensor;
+        req.offset = off;
+        req.max_bytes = len - off < STRIA__MAX_CHUNK ? len - off : STRIA__MAX_CHUNK;
+        memset(&rq, 0, sizeof(rq));
+        rq.method = STRIA__WORKER_GET_OUTPUT;
+        rq.request = &req.base;
+        rq.reply_buf = (char *)buf + off;
+        rq.reply_buf_cap = len - off;
+        rq.timeout_s = job->client->params.rpc_timeout_s;
+        memset(&reply, 0, sizeof(reply));
+        stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
+        if (st != STRIA_OK)
+            return st;
+        Stria__V1__GetOutputReply *rep = (Stria__V1__GetOutputReply *)reply.msg;
+        uint64_t got = reply.payload_len;
+        if (rep->total_bytes != len || rep->offset != off || got == 0) {
+            st = stria_error_set(STRIA_ERR_PROTOCOL,
+                                 "output %d: worker sent %llu bytes at %llu of %llu, expected "
+                                 "%llu in all",
+                                 (int)tensor, (unsigned long long)got,
+                                 (unsigned long long)rep->offset,
+                                 (unsigned long long)rep->total_bytes, (unsigned long long)len);
+            stria_rpc_reply_free(&reply);
+            return st;
+        }
+        stria_rpc_reply_free(&reply);
+        off += got;
+        __atomic_fetch_add(&r->bytes, got, __ATOMIC_RELAXED);
+    }
+    return STRIA_OK;
+}
+
+/* Upload phase: this rank's shards of the phase's input tensors. */
+static void stria__rank_upload(stria__phase_t *ph, stria__rank_t *r)
+{
+    static const Stria__V1__Tensor fwd_tensors[3] = {
+        STRIA__V1__TENSOR__TENSOR_Q, STRIA__V1__TENSOR__TENSOR_K, STRIA__V1__TENSOR__TENSOR_V};
+    stria_job_t *job = ph->job;
+    stria_status_t st = stria__rank_connect(job, r);
+    if (st != STRIA_OK) {
+        stria__capture_error(r, st, "connect");
+        return;
+    }
+    for (int t = 0; t < ph->n_in; t++) {
+        int64_t heads = (!ph->backward && t > 0) ? job->spec.kv_heads : job->spec.heads;
+        size_t row = stria__row_bytes(job, heads);
+        uint64_t len = (uint64_t)(job->spec.batch * r->tokens) * row;
+        void *shard = stria_malloc_aligned(len);
+        if (shard == NULL) {
+            stria__capture_error(r, stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory"),
+                                 "upload");
+            return;
+        }
+        stria__pack_shard(job, r, ph->in[t], row, shard);
+        st = stria__put_tensor(job, r, ph->backward ? STRIA__V1__TENSOR__TENSOR_DO : fwd_tensors[t],
+                               shard, len);
+        stria_free(shard);
+        if (st != STRIA_OK) {
+            stria__capture_error(r, st, "upload");
+            return;
+        }
+    }
+}
+
+static void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
+{
+    stria_job_t *job = ph->job;
+    stria_rpc_request_t rq;
+    stria_rpc_reply_t reply;
+    Stria__V1__RunForwardRequest fw = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
+    Stria__V1__RunBackwardRequest bw = STRIA__V1__RUN_BACKWARD_REQUEST__INIT;
+
+    memset(&rq, 0, sizeof(rq));
+    fw.job_id = bw.job_id = job->id;
+    fw.rank = bw.rank = (uint32_t)r->rank;
+    rq.method = ph->backward ? STRIA__WORKER_RUN_BACKWARD : STRIA__WORKER_RUN_FORWARD;
+    rq.request = ph->backward ? &bw.base : &fw.base;
+    rq.timeout_s = job->pass_timeout_s;
+    memset(&reply, 0, sizeof(reply));
+    stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
+    if (st != STRIA_OK) {
+        stria__capture_error(r, st, ph->backward ? "backward pass" : "forward pass");
+        return;
+    }
+    /* RunForwardReply and RunBackwardReply both hold PassStats as field 1. */
+    Stria__V1__PassStats *stats = ph->backward ? ((Stria__V1__RunBackwardReply *)reply.msg)->stats
+                                               : ((Stria__V1__RunForwardReply *)reply.msg)->stats;
+    if (stats != NULL) {
+        r->compute_s = stats->compute_seconds;
+        r->wait_s = stats->wait_seconds;
+    }
+    stria_rpc_reply_free(&reply);
+}
+
+static void stria__rank_download(stria__phase_t *ph, stria__rank_t *r)
+{
+    stria_job_t *job = ph->job;
+    static const Stria__V1__Tensor bwd_tensors[3] = {
+        STRIA__V1__TENSOR__TENSOR_DQ, STRIA__V1__TENSOR__TENSOR_DK, STRIA__V1__TENSOR__TENSOR_DV};
+    for (int t = 0; t < ph->n_out; t++) {
+        int64_t heads = (ph->backward && t > 0) ? job->spec.kv_heads : job->spec.heads;
+        size_t row = stria__row_bytes(job, heads);
+        uint64_t len = (uint64_t)(job->spec.batch * r->tokens) * row;
+        void *shard = stria_malloc_aligned(len);
+        if (shard == NULL) {
+            stria__capture_error(r, stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory"),
+                                 "download");
+            return;
+        }
+        stria_status_t st = stria__get_tensor(
+            job, r, ph->backward ? bwd_tensors[t] : STRIA__V1__TENSOR__TENSOR_O, shard, len);
+        if (st == STRIA_OK)
+            stria__unpack_shard(job, r, shard, row, ph->out[t]);
+        stria_free(shard);
+        if (st != STRIA_OK) {
+            stria__capture_error(r, st, "download");
+            return;
+        }
+    }
+    if (!ph->backward) {
+        uint64_t len = (uint64_t)(job->spec.batch * job->spec.heads * r->tokens) * 4;
+        float *shard = stria_malloc_aligned(len);
+        if (shard == NULL) {
+            stria__capture_error(r, stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory"),
+                                 "download");
+            return;
+        }
+        stria_status_t st = stria__get_tensor(job, r, STRIA__V1__TENSOR__TENSOR_LSE, shard, len);
+        if (st == STRIA_OK)
+            stria__unpack_lse(job, r, shard, ph->lse_out);
+        stria_free(shard);
+        if (st != STRIA_OK)
+            stria__capture_error(r, st, "download");
+    }
+}
+
+/* ---- jobs --------------------------------------------------------------- */
+
+static stria_status_t stria__check_spec(const stria_job_spec_t *s)
+{
+    if (s == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec is NULL");
+    if (s->batch < 1 || s->seq_len < 1 || s->heads < 1 || s->kv_heads < 1 || s->head_dim < 1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job spec: batch, seq_len, heads, kv_heads and head_dim must be "
+                               ">= 1");
+    if (s->batch > UINT32_MAX || s->heads > UINT32_MAX || s->kv_heads > UINT32_MAX ||
+        s->head_dim > UINT32_MAX || s->ring_size < 0 || s->step_timeout_s < 0 || s->ttl_s < 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: a field is out of range");
+    if (stria_dtype_size(s->dtype) == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: unknown dtype");
+    return STRIA_OK;
+}
+
+/* Builds the job from the coordinator's assignment and checks that it agrees
+ * with the layout this library scatters with. */
+static stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__V1__Assignment *a)
+{
+    const Stria__V1__JobSpec *s = a->spec;
+    stria_status_t st;
+
+    if (s == NULL || a->n_ranks == 0 || a->n_ranks > STRIA_LAYOUT_MAX_RANKS)
+        return stria_error_set(STRIA_ERR_PROTOCOL, "coordinator sent an assignment without "
+                                                   "spec or ranks");
+    job->id = a->job_id;
+    job->spec.ring_size = (int)a->n_ranks;
+    if (s->scale > 0)
+        job->spec.scale = s->scale;
+    if (s->step_timeout_ms > 0)
+        job->spec.step_timeout_s = s->step_timeout_ms / 1000.0;
+    st = stria_layout_init(job->spec.layout, (int)a->n_ranks, job->spec.seq_len, &job->layout);
+    if (st != STRIA_OK)
+        return st;
+    job->n_ranks = (int)a->n_ranks;
+    job->ranks = calloc(a->n_ranks, sizeof(stria__rank_t));
+    if (job->ranks == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate ranks");
+    for (size_t i = 0; i < a->n_ranks; i++) {
+        const Stria__V1__RankAssignment *ra = a->ranks[i];
+        stria__rank_t *r = &job->ranks[i];
+        r->rank = (int)i;
+        if (ra->rank != i || ra->rpc_address == NULL ||
+            strlen(ra->rpc_address) >= sizeof(r->rpc_address))
+            return stria_error_set(STRIA_ERR_PROTOCOL, "assignment rank %zu is malformed", i);
+        snprintf(r->rpc_address, sizeof(r->rpc_address), "%s", ra->rpc_address);
+        r->tokens = stria_layout_shard_valid(&job->layout, (int)i);
+        if ((int64_t)ra->tokens != r->tokens)
+            return stria_error_set(STRIA_ERR_PROTOCOL,
+                                   "assignment gives rank %zu %llu tokens, the %s layout %lld", i,
+                                   (unsigned long long)ra->tokens,
+                                   stria_layout_kind_name(job->spec.layout), (long long)r->tokens);
+    }
+    double step = job->spec.step_timeout_s > 0 ? job->spec.step_timeout_s : STRIA__DEFAULT_STEP_S;
+    /* Workers enforce the per-step deadline; this only guards against a
+     * worker that stops answering altogether. */
+    job->pass_timeout_s = step * (job->n_ranks + 2) + 30.0;
+    return STRIA_OK;
+}
+
+static void stria__job_free(stria_job_t *job)
+{
+    if (job == NULL)
+        return;
+    for (int i = 0; i < job->n_ranks; i++)
+        stria_rpc_client_close(job->ranks[i].conn);
+    free(job->ranks);
+    free(job);
+}
+
+static void stria__job_unlink(stria_job_t *job)
+{
+    stria_job_t **pp = &job->client->jobs;
+    while (*pp != NULL && *pp != job)
+        pp = &(*pp)->next;
+    if (*pp == job)
+        *pp = job->next;
+}
+
+/* Submits the spec and waits in the queue until the workers are reserved. */
+static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_progress_cb progress,
+                                    void *arg)
+{
+    const stria_job_spec_t *s = &job->spec;
+    Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
+    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    stria_status_t st;
+
+    spec.batch = (uint32_t)s->batch;
+    spec.seq_len = (uint64_t)s->seq_len;
+    spec.heads = (uint32_t)s->heads;
+    spec.kv_heads = (uint32_t)s->kv_heads;
+    spec.head_dim = (uint32_t)s->head_dim;
+    spec.dtype = (Stria__V1__Dtype)s->dtype;
+    spec.causal = s->causal;
+    spec.layout = (Stria__V1__Layout)s->layout;
+    spec.ring_size = (uint32_t)s->ring_size;
+    spec.scale = s->scale;
+    spec.ttl_s = (uint32_t)ceil(s->ttl_s);
+    spec.step_timeout_ms = (uint32_t)ceil(s->step_timeout_s * 1000.0);
+    spec.no_queue = s->no_queue;
+    spec.label = (char *)(s->label ? s->label : "");
+    req.spec = &spec;
+    memset(&reply, 0, sizeof(reply));
+    st = stria__coord_call(c, STRIA__COORD_SUBMIT_JOB, &req.base, &reply);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "submit");
+    Stria__V1__SubmitJobReply *sr = (Stria__V1__SubmitJobReply *)reply.msg;
+    if (sr->assignment == NULL) {
+        stria_rpc_reply_free(&reply);
+        return stria_error_set(STRIA_ERR_PROTOCOL, "submit: reply without assignment");
+    }
+    st = stria__job_from_assignment(job, sr->assignment);
+    Stria__V1__JobState state = sr->state;
+    uint32_t qpos = sr->queue_position;
+    stria_rpc_reply_free(&reply);
+    if (st != STRIA_OK)
+        return st;
+
+    while (state == STRIA__V1__JOB_STATE__JOB_STATE_PENDING) {
+        if (progress != NULL)
+            progress(arg, STRIA_PHASE_QUEUED, qpos, qpos);
+        struct timespec ts = {0, (long)(STRIA__POLL_S * 1e9)};
+        nanosleep(&ts, NULL);
+        Stria__V1__GetJobRequest gq = STRIA__V1__GET_JOB_REQUEST__INIT;
+        gq.job_id = job->id;
+        memset(&reply, 0, sizeof(reply));
+        st = stria__coord_call(c, STRIA__COORD_GET_JOB, &gq.base, &reply);
+        if (st != STRIA_OK)
+            return st;
+        Stria__V1__GetJobReply *gr = (Stria__V1__GetJobReply *)reply.msg;
+        if (gr->job == NULL) {
+            stria_rpc_reply_free(&reply);
+            return stria_error_set(STRIA_ERR_PROTOCOL, "job %llu: empty job info",
+                                   (unsigned long long)job->id);
+        }
+        state = gr->job->state;
+        qpos = gr->job->queue_position;
+        if (state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+            st = stria_error_set(
+                STRIA_ERR_CANCELLED, "job %llu ended while queued: %s", (unsigned long long)job->id,
+                gr->job->failure && gr->job->failure[0] ? gr->job->failure : "no reason given");
+            stria_rpc_reply_free(&reply);
+            return st;
+        }
+        stria_rpc_reply_free(&reply);
+    }
+    return STRIA_OK;
+}
+
+static void stria__collect_stats(const stria_job_t *job, stria_call_stats_t *stats)
+{
+    stats->rank_compute_s_max = 0;
+    stats->rank_compute_s_min = INFINITY;
+    stats->rank_wait_s_max = 0;
+    for (int i = 0; i < job->n_ranks; i++) {
+        const stria__rank_t *r = &job->ranks[i];
+        stats->rank_compute_s_max = fmax(stats->rank_compute_s_max, r->compute_s);
+        stats->rank_compute_s_min = fmin(stats->rank_compute_s_min, r->compute_s);
+        stats->rank_wait_s_max = fmax(stats->rank_wait_s_max, r->wait_s);
+    }
+}
+
+static uint64_t stria__phase_bytes(const stria_job_t *job)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < job->n_ranks; i++)
+        b += job->ranks[i].bytes;
+    return b;
+}
+
+/* Upload, pass, download. */
+static stria_status_t stria__run_call(stria_job_t *job, stria__phase_t *ph,
+                                      stria_progress_cb progress, void *arg,
+                                      stria_call_stats_t *stats)
+{
+    stria_phase_t pass_phase = ph->backward ? STRIA_PHASE_BACKWARD : STRIA_PHASE_FORWARD;
+    double t0 = stria_time_now(), t1, t2;
+    stria_status_t st;
+
+    ph->job = job;
+    ph->fn = stria__rank_upload;
+    st = stria__run_phase(ph, "upload", progress, arg, STRIA_PHASE_UPLOAD);
+    if (st != STRIA_OK)
+        return st;
+    if (stats)
+        stats->bytes_up = stria__phase_bytes(job);
+    t1 = stria_time_now();
+    ph->fn = stria__rank_pass;
+    st = stria__run_phase(ph, ph->backward ? "backward pass" : "forward pass", progress, arg,
+                          pass_phase);
+    if (st != STRIA_OK)
+        return st;
+    t2 = stria_time_now();
+    ph->fn = stria__rank_download;
+    st = stria__run_phase(ph, "download", progress, arg, STRIA_PHASE_DOWNLOAD);
+    if (st != STRIA_OK)
+        return st;
+    if (stats != NULL) {
+        stats->upload_s = t1 - t0;
+        stats->pass_s = t2 - t1;
+        stats->download_s = stria_time_now() - t2;
+        stats->bytes_down = stria__phase_bytes(job);
+        stria__collect_stats(job, stats);
+    }
+    return STRIA_OK;
+}
+
+stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec_t *spec,
+                                    const void *q, const void *k, const void *v, void *o,
+                                    float *lse, stria_progress_cb progress, void *progress_arg,
+                                    stria_call_stats_t *stats, stria_job_t **job_out)
+{
+    stria__phase_t ph;
+    stria_job_t *job;
+    stria_status_t st;
+    double t0 = stria_time_now();
+
+    if (client == NULL || job_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_client_forward: NULL argument");
+    st = stria__check_spec(spec);
+    if (st != STRIA_OK)
+        return st;
+    if (q == NULL || k == NULL || v == NULL || o == NULL || lse == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_forward: q, k, v, o and lse are required");
+    job = calloc(1, sizeof(*job));
+    if (job == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    job->client = client;
+    job->spec = *spec;
+    job->spec.label = NULL;
+    st = stria__submit(client, job, progress, progress_arg);
+    if (st != STRIA_OK) {
+        if (job->id != 0) {
+            job->next = NULL;
+            stria_status_t keep = st;
+            char msg[1024];
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            stria_client_release(job);
+            stria_error_set(keep, "%s", msg);
+        } else {
+            stria__job_free(job);
+        }
+        return st;
+    }
+    job->next = client->jobs;
+    client->jobs = job;
+    if (stats != NULL) {
+        memset(stats, 0, sizeof(*stats));
+        stats->queued_s = stria_time_now() - t0;
+    }
+    memset(&ph, 0, sizeof(ph));
+    ph.in[0] = q;
+    ph.in[1] = k;
+    ph.in[2] = v;
+    ph.n_in = 3;
+    ph.out[0] = o;
+    ph.n_out = 1;
+    ph.lse_out = lse;
+    st = stria__run_call(job, &ph, progress, progress_arg, stats);
+    if (st != STRIA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria_client_release(job);
+        return stria_error_set(st, "%s", msg);
+    }
+    job->forward_done = true;
+    *job_out = job;
+    return STRIA_OK;
+}
+
+stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq, void *dk,
+                                     void *dv, stria_progress_cb progress, void *progress_arg,
+                                     stria_call_stats_t *stats)
+{
+    stria__phase_t ph;
+
+    if (job == NULL || d_o == NULL || dq == NULL || dk == NULL || dv == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_backward: job, d_o, dq, dk and dv are required");
+    if (!job->forward_done)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job %llu: backward needs a successful forward pass first",
+                               (unsigned long long)job->id);
+    if (stats != NULL)
+        memset(stats, 0, sizeof(*stats));
+    memset(&ph, 0, sizeof(ph));
+    ph.backward = true;
+    ph.in[0] = d_o;
+    ph.n_in = 1;
+    ph.out[0] = dq;
+    ph.out[1] = dk;
+    ph.out[2] = dv;
+    ph.n_out = 3;
+    return stria__run_call(job, &ph, progress, progress_arg, stats);
+}
+
+stria_status_t stria_client_release(stria_job_t *job)
+{
+    stria_status_t st = STRIA_OK;
+    if (job == NULL)
+        return STRIA_OK;
+    stria_client_t *c = job->client;
+    /* Free the workers' memory right away; the coordinator also tells them. */
+    for (int i = 0; i < job->n_ranks; i++) {
+        stria__rank_t *r = &job->ranks[i];
+        if (r->conn == NULL)
+            continue;
+        Stria__V1__DropJobRequest dq = STRIA__V1__DROP_JOB_REQUEST__INIT;
+        stria_rpc_request_t rq;
+        stria_rpc_reply_t reply;
+        dq.job_id = job->id;
+        memset(&rq, 0, sizeof(rq));
+        rq.method = STRIA__WORKER_DROP_JOB;
+        rq.request = &dq.base;
+        rq.timeout_s = STRIA__COORD_TIMEOUT_S;
+        memset(&reply, 0, sizeof(reply));
+        if (stria_rpc_client_call(r->conn, &rq, &reply) == STRIA_OK)
+            stria_rpc_reply_free(&reply);
+    }
+    if (job->id != 0) {
+        Stria__V1__ReleaseJobRequest req = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
+        stria_rpc_reply_t reply;
+        req.job_id = job->id;
+        memset(&reply, 0, sizeof(reply));
+        st = stria__coord_call(c, STRIA__COORD_RELEASE_JOB, &req.base, &reply);
+        stria_rpc_reply_free(&reply);
+    }
+    stria__job_unlink(job);
+    stria__job_free(job);
+    return st;
+}
+
+uint64_t stria_job_id(const stria_job_t *job)
+{
+    return job ? job->id : 0;
+}
+
+int stria_job_ring_size(const stria_job_t *job)
+{
+    return job ? job->n_ranks : 0;
+}

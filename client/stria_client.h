@@ -1,0 +1,115 @@
+/*
+ * libstria: the client library of the stria attention service.
+ *
+ * A trainer connects to the coordinator, submits a job with its full Q, K, V
+ * tensors and gets O and LSE back; later it sends dO and gets dQ, dK, dV. The
+ * library does the rest: it submits the job spec, waits in the queue when the
+ * workers are busy, scatters each rank's shard (striped by default) to the
+ * workers in parallel, runs the ring passes, and gathers and un-permutes the
+ * results. The caller only sees plain contiguous tensors:
+ *
+ *   Q, O, dO, dQ: [batch, seq_len, heads, head_dim]     in spec->dtype
+ *   K, V, dK, dV: [batch, seq_len, kv_heads, head_dim]  in spec->dtype
+ *   LSE:          [batch, heads, seq_len]               fp32, natural log
+ *
+ * Threads: a client and its jobs are used by one thread at a time; the library
+ * starts and joins its own threads (one per rank) inside each call. Every
+ * failure returns a status whose message says which rank and worker failed,
+ * in which phase, and why.
+ */
+#ifndef STRIA_CLIENT_H
+#define STRIA_CLIENT_H
+
+#include "stria_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct stria_client stria_client_t;
+typedef struct stria_job stria_job_t;
+
+/* Zero-initialise and set the fields; zero means the default. */
+typedef struct {
+    const char *coordinator;  /* "HOST:PORT" (required) */
+    const char *token;        /* shared secret of the service; NULL: none. Copied. */
+    double connect_timeout_s; /* default 10 */
+    double rpc_timeout_s;     /* one upload/download request; default 120 */
+    const char *client_name;  /* shown in the daemons' logs; default "libstria" */
+} stria_client_params_t;
+
+/* What to compute. Zero-initialise; zero fields take the service defaults. */
+typedef struct {
+    int64_t batch;
+    int64_t seq_len;
+    int64_t heads;
+    int64_t kv_heads;
+    int64_t head_dim;
+    stria_dtype_t dtype;
+    bool causal;
+    stria_layout_kind_t layout; /* default striped */
+    int ring_size;              /* 0: every healthy worker */
+    float scale;                /* 0: 1/sqrt(head_dim) */
+    double step_timeout_s;      /* deadline of one ring step; 0: the workers' default */
+    double ttl_s;               /* idle time before the service drops the job; 0: default */
+    bool no_queue;              /* fail with STRIA_ERR_BUSY instead of waiting in the queue */
+    const char *label;          /* shown by the admin tools; may be NULL */
+} stria_job_spec_t;
+
+typedef enum {
+    STRIA_PHASE_QUEUED = 0,   /* waiting for workers (done = queue position) */
+    STRIA_PHASE_UPLOAD = 1,   /* done/total in bytes */
+    STRIA_PHASE_FORWARD = 2,  /* done/total in ring steps of the slowest rank */
+    STRIA_PHASE_BACKWARD = 3, /* done/total in ring steps */
+    STRIA_PHASE_DOWNLOAD = 4, /* done/total in bytes */
+} stria_phase_t;
+
+/* Progress of a call; runs on the calling thread, between other work. */
+typedef void (*stria_progress_cb)(void *arg, stria_phase_t phase, double done, double total);
+
+/* Where the time of a call went, per phase, in seconds of wall time. */
+typedef struct {
+    double queued_s, upload_s, pass_s, download_s;
+    double rank_compute_s_max; /* slowest rank's kernel time */
+    double rank_compute_s_min; /* fastest rank's kernel time */
+    double rank_wait_s_max;    /* longest time a rank waited on the ring */
+    uint64_t bytes_up, bytes_down;
+} stria_call_stats_t;
+
+/* Connects to the coordinator (and checks it answers). Free with
+ * stria_client_close(). */
+stria_status_t stria_client_connect(const stria_client_params_t *params,
+                                    stria_client_t **client_out);
+/* Closes the client; jobs still open are released first. NULL is ignored. */
+void stria_client_close(stria_client_t *client);
+
+/* Submits a job and runs its forward pass. q, k, v are read during the call
+ * only; o (spec->dtype) and lse are written before it returns. On success
+ * *job_out is a handle for stria_client_backward() and stria_client_release();
+ * on failure no job remains. `progress` may be NULL; `stats` may be NULL. */
+stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec_t *spec,
+                                    const void *q, const void *k, const void *v, void *o,
+                                    float *lse, stria_progress_cb progress, void *progress_arg,
+                                    stria_call_stats_t *stats, stria_job_t **job_out);
+
+/* Runs the backward pass of a job whose forward pass succeeded: sends dO and
+ * writes dq, dk, dv (spec->dtype). The job stays open (release it). */
+stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq, void *dk,
+                                     void *dv, stria_progress_cb progress, void *progress_arg,
+                                     stria_call_stats_t *stats);
+
+/* Tells the service the job is done (its workers free its memory) and frees
+ * the handle. NULL is ignored. Returns the release status (the handle is
+ * freed in every case). */
+stria_status_t stria_client_release(stria_job_t *job);
+
+/* The service's job id (as shown by the admin tools). */
+uint64_t stria_job_id(const stria_job_t *job);
+/* Ranks of the job's ring. */
+int stria_job_ring_size(const stria_job_t *job);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_CLIENT_H */

@@ -1,0 +1,1483 @@
+/*
+ * stria-worker: one rank of any job's ring, per GPU (or CPU) of a host.
+ *
+ * Threads:
+ *   - the RPC loop thread (stria_rpc_server): serves the Worker service;
+ *     every handler runs there, and never blocks on a pass;
+ *   - one pass thread per running RunForward/RunBackward: joins the job's ring
+ *     over the ring link, runs the ring engine and replies;
+ *   - the heartbeat thread: registers with the coordinator, heartbeats, drops
+ *     the jobs the coordinator names;
+ *   - the service loop thread: /metrics and the systemd watchdog;
+ *   - the main thread: waits for SIGTERM/SIGINT and shuts down.
+ * The job table is guarded by one mutex; a job's buffers are pinned by a
+ * reference count while a transfer or a pass uses them, so a drop never frees
+ * memory in use.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "stria_kernels.h"
+#include "stria_ring.h"
+#include "stria_service.h"
+#include "stria_transport.h"
+#include "worker_int.h"
+
+enum {
+    STRIA__C_REGISTER = 0,
+    STRIA__C_HEARTBEAT = 1,
+    STRIA__C_REPORT = 2,
+    STRIA__C_GET_JOB = 4,
+};
+
+#define STRIA__COORD_TIMEOUT_S 5.0
+
+struct stria_worker {
+    stria_worker_config_t cfg;
+    char *token;
+    char rpc_address[300];
+    char ucx_address[300];
+    char host[256];
+    uint64_t incarnation;
+    stria_rpc_server_t *server;
+    stria_pool_t *pool;
+    stria_ucx_ctx_t *ucx;
+
+    pthread_mutex_t coord_lock; /* one coordinator call at a time */
+    stria_rpc_client_t *coord;
+
+    pthread_mutex_t lock; /* everything below */
+    pthread_cond_t cv;
+    stria__wjob_t *jobs;
+    uint64_t worker_id;
+    uint32_t heartbeat_ms;
+    uint64_t memory_used;
+    int running_passes;
+    bool stopping;
+    bool registered;
+    double last_heartbeat;
+
+    /* metrics */
+    stria_metrics_t *metrics;
+    stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_step_compute, *m_step_wait,
+        *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs, *m_hb_age,
+        *m_errors;
+};
+
+/* ---- job table ------------------------------------------------------------ */
+
+static stria__wjob_t *stria__job_find(stria_worker_t *w, uint64_t id)
+{
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+        if (j->id == id)
+            return j;
+    return NULL;
+}
+
+static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
+{
+    for (int t = 0; t < STRIA__T_COUNT; t++)
+        stria_free(j->buf[t]);
+    w->memory_used -= j->bytes;
+    stria_metric_set(w->m_memory, (double)w->memory_used);
+    free(j);
+}
+
+/* Unlinks and frees a job, or marks it to be freed by its last user. Lock
+ * held. */
+static void stria__job_drop_locked(stria_worker_t *w, stria__wjob_t *j)
+{
+    stria__wjob_t **pp = &w->jobs;
+    while (*pp != NULL && *pp != j)
+        pp = &(*pp)->next;
+    if (*pp == j) {
+        *pp = j->next;
+        j->next = NULL;
+    }
+    if (j->refs > 0) {
+        j->dropped = true;
+        return;
+    }
+    stria__job_free(w, j);
+}
+
+static void stria__job_unref(stria_worker_t *w, stria__wjob_t *j)
+{
+    pthread_mutex_lock(&w->lock);
+    if (--j->refs == 0 && j->dropped)
+        stria__job_free(w, j);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* Element sizes and shapes of the tensors of a job. */
+static void stria__tensor_geometry(const stria__wjob_t *j, int t, int64_t *outer_out,
+                                   size_t *row_out)
+{
+    size_t es = stria_dtype_size(j->dtype);
+    switch (t) {
+    case STRIA__T_K:
+    case STRIA__T_V:
+    case STRIA__T_DK:
+    case STRIA__T_DV:
+        *outer_out = j->batch;
+        *row_out = (size_t)(j->kv_heads * j->head_dim) * es;
+        return;
+    case STRIA__T_LSE:
+        *outer_out = j->batch * j->heads;
+        *row_out = 4;
+        return;
+    default:
+        *outer_out = j->batch;
+        *row_out = (size_t)(j->heads * j->head_dim) * es;
+        return;
+    }
+}
+
+/* Bytes of the compact (real tokens only) form of a tensor: what clients send
+ * and receive. */
+static uint64_t stria__compact_bytes(const stria__wjob_t *j, int t)
+{
+    int64_t outer;
+    size_t row;
+    stria__tensor_geometry(j, t, &outer, &row);
+    return (uint64_t)outer * (uint64_t)j->valid * row;
+}
+
+/* Copies between a byte range of the compact form and the padded buffer. */
+static void stria__copy_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len,
+                              void *compact, bool to_padded)
+{
+    int64_t outer;
+    size_t row;
+    stria__tensor_geometry(j, t, &outer, &row);
+    uint64_t seg = (uint64_t)j->valid * row;                /* compact bytes per outer index */
+    uint64_t pseg = (uint64_t)j->layout.shard_tokens * row; /* padded bytes per outer index */
+    char *padded = j->buf[t];
+    uint64_t done = 0;
+    while (done < len) {
+        uint64_t pos = off + done;
+        uint64_t o = pos / seg, in = pos % seg;
+        uint64_t n = seg - in < len - done ? seg - in : len - done;
+        if (to_padded)
+            memcpy(padded + o * pseg + in, (char *)compact + done, n);
+        else
+            memcpy((char *)compact + done, padded + o * pseg + in, n);
+        done += n;
+    }
+}
+
+/* Pointer to a compact range when it is contiguous in the padded buffer. */
+static void *stria__direct_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len)
+{
+    int64_t outer;
+    size_t row;
+    stria__tensor_geometry(j, t, &outer, &row);
+    uint64_t seg = (uint64_t)j->valid * row;
+    uint64_t pseg = (uint64_t)j->layout.shard_tokens * row;
+    if (len == 0 || off / seg != (off + len - 1) / seg)
+        return NULL;
+    return (char *)j->buf[t] + (off / seg) * pseg + off % seg;
+}
+
+/* Per-rank memory of a job: its tensors, plus the ring engine's buffers
+ * (double-buffered K/V blocks, fp32 dK/dV, fp32 partials) and the kernels'
+ * packed copies, estimated generously. */
+static uint64_t stria__job_memory(const stria__wjob_t *j)
+{
+    uint64_t L = (uint64_t)j->layout.shard_tokens, B = (uint64_t)j->batch;
+    uint64_t es = stria_dtype_size(j->dtype), D = (uint64_t)j->head_dim;
+    uint64_t qrow = (uint64_t)j->heads * D, kvrow = (uint64_t)j->kv_heads * D;
+    uint64_t tensors = B * L * (4 * qrow + 4 * kvrow) * es + B * (uint64_t)j->heads * L * 4;
+    uint64_t ring = B * L * kvrow * (4 * es + 4 * 4) + B * L * qrow * 4 * 2;
+    uint64_t kern = B * L * (2 * qrow + 3 * kvrow) * 4;
+    return tensors + ring + kern;
+}
+
+/* ---- coordinator calls ----------------------------------------------------- */
+
+static stria_status_t stria__coord_call(stria_worker_t *w, uint32_t method,
+                                        const ProtobufCMessage *req, stria_rpc_reply_t *reply)
+{
+    stria_status_t st;
+    pthread_mutex_lock(&w->coord_lock);
+    if (w->coord == NULL) {
+        stria_rpc_client_params_t p;
+        memset(&p, 0, sizeof(p));
+        p.address = w->cfg.coordinator;
+        p.service = &stria__v1__coordinator__descriptor;
+        p.token = w->token;
+        p.client_name = "stria-worker";
+        p.connect_timeout_s = STRIA__COORD_TIMEOUT_S;
+        st = stria_rpc_client_connect(&p, &w->coord);
+        if (st != STRIA_OK) {
+            pthread_mutex_unlock(&w->coord_lock);
+            return stria_error_wrap(st, "coordinator %s", w->cfg.coordinator);
+        }
+    }
+    stria_rpc_request_t rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.method = method;
+    rq.request = req;
+    rq.timeout_s = STRIA__COORD_TIMEOUT_S;
+    memset(reply, 0, sizeof(*reply));
+    st = stria_rpc_client_call(w->coord, &rq, reply);
+    pthread_mutex_unlock(&w->coord_lock);
+    return st;
+}
+
+static void stria__report(stria_worker_t *w, const stria__wjob_t *j,
+                          Stria__V1__ReportJobRequest__Event ev, const char *message)
+{
+    Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.worker_id = w->worker_id;
+    req.job_id = j->id;
+    req.rank = (uint32_t)j->rank;
+    req.event = ev;
+    req.message = (char *)(message ? message : "");
+    req.step = j->step;
+    req.steps_total = j->steps_total;
+    if (stria__coord_call(w, STRIA__C_REPORT, &req.base, &reply) == STRIA_OK)
+        stria_rpc_reply_free(&reply);
+    else
+        stria_log_warn("job %llu rank %d: cannot report to the coordinator: %s",
+                       (unsigned long long)j->id, j->rank, stria_error_msg());
+}
+
+/* Fetches a job's assignment from the coordinator and creates the job with
+ * every buffer allocated (bounded memory: a job that does not fit is refused
+ * here, never mid-pass). Lock not held. */
+static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint32_t rank,
+                                        stria__wjob_t **job_out)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    stria_status_t st;
+    stria__wjob_t *j = NULL;
+
+    req.job_id = job_id;
+    st = stria__coord_call(w, STRIA__C_GET_JOB, &req.base, &reply);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "job %llu", (unsigned long long)job_id);
+    Stria__V1__GetJobReply *gr = (Stria__V1__GetJobReply *)reply.msg;
+    const Stria__V1__JobInfo *info = gr->job;
+    const Stria__V1__Assignment *a = info ? info->assignment : NULL;
+    if (a == NULL || a->spec == NULL || rank >= a->n_ranks || a->ranks[rank] == NULL) {
+        st = stria_error_set(STRIA_ERR_NOT_FOUND, "job %llu has no rank %u",
+                             (unsigned long long)job_id, rank);
+        goto out;
+    }
+    if (info->state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+        st = stria_error_set(STRIA_ERR_CANCELLED, "job %llu is over (%s)",
+                             (unsigned long long)job_id,
+                             info->failure && info->failure[0] ? info->failure : "released");
+        goto out;
+    }
+    if (a->ranks[rank]->worker_id != w->worker_id) {
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "job %llu rank %u belongs to worker %llu, not to this worker (%llu)",
+                             (unsigned long long)job_id, rank,
+                             (unsigned long long)a->ranks[rank]->worker_id,
+                             (unsigned long long)w->worker_id);
+        goto out;
+    }
+    const Stria__V1__JobSpec *s = a->spec;
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+        goto out;
+    }
+    j->id = job_id;
+    j->rank = (int)rank;
+    j->n_ranks = (int)a->n_ranks;
+    j->batch = s->batch;
+    j->seq = (int64_t)s->seq_len;
+    j->heads = s->heads;
+    j->kv_heads = s->kv_heads;
+    j->head_dim = s->head_dim;
+    j->dtype = (stria_dtype_t)s->dtype;
+    j->causal = s->causal;
+    j->layout_kind = (stria_layout_kind_t)s->layout;
+    j->scale = s->scale;
+    j->step_timeout_s =
+        s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->cfg.step_timeout_s;
+    j->steps_total = (uint32_t)a->n_ranks;
+    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    j->last_activity = stria_time_now();
+    const char *next = a->ranks[(rank + 1) % a->n_ranks]->ucx_address;
+    if (stria_dtype_size(j->dtype) == 0 || next == NULL || strlen(next) >= sizeof(j->next_ucx)) {
+        st = stria_error_set(STRIA_ERR_PROTOCOL, "job %llu: malformed assignment",
+                             (unsigned long long)job_id);
+        goto out;
+    }
+    snprintf(j->next_ucx, sizeof(j->next_ucx), "%s", next);
+    st = stria_layout_init(j->layout_kind, j->n_ranks, j->seq, &j->layout);
+    if (st != STRIA_OK)
+        goto out;
+    j->valid = stria_layout_shard_valid(&j->layout, j->rank);
+    if ((int64_t)a->ranks[rank]->tokens != j->valid) {
+        st = stria_error_set(STRIA_ERR_PROTOCOL,
+                             "job %llu rank %u: the assignment says %llu tokens, the layout %lld",
+                             (unsigned long long)job_id, rank,
+                             (unsigned long long)a->ranks[rank]->tokens, (long long)j->valid);
+        goto out;
+    }
+    uint64_t need = stria__job_memory(j);
+    if (a->memory_per_rank_bytes > need)
+        need = a->memory_per_rank_bytes;
+    pthread_mutex_lock(&w->lock);
+    stria__wjob_t *other = stria__job_find(w, job_id);
+    if (other != NULL) { /* created meanwhile by another request */
+        pthread_mutex_unlock(&w->lock);
+        free(j);
+        j = NULL;
+        *job_out = other;
+        st = STRIA_OK;
+        goto out;
+    }
+    if (w->memory_used + need > (uint64_t)w->cfg.memory_bytes) {
+        pthread_mutex_unlock(&w->lock);
+        st = stria_error_set(STRIA_ERR_NO_MEMORY,
+                             "job %llu needs %llu MiB on this worker, %llu MiB of %llu are free",
+                             (unsigned long long)job_id, (unsigned long long)(need >> 20),
+                             (unsigned long long)((w->cfg.memory_bytes - w->memory_used) >> 20),
+                             (unsigned long long)(w->cfg.memory_bytes >> 20));
+        goto out;
+    }
+    w->memory_used += need; /* reserved before allocating: no two jobs race for it */
+    j->bytes = need;
+    pthread_mutex_unlock(&w->lock);
+    for (int t = 0; t < STRIA__T_COUNT; t++) {
+        int64_t outer;
+        size_t row;
+        stria__tensor_geometry(j, t, &outer, &row);
+        j->buf[t] = stria_calloc_aligned((size_t)outer * (size_t)j->layout.shard_tokens * row);
+        if (j->buf[t] == NULL) {
+            pthread_mutex_lock(&w->lock);
+            stria__job_free(w, j);
+            pthread_mutex_unlock(&w->lock);
+            j = NULL;
+            st = stria_error_set(STRIA_ERR_NO_MEMORY, "job %llu: cannot allocate its tensors",
+                                 (unsigned long long)job_id);
+            goto out;
+        }
+    }
+    pthread_mutex_lock(&w->lock);
+    j->next = w->jobs;
+    w->jobs = j;
+    stria_metric_set(w->m_memory, (double)w->memory_used);
+    pthread_mutex_unlock(&w->lock);
+    stria_log_info("job %llu rank %d/%d: %lld of %lld tokens (%s), %llu MiB reserved",
+                   (unsigned long long)j->id, j->rank, j->n_ranks, (long long)j->valid,
+                   (long long)j->seq, stria_layout_kind_name(j->layout_kind),
+                   (unsigned long long)(j->bytes >> 20));
+    *job_out = j;
+    j = NULL;
+    st = STRIA_OK;
+out:
+    free(j);
+    stria_rpc_reply_free(&reply);
+    return st;
+}
+
+/* ---- PutInput ---------------------------------------------------------------- */
+
+static int stria__input_tensor(Stria__V1__Tensor t)
+{
+    switch (t) {
+    case STRIA__V1__TENSOR__TENSOR_Q:
+        return STRIA__T_Q;
+    case STRIA__V1__TENSOR__TENSOR_K:
+        return STRIA__T_K;
+    case STRIA__V1__TENSOR__TENSOR_V:
+        return STRIA__T_V;
+    case STRIA__V1__TENSOR__TENSOR_DO:
+        return STRIA__T_DO;
+    default:
+        return -1;
+    }
+}
+
+static int stria__output_tensor(Stria__V1__Tensor t)
+{
+    switch (t) {
+    case STRIA__V1__TENSOR__TENSOR_O:
+        return STRIA__T_O;
+    case STRIA__V1__TENSOR__TENSOR_LSE:
+        return STRIA__T_LSE;
+    case STRIA__V1__TENSOR__TENSOR_DQ:
+        return STRIA__T_DQ;
+    case STRIA__V1__TENSOR__TENSOR_DK:
+        return STRIA__T_DK;
+    case STRIA__V1__TENSOR__TENSOR_DV:
+        return STRIA__T_DV;
+    default:
+        return -1;
+    }
+}
+
+/* State of one PutInput call between its payload callback and its handler. */
+typedef struct {
+    stria_worker_t *w;
+    stria__wjob_t *job; /* referenced */
+    int tensor;
+    uint64_t offset, len;
+    void *staging; /* when the range is not contiguous in the padded buffer */
+} stria__put_t;
+
+static void stria__put_cleanup(void *arg)
+{
+    stria__put_t *p = arg;
+    stria_free(p->staging);
+    if (p->job != NULL)
+        stria__job_unref(p->w, p->job);
+    free(p);
+}
+
+/* Finds or creates the job of a request and takes a reference. */
+static stria_status_t stria__job_get(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
+                                     stria__wjob_t **out)
+{
+    stria__wjob_t *j;
+    pthread_mutex_lock(&w->lock);
+    j = stria__job_find(w, id);
+    if (j != NULL)
+        j->refs++;
+    bool stopping = w->stopping;
+    pthread_mutex_unlock(&w->lock);
+    if (stopping && j == NULL)
+        return stria_error_set(STRIA_ERR_BUSY, "this worker is shutting down");
+    if (j == NULL) {
+        if (!create)
+            return stria_error_set(STRIA_ERR_NOT_FOUND,
+                                   "job %llu is not held by this worker (never loaded, released "
+                                   "or expired)",
+                                   (unsigned long long)id);
+        stria_status_t st = stria__job_create(w, id, rank, &j);
+        if (st != STRIA_OK)
+            return st;
+        pthread_mutex_lock(&w->lock);
+        j->refs++;
+        pthread_mutex_unlock(&w->lock);
+    }
+    if ((uint32_t)j->rank != rank) {
+        stria__job_unref(w, j);
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "job %llu: this worker holds rank %d, not %u",
+                               (unsigned long long)id, j->rank, rank);
+    }
+    *out = j;
+    return STRIA_OK;
+}
+
+static stria_status_t stria__put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                         void **buf_out)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__PutInputRequest *req =
+        (const Stria__V1__PutInputRequest *)stria_rpc_call_request(call);
+    int t = stria__input_tensor(req->tensor);
+    stria__wjob_t *j;
+    stria_status_t st;
+
+    if (t < 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "PutInput: tensor %d is not an input",
+                               (int)req->tensor);
+    st = stria__job_get(w, req->job_id, req->rank, true, &j);
+    if (st != STRIA_OK)
+        return st;
+    uint64_t total = stria__compact_bytes(j, t);
+    if (req->total_bytes != total || req->offset > total || payload_len > total - req->offset) {
+        stria__job_unref(w, j);
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "PutInput job %llu rank %d tensor %d: bytes [%llu, %llu) of %llu "
+                               "do not fit the job's %llu",
+                               (unsigned long long)j->id, j->rank, (int)req->tensor,
+                               (unsigned long long)req->offset,
+                               (unsigned long long)(req->offset + payload_len),
+                               (unsigned long long)req->total_bytes, (unsigned long long)total);
+    }
+    if (j->running) {
+        stria__job_unref(w, j);
+        return stria_error_set(STRIA_ERR_BUSY, "job %llu: a pass is running",
+                               (unsigned long long)j->id);
+    }
+    stria__put_t *p = calloc(1, sizeof(*p));
+    if (p == NULL) {
+        stria__job_unref(w, j);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    }
+    p->w = w;
+    p->job = j;
+    p->tensor = t;
+    p->offset = req->offset;
+    p->len = payload_len;
+    *buf_out = stria__direct_range(j, t, req->offset, payload_len);
+    if (*buf_out == NULL) {
+        p->staging = stria_malloc_aligned(payload_len);
+        if (p->staging == NULL) {
+            stria__put_cleanup(p);
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for %llu bytes",
+                                   (unsigned long long)payload_len);
+        }
+        *buf_out = p->staging;
+    }
+    stria_rpc_call_set_cleanup(call, stria__put_cleanup, p);
+    stria_metric_add(w->m_in_bytes, (double)payload_len);
+    return STRIA_OK;
+}
+
+static void stria__put_handler(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__PutInputRequest *req =
+        (const Stria__V1__PutInputRequest *)stria_rpc_call_request(call);
+    uint64_t len = 0;
+    void *payload = stria_rpc_call_payload(call, &len);
+    int t = stria__input_tensor(req->tensor);
+    stria__wjob_t *j;
+
+    if (len == 0 || payload == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "PutInput without payload bytes");
+        return;
+    }
+    /* the payload callback holds a reference; take another for this handler */
+    if (stria__job_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
+        return;
+    }
+    void *direct = stria__direct_range(j, t, req->offset, len);
+    if (direct != payload) /* staged: scatter into the padded rows */
+        stria__copy_range(j, t, req->offset, len, payload, true);
+    pthread_mutex_lock(&w->lock);
+    j->received[t] += len;
+    j->last_activity = stria_time_now();
+    uint64_t got = j->received[t];
+    pthread_mutex_unlock(&w->lock);
+    uint64_t total = stria__compact_bytes(j, t);
+    Stria__V1__PutInputReply rep = STRIA__V1__PUT_INPUT_REPLY__INIT;
+    rep.received_bytes = got;
+    rep.complete = got >= total;
+    stria__job_unref(w, j);
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
+/* ---- passes -------------------------------------------------------------------- */
+
+typedef struct {
+    stria_worker_t *w;
+    stria__wjob_t *job; /* referenced */
+    stria_rpc_call_t *call;
+    bool backward;
+} stria__pass_ctx_t;
+
+static stria_tensor_t stria__tensor(const stria__wjob_t *j, int t)
+{
+    int64_t heads = (t == STRIA__T_K || t == STRIA__T_V || t == STRIA__T_DK || t == STRIA__T_DV)
+                        ? j->kv_heads
+                        : j->heads;
+    return stria_tensor_contiguous(j->buf[t], j->dtype, j->layout.shard_tokens, heads, j->head_dim);
+}
+
+static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool backward,
+                                      uint32_t pass_id, Stria__V1__PassStats *stats)
+{
+    stria_ring_shape_t shape;
+    stria_ring_opts_t opts;
+    stria_ring_pass_t *pass = NULL;
+    stria_link_t *link = NULL;
+    stria_status_t st;
+    double t0 = stria_time_now();
+
+    memset(&shape, 0, sizeof(shape));
+    shape.batch = j->batch;
+    shape.seq = j->seq;
+    shape.heads = j->heads;
+    shape.kv_heads = j->kv_heads;
+    shape.head_dim = j->head_dim;
+    shape.scale = j->scale;
+    shape.causal = j->causal;
+    shape.dtype = j->dtype;
+    memset(&opts, 0, sizeof(opts));
+    opts.step_timeout_s = j->step_timeout_s;
+    opts.pool = w->pool;
+    opts.pass_id = pass_id;
+
+    stria_ucx_link_params_t rp;
+    char next_host[256];
+    int next_port;
+    st = stria_parse_host_port(j->next_ucx, next_host, sizeof(next_host), &next_port);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "ring link address of rank %d", (j->rank + 1) % j->n_ranks);
+    memset(&rp, 0, sizeof(rp));
+    rp.job_id = j->id;
+    rp.ring_id = pass_id;
+    rp.rank = j->rank;
+    rp.size = j->n_ranks;
+    rp.next_host = next_host;
+    rp.next_port = (uint16_t)next_port;
+    rp.connect_timeout_s = w->cfg.connect_timeout_s;
+    st = stria_link_ucx_connect(w->ucx, &rp, &link);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "ring link to %s", j->next_ucx);
+    st = stria_ring_pass_create(link, &shape, j->layout_kind, &opts, &pass);
+    if (st == STRIA_OK) {
+        stria_tensor_t q = stria__tensor(j, STRIA__T_Q), k = stria__tensor(j, STRIA__T_K);
+        stria_tensor_t v = stria__tensor(j, STRIA__T_V), o = stria__tensor(j, STRIA__T_O);
+        if (!backward) {
+            st = stria_ring_fwd(pass, &q, &k, &v, &o, j->buf[STRIA__T_LSE]);
+        } else {
+            stria_tensor_t g = stria__tensor(j, STRIA__T_DO), dq = stria__tensor(j, STRIA__T_DQ);
+            stria_tensor_t dk = stria__tensor(j, STRIA__T_DK), dv = stria__tensor(j, STRIA__T_DV);
+            st = stria_ring_bwd(pass, &q, &k, &v, &o, j->buf[STRIA__T_LSE], &g, &dq, &dk, &dv);
+        }
+        size_t n = 0;
+        const stria_ring_step_stats_t *ss = stria_ring_pass_stats(pass, &n);
+        for (size_t i = 0; i < n; i++) {
+            stats->compute_seconds += ss[i].compute_wall_s;
+            stats->wait_seconds += ss[i].wait_s;
+            stats->bytes_sent += ss[i].bytes_sent;
+            stria_metric_observe(w->m_step_compute, ss[i].compute_wall_s);
+            stria_metric_observe(w->m_step_wait, ss[i].wait_s);
+            stria_metric_add(w->m_bytes_sent, (double)ss[i].bytes_sent);
+            stria_metric_add(w->m_bytes_recv, (double)ss[i].bytes_recv);
+        }
+        stats->steps = (uint32_t)n;
+        stria_ring_pass_destroy(pass);
+    }
+    stria_link_destroy(link);
+    stats->seconds = stria_time_now() - t0;
+    return st;
+}
+
+static void *stria__pass_thread(void *arg)
+{
+    stria__pass_ctx_t *pc = arg;
+    stria_worker_t *w = pc->w;
+    stria__wjob_t *j = pc->job;
+    Stria__V1__PassStats stats = STRIA__V1__PASS_STATS__INIT;
+    int b = pc->backward ? 1 : 0;
+
+    pthread_mutex_lock(&w->lock);
+    uint32_t pass_id = j->passes++;
+    j->phase = b ? STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_BACKWARD
+                 : STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD;
+    j->step = 0;
+    pthread_mutex_unlock(&w->lock);
+    stria__report(w, j,
+                  b ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED
+                    : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED,
+                  NULL);
+    stria_log_info("job %llu rank %d: %s pass started", (unsigned long long)j->id, j->rank,
+                   b ? "backward" : "forward");
+
+    stria_status_t st = stria__run_pass(w, j, pc->backward, pass_id, &stats);
+
+    pthread_mutex_lock(&w->lock);
+    j->running = false;
+    j->last_activity = stria_time_now();
+    if (st == STRIA_OK) {
+        j->step = j->steps_total;
+        j->phase =
+            b ? STRIA__V1__JOB_STATE__JOB_STATE_DONE : STRIA__V1__JOB_STATE__JOB_STATE_FORWARD_DONE;
+    } else {
+        j->phase = STRIA__V1__JOB_STATE__JOB_STATE_FAILED;
+        snprintf(j->failure, sizeof(j->failure), "%s", stria_error_msg());
+    }
+    w->running_passes--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+
+    stria_metric_add(w->m_passes[b], 1);
+    stria_metric_observe(w->m_pass_s[b], stats.seconds);
+    if (st == STRIA_OK) {
+        stria_log_info("job %llu rank %d: %s pass done in %.3f s (compute %.3f s, wait %.3f s)",
+                       (unsigned long long)j->id, j->rank, b ? "backward" : "forward",
+                       stats.seconds, stats.compute_seconds, stats.wait_seconds);
+        stria__report(w, j,
+                      b ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE
+                        : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE,
+                      NULL);
+        Stria__V1__RunForwardReply fr = STRIA__V1__RUN_FORWARD_REPLY__INIT;
+        Stria__V1__RunBackwardReply br = STRIA__V1__RUN_BACKWARD_REPLY__INIT;
+        fr.stats = br.stats = &stats;
+        stria_rpc_call_reply(pc->call, b ? &br.base : &fr.base, NULL, 0, NULL, NULL);
+    } else {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "rank %d: %s", j->rank, stria_error_msg());
+        stria_log_error("job %llu %s pass failed: %s", (unsigned long long)j->id,
+                        b ? "backward" : "forward", msg);
+        stria_metric_add(w->m_pass_fail[b], 1);
+        stria_metric_add(w->m_errors, 1);
+        stria__report(w, j, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED, msg);
+        stria_rpc_call_fail(pc->call, st, "%s", msg);
+    }
+    stria__job_unref(w, j);
+    free(pc);
+    return NULL;
+}
+
+static void stria__pass_handler(stria_worker_t *w, stria_rpc_call_t *call, uint64_t job_id,
+                                uint32_t rank, bool backward)
+{
+    stria__wjob_t *j;
+    stria_status_t st = stria__job_get(w, job_id, rank, false, &j);
+    if (st != STRIA_OK) {
+        stria_rpc_call_fail(call, st, "%s", stria_error_msg());
+        return;
+    }
+    /* inputs complete? */
+    const int need[2][3] = {{STRIA__T_Q, STRIA__T_K, STRIA__T_V}, {STRIA__T_DO, -1, -1}};
+    pthread_mutex_lock(&w->lock);
+    for (int i = 0; i < 3; i++) {
+        int t = need[backward][i];
+        if (t >= 0 && j->received[t] < stria__compact_bytes(j, t)) {
+            pthread_mutex_unlock(&w->lock);
+            stria__job_unref(w, j);
+            static const char *const names[] = {"Q", "K", "V", "dO"};
+            stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                                "job %llu rank %u: input %s incomplete (%llu of %llu bytes)",
+                                (unsigned long long)job_id, rank, names[t],
+                                (unsigned long long)j->received[t],
+                                (unsigned long long)stria__compact_bytes(j, t));
+            return;
+        }
+    }
+    if (backward && j->phase != STRIA__V1__JOB_STATE__JOB_STATE_FORWARD_DONE &&
+        j->phase != STRIA__V1__JOB_STATE__JOB_STATE_DONE) {
+        pthread_mutex_unlock(&w->lock);
+        stria__job_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "job %llu rank %u: backward needs a completed forward pass",
+                            (unsigned long long)job_id, rank);
+        return;
+    }
+    if (j->running || w->stopping) {
+        bool stopping = w->stopping;
+        pthread_mutex_unlock(&w->lock);
+        stria__job_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            stopping ? "this worker is shutting down"
+                                     : "job %llu rank %u: a pass is already running",
+                            (unsigned long long)job_id, rank);
+        return;
+    }
+    j->running = true;
+    w->running_passes++;
+    pthread_mutex_unlock(&w->lock);
+
+    stria__pass_ctx_t *pc = calloc(1, sizeof(*pc));
+    pthread_t th;
+    pthread_attr_t attr;
+    if (pc != NULL) {
+        pc->w = w;
+        pc->job = j;
+        pc->call = call;
+        pc->backward = backward;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&th, &attr, stria__pass_thread, pc);
+        pthread_attr_destroy(&attr);
+        if (rc == 0)
+            return;
+        free(pc);
+    }
+    pthread_mutex_lock(&w->lock);
+    j->running = false;
+    w->running_passes--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    stria__job_unref(w, j);
+    stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "cannot start a pass thread");
+}
+
+static void stria__fwd_handler(void *ctx, stria_rpc_call_t *call)
+{
+    const Stria__V1__RunForwardRequest *req =
+        (const Stria__V1__RunForwardRequest *)stria_rpc_call_request(call);
+    stria__pass_handler(ctx, call, req->job_id, req->rank, false);
+}
+
+static void stria__bwd_handler(void *ctx, stria_rpc_call_t *call)
+{
+    const Stria__V1__RunBackwardRequest *req =
+        (const Stria__V1__RunBackwardRequest *)stria_rpc_call_request(call);
+    stria__pass_handler(ctx, call, req->job_id, req->rank, true);
+}
+
+/* ---- GetOutput, DropJob ------------------------------------------------------- */
+
+typedef struct {
+    stria_worker_t *w;
+    stria__wjob_t *job;
+    void *copy;
+} stria__get_t;
+
+static void stria__get_done(void *arg)
+{
+    stria__get_t *g = arg;
+    stria_free(g->copy);
+    stria__job_unref(g->w, g->job);
+    free(g);
+}
+
+static void stria__get_handler(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__GetOutputRequest *req =
+        (const Stria__V1__GetOutputRequest *)stria_rpc_call_request(call);
+    int t = stria__output_tensor(req->tensor);
+    stria__wjob_t *j;
+
+    if (t < 0) {
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "GetOutput: tensor %d is not an output",
+                            (int)req->tensor);
+        return;
+    }
+    if (stria__job_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
+        return;
+    }
+    pthread_mutex_lock(&w->lock);
+    Stria__V1__JobState phase = j->phase;
+    bool running = j->running;
+    j->last_activity = stria_time_now();
+    pthread_mutex_unlock(&w->lock);
+    bool fwd_out = t == STRIA__T_O || t == STRIA__T_LSE;
+    bool ready = !running && (phase == STRIA__V1__JOB_STATE__JOB_STATE_DONE ||
+                              (fwd_out && phase == STRIA__V1__JOB_STATE__JOB_STATE_FORWARD_DONE));
+    if (!ready) {
+        stria__job_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "job %llu rank %d: output %d is not ready (run the %s pass first)",
+                            (unsigned long long)j->id, j->rank, (int)req->tensor,
+                            fwd_out ? "forward" : "backward");
+        return;
+    }
+    uint64_t total = stria__compact_bytes(j, t);
+    uint64_t max = STRIA_RPC_DEFAULT_MAX_PAYLOAD;
+    uint64_t n = req->max_bytes > 0 && req->max_bytes < max ? req->max_bytes : max;
+    if (req->offset > total) {
+        stria__job_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "GetOutput: offset %llu beyond %llu",
+                            (unsigned long long)req->offset, (unsigned long long)total);
+        return;
+    }
+    if (n > total - req->offset)
+        n = total - req->offset;
+    stria__get_t *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        stria__job_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    g->w = w;
+    g->job = j;
+    void *payload = stria__direct_range(j, t, req->offset, n);
+    if (payload == NULL && n > 0) {
+        g->copy = stria_malloc_aligned(n);
+        if (g->copy == NULL) {
+            stria__get_done(g);
+            stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "out of memory");
+            return;
+        }
+        stria__copy_range(j, t, req->offset, n, g->copy, false);
+        payload = g->copy;
+    }
+    Stria__V1__GetOutputReply rep = STRIA__V1__GET_OUTPUT_REPLY__INIT;
+    int64_t outer;
+    size_t row;
+    stria__tensor_geometry(j, t, &outer, &row);
+    uint64_t shape[4];
+    if (t == STRIA__T_LSE) {
+        shape[0] = (uint64_t)j->batch;
+        shape[1] = (uint64_t)j->heads;
+        shape[2] = (uint64_t)j->valid;
+        rep.n_shape = 3;
+        rep.dtype = STRIA__V1__DTYPE__DTYPE_FP32;
+    } else {
+        shape[0] = (uint64_t)j->batch;
+        shape[1] = (uint64_t)j->valid;
+        shape[2] = (uint64_t)(t == STRIA__T_O || t == STRIA__T_DQ ? j->heads : j->kv_heads);
+        shape[3] = (uint64_t)j->head_dim;
+        rep.n_shape = 4;
+        rep.dtype = (Stria__V1__Dtype)j->dtype;
+    }
+    rep.shape = shape;
+    rep.tensor = req->tensor;
+    rep.total_bytes = total;
+    rep.offset = req->offset;
+    stria_metric_add(w->m_out_bytes, (double)n);
+    stria_rpc_call_reply(call, &rep.base, payload, n, stria__get_done, g);
+}
+
+static void stria__drop_handler(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__DropJobRequest *req =
+        (const Stria__V1__DropJobRequest *)stria_rpc_call_request(call);
+    Stria__V1__DropJobReply rep = STRIA__V1__DROP_JOB_REPLY__INIT;
+    pthread_mutex_lock(&w->lock);
+    stria__wjob_t *j = stria__job_find(w, req->job_id);
+    if (j != NULL) {
+        rep.dropped = true;
+        rep.freed_bytes = j->bytes;
+        stria__job_drop_locked(w, j);
+    }
+    pthread_mutex_unlock(&w->lock);
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
+/* ---- registration and heartbeats ---------------------------------------------- */
+
+static stria_status_t stria__register(stria_worker_t *w)
+{
+    Stria__V1__RegisterWorkerRequest req = STRIA__V1__REGISTER_WORKER_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.rpc_address = w->rpc_address;
+    req.ucx_address = w->ucx_address;
+    req.host = w->host;
+    req.device = (char *)w->cfg.device;
+    req.memory_bytes = (uint64_t)w->cfg.memory_bytes;
+    req.software_version = (char *)STRIA_VERSION;
+    req.kernel_variant = (char *)stria_kernels_variant();
+    req.incarnation = w->incarnation;
+    stria_status_t st = stria__coord_call(w, STRIA__C_REGISTER, &req.base, &reply);
+    if (st != STRIA_OK)
+        return st;
+    Stria__V1__RegisterWorkerReply *r = (Stria__V1__RegisterWorkerReply *)reply.msg;
+    pthread_mutex_lock(&w->lock);
+    w->worker_id = r->worker_id;
+    w->heartbeat_ms = r->heartbeat_period_ms > 0 ? r->heartbeat_period_ms : 1000;
+    w->registered = true;
+    w->last_heartbeat = stria_time_now();
+    pthread_mutex_unlock(&w->lock);
+    stria_log_info("registered with coordinator %s as worker %llu%s (heartbeat %u ms)",
+                   w->cfg.coordinator, (unsigned long long)r->worker_id,
+                   r->rejoined ? ", rejoined" : "", r->heartbeat_period_ms);
+    stria_rpc_reply_free(&reply);
+    return STRIA_OK;
+}
+
+static stria_status_t stria__heartbeat(stria_worker_t *w)
+{
+    Stria__V1__HeartbeatRequest req = STRIA__V1__HEARTBEAT_REQUEST__INIT;
+    Stria__V1__WorkerJobStatus *st_arr = NULL, **st_ptrs = NULL;
+    size_t n = 0;
+    stria_rpc_reply_t reply;
+    stria_status_t st;
+
+    pthread_mutex_lock(&w->lock);
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+        n++;
+    st_arr = calloc(n + 1, sizeof(*st_arr));
+    st_ptrs = calloc(n + 1, sizeof(*st_ptrs));
+    if (st_arr == NULL || st_ptrs == NULL) {
+        pthread_mutex_unlock(&w->lock);
+        free(st_arr);
+        free(st_ptrs);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "heartbeat: out of memory");
+    }
+    size_t i = 0;
+    double now = stria_time_now();
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next, i++) {
+        Stria__V1__WorkerJobStatus init = STRIA__V1__WORKER_JOB_STATUS__INIT;
+        st_arr[i] = init;
+        st_arr[i].job_id = j->id;
+        st_arr[i].phase = j->phase;
+        st_arr[i].step = j->step;
+        st_arr[i].steps_total = j->steps_total;
+        double idle = j->running ? 0.0 : (now - j->last_activity) * 1000.0;
+        st_arr[i].idle_ms = idle > 4e9 ? 4000000000u : (uint32_t)idle;
+        st_ptrs[i] = &st_arr[i];
+    }
+    req.worker_id = w->worker_id;
+    req.memory_in_use_bytes = w->memory_used;
+    pthread_mutex_unlock(&w->lock);
+    req.incarnation = w->incarnation;
+    req.n_jobs = n;
+    req.jobs = st_ptrs;
+    st = stria__coord_call(w, STRIA__C_HEARTBEAT, &req.base, &reply);
+    free(st_arr);
+    free(st_ptrs);
+    if (st != STRIA_OK)
+        return st;
+    Stria__V1__HeartbeatReply *r = (Stria__V1__HeartbeatReply *)reply.msg;
+    pthread_mutex_lock(&w->lock);
+    w->last_heartbeat = stria_time_now();
+    if (r->heartbeat_period_ms > 0)
+        w->heartbeat_ms = r->heartbeat_period_ms;
+    for (size_t d = 0; d < r->n_drop_job_ids; d++) {
+        stria__wjob_t *j = stria__job_find(w, r->drop_job_ids[d]);
+        if (j != NULL) {
+            stria_log_info("job %llu: dropped at the coordinator's request",
+                           (unsigned long long)j->id);
+            stria__job_drop_locked(w, j);
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+    stria_rpc_reply_free(&reply);
+    return STRIA_OK;
+}
+
+static void *stria__heartbeat_thread(void *arg)
+{
+    stria_worker_t *w = arg;
+    bool ready_sent = false;
+    double warn_at = 0;
+
+    pthread_mutex_lock(&w->lock);
+    while (!w->stopping) {
+        bool registered = w->registered;
+        pthread_mutex_unlock(&w->lock);
+        stria_status_t st = registered ? stria__heartbeat(w) : stria__register(w);
+        if (st == STRIA_ERR_NOT_FOUND) { /* the coordinator forgot us (restart): register */
+            pthread_mutex_lock(&w->lock);
+            w->registered = false;
+            pthread_mutex_unlock(&w->lock);
+            continue;
+        }
+        if (st != STRIA_OK && stria_time_now() >= warn_at) {
+            stria_log_warn("coordinator %s: %s", w->cfg.coordinator, stria_error_msg());
+            warn_at = stria_time_now() + 10.0;
+        }
+        if (st == STRIA_OK && !ready_sent) {
+            char status[1400];
+            snprintf(status, sizeof(status),
+                     "READY=1\nSTATUS=worker %llu serving %s, ring link %s, coordinator %s",
+                     (unsigned long long)w->worker_id, w->rpc_address, w->ucx_address,
+                     w->cfg.coordinator);
+            stria_notify(status);
+            ready_sent = true;
+        }
+        pthread_mutex_lock(&w->lock);
+        stria_metric_set(w->m_hb_age, w->registered ? stria_time_now() - w->last_heartbeat : -1);
+        size_t njobs = 0;
+        for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+            njobs++;
+        stria_metric_set(w->m_jobs, (double)njobs);
+        double period = (st == STRIA_OK ? w->heartbeat_ms : 1000) / 1000.0;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double when = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + period;
+        ts.tv_sec = (time_t)when;
+        ts.tv_nsec = (long)((when - (double)ts.tv_sec) * 1e9);
+        if (!w->stopping)
+            pthread_cond_timedwait(&w->cv, &w->lock, &ts);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+/* ---- service loop: metrics endpoint, watchdog, signals ------------------------- */
+
+typedef struct {
+    stria_worker_t *w;
+    uv_loop_t loop;
+    uv_async_t stop;
+    stria_service_t *svc;
+    stria_http_metrics_t *http;
+    stria_status_t start_status;
+    char start_error[512];
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    int state; /* 0 starting, 1 running, 2 failed */
+    int signum;
+} stria__svc_loop_t;
+
+static void stria__on_signal(void *arg, int signum)
+{
+    stria__svc_loop_t *sl = arg;
+    pthread_mutex_lock(&sl->lock);
+    sl->signum = signum;
+    pthread_cond_broadcast(&sl->cv);
+    pthread_mutex_unlock(&sl->lock);
+}
+
+static void stria__svc_stop(uv_async_t *a)
+{
+    stria__svc_loop_t *sl = a->data;
+    stria_http_metrics_stop(sl->http);
+    stria_service_stop(sl->svc);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *stria__svc_thread(void *arg)
+{
+    stria__svc_loop_t *sl = arg;
+    stria_status_t st;
+    uv_loop_init(&sl->loop);
+    uv_async_init(&sl->loop, &sl->stop, stria__svc_stop);
+    sl->stop.data = sl;
+    st = stria_service_start(&sl->loop, stria__on_signal, sl, &sl->svc);
+    if (st == STRIA_OK && sl->w->cfg.metrics_listen != NULL && sl->w->cfg.metrics_listen[0])
+        st = stria_http_metrics_start(&sl->loop, sl->w->cfg.metrics_listen, sl->w->metrics,
+                                      &sl->http);
+    pthread_mutex_lock(&sl->lock);
+    sl->start_status = st;
+    if (st != STRIA_OK)
+        snprintf(sl->start_error, sizeof(sl->start_error), "%s", stria_error_msg());
+    sl->state = st == STRIA_OK ? 1 : 2;
+    pthread_cond_broadcast(&sl->cv);
+    pthread_mutex_unlock(&sl->lock);
+    if (st != STRIA_OK) {
+        stria__svc_stop(&sl->stop);
+        uv_run(&sl->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&sl->loop);
+        return NULL;
+    }
+    uv_run(&sl->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&sl->loop);
+    return NULL;
+}
+
+/* ---- configuration --------------------------------------------------------------- */
+
+static void stria__metrics_init(stria_worker_t *w)
+{
+    static const double step_buckets[] = {0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
+    static const double pass_buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 120, 600};
+    static const char *const pass_labels[2] = {"pass=\"forward\"", "pass=\"backward\""};
+    stria_metrics_t *m = w->metrics;
+    for (int b = 0; b < 2; b++) {
+        w->m_passes[b] =
+            stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_passes_total",
+                              "Ring passes run by this worker.", pass_labels[b], NULL, 0);
+        w->m_pass_fail[b] =
+            stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_pass_failures_total",
+                              "Ring passes that failed.", pass_labels[b], NULL, 0);
+        w->m_pass_s[b] = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_pass_seconds",
+                                           "Wall time of a ring pass.", pass_labels[b],
+                                           pass_buckets, sizeof(pass_buckets) / sizeof(double));
+    }
+    w->m_step_compute = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_step_seconds",
+                                          "Time of one ring step, by kind.", "kind=\"compute\"",
+                                          step_buckets, sizeof(step_buckets) / sizeof(double));
+    w->m_step_wait = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_step_seconds",
+                                       "Time of one ring step, by kind.", "kind=\"communication\"",
+                                       step_buckets, sizeof(step_buckets) / sizeof(double));
+    w->m_bytes_sent =
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_bytes_total",
+                          "Bytes moved over the ring link.", "direction=\"sent\"", NULL, 0);
+    w->m_bytes_recv =
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_bytes_total",
+                          "Bytes moved over the ring link.", "direction=\"received\"", NULL, 0);
+    w->m_in_bytes =
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_rpc_bytes_total",
+                          "Tensor bytes moved to and from clients.", "direction=\"in\"", NULL, 0);
+    w->m_out_bytes =
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_rpc_bytes_total",
+                          "Tensor bytes moved to and from clients.", "direction=\"out\"", NULL, 0);
+    w->m_memory =
+        stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_memory_in_use_bytes",
+                          "Memory reserved by the jobs this worker holds.", NULL, NULL, 0);
+    w->m_jobs = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_jobs",
+                                  "Jobs held by this worker.", NULL, NULL, 0);
+    w->m_hb_age = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_heartbeat_age_seconds",
+                                    "Seconds since the last heartbeat the coordinator answered "
+                                    "(-1: not registered).",
+                                    NULL, NULL, 0);
+    w->m_errors = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                    "Errors, by kind.", "kind=\"pass\"", NULL, 0);
+}
+
+static void stria__usage(FILE *out, const stria_opt_t *opts)
+{
+    fprintf(out, "usage: stria-worker --coordinator HOST:PORT [options]\n"
+                 "\n"
+                 "One worker of the stria attention service: it registers with the coordinator,\n"
+                 "receives the shards of jobs from clients and runs ring passes with the other\n"
+                 "workers of each job over UCX.\n"
+                 "\n"
+                 "options (each is also a 'name = value' setting of the --config file):\n");
+    stria_opts_print_help(opts, out);
+    fprintf(out, "  %-28s %s\n", "-h, --help", "this help");
+    fprintf(out, "\n"
+                 "With --instance N (the GPU index, as in the systemd unit stria-worker@N), the\n"
+                 "defaults become --listen 127.0.0.1:(7500+N), --ucx-listen 127.0.0.1:(7600+N)\n"
+                 "and --metrics-listen 127.0.0.1:(9500+N).\n"
+                 "Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 on a start-up\n"
+                 "failure, 2 on a usage or configuration error.\n");
+}
+
+static stria_status_t stria__config_finish(stria_worker_config_t *c, char *listen_buf,
+                                           char *ucx_buf, char *metrics_buf, size_t len)
+{
+    if (c->coordinator == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "--coordinator HOST:PORT is required");
+    char host[256];
+    int port;
+    stria_status_t st = stria_parse_host_port(c->coordinator, host, sizeof(host), &port);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "--coordinator");
+    if (c->instance >= 0) {
+        if (c->listen == NULL) {
+            snprintf(listen_buf, len, "127.0.0.1:%d", (int)(7500 + c->instance));
+            c->listen = listen_buf;
+        }
+        if (c->ucx_listen == NULL) {
+            snprintf(ucx_buf, len, "127.0.0.1:%d", (int)(7600 + c->instance));
+            c->ucx_listen = ucx_buf;
+        }
+        if (c->metrics_listen == NULL) {
+            snprintf(metrics_buf, len, "127.0.0.1:%d", (int)(9500 + c->instance));
+            c->metrics_listen = metrics_buf;
+        }
+    }
+    if (c->listen == NULL)
+        c->listen = "127.0.0.1:0";
+    if (c->ucx_listen == NULL)
+        c->ucx_listen = "127.0.0.1:0";
+    if ((st = stria_parse_host_port(c->listen, host, sizeof(host), &port)) != STRIA_OK)
+        return stria_error_wrap(st, "--listen");
+    if ((st = stria_parse_host_port(c->ucx_listen, host, sizeof(host), &port)) != STRIA_OK)
+        return stria_error_wrap(st, "--ucx-listen");
+    if (c->memory_bytes == 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+        c->memory_bytes = pages > 0 && psize > 0 ? (int64_t)pages * psize / 2 : (int64_t)1 << 30;
+    }
+    if (c->log_level != NULL) {
+        stria_log_level_t lvl;
+        if ((st = stria_log_parse_level(c->log_level, &lvl)) != STRIA_OK)
+            return stria_error_wrap(st, "--log-level");
+        stria_log_set_level(lvl);
+    }
+    return STRIA_OK;
+}
+
+/* The address others use for a listener bound to `bound` (HOST:PORT): the
+ * advertised host if set, else the bound host; the real port. */
+static stria_status_t stria__advertised(const char *advertise, const char *bound, int port,
+                                        char *out, size_t len)
+{
+    char host[256];
+    int ignored;
+    stria_status_t st = stria_parse_host_port(bound, host, sizeof(host), &ignored);
+    if (st != STRIA_OK)
+        return st;
+    const char *h = advertise ? advertise : host;
+    if (strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "listening on %s needs --advertise HOST (the address other "
+                               "machines reach this worker at)",
+                               bound);
+    snprintf(out, len, strchr(h, ':') ? "[%s]:%d" : "%s:%d", h, port);
+    return STRIA_OK;
+}
+
+int main(int argc, char **argv)
+{
+    stria_worker_t *w = calloc(1, sizeof(*w));
+    stria_worker_config_t *c = &w->cfg;
+    char listen_buf[64], ucx_buf[64], metrics_buf[64];
+    stria__svc_loop_t sl;
+    pthread_t hb_th, svc_th;
+    stria_status_t st;
+    int rc = 1;
+
+    c->instance = -1;
+    c->step_timeout_s = 60.0;
+    c->connect_timeout_s = 30.0;
+    c->device = "cpu";
+    const stria_opt_t opts[] = {
+        {"coordinator", STRIA_OPT_STRING, &c->coordinator, 0, 0, "HOST:PORT",
+         "the coordinator (required)"},
+        {"listen", STRIA_OPT_STRING, &c->listen, 0, 0, "HOST:PORT",
+         "RPC address for clients (default 127.0.0.1:0, a free port)"},
+        {"ucx-listen", STRIA_OPT_STRING, &c->ucx_listen, 0, 0, "HOST:PORT",
+         "ring link listener (default 127.0.0.1:0)"},
+        {"advertise", STRIA_OPT_STRING, &c->advertise, 0, 0, "HOST",
+         "host that clients and peers use to reach this worker (default: the listen host)"},
+        {"instance", STRIA_OPT_INT, &c->instance, -1, 1023, "N",
+         "GPU index of this worker: derives ports and the device name"},
+        {"device", STRIA_OPT_STRING, &c->device, 0, 0, "NAME", "device label (default cpu)"},
+        {"host", STRIA_OPT_STRING, &c->host, 0, 0, "NAME",
+         "host name for ring grouping (default: this machine's)"},
+        {"memory", STRIA_OPT_INT, &c->memory_bytes, 0, 1e18, "BYTES",
+         "memory offered to jobs (default half of physical memory)"},
+        {"threads", STRIA_OPT_INT, &c->threads, 0, 1024, "N",
+         "kernel threads (default: online CPUs)"},
+        {"step-timeout", STRIA_OPT_DOUBLE, &c->step_timeout_s, 0.01, 86400, "SECONDS",
+         "default deadline of one ring step (default 60)"},
+        {"connect-timeout", STRIA_OPT_DOUBLE, &c->connect_timeout_s, 0.1, 3600, "SECONDS",
+         "deadline of ring link set-up (default 30)"},
+        {"ucx-tls", STRIA_OPT_STRING, &c->ucx_tls, 0, 0, "LIST",
+         "UCX transports for the ring link, as UCX_TLS (default: UCX's choice)"},
+        {"ucx-net-devices", STRIA_OPT_STRING, &c->ucx_net_devices, 0, 0, "LIST",
+         "network devices for the ring link, as UCX_NET_DEVICES"},
+        {"token-file", STRIA_OPT_STRING, &c->token_file, 0, 0, "FILE",
+         "shared secret of the service (first line of FILE)"},
+        {"metrics-listen", STRIA_OPT_STRING, &c->metrics_listen, 0, 0, "HOST:PORT",
+         "Prometheus /metrics endpoint (default: none)"},
+        {"log-level", STRIA_OPT_STRING, &c->log_level, 0, 0, "LEVEL",
+         "error, warn, info (default) or debug"},
+        {NULL, 0, NULL, 0, 0, NULL, NULL},
+    };
+
+    if (w == NULL)
+        return 1;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            stria__usage(stdout, opts);
+            return 0;
+        }
+    if (getenv("STRIA_LOG_LEVEL") == NULL)
+        stria_log_set_level(STRIA_LOG_INFO);
+    st = stria_opts_parse(opts, argc, argv, 1, NULL);
+    if (st == STRIA_OK)
+        st = stria__config_finish(c, listen_buf, ucx_buf, metrics_buf, sizeof(listen_buf));
+    if (st != STRIA_OK) {
+        fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
+        return 2;
+    }
+    if (c->token_file != NULL && stria_rpc_token_read(c->token_file, &w->token) != STRIA_OK) {
+        fprintf(stderr, "stria-worker: %s\n", stria_error_msg());
+        return 2;
+    }
+    if (c->host == NULL) {
+        gethostname(w->host, sizeof(w->host) - 1);
+    } else {
+        snprintf(w->host, sizeof(w->host), "%s", c->host);
+    }
+    w->incarnation = ((uint64_t)getpid() << 32) ^ (uint64_t)(stria_time_now() * 1e6);
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_mutex_init(&w->coord_lock, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    memset(&sl, 0, sizeof(sl));
+    pthread_mutex_init(&sl.lock, NULL);
+    pthread_cond_init(&sl.cv, NULL);
+    sl.w = w;
+
+    if ((st = stria_metrics_create(&w->metrics)) != STRIA_OK)
+        goto fail;
+    stria__metrics_init(w);
+    if ((st = stria_pool_create((int)c->threads, &w->pool)) != STRIA_OK)
+        goto fail;
+
+    stria_ucx_ctx_params_t up;
+    char ucx_host[256];
+    int ucx_port;
+    if ((st = stria_parse_host_port(c->ucx_listen, ucx_host, sizeof(ucx_host), &ucx_port)) !=
+        STRIA_OK)
+        goto fail;
+    memset(&up, 0, sizeof(up));
+    up.listen_host = ucx_host;
+    up.listen_port = (uint16_t)ucx_port;
+    up.tls = c->ucx_tls;
+    up.net_devices = c->ucx_net_devices;
+    if ((st = stria_ucx_ctx_create(&up, &w->ucx)) != STRIA_OK)
+        goto fail;
+    if ((st = stria__advertised(c->advertise, c->ucx_listen, stria_ucx_ctx_port(w->ucx),
+                                w->ucx_address, sizeof(w->ucx_address))) != STRIA_OK)
+        goto fail;
+
+    static stria_rpc_method_t methods[5];
+    methods[0] = (stria_rpc_method_t){stria__put_handler, stria__put_payload, 0};
+    methods[1] = (stria_rpc_method_t){stria__fwd_handler, NULL, 0};
+    methods[2] = (stria_rpc_method_t){stria__bwd_handler, NULL, 0};
+    methods[3] = (stria_rpc_method_t){stria__get_handler, NULL, 0};
+    methods[4] = (stria_rpc_method_t){stria__drop_handler, NULL, 0};
+    stria_rpc_server_params_t sp;
+    memset(&sp, 0, sizeof(sp));
+    sp.listen = c->listen;
+    sp.service = &stria__v1__worker__descriptor;
+    sp.methods = methods;
+    sp.ctx = w;
+    sp.token = w->token;
+    sp.name = "worker";
+    if ((st = stria_rpc_server_start(&sp, &w->server)) != STRIA_OK)
+        goto fail;
+    if ((st = stria__advertised(c->advertise, c->listen, stria_rpc_server_port(w->server),
+                                w->rpc_address, sizeof(w->rpc_address))) != STRIA_OK)
+        goto fail;
+
+    if (pthread_create(&svc_th, NULL, stria__svc_thread, &sl) != 0) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the service thread");
+        goto fail;
+    }
+    pthread_mutex_lock(&sl.lock);
+    while (sl.state == 0)
+        pthread_cond_wait(&sl.cv, &sl.lock);
+    pthread_mutex_unlock(&sl.lock);
+    if (sl.state == 2) {
+        pthread_join(svc_th, NULL);
+        st = stria_error_set(sl.start_status, "%s", sl.start_error);
+        goto fail;
+    }
+    /* Machine-readable line for scripts and tests that start workers on port 0. */
+    printf("stria-worker listening rpc=%s ucx=%s%s%s\n", w->rpc_address, w->ucx_address,
+           sl.http ? " metrics=" : "", sl.http ? c->metrics_listen : "");
+    if (sl.http)
+        printf("stria-worker metrics port %d\n", stria_http_metrics_port(sl.http));
+    fflush(stdout);
+    stria_log_info("worker on %s (ring link %s), kernel %s, %d threads, %lld MiB offered",
+                   w->rpc_address, w->ucx_address, stria_kernels_variant(),
+                   stria_pool_size(w->pool), (long long)(c->memory_bytes >> 20));
+    pthread_create(&hb_th, NULL, stria__heartbeat_thread, w);
+
+    /* Wait for SIGTERM/SIGINT. */
+    pthread_mutex_lock(&sl.lock);
+    while (sl.signum == 0)
+        pthread_cond_wait(&sl.cv, &sl.lock);
+    int signum = sl.signum;
+    pthread_mutex_unlock(&sl.lock);
+    stria_log_info("signal %d: shutting down", signum);
+    stria_notify("STOPPING=1\nSTATUS=shutting down");
+
+    /* Graceful: no new passes; running passes get one step deadline to end
+     * (they fail their step cleanly if a peer is gone); then report every held
+     * job as failed so the coordinator fails it with a reason. */
+    pthread_mutex_lock(&w->lock);
+    w->stopping = true;
+    pthread_cond_broadcast(&w->cv);
+    double until = stria_time_now() + c->step_timeout_s;
+    while (w->running_passes > 0 && stria_time_now() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&w->cv, &w->lock, &ts);
+    }
+    int still_running = w->running_passes;
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(hb_th, NULL);
+    pthread_mutex_lock(&w->lock);
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next) {
+        if (j->phase == STRIA__V1__JOB_STATE__JOB_STATE_DONE)
+            continue;
+        pthread_mutex_unlock(&w->lock);
+        stria__report(w, j, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED,
+                      "worker shut down (SIGTERM)");
+        pthread_mutex_lock(&w->lock);
+    }
+    pthread_mutex_unlock(&w->lock);
+    uv_async_send(&sl.stop);
+    pthread_join(svc_th, NULL);
+    if (still_running > 0) {
+        /* a pass still holds a call: the server cannot be stopped safely */
+        stria_log_warn("%d pass(es) still running at exit", still_running);
+        return 0;
+    }
+    stria_rpc_server_stop(w->server);
+    stria_ucx_ctx_destroy(w->ucx);
+    pthread_mutex_lock(&w->lock);
+    while (w->jobs != NULL)
+        stria__job_drop_locked(w, w->jobs);
+    pthread_mutex_unlock(&w->lock);
+    stria_rpc_client_close(w->coord);
+    stria_pool_destroy(w->pool);
+    stria_metrics_destroy(w->metrics);
+    stria_opts_free(opts);
+    free(w->token);
+    free(w);
+    return 0;
+
+fail:
+    fprintf(stderr, "stria-worker: %s\n",
+            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+    rc = 1;
+    return rc;
+}

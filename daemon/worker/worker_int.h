@@ -1,0 +1,77 @@
+/* stria-worker internals: the job table and the pieces of the daemon. */
+#ifndef STRIA_WORKER_INT_H
+#define STRIA_WORKER_INT_H
+
+#include <pthread.h>
+
+#include "stria.pb-c.h"
+#include "stria_common.h"
+#include "stria_rpc.h"
+
+/* Settings of a worker (flags and configuration file). */
+typedef struct {
+    const char *coordinator; /* HOST:PORT */
+    const char *listen;      /* RPC HOST:PORT */
+    const char *ucx_listen;  /* ring link HOST:PORT */
+    const char *advertise;   /* host name/address others use to reach us */
+    const char *device;      /* "cpu", "cuda:0", ... */
+    const char *host;        /* host name for ring grouping; default gethostname() */
+    const char *token_file;
+    const char *metrics_listen;
+    const char *log_level;
+    const char *ucx_tls; /* UCX_TLS for the ring link; NULL: UCX default */
+    const char *ucx_net_devices;
+    int64_t instance;         /* GPU index: derives ports and device; -1 = none */
+    int64_t memory_bytes;     /* offered to jobs; 0 = half of physical memory */
+    int64_t threads;          /* kernel threads; 0 = online CPUs */
+    double step_timeout_s;    /* default deadline of one ring step */
+    double connect_timeout_s; /* ring link set-up */
+} stria_worker_config_t;
+
+typedef enum {
+    STRIA__T_Q = 0,
+    STRIA__T_K,
+    STRIA__T_V,
+    STRIA__T_DO,
+    STRIA__T_O,
+    STRIA__T_LSE,
+    STRIA__T_DQ,
+    STRIA__T_DK,
+    STRIA__T_DV,
+    STRIA__T_COUNT,
+} stria__tensor_id_t;
+
+/* One job held by this worker (one rank of its ring). Guarded by the worker's
+ * lock, except the buffers, which stay allocated while `refs` > 0. */
+typedef struct stria__wjob {
+    struct stria__wjob *next;
+    uint64_t id;
+    int rank, n_ranks;
+    /* the spec */
+    int64_t batch, seq, heads, kv_heads, head_dim;
+    stria_dtype_t dtype;
+    bool causal;
+    stria_layout_kind_t layout_kind;
+    float scale;
+    double step_timeout_s;
+    char next_ucx[300]; /* successor's ring link address */
+    stria_layout_t layout;
+    int64_t valid; /* real tokens of this shard; layout.shard_tokens with padding */
+    /* tensors, padded to shard_tokens rows per batch: inputs and outputs in
+     * the job dtype, LSE fp32 [batch, heads, L] */
+    void *buf[STRIA__T_COUNT];
+    uint64_t received[STRIA__T_COUNT]; /* input bytes received */
+    uint64_t bytes;                    /* memory held */
+    Stria__V1__JobState phase;
+    uint32_t step, steps_total;
+    uint32_t passes; /* passes started; part of the ring pass id */
+    double last_activity;
+    int refs;     /* transfers and passes using the buffers */
+    bool running; /* a pass runs */
+    bool dropped; /* unlinked: the last reference frees it */
+    char failure[512];
+} stria__wjob_t;
+
+typedef struct stria_worker stria_worker_t;
+
+#endif
