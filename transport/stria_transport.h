@@ -137,6 +137,108 @@ stria_status_t stria_inproc_fault_inject(stria_inproc_hub_t *hub, int rank,
 
 /* ---- end of in-process link --------------------------------------------- */
 
+/* ---- UCX link ---------------------------------------------------------------
+ *
+ * The ring link between processes, over UCX (ucp): TCP, shared memory (posix,
+ * sysv, cma) or RDMA, whatever UCX_TLS allows.
+ *
+ * A UCX context (stria_ucx_ctx_t) owns one ucp worker, one listener on a
+ * configured address and port, and one progress thread. Any number of ring
+ * links can share a context (one per ring this process is a member of); they
+ * are told apart by (job_id, ring_id) in the connection handshake, and every
+ * message carries the receiving link's slot, so tags of different rings never
+ * meet. Tags are full 64-bit values.
+ *
+ * Connecting: stria_link_ucx_connect() connects to the successor's listener,
+ * sends a handshake (job id, ring id, rank, ring size) and waits both for the
+ * successor's acknowledgement and for the predecessor's connection to this
+ * context's listener with a matching handshake. No tensor byte moves before
+ * both are checked. A successor that does not listen yet is retried until
+ * the connect timeout.
+ *
+ * Transfers: blocks of 64 KiB and more go by rendezvous, straight from the
+ * sender's buffer into the receiver's (a receive that is posted late leaves
+ * the data at the sender until it is posted); smaller ones are copied once.
+ * Completion, including immediate completion, is driven by the context's
+ * progress thread; the caller's thread only posts and waits.
+ *
+ * Failures are sticky: a dead peer (reported by UCX within milliseconds of
+ * the connection dropping), a missed deadline in stria_link_wait(), an
+ * abort, a cancel of an in-flight transfer or a malformed message fails the
+ * link, tells both neighbours (who pass it on around the ring) and releases
+ * every UCX request of the link. From then on every operation returns the
+ * first error, whose message names the rank at fault. Destroy the link and
+ * connect again to recover.
+ *
+ * Cancelling a receive that no data has matched yet is clean and leaves the
+ * link usable; cancelling a send or a receive whose data is in flight tears
+ * the link down as above (UCX cannot otherwise give the buffer back).
+ */
+
+typedef struct stria_ucx_ctx stria_ucx_ctx_t;
+
+/* Configuration of a context. Zero-initialise and set the fields; zero or
+ * NULL is the default of every field. */
+typedef struct {
+    /* Address to listen on: a numeric IPv4/IPv6 address or a host name.
+     * NULL: "0.0.0.0" (every IPv4 interface). */
+    const char *listen_host;
+    /* Port to listen on; 0 lets the kernel choose (read it back with
+     * stria_ucx_ctx_port()). */
+    uint16_t listen_port;
+    /* UCX transports, in UCX_TLS syntax ("tcp", "posix,cma,tcp", "all").
+     * NULL: $UCX_TLS if set, else UCX's default. Connection setup needs tcp. */
+    const char *tls;
+    /* Network devices, in UCX_NET_DEVICES syntax ("eth0", "mlx5_0:1").
+     * NULL: $UCX_NET_DEVICES if set, else all. */
+    const char *net_devices;
+} stria_ucx_ctx_params_t;
+
+/* Creates a context: reads the UCX configuration from the environment,
+ * applies params, starts listening and starts the progress thread. Unless
+ * the environment sets them, UCX_TCP_CM_REUSEADDR=y (a restarted process can
+ * listen on the same port at once) and UCX_POSIX/SYSV_ERROR_HANDLING=y
+ * (shared memory stays usable with peer failure detection) are applied.
+ * Errors: STRIA_ERR_INVALID_ARG (bad address), STRIA_ERR_BUSY (port in use),
+ * STRIA_ERR_TRANSPORT (UCX). Free with stria_ucx_ctx_destroy(). */
+stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params,
+                                    stria_ucx_ctx_t **ctx_out);
+
+/* Destroys every link still using the context, stops the progress thread and
+ * closes the listener. NULL is ignored. */
+void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx);
+
+/* The port the context listens on (the real one when 0 was asked for). */
+uint16_t stria_ucx_ctx_port(const stria_ucx_ctx_t *ctx);
+
+/* Ring membership of one link. Zero-initialise and set the fields. */
+typedef struct {
+    uint64_t job_id;
+    uint64_t ring_id;
+    int rank; /* 0 <= rank < size */
+    int size; /* 1..65535 ranks */
+    /* The successor's listener: numeric address or host name, and port. */
+    const char *next_host;
+    uint16_t next_port;
+    /* Time allowed for both neighbours to connect and complete the
+     * handshake: 0 means STRIA_UCX_CONNECT_TIMEOUT_S. */
+    double connect_timeout_s;
+} stria_ucx_link_params_t;
+
+#define STRIA_UCX_CONNECT_TIMEOUT_S 30.0
+
+/* Connects this process's rank of a ring (see above) and returns its link.
+ * Every rank of the ring calls it, in any order. One link per (job_id,
+ * ring_id) per context. Errors: STRIA_ERR_INVALID_ARG, STRIA_ERR_BUSY (the
+ * context already has that ring), STRIA_ERR_TIMEOUT (a neighbour did not
+ * connect in time; the message says which), STRIA_ERR_PROTOCOL (a neighbour
+ * has a different rank or ring size than expected), STRIA_ERR_PEER,
+ * STRIA_ERR_TRANSPORT. The link borrows ctx, which must outlive it; free it
+ * with stria_link_destroy() after releasing every request. */
+stria_status_t stria_link_ucx_connect(stria_ucx_ctx_t *ctx, const stria_ucx_link_params_t *params,
+                                      stria_link_t **link_out);
+
+/* ---- end of UCX link ---------------------------------------------------- */
 
 #ifdef __cplusplus
 }

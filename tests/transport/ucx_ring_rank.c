@@ -1,0 +1,347 @@
+/*
+ * One rank of a UCX ring, for the transport tests: connects to its
+ * neighbours (ports exchanged through files in --dir) and runs ring passes
+ * like the ring engine's: at every step it sends its current block to the
+ * successor and receives the next one from the predecessor, and checks that
+ * every block holds its origin's pattern.
+ *
+ *   ucx_ring_rank --rank R --size N --dir DIR [options]
+ *
+ * Files in DIR: port.R (written once listening), ready.R (after the first
+ * pass), result.R (at the end: "ok" or "err", the status name, the message).
+ * Exit status: 0 ok, 1 ring error (reported in result.R), 2 usage.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stria_transport.h"
+
+typedef struct {
+    int rank, size;
+    const char *dir;
+    const char *listen_host;
+    const char *next_host;
+    int listen_port;
+    int next_port; /* 0: read port.(R+1) */
+    const char *tls;
+    const char *net_devices;
+    uint64_t job_id, ring_id;
+    size_t bytes;
+    int passes;
+    double duration_s; /* > 0: loop passes until then (or an error) */
+    double step_timeout_s;
+    double connect_timeout_s;
+    int late_recv_ms;
+    const char *mode;
+} opts_t;
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: ucx_ring_rank --rank R --size N --dir DIR [--listen-host H] [--port P]\n"
+            "       [--next-host H] [--next-port P] [--tls T] [--net-devices D] [--job J]\n"
+            "       [--ring G] [--bytes B] [--passes P] [--duration S] [--step-timeout S]\n"
+            "       [--connect-timeout S] [--late-recv MS] [--mode ring|listen]\n");
+}
+
+static int write_file(const char *dir, const char *name, int rank, const char *text)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof(path), "%s/%s.%d", dir, name, rank);
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return -1;
+    fputs(text, f);
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        return -1;
+    return 0;
+}
+
+/* Polls DIR/port.RANK until it exists or the deadline passes. */
+static int read_port(const char *dir, int rank, double deadline)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/port.%d", dir, rank);
+    while (stria_time_now() < deadline) {
+        FILE *f = fopen(path, "r");
+        if (f != NULL) {
+            int port = 0;
+            int n = fscanf(f, "%d", &port);
+            fclose(f);
+            if (n == 1 && port > 0 && port < 65536)
+                return port;
+        }
+        usleep(10000);
+    }
+    return -1;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint8_t pattern(uint64_t seed, size_t i)
+{
+    return (uint8_t)(mix(seed + i / 8) >> (8 * (i % 8)));
+}
+
+static void fill(uint8_t *buf, size_t n, int origin, int pass)
+{
+    uint64_t seed = mix(((uint64_t)origin << 32) | (uint64_t)pass);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = pattern(seed, i);
+}
+
+static int check(const uint8_t *buf, size_t n, int origin, int pass, size_t *bad_at)
+{
+    uint64_t seed = mix(((uint64_t)origin << 32) | (uint64_t)pass);
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != pattern(seed, i)) {
+            *bad_at = i;
+            return -1;
+        }
+    return 0;
+}
+
+static uint64_t tag_of(int pass, int step)
+{
+    /* High bits set on purpose: the link must carry full 64-bit tags. */
+    return 0xA5A5000000000000ull | ((uint64_t)(uint32_t)pass << 16) | (uint64_t)step;
+}
+
+/* One ring pass; on error *req_left holds requests still to release. */
+static stria_status_t ring_pass(stria_link_t *link, const opts_t *o, int pass, uint8_t *bufs[2],
+                                stria_link_req_t **reqs)
+{
+    int r = o->rank, n = o->size;
+    int cur = 0;
+    stria_status_t st;
+    fill(bufs[cur], o->bytes, r, pass);
+    for (int s = 0; s < n - 1; s++) {
+        uint64_t tag = tag_of(pass, s);
+        if (o->late_recv_ms > 0) {
+            if ((st = stria_link_isend(link, tag, bufs[cur], o->bytes, &reqs[0])) != STRIA_OK)
+                return st;
+            usleep((useconds_t)o->late_recv_ms * 1000);
+            if ((st = stria_link_irecv(link, tag, bufs[1 - cur], o->bytes, &reqs[1])) != STRIA_OK)
+                return st;
+        } else {
+            if ((st = stria_link_irecv(link, tag, bufs[1 - cur], o->bytes, &reqs[1])) != STRIA_OK)
+                return st;
+            if ((st = stria_link_isend(link, tag, bufs[cur], o->bytes, &reqs[0])) != STRIA_OK)
+                return st;
+        }
+        stria_link_req_t *send = reqs[0];
+        reqs[0] = NULL;
+        if ((st = stria_link_wait(link, send, o->step_timeout_s)) != STRIA_OK)
+            return st;
+        stria_link_req_t *recv = reqs[1];
+        reqs[1] = NULL;
+        if ((st = stria_link_wait(link, recv, o->step_timeout_s)) != STRIA_OK)
+            return st;
+        int origin = (r - s - 1 + n) % n;
+        size_t bad;
+        if (check(bufs[1 - cur], o->bytes, origin, pass, &bad) != 0)
+            return stria_error_set(STRIA_ERR_INTERNAL,
+                                   "pass %d step %d: block from rank %d differs at byte %zu", pass,
+                                   s, origin, bad);
+        cur = 1 - cur;
+    }
+    return STRIA_OK;
+}
+
+static int finish(const opts_t *o, stria_status_t st, const char *msg)
+{
+    char text[2048];
+    if (st == STRIA_OK)
+        snprintf(text, sizeof(text), "ok\nSTRIA_OK\n\n");
+    else
+        snprintf(text, sizeof(text), "err\n%s\n%s\n", stria_status_name(st), msg);
+    if (o->dir != NULL)
+        write_file(o->dir, "result", o->rank, text);
+    if (st != STRIA_OK)
+        fprintf(stderr, "ucx_ring_rank %d: %s: %s\n", o->rank, stria_status_name(st), msg);
+    return st == STRIA_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o = {.rank = -1,
+                .size = 0,
+                .next_host = "127.0.0.1",
+                .job_id = 1,
+                .ring_id = 1,
+                .bytes = 4096,
+                .passes = 1,
+                .step_timeout_s = 10,
+                .connect_timeout_s = 10,
+                .mode = "ring"};
+    static const struct option longopts[] = {{"rank", required_argument, 0, 'r'},
+                                             {"size", required_argument, 0, 'n'},
+                                             {"dir", required_argument, 0, 'd'},
+                                             {"listen-host", required_argument, 0, 'L'},
+                                             {"port", required_argument, 0, 'p'},
+                                             {"next-host", required_argument, 0, 'H'},
+                                             {"next-port", required_argument, 0, 'P'},
+                                             {"tls", required_argument, 0, 't'},
+                                             {"net-devices", required_argument, 0, 'D'},
+                                             {"job", required_argument, 0, 'j'},
+                                             {"ring", required_argument, 0, 'g'},
+                                             {"bytes", required_argument, 0, 'b'},
+                                             {"passes", required_argument, 0, 'k'},
+                                             {"duration", required_argument, 0, 'u'},
+                                             {"step-timeout", required_argument, 0, 's'},
+                                             {"connect-timeout", required_argument, 0, 'c'},
+                                             {"late-recv", required_argument, 0, 'l'},
+                                             {"mode", required_argument, 0, 'm'},
+                                             {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'r':
+            o.rank = atoi(optarg);
+            break;
+        case 'n':
+            o.size = atoi(optarg);
+            break;
+        case 'd':
+            o.dir = optarg;
+            break;
+        case 'L':
+            o.listen_host = optarg;
+            break;
+        case 'p':
+            o.listen_port = atoi(optarg);
+            break;
+        case 'H':
+            o.next_host = optarg;
+            break;
+        case 'P':
+            o.next_port = atoi(optarg);
+            break;
+        case 't':
+            o.tls = optarg;
+            break;
+        case 'D':
+            o.net_devices = optarg;
+            break;
+        case 'j':
+            o.job_id = strtoull(optarg, NULL, 0);
+            break;
+        case 'g':
+            o.ring_id = strtoull(optarg, NULL, 0);
+            break;
+        case 'b':
+            o.bytes = strtoull(optarg, NULL, 0);
+            break;
+        case 'k':
+            o.passes = atoi(optarg);
+            break;
+        case 'u':
+            o.duration_s = atof(optarg);
+            break;
+        case 's':
+            o.step_timeout_s = atof(optarg);
+            break;
+        case 'c':
+            o.connect_timeout_s = atof(optarg);
+            break;
+        case 'l':
+            o.late_recv_ms = atoi(optarg);
+            break;
+        case 'm':
+            o.mode = optarg;
+            break;
+        default:
+            usage();
+            return 2;
+        }
+    }
+    if (o.rank < 0 || o.size < 1 || o.rank >= o.size || o.dir == NULL || o.bytes == 0 ||
+        o.listen_port < 0 || o.listen_port > 65535 || o.next_port < 0 || o.next_port > 65535) {
+        usage();
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    stria_ucx_ctx_params_t cp = {.listen_host = o.listen_host,
+                                 .listen_port = (uint16_t)o.listen_port,
+                                 .tls = o.tls,
+                                 .net_devices = o.net_devices};
+    stria_ucx_ctx_t *ctx = NULL;
+    stria_status_t st = stria_ucx_ctx_create(&cp, &ctx);
+    if (st != STRIA_OK)
+        return finish(&o, st, stria_error_msg());
+    char port_s[16];
+    snprintf(port_s, sizeof(port_s), "%u\n", (unsigned)stria_ucx_ctx_port(ctx));
+    if (write_file(o.dir, "port", o.rank, port_s) != 0) {
+        stria_ucx_ctx_destroy(ctx);
+        return finish(&o, STRIA_ERR_IO, strerror(errno));
+    }
+    if (strcmp(o.mode, "listen") == 0) {
+        stria_ucx_ctx_destroy(ctx);
+        return finish(&o, STRIA_OK, "");
+    }
+
+    double t0 = stria_time_now();
+    int next = (o.rank + 1) % o.size;
+    int next_port =
+        o.next_port > 0 ? o.next_port : read_port(o.dir, next, t0 + o.connect_timeout_s);
+    if (next_port < 0) {
+        stria_ucx_ctx_destroy(ctx);
+        return finish(&o, STRIA_ERR_TIMEOUT, "no port file from the successor");
+    }
+    stria_ucx_link_params_t lp = {.job_id = o.job_id,
+                                  .ring_id = o.ring_id,
+                                  .rank = o.rank,
+                                  .size = o.size,
+                                  .next_host = o.next_host,
+                                  .next_port = (uint16_t)next_port,
+                                  .connect_timeout_s = o.connect_timeout_s};
+    stria_link_t *link = NULL;
+    st = stria_link_ucx_connect(ctx, &lp, &link);
+    if (st != STRIA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria_ucx_ctx_destroy(ctx);
+        return finish(&o, st, msg);
+    }
+
+    uint8_t *bufs[2] = {malloc(o.bytes), malloc(o.bytes)};
+    stria_link_req_t *reqs[2] = {NULL, NULL};
+    char msg[1024] = "";
+    if (bufs[0] == NULL || bufs[1] == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    } else {
+        double end = stria_time_now() + o.duration_s;
+        for (int p = 0; o.duration_s > 0 ? stria_time_now() < end : p < o.passes; p++) {
+            st = ring_pass(link, &o, p, bufs, reqs);
+            if (st != STRIA_OK)
+                break;
+            if (p == 0)
+                write_file(o.dir, "ready", o.rank, "1\n");
+        }
+    }
+    if (st != STRIA_OK) {
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        /* As the ring engine does: tell the others, then release everything. */
+        stria_link_abort(link, st, msg);
+        stria_link_cancel(link, reqs[0]);
+        stria_link_cancel(link, reqs[1]);
+    }
+    stria_link_destroy(link);
+    stria_ucx_ctx_destroy(ctx);
+    free(bufs[0]);
+    free(bufs[1]);
+    return finish(&o, st, msg);
+}
