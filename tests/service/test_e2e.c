@@ -1,0 +1,589 @@
+/* The service end to end, with real processes on loopback: a coordinator,
+ * several workers over UCX, and clients through libstria. Results must equal
+ * the in-process computation; failures must name the worker; the daemons must
+ * keep serving after bad input. */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "proc.h"
+#include "ref.h"
+#include "stria.pb-c.h"
+#include "stria_client.h"
+#include "stria_kernels.h"
+#include "stria_rpc.h"
+
+#define MAX_WORKERS 4
+
+typedef struct {
+    test_proc_t *coord;
+    char coord_addr[256];
+    test_proc_t *workers[MAX_WORKERS];
+    char worker_rpc[MAX_WORKERS][256];
+    int n_workers;
+    char dir[128];
+    char token_path[200];
+} cluster_t;
+
+static cluster_t cl;
+
+static char *const ucx_env[] = {"UCX_HANDLE_ERRORS=none", "UCX_TLS=tcp,sm,self",
+                                "STRIA_LOG_LEVEL=info", NULL};
+
+static void start_coordinator(const char *token_file)
+{
+    char log[256], tok[256] = "";
+    snprintf(log, sizeof(log), "%s/coordinator.log", cl.dir);
+    if (token_file)
+        snprintf(tok, sizeof(tok), "--token-file=%s", token_file);
+    char *argv[] = {STRIA_COORDINATOR_BIN,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--heartbeat-period",
+                    "0.2",
+                    "--job-ttl",
+                    "60",
+                    token_file ? tok : NULL,
+                    NULL};
+    cl.coord = test_proc_start(argv, log, ucx_env);
+    cr_assert_not_null(cl.coord);
+    char line[256];
+    cr_assert(
+        test_proc_wait_line(cl.coord, "stria-coordinator listening on ", 10, line, sizeof(line)),
+        "the coordinator did not start (see %s)", log);
+    snprintf(cl.coord_addr, sizeof(cl.coord_addr), "%s",
+             line + strlen("stria-coordinator listening on "));
+}
+
+static void start_worker(int i, const char *token_file)
+{
+    char log[256], tok[256] = "";
+    snprintf(log, sizeof(log), "%s/worker%d.log", cl.dir, i);
+    if (token_file)
+        snprintf(tok, sizeof(tok), "--token-file=%s", token_file);
+    char *argv[] = {STRIA_WORKER_BIN,
+                    "--coordinator",
+                    cl.coord_addr,
+                    "--threads",
+                    "1",
+                    "--step-timeout",
+                    "5",
+                    "--memory",
+                    "2000000000",
+                    token_file ? tok : NULL,
+                    NULL};
+    cl.workers[i] = test_proc_start(argv, log, ucx_env);
+    cr_assert_not_null(cl.workers[i]);
+    char line[256];
+    cr_assert(
+        test_proc_wait_line(cl.workers[i], "stria-worker listening rpc=", 10, line, sizeof(line)),
+        "worker %d did not start (see %s)", i, log);
+    char *rpc = line + strlen("stria-worker listening rpc=");
+    rpc[strcspn(rpc, " ")] = '\0';
+    snprintf(cl.worker_rpc[i], sizeof(cl.worker_rpc[i]), "%s", rpc);
+}
+
+static stria_rpc_client_t *coord_client(const char *token)
+{
+    stria_rpc_client_params_t p;
+    stria_rpc_client_t *c = NULL;
+    memset(&p, 0, sizeof(p));
+    p.address = cl.coord_addr;
+    p.service = &stria__v1__coordinator__descriptor;
+    p.token = token;
+    p.connect_timeout_s = 5;
+    cr_assert_eq(stria_rpc_client_connect(&p, &c), STRIA_OK, "%s", stria_error_msg());
+    return c;
+}
+
+/* Waits until the coordinator counts `healthy` healthy workers. */
+static void wait_healthy(unsigned healthy, const char *token)
+{
+    stria_rpc_client_t *c = coord_client(token);
+    unsigned got = 0;
+    for (int i = 0; i < 200; i++) {
+        Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
+        stria_rpc_request_t rq = {.method = 7, .request = &req.base, .timeout_s = 5};
+        stria_rpc_reply_t reply;
+        memset(&reply, 0, sizeof(reply));
+        cr_assert_eq(stria_rpc_client_call(c, &rq, &reply), STRIA_OK, "%s", stria_error_msg());
+        got = ((Stria__V1__GetStatusReply *)reply.msg)->workers_healthy;
+        stria_rpc_reply_free(&reply);
+        if (got == healthy)
+            break;
+        usleep(50000);
+    }
+    stria_rpc_client_close(c);
+    cr_assert_eq(got, healthy, "coordinator has %u healthy workers, expected %u", got, healthy);
+}
+
+static void start_cluster(int n, const char *token_file, const char *token)
+{
+    memset(&cl, 0, sizeof(cl));
+    snprintf(cl.dir, sizeof(cl.dir), "/tmp/stria_e2e_%d", (int)getpid());
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir -p %s", cl.dir, cl.dir);
+    cr_assert_eq(system(cmd), 0);
+    start_coordinator(token_file);
+    for (int i = 0; i < n; i++)
+        start_worker(i, token_file);
+    cl.n_workers = n;
+    wait_healthy((unsigned)n, token);
+}
+
+static void stop_cluster(void)
+{
+    for (int i = 0; i < cl.n_workers; i++)
+        if (cl.workers[i] != NULL) {
+            int st = test_proc_stop(cl.workers[i], SIGTERM, 15);
+            cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "worker %d did not exit cleanly on SIGTERM (status %#x)", i, st);
+        }
+    if (cl.coord != NULL) {
+        int st = test_proc_stop(cl.coord, SIGTERM, 10);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "the coordinator did not exit cleanly on SIGTERM (status %#x)", st);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", cl.dir);
+    (void)system(cmd);
+}
+
+/* ---- a job and its in-process reference ------------------------------------ */
+
+typedef struct {
+    stria_job_spec_t spec;
+    size_t nq, nk, nl, es;
+    float *qf, *kf, *vf, *gf; /* fp32 values (rounded to dtype) */
+    void *q, *k, *v, *g;      /* storage dtype */
+    void *o, *dq, *dk, *dv;   /* service outputs, storage dtype */
+    float *lse;
+} job_data_t;
+
+static void job_data_init(job_data_t *j, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+                          stria_dtype_t dt, bool causal, uint64_t seed)
+{
+    memset(j, 0, sizeof(*j));
+    j->spec.batch = B;
+    j->spec.seq_len = S;
+    j->spec.heads = H;
+    j->spec.kv_heads = Hkv;
+    j->spec.head_dim = D;
+    j->spec.dtype = dt;
+    j->spec.causal = causal;
+    j->spec.step_timeout_s = 5;
+    j->nq = (size_t)(B * S * H * D);
+    j->nk = (size_t)(B * S * Hkv * D);
+    j->nl = (size_t)(B * H * S);
+    j->es = stria_dtype_size(dt);
+    j->qf = malloc(j->nq * 4);
+    j->kf = malloc(j->nk * 4);
+    j->vf = malloc(j->nk * 4);
+    j->gf = malloc(j->nq * 4);
+    ref_fill(j->qf, j->nq, seed, 1.0f, dt);
+    ref_fill(j->kf, j->nk, seed + 1, 1.0f, dt);
+    ref_fill(j->vf, j->nk, seed + 2, 1.0f, dt);
+    ref_fill(j->gf, j->nq, seed + 3, 1.0f, dt);
+    j->q = malloc(j->nq * j->es);
+    j->k = malloc(j->nk * j->es);
+    j->v = malloc(j->nk * j->es);
+    j->g = malloc(j->nq * j->es);
+    ref_to_dtype(j->qf, j->nq, dt, j->q);
+    ref_to_dtype(j->kf, j->nk, dt, j->k);
+    ref_to_dtype(j->vf, j->nk, dt, j->v);
+    ref_to_dtype(j->gf, j->nq, dt, j->g);
+    j->o = calloc(j->nq, j->es);
+    j->dq = calloc(j->nq, j->es);
+    j->dk = calloc(j->nk, j->es);
+    j->dv = calloc(j->nk, j->es);
+    j->lse = calloc(j->nl, 4);
+}
+
+static void job_data_free(job_data_t *j)
+{
+    free(j->qf), free(j->kf), free(j->vf), free(j->gf), free(j->q), free(j->k), free(j->v);
+    free(j->g), free(j->o), free(j->dq), free(j->dk), free(j->dv), free(j->lse);
+}
+
+/* Checks the service's outputs against the fp64 reference with the kernel
+ * tolerance rule, loosened by the rounding of the outputs to the storage
+ * dtype. */
+static void check_outputs(const job_data_t *j, bool backward)
+{
+    const stria_job_spec_t *s = &j->spec;
+    ref_shape_t rs = {s->batch,
+                      s->seq_len,
+                      s->seq_len,
+                      s->heads,
+                      s->kv_heads,
+                      s->head_dim,
+                      1.0 / sqrt((double)s->head_dim),
+                      s->causal,
+                      NULL,
+                      NULL};
+    ref_out_t r64, r32;
+    ref_f64_run(&rs, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &r64);
+    ref_f32_run(&rs, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &r32);
+    double round = s->dtype == STRIA_DTYPE_F32    ? 0
+                   : s->dtype == STRIA_DTYPE_BF16 ? 1.0 / 256
+                                                  : 1.0 / 2048;
+    struct {
+        const char *name;
+        const void *got;
+        stria_dtype_t dt;
+        const double *r64, *r32;
+        size_t n;
+    } outs[5] = {
+        {"O", j->o, s->dtype, r64.o, r32.o, j->nq},
+        {"LSE", j->lse, STRIA_DTYPE_F32, r64.lse, r32.lse, j->nl},
+        {"dQ", j->dq, s->dtype, r64.dq, r32.dq, j->nq},
+        {"dK", j->dk, s->dtype, r64.dk, r32.dk, j->nk},
+        {"dV", j->dv, s->dtype, r64.dv, r32.dv, j->nk},
+    };
+    for (int i = 0; i < (backward ? 5 : 2); i++) {
+        float *f = malloc(outs[i].n * 4);
+        stria_dtype_convert(outs[i].dt, outs[i].got, STRIA_DTYPE_F32, f, outs[i].n);
+        double err = ref_max_err_f32(f, outs[i].r64, outs[i].n);
+        double naive = ref_max_err_f64(outs[i].r32, outs[i].r64, outs[i].n);
+        double mag = ref_max_abs(outs[i].r64, outs[i].n);
+        double r = outs[i].dt == STRIA_DTYPE_F32 ? 0 : round;
+        double tol = 2 * naive + 2e-6 * (1 + mag) + r * mag;
+        cr_expect(err <= tol, "%s: error %.3g > tolerance %.3g (ring of %d, S=%lld, %s)",
+                  outs[i].name, err, tol, s->ring_size, (long long)s->seq_len,
+                  stria_dtype_name(s->dtype));
+        free(f);
+    }
+    ref_out_free(&r64);
+    ref_out_free(&r32);
+}
+
+static stria_client_t *connect_client(const char *token)
+{
+    stria_client_params_t p;
+    stria_client_t *c = NULL;
+    memset(&p, 0, sizeof(p));
+    p.coordinator = cl.coord_addr;
+    p.token = token;
+    p.client_name = "test_e2e";
+    cr_assert_eq(stria_client_connect(&p, &c), STRIA_OK, "%s", stria_error_msg());
+    return c;
+}
+
+static void run_job(stria_client_t *c, job_data_t *j)
+{
+    stria_job_t *job = NULL;
+    cr_assert_eq(
+        stria_client_forward(c, &j->spec, j->q, j->k, j->v, j->o, j->lse, NULL, NULL, NULL, &job),
+        STRIA_OK, "forward: %s", stria_error_msg());
+    cr_assert_eq(stria_client_backward(job, j->g, j->dq, j->dk, j->dv, NULL, NULL, NULL), STRIA_OK,
+                 "backward: %s", stria_error_msg());
+    int alive = 0;
+    for (int i = 0; i < cl.n_workers; i++)
+        alive += cl.workers[i] != NULL;
+    cr_expect_eq(stria_job_ring_size(job), j->spec.ring_size ? j->spec.ring_size : alive);
+    cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+Test(e2e, rings_of_2_3_4_workers_gqa_and_odd_lengths, .timeout = 240)
+{
+    start_cluster(4, NULL, NULL);
+    stria_client_t *c = connect_client(NULL);
+    static const struct {
+        int ring;
+        int64_t S, H, Hkv;
+        stria_dtype_t dt;
+        bool causal;
+        stria_layout_kind_t layout;
+    } cases[] = {
+        {2, 96, 4, 4, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED},
+        {3, 101, 4, 2, STRIA_DTYPE_BF16, true, STRIA_LAYOUT_STRIPED}, /* 101 % 3 != 0, GQA */
+        {4, 77, 4, 1, STRIA_DTYPE_F32, false, STRIA_LAYOUT_ZIGZAG},   /* 77 % 8 != 0 */
+        {4, 130, 2, 2, STRIA_DTYPE_F16, true, STRIA_LAYOUT_CONTIGUOUS},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        job_data_t j;
+        job_data_init(&j, 2, cases[i].S, cases[i].H, cases[i].Hkv, 32, cases[i].dt, cases[i].causal,
+                      10 + i);
+        j.spec.ring_size = cases[i].ring;
+        j.spec.layout = cases[i].layout;
+        run_job(c, &j);
+        check_outputs(&j, true);
+        job_data_free(&j);
+    }
+    stria_client_close(c);
+    stop_cluster();
+}
+
+typedef struct {
+    job_data_t j;
+    stria_status_t st;
+    char err[512];
+} concurrent_t;
+
+static void *client_thread(void *arg)
+{
+    concurrent_t *cc = arg;
+    stria_client_params_t p;
+    stria_client_t *c = NULL;
+    stria_job_t *job = NULL;
+    memset(&p, 0, sizeof(p));
+    p.coordinator = cl.coord_addr;
+    cc->st = stria_client_connect(&p, &c);
+    if (cc->st == STRIA_OK)
+        cc->st = stria_client_forward(c, &cc->j.spec, cc->j.q, cc->j.k, cc->j.v, cc->j.o, cc->j.lse,
+                                      NULL, NULL, NULL, &job);
+    if (cc->st == STRIA_OK)
+        cc->st =
+            stria_client_backward(job, cc->j.g, cc->j.dq, cc->j.dk, cc->j.dv, NULL, NULL, NULL);
+    if (cc->st != STRIA_OK)
+        snprintf(cc->err, sizeof(cc->err), "%s", stria_error_msg());
+    stria_client_release(job);
+    stria_client_close(c);
+    return NULL;
+}
+
+Test(e2e, two_clients_at_the_same_time, .timeout = 180)
+{
+    start_cluster(3, NULL, NULL);
+    concurrent_t cc[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&cc[i], 0, sizeof(cc[i]));
+        job_data_init(&cc[i].j, 1, 120 + 7 * i, 4, 2, 32, STRIA_DTYPE_F32, true, 40 + 10 * i);
+        pthread_create(&th[i], NULL, client_thread, &cc[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        cr_expect_eq(cc[i].st, STRIA_OK, "client %d: %s", i, cc[i].err);
+        if (cc[i].st == STRIA_OK)
+            check_outputs(&cc[i].j, true);
+        job_data_free(&cc[i].j);
+    }
+    stop_cluster();
+}
+
+Test(e2e, killed_worker_fails_the_job_and_the_ring_goes_on, .timeout = 180)
+{
+    start_cluster(3, NULL, NULL);
+    stria_client_t *c = connect_client(NULL);
+    job_data_t j;
+    job_data_init(&j, 1, 90, 2, 2, 32, STRIA_DTYPE_F32, true, 70);
+    stria_job_t *job = NULL;
+    cr_assert_eq(
+        stria_client_forward(c, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, NULL, &job),
+        STRIA_OK, "%s", stria_error_msg());
+    /* kill -9 one worker between the passes: the backward pass must fail
+     * naming it, without hanging */
+    int victim = 1;
+    kill(test_proc_pid(cl.workers[victim]), SIGKILL);
+    test_proc_wait(cl.workers[victim], 5);
+    cl.workers[victim] = NULL;
+    double t0 = stria_time_now();
+    stria_status_t st = stria_client_backward(job, j.g, j.dq, j.dk, j.dv, NULL, NULL, NULL);
+    double took = stria_time_now() - t0;
+    cr_expect_neq(st, STRIA_OK);
+    cr_expect(took < 20, "the failure took %.1f s to surface", took);
+    const char *msg = stria_error_msg();
+    cr_expect(strstr(msg, cl.worker_rpc[victim]) != NULL || strstr(msg, "rank") != NULL,
+              "the error does not name the worker: %s", msg);
+    cr_log_info("backward with a killed worker: %s", msg);
+    stria_client_release(job);
+
+    /* the coordinator notices the dead worker; the next job runs on the other two */
+    wait_healthy(2, NULL);
+    job_data_t j2;
+    job_data_init(&j2, 1, 64, 2, 1, 32, STRIA_DTYPE_BF16, true, 80);
+    run_job(c, &j2);
+    check_outputs(&j2, true);
+    job_data_free(&j);
+    job_data_free(&j2);
+    stria_client_close(c);
+    stop_cluster();
+}
+
+/* Raw frames to a worker: garbage, wrong version, unknown methods, nonsense
+ * requests. Each gets an error or a closed connection, and the worker serves
+ * the next valid request. */
+static int raw_connect(const char *addr)
+{
+    char host[64];
+    int port;
+    cr_assert_eq(stria_parse_host_port(addr, host, sizeof(host), &port), STRIA_OK);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, host, &a.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+/* Reads until EOF or an error reply header; true when the server answered
+ * with an error status or closed. */
+static bool refused(int fd)
+{
+    uint8_t hdr[STRIA_RPC_HEADER_SIZE];
+    size_t got = 0;
+    while (got < sizeof(hdr)) {
+        ssize_t n = recv(fd, hdr + got, sizeof(hdr) - got, 0);
+        if (n <= 0)
+            return true; /* closed */
+        got += (size_t)n;
+    }
+    stria_rpc_header_t h;
+    stria_rpc_header_decode(hdr, &h);
+    return h.status < 0;
+}
+
+static void worker_still_serves(int w)
+{
+    stria_rpc_client_params_t p;
+    stria_rpc_client_t *c = NULL;
+    memset(&p, 0, sizeof(p));
+    p.address = cl.worker_rpc[w];
+    p.service = &stria__v1__worker__descriptor;
+    p.connect_timeout_s = 5;
+    cr_assert_eq(stria_rpc_client_connect(&p, &c), STRIA_OK, "%s", stria_error_msg());
+    Stria__V1__DropJobRequest req = STRIA__V1__DROP_JOB_REQUEST__INIT;
+    req.job_id = 424242;
+    stria_rpc_request_t rq = {.method = 4, .request = &req.base, .timeout_s = 5};
+    stria_rpc_reply_t reply;
+    memset(&reply, 0, sizeof(reply));
+    cr_assert_eq(stria_rpc_client_call(c, &rq, &reply), STRIA_OK, "%s", stria_error_msg());
+    cr_expect(!((Stria__V1__DropJobReply *)reply.msg)->dropped);
+    stria_rpc_reply_free(&reply);
+
+    /* a nonsense request through a proper connection gets a clear error */
+    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
+    put.job_id = 999999;
+    put.tensor = STRIA__V1__TENSOR__TENSOR_Q;
+    put.total_bytes = 16;
+    char payload[16] = {0};
+    stria_rpc_request_t rq2 = {
+        .method = 0, .request = &put.base, .payload = payload, .payload_len = 16, .timeout_s = 5};
+    memset(&reply, 0, sizeof(reply));
+    stria_status_t st = stria_rpc_client_call(c, &rq2, &reply);
+    cr_expect_neq(st, STRIA_OK);
+    cr_expect(strstr(stria_error_msg(), "999999") != NULL, "unclear error: %s", stria_error_msg());
+    Stria__V1__GetOutputRequest get = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+    get.job_id = 1;
+    get.tensor = STRIA__V1__TENSOR__TENSOR_Q; /* not an output */
+    stria_rpc_request_t rq3 = {.method = 3, .request = &get.base, .timeout_s = 5};
+    memset(&reply, 0, sizeof(reply));
+    cr_expect_neq(stria_rpc_client_call(c, &rq3, &reply), STRIA_OK);
+    cr_expect(strstr(stria_error_msg(), "not an output") != NULL, "unclear error: %s",
+              stria_error_msg());
+    stria_rpc_client_close(c);
+}
+
+Test(e2e, worker_survives_malformed_frames, .timeout = 120)
+{
+    start_cluster(1, NULL, NULL);
+    /* garbage bytes */
+    int fd = raw_connect(cl.worker_rpc[0]);
+    const char junk[] = "GET / HTTP/1.1\r\n\r\n this is not a stria frame at all.......";
+    send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
+    cr_expect(refused(fd));
+    close(fd);
+    worker_still_serves(0);
+    /* a header announcing an absurd payload */
+    fd = raw_connect(cl.worker_rpc[0]);
+    stria_rpc_header_t h = {
+        STRIA_RPC_MAGIC,  STRIA_RPC_VERSION, STRIA_RPC_FLAG_HELLO, 0, 0, 1, 16, 0,
+        (uint64_t)1 << 50};
+    uint8_t buf[STRIA_RPC_HEADER_SIZE];
+    stria_rpc_header_encode(&h, buf);
+    send(fd, buf, sizeof(buf), MSG_NOSIGNAL);
+    cr_expect(refused(fd));
+    close(fd);
+    /* wrong protocol version */
+    fd = raw_connect(cl.worker_rpc[0]);
+    h.version = 99;
+    h.payload_len = 0;
+    stria_rpc_header_encode(&h, buf);
+    send(fd, buf, sizeof(buf), MSG_NOSIGNAL);
+    cr_expect(refused(fd));
+    close(fd);
+    /* truncated: half a header, then hang up */
+    fd = raw_connect(cl.worker_rpc[0]);
+    send(fd, buf, 17, MSG_NOSIGNAL);
+    close(fd);
+    worker_still_serves(0);
+    stop_cluster();
+}
+
+Test(e2e, token_required_everywhere, .timeout = 120)
+{
+    char tok_dir[128];
+    snprintf(tok_dir, sizeof(tok_dir), "/tmp/stria_e2e_tok_%d", (int)getpid());
+    char path[200];
+    snprintf(path, sizeof(path), "%s.token", tok_dir);
+    FILE *f = fopen(path, "w");
+    fputs("s3cret-token\n", f);
+    fclose(f);
+    start_cluster(2, path, "s3cret-token");
+    /* no token and a wrong token are refused */
+    stria_client_params_t p;
+    stria_client_t *c = NULL;
+    memset(&p, 0, sizeof(p));
+    p.coordinator = cl.coord_addr;
+    cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_AUTH, "%s", stria_error_msg());
+    p.token = "wrong";
+    cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_AUTH, "%s", stria_error_msg());
+    /* the right token runs a job (the workers check it too) */
+    c = connect_client("s3cret-token");
+    job_data_t j;
+    job_data_init(&j, 1, 50, 2, 2, 16, STRIA_DTYPE_F32, true, 90);
+    run_job(c, &j);
+    check_outputs(&j, true);
+    job_data_free(&j);
+    stria_client_close(c);
+    stop_cluster();
+    unlink(path);
+}
+
+Test(e2e, nonsense_specs_get_clear_errors, .timeout = 120)
+{
+    start_cluster(2, NULL, NULL);
+    stria_client_t *c = connect_client(NULL);
+    float x[64];
+    float lse[64];
+    stria_job_t *job = NULL;
+    struct {
+        stria_job_spec_t spec;
+        const char *needle;
+    } bad[] = {
+        {{.batch = 1, .seq_len = 16, .heads = 3, .kv_heads = 2, .head_dim = 16}, "multiple"},
+        {{.batch = 1, .seq_len = 16, .heads = 2, .kv_heads = 2, .head_dim = 20}, "head_dim"},
+        {{.batch = 1, .seq_len = (int64_t)1 << 45, .heads = 2, .kv_heads = 2, .head_dim = 16},
+         "seq_len"},
+        {{.batch = 1, .seq_len = 16, .heads = 2, .kv_heads = 2, .head_dim = 16, .ring_size = 9},
+         "worker"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        stria_status_t st =
+            stria_client_forward(c, &bad[i].spec, x, x, x, x, lse, NULL, NULL, NULL, &job);
+        cr_expect_neq(st, STRIA_OK, "spec %zu was accepted", i);
+        cr_expect(strstr(stria_error_msg(), bad[i].needle) != NULL,
+                  "spec %zu: message '%s' lacks '%s'", i, stria_error_msg(), bad[i].needle);
+    }
+    /* still serving */
+    job_data_t j;
+    job_data_init(&j, 1, 40, 2, 2, 16, STRIA_DTYPE_F32, false, 95);
+    run_job(c, &j);
+    check_outputs(&j, true);
+    job_data_free(&j);
+    stria_client_close(c);
+    stop_cluster();
+}
