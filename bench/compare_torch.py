@@ -8,9 +8,12 @@ there with pip on first use. If that is impossible (no network, no wheel for
 this platform) it prints why and exits with status 0: the comparison is
 skipped, not failed.
 
-For every thread count it times PyTorch forward (no grad) and forward+backward,
-then runs `stria-bench kernels --json` with the same shapes, and prints the
-medians and the speed ratio stria/torch (> 1: stria is faster).
+For every thread count it runs `stria-bench kernels --json` with the same
+shapes, then times PyTorch forward (no grad) and forward+backward, and prints
+the medians and the speed ratio stria/torch (> 1: stria is faster). On a
+machine shared with other work the two alternate for --rounds rounds and each
+figure is the median of the per-round medians, so that a burst of foreign load
+does not fall on one side only.
 """
 
 import argparse
@@ -38,6 +41,9 @@ def parse_args(argv):
     ap.add_argument("--threads", nargs="+", default=["1", "2"],
                     help="thread counts to compare, e.g. 1 2 or 1,2 (default: 1 2)")
     ap.add_argument("--reps", type=int, default=5, help="timed runs per figure, median (default 5)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternating stria/torch rounds; each figure is the median over the "
+                    "rounds of the per-round medians (default 3)")
     ap.add_argument("--stria-bench", default=os.path.join(ROOT, "build", "bin", "stria-bench"),
                     help="path of the stria-bench executable (default: build/bin/stria-bench)")
     args = ap.parse_args(argv)
@@ -45,8 +51,8 @@ def parse_args(argv):
         args.threads = [int(t) for arg in args.threads for t in arg.split(",") if t]
     except ValueError:
         ap.error("--threads takes integers, e.g. --threads 1 2")
-    if args.seq < 1 or args.heads < 1 or args.reps < 1:
-        ap.error("--seq, --heads and --reps must be >= 1")
+    if args.seq < 1 or args.heads < 1 or args.reps < 1 or args.rounds < 1:
+        ap.error("--seq, --heads, --reps and --rounds must be >= 1")
     if args.head_dim < 16 or args.head_dim > 256 or args.head_dim % 8:
         ap.error("--head-dim must be a multiple of 8 in 16..256")
     if any(t < 1 for t in args.threads):
@@ -137,19 +143,36 @@ def main(argv):
     ensure_venv()
     flops_fwd = 2.0 * args.seq * args.seq * args.head_dim * args.heads  # causal half
     flops_bwd = 2.5 * flops_fwd
-    rows = []
     version = "?"
+    variant = "?"
+    got = {t: {"tf": [], "tfb": [], "sf": [], "sfb": [], "peak": []} for t in args.threads}
+    for r in range(args.rounds):
+        for t in args.threads:
+            # stria first: torch's OpenMP workers spin for a moment after their
+            # last parallel region and would slow the FMA peak measurement down
+            sf, sb, peak = stria_times(args, t)
+            tf, tfb, version = torch_times(args, t)
+            time.sleep(1.0)
+            variant = sf["variant"]
+            g = got[t]
+            g["sf"].append(sf["seconds"])
+            g["sfb"].append(sf["seconds"] + sb["seconds"])
+            g["peak"].append(peak["peak_gflops"])
+            g["tf"].append(tf)
+            g["tfb"].append(tfb)
+            print(f"round {r + 1}/{args.rounds}, {t} thread(s): stria fwd {sf['seconds']:.4f} s "
+                  f"fwd+bwd {g['sfb'][-1]:.4f} s; torch fwd {tf:.4f} s fwd+bwd {tfb:.4f} s",
+                  flush=True)
+    rows = []
+    med = statistics.median
     for t in args.threads:
-        # stria first: torch's OpenMP workers spin for a moment after their
-        # last parallel region and would slow the FMA peak measurement down
-        sf, sb, peak = stria_times(args, t)
-        tf, tfb, version = torch_times(args, t)
-        time.sleep(1.0)
-        sfb = sf["seconds"] + sb["seconds"]
-        rows.append((t, "fwd", tf, sf["seconds"], flops_fwd, peak, sf["variant"]))
-        rows.append((t, "fwd+bwd", tfb, sfb, flops_fwd + flops_bwd, peak, sf["variant"]))
-    print(f"S={args.seq} H={args.heads} D={args.head_dim} causal fp32, median of {args.reps}; "
-          f"torch {version}, stria variant {rows[0][6]}")
+        g = got[t]
+        peak = {"peak_gflops": max(g["peak"])}
+        rows.append((t, "fwd", med(g["tf"]), med(g["sf"]), flops_fwd, peak, variant))
+        rows.append((t, "fwd+bwd", med(g["tfb"]), med(g["sfb"]), flops_fwd + flops_bwd, peak,
+                     variant))
+    print(f"S={args.seq} H={args.heads} D={args.head_dim} causal fp32, median of {args.reps} "
+          f"runs x {args.rounds} rounds; torch {version}, stria variant {variant}")
     hdr = (f"{'threads':>7} {'pass':>8} {'torch s':>9} {'stria s':>9} {'torch GF/s':>10} "
            f"{'stria GF/s':>10} {'stria %peak':>11} {'stria/torch':>11}")
     print(hdr)
