@@ -12,6 +12,10 @@
 #include "rpc_int.h"
 #include "rpc_testutil.h"
 
+/* Criterion 2.4.1 leaks a timer in its runner when a test with a longer
+ * timeout runs before one with a shorter one: one timeout for every test. */
+#define TEST_TIMEOUT_S 30
+
 /* ---- test services ----------------------------------------------------- */
 
 #define M_SUBMIT 3u /* Coordinator.SubmitJob: replies after a delay, from a thread */
@@ -270,7 +274,7 @@ static int raw_greeted(uint16_t port)
 
 /* ---- pure helpers ------------------------------------------------------ */
 
-Test(rpc_frame, header_roundtrip_little_endian, .timeout = 10)
+Test(rpc_frame, header_roundtrip_little_endian, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
                             .version = 1,
@@ -292,7 +296,7 @@ Test(rpc_frame, header_roundtrip_little_endian, .timeout = 10)
     cr_expect_eq(memcmp(&h, &d, sizeof(h)), 0);
 }
 
-Test(rpc_frame, addr_parse, .timeout = 10)
+Test(rpc_frame, addr_parse, .timeout = TEST_TIMEOUT_S)
 {
     char host[64];
     uint16_t port = 0;
@@ -314,7 +318,7 @@ Test(rpc_frame, addr_parse, .timeout = 10)
                  STRIA_ERR_INVALID_ARG);
 }
 
-Test(rpc_frame, token_compare, .timeout = 10)
+Test(rpc_frame, token_compare, .timeout = TEST_TIMEOUT_S)
 {
     cr_expect(stria_rpc_token_equal("secret", "secret"));
     cr_expect(!stria_rpc_token_equal("secret", "secreT"));
@@ -324,7 +328,7 @@ Test(rpc_frame, token_compare, .timeout = 10)
     cr_expect(stria_rpc_token_equal(NULL, ""));
 }
 
-Test(rpc_frame, token_file, .timeout = 10)
+Test(rpc_frame, token_file, .timeout = TEST_TIMEOUT_S)
 {
     char path[] = "/tmp/stria-token-XXXXXX";
     int fd = mkstemp(path);
@@ -370,7 +374,7 @@ static bool reaches(const ProtobufCMessageDescriptor *from, const ProtobufCMessa
     return false;
 }
 
-Test(rpc_frame, no_recursive_message_types, .timeout = 10)
+Test(rpc_frame, no_recursive_message_types, .timeout = TEST_TIMEOUT_S)
 {
     const ProtobufCServiceDescriptor *svcs[] = {&stria__v1__coordinator__descriptor,
                                                 &stria__v1__worker__descriptor};
@@ -392,7 +396,7 @@ Test(rpc_frame, no_recursive_message_types, .timeout = 10)
     cr_expect_str_eq(stria__v1__worker__descriptor.methods[M_PUT].name, "PutInput");
 }
 
-Test(rpc_frame, decoding_budget_refuses_expansion, .timeout = 10)
+Test(rpc_frame, decoding_budget_refuses_expansion, .timeout = TEST_TIMEOUT_S)
 {
     /* 20000 empty job entries: 2 bytes each on the wire, far more unpacked. */
     Stria__V1__HeartbeatRequest hb = STRIA__V1__HEARTBEAT_REQUEST__INIT;
@@ -425,7 +429,7 @@ Test(rpc_frame, decoding_budget_refuses_expansion, .timeout = 10)
 
 /* ---- server and client ------------------------------------------------- */
 
-Test(rpc, call_and_async_replies, .timeout = 20)
+Test(rpc, call_and_async_replies, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord(NULL, NULL, 0);
     stria_status_t st;
@@ -473,7 +477,7 @@ Test(rpc, call_and_async_replies, .timeout = 20)
     stria_rpc_server_stop(srv);
 }
 
-Test(rpc, deadline_then_reconnect, .timeout = 20)
+Test(rpc, deadline_then_reconnect, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord(NULL, NULL, 0);
     stria_status_t st;
@@ -502,7 +506,7 @@ Test(rpc, deadline_then_reconnect, .timeout = 20)
     stria_rpc_server_stop(srv);
 }
 
-Test(rpc, payloads_land_in_place, .timeout = 20)
+Test(rpc, payloads_land_in_place, .timeout = TEST_TIMEOUT_S)
 {
     size_t n = 3u << 20;
     stria_rpc_server_t *srv;
@@ -601,7 +605,7 @@ Test(rpc, payloads_land_in_place, .timeout = 20)
     free(g_dest);
 }
 
-Test(rpc, oversized_payload_refused_before_sending, .timeout = 20)
+Test(rpc, oversized_payload_refused_before_sending, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_worker(1000);
     stria_status_t st;
@@ -626,7 +630,7 @@ Test(rpc, oversized_payload_refused_before_sending, .timeout = 20)
 
 /* ---- authentication ---------------------------------------------------- */
 
-Test(rpc_auth, tokens, .timeout = 20)
+Test(rpc_auth, tokens, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord("user-token", "admin-token", 0);
     uint16_t port = stria_rpc_server_port(srv);
@@ -684,7 +688,7 @@ Test(rpc_auth, tokens, .timeout = 20)
     stria_rpc_server_stop(srv);
 }
 
-Test(rpc_auth, admin_token_only, .timeout = 20)
+Test(rpc_auth, admin_token_only, .timeout = TEST_TIMEOUT_S)
 {
     /* No user token: anyone connects; only the admin token gets admin. */
     stria_rpc_server_t *srv = start_coord(NULL, "admin-token", 0);
@@ -703,7 +707,7 @@ Test(rpc_auth, admin_token_only, .timeout = 20)
 
 /* ---- bad peers --------------------------------------------------------- */
 
-Test(rpc_bad, version_and_service_mismatch, .timeout = 20)
+Test(rpc_bad, version_and_service_mismatch, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord(NULL, NULL, 0);
     uint16_t port = stria_rpc_server_port(srv);
@@ -752,7 +756,7 @@ Test(rpc_bad, version_and_service_mismatch, .timeout = 20)
     stria_rpc_server_stop(srv);
 }
 
-Test(rpc_bad, unknown_method_and_malformed_body_keep_the_connection, .timeout = 20)
+Test(rpc_bad, unknown_method_and_malformed_body_keep_the_connection, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord(NULL, NULL, 0);
     int fd = raw_greeted(stria_rpc_server_port(srv));
@@ -819,7 +823,7 @@ static void bad_header_case(stria_rpc_server_t *srv, stria_rpc_header_t h, stria
     close(fd);
 }
 
-Test(rpc_bad, untrustworthy_headers_close_the_connection, .timeout = 30)
+Test(rpc_bad, untrustworthy_headers_close_the_connection, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord(NULL, NULL, 0);
     stria_rpc_header_t h;
@@ -851,7 +855,7 @@ Test(rpc_bad, untrustworthy_headers_close_the_connection, .timeout = 30)
     stria_rpc_server_stop(srv);
 }
 
-Test(rpc_bad, truncated_frames_and_silent_peers, .timeout = 20)
+Test(rpc_bad, truncated_frames_and_silent_peers, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord(NULL, NULL, 0.3);
     uint16_t port = stria_rpc_server_port(srv);
@@ -888,7 +892,7 @@ Test(rpc_bad, truncated_frames_and_silent_peers, .timeout = 20)
     stria_rpc_server_stop(srv);
 }
 
-Test(rpc_bad, listen_errors, .timeout = 10)
+Test(rpc_bad, listen_errors, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord(NULL, NULL, 0), *srv2 = NULL;
     stria_rpc_server_params_t p = {0};
