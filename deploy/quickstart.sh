@@ -1,37 +1,99 @@
 #!/usr/bin/env bash
-# quickstart: installs what is missing, builds stria, and runs a real attention
-# job on this machine (CPU kernels; no GPU needed).
+# quickstart: installs what is missing, builds stria, starts a coordinator and
+# 4 workers on this machine (loopback, CPU kernels, no GPU needed), runs a real
+# causal striped attention job through them (forward + backward), checks it
+# against the in-process computation, prints a short report, and stops every
+# process it started (also when interrupted).
 #
-#   ./deploy/quickstart.sh            # S=4096 tokens, 8 heads, head_dim 128, bf16
-#   SEQ=8192 ./deploy/quickstart.sh   # a longer sequence
+#   ./deploy/quickstart.sh                  # S=32768, 8 heads, head_dim 128, bf16, 4 workers
+#   SEQ=8192 WORKERS=2 ./deploy/quickstart.sh
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-seq=${SEQ:-4096}
+seq=${SEQ:-32768}
 heads=${HEADS:-8}
+kv_heads=${KV_HEADS:-8}
 head_dim=${HEAD_DIM:-128}
+workers=${WORKERS:-4}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/stria-quickstart.XXXXXX")
-cleanup() { rm -rf "$work"; }
+pids=()
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      alive=0
+      for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+      [ $alive -eq 0 ] && break
+      sleep 0.2
+    done
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+    wait 2>/dev/null || true
+  fi
+  if [ $rc -ne 0 ] && [ -d "$work" ]; then
+    echo "quickstart failed (exit $rc); daemon logs:" >&2
+    tail -n 5 "$work"/*.log >&2 2>/dev/null || true
+  fi
+  rm -rf "$work"
+  exit $rc
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "== 1/3 dependencies"
+echo "== 1/4 dependencies"
 "$root/deploy/install-deps.sh"
 
-echo "== 2/3 build (Release, $root/build)"
+echo "== 2/4 build (Release, $root/build)"
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build" -j "$jobs" >/dev/null
 bin="$root/build/bin"
 
-echo "== 3/3 causal attention, forward + backward: 1 x $seq tokens x $heads heads x $head_dim, bf16"
-for name in q k v do; do
-  "$bin/stria-run" random --shape "1,$seq,$heads,$head_dim" --seed "$(( ${#name} + RANDOM ))" \
-    --out "$work/$name.npy"
+# Waits for a line starting with $2 in file $1 and prints it.
+wait_line() {
+  for _ in $(seq 1 100); do
+    if grep -m1 "^$2" "$1" 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "timed out waiting for '$2' in $1" >&2
+  return 1
+}
+
+echo "== 3/4 a ring on this machine: 1 coordinator, $workers workers (loopback, UCX)"
+export UCX_HANDLE_ERRORS=none
+"$bin/stria-coordinator" --listen 127.0.0.1:0 --heartbeat-period 0.5 \
+  >"$work/coordinator.out" 2>"$work/coordinator.log" &
+pids+=($!)
+coord=$(wait_line "$work/coordinator.out" "stria-coordinator listening on " | awk '{print $4}')
+threads=$(( jobs / workers > 1 ? jobs / workers : 1 ))
+for i in $(seq 0 $((workers - 1))); do
+  "$bin/stria-worker" --coordinator "$coord" --threads "$threads" --log-level warn \
+    >"$work/worker$i.out" 2>"$work/worker$i.log" &
+  pids+=($!)
 done
-"$bin/stria-run" local --q "$work/q.npy" --k "$work/k.npy" --v "$work/v.npy" --do "$work/do.npy" \
-  --dtype bf16 --causal --out "$work/out"
+for i in $(seq 0 $((workers - 1))); do
+  wait_line "$work/worker$i.out" "stria-worker listening" >/dev/null
+done
+for _ in $(seq 1 100); do
+  "$bin/striactl" --coordinator "$coord" status 2>/dev/null | grep -q "workers: $workers healthy" && break
+  sleep 0.1
+done
+"$bin/striactl" --coordinator "$coord" status
+
 echo
-echo "Outputs (o, lse, dq, dk, dv as .npy) were written to a temporary folder and removed."
-echo "Run the tests with ./tests/run.sh; see README.md for stria-run and stria-bench."
+echo "== 4/4 causal striped attention, forward + backward, through the service"
+echo "   1 x $seq tokens x $heads heads ($kv_heads K/V heads) x $head_dim, bf16; checked in-process"
+"$bin/stria-run" random --shape "1,$seq,$heads,$head_dim" --seed 1 --out "$work/q.npy"
+"$bin/stria-run" random --shape "1,$seq,$kv_heads,$head_dim" --seed 2 --out "$work/k.npy"
+"$bin/stria-run" random --shape "1,$seq,$kv_heads,$head_dim" --seed 3 --out "$work/v.npy"
+"$bin/stria-run" random --shape "1,$seq,$heads,$head_dim" --seed 4 --out "$work/do.npy"
+"$bin/stria-run" submit --coordinator "$coord" --q "$work/q.npy" --k "$work/k.npy" \
+  --v "$work/v.npy" --do "$work/do.npy" --dtype bf16 --causal --layout striped \
+  --label quickstart --check --out "$work/out"
+echo
+"$bin/striactl" --coordinator "$coord" jobs --all
+echo
+echo "Done: every process started here is being stopped. Next: ./tests/run.sh, and"
+echo "README.md for stria-run, striactl and running the service on several hosts."
