@@ -1,0 +1,371 @@
+/*
+ * stria-bench service: the same causal forward+backward job through the
+ * service (a coordinator and N worker processes on loopback, data over RPC,
+ * ring over UCX) and through the in-process ring engine with the same ranks,
+ * side by side in one run. Reports both times and their ratio.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "stria_client.h"
+#include "stria_common.h"
+#include "stria_ring.h"
+
+#define SVC_MAX_WORKERS 64
+
+typedef struct {
+    pid_t pid;
+    FILE *out;
+} svc_proc_t;
+
+static svc_proc_t procs[SVC_MAX_WORKERS + 1];
+static int n_procs;
+
+static void stop_all(void)
+{
+    for (int i = 0; i < n_procs; i++)
+        if (procs[i].pid > 0)
+            kill(procs[i].pid, SIGTERM);
+    for (int i = 0; i < n_procs; i++) {
+        if (procs[i].pid <= 0)
+            continue;
+        int st;
+        for (int t = 0; t < 100 && waitpid(procs[i].pid, &st, WNOHANG) == 0; t++)
+            usleep(50000);
+        if (waitpid(procs[i].pid, &st, WNOHANG) == 0) {
+            kill(procs[i].pid, SIGKILL);
+            waitpid(procs[i].pid, &st, 0);
+        }
+        if (procs[i].out)
+            fclose(procs[i].out);
+        procs[i].pid = 0;
+    }
+    n_procs = 0;
+}
+
+static void on_signal(int sig)
+{
+    stop_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Starts argv with stdout on a pipe and stderr to /dev/null; reads lines until
+ * one starts with `prefix` and copies it into line. */
+static int start_proc(char *const argv[], const char *prefix, char *line, size_t len)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        FILE *null = freopen("/dev/null", "w", stderr);
+        (void)null;
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    svc_proc_t *p = &procs[n_procs++];
+    p->pid = pid;
+    p->out = fdopen(fds[0], "r");
+    while (fgets(line, (int)len, p->out) != NULL) {
+        if (strncmp(line, prefix, strlen(prefix)) == 0) {
+            line[strcspn(line, "\n")] = '\0';
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: stria-bench service [--ranks N] [--seq S] [--heads H] [--kv-heads K]\n"
+                 "                           [--head-dim D] [--dtype fp32|bf16|fp16] [--reps R]\n"
+                 "                           [--threads-per-rank T] [--json]\n"
+                 "\n"
+                 "Runs the same causal striped forward+backward job (a) through the service: a\n"
+                 "coordinator and N worker processes started on loopback, inputs and outputs over\n"
+                 "RPC, the ring over UCX; and (b) through the in-process ring engine with N rank\n"
+                 "threads; alternately, R times each, and prints the median times and the ratio\n"
+                 "service / in-process. Defaults: N=4, S=32768, H=8, K=8, D=128, bf16, R=3, T=1.\n"
+                 "The daemons are found beside this program (stria-coordinator, stria-worker).\n");
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void fill(void *buf, size_t n, stria_dtype_t dt, uint64_t seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        stria_dtype_store(dt, buf, i, (float)((x >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f);
+    }
+}
+
+int stria_bench_service(int argc, char **argv)
+{
+    int ranks = 4, reps = 3, tpr = 1;
+    int64_t seq = 32768, heads = 8, kv_heads = 8, head_dim = 128;
+    stria_dtype_t dtype = STRIA_DTYPE_BF16;
+    bool json = false;
+    static const struct option longopts[] = {
+        {"ranks", required_argument, NULL, 'n'},
+        {"seq", required_argument, NULL, 's'},
+        {"heads", required_argument, NULL, 'H'},
+        {"kv-heads", required_argument, NULL, 'K'},
+        {"head-dim", required_argument, NULL, 'D'},
+        {"dtype", required_argument, NULL, 't'},
+        {"reps", required_argument, NULL, 'r'},
+        {"threads-per-rank", required_argument, NULL, 'T'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        char *end = NULL;
+        long long v = optarg ? strtoll(optarg, &end, 10) : 0;
+        bool bad_int = optarg && (end == optarg || *end != '\0' || v < 1);
+        switch (c) {
+        case 'n':
+            if (bad_int || v > SVC_MAX_WORKERS)
+                goto bad;
+            ranks = (int)v;
+            break;
+        case 's':
+            if (bad_int)
+                goto bad;
+            seq = v;
+            break;
+        case 'H':
+            if (bad_int)
+                goto bad;
+            heads = v;
+            break;
+        case 'K':
+            if (bad_int)
+                goto bad;
+            kv_heads = v;
+            break;
+        case 'D':
+            if (bad_int)
+                goto bad;
+            head_dim = v;
+            break;
+        case 'r':
+            if (bad_int || v > 100)
+                goto bad;
+            reps = (int)v;
+            break;
+        case 'T':
+            if (bad_int || v > 256)
+                goto bad;
+            tpr = (int)v;
+            break;
+        case 't':
+            if (stria_dtype_parse(optarg, &dtype) != STRIA_OK) {
+                fprintf(stderr, "stria-bench service: %s\n", stria_error_msg());
+                return 2;
+            }
+            break;
+        case 'j':
+            json = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+        bad:
+            fprintf(stderr, "stria-bench service: bad option '%s'\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+    }
+
+    char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) {
+        fprintf(stderr, "stria-bench service: cannot find this program's folder\n");
+        return 1;
+    }
+    self[n] = '\0';
+    snprintf(dir, sizeof(dir), "%s", self);
+    *strrchr(dir, '/') = '\0';
+    snprintf(coord_bin, sizeof(coord_bin), "%s/stria-coordinator", dir);
+    snprintf(worker_bin, sizeof(worker_bin), "%s/stria-worker", dir);
+    if (access(coord_bin, X_OK) != 0 || access(worker_bin, X_OK) != 0) {
+        fprintf(stderr, "stria-bench service: %s and %s are needed (build them)\n", coord_bin,
+                worker_bin);
+        return 1;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    setenv("UCX_HANDLE_ERRORS", "none", 0);
+
+    char line[512], coord[512], threads[16];
+    char *cargv[] = {coord_bin, "--listen", "127.0.0.1:0", "--heartbeat-period", "0.5", NULL};
+    if (start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
+        fprintf(stderr, "stria-bench service: the coordinator did not start\n");
+        stop_all();
+        return 1;
+    }
+    snprintf(coord, sizeof(coord), "%s", line + strlen("stria-coordinator listening on "));
+    snprintf(threads, sizeof(threads), "%d", tpr);
+    for (int i = 0; i < ranks; i++) {
+        char *wargv[] = {worker_bin, "--coordinator", coord,   "--threads",
+                         threads,    "--log-level",   "error", NULL};
+        if (start_proc(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
+            fprintf(stderr, "stria-bench service: worker %d did not start\n", i);
+            stop_all();
+            return 1;
+        }
+    }
+
+    size_t es = stria_dtype_size(dtype);
+    size_t nq = (size_t)(seq * heads * head_dim), nk = (size_t)(seq * kv_heads * head_dim);
+    void *q = malloc(nq * es), *k = malloc(nk * es), *v = malloc(nk * es), *g = malloc(nq * es);
+    void *o = malloc(nq * es), *dq = malloc(nq * es), *dk = malloc(nk * es), *dv = malloc(nk * es);
+    float *lse = malloc((size_t)(heads * seq) * 4);
+    fill(q, nq, dtype, 1);
+    fill(k, nk, dtype, 2);
+    fill(v, nk, dtype, 3);
+    fill(g, nq, dtype, 4);
+
+    stria_client_params_t cp;
+    stria_client_t *client = NULL;
+    memset(&cp, 0, sizeof(cp));
+    cp.coordinator = coord;
+    cp.client_name = "stria-bench";
+    stria_status_t st = STRIA_ERR_TIMEOUT;
+    /* the workers register within a heartbeat or two */
+    for (int i = 0; i < 100 && st != STRIA_OK; i++) {
+        st = stria_client_connect(&cp, &client);
+        if (st != STRIA_OK)
+            usleep(100000);
+    }
+    stria_job_spec_t spec;
+    memset(&spec, 0, sizeof(spec));
+    spec.batch = 1;
+    spec.seq_len = seq;
+    spec.heads = heads;
+    spec.kv_heads = kv_heads;
+    spec.head_dim = head_dim;
+    spec.dtype = dtype;
+    spec.causal = true;
+    spec.layout = STRIA_LAYOUT_STRIPED;
+    spec.ring_size = ranks;
+    spec.label = "stria-bench service";
+
+    stria_ring_shape_t shape;
+    memset(&shape, 0, sizeof(shape));
+    shape.batch = 1;
+    shape.seq = seq;
+    shape.heads = heads;
+    shape.kv_heads = kv_heads;
+    shape.head_dim = head_dim;
+    shape.causal = true;
+    shape.dtype = dtype;
+    stria_ring_local_opts_t ro;
+    memset(&ro, 0, sizeof(ro));
+    ro.layout = STRIA_LAYOUT_STRIPED;
+    ro.n_ranks = ranks;
+    ro.passes = STRIA_RING_PASS_FWD_BWD;
+    ro.threads_per_rank = tpr;
+    stria_ring_local_io_t io;
+    memset(&io, 0, sizeof(io));
+    io.q = q;
+    io.k = k;
+    io.v = v;
+    io.o = o;
+    io.o_dtype = dtype;
+    io.lse = lse;
+    io.d_o = g;
+    io.dq = dq;
+    io.dk = dk;
+    io.dv = dv;
+    io.grad_dtype = dtype;
+
+    double *svc_s = calloc((size_t)reps, sizeof(double)), *svc_pass = calloc((size_t)reps, 8);
+    double *loc_s = calloc((size_t)reps, sizeof(double));
+    for (int r = 0; r < reps && st == STRIA_OK; r++) {
+        /* (a) through the service */
+        stria_job_t *job = NULL;
+        stria_call_stats_t fs, bs;
+        double t0 = stria_time_now();
+        st = stria_client_forward(client, &spec, q, k, v, o, lse, NULL, NULL, &fs, &job);
+        if (st == STRIA_OK)
+            st = stria_client_backward(job, g, dq, dk, dv, NULL, NULL, &bs);
+        double t1 = stria_time_now();
+        stria_client_release(job);
+        if (st != STRIA_OK)
+            break;
+        svc_s[r] = t1 - t0;
+        svc_pass[r] = fs.pass_s + bs.pass_s;
+        /* (b) the in-process ring engine */
+        stria_ring_local_stats_t ls;
+        memset(&ls, 0, sizeof(ls));
+        t0 = stria_time_now();
+        st = stria_ring_run_local(&shape, &ro, &io, &ls);
+        loc_s[r] = stria_time_now() - t0;
+        if (!json)
+            fprintf(stderr, "  rep %d: service %.3f s (passes %.3f s), in-process %.3f s\n", r,
+                    svc_s[r], svc_pass[r], loc_s[r]);
+    }
+    int rc = 0;
+    if (st != STRIA_OK) {
+        fprintf(stderr, "stria-bench service: %s\n", stria_error_msg());
+        rc = 1;
+    } else {
+        double ms = median(svc_s, reps), mp = median(svc_pass, reps), ml = median(loc_s, reps);
+        double flops = 2.0 * (double)seq * (double)seq * (double)head_dim * (double)heads * 3.5;
+        if (json)
+            printf("{\"name\":\"service\",\"ranks\":%d,\"seq\":%lld,\"heads\":%lld,"
+                   "\"kv_heads\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\",\"reps\":%d,"
+                   "\"threads_per_rank\":%d,\"service_s\":%.6f,\"service_pass_s\":%.6f,"
+                   "\"inprocess_s\":%.6f,\"ratio\":%.4f,\"pass_ratio\":%.4f}\n",
+                   ranks, (long long)seq, (long long)heads, (long long)kv_heads,
+                   (long long)head_dim, stria_dtype_name(dtype), reps, tpr, ms, mp, ml, ms / ml,
+                   mp / ml);
+        else
+            printf("service vs in-process ring, causal striped fwd+bwd, %d ranks, S=%lld H=%lld "
+                   "(K/V %lld) D=%lld %s, median of %d:\n"
+                   "  service      %.3f s  (%.1f GFLOP/s; ring passes alone %.3f s)\n"
+                   "  in-process   %.3f s  (%.1f GFLOP/s)\n"
+                   "  ratio        %.3f  (passes alone %.3f)\n",
+                   ranks, (long long)seq, (long long)heads, (long long)kv_heads,
+                   (long long)head_dim, stria_dtype_name(dtype), reps, ms, flops / ms * 1e-9, mp,
+                   ml, flops / ml * 1e-9, ms / ml, mp / ml);
+    }
+    stria_client_close(client);
+    stop_all();
+    free(q), free(k), free(v), free(g), free(o), free(dq), free(dk), free(dv), free(lse);
+    free(svc_s), free(svc_pass), free(loc_s);
+    return rc;
+}
