@@ -184,7 +184,7 @@ static stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t
     memset(c, 0, sizeof(*c));
     c->ops = stria__kern_ops();
     if (c->ops == NULL)
-        return STRIA_ERR_UNSUPPORTED; /* message set by stria__kern_ops() */
+        return stria__kern_ops_status(); /* message set by stria__kern_ops() */
     c->p = p;
     c->B = p->batch;
     c->Tq = p->q_tokens;
@@ -685,7 +685,7 @@ stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const str
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: delta is NULL", fn);
     job.ops = stria__kern_ops();
     if (job.ops == NULL)
-        return STRIA_ERR_UNSUPPORTED; /* message set by stria__kern_ops() */
+        return stria__kern_ops_status(); /* message set by stria__kern_ops() */
     job.p = p;
     job.o = o;
     job.d_o = d_o;

@@ -82,6 +82,12 @@ const stria_kern_ops_t *stria__kern_ops(void)
     return stria__selected;
 }
 
+stria_status_t stria__kern_ops_status(void)
+{
+    pthread_once(&stria__select_once, stria__select_default);
+    return stria__selected != NULL ? STRIA_OK : stria__select_status;
+}
+
 const char *stria_kernels_variant(void)
 {
     const stria_kern_ops_t *ops = stria__kern_ops();

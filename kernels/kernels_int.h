@@ -84,5 +84,8 @@ void stria__ws_put(stria__ws_t *ws);
 /* The variant in use (selected on first call). Returns NULL and sets the error
  * message when STRIA_KERNEL names an unusable variant. */
 const stria_kern_ops_t *stria__kern_ops(void);
+/* Why stria__kern_ops() returned NULL: STRIA_ERR_NOT_FOUND (unknown name) or
+ * STRIA_ERR_UNSUPPORTED (the CPU lacks it). */
+stria_status_t stria__kern_ops_status(void);
 
 #endif

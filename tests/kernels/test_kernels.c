@@ -648,3 +648,32 @@ Test(kernels, variant_selection)
     cr_assert_eq(stria_kernels_set_variant("portable"), STRIA_OK);
     cr_assert_str_eq(stria_kernels_variant(), "portable");
 }
+
+/* STRIA_KERNEL forces a variant on first use (each Criterion test runs in a
+ * fresh process, so the choice has not been made yet). */
+Test(kernels, env_forces_variant)
+{
+    const char *const *names = stria_kernels_variant_names();
+    const char *last = NULL;
+    for (size_t i = 0; names[i] != NULL; i++)
+        if (stria_kernels_variant_available(names[i]) && strcmp(names[i], "portable") != 0)
+            last = names[i];
+    /* force the portable one even where a SIMD variant would be the default */
+    cr_assert_eq(setenv("STRIA_KERNEL", "portable", 1), 0);
+    cr_assert_str_eq(stria_kernels_variant(), "portable");
+    if (last != NULL)
+        cr_log_info("default would have been %s", last);
+}
+
+Test(kernels, env_unknown_variant_is_a_clear_error)
+{
+    float buf[4 * 32] = {0}, o[4 * 32], lse[4];
+    stria_attn_params_t p;
+    cr_assert_eq(setenv("STRIA_KERNEL", "sse9", 1), 0);
+    block_params(&p, 4, 4, 1, 32);
+    stria_tensor_t t = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, 4, 1, 32);
+    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, 4, 1, 32);
+    expect_error(stria_attn_fwd(&p, &t, &t, &t, &to, lse, false), STRIA_ERR_NOT_FOUND,
+                 "STRIA_KERNEL=sse9");
+    cr_expect_str_eq(stria_kernels_variant(), "none");
+}
