@@ -64,6 +64,7 @@ typedef struct {
     stria__barrier_t barrier;
     int failed; /* atomic: some rank failed, the others skip what follows */
     stria__rank_result_t *res;
+    pthread_mutex_t compute_lock; /* serialize_compute */
     stria_ring_local_stats_t *stats;
 } stria__local_t;
 
@@ -162,6 +163,16 @@ static void stria__copy_stats(int rank, const stria_ring_pass_t *pass, stria_rin
         memcpy(dst + (size_t)rank * n, src, n * sizeof(*src));
 }
 
+static void stria__compute_lock_cb(void *ctx)
+{
+    pthread_mutex_lock(&((stria__local_t *)ctx)->compute_lock);
+}
+
+static void stria__compute_unlock_cb(void *ctx)
+{
+    pthread_mutex_unlock(&((stria__local_t *)ctx)->compute_lock);
+}
+
 static void *stria__rank_main(void *arg)
 {
     stria__rank_arg_t *ra = arg;
@@ -189,6 +200,11 @@ static void *stria__rank_main(void *arg)
         memset(&po, 0, sizeof(po));
         po.step_timeout_s = run->opts->step_timeout_s;
         po.pool = pool;
+        if (run->opts->serialize_compute) {
+            po.compute_begin_cb = stria__compute_lock_cb;
+            po.compute_end_cb = stria__compute_unlock_cb;
+            po.compute_cb_ctx = run;
+        }
         st = stria_ring_pass_create(link, sh, l->kind, &po, &pass);
     }
     if (st == STRIA_OK)
@@ -320,6 +336,7 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "stria_ring_run_local: out of memory");
         goto out_free;
     }
+    pthread_mutex_init(&run.compute_lock, NULL);
     pthread_mutex_init(&run.barrier.lock, NULL);
     pthread_cond_init(&run.barrier.cv, NULL);
     run.barrier.parties = n;
@@ -342,6 +359,7 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
         pthread_join(threads[i], NULL);
     pthread_cond_destroy(&run.barrier.cv);
     pthread_mutex_destroy(&run.barrier.lock);
+    pthread_mutex_destroy(&run.compute_lock);
 
     /* Report where the failure started: the first rank whose error is its
      * own rather than a peer's abort. */

@@ -18,6 +18,7 @@ struct stria_ring_pass {
     stria_ring_shape_t shape;
     stria_layout_t layout;
     stria_pool_t *pool;
+    stria_ring_opts_t hooks; /* only the compute_* hooks are used */
     double timeout_s;
     uint32_t pass_id;
     uint32_t calls; /* fwd/bwd calls so far */
@@ -129,6 +130,7 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
     p->link = link;
     p->shape = *shape;
     p->pool = opts->pool;
+    p->hooks = *opts;
     p->timeout_s =
         opts->step_timeout_s == 0.0 ? STRIA_RING_DEFAULT_TIMEOUT_S : opts->step_timeout_s;
     p->pass_id = opts->pass_id;
@@ -280,6 +282,29 @@ static stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
     a.kv_pos.n_runs = p->n_runs[j];
     a.pool = p->pool;
     return a;
+}
+
+/* Compute of a step: timed as thread CPU and wall time, between the
+ * caller's hooks. */
+typedef struct {
+    double cpu, wall;
+} stria__clock_t;
+
+static void stria__compute_begin(stria_ring_pass_t *p, stria__clock_t *clk)
+{
+    if (p->hooks.compute_begin_cb != NULL)
+        p->hooks.compute_begin_cb(p->hooks.compute_cb_ctx);
+    clk->cpu = stria_time_thread_cpu();
+    clk->wall = stria_time_now();
+}
+
+static void stria__compute_end(stria_ring_pass_t *p, const stria__clock_t *clk,
+                               stria_ring_step_stats_t *ss)
+{
+    ss->compute_s += stria_time_thread_cpu() - clk->cpu;
+    ss->compute_wall_s += stria_time_now() - clk->wall;
+    if (p->hooks.compute_end_cb != NULL)
+        p->hooks.compute_end_cb(p->hooks.compute_cb_ctx);
 }
 
 /* The requests a pass may have outstanding at once. */
@@ -450,10 +475,10 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             stria_attn_params_t a = stria__params(p, j);
             stria_tensor_t tk = stria_tensor_contiguous(cur, p->shape.dtype, L, Hkv, D);
             stria_tensor_t tv = stria_tensor_contiguous(cur + kv_bytes, p->shape.dtype, L, Hkv, D);
-            double c0 = stria_time_thread_cpu(), w0 = stria_time_now();
+            stria__clock_t clk;
+            stria__compute_begin(p, &clk);
             st = stria_attn_fwd(&a, q, &tk, &tv, &to, lse_acc, true);
-            ss->compute_s += stria_time_thread_cpu() - c0;
-            ss->compute_wall_s += stria_time_now() - w0;
+            stria__compute_end(p, &clk, ss);
             ss->computed = true;
             if (st != STRIA_OK)
                 break;
@@ -562,10 +587,10 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     stria_attn_params_t base = stria__params(p, r);
     stria_tensor_t tdq = stria_tensor_contiguous(dq_acc, STRIA_DTYPE_F32, L, H, D);
     if (qv > 0) {
-        double c0 = stria_time_thread_cpu(), w0 = stria_time_now();
+        stria__clock_t clk;
+        stria__compute_begin(p, &clk);
         st = stria_attn_bwd_delta(&base, o, d_o, delta);
-        p->stats[0].compute_s += stria_time_thread_cpu() - c0;
-        p->stats[0].compute_wall_s += stria_time_now() - w0;
+        stria__compute_end(p, &clk, &p->stats[0]);
         if (st != STRIA_OK) {
             st = stria__fail(p, &reqs, st, "backward", 0);
             goto out;
@@ -594,7 +619,8 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         if ((st = stria__wait(p, &reqs.dkv_send[step % 2], step, ss)) != STRIA_OK)
             break;
         memset(mine, 0, dkv_bytes);
-        double c0 = stria_time_thread_cpu(), w0 = stria_time_now();
+        stria__clock_t clk;
+        stria__compute_begin(p, &clk);
         if (stria__visible(p, j)) {
             stria_attn_params_t a = stria__params(p, j);
             stria_tensor_t tk = stria_tensor_contiguous(cur, p->shape.dtype, L, Hkv, D);
@@ -605,17 +631,16 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             st = stria_attn_bwd(&a, q, &tk, &tv, d_o, lse_c, delta, &tdq, &tdk, &tdv);
             ss->computed = true;
         }
-        ss->compute_s += stria_time_thread_cpu() - c0;
-        ss->compute_wall_s += stria_time_now() - w0;
+        stria__compute_end(p, &clk, ss);
         if (st != STRIA_OK)
             break;
         if (step > 0) {
             if ((st = stria__wait(p, &reqs.dkv_recv, step, ss)) != STRIA_OK)
                 break;
-            c0 = stria_time_thread_cpu();
+            stria__compute_begin(p, &clk);
             for (size_t i = 0; i < dkv_elems; i++)
                 mine[i] += dkv_in[i];
-            ss->compute_s += stria_time_thread_cpu() - c0;
+            stria__compute_end(p, &clk, ss);
         }
         if (N > 1 && (st = stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, dkv_bytes,
                                        &reqs.dkv_send[step % 2], ss)) != STRIA_OK)

@@ -77,6 +77,14 @@ typedef struct {
     /* Tells passes that share one link apart: messages carry it in their tag.
      * Every rank of a ring must use the same id. */
     uint32_t pass_id;
+    /* Optional hooks, called on the rank's thread right before and right
+     * after each piece of a step's compute (the part timed in compute_s),
+     * never around a wait. Benchmarks that run many ranks on few cores use
+     * them to let one rank compute at a time, so that the ranks' threads do
+     * not inflate each other's CPU times through shared caches. */
+    void (*compute_begin_cb)(void *ctx);
+    void (*compute_end_cb)(void *ctx);
+    void *compute_cb_ctx;
 } stria_ring_opts_t;
 
 #define STRIA_RING_DEFAULT_TIMEOUT_S 300.0
@@ -163,6 +171,10 @@ typedef struct {
     stria_ring_passes_t passes;
     double step_timeout_s; /* as in stria_ring_opts_t */
     int threads_per_rank;  /* kernel threads of each rank; 0 or 1: none extra */
+    /* Run one rank's compute at a time (through the compute hooks): per-rank
+     * compute times free of contention between the rank threads, for
+     * benchmarks; the wall time then no longer shows parallel speed. */
+    bool serialize_compute;
 } stria_ring_local_opts_t;
 
 /* Filled by stria_ring_run_local() when given. */

@@ -763,3 +763,92 @@ Test(ring, threads_per_rank_and_other_sizes)
     data_free(&d);
     data_free(&e);
 }
+
+/* Serialised compute (through the compute hooks) changes no bit of the
+ * results and never lets two ranks compute at once. */
+static int hook_active, hook_max_active, hook_calls;
+static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void hook_begin(void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_lock(&hook_lock);
+    hook_calls++;
+    hook_active++;
+    hook_max_active = hook_active > hook_max_active ? hook_active : hook_max_active;
+    pthread_mutex_unlock(&hook_lock);
+}
+
+static void hook_end(void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_lock(&hook_lock);
+    hook_active--;
+    pthread_mutex_unlock(&hook_lock);
+}
+
+Test(ring, serialized_compute_and_hooks)
+{
+    rcase_t c = {.n = 4,
+                 .layout = STRIA_LAYOUT_STRIPED,
+                 .causal = true,
+                 .B = 1,
+                 .S = 200,
+                 .H = 2,
+                 .Hkv = 1,
+                 .D = 32,
+                 .dtype = STRIA_DTYPE_F32};
+    rdata_t a, b;
+    stria_ring_shape_t shape = shape_of(&c);
+    stria_ring_local_opts_t opts = {
+        .layout = c.layout, .n_ranks = c.n, .passes = STRIA_RING_PASS_FWD_BWD};
+    data_init(&c, &a, 2);
+    data_init(&c, &b, 2);
+    stria_ring_local_io_t io = {.q = a.qs,
+                                .k = a.ks,
+                                .v = a.vs,
+                                .o = a.o,
+                                .o_dtype = STRIA_DTYPE_F32,
+                                .lse = a.lse,
+                                .d_o = a.gs,
+                                .dq = a.dq,
+                                .dk = a.dk,
+                                .dv = a.dv,
+                                .grad_dtype = STRIA_DTYPE_F32};
+    cr_assert_eq(stria_ring_run_local(&shape, &opts, &io, NULL), STRIA_OK, "%s", stria_error_msg());
+    opts.serialize_compute = true;
+    io.o = b.o, io.lse = b.lse, io.dq = b.dq, io.dk = b.dk, io.dv = b.dv;
+    cr_assert_eq(stria_ring_run_local(&shape, &opts, &io, NULL), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(memcmp(a.o, b.o, a.nq * 4), 0);
+    cr_expect_eq(memcmp(a.dq, b.dq, a.nq * 4), 0);
+    cr_expect_eq(memcmp(a.dk, b.dk, a.nk * 4), 0);
+    data_free(&a);
+    data_free(&b);
+
+    /* the hooks bracket every piece of compute, never a wait */
+    stria_inproc_hub_t *hub;
+    stria_link_t *link;
+    stria_ring_pass_t *pass;
+    stria_ring_opts_t po = {.compute_begin_cb = hook_begin, .compute_end_cb = hook_end};
+    c.n = 1;
+    cr_assert_eq(stria_inproc_hub_create(1, &hub), STRIA_OK);
+    cr_assert_eq(stria_inproc_link_create(hub, 0, &link), STRIA_OK);
+    cr_assert_eq(stria_ring_pass_create(link, &shape, c.layout, &po, &pass), STRIA_OK);
+    /* a ring of one: one forward step, one piece of compute */
+    int64_t L = stria_ring_pass_layout(pass)->shard_tokens;
+    float *buf = calloc((size_t)(5 * L * c.H * c.D + c.H * L), sizeof(float));
+    stria_tensor_t tq = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, L, c.H, c.D);
+    stria_tensor_t tk =
+        stria_tensor_contiguous(buf + L * c.H * c.D, STRIA_DTYPE_F32, L, c.Hkv, c.D);
+    stria_tensor_t to =
+        stria_tensor_contiguous(buf + 2 * L * c.H * c.D, STRIA_DTYPE_F32, L, c.H, c.D);
+    cr_assert_eq(stria_ring_fwd(pass, &tq, &tk, &tk, &to, buf + 5 * L * c.H * c.D), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_expect_eq(hook_calls, 1);
+    cr_expect_eq(hook_active, 0);
+    cr_expect_eq(hook_max_active, 1);
+    free(buf);
+    stria_ring_pass_destroy(pass);
+    stria_link_destroy(link);
+    stria_inproc_hub_release(hub);
+}

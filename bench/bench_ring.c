@@ -1,0 +1,502 @@
+/* stria-bench ring: load balance of the ring layouts, measured side by side.
+ *
+ * Runs the in-process ring (one thread per rank, single-threaded kernels) for
+ * the contiguous layout (Ring Attention with causal block skipping, the
+ * baseline) and for the striped and zigzag layouts, on the same inputs. Each
+ * rank records the thread CPU time of its kernel calls in every step, so that
+ * N ranks sharing fewer cores still give each rank's own compute time. The
+ * critical path of a pass is the sum over steps of the slowest rank's compute
+ * in that step: what the pass would take with one device per rank and free
+ * communication. Its ratio to the contiguous one is the layout's speedup; the
+ * ideal for causal attention is 2 - 1/N.
+ *
+ * The wall time of each pass (first rank's start to last rank's end) is
+ * reported too; it measures the real parallel speedup only when every rank
+ * has a core of its own (N = 2 on a two-core machine). Figures are medians of
+ * --reps runs. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "stria_common.h"
+#include "stria_kernels.h"
+#include "stria_ring.h"
+
+#define STRIA__RB_MAX_LIST 16
+
+typedef struct {
+    int64_t ranks[STRIA__RB_MAX_LIST];
+    size_t n_ranks;
+    int64_t seqs[STRIA__RB_MAX_LIST];
+    size_t n_seqs;
+    bool layout_on[3]; /* by stria_layout_kind_t */
+    bool do_fwd, do_bwd;
+    int64_t batch, heads, kv_heads, head_dim;
+    stria_dtype_t dtype;
+    bool causal;
+    int reps;
+    bool json;
+    bool serialize; /* one rank computes at a time while measuring compute */
+    int cpus;       /* online CPUs: wall times are measured for ranks <= cpus */
+} stria__rb_opts_t;
+
+static void stria__rb_usage(FILE *out)
+{
+    fprintf(out, "usage: stria-bench ring --ranks N[,N...] --seq S[,S...] [OPTIONS]\n"
+                 "\n"
+                 "Runs the in-process ring for the contiguous layout (the baseline) and the\n"
+                 "striped and zigzag layouts on the same inputs, and reports per layout the\n"
+                 "critical path (sum over steps of the slowest rank's compute, each rank's\n"
+                 "compute measured as thread CPU time), the speedup over contiguous, the ideal\n"
+                 "2 - 1/N (causal), and the wall time of the pass. Medians of --reps runs.\n"
+                 "\n"
+                 "options:\n"
+                 "  --ranks N[,N...] ring sizes (1..64; default 4)\n"
+                 "  --seq S[,S...]   global sequence lengths (1..1048576; default 16384)\n"
+                 "  --layout L       striped | contiguous | zigzag | all (default all; the\n"
+                 "                   contiguous baseline is always measured)\n"
+                 "  --pass P         fwd | bwd | both (default both)\n"
+                 "  --batch B        batch size (default 1; 1..1024)\n"
+                 "  --heads H        query heads (default 8; 1..1024)\n"
+                 "  --kv-heads K     key/value heads, dividing H (default: H)\n"
+                 "  --head-dim D     a multiple of 8 in 16..256 (default 128)\n"
+                 "  --dtype X        fp32 | bf16 | fp16 (default fp32)\n"
+                 "  --causal         causal mask (default)\n"
+                 "  --no-causal      no mask (every layout is balanced; ideal speedup 1)\n"
+                 "  --reps R         runs per layout, median reported (default 3; 1..100)\n"
+                 "  --no-serialize   let the ranks compute concurrently while their compute is\n"
+                 "                   measured (default: one rank computes at a time, so that\n"
+                 "                   rank threads sharing cores do not slow each other down)\n"
+                 "  --json           one JSON object per (layout, ranks, seq, pass) per line\n"
+                 "  -h, --help       this text\n"
+                 "\n"
+                 "Wall times come from separate runs with the ranks computing in parallel, made\n"
+                 "only when every rank has a core of its own (ranks <= online CPUs; for example\n"
+                 "--ranks 2 on two cores): they show the real parallel speedup.\n");
+}
+
+static int stria__rb_bad(const char *fmt, const char *a)
+{
+    fprintf(stderr, "stria-bench ring: ");
+    fprintf(stderr, fmt, a);
+    fprintf(stderr, "\n(see stria-bench ring --help)\n");
+    return 2;
+}
+
+static bool stria__rb_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end = NULL;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* "a,b,c" into list; false on a bad or out-of-range item. */
+static bool stria__rb_list(const char *s, int64_t lo, int64_t hi, int64_t *list, size_t *n)
+{
+    char buf[256];
+    char *save = NULL;
+    if (strlen(s) >= sizeof(buf))
+        return false;
+    strcpy(buf, s);
+    *n = 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == STRIA__RB_MAX_LIST || !stria__rb_int(tok, lo, hi, &list[*n]))
+            return false;
+        (*n)++;
+    }
+    return *n > 0;
+}
+
+/* Returns -1 to continue, else an exit code. */
+static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->ranks[0] = 4;
+    o->n_ranks = 1;
+    o->seqs[0] = 16384;
+    o->n_seqs = 1;
+    o->layout_on[0] = o->layout_on[1] = o->layout_on[2] = true;
+    o->do_fwd = o->do_bwd = true;
+    o->batch = 1;
+    o->heads = 8;
+    o->head_dim = 128;
+    o->dtype = STRIA_DTYPE_F32;
+    o->causal = true;
+    o->reps = 3;
+    o->serialize = true;
+    o->cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            stria__rb_usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--causal") == 0) {
+            o->causal = true;
+        } else if (strcmp(a, "--no-causal") == 0) {
+            o->causal = false;
+        } else if (strcmp(a, "--json") == 0) {
+            o->json = true;
+        } else if (strcmp(a, "--no-serialize") == 0) {
+            o->serialize = false;
+        } else if (val == NULL) {
+            return stria__rb_bad("unknown option or missing value: '%s'", a);
+        } else {
+            i++;
+            if (strcmp(a, "--ranks") == 0) {
+                if (!stria__rb_list(val, 1, 64, o->ranks, &o->n_ranks))
+                    return stria__rb_bad("--ranks '%s': expected up to 16 integers in 1..64", val);
+            } else if (strcmp(a, "--seq") == 0) {
+                if (!stria__rb_list(val, 1, 1 << 20, o->seqs, &o->n_seqs))
+                    return stria__rb_bad("--seq '%s': expected up to 16 integers in 1..1048576",
+                                         val);
+            } else if (strcmp(a, "--layout") == 0) {
+                stria_layout_kind_t k;
+                if (strcmp(val, "all") == 0) {
+                    o->layout_on[0] = o->layout_on[1] = o->layout_on[2] = true;
+                } else if (stria_layout_kind_parse(val, &k) == STRIA_OK) {
+                    memset(o->layout_on, 0, sizeof(o->layout_on));
+                    o->layout_on[k] = true;
+                } else {
+                    return stria__rb_bad(
+                        "--layout '%s': expected striped, contiguous, zigzag or all", val);
+                }
+            } else if (strcmp(a, "--pass") == 0) {
+                o->do_fwd = strcmp(val, "fwd") == 0 || strcmp(val, "both") == 0;
+                o->do_bwd = strcmp(val, "bwd") == 0 || strcmp(val, "both") == 0;
+                if (!o->do_fwd && !o->do_bwd)
+                    return stria__rb_bad("--pass '%s': expected fwd, bwd or both", val);
+            } else if (strcmp(a, "--dtype") == 0) {
+                if (stria_dtype_parse(val, &o->dtype) != STRIA_OK)
+                    return stria__rb_bad("--dtype '%s': expected fp32, bf16 or fp16", val);
+            } else if (strcmp(a, "--batch") == 0) {
+                if (!stria__rb_int(val, 1, 1024, &o->batch))
+                    return stria__rb_bad("--batch '%s': expected an integer in 1..1024", val);
+            } else if (strcmp(a, "--heads") == 0) {
+                if (!stria__rb_int(val, 1, 1024, &o->heads))
+                    return stria__rb_bad("--heads '%s': expected an integer in 1..1024", val);
+            } else if (strcmp(a, "--kv-heads") == 0) {
+                if (!stria__rb_int(val, 1, 1024, &o->kv_heads))
+                    return stria__rb_bad("--kv-heads '%s': expected an integer in 1..1024", val);
+            } else if (strcmp(a, "--head-dim") == 0) {
+                if (!stria__rb_int(val, STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX, &o->head_dim) ||
+                    o->head_dim % 8 != 0)
+                    return stria__rb_bad("--head-dim '%s': expected a multiple of 8 in 16..256",
+                                         val);
+            } else if (strcmp(a, "--reps") == 0) {
+                if (!stria__rb_int(val, 1, 100, &n))
+                    return stria__rb_bad("--reps '%s': expected an integer in 1..100", val);
+                o->reps = (int)n;
+            } else {
+                return stria__rb_bad("unknown option '%s'", a);
+            }
+        }
+    }
+    if (o->kv_heads == 0)
+        o->kv_heads = o->heads;
+    if (o->heads % o->kv_heads != 0) {
+        fprintf(stderr, "stria-bench ring: --heads %lld is not a multiple of --kv-heads %lld\n",
+                (long long)o->heads, (long long)o->kv_heads);
+        return 2;
+    }
+    return -1;
+}
+
+/* ---- measurement ---------------------------------------------------------- */
+
+/* Full tensors of one (S) configuration, shared by every run. */
+typedef struct {
+    int64_t seq;
+    size_t nq, nk, nl;
+    void *q, *k, *v, *d_o, *o;
+    float *lse;
+    float *dq, *dk, *dv;
+} stria__rb_data_t;
+
+static void stria__rb_fill(void *dst, stria_dtype_t dtype, size_t n, uint64_t seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        stria_dtype_store(dtype, dst, i, (float)(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
+    }
+}
+
+static void stria__rb_data_free(stria__rb_data_t *d)
+{
+    void *all[] = {d->q, d->k, d->v, d->d_o, d->o, d->lse, d->dq, d->dk, d->dv};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        stria_free(all[i]);
+    memset(d, 0, sizeof(*d));
+}
+
+static stria_status_t stria__rb_data_init(const stria__rb_opts_t *o, int64_t seq,
+                                          stria__rb_data_t *d)
+{
+    size_t es = stria_dtype_size(o->dtype);
+    memset(d, 0, sizeof(*d));
+    d->seq = seq;
+    d->nq = (size_t)(o->batch * seq * o->heads * o->head_dim);
+    d->nk = (size_t)(o->batch * seq * o->kv_heads * o->head_dim);
+    d->nl = (size_t)(o->batch * o->heads * seq);
+    d->q = stria_malloc_aligned(d->nq * es);
+    d->k = stria_malloc_aligned(d->nk * es);
+    d->v = stria_malloc_aligned(d->nk * es);
+    d->d_o = stria_malloc_aligned(d->nq * es);
+    d->o = stria_malloc_aligned(d->nq * es);
+    d->lse = stria_malloc_aligned(d->nl * sizeof(float));
+    d->dq = stria_malloc_aligned(d->nq * sizeof(float));
+    d->dk = stria_malloc_aligned(d->nk * sizeof(float));
+    d->dv = stria_malloc_aligned(d->nk * sizeof(float));
+    if (d->q == NULL || d->k == NULL || d->v == NULL || d->d_o == NULL || d->o == NULL ||
+        d->lse == NULL || d->dq == NULL || d->dk == NULL || d->dv == NULL) {
+        stria__rb_data_free(d);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the tensors of S=%lld",
+                               (long long)seq);
+    }
+    stria__rb_fill(d->q, o->dtype, d->nq, 1);
+    stria__rb_fill(d->k, o->dtype, d->nk, 2);
+    stria__rb_fill(d->v, o->dtype, d->nk, 3);
+    stria__rb_fill(d->d_o, o->dtype, d->nq, 4);
+    return STRIA_OK;
+}
+
+typedef struct {
+    double critical_s; /* sum over steps of the slowest rank's compute */
+    double total_s;    /* sum over ranks and steps */
+    double wall_s;
+} stria__rb_run_t;
+
+static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t *d, int n,
+                                    stria_layout_kind_t layout, bool bwd, bool serialize,
+                                    stria__rb_run_t *out)
+{
+    stria_ring_shape_t shape = {.batch = o->batch,
+                                .seq = d->seq,
+                                .heads = o->heads,
+                                .kv_heads = o->kv_heads,
+                                .head_dim = o->head_dim,
+                                .causal = o->causal,
+                                .dtype = o->dtype};
+    /* No deadline: a loaded machine must not turn a long step into an error. */
+    stria_ring_local_opts_t lo = {.layout = layout,
+                                  .n_ranks = n,
+                                  .passes = bwd ? STRIA_RING_PASS_BWD : STRIA_RING_PASS_FWD,
+                                  .step_timeout_s = -1.0,
+                                  .serialize_compute = serialize};
+    stria_ring_local_io_t io = {.q = d->q,
+                                .k = d->k,
+                                .v = d->v,
+                                .o = d->o,
+                                .o_dtype = o->dtype,
+                                .lse = d->lse,
+                                .d_o = d->d_o,
+                                .dq = d->dq,
+                                .dk = d->dk,
+                                .dv = d->dv,
+                                .grad_dtype = STRIA_DTYPE_F32};
+    stria_ring_step_stats_t *steps = calloc((size_t)(n * n), sizeof(*steps));
+    stria_ring_local_stats_t stats = {0};
+    stria_status_t st;
+
+    if (steps == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    if (bwd)
+        stats.bwd_steps = steps;
+    else
+        stats.fwd_steps = steps;
+    st = stria_ring_run_local(&shape, &lo, &io, &stats);
+    if (st == STRIA_OK) {
+        memset(out, 0, sizeof(*out));
+        for (int s = 0; s < n; s++) {
+            double mx = 0;
+            for (int r = 0; r < n; r++) {
+                double c = steps[r * n + s].compute_s;
+                mx = c > mx ? c : mx;
+                out->total_s += c;
+            }
+            out->critical_s += mx;
+        }
+        out->wall_s = bwd ? stats.bwd_wall_s : stats.fwd_wall_s;
+    }
+    free(steps);
+    return st;
+}
+
+static int stria__rb_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double stria__rb_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), stria__rb_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct {
+    double critical_s, total_s, wall_s;
+} stria__rb_result_t;
+
+/* Whether this run measures wall times: only with a core per rank. */
+static bool stria__rb_wall(const stria__rb_opts_t *o, int n)
+{
+    return n <= o->cpus;
+}
+
+/* Runs every selected layout --reps times, interleaved (so that a change in
+ * the machine's load touches every layout alike), and takes medians. With
+ * serialised compute, wall times come from extra runs without it. */
+static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_data_t *d, int n,
+                                        bool bwd, stria__rb_result_t res[3])
+{
+    double crit[3][100], total[3][100], wall[3][100];
+    bool want_wall = stria__rb_wall(o, n);
+    stria_status_t st;
+
+    /* rep -1 warms up: the first kernel calls of a process fault in their
+     * workspaces, which would be charged to whichever layout runs first */
+    for (int rep = -1; rep < o->reps; rep++)
+        for (int k = 0; k < 3; k++) {
+            stria__rb_run_t run;
+            /* contiguous is the baseline: always measured */
+            if (!o->layout_on[k] && k != STRIA_LAYOUT_CONTIGUOUS)
+                continue;
+            st = stria__rb_run(o, d, n, (stria_layout_kind_t)k, bwd, o->serialize, &run);
+            if (st != STRIA_OK)
+                return st;
+            if (rep < 0)
+                continue;
+            crit[k][rep] = run.critical_s;
+            total[k][rep] = run.total_s;
+            wall[k][rep] = run.wall_s;
+            if (want_wall && o->serialize) {
+                st = stria__rb_run(o, d, n, (stria_layout_kind_t)k, bwd, false, &run);
+                if (st != STRIA_OK)
+                    return st;
+                wall[k][rep] = run.wall_s;
+            }
+        }
+    for (int k = 0; k < 3; k++) {
+        if (!o->layout_on[k] && k != STRIA_LAYOUT_CONTIGUOUS)
+            continue;
+        res[k].critical_s = stria__rb_median(crit[k], o->reps);
+        res[k].total_s = stria__rb_median(total[k], o->reps);
+        res[k].wall_s = want_wall ? stria__rb_median(wall[k], o->reps) : -1.0;
+    }
+    return STRIA_OK;
+}
+
+static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool bwd,
+                             const stria__rb_result_t res[3])
+{
+    const char *pass = bwd ? "bwd" : "fwd";
+    double ideal = o->causal ? 2.0 - 1.0 / n : 1.0;
+    const stria__rb_result_t *base = &res[STRIA_LAYOUT_CONTIGUOUS];
+    static const stria_layout_kind_t order[3] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED,
+                                                 STRIA_LAYOUT_ZIGZAG};
+
+    if (!o->json) {
+        printf("stria-bench ring: N=%d S=%lld B=%lld H=%lld/%lld D=%lld %s %s, %s pass, kernel "
+               "%s, %s compute, median of %d\n",
+               n, (long long)seq, (long long)o->batch, (long long)o->heads, (long long)o->kv_heads,
+               (long long)o->head_dim, o->causal ? "causal" : "non-causal",
+               stria_dtype_name(o->dtype), pass, stria_kernels_variant(),
+               o->serialize ? "serialised" : "concurrent", o->reps);
+        printf("  %-11s %13s %14s %8s %8s %9s %9s %8s\n", "layout", "critical (s)", "total cpu (s)",
+               "balance", "speedup", "of ideal", "wall (s)", "wall x");
+    }
+    for (int i = 0; i < 3; i++) {
+        stria_layout_kind_t k = order[i];
+        const stria__rb_result_t *r = &res[k];
+        char wall[32], wall_x[32];
+        if (!o->layout_on[k])
+            continue;
+        double speedup = base->critical_s / r->critical_s;
+        /* balance: mean rank compute over the critical path (1 = no idling) */
+        double balance = r->total_s / (n * r->critical_s);
+        if (r->wall_s > 0 && base->wall_s > 0) {
+            snprintf(wall, sizeof(wall), "%.4f", r->wall_s);
+            snprintf(wall_x, sizeof(wall_x), "%.4f", base->wall_s / r->wall_s);
+        } else {
+            snprintf(wall, sizeof(wall), "%s", o->json ? "null" : "-");
+            snprintf(wall_x, sizeof(wall_x), "%s", o->json ? "null" : "-");
+        }
+        if (o->json)
+            printf("{\"layout\":\"%s\",\"ranks\":%d,\"seq\":%lld,\"pass\":\"%s\",\"batch\":%lld,"
+                   "\"heads\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\","
+                   "\"causal\":%s,\"kernel\":\"%s\",\"serialized\":%s,\"reps\":%d,"
+                   "\"critical_path_s\":%.6f,\"total_compute_s\":%.6f,\"balance\":%.4f,"
+                   "\"speedup_vs_contiguous\":%.4f,\"ideal_speedup\":%.4f,"
+                   "\"fraction_of_ideal\":%.4f,\"wall_s\":%s,"
+                   "\"wall_speedup_vs_contiguous\":%s}\n",
+                   stria_layout_kind_name(k), n, (long long)seq, pass, (long long)o->batch,
+                   (long long)o->heads, (long long)o->kv_heads, (long long)o->head_dim,
+                   stria_dtype_name(o->dtype), o->causal ? "true" : "false",
+                   stria_kernels_variant(), o->serialize ? "true" : "false", o->reps, r->critical_s,
+                   r->total_s, balance, speedup, ideal, speedup / ideal, wall, wall_x);
+        else
+            printf("  %-11s %13.4f %14.4f %8.3f %8.3f %8.1f%% %9s %8s\n", stria_layout_kind_name(k),
+                   r->critical_s, r->total_s, balance, speedup, 100.0 * speedup / ideal, wall,
+                   wall_x);
+    }
+    if (!o->json)
+        printf("  ideal speedup over contiguous: %.3f%s\n", ideal,
+               o->causal ? " (2 - 1/N)" : " (non-causal: every layout is balanced)");
+    fflush(stdout);
+}
+
+int stria_bench_ring(int argc, char **argv)
+{
+    stria__rb_opts_t o;
+    int rc = stria__rb_parse(argc, argv, &o);
+    stria_status_t st = STRIA_OK;
+
+    if (rc >= 0)
+        return rc;
+    for (size_t si = 0; si < o.n_seqs && st == STRIA_OK; si++) {
+        stria__rb_data_t d;
+        st = stria__rb_data_init(&o, o.seqs[si], &d);
+        if (st != STRIA_OK)
+            break;
+        for (size_t ni = 0; ni < o.n_ranks && st == STRIA_OK; ni++) {
+            int n = (int)o.ranks[ni];
+            stria__rb_result_t res[3];
+            memset(res, 0, sizeof(res));
+            if (o.do_fwd) {
+                st = stria__rb_measure(&o, &d, n, false, res);
+                if (st == STRIA_OK)
+                    stria__rb_report(&o, n, d.seq, false, res);
+            } else {
+                /* the backward pass needs O and LSE: one untimed forward */
+                stria__rb_run_t run;
+                st = stria__rb_run(&o, &d, n, STRIA_LAYOUT_STRIPED, false, false, &run);
+            }
+            if (st == STRIA_OK && o.do_bwd) {
+                memset(res, 0, sizeof(res));
+                st = stria__rb_measure(&o, &d, n, true, res);
+                if (st == STRIA_OK)
+                    stria__rb_report(&o, n, d.seq, true, res);
+            }
+        }
+        stria__rb_data_free(&d);
+    }
+    if (st != STRIA_OK) {
+        fprintf(stderr, "stria-bench ring: %s\n",
+                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+        return 1;
+    }
+    return 0;
+}
