@@ -295,7 +295,7 @@ static void run_job(stria_client_t *c, job_data_t *j)
 
 /* ---- tests ------------------------------------------------------------------ */
 
-Test(e2e, rings_of_2_3_4_workers_gqa_and_odd_lengths, .timeout = 240)
+Test(e2e, rings_of_2_3_4_workers_gqa_and_odd_lengths, .timeout = 300)
 {
     start_cluster(4, NULL, NULL);
     stria_client_t *c = connect_client(NULL);
@@ -353,7 +353,7 @@ static void *client_thread(void *arg)
     return NULL;
 }
 
-Test(e2e, two_clients_at_the_same_time, .timeout = 180)
+Test(e2e, two_clients_at_the_same_time, .timeout = 300)
 {
     start_cluster(3, NULL, NULL);
     concurrent_t cc[2];
@@ -373,7 +373,7 @@ Test(e2e, two_clients_at_the_same_time, .timeout = 180)
     stop_cluster();
 }
 
-Test(e2e, killed_worker_fails_the_job_and_the_ring_goes_on, .timeout = 180)
+Test(e2e, killed_worker_fails_the_job_and_the_ring_goes_on, .timeout = 300)
 {
     start_cluster(3, NULL, NULL);
     stria_client_t *c = connect_client(NULL);
@@ -487,7 +487,7 @@ static void worker_still_serves(int w)
     stria_rpc_client_close(c);
 }
 
-Test(e2e, worker_survives_malformed_frames, .timeout = 120)
+Test(e2e, worker_survives_malformed_frames, .timeout = 300)
 {
     start_cluster(1, NULL, NULL);
     /* garbage bytes */
@@ -523,7 +523,7 @@ Test(e2e, worker_survives_malformed_frames, .timeout = 120)
     stop_cluster();
 }
 
-Test(e2e, token_required_everywhere, .timeout = 120)
+Test(e2e, token_required_everywhere, .timeout = 300)
 {
     char tok_dir[128];
     snprintf(tok_dir, sizeof(tok_dir), "/tmp/stria_e2e_tok_%d", (int)getpid());
@@ -553,7 +553,7 @@ Test(e2e, token_required_everywhere, .timeout = 120)
     unlink(path);
 }
 
-Test(e2e, nonsense_specs_get_clear_errors, .timeout = 120)
+Test(e2e, nonsense_specs_get_clear_errors, .timeout = 300)
 {
     start_cluster(2, NULL, NULL);
     stria_client_t *c = connect_client(NULL);
