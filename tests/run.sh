@@ -26,7 +26,9 @@ build_and_test() {
 }
 
 build_and_test build -DCMAKE_BUILD_TYPE=Release -DSTRIA_SANITIZE=OFF
-# halt_on_error keeps a sanitizer report from being lost in a passing test.
+# halt_on_error keeps a sanitizer report from being lost in a passing test;
+# tests/lsan.supp silences leaks inside third-party libraries only.
 ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1} \
+LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
   build_and_test build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_SANITIZE=ON
