@@ -412,16 +412,16 @@ Test(kernels, simd_variants_match_portable)
     const char *const *names = stria_kernels_variant_names();
     for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++)
         for (size_t t = 0; t < 3; t++) {
-            kcase_t c = {.B = 2,
-                         .Tq = 150,
-                         .Tk = 170,
+            kcase_t c = {.B = 1,
+                         .Tq = 130,
+                         .Tk = 150,
                          .H = 4,
                          .Hkv = 2,
                          .D = dims[d],
                          .causal = d != 2,
                          .dtype = all_dtypes[t],
                          .threads = 1 + (int)(d % 2)};
-            c.qruns[0] = (stria_pos_run_t){20, 1, 150};
+            c.qruns[0] = (stria_pos_run_t){20, 1, 130};
             c.n_qruns = 1;
             size_t nq = (size_t)(c.B * c.Tq * c.H * c.D), nk = (size_t)(c.B * c.Tk * c.Hkv * c.D);
             outs_t ref;
