@@ -789,6 +789,20 @@ static void stria__ctrl_send_cb(void *request, ucs_status_t status, void *user_d
     ucp_request_free(request);
 }
 
+/* Drops recorded endpoint errors of an object about to be freed (its
+ * endpoint may have failed and been closed in the same progress round). */
+static void stria__events_forget(stria_ucx_ctx_t *ctx, const void *obj)
+{
+    for (stria__node_t *n = ctx->events.next; n != &ctx->events;) {
+        stria__event_t *ev = STRIA__OF(n, stria__event_t, node);
+        n = n->next;
+        if (ev->obj == obj) {
+            stria__list_del(&ev->node);
+            free(ev);
+        }
+    }
+}
+
 static void stria__close_done(stria__closing_t *cl)
 {
     stria_ucx_ctx_t *ctx = cl->ctx;
@@ -796,6 +810,7 @@ static void stria__close_done(stria__closing_t *cl)
     if (cl->link != NULL)
         cl->link->eps_closing--;
     if (cl->conn != NULL) {
+        stria__events_forget(ctx, cl->conn);
         stria__list_del(&cl->conn->node);
         ctx->n_conns--;
         free(cl->conn);
@@ -1630,6 +1645,7 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
     if (!link->closed && (link->torn || link->graceful) && link->close_at == 0 &&
         link->out_ep == NULL && link->in_conn == NULL && link->eps_closing == 0 &&
         link->flush_pending == 0 && !stria__link_busy_locked(link)) {
+        stria__events_forget(ctx, link);
         link->closed = true;
         *any = true;
         pthread_cond_broadcast(&ctx->cond);
@@ -2134,8 +2150,9 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
         double quiet = stria_time_now() - (req->is_send ? link->last_next : link->last_prev);
         char why[160];
         if (quiet >= STRIA__UCX_STALE_S)
-            snprintf(why, sizeof(why), "rank %d is stalled (nothing heard from it for %.1f s)",
-                     peer, quiet);
+            snprintf(why, sizeof(why),
+                     "rank %d is stalled or unreachable (nothing heard from it for %.1f s)", peer,
+                     quiet);
         else
             snprintf(why, sizeof(why),
                      "rank %d is alive but did not %s it (too slow, or waiting on another rank)",

@@ -149,6 +149,26 @@ static result_t read_result(int rank)
     return r;
 }
 
+/* The end of a rank's stderr, for failure messages. */
+static const char *rank_log(int rank)
+{
+    static char text[1600];
+    char path[400];
+    snprintf(path, sizeof(path), "%s/stderr.%d", workdir, rank);
+    text[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return text;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long end = ftell(f);
+        fseek(f, end > (long)sizeof(text) - 1 ? end - (long)sizeof(text) + 1 : 0, SEEK_SET);
+    }
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    return text;
+}
+
 static bool file_exists(const char *name, int rank)
 {
     char path[400];
@@ -293,8 +313,8 @@ ParameterizedTest(ring_case_t *c, ucx, process_ring, .init = setup, .fini = tear
     for (int r = 0; r < c->size; r++) {
         int status = reap(pids[r], 40);
         result_t res = read_result(r);
-        cr_assert(res.present, "ring of %d over %s: rank %d wrote no result (status %d)", c->size,
-                  tls_names[c->tls], r, status);
+        cr_assert(res.present, "ring of %d over %s: rank %d wrote no result (status %d); log:\n%s",
+                  c->size, tls_names[c->tls], r, status, rank_log(r));
         cr_expect(res.ok, "ring of %d over %s, %zu bytes: rank %d: %s: %s", c->size,
                   tls_names[c->tls], c->bytes, r, res.status, res.msg);
         cr_expect(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
@@ -350,7 +370,8 @@ ParameterizedTest(fail_case_t *c, ucx, killed_rank, .init = setup, .fini = teard
             continue;
         result_t res = wait_result(r, 10);
         double dt = stria_time_now() - t0;
-        cr_assert(res.present, "rank %d did not report the death of rank %d", r, c->victim);
+        cr_assert(res.present, "rank %d did not report the death of rank %d; its log:\n%s", r,
+                  c->victim, rank_log(r));
         cr_expect(!res.ok, "rank %d reported success after rank %d died", r, c->victim);
         cr_expect(dt < 2.0, "rank %d took %.2f s to report the death of rank %d", r, dt, c->victim);
         cr_expect(strcmp(res.status, "STRIA_ERR_PEER") == 0, "rank %d: %s: %s", r, res.status,
@@ -383,7 +404,8 @@ ParameterizedTest(fail_case_t *c, ucx, stopped_rank, .init = setup, .fini = tear
             continue;
         result_t res = wait_result(r, 15);
         double dt = stria_time_now() - t0;
-        cr_assert(res.present, "rank %d did not report the stopped rank %d", r, c->victim);
+        cr_assert(res.present, "rank %d did not report the stopped rank %d; its log:\n%s", r,
+                  c->victim, rank_log(r));
         cr_expect(!res.ok, "rank %d reported success", r);
         cr_expect(dt < 1.0 + 3.0, "rank %d took %.2f s", r, dt);
         cr_expect(strcmp(res.status, "STRIA_ERR_TIMEOUT") == 0 ||
@@ -523,9 +545,16 @@ static const char *netns_create(netns_t *n)
         if (run_quiet(cmd) != 0)
             return "cannot configure the veth pair";
     }
-    snprintf(cmd, sizeof(cmd), "ip netns exec %s ping -c 1 -W 2 10.77.0.2", n->ns[0]);
-    if (run_quiet(cmd) != 0)
-        return "the veth pair does not carry traffic";
+    /* UCX only uses running interfaces; a new veth takes a moment. */
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd), "ip -n %s link show dev %s | grep -q 'state UP'", n->ns[i],
+                 n->dev[i]);
+        double until = stria_time_now() + 10;
+        while (run_quiet(cmd) != 0 && stria_time_now() < until)
+            usleep(20000);
+        if (run_quiet(cmd) != 0)
+            return "the veth pair does not come up";
+    }
     n->up = true;
     return NULL;
 }
@@ -580,7 +609,8 @@ Test(ucx, two_hosts_ring, .init = setup, .fini = netns_teardown, .timeout = 60)
     for (int r = 0; r < 2; r++) {
         int status = reap(pids[r], 40);
         result_t res = read_result(r);
-        cr_assert(res.present, "rank %d wrote no result (status %d)", r, status);
+        cr_assert(res.present, "rank %d wrote no result (status %d); log:\n%s", r, status,
+                  rank_log(r));
         cr_expect(res.ok, "rank %d: %s: %s", r, res.status, res.msg);
     }
 }
