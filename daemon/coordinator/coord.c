@@ -24,7 +24,8 @@ enum {
     STRIA__M_LIST_WORKERS = 9,
     STRIA__M_LIST_JOBS = 10,
     STRIA__M_DRAIN = 11,
-    STRIA__M_COUNT = 12,
+    STRIA__M_DEREGISTER = 12,
+    STRIA__M_COUNT = 13,
 };
 
 #define S_PENDING          STRIA__V1__JOB_STATE__JOB_STATE_PENDING
@@ -231,6 +232,8 @@ static stria__cworker_t **stria__workers_ordered(const stria_coord_t *co, uint32
 
 static Stria__V1__WorkerState stria__worker_state(const stria__cworker_t *w)
 {
+    if (w->left)
+        return STRIA__V1__WORKER_STATE__WORKER_STATE_LEFT;
     if (w->dead)
         return STRIA__V1__WORKER_STATE__WORKER_STATE_DEAD;
     return w->draining ? STRIA__V1__WORKER_STATE__WORKER_STATE_DRAINING
@@ -403,50 +406,188 @@ static Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *c
 
 /* ---- metrics ------------------------------------------------------------- */
 
-static void stria__metrics_update(stria_coord_t *co)
-{
-    static const char *const wstates[] = {"healthy", "draining", "dead"};
-    uint32_t nw[3] = {0, 0, 0};
-    uint32_t nj[S_EXPIRED + 1] = {0};
-    char labels[64];
+/* Errors the coordinator counts, by kind (stria_coordinator_errors_total). */
+typedef enum {
+    STRIA__E_SUBMIT_INVALID = 0, /* a spec outside the limits */
+    STRIA__E_SUBMIT_NO_WORKERS,  /* fewer ring workers than the job asks for */
+    STRIA__E_SUBMIT_NO_MEMORY,   /* no window of workers can ever hold the job */
+    STRIA__E_SUBMIT_BUSY,        /* job limit reached, or no_queue and no room now */
+    STRIA__E_PASS_FAILED,        /* a worker reported a failed pass */
+    STRIA__E_WORKER_DEAD,        /* a worker missed its heartbeats */
+    STRIA__E_WORKER_RESTARTED,   /* a worker came back as a new process */
+    STRIA__E_BAD_REQUEST,        /* a malformed worker request */
+    STRIA__E_COUNT,
+} stria__error_kind_t;
 
+static const char *const stria__error_kinds[STRIA__E_COUNT] = {
+    "submit_invalid", "submit_no_workers", "submit_no_memory", "submit_busy",
+    "pass_failed",    "worker_dead",       "worker_restarted", "bad_request"};
+
+/* Prometheus-friendly state names ("running_forward"). */
+static void stria__state_label(Stria__V1__JobState s, char *out, size_t len)
+{
+    size_t n = 0;
+    for (const char *p = stria__state_name(s); *p && n + 1 < len; p++)
+        out[n++] = *p == ' ' ? '_' : *p;
+    out[n] = '\0';
+}
+
+static stria_metric_t *stria__m_labeled(stria_coord_t *co, stria_metric_kind_t kind,
+                                        const char *name, const char *help, const char *key,
+                                        const char *value)
+{
+    char labels[96];
+    snprintf(labels, sizeof(labels), "%s=\"%s\"", key, value);
+    return stria_metrics_get(co->metrics, kind, name, help, labels, NULL, 0);
+}
+
+static void stria__count_error(stria_coord_t *co, stria__error_kind_t kind)
+{
     if (co->metrics == NULL)
         return;
+    stria_metric_add(stria__m_labeled(co, STRIA_METRIC_COUNTER, "stria_coordinator_errors_total",
+                                      "Errors seen by the coordinator, by kind.", "kind",
+                                      stria__error_kinds[kind]),
+                     1);
+}
+
+static void stria__count_finished(stria_coord_t *co, Stria__V1__JobState state)
+{
+    char name[32];
+    if (co->metrics == NULL)
+        return;
+    stria__state_label(state, name, sizeof(name));
+    stria_metric_add(
+        stria__m_labeled(co, STRIA_METRIC_COUNTER, "stria_coordinator_jobs_finished_total",
+                         "Jobs that reached a terminal state, by that state.", "state", name),
+        1);
+}
+
+static stria_metric_t *stria__m_passes(stria_coord_t *co, bool backward)
+{
+    return stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER, "stria_coordinator_passes_total",
+                             "Ring passes completed by every rank of a job.",
+                             backward ? "pass=\"backward\"" : "pass=\"forward\"", NULL, 0);
+}
+
+static stria_metric_t *stria__m_pass_seconds(stria_coord_t *co, bool backward)
+{
+    static const double buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 120, 600};
+    return stria_metrics_get(co->metrics, STRIA_METRIC_HISTOGRAM, "stria_coordinator_pass_seconds",
+                             "Wall time of a job's ring pass, from its first rank starting to its "
+                             "last rank done.",
+                             backward ? "pass=\"backward\"" : "pass=\"forward\"", buckets,
+                             sizeof(buckets) / sizeof(buckets[0]));
+}
+
+/* A pass completed on every rank; times in Unix milliseconds. */
+static void stria__count_pass(stria_coord_t *co, bool backward, uint64_t started_ms,
+                              uint64_t done_ms)
+{
+    if (co->metrics == NULL)
+        return;
+    stria_metric_add(stria__m_passes(co, backward), 1);
+    if (started_ms != 0 && done_ms >= started_ms)
+        stria_metric_observe(stria__m_pass_seconds(co, backward),
+                             (double)(done_ms - started_ms) / 1000.0);
+}
+
+/* Series that exist from the start, so that rates and alerts see zeros. */
+static void stria__metrics_init(stria_coord_t *co)
+{
+    static const Stria__V1__JobState finished[] = {S_FAILED, S_CANCELLED, S_RELEASED, S_EXPIRED};
+    if (co->metrics == NULL)
+        return;
+    for (int k = 0; k < STRIA__E_COUNT; k++)
+        stria__m_labeled(co, STRIA_METRIC_COUNTER, "stria_coordinator_errors_total",
+                         "Errors seen by the coordinator, by kind.", "kind", stria__error_kinds[k]);
+    for (size_t k = 0; k < sizeof(finished) / sizeof(finished[0]); k++) {
+        char name[32];
+        stria__state_label(finished[k], name, sizeof(name));
+        stria__m_labeled(co, STRIA_METRIC_COUNTER, "stria_coordinator_jobs_finished_total",
+                         "Jobs that reached a terminal state, by that state.", "state", name);
+    }
+    stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER, "stria_coordinator_jobs_submitted_total",
+                      "Jobs admitted since start.", NULL, NULL, 0);
+    for (int b = 0; b < 2; b++) {
+        stria__m_passes(co, b == 1);
+        stria__m_pass_seconds(co, b == 1);
+    }
+}
+
+/* A short summary for `systemctl status` (STATUS=). */
+static void stria__notify_status(stria_coord_t *co, const uint32_t nw[4], uint32_t active,
+                                 uint32_t pending)
+{
+    char status[sizeof(co->last_status)];
+    if (!co->notify_status)
+        return;
+    snprintf(status, sizeof(status),
+             "STATUS=workers: %u in the ring, %u draining, %u dead, %u left; jobs: %u active, "
+             "%u pending",
+             nw[0], nw[1], nw[2], nw[3], active, pending);
+    if (strcmp(status, co->last_status) == 0)
+        return;
+    snprintf(co->last_status, sizeof(co->last_status), "%s", status);
+    stria_notify(status);
+}
+
+static void stria__metrics_update(stria_coord_t *co)
+{
+    static const char *const wstates[] = {"healthy", "draining", "dead", "left"};
+    uint32_t nw[4] = {0, 0, 0, 0};
+    uint32_t nj[S_EXPIRED + 1] = {0};
+    uint32_t active = 0;
+    double now = stria_time_now();
+
     for (uint32_t i = 0; i < co->n_workers; i++)
         nw[stria__worker_state(co->workers[i]) - 1]++;
     for (uint32_t i = 0; i < co->n_jobs; i++)
         nj[co->jobs[i]->state]++;
-    for (int k = 0; k < 3; k++) {
-        snprintf(labels, sizeof(labels), "state=\"%s\"", wstates[k]);
-        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
-                                           "stria_coordinator_workers",
-                                           "Registered workers by state.", labels, NULL, 0),
+    for (int s = S_LOADING; s <= S_DONE; s++)
+        active += nj[s];
+    stria__notify_status(co, nw, active, nj[S_PENDING]);
+    if (co->metrics == NULL)
+        return;
+    for (int k = 0; k < 4; k++)
+        stria_metric_set(stria__m_labeled(co, STRIA_METRIC_GAUGE, "stria_coordinator_workers",
+                                          "Registered workers by state.", "state", wstates[k]),
                          nw[k]);
-    }
     for (int s = S_PENDING; s <= S_DONE; s++) {
         char name[32];
-        size_t n = 0;
-        for (const char *p = stria__state_name((Stria__V1__JobState)s); *p && n < 31; p++)
-            name[n++] = *p == ' ' ? '_' : *p;
-        name[n] = '\0';
-        snprintf(labels, sizeof(labels), "state=\"%s\"", name);
-        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
-                                           "stria_coordinator_jobs",
-                                           "Pending and active jobs by state.", labels, NULL, 0),
+        stria__state_label((Stria__V1__JobState)s, name, sizeof(name));
+        stria_metric_set(stria__m_labeled(co, STRIA_METRIC_GAUGE, "stria_coordinator_jobs",
+                                          "Pending and active jobs by state.", "state", name),
                          nj[s]);
     }
-    stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
-                                       "stria_coordinator_jobs_submitted",
-                                       "Jobs admitted since start.", NULL, NULL, 0),
-                     (double)co->jobs_submitted);
-    stria_metric_set(
-        stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE, "stria_coordinator_jobs_failed",
-                          "Jobs failed, cancelled or expired since start.", NULL, NULL, 0),
-        (double)co->jobs_failed);
+    for (uint32_t i = 0; i < co->n_workers; i++) {
+        const stria__cworker_t *w = co->workers[i];
+        char addr[2 * STRIA__COORD_STR], host[2 * STRIA__COORD_STR], labels[5 * STRIA__COORD_STR];
+        stria_metrics_escape(w->rpc_address, addr, sizeof(addr));
+        stria_metrics_escape(w->host, host, sizeof(host));
+        snprintf(labels, sizeof(labels), "worker=\"%llu\",address=\"%s\",host=\"%s\"",
+                 (unsigned long long)w->id, addr, host);
+        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                           "stria_coordinator_worker_heartbeat_age_seconds",
+                                           "Seconds since each worker's last heartbeat.", labels,
+                                           NULL, 0),
+                         now - w->last_seen);
+        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                           "stria_coordinator_worker_memory_in_use_bytes",
+                                           "Memory each worker reports in use by its jobs.", labels,
+                                           NULL, 0),
+                         (double)w->in_use);
+        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                           "stria_coordinator_worker_memory_reserved_bytes",
+                                           "Memory the coordinator reserved on each worker for "
+                                           "active jobs.",
+                                           labels, NULL, 0),
+                         (double)w->reserved);
+    }
     stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
                                        "stria_coordinator_uptime_seconds",
                                        "Seconds since the coordinator started.", NULL, NULL, 0),
-                     stria_time_now() - co->started_at);
+                     now - co->started_at);
 }
 
 /* ---- job state ----------------------------------------------------------- */
@@ -518,6 +659,7 @@ static void stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__Jo
     j->state = state;
     j->finished_ms = stria__coord_wall_ms();
     stria__job_unreserve(j);
+    stria__count_finished(co, state);
     if (state != S_RELEASED)
         co->jobs_failed++;
     if (state == S_RELEASED)
@@ -630,6 +772,7 @@ static void stria__on_tick(void *arg)
                  now - w->last_seen);
         stria_log_warn("worker %llu (%s, %s) is dead: %s", (unsigned long long)w->id, w->host,
                        w->rpc_address, why);
+        stria__count_error(co, STRIA__E_WORKER_DEAD);
         stria__fail_jobs_of(co, w, why);
         changed = true;
     }
@@ -687,10 +830,12 @@ static void stria__on_register(void *ctx, stria_rpc_call_t *call)
     memset(&tmp, 0, sizeof(tmp));
     if (stria__check_address("rpc_address", req->rpc_address) != STRIA_OK ||
         stria__check_address("ucx_address", req->ucx_address) != STRIA_OK) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "RegisterWorker: %s", stria_error_msg());
         return;
     }
     if (req->host[0] == '\0' || req->device[0] == '\0' || req->memory_bytes == 0) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                             "RegisterWorker: host, device and memory_bytes are required");
         return;
@@ -710,16 +855,19 @@ static void stria__on_register(void *ctx, stria_rpc_call_t *call)
             w = co->workers[i];
     if (w != NULL) {
         rejoined = true;
-        if (w->incarnation != req->incarnation)
+        if (w->incarnation != req->incarnation && !w->left) {
+            stria__count_error(co, STRIA__E_WORKER_RESTARTED);
             stria__fail_jobs_of(co, w, "restarted and lost the job");
+        }
         tmp.id = w->id;
         tmp.reserved = w->reserved;
         tmp.draining = w->draining;
         tmp.registered_ms = w->registered_ms;
         stria_log_info(
             "worker %llu (%s, %s) %s", (unsigned long long)w->id, req->host, req->rpc_address,
-            w->dead ? "rejoins"
-                    : (w->incarnation != req->incarnation ? "restarted" : "registers again"));
+            w->left   ? "is back after its shutdown"
+            : w->dead ? "rejoins"
+                      : (w->incarnation != req->incarnation ? "restarted" : "registers again"));
     } else {
         if (co->n_workers >= co->max_workers) {
             stria_rpc_call_fail(call, STRIA_ERR_BUSY,
@@ -759,7 +907,7 @@ static void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     double now = stria_time_now();
     uint64_t *drop;
 
-    if (w == NULL || w->incarnation != req->incarnation) {
+    if (w == NULL || w->incarnation != req->incarnation || w->left) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
                             "Heartbeat: worker %llu (incarnation %llu) is not registered here; "
                             "register again",
@@ -832,6 +980,7 @@ static void stria__on_report(void *ctx, stria_rpc_call_t *call)
         return;
     }
     if (req->rank >= j->n_ranks || j->ranks[req->rank].worker->id != req->worker_id) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(
             call, STRIA_ERR_INVALID_ARG, "ReportJob: worker %llu is not rank %u of job %llu",
             (unsigned long long)req->worker_id, req->rank, (unsigned long long)req->job_id);
@@ -871,6 +1020,7 @@ static void stria__on_report(void *ctx, stria_rpc_call_t *call)
         if (all && j->state == S_RUNNING_FORWARD) {
             j->state = S_FORWARD_DONE;
             j->forward_done_ms = stria__coord_wall_ms();
+            stria__count_pass(co, false, j->forward_started_ms, j->forward_done_ms);
         }
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED:
@@ -900,9 +1050,11 @@ static void stria__on_report(void *ctx, stria_rpc_call_t *call)
         if (all && j->state == S_RUNNING_BACKWARD) {
             j->state = S_DONE;
             j->backward_done_ms = stria__coord_wall_ms();
+            stria__count_pass(co, true, j->backward_started_ms, j->backward_done_ms);
         }
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED:
+        stria__count_error(co, STRIA__E_PASS_FAILED);
         stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s): %.400s", req->rank,
                           (unsigned long long)w->id, w->rpc_address,
                           req->message[0] ? req->message : "failed without a reason");
@@ -928,12 +1080,14 @@ static uint32_t stria__count_unfinished(const stria_coord_t *co)
 }
 
 static void stria__count_workers(const stria_coord_t *co, uint32_t *healthy, uint32_t *draining,
-                                 uint32_t *dead)
+                                 uint32_t *dead, uint32_t *left)
 {
-    *healthy = *draining = *dead = 0;
+    *healthy = *draining = *dead = *left = 0;
     for (uint32_t i = 0; i < co->n_workers; i++) {
         const stria__cworker_t *w = co->workers[i];
-        if (w->dead)
+        if (w->left)
+            (*left)++;
+        else if (w->dead)
             (*dead)++;
         else if (w->draining)
             (*draining)++;
@@ -1003,7 +1157,7 @@ static void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     const Stria__V1__JobSpec *s = req->spec;
     Stria__V1__SubmitJobReply rep = STRIA__V1__SUBMIT_JOB_REPLY__INIT;
     stria__cworker_t **ring = NULL;
-    uint32_t count, n, healthy, draining, dead;
+    uint32_t count, n, healthy, draining, dead, left;
     stria_layout_t layout;
     uint64_t need = 0, best_cap = 0;
     stria__cjob_t *j = NULL;
@@ -1012,14 +1166,17 @@ static void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     stria__b_t b = {0};
 
     if (s == NULL) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: the spec is missing");
         return;
     }
     if (stria__spec_check(s) != STRIA_OK) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         return;
     }
     if (stria__count_unfinished(co) >= co->max_jobs) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: %u jobs are pending or active, the coordinator's limit",
                             co->max_jobs);
@@ -1031,22 +1188,25 @@ static void stria__on_submit(void *ctx, stria_rpc_call_t *call)
         return;
     }
     count = stria__ring_build(co, ring);
-    stria__count_workers(co, &healthy, &draining, &dead);
+    stria__count_workers(co, &healthy, &draining, &dead, &left);
     n = s->ring_size ? s->ring_size : count;
     if (count == 0 || n > count) {
+        stria__count_error(co, STRIA__E_SUBMIT_NO_WORKERS);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: the job needs %u workers but %u are available (%u "
-                            "healthy, %u draining, %u dead)",
-                            n ? n : 1, count, healthy, draining, dead);
+                            "healthy, %u draining, %u dead, %u left)",
+                            n ? n : 1, count, healthy, draining, dead, left);
         goto free_ring;
     }
     if (stria_layout_init((stria_layout_kind_t)s->layout, (int)n, (int64_t)s->seq_len, &layout) !=
         STRIA_OK) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         goto free_ring;
     }
     for (uint32_t r = 0; r < n; r++) {
         if (stria_layout_shard_valid(&layout, (int)r) < 1) {
+            stria__count_error(co, STRIA__E_SUBMIT_INVALID);
             stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                                 "SubmitJob: seq_len %llu leaves rank %u of a %u-rank ring "
                                 "without tokens; use a longer sequence or a smaller ring_size",
@@ -1056,6 +1216,7 @@ static void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     }
     if (stria_coord_rank_memory(s->batch, layout.shard_tokens, s->heads, s->kv_heads, s->head_dim,
                                 (stria_dtype_t)s->dtype, &need) != STRIA_OK) {
+        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
                             "SubmitJob: the job needs more memory per rank than any worker has "
                             "(%s)",
@@ -1064,6 +1225,7 @@ static void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     }
     start = stria__choose_window(co, ring, count, n, need, &now, &best_cap);
     if (start < 0) {
+        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
                             "SubmitJob: the job needs %llu MiB per rank (%u ranks of %lld tokens) "
                             "but the workers of the best ring of %u offer %llu MiB each; use a "
@@ -1073,6 +1235,7 @@ static void stria__on_submit(void *ctx, stria_rpc_call_t *call)
         goto free_ring;
     }
     if (!now && s->no_queue) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: not enough free memory on the workers now (the job needs "
                             "%llu MiB per rank) and no_queue is set",
@@ -1125,6 +1288,11 @@ static void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     j->state = S_PENDING;
     co->jobs[co->n_jobs++] = j;
     co->jobs_submitted++;
+    if (co->metrics != NULL)
+        stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
+                                           "stria_coordinator_jobs_submitted_total",
+                                           "Jobs admitted since start.", NULL, NULL, 0),
+                         1);
     stria_log_info("job %llu submitted: batch %u, seq %llu, heads %u/%u, dim %u, %s, %u ranks "
                    "from worker %llu, %llu MiB per rank%s",
                    (unsigned long long)j->id, j->batch, (unsigned long long)j->seq_len, j->heads,
@@ -1215,7 +1383,8 @@ static void stria__on_status(void *ctx, stria_rpc_call_t *call)
     rep.started_ms = co->started_ms;
     rep.heartbeat_period_ms = (uint32_t)ceil(co->heartbeat_period_s * 1000.0);
     rep.job_ttl_s = (uint32_t)ceil(co->job_ttl_s);
-    stria__count_workers(co, &rep.workers_healthy, &rep.workers_draining, &rep.workers_dead);
+    stria__count_workers(co, &rep.workers_healthy, &rep.workers_draining, &rep.workers_dead,
+                         &rep.workers_left);
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         Stria__V1__JobState st = co->jobs[i]->state;
         rep.jobs_pending += st == S_PENDING;
@@ -1345,6 +1514,54 @@ static void stria__on_drain(void *ctx, stria_rpc_call_t *call)
     stria__b_reply(&b, call, &rep.base);
 }
 
+/* A worker shutting down: out of the ring now, not after missed heartbeats,
+ * and its jobs fail at once with a reason an operator understands. */
+static void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__DeregisterWorkerRequest *req =
+        STRIA__REQ(Stria__V1__DeregisterWorkerRequest, call);
+    Stria__V1__DeregisterWorkerReply rep = STRIA__V1__DEREGISTER_WORKER_REPLY__INIT;
+    stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+    char why[600];
+
+    if (w == NULL || w->incarnation != req->incarnation) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
+                            "DeregisterWorker: worker %llu (incarnation %llu) is not registered "
+                            "here",
+                            (unsigned long long)req->worker_id,
+                            (unsigned long long)req->incarnation);
+        return;
+    }
+    if (strlen(req->reason) > 256) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "DeregisterWorker: reason is longer than 256 bytes");
+        return;
+    }
+    if (!w->left) {
+        snprintf(why, sizeof(why), "worker %llu (%s) %.256s", (unsigned long long)w->id,
+                 w->rpc_address, req->reason[0] ? req->reason : "shut down");
+        for (uint32_t i = 0; i < co->n_jobs; i++) {
+            stria__cjob_t *j = co->jobs[i];
+            if (stria__terminal(j->state) || !stria__job_has_worker(j, w))
+                continue;
+            stria__job_finish(co, j, S_FAILED, "%s", why);
+            rep.jobs_failed++;
+        }
+        w->left = true;
+        w->dead = true;
+        w->current_job = 0;
+        w->step = w->steps_total = 0;
+        w->in_use = 0;
+        stria_log_info("worker %llu (%s, %s) left the ring: %s; %u unfinished job(s) failed",
+                       (unsigned long long)w->id, w->host, w->rpc_address,
+                       req->reason[0] ? req->reason : "shut down", rep.jobs_failed);
+        stria__schedule(co);
+    }
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
 /* ---- lifecycle ----------------------------------------------------------- */
 
 stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **coord_out)
@@ -1377,6 +1594,8 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
     co->history = p->history ? p->history : 1024;
     co->auth_required = p->token != NULL && p->token[0] != '\0';
     co->metrics = p->metrics;
+    co->notify_status = p->notify_status;
+    stria__metrics_init(co);
     co->started_at = stria_time_now();
     co->started_ms = stria__coord_wall_ms();
     co->next_worker_id = 1;
@@ -1402,6 +1621,7 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
     methods[STRIA__M_LIST_JOBS].handler = stria__on_list_jobs;
     methods[STRIA__M_DRAIN].handler = stria__on_drain;
     methods[STRIA__M_DRAIN].flags = STRIA_RPC_METHOD_ADMIN;
+    methods[STRIA__M_DEREGISTER].handler = stria__on_deregister;
 
     memset(&sp, 0, sizeof(sp));
     sp.listen = p->listen;
@@ -1436,6 +1656,10 @@ void stria_coord_stop(stria_coord_t *co)
     if (co == NULL)
         return;
     stria_rpc_server_stop(co->server);
+    /* The loop thread is gone: the tables are ours. Nothing survives a
+     * restart, so say in the log which jobs end here and why. */
+    for (uint32_t i = 0; i < co->n_jobs; i++)
+        stria__job_finish(co, co->jobs[i], S_FAILED, "the coordinator shut down");
     for (uint32_t i = 0; i < co->n_jobs; i++)
         stria__job_free(co->jobs[i]);
     free(co->jobs);

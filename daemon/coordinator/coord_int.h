@@ -23,6 +23,7 @@ typedef struct {
     uint64_t in_use;       /* reported */
     uint64_t incarnation;
     bool dead;
+    bool left; /* deregistered at shutdown (dead is set too) */
     bool draining;
     double last_seen; /* stria_time_now() */
     uint64_t registered_ms;
@@ -85,6 +86,8 @@ struct stria_coord {
     uint64_t jobs_submitted, jobs_failed;
 
     stria_metrics_t *metrics;
+    bool notify_status;
+    char last_status[256]; /* last STATUS= sent to the service manager */
 };
 
 /* Wall clock in milliseconds since the Unix epoch. */

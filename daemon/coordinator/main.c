@@ -79,7 +79,7 @@ static void stria__on_signal(void *arg, int signum)
 {
     stria__main_loop_t *ml = arg;
     stria_log_info("signal %d: shutting down", signum);
-    stria_notify("STOPPING=1");
+    stria_notify("STOPPING=1\nSTATUS=shutting down");
     if (ml->http != NULL) {
         stria_http_metrics_stop(ml->http);
         ml->http = NULL;
@@ -177,6 +177,7 @@ int main(int argc, char **argv)
     p.max_jobs = (uint32_t)c.max_jobs;
     p.history = (uint32_t)c.history;
     p.metrics = metrics;
+    p.notify_status = true;
     st = stria_coord_start(&p, &co);
     if (st != STRIA_OK) {
         fprintf(stderr, "stria-coordinator: %s\n", stria_error_msg());
@@ -208,8 +209,7 @@ int main(int argc, char **argv)
             printf("stria-coordinator metrics port %d\n", stria_http_metrics_port(ml.http));
         fflush(stdout);
     }
-    snprintf(status, sizeof(status), "STATUS=serving on port %u", stria_coord_port(co));
-    stria_notify("READY=1");
+    snprintf(status, sizeof(status), "READY=1\nSTATUS=serving on port %u", stria_coord_port(co));
     stria_notify(status);
     uv_run(&ml.loop, UV_RUN_DEFAULT);
     uv_loop_close(&ml.loop);

@@ -10,7 +10,9 @@
  * heartbeat periods is marked dead and leaves the ring; every job it takes
  * part in fails with a reason naming it. When it heartbeats or registers
  * again it rejoins (a new incarnation, i.e. a restarted process, also fails
- * the jobs it held). The ring is the healthy, non-draining workers sorted by
+ * the jobs it held). A worker that shuts down gracefully deregisters: it
+ * leaves the ring at once and its unfinished jobs fail with a reason naming
+ * it. The ring is the healthy, non-draining workers sorted by
  * (host, RPC address), so the workers of one host sit together and the order
  * is stable across restarts.
  *
@@ -60,6 +62,9 @@ typedef struct {
     /* Optional registry that receives the coordinator's gauges and counters
      * (stria_coordinator_*); must outlive the coordinator. */
     stria_metrics_t *metrics;
+    /* Send STATUS= lines (ring size, jobs) to the service manager through
+     * stria_notify() whenever they change. */
+    bool notify_status;
 } stria_coord_params_t;
 
 /* Starts serving. Errors: STRIA_ERR_INVALID_ARG (a parameter, named),
@@ -69,7 +74,9 @@ stria_status_t stria_coord_start(const stria_coord_params_t *params, stria_coord
 /* The bound port. */
 uint16_t stria_coord_port(const stria_coord_t *coord);
 
-/* Stops serving and frees everything; NULL is ignored. */
+/* Stops serving, fails every unfinished job with the reason "the
+ * coordinator shut down" (logged, one line per job) and frees everything;
+ * NULL is ignored. */
 void stria_coord_stop(stria_coord_t *coord);
 
 /* Admission estimate of the memory of one rank of a job, in bytes: its Q, K,

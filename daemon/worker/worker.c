@@ -33,6 +33,7 @@ enum {
     STRIA__C_HEARTBEAT = 1,
     STRIA__C_REPORT = 2,
     STRIA__C_GET_JOB = 4,
+    STRIA__C_DEREGISTER = 12,
 };
 
 #define STRIA__COORD_TIMEOUT_S 5.0
@@ -58,15 +59,21 @@ struct stria_worker {
     uint32_t heartbeat_ms;
     uint64_t memory_used;
     int running_passes;
-    bool stopping;
+    bool stopping;       /* SIGTERM: no new jobs or passes */
+    bool heartbeat_stop; /* running passes are over: the heartbeat thread ends */
+    bool abort_passes;   /* shutdown: running passes must fail now */
+    char abort_reason[96];
+    stria_link_t **links; /* ring links of the running passes */
+    size_t n_links, cap_links;
+    pthread_t hb_thread;
     bool registered;
     double last_heartbeat;
 
     /* metrics */
     stria_metrics_t *metrics;
-    stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_step_compute, *m_step_wait,
-        *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs, *m_hb_age,
-        *m_errors;
+    stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_steps[2], *m_step_compute,
+        *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs,
+        *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
 };
 
 /* ---- job table ------------------------------------------------------------ */
@@ -624,6 +631,21 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
     st = stria_link_ucx_connect(w->ucx, &rp, &link);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "ring link to %s", j->next_ucx);
+    /* Published for a shutdown that cannot wait for the pass any longer. */
+    pthread_mutex_lock(&w->lock);
+    if (w->n_links == w->cap_links) {
+        size_t cap = w->cap_links ? 2 * w->cap_links : 8;
+        stria_link_t **links = realloc(w->links, cap * sizeof(*links));
+        if (links != NULL) {
+            w->links = links;
+            w->cap_links = cap;
+        }
+    }
+    if (w->n_links < w->cap_links) /* else: only its own deadlines end it */
+        w->links[w->n_links++] = link;
+    if (w->abort_passes)
+        stria_link_abort(link, STRIA_ERR_CANCELLED, w->abort_reason);
+    pthread_mutex_unlock(&w->lock);
     st = stria_ring_pass_create(link, &shape, j->layout_kind, &opts, &pass);
     if (st == STRIA_OK) {
         stria_tensor_t q = stria__tensor(j, STRIA__T_Q), k = stria__tensor(j, STRIA__T_K);
@@ -647,8 +669,14 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
             stria_metric_add(w->m_bytes_recv, (double)ss[i].bytes_recv);
         }
         stats->steps = (uint32_t)n;
+        stria_metric_add(w->m_steps[backward ? 1 : 0], (double)n);
         stria_ring_pass_destroy(pass);
     }
+    pthread_mutex_lock(&w->lock);
+    for (size_t i = 0; i < w->n_links; i++)
+        if (w->links[i] == link)
+            w->links[i--] = w->links[--w->n_links];
+    pthread_mutex_unlock(&w->lock);
     stria_link_destroy(link);
     stats->seconds = stria_time_now() - t0;
     return st;
@@ -688,8 +716,6 @@ static void *stria__pass_thread(void *arg)
         j->phase = STRIA__V1__JOB_STATE__JOB_STATE_FAILED;
         snprintf(j->failure, sizeof(j->failure), "%s", stria_error_msg());
     }
-    w->running_passes--;
-    pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->lock);
 
     stria_metric_add(w->m_passes[b], 1);
@@ -712,12 +738,23 @@ static void *stria__pass_thread(void *arg)
         stria_log_error("job %llu %s pass failed: %s", (unsigned long long)j->id,
                         b ? "backward" : "forward", msg);
         stria_metric_add(w->m_pass_fail[b], 1);
-        stria_metric_add(w->m_errors, 1);
+        stria_metric_add(st == STRIA_ERR_TIMEOUT ? w->m_err_timeout
+                         : st == STRIA_ERR_PEER || st == STRIA_ERR_TRANSPORT ||
+                                 st == STRIA_ERR_CLOSED
+                             ? w->m_err_peer
+                             : w->m_err_pass,
+                         1);
         stria__report(w, j, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED, msg);
         stria_rpc_call_fail(pc->call, st, "%s", msg);
     }
     stria__job_unref(w, j);
     free(pc);
+    /* Only now, with the outcome reported and the call answered, may a
+     * shutdown deregister and stop the server. */
+    pthread_mutex_lock(&w->lock);
+    w->running_passes--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
     return NULL;
 }
 
@@ -1027,14 +1064,22 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
 static void *stria__heartbeat_thread(void *arg)
 {
     stria_worker_t *w = arg;
-    bool ready_sent = false;
+    bool ready_sent = false, reachable = true;
     double warn_at = 0;
+    char status[1400];
 
+    /* Until it is registered the worker serves nobody: the service manager
+     * hears READY=1 only then. */
+    snprintf(status, sizeof(status), "STATUS=registering with the coordinator %s",
+             w->cfg.coordinator);
+    stria_notify(status);
     pthread_mutex_lock(&w->lock);
-    while (!w->stopping) {
+    while (!w->heartbeat_stop) {
         bool registered = w->registered;
         pthread_mutex_unlock(&w->lock);
         stria_status_t st = registered ? stria__heartbeat(w) : stria__register(w);
+        if (st != STRIA_OK && st != STRIA_ERR_NOT_FOUND)
+            stria_metric_add(w->m_err_coord, 1);
         if (st == STRIA_ERR_NOT_FOUND) { /* the coordinator forgot us (restart): register */
             pthread_mutex_lock(&w->lock);
             w->registered = false;
@@ -1045,15 +1090,22 @@ static void *stria__heartbeat_thread(void *arg)
             stria_log_warn("coordinator %s: %s", w->cfg.coordinator, stria_error_msg());
             warn_at = stria_time_now() + 10.0;
         }
-        if (st == STRIA_OK && !ready_sent) {
-            char status[1400];
+        pthread_mutex_lock(&w->lock);
+        bool stopping = w->stopping;
+        pthread_mutex_unlock(&w->lock);
+        if (st == STRIA_OK && (!ready_sent || !reachable) && !stopping) {
             snprintf(status, sizeof(status),
-                     "READY=1\nSTATUS=worker %llu serving %s, ring link %s, coordinator %s",
-                     (unsigned long long)w->worker_id, w->rpc_address, w->ucx_address,
-                     w->cfg.coordinator);
+                     "%sSTATUS=worker %llu serving %s, ring link %s, coordinator %s",
+                     ready_sent ? "" : "READY=1\n", (unsigned long long)w->worker_id,
+                     w->rpc_address, w->ucx_address, w->cfg.coordinator);
             stria_notify(status);
             ready_sent = true;
+        } else if (st != STRIA_OK && ready_sent && reachable && !stopping) {
+            snprintf(status, sizeof(status), "STATUS=worker %llu: coordinator %s unreachable",
+                     (unsigned long long)w->worker_id, w->cfg.coordinator);
+            stria_notify(status);
         }
+        reachable = st == STRIA_OK;
         pthread_mutex_lock(&w->lock);
         stria_metric_set(w->m_hb_age, w->registered ? stria_time_now() - w->last_heartbeat : -1);
         size_t njobs = 0;
@@ -1066,11 +1118,105 @@ static void *stria__heartbeat_thread(void *arg)
         double when = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + period;
         ts.tv_sec = (time_t)when;
         ts.tv_nsec = (long)((when - (double)ts.tv_sec) * 1e9);
-        if (!w->stopping)
+        if (!w->heartbeat_stop)
             pthread_cond_timedwait(&w->cv, &w->lock, &ts);
     }
     pthread_mutex_unlock(&w->lock);
     return NULL;
+}
+
+/* Waits until no pass runs or `until` (stria_time_now()) passes. Lock held. */
+static void stria__wait_passes_locked(stria_worker_t *w, double until)
+{
+    while (w->running_passes > 0 && stria_time_now() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&w->cv, &w->lock, &ts);
+    }
+}
+
+/* Graceful shutdown (SIGTERM/SIGINT): no new jobs or passes. A running pass
+ * gets one step deadline to end on its own; then its ring link is aborted,
+ * which fails its current step cleanly (its peers hear that this rank left)
+ * and it ends within a ring link set-up or the release of its transfers. Heartbeats go on
+ * meanwhile, so the coordinator does not take the worker for dead; then the worker deregisters,
+ * which takes it out of the ring at once and fails its unfinished jobs with a reason naming it.
+ * Returns the passes still running. */
+static int stria__shutdown(stria_worker_t *w, int signum)
+{
+    char reason[64], status[128];
+    snprintf(reason, sizeof(reason), "shut down (%s)",
+             signum == SIGTERM  ? "SIGTERM"
+             : signum == SIGINT ? "SIGINT"
+                                : "signal");
+    pthread_mutex_lock(&w->lock);
+    w->stopping = true;
+    int running = w->running_passes;
+    double deadline = w->cfg.step_timeout_s;
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+        if (j->running && j->step_timeout_s > deadline)
+            deadline = j->step_timeout_s;
+    pthread_mutex_unlock(&w->lock);
+    if (running > 0) {
+        snprintf(status, sizeof(status), "STATUS=shutting down: finishing %d running pass(es)",
+                 running);
+        stria_notify(status);
+        stria_log_info("shutting down: %d running pass(es) get %.1f s to finish", running,
+                       deadline);
+    }
+    pthread_mutex_lock(&w->lock);
+    stria__wait_passes_locked(w, stria_time_now() + deadline);
+    if (w->running_passes > 0) {
+        stria_log_warn("shutting down: aborting %d pass(es) still running", w->running_passes);
+        snprintf(w->abort_reason, sizeof(w->abort_reason), "worker %s", reason);
+        w->abort_passes = true;
+        for (size_t i = 0; i < w->n_links; i++)
+            stria_link_abort(w->links[i], STRIA_ERR_CANCELLED, w->abort_reason);
+        /* An aborted pass ends within a ring link set-up, or once the
+         * transport has its transfers in flight back (seconds each). */
+        stria__wait_passes_locked(w, stria_time_now() + w->cfg.connect_timeout_s + 25.0);
+    }
+    int still_running = w->running_passes;
+    w->heartbeat_stop = true;
+    pthread_cond_broadcast(&w->cv);
+    bool registered = w->registered;
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->hb_thread, NULL);
+    if (!registered)
+        return still_running;
+
+    Stria__V1__DeregisterWorkerRequest req = STRIA__V1__DEREGISTER_WORKER_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.worker_id = w->worker_id;
+    req.incarnation = w->incarnation;
+    req.reason = reason;
+    stria_status_t st = stria__coord_call(w, STRIA__C_DEREGISTER, &req.base, &reply);
+    if (st == STRIA_OK) {
+        const Stria__V1__DeregisterWorkerReply *r =
+            (const Stria__V1__DeregisterWorkerReply *)reply.msg;
+        stria_log_info("deregistered from coordinator %s (%u unfinished job(s) failed)",
+                       w->cfg.coordinator, r->jobs_failed);
+        stria_rpc_reply_free(&reply);
+        return still_running;
+    }
+    /* An older coordinator, or none: report each held job instead, so that
+     * whoever is there fails them with a reason. */
+    stria_log_warn("cannot deregister from coordinator %s: %s", w->cfg.coordinator,
+                   stria_error_msg());
+    size_t n = 0, k = 0;
+    pthread_mutex_lock(&w->lock);
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+        n++;
+    stria__wjob_t *held = calloc(n + 1, sizeof(*held)); /* copies: ids, ranks, steps */
+    for (stria__wjob_t *j = w->jobs; j != NULL && held != NULL; j = j->next)
+        if (j->phase != STRIA__V1__JOB_STATE__JOB_STATE_DONE)
+            held[k++] = *j;
+    pthread_mutex_unlock(&w->lock);
+    for (size_t i = 0; i < k; i++)
+        stria__report(w, &held[i], STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED, reason);
+    free(held);
+    return still_running;
 }
 
 /* ---- service loop: metrics endpoint, watchdog, signals ------------------------- */
@@ -1181,8 +1327,32 @@ static void stria__metrics_init(stria_worker_t *w)
                                     "Seconds since the last heartbeat the coordinator answered "
                                     "(-1: not registered).",
                                     NULL, NULL, 0);
-    w->m_errors = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
-                                    "Errors, by kind.", "kind=\"pass\"", NULL, 0);
+    static const char *const err_help = "Errors, by kind: step_timeout (a ring step missed its "
+                                        "deadline), peer (a ring peer failed or left), pass "
+                                        "(another pass failure), coordinator (a call to the "
+                                        "coordinator failed).";
+    w->m_err_timeout = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                         err_help, "kind=\"step_timeout\"", NULL, 0);
+    w->m_err_peer = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                      err_help, "kind=\"peer\"", NULL, 0);
+    w->m_err_pass = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                      err_help, "kind=\"pass\"", NULL, 0);
+    w->m_err_coord = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                       err_help, "kind=\"coordinator\"", NULL, 0);
+    for (int b = 0; b < 2; b++)
+        w->m_steps[b] =
+            stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_steps_total",
+                              "Ring steps run by this worker.", pass_labels[b], NULL, 0);
+    char info[512], dev[128], kern[64];
+    stria_metrics_escape(w->cfg.device, dev, sizeof(dev));
+    stria_metrics_escape(stria_kernels_variant(), kern, sizeof(kern));
+    snprintf(info, sizeof(info), "version=\"%s\",device=\"%s\",kernel=\"%s\"", STRIA_VERSION, dev,
+             kern);
+    stria_metric_set(stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_info",
+                                       "Constant 1, labelled with the software version, the "
+                                       "device and the kernel variant.",
+                                       info, NULL, 0),
+                     1);
 }
 
 static void stria__usage(FILE *out, const stria_opt_t *opts)
@@ -1198,10 +1368,32 @@ static void stria__usage(FILE *out, const stria_opt_t *opts)
     fprintf(out, "  %-28s %s\n", "-h, --help", "this help");
     fprintf(out, "\n"
                  "With --instance N (the GPU index, as in the systemd unit stria-worker@N), the\n"
-                 "defaults become --listen 127.0.0.1:(7500+N), --ucx-listen 127.0.0.1:(7600+N)\n"
-                 "and --metrics-listen 127.0.0.1:(9500+N).\n"
+                 "ports of --listen, --ucx-listen and --metrics-listen are bases and N is added\n"
+                 "to each (port 0 stays a free port); their defaults become 127.0.0.1:7500,\n"
+                 "127.0.0.1:7600 and 127.0.0.1:9500, so instance N listens on 7500+N, 7600+N\n"
+                 "and 9500+N.\n"
                  "Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 on a start-up\n"
                  "failure, 2 on a usage or configuration error.\n");
+}
+
+/* The address of `instance`: the port of `given` (else of `dflt`) plus the
+ * instance number; port 0 stays 0 (a free port). */
+static stria_status_t stria__instance_addr(const char *what, const char *given, const char *dflt,
+                                           int64_t instance, char *out, size_t len)
+{
+    char host[256];
+    int port;
+    stria_status_t st = stria_parse_host_port(given ? given : dflt, host, sizeof(host), &port);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "%s", what);
+    if (port != 0)
+        port += (int)instance;
+    if (port > 65535)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s %s: with --instance %lld the port would be %d, above 65535",
+                               what, given ? given : dflt, (long long)instance, port);
+    snprintf(out, len, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    return STRIA_OK;
 }
 
 static stria_status_t stria__config_finish(stria_worker_config_t *c, char *listen_buf,
@@ -1215,18 +1407,18 @@ static stria_status_t stria__config_finish(stria_worker_config_t *c, char *liste
     if (st != STRIA_OK)
         return stria_error_wrap(st, "--coordinator");
     if (c->instance >= 0) {
-        if (c->listen == NULL) {
-            snprintf(listen_buf, len, "127.0.0.1:%d", (int)(7500 + c->instance));
-            c->listen = listen_buf;
-        }
-        if (c->ucx_listen == NULL) {
-            snprintf(ucx_buf, len, "127.0.0.1:%d", (int)(7600 + c->instance));
-            c->ucx_listen = ucx_buf;
-        }
-        if (c->metrics_listen == NULL) {
-            snprintf(metrics_buf, len, "127.0.0.1:%d", (int)(9500 + c->instance));
-            c->metrics_listen = metrics_buf;
-        }
+        /* One configuration file serves every instance of a host: its ports
+         * are bases, and instance N listens N ports above them. */
+        if ((st = stria__instance_addr("--listen", c->listen, "127.0.0.1:7500", c->instance,
+                                       listen_buf, len)) != STRIA_OK ||
+            (st = stria__instance_addr("--ucx-listen", c->ucx_listen, "127.0.0.1:7600", c->instance,
+                                       ucx_buf, len)) != STRIA_OK ||
+            (st = stria__instance_addr("--metrics-listen", c->metrics_listen, "127.0.0.1:9500",
+                                       c->instance, metrics_buf, len)) != STRIA_OK)
+            return st;
+        c->listen = listen_buf;
+        c->ucx_listen = ucx_buf;
+        c->metrics_listen = metrics_buf;
     }
     if (c->listen == NULL)
         c->listen = "127.0.0.1:0";
@@ -1273,9 +1465,9 @@ int main(int argc, char **argv)
 {
     stria_worker_t *w = calloc(1, sizeof(*w));
     stria_worker_config_t *c = &w->cfg;
-    char listen_buf[64], ucx_buf[64], metrics_buf[64];
+    char listen_buf[300], ucx_buf[300], metrics_buf[300];
     stria__svc_loop_t sl;
-    pthread_t hb_th, svc_th;
+    pthread_t svc_th;
     stria_status_t st;
     int rc = 1;
 
@@ -1293,7 +1485,7 @@ int main(int argc, char **argv)
         {"advertise", STRIA_OPT_STRING, &c->advertise, 0, 0, "HOST",
          "host that clients and peers use to reach this worker (default: the listen host)"},
         {"instance", STRIA_OPT_INT, &c->instance, -1, 1023, "N",
-         "GPU index of this worker: derives ports and the device name"},
+         "GPU index of this worker: its ports are the bases plus N (see below)"},
         {"device", STRIA_OPT_STRING, &c->device, 0, 0, "NAME", "device label (default cpu)"},
         {"host", STRIA_OPT_STRING, &c->host, 0, 0, "NAME",
          "host name for ring grouping (default: this machine's)"},
@@ -1409,15 +1601,27 @@ int main(int argc, char **argv)
         goto fail;
     }
     /* Machine-readable line for scripts and tests that start workers on port 0. */
-    printf("stria-worker listening rpc=%s ucx=%s%s%s\n", w->rpc_address, w->ucx_address,
-           sl.http ? " metrics=" : "", sl.http ? c->metrics_listen : "");
+    char metrics_addr[300] = "";
+    if (sl.http) {
+        char mhost[256];
+        int ignored;
+        stria_parse_host_port(c->metrics_listen, mhost, sizeof(mhost), &ignored);
+        snprintf(metrics_addr, sizeof(metrics_addr),
+                 strchr(mhost, ':') ? " metrics=[%s]:%d" : " metrics=%s:%d", mhost,
+                 stria_http_metrics_port(sl.http));
+    }
+    printf("stria-worker listening rpc=%s ucx=%s%s\n", w->rpc_address, w->ucx_address,
+           metrics_addr);
     if (sl.http)
         printf("stria-worker metrics port %d\n", stria_http_metrics_port(sl.http));
     fflush(stdout);
     stria_log_info("worker on %s (ring link %s), kernel %s, %d threads, %lld MiB offered",
                    w->rpc_address, w->ucx_address, stria_kernels_variant(),
                    stria_pool_size(w->pool), (long long)(c->memory_bytes >> 20));
-    pthread_create(&hb_th, NULL, stria__heartbeat_thread, w);
+    if (pthread_create(&w->hb_thread, NULL, stria__heartbeat_thread, w) != 0) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the heartbeat thread");
+        goto fail;
+    }
 
     /* Wait for SIGTERM/SIGINT. */
     pthread_mutex_lock(&sl.lock);
@@ -1427,33 +1631,7 @@ int main(int argc, char **argv)
     pthread_mutex_unlock(&sl.lock);
     stria_log_info("signal %d: shutting down", signum);
     stria_notify("STOPPING=1\nSTATUS=shutting down");
-
-    /* Graceful: no new passes; running passes get one step deadline to end
-     * (they fail their step cleanly if a peer is gone); then report every held
-     * job as failed so the coordinator fails it with a reason. */
-    pthread_mutex_lock(&w->lock);
-    w->stopping = true;
-    pthread_cond_broadcast(&w->cv);
-    double until = stria_time_now() + c->step_timeout_s;
-    while (w->running_passes > 0 && stria_time_now() < until) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
-        pthread_cond_timedwait(&w->cv, &w->lock, &ts);
-    }
-    int still_running = w->running_passes;
-    pthread_mutex_unlock(&w->lock);
-    pthread_join(hb_th, NULL);
-    pthread_mutex_lock(&w->lock);
-    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next) {
-        if (j->phase == STRIA__V1__JOB_STATE__JOB_STATE_DONE)
-            continue;
-        pthread_mutex_unlock(&w->lock);
-        stria__report(w, j, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED,
-                      "worker shut down (SIGTERM)");
-        pthread_mutex_lock(&w->lock);
-    }
-    pthread_mutex_unlock(&w->lock);
+    int still_running = stria__shutdown(w, signum);
     uv_async_send(&sl.stop);
     pthread_join(svc_th, NULL);
     if (still_running > 0) {
@@ -1470,6 +1648,7 @@ int main(int argc, char **argv)
     stria_rpc_client_close(w->coord);
     stria_pool_destroy(w->pool);
     stria_metrics_destroy(w->metrics);
+    free(w->links);
     stria_opts_free(opts);
     free(w->token);
     free(w);

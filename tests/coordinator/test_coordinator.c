@@ -1081,10 +1081,10 @@ Test(daemon, bad_peers_get_errors_and_the_daemon_keeps_serving, .timeout = TEST_
     cr_expect(strstr(r.err->message, "SubmitJobRequest") != NULL, "%s", r.err->message);
     rt_reply_free(&r);
     Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
-    cr_assert(rt_send_frame(fd, rt_header(12, 5), &gs.base, NULL, 0));
+    cr_assert(rt_send_frame(fd, rt_header(13, 5), &gs.base, NULL, 0));
     cr_assert(rt_read_reply(fd, &r, 5000));
     cr_expect_eq(r.h.status, STRIA_ERR_UNSUPPORTED);
-    cr_expect(strstr(r.err->message, "method index 12 does not exist") != NULL, "%s",
+    cr_expect(strstr(r.err->message, "method index 13 does not exist") != NULL, "%s",
               r.err->message);
     rt_reply_free(&r);
     /* A nonsense spec, on the same connection. */
