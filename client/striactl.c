@@ -134,6 +134,8 @@ static const char *worker_state_name(Stria__V1__WorkerState s)
         return "draining";
     case STRIA__V1__WORKER_STATE__WORKER_STATE_DEAD:
         return "dead";
+    case STRIA__V1__WORKER_STATE__WORKER_STATE_LEFT:
+        return "left";
     default:
         return "unknown";
     }
@@ -167,6 +169,8 @@ static void fmt_bytes(char *out, size_t n, uint64_t b)
         snprintf(out, n, "%.1f GiB", (double)b / (double)(1ull << 30));
     else if (b >= (1ull << 20))
         snprintf(out, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else if (b >= (1ull << 10))
+        snprintf(out, n, "%.1f KiB", (double)b / (double)(1ull << 10));
     else
         snprintf(out, n, "%" PRIu64 " B", b);
 }
@@ -253,7 +257,7 @@ static void table_print(table_t *t)
 
 static void worker_row(table_t *t, int rank, const Stria__V1__WorkerInfo *w)
 {
-    char rk[16], id[24], age[32], job[24], step[32], mem[64], used[24], cap[24];
+    char rk[16], id[24], age[32], job[24], step[32], held[16], mem[64], used[24], cap[24];
     snprintf(rk, sizeof(rk), rank >= 0 ? "%d" : "-", rank);
     snprintf(id, sizeof(id), "%" PRIu64, w->worker_id);
     fmt_duration(age, sizeof(age), w->heartbeat_age_ms);
@@ -262,11 +266,13 @@ static void worker_row(table_t *t, int rank, const Stria__V1__WorkerInfo *w)
         snprintf(step, sizeof(step), "%u/%u", w->step, w->steps_total);
     else
         snprintf(step, sizeof(step), "-");
+    snprintf(held, sizeof(held), "%zu", w->n_job_ids);
     fmt_bytes(used, sizeof(used), w->memory_in_use_bytes);
     fmt_bytes(cap, sizeof(cap), w->memory_bytes);
     snprintf(mem, sizeof(mem), "%s / %s", used, cap);
-    const char *cells[] = {rk,  id,  w->host, w->device, worker_state_name(w->state),
-                           age, job, step,    mem,       w->rpc_address};
+    const char *cells[] = {
+        rk,   id,   w->host, w->device,     worker_state_name(w->state), age, job,
+        step, held, mem,     w->rpc_address};
     table_add(t, cells);
 }
 
@@ -294,11 +300,11 @@ static int cmd_status(ctl_t *c)
         json_str(s->software_version);
         printf(",\"protocol_version\":%u,\"uptime_ms\":%" PRIu64 ",\"heartbeat_period_ms\":%u,"
                "\"job_ttl_s\":%u,\"workers_healthy\":%u,\"workers_draining\":%u,"
-               "\"workers_dead\":%u,\"jobs_pending\":%u,\"jobs_active\":%u,"
+               "\"workers_dead\":%u,\"workers_left\":%u,\"jobs_pending\":%u,\"jobs_active\":%u,"
                "\"jobs_submitted\":%" PRIu64 ",\"jobs_failed\":%" PRIu64 ",\"ring\":[",
                s->protocol_version, s->uptime_ms, s->heartbeat_period_ms, s->job_ttl_s,
-               s->workers_healthy, s->workers_draining, s->workers_dead, s->jobs_pending,
-               s->jobs_active, s->jobs_submitted, s->jobs_failed);
+               s->workers_healthy, s->workers_draining, s->workers_dead, s->workers_left,
+               s->jobs_pending, s->jobs_active, s->jobs_submitted, s->jobs_failed);
         for (size_t i = 0; i < r->n_members; i++) {
             printf("%s{\"rank\":%d,\"worker\":", i ? "," : "", r->members[i]->rank);
             if (r->members[i]->worker)
@@ -313,13 +319,13 @@ static int cmd_status(ctl_t *c)
         fmt_duration(up, sizeof(up), s->uptime_ms);
         printf("coordinator %s  version %s  up %s  heartbeat %u ms  job ttl %u s\n", c->coordinator,
                s->software_version, up, s->heartbeat_period_ms, s->job_ttl_s);
-        printf("workers: %u healthy, %u draining, %u dead    jobs: %u active, %u pending, "
-               "%" PRIu64 " submitted, %" PRIu64 " failed\n\n",
-               s->workers_healthy, s->workers_draining, s->workers_dead, s->jobs_active,
-               s->jobs_pending, s->jobs_submitted, s->jobs_failed);
-        table_t t = {.ncols = 10};
-        const char *head[] = {"RANK",      "WORKER", "HOST", "DEVICE", "STATE",
-                              "HEARTBEAT", "JOB",    "STEP", "MEMORY", "ADDRESS"};
+        printf("workers: %u healthy, %u draining, %u dead, %u left    jobs: %u active, %u "
+               "pending, %" PRIu64 " submitted, %" PRIu64 " failed\n\n",
+               s->workers_healthy, s->workers_draining, s->workers_dead, s->workers_left,
+               s->jobs_active, s->jobs_pending, s->jobs_submitted, s->jobs_failed);
+        table_t t = {.ncols = 11};
+        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE",  "HEARTBEAT",
+                              "JOB",  "STEP",   "JOBS", "MEMORY", "ADDRESS"};
         table_add(&t, head);
         for (size_t i = 0; i < r->n_members; i++)
             if (r->members[i]->worker)
@@ -350,9 +356,9 @@ static int cmd_workers(ctl_t *c)
         }
         printf("]}\n");
     } else {
-        table_t t = {.ncols = 10};
-        const char *head[] = {"RANK",      "WORKER", "HOST", "DEVICE", "STATE",
-                              "HEARTBEAT", "JOB",    "STEP", "MEMORY", "ADDRESS"};
+        table_t t = {.ncols = 11};
+        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE",  "HEARTBEAT",
+                              "JOB",  "STEP",   "JOBS", "MEMORY", "ADDRESS"};
         table_add(&t, head);
         for (size_t i = 0; i < r->n_workers; i++)
             worker_row(&t, r->workers[i]->ring_index, r->workers[i]);
@@ -642,53 +648,24 @@ static int cmd_cancel(ctl_t *c, const char *arg, const char *reason)
     return EXIT_OK;
 }
 
-int main(int argc, char **argv)
+/* Whether `a` is a global option that takes a value (--name or --name=...). */
+static bool value_option(const char *a)
 {
-    ctl_t c;
-    const char *token_file = getenv("STRIA_TOKEN_FILE");
-    int i = 1;
+    static const char *const names[] = {"--coordinator", "--token-file", "--timeout"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        size_t n = strlen(names[i]);
+        if (strncmp(a, names[i], n) == 0 && (a[n] == '\0' || a[n] == '='))
+            return true;
+    }
+    return false;
+}
 
-    memset(&c, 0, sizeof(c));
-    c.coordinator = getenv("STRIA_COORDINATOR");
-    if (c.coordinator == NULL || c.coordinator[0] == '\0')
-        c.coordinator = STRIACTL_DEFAULT_COORDINATOR;
-    c.timeout_s = 10.0;
-    for (; i < argc && argv[i][0] == '-'; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
-            return EXIT_OK;
-        } else if (strcmp(a, "--json") == 0) {
-            c.json = true;
-        } else if ((strcmp(a, "--coordinator") == 0 || strcmp(a, "--token-file") == 0 ||
-                    strcmp(a, "--timeout") == 0) &&
-                   i + 1 < argc) {
-            const char *v = argv[++i];
-            if (a[2] == 'c')
-                c.coordinator = v;
-            else if (a[2] == 't' && a[3] == 'o')
-                token_file = v;
-            else {
-                char *end;
-                c.timeout_s = strtod(v, &end);
-                if (end == v || *end != '\0' || !(c.timeout_s > 0)) {
-                    fprintf(stderr, "striactl: --timeout '%s': expected seconds > 0\n", v);
-                    return EXIT_USAGE;
-                }
-            }
-        } else {
-            fprintf(stderr, "striactl: unknown or incomplete option '%s' (see striactl --help)\n",
-                    a);
-            return EXIT_USAGE;
-        }
-    }
-    if (i >= argc) {
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    const char *cmd = argv[i++];
-    int nargs = argc - i;
-    char **args = argv + i;
+/* Runs command pos[0] with its arguments pos[1..npos). */
+static int run_command(ctl_t *c, const char *token_file, char **pos, int npos)
+{
+    const char *cmd = pos[0];
+    int nargs = npos - 1;
+    char **args = pos + 1;
     /* check the command's arguments before connecting */
     bool all = false;
     const char *reason = NULL;
@@ -701,54 +678,127 @@ int main(int argc, char **argv)
         all = nargs == 1;
     } else if (strcmp(cmd, "job") == 0 || strcmp(cmd, "drain") == 0 ||
                strcmp(cmd, "undrain") == 0) {
-        if (nargs != 1)
+        if (nargs != 1 || args[0][0] == '\0')
             goto bad_args;
     } else if (strcmp(cmd, "cancel") == 0) {
-        if (nargs == 3 && strcmp(args[1], "--reason") == 0)
+        if (nargs == 3 && strcmp(args[1], "--reason") == 0) {
             reason = args[2];
-        else if (nargs != 1)
+        } else if (nargs == 3 && strcmp(args[0], "--reason") == 0) {
+            reason = args[1];
+            args += 2;
+        } else if (nargs != 1) {
             goto bad_args;
+        }
     } else {
         fprintf(stderr, "striactl: unknown command '%s' (see striactl --help)\n", cmd);
         return EXIT_USAGE;
     }
+    uint64_t ignored;
+    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "cancel") == 0) && !parse_u64(args[0], &ignored)) {
+        fprintf(stderr, "striactl %s: job id '%s' is not a number\n", cmd, args[0]);
+        return EXIT_USAGE;
+    }
     if (token_file != NULL && token_file[0] != '\0' &&
-        stria_rpc_token_read(token_file, &c.token) != STRIA_OK) {
+        stria_rpc_token_read(token_file, &c->token) != STRIA_OK) {
         fprintf(stderr, "striactl: %s\n", stria_error_msg());
         return EXIT_USAGE;
     }
     stria_rpc_client_params_t p;
     memset(&p, 0, sizeof(p));
-    p.address = c.coordinator;
+    p.address = c->coordinator;
     p.service = &stria__v1__coordinator__descriptor;
-    p.token = c.token;
+    p.token = c->token;
     p.client_name = "striactl";
-    p.connect_timeout_s = c.timeout_s;
-    stria_status_t st = stria_rpc_client_connect(&p, &c.rpc);
+    p.connect_timeout_s = c->timeout_s;
+    stria_status_t st = stria_rpc_client_connect(&p, &c->rpc);
     if (st != STRIA_OK) {
         if (st != STRIA_ERR_AUTH)
-            stria_error_wrap(st, "cannot reach the coordinator at %s", c.coordinator);
-        free(c.token);
+            stria_error_wrap(st, "cannot reach the coordinator at %s", c->coordinator);
+        free(c->token);
         return fail(st == STRIA_ERR_AUTH ? st : STRIA_ERR_IO);
     }
     int rc;
     if (strcmp(cmd, "status") == 0)
-        rc = cmd_status(&c);
+        rc = cmd_status(c);
     else if (strcmp(cmd, "workers") == 0)
-        rc = cmd_workers(&c);
+        rc = cmd_workers(c);
     else if (strcmp(cmd, "jobs") == 0)
-        rc = cmd_jobs(&c, all);
+        rc = cmd_jobs(c, all);
     else if (strcmp(cmd, "job") == 0)
-        rc = cmd_job(&c, args[0]);
+        rc = cmd_job(c, args[0]);
     else if (strcmp(cmd, "drain") == 0 || strcmp(cmd, "undrain") == 0)
-        rc = cmd_drain(&c, args[0], cmd[0] == 'd');
+        rc = cmd_drain(c, args[0], cmd[0] == 'd');
     else
-        rc = cmd_cancel(&c, args[0], reason);
-    stria_rpc_client_close(c.rpc);
-    free(c.token);
+        rc = cmd_cancel(c, args[0], reason);
+    stria_rpc_client_close(c->rpc);
+    free(c->token);
     return rc;
 
 bad_args:
     fprintf(stderr, "striactl %s: wrong arguments (see striactl --help)\n", cmd);
     return EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    ctl_t c;
+    const char *token_file = getenv("STRIA_TOKEN_FILE");
+    int i = 1;
+
+    memset(&c, 0, sizeof(c));
+    c.coordinator = getenv("STRIA_COORDINATOR");
+    if (c.coordinator == NULL || c.coordinator[0] == '\0')
+        c.coordinator = STRIACTL_DEFAULT_COORDINATOR;
+    c.timeout_s = 10.0;
+    /* Global options may come before or after the command; the command's own
+     * options (--all, --reason TEXT) stay with its arguments. */
+    char **pos = calloc((size_t)argc + 1, sizeof(*pos));
+    int npos = 0;
+    if (pos == NULL)
+        return EXIT_USAGE;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--reason") == 0 && i + 1 < argc) {
+            pos[npos++] = argv[i++];
+            pos[npos++] = argv[i];
+        } else if (strcmp(a, "--all") == 0 || a[0] != '-' || a[1] == '\0') {
+            pos[npos++] = argv[i];
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            free(pos);
+            return EXIT_OK;
+        } else if (strcmp(a, "--json") == 0) {
+            c.json = true;
+        } else if (value_option(a) && (strchr(a, '=') != NULL || i + 1 < argc)) {
+            /* --name VALUE or --name=VALUE */
+            const char *eq = strchr(a, '=');
+            const char *v = eq != NULL ? eq + 1 : argv[++i];
+            if (a[2] == 'c')
+                c.coordinator = v;
+            else if (a[2] == 't' && a[3] == 'o')
+                token_file = v;
+            else {
+                char *end;
+                c.timeout_s = strtod(v, &end);
+                if (end == v || *end != '\0' || !(c.timeout_s > 0)) {
+                    fprintf(stderr, "striactl: --timeout '%s': expected seconds > 0\n", v);
+                    free(pos);
+                    return EXIT_USAGE;
+                }
+            }
+        } else {
+            fprintf(stderr, "striactl: unknown or incomplete option '%s' (see striactl --help)\n",
+                    a);
+            free(pos);
+            return EXIT_USAGE;
+        }
+    }
+    if (npos == 0) {
+        usage(stderr);
+        free(pos);
+        return EXIT_USAGE;
+    }
+    int rc = run_command(&c, token_file, pos, npos);
+    free(pos);
+    return rc;
 }
