@@ -791,9 +791,9 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
     if (job == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
     job->client = client;
-    job->spec = *spec;
-    job->spec.label = NULL;
+    job->spec = *spec; /* the caller's label is read during the submission only */
     st = stria__submit(client, job, progress, progress_arg);
+    job->spec.label = NULL;
     if (st != STRIA_OK) {
         if (job->id != 0) {
             job->next = NULL;
