@@ -698,6 +698,16 @@ stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const str
 
 /* Most threads for which the backward pass keeps one dQ copy per thread. */
 #define STRIA__BWD_MAX_DQ_COPIES 8
+/* Key tiles a backward task walks together: each query-side tile (Q, Q^T,
+ * dO, dO^T, dQ) it loads serves this many key tiles while in cache, instead
+ * of being streamed again for every key tile. Their K, V, dK and dV stay in
+ * L2 (4 x 128 KiB at head_dim 128). */
+#define STRIA__BWD_KBLOCK_MAX 4
+
+static int stria__bwd_kblock(int64_t Dp)
+{
+    return Dp <= 128 ? STRIA__BWD_KBLOCK_MAX : STRIA__BWD_KBLOCK_MAX / 2;
+}
 
 typedef struct {
     stria__ctx_t *c;
@@ -715,6 +725,8 @@ typedef struct {
     size_t dq_floats; /* floats per copy */
     float *scratch;   /* per thread */
     size_t scratch_floats;
+    int kblock;  /* key tiles per task (stria__bwd_kblock) */
+    int64_t nkb; /* key-tile blocks per kv head */
 } stria__bwd_job_t;
 
 static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
@@ -784,8 +796,8 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
 typedef struct {
     float *pt;    /* [BK][BQ] P^T */
     float *dst;   /* [BK][BQ] dP^T, then dS^T * scale */
-    float *dk;    /* [BK][Dp] */
-    float *dv;    /* [BK][Dp] */
+    float *dk;    /* [kblock][BK][Dp] */
+    float *dv;    /* [kblock][BK][Dp] */
     float *lse;   /* [BQ] LSE of the query tile, +inf for rows without keys */
     float *delta; /* [BQ] */
 } stria__bwd_scratch_t;
@@ -797,8 +809,8 @@ static stria__bwd_scratch_t stria__bwd_scratch(stria__bwd_job_t *job, int thread
     s.pt = job->scratch + (size_t)thread * job->scratch_floats;
     s.dst = s.pt + STRIA__BQ * STRIA__BK;
     s.dk = s.dst + STRIA__BQ * STRIA__BK;
-    s.dv = s.dk + STRIA__BK * Dp;
-    s.lse = s.dv + STRIA__BK * Dp;
+    s.dv = s.dk + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
+    s.lse = s.dv + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
     s.delta = s.lse + STRIA__BQ;
     return s;
 }
@@ -821,12 +833,12 @@ static void stria__bwd_load_stats(stria__bwd_job_t *job, stria__bwd_scratch_t *s
 }
 
 /* One (query tile, key tile) pair of head h, transposed: recomputes P^T, then
- * accumulates dV and dK of the key tile into s->dv, s->dk (want_dkdv) and dQ of
- * the query tile into its tile of the dQ accumulators dq_acc (one copy of
+ * accumulates dV and dK of the key tile into dv, dk (NULL: not wanted) and dQ
+ * of the query tile into its tile of the dQ accumulators dq_acc (one copy of
  * job->dq_packed; NULL: no dQ). The LSE and D of the query tile must be in s
  * (stria__bwd_load_stats). */
 static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b, int64_t h,
-                            int64_t qt, int64_t kt, int cls, bool want_dkdv, float *dq_acc)
+                            int64_t qt, int64_t kt, int cls, float *dk, float *dv, float *dq_acc)
 {
     stria__ctx_t *c = job->c;
     const stria_kern_ops_t *ops = c->ops;
@@ -854,40 +866,52 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     /* dP^T = V dO^T, then dS^T = P^T (dP^T - D) scale */
     stria__score_gemm(c, bk, vp, dotp, s->dst);
     ops->softmax_bwd_ds(s->pt, s->dst, bk, STRIA__BQ, s->delta, c->scale);
-    if (want_dkdv) {
+    if (dk != NULL) {
         /* dV += P^T dO, dK += dS^T Q */
-        ops->gemm(bk, (int)Dp, bq, s->pt, STRIA__BQ, false, dop, Dp, s->dv, Dp, NULL, true);
-        ops->gemm(bk, (int)Dp, bq, s->dst, STRIA__BQ, false, qp, Dp, s->dk, Dp, NULL, true);
+        ops->gemm(bk, (int)Dp, bq, s->pt, STRIA__BQ, false, dop, Dp, dv, Dp, NULL, true);
+        ops->gemm(bk, (int)Dp, bq, s->dst, STRIA__BQ, false, qp, Dp, dk, Dp, NULL, true);
     }
     if (dq_acc != NULL) /* dQ += dS K */
         ops->gemm(bq, (int)Dp, bk, s->dst, STRIA__BQ, true, kp, Dp, dq_acc + qidx * qtile, Dp, NULL,
                   true);
 }
 
-/* dK/dV of one key tile of kv head hk, over every query head of its group,
- * and dQ contributions into dq_acc (NULL: none). No two concurrent tasks may
- * share a dq_acc unless they own disjoint query rows. */
-static void stria__bwd_ktile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b, int64_t hk,
-                             int64_t kt, float *dq_acc)
+/* dK/dV of key-tile block kb (job->kblock tiles) of kv head hk, over every
+ * query head of its group, and dQ contributions into dq_acc (NULL: none). No
+ * two concurrent tasks may share a dq_acc unless they own disjoint query rows. */
+static void stria__bwd_kblock_run(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b,
+                                  int64_t hk, int64_t kb, float *dq_acc)
 {
     stria__ctx_t *c = job->c;
-    int64_t k0 = kt * STRIA__BK;
-    int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
+    size_t ktile = (size_t)STRIA__BK * (size_t)c->Dp;
+    int64_t kt0 = kb * job->kblock;
+    int64_t kt1 = kt0 + job->kblock < c->nkt ? kt0 + job->kblock : c->nkt;
 
-    memset(s->dk, 0, (size_t)STRIA__BK * (size_t)c->Dp * sizeof(float));
-    memset(s->dv, 0, (size_t)STRIA__BK * (size_t)c->Dp * sizeof(float));
+    memset(s->dk, 0, (size_t)(kt1 - kt0) * ktile * sizeof(float));
+    memset(s->dv, 0, (size_t)(kt1 - kt0) * ktile * sizeof(float));
     for (int64_t g = 0; g < c->G; g++) {
         int64_t h = hk * c->G + g;
         for (int64_t qt = 0; qt < c->nqt; qt++) {
-            int cls = stria__tile_class(c, qt, kt);
-            if (cls == STRIA__TILE_SKIP)
-                continue;
-            stria__bwd_load_stats(job, s, b, h, qt);
-            stria__bwd_tile(job, s, b, h, qt, kt, cls, true, dq_acc);
+            bool loaded = false;
+            for (int64_t kt = kt0; kt < kt1; kt++) {
+                int cls = stria__tile_class(c, qt, kt);
+                if (cls == STRIA__TILE_SKIP)
+                    continue;
+                if (!loaded) {
+                    stria__bwd_load_stats(job, s, b, h, qt);
+                    loaded = true;
+                }
+                stria__bwd_tile(job, s, b, h, qt, kt, cls, s->dk + (size_t)(kt - kt0) * ktile,
+                                s->dv + (size_t)(kt - kt0) * ktile, dq_acc);
+            }
         }
     }
-    stria__bwd_add_rows(c, job->dk, b, hk, k0, bk, s->dk);
-    stria__bwd_add_rows(c, job->dv, b, hk, k0, bk, s->dv);
+    for (int64_t kt = kt0; kt < kt1; kt++) {
+        int64_t k0 = kt * STRIA__BK;
+        int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
+        stria__bwd_add_rows(c, job->dk, b, hk, k0, bk, s->dk + (size_t)(kt - kt0) * ktile);
+        stria__bwd_add_rows(c, job->dv, b, hk, k0, bk, s->dv + (size_t)(kt - kt0) * ktile);
+    }
 }
 
 /* Mode A: one task per (batch, kv head) computes everything of its group. */
@@ -898,33 +922,34 @@ static void stria__bwd_group_task(void *arg, size_t task, int thread)
     int64_t hk = (int64_t)task % c->Hkv;
     int64_t b = (int64_t)task / c->Hkv;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
-    for (int64_t kt = 0; kt < c->nkt; kt++)
-        stria__bwd_ktile(job, &s, b, hk, kt, job->dq_packed);
+    for (int64_t kb = 0; kb < job->nkb; kb++)
+        stria__bwd_kblock_run(job, &s, b, hk, kb, job->dq_packed);
 }
 
-/* Mode C: one task per (batch, kv head, key tile) for everything; dQ goes to
- * the executing thread's own copy of the accumulators, summed at the end. */
-static void stria__bwd_ktile_task(void *arg, size_t task, int thread)
+/* Mode C: one task per (batch, kv head, key-tile block) for everything; dQ
+ * goes to the executing thread's own copy of the accumulators, summed at the
+ * end. */
+static void stria__bwd_kblock_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t kt = (int64_t)task % c->nkt;
-    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
-    int64_t b = (int64_t)task / c->nkt / c->Hkv;
+    int64_t kb = (int64_t)task % job->nkb;
+    int64_t hk = ((int64_t)task / job->nkb) % c->Hkv;
+    int64_t b = (int64_t)task / job->nkb / c->Hkv;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
-    stria__bwd_ktile(job, &s, b, hk, kt, job->dq_packed + (size_t)thread * job->dq_floats);
+    stria__bwd_kblock_run(job, &s, b, hk, kb, job->dq_packed + (size_t)thread * job->dq_floats);
 }
 
-/* Mode B, pass 1: one task per (batch, kv head, key tile) for dK and dV. */
+/* Mode B, pass 1: one task per (batch, kv head, key-tile block) for dK, dV. */
 static void stria__bwd_dkdv_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t kt = (int64_t)task % c->nkt;
-    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
-    int64_t b = (int64_t)task / c->nkt / c->Hkv;
+    int64_t kb = (int64_t)task % job->nkb;
+    int64_t hk = ((int64_t)task / job->nkb) % c->Hkv;
+    int64_t b = (int64_t)task / job->nkb / c->Hkv;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
-    stria__bwd_ktile(job, &s, b, hk, kt, NULL);
+    stria__bwd_kblock_run(job, &s, b, hk, kb, NULL);
 }
 
 /* Mode B, pass 2: one task per (batch, head, query tile) for dQ. */
@@ -941,7 +966,7 @@ static void stria__bwd_dq_task(void *arg, size_t task, int thread)
     for (int64_t kt = 0; kt < c->nkt; kt++) {
         int cls = stria__tile_class(c, qt, kt);
         if (cls != STRIA__TILE_SKIP)
-            stria__bwd_tile(job, &s, b, h, qt, kt, cls, false, job->dq_packed);
+            stria__bwd_tile(job, &s, b, h, qt, kt, cls, NULL, NULL, job->dq_packed);
     }
 }
 
@@ -1011,7 +1036,10 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     n_k = (size_t)(c.B * c.Hkv * c.nkt);
     job.q_stile = stria__score_tile_floats(&c, qtile);
     job.k_stile = stria__score_tile_floats(&c, ktile);
-    job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK + 2 * STRIA__BK * c.Dp + 2 * STRIA__BQ);
+    job.kblock = stria__bwd_kblock(c.Dp);
+    job.nkb = (c.nkt + job.kblock - 1) / job.kblock;
+    job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK +
+                                  2 * (int64_t)job.kblock * STRIA__BK * c.Dp + 2 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* Schedules: mode A, one task per (batch, kv head), needs nothing extra
      * but balances only with enough groups per thread. Mode C, one task per
@@ -1059,9 +1087,9 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     if (mode == 'A') {
         stria_pool_run(p->pool, n_groups, stria__bwd_group_task, &job);
     } else if (mode == 'C') {
-        stria_pool_run(p->pool, n_k, stria__bwd_ktile_task, &job);
+        stria_pool_run(p->pool, (size_t)(c.B * c.Hkv * job.nkb), stria__bwd_kblock_task, &job);
     } else {
-        stria_pool_run(p->pool, n_k, stria__bwd_dkdv_task, &job);
+        stria_pool_run(p->pool, (size_t)(c.B * c.Hkv * job.nkb), stria__bwd_dkdv_task, &job);
         stria_pool_run(p->pool, n_q, stria__bwd_dq_task, &job);
     }
     stria_pool_run(p->pool, n_q, stria__bwd_unpack_dq_task, &job);

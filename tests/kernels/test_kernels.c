@@ -308,6 +308,38 @@ Test(kernels, threaded_backward_schedules)
     for_each_variant(&d);
 }
 
+/* The backward pass walks key tiles in blocks (4 tiles up to head_dim 128, 2
+ * beyond): more key tiles than one block, a partial last block, causal masks
+ * that skip part of a block, for each schedule (1, 2 and 9 threads). */
+Test(kernels, backward_key_tile_blocks)
+{
+    for (int t = 0; t < 3; t++) {
+        static const int threads[] = {1, 2, 9};
+        kcase_t a = {.B = 1,
+                     .Tq = 100,
+                     .Tk = 330,
+                     .H = 2,
+                     .Hkv = 1,
+                     .D = 32,
+                     .causal = true,
+                     .dtype = STRIA_DTYPE_F32,
+                     .threads = threads[t]};
+        a.qruns[0] = (stria_pos_run_t){230, 1, 100}; /* the last 100 of 330 keys */
+        a.n_qruns = 1;
+        kcase_t b = {.B = 1,
+                     .Tq = 90,
+                     .Tk = 200,
+                     .H = 2,
+                     .Hkv = 2,
+                     .D = 256,
+                     .causal = false,
+                     .dtype = STRIA_DTYPE_BF16,
+                     .threads = threads[t]};
+        for_each_variant(&a);
+        for_each_variant(&b);
+    }
+}
+
 /* ---- SIMD variants against the portable oracle ----------------------------- */
 
 typedef struct {
