@@ -18,7 +18,7 @@ struct stria_ring_pass {
     stria_ring_shape_t shape;
     stria_layout_t layout;
     stria_pool_t *pool;
-    stria_ring_opts_t hooks; /* only the compute_* hooks are used */
+    stria_ring_opts_t hooks; /* only the compute_* and step hooks are used */
     double timeout_s;
     uint32_t pass_id;
     uint32_t calls; /* fwd/bwd calls so far */
@@ -284,6 +284,12 @@ static stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
     return a;
 }
 
+static void stria__step_begin(stria_ring_pass_t *p, int step)
+{
+    if (p->hooks.step_cb != NULL)
+        p->hooks.step_cb(p->hooks.step_cb_ctx, step, p->n);
+}
+
 /* Compute of a step: timed as thread CPU and wall time, between the
  * caller's hooks. */
 typedef struct {
@@ -457,6 +463,7 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         goto out;
     }
     for (step = 0; step < N; step++) {
+        stria__step_begin(p, step);
         stria_ring_step_stats_t *ss = &p->stats[step];
         int j = (r - step + N) % N;
         char *cur = kvbuf + (size_t)(step % 2) * msg;
@@ -598,6 +605,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     }
 
     for (step = 0; step < N; step++) {
+        stria__step_begin(p, step);
         stria_ring_step_stats_t *ss = &p->stats[step];
         int j = (r - step + N) % N;
         char *cur = kvbuf + (size_t)(step % 2) * msg;

@@ -85,6 +85,10 @@ typedef struct {
     void (*compute_begin_cb)(void *ctx);
     void (*compute_end_cb)(void *ctx);
     void *compute_cb_ctx;
+    /* Optional, called on the rank's thread as each of the n_steps ring steps
+     * of a pass starts (step 0..n_steps-1): progress for status views. */
+    void (*step_cb)(void *ctx, int step, int n_steps);
+    void *step_cb_ctx;
 } stria_ring_opts_t;
 
 #define STRIA_RING_DEFAULT_TIMEOUT_S 300.0

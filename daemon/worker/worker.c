@@ -590,6 +590,21 @@ static stria_tensor_t stria__tensor(const stria__wjob_t *j, int t)
     return stria_tensor_contiguous(j->buf[t], j->dtype, j->layout.shard_tokens, heads, j->head_dim);
 }
 
+typedef struct {
+    stria_worker_t *w;
+    stria__wjob_t *job;
+} stria__step_ctx_t;
+
+/* The ring step a pass is at, for heartbeats (and so striactl). */
+static void stria__on_step(void *arg, int step, int n_steps)
+{
+    stria__step_ctx_t *sc = arg;
+    pthread_mutex_lock(&sc->w->lock);
+    sc->job->step = (uint32_t)step;
+    sc->job->steps_total = (uint32_t)n_steps;
+    pthread_mutex_unlock(&sc->w->lock);
+}
+
 static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool backward,
                                       uint32_t pass_id, Stria__V1__PassStats *stats)
 {
@@ -613,6 +628,9 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
     opts.step_timeout_s = j->step_timeout_s;
     opts.pool = w->pool;
     opts.pass_id = pass_id;
+    stria__step_ctx_t step_ctx = {w, j};
+    opts.step_cb = stria__on_step;
+    opts.step_cb_ctx = &step_ctx;
 
     stria_ucx_link_params_t rp;
     char next_host[256];
