@@ -162,13 +162,22 @@ stria_status_t stria_inproc_fault_inject(stria_inproc_hub_t *hub, int rank,
  * Completion, including immediate completion, is driven by the context's
  * progress thread; the caller's thread only posts and waits.
  *
- * Failures are sticky: a dead peer (reported by UCX within milliseconds of
- * the connection dropping), a missed deadline in stria_link_wait(), an
- * abort, a cancel of an in-flight transfer or a malformed message fails the
- * link, tells both neighbours (who pass it on around the ring) and releases
- * every UCX request of the link. From then on every operation returns the
- * first error, whose message names the rank at fault. Destroy the link and
- * connect again to recover.
+ * Failures are sticky: a dead peer (reported about 0.1 s after its
+ * connection drops), a missed deadline in stria_link_wait(), an abort, a
+ * cancel of an in-flight transfer or a malformed message fails the link,
+ * tells both neighbours (who pass it on around the ring) and releases every
+ * UCX request of the link. From then on every operation returns the first
+ * error, whose message names the rank at fault. Destroy the link and
+ * connect again to recover. A missed deadline names the neighbour if it went
+ * silent (neighbours exchange heartbeats); if it is alive, the wait gives
+ * the report of the rank actually at fault up to min(timeout, 2 s) more to
+ * arrive. UCX 1.13 may keep a rendezvous send to a stopped peer after the
+ * endpoint is closed; the link hands it back to UCX 0.2 s later, after which
+ * that peer, should it resume, could still read (never write) the buffer.
+ *
+ * Destroying a healthy link says goodbye to both neighbours: what it sent
+ * stays receivable there, later operations towards it fail with
+ * STRIA_ERR_CLOSED.
  *
  * Cancelling a receive that no data has matched yet is clean and leaves the
  * link usable; cancelling a send or a receive whose data is in flight tears

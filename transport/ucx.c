@@ -68,6 +68,14 @@
 /* Extra time a missed deadline waits when the peer is alive, so that the
  * report of the rank actually at fault can arrive first. */
 #define STRIA__UCX_GRACE_MAX_S 2.0
+/* A connection that drops is blamed on the peer only after this long: a
+ * peer that failed for another reason sends its ABORT first, but over
+ * shared memory the ABORT and the TCP disconnect can arrive out of order. */
+#define STRIA__UCX_SETTLE_S 0.1
+/* UCX 1.13 does not always complete a rendezvous request whose peer is
+ * stopped when the endpoint is closed by force; such requests are handed
+ * back to UCX (ucp_request_free) this long after the close. */
+#define STRIA__UCX_DETACH_S 0.2
 
 enum {
     STRIA__CTRL_HELLO = 1,
@@ -213,8 +221,11 @@ struct stria__ucx_link {
     char notify_text[STRIA__UCX_TEXT_MAX + 1];
     bool want_connect, want_teardown, want_destroy;
     bool prev_closed, next_closed; /* a neighbour said goodbye */
-    double last_prev, last_next;   /* when each neighbour was last heard */
-    bool closed;                   /* no endpoint and no UCX request left */
+    double settle_at;              /* > 0: a connection dropped; fail then */
+    int settle_side;               /* STRIA__NOTIFY_NEXT or _PREV */
+    char settle_msg[300];
+    double last_prev, last_next; /* when each neighbour was last heard */
+    bool closed;                 /* no endpoint and no UCX request left */
     stria__node_t reqs;
     stria__node_t posted; /* unmatched receives, in posting order */
     stria__node_t unexp;  /* arrivals without a receive, in arrival order */
@@ -232,6 +243,7 @@ struct stria__ucx_link {
     double close_at;  /* > 0: close endpoints by force then */
     bool graceful;    /* graceful close started */
     double next_ping; /* when the next heartbeats go out */
+    double detach_at; /* > 0: detach requests UCX still holds then */
 };
 
 typedef enum {
@@ -561,6 +573,30 @@ static stria_status_t stria__link_error_locked(const stria__ucx_link_t *link)
     return stria_error_set(link->fail_status, "%s", link->fail_msg);
 }
 
+/* A connection to a neighbour dropped: the link fails STRIA__UCX_SETTLE_S
+ * later with this message, unless a notice from elsewhere comes first. */
+static void stria__link_peer_error_locked(stria__ucx_link_t *link, int side, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void stria__link_peer_error_locked(stria__ucx_link_t *link, int side, const char *fmt, ...)
+{
+    if (link->failed || link->settle_at > 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(link->settle_msg, sizeof(link->settle_msg), fmt, ap);
+    va_end(ap);
+    link->settle_side = side;
+    link->settle_at = stria_time_now() + STRIA__UCX_SETTLE_S;
+}
+
+static bool stria__ucs_is_peer_error(ucs_status_t s)
+{
+    return s == UCS_ERR_CONNECTION_RESET || s == UCS_ERR_ENDPOINT_TIMEOUT ||
+           s == UCS_ERR_UNREACHABLE || s == UCS_ERR_NOT_CONNECTED || s == UCS_ERR_IO_ERROR ||
+           s == UCS_ERR_REJECTED || s == UCS_ERR_CANCELED;
+}
+
 /* ---- UCX callbacks (progress thread, inside ucp_worker_progress) ---------------- */
 
 static void stria__event_push(stria_ucx_ctx_t *ctx, stria__event_t *ev)
@@ -756,6 +792,16 @@ static void stria__data_done(stria_link_req_t *req, ucs_status_t status, size_t 
         snprintf(msg, sizeof(msg), "rank %d left the ring before the %s of tag %#llx completed",
                  peer, stria__req_kind(req), (unsigned long long)req->tag);
         stria__req_finish_locked(req, STRIA_ERR_CLOSED, msg);
+    } else if (stria__ucs_is_peer_error(status)) {
+        /* The link's failure (and this request's message) is decided when
+         * the connection's fate has settled; see stria__ucx_wait(). */
+        int peer = req->is_send ? stria_link_next(&link->base) : stria_link_prev(&link->base);
+        stria__link_peer_error_locked(link, req->is_send ? STRIA__NOTIFY_NEXT : STRIA__NOTIFY_PREV,
+                                      "rank %d (%s) failed during the %s of tag %#llx: %s", peer,
+                                      req->is_send ? "successor" : "predecessor",
+                                      stria__req_kind(req), (unsigned long long)req->tag,
+                                      ucs_status_string(status));
+        stria__req_finish_locked(req, STRIA_ERR_PEER, "");
     } else {
         int peer = req->is_send ? stria_link_next(&link->base) : stria_link_prev(&link->base);
         stria__link_fail_locked(
@@ -1230,6 +1276,14 @@ static void stria__handle_out_err(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link,
                 status == UCS_ERR_REJECTED || status == UCS_ERR_NOT_CONNECTED ||
                 status == UCS_ERR_ENDPOINT_TIMEOUT || status == UCS_ERR_IO_ERROR)) {
         retry = true;
+    } else if (link->out_ready && !link->failed) {
+        /* Kept open until the failure settles, so that a notice still on
+         * its way over this connection is read. */
+        stria__link_peer_error_locked(link, STRIA__NOTIFY_NEXT,
+                                      "rank %d (successor at %s) failed: %s", next, link->next_desc,
+                                      ucs_status_string(status));
+        pthread_mutex_unlock(&ctx->lock);
+        return;
     } else {
         stria__link_fail_locked(link, STRIA_ERR_PEER, next, STRIA__NOTIFY_PREV,
                                 "rank %d (successor at %s) failed: %s", next, link->next_desc,
@@ -1256,10 +1310,14 @@ static void stria__handle_in_err(stria_ucx_ctx_t *ctx, stria__ucx_conn_t *conn, 
     if (link != NULL) {
         int prev = stria_link_prev(&link->base);
         pthread_mutex_lock(&ctx->lock);
-        if (!link->graceful && !link->prev_closed)
-            stria__link_fail_locked(link, STRIA_ERR_PEER, prev, STRIA__NOTIFY_NEXT,
-                                    "rank %d (predecessor at %s) failed: %s", prev, conn->peer,
-                                    ucs_status_string(status));
+        if (!link->graceful && !link->prev_closed && !link->failed) {
+            /* Kept open until the failure settles (see the successor's). */
+            stria__link_peer_error_locked(link, STRIA__NOTIFY_PREV,
+                                          "rank %d (predecessor at %s) failed: %s", prev,
+                                          conn->peer, ucs_status_string(status));
+            pthread_mutex_unlock(&ctx->lock);
+            return;
+        }
         link->in_conn = NULL;
         conn->link = NULL;
         pthread_mutex_unlock(&ctx->lock);
@@ -1570,6 +1628,19 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
 {
     double due = 0;
     pthread_mutex_lock(&ctx->lock);
+    if (link->settle_at > 0 && !link->failed) {
+        if (now >= link->settle_at) {
+            int side = link->settle_side;
+            int peer = side == STRIA__NOTIFY_NEXT ? stria_link_next(&link->base)
+                                                  : stria_link_prev(&link->base);
+            stria__link_fail_locked(link, STRIA_ERR_PEER, peer,
+                                    (STRIA__NOTIFY_NEXT | STRIA__NOTIFY_PREV) & ~side, "%s",
+                                    link->settle_msg);
+            *any = true;
+        } else {
+            due = link->settle_at;
+        }
+    }
     bool want_connect = link->want_connect;
     bool want_teardown = link->want_teardown && !link->torn;
     bool want_destroy = link->want_destroy;
@@ -1641,16 +1712,52 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
         if (due == 0 || link->next_ping < due)
             due = link->next_ping;
     }
+    void **detached = NULL;
+    size_t n_detached = 0;
     pthread_mutex_lock(&ctx->lock);
-    if (!link->closed && (link->torn || link->graceful) && link->close_at == 0 &&
-        link->out_ep == NULL && link->in_conn == NULL && link->eps_closing == 0 &&
-        link->flush_pending == 0 && !stria__link_busy_locked(link)) {
+    bool quiet = !link->closed && (link->torn || link->graceful) && link->close_at == 0 &&
+                 link->out_ep == NULL && link->in_conn == NULL && link->eps_closing == 0 &&
+                 link->flush_pending == 0;
+    if (quiet && stria__link_busy_locked(link)) {
+        if (link->detach_at == 0)
+            link->detach_at = now + STRIA__UCX_DETACH_S;
+        if (now >= link->detach_at) {
+            size_t cap = 0;
+            for (stria__node_t *n = link->reqs.next; n != &link->reqs; n = n->next)
+                cap++;
+            detached = calloc(cap, sizeof(*detached));
+            for (stria__node_t *n = link->reqs.next; n != &link->reqs && detached != NULL;) {
+                stria_link_req_t *r = STRIA__OF(n, stria_link_req_t, link_node);
+                n = n->next;
+                if (r->state == STRIA__REQ_POSTED && r->ucp_req != NULL) {
+                    detached[n_detached++] = r->ucp_req;
+                    stria__req_finish_locked(r, link->fail_status, link->fail_msg);
+                }
+            }
+        } else if (due == 0 || link->detach_at < due) {
+            due = link->detach_at;
+        }
+    }
+    if (quiet && !stria__link_busy_locked(link)) {
         stria__events_forget(ctx, link);
         link->closed = true;
         *any = true;
         pthread_cond_broadcast(&ctx->cond);
     }
     pthread_mutex_unlock(&ctx->lock);
+    if (n_detached > 0) {
+        /* UCX keeps them (a rendezvous whose peer stopped); released, they
+         * call nobody back. The peer may still read a detached send
+         * buffer should it resume; its connections are closed, so nothing
+         * is written into a detached receive buffer. */
+        stria_log_warn("ucx link rank %d: UCX kept %zu requests after closing the endpoints; "
+                       "handed back",
+                       link->base.rank, n_detached);
+        for (size_t i = 0; i < n_detached; i++)
+            ucp_request_free(detached[i]);
+        *any = true;
+    }
+    free(detached);
     return due;
 }
 
@@ -1690,6 +1797,7 @@ static double stria__run_links(stria_ucx_ctx_t *ctx, bool *any)
 static void *stria__progress_main(void *arg)
 {
     stria_ucx_ctx_t *ctx = arg;
+    int busy_rounds = 0;
     for (;;) {
         bool any = false;
         any |= stria__run_queue(ctx);
@@ -1704,11 +1812,20 @@ static void *stria__progress_main(void *arg)
         pthread_mutex_unlock(&ctx->lock);
         if (stop)
             break;
-        if (any || queued || !stria__list_empty(&ctx->events))
+        if (any || queued || !stria__list_empty(&ctx->events)) {
+            busy_rounds = 0;
             continue;
+        }
         ucs_status_t s = ucp_worker_arm(ctx->worker);
-        if (s == UCS_ERR_BUSY)
+        if (s == UCS_ERR_BUSY) {
+            /* Events pending that progress does not consume (seen with a
+             * transport waiting on a stopped peer): poll, but do not spin;
+             * the worker's fd stays readable, so epoll would not sleep. */
+            if (++busy_rounds >= 64)
+                usleep(1000);
             continue;
+        }
+        busy_rounds = 0;
         int timeout_ms = 100;
         if (due > 0) {
             double dt = due - stria_time_now();
@@ -2099,8 +2216,12 @@ static bool stria__wait_release_locked(stria_ucx_ctx_t *ctx, stria_link_req_t *r
 static stria_status_t stria__req_release_locked(stria__ucx_link_t *link, stria_link_req_t *req)
 {
     stria_status_t st = req->status;
-    if (st != STRIA_OK)
-        stria_error_set(st, "%s", req->msg[0] != '\0' ? req->msg : link->fail_msg);
+    if (st != STRIA_OK && req->msg[0] == '\0' && link->failed)
+        st = link->fail_status;
+    if (st != STRIA_OK && req->msg[0] != '\0')
+        stria_error_set(st, "%s", req->msg);
+    else if (st != STRIA_OK)
+        stria_error_set(st, "%s", link->failed ? link->fail_msg : link->settle_msg);
     stria__list_del(&req->link_node);
     stria__req_free(req);
     return st;
@@ -2121,6 +2242,13 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
         if (timeout_s == 0)
             break;
         stria__cond_wait_until(ctx, deadline > 0 ? deadline : now + 3600);
+    }
+    if (req->state == STRIA__REQ_DONE && req->status != STRIA_OK && req->msg[0] == '\0') {
+        /* A connection dropped: wait for the link's verdict on whom to
+         * blame (a notice from the ring, or the drop itself). */
+        double until = stria_time_now() + STRIA__UCX_SETTLE_S + 1.0;
+        while (!link->failed && stria_time_now() < until)
+            stria__cond_wait_until(ctx, until);
     }
     if (req->state == STRIA__REQ_DONE) {
         stria_status_t st = stria__req_release_locked(link, req);

@@ -7,6 +7,11 @@
  *
  *   ucx_ring_rank --rank R --size N --dir DIR [options]
  *
+ * With --mode engine it runs the ring engine instead: forward then backward
+ * passes of the problem given by --engine (see ucx_engine_case.h), writing
+ * its output shards (fp32 O, LSE, dQ, dK, dV) to out.R after the first.
+ * With --mode listen it only starts listening (restart tests).
+ *
  * Files in DIR: port.R (written once listening), ready.R (after the first
  * pass), result.R (at the end: "ok" or "err", the status name, the message).
  * Exit status: 0 ok, 1 ring error (reported in result.R), 2 usage.
@@ -20,6 +25,7 @@
 #include <unistd.h>
 
 #include "stria_transport.h"
+#include "ucx_engine_case.h"
 
 typedef struct {
     int rank, size;
@@ -38,6 +44,7 @@ typedef struct {
     double connect_timeout_s;
     int late_recv_ms;
     const char *mode;
+    const char *engine;
 } opts_t;
 
 static void usage(void)
@@ -46,7 +53,8 @@ static void usage(void)
             "usage: ucx_ring_rank --rank R --size N --dir DIR [--listen-host H] [--port P]\n"
             "       [--next-host H] [--next-port P] [--tls T] [--net-devices D] [--job J]\n"
             "       [--ring G] [--bytes B] [--passes P] [--duration S] [--step-timeout S]\n"
-            "       [--connect-timeout S] [--late-recv MS] [--mode ring|listen]\n");
+            "       [--connect-timeout S] [--late-recv MS] [--mode ring|engine|listen]\n"
+            "       [--engine B:S:H:HKV:D:CAUSAL:DTYPE:LAYOUT:SEED]\n");
 }
 
 static int write_file(const char *dir, const char *name, int rank, const char *text)
@@ -160,6 +168,98 @@ static stria_status_t ring_pass(stria_link_t *link, const opts_t *o, int pass, u
     return STRIA_OK;
 }
 
+typedef struct {
+    void *q, *k, *v, *d_o;         /* shards in the storage dtype */
+    float *o, *lse, *dq, *dk, *dv; /* fp32 output shards */
+    size_t nq, nk, nl;
+} shards_t;
+
+static void shards_free(shards_t *s)
+{
+    void *all[] = {s->q, s->k, s->v, s->d_o, s->o, s->lse, s->dq, s->dk, s->dv};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        free(all[i]);
+}
+
+static stria_status_t write_outputs(const opts_t *o, const shards_t *s)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof(path), "%s/out.%d", o->dir, o->rank);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (f == NULL)
+        return stria_error_set(STRIA_ERR_IO, "%s: %s", tmp, strerror(errno));
+    bool ok = fwrite(s->o, 4, s->nq, f) == s->nq && fwrite(s->lse, 4, s->nl, f) == s->nl &&
+              fwrite(s->dq, 4, s->nq, f) == s->nq && fwrite(s->dk, 4, s->nk, f) == s->nk &&
+              fwrite(s->dv, 4, s->nk, f) == s->nk;
+    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0)
+        return stria_error_set(STRIA_ERR_IO, "cannot write %s", path);
+    return STRIA_OK;
+}
+
+/* Forward and backward passes of the ring engine over the link. */
+static stria_status_t run_engine(stria_link_t *link, const opts_t *o)
+{
+    engine_case_t c;
+    if (o->engine == NULL || engine_case_parse(o->engine, &c) != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "--mode engine needs a valid --engine");
+    stria_ring_shape_t shape = engine_case_shape(&c);
+    stria_ring_opts_t ro = {.step_timeout_s = o->step_timeout_s};
+    stria_ring_pass_t *pass = NULL;
+    stria_status_t st = stria_ring_pass_create(link, &shape, c.layout, &ro, &pass);
+    if (st != STRIA_OK)
+        return st;
+    const stria_layout_t *lay = stria_ring_pass_layout(pass);
+    int64_t L = lay->shard_tokens;
+    size_t es = stria_dtype_size(c.dtype);
+    size_t qrow = (size_t)(c.heads * c.head_dim), krow = (size_t)(c.kv_heads * c.head_dim);
+    shards_t s = {.nq = (size_t)(c.batch * L) * qrow,
+                  .nk = (size_t)(c.batch * L) * krow,
+                  .nl = (size_t)(c.batch * c.heads * L)};
+    engine_inputs_t in;
+    engine_inputs_make(&c, &in);
+    s.q = malloc(s.nq * es), s.k = malloc(s.nk * es), s.v = malloc(s.nk * es);
+    s.d_o = malloc(s.nq * es);
+    s.o = malloc(s.nq * 4), s.lse = malloc(s.nl * 4), s.dq = malloc(s.nq * 4);
+    s.dk = malloc(s.nk * 4), s.dv = malloc(s.nk * 4);
+    if (in.q == NULL || in.k == NULL || in.v == NULL || in.d_o == NULL || s.q == NULL ||
+        s.k == NULL || s.v == NULL || s.d_o == NULL || s.o == NULL || s.lse == NULL ||
+        s.dq == NULL || s.dk == NULL || s.dv == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
+    if ((st = stria_layout_scatter(lay, o->rank, c.batch, qrow * es, in.q, s.q)) != STRIA_OK ||
+        (st = stria_layout_scatter(lay, o->rank, c.batch, krow * es, in.k, s.k)) != STRIA_OK ||
+        (st = stria_layout_scatter(lay, o->rank, c.batch, krow * es, in.v, s.v)) != STRIA_OK ||
+        (st = stria_layout_scatter(lay, o->rank, c.batch, qrow * es, in.d_o, s.d_o)) != STRIA_OK)
+        goto out;
+    stria_tensor_t tq = stria_tensor_contiguous(s.q, c.dtype, L, c.heads, c.head_dim);
+    stria_tensor_t tk = stria_tensor_contiguous(s.k, c.dtype, L, c.kv_heads, c.head_dim);
+    stria_tensor_t tv = stria_tensor_contiguous(s.v, c.dtype, L, c.kv_heads, c.head_dim);
+    stria_tensor_t tdo = stria_tensor_contiguous(s.d_o, c.dtype, L, c.heads, c.head_dim);
+    stria_tensor_t to = stria_tensor_contiguous(s.o, STRIA_DTYPE_F32, L, c.heads, c.head_dim);
+    stria_tensor_t tdq = stria_tensor_contiguous(s.dq, STRIA_DTYPE_F32, L, c.heads, c.head_dim);
+    stria_tensor_t tdk = stria_tensor_contiguous(s.dk, STRIA_DTYPE_F32, L, c.kv_heads, c.head_dim);
+    stria_tensor_t tdv = stria_tensor_contiguous(s.dv, STRIA_DTYPE_F32, L, c.kv_heads, c.head_dim);
+    double end = stria_time_now() + o->duration_s;
+    for (int p = 0; o->duration_s > 0 ? stria_time_now() < end : p < o->passes; p++) {
+        if ((st = stria_ring_fwd(pass, &tq, &tk, &tv, &to, s.lse)) != STRIA_OK ||
+            (st = stria_ring_bwd(pass, &tq, &tk, &tv, &to, s.lse, &tdo, &tdq, &tdk, &tdv)) !=
+                STRIA_OK)
+            break;
+        if (p == 0) {
+            if ((st = write_outputs(o, &s)) != STRIA_OK)
+                break;
+            write_file(o->dir, "ready", o->rank, "1\n");
+        }
+    }
+out:
+    engine_inputs_free(&in);
+    shards_free(&s);
+    stria_ring_pass_destroy(pass);
+    return st;
+}
+
 static int finish(const opts_t *o, stria_status_t st, const char *msg)
 {
     char text[2048];
@@ -186,25 +286,17 @@ int main(int argc, char **argv)
                 .step_timeout_s = 10,
                 .connect_timeout_s = 10,
                 .mode = "ring"};
-    static const struct option longopts[] = {{"rank", required_argument, 0, 'r'},
-                                             {"size", required_argument, 0, 'n'},
-                                             {"dir", required_argument, 0, 'd'},
-                                             {"listen-host", required_argument, 0, 'L'},
-                                             {"port", required_argument, 0, 'p'},
-                                             {"next-host", required_argument, 0, 'H'},
-                                             {"next-port", required_argument, 0, 'P'},
-                                             {"tls", required_argument, 0, 't'},
-                                             {"net-devices", required_argument, 0, 'D'},
-                                             {"job", required_argument, 0, 'j'},
-                                             {"ring", required_argument, 0, 'g'},
-                                             {"bytes", required_argument, 0, 'b'},
-                                             {"passes", required_argument, 0, 'k'},
-                                             {"duration", required_argument, 0, 'u'},
-                                             {"step-timeout", required_argument, 0, 's'},
-                                             {"connect-timeout", required_argument, 0, 'c'},
-                                             {"late-recv", required_argument, 0, 'l'},
-                                             {"mode", required_argument, 0, 'm'},
-                                             {0, 0, 0, 0}};
+    static const struct option longopts[] = {
+        {"rank", required_argument, 0, 'r'},         {"size", required_argument, 0, 'n'},
+        {"dir", required_argument, 0, 'd'},          {"listen-host", required_argument, 0, 'L'},
+        {"port", required_argument, 0, 'p'},         {"next-host", required_argument, 0, 'H'},
+        {"next-port", required_argument, 0, 'P'},    {"tls", required_argument, 0, 't'},
+        {"net-devices", required_argument, 0, 'D'},  {"job", required_argument, 0, 'j'},
+        {"ring", required_argument, 0, 'g'},         {"bytes", required_argument, 0, 'b'},
+        {"passes", required_argument, 0, 'k'},       {"duration", required_argument, 0, 'u'},
+        {"step-timeout", required_argument, 0, 's'}, {"connect-timeout", required_argument, 0, 'c'},
+        {"late-recv", required_argument, 0, 'l'},    {"mode", required_argument, 0, 'm'},
+        {"engine", required_argument, 0, 'e'},       {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
@@ -262,6 +354,9 @@ int main(int argc, char **argv)
         case 'm':
             o.mode = optarg;
             break;
+        case 'e':
+            o.engine = optarg;
+            break;
         default:
             usage();
             return 2;
@@ -317,9 +412,20 @@ int main(int argc, char **argv)
         return finish(&o, st, msg);
     }
 
-    uint8_t *bufs[2] = {malloc(o.bytes), malloc(o.bytes)};
+    uint8_t *bufs[2] = {NULL, NULL};
     stria_link_req_t *reqs[2] = {NULL, NULL};
     char msg[1024] = "";
+    if (strcmp(o.mode, "engine") == 0) {
+        /* The engine aborts the link and releases its requests itself. */
+        st = run_engine(link, &o);
+        if (st != STRIA_OK)
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria_link_destroy(link);
+        stria_ucx_ctx_destroy(ctx);
+        return finish(&o, st, msg);
+    }
+    bufs[0] = malloc(o.bytes);
+    bufs[1] = malloc(o.bytes);
     if (bufs[0] == NULL || bufs[1] == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     } else {
