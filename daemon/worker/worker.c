@@ -1533,6 +1533,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             stria__usage(stdout, opts);
+            free(w);
             return 0;
         }
     if (getenv("STRIA_LOG_LEVEL") == NULL)
@@ -1540,12 +1541,14 @@ int main(int argc, char **argv)
     st = stria_opts_parse(opts, argc, argv, 1, NULL);
     if (st == STRIA_OK)
         st = stria__config_finish(c, listen_buf, ucx_buf, metrics_buf, sizeof(listen_buf));
+    if (st == STRIA_OK && c->token_file != NULL &&
+        (st = stria_rpc_token_read(c->token_file, &w->token)) != STRIA_OK)
+        stria_error_wrap(st, "--token-file");
     if (st != STRIA_OK) {
+        /* usage and configuration errors: exit status 2, nothing left behind */
         fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
-        return 2;
-    }
-    if (c->token_file != NULL && stria_rpc_token_read(c->token_file, &w->token) != STRIA_OK) {
-        fprintf(stderr, "stria-worker: %s\n", stria_error_msg());
+        stria_opts_free(opts);
+        free(w);
         return 2;
     }
     if (c->host == NULL) {
