@@ -205,9 +205,13 @@ typedef struct {
 
 /* Creates a context: reads the UCX configuration from the environment,
  * applies params, starts listening and starts the progress thread. Unless
- * the environment sets them, UCX_TCP_CM_REUSEADDR=y (a restarted process can
- * listen on the same port at once) and UCX_POSIX/SYSV_ERROR_HANDLING=y
- * (shared memory stays usable with peer failure detection) are applied.
+ * the environment sets them, these are set in the environment (UCX 1.13
+ * reads them nowhere else): UCX_TCP_CM_REUSEADDR=y (a restarted process can
+ * listen on the same port at once), UCX_POSIX/SYSV_ERROR_HANDLING=y (shared
+ * memory stays usable with peer failure detection) and
+ * UCX_CMA_MEMORY_INVALIDATE=y (rendezvous over cma with peer failure
+ * detection; cma cannot revoke a peer's read access to a released send
+ * buffer). Call it before starting threads that use the environment.
  * Errors: STRIA_ERR_INVALID_ARG (bad address), STRIA_ERR_BUSY (port in use),
  * STRIA_ERR_TRANSPORT (UCX). Free with stria_ucx_ctx_destroy(). */
 stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params,

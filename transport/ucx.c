@@ -1174,7 +1174,10 @@ static void stria__handle_ack(stria_ucx_ctx_t *ctx, ucp_ep_h ep, const stria__ct
         link->last_next = stria_time_now();
         pthread_cond_broadcast(&ctx->cond);
     }
+    bool ready = link->out_ready && !link->failed;
     pthread_mutex_unlock(&ctx->lock);
+    if (ready && stria_log_level() >= STRIA_LOG_DEBUG)
+        ucp_ep_print_info(link->out_ep, stderr); /* the lanes UCX chose */
 }
 
 /* A neighbour destroyed its link after finishing its requests: the side
@@ -1848,18 +1851,22 @@ static void *stria__progress_main(void *arg)
 
 /* ---- context ------------------------------------------------------------------------- */
 
-/* Whether a UCX_TLS list can select a shared-memory transport. */
-static bool stria__tls_has_shm(const char *tls)
+/* Whether a UCX_TLS list can select one of the named transports (UCX's
+ * aliases "all", "sm" and "shm" and exclusion lists included). */
+static bool stria__tls_may_use(const char *tls, const char *const *names)
 {
     if (tls == NULL || tls[0] == '^')
         return true;
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", tls);
     char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save))
-        if (strcmp(t, "all") == 0 || strcmp(t, "posix") == 0 || strcmp(t, "sysv") == 0 ||
-            strcmp(t, "shm") == 0 || strcmp(t, "sm") == 0)
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        if (strcmp(t, "all") == 0 || strcmp(t, "shm") == 0 || strcmp(t, "sm") == 0)
             return true;
+        for (size_t i = 0; names[i] != NULL; i++)
+            if (strcmp(t, names[i]) == 0)
+                return true;
+    }
     return false;
 }
 
@@ -1871,18 +1878,30 @@ static void stria__env_default(const char *name, const char *value)
 
 /* UCX 1.13 reads the settings of its transports and connection managers
  * from the environment only (ucp_config_modify() does not reach them), so
- * the defaults the link needs go there, unless the user set them. Shared
- * memory's error handling is only set where shared memory may be used, as
- * UCX warns about settings of transports it did not load. */
+ * the defaults the link needs go there, unless the user set them. Each is
+ * set only where its transport may be used, as UCX warns about settings of
+ * transports it did not load.
+ * - TCP_CM_REUSEADDR: a restarted process listens on its port at once.
+ * - POSIX/SYSV_ERROR_HANDLING: shared memory stays usable for endpoints in
+ *   peer error mode (else UCX falls back to TCP between local processes).
+ * - CMA_MEMORY_INVALIDATE: lets UCX use cma for rendezvous in peer error
+ *   mode (else it moves large blocks over TCP at a third of the speed). cma
+ *   cannot actually revoke access: after a failure a surviving peer could
+ *   still read (never write) a send buffer the link already released. */
 static void stria__env_defaults(const char *tls)
 {
     static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+    static const char *const shm[] = {"posix", "sysv", NULL};
+    static const char *const cma[] = {"cma", NULL};
+    const char *eff = tls != NULL ? tls : getenv("UCX_TLS");
     pthread_mutex_lock(&env_lock);
     stria__env_default("UCX_TCP_CM_REUSEADDR", "y");
-    if (stria__tls_has_shm(tls != NULL ? tls : getenv("UCX_TLS"))) {
+    if (stria__tls_may_use(eff, shm)) {
         stria__env_default("UCX_POSIX_ERROR_HANDLING", "y");
         stria__env_default("UCX_SYSV_ERROR_HANDLING", "y");
     }
+    if (stria__tls_may_use(eff, cma))
+        stria__env_default("UCX_CMA_MEMORY_INVALIDATE", "y");
     pthread_mutex_unlock(&env_lock);
 }
 
