@@ -175,7 +175,7 @@ static void posted(void *arg)
     __atomic_add_fetch(&g_posted, 1, __ATOMIC_SEQ_CST);
 }
 
-static stria_rpc_method_t g_coord_methods[12];
+static stria_rpc_method_t g_coord_methods[13];
 static stria_rpc_method_t g_worker_methods[5];
 
 static stria_rpc_server_t *start_coord(const char *token, const char *admin, double hello_s)
