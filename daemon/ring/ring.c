@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* Message kinds, the low byte of a tag. */
 enum { STRIA__MSG_KV = 1, STRIA__MSG_DKV = 2, STRIA__MSG_DONE = 3 };
@@ -32,6 +33,8 @@ struct stria_ring_pass {
     int64_t *valid;
     int64_t *pos_min, *pos_max;
     stria_ring_step_stats_t *stats;
+    void *arena; /* working buffers, kept between calls */
+    size_t arena_size;
 };
 
 /* Tag = pass id (32 bits) | call number mod 256 (8) | step (16) | kind (8):
@@ -80,6 +83,7 @@ void stria_ring_pass_destroy(stria_ring_pass_t *pass)
     free(pass->pos_min);
     free(pass->pos_max);
     free(pass->stats);
+    free(pass->arena);
     free(pass);
 }
 
@@ -185,6 +189,44 @@ const stria_ring_step_stats_t *stria_ring_pass_stats(const stria_ring_pass_t *pa
 }
 
 /* ---- helpers ------------------------------------------------------------- */
+
+#define STRIA__HUGE_PAGE ((size_t)2 << 20)
+
+static size_t stria__round64(size_t x)
+{
+    return (x + 63) & ~(size_t)63;
+}
+
+/* The working buffers of a call, kept for the next call: a daemon runs many
+ * passes on one object, and fresh buffers would cost a page fault per 4 KiB
+ * every time. Large ones ask for transparent huge pages. */
+static char *stria__arena(stria_ring_pass_t *p, size_t size)
+{
+    void *ptr = NULL;
+    size_t align = size >= STRIA__HUGE_PAGE ? STRIA__HUGE_PAGE : 64;
+
+    if (p->arena != NULL && p->arena_size >= size)
+        return p->arena;
+    free(p->arena);
+    p->arena = NULL;
+    p->arena_size = 0;
+    size = (size + align - 1) / align * align;
+    if (posix_memalign(&ptr, align, size) != 0)
+        return NULL;
+    if (align == STRIA__HUGE_PAGE)
+        (void)madvise(ptr, size, MADV_HUGEPAGE); /* advisory: ignore failure */
+    p->arena = ptr;
+    p->arena_size = size;
+    return ptr;
+}
+
+/* Next `bytes` of an arena, 64-byte aligned. */
+static void *stria__carve(char **cursor, size_t bytes)
+{
+    void *at = *cursor;
+    *cursor += stria__round64(bytes);
+    return at;
+}
 
 static stria_status_t stria__check_view(const stria_tensor_t *t, const char *fn, const char *name,
                                         bool need_storage_dtype, stria_dtype_t dtype)
@@ -387,8 +429,10 @@ static stria_status_t stria__fail(stria_ring_pass_t *p, stria__reqs_t *reqs, str
 /* Agreement at the end of a pass: no rank returns success unless every rank
  * finished. Every rank sends one token per round and sends round t only after
  * it received round t - 1, so a token of round t from r - 1 proves that ranks
- * r - t .. r - 1 finished; after N - 1 rounds each rank has heard from all. A rank that failed
- * never sends, and its abort wakes the ranks waiting for it. */
+ * r - t .. r - 1 finished; after N - 1 rounds each rank has heard from all.
+ * A rank that failed never sends, and its abort wakes the ranks waiting for
+ * it. (A rank that fails during the agreement itself may leave others
+ * reporting success: their outputs are complete by then.) */
 static stria_status_t stria__agree(stria_ring_pass_t *p, stria__reqs_t *reqs, int first_step,
                                    stria_ring_step_stats_t *ss)
 {
@@ -441,18 +485,23 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     const size_t es = stria_dtype_size(p->shape.dtype);
     const size_t kv_bytes = (size_t)(B * L * Hkv * D) * es, msg = 2 * kv_bytes;
 
+    const size_t o_bytes = (size_t)(B * L * H * D) * sizeof(float);
+    const size_t lse_bytes = (size_t)(B * H * (qv > 0 ? qv : 1)) * sizeof(float);
+    char *arena = stria__arena(p, 2 * stria__round64(msg) + stria__round64(o_bytes) +
+                                      stria__round64(lse_bytes));
+
     memset(p->stats, 0, (size_t)N * sizeof(*p->stats));
-    kvbuf = stria_malloc_aligned(2 * msg);
-    o_acc = stria_malloc_aligned((size_t)(B * L * H * D) * sizeof(float));
-    lse_acc = stria_malloc_aligned((size_t)(B * H * (qv > 0 ? qv : 1)) * sizeof(float));
-    if (kvbuf == NULL || o_acc == NULL || lse_acc == NULL) {
+    if (arena == NULL) {
         st = stria__fail(p, &reqs,
                          stria_error_set(STRIA_ERR_NO_MEMORY,
                                          "cannot allocate %zu MiB of ring buffers",
-                                         (2 * msg + (size_t)(B * L * H * D) * 4) >> 20),
+                                         (2 * msg + o_bytes) >> 20),
                          "forward", 0);
         goto out;
     }
+    kvbuf = stria__carve(&arena, 2 * stria__round64(msg));
+    o_acc = stria__carve(&arena, o_bytes);
+    lse_acc = stria__carve(&arena, lse_bytes);
     stria__pack_view(k, B, L, Hkv, D, kvbuf);
     stria__pack_view(v, B, L, Hkv, D, kvbuf + kv_bytes);
 
@@ -466,8 +515,8 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         stria__step_begin(p, step);
         stria_ring_step_stats_t *ss = &p->stats[step];
         int j = (r - step + N) % N;
-        char *cur = kvbuf + (size_t)(step % 2) * msg;
-        char *nxt = kvbuf + (size_t)((step + 1) % 2) * msg;
+        char *cur = kvbuf + (size_t)(step % 2) * stria__round64(msg);
+        char *nxt = kvbuf + (size_t)((step + 1) % 2) * stria__round64(msg);
 
         ss->src_rank = j;
         /* Post the next block's transfer before computing on this one. */
@@ -511,9 +560,6 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             lse[bh * L + i] = i < qv ? lse_acc[bh * qv + i] : -INFINITY;
     st = STRIA_OK;
 out:
-    stria_free(lse_acc);
-    stria_free(o_acc);
-    stria_free(kvbuf);
     return st;
 }
 
@@ -530,7 +576,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     stria__reqs_t reqs;
     stria_status_t st;
     char *kvbuf = NULL;
-    float *dkv = NULL, *dq_acc = NULL, *lse_c = NULL, *delta = NULL;
+    float *dq_acc = NULL, *lse_c = NULL, *delta = NULL;
     int step = 0;
 
     memset(&reqs, 0, sizeof(reqs));
@@ -565,16 +611,13 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     const size_t kv_bytes = kv_elems * es, msg = 2 * kv_bytes;
     const size_t dkv_elems = 2 * kv_elems, dkv_bytes = dkv_elems * sizeof(float);
 
+    const size_t dq_bytes = (size_t)(B * L * H * D) * sizeof(float);
+    const size_t row_bytes = (size_t)(B * H * rows) * sizeof(float);
+    char *arena = stria__arena(p, 2 * stria__round64(msg) + 3 * stria__round64(dkv_bytes) +
+                                      stria__round64(dq_bytes) + 2 * stria__round64(row_bytes));
+
     memset(p->stats, 0, (size_t)N * sizeof(*p->stats));
-    kvbuf = stria_malloc_aligned(2 * msg);
-    /* dkv: two buffers for this rank's contributions (one may still be in
-     * flight while the next step fills the other), then the running sum
-     * received from the predecessor. Each is dK then dV, fp32 [B, L, Hkv, D]. */
-    dkv = stria_malloc_aligned(3 * dkv_bytes);
-    dq_acc = stria_calloc_aligned((size_t)(B * L * H * D) * sizeof(float));
-    lse_c = stria_malloc_aligned((size_t)(B * H * rows) * sizeof(float));
-    delta = stria_malloc_aligned((size_t)(B * H * rows) * sizeof(float));
-    if (kvbuf == NULL || dkv == NULL || dq_acc == NULL || lse_c == NULL || delta == NULL) {
+    if (arena == NULL) {
         st = stria__fail(p, &reqs,
                          stria_error_set(STRIA_ERR_NO_MEMORY,
                                          "cannot allocate %zu MiB of ring buffers",
@@ -582,8 +625,16 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
                          "backward", 0);
         goto out;
     }
-    float *part[2] = {dkv, dkv + dkv_elems};
-    float *dkv_in = dkv + 2 * dkv_elems;
+    kvbuf = stria__carve(&arena, 2 * stria__round64(msg));
+    /* dkv: two buffers for this rank's contributions (one may still be in
+     * flight while the next step fills the other), then the running sum
+     * received from the predecessor. Each is dK then dV, fp32 [B, L, Hkv, D]. */
+    float *part[2] = {stria__carve(&arena, dkv_bytes), stria__carve(&arena, dkv_bytes)};
+    float *dkv_in = stria__carve(&arena, dkv_bytes);
+    dq_acc = stria__carve(&arena, dq_bytes);
+    lse_c = stria__carve(&arena, row_bytes);
+    delta = stria__carve(&arena, row_bytes);
+    memset(dq_acc, 0, dq_bytes);
 
     stria__pack_view(k, B, L, Hkv, D, kvbuf);
     stria__pack_view(v, B, L, Hkv, D, kvbuf + kv_bytes);
@@ -608,8 +659,8 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         stria__step_begin(p, step);
         stria_ring_step_stats_t *ss = &p->stats[step];
         int j = (r - step + N) % N;
-        char *cur = kvbuf + (size_t)(step % 2) * msg;
-        char *nxt = kvbuf + (size_t)((step + 1) % 2) * msg;
+        char *cur = kvbuf + (size_t)(step % 2) * stria__round64(msg);
+        char *nxt = kvbuf + (size_t)((step + 1) % 2) * stria__round64(msg);
         float *mine = part[step % 2];
 
         ss->src_rank = j;
@@ -680,10 +731,5 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     stria__store_view(total + kv_elems, B, L, qv, Hkv, D, dv);
     st = STRIA_OK;
 out:
-    stria_free(delta);
-    stria_free(lse_c);
-    stria_free(dq_acc);
-    stria_free(dkv);
-    stria_free(kvbuf);
     return st;
 }

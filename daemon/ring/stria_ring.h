@@ -33,9 +33,12 @@
  *
  * Errors: a failing rank (kernel error, link error, missed deadline) aborts
  * the link, so the other ranks fail fast, and returns a status whose message
- * starts with "rank R:"; an abort seen from another rank returns
- * STRIA_ERR_PEER with a message naming the rank that aborted. Every pending
- * request is cancelled and every buffer freed before returning.
+ * starts with "rank R, forward step S:"; an abort seen from another rank
+ * returns STRIA_ERR_PEER with a message naming the rank that aborted and why.
+ * A pass ends with an agreement (N - 1 rounds of 8-byte messages), so a rank
+ * returns success only when every rank finished its part: a failure anywhere
+ * in the pass fails it on every rank. Every pending request is cancelled and
+ * every buffer freed before returning.
  */
 #ifndef STRIA_RING_H
 #define STRIA_RING_H
@@ -108,8 +111,11 @@ typedef struct stria_ring_pass stria_ring_pass_t;
 
 /* Creates rank stria_link_rank(link)'s pass object for a ring of
  * stria_link_size(link) ranks. The link is borrowed and must outlive the
- * object; the object is used by one thread at a time. Free with
- * stria_ring_pass_destroy(). */
+ * object; the object is used by one thread at a time. It keeps its working
+ * buffers between calls (two K/V shards in the storage dtype and fp32
+ * accumulators: an O shard, and in the backward pass a dQ shard and three
+ * fp32 dK/dV shard pairs) so that repeated passes do not fault in fresh
+ * memory. Free with stria_ring_pass_destroy(). */
 stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape_t *shape,
                                       stria_layout_kind_t layout, const stria_ring_opts_t *opts,
                                       stria_ring_pass_t **pass_out);
