@@ -423,9 +423,99 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
     return st;
 }
 
-static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool bwd,
-                             const stria__rb_result_t res[3])
+/* ---- single blocks ------------------------------------------------------- */
+
+/* Thread CPU time of one kernel call on one shard-sized block pair, alone
+ * and warm, for the block kinds of a causal ring: a fully visible block, a
+ * contiguous diagonal block, and the two striped ones (diagonal included,
+ * j <= r, or excluded, j > r). They bound what any schedule can reach with
+ * this kernel, apart from the ring itself. */
+typedef struct {
+    double full, diag, incl, excl;
+} stria__rb_blocks_t;
+
+static stria_status_t stria__rb_blocks(const stria__rb_opts_t *o, const stria__rb_data_t *d, int n,
+                                       bool bwd, stria__rb_blocks_t *out)
 {
+    const int64_t B = o->batch, S = d->seq, H = o->heads, Hkv = o->kv_heads, D = o->head_dim;
+    const int64_t L = (S + n - 1) / n;
+    const size_t nq = (size_t)(B * L * H * D), nk = (size_t)(B * L * Hkv * D);
+    const size_t nl = (size_t)(B * H * L);
+    float *buf = stria_calloc_aligned((2 * nq + 2 * nk + 2 * nl) * sizeof(float));
+    stria_status_t st = STRIA_OK;
+    double times[100];
+
+    if (buf == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    float *o_ = buf, *dq = buf + nq, *dk = dq + nq, *dv = dk + nk, *lse = dv + nk;
+    float *delta = lse + nl;
+    /* the first L tokens of every batch row of the full tensors */
+    stria_tensor_t tq = {d->q, o->dtype, S * H * D, H * D, D};
+    stria_tensor_t tg = {d->d_o, o->dtype, S * H * D, H * D, D};
+    stria_tensor_t tk = {d->k, o->dtype, S * Hkv * D, Hkv * D, D};
+    stria_tensor_t tv = {d->v, o->dtype, S * Hkv * D, Hkv * D, D};
+    stria_tensor_t to = stria_tensor_contiguous(o_, STRIA_DTYPE_F32, L, H, D);
+    stria_tensor_t tdq = stria_tensor_contiguous(dq, STRIA_DTYPE_F32, L, H, D);
+    stria_tensor_t tdk = stria_tensor_contiguous(dk, STRIA_DTYPE_F32, L, Hkv, D);
+    stria_tensor_t tdv = stria_tensor_contiguous(dv, STRIA_DTYPE_F32, L, Hkv, D);
+    const struct {
+        stria_pos_run_t q, k;
+        double *out;
+    } cases[4] = {
+        {{L, 1, L}, {0, 1, L}, &out->full},
+        {{0, 1, L}, {0, 1, L}, &out->diag},
+        {{1, n, L}, {0, n, L}, &out->incl},
+        {{0, n, L}, {1, n, L}, &out->excl},
+    };
+
+    for (int c = 0; c < 4 && st == STRIA_OK; c++) {
+        stria_attn_params_t p;
+        memset(&p, 0, sizeof(p));
+        p.batch = B;
+        p.q_tokens = L;
+        p.kv_tokens = L;
+        p.heads = H;
+        p.kv_heads = Hkv;
+        p.head_dim = D;
+        p.causal = true;
+        p.q_pos.runs = &cases[c].q;
+        p.q_pos.n_runs = 1;
+        p.kv_pos.runs = &cases[c].k;
+        p.kv_pos.n_runs = 1;
+        if (bwd && ((st = stria_attn_fwd(&p, &tq, &tk, &tv, &to, lse, false)) != STRIA_OK ||
+                    (st = stria_attn_bwd_delta(&p, &to, &tg, delta)) != STRIA_OK))
+            break;
+        for (int rep = -1; rep < o->reps && st == STRIA_OK; rep++) {
+            double c0 = stria_time_thread_cpu();
+            st = bwd ? stria_attn_bwd(&p, &tq, &tk, &tv, &tg, lse, delta, &tdq, &tdk, &tdv)
+                     : stria_attn_fwd(&p, &tq, &tk, &tv, &to, lse, false);
+            if (rep >= 0)
+                times[rep] = stria_time_thread_cpu() - c0;
+        }
+        if (st == STRIA_OK)
+            *cases[c].out = stria__rb_median(times, o->reps);
+    }
+    stria_free(buf);
+    return st;
+}
+
+/* The striped speedup these block costs allow: contiguous pays a diagonal
+ * block and N - 1 full ones on its slowest rank; striped rank r pays r + 1
+ * blocks with the diagonal and N - 1 - r without. */
+static double stria__rb_block_limit(const stria__rb_blocks_t *b, int n)
+{
+    double worst = 0;
+    for (int r = 0; r < n; r++) {
+        double t = (r + 1) * b->incl + (n - 1 - r) * b->excl;
+        worst = t > worst ? t : worst;
+    }
+    return (b->diag + (n - 1) * b->full) / worst;
+}
+
+static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool bwd,
+                             const stria__rb_result_t res[3], const stria__rb_blocks_t *blocks)
+{
+    double limit = o->causal ? stria__rb_block_limit(blocks, n) : 1.0;
     const char *pass = bwd ? "bwd" : "fwd";
     double ideal = o->causal ? 2.0 - 1.0 / n : 1.0;
     const stria__rb_result_t *base = &res[STRIA_LAYOUT_CONTIGUOUS];
@@ -445,9 +535,14 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool
     for (int i = 0; i < 3; i++) {
         stria_layout_kind_t k = order[i];
         const stria__rb_result_t *r = &res[k];
-        char wall[32], wall_x[32];
+        char wall[32], wall_x[32], block_json[256] = "";
         if (!o->layout_on[k])
             continue;
+        if (o->causal)
+            snprintf(block_json, sizeof(block_json),
+                     "\"block_full_s\":%.6f,\"block_diag_s\":%.6f,\"block_striped_incl_s\":%.6f,"
+                     "\"block_striped_excl_s\":%.6f,\"block_limited_striped_speedup\":%.4f,",
+                     blocks->full, blocks->diag, blocks->incl, blocks->excl, limit);
         double speedup = base->critical_s / r->critical_s;
         /* balance: mean rank compute over the critical path (1 = no idling) */
         double balance = r->total_s / (n * r->critical_s);
@@ -466,23 +561,30 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool
                    "\"run_median_speedup_vs_contiguous\":%.4f,"
                    "\"total_compute_s\":%.6f,\"balance\":%.4f,"
                    "\"speedup_vs_contiguous\":%.4f,\"ideal_speedup\":%.4f,"
-                   "\"fraction_of_ideal\":%.4f,\"wall_s\":%s,"
+                   "\"fraction_of_ideal\":%.4f,%s\"wall_s\":%s,"
                    "\"wall_speedup_vs_contiguous\":%s}\n",
                    stria_layout_kind_name(k), n, (long long)seq, pass, (long long)o->batch,
                    (long long)o->heads, (long long)o->kv_heads, (long long)o->head_dim,
                    stria_dtype_name(o->dtype), o->causal ? "true" : "false",
                    stria_kernels_variant(), o->serialize ? "true" : "false", o->reps, r->critical_s,
                    r->critical_run_s, base->critical_run_s / r->critical_run_s, r->total_s, balance,
-                   speedup, ideal, speedup / ideal, wall, wall_x);
+                   speedup, ideal, speedup / ideal, block_json, wall, wall_x);
         else
             printf("  %-11s %13.4f %14.4f %8.3f %8.3f %8.1f%% %8.3f %9s %8s\n",
                    stria_layout_kind_name(k), r->critical_s, r->total_s, balance, speedup,
                    100.0 * speedup / ideal, base->critical_run_s / r->critical_run_s, wall, wall_x);
     }
-    if (!o->json)
+    if (!o->json) {
         printf("  ideal speedup over contiguous: %.3f%s; critical path from the median compute\n"
                "  of every (rank, step); run x: speedup of the median per-run critical paths\n",
                ideal, o->causal ? " (2 - 1/N)" : " (non-causal: every layout is balanced)");
+        if (o->causal)
+            printf("  one block of %lld tokens alone: full %.4f s, contiguous diagonal %.4f s,\n"
+                   "  striped %.4f s (diagonal in) / %.4f s (out): these costs allow a striped\n"
+                   "  speedup of %.3f (%.1f%% of ideal)\n",
+                   (long long)((seq + n - 1) / n), blocks->full, blocks->diag, blocks->incl,
+                   blocks->excl, limit, 100.0 * limit / ideal);
+    }
     fflush(stdout);
 }
 
@@ -503,10 +605,14 @@ int stria_bench_ring(int argc, char **argv)
             int n = (int)o.ranks[ni];
             stria__rb_result_t res[3];
             memset(res, 0, sizeof(res));
+            stria__rb_blocks_t blocks;
+            memset(&blocks, 0, sizeof(blocks));
             if (o.do_fwd) {
                 st = stria__rb_measure(&o, &d, n, false, res);
+                if (st == STRIA_OK && o.causal)
+                    st = stria__rb_blocks(&o, &d, n, false, &blocks);
                 if (st == STRIA_OK)
-                    stria__rb_report(&o, n, d.seq, false, res);
+                    stria__rb_report(&o, n, d.seq, false, res, &blocks);
             } else {
                 /* the backward pass needs O and LSE: one untimed forward */
                 stria__rb_run_t run;
@@ -515,8 +621,10 @@ int stria_bench_ring(int argc, char **argv)
             if (st == STRIA_OK && o.do_bwd) {
                 memset(res, 0, sizeof(res));
                 st = stria__rb_measure(&o, &d, n, true, res);
+                if (st == STRIA_OK && o.causal)
+                    st = stria__rb_blocks(&o, &d, n, true, &blocks);
                 if (st == STRIA_OK)
-                    stria__rb_report(&o, n, d.seq, true, res);
+                    stria__rb_report(&o, n, d.seq, true, res, &blocks);
             }
         }
         stria__rb_data_free(&d);

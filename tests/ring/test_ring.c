@@ -779,6 +779,16 @@ static void hook_begin(void *ctx)
     pthread_mutex_unlock(&hook_lock);
 }
 
+static int step_calls, step_last = -1, step_total;
+
+static void hook_step(void *ctx, int step, int n_steps)
+{
+    (void)ctx;
+    step_calls++;
+    step_last = step;
+    step_total = n_steps;
+}
+
 static void hook_end(void *ctx)
 {
     (void)ctx;
@@ -825,11 +835,13 @@ Test(ring, serialized_compute_and_hooks)
     data_free(&a);
     data_free(&b);
 
-    /* the hooks bracket every piece of compute, never a wait */
+    /* the compute hooks bracket every piece of compute, never a wait; the
+     * step hook sees every step start */
     stria_inproc_hub_t *hub;
     stria_link_t *link;
     stria_ring_pass_t *pass;
-    stria_ring_opts_t po = {.compute_begin_cb = hook_begin, .compute_end_cb = hook_end};
+    stria_ring_opts_t po = {
+        .compute_begin_cb = hook_begin, .compute_end_cb = hook_end, .step_cb = hook_step};
     c.n = 1;
     cr_assert_eq(stria_inproc_hub_create(1, &hub), STRIA_OK);
     cr_assert_eq(stria_inproc_link_create(hub, 0, &link), STRIA_OK);
@@ -847,6 +859,8 @@ Test(ring, serialized_compute_and_hooks)
     cr_expect_eq(hook_calls, 1);
     cr_expect_eq(hook_active, 0);
     cr_expect_eq(hook_max_active, 1);
+    cr_expect(step_calls == 1 && step_last == 0 && step_total == 1,
+              "step hook: %d calls, last %d/%d", step_calls, step_last, step_total);
     free(buf);
     stria_ring_pass_destroy(pass);
     stria_link_destroy(link);
