@@ -177,13 +177,15 @@ static uint64_t only_job(const dcluster_t *c)
     return (uint64_t)id;
 }
 
-/* A forward pass over every worker, S=8192: long enough that the peers are
- * still computing when the victim's ring link is up. */
-static stria_status_t run_during_pass(dcluster_t *c, during_t *d)
+/* A forward pass over every worker, long enough that the peers are still
+ * computing when the victim's ring link is up (the sanitizer build computes
+ * several times slower). `step_timeout_s` is also how long the victim lets
+ * its pass run after SIGTERM before aborting it. */
+static stria_status_t run_during_pass(dcluster_t *c, during_t *d, double step_timeout_s)
 {
     dc_job_t j;
-    dc_job_init(&j, c, 8192, 2, 64, c->n_workers);
-    j.spec.step_timeout_s = 5;
+    dc_job_init(&j, c, STRIA_TEST_SANITIZE ? 4096 : 8192, 2, 64, c->n_workers);
+    j.spec.step_timeout_s = step_timeout_s;
     d->victim_pid = test_proc_pid(c->workers[d->victim]);
     d->stalled_pid = d->stalled >= 0 ? test_proc_pid(c->workers[d->stalled]) : 0;
     snprintf(d->log_path, sizeof(d->log_path), "%s", c->worker_log[d->victim]);
@@ -203,7 +205,7 @@ Test(shutdown, sigterm_during_a_pass_lets_it_finish, .timeout = SUITE_TIMEOUT)
     dcluster_t c;
     dc_start(&c, 2, &slow_hb);
     during_t d = {.c = &c, .victim = 0, .stalled = -1};
-    run_during_pass(&c, &d);
+    run_during_pass(&c, &d, 60); /* ample: the pass must end on its own, even on a busy machine */
     int status = test_proc_wait(c.workers[d.victim], 15);
     c.workers[d.victim] = NULL;
     cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "worker exit status %#x", status);
@@ -246,7 +248,7 @@ Test(shutdown, sigterm_with_a_stalled_peer_fails_the_step, .timeout = SUITE_TIME
      * a send in flight to a stopped peer is another matter: the transport
      * waits for UCX to give its buffer back) */
     during_t d = {.c = &c, .victim = at_ring_index(&c, 1), .stalled = at_ring_index(&c, 0)};
-    stria_status_t st = run_during_pass(&c, &d);
+    stria_status_t st = run_during_pass(&c, &d, 5);
     /* the pass cannot finish: after a step deadline (5 s) the worker aborts
      * it, the pass fails cleanly, and the worker leaves */
     int status = test_proc_wait(c.workers[d.victim], 15);
