@@ -169,9 +169,10 @@ stria_status_t stria_inproc_fault_inject(stria_inproc_hub_t *hub, int rank,
  * UCX request of the link. From then on every operation returns the first
  * error, whose message names the rank at fault. Destroy the link and
  * connect again to recover. A missed deadline names the neighbour if it went
- * silent (neighbours exchange heartbeats); if it is alive, the wait gives
- * the report of the rank actually at fault up to min(timeout, 2 s) more to
- * arrive. UCX 1.13 may keep a rendezvous send to a stopped peer after the
+ * silent (neighbours exchange heartbeats, which also carry which rank looks
+ * stalled); if it is alive, the stalled rank the heartbeats report is named,
+ * or the wait gives the report of the rank at fault up to min(timeout, 2 s)
+ * more to arrive. UCX 1.13 may keep a rendezvous send to a stopped peer after the
  * endpoint is closed; the link hands it back to UCX 0.2 s later, after which
  * that peer, should it resume, could still read (never write) the buffer.
  *

@@ -225,7 +225,13 @@ struct stria__ucx_link {
     int settle_side;               /* STRIA__NOTIFY_NEXT or _PREV */
     char settle_msg[300];
     double last_prev, last_next; /* when each neighbour was last heard */
-    bool closed;                 /* no endpoint and no UCX request left */
+    /* A stalled rank somewhere in the ring, as the heartbeats tell it (a
+     * neighbour's own silent neighbour, passed on hop by hop): -1 if none. */
+    int heard_suspect;
+    int heard_reporter;
+    double heard_silence;
+    double heard_at;
+    bool closed; /* no endpoint and no UCX request left */
     stria__node_t reqs;
     stria__node_t posted; /* unmatched receives, in posting order */
     stria__node_t unexp;  /* arrivals without a receive, in arrival order */
@@ -588,6 +594,31 @@ static void stria__link_peer_error_locked(stria__ucx_link_t *link, int side, con
     va_end(ap);
     link->settle_side = side;
     link->settle_at = stria_time_now() + STRIA__UCX_SETTLE_S;
+}
+
+/* The rank this link believes stalled, or -1: a neighbour silent for
+ * STRIA__UCX_STALE_S, else what the heartbeats reported within the last
+ * second. */
+static int stria__link_suspect_locked(const stria__ucx_link_t *link, double now, int *reporter,
+                                      double *silence)
+{
+    double qp = now - link->last_prev, qn = now - link->last_next;
+    *reporter = link->base.rank;
+    if (qp >= STRIA__UCX_STALE_S && !link->prev_closed) {
+        *silence = qp;
+        return stria_link_prev(&link->base);
+    }
+    if (qn >= STRIA__UCX_STALE_S && !link->next_closed) {
+        *silence = qn;
+        return stria_link_next(&link->base);
+    }
+    if (link->heard_suspect >= 0 && now - link->heard_at < 1.0) {
+        *reporter = link->heard_reporter;
+        *silence = link->heard_silence + (now - link->heard_at);
+        return link->heard_suspect;
+    }
+    *silence = 0;
+    return -1;
 }
 
 static bool stria__ucs_is_peer_error(ucs_status_t s)
@@ -1239,6 +1270,17 @@ static void stria__handle_notice(stria_ucx_ctx_t *ctx, ucp_ep_h ep, const stria_
     else
         link->last_prev = stria_time_now();
     if (c->type == STRIA__CTRL_PING) {
+        /* A heartbeat's origin names the rank its sender (or someone
+         * before it) found silent, its slot the rank that saw it, its
+         * status the silence in ms. Suspicion of ourselves is not ours to
+         * pass on. */
+        if (c->origin >= 0 && c->origin < link->base.size && c->origin != link->base.rank &&
+            c->status >= 0) {
+            link->heard_suspect = (int)c->origin;
+            link->heard_reporter = c->slot < (uint32_t)link->base.size ? (int)c->slot : c->rank;
+            link->heard_silence = c->status / 1000.0;
+            link->heard_at = stria_time_now();
+        }
         pthread_mutex_unlock(&ctx->lock);
         return;
     }
@@ -1705,6 +1747,13 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
         if (now >= link->next_ping) {
             stria__ctrl_t ping;
             stria__link_ctrl_init(link, &ping, STRIA__CTRL_PING);
+            int reporter;
+            double silence;
+            pthread_mutex_lock(&ctx->lock);
+            ping.origin = stria__link_suspect_locked(link, now, &reporter, &silence);
+            pthread_mutex_unlock(&ctx->lock);
+            ping.slot = (uint32_t)reporter;
+            ping.status = ping.origin >= 0 ? (int32_t)(silence * 1000) : 0;
             /* A stalled peer stops reading: do not pile heartbeats up. */
             if (link->ctrl_pending < 4)
                 stria__ctrl_send(link->out_ep, &ping, &link->ctrl_pending);
@@ -2276,15 +2325,20 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
     }
     if (!link->failed) {
         /* Blame the peer only if it went quiet. A peer that is alive is
-         * itself waiting on someone: give that rank's report a moment to
-         * arrive, so every rank names the one at fault. */
+         * itself waiting on someone: name the stalled rank the heartbeats
+         * report, or give that rank's own report a moment to arrive. */
         double now = stria_time_now();
         double heard = req->is_send ? link->last_next : link->last_prev;
-        if (now - heard < STRIA__UCX_STALE_S) {
+        int reporter;
+        double silence;
+        if (now - heard < STRIA__UCX_STALE_S &&
+            stria__link_suspect_locked(link, now, &reporter, &silence) < 0) {
             double grace = timeout_s < 0.2 ? 0.2 : timeout_s;
             double until = now + (grace < STRIA__UCX_GRACE_MAX_S ? grace : STRIA__UCX_GRACE_MAX_S);
-            while (req->state != STRIA__REQ_DONE && !link->failed && stria_time_now() < until)
-                stria__cond_wait_until(ctx, until);
+            while (req->state != STRIA__REQ_DONE && !link->failed && stria_time_now() < until &&
+                   stria__link_suspect_locked(link, stria_time_now(), &reporter, &silence) < 0)
+                stria__cond_wait_until(
+                    ctx, stria_time_now() + 0.05 < until ? stria_time_now() + 0.05 : until);
             if (req->state == STRIA__REQ_DONE) {
                 stria_status_t st = stria__req_release_locked(link, req);
                 pthread_mutex_unlock(&ctx->lock);
@@ -2294,18 +2348,30 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
     }
     if (!link->failed) {
         int peer = req->is_send ? stria_link_next(base) : stria_link_prev(base);
-        double quiet = stria_time_now() - (req->is_send ? link->last_next : link->last_prev);
-        char why[160];
-        if (quiet >= STRIA__UCX_STALE_S)
+        double now = stria_time_now();
+        double quiet = now - (req->is_send ? link->last_next : link->last_prev);
+        int reporter;
+        double silence;
+        int suspect = stria__link_suspect_locked(link, now, &reporter, &silence);
+        int origin = peer;
+        char why[240];
+        if (quiet >= STRIA__UCX_STALE_S) {
             snprintf(why, sizeof(why),
                      "rank %d is stalled or unreachable (nothing heard from it for %.1f s)", peer,
                      quiet);
-        else
+        } else if (suspect >= 0) {
+            origin = suspect;
+            snprintf(why, sizeof(why),
+                     "rank %d is alive but waiting; rank %d is stalled or unreachable (silent "
+                     "for %.1f s, seen by rank %d)",
+                     peer, suspect, silence, reporter);
+        } else {
             snprintf(why, sizeof(why),
                      "rank %d is alive but did not %s it (too slow, or waiting on another rank)",
                      peer, req->is_send ? "take" : "send");
+        }
         stria__link_fail_locked(
-            link, STRIA_ERR_TIMEOUT, peer, STRIA__NOTIFY_NEXT | STRIA__NOTIFY_PREV,
+            link, STRIA_ERR_TIMEOUT, origin, STRIA__NOTIFY_NEXT | STRIA__NOTIFY_PREV,
             "deadline of %.3g s exceeded %s tag %#llx (%zu bytes) %s rank %d "
             "(%s): %s",
             timeout_s, req->is_send ? "sending" : "receiving", (unsigned long long)req->tag,
@@ -2454,6 +2520,7 @@ stria_status_t stria_link_ucx_connect(stria_ucx_ctx_t *ctx, const stria_ucx_link
     if (link == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx link: out of memory");
     link->base.ops = &stria__ucx_ops;
+    link->heard_suspect = -1;
     link->base.rank = params->rank;
     link->base.size = params->size;
     link->ctx = ctx;
