@@ -138,7 +138,7 @@ Test(stria_run, random_writes_reproducible_arrays, .init = setup, .fini = teardo
 
 Test(stria_run, bad_inputs_get_clear_errors, .init = setup, .fini = teardown)
 {
-    float x[2 * 8 * 2 * 16] = {0};
+    static float x[2 * 8 * 3 * 16]; /* large enough for every array written below */
     char args[2048];
     write_arr("q.npy", 2, 8, 2, 16, x);
     write_arr("k.npy", 2, 8, 2, 16, x);
