@@ -287,8 +287,9 @@ static pid_t spawn_rank(int rank, int size, const rank_args_t *a)
 
 /* Transport choices of parameterized tests (Criterion copies parameters
  * into another process, so they hold no pointers). */
-enum { TLS_TCP = 0, TLS_SHM = 1 };
-static const char *const tls_names[] = {"tcp", "posix,cma,tcp"};
+enum { TLS_TCP = 0, TLS_SHM = 1, TLS_DEFAULT = 2 };
+static const char *const tls_names[] = {"tcp", "posix,cma,tcp", NULL};
+static const char *const tls_labels[] = {"tcp", "posix,cma,tcp", "UCX's default transports"};
 
 /* ---- ring passes between processes --------------------------------------- */
 
@@ -302,9 +303,10 @@ typedef struct {
 ParameterizedTestParameters(ucx, process_ring)
 {
     static ring_case_t cases[] = {
-        {2, TLS_TCP, 300000, 0}, {3, TLS_TCP, 300000, 0},  {4, TLS_TCP, 300000, 0},
-        {2, TLS_SHM, 300000, 0}, {3, TLS_SHM, 300000, 0},  {4, TLS_SHM, 300000, 0},
-        {3, TLS_TCP, 1000, 0},   {2, TLS_TCP, 300000, 50}, {2, TLS_SHM, 1000, 50},
+        {2, TLS_TCP, 300000, 0},     {3, TLS_TCP, 300000, 0},  {4, TLS_TCP, 300000, 0},
+        {2, TLS_SHM, 300000, 0},     {3, TLS_SHM, 300000, 0},  {4, TLS_SHM, 300000, 0},
+        {3, TLS_TCP, 1000, 0},       {2, TLS_TCP, 300000, 50}, {2, TLS_SHM, 1000, 50},
+        {3, TLS_DEFAULT, 300000, 0},
     };
     return cr_make_param_array(ring_case_t, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -320,9 +322,9 @@ ParameterizedTest(ring_case_t *c, ucx, process_ring, .init = setup, .fini = tear
         int status = reap(pids[r], 40);
         result_t res = read_result(r);
         cr_assert(res.present, "ring of %d over %s: rank %d wrote no result (status %d); log:\n%s",
-                  c->size, tls_names[c->tls], r, status, rank_log(r));
+                  c->size, tls_labels[c->tls], r, status, rank_log(r));
         cr_expect(res.ok, "ring of %d over %s, %zu bytes: rank %d: %s: %s", c->size,
-                  tls_names[c->tls], c->bytes, r, res.status, res.msg);
+                  tls_labels[c->tls], c->bytes, r, res.status, res.msg);
         cr_expect(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
                   "rank %d exit status %d", r, status);
     }
@@ -371,7 +373,7 @@ static void expect_same(const char *what, const float *ucx, const float *ref, si
             cr_expect(false,
                       "%s differs from the in-process ring at element %zu of %zu: %.9g vs %.9g "
                       "(ring of %d over %s, %s %s)",
-                      what, i, n, (double)ucx[i], (double)ref[i], t->size, tls_names[t->tls],
+                      what, i, n, (double)ucx[i], (double)ref[i], t->size, tls_labels[t->tls],
                       stria_layout_kind_name(t->layout), stria_dtype_name(t->dtype));
             return;
         }
