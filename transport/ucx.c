@@ -12,8 +12,8 @@
  * across a UCX call.
  *
  * Wire: two active-message ids. CTRL carries the handshake, acknowledgement,
- * abort and goodbye messages (sent with the reply flag, so the receiver
- * knows the endpoint they came on). DATA carries one tensor block: a 16-byte
+ * abort, goodbye and heartbeat messages (sent with the reply flag, so the
+ * receiver knows the endpoint they came on). DATA carries one tensor block: a 16-byte
  * header (receiver's slot, tag) and the payload, forced to rendezvous from
  * STRIA__UCX_RNDV_MIN bytes so a matched receive lands in its own buffer.
  * Matching is ours: per link, receives match arrivals by tag in posting
@@ -1596,13 +1596,30 @@ static void stria__link_flush_eps(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link)
     }
 }
 
+/* Releases the arrivals no receive took. */
+static void stria__link_drop_unexp(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link)
+{
+    stria__node_t drop;
+    stria__list_init(&drop);
+    pthread_mutex_lock(&ctx->lock);
+    stria__list_splice(&drop, &link->unexp);
+    link->unexp_bytes = 0;
+    pthread_mutex_unlock(&ctx->lock);
+    while (!stria__list_empty(&drop)) {
+        stria__unexp_t *u = STRIA__OF(drop.next, stria__unexp_t, node);
+        stria__list_del(&u->node);
+        if (u->desc != NULL)
+            ucp_am_data_release(ctx->worker, u->desc);
+        free(u->copy);
+        free(u);
+    }
+}
+
 /* Sends the failure notices, finishes unmatched receives, drops early
  * arrivals and schedules the endpoints' forced close. */
 static void stria__link_teardown(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link)
 {
     stria__ctrl_t notice;
-    stria__node_t drop;
-    stria__list_init(&drop);
 
     pthread_mutex_lock(&ctx->lock);
     stria__link_ctrl_init(link, &notice, STRIA__CTRL_ABORT);
@@ -1616,22 +1633,13 @@ static void stria__link_teardown(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link)
         stria__list_del(&req->queue_node);
         stria__req_finish_locked(req, link->fail_status, link->fail_msg);
     }
-    stria__list_splice(&drop, &link->unexp);
-    link->unexp_bytes = 0;
     pthread_mutex_unlock(&ctx->lock);
 
     if ((mask & STRIA__NOTIFY_NEXT) && link->out_ep != NULL && link->out_ready)
         stria__ctrl_send(link->out_ep, &notice, &link->ctrl_pending);
     if ((mask & STRIA__NOTIFY_PREV) && link->in_conn != NULL)
         stria__ctrl_send(link->in_conn->ep, &notice, &link->in_conn->ctrl_pending);
-    while (!stria__list_empty(&drop)) {
-        stria__unexp_t *u = STRIA__OF(drop.next, stria__unexp_t, node);
-        stria__list_del(&u->node);
-        if (u->desc != NULL)
-            ucp_am_data_release(ctx->worker, u->desc);
-        free(u->copy);
-        free(u);
-    }
+    stria__link_drop_unexp(ctx, link);
     link->torn = true;
     link->retry_at = 0;
     stria__link_flush_eps(ctx, link);
@@ -1728,6 +1736,7 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
             stria__ctrl_send(link->out_ep, &bye, &link->ctrl_pending);
         if (link->in_conn != NULL)
             stria__ctrl_send(link->in_conn->ep, &bye, &link->in_conn->ctrl_pending);
+        stria__link_drop_unexp(ctx, link);
         link->close_at = now + STRIA__UCX_CLOSE_GRACE_S;
     }
     if ((link->torn || link->graceful) && link->close_at > 0) {

@@ -430,6 +430,8 @@ ParameterizedTest(engine_test_t *t, ucx, engine_matches_inproc, .init = setup, .
         cr_assert(res.present, "rank %d wrote no result (status %d); log:\n%s", r, status,
                   rank_log(r));
         cr_assert(res.ok, "rank %d: %s: %s", r, res.status, res.msg);
+        cr_expect(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "rank %d exit status %d; log:\n%s", r, status, rank_log(r));
     }
     stria_layout_t lay;
     cr_assert_eq(stria_layout_init(c.layout, t->size, c.seq, &lay), STRIA_OK);
@@ -794,6 +796,8 @@ Test(ucx, two_hosts_ring, .init = setup, .fini = netns_teardown, .timeout = 60)
         cr_assert(res.present, "rank %d wrote no result (status %d); log:\n%s", r, status,
                   rank_log(r));
         cr_expect(res.ok, "rank %d: %s: %s", r, res.status, res.msg);
+        cr_expect(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "rank %d exit status %d", r, status);
     }
 }
 
