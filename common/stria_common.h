@@ -367,7 +367,6 @@ stria_status_t stria_layout_gather(const stria_layout_t *layout, int rank, int64
 
 /* ---- end of layouts ----------------------------------------------------- */
 
-
 #ifdef __cplusplus
 }
 #endif
