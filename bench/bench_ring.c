@@ -351,13 +351,37 @@ static double stria__rb_median(double *v, int n)
 typedef struct {
     double critical_s;     /* from the median compute of every (rank, step) */
     double critical_run_s; /* median over runs of each run's critical path */
-    double total_s, wall_s;
+    double total_s;
+    /* runs with the ranks computing at once (ranks <= cpus only; else < 0) */
+    double wall_s, wall_min_s; /* median and best wall time */
+    double par_critical_s;     /* critical path of their CPU times */
 } stria__rb_result_t;
 
 /* Whether this run measures wall times: only with a core per rank. */
 static bool stria__rb_wall(const stria__rb_opts_t *o, int n)
 {
     return n <= o->cpus;
+}
+
+/* Critical path and total from the median over runs of every (rank, step)
+ * of comp[rep][rank][step]. */
+static void stria__rb_crit(const double *comp, int reps, int n, double *crit_out, double *total_out)
+{
+    size_t nn = (size_t)n * (size_t)n;
+    double tmp[100], crit = 0, total = 0;
+    for (int s = 0; s < n; s++) {
+        double mx = 0;
+        for (int r = 0; r < n; r++) {
+            for (int rep = 0; rep < reps; rep++)
+                tmp[rep] = comp[(size_t)rep * nn + (size_t)(r * n + s)];
+            double med = stria__rb_median(tmp, reps);
+            mx = med > mx ? med : mx;
+            total += med;
+        }
+        crit += mx;
+    }
+    *crit_out = crit;
+    *total_out = total;
 }
 
 /* Runs every selected layout --reps times, interleaved (so that a change in
@@ -369,13 +393,16 @@ static bool stria__rb_wall(const stria__rb_opts_t *o, int n)
  * contiguous one), since the maximum of more samples of the same noise is
  * larger. The median over runs of each run's own critical path is reported
  * beside it. With serialised compute, wall times come from extra runs
- * without it. */
+ * without it, whose CPU times give a second critical path: both ranks
+ * computing at once on their own cores, as in the wall time, but free of
+ * the time other processes take from those cores. */
 static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_data_t *d, int n,
                                         bool bwd, stria__rb_result_t res[3])
 {
-    size_t nn = (size_t)n * (size_t)n;
-    double crit[3][100], wall[3][100], tmp[100];
-    double *comp = calloc(3 * (size_t)o->reps * nn, sizeof(double));
+    size_t nn = (size_t)n * (size_t)n, per_layout = (size_t)o->reps * nn;
+    double crit[3][100], wall[3][100], unused;
+    double *comp = calloc(6 * per_layout, sizeof(double));
+    double *comp_par = comp + 3 * per_layout;
     bool want_wall = stria__rb_wall(o, n);
     stria_status_t st = STRIA_OK;
 
@@ -386,38 +413,37 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
     for (int rep = -1; rep < o->reps && st == STRIA_OK; rep++)
         for (int k = 0; k < 3 && st == STRIA_OK; k++) {
             stria__rb_run_t run;
+            size_t at = (size_t)k * per_layout + (size_t)(rep < 0 ? 0 : rep) * nn;
             /* contiguous is the baseline: always measured */
             if (!o->layout_on[k] && k != STRIA_LAYOUT_CONTIGUOUS)
                 continue;
-            double *c = rep < 0 ? NULL : comp + ((size_t)k * (size_t)o->reps + (size_t)rep) * nn;
-            st = stria__rb_run(o, d, n, (stria_layout_kind_t)k, bwd, o->serialize, c, &run);
+            st = stria__rb_run(o, d, n, (stria_layout_kind_t)k, bwd, o->serialize,
+                               rep < 0 ? NULL : comp + at, &run);
             if (st != STRIA_OK || rep < 0)
                 continue;
             crit[k][rep] = run.critical_s;
             wall[k][rep] = run.wall_s;
-            if (want_wall && o->serialize) {
-                st = stria__rb_run(o, d, n, (stria_layout_kind_t)k, bwd, false, NULL, &run);
-                wall[k][rep] = run.wall_s;
-            }
+            if (!o->serialize)
+                memcpy(comp_par + at, comp + at, nn * sizeof(double));
+            else if (want_wall)
+                st =
+                    stria__rb_run(o, d, n, (stria_layout_kind_t)k, bwd, false, comp_par + at, &run);
+            wall[k][rep] = run.wall_s;
         }
     for (int k = 0; k < 3 && st == STRIA_OK; k++) {
         if (!o->layout_on[k] && k != STRIA_LAYOUT_CONTIGUOUS)
             continue;
         memset(&res[k], 0, sizeof(res[k]));
-        for (int s = 0; s < n; s++) {
-            double mx = 0;
-            for (int r = 0; r < n; r++) {
-                for (int rep = 0; rep < o->reps; rep++)
-                    tmp[rep] = comp[((size_t)k * (size_t)o->reps + (size_t)rep) * nn +
-                                    (size_t)(r * n + s)];
-                double med = stria__rb_median(tmp, o->reps);
-                mx = med > mx ? med : mx;
-                res[k].total_s += med;
-            }
-            res[k].critical_s += mx;
-        }
+        stria__rb_crit(comp + (size_t)k * per_layout, o->reps, n, &res[k].critical_s,
+                       &res[k].total_s);
         res[k].critical_run_s = stria__rb_median(crit[k], o->reps);
-        res[k].wall_s = want_wall ? stria__rb_median(wall[k], o->reps) : -1.0;
+        res[k].wall_s = res[k].wall_min_s = res[k].par_critical_s = -1.0;
+        if (want_wall) {
+            stria__rb_crit(comp_par + (size_t)k * per_layout, o->reps, n, &res[k].par_critical_s,
+                           &unused);
+            res[k].wall_s = stria__rb_median(wall[k], o->reps); /* sorts wall[k] */
+            res[k].wall_min_s = wall[k][0];
+        }
     }
     free(comp);
     return st;
@@ -529,13 +555,14 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool
                (long long)o->head_dim, o->causal ? "causal" : "non-causal",
                stria_dtype_name(o->dtype), pass, stria_kernels_variant(),
                o->serialize ? "serialised" : "concurrent", o->reps);
-        printf("  %-11s %13s %14s %8s %8s %9s %8s %9s %8s\n", "layout", "critical (s)",
-               "total cpu (s)", "balance", "speedup", "of ideal", "run x", "wall (s)", "wall x");
+        printf("  %-11s %12s %13s %7s %7s %8s %6s %8s %6s %6s %6s\n", "layout", "critical (s)",
+               "total cpu (s)", "balance", "speedup", "of ideal", "run x", "wall (s)", "wall x",
+               "min x", "par x");
     }
     for (int i = 0; i < 3; i++) {
         stria_layout_kind_t k = order[i];
         const stria__rb_result_t *r = &res[k];
-        char wall[32], wall_x[32], block_json[256] = "";
+        char wall[32], wall_x[32], wall_min_x[32], par_x[32], block_json[256] = "";
         if (!o->layout_on[k])
             continue;
         if (o->causal)
@@ -548,10 +575,15 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool
         double balance = r->total_s / (n * r->critical_s);
         if (r->wall_s > 0 && base->wall_s > 0) {
             snprintf(wall, sizeof(wall), "%.4f", r->wall_s);
-            snprintf(wall_x, sizeof(wall_x), "%.4f", base->wall_s / r->wall_s);
+            snprintf(wall_x, sizeof(wall_x), "%.3f", base->wall_s / r->wall_s);
+            snprintf(wall_min_x, sizeof(wall_min_x), "%.3f", base->wall_min_s / r->wall_min_s);
+            snprintf(par_x, sizeof(par_x), "%.3f", base->par_critical_s / r->par_critical_s);
         } else {
-            snprintf(wall, sizeof(wall), "%s", o->json ? "null" : "-");
-            snprintf(wall_x, sizeof(wall_x), "%s", o->json ? "null" : "-");
+            const char *none = o->json ? "null" : "-";
+            snprintf(wall, sizeof(wall), "%s", none);
+            snprintf(wall_x, sizeof(wall_x), "%s", none);
+            snprintf(wall_min_x, sizeof(wall_min_x), "%s", none);
+            snprintf(par_x, sizeof(par_x), "%s", none);
         }
         if (o->json)
             printf("{\"layout\":\"%s\",\"ranks\":%d,\"seq\":%lld,\"pass\":\"%s\",\"batch\":%lld,"
@@ -562,21 +594,25 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool
                    "\"total_compute_s\":%.6f,\"balance\":%.4f,"
                    "\"speedup_vs_contiguous\":%.4f,\"ideal_speedup\":%.4f,"
                    "\"fraction_of_ideal\":%.4f,%s\"wall_s\":%s,"
-                   "\"wall_speedup_vs_contiguous\":%s}\n",
+                   "\"wall_speedup_vs_contiguous\":%s,\"wall_min_speedup_vs_contiguous\":%s,"
+                   "\"parallel_cpu_speedup_vs_contiguous\":%s}\n",
                    stria_layout_kind_name(k), n, (long long)seq, pass, (long long)o->batch,
                    (long long)o->heads, (long long)o->kv_heads, (long long)o->head_dim,
                    stria_dtype_name(o->dtype), o->causal ? "true" : "false",
                    stria_kernels_variant(), o->serialize ? "true" : "false", o->reps, r->critical_s,
                    r->critical_run_s, base->critical_run_s / r->critical_run_s, r->total_s, balance,
-                   speedup, ideal, speedup / ideal, block_json, wall, wall_x);
+                   speedup, ideal, speedup / ideal, block_json, wall, wall_x, wall_min_x, par_x);
         else
-            printf("  %-11s %13.4f %14.4f %8.3f %8.3f %8.1f%% %8.3f %9s %8s\n",
+            printf("  %-11s %12.4f %13.4f %7.3f %7.3f %7.1f%% %6.3f %8s %6s %6s %6s\n",
                    stria_layout_kind_name(k), r->critical_s, r->total_s, balance, speedup,
-                   100.0 * speedup / ideal, base->critical_run_s / r->critical_run_s, wall, wall_x);
+                   100.0 * speedup / ideal, base->critical_run_s / r->critical_run_s, wall, wall_x,
+                   wall_min_x, par_x);
     }
     if (!o->json) {
         printf("  ideal speedup over contiguous: %.3f%s; critical path from the median compute\n"
-               "  of every (rank, step); run x: speedup of the median per-run critical paths\n",
+               "  of every (rank, step); run x: speedup of the median per-run critical paths;\n"
+               "  wall x / min x: speedup of the median / best wall time of runs with every rank\n"
+               "  on its own core; par x: speedup of those runs' CPU-time critical paths\n",
                ideal, o->causal ? " (2 - 1/N)" : " (non-causal: every layout is balanced)");
         if (o->causal)
             printf("  one block of %lld tokens alone: full %.4f s, contiguous diagonal %.4f s,\n"
