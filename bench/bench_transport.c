@@ -58,6 +58,7 @@ typedef struct {
     int reps;
     size_t bytes_per_rep;
     const char *tls;
+    int poll_us;
     bool json;
     bool perftest;
     bool bandwidth;
@@ -94,6 +95,8 @@ static void stria__tb_usage(FILE *out)
             "  --tls LIST       UCX transports for both (default: $UCX_TLS, else UCX's own\n"
             "                   default)\n"
             "  --reps N         runs per size and per tool (default 5; 1..100)\n"
+            "  --poll-us U      progress-thread polling window of the link, microseconds\n"
+            "                   (default 0: the link's default; -1: never poll)\n"
             "  --bytes-per-rep B  bytes streamed per run (default 512M; at least 8 blocks)\n"
             "  --no-perftest    skip ucx_perftest (ratio not printed)\n"
             "  --tokens LIST    overlap: tokens per rank, comma separated (default\n"
@@ -200,10 +203,10 @@ typedef struct {
 
 /* Creates the context, swaps ports with the other rank over the pipes and
  * connects the ring of two. */
-static stria_status_t stria__tb_connect(int rank, const char *tls, int rfd, int wfd,
+static stria_status_t stria__tb_connect(int rank, const stria__tb_opts_t *o, int rfd, int wfd,
                                         stria__tb_rank_t *r)
 {
-    stria_ucx_ctx_params_t cp = {.listen_host = "127.0.0.1", .tls = tls};
+    stria_ucx_ctx_params_t cp = {.listen_host = "127.0.0.1", .tls = o->tls, .poll_us = o->poll_us};
     stria_status_t st = stria_ucx_ctx_create(&cp, &r->ctx);
     if (st != STRIA_OK)
         return st;
@@ -489,7 +492,7 @@ static stria_status_t stria__tb_overlap_run(const stria__tb_opts_t *o, stria__tb
 static int stria__tb_child(const stria__tb_opts_t *o, int rfd, int wfd)
 {
     stria__tb_rank_t r = {0};
-    stria_status_t st = stria__tb_connect(1, o->tls, rfd, wfd, &r);
+    stria_status_t st = stria__tb_connect(1, o, rfd, wfd, &r);
     if (st != STRIA_OK) {
         fprintf(stderr, "stria-bench transport: rank 1: %s\n", stria_error_msg());
         return 1;
@@ -793,6 +796,11 @@ static int stria__tb_parse(int argc, char **argv, stria__tb_opts_t *o)
                 return stria__tb_bad("invalid --reps (1..100)", v);
             o->reps = (int)x;
             i++;
+        } else if (strcmp(a, "--poll-us") == 0) {
+            if (!stria__tb_int(v, -1, 100000, &x))
+                return stria__tb_bad("invalid --poll-us (-1..100000)", v);
+            o->poll_us = (int)x;
+            i++;
         } else if (strcmp(a, "--heads") == 0) {
             if (!stria__tb_int(v, 1, 256, &o->heads))
                 return stria__tb_bad("invalid --heads (1..256)", v);
@@ -879,7 +887,7 @@ int stria_bench_transport(int argc, char **argv)
     close(to_parent[1]);
 
     stria__tb_rank_t r = {0};
-    stria_status_t st = stria__tb_connect(0, o.tls, to_parent[0], to_child[1], &r);
+    stria_status_t st = stria__tb_connect(0, &o, to_parent[0], to_child[1], &r);
     if (st == STRIA_OK) {
         if (o.bandwidth)
             st = stria__tb_bandwidth(&o, &r, to_child[1], tls_name);

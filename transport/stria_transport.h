@@ -202,6 +202,12 @@ typedef struct {
     /* Network devices, in UCX_NET_DEVICES syntax ("eth0", "mlx5_0:1").
      * NULL: $UCX_NET_DEVICES if set, else all. */
     const char *net_devices;
+    /* While transfers are in flight, the progress thread keeps polling UCX
+     * for this many microseconds after the last activity before it sleeps
+     * (waking costs more than the gap between two pieces of a transfer).
+     * 0: 50; < 0: never poll (lowest CPU use on a crowded host); at most
+     * 100000. */
+    int poll_us;
 } stria_ucx_ctx_params_t;
 
 /* Creates a context: reads the UCX configuration from the environment,

@@ -76,6 +76,10 @@
  * stopped when the endpoint is closed by force; such requests are handed
  * back to UCX (ucp_request_free) this long after the close. */
 #define STRIA__UCX_DETACH_S 0.2
+/* How long the progress thread polls after the last activity before it
+ * sleeps, while transfers are in flight (stria_ucx_ctx_params_t.poll_us). */
+#define STRIA__UCX_POLL_DEFAULT_US 50
+#define STRIA__UCX_POLL_MAX_US     100000
 
 enum {
     STRIA__CTRL_HELLO = 1,
@@ -301,7 +305,9 @@ struct stria_ucx_ctx {
     stria__node_t queue; /* QUEUED requests of every link, in posting order */
     stria__ucx_link_t **slots;
     uint32_t next_slot;
-    int closing; /* endpoint closes in flight (progress thread) */
+    int closing;   /* endpoint closes in flight (progress thread) */
+    int in_flight; /* requests posted and not finished, all links */
+    double poll_s; /* polling window of the progress thread */
 
     /* Progress thread only. */
     stria__ucx_link_t **todo;
@@ -532,6 +538,8 @@ static void stria__req_free(stria_link_req_t *req)
 static void stria__req_finish_locked(stria_link_req_t *req, stria_status_t status, const char *msg)
 {
     stria_ucx_ctx_t *ctx = req->link->ctx;
+    if (req->state == STRIA__REQ_POSTED)
+        ctx->in_flight--;
     req->state = STRIA__REQ_DONE;
     req->status = status;
     req->ucp_req = NULL;
@@ -1493,6 +1501,7 @@ static bool stria__run_queue(stria_ucx_ctx_t *ctx)
             continue;
         }
         req->state = STRIA__REQ_POSTED;
+        ctx->in_flight++;
         if (link->failed) {
             stria__req_finish_locked(req, link->fail_status, link->fail_msg);
             continue;
@@ -1859,6 +1868,7 @@ static void *stria__progress_main(void *arg)
 {
     stria_ucx_ctx_t *ctx = arg;
     int busy_rounds = 0;
+    double last_active = 0;
     for (;;) {
         bool any = false;
         any |= stria__run_queue(ctx);
@@ -1870,13 +1880,20 @@ static void *stria__progress_main(void *arg)
         pthread_mutex_lock(&ctx->lock);
         bool stop = ctx->stop;
         bool queued = !stria__list_empty(&ctx->queue) || !stria__list_empty(&ctx->starts);
+        bool transfers = ctx->in_flight > 0;
         pthread_mutex_unlock(&ctx->lock);
         if (stop)
             break;
         if (any || queued || !stria__list_empty(&ctx->events)) {
             busy_rounds = 0;
+            last_active = stria_time_now();
             continue;
         }
+        /* While transfers are in flight, poll a little before sleeping: the
+         * next piece of a transfer usually follows within microseconds,
+         * and an arm/epoll/wake round costs more than it. */
+        if (transfers && stria_time_now() - last_active < ctx->poll_s)
+            continue;
         ucs_status_t s = ucp_worker_arm(ctx->worker);
         if (s == UCS_ERR_BUSY) {
             /* Events pending that progress does not consume (seen with a
@@ -1980,6 +1997,10 @@ stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params, stria_
         return stria_error_set(STRIA_ERR_INVALID_ARG, "ucx context: empty transport list");
     if (params->net_devices != NULL && params->net_devices[0] == '\0')
         return stria_error_set(STRIA_ERR_INVALID_ARG, "ucx context: empty device list");
+    if (params->poll_us > STRIA__UCX_POLL_MAX_US)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ucx context: polling window of %d us is above %d us",
+                               params->poll_us, STRIA__UCX_POLL_MAX_US);
     st = stria__resolve(host, params->listen_port, true, &addr, &addrlen);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "ucx context: listen address");
@@ -1994,6 +2015,9 @@ stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params, stria_
     stria__list_init(&ctx->events);
     stria__list_init(&ctx->starts);
     ctx->next_slot = 1;
+    ctx->poll_s = params->poll_us < 0    ? 0
+                  : params->poll_us == 0 ? STRIA__UCX_POLL_DEFAULT_US * 1e-6
+                                         : params->poll_us * 1e-6;
     ctx->slots = calloc(STRIA__UCX_SLOTS, sizeof(*ctx->slots));
     if (ctx->slots == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "ucx context: out of memory");
@@ -2411,6 +2435,7 @@ static void stria__ucx_cancel(stria_link_t *base, stria_link_req_t *req)
         /* An unmatched receive is only ours: nothing in UCX to undo. */
         stria__list_del(&req->queue_node);
         req->state = STRIA__REQ_DONE;
+        ctx->in_flight--;
     } else if (req->state == STRIA__REQ_POSTED) {
         stria__link_fail_locked(
             link, STRIA_ERR_CANCELLED, base->rank, STRIA__NOTIFY_NEXT | STRIA__NOTIFY_PREV,

@@ -1245,6 +1245,8 @@ Test(ucx, invalid_arguments, .init = setup, .fini = teardown, .timeout = 60)
     cr_expect(strstr(stria_error_msg(), "no.such.host.invalid") != NULL, "%s", stria_error_msg());
     stria_ucx_ctx_params_t empty_tls = {.tls = ""};
     cr_expect_eq(stria_ucx_ctx_create(&empty_tls, &c), STRIA_ERR_INVALID_ARG);
+    stria_ucx_ctx_params_t long_poll = {.poll_us = 1000000};
+    cr_expect_eq(stria_ucx_ctx_create(&long_poll, &c), STRIA_ERR_INVALID_ARG);
     cr_expect_eq(stria_ucx_ctx_create(NULL, &c), STRIA_ERR_INVALID_ARG);
 
     c = ctx_new("tcp");
