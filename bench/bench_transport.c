@@ -4,10 +4,13 @@
  * pass.
  *
  * Bandwidth: this process (rank 0) and a forked child (rank 1) form a ring
- * of two over UCX; rank 0 streams --iters blocks to rank 1 with two sends in
- * flight (the ring engine's double buffering), rank 1 keeps two receives
- * posted and acknowledges the last block. A run is timed from the first send
- * to the acknowledgement. ucx_perftest runs as a server/client pair of child
+ * of two over UCX; rank 0 streams blocks to rank 1 with two sends in flight,
+ * rank 1 keeps two receives posted and acknowledges the last block. A run is
+ * timed from the first send to the acknowledgement. Every run is done twice:
+ * with one buffer per side for every block (ucx_perftest's method, so the
+ * ratio compares like with like: the buffer stays in cache between blocks)
+ * and with alternating buffers (the ring engine's double buffering, the
+ * figure a pass sees). ucx_perftest runs as a server/client pair of child
  * processes with the same UCX environment, block size and iteration count.
  * It runs without error handling (no -e): on this UCX, perftest with peer
  * error handling is slower and erratic over tcp, so the plain mode is the
@@ -77,6 +80,7 @@ typedef struct {
     int32_t iters;
     uint64_t size;
     int64_t tokens;
+    int32_t buffers; /* 1: every block in one buffer (perftest's way); 2: alternate */
 } stria__tb_cmd_t;
 
 static void stria__tb_usage(FILE *out)
@@ -272,7 +276,7 @@ static stria_status_t stria__tb_sendrecv_small(stria_link_t *link, uint64_t tag)
 /* Streams iters blocks from rank 0 to rank 1. Rank 0 returns the seconds from
  * the first send to the acknowledgement. */
 static stria_status_t stria__tb_stream(stria__tb_rank_t *r, int rank, size_t size, int iters,
-                                       double *secs)
+                                       int buffers, double *secs)
 {
     stria_link_req_t *reqs[STRIA__TB_WINDOW] = {NULL};
     stria_status_t st = stria__tb_bufs(r, size);
@@ -287,7 +291,10 @@ static stria_status_t stria__tb_stream(stria__tb_rank_t *r, int rank, size_t siz
             reqs[slot] = NULL;
         }
         if (st == STRIA_OK && i < iters) {
-            uint8_t *b = r->bufs + (size_t)slot * size;
+            /* One buffer for every block, as ucx_perftest does (receives
+             * into it may overlap: the bytes are not looked at), or one per
+             * block in flight, as the ring engine's double buffering. */
+            uint8_t *b = r->bufs + (size_t)(buffers == 1 ? 0 : slot) * size;
             st = rank == 0 ? stria_link_isend(r->link, (uint64_t)i, b, size, &reqs[slot])
                            : stria_link_irecv(r->link, (uint64_t)i, b, size, &reqs[slot]);
         }
@@ -501,7 +508,7 @@ static int stria__tb_child(const stria__tb_opts_t *o, int rfd, int wfd)
     while (st == STRIA_OK && stria__tb_read_all(rfd, &cmd, sizeof(cmd)) == 0 &&
            cmd.op != STRIA__TB_QUIT) {
         if (cmd.op == STRIA__TB_BW) {
-            st = stria__tb_stream(&r, 1, cmd.size, cmd.iters, NULL);
+            st = stria__tb_stream(&r, 1, cmd.size, cmd.iters, cmd.buffers, NULL);
         } else {
             stria__tb_overlap_t ov;
             st = stria__tb_overlap_run(o, &r, 1, cmd.tokens, &ov);
@@ -651,55 +658,65 @@ static stria_status_t stria__tb_bandwidth(const stria__tb_opts_t *o, stria__tb_r
 {
     stria_status_t st = STRIA_OK;
     if (!o->json) {
-        printf("ring-link bandwidth, 2 processes, UCX_TLS=%s, %d runs per size (medians)\n",
+        printf("ring-link bandwidth, 2 processes, UCX_TLS=%s, 2 blocks in flight, %d runs per "
+               "size (medians)\n"
+               "  link 1 buf: every block sent from one buffer and received into one, as "
+               "ucx_perftest does\n"
+               "  link 2 bufs: alternating buffers, as the ring engine's double buffering\n",
                tls_name, o->reps);
-        printf("%10s %8s %12s %14s %8s\n", "size", "iters", "link GB/s", "perftest GB/s", "ratio");
+        printf("%10s %8s %12s %12s %14s %8s %8s\n", "size", "iters", "link 1 buf", "link 2 bufs",
+               "perftest GB/s", "ratio", "ratio 2");
     }
     for (int si = 0; si < o->n_sizes && st == STRIA_OK; si++) {
         size_t size = o->sizes[si];
         int iters = (int)(o->bytes_per_rep / size);
         if (iters < 8)
             iters = 8;
-        double link_v[100], perf_v[100];
+        double link_v[2][100], perf_v[100];
         int n_perf = 0;
         char perr[200] = "";
+        /* One warm-up round, then rounds of: link (1 buffer), link (2
+         * buffers), perftest, so the three see the same machine. */
         for (int rep = -1; rep < o->reps && st == STRIA_OK; rep++) {
-            stria__tb_cmd_t cmd = {.op = STRIA__TB_BW, .iters = iters, .size = size};
-            double secs = 0;
-            if (stria__tb_write_all(wfd, &cmd, sizeof(cmd)) != 0) {
-                st = stria_error_set(STRIA_ERR_IO, "rank 1 went away");
-                break;
+            for (int b = 0; b < 2 && st == STRIA_OK; b++) {
+                stria__tb_cmd_t cmd = {
+                    .op = STRIA__TB_BW, .iters = iters, .size = size, .buffers = b + 1};
+                double secs = 0;
+                if (stria__tb_write_all(wfd, &cmd, sizeof(cmd)) != 0) {
+                    st = stria_error_set(STRIA_ERR_IO, "rank 1 went away");
+                    break;
+                }
+                st = stria__tb_stream(r, 0, size, iters, b + 1, &secs);
+                if (st == STRIA_OK && rep >= 0)
+                    link_v[b][rep] = (double)size * iters / secs / 1e9;
             }
-            st = stria__tb_stream(r, 0, size, iters, &secs);
-            if (st != STRIA_OK || rep < 0)
-                continue; /* the first run warms up */
-            link_v[rep] = (double)size * iters / secs / 1e9;
-            if (o->perftest) {
-                double g = stria__tb_perftest(size, iters, perr, sizeof(perr));
-                if (g > 0)
-                    perf_v[n_perf++] = g;
-            }
+            if (st != STRIA_OK || rep < 0 || !o->perftest)
+                continue;
+            double g = stria__tb_perftest(size, iters, perr, sizeof(perr));
+            if (g > 0)
+                perf_v[n_perf++] = g;
         }
         if (st != STRIA_OK)
             break;
-        double link_gbps = stria__tb_median(link_v, o->reps);
-        double perf_gbps = stria__tb_median(perf_v, n_perf);
+        double one = stria__tb_median(link_v[0], o->reps);
+        double two = stria__tb_median(link_v[1], o->reps);
+        double perf = stria__tb_median(perf_v, n_perf);
         char sz[32];
         stria__tb_print_size(sz, sizeof(sz), size);
         if (o->json) {
             printf("{\"kind\":\"bandwidth\",\"size\":%zu,\"tls\":\"%s\",\"iters\":%d,\"reps\":%d,"
-                   "\"gbps\":%.4f,",
-                   size, tls_name, iters, o->reps, link_gbps);
+                   "\"in_flight\":%d,\"gbps\":%.4f,\"gbps_double_buffered\":%.4f,",
+                   size, tls_name, iters, o->reps, STRIA__TB_WINDOW, one, two);
             if (n_perf > 0)
-                printf("\"perftest_gbps\":%.4f,\"ratio\":%.4f}\n", perf_gbps,
-                       link_gbps / perf_gbps);
+                printf("\"perftest_gbps\":%.4f,\"ratio\":%.4f,\"ratio_double_buffered\":%.4f}\n",
+                       perf, one / perf, two / perf);
             else
-                printf("\"perftest_gbps\":null,\"ratio\":null}\n");
+                printf("\"perftest_gbps\":null,\"ratio\":null,\"ratio_double_buffered\":null}\n");
         } else if (n_perf > 0) {
-            printf("%10s %8d %12.3f %14.3f %8.3f\n", sz, iters, link_gbps, perf_gbps,
-                   link_gbps / perf_gbps);
+            printf("%10s %8d %12.3f %12.3f %14.3f %8.3f %8.3f\n", sz, iters, one, two, perf,
+                   one / perf, two / perf);
         } else {
-            printf("%10s %8d %12.3f %14s %8s%s%s\n", sz, iters, link_gbps, "-", "-",
+            printf("%10s %8d %12.3f %12.3f %14s %8s %8s%s%s\n", sz, iters, one, two, "-", "-", "-",
                    o->perftest ? "   " : "", o->perftest ? perr : "");
         }
         fflush(stdout);

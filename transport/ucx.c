@@ -1966,15 +1966,16 @@ static void stria__env_default(const char *name, const char *value)
 static void stria__env_defaults(const char *tls)
 {
     static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
-    static const char *const shm[] = {"posix", "sysv", NULL};
+    static const char *const posix[] = {"posix", NULL};
+    static const char *const sysv[] = {"sysv", NULL};
     static const char *const cma[] = {"cma", NULL};
     const char *eff = tls != NULL ? tls : getenv("UCX_TLS");
     pthread_mutex_lock(&env_lock);
     stria__env_default("UCX_TCP_CM_REUSEADDR", "y");
-    if (stria__tls_may_use(eff, shm)) {
+    if (stria__tls_may_use(eff, posix))
         stria__env_default("UCX_POSIX_ERROR_HANDLING", "y");
+    if (stria__tls_may_use(eff, sysv))
         stria__env_default("UCX_SYSV_ERROR_HANDLING", "y");
-    }
     if (stria__tls_may_use(eff, cma))
         stria__env_default("UCX_CMA_MEMORY_INVALIDATE", "y");
     pthread_mutex_unlock(&env_lock);
