@@ -13,9 +13,10 @@
  * figure a pass sees). ucx_perftest runs as a server/client pair of child
  * processes with the same UCX environment, block size and iteration count.
  * It runs without error handling (no -e): on this UCX, perftest with peer
- * error handling is slower and erratic over tcp, so the plain mode is the
- * stricter yardstick, although the link itself always runs in peer error
- * mode. Runs alternate link, perftest, link, ...; the medians are compared.
+ * error handling is slower over tcp, so the plain mode is the stricter
+ * yardstick, although the link itself always runs in peer error mode. Runs
+ * alternate link (one buffer), link (two buffers), perftest; the medians are
+ * compared.
  *
  * Overlap: both ranks hold a striped shard (rank r has tokens r, r+2, ...) of
  * Q and K/V. A pass has two steps: at step 0 each rank sends its K/V block to
