@@ -500,7 +500,7 @@ Test(striactl, status_shows_the_running_job_and_its_step, .timeout = SUITE_TIMEO
     memset(&b, 0, sizeof(b));
     /* a pass long enough for heartbeats (every 0.2 s) to report its steps;
      * the sanitizer build computes several times slower */
-    dc_job_init(&b.job, &c, STRIA_TEST_SANITIZE ? 8192 : 16384, 2, 64, 3);
+    dc_job_init(&b.job, &c, STRIA_TEST_SANITIZE ? 8192 : 32768, 2, 64, 3);
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, bg_job_thread, &b), 0);
     bool json_seen = false, human_seen = false;
