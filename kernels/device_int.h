@@ -1,0 +1,67 @@
+/* Internal interface between the device front end (device.c) and the device
+ * implementations (device.c's CPU device, cuda/device_cuda.cu). Not part of
+ * the public API. */
+#ifndef STRIA_DEVICE_INT_H
+#define STRIA_DEVICE_INT_H
+
+#include "stria_device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    void (*close)(stria_device_t *dev);
+    stria_status_t (*memory)(stria_device_t *dev, size_t *free_bytes, size_t *total_bytes);
+    stria_status_t (*alloc)(stria_device_t *dev, size_t bytes, void **out);
+    void (*free)(stria_device_t *dev, void *ptr);
+    stria_status_t (*host_alloc)(stria_device_t *dev, size_t bytes, void **out);
+    void (*host_free)(stria_device_t *dev, void *ptr);
+    stria_status_t (*copy)(stria_device_t *dev, stria_stream_t s, void *dst, const void *src,
+                           size_t bytes);
+    stria_status_t (*zero)(stria_device_t *dev, stria_stream_t s, void *dst, size_t bytes);
+    stria_status_t (*add_f32)(stria_device_t *dev, stria_stream_t s, float *dst, const float *src,
+                              size_t n);
+    stria_status_t (*order)(stria_device_t *dev, stria_stream_t waiter, stria_stream_t on);
+    stria_status_t (*sync)(stria_device_t *dev, stria_stream_t s);
+    stria_status_t (*attn_fwd)(stria_device_t *dev, const stria_attn_params_t *params,
+                               const stria_tensor_t *q, const stria_tensor_t *k,
+                               const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
+                               bool accumulate);
+    stria_status_t (*attn_partial_init)(stria_device_t *dev, const stria_attn_params_t *params,
+                                        const stria_tensor_t *o, float *lse);
+    stria_status_t (*attn_merge)(stria_device_t *dev, const stria_attn_params_t *params,
+                                 const stria_tensor_t *o_a, float *lse_a, const stria_tensor_t *o_b,
+                                 const float *lse_b);
+    stria_status_t (*attn_finalize)(stria_device_t *dev, const stria_attn_params_t *params,
+                                    const stria_tensor_t *o_part, const stria_tensor_t *o_out);
+    stria_status_t (*attn_bwd_delta)(stria_device_t *dev, const stria_attn_params_t *params,
+                                     const stria_tensor_t *o, const stria_tensor_t *d_o,
+                                     float *delta);
+    stria_status_t (*attn_bwd)(stria_device_t *dev, const stria_attn_params_t *params,
+                               const stria_tensor_t *q, const stria_tensor_t *k,
+                               const stria_tensor_t *v, const stria_tensor_t *d_o, const float *lse,
+                               const float *delta, const stria_tensor_t *dq,
+                               const stria_tensor_t *dk, const stria_tensor_t *dv);
+} stria_device_ops_t;
+
+/* The common head of every device object; implementations embed it first. */
+struct stria_device {
+    const stria_device_ops_t *ops;
+    stria_device_kind_t kind;
+    bool host_visible;
+    char name[32];
+    char description[128];
+};
+
+#ifdef STRIA_HAVE_CUDA
+/* cuda/device_cuda.cu */
+int stria__cuda_device_count(void);
+stria_status_t stria__cuda_device_open(int index, stria_device_t **out);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_DEVICE_INT_H */
