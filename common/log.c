@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static int stria__log_level = -1;
@@ -44,8 +45,32 @@ void stria_log_set_level(stria_log_level_t level)
     __atomic_store_n(&stria__log_level, (int)level, __ATOMIC_RELAXED);
 }
 
+/* Whether stderr is the systemd journal's stream for this service: systemd
+ * sets JOURNAL_STREAM=<device>:<inode> of that stream (systemd.exec(5)). Then
+ * each line starts with its syslog priority ("<3>" error, "<4>" warning,
+ * "<6>" info, "<7>" debug; sd-daemon(3)) and carries no timestamp, which the
+ * journal records itself. Checked once. */
+static int stria__log_journal = -1;
+
+static bool stria__stderr_is_journal(void)
+{
+    int v = __atomic_load_n(&stria__log_journal, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *env = getenv("JOURNAL_STREAM");
+        unsigned long long dev = 0, ino = 0;
+        struct stat sb;
+        char tail;
+        v = env != NULL && sscanf(env, "%llu:%llu%c", &dev, &ino, &tail) == 2 &&
+            fstat(2, &sb) == 0 && (unsigned long long)sb.st_dev == dev &&
+            (unsigned long long)sb.st_ino == ino;
+        __atomic_store_n(&stria__log_journal, v, __ATOMIC_RELAXED);
+    }
+    return v != 0;
+}
+
 void stria_log_write(stria_log_level_t level, const char *file, int line, const char *fmt, ...)
 {
+    static const int priorities[] = {3, 4, 6, 7};
     char msg[2048];
     struct timespec ts;
     struct tm tm;
@@ -55,11 +80,19 @@ void stria_log_write(stria_log_level_t level, const char *file, int line, const 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    base = base ? base + 1 : file;
+    if (stria__stderr_is_journal()) {
+        pthread_mutex_lock(&stria__log_lock);
+        fprintf(stderr, "<%d>%-5s %s:%d %s\n", priorities[level], stria__level_names[level], base,
+                line, msg);
+        pthread_mutex_unlock(&stria__log_lock);
+        return;
+    }
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
     pthread_mutex_lock(&stria__log_lock);
     fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s:%d %s\n", tm.tm_year + 1900,
             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-            stria__level_names[level], base ? base + 1 : file, line, msg);
+            stria__level_names[level], base, line, msg);
     pthread_mutex_unlock(&stria__log_lock);
 }

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "stria_common.h"
@@ -158,4 +160,53 @@ Test(common, npy_bad_files, .init = make_tmp, .fini = rm_tmp)
 
     cr_expect_eq(stria_npy_read("/nonexistent/x.npy", &arr), STRIA_ERR_IO);
     cr_expect(strstr(stria_error_msg(), "/nonexistent/x.npy") != NULL);
+}
+
+/* Runs stria_log_error/info in a child whose stderr is a file; journal
+ * selects whether JOURNAL_STREAM names that file (as systemd does for a
+ * service's stream) or some other stream. Returns what the child wrote. */
+static void log_in_child(bool journal, char *out, size_t cap)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/stria_test_log_%d.txt", (int)getpid());
+    FILE *f = fopen(path, "w+");
+    cr_assert_not_null(f);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        struct stat sb;
+        char env[64];
+        dup2(fileno(f), 2);
+        fstat(2, &sb);
+        snprintf(env, sizeof(env), "%llu:%llu", (unsigned long long)sb.st_dev,
+                 (unsigned long long)sb.st_ino + (journal ? 0 : 1));
+        setenv("JOURNAL_STREAM", env, 1);
+        stria_log_set_level(STRIA_LOG_INFO);
+        stria_log_error("disk %d failed", 3);
+        stria_log_info("ready");
+        stria_log_debug("hidden");
+        _exit(0);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    rewind(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    unlink(path);
+}
+
+Test(common, log_lines_carry_journal_priorities_under_systemd)
+{
+    char text[1024];
+    log_in_child(true, text, sizeof(text));
+    cr_expect(strncmp(text, "<3>error test_common.c:", 23) == 0, "got '%s'", text);
+    cr_expect(strstr(text, "disk 3 failed\n<6>info  test_common.c:") != NULL, "got '%s'", text);
+    cr_expect(strstr(text, "hidden") == NULL, "got '%s'", text);
+    cr_expect(strchr(text, 'Z') == NULL, "journal lines carry no timestamp: '%s'", text);
+
+    log_in_child(false, text, sizeof(text));
+    cr_expect(text[0] == '2' && strstr(text, "Z error test_common.c:") != NULL, "got '%s'", text);
+    cr_expect(strstr(text, "<3>") == NULL, "got '%s'", text);
 }
