@@ -1690,6 +1690,17 @@ uint64_t stria_rpc_client_max_payload(const stria_rpc_client_t *cl)
     return cl->server_max_payload;
 }
 
+/* Prefixes the method name to the thread's message, unless the server's
+ * message names it already ("GetJob: job 9 is unknown"). */
+static stria_status_t stria__wrap_method(stria_status_t st, const char *method)
+{
+    const char *msg = stria_error_msg();
+    size_t n = strlen(method);
+    if (strncmp(msg, method, n) == 0 && msg[n] == ':')
+        return st;
+    return stria_error_wrap(st, "%s", method);
+}
+
 static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
                                      stria_rpc_reply_t *reply_out)
 {
@@ -1743,14 +1754,14 @@ static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_req
         /* An error reply leaves the stream in step; anything else does not. */
         if (!cl->server_error)
             stria__cl_drop(cl);
-        return stria_error_wrap(st, "%s", md->name);
+        return stria__wrap_method(st, md->name);
     }
     if (plen > 0) {
         if (req->reply_buf != NULL && plen > req->reply_buf_cap) {
             st = stria__cl_recv(cl, NULL, plen, deadline);
             if (st != STRIA_OK) {
                 stria__cl_drop(cl);
-                stria_error_wrap(st, "%s", md->name);
+                stria__wrap_method(st, md->name);
             } else {
                 st = stria_error_set(STRIA_ERR_NO_MEMORY,
                                      "%s: reply payload of %llu bytes does not fit the %llu-byte "
@@ -1776,7 +1787,7 @@ static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_req
         st = stria__cl_recv(cl, payload, plen, deadline);
         if (st != STRIA_OK) {
             stria__cl_drop(cl);
-            stria_error_wrap(st, "%s", md->name);
+            stria__wrap_method(st, md->name);
             goto free_payload;
         }
     }

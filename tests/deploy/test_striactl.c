@@ -425,7 +425,7 @@ Test(striactl, exit_codes_and_messages, .timeout = SUITE_TIMEOUT)
     expect_has("unknown worker", err, "no worker '10.9.9.9:7500'");
     free(err);
     err = CTL_ERR(&c, NULL, 1, "job", "999");
-    expect_has("unknown job", err, "job 999 is unknown");
+    expect_has("unknown job", err, "striactl: GetJob: job 999 is unknown");
     free(err);
     err = CTL_ERR(&c, NULL, 1, "--json", "cancel", "999");
     expect_has("unknown job", err, "job 999 is unknown");
