@@ -1109,6 +1109,8 @@ static void stria__on_sweep(uv_timer_t *timer)
     double now = stria_time_now();
     stria__rpc_conn_t *c = srv->conns;
 
+    __atomic_store_n(&srv->loop_alive_us, (int64_t)(now * 1e6), __ATOMIC_RELAXED);
+
     while (c != NULL) {
         stria__rpc_conn_t *next = c->next;
         if (!c->hello_done && c->phase != STRIA__RD_LINGER &&
@@ -1257,6 +1259,7 @@ stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *p,
     }
     srv->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                   : ((struct sockaddr_in *)&bound)->sin_port);
+    srv->loop_alive_us = (int64_t)(stria_time_now() * 1e6);
     uv_timer_start(&srv->sweep, stria__on_sweep, 250, 250);
     if (srv->tick_cb != NULL) {
         uint64_t ms = (uint64_t)ceil(srv->tick_period_s * 1000.0);
@@ -1284,6 +1287,12 @@ close_loop:
 uint16_t stria_rpc_server_port(const stria_rpc_server_t *server)
 {
     return server->port;
+}
+
+double stria_rpc_server_loop_age(const stria_rpc_server_t *server)
+{
+    int64_t at_us = __atomic_load_n(&server->loop_alive_us, __ATOMIC_RELAXED);
+    return stria_time_now() - (double)at_us * 1e-6;
 }
 
 stria_status_t stria_rpc_server_post(stria_rpc_server_t *srv, stria_rpc_done_cb fn, void *arg)

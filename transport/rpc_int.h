@@ -117,6 +117,7 @@ struct stria_rpc_server {
     uv_tcp_t listener;
     uv_async_t async;
     uv_timer_t sweep;
+    int64_t loop_alive_us; /* stria_time_now() of the last sweep in us, atomic */
     uv_timer_t tick;
     pthread_t thread;
     bool thread_started;

@@ -146,6 +146,11 @@ stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *params,
 /* The bound port (useful after listening on port 0). */
 uint16_t stria_rpc_server_port(const stria_rpc_server_t *server);
 
+/* Seconds since the server's loop thread last ran its 250 ms housekeeping
+ * timer: a few tenths while the loop is responsive, growing while a callback
+ * blocks it. Callable from any thread; a liveness probe for watchdogs. */
+double stria_rpc_server_loop_age(const stria_rpc_server_t *server);
+
 /* Runs fn(arg) on the loop thread soon; callable from any thread, including
  * the loop thread itself (then it runs after the current callback). */
 stria_status_t stria_rpc_server_post(stria_rpc_server_t *server, stria_rpc_done_cb fn, void *arg);

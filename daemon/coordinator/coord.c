@@ -1651,6 +1651,11 @@ uint16_t stria_coord_port(const stria_coord_t *co)
     return stria_rpc_server_port(co->server);
 }
 
+const stria_rpc_server_t *stria_coord_server(const stria_coord_t *co)
+{
+    return co->server;
+}
+
 void stria_coord_stop(stria_coord_t *co)
 {
     if (co == NULL)

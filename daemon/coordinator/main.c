@@ -187,6 +187,8 @@ int main(int argc, char **argv)
     memset(&ml, 0, sizeof(ml));
     uv_loop_init(&ml.loop);
     st = stria_service_start(&ml.loop, stria__on_signal, &ml, &ml.svc);
+    if (st == STRIA_OK)
+        stria_service_watch_rpc(ml.svc, stria_coord_server(co));
     if (st == STRIA_OK && c.metrics_listen != NULL)
         st = stria_http_metrics_start(&ml.loop, c.metrics_listen, metrics, &ml.http);
     if (st == STRIA_OK && c.port_file != NULL)

@@ -34,6 +34,7 @@
 #define STRIA_COORDINATOR_H
 
 #include "stria_common.h"
+#include "stria_rpc.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,6 +74,8 @@ stria_status_t stria_coord_start(const stria_coord_params_t *params, stria_coord
 
 /* The bound port. */
 uint16_t stria_coord_port(const stria_coord_t *coord);
+/* The RPC server (for liveness probes such as stria_service_watch_rpc). */
+const stria_rpc_server_t *stria_coord_server(const stria_coord_t *coord);
 
 /* Stops serving, fails every unfinished job with the reason "the
  * coordinator shut down" (logged, one line per job) and frees everything;

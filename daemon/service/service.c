@@ -1,3 +1,4 @@
+#include "stria_rpc.h"
 #include "stria_service.h"
 
 #include <netinet/in.h>
@@ -264,6 +265,9 @@ struct stria_service {
     uv_signal_t sigterm, sigint;
     uv_timer_t watchdog;
     bool watchdog_on;
+    bool watchdog_held; /* the probe failed last time: pings withheld */
+    stria_liveness_cb alive;
+    void *alive_arg;
     stria_shutdown_cb cb;
     void *arg;
     int open_handles;
@@ -277,8 +281,44 @@ static void stria__svc_signal(uv_signal_t *h, int signum)
 
 static void stria__svc_watchdog(uv_timer_t *t)
 {
-    (void)t;
+    stria_service_t *svc = t->data;
+    char why[256] = "";
+
+    if (svc->alive != NULL && !svc->alive(svc->alive_arg, why, sizeof(why))) {
+        /* no ping: systemd's WatchdogSec ends the process if this lasts */
+        if (!svc->watchdog_held)
+            stria_log_error("watchdog: withholding keep-alive pings: %s", why);
+        svc->watchdog_held = true;
+        return;
+    }
+    if (svc->watchdog_held)
+        stria_log_warn("watchdog: healthy again, keep-alive pings resumed");
+    svc->watchdog_held = false;
     stria_notify("WATCHDOG=1");
+}
+
+void stria_service_set_liveness(stria_service_t *svc, stria_liveness_cb alive, void *arg)
+{
+    svc->alive = alive;
+    svc->alive_arg = arg;
+}
+
+static bool stria__svc_rpc_alive(void *arg, char *why, size_t cap)
+{
+    /* the loop's housekeeping timer runs every 0.25 s; allow a busy second */
+    double limit = stria_notify_watchdog_interval() / 2.0;
+    double age = stria_rpc_server_loop_age(arg);
+    if (limit < 1.0)
+        limit = 1.0;
+    if (age <= limit)
+        return true;
+    snprintf(why, cap, "the RPC loop has not run for %.1f s", age);
+    return false;
+}
+
+void stria_service_watch_rpc(stria_service_t *svc, const stria_rpc_server_t *server)
+{
+    stria_service_set_liveness(svc, stria__svc_rpc_alive, (void *)server);
 }
 
 stria_status_t stria_service_start(uv_loop_t *loop, stria_shutdown_cb on_shutdown, void *arg,

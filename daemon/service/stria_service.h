@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "stria_common.h"
+#include "stria_rpc.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,6 +41,20 @@ typedef struct stria_service stria_service_t;
 stria_status_t stria_service_start(uv_loop_t *loop, stria_shutdown_cb on_shutdown, void *arg,
                                    stria_service_t **out);
 void stria_service_stop(stria_service_t *svc);
+
+/* A liveness probe: true when the daemon can serve; false with a reason in
+ * why[0..cap). Called on the service loop's thread. */
+typedef bool (*stria_liveness_cb)(void *arg, char *why, size_t cap);
+
+/* Makes the watchdog ping only while `alive` says so, so that a daemon
+ * whose serving thread hangs (a blocked RPC loop) stops pinging and systemd
+ * restarts it after WatchdogSec, although the service loop still runs. The
+ * first failure logs an error with the reason. */
+void stria_service_set_liveness(stria_service_t *svc, stria_liveness_cb alive, void *arg);
+
+/* The usual probe: alive while `server`'s loop thread ran its housekeeping
+ * within max(1 s, half the watchdog interval). `server` must outlive svc. */
+void stria_service_watch_rpc(stria_service_t *svc, const stria_rpc_server_t *server);
 
 #ifdef __cplusplus
 }

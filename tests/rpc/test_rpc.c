@@ -175,6 +175,13 @@ static void posted(void *arg)
     __atomic_add_fetch(&g_posted, 1, __ATOMIC_SEQ_CST);
 }
 
+static void posted_block(void *arg)
+{
+    (void)arg;
+    usleep(1600000);
+    __atomic_add_fetch(&g_posted, 1, __ATOMIC_SEQ_CST);
+}
+
 static stria_rpc_method_t g_coord_methods[13];
 static stria_rpc_method_t g_worker_methods[5];
 
@@ -472,6 +479,17 @@ Test(rpc, call_and_async_replies, .timeout = TEST_TIMEOUT_S)
     for (int i = 0; i < 200 && __atomic_load_n(&g_posted, __ATOMIC_SEQ_CST) == 0; i++)
         usleep(5000);
     cr_expect_eq(g_posted, 1);
+    /* The loop-age probe: small while the loop runs, growing while a
+     * callback blocks it, small again after. */
+    cr_expect_lt(stria_rpc_server_loop_age(srv), 0.6);
+    cr_expect_eq(stria_rpc_server_post(srv, posted_block, NULL), STRIA_OK);
+    usleep(1200000);
+    double blocked_age = stria_rpc_server_loop_age(srv);
+    cr_expect_gt(blocked_age, 0.8, "loop age %.3f s while the loop is blocked", blocked_age);
+    for (int i = 0; i < 400 && __atomic_load_n(&g_posted, __ATOMIC_SEQ_CST) < 2; i++)
+        usleep(5000);
+    usleep(400000);
+    cr_expect_lt(stria_rpc_server_loop_age(srv), 0.6);
     stria_rpc_client_close(cl);
     join_later();
     stria_rpc_server_stop(srv);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "stria_service.h"
@@ -139,4 +140,90 @@ Test(service, sigterm_reaches_callback, .init = setup, .fini = teardown, .timeou
     for (int i = 0; i < 200 && __atomic_load_n(&fx.signals, __ATOMIC_RELAXED) == 0; i++)
         usleep(10000);
     cr_expect_eq(__atomic_load_n(&fx.signals, __ATOMIC_RELAXED), 1);
+}
+
+/* ---- watchdog liveness -------------------------------------------------- */
+
+static int wd_alive = 1;
+static uv_loop_t wd_loop;
+static uv_async_t wd_stop;
+static stria_service_t *wd_svc;
+
+static bool wd_probe(void *arg, char *why, size_t cap)
+{
+    (void)arg;
+    if (__atomic_load_n(&wd_alive, __ATOMIC_RELAXED))
+        return true;
+    snprintf(why, cap, "test says so");
+    return false;
+}
+
+static void wd_on_stop(uv_async_t *a)
+{
+    stria_service_stop(wd_svc);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *wd_thread(void *arg)
+{
+    (void)arg;
+    uv_run(&wd_loop, UV_RUN_DEFAULT);
+    uv_loop_close(&wd_loop);
+    return NULL;
+}
+
+/* WATCHDOG=1 datagrams on fd within `seconds`. */
+static int wd_count(int fd, double seconds)
+{
+    int n = 0;
+    double end = stria_time_now() + seconds;
+    char buf[64];
+    for (double left; (left = end - stria_time_now()) > 0;) {
+        struct timeval tv = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        ssize_t r = recv(fd, buf, sizeof(buf) - 1, 0);
+        if (r <= 0)
+            continue;
+        buf[r] = '\0';
+        n += strcmp(buf, "WATCHDOG=1") == 0;
+    }
+    return n;
+}
+
+Test(service, watchdog_pings_only_while_alive, .timeout = 30)
+{
+    char sock_path[108];
+    snprintf(sock_path, sizeof(sock_path), "/tmp/stria_wd_%d.sock", (int)getpid());
+    unlink(sock_path);
+    int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    strcpy(addr.sun_path, sock_path);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    setenv("NOTIFY_SOCKET", sock_path, 1);
+    setenv("WATCHDOG_USEC", "200000", 1); /* a ping every 0.1 s */
+    unsetenv("WATCHDOG_PID");
+
+    uv_loop_init(&wd_loop);
+    uv_async_init(&wd_loop, &wd_stop, wd_on_stop);
+    cr_assert_eq(stria_service_start(&wd_loop, on_shutdown, NULL, &wd_svc), STRIA_OK);
+    stria_service_set_liveness(wd_svc, wd_probe, NULL);
+    pthread_t t;
+    pthread_create(&t, NULL, wd_thread, NULL);
+
+    int alive1 = wd_count(fd, 0.6);
+    __atomic_store_n(&wd_alive, 0, __ATOMIC_RELAXED);
+    wd_count(fd, 0.15); /* a ping already on its way */
+    int dead = wd_count(fd, 0.6);
+    __atomic_store_n(&wd_alive, 1, __ATOMIC_RELAXED);
+    int alive2 = wd_count(fd, 0.6);
+
+    uv_async_send(&wd_stop);
+    pthread_join(t, NULL);
+    close(fd);
+    unlink(sock_path);
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    cr_expect_geq(alive1, 3, "%d pings in 0.6 s while alive", alive1);
+    cr_expect_eq(dead, 0, "%d pings in 0.6 s while the probe failed", dead);
+    cr_expect_geq(alive2, 3, "%d pings in 0.6 s after recovery", alive2);
 }
