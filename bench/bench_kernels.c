@@ -25,6 +25,9 @@
 #endif
 
 #include "bench.h"
+#ifdef STRIA_BENCH_CUDA
+#include "bench_cuda.h"
+#endif
 #include "stria_common.h"
 #include "stria_kernels.h"
 
@@ -40,6 +43,9 @@ typedef struct {
     bool causal;
     bool json;
     const char *variant; /* NULL: the default choice; "all": every available one */
+    const char *device;  /* "cpu" (default), "cuda" or "cuda:N" */
+    bool dtype_set;
+    int64_t gemm_n; /* --device cuda: side of the cuBLAS reference GEMM */
 } stria__kb_opts_t;
 
 static void stria__kb_usage(FILE *out)
@@ -63,6 +69,10 @@ static void stria__kb_usage(FILE *out)
             "  --reps N         timed runs per pass, median reported (default 5; 1..1000)\n"
             "  --variant V      kernel variant: portable | avx2 | avx512 | all (every one\n"
             "                   this CPU runs, side by side); default: the best available\n"
+            "  --device X       cpu (default), or cuda / cuda:N: the GPU kernels, timed with\n"
+            "                   CUDA events, against the GPU's cuBLAS bf16 GEMM rate measured\n"
+            "                   in the same run (default dtype there: bf16)\n"
+            "  --gemm N         side of that cuBLAS GEMM (default 8192; 0 skips it)\n"
             "  --json           one JSON object per line instead of the table\n"
             "  -h, --help       this text\n"
             "\n"
@@ -106,6 +116,8 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
     o->reps = 5;
     o->dtype = STRIA_DTYPE_F32;
     o->causal = true;
+    o->device = "cpu";
+    o->gemm_n = 8192;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -122,13 +134,23 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
         } else if (strcmp(a, "--seq") == 0 || strcmp(a, "--head-dim") == 0 ||
                    strcmp(a, "--heads") == 0 || strcmp(a, "--kv-heads") == 0 ||
                    strcmp(a, "--threads") == 0 || strcmp(a, "--reps") == 0 ||
-                   strcmp(a, "--dtype") == 0 || strcmp(a, "--variant") == 0) {
+                   strcmp(a, "--dtype") == 0 || strcmp(a, "--variant") == 0 ||
+                   strcmp(a, "--device") == 0 || strcmp(a, "--gemm") == 0) {
             if (val == NULL)
                 return stria__kb_bad("option %s needs a value%s", a, "");
             i++;
             if (strcmp(a, "--dtype") == 0) {
                 if (stria_dtype_parse(val, &o->dtype) != STRIA_OK)
                     return stria__kb_bad("--dtype '%s': expected fp32, bf16 or fp16%s", val, "");
+                o->dtype_set = true;
+            } else if (strcmp(a, "--device") == 0) {
+                if (strcmp(val, "cpu") != 0 && strcmp(val, "cuda") != 0 &&
+                    strncmp(val, "cuda:", 5) != 0)
+                    return stria__kb_bad("--device '%s': expected cpu, cuda or cuda:N%s", val, "");
+                o->device = val;
+            } else if (strcmp(a, "--gemm") == 0) {
+                if (!stria__kb_int(val, 0, 32768, &o->gemm_n))
+                    return stria__kb_bad("--gemm '%s': expected an integer in 0..32768%s", val, "");
             } else if (strcmp(a, "--variant") == 0) {
                 o->variant = val;
             } else if (strcmp(a, "--seq") == 0) {
@@ -163,6 +185,8 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
     }
     if (o->kv_heads == 0)
         o->kv_heads = o->heads;
+    if (strcmp(o->device, "cpu") != 0 && !o->dtype_set)
+        o->dtype = STRIA_DTYPE_BF16;
     if (o->heads % o->kv_heads != 0) {
         fprintf(stderr,
                 "stria-bench kernels: --heads %lld is not a multiple of --kv-heads %lld\n"
@@ -608,6 +632,17 @@ int stria_bench_kernels(int argc, char **argv)
 
     if (rc >= 0)
         return rc;
+    if (strcmp(o.device, "cpu") != 0) {
+#ifdef STRIA_BENCH_CUDA
+        stria_bench_cuda_opts_t co = {o.device, o.seq,   o.head_dim, o.heads, o.kv_heads,
+                                      o.reps,   o.dtype, o.causal,   o.json,  o.gemm_n};
+        return stria_bench_kernels_cuda(&co);
+#else
+        fprintf(stderr, "stria-bench kernels: --device %s: this build has no CUDA support\n",
+                o.device);
+        return 2;
+#endif
+    }
     if (o.variant != NULL && strcmp(o.variant, "all") == 0)
         variants = stria_kernels_variant_names();
     else

@@ -31,4 +31,4 @@ build_and_test build -DCMAKE_BUILD_TYPE=Release -DSTRIA_SANITIZE=OFF
 ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1} \
 LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-  build_and_test build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_SANITIZE=ON
+  build_and_test build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_SANITIZE=ON -DSTRIA_CUDA=OFF

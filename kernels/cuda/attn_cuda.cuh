@@ -1,0 +1,178 @@
+/* Internal interface of the CUDA attention kernels (attn_fwd.cu, attn_bwd.cu,
+ * attn_simt.cu) and the device-side helpers they share. Used by
+ * device_cuda.cu, which validates every argument before a launch. */
+#ifndef STRIA_ATTN_CUDA_CUH
+#define STRIA_ATTN_CUDA_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "stria_common.h"
+#include "stria_device.h"
+
+/* Positions come as one int64 per token plus the min and max position of
+ * every STRIA__CU_GRAIN consecutive tokens; a kernel's tile (a multiple of the
+ * grain) combines its grains' bounds. */
+#define STRIA__CU_GRAIN 16
+
+/* A strided [batch, tokens, heads, head_dim] view; strides in elements. */
+typedef struct {
+    const void *p;
+    int64_t sb, st, sh;
+} stria_cu_view_t;
+
+/* Everything a kernel launch needs, in device memory where it is a pointer. */
+typedef struct {
+    int64_t B, Tq, Tk, H, Hkv, G;
+    int D;
+    float scale;
+    bool causal;
+    stria_dtype_t dtype; /* storage of q, k, v, d_o */
+    /* causal only, else NULL: positions and per-grain bounds */
+    const int64_t *qpos, *kpos;
+    const int64_t *qmin, *qmax, *kmin, *kmax;
+    stria_cu_view_t q, k, v, d_o;
+    /* forward: o (fp32) and lse [B][H][Tq]; backward: lse and delta inputs */
+    stria_cu_view_t o;
+    float *lse;
+    bool accumulate;
+    const float *lse_in, *delta;
+    stria_cu_view_t dq, dk, dv; /* fp32, accumulated into */
+} stria_cu_attn_t;
+
+/* The CUDA stream behind a stream of a "cuda" device (for timing with CUDA
+ * events in stria-bench); NULL for any other device. */
+cudaStream_t stria__cuda_stream(stria_device_t *dev, stria_stream_t s);
+
+/* Sets the shared-memory limits of the tensor-core kernels on the current
+ * device; call once per device. */
+cudaError_t stria__cu_attn_init(void);
+
+/* Whether the tensor-core kernels take this call (16-bit dtype, head_dim 64
+ * or 128, 16-byte aligned rows); otherwise the SIMT kernels run. */
+bool stria__cu_mma_ok(const stria_cu_attn_t *a, bool backward);
+
+cudaError_t stria__cu_fwd_mma(const stria_cu_attn_t *a, cudaStream_t s);
+cudaError_t stria__cu_bwd_mma(const stria_cu_attn_t *a, cudaStream_t s);
+cudaError_t stria__cu_fwd_simt(const stria_cu_attn_t *a, cudaStream_t s);
+cudaError_t stria__cu_bwd_simt(const stria_cu_attn_t *a, cudaStream_t s);
+
+/* Row-wise kernels over B x Tq x H rows of D values (stria_kernels.h). */
+cudaError_t stria__cu_partial_init(const stria_cu_attn_t *a, cudaStream_t s);
+/* merge: a->o, a->lse receive; b_o, b_lse the partial merged in */
+cudaError_t stria__cu_merge(const stria_cu_attn_t *a, stria_cu_view_t b_o, const float *b_lse,
+                            cudaStream_t s);
+/* finalize: a->o the fp32 partial, out (of out_dtype) the result */
+cudaError_t stria__cu_finalize(const stria_cu_attn_t *a, stria_cu_view_t out,
+                               stria_dtype_t out_dtype, cudaStream_t s);
+/* delta: a->o (o_dtype) and a->d_o (a->dtype) into delta_out [B][H][Tq] */
+cudaError_t stria__cu_delta(const stria_cu_attn_t *a, stria_dtype_t o_dtype, float *delta_out,
+                            cudaStream_t s);
+cudaError_t stria__cu_add_f32(float *dst, const float *src, size_t n, cudaStream_t s);
+
+/* ---- device helpers shared by the kernels ----------------------------- */
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define STRIA__LOG2E 1.4426950408889634f
+#define STRIA__LN2   0.6931471805599453f
+
+enum { STRIA__CU_SKIP = 0, STRIA__CU_FULL = 1, STRIA__CU_PARTIAL = 2 };
+
+template <typename T> __device__ __forceinline__ float stria__cu_ld(const T *p);
+template <> __device__ __forceinline__ float stria__cu_ld<float>(const float *p)
+{
+    return *p;
+}
+template <> __device__ __forceinline__ float stria__cu_ld<__nv_bfloat16>(const __nv_bfloat16 *p)
+{
+    return __bfloat162float(*p);
+}
+template <> __device__ __forceinline__ float stria__cu_ld<__half>(const __half *p)
+{
+    return __half2float(*p);
+}
+
+/* Element pointer of row (b, t, h) of a view of element type T. */
+template <typename T>
+__device__ __forceinline__ const T *stria__cu_row(const stria_cu_view_t &v, int64_t b, int64_t t,
+                                                  int64_t h)
+{
+    return (const T *)v.p + b * v.sb + t * v.st + h * v.sh;
+}
+__device__ __forceinline__ float *stria__cu_row_f32(const stria_cu_view_t &v, int64_t b, int64_t t,
+                                                    int64_t h)
+{
+    return (float *)v.p + b * v.sb + t * v.st + h * v.sh;
+}
+
+/* Min and max position of tokens [t0, t0 + n) from the per-grain bounds; n a
+ * multiple of the grain. Tokens past the end are ignored. */
+__device__ __forceinline__ void stria__cu_tile_bounds(const int64_t *mn, const int64_t *mx,
+                                                      int64_t tokens, int64_t t0, int n,
+                                                      int64_t *lo, int64_t *hi)
+{
+    int64_t g0 = t0 / STRIA__CU_GRAIN;
+    int64_t g1 = (t0 + n + STRIA__CU_GRAIN - 1) / STRIA__CU_GRAIN;
+    int64_t ng = (tokens + STRIA__CU_GRAIN - 1) / STRIA__CU_GRAIN;
+    int64_t a = INT64_MAX, b = INT64_MIN;
+    g1 = g1 < ng ? g1 : ng;
+    for (int64_t g = g0; g < g1; g++) {
+        int64_t x = mn[g], y = mx[g];
+        a = x < a ? x : a;
+        b = y > b ? y : b;
+    }
+    *lo = a;
+    *hi = b;
+}
+
+/* Class of a (query tile, key tile) pair under the mask (attn.c's rule). */
+__device__ __forceinline__ int stria__cu_tile_class(bool causal, int64_t qmin, int64_t qmax,
+                                                    int64_t kmin, int64_t kmax)
+{
+    if (!causal)
+        return STRIA__CU_FULL;
+    if (kmin > qmax)
+        return STRIA__CU_SKIP;
+    if (kmax <= qmin)
+        return STRIA__CU_FULL;
+    return STRIA__CU_PARTIAL;
+}
+
+/* Weights of merging the partial of LSE lb into the one of LSE la, as in
+ * attn.c's stria__merge_row: 0 = keep a (lb = -inf), 1 = take b exactly
+ * (la = -inf), 2 = a * wa + b * wb with the new LSE *lse. */
+__device__ __forceinline__ int stria__cu_merge_weights(float la, float lb, float *wa, float *wb,
+                                                       float *lse)
+{
+    if (lb == -INFINITY) {
+        *wa = 1.0f;
+        *wb = 0.0f;
+        *lse = la;
+        return 0;
+    }
+    if (la == -INFINITY) {
+        *wa = 0.0f;
+        *wb = 1.0f;
+        *lse = lb;
+        return 1;
+    }
+    float mx = la > lb ? la : lb;
+    float l = mx + log1pf(expf(-fabsf(la - lb)));
+    *wa = expf(la - l);
+    *wb = expf(lb - l);
+    *lse = l;
+    return 2;
+}
+
+/* One merged value under a mode of stria__cu_merge_weights. */
+__device__ __forceinline__ float stria__cu_merge_value(int mode, float a, float b, float wa,
+                                                       float wb)
+{
+    return mode == 0 ? a : mode == 1 ? b : wa * a + wb * b;
+}
+#endif /* __CUDACC__ */
+
+#endif /* STRIA_ATTN_CUDA_CUH */

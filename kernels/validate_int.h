@@ -1,0 +1,58 @@
+/* Argument checks of the attention entry points, shared by every device
+ * implementation so that all of them accept and reject exactly the same calls
+ * with the same messages. Internal; not part of the public API.
+ *
+ * They reproduce the checks of kernels/attn.c one for one (attn.c keeps its
+ * own static copies for now; it can call these instead). */
+#ifndef STRIA_VALIDATE_INT_H
+#define STRIA_VALIDATE_INT_H
+
+#include "stria_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Positions must lie in [0, 2^62). */
+#define STRIA__POS_LIMIT_V ((int64_t)1 << 62)
+
+/* Sizes, head_dim and scale of a block-pair call. */
+stria_status_t stria__validate_shape(const stria_attn_params_t *p, const char *fn);
+/* The same for the row-wise calls (init, merge, finalize, delta), which use
+ * only batch, q_tokens, heads and head_dim. */
+stria_status_t stria__validate_rows(const stria_attn_params_t *p, const char *fn);
+/* One tensor view: not NULL, a known dtype (fp32 when need_f32), sane strides. */
+stria_status_t stria__validate_tensor(const stria_tensor_t *t, const char *fn, const char *name,
+                                      int64_t tokens, int64_t heads, int64_t dim, bool need_f32);
+/* Expands position runs into out[tokens] and checks their counts and ranges.
+ * which: "query" or "key". */
+stria_status_t stria__validate_positions(const stria_positions_t *pos, int64_t tokens,
+                                         const char *fn, const char *which, int64_t *out);
+/* The softmax scale a call uses: params->scale, or 1/sqrt(head_dim) for 0. */
+float stria__attn_scale(const stria_attn_params_t *p);
+
+/* Every argument check of one entry point of stria_kernels.h except the
+ * positions (checked when they are expanded, as attn.c does). */
+stria_status_t stria__validate_fwd(const stria_attn_params_t *p, const stria_tensor_t *q,
+                                   const stria_tensor_t *k, const stria_tensor_t *v,
+                                   const stria_tensor_t *o, const float *lse, const char *fn);
+stria_status_t stria__validate_partial_init(const stria_attn_params_t *p, const stria_tensor_t *o,
+                                            const float *lse, const char *fn);
+stria_status_t stria__validate_merge(const stria_attn_params_t *p, const stria_tensor_t *o_a,
+                                     const float *lse_a, const stria_tensor_t *o_b,
+                                     const float *lse_b, const char *fn);
+stria_status_t stria__validate_finalize(const stria_attn_params_t *p, const stria_tensor_t *o_part,
+                                        const stria_tensor_t *o_out, const char *fn);
+stria_status_t stria__validate_delta(const stria_attn_params_t *p, const stria_tensor_t *o,
+                                     const stria_tensor_t *d_o, const float *delta, const char *fn);
+stria_status_t stria__validate_bwd(const stria_attn_params_t *p, const stria_tensor_t *q,
+                                   const stria_tensor_t *k, const stria_tensor_t *v,
+                                   const stria_tensor_t *d_o, const float *lse, const float *delta,
+                                   const stria_tensor_t *dq, const stria_tensor_t *dk,
+                                   const stria_tensor_t *dv, const char *fn);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_VALIDATE_INT_H */
