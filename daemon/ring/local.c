@@ -66,6 +66,7 @@ typedef struct {
     stria__rank_result_t *res;
     pthread_mutex_t compute_lock; /* serialize_compute */
     stria_ring_local_stats_t *stats;
+    bool staged; /* the ranks' device memory is not host memory */
 } stria__local_t;
 
 typedef struct {
@@ -73,11 +74,34 @@ typedef struct {
     int rank;
 } stria__rank_arg_t;
 
-/* One rank's shards. */
+/* One rank's shards (in host memory, or their copies in device memory). */
 typedef struct {
     void *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
     float *lse;
 } stria__shards_t;
+
+/* The tensors of a shard set in one order, with their sizes in bytes. */
+enum { STRIA__N_SHARDS = 9 };
+
+static void stria__shards_list(stria__shards_t *s, void ***out)
+{
+    void **all[STRIA__N_SHARDS] = {&s->q,  &s->k,  &s->v,  &s->o,           &s->d_o,
+                                   &s->dq, &s->dk, &s->dv, (void **)&s->lse};
+    memcpy(out, all, sizeof(all));
+}
+
+static void stria__shards_sizes(const stria__local_t *run, size_t *bytes)
+{
+    const stria_ring_shape_t *sh = run->shape;
+    int64_t B = sh->batch, L = run->layout.shard_tokens;
+    size_t qn = (size_t)(B * L * sh->heads * sh->head_dim);
+    size_t kn = (size_t)(B * L * sh->kv_heads * sh->head_dim);
+    size_t es = stria_dtype_size(sh->dtype), gs = stria_dtype_size(run->io->grad_dtype);
+    size_t all[STRIA__N_SHARDS] = {
+        qn * es, kn * es, kn * es, qn * stria_dtype_size(run->io->o_dtype),    qn * es,
+        qn * gs, kn * gs, kn * gs, (size_t)(B * sh->heads * L) * sizeof(float)};
+    memcpy(bytes, all, sizeof(all));
+}
 
 static void stria__shards_free(stria__shards_t *s)
 {
@@ -85,6 +109,58 @@ static void stria__shards_free(stria__shards_t *s)
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         stria_free(all[i]);
     memset(s, 0, sizeof(*s));
+}
+
+static void stria__dev_shards_free(stria_device_t *dev, stria__shards_t *d)
+{
+    void **all[STRIA__N_SHARDS];
+    stria__shards_list(d, all);
+    for (size_t i = 0; i < STRIA__N_SHARDS; i++)
+        stria_device_free(dev, *all[i]);
+    memset(d, 0, sizeof(*d));
+}
+
+/* Device copies of a rank's host shards (those that exist): the inputs are
+ * uploaded, the outputs are downloaded by stria__dev_shards_download(). */
+static stria_status_t stria__dev_shards_upload(const stria__local_t *run, stria_device_t *dev,
+                                               stria__shards_t *h, stria__shards_t *d)
+{
+    void **hs[STRIA__N_SHARDS], **ds[STRIA__N_SHARDS];
+    size_t bytes[STRIA__N_SHARDS];
+    stria_status_t st = STRIA_OK;
+    memset(d, 0, sizeof(*d));
+    stria__shards_list(h, hs);
+    stria__shards_list(d, ds);
+    stria__shards_sizes(run, bytes);
+    for (size_t i = 0; i < STRIA__N_SHARDS && st == STRIA_OK; i++) {
+        if (*hs[i] == NULL)
+            continue;
+        if ((st = stria_device_alloc(dev, bytes[i], ds[i])) == STRIA_OK)
+            st = stria_device_copy(dev, STRIA_STREAM_COPY, *ds[i], *hs[i], bytes[i]);
+    }
+    if (st == STRIA_OK)
+        st = stria_device_sync(dev, STRIA_STREAM_COPY);
+    return st;
+}
+
+static stria_status_t stria__dev_shards_download(const stria__local_t *run, stria_device_t *dev,
+                                                 const stria__shards_t *d, stria__shards_t *h,
+                                                 bool fwd, bool bwd)
+{
+    stria_status_t st = STRIA_OK;
+    void **hs[STRIA__N_SHARDS], **ds[STRIA__N_SHARDS];
+    size_t bytes[STRIA__N_SHARDS];
+    stria__shards_list(h, hs);
+    stria__shards_list((stria__shards_t *)d, ds);
+    stria__shards_sizes(run, bytes);
+    for (size_t i = 0; i < STRIA__N_SHARDS && st == STRIA_OK; i++) {
+        bool out = (fwd && (i == 3 || i == 8)) || (bwd && i >= 5 && i <= 7);
+        if (out)
+            st = stria_device_copy(dev, STRIA_STREAM_COPY, *hs[i], *ds[i], bytes[i]);
+    }
+    if (st == STRIA_OK)
+        st = stria_device_sync(dev, STRIA_STREAM_COPY);
+    return st;
 }
 
 static stria_status_t stria__shards_alloc(const stria__local_t *run, int rank, bool bwd,
@@ -187,19 +263,24 @@ static void *stria__rank_main(void *arg)
     const int64_t D = sh->head_dim;
     stria_link_t *link = NULL;
     stria_pool_t *pool = NULL;
+    stria_device_t *dev = NULL;
     stria_ring_pass_t *pass = NULL;
-    stria__shards_t s;
+    stria__shards_t s, ds, *t = &s; /* t: the shards the passes use */
     stria_status_t st;
 
     memset(&s, 0, sizeof(s));
+    memset(&ds, 0, sizeof(ds));
     st = stria_inproc_link_create(run->hub, rank, &link);
     if (st == STRIA_OK && run->opts->threads_per_rank > 1)
         st = stria_pool_create(run->opts->threads_per_rank, &pool);
+    if (st == STRIA_OK)
+        st = stria_device_open(run->opts->device != NULL ? run->opts->device : "cpu", pool, &dev);
     if (st == STRIA_OK) {
         stria_ring_opts_t po;
         memset(&po, 0, sizeof(po));
         po.step_timeout_s = run->opts->step_timeout_s;
         po.pool = pool;
+        po.device = dev;
         if (run->opts->serialize_compute) {
             po.compute_begin_cb = stria__compute_lock_cb;
             po.compute_end_cb = stria__compute_unlock_cb;
@@ -209,34 +290,43 @@ static void *stria__rank_main(void *arg)
     }
     if (st == STRIA_OK)
         st = stria__shards_alloc(run, rank, do_bwd, &s);
+    /* staged is the run's, not the rank's: every rank passes the same
+     * barriers */
+    if (run->staged)
+        t = &ds;
+    if (st == STRIA_OK && run->staged)
+        st = stria__dev_shards_upload(run, dev, &s, &ds);
     if (st != STRIA_OK)
         stria__rank_fail(run, rank, stria_error_wrap(st, "rank %d", rank));
 
-    stria_tensor_t tq = stria_tensor_contiguous(s.q, sh->dtype, L, H, D);
-    stria_tensor_t tk = stria_tensor_contiguous(s.k, sh->dtype, L, Hkv, D);
-    stria_tensor_t tv = stria_tensor_contiguous(s.v, sh->dtype, L, Hkv, D);
-    stria_tensor_t to = stria_tensor_contiguous(s.o, io->o_dtype, L, H, D);
+    stria_tensor_t tq = stria_tensor_contiguous(t->q, sh->dtype, L, H, D);
+    stria_tensor_t tk = stria_tensor_contiguous(t->k, sh->dtype, L, Hkv, D);
+    stria_tensor_t tv = stria_tensor_contiguous(t->v, sh->dtype, L, Hkv, D);
+    stria_tensor_t to = stria_tensor_contiguous(t->o, io->o_dtype, L, H, D);
 
     if (stria__phase_ok(run) && do_fwd) {
         run->res[rank].fwd_t0 = stria_time_now();
-        st = stria_ring_fwd(pass, &tq, &tk, &tv, &to, s.lse);
+        st = stria_ring_fwd(pass, &tq, &tk, &tv, &to, t->lse);
         run->res[rank].fwd_t1 = stria_time_now();
         stria__copy_stats(rank, pass, run->stats ? run->stats->fwd_steps : NULL);
         if (st != STRIA_OK)
             stria__rank_fail(run, rank, st);
     }
     if (stria__phase_ok(run) && do_bwd) {
-        stria_tensor_t tg = stria_tensor_contiguous(s.d_o, sh->dtype, L, H, D);
-        stria_tensor_t tdq = stria_tensor_contiguous(s.dq, io->grad_dtype, L, H, D);
-        stria_tensor_t tdk = stria_tensor_contiguous(s.dk, io->grad_dtype, L, Hkv, D);
-        stria_tensor_t tdv = stria_tensor_contiguous(s.dv, io->grad_dtype, L, Hkv, D);
+        stria_tensor_t tg = stria_tensor_contiguous(t->d_o, sh->dtype, L, H, D);
+        stria_tensor_t tdq = stria_tensor_contiguous(t->dq, io->grad_dtype, L, H, D);
+        stria_tensor_t tdk = stria_tensor_contiguous(t->dk, io->grad_dtype, L, Hkv, D);
+        stria_tensor_t tdv = stria_tensor_contiguous(t->dv, io->grad_dtype, L, Hkv, D);
         run->res[rank].bwd_t0 = stria_time_now();
-        st = stria_ring_bwd(pass, &tq, &tk, &tv, &to, s.lse, &tg, &tdq, &tdk, &tdv);
+        st = stria_ring_bwd(pass, &tq, &tk, &tv, &to, t->lse, &tg, &tdq, &tdk, &tdv);
         run->res[rank].bwd_t1 = stria_time_now();
         stria__copy_stats(rank, pass, run->stats ? run->stats->bwd_steps : NULL);
         if (st != STRIA_OK)
             stria__rank_fail(run, rank, st);
     }
+    if (run->staged && stria__phase_ok(run) &&
+        (st = stria__dev_shards_download(run, dev, &ds, &s, do_fwd, do_bwd)) != STRIA_OK)
+        stria__rank_fail(run, rank, stria_error_wrap(st, "rank %d", rank));
     if (stria__phase_ok(run)) {
         size_t orow = (size_t)(H * D) * stria_dtype_size(io->o_dtype);
         size_t gq = (size_t)(H * D) * stria_dtype_size(io->grad_dtype);
@@ -252,8 +342,10 @@ static void *stria__rank_main(void *arg)
             stria_layout_gather(l, rank, B, gk, s.dv, io->dv);
         }
     }
+    stria__dev_shards_free(dev, &ds);
     stria__shards_free(&s);
     stria_ring_pass_destroy(pass);
+    stria_device_close(dev);
     stria_pool_destroy(pool);
     stria_link_destroy(link);
     return NULL;
@@ -318,9 +410,16 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
         stria_inproc_hub_t *probe_hub = NULL;
         stria_link_t *probe = NULL;
         stria_ring_pass_t *pass = NULL;
+        stria_device_t *dev = NULL;
         if ((st = stria_inproc_hub_create(1, &probe_hub)) == STRIA_OK &&
             (st = stria_inproc_link_create(probe_hub, 0, &probe)) == STRIA_OK)
             st = stria_ring_pass_create(probe, shape, opts->layout, NULL, &pass);
+        /* and a bad device name once, before any rank opens it */
+        if (st == STRIA_OK)
+            st = stria_device_open(opts->device != NULL ? opts->device : "cpu", NULL, &dev);
+        if (st == STRIA_OK)
+            run.staged = !stria_device_host_visible(dev);
+        stria_device_close(dev);
         stria_ring_pass_destroy(pass);
         stria_link_destroy(probe);
         stria_inproc_hub_release(probe_hub);

@@ -35,6 +35,15 @@ struct stria_ring_pass {
     stria_ring_step_stats_t *stats;
     void *arena; /* working buffers, kept between calls */
     size_t arena_size;
+    /* Where tensors live and kernels run. staged: device memory is not host
+     * memory, so messages go through pinned host buffers (hmem) and the
+     * working buffers are device memory (dmem), both kept between calls. */
+    stria_device_t *dev;
+    bool own_dev;
+    bool staged;
+    bool dev_timed; /* compute_s is device wall time (a GPU), not thread CPU */
+    void *dmem, *hmem;
+    size_t dmem_size, hmem_size;
 };
 
 /* Tag = pass id (32 bits) | call number mod 256 (8) | step (16) | kind (8):
@@ -84,6 +93,12 @@ void stria_ring_pass_destroy(stria_ring_pass_t *pass)
     free(pass->pos_max);
     free(pass->stats);
     free(pass->arena);
+    if (pass->dev != NULL) {
+        stria_device_free(pass->dev, pass->dmem);
+        stria_device_host_free(pass->dev, pass->hmem);
+        if (pass->own_dev)
+            stria_device_close(pass->dev);
+    }
     free(pass);
 }
 
@@ -134,6 +149,15 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
     p->link = link;
     p->shape = *shape;
     p->pool = opts->pool;
+    if (opts->device != NULL) {
+        p->dev = opts->device;
+    } else {
+        if ((st = stria_device_open("cpu", opts->pool, &p->dev)) != STRIA_OK)
+            goto err;
+        p->own_dev = true;
+    }
+    p->staged = !stria_device_host_visible(p->dev);
+    p->dev_timed = stria_device_kind(p->dev) != STRIA_DEVICE_CPU;
     p->hooks = *opts;
     p->timeout_s =
         opts->step_timeout_s == 0.0 ? STRIA_RING_DEFAULT_TIMEOUT_S : opts->step_timeout_s;
@@ -295,6 +319,101 @@ static void stria__zero_rows(const stria_tensor_t *t, int64_t B, int64_t from, i
                 memset(stria__row(t, b, i, h), 0, row);
 }
 
+/* ---- staging (a device whose memory is not host memory) --------------------- */
+
+/* Grows a kept buffer, device memory or pinned host memory, to `bytes`. */
+static stria_status_t stria__grow(stria_device_t *dev, bool host, size_t bytes, void **buf,
+                                  size_t *size)
+{
+    stria_status_t st;
+    if (*buf != NULL && *size >= bytes)
+        return STRIA_OK;
+    if (host)
+        stria_device_host_free(dev, *buf);
+    else
+        stria_device_free(dev, *buf);
+    *buf = NULL;
+    *size = 0;
+    st = host ? stria_device_host_alloc(dev, bytes, buf) : stria_device_alloc(dev, bytes, buf);
+    if (st == STRIA_OK)
+        *size = bytes;
+    return st;
+}
+
+/* The device and pinned host buffers of a staged call, kept for the next
+ * call (device allocations are slow on a GPU). */
+static stria_status_t stria__staged_mem(stria_ring_pass_t *p, size_t dev_bytes, size_t host_bytes,
+                                        char **dcur, char **hcur)
+{
+    stria_status_t st;
+    if ((st = stria__grow(p->dev, false, dev_bytes, &p->dmem, &p->dmem_size)) != STRIA_OK ||
+        (st = stria__grow(p->dev, true, host_bytes, &p->hmem, &p->hmem_size)) != STRIA_OK)
+        return st;
+    *dcur = p->dmem;
+    *hcur = p->hmem;
+    return STRIA_OK;
+}
+
+/* Whether the heads of a token, and the tokens of a batch, are adjacent in
+ * a view: then a batch is one contiguous range. */
+static bool stria__batch_contiguous(const stria_tensor_t *t, int64_t heads, int64_t D)
+{
+    return (heads == 1 || t->stride_head == D) && t->stride_token == heads * D;
+}
+
+/* Enqueues the copy of a [B, L, heads, D] device view into contiguous host
+ * memory of the same dtype, in as few copies as the strides allow. */
+static stria_status_t stria__download_view(stria_ring_pass_t *p, const stria_tensor_t *t, int64_t B,
+                                           int64_t L, int64_t heads, int64_t D, char *dst)
+{
+    stria_status_t st = STRIA_OK;
+    size_t es = stria_dtype_size(t->dtype), row = (size_t)D * es;
+    if (stria__batch_contiguous(t, heads, D)) {
+        size_t batch = (size_t)(L * heads) * row;
+        if (B == 1 || t->stride_batch == L * heads * D)
+            return stria_device_copy(p->dev, STRIA_STREAM_COPY, dst, t->data, (size_t)B * batch);
+        for (int64_t b = 0; b < B && st == STRIA_OK; b++, dst += batch)
+            st = stria_device_copy(p->dev, STRIA_STREAM_COPY, dst, stria__row(t, b, 0, 0), batch);
+        return st;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t h = 0; h < heads && st == STRIA_OK; h++, dst += row)
+                st = stria_device_copy(p->dev, STRIA_STREAM_COPY, dst, stria__row(t, b, i, h), row);
+    return st;
+}
+
+/* Zeros rows [from, L) of a [B, L, heads, D] device view, on the compute
+ * stream. */
+static stria_status_t stria__device_zero_rows(stria_ring_pass_t *p, const stria_tensor_t *t,
+                                              int64_t B, int64_t from, int64_t L, int64_t heads,
+                                              int64_t D)
+{
+    stria_status_t st = STRIA_OK;
+    size_t row = (size_t)D * stria_dtype_size(t->dtype);
+    if (from >= L)
+        return STRIA_OK;
+    for (int64_t b = 0; b < B && st == STRIA_OK; b++) {
+        if (stria__batch_contiguous(t, heads, D)) {
+            st = stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, stria__row(t, b, from, 0),
+                                   (size_t)((L - from) * heads) * row);
+            continue;
+        }
+        for (int64_t i = from; i < L; i++)
+            for (int64_t h = 0; h < heads && st == STRIA_OK; h++)
+                st = stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, stria__row(t, b, i, h), row);
+    }
+    return st;
+}
+
+/* Waits for both streams: the errors of enqueued work surface here. */
+static stria_status_t stria__device_drain(stria_ring_pass_t *p)
+{
+    stria_status_t st = stria_device_sync(p->dev, STRIA_STREAM_COMPUTE);
+    stria_status_t st2 = stria_device_sync(p->dev, STRIA_STREAM_COPY);
+    return st != STRIA_OK ? st : st2;
+}
+
 /* Whether some real key of block j is visible to some real query of this
  * rank's shard. Skipping the others is Ring Attention's causal block
  * skipping; the kernel would skip their tiles anyway, this also saves the
@@ -451,7 +570,74 @@ static stria_status_t stria__agree(stria_ring_pass_t *p, stria__reqs_t *reqs, in
     return st;
 }
 
+/* After a failed staged call: nothing enqueued may outlive the call (it may
+ * read the caller's buffers), and the message of the failure is kept. */
+static void stria__drain_on_error(stria_ring_pass_t *p, stria_status_t st)
+{
+    char msg[1024];
+    if (st == STRIA_OK || !p->staged)
+        return;
+    snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+    (void)stria__device_drain(p);
+    (void)stria_error_set(st, "%s", msg);
+}
+
 /* ---- forward ------------------------------------------------------------- */
+
+/* On a GPU the kernels only enqueue work: the step's compute time is the
+ * wall time from its first enqueue until the compute stream is seen idle,
+ * measured after the step's link waits (so it is exact when the step is
+ * compute-bound and an upper bound including the wait otherwise); the sync
+ * costs the GPU only the host's latency to enqueue the next step. */
+static stria_status_t stria__device_step_time(stria_ring_pass_t *p, double t0,
+                                              stria_ring_step_stats_t *ss)
+{
+    stria_status_t st;
+    if (!p->dev_timed || t0 == 0.0)
+        return STRIA_OK;
+    st = stria_device_sync(p->dev, STRIA_STREAM_COMPUTE);
+    ss->compute_s += stria_time_now() - t0;
+    ss->compute_wall_s = ss->compute_s;
+    return st;
+}
+
+static void stria__compute_end_dev(stria_ring_pass_t *p, const stria__clock_t *clk,
+                                   stria_ring_step_stats_t *ss, double *t_dev0)
+{
+    if (!p->dev_timed) {
+        stria__compute_end(p, clk, ss);
+        return;
+    }
+    if (*t_dev0 == 0.0)
+        *t_dev0 = clk->wall;
+    if (p->hooks.compute_end_cb != NULL)
+        p->hooks.compute_end_cb(p->hooks.compute_cb_ctx);
+}
+
+/* The LSE of the real rows, [B*H, qv], to the caller's [B*H, L] with -inf
+ * in the padded rows. Staged: through pinned host memory (a few bytes per
+ * row, so simpler than B*H device copies). */
+static stria_status_t stria__store_lse(stria_ring_pass_t *p, const float *lse_acc, float *lse,
+                                       float *host_tmp, int64_t BH, int64_t L, int64_t qv)
+{
+    stria_status_t st;
+    const float *src = lse_acc;
+    float *dst = p->staged ? host_tmp : lse;
+    if (p->staged && qv > 0) {
+        if ((st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, host_tmp + BH * L, lse_acc,
+                                    (size_t)(BH * qv) * sizeof(float))) != STRIA_OK ||
+            (st = stria_device_sync(p->dev, STRIA_STREAM_COMPUTE)) != STRIA_OK)
+            return st;
+        src = host_tmp + BH * L;
+    }
+    for (int64_t bh = 0; bh < BH; bh++)
+        for (int64_t i = 0; i < L; i++)
+            dst[bh * L + i] = i < qv ? src[bh * qv + i] : -INFINITY;
+    if (!p->staged)
+        return STRIA_OK;
+    return stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, lse, host_tmp,
+                             (size_t)(BH * L) * sizeof(float));
+}
 
 stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
                               const stria_tensor_t *k, const stria_tensor_t *v,
@@ -461,8 +647,8 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     stria_ring_pass_t *p = pass;
     stria__reqs_t reqs;
     stria_status_t st;
-    char *kvbuf = NULL;
-    float *o_acc = NULL, *lse_acc = NULL;
+    char *kvh[2], *kvd[2];
+    float *o_acc = NULL, *lse_acc = NULL, *lse_h = NULL;
     int step = 0;
 
     memset(&reqs, 0, sizeof(reqs));
@@ -484,39 +670,79 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     const int64_t Hkv = p->shape.kv_heads, D = p->shape.head_dim, qv = p->valid[r];
     const size_t es = stria_dtype_size(p->shape.dtype);
     const size_t kv_bytes = (size_t)(B * L * Hkv * D) * es, msg = 2 * kv_bytes;
+    const size_t msg64 = stria__round64(msg);
 
     const size_t o_bytes = (size_t)(B * L * H * D) * sizeof(float);
     const size_t lse_bytes = (size_t)(B * H * (qv > 0 ? qv : 1)) * sizeof(float);
-    char *arena = stria__arena(p, 2 * stria__round64(msg) + stria__round64(o_bytes) +
-                                      stria__round64(lse_bytes));
-
+    /* The K/V blocks: messages in host memory (kvh) and, staged, their
+     * device copies (kvd); on a host-visible device they are the same. */
     memset(p->stats, 0, (size_t)N * sizeof(*p->stats));
-    if (arena == NULL) {
-        st = stria__fail(p, &reqs,
-                         stria_error_set(STRIA_ERR_NO_MEMORY,
-                                         "cannot allocate %zu MiB of ring buffers",
-                                         (2 * msg + o_bytes) >> 20),
-                         "forward", 0);
-        goto out;
+    if (!p->staged) {
+        char *arena =
+            stria__arena(p, 2 * msg64 + stria__round64(o_bytes) + stria__round64(lse_bytes));
+        if (arena == NULL) {
+            st = stria__fail(p, &reqs,
+                             stria_error_set(STRIA_ERR_NO_MEMORY,
+                                             "cannot allocate %zu MiB of ring buffers",
+                                             (2 * msg + o_bytes) >> 20),
+                             "forward", 0);
+            goto out;
+        }
+        kvh[0] = kvd[0] = stria__carve(&arena, msg64);
+        kvh[1] = kvd[1] = stria__carve(&arena, msg64);
+        o_acc = stria__carve(&arena, o_bytes);
+        lse_acc = stria__carve(&arena, lse_bytes);
+        stria__pack_view(k, B, L, Hkv, D, kvh[0]);
+        stria__pack_view(v, B, L, Hkv, D, kvh[0] + kv_bytes);
+    } else {
+        /* Device: two K/V blocks, O and LSE accumulators. Host: two K/V
+         * messages and room to pad the LSE ([B*H, L] + [B*H, qv]). */
+        size_t lse_host = stria__round64((size_t)(B * H * L) * sizeof(float)) + lse_bytes;
+        char *dcur, *hcur;
+        if ((st = stria__staged_mem(p,
+                                    2 * msg64 + stria__round64(o_bytes) + stria__round64(lse_bytes),
+                                    2 * msg64 + lse_host, &dcur, &hcur)) != STRIA_OK) {
+            st = stria__fail(p, &reqs, st, "forward", 0);
+            goto out;
+        }
+        kvd[0] = stria__carve(&dcur, msg64);
+        kvd[1] = stria__carve(&dcur, msg64);
+        o_acc = stria__carve(&dcur, o_bytes);
+        lse_acc = stria__carve(&dcur, lse_bytes);
+        kvh[0] = stria__carve(&hcur, msg64);
+        kvh[1] = stria__carve(&hcur, msg64);
+        lse_h = stria__carve(&hcur, lse_host);
+        /* This rank's own block goes to the host once, for sending; its
+         * kernel reads the caller's k and v in place. */
+        if (N > 1 &&
+            ((st = stria__download_view(p, k, B, L, Hkv, D, kvh[0])) != STRIA_OK ||
+             (st = stria__download_view(p, v, B, L, Hkv, D, kvh[0] + kv_bytes)) != STRIA_OK ||
+             (st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK)) {
+            st = stria__fail(p, &reqs, st, "forward", 0);
+            goto out;
+        }
     }
-    kvbuf = stria__carve(&arena, 2 * stria__round64(msg));
-    o_acc = stria__carve(&arena, o_bytes);
-    lse_acc = stria__carve(&arena, lse_bytes);
-    stria__pack_view(k, B, L, Hkv, D, kvbuf);
-    stria__pack_view(v, B, L, Hkv, D, kvbuf + kv_bytes);
 
     stria_attn_params_t base = stria__params(p, r);
     stria_tensor_t to = stria_tensor_contiguous(o_acc, STRIA_DTYPE_F32, L, H, D);
-    if (qv > 0 && (st = stria_attn_partial_init(&base, &to, lse_acc)) != STRIA_OK) {
+    if (qv > 0 && (st = stria_device_attn_partial_init(p->dev, &base, &to, lse_acc)) != STRIA_OK) {
         st = stria__fail(p, &reqs, st, "forward", 0);
         goto out;
     }
+    /* Staged, step s: the device copy of block s was enqueued on the copy
+     * stream at the end of step s - 1 and the compute stream ordered after
+     * it. The kernel of step s is enqueued, then the host waits for block
+     * s + 1 on the link and enqueues its copy, which runs while the kernel
+     * does. Host buffer reuse: a message buffer is received into again only
+     * after the copy that read it is known done (synced before the next
+     * copy is enqueued); device buffer reuse: the copy stream is ordered
+     * after the kernel of step s - 1 before it overwrites that block. */
     for (step = 0; step < N; step++) {
         stria__step_begin(p, step);
         stria_ring_step_stats_t *ss = &p->stats[step];
         int j = (r - step + N) % N;
-        char *cur = kvbuf + (size_t)(step % 2) * stria__round64(msg);
-        char *nxt = kvbuf + (size_t)((step + 1) % 2) * stria__round64(msg);
+        char *cur = kvh[step % 2], *nxt = kvh[(step + 1) % 2];
+        double t_dev0 = 0.0;
 
         ss->src_rank = j;
         /* Post the next block's transfer before computing on this one. */
@@ -527,20 +753,34 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             if (st != STRIA_OK)
                 break;
         }
+        if (p->staged && step + 1 < N &&
+            (st = stria_device_order(p->dev, STRIA_STREAM_COPY, STRIA_STREAM_COMPUTE)) != STRIA_OK)
+            break;
         if (stria__visible(p, j)) {
             stria_attn_params_t a = stria__params(p, j);
-            stria_tensor_t tk = stria_tensor_contiguous(cur, p->shape.dtype, L, Hkv, D);
-            stria_tensor_t tv = stria_tensor_contiguous(cur + kv_bytes, p->shape.dtype, L, Hkv, D);
+            char *blk = kvd[step % 2];
+            stria_tensor_t tk = stria_tensor_contiguous(blk, p->shape.dtype, L, Hkv, D);
+            stria_tensor_t tv = stria_tensor_contiguous(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
             stria__clock_t clk;
             stria__compute_begin(p, &clk);
-            st = stria_attn_fwd(&a, q, &tk, &tv, &to, lse_acc, true);
-            stria__compute_end(p, &clk, ss);
+            st = stria_device_attn_fwd(p->dev, &a, q, p->staged && step == 0 ? k : &tk,
+                                       p->staged && step == 0 ? v : &tv, &to, lse_acc, true);
+            stria__compute_end_dev(p, &clk, ss, &t_dev0);
             ss->computed = true;
             if (st != STRIA_OK)
                 break;
         }
         if ((st = stria__wait(p, &reqs.kv_recv, step, ss)) != STRIA_OK ||
             (st = stria__wait(p, &reqs.kv_send, step, ss)) != STRIA_OK)
+            break;
+        if (p->staged && step + 1 < N &&
+            ((st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
+             (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, kvd[(step + 1) % 2], nxt, msg)) !=
+                 STRIA_OK ||
+             (st = stria_device_order(p->dev, STRIA_STREAM_COMPUTE, STRIA_STREAM_COPY)) !=
+                 STRIA_OK))
+            break;
+        if ((st = stria__device_step_time(p, t_dev0, ss)) != STRIA_OK)
             break;
     }
     if (st == STRIA_OK)
@@ -550,20 +790,47 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         goto out;
     }
 
-    if (qv > 0 && (st = stria_attn_finalize(&base, &to, o)) != STRIA_OK) {
+    if (qv > 0 && (st = stria_device_attn_finalize(p->dev, &base, &to, o)) != STRIA_OK) {
         st = stria__fail(p, &reqs, st, "forward", N - 1);
         goto out;
     }
-    stria__zero_rows(o, B, qv, L, H, D);
-    for (int64_t bh = 0; bh < B * H; bh++)
-        for (int64_t i = 0; i < L; i++)
-            lse[bh * L + i] = i < qv ? lse_acc[bh * qv + i] : -INFINITY;
+    if (!p->staged) {
+        stria__zero_rows(o, B, qv, L, H, D);
+        (void)stria__store_lse(p, lse_acc, lse, NULL, B * H, L, qv);
+    } else if ((st = stria__device_zero_rows(p, o, B, qv, L, H, D)) != STRIA_OK ||
+               (st = stria__store_lse(p, lse_acc, lse, lse_h, B * H, L, qv)) != STRIA_OK ||
+               (st = stria__device_drain(p)) != STRIA_OK) {
+        st = stria__fail(p, &reqs, st, "forward", N - 1);
+        goto out;
+    }
     st = STRIA_OK;
 out:
+    stria__drain_on_error(p, st);
     return st;
 }
 
 /* ---- backward ------------------------------------------------------------ */
+
+/* Writes the fp32 [B, L, heads, D] accumulator rows [0, valid) to a view of
+ * the caller (converting to its dtype) and zeros the padded rows. */
+static stria_status_t stria__store_grad(stria_ring_pass_t *p, const stria_attn_params_t *base,
+                                        float *acc, int64_t heads, const stria_tensor_t *t)
+{
+    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, D = p->shape.head_dim;
+    const int64_t valid = p->valid[p->rank];
+    stria_status_t st;
+    if (!p->staged) {
+        stria__store_view(acc, B, L, valid, heads, D, t);
+        return STRIA_OK;
+    }
+    /* On the device, finalize is the conversion of fp32 rows to a dtype. */
+    stria_attn_params_t a = *base;
+    a.heads = a.kv_heads = heads;
+    stria_tensor_t ta = stria_tensor_contiguous(acc, STRIA_DTYPE_F32, L, heads, D);
+    if (valid > 0 && (st = stria_device_attn_finalize(p->dev, &a, &ta, t)) != STRIA_OK)
+        return st;
+    return stria__device_zero_rows(p, t, B, valid, L, heads, D);
+}
 
 stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
                               const stria_tensor_t *k, const stria_tensor_t *v,
@@ -575,7 +842,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     stria_ring_pass_t *p = pass;
     stria__reqs_t reqs;
     stria_status_t st;
-    char *kvbuf = NULL;
+    char *kvh[2], *kvd[2];
     float *dq_acc = NULL, *lse_c = NULL, *delta = NULL;
     int step = 0;
 
@@ -608,60 +875,122 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     const int64_t rows = qv > 0 ? qv : 1;
     const size_t es = stria_dtype_size(p->shape.dtype);
     const size_t kv_elems = (size_t)(B * L * Hkv * D);
-    const size_t kv_bytes = kv_elems * es, msg = 2 * kv_bytes;
+    const size_t kv_bytes = kv_elems * es, msg = 2 * kv_bytes, msg64 = stria__round64(msg);
     const size_t dkv_elems = 2 * kv_elems, dkv_bytes = dkv_elems * sizeof(float);
+    const size_t dkv64 = stria__round64(dkv_bytes);
 
     const size_t dq_bytes = (size_t)(B * L * H * D) * sizeof(float);
     const size_t row_bytes = (size_t)(B * H * rows) * sizeof(float);
-    char *arena = stria__arena(p, 2 * stria__round64(msg) + 3 * stria__round64(dkv_bytes) +
-                                      stria__round64(dq_bytes) + 2 * stria__round64(row_bytes));
-
+    /* dkv: two host buffers for this rank's contributions (one may still be
+     * in flight while the next step fills the other), then the running sum
+     * received from the predecessor. Each is dK then dV, fp32 [B, L, Hkv,
+     * D]. Staged, the kernel writes a contribution into part_d on the device
+     * and it is copied to part[step % 2] for the sum and the send. */
+    float *part[2], *dkv_in, *part_d = NULL;
     memset(p->stats, 0, (size_t)N * sizeof(*p->stats));
-    if (arena == NULL) {
-        st = stria__fail(p, &reqs,
-                         stria_error_set(STRIA_ERR_NO_MEMORY,
-                                         "cannot allocate %zu MiB of ring buffers",
-                                         (2 * msg + 3 * dkv_bytes) >> 20),
-                         "backward", 0);
-        goto out;
+    if (!p->staged) {
+        char *arena = stria__arena(p, 2 * msg64 + 3 * dkv64 + stria__round64(dq_bytes) +
+                                          2 * stria__round64(row_bytes));
+        if (arena == NULL) {
+            st = stria__fail(p, &reqs,
+                             stria_error_set(STRIA_ERR_NO_MEMORY,
+                                             "cannot allocate %zu MiB of ring buffers",
+                                             (2 * msg + 3 * dkv_bytes) >> 20),
+                             "backward", 0);
+            goto out;
+        }
+        kvh[0] = kvd[0] = stria__carve(&arena, msg64);
+        kvh[1] = kvd[1] = stria__carve(&arena, msg64);
+        part[0] = stria__carve(&arena, dkv_bytes);
+        part[1] = stria__carve(&arena, dkv_bytes);
+        dkv_in = stria__carve(&arena, dkv_bytes);
+        dq_acc = stria__carve(&arena, dq_bytes);
+        lse_c = stria__carve(&arena, row_bytes);
+        delta = stria__carve(&arena, row_bytes);
+        memset(dq_acc, 0, dq_bytes);
+        stria__pack_view(k, B, L, Hkv, D, kvh[0]);
+        stria__pack_view(v, B, L, Hkv, D, kvh[0] + kv_bytes);
+        /* The kernels take LSE and D for the real query rows only. */
+        for (int64_t bh = 0; bh < B * H; bh++)
+            for (int64_t i = 0; i < qv; i++)
+                lse_c[bh * qv + i] = lse[bh * L + i];
+    } else {
+        const size_t lse_all = (size_t)(B * H * L) * sizeof(float);
+        char *dcur, *hcur;
+        float *lse_h;
+        if ((st = stria__staged_mem(
+                 p, 2 * msg64 + dkv64 + stria__round64(dq_bytes) + 2 * stria__round64(row_bytes),
+                 2 * msg64 + 3 * dkv64 + lse_all, &dcur, &hcur)) != STRIA_OK) {
+            st = stria__fail(p, &reqs, st, "backward", 0);
+            goto out;
+        }
+        kvd[0] = stria__carve(&dcur, msg64);
+        kvd[1] = stria__carve(&dcur, msg64);
+        part_d = stria__carve(&dcur, dkv_bytes);
+        dq_acc = stria__carve(&dcur, dq_bytes);
+        lse_c = stria__carve(&dcur, row_bytes);
+        delta = stria__carve(&dcur, row_bytes);
+        kvh[0] = stria__carve(&hcur, msg64);
+        kvh[1] = stria__carve(&hcur, msg64);
+        part[0] = stria__carve(&hcur, dkv_bytes);
+        part[1] = stria__carve(&hcur, dkv_bytes);
+        dkv_in = stria__carve(&hcur, dkv_bytes);
+        lse_h = stria__carve(&hcur, lse_all);
+        /* Own K/V to the host once, for sending; the real LSE rows are
+         * gathered on the host (a few bytes per row) unless there are no
+         * padded rows, when the kernels read the caller's LSE in place. */
+        if ((N > 1 &&
+             ((st = stria__download_view(p, k, B, L, Hkv, D, kvh[0])) != STRIA_OK ||
+              (st = stria__download_view(p, v, B, L, Hkv, D, kvh[0] + kv_bytes)) != STRIA_OK)) ||
+            (qv > 0 && qv < L &&
+             (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, lse_h, lse, lse_all)) !=
+                 STRIA_OK) ||
+            (st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
+            (st = stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, dq_acc, dq_bytes)) != STRIA_OK) {
+            st = stria__fail(p, &reqs, st, "backward", 0);
+            goto out;
+        }
+        if (qv == L) {
+            lse_c = (float *)lse;
+        } else if (qv > 0) {
+            for (int64_t bh = 0; bh < B * H; bh++) /* in place: bh * qv + i <= bh * L + i */
+                memmove(lse_h + bh * qv, lse_h + bh * L, (size_t)qv * sizeof(float));
+            if ((st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, lse_c, lse_h,
+                                        (size_t)(B * H * qv) * sizeof(float))) != STRIA_OK) {
+                st = stria__fail(p, &reqs, st, "backward", 0);
+                goto out;
+            }
+        }
     }
-    kvbuf = stria__carve(&arena, 2 * stria__round64(msg));
-    /* dkv: two buffers for this rank's contributions (one may still be in
-     * flight while the next step fills the other), then the running sum
-     * received from the predecessor. Each is dK then dV, fp32 [B, L, Hkv, D]. */
-    float *part[2] = {stria__carve(&arena, dkv_bytes), stria__carve(&arena, dkv_bytes)};
-    float *dkv_in = stria__carve(&arena, dkv_bytes);
-    dq_acc = stria__carve(&arena, dq_bytes);
-    lse_c = stria__carve(&arena, row_bytes);
-    delta = stria__carve(&arena, row_bytes);
-    memset(dq_acc, 0, dq_bytes);
-
-    stria__pack_view(k, B, L, Hkv, D, kvbuf);
-    stria__pack_view(v, B, L, Hkv, D, kvbuf + kv_bytes);
-    /* The kernels take LSE and D for the real query rows only. */
-    for (int64_t bh = 0; bh < B * H; bh++)
-        for (int64_t i = 0; i < qv; i++)
-            lse_c[bh * qv + i] = lse[bh * L + i];
     stria_attn_params_t base = stria__params(p, r);
     stria_tensor_t tdq = stria_tensor_contiguous(dq_acc, STRIA_DTYPE_F32, L, H, D);
     if (qv > 0) {
         stria__clock_t clk;
+        double t_dev0 = 0.0;
         stria__compute_begin(p, &clk);
-        st = stria_attn_bwd_delta(&base, o, d_o, delta);
-        stria__compute_end(p, &clk, &p->stats[0]);
+        st = stria_device_attn_bwd_delta(p->dev, &base, o, d_o, delta);
+        stria__compute_end_dev(p, &clk, &p->stats[0], &t_dev0);
+        if (st == STRIA_OK)
+            st = stria__device_step_time(p, t_dev0, &p->stats[0]);
         if (st != STRIA_OK) {
             st = stria__fail(p, &reqs, st, "backward", 0);
             goto out;
         }
     }
 
+    /* Staged, step s: as in the forward pass for K/V (the copy of block
+     * s + 1 is enqueued after the kernel of step s, once the block is
+     * here), and the contribution to dK/dV goes device -> host on the
+     * compute stream after its kernel; the host then adds the running sum
+     * (one transfer per step, the least data movement: a device-side sum
+     * would move the running sum up and the result back down) and sends. */
     for (step = 0; step < N; step++) {
         stria__step_begin(p, step);
         stria_ring_step_stats_t *ss = &p->stats[step];
         int j = (r - step + N) % N;
-        char *cur = kvbuf + (size_t)(step % 2) * stria__round64(msg);
-        char *nxt = kvbuf + (size_t)((step + 1) % 2) * stria__round64(msg);
+        char *cur = kvh[step % 2], *nxt = kvh[(step + 1) % 2];
         float *mine = part[step % 2];
+        double t_dev0 = 0.0;
 
         ss->src_rank = j;
         if (step + 1 < N) {
@@ -677,22 +1006,51 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             break;
         if ((st = stria__wait(p, &reqs.dkv_send[step % 2], step, ss)) != STRIA_OK)
             break;
-        memset(mine, 0, dkv_bytes);
+        float *acc = p->staged ? part_d : mine;
+        if (!p->staged)
+            memset(mine, 0, dkv_bytes);
+        else if ((step + 1 < N && (st = stria_device_order(p->dev, STRIA_STREAM_COPY,
+                                                           STRIA_STREAM_COMPUTE)) != STRIA_OK) ||
+                 (st = stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, part_d, dkv_bytes)) !=
+                     STRIA_OK)
+            break;
         stria__clock_t clk;
         stria__compute_begin(p, &clk);
         if (stria__visible(p, j)) {
             stria_attn_params_t a = stria__params(p, j);
-            stria_tensor_t tk = stria_tensor_contiguous(cur, p->shape.dtype, L, Hkv, D);
-            stria_tensor_t tv = stria_tensor_contiguous(cur + kv_bytes, p->shape.dtype, L, Hkv, D);
-            stria_tensor_t tdk = stria_tensor_contiguous(mine, STRIA_DTYPE_F32, L, Hkv, D);
+            char *blk = kvd[step % 2];
+            stria_tensor_t tk = stria_tensor_contiguous(blk, p->shape.dtype, L, Hkv, D);
+            stria_tensor_t tv = stria_tensor_contiguous(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
+            stria_tensor_t tdk = stria_tensor_contiguous(acc, STRIA_DTYPE_F32, L, Hkv, D);
             stria_tensor_t tdv =
-                stria_tensor_contiguous(mine + kv_elems, STRIA_DTYPE_F32, L, Hkv, D);
-            st = stria_attn_bwd(&a, q, &tk, &tv, d_o, lse_c, delta, &tdq, &tdk, &tdv);
+                stria_tensor_contiguous(acc + kv_elems, STRIA_DTYPE_F32, L, Hkv, D);
+            bool own = p->staged && step == 0;
+            st = stria_device_attn_bwd(p->dev, &a, q, own ? k : &tk, own ? v : &tv, d_o, lse_c,
+                                       delta, &tdq, &tdk, &tdv);
             ss->computed = true;
         }
-        stria__compute_end(p, &clk, ss);
+        if (st == STRIA_OK && p->staged)
+            st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, mine, part_d, dkv_bytes);
+        stria__compute_end_dev(p, &clk, ss, &t_dev0);
         if (st != STRIA_OK)
             break;
+        if (p->staged) {
+            /* Block s + 1 to the device while the kernel runs; then the
+             * contribution must be on the host. */
+            if ((st = stria__wait(p, &reqs.kv_recv, step, ss)) != STRIA_OK ||
+                (st = stria__wait(p, &reqs.kv_send, step, ss)) != STRIA_OK)
+                break;
+            if (step + 1 < N &&
+                ((st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
+                 (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, kvd[(step + 1) % 2], nxt,
+                                         msg)) != STRIA_OK ||
+                 (st = stria_device_order(p->dev, STRIA_STREAM_COMPUTE, STRIA_STREAM_COPY)) !=
+                     STRIA_OK))
+                break;
+            if ((st = stria_device_sync(p->dev, STRIA_STREAM_COMPUTE)) != STRIA_OK ||
+                (st = stria__device_step_time(p, t_dev0, ss)) != STRIA_OK)
+                break;
+        }
         if (step > 0) {
             if ((st = stria__wait(p, &reqs.dkv_recv, step, ss)) != STRIA_OK)
                 break;
@@ -704,21 +1062,24 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         if (N > 1 && (st = stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, dkv_bytes,
                                        &reqs.dkv_send[step % 2], ss)) != STRIA_OK)
             break;
-        if ((st = stria__wait(p, &reqs.kv_recv, step, ss)) != STRIA_OK ||
-            (st = stria__wait(p, &reqs.kv_send, step, ss)) != STRIA_OK)
+        if (!p->staged && ((st = stria__wait(p, &reqs.kv_recv, step, ss)) != STRIA_OK ||
+                           (st = stria__wait(p, &reqs.kv_send, step, ss)) != STRIA_OK))
             break;
     }
     /* After N hops the sum of this rank's own block comes back from r - 1. */
-    const float *total = part[0];
+    float *total = p->staged ? part_d : part[0];
     if (st == STRIA_OK && N > 1) {
         stria_ring_step_stats_t *ss = &p->stats[N - 1];
         step = N;
-        total = dkv_in;
         if ((st = stria__post(p, false, N, STRIA__MSG_DKV, dkv_in, dkv_bytes, &reqs.dkv_recv,
                               ss)) == STRIA_OK &&
             (st = stria__wait(p, &reqs.dkv_recv, N, ss)) == STRIA_OK &&
             (st = stria__wait(p, &reqs.dkv_send[0], N, ss)) == STRIA_OK)
             st = stria__wait(p, &reqs.dkv_send[1], N, ss);
+        if (!p->staged)
+            total = dkv_in;
+        else if (st == STRIA_OK)
+            st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, part_d, dkv_in, dkv_bytes);
     }
     if (st == STRIA_OK)
         st = stria__agree(p, &reqs, N + 1, &p->stats[N - 1]);
@@ -726,10 +1087,15 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         st = stria__fail(p, &reqs, st, "backward", step);
         goto out;
     }
-    stria__store_view(dq_acc, B, L, qv, H, D, dq);
-    stria__store_view(total, B, L, qv, Hkv, D, dk);
-    stria__store_view(total + kv_elems, B, L, qv, Hkv, D, dv);
+    if ((st = stria__store_grad(p, &base, dq_acc, H, dq)) != STRIA_OK ||
+        (st = stria__store_grad(p, &base, total, Hkv, dk)) != STRIA_OK ||
+        (st = stria__store_grad(p, &base, total + kv_elems, Hkv, dv)) != STRIA_OK ||
+        (p->staged && (st = stria__device_drain(p)) != STRIA_OK)) {
+        st = stria__fail(p, &reqs, st, "backward", N);
+        goto out;
+    }
     st = STRIA_OK;
 out:
+    stria__drain_on_error(p, st);
     return st;
 }

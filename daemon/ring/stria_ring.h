@@ -21,9 +21,24 @@
  * behind its K/V: a rank computes its contribution into a fresh buffer while
  * the running sum is still on the way, then adds. dQ stays local.
  *
+ * Devices: tensors live and kernels run on the pass's stria_device_t. On a
+ * host-visible device ("cpu", the default) the link reads and writes the
+ * buffers the kernels read: no staging copy. Otherwise ("cuda:N", and
+ * "cpu:staged" for tests) the tensors given to stria_ring_fwd()/bwd() are
+ * device pointers, messages live in pinned host memory, and at step s the
+ * host enqueues the kernel on the compute stream, waits on the link for
+ * block s + 1 and enqueues its host -> device copy on the copy stream, so
+ * that the copy (and the transfer) of block s + 1 overlap the compute of
+ * block s. The rank's own K/V go to the host once, for sending; in the
+ * backward pass each step's dK/dV contribution is copied to the host and
+ * added to the running sum there (one copy per step). Host buffers are
+ * reused only after the copies that read them are known done; both streams
+ * are idle when a call returns, also after an error.
+ *
  * Results are deterministic: every sum and merge happens in an order fixed by
  * the rank and step numbers, never by message arrival, so any link gives
- * bit-identical results for the same inputs.
+ * bit-identical results for the same inputs, and the staged path gives the
+ * host path's results bit for bit on the same kernels.
  *
  * Padding: the layout pads the sequence to a multiple of N (2N for zigzag);
  * padded tokens sit at the end of each shard and the engine gives the kernels
@@ -38,12 +53,15 @@
  * A pass ends with an agreement (N - 1 rounds of 8-byte messages), so a rank
  * returns success only when every rank finished its part: a failure anywhere
  * in the pass fails it on every rank. Every pending request is cancelled and
- * every buffer freed before returning.
+ * every buffer freed (or kept by the pass object for the next call) before
+ * returning; device errors (a failed copy or kernel) fail the step like any
+ * other.
  */
 #ifndef STRIA_RING_H
 #define STRIA_RING_H
 
 #include "stria_common.h"
+#include "stria_device.h"
 #include "stria_kernels.h"
 #include "stria_transport.h"
 
@@ -75,8 +93,12 @@ typedef struct {
      * steps. */
     double step_timeout_s;
     /* Kernel threads of this rank (NULL: the calling thread only). Borrowed:
-     * must outlive the pass object. */
+     * must outlive the pass object. Used only without `device`. */
     stria_pool_t *pool;
+    /* Where the tensors of stria_ring_fwd()/bwd() live and the kernels run.
+     * Borrowed: must outlive the pass object, and is used by the pass's
+     * thread during calls. NULL: an internal "cpu" device over `pool`. */
+    stria_device_t *device;
     /* Tells passes that share one link apart: messages carry it in their tag.
      * Every rank of a ring must use the same id. */
     uint32_t pass_id;
@@ -98,9 +120,13 @@ typedef struct {
 
 /* What one rank did in one step of its last pass. */
 typedef struct {
-    int src_rank;          /* owner of the K/V block of this step */
-    bool computed;         /* false: the block had no visible key for this shard */
-    double compute_s;      /* thread CPU time of the step's kernel calls */
+    int src_rank;  /* owner of the K/V block of this step */
+    bool computed; /* false: the block had no visible key for this shard */
+    /* Thread CPU time of the step's kernel calls; on a GPU the wall time
+     * from the step's first enqueue until the compute stream is seen idle
+     * after the step's link waits (exact when compute-bound, else an upper
+     * bound), plus the host's dK/dV sum in the backward pass. */
+    double compute_s;
     double compute_wall_s; /* wall time of the same calls */
     double wait_s;         /* wall time blocked on the link */
     uint64_t bytes_sent;
@@ -114,8 +140,9 @@ typedef struct stria_ring_pass stria_ring_pass_t;
  * object; the object is used by one thread at a time. It keeps its working
  * buffers between calls (two K/V shards in the storage dtype and fp32
  * accumulators: an O shard, and in the backward pass a dQ shard and three
- * fp32 dK/dV shard pairs) so that repeated passes do not fault in fresh
- * memory. Free with stria_ring_pass_destroy(). */
+ * fp32 dK/dV shard pairs; on a device that is not host-visible, device
+ * buffers and pinned host buffers of about that size each) so that repeated
+ * passes do not fault in fresh memory. Free with stria_ring_pass_destroy(). */
 stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape_t *shape,
                                       stria_layout_kind_t layout, const stria_ring_opts_t *opts,
                                       stria_ring_pass_t **pass_out);
@@ -185,6 +212,11 @@ typedef struct {
      * compute times free of contention between the rank threads, for
      * benchmarks; the wall time then no longer shows parallel speed. */
     bool serialize_compute;
+    /* Device of every rank (stria_device_open() names): NULL or "cpu" runs
+     * on the host as before; "cpu:staged" and "cuda:N" give each rank its
+     * own device object (for CUDA all on GPU N), upload its shards, run and
+     * download the outputs. */
+    const char *device;
 } stria_ring_local_opts_t;
 
 /* Filled by stria_ring_run_local() when given. */

@@ -37,14 +37,24 @@ typedef struct {
     stria_status_t st;
 } rank_t;
 
+/* Device of the ranks: NULL, or "cpu:staged", whose device memory is host
+ * memory in fact, so the host buffers below serve as device buffers. */
+static const char *rank_device;
+
 static void *rank_main(void *arg)
 {
     rank_t *x = arg;
     stria_link_t *link = NULL;
     stria_ring_pass_t *pass = NULL;
+    stria_device_t *dev = NULL;
     stria_ring_opts_t opts = {.step_timeout_s = 0.2};
     float *buf = NULL;
 
+    if (rank_device != NULL && stria_device_open(rank_device, NULL, &dev) != STRIA_OK) {
+        x->st = STRIA_ERR_INTERNAL;
+        return NULL;
+    }
+    opts.device = dev;
     x->st = stria_inproc_link_create(x->hub, x->rank, &link);
     if (x->st == STRIA_OK)
         x->st = stria_ring_pass_create(link, &shape, STRIA_LAYOUT_ZIGZAG, &opts, &pass);
@@ -68,6 +78,7 @@ static void *rank_main(void *arg)
     }
     free(buf);
     stria_ring_pass_destroy(pass);
+    stria_device_close(dev);
     stria_link_destroy(link);
     return NULL;
 }
@@ -98,16 +109,20 @@ static int run_ranks(int n, stria_inproc_fault_t fault, uint64_t after, bool bac
 
 int main(void)
 {
-    CHECK(run_ranks(4, STRIA_INPROC_FAULT_NONE, 0, true) == 0, "clean pass failed");
-    /* A pass of 4 ranks posts 32 operations per rank (forward and backward),
-     * one of 3 ranks 22; the last few belong to the final agreement, where a
-     * fault can no longer reach every rank. */
-    for (uint64_t after = 0; after < 27; after += 3)
-        CHECK(run_ranks(4, STRIA_INPROC_FAULT_FAIL, after, true) == 4,
-              "dead rank after %llu ops: not every rank failed", (unsigned long long)after);
-    for (uint64_t after = 0; after < 18; after += 3)
-        CHECK(run_ranks(3, STRIA_INPROC_FAULT_STALL, after, true) == 3,
-              "stalled rank after %llu ops: not every rank failed", (unsigned long long)after);
+    static const char *const devices[] = {NULL, "cpu:staged"};
+    for (int di = 0; di < 2; di++) {
+        rank_device = devices[di];
+        CHECK(run_ranks(4, STRIA_INPROC_FAULT_NONE, 0, true) == 0, "clean pass failed");
+        /* A pass of 4 ranks posts 32 operations per rank (forward and
+         * backward), one of 3 ranks 22; the last few belong to the final
+         * agreement, where a fault can no longer reach every rank. */
+        for (uint64_t after = 0; after < 27; after += 3)
+            CHECK(run_ranks(4, STRIA_INPROC_FAULT_FAIL, after, true) == 4,
+                  "dead rank after %llu ops: not every rank failed", (unsigned long long)after);
+        for (uint64_t after = 0; after < 18; after += 3)
+            CHECK(run_ranks(3, STRIA_INPROC_FAULT_STALL, after, true) == 3,
+                  "stalled rank after %llu ops: not every rank failed", (unsigned long long)after);
+    }
 
     /* stria_ring_run_local: success, and a bad shape */
     size_t qn = (size_t)(shape.batch * shape.seq * shape.heads * shape.head_dim);
@@ -136,6 +151,12 @@ int main(void)
     lo.passes = STRIA_RING_PASS_BWD;
     st = stria_ring_run_local(&shape, &lo, &io, NULL);
     CHECK(st == STRIA_OK, "run_local backward only: %s", stria_error_msg());
+    lo.device = "cpu:staged";
+    st = stria_ring_run_local(&shape, &lo, &io, NULL);
+    CHECK(st == STRIA_OK, "run_local staged: %s", stria_error_msg());
+    lo.device = "cuda:x";
+    CHECK(stria_ring_run_local(&shape, &lo, &io, NULL) == STRIA_ERR_INVALID_ARG, "bad device");
+    lo.device = NULL;
     stria_ring_shape_t bad = shape;
     bad.head_dim = 12;
     CHECK(stria_ring_run_local(&bad, &lo, &io, NULL) == STRIA_ERR_UNSUPPORTED, "bad head_dim");

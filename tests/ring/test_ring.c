@@ -358,6 +358,7 @@ typedef struct {
     bool jitter;
     bool backward;
     double timeout_s;
+    const char *device; /* NULL: the pass's own cpu device, host pointers */
     /* this rank */
     int rank;
     stria_status_t st_fwd, st_bwd;
@@ -376,6 +377,12 @@ static void *rank_main(void *arg)
     stria_ring_opts_t opts = {.step_timeout_s = x->timeout_s, .pass_id = 7};
     size_t es = stria_dtype_size(c->dtype);
     double t0 = stria_time_now();
+    stria_device_t *dev = NULL;
+
+    if (x->device != NULL) {
+        cr_assert_eq(stria_device_open(x->device, NULL, &dev), STRIA_OK, "%s", stria_error_msg());
+        opts.device = dev;
+    }
 
     cr_assert_eq(stria_inproc_link_create(x->hub, x->rank, &link), STRIA_OK);
     if (x->jitter) {
@@ -407,17 +414,48 @@ static void *rank_main(void *arg)
     stria_tensor_t tdq = stria_tensor_contiguous(x->dq, STRIA_DTYPE_F32, L, c->H, c->D);
     stria_tensor_t tdk = stria_tensor_contiguous(x->dk, STRIA_DTYPE_F32, L, c->Hkv, c->D);
     stria_tensor_t tdv = stria_tensor_contiguous(x->dv, STRIA_DTYPE_F32, L, c->Hkv, c->D);
+    /* On a device: every tensor in device memory, outputs poisoned first */
+    stria_tensor_t *all[] = {&tq, &tk, &tv, &tg, &to, &tdq, &tdk, &tdv};
+    const size_t bytes[] = {qn * es, kn * es, kn * es, qn * es, qn * 4, qn * 4, kn * 4, kn * 4};
+    void *host[8];
+    float *lse = x->lse;
+    size_t lse_bytes = (size_t)(c->B * c->H * L) * 4;
+    for (int i = 0; i < 8 && dev != NULL; i++) {
+        host[i] = all[i]->data;
+        cr_assert_eq(stria_device_alloc(dev, bytes[i], &all[i]->data), STRIA_OK);
+        if (i < 4)
+            cr_assert_eq(stria_device_copy(dev, STRIA_STREAM_COPY, all[i]->data, host[i], bytes[i]),
+                         STRIA_OK);
+        else
+            memset(all[i]->data, 0x7f, bytes[i]); /* the CPU device only: NaN-like junk */
+    }
+    if (dev != NULL) {
+        cr_assert_eq(stria_device_alloc(dev, lse_bytes, (void **)&lse), STRIA_OK);
+        memset(lse, 0x7f, lse_bytes);
+        cr_assert_eq(stria_device_sync(dev, STRIA_STREAM_COPY), STRIA_OK);
+    }
 
-    x->st_fwd = stria_ring_fwd(pass, &tq, &tk, &tv, &to, x->lse);
+    x->st_fwd = stria_ring_fwd(pass, &tq, &tk, &tv, &to, lse);
     if (x->st_fwd != STRIA_OK)
         snprintf(x->msg, sizeof(x->msg), "%s", stria_error_msg());
     if (x->st_fwd == STRIA_OK && x->backward) {
-        x->st_bwd = stria_ring_bwd(pass, &tq, &tk, &tv, &to, x->lse, &tg, &tdq, &tdk, &tdv);
+        x->st_bwd = stria_ring_bwd(pass, &tq, &tk, &tv, &to, lse, &tg, &tdq, &tdk, &tdv);
         if (x->st_bwd != STRIA_OK)
             snprintf(x->msg, sizeof(x->msg), "%s", stria_error_msg());
     }
     x->elapsed_s = stria_time_now() - t0;
+    if (dev != NULL) {
+        for (int i = 4; i < 8; i++)
+            cr_assert_eq(stria_device_copy(dev, STRIA_STREAM_COPY, host[i], all[i]->data, bytes[i]),
+                         STRIA_OK);
+        cr_assert_eq(stria_device_copy(dev, STRIA_STREAM_COPY, x->lse, lse, lse_bytes), STRIA_OK);
+        cr_assert_eq(stria_device_sync(dev, STRIA_STREAM_COPY), STRIA_OK);
+        for (int i = 0; i < 8; i++)
+            stria_device_free(dev, all[i]->data);
+        stria_device_free(dev, lse);
+    }
     stria_ring_pass_destroy(pass);
+    stria_device_close(dev);
     stria_link_destroy(link);
     free(q), free(k), free(v), free(g);
     return NULL;
@@ -430,6 +468,8 @@ static void ctx_free(rank_ctx_t *x, int n)
 }
 
 /* Runs one thread per rank; faults are set on the hub by the caller. */
+static const char *run_device; /* device of the ranks of run_ranks() */
+
 static void run_ranks(const rcase_t *c, const rdata_t *d, stria_inproc_hub_t *hub, bool jit,
                       bool backward, double timeout_s, rank_ctx_t *x)
 {
@@ -442,6 +482,7 @@ static void run_ranks(const rcase_t *c, const rdata_t *d, stria_inproc_hub_t *hu
                             .jitter = jit,
                             .backward = backward,
                             .timeout_s = timeout_s,
+                            .device = run_device,
                             .rank = r};
         cr_assert_eq(pthread_create(&th[r], NULL, rank_main, &x[r]), 0);
     }
@@ -510,7 +551,7 @@ static void expect_all_failed(const rank_ctx_t *x, int n, int culprit, bool in_b
 
 /* A rank dies mid-pass (its link fails after a few operations): every rank
  * returns an error naming it, long before the deadline. */
-Test(ring, failing_rank_fails_every_rank)
+static void failing_rank_case(void)
 {
     rcase_t c = {.n = 4,
                  .layout = STRIA_LAYOUT_STRIPED,
@@ -544,6 +585,159 @@ Test(ring, failing_rank_fails_every_rank)
         }
         ctx_free(x, c.n);
     }
+    data_free(&d);
+}
+
+Test(ring, failing_rank_fails_every_rank)
+{
+    failing_rank_case();
+}
+
+/* The same with every rank on the staged device: the failure surfaces from
+ * the link between device copies and still aborts every rank. */
+Test(ring, failing_rank_fails_every_rank_staged)
+{
+    run_device = "cpu:staged";
+    failing_rank_case();
+}
+
+/* ---- devices ----------------------------------------------------------------- */
+
+static bool same_bits(const void *a, const void *b, size_t n, const char *what, int rank,
+                      const rcase_t *c)
+{
+    bool same = memcmp(a, b, n) == 0;
+    cr_expect(same, "%s differs on rank %d: N=%d %s %s S=%lld H=%lld/%lld %s", what, rank, c->n,
+              stria_layout_kind_name(c->layout), c->causal ? "causal" : "non-causal",
+              (long long)c->S, (long long)c->H, (long long)c->Hkv, stria_dtype_name(c->dtype));
+    return same;
+}
+
+/* The staged device (separate device buffers, every staging copy and
+ * stream order of a GPU) gives the host path's results bit for bit. */
+static void staged_equals_cpu(int n)
+{
+    static const stria_dtype_t dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16};
+    for (size_t di = 0; di < 2; di++)
+        for (size_t k = 0; k < 3; k++)
+            for (int causal = 0; causal < 2; causal++) {
+                rcase_t c = {.n = n,
+                             .layout = all_layouts[k],
+                             .causal = causal,
+                             .B = 2,
+                             .S = 16 * n + 3, /* odd: padding in every layout */
+                             .H = 4,
+                             .Hkv = di == 0 ? 2 : 1,
+                             .D = 32,
+                             .dtype = dtypes[di]};
+                rdata_t d;
+                rank_ctx_t a[4], b[4];
+                data_init(&c, &d, (uint64_t)(n * 7 + k));
+                for (int pass = 0; pass < 2; pass++) {
+                    stria_inproc_hub_t *hub;
+                    cr_assert_eq(stria_inproc_hub_create(c.n, &hub), STRIA_OK);
+                    run_device = pass == 0 ? NULL : "cpu:staged";
+                    run_ranks(&c, &d, hub, false, true, 30, pass == 0 ? a : b);
+                    stria_inproc_hub_release(hub);
+                }
+                run_device = NULL;
+                stria_layout_t l;
+                stria_layout_init(c.layout, c.n, c.S, &l);
+                size_t qn = (size_t)(c.B * l.shard_tokens * c.H * c.D);
+                size_t kn = (size_t)(c.B * l.shard_tokens * c.Hkv * c.D);
+                size_t ln = (size_t)(c.B * c.H * l.shard_tokens);
+                for (int r = 0; r < c.n; r++) {
+                    cr_assert_eq(a[r].st_bwd, STRIA_OK, "%s", a[r].msg);
+                    cr_assert_eq(b[r].st_fwd, STRIA_OK, "staged: %s", b[r].msg);
+                    cr_assert_eq(b[r].st_bwd, STRIA_OK, "staged: %s", b[r].msg);
+                    same_bits(a[r].o, b[r].o, qn * 4, "O", r, &c);
+                    same_bits(a[r].lse, b[r].lse, ln * 4, "LSE", r, &c);
+                    same_bits(a[r].dq, b[r].dq, qn * 4, "dQ", r, &c);
+                    same_bits(a[r].dk, b[r].dk, kn * 4, "dK", r, &c);
+                    same_bits(a[r].dv, b[r].dv, kn * 4, "dV", r, &c);
+                }
+                ctx_free(a, c.n);
+                ctx_free(b, c.n);
+                data_free(&d);
+            }
+}
+
+Test(ring, staged_equals_cpu_n1)
+{
+    staged_equals_cpu(1);
+}
+
+Test(ring, staged_equals_cpu_n2)
+{
+    staged_equals_cpu(2);
+}
+
+Test(ring, staged_equals_cpu_n3)
+{
+    staged_equals_cpu(3);
+}
+
+Test(ring, staged_equals_cpu_n4)
+{
+    staged_equals_cpu(4);
+}
+
+/* stria_ring_run_local() with a device: the same outputs as without, in the
+ * output dtypes asked for; a bad device name is an error naming it. */
+Test(ring, run_local_staged)
+{
+    rcase_t c = {.n = 3,
+                 .layout = STRIA_LAYOUT_ZIGZAG,
+                 .causal = true,
+                 .B = 1,
+                 .S = 101,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 32,
+                 .dtype = STRIA_DTYPE_BF16};
+    rdata_t d;
+    data_init(&c, &d, 9);
+    stria_ring_shape_t shape = shape_of(&c);
+    size_t es = stria_dtype_size(c.dtype);
+    void *out[2][5];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 5; i++)
+            out[pass][i] = calloc(d.nq > d.nl ? d.nq : d.nl, 4);
+        stria_ring_local_opts_t lo = {.layout = c.layout,
+                                      .n_ranks = c.n,
+                                      .passes = STRIA_RING_PASS_FWD_BWD,
+                                      .step_timeout_s = 30,
+                                      .threads_per_rank = 2,
+                                      .device = pass == 0 ? NULL : "cpu:staged"};
+        stria_ring_local_io_t io = {.q = d.qs,
+                                    .k = d.ks,
+                                    .v = d.vs,
+                                    .o = out[pass][0],
+                                    .o_dtype = STRIA_DTYPE_BF16,
+                                    .lse = out[pass][1],
+                                    .d_o = d.gs,
+                                    .dq = out[pass][2],
+                                    .dk = out[pass][3],
+                                    .dv = out[pass][4],
+                                    .grad_dtype = STRIA_DTYPE_F16};
+        cr_assert_eq(stria_ring_run_local(&shape, &lo, &io, NULL), STRIA_OK, "%s",
+                     stria_error_msg());
+    }
+    cr_expect_eq(memcmp(out[0][0], out[1][0], d.nq * es), 0, "O differs");
+    cr_expect_eq(memcmp(out[0][1], out[1][1], d.nl * 4), 0, "LSE differs");
+    cr_expect_eq(memcmp(out[0][2], out[1][2], d.nq * 2), 0, "dQ differs");
+    cr_expect_eq(memcmp(out[0][3], out[1][3], d.nk * 2), 0, "dK differs");
+    cr_expect_eq(memcmp(out[0][4], out[1][4], d.nk * 2), 0, "dV differs");
+
+    stria_ring_local_opts_t bad = {
+        .layout = c.layout, .n_ranks = c.n, .passes = STRIA_RING_PASS_FWD, .device = "tpu:0"};
+    stria_ring_local_io_t io = {
+        .q = d.qs, .k = d.ks, .v = d.vs, .o = out[0][0], .o_dtype = c.dtype, .lse = out[0][1]};
+    cr_expect_eq(stria_ring_run_local(&shape, &bad, &io, NULL), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "tpu:0") != NULL, "%s", stria_error_msg());
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < 5; i++)
+            free(out[pass][i]);
     data_free(&d);
 }
 
