@@ -60,10 +60,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_attn_t a)
 {
     constexpr int BK = STRIA__KV_BK, BQ = STRIA__KV_BQ, NT = STRIA__KV_NT;
-    constexpr int KD = D / 16;  /* k-steps over head_dim */
-    constexpr int NS = BQ / 8;  /* n-blocks of a transposed score tile */
-    constexpr int NO = D / 8;   /* n-blocks of dK, dV */
-    constexpr int KS = BQ / 16; /* k-steps over the queries of a tile */
+    constexpr int NS = BQ / 8; /* n-blocks of a transposed score tile */
+    constexpr int NO = D / 8;  /* n-blocks of dK, dV */
     extern __shared__ __align__(128) unsigned char stria__smem[];
     T *sK = reinterpret_cast<T *>(stria__smem);
     T *sV = sK + BK * D;
@@ -85,13 +83,13 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
         /* steps it = g * nqt + qt over (query head of the group, query tile);
          * the first at or after `it` that the mask does not skip */
         auto next_step = [&](int64_t it, int *cls) -> int64_t {
-            for (; it < n_it; it++) {
-                int64_t qmin = 0, qmax = 0;
-                if (a.causal)
-                    stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, (it % nqt) * BQ, BQ, &qmin, &qmax);
-                *cls = stria__cu_tile_class(a.causal, qmin, qmax, kmin, kmax);
-                if (*cls != STRIA__CU_SKIP)
-                    return it;
+            while (it < n_it) { /* the class depends on the query tile only */
+                const int64_t g = it / nqt;
+                const int64_t qt =
+                    stria__cu_next_tile(a, false, it % nqt, nqt, BQ, kmin, kmax, cls);
+                if (qt < nqt)
+                    return g * nqt + qt;
+                it = (g + 1) * nqt;
             }
             return n_it;
         };
@@ -120,19 +118,11 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
         /* this thread's keys: k0 + 16 warp + lane / 4 and 8 more; keys past
          * the block are never written, mask them all */
         const int64_t kr0 = k0 + warp * 16 + (lane >> 2), kr1 = kr0 + 8;
-        int64_t kp0 = INT64_MAX, kp1 = INT64_MAX;
-        if (a.causal) {
-            if (kr0 < a.Tk)
-                kp0 = a.kpos[kr0];
-            if (kr1 < a.Tk)
-                kp1 = a.kpos[kr1];
-        }
+        const int64_t kp0 = stria__cu_pos_or(a, a.kpos, kr0, a.Tk, INT64_MAX);
+        const int64_t kp1 = stria__cu_pos_or(a, a.kpos, kr1, a.Tk, INT64_MAX);
         float dk[NO][4], dv[NO][4];
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                dk[n][j] = dv[n][j] = 0.0f;
+        stria__zero(dk);
+        stria__zero(dv);
 
         int stage = 0;
         while (it < n_it) {
@@ -147,29 +137,10 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
             const int64_t q0 = (it % nqt) * BQ;
 
             float s[NS][4], dp[NS][4];
-#pragma unroll
-            for (int n = 0; n < NS; n++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    s[n][j] = dp[n][j] = 0.0f;
-                    /* not unrolled: the A fragments are loaded per k-step anyway, and
-                     * unrolling would keep every ldmatrix address live in registers */
-#pragma unroll 1
-            for (int kk = 0; kk < KD; kk++) {
-                uint32_t ka[4], va[4];
-                stria__ld_a<T, D>(ka, sK, warp * 16, kk, lane);
-                stria__ld_a<T, D>(va, sV, warp * 16, kk, lane);
-#pragma unroll
-                for (int p = 0; p < NS / 2; p++) {
-                    uint32_t bf[4];
-                    stria__ld_b_nrows<T, D>(bf, tQ, p * 16, kk, lane);
-                    stria__mma<T>(s[2 * p], ka, bf[0], bf[1]);
-                    stria__mma<T>(s[2 * p + 1], ka, bf[2], bf[3]);
-                    stria__ld_b_nrows<T, D>(bf, tG, p * 16, kk, lane);
-                    stria__mma<T>(dp[2 * p], va, bf[0], bf[1]);
-                    stria__mma<T>(dp[2 * p + 1], va, bf[2], bf[3]);
-                }
-            }
+            stria__zero(s);
+            stria__zero(dp);
+            /* S^T = K Q^T, dP^T = V dO^T */
+            stria__gemm2_nrows<T, D, NS>(s, dp, sK, sV, warp * 16, tQ, tG, lane);
 
             /* P^T into s, dS^T into dp; columns are queries */
 #pragma unroll
@@ -192,23 +163,9 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
                     dp[n][2 + j] = p1 * (dp[n][2 + j] - Dl);
                 }
 
-                /* dV += P^T dO, dK += dS^T Q */
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                uint32_t pa[4], da[4];
-                stria__c_to_a<T, NS>(pa, s, kk);
-                stria__c_to_a<T, NS>(da, dp, kk);
-#pragma unroll
-                for (int p = 0; p < NO / 2; p++) {
-                    uint32_t bf[4];
-                    stria__ld_b_krows<T, D>(bf, tG, kk * 16, p * 16, lane);
-                    stria__mma<T>(dv[2 * p], pa, bf[0], bf[1]);
-                    stria__mma<T>(dv[2 * p + 1], pa, bf[2], bf[3]);
-                    stria__ld_b_krows<T, D>(bf, tQ, kk * 16, p * 16, lane);
-                    stria__mma<T>(dk[2 * p], da, bf[0], bf[1]);
-                    stria__mma<T>(dk[2 * p + 1], da, bf[2], bf[3]);
-                }
-            }
+            /* dV += P^T dO, dK += dS^T Q */
+            stria__gemm_c_krows<T, D, NS>(dv, s, tG, lane);
+            stria__gemm_c_krows<T, D, NS>(dk, dp, tQ, lane);
             __syncthreads(); /* the stage is refilled by the next iteration */
             stage ^= 1;
             it = nit;
@@ -240,7 +197,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn_t a)
 {
     constexpr int BQ = STRIA__DQ_BQ, BK = STRIA__DQ_BK, NT = STRIA__DQ_NT;
-    constexpr int KD = D / 16, NS = BK / 8, NO = D / 8, KS = BK / 16;
+    constexpr int NS = BK / 8, NO = D / 8;
     extern __shared__ __align__(128) unsigned char stria__smem[];
     T *sQ = reinterpret_cast<T *>(stria__smem);
     T *sG = sQ + BQ * D;
@@ -260,23 +217,11 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
         int64_t qmin = 0, qmax = 0;
         if (a.causal)
             stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, q0, BQ, &qmin, &qmax);
-        auto next_tile = [&](int64_t kt, int *cls) -> int64_t {
-            for (; kt < nkt; kt++) {
-                int64_t kmin = 0, kmax = 0;
-                if (a.causal)
-                    stria__cu_tile_bounds(a.kmin, a.kmax, a.Tk, kt * BK, BK, &kmin, &kmax);
-                *cls = stria__cu_tile_class(a.causal, qmin, qmax, kmin, kmax);
-                if (*cls != STRIA__CU_SKIP)
-                    return kt;
-            }
-            return nkt;
-        };
-
         stria__load_tile<T, D, BQ, NT>(sQ, stria__cu_row<T>(a.q, b, 0, h), a.q.st, q0, a.Tq);
         stria__load_tile<T, D, BQ, NT>(sG, stria__cu_row<T>(a.d_o, b, 0, h), a.d_o.st, q0, a.Tq);
         stria__cp_commit();
         int cls = STRIA__CU_SKIP, cls_next = STRIA__CU_SKIP;
-        int64_t kt = next_tile(0, &cls);
+        int64_t kt = stria__cu_next_tile(a, true, 0, nkt, BK, qmin, qmax, &cls);
         if (kt < nkt) {
             stria__load_tile<T, D, BK, NT>(sK, kbase, a.k.st, kt * BK, a.Tk);
             stria__load_tile<T, D, BK, NT>(sV, vbase, a.v.st, kt * BK, a.Tk);
@@ -289,21 +234,15 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
         const float L1 = stria__lse_log2(a.lse_in + li, r1, a.Tq);
         const float D0 = r0 < a.Tq ? a.delta[li + r0] : 0.0f;
         const float D1 = r1 < a.Tq ? a.delta[li + r1] : 0.0f;
-        int64_t qp0 = INT64_MAX, qp1 = INT64_MAX;
-        if (a.causal) {
-            if (r0 < a.Tq)
-                qp0 = a.qpos[r0];
-            if (r1 < a.Tq)
-                qp1 = a.qpos[r1];
-        }
+        const int64_t qp0 = stria__cu_pos_or(a, a.qpos, r0, a.Tq, INT64_MAX);
+        const int64_t qp1 = stria__cu_pos_or(a, a.qpos, r1, a.Tq, INT64_MAX);
         float acc[NO][4];
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        stria__zero(acc);
 
         int stage = 0;
         while (kt < nkt) {
-            const int64_t nxt = next_tile(kt + 1, &cls_next);
+            const int64_t nxt =
+                stria__cu_next_tile(a, true, kt + 1, nkt, BK, qmin, qmax, &cls_next);
             if (nxt < nkt) {
                 stria__load_tile<T, D, BK, NT>(sK + (stage ^ 1) * BK * D, kbase, a.k.st, nxt * BK,
                                                a.Tk);
@@ -317,27 +256,10 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
             const int64_t k0 = kt * BK;
 
             float s[NS][4], dp[NS][4];
-#pragma unroll
-            for (int n = 0; n < NS; n++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    s[n][j] = dp[n][j] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KD; kk++) {
-                uint32_t qa[4], ga[4];
-                stria__ld_a<T, D>(qa, sQ, warp * 16, kk, lane);
-                stria__ld_a<T, D>(ga, sG, warp * 16, kk, lane);
-#pragma unroll
-                for (int p = 0; p < NS / 2; p++) {
-                    uint32_t bf[4];
-                    stria__ld_b_nrows<T, D>(bf, tK, p * 16, kk, lane);
-                    stria__mma<T>(s[2 * p], qa, bf[0], bf[1]);
-                    stria__mma<T>(s[2 * p + 1], qa, bf[2], bf[3]);
-                    stria__ld_b_nrows<T, D>(bf, tV, p * 16, kk, lane);
-                    stria__mma<T>(dp[2 * p], ga, bf[0], bf[1]);
-                    stria__mma<T>(dp[2 * p + 1], ga, bf[2], bf[3]);
-                }
-            }
+            stria__zero(s);
+            stria__zero(dp);
+            /* S = Q K^T, dP = dO V^T */
+            stria__gemm2_nrows<T, D, NS>(s, dp, sQ, sG, warp * 16, tK, tV, lane);
 
             /* dS into dp; masked: straddling tiles by position, the tail by index */
             const bool need_mask = cls == STRIA__CU_PARTIAL || k0 + BK > a.Tk;
@@ -360,19 +282,8 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
                     dp[n][2 + j] = p1 * (dp[n][2 + j] - D1);
                 }
 
-                /* dQ += dS K */
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                uint32_t da[4];
-                stria__c_to_a<T, NS>(da, dp, kk);
-#pragma unroll
-                for (int p = 0; p < NO / 2; p++) {
-                    uint32_t bf[4];
-                    stria__ld_b_krows<T, D>(bf, tK, kk * 16, p * 16, lane);
-                    stria__mma<T>(acc[2 * p], da, bf[0], bf[1]);
-                    stria__mma<T>(acc[2 * p + 1], da, bf[2], bf[3]);
-                }
-            }
+            /* dQ += dS K */
+            stria__gemm_c_krows<T, D, NS>(acc, dp, tK, lane);
             __syncthreads();
             stage ^= 1;
             kt = nxt;

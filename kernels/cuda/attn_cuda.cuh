@@ -173,6 +173,38 @@ __device__ __forceinline__ float stria__cu_merge_value(int mode, float a, float 
 {
     return mode == 0 ? a : mode == 1 ? b : wa * a + wb * b;
 }
+/* First tile at or after t (tiles of n tokens of the `moving` side, n_tiles of
+ * them) that the mask does not skip against the fixed tile's bounds
+ * [fmin, fmax]; its class in *cls; n_tiles when none. moving_keys: the moving
+ * tiles are key tiles (else query tiles). */
+__device__ __forceinline__ int64_t stria__cu_next_tile(const stria_cu_attn_t &a, bool moving_keys,
+                                                       int64_t t, int64_t n_tiles, int n,
+                                                       int64_t fmin, int64_t fmax, int *cls)
+{
+    for (; t < n_tiles; t++) {
+        int64_t lo = 0, hi = 0;
+        if (a.causal) {
+            if (moving_keys)
+                stria__cu_tile_bounds(a.kmin, a.kmax, a.Tk, t * n, n, &lo, &hi);
+            else
+                stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, t * n, n, &lo, &hi);
+        }
+        *cls = moving_keys ? stria__cu_tile_class(a.causal, fmin, fmax, lo, hi)
+                           : stria__cu_tile_class(a.causal, lo, hi, fmin, fmax);
+        if (*cls != STRIA__CU_SKIP)
+            return t;
+    }
+    return n_tiles;
+}
+
+/* Position of token i of `pos` for the masks of a causal call; `none` for
+ * tokens past the block (and for calls without a mask). */
+__device__ __forceinline__ int64_t stria__cu_pos_or(const stria_cu_attn_t &a, const int64_t *pos,
+                                                    int64_t i, int64_t n, int64_t none)
+{
+    return a.causal && i < n ? pos[i] : none;
+}
+
 #endif /* __CUDACC__ */
 
 #endif /* STRIA_ATTN_CUDA_CUH */

@@ -28,10 +28,9 @@ template <typename T, int D>
 __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_attn_t a)
 {
     constexpr int BQ = STRIA__FWD_BQ, BK = STRIA__FWD_BK, NT = STRIA__FWD_NT;
-    constexpr int KD = D / 16;  /* k-steps over head_dim */
-    constexpr int NS = BK / 8;  /* n-blocks of a score tile */
-    constexpr int NO = D / 8;   /* n-blocks of the output */
-    constexpr int KS = BK / 16; /* k-steps over the keys of a tile */
+    constexpr int KD = D / 16; /* k-steps over head_dim */
+    constexpr int NS = BK / 8; /* n-blocks of a score tile */
+    constexpr int NO = D / 8;  /* n-blocks of the output */
     extern __shared__ __align__(128) unsigned char stria__smem[];
     T *sQ = reinterpret_cast<T *>(stria__smem);
     T *sK = sQ + BQ * D; /* [2][BK * D] */
@@ -53,23 +52,10 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
         int64_t qmin = 0, qmax = 0;
         if (a.causal)
             stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, q0, BQ, &qmin, &qmax);
-        /* first key tile at or after kt that the mask does not skip */
-        auto next_tile = [&](int64_t kt, int *cls) -> int64_t {
-            for (; kt < nkt; kt++) {
-                int64_t kmin = 0, kmax = 0;
-                if (a.causal)
-                    stria__cu_tile_bounds(a.kmin, a.kmax, a.Tk, kt * BK, BK, &kmin, &kmax);
-                *cls = stria__cu_tile_class(a.causal, qmin, qmax, kmin, kmax);
-                if (*cls != STRIA__CU_SKIP)
-                    return kt;
-            }
-            return nkt;
-        };
-
         stria__load_tile<T, D, BQ, NT>(sQ, qbase, a.q.st, q0, a.Tq);
         stria__cp_commit();
         int cls = STRIA__CU_SKIP, cls_next = STRIA__CU_SKIP;
-        int64_t kt = next_tile(0, &cls);
+        int64_t kt = stria__cu_next_tile(a, true, 0, nkt, BK, qmin, qmax, &cls);
         if (kt < nkt) {
             stria__load_tile<T, D, BK, NT>(sK, kbase, a.k.st, kt * BK, a.Tk);
             stria__load_tile<T, D, BK, NT>(sV, vbase, a.v.st, kt * BK, a.Tk);
@@ -85,22 +71,17 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
 
         /* this thread's rows: r0 = 16 warp + lane / 4 and r0 + 8 of the tile */
         const int64_t r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8;
-        int64_t qp0 = INT64_MAX, qp1 = INT64_MAX; /* rows past Tq are never masked */
-        if (a.causal) {
-            if (r0 < a.Tq)
-                qp0 = a.qpos[r0];
-            if (r1 < a.Tq)
-                qp1 = a.qpos[r1];
-        }
+        /* rows past Tq are never masked */
+        const int64_t qp0 = stria__cu_pos_or(a, a.qpos, r0, a.Tq, INT64_MAX);
+        const int64_t qp1 = stria__cu_pos_or(a, a.qpos, r1, a.Tq, INT64_MAX);
         float o[NO][4];
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-            o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        stria__zero(o);
         float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
         int stage = 0;
         while (kt < nkt) {
-            const int64_t nxt = next_tile(kt + 1, &cls_next);
+            const int64_t nxt =
+                stria__cu_next_tile(a, true, kt + 1, nkt, BK, qmin, qmax, &cls_next);
             if (nxt < nkt) {
                 stria__load_tile<T, D, BK, NT>(sK + (stage ^ 1) * BK * D, kbase, a.k.st, nxt * BK,
                                                a.Tk);
@@ -114,9 +95,7 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
             const int64_t k0 = kt * BK;
 
             float s[NS][4];
-#pragma unroll
-            for (int n = 0; n < NS; n++)
-                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            stria__zero(s);
 #pragma unroll
             for (int kk = 0; kk < KD; kk++)
 #pragma unroll
@@ -181,18 +160,7 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
             }
 
             /* O += P V */
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                uint32_t pa[4];
-                stria__c_to_a<T, NS>(pa, s, kk);
-#pragma unroll
-                for (int p = 0; p < NO / 2; p++) {
-                    uint32_t bf[4];
-                    stria__ld_b_krows<T, D>(bf, tV, kk * 16, p * 16, lane);
-                    stria__mma<T>(o[2 * p], pa, bf[0], bf[1]);
-                    stria__mma<T>(o[2 * p + 1], pa, bf[2], bf[3]);
-                }
-            }
+            stria__gemm_c_krows<T, D, NS>(o, s, tV, lane);
             __syncthreads(); /* the stage is refilled by the next iteration */
             stage ^= 1;
             kt = nxt;

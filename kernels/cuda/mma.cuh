@@ -160,4 +160,61 @@ __device__ __forceinline__ void stria__c_to_a(uint32_t (&a)[4], const float (&c)
     a[3] = stria__pack<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
+template <int NB> __device__ __forceinline__ void stria__zero(float (&c)[NB][4])
+{
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+        c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+}
+
+/* c1 += A1 B1 and c2 += A2 B2 over the D columns of the tiles: A1, A2 rows
+ * [row0, row0 + 16) of row-major tiles a1, a2; B1, B2 the NB n-blocks of
+ * tiles b1, b2 whose rows are n (S = Q K^T and dP = dO V^T, or their
+ * transposes). The k-steps are not unrolled: their fragments are loaded per
+ * step anyway, and unrolling keeps every ldmatrix address live. */
+template <typename T, int D, int NB>
+__device__ __forceinline__ void stria__gemm2_nrows(float (&c1)[NB][4], float (&c2)[NB][4],
+                                                   const T *a1, const T *a2, int row0, const T *b1,
+                                                   const T *b2, int lane)
+{
+#pragma unroll 1
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t x1[4], x2[4];
+        stria__ld_a<T, D>(x1, a1, row0, kk, lane);
+        stria__ld_a<T, D>(x2, a2, row0, kk, lane);
+#pragma unroll
+        for (int p = 0; p < NB / 2; p++) {
+            uint32_t bf[4];
+            stria__ld_b_nrows<T, D>(bf, b1, p * 16, kk, lane);
+            stria__mma<T>(c1[2 * p], x1, bf[0], bf[1]);
+            stria__mma<T>(c1[2 * p + 1], x1, bf[2], bf[3]);
+            stria__ld_b_nrows<T, D>(bf, b2, p * 16, kk, lane);
+            stria__mma<T>(c2[2 * p], x2, bf[0], bf[1]);
+            stria__mma<T>(c2[2 * p + 1], x2, bf[2], bf[3]);
+        }
+    }
+}
+
+/* acc += C B: C the 16 x (8 NB) fp32 accumulator tile c, rounded to T as the
+ * A operand (P or dS); B the tile b whose rows are k (8 NB rows of D
+ * columns), giving the D / 8 n-blocks of acc (O += P V, dQ += dS K,
+ * dV += P^T dO, dK += dS^T Q). */
+template <typename T, int D, int NB>
+__device__ __forceinline__ void stria__gemm_c_krows(float (&acc)[D / 8][4], const float (&c)[NB][4],
+                                                    const T *b, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < NB / 2; kk++) {
+        uint32_t a[4];
+        stria__c_to_a<T, NB>(a, c, kk);
+#pragma unroll
+        for (int p = 0; p < D / 16; p++) {
+            uint32_t bf[4];
+            stria__ld_b_krows<T, D>(bf, b, kk * 16, p * 16, lane);
+            stria__mma<T>(acc[2 * p], a, bf[0], bf[1]);
+            stria__mma<T>(acc[2 * p + 1], a, bf[2], bf[3]);
+        }
+    }
+}
+
 #endif /* STRIA_MMA_CUH */
