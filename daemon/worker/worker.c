@@ -47,6 +47,8 @@ struct stria_worker {
     uint64_t incarnation;
     stria_rpc_server_t *server;
     stria_pool_t *pool;
+    stria_device_t *dev; /* opened at start: the name, description and memory */
+    bool dev_staged;     /* device memory is not host memory: jobs stage through it */
     stria_ucx_ctx_t *ucx;
 
     pthread_mutex_t coord_lock; /* one coordinator call at a time */
@@ -88,8 +90,11 @@ static stria__wjob_t *stria__job_find(stria_worker_t *w, uint64_t id)
 
 static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
 {
-    for (int t = 0; t < STRIA__T_COUNT; t++)
+    for (int t = 0; t < STRIA__T_COUNT; t++) {
         stria_free(j->buf[t]);
+        stria_device_free(j->dev, j->dbuf[t]);
+    }
+    stria_device_close(j->dev);
     w->memory_used -= j->bytes;
     stria_metric_set(w->m_memory, (double)w->memory_used);
     free(j);
@@ -582,12 +587,65 @@ typedef struct {
     bool backward;
 } stria__pass_ctx_t;
 
+/* A tensor of the job as the pass sees it: the host buffer, or its device
+ * copy on a staged device. */
 static stria_tensor_t stria__tensor(const stria__wjob_t *j, int t)
 {
     int64_t heads = (t == STRIA__T_K || t == STRIA__T_V || t == STRIA__T_DK || t == STRIA__T_DV)
                         ? j->kv_heads
                         : j->heads;
-    return stria_tensor_contiguous(j->buf[t], j->dtype, j->layout.shard_tokens, heads, j->head_dim);
+    return stria_tensor_contiguous(j->dev != NULL ? j->dbuf[t] : j->buf[t], j->dtype,
+                                   j->layout.shard_tokens, heads, j->head_dim);
+}
+
+static size_t stria__tensor_bytes(const stria__wjob_t *j, int t)
+{
+    int64_t outer;
+    size_t row;
+    stria__tensor_geometry(j, t, &outer, &row);
+    return (size_t)outer * (size_t)j->layout.shard_tokens * row;
+}
+
+/* Before a pass on a device whose memory is not host memory: the job's
+ * device (opened once) and device buffers (allocated once), and the pass's
+ * inputs uploaded from the host buffers the RPC layer received them into.
+ * Inputs are uploaded at every pass, as the client may have replaced them
+ * in between. */
+static stria_status_t stria__stage_in(stria_worker_t *w, stria__wjob_t *j, bool backward)
+{
+    static const int fwd_in[] = {STRIA__T_Q, STRIA__T_K, STRIA__T_V};
+    static const int bwd_in[] = {STRIA__T_Q, STRIA__T_K,   STRIA__T_V,
+                                 STRIA__T_O, STRIA__T_LSE, STRIA__T_DO};
+    const int *in = backward ? bwd_in : fwd_in;
+    size_t n_in = backward ? 6 : 3;
+    stria_status_t st;
+    if (j->dev == NULL &&
+        (st = stria_device_open(stria_device_name(w->dev), w->pool, &j->dev)) != STRIA_OK)
+        return stria_error_wrap(st, "job %llu", (unsigned long long)j->id);
+    for (int t = 0; t < STRIA__T_COUNT; t++)
+        if (j->dbuf[t] == NULL &&
+            (st = stria_device_alloc(j->dev, stria__tensor_bytes(j, t), &j->dbuf[t])) != STRIA_OK)
+            return stria_error_wrap(st, "job %llu: device buffers", (unsigned long long)j->id);
+    for (size_t i = 0; i < n_in; i++)
+        if ((st = stria_device_copy(j->dev, STRIA_STREAM_COPY, j->dbuf[in[i]], j->buf[in[i]],
+                                    stria__tensor_bytes(j, in[i]))) != STRIA_OK)
+            return st;
+    return stria_device_sync(j->dev, STRIA_STREAM_COPY);
+}
+
+/* After a successful pass: its outputs to the host buffers GetOutput reads. */
+static stria_status_t stria__stage_out(stria__wjob_t *j, bool backward)
+{
+    static const int fwd_out[] = {STRIA__T_O, STRIA__T_LSE};
+    static const int bwd_out[] = {STRIA__T_DQ, STRIA__T_DK, STRIA__T_DV};
+    const int *out = backward ? bwd_out : fwd_out;
+    size_t n_out = backward ? 3 : 2;
+    stria_status_t st;
+    for (size_t i = 0; i < n_out; i++)
+        if ((st = stria_device_copy(j->dev, STRIA_STREAM_COPY, j->buf[out[i]], j->dbuf[out[i]],
+                                    stria__tensor_bytes(j, out[i]))) != STRIA_OK)
+            return st;
+    return stria_device_sync(j->dev, STRIA_STREAM_COPY);
 }
 
 typedef struct {
@@ -664,16 +722,25 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
     if (w->abort_passes)
         stria_link_abort(link, STRIA_ERR_CANCELLED, w->abort_reason);
     pthread_mutex_unlock(&w->lock);
-    st = stria_ring_pass_create(link, &shape, j->layout_kind, &opts, &pass);
+    if (w->dev_staged && (st = stria__stage_in(w, j, backward)) != STRIA_OK) {
+        stria_error_wrap(st, "rank %d: staging the inputs on %s", j->rank,
+                         stria_device_name(w->dev));
+        /* the ring must still hear of it: the other ranks wait for this one */
+        stria_link_abort(link, st, stria_error_msg());
+    }
+    opts.device = j->dev; /* NULL on the host: the pass's own cpu device over w->pool */
+    if (st == STRIA_OK)
+        st = stria_ring_pass_create(link, &shape, j->layout_kind, &opts, &pass);
     if (st == STRIA_OK) {
         stria_tensor_t q = stria__tensor(j, STRIA__T_Q), k = stria__tensor(j, STRIA__T_K);
         stria_tensor_t v = stria__tensor(j, STRIA__T_V), o = stria__tensor(j, STRIA__T_O);
+        float *lse = j->dev != NULL ? j->dbuf[STRIA__T_LSE] : j->buf[STRIA__T_LSE];
         if (!backward) {
-            st = stria_ring_fwd(pass, &q, &k, &v, &o, j->buf[STRIA__T_LSE]);
+            st = stria_ring_fwd(pass, &q, &k, &v, &o, lse);
         } else {
             stria_tensor_t g = stria__tensor(j, STRIA__T_DO), dq = stria__tensor(j, STRIA__T_DQ);
             stria_tensor_t dk = stria__tensor(j, STRIA__T_DK), dv = stria__tensor(j, STRIA__T_DV);
-            st = stria_ring_bwd(pass, &q, &k, &v, &o, j->buf[STRIA__T_LSE], &g, &dq, &dk, &dv);
+            st = stria_ring_bwd(pass, &q, &k, &v, &o, lse, &g, &dq, &dk, &dv);
         }
         size_t n = 0;
         const stria_ring_step_stats_t *ss = stria_ring_pass_stats(pass, &n);
@@ -689,6 +756,9 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
         stats->steps = (uint32_t)n;
         stria_metric_add(w->m_steps[backward ? 1 : 0], (double)n);
         stria_ring_pass_destroy(pass);
+        if (st == STRIA_OK && j->dev != NULL && (st = stria__stage_out(j, backward)) != STRIA_OK)
+            stria_error_wrap(st, "rank %d: fetching the outputs from %s", j->rank,
+                             stria_device_name(j->dev));
     }
     pthread_mutex_lock(&w->lock);
     for (size_t i = 0; i < w->n_links; i++)
@@ -996,7 +1066,7 @@ static stria_status_t stria__register(stria_worker_t *w)
     req.rpc_address = w->rpc_address;
     req.ucx_address = w->ucx_address;
     req.host = w->host;
-    req.device = (char *)w->cfg.device;
+    req.device = (char *)stria_device_name(w->dev);
     req.memory_bytes = (uint64_t)w->cfg.memory_bytes;
     req.software_version = (char *)STRIA_VERSION;
     req.kernel_variant = (char *)stria_kernels_variant();
@@ -1362,7 +1432,7 @@ static void stria__metrics_init(stria_worker_t *w)
             stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_steps_total",
                               "Ring steps run by this worker.", pass_labels[b], NULL, 0);
     char info[512], dev[128], kern[64];
-    stria_metrics_escape(w->cfg.device, dev, sizeof(dev));
+    stria_metrics_escape(stria_device_name(w->dev), dev, sizeof(dev));
     stria_metrics_escape(stria_kernels_variant(), kern, sizeof(kern));
     snprintf(info, sizeof(info), "version=\"%s\",device=\"%s\",kernel=\"%s\"", STRIA_VERSION, dev,
              kern);
@@ -1479,6 +1549,62 @@ static stria_status_t stria__advertised(const char *advertise, const char *bound
     return STRIA_OK;
 }
 
+/* Where the --device value came from, for its error: the flag, or the line
+ * of the configuration file that set it (the last one, which wins). */
+static void stria__device_origin(int argc, char **argv, const char *config_path, const char *value,
+                                 char *out, size_t len)
+{
+    char line[1024];
+    int lineno = 0, found = 0;
+    FILE *f;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--device") == 0 || strncmp(argv[i], "--device=", 9) == 0) {
+            snprintf(out, len, "--device %s", value);
+            return;
+        }
+    if (config_path != NULL && (f = fopen(config_path, "r")) != NULL) {
+        while (fgets(line, sizeof(line), f) != NULL) {
+            const char *p = line + strspn(line, " \t");
+            lineno++;
+            if (strncmp(p, "device", 6) == 0 && p[6 + strspn(p + 6, " \t")] == '=')
+                found = lineno;
+        }
+        fclose(f);
+    }
+    if (found > 0)
+        snprintf(out, len, "%s:%d: device = %s", config_path, found, value);
+    else
+        snprintf(out, len, "device %s", value);
+}
+
+/* Opens the device of --device (auto: cuda:N of --instance N, or cuda:0,
+ * when a GPU is visible; else cpu) over the worker's pool; a GPU's memory
+ * bounds what is offered to jobs unless --memory says otherwise. */
+static stria_status_t stria__device_start(stria_worker_t *w, bool memory_given, int argc,
+                                          char **argv, const char *config_path)
+{
+    stria_worker_config_t *c = &w->cfg;
+    char name[32], origin[1200];
+    size_t dev_free = 0, dev_total = 0;
+    stria_status_t st;
+    snprintf(name, sizeof(name), "%s", c->device);
+    if (strcmp(c->device, "auto") == 0 && c->instance >= 0 && stria_cuda_device_count() > 0)
+        snprintf(name, sizeof(name), "cuda:%lld", (long long)c->instance);
+    if ((st = stria_device_open(strlen(c->device) < sizeof(name) ? name : c->device, w->pool,
+                                &w->dev)) != STRIA_OK) {
+        stria__device_origin(argc, argv, config_path, c->device, origin, sizeof(origin));
+        return stria_error_wrap(st, "%s", origin);
+    }
+    w->dev_staged = !stria_device_host_visible(w->dev);
+    if (stria_device_kind(w->dev) != STRIA_DEVICE_CPU && !memory_given) {
+        if ((st = stria_device_memory(w->dev, &dev_free, &dev_total)) != STRIA_OK)
+            return stria_error_wrap(st, "%s", stria_device_name(w->dev));
+        if ((int64_t)dev_free < c->memory_bytes)
+            c->memory_bytes = (int64_t)dev_free;
+    }
+    return STRIA_OK;
+}
+
 int main(int argc, char **argv)
 {
     stria_worker_t *w = calloc(1, sizeof(*w));
@@ -1492,7 +1618,7 @@ int main(int argc, char **argv)
     c->instance = -1;
     c->step_timeout_s = 60.0;
     c->connect_timeout_s = 30.0;
-    c->device = "cpu";
+    c->device = "auto";
     const stria_opt_t opts[] = {
         {"coordinator", STRIA_OPT_STRING, &c->coordinator, 0, 0, "HOST:PORT",
          "the coordinator (required)"},
@@ -1504,7 +1630,9 @@ int main(int argc, char **argv)
          "host that clients and peers use to reach this worker (default: the listen host)"},
         {"instance", STRIA_OPT_INT, &c->instance, -1, 1023, "N",
          "GPU index of this worker: its ports are the bases plus N (see below)"},
-        {"device", STRIA_OPT_STRING, &c->device, 0, 0, "NAME", "device label (default cpu)"},
+        {"device", STRIA_OPT_STRING, &c->device, 0, 0, "NAME",
+         "cpu, cuda:N (cuda = cuda:0), cpu:staged (tests) or auto (default: cuda:0, or cuda:N "
+         "with --instance N, when a GPU is visible, else cpu)"},
         {"host", STRIA_OPT_STRING, &c->host, 0, 0, "NAME",
          "host name for ring grouping (default: this machine's)"},
         {"memory", STRIA_OPT_INT, &c->memory_bytes, 0, 1e18, "BYTES",
@@ -1538,16 +1666,23 @@ int main(int argc, char **argv)
         }
     if (getenv("STRIA_LOG_LEVEL") == NULL)
         stria_log_set_level(STRIA_LOG_INFO);
-    st = stria_opts_parse(opts, argc, argv, 1, NULL);
+    const char *config_path = NULL;
+    st = stria_opts_parse(opts, argc, argv, 1, &config_path);
+    bool memory_given = c->memory_bytes != 0;
     if (st == STRIA_OK)
         st = stria__config_finish(c, listen_buf, ucx_buf, metrics_buf, sizeof(listen_buf));
     if (st == STRIA_OK && c->token_file != NULL &&
         (st = stria_rpc_token_read(c->token_file, &w->token)) != STRIA_OK)
         stria_error_wrap(st, "--token-file");
+    if (st == STRIA_OK && (st = stria_pool_create((int)c->threads, &w->pool)) == STRIA_OK)
+        st = stria__device_start(w, memory_given, argc, argv, config_path);
     if (st != STRIA_OK) {
         /* usage and configuration errors: exit status 2, nothing left behind */
         fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
+        stria_device_close(w->dev);
+        stria_pool_destroy(w->pool);
         stria_opts_free(opts);
+        free(w->token);
         free(w);
         return 2;
     }
@@ -1568,8 +1703,6 @@ int main(int argc, char **argv)
     if ((st = stria_metrics_create(&w->metrics)) != STRIA_OK)
         goto fail;
     stria__metrics_init(w);
-    if ((st = stria_pool_create((int)c->threads, &w->pool)) != STRIA_OK)
-        goto fail;
 
     stria_ucx_ctx_params_t up;
     char ucx_host[256];
@@ -1636,8 +1769,10 @@ int main(int argc, char **argv)
     if (sl.http)
         printf("stria-worker metrics port %d\n", stria_http_metrics_port(sl.http));
     fflush(stdout);
-    stria_log_info("worker on %s (ring link %s), kernel %s, %d threads, %lld MiB offered",
-                   w->rpc_address, w->ucx_address, stria_kernels_variant(),
+    stria_log_info("worker on %s (ring link %s), device %s: %s, kernel %s, %d threads, %lld MiB "
+                   "offered",
+                   w->rpc_address, w->ucx_address, stria_device_name(w->dev),
+                   stria_device_description(w->dev), stria_kernels_variant(),
                    stria_pool_size(w->pool), (long long)(c->memory_bytes >> 20));
     if (pthread_create(&w->hb_thread, NULL, stria__heartbeat_thread, w) != 0) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the heartbeat thread");
@@ -1667,6 +1802,7 @@ int main(int argc, char **argv)
         stria__job_drop_locked(w, w->jobs);
     pthread_mutex_unlock(&w->lock);
     stria_rpc_client_close(w->coord);
+    stria_device_close(w->dev);
     stria_pool_destroy(w->pool);
     stria_metrics_destroy(w->metrics);
     free(w->links);

@@ -6,6 +6,7 @@
 
 #include "stria.pb-c.h"
 #include "stria_common.h"
+#include "stria_device.h"
 #include "stria_rpc.h"
 
 /* Settings of a worker (flags and configuration file). */
@@ -14,7 +15,7 @@ typedef struct {
     const char *listen;      /* RPC HOST:PORT */
     const char *ucx_listen;  /* ring link HOST:PORT */
     const char *advertise;   /* host name/address others use to reach us */
-    const char *device;      /* "cpu", "cuda:0", ... */
+    const char *device;      /* --device: "auto", "cpu", "cuda:0", ... */
     const char *host;        /* host name for ring grouping; default gethostname() */
     const char *token_file;
     const char *metrics_listen;
@@ -60,6 +61,12 @@ typedef struct stria__wjob {
     /* tensors, padded to shard_tokens rows per batch: inputs and outputs in
      * the job dtype, LSE fp32 [batch, heads, L] */
     void *buf[STRIA__T_COUNT];
+    /* On a device whose memory is not host memory (a GPU): the job's own
+     * device object (a device is used by one thread at a time, and passes
+     * of different jobs run at once) and device copies of buf, allocated by
+     * the first pass and freed with the job. */
+    stria_device_t *dev;
+    void *dbuf[STRIA__T_COUNT];
     uint64_t received[STRIA__T_COUNT]; /* input bytes received */
     uint64_t bytes;                    /* memory held */
     Stria__V1__JobState phase;

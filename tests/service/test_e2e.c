@@ -20,6 +20,7 @@
 #include "stria.pb-c.h"
 #include "stria_client.h"
 #include "stria_kernels.h"
+#include "stria_ring.h"
 #include "stria_rpc.h"
 
 #define MAX_WORKERS 4
@@ -64,6 +65,8 @@ static void start_coordinator(const char *token_file)
              line + strlen("stria-coordinator listening on "));
 }
 
+static const char *worker_device; /* --device of the workers started next; NULL: none */
+
 static void start_worker(int i, const char *token_file)
 {
     char log[256], tok[256] = "";
@@ -80,7 +83,14 @@ static void start_worker(int i, const char *token_file)
                     "--memory",
                     "2000000000",
                     token_file ? tok : NULL,
+                    NULL,
+                    NULL,
                     NULL};
+    if (worker_device != NULL) {
+        int at = token_file ? 10 : 9;
+        argv[at] = "--device";
+        argv[at + 1] = (char *)worker_device;
+    }
     cl.workers[i] = test_proc_start(argv, log, ucx_env);
     cr_assert_not_null(cl.workers[i]);
     char line[256];
@@ -586,4 +596,137 @@ Test(e2e, nonsense_specs_get_clear_errors, .timeout = 300)
     job_data_free(&j);
     stria_client_close(c);
     stop_cluster();
+}
+
+/* ---- devices -------------------------------------------------------------------- */
+
+/* Workers on the staged device (device buffers apart from the RPC layer's
+ * host buffers, every staging copy of a GPU) give exactly the in-process
+ * ring's results, and say which device they run on. */
+Test(e2e, staged_device_workers_equal_the_in_process_ring, .timeout = 300)
+{
+    worker_device = "cpu:staged";
+    start_cluster(3, NULL, NULL);
+    worker_device = NULL;
+    char log[300], text[8192] = "";
+    snprintf(log, sizeof(log), "%s/worker0.log", cl.dir);
+    stria_client_t *c = connect_client(NULL);
+    static const struct {
+        int ring;
+        int64_t S, H, Hkv;
+        stria_dtype_t dt;
+        bool causal;
+        stria_layout_kind_t layout;
+    } cases[] = {
+        {3, 101, 4, 2, STRIA_DTYPE_BF16, true, STRIA_LAYOUT_STRIPED},
+        {2, 77, 4, 1, STRIA_DTYPE_F32, false, STRIA_LAYOUT_ZIGZAG},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        job_data_t j;
+        job_data_init(&j, 2, cases[i].S, cases[i].H, cases[i].Hkv, 32, cases[i].dt, cases[i].causal,
+                      40 + i);
+        j.spec.ring_size = cases[i].ring;
+        j.spec.layout = cases[i].layout;
+        run_job(c, &j);
+
+        /* the same ring in this process, on the plain cpu device */
+        stria_ring_shape_t shape = {.batch = 2,
+                                    .seq = cases[i].S,
+                                    .heads = cases[i].H,
+                                    .kv_heads = cases[i].Hkv,
+                                    .head_dim = 32,
+                                    .causal = cases[i].causal,
+                                    .dtype = cases[i].dt};
+        stria_ring_local_opts_t lo = {
+            .layout = cases[i].layout, .n_ranks = cases[i].ring, .passes = STRIA_RING_PASS_FWD_BWD};
+        void *o = calloc(j.nq, j.es), *dq = calloc(j.nq, j.es), *dk = calloc(j.nk, j.es),
+             *dv = calloc(j.nk, j.es);
+        float *lse = calloc(j.nl, 4);
+        stria_ring_local_io_t io = {.q = j.q,
+                                    .k = j.k,
+                                    .v = j.v,
+                                    .o = o,
+                                    .o_dtype = cases[i].dt,
+                                    .lse = lse,
+                                    .d_o = j.g,
+                                    .dq = dq,
+                                    .dk = dk,
+                                    .dv = dv,
+                                    .grad_dtype = cases[i].dt};
+        cr_assert_eq(stria_ring_run_local(&shape, &lo, &io, NULL), STRIA_OK, "%s",
+                     stria_error_msg());
+        cr_expect_eq(memcmp(o, j.o, j.nq * j.es), 0, "case %zu: O differs", i);
+        cr_expect_eq(memcmp(lse, j.lse, j.nl * 4), 0, "case %zu: LSE differs", i);
+        cr_expect_eq(memcmp(dq, j.dq, j.nq * j.es), 0, "case %zu: dQ differs", i);
+        cr_expect_eq(memcmp(dk, j.dk, j.nk * j.es), 0, "case %zu: dK differs", i);
+        cr_expect_eq(memcmp(dv, j.dv, j.nk * j.es), 0, "case %zu: dV differs", i);
+        check_outputs(&j, true);
+        free(o), free(dq), free(dk), free(dv), free(lse);
+        job_data_free(&j);
+    }
+    stria_client_close(c);
+    FILE *f = fopen(log, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    cr_expect(strstr(text, "device cpu:staged") != NULL, "worker log does not name the device:\n%s",
+              text);
+    stop_cluster();
+}
+
+/* Runs stria-worker with extra arguments that must stop it at start: exit
+ * status 2 and a message on stderr containing every `want`. */
+static void expect_startup_error(char *const extra[], size_t n_extra, const char *const want[],
+                                 size_t n_want)
+{
+    char dir[128], log[200], text[4096] = "";
+    snprintf(dir, sizeof(dir), "/tmp/stria_e2e_dev_%d", (int)getpid());
+    snprintf(log, sizeof(log), "%s.log", dir);
+    char *argv[16] = {STRIA_WORKER_BIN, "--coordinator", "127.0.0.1:9", "--threads", "1"};
+    size_t argc = 5;
+    for (size_t i = 0; i < n_extra; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
+    test_proc_t *p = test_proc_start(argv, log, ucx_env);
+    cr_assert_not_null(p);
+    int st = test_proc_wait(p, 20);
+    FILE *f = fopen(log, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    unlink(log);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s %s: status %#x, stderr: %s", extra[0],
+              n_extra > 1 ? extra[1] : "", st, text);
+    for (size_t i = 0; i < n_want; i++)
+        cr_expect(strstr(text, want[i]) != NULL, "stderr does not say '%s': %s", want[i], text);
+}
+
+Test(e2e, bad_devices_stop_the_worker_at_start, .timeout = 300)
+{
+    char *cuda7[] = {"--device", "cuda:7"};
+    const char *cuda7_want[] = {"--device cuda:7", "cuda:7",
+                                stria_cuda_built() ? "no such GPU"
+                                                   : "this build has no CUDA support"};
+    expect_startup_error(cuda7, 2, cuda7_want, 3);
+
+    char *bogus[] = {"--device=bogus"};
+    const char *bogus_want[] = {"--device bogus", "unknown device 'bogus'"};
+    expect_startup_error(bogus, 1, bogus_want, 2);
+
+    /* from the configuration file: the error names the file and the line */
+    char conf[128], arg[160];
+    snprintf(conf, sizeof(conf), "/tmp/stria_e2e_dev_%d.conf", (int)getpid());
+    FILE *f = fopen(conf, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "# a worker\nthreads = 1\n\n  device = gpu0\n");
+    fclose(f);
+    snprintf(arg, sizeof(arg), "--config=%s", conf);
+    char *from_file[] = {arg};
+    char where[160];
+    snprintf(where, sizeof(where), "%s:4: device = gpu0", conf);
+    const char *file_want[] = {where, "unknown device 'gpu0'"};
+    expect_startup_error(from_file, 1, file_want, 2);
+    unlink(conf);
 }
