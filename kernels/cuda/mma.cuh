@@ -21,9 +21,36 @@
 #include <stdint.h>
 
 /* Element offset of (row, col) in a swizzled tile of D columns. */
-template <int D> __device__ __forceinline__ int stria__swz(int row, int col)
+template <int D> __host__ __device__ __forceinline__ int stria__swz(int row, int col)
 {
     return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+/* The (row, col) of the 8-element row segment whose address lane `lane`
+ * gives to ldmatrix.x4 in each of the fragment loads below (host-callable so
+ * that tests/gpu/test_mma_layout can check them against the PTX layouts). */
+struct stria__rc {
+    int row, col;
+};
+/* A of rows [row0, row0 + 16) x k [16 kk, 16 kk + 16) of a row-major tile.
+ * Matrices: 0 rows 0-7 k lo, 1 rows 8-15 k lo, 2 rows 0-7 k hi, 3 rows 8-15
+ * k hi = a0..a3. */
+__host__ __device__ __forceinline__ stria__rc stria__lda_rc(int row0, int kk, int lane)
+{
+    return {row0 + ((lane >> 3) & 1) * 8 + (lane & 7), kk * 16 + (lane >> 4) * 8};
+}
+/* B of two n-blocks [n0, n0 + 16) x k [16 kk, 16 kk + 16) from a tile whose
+ * rows are n. Matrices: 0 n lo k lo, 1 n lo k hi, 2 n hi k lo, 3 n hi k hi. */
+__host__ __device__ __forceinline__ stria__rc stria__ldb_nrows_rc(int n0, int kk, int lane)
+{
+    return {n0 + (lane >> 4) * 8 + (lane & 7), kk * 16 + ((lane >> 3) & 1) * 8};
+}
+/* B of two n-blocks [n0, n0 + 16) x k [k0, k0 + 16) from a tile whose rows
+ * are k (transposing load). Matrices: 0 k lo n lo, 1 k hi n lo, 2 k lo n hi,
+ * 3 k hi n hi. */
+__host__ __device__ __forceinline__ stria__rc stria__ldb_krows_rc(int k0, int n0, int lane)
+{
+    return {k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 + (lane >> 4) * 8};
 }
 
 __device__ __forceinline__ uint32_t stria__smem_addr(const void *p)
@@ -83,9 +110,8 @@ template <typename T, int D>
 __device__ __forceinline__ void stria__ld_a(uint32_t (&a)[4], const T *tile, int row0, int kk,
                                             int lane)
 {
-    int row = row0 + ((lane >> 3) & 1) * 8 + (lane & 7);
-    int col = kk * 16 + (lane >> 4) * 8;
-    stria__ldsm_x4(a, tile + stria__swz<D>(row, col));
+    const stria__rc rc = stria__lda_rc(row0, kk, lane);
+    stria__ldsm_x4(a, tile + stria__swz<D>(rc.row, rc.col));
 }
 
 /* B fragments of two n-blocks [n0, n0 + 16) x k [16 kk, 16 kk + 16) from a
@@ -96,9 +122,8 @@ template <typename T, int D>
 __device__ __forceinline__ void stria__ld_b_nrows(uint32_t (&b)[4], const T *tile, int n0, int kk,
                                                   int lane)
 {
-    int row = n0 + (lane >> 4) * 8 + (lane & 7);
-    int col = kk * 16 + ((lane >> 3) & 1) * 8;
-    stria__ldsm_x4(b, tile + stria__swz<D>(row, col));
+    const stria__rc rc = stria__ldb_nrows_rc(n0, kk, lane);
+    stria__ldsm_x4(b, tile + stria__swz<D>(rc.row, rc.col));
 }
 
 /* B fragments of two n-blocks [n0, n0 + 16) x k [k0, k0 + 16) from a tile
@@ -109,9 +134,8 @@ template <typename T, int D>
 __device__ __forceinline__ void stria__ld_b_krows(uint32_t (&b)[4], const T *tile, int k0, int n0,
                                                   int lane)
 {
-    int row = k0 + ((lane >> 3) & 1) * 8 + (lane & 7);
-    int col = n0 + (lane >> 4) * 8;
-    stria__ldsm_x4_t(b, tile + stria__swz<D>(row, col));
+    const stria__rc rc = stria__ldb_krows_rc(k0, n0, lane);
+    stria__ldsm_x4_t(b, tile + stria__swz<D>(rc.row, rc.col));
 }
 
 template <typename T>
@@ -149,15 +173,25 @@ template <> __device__ __forceinline__ uint32_t stria__pack<__half>(float x, flo
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* The A fragment of k-step kk of a 16 x N accumulator tile c[N/8][4] (C
- * layout), rounded to T: n-blocks 2kk and 2kk+1 become k lo and k hi. */
+/* Where A register r (0..3) of k-step kk of a 16 x N accumulator tile (C
+ * layout) comes from: n-block `row` of the tile, values col and col + 1
+ * (n-blocks 2kk and 2kk+1 become k lo and k hi; c0,c1 are row g, c2,c3 row
+ * g+8). */
+__host__ __device__ __forceinline__ stria__rc stria__c_to_a_src(int kk, int r)
+{
+    return {2 * kk + (r >> 1), (r & 1) * 2};
+}
+
+/* The A fragment of k-step kk of a 16 x N accumulator tile c[N/8][4],
+ * rounded to T. */
 template <typename T, int NB>
 __device__ __forceinline__ void stria__c_to_a(uint32_t (&a)[4], const float (&c)[NB][4], int kk)
 {
-    a[0] = stria__pack<T>(c[2 * kk][0], c[2 * kk][1]);
-    a[1] = stria__pack<T>(c[2 * kk][2], c[2 * kk][3]);
-    a[2] = stria__pack<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-    a[3] = stria__pack<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const stria__rc src = stria__c_to_a_src(kk, r);
+        a[r] = stria__pack<T>(c[src.row][src.col], c[src.row][src.col + 1]);
+    }
 }
 
 template <int NB> __device__ __forceinline__ void stria__zero(float (&c)[NB][4])

@@ -17,8 +17,8 @@
 #    REPORT_FILE (and prints it).
 #
 # Every step has a time limit and a failed step does not stop the others; the
-# limits add up to under 8 minutes (configure 40, build 150, suite 90, bench 60,
-# torch probe 30 and run 70, nvidia-smi 10 s, 5 s of grace each); on a
+# limits add up to under 8 minutes (configure 40, build 140, suite 120, bench 50,
+# torch probe 30 and run 60, nvidia-smi 10 s, 5 s of grace each); on a
 # 16-core H200 machine the run should take about 3. Exit status: 0
 # when the suite passed and every measured target was met, 1 otherwise.
 set -u
@@ -80,7 +80,7 @@ build_ok=0
 # only what the check runs (the library, the gpu suite, stria-bench): quicker,
 # and a broken unrelated target cannot stop the check
 # shellcheck disable=SC2086
-if [ $cfg_ok -eq 1 ] && step build 150 cmake --build "$build" -j "$jobs" --target $targets; then
+if [ $cfg_ok -eq 1 ] && step build 140 cmake --build "$build" -j "$jobs" --target $targets; then
   build_ok=1
 fi
 
@@ -88,7 +88,7 @@ if [ $build_ok -eq 1 ]; then
   if [ "$targets" != "test_gpu stria-bench" ]; then
     suite=failed
     say "gpu suite: not built (no test suites in this configuration)"
-  elif step ctest-gpu 90 ctest --test-dir "$build" -L gpu --output-on-failure; then
+  elif step ctest-gpu 120 ctest --test-dir "$build" -L gpu --output-on-failure; then
     suite=passed
   else
     suite=failed
@@ -97,7 +97,7 @@ if [ $build_ok -eq 1 ]; then
     grep -E "tests passed|Skipped|Failed|Passed|\*\*\*" "$logs/ctest-gpu.log" | tail -8 | sed 's/^/  /' | tee -a "$report"
     grep -q "Skipped" "$logs/ctest-gpu.log" && suite=skipped
   fi
-  step bench 60 "$build/bin/stria-bench" kernels --device cuda --seq $S --heads $H --head-dim $D \
+  step bench 50 "$build/bin/stria-bench" kernels --device cuda --seq $S --heads $H --head-dim $D \
     --dtype bf16 --causal --reps $REPS --json
   sed 's/^/  /' "$logs/bench.log" | tee -a "$report" >/dev/null
 else
@@ -105,7 +105,7 @@ else
 fi
 
 if timeout 30 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)' >/dev/null 2>&1; then
-  step torch 70 python3 "$root/bench/torch_sdpa_cuda.py" --seq $S --heads $H --head-dim $D \
+  step torch 60 python3 "$root/bench/torch_sdpa_cuda.py" --seq $S --heads $H --head-dim $D \
     --dtype bf16 --reps $REPS --json
   sed 's/^/  /' "$logs/torch.log" | tee -a "$report" >/dev/null
 else
