@@ -37,13 +37,14 @@ template <int D> __host__ __device__ constexpr int stria__kv_bq()
 
 template <int D> __host__ __device__ constexpr int stria__kv_smem()
 {
-    /* K, V; 2 stages of Q and dO; 2 stages of LSE and D */
-    return (2 * STRIA__KV_BK * D + 4 * STRIA__KV_BQ * D) * 2 + 4 * STRIA__KV_BQ * 4;
+    /* K, V; 2 stages of Q and dO; 2 stages of LSE and D; the walk's classes */
+    return (2 * STRIA__KV_BK * D + 4 * STRIA__KV_BQ * D) * 2 + 4 * STRIA__KV_BQ * 4 +
+           STRIA__CU_WALK;
 }
 template <int D> __host__ __device__ constexpr int stria__dq_smem()
 {
-    /* Q, dO; 2 stages of K and V */
-    return (2 * STRIA__DQ_BQ * D + 4 * STRIA__DQ_BK * D) * 2;
+    /* Q, dO; 2 stages of K and V; the walk's classes */
+    return (2 * STRIA__DQ_BQ * D + 4 * STRIA__DQ_BK * D) * 2 + STRIA__CU_WALK;
 }
 
 /* LSE of a query row in log2 units for recomputing P: rows past the block or
@@ -69,6 +70,7 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
     T *sG = sQ + 2 * BQ * D;                                /* [2][BQ * D] */
     float *sL = reinterpret_cast<float *>(sG + 2 * BQ * D); /* [2][BQ] */
     float *sDl = sL + 2 * BQ;                               /* [2][BQ] */
+    stria__cu_walk_t walk = {reinterpret_cast<unsigned char *>(sDl + 2 * BQ), -1};
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t nqt = (a.Tq + BQ - 1) / BQ, n_it = a.G * nqt;
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
             while (it < n_it) { /* the class depends on the query tile only */
                 const int64_t g = it / nqt;
                 const int64_t qt =
-                    stria__cu_next_tile(a, false, it % nqt, nqt, BQ, kmin, kmax, cls);
+                    stria__cu_walk_next<NT>(walk, a, false, it % nqt, nqt, BQ, kmin, kmax, cls);
                 if (qt < nqt)
                     return g * nqt + qt;
                 it = (g + 1) * nqt;
@@ -106,6 +108,7 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
             }
         };
 
+        walk.base = -1; /* the walk's classes depend on the fixed tile's bounds */
         stria__load_tile<T, D, BK, NT>(sK, stria__cu_row<T>(a.k, b, 0, hk), a.k.st, k0, a.Tk);
         stria__load_tile<T, D, BK, NT>(sV, stria__cu_row<T>(a.v, b, 0, hk), a.v.st, k0, a.Tk);
         stria__cp_commit();
@@ -203,6 +206,7 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
     T *sG = sQ + BQ * D;
     T *sK = sG + BQ * D;     /* [2][BK * D] */
     T *sV = sK + 2 * BK * D; /* [2][BK * D] */
+    stria__cu_walk_t walk = {reinterpret_cast<unsigned char *>(sV + 2 * BK * D), -1};
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t nqt = (a.Tq + BQ - 1) / BQ, nkt = (a.Tk + BK - 1) / BK;
@@ -217,11 +221,12 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
         int64_t qmin = 0, qmax = 0;
         if (a.causal)
             stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, q0, BQ, &qmin, &qmax);
+        walk.base = -1; /* the walk's classes depend on the fixed tile's bounds */
         stria__load_tile<T, D, BQ, NT>(sQ, stria__cu_row<T>(a.q, b, 0, h), a.q.st, q0, a.Tq);
         stria__load_tile<T, D, BQ, NT>(sG, stria__cu_row<T>(a.d_o, b, 0, h), a.d_o.st, q0, a.Tq);
         stria__cp_commit();
         int cls = STRIA__CU_SKIP, cls_next = STRIA__CU_SKIP;
-        int64_t kt = stria__cu_next_tile(a, true, 0, nkt, BK, qmin, qmax, &cls);
+        int64_t kt = stria__cu_walk_next<NT>(walk, a, true, 0, nkt, BK, qmin, qmax, &cls);
         if (kt < nkt) {
             stria__load_tile<T, D, BK, NT>(sK, kbase, a.k.st, kt * BK, a.Tk);
             stria__load_tile<T, D, BK, NT>(sV, vbase, a.v.st, kt * BK, a.Tk);
@@ -242,7 +247,7 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
         int stage = 0;
         while (kt < nkt) {
             const int64_t nxt =
-                stria__cu_next_tile(a, true, kt + 1, nkt, BK, qmin, qmax, &cls_next);
+                stria__cu_walk_next<NT>(walk, a, true, kt + 1, nkt, BK, qmin, qmax, &cls_next);
             if (nxt < nkt) {
                 stria__load_tile<T, D, BK, NT>(sK + (stage ^ 1) * BK * D, kbase, a.k.st, nxt * BK,
                                                a.Tk);

@@ -173,26 +173,61 @@ __device__ __forceinline__ float stria__cu_merge_value(int mode, float a, float 
 {
     return mode == 0 ? a : mode == 1 ? b : wa * a + wb * b;
 }
-/* First tile at or after t (tiles of n tokens of the `moving` side, n_tiles of
- * them) that the mask does not skip against the fixed tile's bounds
- * [fmin, fmax]; its class in *cls; n_tiles when none. moving_keys: the moving
- * tiles are key tiles (else query tiles). */
-__device__ __forceinline__ int64_t stria__cu_next_tile(const stria_cu_attn_t &a, bool moving_keys,
+/* Tile classes computed per refill of a walk (bytes of shared memory). */
+#define STRIA__CU_WALK 256
+
+/* A CTA's walk over the tiles of one side (key tiles against its fixed query
+ * tile, or query tiles against its fixed key tile). Under a causal mask the
+ * classes of STRIA__CU_WALK tiles at a time are computed by the whole CTA at
+ * once, one tile per thread, into shared memory, so that finding the next
+ * tile costs a shared-memory read instead of dependent global loads at every
+ * step. */
+typedef struct {
+    unsigned char *cls; /* shared, STRIA__CU_WALK entries */
+    int64_t base;       /* first tile held; -1: none */
+} stria__cu_walk_t;
+
+/* First tile at or after t (tiles of n tokens of the moving side, n_tiles of
+ * them) that the mask does not skip against the fixed tile's bounds [fmin,
+ * fmax]; its class in *cls; n_tiles when none. moving_keys: the moving tiles
+ * are key tiles (else query tiles). Every thread of the CTA must call it with
+ * the same arguments (it may synchronise the CTA). */
+template <int NT>
+__device__ __forceinline__ int64_t stria__cu_walk_next(stria__cu_walk_t &w,
+                                                       const stria_cu_attn_t &a, bool moving_keys,
                                                        int64_t t, int64_t n_tiles, int n,
                                                        int64_t fmin, int64_t fmax, int *cls)
 {
+    if (!a.causal) {
+        *cls = STRIA__CU_FULL;
+        return t < n_tiles ? t : n_tiles;
+    }
     for (; t < n_tiles; t++) {
-        int64_t lo = 0, hi = 0;
-        if (a.causal) {
-            if (moving_keys)
-                stria__cu_tile_bounds(a.kmin, a.kmax, a.Tk, t * n, n, &lo, &hi);
-            else
-                stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, t * n, n, &lo, &hi);
+        if (w.base < 0 || t < w.base || t >= w.base + STRIA__CU_WALK) {
+            __syncthreads(); /* every thread is done with the classes held */
+            for (int i = threadIdx.x; i < STRIA__CU_WALK; i += NT) {
+                const int64_t u = t + i;
+                int c = STRIA__CU_SKIP;
+                if (u < n_tiles) {
+                    int64_t lo, hi;
+                    if (moving_keys) {
+                        stria__cu_tile_bounds(a.kmin, a.kmax, a.Tk, u * n, n, &lo, &hi);
+                        c = stria__cu_tile_class(true, fmin, fmax, lo, hi);
+                    } else {
+                        stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, u * n, n, &lo, &hi);
+                        c = stria__cu_tile_class(true, lo, hi, fmin, fmax);
+                    }
+                }
+                w.cls[i] = (unsigned char)c;
+            }
+            __syncthreads();
+            w.base = t;
         }
-        *cls = moving_keys ? stria__cu_tile_class(a.causal, fmin, fmax, lo, hi)
-                           : stria__cu_tile_class(a.causal, lo, hi, fmin, fmax);
-        if (*cls != STRIA__CU_SKIP)
+        const int c = w.cls[t - w.base];
+        if (c != STRIA__CU_SKIP) {
+            *cls = c;
             return t;
+        }
     }
     return n_tiles;
 }

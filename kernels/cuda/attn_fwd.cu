@@ -20,8 +20,8 @@
 
 template <int D> __host__ __device__ constexpr int stria__fwd_smem()
 {
-    /* Q tile, then 2 stages of K and V */
-    return (STRIA__FWD_BQ * D + 4 * STRIA__FWD_BK * D) * 2;
+    /* Q tile, then 2 stages of K and V, then the walk's tile classes */
+    return (STRIA__FWD_BQ * D + 4 * STRIA__FWD_BK * D) * 2 + STRIA__CU_WALK;
 }
 
 template <typename T, int D>
@@ -35,6 +35,7 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
     T *sQ = reinterpret_cast<T *>(stria__smem);
     T *sK = sQ + BQ * D; /* [2][BK * D] */
     T *sV = sK + 2 * BK * D;
+    stria__cu_walk_t walk = {reinterpret_cast<unsigned char *>(sV + 2 * BK * D), -1};
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t nqt = (a.Tq + BQ - 1) / BQ, nkt = (a.Tk + BK - 1) / BK;
@@ -52,10 +53,11 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
         int64_t qmin = 0, qmax = 0;
         if (a.causal)
             stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, q0, BQ, &qmin, &qmax);
+        walk.base = -1; /* the walk's classes depend on the fixed tile's bounds */
         stria__load_tile<T, D, BQ, NT>(sQ, qbase, a.q.st, q0, a.Tq);
         stria__cp_commit();
         int cls = STRIA__CU_SKIP, cls_next = STRIA__CU_SKIP;
-        int64_t kt = stria__cu_next_tile(a, true, 0, nkt, BK, qmin, qmax, &cls);
+        int64_t kt = stria__cu_walk_next<NT>(walk, a, true, 0, nkt, BK, qmin, qmax, &cls);
         if (kt < nkt) {
             stria__load_tile<T, D, BK, NT>(sK, kbase, a.k.st, kt * BK, a.Tk);
             stria__load_tile<T, D, BK, NT>(sV, vbase, a.v.st, kt * BK, a.Tk);
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
         int stage = 0;
         while (kt < nkt) {
             const int64_t nxt =
-                stria__cu_next_tile(a, true, kt + 1, nkt, BK, qmin, qmax, &cls_next);
+                stria__cu_walk_next<NT>(walk, a, true, kt + 1, nkt, BK, qmin, qmax, &cls_next);
             if (nxt < nkt) {
                 stria__load_tile<T, D, BK, NT>(sK + (stage ^ 1) * BK * D, kbase, a.k.st, nxt * BK,
                                                a.Tk);
