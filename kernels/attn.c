@@ -148,6 +148,9 @@ typedef struct {
     int64_t nqt, nkt;
     int64_t *qpos, *kpos;
     int64_t *qmin, *qmax, *kmin, *kmax; /* per tile */
+    /* per sub-block of STRIA__SB tokens: straddling tiles are classified at
+     * this finer grain (stria__plan) */
+    int64_t *qmin_s, *qmax_s, *kmin_s, *kmax_s;
     int n_threads;
     /* bf16 inputs on a CPU with a bf16 dot product: the score products
      * (K Q^T, V dO^T) run on packed bf16 pairs, everything else in fp32 */
@@ -160,6 +163,8 @@ static void stria__ctx_free(stria__ctx_t *c)
     free(c->kpos);
     free(c->qmin);
     free(c->kmin);
+    free(c->qmin_s);
+    free(c->kmin_s);
 }
 
 static void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int64_t n_tiles,
@@ -208,7 +213,9 @@ static stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t
         goto err;
     c->qmin = malloc(2 * (size_t)c->nqt * sizeof(int64_t));
     c->kmin = malloc(2 * (size_t)c->nkt * sizeof(int64_t));
-    if (c->qmin == NULL || c->kmin == NULL) {
+    c->qmin_s = malloc(2 * (size_t)c->nqt * STRIA__BQ / STRIA__SB * sizeof(int64_t));
+    c->kmin_s = malloc(2 * (size_t)c->nkt * STRIA__BK / STRIA__SB * sizeof(int64_t));
+    if (c->qmin == NULL || c->kmin == NULL || c->qmin_s == NULL || c->kmin_s == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate tile bounds", fn);
         goto err;
     }
@@ -216,6 +223,13 @@ static stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t
     c->kmax = c->kmin + c->nkt;
     stria__tile_bounds(c->qpos, c->Tq, STRIA__BQ, c->nqt, c->qmin, c->qmax);
     stria__tile_bounds(c->kpos, c->Tk, STRIA__BK, c->nkt, c->kmin, c->kmax);
+    c->qmax_s = c->qmin_s + c->nqt * STRIA__BQ / STRIA__SB;
+    c->kmax_s = c->kmin_s + c->nkt * STRIA__BK / STRIA__SB;
+    /* sub-blocks past the last token get empty bounds (never used) */
+    stria__tile_bounds(c->qpos, c->Tq, STRIA__SB, c->nqt * STRIA__BQ / STRIA__SB, c->qmin_s,
+                       c->qmax_s);
+    stria__tile_bounds(c->kpos, c->Tk, STRIA__SB, c->nkt * STRIA__BK / STRIA__SB, c->kmin_s,
+                       c->kmax_s);
     return STRIA_OK;
 err:
     stria__ctx_free(c);
@@ -225,34 +239,114 @@ err:
 /* Tile pair classes under the mask. */
 enum { STRIA__TILE_SKIP = 0, STRIA__TILE_FULL = 1, STRIA__TILE_PARTIAL = 2 };
 
-static inline int stria__tile_class(const stria__ctx_t *c, int64_t qt, int64_t kt)
+/* Class of the keys with positions in [kmin, kmax] against the queries in
+ * [qmin, qmax] under the causal mask. */
+static inline int stria__class(int64_t kmin, int64_t kmax, int64_t qmin, int64_t qmax)
 {
-    if (!c->causal)
-        return STRIA__TILE_FULL;
-    if (c->kmin[kt] > c->qmax[qt])
+    if (kmin > qmax)
         return STRIA__TILE_SKIP;
-    if (c->kmax[kt] <= c->qmin[qt])
+    if (kmax <= qmin)
         return STRIA__TILE_FULL;
     return STRIA__TILE_PARTIAL;
 }
 
-/* Sets the masked scores of a straddling tile to -inf. st is transposed:
- * [bk keys][STRIA__BQ queries]. */
-static void stria__mask_tile(const stria__ctx_t *c, float *st, int64_t q0, int bq, int64_t k0,
-                             int bk)
+static inline int stria__tile_class(const stria__ctx_t *c, int64_t qt, int64_t kt)
 {
-    const int64_t *qp = c->qpos + q0;
-    for (int j = 0; j < bk; j++) {
-        float *row = st + (size_t)j * STRIA__BQ;
-        int64_t kp = c->kpos[k0 + j];
-        for (int i = 0; i < bq; i++)
-            row[i] = kp > qp[i] ? -INFINITY : row[i];
-    }
+    if (!c->causal)
+        return STRIA__TILE_FULL;
+    return stria__class(c->kmin[kt], c->kmax[kt], c->qmin[qt], c->qmax[qt]);
 }
 
 static inline int stria__tile_len(int64_t total, int64_t t0, int64_t tile)
 {
     return (int)(total - t0 < tile ? total - t0 : tile);
+}
+
+/* Sub-blocks of a tile: query chunks of STRIA__SB columns, key sub-blocks of
+ * STRIA__SB rows. */
+#define STRIA__NQS (STRIA__BQ / STRIA__SB)
+#define STRIA__NKS (STRIA__BK / STRIA__SB)
+
+/* How a straddling tile pair is computed, from the classes of its STRIA__SB x
+ * STRIA__SB sub-blocks. For every query chunk qc, key rows [klo, khi) are
+ * computed: the hull of the key sub-blocks that are not fully masked for it
+ * (klo == khi: none). Within that range, fully visible sub-blocks run without
+ * a mask, straddling ones are masked element by element and fully masked ones
+ * (holes of the hull) are set to -inf. Fully masked sub-blocks outside the
+ * range cost nothing: no score products, no exp, no P V or gradient
+ * products. */
+typedef struct {
+    int64_t q0, k0; /* first query and key of the tiles */
+    int bq, bk;     /* queries and keys in the tiles */
+    int nqc, nkc;   /* query chunks and key sub-blocks holding tokens */
+    int klo[STRIA__NQS], khi[STRIA__NQS];
+    unsigned char cls[STRIA__NKS][STRIA__NQS];
+} stria__plan_t;
+
+static void stria__plan(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__plan_t *pl)
+{
+    const int64_t qs0 = qt * STRIA__NQS, ks0 = kt * STRIA__NKS;
+    const int bq = stria__tile_len(c->Tq, qt * STRIA__BQ, STRIA__BQ);
+    const int bk = stria__tile_len(c->Tk, kt * STRIA__BK, STRIA__BK);
+
+    pl->q0 = qt * STRIA__BQ;
+    pl->k0 = kt * STRIA__BK;
+    pl->bq = bq;
+    pl->bk = bk;
+    pl->nqc = (bq + STRIA__SB - 1) / STRIA__SB;
+    pl->nkc = (bk + STRIA__SB - 1) / STRIA__SB;
+    for (int qc = 0; qc < pl->nqc; qc++) {
+        int lo = -1, hi = -1;
+        for (int kb = 0; kb < pl->nkc; kb++) {
+            int cls = stria__class(c->kmin_s[ks0 + kb], c->kmax_s[ks0 + kb], c->qmin_s[qs0 + qc],
+                                   c->qmax_s[qs0 + qc]);
+            pl->cls[kb][qc] = (unsigned char)cls;
+            if (cls != STRIA__TILE_SKIP) {
+                lo = lo < 0 ? kb : lo;
+                hi = kb + 1;
+            }
+        }
+        pl->klo[qc] = lo < 0 ? 0 : lo * STRIA__SB;
+        pl->khi[qc] = lo < 0 ? 0 : (hi * STRIA__SB < bk ? hi * STRIA__SB : bk);
+    }
+}
+
+/* Queries in query chunk qc. */
+static inline int stria__plan_chunk(const stria__plan_t *pl, int qc)
+{
+    return pl->bq - qc * STRIA__SB < STRIA__SB ? pl->bq - qc * STRIA__SB : STRIA__SB;
+}
+
+/* Whether key sub-block kb is computed for query chunk qc. */
+static inline bool stria__plan_has(const stria__plan_t *pl, int kb, int qc)
+{
+    return pl->klo[qc] <= kb * STRIA__SB && kb * STRIA__SB < pl->khi[qc];
+}
+
+/* Masks the computed key rows of query chunk qc of a straddling tile: sets
+ * the masked scores to -inf. st is transposed: [keys][STRIA__BQ queries]. */
+static void stria__mask_chunk(const stria__ctx_t *c, const stria__plan_t *pl, float *st, int qc)
+{
+    const int i0 = qc * STRIA__SB, ni = stria__plan_chunk(pl, qc);
+    const int64_t *qp = c->qpos + pl->q0 + i0;
+
+    for (int j0 = pl->klo[qc]; j0 < pl->khi[qc]; j0 += STRIA__SB) {
+        int cls = pl->cls[j0 / STRIA__SB][qc];
+        int j1 = j0 + STRIA__SB < pl->khi[qc] ? j0 + STRIA__SB : pl->khi[qc];
+        if (cls == STRIA__TILE_FULL)
+            continue;
+        for (int j = j0; j < j1; j++) {
+            float *row = st + (size_t)j * STRIA__BQ + (size_t)i0;
+            int64_t kp = c->kpos[pl->k0 + j];
+            if (cls == STRIA__TILE_SKIP) {
+                for (int i = 0; i < STRIA__SB; i++)
+                    row[i] = -INFINITY;
+            } else {
+                for (int i = 0; i < ni; i++)
+                    row[i] = kp > qp[i] ? -INFINITY : row[i];
+            }
+        }
+    }
 }
 
 /* ---- packing ------------------------------------------------------------- */
@@ -341,17 +435,20 @@ static void stria__pack_kside(const stria__ctx_t *c, const stria_tensor_t *t, in
         stria__pack_rows(c, t, b, h, k0, n, STRIA__BK, dst);
 }
 
-/* st[bk][BQ] = A B: A the packed key-side rows, B the packed query-side
- * operand (see the two functions above). */
-static void stria__score_gemm(const stria__ctx_t *c, int bk, const float *a, const float *b,
-                              float *st)
+/* Rows [j0, j0 + rows) and columns [i0, i0 + cols) of st[BK][BQ] = A B: A the
+ * packed key-side rows, B the packed query-side operand (see the two
+ * functions above). i0 and cols are multiples of 16. */
+static void stria__score_gemm(const stria__ctx_t *c, int j0, int rows, int i0, int cols,
+                              const float *a, const float *b, float *st)
 {
+    float *dst = st + (size_t)j0 * STRIA__BQ + (size_t)i0;
     if (c->bf16)
-        c->ops->gemm_bf16(bk, STRIA__BQ, (int)c->Dp, (const uint16_t *)a, c->Dp,
-                          (const uint16_t *)b, 2 * STRIA__BQ, st, STRIA__BQ);
+        c->ops->gemm_bf16(rows, cols, (int)c->Dp, (const uint16_t *)a + (size_t)j0 * (size_t)c->Dp,
+                          c->Dp, (const uint16_t *)b + 2 * (size_t)i0, 2 * STRIA__BQ, dst,
+                          STRIA__BQ);
     else
-        c->ops->gemm(bk, STRIA__BQ, (int)c->D, a, c->Dp, false, b, STRIA__BQ, st, STRIA__BQ, NULL,
-                     false);
+        c->ops->gemm(rows, cols, (int)c->D, a + (size_t)j0 * (size_t)c->Dp, c->Dp, false, b + i0,
+                     STRIA__BQ, dst, STRIA__BQ, NULL, false);
 }
 
 /* Floats per packed tile of a score operand: bf16 pairs take half. */
@@ -418,6 +515,37 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
     stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
 }
 
+/* A straddling tile pair of the forward pass, query chunk by query chunk
+ * (stria__plan): S^T = K Q^T over the chunk's key rows, mask, online softmax,
+ * O = diag(alpha) O + P V. Skipping the fully masked rows changes no result:
+ * they would add exp(-inf) = 0 to the sums and products. first: O holds
+ * nothing yet (it is written, not accumulated). */
+static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, const float *kp,
+                               const float *vp, const float *qt_buf, float *st, float *oacc,
+                               float *m, float *l, float *alpha, bool first)
+{
+    const int64_t Dp = c->Dp;
+    stria__plan_t pl;
+
+    stria__plan(c, qt, kt, &pl);
+    for (int qc = 0; qc < pl.nqc; qc++) {
+        const int i0 = qc * STRIA__SB, ni = stria__plan_chunk(&pl, qc);
+        const int klo = pl.klo[qc], nk = pl.khi[qc] - pl.klo[qc];
+        float *o = oacc + (size_t)i0 * (size_t)Dp;
+        float *sc = st + (size_t)klo * STRIA__BQ + (size_t)i0;
+        if (nk == 0) { /* no key of this tile is visible to the chunk */
+            if (first)
+                memset(o, 0, (size_t)ni * (size_t)Dp * sizeof(float));
+            continue;
+        }
+        stria__score_gemm(c, klo, nk, i0, STRIA__SB, kp, qt_buf, st);
+        stria__mask_chunk(c, &pl, st, qc);
+        c->ops->softmax_fwd(sc, nk, STRIA__SB, STRIA__BQ, c->scale, m + i0, l + i0, alpha + i0);
+        c->ops->gemm(ni, (int)Dp, nk, sc, STRIA__BQ, true, vp + (size_t)klo * (size_t)Dp, Dp, o, Dp,
+                     alpha + i0, !first);
+    }
+}
+
 /* One query tile of one head against every key tile: S^T = K Q^T, online
  * softmax down the columns, O = diag(alpha) O + P V. */
 static void stria__fwd_task(void *arg, size_t task, int thread)
@@ -458,11 +586,13 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
         const float *kp = job->k_packed + tidx * job->k_tile;
         const float *vp = job->v_packed + tidx * tile;
 
-        stria__score_gemm(c, bk, kp, qt_buf, st);
-        if (cls == STRIA__TILE_PARTIAL)
-            stria__mask_tile(c, st, q0, bq, k0, bk);
-        ops->softmax_fwd(st, bk, STRIA__BQ, c->scale, m, l, alpha);
-        ops->gemm(bq, (int)Dp, bk, st, STRIA__BQ, true, vp, Dp, oacc, Dp, alpha, !first);
+        if (cls == STRIA__TILE_PARTIAL) {
+            stria__fwd_partial(c, qt, kt, kp, vp, qt_buf, st, oacc, m, l, alpha, first);
+        } else {
+            stria__score_gemm(c, 0, bk, 0, STRIA__BQ, kp, qt_buf, st);
+            ops->softmax_fwd(st, bk, STRIA__BQ, STRIA__BQ, c->scale, m, l, alpha);
+            ops->gemm(bq, (int)Dp, bk, st, STRIA__BQ, true, vp, Dp, oacc, Dp, alpha, !first);
+        }
         first = false;
     }
     if (first) /* every key tile was masked */
@@ -832,6 +962,62 @@ static void stria__bwd_load_stats(stria__bwd_job_t *job, stria__bwd_scratch_t *s
     }
 }
 
+/* A straddling tile pair of the backward pass (see stria__bwd_tile), by
+ * sub-blocks (stria__plan): P^T, dP^T, dS^T and dQ for the computed key rows
+ * of each query chunk, then dV and dK of each key sub-block over the runs of
+ * query chunks that computed it. Skipped sub-blocks hold P = dS = 0 and would
+ * add nothing. dq: this query tile's dQ accumulator (NULL: no dQ). */
+static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, int64_t qt,
+                               int64_t kt, const float *qp, const float *qtp, const float *dop,
+                               const float *dotp, const float *kp, const float *ksp,
+                               const float *vp, float *dk, float *dv, float *dq)
+{
+    const stria_kern_ops_t *ops = c->ops;
+    const int64_t Dp = c->Dp;
+    stria__plan_t pl;
+
+    stria__plan(c, qt, kt, &pl);
+    for (int qc = 0; qc < pl.nqc; qc++) {
+        const int i0 = qc * STRIA__SB, ni = stria__plan_chunk(&pl, qc);
+        const int klo = pl.klo[qc], nk = pl.khi[qc] - pl.klo[qc];
+        const size_t off = (size_t)klo * STRIA__BQ + (size_t)i0;
+        if (nk == 0)
+            continue;
+        stria__score_gemm(c, klo, nk, i0, STRIA__SB, ksp, qtp, s->pt);
+        stria__mask_chunk(c, &pl, s->pt, qc);
+        ops->softmax_bwd_p(s->pt + off, nk, STRIA__SB, STRIA__BQ, c->scale, s->lse + i0);
+        stria__score_gemm(c, klo, nk, i0, STRIA__SB, vp, dotp, s->dst);
+        ops->softmax_bwd_ds(s->pt + off, s->dst + off, nk, STRIA__SB, STRIA__BQ, s->delta + i0,
+                            c->scale);
+        if (dq != NULL)
+            ops->gemm(ni, (int)Dp, nk, s->dst + off, STRIA__BQ, true, kp + (size_t)klo * (size_t)Dp,
+                      Dp, dq + (size_t)i0 * (size_t)Dp, Dp, NULL, true);
+    }
+    if (dk == NULL)
+        return;
+    for (int kb = 0; kb < pl.nkc; kb++) {
+        const int j0 = kb * STRIA__SB, nj = pl.bk - j0 < STRIA__SB ? pl.bk - j0 : STRIA__SB;
+        const size_t jo = (size_t)j0 * (size_t)Dp;
+        int qc = 0;
+        while (qc < pl.nqc) {
+            if (!stria__plan_has(&pl, kb, qc)) {
+                qc++;
+                continue;
+            }
+            int qa = qc;
+            while (qc < pl.nqc && stria__plan_has(&pl, kb, qc))
+                qc++;
+            /* queries [i0, i1) of the run of chunks [qa, qc) */
+            int i0 = qa * STRIA__SB, i1 = qc * STRIA__SB < pl.bq ? qc * STRIA__SB : pl.bq;
+            size_t off = (size_t)j0 * STRIA__BQ + (size_t)i0;
+            ops->gemm(nj, (int)Dp, i1 - i0, s->pt + off, STRIA__BQ, false,
+                      dop + (size_t)i0 * (size_t)Dp, Dp, dv + jo, Dp, NULL, true);
+            ops->gemm(nj, (int)Dp, i1 - i0, s->dst + off, STRIA__BQ, false,
+                      qp + (size_t)i0 * (size_t)Dp, Dp, dk + jo, Dp, NULL, true);
+        }
+    }
+}
+
 /* One (query tile, key tile) pair of head h, transposed: recomputes P^T, then
  * accumulates dV and dK of the key tile into dv, dk (NULL: not wanted) and dQ
  * of the query tile into its tile of the dQ accumulators dq_acc (one copy of
@@ -858,14 +1044,17 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     const float *ksp = job->ks_packed + kidx * job->k_stile;
     const float *vp = job->v_packed + kidx * job->k_stile;
 
+    if (cls == STRIA__TILE_PARTIAL) {
+        stria__bwd_partial(c, s, qt, kt, qp, qtp, dop, dotp, kp, ksp, vp, dk, dv,
+                           dq_acc != NULL ? dq_acc + qidx * qtile : NULL);
+        return;
+    }
     /* P^T = exp(scale K Q^T - lse) */
-    stria__score_gemm(c, bk, ksp, qtp, s->pt);
-    if (cls == STRIA__TILE_PARTIAL)
-        stria__mask_tile(c, s->pt, q0, bq, k0, bk);
-    ops->softmax_bwd_p(s->pt, bk, STRIA__BQ, c->scale, s->lse);
+    stria__score_gemm(c, 0, bk, 0, STRIA__BQ, ksp, qtp, s->pt);
+    ops->softmax_bwd_p(s->pt, bk, STRIA__BQ, STRIA__BQ, c->scale, s->lse);
     /* dP^T = V dO^T, then dS^T = P^T (dP^T - D) scale */
-    stria__score_gemm(c, bk, vp, dotp, s->dst);
-    ops->softmax_bwd_ds(s->pt, s->dst, bk, STRIA__BQ, s->delta, c->scale);
+    stria__score_gemm(c, 0, bk, 0, STRIA__BQ, vp, dotp, s->dst);
+    ops->softmax_bwd_ds(s->pt, s->dst, bk, STRIA__BQ, STRIA__BQ, s->delta, c->scale);
     if (dk != NULL) {
         /* dV += P^T dO, dK += dS^T Q */
         ops->gemm(bk, (int)Dp, bq, s->pt, STRIA__BQ, false, dop, Dp, dv, Dp, NULL, true);

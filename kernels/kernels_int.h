@@ -11,9 +11,12 @@
  * are stored transposed, [keys][queries], so that every softmax statistic
  * (per query) is a column and the softmax passes need no horizontal
  * reductions. Packed fp32 rows are padded to STRIA__DPAD elements so vector
- * code needs no tails. STRIA__BQ must be a multiple of 16. */
+ * code needs no tails. STRIA__BQ must be a multiple of 16. Tiles that straddle
+ * the causal mask are computed by sub-blocks of STRIA__SB x STRIA__SB (attn.c),
+ * which divides both tile sizes and is a multiple of 16. */
 #define STRIA__BQ   64
 #define STRIA__BK   64
+#define STRIA__SB   16
 #define STRIA__DPAD 16
 
 static inline int64_t stria__round_up(int64_t x, int64_t m)
@@ -35,20 +38,21 @@ typedef struct {
     void (*gemm)(int m, int n, int k, const float *a, ptrdiff_t lda, bool trans_a, const float *b,
                  ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *c_scale, bool accumulate);
     /* Online softmax step over a transposed score tile st[rows][cols] (keys x
-     * queries, row stride cols). For every column i, with running max m[i]
-     * (of scaled scores) and running sum l[i]:
+     * queries, rows ld >= cols floats apart). For every column i, with running
+     * max m[i] (of scaled scores) and running sum l[i]:
      *   m' = max(m[i], scale * max_j st[j][i]); alpha[i] = exp(m[i] - m');
      *   st[j][i] = exp(scale * st[j][i] - m'); l[i] = alpha[i] * l[i] + sum_j st[j][i].
      * -inf scores give 0; a column that has seen no finite score keeps
      * m = -inf, l = 0 and gets zero probabilities. */
-    void (*softmax_fwd)(float *st, int rows, int cols, float scale, float *m, float *l,
-                        float *alpha);
-    /* st[j][i] = exp(scale * st[j][i] - lse[i]) in place; lse[i] = +inf
-     * gives 0 (the driver maps rows without keys to +inf). */
-    void (*softmax_bwd_p)(float *st, int rows, int cols, float scale, const float *lse);
-    /* dpt[j][i] = pt[j][i] * (dpt[j][i] - delta[i]) * scale. */
-    void (*softmax_bwd_ds)(const float *pt, float *dpt, int rows, int cols, const float *delta,
-                           float scale);
+    void (*softmax_fwd)(float *st, int rows, int cols, ptrdiff_t ld, float scale, float *m,
+                        float *l, float *alpha);
+    /* st[j][i] = exp(scale * st[j][i] - lse[i]) in place (rows ld apart);
+     * lse[i] = +inf gives 0 (the driver maps rows without keys to +inf). */
+    void (*softmax_bwd_p)(float *st, int rows, int cols, ptrdiff_t ld, float scale,
+                          const float *lse);
+    /* dpt[j][i] = pt[j][i] * (dpt[j][i] - delta[i]) * scale (both ld apart). */
+    void (*softmax_bwd_ds)(const float *pt, float *dpt, int rows, int cols, ptrdiff_t ld,
+                           const float *delta, float scale);
     /* dst[0..n) = fp32 of the n elements of `dtype` at src; n a multiple of 8. */
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
     /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */

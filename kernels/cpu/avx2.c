@@ -123,8 +123,8 @@ STRIA__INLINE __m256 stria__exp(__m256 x)
     return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
 }
 
-static void stria__avx2_softmax_fwd(float *st, int rows, int cols, float scale, float *m, float *l,
-                                    float *alpha)
+static void stria__avx2_softmax_fwd(float *st, int rows, int cols, ptrdiff_t ld, float scale,
+                                    float *m, float *l, float *alpha)
 {
     const __m256 vscale = _mm256_set1_ps(scale);
     const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
@@ -134,18 +134,18 @@ static void stria__avx2_softmax_fwd(float *st, int rows, int cols, float scale, 
         __m256 mx0 = ninf, mx1 = ninf;
         int j = 0;
         for (; j + 1 < rows; j += 2) {
-            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (size_t)j * (size_t)cols));
-            mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(col + (size_t)(j + 1) * (size_t)cols));
+            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (ptrdiff_t)j * ld));
+            mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(col + (ptrdiff_t)(j + 1) * ld));
         }
         if (j < rows)
-            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (size_t)j * (size_t)cols));
+            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (ptrdiff_t)j * ld));
         __m256 m_old = _mm256_loadu_ps(m + i);
         __m256 m_new = _mm256_max_ps(_mm256_mul_ps(_mm256_max_ps(mx0, mx1), vscale), m_old);
         /* columns that have seen no key subtract 0: their scores are all -inf */
         __m256 sub = _mm256_andnot_ps(_mm256_cmp_ps(m_new, ninf, _CMP_EQ_OQ), m_new);
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
         for (j = 0; j + 1 < rows; j += 2) {
-            float *r0 = col + (size_t)j * (size_t)cols, *r1 = r0 + cols;
+            float *r0 = col + (ptrdiff_t)j * ld, *r1 = r0 + ld;
             __m256 p0 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r0), vscale, sub));
             __m256 p1 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r1), vscale, sub));
             _mm256_storeu_ps(r0, p0);
@@ -154,7 +154,7 @@ static void stria__avx2_softmax_fwd(float *st, int rows, int cols, float scale, 
             s1 = _mm256_add_ps(s1, p1);
         }
         if (j < rows) {
-            float *r0 = col + (size_t)j * (size_t)cols;
+            float *r0 = col + (ptrdiff_t)j * ld;
             __m256 p0 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r0), vscale, sub));
             _mm256_storeu_ps(r0, p0);
             s0 = _mm256_add_ps(s0, p0);
@@ -166,27 +166,28 @@ static void stria__avx2_softmax_fwd(float *st, int rows, int cols, float scale, 
     }
 }
 
-static void stria__avx2_softmax_bwd_p(float *st, int rows, int cols, float scale, const float *lse)
+static void stria__avx2_softmax_bwd_p(float *st, int rows, int cols, ptrdiff_t ld, float scale,
+                                      const float *lse)
 {
     const __m256 vscale = _mm256_set1_ps(scale);
     for (int i = 0; i < cols; i += 8) {
         __m256 sub = _mm256_loadu_ps(lse + i);
         for (int j = 0; j < rows; j++) {
-            float *p = st + (size_t)j * (size_t)cols + i;
+            float *p = st + (ptrdiff_t)j * ld + i;
             _mm256_storeu_ps(p, stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(p), vscale, sub)));
         }
     }
 }
 
 static void stria__avx2_softmax_bwd_ds(const float *pt, float *dpt, int rows, int cols,
-                                       const float *delta, float scale)
+                                       ptrdiff_t ld, const float *delta, float scale)
 {
     const __m256 vscale = _mm256_set1_ps(scale);
     for (int i = 0; i < cols; i += 8) {
         __m256 d = _mm256_loadu_ps(delta + i);
         for (int j = 0; j < rows; j++) {
-            const float *p = pt + (size_t)j * (size_t)cols + i;
-            float *g = dpt + (size_t)j * (size_t)cols + i;
+            const float *p = pt + (ptrdiff_t)j * ld + i;
+            float *g = dpt + (ptrdiff_t)j * ld + i;
             __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p), _mm256_sub_ps(_mm256_loadu_ps(g), d));
             _mm256_storeu_ps(g, _mm256_mul_ps(x, vscale));
         }

@@ -222,8 +222,8 @@ STRIA__INLINE __m512 stria__exp(__m512 x)
     return _mm512_maskz_scalef_ps(keep, y, n);
 }
 
-static void stria__avx512_softmax_fwd(float *st, int rows, int cols, float scale, float *m,
-                                      float *l, float *alpha)
+static void stria__avx512_softmax_fwd(float *st, int rows, int cols, ptrdiff_t ld, float scale,
+                                      float *m, float *l, float *alpha)
 {
     const __m512 vscale = _mm512_set1_ps(scale);
     const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
@@ -233,11 +233,11 @@ static void stria__avx512_softmax_fwd(float *st, int rows, int cols, float scale
         __m512 mx0 = ninf, mx1 = ninf;
         int j = 0;
         for (; j + 1 < rows; j += 2) {
-            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (size_t)j * (size_t)cols));
-            mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(col + (size_t)(j + 1) * (size_t)cols));
+            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (ptrdiff_t)j * ld));
+            mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(col + (ptrdiff_t)(j + 1) * ld));
         }
         if (j < rows)
-            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (size_t)j * (size_t)cols));
+            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (ptrdiff_t)j * ld));
         __m512 m_old = _mm512_loadu_ps(m + i);
         __m512 m_new = _mm512_max_ps(_mm512_mul_ps(_mm512_max_ps(mx0, mx1), vscale), m_old);
         /* columns that have seen no key subtract 0: their scores are all -inf */
@@ -245,7 +245,7 @@ static void stria__avx512_softmax_fwd(float *st, int rows, int cols, float scale
                                           _mm512_setzero_ps());
         __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
         for (j = 0; j + 1 < rows; j += 2) {
-            float *r0 = col + (size_t)j * (size_t)cols, *r1 = r0 + cols;
+            float *r0 = col + (ptrdiff_t)j * ld, *r1 = r0 + ld;
             __m512 p0 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r0), vscale, sub));
             __m512 p1 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r1), vscale, sub));
             _mm512_storeu_ps(r0, p0);
@@ -254,7 +254,7 @@ static void stria__avx512_softmax_fwd(float *st, int rows, int cols, float scale
             s1 = _mm512_add_ps(s1, p1);
         }
         if (j < rows) {
-            float *r0 = col + (size_t)j * (size_t)cols;
+            float *r0 = col + (ptrdiff_t)j * ld;
             __m512 p0 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r0), vscale, sub));
             _mm512_storeu_ps(r0, p0);
             s0 = _mm512_add_ps(s0, p0);
@@ -266,28 +266,28 @@ static void stria__avx512_softmax_fwd(float *st, int rows, int cols, float scale
     }
 }
 
-static void stria__avx512_softmax_bwd_p(float *st, int rows, int cols, float scale,
+static void stria__avx512_softmax_bwd_p(float *st, int rows, int cols, ptrdiff_t ld, float scale,
                                         const float *lse)
 {
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int i = 0; i < cols; i += 16) {
         __m512 sub = _mm512_loadu_ps(lse + i);
         for (int j = 0; j < rows; j++) {
-            float *p = st + (size_t)j * (size_t)cols + i;
+            float *p = st + (ptrdiff_t)j * ld + i;
             _mm512_storeu_ps(p, stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(p), vscale, sub)));
         }
     }
 }
 
 static void stria__avx512_softmax_bwd_ds(const float *pt, float *dpt, int rows, int cols,
-                                         const float *delta, float scale)
+                                         ptrdiff_t ld, const float *delta, float scale)
 {
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int i = 0; i < cols; i += 16) {
         __m512 d = _mm512_loadu_ps(delta + i);
         for (int j = 0; j < rows; j++) {
-            const float *p = pt + (size_t)j * (size_t)cols + i;
-            float *g = dpt + (size_t)j * (size_t)cols + i;
+            const float *p = pt + (ptrdiff_t)j * ld + i;
+            float *g = dpt + (ptrdiff_t)j * ld + i;
             __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p), _mm512_sub_ps(_mm512_loadu_ps(g), d));
             _mm512_storeu_ps(g, _mm512_mul_ps(x, vscale));
         }

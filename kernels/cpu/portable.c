@@ -27,20 +27,20 @@ static void stria__portable_gemm(int m, int n, int k, const float *a, ptrdiff_t 
     }
 }
 
-static void stria__portable_softmax_fwd(float *st, int rows, int cols, float scale, float *m,
-                                        float *l, float *alpha)
+static void stria__portable_softmax_fwd(float *st, int rows, int cols, ptrdiff_t ld, float scale,
+                                        float *m, float *l, float *alpha)
 {
     for (int i = 0; i < cols; i++) {
         float mx = -INFINITY, sum = 0.0f;
         for (int j = 0; j < rows; j++) {
-            float s = st[(size_t)j * (size_t)cols + (size_t)i];
+            float s = st[(ptrdiff_t)j * ld + i];
             mx = s > mx ? s : mx;
         }
         float m_new = mx * scale > m[i] ? mx * scale : m[i];
         /* a column that has seen no key yet subtracts 0: its scores are -inf */
         float sub = m_new == -INFINITY ? 0.0f : m_new;
         for (int j = 0; j < rows; j++) {
-            float *s = &st[(size_t)j * (size_t)cols + (size_t)i];
+            float *s = &st[(ptrdiff_t)j * ld + i];
             *s = expf(*s * scale - sub);
             sum += *s;
         }
@@ -50,22 +50,22 @@ static void stria__portable_softmax_fwd(float *st, int rows, int cols, float sca
     }
 }
 
-static void stria__portable_softmax_bwd_p(float *st, int rows, int cols, float scale,
+static void stria__portable_softmax_bwd_p(float *st, int rows, int cols, ptrdiff_t ld, float scale,
                                           const float *lse)
 {
     for (int j = 0; j < rows; j++) {
-        float *row = st + (size_t)j * (size_t)cols;
+        float *row = st + (ptrdiff_t)j * ld;
         for (int i = 0; i < cols; i++)
             row[i] = expf(row[i] * scale - lse[i]);
     }
 }
 
 static void stria__portable_softmax_bwd_ds(const float *pt, float *dpt, int rows, int cols,
-                                           const float *delta, float scale)
+                                           ptrdiff_t ld, const float *delta, float scale)
 {
     for (int j = 0; j < rows; j++) {
-        const float *prow = pt + (size_t)j * (size_t)cols;
-        float *drow = dpt + (size_t)j * (size_t)cols;
+        const float *prow = pt + (ptrdiff_t)j * ld;
+        float *drow = dpt + (ptrdiff_t)j * ld;
         for (int i = 0; i < cols; i++)
             drow[i] = prow[i] * (drow[i] - delta[i]) * scale;
     }

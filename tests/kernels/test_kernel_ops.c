@@ -118,7 +118,7 @@ static void exp_accuracy(const stria_kern_ops_t *simd, const stria_kern_ops_t *p
             st[i] = -87.0f + 87.5f * (float)((rep * R * C + i) % 100003) / 100003.0f;
         float in[R * C];
         memcpy(in, st, sizeof(in));
-        simd->softmax_bwd_p(st, R, C, 1.0f, lse);
+        simd->softmax_bwd_p(st, R, C, C, 1.0f, lse);
         for (int i = 0; i < R * C; i++) {
             double u = ulps(st[i], exp((double)in[i]));
             worst = u > worst ? u : worst;
@@ -135,7 +135,7 @@ static void exp_accuracy(const stria_kern_ops_t *simd, const stria_kern_ops_t *p
         sp[C + i] = 3.0f;
         lse2[i] = i % 2 ? INFINITY : 0.0f;
     }
-    simd->softmax_bwd_p(sp, 2, C, 1.0f, lse2);
+    simd->softmax_bwd_p(sp, 2, C, C, 1.0f, lse2);
     for (int i = 0; i < C; i++) {
         if (i % 2 == 1) {
             cr_expect_eq(sp[i], 0.0f, "%s: exp(x - inf) = %g", simd->name, sp[i]);
@@ -151,7 +151,7 @@ static void exp_accuracy(const stria_kern_ops_t *simd, const stria_kern_ops_t *p
     /* NaN propagates instead of turning into a silent 0 */
     for (int i = 0; i < C; i++)
         sp[i] = i == 5 ? NAN : -1.0f;
-    simd->softmax_bwd_p(sp, 1, C, 1.0f, lse);
+    simd->softmax_bwd_p(sp, 1, C, C, 1.0f, lse);
     cr_expect(isnan(sp[5]), "%s: exp(NaN) = %g", simd->name, sp[5]);
     (void)m, (void)l, (void)alpha;
 }
@@ -185,8 +185,8 @@ static void softmax_fwd_steps(const stria_kern_ops_t *simd, const stria_kern_ops
             }
         memcpy(s2, s1, sizeof(s1));
         memcpy(in, s1, sizeof(s1));
-        port->softmax_fwd(s1, R, C, 0.3f, m1, l1, a1);
-        simd->softmax_fwd(s2, R, C, 0.3f, m2, l2, a2);
+        port->softmax_fwd(s1, R, C, C, 0.3f, m1, l1, a1);
+        simd->softmax_fwd(s2, R, C, C, 0.3f, m2, l2, a2);
         for (int i = 0; i < C; i++) {
             cr_expect(m2[i] == m1[i], "%s step %d col %d: m %g vs %g", simd->name, step, i, m2[i],
                       m1[i]);
@@ -229,8 +229,8 @@ static void softmax_ds(const stria_kern_ops_t *simd, const stria_kern_ops_t *por
     ref_fill(g1, R * C, 51, 3.0f, STRIA_DTYPE_F32);
     ref_fill(delta, C, 52, 1.0f, STRIA_DTYPE_F32);
     memcpy(g2, g1, sizeof(g1));
-    port->softmax_bwd_ds(p, g1, R, C, delta, 0.125f);
-    simd->softmax_bwd_ds(p, g2, R, C, delta, 0.125f);
+    port->softmax_bwd_ds(p, g1, R, C, C, delta, 0.125f);
+    simd->softmax_bwd_ds(p, g2, R, C, C, delta, 0.125f);
     for (int x = 0; x < R * C; x++)
         cr_expect_eq(g2[x], g1[x], "%s ds[%d]: %.9g vs %.9g", simd->name, x, g2[x], g1[x]);
 }
@@ -238,6 +238,84 @@ static void softmax_ds(const stria_kern_ops_t *simd, const stria_kern_ops_t *por
 Test(kernel_ops, softmax_bwd_ds_matches)
 {
     for_each_simd(softmax_ds);
+}
+
+/* The softmax passes on a column range of a wider tile (rows ld apart, as
+ * the driver runs them on sub-blocks): same results as on a packed copy, and
+ * the columns outside the range untouched. */
+static void softmax_strided(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { R = 21, C = 16, LD = 64, I0 = 32 };
+    const stria_kern_ops_t *both[2] = {port, simd};
+    float wide[2][R * LD], pk[R * C], dp[2][R * LD], dpk[R * C];
+    float m[2][C], l[2][C], a[2][C], mp[C], lp[C], ap[C], lse[C], delta[C];
+    float orig_w[R * LD], orig_g[R * LD];
+
+    ref_fill(lse, C, 60, 1.0f, STRIA_DTYPE_F32);
+    ref_fill(delta, C, 61, 1.0f, STRIA_DTYPE_F32);
+    for (int v = 0; v < 2; v++) {
+        const stria_kern_ops_t *ops = both[v];
+        ref_fill(wide[v], R * LD, 62, 4.0f, STRIA_DTYPE_F32);
+        ref_fill(dp[v], R * LD, 63, 2.0f, STRIA_DTYPE_F32);
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < C; i++) {
+                if (i > j) /* a causal triangle */
+                    wide[v][j * LD + I0 + i] = -INFINITY;
+                pk[j * C + i] = wide[v][j * LD + I0 + i];
+                dpk[j * C + i] = dp[v][j * LD + I0 + i];
+            }
+        for (int i = 0; i < C; i++) {
+            m[v][i] = mp[i] = i % 2 ? 0.5f : -INFINITY;
+            l[v][i] = lp[i] = i % 2 ? 2.0f : 0.0f;
+        }
+        memcpy(orig_w, wide[v], sizeof(orig_w));
+        memcpy(orig_g, dp[v], sizeof(orig_g));
+        ops->softmax_fwd(wide[v] + I0, R, C, LD, 0.3f, m[v], l[v], a[v]);
+        ops->softmax_fwd(pk, R, C, C, 0.3f, mp, lp, ap);
+        ops->softmax_bwd_ds(wide[v] + I0, dp[v] + I0, R, C, LD, delta, 0.125f);
+        ops->softmax_bwd_ds(pk, dpk, R, C, C, delta, 0.125f);
+        for (int i = 0; i < C; i++)
+            cr_expect(m[v][i] == mp[i] && l[v][i] == lp[i] && a[v][i] == ap[i],
+                      "%s strided softmax_fwd column %d differs", ops->name, i);
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < LD; i++) {
+                float w = wide[v][j * LD + i], g = dp[v][j * LD + i];
+                if (i < I0 || i >= I0 + C) {
+                    cr_expect(w == orig_w[j * LD + i] && g == orig_g[j * LD + i],
+                              "%s strided softmax wrote [%d][%d] outside its columns", ops->name, j,
+                              i);
+                    continue;
+                }
+                cr_expect(w == pk[j * C + i - I0] && g == dpk[j * C + i - I0],
+                          "%s strided softmax row %d column %d differs", ops->name, j, i);
+            }
+        /* softmax_bwd_p on the range: probabilities, columns outside kept */
+        float before[R * LD];
+        ref_fill(wide[v], R * LD, 64, 4.0f, STRIA_DTYPE_F32);
+        memcpy(before, wide[v], sizeof(before));
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < C; i++)
+                pk[j * C + i] = wide[v][j * LD + I0 + i];
+        ops->softmax_bwd_p(wide[v] + I0, R, C, LD, 0.3f, lse);
+        ops->softmax_bwd_p(pk, R, C, C, 0.3f, lse);
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < LD; i++) {
+                bool in = i >= I0 && i < I0 + C;
+                float want = in ? pk[j * C + i - I0] : before[j * LD + i];
+                cr_expect(wide[v][j * LD + i] == want, "%s strided softmax_bwd_p [%d][%d]",
+                          ops->name, j, i);
+            }
+    }
+    /* the SIMD variant against the portable one on the strided calls */
+    for (int i = 0; i < C; i++)
+        cr_expect(m[1][i] == m[0][i] && fabsf(l[1][i] - l[0][i]) <= 2e-5f * fabsf(l[0][i]),
+                  "%s strided softmax_fwd column %d: m %g/%g l %g/%g", simd->name, i, m[1][i],
+                  m[0][i], l[1][i], l[0][i]);
+}
+
+Test(kernel_ops, softmax_on_column_ranges)
+{
+    for_each_simd(softmax_strided);
 }
 
 /* ---- conversions ----------------------------------------------------------- */

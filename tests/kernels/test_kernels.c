@@ -14,9 +14,9 @@ typedef struct {
     int64_t B, Tq, Tk, H, Hkv, D;
     bool causal;
     stria_dtype_t dtype;
-    stria_pos_run_t qruns[2];
+    stria_pos_run_t qruns[4];
     size_t n_qruns;
-    stria_pos_run_t kruns[2];
+    stria_pos_run_t kruns[4];
     size_t n_kruns;
     int threads;
     float scale; /* 0 = default */
@@ -236,6 +236,73 @@ Test(kernels, zigzag_runs_and_offsets)
     c.kruns[1] = (stria_pos_run_t){1000300, 1, 40};
     c.n_kruns = 2;
     for_each_variant(&c);
+}
+
+/* Tiles that straddle the mask are computed by 16 x 16 sub-blocks. Striped
+ * blocks put the straddling sub-blocks on the diagonal of every diagonal tile:
+ * rings of 3 and 8, source ranks before, at and after the query rank (the
+ * diagonal included or excluded), token counts that are multiples of neither
+ * 16 nor 64, grouped-query heads, every storage dtype. */
+Test(kernels, striped_subtiles_odd_lengths_gqa_dtypes)
+{
+    static const int64_t rings[] = {3, 8};
+    for (size_t n = 0; n < 2; n++)
+        for (int64_t j = 0; j < 3; j++)
+            for (size_t t = 0; t < 3; t++) {
+                int64_t N = rings[n], r = 1, src = j == 0 ? 0 : j == 1 ? r : N - 1;
+                kcase_t c = {.B = 1,
+                             .Tq = 150,
+                             .Tk = 147,
+                             .H = 4,
+                             .Hkv = 2,
+                             .D = 32,
+                             .causal = true,
+                             .dtype = all_dtypes[t],
+                             .threads = 1};
+                c.qruns[0] = (stria_pos_run_t){r, N, 150};
+                c.n_qruns = 1;
+                c.kruns[0] = (stria_pos_run_t){src, N, 147};
+                c.n_kruns = 1;
+                for_each_variant(&c);
+            }
+}
+
+/* Sub-block paths positions can reach beyond striped blocks: a fully masked
+ * key sub-block between visible ones of the same query chunk (set to -inf
+ * inside the computed rows), a key sub-block computed for query chunks 0 and
+ * 2 but not 1 (two runs of chunks in the dK/dV products), a query chunk that
+ * sees no key of a straddling tile, and short last sub-blocks; for each
+ * backward schedule (1, 2 and 9 threads). */
+Test(kernels, subtile_holes_and_split_runs)
+{
+    static const int threads[] = {1, 2, 9};
+    for (int t = 0; t < 3; t++)
+        for (size_t d = 0; d < 3; d++) {
+            kcase_t c = {.B = 1,
+                         .Tq = 93,
+                         .Tk = 68,
+                         .H = 2,
+                         .Hkv = 1,
+                         .D = 16,
+                         .causal = true,
+                         .dtype = all_dtypes[d],
+                         .threads = threads[t]};
+            /* query chunks: 500.., 40.., 520.., then 3..15 (sees keys 0..15
+             * only) and 1000.. */
+            c.qruns[0] = (stria_pos_run_t){500, 1, 16};
+            c.qruns[1] = (stria_pos_run_t){40, 1, 16};
+            c.qruns[2] = (stria_pos_run_t){520, 1, 16};
+            c.qruns[3] = (stria_pos_run_t){3, 1, 45}; /* 3..18, then 19..47 */
+            c.n_qruns = 4;
+            /* key sub-blocks: 0.., 2000.. (masked for every query), 30..,
+             * 510..; then 530..533 in a second, short tile */
+            c.kruns[0] = (stria_pos_run_t){0, 1, 16};
+            c.kruns[1] = (stria_pos_run_t){2000, 1, 16};
+            c.kruns[2] = (stria_pos_run_t){30, 1, 16};
+            c.kruns[3] = (stria_pos_run_t){510, 1, 20};
+            c.n_kruns = 4;
+            for_each_variant(&c);
+        }
 }
 
 /* Rows that see no key get LSE = -inf and zero output and gradients. */
