@@ -367,17 +367,10 @@ static void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int
     }
 }
 
-/* dst[Dp][BQ] = transpose of the packed rows src[BQ][Dp]. Blocked so both
- * sides stay in a few cache lines at a time. */
+/* dst[Dp][BQ] = transpose of the packed rows src[BQ][Dp]. */
 static void stria__transpose_tile(const stria__ctx_t *c, const float *src, float *dst)
 {
-    const int64_t Dp = c->Dp;
-    for (int i0 = 0; i0 < STRIA__BQ; i0 += 16)
-        for (int64_t d0 = 0; d0 < Dp; d0 += 16)
-            for (int64_t d = d0; d < d0 + 16; d++)
-                for (int i = i0; i < i0 + 16; i++)
-                    dst[(size_t)d * STRIA__BQ + (size_t)i] =
-                        src[(size_t)i * (size_t)Dp + (size_t)d];
+    c->ops->transpose32(src, c->Dp, dst, STRIA__BQ, STRIA__BQ, (int)c->Dp);
 }
 
 /* rows [t0, t0+n) of head h of a bf16 tensor, bit for bit, as [rows][Dp]
@@ -398,13 +391,7 @@ static void stria__pack_rows_bf16(const stria__ctx_t *c, const stria_tensor_t *t
  * the B operand layout of the bf16 GEMM. */
 static void stria__transpose_pairs(const stria__ctx_t *c, const uint16_t *src, uint16_t *dst)
 {
-    const int64_t P = c->Dp / 2;
-    for (int i0 = 0; i0 < STRIA__BQ; i0 += 16)
-        for (int64_t d0 = 0; d0 < P; d0 += 8)
-            for (int64_t d = d0; d < d0 + 8; d++)
-                for (int i = i0; i < i0 + 16; i++)
-                    memcpy(dst + 2 * ((size_t)d * STRIA__BQ + (size_t)i),
-                           src + (size_t)i * (size_t)c->Dp + 2 * (size_t)d, 2 * sizeof(uint16_t));
+    c->ops->transpose32(src, c->Dp / 2, dst, STRIA__BQ, STRIA__BQ, (int)(c->Dp / 2));
 }
 
 /* Packs the query-side B operand of a score product (Q^T or dO^T) of one

@@ -57,6 +57,12 @@ typedef struct {
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
     /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */
     void (*row_acc)(float *dst, const float *src, int n);
+    /* dst[j][i] = src[i][j] for i < rows, j < cols (both multiples of 8) on
+     * 32-bit elements, bit for bit: src rows lds elements apart, dst rows ldd
+     * apart; the two do not overlap. Packs Q^T and dO^T (fp32, or bf16 taken
+     * as pairs). */
+    void (*transpose32)(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd, int rows,
+                        int cols);
     /* Optional (NULL when absent; usable only when gemm_bf16_ok() says so):
      * C[i][j] = sum_{p<k} A[i][p] * B(p, j) with bf16 inputs and fp32
      * accumulation, C overwritten. A: bf16 rows lda elements apart. B: bf16

@@ -4,6 +4,7 @@
  * With 16 ymm registers the micro-kernel keeps a 6 x 16 block of C in 12
  * accumulators, two B vectors and one broadcast: 12 FMAs per 8 loads. */
 #include "../kernels_int.h"
+#include "x86_transpose.h"
 
 #include <immintrin.h>
 
@@ -226,6 +227,12 @@ static void stria__avx2_row_acc(float *dst, const float *src, int n)
                          _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
 }
 
+static void stria__avx2_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
+                                    int rows, int cols)
+{
+    stria__x86_transpose32(src, lds, dst, ldd, rows, cols);
+}
+
 const stria_kern_ops_t stria__kern_avx2 = {
     .name = "avx2",
     .cpu_ok = stria__avx2_ok,
@@ -235,4 +242,5 @@ const stria_kern_ops_t stria__kern_avx2 = {
     .softmax_bwd_ds = stria__avx2_softmax_bwd_ds,
     .row_load = stria__avx2_row_load,
     .row_acc = stria__avx2_row_acc,
+    .transpose32 = stria__avx2_transpose32,
 };

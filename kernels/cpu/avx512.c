@@ -5,6 +5,7 @@
  * every k step loads four vectors of B and broadcasts six scalars of A, so 24
  * FMAs run per 10 loads and the two FMA pipes never wait on a single chain. */
 #include "../kernels_int.h"
+#include "x86_transpose.h"
 
 #include <immintrin.h>
 
@@ -336,6 +337,12 @@ static void stria__avx512_row_acc(float *dst, const float *src, int n)
     }
 }
 
+static void stria__avx512_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
+                                      int rows, int cols)
+{
+    stria__x86_transpose32(src, lds, dst, ldd, rows, cols);
+}
+
 const stria_kern_ops_t stria__kern_avx512 = {
     .name = "avx512",
     .cpu_ok = stria__avx512_ok,
@@ -345,6 +352,7 @@ const stria_kern_ops_t stria__kern_avx512 = {
     .softmax_bwd_ds = stria__avx512_softmax_bwd_ds,
     .row_load = stria__avx512_row_load,
     .row_acc = stria__avx512_row_acc,
+    .transpose32 = stria__avx512_transpose32,
     .gemm_bf16 = stria__avx512_gemm_bf16,
     .gemm_bf16_ok = stria__avx512_bf16_ok,
 };

@@ -83,6 +83,19 @@ static void stria__portable_row_acc(float *dst, const float *src, int n)
         dst[i] += src[i];
 }
 
+static void stria__portable_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
+                                        int rows, int cols)
+{
+    const uint32_t *s = src;
+    uint32_t *d = dst;
+    /* blocks of 8 x 8 so both sides stay in a few cache lines at a time */
+    for (int i0 = 0; i0 < rows; i0 += 8)
+        for (int j0 = 0; j0 < cols; j0 += 8)
+            for (int j = j0; j < j0 + 8; j++)
+                for (int i = i0; i < i0 + 8; i++)
+                    d[(ptrdiff_t)j * ldd + i] = s[(ptrdiff_t)i * lds + j];
+}
+
 const stria_kern_ops_t stria__kern_portable = {
     .name = "portable",
     .cpu_ok = stria__portable_ok,
@@ -92,4 +105,5 @@ const stria_kern_ops_t stria__kern_portable = {
     .softmax_bwd_ds = stria__portable_softmax_bwd_ds,
     .row_load = stria__portable_row_load,
     .row_acc = stria__portable_row_acc,
+    .transpose32 = stria__portable_transpose32,
 };

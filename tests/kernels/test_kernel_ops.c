@@ -318,6 +318,42 @@ Test(kernel_ops, softmax_on_column_ranges)
     for_each_simd(softmax_strided);
 }
 
+/* transpose32 moves 32-bit elements bit for bit (NaN payloads included),
+ * honours both strides and writes nothing outside the transposed block. */
+static void transpose_case(const stria_kern_ops_t *ops, int rows, int cols)
+{
+    const ptrdiff_t lds = cols + 8, ldd = rows + 16;
+    size_t ns = (size_t)rows * (size_t)lds, nd = (size_t)cols * (size_t)ldd;
+    uint32_t *src = malloc(ns * 4), *dst = malloc(nd * 4);
+    for (size_t x = 0; x < ns; x++)
+        src[x] = (uint32_t)(x * 2654435761u) | (x % 7 == 0 ? 0x7f800001u : 0u); /* NaNs */
+    for (size_t x = 0; x < nd; x++)
+        dst[x] = 0xdeadbeefu;
+    ops->transpose32(src, lds, dst, ldd, rows, cols);
+    for (int j = 0; j < cols; j++)
+        for (ptrdiff_t i = 0; i < ldd; i++) {
+            uint32_t want = i < rows ? src[i * lds + j] : 0xdeadbeefu;
+            cr_assert_eq(dst[j * ldd + i], want, "%s transpose32 %dx%d: [%d][%td] = %08x, not %08x",
+                         ops->name, rows, cols, j, i, dst[j * ldd + i], want);
+        }
+    free(src), free(dst);
+}
+
+static void transpose_all(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    static const int sizes[] = {8, 16, 40, 64, 128};
+    for (size_t a = 0; a < 5; a++)
+        for (size_t b = 0; b < 5; b++) {
+            transpose_case(port, sizes[a], sizes[b]);
+            transpose_case(simd, sizes[a], sizes[b]);
+        }
+}
+
+Test(kernel_ops, transpose32_exact)
+{
+    for_each_simd(transpose_all);
+}
+
 /* ---- conversions ----------------------------------------------------------- */
 
 /* Every 16-bit pattern, as bf16 and as fp16, converts exactly (NaN stays
