@@ -312,6 +312,7 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
     }
 }
 
+#ifndef STRIA_CU_EMU /* host launchers; tests/gpu/test_kernel_emu runs the kernels above */
 template <typename T, int D>
 static cudaError_t stria__bwd_launch(const stria_cu_attn_t *a, cudaStream_t s)
 {
@@ -357,3 +358,4 @@ cudaError_t stria__cu_bwd_init(void)
         return e;
     return cudaSuccess;
 }
+#endif

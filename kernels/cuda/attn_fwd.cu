@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
     }
 }
 
+#ifndef STRIA_CU_EMU /* host launchers; tests/gpu/test_kernel_emu runs the kernels above */
 template <typename T, int D>
 static cudaError_t stria__fwd_launch(const stria_cu_attn_t *a, cudaStream_t s)
 {
@@ -251,3 +252,4 @@ cudaError_t stria__cu_fwd_init(void)
         return e;
     return cudaSuccess;
 }
+#endif

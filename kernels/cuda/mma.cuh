@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Element offset of (row, col) in a swizzled tile of D columns. */
 template <int D> __host__ __device__ __forceinline__ int stria__swz(int row, int col)
@@ -53,6 +54,7 @@ __host__ __device__ __forceinline__ stria__rc stria__ldb_krows_rc(int k0, int n0
     return {k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 + (lane >> 4) * 8};
 }
 
+#ifndef STRIA_CU_EMU /* tests/gpu/cu_emu.h emulates these on the host */
 __device__ __forceinline__ uint32_t stria__smem_addr(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -72,6 +74,7 @@ template <int N> __device__ __forceinline__ void stria__cp_wait()
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+#endif
 
 /* Rows [t0, t0 + R) of one head of a strided [tokens][..] view (row pointer
  * base + t * stride_token elements) into a swizzled R x D tile, by NT
@@ -90,6 +93,7 @@ __device__ __forceinline__ void stria__load_tile(T *tile, const T *base, int64_t
     }
 }
 
+#ifndef STRIA_CU_EMU /* tests/gpu/cu_emu.h emulates these on the host */
 __device__ __forceinline__ void stria__ldsm_x4(uint32_t (&r)[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -102,6 +106,7 @@ __device__ __forceinline__ void stria__ldsm_x4_t(uint32_t (&r)[4], const void *p
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(stria__smem_addr(p)));
 }
+#endif
 
 /* A fragment of rows [row0, row0 + 16) x k [16 kk, 16 kk + 16) of a row-major
  * (M rows) tile. Matrices: 0 rows 0-7 k lo, 1 rows 8-15 k lo, 2 rows 0-7 k
@@ -138,6 +143,7 @@ __device__ __forceinline__ void stria__ld_b_krows(uint32_t (&b)[4], const T *til
     stria__ldsm_x4_t(b, tile + stria__swz<D>(rc.row, rc.col));
 }
 
+#ifndef STRIA_CU_EMU
 template <typename T>
 __device__ __forceinline__ void stria__mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                            uint32_t b1);
@@ -161,16 +167,22 @@ __device__ __forceinline__ void stria__mma<__half>(float (&c)[4], const uint32_t
 }
 
 /* Two fp32 values as a packed pair of T (lo = x, hi = y), rounded to nearest. */
+#endif
+
 template <typename T> __device__ __forceinline__ uint32_t stria__pack(float x, float y);
 template <> __device__ __forceinline__ uint32_t stria__pack<__nv_bfloat16>(float x, float y)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<uint32_t *>(&v);
+    uint32_t r;
+    memcpy(&r, &v, sizeof(r)); /* no type punning through pointers */
+    return r;
 }
 template <> __device__ __forceinline__ uint32_t stria__pack<__half>(float x, float y)
 {
     __half2 v = __floats2half2_rn(x, y);
-    return *reinterpret_cast<uint32_t *>(&v);
+    uint32_t r;
+    memcpy(&r, &v, sizeof(r)); /* no type punning through pointers */
+    return r;
 }
 
 /* Where A register r (0..3) of k-step kk of a 16 x N accumulator tile (C

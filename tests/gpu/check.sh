@@ -6,8 +6,9 @@
 # 1. records the GPU and driver (nvidia-smi);
 # 2. configures a Release tree with CUDA (build-gpu/ or $BUILD_DIR) and builds
 #    what the check runs (stria_kernels, test_gpu, stria-bench; -j16 or $JOBS);
-# 3. runs the gpu suite (ctest -L gpu): every CUDA kernel against the portable
-#    CPU kernels and the fp64 reference;
+# 3. runs the gpu label (ctest -L gpu): the gpu suite (every CUDA kernel
+#    against the portable CPU kernels and the fp64 reference) and the two
+#    host-only checks (fragment layouts, emulated tensor-core kernels);
 # 4. runs stria-bench kernels --device cuda (causal, bf16, S=16384, H=16,
 #    D=128, forward and backward) with the cuBLAS bf16 GEMM rate of the same
 #    run;
@@ -88,7 +89,7 @@ if [ $build_ok -eq 1 ]; then
   if [ "$targets" != "test_gpu stria-bench" ]; then
     suite=failed
     say "gpu suite: not built (no test suites in this configuration)"
-  elif step ctest-gpu 120 ctest --test-dir "$build" -L gpu --output-on-failure; then
+  elif step ctest-gpu 120 ctest --test-dir "$build" -L gpu -j 3 --output-on-failure; then
     suite=passed
   else
     suite=failed
