@@ -31,12 +31,14 @@ __device__ __forceinline__ float stria__ld_dyn(stria_dtype_t dt, const void *bas
     return ((const float *)base)[i];
 }
 
+#ifndef STRIA_CU_EMU /* host launcher */
 static unsigned stria__grid_rows(int64_t rows)
 {
     int64_t warps_per_block = STRIA__SIMT_THREADS / 32;
     int64_t blocks = (rows + warps_per_block - 1) / warps_per_block;
     return (unsigned)(blocks < STRIA__SIMT_MAXGRID ? blocks : STRIA__SIMT_MAXGRID);
 }
+#endif
 
 /* Warp-per-row iteration: r runs over [0, rows). */
 #define STRIA__FOR_WARP_ROWS(r, rows)                                                              \
@@ -119,6 +121,7 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS) stria__fwd_simt_k(stria_c
     }
 }
 
+#ifndef STRIA_CU_EMU /* host launcher */
 template <typename T>
 static cudaError_t stria__fwd_simt_launch(const stria_cu_attn_t *a, cudaStream_t s)
 {
@@ -137,6 +140,7 @@ cudaError_t stria__cu_fwd_simt(const stria_cu_attn_t *a, cudaStream_t s)
         return stria__fwd_simt_launch<float>(a, s);
     }
 }
+#endif
 
 /* ---- backward ------------------------------------------------------------ */
 
@@ -259,6 +263,7 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS) stria__dkdv_simt_k(stria_
     }
 }
 
+#ifndef STRIA_CU_EMU /* host launcher */
 template <typename T>
 static cudaError_t stria__bwd_simt_launch(const stria_cu_attn_t *a, cudaStream_t s)
 {
@@ -282,6 +287,7 @@ cudaError_t stria__cu_bwd_simt(const stria_cu_attn_t *a, cudaStream_t s)
         return stria__bwd_simt_launch<float>(a, s);
     }
 }
+#endif
 
 /* ---- row-wise kernels ------------------------------------------------------ */
 
@@ -303,11 +309,13 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS) stria__init_k(stria_cu_at
     }
 }
 
+#ifndef STRIA_CU_EMU /* host launcher */
 cudaError_t stria__cu_partial_init(const stria_cu_attn_t *a, cudaStream_t s)
 {
     stria__init_k<<<stria__grid_rows(a->B * a->H * a->Tq), STRIA__SIMT_THREADS, 0, s>>>(*a);
     return cudaGetLastError();
 }
+#endif
 
 __global__ void __launch_bounds__(STRIA__SIMT_THREADS)
     stria__merge_k(stria_cu_attn_t a, stria_cu_view_t bo, const float *bl)
@@ -330,6 +338,7 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS)
     }
 }
 
+#ifndef STRIA_CU_EMU /* host launcher */
 cudaError_t stria__cu_merge(const stria_cu_attn_t *a, stria_cu_view_t b_o, const float *b_lse,
                             cudaStream_t s)
 {
@@ -337,6 +346,7 @@ cudaError_t stria__cu_merge(const stria_cu_attn_t *a, stria_cu_view_t b_o, const
                                                                                          b_lse);
     return cudaGetLastError();
 }
+#endif
 
 __global__ void __launch_bounds__(STRIA__SIMT_THREADS)
     stria__finalize_k(stria_cu_attn_t a, stria_cu_view_t out, stria_dtype_t dt)
@@ -359,6 +369,7 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS)
     }
 }
 
+#ifndef STRIA_CU_EMU /* host launcher */
 cudaError_t stria__cu_finalize(const stria_cu_attn_t *a, stria_cu_view_t out,
                                stria_dtype_t out_dtype, cudaStream_t s)
 {
@@ -366,6 +377,7 @@ cudaError_t stria__cu_finalize(const stria_cu_attn_t *a, stria_cu_view_t out,
         *a, out, out_dtype);
     return cudaGetLastError();
 }
+#endif
 
 __global__ void __launch_bounds__(STRIA__SIMT_THREADS)
     stria__delta_k(stria_cu_attn_t a, stria_dtype_t odt, float *delta)
@@ -385,6 +397,7 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS)
     }
 }
 
+#ifndef STRIA_CU_EMU /* host launcher */
 cudaError_t stria__cu_delta(const stria_cu_attn_t *a, stria_dtype_t o_dtype, float *delta_out,
                             cudaStream_t s)
 {
@@ -392,6 +405,7 @@ cudaError_t stria__cu_delta(const stria_cu_attn_t *a, stria_dtype_t o_dtype, flo
         *a, o_dtype, delta_out);
     return cudaGetLastError();
 }
+#endif
 
 __global__ void stria__add_k(float *dst, const float *src, size_t n)
 {
@@ -400,6 +414,7 @@ __global__ void stria__add_k(float *dst, const float *src, size_t n)
         dst[i] += src[i];
 }
 
+#ifndef STRIA_CU_EMU /* host launcher */
 cudaError_t stria__cu_add_f32(float *dst, const float *src, size_t n, cudaStream_t s)
 {
     size_t blocks = (n + STRIA__SIMT_THREADS - 1) / STRIA__SIMT_THREADS;
@@ -410,3 +425,4 @@ cudaError_t stria__cu_add_f32(float *dst, const float *src, size_t n, cudaStream
     stria__add_k<<<(unsigned)blocks, STRIA__SIMT_THREADS, 0, s>>>(dst, src, n);
     return cudaGetLastError();
 }
+#endif
