@@ -33,7 +33,8 @@ typedef struct {
     int threads;
     bool quiet;
     /* local ring / service */
-    int ranks; /* 0: no ring (local), all workers (submit) */
+    int ranks;          /* 0: no ring (local), all workers (submit) */
+    const char *device; /* local: the ranks' device; NULL: the host */
     bool layout_set;
     stria_layout_kind_t layout;
     /* submit */
@@ -79,6 +80,10 @@ static void stria__run_usage(FILE *out)
         "                   accumulates in fp32 always)\n"
         "  --scale X        softmax scale (default 1/sqrt(head_dim))\n"
         "  --threads T      compute threads (default: all online CPUs)\n"
+        "  --device NAME    where the ring's ranks compute: cpu (default), cuda:N\n"
+        "                   (cuda = cuda:0), cpu:staged (host kernels through the GPU\n"
+        "                   staging path) or auto; runs an in-process ring (--ranks,\n"
+        "                   default 1)\n"
         "  --quiet          print nothing on success\n"
         "  -h, --help       this help\n"
         "\n"
@@ -115,7 +120,8 @@ static int stria__parse_opts(int argc, char **argv, bool submit, stria__run_opts
         OPT_TOKEN,
         OPT_STEP,
         OPT_CHECK,
-        OPT_LABEL
+        OPT_LABEL,
+        OPT_DEVICE
     };
     static const struct option longopts[] = {
         {"q", required_argument, NULL, OPT_Q},
@@ -136,6 +142,7 @@ static int stria__parse_opts(int argc, char **argv, bool submit, stria__run_opts
         {"step-timeout", required_argument, NULL, OPT_STEP},
         {"check", no_argument, NULL, OPT_CHECK},
         {"label", required_argument, NULL, OPT_LABEL},
+        {"device", required_argument, NULL, OPT_DEVICE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -200,6 +207,17 @@ static int stria__parse_opts(int argc, char **argv, bool submit, stria__run_opts
             if (errno != 0 || end == optarg || *end != '\0' || r < 1 || r > 256)
                 return stria__usage_error("--ranks '%s': expected an integer in 1..256", optarg);
             o->ranks = (int)r;
+            break;
+        }
+        case OPT_DEVICE: {
+            stria_device_t *dev = NULL;
+            if (submit)
+                return stria__usage_error("%s", "--device is for stria-run local (workers choose "
+                                                "their own device)");
+            if (stria_device_open(optarg, NULL, &dev) != STRIA_OK)
+                return stria__usage_error("--device: %s", stria_error_msg());
+            stria_device_close(dev);
+            o->device = optarg;
             break;
         }
         case OPT_LAYOUT:
@@ -421,10 +439,11 @@ static stria_status_t stria__compute_ring(const stria__run_opts_t *o, stria__run
     shape.dtype = d->dtype;
     memset(&ro, 0, sizeof(ro));
     ro.layout = o->layout_set ? o->layout : STRIA_LAYOUT_STRIPED;
-    ro.n_ranks = o->ranks;
+    ro.n_ranks = o->ranks > 0 ? o->ranks : 1;
+    ro.device = o->device;
     ro.passes = d->d_o ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    ro.threads_per_rank = threads / o->ranks > 1 ? threads / o->ranks : 1;
+    ro.threads_per_rank = threads / ro.n_ranks > 1 ? threads / ro.n_ranks : 1;
     memset(&io, 0, sizeof(io));
     io.q = d->q;
     io.k = d->k;
@@ -522,7 +541,8 @@ static int stria__cmd_local(int argc, char **argv)
         st = stria_pool_create(o.threads, &pool);
     t0 = stria_time_now();
     if (st == STRIA_OK)
-        st = o.ranks > 0 ? stria__compute_ring(&o, &d) : stria__compute_local(&o, &d, pool);
+        st = o.ranks > 0 || o.device != NULL ? stria__compute_ring(&o, &d)
+                                             : stria__compute_local(&o, &d, pool);
     t1 = stria_time_now();
     if (st == STRIA_OK)
         st = stria__write_outputs(&o, &d);

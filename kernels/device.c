@@ -306,7 +306,7 @@ static stria_status_t stria__cuda_open(const char *name, int index, stria_device
     (void)out;
     return stria_error_set(STRIA_ERR_UNSUPPORTED,
                            "device '%s': this build has no CUDA support (nvcc was not found when "
-                           "it was configured)",
+                           "it was configured, or it was configured with -DSTRIA_CUDA=OFF)",
                            name);
 #endif
 }
