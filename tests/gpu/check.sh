@@ -5,10 +5,12 @@
 #
 # 1. records the GPU and driver (nvidia-smi);
 # 2. configures a Release tree with CUDA (build-gpu/ or $BUILD_DIR) and builds
-#    what the check runs (stria_kernels, test_gpu, stria-bench; -j16 or $JOBS);
+#    what the check runs (stria_kernels, the gpu-labelled tests, stria-bench;
+#    -j16 or $JOBS);
 # 3. runs the gpu label (ctest -L gpu): the gpu suite (every CUDA kernel
-#    against the portable CPU kernels and the fp64 reference) and the two
-#    host-only checks (fragment layouts, emulated tensor-core kernels);
+#    against the portable CPU kernels and the fp64 reference) and the
+#    host-only check of the fragment layouts (the slow host emulation of the
+#    kernels, test_kernel_emu, needs no GPU and runs with the other tests);
 # 4. runs stria-bench kernels --device cuda (causal, bf16, S=16384, H=16,
 #    D=128, forward and backward) with the cuBLAS bf16 GEMM rate of the same
 #    run;
@@ -18,8 +20,8 @@
 #    REPORT_FILE (and prints it).
 #
 # Every step has a time limit and a failed step does not stop the others; the
-# limits add up to under 8 minutes (configure 40, build 140, suite 120, bench 50,
-# torch probe 30 and run 60, nvidia-smi 10 s, 5 s of grace each); on a
+# limits add up to 8 minutes at most (configure 40, build 130, tests 150,
+# bench 45, torch probe 30 and run 50, nvidia-smi 10 s, 5 s of grace each); on a
 # 16-core H200 machine the run should take about 3. Exit status: 0
 # when the suite passed and every measured target was met, 1 otherwise.
 set -u
@@ -63,9 +65,9 @@ else
 fi
 say "nvcc: $(nvcc --version 2>/dev/null | tail -1 || echo 'not found')"
 
-suite=skipped
+suite="not run"
 cfg_ok=0
-targets="test_gpu stria-bench"
+targets="test_gpu test_mma_layout stria-bench"
 if step configure 40 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSTRIA_CUDA=ON; then
   cfg_ok=1
 else
@@ -78,27 +80,27 @@ fi
 [ $cfg_ok -eq 1 ] && ! grep -q "cuda=ON" "$logs/configure.log" &&
   say "warning: the configure step did not find CUDA (cuda=ON missing)"
 build_ok=0
-# only what the check runs (the library, the gpu suite, stria-bench): quicker,
+# only what the check runs (the library, the gpu-labelled tests, stria-bench): quicker,
 # and a broken unrelated target cannot stop the check
 # shellcheck disable=SC2086
-if [ $cfg_ok -eq 1 ] && step build 140 cmake --build "$build" -j "$jobs" --target $targets; then
+if [ $cfg_ok -eq 1 ] && step build 130 cmake --build "$build" -j "$jobs" --target $targets; then
   build_ok=1
 fi
 
 if [ $build_ok -eq 1 ]; then
-  if [ "$targets" != "test_gpu stria-bench" ]; then
+  if [ "$targets" = stria-bench ]; then
     suite=failed
     say "gpu suite: not built (no test suites in this configuration)"
-  elif step ctest-gpu 120 ctest --test-dir "$build" -L gpu -j 3 --output-on-failure; then
+  elif step ctest-gpu 150 ctest --test-dir "$build" -L gpu -j 3 --output-on-failure; then
     suite=passed
   else
     suite=failed
   fi
   if [ -f "$logs/ctest-gpu.log" ]; then
     grep -E "tests passed|Skipped|Failed|Passed|\*\*\*" "$logs/ctest-gpu.log" | tail -8 | sed 's/^/  /' | tee -a "$report"
-    grep -q "Skipped" "$logs/ctest-gpu.log" && suite=skipped
+    grep -q "Skipped" "$logs/ctest-gpu.log" && suite="skipped (no GPU visible to the suite)"
   fi
-  step bench 50 "$build/bin/stria-bench" kernels --device cuda --seq $S --heads $H --head-dim $D \
+  step bench 45 "$build/bin/stria-bench" kernels --device cuda --seq $S --heads $H --head-dim $D \
     --dtype bf16 --causal --reps $REPS --json
   sed 's/^/  /' "$logs/bench.log" | tee -a "$report" >/dev/null
 else
@@ -106,7 +108,7 @@ else
 fi
 
 if timeout 30 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)' >/dev/null 2>&1; then
-  step torch 60 python3 "$root/bench/torch_sdpa_cuda.py" --seq $S --heads $H --head-dim $D \
+  step torch 50 python3 "$root/bench/torch_sdpa_cuda.py" --seq $S --heads $H --head-dim $D \
     --dtype bf16 --reps $REPS --json
   sed 's/^/  /' "$logs/torch.log" | tee -a "$report" >/dev/null
 else
