@@ -1348,6 +1348,8 @@ static void *stria__svc_thread(void *arg)
     uv_async_init(&sl->loop, &sl->stop, stria__svc_stop);
     sl->stop.data = sl;
     st = stria_service_start(&sl->loop, stria__on_signal, sl, &sl->svc);
+    if (st == STRIA_OK)
+        stria_service_watch_rpc(sl->svc, sl->w->server);
     if (st == STRIA_OK && sl->w->cfg.metrics_listen != NULL && sl->w->cfg.metrics_listen[0])
         st = stria_http_metrics_start(&sl->loop, sl->w->cfg.metrics_listen, sl->w->metrics,
                                       &sl->http);
