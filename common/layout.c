@@ -246,3 +246,33 @@ stria_status_t stria_layout_gather(const stria_layout_t *layout, int rank, int64
     stria__layout_copy(layout, rank, outer, row_bytes, full, (char *)shard, false);
     return STRIA_OK;
 }
+
+stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                 uint64_t *bytes_out)
+{
+    unsigned __int128 B, L, es, qrow, kvrow, tensors, ring, kern, total;
+
+    if (batch <= 0 || shard_tokens <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 ||
+        bytes_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rank memory: sizes must be positive");
+    es = stria_dtype_size(dtype);
+    if (es == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rank memory: unknown dtype %d", (int)dtype);
+    B = (uint64_t)batch;
+    L = (uint64_t)shard_tokens;
+    qrow = (unsigned __int128)(uint64_t)heads * (uint64_t)head_dim;
+    kvrow = (unsigned __int128)(uint64_t)kv_heads * (uint64_t)head_dim;
+    /* Q, K, V, dO, O, dQ, dK, dV in the job dtype, LSE in fp32. */
+    tensors = B * L * (4 * qrow + 4 * kvrow) * es + B * (uint64_t)heads * L * 4;
+    /* K/V in flight, double-buffered; dK/dV in flight in fp32, double-buffered;
+     * fp32 output and dQ accumulators. */
+    ring = B * L * kvrow * (4 * es + 4 * 4) + B * L * qrow * 4 * 2;
+    /* Kernel workspaces: fp32 copies of a block's rows. */
+    kern = B * L * (2 * qrow + 3 * kvrow) * 4;
+    total = tensors + ring + kern;
+    if (total >> 63)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "rank memory: more than 2^63 bytes");
+    *bytes_out = (uint64_t)total;
+    return STRIA_OK;
+}

@@ -342,6 +342,17 @@ int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t in
 stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, int *rank_out,
                                    int64_t *index_out);
 
+/* Memory of one rank of a ring job, in bytes, for admission (the coordinator)
+ * and reservation (the worker): its Q, K, V, dO, O, dQ, dK, dV shards in the
+ * job dtype and its fp32 LSE, the ring buffers (K/V double-buffered in the
+ * job dtype, dK/dV double-buffered in fp32, the fp32 output accumulators) and
+ * the kernels' fp32 workspaces, all for shard_tokens (padded) tokens.
+ * STRIA_ERR_INVALID_ARG for sizes <= 0 or an unknown dtype;
+ * STRIA_ERR_NO_MEMORY when the result does not fit in 63 bits. */
+stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                 uint64_t *bytes_out);
+
 /* Real (unpadded) tokens of `rank`'s shard: its first ones. 0 for a bad rank. */
 int64_t stria_layout_shard_valid(const stria_layout_t *layout, int rank);
 

@@ -18,7 +18,7 @@
  *
  * Jobs. A job of ring size n takes n consecutive workers of the ring. It is
  * admitted when every member has the capacity for its per-rank memory
- * estimate (stria_coord_rank_memory()); otherwise it is refused with a clear
+ * estimate (stria_rank_memory() in stria_common.h); otherwise it is refused with a clear
  * error (too few workers: STRIA_ERR_BUSY; too little memory:
  * STRIA_ERR_NO_MEMORY). It starts (LOADING) once its members have that memory
  * free and no earlier queued job waits for one of them; until then it is
@@ -81,17 +81,6 @@ const stria_rpc_server_t *stria_coord_server(const stria_coord_t *coord);
  * coordinator shut down" (logged, one line per job) and frees everything;
  * NULL is ignored. */
 void stria_coord_stop(stria_coord_t *coord);
-
-/* Admission estimate of the memory of one rank of a job, in bytes: its Q, K,
- * V, dO, O, dQ, dK, dV shards in the job dtype and its fp32 LSE, the ring
- * buffers (K/V double-buffered in the job dtype, dK/dV double-buffered in
- * fp32, the fp32 output accumulators) and the kernels' fp32 workspaces, all
- * for shard_tokens (padded) tokens. It matches what a worker allocates.
- * STRIA_ERR_INVALID_ARG for sizes <= 0 or an unknown dtype;
- * STRIA_ERR_NO_MEMORY when the result does not fit in 63 bits. */
-stria_status_t stria_coord_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
-                                       int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
-                                       uint64_t *bytes_out);
 
 #ifdef __cplusplus
 }

@@ -201,13 +201,13 @@ static void *stria__direct_range(const stria__wjob_t *j, int t, uint64_t off, ui
  * packed copies, estimated generously. */
 static uint64_t stria__job_memory(const stria__wjob_t *j)
 {
-    uint64_t L = (uint64_t)j->layout.shard_tokens, B = (uint64_t)j->batch;
-    uint64_t es = stria_dtype_size(j->dtype), D = (uint64_t)j->head_dim;
-    uint64_t qrow = (uint64_t)j->heads * D, kvrow = (uint64_t)j->kv_heads * D;
-    uint64_t tensors = B * L * (4 * qrow + 4 * kvrow) * es + B * (uint64_t)j->heads * L * 4;
-    uint64_t ring = B * L * kvrow * (4 * es + 4 * 4) + B * L * qrow * 4 * 2;
-    uint64_t kern = B * L * (2 * qrow + 3 * kvrow) * 4;
-    return tensors + ring + kern;
+    uint64_t bytes = 0;
+    /* the sizes were checked when the job was opened; a failure here means
+     * an impossible size, which no worker can hold */
+    if (stria_rank_memory(j->batch, j->layout.shard_tokens, j->heads, j->kv_heads, j->head_dim,
+                          j->dtype, &bytes) != STRIA_OK)
+        return UINT64_MAX;
+    return bytes;
 }
 
 /* ---- coordinator calls ----------------------------------------------------- */
@@ -352,7 +352,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
         st = STRIA_OK;
         goto out;
     }
-    if (w->memory_used + need > (uint64_t)w->cfg.memory_bytes) {
+    if (need > (uint64_t)w->cfg.memory_bytes - w->memory_used) {
         pthread_mutex_unlock(&w->lock);
         st = stria_error_set(STRIA_ERR_NO_MEMORY,
                              "job %llu needs %llu MiB on this worker, %llu MiB of %llu are free",

@@ -180,8 +180,7 @@ static Stria__V1__JobSpec spec_default(void)
 static uint64_t mem_default(int n)
 {
     uint64_t m = 0;
-    cr_assert_eq(stria_coord_rank_memory(1, (1024 + n - 1) / n, 4, 2, 64, STRIA_DTYPE_F32, &m),
-                 STRIA_OK);
+    cr_assert_eq(stria_rank_memory(1, (1024 + n - 1) / n, 4, 2, 64, STRIA_DTYPE_F32, &m), STRIA_OK);
     return m;
 }
 
