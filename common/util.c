@@ -21,7 +21,7 @@ double stria_time_thread_cpu(void)
 void *stria_malloc_aligned(size_t size)
 {
     void *ptr = NULL;
-    if (size == 0)
+    if (size == 0 || size > SIZE_MAX - 63)
         return NULL;
     /* Round up so that vector loops may read a whole cache line past the end. */
     size = (size + 63) & ~(size_t)63;

@@ -210,3 +210,14 @@ Test(common, log_lines_carry_journal_priorities_under_systemd)
     cr_expect(text[0] == '2' && strstr(text, "Z error test_common.c:") != NULL, "got '%s'", text);
     cr_expect(strstr(text, "<3>") == NULL, "got '%s'", text);
 }
+
+Test(common, aligned_alloc_refuses_sizes_that_overflow)
+{
+    cr_expect_null(stria_malloc_aligned(SIZE_MAX));
+    cr_expect_null(stria_malloc_aligned(SIZE_MAX - 10));
+    cr_expect_null(stria_calloc_aligned(SIZE_MAX - 62));
+    void *p = stria_malloc_aligned(100);
+    cr_assert_not_null(p);
+    cr_expect_eq((uintptr_t)p % 64, 0);
+    stria_free(p);
+}
