@@ -122,8 +122,7 @@ static stria_status_t stria__cpu_add_f32(stria_device_t *dev, stria_stream_t s, 
 {
     (void)dev;
     (void)s;
-    for (size_t i = 0; i < n; i++)
-        dst[i] += src[i];
+    stria_f32_add(dst, src, n);
     return STRIA_OK;
 }
 

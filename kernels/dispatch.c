@@ -120,3 +120,19 @@ const char *const *stria_kernels_variant_names(void)
 {
     return stria__variant_names;
 }
+
+void stria_f32_add(float *dst, const float *src, size_t n)
+{
+    const stria_kern_ops_t *ops = stria__kern_ops();
+    size_t done = 0;
+    if (ops != NULL) {
+        size_t body = n & ~(size_t)7; /* row_acc takes multiples of 8 */
+        while (done < body) {
+            size_t chunk = body - done < ((size_t)1 << 20) ? body - done : (size_t)1 << 20;
+            ops->row_acc(dst + done, src + done, (int)chunk);
+            done += chunk;
+        }
+    }
+    for (; done < n; done++)
+        dst[done] += src[done];
+}

@@ -142,6 +142,11 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
                               const stria_tensor_t *dq, const stria_tensor_t *dk,
                               const stria_tensor_t *dv);
 
+/* dst[i] += src[i] for n fp32 values in host memory, vectorised with the CPU
+ * variant in use (plain C where none is usable). dst and src do not
+ * overlap. */
+void stria_f32_add(float *dst, const float *src, size_t n);
+
 /* ---- CPU variants ------------------------------------------------------ */
 
 /* Name of the variant in use ("portable", "avx2", "avx512"), selecting it on

@@ -1055,8 +1055,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             if ((st = stria__wait(p, &reqs.dkv_recv, step, ss)) != STRIA_OK)
                 break;
             stria__compute_begin(p, &clk);
-            for (size_t i = 0; i < dkv_elems; i++)
-                mine[i] += dkv_in[i];
+            stria_f32_add(mine, dkv_in, dkv_elems);
             stria__compute_end(p, &clk, ss);
         }
         if (N > 1 && (st = stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, dkv_bytes,

@@ -478,3 +478,24 @@ Test(kernel_ops, bf16_gemm_exact_products)
 {
     for_each_simd(bf16_gemm);
 }
+
+Test(kernel_ops, f32_add_every_variant_and_length)
+{
+    const char *const *names = stria_kernels_variant_names();
+    static float dst[3000], src[3000], want[3000];
+    for (size_t v = 0; names[v] != NULL; v++) {
+        if (!stria_kernels_variant_available(names[v]))
+            continue;
+        ops_of(names[v]);
+        for (size_t n = 0; n <= 2999; n = n < 40 ? n + 1 : n * 3 + 1) {
+            for (size_t i = 0; i < 3000; i++) {
+                dst[i] = (float)i * 0.37f - 11.0f;
+                src[i] = 1.0f / (float)(i + 1) - (float)(i % 7);
+                want[i] = i < n ? dst[i] + src[i] : dst[i];
+            }
+            stria_f32_add(dst, src, n);
+            cr_assert_eq(memcmp(dst, want, sizeof(dst)), 0, "variant %s, n %zu", names[v], n);
+        }
+    }
+    stria_kernels_set_variant(names[0]);
+}
