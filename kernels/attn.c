@@ -4,12 +4,11 @@
  * kernels_int.h. Layout-agnostic: every mask decision comes from positions.
  */
 #include "kernels_int.h"
+#include "validate_int.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define STRIA__POS_LIMIT ((int64_t)1 << 62)
 
 /* ---- tensors and validation ------------------------------------------- */
 
@@ -25,62 +24,6 @@ stria_tensor_t stria_tensor_contiguous(void *data, stria_dtype_t dtype, int64_t 
     return t;
 }
 
-static stria_status_t stria__check_shape(const stria_attn_params_t *p, const char *fn)
-{
-    if (p == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
-    if (p->batch < 1 || p->q_tokens < 1 || p->kv_tokens < 1 || p->heads < 1 || p->kv_heads < 1)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: sizes must be >= 1 (batch=%lld q_tokens=%lld kv_tokens=%lld "
-                               "heads=%lld kv_heads=%lld)",
-                               fn, (long long)p->batch, (long long)p->q_tokens,
-                               (long long)p->kv_tokens, (long long)p->heads,
-                               (long long)p->kv_heads);
-    if (p->batch > INT32_MAX || p->q_tokens > INT32_MAX || p->kv_tokens > INT32_MAX ||
-        p->heads > 65536 || p->kv_heads > 65536)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: sizes too large", fn);
-    if (p->heads % p->kv_heads != 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: heads (%lld) must be a multiple of kv_heads (%lld)", fn,
-                               (long long)p->heads, (long long)p->kv_heads);
-    if (p->head_dim < STRIA_HEAD_DIM_MIN || p->head_dim > STRIA_HEAD_DIM_MAX ||
-        p->head_dim % 8 != 0)
-        return stria_error_set(STRIA_ERR_UNSUPPORTED,
-                               "%s: head_dim %lld unsupported (must be a multiple of 8 in %d..%d)",
-                               fn, (long long)p->head_dim, STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX);
-    if (!(p->scale >= 0.0f) || isinf(p->scale))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: scale must be a finite number > 0 (or 0 for the default)", fn);
-    return STRIA_OK;
-}
-
-static stria_status_t stria__check_tensor(const stria_tensor_t *t, const char *fn, const char *name,
-                                          int64_t tokens, int64_t heads, int64_t dim, bool need_f32)
-{
-    if (t == NULL || t->data == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s is NULL", fn, name);
-    if (stria_dtype_size(t->dtype) == 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s has unknown dtype %d", fn,
-                               name, (int)t->dtype);
-    if (need_f32 && t->dtype != STRIA_DTYPE_F32)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s must be fp32, not %s", fn,
-                               name, stria_dtype_name(t->dtype));
-    if (t->stride_batch < 0 || t->stride_token < 0 || t->stride_head < 0 ||
-        (tokens > 1 && t->stride_token == 0) || (heads > 1 && t->stride_head == 0) ||
-        (heads > 1 && t->stride_head < dim && t->stride_token >= dim * heads))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: tensor %s has invalid strides (batch=%lld token=%lld "
-                               "head=%lld, head_dim=%lld)",
-                               fn, name, (long long)t->stride_batch, (long long)t->stride_token,
-                               (long long)t->stride_head, (long long)dim);
-    return STRIA_OK;
-}
-
-static float stria__scale(const stria_attn_params_t *p)
-{
-    return p->scale > 0.0f ? p->scale : 1.0f / sqrtf((float)p->head_dim);
-}
-
 static inline char *stria__row_ptr(const stria_tensor_t *t, int64_t b, int64_t tok, int64_t h)
 {
     return (char *)t->data +
@@ -88,50 +31,20 @@ static inline char *stria__row_ptr(const stria_tensor_t *t, int64_t b, int64_t t
                stria_dtype_size(t->dtype);
 }
 
-/* Expands runs into one position per token; checks counts and ranges. */
+/* Expands runs into one position per token (allocated); checks counts and
+ * ranges. */
 static stria_status_t stria__expand_positions(const stria_positions_t *pos, int64_t tokens,
                                               const char *fn, const char *which, int64_t **out)
 {
     int64_t *arr = malloc((size_t)tokens * sizeof(int64_t));
-    int64_t n = 0;
+    stria_status_t st;
 
     if (arr == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate positions", fn);
-    if (pos->runs == NULL || pos->n_runs == 0) {
-        for (int64_t i = 0; i < tokens; i++)
-            arr[i] = i;
-        *out = arr;
-        return STRIA_OK;
-    }
-    for (size_t r = 0; r < pos->n_runs; r++) {
-        const stria_pos_run_t *run = &pos->runs[r];
-        int64_t last;
-        if (run->count < 0 || run->count > tokens - n) {
-            free(arr);
-            return stria_error_set(STRIA_ERR_INVALID_ARG,
-                                   "%s: %s position runs hold more than the block's %lld tokens",
-                                   fn, which, (long long)tokens);
-        }
-        if (run->count == 0)
-            continue;
-        if (__builtin_mul_overflow(run->count - 1, run->stride, &last) ||
-            __builtin_add_overflow(last, run->first, &last) || run->first < 0 ||
-            run->first >= STRIA__POS_LIMIT || last < 0 || last >= STRIA__POS_LIMIT) {
-            free(arr);
-            return stria_error_set(STRIA_ERR_INVALID_ARG,
-                                   "%s: %s position run %zu (first=%lld stride=%lld count=%lld) "
-                                   "leaves [0, 2^62)",
-                                   fn, which, r, (long long)run->first, (long long)run->stride,
-                                   (long long)run->count);
-        }
-        for (int64_t i = 0; i < run->count; i++)
-            arr[n++] = run->first + i * run->stride;
-    }
-    if (n != tokens) {
+    st = stria__validate_positions(pos, tokens, fn, which, arr);
+    if (st != STRIA_OK) {
         free(arr);
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: %s position runs cover %lld tokens, the block has %lld", fn,
-                               which, (long long)n, (long long)tokens);
+        return st;
     }
     *out = arr;
     return STRIA_OK;
@@ -199,7 +112,7 @@ static stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t
     c->G = p->heads / p->kv_heads;
     c->D = p->head_dim;
     c->Dp = stria__round_up(p->head_dim, STRIA__DPAD);
-    c->scale = stria__scale(p);
+    c->scale = stria__attn_scale(p);
     c->causal = p->causal;
     c->nqt = (c->Tq + STRIA__BQ - 1) / STRIA__BQ;
     c->nkt = (c->Tk + STRIA__BK - 1) / STRIA__BK;
@@ -618,17 +531,17 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     size_t tile, n_ktiles, total;
     stria__ws_t ws = {0};
 
-    st = stria__check_shape(params, fn);
+    st = stria__validate_shape(params, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__check_tensor(q, fn, "q", params->q_tokens, params->heads, params->head_dim,
-                                  false)) != STRIA_OK ||
-        (st = stria__check_tensor(k, fn, "k", params->kv_tokens, params->kv_heads, params->head_dim,
-                                  false)) != STRIA_OK ||
-        (st = stria__check_tensor(v, fn, "v", params->kv_tokens, params->kv_heads, params->head_dim,
-                                  false)) != STRIA_OK ||
-        (st = stria__check_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim,
-                                  true)) != STRIA_OK)
+    if ((st = stria__validate_tensor(q, fn, "q", params->q_tokens, params->heads, params->head_dim,
+                                     false)) != STRIA_OK ||
+        (st = stria__validate_tensor(k, fn, "k", params->kv_tokens, params->kv_heads,
+                                     params->head_dim, false)) != STRIA_OK ||
+        (st = stria__validate_tensor(v, fn, "v", params->kv_tokens, params->kv_heads,
+                                     params->head_dim, false)) != STRIA_OK ||
+        (st = stria__validate_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim,
+                                     true)) != STRIA_OK)
         return st;
     if (k->dtype != q->dtype || v->dtype != q->dtype)
         return stria_error_set(
@@ -675,26 +588,15 @@ out:
 
 /* ---- init, merge, finalize, delta --------------------------------------- */
 
-static stria_status_t stria__check_rows(const stria_attn_params_t *p, const char *fn)
-{
-    /* Row-wise functions need only batch, q_tokens, heads and head_dim. */
-    stria_attn_params_t tmp;
-    if (p == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
-    tmp = *p;
-    tmp.kv_tokens = 1;
-    tmp.kv_heads = 1;
-    return stria__check_shape(&tmp, fn);
-}
-
 stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const stria_tensor_t *o,
                                        float *lse)
 {
     static const char fn[] = "stria_attn_partial_init";
-    stria_status_t st = stria__check_rows(params, fn);
+    stria_status_t st = stria__validate_rows(params, fn);
     if (st != STRIA_OK)
         return st;
-    st = stria__check_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim, true);
+    st =
+        stria__validate_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim, true);
     if (st != STRIA_OK)
         return st;
     if (lse == NULL)
@@ -713,12 +615,12 @@ stria_status_t stria_attn_merge(const stria_attn_params_t *params, const stria_t
 {
     static const char fn[] = "stria_attn_merge";
     const stria_attn_params_t *p = params;
-    stria_status_t st = stria__check_rows(params, fn);
+    stria_status_t st = stria__validate_rows(params, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__check_tensor(o_a, fn, "o_a", p->q_tokens, p->heads, p->head_dim, true)) !=
+    if ((st = stria__validate_tensor(o_a, fn, "o_a", p->q_tokens, p->heads, p->head_dim, true)) !=
             STRIA_OK ||
-        (st = stria__check_tensor(o_b, fn, "o_b", p->q_tokens, p->heads, p->head_dim, true)) !=
+        (st = stria__validate_tensor(o_b, fn, "o_b", p->q_tokens, p->heads, p->head_dim, true)) !=
             STRIA_OK)
         return st;
     if (lse_a == NULL || lse_b == NULL)
@@ -739,13 +641,13 @@ stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stri
 {
     static const char fn[] = "stria_attn_finalize";
     const stria_attn_params_t *p = params;
-    stria_status_t st = stria__check_rows(params, fn);
+    stria_status_t st = stria__validate_rows(params, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__check_tensor(o_part, fn, "o_part", p->q_tokens, p->heads, p->head_dim,
-                                  true)) != STRIA_OK ||
-        (st = stria__check_tensor(o_out, fn, "o_out", p->q_tokens, p->heads, p->head_dim, false)) !=
-            STRIA_OK)
+    if ((st = stria__validate_tensor(o_part, fn, "o_part", p->q_tokens, p->heads, p->head_dim,
+                                     true)) != STRIA_OK ||
+        (st = stria__validate_tensor(o_out, fn, "o_out", p->q_tokens, p->heads, p->head_dim,
+                                     false)) != STRIA_OK)
         return st;
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t t = 0; t < p->q_tokens; t++)
@@ -790,12 +692,12 @@ stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const str
     static const char fn[] = "stria_attn_bwd_delta";
     const stria_attn_params_t *p = params;
     stria__delta_job_t job;
-    stria_status_t st = stria__check_rows(params, fn);
+    stria_status_t st = stria__validate_rows(params, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__check_tensor(o, fn, "o", p->q_tokens, p->heads, p->head_dim, false)) !=
+    if ((st = stria__validate_tensor(o, fn, "o", p->q_tokens, p->heads, p->head_dim, false)) !=
             STRIA_OK ||
-        (st = stria__check_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false)) !=
+        (st = stria__validate_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false)) !=
             STRIA_OK)
         return st;
     if (delta == NULL)
@@ -1162,22 +1064,22 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     char mode;
     stria__ws_t ws = {0};
 
-    st = stria__check_shape(params, fn);
+    st = stria__validate_shape(params, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__check_tensor(q, fn, "q", p->q_tokens, p->heads, p->head_dim, false)) !=
+    if ((st = stria__validate_tensor(q, fn, "q", p->q_tokens, p->heads, p->head_dim, false)) !=
             STRIA_OK ||
-        (st = stria__check_tensor(k, fn, "k", p->kv_tokens, p->kv_heads, p->head_dim, false)) !=
+        (st = stria__validate_tensor(k, fn, "k", p->kv_tokens, p->kv_heads, p->head_dim, false)) !=
             STRIA_OK ||
-        (st = stria__check_tensor(v, fn, "v", p->kv_tokens, p->kv_heads, p->head_dim, false)) !=
+        (st = stria__validate_tensor(v, fn, "v", p->kv_tokens, p->kv_heads, p->head_dim, false)) !=
             STRIA_OK ||
-        (st = stria__check_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false)) !=
+        (st = stria__validate_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false)) !=
             STRIA_OK ||
-        (st = stria__check_tensor(dq, fn, "dq", p->q_tokens, p->heads, p->head_dim, true)) !=
+        (st = stria__validate_tensor(dq, fn, "dq", p->q_tokens, p->heads, p->head_dim, true)) !=
             STRIA_OK ||
-        (st = stria__check_tensor(dk, fn, "dk", p->kv_tokens, p->kv_heads, p->head_dim, true)) !=
+        (st = stria__validate_tensor(dk, fn, "dk", p->kv_tokens, p->kv_heads, p->head_dim, true)) !=
             STRIA_OK ||
-        (st = stria__check_tensor(dv, fn, "dv", p->kv_tokens, p->kv_heads, p->head_dim, true)) !=
+        (st = stria__validate_tensor(dv, fn, "dv", p->kv_tokens, p->kv_heads, p->head_dim, true)) !=
             STRIA_OK)
         return st;
     if (k->dtype != q->dtype || v->dtype != q->dtype || d_o->dtype != q->dtype)

@@ -2,8 +2,7 @@
  * implementation so that all of them accept and reject exactly the same calls
  * with the same messages. Internal; not part of the public API.
  *
- * They reproduce the checks of kernels/attn.c one for one (attn.c keeps its
- * own static copies for now; it can call these instead). */
+ * kernels/attn.c (the CPU kernels) uses them too. */
 #ifndef STRIA_VALIDATE_INT_H
 #define STRIA_VALIDATE_INT_H
 
