@@ -367,14 +367,30 @@ int dc_http_get(const char *addr, const char *path, char **body)
 
 int dc_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    socklen_t alen = sizeof(a);
-    getsockname(fd, (struct sockaddr *)&a, &alen);
-    close(fd);
-    return ntohs(a.sin_port);
+    /* Below the kernel's ephemeral range, so that the port stays free while the
+     * test starts processes: their port-0 listeners and outgoing connections
+     * take ephemeral ports and can never land on it. */
+    int lo = 32768, hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2)
+            lo = 32768;
+        fclose(f);
+    }
+    int top = lo - 1, bottom = lo > 12000 ? lo - 10000 : 1024;
+    unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+    for (int attempt = 0; attempt < 1000 && top > bottom; attempt++) {
+        int port = bottom + (int)(rand_r(&seed) % (unsigned)(top - bottom + 1));
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+        close(fd);
+        if (ok)
+            return port;
+    }
+    cr_assert_fail("no free port below the ephemeral range %d-%d", lo, hi);
+    return -1;
 }
 
 /* ---- the service manager's end of sd_notify -------------------------------- */

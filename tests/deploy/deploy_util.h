@@ -70,7 +70,8 @@ char *dc_read(const char *path);
 /* GET http://addr/path; returns the status code and the body in *body. */
 int dc_http_get(const char *addr, const char *path, char **body);
 
-/* A port that was free a moment ago on 127.0.0.1. */
+/* A port that was free a moment ago on 127.0.0.1, below the ephemeral port
+ * range (so no process the test starts takes it by binding port 0). */
 int dc_free_port(void);
 
 /* A NOTIFY_SOCKET: a unix datagram socket bound in the scratch folder. */
