@@ -531,24 +531,9 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     size_t tile, n_ktiles, total;
     stria__ws_t ws = {0};
 
-    st = stria__validate_shape(params, fn);
+    st = stria__validate_fwd(params, q, k, v, o, lse, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__validate_tensor(q, fn, "q", params->q_tokens, params->heads, params->head_dim,
-                                     false)) != STRIA_OK ||
-        (st = stria__validate_tensor(k, fn, "k", params->kv_tokens, params->kv_heads,
-                                     params->head_dim, false)) != STRIA_OK ||
-        (st = stria__validate_tensor(v, fn, "v", params->kv_tokens, params->kv_heads,
-                                     params->head_dim, false)) != STRIA_OK ||
-        (st = stria__validate_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim,
-                                     true)) != STRIA_OK)
-        return st;
-    if (k->dtype != q->dtype || v->dtype != q->dtype)
-        return stria_error_set(
-            STRIA_ERR_INVALID_ARG, "%s: q, k and v must share one dtype (q=%s k=%s v=%s)", fn,
-            stria_dtype_name(q->dtype), stria_dtype_name(k->dtype), stria_dtype_name(v->dtype));
-    if (lse == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
     st = stria__ctx_init(&c, params, fn);
     if (st != STRIA_OK)
         return st;
@@ -1064,34 +1049,9 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
     char mode;
     stria__ws_t ws = {0};
 
-    st = stria__validate_shape(params, fn);
+    st = stria__validate_bwd(params, q, k, v, d_o, lse, delta, dq, dk, dv, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__validate_tensor(q, fn, "q", p->q_tokens, p->heads, p->head_dim, false)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(k, fn, "k", p->kv_tokens, p->kv_heads, p->head_dim, false)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(v, fn, "v", p->kv_tokens, p->kv_heads, p->head_dim, false)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(dq, fn, "dq", p->q_tokens, p->heads, p->head_dim, true)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(dk, fn, "dk", p->kv_tokens, p->kv_heads, p->head_dim, true)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(dv, fn, "dv", p->kv_tokens, p->kv_heads, p->head_dim, true)) !=
-            STRIA_OK)
-        return st;
-    if (k->dtype != q->dtype || v->dtype != q->dtype || d_o->dtype != q->dtype)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: q, k, v and d_o must share one dtype (q=%s k=%s v=%s d_o=%s)",
-                               fn, stria_dtype_name(q->dtype), stria_dtype_name(k->dtype),
-                               stria_dtype_name(v->dtype), stria_dtype_name(d_o->dtype));
-    if (lse == NULL || delta == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: %s is NULL", fn,
-                               lse == NULL ? "lse" : "delta");
-    if (dq->data == dk->data || dq->data == dv->data || dk->data == dv->data)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: dq, dk and dv must not alias", fn);
     st = stria__ctx_init(&c, params, fn);
     if (st != STRIA_OK)
         return st;
