@@ -351,6 +351,32 @@ static void stria__score_gemm(const stria__ctx_t *c, int j0, int rows, int i0, i
                      STRIA__BQ, dst, STRIA__BQ, NULL, false);
 }
 
+/* The score products of a straddling tile pair (stria__plan): every computed
+ * (key sub-block, query chunk) pair of st = A B, one product per key
+ * sub-block and run of consecutive query chunks that compute it. Going along
+ * key rows gives the products up to the tile's full width (a causal diagonal
+ * tile: 64, 48, 32 and 16 columns) where going by query chunk gives 16
+ * columns each, which a 16-lane vector unit runs at a fraction of its rate.
+ * Each score is the same dot product either way. */
+static void stria__score_gemm_plan(const stria__ctx_t *c, const stria__plan_t *pl, const float *a,
+                                   const float *b, float *st)
+{
+    for (int kb = 0; kb < pl->nkc; kb++) {
+        const int j0 = kb * STRIA__SB, nj = pl->bk - j0 < STRIA__SB ? pl->bk - j0 : STRIA__SB;
+        int qc = 0;
+        while (qc < pl->nqc) {
+            if (!stria__plan_has(pl, kb, qc)) {
+                qc++;
+                continue;
+            }
+            int qa = qc;
+            while (qc < pl->nqc && stria__plan_has(pl, kb, qc))
+                qc++;
+            stria__score_gemm(c, j0, nj, qa * STRIA__SB, (qc - qa) * STRIA__SB, a, b, st);
+        }
+    }
+}
+
 /* Floats per packed tile of a score operand: bf16 pairs take half. */
 static size_t stria__score_tile_floats(const stria__ctx_t *c, size_t tile)
 {
@@ -428,6 +454,7 @@ static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, co
     stria__plan_t pl;
 
     stria__plan(c, qt, kt, &pl);
+    stria__score_gemm_plan(c, &pl, kp, qt_buf, st);
     for (int qc = 0; qc < pl.nqc; qc++) {
         const int i0 = qc * STRIA__SB, ni = stria__plan_chunk(&pl, qc);
         const int klo = pl.klo[qc], nk = pl.khi[qc] - pl.klo[qc];
@@ -438,7 +465,6 @@ static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, co
                 memset(o, 0, (size_t)ni * (size_t)Dp * sizeof(float));
             continue;
         }
-        stria__score_gemm(c, klo, nk, i0, STRIA__SB, kp, qt_buf, st);
         stria__mask_chunk(c, &pl, st, qc);
         c->ops->softmax_fwd(sc, nk, STRIA__SB, STRIA__BQ, c->scale, m + i0, l + i0, alpha + i0);
         c->ops->gemm(ni, (int)Dp, nk, sc, STRIA__BQ, true, vp + (size_t)klo * (size_t)Dp, Dp, o, Dp,
@@ -851,16 +877,16 @@ static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, i
     stria__plan_t pl;
 
     stria__plan(c, qt, kt, &pl);
+    stria__score_gemm_plan(c, &pl, ksp, qtp, s->pt);
+    stria__score_gemm_plan(c, &pl, vp, dotp, s->dst);
     for (int qc = 0; qc < pl.nqc; qc++) {
         const int i0 = qc * STRIA__SB, ni = stria__plan_chunk(&pl, qc);
         const int klo = pl.klo[qc], nk = pl.khi[qc] - pl.klo[qc];
         const size_t off = (size_t)klo * STRIA__BQ + (size_t)i0;
         if (nk == 0)
             continue;
-        stria__score_gemm(c, klo, nk, i0, STRIA__SB, ksp, qtp, s->pt);
         stria__mask_chunk(c, &pl, s->pt, qc);
         ops->softmax_bwd_p(s->pt + off, nk, STRIA__SB, STRIA__BQ, c->scale, s->lse + i0);
-        stria__score_gemm(c, klo, nk, i0, STRIA__SB, vp, dotp, s->dst);
         ops->softmax_bwd_ds(s->pt + off, s->dst + off, nk, STRIA__SB, STRIA__BQ, s->delta + i0,
                             c->scale);
         if (dq != NULL)
