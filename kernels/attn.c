@@ -68,6 +68,11 @@ typedef struct {
     /* bf16 inputs on a CPU with a bf16 dot product: the score products
      * (K Q^T, V dO^T) run on packed bf16 pairs, everything else in fp32 */
     bool bf16;
+    /* the key-side A operands of the score products (K, V rows) are read
+     * from the caller's tensors in place, not packed: their rows already
+     * hold what a packed tile would (fp32, or bf16 for the bf16 products,
+     * with head_dim a multiple of STRIA__DPAD) */
+    bool kdirect;
 } stria__ctx_t;
 
 static void stria__ctx_free(stria__ctx_t *c)
@@ -335,19 +340,43 @@ static void stria__pack_kside(const stria__ctx_t *c, const stria_tensor_t *t, in
         stria__pack_rows(c, t, b, h, k0, n, STRIA__BK, dst);
 }
 
+/* The key-side A operand of a score product for one key tile: its first
+ * row (fp32, or bf16 pairs) and the distance between rows in elements. */
+typedef struct {
+    const float *p;
+    ptrdiff_t ld;
+} stria__kop_t;
+
+/* Key tile kt of kv head hk of t: in place when c->kdirect, else its packed
+ * tile (tile_floats floats each, [B][Hkv][nkt] order) in `packed`. */
+static stria__kop_t stria__kside(const stria__ctx_t *c, const stria_tensor_t *t,
+                                 const float *packed, size_t tile_floats, int64_t b, int64_t hk,
+                                 int64_t kt)
+{
+    stria__kop_t op;
+    if (c->kdirect) {
+        op.p = (const float *)stria__row_ptr(t, b, kt * STRIA__BK, hk);
+        op.ld = (ptrdiff_t)t->stride_token;
+    } else {
+        op.p = packed + (size_t)((b * c->Hkv + hk) * c->nkt + kt) * tile_floats;
+        op.ld = (ptrdiff_t)c->Dp;
+    }
+    return op;
+}
+
 /* Rows [j0, j0 + rows) and columns [i0, i0 + cols) of st[BK][BQ] = A B: A the
- * packed key-side rows, B the packed query-side operand (see the two
- * functions above). i0 and cols are multiples of 16. */
+ * key-side rows, B the packed query-side operand (see the functions above).
+ * i0 and cols are multiples of 16. */
 static void stria__score_gemm(const stria__ctx_t *c, int j0, int rows, int i0, int cols,
-                              const float *a, const float *b, float *st)
+                              stria__kop_t a, const float *b, float *st)
 {
     float *dst = st + (size_t)j0 * STRIA__BQ + (size_t)i0;
     if (c->bf16)
-        c->ops->gemm_bf16(rows, cols, (int)c->Dp, (const uint16_t *)a + (size_t)j0 * (size_t)c->Dp,
-                          c->Dp, (const uint16_t *)b + 2 * (size_t)i0, 2 * STRIA__BQ, dst,
+        c->ops->gemm_bf16(rows, cols, (int)c->Dp, (const uint16_t *)a.p + (ptrdiff_t)j0 * a.ld,
+                          a.ld, (const uint16_t *)b + 2 * (size_t)i0, 2 * STRIA__BQ, dst,
                           STRIA__BQ);
     else
-        c->ops->gemm(rows, cols, (int)c->D, a + (size_t)j0 * (size_t)c->Dp, c->Dp, false, b + i0,
+        c->ops->gemm(rows, cols, (int)c->D, a.p + (ptrdiff_t)j0 * a.ld, a.ld, false, b + i0,
                      STRIA__BQ, dst, STRIA__BQ, NULL, false);
 }
 
@@ -358,7 +387,7 @@ static void stria__score_gemm(const stria__ctx_t *c, int j0, int rows, int i0, i
  * tile: 64, 48, 32 and 16 columns) where going by query chunk gives 16
  * columns each, which a 16-lane vector unit runs at a fraction of its rate.
  * Each score is the same dot product either way. */
-static void stria__score_gemm_plan(const stria__ctx_t *c, const stria__plan_t *pl, const float *a,
+static void stria__score_gemm_plan(const stria__ctx_t *c, const stria__plan_t *pl, stria__kop_t a,
                                    const float *b, float *st)
 {
     for (int kb = 0; kb < pl->nkc; kb++) {
@@ -386,28 +415,29 @@ static size_t stria__score_tile_floats(const stria__ctx_t *c, size_t tile)
 static void stria__ctx_set_dtype(stria__ctx_t *c, stria_dtype_t dtype)
 {
     c->bf16 = dtype == STRIA_DTYPE_BF16 && c->ops->gemm_bf16 != NULL && c->ops->gemm_bf16_ok();
+    c->kdirect = c->D == c->Dp && (c->bf16 || dtype == STRIA_DTYPE_F32);
 }
 
 /* ---- merge ------------------------------------------------------------- */
 
-/* (oa, *lsea) <- merge of (oa, *lsea) and (ob, lseb). Max-subtracted weights:
- * both are <= 1, so nothing overflows whatever the LSE gap. */
-static inline void stria__merge_row(float *oa, float *lsea, const float *ob, float lseb, int64_t D)
+/* (oa, *lsea) <- merge of (oa, *lsea) and (ob * inv, lseb): ob scaled by inv
+ * is the partial (the forward pass hands in its unnormalised row and 1 / its
+ * softmax sum). Max-subtracted weights: both are <= 1, so nothing overflows
+ * whatever the LSE gap. */
+static inline void stria__merge_row(const stria_kern_ops_t *ops, float *oa, float *lsea,
+                                    const float *ob, float inv, float lseb, int64_t D)
 {
     float a = *lsea;
     if (lseb == -INFINITY)
         return;
     if (a == -INFINITY) {
-        memcpy(oa, ob, (size_t)D * sizeof(float));
+        ops->row_merge(oa, ob, inv, 0.0f, 0.0f, false, (int)D);
         *lsea = lseb;
         return;
     }
     float mx = a > lseb ? a : lseb;
     float lse = mx + log1pf(expf(-fabsf(a - lseb)));
-    float wa = expf(a - lse);
-    float wb = expf(lseb - lse);
-    for (int64_t d = 0; d < D; d++)
-        oa[d] = wa * oa[d] + wb * ob[d];
+    ops->row_merge(oa, ob, inv, expf(a - lse), expf(lseb - lse), true, (int)D);
     *lsea = lse;
 }
 
@@ -437,7 +467,8 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
     size_t tile = (size_t)c->Dp * STRIA__BK;
 
     (void)thread;
-    stria__pack_kside(c, job->k, b, hk, k0, n, job->k_packed + task * job->k_tile);
+    if (!c->kdirect)
+        stria__pack_kside(c, job->k, b, hk, k0, n, job->k_packed + task * job->k_tile);
     stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
 }
 
@@ -446,7 +477,7 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
  * O = diag(alpha) O + P V. Skipping the fully masked rows changes no result:
  * they would add exp(-inf) = 0 to the sums and products. first: O holds
  * nothing yet (it is written, not accumulated). */
-static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, const float *kp,
+static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__kop_t kp,
                                const float *vp, const float *qt_buf, float *st, float *oacc,
                                float *m, float *l, float *alpha, bool first)
 {
@@ -509,7 +540,7 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
         int64_t k0 = kt * STRIA__BK;
         int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
         size_t tidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
-        const float *kp = job->k_packed + tidx * job->k_tile;
+        stria__kop_t kp = stria__kside(c, job->k, job->k_packed, job->k_tile, b, hk, kt);
         const float *vp = job->v_packed + tidx * tile;
 
         if (cls == STRIA__TILE_PARTIAL) {
@@ -524,23 +555,19 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     if (first) /* every key tile was masked */
         memset(oacc, 0, (size_t)bq * (size_t)Dp * sizeof(float));
     for (int i = 0; i < bq; i++) {
-        float *orow = oacc + (size_t)i * (size_t)Dp;
-        float lse_new;
-        if (l[i] > 0.0f) {
-            float inv = 1.0f / l[i];
-            for (int64_t d = 0; d < c->D; d++)
-                orow[d] *= inv;
-            lse_new = m[i] + logf(l[i]);
-        } else {
-            memset(orow, 0, (size_t)c->D * sizeof(float));
-            lse_new = -INFINITY;
-        }
+        const float *orow = oacc + (size_t)i * (size_t)Dp;
         float *out = (float *)stria__row_ptr(job->o, b, q0 + i, h);
         float *lse_out = job->lse + (size_t)((b * c->H + h) * c->Tq + q0 + i);
+        /* the row is normalised by 1 / l on its way out */
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        float lse_new = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
         if (job->accumulate) {
-            stria__merge_row(out, lse_out, orow, lse_new, c->D);
+            stria__merge_row(ops, out, lse_out, orow, inv, lse_new, c->D);
         } else {
-            memcpy(out, orow, (size_t)c->D * sizeof(float));
+            if (l[i] > 0.0f)
+                ops->row_merge(out, orow, inv, 0.0f, 0.0f, false, (int)c->D);
+            else
+                memset(out, 0, (size_t)c->D * sizeof(float));
             *lse_out = lse_new;
         }
     }
@@ -636,12 +663,15 @@ stria_status_t stria_attn_merge(const stria_attn_params_t *params, const stria_t
         return st;
     if (lse_a == NULL || lse_b == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
+    const stria_kern_ops_t *ops = stria__kern_ops();
+    if (ops == NULL)
+        return stria__kern_ops_status(); /* message set by stria__kern_ops() */
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t h = 0; h < p->heads; h++)
             for (int64_t t = 0; t < p->q_tokens; t++) {
                 size_t li = (size_t)((b * p->heads + h) * p->q_tokens + t);
-                stria__merge_row((float *)stria__row_ptr(o_a, b, t, h), &lse_a[li],
-                                 (const float *)stria__row_ptr(o_b, b, t, h), lse_b[li],
+                stria__merge_row(ops, (float *)stria__row_ptr(o_a, b, t, h), &lse_a[li],
+                                 (const float *)stria__row_ptr(o_b, b, t, h), 1.0f, lse_b[li],
                                  p->head_dim);
             }
     return STRIA_OK;
@@ -817,9 +847,10 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
 
     (void)thread;
     stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
-    if (c->bf16)
+    if (c->bf16 && !c->kdirect)
         stria__pack_kside(c, job->k, b, hk, k0, n, job->ks_packed + task * job->k_stile);
-    stria__pack_kside(c, job->v, b, hk, k0, n, job->v_packed + task * job->k_stile);
+    if (!c->kdirect)
+        stria__pack_kside(c, job->v, b, hk, k0, n, job->v_packed + task * job->k_stile);
 }
 
 /* Per-thread scratch of the backward pass. */
@@ -869,8 +900,8 @@ static void stria__bwd_load_stats(stria__bwd_job_t *job, stria__bwd_scratch_t *s
  * add nothing. dq: this query tile's dQ accumulator (NULL: no dQ). */
 static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, int64_t qt,
                                int64_t kt, const float *qp, const float *qtp, const float *dop,
-                               const float *dotp, const float *kp, const float *ksp,
-                               const float *vp, float *dk, float *dv, float *dq)
+                               const float *dotp, const float *kp, stria__kop_t ksp,
+                               stria__kop_t vp, float *dk, float *dv, float *dq)
 {
     const stria_kern_ops_t *ops = c->ops;
     const int64_t Dp = c->Dp;
@@ -941,8 +972,10 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     const float *dop = job->do_packed + qidx * qtile;
     const float *dotp = job->dot_packed + qidx * job->q_stile;
     const float *kp = job->k_packed + kidx * ktile;
-    const float *ksp = job->ks_packed + kidx * job->k_stile;
-    const float *vp = job->v_packed + kidx * job->k_stile;
+    /* fp32 K is packed anyway (for dQ): its score operand is that copy */
+    stria__kop_t ksp = c->bf16 ? stria__kside(c, job->k, job->ks_packed, job->k_stile, b, hk, kt)
+                               : (stria__kop_t){kp, (ptrdiff_t)Dp};
+    stria__kop_t vp = stria__kside(c, job->v, job->v_packed, job->k_stile, b, hk, kt);
 
     if (cls == STRIA__TILE_PARTIAL) {
         stria__bwd_partial(c, s, qt, kt, qp, qtp, dop, dotp, kp, ksp, vp, dk, dv,

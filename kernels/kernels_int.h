@@ -57,6 +57,11 @@ typedef struct {
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
     /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */
     void (*row_acc)(float *dst, const float *src, int n);
+    /* dst[0..n) = src[0..n) * inv when !accumulate (dst is only written), else
+     * wa * dst[i] + wb * (src[i] * inv): a row of a partial output normalised
+     * by its softmax sum and merged into the running one. n a multiple of 8. */
+    void (*row_merge)(float *dst, const float *src, float inv, float wa, float wb, bool accumulate,
+                      int n);
     /* dst[j][i] = src[i][j] for i < rows, j < cols (both multiples of 8) on
      * 32-bit elements, bit for bit: src rows lds elements apart, dst rows ldd
      * apart; the two do not overlap. Packs Q^T and dO^T (fp32, or bf16 taken

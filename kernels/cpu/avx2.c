@@ -227,6 +227,21 @@ static void stria__avx2_row_acc(float *dst, const float *src, int n)
                          _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
 }
 
+static void stria__avx2_row_merge(float *dst, const float *src, float inv, float wa, float wb,
+                                  bool accumulate, int n)
+{
+    const __m256 vi = _mm256_set1_ps(inv), va = _mm256_set1_ps(wa), vb = _mm256_set1_ps(wb);
+    if (!accumulate) {
+        for (int i = 0; i < n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(src + i), vi));
+        return;
+    }
+    for (int i = 0; i < n; i += 8) {
+        __m256 t = _mm256_mul_ps(vb, _mm256_mul_ps(_mm256_loadu_ps(src + i), vi));
+        _mm256_storeu_ps(dst + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(dst + i), t));
+    }
+}
+
 static void stria__avx2_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
                                     int rows, int cols)
 {
@@ -242,5 +257,6 @@ const stria_kern_ops_t stria__kern_avx2 = {
     .softmax_bwd_ds = stria__avx2_softmax_bwd_ds,
     .row_load = stria__avx2_row_load,
     .row_acc = stria__avx2_row_acc,
+    .row_merge = stria__avx2_row_merge,
     .transpose32 = stria__avx2_transpose32,
 };

@@ -337,6 +337,26 @@ static void stria__avx512_row_acc(float *dst, const float *src, int n)
     }
 }
 
+static void stria__avx512_row_merge(float *dst, const float *src, float inv, float wa, float wb,
+                                    bool accumulate, int n)
+{
+    const __m512 vi = _mm512_set1_ps(inv), va = _mm512_set1_ps(wa), vb = _mm512_set1_ps(wb);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(src + i), vi);
+        if (accumulate)
+            t = _mm512_fmadd_ps(va, _mm512_loadu_ps(dst + i), _mm512_mul_ps(vb, t));
+        _mm512_storeu_ps(dst + i, t);
+    }
+    if (i < n) {
+        __mmask16 mk = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, src + i), vi);
+        if (accumulate)
+            t = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(mk, dst + i), _mm512_mul_ps(vb, t));
+        _mm512_mask_storeu_ps(dst + i, mk, t);
+    }
+}
+
 static void stria__avx512_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
                                       int rows, int cols)
 {
@@ -352,6 +372,7 @@ const stria_kern_ops_t stria__kern_avx512 = {
     .softmax_bwd_ds = stria__avx512_softmax_bwd_ds,
     .row_load = stria__avx512_row_load,
     .row_acc = stria__avx512_row_acc,
+    .row_merge = stria__avx512_row_merge,
     .transpose32 = stria__avx512_transpose32,
     .gemm_bf16 = stria__avx512_gemm_bf16,
     .gemm_bf16_ok = stria__avx512_bf16_ok,

@@ -83,6 +83,18 @@ static void stria__portable_row_acc(float *dst, const float *src, int n)
         dst[i] += src[i];
 }
 
+static void stria__portable_row_merge(float *dst, const float *src, float inv, float wa, float wb,
+                                      bool accumulate, int n)
+{
+    if (!accumulate) {
+        for (int i = 0; i < n; i++)
+            dst[i] = src[i] * inv;
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        dst[i] = wa * dst[i] + wb * (src[i] * inv);
+}
+
 static void stria__portable_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
                                         int rows, int cols)
 {
@@ -105,5 +117,6 @@ const stria_kern_ops_t stria__kern_portable = {
     .softmax_bwd_ds = stria__portable_softmax_bwd_ds,
     .row_load = stria__portable_row_load,
     .row_acc = stria__portable_row_acc,
+    .row_merge = stria__portable_row_merge,
     .transpose32 = stria__portable_transpose32,
 };

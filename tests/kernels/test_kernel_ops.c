@@ -420,6 +420,36 @@ Test(kernel_ops, row_acc_matches)
     for_each_simd(accumulate_rows);
 }
 
+/* row_merge of every variant (the portable one included) against the same
+ * formula in fp64, both modes, every length a head may have. */
+static void merge_rows(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    const stria_kern_ops_t *ops[2] = {port, simd};
+    float src[272], dst[272], out[272];
+    ref_fill(src, 272, 62, 3.0f, STRIA_DTYPE_F32);
+    ref_fill(dst, 272, 63, 3.0f, STRIA_DTYPE_F32);
+    for (int v = 0; v < 2; v++)
+        for (int acc = 0; acc < 2; acc++)
+            for (int n = 8; n <= 256; n += 8) {
+                const float inv = 0.37f, wa = 0.81f, wb = 0.19f;
+                memcpy(out, dst, sizeof(out));
+                ops[v]->row_merge(out, src, inv, wa, wb, acc != 0, n);
+                for (int i = 0; i < 272; i++) {
+                    double t = (double)src[i] * inv;
+                    double want = i >= n ? dst[i] : acc ? (double)wa * dst[i] + wb * t : t;
+                    double tol = 4e-7 * (fabs((double)wa * dst[i]) + fabs(t)) + 1e-30;
+                    cr_assert(fabs(out[i] - want) <= tol,
+                              "%s row_merge accumulate=%d n=%d element %d: %.9g, want %.9g",
+                              ops[v]->name, acc, n, i, out[i], want);
+                }
+            }
+}
+
+Test(kernel_ops, row_merge_matches)
+{
+    for_each_simd(merge_rows);
+}
+
 /* The bf16 GEMM (where a variant has one and the CPU runs it) against an
  * fp64 sum of the same bf16 products: products of bf16 are exact in fp32,
  * so only the fp32 additions round. */

@@ -160,7 +160,9 @@ static const stria_dtype_t all_dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16, ST
 
 Test(kernels, head_dims_dtypes_causal_gqa_odd_tokens)
 {
-    static const int64_t dims[] = {16, 32, 64, 80, 96, 128, 256};
+    /* 40 and 72 are not multiples of the packed row padding (16): their K/V
+     * score operands are packed, the others' read in place */
+    static const int64_t dims[] = {16, 32, 40, 64, 72, 80, 96, 128, 256};
     for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++)
         for (size_t t = 0; t < 3; t++) {
             kcase_t c = {.B = 2,
@@ -775,4 +777,111 @@ Test(kernels, env_unknown_variant_is_a_clear_error)
     expect_error(stria_attn_fwd(&p, &t, &t, &t, &to, lse, false), STRIA_ERR_NOT_FOUND,
                  "STRIA_KERNEL=sse9");
     cr_expect_str_eq(stria_kernels_variant(), "none");
+}
+
+/* Q, K, V, dO and the outputs as strided views into one fused buffer per
+ * side ([B][T][3][H][D] and [B][T][2][Hkv][D], a layout trainers hand over
+ * often) give the same bits as contiguous tensors: operands read in place
+ * follow the strides (head_dim 64 and 128 are read in place, 40 packed). */
+static void strided_case(int64_t D, stria_dtype_t dtype, const char *variant)
+{
+    const int64_t B = 2, Tq = 80, Tk = 144, H = 4, Hkv = 2;
+    const stria_pos_run_t qr = {5, 3, Tq}, kr = {0, 2, Tk}; /* striped-like, straddling */
+    size_t es = stria_dtype_size(dtype);
+    size_t nq = (size_t)(B * Tq * H * D), nk = (size_t)(B * Tk * Hkv * D);
+    size_t nl = (size_t)(B * H * Tq);
+    float *f = malloc(2 * (nq + nk) * 4);
+    char *dense = malloc(2 * (nq + nk) * es);                  /* q, g, k, v */
+    char *fq = malloc(3 * nq * es), *fk = malloc(2 * nk * es); /* fused q|g|pad, k|v */
+    float *out[2][5], *lse[2], *delta[2];
+    stria_tensor_t t[2][4];
+
+    cr_assert_eq(stria_kernels_set_variant(variant), STRIA_OK, "%s", stria_error_msg());
+    ref_fill(f, 2 * (nq + nk), 77 + (uint64_t)D, 1.0f, dtype);
+    ref_to_dtype(f, 2 * (nq + nk), dtype, dense);
+    memset(fq, 0x7f, 3 * nq * es); /* the third slot is never read */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < Tq; i++)
+            for (int s = 0; s < 2; s++)
+                memcpy(fq + (size_t)(((b * Tq + i) * 3 + s) * H * D) * es,
+                       dense + ((size_t)s * nq + (size_t)((b * Tq + i) * H * D)) * es,
+                       (size_t)(H * D) * es);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < Tk; i++)
+            for (int s = 0; s < 2; s++)
+                memcpy(fk + (size_t)(((b * Tk + i) * 2 + s) * Hkv * D) * es,
+                       dense + (2 * nq + (size_t)s * nk + (size_t)((b * Tk + i) * Hkv * D)) * es,
+                       (size_t)(Hkv * D) * es);
+    for (int v = 0; v < 2; v++) {
+        if (v == 0) {
+            t[0][0] = stria_tensor_contiguous(dense, dtype, Tq, H, D);
+            t[0][1] = stria_tensor_contiguous(dense + nq * es, dtype, Tq, H, D);
+            t[0][2] = stria_tensor_contiguous(dense + 2 * nq * es, dtype, Tk, Hkv, D);
+            t[0][3] = stria_tensor_contiguous(dense + (2 * nq + nk) * es, dtype, Tk, Hkv, D);
+        } else {
+            for (int s = 0; s < 4; s++) {
+                bool qside = s < 2;
+                int64_t T = qside ? Tq : Tk, Hs = qside ? H : Hkv, slots = qside ? 3 : 2;
+                char *base = qside ? fq : fk;
+                t[1][s] = (stria_tensor_t){base + (size_t)((s % 2) * Hs * D) * es, dtype,
+                                           T * slots * Hs * D, slots * Hs * D, D};
+            }
+        }
+        for (int o = 0; o < 5; o++)
+            out[v][o] = calloc(o == 0 || o == 2 ? nq : nk, 4);
+        lse[v] = malloc(nl * 4);
+        delta[v] = malloc(nl * 4);
+        stria_attn_params_t p = {0};
+        p.batch = B;
+        p.q_tokens = Tq;
+        p.kv_tokens = Tk;
+        p.heads = H;
+        p.kv_heads = Hkv;
+        p.head_dim = D;
+        p.causal = true;
+        p.q_pos = (stria_positions_t){&qr, 1};
+        p.kv_pos = (stria_positions_t){&kr, 1};
+        stria_tensor_t to = stria_tensor_contiguous(out[v][0], STRIA_DTYPE_F32, Tq, H, D);
+        stria_tensor_t tdq = stria_tensor_contiguous(out[v][2], STRIA_DTYPE_F32, Tq, H, D);
+        stria_tensor_t tdk = stria_tensor_contiguous(out[v][3], STRIA_DTYPE_F32, Tk, Hkv, D);
+        stria_tensor_t tdv = stria_tensor_contiguous(out[v][4], STRIA_DTYPE_F32, Tk, Hkv, D);
+        cr_assert_eq(stria_attn_fwd(&p, &t[v][0], &t[v][2], &t[v][3], &to, lse[v], false), STRIA_OK,
+                     "%s", stria_error_msg());
+        cr_assert_eq(stria_attn_bwd_delta(&p, &to, &t[v][1], delta[v]), STRIA_OK, "%s",
+                     stria_error_msg());
+        cr_assert_eq(stria_attn_bwd(&p, &t[v][0], &t[v][2], &t[v][3], &t[v][1], lse[v], delta[v],
+                                    &tdq, &tdk, &tdv),
+                     STRIA_OK, "%s", stria_error_msg());
+    }
+    static const char *const names[5] = {"O", "-", "dQ", "dK", "dV"};
+    for (int o = 0; o < 5; o++) {
+        if (o == 1)
+            continue;
+        size_t n = o == 0 || o == 2 ? nq : nk;
+        cr_assert(memcmp(out[0][o], out[1][o], n * 4) == 0,
+                  "%s: strided views differ from contiguous tensors (variant %s, %s, D=%lld)",
+                  names[o], variant, stria_dtype_name(dtype), (long long)D);
+    }
+    cr_assert(memcmp(lse[0], lse[1], nl * 4) == 0, "LSE: strided views differ (variant %s)",
+              variant);
+    for (int v = 0; v < 2; v++) {
+        for (int o = 0; o < 5; o++)
+            free(out[v][o]);
+        free(lse[v]);
+        free(delta[v]);
+    }
+    free(f), free(dense), free(fq), free(fk);
+}
+
+Test(kernels, strided_views_match_contiguous)
+{
+    static const int64_t dims[] = {40, 64, 128};
+    const char *const *names = stria_kernels_variant_names();
+    for (size_t i = 0; names[i] != NULL; i++) {
+        if (!stria_kernels_variant_available(names[i]))
+            continue;
+        for (size_t d = 0; d < 3; d++)
+            for (size_t t = 0; t < 3; t++)
+                strided_case(dims[d], all_dtypes[t], names[i]);
+    }
 }
