@@ -1092,52 +1092,93 @@ static void stria__bwd_dq_task(void *arg, size_t task, int thread)
     }
 }
 
-stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_tensor_t *q,
-                              const stria_tensor_t *k, const stria_tensor_t *v,
-                              const stria_tensor_t *d_o, const float *lse, const float *delta,
-                              const stria_tensor_t *dq, const stria_tensor_t *dk,
-                              const stria_tensor_t *dv)
+/* A backward pass over several K/V blocks: the query side, packed once. */
+struct stria_attn_bwd_pass {
+    stria_attn_params_t p;    /* the query side of begin's params (kv fields unused) */
+    stria_pos_run_t *q_runs;  /* copy of p.q_pos.runs */
+    stria_tensor_t q, d_o;    /* views (their data is packed at begin) */
+    const float *lse, *delta; /* read by every block */
+    stria_pool_t *pool;
+    char mode; /* schedule (stria__bwd_blocks) */
+    int n_dq;  /* copies of the dQ accumulators */
+    stria__ws_t ws;
+    float *q_packed, *do_packed, *qt_packed, *dot_packed, *dq_packed;
+    size_t q_stile, dq_floats, n_q;
+};
+
+/* The pass's params with a one-token K/V block, for a context that only
+ * needs the query side. */
+static stria_attn_params_t stria__bwd_pass_params(const stria_attn_bwd_pass_t *pass)
 {
-    static const char fn[] = "stria_attn_bwd";
-    const stria_attn_params_t *p = params;
+    stria_attn_params_t a = pass->p;
+    a.kv_tokens = 1;
+    a.kv_pos.runs = NULL;
+    a.kv_pos.n_runs = 0;
+    a.pool = pass->pool;
+    return a;
+}
+
+/* Points the query-side fields of job at the pass. */
+static void stria__bwd_job_from_pass(stria__bwd_job_t *job, stria__ctx_t *c,
+                                     const stria_attn_bwd_pass_t *pass)
+{
+    memset(job, 0, sizeof(*job));
+    job->c = c;
+    job->q = &pass->q;
+    job->d_o = &pass->d_o;
+    job->lse = pass->lse;
+    job->delta = pass->delta;
+    job->q_packed = pass->q_packed;
+    job->do_packed = pass->do_packed;
+    job->qt_packed = pass->qt_packed;
+    job->dot_packed = pass->dot_packed;
+    job->dq_packed = pass->dq_packed;
+    job->q_stile = pass->q_stile;
+    job->n_dq = pass->n_dq;
+    job->dq_floats = pass->dq_floats;
+    job->kblock = stria__bwd_kblock(c->Dp);
+}
+
+static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                       const stria_tensor_t *d_o, const float *lse,
+                                       const float *delta, const char *fn,
+                                       stria_attn_bwd_pass_t **out)
+{
+    stria_attn_bwd_pass_t *pass = calloc(1, sizeof(*pass));
+    stria_attn_params_t a;
     stria__bwd_job_t job;
     stria__ctx_t c;
     stria_status_t st;
-    size_t qtile, ktile, n_q, n_k, total;
-    size_t n_groups;
-    char mode;
-    stria__ws_t ws = {0};
+    size_t qtile, n_groups;
+    int n_threads;
 
-    st = stria__validate_bwd(params, q, k, v, d_o, lse, delta, dq, dk, dv, fn);
-    if (st != STRIA_OK)
+    *out = NULL;
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    pass->p = *params;
+    pass->q = *q;
+    pass->d_o = *d_o;
+    pass->lse = lse;
+    pass->delta = delta;
+    pass->pool = params->pool;
+    if (params->q_pos.n_runs > 0) {
+        pass->q_runs = malloc(params->q_pos.n_runs * sizeof(stria_pos_run_t));
+        if (pass->q_runs == NULL) {
+            free(pass);
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+        }
+        memcpy(pass->q_runs, params->q_pos.runs, params->q_pos.n_runs * sizeof(stria_pos_run_t));
+    }
+    pass->p.q_pos.runs = pass->q_runs;
+    a = stria__bwd_pass_params(pass);
+    st = stria__ctx_init(&c, &a, fn);
+    if (st != STRIA_OK) {
+        free(pass->q_runs);
+        free(pass);
         return st;
-    st = stria__ctx_init(&c, params, fn);
-    if (st != STRIA_OK)
-        return st;
-
-    memset(&job, 0, sizeof(job));
-    job.c = &c;
-    job.q = q;
-    job.k = k;
-    job.v = v;
-    job.d_o = d_o;
-    job.dq = dq;
-    job.dk = dk;
-    job.dv = dv;
-    job.lse = lse;
-    job.delta = delta;
+    }
     stria__ctx_set_dtype(&c, q->dtype);
-    qtile = (size_t)STRIA__BQ * c.Dp;
-    ktile = (size_t)STRIA__BK * c.Dp;
-    n_q = (size_t)(c.B * c.H * c.nqt);
-    n_k = (size_t)(c.B * c.Hkv * c.nkt);
-    job.q_stile = stria__score_tile_floats(&c, qtile);
-    job.k_stile = stria__score_tile_floats(&c, ktile);
-    job.kblock = stria__bwd_kblock(c.Dp);
-    job.nkb = (c.nkt + job.kblock - 1) / job.kblock;
-    job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK +
-                                  2 * (int64_t)job.kblock * STRIA__BK * c.Dp + 2 * STRIA__BQ);
-    job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
+    n_threads = c.n_threads;
     /* Schedules: mode A, one task per (batch, kv head), needs nothing extra
      * but balances only with enough groups per thread. Mode C, one task per
      * (batch, kv head, key tile) with a dQ copy per thread, balances at any
@@ -1145,33 +1186,81 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
      * threads. Mode B splits key tiles for dK/dV and query tiles for dQ,
      * recomputing P once more: for many threads and few groups. */
     n_groups = (size_t)(c.B * c.Hkv);
-    if (c.n_threads == 1)
-        mode = 'A';
-    else if (c.n_threads <= STRIA__BWD_MAX_DQ_COPIES)
-        mode = 'C';
-    else if (n_groups >= 4 * (size_t)c.n_threads ||
-             (n_groups >= (size_t)c.n_threads && n_groups % (size_t)c.n_threads == 0))
-        mode = 'A';
+    if (n_threads == 1)
+        pass->mode = 'A';
+    else if (n_threads <= STRIA__BWD_MAX_DQ_COPIES)
+        pass->mode = 'C';
+    else if (n_groups >= 4 * (size_t)n_threads ||
+             (n_groups >= (size_t)n_threads && n_groups % (size_t)n_threads == 0))
+        pass->mode = 'A';
     else
-        mode = 'B';
-    job.n_dq = mode == 'C' ? c.n_threads : 1;
-    job.dq_floats = n_q * qtile;
-    total = (2 + (size_t)job.n_dq) * n_q * qtile + 2 * n_q * job.q_stile + n_k * ktile +
-            (c.bf16 ? 2 : 1) * n_k * job.k_stile + (size_t)c.n_threads * job.scratch_floats;
-    if ((6.0 + job.n_dq) * (double)n_q * (double)qtile + 3.0 * (double)n_k * (double)ktile >
-            0x1p58 ||
-        !stria__ws_get(total * sizeof(float), &ws)) {
+        pass->mode = 'B';
+    pass->n_dq = pass->mode == 'C' ? n_threads : 1;
+    qtile = (size_t)STRIA__BQ * (size_t)c.Dp;
+    pass->n_q = (size_t)(c.B * c.H * c.nqt);
+    pass->q_stile = stria__score_tile_floats(&c, qtile);
+    pass->dq_floats = pass->n_q * qtile;
+    size_t total = (2 + (size_t)pass->n_dq) * pass->n_q * qtile + 2 * pass->n_q * pass->q_stile;
+    if ((6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile > 0x1p58 ||
+        !stria__ws_get(total * sizeof(float), &pass->ws)) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
+                             (total * sizeof(float)) >> 20);
+        stria__ctx_free(&c);
+        free(pass->q_runs);
+        free(pass);
+        return st;
+    }
+    /* every part is a multiple of 16 floats: 64-byte aligned like the buffer */
+    pass->q_packed = pass->ws.ptr;
+    pass->do_packed = pass->q_packed + pass->n_q * qtile;
+    pass->dq_packed = pass->do_packed + pass->n_q * qtile;
+    pass->qt_packed = pass->dq_packed + (size_t)pass->n_dq * pass->dq_floats;
+    pass->dot_packed = pass->qt_packed + pass->n_q * pass->q_stile;
+    stria__bwd_job_from_pass(&job, &c, pass);
+    stria_pool_run(pass->pool, pass->n_q, stria__bwd_pack_q_task, &job);
+    stria__ctx_free(&c);
+    *out = pass;
+    return STRIA_OK;
+}
+
+static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
+                                       const stria_attn_params_t *params, const stria_tensor_t *k,
+                                       const stria_tensor_t *v, const stria_tensor_t *dk,
+                                       const stria_tensor_t *dv, const char *fn)
+{
+    stria_attn_params_t a = *params;
+    stria__bwd_job_t job;
+    stria__ctx_t c;
+    stria_status_t st;
+    size_t ktile, n_k, total;
+    stria__ws_t ws = {0};
+
+    a.q_pos = pass->p.q_pos;
+    a.pool = pass->pool;
+    st = stria__ctx_init(&c, &a, fn);
+    if (st != STRIA_OK)
+        return st;
+    stria__ctx_set_dtype(&c, pass->q.dtype);
+    stria__bwd_job_from_pass(&job, &c, pass);
+    job.k = k;
+    job.v = v;
+    job.dk = dk;
+    job.dv = dv;
+    ktile = (size_t)STRIA__BK * (size_t)c.Dp;
+    n_k = (size_t)(c.B * c.Hkv * c.nkt);
+    job.k_stile = stria__score_tile_floats(&c, ktile);
+    job.nkb = (c.nkt + job.kblock - 1) / job.kblock;
+    job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK +
+                                  2 * (int64_t)job.kblock * STRIA__BK * c.Dp + 2 * STRIA__BQ);
+    job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
+    total = n_k * ktile + (c.bf16 ? 2 : 1) * n_k * job.k_stile +
+            (size_t)c.n_threads * job.scratch_floats;
+    if (3.0 * (double)n_k * (double)ktile > 0x1p58 || !stria__ws_get(total * sizeof(float), &ws)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
                              (total * sizeof(float)) >> 20);
         goto out;
     }
-    /* every part is a multiple of 16 floats: 64-byte aligned like the buffer */
-    job.q_packed = ws.ptr;
-    job.do_packed = job.q_packed + n_q * qtile;
-    job.dq_packed = job.do_packed + n_q * qtile;
-    job.qt_packed = job.dq_packed + (size_t)job.n_dq * job.dq_floats;
-    job.dot_packed = job.qt_packed + n_q * job.q_stile;
-    job.k_packed = job.dot_packed + n_q * job.q_stile;
+    job.k_packed = ws.ptr;
     job.v_packed = job.k_packed + n_k * ktile;
     job.ks_packed = job.k_packed;
     job.scratch = job.v_packed + n_k * job.k_stile;
@@ -1179,20 +1268,184 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
         job.ks_packed = job.scratch;
         job.scratch = job.ks_packed + n_k * job.k_stile;
     }
-    stria_pool_run(p->pool, n_q, stria__bwd_pack_q_task, &job);
-    stria_pool_run(p->pool, n_k, stria__bwd_pack_k_task, &job);
-    if (mode == 'A') {
-        stria_pool_run(p->pool, n_groups, stria__bwd_group_task, &job);
-    } else if (mode == 'C') {
-        stria_pool_run(p->pool, (size_t)(c.B * c.Hkv * job.nkb), stria__bwd_kblock_task, &job);
+    stria_pool_run(pass->pool, n_k, stria__bwd_pack_k_task, &job);
+    if (pass->mode == 'A') {
+        stria_pool_run(pass->pool, (size_t)(c.B * c.Hkv), stria__bwd_group_task, &job);
+    } else if (pass->mode == 'C') {
+        stria_pool_run(pass->pool, (size_t)(c.B * c.Hkv * job.nkb), stria__bwd_kblock_task, &job);
     } else {
-        stria_pool_run(p->pool, (size_t)(c.B * c.Hkv * job.nkb), stria__bwd_dkdv_task, &job);
-        stria_pool_run(p->pool, n_q, stria__bwd_dq_task, &job);
+        stria_pool_run(pass->pool, (size_t)(c.B * c.Hkv * job.nkb), stria__bwd_dkdv_task, &job);
+        stria_pool_run(pass->pool, pass->n_q, stria__bwd_dq_task, &job);
     }
-    stria_pool_run(p->pool, n_q, stria__bwd_unpack_dq_task, &job);
     st = STRIA_OK;
 out:
     stria__ws_put(&ws);
     stria__ctx_free(&c);
     return st;
+}
+
+static void stria__bwd_free(stria_attn_bwd_pass_t *pass)
+{
+    stria__ws_put(&pass->ws);
+    free(pass->q_runs);
+    free(pass);
+}
+
+static stria_status_t stria__bwd_end(stria_attn_bwd_pass_t *pass, const stria_tensor_t *dq,
+                                     const char *fn)
+{
+    stria_attn_params_t a = stria__bwd_pass_params(pass);
+    stria__bwd_job_t job;
+    stria__ctx_t c;
+    stria_status_t st = stria__ctx_init(&c, &a, fn);
+    if (st == STRIA_OK) {
+        stria__ctx_set_dtype(&c, pass->q.dtype);
+        stria__bwd_job_from_pass(&job, &c, pass);
+        job.dq = dq;
+        stria_pool_run(pass->pool, pass->n_q, stria__bwd_unpack_dq_task, &job);
+        stria__ctx_free(&c);
+    }
+    stria__bwd_free(pass);
+    return st;
+}
+
+/* Whether the query side of params is the one the pass was begun with. */
+static stria_status_t stria__bwd_same_query(const stria_attn_bwd_pass_t *pass,
+                                            const stria_attn_params_t *p, const char *fn)
+{
+    const stria_attn_params_t *b = &pass->p;
+    const char *what = NULL;
+    if (p->batch != b->batch)
+        what = "batch";
+    else if (p->q_tokens != b->q_tokens)
+        what = "q_tokens";
+    else if (p->heads != b->heads)
+        what = "heads";
+    else if (p->kv_heads != b->kv_heads)
+        what = "kv_heads";
+    else if (p->head_dim != b->head_dim)
+        what = "head_dim";
+    else if (stria__attn_scale(p) != stria__attn_scale(b))
+        what = "scale";
+    else if (p->causal != b->causal)
+        what = "causal";
+    else if (p->pool != pass->pool)
+        what = "pool";
+    else if (p->q_pos.n_runs != b->q_pos.n_runs ||
+             (b->q_pos.n_runs > 0 &&
+              memcmp(p->q_pos.runs, b->q_pos.runs, b->q_pos.n_runs * sizeof(stria_pos_run_t)) != 0))
+        what = "q_pos";
+    if (what != NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: params.%s differs from the one the pass was begun with", fn,
+                               what);
+    return STRIA_OK;
+}
+
+stria_status_t stria_attn_bwd_begin(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                    const stria_tensor_t *d_o, const float *lse, const float *delta,
+                                    stria_attn_bwd_pass_t **pass)
+{
+    static const char fn[] = "stria_attn_bwd_begin";
+    stria_attn_params_t a;
+    stria_status_t st;
+
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
+    *pass = NULL;
+    if (params == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
+    a = *params; /* the key side is not used: check the rest */
+    a.kv_tokens = 1;
+    a.kv_pos.runs = NULL;
+    a.kv_pos.n_runs = 0;
+    if ((st = stria__validate_shape(&a, fn)) != STRIA_OK ||
+        (st = stria__validate_tensor(q, fn, "q", a.q_tokens, a.heads, a.head_dim, false)) !=
+            STRIA_OK ||
+        (st = stria__validate_tensor(d_o, fn, "d_o", a.q_tokens, a.heads, a.head_dim, false)) !=
+            STRIA_OK)
+        return st;
+    if (d_o->dtype != q->dtype)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: q and d_o must share one dtype (q=%s d_o=%s)", fn,
+                               stria_dtype_name(q->dtype), stria_dtype_name(d_o->dtype));
+    if (lse == NULL || delta == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: %s is NULL", fn,
+                               lse == NULL ? "lse" : "delta");
+    return stria__bwd_begin(&a, q, d_o, lse, delta, fn, pass);
+}
+
+stria_status_t stria_attn_bwd_block(stria_attn_bwd_pass_t *pass, const stria_attn_params_t *params,
+                                    const stria_tensor_t *k, const stria_tensor_t *v,
+                                    const stria_tensor_t *dk, const stria_tensor_t *dv)
+{
+    static const char fn[] = "stria_attn_bwd_block";
+    stria_status_t st;
+
+    if (pass == NULL || params == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: %s is NULL", fn,
+                               pass == NULL ? "pass" : "params");
+    if ((st = stria__validate_shape(params, fn)) != STRIA_OK ||
+        (st = stria__bwd_same_query(pass, params, fn)) != STRIA_OK ||
+        (st = stria__validate_tensor(k, fn, "k", params->kv_tokens, params->kv_heads,
+                                     params->head_dim, false)) != STRIA_OK ||
+        (st = stria__validate_tensor(v, fn, "v", params->kv_tokens, params->kv_heads,
+                                     params->head_dim, false)) != STRIA_OK ||
+        (st = stria__validate_tensor(dk, fn, "dk", params->kv_tokens, params->kv_heads,
+                                     params->head_dim, true)) != STRIA_OK ||
+        (st = stria__validate_tensor(dv, fn, "dv", params->kv_tokens, params->kv_heads,
+                                     params->head_dim, true)) != STRIA_OK)
+        return st;
+    if (k->dtype != pass->q.dtype || v->dtype != pass->q.dtype)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: k and v must have the dtype of q (q=%s k=%s v=%s)", fn,
+                               stria_dtype_name(pass->q.dtype), stria_dtype_name(k->dtype),
+                               stria_dtype_name(v->dtype));
+    if (dk->data == dv->data)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: dk and dv must not alias", fn);
+    return stria__bwd_block(pass, params, k, v, dk, dv, fn);
+}
+
+stria_status_t stria_attn_bwd_end(stria_attn_bwd_pass_t *pass, const stria_tensor_t *dq)
+{
+    static const char fn[] = "stria_attn_bwd_end";
+    stria_status_t st;
+
+    if (pass == NULL)
+        return STRIA_OK;
+    if (dq == NULL) {
+        stria__bwd_free(pass);
+        return STRIA_OK;
+    }
+    st = stria__validate_tensor(dq, fn, "dq", pass->p.q_tokens, pass->p.heads, pass->p.head_dim,
+                                true);
+    if (st != STRIA_OK) {
+        stria__bwd_free(pass);
+        return st;
+    }
+    return stria__bwd_end(pass, dq, fn);
+}
+
+stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *d_o, const float *lse, const float *delta,
+                              const stria_tensor_t *dq, const stria_tensor_t *dk,
+                              const stria_tensor_t *dv)
+{
+    static const char fn[] = "stria_attn_bwd";
+    stria_attn_bwd_pass_t *pass;
+    stria_status_t st;
+
+    st = stria__validate_bwd(params, q, k, v, d_o, lse, delta, dq, dk, dv, fn);
+    if (st != STRIA_OK)
+        return st;
+    st = stria__bwd_begin(params, q, d_o, lse, delta, fn, &pass);
+    if (st != STRIA_OK)
+        return st;
+    st = stria__bwd_block(pass, params, k, v, dk, dv, fn);
+    if (st != STRIA_OK) {
+        stria__bwd_free(pass);
+        return st;
+    }
+    return stria__bwd_end(pass, dq, fn);
 }

@@ -205,6 +205,34 @@ static stria_status_t stria__cpu_attn_bwd(stria_device_t *dev, const stria_attn_
     return stria_attn_bwd(&a, q, k, v, d_o, lse, delta, dq, dk, dv);
 }
 
+static stria_status_t stria__cpu_attn_bwd_begin(stria_device_t *dev,
+                                                const stria_attn_params_t *params,
+                                                const stria_tensor_t *q, const stria_tensor_t *d_o,
+                                                const float *lse, const float *delta, void **impl)
+{
+    stria_attn_params_t a = stria__cpu_params(dev, params);
+    stria_attn_bwd_pass_t *pass = NULL;
+    stria_status_t st = stria_attn_bwd_begin(&a, q, d_o, lse, delta, &pass);
+    *impl = pass;
+    return st;
+}
+
+static stria_status_t stria__cpu_attn_bwd_block(stria_device_t *dev, void *impl,
+                                                const stria_attn_params_t *params,
+                                                const stria_tensor_t *k, const stria_tensor_t *v,
+                                                const stria_tensor_t *dk, const stria_tensor_t *dv)
+{
+    stria_attn_params_t a = stria__cpu_params(dev, params);
+    return stria_attn_bwd_block(impl, &a, k, v, dk, dv);
+}
+
+static stria_status_t stria__cpu_attn_bwd_end(stria_device_t *dev, void *impl,
+                                              const stria_tensor_t *dq)
+{
+    (void)dev;
+    return stria_attn_bwd_end(impl, dq);
+}
+
 static const stria_device_ops_t stria__cpu_ops = {
     .close = stria__cpu_close,
     .memory = stria__cpu_memory,
@@ -223,6 +251,9 @@ static const stria_device_ops_t stria__cpu_ops = {
     .attn_finalize = stria__cpu_attn_finalize,
     .attn_bwd_delta = stria__cpu_attn_bwd_delta,
     .attn_bwd = stria__cpu_attn_bwd,
+    .attn_bwd_begin = stria__cpu_attn_bwd_begin,
+    .attn_bwd_block = stria__cpu_attn_bwd_block,
+    .attn_bwd_end = stria__cpu_attn_bwd_end,
 };
 
 static stria_status_t stria__cpu_open(bool staged, stria_pool_t *pool, stria_device_t **out)
@@ -552,4 +583,77 @@ stria_status_t stria_device_attn_bwd(stria_device_t *dev, const stria_attn_param
 {
     STRIA__CHECK_KERNEL(dev, params, "stria_device_attn_bwd");
     return dev->ops->attn_bwd(dev, params, q, k, v, d_o, lse, delta, dq, dk, dv);
+}
+
+/* ---- backward pass ----------------------------------------------------------- */
+
+struct stria_device_bwd_pass {
+    stria_device_t *dev;
+    void *impl; /* the device's pass, or NULL: attn_bwd per block */
+    stria_tensor_t q, d_o, dq;
+    const float *lse, *delta;
+};
+
+stria_status_t stria_device_attn_bwd_begin(stria_device_t *dev, const stria_attn_params_t *params,
+                                           const stria_tensor_t *q, const stria_tensor_t *d_o,
+                                           const float *lse, const float *delta,
+                                           const stria_tensor_t *dq, stria_device_bwd_pass_t **pass)
+{
+    static const char fn[] = "stria_device_attn_bwd_begin";
+    stria_device_bwd_pass_t *bp;
+    stria_status_t st;
+
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
+    *pass = NULL;
+    STRIA__CHECK_KERNEL(dev, params, fn);
+    if (q == NULL || d_o == NULL || dq == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: %s is NULL", fn, dev->name,
+                               q == NULL     ? "q"
+                               : d_o == NULL ? "d_o"
+                                             : "dq");
+    bp = calloc(1, sizeof(*bp));
+    if (bp == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    bp->dev = dev;
+    bp->q = *q;
+    bp->d_o = *d_o;
+    bp->dq = *dq;
+    bp->lse = lse;
+    bp->delta = delta;
+    if (dev->ops->attn_bwd_begin != NULL) {
+        st = dev->ops->attn_bwd_begin(dev, params, q, d_o, lse, delta, &bp->impl);
+        if (st != STRIA_OK) {
+            free(bp);
+            return st;
+        }
+    }
+    *pass = bp;
+    return STRIA_OK;
+}
+
+stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
+                                           const stria_attn_params_t *params,
+                                           const stria_tensor_t *k, const stria_tensor_t *v,
+                                           const stria_tensor_t *dk, const stria_tensor_t *dv)
+{
+    static const char fn[] = "stria_device_attn_bwd_block";
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
+    STRIA__CHECK_KERNEL(pass->dev, params, fn);
+    if (pass->impl != NULL)
+        return pass->dev->ops->attn_bwd_block(pass->dev, pass->impl, params, k, v, dk, dv);
+    return pass->dev->ops->attn_bwd(pass->dev, params, &pass->q, k, v, &pass->d_o, pass->lse,
+                                    pass->delta, &pass->dq, dk, dv);
+}
+
+stria_status_t stria_device_attn_bwd_end(stria_device_bwd_pass_t *pass, bool keep)
+{
+    stria_status_t st = STRIA_OK;
+    if (pass == NULL)
+        return STRIA_OK;
+    if (pass->impl != NULL)
+        st = pass->dev->ops->attn_bwd_end(pass->dev, pass->impl, keep ? &pass->dq : NULL);
+    free(pass);
+    return st;
 }

@@ -43,6 +43,18 @@ typedef struct {
                                const stria_tensor_t *v, const stria_tensor_t *d_o, const float *lse,
                                const float *delta, const stria_tensor_t *dq,
                                const stria_tensor_t *dk, const stria_tensor_t *dv);
+    /* Optional (NULL: the front end runs attn_bwd per block): a backward
+     * pass over several K/V blocks, stria_attn_bwd_begin() semantics; *impl
+     * is the device's own pass object. */
+    stria_status_t (*attn_bwd_begin)(stria_device_t *dev, const stria_attn_params_t *params,
+                                     const stria_tensor_t *q, const stria_tensor_t *d_o,
+                                     const float *lse, const float *delta, void **impl);
+    stria_status_t (*attn_bwd_block)(stria_device_t *dev, void *impl,
+                                     const stria_attn_params_t *params, const stria_tensor_t *k,
+                                     const stria_tensor_t *v, const stria_tensor_t *dk,
+                                     const stria_tensor_t *dv);
+    /* dq NULL: discard. Frees impl. */
+    stria_status_t (*attn_bwd_end)(stria_device_t *dev, void *impl, const stria_tensor_t *dq);
 } stria_device_ops_t;
 
 /* The common head of every device object; implementations embed it first. */

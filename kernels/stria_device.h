@@ -131,6 +131,26 @@ stria_status_t stria_device_attn_bwd(stria_device_t *dev, const stria_attn_param
                                      const float *lse, const float *delta, const stria_tensor_t *dq,
                                      const stria_tensor_t *dk, const stria_tensor_t *dv);
 
+/* A backward pass over several K/V blocks (stria_attn_bwd_begin() of
+ * stria_kernels.h): the query side is prepared once and dQ accumulates in
+ * the pass; end adds it into dq (the view given to begin, device memory).
+ * On a device without a pass of its own (CUDA), every block runs
+ * stria_device_attn_bwd() into dq directly and end adds nothing. q, d_o,
+ * lse, delta and dq must stay valid until end; end(keep = false) discards
+ * the pass after an error. The pass is freed by end whatever the result. */
+typedef struct stria_device_bwd_pass stria_device_bwd_pass_t;
+
+stria_status_t stria_device_attn_bwd_begin(stria_device_t *dev, const stria_attn_params_t *params,
+                                           const stria_tensor_t *q, const stria_tensor_t *d_o,
+                                           const float *lse, const float *delta,
+                                           const stria_tensor_t *dq,
+                                           stria_device_bwd_pass_t **pass);
+stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
+                                           const stria_attn_params_t *params,
+                                           const stria_tensor_t *k, const stria_tensor_t *v,
+                                           const stria_tensor_t *dk, const stria_tensor_t *dv);
+stria_status_t stria_device_attn_bwd_end(stria_device_bwd_pass_t *pass, bool keep);
+
 #ifdef __cplusplus
 }
 #endif

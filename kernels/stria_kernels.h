@@ -142,6 +142,35 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
                               const stria_tensor_t *dq, const stria_tensor_t *dk,
                               const stria_tensor_t *dv);
 
+/* A backward pass of one query block over several K/V blocks (a ring rank's
+ * backward: the same Q, dO, LSE and D against a new K/V block at every step).
+ * stria_attn_bwd_begin() packs the query side once; stria_attn_bwd_block()
+ * runs one K/V block, accumulating (+=) into that block's dk, dv and into
+ * the pass's own fp32 dQ; stria_attn_bwd_end() adds that dQ into dq and
+ * frees the pass. The result is that of stria_attn_bwd() on each block in
+ * turn, except that dQ is summed over the blocks before it is added to dq
+ * (rounding may differ in the last bits), and the query side is packed once
+ * instead of once per block.
+ *
+ * begin: params as for stria_attn_bwd() except that kv_tokens and kv_pos are
+ * not used; q and d_o are read during the call; lse and delta are read by
+ * every block and must stay valid and unchanged until end. The pass keeps
+ * about 4x Q (fp32) of memory (plus one dQ copy per thread for 2..8 threads).
+ * block: params must match begin's in every query-side field (batch,
+ * q_tokens, heads, kv_heads, head_dim, scale, causal, q_pos, pool); the K/V
+ * fields describe this block. k and v have q's dtype.
+ * end: dq == NULL discards the pass (after an error); the pass is freed
+ * whatever the result. end(NULL, ...) does nothing. */
+typedef struct stria_attn_bwd_pass stria_attn_bwd_pass_t;
+
+stria_status_t stria_attn_bwd_begin(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                    const stria_tensor_t *d_o, const float *lse, const float *delta,
+                                    stria_attn_bwd_pass_t **pass);
+stria_status_t stria_attn_bwd_block(stria_attn_bwd_pass_t *pass, const stria_attn_params_t *params,
+                                    const stria_tensor_t *k, const stria_tensor_t *v,
+                                    const stria_tensor_t *dk, const stria_tensor_t *dv);
+stria_status_t stria_attn_bwd_end(stria_attn_bwd_pass_t *pass, const stria_tensor_t *dq);
+
 /* dst[i] += src[i] for n fp32 values in host memory, vectorised with the CPU
  * variant in use (plain C where none is usable). dst and src do not
  * overlap. */

@@ -844,6 +844,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     stria_status_t st;
     char *kvh[2], *kvd[2];
     float *dq_acc = NULL, *lse_c = NULL, *delta = NULL;
+    stria_device_bwd_pass_t *bpass = NULL; /* the query side, prepared once */
     int step = 0;
 
     memset(&reqs, 0, sizeof(reqs));
@@ -969,6 +970,8 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         double t_dev0 = 0.0;
         stria__compute_begin(p, &clk);
         st = stria_device_attn_bwd_delta(p->dev, &base, o, d_o, delta);
+        if (st == STRIA_OK)
+            st = stria_device_attn_bwd_begin(p->dev, &base, q, d_o, lse_c, delta, &tdq, &bpass);
         stria__compute_end_dev(p, &clk, &p->stats[0], &t_dev0);
         if (st == STRIA_OK)
             st = stria__device_step_time(p, t_dev0, &p->stats[0]);
@@ -1025,8 +1028,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             stria_tensor_t tdv =
                 stria_tensor_contiguous(acc + kv_elems, STRIA_DTYPE_F32, L, Hkv, D);
             bool own = p->staged && step == 0;
-            st = stria_device_attn_bwd(p->dev, &a, q, own ? k : &tk, own ? v : &tv, d_o, lse_c,
-                                       delta, &tdq, &tdk, &tdv);
+            st = stria_device_attn_bwd_block(bpass, &a, own ? k : &tk, own ? v : &tv, &tdk, &tdv);
             ss->computed = true;
         }
         if (st == STRIA_OK && p->staged)
@@ -1086,6 +1088,17 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         st = stria__fail(p, &reqs, st, "backward", step);
         goto out;
     }
+    if (bpass != NULL) { /* the pass's dQ into dq_acc */
+        stria__clock_t clk;
+        stria__compute_begin(p, &clk);
+        st = stria_device_attn_bwd_end(bpass, true);
+        bpass = NULL;
+        stria__compute_end(p, &clk, &p->stats[N - 1]);
+        if (st != STRIA_OK) {
+            st = stria__fail(p, &reqs, st, "backward", N);
+            goto out;
+        }
+    }
     if ((st = stria__store_grad(p, &base, dq_acc, H, dq)) != STRIA_OK ||
         (st = stria__store_grad(p, &base, total, Hkv, dk)) != STRIA_OK ||
         (st = stria__store_grad(p, &base, total + kv_elems, Hkv, dv)) != STRIA_OK ||
@@ -1095,6 +1108,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     }
     st = STRIA_OK;
 out:
+    (void)stria_device_attn_bwd_end(bpass, false);
     stria__drain_on_error(p, st);
     return st;
 }
