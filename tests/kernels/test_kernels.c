@@ -885,3 +885,172 @@ Test(kernels, strided_views_match_contiguous)
                 strided_case(dims[d], all_dtypes[t], names[i]);
     }
 }
+
+/* A backward pass over several K/V blocks (a ring rank's backward: striped
+ * positions, one block per rank) against one stria_attn_bwd() call per block
+ * on one thread: the same sums in another order (dQ summed in the pass, then
+ * added once). For the three schedules of the pass (1 thread: one task per
+ * group; 3 threads: a dQ copy per thread; 9 threads: separate dQ tasks),
+ * fp32 and bf16, head_dim read in place (64) and packed (40). */
+static void bwd_pass_case(stria_dtype_t dtype, int threads, int64_t D)
+{
+    enum { NB = 3 };
+    const int64_t B = 1, Tq = 75, Tk = 75, H = 4, Hkv = 2;
+    size_t es = stria_dtype_size(dtype);
+    size_t nq = (size_t)(B * Tq * H * D), nk = (size_t)(B * Tk * Hkv * D),
+           nl = (size_t)(B * H * Tq);
+    float *f = malloc((2 * nq + 2 * NB * nk) * 4);
+    char *buf = malloc((2 * nq + 2 * NB * nk) * es);
+    float *dq[2], *dkv[2], *lse = malloc(nl * 4), *delta = malloc(nl * 4);
+    float *o = malloc(nq * 4), *ob = malloc(nq * 4), *lb = malloc(nl * 4);
+    stria_pool_t *pool = NULL;
+    stria_pos_run_t qr = {1, NB, Tq}, kr[NB];
+
+    if (threads > 1)
+        cr_assert_eq(stria_pool_create(threads, &pool), STRIA_OK);
+    ref_fill(f, 2 * nq + 2 * NB * nk, 91 + (uint64_t)threads, 1.0f, dtype);
+    ref_to_dtype(f, 2 * nq + 2 * NB * nk, dtype, buf);
+    stria_tensor_t tq = stria_tensor_contiguous(buf, dtype, Tq, H, D);
+    stria_tensor_t tg = stria_tensor_contiguous(buf + nq * es, dtype, Tq, H, D);
+    stria_tensor_t tk[NB], tv[NB];
+    for (int j = 0; j < NB; j++) {
+        kr[j] = (stria_pos_run_t){j, NB, Tk};
+        tk[j] =
+            stria_tensor_contiguous(buf + (2 * nq + 2 * (size_t)j * nk) * es, dtype, Tk, Hkv, D);
+        tv[j] = stria_tensor_contiguous(buf + (2 * nq + (2 * (size_t)j + 1) * nk) * es, dtype, Tk,
+                                        Hkv, D);
+    }
+    stria_attn_params_t p = {0};
+    p.batch = B;
+    p.q_tokens = Tq;
+    p.kv_tokens = Tk;
+    p.heads = H;
+    p.kv_heads = Hkv;
+    p.head_dim = D;
+    p.causal = true;
+    p.q_pos = (stria_positions_t){&qr, 1};
+    p.pool = pool;
+    /* the forward over all blocks gives the final LSE and O for D */
+    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, Tq, H, D);
+    stria_tensor_t tob = stria_tensor_contiguous(ob, STRIA_DTYPE_F32, Tq, H, D);
+    cr_assert_eq(stria_attn_partial_init(&p, &to, lse), STRIA_OK);
+    for (int j = 0; j < NB; j++) {
+        p.kv_pos = (stria_positions_t){&kr[j], 1};
+        cr_assert_eq(stria_attn_fwd(&p, &tq, &tk[j], &tv[j], &tob, lb, false), STRIA_OK, "%s",
+                     stria_error_msg());
+        cr_assert_eq(stria_attn_merge(&p, &to, lse, &tob, lb), STRIA_OK);
+    }
+    cr_assert_eq(stria_attn_bwd_delta(&p, &to, &tg, delta), STRIA_OK);
+
+    for (int w = 0; w < 2; w++) {
+        dq[w] = calloc(nq, 4);
+        dkv[w] = calloc(2 * NB * nk, 4);
+    }
+    stria_tensor_t tdq[2] = {stria_tensor_contiguous(dq[0], STRIA_DTYPE_F32, Tq, H, D),
+                             stria_tensor_contiguous(dq[1], STRIA_DTYPE_F32, Tq, H, D)};
+    stria_attn_bwd_pass_t *pass = NULL;
+    cr_assert_eq(stria_attn_bwd_begin(&p, &tq, &tg, lse, delta, &pass), STRIA_OK, "%s",
+                 stria_error_msg());
+    for (int j = 0; j < NB; j++) {
+        p.kv_pos = (stria_positions_t){&kr[j], 1};
+        for (int w = 0; w < 2; w++) {
+            stria_tensor_t tdk =
+                stria_tensor_contiguous(dkv[w] + 2 * (size_t)j * nk, STRIA_DTYPE_F32, Tk, Hkv, D);
+            stria_tensor_t tdv = stria_tensor_contiguous(dkv[w] + (2 * (size_t)j + 1) * nk,
+                                                         STRIA_DTYPE_F32, Tk, Hkv, D);
+            if (w == 0) { /* on one thread: the reference is a different schedule */
+                stria_attn_params_t p1 = p;
+                p1.pool = NULL;
+                cr_assert_eq(
+                    stria_attn_bwd(&p1, &tq, &tk[j], &tv[j], &tg, lse, delta, &tdq[0], &tdk, &tdv),
+                    STRIA_OK, "%s", stria_error_msg());
+            } else {
+                cr_assert_eq(stria_attn_bwd_block(pass, &p, &tk[j], &tv[j], &tdk, &tdv), STRIA_OK,
+                             "%s", stria_error_msg());
+            }
+        }
+    }
+    cr_assert_eq(stria_attn_bwd_end(pass, &tdq[1]), STRIA_OK, "%s", stria_error_msg());
+    for (int which = 0; which < 2; which++) {
+        const float *a = which == 0 ? dq[0] : dkv[0], *b = which == 0 ? dq[1] : dkv[1];
+        size_t n = which == 0 ? nq : 2 * NB * nk;
+        double mx = 0, err = 0;
+        for (size_t i = 0; i < n; i++) {
+            mx = fmax(mx, fabs(a[i]));
+            err = fmax(err, fabs((double)a[i] - b[i]));
+        }
+        cr_assert(mx > 0 && err <= 1e-5 * mx,
+                  "pass %s differs from per-block calls by %g (max %g; %s, %d threads, D=%lld)",
+                  which == 0 ? "dQ" : "dK/dV", err, mx, stria_dtype_name(dtype), threads,
+                  (long long)D);
+    }
+    for (int w = 0; w < 2; w++) {
+        free(dq[w]);
+        free(dkv[w]);
+    }
+    stria_pool_destroy(pool);
+    free(f), free(buf), free(lse), free(delta), free(o), free(ob), free(lb);
+}
+
+Test(kernels, bwd_pass_matches_per_block_calls)
+{
+    static const int threads[] = {1, 3, 9};
+    static const stria_dtype_t dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16};
+    for (size_t t = 0; t < 3; t++)
+        for (size_t d = 0; d < 2; d++) {
+            bwd_pass_case(dtypes[d], threads[t], 64);
+            bwd_pass_case(dtypes[d], threads[t], 40);
+        }
+}
+
+Test(kernels, bwd_pass_bad_arguments_get_clear_errors)
+{
+    float q[2 * 16], g[2 * 16], k[2 * 16], lse[2], delta[2], dk[2 * 16], dv[2 * 16], dq[2 * 16];
+    memset(q, 0, sizeof(q));
+    memset(g, 0, sizeof(g));
+    memset(k, 0, sizeof(k));
+    memset(lse, 0, sizeof(lse));
+    memset(delta, 0, sizeof(delta));
+    stria_attn_params_t p = {0};
+    p.batch = 1;
+    p.q_tokens = 2;
+    p.kv_tokens = 2;
+    p.heads = 1;
+    p.kv_heads = 1;
+    p.head_dim = 16;
+    stria_tensor_t tq = stria_tensor_contiguous(q, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tg = stria_tensor_contiguous(g, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tk = stria_tensor_contiguous(k, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tkb = stria_tensor_contiguous(k, STRIA_DTYPE_BF16, 2, 1, 16);
+    stria_tensor_t tdk = stria_tensor_contiguous(dk, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tdv = stria_tensor_contiguous(dv, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tdq = stria_tensor_contiguous(dq, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_attn_bwd_pass_t *pass = NULL;
+
+    cr_assert_eq(stria_attn_bwd_begin(&p, &tq, &tg, NULL, delta, &pass), STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "lse is NULL") != NULL, "%s", stria_error_msg());
+    cr_assert_null(pass);
+    cr_assert_eq(stria_attn_bwd_begin(&p, &tq, &tg, lse, delta, &pass), STRIA_OK, "%s",
+                 stria_error_msg());
+    stria_attn_params_t bad = p;
+    bad.q_tokens = 1;
+    cr_assert_eq(stria_attn_bwd_block(pass, &bad, &tk, &tk, &tdk, &tdv), STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "params.q_tokens differs") != NULL, "%s",
+              stria_error_msg());
+    bad = p;
+    bad.causal = true;
+    cr_assert_eq(stria_attn_bwd_block(pass, &bad, &tk, &tk, &tdk, &tdv), STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "params.causal differs") != NULL, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_block(pass, &p, &tkb, &tkb, &tdk, &tdv), STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "dtype of q") != NULL, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_block(pass, &p, &tk, &tk, &tdk, &tdk), STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "must not alias") != NULL, "%s", stria_error_msg());
+    /* the pass still works after rejected calls */
+    cr_assert_eq(stria_attn_bwd_block(pass, &p, &tk, &tk, &tdk, &tdv), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_end(pass, &tdq), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_end(NULL, &tdq), STRIA_OK);
+    /* discarding: no dq */
+    cr_assert_eq(stria_attn_bwd_begin(&p, &tq, &tg, lse, delta, &pass), STRIA_OK);
+    cr_assert_eq(stria_attn_bwd_end(pass, NULL), STRIA_OK);
+}
