@@ -31,8 +31,10 @@
  * the calling thread. Calls do not keep pointers after they return.
  *
  * Memory: stria_attn_fwd() and stria_attn_bwd() pack their operands into a
- * workspace about the size of their inputs (backward: about 6x Q plus 2x K;
- * one more copy of dQ per thread for 2..8 threads). Up to four workspace
+ * workspace about the size of their inputs (backward: about 5x Q plus 2x K;
+ * one more copy of dQ per thread for 2..8 threads); K and V rows that are
+ * already fp32 (or bf16 on a CPU with a bf16 dot product) with head_dim a
+ * multiple of 16 are read in place where that is faster. Up to four workspace
  * buffers, 1 GiB in all, are kept between calls for reuse, so that repeated
  * calls do not pay page faults again; they are freed at exit.
  */
