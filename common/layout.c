@@ -268,8 +268,11 @@ stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t he
     /* K/V in flight, double-buffered; dK/dV in flight in fp32, double-buffered;
      * fp32 output and dQ accumulators. */
     ring = B * L * kvrow * (4 * es + 4 * 4) + B * L * qrow * 4 * 2;
-    /* Kernel workspaces: fp32 copies of a block's rows. */
-    kern = B * L * (2 * qrow + 3 * kvrow) * 4;
+    /* Kernel workspaces, fp32: the backward pass holds Q, dO, their
+     * transposes and dQ (5 x Q; one more dQ per kernel thread beyond the
+     * first with 2..8 threads, not counted) while each step packs K and V
+     * (up to 3 x K); the forward pass needs less. */
+    kern = B * L * (5 * qrow + 3 * kvrow) * 4;
     total = tensors + ring + kern;
     if (total >> 63)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "rank memory: more than 2^63 bytes");
