@@ -779,6 +779,23 @@ Test(kernels, env_unknown_variant_is_a_clear_error)
     cr_expect_str_eq(stria_kernels_variant(), "none");
 }
 
+/* Causal params of a block pair whose queries are the one run *qr (keys:
+ * set kv_pos per block). */
+static stria_attn_params_t causal_params(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
+                                         int64_t D, const stria_pos_run_t *qr)
+{
+    stria_attn_params_t p = {0};
+    p.batch = B;
+    p.q_tokens = Tq;
+    p.kv_tokens = Tk;
+    p.heads = H;
+    p.kv_heads = Hkv;
+    p.head_dim = D;
+    p.causal = true;
+    p.q_pos = (stria_positions_t){qr, 1};
+    return p;
+}
+
 /* Q, K, V, dO and the outputs as strided views into one fused buffer per
  * side ([B][T][3][H][D] and [B][T][2][Hkv][D], a layout trainers hand over
  * often) give the same bits as contiguous tensors: operands read in place
@@ -831,15 +848,7 @@ static void strided_case(int64_t D, stria_dtype_t dtype, const char *variant)
             out[v][o] = calloc(o == 0 || o == 2 ? nq : nk, 4);
         lse[v] = malloc(nl * 4);
         delta[v] = malloc(nl * 4);
-        stria_attn_params_t p = {0};
-        p.batch = B;
-        p.q_tokens = Tq;
-        p.kv_tokens = Tk;
-        p.heads = H;
-        p.kv_heads = Hkv;
-        p.head_dim = D;
-        p.causal = true;
-        p.q_pos = (stria_positions_t){&qr, 1};
+        stria_attn_params_t p = causal_params(B, Tq, Tk, H, Hkv, D, &qr);
         p.kv_pos = (stria_positions_t){&kr, 1};
         stria_tensor_t to = stria_tensor_contiguous(out[v][0], STRIA_DTYPE_F32, Tq, H, D);
         stria_tensor_t tdq = stria_tensor_contiguous(out[v][2], STRIA_DTYPE_F32, Tq, H, D);
@@ -920,15 +929,7 @@ static void bwd_pass_case(stria_dtype_t dtype, int threads, int64_t D)
         tv[j] = stria_tensor_contiguous(buf + (2 * nq + (2 * (size_t)j + 1) * nk) * es, dtype, Tk,
                                         Hkv, D);
     }
-    stria_attn_params_t p = {0};
-    p.batch = B;
-    p.q_tokens = Tq;
-    p.kv_tokens = Tk;
-    p.heads = H;
-    p.kv_heads = Hkv;
-    p.head_dim = D;
-    p.causal = true;
-    p.q_pos = (stria_positions_t){&qr, 1};
+    stria_attn_params_t p = causal_params(B, Tq, Tk, H, Hkv, D, &qr);
     p.pool = pool;
     /* the forward over all blocks gives the final LSE and O for D */
     stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, Tq, H, D);
