@@ -125,7 +125,10 @@ typedef struct {
     /* Thread CPU time of the step's kernel calls; on a GPU the wall time
      * from the step's first enqueue until the compute stream is seen idle
      * after the step's link waits (exact when compute-bound, else an upper
-     * bound), plus the host's dK/dV sum in the backward pass. */
+     * bound), plus the host's dK/dV sum in the backward pass. In the backward
+     * pass step 0 also carries D and the packing of the query side, and the
+     * last step the final dQ sum, whether or not those steps' blocks are
+     * visible. */
     double compute_s;
     double compute_wall_s; /* wall time of the same calls */
     double wait_s;         /* wall time blocked on the link */
