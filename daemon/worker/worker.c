@@ -111,6 +111,15 @@ static void stria__job_drop_locked(stria_worker_t *w, stria__wjob_t *j)
         *pp = j->next;
         j->next = NULL;
     }
+    if (j->link != NULL) {
+        char reason[96];
+        snprintf(reason, sizeof(reason),
+                 "job %llu is over at the coordinator (cancelled, failed "
+                 "or expired)",
+                 (unsigned long long)j->id);
+        stria_log_info("job %llu: aborting its running pass", (unsigned long long)j->id);
+        stria_link_abort(j->link, STRIA_ERR_CANCELLED, reason);
+    }
     if (j->refs > 0) {
         j->dropped = true;
         return;
@@ -719,6 +728,7 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
     }
     if (w->n_links < w->cap_links) /* else: only its own deadlines end it */
         w->links[w->n_links++] = link;
+    j->link = link;
     if (w->abort_passes)
         stria_link_abort(link, STRIA_ERR_CANCELLED, w->abort_reason);
     pthread_mutex_unlock(&w->lock);
@@ -764,6 +774,8 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
     for (size_t i = 0; i < w->n_links; i++)
         if (w->links[i] == link)
             w->links[i--] = w->links[--w->n_links];
+    if (j->link == link)
+        j->link = NULL;
     pthread_mutex_unlock(&w->lock);
     stria_link_destroy(link);
     stats->seconds = stria_time_now() - t0;

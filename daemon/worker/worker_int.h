@@ -75,6 +75,10 @@ typedef struct stria__wjob {
     double last_activity;
     int refs;     /* transfers and passes using the buffers */
     bool running; /* a pass runs */
+    /* the ring link of the running pass (NULL: none): dropping the job at the
+     * coordinator's request aborts it, so a cancelled pass ends at its next
+     * step instead of computing to the end */
+    stria_link_t *link;
     bool dropped; /* unlinked: the last reference frees it */
     char failure[512];
 } stria__wjob_t;

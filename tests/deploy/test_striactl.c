@@ -481,6 +481,7 @@ Test(striactl, tokens_and_exit_code_4, .timeout = SUITE_TIMEOUT)
 typedef struct {
     dc_job_t job;
     stria_status_t st;
+    char msg[512]; /* the thread's error message when st is not STRIA_OK */
     volatile bool done;
 } bg_job_t;
 
@@ -493,6 +494,8 @@ static void *bg_job_thread(void *arg)
     b->st = dc_job_forward(&b->job, NULL, NULL);
     if (b->st == STRIA_OK)
         b->st = dc_job_backward(&b->job);
+    if (b->st != STRIA_OK)
+        snprintf(b->msg, sizeof(b->msg), "%s", stria_error_msg());
     b->done = true;
     return NULL;
 }
@@ -530,9 +533,78 @@ Test(striactl, status_shows_the_running_job_and_its_step, .timeout = SUITE_TIMEO
         usleep(20000);
     }
     pthread_join(th, NULL);
-    cr_expect_eq(b.st, STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(b.st, STRIA_OK, "%s", b.msg);
     cr_expect(json_seen, "--json status never showed job 1 past the first step of 3 of a pass");
     cr_expect(human_seen, "status never showed the step of job 1");
     dc_job_free(&b.job);
+    dc_stop(&c);
+}
+
+/* A job cancelled while its forward pass runs: every worker aborts the pass
+ * at its next step (it hears of the cancel in a heartbeat reply) instead of
+ * computing to the end; the workers log the failure, the client gets an
+ * error, and the workers serve the next job. */
+static bool all_workers_logged(const dcluster_t *c, int n, const char *needle)
+{
+    for (int i = 0; i < n; i++) {
+        char *log = dc_read(c->worker_log[i]);
+        bool has = log != NULL && strstr(log, needle) != NULL;
+        free(log);
+        if (!has)
+            return false;
+    }
+    return true;
+}
+
+Test(striactl, cancel_stops_a_running_pass, .timeout = SUITE_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 3, NULL);
+    /* three steps of about a second each here */
+    const int64_t seq = STRIA_TEST_SANITIZE ? 16384 : 32768;
+    dc_job_t a;
+    dc_job_init(&a, &c, seq, 4, 64, 3);
+    double t0 = stria_time_now();
+    cr_assert_eq(dc_job_forward(&a, NULL, NULL), STRIA_OK, "%s", stria_error_msg());
+    double full = stria_time_now() - t0; /* job 1: the whole pass */
+    dc_job_free(&a);
+
+    bg_job_t b;
+    memset(&b, 0, sizeof(b));
+    dc_job_init(&b.job, &c, seq, 4, 64, 3);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, bg_job_thread, &b), 0);
+    bool running = false;
+    while (!b.done && !running) {
+        char *out = CTL(&c, NULL, 0, "--json", "status");
+        running = strstr(out, "\"current_job\":2,") != NULL;
+        free(out);
+        if (!running)
+            usleep(20000);
+    }
+    cr_assert(running, "job 2 never showed as running");
+    double tc = stria_time_now();
+    char *out = CTL(&c, NULL, 0, "cancel", "2", "--reason", "test of a running pass");
+    free(out);
+    bool all = false;
+    while (!all && stria_time_now() - tc < full + 30.0) {
+        all = all_workers_logged(&c, 3, "job 2 forward pass failed");
+        if (!all)
+            usleep(50000);
+    }
+    double took = stria_time_now() - tc;
+    pthread_join(th, NULL);
+    cr_expect(all, "not every worker ended job 2's pass with a failure in %.1f s", took);
+    cr_expect(took < 0.8 * full + 0.5,
+              "the passes ended %.2f s after the cancel; a whole pass takes %.2f s", took, full);
+    cr_expect_neq(b.st, STRIA_OK, "the client's forward of a cancelled job succeeded");
+    cr_log_info("cancelled pass: ended %.2f s after the cancel (whole pass %.2f s); client: %s",
+                took, full, b.msg);
+    dc_job_free(&b.job);
+    /* the workers are free for the next job */
+    dc_job_t d;
+    dc_job_init(&d, &c, 256, 2, 32, 3);
+    cr_expect_eq(dc_job_forward(&d, NULL, NULL), STRIA_OK, "%s", stria_error_msg());
+    dc_job_free(&d);
     dc_stop(&c);
 }
