@@ -661,22 +661,29 @@ static bool stria__fits_now(const stria__cjob_t *j)
 }
 
 /* Starts the queued jobs that fit, in submission order: a job that must wait
- * blocks its workers for every later job, so no job is overtaken forever. */
+ * blocks its workers for every later job, so no job is overtaken forever.
+ * A queued job on a dead or draining worker fails: its workers were bound at
+ * submission, and a drained worker must run down, so the client hears it
+ * now and can submit again (new jobs skip draining workers). */
 static void stria__schedule(stria_coord_t *co)
 {
     for (uint32_t i = 0; i < co->n_workers; i++)
         co->workers[i]->blocked = false;
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
-        stria__cworker_t *dead = NULL;
+        stria__cworker_t *gone = NULL;
         if (j->state != S_PENDING)
             continue;
-        for (uint32_t r = 0; r < j->n_ranks && dead == NULL; r++)
-            if (j->ranks[r].worker->dead)
-                dead = j->ranks[r].worker;
-        if (dead != NULL) {
-            stria__job_finish(co, j, S_FAILED, "worker %llu (%s) died while the job was queued",
-                              (unsigned long long)dead->id, dead->rpc_address);
+        for (uint32_t r = 0; r < j->n_ranks && gone == NULL; r++)
+            if (j->ranks[r].worker->dead || j->ranks[r].worker->draining)
+                gone = j->ranks[r].worker;
+        if (gone != NULL) {
+            stria__job_finish(co, j, S_FAILED,
+                              gone->dead ? "worker %llu (%s) died while the job was queued"
+                                         : "worker %llu (%s) was drained while the job was "
+                                           "queued: submit it again (new jobs skip draining "
+                                           "workers)",
+                              (unsigned long long)gone->id, gone->rpc_address);
             continue;
         }
         if (stria__fits_now(j)) {

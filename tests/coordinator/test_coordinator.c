@@ -739,6 +739,46 @@ Test(coord, jobs_on_disjoint_workers_run_together, .timeout = TEST_TIMEOUT_S)
     fx_stop(&fx);
 }
 
+/* Draining a worker fails the jobs queued on it (their workers were bound at
+ * submission; a drained worker must run down), with a reason that says to
+ * submit again; its running job and the queued jobs on other workers stay. */
+Test(coord, drain_fails_the_jobs_queued_on_the_worker, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    uint64_t m = mem_default(2);
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    wk_t w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = reg_worker(&fx, i < 2 ? "host-0" : "host-1", 7000 + i, m + m / 2);
+    Stria__V1__JobSpec s = spec_default();
+    s.ring_size = 2;
+    uint64_t ja = submit_ok(&fx, &s, JS(LOADING));
+    uint64_t jb = submit_ok(&fx, &s, JS(LOADING));
+    uint64_t jc = submit_ok(&fx, &s, JS(PENDING)); /* waits for a's workers */
+    uint64_t jd = submit_ok(&fx, &s, JS(PENDING)); /* b's */
+    Stria__V1__JobInfo *ic = get_job(&fx, jc, &rep);
+    uint64_t c0 = ic->assignment->ranks[0]->worker_id, c1 = ic->assignment->ranks[1]->worker_id;
+    stria_rpc_reply_free(&rep);
+    cr_assert(c0 == w[0].id || c1 == w[0].id || c0 == w[2].id || c1 == w[2].id);
+    uint64_t drained = c0; /* a worker of c, busy with a or b */
+
+    Stria__V1__DrainWorkerRequest dw = STRIA__V1__DRAIN_WORKER_REQUEST__INIT;
+    dw.worker_id = drained;
+    dw.drain = true;
+    cr_assert_eq(fx_call(fx.cl, M_DRAIN, &dw.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    ic = get_job(&fx, jc, &rep);
+    cr_expect_eq(ic->state, JS(FAILED));
+    cr_expect(strstr(ic->failure, "was drained while the job was queued: submit it again") != NULL,
+              "%s", ic->failure);
+    stria_rpc_reply_free(&rep);
+    cr_expect_eq(job_state(&fx, ja), JS(LOADING), "a running job keeps its drained worker");
+    cr_expect_eq(job_state(&fx, jb), JS(LOADING));
+    cr_expect_eq(job_state(&fx, jd), JS(PENDING), "a job queued on other workers stays queued");
+    fx_stop(&fx);
+}
+
 /* ---- the job state machine ----------------------------------------------- */
 
 Test(coord, job_lifecycle_through_reports, .timeout = TEST_TIMEOUT_S)
