@@ -79,11 +79,16 @@ static size_t stria__row_bytes(const stria_job_t *job, int64_t heads)
     return (size_t)heads * (size_t)job->spec.head_dim * stria_dtype_size(job->spec.dtype);
 }
 
+/* what: the part of the phase that failed, or NULL when the phase's name says
+ * it already (stria__phase_status() names the phase). */
 static void stria__capture_error(stria__rank_t *r, stria_status_t st, const char *what)
 {
+    const char *msg = stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st);
     r->status = st;
-    snprintf(r->error, sizeof(r->error), "%s: %s", what,
-             stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+    if (what != NULL)
+        snprintf(r->error, sizeof(r->error), "%s: %s", what, msg);
+    else
+        snprintf(r->error, sizeof(r->error), "%s", msg);
 }
 
 /* The status of a phase: the first rank whose failure is its own (not a peer's
@@ -502,7 +507,7 @@ static void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
     memset(&reply, 0, sizeof(reply));
     stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
     if (st != STRIA_OK) {
-        stria__capture_error(r, st, ph->backward ? "backward pass" : "forward pass");
+        stria__capture_error(r, st, NULL);
         return;
     }
     /* RunForwardReply and RunBackwardReply both hold PassStats as field 1. */

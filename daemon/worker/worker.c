@@ -833,8 +833,13 @@ static void *stria__pass_thread(void *arg)
         fr.stats = br.stats = &stats;
         stria_rpc_call_reply(pc->call, b ? &br.base : &fr.base, NULL, 0, NULL, NULL);
     } else {
-        char msg[1024];
-        snprintf(msg, sizeof(msg), "rank %d: %s", j->rank, stria_error_msg());
+        char msg[1024], own[32];
+        /* the ring engine's messages name the rank already */
+        int n = snprintf(own, sizeof(own), "rank %d", j->rank);
+        if (strncmp(stria_error_msg(), own, (size_t)n) == 0)
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        else
+            snprintf(msg, sizeof(msg), "rank %d: %s", j->rank, stria_error_msg());
         stria_log_error("job %llu %s pass failed: %s", (unsigned long long)j->id,
                         b ? "backward" : "forward", msg);
         stria_metric_add(w->m_pass_fail[b], 1);
