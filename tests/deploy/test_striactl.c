@@ -598,6 +598,13 @@ Test(striactl, cancel_stops_a_running_pass, .timeout = SUITE_TIMEOUT)
     cr_expect(took < 0.8 * full + 0.5,
               "the passes ended %.2f s after the cancel; a whole pass takes %.2f s", took, full);
     cr_expect_neq(b.st, STRIA_OK, "the client's forward of a cancelled job succeeded");
+    /* the client's message says why, naming the phase and the rank once */
+    const char *first = strstr(b.msg, "forward pass");
+    cr_expect(strstr(b.msg, "is over at the coordinator") != NULL, "%s", b.msg);
+    cr_expect(first != NULL && strstr(first + 1, "forward pass") == NULL, "%s", b.msg);
+    cr_expect(strstr(b.msg, "rank 0: rank 0") == NULL && strstr(b.msg, "rank 1: rank 1") == NULL &&
+                  strstr(b.msg, "rank 2: rank 2") == NULL,
+              "%s", b.msg);
     cr_log_info("cancelled pass: ended %.2f s after the cancel (whole pass %.2f s); client: %s",
                 took, full, b.msg);
     dc_job_free(&b.job);
