@@ -731,6 +731,8 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
     j->link = link;
     if (w->abort_passes)
         stria_link_abort(link, STRIA_ERR_CANCELLED, w->abort_reason);
+    else if (j->dropped) /* dropped while the link was being set up */
+        stria_link_abort(link, STRIA_ERR_CANCELLED, "the job is over at the coordinator");
     pthread_mutex_unlock(&w->lock);
     if (w->dev_staged && (st = stria__stage_in(w, j, backward)) != STRIA_OK) {
         stria_error_wrap(st, "rank %d: staging the inputs on %s", j->rank,
