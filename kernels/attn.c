@@ -31,6 +31,36 @@ static inline char *stria__row_ptr(const stria_tensor_t *t, int64_t b, int64_t t
                stria_dtype_size(t->dtype);
 }
 
+/* Rows of one head are a token stride apart: 4 KiB and more for typical
+ * shapes, so every row starts in a new page, where the hardware prefetchers
+ * stop. Loops over such rows touch row i + STRIA__PF_ROWS ahead of use, so
+ * that its cache lines are on their way while rows i.. are processed. */
+#define STRIA__PF_ROWS 6
+
+static inline void stria__prefetch(const void *p, size_t bytes, int write)
+{
+    for (size_t o = 0; o < bytes; o += 64) {
+        if (write)
+            __builtin_prefetch((const char *)p + o, 1, 3);
+        else
+            __builtin_prefetch((const char *)p + o, 0, 3);
+    }
+}
+
+/* In a loop over rows [t0, t0 + n) of head h of t, at row i: prefetches row
+ * i + STRIA__PF_ROWS (rows 1 .. STRIA__PF_ROWS at i = 0), those that are < n,
+ * when rows are a page or more apart (closer rows are left to the hardware,
+ * which does better there). */
+static inline void stria__prefetch_ahead(const stria_tensor_t *t, int64_t b, int64_t h, int64_t t0,
+                                         int i, int n, int64_t D, int write)
+{
+    const size_t bytes = (size_t)D * stria_dtype_size(t->dtype);
+    if ((size_t)t->stride_token * stria_dtype_size(t->dtype) < 4096)
+        return;
+    for (int r = i == 0 ? 1 : i + STRIA__PF_ROWS; r <= i + STRIA__PF_ROWS && r < n; r++)
+        stria__prefetch(stria__row_ptr(t, b, t0 + r, h), bytes, write);
+}
+
 /* Expands runs into one position per token (allocated); checks counts and
  * ranges. */
 static stria_status_t stria__expand_positions(const stria_positions_t *pos, int64_t tokens,
@@ -275,6 +305,7 @@ static void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int
 {
     for (int i = 0; i < rows; i++) {
         float *d = dst + (size_t)i * (size_t)c->Dp;
+        stria__prefetch_ahead(t, b, h, t0, i, n, c->D, 0);
         if (i < n) {
             c->ops->row_load(t->dtype, stria__row_ptr(t, b, t0 + i, h), d, (int)c->D);
             for (int64_t j = c->D; j < c->Dp; j++)
@@ -299,6 +330,7 @@ static void stria__pack_rows_bf16(const stria__ctx_t *c, const stria_tensor_t *t
     for (int i = 0; i < rows; i++) {
         uint16_t *d = dst + (size_t)i * (size_t)c->Dp;
         size_t copied = i < n ? (size_t)c->D : 0;
+        stria__prefetch_ahead(t, b, h, t0, i, n, c->D, 0);
         if (copied > 0)
             memcpy(d, stria__row_ptr(t, b, t0 + i, h), copied * sizeof(uint16_t));
         memset(d + copied, 0, ((size_t)c->Dp - copied) * sizeof(uint16_t));
@@ -792,9 +824,11 @@ typedef struct {
 static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
                                 int64_t h, int64_t t0, int n, const float *src)
 {
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        stria__prefetch_ahead(t, b, h, t0, i, n, c->D, 1);
         c->ops->row_acc((float *)stria__row_ptr(t, b, t0 + i, h), src + (size_t)i * (size_t)c->Dp,
                         (int)c->D);
+    }
 }
 
 static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
