@@ -697,17 +697,25 @@ Test(coord, jobs_queue_in_order_on_shared_workers, .timeout = TEST_TIMEOUT_S)
     fx_stop(&fx);
 }
 
+/* A coordinator with four workers on two hosts, each with room for one
+ * two-rank job of the default spec (which *s becomes, with ring size 2). */
+static void fx_start_two_hosts(fx_t *fx, wk_t w[4], Stria__V1__JobSpec *s)
+{
+    uint64_t m = mem_default(2);
+    fx_start(fx, 1.0, 60, NULL, NULL);
+    for (int i = 0; i < 4; i++)
+        w[i] = reg_worker(fx, i < 2 ? "host-0" : "host-1", 7000 + i, m + m / 2);
+    *s = spec_default();
+    s->ring_size = 2;
+}
+
 Test(coord, jobs_on_disjoint_workers_run_together, .timeout = TEST_TIMEOUT_S)
 {
     fx_t fx;
     stria_rpc_reply_t rep;
-    uint64_t m = mem_default(2);
-    fx_start(&fx, 1.0, 60, NULL, NULL);
     wk_t w[4];
-    for (int i = 0; i < 4; i++)
-        w[i] = reg_worker(&fx, i < 2 ? "host-0" : "host-1", 7000 + i, m + m / 2);
-    Stria__V1__JobSpec s = spec_default();
-    s.ring_size = 2;
+    Stria__V1__JobSpec s;
+    fx_start_two_hosts(&fx, w, &s);
     uint64_t ja = submit_ok(&fx, &s, JS(LOADING));
     uint64_t jb = submit_ok(&fx, &s, JS(LOADING));
     uint64_t jc = submit_ok(&fx, &s, JS(PENDING));
@@ -746,13 +754,9 @@ Test(coord, drain_fails_the_jobs_queued_on_the_worker, .timeout = TEST_TIMEOUT_S
 {
     fx_t fx;
     stria_rpc_reply_t rep;
-    uint64_t m = mem_default(2);
-    fx_start(&fx, 1.0, 60, NULL, NULL);
     wk_t w[4];
-    for (int i = 0; i < 4; i++)
-        w[i] = reg_worker(&fx, i < 2 ? "host-0" : "host-1", 7000 + i, m + m / 2);
-    Stria__V1__JobSpec s = spec_default();
-    s.ring_size = 2;
+    Stria__V1__JobSpec s;
+    fx_start_two_hosts(&fx, w, &s);
     uint64_t ja = submit_ok(&fx, &s, JS(LOADING));
     uint64_t jb = submit_ok(&fx, &s, JS(LOADING));
     uint64_t jc = submit_ok(&fx, &s, JS(PENDING)); /* waits for a's workers */
