@@ -24,6 +24,18 @@ stria_tensor_t stria_tensor_contiguous(void *data, stria_dtype_t dtype, int64_t 
     return t;
 }
 
+stria_tensor_t stria_tensor_head_major(void *data, stria_dtype_t dtype, int64_t tokens,
+                                       int64_t heads, int64_t head_dim)
+{
+    stria_tensor_t t;
+    t.data = data;
+    t.dtype = dtype;
+    t.stride_token = head_dim;
+    t.stride_head = tokens * head_dim;
+    t.stride_batch = heads * tokens * head_dim;
+    return t;
+}
+
 static inline char *stria__row_ptr(const stria_tensor_t *t, int64_t b, int64_t tok, int64_t h)
 {
     return (char *)t->data +
@@ -103,6 +115,10 @@ typedef struct {
      * hold what a packed tile would (fp32, or bf16 for the bf16 products,
      * with head_dim a multiple of STRIA__DPAD) */
     bool kdirect;
+    /* the forward pass's V rows are read in place: fp32 rows of one head
+     * adjacent in memory (head-major blocks), which is what a packed V
+     * tile holds */
+    bool vdirect;
 } stria__ctx_t;
 
 static void stria__ctx_free(stria__ctx_t *c)
@@ -501,7 +517,8 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
     (void)thread;
     if (!c->kdirect)
         stria__pack_kside(c, job->k, b, hk, k0, n, job->k_packed + task * job->k_tile);
-    stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
+    if (!c->vdirect)
+        stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
 }
 
 /* A straddling tile pair of the forward pass, query chunk by query chunk
@@ -573,7 +590,8 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
         int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
         size_t tidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
         stria__kop_t kp = stria__kside(c, job->k, job->k_packed, job->k_tile, b, hk, kt);
-        const float *vp = job->v_packed + tidx * tile;
+        const float *vp = c->vdirect ? (const float *)stria__row_ptr(job->v, b, k0, hk)
+                                     : job->v_packed + tidx * tile;
 
         if (cls == STRIA__TILE_PARTIAL) {
             stria__fwd_partial(c, qt, kt, kp, vp, qt_buf, st, oacc, m, l, alpha, first);
@@ -632,12 +650,15 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     job.lse = lse;
     job.accumulate = accumulate;
     stria__ctx_set_dtype(&c, q->dtype);
+    c.vdirect = c.D == c.Dp && v->dtype == STRIA_DTYPE_F32 && v->stride_token == c.D;
     tile = (size_t)c.Dp * STRIA__BK;
     n_ktiles = (size_t)(c.B * c.Hkv * c.nkt);
     job.k_tile = stria__score_tile_floats(&c, tile);
     job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
-    total = n_ktiles * (job.k_tile + tile) + (size_t)c.n_threads * job.scratch_floats;
+    /* operands read in place need no packed tiles */
+    size_t k_area = c.kdirect ? 0 : n_ktiles * job.k_tile, v_area = c.vdirect ? 0 : n_ktiles * tile;
+    total = k_area + v_area + (size_t)c.n_threads * job.scratch_floats;
     if (2.0 * (double)n_ktiles * (double)tile > 0x1p58 ||
         !stria__ws_get(total * sizeof(float), &ws)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
@@ -645,9 +666,10 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
         goto out;
     }
     job.k_packed = ws.ptr;
-    job.v_packed = job.k_packed + n_ktiles * job.k_tile;
-    job.scratch = job.v_packed + n_ktiles * tile;
-    stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
+    job.v_packed = job.k_packed + k_area;
+    job.scratch = job.v_packed + v_area;
+    if (!c.kdirect || !c.vdirect)
+        stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
     stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
     st = STRIA_OK;
 out:

@@ -97,6 +97,11 @@ typedef struct {
 stria_tensor_t stria_tensor_contiguous(void *data, stria_dtype_t dtype, int64_t tokens,
                                        int64_t heads, int64_t head_dim);
 
+/* A head-major view of `data` laid out [batch, heads, tokens, head_dim]: the
+ * rows of one head are adjacent (the ring's K/V messages). */
+stria_tensor_t stria_tensor_head_major(void *data, stria_dtype_t dtype, int64_t tokens,
+                                       int64_t heads, int64_t head_dim);
+
 /* Forward partial attention of a Q block against a K/V block.
  *
  * q: [batch, q_tokens, heads, head_dim]; k, v: [batch, kv_tokens, kv_heads,

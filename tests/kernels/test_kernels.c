@@ -798,8 +798,10 @@ static stria_attn_params_t causal_params(int64_t B, int64_t Tq, int64_t Tk, int6
 
 /* Q, K, V, dO and the outputs as strided views into one fused buffer per
  * side ([B][T][3][H][D] and [B][T][2][Hkv][D], a layout trainers hand over
- * often) give the same bits as contiguous tensors: operands read in place
- * follow the strides (head_dim 64 and 128 are read in place, 40 packed). */
+ * often), and K/V head-major ([B][Hkv][T][D], the ring's messages: fp32 V
+ * rows are read in place, the last key tile partial), give the same bits as
+ * contiguous tensors: operands read in place follow the strides (head_dim 64
+ * and 128 are read in place, 40 packed). */
 static void strided_case(int64_t D, stria_dtype_t dtype, const char *variant)
 {
     const int64_t B = 2, Tq = 80, Tk = 144, H = 4, Hkv = 2;
@@ -810,8 +812,9 @@ static void strided_case(int64_t D, stria_dtype_t dtype, const char *variant)
     float *f = malloc(2 * (nq + nk) * 4);
     char *dense = malloc(2 * (nq + nk) * es);                  /* q, g, k, v */
     char *fq = malloc(3 * nq * es), *fk = malloc(2 * nk * es); /* fused q|g|pad, k|v */
-    float *out[2][5], *lse[2], *delta[2];
-    stria_tensor_t t[2][4];
+    char *hk = malloc(2 * nk * es);                            /* head-major k, v */
+    float *out[3][5], *lse[3], *delta[3];
+    stria_tensor_t t[3][4];
 
     cr_assert_eq(stria_kernels_set_variant(variant), STRIA_OK, "%s", stria_error_msg());
     ref_fill(f, 2 * (nq + nk), 77 + (uint64_t)D, 1.0f, dtype);
@@ -829,8 +832,22 @@ static void strided_case(int64_t D, stria_dtype_t dtype, const char *variant)
                 memcpy(fk + (size_t)(((b * Tk + i) * 2 + s) * Hkv * D) * es,
                        dense + (2 * nq + (size_t)s * nk + (size_t)((b * Tk + i) * Hkv * D)) * es,
                        (size_t)(Hkv * D) * es);
-    for (int v = 0; v < 2; v++) {
-        if (v == 0) {
+    for (int s = 0; s < 2; s++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < Hkv; h++)
+                for (int64_t i = 0; i < Tk; i++)
+                    memcpy(hk + ((size_t)s * nk + (size_t)(((b * Hkv + h) * Tk + i) * D)) * es,
+                           dense +
+                               (2 * nq + (size_t)s * nk + (size_t)(((b * Tk + i) * Hkv + h) * D)) *
+                                   es,
+                           (size_t)D * es);
+    for (int v = 0; v < 3; v++) {
+        if (v == 2) {
+            t[2][0] = stria_tensor_contiguous(dense, dtype, Tq, H, D);
+            t[2][1] = stria_tensor_contiguous(dense + nq * es, dtype, Tq, H, D);
+            t[2][2] = stria_tensor_head_major(hk, dtype, Tk, Hkv, D);
+            t[2][3] = stria_tensor_head_major(hk + nk * es, dtype, Tk, Hkv, D);
+        } else if (v == 0) {
             t[0][0] = stria_tensor_contiguous(dense, dtype, Tq, H, D);
             t[0][1] = stria_tensor_contiguous(dense + nq * es, dtype, Tq, H, D);
             t[0][2] = stria_tensor_contiguous(dense + 2 * nq * es, dtype, Tk, Hkv, D);
@@ -867,19 +884,22 @@ static void strided_case(int64_t D, stria_dtype_t dtype, const char *variant)
         if (o == 1)
             continue;
         size_t n = o == 0 || o == 2 ? nq : nk;
-        cr_assert(memcmp(out[0][o], out[1][o], n * 4) == 0,
-                  "%s: strided views differ from contiguous tensors (variant %s, %s, D=%lld)",
-                  names[o], variant, stria_dtype_name(dtype), (long long)D);
+        for (int v = 1; v < 3; v++)
+            cr_assert(memcmp(out[0][o], out[v][o], n * 4) == 0,
+                      "%s: %s views differ from contiguous tensors (variant %s, %s, D=%lld)",
+                      names[o], v == 1 ? "fused" : "head-major K/V", variant,
+                      stria_dtype_name(dtype), (long long)D);
     }
-    cr_assert(memcmp(lse[0], lse[1], nl * 4) == 0, "LSE: strided views differ (variant %s)",
-              variant);
-    for (int v = 0; v < 2; v++) {
+    for (int v = 1; v < 3; v++)
+        cr_assert(memcmp(lse[0], lse[v], nl * 4) == 0, "LSE: %s views differ (variant %s)",
+                  v == 1 ? "fused" : "head-major K/V", variant);
+    for (int v = 0; v < 3; v++) {
         for (int o = 0; o < 5; o++)
             free(out[v][o]);
         free(lse[v]);
         free(delta[v]);
     }
-    free(f), free(dense), free(fq), free(fk);
+    free(f), free(dense), free(fq), free(fk), free(hk);
 }
 
 Test(kernels, strided_views_match_contiguous)
