@@ -277,14 +277,16 @@ static inline char *stria__row(const stria_tensor_t *t, int64_t b, int64_t tok, 
                stria_dtype_size(t->dtype);
 }
 
-/* Copies a [B, L, heads, D] view into contiguous memory of the same dtype. */
+/* Copies a [B, L, heads, D] view into a head-major message block of the same
+ * dtype ([B][heads][L][D], stria_tensor_head_major): the rows of one head are
+ * adjacent, so the forward kernel reads fp32 V rows in place. */
 static void stria__pack_view(const stria_tensor_t *t, int64_t B, int64_t L, int64_t heads,
                              int64_t D, char *dst)
 {
     size_t row = (size_t)D * stria_dtype_size(t->dtype);
     for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < L; i++)
-            for (int64_t h = 0; h < heads; h++) {
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t i = 0; i < L; i++) {
                 memcpy(dst, stria__row(t, b, i, h), row);
                 dst += row;
             }
@@ -381,6 +383,27 @@ static stria_status_t stria__download_view(stria_ring_pass_t *p, const stria_ten
             for (int64_t h = 0; h < heads && st == STRIA_OK; h++, dst += row)
                 st = stria_device_copy(p->dev, STRIA_STREAM_COPY, dst, stria__row(t, b, i, h), row);
     return st;
+}
+
+/* This rank's own K/V block, device views k and v, to the host as a
+ * head-major message in dst: downloaded token-major into tmp (room for a
+ * message), then relaid on the host, so the device needs no relayout op. */
+static stria_status_t stria__download_kv(stria_ring_pass_t *p, const stria_tensor_t *k,
+                                         const stria_tensor_t *v, char *dst, char *tmp)
+{
+    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, Hkv = p->shape.kv_heads;
+    const int64_t D = p->shape.head_dim;
+    const size_t kv_bytes = (size_t)(B * L * Hkv * D) * stria_dtype_size(p->shape.dtype);
+    stria_status_t st;
+    if ((st = stria__download_view(p, k, B, L, Hkv, D, tmp)) != STRIA_OK ||
+        (st = stria__download_view(p, v, B, L, Hkv, D, tmp + kv_bytes)) != STRIA_OK ||
+        (st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK)
+        return st;
+    stria_tensor_t tk = stria_tensor_contiguous(tmp, p->shape.dtype, L, Hkv, D);
+    stria_tensor_t tv = stria_tensor_contiguous(tmp + kv_bytes, p->shape.dtype, L, Hkv, D);
+    stria__pack_view(&tk, B, L, Hkv, D, dst);
+    stria__pack_view(&tv, B, L, Hkv, D, dst + kv_bytes);
+    return STRIA_OK;
 }
 
 /* Zeros rows [from, L) of a [B, L, heads, D] device view, on the compute
@@ -675,7 +698,11 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     const size_t o_bytes = (size_t)(B * L * H * D) * sizeof(float);
     const size_t lse_bytes = (size_t)(B * H * (qv > 0 ? qv : 1)) * sizeof(float);
     /* The K/V blocks: messages in host memory (kvh) and, staged, their
-     * device copies (kvd); on a host-visible device they are the same. */
+     * device copies (kvd); on a host-visible device they are the same. K
+     * then V, each head-major [B][Hkv][L][D]. The O accumulator is
+     * head-major too: a query tile's rows are then adjacent, which cuts
+     * the cost of merging each step's partial into it (cold, once per
+     * step). */
     memset(p->stats, 0, (size_t)N * sizeof(*p->stats));
     if (!p->staged) {
         char *arena =
@@ -714,17 +741,14 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         lse_h = stria__carve(&hcur, lse_host);
         /* This rank's own block goes to the host once, for sending; its
          * kernel reads the caller's k and v in place. */
-        if (N > 1 &&
-            ((st = stria__download_view(p, k, B, L, Hkv, D, kvh[0])) != STRIA_OK ||
-             (st = stria__download_view(p, v, B, L, Hkv, D, kvh[0] + kv_bytes)) != STRIA_OK ||
-             (st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK)) {
+        if (N > 1 && (st = stria__download_kv(p, k, v, kvh[0], kvh[1])) != STRIA_OK) {
             st = stria__fail(p, &reqs, st, "forward", 0);
             goto out;
         }
     }
 
     stria_attn_params_t base = stria__params(p, r);
-    stria_tensor_t to = stria_tensor_contiguous(o_acc, STRIA_DTYPE_F32, L, H, D);
+    stria_tensor_t to = stria_tensor_head_major(o_acc, STRIA_DTYPE_F32, L, H, D);
     if (qv > 0 && (st = stria_device_attn_partial_init(p->dev, &base, &to, lse_acc)) != STRIA_OK) {
         st = stria__fail(p, &reqs, st, "forward", 0);
         goto out;
@@ -759,8 +783,8 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         if (stria__visible(p, j)) {
             stria_attn_params_t a = stria__params(p, j);
             char *blk = kvd[step % 2];
-            stria_tensor_t tk = stria_tensor_contiguous(blk, p->shape.dtype, L, Hkv, D);
-            stria_tensor_t tv = stria_tensor_contiguous(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
+            stria_tensor_t tk = stria_tensor_head_major(blk, p->shape.dtype, L, Hkv, D);
+            stria_tensor_t tv = stria_tensor_head_major(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
             stria__clock_t clk;
             stria__compute_begin(p, &clk);
             st = stria_device_attn_fwd(p->dev, &a, q, p->staged && step == 0 ? k : &tk,
@@ -940,9 +964,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         /* Own K/V to the host once, for sending; the real LSE rows are
          * gathered on the host (a few bytes per row) unless there are no
          * padded rows, when the kernels read the caller's LSE in place. */
-        if ((N > 1 &&
-             ((st = stria__download_view(p, k, B, L, Hkv, D, kvh[0])) != STRIA_OK ||
-              (st = stria__download_view(p, v, B, L, Hkv, D, kvh[0] + kv_bytes)) != STRIA_OK)) ||
+        if ((N > 1 && (st = stria__download_kv(p, k, v, kvh[0], kvh[1])) != STRIA_OK) ||
             (qv > 0 && qv < L &&
              (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, lse_h, lse, lse_all)) !=
                  STRIA_OK) ||
@@ -1022,8 +1044,8 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         if (stria__visible(p, j)) {
             stria_attn_params_t a = stria__params(p, j);
             char *blk = kvd[step % 2];
-            stria_tensor_t tk = stria_tensor_contiguous(blk, p->shape.dtype, L, Hkv, D);
-            stria_tensor_t tv = stria_tensor_contiguous(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
+            stria_tensor_t tk = stria_tensor_head_major(blk, p->shape.dtype, L, Hkv, D);
+            stria_tensor_t tv = stria_tensor_head_major(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
             stria_tensor_t tdk = stria_tensor_contiguous(acc, STRIA_DTYPE_F32, L, Hkv, D);
             stria_tensor_t tdv =
                 stria_tensor_contiguous(acc + kv_elems, STRIA_DTYPE_F32, L, Hkv, D);
