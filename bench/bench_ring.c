@@ -39,7 +39,7 @@ typedef struct {
     bool causal;
     int reps;
     bool json;
-    bool serialize; /* one rank computes at a time while measuring compute */
+    bool serialize; /* one rank works at a time (all but its link waits) */
     int cpus;       /* online CPUs: wall times are measured for ranks <= cpus */
 } stria__rb_opts_t;
 
@@ -68,8 +68,9 @@ static void stria__rb_usage(FILE *out)
                  "  --no-causal      no mask (every layout is balanced; ideal speedup 1)\n"
                  "  --reps R         runs per layout, median reported (default 3; 1..100)\n"
                  "  --no-serialize   let the ranks compute concurrently while their compute is\n"
-                 "                   measured (default: one rank computes at a time, so that\n"
-                 "                   rank threads sharing cores do not slow each other down)\n"
+                 "                   measured (default: one rank works at a time, everything\n"
+                 "                   but its link waits, so that rank threads sharing cores\n"
+                 "                   and caches do not slow each other down)\n"
                  "  --json           one JSON object per (layout, ranks, seq, pass) per line\n"
                  "  -h, --help       this text\n"
                  "\n"

@@ -64,7 +64,7 @@ typedef struct {
     stria__barrier_t barrier;
     int failed; /* atomic: some rank failed, the others skip what follows */
     stria__rank_result_t *res;
-    pthread_mutex_t compute_lock; /* serialize_compute */
+    pthread_mutex_t work_lock; /* serialize_compute: held by the rank at work */
     stria_ring_local_stats_t *stats;
     bool staged; /* the ranks' device memory is not host memory */
 } stria__local_t;
@@ -239,14 +239,28 @@ static void stria__copy_stats(int rank, const stria_ring_pass_t *pass, stria_rin
         memcpy(dst + (size_t)rank * n, src, n * sizeof(*src));
 }
 
-static void stria__compute_lock_cb(void *ctx)
+static void stria__work_lock_cb(void *ctx)
 {
-    pthread_mutex_lock(&((stria__local_t *)ctx)->compute_lock);
+    pthread_mutex_lock(&((stria__local_t *)ctx)->work_lock);
 }
 
-static void stria__compute_unlock_cb(void *ctx)
+static void stria__work_unlock_cb(void *ctx)
 {
-    pthread_mutex_unlock(&((stria__local_t *)ctx)->compute_lock);
+    pthread_mutex_unlock(&((stria__local_t *)ctx)->work_lock);
+}
+
+/* serialize_compute: a rank works on a pass holding the run's lock (its
+ * pass lets it go around link waits) */
+static void stria__work_begin(stria__local_t *run)
+{
+    if (run->opts->serialize_compute)
+        stria__work_lock_cb(run);
+}
+
+static void stria__work_end(stria__local_t *run)
+{
+    if (run->opts->serialize_compute)
+        stria__work_unlock_cb(run);
 }
 
 static void *stria__rank_main(void *arg)
@@ -281,10 +295,10 @@ static void *stria__rank_main(void *arg)
         po.step_timeout_s = run->opts->step_timeout_s;
         po.pool = pool;
         po.device = dev;
-        if (run->opts->serialize_compute) {
-            po.compute_begin_cb = stria__compute_lock_cb;
-            po.compute_end_cb = stria__compute_unlock_cb;
-            po.compute_cb_ctx = run;
+        if (run->opts->serialize_compute) { /* released while waiting */
+            po.wait_begin_cb = stria__work_unlock_cb;
+            po.wait_end_cb = stria__work_lock_cb;
+            po.wait_cb_ctx = run;
         }
         st = stria_ring_pass_create(link, sh, l->kind, &po, &pass);
     }
@@ -306,7 +320,9 @@ static void *stria__rank_main(void *arg)
 
     if (stria__phase_ok(run) && do_fwd) {
         run->res[rank].fwd_t0 = stria_time_now();
+        stria__work_begin(run);
         st = stria_ring_fwd(pass, &tq, &tk, &tv, &to, t->lse);
+        stria__work_end(run);
         run->res[rank].fwd_t1 = stria_time_now();
         stria__copy_stats(rank, pass, run->stats ? run->stats->fwd_steps : NULL);
         if (st != STRIA_OK)
@@ -318,7 +334,9 @@ static void *stria__rank_main(void *arg)
         stria_tensor_t tdk = stria_tensor_contiguous(t->dk, io->grad_dtype, L, Hkv, D);
         stria_tensor_t tdv = stria_tensor_contiguous(t->dv, io->grad_dtype, L, Hkv, D);
         run->res[rank].bwd_t0 = stria_time_now();
+        stria__work_begin(run);
         st = stria_ring_bwd(pass, &tq, &tk, &tv, &to, t->lse, &tg, &tdq, &tdk, &tdv);
+        stria__work_end(run);
         run->res[rank].bwd_t1 = stria_time_now();
         stria__copy_stats(rank, pass, run->stats ? run->stats->bwd_steps : NULL);
         if (st != STRIA_OK)
@@ -435,7 +453,7 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "stria_ring_run_local: out of memory");
         goto out_free;
     }
-    pthread_mutex_init(&run.compute_lock, NULL);
+    pthread_mutex_init(&run.work_lock, NULL);
     pthread_mutex_init(&run.barrier.lock, NULL);
     pthread_cond_init(&run.barrier.cv, NULL);
     run.barrier.parties = n;
@@ -458,7 +476,7 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
         pthread_join(threads[i], NULL);
     pthread_cond_destroy(&run.barrier.cv);
     pthread_mutex_destroy(&run.barrier.lock);
-    pthread_mutex_destroy(&run.compute_lock);
+    pthread_mutex_destroy(&run.work_lock);
 
     /* Report where the failure started: the first rank whose error is its
      * own rather than a peer's abort. */

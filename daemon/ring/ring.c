@@ -532,7 +532,11 @@ static stria_status_t stria__wait(stria_ring_pass_t *p, stria_link_req_t **req, 
         if (timeout < 0.1 * p->timeout_s)
             timeout = 0.1 * p->timeout_s;
     }
+    if (p->hooks.wait_begin_cb != NULL)
+        p->hooks.wait_begin_cb(p->hooks.wait_cb_ctx);
     st = stria_link_wait(p->link, *req, timeout);
+    if (p->hooks.wait_end_cb != NULL)
+        p->hooks.wait_end_cb(p->hooks.wait_cb_ctx);
     *req = NULL;
     stats->wait_s += stria_time_now() - t0;
     return st;

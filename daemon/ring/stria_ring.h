@@ -110,6 +110,13 @@ typedef struct {
     void (*compute_begin_cb)(void *ctx);
     void (*compute_end_cb)(void *ctx);
     void *compute_cb_ctx;
+    /* Optional hooks, called on the rank's thread right before and right
+     * after each blocking wait of a pass on its link (the part timed in
+     * wait_s); everything else a pass does lies outside them. The local ring
+     * uses them to let one rank work at a time (serialize_compute). */
+    void (*wait_begin_cb)(void *ctx);
+    void (*wait_end_cb)(void *ctx);
+    void *wait_cb_ctx;
     /* Optional, called on the rank's thread as each of the n_steps ring steps
      * of a pass starts (step 0..n_steps-1): progress for status views. */
     void (*step_cb)(void *ctx, int step, int n_steps);
@@ -211,9 +218,12 @@ typedef struct {
     stria_ring_passes_t passes;
     double step_timeout_s; /* as in stria_ring_opts_t */
     int threads_per_rank;  /* kernel threads of each rank; 0 or 1: none extra */
-    /* Run one rank's compute at a time (through the compute hooks): per-rank
-     * compute times free of contention between the rank threads, for
-     * benchmarks; the wall time then no longer shows parallel speed. */
+    /* Let one rank work at a time: a rank holds the run's lock through a
+     * pass and lets it go only while it waits on its link (the wait hooks),
+     * so neither another rank's kernels nor its memory work (message copies,
+     * packing, clearing, the final conversions) run beside a rank's compute.
+     * Per-rank compute times free of contention between the rank threads,
+     * for benchmarks; the wall time then no longer shows parallel speed. */
     bool serialize_compute;
     /* Device of every rank (stria_device_open() names): NULL or "cpu" runs
      * on the host as before; "cpu:staged" and "cuda:N" give each rank its

@@ -367,6 +367,25 @@ typedef struct {
     float *o, *lse, *dq, *dk, *dv; /* this rank's fp32 outputs, shard order */
 } rank_ctx_t;
 
+/* The ranks of run_ranks() work one at a time when set: each holds this lock
+ * through its passes and lets it go around its link waits (the wait hooks),
+ * as stria_ring_run_local() does with serialize_compute. */
+static pthread_mutex_t *run_serial;
+static int wait_calls, wait_active; /* atomics: wait hooks of run_serial */
+
+static void wait_begin(void *ctx)
+{
+    __atomic_add_fetch(&wait_calls, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&wait_active, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(ctx);
+}
+
+static void wait_end(void *ctx)
+{
+    pthread_mutex_lock(ctx);
+    __atomic_sub_fetch(&wait_active, 1, __ATOMIC_RELAXED);
+}
+
 static void *rank_main(void *arg)
 {
     rank_ctx_t *x = arg;
@@ -375,6 +394,8 @@ static void *rank_main(void *arg)
     stria_ring_pass_t *pass = NULL;
     stria_ring_shape_t shape = shape_of(c);
     stria_ring_opts_t opts = {.step_timeout_s = x->timeout_s, .pass_id = 7};
+    if (run_serial != NULL)
+        opts.wait_begin_cb = wait_begin, opts.wait_end_cb = wait_end, opts.wait_cb_ctx = run_serial;
     size_t es = stria_dtype_size(c->dtype);
     double t0 = stria_time_now();
     stria_device_t *dev = NULL;
@@ -435,6 +456,8 @@ static void *rank_main(void *arg)
         cr_assert_eq(stria_device_sync(dev, STRIA_STREAM_COPY), STRIA_OK);
     }
 
+    if (run_serial != NULL)
+        pthread_mutex_lock(run_serial);
     x->st_fwd = stria_ring_fwd(pass, &tq, &tk, &tv, &to, lse);
     if (x->st_fwd != STRIA_OK)
         snprintf(x->msg, sizeof(x->msg), "%s", stria_error_msg());
@@ -443,6 +466,8 @@ static void *rank_main(void *arg)
         if (x->st_bwd != STRIA_OK)
             snprintf(x->msg, sizeof(x->msg), "%s", stria_error_msg());
     }
+    if (run_serial != NULL)
+        pthread_mutex_unlock(run_serial);
     x->elapsed_s = stria_time_now() - t0;
     if (dev != NULL) {
         for (int i = 4; i < 8; i++)
@@ -591,6 +616,19 @@ static void failing_rank_case(void)
 Test(ring, failing_rank_fails_every_rank)
 {
     failing_rank_case();
+}
+
+/* The same with the ranks working one at a time (the benchmark's
+ * serialisation through the wait hooks): a rank never blocks holding the
+ * lock, so the failure still reaches every rank, and the hooks pair up. */
+Test(ring, failing_rank_fails_every_rank_serialized)
+{
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    run_serial = &m;
+    failing_rank_case();
+    run_serial = NULL;
+    cr_expect_gt(wait_calls, 0, "the wait hooks were never called");
+    cr_expect_eq(wait_active, 0, "%d wait hooks without their end", wait_active);
 }
 
 /* The same with every rank on the staged device: the failure surfaces from
