@@ -226,6 +226,20 @@ static inline int stria__tile_len(int64_t total, int64_t t0, int64_t tile)
     return (int)(total - t0 < tile ? total - t0 : tile);
 }
 
+/* The (batch, head, query tile) of a task numbered [B][H][nqt]. */
+typedef struct {
+    int64_t b, h, qt;
+} stria__qtask_t;
+
+static inline stria__qtask_t stria__qtask(int64_t nqt, int64_t H, size_t task)
+{
+    stria__qtask_t t;
+    t.qt = (int64_t)task % nqt;
+    t.h = ((int64_t)task / nqt) % H;
+    t.b = (int64_t)task / nqt / H;
+    return t;
+}
+
 /* Sub-blocks of a tile: query chunks of STRIA__SB columns, key sub-blocks of
  * STRIA__SB rows. */
 #define STRIA__NQS (STRIA__BQ / STRIA__SB)
@@ -501,6 +515,10 @@ typedef struct {
     size_t k_tile;
     float *scratch; /* per thread */
     size_t scratch_floats;
+    /* a forward pass's query side packed at begin ([B][H][nqt], q_tile
+     * floats each), or NULL: each task packs its Q tile */
+    const float *q_packed;
+    size_t q_tile;
 } stria__fwd_job_t;
 
 static void stria__fwd_pack_task(void *arg, size_t task, int thread)
@@ -577,7 +595,11 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     float *alpha = l + STRIA__BQ;
     bool first = true;
 
-    stria__pack_qside(c, job->q, b, h, q0, bq, NULL, oacc, qt_buf);
+    const float *qtp = qt_buf; /* the tile's packed Q^T */
+    if (job->q_packed != NULL)
+        qtp = job->q_packed + (size_t)((b * c->H + h) * c->nqt + qt) * job->q_tile;
+    else
+        stria__pack_qside(c, job->q, b, h, q0, bq, NULL, oacc, qt_buf);
     for (int i = 0; i < STRIA__BQ; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
@@ -594,9 +616,9 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
                                      : job->v_packed + tidx * tile;
 
         if (cls == STRIA__TILE_PARTIAL) {
-            stria__fwd_partial(c, qt, kt, kp, vp, qt_buf, st, oacc, m, l, alpha, first);
+            stria__fwd_partial(c, qt, kt, kp, vp, qtp, st, oacc, m, l, alpha, first);
         } else {
-            stria__score_gemm(c, 0, bk, 0, STRIA__BQ, kp, qt_buf, st);
+            stria__score_gemm(c, 0, bk, 0, STRIA__BQ, kp, qtp, st);
             ops->softmax_fwd(st, bk, STRIA__BQ, STRIA__BQ, c->scale, m, l, alpha);
             ops->gemm(bq, (int)Dp, bk, st, STRIA__BQ, true, vp, Dp, oacc, Dp, alpha, !first);
         }
@@ -623,20 +645,30 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     }
 }
 
-stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_tensor_t *q,
-                              const stria_tensor_t *k, const stria_tensor_t *v,
-                              const stria_tensor_t *o, float *lse, bool accumulate)
+/* Takes a workspace of `floats` floats from the cache; `bound` is the same
+ * size computed in double (with any factor the caller multiplies it by), to
+ * refuse sizes that overflow. */
+static stria_status_t stria__ws_floats(double bound, size_t floats, stria__ws_t *ws, const char *fn)
 {
-    static const char fn[] = "stria_attn_fwd";
+    if (bound > 0x1p58 || !stria__ws_get(floats * sizeof(float), ws))
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
+                               (floats * sizeof(float)) >> 20);
+    return STRIA_OK;
+}
+
+/* stria_attn_fwd() on validated arguments; q_packed: the query side packed
+ * by a forward pass (q is then only its view), or NULL. */
+static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                     const float *q_packed, const stria_tensor_t *k,
+                                     const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
+                                     bool accumulate, const char *fn)
+{
     stria__fwd_job_t job;
     stria__ctx_t c;
     stria_status_t st;
     size_t tile, n_ktiles, total;
     stria__ws_t ws = {0};
 
-    st = stria__validate_fwd(params, q, k, v, o, lse, fn);
-    if (st != STRIA_OK)
-        return st;
     st = stria__ctx_init(&c, params, fn);
     if (st != STRIA_OK)
         return st;
@@ -644,6 +676,7 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     memset(&job, 0, sizeof(job));
     job.c = &c;
     job.q = q;
+    job.q_packed = q_packed;
     job.k = k;
     job.v = v;
     job.o = o;
@@ -654,17 +687,14 @@ stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_ten
     tile = (size_t)c.Dp * STRIA__BK;
     n_ktiles = (size_t)(c.B * c.Hkv * c.nkt);
     job.k_tile = stria__score_tile_floats(&c, tile);
+    job.q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
     job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* operands read in place need no packed tiles */
     size_t k_area = c.kdirect ? 0 : n_ktiles * job.k_tile, v_area = c.vdirect ? 0 : n_ktiles * tile;
     total = k_area + v_area + (size_t)c.n_threads * job.scratch_floats;
-    if (2.0 * (double)n_ktiles * (double)tile > 0x1p58 ||
-        !stria__ws_get(total * sizeof(float), &ws)) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
-                             (total * sizeof(float)) >> 20);
+    if ((st = stria__ws_floats(2.0 * (double)n_ktiles * (double)tile, total, &ws, fn)) != STRIA_OK)
         goto out;
-    }
     job.k_packed = ws.ptr;
     job.v_packed = job.k_packed + k_area;
     job.scratch = job.v_packed + v_area;
@@ -676,6 +706,197 @@ out:
     stria__ws_put(&ws);
     stria__ctx_free(&c);
     return st;
+}
+
+stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *o, float *lse, bool accumulate)
+{
+    static const char fn[] = "stria_attn_fwd";
+    stria_status_t st = stria__validate_fwd(params, q, k, v, o, lse, fn);
+    if (st != STRIA_OK)
+        return st;
+    return stria__fwd_run(params, q, NULL, k, v, o, lse, accumulate, fn);
+}
+
+/* Whether a block's params p match, in every query-side field, those a pass
+ * was begun with (b). */
+static stria_status_t stria__same_query(const stria_attn_params_t *b, const stria_attn_params_t *p,
+                                        const char *fn)
+{
+    const char *what = NULL;
+    if (p->batch != b->batch)
+        what = "batch";
+    else if (p->q_tokens != b->q_tokens)
+        what = "q_tokens";
+    else if (p->heads != b->heads)
+        what = "heads";
+    else if (p->kv_heads != b->kv_heads)
+        what = "kv_heads";
+    else if (p->head_dim != b->head_dim)
+        what = "head_dim";
+    else if (stria__attn_scale(p) != stria__attn_scale(b))
+        what = "scale";
+    else if (p->causal != b->causal)
+        what = "causal";
+    else if (p->pool != b->pool)
+        what = "pool";
+    else if (p->q_pos.n_runs != b->q_pos.n_runs ||
+             (b->q_pos.n_runs > 0 &&
+              memcmp(p->q_pos.runs, b->q_pos.runs, b->q_pos.n_runs * sizeof(stria_pos_run_t)) != 0))
+        what = "q_pos";
+    if (what != NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: params.%s differs from the one the pass was begun with", fn,
+                               what);
+    return STRIA_OK;
+}
+
+/* ---- forward pass ---------------------------------------------------------- */
+
+struct stria_attn_fwd_pass {
+    stria_attn_params_t p;   /* the query side of begin's params (kv fields unused) */
+    stria_pos_run_t *q_runs; /* copy of p.q_pos.runs */
+    stria_tensor_t q;        /* view (its data is packed at begin) */
+    stria__ws_t ws;
+    float *q_packed; /* [B][H][nqt] tiles of q_tile floats */
+    size_t q_tile;
+};
+
+typedef struct {
+    stria__ctx_t *c;
+    const stria_tensor_t *q;
+    float *q_packed, *scratch; /* scratch: BQ * Dp floats per thread */
+    size_t q_tile;
+} stria__fwd_begin_job_t;
+
+static void stria__fwd_begin_task(void *arg, size_t task, int thread)
+{
+    stria__fwd_begin_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
+    int64_t qt = tk.qt, h = tk.h, b = tk.b;
+    int64_t q0 = qt * STRIA__BQ;
+    float *tmp = job->scratch + (size_t)thread * (size_t)(STRIA__BQ * c->Dp);
+    stria__pack_qside(c, job->q, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ), NULL, tmp,
+                      job->q_packed + task * job->q_tile);
+}
+
+/* The pass's params with a one-token K/V block, for a context that only
+ * needs the query side. */
+static stria_attn_params_t stria__query_side(const stria_attn_params_t *p)
+{
+    stria_attn_params_t a = *p;
+    a.kv_tokens = 1;
+    a.kv_pos.runs = NULL;
+    a.kv_pos.n_runs = 0;
+    return a;
+}
+
+/* Checks the arguments a pass's begin shares: params (the key side unused)
+ * and q. */
+static stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                        const char *fn)
+{
+    stria_attn_params_t a;
+    stria_status_t st;
+    if (params == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
+    a = stria__query_side(params);
+    if ((st = stria__validate_shape(&a, fn)) != STRIA_OK)
+        return st;
+    return stria__validate_tensor(q, fn, "q", a.q_tokens, a.heads, a.head_dim, false);
+}
+
+/* The query side a pass keeps from begin's params: a copy whose q_pos runs
+ * are the pass's own (*runs, freed by the pass). */
+static stria_status_t stria__pass_query(const stria_attn_params_t *params, stria_attn_params_t *p,
+                                        stria_pos_run_t **runs, const char *fn)
+{
+    *p = *params;
+    *runs = NULL;
+    if (params->q_pos.n_runs > 0) {
+        *runs = malloc(params->q_pos.n_runs * sizeof(stria_pos_run_t));
+        if (*runs == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+        memcpy(*runs, params->q_pos.runs, params->q_pos.n_runs * sizeof(stria_pos_run_t));
+    }
+    p->q_pos.runs = *runs;
+    return STRIA_OK;
+}
+
+stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                    stria_attn_fwd_pass_t **out)
+{
+    static const char fn[] = "stria_attn_fwd_begin";
+    stria_attn_fwd_pass_t *pass;
+    stria__fwd_begin_job_t job;
+    stria_attn_params_t a;
+    stria__ctx_t c;
+    stria_status_t st;
+    size_t n_q, total;
+
+    if (out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
+    *out = NULL;
+    if ((st = stria__pass_check(params, q, fn)) != STRIA_OK)
+        return st;
+    a = stria__query_side(params);
+    if ((pass = calloc(1, sizeof(*pass))) == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    pass->q = *q;
+    if ((st = stria__pass_query(params, &pass->p, &pass->q_runs, fn)) != STRIA_OK ||
+        (st = stria__ctx_init(&c, &a, fn)) != STRIA_OK) {
+        free(pass->q_runs);
+        free(pass);
+        return st;
+    }
+    stria__ctx_set_dtype(&c, q->dtype);
+    n_q = (size_t)(c.B * c.H * c.nqt);
+    pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
+    total = n_q * pass->q_tile + (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp);
+    if ((st = stria__ws_floats((double)n_q * (double)pass->q_tile, total, &pass->ws, fn)) !=
+        STRIA_OK) {
+        stria__ctx_free(&c);
+        free(pass->q_runs);
+        free(pass);
+        return st;
+    }
+    pass->q_packed = pass->ws.ptr;
+    job.c = &c;
+    job.q = q;
+    job.q_packed = pass->q_packed;
+    job.q_tile = pass->q_tile;
+    job.scratch = pass->q_packed + n_q * pass->q_tile;
+    stria_pool_run(params->pool, n_q, stria__fwd_begin_task, &job);
+    stria__ctx_free(&c);
+    *out = pass;
+    return STRIA_OK;
+}
+
+stria_status_t stria_attn_fwd_block(stria_attn_fwd_pass_t *pass, const stria_attn_params_t *params,
+                                    const stria_tensor_t *k, const stria_tensor_t *v,
+                                    const stria_tensor_t *o, float *lse, bool accumulate)
+{
+    static const char fn[] = "stria_attn_fwd_block";
+    stria_status_t st;
+
+    if (pass == NULL || params == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: %s is NULL", fn,
+                               pass == NULL ? "pass" : "params");
+    if ((st = stria__same_query(&pass->p, params, fn)) != STRIA_OK ||
+        (st = stria__validate_fwd(params, &pass->q, k, v, o, lse, fn)) != STRIA_OK)
+        return st;
+    return stria__fwd_run(params, &pass->q, pass->q_packed, k, v, o, lse, accumulate, fn);
+}
+
+void stria_attn_fwd_end(stria_attn_fwd_pass_t *pass)
+{
+    if (pass == NULL)
+        return;
+    stria__ws_put(&pass->ws);
+    free(pass->q_runs);
+    free(pass);
 }
 
 /* ---- init, merge, finalize, delta --------------------------------------- */
@@ -857,9 +1078,8 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t qt = (int64_t)task % c->nqt;
-    int64_t h = ((int64_t)task / c->nqt) % c->H;
-    int64_t b = (int64_t)task / c->nqt / c->H;
+    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
+    int64_t qt = tk.qt, h = tk.h, b = tk.b;
     int64_t q0 = qt * STRIA__BQ;
     int n = stria__tile_len(c->Tq, q0, STRIA__BQ);
     size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
@@ -878,9 +1098,8 @@ static void stria__bwd_unpack_dq_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t qt = (int64_t)task % c->nqt;
-    int64_t h = ((int64_t)task / c->nqt) % c->H;
-    int64_t b = (int64_t)task / c->nqt / c->H;
+    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
+    int64_t qt = tk.qt, h = tk.h, b = tk.b;
     int64_t q0 = qt * STRIA__BQ;
     size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
 
@@ -1135,9 +1354,8 @@ static void stria__bwd_dq_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t qt = (int64_t)task % c->nqt;
-    int64_t h = ((int64_t)task / c->nqt) % c->H;
-    int64_t b = (int64_t)task / c->nqt / c->H;
+    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
+    int64_t qt = tk.qt, h = tk.h, b = tk.b;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
 
     stria__bwd_load_stats(job, &s, b, h, qt);
@@ -1166,10 +1384,7 @@ struct stria_attn_bwd_pass {
  * needs the query side. */
 static stria_attn_params_t stria__bwd_pass_params(const stria_attn_bwd_pass_t *pass)
 {
-    stria_attn_params_t a = pass->p;
-    a.kv_tokens = 1;
-    a.kv_pos.runs = NULL;
-    a.kv_pos.n_runs = 0;
+    stria_attn_params_t a = stria__query_side(&pass->p);
     a.pool = pass->pool;
     return a;
 }
@@ -1211,23 +1426,15 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     *out = NULL;
     if (pass == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
-    pass->p = *params;
     pass->q = *q;
     pass->d_o = *d_o;
     pass->lse = lse;
     pass->delta = delta;
     pass->pool = params->pool;
-    if (params->q_pos.n_runs > 0) {
-        pass->q_runs = malloc(params->q_pos.n_runs * sizeof(stria_pos_run_t));
-        if (pass->q_runs == NULL) {
-            free(pass);
-            return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
-        }
-        memcpy(pass->q_runs, params->q_pos.runs, params->q_pos.n_runs * sizeof(stria_pos_run_t));
+    if ((st = stria__pass_query(params, &pass->p, &pass->q_runs, fn)) == STRIA_OK) {
+        a = stria__bwd_pass_params(pass);
+        st = stria__ctx_init(&c, &a, fn);
     }
-    pass->p.q_pos.runs = pass->q_runs;
-    a = stria__bwd_pass_params(pass);
-    st = stria__ctx_init(&c, &a, fn);
     if (st != STRIA_OK) {
         free(pass->q_runs);
         free(pass);
@@ -1257,10 +1464,8 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     pass->q_stile = stria__score_tile_floats(&c, qtile);
     pass->dq_floats = pass->n_q * qtile;
     size_t total = (2 + (size_t)pass->n_dq) * pass->n_q * qtile + 2 * pass->n_q * pass->q_stile;
-    if ((6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile > 0x1p58 ||
-        !stria__ws_get(total * sizeof(float), &pass->ws)) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
-                             (total * sizeof(float)) >> 20);
+    if ((st = stria__ws_floats((6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, total,
+                               &pass->ws, fn)) != STRIA_OK) {
         stria__ctx_free(&c);
         free(pass->q_runs);
         free(pass);
@@ -1311,11 +1516,8 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     total = n_k * ktile + (c.bf16 ? 2 : 1) * n_k * job.k_stile +
             (size_t)c.n_threads * job.scratch_floats;
-    if (3.0 * (double)n_k * (double)ktile > 0x1p58 || !stria__ws_get(total * sizeof(float), &ws)) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
-                             (total * sizeof(float)) >> 20);
+    if ((st = stria__ws_floats(3.0 * (double)n_k * (double)ktile, total, &ws, fn)) != STRIA_OK)
         goto out;
-    }
     job.k_packed = ws.ptr;
     job.v_packed = job.k_packed + n_k * ktile;
     job.ks_packed = job.k_packed;
@@ -1366,37 +1568,6 @@ static stria_status_t stria__bwd_end(stria_attn_bwd_pass_t *pass, const stria_te
 }
 
 /* Whether the query side of params is the one the pass was begun with. */
-static stria_status_t stria__bwd_same_query(const stria_attn_bwd_pass_t *pass,
-                                            const stria_attn_params_t *p, const char *fn)
-{
-    const stria_attn_params_t *b = &pass->p;
-    const char *what = NULL;
-    if (p->batch != b->batch)
-        what = "batch";
-    else if (p->q_tokens != b->q_tokens)
-        what = "q_tokens";
-    else if (p->heads != b->heads)
-        what = "heads";
-    else if (p->kv_heads != b->kv_heads)
-        what = "kv_heads";
-    else if (p->head_dim != b->head_dim)
-        what = "head_dim";
-    else if (stria__attn_scale(p) != stria__attn_scale(b))
-        what = "scale";
-    else if (p->causal != b->causal)
-        what = "causal";
-    else if (p->pool != pass->pool)
-        what = "pool";
-    else if (p->q_pos.n_runs != b->q_pos.n_runs ||
-             (b->q_pos.n_runs > 0 &&
-              memcmp(p->q_pos.runs, b->q_pos.runs, b->q_pos.n_runs * sizeof(stria_pos_run_t)) != 0))
-        what = "q_pos";
-    if (what != NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: params.%s differs from the one the pass was begun with", fn,
-                               what);
-    return STRIA_OK;
-}
 
 stria_status_t stria_attn_bwd_begin(const stria_attn_params_t *params, const stria_tensor_t *q,
                                     const stria_tensor_t *d_o, const float *lse, const float *delta,
@@ -1409,17 +1580,11 @@ stria_status_t stria_attn_bwd_begin(const stria_attn_params_t *params, const str
     if (pass == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     *pass = NULL;
-    if (params == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
-    a = *params; /* the key side is not used: check the rest */
-    a.kv_tokens = 1;
-    a.kv_pos.runs = NULL;
-    a.kv_pos.n_runs = 0;
-    if ((st = stria__validate_shape(&a, fn)) != STRIA_OK ||
-        (st = stria__validate_tensor(q, fn, "q", a.q_tokens, a.heads, a.head_dim, false)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(d_o, fn, "d_o", a.q_tokens, a.heads, a.head_dim, false)) !=
-            STRIA_OK)
+    if ((st = stria__pass_check(params, q, fn)) != STRIA_OK)
+        return st;
+    a = stria__query_side(params);
+    if ((st = stria__validate_tensor(d_o, fn, "d_o", a.q_tokens, a.heads, a.head_dim, false)) !=
+        STRIA_OK)
         return st;
     if (d_o->dtype != q->dtype)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -1442,7 +1607,7 @@ stria_status_t stria_attn_bwd_block(stria_attn_bwd_pass_t *pass, const stria_att
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: %s is NULL", fn,
                                pass == NULL ? "pass" : "params");
     if ((st = stria__validate_shape(params, fn)) != STRIA_OK ||
-        (st = stria__bwd_same_query(pass, params, fn)) != STRIA_OK ||
+        (st = stria__same_query(&pass->p, params, fn)) != STRIA_OK ||
         (st = stria__validate_tensor(k, fn, "k", params->kv_tokens, params->kv_heads,
                                      params->head_dim, false)) != STRIA_OK ||
         (st = stria__validate_tensor(v, fn, "v", params->kv_tokens, params->kv_heads,

@@ -205,6 +205,33 @@ static stria_status_t stria__cpu_attn_bwd(stria_device_t *dev, const stria_attn_
     return stria_attn_bwd(&a, q, k, v, d_o, lse, delta, dq, dk, dv);
 }
 
+static stria_status_t stria__cpu_attn_fwd_begin(stria_device_t *dev,
+                                                const stria_attn_params_t *params,
+                                                const stria_tensor_t *q, void **impl)
+{
+    stria_attn_params_t a = stria__cpu_params(dev, params);
+    stria_attn_fwd_pass_t *pass = NULL;
+    stria_status_t st = stria_attn_fwd_begin(&a, q, &pass);
+    *impl = pass;
+    return st;
+}
+
+static stria_status_t stria__cpu_attn_fwd_block(stria_device_t *dev, void *impl,
+                                                const stria_attn_params_t *params,
+                                                const stria_tensor_t *k, const stria_tensor_t *v,
+                                                const stria_tensor_t *o, float *lse,
+                                                bool accumulate)
+{
+    stria_attn_params_t a = stria__cpu_params(dev, params);
+    return stria_attn_fwd_block(impl, &a, k, v, o, lse, accumulate);
+}
+
+static void stria__cpu_attn_fwd_end(stria_device_t *dev, void *impl)
+{
+    (void)dev;
+    stria_attn_fwd_end(impl);
+}
+
 static stria_status_t stria__cpu_attn_bwd_begin(stria_device_t *dev,
                                                 const stria_attn_params_t *params,
                                                 const stria_tensor_t *q, const stria_tensor_t *d_o,
@@ -251,6 +278,9 @@ static const stria_device_ops_t stria__cpu_ops = {
     .attn_finalize = stria__cpu_attn_finalize,
     .attn_bwd_delta = stria__cpu_attn_bwd_delta,
     .attn_bwd = stria__cpu_attn_bwd,
+    .attn_fwd_begin = stria__cpu_attn_fwd_begin,
+    .attn_fwd_block = stria__cpu_attn_fwd_block,
+    .attn_fwd_end = stria__cpu_attn_fwd_end,
     .attn_bwd_begin = stria__cpu_attn_bwd_begin,
     .attn_bwd_block = stria__cpu_attn_bwd_block,
     .attn_bwd_end = stria__cpu_attn_bwd_end,
@@ -583,6 +613,64 @@ stria_status_t stria_device_attn_bwd(stria_device_t *dev, const stria_attn_param
 {
     STRIA__CHECK_KERNEL(dev, params, "stria_device_attn_bwd");
     return dev->ops->attn_bwd(dev, params, q, k, v, d_o, lse, delta, dq, dk, dv);
+}
+
+/* ---- forward pass ------------------------------------------------------------ */
+
+struct stria_device_fwd_pass {
+    stria_device_t *dev;
+    void *impl; /* the device's pass, or NULL: attn_fwd per block */
+    stria_tensor_t q;
+};
+
+stria_status_t stria_device_attn_fwd_begin(stria_device_t *dev, const stria_attn_params_t *params,
+                                           const stria_tensor_t *q, stria_device_fwd_pass_t **pass)
+{
+    static const char fn[] = "stria_device_attn_fwd_begin";
+    stria_device_fwd_pass_t *fp;
+    stria_status_t st;
+
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
+    *pass = NULL;
+    STRIA__CHECK_KERNEL(dev, params, fn);
+    if (q == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: q is NULL", fn, dev->name);
+    if ((fp = calloc(1, sizeof(*fp))) == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    fp->dev = dev;
+    fp->q = *q;
+    if (dev->ops->attn_fwd_begin != NULL &&
+        (st = dev->ops->attn_fwd_begin(dev, params, q, &fp->impl)) != STRIA_OK) {
+        free(fp);
+        return st;
+    }
+    *pass = fp;
+    return STRIA_OK;
+}
+
+stria_status_t stria_device_attn_fwd_block(stria_device_fwd_pass_t *pass,
+                                           const stria_attn_params_t *params,
+                                           const stria_tensor_t *k, const stria_tensor_t *v,
+                                           const stria_tensor_t *o, float *lse, bool accumulate)
+{
+    static const char fn[] = "stria_device_attn_fwd_block";
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
+    STRIA__CHECK_KERNEL(pass->dev, params, fn);
+    if (pass->impl != NULL)
+        return pass->dev->ops->attn_fwd_block(pass->dev, pass->impl, params, k, v, o, lse,
+                                              accumulate);
+    return pass->dev->ops->attn_fwd(pass->dev, params, &pass->q, k, v, o, lse, accumulate);
+}
+
+void stria_device_attn_fwd_end(stria_device_fwd_pass_t *pass)
+{
+    if (pass == NULL)
+        return;
+    if (pass->impl != NULL)
+        pass->dev->ops->attn_fwd_end(pass->dev, pass->impl);
+    free(pass);
 }
 
 /* ---- backward pass ----------------------------------------------------------- */

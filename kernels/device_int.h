@@ -43,6 +43,16 @@ typedef struct {
                                const stria_tensor_t *v, const stria_tensor_t *d_o, const float *lse,
                                const float *delta, const stria_tensor_t *dq,
                                const stria_tensor_t *dk, const stria_tensor_t *dv);
+    /* Optional (NULL: the front end runs attn_fwd per block): a forward
+     * pass over several K/V blocks, stria_attn_fwd_begin() semantics; *impl
+     * is the device's own pass object, freed by attn_fwd_end. */
+    stria_status_t (*attn_fwd_begin)(stria_device_t *dev, const stria_attn_params_t *params,
+                                     const stria_tensor_t *q, void **impl);
+    stria_status_t (*attn_fwd_block)(stria_device_t *dev, void *impl,
+                                     const stria_attn_params_t *params, const stria_tensor_t *k,
+                                     const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
+                                     bool accumulate);
+    void (*attn_fwd_end)(stria_device_t *dev, void *impl);
     /* Optional (NULL: the front end runs attn_bwd per block): a backward
      * pass over several K/V blocks, stria_attn_bwd_begin() semantics; *impl
      * is the device's own pass object. */

@@ -131,6 +131,21 @@ stria_status_t stria_device_attn_bwd(stria_device_t *dev, const stria_attn_param
                                      const float *lse, const float *delta, const stria_tensor_t *dq,
                                      const stria_tensor_t *dk, const stria_tensor_t *dv);
 
+/* A forward pass over several K/V blocks (stria_attn_fwd_begin() of
+ * stria_kernels.h): the query side is prepared once. On a device without a
+ * pass of its own (CUDA, whose kernels read Q in place), every block runs
+ * stria_device_attn_fwd() with the q given to begin, which must then stay
+ * valid until end. end(NULL) does nothing. */
+typedef struct stria_device_fwd_pass stria_device_fwd_pass_t;
+
+stria_status_t stria_device_attn_fwd_begin(stria_device_t *dev, const stria_attn_params_t *params,
+                                           const stria_tensor_t *q, stria_device_fwd_pass_t **pass);
+stria_status_t stria_device_attn_fwd_block(stria_device_fwd_pass_t *pass,
+                                           const stria_attn_params_t *params,
+                                           const stria_tensor_t *k, const stria_tensor_t *v,
+                                           const stria_tensor_t *o, float *lse, bool accumulate);
+void stria_device_attn_fwd_end(stria_device_fwd_pass_t *pass);
+
 /* A backward pass over several K/V blocks (stria_attn_bwd_begin() of
  * stria_kernels.h): the query side is prepared once and dQ accumulates in
  * the pass; end adds it into dq (the view given to begin, device memory).

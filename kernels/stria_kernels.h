@@ -149,6 +149,29 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
                               const stria_tensor_t *dq, const stria_tensor_t *dk,
                               const stria_tensor_t *dv);
 
+/* A forward pass of one query block over several K/V blocks (a ring rank's
+ * forward: the same Q against a new K/V block at every step, merged into one
+ * partial). stria_attn_fwd_begin() packs the query side once (the
+ * transposed Q tiles every score product reads: about 1x Q in fp32, half
+ * that for bf16 products); stria_attn_fwd_block() is stria_attn_fwd() on one
+ * K/V block that reads the packed tiles instead of packing Q again (the same
+ * bits); stria_attn_fwd_end() frees the pass.
+ *
+ * begin: params as for stria_attn_fwd() except that kv_tokens and kv_pos are
+ * not used; q is read during the call only. block: params must match
+ * begin's in every query-side field (batch, q_tokens, heads, kv_heads,
+ * head_dim, scale, causal, q_pos, pool); the K/V fields describe this block;
+ * k and v have q's dtype; o, lse and accumulate as for stria_attn_fwd().
+ * end(NULL) does nothing. */
+typedef struct stria_attn_fwd_pass stria_attn_fwd_pass_t;
+
+stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                    stria_attn_fwd_pass_t **pass);
+stria_status_t stria_attn_fwd_block(stria_attn_fwd_pass_t *pass, const stria_attn_params_t *params,
+                                    const stria_tensor_t *k, const stria_tensor_t *v,
+                                    const stria_tensor_t *o, float *lse, bool accumulate);
+void stria_attn_fwd_end(stria_attn_fwd_pass_t *pass);
+
 /* A backward pass of one query block over several K/V blocks (a ring rank's
  * backward: the same Q, dO, LSE and D against a new K/V block at every step).
  * stria_attn_bwd_begin() packs the query side once; stria_attn_bwd_block()

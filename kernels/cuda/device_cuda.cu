@@ -550,8 +550,12 @@ static const stria_device_ops_t stria__cu_ops = {
     stria__cu_attn_finalize,
     stria__cu_attn_bwd_delta,
     stria__cu_attn_bwd,
-    /* no backward pass of its own: the front end runs attn_bwd per block
-     * (the CUDA kernels read Q and dO in place, nothing to pack once) */
+    /* no forward or backward pass of its own: the front end runs attn_fwd
+     * and attn_bwd per block (the CUDA kernels read Q and dO in place,
+     * nothing to pack once) */
+    NULL,
+    NULL,
+    NULL,
     NULL,
     NULL,
     NULL,

@@ -915,6 +915,132 @@ Test(kernels, strided_views_match_contiguous)
     }
 }
 
+/* A forward pass over several K/V blocks (a ring rank's forward: striped
+ * positions, one block per rank, merged into one partial) gives the bits of
+ * one stria_attn_fwd(accumulate) call per block, including the first call
+ * without accumulate, for fp32 and bf16, head_dim read in place (64) and
+ * packed (40), on 1 and 3 threads, K/V token-major and head-major. The query
+ * buffer is overwritten after begin: blocks must not read it. */
+static void fwd_pass_case(stria_dtype_t dtype, int threads, int64_t D, bool head_major)
+{
+    enum { NB = 3 };
+    const int64_t B = 2, Tq = 75, Tk = 75, H = 4, Hkv = 2;
+    size_t es = stria_dtype_size(dtype);
+    size_t nq = (size_t)(B * Tq * H * D), nk = (size_t)(B * Tk * Hkv * D),
+           nl = (size_t)(B * H * Tq);
+    float *f = malloc((nq + 2 * NB * nk) * 4);
+    char *buf = malloc((nq + 2 * NB * nk) * es), *qcopy = malloc(nq * es);
+    float *o[2] = {malloc(nq * 4), malloc(nq * 4)}, *lse[2] = {malloc(nl * 4), malloc(nl * 4)};
+    stria_pool_t *pool = NULL;
+    stria_pos_run_t qr = {1, NB, Tq}, kr[NB];
+
+    if (threads > 1)
+        cr_assert_eq(stria_pool_create(threads, &pool), STRIA_OK);
+    ref_fill(f, nq + 2 * NB * nk, 57 + (uint64_t)threads, 1.0f, dtype);
+    ref_to_dtype(f, nq + 2 * NB * nk, dtype, buf);
+    memcpy(qcopy, buf, nq * es);
+    stria_tensor_t tq = stria_tensor_contiguous(buf, dtype, Tq, H, D);
+    stria_tensor_t tq_ref = stria_tensor_contiguous(qcopy, dtype, Tq, H, D);
+    stria_tensor_t tk[NB], tv[NB];
+    for (int j = 0; j < NB; j++) {
+        char *kd = buf + (nq + 2 * (size_t)j * nk) * es, *vd = kd + nk * es;
+        kr[j] = (stria_pos_run_t){j, NB, Tk};
+        tk[j] = head_major ? stria_tensor_head_major(kd, dtype, Tk, Hkv, D)
+                           : stria_tensor_contiguous(kd, dtype, Tk, Hkv, D);
+        tv[j] = head_major ? stria_tensor_head_major(vd, dtype, Tk, Hkv, D)
+                           : stria_tensor_contiguous(vd, dtype, Tk, Hkv, D);
+    }
+    stria_attn_params_t p = causal_params(B, Tq, Tk, H, Hkv, D, &qr);
+    p.pool = pool;
+    stria_tensor_t to[2] = {stria_tensor_contiguous(o[0], STRIA_DTYPE_F32, Tq, H, D),
+                            stria_tensor_contiguous(o[1], STRIA_DTYPE_F32, Tq, H, D)};
+    stria_attn_fwd_pass_t *pass = NULL;
+    cr_assert_eq(stria_attn_fwd_begin(&p, &tq, &pass), STRIA_OK, "%s", stria_error_msg());
+    memset(buf, 0x7f, nq * es); /* the pass must have its own copy of Q */
+    for (int j = 0; j < NB; j++) {
+        p.kv_pos = (stria_positions_t){&kr[j], 1};
+        cr_assert_eq(stria_attn_fwd(&p, &tq_ref, &tk[j], &tv[j], &to[0], lse[0], j > 0), STRIA_OK,
+                     "%s", stria_error_msg());
+        cr_assert_eq(stria_attn_fwd_block(pass, &p, &tk[j], &tv[j], &to[1], lse[1], j > 0),
+                     STRIA_OK, "%s", stria_error_msg());
+    }
+    stria_attn_fwd_end(pass);
+    cr_assert(memcmp(o[0], o[1], nq * 4) == 0 && memcmp(lse[0], lse[1], nl * 4) == 0,
+              "forward pass differs from per-block calls (%s, %d threads, D=%lld, %s K/V)",
+              stria_dtype_name(dtype), threads, (long long)D,
+              head_major ? "head-major" : "token-major");
+    stria_pool_destroy(pool);
+    free(f), free(buf), free(qcopy), free(o[0]), free(o[1]), free(lse[0]), free(lse[1]);
+}
+
+Test(kernels, fwd_pass_matches_per_block_calls)
+{
+    static const stria_dtype_t dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16};
+    for (int threads = 1; threads <= 3; threads += 2)
+        for (size_t d = 0; d < 2; d++)
+            for (int hm = 0; hm < 2; hm++) {
+                fwd_pass_case(dtypes[d], threads, 64, hm);
+                fwd_pass_case(dtypes[d], threads, 40, hm);
+            }
+}
+
+/* One head of 16 dims, two query and two key tokens, no mask. */
+static stria_attn_params_t tiny_params(void)
+{
+    stria_attn_params_t p = {0};
+    p.batch = 1;
+    p.q_tokens = 2;
+    p.kv_tokens = 2;
+    p.heads = 1;
+    p.kv_heads = 1;
+    p.head_dim = 16;
+    return p;
+}
+
+Test(kernels, fwd_pass_bad_arguments_get_clear_errors)
+{
+    float q[2 * 16], k[2 * 16], o[2 * 16], lse[2];
+    memset(q, 0, sizeof(q));
+    memset(k, 0, sizeof(k));
+    stria_attn_params_t p = tiny_params();
+    stria_tensor_t tq = stria_tensor_contiguous(q, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tk = stria_tensor_contiguous(k, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tkb = stria_tensor_contiguous(k, STRIA_DTYPE_BF16, 2, 1, 16);
+    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_attn_fwd_pass_t *pass = NULL;
+
+    cr_assert_eq(stria_attn_fwd_begin(&p, NULL, &pass), STRIA_ERR_INVALID_ARG);
+    cr_assert_null(pass);
+    stria_attn_params_t bad = p;
+    bad.head_dim = 20;
+    cr_assert_eq(stria_attn_fwd_begin(&bad, &tq, &pass), STRIA_ERR_UNSUPPORTED);
+    cr_assert(strstr(stria_error_msg(), "head_dim 20 unsupported") != NULL, "%s",
+              stria_error_msg());
+    cr_assert_eq(stria_attn_fwd_begin(&p, &tq, &pass), STRIA_OK, "%s", stria_error_msg());
+    bad = p;
+    bad.q_tokens = 1;
+    cr_assert_eq(stria_attn_fwd_block(pass, &bad, &tk, &tk, &to, lse, false),
+                 STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "params.q_tokens differs") != NULL, "%s",
+              stria_error_msg());
+    bad = p;
+    bad.scale = 0.5f;
+    cr_assert_eq(stria_attn_fwd_block(pass, &bad, &tk, &tk, &to, lse, false),
+                 STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "params.scale differs") != NULL, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_fwd_block(pass, &p, &tkb, &tkb, &to, lse, false),
+                 STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "share one dtype") != NULL, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_fwd_block(pass, &p, &tk, &tk, &to, NULL, false), STRIA_ERR_INVALID_ARG);
+    cr_assert(strstr(stria_error_msg(), "lse is NULL") != NULL, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_fwd_block(NULL, &p, &tk, &tk, &to, lse, false), STRIA_ERR_INVALID_ARG);
+    /* the pass still works after rejected calls */
+    cr_assert_eq(stria_attn_fwd_block(pass, &p, &tk, &tk, &to, lse, false), STRIA_OK, "%s",
+                 stria_error_msg());
+    stria_attn_fwd_end(pass);
+    stria_attn_fwd_end(NULL);
+}
+
 /* A backward pass over several K/V blocks (a ring rank's backward: striped
  * positions, one block per rank) against one stria_attn_bwd() call per block
  * on one thread: the same sums in another order (dQ summed in the pass, then
@@ -1032,13 +1158,7 @@ Test(kernels, bwd_pass_bad_arguments_get_clear_errors)
     memset(k, 0, sizeof(k));
     memset(lse, 0, sizeof(lse));
     memset(delta, 0, sizeof(delta));
-    stria_attn_params_t p = {0};
-    p.batch = 1;
-    p.q_tokens = 2;
-    p.kv_tokens = 2;
-    p.heads = 1;
-    p.kv_heads = 1;
-    p.head_dim = 16;
+    stria_attn_params_t p = tiny_params();
     stria_tensor_t tq = stria_tensor_contiguous(q, STRIA_DTYPE_F32, 2, 1, 16);
     stria_tensor_t tg = stria_tensor_contiguous(g, STRIA_DTYPE_F32, 2, 1, 16);
     stria_tensor_t tk = stria_tensor_contiguous(k, STRIA_DTYPE_F32, 2, 1, 16);
