@@ -676,6 +676,7 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     stria_status_t st;
     char *kvh[2], *kvd[2];
     float *o_acc = NULL, *lse_acc = NULL, *lse_h = NULL;
+    stria_device_fwd_pass_t *fpass = NULL; /* the query side, prepared once */
     int step = 0;
 
     memset(&reqs, 0, sizeof(reqs));
@@ -753,9 +754,20 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
 
     stria_attn_params_t base = stria__params(p, r);
     stria_tensor_t to = stria_tensor_head_major(o_acc, STRIA_DTYPE_F32, L, H, D);
-    if (qv > 0 && (st = stria_device_attn_partial_init(p->dev, &base, &to, lse_acc)) != STRIA_OK) {
-        st = stria__fail(p, &reqs, st, "forward", 0);
-        goto out;
+    if (qv > 0) {
+        stria__clock_t clk;
+        double t_dev0 = 0.0;
+        stria__compute_begin(p, &clk);
+        st = stria_device_attn_partial_init(p->dev, &base, &to, lse_acc);
+        if (st == STRIA_OK)
+            st = stria_device_attn_fwd_begin(p->dev, &base, q, &fpass);
+        stria__compute_end_dev(p, &clk, &p->stats[0], &t_dev0);
+        if (st == STRIA_OK)
+            st = stria__device_step_time(p, t_dev0, &p->stats[0]);
+        if (st != STRIA_OK) {
+            st = stria__fail(p, &reqs, st, "forward", 0);
+            goto out;
+        }
     }
     /* Staged, step s: the device copy of block s was enqueued on the copy
      * stream at the end of step s - 1 and the compute stream ordered after
@@ -791,8 +803,8 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             stria_tensor_t tv = stria_tensor_head_major(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
             stria__clock_t clk;
             stria__compute_begin(p, &clk);
-            st = stria_device_attn_fwd(p->dev, &a, q, p->staged && step == 0 ? k : &tk,
-                                       p->staged && step == 0 ? v : &tv, &to, lse_acc, true);
+            st = stria_device_attn_fwd_block(fpass, &a, p->staged && step == 0 ? k : &tk,
+                                             p->staged && step == 0 ? v : &tv, &to, lse_acc, true);
             stria__compute_end_dev(p, &clk, ss, &t_dev0);
             ss->computed = true;
             if (st != STRIA_OK)
@@ -833,6 +845,7 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     }
     st = STRIA_OK;
 out:
+    stria_device_attn_fwd_end(fpass);
     stria__drain_on_error(p, st);
     return st;
 }

@@ -1078,7 +1078,8 @@ Test(ring, serialized_compute_and_hooks)
     cr_assert_eq(stria_inproc_hub_create(1, &hub), STRIA_OK);
     cr_assert_eq(stria_inproc_link_create(hub, 0, &link), STRIA_OK);
     cr_assert_eq(stria_ring_pass_create(link, &shape, c.layout, &po, &pass), STRIA_OK);
-    /* a ring of one: one forward step, one piece of compute */
+    /* a ring of one: one forward step; two pieces of compute (preparing the
+     * query side, then the step's block) */
     int64_t L = stria_ring_pass_layout(pass)->shard_tokens;
     float *buf = calloc((size_t)(5 * L * c.H * c.D + c.H * L), sizeof(float));
     stria_tensor_t tq = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, L, c.H, c.D);
@@ -1088,7 +1089,7 @@ Test(ring, serialized_compute_and_hooks)
         stria_tensor_contiguous(buf + 2 * L * c.H * c.D, STRIA_DTYPE_F32, L, c.H, c.D);
     cr_assert_eq(stria_ring_fwd(pass, &tq, &tk, &tk, &to, buf + 5 * L * c.H * c.D), STRIA_OK, "%s",
                  stria_error_msg());
-    cr_expect_eq(hook_calls, 1);
+    cr_expect_eq(hook_calls, 2);
     cr_expect_eq(hook_active, 0);
     cr_expect_eq(hook_max_active, 1);
     cr_expect(step_calls == 1 && step_last == 0 && step_total == 1,
