@@ -474,27 +474,21 @@ static void stria__step_begin(stria_ring_pass_t *p, int step)
         p->hooks.step_cb(p->hooks.step_cb_ctx, step, p->n);
 }
 
-/* Compute of a step: timed as thread CPU and wall time, between the
- * caller's hooks. */
+/* Compute of a step: timed as thread CPU and wall time. */
 typedef struct {
     double cpu, wall;
 } stria__clock_t;
 
-static void stria__compute_begin(stria_ring_pass_t *p, stria__clock_t *clk)
+static void stria__compute_begin(stria__clock_t *clk)
 {
-    if (p->hooks.compute_begin_cb != NULL)
-        p->hooks.compute_begin_cb(p->hooks.compute_cb_ctx);
     clk->cpu = stria_time_thread_cpu();
     clk->wall = stria_time_now();
 }
 
-static void stria__compute_end(stria_ring_pass_t *p, const stria__clock_t *clk,
-                               stria_ring_step_stats_t *ss)
+static void stria__compute_end(const stria__clock_t *clk, stria_ring_step_stats_t *ss)
 {
     ss->compute_s += stria_time_thread_cpu() - clk->cpu;
     ss->compute_wall_s += stria_time_now() - clk->wall;
-    if (p->hooks.compute_end_cb != NULL)
-        p->hooks.compute_end_cb(p->hooks.compute_cb_ctx);
 }
 
 /* The requests a pass may have outstanding at once. */
@@ -632,13 +626,11 @@ static void stria__compute_end_dev(stria_ring_pass_t *p, const stria__clock_t *c
                                    stria_ring_step_stats_t *ss, double *t_dev0)
 {
     if (!p->dev_timed) {
-        stria__compute_end(p, clk, ss);
+        stria__compute_end(clk, ss);
         return;
     }
     if (*t_dev0 == 0.0)
         *t_dev0 = clk->wall;
-    if (p->hooks.compute_end_cb != NULL)
-        p->hooks.compute_end_cb(p->hooks.compute_cb_ctx);
 }
 
 /* The LSE of the real rows, [B*H, qv], to the caller's [B*H, L] with -inf
@@ -757,7 +749,7 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     if (qv > 0) {
         stria__clock_t clk;
         double t_dev0 = 0.0;
-        stria__compute_begin(p, &clk);
+        stria__compute_begin(&clk);
         st = stria_device_attn_partial_init(p->dev, &base, &to, lse_acc);
         if (st == STRIA_OK)
             st = stria_device_attn_fwd_begin(p->dev, &base, q, &fpass);
@@ -802,7 +794,7 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
             stria_tensor_t tk = stria_tensor_head_major(blk, p->shape.dtype, L, Hkv, D);
             stria_tensor_t tv = stria_tensor_head_major(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
             stria__clock_t clk;
-            stria__compute_begin(p, &clk);
+            stria__compute_begin(&clk);
             st = stria_device_attn_fwd_block(fpass, &a, p->staged && step == 0 ? k : &tk,
                                              p->staged && step == 0 ? v : &tv, &to, lse_acc, true);
             stria__compute_end_dev(p, &clk, ss, &t_dev0);
@@ -1007,7 +999,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     if (qv > 0) {
         stria__clock_t clk;
         double t_dev0 = 0.0;
-        stria__compute_begin(p, &clk);
+        stria__compute_begin(&clk);
         st = stria_device_attn_bwd_delta(p->dev, &base, o, d_o, delta);
         if (st == STRIA_OK)
             st = stria_device_attn_bwd_begin(p->dev, &base, q, d_o, lse_c, delta, &tdq, &bpass);
@@ -1057,7 +1049,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
                      STRIA_OK)
             break;
         stria__clock_t clk;
-        stria__compute_begin(p, &clk);
+        stria__compute_begin(&clk);
         if (stria__visible(p, j)) {
             stria_attn_params_t a = stria__params(p, j);
             char *blk = kvd[step % 2];
@@ -1095,9 +1087,9 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         if (step > 0) {
             if ((st = stria__wait(p, &reqs.dkv_recv, step, ss)) != STRIA_OK)
                 break;
-            stria__compute_begin(p, &clk);
+            stria__compute_begin(&clk);
             stria_f32_add(mine, dkv_in, dkv_elems);
-            stria__compute_end(p, &clk, ss);
+            stria__compute_end(&clk, ss);
         }
         if (N > 1 && (st = stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, dkv_bytes,
                                        &reqs.dkv_send[step % 2], ss)) != STRIA_OK)
@@ -1129,10 +1121,10 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     }
     if (bpass != NULL) { /* the pass's dQ into dq_acc */
         stria__clock_t clk;
-        stria__compute_begin(p, &clk);
+        stria__compute_begin(&clk);
         st = stria_device_attn_bwd_end(bpass, true);
         bpass = NULL;
-        stria__compute_end(p, &clk, &p->stats[N - 1]);
+        stria__compute_end(&clk, &p->stats[N - 1]);
         if (st != STRIA_OK) {
             st = stria__fail(p, &reqs, st, "backward", N);
             goto out;

@@ -103,14 +103,6 @@ typedef struct {
      * Every rank of a ring must use the same id. */
     uint32_t pass_id;
     /* Optional hooks, called on the rank's thread right before and right
-     * after each piece of a step's compute (the part timed in compute_s),
-     * never around a wait. Benchmarks that run many ranks on few cores use
-     * them to let one rank compute at a time, so that the ranks' threads do
-     * not inflate each other's CPU times through shared caches. */
-    void (*compute_begin_cb)(void *ctx);
-    void (*compute_end_cb)(void *ctx);
-    void *compute_cb_ctx;
-    /* Optional hooks, called on the rank's thread right before and right
      * after each blocking wait of a pass on its link (the part timed in
      * wait_s); everything else a pass does lies outside them. The local ring
      * uses them to let one rank work at a time (serialize_compute). */
