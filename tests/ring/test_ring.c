@@ -372,11 +372,17 @@ typedef struct {
  * as stria_ring_run_local() does with serialize_compute. */
 static pthread_mutex_t *run_serial;
 static int wait_calls, wait_active; /* atomics: wait hooks of run_serial */
+static int wait_depth_max;          /* atomic: deepest nesting on one thread */
+static _Thread_local int wait_depth;
 
 static void wait_begin(void *ctx)
 {
     __atomic_add_fetch(&wait_calls, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&wait_active, 1, __ATOMIC_RELAXED);
+    int depth = ++wait_depth, seen = __atomic_load_n(&wait_depth_max, __ATOMIC_RELAXED);
+    while (depth > seen && !__atomic_compare_exchange_n(&wait_depth_max, &seen, depth, false,
+                                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
     pthread_mutex_unlock(ctx);
 }
 
@@ -384,6 +390,7 @@ static void wait_end(void *ctx)
 {
     pthread_mutex_lock(ctx);
     __atomic_sub_fetch(&wait_active, 1, __ATOMIC_RELAXED);
+    wait_depth--;
 }
 
 static void *rank_main(void *arg)
@@ -629,6 +636,7 @@ Test(ring, failing_rank_fails_every_rank_serialized)
     run_serial = NULL;
     cr_expect_gt(wait_calls, 0, "the wait hooks were never called");
     cr_expect_eq(wait_active, 0, "%d wait hooks without their end", wait_active);
+    cr_expect_eq(wait_depth_max, 1, "wait hooks nested %d deep on one thread", wait_depth_max);
 }
 
 /* The same with every rank on the staged device: the failure surfaces from
