@@ -91,8 +91,20 @@ static void stria__capture_error(stria__rank_t *r, stria_status_t st, const char
         snprintf(r->error, sizeof(r->error), "%s", msg);
 }
 
-/* The status of a phase: the first rank whose failure is its own (not a peer's
- * abort or a cancellation) explains the others. */
+/* How well a rank's failure explains the phase's: its own failure best, then
+ * a cancellation (the rank that heard of it first aborts the ring with it),
+ * last a peer's abort, which only echoes another rank's failure. */
+static int stria__failure_rank(stria_status_t st)
+{
+    if (st == STRIA_ERR_PEER)
+        return 1;
+    if (st == STRIA_ERR_CANCELLED)
+        return 2;
+    return 3;
+}
+
+/* The status of a phase: the first rank whose failure explains the others
+ * best (see stria__failure_rank()). */
 static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
 {
     int pick = -1;
@@ -100,9 +112,7 @@ static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
         stria_status_t st = job->ranks[i].status;
         if (st == STRIA_OK)
             continue;
-        if (pick < 0 || ((job->ranks[pick].status == STRIA_ERR_PEER ||
-                          job->ranks[pick].status == STRIA_ERR_CANCELLED) &&
-                         st != STRIA_ERR_PEER && st != STRIA_ERR_CANCELLED))
+        if (pick < 0 || stria__failure_rank(st) > stria__failure_rank(job->ranks[pick].status))
             pick = i;
     }
     if (pick < 0)
