@@ -311,18 +311,13 @@ static void stria__mask_chunk(const stria__ctx_t *c, const stria__plan_t *pl, fl
     for (int j0 = pl->klo[qc]; j0 < pl->khi[qc]; j0 += STRIA__SB) {
         int cls = pl->cls[j0 / STRIA__SB][qc];
         int j1 = j0 + STRIA__SB < pl->khi[qc] ? j0 + STRIA__SB : pl->khi[qc];
-        if (cls == STRIA__TILE_FULL)
-            continue;
-        for (int j = j0; j < j1; j++) {
-            float *row = st + (size_t)j * STRIA__BQ + (size_t)i0;
-            int64_t kp = c->kpos[pl->k0 + j];
-            if (cls == STRIA__TILE_SKIP) {
+        float *blk = st + (size_t)j0 * STRIA__BQ + (size_t)i0;
+        if (cls == STRIA__TILE_PARTIAL) {
+            c->ops->mask_causal(blk, j1 - j0, ni, STRIA__BQ, c->kpos + pl->k0 + j0, qp);
+        } else if (cls == STRIA__TILE_SKIP) { /* a hole of the chunk's key range */
+            for (int j = 0; j < j1 - j0; j++)
                 for (int i = 0; i < STRIA__SB; i++)
-                    row[i] = -INFINITY;
-            } else {
-                for (int i = 0; i < ni; i++)
-                    row[i] = kp > qp[i] ? -INFINITY : row[i];
-            }
+                    blk[(size_t)j * STRIA__BQ + (size_t)i] = -INFINITY;
         }
     }
 }

@@ -53,6 +53,13 @@ typedef struct {
     /* dpt[j][i] = pt[j][i] * (dpt[j][i] - delta[i]) * scale (both ld apart). */
     void (*softmax_bwd_ds)(const float *pt, float *dpt, int rows, int cols, ptrdiff_t ld,
                            const float *delta, float scale);
+    /* The causal mask of a straddling block of a transposed score tile:
+     * st[j][i] = -inf where kpos[j] > qpos[i], for j < rows and i < cols
+     * (1 <= cols <= 16; rows ld apart); every other element keeps its bits.
+     * Whole rows are written back with full-width stores, so that the
+     * softmax's loads that follow are forwarded from them. */
+    void (*mask_causal)(float *st, int rows, int cols, ptrdiff_t ld, const int64_t *kpos,
+                        const int64_t *qpos);
     /* dst[0..n) = fp32 of the n elements of `dtype` at src; n a multiple of 8. */
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
     /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */

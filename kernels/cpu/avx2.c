@@ -242,6 +242,40 @@ static void stria__avx2_row_merge(float *dst, const float *src, float inv, float
     }
 }
 
+/* Eight 32-bit lane masks from the 64-bit compares of elements 0-3 (a) and
+ * 4-7 (b): each 64-bit result is all ones or all zeros, so its low half is
+ * its value. */
+STRIA__INLINE __m256 stria__avx2_mask8(__m256i a, __m256i b)
+{
+    /* per 128-bit lane: a0 a1 b0 b1 | a2 a3 b2 b3, then pairs reordered */
+    __m256 s = _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0x88);
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xd8));
+}
+
+static void stria__avx2_mask_causal(float *st, int rows, int cols, ptrdiff_t ld,
+                                    const int64_t *kpos, const int64_t *qpos)
+{
+    if (cols != 16) { /* the last chunk of a block: rare */
+        for (int j = 0; j < rows; j++)
+            for (int i = 0; i < cols; i++)
+                if (kpos[j] > qpos[i])
+                    st[(ptrdiff_t)j * ld + i] = -__builtin_inff();
+        return;
+    }
+    __m256i q[4];
+    for (int g = 0; g < 4; g++)
+        q[g] = _mm256_loadu_si256((const __m256i *)(qpos + 4 * g));
+    const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
+    for (int j = 0; j < rows; j++) {
+        float *row = st + (ptrdiff_t)j * ld;
+        const __m256i k = _mm256_set1_epi64x(kpos[j]);
+        __m256 m0 = stria__avx2_mask8(_mm256_cmpgt_epi64(k, q[0]), _mm256_cmpgt_epi64(k, q[1]));
+        __m256 m1 = stria__avx2_mask8(_mm256_cmpgt_epi64(k, q[2]), _mm256_cmpgt_epi64(k, q[3]));
+        _mm256_storeu_ps(row, _mm256_blendv_ps(_mm256_loadu_ps(row), ninf, m0));
+        _mm256_storeu_ps(row + 8, _mm256_blendv_ps(_mm256_loadu_ps(row + 8), ninf, m1));
+    }
+}
+
 static void stria__avx2_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
                                     int rows, int cols)
 {
@@ -255,6 +289,7 @@ const stria_kern_ops_t stria__kern_avx2 = {
     .softmax_fwd = stria__avx2_softmax_fwd,
     .softmax_bwd_p = stria__avx2_softmax_bwd_p,
     .softmax_bwd_ds = stria__avx2_softmax_bwd_ds,
+    .mask_causal = stria__avx2_mask_causal,
     .row_load = stria__avx2_row_load,
     .row_acc = stria__avx2_row_acc,
     .row_merge = stria__avx2_row_merge,

@@ -295,6 +295,28 @@ static void stria__avx512_softmax_bwd_ds(const float *pt, float *dpt, int rows, 
     }
 }
 
+/* ---- causal mask ------------------------------------------------------- */
+
+static void stria__avx512_mask_causal(float *st, int rows, int cols, ptrdiff_t ld,
+                                      const int64_t *kpos, const int64_t *qpos)
+{
+    const __mmask16 valid = (__mmask16)(0xffffu >> (16 - cols));
+    const __m512i q0 = _mm512_maskz_loadu_epi64((__mmask8)valid, qpos);
+    const __m512i q1 = _mm512_maskz_loadu_epi64((__mmask8)(valid >> 8), qpos + 8);
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    for (int j = 0; j < rows; j++) {
+        float *row = st + (ptrdiff_t)j * ld;
+        const __m512i k = _mm512_set1_epi64(kpos[j]);
+        __mmask16 m = (__mmask16)((unsigned)_mm512_cmpgt_epi64_mask(k, q0) |
+                                  ((unsigned)_mm512_cmpgt_epi64_mask(k, q1) << 8));
+        m &= valid;
+        if (cols == 16)
+            _mm512_storeu_ps(row, _mm512_mask_blend_ps(m, _mm512_loadu_ps(row), ninf));
+        else
+            _mm512_mask_storeu_ps(row, m, ninf);
+    }
+}
+
 /* ---- conversions ------------------------------------------------------- */
 
 STRIA__INLINE __m512 stria__load16(stria_dtype_t dtype, const void *src, int i, __mmask16 mk)
@@ -370,6 +392,7 @@ const stria_kern_ops_t stria__kern_avx512 = {
     .softmax_fwd = stria__avx512_softmax_fwd,
     .softmax_bwd_p = stria__avx512_softmax_bwd_p,
     .softmax_bwd_ds = stria__avx512_softmax_bwd_ds,
+    .mask_causal = stria__avx512_mask_causal,
     .row_load = stria__avx512_row_load,
     .row_acc = stria__avx512_row_acc,
     .row_merge = stria__avx512_row_merge,

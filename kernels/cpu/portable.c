@@ -108,6 +108,17 @@ static void stria__portable_transpose32(const void *src, ptrdiff_t lds, void *ds
                     d[(ptrdiff_t)j * ldd + i] = s[(ptrdiff_t)i * lds + j];
 }
 
+static void stria__portable_mask_causal(float *st, int rows, int cols, ptrdiff_t ld,
+                                        const int64_t *kpos, const int64_t *qpos)
+{
+    for (int j = 0; j < rows; j++) {
+        float *row = st + (ptrdiff_t)j * ld;
+        for (int i = 0; i < cols; i++)
+            if (kpos[j] > qpos[i])
+                row[i] = -INFINITY;
+    }
+}
+
 const stria_kern_ops_t stria__kern_portable = {
     .name = "portable",
     .cpu_ok = stria__portable_ok,
@@ -115,6 +126,7 @@ const stria_kern_ops_t stria__kern_portable = {
     .softmax_fwd = stria__portable_softmax_fwd,
     .softmax_bwd_p = stria__portable_softmax_bwd_p,
     .softmax_bwd_ds = stria__portable_softmax_bwd_ds,
+    .mask_causal = stria__portable_mask_causal,
     .row_load = stria__portable_row_load,
     .row_acc = stria__portable_row_acc,
     .row_merge = stria__portable_row_merge,

@@ -420,6 +420,54 @@ Test(kernel_ops, row_acc_matches)
     for_each_simd(accumulate_rows);
 }
 
+/* The causal mask of every variant against the rule itself, bit for bit:
+ * every block shape a straddling sub-block may have, positions that are not
+ * monotonic, equal, and past 2^32 (an int64 compare, not an int32 one);
+ * unmasked elements keep their bits (a NaN payload included) and nothing
+ * outside the block changes. */
+static void mask_blocks(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    const stria_kern_ops_t *ops[2] = {port, simd};
+    enum { LD = 24, ROWS = 18 };
+    float st[ROWS * LD], out[ROWS * LD];
+    int64_t kpos[16], qpos[16];
+    uint32_t seed = 12345;
+    ref_fill(st, ROWS * LD, 64, 2.0f, STRIA_DTYPE_F32);
+    st[3] = NAN;
+    for (int t = 0; t < 40; t++) {
+        for (int i = 0; i < 16; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            int64_t base = t % 2 ? ((int64_t)1 << 33) : 0; /* differ only above bit 32 */
+            qpos[i] = base + (int64_t)(seed >> 27);
+            seed = seed * 1664525u + 1013904223u;
+            kpos[i] = base + (int64_t)(seed >> 27);
+        }
+        for (int v = 0; v < 2; v++)
+            for (int rows = 1; rows <= 16; rows += t % 5 + 1)
+                for (int cols = 1; cols <= 16; cols++) {
+                    memcpy(out, st, sizeof(out));
+                    ops[v]->mask_causal(out + LD + 1, rows, cols, LD, kpos, qpos);
+                    for (int x = 0; x < ROWS * LD; x++) {
+                        int j = x / LD - 1, i = x % LD - 1;
+                        bool in = j >= 0 && j < rows && i >= 0 && i < cols;
+                        uint32_t got, want;
+                        float w = in && kpos[j] > qpos[i] ? -INFINITY : st[x];
+                        memcpy(&got, &out[x], sizeof(got));
+                        memcpy(&want, &w, sizeof(want));
+                        cr_assert_eq(got, want,
+                                     "%s mask_causal rows=%d cols=%d element (%d, %d): "
+                                     "%#x, want %#x",
+                                     ops[v]->name, rows, cols, j, i, got, want);
+                    }
+                }
+    }
+}
+
+Test(kernel_ops, mask_causal_exact)
+{
+    for_each_simd(mask_blocks);
+}
+
 /* row_merge of every variant (the portable one included) against the same
  * formula in fp64, both modes, every length a head may have. */
 static void merge_rows(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
