@@ -1043,11 +1043,13 @@ typedef struct {
     stria__ctx_t *c;
     const stria_tensor_t *q, *k, *v, *d_o, *dq, *dk, *dv;
     const float *lse, *delta;
-    /* fp32 rows, [B][H][nqt][BQ][Dp] and [B][Hkv][nkt][BK][Dp] */
+    /* fp32 rows, [B][H][nqt][BQ][Dp] and [B][Hkv][nkt][BK][Dp] (k_packed:
+     * unless kin) */
     float *q_packed, *do_packed, *k_packed;
     /* score operands, fp32 or bf16 (q_stile / k_stile floats per tile):
-     * Q^T, dO^T [B][H][nqt][Dp][BQ]; K, V rows [B][Hkv][nkt][BK][Dp] (ks_packed
-     * is k_packed in fp32) */
+     * Q^T, dO^T [B][H][nqt][Dp][BQ]; K, V rows [B][Hkv][nkt][BK][Dp]
+     * (ks_packed: bf16 K unless read in place, fp32 K uses its rows;
+     * v_packed: unless read in place) */
     float *qt_packed, *dot_packed, *ks_packed, *v_packed;
     size_t q_stile, k_stile;
     float *dq_packed; /* [n_dq][B][H][nqt][BQ][Dp] dQ accumulators */
@@ -1057,6 +1059,7 @@ typedef struct {
     size_t scratch_floats;
     int kblock;  /* key tiles per task (stria__bwd_kblock) */
     int64_t nkb; /* key-tile blocks per kv head */
+    bool kin;    /* fp32 K rows read in place (k_packed unused) */
 } stria__bwd_job_t;
 
 static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
@@ -1116,7 +1119,8 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
     size_t tile = (size_t)STRIA__BK * (size_t)c->Dp;
 
     (void)thread;
-    stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
+    if (!job->kin)
+        stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
     if (c->bf16 && !c->kdirect)
         stria__pack_kside(c, job->k, b, hk, k0, n, job->ks_packed + task * job->k_stile);
     if (!c->kdirect)
@@ -1170,7 +1174,7 @@ static void stria__bwd_load_stats(stria__bwd_job_t *job, stria__bwd_scratch_t *s
  * add nothing. dq: this query tile's dQ accumulator (NULL: no dQ). */
 static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, int64_t qt,
                                int64_t kt, const float *qp, const float *qtp, const float *dop,
-                               const float *dotp, const float *kp, stria__kop_t ksp,
+                               const float *dotp, stria__kop_t kp, stria__kop_t ksp,
                                stria__kop_t vp, float *dk, float *dv, float *dq)
 {
     const stria_kern_ops_t *ops = c->ops;
@@ -1191,8 +1195,8 @@ static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, i
         ops->softmax_bwd_ds(s->pt + off, s->dst + off, nk, STRIA__SB, STRIA__BQ, s->delta + i0,
                             c->scale);
         if (dq != NULL)
-            ops->gemm(ni, (int)Dp, nk, s->dst + off, STRIA__BQ, true, kp + (size_t)klo * (size_t)Dp,
-                      Dp, dq + (size_t)i0 * (size_t)Dp, Dp, NULL, true);
+            ops->gemm(ni, (int)Dp, nk, s->dst + off, STRIA__BQ, true, kp.p + klo * kp.ld, kp.ld,
+                      dq + (size_t)i0 * (size_t)Dp, Dp, NULL, true);
     }
     if (dk == NULL)
         return;
@@ -1241,10 +1245,14 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     const float *qtp = job->qt_packed + qidx * job->q_stile;
     const float *dop = job->do_packed + qidx * qtile;
     const float *dotp = job->dot_packed + qidx * job->q_stile;
-    const float *kp = job->k_packed + kidx * ktile;
-    /* fp32 K is packed anyway (for dQ): its score operand is that copy */
-    stria__kop_t ksp = c->bf16 ? stria__kside(c, job->k, job->ks_packed, job->k_stile, b, hk, kt)
-                               : (stria__kop_t){kp, (ptrdiff_t)Dp};
+    /* fp32 K rows (for dQ), in place or packed; in fp32 they are the score
+     * operand too */
+    stria__kop_t kp = {job->k_packed + kidx * ktile, (ptrdiff_t)Dp};
+    if (job->kin)
+        kp = (stria__kop_t){(const float *)stria__row_ptr(job->k, b, k0, hk),
+                            (ptrdiff_t)job->k->stride_token};
+    stria__kop_t ksp =
+        c->bf16 ? stria__kside(c, job->k, job->ks_packed, job->k_stile, b, hk, kt) : kp;
     stria__kop_t vp = stria__kside(c, job->v, job->v_packed, job->k_stile, b, hk, kt);
 
     if (cls == STRIA__TILE_PARTIAL) {
@@ -1264,8 +1272,8 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
         ops->gemm(bk, (int)Dp, bq, s->dst, STRIA__BQ, false, qp, Dp, dk, Dp, NULL, true);
     }
     if (dq_acc != NULL) /* dQ += dS K */
-        ops->gemm(bq, (int)Dp, bk, s->dst, STRIA__BQ, true, kp, Dp, dq_acc + qidx * qtile, Dp, NULL,
-                  true);
+        ops->gemm(bq, (int)Dp, bk, s->dst, STRIA__BQ, true, kp.p, kp.ld, dq_acc + qidx * qtile, Dp,
+                  NULL, true);
 }
 
 /* dK/dV of key-tile block kb (job->kblock tiles) of kv head hk, over every
@@ -1509,19 +1517,21 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK +
                                   2 * (int64_t)job.kblock * STRIA__BK * c.Dp + 2 * STRIA__BQ);
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
-    total = n_k * ktile + (c.bf16 ? 2 : 1) * n_k * job.k_stile +
-            (size_t)c.n_threads * job.scratch_floats;
+    /* operands read in place need no packed tiles; fp32 K rows only when a
+     * head's rows are adjacent (a token stride apart, the dQ product runs
+     * slower than on packed tiles) */
+    job.kin = c.kdirect && !c.bf16 && k->stride_token == c.D;
+    size_t k_area = job.kin ? 0 : n_k * ktile, v_area = c.kdirect ? 0 : n_k * job.k_stile;
+    size_t ks_area = c.bf16 && !c.kdirect ? n_k * job.k_stile : 0;
+    total = k_area + v_area + ks_area + (size_t)c.n_threads * job.scratch_floats;
     if ((st = stria__ws_floats(3.0 * (double)n_k * (double)ktile, total, &ws, fn)) != STRIA_OK)
         goto out;
     job.k_packed = ws.ptr;
-    job.v_packed = job.k_packed + n_k * ktile;
-    job.ks_packed = job.k_packed;
-    job.scratch = job.v_packed + n_k * job.k_stile;
-    if (c.bf16) {
-        job.ks_packed = job.scratch;
-        job.scratch = job.ks_packed + n_k * job.k_stile;
-    }
-    stria_pool_run(pass->pool, n_k, stria__bwd_pack_k_task, &job);
+    job.v_packed = job.k_packed + k_area;
+    job.ks_packed = job.v_packed + v_area;
+    job.scratch = job.ks_packed + ks_area;
+    if (!job.kin || !c.kdirect)
+        stria_pool_run(pass->pool, n_k, stria__bwd_pack_k_task, &job);
     if (pass->mode == 'A') {
         stria_pool_run(pass->pool, (size_t)(c.B * c.Hkv), stria__bwd_group_task, &job);
     } else if (pass->mode == 'C') {

@@ -799,7 +799,8 @@ static stria_attn_params_t causal_params(int64_t B, int64_t Tq, int64_t Tk, int6
 /* Q, K, V, dO and the outputs as strided views into one fused buffer per
  * side ([B][T][3][H][D] and [B][T][2][Hkv][D], a layout trainers hand over
  * often), and K/V head-major ([B][Hkv][T][D], the ring's messages: fp32 V
- * rows are read in place, the last key tile partial), give the same bits as
+ * rows in the forward and fp32 K rows in the backward's dQ product are read
+ * in place, the last key tile partial), give the same bits as
  * contiguous tensors: operands read in place follow the strides (head_dim 64
  * and 128 are read in place, 40 packed). */
 static void strided_case(int64_t D, stria_dtype_t dtype, const char *variant)
