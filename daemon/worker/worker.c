@@ -251,10 +251,14 @@ static stria_status_t stria__coord_call(stria_worker_t *w, uint32_t method,
     return st;
 }
 
-static void stria__report(stria_worker_t *w, const stria__wjob_t *j,
-                          Stria__V1__ReportJobRequest__Event ev, const char *message)
+/* Reports an event of job j; returns the job's state at the coordinator
+ * after the report (a terminal one: the job is over there), or
+ * JOB_STATE_UNSPECIFIED when the coordinator could not be told. */
+static Stria__V1__JobState stria__report(stria_worker_t *w, const stria__wjob_t *j,
+                                         Stria__V1__ReportJobRequest__Event ev, const char *message)
 {
     Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
+    Stria__V1__JobState state = STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
     stria_rpc_reply_t reply;
     req.worker_id = w->worker_id;
     req.job_id = j->id;
@@ -263,11 +267,14 @@ static void stria__report(stria_worker_t *w, const stria__wjob_t *j,
     req.message = (char *)(message ? message : "");
     req.step = j->step;
     req.steps_total = j->steps_total;
-    if (stria__coord_call(w, STRIA__C_REPORT, &req.base, &reply) == STRIA_OK)
+    if (stria__coord_call(w, STRIA__C_REPORT, &req.base, &reply) == STRIA_OK) {
+        state = ((const Stria__V1__ReportJobReply *)reply.msg)->state;
         stria_rpc_reply_free(&reply);
-    else
+    } else {
         stria_log_warn("job %llu rank %d: cannot report to the coordinator: %s",
                        (unsigned long long)j->id, j->rank, stria_error_msg());
+    }
+    return state;
 }
 
 /* Fetches a job's assignment from the coordinator and creates the job with
@@ -798,10 +805,21 @@ static void *stria__pass_thread(void *arg)
                  : STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD;
     j->step = 0;
     pthread_mutex_unlock(&w->lock);
-    stria__report(w, j,
-                  b ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED
-                    : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED,
-                  NULL);
+    Stria__V1__JobState at_coord =
+        stria__report(w, j,
+                      b ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED
+                        : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED,
+                      NULL);
+    if (at_coord >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+        /* Over at the coordinator (cancelled, say) before the next heartbeat
+         * could tell: the pass fails at once on every rank, each of which
+         * hears the same in its own report. */
+        pthread_mutex_lock(&w->lock);
+        stria_log_info("job %llu: over at the coordinator (state %d); dropped",
+                       (unsigned long long)j->id, (int)at_coord);
+        stria__job_drop_locked(w, j);
+        pthread_mutex_unlock(&w->lock);
+    }
     stria_log_info("job %llu rank %d: %s pass started", (unsigned long long)j->id, j->rank,
                    b ? "backward" : "forward");
 
