@@ -372,31 +372,6 @@ Test(striactl, cancel_with_a_reason, .timeout = SUITE_TIMEOUT)
     dc_stop(&c);
 }
 
-/* A pass of a job cancelled since the workers' last heartbeat fails at once:
- * the workers hear that the job is over in the reply to their "pass
- * started" report, not only in a heartbeat reply (here 30 s away). */
-Test(striactl, cancel_reaches_the_next_pass_before_a_heartbeat, .timeout = SUITE_TIMEOUT)
-{
-    dcluster_t c;
-    dc_opts_t o = {.heartbeat_period_s = 30.0};
-    dc_start(&c, 2, &o);
-    dc_job_t j;
-    dc_job_init(&j, &c, 64, 2, 32, 0);
-    cr_assert_eq(dc_job_forward(&j, NULL, NULL), STRIA_OK, "%s", stria_error_msg());
-    char id[32];
-    snprintf(id, sizeof(id), "%llu", (unsigned long long)stria_job_id(j.job));
-    free(CTL(&c, NULL, 0, "cancel", id, "--reason", "between passes"));
-    double t0 = stria_time_now();
-    cr_expect_neq(dc_job_backward(&j), STRIA_OK, "the backward of a cancelled job ran");
-    double took = stria_time_now() - t0;
-    cr_expect(strstr(stria_error_msg(), "over at the coordinator") != NULL, "%s",
-              stria_error_msg());
-    cr_expect(took < 10.0, "the backward failed only after %.1f s", took);
-    cr_log_info("backward %.2f s after the cancel: %s", took, stria_error_msg());
-    dc_job_free(&j);
-    dc_stop(&c);
-}
-
 Test(striactl, exit_codes_and_messages, .timeout = SUITE_TIMEOUT)
 {
     dcluster_t c;
@@ -638,5 +613,38 @@ Test(striactl, cancel_stops_a_running_pass, .timeout = SUITE_TIMEOUT)
     dc_job_init(&d, &c, 256, 2, 32, 3);
     cr_expect_eq(dc_job_forward(&d, NULL, NULL), STRIA_OK, "%s", stria_error_msg());
     dc_job_free(&d);
+    dc_stop(&c);
+}
+
+/* A pass of a job cancelled since the workers' last heartbeat fails at once:
+ * the workers hear that the job is over in the reply to their "pass
+ * started" report, not only in a heartbeat reply (here 30 s away). */
+Test(striactl, cancel_reaches_the_next_pass_before_a_heartbeat, .timeout = SUITE_TIMEOUT)
+{
+    dcluster_t c;
+    dc_opts_t o = {.heartbeat_period_s = 30.0};
+    dc_start(&c, 2, &o);
+    dc_job_t j;
+    dc_job_init(&j, &c, 64, 2, 32, 0);
+    cr_assert_eq(dc_job_forward(&j, NULL, NULL), STRIA_OK, "%s", stria_error_msg());
+    char id[32];
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)stria_job_id(j.job));
+    free(CTL(&c, NULL, 0, "cancel", id, "--reason", "between passes"));
+    double t0 = stria_time_now();
+    cr_expect_neq(dc_job_backward(&j), STRIA_OK, "the backward of a cancelled job ran");
+    double took = stria_time_now() - t0;
+    /* every worker failed the pass (the client's message names one rank's
+     * view; a rank whose link setup lost the race to its peer's abort may
+     * explain it otherwise) */
+    bool all = false;
+    for (int tries = 0; tries < 100 && !all; tries++) {
+        all = all_workers_logged(&c, 2, "backward pass failed");
+        if (!all)
+            usleep(50000);
+    }
+    cr_expect(all, "not every worker failed the pass of the cancelled job");
+    cr_expect(took < 10.0, "the backward failed only after %.1f s", took);
+    cr_log_info("backward %.2f s after the cancel: %s", took, stria_error_msg());
+    dc_job_free(&j);
     dc_stop(&c);
 }
