@@ -149,6 +149,12 @@ stria_status_t stria_inproc_fault_inject(stria_inproc_hub_t *hub, int rank,
  * message carries the receiving link's slot, so tags of different rings never
  * meet. Tags are full 64-bit values.
  *
+ * Create one context per process. UCX's async thread files events it could not
+ * deliver under the file descriptor number, and a second context in the same
+ * process that reuses a descriptor the first just closed can trip an assertion
+ * inside UCX (seen with 1.13). Two contexts in one process work otherwise, and
+ * the tests use that, but long-running programs should not.
+ *
  * Connecting: stria_link_ucx_connect() connects to the successor's listener,
  * sends a handshake (job id, ring id, rank, ring size) and waits both for the
  * successor's acknowledgement and for the predecessor's connection to this
