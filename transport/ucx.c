@@ -230,11 +230,19 @@ struct stria__ucx_link {
     char settle_msg[300];
     double last_prev, last_next; /* when each neighbour was last heard */
     /* A stalled rank somewhere in the ring, as the heartbeats tell it (a
-     * neighbour's own silent neighbour, passed on hop by hop): -1 if none. */
-    int heard_suspect;
-    int heard_reporter;
-    double heard_silence;
-    double heard_at;
+     * neighbour's own silent neighbour, passed on hop by hop), by the way it
+     * travels: [STRIA__FROM_PREV] came from the predecessor and goes on to
+     * the successor, [STRIA__FROM_NEXT] the other way. A report only moves
+     * on in the direction it came, so it never echoes between two ranks; it
+     * stops at the suspect and at the rank that first made it, and dies out
+     * a second per hop after its first-hand source stops sending it.
+     * suspect is -1 if none. */
+    struct {
+        int suspect;
+        int reporter;
+        double silence;
+        double at;
+    } heard[2];
     bool closed; /* no endpoint and no UCX request left */
     stria__node_t reqs;
     stria__node_t posted; /* unmatched receives, in posting order */
@@ -255,6 +263,10 @@ struct stria__ucx_link {
     double next_ping; /* when the next heartbeats go out */
     double detach_at; /* > 0: detach requests UCX still holds then */
 };
+
+/* Index of link->heard: the neighbour a heartbeat's report came from. */
+#define STRIA__FROM_PREV 0
+#define STRIA__FROM_NEXT 1
 
 typedef enum {
     STRIA__EV_CONN_REQ = 1,
@@ -604,26 +616,36 @@ static void stria__link_peer_error_locked(stria__ucx_link_t *link, int side, con
     link->settle_at = stria_time_now() + STRIA__UCX_SETTLE_S;
 }
 
-/* The rank this link believes stalled, or -1: a neighbour silent for
- * STRIA__UCX_STALE_S, else what the heartbeats reported within the last
- * second. */
-static int stria__link_suspect_locked(const stria__ucx_link_t *link, double now, int *reporter,
-                                      double *silence)
+/* The rank this link believes stalled, or -1: a connected neighbour silent
+ * for STRIA__UCX_STALE_S, else what the heartbeats reported within the last
+ * second. `from` is STRIA__FROM_PREV or STRIA__FROM_NEXT to consider only
+ * reports that came that way (what a heartbeat passes on in the other
+ * direction), or -1 for the latest report from either side. */
+static int stria__link_suspect_locked(const stria__ucx_link_t *link, double now, int from,
+                                      int *reporter, double *silence)
 {
     double qp = now - link->last_prev, qn = now - link->last_next;
     *reporter = link->base.rank;
-    if (qp >= STRIA__UCX_STALE_S && !link->prev_closed) {
+    if (link->in_ready && qp >= STRIA__UCX_STALE_S && !link->prev_closed) {
         *silence = qp;
         return stria_link_prev(&link->base);
     }
-    if (qn >= STRIA__UCX_STALE_S && !link->next_closed) {
+    if (link->out_ready && qn >= STRIA__UCX_STALE_S && !link->next_closed) {
         *silence = qn;
         return stria_link_next(&link->base);
     }
-    if (link->heard_suspect >= 0 && now - link->heard_at < 1.0) {
-        *reporter = link->heard_reporter;
-        *silence = link->heard_silence + (now - link->heard_at);
-        return link->heard_suspect;
+    int best = -1;
+    for (int d = 0; d < 2; d++) {
+        if ((from >= 0 && d != from) || link->heard[d].suspect < 0 ||
+            now - link->heard[d].at >= 1.0)
+            continue;
+        if (best < 0 || link->heard[d].at > link->heard[best].at)
+            best = d;
+    }
+    if (best >= 0) {
+        *reporter = link->heard[best].reporter;
+        *silence = link->heard[best].silence + (now - link->heard[best].at);
+        return link->heard[best].suspect;
     }
     *silence = 0;
     return -1;
@@ -1281,13 +1303,15 @@ static void stria__handle_notice(stria_ucx_ctx_t *ctx, ucp_ep_h ep, const stria_
         /* A heartbeat's origin names the rank its sender (or someone
          * before it) found silent, its slot the rank that saw it, its
          * status the silence in ms. Suspicion of ourselves is not ours to
-         * pass on. */
+         * pass on, nor our own report come round the ring. */
+        int reporter = c->slot < (uint32_t)link->base.size ? (int)c->slot : c->rank;
         if (c->origin >= 0 && c->origin < link->base.size && c->origin != link->base.rank &&
-            c->status >= 0) {
-            link->heard_suspect = (int)c->origin;
-            link->heard_reporter = c->slot < (uint32_t)link->base.size ? (int)c->slot : c->rank;
-            link->heard_silence = c->status / 1000.0;
-            link->heard_at = stria_time_now();
+            reporter != link->base.rank && c->status >= 0) {
+            int d = from_mask == STRIA__NOTIFY_PREV ? STRIA__FROM_PREV : STRIA__FROM_NEXT;
+            link->heard[d].suspect = (int)c->origin;
+            link->heard[d].reporter = reporter;
+            link->heard[d].silence = c->status / 1000.0;
+            link->heard[d].at = stria_time_now();
         }
         pthread_mutex_unlock(&ctx->lock);
         return;
@@ -1763,20 +1787,24 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
     if (!link->torn && !link->graceful && !failed && link->out_ep != NULL &&
         link->in_conn != NULL) {
         if (now >= link->next_ping) {
-            stria__ctrl_t ping;
-            stria__link_ctrl_init(link, &ping, STRIA__CTRL_PING);
-            int reporter;
-            double silence;
+            /* Each heartbeat passes on what came from the other side. */
+            stria__ctrl_t ping[2];
             pthread_mutex_lock(&ctx->lock);
-            ping.origin = stria__link_suspect_locked(link, now, &reporter, &silence);
+            for (int d = 0; d < 2; d++) {
+                int reporter;
+                double silence;
+                stria__link_ctrl_init(link, &ping[d], STRIA__CTRL_PING);
+                ping[d].origin = stria__link_suspect_locked(link, now, d, &reporter, &silence);
+                ping[d].slot = (uint32_t)reporter;
+                ping[d].status = ping[d].origin >= 0 ? (int32_t)(silence * 1000) : 0;
+            }
             pthread_mutex_unlock(&ctx->lock);
-            ping.slot = (uint32_t)reporter;
-            ping.status = ping.origin >= 0 ? (int32_t)(silence * 1000) : 0;
             /* A stalled peer stops reading: do not pile heartbeats up. */
             if (link->ctrl_pending < 4)
-                stria__ctrl_send(link->out_ep, &ping, &link->ctrl_pending);
+                stria__ctrl_send(link->out_ep, &ping[STRIA__FROM_PREV], &link->ctrl_pending);
             if (link->in_conn->ctrl_pending < 4)
-                stria__ctrl_send(link->in_conn->ep, &ping, &link->in_conn->ctrl_pending);
+                stria__ctrl_send(link->in_conn->ep, &ping[STRIA__FROM_NEXT],
+                                 &link->in_conn->ctrl_pending);
             link->next_ping = now + STRIA__UCX_PING_S;
         }
         if (due == 0 || link->next_ping < due)
@@ -2366,11 +2394,11 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
         int reporter;
         double silence;
         if (now - heard < STRIA__UCX_STALE_S &&
-            stria__link_suspect_locked(link, now, &reporter, &silence) < 0) {
+            stria__link_suspect_locked(link, now, -1, &reporter, &silence) < 0) {
             double grace = timeout_s < 0.2 ? 0.2 : timeout_s;
             double until = now + (grace < STRIA__UCX_GRACE_MAX_S ? grace : STRIA__UCX_GRACE_MAX_S);
             while (req->state != STRIA__REQ_DONE && !link->failed && stria_time_now() < until &&
-                   stria__link_suspect_locked(link, stria_time_now(), &reporter, &silence) < 0)
+                   stria__link_suspect_locked(link, stria_time_now(), -1, &reporter, &silence) < 0)
                 stria__cond_wait_until(
                     ctx, stria_time_now() + 0.05 < until ? stria_time_now() + 0.05 : until);
             if (req->state == STRIA__REQ_DONE) {
@@ -2386,7 +2414,7 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
         double quiet = now - (req->is_send ? link->last_next : link->last_prev);
         int reporter;
         double silence;
-        int suspect = stria__link_suspect_locked(link, now, &reporter, &silence);
+        int suspect = stria__link_suspect_locked(link, now, -1, &reporter, &silence);
         int origin = peer;
         char why[240];
         if (quiet >= STRIA__UCX_STALE_S) {
@@ -2555,7 +2583,7 @@ stria_status_t stria_link_ucx_connect(stria_ucx_ctx_t *ctx, const stria_ucx_link
     if (link == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx link: out of memory");
     link->base.ops = &stria__ucx_ops;
-    link->heard_suspect = -1;
+    link->heard[0].suspect = link->heard[1].suspect = -1;
     link->base.rank = params->rank;
     link->base.size = params->size;
     link->ctx = ctx;

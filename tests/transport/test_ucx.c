@@ -586,6 +586,43 @@ ParameterizedTest(fail_case_t *c, ucx, stopped_rank, .init = setup, .fini = tear
     }
 }
 
+/* A rank that stalled and resumed is not blamed for a later deadline: the
+ * heartbeats' report of it dies out once its neighbours hear from it again
+ * (it must not echo between the live ranks), so a receive that nobody sends,
+ * with every rank alive, ends in a deadline that blames no stalled rank. */
+Test(ucx, a_resumed_rank_is_not_blamed_later, .init = setup, .fini = teardown, .timeout = 60)
+{
+    enum { N = 3, VICTIM = 2 };
+    rank_args_t a = {.tls = "tcp", .step_timeout_s = 0.5, .mode = "idle"};
+    pid_t pids[N];
+    for (int r = 0; r < N; r++)
+        pids[r] = spawn_rank(r, N, &a);
+    for (int r = 0; r < N; r++)
+        wait_file("ready", r, 30);
+    cr_assert_eq(kill(pids[VICTIM], SIGSTOP), 0);
+    usleep(1500000); /* the neighbours report it stalled (after 0.5 s) */
+    cr_assert_eq(kill(pids[VICTIM], SIGCONT), 0);
+    usleep(3000000); /* a report dies out a second per hop after its source stops */
+    for (int r = 0; r < N; r++) {
+        char path[400];
+        snprintf(path, sizeof(path), "%s/go.%d", workdir, r);
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+        fclose(f);
+    }
+    for (int r = 0; r < N; r++) {
+        result_t res = wait_result(r, 15);
+        cr_assert(res.present, "rank %d reported nothing; its log:\n%s", r, rank_log(r));
+        cr_expect(!res.ok, "rank %d received a message nobody sent", r);
+        cr_expect(strstr(res.msg, "deadline") != NULL, "rank %d: %s: %s", r, res.status, res.msg);
+        cr_expect(strstr(res.msg, "stalled") == NULL,
+                  "rank %d blames a stalled rank though every rank is alive: %s", r, res.msg);
+        int status = reap(pids[r], 5);
+        cr_expect(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 1,
+                  "rank %d did not exit cleanly (status %d)", r, status);
+    }
+}
+
 /* A free TCP port on loopback for tests that need a fixed one, taken
  * below the kernel's ephemeral range so that no client socket of a test
  * running alongside can take it before the rank binds it. */

@@ -10,7 +10,10 @@
  * With --mode engine it runs the ring engine instead: forward then backward
  * passes of the problem given by --engine (see ucx_engine_case.h), writing
  * its output shards (fp32 O, LSE, dQ, dK, dV) to out.R after the first.
- * With --mode listen it only starts listening (restart tests).
+ * With --mode listen it only starts listening (restart tests). With --mode
+ * idle it connects, writes ready.R, waits for a file go.R in DIR and then
+ * waits --step-timeout for a message nobody sends (a deadline with every rank
+ * alive).
  *
  * Files in DIR: port.R (written once listening), ready.R (after the first
  * pass), result.R (at the end: "ok" or "err", the status name, the message).
@@ -53,7 +56,7 @@ static void usage(void)
             "usage: ucx_ring_rank --rank R --size N --dir DIR [--listen-host H] [--port P]\n"
             "       [--next-host H] [--next-port P] [--tls T] [--net-devices D] [--job J]\n"
             "       [--ring G] [--bytes B] [--passes P] [--duration S] [--step-timeout S]\n"
-            "       [--connect-timeout S] [--late-recv MS] [--mode ring|engine|listen]\n"
+            "       [--connect-timeout S] [--late-recv MS] [--mode ring|engine|listen|idle]\n"
             "       [--engine B:S:H:HKV:D:CAUSAL:DTYPE:LAYOUT:SEED]\n");
 }
 
@@ -428,6 +431,21 @@ int main(int argc, char **argv)
     bufs[1] = malloc(o.bytes);
     if (bufs[0] == NULL || bufs[1] == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    } else if (strcmp(o.mode, "idle") == 0) {
+        write_file(o.dir, "ready", o.rank, "1\n");
+        char go[4096];
+        snprintf(go, sizeof(go), "%s/go.%d", o.dir, o.rank);
+        double until = stria_time_now() + 120;
+        while (access(go, F_OK) != 0 && stria_time_now() < until)
+            usleep(10000);
+        st = stria_link_irecv(link, 1, bufs[1], 8, &reqs[1]);
+        if (st == STRIA_OK) {
+            stria_link_req_t *recv = reqs[1];
+            reqs[1] = NULL;
+            st = stria_link_wait(link, recv, o.step_timeout_s);
+        }
+        if (st == STRIA_OK)
+            st = stria_error_set(STRIA_ERR_INTERNAL, "a message nobody sent arrived");
     } else {
         double end = stria_time_now() + o.duration_s;
         for (int p = 0; o.duration_s > 0 ? stria_time_now() < end : p < o.passes; p++) {
