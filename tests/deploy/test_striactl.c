@@ -559,8 +559,12 @@ static bool all_workers_logged(const dcluster_t *c, int n, const char *needle)
 Test(striactl, cancel_stops_a_running_pass, .timeout = SUITE_TIMEOUT)
 {
     dcluster_t c;
-    dc_start(&c, 3, NULL);
-    /* three steps of about a second each here */
+    /* Three steps of about a second each here (two in the sanitizer build),
+     * several times longer on a loaded machine: the step deadline (5 s, and
+     * 20 s by the end of a pass of three ranks) must not be what ends a pass
+     * in this test. */
+    dc_opts_t o = {.step_timeout_s = 60.0};
+    dc_start(&c, 3, &o);
     const int64_t seq = STRIA_TEST_SANITIZE ? 16384 : 32768;
     dc_job_t a;
     dc_job_init(&a, &c, seq, 4, 64, 3);
