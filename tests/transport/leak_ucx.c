@@ -186,6 +186,21 @@ static int run_rank(void)
     return failures == 0 ? 0 : 1;
 }
 
+/* Runs this process as `rank`, writing to pipe `to` and reading from pipe
+ * `from` (the other ends belong to the other rank). */
+static int run_as(int rank, int to[2], int from[2])
+{
+    my_rank = rank;
+    to_peer = to[1];
+    from_peer = from[0];
+    close(to[0]);
+    close(from[1]);
+    int rc = run_rank();
+    close(to_peer);
+    close(from_peer);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     /* Each rank reads the transports from the environment, where a forked
@@ -206,25 +221,9 @@ int main(int argc, char **argv)
         perror("leak_ucx: fork");
         return 1;
     }
-    if (child == 0) {
-        my_rank = 1;
-        to_peer = up[1];
-        from_peer = down[0];
-        close(down[1]);
-        close(up[0]);
-        int rc = run_rank();
-        close(to_peer);
-        close(from_peer);
-        exit(rc); /* exit(), not _exit(): the leak check runs at exit */
-    }
-    my_rank = 0;
-    to_peer = down[1];
-    from_peer = up[0];
-    close(down[0]);
-    close(up[1]);
-    int rc = run_rank();
-    close(to_peer);
-    close(from_peer);
+    if (child == 0)
+        exit(run_as(1, up, down)); /* exit(), not _exit(): the leak check runs at exit */
+    int rc = run_as(0, down, up);
     int status = 0;
     while (waitpid(child, &status, 0) < 0 && errno == EINTR)
         ;
