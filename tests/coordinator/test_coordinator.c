@@ -393,19 +393,25 @@ Test(coord, silent_worker_dies_and_rejoins, .timeout = TEST_TIMEOUT_S)
     int states[8];
     size_t want;
     bool rejoined = false;
-    fx_start(&fx, 0.2, 60, NULL, NULL);
+    /* Dead after 3 missed periods of 0.2 s: 0.6 s of silence. */
+    const double period = 0.2, nominal = 3 * period;
+    fx_start(&fx, period, 60, NULL, NULL);
     wk_t a = reg_worker(&fx, "h", 7000, 1 << 30);
     wk_t b = reg_worker(&fx, "h", 7001, 1 << 30);
+    double t0 = stria_time_now(); /* b's last word */
     cr_assert_eq(ring_ids(&fx, ids, 8, NULL), 2);
 
     /* A 2-rank job on both; then b goes silent. */
     Stria__V1__JobSpec s = spec_default();
     uint64_t job = submit_ok(&fx, &s, JS(LOADING));
-    double t0 = stria_time_now();
     want = 1;
     cr_assert(wait_until(&fx, &a, 1, pred_ring_len, &want, 10), "b was never marked dead");
     double took = stria_time_now() - t0;
-    cr_expect_geq(took, 3 * 0.2 - 0.05, "marked dead after %.3f s, before 3 periods", took);
+    cr_expect_geq(took, nominal - 0.05, "marked dead after %.3f s, before 3 periods", took);
+    /* Bounded above too: detection that is several times slower than its
+     * nominal time leaves every job on the dead worker hanging that long. */
+    cr_expect_leq(took, 3 * nominal, "marked dead after %.3f s, more than 3x the nominal %.1f s",
+                  took, nominal);
     cr_assert_eq(ring_ids(&fx, ids, 8, states), 1);
     cr_expect_eq(ids[0], a.id);
     cr_expect_eq(states[1], WST(DEAD));
