@@ -646,6 +646,52 @@ Test(rpc, oversized_payload_refused_before_sending, .timeout = TEST_TIMEOUT_S)
     stria_rpc_server_stop(srv);
 }
 
+Test(rpc, oversized_reply_refused_by_the_client, .timeout = TEST_TIMEOUT_S)
+{
+    /* The server may send any reply; the client's own cap protects it from a
+     * server that announces more than the caller is willing to receive. */
+    enum { CAP = 1000 };
+    size_t n = 5000;
+    char addr[64];
+    stria_rpc_client_params_t p = {0};
+    stria_rpc_client_t *cl = NULL;
+    stria_rpc_server_t *srv = start_worker(0);
+    uint8_t *src = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint8_t)i;
+    g_out = src;
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", stria_rpc_server_port(srv));
+    p.address = addr;
+    p.service = &stria__v1__worker__descriptor;
+    p.client_name = "test";
+    p.connect_timeout_s = 5;
+    p.max_payload_bytes = CAP;
+    cr_assert_eq(stria_rpc_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
+
+    Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+    stria_rpc_request_t gr = {.method = M_GET, .request = &go.base, .timeout_s = 10};
+    stria_rpc_reply_t rep = {0};
+    /* At the cap: accepted. */
+    g_out_len = CAP;
+    cr_assert_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(rep.payload_len, CAP);
+    stria_rpc_reply_free(&rep);
+    /* One byte over: refused before it is read, naming the limit. */
+    g_out_len = CAP + 1;
+    cr_expect_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_ERR_PROTOCOL);
+    cr_expect(strstr(stria_error_msg(), "reply payload of 1001 bytes") != NULL, "%s",
+              stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), "limit of 1000") != NULL, "%s", stria_error_msg());
+    cr_expect_null(rep.payload);
+    /* Far over: the same, without trying to allocate it. */
+    g_out_len = n;
+    cr_expect_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_ERR_PROTOCOL);
+    cr_expect(strstr(stria_error_msg(), "exceeds the limit") != NULL, "%s", stria_error_msg());
+    stria_rpc_client_close(cl);
+    stria_rpc_server_stop(srv);
+    free(src);
+}
+
 /* ---- authentication ---------------------------------------------------- */
 
 Test(rpc_auth, tokens, .timeout = TEST_TIMEOUT_S)
