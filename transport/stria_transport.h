@@ -214,6 +214,14 @@ typedef struct {
      * 0: 50; < 0: never poll (lowest CPU use on a crowded host); at most
      * 100000. */
     int poll_us;
+    /* Heartbeats between the neighbours of every link: the period (0: 0.1 s;
+     * at most 10 s) and the silence after which a neighbour counts as
+     * stalled (0: 0.5 s; at least two periods, at most 60 s). A stalled
+     * rank is reported around the ring (and logged as a warning) for up to
+     * two stall times after its first-hand report stops. A missed deadline
+     * blames a neighbour only once it has been silent this long. */
+    double heartbeat_s;
+    double stall_s;
 } stria_ucx_ctx_params_t;
 
 /* Creates a context: reads the UCX configuration from the environment,

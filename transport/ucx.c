@@ -65,6 +65,11 @@
  * is stalled or alive and waiting on someone else. */
 #define STRIA__UCX_PING_S  0.1
 #define STRIA__UCX_STALE_S 0.5
+/* Bounds of the injectable heartbeat period and stall time (the context's
+ * params): a stall time of at least two periods, so that one late heartbeat
+ * never makes a neighbour look stalled. */
+#define STRIA__UCX_PING_MAX_S  10.0
+#define STRIA__UCX_STALE_MAX_S 60.0
 /* Extra time a missed deadline waits when the peer is alive, so that the
  * report of the rank actually at fault can arrive first. */
 #define STRIA__UCX_GRACE_MAX_S 2.0
@@ -257,11 +262,12 @@ struct stria__ucx_link {
     int flush_pending;
     double retry_at; /* > 0: reconnect to the successor then */
     double retry_delay;
-    bool torn;        /* teardown notices sent */
-    double close_at;  /* > 0: close endpoints by force then */
-    bool graceful;    /* graceful close started */
-    double next_ping; /* when the next heartbeats go out */
-    double detach_at; /* > 0: detach requests UCX still holds then */
+    bool torn;          /* teardown notices sent */
+    double close_at;    /* > 0: close endpoints by force then */
+    bool graceful;      /* graceful close started */
+    double next_ping;   /* when the next heartbeats go out */
+    int logged_suspect; /* the stalled rank last logged, or -1 */
+    double detach_at;   /* > 0: detach requests UCX still holds then */
 };
 
 /* Index of link->heard: the neighbour a heartbeat's report came from. */
@@ -317,9 +323,11 @@ struct stria_ucx_ctx {
     stria__node_t queue; /* QUEUED requests of every link, in posting order */
     stria__ucx_link_t **slots;
     uint32_t next_slot;
-    int closing;   /* endpoint closes in flight (progress thread) */
-    int in_flight; /* requests posted and not finished, all links */
-    double poll_s; /* polling window of the progress thread */
+    int closing;    /* endpoint closes in flight (progress thread) */
+    int in_flight;  /* requests posted and not finished, all links */
+    double poll_s;  /* polling window of the progress thread */
+    double ping_s;  /* heartbeat period of every link */
+    double stale_s; /* silence after which a neighbour counts as stalled */
 
     /* Progress thread only. */
     stria__ucx_link_t **todo;
@@ -617,27 +625,28 @@ static void stria__link_peer_error_locked(stria__ucx_link_t *link, int side, con
 }
 
 /* The rank this link believes stalled, or -1: a connected neighbour silent
- * for STRIA__UCX_STALE_S, else what the heartbeats reported within the last
- * second. `from` is STRIA__FROM_PREV or STRIA__FROM_NEXT to consider only
+ * for the context's stall time, else what the heartbeats reported within the
+ * last two stall times. `from` is STRIA__FROM_PREV or STRIA__FROM_NEXT to consider only
  * reports that came that way (what a heartbeat passes on in the other
  * direction), or -1 for the latest report from either side. */
 static int stria__link_suspect_locked(const stria__ucx_link_t *link, double now, int from,
                                       int *reporter, double *silence)
 {
     double qp = now - link->last_prev, qn = now - link->last_next;
+    double stale = link->ctx->stale_s;
     *reporter = link->base.rank;
-    if (link->in_ready && qp >= STRIA__UCX_STALE_S && !link->prev_closed) {
+    if (link->in_ready && qp >= stale && !link->prev_closed) {
         *silence = qp;
         return stria_link_prev(&link->base);
     }
-    if (link->out_ready && qn >= STRIA__UCX_STALE_S && !link->next_closed) {
+    if (link->out_ready && qn >= stale && !link->next_closed) {
         *silence = qn;
         return stria_link_next(&link->base);
     }
     int best = -1;
     for (int d = 0; d < 2; d++) {
         if ((from >= 0 && d != from) || link->heard[d].suspect < 0 ||
-            now - link->heard[d].at >= 1.0)
+            now - link->heard[d].at >= 2 * stale)
             continue;
         if (best < 0 || link->heard[d].at > link->heard[best].at)
             best = d;
@@ -649,6 +658,27 @@ static int stria__link_suspect_locked(const stria__ucx_link_t *link, double now,
     }
     *silence = 0;
     return -1;
+}
+
+/* Logs when this link starts and stops believing a rank stalled, so that an
+ * operator sees a stall as it happens, not only in the deadline it causes. */
+static void stria__link_log_suspect_locked(stria__ucx_link_t *link, double now)
+{
+    int reporter;
+    double silence;
+    int suspect = stria__link_suspect_locked(link, now, -1, &reporter, &silence);
+    if (suspect == link->logged_suspect)
+        return;
+    if (suspect >= 0)
+        stria_log_warn("ucx link rank %d/%d (job %llu): rank %d looks stalled (silent for %.1f s, "
+                       "seen by rank %d)",
+                       link->base.rank, link->base.size, (unsigned long long)link->job_id, suspect,
+                       silence, reporter);
+    else
+        stria_log_info("ucx link rank %d/%d (job %llu): rank %d is no longer reported stalled",
+                       link->base.rank, link->base.size, (unsigned long long)link->job_id,
+                       link->logged_suspect);
+    link->logged_suspect = suspect;
 }
 
 static bool stria__ucs_is_peer_error(ucs_status_t s)
@@ -1798,6 +1828,7 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
                 ping[d].slot = (uint32_t)reporter;
                 ping[d].status = ping[d].origin >= 0 ? (int32_t)(silence * 1000) : 0;
             }
+            stria__link_log_suspect_locked(link, now);
             pthread_mutex_unlock(&ctx->lock);
             /* A stalled peer stops reading: do not pile heartbeats up. */
             if (link->ctrl_pending < 4)
@@ -1805,7 +1836,7 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
             if (link->in_conn->ctrl_pending < 4)
                 stria__ctrl_send(link->in_conn->ep, &ping[STRIA__FROM_NEXT],
                                  &link->in_conn->ctrl_pending);
-            link->next_ping = now + STRIA__UCX_PING_S;
+            link->next_ping = now + ctx->ping_s;
         }
         if (due == 0 || link->next_ping < due)
             due = link->next_ping;
@@ -2030,6 +2061,17 @@ stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params, stria_
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "ucx context: polling window of %d us is above %d us",
                                params->poll_us, STRIA__UCX_POLL_MAX_US);
+    double ping_s = params->heartbeat_s > 0 ? params->heartbeat_s : STRIA__UCX_PING_S;
+    double stale_s = params->stall_s > 0 ? params->stall_s : STRIA__UCX_STALE_S;
+    if (!(params->heartbeat_s >= 0 && ping_s <= STRIA__UCX_PING_MAX_S))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ucx context: heartbeat period %g s is not in (0, %g] s",
+                               params->heartbeat_s, STRIA__UCX_PING_MAX_S);
+    if (!(params->stall_s >= 0 && stale_s >= 2 * ping_s && stale_s <= STRIA__UCX_STALE_MAX_S))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ucx context: stall time %g s is not in [%g, %g] s (at least two "
+                               "heartbeat periods of %g s)",
+                               stale_s, 2 * ping_s, STRIA__UCX_STALE_MAX_S, ping_s);
     st = stria__resolve(host, params->listen_port, true, &addr, &addrlen);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "ucx context: listen address");
@@ -2047,6 +2089,8 @@ stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params, stria_
     ctx->poll_s = params->poll_us < 0    ? 0
                   : params->poll_us == 0 ? STRIA__UCX_POLL_DEFAULT_US * 1e-6
                                          : params->poll_us * 1e-6;
+    ctx->ping_s = ping_s;
+    ctx->stale_s = stale_s;
     ctx->slots = calloc(STRIA__UCX_SLOTS, sizeof(*ctx->slots));
     if (ctx->slots == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "ucx context: out of memory");
@@ -2393,7 +2437,7 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
         double heard = req->is_send ? link->last_next : link->last_prev;
         int reporter;
         double silence;
-        if (now - heard < STRIA__UCX_STALE_S &&
+        if (now - heard < ctx->stale_s &&
             stria__link_suspect_locked(link, now, -1, &reporter, &silence) < 0) {
             double grace = timeout_s < 0.2 ? 0.2 : timeout_s;
             double until = now + (grace < STRIA__UCX_GRACE_MAX_S ? grace : STRIA__UCX_GRACE_MAX_S);
@@ -2417,7 +2461,7 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
         int suspect = stria__link_suspect_locked(link, now, -1, &reporter, &silence);
         int origin = peer;
         char why[240];
-        if (quiet >= STRIA__UCX_STALE_S) {
+        if (quiet >= ctx->stale_s) {
             snprintf(why, sizeof(why),
                      "rank %d is stalled or unreachable (nothing heard from it for %.1f s)", peer,
                      quiet);
@@ -2584,6 +2628,7 @@ stria_status_t stria_link_ucx_connect(stria_ucx_ctx_t *ctx, const stria_ucx_link
         return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx link: out of memory");
     link->base.ops = &stria__ucx_ops;
     link->heard[0].suspect = link->heard[1].suspect = -1;
+    link->logged_suspect = -1;
     link->base.rank = params->rank;
     link->base.size = params->size;
     link->ctx = ctx;

@@ -207,6 +207,7 @@ typedef struct {
     int passes;
     double duration_s;
     double step_timeout_s;
+    double heartbeat_s, stall_s; /* 0: the link's defaults */
     int late_recv_ms;
     const char *mode;
     const char *engine; /* --mode engine: the problem spec */
@@ -215,7 +216,7 @@ typedef struct {
 static pid_t spawn_rank(int rank, int size, const rank_args_t *a)
 {
     char s_rank[16], s_size[16], s_bytes[32], s_passes[16], s_dur[32], s_step[32], s_port[16],
-        s_next_port[16], s_late[16], tag[16];
+        s_next_port[16], s_late[16], s_hb[32], s_stall[32], tag[16];
     char *argv[64];
     int n = 0;
     if (a->netns != NULL) {
@@ -271,6 +272,16 @@ static pid_t spawn_rank(int rank, int size, const rank_args_t *a)
     if (a->next_host != NULL) {
         argv[n++] = "--next-host";
         argv[n++] = (char *)a->next_host;
+    }
+    if (a->heartbeat_s > 0) {
+        snprintf(s_hb, sizeof(s_hb), "%g", a->heartbeat_s);
+        argv[n++] = "--heartbeat";
+        argv[n++] = s_hb;
+    }
+    if (a->stall_s > 0) {
+        snprintf(s_stall, sizeof(s_stall), "%g", a->stall_s);
+        argv[n++] = "--stall";
+        argv[n++] = s_stall;
     }
     if (a->mode != NULL) {
         argv[n++] = "--mode";
@@ -473,6 +484,9 @@ typedef struct {
     int tls;
     int sig;
     int engine; /* ring engine passes instead of plain exchanges */
+    /* Heartbeat period and stall time injected into the ranks, and the step
+     * deadline of stopped-rank cases; 0: the defaults (0.1 s, 0.5 s, 1 s). */
+    double heartbeat_s, stall_s, step_timeout_s;
 } fail_case_t;
 
 /* Starts a ring looping passes, waits until every rank has finished one,
@@ -494,6 +508,8 @@ static double start_and_hit(const fail_case_t *c, double step_timeout, pid_t *pi
                      .bytes = 200000,
                      .duration_s = 30,
                      .step_timeout_s = step_timeout,
+                     .heartbeat_s = c->heartbeat_s,
+                     .stall_s = c->stall_s,
                      .mode = c->engine ? "engine" : NULL,
                      .engine = c->engine ? spec : NULL};
     for (int r = 0; r < c->size; r++)
@@ -508,11 +524,11 @@ static double start_and_hit(const fail_case_t *c, double step_timeout, pid_t *pi
 
 ParameterizedTestParameters(ucx, killed_rank)
 {
-    static fail_case_t cases[] = {{3, 1, TLS_TCP, SIGKILL, 0},
-                                  {4, 2, TLS_SHM, SIGKILL, 0},
-                                  {2, 0, TLS_TCP, SIGKILL, 0},
-                                  {3, 1, TLS_TCP, SIGKILL, 1},
-                                  {4, 3, TLS_SHM, SIGKILL, 1}};
+    static fail_case_t cases[] = {{3, 1, TLS_TCP, SIGKILL, 0, 0, 0, 0},
+                                  {4, 2, TLS_SHM, SIGKILL, 0, 0, 0, 0},
+                                  {2, 0, TLS_TCP, SIGKILL, 0, 0, 0, 0},
+                                  {3, 1, TLS_TCP, SIGKILL, 1, 0, 0, 0},
+                                  {4, 3, TLS_SHM, SIGKILL, 1, 0, 0, 0}};
     return cr_make_param_array(fail_case_t, cases, sizeof(cases) / sizeof(cases[0]));
 }
 
@@ -546,22 +562,29 @@ ParameterizedTest(fail_case_t *c, ucx, killed_rank, .init = setup, .fini = teard
 
 ParameterizedTestParameters(ucx, stopped_rank)
 {
-    static fail_case_t cases[] = {{3, 1, TLS_TCP, SIGSTOP, 0},
-                                  {4, 0, TLS_SHM, SIGSTOP, 0},
-                                  {3, 2, TLS_TCP, SIGSTOP, 1},
-                                  {4, 1, TLS_SHM, SIGSTOP, 1}};
+    static fail_case_t cases[] = {{3, 1, TLS_TCP, SIGSTOP, 0, 0, 0, 0},
+                                  {4, 0, TLS_SHM, SIGSTOP, 0, 0, 0, 0},
+                                  {3, 2, TLS_TCP, SIGSTOP, 1, 0, 0, 0},
+                                  {4, 1, TLS_SHM, SIGSTOP, 1, 0, 0, 0},
+                                  /* faster heartbeats, a shorter deadline */
+                                  {3, 1, TLS_TCP, SIGSTOP, 0, 0.05, 0.2, 0.4}};
     return cr_make_param_array(fail_case_t, cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 /* SIGSTOP: UCX sees nothing wrong; the per-step deadline (1 s) ends the pass
- * on the neighbours, and the others hear of it, all naming the stopped
- * rank. */
+ * on the neighbours, and the others hear of it, all naming the stopped rank
+ * as stalled: its neighbours find it silent for longer than the stall time
+ * (0.5 s by default), the others hear so from the heartbeats. A deadline
+ * that merely names the rank is not enough: a stall time above the
+ * deadline would blame it as "alive but slow". */
 ParameterizedTest(fail_case_t *c, ucx, stopped_rank, .init = setup, .fini = teardown, .timeout = 90)
 {
     pid_t pids[8];
-    double t0 = start_and_hit(c, 1.0, pids);
-    char name[32];
+    double step = c->step_timeout_s > 0 ? c->step_timeout_s : 1.0;
+    double t0 = start_and_hit(c, step, pids);
+    char name[32], stalled[48];
     snprintf(name, sizeof(name), "rank %d", c->victim);
+    snprintf(stalled, sizeof(stalled), "rank %d is stalled", c->victim);
     for (int r = 0; r < c->size; r++) {
         if (r == c->victim)
             continue;
@@ -573,13 +596,15 @@ ParameterizedTest(fail_case_t *c, ucx, stopped_rank, .init = setup, .fini = tear
         /* The engine's deadline is cumulative over the steps of a pass
          * (step s must end by start + (s + 1) * timeout): allow every step
          * of a forward and a backward pass, plus the link's grace. */
-        double bound = 1.0 * (c->engine ? 2 * c->size + 1 : 1) + 3.0;
+        double bound = step * (c->engine ? 2 * c->size + 1 : 1) + 3.0;
         cr_expect(dt < bound, "rank %d took %.2f s (bound %.1f s)", r, dt, bound);
         cr_expect(strcmp(res.status, "STRIA_ERR_TIMEOUT") == 0 ||
                       strcmp(res.status, "STRIA_ERR_PEER") == 0,
                   "rank %d: %s: %s", r, res.status, res.msg);
         cr_expect(strstr(res.msg, "deadline") != NULL && strstr(res.msg, name) != NULL,
                   "rank %d's error is not a deadline naming %s: %s", r, name, res.msg);
+        cr_expect(strstr(res.msg, stalled) != NULL, "rank %d's error does not say \"%s\": %s", r,
+                  stalled, res.msg);
         int status = reap(pids[r], 5);
         cr_expect(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 1,
                   "rank %d did not exit cleanly (status %d)", r, status);
@@ -595,12 +620,22 @@ Test(ucx, a_resumed_rank_is_not_blamed_later, .init = setup, .fini = teardown, .
     enum { N = 3, VICTIM = 2 };
     rank_args_t a = {.tls = "tcp", .step_timeout_s = 0.5, .mode = "idle"};
     pid_t pids[N];
+    /* The ranks log a stall as a warning when they first see it. */
+    setenv("STRIA_LOG_LEVEL", "warn", 1);
     for (int r = 0; r < N; r++)
         pids[r] = spawn_rank(r, N, &a);
     for (int r = 0; r < N; r++)
         wait_file("ready", r, 30);
     cr_assert_eq(kill(pids[VICTIM], SIGSTOP), 0);
     usleep(1500000); /* the neighbours report it stalled (after 0.5 s) */
+    /* First: the stall was seen at all, by both live ranks, or what follows
+     * proves nothing about a report dying out. */
+    for (int r = 0; r < N; r++)
+        if (r != VICTIM)
+            cr_assert(strstr(rank_log(r), "rank 2 looks stalled") != NULL,
+                      "rank %d did not report the stopped rank 2 as stalled within 1.5 s; its "
+                      "log:\n%s",
+                      r, rank_log(r));
     cr_assert_eq(kill(pids[VICTIM], SIGCONT), 0);
     usleep(3000000); /* a report dies out a second per hop after its source stops */
     for (int r = 0; r < N; r++) {

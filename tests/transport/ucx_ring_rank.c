@@ -45,6 +45,7 @@ typedef struct {
     double duration_s; /* > 0: loop passes until then (or an error) */
     double step_timeout_s;
     double connect_timeout_s;
+    double heartbeat_s, stall_s; /* 0: the context's defaults */
     int late_recv_ms;
     const char *mode;
     const char *engine;
@@ -56,7 +57,8 @@ static void usage(void)
             "usage: ucx_ring_rank --rank R --size N --dir DIR [--listen-host H] [--port P]\n"
             "       [--next-host H] [--next-port P] [--tls T] [--net-devices D] [--job J]\n"
             "       [--ring G] [--bytes B] [--passes P] [--duration S] [--step-timeout S]\n"
-            "       [--connect-timeout S] [--late-recv MS] [--mode ring|engine|listen|idle]\n"
+            "       [--connect-timeout S] [--heartbeat S] [--stall S] [--late-recv MS]\n"
+            "       [--mode ring|engine|listen|idle]\n"
             "       [--engine B:S:H:HKV:D:CAUSAL:DTYPE:LAYOUT:SEED]\n");
 }
 
@@ -299,7 +301,8 @@ int main(int argc, char **argv)
         {"passes", required_argument, 0, 'k'},       {"duration", required_argument, 0, 'u'},
         {"step-timeout", required_argument, 0, 's'}, {"connect-timeout", required_argument, 0, 'c'},
         {"late-recv", required_argument, 0, 'l'},    {"mode", required_argument, 0, 'm'},
-        {"engine", required_argument, 0, 'e'},       {0, 0, 0, 0}};
+        {"engine", required_argument, 0, 'e'},       {"heartbeat", required_argument, 0, 'T'},
+        {"stall", required_argument, 0, 'S'},        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
@@ -351,6 +354,12 @@ int main(int argc, char **argv)
         case 'c':
             o.connect_timeout_s = atof(optarg);
             break;
+        case 'T':
+            o.heartbeat_s = atof(optarg);
+            break;
+        case 'S':
+            o.stall_s = atof(optarg);
+            break;
         case 'l':
             o.late_recv_ms = atoi(optarg);
             break;
@@ -375,7 +384,9 @@ int main(int argc, char **argv)
     stria_ucx_ctx_params_t cp = {.listen_host = o.listen_host,
                                  .listen_port = (uint16_t)o.listen_port,
                                  .tls = o.tls,
-                                 .net_devices = o.net_devices};
+                                 .net_devices = o.net_devices,
+                                 .heartbeat_s = o.heartbeat_s,
+                                 .stall_s = o.stall_s};
     stria_ucx_ctx_t *ctx = NULL;
     stria_status_t st = stria_ucx_ctx_create(&cp, &ctx);
     if (st != STRIA_OK)
