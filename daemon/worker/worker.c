@@ -93,6 +93,7 @@ static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
     for (int t = 0; t < STRIA__T_COUNT; t++) {
         stria_free(j->buf[t]);
         stria_device_free(j->dev, j->dbuf[t]);
+        stria_ranges_free(&j->received[t]);
     }
     stria_device_close(j->dev);
     w->memory_used -= j->bytes;
@@ -582,10 +583,16 @@ static void stria__put_handler(void *ctx, stria_rpc_call_t *call)
     if (direct != payload) /* staged: scatter into the padded rows */
         stria__copy_range(j, t, req->offset, len, payload, true);
     pthread_mutex_lock(&w->lock);
-    j->received[t] += len;
+    stria_status_t st = stria_ranges_add(&j->received[t], req->offset, len);
     j->last_activity = stria_time_now();
-    uint64_t got = j->received[t];
+    uint64_t got = j->received[t].covered;
     pthread_mutex_unlock(&w->lock);
+    if (st != STRIA_OK) {
+        stria__job_unref(w, j);
+        stria_rpc_call_fail(call, st, "PutInput job %llu rank %u: %s",
+                            (unsigned long long)req->job_id, req->rank, stria_error_msg());
+        return;
+    }
     uint64_t total = stria__compact_bytes(j, t);
     Stria__V1__PutInputReply rep = STRIA__V1__PUT_INPUT_REPLY__INIT;
     rep.received_bytes = got;
@@ -897,15 +904,18 @@ static void stria__pass_handler(stria_worker_t *w, stria_rpc_call_t *call, uint6
     pthread_mutex_lock(&w->lock);
     for (int i = 0; i < 3; i++) {
         int t = need[backward][i];
-        if (t >= 0 && j->received[t] < stria__compact_bytes(j, t)) {
+        uint64_t total = t >= 0 ? stria__compact_bytes(j, t) : 0;
+        if (t >= 0 && j->received[t].covered < total) {
+            uint64_t got = j->received[t].covered;
+            uint64_t gap = stria_ranges_first_gap(&j->received[t], total);
             pthread_mutex_unlock(&w->lock);
             stria__job_unref(w, j);
             static const char *const names[] = {"Q", "K", "V", "dO"};
             stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
-                                "job %llu rank %u: input %s incomplete (%llu of %llu bytes)",
-                                (unsigned long long)job_id, rank, names[t],
-                                (unsigned long long)j->received[t],
-                                (unsigned long long)stria__compact_bytes(j, t));
+                                "job %llu rank %u: input %s incomplete (%llu of %llu bytes; the "
+                                "first missing byte is at offset %llu)",
+                                (unsigned long long)job_id, rank, names[t], (unsigned long long)got,
+                                (unsigned long long)total, (unsigned long long)gap);
             return;
         }
     }

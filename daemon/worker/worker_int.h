@@ -67,8 +67,10 @@ typedef struct stria__wjob {
      * the first pass and freed with the job. */
     stria_device_t *dev;
     void *dbuf[STRIA__T_COUNT];
-    uint64_t received[STRIA__T_COUNT]; /* input bytes received */
-    uint64_t bytes;                    /* memory held */
+    /* input bytes received, each counted once whatever the order and
+     * repeats of the chunks */
+    stria_ranges_t received[STRIA__T_COUNT];
+    uint64_t bytes; /* memory held */
     Stria__V1__JobState phase;
     uint32_t step, steps_total;
     uint32_t passes; /* passes started; part of the ring pass id */

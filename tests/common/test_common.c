@@ -221,3 +221,74 @@ Test(common, aligned_alloc_refuses_sizes_that_overflow)
     cr_expect_eq((uintptr_t)p % 64, 0);
     stria_free(p);
 }
+
+/* Chunks in random order, with repeats and overlaps, against a byte map. */
+Test(common, ranges_count_each_byte_once)
+{
+    enum { TOTAL = 5000 };
+    static uint8_t seen[TOTAL];
+    unsigned seed = 7;
+    for (int round = 0; round < 50; round++) {
+        stria_ranges_t set = {0};
+        uint64_t want = 0;
+        memset(seen, 0, sizeof(seen));
+        for (int k = 0; k < 200; k++) {
+            uint64_t start = (uint64_t)(rand_r(&seed) % TOTAL);
+            uint64_t len = (uint64_t)(rand_r(&seed) % 97);
+            if (start + len > TOTAL)
+                len = TOTAL - start;
+            cr_assert_eq(stria_ranges_add(&set, start, len), STRIA_OK, "%s", stria_error_msg());
+            for (uint64_t b = start; b < start + len; b++)
+                if (!seen[b]) {
+                    seen[b] = 1;
+                    want++;
+                }
+            cr_assert_eq(set.covered, want, "round %d chunk %d: %llu covered, %llu expected", round,
+                         k, (unsigned long long)set.covered, (unsigned long long)want);
+            uint64_t gap = 0;
+            while (gap < TOTAL && seen[gap])
+                gap++;
+            cr_assert_eq(stria_ranges_first_gap(&set, TOTAL), gap);
+            for (size_t i = 0; i < set.n; i++) { /* sorted, disjoint, never touching */
+                cr_assert_lt(set.r[i][0], set.r[i][1]);
+                if (i > 0)
+                    cr_assert_gt(set.r[i][0], set.r[i - 1][1]);
+            }
+        }
+        stria_ranges_free(&set);
+        cr_assert_eq(set.n, 0);
+    }
+}
+
+Test(common, ranges_in_order_stay_one_and_scatter_is_bounded)
+{
+    stria_ranges_t set = {0};
+    /* In order, backwards, re-sent: one range, counted once. */
+    for (uint64_t off = 0; off < 1000; off += 100)
+        cr_assert_eq(stria_ranges_add(&set, off, 100), STRIA_OK);
+    cr_assert_eq(stria_ranges_add(&set, 300, 100), STRIA_OK);
+    cr_expect_eq(set.n, 1);
+    cr_expect_eq(set.covered, 1000);
+    cr_expect_eq(stria_ranges_first_gap(&set, 1000), 1000);
+    cr_expect_eq(stria_ranges_first_gap(&set, 1500), 1000);
+    stria_ranges_free(&set);
+    for (uint64_t off = 1000; off > 0; off -= 100)
+        cr_assert_eq(stria_ranges_add(&set, off - 100, 100), STRIA_OK);
+    cr_expect_eq(set.n, 1);
+    cr_expect_eq(set.covered, 1000);
+    /* A range that wraps is refused. */
+    cr_expect_eq(stria_ranges_add(&set, UINT64_MAX - 5, 10), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(set.covered, 1000);
+    stria_ranges_free(&set);
+    /* Every other byte: refused past the bound, nothing counted for it. */
+    for (uint64_t k = 0; k < STRIA_RANGES_MAX; k++)
+        cr_assert_eq(stria_ranges_add(&set, 2 * k, 1), STRIA_OK);
+    cr_expect_eq(stria_ranges_add(&set, 2 * STRIA_RANGES_MAX, 1), STRIA_ERR_BUSY);
+    cr_expect(strstr(stria_error_msg(), "in order") != NULL, "%s", stria_error_msg());
+    cr_expect_eq(set.covered, STRIA_RANGES_MAX);
+    /* Filling a gap still works at the bound: it merges. */
+    cr_expect_eq(stria_ranges_add(&set, 1, 1), STRIA_OK);
+    cr_expect_eq(set.n, STRIA_RANGES_MAX - 1);
+    cr_expect_eq(stria_ranges_first_gap(&set, 1u << 20), 3);
+    stria_ranges_free(&set);
+}

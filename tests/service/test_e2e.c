@@ -497,6 +497,184 @@ static void worker_still_serves(int w)
     stria_rpc_client_close(c);
 }
 
+/* ---- upload accounting, through the worker's RPC directly ------------------- */
+
+typedef struct {
+    stria_rpc_client_t *c;
+    uint64_t job;
+    const uint8_t *src[3]; /* Q, K, V as the tensors' bytes */
+    uint64_t total;
+} upload_t;
+
+/* PutInput of bytes [off, off + len) of input t (0 Q, 1 K, 2 V); returns the
+ * reply's counted bytes and completion. */
+static stria_status_t put_range(const upload_t *u, int t, uint64_t off, uint64_t len, uint64_t *got,
+                                bool *complete)
+{
+    static const Stria__V1__Tensor ids[3] = {
+        STRIA__V1__TENSOR__TENSOR_Q, STRIA__V1__TENSOR__TENSOR_K, STRIA__V1__TENSOR__TENSOR_V};
+    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
+    put.job_id = u->job;
+    put.rank = 0;
+    put.tensor = ids[t];
+    put.offset = off;
+    put.total_bytes = u->total;
+    stria_rpc_request_t rq = {.method = 0,
+                              .request = &put.base,
+                              .payload = u->src[t] + off,
+                              .payload_len = len,
+                              .timeout_s = 10};
+    stria_rpc_reply_t reply;
+    memset(&reply, 0, sizeof(reply));
+    stria_status_t st = stria_rpc_client_call(u->c, &rq, &reply);
+    if (st == STRIA_OK) {
+        *got = ((Stria__V1__PutInputReply *)reply.msg)->received_bytes;
+        *complete = ((Stria__V1__PutInputReply *)reply.msg)->complete;
+        stria_rpc_reply_free(&reply);
+    }
+    return st;
+}
+
+static stria_status_t run_forward(const upload_t *u)
+{
+    Stria__V1__RunForwardRequest req = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
+    req.job_id = u->job;
+    req.rank = 0;
+    stria_rpc_request_t rq = {.method = 1, .request = &req.base, .timeout_s = 30};
+    stria_rpc_reply_t reply;
+    memset(&reply, 0, sizeof(reply));
+    stria_status_t st = stria_rpc_client_call(u->c, &rq, &reply);
+    if (st == STRIA_OK)
+        stria_rpc_reply_free(&reply);
+    return st;
+}
+
+/* A pass starts only when every byte of every input is in: chunks in any
+ * order count exactly, a re-sent range counts once, and a missing byte is
+ * refused naming the tensor and where the hole is. The output proves that
+ * the chunks landed where their offsets said. */
+Test(e2e, uploads_count_every_byte_once, .timeout = 300)
+{
+    enum { S = 64, H = 2, D = 16 };
+    start_cluster(1, NULL, NULL);
+    stria_rpc_client_t *cc = coord_client(NULL);
+    Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
+    spec.batch = 1;
+    spec.seq_len = S;
+    spec.heads = H;
+    spec.kv_heads = H;
+    spec.head_dim = D;
+    spec.dtype = STRIA__V1__DTYPE__DTYPE_FP32;
+    spec.causal = true;
+    spec.ring_size = 1;
+    Stria__V1__SubmitJobRequest sreq = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    sreq.spec = &spec;
+    stria_rpc_request_t srq = {.method = 3, .request = &sreq.base, .timeout_s = 10};
+    stria_rpc_reply_t sreply;
+    memset(&sreply, 0, sizeof(sreply));
+    cr_assert_eq(stria_rpc_client_call(cc, &srq, &sreply), STRIA_OK, "%s", stria_error_msg());
+    const Stria__V1__Assignment *as = ((Stria__V1__SubmitJobReply *)sreply.msg)->assignment;
+    cr_assert_not_null(as);
+    cr_assert_eq(as->n_ranks, 1);
+
+    size_t n = (size_t)S * H * D;
+    float *in[3], o[S * H * D];
+    for (int t = 0; t < 3; t++) {
+        in[t] = malloc(n * sizeof(float));
+        ref_fill(in[t], n, 100 + (uint64_t)t, 1.0f, STRIA_DTYPE_F32);
+    }
+    stria_rpc_client_params_t wp;
+    memset(&wp, 0, sizeof(wp));
+    wp.address = as->ranks[0]->rpc_address;
+    wp.service = &stria__v1__worker__descriptor;
+    wp.connect_timeout_s = 5;
+    upload_t u = {.job = as->job_id, .total = n * sizeof(float)};
+    for (int t = 0; t < 3; t++)
+        u.src[t] = (const uint8_t *)in[t];
+    cr_assert_eq(stria_rpc_client_connect(&wp, &u.c), STRIA_OK, "%s", stria_error_msg());
+    const uint64_t half = u.total / 2;
+    uint64_t got = 0;
+    bool complete = false;
+
+    /* Q: second half first, then the first. */
+    cr_assert_eq(put_range(&u, 0, half, half, &got, &complete), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(got, half);
+    cr_expect(!complete);
+    cr_assert_eq(put_range(&u, 0, 0, half, &got, &complete), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(got, u.total);
+    cr_expect(complete, "Q is complete once both halves are in, in any order");
+    /* V: whole. */
+    cr_assert_eq(put_range(&u, 2, 0, u.total, &got, &complete), STRIA_OK, "%s", stria_error_msg());
+    cr_expect(complete);
+    /* K: the first half twice. Counted once: the pass is refused, naming K. */
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(put_range(&u, 1, 0, half, &got, &complete), STRIA_OK, "%s", stria_error_msg());
+        cr_expect_eq(got, half, "a re-sent range was counted again (%llu bytes)",
+                     (unsigned long long)got);
+        cr_expect(!complete);
+    }
+    cr_expect_eq(run_forward(&u), STRIA_ERR_INVALID_ARG);
+    char want[160];
+    snprintf(want, sizeof(want), "input K incomplete (%llu of %llu bytes", (unsigned long long)half,
+             (unsigned long long)u.total);
+    cr_expect(strstr(stria_error_msg(), want) != NULL, "not \"%s\": %s", want, stria_error_msg());
+    /* All of K but its last byte: still refused, the hole named. */
+    cr_assert_eq(put_range(&u, 1, half / 2, u.total - half / 2 - 1, &got, &complete), STRIA_OK,
+                 "%s", stria_error_msg());
+    cr_expect_eq(got, u.total - 1);
+    cr_expect(!complete, "one byte of K is missing");
+    cr_expect_eq(run_forward(&u), STRIA_ERR_INVALID_ARG);
+    snprintf(want, sizeof(want), "first missing byte is at offset %llu",
+             (unsigned long long)(u.total - 1));
+    cr_expect(strstr(stria_error_msg(), "input K incomplete") != NULL &&
+                  strstr(stria_error_msg(), want) != NULL,
+              "not naming K and \"%s\": %s", want, stria_error_msg());
+    /* The last byte: the pass runs, on exactly the bytes sent. */
+    cr_assert_eq(put_range(&u, 1, u.total - 1, 1, &got, &complete), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_expect(complete);
+    cr_assert_eq(run_forward(&u), STRIA_OK, "%s", stria_error_msg());
+
+    Stria__V1__GetOutputRequest get = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+    get.job_id = u.job;
+    get.tensor = STRIA__V1__TENSOR__TENSOR_O;
+    stria_rpc_request_t grq = {.method = 3,
+                               .request = &get.base,
+                               .reply_buf = o,
+                               .reply_buf_cap = sizeof(o),
+                               .timeout_s = 10};
+    stria_rpc_reply_t greply;
+    memset(&greply, 0, sizeof(greply));
+    cr_assert_eq(stria_rpc_client_call(u.c, &grq, &greply), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(greply.payload_len, sizeof(o));
+    stria_rpc_reply_free(&greply);
+    ref_shape_t rs = {.batch = 1,
+                      .q_tokens = S,
+                      .kv_tokens = S,
+                      .heads = H,
+                      .kv_heads = H,
+                      .head_dim = D,
+                      .scale = 1.0 / sqrt((double)D),
+                      .causal = true};
+    ref_out_t r64, r32;
+    ref_f64_run(&rs, in[0], in[1], in[2], NULL, &r64);
+    ref_f32_run(&rs, in[0], in[1], in[2], NULL, &r32);
+    float o32[S * H * D];
+    for (size_t i = 0; i < n; i++)
+        o32[i] = (float)r32.o[i];
+    double err = ref_max_err_f32(o, r64.o, n), yard = ref_max_err_f32(o32, r64.o, n);
+    cr_expect_leq(err, 4 * yard + 1e-6, "O error %.3g against fp64 (plain fp32: %.3g)", err, yard);
+    ref_out_free(&r64);
+    ref_out_free(&r32);
+
+    stria_rpc_client_close(u.c);
+    stria_rpc_reply_free(&sreply);
+    stria_rpc_client_close(cc);
+    for (int t = 0; t < 3; t++)
+        free(in[t]);
+    stop_cluster();
+}
+
 Test(e2e, worker_survives_malformed_frames, .timeout = 300)
 {
     start_cluster(1, NULL, NULL);
