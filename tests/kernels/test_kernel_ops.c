@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_expect.h"
 #include "kernels_int.h"
 #include "ref.h"
 
@@ -20,11 +21,15 @@ static const stria_kern_ops_t *ops_of(const char *name)
     return ops;
 }
 
-/* Calls fn for every SIMD variant this CPU runs; returns how many. */
+/* Calls fn for every SIMD variant this CPU runs; returns how many. Fails
+ * unless every variant the CPU supports (cpu_expect.h) ran: a check that
+ * skips every variant checks nothing. */
 static int for_each_simd(void (*fn)(const stria_kern_ops_t *simd, const stria_kern_ops_t *port))
 {
     const char *const *names = stria_kernels_variant_names();
     const stria_kern_ops_t *port = ops_of("portable");
+    const char *expected[4], *ran_names[8];
+    size_t n_expected = cpu_expected_simd(expected);
     int ran = 0;
     for (size_t i = 0; names[i] != NULL; i++) {
         if (strcmp(names[i], "portable") == 0)
@@ -34,8 +39,14 @@ static int for_each_simd(void (*fn)(const stria_kern_ops_t *simd, const stria_ke
             continue;
         }
         fn(ops_of(names[i]), port);
+        if (ran < 7)
+            ran_names[ran] = names[i];
         ran++;
     }
+    ran_names[ran < 7 ? ran : 7] = NULL;
+    for (size_t e = 0; e < n_expected; e++)
+        cr_assert(cpu_name_in(ran_names, expected[e]),
+                  "the CPU supports variant %s, but it was not checked", expected[e]);
     return ran;
 }
 
@@ -561,10 +572,13 @@ Test(kernel_ops, f32_add_every_variant_and_length)
 {
     const char *const *names = stria_kernels_variant_names();
     static float dst[3000], src[3000], want[3000];
+    const char *expected[4];
+    size_t n_expected = cpu_expected_simd(expected), checked = 0;
     for (size_t v = 0; names[v] != NULL; v++) {
         if (!stria_kernels_variant_available(names[v]))
             continue;
         ops_of(names[v]);
+        checked += cpu_name_in(expected, names[v]);
         for (size_t n = 0; n <= 2999; n = n < 40 ? n + 1 : n * 3 + 1) {
             for (size_t i = 0; i < 3000; i++) {
                 dst[i] = (float)i * 0.37f - 11.0f;
@@ -575,5 +589,7 @@ Test(kernel_ops, f32_add_every_variant_and_length)
             cr_assert_eq(memcmp(dst, want, sizeof(dst)), 0, "variant %s, n %zu", names[v], n);
         }
     }
+    cr_assert_eq(checked, n_expected, "%zu of the %zu SIMD variants this CPU supports checked",
+                 checked, n_expected);
     stria_kernels_set_variant(names[0]);
 }

@@ -3,10 +3,12 @@
  * of a plain fp32 implementation on the same inputs, plus a small floor. */
 #include <criterion/criterion.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_expect.h"
 #include "ref.h"
 #include "stria_kernels.h"
 
@@ -141,19 +143,26 @@ static void run_case(const kcase_t *c, const char *variant)
     free(o), free(lse), free(delta), free(dq), free(dk), free(dv), free(qpos), free(kpos);
 }
 
+/* Runs the case on every variant this CPU supports, and fails unless the
+ * portable one and every SIMD variant the CPU has (cpu_expect.h) ran. */
 static void for_each_variant(const kcase_t *c)
 {
     const char *const *names = stria_kernels_variant_names();
-    int ran = 0;
+    const char *expected[4];
+    size_t n_expected = cpu_expected_simd(expected), simd_ran = 0;
+    bool portable = false;
     for (size_t i = 0; names[i] != NULL; i++) {
         if (!stria_kernels_variant_available(names[i])) {
             cr_log_info("variant %s not supported by this CPU: skipped", names[i]);
             continue;
         }
         run_case(c, names[i]);
-        ran++;
+        portable |= strcmp(names[i], "portable") == 0;
+        simd_ran += cpu_name_in(expected, names[i]);
     }
-    cr_assert(ran >= 1);
+    cr_assert(portable, "the portable variant did not run");
+    cr_assert_eq(simd_ran, n_expected, "%zu of the %zu SIMD variants this CPU supports ran",
+                 simd_ran, n_expected);
 }
 
 static const stria_dtype_t all_dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16, STRIA_DTYPE_F16};
@@ -217,6 +226,48 @@ Test(kernels, striped_steps_diagonal_included_and_excluded)
         c.n_kruns = 1;
         for_each_variant(&c);
     }
+}
+
+/* A key whose position equals the last query position of a tile (64
+ * queries) or of a sub-block (16): the pair straddles the mask by exactly
+ * that one diagonal key, which the query at that position sees and no other
+ * does. Classifying the pair as fully masked loses it: rows 15, 31, 47 or 63
+ * then see no key at all. Keys end a little past the queries, so the
+ * opposite boundary (a key block ending at the first query) is hit too. */
+Test(kernels, diagonal_key_on_tile_and_subblock_boundaries)
+{
+    static const int64_t firsts[] = {15, 31, 47, 63};
+    for (size_t f = 0; f < sizeof(firsts) / sizeof(firsts[0]); f++)
+        for (size_t t = 0; t < 3; t++) {
+            kcase_t c = {.B = 1,
+                         .Tq = 64,
+                         .Tk = 40,
+                         .H = 2,
+                         .Hkv = 1,
+                         .D = 32,
+                         .causal = true,
+                         .dtype = all_dtypes[t],
+                         .threads = 1};
+            c.kruns[0] = (stria_pos_run_t){firsts[f], 1, 40};
+            c.n_kruns = 1;
+            for_each_variant(&c);
+        }
+    /* Keys ending exactly at a query tile's first position, then the rest. */
+    kcase_t c = {.B = 1,
+                 .Tq = 64,
+                 .Tk = 80,
+                 .H = 1,
+                 .Hkv = 1,
+                 .D = 16,
+                 .causal = true,
+                 .dtype = STRIA_DTYPE_F32,
+                 .threads = 1};
+    c.qruns[0] = (stria_pos_run_t){64, 1, 64};
+    c.n_qruns = 1;
+    c.kruns[0] = (stria_pos_run_t){1, 1, 64}; /* 1 .. 64: kmax equals the first query */
+    c.kruns[1] = (stria_pos_run_t){127, 1, 16};
+    c.n_kruns = 2;
+    for_each_variant(&c);
 }
 
 /* Zigzag: two runs per block, and offset positions far from zero. */
@@ -652,6 +703,64 @@ Test(kernels, merge_extreme_lse_and_empty_rows)
     cr_assert_eq(stria_attn_merge(&p, &tc, &lc, &td, &ld), STRIA_OK);
     cr_expect_float_eq(oc[0], 2.0f, 1e-6);
     cr_expect_float_eq(lc, 5.0f + logf(2.0f), 1e-6);
+}
+
+/* Merges of partials whose LSEs sit at and beyond the point where expf
+ * overflows in fp32 (88.72), against the merge computed in fp64: a form that
+ * exponentiates an LSE itself instead of a difference gives inf or NaN. And
+ * K/V blocks whose scores reach a few hundred, split and merged as ring
+ * steps do, against one block and the fp64 reference. */
+Test(kernels, merge_near_overflow)
+{
+    enum { D = 16, R = 7 };
+    static const float la0[R] = {88.0f, 88.72f, 89.0f, 300.0f, 1e4f, -87.0f, -200.0f};
+    static const float lb0[R] = {88.7f, 88.72f, -89.0f, 299.5f, 1e4f - 1.0f, -88.5f, -200.25f};
+    float oa[R * D], ob[R * D], la[R], lb[R];
+    stria_attn_params_t p;
+    block_params(&p, R, 1, 1, D);
+    for (int i = 0; i < R; i++) {
+        la[i] = la0[i];
+        lb[i] = lb0[i];
+        for (int d = 0; d < D; d++) {
+            oa[i * D + d] = 0.25f * (float)(d + 1);
+            ob[i * D + d] = -0.5f * (float)(d % 5) + (float)i;
+        }
+    }
+    stria_tensor_t ta = stria_tensor_contiguous(oa, STRIA_DTYPE_F32, R, 1, D);
+    stria_tensor_t tb = stria_tensor_contiguous(ob, STRIA_DTYPE_F32, R, 1, D);
+    cr_assert_eq(stria_attn_merge(&p, &ta, la, &tb, lb), STRIA_OK, "%s", stria_error_msg());
+    for (int i = 0; i < R; i++) {
+        double a = la0[i], b = lb0[i], mx = a > b ? a : b;
+        double lse = mx + log(exp(a - mx) + exp(b - mx));
+        double wa = exp(a - lse), wb = exp(b - lse);
+        /* An fp32 LSE is known to half an ulp of its size: the weights
+         * derived from it carry that absolute error. */
+        double rel = 1e-6 + 4 * FLT_EPSILON * fabs(mx);
+        cr_expect(isfinite(la[i]), "row %d: LSE %g from %g and %g", i, la[i], a, b);
+        cr_expect(fabs(la[i] - lse) <= 4e-7 * fabs(lse) + 1e-6, "row %d: LSE %.9g, want %.9g", i,
+                  la[i], lse);
+        for (int d = 0; d < D; d++) {
+            double want = wa * (0.25 * (d + 1)) + wb * (-0.5 * (d % 5) + i);
+            cr_expect(fabs(oa[i * D + d] - want) <= rel * (1.0 + fabs(want)),
+                      "row %d col %d: O %.9g, want %.9g (LSEs %g, %g)", i, d, oa[i * D + d], want,
+                      a, b);
+        }
+    }
+    /* Scores beyond 88.72 through the kernels: three key tiles merged
+     * online inside a pass, against the fp64 reference. */
+    for (size_t t = 0; t < 3; t++) {
+        kcase_t c = {.B = 1,
+                     .Tq = 150,
+                     .Tk = 150,
+                     .H = 2,
+                     .Hkv = 2,
+                     .D = 64,
+                     .causal = true,
+                     .dtype = all_dtypes[t],
+                     .threads = 1,
+                     .scale = 12.0f};
+        for_each_variant(&c);
+    }
 }
 
 Test(kernels, finalize_rounds_to_storage_dtype)
