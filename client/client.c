@@ -19,21 +19,6 @@
 #include "stria.pb-c.h"
 #include "stria_rpc.h"
 
-/* Method indices of the services, in declaration order (proto/stria.proto). */
-enum {
-    STRIA__COORD_SUBMIT_JOB = 3,
-    STRIA__COORD_GET_JOB = 4,
-    STRIA__COORD_RELEASE_JOB = 5,
-    STRIA__COORD_GET_STATUS = 7,
-};
-enum {
-    STRIA__WORKER_PUT_INPUT = 0,
-    STRIA__WORKER_RUN_FORWARD = 1,
-    STRIA__WORKER_RUN_BACKWARD = 2,
-    STRIA__WORKER_GET_OUTPUT = 3,
-    STRIA__WORKER_DROP_JOB = 4,
-};
-
 #define STRIA__COORD_TIMEOUT_S 10.0
 #define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
 #define STRIA__MAX_CHUNK       ((uint64_t)64 << 20)
@@ -178,7 +163,7 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
     }
     Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
     memset(&reply, 0, sizeof(reply));
-    st = stria__coord_call(c, STRIA__COORD_GET_STATUS, &req.base, &reply);
+    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply);
     stria_rpc_reply_free(&reply);
     if (st != STRIA_OK)
         goto err;
@@ -279,7 +264,8 @@ static void stria__poll_progress(stria__phase_t *ph, stria_progress_cb progress,
     stria_rpc_reply_t reply;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA__COORD_GET_JOB, &req.base, &reply) == STRIA_OK) {
+    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &reply) ==
+        STRIA_OK) {
         Stria__V1__GetJobReply *r = (Stria__V1__GetJobReply *)reply.msg;
         if (r->job != NULL && r->job->steps_total > 0)
             progress(arg, phase, (double)r->job->step, (double)r->job->steps_total);
@@ -411,7 +397,7 @@ static stria_status_t stria__put_tensor(stria_job_t *job, stria__rank_t *r,
         req.offset = off;
         req.total_bytes = len;
         memset(&rq, 0, sizeof(rq));
-        rq.method = STRIA__WORKER_PUT_INPUT;
+        rq.method = STRIA_RPC_WORKER_PUT_INPUT;
         rq.request = &req.base;
         rq.payload = (const char *)buf + off;
         rq.payload_len = n;
@@ -440,7 +426,7 @@ static stria_status_t stria__get_tensor(stria_job_t *job, stria__rank_t *r,
         req.offset = off;
         req.max_bytes = len - off < STRIA__MAX_CHUNK ? len - off : STRIA__MAX_CHUNK;
         memset(&rq, 0, sizeof(rq));
-        rq.method = STRIA__WORKER_GET_OUTPUT;
+        rq.method = STRIA_RPC_WORKER_GET_OUTPUT;
         rq.request = &req.base;
         rq.reply_buf = (char *)buf + off;
         rq.reply_buf_cap = len - off;
@@ -511,7 +497,7 @@ static void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
     memset(&rq, 0, sizeof(rq));
     fw.job_id = bw.job_id = job->id;
     fw.rank = bw.rank = (uint32_t)r->rank;
-    rq.method = ph->backward ? STRIA__WORKER_RUN_BACKWARD : STRIA__WORKER_RUN_FORWARD;
+    rq.method = ph->backward ? STRIA_RPC_WORKER_RUN_BACKWARD : STRIA_RPC_WORKER_RUN_FORWARD;
     rq.request = ph->backward ? &bw.base : &fw.base;
     rq.timeout_s = job->pass_timeout_s;
     memset(&reply, 0, sizeof(reply));
@@ -680,7 +666,7 @@ static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_p
     spec.label = (char *)(s->label ? s->label : "");
     req.spec = &spec;
     memset(&reply, 0, sizeof(reply));
-    st = stria__coord_call(c, STRIA__COORD_SUBMIT_JOB, &req.base, &reply);
+    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, &reply);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "submit");
     Stria__V1__SubmitJobReply *sr = (Stria__V1__SubmitJobReply *)reply.msg;
@@ -703,7 +689,7 @@ static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_p
         Stria__V1__GetJobRequest gq = STRIA__V1__GET_JOB_REQUEST__INIT;
         gq.job_id = job->id;
         memset(&reply, 0, sizeof(reply));
-        st = stria__coord_call(c, STRIA__COORD_GET_JOB, &gq.base, &reply);
+        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_JOB, &gq.base, &reply);
         if (st != STRIA_OK)
             return st;
         Stria__V1__GetJobReply *gr = (Stria__V1__GetJobReply *)reply.msg;
@@ -890,7 +876,7 @@ stria_status_t stria_client_release(stria_job_t *job)
         stria_rpc_reply_t reply;
         dq.job_id = job->id;
         memset(&rq, 0, sizeof(rq));
-        rq.method = STRIA__WORKER_DROP_JOB;
+        rq.method = STRIA_RPC_WORKER_DROP_JOB;
         rq.request = &dq.base;
         rq.timeout_s = STRIA__COORD_TIMEOUT_S;
         memset(&reply, 0, sizeof(reply));
@@ -902,7 +888,7 @@ stria_status_t stria_client_release(stria_job_t *job)
         stria_rpc_reply_t reply;
         req.job_id = job->id;
         memset(&reply, 0, sizeof(reply));
-        st = stria__coord_call(c, STRIA__COORD_RELEASE_JOB, &req.base, &reply);
+        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, &reply);
         stria_rpc_reply_free(&reply);
     }
     stria__job_unlink(job);

@@ -20,16 +20,6 @@
 #include "stria.pb-c.h"
 #include "stria_rpc.h"
 
-enum {
-    C_CANCEL_JOB = 6,
-    C_GET_STATUS = 7,
-    C_GET_RING = 8,
-    C_LIST_WORKERS = 9,
-    C_LIST_JOBS = 10,
-    C_DRAIN = 11,
-    C_GET_JOB = 4,
-};
-
 enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_AUTH = 4 };
 
 #define STRIACTL_DEFAULT_COORDINATOR "127.0.0.1:7400"
@@ -285,10 +275,10 @@ static int cmd_status(ctl_t *c)
     Stria__V1__GetStatusRequest sreq = STRIA__V1__GET_STATUS_REQUEST__INIT;
     Stria__V1__GetRingRequest rreq = STRIA__V1__GET_RING_REQUEST__INIT;
     stria_rpc_reply_t sr, rr;
-    stria_status_t st = call(c, C_GET_STATUS, &sreq.base, &sr);
+    stria_status_t st = call(c, STRIA_RPC_COORDINATOR_GET_STATUS, &sreq.base, &sr);
     if (st != STRIA_OK)
         return fail(st);
-    st = call(c, C_GET_RING, &rreq.base, &rr);
+    st = call(c, STRIA_RPC_COORDINATOR_GET_RING, &rreq.base, &rr);
     if (st != STRIA_OK) {
         stria_rpc_reply_free(&sr);
         return fail(st);
@@ -346,7 +336,7 @@ static int cmd_workers(ctl_t *c)
 {
     Stria__V1__ListWorkersRequest req = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
     stria_rpc_reply_t reply;
-    stria_status_t st = call(c, C_LIST_WORKERS, &req.base, &reply);
+    stria_status_t st = call(c, STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &reply);
     if (st != STRIA_OK)
         return fail(st);
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
@@ -422,7 +412,7 @@ static int cmd_jobs(ctl_t *c, bool all)
     Stria__V1__ListJobsRequest req = STRIA__V1__LIST_JOBS_REQUEST__INIT;
     stria_rpc_reply_t reply;
     req.include_finished = all;
-    stria_status_t st = call(c, C_LIST_JOBS, &req.base, &reply);
+    stria_status_t st = call(c, STRIA_RPC_COORDINATOR_LIST_JOBS, &req.base, &reply);
     if (st != STRIA_OK)
         return fail(st);
     const Stria__V1__ListJobsReply *r = (const Stria__V1__ListJobsReply *)reply.msg;
@@ -505,7 +495,7 @@ static int cmd_job(ctl_t *c, const char *arg)
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
     req.job_id = id;
-    stria_status_t st = call(c, C_GET_JOB, &req.base, &reply);
+    stria_status_t st = call(c, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &reply);
     if (st != STRIA_OK)
         return fail(st);
     const Stria__V1__JobInfo *j = ((const Stria__V1__GetJobReply *)reply.msg)->job;
@@ -576,7 +566,7 @@ static stria_status_t resolve_worker(ctl_t *c, const char *name, uint64_t *id_ou
     stria_rpc_reply_t reply;
     uint64_t id = 0;
     bool numeric = parse_u64(name, &id);
-    stria_status_t st = call(c, C_LIST_WORKERS, &req.base, &reply);
+    stria_status_t st = call(c, STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &reply);
     if (st != STRIA_OK)
         return st;
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
@@ -607,7 +597,7 @@ static int cmd_drain(ctl_t *c, const char *name, bool drain)
     stria_rpc_reply_t reply;
     req.worker_id = id;
     req.drain = drain;
-    st = call(c, C_DRAIN, &req.base, &reply);
+    st = call(c, STRIA_RPC_COORDINATOR_DRAIN_WORKER, &req.base, &reply);
     if (st != STRIA_OK)
         return fail(st);
     const Stria__V1__WorkerInfo *w = ((const Stria__V1__DrainWorkerReply *)reply.msg)->worker;
@@ -638,7 +628,7 @@ static int cmd_cancel(ctl_t *c, const char *arg, const char *reason)
     stria_rpc_reply_t reply;
     req.job_id = id;
     req.reason = (char *)(reason ? reason : "cancelled by an administrator (striactl)");
-    stria_status_t st = call(c, C_CANCEL_JOB, &req.base, &reply);
+    stria_status_t st = call(c, STRIA_RPC_COORDINATOR_CANCEL_JOB, &req.base, &reply);
     if (st != STRIA_OK)
         return fail(st);
     const Stria__V1__CancelJobReply *r = (const Stria__V1__CancelJobReply *)reply.msg;

@@ -33,6 +33,8 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "stria_methods.h"
+
 #include "stria_common.h"
 
 #ifdef __cplusplus
@@ -72,11 +74,6 @@ void stria_rpc_header_decode(const uint8_t in[STRIA_RPC_HEADER_SIZE], stria_rpc_
 
 /* ---- helpers ----------------------------------------------------------- */
 
-/* Splits "HOST:PORT" or "[V6HOST]:PORT" into host (NUL-terminated, at most
- * host_cap - 1 characters) and port (0..65535). */
-stria_status_t stria_rpc_addr_parse(const char *addr, char *host, size_t host_cap,
-                                    uint16_t *port_out);
-
 /* Reads a token from a file: the first line without its line end and
  * surrounding blanks; it must be 1..4096 printable characters. *token_out is
  * allocated with malloc(); the caller frees it. */
@@ -110,12 +107,23 @@ typedef void (*stria_rpc_done_cb)(void *arg);
 
 #define STRIA_RPC_METHOD_ADMIN 0x1u /* needs the admin role */
 
-/* How a server serves one method of its service. */
+/* How a server serves one method of its service. The table is indexed by
+ * the method's index in the service descriptor (stria_methods.h, generated
+ * from stria.proto, names them: STRIA_RPC_<SERVICE>_<METHOD>). */
 typedef struct {
     stria_rpc_handler_cb handler; /* NULL: not served (STRIA_ERR_UNSUPPORTED) */
     stria_rpc_payload_cb payload; /* NULL: requests with a payload are refused */
     unsigned flags;               /* STRIA_RPC_METHOD_* */
+    /* The method's name in the proto: required with a handler, and checked
+     * against the descriptor when the server starts, so a table that is out
+     * of step with the service is refused instead of serving the wrong
+     * handler. */
+    const char *name;
 } stria_rpc_method_t;
+
+/* An entry of a method table, in its slot and with its name, for a method
+ * of stria_methods.h: STRIA_RPC_SERVE(WORKER_PUT_INPUT, .handler = fn). */
+#define STRIA_RPC_SERVE(id, ...) [STRIA_RPC_##id] = {.name = STRIA_RPC_##id##_NAME, __VA_ARGS__}
 
 /* Zero-initialise and set the fields; zero means the default. */
 typedef struct {

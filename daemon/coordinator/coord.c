@@ -11,23 +11,6 @@
 #include <string.h>
 #include <time.h>
 
-enum {
-    STRIA__M_REGISTER = 0,
-    STRIA__M_HEARTBEAT = 1,
-    STRIA__M_REPORT = 2,
-    STRIA__M_SUBMIT = 3,
-    STRIA__M_GET_JOB = 4,
-    STRIA__M_RELEASE = 5,
-    STRIA__M_CANCEL = 6,
-    STRIA__M_STATUS = 7,
-    STRIA__M_RING = 8,
-    STRIA__M_LIST_WORKERS = 9,
-    STRIA__M_LIST_JOBS = 10,
-    STRIA__M_DRAIN = 11,
-    STRIA__M_DEREGISTER = 12,
-    STRIA__M_COUNT = 13,
-};
-
 #define S_PENDING          STRIA__V1__JOB_STATE__JOB_STATE_PENDING
 #define S_LOADING          STRIA__V1__JOB_STATE__JOB_STATE_LOADING
 #define S_RUNNING_FORWARD  STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD
@@ -788,7 +771,7 @@ static stria_status_t stria__check_address(const char *what, const char *addr)
     uint16_t port;
     if (addr[0] == '\0')
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s is missing", what);
-    if (stria_rpc_addr_parse(addr, host, sizeof(host), &port) != STRIA_OK)
+    if (stria_addr_parse(addr, host, sizeof(host), &port) != STRIA_OK)
         return stria_error_wrap(STRIA_ERR_INVALID_ARG, "%s", what);
     if (port == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s '%s' has port 0", what, addr);
@@ -1543,7 +1526,23 @@ static void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
 
 stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **coord_out)
 {
-    stria_rpc_method_t methods[STRIA__M_COUNT];
+    static const stria_rpc_method_t methods[STRIA_RPC_COORDINATOR_N_METHODS] = {
+        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register),
+        STRIA_RPC_SERVE(COORDINATOR_HEARTBEAT, .handler = stria__on_heartbeat),
+        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report),
+        STRIA_RPC_SERVE(COORDINATOR_SUBMIT_JOB, .handler = stria__on_submit),
+        STRIA_RPC_SERVE(COORDINATOR_GET_JOB, .handler = stria__on_get_job),
+        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release),
+        STRIA_RPC_SERVE(COORDINATOR_CANCEL_JOB, .handler = stria__on_cancel,
+                        .flags = STRIA_RPC_METHOD_ADMIN),
+        STRIA_RPC_SERVE(COORDINATOR_GET_STATUS, .handler = stria__on_status),
+        STRIA_RPC_SERVE(COORDINATOR_GET_RING, .handler = stria__on_ring),
+        STRIA_RPC_SERVE(COORDINATOR_LIST_WORKERS, .handler = stria__on_list_workers),
+        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs),
+        STRIA_RPC_SERVE(COORDINATOR_DRAIN_WORKER, .handler = stria__on_drain,
+                        .flags = STRIA_RPC_METHOD_ADMIN),
+        STRIA_RPC_SERVE(COORDINATOR_DEREGISTER_WORKER, .handler = stria__on_deregister),
+    };
     stria_rpc_server_params_t sp;
     stria_coord_t *co;
     stria_status_t st;
@@ -1558,9 +1557,10 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "coordinator: job TTL must be in (0, %u] seconds",
                                STRIA_COORD_MAX_TTL_S);
-    if (stria__v1__coordinator__descriptor.n_methods != STRIA__M_COUNT)
+    if (stria__v1__coordinator__descriptor.n_methods != STRIA_RPC_COORDINATOR_N_METHODS)
         return stria_error_set(STRIA_ERR_INTERNAL, "coordinator: service has %u methods, not %d",
-                               stria__v1__coordinator__descriptor.n_methods, STRIA__M_COUNT);
+                               stria__v1__coordinator__descriptor.n_methods,
+                               STRIA_RPC_COORDINATOR_N_METHODS);
     co = calloc(1, sizeof(*co));
     if (co == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "coordinator: out of memory");
@@ -1582,23 +1582,6 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
         free(co);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "coordinator: out of memory");
     }
-
-    memset(methods, 0, sizeof(methods));
-    methods[STRIA__M_REGISTER].handler = stria__on_register;
-    methods[STRIA__M_HEARTBEAT].handler = stria__on_heartbeat;
-    methods[STRIA__M_REPORT].handler = stria__on_report;
-    methods[STRIA__M_SUBMIT].handler = stria__on_submit;
-    methods[STRIA__M_GET_JOB].handler = stria__on_get_job;
-    methods[STRIA__M_RELEASE].handler = stria__on_release;
-    methods[STRIA__M_CANCEL].handler = stria__on_cancel;
-    methods[STRIA__M_CANCEL].flags = STRIA_RPC_METHOD_ADMIN;
-    methods[STRIA__M_STATUS].handler = stria__on_status;
-    methods[STRIA__M_RING].handler = stria__on_ring;
-    methods[STRIA__M_LIST_WORKERS].handler = stria__on_list_workers;
-    methods[STRIA__M_LIST_JOBS].handler = stria__on_list_jobs;
-    methods[STRIA__M_DRAIN].handler = stria__on_drain;
-    methods[STRIA__M_DRAIN].flags = STRIA_RPC_METHOD_ADMIN;
-    methods[STRIA__M_DEREGISTER].handler = stria__on_deregister;
 
     memset(&sp, 0, sizeof(sp));
     sp.listen = p->listen;

@@ -147,7 +147,7 @@ int main(int argc, char **argv)
     if (st == STRIA_OK) {
         char host[256];
         uint16_t port;
-        st = stria_rpc_addr_parse(c.listen, host, sizeof(host), &port);
+        st = stria_addr_parse(c.listen, host, sizeof(host), &port);
         if (st != STRIA_OK)
             stria_error_wrap(st, "--listen");
     }
@@ -203,7 +203,7 @@ int main(int argc, char **argv)
     {
         char host[256];
         uint16_t ignored;
-        stria_rpc_addr_parse(c.listen, host, sizeof(host), &ignored);
+        stria_addr_parse(c.listen, host, sizeof(host), &ignored);
         printf(strchr(host, ':') ? "stria-coordinator listening on [%s]:%u\n"
                                  : "stria-coordinator listening on %s:%u\n",
                host, stria_coord_port(co));

@@ -28,14 +28,6 @@
 #include "stria_transport.h"
 #include "worker_int.h"
 
-enum {
-    STRIA__C_REGISTER = 0,
-    STRIA__C_HEARTBEAT = 1,
-    STRIA__C_REPORT = 2,
-    STRIA__C_GET_JOB = 4,
-    STRIA__C_DEREGISTER = 12,
-};
-
 #define STRIA__COORD_TIMEOUT_S 5.0
 
 struct stria_worker {
@@ -268,7 +260,7 @@ static Stria__V1__JobState stria__report(stria_worker_t *w, const stria__wjob_t 
     req.message = (char *)(message ? message : "");
     req.step = j->step;
     req.steps_total = j->steps_total;
-    if (stria__coord_call(w, STRIA__C_REPORT, &req.base, &reply) == STRIA_OK) {
+    if (stria__coord_call(w, STRIA_RPC_COORDINATOR_REPORT_JOB, &req.base, &reply) == STRIA_OK) {
         state = ((const Stria__V1__ReportJobReply *)reply.msg)->state;
         stria_rpc_reply_free(&reply);
     } else {
@@ -290,7 +282,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     stria__wjob_t *j = NULL;
 
     req.job_id = job_id;
-    st = stria__coord_call(w, STRIA__C_GET_JOB, &req.base, &reply);
+    st = stria__coord_call(w, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &reply);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "job %llu", (unsigned long long)job_id);
     Stria__V1__GetJobReply *gr = (Stria__V1__GetJobReply *)reply.msg;
@@ -1118,7 +1110,8 @@ static stria_status_t stria__register(stria_worker_t *w)
     req.software_version = (char *)STRIA_VERSION;
     req.kernel_variant = (char *)stria_kernels_variant();
     req.incarnation = w->incarnation;
-    stria_status_t st = stria__coord_call(w, STRIA__C_REGISTER, &req.base, &reply);
+    stria_status_t st =
+        stria__coord_call(w, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &req.base, &reply);
     if (st != STRIA_OK)
         return st;
     Stria__V1__RegisterWorkerReply *r = (Stria__V1__RegisterWorkerReply *)reply.msg;
@@ -1173,7 +1166,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     req.incarnation = w->incarnation;
     req.n_jobs = n;
     req.jobs = st_ptrs;
-    st = stria__coord_call(w, STRIA__C_HEARTBEAT, &req.base, &reply);
+    st = stria__coord_call(w, STRIA_RPC_COORDINATOR_HEARTBEAT, &req.base, &reply);
     free(st_arr);
     free(st_ptrs);
     if (st != STRIA_OK)
@@ -1326,7 +1319,8 @@ static int stria__shutdown(stria_worker_t *w, int signum)
     req.worker_id = w->worker_id;
     req.incarnation = w->incarnation;
     req.reason = reason;
-    stria_status_t st = stria__coord_call(w, STRIA__C_DEREGISTER, &req.base, &reply);
+    stria_status_t st =
+        stria__coord_call(w, STRIA_RPC_COORDINATOR_DEREGISTER_WORKER, &req.base, &reply);
     if (st == STRIA_OK) {
         const Stria__V1__DeregisterWorkerReply *r =
             (const Stria__V1__DeregisterWorkerReply *)reply.msg;
@@ -1770,12 +1764,14 @@ int main(int argc, char **argv)
                                 w->ucx_address, sizeof(w->ucx_address))) != STRIA_OK)
         goto fail;
 
-    static stria_rpc_method_t methods[5];
-    methods[0] = (stria_rpc_method_t){stria__put_handler, stria__put_payload, 0};
-    methods[1] = (stria_rpc_method_t){stria__fwd_handler, NULL, 0};
-    methods[2] = (stria_rpc_method_t){stria__bwd_handler, NULL, 0};
-    methods[3] = (stria_rpc_method_t){stria__get_handler, NULL, 0};
-    methods[4] = (stria_rpc_method_t){stria__drop_handler, NULL, 0};
+    static const stria_rpc_method_t methods[STRIA_RPC_WORKER_N_METHODS] = {
+        STRIA_RPC_SERVE(WORKER_PUT_INPUT, .handler = stria__put_handler,
+                        .payload = stria__put_payload),
+        STRIA_RPC_SERVE(WORKER_RUN_FORWARD, .handler = stria__fwd_handler),
+        STRIA_RPC_SERVE(WORKER_RUN_BACKWARD, .handler = stria__bwd_handler),
+        STRIA_RPC_SERVE(WORKER_GET_OUTPUT, .handler = stria__get_handler),
+        STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = stria__drop_handler),
+    };
     stria_rpc_server_params_t sp;
     memset(&sp, 0, sizeof(sp));
     sp.listen = c->listen;

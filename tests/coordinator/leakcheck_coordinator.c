@@ -62,11 +62,12 @@ int main(void)
     reg.host = (char *)"h";
     reg.device = (char *)"cpu";
     reg.memory_bytes = 1ull << 32;
-    CHECK(call(cl, 0, &reg.base, 5) == STRIA_OK, "register");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &reg.base, 5) == STRIA_OK, "register");
     reg.rpc_address = (char *)"127.0.0.1:7001";
-    CHECK(call(cl, 0, &reg.base, 5) == STRIA_OK, "register");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &reg.base, 5) == STRIA_OK, "register");
     reg.memory_bytes = 0;
-    CHECK(call(cl, 0, &reg.base, 5) == STRIA_ERR_INVALID_ARG, "bad register");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &reg.base, 5) == STRIA_ERR_INVALID_ARG,
+          "bad register");
 
     Stria__V1__JobSpec s = STRIA__V1__JOB_SPEC__INIT;
     Stria__V1__SubmitJobRequest sj = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
@@ -77,24 +78,25 @@ int main(void)
     s.head_dim = 64;
     sj.spec = &s;
     for (int i = 0; i < 6; i++)
-        CHECK(call(cl, 3, &sj.base, 5) == STRIA_OK, "submit");
+        CHECK(call(cl, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sj.base, 5) == STRIA_OK, "submit");
     s.heads = 3;
-    CHECK(call(cl, 3, &sj.base, 5) == STRIA_ERR_INVALID_ARG, "bad spec");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sj.base, 5) == STRIA_ERR_INVALID_ARG,
+          "bad spec");
     Stria__V1__GetJobRequest gj = STRIA__V1__GET_JOB_REQUEST__INIT;
     gj.job_id = 1;
-    CHECK(call(cl, 4, &gj.base, 5) == STRIA_OK, "get job");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_GET_JOB, &gj.base, 5) == STRIA_OK, "get job");
     Stria__V1__ReportJobRequest rj = STRIA__V1__REPORT_JOB_REQUEST__INIT;
     rj.worker_id = 1;
     rj.job_id = 1;
     rj.event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED;
     rj.message = (char *)"boom";
-    CHECK(call(cl, 2, &rj.base, 5) == STRIA_OK, "report");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_REPORT_JOB, &rj.base, 5) == STRIA_OK, "report");
     Stria__V1__CancelJobRequest cj = STRIA__V1__CANCEL_JOB_REQUEST__INIT;
     cj.job_id = 2;
-    CHECK(call(cl, 6, &cj.base, 5) == STRIA_OK, "cancel");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_CANCEL_JOB, &cj.base, 5) == STRIA_OK, "cancel");
     Stria__V1__ReleaseJobRequest rl = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
     rl.job_id = 3;
-    CHECK(call(cl, 5, &rl.base, 5) == STRIA_OK, "release");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_RELEASE_JOB, &rl.base, 5) == STRIA_OK, "release");
     Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
     Stria__V1__GetRingRequest gr = STRIA__V1__GET_RING_REQUEST__INIT;
     Stria__V1__ListWorkersRequest lw = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
@@ -103,18 +105,18 @@ int main(void)
     lj.include_finished = true;
     dw.worker_id = 2;
     dw.drain = true;
-    CHECK(call(cl, 7, &gs.base, 5) == STRIA_OK, "status");
-    CHECK(call(cl, 8, &gr.base, 5) == STRIA_OK, "ring");
-    CHECK(call(cl, 9, &lw.base, 5) == STRIA_OK, "workers");
-    CHECK(call(cl, 10, &lj.base, 5) == STRIA_OK, "jobs");
-    CHECK(call(cl, 11, &dw.base, 5) == STRIA_OK, "drain");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_GET_STATUS, &gs.base, 5) == STRIA_OK, "status");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_GET_RING, &gr.base, 5) == STRIA_OK, "ring");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_LIST_WORKERS, &lw.base, 5) == STRIA_OK, "workers");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_LIST_JOBS, &lj.base, 5) == STRIA_OK, "jobs");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_DRAIN_WORKER, &dw.base, 5) == STRIA_OK, "drain");
 
     /* Bad frames: a malformed body (kept), then an oversized one (closed). */
     fd = rt_connect(stria_coord_port(co));
     CHECK(fd >= 0 && rt_hello(fd, "stria.v1.Coordinator", "tok", 1), "raw hello");
     CHECK(rt_read_reply(fd, &rr, 5000) && rr.h.status == 0, "raw hello reply");
     rt_reply_free(&rr);
-    stria_rpc_header_t h = rt_header(3, 2);
+    stria_rpc_header_t h = rt_header(STRIA_RPC_COORDINATOR_SUBMIT_JOB, 2);
     h.pb_len = 4;
     stria_rpc_header_encode(&h, hb);
     CHECK(rt_send(fd, hb, sizeof(hb)) && rt_send(fd, "\xff\xff\xff\xff", 4), "send");
@@ -131,7 +133,7 @@ int main(void)
     CHECK(fd >= 0 && rt_hello(fd, "stria.v1.Coordinator", "tok", 1), "raw hello");
     CHECK(rt_read_reply(fd, &rr, 5000), "hello reply");
     rt_reply_free(&rr);
-    h = rt_header(3, 3);
+    h = rt_header(STRIA_RPC_COORDINATOR_SUBMIT_JOB, 3);
     h.pb_len = 1000;
     stria_rpc_header_encode(&h, hb);
     CHECK(rt_send(fd, hb, sizeof(hb)) && rt_send(fd, "abc", 3), "send");
@@ -139,7 +141,7 @@ int main(void)
 
     /* Let the workers die and the jobs expire, so the timers' paths run. */
     usleep(1500 * 1000);
-    CHECK(call(cl, 10, &lj.base, 5) == STRIA_OK, "jobs after expiry");
+    CHECK(call(cl, STRIA_RPC_COORDINATOR_LIST_JOBS, &lj.base, 5) == STRIA_OK, "jobs after expiry");
     stria_rpc_client_close(cl);
     stria_coord_stop(co);
     printf("leakcheck: ok\n");

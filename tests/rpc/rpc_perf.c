@@ -121,7 +121,7 @@ int main(int argc, char **argv)
 {
     int mib = argc > 1 ? atoi(argv[1]) : 16;
     int frames = argc > 2 ? atoi(argv[2]) : 32;
-    stria_rpc_method_t methods[5] = {{0}};
+    stria_rpc_method_t methods[STRIA_RPC_WORKER_N_METHODS] = {{0}};
     stria_rpc_server_params_t sp = {0};
     stria_rpc_client_params_t cp = {0};
     stria_rpc_server_t *srv = NULL;
@@ -140,10 +140,12 @@ int main(int argc, char **argv)
     g_dst = malloc(g_len);
     memset(g_src, 0x5a, g_len);
     memset(g_dst, 0, g_len);
-    methods[0].handler = put_handler;
-    methods[0].payload = put_payload;
-    methods[3].handler = get_handler;
-    methods[4].handler = drop_handler;
+    methods[STRIA_RPC_WORKER_PUT_INPUT] = (stria_rpc_method_t){
+        .handler = put_handler, .payload = put_payload, .name = STRIA_RPC_WORKER_PUT_INPUT_NAME};
+    methods[STRIA_RPC_WORKER_GET_OUTPUT] =
+        (stria_rpc_method_t){.handler = get_handler, .name = STRIA_RPC_WORKER_GET_OUTPUT_NAME};
+    methods[STRIA_RPC_WORKER_DROP_JOB] =
+        (stria_rpc_method_t){.handler = drop_handler, .name = STRIA_RPC_WORKER_DROP_JOB_NAME};
     sp.listen = "127.0.0.1:0";
     sp.service = &stria__v1__worker__descriptor;
     sp.methods = methods;
@@ -160,7 +162,8 @@ int main(int argc, char **argv)
     }
 
     Stria__V1__DropJobRequest dj = STRIA__V1__DROP_JOB_REQUEST__INIT;
-    stria_rpc_request_t small = {.method = 4, .request = &dj.base, .timeout_s = 10};
+    stria_rpc_request_t small = {
+        .method = STRIA_RPC_WORKER_DROP_JOB, .request = &dj.base, .timeout_s = 10};
     t0 = stria_time_now();
     for (int i = 0; i < calls; i++) {
         if (stria_rpc_client_call(cl, &small, &rep) != STRIA_OK)
@@ -171,8 +174,11 @@ int main(int argc, char **argv)
     printf("small call round trip:    %8.1f us  (%d calls)\n", dt / calls * 1e6, calls);
 
     Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    stria_rpc_request_t up = {
-        .method = 0, .request = &put.base, .payload = g_src, .payload_len = g_len, .timeout_s = 60};
+    stria_rpc_request_t up = {.method = STRIA_RPC_WORKER_PUT_INPUT,
+                              .request = &put.base,
+                              .payload = g_src,
+                              .payload_len = g_len,
+                              .timeout_s = 60};
     t0 = stria_time_now();
     for (int i = 0; i < frames; i++) {
         if (stria_rpc_client_call(cl, &up, &rep) != STRIA_OK)
@@ -186,7 +192,7 @@ int main(int argc, char **argv)
         return 1;
 
     Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    stria_rpc_request_t down = {.method = 3,
+    stria_rpc_request_t down = {.method = STRIA_RPC_WORKER_GET_OUTPUT,
                                 .request = &go.base,
                                 .reply_buf = g_dst,
                                 .reply_buf_cap = g_len,

@@ -18,13 +18,15 @@
 
 /* ---- test services ----------------------------------------------------- */
 
-#define M_SUBMIT 3u /* Coordinator.SubmitJob: replies after a delay, from a thread */
-#define M_GETJOB 4u /* Coordinator.GetJob: replies from another thread at once */
-#define M_CANCEL 6u /* Coordinator.CancelJob: admin */
-#define M_STATUS 7u /* Coordinator.GetStatus: replies inline */
-#define M_PUT    0u /* Worker.PutInput: payload into a buffer of the test */
-#define M_GET    3u /* Worker.GetOutput: replies with a payload */
-#define M_DROP   4u /* Worker.DropJob: not served */
+/* Coordinator.SubmitJob: replies after a delay, from a thread */
+#define M_SUBMIT STRIA_RPC_COORDINATOR_SUBMIT_JOB
+/* Coordinator.GetJob: replies from another thread at once */
+#define M_GETJOB STRIA_RPC_COORDINATOR_GET_JOB
+#define M_CANCEL STRIA_RPC_COORDINATOR_CANCEL_JOB /* admin */
+#define M_STATUS STRIA_RPC_COORDINATOR_GET_STATUS /* replies inline */
+#define M_PUT    STRIA_RPC_WORKER_PUT_INPUT       /* payload into a buffer of the test */
+#define M_GET    STRIA_RPC_WORKER_GET_OUTPUT      /* replies with a payload */
+#define M_DROP   STRIA_RPC_WORKER_DROP_JOB        /* not served */
 
 static uint8_t *g_dest; /* where PutInput payloads land */
 static size_t g_dest_cap;
@@ -182,19 +184,23 @@ static void posted_block(void *arg)
     __atomic_add_fetch(&g_posted, 1, __ATOMIC_SEQ_CST);
 }
 
-static stria_rpc_method_t g_coord_methods[13];
-static stria_rpc_method_t g_worker_methods[5];
+static stria_rpc_method_t g_coord_methods[STRIA_RPC_COORDINATOR_N_METHODS];
+static stria_rpc_method_t g_worker_methods[STRIA_RPC_WORKER_N_METHODS];
 
 static stria_rpc_server_t *start_coord(const char *token, const char *admin, double hello_s)
 {
     stria_rpc_server_params_t p = {0};
     stria_rpc_server_t *srv = NULL;
     memset(g_coord_methods, 0, sizeof(g_coord_methods));
-    g_coord_methods[M_STATUS].handler = status_handler;
-    g_coord_methods[M_CANCEL].handler = cancel_handler;
-    g_coord_methods[M_CANCEL].flags = STRIA_RPC_METHOD_ADMIN;
-    g_coord_methods[M_SUBMIT].handler = async_handler;
-    g_coord_methods[M_GETJOB].handler = async_handler;
+    g_coord_methods[M_STATUS] = (stria_rpc_method_t){.handler = status_handler,
+                                                     .name = STRIA_RPC_COORDINATOR_GET_STATUS_NAME};
+    g_coord_methods[M_CANCEL] = (stria_rpc_method_t){.handler = cancel_handler,
+                                                     .flags = STRIA_RPC_METHOD_ADMIN,
+                                                     .name = STRIA_RPC_COORDINATOR_CANCEL_JOB_NAME};
+    g_coord_methods[M_SUBMIT] = (stria_rpc_method_t){.handler = async_handler,
+                                                     .name = STRIA_RPC_COORDINATOR_SUBMIT_JOB_NAME};
+    g_coord_methods[M_GETJOB] =
+        (stria_rpc_method_t){.handler = async_handler, .name = STRIA_RPC_COORDINATOR_GET_JOB_NAME};
     p.listen = "127.0.0.1:0";
     p.service = &stria__v1__coordinator__descriptor;
     p.methods = g_coord_methods;
@@ -212,9 +218,10 @@ static stria_rpc_server_t *start_worker(uint64_t max_payload)
     stria_rpc_server_params_t p = {0};
     stria_rpc_server_t *srv = NULL;
     memset(g_worker_methods, 0, sizeof(g_worker_methods));
-    g_worker_methods[M_PUT].handler = put_handler;
-    g_worker_methods[M_PUT].payload = put_payload;
-    g_worker_methods[M_GET].handler = get_handler;
+    g_worker_methods[M_PUT] = (stria_rpc_method_t){
+        .handler = put_handler, .payload = put_payload, .name = STRIA_RPC_WORKER_PUT_INPUT_NAME};
+    g_worker_methods[M_GET] =
+        (stria_rpc_method_t){.handler = get_handler, .name = STRIA_RPC_WORKER_GET_OUTPUT_NAME};
     p.listen = "127.0.0.1:0";
     p.service = &stria__v1__worker__descriptor;
     p.methods = g_worker_methods;
@@ -307,21 +314,21 @@ Test(rpc_frame, addr_parse, .timeout = TEST_TIMEOUT_S)
 {
     char host[64];
     uint16_t port = 0;
-    cr_expect_eq(stria_rpc_addr_parse("127.0.0.1:7000", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_eq(stria_addr_parse("127.0.0.1:7000", host, sizeof(host), &port), STRIA_OK);
     cr_expect_str_eq(host, "127.0.0.1");
     cr_expect_eq(port, 7000);
-    cr_expect_eq(stria_rpc_addr_parse("[::1]:0", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_eq(stria_addr_parse("[::1]:0", host, sizeof(host), &port), STRIA_OK);
     cr_expect_str_eq(host, "::1");
     cr_expect_eq(port, 0);
-    cr_expect_eq(stria_rpc_addr_parse("node-3:65535", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_eq(stria_addr_parse("node-3:65535", host, sizeof(host), &port), STRIA_OK);
     const char *bad[] = {"",      "nohost", ":80",     "h:",      "h:65536",
                          "h:12a", "::1:80", "[::1]80", "h:123456"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        cr_expect_eq(stria_rpc_addr_parse(bad[i], host, sizeof(host), &port), STRIA_ERR_INVALID_ARG,
+        cr_expect_eq(stria_addr_parse(bad[i], host, sizeof(host), &port), STRIA_ERR_INVALID_ARG,
                      "'%s' accepted", bad[i]);
         cr_expect(strstr(stria_error_msg(), "address") != NULL, "%s", stria_error_msg());
     }
-    cr_expect_eq(stria_rpc_addr_parse("averyveryverylonghostname:1", host, 8, &port),
+    cr_expect_eq(stria_addr_parse("averyveryverylonghostname:1", host, 8, &port),
                  STRIA_ERR_INVALID_ARG);
 }
 
@@ -467,7 +474,8 @@ Test(rpc, call_and_async_replies, .timeout = TEST_TIMEOUT_S)
     cr_expect_eq(call_status(cl, &up), STRIA_OK);
     /* A method without a handler. */
     Stria__V1__ListJobsRequest lj = STRIA__V1__LIST_JOBS_REQUEST__INIT;
-    stria_rpc_request_t rl = {.method = 10, .request = &lj.base, .timeout_s = 5};
+    stria_rpc_request_t rl = {
+        .method = STRIA_RPC_COORDINATOR_LIST_JOBS, .request = &lj.base, .timeout_s = 5};
     cr_expect_eq(stria_rpc_client_call(cl, &rl, &rep), STRIA_ERR_UNSUPPORTED);
     cr_expect(strstr(stria_error_msg(), "ListJobs is not served") != NULL, "%s", stria_error_msg());
     /* Wrong request type for the method: refused locally. */
@@ -954,6 +962,52 @@ Test(rpc_bad, truncated_frames_and_silent_peers, .timeout = TEST_TIMEOUT_S)
     raw_status_ok(fd, 11);
     close(fd);
     stria_rpc_server_stop(srv);
+}
+
+/* A handler table out of step with the service (a slot naming another
+ * method, a handler without a name, a payload callback without a handler)
+ * is refused at start, naming the slot and both methods. */
+Test(rpc_bad, handler_tables_must_match_the_descriptor, .timeout = TEST_TIMEOUT_S)
+{
+    stria_rpc_method_t m[STRIA_RPC_WORKER_N_METHODS];
+    stria_rpc_server_params_t p = {0};
+    stria_rpc_server_t *srv = NULL;
+    p.listen = "127.0.0.1:0";
+    p.service = &stria__v1__worker__descriptor;
+    p.methods = m;
+    memset(m, 0, sizeof(m));
+    /* GetOutput's handler in RunForward's slot */
+    m[STRIA_RPC_WORKER_RUN_FORWARD] =
+        (stria_rpc_method_t){.handler = get_handler, .name = STRIA_RPC_WORKER_GET_OUTPUT_NAME};
+    cr_expect_eq(stria_rpc_server_start(&p, &srv), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "slot 1 is for 'GetOutput'") != NULL &&
+                  strstr(stria_error_msg(), "method 1 is 'RunForward'") != NULL,
+              "%s", stria_error_msg());
+    memset(m, 0, sizeof(m));
+    m[STRIA_RPC_WORKER_GET_OUTPUT].handler = get_handler;
+    cr_expect_eq(stria_rpc_server_start(&p, &srv), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "(no name)") != NULL, "%s", stria_error_msg());
+    memset(m, 0, sizeof(m));
+    m[STRIA_RPC_WORKER_PUT_INPUT].payload = put_payload;
+    cr_expect_eq(stria_rpc_server_start(&p, &srv), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "payload callback but no handler") != NULL, "%s",
+              stria_error_msg());
+    cr_expect_null(srv);
+    /* The generated indices are the descriptor's, name for name. */
+    static const struct {
+        const ProtobufCServiceDescriptor *svc;
+        unsigned index;
+        const char *name;
+    } known[] = {
+        {&stria__v1__coordinator__descriptor, STRIA_RPC_COORDINATOR_SUBMIT_JOB, "SubmitJob"},
+        {&stria__v1__coordinator__descriptor, STRIA_RPC_COORDINATOR_DEREGISTER_WORKER,
+         "DeregisterWorker"},
+        {&stria__v1__worker__descriptor, STRIA_RPC_WORKER_DROP_JOB, "DropJob"},
+    };
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+        cr_expect_str_eq(known[i].svc->methods[known[i].index].name, known[i].name);
+    cr_expect_eq(stria__v1__coordinator__descriptor.n_methods, STRIA_RPC_COORDINATOR_N_METHODS);
+    cr_expect_eq(stria__v1__worker__descriptor.n_methods, STRIA_RPC_WORKER_N_METHODS);
 }
 
 Test(rpc_bad, listen_errors, .timeout = TEST_TIMEOUT_S)

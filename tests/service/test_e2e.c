@@ -122,7 +122,8 @@ static void wait_healthy(unsigned healthy, const char *token)
     unsigned got = 0;
     for (int i = 0; i < 200; i++) {
         Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
-        stria_rpc_request_t rq = {.method = 7, .request = &req.base, .timeout_s = 5};
+        stria_rpc_request_t rq = {
+            .method = STRIA_RPC_COORDINATOR_GET_STATUS, .request = &req.base, .timeout_s = 5};
         stria_rpc_reply_t reply;
         memset(&reply, 0, sizeof(reply));
         cr_assert_eq(stria_rpc_client_call(c, &rq, &reply), STRIA_OK, "%s", stria_error_msg());
@@ -467,7 +468,8 @@ static void worker_still_serves(int w)
     cr_assert_eq(stria_rpc_client_connect(&p, &c), STRIA_OK, "%s", stria_error_msg());
     Stria__V1__DropJobRequest req = STRIA__V1__DROP_JOB_REQUEST__INIT;
     req.job_id = 424242;
-    stria_rpc_request_t rq = {.method = 4, .request = &req.base, .timeout_s = 5};
+    stria_rpc_request_t rq = {
+        .method = STRIA_RPC_WORKER_DROP_JOB, .request = &req.base, .timeout_s = 5};
     stria_rpc_reply_t reply;
     memset(&reply, 0, sizeof(reply));
     cr_assert_eq(stria_rpc_client_call(c, &rq, &reply), STRIA_OK, "%s", stria_error_msg());
@@ -480,8 +482,11 @@ static void worker_still_serves(int w)
     put.tensor = STRIA__V1__TENSOR__TENSOR_Q;
     put.total_bytes = 16;
     char payload[16] = {0};
-    stria_rpc_request_t rq2 = {
-        .method = 0, .request = &put.base, .payload = payload, .payload_len = 16, .timeout_s = 5};
+    stria_rpc_request_t rq2 = {.method = STRIA_RPC_WORKER_PUT_INPUT,
+                               .request = &put.base,
+                               .payload = payload,
+                               .payload_len = 16,
+                               .timeout_s = 5};
     memset(&reply, 0, sizeof(reply));
     stria_status_t st = stria_rpc_client_call(c, &rq2, &reply);
     cr_expect_neq(st, STRIA_OK);
@@ -489,7 +494,8 @@ static void worker_still_serves(int w)
     Stria__V1__GetOutputRequest get = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
     get.job_id = 1;
     get.tensor = STRIA__V1__TENSOR__TENSOR_Q; /* not an output */
-    stria_rpc_request_t rq3 = {.method = 3, .request = &get.base, .timeout_s = 5};
+    stria_rpc_request_t rq3 = {
+        .method = STRIA_RPC_WORKER_GET_OUTPUT, .request = &get.base, .timeout_s = 5};
     memset(&reply, 0, sizeof(reply));
     cr_expect_neq(stria_rpc_client_call(c, &rq3, &reply), STRIA_OK);
     cr_expect(strstr(stria_error_msg(), "not an output") != NULL, "unclear error: %s",
@@ -519,7 +525,7 @@ static stria_status_t put_range(const upload_t *u, int t, uint64_t off, uint64_t
     put.tensor = ids[t];
     put.offset = off;
     put.total_bytes = u->total;
-    stria_rpc_request_t rq = {.method = 0,
+    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_PUT_INPUT,
                               .request = &put.base,
                               .payload = u->src[t] + off,
                               .payload_len = len,
@@ -540,7 +546,8 @@ static stria_status_t run_forward(const upload_t *u)
     Stria__V1__RunForwardRequest req = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
     req.job_id = u->job;
     req.rank = 0;
-    stria_rpc_request_t rq = {.method = 1, .request = &req.base, .timeout_s = 30};
+    stria_rpc_request_t rq = {
+        .method = STRIA_RPC_WORKER_RUN_FORWARD, .request = &req.base, .timeout_s = 30};
     stria_rpc_reply_t reply;
     memset(&reply, 0, sizeof(reply));
     stria_status_t st = stria_rpc_client_call(u->c, &rq, &reply);
@@ -569,7 +576,8 @@ Test(e2e, uploads_count_every_byte_once, .timeout = 300)
     spec.ring_size = 1;
     Stria__V1__SubmitJobRequest sreq = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
     sreq.spec = &spec;
-    stria_rpc_request_t srq = {.method = 3, .request = &sreq.base, .timeout_s = 10};
+    stria_rpc_request_t srq = {
+        .method = STRIA_RPC_COORDINATOR_SUBMIT_JOB, .request = &sreq.base, .timeout_s = 10};
     stria_rpc_reply_t sreply;
     memset(&sreply, 0, sizeof(sreply));
     cr_assert_eq(stria_rpc_client_call(cc, &srq, &sreply), STRIA_OK, "%s", stria_error_msg());
@@ -638,7 +646,7 @@ Test(e2e, uploads_count_every_byte_once, .timeout = 300)
     Stria__V1__GetOutputRequest get = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
     get.job_id = u.job;
     get.tensor = STRIA__V1__TENSOR__TENSOR_O;
-    stria_rpc_request_t grq = {.method = 3,
+    stria_rpc_request_t grq = {.method = STRIA_RPC_WORKER_GET_OUTPUT,
                                .request = &get.base,
                                .reply_buf = o,
                                .reply_buf_cap = sizeof(o),

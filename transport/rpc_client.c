@@ -1,0 +1,531 @@
+/* The blocking RPC client: one connection, calls with deadlines, payloads
+ * straight into the caller's buffers. See stria_rpc.h for the contract. No
+ * libuv: trainers link this through libstria. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "rpc_int.h"
+#include "stria.pb-c.h"
+
+/* ---- client ------------------------------------------------------------ */
+
+struct stria_rpc_client {
+    pthread_mutex_t lock;
+    char *address;
+    char *token;
+    char *name;
+    const ProtobufCServiceDescriptor *service;
+    double connect_timeout_s;
+    uint32_t max_pb;
+    uint64_t max_payload;
+
+    int fd;
+    uint64_t next_id;
+    bool admin;
+    bool server_error; /* the last failure was an error reply, stream in step */
+    uint64_t server_max_payload;
+};
+
+static void stria__cl_drop(stria_rpc_client_t *cl)
+{
+    if (cl->fd >= 0) {
+        close(cl->fd);
+        cl->fd = -1;
+    }
+}
+
+/* Waits until fd is ready for `events` or the deadline passes. */
+static stria_status_t stria__cl_wait(stria_rpc_client_t *cl, short events, double deadline)
+{
+    struct pollfd pfd = {.fd = cl->fd, .events = events};
+    int rc, ms = -1;
+
+    for (;;) {
+        if (deadline > 0) {
+            double left = deadline - stria_time_now();
+            if (left <= 0)
+                return stria_error_set(STRIA_ERR_TIMEOUT, "deadline passed talking to %s",
+                                       cl->address);
+            ms = left > 3600.0 ? 3600000 : (int)ceil(left * 1000.0);
+        }
+        rc = poll(&pfd, 1, ms);
+        if (rc > 0)
+            return STRIA_OK;
+        if (rc < 0 && errno != EINTR)
+            return stria_error_set(STRIA_ERR_IO, "poll on %s: %s", cl->address, strerror(errno));
+    }
+}
+
+static stria_status_t stria__cl_send(stria_rpc_client_t *cl, struct iovec *iov, int n,
+                                     double deadline)
+{
+    while (n > 0) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(cl->fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            stria_status_t st;
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                return stria_error_set(errno == EPIPE || errno == ECONNRESET ? STRIA_ERR_CLOSED
+                                                                             : STRIA_ERR_IO,
+                                       "send to %s: %s", cl->address, strerror(errno));
+            st = stria__cl_wait(cl, POLLOUT, deadline);
+            if (st != STRIA_OK)
+                return st;
+            continue;
+        }
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
+    return STRIA_OK;
+}
+
+/* Reads exactly len bytes; buf NULL discards them. */
+static stria_status_t stria__cl_recv(stria_rpc_client_t *cl, void *buf, uint64_t len,
+                                     double deadline)
+{
+    uint8_t scratch[16384];
+    uint64_t got = 0;
+
+    while (got < len) {
+        size_t want = (size_t)(len - got > (1u << 30) ? (1u << 30) : len - got);
+        void *dst = scratch;
+        ssize_t r;
+        if (buf != NULL)
+            dst = (char *)buf + got;
+        else if (want > sizeof(scratch))
+            want = sizeof(scratch);
+        r = recv(cl->fd, dst, want, 0);
+        if (r > 0) {
+            got += (uint64_t)r;
+            continue;
+        }
+        if (r == 0)
+            return stria_error_set(STRIA_ERR_CLOSED, "%s closed the connection", cl->address);
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            stria_status_t st = stria__cl_wait(cl, POLLIN, deadline);
+            if (st != STRIA_OK)
+                return st;
+            continue;
+        }
+        return stria_error_set(errno == ECONNRESET ? STRIA_ERR_CLOSED : STRIA_ERR_IO,
+                               "receive from %s: %s", cl->address, strerror(errno));
+    }
+    return STRIA_OK;
+}
+
+/* Reads a reply header and its protobuf message, checks them against the
+ * request, and decodes the message (or the RpcError) into `arena`. */
+static stria_status_t stria__cl_read_reply(stria_rpc_client_t *cl, uint64_t request_id,
+                                           uint32_t method, bool hello,
+                                           const ProtobufCMessageDescriptor *desc, double deadline,
+                                           stria__rpc_arena_t **arena_out,
+                                           ProtobufCMessage **msg_out, uint64_t *payload_len_out)
+{
+    uint8_t hb[STRIA_RPC_HEADER_SIZE];
+    stria_rpc_header_t h;
+    uint16_t want_flags = STRIA_RPC_FLAG_REPLY | (hello ? STRIA_RPC_FLAG_HELLO : 0);
+    stria__rpc_arena_t *arena;
+    ProtobufCMessage *msg;
+    uint8_t *pb = NULL;
+    stria_status_t st;
+
+    st = stria__cl_recv(cl, hb, sizeof(hb), deadline);
+    if (st != STRIA_OK)
+        return st;
+    stria_rpc_header_decode(hb, &h);
+    if (h.magic != STRIA_RPC_MAGIC)
+        return stria_error_set(STRIA_ERR_PROTOCOL, "%s is not a stria RPC server (bad magic)",
+                               cl->address);
+    if (h.version != STRIA_RPC_VERSION)
+        return stria_error_set(STRIA_ERR_PROTOCOL,
+                               "%s speaks protocol version %u; this client speaks version %d",
+                               cl->address, h.version, STRIA_RPC_VERSION);
+    if (h.flags != want_flags || h.request_id != request_id || (!hello && h.method != method))
+        return stria_error_set(STRIA_ERR_PROTOCOL,
+                               "%s sent a reply that does not match the request (flags 0x%x, id "
+                               "%llu, method %u)",
+                               cl->address, h.flags, (unsigned long long)h.request_id, h.method);
+    if (h.status > 0)
+        return stria_error_set(STRIA_ERR_PROTOCOL, "%s sent status %d", cl->address, h.status);
+    if (h.pb_len > cl->max_pb)
+        return stria_error_set(STRIA_ERR_PROTOCOL,
+                               "reply message of %u bytes from %s exceeds the limit of %u",
+                               h.pb_len, cl->address, cl->max_pb);
+    if (h.payload_len > cl->max_payload || (h.status != 0 && h.payload_len > 0))
+        return stria_error_set(
+            STRIA_ERR_PROTOCOL, "reply payload of %llu bytes from %s exceeds the limit of %llu",
+            (unsigned long long)h.payload_len, cl->address, (unsigned long long)cl->max_payload);
+    if (h.pb_len > 0) {
+        pb = malloc(h.pb_len);
+        if (pb == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for a %u-byte reply",
+                                   h.pb_len);
+        st = stria__cl_recv(cl, pb, h.pb_len, deadline);
+        if (st != STRIA_OK)
+            goto free_pb;
+    }
+    arena = stria__rpc_arena_create(h.pb_len);
+    if (arena == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory decoding a reply");
+        goto free_pb;
+    }
+    if (h.status != 0) {
+        Stria__V1__RpcError *err = (Stria__V1__RpcError *)stria__rpc_unpack(
+            &stria__v1__rpc_error__descriptor, pb, h.pb_len, arena);
+        cl->server_error = true;
+        st = stria_error_set((stria_status_t)h.status, "%s",
+                             err && err->message[0] ? err->message
+                                                    : stria_status_str((stria_status_t)h.status));
+        stria__rpc_arena_destroy(arena);
+        goto free_pb;
+    }
+    msg = stria__rpc_unpack(desc, pb, h.pb_len, arena);
+    if (msg == NULL) {
+        st = stria_error_wrap(STRIA_ERR_PROTOCOL, "reply from %s", cl->address);
+        stria__rpc_arena_destroy(arena);
+        goto free_pb;
+    }
+    *arena_out = arena;
+    *msg_out = msg;
+    *payload_len_out = h.payload_len;
+    st = STRIA_OK;
+free_pb:
+    free(pb);
+    return st;
+}
+
+static stria_status_t stria__cl_open(stria_rpc_client_t *cl, double deadline)
+{
+    char host[256], ps[8];
+    uint16_t port;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *res = NULL, *ai;
+    Stria__V1__HelloRequest hello = STRIA__V1__HELLO_REQUEST__INIT;
+    Stria__V1__HelloReply *rep;
+    stria_rpc_header_t h = {
+        .magic = STRIA_RPC_MAGIC, .version = STRIA_RPC_VERSION, .flags = STRIA_RPC_FLAG_HELLO};
+    stria__rpc_arena_t *arena = NULL;
+    ProtobufCMessage *msg = NULL;
+    uint64_t plen = 0;
+    struct iovec iov;
+    uint8_t *frame;
+    size_t flen = 0;
+    stria_status_t st;
+    int rc, one = 1, err = 0;
+
+    st = stria_addr_parse(cl->address, host, sizeof(host), &port);
+    if (st != STRIA_OK)
+        return st;
+    snprintf(ps, sizeof(ps), "%u", port);
+    rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc != 0)
+        return stria_error_set(STRIA_ERR_IO, "cannot resolve '%s': %s", host, gai_strerror(rc));
+    st = stria_error_set(STRIA_ERR_IO, "cannot connect to %s", cl->address);
+    for (ai = res; ai != NULL; ai = ai->ai_next) {
+        socklen_t el = sizeof(err);
+        cl->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (cl->fd < 0) {
+            st = stria_error_set(STRIA_ERR_IO, "socket: %s", strerror(errno));
+            continue;
+        }
+        rc = connect(cl->fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc < 0 && errno == EINPROGRESS) {
+            st = stria__cl_wait(cl, POLLOUT, deadline);
+            if (st == STRIA_OK && getsockopt(cl->fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0)
+                rc = err ? -1 : 0;
+            errno = err;
+            if (st != STRIA_OK) {
+                stria__cl_drop(cl);
+                continue;
+            }
+        }
+        if (rc == 0)
+            break;
+        st =
+            stria_error_set(STRIA_ERR_IO, "cannot connect to %s: %s", cl->address, strerror(errno));
+        stria__cl_drop(cl);
+    }
+    freeaddrinfo(res);
+    if (cl->fd < 0)
+        return st;
+    setsockopt(cl->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+
+    hello.protocol_version = STRIA_RPC_VERSION;
+    hello.software_version = (char *)STRIA_VERSION;
+    hello.service = (char *)cl->service->name;
+    hello.token = cl->token ? cl->token : (char *)"";
+    hello.client_name = cl->name ? cl->name : (char *)"";
+    h.request_id = cl->next_id++;
+    frame = stria__rpc_frame_build(&h, &hello.base, &flen);
+    if (frame == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory building a hello");
+        goto drop;
+    }
+    iov.iov_base = frame;
+    iov.iov_len = flen;
+    st = stria__cl_send(cl, &iov, 1, deadline);
+    free(frame);
+    if (st == STRIA_OK)
+        st = stria__cl_read_reply(cl, h.request_id, 0, true, &stria__v1__hello_reply__descriptor,
+                                  deadline, &arena, &msg, &plen);
+    if (st != STRIA_OK) {
+        stria_error_wrap(st, "hello to %s", cl->address);
+        goto drop;
+    }
+    rep = (Stria__V1__HelloReply *)msg;
+    if (rep->protocol_version != STRIA_RPC_VERSION || strcmp(rep->service, cl->service->name)) {
+        st = stria_error_set(STRIA_ERR_PROTOCOL, "%s answered as %s version %u, expected %s %d",
+                             cl->address, rep->service, rep->protocol_version, cl->service->name,
+                             STRIA_RPC_VERSION);
+        goto free_arena;
+    }
+    cl->admin = rep->admin;
+    cl->server_max_payload = rep->max_payload_bytes;
+    stria__rpc_arena_destroy(arena);
+    return STRIA_OK;
+
+free_arena:
+    stria__rpc_arena_destroy(arena);
+drop:
+    stria__cl_drop(cl);
+    return st;
+}
+
+stria_status_t stria_rpc_client_connect(const stria_rpc_client_params_t *p,
+                                        stria_rpc_client_t **client_out)
+{
+    stria_rpc_client_t *cl;
+    char host[256];
+    uint16_t port;
+    stria_status_t st;
+
+    if (p == NULL || client_out == NULL || p->address == NULL || p->service == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "rpc client: address and service are required");
+    if (p->service->magic != PROTOBUF_C__SERVICE_DESCRIPTOR_MAGIC)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc client: not a service descriptor");
+    st = stria_addr_parse(p->address, host, sizeof(host), &port);
+    if (st != STRIA_OK)
+        return st;
+    cl = calloc(1, sizeof(*cl));
+    if (cl == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "rpc client: out of memory");
+    pthread_mutex_init(&cl->lock, NULL);
+    cl->fd = -1;
+    cl->next_id = 1;
+    cl->service = p->service;
+    cl->address = strdup(p->address);
+    cl->token = stria__rpc_strdup_or_null(p->token);
+    cl->name = stria__rpc_strdup_or_null(p->client_name);
+    cl->connect_timeout_s = p->connect_timeout_s > 0 ? p->connect_timeout_s : 10.0;
+    cl->max_pb = p->max_pb_bytes ? p->max_pb_bytes : STRIA_RPC_DEFAULT_MAX_PB;
+    cl->max_payload = p->max_payload_bytes ? p->max_payload_bytes : STRIA_RPC_DEFAULT_MAX_PAYLOAD;
+    if (cl->address == NULL || (p->token && p->token[0] && !cl->token) ||
+        (p->client_name && p->client_name[0] && !cl->name)) {
+        stria_rpc_client_close(cl);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "rpc client: out of memory");
+    }
+    st = stria__cl_open(cl, stria_time_now() + cl->connect_timeout_s);
+    if (st != STRIA_OK) {
+        stria_rpc_client_close(cl);
+        return st;
+    }
+    *client_out = cl;
+    return STRIA_OK;
+}
+
+void stria_rpc_client_close(stria_rpc_client_t *cl)
+{
+    if (cl == NULL)
+        return;
+    stria__cl_drop(cl);
+    free(cl->address);
+    free(cl->token);
+    free(cl->name);
+    pthread_mutex_destroy(&cl->lock);
+    free(cl);
+}
+
+bool stria_rpc_client_admin(const stria_rpc_client_t *cl)
+{
+    return cl->admin;
+}
+
+uint64_t stria_rpc_client_max_payload(const stria_rpc_client_t *cl)
+{
+    return cl->server_max_payload;
+}
+
+/* Prefixes the method name to the thread's message, unless the server's
+ * message names it already ("GetJob: job 9 is unknown"). */
+static stria_status_t stria__wrap_method(stria_status_t st, const char *method)
+{
+    const char *msg = stria_error_msg();
+    size_t n = strlen(method);
+    if (strncmp(msg, method, n) == 0 && msg[n] == ':')
+        return st;
+    return stria_error_wrap(st, "%s", method);
+}
+
+static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                     stria_rpc_reply_t *reply_out)
+{
+    const ProtobufCMethodDescriptor *md = &cl->service->methods[req->method];
+    double deadline = req->timeout_s > 0 ? stria_time_now() + req->timeout_s : 0.0;
+    stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
+                            .version = STRIA_RPC_VERSION,
+                            .method = req->method,
+                            .payload_len = req->payload_len};
+    stria__rpc_arena_t *arena = NULL;
+    ProtobufCMessage *msg = NULL;
+    uint64_t plen = 0;
+    void *payload = NULL;
+    bool owned = false;
+    struct iovec iov[2];
+    uint8_t *frame;
+    size_t flen = 0;
+    stria_status_t st;
+
+    cl->server_error = false;
+    if (cl->fd < 0) {
+        double cd = stria_time_now() + cl->connect_timeout_s;
+        st = stria__cl_open(cl, deadline > 0 && deadline < cd ? deadline : cd);
+        if (st != STRIA_OK)
+            return st;
+    }
+    if (req->payload_len > cl->server_max_payload)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: payload of %llu bytes exceeds the server's limit of %llu",
+                               md->name, (unsigned long long)req->payload_len,
+                               (unsigned long long)cl->server_max_payload);
+    if (req->timeout_s > 0)
+        h.timeout_ms = req->timeout_s * 1000.0 >= UINT32_MAX
+                           ? UINT32_MAX
+                           : (uint32_t)ceil(req->timeout_s * 1000.0);
+    h.request_id = cl->next_id++;
+    frame = stria__rpc_frame_build(&h, req->request, &flen);
+    if (frame == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory building the request",
+                               md->name);
+    iov[0].iov_base = frame;
+    iov[0].iov_len = flen;
+    iov[1].iov_base = (void *)req->payload;
+    iov[1].iov_len = (size_t)req->payload_len;
+    st = stria__cl_send(cl, iov, req->payload_len > 0 ? 2 : 1, deadline);
+    free(frame);
+    if (st == STRIA_OK)
+        st = stria__cl_read_reply(cl, h.request_id, req->method, false, md->output, deadline,
+                                  &arena, &msg, &plen);
+    if (st != STRIA_OK) {
+        /* An error reply leaves the stream in step; anything else does not. */
+        if (!cl->server_error)
+            stria__cl_drop(cl);
+        return stria__wrap_method(st, md->name);
+    }
+    if (plen > 0) {
+        if (req->reply_buf != NULL && plen > req->reply_buf_cap) {
+            st = stria__cl_recv(cl, NULL, plen, deadline);
+            if (st != STRIA_OK) {
+                stria__cl_drop(cl);
+                stria__wrap_method(st, md->name);
+            } else {
+                st = stria_error_set(STRIA_ERR_NO_MEMORY,
+                                     "%s: reply payload of %llu bytes does not fit the %llu-byte "
+                                     "buffer",
+                                     md->name, (unsigned long long)plen,
+                                     (unsigned long long)req->reply_buf_cap);
+            }
+            goto free_arena;
+        }
+        payload = req->reply_buf;
+        if (payload == NULL) {
+            payload = malloc((size_t)plen);
+            owned = true;
+        }
+        if (payload == NULL) {
+            st = stria__cl_recv(cl, NULL, plen, deadline);
+            if (st != STRIA_OK)
+                stria__cl_drop(cl);
+            st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory for a %llu-byte reply",
+                                 md->name, (unsigned long long)plen);
+            goto free_arena;
+        }
+        st = stria__cl_recv(cl, payload, plen, deadline);
+        if (st != STRIA_OK) {
+            stria__cl_drop(cl);
+            stria__wrap_method(st, md->name);
+            goto free_payload;
+        }
+    }
+    reply_out->msg = msg;
+    reply_out->payload = payload;
+    reply_out->payload_len = plen;
+    reply_out->stria__arena = arena;
+    reply_out->stria__payload_owned = owned;
+    return STRIA_OK;
+
+free_payload:
+    if (owned)
+        free(payload);
+free_arena:
+    stria__rpc_arena_destroy(arena);
+    return st;
+}
+
+stria_status_t stria_rpc_client_call(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                     stria_rpc_reply_t *reply_out)
+{
+    stria_status_t st;
+
+    if (cl == NULL || req == NULL || reply_out == NULL || req->request == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc call: NULL argument");
+    if (req->method >= cl->service->n_methods)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc call: %s has no method %u",
+                               cl->service->name, req->method);
+    if (req->request->descriptor != cl->service->methods[req->method].input)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc call: %s takes a %s, not a %s",
+                               cl->service->methods[req->method].name,
+                               cl->service->methods[req->method].input->name,
+                               req->request->descriptor->name);
+    if (req->payload == NULL && req->payload_len > 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc call: NULL payload");
+    pthread_mutex_lock(&cl->lock);
+    st = stria__cl_call(cl, req, reply_out);
+    pthread_mutex_unlock(&cl->lock);
+    return st;
+}
+
+void stria_rpc_reply_free(stria_rpc_reply_t *reply)
+{
+    if (reply == NULL)
+        return;
+    stria__rpc_arena_destroy(reply->stria__arena);
+    if (reply->stria__payload_owned)
+        free(reply->payload);
+    memset(reply, 0, sizeof(*reply));
+}

@@ -1,0 +1,111 @@
+/* Internals of the RPC server: its connection and call objects. */
+#ifndef STRIA_RPC_SERVER_INT_H
+#define STRIA_RPC_SERVER_INT_H
+
+#include <pthread.h>
+#include <uv.h>
+
+#include "rpc_int.h"
+
+/* ---- server objects ---------------------------------------------------- */
+
+typedef enum {
+    STRIA__RD_HEADER,
+    STRIA__RD_PB,
+    STRIA__RD_PAYLOAD,
+    STRIA__RD_DISCARD, /* skipping a refused request's payload */
+    STRIA__RD_LINGER,  /* fatal error sent; draining input until the peer closes */
+} stria__rpc_read_phase_t;
+
+typedef struct stria__rpc_conn stria__rpc_conn_t;
+
+struct stria_rpc_call {
+    stria__rpc_conn_t *conn;
+    uint64_t request_id;
+    uint32_t method;
+    double deadline;
+    ProtobufCMessage *request;
+    stria__rpc_arena_t *arena;
+    void *payload;
+    uint64_t payload_len;
+    stria_rpc_done_cb cleanup;
+    void *cleanup_arg;
+};
+
+struct stria__rpc_conn {
+    uv_tcp_t tcp; /* tcp.data = this */
+    stria_rpc_server_t *server;
+    stria__rpc_conn_t *prev, *next;
+    char peer[64];
+    int refs; /* the handle, plus one per live call */
+    bool hello_done;
+    bool admin;
+    bool closing; /* uv_close() called */
+    bool reading;
+    bool paused; /* too many calls in flight */
+    double accepted_at;
+    double linger_until;
+    uint32_t inflight;
+
+    stria__rpc_read_phase_t phase;
+    uint8_t hdr[STRIA_RPC_HEADER_SIZE];
+    size_t hdr_got;
+    stria_rpc_header_t h;
+    uint8_t *pb;
+    size_t pb_got;
+    stria_rpc_call_t *cur; /* request whose payload is being read */
+    uint64_t payload_got;
+    uint64_t discard_left;
+    /* Error to send once the refused request's payload is skipped. */
+    stria_status_t pending_status;
+    char pending_msg[512];
+    uint8_t scratch[16384];
+};
+
+/* A unit of work handed to the loop thread: a reply written from another
+ * thread, or a posted function. */
+typedef struct stria__rpc_job {
+    struct stria__rpc_job *next;
+    stria_rpc_call_t *call; /* NULL for a posted function */
+    uint8_t *frame;
+    size_t frame_len;
+    const void *payload;
+    uint64_t payload_len;
+    stria_rpc_done_cb done;
+    void *done_arg;
+} stria__rpc_job_t;
+
+struct stria_rpc_server {
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_async_t async;
+    uv_timer_t sweep;
+    int64_t loop_alive_us; /* stria_time_now() of the last sweep in us, atomic */
+    uv_timer_t tick;
+    pthread_t thread;
+    bool thread_started;
+
+    pthread_mutex_t lock; /* guards the job queue and `stopping` */
+    stria__rpc_job_t *jobs_head, *jobs_tail;
+    bool stopping;
+
+    const ProtobufCServiceDescriptor *service;
+    stria_rpc_method_t *methods;
+    void *ctx;
+    char *token;
+    char *admin_token;
+    char *name;
+    uint32_t max_pb;
+    uint64_t max_payload;
+    uint32_t max_connections;
+    uint32_t max_inflight;
+    double hello_timeout_s;
+    stria_rpc_done_cb tick_cb;
+    double tick_period_s;
+    uint16_t port;
+
+    stria__rpc_conn_t *conns;
+    uint32_t n_conns;
+};
+
+#endif /* STRIA_RPC_SERVER_INT_H */
