@@ -1,0 +1,459 @@
+/*
+ * The UCX context of the ring link: configuration (parameters and the
+ * environment UCX reads), the ucp context and worker, the listener, the
+ * progress thread's wake-up fds, and create/destroy. Also the small helpers
+ * every part of the link uses: waking the progress thread, timed waits on
+ * ctx->cond, and socket addresses.
+ */
+#include "ucx_int.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+void stria__ucx_kick(stria_ucx_ctx_t *ctx)
+{
+    uint64_t one = 1;
+    ssize_t n;
+    do {
+        n = write(ctx->kick_fd, &one, sizeof(one));
+    } while (n < 0 && errno == EINTR);
+}
+
+static struct timespec stria__abs_time(double t)
+{
+    /* ctx->cond runs on CLOCK_MONOTONIC, the clock of stria_time_now(). */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double delta = t - stria_time_now();
+    if (delta < 0)
+        delta = 0;
+    if (delta > 3600)
+        delta = 3600;
+    long sec = (long)delta;
+    long nsec = (long)((delta - (double)sec) * 1e9);
+    now.tv_sec += sec;
+    now.tv_nsec += nsec;
+    if (now.tv_nsec >= 1000000000L) {
+        now.tv_sec++;
+        now.tv_nsec -= 1000000000L;
+    }
+    return now;
+}
+
+void stria__ucx_cond_wait_until(stria_ucx_ctx_t *ctx, double t)
+{
+    struct timespec ts = stria__abs_time(t);
+    pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+}
+
+void stria__ucx_addr_str(const struct sockaddr *sa, char *out, size_t n)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        port = ntohs(in->sin_port);
+        snprintf(out, n, "%s:%d", host, port);
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)sa;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+        port = ntohs(in6->sin6_port);
+        snprintf(out, n, "[%s]:%d", host, port);
+    } else {
+        snprintf(out, n, "(address family %d)", sa->sa_family);
+    }
+}
+
+/* ---- environment ------------------------------------------------------------------- */
+
+/* Whether a UCX_TLS list can select one of the named transports (UCX's
+ * aliases "all", "sm" and "shm" and exclusion lists included). */
+static bool stria__tls_may_use(const char *tls, const char *const *names)
+{
+    if (tls == NULL || tls[0] == '^')
+        return true;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", tls);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        if (strcmp(t, "all") == 0 || strcmp(t, "shm") == 0 || strcmp(t, "sm") == 0)
+            return true;
+        for (size_t i = 0; names[i] != NULL; i++)
+            if (strcmp(t, names[i]) == 0)
+                return true;
+    }
+    return false;
+}
+
+static void stria__env_default(const char *name, const char *value)
+{
+    if (setenv(name, value, 0) != 0)
+        stria_log_warn("ucx link: cannot set %s=%s: %s", name, value, strerror(errno));
+}
+
+/* UCX 1.13 reads the settings of its transports and connection managers
+ * from the environment only (ucp_config_modify() does not reach them), so
+ * the defaults the link needs go there, unless the user set them. Each is
+ * set only where its transport may be used, as UCX warns about settings of
+ * transports it did not load.
+ * - TCP_CM_REUSEADDR: a restarted process listens on its port at once.
+ * - POSIX/SYSV_ERROR_HANDLING: shared memory stays usable for endpoints in
+ *   peer error mode (else UCX falls back to TCP between local processes).
+ * - CMA_MEMORY_INVALIDATE: lets UCX use cma for rendezvous in peer error
+ *   mode (else it moves large blocks over TCP at a third of the speed). cma
+ *   cannot actually revoke access: after a failure a surviving peer could
+ *   still read (never write) a send buffer the link already released. */
+static void stria__env_defaults(const char *tls)
+{
+    static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+    static const char *const posix[] = {"posix", NULL};
+    static const char *const sysv[] = {"sysv", NULL};
+    static const char *const cma[] = {"cma", NULL};
+    const char *eff = tls != NULL ? tls : getenv("UCX_TLS");
+    pthread_mutex_lock(&env_lock);
+    stria__env_default("UCX_TCP_CM_REUSEADDR", "y");
+    if (stria__tls_may_use(eff, posix))
+        stria__env_default("UCX_POSIX_ERROR_HANDLING", "y");
+    if (stria__tls_may_use(eff, sysv))
+        stria__env_default("UCX_SYSV_ERROR_HANDLING", "y");
+    if (stria__tls_may_use(eff, cma))
+        stria__env_default("UCX_CMA_MEMORY_INVALIDATE", "y");
+    pthread_mutex_unlock(&env_lock);
+}
+
+/* ---- create ---------------------------------------------------------------------------- */
+
+/* Checks the parameters and resolves the listen address. */
+static stria_status_t stria__ctx_check(const stria_ucx_ctx_params_t *params, double *ping_s,
+                                       double *stale_s, struct sockaddr_storage *addr,
+                                       socklen_t *addrlen)
+{
+    const char *host = params->listen_host != NULL ? params->listen_host : "0.0.0.0";
+    if (host[0] == '\0')
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "ucx context: empty listen address");
+    if (params->tls != NULL && params->tls[0] == '\0')
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "ucx context: empty transport list");
+    if (params->net_devices != NULL && params->net_devices[0] == '\0')
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "ucx context: empty device list");
+    if (params->poll_us > STRIA__UCX_POLL_MAX_US)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ucx context: polling window of %d us is above %d us",
+                               params->poll_us, STRIA__UCX_POLL_MAX_US);
+    stria_status_t st = stria__ucx_hb_config(params->heartbeat_s, params->stall_s, ping_s, stale_s);
+    if (st != STRIA_OK)
+        return st;
+    size_t len = 0;
+    st = stria_addr_resolve(host, params->listen_port, true, addr, &len);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "ucx context: listen address");
+    *addrlen = (socklen_t)len;
+    return STRIA_OK;
+}
+
+/* Frees what create made so far (every field NULL or -1 when not made). */
+static void stria__ctx_unwind(stria_ucx_ctx_t *ctx)
+{
+    if (ctx->kick_fd >= 0)
+        close(ctx->kick_fd);
+    if (ctx->ep_fd >= 0)
+        close(ctx->ep_fd);
+    if (ctx->listener != NULL)
+        ucp_listener_destroy(ctx->listener);
+    if (ctx->worker != NULL)
+        ucp_worker_destroy(ctx->worker);
+    if (ctx->context != NULL)
+        ucp_cleanup(ctx->context);
+    if (ctx->sync_init) {
+        pthread_cond_destroy(&ctx->cond);
+        pthread_mutex_destroy(&ctx->lock);
+    }
+    free(ctx->slots);
+    free(ctx);
+}
+
+/* The context's memory, lists, lock and condition variable. */
+static stria_status_t stria__ctx_alloc(const stria_ucx_ctx_params_t *params, double ping_s,
+                                       double stale_s, stria_ucx_ctx_t **ctx_out)
+{
+    stria_ucx_ctx_t *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx context: out of memory");
+    ctx->ucp_fd = ctx->kick_fd = ctx->ep_fd = -1;
+    stria__list_init(&ctx->links);
+    stria__list_init(&ctx->queue);
+    stria__list_init(&ctx->conns);
+    stria__list_init(&ctx->events);
+    stria__list_init(&ctx->starts);
+    ctx->next_slot = 1;
+    ctx->poll_s = params->poll_us < 0    ? 0
+                  : params->poll_us == 0 ? STRIA__UCX_POLL_DEFAULT_US * 1e-6
+                                         : params->poll_us * 1e-6;
+    ctx->ping_s = ping_s;
+    ctx->stale_s = stale_s;
+    ctx->slots = calloc(STRIA__UCX_SLOTS, sizeof(*ctx->slots));
+    if (ctx->slots == NULL) {
+        stria__ctx_unwind(ctx);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx context: out of memory");
+    }
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_condattr_t cattr;
+    pthread_condattr_init(&cattr);
+    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+    pthread_cond_init(&ctx->cond, &cattr);
+    pthread_condattr_destroy(&cattr);
+    ctx->sync_init = true;
+    *ctx_out = ctx;
+    return STRIA_OK;
+}
+
+/* Reads the UCX configuration and applies the transports and devices. */
+static stria_status_t stria__ctx_config(const stria_ucx_ctx_params_t *params,
+                                        ucp_config_t **config_out)
+{
+    ucp_config_t *config = NULL;
+    ucs_status_t s;
+    stria__env_defaults(params->tls);
+    s = ucp_config_read(NULL, NULL, &config);
+    if (s != UCS_OK)
+        return stria_error_set(STRIA_ERR_TRANSPORT,
+                               "ucx context: cannot read the UCX configuration: %s",
+                               ucs_status_string(s));
+    if (params->tls != NULL && (s = ucp_config_modify(config, "TLS", params->tls)) != UCS_OK) {
+        ucp_config_release(config);
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ucx context: invalid transport list '%s': %s", params->tls,
+                               ucs_status_string(s));
+    }
+    if (params->net_devices != NULL &&
+        (s = ucp_config_modify(config, "NET_DEVICES", params->net_devices)) != UCS_OK) {
+        ucp_config_release(config);
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "ucx context: invalid device list '%s': %s",
+                               params->net_devices, ucs_status_string(s));
+    }
+    *config_out = config;
+    return STRIA_OK;
+}
+
+/* The ucp context, the worker, its message handlers and its event fd. */
+static stria_status_t stria__ctx_ucp_init(stria_ucx_ctx_t *ctx,
+                                          const stria_ucx_ctx_params_t *params)
+{
+    ucp_config_t *config = NULL;
+    stria_status_t st = stria__ctx_config(params, &config);
+    if (st != STRIA_OK)
+        return st;
+    ucp_params_t ucp_params;
+    memset(&ucp_params, 0, sizeof(ucp_params));
+    ucp_params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    ucp_params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    ucp_params.mt_workers_shared = 0;
+    ucs_status_t s = ucp_init(&ucp_params, config, &ctx->context);
+    ucp_config_release(config);
+    if (s != UCS_OK) {
+        ctx->context = NULL;
+        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: ucp_init failed: %s",
+                               ucs_status_string(s));
+    }
+
+    ucp_worker_params_t wparams;
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(ctx->context, &wparams, &ctx->worker);
+    if (s != UCS_OK) {
+        ctx->worker = NULL;
+        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: cannot create a worker: %s",
+                               ucs_status_string(s));
+    }
+
+    ucp_am_handler_param_t am;
+    memset(&am, 0, sizeof(am));
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    am.id = STRIA__UCX_AM_CTRL;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    am.cb = stria__ucx_am_ctrl_cb;
+    am.arg = ctx;
+    if ((s = ucp_worker_set_am_recv_handler(ctx->worker, &am)) == UCS_OK) {
+        am.id = STRIA__UCX_AM_DATA;
+        am.cb = stria__ucx_am_data_cb;
+        s = ucp_worker_set_am_recv_handler(ctx->worker, &am);
+    }
+    if (s != UCS_OK)
+        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: cannot set message handlers: %s",
+                               ucs_status_string(s));
+    s = ucp_worker_get_efd(ctx->worker, &ctx->ucp_fd);
+    if (s != UCS_OK)
+        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: no worker event fd: %s",
+                               ucs_status_string(s));
+    return STRIA_OK;
+}
+
+/* Listens on the address and reads back the port. */
+static stria_status_t stria__ctx_listen(stria_ucx_ctx_t *ctx, const struct sockaddr_storage *addr,
+                                        socklen_t addrlen)
+{
+    ucp_listener_params_t lparams;
+    memset(&lparams, 0, sizeof(lparams));
+    lparams.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lparams.sockaddr.addr = (const struct sockaddr *)addr;
+    lparams.sockaddr.addrlen = addrlen;
+    lparams.conn_handler.cb = stria__ucx_conn_req_cb;
+    lparams.conn_handler.arg = ctx;
+    ucs_status_t s = ucp_listener_create(ctx->worker, &lparams, &ctx->listener);
+    if (s != UCS_OK) {
+        char where[120];
+        ctx->listener = NULL;
+        stria__ucx_addr_str((const struct sockaddr *)addr, where, sizeof(where));
+        return stria_error_set(s == UCS_ERR_BUSY ? STRIA_ERR_BUSY : STRIA_ERR_TRANSPORT,
+                               "ucx context: cannot listen on %s: %s", where, ucs_status_string(s));
+    }
+    ucp_listener_attr_t lattr;
+    memset(&lattr, 0, sizeof(lattr));
+    lattr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    s = ucp_listener_query(ctx->listener, &lattr);
+    if (s != UCS_OK)
+        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: cannot query the listener: %s",
+                               ucs_status_string(s));
+    if (lattr.sockaddr.ss_family == AF_INET)
+        ctx->port = ntohs(((struct sockaddr_in *)(void *)&lattr.sockaddr)->sin_port);
+    else
+        ctx->port = ntohs(((struct sockaddr_in6 *)(void *)&lattr.sockaddr)->sin6_port);
+    return STRIA_OK;
+}
+
+/* The eventfd and epoll set the progress thread sleeps on, and the thread. */
+static stria_status_t stria__ctx_start(stria_ucx_ctx_t *ctx)
+{
+    ctx->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ctx->ep_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (ctx->kick_fd < 0 || ctx->ep_fd < 0)
+        return stria_error_set(STRIA_ERR_IO, "ucx context: eventfd/epoll: %s", strerror(errno));
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN;
+    ev.data.fd = ctx->ucp_fd;
+    if (epoll_ctl(ctx->ep_fd, EPOLL_CTL_ADD, ctx->ucp_fd, &ev) != 0)
+        return stria_error_set(STRIA_ERR_IO, "ucx context: epoll_ctl: %s", strerror(errno));
+    ev.data.fd = ctx->kick_fd;
+    if (epoll_ctl(ctx->ep_fd, EPOLL_CTL_ADD, ctx->kick_fd, &ev) != 0)
+        return stria_error_set(STRIA_ERR_IO, "ucx context: epoll_ctl: %s", strerror(errno));
+    int rc = pthread_create(&ctx->thread, NULL, stria__ucx_progress_main, ctx);
+    if (rc != 0)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx context: cannot start a thread: %s",
+                               strerror(rc));
+    ctx->thread_started = true;
+    return STRIA_OK;
+}
+
+stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params, stria_ucx_ctx_t **ctx_out)
+{
+    struct sockaddr_storage addr;
+    socklen_t addrlen = 0;
+    double ping_s, stale_s;
+    stria_ucx_ctx_t *ctx = NULL;
+
+    if (params == NULL || ctx_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_ucx_ctx_create: NULL argument");
+    stria_status_t st = stria__ctx_check(params, &ping_s, &stale_s, &addr, &addrlen);
+    if (st == STRIA_OK)
+        st = stria__ctx_alloc(params, ping_s, stale_s, &ctx);
+    if (st != STRIA_OK)
+        return st;
+    st = stria__ctx_ucp_init(ctx, params);
+    if (st == STRIA_OK)
+        st = stria__ctx_listen(ctx, &addr, addrlen);
+    if (st == STRIA_OK)
+        st = stria__ctx_start(ctx);
+    if (st != STRIA_OK) {
+        stria__ctx_unwind(ctx);
+        return st;
+    }
+    stria_log_debug("ucx context listening on port %u", (unsigned)ctx->port);
+    *ctx_out = ctx;
+    return STRIA_OK;
+}
+
+uint16_t stria_ucx_ctx_port(const stria_ucx_ctx_t *ctx)
+{
+    return ctx != NULL ? ctx->port : 0;
+}
+
+/* ---- destroy --------------------------------------------------------------------------- */
+
+/* With the progress thread gone: closes every connection and waits (a
+ * bounded time) for UCX to finish the closes. */
+static void stria__ctx_close_conns(stria_ucx_ctx_t *ctx)
+{
+    ucp_listener_destroy(ctx->listener);
+    stria__ucx_run_events(ctx);
+    for (stria__node_t *n = ctx->conns.next; n != &ctx->conns;) {
+        stria__ucx_conn_t *c = STRIA__OF(n, stria__ucx_conn_t, node);
+        n = n->next;
+        if (!c->closing) {
+            c->closing = true;
+            stria__ucx_ep_close(ctx, c->ep, true, NULL, c);
+        }
+    }
+    double until = stria_time_now() + 2.0;
+    while ((ctx->closing > 0 || !stria__list_empty(&ctx->events)) && stria_time_now() < until) {
+        ucp_worker_progress(ctx->worker);
+        stria__ucx_run_events(ctx);
+    }
+    if (ctx->closing > 0)
+        stria_log_warn("ucx context: %d endpoint closes did not finish", ctx->closing);
+    while (!stria__list_empty(&ctx->events)) {
+        stria__node_t *n = ctx->events.next;
+        stria__list_del(n);
+        stria__event_t *ev = STRIA__OF(n, stria__event_t, node);
+        if (ev->type == STRIA__EV_CONN_REQ)
+            ucp_listener_reject(ctx->listener, ev->conn_req);
+        free(ev);
+    }
+}
+
+void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx)
+{
+    if (ctx == NULL)
+        return;
+    for (;;) {
+        pthread_mutex_lock(&ctx->lock);
+        stria__ucx_link_t *link = stria__list_empty(&ctx->links)
+                                      ? NULL
+                                      : STRIA__OF(ctx->links.next, stria__ucx_link_t, ctx_node);
+        pthread_mutex_unlock(&ctx->lock);
+        if (link == NULL)
+            break;
+        stria_log_warn("ucx context destroyed with the link of rank %d still open",
+                       link->base.rank);
+        stria__ucx_link_destroy(&link->base);
+    }
+    pthread_mutex_lock(&ctx->lock);
+    ctx->stop = true;
+    pthread_mutex_unlock(&ctx->lock);
+    stria__ucx_kick(ctx);
+    pthread_join(ctx->thread, NULL);
+
+    /* The progress thread is gone: this thread now owns the worker. */
+    stria__ctx_close_conns(ctx);
+    ucp_worker_destroy(ctx->worker);
+    ucp_cleanup(ctx->context);
+    close(ctx->kick_fd);
+    close(ctx->ep_fd);
+    pthread_cond_destroy(&ctx->cond);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx->todo);
+    free(ctx->slots);
+    free(ctx);
+}
