@@ -261,6 +261,7 @@ int stria_bench_service(int argc, char **argv)
     stria_client_params_t cp;
     stria_client_t *client = NULL;
     memset(&cp, 0, sizeof(cp));
+    cp.struct_size = sizeof(cp);
     cp.coordinator = coord;
     cp.client_name = "stria-bench";
     stria_status_t st = STRIA_ERR_TIMEOUT;
@@ -272,6 +273,7 @@ int stria_bench_service(int argc, char **argv)
     }
     stria_job_spec_t spec;
     memset(&spec, 0, sizeof(spec));
+    spec.struct_size = sizeof(spec);
     spec.batch = 1;
     spec.seq_len = seq;
     spec.heads = heads;
@@ -317,7 +319,7 @@ int stria_bench_service(int argc, char **argv)
     for (int r = 0; r < reps && st == STRIA_OK; r++) {
         /* (a) through the service */
         stria_job_t *job = NULL;
-        stria_call_stats_t fs, bs;
+        stria_call_stats_t fs = STRIA_CALL_STATS_INIT, bs = STRIA_CALL_STATS_INIT;
         double t0 = stria_time_now();
         st = stria_client_forward(client, &spec, q, k, v, o, lse, NULL, NULL, &fs, &job);
         if (st == STRIA_OK)

@@ -121,6 +121,60 @@ static stria_status_t stria__coord_call(stria_client_t *c, uint32_t method,
     return STRIA_OK;
 }
 
+/* ---- ABI ------------------------------------------------------------------ */
+
+unsigned stria_client_abi_version(void)
+{
+    return STRIA_CLIENT_ABI_VERSION;
+}
+
+/* Reads a caller's struct that starts with its struct_size into ours (`size`
+ * bytes, zeroed first): a smaller struct (an older header; at least
+ * `min_size`, the first version's size) leaves our later fields at their
+ * zero defaults, a larger one (a newer header) is accepted only when the
+ * fields this library does not know are all zero. */
+static stria_status_t stria__abi_read(void *dst, size_t size, size_t min_size, const void *src,
+                                      const char *what, const char *init)
+{
+    size_t theirs;
+    memcpy(&theirs, src, sizeof(theirs));
+    if (theirs < min_size)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: struct_size is %zu; set it to sizeof(%s) (start from %s)", what,
+                               theirs, what, init);
+    for (size_t i = size; i < theirs; i++)
+        if (((const unsigned char *)src)[i] != 0)
+            return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                                   "%s: a field at byte %zu is set, which this libstria (ABI %d, "
+                                   "%zu-byte %s) does not know: use a newer library",
+                                   what, i, STRIA_CLIENT_ABI_VERSION, size, what);
+    memset(dst, 0, size);
+    memcpy(dst, src, theirs < size ? theirs : size);
+    memcpy(dst, &size, sizeof(size));
+    return STRIA_OK;
+}
+
+/* Copies our stats into the caller's struct, as far as its struct_size
+ * reaches (its struct_size stays). */
+static void stria__abi_write_stats(stria_call_stats_t *out, const stria_call_stats_t *ours)
+{
+    size_t theirs = out->struct_size;
+    size_t n = theirs < sizeof(*ours) ? theirs : sizeof(*ours);
+    if (n > sizeof(size_t))
+        memcpy((char *)out + sizeof(size_t), (const char *)ours + sizeof(size_t),
+               n - sizeof(size_t));
+}
+
+static stria_status_t stria__check_stats(const stria_call_stats_t *stats)
+{
+    if (stats != NULL && stats->struct_size < sizeof(*stats))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_call_stats_t: struct_size is %zu; set it to "
+                               "sizeof(stria_call_stats_t) (start from STRIA_CALL_STATS_INIT)",
+                               stats->struct_size);
+    return STRIA_OK;
+}
+
 /* ---- client ------------------------------------------------------------- */
 
 stria_status_t stria_client_connect(const stria_client_params_t *params,
@@ -129,9 +183,17 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
     stria_client_t *c;
     stria_rpc_client_params_t rp;
     stria_rpc_reply_t reply;
+    stria_client_params_t p;
     stria_status_t st;
 
-    if (params == NULL || params->coordinator == NULL || client_out == NULL)
+    if (params == NULL || client_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_client_connect: NULL argument");
+    st = stria__abi_read(&p, sizeof(p), sizeof(p), params, "stria_client_params_t",
+                         "STRIA_CLIENT_PARAMS_INIT");
+    if (st != STRIA_OK)
+        return st;
+    params = &p;
+    if (params->coordinator == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_connect: the coordinator address is required");
     c = calloc(1, sizeof(*c));
@@ -777,11 +839,18 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
 {
     stria__phase_t ph;
     stria_job_t *job;
+    stria_job_spec_t sp;
+    stria_call_stats_t local = STRIA_CALL_STATS_INIT;
     stria_status_t st;
     double t0 = stria_time_now();
 
-    if (client == NULL || job_out == NULL)
+    if (client == NULL || job_out == NULL || spec == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_client_forward: NULL argument");
+    if ((st = stria__abi_read(&sp, sizeof(sp), sizeof(sp), spec, "stria_job_spec_t",
+                              "STRIA_JOB_SPEC_INIT")) != STRIA_OK ||
+        (st = stria__check_stats(stats)) != STRIA_OK)
+        return st;
+    spec = &sp;
     st = stria__check_spec(spec);
     if (st != STRIA_OK)
         return st;
@@ -810,10 +879,7 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
     }
     job->next = client->jobs;
     client->jobs = job;
-    if (stats != NULL) {
-        memset(stats, 0, sizeof(*stats));
-        stats->queued_s = stria_time_now() - t0;
-    }
+    local.queued_s = stria_time_now() - t0;
     memset(&ph, 0, sizeof(ph));
     ph.in[0] = q;
     ph.in[1] = k;
@@ -822,7 +888,9 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
     ph.out[0] = o;
     ph.n_out = 1;
     ph.lse_out = lse;
-    st = stria__run_call(job, &ph, progress, progress_arg, stats);
+    st = stria__run_call(job, &ph, progress, progress_arg, &local);
+    if (stats != NULL)
+        stria__abi_write_stats(stats, &local);
     if (st != STRIA_OK) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
@@ -839,16 +907,18 @@ stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq
                                      stria_call_stats_t *stats)
 {
     stria__phase_t ph;
+    stria_call_stats_t local = STRIA_CALL_STATS_INIT;
 
     if (job == NULL || d_o == NULL || dq == NULL || dk == NULL || dv == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_backward: job, d_o, dq, dk and dv are required");
+    stria_status_t st = stria__check_stats(stats);
+    if (st != STRIA_OK)
+        return st;
     if (!job->forward_done)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "job %llu: backward needs a successful forward pass first",
                                (unsigned long long)job->id);
-    if (stats != NULL)
-        memset(stats, 0, sizeof(*stats));
     memset(&ph, 0, sizeof(ph));
     ph.backward = true;
     ph.in[0] = d_o;
@@ -857,7 +927,10 @@ stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq
     ph.out[1] = dk;
     ph.out[2] = dv;
     ph.n_out = 3;
-    return stria__run_call(job, &ph, progress, progress_arg, stats);
+    st = stria__run_call(job, &ph, progress, progress_arg, &local);
+    if (stats != NULL)
+        stria__abi_write_stats(stats, &local);
+    return st;
 }
 
 stria_status_t stria_client_release(stria_job_t *job)

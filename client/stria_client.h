@@ -16,11 +16,21 @@
  * starts and joins its own threads (one per rank) inside each call. Every
  * failure returns a status whose message says which rank and worker failed,
  * in which phase, and why.
+ *
+ * ABI: the structs below start with `struct_size`, which the caller sets to
+ * sizeof the struct as its header declares it (the *_INIT macros do), so
+ * that later versions can add fields at the end: a library reads only the
+ * fields the caller knows, and refuses a field it does not know that the
+ * caller set. stria_client_abi_version() says which ABI a library speaks.
  */
 #ifndef STRIA_CLIENT_H
 #define STRIA_CLIENT_H
 
-#include "stria_common.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stria_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,8 +39,18 @@ extern "C" {
 typedef struct stria_client stria_client_t;
 typedef struct stria_job stria_job_t;
 
-/* Zero-initialise and set the fields; zero means the default. */
+/* The ABI of this header; a library of another ABI cannot be used with it.
+ * Bumped when a function or a field changes meaning or place (adding fields
+ * at the end of a struct does not bump it). */
+#define STRIA_CLIENT_ABI_VERSION 1
+
+/* The ABI version of the library actually loaded. */
+unsigned stria_client_abi_version(void);
+
+/* Start from STRIA_CLIENT_PARAMS_INIT and set the fields; zero means the
+ * default. */
 typedef struct {
+    size_t struct_size;       /* sizeof(stria_client_params_t) */
     const char *coordinator;  /* "HOST:PORT" (required) */
     const char *token;        /* shared secret of the service; NULL: none. Copied. */
     double connect_timeout_s; /* default 10 */
@@ -38,8 +58,15 @@ typedef struct {
     const char *client_name;  /* shown in the daemons' logs; default "libstria" */
 } stria_client_params_t;
 
-/* What to compute. Zero-initialise; zero fields take the service defaults. */
+#define STRIA_CLIENT_PARAMS_INIT                                                                   \
+    {                                                                                              \
+        .struct_size = sizeof(stria_client_params_t)                                               \
+    }
+
+/* What to compute. Start from STRIA_JOB_SPEC_INIT; zero fields take the
+ * service defaults. */
 typedef struct {
+    size_t struct_size; /* sizeof(stria_job_spec_t) */
     int64_t batch;
     int64_t seq_len;
     int64_t heads;
@@ -56,6 +83,11 @@ typedef struct {
     const char *label;          /* shown by the admin tools; may be NULL */
 } stria_job_spec_t;
 
+#define STRIA_JOB_SPEC_INIT                                                                        \
+    {                                                                                              \
+        .struct_size = sizeof(stria_job_spec_t)                                                    \
+    }
+
 typedef enum {
     STRIA_PHASE_QUEUED = 0,   /* waiting for workers (done = queue position) */
     STRIA_PHASE_UPLOAD = 1,   /* done/total in bytes */
@@ -67,8 +99,11 @@ typedef enum {
 /* Progress of a call; runs on the calling thread, between other work. */
 typedef void (*stria_progress_cb)(void *arg, stria_phase_t phase, double done, double total);
 
-/* Where the time of a call went, per phase, in seconds of wall time. */
+/* Where the time of a call went, per phase, in seconds of wall time. The
+ * caller sets struct_size (STRIA_CALL_STATS_INIT); the library fills the
+ * fields that fit in it. */
 typedef struct {
+    size_t struct_size; /* sizeof(stria_call_stats_t) */
     double queued_s, upload_s, pass_s, download_s;
     double rank_compute_s_max; /* slowest rank's kernel time */
     double rank_compute_s_min; /* fastest rank's kernel time */
@@ -76,8 +111,15 @@ typedef struct {
     uint64_t bytes_up, bytes_down;
 } stria_call_stats_t;
 
+#define STRIA_CALL_STATS_INIT                                                                      \
+    {                                                                                              \
+        .struct_size = sizeof(stria_call_stats_t)                                                  \
+    }
+
 /* Connects to the coordinator (and checks it answers). Free with
- * stria_client_close(). */
+ * stria_client_close(). Errors: STRIA_ERR_INVALID_ARG (bad params, a
+ * struct_size this library cannot read), STRIA_ERR_UNSUPPORTED (a field of a
+ * newer header set), STRIA_ERR_IO (cannot connect), STRIA_ERR_AUTH. */
 stria_status_t stria_client_connect(const stria_client_params_t *params,
                                     stria_client_t **client_out);
 /* Closes the client; jobs still open are released first. NULL is ignored. */

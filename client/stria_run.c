@@ -654,7 +654,7 @@ static int stria__cmd_submit(int argc, char **argv)
     stria__run_data_t d;
     stria_client_t *client = NULL;
     stria_job_t *job = NULL;
-    stria_call_stats_t fs, bs;
+    stria_call_stats_t fs = STRIA_CALL_STATS_INIT, bs = STRIA_CALL_STATS_INIT;
     char *token = NULL;
     stria_status_t st;
     int rc = stria__parse_opts(argc, argv, true, &o);
@@ -683,6 +683,7 @@ static int stria__cmd_submit(int argc, char **argv)
     }
     stria_client_params_t cp;
     memset(&cp, 0, sizeof(cp));
+    cp.struct_size = sizeof(cp);
     cp.coordinator = o.coordinator;
     cp.token = token;
     cp.client_name = "stria-run";
@@ -704,6 +705,7 @@ static int stria__cmd_submit(int argc, char **argv)
     }
     stria_job_spec_t spec;
     memset(&spec, 0, sizeof(spec));
+    spec.struct_size = sizeof(spec);
     spec.batch = d.B;
     spec.seq_len = d.T;
     spec.heads = d.H;

@@ -21,37 +21,10 @@ extern "C" {
 
 /* ---- status codes ------------------------------------------------------ */
 
-/* X(name, value, description): the single list behind stria_status_t and
- * stria_status_str(). */
-#define STRIA_STATUS_MAP(X)                                                                        \
-    X(OK, 0, "success")                                                                            \
-    X(ERR_INVALID_ARG, -1, "invalid argument")                                                     \
-    X(ERR_NO_MEMORY, -2, "out of memory")                                                          \
-    X(ERR_IO, -3, "I/O error")                                                                     \
-    X(ERR_FORMAT, -4, "malformed input")                                                           \
-    X(ERR_UNSUPPORTED, -5, "unsupported")                                                          \
-    X(ERR_TIMEOUT, -6, "deadline exceeded")                                                        \
-    X(ERR_CANCELLED, -7, "cancelled")                                                              \
-    X(ERR_PEER, -8, "peer failure")                                                                \
-    X(ERR_TRANSPORT, -9, "transport error")                                                        \
-    X(ERR_PROTOCOL, -10, "protocol error")                                                         \
-    X(ERR_NOT_FOUND, -11, "not found")                                                             \
-    X(ERR_BUSY, -12, "resource busy")                                                              \
-    X(ERR_AUTH, -13, "authentication failed")                                                      \
-    X(ERR_CLOSED, -14, "connection closed")                                                        \
-    X(ERR_INTERNAL, -15, "internal error")
-
-typedef enum {
-#define STRIA__STATUS_ENUM(name, value, desc) STRIA_##name = value,
-    STRIA_STATUS_MAP(STRIA__STATUS_ENUM)
-#undef STRIA__STATUS_ENUM
-} stria_status_t;
-
-/* Static description of a status code ("invalid argument"); never NULL. */
-const char *stria_status_str(stria_status_t status);
-
-/* Symbolic name of a status code ("STRIA_ERR_INVALID_ARG"); never NULL. */
-const char *stria_status_name(stria_status_t status);
+/* stria_status_t, stria_status_str(), stria_status_name(), stria_error_msg(),
+ * stria_dtype_t and stria_layout_kind_t: the types of the client API, in its
+ * installed header. */
+#include "stria_types.h"
 
 /* Records a message for the calling thread and returns `status`, so that
  * callers can write `return stria_error_set(STRIA_ERR_INVALID_ARG, "...")`. */
@@ -62,10 +35,6 @@ stria_status_t stria_error_set(stria_status_t status, const char *fmt, ...)
  * and returns `status`. */
 stria_status_t stria_error_wrap(stria_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-
-/* The calling thread's last error message ("" if none). Valid until the next
- * stria_error_set() on this thread. */
-const char *stria_error_msg(void);
 
 /* Clears the calling thread's message. */
 void stria_error_clear(void);
@@ -221,12 +190,6 @@ void stria_pool_run(stria_pool_t *pool, size_t n_tasks, stria_pool_task_cb fn, v
 
 /* ---- dtypes ------------------------------------------------------------ */
 
-typedef enum {
-    STRIA_DTYPE_F32 = 0,
-    STRIA_DTYPE_BF16 = 1,
-    STRIA_DTYPE_F16 = 2,
-} stria_dtype_t;
-
 /* "fp32", "bf16", "fp16". */
 const char *stria_dtype_name(stria_dtype_t dtype);
 /* Accepts fp32|f32|float32, bf16|bfloat16, fp16|f16|float16. */
@@ -379,12 +342,6 @@ void stria_metrics_escape(const char *value, char *out, size_t out_len);
  *   zigzag:     2N chunks of C = L / 2 tokens; rank r holds chunks r and
  *               2N - 1 - r
  */
-
-typedef enum {
-    STRIA_LAYOUT_STRIPED = 0,
-    STRIA_LAYOUT_CONTIGUOUS = 1,
-    STRIA_LAYOUT_ZIGZAG = 2,
-} stria_layout_kind_t;
 
 #define STRIA_LAYOUT_MAX_RANKS 65535
 #define STRIA_LAYOUT_MAX_SEQ   ((int64_t)1 << 48)

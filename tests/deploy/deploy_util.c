@@ -201,9 +201,13 @@ int dc_run(char *const argv[], char *const env[], double timeout_s, char **out, 
     int po[2], pe[2];
     cr_assert_eq(pipe(po), 0);
     cr_assert_eq(pipe(pe), 0);
+    pid_t parent = getpid();
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
+        /* A short command, but one a test can die waiting for (a hung
+         * striactl, a build under test_units). */
+        test_proc_child_setup(parent);
         dup2(po[1], 1);
         dup2(pe[1], 2);
         close(po[0]);
@@ -477,10 +481,12 @@ void dc_job_init(dc_job_t *j, const dcluster_t *c, int64_t seq, int64_t heads, i
     memset(j, 0, sizeof(*j));
     stria_client_params_t p;
     memset(&p, 0, sizeof(p));
+    p.struct_size = sizeof(p);
     p.coordinator = c->coord_addr;
     p.client_name = "test_deploy";
     p.rpc_timeout_s = 30; /* a stopped worker must not hold a test for long */
     cr_assert_eq(stria_client_connect(&p, &j->client), STRIA_OK, "%s", stria_error_msg());
+    j->spec.struct_size = sizeof(j->spec);
     j->spec.batch = 1;
     j->spec.seq_len = seq;
     j->spec.heads = heads;

@@ -12,6 +12,7 @@
 
 #include "proc.h"
 #include "stria_client.h"
+#include "stria_common.h"
 
 #define DC_MAX_WORKERS 4
 

@@ -275,7 +275,14 @@ Test(units, cmake_install_and_a_program_built_against_libstria, .timeout = SUITE
     expect_file(destdir, libdir, "libstria.so");
     expect_file(destdir, libdir, "libstria.so.0");
     expect_file(destdir, incdir, "stria_client.h");
-    expect_file(destdir, incdir, "stria_common.h");
+    expect_file(destdir, incdir, "stria_types.h");
+    /* The client API only: the internals' header is not part of the ABI. */
+    char internal[1200];
+    snprintf(internal, sizeof(internal), "%s%s/stria_common.h", destdir, incdir);
+    cr_expect_neq(access(internal, F_OK), 0, "%s is installed", internal);
+    char pcdir[700];
+    snprintf(pcdir, sizeof(pcdir), "%s/pkgconfig", libdir);
+    expect_file(destdir, pcdir, "stria.pc");
     for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
         expect_file(destdir, unitdir, units[i]);
     expect_file(destdir, sysusersdir, "stria.conf");
@@ -284,28 +291,36 @@ Test(units, cmake_install_and_a_program_built_against_libstria, .timeout = SUITE
     expect_file(destdir, docdir, "DEPLOY.md");
     expect_file(destdir, docdir, "README.md");
 
-    /* a trainer's program builds against the installed header and library and
-     * gets a clear error from an address nobody listens on */
-    char src[400], exe[400], inc[1000], lib[1000], rpath[1100];
+    /* A trainer's program builds with `cc $(pkg-config --cflags --libs
+     * stria)` against the staged install (pkg-config pointed into it), sees
+     * the ABI version of its header in the library, is told clearly when it
+     * forgets struct_size, and gets a clear error from an address nobody
+     * listens on. */
+    char src[400], exe[400];
     snprintf(src, sizeof(src), "%s/trainer.c", c.dir);
     snprintf(exe, sizeof(exe), "%s/trainer", c.dir);
-    dc_write(src, "#include <stdio.h>\n#include <string.h>\n#include <stria_client.h>\n"
+    dc_write(src, "#include <stdio.h>\n#include <stria_client.h>\n"
                   "int main(int argc, char **argv) {\n"
-                  "  stria_client_params_t p; stria_client_t *c = NULL;\n"
-                  "  memset(&p, 0, sizeof(p)); p.coordinator = argv[1]; p.connect_timeout_s = 5;\n"
-                  "  stria_status_t st = stria_client_connect(&p, &c);\n"
+                  "  stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT, z = {0};\n"
+                  "  stria_client_t *c = NULL;\n"
+                  "  if (stria_client_abi_version() != STRIA_CLIENT_ABI_VERSION) return 2;\n"
+                  "  z.coordinator = argv[1];\n"
+                  "  stria_status_t st = stria_client_connect(&z, &c);\n"
+                  "  printf(\"zero %s: %s\\n\", stria_status_name(st), stria_error_msg());\n"
+                  "  p.coordinator = argv[1]; p.connect_timeout_s = 5;\n"
+                  "  st = stria_client_connect(&p, &c);\n"
                   "  printf(\"%s: %s\\n\", stria_status_name(st), stria_error_msg());\n"
                   "  (void)argc; return st == STRIA_OK;\n}\n");
-    snprintf(inc, sizeof(inc), "-I%s%s", destdir, incdir);
-    snprintf(lib, sizeof(lib), "-L%s%s", destdir, libdir);
-    snprintf(rpath, sizeof(rpath), "-Wl,-rpath,%s%s", destdir, libdir);
-    char *cc[] = {STRIA_CC,  "-std=c11", "-Wall",
-                  "-Werror", inc,        src,
-                  "-o",      exe,        lib,
-                  rpath,     "-lstria",  STRIA_SANITIZE_FLAGS[0] ? STRIA_SANITIZE_FLAGS : NULL,
-                  NULL};
+    char cmd[4000];
+    snprintf(cmd, sizeof(cmd),
+             "export PKG_CONFIG_SYSROOT_DIR='%s' PKG_CONFIG_PATH='%s%s/pkgconfig' && "
+             "flags=$(pkg-config --cflags --libs stria) && "
+             "%s -std=c11 -Wall -Werror '%s' -o '%s' $flags -Wl,-rpath,'%s%s' %s",
+             destdir, destdir, libdir, STRIA_CC, src, exe, destdir, libdir, STRIA_SANITIZE_FLAGS);
+    char *cc[] = {"/bin/sh", "-c", cmd, NULL};
     rc = dc_run(cc, NULL, 60, &out, &err);
-    cr_assert_eq(rc, 0, "cannot build against the installed libstria:\n%s%s", out, err);
+    cr_assert_eq(rc, 0, "cannot build against the installed libstria with pkg-config:\n%s\n%s%s",
+                 cmd, out, err);
     free(out);
     free(err);
     char addr[64];
@@ -313,7 +328,10 @@ Test(units, cmake_install_and_a_program_built_against_libstria, .timeout = SUITE
     char *run[] = {exe, addr, NULL};
     rc = dc_run(run, NULL, 30, &out, &err);
     cr_expect_eq(rc, 0, "%s%s", out, err);
-    cr_expect(strstr(out, "STRIA_ERR_IO") != NULL && strstr(out, addr) != NULL,
+    cr_expect(strstr(out, "zero STRIA_ERR_INVALID_ARG") != NULL &&
+                  strstr(out, "STRIA_CLIENT_PARAMS_INIT") != NULL,
+              "no clear error for a struct without struct_size: %s", out);
+    cr_expect(strstr(out, "\nSTRIA_ERR_IO") != NULL && strstr(out, addr) != NULL,
               "unclear error from the installed library: %s", out);
     free(out);
     free(err);

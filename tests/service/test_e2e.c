@@ -184,6 +184,7 @@ static void job_data_init(job_data_t *j, int64_t B, int64_t S, int64_t H, int64_
                           stria_dtype_t dt, bool causal, uint64_t seed)
 {
     memset(j, 0, sizeof(*j));
+    j->spec.struct_size = sizeof(j->spec);
     j->spec.batch = B;
     j->spec.seq_len = S;
     j->spec.heads = H;
@@ -282,6 +283,7 @@ static stria_client_t *connect_client(const char *token)
     stria_client_params_t p;
     stria_client_t *c = NULL;
     memset(&p, 0, sizeof(p));
+    p.struct_size = sizeof(p);
     p.coordinator = cl.coord_addr;
     p.token = token;
     p.client_name = "test_e2e";
@@ -349,6 +351,7 @@ static void *client_thread(void *arg)
     stria_client_t *c = NULL;
     stria_job_t *job = NULL;
     memset(&p, 0, sizeof(p));
+    p.struct_size = sizeof(p);
     p.coordinator = cl.coord_addr;
     cc->st = stria_client_connect(&p, &c);
     if (cc->st == STRIA_OK)
@@ -733,6 +736,7 @@ Test(e2e, token_required_everywhere, .timeout = 300)
     stria_client_params_t p;
     stria_client_t *c = NULL;
     memset(&p, 0, sizeof(p));
+    p.struct_size = sizeof(p);
     p.coordinator = cl.coord_addr;
     cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_AUTH, "%s", stria_error_msg());
     p.token = "wrong";
@@ -760,11 +764,34 @@ Test(e2e, nonsense_specs_get_clear_errors, .timeout = 300)
         stria_job_spec_t spec;
         const char *needle;
     } bad[] = {
-        {{.batch = 1, .seq_len = 16, .heads = 3, .kv_heads = 2, .head_dim = 16}, "multiple"},
-        {{.batch = 1, .seq_len = 16, .heads = 2, .kv_heads = 2, .head_dim = 20}, "head_dim"},
-        {{.batch = 1, .seq_len = (int64_t)1 << 45, .heads = 2, .kv_heads = 2, .head_dim = 16},
+        {{.struct_size = sizeof(stria_job_spec_t),
+          .batch = 1,
+          .seq_len = 16,
+          .heads = 3,
+          .kv_heads = 2,
+          .head_dim = 16},
+         "multiple"},
+        {{.struct_size = sizeof(stria_job_spec_t),
+          .batch = 1,
+          .seq_len = 16,
+          .heads = 2,
+          .kv_heads = 2,
+          .head_dim = 20},
+         "head_dim"},
+        {{.struct_size = sizeof(stria_job_spec_t),
+          .batch = 1,
+          .seq_len = (int64_t)1 << 45,
+          .heads = 2,
+          .kv_heads = 2,
+          .head_dim = 16},
          "seq_len"},
-        {{.batch = 1, .seq_len = 16, .heads = 2, .kv_heads = 2, .head_dim = 16, .ring_size = 9},
+        {{.struct_size = sizeof(stria_job_spec_t),
+          .batch = 1,
+          .seq_len = 16,
+          .heads = 2,
+          .kv_heads = 2,
+          .head_dim = 16,
+          .ring_size = 9},
          "worker"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
