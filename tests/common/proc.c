@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +32,37 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Runs when the program loads, while it has one thread (setenv is not
+ * thread-safe), and in the Criterion runner before it starts the per-test
+ * processes: every test of a suite run by hand then shares one made-up id. */
+__attribute__((constructor)) static void ensure_run_id(void)
+{
+    const char *id = getenv(TEST_RUN_ENV);
+    if (id != NULL && id[0] != '\0')
+        return;
+    char made[64];
+    snprintf(made, sizeof(made), "manual-%d-%lld", (int)getpid(), (long long)time(NULL));
+    setenv(TEST_RUN_ENV, made, 1);
+}
+
+const char *test_proc_run_id(void)
+{
+    const char *id = getenv(TEST_RUN_ENV);
+    return id != NULL ? id : "";
+}
+
+void test_proc_child_setup(pid_t parent)
+{
+    /* SIGKILL: a daemon that is stopped, wedged or busy draining must not
+     * outlive the test. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        _exit(126);
+    /* The parent may have died between fork() and prctl(): the signal then
+     * never comes, and we have been reparented. */
+    if (getppid() != parent)
+        _exit(126);
+}
+
 static void kill_all(void)
 {
     for (test_proc_t *p = all_procs; p != NULL; p = p->next)
@@ -53,6 +85,7 @@ test_proc_t *test_proc_start(char *const argv[], const char *log_path, char *con
         atexit(kill_all);
         atexit_set = true;
     }
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         close(pipefd[0]);
@@ -61,6 +94,7 @@ test_proc_t *test_proc_start(char *const argv[], const char *log_path, char *con
         return NULL;
     }
     if (pid == 0) {
+        test_proc_child_setup(parent);
         dup2(pipefd[1], 1);
         close(pipefd[0]);
         close(pipefd[1]);

@@ -6,7 +6,7 @@
  * (ucx_ring_rank) on loopback, or in two network namespaces joined by a veth
  * pair, and check ring passes, a killed rank, a stopped rank, a cut cable
  * and a restart on the same port. Every child dies with the test process
- * (PR_SET_PDEATHSIG) and is killed at the end of each test. */
+ * (test_proc_child_setup) and is killed at the end of each test. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
@@ -20,11 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "proc.h"
 #include "stria_transport.h"
 #include "ucx_engine_case.h"
 
@@ -86,9 +86,7 @@ static pid_t spawn(char *const argv[], const char *tag)
     pid_t pid = fork();
     cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(126);
+        test_proc_child_setup(parent);
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             dup2(fd, 2);
