@@ -3,11 +3,25 @@
 # an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/).
 # Installs missing dependencies first. Exits non-zero on the first failure; the
 # output ends with ctest's summary.
+#
+# Every process the tests start carries STRIA_TEST_RUN=<this run's id> in its
+# environment; at exit, also after a failure, any such process still alive is
+# listed, killed, and fails the run (tests/reap.sh).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 jobs=$(nproc 2>/dev/null || echo 2)
+
+run_id=$(date +%Y%m%d%H%M%S)-$$-$RANDOM
+check_survivors() {
+  local rc=$?
+  if ! "$root/tests/reap.sh" --kill "$run_id"; then
+    ((rc != 0)) || rc=1
+  fi
+  exit "$rc"
+}
+trap check_survivors EXIT
 
 "$root/deploy/install-deps.sh"
 
@@ -22,7 +36,9 @@ build_and_test() {
   echo "== build $dir"
   cmake --build "$root/$dir" -j "$jobs"
   echo "== test $dir"
-  (cd "$root/$dir" && ctest --output-on-failure --timeout 900 -j "$jobs")
+  # Only ctest and what it starts carry the id: nothing else of this script
+  # should still run at exit.
+  (cd "$root/$dir" && STRIA_TEST_RUN=$run_id ctest --output-on-failure --timeout 900 -j "$jobs")
 }
 
 build_and_test build -DCMAKE_BUILD_TYPE=Release -DSTRIA_SANITIZE=OFF
