@@ -13,59 +13,20 @@
 
 #include <string.h>
 
-static void stria__put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t stria__get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-static void stria__put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t stria__get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static void stria__put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static uint16_t stria__get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
 size_t stria__ucx_ctrl_encode(const stria__ctrl_t *c, uint8_t *buf)
 {
     size_t tl = strnlen(c->text, STRIA__UCX_TEXT_MAX);
-    stria__put32(buf, STRIA__UCX_MAGIC);
-    stria__put16(buf + 4, STRIA__UCX_VERSION);
-    stria__put16(buf + 6, c->type);
-    stria__put64(buf + 8, c->job_id);
-    stria__put64(buf + 16, c->ring_id);
-    stria__put32(buf + 24, (uint32_t)c->rank);
-    stria__put32(buf + 28, (uint32_t)c->size);
-    stria__put32(buf + 32, (uint32_t)c->status);
-    stria__put32(buf + 36, c->slot);
-    stria__put32(buf + 40, (uint32_t)c->origin);
-    stria__put16(buf + 44, (uint16_t)tl);
+    stria_put_le32(buf, STRIA__UCX_MAGIC);
+    stria_put_le16(buf + 4, STRIA__UCX_VERSION);
+    stria_put_le16(buf + 6, c->type);
+    stria_put_le64(buf + 8, c->job_id);
+    stria_put_le64(buf + 16, c->ring_id);
+    stria_put_le32(buf + 24, (uint32_t)c->rank);
+    stria_put_le32(buf + 28, (uint32_t)c->size);
+    stria_put_le32(buf + 32, (uint32_t)c->status);
+    stria_put_le32(buf + 36, c->slot);
+    stria_put_le32(buf + 40, (uint32_t)c->origin);
+    stria_put_le16(buf + 44, (uint16_t)tl);
     memcpy(buf + STRIA__UCX_CTRL_HDR, c->text, tl);
     return STRIA__UCX_CTRL_HDR + tl;
 }
@@ -75,21 +36,21 @@ stria_status_t stria__ucx_ctrl_decode(const uint8_t *buf, size_t len, stria__ctr
     if (len < STRIA__UCX_CTRL_HDR)
         return stria_error_set(STRIA_ERR_PROTOCOL, "control message of %zu bytes is too short",
                                len);
-    if (stria__get32(buf) != STRIA__UCX_MAGIC)
+    if (stria_get_le32(buf) != STRIA__UCX_MAGIC)
         return stria_error_set(STRIA_ERR_PROTOCOL, "control message with a bad magic number");
-    if (stria__get16(buf + 4) != STRIA__UCX_VERSION)
+    if (stria_get_le16(buf + 4) != STRIA__UCX_VERSION)
         return stria_error_set(STRIA_ERR_PROTOCOL, "peer speaks link protocol version %u, not %u",
-                               stria__get16(buf + 4), STRIA__UCX_VERSION);
+                               stria_get_le16(buf + 4), STRIA__UCX_VERSION);
     memset(c, 0, sizeof(*c));
-    c->type = stria__get16(buf + 6);
-    c->job_id = stria__get64(buf + 8);
-    c->ring_id = stria__get64(buf + 16);
-    c->rank = (int32_t)stria__get32(buf + 24);
-    c->size = (int32_t)stria__get32(buf + 28);
-    c->status = (int32_t)stria__get32(buf + 32);
-    c->slot = stria__get32(buf + 36);
-    c->origin = (int32_t)stria__get32(buf + 40);
-    size_t tl = stria__get16(buf + 44);
+    c->type = stria_get_le16(buf + 6);
+    c->job_id = stria_get_le64(buf + 8);
+    c->ring_id = stria_get_le64(buf + 16);
+    c->rank = (int32_t)stria_get_le32(buf + 24);
+    c->size = (int32_t)stria_get_le32(buf + 28);
+    c->status = (int32_t)stria_get_le32(buf + 32);
+    c->slot = stria_get_le32(buf + 36);
+    c->origin = (int32_t)stria_get_le32(buf + 40);
+    size_t tl = stria_get_le16(buf + 44);
     if (c->type < STRIA__CTRL_HELLO || c->type > STRIA__CTRL_PING)
         return stria_error_set(STRIA_ERR_PROTOCOL, "unknown control message type %u", c->type);
     if (tl > STRIA__UCX_TEXT_MAX || STRIA__UCX_CTRL_HDR + tl != len)
@@ -108,13 +69,13 @@ stria_status_t stria__ucx_ctrl_decode(const uint8_t *buf, size_t len, stria__ctr
 
 void stria__ucx_data_hdr_encode(uint8_t hdr[STRIA__UCX_DATA_HDR], uint32_t slot, uint64_t tag)
 {
-    stria__put32(hdr, slot);
-    stria__put32(hdr + 4, 0);
-    stria__put64(hdr + 8, tag);
+    stria_put_le32(hdr, slot);
+    stria_put_le32(hdr + 4, 0);
+    stria_put_le64(hdr + 8, tag);
 }
 
 void stria__ucx_data_hdr_decode(const void *hdr, uint32_t *slot, uint64_t *tag)
 {
-    *slot = stria__get32(hdr);
-    *tag = stria__get64((const uint8_t *)hdr + 8);
+    *slot = stria_get_le32(hdr);
+    *tag = stria_get_le64((const uint8_t *)hdr + 8);
 }
