@@ -6,6 +6,7 @@
 #include "stria_ring.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,10 +23,13 @@ struct stria_ring_pass {
     stria_ring_opts_t hooks; /* only the compute_* and step hooks are used */
     double timeout_s;
     uint32_t pass_id;
-    uint32_t calls; /* fwd/bwd calls so far */
+    uint32_t calls; /* fwd/bwd calls on the current link so far */
     uint32_t call;  /* number of the running call: part of every tag */
     double t_start; /* start of the running call, for deadlines */
     int rank, n;
+    /* Set while stria_ring_fwd()/bwd() runs: stria_ring_pass_set_link()
+     * refuses to rebind then (from a hook, or from another thread). */
+    atomic_bool running;
     /* Per rank of the ring: the runs of its real tokens, their number, and
      * the lowest and highest real position (for skipping masked blocks). */
     stria_pos_run_t (*runs)[STRIA_LAYOUT_MAX_RUNS];
@@ -195,6 +199,32 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
 err:
     stria_ring_pass_destroy(p);
     return st;
+}
+
+stria_status_t stria_ring_pass_set_link(stria_ring_pass_t *pass, stria_link_t *link)
+{
+    static const char fn[] = "stria_ring_pass_set_link";
+    if (pass == NULL || link == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    if (atomic_load(&pass->running))
+        return stria_error_set(STRIA_ERR_BUSY,
+                               "%s: a pass of rank %d is running on this object; rebind only "
+                               "between passes",
+                               fn, pass->rank);
+    if (stria_link_rank(link) != pass->rank || stria_link_size(link) != pass->n)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: the pass object is rank %d of a ring of %d, the link (%s) is "
+                               "rank %d of a ring of %d",
+                               fn, pass->rank, pass->n, link->ops->name, stria_link_rank(link),
+                               stria_link_size(link));
+    if (link == pass->link)
+        return STRIA_OK;
+    /* A new link is a new message space: calls count from 0 again, so the
+     * tags are those of a fresh pass object, and a rank that skipped a call
+     * on the old link (it failed before calling) agrees with the others. */
+    pass->link = link;
+    pass->calls = 0;
+    return STRIA_OK;
 }
 
 const stria_layout_t *stria_ring_pass_layout(const stria_ring_pass_t *pass)
@@ -658,12 +688,11 @@ static stria_status_t stria__store_lse(stria_ring_pass_t *p, const float *lse_ac
                              (size_t)(BH * L) * sizeof(float));
 }
 
-stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
-                              const stria_tensor_t *k, const stria_tensor_t *v,
-                              const stria_tensor_t *o, float *lse)
+static stria_status_t stria__fwd(stria_ring_pass_t *p, const stria_tensor_t *q,
+                                 const stria_tensor_t *k, const stria_tensor_t *v,
+                                 const stria_tensor_t *o, float *lse)
 {
     static const char fn[] = "stria_ring_fwd";
-    stria_ring_pass_t *p = pass;
     stria__reqs_t reqs;
     stria_status_t st;
     char *kvh[2], *kvd[2];
@@ -672,8 +701,6 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     int step = 0;
 
     memset(&reqs, 0, sizeof(reqs));
-    if (p == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     p->call = p->calls++;
     p->t_start = stria_time_now();
     if ((st = stria__check_view(q, fn, "q", true, p->shape.dtype)) != STRIA_OK ||
@@ -865,14 +892,13 @@ static stria_status_t stria__store_grad(stria_ring_pass_t *p, const stria_attn_p
     return stria__device_zero_rows(p, t, B, valid, L, heads, D);
 }
 
-stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
-                              const stria_tensor_t *k, const stria_tensor_t *v,
-                              const stria_tensor_t *o, const float *lse, const stria_tensor_t *d_o,
-                              const stria_tensor_t *dq, const stria_tensor_t *dk,
-                              const stria_tensor_t *dv)
+static stria_status_t stria__bwd(stria_ring_pass_t *p, const stria_tensor_t *q,
+                                 const stria_tensor_t *k, const stria_tensor_t *v,
+                                 const stria_tensor_t *o, const float *lse,
+                                 const stria_tensor_t *d_o, const stria_tensor_t *dq,
+                                 const stria_tensor_t *dk, const stria_tensor_t *dv)
 {
     static const char fn[] = "stria_ring_bwd";
-    stria_ring_pass_t *p = pass;
     stria__reqs_t reqs;
     stria_status_t st;
     char *kvh[2], *kvd[2];
@@ -881,8 +907,6 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
     int step = 0;
 
     memset(&reqs, 0, sizeof(reqs));
-    if (p == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     p->call = p->calls++;
     p->t_start = stria_time_now();
     if ((st = stria__check_view(q, fn, "q", true, p->shape.dtype)) != STRIA_OK ||
@@ -1141,5 +1165,35 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
 out:
     (void)stria_device_attn_bwd_end(bpass, false);
     stria__drain_on_error(p, st);
+    return st;
+}
+
+/* ---- entry points ------------------------------------------------------- */
+
+stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *o, float *lse)
+{
+    stria_status_t st;
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_ring_fwd: pass is NULL");
+    atomic_store(&pass->running, true);
+    st = stria__fwd(pass, q, k, v, o, lse);
+    atomic_store(&pass->running, false);
+    return st;
+}
+
+stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *o, const float *lse, const stria_tensor_t *d_o,
+                              const stria_tensor_t *dq, const stria_tensor_t *dk,
+                              const stria_tensor_t *dv)
+{
+    stria_status_t st;
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_ring_bwd: pass is NULL");
+    atomic_store(&pass->running, true);
+    st = stria__bwd(pass, q, k, v, o, lse, d_o, dq, dk, dv);
+    atomic_store(&pass->running, false);
     return st;
 }

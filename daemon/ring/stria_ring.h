@@ -138,17 +138,37 @@ typedef struct {
 typedef struct stria_ring_pass stria_ring_pass_t;
 
 /* Creates rank stria_link_rank(link)'s pass object for a ring of
- * stria_link_size(link) ranks. The link is borrowed and must outlive the
- * object; the object is used by one thread at a time. It keeps its working
- * buffers between calls (two K/V shards in the storage dtype and fp32
- * accumulators: an O shard, and in the backward pass a dQ shard and three
- * fp32 dK/dV shard pairs; on a device that is not host-visible, device
- * buffers and pinned host buffers of about that size each) so that repeated
- * passes do not fault in fresh memory. Free with stria_ring_pass_destroy(). */
+ * stria_link_size(link) ranks. Meant to live as long as a job: one object
+ * runs all of the job's passes, also when every pass has its own link
+ * (stria_ring_pass_set_link()). The link is borrowed: it must stay valid
+ * while the object is bound to it, i.e. until the object is destroyed or
+ * rebound to another link; the object never destroys or aborts a link
+ * outside a call. Everything in opts (pool, device, hook contexts) is
+ * borrowed for the object's whole life. The object is used by one thread
+ * at a time. It keeps its working buffers between calls (two K/V shards in
+ * the storage dtype and fp32 accumulators: an O shard, and in the backward
+ * pass a dQ shard and three fp32 dK/dV shard pairs; on a device that is not
+ * host-visible, device buffers and pinned host buffers of about that size
+ * each) so that repeated passes do not fault in fresh memory, also across
+ * links. Free with stria_ring_pass_destroy(). */
 stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape_t *shape,
                                       stria_layout_kind_t layout, const stria_ring_opts_t *opts,
                                       stria_ring_pass_t **pass_out);
 void stria_ring_pass_destroy(stria_ring_pass_t *pass);
+
+/* Rebinds the pass object to another link of the same rank and ring size,
+ * between passes (e.g. the worker's fresh link per pass), keeping the
+ * object's buffers, device, options and pass_id. From then on the object
+ * uses only `link` (borrowed as in stria_ring_pass_create()); the old link
+ * is no longer touched and may be destroyed by its owner. On a new link the
+ * call numbers in the tags restart at 0, as for a fresh object, so every
+ * rank must rebind before its first call on the new link; rebinding to the
+ * link already bound changes nothing. Errors, the object unchanged:
+ * STRIA_ERR_INVALID_ARG for a NULL argument or a link of another rank or
+ * ring size (the message names both), STRIA_ERR_BUSY while a
+ * stria_ring_fwd()/bwd() call runs on the object (from one of its hooks or
+ * another thread). */
+stria_status_t stria_ring_pass_set_link(stria_ring_pass_t *pass, stria_link_t *link);
 
 /* The layout of the pass: shard_tokens (L below) and the padding. */
 const stria_layout_t *stria_ring_pass_layout(const stria_ring_pass_t *pass);

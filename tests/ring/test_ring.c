@@ -1081,3 +1081,250 @@ Test(ring, serialized_compute_and_hooks)
     stria_link_destroy(link);
     stria_inproc_hub_release(hub);
 }
+
+/* ---- one pass object per job, rebound to a link per pass -------------------- */
+
+/* A rank of reuse_case(): two passes (forward and backward), each over its own
+ * in-process hub and link, with other inputs each time; either one pass
+ * object rebound to the second link or a fresh object per pass. */
+typedef struct {
+    const rcase_t *c;
+    const rdata_t *d[2];
+    stria_inproc_hub_t *hub[2];
+    bool reuse;
+    const char *device; /* NULL: host tensors; "cpu:staged": device tensors */
+    int rank;
+    float *out[2][5]; /* o, lse, dq, dk, dv of each pass (fp32, shard order) */
+} reuse_ctx_t;
+
+static void *reuse_rank_main(void *arg)
+{
+    reuse_ctx_t *x = arg;
+    const rcase_t *c = x->c;
+    stria_ring_shape_t shape = shape_of(c);
+    stria_ring_opts_t opts = {.step_timeout_s = 30, .pass_id = 3};
+    stria_device_t *dev = NULL;
+    stria_ring_pass_t *pass = NULL;
+    stria_link_t *bound = NULL;
+    stria_layout_t l;
+    size_t es = stria_dtype_size(c->dtype);
+
+    cr_assert_eq(stria_layout_init(c->layout, c->n, c->S, &l), STRIA_OK);
+    if (x->device != NULL) {
+        cr_assert_eq(stria_device_open(x->device, NULL, &dev), STRIA_OK, "%s", stria_error_msg());
+        opts.device = dev;
+    }
+    const int64_t L = l.shard_tokens;
+    const size_t qn = (size_t)(c->B * L * c->H * c->D), kn = (size_t)(c->B * L * c->Hkv * c->D);
+    const size_t ln = (size_t)(c->B * c->H * L);
+    /* q, k, v, d_o in the dtype; o, lse, dq, dk, dv in fp32 */
+    const size_t bytes[9] = {qn * es, kn * es, kn * es, qn * es, qn * 4,
+                             ln * 4,  qn * 4,  kn * 4,  kn * 4};
+    void *buf[9];
+    for (int i = 0; i < 9; i++) {
+        if (dev != NULL) /* the CPU devices only: device memory is host-addressable */
+            cr_assert_eq(stria_device_alloc(dev, bytes[i], &buf[i]), STRIA_OK);
+        else
+            cr_assert_not_null(buf[i] = malloc(bytes[i]));
+    }
+    stria_tensor_t tq = stria_tensor_contiguous(buf[0], c->dtype, L, c->H, c->D);
+    stria_tensor_t tk = stria_tensor_contiguous(buf[1], c->dtype, L, c->Hkv, c->D);
+    stria_tensor_t tv = stria_tensor_contiguous(buf[2], c->dtype, L, c->Hkv, c->D);
+    stria_tensor_t tg = stria_tensor_contiguous(buf[3], c->dtype, L, c->H, c->D);
+    stria_tensor_t to = stria_tensor_contiguous(buf[4], STRIA_DTYPE_F32, L, c->H, c->D);
+    stria_tensor_t tdq = stria_tensor_contiguous(buf[6], STRIA_DTYPE_F32, L, c->H, c->D);
+    stria_tensor_t tdk = stria_tensor_contiguous(buf[7], STRIA_DTYPE_F32, L, c->Hkv, c->D);
+    stria_tensor_t tdv = stria_tensor_contiguous(buf[8], STRIA_DTYPE_F32, L, c->Hkv, c->D);
+
+    for (int i = 0; i < 2; i++) {
+        const rdata_t *d = x->d[i];
+        stria_link_t *link;
+        cr_assert_eq(stria_inproc_link_create(x->hub[i], x->rank, &link), STRIA_OK);
+        if (pass == NULL)
+            cr_assert_eq(stria_ring_pass_create(link, &shape, c->layout, &opts, &pass), STRIA_OK,
+                         "%s", stria_error_msg());
+        else
+            cr_assert_eq(stria_ring_pass_set_link(pass, link), STRIA_OK, "%s", stria_error_msg());
+        stria_link_destroy(bound); /* no longer touched by the pass object */
+        bound = link;
+        stria_layout_scatter(&l, x->rank, c->B, (size_t)(c->H * c->D) * es, d->qs, buf[0]);
+        stria_layout_scatter(&l, x->rank, c->B, (size_t)(c->Hkv * c->D) * es, d->ks, buf[1]);
+        stria_layout_scatter(&l, x->rank, c->B, (size_t)(c->Hkv * c->D) * es, d->vs, buf[2]);
+        stria_layout_scatter(&l, x->rank, c->B, (size_t)(c->H * c->D) * es, d->gs, buf[3]);
+        for (int b = 4; b < 9; b++)
+            memset(buf[b], 0x7f, bytes[b]); /* junk: the pass must write every output */
+        cr_assert_eq(stria_ring_fwd(pass, &tq, &tk, &tv, &to, buf[5]), STRIA_OK, "rank %d: %s",
+                     x->rank, stria_error_msg());
+        cr_assert_eq(stria_ring_bwd(pass, &tq, &tk, &tv, &to, buf[5], &tg, &tdq, &tdk, &tdv),
+                     STRIA_OK, "rank %d: %s", x->rank, stria_error_msg());
+        for (int b = 4; b < 9; b++) {
+            x->out[i][b - 4] = malloc(bytes[b]);
+            memcpy(x->out[i][b - 4], buf[b], bytes[b]);
+        }
+        if (!x->reuse) {
+            stria_ring_pass_destroy(pass);
+            pass = NULL;
+            stria_link_destroy(bound);
+            bound = NULL;
+        }
+    }
+    stria_ring_pass_destroy(pass);
+    stria_link_destroy(bound);
+    for (int i = 0; i < 9; i++) {
+        if (dev != NULL)
+            stria_device_free(dev, buf[i]);
+        else
+            free(buf[i]);
+    }
+    stria_device_close(dev);
+    return NULL;
+}
+
+static void reuse_run(const rcase_t *c, const rdata_t *d0, const rdata_t *d1, bool reuse,
+                      const char *device, reuse_ctx_t *x)
+{
+    pthread_t th[8];
+    stria_inproc_hub_t *hub[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(stria_inproc_hub_create(c->n, &hub[i]), STRIA_OK);
+    for (int r = 0; r < c->n; r++) {
+        x[r] = (reuse_ctx_t){.c = c,
+                             .d = {d0, d1},
+                             .hub = {hub[0], hub[1]},
+                             .reuse = reuse,
+                             .device = device,
+                             .rank = r};
+        cr_assert_eq(pthread_create(&th[r], NULL, reuse_rank_main, &x[r]), 0);
+    }
+    for (int r = 0; r < c->n; r++)
+        pthread_join(th[r], NULL);
+    for (int i = 0; i < 2; i++)
+        stria_inproc_hub_release(hub[i]);
+}
+
+/* One pass object rebound to a second link gives the bits of two fresh
+ * objects, on the host and on the staged device (whose device and pinned
+ * buffers it keeps). */
+Test(ring, pass_object_rebound_to_a_new_link)
+{
+    static const char *devices[] = {NULL, "cpu:staged"};
+    for (size_t k = 0; k < 3; k++)
+        for (size_t di = 0; di < 2; di++) {
+            rcase_t c = {.n = 4,
+                         .layout = all_layouts[k],
+                         .causal = k != 1,
+                         .B = 2,
+                         .S = 61,
+                         .H = 4,
+                         .Hkv = 2,
+                         .D = 32,
+                         .dtype = STRIA_DTYPE_BF16};
+            rdata_t d0, d1;
+            reuse_ctx_t fresh[4], reused[4];
+            data_init(&c, &d0, 11 + k);
+            data_init(&c, &d1, 21 + k);
+            reuse_run(&c, &d0, &d1, false, devices[di], fresh);
+            reuse_run(&c, &d0, &d1, true, devices[di], reused);
+            stria_layout_t l;
+            stria_layout_init(c.layout, c.n, c.S, &l);
+            size_t qn = (size_t)(c.B * l.shard_tokens * c.H * c.D);
+            size_t kn = (size_t)(c.B * l.shard_tokens * c.Hkv * c.D);
+            size_t ln = (size_t)(c.B * c.H * l.shard_tokens);
+            const size_t n4[5] = {qn * 4, ln * 4, qn * 4, kn * 4, kn * 4};
+            static const char *names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+            for (int r = 0; r < c.n; r++)
+                for (int i = 0; i < 2; i++)
+                    for (int t = 0; t < 5; t++) {
+                        char what[64];
+                        snprintf(what, sizeof(what), "%s of pass %d (%s)", names[t], i,
+                                 devices[di] ? devices[di] : "cpu");
+                        same_bits(fresh[r].out[i][t], reused[r].out[i][t], n4[t], what, r, &c);
+                        free(fresh[r].out[i][t]);
+                        free(reused[r].out[i][t]);
+                    }
+            /* the two passes had other inputs: the second did not repeat the first */
+            cr_expect_neq(memcmp(fresh[0].out[0][0], fresh[0].out[1][0], qn * 4), 0);
+            data_free(&d0);
+            data_free(&d1);
+        }
+}
+
+/* Rebinding is refused for a link of another rank or ring size (naming
+ * both), a NULL link, and while a pass runs on the object; a refused
+ * rebinding leaves the object working on its link. */
+typedef struct {
+    stria_ring_pass_t *pass;
+    stria_link_t *link;
+    stria_status_t st;
+    char msg[512];
+} rebind_hook_t;
+
+static void rebind_in_step(void *ctx, int step, int n_steps)
+{
+    rebind_hook_t *h = ctx;
+    (void)n_steps;
+    if (step != 0)
+        return;
+    h->st = stria_ring_pass_set_link(h->pass, h->link);
+    snprintf(h->msg, sizeof(h->msg), "%s", stria_error_msg());
+}
+
+Test(ring, set_link_refusals)
+{
+    stria_inproc_hub_t *hub4, *hub3, *hub1;
+    stria_link_t *l4[4], *l3, *l1;
+    stria_ring_pass_t *pass;
+    stria_ring_shape_t s = {
+        .batch = 1, .seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .dtype = STRIA_DTYPE_F32};
+
+    cr_assert_eq(stria_inproc_hub_create(4, &hub4), STRIA_OK);
+    cr_assert_eq(stria_inproc_hub_create(3, &hub3), STRIA_OK);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(stria_inproc_link_create(hub4, r, &l4[r]), STRIA_OK);
+    cr_assert_eq(stria_inproc_link_create(hub3, 1, &l3), STRIA_OK);
+    cr_assert_eq(stria_ring_pass_create(l4[1], &s, STRIA_LAYOUT_STRIPED, NULL, &pass), STRIA_OK);
+
+    cr_expect_eq(stria_ring_pass_set_link(pass, l4[2]), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "rank 1 of a ring of 4") &&
+                  strstr(stria_error_msg(), "rank 2 of a ring of 4"),
+              "%s", stria_error_msg());
+    cr_expect_eq(stria_ring_pass_set_link(pass, l3), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "rank 1 of a ring of 4") &&
+                  strstr(stria_error_msg(), "rank 1 of a ring of 3"),
+              "%s", stria_error_msg());
+    cr_expect_eq(stria_ring_pass_set_link(pass, NULL), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(stria_ring_pass_set_link(NULL, l4[1]), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(stria_ring_pass_set_link(pass, l4[1]), STRIA_OK, "%s", stria_error_msg());
+    stria_ring_pass_destroy(pass);
+    for (int r = 0; r < 4; r++)
+        stria_link_destroy(l4[r]);
+    stria_link_destroy(l3);
+    stria_inproc_hub_release(hub4);
+    stria_inproc_hub_release(hub3);
+
+    /* during a pass (from its step hook): refused, and the pass completes */
+    rebind_hook_t h = {.st = STRIA_OK};
+    stria_ring_opts_t po = {.step_cb = rebind_in_step, .step_cb_ctx = &h};
+    cr_assert_eq(stria_inproc_hub_create(1, &hub1), STRIA_OK);
+    cr_assert_eq(stria_inproc_link_create(hub1, 0, &l1), STRIA_OK);
+    cr_assert_eq(stria_ring_pass_create(l1, &s, STRIA_LAYOUT_STRIPED, &po, &pass), STRIA_OK);
+    h.pass = pass;
+    h.link = l1;
+    int64_t L = stria_ring_pass_layout(pass)->shard_tokens;
+    float *buf = calloc((size_t)(3 * L * s.heads * s.head_dim + s.heads * L), sizeof(float));
+    stria_tensor_t tq = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, L, s.heads, s.head_dim);
+    stria_tensor_t tk = stria_tensor_contiguous(buf + L * s.heads * s.head_dim, STRIA_DTYPE_F32, L,
+                                                s.kv_heads, s.head_dim);
+    stria_tensor_t to = stria_tensor_contiguous(buf + 2 * L * s.heads * s.head_dim, STRIA_DTYPE_F32,
+                                                L, s.heads, s.head_dim);
+    float *lse = buf + 3 * L * s.heads * s.head_dim;
+    cr_expect_eq(stria_ring_fwd(pass, &tq, &tk, &tk, &to, lse), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(h.st, STRIA_ERR_BUSY, "rebinding during a pass: %s", stria_status_name(h.st));
+    cr_expect(strstr(h.msg, "running"), "%s", h.msg);
+    /* between passes it is allowed again */
+    cr_expect_eq(stria_ring_pass_set_link(pass, l1), STRIA_OK, "%s", stria_error_msg());
+    free(buf);
+    stria_ring_pass_destroy(pass);
+    stria_link_destroy(l1);
+    stria_inproc_hub_release(hub1);
+}
