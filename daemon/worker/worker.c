@@ -30,46 +30,6 @@
 
 #define STRIA__COORD_TIMEOUT_S 5.0
 
-struct stria_worker {
-    stria_worker_config_t cfg;
-    char *token;
-    char rpc_address[300];
-    char ucx_address[300];
-    char host[256];
-    uint64_t incarnation;
-    stria_rpc_server_t *server;
-    stria_pool_t *pool;
-    stria_device_t *dev; /* opened at start: the name, description and memory */
-    bool dev_staged;     /* device memory is not host memory: jobs stage through it */
-    stria_ucx_ctx_t *ucx;
-
-    pthread_mutex_t coord_lock; /* one coordinator call at a time */
-    stria_rpc_client_t *coord;
-
-    pthread_mutex_t lock; /* everything below */
-    pthread_cond_t cv;
-    stria__wjob_t *jobs;
-    uint64_t worker_id;
-    uint32_t heartbeat_ms;
-    uint64_t memory_used;
-    int running_passes;
-    bool stopping;       /* SIGTERM: no new jobs or passes */
-    bool heartbeat_stop; /* running passes are over: the heartbeat thread ends */
-    bool abort_passes;   /* shutdown: running passes must fail now */
-    char abort_reason[96];
-    stria_link_t **links; /* ring links of the running passes */
-    size_t n_links, cap_links;
-    pthread_t hb_thread;
-    bool registered;
-    double last_heartbeat;
-
-    /* metrics */
-    stria_metrics_t *metrics;
-    stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_steps[2], *m_step_compute,
-        *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs,
-        *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
-};
-
 /* ---- job table ------------------------------------------------------------ */
 
 static stria__wjob_t *stria__job_find(stria_worker_t *w, uint64_t id)
@@ -95,7 +55,7 @@ static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
 
 /* Unlinks and frees a job, or marks it to be freed by its last user. Lock
  * held. */
-static void stria__job_drop_locked(stria_worker_t *w, stria__wjob_t *j)
+void stria__job_drop_locked(stria_worker_t *w, stria__wjob_t *j)
 {
     stria__wjob_t **pp = &w->jobs;
     while (*pp != NULL && *pp != j)
@@ -495,8 +455,8 @@ static stria_status_t stria__job_get(stria_worker_t *w, uint64_t id, uint32_t ra
     return STRIA_OK;
 }
 
-static stria_status_t stria__put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
-                                         void **buf_out)
+stria_status_t stria__put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                  void **buf_out)
 {
     stria_worker_t *w = ctx;
     const Stria__V1__PutInputRequest *req =
@@ -552,7 +512,7 @@ static stria_status_t stria__put_payload(void *ctx, stria_rpc_call_t *call, uint
     return STRIA_OK;
 }
 
-static void stria__put_handler(void *ctx, stria_rpc_call_t *call)
+void stria__put_handler(void *ctx, stria_rpc_call_t *call)
 {
     stria_worker_t *w = ctx;
     const Stria__V1__PutInputRequest *req =
@@ -959,14 +919,14 @@ static void stria__pass_handler(stria_worker_t *w, stria_rpc_call_t *call, uint6
     stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "cannot start a pass thread");
 }
 
-static void stria__fwd_handler(void *ctx, stria_rpc_call_t *call)
+void stria__fwd_handler(void *ctx, stria_rpc_call_t *call)
 {
     const Stria__V1__RunForwardRequest *req =
         (const Stria__V1__RunForwardRequest *)stria_rpc_call_request(call);
     stria__pass_handler(ctx, call, req->job_id, req->rank, false);
 }
 
-static void stria__bwd_handler(void *ctx, stria_rpc_call_t *call)
+void stria__bwd_handler(void *ctx, stria_rpc_call_t *call)
 {
     const Stria__V1__RunBackwardRequest *req =
         (const Stria__V1__RunBackwardRequest *)stria_rpc_call_request(call);
@@ -989,7 +949,7 @@ static void stria__get_done(void *arg)
     free(g);
 }
 
-static void stria__get_handler(void *ctx, stria_rpc_call_t *call)
+void stria__get_handler(void *ctx, stria_rpc_call_t *call)
 {
     stria_worker_t *w = ctx;
     const Stria__V1__GetOutputRequest *req =
@@ -1079,7 +1039,7 @@ static void stria__get_handler(void *ctx, stria_rpc_call_t *call)
     stria_rpc_call_reply(call, &rep.base, payload, n, stria__get_done, g);
 }
 
-static void stria__drop_handler(void *ctx, stria_rpc_call_t *call)
+void stria__drop_handler(void *ctx, stria_rpc_call_t *call)
 {
     stria_worker_t *w = ctx;
     const Stria__V1__DropJobRequest *req =
@@ -1189,7 +1149,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     return STRIA_OK;
 }
 
-static void *stria__heartbeat_thread(void *arg)
+void *stria__heartbeat_thread(void *arg)
 {
     stria_worker_t *w = arg;
     bool ready_sent = false, reachable = true;
@@ -1271,7 +1231,7 @@ static void stria__wait_passes_locked(stria_worker_t *w, double until)
  * meanwhile, so the coordinator does not take the worker for dead; then the worker deregisters,
  * which takes it out of the ring at once and fails its unfinished jobs with a reason naming it.
  * Returns the passes still running. */
-static int stria__shutdown(stria_worker_t *w, int signum)
+int stria__shutdown(stria_worker_t *w, int signum)
 {
     char reason[64], status[128];
     snprintf(reason, sizeof(reason), "shut down (%s)",
@@ -1348,73 +1308,9 @@ static int stria__shutdown(stria_worker_t *w, int signum)
     return still_running;
 }
 
-/* ---- service loop: metrics endpoint, watchdog, signals ------------------------- */
-
-typedef struct {
-    stria_worker_t *w;
-    uv_loop_t loop;
-    uv_async_t stop;
-    stria_service_t *svc;
-    stria_http_metrics_t *http;
-    stria_status_t start_status;
-    char start_error[512];
-    pthread_mutex_t lock;
-    pthread_cond_t cv;
-    int state; /* 0 starting, 1 running, 2 failed */
-    int signum;
-} stria__svc_loop_t;
-
-static void stria__on_signal(void *arg, int signum)
-{
-    stria__svc_loop_t *sl = arg;
-    pthread_mutex_lock(&sl->lock);
-    sl->signum = signum;
-    pthread_cond_broadcast(&sl->cv);
-    pthread_mutex_unlock(&sl->lock);
-}
-
-static void stria__svc_stop(uv_async_t *a)
-{
-    stria__svc_loop_t *sl = a->data;
-    stria_http_metrics_stop(sl->http);
-    stria_service_stop(sl->svc);
-    uv_close((uv_handle_t *)a, NULL);
-}
-
-static void *stria__svc_thread(void *arg)
-{
-    stria__svc_loop_t *sl = arg;
-    stria_status_t st;
-    uv_loop_init(&sl->loop);
-    uv_async_init(&sl->loop, &sl->stop, stria__svc_stop);
-    sl->stop.data = sl;
-    st = stria_service_start(&sl->loop, stria__on_signal, sl, &sl->svc);
-    if (st == STRIA_OK)
-        stria_service_watch_rpc(sl->svc, sl->w->server);
-    if (st == STRIA_OK && sl->w->cfg.metrics_listen != NULL && sl->w->cfg.metrics_listen[0])
-        st = stria_http_metrics_start(&sl->loop, sl->w->cfg.metrics_listen, sl->w->metrics,
-                                      &sl->http);
-    pthread_mutex_lock(&sl->lock);
-    sl->start_status = st;
-    if (st != STRIA_OK)
-        snprintf(sl->start_error, sizeof(sl->start_error), "%s", stria_error_msg());
-    sl->state = st == STRIA_OK ? 1 : 2;
-    pthread_cond_broadcast(&sl->cv);
-    pthread_mutex_unlock(&sl->lock);
-    if (st != STRIA_OK) {
-        stria__svc_stop(&sl->stop);
-        uv_run(&sl->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&sl->loop);
-        return NULL;
-    }
-    uv_run(&sl->loop, UV_RUN_DEFAULT);
-    uv_loop_close(&sl->loop);
-    return NULL;
-}
-
 /* ---- configuration --------------------------------------------------------------- */
 
-static void stria__metrics_init(stria_worker_t *w)
+void stria__metrics_init(stria_worker_t *w)
 {
     static const double step_buckets[] = {0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
     static const double pass_buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 120, 600};
@@ -1484,381 +1380,4 @@ static void stria__metrics_init(stria_worker_t *w)
                                        "device and the kernel variant.",
                                        info, NULL, 0),
                      1);
-}
-
-static void stria__usage(FILE *out, const stria_opt_t *opts)
-{
-    fprintf(out, "usage: stria-worker --coordinator HOST:PORT [options]\n"
-                 "\n"
-                 "One worker of the stria attention service: it registers with the coordinator,\n"
-                 "receives the shards of jobs from clients and runs ring passes with the other\n"
-                 "workers of each job over UCX.\n"
-                 "\n"
-                 "options (each is also a 'name = value' setting of the --config file):\n");
-    stria_opts_print_help(opts, out);
-    fprintf(out, "  %-28s %s\n", "-h, --help", "this help");
-    fprintf(out, "\n"
-                 "With --instance N (the GPU index, as in the systemd unit stria-worker@N), the\n"
-                 "ports of --listen, --ucx-listen and --metrics-listen are bases and N is added\n"
-                 "to each (port 0 stays a free port); their defaults become 127.0.0.1:7500,\n"
-                 "127.0.0.1:7600 and 127.0.0.1:9500, so instance N listens on 7500+N, 7600+N\n"
-                 "and 9500+N.\n"
-                 "Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 on a start-up\n"
-                 "failure, 2 on a usage or configuration error.\n");
-}
-
-/* The address of `instance`: the port of `given` (else of `dflt`) plus the
- * instance number; port 0 stays 0 (a free port). */
-static stria_status_t stria__instance_addr(const char *what, const char *given, const char *dflt,
-                                           int64_t instance, char *out, size_t len)
-{
-    char host[256];
-    int port;
-    stria_status_t st = stria_parse_host_port(given ? given : dflt, host, sizeof(host), &port);
-    if (st != STRIA_OK)
-        return stria_error_wrap(st, "%s", what);
-    if (port != 0)
-        port += (int)instance;
-    if (port > 65535)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s %s: with --instance %lld the port would be %d, above 65535",
-                               what, given ? given : dflt, (long long)instance, port);
-    snprintf(out, len, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-    return STRIA_OK;
-}
-
-static stria_status_t stria__config_finish(stria_worker_config_t *c, char *listen_buf,
-                                           char *ucx_buf, char *metrics_buf, size_t len)
-{
-    if (c->coordinator == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "--coordinator HOST:PORT is required");
-    char host[256];
-    int port;
-    stria_status_t st = stria_parse_host_port(c->coordinator, host, sizeof(host), &port);
-    if (st != STRIA_OK)
-        return stria_error_wrap(st, "--coordinator");
-    if (c->instance >= 0) {
-        /* One configuration file serves every instance of a host: its ports
-         * are bases, and instance N listens N ports above them. */
-        if ((st = stria__instance_addr("--listen", c->listen, "127.0.0.1:7500", c->instance,
-                                       listen_buf, len)) != STRIA_OK ||
-            (st = stria__instance_addr("--ucx-listen", c->ucx_listen, "127.0.0.1:7600", c->instance,
-                                       ucx_buf, len)) != STRIA_OK ||
-            (st = stria__instance_addr("--metrics-listen", c->metrics_listen, "127.0.0.1:9500",
-                                       c->instance, metrics_buf, len)) != STRIA_OK)
-            return st;
-        c->listen = listen_buf;
-        c->ucx_listen = ucx_buf;
-        c->metrics_listen = metrics_buf;
-    }
-    if (c->listen == NULL)
-        c->listen = "127.0.0.1:0";
-    if (c->ucx_listen == NULL)
-        c->ucx_listen = "127.0.0.1:0";
-    if ((st = stria_parse_host_port(c->listen, host, sizeof(host), &port)) != STRIA_OK)
-        return stria_error_wrap(st, "--listen");
-    if ((st = stria_parse_host_port(c->ucx_listen, host, sizeof(host), &port)) != STRIA_OK)
-        return stria_error_wrap(st, "--ucx-listen");
-    if (c->memory_bytes == 0) {
-        long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-        c->memory_bytes = pages > 0 && psize > 0 ? (int64_t)pages * psize / 2 : (int64_t)1 << 30;
-    }
-    if (c->log_level != NULL) {
-        stria_log_level_t lvl;
-        if ((st = stria_log_parse_level(c->log_level, &lvl)) != STRIA_OK)
-            return stria_error_wrap(st, "--log-level");
-        stria_log_set_level(lvl);
-    }
-    return STRIA_OK;
-}
-
-/* The address others use for a listener bound to `bound` (HOST:PORT): the
- * advertised host if set, else the bound host; the real port. */
-static stria_status_t stria__advertised(const char *advertise, const char *bound, int port,
-                                        char *out, size_t len)
-{
-    char host[256];
-    int ignored;
-    stria_status_t st = stria_parse_host_port(bound, host, sizeof(host), &ignored);
-    if (st != STRIA_OK)
-        return st;
-    const char *h = advertise ? advertise : host;
-    if (strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "listening on %s needs --advertise HOST (the address other "
-                               "machines reach this worker at)",
-                               bound);
-    snprintf(out, len, strchr(h, ':') ? "[%s]:%d" : "%s:%d", h, port);
-    return STRIA_OK;
-}
-
-/* Where the --device value came from, for its error: the flag, or the line
- * of the configuration file that set it (the last one, which wins). */
-static void stria__device_origin(int argc, char **argv, const char *config_path, const char *value,
-                                 char *out, size_t len)
-{
-    char line[1024];
-    int lineno = 0, found = 0;
-    FILE *f;
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--device") == 0 || strncmp(argv[i], "--device=", 9) == 0) {
-            snprintf(out, len, "--device %s", value);
-            return;
-        }
-    if (config_path != NULL && (f = fopen(config_path, "r")) != NULL) {
-        while (fgets(line, sizeof(line), f) != NULL) {
-            const char *p = line + strspn(line, " \t");
-            lineno++;
-            if (strncmp(p, "device", 6) == 0 && p[6 + strspn(p + 6, " \t")] == '=')
-                found = lineno;
-        }
-        fclose(f);
-    }
-    if (found > 0)
-        snprintf(out, len, "%s:%d: device = %s", config_path, found, value);
-    else
-        snprintf(out, len, "device %s", value);
-}
-
-/* Opens the device of --device (auto: cuda:N of --instance N, or cuda:0,
- * when a GPU is visible; else cpu) over the worker's pool; a GPU's memory
- * bounds what is offered to jobs unless --memory says otherwise. */
-static stria_status_t stria__device_start(stria_worker_t *w, bool memory_given, int argc,
-                                          char **argv, const char *config_path)
-{
-    stria_worker_config_t *c = &w->cfg;
-    char name[32], origin[1200];
-    size_t dev_free = 0, dev_total = 0;
-    stria_status_t st;
-    snprintf(name, sizeof(name), "%s", c->device);
-    if (strcmp(c->device, "auto") == 0 && c->instance >= 0 && stria_cuda_device_count() > 0)
-        snprintf(name, sizeof(name), "cuda:%lld", (long long)c->instance);
-    if ((st = stria_device_open(strlen(c->device) < sizeof(name) ? name : c->device, w->pool,
-                                &w->dev)) != STRIA_OK) {
-        stria__device_origin(argc, argv, config_path, c->device, origin, sizeof(origin));
-        return stria_error_wrap(st, "%s", origin);
-    }
-    w->dev_staged = !stria_device_host_visible(w->dev);
-    if (stria_device_kind(w->dev) != STRIA_DEVICE_CPU && !memory_given) {
-        if ((st = stria_device_memory(w->dev, &dev_free, &dev_total)) != STRIA_OK)
-            return stria_error_wrap(st, "%s", stria_device_name(w->dev));
-        if ((int64_t)dev_free < c->memory_bytes)
-            c->memory_bytes = (int64_t)dev_free;
-    }
-    return STRIA_OK;
-}
-
-int main(int argc, char **argv)
-{
-    stria_worker_t *w = calloc(1, sizeof(*w));
-    stria_worker_config_t *c = &w->cfg;
-    char listen_buf[300], ucx_buf[300], metrics_buf[300];
-    stria__svc_loop_t sl;
-    pthread_t svc_th;
-    stria_status_t st;
-    int rc = 1;
-
-    c->instance = -1;
-    c->step_timeout_s = 60.0;
-    c->connect_timeout_s = 30.0;
-    c->device = "auto";
-    const stria_opt_t opts[] = {
-        {"coordinator", STRIA_OPT_STRING, &c->coordinator, 0, 0, "HOST:PORT",
-         "the coordinator (required)"},
-        {"listen", STRIA_OPT_STRING, &c->listen, 0, 0, "HOST:PORT",
-         "RPC address for clients (default 127.0.0.1:0, a free port)"},
-        {"ucx-listen", STRIA_OPT_STRING, &c->ucx_listen, 0, 0, "HOST:PORT",
-         "ring link listener (default 127.0.0.1:0)"},
-        {"advertise", STRIA_OPT_STRING, &c->advertise, 0, 0, "HOST",
-         "host that clients and peers use to reach this worker (default: the listen host)"},
-        {"instance", STRIA_OPT_INT, &c->instance, -1, 1023, "N",
-         "GPU index of this worker: its ports are the bases plus N (see below)"},
-        {"device", STRIA_OPT_STRING, &c->device, 0, 0, "NAME",
-         "cpu, cuda:N (cuda = cuda:0), cpu:staged (tests) or auto (default: cuda:0, or cuda:N "
-         "with --instance N, when a GPU is visible, else cpu)"},
-        {"host", STRIA_OPT_STRING, &c->host, 0, 0, "NAME",
-         "host name for ring grouping (default: this machine's)"},
-        {"memory", STRIA_OPT_INT, &c->memory_bytes, 0, 1e18, "BYTES",
-         "memory offered to jobs (default half of physical memory)"},
-        {"threads", STRIA_OPT_INT, &c->threads, 0, 1024, "N",
-         "kernel threads (default: online CPUs)"},
-        {"step-timeout", STRIA_OPT_DOUBLE, &c->step_timeout_s, 0.01, 86400, "SECONDS",
-         "default deadline of one ring step (default 60)"},
-        {"connect-timeout", STRIA_OPT_DOUBLE, &c->connect_timeout_s, 0.1, 3600, "SECONDS",
-         "deadline of ring link set-up (default 30)"},
-        {"ucx-tls", STRIA_OPT_STRING, &c->ucx_tls, 0, 0, "LIST",
-         "UCX transports for the ring link, as UCX_TLS (default: UCX's choice)"},
-        {"ucx-net-devices", STRIA_OPT_STRING, &c->ucx_net_devices, 0, 0, "LIST",
-         "network devices for the ring link, as UCX_NET_DEVICES"},
-        {"token-file", STRIA_OPT_STRING, &c->token_file, 0, 0, "FILE",
-         "shared secret of the service (first line of FILE)"},
-        {"metrics-listen", STRIA_OPT_STRING, &c->metrics_listen, 0, 0, "HOST:PORT",
-         "Prometheus /metrics endpoint (default: none)"},
-        {"log-level", STRIA_OPT_STRING, &c->log_level, 0, 0, "LEVEL",
-         "error, warn, info (default) or debug"},
-        {NULL, 0, NULL, 0, 0, NULL, NULL},
-    };
-
-    if (w == NULL)
-        return 1;
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            stria__usage(stdout, opts);
-            free(w);
-            return 0;
-        }
-    if (getenv("STRIA_LOG_LEVEL") == NULL)
-        stria_log_set_level(STRIA_LOG_INFO);
-    const char *config_path = NULL;
-    st = stria_opts_parse(opts, argc, argv, 1, &config_path);
-    bool memory_given = c->memory_bytes != 0;
-    if (st == STRIA_OK)
-        st = stria__config_finish(c, listen_buf, ucx_buf, metrics_buf, sizeof(listen_buf));
-    if (st == STRIA_OK && c->token_file != NULL &&
-        (st = stria_rpc_token_read(c->token_file, &w->token)) != STRIA_OK)
-        stria_error_wrap(st, "--token-file");
-    if (st == STRIA_OK && (st = stria_pool_create((int)c->threads, &w->pool)) == STRIA_OK)
-        st = stria__device_start(w, memory_given, argc, argv, config_path);
-    if (st != STRIA_OK) {
-        /* usage and configuration errors: exit status 2, nothing left behind */
-        fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
-        stria_device_close(w->dev);
-        stria_pool_destroy(w->pool);
-        stria_opts_free(opts);
-        free(w->token);
-        free(w);
-        return 2;
-    }
-    if (c->host == NULL) {
-        gethostname(w->host, sizeof(w->host) - 1);
-    } else {
-        snprintf(w->host, sizeof(w->host), "%s", c->host);
-    }
-    w->incarnation = ((uint64_t)getpid() << 32) ^ (uint64_t)(stria_time_now() * 1e6);
-    pthread_mutex_init(&w->lock, NULL);
-    pthread_mutex_init(&w->coord_lock, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    memset(&sl, 0, sizeof(sl));
-    pthread_mutex_init(&sl.lock, NULL);
-    pthread_cond_init(&sl.cv, NULL);
-    sl.w = w;
-
-    if ((st = stria_metrics_create(&w->metrics)) != STRIA_OK)
-        goto fail;
-    stria__metrics_init(w);
-
-    stria_ucx_ctx_params_t up;
-    char ucx_host[256];
-    int ucx_port;
-    if ((st = stria_parse_host_port(c->ucx_listen, ucx_host, sizeof(ucx_host), &ucx_port)) !=
-        STRIA_OK)
-        goto fail;
-    memset(&up, 0, sizeof(up));
-    up.listen_host = ucx_host;
-    up.listen_port = (uint16_t)ucx_port;
-    up.tls = c->ucx_tls;
-    up.net_devices = c->ucx_net_devices;
-    if ((st = stria_ucx_ctx_create(&up, &w->ucx)) != STRIA_OK)
-        goto fail;
-    if ((st = stria__advertised(c->advertise, c->ucx_listen, stria_ucx_ctx_port(w->ucx),
-                                w->ucx_address, sizeof(w->ucx_address))) != STRIA_OK)
-        goto fail;
-
-    static const stria_rpc_method_t methods[STRIA_RPC_WORKER_N_METHODS] = {
-        STRIA_RPC_SERVE(WORKER_PUT_INPUT, .handler = stria__put_handler,
-                        .payload = stria__put_payload),
-        STRIA_RPC_SERVE(WORKER_RUN_FORWARD, .handler = stria__fwd_handler),
-        STRIA_RPC_SERVE(WORKER_RUN_BACKWARD, .handler = stria__bwd_handler),
-        STRIA_RPC_SERVE(WORKER_GET_OUTPUT, .handler = stria__get_handler),
-        STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = stria__drop_handler),
-    };
-    stria_rpc_server_params_t sp;
-    memset(&sp, 0, sizeof(sp));
-    sp.listen = c->listen;
-    sp.service = &stria__v1__worker__descriptor;
-    sp.methods = methods;
-    sp.ctx = w;
-    sp.token = w->token;
-    sp.name = "worker";
-    if ((st = stria_rpc_server_start(&sp, &w->server)) != STRIA_OK)
-        goto fail;
-    if ((st = stria__advertised(c->advertise, c->listen, stria_rpc_server_port(w->server),
-                                w->rpc_address, sizeof(w->rpc_address))) != STRIA_OK)
-        goto fail;
-
-    if (pthread_create(&svc_th, NULL, stria__svc_thread, &sl) != 0) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the service thread");
-        goto fail;
-    }
-    pthread_mutex_lock(&sl.lock);
-    while (sl.state == 0)
-        pthread_cond_wait(&sl.cv, &sl.lock);
-    pthread_mutex_unlock(&sl.lock);
-    if (sl.state == 2) {
-        pthread_join(svc_th, NULL);
-        st = stria_error_set(sl.start_status, "%s", sl.start_error);
-        goto fail;
-    }
-    /* Machine-readable line for scripts and tests that start workers on port 0. */
-    char metrics_addr[300] = "";
-    if (sl.http) {
-        char mhost[256];
-        int ignored;
-        stria_parse_host_port(c->metrics_listen, mhost, sizeof(mhost), &ignored);
-        snprintf(metrics_addr, sizeof(metrics_addr),
-                 strchr(mhost, ':') ? " metrics=[%s]:%d" : " metrics=%s:%d", mhost,
-                 stria_http_metrics_port(sl.http));
-    }
-    printf("stria-worker listening rpc=%s ucx=%s%s\n", w->rpc_address, w->ucx_address,
-           metrics_addr);
-    if (sl.http)
-        printf("stria-worker metrics port %d\n", stria_http_metrics_port(sl.http));
-    fflush(stdout);
-    stria_log_info("worker on %s (ring link %s), device %s: %s, kernel %s, %d threads, %lld MiB "
-                   "offered",
-                   w->rpc_address, w->ucx_address, stria_device_name(w->dev),
-                   stria_device_description(w->dev), stria_kernels_variant(),
-                   stria_pool_size(w->pool), (long long)(c->memory_bytes >> 20));
-    if (pthread_create(&w->hb_thread, NULL, stria__heartbeat_thread, w) != 0) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the heartbeat thread");
-        goto fail;
-    }
-
-    /* Wait for SIGTERM/SIGINT. */
-    pthread_mutex_lock(&sl.lock);
-    while (sl.signum == 0)
-        pthread_cond_wait(&sl.cv, &sl.lock);
-    int signum = sl.signum;
-    pthread_mutex_unlock(&sl.lock);
-    stria_log_info("signal %d: shutting down", signum);
-    stria_notify("STOPPING=1\nSTATUS=shutting down");
-    int still_running = stria__shutdown(w, signum);
-    uv_async_send(&sl.stop);
-    pthread_join(svc_th, NULL);
-    if (still_running > 0) {
-        /* a pass still holds a call: the server cannot be stopped safely */
-        stria_log_warn("%d pass(es) still running at exit", still_running);
-        return 0;
-    }
-    stria_rpc_server_stop(w->server);
-    stria_ucx_ctx_destroy(w->ucx);
-    pthread_mutex_lock(&w->lock);
-    while (w->jobs != NULL)
-        stria__job_drop_locked(w, w->jobs);
-    pthread_mutex_unlock(&w->lock);
-    stria_rpc_client_close(w->coord);
-    stria_device_close(w->dev);
-    stria_pool_destroy(w->pool);
-    stria_metrics_destroy(w->metrics);
-    free(w->links);
-    stria_opts_free(opts);
-    free(w->token);
-    free(w);
-    return 0;
-
-fail:
-    fprintf(stderr, "stria-worker: %s\n",
-            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
-    rc = 1;
-    return rc;
 }

@@ -8,6 +8,7 @@
 #include "stria_common.h"
 #include "stria_device.h"
 #include "stria_rpc.h"
+#include "stria_transport.h"
 
 /* Settings of a worker (flags and configuration file). */
 typedef struct {
@@ -86,5 +87,59 @@ typedef struct stria__wjob {
 } stria__wjob_t;
 
 typedef struct stria_worker stria_worker_t;
+
+struct stria_worker {
+    stria_worker_config_t cfg;
+    char *token;
+    char rpc_address[300];
+    char ucx_address[300];
+    char host[256];
+    uint64_t incarnation;
+    stria_rpc_server_t *server;
+    stria_pool_t *pool;
+    stria_device_t *dev; /* opened at start: the name, description and memory */
+    bool dev_staged;     /* device memory is not host memory: jobs stage through it */
+    stria_ucx_ctx_t *ucx;
+
+    pthread_mutex_t coord_lock; /* one coordinator call at a time */
+    stria_rpc_client_t *coord;
+
+    pthread_mutex_t lock; /* everything below */
+    pthread_cond_t cv;
+    stria__wjob_t *jobs;
+    uint64_t worker_id;
+    uint32_t heartbeat_ms;
+    uint64_t memory_used;
+    int running_passes;
+    bool stopping;       /* SIGTERM: no new jobs or passes */
+    bool heartbeat_stop; /* running passes are over: the heartbeat thread ends */
+    bool abort_passes;   /* shutdown: running passes must fail now */
+    char abort_reason[96];
+    stria_link_t **links; /* ring links of the running passes */
+    size_t n_links, cap_links;
+    pthread_t hb_thread;
+    bool registered;
+    double last_heartbeat;
+
+    /* metrics */
+    stria_metrics_t *metrics;
+    stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_steps[2], *m_step_compute,
+        *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs,
+        *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
+};
+
+/* worker.c: the job table, the Worker service's handlers, the heartbeat
+ * thread, the graceful shutdown and the metrics. */
+void stria__job_drop_locked(stria_worker_t *w, stria__wjob_t *j);
+stria_status_t stria__put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                  void **buf_out);
+void stria__put_handler(void *ctx, stria_rpc_call_t *call);
+void stria__fwd_handler(void *ctx, stria_rpc_call_t *call);
+void stria__bwd_handler(void *ctx, stria_rpc_call_t *call);
+void stria__get_handler(void *ctx, stria_rpc_call_t *call);
+void stria__drop_handler(void *ctx, stria_rpc_call_t *call);
+void *stria__heartbeat_thread(void *arg);
+int stria__shutdown(stria_worker_t *w, int signum);
+void stria__metrics_init(stria_worker_t *w);
 
 #endif
