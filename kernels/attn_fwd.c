@@ -1,0 +1,389 @@
+/* The forward pass of the attention driver: per-call stria_attn_fwd() and
+ * the pass API (stria_attn_fwd_begin/_block/_end) that packs the query side
+ * once for all K/V blocks. */
+#include "attn_int.h"
+
+/* ---- forward ----------------------------------------------------------- */
+
+typedef struct {
+    stria__ctx_t *c;
+    const stria_tensor_t *q, *k, *v, *o;
+    float *lse;
+    bool accumulate;
+    float *k_packed; /* [B][Hkv][nkt][BK][Dp], fp32 or bf16 (k_tile floats each) */
+    float *v_packed; /* [B][Hkv][nkt][BK][Dp] */
+    size_t k_tile;
+    float *scratch; /* per thread */
+    size_t scratch_floats;
+    /* a forward pass's query side packed at begin ([B][H][nqt], q_tile
+     * floats each), or NULL: each task packs its Q tile */
+    const float *q_packed;
+    size_t q_tile;
+} stria__fwd_job_t;
+
+static void stria__fwd_pack_task(void *arg, size_t task, int thread)
+{
+    stria__fwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    int64_t kt = (int64_t)task % c->nkt;
+    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
+    int64_t b = (int64_t)task / c->nkt / c->Hkv;
+    int64_t k0 = kt * STRIA__BK;
+    int n = stria__tile_len(c->Tk, k0, STRIA__BK);
+    size_t tile = (size_t)c->Dp * STRIA__BK;
+
+    (void)thread;
+    if (!c->kdirect)
+        stria__pack_kside(c, job->k, b, hk, k0, n, job->k_packed + task * job->k_tile);
+    if (!c->vdirect)
+        stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
+}
+
+/* A straddling tile pair of the forward pass, query chunk by query chunk
+ * (stria__plan): S^T = K Q^T over the chunk's key rows, mask, online softmax,
+ * O = diag(alpha) O + P V. Skipping the fully masked rows changes no result:
+ * they would add exp(-inf) = 0 to the sums and products. first: O holds
+ * nothing yet (it is written, not accumulated). */
+static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__kop_t kp,
+                               const float *vp, const float *qt_buf, float *st, float *oacc,
+                               float *m, float *l, float *alpha, bool first)
+{
+    const int64_t Dp = c->Dp;
+    stria__plan_t pl;
+
+    stria__plan(c, qt, kt, &pl);
+    stria__score_gemm_plan(c, &pl, kp, qt_buf, st);
+    for (int qc = 0; qc < pl.nqc; qc++) {
+        const int i0 = qc * STRIA__SB, ni = stria__plan_chunk(&pl, qc);
+        const int klo = pl.klo[qc], nk = pl.khi[qc] - pl.klo[qc];
+        float *o = oacc + (size_t)i0 * (size_t)Dp;
+        float *sc = st + (size_t)klo * STRIA__BQ + (size_t)i0;
+        if (nk == 0) { /* no key of this tile is visible to the chunk */
+            if (first)
+                memset(o, 0, (size_t)ni * (size_t)Dp * sizeof(float));
+            continue;
+        }
+        stria__mask_chunk(c, &pl, st, qc);
+        c->ops->softmax_fwd(sc, nk, STRIA__SB, STRIA__BQ, c->scale, m + i0, l + i0, alpha + i0);
+        c->ops->gemm(ni, (int)Dp, nk, sc, STRIA__BQ, true, vp + (size_t)klo * (size_t)Dp, Dp, o, Dp,
+                     alpha + i0, !first);
+    }
+}
+
+/* One query tile of one head against every key tile: S^T = K Q^T, online
+ * softmax down the columns, O = diag(alpha) O + P V. */
+static void stria__fwd_task(void *arg, size_t task, int thread)
+{
+    stria__fwd_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    const stria_kern_ops_t *ops = c->ops;
+    /* last query tiles first: under a causal mask they see the most keys, and
+     * tasks are handed out in index order, so the small ones fill the end */
+    int64_t qt = c->nqt - 1 - (int64_t)task % c->nqt;
+    int64_t h = ((int64_t)task / c->nqt) % c->H;
+    int64_t b = (int64_t)task / c->nqt / c->H;
+    int64_t hk = h / c->G;
+    int64_t q0 = qt * STRIA__BQ;
+    int bq = stria__tile_len(c->Tq, q0, STRIA__BQ);
+    int64_t Dp = c->Dp;
+    size_t tile = (size_t)Dp * STRIA__BK;
+    float *qt_buf = job->scratch + (size_t)thread * job->scratch_floats; /* [Dp][BQ] */
+    float *oacc = qt_buf + STRIA__BQ * Dp;                               /* [BQ][Dp] */
+    float *st = oacc + STRIA__BQ * Dp;                                   /* [BK][BQ] */
+    float *m = st + STRIA__BQ * STRIA__BK;
+    float *l = m + STRIA__BQ;
+    float *alpha = l + STRIA__BQ;
+    bool first = true;
+
+    const float *qtp = qt_buf; /* the tile's packed Q^T */
+    if (job->q_packed != NULL)
+        qtp = job->q_packed + (size_t)((b * c->H + h) * c->nqt + qt) * job->q_tile;
+    else
+        stria__pack_qside(c, job->q, b, h, q0, bq, NULL, oacc, qt_buf);
+    for (int i = 0; i < STRIA__BQ; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    for (int64_t kt = 0; kt < c->nkt; kt++) {
+        int cls = stria__tile_class(c, qt, kt);
+        if (cls == STRIA__TILE_SKIP)
+            continue;
+        int64_t k0 = kt * STRIA__BK;
+        int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
+        size_t tidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
+        stria__kop_t kp = stria__kside(c, job->k, job->k_packed, job->k_tile, b, hk, kt);
+        const float *vp = c->vdirect ? (const float *)stria__row_ptr(job->v, b, k0, hk)
+                                     : job->v_packed + tidx * tile;
+
+        if (cls == STRIA__TILE_PARTIAL) {
+            stria__fwd_partial(c, qt, kt, kp, vp, qtp, st, oacc, m, l, alpha, first);
+        } else {
+            stria__score_gemm(c, 0, bk, 0, STRIA__BQ, kp, qtp, st);
+            ops->softmax_fwd(st, bk, STRIA__BQ, STRIA__BQ, c->scale, m, l, alpha);
+            ops->gemm(bq, (int)Dp, bk, st, STRIA__BQ, true, vp, Dp, oacc, Dp, alpha, !first);
+        }
+        first = false;
+    }
+    if (first) /* every key tile was masked */
+        memset(oacc, 0, (size_t)bq * (size_t)Dp * sizeof(float));
+    for (int i = 0; i < bq; i++) {
+        const float *orow = oacc + (size_t)i * (size_t)Dp;
+        float *out = (float *)stria__row_ptr(job->o, b, q0 + i, h);
+        float *lse_out = job->lse + (size_t)((b * c->H + h) * c->Tq + q0 + i);
+        /* the row is normalised by 1 / l on its way out */
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        float lse_new = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+        if (job->accumulate) {
+            stria__merge_row(ops, out, lse_out, orow, inv, lse_new, c->D);
+        } else {
+            if (l[i] > 0.0f)
+                ops->row_merge(out, orow, inv, 0.0f, 0.0f, false, (int)c->D);
+            else
+                memset(out, 0, (size_t)c->D * sizeof(float));
+            *lse_out = lse_new;
+        }
+    }
+}
+
+/* stria_attn_fwd() on validated arguments; q_packed: the query side packed
+ * by a forward pass (q is then only its view), or NULL. */
+static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                     const float *q_packed, const stria_tensor_t *k,
+                                     const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
+                                     bool accumulate, const char *fn)
+{
+    stria__fwd_job_t job;
+    stria__ctx_t c;
+    stria_status_t st;
+    size_t tile, n_ktiles, total;
+    stria__ws_t ws = {0};
+
+    st = stria__ctx_init(&c, params, fn);
+    if (st != STRIA_OK)
+        return st;
+
+    memset(&job, 0, sizeof(job));
+    job.c = &c;
+    job.q = q;
+    job.q_packed = q_packed;
+    job.k = k;
+    job.v = v;
+    job.o = o;
+    job.lse = lse;
+    job.accumulate = accumulate;
+    stria__ctx_set_dtype(&c, q->dtype);
+    c.vdirect = c.D == c.Dp && v->dtype == STRIA_DTYPE_F32 && v->stride_token == c.D;
+    tile = (size_t)c.Dp * STRIA__BK;
+    n_ktiles = (size_t)(c.B * c.Hkv * c.nkt);
+    job.k_tile = stria__score_tile_floats(&c, tile);
+    job.q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
+    job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ);
+    job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
+    /* operands read in place need no packed tiles */
+    size_t k_area = c.kdirect ? 0 : n_ktiles * job.k_tile, v_area = c.vdirect ? 0 : n_ktiles * tile;
+    total = k_area + v_area + (size_t)c.n_threads * job.scratch_floats;
+    if ((st = stria__ws_floats(2.0 * (double)n_ktiles * (double)tile, total, &ws, fn)) != STRIA_OK)
+        goto out;
+    job.k_packed = ws.ptr;
+    job.v_packed = job.k_packed + k_area;
+    job.scratch = job.v_packed + v_area;
+    if (!c.kdirect || !c.vdirect)
+        stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
+    stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
+    st = STRIA_OK;
+out:
+    stria__ws_put(&ws);
+    stria__ctx_free(&c);
+    return st;
+}
+
+stria_status_t stria_attn_fwd(const stria_attn_params_t *params, const stria_tensor_t *q,
+                              const stria_tensor_t *k, const stria_tensor_t *v,
+                              const stria_tensor_t *o, float *lse, bool accumulate)
+{
+    static const char fn[] = "stria_attn_fwd";
+    stria_status_t st = stria__validate_fwd(params, q, k, v, o, lse, fn);
+    if (st != STRIA_OK)
+        return st;
+    return stria__fwd_run(params, q, NULL, k, v, o, lse, accumulate, fn);
+}
+
+/* Whether a block's params p match, in every query-side field, those a pass
+ * was begun with (b). */
+stria_status_t stria__same_query(const stria_attn_params_t *b, const stria_attn_params_t *p,
+                                 const char *fn)
+{
+    const char *what = NULL;
+    if (p->batch != b->batch)
+        what = "batch";
+    else if (p->q_tokens != b->q_tokens)
+        what = "q_tokens";
+    else if (p->heads != b->heads)
+        what = "heads";
+    else if (p->kv_heads != b->kv_heads)
+        what = "kv_heads";
+    else if (p->head_dim != b->head_dim)
+        what = "head_dim";
+    else if (stria__attn_scale(p) != stria__attn_scale(b))
+        what = "scale";
+    else if (p->causal != b->causal)
+        what = "causal";
+    else if (p->pool != b->pool)
+        what = "pool";
+    else if (p->q_pos.n_runs != b->q_pos.n_runs ||
+             (b->q_pos.n_runs > 0 &&
+              memcmp(p->q_pos.runs, b->q_pos.runs, b->q_pos.n_runs * sizeof(stria_pos_run_t)) != 0))
+        what = "q_pos";
+    if (what != NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: params.%s differs from the one the pass was begun with", fn,
+                               what);
+    return STRIA_OK;
+}
+
+/* ---- forward pass ---------------------------------------------------------- */
+
+struct stria_attn_fwd_pass {
+    stria_attn_params_t p;   /* the query side of begin's params (kv fields unused) */
+    stria_pos_run_t *q_runs; /* copy of p.q_pos.runs */
+    stria_tensor_t q;        /* view (its data is packed at begin) */
+    stria__ws_t ws;
+    float *q_packed; /* [B][H][nqt] tiles of q_tile floats */
+    size_t q_tile;
+};
+
+typedef struct {
+    stria__ctx_t *c;
+    const stria_tensor_t *q;
+    float *q_packed, *scratch; /* scratch: BQ * Dp floats per thread */
+    size_t q_tile;
+} stria__fwd_begin_job_t;
+
+static void stria__fwd_begin_task(void *arg, size_t task, int thread)
+{
+    stria__fwd_begin_job_t *job = arg;
+    stria__ctx_t *c = job->c;
+    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
+    int64_t qt = tk.qt, h = tk.h, b = tk.b;
+    int64_t q0 = qt * STRIA__BQ;
+    float *tmp = job->scratch + (size_t)thread * (size_t)(STRIA__BQ * c->Dp);
+    stria__pack_qside(c, job->q, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ), NULL, tmp,
+                      job->q_packed + task * job->q_tile);
+}
+
+/* The pass's params with a one-token K/V block, for a context that only
+ * needs the query side. */
+stria_attn_params_t stria__query_side(const stria_attn_params_t *p)
+{
+    stria_attn_params_t a = *p;
+    a.kv_tokens = 1;
+    a.kv_pos.runs = NULL;
+    a.kv_pos.n_runs = 0;
+    return a;
+}
+
+/* Checks the arguments a pass's begin shares: params (the key side unused)
+ * and q. */
+stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                 const char *fn)
+{
+    stria_attn_params_t a;
+    stria_status_t st;
+    if (params == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
+    a = stria__query_side(params);
+    if ((st = stria__validate_shape(&a, fn)) != STRIA_OK)
+        return st;
+    return stria__validate_tensor(q, fn, "q", a.q_tokens, a.heads, a.head_dim, false);
+}
+
+/* The query side a pass keeps from begin's params: a copy whose q_pos runs
+ * are the pass's own (*runs, freed by the pass). */
+stria_status_t stria__pass_query(const stria_attn_params_t *params, stria_attn_params_t *p,
+                                 stria_pos_run_t **runs, const char *fn)
+{
+    *p = *params;
+    *runs = NULL;
+    if (params->q_pos.n_runs > 0) {
+        *runs = malloc(params->q_pos.n_runs * sizeof(stria_pos_run_t));
+        if (*runs == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+        memcpy(*runs, params->q_pos.runs, params->q_pos.n_runs * sizeof(stria_pos_run_t));
+    }
+    p->q_pos.runs = *runs;
+    return STRIA_OK;
+}
+
+stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                    stria_attn_fwd_pass_t **out)
+{
+    static const char fn[] = "stria_attn_fwd_begin";
+    stria_attn_fwd_pass_t *pass;
+    stria__fwd_begin_job_t job;
+    stria_attn_params_t a;
+    stria__ctx_t c;
+    stria_status_t st;
+    size_t n_q, total;
+
+    if (out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
+    *out = NULL;
+    if ((st = stria__pass_check(params, q, fn)) != STRIA_OK)
+        return st;
+    a = stria__query_side(params);
+    if ((pass = calloc(1, sizeof(*pass))) == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    pass->q = *q;
+    if ((st = stria__pass_query(params, &pass->p, &pass->q_runs, fn)) != STRIA_OK ||
+        (st = stria__ctx_init(&c, &a, fn)) != STRIA_OK) {
+        free(pass->q_runs);
+        free(pass);
+        return st;
+    }
+    stria__ctx_set_dtype(&c, q->dtype);
+    n_q = (size_t)(c.B * c.H * c.nqt);
+    pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
+    total = n_q * pass->q_tile + (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp);
+    if ((st = stria__ws_floats((double)n_q * (double)pass->q_tile, total, &pass->ws, fn)) !=
+        STRIA_OK) {
+        stria__ctx_free(&c);
+        free(pass->q_runs);
+        free(pass);
+        return st;
+    }
+    pass->q_packed = pass->ws.ptr;
+    job.c = &c;
+    job.q = q;
+    job.q_packed = pass->q_packed;
+    job.q_tile = pass->q_tile;
+    job.scratch = pass->q_packed + n_q * pass->q_tile;
+    stria_pool_run(params->pool, n_q, stria__fwd_begin_task, &job);
+    stria__ctx_free(&c);
+    *out = pass;
+    return STRIA_OK;
+}
+
+stria_status_t stria_attn_fwd_block(stria_attn_fwd_pass_t *pass, const stria_attn_params_t *params,
+                                    const stria_tensor_t *k, const stria_tensor_t *v,
+                                    const stria_tensor_t *o, float *lse, bool accumulate)
+{
+    static const char fn[] = "stria_attn_fwd_block";
+    stria_status_t st;
+
+    if (pass == NULL || params == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: %s is NULL", fn,
+                               pass == NULL ? "pass" : "params");
+    if ((st = stria__same_query(&pass->p, params, fn)) != STRIA_OK ||
+        (st = stria__validate_fwd(params, &pass->q, k, v, o, lse, fn)) != STRIA_OK)
+        return st;
+    return stria__fwd_run(params, &pass->q, pass->q_packed, k, v, o, lse, accumulate, fn);
+}
+
+void stria_attn_fwd_end(stria_attn_fwd_pass_t *pass)
+{
+    if (pass == NULL)
+        return;
+    stria__ws_put(&pass->ws);
+    free(pass->q_runs);
+    free(pass);
+}

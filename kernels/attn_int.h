@@ -1,0 +1,209 @@
+/* Internals of the attention driver shared by its rooms: attn.c (arguments,
+ * positions, the per-call context, tiling and packing, merge, finalize,
+ * delta), attn_fwd.c (the forward pass) and attn_bwd.c (the backward pass).
+ * Never installed. */
+#ifndef STRIA_ATTN_INT_H
+#define STRIA_ATTN_INT_H
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_int.h"
+#include "validate_int.h"
+
+static inline char *stria__row_ptr(const stria_tensor_t *t, int64_t b, int64_t tok, int64_t h)
+{
+    return (char *)t->data +
+           (size_t)(b * t->stride_batch + tok * t->stride_token + h * t->stride_head) *
+               stria_dtype_size(t->dtype);
+}
+
+/* Rows of one head are a token stride apart: 4 KiB and more for typical
+ * shapes, so every row starts in a new page, where the hardware prefetchers
+ * stop. Loops over such rows touch row i + STRIA__PF_ROWS ahead of use, so
+ * that its cache lines are on their way while rows i.. are processed. */
+#define STRIA__PF_ROWS 6
+
+static inline void stria__prefetch(const void *p, size_t bytes, int write)
+{
+    for (size_t o = 0; o < bytes; o += 64) {
+        if (write)
+            __builtin_prefetch((const char *)p + o, 1, 3);
+        else
+            __builtin_prefetch((const char *)p + o, 0, 3);
+    }
+}
+
+/* In a loop over rows [t0, t0 + n) of head h of t, at row i: prefetches row
+ * i + STRIA__PF_ROWS (rows 1 .. STRIA__PF_ROWS at i = 0), those that are < n,
+ * when rows are a page or more apart (closer rows are left to the hardware,
+ * which does better there). */
+static inline void stria__prefetch_ahead(const stria_tensor_t *t, int64_t b, int64_t h, int64_t t0,
+                                         int i, int n, int64_t D, int write)
+{
+    const size_t bytes = (size_t)D * stria_dtype_size(t->dtype);
+    if ((size_t)t->stride_token * stria_dtype_size(t->dtype) < 4096)
+        return;
+    for (int r = i == 0 ? 1 : i + STRIA__PF_ROWS; r <= i + STRIA__PF_ROWS && r < n; r++)
+        stria__prefetch(stria__row_ptr(t, b, t0 + r, h), bytes, write);
+}
+
+typedef struct {
+    const stria_kern_ops_t *ops;
+    const stria_attn_params_t *p;
+    int64_t B, Tq, Tk, H, Hkv, G, D, Dp;
+    float scale;
+    bool causal;
+    int64_t nqt, nkt;
+    int64_t *qpos, *kpos;
+    int64_t *qmin, *qmax, *kmin, *kmax; /* per tile */
+    /* per sub-block of STRIA__SB tokens: straddling tiles are classified at
+     * this finer grain (stria__plan) */
+    int64_t *qmin_s, *qmax_s, *kmin_s, *kmax_s;
+    int n_threads;
+    /* bf16 inputs on a CPU with a bf16 dot product: the score products
+     * (K Q^T, V dO^T) run on packed bf16 pairs, everything else in fp32 */
+    bool bf16;
+    /* the key-side A operands of the score products (K, V rows) are read
+     * from the caller's tensors in place, not packed: their rows already
+     * hold what a packed tile would (fp32, or bf16 for the bf16 products,
+     * with head_dim a multiple of STRIA__DPAD) */
+    bool kdirect;
+    /* the forward pass's V rows are read in place: fp32 rows of one head
+     * adjacent in memory (head-major blocks), which is what a packed V
+     * tile holds */
+    bool vdirect;
+} stria__ctx_t;
+
+/* Tile pair classes under the mask. */
+enum { STRIA__TILE_SKIP = 0, STRIA__TILE_FULL = 1, STRIA__TILE_PARTIAL = 2 };
+
+/* Class of the keys with positions in [kmin, kmax] against the queries in
+ * [qmin, qmax] under the causal mask. */
+static inline int stria__class(int64_t kmin, int64_t kmax, int64_t qmin, int64_t qmax)
+{
+    if (kmin > qmax)
+        return STRIA__TILE_SKIP;
+    if (kmax <= qmin)
+        return STRIA__TILE_FULL;
+    return STRIA__TILE_PARTIAL;
+}
+
+static inline int stria__tile_class(const stria__ctx_t *c, int64_t qt, int64_t kt)
+{
+    if (!c->causal)
+        return STRIA__TILE_FULL;
+    return stria__class(c->kmin[kt], c->kmax[kt], c->qmin[qt], c->qmax[qt]);
+}
+
+static inline int stria__tile_len(int64_t total, int64_t t0, int64_t tile)
+{
+    return (int)(total - t0 < tile ? total - t0 : tile);
+}
+
+/* The (batch, head, query tile) of a task numbered [B][H][nqt]. */
+typedef struct {
+    int64_t b, h, qt;
+} stria__qtask_t;
+
+static inline stria__qtask_t stria__qtask(int64_t nqt, int64_t H, size_t task)
+{
+    stria__qtask_t t;
+    t.qt = (int64_t)task % nqt;
+    t.h = ((int64_t)task / nqt) % H;
+    t.b = (int64_t)task / nqt / H;
+    return t;
+}
+
+/* Sub-blocks of a tile: query chunks of STRIA__SB columns, key sub-blocks of
+ * STRIA__SB rows. */
+#define STRIA__NQS (STRIA__BQ / STRIA__SB)
+#define STRIA__NKS (STRIA__BK / STRIA__SB)
+
+/* How a straddling tile pair is computed, from the classes of its STRIA__SB x
+ * STRIA__SB sub-blocks. For every query chunk qc, key rows [klo, khi) are
+ * computed: the hull of the key sub-blocks that are not fully masked for it
+ * (klo == khi: none). Within that range, fully visible sub-blocks run without
+ * a mask, straddling ones are masked element by element and fully masked ones
+ * (holes of the hull) are set to -inf. Fully masked sub-blocks outside the
+ * range cost nothing: no score products, no exp, no P V or gradient
+ * products. */
+typedef struct {
+    int64_t q0, k0; /* first query and key of the tiles */
+    int bq, bk;     /* queries and keys in the tiles */
+    int nqc, nkc;   /* query chunks and key sub-blocks holding tokens */
+    int klo[STRIA__NQS], khi[STRIA__NQS];
+    unsigned char cls[STRIA__NKS][STRIA__NQS];
+} stria__plan_t;
+
+/* Queries in query chunk qc. */
+static inline int stria__plan_chunk(const stria__plan_t *pl, int qc)
+{
+    return pl->bq - qc * STRIA__SB < STRIA__SB ? pl->bq - qc * STRIA__SB : STRIA__SB;
+}
+
+/* Whether key sub-block kb is computed for query chunk qc. */
+static inline bool stria__plan_has(const stria__plan_t *pl, int kb, int qc)
+{
+    return pl->klo[qc] <= kb * STRIA__SB && kb * STRIA__SB < pl->khi[qc];
+}
+
+/* The key-side A operand of a score product for one key tile: its first
+ * row (fp32, or bf16 pairs) and the distance between rows in elements. */
+typedef struct {
+    const float *p;
+    ptrdiff_t ld;
+} stria__kop_t;
+
+/* (oa, *lsea) <- merge of (oa, *lsea) and (ob * inv, lseb): ob scaled by inv
+ * is the partial (the forward pass hands in its unnormalised row and 1 / its
+ * softmax sum). Max-subtracted weights: both are <= 1, so nothing overflows
+ * whatever the LSE gap. */
+static inline void stria__merge_row(const stria_kern_ops_t *ops, float *oa, float *lsea,
+                                    const float *ob, float inv, float lseb, int64_t D)
+{
+    float a = *lsea;
+    if (lseb == -INFINITY)
+        return;
+    if (a == -INFINITY) {
+        ops->row_merge(oa, ob, inv, 0.0f, 0.0f, false, (int)D);
+        *lsea = lseb;
+        return;
+    }
+    float mx = a > lseb ? a : lseb;
+    float lse = mx + log1pf(expf(-fabsf(a - lseb)));
+    ops->row_merge(oa, ob, inv, expf(a - lse), expf(lseb - lse), true, (int)D);
+    *lsea = lse;
+}
+
+/* ---- shared by the rooms (defined in attn.c and attn_fwd.c) ------------------- */
+
+void stria__ctx_free(stria__ctx_t *c);
+stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p, const char *fn);
+void stria__plan(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__plan_t *pl);
+void stria__mask_chunk(const stria__ctx_t *c, const stria__plan_t *pl, float *st, int qc);
+void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                      int64_t t0, int n, int rows, float *dst);
+void stria__pack_qside(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                       int64_t q0, int n, float *rows_f32, float *tmp, float *dst);
+void stria__pack_kside(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                       int64_t k0, int n, float *dst);
+stria__kop_t stria__kside(const stria__ctx_t *c, const stria_tensor_t *t, const float *packed,
+                          size_t tile_floats, int64_t b, int64_t hk, int64_t kt);
+void stria__score_gemm(const stria__ctx_t *c, int j0, int rows, int i0, int cols, stria__kop_t a,
+                       const float *b, float *st);
+void stria__score_gemm_plan(const stria__ctx_t *c, const stria__plan_t *pl, stria__kop_t a,
+                            const float *b, float *st);
+size_t stria__score_tile_floats(const stria__ctx_t *c, size_t tile);
+void stria__ctx_set_dtype(stria__ctx_t *c, stria_dtype_t dtype);
+stria_status_t stria__ws_floats(double bound, size_t floats, stria__ws_t *ws, const char *fn);
+stria_status_t stria__same_query(const stria_attn_params_t *b, const stria_attn_params_t *p,
+                                 const char *fn);
+stria_attn_params_t stria__query_side(const stria_attn_params_t *p);
+stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_tensor_t *q,
+                                 const char *fn);
+stria_status_t stria__pass_query(const stria_attn_params_t *params, stria_attn_params_t *p,
+                                 stria_pos_run_t **runs, const char *fn);
+
+#endif /* STRIA_ATTN_INT_H */
