@@ -93,4 +93,91 @@ struct stria_coord {
 /* Wall clock in milliseconds since the Unix epoch. */
 uint64_t stria__coord_wall_ms(void);
 
+/* ---- shared by the coordinator's rooms ------------------------------------ */
+
+#define S_PENDING          STRIA__V1__JOB_STATE__JOB_STATE_PENDING
+#define S_LOADING          STRIA__V1__JOB_STATE__JOB_STATE_LOADING
+#define S_RUNNING_FORWARD  STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD
+#define S_FORWARD_DONE     STRIA__V1__JOB_STATE__JOB_STATE_FORWARD_DONE
+#define S_RUNNING_BACKWARD STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_BACKWARD
+#define S_DONE             STRIA__V1__JOB_STATE__JOB_STATE_DONE
+#define S_FAILED           STRIA__V1__JOB_STATE__JOB_STATE_FAILED
+#define S_CANCELLED        STRIA__V1__JOB_STATE__JOB_STATE_CANCELLED
+#define S_RELEASED         STRIA__V1__JOB_STATE__JOB_STATE_RELEASED
+#define S_EXPIRED          STRIA__V1__JOB_STATE__JOB_STATE_EXPIRED
+
+static inline bool stria__terminal(Stria__V1__JobState s)
+{
+    return s >= S_FAILED;
+}
+
+/* Nested reply messages live in this scratch list until the reply is
+ * serialised. */
+typedef struct stria__bchunk {
+    union {
+        struct stria__bchunk *next;
+        max_align_t align;
+    } h;
+} stria__bchunk_t;
+
+typedef struct {
+    stria__bchunk_t *chunks;
+    bool oom;
+} stria__b_t;
+
+/* Errors the coordinator counts, by kind (stria_coordinator_errors_total). */
+typedef enum {
+    STRIA__E_SUBMIT_INVALID = 0, /* a spec outside the limits */
+    STRIA__E_SUBMIT_NO_WORKERS,  /* fewer ring workers than the job asks for */
+    STRIA__E_SUBMIT_NO_MEMORY,   /* no window of workers can ever hold the job */
+    STRIA__E_SUBMIT_BUSY,        /* job limit reached, or no_queue and no room now */
+    STRIA__E_PASS_FAILED,        /* a worker reported a failed pass */
+    STRIA__E_WORKER_DEAD,        /* a worker missed its heartbeats */
+    STRIA__E_WORKER_RESTARTED,   /* a worker came back as a new process */
+    STRIA__E_BAD_REQUEST,        /* a malformed worker request */
+    STRIA__E_COUNT,
+} stria__error_kind_t;
+
+#define STRIA__REQ(type, call) ((const type *)stria_rpc_call_request(call))
+
+/* coord.c: job math, the job state machine, periodic work, lifecycle */
+/* coord_reply.c: reply building and metrics */
+/* coord_workers.c, coord_clients.c: the service's handlers */
+const char *stria__state_name(Stria__V1__JobState s);
+stria_status_t stria__spec_check(const Stria__V1__JobSpec *s);
+void *stria__b_alloc(stria__b_t *b, size_t n);
+void stria__b_reply(stria__b_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg);
+uint32_t stria__ring_build(const stria_coord_t *co, stria__cworker_t **out);
+stria__cworker_t **stria__workers_ordered(const stria_coord_t *co, uint32_t *n_ring_out);
+bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w);
+void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t *w, int ring_index,
+                        Stria__V1__WorkerInfo *out);
+Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t *j);
+uint32_t stria__queue_position(const stria_coord_t *co, const stria__cjob_t *j);
+Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, const stria__cjob_t *j);
+void stria__count_error(stria_coord_t *co, stria__error_kind_t kind);
+void stria__count_finished(stria_coord_t *co, Stria__V1__JobState state);
+void stria__count_pass(stria_coord_t *co, bool backward, uint64_t started_ms, uint64_t done_ms);
+void stria__metrics_init(stria_coord_t *co);
+void stria__metrics_update(stria_coord_t *co);
+void stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
+                       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void stria__schedule(stria_coord_t *co);
+void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why);
+stria__cjob_t *stria__job_find(stria_coord_t *co, uint64_t id);
+stria__cworker_t *stria__worker_find(stria_coord_t *co, uint64_t id);
+void stria__on_register(void *ctx, stria_rpc_call_t *call);
+void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call);
+void stria__on_report(void *ctx, stria_rpc_call_t *call);
+void stria__on_submit(void *ctx, stria_rpc_call_t *call);
+void stria__on_get_job(void *ctx, stria_rpc_call_t *call);
+void stria__on_release(void *ctx, stria_rpc_call_t *call);
+void stria__on_cancel(void *ctx, stria_rpc_call_t *call);
+void stria__on_status(void *ctx, stria_rpc_call_t *call);
+void stria__on_ring(void *ctx, stria_rpc_call_t *call);
+void stria__on_list_workers(void *ctx, stria_rpc_call_t *call);
+void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call);
+void stria__on_drain(void *ctx, stria_rpc_call_t *call);
+void stria__on_deregister(void *ctx, stria_rpc_call_t *call);
+
 #endif /* STRIA_COORD_INT_H */

@@ -1,0 +1,516 @@
+/* The coordinator's handlers for clients and admins: submit, get, release,
+ * cancel, status, ring, lists, drain. */
+#include "coord_int.h"
+#include "stria_kernels.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- handlers: clients --------------------------------------------------- */
+
+static uint32_t stria__count_unfinished(const stria_coord_t *co)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < co->n_jobs; i++)
+        n += !stria__terminal(co->jobs[i]->state);
+    return n;
+}
+
+static void stria__count_workers(const stria_coord_t *co, uint32_t *healthy, uint32_t *draining,
+                                 uint32_t *dead, uint32_t *left)
+{
+    *healthy = *draining = *dead = *left = 0;
+    for (uint32_t i = 0; i < co->n_workers; i++) {
+        const stria__cworker_t *w = co->workers[i];
+        if (w->left)
+            (*left)++;
+        else if (w->dead)
+            (*dead)++;
+        else if (w->draining)
+            (*draining)++;
+        else
+            (*healthy)++;
+    }
+}
+
+/* Chooses n consecutive ring workers for a job needing `need` bytes each:
+ * the first window that can start now, else the least loaded one that has
+ * the capacity. Returns the window's start, or -1 when no window has the
+ * capacity (*best_cap_out: the largest per-rank capacity of any window). */
+static int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count,
+                                    uint32_t n, uint64_t need, bool *now_out,
+                                    uint64_t *best_cap_out)
+{
+    int64_t best = -1;
+    uint64_t best_load = UINT64_MAX, best_cap = 0;
+
+    /* Free memory is what is not reserved and not promised to queued jobs. */
+    for (uint32_t i = 0; i < co->n_workers; i++) {
+        co->workers[i]->queued_demand = 0;
+        co->workers[i]->blocked = false;
+    }
+    for (uint32_t i = 0; i < co->n_jobs; i++) {
+        stria__cjob_t *j = co->jobs[i];
+        if (j->state != S_PENDING)
+            continue;
+        for (uint32_t r = 0; r < j->n_ranks; r++) {
+            j->ranks[r].worker->queued_demand += j->mem_per_rank;
+            j->ranks[r].worker->blocked = true;
+        }
+    }
+    for (uint32_t s = 0; s + n <= count; s++) {
+        uint64_t cap = UINT64_MAX, load = 0;
+        bool fits = true;
+        for (uint32_t k = s; k < s + n; k++) {
+            stria__cworker_t *w = ring[k];
+            if (w->memory_bytes < cap)
+                cap = w->memory_bytes;
+            load += w->reserved + w->queued_demand;
+            if (w->blocked || w->memory_bytes < w->reserved || w->memory_bytes - w->reserved < need)
+                fits = false;
+        }
+        if (cap > best_cap)
+            best_cap = cap;
+        if (cap < need)
+            continue;
+        if (fits) {
+            *now_out = true;
+            return s;
+        }
+        if (load < best_load) {
+            best_load = load;
+            best = s;
+        }
+    }
+    *now_out = false;
+    *best_cap_out = best_cap;
+    return best;
+}
+
+/* Appends an admitted job (state PENDING) on the workers ring[0 .. n) to the
+ * job table; NULL when out of memory. */
+static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
+                                     const stria_layout_t *layout, stria__cworker_t **ring,
+                                     uint32_t n, uint64_t need)
+{
+    stria__cjob_t *j;
+    if (co->n_jobs == co->cap_jobs) {
+        uint32_t cap = co->cap_jobs ? 2 * co->cap_jobs : 64;
+        stria__cjob_t **jobs = realloc(co->jobs, cap * sizeof(*jobs));
+        if (jobs == NULL)
+            return NULL;
+        co->jobs = jobs;
+        co->cap_jobs = cap;
+    }
+    j = calloc(1, sizeof(*j));
+    if (j != NULL)
+        j->ranks = calloc(n, sizeof(*j->ranks));
+    if (j == NULL || j->ranks == NULL) {
+        free(j);
+        return NULL;
+    }
+    j->id = co->next_job_id++;
+    j->batch = s->batch;
+    j->seq_len = s->seq_len;
+    j->heads = s->heads;
+    j->kv_heads = s->kv_heads;
+    j->head_dim = s->head_dim;
+    j->dtype = s->dtype;
+    j->layout = s->layout;
+    j->causal = s->causal;
+    j->no_queue = s->no_queue;
+    j->scale = s->scale > 0 ? s->scale : (float)(1.0 / sqrt((double)s->head_dim));
+    j->ttl_s = s->ttl_s ? s->ttl_s : (uint32_t)ceil(co->job_ttl_s);
+    j->step_timeout_ms = s->step_timeout_ms;
+    snprintf(j->label, sizeof(j->label), "%s", s->label);
+    j->n_ranks = n;
+    j->shard_tokens = (uint64_t)layout->shard_tokens;
+    j->mem_per_rank = need;
+    for (uint32_t r = 0; r < n; r++) {
+        stria__crank_t *cr = &j->ranks[r];
+        cr->worker = ring[r];
+        cr->n_runs = stria_layout_shard_runs(layout, (int)r, false, cr->runs);
+        cr->tokens = (uint64_t)stria_layout_shard_valid(layout, (int)r);
+    }
+    j->submitted_ms = stria__coord_wall_ms();
+    j->last_activity = stria_time_now();
+    j->state = S_PENDING;
+    co->jobs[co->n_jobs++] = j;
+    co->jobs_submitted++;
+    return j;
+}
+
+void stria__on_submit(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__SubmitJobRequest *req = STRIA__REQ(Stria__V1__SubmitJobRequest, call);
+    const Stria__V1__JobSpec *s = req->spec;
+    Stria__V1__SubmitJobReply rep = STRIA__V1__SUBMIT_JOB_REPLY__INIT;
+    stria__cworker_t **ring = NULL;
+    uint32_t count, n, healthy, draining, dead, left;
+    stria_layout_t layout;
+    uint64_t need = 0, best_cap = 0;
+    stria__cjob_t *j = NULL;
+    bool now = false;
+    int64_t start;
+    stria__b_t b = {0};
+
+    if (s == NULL) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: the spec is missing");
+        return;
+    }
+    if (stria__spec_check(s) != STRIA_OK) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
+        return;
+    }
+    if (stria__count_unfinished(co) >= co->max_jobs) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: %u jobs are pending or active, the coordinator's limit",
+                            co->max_jobs);
+        return;
+    }
+    ring = malloc((co->n_workers + 1) * sizeof(*ring));
+    if (ring == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
+        return;
+    }
+    count = stria__ring_build(co, ring);
+    stria__count_workers(co, &healthy, &draining, &dead, &left);
+    n = s->ring_size ? s->ring_size : count;
+    if (count == 0 || n > count) {
+        stria__count_error(co, STRIA__E_SUBMIT_NO_WORKERS);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: the job needs %u workers but %u are available (%u "
+                            "healthy, %u draining, %u dead, %u left)",
+                            n ? n : 1, count, healthy, draining, dead, left);
+        goto free_ring;
+    }
+    if (stria_layout_init((stria_layout_kind_t)s->layout, (int)n, (int64_t)s->seq_len, &layout) !=
+        STRIA_OK) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
+        goto free_ring;
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        if (stria_layout_shard_valid(&layout, (int)r) < 1) {
+            stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+            stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                                "SubmitJob: seq_len %llu leaves rank %u of a %u-rank ring "
+                                "without tokens; use a longer sequence or a smaller ring_size",
+                                (unsigned long long)s->seq_len, r, n);
+            goto free_ring;
+        }
+    }
+    if (stria_rank_memory(s->batch, layout.shard_tokens, s->heads, s->kv_heads, s->head_dim,
+                          (stria_dtype_t)s->dtype, &need) != STRIA_OK) {
+        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
+                            "SubmitJob: the job needs more memory per rank than any worker has "
+                            "(%s)",
+                            stria_error_msg());
+        goto free_ring;
+    }
+    start = stria__choose_window(co, ring, count, n, need, &now, &best_cap);
+    if (start < 0) {
+        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
+                            "SubmitJob: the job needs %llu MiB per rank (%u ranks of %lld tokens) "
+                            "but the workers of the best ring of %u offer %llu MiB each; use a "
+                            "larger ring, a smaller batch or a shorter sequence",
+                            (unsigned long long)(need >> 20), n, (long long)layout.shard_tokens, n,
+                            (unsigned long long)(best_cap >> 20));
+        goto free_ring;
+    }
+    if (!now && s->no_queue) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: not enough free memory on the workers now (the job needs "
+                            "%llu MiB per rank) and no_queue is set",
+                            (unsigned long long)(need >> 20));
+        goto free_ring;
+    }
+    j = stria__job_add(co, s, &layout, ring + start, n, need);
+    if (j == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
+        goto free_ring;
+    }
+    if (co->metrics != NULL)
+        stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
+                                           "stria_coordinator_jobs_submitted_total",
+                                           "Jobs admitted since start.", NULL, NULL, 0),
+                         1);
+    stria_log_info("job %llu submitted: batch %u, seq %llu, heads %u/%u, dim %u, %s, %u ranks "
+                   "from worker %llu, %llu MiB per rank%s",
+                   (unsigned long long)j->id, j->batch, (unsigned long long)j->seq_len, j->heads,
+                   j->kv_heads, j->head_dim, stria_dtype_name((stria_dtype_t)j->dtype), n,
+                   (unsigned long long)ring[start]->id, (unsigned long long)(need >> 20),
+                   now ? "" : ", queued");
+    stria__schedule(co);
+    rep.state = j->state;
+    rep.assignment = stria__fill_assignment(&b, j);
+    rep.queue_position = stria__queue_position(co, j);
+    stria__b_reply(&b, call, &rep.base);
+free_ring:
+    free(ring);
+}
+
+void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__GetJobRequest *req = STRIA__REQ(Stria__V1__GetJobRequest, call);
+    Stria__V1__GetJobReply rep = STRIA__V1__GET_JOB_REPLY__INIT;
+    stria__cjob_t *j = stria__job_find(co, req->job_id);
+    stria__b_t b = {0};
+
+    if (j == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "GetJob: job %llu is unknown",
+                            (unsigned long long)req->job_id);
+        return;
+    }
+    if (!stria__terminal(j->state))
+        j->last_activity = stria_time_now();
+    rep.job = stria__fill_job(&b, co, j);
+    if (rep.job == NULL)
+        b.oom = true;
+    stria__b_reply(&b, call, &rep.base);
+}
+
+void stria__on_release(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__ReleaseJobRequest *req = STRIA__REQ(Stria__V1__ReleaseJobRequest, call);
+    Stria__V1__ReleaseJobReply rep = STRIA__V1__RELEASE_JOB_REPLY__INIT;
+    stria__cjob_t *j = stria__job_find(co, req->job_id);
+
+    if (j == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "ReleaseJob: job %llu is unknown",
+                            (unsigned long long)req->job_id);
+        return;
+    }
+    if (!stria__terminal(j->state)) {
+        stria__job_finish(co, j, S_RELEASED, NULL);
+        stria__schedule(co);
+    }
+    rep.state = j->state;
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
+void stria__on_cancel(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__CancelJobRequest *req = STRIA__REQ(Stria__V1__CancelJobRequest, call);
+    Stria__V1__CancelJobReply rep = STRIA__V1__CANCEL_JOB_REPLY__INIT;
+    stria__cjob_t *j = stria__job_find(co, req->job_id);
+
+    if (j == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "CancelJob: job %llu is unknown",
+                            (unsigned long long)req->job_id);
+        return;
+    }
+    if (!stria__terminal(j->state)) {
+        stria__job_finish(co, j, S_CANCELLED, "cancelled by an admin from %s%s%.300s",
+                          stria_rpc_call_peer(call), req->reason[0] ? ": " : "", req->reason);
+        stria__schedule(co);
+    }
+    rep.state = j->state;
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
+/* ---- handlers: status ---------------------------------------------------- */
+
+void stria__on_status(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    Stria__V1__GetStatusReply rep = STRIA__V1__GET_STATUS_REPLY__INIT;
+
+    rep.software_version = (char *)STRIA_VERSION;
+    rep.protocol_version = STRIA_RPC_VERSION;
+    rep.uptime_ms = (uint64_t)((stria_time_now() - co->started_at) * 1000.0);
+    rep.started_ms = co->started_ms;
+    rep.heartbeat_period_ms = (uint32_t)ceil(co->heartbeat_period_s * 1000.0);
+    rep.job_ttl_s = (uint32_t)ceil(co->job_ttl_s);
+    stria__count_workers(co, &rep.workers_healthy, &rep.workers_draining, &rep.workers_dead,
+                         &rep.workers_left);
+    for (uint32_t i = 0; i < co->n_jobs; i++) {
+        Stria__V1__JobState st = co->jobs[i]->state;
+        rep.jobs_pending += st == S_PENDING;
+        rep.jobs_active += st >= S_LOADING && st <= S_DONE;
+    }
+    rep.jobs_submitted = co->jobs_submitted;
+    rep.jobs_failed = co->jobs_failed;
+    rep.auth_required = co->auth_required;
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
+/* Ring (as_members) or worker list: every worker in ring order, then the
+ * draining and dead ones. */
+static void stria__on_workers(stria_coord_t *co, stria_rpc_call_t *call, bool as_members)
+{
+    Stria__V1__GetRingReply ring_rep = STRIA__V1__GET_RING_REPLY__INIT;
+    Stria__V1__ListWorkersReply list_rep = STRIA__V1__LIST_WORKERS_REPLY__INIT;
+    uint32_t n_ring = 0;
+    stria__cworker_t **all = stria__workers_ordered(co, &n_ring);
+    stria__b_t b = {0};
+    size_t n = co->n_workers;
+    Stria__V1__RingMember **members = NULL;
+    Stria__V1__WorkerInfo **infos = NULL;
+
+    if (all == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    infos = stria__b_alloc(&b, (n + 1) * sizeof(*infos));
+    if (as_members)
+        members = stria__b_alloc(&b, (n + 1) * sizeof(*members));
+    for (size_t i = 0; i < n && !b.oom; i++) {
+        int idx = i < n_ring ? (int)i : -1;
+        infos[i] = stria__b_alloc(&b, sizeof(**infos));
+        if (infos[i] == NULL)
+            break;
+        stria__fill_worker(&b, co, all[i], idx, infos[i]);
+        if (as_members) {
+            members[i] = stria__b_alloc(&b, sizeof(**members));
+            if (members[i] == NULL)
+                break;
+            stria__v1__ring_member__init(members[i]);
+            members[i]->rank = idx;
+            members[i]->worker = infos[i];
+        }
+    }
+    free(all);
+    if (as_members) {
+        ring_rep.n_members = n;
+        ring_rep.members = members;
+        stria__b_reply(&b, call, &ring_rep.base);
+    } else {
+        list_rep.n_workers = n;
+        list_rep.workers = infos;
+        stria__b_reply(&b, call, &list_rep.base);
+    }
+}
+
+void stria__on_ring(void *ctx, stria_rpc_call_t *call)
+{
+    stria__on_workers(ctx, call, true);
+}
+
+void stria__on_list_workers(void *ctx, stria_rpc_call_t *call)
+{
+    stria__on_workers(ctx, call, false);
+}
+
+void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__ListJobsRequest *req = STRIA__REQ(Stria__V1__ListJobsRequest, call);
+    Stria__V1__ListJobsReply rep = STRIA__V1__LIST_JOBS_REPLY__INIT;
+    stria__b_t b = {0};
+    Stria__V1__JobInfo **jobs = stria__b_alloc(&b, (co->n_jobs + 1) * sizeof(*jobs));
+
+    for (uint32_t i = 0; i < co->n_jobs && jobs != NULL; i++) {
+        const stria__cjob_t *j = co->jobs[i];
+        if (stria__terminal(j->state) && !req->include_finished)
+            continue;
+        jobs[rep.n_jobs] = stria__fill_job(&b, co, j);
+        if (jobs[rep.n_jobs] == NULL) {
+            b.oom = true;
+            break;
+        }
+        rep.n_jobs++;
+    }
+    rep.jobs = jobs;
+    stria__b_reply(&b, call, &rep.base);
+}
+
+void stria__on_drain(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__DrainWorkerRequest *req = STRIA__REQ(Stria__V1__DrainWorkerRequest, call);
+    Stria__V1__DrainWorkerReply rep = STRIA__V1__DRAIN_WORKER_REPLY__INIT;
+    Stria__V1__WorkerInfo info;
+    stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+    stria__cworker_t **ring;
+    int idx = -1;
+    uint32_t n;
+    stria__b_t b = {0};
+
+    if (w == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "DrainWorker: worker %llu is unknown",
+                            (unsigned long long)req->worker_id);
+        return;
+    }
+    if (w->draining != req->drain) {
+        w->draining = req->drain;
+        stria_log_info("worker %llu (%s) %s by %s", (unsigned long long)w->id, w->rpc_address,
+                       req->drain ? "drained" : "undrained", stria_rpc_call_peer(call));
+        stria__schedule(co);
+    }
+    ring = malloc((co->n_workers + 1) * sizeof(*ring));
+    if (ring == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "DrainWorker: out of memory");
+        return;
+    }
+    n = stria__ring_build(co, ring);
+    for (uint32_t i = 0; i < n; i++)
+        if (ring[i] == w)
+            idx = (int)i;
+    free(ring);
+    stria__fill_worker(&b, co, w, idx, &info);
+    rep.worker = &info;
+    stria__b_reply(&b, call, &rep.base);
+}
+
+/* A worker shutting down: out of the ring now, not after missed heartbeats,
+ * and its jobs fail at once with a reason an operator understands. */
+void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__DeregisterWorkerRequest *req =
+        STRIA__REQ(Stria__V1__DeregisterWorkerRequest, call);
+    Stria__V1__DeregisterWorkerReply rep = STRIA__V1__DEREGISTER_WORKER_REPLY__INIT;
+    stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+    char why[600];
+
+    if (w == NULL || w->incarnation != req->incarnation) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
+                            "DeregisterWorker: worker %llu (incarnation %llu) is not registered "
+                            "here",
+                            (unsigned long long)req->worker_id,
+                            (unsigned long long)req->incarnation);
+        return;
+    }
+    if (strlen(req->reason) > 256) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "DeregisterWorker: reason is longer than 256 bytes");
+        return;
+    }
+    if (!w->left) {
+        snprintf(why, sizeof(why), "worker %llu (%s) %.256s", (unsigned long long)w->id,
+                 w->rpc_address, req->reason[0] ? req->reason : "shut down");
+        for (uint32_t i = 0; i < co->n_jobs; i++) {
+            stria__cjob_t *j = co->jobs[i];
+            if (stria__terminal(j->state) || !stria__job_has_worker(j, w))
+                continue;
+            stria__job_finish(co, j, S_FAILED, "%s", why);
+            rep.jobs_failed++;
+        }
+        w->left = true;
+        w->dead = true;
+        w->current_job = 0;
+        w->step = w->steps_total = 0;
+        w->in_use = 0;
+        stria_log_info("worker %llu (%s, %s) left the ring: %s; %u unfinished job(s) failed",
+                       (unsigned long long)w->id, w->host, w->rpc_address,
+                       req->reason[0] ? req->reason : "shut down", rep.jobs_failed);
+        stria__schedule(co);
+    }
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}

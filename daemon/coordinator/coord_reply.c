@@ -1,0 +1,432 @@
+/* The coordinator's replies (ring views, job and worker records,
+ * assignments, built from a scratch list) and its metrics. */
+#include "coord_int.h"
+#include "stria_kernels.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- reply building ------------------------------------------------------ */
+
+void *stria__b_alloc(stria__b_t *b, size_t n)
+{
+    stria__bchunk_t *c = calloc(1, sizeof(*c) + n);
+    if (c == NULL) {
+        b->oom = true;
+        return NULL;
+    }
+    c->h.next = b->chunks;
+    b->chunks = c;
+    return c + 1;
+}
+
+static void stria__b_free(stria__b_t *b)
+{
+    while (b->chunks != NULL) {
+        stria__bchunk_t *next = b->chunks->h.next;
+        free(b->chunks);
+        b->chunks = next;
+    }
+}
+
+/* Replies, or fails the call when building ran out of memory. */
+void stria__b_reply(stria__b_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    if (b->oom)
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "the coordinator ran out of memory");
+    else
+        stria_rpc_call_reply(call, msg, NULL, 0, NULL, NULL);
+    stria__b_free(b);
+}
+
+static int stria__ring_cmp(const void *a, const void *b)
+{
+    const stria__cworker_t *x = *(stria__cworker_t *const *)a;
+    const stria__cworker_t *y = *(stria__cworker_t *const *)b;
+    int c = strcmp(x->host, y->host);
+    return c != 0 ? c : strcmp(x->rpc_address, y->rpc_address);
+}
+
+/* The ring: healthy, non-draining workers by (host, RPC address). `out` has
+ * room for every worker. */
+uint32_t stria__ring_build(const stria_coord_t *co, stria__cworker_t **out)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < co->n_workers; i++)
+        if (!co->workers[i]->dead && !co->workers[i]->draining)
+            out[n++] = co->workers[i];
+    qsort(out, n, sizeof(*out), stria__ring_cmp);
+    return n;
+}
+
+/* Workers in ring order, then draining, then dead ones (each by host and
+ * address); *n_ring_out of them form the ring. NULL when out of memory. */
+stria__cworker_t **stria__workers_ordered(const stria_coord_t *co, uint32_t *n_ring_out)
+{
+    stria__cworker_t **all = malloc((co->n_workers + 1) * sizeof(*all));
+    uint32_t n, k;
+    if (all == NULL)
+        return NULL;
+    n = stria__ring_build(co, all);
+    *n_ring_out = n;
+    k = n;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t first = k;
+        for (uint32_t i = 0; i < co->n_workers; i++) {
+            stria__cworker_t *w = co->workers[i];
+            if ((pass == 0 && !w->dead && w->draining) || (pass == 1 && w->dead))
+                all[k++] = w;
+        }
+        qsort(all + first, k - first, sizeof(*all), stria__ring_cmp);
+    }
+    return all;
+}
+
+static Stria__V1__WorkerState stria__worker_state(const stria__cworker_t *w)
+{
+    if (w->left)
+        return STRIA__V1__WORKER_STATE__WORKER_STATE_LEFT;
+    if (w->dead)
+        return STRIA__V1__WORKER_STATE__WORKER_STATE_DEAD;
+    return w->draining ? STRIA__V1__WORKER_STATE__WORKER_STATE_DRAINING
+                       : STRIA__V1__WORKER_STATE__WORKER_STATE_HEALTHY;
+}
+
+bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w)
+{
+    for (uint32_t r = 0; r < j->n_ranks; r++)
+        if (j->ranks[r].worker == w)
+            return true;
+    return false;
+}
+
+void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t *w, int ring_index,
+                        Stria__V1__WorkerInfo *out)
+{
+    double now = stria_time_now();
+    double age_ms = (now - w->last_seen) * 1000.0;
+    uint32_t n = 0;
+
+    stria__v1__worker_info__init(out);
+    out->worker_id = w->id;
+    out->state = stria__worker_state(w);
+    out->host = w->host;
+    out->device = w->device;
+    out->rpc_address = w->rpc_address;
+    out->ucx_address = w->ucx_address;
+    out->memory_bytes = w->memory_bytes;
+    out->memory_reserved_bytes = w->reserved;
+    out->memory_in_use_bytes = w->in_use;
+    out->heartbeat_age_ms = age_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)age_ms;
+    out->software_version = w->version;
+    out->kernel_variant = w->kernel_variant;
+    out->current_job_id = w->current_job;
+    out->step = w->step;
+    out->steps_total = w->steps_total;
+    out->ring_index = ring_index;
+    out->draining = w->draining;
+    out->registered_ms = w->registered_ms;
+    for (uint32_t i = 0; i < co->n_jobs; i++) {
+        const stria__cjob_t *j = co->jobs[i];
+        if (j->reserved && stria__job_has_worker(j, w))
+            n++;
+    }
+    if (n == 0)
+        return;
+    out->job_ids = stria__b_alloc(b, n * sizeof(uint64_t));
+    if (out->job_ids == NULL)
+        return;
+    for (uint32_t i = 0; i < co->n_jobs; i++) {
+        const stria__cjob_t *j = co->jobs[i];
+        if (j->reserved && stria__job_has_worker(j, w))
+            out->job_ids[out->n_job_ids++] = j->id;
+    }
+}
+
+static void stria__fill_spec(const stria__cjob_t *j, Stria__V1__JobSpec *s)
+{
+    stria__v1__job_spec__init(s);
+    s->batch = j->batch;
+    s->seq_len = j->seq_len;
+    s->heads = j->heads;
+    s->kv_heads = j->kv_heads;
+    s->head_dim = j->head_dim;
+    s->dtype = j->dtype;
+    s->causal = j->causal;
+    s->layout = j->layout;
+    s->ring_size = j->n_ranks;
+    s->scale = j->scale;
+    s->ttl_s = j->ttl_s;
+    s->step_timeout_ms = j->step_timeout_ms;
+    s->no_queue = j->no_queue;
+    s->label = (char *)j->label;
+}
+
+Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t *j)
+{
+    Stria__V1__Assignment *a = stria__b_alloc(b, sizeof(*a));
+    Stria__V1__JobSpec *spec = stria__b_alloc(b, sizeof(*spec));
+    Stria__V1__RankAssignment **ranks = stria__b_alloc(b, j->n_ranks * sizeof(*ranks));
+
+    if (a == NULL || spec == NULL || ranks == NULL)
+        return NULL;
+    stria__v1__assignment__init(a);
+    stria__fill_spec(j, spec);
+    a->job_id = j->id;
+    a->spec = spec;
+    a->max_tokens_per_rank = j->shard_tokens;
+    a->memory_per_rank_bytes = j->mem_per_rank;
+    a->ranks = ranks;
+    for (uint32_t r = 0; r < j->n_ranks; r++) {
+        const stria__crank_t *cr = &j->ranks[r];
+        Stria__V1__RankAssignment *ra = stria__b_alloc(b, sizeof(*ra));
+        Stria__V1__PositionRun **runs = stria__b_alloc(b, (cr->n_runs + 1) * sizeof(*runs));
+        if (ra == NULL || runs == NULL)
+            return NULL;
+        stria__v1__rank_assignment__init(ra);
+        ra->rank = r;
+        ra->worker_id = cr->worker->id;
+        ra->host = (char *)cr->worker->host;
+        ra->device = (char *)cr->worker->device;
+        ra->rpc_address = (char *)cr->worker->rpc_address;
+        ra->ucx_address = (char *)cr->worker->ucx_address;
+        ra->tokens = cr->tokens;
+        ra->runs = runs;
+        for (size_t k = 0; k < cr->n_runs; k++) {
+            Stria__V1__PositionRun *pr = stria__b_alloc(b, sizeof(*pr));
+            if (pr == NULL)
+                return NULL;
+            stria__v1__position_run__init(pr);
+            pr->first = (uint64_t)cr->runs[k].first;
+            pr->stride = (uint64_t)cr->runs[k].stride;
+            pr->count = (uint64_t)cr->runs[k].count;
+            runs[ra->n_runs++] = pr;
+        }
+        ranks[a->n_ranks++] = ra;
+    }
+    return a;
+}
+
+uint32_t stria__queue_position(const stria_coord_t *co, const stria__cjob_t *j)
+{
+    uint32_t pos = 0;
+    if (j->state != S_PENDING)
+        return 0;
+    for (uint32_t i = 0; i < co->n_jobs && co->jobs[i] != j; i++)
+        if (co->jobs[i]->state == S_PENDING)
+            pos++;
+    return pos + 1;
+}
+
+Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, const stria__cjob_t *j)
+{
+    Stria__V1__JobInfo *info = stria__b_alloc(b, sizeof(*info));
+    Stria__V1__JobTimings *t = stria__b_alloc(b, sizeof(*t));
+    uint64_t idle_ms;
+
+    if (info == NULL || t == NULL)
+        return NULL;
+    stria__v1__job_info__init(info);
+    stria__v1__job_timings__init(t);
+    info->job_id = j->id;
+    info->state = j->state;
+    info->assignment = stria__fill_assignment(b, j);
+    info->timings = t;
+    info->failure = (char *)j->failure;
+    info->queue_position = stria__queue_position(co, j);
+    t->submitted_ms = j->submitted_ms;
+    t->started_ms = j->started_ms;
+    t->forward_started_ms = j->forward_started_ms;
+    t->forward_done_ms = j->forward_done_ms;
+    t->backward_started_ms = j->backward_started_ms;
+    t->backward_done_ms = j->backward_done_ms;
+    t->finished_ms = j->finished_ms;
+    idle_ms = (uint64_t)((stria_time_now() - j->last_activity) * 1000.0);
+    t->last_activity_ms = stria__coord_wall_ms() - idle_ms;
+    if (j->state == S_RUNNING_FORWARD || j->state == S_RUNNING_BACKWARD) {
+        info->step = UINT32_MAX;
+        for (uint32_t r = 0; r < j->n_ranks; r++) {
+            if (j->ranks[r].step < info->step)
+                info->step = j->ranks[r].step;
+            if (j->ranks[r].steps_total > info->steps_total)
+                info->steps_total = j->ranks[r].steps_total;
+        }
+    }
+    return info->assignment != NULL ? info : NULL;
+}
+
+/* ---- metrics ------------------------------------------------------------- */
+
+static const char *const stria__error_kinds[STRIA__E_COUNT] = {
+    "submit_invalid", "submit_no_workers", "submit_no_memory", "submit_busy",
+    "pass_failed",    "worker_dead",       "worker_restarted", "bad_request"};
+
+/* Prometheus-friendly state names ("running_forward"). */
+static void stria__state_label(Stria__V1__JobState s, char *out, size_t len)
+{
+    size_t n = 0;
+    for (const char *p = stria__state_name(s); *p && n + 1 < len; p++)
+        out[n++] = *p == ' ' ? '_' : *p;
+    out[n] = '\0';
+}
+
+static stria_metric_t *stria__m_labeled(stria_coord_t *co, stria_metric_kind_t kind,
+                                        const char *name, const char *help, const char *key,
+                                        const char *value)
+{
+    char labels[96];
+    snprintf(labels, sizeof(labels), "%s=\"%s\"", key, value);
+    return stria_metrics_get(co->metrics, kind, name, help, labels, NULL, 0);
+}
+
+void stria__count_error(stria_coord_t *co, stria__error_kind_t kind)
+{
+    if (co->metrics == NULL)
+        return;
+    stria_metric_add(stria__m_labeled(co, STRIA_METRIC_COUNTER, "stria_coordinator_errors_total",
+                                      "Errors seen by the coordinator, by kind.", "kind",
+                                      stria__error_kinds[kind]),
+                     1);
+}
+
+void stria__count_finished(stria_coord_t *co, Stria__V1__JobState state)
+{
+    char name[32];
+    if (co->metrics == NULL)
+        return;
+    stria__state_label(state, name, sizeof(name));
+    stria_metric_add(
+        stria__m_labeled(co, STRIA_METRIC_COUNTER, "stria_coordinator_jobs_finished_total",
+                         "Jobs that reached a terminal state, by that state.", "state", name),
+        1);
+}
+
+static stria_metric_t *stria__m_passes(stria_coord_t *co, bool backward)
+{
+    return stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER, "stria_coordinator_passes_total",
+                             "Ring passes completed by every rank of a job.",
+                             backward ? "pass=\"backward\"" : "pass=\"forward\"", NULL, 0);
+}
+
+static stria_metric_t *stria__m_pass_seconds(stria_coord_t *co, bool backward)
+{
+    static const double buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 120, 600};
+    return stria_metrics_get(co->metrics, STRIA_METRIC_HISTOGRAM, "stria_coordinator_pass_seconds",
+                             "Wall time of a job's ring pass, from its first rank starting to its "
+                             "last rank done.",
+                             backward ? "pass=\"backward\"" : "pass=\"forward\"", buckets,
+                             sizeof(buckets) / sizeof(buckets[0]));
+}
+
+/* A pass completed on every rank; times in Unix milliseconds. */
+void stria__count_pass(stria_coord_t *co, bool backward, uint64_t started_ms, uint64_t done_ms)
+{
+    if (co->metrics == NULL)
+        return;
+    stria_metric_add(stria__m_passes(co, backward), 1);
+    if (started_ms != 0 && done_ms >= started_ms)
+        stria_metric_observe(stria__m_pass_seconds(co, backward),
+                             (double)(done_ms - started_ms) / 1000.0);
+}
+
+/* Series that exist from the start, so that rates and alerts see zeros. */
+void stria__metrics_init(stria_coord_t *co)
+{
+    static const Stria__V1__JobState finished[] = {S_FAILED, S_CANCELLED, S_RELEASED, S_EXPIRED};
+    if (co->metrics == NULL)
+        return;
+    for (int k = 0; k < STRIA__E_COUNT; k++)
+        stria__m_labeled(co, STRIA_METRIC_COUNTER, "stria_coordinator_errors_total",
+                         "Errors seen by the coordinator, by kind.", "kind", stria__error_kinds[k]);
+    for (size_t k = 0; k < sizeof(finished) / sizeof(finished[0]); k++) {
+        char name[32];
+        stria__state_label(finished[k], name, sizeof(name));
+        stria__m_labeled(co, STRIA_METRIC_COUNTER, "stria_coordinator_jobs_finished_total",
+                         "Jobs that reached a terminal state, by that state.", "state", name);
+    }
+    stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER, "stria_coordinator_jobs_submitted_total",
+                      "Jobs admitted since start.", NULL, NULL, 0);
+    for (int b = 0; b < 2; b++) {
+        stria__m_passes(co, b == 1);
+        stria__m_pass_seconds(co, b == 1);
+    }
+}
+
+/* A short summary for `systemctl status` (STATUS=). */
+static void stria__notify_status(stria_coord_t *co, const uint32_t nw[4], uint32_t active,
+                                 uint32_t pending)
+{
+    char status[sizeof(co->last_status)];
+    if (!co->notify_status)
+        return;
+    snprintf(status, sizeof(status),
+             "STATUS=workers: %u in the ring, %u draining, %u dead, %u left; jobs: %u active, "
+             "%u pending",
+             nw[0], nw[1], nw[2], nw[3], active, pending);
+    if (strcmp(status, co->last_status) == 0)
+        return;
+    snprintf(co->last_status, sizeof(co->last_status), "%s", status);
+    stria_notify(status);
+}
+
+void stria__metrics_update(stria_coord_t *co)
+{
+    static const char *const wstates[] = {"healthy", "draining", "dead", "left"};
+    uint32_t nw[4] = {0, 0, 0, 0};
+    uint32_t nj[S_EXPIRED + 1] = {0};
+    uint32_t active = 0;
+    double now = stria_time_now();
+
+    for (uint32_t i = 0; i < co->n_workers; i++)
+        nw[stria__worker_state(co->workers[i]) - 1]++;
+    for (uint32_t i = 0; i < co->n_jobs; i++)
+        nj[co->jobs[i]->state]++;
+    for (int s = S_LOADING; s <= S_DONE; s++)
+        active += nj[s];
+    stria__notify_status(co, nw, active, nj[S_PENDING]);
+    if (co->metrics == NULL)
+        return;
+    for (int k = 0; k < 4; k++)
+        stria_metric_set(stria__m_labeled(co, STRIA_METRIC_GAUGE, "stria_coordinator_workers",
+                                          "Registered workers by state.", "state", wstates[k]),
+                         nw[k]);
+    for (int s = S_PENDING; s <= S_DONE; s++) {
+        char name[32];
+        stria__state_label((Stria__V1__JobState)s, name, sizeof(name));
+        stria_metric_set(stria__m_labeled(co, STRIA_METRIC_GAUGE, "stria_coordinator_jobs",
+                                          "Pending and active jobs by state.", "state", name),
+                         nj[s]);
+    }
+    for (uint32_t i = 0; i < co->n_workers; i++) {
+        const stria__cworker_t *w = co->workers[i];
+        char addr[2 * STRIA__COORD_STR], host[2 * STRIA__COORD_STR], labels[5 * STRIA__COORD_STR];
+        stria_metrics_escape(w->rpc_address, addr, sizeof(addr));
+        stria_metrics_escape(w->host, host, sizeof(host));
+        snprintf(labels, sizeof(labels), "worker=\"%llu\",address=\"%s\",host=\"%s\"",
+                 (unsigned long long)w->id, addr, host);
+        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                           "stria_coordinator_worker_heartbeat_age_seconds",
+                                           "Seconds since each worker's last heartbeat.", labels,
+                                           NULL, 0),
+                         now - w->last_seen);
+        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                           "stria_coordinator_worker_memory_in_use_bytes",
+                                           "Memory each worker reports in use by its jobs.", labels,
+                                           NULL, 0),
+                         (double)w->in_use);
+        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                           "stria_coordinator_worker_memory_reserved_bytes",
+                                           "Memory the coordinator reserved on each worker for "
+                                           "active jobs.",
+                                           labels, NULL, 0),
+                         (double)w->reserved);
+    }
+    stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                       "stria_coordinator_uptime_seconds",
+                                       "Seconds since the coordinator started.", NULL, NULL, 0),
+                     now - co->started_at);
+}

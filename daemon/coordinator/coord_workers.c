@@ -1,0 +1,287 @@
+/* The coordinator's handlers for workers: registration, heartbeats, job
+ * reports, deregistration. */
+#include "coord_int.h"
+#include "stria_kernels.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- handlers: workers --------------------------------------------------- */
+
+/* Copies a bounded string field, or returns false. */
+static bool stria__copy_str(char dst[STRIA__COORD_STR], const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= STRIA__COORD_STR)
+        return false;
+    memcpy(dst, src, n + 1);
+    return true;
+}
+
+static stria_status_t stria__check_address(const char *what, const char *addr)
+{
+    char host[STRIA__COORD_STR];
+    uint16_t port;
+    if (addr[0] == '\0')
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s is missing", what);
+    if (stria_addr_parse(addr, host, sizeof(host), &port) != STRIA_OK)
+        return stria_error_wrap(STRIA_ERR_INVALID_ARG, "%s", what);
+    if (port == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s '%s' has port 0", what, addr);
+    return STRIA_OK;
+}
+
+void stria__on_register(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__RegisterWorkerRequest *req =
+        STRIA__REQ(Stria__V1__RegisterWorkerRequest, call);
+    Stria__V1__RegisterWorkerReply rep = STRIA__V1__REGISTER_WORKER_REPLY__INIT;
+    stria__cworker_t *w = NULL, tmp;
+    bool rejoined = false;
+
+    memset(&tmp, 0, sizeof(tmp));
+    if (stria__check_address("rpc_address", req->rpc_address) != STRIA_OK ||
+        stria__check_address("ucx_address", req->ucx_address) != STRIA_OK) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "RegisterWorker: %s", stria_error_msg());
+        return;
+    }
+    if (req->host[0] == '\0' || req->device[0] == '\0' || req->memory_bytes == 0) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "RegisterWorker: host, device and memory_bytes are required");
+        return;
+    }
+    if (!stria__copy_str(tmp.rpc_address, req->rpc_address) ||
+        !stria__copy_str(tmp.ucx_address, req->ucx_address) ||
+        !stria__copy_str(tmp.host, req->host) || !stria__copy_str(tmp.device, req->device) ||
+        !stria__copy_str(tmp.version, req->software_version) ||
+        !stria__copy_str(tmp.kernel_variant, req->kernel_variant)) {
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "RegisterWorker: a string field is longer than %d bytes",
+                            STRIA__COORD_STR - 1);
+        return;
+    }
+    for (uint32_t i = 0; i < co->n_workers; i++)
+        if (strcmp(co->workers[i]->rpc_address, req->rpc_address) == 0)
+            w = co->workers[i];
+    if (w != NULL) {
+        rejoined = true;
+        if (w->incarnation != req->incarnation && !w->left) {
+            stria__count_error(co, STRIA__E_WORKER_RESTARTED);
+            stria__fail_jobs_of(co, w, "restarted and lost the job");
+        }
+        tmp.id = w->id;
+        tmp.reserved = w->reserved;
+        tmp.draining = w->draining;
+        tmp.registered_ms = w->registered_ms;
+        stria_log_info(
+            "worker %llu (%s, %s) %s", (unsigned long long)w->id, req->host, req->rpc_address,
+            w->left   ? "is back after its shutdown"
+            : w->dead ? "rejoins"
+                      : (w->incarnation != req->incarnation ? "restarted" : "registers again"));
+    } else {
+        if (co->n_workers >= co->max_workers) {
+            stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                                "RegisterWorker: the coordinator already knows %u workers",
+                                co->max_workers);
+            return;
+        }
+        w = calloc(1, sizeof(*w));
+        if (w == NULL) {
+            stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "RegisterWorker: out of memory");
+            return;
+        }
+        co->workers[co->n_workers++] = w;
+        tmp.id = co->next_worker_id++;
+        tmp.registered_ms = stria__coord_wall_ms();
+        stria_log_info("worker %llu registered: %s, %s, device %s, %llu MiB",
+                       (unsigned long long)tmp.id, req->host, req->rpc_address, req->device,
+                       (unsigned long long)(req->memory_bytes >> 20));
+    }
+    tmp.memory_bytes = req->memory_bytes;
+    tmp.incarnation = req->incarnation;
+    tmp.last_seen = stria_time_now();
+    *w = tmp;
+    rep.worker_id = w->id;
+    rep.heartbeat_period_ms = (uint32_t)ceil(co->heartbeat_period_s * 1000.0);
+    rep.rejoined = rejoined;
+    stria__schedule(co);
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
+void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__HeartbeatRequest *req = STRIA__REQ(Stria__V1__HeartbeatRequest, call);
+    Stria__V1__HeartbeatReply rep = STRIA__V1__HEARTBEAT_REPLY__INIT;
+    stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+    double now = stria_time_now();
+    uint64_t *drop;
+
+    if (w == NULL || w->incarnation != req->incarnation || w->left) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
+                            "Heartbeat: worker %llu (incarnation %llu) is not registered here; "
+                            "register again",
+                            (unsigned long long)req->worker_id,
+                            (unsigned long long)req->incarnation);
+        return;
+    }
+    drop = calloc(req->n_jobs + 1, sizeof(*drop));
+    if (drop == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "Heartbeat: out of memory");
+        return;
+    }
+    if (w->dead) {
+        w->dead = false;
+        rep.rejoined = true;
+        stria_log_info("worker %llu (%s, %s) is back and rejoins the ring",
+                       (unsigned long long)w->id, w->host, w->rpc_address);
+    }
+    w->last_seen = now;
+    w->in_use = req->memory_in_use_bytes;
+    w->current_job = 0;
+    w->step = w->steps_total = 0;
+    for (size_t i = 0; i < req->n_jobs; i++) {
+        const Stria__V1__WorkerJobStatus *js = req->jobs[i];
+        stria__cjob_t *j = stria__job_find(co, js->job_id);
+        bool member = false;
+        if (j != NULL && !stria__terminal(j->state)) {
+            for (uint32_t r = 0; r < j->n_ranks; r++) {
+                if (j->ranks[r].worker != w)
+                    continue;
+                member = true;
+                j->ranks[r].step = js->step;
+                j->ranks[r].steps_total = js->steps_total;
+            }
+        }
+        if (!member) {
+            drop[rep.n_drop_job_ids++] = js->job_id;
+            continue;
+        }
+        if (js->phase == S_RUNNING_FORWARD || js->phase == S_RUNNING_BACKWARD) {
+            w->current_job = j->id;
+            w->step = js->step;
+            w->steps_total = js->steps_total;
+        }
+        if (js->idle_ms < 1000.0 * (now - j->last_activity))
+            j->last_activity = now - js->idle_ms / 1000.0;
+    }
+    rep.drop_job_ids = drop;
+    rep.heartbeat_period_ms = (uint32_t)ceil(co->heartbeat_period_s * 1000.0);
+    rep.draining = w->draining;
+    if (rep.rejoined)
+        stria__schedule(co);
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+    free(drop);
+}
+
+void stria__on_report(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__ReportJobRequest *req = STRIA__REQ(Stria__V1__ReportJobRequest, call);
+    Stria__V1__ReportJobReply rep = STRIA__V1__REPORT_JOB_REPLY__INIT;
+    stria__cjob_t *j = stria__job_find(co, req->job_id);
+    stria__crank_t *cr;
+    stria__cworker_t *w;
+    bool all = true;
+
+    if (j == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "ReportJob: job %llu is unknown",
+                            (unsigned long long)req->job_id);
+        return;
+    }
+    if (req->rank >= j->n_ranks || j->ranks[req->rank].worker->id != req->worker_id) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria_rpc_call_fail(
+            call, STRIA_ERR_INVALID_ARG, "ReportJob: worker %llu is not rank %u of job %llu",
+            (unsigned long long)req->worker_id, req->rank, (unsigned long long)req->job_id);
+        return;
+    }
+    cr = &j->ranks[req->rank];
+    w = cr->worker;
+    if (stria__terminal(j->state) || j->state == S_PENDING) {
+        /* Over (the worker must drop it) or not started (nothing to report). */
+        rep.state = j->state;
+        stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+        return;
+    }
+    j->last_activity = stria_time_now();
+    cr->step = req->step;
+    cr->steps_total = req->steps_total;
+    switch (req->event) {
+    case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_LOADED:
+        cr->loaded = true;
+        break;
+    case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED:
+        if (j->state != S_RUNNING_FORWARD) {
+            j->state = S_RUNNING_FORWARD;
+            j->forward_started_ms = stria__coord_wall_ms();
+            j->forward_done_ms = 0;
+            for (uint32_t r = 0; r < j->n_ranks; r++)
+                j->ranks[r].fwd_done = false;
+        }
+        w->current_job = j->id;
+        break;
+    case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE:
+        cr->fwd_done = true;
+        if (w->current_job == j->id)
+            w->current_job = 0;
+        for (uint32_t r = 0; r < j->n_ranks; r++)
+            all = all && j->ranks[r].fwd_done;
+        if (all && j->state == S_RUNNING_FORWARD) {
+            j->state = S_FORWARD_DONE;
+            j->forward_done_ms = stria__coord_wall_ms();
+            stria__count_pass(co, false, j->forward_started_ms, j->forward_done_ms);
+        }
+        break;
+    case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED:
+        if (j->state == S_LOADING) {
+            stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                                "ReportJob: job %llu cannot run backward before forward",
+                                (unsigned long long)j->id);
+            return;
+        }
+        if (j->state != S_RUNNING_BACKWARD) {
+            if (j->forward_done_ms == 0)
+                j->forward_done_ms = stria__coord_wall_ms();
+            j->state = S_RUNNING_BACKWARD;
+            j->backward_started_ms = stria__coord_wall_ms();
+            j->backward_done_ms = 0;
+            for (uint32_t r = 0; r < j->n_ranks; r++)
+                j->ranks[r].bwd_done = false;
+        }
+        w->current_job = j->id;
+        break;
+    case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE:
+        cr->bwd_done = true;
+        if (w->current_job == j->id)
+            w->current_job = 0;
+        for (uint32_t r = 0; r < j->n_ranks; r++)
+            all = all && j->ranks[r].bwd_done;
+        if (all && j->state == S_RUNNING_BACKWARD) {
+            j->state = S_DONE;
+            j->backward_done_ms = stria__coord_wall_ms();
+            stria__count_pass(co, true, j->backward_started_ms, j->backward_done_ms);
+        }
+        break;
+    case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED:
+        stria__count_error(co, STRIA__E_PASS_FAILED);
+        stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s): %.400s", req->rank,
+                          (unsigned long long)w->id, w->rpc_address,
+                          req->message[0] ? req->message : "failed without a reason");
+        stria__schedule(co);
+        break;
+    default:
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "ReportJob: unknown event %d",
+                            (int)req->event);
+        return;
+    }
+    rep.state = j->state;
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
