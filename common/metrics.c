@@ -273,8 +273,18 @@ static void stria__fmt_value(char *out, size_t n, double v)
         snprintf(out, n, "NaN");
     else if (isinf(v))
         snprintf(out, n, v > 0 ? "+Inf" : "-Inf");
-    else
-        snprintf(out, n, "%.17g", v);
+    else if (v == floor(v) && fabs(v) < 1e15)
+        snprintf(out, n, "%.0f", v); /* counts and bytes as integers */
+    else {
+        /* The shortest form that reads back as the same double ("0.1", not
+         * "0.10000000000000001"): bucket bounds are label values, which
+         * dashboards and alert rules match as text. */
+        for (int digits = 1; digits <= 17; digits++) {
+            snprintf(out, n, "%.*g", digits, v);
+            if (strtod(out, NULL) == v)
+                break;
+        }
+    }
 }
 
 static void stria__help_escape(stria__sb_t *sb, const char *help)

@@ -103,6 +103,19 @@ static void rm_tmp(void)
     unlink(tmp_path);
 }
 
+/* The header of the file at tmp_path holds `text` exactly (what numpy and
+ * other readers parse, beyond stria's own reader). */
+static void expect_npy_header(const char *text)
+{
+    char hdr[256] = {0};
+    FILE *f = fopen(tmp_path, "rb");
+    cr_assert_not_null(f);
+    size_t n = fread(hdr, 1, sizeof(hdr) - 1, f);
+    fclose(f);
+    cr_assert_gt(n, 10);
+    cr_expect(strstr(hdr + 10, text) != NULL, "header '%s' lacks '%s'", hdr + 10, text);
+}
+
 Test(common, npy_round_trip, .init = make_tmp, .fini = rm_tmp)
 {
     float data[2 * 3 * 4];
@@ -117,6 +130,7 @@ Test(common, npy_round_trip, .init = make_tmp, .fini = rm_tmp)
     cr_expect_eq(stria_npy_numel(&arr), 24);
     cr_expect_eq(memcmp(arr.data, data, sizeof(data)), 0);
     stria_npy_free(&arr);
+    expect_npy_header("'shape': (2, 3, 4), }");
 
     uint16_t h[5] = {0x3c00, 0x4000, 0, 0xbc00, 0x7bff};
     int64_t s1[1] = {5};
@@ -126,6 +140,8 @@ Test(common, npy_round_trip, .init = make_tmp, .fini = rm_tmp)
     cr_expect_eq(arr.ndim, 1);
     cr_expect_eq(memcmp(arr.data, h, sizeof(h)), 0);
     stria_npy_free(&arr);
+    /* numpy reads the shape as a Python tuple: a 1-tuple needs its comma */
+    expect_npy_header("'shape': (5,), }");
 }
 
 static void expect_npy_error(const char *needle)

@@ -158,9 +158,15 @@ Test(service_utils, metrics_render_parses_with_prometheus_client)
     size_t len;
     cr_assert_eq(stria_metrics_render(reg, &text, &len), STRIA_OK);
     cr_expect(strstr(text, "stria_test_bytes_total{rank=\"1\"} 2048\n") != NULL, "%s", text);
-    cr_expect(strstr(text, "stria_test_step_seconds_bucket{kind=\"compute\",le=\"0.01\"} 1\n") !=
-              NULL);
-    cr_expect(strstr(text, "le=\"+Inf\"} 3\n") != NULL);
+    /* Buckets are cumulative: every one counts the observations at or below
+     * its bound (0.001: none, 0.01: 0.005, 0.1: also 0.05, 1: the same two). */
+    static const char *const want[] = {"le=\"0.001\"} 0\n", "le=\"0.01\"} 1\n", "le=\"0.1\"} 2\n",
+                                       "le=\"1\"} 2\n", "le=\"+Inf\"} 3\n"};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        char line[160];
+        snprintf(line, sizeof(line), "stria_test_step_seconds_bucket{kind=\"compute\",%s", want[i]);
+        cr_expect(strstr(text, line) != NULL, "no line %s in:\n%s", line, text);
+    }
 
     /* a real Prometheus text parser must accept it and read the same values */
     char file[128];

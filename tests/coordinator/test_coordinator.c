@@ -606,8 +606,13 @@ Test(coord, too_few_workers_or_too_little_memory, .timeout = TEST_TIMEOUT_S)
     s.head_dim = 256;
     s.seq_len = (uint64_t)1 << 40;
     cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_NO_MEMORY, "%s", stria_error_msg());
+    /* Exactly the workers' memory: admitted at once, even when it may not
+     * queue; then nothing is free, and a job that may not queue is refused. */
     s = spec_default();
+    s.no_queue = true;
     submit_ok(&fx, &s, JS(LOADING));
+    cr_expect_eq(submit(&fx, &s, &rep), STRIA_ERR_BUSY);
+    cr_expect(strstr(stria_error_msg(), "no_queue is set") != NULL, "%s", stria_error_msg());
     fx_stop(&fx);
 }
 

@@ -84,6 +84,16 @@ Test(inproc, length_mismatch_fails_both_sides)
               stria_error_msg());
     cr_expect_eq(stria_link_wait(r.links[0], s, 1.0), STRIA_ERR_PROTOCOL);
     ring_close(&r);
+    /* Shorter than the receive too: a receive that completed with its tail
+     * stale would hand the engine half a block of the previous step. */
+    ring_open(&r, 2);
+    cr_assert_eq(stria_link_irecv(r.links[1], 6, buf, 16, &q), STRIA_OK);
+    cr_assert_eq(stria_link_isend(r.links[0], 6, buf, 8, &s), STRIA_OK);
+    cr_expect_eq(stria_link_wait(r.links[1], q, 1.0), STRIA_ERR_PROTOCOL);
+    cr_expect(strstr(stria_error_msg(), "8 bytes") && strstr(stria_error_msg(), "expects 16"), "%s",
+              stria_error_msg());
+    cr_expect_eq(stria_link_wait(r.links[0], s, 1.0), STRIA_ERR_PROTOCOL);
+    ring_close(&r);
 }
 
 Test(inproc, deadlines_name_the_peer)
