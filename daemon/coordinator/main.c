@@ -31,22 +31,16 @@ typedef struct {
     stria_http_metrics_t *http;
 } stria__main_loop_t;
 
-static void stria__usage(FILE *out, const stria_opt_t *opts)
-{
-    fprintf(out, "usage: stria-coordinator [options]\n"
-                 "\n"
-                 "The control plane of the stria attention service: workers register and\n"
-                 "heartbeat here, clients submit jobs and get their ring assignment, admins\n"
-                 "watch the ring, drain workers and cancel jobs.\n"
-                 "\n"
-                 "options (each is also a 'name = value' setting of the --config file):\n");
-    stria_opts_print_help(opts, out);
-    fprintf(out, "  %-28s %s\n", "-h, --help", "this help");
-    fprintf(out, "\n"
-                 "On start it prints 'stria-coordinator listening on HOST:PORT' on stdout.\n"
-                 "Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 on a start-up\n"
-                 "failure, 2 on a usage or configuration error.\n");
-}
+static const char stria__coord_description[] =
+    "The control plane of the stria attention service: workers register and\n"
+    "heartbeat here, clients submit jobs and get their ring assignment, admins\n"
+    "watch the ring, drain workers and cancel jobs. Every option is also a\n"
+    "'name = value' setting of the --config file.";
+
+static const char stria__coord_epilog[] =
+    "On start it prints 'stria-coordinator listening on HOST:PORT' on stdout.\n"
+    "Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 on a start-up\n"
+    "failure, 2 on a usage or configuration error.";
 
 /* Writes the port to `path` atomically, so a reader never sees a partial
  * file. */
@@ -90,80 +84,125 @@ static void stria__on_signal(void *arg, int signum)
     }
 }
 
+/* Parses the options (exit status 2 and a message on a usage or
+ * configuration error) and reads the token files. Returns -1 to go on. */
+static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c, stria_cli_t *cli,
+                                char **token, char **admin_token)
+{
+    const stria_option_t opts[] = {
+        {.name = "listen",
+         .type = STRIA_OPT_ADDR,
+         .dst = &c->listen,
+         .dflt = "127.0.0.1:7400",
+         .metavar = "HOST:PORT",
+         .help = "RPC address (port 0 picks a free port)"},
+        {.name = "heartbeat-period",
+         .type = STRIA_OPT_DURATION,
+         .dst = &c->heartbeat_period_s,
+         .dflt = "1",
+         .min = 0.01,
+         .max = 3600,
+         .metavar = "TIME",
+         .help = "heartbeat period of the workers; 3 missed mark one dead"},
+        {.name = "job-ttl",
+         .type = STRIA_OPT_DURATION,
+         .dst = &c->job_ttl_s,
+         .dflt = "600",
+         .min = 0.01,
+         .max = STRIA_COORD_MAX_TTL_S,
+         .metavar = "TIME",
+         .help = "a job idle this long is cleaned up"},
+        {.name = "token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->token_file,
+         .metavar = "FILE",
+         .help = "shared secret every connection must present (first line of FILE)"},
+        {.name = "admin-token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->admin_token_file,
+         .metavar = "FILE",
+         .help = "secret needed to drain workers and cancel jobs"},
+        {.name = "metrics-listen",
+         .type = STRIA_OPT_ADDR,
+         .dst = &c->metrics_listen,
+         .metavar = "HOST:PORT",
+         .help = "Prometheus /metrics endpoint (default: none)"},
+        {.name = "port-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->port_file,
+         .metavar = "FILE",
+         .help = "write the bound RPC port to FILE once listening"},
+        {.name = "max-jobs",
+         .type = STRIA_OPT_INT,
+         .dst = &c->max_jobs,
+         .dflt = "4096",
+         .min = 0,
+         .max = 1 << 20,
+         .metavar = "N",
+         .help = "pending and active jobs at most"},
+        {.name = "history",
+         .type = STRIA_OPT_INT,
+         .dst = &c->history,
+         .dflt = "1024",
+         .min = 0,
+         .max = 1 << 20,
+         .metavar = "N",
+         .help = "finished jobs kept for the admin tools"},
+        {.name = "log-level",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->log_level,
+         .metavar = "LEVEL",
+         .help = "error, warn, info or debug (default info, or $STRIA_LOG_LEVEL)"},
+        {.name = NULL},
+    };
+    const stria_command_t cmd = {.name = "stria-coordinator",
+                                 .description = stria__coord_description,
+                                 .epilog = stria__coord_epilog,
+                                 .options = opts,
+                                 .config = true};
+    stria_status_t st = STRIA_OK;
+    stria_log_level_t lvl = STRIA_LOG_INFO;
+
+    int rc = stria_cli_main(&cmd, argc, argv, cli);
+    if (rc >= 0)
+        return rc;
+    if (c->log_level != NULL && (st = stria_log_parse_level(c->log_level, &lvl)) != STRIA_OK)
+        stria_cli_wrap(cli, "log-level", st);
+    else if (c->log_level != NULL || getenv("STRIA_LOG_LEVEL") == NULL)
+        stria_log_set_level(lvl);
+    if (st == STRIA_OK && c->token_file != NULL &&
+        (st = stria_rpc_token_read(c->token_file, token)) != STRIA_OK)
+        stria_cli_wrap(cli, "token-file", st);
+    if (st == STRIA_OK && c->admin_token_file != NULL &&
+        (st = stria_rpc_token_read(c->admin_token_file, admin_token)) != STRIA_OK)
+        stria_cli_wrap(cli, "admin-token-file", st);
+    if (st != STRIA_OK) {
+        fprintf(stderr, "stria-coordinator: %s\n(see stria-coordinator --help)\n",
+                stria_error_msg());
+        return 2;
+    }
+    stria_cli_log(cli);
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
-    stria__coord_config_t c = {.heartbeat_period_s = 1.0, .job_ttl_s = 600.0};
+    stria__coord_config_t c;
     stria_coord_params_t p;
     stria__main_loop_t ml;
     stria_coord_t *co = NULL;
     stria_metrics_t *metrics = NULL;
     char *token = NULL, *admin_token = NULL;
     char status[128];
+    stria_cli_t cli;
     stria_status_t st;
-    int rc = 1;
-    const stria_opt_t opts[] = {
-        {"listen", STRIA_OPT_STRING, &c.listen, 0, 0, "HOST:PORT",
-         "RPC address (default 127.0.0.1:7400; port 0 picks a free port)"},
-        {"heartbeat-period", STRIA_OPT_DOUBLE, &c.heartbeat_period_s, 0.01, 3600, "SECONDS",
-         "heartbeat period of the workers; 3 missed mark one dead (default 1)"},
-        {"job-ttl", STRIA_OPT_DOUBLE, &c.job_ttl_s, 0.01, STRIA_COORD_MAX_TTL_S, "SECONDS",
-         "a job idle this long is cleaned up (default 600)"},
-        {"token-file", STRIA_OPT_STRING, &c.token_file, 0, 0, "FILE",
-         "shared secret every connection must present (first line of FILE)"},
-        {"admin-token-file", STRIA_OPT_STRING, &c.admin_token_file, 0, 0, "FILE",
-         "secret needed to drain workers and cancel jobs"},
-        {"metrics-listen", STRIA_OPT_STRING, &c.metrics_listen, 0, 0, "HOST:PORT",
-         "Prometheus /metrics endpoint (default: none)"},
-        {"port-file", STRIA_OPT_STRING, &c.port_file, 0, 0, "FILE",
-         "write the bound RPC port to FILE once listening"},
-        {"max-jobs", STRIA_OPT_INT, &c.max_jobs, 0, 1 << 20, "N",
-         "pending and active jobs at most (default 4096)"},
-        {"history", STRIA_OPT_INT, &c.history, 0, 1 << 20, "N",
-         "finished jobs kept for the admin tools (default 1024)"},
-        {"log-level", STRIA_OPT_STRING, &c.log_level, 0, 0, "LEVEL",
-         "error, warn, info (default) or debug"},
-        {NULL, 0, NULL, 0, 0, NULL, NULL},
-    };
+    int rc;
 
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            stria__usage(stdout, opts);
-            return 0;
-        }
-    }
-    if (getenv("STRIA_LOG_LEVEL") == NULL)
-        stria_log_set_level(STRIA_LOG_INFO);
-    st = stria_opts_parse(opts, argc, argv, 1, NULL);
-    if (st == STRIA_OK && c.log_level != NULL) {
-        stria_log_level_t lvl;
-        st = stria_log_parse_level(c.log_level, &lvl);
-        if (st == STRIA_OK)
-            stria_log_set_level(lvl);
-        else
-            stria_error_wrap(st, "--log-level");
-    }
-    if (st == STRIA_OK && c.listen == NULL)
-        c.listen = "127.0.0.1:7400";
-    if (st == STRIA_OK) {
-        char host[256];
-        uint16_t port;
-        st = stria_addr_parse(c.listen, host, sizeof(host), &port);
-        if (st != STRIA_OK)
-            stria_error_wrap(st, "--listen");
-    }
-    if (st == STRIA_OK && c.token_file != NULL &&
-        (st = stria_rpc_token_read(c.token_file, &token)) != STRIA_OK)
-        stria_error_wrap(st, "--token-file");
-    if (st == STRIA_OK && c.admin_token_file != NULL &&
-        (st = stria_rpc_token_read(c.admin_token_file, &admin_token)) != STRIA_OK)
-        stria_error_wrap(st, "--admin-token-file");
-    if (st != STRIA_OK) {
-        fprintf(stderr, "stria-coordinator: %s\n(see stria-coordinator --help)\n",
-                stria_error_msg());
-        rc = 2;
+    memset(&c, 0, sizeof(c));
+    rc = stria__coord_options(argc, argv, &c, &cli, &token, &admin_token);
+    if (rc >= 0)
         goto free_opts;
-    }
-
+    rc = 1;
     if (c.metrics_listen != NULL && stria_metrics_create(&metrics) != STRIA_OK) {
         fprintf(stderr, "stria-coordinator: %s\n", stria_error_msg());
         goto free_opts;
@@ -224,6 +263,6 @@ free_metrics:
 free_opts:
     free(token);
     free(admin_token);
-    stria_opts_free(opts);
+    stria_cli_free(&cli);
     return rc;
 }
