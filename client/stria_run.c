@@ -10,7 +10,6 @@
  * tokens, heads, head_dim] (K/V with kv_heads); outputs are float32 .npy files.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,11 +28,11 @@ typedef struct {
     bool causal;
     bool dtype_set;
     stria_dtype_t dtype;
-    float scale;
-    int threads;
+    double scale;    /* 0: 1/sqrt(head_dim) */
+    int64_t threads; /* 0: all online CPUs */
     bool quiet;
     /* local ring / service */
-    int ranks;          /* 0: no ring (local), all workers (submit) */
+    int64_t ranks;      /* 0: no ring (local), all workers (submit) */
     const char *device; /* local: the ranks' device; NULL: the host */
     bool layout_set;
     stria_layout_kind_t layout;
@@ -44,6 +43,11 @@ typedef struct {
     double step_timeout_s;
     bool check;
     const char *label;
+    /* random */
+    stria_int_list_t shape;
+    int64_t seed;
+    double amplitude;
+    bool float16;
 } stria__run_opts_t;
 
 /* Inputs converted to the compute dtype, and outputs in fp32. */
@@ -54,217 +58,260 @@ typedef struct {
     float *o, *lse, *dq, *dk, *dv;
 } stria__run_data_t;
 
-static void stria__run_usage(FILE *out)
+static stria_status_t stria__parse_dtype(const char *text, void *dst)
 {
-    fprintf(
-        out,
-        "usage: stria-run local --q Q.npy --k K.npy --v V.npy [--do DO.npy] --out DIR\n"
-        "                       [--causal | --no-causal] [--dtype fp32|bf16|fp16]\n"
-        "                       [--scale X] [--threads T] [--quiet]\n"
-        "\n"
-        "Computes exact attention in this process.\n"
-        "\n"
-        "  --q PATH         queries, [batch, tokens, heads, head_dim], float32 or float16 .npy\n"
-        "  --k PATH         keys, [batch, tokens, kv_heads, head_dim]; heads must be a\n"
-        "                   multiple of kv_heads (grouped-query attention)\n"
-        "  --v PATH         values, same shape as --k\n"
-        "  --do PATH        output gradient, same shape as --q: also runs the backward pass\n"
-        "  --out DIR        output folder (created if missing): o.npy (Q's shape),\n"
-        "                   lse.npy ([batch, heads, tokens], natural log), and with --do\n"
-        "                   dq.npy, dk.npy, dv.npy; all float32, holding the values in the\n"
-        "                   computed precision (rounded to --dtype)\n"
-        "  --causal         causal mask: token i sees tokens <= i (default)\n"
-        "  --no-causal      no mask\n"
-        "  --dtype D        storage dtype to compute in: fp32, bf16 or fp16 (inputs are\n"
-        "                   converted on load; default: the dtype of the Q file; arithmetic\n"
-        "                   accumulates in fp32 always)\n"
-        "  --scale X        softmax scale (default 1/sqrt(head_dim))\n"
-        "  --threads T      compute threads (default: all online CPUs)\n"
-        "  --device NAME    where the ring's ranks compute: cpu (default), cuda:N\n"
-        "                   (cuda = cuda:0), cpu:staged (host kernels through the GPU\n"
-        "                   staging path) or auto; runs an in-process ring (--ranks,\n"
-        "                   default 1)\n"
-        "  --quiet          print nothing on success\n"
-        "  -h, --help       this help\n"
-        "\n"
-        "Environment: STRIA_KERNEL=portable|avx2|avx512 forces a CPU kernel variant;\n"
-        "STRIA_LOG_LEVEL=error|warn|info|debug.\n"
-        "Exit status: 0 success, 1 computation or file error, 2 usage error.\n");
+    return stria_dtype_parse(text, dst);
 }
 
-static int stria__usage_error(const char *fmt, const char *arg)
+static stria_status_t stria__parse_layout(const char *text, void *dst)
 {
-    fprintf(stderr, "stria-run: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see stria-run --help)\n");
-    return 2;
+    return stria_layout_kind_parse(text, dst);
 }
 
-static int stria__parse_opts(int argc, char **argv, bool submit, stria__run_opts_t *o)
+/* A device name that stria_device_open() accepts on this machine. */
+static stria_status_t stria__parse_device(const char *text, void *dst)
 {
-    enum {
-        OPT_Q = 256,
-        OPT_K,
-        OPT_V,
-        OPT_DO,
-        OPT_OUT,
-        OPT_CAUSAL,
-        OPT_NOCAUSAL,
-        OPT_DTYPE,
-        OPT_SCALE,
-        OPT_THREADS,
-        OPT_QUIET,
-        OPT_RANKS,
-        OPT_LAYOUT,
-        OPT_COORD,
-        OPT_TOKEN,
-        OPT_STEP,
-        OPT_CHECK,
-        OPT_LABEL,
-        OPT_DEVICE
+    stria_device_t *dev = NULL;
+    stria_status_t st = stria_device_open(text, NULL, &dev);
+    stria_device_close(dev);
+    if (st == STRIA_OK)
+        *(const char **)dst = text;
+    return st;
+}
+
+static const char stria__run_description[] =
+    "Runs exact attention on .npy inputs: in this process (local), through the\n"
+    "service (submit), or writes reproducible random inputs (random). Inputs are\n"
+    "[batch, tokens, heads, head_dim] (K and V with kv_heads); outputs are float32 .npy.";
+
+static const char stria__run_epilog[] =
+    "Example:\n"
+    "  stria-run random --shape 1,2048,8,64 --seed 1 --out q.npy   (and k, v)\n"
+    "  stria-run local --q q.npy --k k.npy --v v.npy --dtype bf16 --out out\n"
+    "  stria-run submit --coordinator 127.0.0.1:7400 --q q.npy --k k.npy --v v.npy --check \\\n"
+    "      --out out\n"
+    "Environment: STRIA_KERNEL=portable|avx2|avx512 forces a CPU kernel variant;\n"
+    "STRIA_LOG_LEVEL=error|warn|info|debug; STRIA_TOKEN_FILE is the default of\n"
+    "submit's --token-file.\n"
+    "Exit status: 0 success, 1 computation, service or file error, 2 usage error.";
+
+/* The options local and submit share, in the order --help lists them. */
+#define STRIA__RUN_N_COMMON 13
+static void stria__run_common_opts(stria__run_opts_t *o, stria_option_t *t)
+{
+    const stria_option_t common[STRIA__RUN_N_COMMON] = {
+        {.name = "q",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->q_path,
+         .metavar = "PATH",
+         .flags = STRIA_OPT_REQUIRED,
+         .help = "queries, [batch, tokens, heads, head_dim], float32 or float16 .npy"},
+        {.name = "k",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->k_path,
+         .metavar = "PATH",
+         .flags = STRIA_OPT_REQUIRED,
+         .help = "keys, [batch, tokens, kv_heads, head_dim]; heads must be a multiple of "
+                 "kv_heads (grouped-query attention)"},
+        {.name = "v",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->v_path,
+         .metavar = "PATH",
+         .flags = STRIA_OPT_REQUIRED,
+         .help = "values, same shape as --k"},
+        {.name = "do",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->do_path,
+         .metavar = "PATH",
+         .help = "output gradient, same shape as --q: also runs the backward pass"},
+        {.name = "out",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->out_dir,
+         .metavar = "DIR",
+         .help = "output folder (required; created if missing): o.npy (Q's shape), lse.npy "
+                 "([batch, heads, tokens], natural log), and with --do dq.npy, dk.npy, dv.npy; "
+                 "all float32, holding the values in the computed precision (rounded to "
+                 "--dtype)"},
+        {.name = "causal",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->causal,
+         .help = "causal mask: token i sees tokens <= i (the default)"},
+        {.name = "no-causal", .type = STRIA_OPT_UNFLAG, .dst = &o->causal, .help = "no mask"},
+        {.name = "dtype",
+         .type = STRIA_OPT_CUSTOM,
+         .dst = &o->dtype,
+         .parse = stria__parse_dtype,
+         .metavar = "fp32|bf16|fp16",
+         .help = "storage dtype to compute in (inputs are converted on load; default: the "
+                 "dtype of the Q file; arithmetic accumulates in fp32 always)"},
+        {.name = "scale",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->scale,
+         .min = 0,
+         .max = 3.4e38,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "X",
+         .help = "softmax scale (default 1/sqrt(head_dim))"},
+        {.name = "threads",
+         .type = STRIA_OPT_INT,
+         .dst = &o->threads,
+         .min = 1,
+         .max = 1024,
+         .metavar = "N",
+         .help = "compute threads (default: all online CPUs)"},
+        {.name = "quiet",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->quiet,
+         .help = "print nothing on "
+                 "success"},
+        {.name = "ranks",
+         .type = STRIA_OPT_INT,
+         .dst = &o->ranks,
+         .min = 1,
+         .max = 256,
+         .metavar = "N",
+         .help = "ranks of the ring: local runs an in-process ring of N ranks (default: no "
+                 "ring, or 1 with --device); submit asks for N workers (default: all)"},
+        {.name = "layout",
+         .type = STRIA_OPT_CUSTOM,
+         .dst = &o->layout,
+         .parse = stria__parse_layout,
+         .metavar = "striped|contiguous|zigzag",
+         .help = "how the tokens are spread over the ranks (default striped)"},
     };
-    static const struct option longopts[] = {
-        {"q", required_argument, NULL, OPT_Q},
-        {"k", required_argument, NULL, OPT_K},
-        {"v", required_argument, NULL, OPT_V},
-        {"do", required_argument, NULL, OPT_DO},
-        {"out", required_argument, NULL, OPT_OUT},
-        {"causal", no_argument, NULL, OPT_CAUSAL},
-        {"no-causal", no_argument, NULL, OPT_NOCAUSAL},
-        {"dtype", required_argument, NULL, OPT_DTYPE},
-        {"scale", required_argument, NULL, OPT_SCALE},
-        {"threads", required_argument, NULL, OPT_THREADS},
-        {"quiet", no_argument, NULL, OPT_QUIET},
-        {"ranks", required_argument, NULL, OPT_RANKS},
-        {"layout", required_argument, NULL, OPT_LAYOUT},
-        {"coordinator", required_argument, NULL, OPT_COORD},
-        {"token-file", required_argument, NULL, OPT_TOKEN},
-        {"step-timeout", required_argument, NULL, OPT_STEP},
-        {"check", no_argument, NULL, OPT_CHECK},
-        {"label", required_argument, NULL, OPT_LABEL},
-        {"device", required_argument, NULL, OPT_DEVICE},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+    memcpy(t, common, sizeof(common));
+}
+
+/* Parses stria-run's command line into *o; returns -1 to go on with
+ * cli->cmd, else the exit status (help printed, or a usage error). */
+static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_cli_t *cli)
+{
+    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 6];
+    const stria_option_t local_only[] = {
+        {.name = "device",
+         .type = STRIA_OPT_CUSTOM,
+         .dst = &o->device,
+         .parse = stria__parse_device,
+         .metavar = "NAME",
+         .help = "where the ring's ranks compute: cpu (default), cuda:N (cuda = cuda:0), "
+                 "cpu:staged (host kernels through the GPU staging path) or auto; runs an "
+                 "in-process ring (--ranks, default 1)"},
+        {.name = NULL},
     };
-    int c;
-    char *end;
+    const stria_option_t submit_only[] = {
+        {.name = "coordinator",
+         .type = STRIA_OPT_ADDR,
+         .dst = &o->coordinator,
+         .flags = STRIA_OPT_REQUIRED,
+         .metavar = "HOST:PORT",
+         .help = "the service's coordinator"},
+        {.name = "token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->token_file,
+         .metavar = "FILE",
+         .help = "the service's shared secret, first line of FILE (default $STRIA_TOKEN_FILE)"},
+        {.name = "step-timeout",
+         .type = STRIA_OPT_DURATION,
+         .dst = &o->step_timeout_s,
+         .min = 0,
+         .max = 86400,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "TIME",
+         .help = "deadline of one ring step on the workers (default: theirs)"},
+        {.name = "check",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->check,
+         .help = "also compute in this process and compare: exit status 1 when the service's "
+                 "results differ beyond the dtype's tolerance"},
+        {.name = "label",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->label,
+         .metavar = "TEXT",
+         .help = "a label the admin tools show with the job"},
+        {.name = NULL},
+    };
+    const stria_option_t random[] = {
+        {.name = "shape",
+         .type = STRIA_OPT_INTS,
+         .dst = &o->shape,
+         .min = 1,
+         .max = (double)((int64_t)1 << 32),
+         .max_items = STRIA_NPY_MAX_DIMS,
+         .flags = STRIA_OPT_REQUIRED,
+         .metavar = "B,T,H,D",
+         .help = "the array's shape: up to 8 comma-separated sizes"},
+        {.name = "out",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->out_dir,
+         .metavar = "FILE.npy",
+         .flags = STRIA_OPT_REQUIRED,
+         .help = "the file to write"},
+        {.name = "seed",
+         .type = STRIA_OPT_INT,
+         .dst = &o->seed,
+         .dflt = "1",
+         .min = 0,
+         .max = 9e18,
+         .metavar = "N",
+         .help = "the same seed writes the same values"},
+        {.name = "amplitude",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->amplitude,
+         .dflt = "1",
+         .min = 0,
+         .max = 3.4e38,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "A",
+         .help = "values are uniform in [-A, A)"},
+        {.name = "float16",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->float16,
+         .help = "write float16 (default float32)"},
+        {.name = NULL},
+    };
+    const stria_command_t cmds[] = {
+        {.name = "local",
+         .summary = "exact attention in this process (or an in-process ring)",
+         .description = "Computes exact attention in this process: over the whole sequence, or "
+                        "over an\nin-process ring with --ranks or --device.",
+         .options = local},
+        {.name = "submit",
+         .summary = "the same through the service: a coordinator and workers",
+         .description = "Runs the job through the service: the coordinator assigns workers, "
+                        "the inputs\ngo to them and the outputs come back. Prints the job's "
+                        "timings; --check compares\nwith the in-process result.",
+         .options = submit},
+        {.name = "random",
+         .summary = "writes reproducible random inputs",
+         .description = "Writes uniform random values in [-A, A) as float32 (or float16) .npy, "
+                        "the same\nfor the same seed.",
+         .options = random},
+        {.name = NULL},
+    };
+    const stria_command_t root = {.name = "stria-run",
+                                  .description = stria__run_description,
+                                  .epilog = stria__run_epilog,
+                                  .commands = cmds};
 
     memset(o, 0, sizeof(*o));
     o->causal = true;
-    o->submit = submit;
     o->token_file = getenv("STRIA_TOKEN_FILE");
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        switch (c) {
-        case OPT_Q:
-            o->q_path = optarg;
-            break;
-        case OPT_K:
-            o->k_path = optarg;
-            break;
-        case OPT_V:
-            o->v_path = optarg;
-            break;
-        case OPT_DO:
-            o->do_path = optarg;
-            break;
-        case OPT_OUT:
-            o->out_dir = optarg;
-            break;
-        case OPT_CAUSAL:
-            o->causal = true;
-            break;
-        case OPT_NOCAUSAL:
-            o->causal = false;
-            break;
-        case OPT_DTYPE:
-            if (stria_dtype_parse(optarg, &o->dtype) != STRIA_OK)
-                return stria__usage_error("--dtype: %s", stria_error_msg());
-            o->dtype_set = true;
-            break;
-        case OPT_SCALE:
-            errno = 0;
-            o->scale = strtof(optarg, &end);
-            if (errno != 0 || end == optarg || *end != '\0' || !(o->scale > 0.0f) ||
-                isinf(o->scale))
-                return stria__usage_error("--scale '%s': expected a finite number > 0", optarg);
-            break;
-        case OPT_THREADS: {
-            errno = 0;
-            long t = strtol(optarg, &end, 10);
-            if (errno != 0 || end == optarg || *end != '\0' || t < 1 || t > 1024)
-                return stria__usage_error("--threads '%s': expected an integer in 1..1024", optarg);
-            o->threads = (int)t;
-            break;
-        }
-        case OPT_QUIET:
-            o->quiet = true;
-            break;
-        case OPT_RANKS: {
-            errno = 0;
-            long r = strtol(optarg, &end, 10);
-            if (errno != 0 || end == optarg || *end != '\0' || r < 1 || r > 256)
-                return stria__usage_error("--ranks '%s': expected an integer in 1..256", optarg);
-            o->ranks = (int)r;
-            break;
-        }
-        case OPT_DEVICE: {
-            stria_device_t *dev = NULL;
-            if (submit)
-                return stria__usage_error("%s", "--device is for stria-run local (workers choose "
-                                                "their own device)");
-            if (stria_device_open(optarg, NULL, &dev) != STRIA_OK)
-                return stria__usage_error("--device: %s", stria_error_msg());
-            stria_device_close(dev);
-            o->device = optarg;
-            break;
-        }
-        case OPT_LAYOUT:
-            if (stria_layout_kind_parse(optarg, &o->layout) != STRIA_OK)
-                return stria__usage_error("--layout: %s", stria_error_msg());
-            o->layout_set = true;
-            break;
-        case OPT_COORD:
-        case OPT_TOKEN:
-        case OPT_STEP:
-        case OPT_CHECK:
-        case OPT_LABEL:
-            if (!submit)
-                return stria__usage_error("option %s is for stria-run submit", argv[optind - 1]);
-            if (c == OPT_COORD)
-                o->coordinator = optarg;
-            else if (c == OPT_TOKEN)
-                o->token_file = optarg;
-            else if (c == OPT_CHECK)
-                o->check = true;
-            else if (c == OPT_LABEL)
-                o->label = optarg;
-            else {
-                o->step_timeout_s = strtod(optarg, &end);
-                if (end == optarg || *end != '\0' || !(o->step_timeout_s > 0) ||
-                    isinf(o->step_timeout_s))
-                    return stria__usage_error("--step-timeout '%s': expected seconds > 0", optarg);
-            }
-            break;
-        case 'h':
-            stria__run_usage(stdout);
-            exit(0);
-        case ':':
-            return stria__usage_error("option %s needs a value", argv[optind - 1]);
-        default:
-            return stria__usage_error("unknown option '%s'", argv[optind - 1]);
-        }
+    stria__run_common_opts(o, local);
+    memcpy(local + STRIA__RUN_N_COMMON, local_only, sizeof(local_only));
+    stria__run_common_opts(o, submit);
+    memcpy(submit + STRIA__RUN_N_COMMON, submit_only, sizeof(submit_only));
+    int rc = stria_cli_main(&root, argc, argv, cli);
+    if (rc >= 0)
+        return rc;
+    o->submit = strcmp(cli->cmd->name, "submit") == 0;
+    o->dtype_set = stria_cli_given(cli, "dtype");
+    o->layout_set = stria_cli_given(cli, "layout");
+    if (strcmp(cli->cmd->name, "random") != 0 && o->out_dir == NULL) {
+        fprintf(stderr, "stria-run: --out DIR is required\n(see stria-run %s --help)\n",
+                cli->cmd->name);
+        return 2;
     }
-    if (optind < argc)
-        return stria__usage_error("unexpected argument '%s'", argv[optind]);
-    if (o->q_path == NULL || o->k_path == NULL || o->v_path == NULL)
-        return stria__usage_error("%s", "--q, --k and --v are required");
-    if (o->out_dir == NULL)
-        return stria__usage_error("%s", "--out DIR is required");
-    if (submit && o->coordinator == NULL)
-        return stria__usage_error("%s", "--coordinator HOST:PORT is required");
-    return 0;
+    return -1;
 }
 
 /* Checks a 4-D array and returns its shape. */
@@ -522,23 +569,20 @@ static void stria__free_data(stria__run_data_t *d)
     stria_free(d->dv);
 }
 
-static int stria__cmd_local(int argc, char **argv)
+static int stria__cmd_local(const stria__run_opts_t *opts)
 {
-    stria__run_opts_t o;
+    const stria__run_opts_t o = *opts;
     stria__run_data_t d;
     stria_pool_t *pool = NULL;
     stria_status_t st;
     double t0, t1;
-    int rc = stria__parse_opts(argc, argv, false, &o);
 
-    if (rc != 0)
-        return rc;
     memset(&d, 0, sizeof(d));
     st = stria__load_inputs(&o, &d);
     if (st == STRIA_OK)
         st = stria__alloc_outputs(&d, o.do_path != NULL);
     if (st == STRIA_OK)
-        st = stria_pool_create(o.threads, &pool);
+        st = stria_pool_create((int)o.threads, &pool);
     t0 = stria_time_now();
     if (st == STRIA_OK)
         st = o.ranks > 0 || o.device != NULL ? stria__compute_ring(&o, &d)
@@ -648,166 +692,222 @@ static bool stria__compare(const char *name, const float *a, const float *b, siz
     return ok;
 }
 
-static int stria__cmd_submit(int argc, char **argv)
+/* The first line of a token file. */
+static stria_status_t stria__read_token(const char *path, char **token)
 {
-    stria__run_opts_t o;
-    stria__run_data_t d;
-    stria_client_t *client = NULL;
-    stria_job_t *job = NULL;
-    stria_call_stats_t fs = STRIA_CALL_STATS_INIT, bs = STRIA_CALL_STATS_INIT;
-    char *token = NULL;
-    stria_status_t st;
-    int rc = stria__parse_opts(argc, argv, true, &o);
+    FILE *f = fopen(path, "r");
+    char line[4200];
+    stria_status_t st = STRIA_OK;
+    if (f == NULL || fgets(line, sizeof(line), f) == NULL) {
+        st = stria_error_set(STRIA_ERR_IO, "%s: cannot read the token: %s", path,
+                             f ? "empty file" : strerror(errno));
+    } else {
+        line[strcspn(line, "\r\n")] = '\0';
+        *token = strdup(line);
+    }
+    if (f)
+        fclose(f);
+    return st;
+}
+
+/* The outputs as the service returns them, in the job's dtype. */
+typedef struct {
+    size_t nq, nk;
+    void *o, *dq, *dk, *dv;
+} stria__submit_out_t;
+
+static stria_status_t stria__submit_alloc(const stria__run_data_t *d, bool backward,
+                                          stria__submit_out_t *s)
+{
+    size_t es = stria_dtype_size(d->dtype);
+    s->nq = (size_t)(d->B * d->T * d->H * d->D);
+    s->nk = (size_t)(d->B * d->T * d->Hkv * d->D);
+    s->o = stria_malloc_aligned(s->nq * es);
+    if (backward) {
+        s->dq = stria_malloc_aligned(s->nq * es);
+        s->dk = stria_malloc_aligned(s->nk * es);
+        s->dv = stria_malloc_aligned(s->nk * es);
+    }
+    if (s->o == NULL || (backward && (s->dq == NULL || s->dk == NULL || s->dv == NULL)))
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate outputs");
+    return STRIA_OK;
+}
+
+static void stria__submit_free(stria__submit_out_t *s)
+{
+    stria_free(s->o);
+    stria_free(s->dq);
+    stria_free(s->dk);
+    stria_free(s->dv);
+}
+
+static void stria__submit_spec(const stria__run_opts_t *o, const stria__run_data_t *d,
+                               stria_job_spec_t *spec)
+{
+    memset(spec, 0, sizeof(*spec));
+    spec->struct_size = sizeof(*spec);
+    spec->batch = d->B;
+    spec->seq_len = d->T;
+    spec->heads = d->H;
+    spec->kv_heads = d->Hkv;
+    spec->head_dim = d->D;
+    spec->dtype = d->dtype;
+    spec->causal = o->causal;
+    spec->layout = o->layout_set ? o->layout : STRIA_LAYOUT_STRIPED;
+    spec->ring_size = (int)o->ranks;
+    spec->scale = (float)o->scale;
+    spec->step_timeout_s = o->step_timeout_s;
+    spec->label = o->label;
+}
+
+/* What a submitted job did. */
+typedef struct {
+    uint64_t job_id;
+    int ring;
+    double t_fwd, t_bwd;
+    stria_call_stats_t fs, bs;
+} stria__submit_stats_t;
+
+static void stria__submit_report(const stria__run_opts_t *o, const stria__run_data_t *d,
+                                 const stria__submit_stats_t *r)
+{
+    const stria_call_stats_t *fs = &r->fs, *bs = &r->bs;
+    double flops = 4.0 * (double)d->B * (double)d->H * (double)d->T * (double)d->T * (double)d->D;
+    if (o->causal)
+        flops *= 0.5;
+    printf("stria-run submit: job %llu on %d workers, batch=%lld tokens=%lld heads=%lld "
+           "kv_heads=%lld head_dim=%lld dtype=%s %s %s\n",
+           (unsigned long long)r->job_id, r->ring, (long long)d->B, (long long)d->T,
+           (long long)d->H, (long long)d->Hkv, (long long)d->D, stria_dtype_name(d->dtype),
+           o->causal ? "causal" : "non-causal",
+           stria_layout_kind_name(o->layout_set ? o->layout : STRIA_LAYOUT_STRIPED));
+    printf("  forward:  %.3f s (queue %.3f, upload %.3f, pass %.3f, download %.3f), "
+           "%.1f GFLOP/s in the pass\n",
+           r->t_fwd, fs->queued_s, fs->upload_s, fs->pass_s, fs->download_s,
+           flops / fs->pass_s * 1e-9);
+    printf("            rank kernel time %.3f..%.3f s (balance %.2f), longest ring wait "
+           "%.3f s\n",
+           fs->rank_compute_s_min, fs->rank_compute_s_max,
+           fs->rank_compute_s_max > 0 ? fs->rank_compute_s_min / fs->rank_compute_s_max : 1.0,
+           fs->rank_wait_s_max);
+    if (o->do_path)
+        printf("  backward: %.3f s (upload %.3f, pass %.3f, download %.3f), %.1f GFLOP/s in "
+               "the pass; rank kernel time %.3f..%.3f s\n",
+               r->t_bwd, bs->upload_s, bs->pass_s, bs->download_s, 2.5 * flops / bs->pass_s * 1e-9,
+               bs->rank_compute_s_min, bs->rank_compute_s_max);
+    printf("  outputs in %s/\n", o->out_dir);
+}
+
+/* --check: computes the same in this process and compares. */
+static stria_status_t stria__submit_check(const stria__run_opts_t *o, const stria__run_data_t *d)
+{
+    size_t nq = (size_t)(d->B * d->T * d->H * d->D), nk = (size_t)(d->B * d->T * d->Hkv * d->D);
+    stria__run_data_t l = *d;
+    stria_pool_t *pool = NULL;
+    l.o = l.lse = l.dq = l.dk = l.dv = NULL;
+    stria_status_t st = stria__alloc_outputs(&l, o->do_path != NULL);
+    if (st == STRIA_OK)
+        st = stria_pool_create((int)o->threads, &pool);
+    if (st == STRIA_OK)
+        st = stria__compute_local(o, &l, pool);
+    if (st == STRIA_OK) {
+        bool ok = stria__compare("O", d->o, l.o, nq, d->dtype, o->quiet);
+        ok &= stria__compare("LSE", d->lse, l.lse, (size_t)(d->B * d->H * d->T), STRIA_DTYPE_F32,
+                             o->quiet);
+        if (o->do_path) {
+            ok &= stria__compare("dQ", d->dq, l.dq, nq, d->dtype, o->quiet);
+            ok &= stria__compare("dK", d->dk, l.dk, nk, d->dtype, o->quiet);
+            ok &= stria__compare("dV", d->dv, l.dv, nk, d->dtype, o->quiet);
+        }
+        if (!ok)
+            st = stria_error_set(STRIA_ERR_INTERNAL, "--check: the service's results differ from "
+                                                     "the in-process computation");
+        else if (!o->quiet)
+            printf("  check: the service's results match the in-process computation\n");
+    }
+    stria_pool_destroy(pool);
+    stria_free(l.o);
+    stria_free(l.lse);
+    stria_free(l.dq);
+    stria_free(l.dk);
+    stria_free(l.dv);
+    return st;
+}
+
+/* Forward (and backward) through the service; the outputs widened into d. */
+static stria_status_t stria__submit_run(const stria__run_opts_t *o, stria_client_t *client,
+                                        stria__run_data_t *d, stria__submit_stats_t *r)
+{
+    stria__submit_out_t s;
     stria__progress_t prog = {isatty(2) != 0, (stria_phase_t)-1, 0};
-    double t_fwd = 0, t_bwd = 0;
-
-    if (rc != 0)
-        return rc;
-    memset(&d, 0, sizeof(d));
-    memset(&bs, 0, sizeof(bs));
-    st = stria__load_inputs(&o, &d);
-    if (st == STRIA_OK)
-        st = stria__alloc_outputs(&d, o.do_path != NULL);
-    if (st == STRIA_OK && o.token_file != NULL && o.token_file[0] != '\0') {
-        FILE *f = fopen(o.token_file, "r");
-        char line[4200];
-        if (f == NULL || fgets(line, sizeof(line), f) == NULL) {
-            st = stria_error_set(STRIA_ERR_IO, "%s: cannot read the token: %s", o.token_file,
-                                 f ? "empty file" : strerror(errno));
-        } else {
-            line[strcspn(line, "\r\n")] = '\0';
-            token = strdup(line);
-        }
-        if (f)
-            fclose(f);
-    }
-    stria_client_params_t cp;
-    memset(&cp, 0, sizeof(cp));
-    cp.struct_size = sizeof(cp);
-    cp.coordinator = o.coordinator;
-    cp.token = token;
-    cp.client_name = "stria-run";
-    if (st == STRIA_OK)
-        st = stria_client_connect(&cp, &client);
-
-    size_t nq = (size_t)(d.B * d.T * d.H * d.D), nk = (size_t)(d.B * d.T * d.Hkv * d.D);
-    size_t es = stria_dtype_size(d.dtype);
-    void *o_s = NULL, *dq_s = NULL, *dk_s = NULL, *dv_s = NULL;
-    if (st == STRIA_OK) {
-        o_s = stria_malloc_aligned(nq * es);
-        if (o.do_path) {
-            dq_s = stria_malloc_aligned(nq * es);
-            dk_s = stria_malloc_aligned(nk * es);
-            dv_s = stria_malloc_aligned(nk * es);
-        }
-        if (o_s == NULL || (o.do_path && (dq_s == NULL || dk_s == NULL || dv_s == NULL)))
-            st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate outputs");
-    }
+    stria_job_t *job = NULL;
     stria_job_spec_t spec;
-    memset(&spec, 0, sizeof(spec));
-    spec.struct_size = sizeof(spec);
-    spec.batch = d.B;
-    spec.seq_len = d.T;
-    spec.heads = d.H;
-    spec.kv_heads = d.Hkv;
-    spec.head_dim = d.D;
-    spec.dtype = d.dtype;
-    spec.causal = o.causal;
-    spec.layout = o.layout_set ? o.layout : STRIA_LAYOUT_STRIPED;
-    spec.ring_size = o.ranks;
-    spec.scale = o.scale;
-    spec.step_timeout_s = o.step_timeout_s;
-    spec.label = o.label;
+    double t0;
+
+    memset(&s, 0, sizeof(s));
+    stria__submit_spec(o, d, &spec);
+    stria_status_t st = stria__submit_alloc(d, o->do_path != NULL, &s);
     if (st == STRIA_OK) {
-        double t0 = stria_time_now();
-        st = stria_client_forward(client, &spec, d.q, d.k, d.v, o_s, d.lse, stria__progress, &prog,
-                                  &fs, &job);
-        t_fwd = stria_time_now() - t0;
+        t0 = stria_time_now();
+        st = stria_client_forward(client, &spec, d->q, d->k, d->v, s.o, d->lse, stria__progress,
+                                  &prog, &r->fs, &job);
+        r->t_fwd = stria_time_now() - t0;
         stria__progress_end(&prog);
     }
-    if (st == STRIA_OK && o.do_path) {
-        double t0 = stria_time_now();
-        st = stria_client_backward(job, d.d_o, dq_s, dk_s, dv_s, stria__progress, &prog, &bs);
-        t_bwd = stria_time_now() - t0;
+    if (st == STRIA_OK && o->do_path) {
+        t0 = stria_time_now();
+        st = stria_client_backward(job, d->d_o, s.dq, s.dk, s.dv, stria__progress, &prog, &r->bs);
+        r->t_bwd = stria_time_now() - t0;
         stria__progress_end(&prog);
     }
-    uint64_t job_id = stria_job_id(job);
-    int ring = stria_job_ring_size(job);
+    r->job_id = stria_job_id(job);
+    r->ring = stria_job_ring_size(job);
     if (job != NULL) {
         stria_status_t rst = stria_client_release(job);
         if (st == STRIA_OK && rst != STRIA_OK)
             st = rst;
     }
     if (st == STRIA_OK) {
-        stria__widen(d.dtype, o_s, d.o, nq);
-        if (o.do_path) {
-            stria__widen(d.dtype, dq_s, d.dq, nq);
-            stria__widen(d.dtype, dk_s, d.dk, nk);
-            stria__widen(d.dtype, dv_s, d.dv, nk);
+        stria__widen(d->dtype, s.o, d->o, s.nq);
+        if (o->do_path) {
+            stria__widen(d->dtype, s.dq, d->dq, s.nq);
+            stria__widen(d->dtype, s.dk, d->dk, s.nk);
+            stria__widen(d->dtype, s.dv, d->dv, s.nk);
         }
-        st = stria__write_outputs(&o, &d);
     }
-    if (st == STRIA_OK && !o.quiet) {
-        double flops = 4.0 * (double)d.B * (double)d.H * (double)d.T * (double)d.T * (double)d.D;
-        if (o.causal)
-            flops *= 0.5;
-        printf("stria-run submit: job %llu on %d workers, batch=%lld tokens=%lld heads=%lld "
-               "kv_heads=%lld head_dim=%lld dtype=%s %s %s\n",
-               (unsigned long long)job_id, ring, (long long)d.B, (long long)d.T, (long long)d.H,
-               (long long)d.Hkv, (long long)d.D, stria_dtype_name(d.dtype),
-               o.causal ? "causal" : "non-causal",
-               stria_layout_kind_name(o.layout_set ? o.layout : STRIA_LAYOUT_STRIPED));
-        printf("  forward:  %.3f s (queue %.3f, upload %.3f, pass %.3f, download %.3f), "
-               "%.1f GFLOP/s in the pass\n",
-               t_fwd, fs.queued_s, fs.upload_s, fs.pass_s, fs.download_s, flops / fs.pass_s * 1e-9);
-        printf("            rank kernel time %.3f..%.3f s (balance %.2f), longest ring wait "
-               "%.3f s\n",
-               fs.rank_compute_s_min, fs.rank_compute_s_max,
-               fs.rank_compute_s_max > 0 ? fs.rank_compute_s_min / fs.rank_compute_s_max : 1.0,
-               fs.rank_wait_s_max);
-        if (o.do_path)
-            printf("  backward: %.3f s (upload %.3f, pass %.3f, download %.3f), %.1f GFLOP/s in "
-                   "the pass; rank kernel time %.3f..%.3f s\n",
-                   t_bwd, bs.upload_s, bs.pass_s, bs.download_s, 2.5 * flops / bs.pass_s * 1e-9,
-                   bs.rank_compute_s_min, bs.rank_compute_s_max);
-        printf("  outputs in %s/\n", o.out_dir);
-    }
-    if (st == STRIA_OK && o.check) {
-        stria__run_data_t l = d;
-        stria_pool_t *pool = NULL;
-        l.o = l.lse = l.dq = l.dk = l.dv = NULL;
-        st = stria__alloc_outputs(&l, o.do_path != NULL);
-        if (st == STRIA_OK)
-            st = stria_pool_create(o.threads, &pool);
-        if (st == STRIA_OK)
-            st = stria__compute_local(&o, &l, pool);
-        if (st == STRIA_OK) {
-            bool ok = stria__compare("O", d.o, l.o, nq, d.dtype, o.quiet);
-            ok &= stria__compare("LSE", d.lse, l.lse, (size_t)(d.B * d.H * d.T), STRIA_DTYPE_F32,
-                                 o.quiet);
-            if (o.do_path) {
-                ok &= stria__compare("dQ", d.dq, l.dq, nq, d.dtype, o.quiet);
-                ok &= stria__compare("dK", d.dk, l.dk, nk, d.dtype, o.quiet);
-                ok &= stria__compare("dV", d.dv, l.dv, nk, d.dtype, o.quiet);
-            }
-            if (!ok)
-                st = stria_error_set(STRIA_ERR_INTERNAL,
-                                     "--check: the service's results differ from the "
-                                     "in-process computation");
-            else if (!o.quiet)
-                printf("  check: the service's results match the in-process computation\n");
-        }
-        stria_pool_destroy(pool);
-        stria_free(l.o);
-        stria_free(l.lse);
-        stria_free(l.dq);
-        stria_free(l.dk);
-        stria_free(l.dv);
-    }
-    stria_free(o_s);
-    stria_free(dq_s);
-    stria_free(dk_s);
-    stria_free(dv_s);
+    stria__submit_free(&s);
+    return st;
+}
+
+static int stria__cmd_submit(const stria__run_opts_t *o)
+{
+    stria__run_data_t d;
+    stria_client_t *client = NULL;
+    stria__submit_stats_t r = {.fs = STRIA_CALL_STATS_INIT, .bs = STRIA_CALL_STATS_INIT};
+    stria_client_params_t cp;
+    char *token = NULL;
+
+    memset(&d, 0, sizeof(d));
+    stria_status_t st = stria__load_inputs(o, &d);
+    if (st == STRIA_OK)
+        st = stria__alloc_outputs(&d, o->do_path != NULL);
+    if (st == STRIA_OK && o->token_file != NULL && o->token_file[0] != '\0')
+        st = stria__read_token(o->token_file, &token);
+    memset(&cp, 0, sizeof(cp));
+    cp.struct_size = sizeof(cp);
+    cp.coordinator = o->coordinator;
+    cp.token = token;
+    cp.client_name = "stria-run";
+    if (st == STRIA_OK)
+        st = stria_client_connect(&cp, &client);
+    if (st == STRIA_OK)
+        st = stria__submit_run(o, client, &d, &r);
+    if (st == STRIA_OK)
+        st = stria__write_outputs(o, &d);
+    if (st == STRIA_OK && !o->quiet)
+        stria__submit_report(o, &d, &r);
+    if (st == STRIA_OK && o->check)
+        st = stria__submit_check(o, &d);
     stria_client_close(client);
     free(token);
     stria__free_data(&d);
@@ -820,72 +920,27 @@ static int stria__cmd_submit(int argc, char **argv)
 }
 
 /* stria-run random: writes a reproducible random .npy array. */
-static int stria__cmd_random(int argc, char **argv)
+static int stria__cmd_random(const stria__run_opts_t *o)
 {
     int64_t shape[STRIA_NPY_MAX_DIMS];
-    int ndim = 0;
-    const char *out = NULL, *shape_arg = NULL;
-    uint64_t seed = 1;
-    float amp = 1.0f;
-    bool f16 = false;
-    char *end;
-
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            printf("usage: stria-run random --shape B,T,H,D --out FILE.npy [--seed N] "
-                   "[--amplitude A] [--float16]\n"
-                   "Writes uniform random values in [-A, A) (default A = 1) as float32 (or\n"
-                   "float16) .npy, reproducible for a given seed (default 1).\n");
-            return 0;
-        }
-        if (val == NULL)
-            return stria__usage_error("option %s needs a value (or is unknown)", a);
-        if (strcmp(a, "--shape") == 0) {
-            shape_arg = val;
-        } else if (strcmp(a, "--out") == 0) {
-            out = val;
-        } else if (strcmp(a, "--seed") == 0) {
-            errno = 0;
-            seed = strtoull(val, &end, 10);
-            if (errno != 0 || end == val || *end != '\0')
-                return stria__usage_error("--seed '%s': expected a non-negative integer", val);
-        } else if (strcmp(a, "--amplitude") == 0) {
-            amp = strtof(val, &end);
-            if (end == val || *end != '\0' || !(amp > 0.0f) || isinf(amp))
-                return stria__usage_error("--amplitude '%s': expected a finite number > 0", val);
-        } else if (strcmp(a, "--float16") == 0) {
-            f16 = true;
-            continue;
-        } else {
-            return stria__usage_error("unknown option '%s'", a);
-        }
-        i++;
-    }
-    if (shape_arg == NULL || out == NULL)
-        return stria__usage_error("%s", "--shape and --out are required");
-    for (const char *p = shape_arg; *p != '\0';) {
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || errno != 0 || v < 1 || v > ((int64_t)1 << 32) ||
-            ndim == STRIA_NPY_MAX_DIMS || (*end != ',' && *end != '\0'))
-            return stria__usage_error("--shape '%s': expected up to 8 comma-separated sizes >= 1",
-                                      shape_arg);
-        shape[ndim++] = v;
-        p = *end == ',' ? end + 1 : end;
-    }
+    int ndim = (int)o->shape.n;
+    float amp = (float)o->amplitude;
     size_t n = 1;
+
     for (int i = 0; i < ndim; i++) {
-        if (__builtin_mul_overflow(n, (size_t)shape[i], &n) || n > ((size_t)1 << 34))
-            return stria__usage_error("--shape '%s': too many elements", shape_arg);
+        shape[i] = o->shape.v[i];
+        if (__builtin_mul_overflow(n, (size_t)shape[i], &n) || n > ((size_t)1 << 34)) {
+            fprintf(stderr, "stria-run: --shape: more than 2^34 elements\n"
+                            "(see stria-run random --help)\n");
+            return 2;
+        }
     }
     float *data = stria_malloc_aligned(n * sizeof(float));
     if (data == NULL) {
         fprintf(stderr, "stria-run: cannot allocate %zu elements\n", n);
         return 1;
     }
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+    uint64_t x = (uint64_t)o->seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
     for (size_t i = 0; i < n; i++) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -893,7 +948,7 @@ static int stria__cmd_random(int argc, char **argv)
         data[i] = ((float)(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
     }
     stria_status_t st;
-    if (f16) {
+    if (o->float16) {
         uint16_t *h = stria_malloc_aligned(n * sizeof(uint16_t));
         if (h == NULL) {
             stria_free(data);
@@ -901,10 +956,10 @@ static int stria__cmd_random(int argc, char **argv)
             return 1;
         }
         stria_dtype_convert(STRIA_DTYPE_F32, data, STRIA_DTYPE_F16, h, n);
-        st = stria_npy_write(out, STRIA_DTYPE_F16, ndim, shape, h);
+        st = stria_npy_write(o->out_dir, STRIA_DTYPE_F16, ndim, shape, h);
         stria_free(h);
     } else {
-        st = stria_npy_write(out, STRIA_DTYPE_F32, ndim, shape, data);
+        st = stria_npy_write(o->out_dir, STRIA_DTYPE_F32, ndim, shape, data);
     }
     stria_free(data);
     if (st != STRIA_OK) {
@@ -916,16 +971,16 @@ static int stria__cmd_random(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-        stria__run_usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    if (strcmp(argv[1], "local") == 0)
-        return stria__cmd_local(argc - 1, argv + 1);
-    if (strcmp(argv[1], "random") == 0)
-        return stria__cmd_random(argc - 1, argv + 1);
-    if (strcmp(argv[1], "submit") == 0)
-        return stria__cmd_submit(argc - 1, argv + 1);
-    fprintf(stderr, "stria-run: unknown command '%s' (expected: local, submit, random)\n", argv[1]);
-    return 2;
+    stria__run_opts_t o;
+    stria_cli_t cli;
+    int rc = stria__run_parse(argc, argv, &o, &cli);
+
+    if (rc < 0 && strcmp(cli.cmd->name, "local") == 0)
+        rc = stria__cmd_local(&o);
+    else if (rc < 0 && strcmp(cli.cmd->name, "submit") == 0)
+        rc = stria__cmd_submit(&o);
+    else if (rc < 0)
+        rc = stria__cmd_random(&o);
+    stria_cli_free(&cli);
+    return rc;
 }

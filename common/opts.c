@@ -467,11 +467,27 @@ static stria_status_t stria__check(stria_cli_t *cli)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "missing argument%s: %s",
                                c->min_args > 1 ? "s" : "", c->args ? c->args : "");
     }
-    for (size_t i = 0; i < cli->n_state; i++) {
-        const stria_option_t *o = cli->state[i].o;
-        if ((o->flags & STRIA_OPT_REQUIRED) && cli->state[i].from < STRIA_OPT_FROM_FLAG)
-            return stria_error_set(STRIA_ERR_INVALID_ARG, "--%s %s is required", o->name,
-                                   o->metavar ? o->metavar : "VALUE");
+    /* every missing one in one message: "--q, --k and --v are required" */
+    const stria_option_t *missing[8];
+    size_t n = 0;
+    for (size_t i = 0; i < cli->n_state && n < 8; i++)
+        if ((cli->state[i].o->flags & STRIA_OPT_REQUIRED) &&
+            cli->state[i].from < STRIA_OPT_FROM_FLAG)
+            missing[n++] = cli->state[i].o;
+    if (n == 1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "--%s %s is required", missing[0]->name,
+                               missing[0]->metavar ? missing[0]->metavar : "VALUE");
+    if (n > 1) {
+        char list[512];
+        size_t len = 0;
+        for (size_t i = 0; i < n; i++)
+            len +=
+                (size_t)snprintf(list + len, len < sizeof(list) ? sizeof(list) - len : 0, "%s--%s",
+                                 i == 0      ? ""
+                                 : i + 1 < n ? ", "
+                                             : " and ",
+                                 missing[i]->name);
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s are required", list);
     }
     return STRIA_OK;
 }

@@ -136,6 +136,55 @@ Test(stria_run, random_writes_reproducible_arrays, .init = setup, .fini = teardo
     cr_expect_eq(run(args), 2);
 }
 
+/* Whether `text` has a line starting with "  " + `start` (an option or a
+ * command of a generated --help). */
+static bool has_line(const char *text, const char *start)
+{
+    char needle[128];
+    snprintf(needle, sizeof(needle), "\n  %s", start);
+    return strstr(text, needle) != NULL;
+}
+
+Test(stria_run, help_documents_every_command_and_option, .init = setup, .fini = teardown)
+{
+    static const char *const cmds[] = {"local ", "submit ", "random "};
+    static const char *const submit[] = {
+        "--coordinator HOST:PORT", "--ranks N", "--layout ", "--check ",  "--token-file FILE",
+        "--step-timeout ",         "--label ",  "--q PATH",  "--out DIR", "--dtype "};
+    static const char *const random[] = {"--shape B,T,H,D", "--out FILE.npy", "--seed N",
+                                         "--amplitude A", "--float16 "};
+    cr_assert_eq(run("--help"), 0);
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        cr_expect(has_line(slurp("stdout"), cmds[i]), "stria-run --help lacks %s:\n%s", cmds[i],
+                  slurp("stdout"));
+    /* -h and --help of a command: that command's text, every option of it */
+    for (int h = 0; h < 2; h++) {
+        cr_assert_eq(run(h ? "submit --help" : "submit -h"), 0);
+        cr_expect(strstr(slurp("stdout"), "usage: stria-run submit ") != NULL, "%s",
+                  slurp("stdout"));
+        for (size_t i = 0; i < sizeof(submit) / sizeof(submit[0]); i++)
+            cr_expect(has_line(slurp("stdout"), submit[i]), "submit --help lacks %s:\n%s",
+                      submit[i], slurp("stdout"));
+        cr_expect(!has_line(slurp("stdout"), "--device"), "%s", slurp("stdout"));
+    }
+    cr_assert_eq(run("local --help"), 0);
+    cr_expect(has_line(slurp("stdout"), "--device NAME"), "%s", slurp("stdout"));
+    cr_expect(has_line(slurp("stdout"), "--ranks N"), "%s", slurp("stdout"));
+    cr_expect(!has_line(slurp("stdout"), "--coordinator"), "%s", slurp("stdout"));
+    cr_assert_eq(run("random --help"), 0);
+    for (size_t i = 0; i < sizeof(random) / sizeof(random[0]); i++)
+        cr_expect(has_line(slurp("stdout"), random[i]), "random --help lacks %s:\n%s", random[i],
+                  slurp("stdout"));
+    /* the options of one command are not those of another */
+    cr_expect_eq(run("local --coordinator 127.0.0.1:1 --q a --k b --v c --out d"), 2);
+    cr_expect(strstr(slurp("stderr"), "unknown option '--coordinator'") != NULL, "%s",
+              slurp("stderr"));
+    cr_expect_eq(run("submit --q a --k b --v c --out d --coordinator nohost"), 2);
+    cr_expect(strstr(slurp("stderr"), "--coordinator 'nohost'") != NULL, "%s", slurp("stderr"));
+    cr_expect_eq(run("submit --q a --k b --v c --out d --coordinator h:1 --step-timeout 0"), 2);
+    cr_expect(strstr(slurp("stderr"), "--step-timeout '0'") != NULL, "%s", slurp("stderr"));
+}
+
 Test(stria_run, bad_inputs_get_clear_errors, .init = setup, .fini = teardown)
 {
     static float x[2 * 8 * 3 * 16]; /* large enough for every array written below */

@@ -400,6 +400,7 @@ static const stria_option_t cancel_opts[] = {
      .help = "why it is cancelled"},
     {.name = NULL},
 };
+static const char *g_in, *g_out;
 static const stria_option_t run_opts[] = {
     {.name = "count",
      .type = STRIA_OPT_INT,
@@ -409,6 +410,8 @@ static const stria_option_t run_opts[] = {
      .flags = STRIA_OPT_REQUIRED,
      .metavar = "N",
      .help = "runs"},
+    {.name = "in", .type = STRIA_OPT_STRING, .dst = &g_in, .flags = STRIA_OPT_REQUIRED},
+    {.name = "out", .type = STRIA_OPT_STRING, .dst = &g_out, .flags = STRIA_OPT_REQUIRED},
     {.name = NULL},
 };
 static const stria_command_t cmds[] = {
@@ -460,8 +463,10 @@ Test(opts, positional_arguments_are_counted)
 
 Test(opts, required_options_must_be_given)
 {
-    expect_error(PARSE_IN(&ctl, "run"), "--count N is required");
-    cr_expect_eq(PARSE_IN(&ctl, "run", "--count", "2"), STRIA_OK);
+    expect_error(PARSE_IN(&ctl, "run"), "--count, --in and --out are required");
+    expect_error(PARSE_IN(&ctl, "run", "--in", "x"), "--count and --out are required");
+    expect_error(PARSE_IN(&ctl, "run", "--in", "x", "--out", "y"), "--count N is required");
+    cr_expect_eq(PARSE_IN(&ctl, "run", "--count", "2", "--in=a", "--out=b"), STRIA_OK);
     cr_expect_eq(g_sub_count, 2);
 }
 
@@ -525,7 +530,8 @@ Test(opts, help_of_a_program_lists_its_commands)
     cr_expect(strstr(h, "options of ctl") != NULL && strstr(h, "  --json") != NULL, "%s", h);
     free(h);
     h = help_of(&ctl, (const char *const[]){"run", "--help", NULL});
-    cr_expect(strstr(h, "usage: ctl run --count N [options]") != NULL, "%s", h);
+    cr_expect(strstr(h, "usage: ctl run --count N --in VALUE --out VALUE [options]") != NULL, "%s",
+              h);
     cr_expect(strstr(h, "runs (required)") != NULL, "%s", h);
     free(h);
 }
