@@ -633,7 +633,7 @@ static void stria__drain_on_error(stria_ring_pass_t *p, stria_status_t st)
     (void)stria_error_set(st, "%s", msg);
 }
 
-/* ---- forward ------------------------------------------------------------- */
+/* ---- compute time on a device ---------------------------------------- */
 
 /* On a GPU the kernels only enqueue work: the step's compute time is the
  * wall time from its first enqueue until the compute stream is seen idle,
@@ -688,183 +688,331 @@ static stria_status_t stria__store_lse(stria_ring_pass_t *p, const float *lse_ac
                              (size_t)(BH * L) * sizeof(float));
 }
 
-static stria_status_t stria__fwd(stria_ring_pass_t *p, const stria_tensor_t *q,
-                                 const stria_tensor_t *k, const stria_tensor_t *v,
-                                 const stria_tensor_t *o, float *lse)
-{
-    static const char fn[] = "stria_ring_fwd";
-    stria__reqs_t reqs;
-    stria_status_t st;
-    char *kvh[2], *kvd[2];
-    float *o_acc = NULL, *lse_acc = NULL, *lse_h = NULL;
-    stria_device_fwd_pass_t *fpass = NULL; /* the query side, prepared once */
-    int step = 0;
+/* ---- the K/V steps, shared by both directions ---------------------------- */
 
-    memset(&reqs, 0, sizeof(reqs));
+/* One fwd/bwd call: what its K/V steps share. The direction's own state
+ * (stria__fwd_t, stria__bwd_t) starts with this struct, and its step
+ * callbacks get this struct back. */
+typedef struct {
+    stria_ring_pass_t *p;
+    const char *what; /* "forward" or "backward": error messages */
+    stria__reqs_t reqs;
+    const stria_tensor_t *k, *v; /* the caller's K/V: this rank's own block */
+    /* The K/V blocks: messages in host memory (kvh) and, staged, their
+     * device copies (kvd); on a host-visible device they are the same. K
+     * then V, each head-major [B][Hkv][L][D]. */
+    char *kvh[2], *kvd[2];
+    size_t kv_bytes, msg; /* K (or V) of a block; a message: K then V */
+} stria__call_t;
+
+/* What a direction adds to the K/V steps of stria__ring_steps(). */
+typedef struct {
+    /* Opens the query side once, before step 0 (timed as step 0's compute);
+     * only called when this rank has real queries. */
+    stria_status_t (*open)(stria__call_t *c);
+    /* Optional: after the K/V transfers of the step are posted, before its
+     * compute. */
+    stria_status_t (*prepare)(stria__call_t *c, int step, stria_ring_step_stats_t *ss);
+    /* The compute of a step on block a->kv (visible: some real key of it is
+     * visible to some real query here): enqueued or run, timed into ss with
+     * stria__compute_end_dev(). */
+    stria_status_t (*compute)(stria__call_t *c, int step, bool visible,
+                              const stria_attn_params_t *a, const stria_tensor_t *k,
+                              const stria_tensor_t *v, stria_ring_step_stats_t *ss, double *t_dev0);
+    /* Optional: the step's own traffic after its compute (the dK/dV sum).
+     * On the host it runs before the step's K/V waits, so that its send is
+     * under way while they block; staged it runs after them, so that the
+     * host -> device copy of the next block is enqueued before the host
+     * waits for the compute stream. */
+    stria_status_t (*traffic)(stria__call_t *c, int step, stria_ring_step_stats_t *ss);
+    /* Optional: after the last step, before the agreement (the dK/dV sum
+     * coming home): step N for errors and deadlines. */
+    stria_status_t (*tail)(stria__call_t *c);
+    int tail_steps; /* deadline steps the tail takes: the agreement's first
+                     * round counts as step N + tail_steps */
+} stria__dir_ops_t;
+
+/* Starts a call: its number (part of every tag), its clock (deadlines),
+ * and the checks of the views both directions take. */
+static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, const char *fn,
+                                        const char *what, const stria_tensor_t *q,
+                                        const stria_tensor_t *k, const stria_tensor_t *v,
+                                        const stria_tensor_t *o)
+{
+    stria_status_t st;
+    memset(c, 0, sizeof(*c));
+    c->p = p;
+    c->what = what;
+    c->k = k;
+    c->v = v;
+    c->kv_bytes =
+        (size_t)(p->shape.batch * p->layout.shard_tokens * p->shape.kv_heads * p->shape.head_dim) *
+        stria_dtype_size(p->shape.dtype);
+    c->msg = 2 * c->kv_bytes;
     p->call = p->calls++;
     p->t_start = stria_time_now();
     if ((st = stria__check_view(q, fn, "q", true, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(k, fn, "k", true, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(v, fn, "v", true, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(o, fn, "o", false, p->shape.dtype)) != STRIA_OK)
-        return stria__fail(p, &reqs, st, "forward", 0);
-    if (lse == NULL)
-        return stria__fail(p, &reqs, stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn),
-                           "forward", 0);
+        return stria__fail(p, &c->reqs, st, what, 0);
+    return STRIA_OK;
+}
 
-    const int N = p->n, r = p->rank;
-    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, H = p->shape.heads;
-    const int64_t Hkv = p->shape.kv_heads, D = p->shape.head_dim, qv = p->valid[r];
-    const size_t es = stria_dtype_size(p->shape.dtype);
-    const size_t kv_bytes = (size_t)(B * L * Hkv * D) * es, msg = 2 * kv_bytes;
-    const size_t msg64 = stria__round64(msg);
-
-    const size_t o_bytes = (size_t)(B * L * H * D) * sizeof(float);
-    const size_t lse_bytes = (size_t)(B * H * (qv > 0 ? qv : 1)) * sizeof(float);
-    /* The K/V blocks: messages in host memory (kvh) and, staged, their
-     * device copies (kvd); on a host-visible device they are the same. K
-     * then V, each head-major [B][Hkv][L][D]. The O accumulator is
-     * head-major too: a query tile's rows are then adjacent, which cuts
-     * the cost of merging each step's partial into it (cold, once per
-     * step). */
-    memset(p->stats, 0, (size_t)N * sizeof(*p->stats));
+/* The working memory of a call, kept by the pass object: on the host one
+ * arena of host_bytes (need_bytes, for the error message, is its main
+ * part); staged, dev_bytes of device memory and pinned_bytes of pinned host
+ * memory. The two K/V blocks come first; *dcur (staged only) and *hcur
+ * point after them. This rank's own K/V are made a message in kvh[0]:
+ * packed on the host, or downloaded once (for sending) when staged. */
+static stria_status_t stria__call_mem(stria__call_t *c, size_t host_bytes, size_t need_bytes,
+                                      size_t dev_bytes, size_t pinned_bytes, char **dcur,
+                                      char **hcur)
+{
+    stria_ring_pass_t *p = c->p;
+    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, Hkv = p->shape.kv_heads;
+    const int64_t D = p->shape.head_dim;
+    const size_t msg64 = stria__round64(c->msg);
+    stria_status_t st;
     if (!p->staged) {
-        char *arena =
-            stria__arena(p, 2 * msg64 + stria__round64(o_bytes) + stria__round64(lse_bytes));
-        if (arena == NULL) {
-            st = stria__fail(p, &reqs,
-                             stria_error_set(STRIA_ERR_NO_MEMORY,
-                                             "cannot allocate %zu MiB of ring buffers",
-                                             (2 * msg + o_bytes) >> 20),
-                             "forward", 0);
-            goto out;
-        }
-        kvh[0] = kvd[0] = stria__carve(&arena, msg64);
-        kvh[1] = kvd[1] = stria__carve(&arena, msg64);
-        o_acc = stria__carve(&arena, o_bytes);
-        lse_acc = stria__carve(&arena, lse_bytes);
-        stria__pack_view(k, B, L, Hkv, D, kvh[0]);
-        stria__pack_view(v, B, L, Hkv, D, kvh[0] + kv_bytes);
-    } else {
-        /* Device: two K/V blocks, O and LSE accumulators. Host: two K/V
-         * messages and room to pad the LSE ([B*H, L] + [B*H, qv]). */
-        size_t lse_host = stria__round64((size_t)(B * H * L) * sizeof(float)) + lse_bytes;
-        char *dcur, *hcur;
-        if ((st = stria__staged_mem(p,
-                                    2 * msg64 + stria__round64(o_bytes) + stria__round64(lse_bytes),
-                                    2 * msg64 + lse_host, &dcur, &hcur)) != STRIA_OK) {
-            st = stria__fail(p, &reqs, st, "forward", 0);
-            goto out;
-        }
-        kvd[0] = stria__carve(&dcur, msg64);
-        kvd[1] = stria__carve(&dcur, msg64);
-        o_acc = stria__carve(&dcur, o_bytes);
-        lse_acc = stria__carve(&dcur, lse_bytes);
-        kvh[0] = stria__carve(&hcur, msg64);
-        kvh[1] = stria__carve(&hcur, msg64);
-        lse_h = stria__carve(&hcur, lse_host);
-        /* This rank's own block goes to the host once, for sending; its
-         * kernel reads the caller's k and v in place. */
-        if (N > 1 && (st = stria__download_kv(p, k, v, kvh[0], kvh[1])) != STRIA_OK) {
-            st = stria__fail(p, &reqs, st, "forward", 0);
-            goto out;
-        }
+        char *arena = stria__arena(p, host_bytes);
+        if (arena == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate %zu MiB of ring buffers",
+                                   need_bytes >> 20);
+        c->kvh[0] = c->kvd[0] = stria__carve(&arena, msg64);
+        c->kvh[1] = c->kvd[1] = stria__carve(&arena, msg64);
+        *dcur = NULL;
+        *hcur = arena;
+        stria__pack_view(c->k, B, L, Hkv, D, c->kvh[0]);
+        stria__pack_view(c->v, B, L, Hkv, D, c->kvh[0] + c->kv_bytes);
+        return STRIA_OK;
     }
+    if ((st = stria__staged_mem(p, dev_bytes, pinned_bytes, dcur, hcur)) != STRIA_OK)
+        return st;
+    c->kvd[0] = stria__carve(dcur, msg64);
+    c->kvd[1] = stria__carve(dcur, msg64);
+    c->kvh[0] = stria__carve(hcur, msg64);
+    c->kvh[1] = stria__carve(hcur, msg64);
+    /* Step 0's kernel reads the caller's k and v in place. */
+    if (p->n > 1)
+        return stria__download_kv(p, c->k, c->v, c->kvh[0], c->kvh[1]);
+    return STRIA_OK;
+}
 
-    stria_attn_params_t base = stria__params(p, r);
-    stria_tensor_t to = stria_tensor_head_major(o_acc, STRIA_DTYPE_F32, L, H, D);
-    if (qv > 0) {
+/* The end of a step's K/V transfers: block s + 1 has arrived and block s
+ * has left. Staged, block s + 1 then goes to the device on the copy stream
+ * while kernel s runs: the previous copy (which read the message buffer the
+ * next receive lands in) is known done first, and kernel s + 1 is ordered
+ * after the new copy. */
+static stria_status_t stria__kv_arrived(stria__call_t *c, int step, stria_ring_step_stats_t *ss)
+{
+    stria_ring_pass_t *p = c->p;
+    stria_status_t st;
+    if ((st = stria__wait(p, &c->reqs.kv_recv, step, ss)) != STRIA_OK ||
+        (st = stria__wait(p, &c->reqs.kv_send, step, ss)) != STRIA_OK)
+        return st;
+    if (!p->staged || step + 1 >= p->n)
+        return STRIA_OK;
+    if ((st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
+        (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, c->kvd[(step + 1) % 2],
+                                c->kvh[(step + 1) % 2], c->msg)) != STRIA_OK)
+        return st;
+    return stria_device_order(p->dev, STRIA_STREAM_COMPUTE, STRIA_STREAM_COPY);
+}
+
+/* Step s of rank r: the block of rank (r - s) mod N. The receive of block
+ * s + 1 and the send of block s are posted before the compute on block s
+ * (double buffering), and waited for after it. Staged, the device copy of
+ * block s was enqueued at the end of step s - 1 and the compute stream
+ * ordered after it; before anything of step s is enqueued on the compute
+ * stream, the copy stream is ordered after the kernel of step s - 1, whose
+ * device buffer the copy of block s + 1 will overwrite. */
+static stria_status_t stria__kv_step(stria__call_t *c, const stria__dir_ops_t *ops, int step)
+{
+    stria_ring_pass_t *p = c->p;
+    const int N = p->n, r = p->rank;
+    const int64_t L = p->layout.shard_tokens, Hkv = p->shape.kv_heads, D = p->shape.head_dim;
+    stria_ring_step_stats_t *ss = &p->stats[step];
+    int j = (r - step + N) % N;
+    char *blk = c->kvd[step % 2];
+    bool own = p->staged && step == 0;
+    double t_dev0 = 0.0;
+    stria_status_t st;
+
+    stria__step_begin(p, step);
+    ss->src_rank = j;
+    if (step + 1 < N &&
+        ((st = stria__post(p, false, step + 1, STRIA__MSG_KV, c->kvh[(step + 1) % 2], c->msg,
+                           &c->reqs.kv_recv, ss)) != STRIA_OK ||
+         (st = stria__post(p, true, step + 1, STRIA__MSG_KV, c->kvh[step % 2], c->msg,
+                           &c->reqs.kv_send, ss)) != STRIA_OK))
+        return st;
+    if (p->staged && step + 1 < N &&
+        (st = stria_device_order(p->dev, STRIA_STREAM_COPY, STRIA_STREAM_COMPUTE)) != STRIA_OK)
+        return st;
+    if (ops->prepare != NULL && (st = ops->prepare(c, step, ss)) != STRIA_OK)
+        return st;
+    stria_attn_params_t a = stria__params(p, j);
+    stria_tensor_t tk = stria_tensor_head_major(blk, p->shape.dtype, L, Hkv, D);
+    stria_tensor_t tv = stria_tensor_head_major(blk + c->kv_bytes, p->shape.dtype, L, Hkv, D);
+    if ((st = ops->compute(c, step, stria__visible(p, j), &a, own ? c->k : &tk, own ? c->v : &tv,
+                           ss, &t_dev0)) != STRIA_OK)
+        return st;
+    if (!p->staged && ops->traffic != NULL && (st = ops->traffic(c, step, ss)) != STRIA_OK)
+        return st;
+    if ((st = stria__kv_arrived(c, step, ss)) != STRIA_OK ||
+        (st = stria__device_step_time(p, t_dev0, ss)) != STRIA_OK)
+        return st;
+    if (p->staged && ops->traffic != NULL)
+        return ops->traffic(c, step, ss);
+    return STRIA_OK;
+}
+
+/* The ring part of a call: the query side opened, N K/V steps, the tail and
+ * the agreement. On failure the link is aborted, every request cancelled,
+ * and the message names the rank and step. */
+static stria_status_t stria__ring_steps(stria__call_t *c, const stria__dir_ops_t *ops)
+{
+    stria_ring_pass_t *p = c->p;
+    stria_ring_step_stats_t *first = &p->stats[0], *last = &p->stats[p->n - 1];
+    stria_status_t st = STRIA_OK;
+    int step = 0;
+    if (p->valid[p->rank] > 0) {
         stria__clock_t clk;
         double t_dev0 = 0.0;
         stria__compute_begin(&clk);
-        st = stria_device_attn_partial_init(p->dev, &base, &to, lse_acc);
+        st = ops->open(c);
+        stria__compute_end_dev(p, &clk, first, &t_dev0);
         if (st == STRIA_OK)
-            st = stria_device_attn_fwd_begin(p->dev, &base, q, &fpass);
-        stria__compute_end_dev(p, &clk, &p->stats[0], &t_dev0);
-        if (st == STRIA_OK)
-            st = stria__device_step_time(p, t_dev0, &p->stats[0]);
-        if (st != STRIA_OK) {
-            st = stria__fail(p, &reqs, st, "forward", 0);
-            goto out;
-        }
+            st = stria__device_step_time(p, t_dev0, first);
+        if (st != STRIA_OK)
+            return stria__fail(p, &c->reqs, st, c->what, 0);
     }
-    /* Staged, step s: the device copy of block s was enqueued on the copy
-     * stream at the end of step s - 1 and the compute stream ordered after
-     * it. The kernel of step s is enqueued, then the host waits for block
-     * s + 1 on the link and enqueues its copy, which runs while the kernel
-     * does. Host buffer reuse: a message buffer is received into again only
-     * after the copy that read it is known done (synced before the next
-     * copy is enqueued); device buffer reuse: the copy stream is ordered
-     * after the kernel of step s - 1 before it overwrites that block. */
-    for (step = 0; step < N; step++) {
-        stria__step_begin(p, step);
-        stria_ring_step_stats_t *ss = &p->stats[step];
-        int j = (r - step + N) % N;
-        char *cur = kvh[step % 2], *nxt = kvh[(step + 1) % 2];
-        double t_dev0 = 0.0;
-
-        ss->src_rank = j;
-        /* Post the next block's transfer before computing on this one. */
-        if (step + 1 < N) {
-            st = stria__post(p, false, step + 1, STRIA__MSG_KV, nxt, msg, &reqs.kv_recv, ss);
-            if (st == STRIA_OK)
-                st = stria__post(p, true, step + 1, STRIA__MSG_KV, cur, msg, &reqs.kv_send, ss);
-            if (st != STRIA_OK)
-                break;
-        }
-        if (p->staged && step + 1 < N &&
-            (st = stria_device_order(p->dev, STRIA_STREAM_COPY, STRIA_STREAM_COMPUTE)) != STRIA_OK)
+    for (step = 0; step < p->n; step++)
+        if ((st = stria__kv_step(c, ops, step)) != STRIA_OK)
             break;
-        if (stria__visible(p, j)) {
-            stria_attn_params_t a = stria__params(p, j);
-            char *blk = kvd[step % 2];
-            stria_tensor_t tk = stria_tensor_head_major(blk, p->shape.dtype, L, Hkv, D);
-            stria_tensor_t tv = stria_tensor_head_major(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
-            stria__clock_t clk;
-            stria__compute_begin(&clk);
-            st = stria_device_attn_fwd_block(fpass, &a, p->staged && step == 0 ? k : &tk,
-                                             p->staged && step == 0 ? v : &tv, &to, lse_acc, true);
-            stria__compute_end_dev(p, &clk, ss, &t_dev0);
-            ss->computed = true;
-            if (st != STRIA_OK)
-                break;
-        }
-        if ((st = stria__wait(p, &reqs.kv_recv, step, ss)) != STRIA_OK ||
-            (st = stria__wait(p, &reqs.kv_send, step, ss)) != STRIA_OK)
-            break;
-        if (p->staged && step + 1 < N &&
-            ((st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
-             (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, kvd[(step + 1) % 2], nxt, msg)) !=
-                 STRIA_OK ||
-             (st = stria_device_order(p->dev, STRIA_STREAM_COMPUTE, STRIA_STREAM_COPY)) !=
-                 STRIA_OK))
-            break;
-        if ((st = stria__device_step_time(p, t_dev0, ss)) != STRIA_OK)
-            break;
-    }
+    if (st == STRIA_OK && ops->tail != NULL)
+        st = ops->tail(c);
     if (st == STRIA_OK)
-        st = stria__agree(p, &reqs, N, &p->stats[N - 1]);
-    if (st != STRIA_OK) {
-        st = stria__fail(p, &reqs, st, "forward", step);
-        goto out;
-    }
+        st = stria__agree(p, &c->reqs, p->n + ops->tail_steps, last);
+    if (st != STRIA_OK)
+        return stria__fail(p, &c->reqs, st, c->what, step);
+    return STRIA_OK;
+}
 
-    if (qv > 0 && (st = stria_device_attn_finalize(p->dev, &base, &to, o)) != STRIA_OK) {
-        st = stria__fail(p, &reqs, st, "forward", N - 1);
-        goto out;
-    }
+/* ---- forward ------------------------------------------------------------- */
+
+typedef struct {
+    stria__call_t c; /* first: the step callbacks get &c */
+    const stria_tensor_t *q;
+    stria_device_fwd_pass_t *fpass; /* the query side, prepared once */
+    stria_tensor_t to;              /* the fp32 O accumulator, head-major */
+    float *o_acc, *lse_acc, *lse_h;
+} stria__fwd_t;
+
+static stria_status_t stria__fwd_open(stria__call_t *c)
+{
+    stria__fwd_t *f = (stria__fwd_t *)c;
+    stria_attn_params_t base = stria__params(c->p, c->p->rank);
+    stria_status_t st = stria_device_attn_partial_init(c->p->dev, &base, &f->to, f->lse_acc);
+    if (st == STRIA_OK)
+        st = stria_device_attn_fwd_begin(c->p->dev, &base, f->q, &f->fpass);
+    return st;
+}
+
+/* Merges block j into the partial (O, LSE); an invisible block is skipped. */
+static stria_status_t stria__fwd_compute(stria__call_t *c, int step, bool visible,
+                                         const stria_attn_params_t *a, const stria_tensor_t *k,
+                                         const stria_tensor_t *v, stria_ring_step_stats_t *ss,
+                                         double *t_dev0)
+{
+    stria__fwd_t *f = (stria__fwd_t *)c;
+    stria__clock_t clk;
+    stria_status_t st;
+    (void)step;
+    if (!visible)
+        return STRIA_OK;
+    stria__compute_begin(&clk);
+    st = stria_device_attn_fwd_block(f->fpass, a, k, v, &f->to, f->lse_acc, true);
+    stria__compute_end_dev(c->p, &clk, ss, t_dev0);
+    ss->computed = true;
+    return st;
+}
+
+static const stria__dir_ops_t stria__fwd_ops = {
+    .open = stria__fwd_open, .compute = stria__fwd_compute, .tail_steps = 0};
+
+/* The forward pass's buffers. The O accumulator is head-major like the K/V
+ * blocks: a query tile's rows are then adjacent, which cuts the cost of
+ * merging each step's partial into it (cold, once per step). Staged: on the
+ * device two K/V blocks, O and LSE accumulators; on the host two K/V
+ * messages and room to pad the LSE ([B*H, L] + [B*H, qv]). */
+static stria_status_t stria__fwd_buffers(stria__fwd_t *f)
+{
+    stria_ring_pass_t *p = f->c.p;
+    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, H = p->shape.heads;
+    const int64_t D = p->shape.head_dim, qv = p->valid[p->rank];
+    const size_t msg64 = stria__round64(f->c.msg);
+    const size_t o_bytes = (size_t)(B * L * H * D) * sizeof(float);
+    const size_t lse_bytes = (size_t)(B * H * (qv > 0 ? qv : 1)) * sizeof(float);
+    const size_t lse_host = stria__round64((size_t)(B * H * L) * sizeof(float)) + lse_bytes;
+    const size_t accs = stria__round64(o_bytes) + stria__round64(lse_bytes);
+    char *dcur, *hcur;
+    stria_status_t st;
+
+    memset(p->stats, 0, (size_t)p->n * sizeof(*p->stats));
+    if ((st = stria__call_mem(&f->c, 2 * msg64 + accs, 2 * f->c.msg + o_bytes, 2 * msg64 + accs,
+                              2 * msg64 + lse_host, &dcur, &hcur)) != STRIA_OK)
+        return st;
+    char **acc = p->staged ? &dcur : &hcur;
+    f->o_acc = stria__carve(acc, o_bytes);
+    f->lse_acc = stria__carve(acc, lse_bytes);
+    if (p->staged)
+        f->lse_h = stria__carve(&hcur, lse_host);
+    f->to = stria_tensor_head_major(f->o_acc, STRIA_DTYPE_F32, L, H, D);
+    return STRIA_OK;
+}
+
+/* O rounded once to the caller's dtype, padded rows zeroed, LSE padded. */
+static stria_status_t stria__fwd_store(stria__fwd_t *f, const stria_tensor_t *o, float *lse)
+{
+    stria_ring_pass_t *p = f->c.p;
+    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, H = p->shape.heads;
+    const int64_t D = p->shape.head_dim, qv = p->valid[p->rank];
+    stria_attn_params_t base = stria__params(p, p->rank);
+    stria_status_t st;
+    if (qv > 0 && (st = stria_device_attn_finalize(p->dev, &base, &f->to, o)) != STRIA_OK)
+        return st;
     if (!p->staged) {
         stria__zero_rows(o, B, qv, L, H, D);
-        (void)stria__store_lse(p, lse_acc, lse, NULL, B * H, L, qv);
-    } else if ((st = stria__device_zero_rows(p, o, B, qv, L, H, D)) != STRIA_OK ||
-               (st = stria__store_lse(p, lse_acc, lse, lse_h, B * H, L, qv)) != STRIA_OK ||
-               (st = stria__device_drain(p)) != STRIA_OK) {
-        st = stria__fail(p, &reqs, st, "forward", N - 1);
-        goto out;
+        return stria__store_lse(p, f->lse_acc, lse, NULL, B * H, L, qv);
     }
-    st = STRIA_OK;
-out:
-    stria_device_attn_fwd_end(fpass);
+    if ((st = stria__device_zero_rows(p, o, B, qv, L, H, D)) != STRIA_OK ||
+        (st = stria__store_lse(p, f->lse_acc, lse, f->lse_h, B * H, L, qv)) != STRIA_OK)
+        return st;
+    return stria__device_drain(p);
+}
+
+static stria_status_t stria__fwd(stria_ring_pass_t *p, const stria_tensor_t *q,
+                                 const stria_tensor_t *k, const stria_tensor_t *v,
+                                 const stria_tensor_t *o, float *lse)
+{
+    static const char fn[] = "stria_ring_fwd";
+    stria__fwd_t f = {.q = q};
+    stria_status_t st;
+
+    if ((st = stria__call_begin(&f.c, p, fn, "forward", q, k, v, o)) != STRIA_OK)
+        return st;
+    if (lse == NULL)
+        return stria__fail(p, &f.c.reqs,
+                           stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn), "forward",
+                           0);
+    if ((st = stria__fwd_buffers(&f)) != STRIA_OK)
+        st = stria__fail(p, &f.c.reqs, st, "forward", 0);
+    else if ((st = stria__ring_steps(&f.c, &stria__fwd_ops)) == STRIA_OK &&
+             (st = stria__fwd_store(&f, o, lse)) != STRIA_OK)
+        st = stria__fail(p, &f.c.reqs, st, "forward", p->n - 1);
+    stria_device_attn_fwd_end(f.fpass);
     stria__drain_on_error(p, st);
     return st;
 }
@@ -892,6 +1040,226 @@ static stria_status_t stria__store_grad(stria_ring_pass_t *p, const stria_attn_p
     return stria__device_zero_rows(p, t, B, valid, L, heads, D);
 }
 
+typedef struct {
+    stria__call_t c; /* first: the step callbacks get &c */
+    const stria_tensor_t *q, *o, *d_o;
+    const float *lse;
+    stria_device_bwd_pass_t *bpass; /* the query side, prepared once */
+    float *dq_acc, *lse_c, *delta;
+    /* dkv: two host buffers for this rank's contributions (one may still be
+     * in flight while the next step fills the other), then the running sum
+     * received from the predecessor. Each is dK then dV, fp32 [B, L, Hkv,
+     * D]. Staged, the kernel writes a contribution into part_d on the device
+     * and it is copied to part[step % 2] for the sum and the send. */
+    float *part[2], *dkv_in, *part_d;
+    float *total; /* where the finished dK/dV sum of this rank's block is */
+    size_t dkv_elems, dkv_bytes;
+} stria__bwd_t;
+
+/* D = rowsum(dO * O), then the device backward pass over Q and dO. */
+static stria_status_t stria__bwd_open(stria__call_t *c)
+{
+    stria__bwd_t *b = (stria__bwd_t *)c;
+    stria_ring_pass_t *p = c->p;
+    stria_attn_params_t base = stria__params(p, p->rank);
+    stria_tensor_t tdq = stria_tensor_contiguous(b->dq_acc, STRIA_DTYPE_F32, p->layout.shard_tokens,
+                                                 p->shape.heads, p->shape.head_dim);
+    stria_status_t st = stria_device_attn_bwd_delta(p->dev, &base, b->o, b->d_o, b->delta);
+    if (st == STRIA_OK)
+        st = stria_device_attn_bwd_begin(p->dev, &base, b->q, b->d_o, b->lse_c, b->delta, &tdq,
+                                         &b->bpass);
+    return st;
+}
+
+/* The running dK/dV sum of block j from ranks j .. r - 1 is posted; the
+ * send of the contribution buffer this step reuses (two steps ago) must be
+ * done, then it is cleared. */
+static stria_status_t stria__bwd_prepare(stria__call_t *c, int step, stria_ring_step_stats_t *ss)
+{
+    stria__bwd_t *b = (stria__bwd_t *)c;
+    stria_ring_pass_t *p = c->p;
+    stria_status_t st;
+    if (step > 0 && (st = stria__post(p, false, step, STRIA__MSG_DKV, b->dkv_in, b->dkv_bytes,
+                                      &c->reqs.dkv_recv, ss)) != STRIA_OK)
+        return st;
+    if ((st = stria__wait(p, &c->reqs.dkv_send[step % 2], step, ss)) != STRIA_OK)
+        return st;
+    if (!p->staged) {
+        memset(b->part[step % 2], 0, b->dkv_bytes);
+        return STRIA_OK;
+    }
+    return stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, b->part_d, b->dkv_bytes);
+}
+
+/* This rank's contribution to block j's dK/dV (dQ accumulates in the device
+ * pass); staged, copied to the host on the compute stream after it. */
+static stria_status_t stria__bwd_compute(stria__call_t *c, int step, bool visible,
+                                         const stria_attn_params_t *a, const stria_tensor_t *k,
+                                         const stria_tensor_t *v, stria_ring_step_stats_t *ss,
+                                         double *t_dev0)
+{
+    stria__bwd_t *b = (stria__bwd_t *)c;
+    stria_ring_pass_t *p = c->p;
+    const int64_t L = p->layout.shard_tokens, Hkv = p->shape.kv_heads, D = p->shape.head_dim;
+    float *mine = b->part[step % 2], *acc = p->staged ? b->part_d : mine;
+    stria_status_t st = STRIA_OK;
+    stria__clock_t clk;
+    stria__compute_begin(&clk);
+    if (visible) {
+        stria_tensor_t tdk = stria_tensor_contiguous(acc, STRIA_DTYPE_F32, L, Hkv, D);
+        stria_tensor_t tdv =
+            stria_tensor_contiguous(acc + b->dkv_elems / 2, STRIA_DTYPE_F32, L, Hkv, D);
+        st = stria_device_attn_bwd_block(b->bpass, a, k, v, &tdk, &tdv);
+        ss->computed = true;
+    }
+    if (st == STRIA_OK && p->staged)
+        st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, mine, b->part_d, b->dkv_bytes);
+    stria__compute_end_dev(p, &clk, ss, t_dev0);
+    return st;
+}
+
+/* The contribution on the host (staged: the compute stream is done), plus
+ * the running sum from r - 1, sent on to r + 1. The host add is the least
+ * data movement: a device-side sum would move the running sum up and the
+ * result back down. */
+static stria_status_t stria__bwd_traffic(stria__call_t *c, int step, stria_ring_step_stats_t *ss)
+{
+    stria__bwd_t *b = (stria__bwd_t *)c;
+    stria_ring_pass_t *p = c->p;
+    float *mine = b->part[step % 2];
+    stria_status_t st;
+    if (p->staged && (st = stria_device_sync(p->dev, STRIA_STREAM_COMPUTE)) != STRIA_OK)
+        return st;
+    if (step > 0) {
+        stria__clock_t clk;
+        if ((st = stria__wait(p, &c->reqs.dkv_recv, step, ss)) != STRIA_OK)
+            return st;
+        stria__compute_begin(&clk);
+        stria_f32_add(mine, b->dkv_in, b->dkv_elems);
+        stria__compute_end(&clk, ss);
+    }
+    if (p->n > 1)
+        return stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, b->dkv_bytes,
+                           &c->reqs.dkv_send[step % 2], ss);
+    return STRIA_OK;
+}
+
+/* After N hops the sum of this rank's own block comes back from r - 1. */
+static stria_status_t stria__bwd_tail(stria__call_t *c)
+{
+    stria__bwd_t *b = (stria__bwd_t *)c;
+    stria_ring_pass_t *p = c->p;
+    const int N = p->n;
+    stria_ring_step_stats_t *ss = &p->stats[N - 1];
+    stria_status_t st;
+    b->total = p->staged ? b->part_d : b->part[0];
+    if (N == 1)
+        return STRIA_OK;
+    if ((st = stria__post(p, false, N, STRIA__MSG_DKV, b->dkv_in, b->dkv_bytes, &c->reqs.dkv_recv,
+                          ss)) == STRIA_OK &&
+        (st = stria__wait(p, &c->reqs.dkv_recv, N, ss)) == STRIA_OK &&
+        (st = stria__wait(p, &c->reqs.dkv_send[0], N, ss)) == STRIA_OK)
+        st = stria__wait(p, &c->reqs.dkv_send[1], N, ss);
+    if (!p->staged)
+        b->total = b->dkv_in;
+    else if (st == STRIA_OK)
+        st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, b->part_d, b->dkv_in, b->dkv_bytes);
+    return st;
+}
+
+static const stria__dir_ops_t stria__bwd_ops = {.open = stria__bwd_open,
+                                                .prepare = stria__bwd_prepare,
+                                                .compute = stria__bwd_compute,
+                                                .traffic = stria__bwd_traffic,
+                                                .tail = stria__bwd_tail,
+                                                .tail_steps = 1};
+
+/* The backward pass's buffers; dQ cleared, LSE compacted to the real query
+ * rows (the kernels take LSE and D for those only). Staged, the real LSE
+ * rows are gathered on the host (a few bytes per row) unless there are no
+ * padded rows, when the kernels read the caller's LSE in place. */
+static stria_status_t stria__bwd_buffers(stria__bwd_t *b)
+{
+    stria_ring_pass_t *p = b->c.p;
+    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, H = p->shape.heads;
+    const int64_t D = p->shape.head_dim, qv = p->valid[p->rank], rows = qv > 0 ? qv : 1;
+    const size_t msg64 = stria__round64(b->c.msg), dkv64 = stria__round64(b->dkv_bytes);
+    const size_t dq_bytes = (size_t)(B * L * H * D) * sizeof(float);
+    const size_t row_bytes = (size_t)(B * H * rows) * sizeof(float);
+    const size_t lse_all = (size_t)(B * H * L) * sizeof(float);
+    const size_t q_side = stria__round64(dq_bytes) + 2 * stria__round64(row_bytes);
+    char *dcur, *hcur;
+    float *lse_h;
+    stria_status_t st;
+
+    memset(p->stats, 0, (size_t)p->n * sizeof(*p->stats));
+    if ((st = stria__call_mem(&b->c, 2 * msg64 + 3 * dkv64 + q_side,
+                              2 * b->c.msg + 3 * b->dkv_bytes, 2 * msg64 + dkv64 + q_side,
+                              2 * msg64 + 3 * dkv64 + lse_all, &dcur, &hcur)) != STRIA_OK)
+        return st;
+    if (p->staged)
+        b->part_d = stria__carve(&dcur, b->dkv_bytes);
+    char **qside = p->staged ? &dcur : &hcur;
+    if (!p->staged) { /* host: the contributions before the query side */
+        b->part[0] = stria__carve(&hcur, b->dkv_bytes);
+        b->part[1] = stria__carve(&hcur, b->dkv_bytes);
+        b->dkv_in = stria__carve(&hcur, b->dkv_bytes);
+    }
+    b->dq_acc = stria__carve(qside, dq_bytes);
+    b->lse_c = stria__carve(qside, row_bytes);
+    b->delta = stria__carve(qside, row_bytes);
+    if (!p->staged) {
+        memset(b->dq_acc, 0, dq_bytes);
+        for (int64_t bh = 0; bh < B * H; bh++)
+            for (int64_t i = 0; i < qv; i++)
+                b->lse_c[bh * qv + i] = b->lse[bh * L + i];
+        return STRIA_OK;
+    }
+    b->part[0] = stria__carve(&hcur, b->dkv_bytes);
+    b->part[1] = stria__carve(&hcur, b->dkv_bytes);
+    b->dkv_in = stria__carve(&hcur, b->dkv_bytes);
+    lse_h = stria__carve(&hcur, lse_all);
+    if ((qv > 0 && qv < L &&
+         (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, lse_h, b->lse, lse_all)) != STRIA_OK) ||
+        (st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
+        (st = stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, b->dq_acc, dq_bytes)) != STRIA_OK)
+        return st;
+    if (qv == L) {
+        b->lse_c = (float *)b->lse;
+        return STRIA_OK;
+    }
+    if (qv == 0)
+        return STRIA_OK;
+    for (int64_t bh = 0; bh < B * H; bh++) /* in place: bh * qv + i <= bh * L + i */
+        memmove(lse_h + bh * qv, lse_h + bh * L, (size_t)qv * sizeof(float));
+    return stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, b->lse_c, lse_h,
+                             (size_t)(B * H * qv) * sizeof(float));
+}
+
+/* dQ of the device pass, then dQ, dK, dV to the caller's dtypes. */
+static stria_status_t stria__bwd_store(stria__bwd_t *b, const stria_tensor_t *dq,
+                                       const stria_tensor_t *dk, const stria_tensor_t *dv)
+{
+    stria_ring_pass_t *p = b->c.p;
+    stria_attn_params_t base = stria__params(p, p->rank);
+    const int64_t H = p->shape.heads, Hkv = p->shape.kv_heads;
+    stria_status_t st;
+    if (b->bpass != NULL) { /* the pass's dQ into dq_acc */
+        stria__clock_t clk;
+        stria__compute_begin(&clk);
+        st = stria_device_attn_bwd_end(b->bpass, true);
+        b->bpass = NULL;
+        stria__compute_end(&clk, &p->stats[p->n - 1]);
+        if (st != STRIA_OK)
+            return st;
+    }
+    if ((st = stria__store_grad(p, &base, b->dq_acc, H, dq)) != STRIA_OK ||
+        (st = stria__store_grad(p, &base, b->total, Hkv, dk)) != STRIA_OK ||
+        (st = stria__store_grad(p, &base, b->total + b->dkv_elems / 2, Hkv, dv)) != STRIA_OK)
+        return st;
+    return p->staged ? stria__device_drain(p) : STRIA_OK;
+}
+
 static stria_status_t stria__bwd(stria_ring_pass_t *p, const stria_tensor_t *q,
                                  const stria_tensor_t *k, const stria_tensor_t *v,
                                  const stria_tensor_t *o, const float *lse,
@@ -899,271 +1267,33 @@ static stria_status_t stria__bwd(stria_ring_pass_t *p, const stria_tensor_t *q,
                                  const stria_tensor_t *dk, const stria_tensor_t *dv)
 {
     static const char fn[] = "stria_ring_bwd";
-    stria__reqs_t reqs;
+    stria__bwd_t b = {.q = q, .o = o, .d_o = d_o, .lse = lse};
     stria_status_t st;
-    char *kvh[2], *kvd[2];
-    float *dq_acc = NULL, *lse_c = NULL, *delta = NULL;
-    stria_device_bwd_pass_t *bpass = NULL; /* the query side, prepared once */
-    int step = 0;
 
-    memset(&reqs, 0, sizeof(reqs));
-    p->call = p->calls++;
-    p->t_start = stria_time_now();
-    if ((st = stria__check_view(q, fn, "q", true, p->shape.dtype)) != STRIA_OK ||
-        (st = stria__check_view(k, fn, "k", true, p->shape.dtype)) != STRIA_OK ||
-        (st = stria__check_view(v, fn, "v", true, p->shape.dtype)) != STRIA_OK ||
-        (st = stria__check_view(o, fn, "o", false, p->shape.dtype)) != STRIA_OK ||
-        (st = stria__check_view(d_o, fn, "d_o", true, p->shape.dtype)) != STRIA_OK ||
+    if ((st = stria__call_begin(&b.c, p, fn, "backward", q, k, v, o)) != STRIA_OK)
+        return st;
+    if ((st = stria__check_view(d_o, fn, "d_o", true, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(dq, fn, "dq", false, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(dk, fn, "dk", false, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(dv, fn, "dv", false, p->shape.dtype)) != STRIA_OK)
-        return stria__fail(p, &reqs, st, "backward", 0);
+        return stria__fail(p, &b.c.reqs, st, "backward", 0);
     if (lse == NULL)
-        return stria__fail(p, &reqs, stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn),
+        return stria__fail(p, &b.c.reqs,
+                           stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn),
                            "backward", 0);
     if (dq->data == dk->data || dq->data == dv->data || dk->data == dv->data)
         return stria__fail(
-            p, &reqs,
+            p, &b.c.reqs,
             stria_error_set(STRIA_ERR_INVALID_ARG, "%s: dq, dk and dv must not alias", fn),
             "backward", 0);
-
-    const int N = p->n, r = p->rank;
-    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, H = p->shape.heads;
-    const int64_t Hkv = p->shape.kv_heads, D = p->shape.head_dim, qv = p->valid[r];
-    const int64_t rows = qv > 0 ? qv : 1;
-    const size_t es = stria_dtype_size(p->shape.dtype);
-    const size_t kv_elems = (size_t)(B * L * Hkv * D);
-    const size_t kv_bytes = kv_elems * es, msg = 2 * kv_bytes, msg64 = stria__round64(msg);
-    const size_t dkv_elems = 2 * kv_elems, dkv_bytes = dkv_elems * sizeof(float);
-    const size_t dkv64 = stria__round64(dkv_bytes);
-
-    const size_t dq_bytes = (size_t)(B * L * H * D) * sizeof(float);
-    const size_t row_bytes = (size_t)(B * H * rows) * sizeof(float);
-    /* dkv: two host buffers for this rank's contributions (one may still be
-     * in flight while the next step fills the other), then the running sum
-     * received from the predecessor. Each is dK then dV, fp32 [B, L, Hkv,
-     * D]. Staged, the kernel writes a contribution into part_d on the device
-     * and it is copied to part[step % 2] for the sum and the send. */
-    float *part[2], *dkv_in, *part_d = NULL;
-    memset(p->stats, 0, (size_t)N * sizeof(*p->stats));
-    if (!p->staged) {
-        char *arena = stria__arena(p, 2 * msg64 + 3 * dkv64 + stria__round64(dq_bytes) +
-                                          2 * stria__round64(row_bytes));
-        if (arena == NULL) {
-            st = stria__fail(p, &reqs,
-                             stria_error_set(STRIA_ERR_NO_MEMORY,
-                                             "cannot allocate %zu MiB of ring buffers",
-                                             (2 * msg + 3 * dkv_bytes) >> 20),
-                             "backward", 0);
-            goto out;
-        }
-        kvh[0] = kvd[0] = stria__carve(&arena, msg64);
-        kvh[1] = kvd[1] = stria__carve(&arena, msg64);
-        part[0] = stria__carve(&arena, dkv_bytes);
-        part[1] = stria__carve(&arena, dkv_bytes);
-        dkv_in = stria__carve(&arena, dkv_bytes);
-        dq_acc = stria__carve(&arena, dq_bytes);
-        lse_c = stria__carve(&arena, row_bytes);
-        delta = stria__carve(&arena, row_bytes);
-        memset(dq_acc, 0, dq_bytes);
-        stria__pack_view(k, B, L, Hkv, D, kvh[0]);
-        stria__pack_view(v, B, L, Hkv, D, kvh[0] + kv_bytes);
-        /* The kernels take LSE and D for the real query rows only. */
-        for (int64_t bh = 0; bh < B * H; bh++)
-            for (int64_t i = 0; i < qv; i++)
-                lse_c[bh * qv + i] = lse[bh * L + i];
-    } else {
-        const size_t lse_all = (size_t)(B * H * L) * sizeof(float);
-        char *dcur, *hcur;
-        float *lse_h;
-        if ((st = stria__staged_mem(
-                 p, 2 * msg64 + dkv64 + stria__round64(dq_bytes) + 2 * stria__round64(row_bytes),
-                 2 * msg64 + 3 * dkv64 + lse_all, &dcur, &hcur)) != STRIA_OK) {
-            st = stria__fail(p, &reqs, st, "backward", 0);
-            goto out;
-        }
-        kvd[0] = stria__carve(&dcur, msg64);
-        kvd[1] = stria__carve(&dcur, msg64);
-        part_d = stria__carve(&dcur, dkv_bytes);
-        dq_acc = stria__carve(&dcur, dq_bytes);
-        lse_c = stria__carve(&dcur, row_bytes);
-        delta = stria__carve(&dcur, row_bytes);
-        kvh[0] = stria__carve(&hcur, msg64);
-        kvh[1] = stria__carve(&hcur, msg64);
-        part[0] = stria__carve(&hcur, dkv_bytes);
-        part[1] = stria__carve(&hcur, dkv_bytes);
-        dkv_in = stria__carve(&hcur, dkv_bytes);
-        lse_h = stria__carve(&hcur, lse_all);
-        /* Own K/V to the host once, for sending; the real LSE rows are
-         * gathered on the host (a few bytes per row) unless there are no
-         * padded rows, when the kernels read the caller's LSE in place. */
-        if ((N > 1 && (st = stria__download_kv(p, k, v, kvh[0], kvh[1])) != STRIA_OK) ||
-            (qv > 0 && qv < L &&
-             (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, lse_h, lse, lse_all)) !=
-                 STRIA_OK) ||
-            (st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
-            (st = stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, dq_acc, dq_bytes)) != STRIA_OK) {
-            st = stria__fail(p, &reqs, st, "backward", 0);
-            goto out;
-        }
-        if (qv == L) {
-            lse_c = (float *)lse;
-        } else if (qv > 0) {
-            for (int64_t bh = 0; bh < B * H; bh++) /* in place: bh * qv + i <= bh * L + i */
-                memmove(lse_h + bh * qv, lse_h + bh * L, (size_t)qv * sizeof(float));
-            if ((st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, lse_c, lse_h,
-                                        (size_t)(B * H * qv) * sizeof(float))) != STRIA_OK) {
-                st = stria__fail(p, &reqs, st, "backward", 0);
-                goto out;
-            }
-        }
-    }
-    stria_attn_params_t base = stria__params(p, r);
-    stria_tensor_t tdq = stria_tensor_contiguous(dq_acc, STRIA_DTYPE_F32, L, H, D);
-    if (qv > 0) {
-        stria__clock_t clk;
-        double t_dev0 = 0.0;
-        stria__compute_begin(&clk);
-        st = stria_device_attn_bwd_delta(p->dev, &base, o, d_o, delta);
-        if (st == STRIA_OK)
-            st = stria_device_attn_bwd_begin(p->dev, &base, q, d_o, lse_c, delta, &tdq, &bpass);
-        stria__compute_end_dev(p, &clk, &p->stats[0], &t_dev0);
-        if (st == STRIA_OK)
-            st = stria__device_step_time(p, t_dev0, &p->stats[0]);
-        if (st != STRIA_OK) {
-            st = stria__fail(p, &reqs, st, "backward", 0);
-            goto out;
-        }
-    }
-
-    /* Staged, step s: as in the forward pass for K/V (the copy of block
-     * s + 1 is enqueued after the kernel of step s, once the block is
-     * here), and the contribution to dK/dV goes device -> host on the
-     * compute stream after its kernel; the host then adds the running sum
-     * (one transfer per step, the least data movement: a device-side sum
-     * would move the running sum up and the result back down) and sends. */
-    for (step = 0; step < N; step++) {
-        stria__step_begin(p, step);
-        stria_ring_step_stats_t *ss = &p->stats[step];
-        int j = (r - step + N) % N;
-        char *cur = kvh[step % 2], *nxt = kvh[(step + 1) % 2];
-        float *mine = part[step % 2];
-        double t_dev0 = 0.0;
-
-        ss->src_rank = j;
-        if (step + 1 < N) {
-            st = stria__post(p, false, step + 1, STRIA__MSG_KV, nxt, msg, &reqs.kv_recv, ss);
-            if (st == STRIA_OK)
-                st = stria__post(p, true, step + 1, STRIA__MSG_KV, cur, msg, &reqs.kv_send, ss);
-            if (st != STRIA_OK)
-                break;
-        }
-        /* The running dK/dV sum of block j from ranks j .. r-1. */
-        if (step > 0 && (st = stria__post(p, false, step, STRIA__MSG_DKV, dkv_in, dkv_bytes,
-                                          &reqs.dkv_recv, ss)) != STRIA_OK)
-            break;
-        if ((st = stria__wait(p, &reqs.dkv_send[step % 2], step, ss)) != STRIA_OK)
-            break;
-        float *acc = p->staged ? part_d : mine;
-        if (!p->staged)
-            memset(mine, 0, dkv_bytes);
-        else if ((step + 1 < N && (st = stria_device_order(p->dev, STRIA_STREAM_COPY,
-                                                           STRIA_STREAM_COMPUTE)) != STRIA_OK) ||
-                 (st = stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, part_d, dkv_bytes)) !=
-                     STRIA_OK)
-            break;
-        stria__clock_t clk;
-        stria__compute_begin(&clk);
-        if (stria__visible(p, j)) {
-            stria_attn_params_t a = stria__params(p, j);
-            char *blk = kvd[step % 2];
-            stria_tensor_t tk = stria_tensor_head_major(blk, p->shape.dtype, L, Hkv, D);
-            stria_tensor_t tv = stria_tensor_head_major(blk + kv_bytes, p->shape.dtype, L, Hkv, D);
-            stria_tensor_t tdk = stria_tensor_contiguous(acc, STRIA_DTYPE_F32, L, Hkv, D);
-            stria_tensor_t tdv =
-                stria_tensor_contiguous(acc + kv_elems, STRIA_DTYPE_F32, L, Hkv, D);
-            bool own = p->staged && step == 0;
-            st = stria_device_attn_bwd_block(bpass, &a, own ? k : &tk, own ? v : &tv, &tdk, &tdv);
-            ss->computed = true;
-        }
-        if (st == STRIA_OK && p->staged)
-            st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, mine, part_d, dkv_bytes);
-        stria__compute_end_dev(p, &clk, ss, &t_dev0);
-        if (st != STRIA_OK)
-            break;
-        if (p->staged) {
-            /* Block s + 1 to the device while the kernel runs; then the
-             * contribution must be on the host. */
-            if ((st = stria__wait(p, &reqs.kv_recv, step, ss)) != STRIA_OK ||
-                (st = stria__wait(p, &reqs.kv_send, step, ss)) != STRIA_OK)
-                break;
-            if (step + 1 < N &&
-                ((st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
-                 (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, kvd[(step + 1) % 2], nxt,
-                                         msg)) != STRIA_OK ||
-                 (st = stria_device_order(p->dev, STRIA_STREAM_COMPUTE, STRIA_STREAM_COPY)) !=
-                     STRIA_OK))
-                break;
-            if ((st = stria_device_sync(p->dev, STRIA_STREAM_COMPUTE)) != STRIA_OK ||
-                (st = stria__device_step_time(p, t_dev0, ss)) != STRIA_OK)
-                break;
-        }
-        if (step > 0) {
-            if ((st = stria__wait(p, &reqs.dkv_recv, step, ss)) != STRIA_OK)
-                break;
-            stria__compute_begin(&clk);
-            stria_f32_add(mine, dkv_in, dkv_elems);
-            stria__compute_end(&clk, ss);
-        }
-        if (N > 1 && (st = stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, dkv_bytes,
-                                       &reqs.dkv_send[step % 2], ss)) != STRIA_OK)
-            break;
-        if (!p->staged && ((st = stria__wait(p, &reqs.kv_recv, step, ss)) != STRIA_OK ||
-                           (st = stria__wait(p, &reqs.kv_send, step, ss)) != STRIA_OK))
-            break;
-    }
-    /* After N hops the sum of this rank's own block comes back from r - 1. */
-    float *total = p->staged ? part_d : part[0];
-    if (st == STRIA_OK && N > 1) {
-        stria_ring_step_stats_t *ss = &p->stats[N - 1];
-        step = N;
-        if ((st = stria__post(p, false, N, STRIA__MSG_DKV, dkv_in, dkv_bytes, &reqs.dkv_recv,
-                              ss)) == STRIA_OK &&
-            (st = stria__wait(p, &reqs.dkv_recv, N, ss)) == STRIA_OK &&
-            (st = stria__wait(p, &reqs.dkv_send[0], N, ss)) == STRIA_OK)
-            st = stria__wait(p, &reqs.dkv_send[1], N, ss);
-        if (!p->staged)
-            total = dkv_in;
-        else if (st == STRIA_OK)
-            st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, part_d, dkv_in, dkv_bytes);
-    }
-    if (st == STRIA_OK)
-        st = stria__agree(p, &reqs, N + 1, &p->stats[N - 1]);
-    if (st != STRIA_OK) {
-        st = stria__fail(p, &reqs, st, "backward", step);
-        goto out;
-    }
-    if (bpass != NULL) { /* the pass's dQ into dq_acc */
-        stria__clock_t clk;
-        stria__compute_begin(&clk);
-        st = stria_device_attn_bwd_end(bpass, true);
-        bpass = NULL;
-        stria__compute_end(&clk, &p->stats[N - 1]);
-        if (st != STRIA_OK) {
-            st = stria__fail(p, &reqs, st, "backward", N);
-            goto out;
-        }
-    }
-    if ((st = stria__store_grad(p, &base, dq_acc, H, dq)) != STRIA_OK ||
-        (st = stria__store_grad(p, &base, total, Hkv, dk)) != STRIA_OK ||
-        (st = stria__store_grad(p, &base, total + kv_elems, Hkv, dv)) != STRIA_OK ||
-        (p->staged && (st = stria__device_drain(p)) != STRIA_OK)) {
-        st = stria__fail(p, &reqs, st, "backward", N);
-        goto out;
-    }
-    st = STRIA_OK;
-out:
-    (void)stria_device_attn_bwd_end(bpass, false);
+    b.dkv_elems = 2 * (b.c.kv_bytes / stria_dtype_size(p->shape.dtype));
+    b.dkv_bytes = b.dkv_elems * sizeof(float);
+    if ((st = stria__bwd_buffers(&b)) != STRIA_OK)
+        st = stria__fail(p, &b.c.reqs, st, "backward", 0);
+    else if ((st = stria__ring_steps(&b.c, &stria__bwd_ops)) == STRIA_OK &&
+             (st = stria__bwd_store(&b, dq, dk, dv)) != STRIA_OK)
+        st = stria__fail(p, &b.c.reqs, st, "backward", p->n);
+    (void)stria_device_attn_bwd_end(b.bpass, false);
     stria__drain_on_error(p, st);
     return st;
 }
