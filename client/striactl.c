@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,33 +33,14 @@ typedef struct {
     stria_rpc_client_t *rpc;
 } ctl_t;
 
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: striactl [--coordinator HOST:PORT] [--token-file FILE] [--json]\n"
-            "                [--timeout SECONDS] COMMAND [ARGS]\n"
-            "\n"
-            "commands:\n"
-            "  status               the ring: one line per worker, and coordinator uptime/version\n"
-            "  workers              every known worker\n"
-            "  jobs [--all]         active and queued jobs (--all: finished ones too)\n"
-            "  job ID               one job: spec, assignment, state, timings, failure reason\n"
-            "  drain WORKER         the worker finishes its running jobs and takes no new\n"
-            "                       ones; jobs queued on it fail (admin)\n"
-            "  undrain WORKER       the worker takes jobs again (admin)\n"
-            "  cancel JOB [--reason TEXT]   stop a job; a running pass ends at its next\n"
-            "                       ring step (admin)\n"
-            "\n"
-            "WORKER is a worker id or its RPC address (HOST:PORT).\n"
-            "--coordinator defaults to $STRIA_COORDINATOR, else " STRIACTL_DEFAULT_COORDINATOR ".\n"
-            "--token-file: the service's token (the admin token for drain, undrain, cancel);\n"
-            "  default $STRIA_TOKEN_FILE.\n"
-            "--json prints machine-readable output with stable field names (docs/DEPLOY.md).\n"
-            "\n"
-            "exit status: 0 success; 1 the coordinator refused the request (unknown worker or\n"
-            "job, wrong state); 2 usage error; 3 coordinator unreachable; 4 authentication or\n"
-            "permission refused.\n");
-}
+static const char ctl_description[] =
+    "The admin CLI of a stria ring. WORKER is a worker id or its RPC address\n"
+    "(HOST:PORT). The options of striactl come before or after the command.";
+
+static const char ctl_epilog[] =
+    "exit status: 0 success; 1 the coordinator refused the request (unknown worker or\n"
+    "job, wrong state); 2 usage error; 3 coordinator unreachable; 4 authentication or\n"
+    "permission refused.";
 
 static int exit_code(stria_status_t st)
 {
@@ -640,54 +622,18 @@ static int cmd_cancel(ctl_t *c, const char *arg, const char *reason)
     return EXIT_OK;
 }
 
-/* Whether `a` is a global option that takes a value (--name or --name=...). */
-static bool value_option(const char *a)
+/* Runs the parsed command; its arguments are checked before connecting. */
+static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli, bool all,
+                       const char *reason)
 {
-    static const char *const names[] = {"--coordinator", "--token-file", "--timeout"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        size_t n = strlen(names[i]);
-        if (strncmp(a, names[i], n) == 0 && (a[n] == '\0' || a[n] == '='))
-            return true;
-    }
-    return false;
-}
-
-/* Runs command pos[0] with its arguments pos[1..npos). */
-static int run_command(ctl_t *c, const char *token_file, char **pos, int npos)
-{
-    const char *cmd = pos[0];
-    int nargs = npos - 1;
-    char **args = pos + 1;
-    /* check the command's arguments before connecting */
-    bool all = false;
-    const char *reason = NULL;
-    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "workers") == 0) {
-        if (nargs != 0)
-            goto bad_args;
-    } else if (strcmp(cmd, "jobs") == 0) {
-        if (nargs > 1 || (nargs == 1 && strcmp(args[0], "--all") != 0))
-            goto bad_args;
-        all = nargs == 1;
-    } else if (strcmp(cmd, "job") == 0 || strcmp(cmd, "drain") == 0 ||
-               strcmp(cmd, "undrain") == 0) {
-        if (nargs != 1 || args[0][0] == '\0')
-            goto bad_args;
-    } else if (strcmp(cmd, "cancel") == 0) {
-        if (nargs == 3 && strcmp(args[1], "--reason") == 0) {
-            reason = args[2];
-        } else if (nargs == 3 && strcmp(args[0], "--reason") == 0) {
-            reason = args[1];
-            args += 2;
-        } else if (nargs != 1) {
-            goto bad_args;
-        }
-    } else {
-        fprintf(stderr, "striactl: unknown command '%s' (see striactl --help)\n", cmd);
+    const char *cmd = cli->cmd->name, *arg = cli->nargs > 0 ? cli->args[0] : NULL;
+    uint64_t ignored;
+    if (arg != NULL && arg[0] == '\0') {
+        fprintf(stderr, "striactl %s: empty argument (see striactl %s --help)\n", cmd, cmd);
         return EXIT_USAGE;
     }
-    uint64_t ignored;
-    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "cancel") == 0) && !parse_u64(args[0], &ignored)) {
-        fprintf(stderr, "striactl %s: job id '%s' is not a number\n", cmd, args[0]);
+    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "cancel") == 0) && !parse_u64(arg, &ignored)) {
+        fprintf(stderr, "striactl %s: job id '%s' is not a number\n", cmd, arg);
         return EXIT_USAGE;
     }
     if (token_file != NULL && token_file[0] != '\0' &&
@@ -717,80 +663,105 @@ static int run_command(ctl_t *c, const char *token_file, char **pos, int npos)
     else if (strcmp(cmd, "jobs") == 0)
         rc = cmd_jobs(c, all);
     else if (strcmp(cmd, "job") == 0)
-        rc = cmd_job(c, args[0]);
+        rc = cmd_job(c, arg);
     else if (strcmp(cmd, "drain") == 0 || strcmp(cmd, "undrain") == 0)
-        rc = cmd_drain(c, args[0], cmd[0] == 'd');
+        rc = cmd_drain(c, arg, cmd[0] == 'd');
     else
-        rc = cmd_cancel(c, args[0], reason);
+        rc = cmd_cancel(c, arg, reason);
     stria_rpc_client_close(c->rpc);
     free(c->token);
     return rc;
-
-bad_args:
-    fprintf(stderr, "striactl %s: wrong arguments (see striactl --help)\n", cmd);
-    return EXIT_USAGE;
 }
 
 int main(int argc, char **argv)
 {
     ctl_t c;
-    const char *token_file = getenv("STRIA_TOKEN_FILE");
-    int i = 1;
+    const char *token_file = getenv("STRIA_TOKEN_FILE"), *env = getenv("STRIA_COORDINATOR");
+    const char *reason = NULL;
+    bool all = false;
+    stria_cli_t cli;
 
     memset(&c, 0, sizeof(c));
-    c.coordinator = getenv("STRIA_COORDINATOR");
-    if (c.coordinator == NULL || c.coordinator[0] == '\0')
-        c.coordinator = STRIACTL_DEFAULT_COORDINATOR;
-    c.timeout_s = 10.0;
-    /* Global options may come before or after the command; the command's own
-     * options (--all, --reason TEXT) stay with its arguments. */
-    char **pos = calloc((size_t)argc + 1, sizeof(*pos));
-    int npos = 0;
-    if (pos == NULL)
-        return EXIT_USAGE;
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--reason") == 0 && i + 1 < argc) {
-            pos[npos++] = argv[i++];
-            pos[npos++] = argv[i];
-        } else if (strcmp(a, "--all") == 0 || a[0] != '-' || a[1] == '\0') {
-            pos[npos++] = argv[i];
-        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
-            free(pos);
-            return EXIT_OK;
-        } else if (strcmp(a, "--json") == 0) {
-            c.json = true;
-        } else if (value_option(a) && (strchr(a, '=') != NULL || i + 1 < argc)) {
-            /* --name VALUE or --name=VALUE */
-            const char *eq = strchr(a, '=');
-            const char *v = eq != NULL ? eq + 1 : argv[++i];
-            if (a[2] == 'c')
-                c.coordinator = v;
-            else if (a[2] == 't' && a[3] == 'o')
-                token_file = v;
-            else {
-                char *end;
-                c.timeout_s = strtod(v, &end);
-                if (end == v || *end != '\0' || !(c.timeout_s > 0)) {
-                    fprintf(stderr, "striactl: --timeout '%s': expected seconds > 0\n", v);
-                    free(pos);
-                    return EXIT_USAGE;
-                }
-            }
-        } else {
-            fprintf(stderr, "striactl: unknown or incomplete option '%s' (see striactl --help)\n",
-                    a);
-            free(pos);
-            return EXIT_USAGE;
-        }
-    }
-    if (npos == 0) {
-        usage(stderr);
-        free(pos);
-        return EXIT_USAGE;
-    }
-    int rc = run_command(&c, token_file, pos, npos);
-    free(pos);
+    const stria_option_t options[] = {
+        {.name = "coordinator",
+         .type = STRIA_OPT_ADDR,
+         .dst = &c.coordinator,
+         .dflt = env != NULL && env[0] != '\0' ? env : STRIACTL_DEFAULT_COORDINATOR,
+         .metavar = "HOST:PORT",
+         .help = "the coordinator; $STRIA_COORDINATOR, if set, is the default"},
+        {.name = "token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &token_file,
+         .metavar = "FILE",
+         .help = "the service's token (the admin token for drain, undrain, cancel); default "
+                 "$STRIA_TOKEN_FILE"},
+        {.name = "json",
+         .type = STRIA_OPT_FLAG,
+         .dst = &c.json,
+         .help = "machine-readable output with stable field names (docs/DEPLOY.md)"},
+        {.name = "timeout",
+         .type = STRIA_OPT_DURATION,
+         .dst = &c.timeout_s,
+         .dflt = "10",
+         .min = 0,
+         .max = INFINITY,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "TIME",
+         .help = "deadline of connecting and of each request"},
+        {.name = NULL},
+    };
+    const stria_option_t jobs_options[] = {
+        {.name = "all", .type = STRIA_OPT_FLAG, .dst = &all, .help = "finished jobs too"},
+        {.name = NULL},
+    };
+    const stria_option_t cancel_options[] = {
+        {.name = "reason",
+         .type = STRIA_OPT_STRING,
+         .dst = &reason,
+         .metavar = "TEXT",
+         .help = "why, shown with the job (default: cancelled by an administrator)"},
+        {.name = NULL},
+    };
+    const stria_command_t cmds[] = {
+        {.name = "status",
+         .summary = "the ring: one line per worker, and coordinator "
+                    "uptime/version"},
+        {.name = "workers", .summary = "every known worker"},
+        {.name = "jobs",
+         .summary = "active and queued jobs (--all: finished ones too)",
+         .options = jobs_options},
+        {.name = "job",
+         .summary = "one job: spec, assignment, state, timings, failure reason",
+         .args = "ID",
+         .min_args = 1,
+         .max_args = 1},
+        {.name = "drain",
+         .args = "WORKER",
+         .min_args = 1,
+         .max_args = 1,
+         .summary = "the worker finishes its running jobs and takes no new ones; jobs queued "
+                    "on it fail (admin)"},
+        {.name = "undrain",
+         .summary = "the worker takes jobs again (admin)",
+         .args = "WORKER",
+         .min_args = 1,
+         .max_args = 1},
+        {.name = "cancel",
+         .args = "JOB",
+         .min_args = 1,
+         .max_args = 1,
+         .options = cancel_options,
+         .summary = "stop a job; a running pass ends at its next ring step (admin)"},
+        {.name = NULL},
+    };
+    const stria_command_t root = {.name = "striactl",
+                                  .description = ctl_description,
+                                  .epilog = ctl_epilog,
+                                  .options = options,
+                                  .commands = cmds};
+    int rc = stria_cli_main(&root, argc, argv, &cli);
+    if (rc < 0)
+        rc = run_command(&c, token_file, &cli, all, reason);
+    stria_cli_free(&cli);
     return rc;
 }
