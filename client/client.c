@@ -451,20 +451,17 @@ static stria_status_t stria__put_tensor(stria_job_t *job, stria__rank_t *r,
     for (uint64_t off = 0; off < len;) {
         uint64_t n = len - off < chunk ? len - off : chunk;
         Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-        stria_rpc_request_t rq;
-        stria_rpc_reply_t reply;
         req.job_id = job->id;
         req.rank = (uint32_t)r->rank;
         req.tensor = tensor;
         req.offset = off;
         req.total_bytes = len;
-        memset(&rq, 0, sizeof(rq));
-        rq.method = STRIA_RPC_WORKER_PUT_INPUT;
-        rq.request = &req.base;
-        rq.payload = (const char *)buf + off;
-        rq.payload_len = n;
-        rq.timeout_s = job->client->params.rpc_timeout_s;
-        memset(&reply, 0, sizeof(reply));
+        stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_PUT_INPUT,
+                                  .request = &req.base,
+                                  .payload = (const char *)buf + off,
+                                  .payload_len = n,
+                                  .timeout_s = job->client->params.rpc_timeout_s};
+        stria_rpc_reply_t reply = {0};
         stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
         stria_rpc_reply_free(&reply);
         if (st != STRIA_OK)
@@ -480,20 +477,17 @@ static stria_status_t stria__get_tensor(stria_job_t *job, stria__rank_t *r,
 {
     for (uint64_t off = 0; off < len;) {
         Stria__V1__GetOutputRequest req = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-        stria_rpc_request_t rq;
-        stria_rpc_reply_t reply;
         req.job_id = job->id;
         req.rank = (uint32_t)r->rank;
         req.tensor = tensor;
         req.offset = off;
         req.max_bytes = len - off < STRIA__MAX_CHUNK ? len - off : STRIA__MAX_CHUNK;
-        memset(&rq, 0, sizeof(rq));
-        rq.method = STRIA_RPC_WORKER_GET_OUTPUT;
-        rq.request = &req.base;
-        rq.reply_buf = (char *)buf + off;
-        rq.reply_buf_cap = len - off;
-        rq.timeout_s = job->client->params.rpc_timeout_s;
-        memset(&reply, 0, sizeof(reply));
+        stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_GET_OUTPUT,
+                                  .request = &req.base,
+                                  .reply_buf = (char *)buf + off,
+                                  .reply_buf_cap = len - off,
+                                  .timeout_s = job->client->params.rpc_timeout_s};
+        stria_rpc_reply_t reply = {0};
         stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
         if (st != STRIA_OK)
             return st;

@@ -90,10 +90,9 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t kt = (int64_t)task % c->nkt;
-    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
-    int64_t b = (int64_t)task / c->nkt / c->Hkv;
-    int64_t k0 = kt * STRIA__BK;
+    stria__ktask_t tk = stria__ktask(c->nkt, c->Hkv, task);
+    int64_t hk = tk.hk, b = tk.b;
+    int64_t k0 = tk.k * STRIA__BK;
     int n = stria__tile_len(c->Tk, k0, STRIA__BK);
     size_t tile = (size_t)STRIA__BK * (size_t)c->Dp;
 
@@ -312,11 +311,10 @@ static void stria__bwd_kblock_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t kb = (int64_t)task % job->nkb;
-    int64_t hk = ((int64_t)task / job->nkb) % c->Hkv;
-    int64_t b = (int64_t)task / job->nkb / c->Hkv;
+    stria__ktask_t tk = stria__ktask(job->nkb, c->Hkv, task);
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
-    stria__bwd_kblock_run(job, &s, b, hk, kb, job->dq_packed + (size_t)thread * job->dq_floats);
+    stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k,
+                          job->dq_packed + (size_t)thread * job->dq_floats);
 }
 
 /* Mode B, pass 1: one task per (batch, kv head, key-tile block) for dK, dV. */
@@ -324,11 +322,9 @@ static void stria__bwd_dkdv_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t kb = (int64_t)task % job->nkb;
-    int64_t hk = ((int64_t)task / job->nkb) % c->Hkv;
-    int64_t b = (int64_t)task / job->nkb / c->Hkv;
+    stria__ktask_t tk = stria__ktask(job->nkb, c->Hkv, task);
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
-    stria__bwd_kblock_run(job, &s, b, hk, kb, NULL);
+    stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k, NULL);
 }
 
 /* Mode B, pass 2: one task per (batch, head, query tile) for dQ. */

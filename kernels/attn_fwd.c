@@ -25,10 +25,9 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
 {
     stria__fwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t kt = (int64_t)task % c->nkt;
-    int64_t hk = ((int64_t)task / c->nkt) % c->Hkv;
-    int64_t b = (int64_t)task / c->nkt / c->Hkv;
-    int64_t k0 = kt * STRIA__BK;
+    stria__ktask_t tk = stria__ktask(c->nkt, c->Hkv, task);
+    int64_t hk = tk.hk, b = tk.b;
+    int64_t k0 = tk.k * STRIA__BK;
     int n = stria__tile_len(c->Tk, k0, STRIA__BK);
     size_t tile = (size_t)c->Dp * STRIA__BK;
 

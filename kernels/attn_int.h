@@ -116,6 +116,21 @@ static inline stria__qtask_t stria__qtask(int64_t nqt, int64_t H, size_t task)
     return t;
 }
 
+/* The (batch, kv head, key tile or block of key tiles) of a task numbered
+ * [B][Hkv][n]. */
+typedef struct {
+    int64_t b, hk, k;
+} stria__ktask_t;
+
+static inline stria__ktask_t stria__ktask(int64_t n, int64_t Hkv, size_t task)
+{
+    stria__ktask_t t;
+    t.k = (int64_t)task % n;
+    t.hk = ((int64_t)task / n) % Hkv;
+    t.b = (int64_t)task / n / Hkv;
+    return t;
+}
+
 /* Sub-blocks of a tile: query chunks of STRIA__SB columns, key sub-blocks of
  * STRIA__SB rows. */
 #define STRIA__NQS (STRIA__BQ / STRIA__SB)

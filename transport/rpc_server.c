@@ -303,13 +303,13 @@ static void stria__call_send(stria_rpc_call_t *call, uint8_t *frame, size_t fram
         free(frame);
         return;
     }
-    job->call = call;
-    job->frame = frame;
-    job->frame_len = frame_len;
-    job->payload = payload;
-    job->payload_len = payload_len;
-    job->done = done;
-    job->done_arg = done_arg;
+    *job = (stria__rpc_job_t){.call = call,
+                              .frame = frame,
+                              .frame_len = frame_len,
+                              .payload = payload,
+                              .payload_len = payload_len,
+                              .done = done,
+                              .done_arg = done_arg};
     pthread_mutex_lock(&srv->lock);
     if (srv->jobs_tail != NULL)
         srv->jobs_tail->next = job;

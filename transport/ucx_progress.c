@@ -377,6 +377,20 @@ void stria__ucx_ep_close(stria_ucx_ctx_t *ctx, ucp_ep_h ep, bool force, stria__u
     }
 }
 
+/* The parameters of an active-message send that completes through cb. */
+static ucp_request_param_t stria__am_send_param(ucp_send_nbx_callback_t cb, void *user_data,
+                                                uint32_t flags)
+{
+    ucp_request_param_t param;
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    param.cb.send = cb;
+    param.user_data = user_data;
+    param.flags = flags;
+    return param;
+}
+
 /* Sends a control message; the pending counter tracks its completion. */
 void stria__ucx_ctrl_send(ucp_ep_h ep, const stria__ctrl_t *c, int *pending)
 {
@@ -385,13 +399,8 @@ void stria__ucx_ctrl_send(ucp_ep_h ep, const stria__ctrl_t *c, int *pending)
         return;
     size_t len = stria__ucx_ctrl_encode(c, cs->buf);
     cs->pending = pending;
-    ucp_request_param_t param;
-    memset(&param, 0, sizeof(param));
-    param.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    param.cb.send = stria__ctrl_send_cb;
-    param.user_data = cs;
-    param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    ucp_request_param_t param = stria__am_send_param(
+        stria__ctrl_send_cb, cs, UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER);
     (*pending)++;
     void *r = ucp_am_send_nbx(ep, STRIA__UCX_AM_CTRL, NULL, 0, cs->buf, len, &param);
     if (r == NULL || UCS_PTR_IS_ERR(r)) {
@@ -822,13 +831,8 @@ static void stria__send_start(stria_ucx_ctx_t *ctx, stria_link_req_t *req)
         stria__data_done(req, UCS_ERR_NOT_CONNECTED, 0);
         return;
     }
-    ucp_request_param_t param;
-    memset(&param, 0, sizeof(param));
-    param.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    param.cb.send = stria__data_send_cb;
-    param.user_data = req;
-    param.flags = req->len >= STRIA__UCX_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0;
+    ucp_request_param_t param = stria__am_send_param(
+        stria__data_send_cb, req, req->len >= STRIA__UCX_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0);
     void *r = ucp_am_send_nbx(link->out_ep, STRIA__UCX_AM_DATA, req->hdr, STRIA__UCX_DATA_HDR,
                               req->buf, req->len, &param);
     if (r == NULL) {
