@@ -14,19 +14,18 @@
 #include <string.h>
 
 #include "bench_cuda.h"
+#include "bench_util.h"
 #include "cuda/attn_cuda.cuh"
 #include "stria_device.h"
 
-static int stria__bc_cmp(const void *a, const void *b)
+/* The median of n (at most 1000, --reps) times. */
+static float stria__bc_median(const float *v, int n)
 {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-static float stria__bc_median(float *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(float), stria__bc_cmp);
-    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+    double d[1000];
+    n = n < 1000 ? n : 1000;
+    for (int i = 0; i < n; i++)
+        d[i] = v[i];
+    return (float)stria_bench_median(d, n);
 }
 
 static int stria__bc_fail(const char *what)
@@ -39,19 +38,6 @@ static int stria__bc_cuda_fail(const char *what, cudaError_t e)
 {
     fprintf(stderr, "stria-bench kernels: %s: %s\n", what, cudaGetErrorString(e));
     return 1;
-}
-
-/* Pseudo-random values in [-1, 1) as `dtype`, like the CPU benchmark. */
-static void stria__bc_fill(void *buf, stria_dtype_t dtype, size_t n, uint64_t seed)
-{
-    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        float x = (float)((double)(s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
-        stria_dtype_store(dtype, buf, i, x);
-    }
 }
 
 /* Milliseconds of the median cuBLAS bf16 GEMM of side n; <= 0 on failure. */
@@ -74,7 +60,7 @@ static float stria__bc_gemm(int64_t n, int reps, cudaStream_t stream)
                 (long long)n);
         goto out;
     }
-    stria__bc_fill(host, STRIA_DTYPE_BF16, (size_t)(n * n), 11);
+    stria_bench_fill(host, STRIA_DTYPE_BF16, (size_t)(n * n), 11);
     if (cudaMemcpy(a, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(b, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
         goto out;
@@ -134,7 +120,7 @@ static stria_status_t stria__bc_tensor(stria_device_t *dev, stria_tensor_t *t, s
         return st;
     if ((host = malloc(bytes)) == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate %zu bytes", bytes);
-    stria__bc_fill(host, dt, n, seed);
+    stria_bench_fill(host, dt, n, seed);
     st = stria_device_copy(dev, STRIA_STREAM_COMPUTE, ptr, host, bytes);
     if (st == STRIA_OK)
         st = stria_device_sync(dev, STRIA_STREAM_COMPUTE);

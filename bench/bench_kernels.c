@@ -25,6 +25,7 @@
 #endif
 
 #include "bench.h"
+#include "bench_util.h"
 #ifdef STRIA_BENCH_CUDA
 #include "bench_cuda.h"
 #endif
@@ -35,6 +36,8 @@
  * on current cores), so the FMA units, not the dependencies, set the pace. */
 #define STRIA__PEAK_CHAINS 12
 #define STRIA__PEAK_TRIES  5
+#define STRIA__STR2(x)     #x
+#define STRIA__STR(x)      STRIA__STR2(x)
 
 typedef struct {
     int64_t seq, head_dim, heads, kv_heads;
@@ -48,161 +51,129 @@ typedef struct {
     int64_t gemm_n; /* --device cuda: side of the cuBLAS reference GEMM */
 } stria__kb_opts_t;
 
-static void stria__kb_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: stria-bench kernels [OPTIONS]\n"
-            "\n"
-            "Measures this machine's fp32 FMA peak, then forward and backward attention\n"
-            "throughput (one batch, Q/K/V of --seq tokens), and prints GFLOP/s and the\n"
-            "fraction of the peak. Figures are medians of --reps runs.\n"
-            "\n"
-            "options:\n"
-            "  --seq S          tokens per sequence (default 4096; 1..1048576)\n"
-            "  --head-dim D     head dimension, a multiple of 8 in 16..256 (default 128)\n"
-            "  --heads H        query heads (default 8; 1..1024)\n"
-            "  --kv-heads K     key/value heads, dividing H (default: H)\n"
-            "  --threads T      threads of the kernel pool (default 1; 1..1024)\n"
-            "  --dtype X        fp32 | bf16 | fp16 storage of Q, K, V, dO (default fp32)\n"
-            "  --causal         causal mask (default)\n"
-            "  --no-causal      no mask\n"
-            "  --reps N         timed runs per pass, median reported (default 5; 1..1000)\n"
-            "  --variant V      kernel variant: portable | avx2 | avx512 | all (every one\n"
-            "                   this CPU runs, side by side); default: the best available\n"
-            "  --device X       cpu (default), or cuda / cuda:N: the GPU kernels, timed with\n"
-            "                   CUDA events, against the GPU's cuBLAS bf16 GEMM rate measured\n"
-            "                   in the same run (default dtype there: bf16)\n"
-            "  --gemm N         side of that cuBLAS GEMM (default 8192; 0 skips it)\n"
-            "  --json           one JSON object per line instead of the table\n"
-            "  -h, --help       this text\n"
-            "\n"
-            "FLOPs counted: forward 4*S*S*D*H (2*S*S*D*H causal), backward 2.5x forward.\n"
-            "The peak is the fp32 FMA peak (best of %d tries, every thread busy); bf16 runs\n"
-            "use a bf16 dot product where the CPU has one and may exceed it.\n"
-            "Beside the wall-clock figures, GFLOP/s per CPU-second (FLOPs over the CPU time\n"
-            "all threads really ran, against the peak loop's own per-CPU-second rate) stay\n"
-            "meaningful when other processes share the cores.\n",
-            STRIA__PEAK_TRIES);
-}
+static const char stria__kb_description[] =
+    "Measures this machine's fp32 FMA peak, then forward and backward attention\n"
+    "throughput (one batch, Q/K/V of --seq tokens), and prints GFLOP/s and the\n"
+    "fraction of the peak. Figures are medians of --reps runs.";
 
-static int stria__kb_bad(const char *fmt, const char *a, const char *b)
-{
-    fprintf(stderr, "stria-bench kernels: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\n(see stria-bench kernels --help)\n");
-    return 2;
-}
+static const char stria__kb_epilog[] =
+    "FLOPs counted: forward 4*S*S*D*H (2*S*S*D*H causal), backward 2.5x forward.\n"
+    "The peak is the fp32 FMA peak (best of " STRIA__STR(
+        STRIA__PEAK_TRIES) " tries, every thread "
+                           "busy); bf16 runs\n"
+                           "use a bf16 dot product where the CPU has one and may exceed it.\n"
+                           "Beside the wall-clock figures, GFLOP/s per CPU-second (FLOPs over the "
+                           "CPU time\n"
+                           "all threads really ran, against the peak loop's own per-CPU-second "
+                           "rate) stay\n"
+                           "meaningful when other processes share the cores.";
 
-static bool stria__kb_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+static stria_status_t stria__kb_parse_device(const char *text, void *dst)
 {
-    char *end = NULL;
-    long long v;
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
+    if (strcmp(text, "cpu") != 0 && strcmp(text, "cuda") != 0 && strncmp(text, "cuda:", 5) != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "expected cpu, cuda or cuda:N");
+    *(const char **)dst = text;
+    return STRIA_OK;
 }
 
 /* Returns -1 to continue, else an exit code. */
 static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
 {
+    int64_t threads = 0, reps = 0;
+    const stria_option_t own[] = {
+        {.name = "seq",
+         .type = STRIA_OPT_INT,
+         .dst = &o->seq,
+         .dflt = "4096",
+         .min = 1,
+         .max = 1 << 20,
+         .metavar = "S",
+         .help = "tokens per sequence"},
+        {.name = "threads",
+         .type = STRIA_OPT_INT,
+         .dst = &threads,
+         .dflt = "1",
+         .min = 1,
+         .max = 1024,
+         .metavar = "T",
+         .help = "threads of the kernel pool"},
+        {.name = "causal",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->causal,
+         .help = "causal mask (the default)"},
+        {.name = "no-causal", .type = STRIA_OPT_UNFLAG, .dst = &o->causal, .help = "no mask"},
+        {.name = "reps",
+         .type = STRIA_OPT_INT,
+         .dst = &reps,
+         .dflt = "5",
+         .min = 1,
+         .max = 1000,
+         .metavar = "N",
+         .help = "timed runs per pass, median reported"},
+        {.name = "variant",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->variant,
+         .metavar = "V",
+         .help = "kernel variant: portable | avx2 | avx512 | all (every one this CPU runs, side "
+                 "by side); default: the best available"},
+        {.name = "device",
+         .type = STRIA_OPT_CUSTOM,
+         .dst = &o->device,
+         .dflt = "cpu",
+         .parse = stria__kb_parse_device,
+         .metavar = "X",
+         .help = "cpu, or cuda / cuda:N: the GPU kernels, timed with CUDA events, against the "
+                 "GPU's cuBLAS bf16 GEMM rate measured in the same run"},
+        {.name = "gemm",
+         .type = STRIA_OPT_INT,
+         .dst = &o->gemm_n,
+         .dflt = "8192",
+         .min = 0,
+         .max = 32768,
+         .metavar = "N",
+         .help = "side of that cuBLAS GEMM (0 skips it)"},
+        {.name = "json",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->json,
+         .help = "one JSON object per line instead of the table"},
+    };
+    stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
+    stria_bench_shape_t shape = {0};
+    memcpy(opts, own, sizeof(own));
+    stria_bench_shape_options(opts + sizeof(own) / sizeof(own[0]), &shape, 1024);
+    const stria_command_t cmd = {.name = "kernels",
+                                 .description = stria__kb_description,
+                                 .epilog = stria__kb_epilog,
+                                 .options = opts};
+    stria_cli_t cli;
+
     memset(o, 0, sizeof(*o));
-    o->seq = 4096;
-    o->head_dim = 128;
-    o->heads = 8;
-    o->threads = 1;
-    o->reps = 5;
-    o->dtype = STRIA_DTYPE_F32;
     o->causal = true;
-    o->device = "cpu";
-    o->gemm_n = 8192;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t n;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            stria__kb_usage(stdout);
-            return 0;
-        } else if (strcmp(a, "--causal") == 0) {
-            o->causal = true;
-        } else if (strcmp(a, "--no-causal") == 0) {
-            o->causal = false;
-        } else if (strcmp(a, "--json") == 0) {
-            o->json = true;
-        } else if (strcmp(a, "--seq") == 0 || strcmp(a, "--head-dim") == 0 ||
-                   strcmp(a, "--heads") == 0 || strcmp(a, "--kv-heads") == 0 ||
-                   strcmp(a, "--threads") == 0 || strcmp(a, "--reps") == 0 ||
-                   strcmp(a, "--dtype") == 0 || strcmp(a, "--variant") == 0 ||
-                   strcmp(a, "--device") == 0 || strcmp(a, "--gemm") == 0) {
-            if (val == NULL)
-                return stria__kb_bad("option %s needs a value%s", a, "");
-            i++;
-            if (strcmp(a, "--dtype") == 0) {
-                if (stria_dtype_parse(val, &o->dtype) != STRIA_OK)
-                    return stria__kb_bad("--dtype '%s': expected fp32, bf16 or fp16%s", val, "");
-                o->dtype_set = true;
-            } else if (strcmp(a, "--device") == 0) {
-                if (strcmp(val, "cpu") != 0 && strcmp(val, "cuda") != 0 &&
-                    strncmp(val, "cuda:", 5) != 0)
-                    return stria__kb_bad("--device '%s': expected cpu, cuda or cuda:N%s", val, "");
-                o->device = val;
-            } else if (strcmp(a, "--gemm") == 0) {
-                if (!stria__kb_int(val, 0, 32768, &o->gemm_n))
-                    return stria__kb_bad("--gemm '%s': expected an integer in 0..32768%s", val, "");
-            } else if (strcmp(a, "--variant") == 0) {
-                o->variant = val;
-            } else if (strcmp(a, "--seq") == 0) {
-                if (!stria__kb_int(val, 1, 1 << 20, &o->seq))
-                    return stria__kb_bad("--seq '%s': expected an integer in 1..1048576%s", val,
-                                         "");
-            } else if (strcmp(a, "--head-dim") == 0) {
-                if (!stria__kb_int(val, STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX, &o->head_dim) ||
-                    o->head_dim % 8 != 0)
-                    return stria__kb_bad("--head-dim '%s': expected a multiple of 8 in 16..256%s",
-                                         val, "");
-            } else if (strcmp(a, "--heads") == 0) {
-                if (!stria__kb_int(val, 1, 1024, &o->heads))
-                    return stria__kb_bad("--heads '%s': expected an integer in 1..1024%s", val, "");
-            } else if (strcmp(a, "--kv-heads") == 0) {
-                if (!stria__kb_int(val, 1, 1024, &o->kv_heads))
-                    return stria__kb_bad("--kv-heads '%s': expected an integer in 1..1024%s", val,
-                                         "");
-            } else if (strcmp(a, "--threads") == 0) {
-                if (!stria__kb_int(val, 1, 1024, &n))
-                    return stria__kb_bad("--threads '%s': expected an integer in 1..1024%s", val,
-                                         "");
-                o->threads = (int)n;
-            } else {
-                if (!stria__kb_int(val, 1, 1000, &n))
-                    return stria__kb_bad("--reps '%s': expected an integer in 1..1000%s", val, "");
-                o->reps = (int)n;
-            }
-        } else {
-            return stria__kb_bad("unknown option '%s'%s", a, "");
-        }
-    }
-    if (o->kv_heads == 0)
-        o->kv_heads = o->heads;
+    int rc = stria_bench_parse(&cmd, argc, argv, &cli);
+    o->dtype_set = stria_cli_given(&cli, "dtype");
+    o->threads = (int)threads;
+    o->reps = (int)reps;
+    stria_cli_free(&cli);
+    if (rc >= 0)
+        return rc;
+    if (stria_bench_shape_check("kernels", &shape) >= 0)
+        return 2;
+    o->heads = shape.heads;
+    o->kv_heads = shape.kv_heads;
+    o->head_dim = shape.head_dim;
+    o->dtype = shape.dtype;
     if (strcmp(o->device, "cpu") != 0 && !o->dtype_set)
         o->dtype = STRIA_DTYPE_BF16;
-    if (o->heads % o->kv_heads != 0) {
-        fprintf(stderr,
-                "stria-bench kernels: --heads %lld is not a multiple of --kv-heads %lld\n"
-                "(see stria-bench kernels --help)\n",
-                (long long)o->heads, (long long)o->kv_heads);
-        return 2;
-    }
     if (o->variant != NULL && strcmp(o->variant, "all") != 0) {
         const char *const *names = stria_kernels_variant_names();
         bool known = false;
         for (size_t i = 0; names[i] != NULL; i++)
             known = known || strcmp(names[i], o->variant) == 0;
         if (!known)
-            return stria__kb_bad("--variant '%s': unknown (expected portable, avx2, avx512 or "
-                                 "all)%s",
-                                 o->variant, "");
+            return stria_bench_usage_error("kernels",
+                                           "--variant '%s': unknown (expected portable, avx2, "
+                                           "avx512 or all)",
+                                           o->variant);
         if (!stria_kernels_variant_available(o->variant)) {
             fprintf(stderr, "stria-bench kernels: variant %s is not supported by this CPU\n",
                     o->variant);
@@ -406,18 +377,6 @@ static void stria__kb_data_free(stria__kb_data_t *d)
     memset(d, 0, sizeof(*d));
 }
 
-static void stria__kb_fill(void *buf, stria_dtype_t dtype, size_t n, uint64_t seed)
-{
-    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        float x = (float)((double)(s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
-        stria_dtype_store(dtype, buf, i, x);
-    }
-}
-
 static stria_status_t stria__kb_data_init(stria__kb_data_t *d, const stria__kb_opts_t *o,
                                           stria_pool_t *pool)
 {
@@ -449,10 +408,10 @@ static stria_status_t stria__kb_data_init(stria__kb_data_t *d, const stria__kb_o
         stria__kb_data_free(d);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the benchmark tensors");
     }
-    stria__kb_fill(d->q, o->dtype, d->nq, 1);
-    stria__kb_fill(d->k, o->dtype, d->nk, 2);
-    stria__kb_fill(d->v, o->dtype, d->nk, 3);
-    stria__kb_fill(d->d_o, o->dtype, d->nq, 4);
+    stria_bench_fill(d->q, o->dtype, d->nq, 1);
+    stria_bench_fill(d->k, o->dtype, d->nk, 2);
+    stria_bench_fill(d->v, o->dtype, d->nk, 3);
+    stria_bench_fill(d->d_o, o->dtype, d->nq, 4);
     d->tq = stria_tensor_contiguous(d->q, o->dtype, o->seq, o->heads, o->head_dim);
     d->tdo = stria_tensor_contiguous(d->d_o, o->dtype, o->seq, o->heads, o->head_dim);
     d->tk = stria_tensor_contiguous(d->k, o->dtype, o->seq, o->kv_heads, o->head_dim);
@@ -464,14 +423,6 @@ static stria_status_t stria__kb_data_init(stria__kb_data_t *d, const stria__kb_o
     return STRIA_OK;
 }
 
-/* CPU time of the whole process (all threads), in seconds. */
-static double stria__kb_process_cpu(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One timed run: wall-clock seconds and CPU seconds of all threads. */
 typedef struct {
     double wall, cpu;
@@ -479,10 +430,10 @@ typedef struct {
 
 static stria_status_t stria__kb_fwd(stria__kb_data_t *d, stria__kb_time_t *t)
 {
-    double c0 = stria__kb_process_cpu(), t0 = stria_time_now();
+    double c0 = stria_bench_process_cpu(), t0 = stria_time_now();
     stria_status_t st = stria_attn_fwd(&d->p, &d->tq, &d->tk, &d->tv, &d->to, d->lse, false);
     t->wall = stria_time_now() - t0;
-    t->cpu = stria__kb_process_cpu() - c0;
+    t->cpu = stria_bench_process_cpu() - c0;
     return st;
 }
 
@@ -494,21 +445,15 @@ static stria_status_t stria__kb_bwd(stria__kb_data_t *d, stria__kb_time_t *t)
     memset(d->dq, 0, d->nq * sizeof(float));
     memset(d->dk, 0, d->nk * sizeof(float));
     memset(d->dv, 0, d->nk * sizeof(float));
-    c0 = stria__kb_process_cpu();
+    c0 = stria_bench_process_cpu();
     t0 = stria_time_now();
     st = stria_attn_bwd_delta(&d->p, &d->to, &d->tdo, d->delta);
     if (st == STRIA_OK)
         st = stria_attn_bwd(&d->p, &d->tq, &d->tk, &d->tv, &d->tdo, d->lse, d->delta, &d->tdq,
                             &d->tdk, &d->tdv);
     t->wall = stria_time_now() - t0;
-    t->cpu = stria__kb_process_cpu() - c0;
+    t->cpu = stria_bench_process_cpu() - c0;
     return st;
-}
-
-static int stria__kb_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* Medians of the wall and the CPU times (each sorted on its own). */
@@ -517,12 +462,10 @@ static stria__kb_time_t stria__kb_median(const stria__kb_time_t *v, int n, doubl
     stria__kb_time_t m;
     for (int i = 0; i < n; i++)
         scratch[i] = v[i].wall;
-    qsort(scratch, (size_t)n, sizeof(double), stria__kb_cmp_double);
-    m.wall = n % 2 ? scratch[n / 2] : 0.5 * (scratch[n / 2 - 1] + scratch[n / 2]);
+    m.wall = stria_bench_median(scratch, n);
     for (int i = 0; i < n; i++)
         scratch[i] = v[i].cpu;
-    qsort(scratch, (size_t)n, sizeof(double), stria__kb_cmp_double);
-    m.cpu = n % 2 ? scratch[n / 2] : 0.5 * (scratch[n / 2 - 1] + scratch[n / 2]);
+    m.cpu = stria_bench_median(scratch, n);
     return m;
 }
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_util.h"
 #include "stria_common.h"
 #include "stria_kernels.h"
 #include "stria_ring.h"
@@ -43,172 +44,143 @@ typedef struct {
     int cpus;       /* online CPUs: wall times are measured for ranks <= cpus */
 } stria__rb_opts_t;
 
-static void stria__rb_usage(FILE *out)
-{
-    fprintf(out, "usage: stria-bench ring --ranks N[,N...] --seq S[,S...] [OPTIONS]\n"
-                 "\n"
-                 "Runs the in-process ring for the contiguous layout (the baseline) and the\n"
-                 "striped and zigzag layouts on the same inputs, and reports per layout the\n"
-                 "critical path (sum over steps of the slowest rank's compute, each rank's\n"
-                 "compute measured as thread CPU time), the speedup over contiguous, the ideal\n"
-                 "2 - 1/N (causal), and the wall time of the pass. Medians of --reps runs.\n"
-                 "\n"
-                 "options:\n"
-                 "  --ranks N[,N...] ring sizes (1..64; default 4)\n"
-                 "  --seq S[,S...]   global sequence lengths (1..1048576; default 16384)\n"
-                 "  --layout L       striped | contiguous | zigzag | all (default all; the\n"
-                 "                   contiguous baseline is always measured)\n"
-                 "  --pass P         fwd | bwd | both (default both)\n"
-                 "  --batch B        batch size (default 1; 1..1024)\n"
-                 "  --heads H        query heads (default 8; 1..1024)\n"
-                 "  --kv-heads K     key/value heads, dividing H (default: H)\n"
-                 "  --head-dim D     a multiple of 8 in 16..256 (default 128)\n"
-                 "  --dtype X        fp32 | bf16 | fp16 (default fp32)\n"
-                 "  --causal         causal mask (default)\n"
-                 "  --no-causal      no mask (every layout is balanced; ideal speedup 1)\n"
-                 "  --reps R         runs per layout, median reported (default 3; 1..100)\n"
-                 "  --no-serialize   let the ranks compute concurrently while their compute is\n"
-                 "                   measured (default: one rank works at a time, everything\n"
-                 "                   but its link waits, so that rank threads sharing cores\n"
-                 "                   and caches do not slow each other down)\n"
-                 "  --json           one JSON object per (layout, ranks, seq, pass) per line\n"
-                 "  -h, --help       this text\n"
-                 "\n"
-                 "Wall times come from separate runs with the ranks computing in parallel, made\n"
-                 "only when every rank has a core of its own (ranks <= online CPUs; for example\n"
-                 "--ranks 2 on two cores): they show the real parallel speedup.\n");
-}
+static const char stria__rb_description[] =
+    "Runs the in-process ring for the contiguous layout (the baseline) and the\n"
+    "striped and zigzag layouts on the same inputs, and reports per layout the\n"
+    "critical path (sum over steps of the slowest rank's compute, each rank's\n"
+    "compute measured as thread CPU time), the speedup over contiguous, the ideal\n"
+    "2 - 1/N (causal), and the wall time of the pass. Medians of --reps runs.";
 
-static int stria__rb_bad(const char *fmt, const char *a)
-{
-    fprintf(stderr, "stria-bench ring: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\n(see stria-bench ring --help)\n");
-    return 2;
-}
+static const char stria__rb_epilog[] =
+    "Wall times come from separate runs with the ranks computing in parallel, made\n"
+    "only when every rank has a core of its own (ranks <= online CPUs; for example\n"
+    "--ranks 2 on two cores): they show the real parallel speedup.";
 
-static bool stria__rb_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+/* --layout and --pass, after parsing. */
+static int stria__rb_choices(stria__rb_opts_t *o, const char *layout, const char *pass)
 {
-    char *end = NULL;
-    long long v;
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
-/* "a,b,c" into list; false on a bad or out-of-range item. */
-static bool stria__rb_list(const char *s, int64_t lo, int64_t hi, int64_t *list, size_t *n)
-{
-    char buf[256];
-    char *save = NULL;
-    if (strlen(s) >= sizeof(buf))
-        return false;
-    strcpy(buf, s);
-    *n = 0;
-    for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-        if (*n == STRIA__RB_MAX_LIST || !stria__rb_int(tok, lo, hi, &list[*n]))
-            return false;
-        (*n)++;
+    stria_layout_kind_t k;
+    if (strcmp(layout, "all") == 0) {
+        o->layout_on[0] = o->layout_on[1] = o->layout_on[2] = true;
+    } else if (stria_layout_kind_parse(layout, &k) == STRIA_OK) {
+        o->layout_on[k] = true;
+    } else {
+        return stria_bench_usage_error(
+            "ring", "--layout '%s': expected striped, contiguous, zigzag or all", layout);
     }
-    return *n > 0;
+    o->do_fwd = strcmp(pass, "fwd") == 0 || strcmp(pass, "both") == 0;
+    o->do_bwd = strcmp(pass, "bwd") == 0 || strcmp(pass, "both") == 0;
+    if (!o->do_fwd && !o->do_bwd)
+        return stria_bench_usage_error("ring", "--pass '%s': expected fwd, bwd or both", pass);
+    return -1;
 }
 
 /* Returns -1 to continue, else an exit code. */
 static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
 {
+    stria_int_list_t ranks = {0}, seqs = {0};
+    const char *layout = NULL, *pass = NULL;
+    int64_t reps = 0;
+    bool serialize = true;
+    const stria_option_t own[] = {
+        {.name = "ranks",
+         .type = STRIA_OPT_INTS,
+         .dst = &ranks,
+         .dflt = "4",
+         .min = 1,
+         .max = 64,
+         .max_items = STRIA__RB_MAX_LIST,
+         .metavar = "N[,N...]",
+         .help = "ring sizes"},
+        {.name = "seq",
+         .type = STRIA_OPT_INTS,
+         .dst = &seqs,
+         .dflt = "16384",
+         .min = 1,
+         .max = 1 << 20,
+         .max_items = STRIA__RB_MAX_LIST,
+         .metavar = "S[,S...]",
+         .help = "global sequence lengths"},
+        {.name = "layout",
+         .type = STRIA_OPT_STRING,
+         .dst = &layout,
+         .dflt = "all",
+         .metavar = "L",
+         .help = "striped | contiguous | zigzag | all (the contiguous baseline is always "
+                 "measured)"},
+        {.name = "pass",
+         .type = STRIA_OPT_STRING,
+         .dst = &pass,
+         .dflt = "both",
+         .metavar = "P",
+         .help = "fwd | bwd | both"},
+        {.name = "batch",
+         .type = STRIA_OPT_INT,
+         .dst = &o->batch,
+         .dflt = "1",
+         .min = 1,
+         .max = 1024,
+         .metavar = "B",
+         .help = "batch size"},
+        {.name = "causal",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->causal,
+         .help = "causal mask (the default)"},
+        {.name = "no-causal",
+         .type = STRIA_OPT_UNFLAG,
+         .dst = &o->causal,
+         .help = "no mask (every layout is balanced; ideal speedup 1)"},
+        {.name = "reps",
+         .type = STRIA_OPT_INT,
+         .dst = &reps,
+         .dflt = "3",
+         .min = 1,
+         .max = 100,
+         .metavar = "R",
+         .help = "runs per layout, median reported"},
+        {.name = "no-serialize",
+         .type = STRIA_OPT_UNFLAG,
+         .dst = &serialize,
+         .help = "let the ranks compute concurrently while their compute is measured (default: "
+                 "one rank works at a time, everything but its link waits, so that rank threads "
+                 "sharing cores and caches do not slow each other down)"},
+        {.name = "json",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->json,
+         .help = "one JSON object per (layout, ranks, seq, pass) per line"},
+    };
+    stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
+    stria_bench_shape_t shape = {0};
+    memcpy(opts, own, sizeof(own));
+    stria_bench_shape_options(opts + sizeof(own) / sizeof(own[0]), &shape, 1024);
+    const stria_command_t cmd = {.name = "ring",
+                                 .description = stria__rb_description,
+                                 .epilog = stria__rb_epilog,
+                                 .options = opts};
+    stria_cli_t cli;
+
     memset(o, 0, sizeof(*o));
-    o->ranks[0] = 4;
-    o->n_ranks = 1;
-    o->seqs[0] = 16384;
-    o->n_seqs = 1;
-    o->layout_on[0] = o->layout_on[1] = o->layout_on[2] = true;
-    o->do_fwd = o->do_bwd = true;
-    o->batch = 1;
-    o->heads = 8;
-    o->head_dim = 128;
-    o->dtype = STRIA_DTYPE_F32;
     o->causal = true;
-    o->reps = 3;
-    o->serialize = true;
     o->cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t n;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            stria__rb_usage(stdout);
-            return 0;
-        } else if (strcmp(a, "--causal") == 0) {
-            o->causal = true;
-        } else if (strcmp(a, "--no-causal") == 0) {
-            o->causal = false;
-        } else if (strcmp(a, "--json") == 0) {
-            o->json = true;
-        } else if (strcmp(a, "--no-serialize") == 0) {
-            o->serialize = false;
-        } else if (val == NULL) {
-            return stria__rb_bad("unknown option or missing value: '%s'", a);
-        } else {
-            i++;
-            if (strcmp(a, "--ranks") == 0) {
-                if (!stria__rb_list(val, 1, 64, o->ranks, &o->n_ranks))
-                    return stria__rb_bad("--ranks '%s': expected up to 16 integers in 1..64", val);
-            } else if (strcmp(a, "--seq") == 0) {
-                if (!stria__rb_list(val, 1, 1 << 20, o->seqs, &o->n_seqs))
-                    return stria__rb_bad("--seq '%s': expected up to 16 integers in 1..1048576",
-                                         val);
-            } else if (strcmp(a, "--layout") == 0) {
-                stria_layout_kind_t k;
-                if (strcmp(val, "all") == 0) {
-                    o->layout_on[0] = o->layout_on[1] = o->layout_on[2] = true;
-                } else if (stria_layout_kind_parse(val, &k) == STRIA_OK) {
-                    memset(o->layout_on, 0, sizeof(o->layout_on));
-                    o->layout_on[k] = true;
-                } else {
-                    return stria__rb_bad(
-                        "--layout '%s': expected striped, contiguous, zigzag or all", val);
-                }
-            } else if (strcmp(a, "--pass") == 0) {
-                o->do_fwd = strcmp(val, "fwd") == 0 || strcmp(val, "both") == 0;
-                o->do_bwd = strcmp(val, "bwd") == 0 || strcmp(val, "both") == 0;
-                if (!o->do_fwd && !o->do_bwd)
-                    return stria__rb_bad("--pass '%s': expected fwd, bwd or both", val);
-            } else if (strcmp(a, "--dtype") == 0) {
-                if (stria_dtype_parse(val, &o->dtype) != STRIA_OK)
-                    return stria__rb_bad("--dtype '%s': expected fp32, bf16 or fp16", val);
-            } else if (strcmp(a, "--batch") == 0) {
-                if (!stria__rb_int(val, 1, 1024, &o->batch))
-                    return stria__rb_bad("--batch '%s': expected an integer in 1..1024", val);
-            } else if (strcmp(a, "--heads") == 0) {
-                if (!stria__rb_int(val, 1, 1024, &o->heads))
-                    return stria__rb_bad("--heads '%s': expected an integer in 1..1024", val);
-            } else if (strcmp(a, "--kv-heads") == 0) {
-                if (!stria__rb_int(val, 1, 1024, &o->kv_heads))
-                    return stria__rb_bad("--kv-heads '%s': expected an integer in 1..1024", val);
-            } else if (strcmp(a, "--head-dim") == 0) {
-                if (!stria__rb_int(val, STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX, &o->head_dim) ||
-                    o->head_dim % 8 != 0)
-                    return stria__rb_bad("--head-dim '%s': expected a multiple of 8 in 16..256",
-                                         val);
-            } else if (strcmp(a, "--reps") == 0) {
-                if (!stria__rb_int(val, 1, 100, &n))
-                    return stria__rb_bad("--reps '%s': expected an integer in 1..100", val);
-                o->reps = (int)n;
-            } else {
-                return stria__rb_bad("unknown option '%s'", a);
-            }
-        }
+    int rc = stria_bench_parse(&cmd, argc, argv, &cli);
+    if (rc < 0) {
+        o->n_ranks = ranks.n;
+        memcpy(o->ranks, ranks.v, ranks.n * sizeof(int64_t));
+        o->n_seqs = seqs.n;
+        memcpy(o->seqs, seqs.v, seqs.n * sizeof(int64_t));
+        o->reps = (int)reps;
+        o->serialize = serialize;
+        rc = stria__rb_choices(o, layout, pass);
     }
-    if (o->kv_heads == 0)
-        o->kv_heads = o->heads;
-    if (o->heads % o->kv_heads != 0) {
-        fprintf(stderr, "stria-bench ring: --heads %lld is not a multiple of --kv-heads %lld\n",
-                (long long)o->heads, (long long)o->kv_heads);
+    stria_cli_free(&cli);
+    if (rc >= 0)
+        return rc;
+    if (stria_bench_shape_check("ring", &shape) >= 0)
         return 2;
-    }
+    o->heads = shape.heads;
+    o->kv_heads = shape.kv_heads;
+    o->head_dim = shape.head_dim;
+    o->dtype = shape.dtype;
     return -1;
 }
 
@@ -222,17 +194,6 @@ typedef struct {
     float *lse;
     float *dq, *dk, *dv;
 } stria__rb_data_t;
-
-static void stria__rb_fill(void *dst, stria_dtype_t dtype, size_t n, uint64_t seed)
-{
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        stria_dtype_store(dtype, dst, i, (float)(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
-    }
-}
 
 static void stria__rb_data_free(stria__rb_data_t *d)
 {
@@ -266,10 +227,10 @@ static stria_status_t stria__rb_data_init(const stria__rb_opts_t *o, int64_t seq
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the tensors of S=%lld",
                                (long long)seq);
     }
-    stria__rb_fill(d->q, o->dtype, d->nq, 1);
-    stria__rb_fill(d->k, o->dtype, d->nk, 2);
-    stria__rb_fill(d->v, o->dtype, d->nk, 3);
-    stria__rb_fill(d->d_o, o->dtype, d->nq, 4);
+    stria_bench_fill(d->q, o->dtype, d->nq, 1);
+    stria_bench_fill(d->k, o->dtype, d->nk, 2);
+    stria_bench_fill(d->v, o->dtype, d->nk, 3);
+    stria_bench_fill(d->d_o, o->dtype, d->nq, 4);
     return STRIA_OK;
 }
 
@@ -337,18 +298,6 @@ static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t 
     return st;
 }
 
-static int stria__rb_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double stria__rb_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), stria__rb_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 typedef struct {
     double critical_s;      /* from the median compute of every (rank, step) */
     double critical_best_s; /* from the fastest compute of every (rank, step) */
@@ -381,7 +330,7 @@ static void stria__rb_crit(const double *comp, int reps, int n, double *crit_out
         for (int r = 0; r < n; r++) {
             for (int rep = 0; rep < reps; rep++)
                 tmp[rep] = comp[(size_t)rep * nn + (size_t)(r * n + s)];
-            double med = stria__rb_median(tmp, reps); /* sorts tmp */
+            double med = stria_bench_median(tmp, reps); /* sorts tmp */
             mx = med > mx ? med : mx;
             mx_best = tmp[0] > mx_best ? tmp[0] : mx_best;
             total += med;
@@ -447,12 +396,12 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
         memset(&res[k], 0, sizeof(res[k]));
         stria__rb_crit(comp + (size_t)k * per_layout, o->reps, n, &res[k].critical_s,
                        &res[k].total_s, &res[k].critical_best_s);
-        res[k].critical_run_s = stria__rb_median(crit[k], o->reps);
+        res[k].critical_run_s = stria_bench_median(crit[k], o->reps);
         res[k].wall_s = res[k].wall_min_s = res[k].par_critical_s = -1.0;
         if (want_wall) {
             stria__rb_crit(comp_par + (size_t)k * per_layout, o->reps, n, &res[k].par_critical_s,
                            &unused, NULL);
-            res[k].wall_s = stria__rb_median(wall[k], o->reps); /* sorts wall[k] */
+            res[k].wall_s = stria_bench_median(wall[k], o->reps); /* sorts wall[k] */
             res[k].wall_min_s = wall[k][0];
         }
     }
@@ -530,7 +479,7 @@ static stria_status_t stria__rb_blocks(const stria__rb_opts_t *o, const stria__r
                 times[rep] = stria_time_thread_cpu() - c0;
         }
         if (st == STRIA_OK)
-            *cases[c].out = stria__rb_median(times, o->reps);
+            *cases[c].out = stria_bench_median(times, o->reps);
     }
     stria_free(buf);
     return st;

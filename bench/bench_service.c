@@ -5,7 +5,6 @@
  * side by side in one run. Reports both times and their ratio.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_util.h"
 #include "stria_client.h"
 #include "stria_common.h"
 #include "stria_ring.h"
@@ -90,124 +90,102 @@ static int start_proc(char *const argv[], const char *prefix, char *line, size_t
     return -1;
 }
 
-static void usage(FILE *out)
-{
-    fprintf(out, "usage: stria-bench service [--ranks N] [--seq S] [--heads H] [--kv-heads K]\n"
-                 "                           [--head-dim D] [--dtype fp32|bf16|fp16] [--reps R]\n"
-                 "                           [--threads-per-rank T] [--json]\n"
-                 "\n"
-                 "Runs the same causal striped forward+backward job (a) through the service: a\n"
-                 "coordinator and N worker processes started on loopback, inputs and outputs over\n"
-                 "RPC, the ring over UCX; and (b) through the in-process ring engine with N rank\n"
-                 "threads; alternately, R times each, and prints the median times and the ratio\n"
-                 "service / in-process. Defaults: N=4, S=32768, H=8, K=8, D=128, bf16, R=3, T=1.\n"
-                 "The daemons are found beside this program (stria-coordinator, stria-worker).\n");
-}
+static const char svc_description[] =
+    "Runs the same causal striped forward+backward job (a) through the service: a\n"
+    "coordinator and N worker processes started on loopback, inputs and outputs over\n"
+    "RPC, the ring over UCX; and (b) through the in-process ring engine with N rank\n"
+    "threads; alternately, R times each, and prints the median times and the ratio\n"
+    "service / in-process. The daemons are found beside this program\n"
+    "(stria-coordinator, stria-worker).";
 
-static int cmp_double(const void *a, const void *b)
+static stria_status_t svc_parse_dtype(const char *text, void *dst)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void fill(void *buf, size_t n, stria_dtype_t dt, uint64_t seed)
-{
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        stria_dtype_store(dt, buf, i, (float)((x >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f);
-    }
+    return stria_dtype_parse(text, dst);
 }
 
 int stria_bench_service(int argc, char **argv)
 {
-    int ranks = 4, reps = 3, tpr = 1;
-    int64_t seq = 32768, heads = 8, kv_heads = 8, head_dim = 128;
+    int ranks, reps, tpr;
+    int64_t seq, heads, kv_heads, head_dim, ranks_arg, reps_arg, tpr_arg;
     stria_dtype_t dtype = STRIA_DTYPE_BF16;
     bool json = false;
-    static const struct option longopts[] = {
-        {"ranks", required_argument, NULL, 'n'},
-        {"seq", required_argument, NULL, 's'},
-        {"heads", required_argument, NULL, 'H'},
-        {"kv-heads", required_argument, NULL, 'K'},
-        {"head-dim", required_argument, NULL, 'D'},
-        {"dtype", required_argument, NULL, 't'},
-        {"reps", required_argument, NULL, 'r'},
-        {"threads-per-rank", required_argument, NULL, 'T'},
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+    const stria_option_t opts[] = {
+        {.name = "ranks",
+         .type = STRIA_OPT_INT,
+         .dst = &ranks_arg,
+         .dflt = "4",
+         .min = 1,
+         .max = SVC_MAX_WORKERS,
+         .metavar = "N",
+         .help = "workers (and in-process ranks)"},
+        {.name = "seq",
+         .type = STRIA_OPT_INT,
+         .dst = &seq,
+         .dflt = "32768",
+         .min = 1,
+         .max = 1e15,
+         .metavar = "S",
+         .help = "tokens"},
+        {.name = "heads",
+         .type = STRIA_OPT_INT,
+         .dst = &heads,
+         .dflt = "8",
+         .min = 1,
+         .max = 1e9,
+         .metavar = "H",
+         .help = "query heads"},
+        {.name = "kv-heads",
+         .type = STRIA_OPT_INT,
+         .dst = &kv_heads,
+         .dflt = "8",
+         .min = 1,
+         .max = 1e9,
+         .metavar = "K",
+         .help = "key/value heads"},
+        {.name = "head-dim",
+         .type = STRIA_OPT_INT,
+         .dst = &head_dim,
+         .dflt = "128",
+         .min = 1,
+         .max = 1e9,
+         .metavar = "D",
+         .help = "head dimension"},
+        {.name = "dtype",
+         .type = STRIA_OPT_CUSTOM,
+         .dst = &dtype,
+         .dflt = "bf16",
+         .parse = svc_parse_dtype,
+         .metavar = "fp32|bf16|fp16",
+         .help = "storage dtype"},
+        {.name = "reps",
+         .type = STRIA_OPT_INT,
+         .dst = &reps_arg,
+         .dflt = "3",
+         .min = 1,
+         .max = 100,
+         .metavar = "R",
+         .help = "runs of each, medians reported"},
+        {.name = "threads-per-rank",
+         .type = STRIA_OPT_INT,
+         .dst = &tpr_arg,
+         .dflt = "1",
+         .min = 1,
+         .max = 256,
+         .metavar = "T",
+         .help = "kernel threads of each rank"},
+        {.name = "json", .type = STRIA_OPT_FLAG, .dst = &json, .help = "one JSON object"},
+        {.name = NULL},
     };
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        char *end = NULL;
-        long long v = optarg ? strtoll(optarg, &end, 10) : 0;
-        bool bad_int = optarg && (end == optarg || *end != '\0' || v < 1);
-        switch (c) {
-        case 'n':
-            if (bad_int || v > SVC_MAX_WORKERS)
-                goto bad;
-            ranks = (int)v;
-            break;
-        case 's':
-            if (bad_int)
-                goto bad;
-            seq = v;
-            break;
-        case 'H':
-            if (bad_int)
-                goto bad;
-            heads = v;
-            break;
-        case 'K':
-            if (bad_int)
-                goto bad;
-            kv_heads = v;
-            break;
-        case 'D':
-            if (bad_int)
-                goto bad;
-            head_dim = v;
-            break;
-        case 'r':
-            if (bad_int || v > 100)
-                goto bad;
-            reps = (int)v;
-            break;
-        case 'T':
-            if (bad_int || v > 256)
-                goto bad;
-            tpr = (int)v;
-            break;
-        case 't':
-            if (stria_dtype_parse(optarg, &dtype) != STRIA_OK) {
-                fprintf(stderr, "stria-bench service: %s\n", stria_error_msg());
-                return 2;
-            }
-            break;
-        case 'j':
-            json = true;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-        bad:
-            fprintf(stderr, "stria-bench service: bad option '%s'\n", argv[optind - 1]);
-            usage(stderr);
-            return 2;
-        }
-    }
+    const stria_command_t cmd = {
+        .name = "service", .description = svc_description, .options = opts};
+    stria_cli_t cli;
+    int prc = stria_bench_parse(&cmd, argc, argv, &cli);
+    stria_cli_free(&cli);
+    if (prc >= 0)
+        return prc;
+    ranks = (int)ranks_arg;
+    reps = (int)reps_arg;
+    tpr = (int)tpr_arg;
 
     char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -253,10 +231,10 @@ int stria_bench_service(int argc, char **argv)
     void *q = malloc(nq * es), *k = malloc(nk * es), *v = malloc(nk * es), *g = malloc(nq * es);
     void *o = malloc(nq * es), *dq = malloc(nq * es), *dk = malloc(nk * es), *dv = malloc(nk * es);
     float *lse = malloc((size_t)(heads * seq) * 4);
-    fill(q, nq, dtype, 1);
-    fill(k, nk, dtype, 2);
-    fill(v, nk, dtype, 3);
-    fill(g, nq, dtype, 4);
+    stria_bench_fill(q, dtype, nq, 1);
+    stria_bench_fill(k, dtype, nk, 2);
+    stria_bench_fill(v, dtype, nk, 3);
+    stria_bench_fill(g, dtype, nq, 4);
 
     stria_client_params_t cp;
     stria_client_t *client = NULL;
@@ -345,7 +323,8 @@ int stria_bench_service(int argc, char **argv)
         fprintf(stderr, "stria-bench service: %s\n", stria_error_msg());
         rc = 1;
     } else {
-        double ms = median(svc_s, reps), mp = median(svc_pass, reps), ml = median(loc_s, reps);
+        double ms = stria_bench_median(svc_s, reps), mp = stria_bench_median(svc_pass, reps),
+               ml = stria_bench_median(loc_s, reps);
         double flops = 2.0 * (double)seq * (double)seq * (double)head_dim * (double)heads * 3.5;
         if (json)
             printf("{\"name\":\"service\",\"ranks\":%d,\"seq\":%lld,\"heads\":%lld,"

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_util.h"
 #include "stria_common.h"
 #include "stria_kernels.h"
 #include "stria_transport.h"
@@ -83,89 +84,6 @@ typedef struct {
     int64_t tokens;
     int32_t buffers; /* 1: every block in one buffer (perftest's way); 2: alternate */
 } stria__tb_cmd_t;
-
-static void stria__tb_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: stria-bench transport [OPTIONS]\n"
-            "\n"
-            "Ring-link bandwidth between two processes over UCX, beside ucx_perftest -t tag_bw\n"
-            "on the same UCX_TLS in the same run, and the overlap of K/V transfer with\n"
-            "attention compute in a two-process ring pass. Figures are medians of --reps\n"
-            "runs; GB/s means 10^9 bytes per second.\n"
-            "\n"
-            "options:\n"
-            "  --size BYTES     one block size (suffixes K, M, G: powers of 1024); default:\n"
-            "                   1M, 4M, 16M and 64M\n"
-            "  --tls LIST       UCX transports for both (default: $UCX_TLS, else UCX's own\n"
-            "                   default)\n"
-            "  --reps N         runs per size and per tool (default 5; 1..100)\n"
-            "  --poll-us U      progress-thread polling window of the link, microseconds\n"
-            "                   (default 0: the link's default; -1: never poll)\n"
-            "  --bytes-per-rep B  bytes streamed per run (default 512M; at least 8 blocks)\n"
-            "  --no-perftest    skip ucx_perftest (ratio not printed)\n"
-            "  --tokens LIST    overlap: tokens per rank, comma separated (default\n"
-            "                   128,512,2048)\n"
-            "  --heads H        overlap: query heads (default 8)\n"
-            "  --kv-heads K     overlap: key/value heads (default: H)\n"
-            "  --head-dim D     overlap: head dimension (default 128)\n"
-            "  --dtype X        overlap: fp32 | bf16 | fp16 (default fp32)\n"
-            "  --bandwidth-only, --overlap-only   run one part\n"
-            "  --json           one JSON object per line instead of the tables\n"
-            "  -h, --help       this text\n");
-}
-
-static int stria__tb_bad(const char *what, const char *arg)
-{
-    fprintf(stderr, "stria-bench transport: %s '%s'\n(see stria-bench transport --help)\n", what,
-            arg);
-    return 2;
-}
-
-static bool stria__tb_size(const char *s, size_t *out)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s || s[0] == '-')
-        return false;
-    unsigned long long mul = 1;
-    if (*end == 'K' || *end == 'k')
-        mul = 1ull << 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        mul = 1ull << 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        mul = 1ull << 30, end++;
-    if (*end != '\0' || v == 0 || v > (1ull << 34) / mul)
-        return false;
-    *out = (size_t)(v * mul);
-    return true;
-}
-
-static bool stria__tb_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
-static int stria__tb_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double stria__tb_median(double *v, int n)
-{
-    if (n <= 0)
-        return 0;
-    qsort(v, (size_t)n, sizeof(double), stria__tb_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int stria__tb_write_all(int fd, const void *buf, size_t n)
 {
@@ -484,11 +402,11 @@ static stria_status_t stria__tb_overlap_run(const stria__tb_opts_t *o, stria__tb
         }
     }
     if (st == STRIA_OK) {
-        out->compute0 = stria__tb_median(v + 0 * reps, reps);
-        out->compute1 = stria__tb_median(v + 1 * reps, reps);
-        out->transfer = stria__tb_median(v + 2 * reps, reps);
-        out->step0 = stria__tb_median(v + 3 * reps, reps);
-        out->step1 = stria__tb_median(v + 4 * reps, reps);
+        out->compute0 = stria_bench_median(v + 0 * reps, reps);
+        out->compute1 = stria_bench_median(v + 1 * reps, reps);
+        out->transfer = stria_bench_median(v + 2 * reps, reps);
+        out->step0 = stria_bench_median(v + 3 * reps, reps);
+        out->step1 = stria_bench_median(v + 4 * reps, reps);
     }
     free(v);
     stria__tb_attn_free(&a);
@@ -699,9 +617,9 @@ static stria_status_t stria__tb_bandwidth(const stria__tb_opts_t *o, stria__tb_r
         }
         if (st != STRIA_OK)
             break;
-        double one = stria__tb_median(link_v[0], o->reps);
-        double two = stria__tb_median(link_v[1], o->reps);
-        double perf = stria__tb_median(perf_v, n_perf);
+        double one = stria_bench_median(link_v[0], o->reps);
+        double two = stria_bench_median(link_v[1], o->reps);
+        double perf = stria_bench_median(perf_v, n_perf);
         char sz[32];
         stria__tb_print_size(sz, sizeof(sz), size);
         if (o->json) {
@@ -765,111 +683,116 @@ static stria_status_t stria__tb_overlap(const stria__tb_opts_t *o, stria__tb_ran
     return st;
 }
 
+static const char stria__tb_description[] =
+    "Ring-link bandwidth between two processes over UCX, beside ucx_perftest -t tag_bw\n"
+    "on the same UCX_TLS in the same run, and the overlap of K/V transfer with\n"
+    "attention compute in a two-process ring pass. Figures are medians of --reps\n"
+    "runs; GB/s means 10^9 bytes per second.";
+
 static int stria__tb_parse(int argc, char **argv, stria__tb_opts_t *o)
 {
+    int64_t size = 0, bytes_per_rep = 0, reps = 0, poll_us = 0;
+    stria_int_list_t tokens = {0};
+    bool bandwidth_only = false, overlap_only = false;
+    const stria_option_t own[] = {
+        {.name = "size",
+         .type = STRIA_OPT_BYTES,
+         .dst = &size,
+         .min = 1,
+         .max = (double)((int64_t)1 << 34),
+         .metavar = "BYTES",
+         .help = "one block size (default: 1M, 4M, 16M and 64M)"},
+        {.name = "tls",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->tls,
+         .metavar = "LIST",
+         .help = "UCX transports for both (default: $UCX_TLS, else UCX's own default)"},
+        {.name = "reps",
+         .type = STRIA_OPT_INT,
+         .dst = &reps,
+         .dflt = "5",
+         .min = 1,
+         .max = 100,
+         .metavar = "N",
+         .help = "runs per size and per tool"},
+        {.name = "poll-us",
+         .type = STRIA_OPT_INT,
+         .dst = &poll_us,
+         .dflt = "0",
+         .min = -1,
+         .max = 100000,
+         .metavar = "U",
+         .help = "progress-thread polling window of the link, microseconds (0: the link's "
+                 "default; -1: never poll)"},
+        {.name = "bytes-per-rep",
+         .type = STRIA_OPT_BYTES,
+         .dst = &bytes_per_rep,
+         .dflt = "512M",
+         .min = 1,
+         .max = (double)((int64_t)1 << 34),
+         .metavar = "BYTES",
+         .help = "bytes streamed per run (at least 8 blocks)"},
+        {.name = "no-perftest",
+         .type = STRIA_OPT_UNFLAG,
+         .dst = &o->perftest,
+         .help = "skip ucx_perftest (ratio not printed)"},
+        {.name = "tokens",
+         .type = STRIA_OPT_INTS,
+         .dst = &tokens,
+         .dflt = "128,512,2048",
+         .min = 1,
+         .max = 1 << 20,
+         .max_items = STRIA__TB_MAX_TOKENS,
+         .metavar = "LIST",
+         .help = "overlap: tokens per rank"},
+        {.name = "bandwidth-only",
+         .type = STRIA_OPT_FLAG,
+         .dst = &bandwidth_only,
+         .help = "run the bandwidth part only"},
+        {.name = "overlap-only",
+         .type = STRIA_OPT_FLAG,
+         .dst = &overlap_only,
+         .help = "run the overlap part only"},
+        {.name = "json",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->json,
+         .help = "one JSON object per line instead of the tables"},
+    };
+    stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
+    stria_bench_shape_t shape = {0};
+    memcpy(opts, own, sizeof(own));
+    stria_bench_shape_options(opts + sizeof(own) / sizeof(own[0]), &shape, 256);
+    const stria_command_t cmd = {
+        .name = "transport", .description = stria__tb_description, .options = opts};
+    stria_cli_t cli;
+
     memset(o, 0, sizeof(*o));
-    o->heads = 8;
-    o->kv_heads = 0;
-    o->head_dim = 128;
-    o->dtype = STRIA_DTYPE_F32;
-    o->reps = 5;
-    o->bytes_per_rep = 512u << 20;
     o->tls = getenv("UCX_TLS");
     o->perftest = true;
-    o->bandwidth = true;
-    o->overlap = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t x;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            stria__tb_usage(stdout);
-            return 0;
-        } else if (strcmp(a, "--json") == 0) {
-            o->json = true;
-        } else if (strcmp(a, "--no-perftest") == 0) {
-            o->perftest = false;
-        } else if (strcmp(a, "--bandwidth-only") == 0) {
-            o->overlap = false;
-        } else if (strcmp(a, "--overlap-only") == 0) {
-            o->bandwidth = false;
-        } else if (v == NULL) {
-            return stria__tb_bad("missing value or unknown option", a);
-        } else if (strcmp(a, "--size") == 0) {
-            if (!stria__tb_size(v, &o->sizes[0]))
-                return stria__tb_bad("invalid --size", v);
-            o->n_sizes = 1;
-            i++;
-        } else if (strcmp(a, "--bytes-per-rep") == 0) {
-            if (!stria__tb_size(v, &o->bytes_per_rep))
-                return stria__tb_bad("invalid --bytes-per-rep", v);
-            i++;
-        } else if (strcmp(a, "--tls") == 0) {
-            if (v[0] == '\0')
-                return stria__tb_bad("invalid --tls", v);
-            o->tls = v;
-            i++;
-        } else if (strcmp(a, "--reps") == 0) {
-            if (!stria__tb_int(v, 1, 100, &x))
-                return stria__tb_bad("invalid --reps (1..100)", v);
-            o->reps = (int)x;
-            i++;
-        } else if (strcmp(a, "--poll-us") == 0) {
-            if (!stria__tb_int(v, -1, 100000, &x))
-                return stria__tb_bad("invalid --poll-us (-1..100000)", v);
-            o->poll_us = (int)x;
-            i++;
-        } else if (strcmp(a, "--heads") == 0) {
-            if (!stria__tb_int(v, 1, 256, &o->heads))
-                return stria__tb_bad("invalid --heads (1..256)", v);
-            i++;
-        } else if (strcmp(a, "--kv-heads") == 0) {
-            if (!stria__tb_int(v, 1, 256, &o->kv_heads))
-                return stria__tb_bad("invalid --kv-heads (1..256)", v);
-            i++;
-        } else if (strcmp(a, "--head-dim") == 0) {
-            if (!stria__tb_int(v, STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX, &o->head_dim) ||
-                o->head_dim % 8 != 0)
-                return stria__tb_bad("invalid --head-dim (a multiple of 8 in 16..256)", v);
-            i++;
-        } else if (strcmp(a, "--dtype") == 0) {
-            if (stria_dtype_parse(v, &o->dtype) != STRIA_OK)
-                return stria__tb_bad("invalid --dtype", v);
-            i++;
-        } else if (strcmp(a, "--tokens") == 0) {
-            char buf[256];
-            snprintf(buf, sizeof(buf), "%s", v);
-            o->n_tokens = 0;
-            char *save = NULL;
-            for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
-                if (o->n_tokens == STRIA__TB_MAX_TOKENS || !stria__tb_int(t, 1, 1 << 20, &x))
-                    return stria__tb_bad("invalid --tokens (at most 8 counts in 1..1048576)", v);
-                o->tokens[o->n_tokens++] = x;
-            }
-            if (o->n_tokens == 0)
-                return stria__tb_bad("invalid --tokens", v);
-            i++;
-        } else {
-            return stria__tb_bad("unknown option", a);
-        }
-    }
-    if (o->n_sizes == 0) {
+    int rc = stria_bench_parse(&cmd, argc, argv, &cli);
+    if (rc < 0) {
+        o->n_sizes = size > 0 ? 1 : 4;
         for (int k = 0; k < 4; k++)
-            o->sizes[k] = (size_t)1 << (20 + 2 * k);
-        o->n_sizes = 4;
+            o->sizes[k] = size > 0 ? (size_t)size : (size_t)1 << (20 + 2 * k);
+        o->bytes_per_rep = (size_t)bytes_per_rep;
+        o->reps = (int)reps;
+        o->poll_us = (int)poll_us;
+        o->n_tokens = tokens.n;
+        memcpy(o->tokens, tokens.v, tokens.n * sizeof(int64_t));
+        o->bandwidth = !overlap_only;
+        o->overlap = !bandwidth_only;
     }
-    if (o->n_tokens == 0) {
-        o->tokens[0] = 128;
-        o->tokens[1] = 512;
-        o->tokens[2] = 2048;
-        o->n_tokens = 3;
-    }
-    if (o->kv_heads == 0)
-        o->kv_heads = o->heads;
-    if (o->heads % o->kv_heads != 0) {
-        fprintf(stderr, "stria-bench transport: --heads must be a multiple of --kv-heads\n");
+    stria_cli_free(&cli);
+    if (rc >= 0)
+        return rc;
+    if (stria_bench_shape_check("transport", &shape) >= 0)
         return 2;
-    }
+    o->heads = shape.heads;
+    o->kv_heads = shape.kv_heads;
+    o->head_dim = shape.head_dim;
+    o->dtype = shape.dtype;
+    if (o->tls != NULL && o->tls[0] == '\0')
+        return stria_bench_usage_error("transport", "--tls: empty");
     return -1;
 }
 

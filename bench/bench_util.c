@@ -1,0 +1,127 @@
+/* What the stria-bench subcommands share (bench_util.h). */
+#include "bench_util.h"
+
+#include "stria_kernels.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int stria_bench_parse(const stria_command_t *cmd, int argc, char **argv, stria_cli_t *cli)
+{
+    const stria_command_t cmds[2] = {*cmd, {.name = NULL}};
+    const stria_command_t root = {.name = "stria-bench", .commands = cmds};
+    char **args = calloc((size_t)argc + 2, sizeof(*args));
+    if (args == NULL) {
+        fprintf(stderr, "stria-bench: out of memory\n");
+        memset(cli, 0, sizeof(*cli));
+        return 1;
+    }
+    args[0] = "stria-bench";
+    for (int i = 0; i < argc; i++)
+        args[i + 1] = argv[i];
+    int rc = stria_cli_main(&root, argc + 1, args, cli);
+    free(args);
+    return rc;
+}
+
+int stria_bench_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "stria-bench %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n(see stria-bench %s --help)\n", cmd);
+    return 2;
+}
+
+static stria_status_t stria__bench_dtype(const char *text, void *dst)
+{
+    return stria_dtype_parse(text, dst);
+}
+
+void stria_bench_shape_options(stria_option_t *t, stria_bench_shape_t *s, double max_heads)
+{
+    const stria_option_t shape[STRIA_BENCH_SHAPE_OPTS] = {
+        {.name = "heads",
+         .type = STRIA_OPT_INT,
+         .dst = &s->heads,
+         .dflt = "8",
+         .min = 1,
+         .max = max_heads,
+         .metavar = "H",
+         .help = "query heads"},
+        {.name = "kv-heads",
+         .type = STRIA_OPT_INT,
+         .dst = &s->kv_heads,
+         .min = 1,
+         .max = max_heads,
+         .metavar = "K",
+         .help = "key/value heads, dividing H (default: H)"},
+        {.name = "head-dim",
+         .type = STRIA_OPT_INT,
+         .dst = &s->head_dim,
+         .dflt = "128",
+         .min = STRIA_HEAD_DIM_MIN,
+         .max = STRIA_HEAD_DIM_MAX,
+         .metavar = "D",
+         .help = "head dimension, a multiple of 8"},
+        {.name = "dtype",
+         .type = STRIA_OPT_CUSTOM,
+         .dst = &s->dtype,
+         .dflt = "fp32",
+         .parse = stria__bench_dtype,
+         .metavar = "fp32|bf16|fp16",
+         .help = "storage of Q, K, V and dO"},
+    };
+    memcpy(t, shape, sizeof(shape));
+}
+
+int stria_bench_shape_check(const char *cmd, stria_bench_shape_t *s)
+{
+    if (s->kv_heads == 0)
+        s->kv_heads = s->heads;
+    if (s->heads % s->kv_heads != 0)
+        return stria_bench_usage_error(cmd, "--heads %lld is not a multiple of --kv-heads %lld",
+                                       (long long)s->heads, (long long)s->kv_heads);
+    if (s->head_dim % 8 != 0)
+        return stria_bench_usage_error(cmd, "--head-dim %lld: not a multiple of 8",
+                                       (long long)s->head_dim);
+    return -1;
+}
+
+void stria_bench_fill(void *buf, stria_dtype_t dtype, size_t n, uint64_t seed)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        float x = (float)((double)(s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+        stria_dtype_store(dtype, buf, i, x);
+    }
+}
+
+static int stria__bench_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double stria_bench_median(double *v, int n)
+{
+    if (n <= 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof(double), stria__bench_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double stria_bench_process_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
