@@ -1,26 +1,55 @@
 /*
- * stria-worker's main program: the flags and the configuration file, the
- * service loop (/metrics, the systemd watchdog, signals) and the start and
- * graceful shutdown of the worker.
+ * stria-worker: the main program around the worker library (stria_worker.h):
+ * the flags and the configuration file, the service loop (/metrics, the
+ * systemd watchdog, signals), systemd notifications and the graceful
+ * shutdown on SIGTERM/SIGINT.
  */
-#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "stria_kernels.h"
 #include "stria_service.h"
-#include "worker_int.h"
+#include "stria_worker.h"
+
+/* Settings of a worker (flags and configuration file). */
+typedef struct {
+    const char *coordinator; /* HOST:PORT */
+    const char *listen;      /* RPC HOST:PORT */
+    const char *ucx_listen;  /* ring link HOST:PORT */
+    const char *advertise;   /* host name/address others use to reach us */
+    const char *device;      /* --device: "auto", "cpu", "cuda:0", ... */
+    const char *host;        /* host name for ring grouping; default gethostname() */
+    const char *token_file;
+    const char *metrics_listen;
+    const char *log_level;
+    const char *ucx_tls; /* UCX_TLS for the ring link; NULL: UCX default */
+    const char *ucx_net_devices;
+    int64_t instance;         /* GPU index: derives ports and device; -1 = none */
+    int64_t memory_bytes;     /* offered to jobs; 0 = half of physical memory */
+    int64_t threads;          /* kernel threads; 0 = online CPUs */
+    double step_timeout_s;    /* default deadline of one ring step */
+    double connect_timeout_s; /* ring link set-up */
+} stria_worker_config_t;
+
+/* What the program owns around the worker. */
+typedef struct {
+    stria_worker_config_t cfg;
+    char *token;
+    stria_pool_t *pool;
+    stria_device_t *dev;
+    stria_metrics_t *metrics;
+    stria_worker_t *worker;
+    char listen_buf[300], ucx_buf[300], metrics_buf[300];
+} stria__main_t;
 
 /* ---- service loop: metrics endpoint, watchdog, signals ------------------------- */
 
 typedef struct {
-    stria_worker_t *w;
+    stria__main_t *m;
     uv_loop_t loop;
-    uv_async_t stop;
+    uv_async_t stop, watch;
     stria_service_t *svc;
     stria_http_metrics_t *http;
     stria_status_t start_status;
@@ -45,22 +74,29 @@ static void stria__svc_stop(uv_async_t *a)
     stria__svc_loop_t *sl = a->data;
     stria_http_metrics_stop(sl->http);
     stria_service_stop(sl->svc);
+    uv_close((uv_handle_t *)&sl->watch, NULL);
     uv_close((uv_handle_t *)a, NULL);
+}
+
+/* Once the worker serves: the watchdog pings only while its RPC loop runs. */
+static void stria__svc_watch(uv_async_t *a)
+{
+    stria__svc_loop_t *sl = a->data;
+    stria_service_watch_rpc(sl->svc, stria_worker_server(sl->m->worker));
 }
 
 static void *stria__svc_thread(void *arg)
 {
     stria__svc_loop_t *sl = arg;
+    const stria_worker_config_t *c = &sl->m->cfg;
     stria_status_t st;
     uv_loop_init(&sl->loop);
     uv_async_init(&sl->loop, &sl->stop, stria__svc_stop);
-    sl->stop.data = sl;
+    uv_async_init(&sl->loop, &sl->watch, stria__svc_watch);
+    sl->stop.data = sl->watch.data = sl;
     st = stria_service_start(&sl->loop, stria__on_signal, sl, &sl->svc);
-    if (st == STRIA_OK)
-        stria_service_watch_rpc(sl->svc, sl->w->server);
-    if (st == STRIA_OK && sl->w->cfg.metrics_listen != NULL && sl->w->cfg.metrics_listen[0])
-        st = stria_http_metrics_start(&sl->loop, sl->w->cfg.metrics_listen, sl->w->metrics,
-                                      &sl->http);
+    if (st == STRIA_OK && c->metrics_listen != NULL && c->metrics_listen[0])
+        st = stria_http_metrics_start(&sl->loop, c->metrics_listen, sl->m->metrics, &sl->http);
     pthread_mutex_lock(&sl->lock);
     sl->start_status = st;
     if (st != STRIA_OK)
@@ -68,16 +104,30 @@ static void *stria__svc_thread(void *arg)
     sl->state = st == STRIA_OK ? 1 : 2;
     pthread_cond_broadcast(&sl->cv);
     pthread_mutex_unlock(&sl->lock);
-    if (st != STRIA_OK) {
+    if (st != STRIA_OK)
         stria__svc_stop(&sl->stop);
-        uv_run(&sl->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&sl->loop);
-        return NULL;
-    }
     uv_run(&sl->loop, UV_RUN_DEFAULT);
     uv_loop_close(&sl->loop);
     return NULL;
 }
+
+/* Starts the service loop's thread and waits until it serves (or failed). */
+static stria_status_t stria__svc_begin(stria__svc_loop_t *sl, pthread_t *th)
+{
+    if (pthread_create(th, NULL, stria__svc_thread, sl) != 0)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the service thread");
+    pthread_mutex_lock(&sl->lock);
+    while (sl->state == 0)
+        pthread_cond_wait(&sl->cv, &sl->lock);
+    pthread_mutex_unlock(&sl->lock);
+    if (sl->state == 2) {
+        pthread_join(*th, NULL);
+        return stria_error_set(sl->start_status, "%s", sl->start_error);
+    }
+    return STRIA_OK;
+}
+
+/* ---- configuration --------------------------------------------------------------- */
 
 static void stria__usage(FILE *out, const stria_opt_t *opts)
 {
@@ -165,26 +215,6 @@ static stria_status_t stria__config_finish(stria_worker_config_t *c, char *liste
     return STRIA_OK;
 }
 
-/* The address others use for a listener bound to `bound` (HOST:PORT): the
- * advertised host if set, else the bound host; the real port. */
-static stria_status_t stria__advertised(const char *advertise, const char *bound, int port,
-                                        char *out, size_t len)
-{
-    char host[256];
-    int ignored;
-    stria_status_t st = stria_parse_host_port(bound, host, sizeof(host), &ignored);
-    if (st != STRIA_OK)
-        return st;
-    const char *h = advertise ? advertise : host;
-    if (strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "listening on %s needs --advertise HOST (the address other "
-                               "machines reach this worker at)",
-                               bound);
-    snprintf(out, len, strchr(h, ':') ? "[%s]:%d" : "%s:%d", h, port);
-    return STRIA_OK;
-}
-
 /* Where the --device value came from, for its error: the flag, or the line
  * of the configuration file that set it (the last one, which wins). */
 static void stria__device_origin(int argc, char **argv, const char *config_path, const char *value,
@@ -214,43 +244,127 @@ static void stria__device_origin(int argc, char **argv, const char *config_path,
 }
 
 /* Opens the device of --device (auto: cuda:N of --instance N, or cuda:0,
- * when a GPU is visible; else cpu) over the worker's pool; a GPU's memory
+ * when a GPU is visible; else cpu) over the program's pool; a GPU's memory
  * bounds what is offered to jobs unless --memory says otherwise. */
-static stria_status_t stria__device_start(stria_worker_t *w, bool memory_given, int argc,
+static stria_status_t stria__device_start(stria__main_t *m, bool memory_given, int argc,
                                           char **argv, const char *config_path)
 {
-    stria_worker_config_t *c = &w->cfg;
+    stria_worker_config_t *c = &m->cfg;
     char name[32], origin[1200];
     size_t dev_free = 0, dev_total = 0;
     stria_status_t st;
     snprintf(name, sizeof(name), "%s", c->device);
     if (strcmp(c->device, "auto") == 0 && c->instance >= 0 && stria_cuda_device_count() > 0)
         snprintf(name, sizeof(name), "cuda:%lld", (long long)c->instance);
-    if ((st = stria_device_open(strlen(c->device) < sizeof(name) ? name : c->device, w->pool,
-                                &w->dev)) != STRIA_OK) {
+    if ((st = stria_device_open(strlen(c->device) < sizeof(name) ? name : c->device, m->pool,
+                                &m->dev)) != STRIA_OK) {
         stria__device_origin(argc, argv, config_path, c->device, origin, sizeof(origin));
         return stria_error_wrap(st, "%s", origin);
     }
-    w->dev_staged = !stria_device_host_visible(w->dev);
-    if (stria_device_kind(w->dev) != STRIA_DEVICE_CPU && !memory_given) {
-        if ((st = stria_device_memory(w->dev, &dev_free, &dev_total)) != STRIA_OK)
-            return stria_error_wrap(st, "%s", stria_device_name(w->dev));
+    if (stria_device_kind(m->dev) != STRIA_DEVICE_CPU && !memory_given) {
+        if ((st = stria_device_memory(m->dev, &dev_free, &dev_total)) != STRIA_OK)
+            return stria_error_wrap(st, "%s", stria_device_name(m->dev));
         if ((int64_t)dev_free < c->memory_bytes)
             c->memory_bytes = (int64_t)dev_free;
     }
     return STRIA_OK;
 }
 
+/* Flags, configuration file, token, pool and device: a failure here is a
+ * usage or configuration error (exit status 2). */
+static stria_status_t stria__configure(stria__main_t *m, const stria_opt_t *opts, int argc,
+                                       char **argv)
+{
+    stria_worker_config_t *c = &m->cfg;
+    const char *config_path = NULL;
+    stria_status_t st = stria_opts_parse(opts, argc, argv, 1, &config_path);
+    bool memory_given = c->memory_bytes != 0;
+    if (st == STRIA_OK)
+        st = stria__config_finish(c, m->listen_buf, m->ucx_buf, m->metrics_buf,
+                                  sizeof(m->listen_buf));
+    if (st == STRIA_OK && c->token_file != NULL &&
+        (st = stria_rpc_token_read(c->token_file, &m->token)) != STRIA_OK)
+        stria_error_wrap(st, "--token-file");
+    if (st == STRIA_OK && (st = stria_pool_create((int)c->threads, &m->pool)) == STRIA_OK)
+        st = stria__device_start(m, memory_given, argc, argv, config_path);
+    return st;
+}
+
+static stria_status_t stria__start_worker(stria__main_t *m)
+{
+    const stria_worker_config_t *c = &m->cfg;
+    stria_worker_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.coordinator = c->coordinator;
+    p.listen = c->listen;
+    p.advertise = c->advertise;
+    p.host = c->host;
+    p.token = m->token;
+    p.memory_bytes = c->memory_bytes;
+    p.step_timeout_s = c->step_timeout_s;
+    p.connect_timeout_s = c->connect_timeout_s;
+    p.pool = m->pool;
+    p.device = m->dev;
+    p.metrics = m->metrics;
+    p.notify_status = true;
+    p.ucx_listen = c->ucx_listen;
+    p.ucx_tls = c->ucx_tls;
+    p.ucx_net_devices = c->ucx_net_devices;
+    return stria_worker_start(&p, &m->worker);
+}
+
+/* Machine-readable lines for scripts and tests that start workers on port 0. */
+static void stria__print_listening(const stria__main_t *m, const stria__svc_loop_t *sl)
+{
+    char metrics_addr[300] = "";
+    if (sl->http) {
+        char mhost[256];
+        int ignored;
+        stria_parse_host_port(m->cfg.metrics_listen, mhost, sizeof(mhost), &ignored);
+        snprintf(metrics_addr, sizeof(metrics_addr),
+                 strchr(mhost, ':') ? " metrics=[%s]:%d" : " metrics=%s:%d", mhost,
+                 stria_http_metrics_port(sl->http));
+    }
+    printf("stria-worker listening rpc=%s ucx=%s%s\n", stria_worker_address(m->worker),
+           stria_worker_link_address(m->worker), metrics_addr);
+    if (sl->http)
+        printf("stria-worker metrics port %d\n", stria_http_metrics_port(sl->http));
+    fflush(stdout);
+}
+
+/* Waits for SIGTERM/SIGINT and shuts down; 0 unless a pass still runs. */
+static int stria__serve_until_signal(stria__main_t *m, stria__svc_loop_t *sl, pthread_t svc_th)
+{
+    char reason[64];
+    pthread_mutex_lock(&sl->lock);
+    while (sl->signum == 0)
+        pthread_cond_wait(&sl->cv, &sl->lock);
+    int signum = sl->signum;
+    pthread_mutex_unlock(&sl->lock);
+    stria_log_info("signal %d: shutting down", signum);
+    stria_notify("STOPPING=1\nSTATUS=shutting down");
+    snprintf(reason, sizeof(reason), "shut down (%s)",
+             signum == SIGTERM  ? "SIGTERM"
+             : signum == SIGINT ? "SIGINT"
+                                : "signal");
+    int still_running = stria_worker_shutdown(m->worker, reason);
+    uv_async_send(&sl->stop);
+    pthread_join(svc_th, NULL);
+    if (still_running > 0) /* a pass still holds a call: the server cannot be stopped safely */
+        stria_log_warn("%d pass(es) still running at exit", still_running);
+    return still_running;
+}
+
 int main(int argc, char **argv)
 {
-    stria_worker_t *w = calloc(1, sizeof(*w));
-    stria_worker_config_t *c = &w->cfg;
-    char listen_buf[300], ucx_buf[300], metrics_buf[300];
+    stria__main_t *m = calloc(1, sizeof(*m));
+    stria_worker_config_t *c = &m->cfg;
     stria__svc_loop_t sl;
     pthread_t svc_th;
     stria_status_t st;
-    int rc = 1;
 
+    if (m == NULL)
+        return 1;
     c->instance = -1;
     c->step_timeout_s = 60.0;
     c->connect_timeout_s = 30.0;
@@ -292,166 +406,48 @@ int main(int argc, char **argv)
         {NULL, 0, NULL, 0, 0, NULL, NULL},
     };
 
-    if (w == NULL)
-        return 1;
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             stria__usage(stdout, opts);
-            free(w);
+            free(m);
             return 0;
         }
     if (getenv("STRIA_LOG_LEVEL") == NULL)
         stria_log_set_level(STRIA_LOG_INFO);
-    const char *config_path = NULL;
-    st = stria_opts_parse(opts, argc, argv, 1, &config_path);
-    bool memory_given = c->memory_bytes != 0;
-    if (st == STRIA_OK)
-        st = stria__config_finish(c, listen_buf, ucx_buf, metrics_buf, sizeof(listen_buf));
-    if (st == STRIA_OK && c->token_file != NULL &&
-        (st = stria_rpc_token_read(c->token_file, &w->token)) != STRIA_OK)
-        stria_error_wrap(st, "--token-file");
-    if (st == STRIA_OK && (st = stria_pool_create((int)c->threads, &w->pool)) == STRIA_OK)
-        st = stria__device_start(w, memory_given, argc, argv, config_path);
-    if (st != STRIA_OK) {
+    if ((st = stria__configure(m, opts, argc, argv)) != STRIA_OK) {
         /* usage and configuration errors: exit status 2, nothing left behind */
         fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
-        stria_device_close(w->dev);
-        stria_pool_destroy(w->pool);
+        stria_device_close(m->dev);
+        stria_pool_destroy(m->pool);
         stria_opts_free(opts);
-        free(w->token);
-        free(w);
+        free(m->token);
+        free(m);
         return 2;
     }
-    if (c->host == NULL) {
-        gethostname(w->host, sizeof(w->host) - 1);
-    } else {
-        snprintf(w->host, sizeof(w->host), "%s", c->host);
-    }
-    w->incarnation = ((uint64_t)getpid() << 32) ^ (uint64_t)(stria_time_now() * 1e6);
-    pthread_mutex_init(&w->lock, NULL);
-    pthread_mutex_init(&w->coord_lock, NULL);
-    pthread_cond_init(&w->cv, NULL);
     memset(&sl, 0, sizeof(sl));
     pthread_mutex_init(&sl.lock, NULL);
     pthread_cond_init(&sl.cv, NULL);
-    sl.w = w;
-
-    if ((st = stria_metrics_create(&w->metrics)) != STRIA_OK)
+    sl.m = m;
+    if ((st = stria_metrics_create(&m->metrics)) != STRIA_OK ||
+        (st = stria__svc_begin(&sl, &svc_th)) != STRIA_OK)
         goto fail;
-    stria__metrics_init(w);
-
-    stria_ucx_ctx_params_t up;
-    char ucx_host[256];
-    int ucx_port;
-    if ((st = stria_parse_host_port(c->ucx_listen, ucx_host, sizeof(ucx_host), &ucx_port)) !=
-        STRIA_OK)
+    if ((st = stria__start_worker(m)) != STRIA_OK)
         goto fail;
-    memset(&up, 0, sizeof(up));
-    up.listen_host = ucx_host;
-    up.listen_port = (uint16_t)ucx_port;
-    up.tls = c->ucx_tls;
-    up.net_devices = c->ucx_net_devices;
-    if ((st = stria_ucx_ctx_create(&up, &w->ucx)) != STRIA_OK)
-        goto fail;
-    if ((st = stria__advertised(c->advertise, c->ucx_listen, stria_ucx_ctx_port(w->ucx),
-                                w->ucx_address, sizeof(w->ucx_address))) != STRIA_OK)
-        goto fail;
-
-    static const stria_rpc_method_t methods[STRIA_RPC_WORKER_N_METHODS] = {
-        STRIA_RPC_SERVE(WORKER_PUT_INPUT, .handler = stria__put_handler,
-                        .payload = stria__put_payload),
-        STRIA_RPC_SERVE(WORKER_RUN_FORWARD, .handler = stria__fwd_handler),
-        STRIA_RPC_SERVE(WORKER_RUN_BACKWARD, .handler = stria__bwd_handler),
-        STRIA_RPC_SERVE(WORKER_GET_OUTPUT, .handler = stria__get_handler),
-        STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = stria__drop_handler),
-    };
-    stria_rpc_server_params_t sp;
-    memset(&sp, 0, sizeof(sp));
-    sp.listen = c->listen;
-    sp.service = &stria__v1__worker__descriptor;
-    sp.methods = methods;
-    sp.ctx = w;
-    sp.token = w->token;
-    sp.name = "worker";
-    if ((st = stria_rpc_server_start(&sp, &w->server)) != STRIA_OK)
-        goto fail;
-    if ((st = stria__advertised(c->advertise, c->listen, stria_rpc_server_port(w->server),
-                                w->rpc_address, sizeof(w->rpc_address))) != STRIA_OK)
-        goto fail;
-
-    if (pthread_create(&svc_th, NULL, stria__svc_thread, &sl) != 0) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the service thread");
-        goto fail;
-    }
-    pthread_mutex_lock(&sl.lock);
-    while (sl.state == 0)
-        pthread_cond_wait(&sl.cv, &sl.lock);
-    pthread_mutex_unlock(&sl.lock);
-    if (sl.state == 2) {
-        pthread_join(svc_th, NULL);
-        st = stria_error_set(sl.start_status, "%s", sl.start_error);
-        goto fail;
-    }
-    /* Machine-readable line for scripts and tests that start workers on port 0. */
-    char metrics_addr[300] = "";
-    if (sl.http) {
-        char mhost[256];
-        int ignored;
-        stria_parse_host_port(c->metrics_listen, mhost, sizeof(mhost), &ignored);
-        snprintf(metrics_addr, sizeof(metrics_addr),
-                 strchr(mhost, ':') ? " metrics=[%s]:%d" : " metrics=%s:%d", mhost,
-                 stria_http_metrics_port(sl.http));
-    }
-    printf("stria-worker listening rpc=%s ucx=%s%s\n", w->rpc_address, w->ucx_address,
-           metrics_addr);
-    if (sl.http)
-        printf("stria-worker metrics port %d\n", stria_http_metrics_port(sl.http));
-    fflush(stdout);
-    stria_log_info("worker on %s (ring link %s), device %s: %s, kernel %s, %d threads, %lld MiB "
-                   "offered",
-                   w->rpc_address, w->ucx_address, stria_device_name(w->dev),
-                   stria_device_description(w->dev), stria_kernels_variant(),
-                   stria_pool_size(w->pool), (long long)(c->memory_bytes >> 20));
-    if (pthread_create(&w->hb_thread, NULL, stria__heartbeat_thread, w) != 0) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the heartbeat thread");
-        goto fail;
-    }
-
-    /* Wait for SIGTERM/SIGINT. */
-    pthread_mutex_lock(&sl.lock);
-    while (sl.signum == 0)
-        pthread_cond_wait(&sl.cv, &sl.lock);
-    int signum = sl.signum;
-    pthread_mutex_unlock(&sl.lock);
-    stria_log_info("signal %d: shutting down", signum);
-    stria_notify("STOPPING=1\nSTATUS=shutting down");
-    int still_running = stria__shutdown(w, signum);
-    uv_async_send(&sl.stop);
-    pthread_join(svc_th, NULL);
-    if (still_running > 0) {
-        /* a pass still holds a call: the server cannot be stopped safely */
-        stria_log_warn("%d pass(es) still running at exit", still_running);
+    uv_async_send(&sl.watch);
+    stria__print_listening(m, &sl);
+    if (stria__serve_until_signal(m, &sl, svc_th) > 0)
         return 0;
-    }
-    stria_rpc_server_stop(w->server);
-    stria_ucx_ctx_destroy(w->ucx);
-    pthread_mutex_lock(&w->lock);
-    while (w->jobs != NULL)
-        stria__job_drop_locked(w, w->jobs);
-    pthread_mutex_unlock(&w->lock);
-    stria_rpc_client_close(w->coord);
-    stria_device_close(w->dev);
-    stria_pool_destroy(w->pool);
-    stria_metrics_destroy(w->metrics);
-    free(w->links);
+    stria_worker_stop(m->worker);
+    stria_device_close(m->dev);
+    stria_pool_destroy(m->pool);
+    stria_metrics_destroy(m->metrics);
     stria_opts_free(opts);
-    free(w->token);
-    free(w);
+    free(m->token);
+    free(m);
     return 0;
 
 fail:
     fprintf(stderr, "stria-worker: %s\n",
             stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
-    rc = 1;
-    return rc;
+    return 1;
 }

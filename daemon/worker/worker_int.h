@@ -1,4 +1,12 @@
-/* stria-worker internals: the job table and the pieces of the daemon. */
+/* stria worker internals: the worker, its jobs, and what its rooms share:
+ *   worker.c         start, accessors, graceful shutdown and stop
+ *   worker_jobs.c    the job table, references, memory accounting, job creation
+ *   worker_data.c    PutInput, GetOutput, DropJob
+ *   worker_pass.c    RunForward/RunBackward, pass threads, the job's ring pass object
+ *   worker_links.c   the link factories: UCX (the default) and in-process
+ *   worker_coord.c   coordinator calls, reports, registration, heartbeats
+ *   worker_metrics.c the metrics
+ *   main.c           stria-worker: flags, configuration file, service loop, signals */
 #ifndef STRIA_WORKER_INT_H
 #define STRIA_WORKER_INT_H
 
@@ -8,27 +16,9 @@
 #include "stria_common.h"
 #include "stria_device.h"
 #include "stria_rpc.h"
+#include "stria_ring.h"
 #include "stria_transport.h"
-
-/* Settings of a worker (flags and configuration file). */
-typedef struct {
-    const char *coordinator; /* HOST:PORT */
-    const char *listen;      /* RPC HOST:PORT */
-    const char *ucx_listen;  /* ring link HOST:PORT */
-    const char *advertise;   /* host name/address others use to reach us */
-    const char *device;      /* --device: "auto", "cpu", "cuda:0", ... */
-    const char *host;        /* host name for ring grouping; default gethostname() */
-    const char *token_file;
-    const char *metrics_listen;
-    const char *log_level;
-    const char *ucx_tls; /* UCX_TLS for the ring link; NULL: UCX default */
-    const char *ucx_net_devices;
-    int64_t instance;         /* GPU index: derives ports and device; -1 = none */
-    int64_t memory_bytes;     /* offered to jobs; 0 = half of physical memory */
-    int64_t threads;          /* kernel threads; 0 = online CPUs */
-    double step_timeout_s;    /* default deadline of one ring step */
-    double connect_timeout_s; /* ring link set-up */
-} stria_worker_config_t;
+#include "stria_worker.h"
 
 typedef enum {
     STRIA__T_Q = 0,
@@ -47,6 +37,7 @@ typedef enum {
  * lock, except the buffers, which stay allocated while `refs` > 0. */
 typedef struct stria__wjob {
     struct stria__wjob *next;
+    stria_worker_t *w;
     uint64_t id;
     int rank, n_ranks;
     /* the spec */
@@ -83,23 +74,34 @@ typedef struct stria__wjob {
      * step instead of computing to the end */
     stria_link_t *link;
     bool dropped; /* unlinked: the last reference frees it */
+    /* The job's ring pass object, made by its first pass and destroyed with
+     * the job: its working buffers (and on a GPU its device and pinned
+     * buffers) serve every pass. Between passes it is bound to `parked`, a
+     * link of the job's rank and ring size that fails every operation, so
+     * it never points at a destroyed link. Used by the running pass only. */
+    stria_ring_pass_t *pass;
+    stria_link_t parked;
     char failure[512];
 } stria__wjob_t;
 
-typedef struct stria_worker stria_worker_t;
-
 struct stria_worker {
-    stria_worker_config_t cfg;
+    char coordinator[300];
     char *token;
+    int64_t memory_bytes;
+    double step_timeout_s, connect_timeout_s;
+    bool notify_status;
     char rpc_address[300];
     char ucx_address[300];
     char host[256];
     uint64_t incarnation;
     stria_rpc_server_t *server;
     stria_pool_t *pool;
-    stria_device_t *dev; /* opened at start: the name, description and memory */
-    bool dev_staged;     /* device memory is not host memory: jobs stage through it */
-    stria_ucx_ctx_t *ucx;
+    bool own_pool;
+    stria_device_t *dev; /* the name, description and memory; jobs open their own on a GPU */
+    bool own_dev;
+    bool dev_staged;      /* device memory is not host memory: jobs stage through it */
+    stria_ucx_ctx_t *ucx; /* the default link factory's context; NULL with another factory */
+    stria_worker_link_factory_t factory;
 
     pthread_mutex_t coord_lock; /* one coordinator call at a time */
     stria_rpc_client_t *coord;
@@ -111,35 +113,71 @@ struct stria_worker {
     uint32_t heartbeat_ms;
     uint64_t memory_used;
     int running_passes;
-    bool stopping;       /* SIGTERM: no new jobs or passes */
+    bool stopping;       /* shutting down: no new jobs or passes */
+    bool shut_down;      /* stria_worker_shutdown() ran */
     bool heartbeat_stop; /* running passes are over: the heartbeat thread ends */
     bool abort_passes;   /* shutdown: running passes must fail now */
     char abort_reason[96];
     stria_link_t **links; /* ring links of the running passes */
     size_t n_links, cap_links;
     pthread_t hb_thread;
+    bool hb_started;
     bool registered;
     double last_heartbeat;
 
     /* metrics */
     stria_metrics_t *metrics;
+    bool own_metrics;
     stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_steps[2], *m_step_compute,
         *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs,
         *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
 };
 
-/* worker.c: the job table, the Worker service's handlers, the heartbeat
- * thread, the graceful shutdown and the metrics. */
-void stria__job_drop_locked(stria_worker_t *w, stria__wjob_t *j);
-stria_status_t stria__put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
-                                  void **buf_out);
-void stria__put_handler(void *ctx, stria_rpc_call_t *call);
-void stria__fwd_handler(void *ctx, stria_rpc_call_t *call);
-void stria__bwd_handler(void *ctx, stria_rpc_call_t *call);
-void stria__get_handler(void *ctx, stria_rpc_call_t *call);
-void stria__drop_handler(void *ctx, stria_rpc_call_t *call);
-void *stria__heartbeat_thread(void *arg);
-int stria__shutdown(stria_worker_t *w, int signum);
-void stria__metrics_init(stria_worker_t *w);
+/* ---- worker_jobs.c ---- */
+stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id);
+/* Finds (or, with `create`, creates from the coordinator's assignment) the
+ * job of a request for `rank` and takes a reference. Lock not held. */
+stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
+                               stria__wjob_t **out);
+void stria__wjob_unref(stria_worker_t *w, stria__wjob_t *j);
+/* Unlinks a job and aborts its running pass; frees it, or marks it to be
+ * freed by its last user. Lock held. */
+void stria__wjob_drop_locked(stria_worker_t *w, stria__wjob_t *j);
+/* Rows of a tensor (outer index) and bytes per token. */
+void stria__wjob_geometry(const stria__wjob_t *j, int t, int64_t *outer_out, size_t *row_out);
+/* Bytes of the compact (real tokens only) form of a tensor. */
+uint64_t stria__wjob_compact_bytes(const stria__wjob_t *j, int t);
+void stria__wjob_copy_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len,
+                            void *compact, bool to_padded);
+void *stria__wjob_direct_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len);
+
+/* ---- worker_data.c, worker_pass.c: the Worker service's handlers ---- */
+stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                       void **buf_out);
+void stria__w_on_put(void *ctx, stria_rpc_call_t *call);
+void stria__w_on_get(void *ctx, stria_rpc_call_t *call);
+void stria__w_on_drop(void *ctx, stria_rpc_call_t *call);
+void stria__w_on_forward(void *ctx, stria_rpc_call_t *call);
+void stria__w_on_backward(void *ctx, stria_rpc_call_t *call);
+/* Destroys a job's pass object (with the job). */
+void stria__wpass_free(stria__wjob_t *j);
+
+/* ---- worker_coord.c ---- */
+stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const ProtobufCMessage *req,
+                                  stria_rpc_reply_t *reply);
+/* Reports an event of job j; returns the job's state at the coordinator
+ * after the report (a terminal one: the job is over there), or
+ * JOB_STATE_UNSPECIFIED when the coordinator could not be told. */
+Stria__V1__JobState stria__wcoord_report(stria_worker_t *w, const stria__wjob_t *j,
+                                         Stria__V1__ReportJobRequest__Event ev,
+                                         const char *message);
+/* The heartbeat thread: registers, heartbeats, drops what the coordinator
+ * names; ends at heartbeat_stop. */
+void *stria__wcoord_thread(void *arg);
+/* Deregisters (or reports every unfinished job failed) with `reason`. */
+void stria__wcoord_leave(stria_worker_t *w, const char *reason);
+
+/* ---- worker_metrics.c ---- */
+void stria__wmetrics_init(stria_worker_t *w);
 
 #endif

@@ -1,0 +1,266 @@
+/* The worker's side of the coordinator: calls, job reports, registration,
+ * heartbeats (which carry the drops the coordinator asks for) and the
+ * heartbeat thread. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "worker_int.h"
+
+#define STRIA__COORD_TIMEOUT_S 5.0
+
+/* ---- coordinator calls ----------------------------------------------------- */
+
+stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const ProtobufCMessage *req,
+                                  stria_rpc_reply_t *reply)
+{
+    stria_status_t st;
+    pthread_mutex_lock(&w->coord_lock);
+    if (w->coord == NULL) {
+        stria_rpc_client_params_t p;
+        memset(&p, 0, sizeof(p));
+        p.address = w->coordinator;
+        p.service = &stria__v1__coordinator__descriptor;
+        p.token = w->token;
+        p.client_name = "stria-worker";
+        p.connect_timeout_s = STRIA__COORD_TIMEOUT_S;
+        st = stria_rpc_client_connect(&p, &w->coord);
+        if (st != STRIA_OK) {
+            pthread_mutex_unlock(&w->coord_lock);
+            return stria_error_wrap(st, "coordinator %s", w->coordinator);
+        }
+    }
+    stria_rpc_request_t rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.method = method;
+    rq.request = req;
+    rq.timeout_s = STRIA__COORD_TIMEOUT_S;
+    memset(reply, 0, sizeof(*reply));
+    st = stria_rpc_client_call(w->coord, &rq, reply);
+    pthread_mutex_unlock(&w->coord_lock);
+    return st;
+}
+
+/* Reports an event of job j; returns the job's state at the coordinator
+ * after the report (a terminal one: the job is over there), or
+ * JOB_STATE_UNSPECIFIED when the coordinator could not be told. */
+Stria__V1__JobState stria__wcoord_report(stria_worker_t *w, const stria__wjob_t *j,
+                                         Stria__V1__ReportJobRequest__Event ev, const char *message)
+{
+    Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
+    Stria__V1__JobState state = STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
+    stria_rpc_reply_t reply;
+    req.worker_id = w->worker_id;
+    req.job_id = j->id;
+    req.rank = (uint32_t)j->rank;
+    req.event = ev;
+    req.message = (char *)(message ? message : "");
+    req.step = j->step;
+    req.steps_total = j->steps_total;
+    if (stria__wcoord_call(w, STRIA_RPC_COORDINATOR_REPORT_JOB, &req.base, &reply) == STRIA_OK) {
+        state = ((const Stria__V1__ReportJobReply *)reply.msg)->state;
+        stria_rpc_reply_free(&reply);
+    } else {
+        stria_log_warn("job %llu rank %d: cannot report to the coordinator: %s",
+                       (unsigned long long)j->id, j->rank, stria_error_msg());
+    }
+    return state;
+}
+
+/* ---- registration and heartbeats ---------------------------------------------- */
+
+static stria_status_t stria__register(stria_worker_t *w)
+{
+    Stria__V1__RegisterWorkerRequest req = STRIA__V1__REGISTER_WORKER_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.rpc_address = w->rpc_address;
+    req.ucx_address = w->ucx_address;
+    req.host = w->host;
+    req.device = (char *)stria_device_name(w->dev);
+    req.memory_bytes = (uint64_t)w->memory_bytes;
+    req.software_version = (char *)STRIA_VERSION;
+    req.kernel_variant = (char *)stria_kernels_variant();
+    req.incarnation = w->incarnation;
+    stria_status_t st =
+        stria__wcoord_call(w, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &req.base, &reply);
+    if (st != STRIA_OK)
+        return st;
+    Stria__V1__RegisterWorkerReply *r = (Stria__V1__RegisterWorkerReply *)reply.msg;
+    pthread_mutex_lock(&w->lock);
+    w->worker_id = r->worker_id;
+    w->heartbeat_ms = r->heartbeat_period_ms > 0 ? r->heartbeat_period_ms : 1000;
+    w->registered = true;
+    w->last_heartbeat = stria_time_now();
+    pthread_mutex_unlock(&w->lock);
+    stria_log_info("registered with coordinator %s as worker %llu%s (heartbeat %u ms)",
+                   w->coordinator, (unsigned long long)r->worker_id,
+                   r->rejoined ? ", rejoined" : "", r->heartbeat_period_ms);
+    stria_rpc_reply_free(&reply);
+    return STRIA_OK;
+}
+
+static stria_status_t stria__heartbeat(stria_worker_t *w)
+{
+    Stria__V1__HeartbeatRequest req = STRIA__V1__HEARTBEAT_REQUEST__INIT;
+    Stria__V1__WorkerJobStatus *st_arr = NULL, **st_ptrs = NULL;
+    size_t n = 0;
+    stria_rpc_reply_t reply;
+    stria_status_t st;
+
+    pthread_mutex_lock(&w->lock);
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+        n++;
+    st_arr = calloc(n + 1, sizeof(*st_arr));
+    st_ptrs = calloc(n + 1, sizeof(*st_ptrs));
+    if (st_arr == NULL || st_ptrs == NULL) {
+        pthread_mutex_unlock(&w->lock);
+        free(st_arr);
+        free(st_ptrs);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "heartbeat: out of memory");
+    }
+    size_t i = 0;
+    double now = stria_time_now();
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next, i++) {
+        Stria__V1__WorkerJobStatus init = STRIA__V1__WORKER_JOB_STATUS__INIT;
+        st_arr[i] = init;
+        st_arr[i].job_id = j->id;
+        st_arr[i].phase = j->phase;
+        st_arr[i].step = j->step;
+        st_arr[i].steps_total = j->steps_total;
+        double idle = j->running ? 0.0 : (now - j->last_activity) * 1000.0;
+        st_arr[i].idle_ms = idle > 4e9 ? 4000000000u : (uint32_t)idle;
+        st_ptrs[i] = &st_arr[i];
+    }
+    req.worker_id = w->worker_id;
+    req.memory_in_use_bytes = w->memory_used;
+    pthread_mutex_unlock(&w->lock);
+    req.incarnation = w->incarnation;
+    req.n_jobs = n;
+    req.jobs = st_ptrs;
+    st = stria__wcoord_call(w, STRIA_RPC_COORDINATOR_HEARTBEAT, &req.base, &reply);
+    free(st_arr);
+    free(st_ptrs);
+    if (st != STRIA_OK)
+        return st;
+    Stria__V1__HeartbeatReply *r = (Stria__V1__HeartbeatReply *)reply.msg;
+    pthread_mutex_lock(&w->lock);
+    w->last_heartbeat = stria_time_now();
+    if (r->heartbeat_period_ms > 0)
+        w->heartbeat_ms = r->heartbeat_period_ms;
+    for (size_t d = 0; d < r->n_drop_job_ids; d++) {
+        stria__wjob_t *j = stria__wjob_find(w, r->drop_job_ids[d]);
+        if (j != NULL) {
+            stria_log_info("job %llu: dropped at the coordinator's request",
+                           (unsigned long long)j->id);
+            stria__wjob_drop_locked(w, j);
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+    stria_rpc_reply_free(&reply);
+    return STRIA_OK;
+}
+
+void *stria__wcoord_thread(void *arg)
+{
+    stria_worker_t *w = arg;
+    bool ready_sent = false, reachable = true;
+    double warn_at = 0;
+    char status[1400];
+
+    /* Until it is registered the worker serves nobody: the service manager
+     * hears READY=1 only then. */
+    snprintf(status, sizeof(status), "STATUS=registering with the coordinator %s", w->coordinator);
+    if (w->notify_status)
+        stria_notify(status);
+    pthread_mutex_lock(&w->lock);
+    while (!w->heartbeat_stop) {
+        bool registered = w->registered;
+        pthread_mutex_unlock(&w->lock);
+        stria_status_t st = registered ? stria__heartbeat(w) : stria__register(w);
+        if (st != STRIA_OK && st != STRIA_ERR_NOT_FOUND)
+            stria_metric_add(w->m_err_coord, 1);
+        if (st == STRIA_ERR_NOT_FOUND) { /* the coordinator forgot us (restart): register */
+            pthread_mutex_lock(&w->lock);
+            w->registered = false;
+            pthread_mutex_unlock(&w->lock);
+            continue;
+        }
+        if (st != STRIA_OK && stria_time_now() >= warn_at) {
+            stria_log_warn("coordinator %s: %s", w->coordinator, stria_error_msg());
+            warn_at = stria_time_now() + 10.0;
+        }
+        pthread_mutex_lock(&w->lock);
+        bool stopping = w->stopping;
+        pthread_mutex_unlock(&w->lock);
+        if (st == STRIA_OK && (!ready_sent || !reachable) && !stopping) {
+            snprintf(status, sizeof(status),
+                     "%sSTATUS=worker %llu serving %s, ring link %s, coordinator %s",
+                     ready_sent ? "" : "READY=1\n", (unsigned long long)w->worker_id,
+                     w->rpc_address, w->ucx_address, w->coordinator);
+            if (w->notify_status)
+                stria_notify(status);
+            ready_sent = true;
+        } else if (st != STRIA_OK && ready_sent && reachable && !stopping) {
+            snprintf(status, sizeof(status), "STATUS=worker %llu: coordinator %s unreachable",
+                     (unsigned long long)w->worker_id, w->coordinator);
+            if (w->notify_status)
+                stria_notify(status);
+        }
+        reachable = st == STRIA_OK;
+        pthread_mutex_lock(&w->lock);
+        stria_metric_set(w->m_hb_age, w->registered ? stria_time_now() - w->last_heartbeat : -1);
+        size_t njobs = 0;
+        for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+            njobs++;
+        stria_metric_set(w->m_jobs, (double)njobs);
+        double period = (st == STRIA_OK ? w->heartbeat_ms : 1000) / 1000.0;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double when = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + period;
+        ts.tv_sec = (time_t)when;
+        ts.tv_nsec = (long)((when - (double)ts.tv_sec) * 1e9);
+        if (!w->heartbeat_stop)
+            pthread_cond_timedwait(&w->cv, &w->lock, &ts);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+void stria__wcoord_leave(stria_worker_t *w, const char *reason)
+{
+    Stria__V1__DeregisterWorkerRequest req = STRIA__V1__DEREGISTER_WORKER_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.worker_id = w->worker_id;
+    req.incarnation = w->incarnation;
+    req.reason = (char *)reason;
+    stria_status_t st =
+        stria__wcoord_call(w, STRIA_RPC_COORDINATOR_DEREGISTER_WORKER, &req.base, &reply);
+    if (st == STRIA_OK) {
+        const Stria__V1__DeregisterWorkerReply *r =
+            (const Stria__V1__DeregisterWorkerReply *)reply.msg;
+        stria_log_info("deregistered from coordinator %s (%u unfinished job(s) failed)",
+                       w->coordinator, r->jobs_failed);
+        stria_rpc_reply_free(&reply);
+        return;
+    }
+    /* An older coordinator, or none: report each held job instead, so that
+     * whoever is there fails them with a reason. */
+    stria_log_warn("cannot deregister from coordinator %s: %s", w->coordinator, stria_error_msg());
+    size_t n = 0, k = 0;
+    pthread_mutex_lock(&w->lock);
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+        n++;
+    stria__wjob_t *held = calloc(n + 1, sizeof(*held)); /* copies: ids, ranks, steps */
+    for (stria__wjob_t *j = w->jobs; j != NULL && held != NULL; j = j->next)
+        if (j->phase != STRIA__V1__JOB_STATE__JOB_STATE_DONE)
+            held[k++] = *j;
+    pthread_mutex_unlock(&w->lock);
+    for (size_t i = 0; i < k; i++)
+        stria__wcoord_report(w, &held[i], STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED,
+                             reason);
+    free(held);
+}

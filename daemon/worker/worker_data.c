@@ -1,0 +1,286 @@
+/* The data handlers of the Worker service: PutInput (into the padded
+ * buffers, counting each byte once), GetOutput and DropJob. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "worker_int.h"
+
+/* ---- PutInput ---------------------------------------------------------------- */
+
+static int stria__input_tensor(Stria__V1__Tensor t)
+{
+    switch (t) {
+    case STRIA__V1__TENSOR__TENSOR_Q:
+        return STRIA__T_Q;
+    case STRIA__V1__TENSOR__TENSOR_K:
+        return STRIA__T_K;
+    case STRIA__V1__TENSOR__TENSOR_V:
+        return STRIA__T_V;
+    case STRIA__V1__TENSOR__TENSOR_DO:
+        return STRIA__T_DO;
+    default:
+        return -1;
+    }
+}
+
+static int stria__output_tensor(Stria__V1__Tensor t)
+{
+    switch (t) {
+    case STRIA__V1__TENSOR__TENSOR_O:
+        return STRIA__T_O;
+    case STRIA__V1__TENSOR__TENSOR_LSE:
+        return STRIA__T_LSE;
+    case STRIA__V1__TENSOR__TENSOR_DQ:
+        return STRIA__T_DQ;
+    case STRIA__V1__TENSOR__TENSOR_DK:
+        return STRIA__T_DK;
+    case STRIA__V1__TENSOR__TENSOR_DV:
+        return STRIA__T_DV;
+    default:
+        return -1;
+    }
+}
+
+/* State of one PutInput call between its payload callback and its handler. */
+typedef struct {
+    stria_worker_t *w;
+    stria__wjob_t *job; /* referenced */
+    int tensor;
+    uint64_t offset, len;
+    void *staging; /* when the range is not contiguous in the padded buffer */
+} stria__put_t;
+
+static void stria__put_cleanup(void *arg)
+{
+    stria__put_t *p = arg;
+    stria_free(p->staging);
+    if (p->job != NULL)
+        stria__wjob_unref(p->w, p->job);
+    free(p);
+}
+
+stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                       void **buf_out)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__PutInputRequest *req =
+        (const Stria__V1__PutInputRequest *)stria_rpc_call_request(call);
+    int t = stria__input_tensor(req->tensor);
+    stria__wjob_t *j;
+    stria_status_t st;
+
+    if (t < 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "PutInput: tensor %d is not an input",
+                               (int)req->tensor);
+    st = stria__wjob_get(w, req->job_id, req->rank, true, &j);
+    if (st != STRIA_OK)
+        return st;
+    uint64_t total = stria__wjob_compact_bytes(j, t);
+    if (req->total_bytes != total || req->offset > total || payload_len > total - req->offset) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "PutInput job %llu rank %d tensor %d: bytes [%llu, %llu) of %llu "
+                               "do not fit the job's %llu",
+                               (unsigned long long)j->id, j->rank, (int)req->tensor,
+                               (unsigned long long)req->offset,
+                               (unsigned long long)(req->offset + payload_len),
+                               (unsigned long long)req->total_bytes, (unsigned long long)total);
+    }
+    if (j->running) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_BUSY, "job %llu: a pass is running",
+                               (unsigned long long)j->id);
+    }
+    stria__put_t *p = calloc(1, sizeof(*p));
+    if (p == NULL) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    }
+    p->w = w;
+    p->job = j;
+    p->tensor = t;
+    p->offset = req->offset;
+    p->len = payload_len;
+    *buf_out = stria__wjob_direct_range(j, t, req->offset, payload_len);
+    if (*buf_out == NULL) {
+        p->staging = stria_malloc_aligned(payload_len);
+        if (p->staging == NULL) {
+            stria__put_cleanup(p);
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for %llu bytes",
+                                   (unsigned long long)payload_len);
+        }
+        *buf_out = p->staging;
+    }
+    stria_rpc_call_set_cleanup(call, stria__put_cleanup, p);
+    stria_metric_add(w->m_in_bytes, (double)payload_len);
+    return STRIA_OK;
+}
+
+void stria__w_on_put(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__PutInputRequest *req =
+        (const Stria__V1__PutInputRequest *)stria_rpc_call_request(call);
+    uint64_t len = 0;
+    void *payload = stria_rpc_call_payload(call, &len);
+    int t = stria__input_tensor(req->tensor);
+    stria__wjob_t *j;
+
+    if (len == 0 || payload == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "PutInput without payload bytes");
+        return;
+    }
+    /* the payload callback holds a reference; take another for this handler */
+    if (stria__wjob_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
+        return;
+    }
+    void *direct = stria__wjob_direct_range(j, t, req->offset, len);
+    if (direct != payload) /* staged: scatter into the padded rows */
+        stria__wjob_copy_range(j, t, req->offset, len, payload, true);
+    pthread_mutex_lock(&w->lock);
+    stria_status_t st = stria_ranges_add(&j->received[t], req->offset, len);
+    j->last_activity = stria_time_now();
+    uint64_t got = j->received[t].covered;
+    pthread_mutex_unlock(&w->lock);
+    if (st != STRIA_OK) {
+        stria__wjob_unref(w, j);
+        stria_rpc_call_fail(call, st, "PutInput job %llu rank %u: %s",
+                            (unsigned long long)req->job_id, req->rank, stria_error_msg());
+        return;
+    }
+    uint64_t total = stria__wjob_compact_bytes(j, t);
+    Stria__V1__PutInputReply rep = STRIA__V1__PUT_INPUT_REPLY__INIT;
+    rep.received_bytes = got;
+    rep.complete = got >= total;
+    stria__wjob_unref(w, j);
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
+/* ---- GetOutput, DropJob ------------------------------------------------------- */
+
+typedef struct {
+    stria_worker_t *w;
+    stria__wjob_t *job;
+    void *copy;
+} stria__get_t;
+
+static void stria__get_done(void *arg)
+{
+    stria__get_t *g = arg;
+    stria_free(g->copy);
+    stria__wjob_unref(g->w, g->job);
+    free(g);
+}
+
+void stria__w_on_get(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__GetOutputRequest *req =
+        (const Stria__V1__GetOutputRequest *)stria_rpc_call_request(call);
+    int t = stria__output_tensor(req->tensor);
+    stria__wjob_t *j;
+
+    if (t < 0) {
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "GetOutput: tensor %d is not an output",
+                            (int)req->tensor);
+        return;
+    }
+    if (stria__wjob_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
+        return;
+    }
+    pthread_mutex_lock(&w->lock);
+    Stria__V1__JobState phase = j->phase;
+    bool running = j->running;
+    j->last_activity = stria_time_now();
+    pthread_mutex_unlock(&w->lock);
+    bool fwd_out = t == STRIA__T_O || t == STRIA__T_LSE;
+    bool ready = !running && (phase == STRIA__V1__JOB_STATE__JOB_STATE_DONE ||
+                              (fwd_out && phase == STRIA__V1__JOB_STATE__JOB_STATE_FORWARD_DONE));
+    if (!ready) {
+        stria__wjob_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "job %llu rank %d: output %d is not ready (run the %s pass first)",
+                            (unsigned long long)j->id, j->rank, (int)req->tensor,
+                            fwd_out ? "forward" : "backward");
+        return;
+    }
+    uint64_t total = stria__wjob_compact_bytes(j, t);
+    uint64_t max = STRIA_RPC_DEFAULT_MAX_PAYLOAD;
+    uint64_t n = req->max_bytes > 0 && req->max_bytes < max ? req->max_bytes : max;
+    if (req->offset > total) {
+        stria__wjob_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "GetOutput: offset %llu beyond %llu",
+                            (unsigned long long)req->offset, (unsigned long long)total);
+        return;
+    }
+    if (n > total - req->offset)
+        n = total - req->offset;
+    stria__get_t *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        stria__wjob_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    g->w = w;
+    g->job = j;
+    void *payload = stria__wjob_direct_range(j, t, req->offset, n);
+    if (payload == NULL && n > 0) {
+        g->copy = stria_malloc_aligned(n);
+        if (g->copy == NULL) {
+            stria__get_done(g);
+            stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "out of memory");
+            return;
+        }
+        stria__wjob_copy_range(j, t, req->offset, n, g->copy, false);
+        payload = g->copy;
+    }
+    Stria__V1__GetOutputReply rep = STRIA__V1__GET_OUTPUT_REPLY__INIT;
+    int64_t outer;
+    size_t row;
+    stria__wjob_geometry(j, t, &outer, &row);
+    uint64_t shape[4];
+    if (t == STRIA__T_LSE) {
+        shape[0] = (uint64_t)j->batch;
+        shape[1] = (uint64_t)j->heads;
+        shape[2] = (uint64_t)j->valid;
+        rep.n_shape = 3;
+        rep.dtype = STRIA__V1__DTYPE__DTYPE_FP32;
+    } else {
+        shape[0] = (uint64_t)j->batch;
+        shape[1] = (uint64_t)j->valid;
+        shape[2] = (uint64_t)(t == STRIA__T_O || t == STRIA__T_DQ ? j->heads : j->kv_heads);
+        shape[3] = (uint64_t)j->head_dim;
+        rep.n_shape = 4;
+        rep.dtype = (Stria__V1__Dtype)j->dtype;
+    }
+    rep.shape = shape;
+    rep.tensor = req->tensor;
+    rep.total_bytes = total;
+    rep.offset = req->offset;
+    stria_metric_add(w->m_out_bytes, (double)n);
+    stria_rpc_call_reply(call, &rep.base, payload, n, stria__get_done, g);
+}
+
+void stria__w_on_drop(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__DropJobRequest *req =
+        (const Stria__V1__DropJobRequest *)stria_rpc_call_request(call);
+    Stria__V1__DropJobReply rep = STRIA__V1__DROP_JOB_REPLY__INIT;
+    pthread_mutex_lock(&w->lock);
+    stria__wjob_t *j = stria__wjob_find(w, req->job_id);
+    if (j != NULL) {
+        rep.dropped = true;
+        rep.freed_bytes = j->bytes;
+        stria__wjob_drop_locked(w, j);
+    }
+    pthread_mutex_unlock(&w->lock);
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}

@@ -1,0 +1,325 @@
+/* The job table of the worker: lookup, references, drop and free, memory
+ * accounting and the creation of a job from its assignment; the geometry of
+ * a job's tensors. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "worker_int.h"
+
+/* ---- job table ------------------------------------------------------------ */
+
+stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id)
+{
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+        if (j->id == id)
+            return j;
+    return NULL;
+}
+
+static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
+{
+    stria__wpass_free(j); /* before the device it borrows */
+    for (int t = 0; t < STRIA__T_COUNT; t++) {
+        stria_free(j->buf[t]);
+        stria_device_free(j->dev, j->dbuf[t]);
+        stria_ranges_free(&j->received[t]);
+    }
+    stria_device_close(j->dev);
+    w->memory_used -= j->bytes;
+    stria_metric_set(w->m_memory, (double)w->memory_used);
+    free(j);
+}
+
+/* Unlinks and frees a job, or marks it to be freed by its last user. Lock
+ * held. */
+void stria__wjob_drop_locked(stria_worker_t *w, stria__wjob_t *j)
+{
+    stria__wjob_t **pp = &w->jobs;
+    while (*pp != NULL && *pp != j)
+        pp = &(*pp)->next;
+    if (*pp == j) {
+        *pp = j->next;
+        j->next = NULL;
+    }
+    if (j->link != NULL) {
+        char reason[96];
+        snprintf(reason, sizeof(reason),
+                 "job %llu is over at the coordinator (cancelled, failed "
+                 "or expired)",
+                 (unsigned long long)j->id);
+        stria_log_info("job %llu: aborting its running pass", (unsigned long long)j->id);
+        stria_link_abort(j->link, STRIA_ERR_CANCELLED, reason);
+    }
+    if (j->refs > 0) {
+        j->dropped = true;
+        return;
+    }
+    stria__job_free(w, j);
+}
+
+void stria__wjob_unref(stria_worker_t *w, stria__wjob_t *j)
+{
+    pthread_mutex_lock(&w->lock);
+    if (--j->refs == 0 && j->dropped)
+        stria__job_free(w, j);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* Element sizes and shapes of the tensors of a job. */
+void stria__wjob_geometry(const stria__wjob_t *j, int t, int64_t *outer_out, size_t *row_out)
+{
+    size_t es = stria_dtype_size(j->dtype);
+    switch (t) {
+    case STRIA__T_K:
+    case STRIA__T_V:
+    case STRIA__T_DK:
+    case STRIA__T_DV:
+        *outer_out = j->batch;
+        *row_out = (size_t)(j->kv_heads * j->head_dim) * es;
+        return;
+    case STRIA__T_LSE:
+        *outer_out = j->batch * j->heads;
+        *row_out = 4;
+        return;
+    default:
+        *outer_out = j->batch;
+        *row_out = (size_t)(j->heads * j->head_dim) * es;
+        return;
+    }
+}
+
+/* Bytes of the compact (real tokens only) form of a tensor: what clients send
+ * and receive. */
+uint64_t stria__wjob_compact_bytes(const stria__wjob_t *j, int t)
+{
+    int64_t outer;
+    size_t row;
+    stria__wjob_geometry(j, t, &outer, &row);
+    return (uint64_t)outer * (uint64_t)j->valid * row;
+}
+
+/* Copies between a byte range of the compact form and the padded buffer. */
+void stria__wjob_copy_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len,
+                            void *compact, bool to_padded)
+{
+    int64_t outer;
+    size_t row;
+    stria__wjob_geometry(j, t, &outer, &row);
+    uint64_t seg = (uint64_t)j->valid * row;                /* compact bytes per outer index */
+    uint64_t pseg = (uint64_t)j->layout.shard_tokens * row; /* padded bytes per outer index */
+    char *padded = j->buf[t];
+    uint64_t done = 0;
+    while (done < len) {
+        uint64_t pos = off + done;
+        uint64_t o = pos / seg, in = pos % seg;
+        uint64_t n = seg - in < len - done ? seg - in : len - done;
+        if (to_padded)
+            memcpy(padded + o * pseg + in, (char *)compact + done, n);
+        else
+            memcpy((char *)compact + done, padded + o * pseg + in, n);
+        done += n;
+    }
+}
+
+/* Pointer to a compact range when it is contiguous in the padded buffer. */
+void *stria__wjob_direct_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len)
+{
+    int64_t outer;
+    size_t row;
+    stria__wjob_geometry(j, t, &outer, &row);
+    uint64_t seg = (uint64_t)j->valid * row;
+    uint64_t pseg = (uint64_t)j->layout.shard_tokens * row;
+    if (len == 0 || off / seg != (off + len - 1) / seg)
+        return NULL;
+    return (char *)j->buf[t] + (off / seg) * pseg + off % seg;
+}
+
+/* Per-rank memory of a job: its tensors, plus the ring engine's buffers
+ * (double-buffered K/V blocks, fp32 dK/dV, fp32 partials) and the kernels'
+ * packed copies, estimated generously. */
+static uint64_t stria__job_memory(const stria__wjob_t *j)
+{
+    uint64_t bytes = 0;
+    /* the sizes were checked when the job was opened; a failure here means
+     * an impossible size, which no worker can hold */
+    if (stria_rank_memory(j->batch, j->layout.shard_tokens, j->heads, j->kv_heads, j->head_dim,
+                          j->dtype, &bytes) != STRIA_OK)
+        return UINT64_MAX;
+    return bytes;
+}
+
+/* Fetches a job's assignment from the coordinator and creates the job with
+ * every buffer allocated (bounded memory: a job that does not fit is refused
+ * here, never mid-pass). Lock not held. */
+static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint32_t rank,
+                                        stria__wjob_t **job_out)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    stria_status_t st;
+    stria__wjob_t *j = NULL;
+
+    req.job_id = job_id;
+    st = stria__wcoord_call(w, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &reply);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "job %llu", (unsigned long long)job_id);
+    Stria__V1__GetJobReply *gr = (Stria__V1__GetJobReply *)reply.msg;
+    const Stria__V1__JobInfo *info = gr->job;
+    const Stria__V1__Assignment *a = info ? info->assignment : NULL;
+    if (a == NULL || a->spec == NULL || rank >= a->n_ranks || a->ranks[rank] == NULL) {
+        st = stria_error_set(STRIA_ERR_NOT_FOUND, "job %llu has no rank %u",
+                             (unsigned long long)job_id, rank);
+        goto out;
+    }
+    if (info->state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+        st = stria_error_set(STRIA_ERR_CANCELLED, "job %llu is over (%s)",
+                             (unsigned long long)job_id,
+                             info->failure && info->failure[0] ? info->failure : "released");
+        goto out;
+    }
+    if (a->ranks[rank]->worker_id != w->worker_id) {
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "job %llu rank %u belongs to worker %llu, not to this worker (%llu)",
+                             (unsigned long long)job_id, rank,
+                             (unsigned long long)a->ranks[rank]->worker_id,
+                             (unsigned long long)w->worker_id);
+        goto out;
+    }
+    const Stria__V1__JobSpec *s = a->spec;
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+        goto out;
+    }
+    j->w = w;
+    j->id = job_id;
+    j->rank = (int)rank;
+    j->n_ranks = (int)a->n_ranks;
+    j->batch = s->batch;
+    j->seq = (int64_t)s->seq_len;
+    j->heads = s->heads;
+    j->kv_heads = s->kv_heads;
+    j->head_dim = s->head_dim;
+    j->dtype = (stria_dtype_t)s->dtype;
+    j->causal = s->causal;
+    j->layout_kind = (stria_layout_kind_t)s->layout;
+    j->scale = s->scale;
+    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
+    j->steps_total = (uint32_t)a->n_ranks;
+    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    j->last_activity = stria_time_now();
+    const char *next = a->ranks[(rank + 1) % a->n_ranks]->ucx_address;
+    if (stria_dtype_size(j->dtype) == 0 || next == NULL || strlen(next) >= sizeof(j->next_ucx)) {
+        st = stria_error_set(STRIA_ERR_PROTOCOL, "job %llu: malformed assignment",
+                             (unsigned long long)job_id);
+        goto out;
+    }
+    snprintf(j->next_ucx, sizeof(j->next_ucx), "%s", next);
+    st = stria_layout_init(j->layout_kind, j->n_ranks, j->seq, &j->layout);
+    if (st != STRIA_OK)
+        goto out;
+    j->valid = stria_layout_shard_valid(&j->layout, j->rank);
+    if ((int64_t)a->ranks[rank]->tokens != j->valid) {
+        st = stria_error_set(STRIA_ERR_PROTOCOL,
+                             "job %llu rank %u: the assignment says %llu tokens, the layout %lld",
+                             (unsigned long long)job_id, rank,
+                             (unsigned long long)a->ranks[rank]->tokens, (long long)j->valid);
+        goto out;
+    }
+    uint64_t need = stria__job_memory(j);
+    if (a->memory_per_rank_bytes > need)
+        need = a->memory_per_rank_bytes;
+    pthread_mutex_lock(&w->lock);
+    stria__wjob_t *other = stria__wjob_find(w, job_id);
+    if (other != NULL) { /* created meanwhile by another request */
+        pthread_mutex_unlock(&w->lock);
+        free(j);
+        j = NULL;
+        *job_out = other;
+        st = STRIA_OK;
+        goto out;
+    }
+    if (need > (uint64_t)w->memory_bytes - w->memory_used) {
+        pthread_mutex_unlock(&w->lock);
+        st = stria_error_set(STRIA_ERR_NO_MEMORY,
+                             "job %llu needs %llu MiB on this worker, %llu MiB of %llu are free",
+                             (unsigned long long)job_id, (unsigned long long)(need >> 20),
+                             (unsigned long long)((w->memory_bytes - w->memory_used) >> 20),
+                             (unsigned long long)(w->memory_bytes >> 20));
+        goto out;
+    }
+    w->memory_used += need; /* reserved before allocating: no two jobs race for it */
+    j->bytes = need;
+    pthread_mutex_unlock(&w->lock);
+    for (int t = 0; t < STRIA__T_COUNT; t++) {
+        int64_t outer;
+        size_t row;
+        stria__wjob_geometry(j, t, &outer, &row);
+        j->buf[t] = stria_calloc_aligned((size_t)outer * (size_t)j->layout.shard_tokens * row);
+        if (j->buf[t] == NULL) {
+            pthread_mutex_lock(&w->lock);
+            stria__job_free(w, j);
+            pthread_mutex_unlock(&w->lock);
+            j = NULL;
+            st = stria_error_set(STRIA_ERR_NO_MEMORY, "job %llu: cannot allocate its tensors",
+                                 (unsigned long long)job_id);
+            goto out;
+        }
+    }
+    pthread_mutex_lock(&w->lock);
+    j->next = w->jobs;
+    w->jobs = j;
+    stria_metric_set(w->m_memory, (double)w->memory_used);
+    pthread_mutex_unlock(&w->lock);
+    stria_log_info("job %llu rank %d/%d: %lld of %lld tokens (%s), %llu MiB reserved",
+                   (unsigned long long)j->id, j->rank, j->n_ranks, (long long)j->valid,
+                   (long long)j->seq, stria_layout_kind_name(j->layout_kind),
+                   (unsigned long long)(j->bytes >> 20));
+    *job_out = j;
+    j = NULL;
+    st = STRIA_OK;
+out:
+    free(j);
+    stria_rpc_reply_free(&reply);
+    return st;
+}
+
+/* Finds or creates the job of a request and takes a reference. */
+stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
+                               stria__wjob_t **out)
+{
+    stria__wjob_t *j;
+    pthread_mutex_lock(&w->lock);
+    j = stria__wjob_find(w, id);
+    if (j != NULL)
+        j->refs++;
+    bool stopping = w->stopping;
+    pthread_mutex_unlock(&w->lock);
+    if (stopping && j == NULL)
+        return stria_error_set(STRIA_ERR_BUSY, "this worker is shutting down");
+    if (j == NULL) {
+        if (!create)
+            return stria_error_set(STRIA_ERR_NOT_FOUND,
+                                   "job %llu is not held by this worker (never loaded, released "
+                                   "or expired)",
+                                   (unsigned long long)id);
+        stria_status_t st = stria__job_create(w, id, rank, &j);
+        if (st != STRIA_OK)
+            return st;
+        pthread_mutex_lock(&w->lock);
+        j->refs++;
+        pthread_mutex_unlock(&w->lock);
+    }
+    if ((uint32_t)j->rank != rank) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "job %llu: this worker holds rank %d, not %u",
+                               (unsigned long long)id, j->rank, rank);
+    }
+    *out = j;
+    return STRIA_OK;
+}

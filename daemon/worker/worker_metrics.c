@@ -1,0 +1,84 @@
+/* The worker's metrics. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "worker_int.h"
+
+/* ---- configuration --------------------------------------------------------------- */
+
+void stria__wmetrics_init(stria_worker_t *w)
+{
+    static const double step_buckets[] = {0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
+    static const double pass_buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 120, 600};
+    static const char *const pass_labels[2] = {"pass=\"forward\"", "pass=\"backward\""};
+    stria_metrics_t *m = w->metrics;
+    for (int b = 0; b < 2; b++) {
+        w->m_passes[b] =
+            stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_passes_total",
+                              "Ring passes run by this worker.", pass_labels[b], NULL, 0);
+        w->m_pass_fail[b] =
+            stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_pass_failures_total",
+                              "Ring passes that failed.", pass_labels[b], NULL, 0);
+        w->m_pass_s[b] = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_pass_seconds",
+                                           "Wall time of a ring pass.", pass_labels[b],
+                                           pass_buckets, sizeof(pass_buckets) / sizeof(double));
+    }
+    w->m_step_compute = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_step_seconds",
+                                          "Time of one ring step, by kind.", "kind=\"compute\"",
+                                          step_buckets, sizeof(step_buckets) / sizeof(double));
+    w->m_step_wait = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_step_seconds",
+                                       "Time of one ring step, by kind.", "kind=\"communication\"",
+                                       step_buckets, sizeof(step_buckets) / sizeof(double));
+    w->m_bytes_sent =
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_bytes_total",
+                          "Bytes moved over the ring link.", "direction=\"sent\"", NULL, 0);
+    w->m_bytes_recv =
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_bytes_total",
+                          "Bytes moved over the ring link.", "direction=\"received\"", NULL, 0);
+    w->m_in_bytes =
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_rpc_bytes_total",
+                          "Tensor bytes moved to and from clients.", "direction=\"in\"", NULL, 0);
+    w->m_out_bytes =
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_rpc_bytes_total",
+                          "Tensor bytes moved to and from clients.", "direction=\"out\"", NULL, 0);
+    w->m_memory =
+        stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_memory_in_use_bytes",
+                          "Memory reserved by the jobs this worker holds.", NULL, NULL, 0);
+    w->m_jobs = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_jobs",
+                                  "Jobs held by this worker.", NULL, NULL, 0);
+    w->m_hb_age = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_heartbeat_age_seconds",
+                                    "Seconds since the last heartbeat the coordinator answered "
+                                    "(-1: not registered).",
+                                    NULL, NULL, 0);
+    static const char *const err_help = "Errors, by kind: step_timeout (a ring step missed its "
+                                        "deadline), peer (a ring peer failed or left), pass "
+                                        "(another pass failure), coordinator (a call to the "
+                                        "coordinator failed).";
+    w->m_err_timeout = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                         err_help, "kind=\"step_timeout\"", NULL, 0);
+    w->m_err_peer = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                      err_help, "kind=\"peer\"", NULL, 0);
+    w->m_err_pass = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                      err_help, "kind=\"pass\"", NULL, 0);
+    w->m_err_coord = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
+                                       err_help, "kind=\"coordinator\"", NULL, 0);
+    for (int b = 0; b < 2; b++)
+        w->m_steps[b] =
+            stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_steps_total",
+                              "Ring steps run by this worker.", pass_labels[b], NULL, 0);
+    char info[512], dev[128], kern[64];
+    stria_metrics_escape(stria_device_name(w->dev), dev, sizeof(dev));
+    stria_metrics_escape(stria_kernels_variant(), kern, sizeof(kern));
+    snprintf(info, sizeof(info), "version=\"%s\",device=\"%s\",kernel=\"%s\"", STRIA_VERSION, dev,
+             kern);
+    stria_metric_set(stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_info",
+                                       "Constant 1, labelled with the software version, the "
+                                       "device and the kernel variant.",
+                                       info, NULL, 0),
+                     1);
+}
