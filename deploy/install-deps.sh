@@ -13,6 +13,7 @@ packages=(
   iproute2
   python3
   python3-prometheus-client
+  dpkg-dev lintian
 )
 
 missing=()

@@ -176,11 +176,11 @@ Test(units, notify_watchdog_and_gpu_rdma_access, .timeout = SUITE_TIMEOUT)
         cr_expect(wd != NULL && atoi(wd) > 0, "%s: no WatchdogSec", u);
         free(wd);
     }
-    snprintf(want, sizeof(want), "%s/stria-coordinator --config %s/stria/coordinator.conf",
-             STRIA_INSTALL_BINDIR, STRIA_INSTALL_SYSCONFDIR);
+    snprintf(want, sizeof(want), "%s/stria-coordinator --config %s/coordinator.conf",
+             STRIA_INSTALL_BINDIR, STRIA_CONFDIR);
     expect_value(units[0], co, "ExecStart", want);
-    snprintf(want, sizeof(want), "%s/stria-worker --config %s/stria/worker.conf --instance %%i",
-             STRIA_INSTALL_BINDIR, STRIA_INSTALL_SYSCONFDIR);
+    snprintf(want, sizeof(want), "%s/stria-worker --config %s/worker.conf --instance %%i",
+             STRIA_INSTALL_BINDIR, STRIA_CONFDIR);
     expect_value(units[1], wk, "ExecStart", want);
 
     /* the worker keeps GPU and RDMA access */
@@ -243,6 +243,70 @@ static void expect_file(const char *root, const char *dir, const char *name)
     cr_expect(stat(path, &st) == 0 && st.st_size > 0, "not installed: %s", path);
 }
 
+/* A staged install stays staged: every file of the install manifest (which
+ * CMake writes without the DESTDIR) lies under the install prefix and exists
+ * under `root` (the DESTDIR, or "" for a --prefix install), and every path
+ * the installed units name (the program of ExecStart, the folder of its
+ * --config file) exists there too or is the documented configuration
+ * folder, which the operator writes. */
+static void expect_staged(const char *root, const char *prefix, const char *unitdir)
+{
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/install_manifest.txt", STRIA_BUILD_DIR);
+    char *manifest = dc_read(path);
+    size_t pl = strlen(prefix), files = 0;
+    for (char *line = strtok(manifest, "\n"); line != NULL; line = strtok(NULL, "\n"), files++) {
+        struct stat st;
+        snprintf(path, sizeof(path), "%s%s", root, line);
+        cr_expect(strncmp(line, prefix, pl) == 0 && line[pl] == '/' && lstat(path, &st) == 0,
+                  "the install recorded %s, which is not at %s under the prefix %s", line, path,
+                  prefix);
+    }
+    cr_expect_gt(files, 10, "install manifest with %zu files", files);
+    free(manifest);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s%s/%s", root, unitdir, units[i]);
+        char *text = dc_read(path);
+        char *exec = unit_get(text, "ExecStart");
+        cr_assert_not_null(exec, "%s: no ExecStart", path);
+        char prog[600], conf[600];
+        cr_assert_eq(sscanf(exec, "%599s --config %599s", prog, conf), 2, "%s: ExecStart=%s", path,
+                     exec);
+        char staged[1300];
+        struct stat st;
+        snprintf(staged, sizeof(staged), "%s%s", root, prog);
+        cr_expect(stat(staged, &st) == 0 && (st.st_mode & S_IXUSR),
+                  "%s: ExecStart names %s, which the install did not put at %s", units[i], prog,
+                  staged);
+        cr_expect_str_eq(dirname(conf), STRIA_CONFDIR, "%s: --config outside %s", units[i],
+                         STRIA_CONFDIR);
+        free(exec);
+        free(text);
+    }
+}
+
+/* `cmake --install --prefix DIR` stays in DIR, units included: they are
+ * written at install time for the prefix installed to. Runs after the
+ * DESTDIR install of the same test (the two share the build's install
+ * manifest). */
+static void expect_prefix_install_stays(dcluster_t *c)
+{
+    char prefix[300], unitdir[400];
+    snprintf(prefix, sizeof(prefix), "%s/prefix", c->dir);
+    char *argv[] = {STRIA_CMAKE, "--install", STRIA_BUILD_DIR, "--prefix", prefix, NULL};
+    char *out = NULL, *err = NULL;
+    int rc = dc_run(argv, NULL, 100, &out, &err);
+    cr_assert_eq(rc, 0, "cmake --install --prefix failed:\n%s%s", out, err);
+    free(out);
+    free(err);
+    snprintf(unitdir, sizeof(unitdir), "%s/lib/systemd/system", prefix);
+    expect_file("", unitdir, "stria.target");
+    char sysusers[400];
+    snprintf(sysusers, sizeof(sysusers), "%s/lib/sysusers.d", prefix);
+    expect_file("", sysusers, "stria.conf");
+    expect_staged("", prefix, unitdir);
+}
+
 Test(units, cmake_install_and_a_program_built_against_libstria, .timeout = SUITE_TIMEOUT)
 {
     dcluster_t c;
@@ -290,6 +354,8 @@ Test(units, cmake_install_and_a_program_built_against_libstria, .timeout = SUITE
     expect_file(destdir, exdir, "worker.conf");
     expect_file(destdir, docdir, "DEPLOY.md");
     expect_file(destdir, docdir, "README.md");
+    expect_staged(destdir, pf, unitdir);
+    expect_prefix_install_stays(&c);
 
     /* A trainer's program builds with `cc $(pkg-config --cflags --libs
      * stria)` against the staged install (pkg-config pointed into it), sees
