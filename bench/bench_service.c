@@ -103,12 +103,20 @@ static stria_status_t svc_parse_dtype(const char *text, void *dst)
     return stria_dtype_parse(text, dst);
 }
 
-int stria_bench_service(int argc, char **argv)
-{
+/* What one run measures. */
+typedef struct {
     int ranks, reps, tpr;
-    int64_t seq, heads, kv_heads, head_dim, ranks_arg, reps_arg, tpr_arg;
-    stria_dtype_t dtype = STRIA_DTYPE_BF16;
-    bool json = false;
+    int64_t seq, heads, kv_heads, head_dim;
+    stria_dtype_t dtype;
+    bool json;
+} svc_cfg_t;
+
+/* Parses the options into c; returns -1 to go on, else the exit code. */
+static int svc_parse(int argc, char **argv, svc_cfg_t *c)
+{
+    int64_t ranks_arg, reps_arg, tpr_arg;
+    c->dtype = STRIA_DTYPE_BF16;
+    c->json = false;
     const stria_option_t opts[] = {
         {.name = "ranks",
          .type = STRIA_OPT_INT,
@@ -120,7 +128,7 @@ int stria_bench_service(int argc, char **argv)
          .help = "workers (and in-process ranks)"},
         {.name = "seq",
          .type = STRIA_OPT_INT,
-         .dst = &seq,
+         .dst = &c->seq,
          .dflt = "32768",
          .min = 1,
          .max = 1e15,
@@ -128,7 +136,7 @@ int stria_bench_service(int argc, char **argv)
          .help = "tokens"},
         {.name = "heads",
          .type = STRIA_OPT_INT,
-         .dst = &heads,
+         .dst = &c->heads,
          .dflt = "8",
          .min = 1,
          .max = 1e9,
@@ -136,7 +144,7 @@ int stria_bench_service(int argc, char **argv)
          .help = "query heads"},
         {.name = "kv-heads",
          .type = STRIA_OPT_INT,
-         .dst = &kv_heads,
+         .dst = &c->kv_heads,
          .dflt = "8",
          .min = 1,
          .max = 1e9,
@@ -144,7 +152,7 @@ int stria_bench_service(int argc, char **argv)
          .help = "key/value heads"},
         {.name = "head-dim",
          .type = STRIA_OPT_INT,
-         .dst = &head_dim,
+         .dst = &c->head_dim,
          .dflt = "128",
          .min = 1,
          .max = 1e9,
@@ -152,7 +160,7 @@ int stria_bench_service(int argc, char **argv)
          .help = "head dimension"},
         {.name = "dtype",
          .type = STRIA_OPT_CUSTOM,
-         .dst = &dtype,
+         .dst = &c->dtype,
          .dflt = "bf16",
          .parse = svc_parse_dtype,
          .metavar = "fp32|bf16|fp16",
@@ -173,7 +181,7 @@ int stria_bench_service(int argc, char **argv)
          .max = 256,
          .metavar = "T",
          .help = "kernel threads of each rank"},
-        {.name = "json", .type = STRIA_OPT_FLAG, .dst = &json, .help = "one JSON object"},
+        {.name = "json", .type = STRIA_OPT_FLAG, .dst = &c->json, .help = "one JSON object"},
         {.name = NULL},
     };
     const stria_command_t cmd = {
@@ -181,12 +189,16 @@ int stria_bench_service(int argc, char **argv)
     stria_cli_t cli;
     int prc = stria_bench_parse(&cmd, argc, argv, &cli);
     stria_cli_free(&cli);
-    if (prc >= 0)
-        return prc;
-    ranks = (int)ranks_arg;
-    reps = (int)reps_arg;
-    tpr = (int)tpr_arg;
+    c->ranks = (int)ranks_arg;
+    c->reps = (int)reps_arg;
+    c->tpr = (int)tpr_arg;
+    return prc;
+}
 
+/* Starts a coordinator and `ranks` workers beside this program; writes the
+ * coordinator's address. Returns 0, or 1 with a message. */
+static int svc_start_daemons(int ranks, int tpr, char *coord, size_t coord_len)
+{
     char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n <= 0) {
@@ -207,14 +219,14 @@ int stria_bench_service(int argc, char **argv)
     signal(SIGTERM, on_signal);
     setenv("UCX_HANDLE_ERRORS", "none", 0);
 
-    char line[512], coord[512], threads[16];
+    char line[512], threads[16];
     char *cargv[] = {coord_bin, "--listen", "127.0.0.1:0", "--heartbeat-period", "0.5", NULL};
     if (start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
         fprintf(stderr, "stria-bench service: the coordinator did not start\n");
         stop_all();
         return 1;
     }
-    snprintf(coord, sizeof(coord), "%s", line + strlen("stria-coordinator listening on "));
+    snprintf(coord, coord_len, "%s", line + strlen("stria-coordinator listening on "));
     snprintf(threads, sizeof(threads), "%d", tpr);
     for (int i = 0; i < ranks; i++) {
         char *wargv[] = {worker_bin, "--coordinator", coord,   "--threads",
@@ -226,6 +238,42 @@ int stria_bench_service(int argc, char **argv)
         }
     }
 
+    return 0;
+}
+
+/* Prints the medians: service, its ring passes alone, in-process. */
+static void svc_report(const svc_cfg_t *c, double ms, double mp, double ml)
+{
+    int ranks = c->ranks, reps = c->reps, tpr = c->tpr;
+    int64_t seq = c->seq, heads = c->heads, kv_heads = c->kv_heads, head_dim = c->head_dim;
+    stria_dtype_t dtype = c->dtype;
+    double flops = 2.0 * (double)seq * (double)seq * (double)head_dim * (double)heads * 3.5;
+    if (c->json)
+        printf("{\"name\":\"service\",\"ranks\":%d,\"seq\":%lld,\"heads\":%lld,"
+               "\"kv_heads\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\",\"reps\":%d,"
+               "\"threads_per_rank\":%d,\"service_s\":%.6f,\"service_pass_s\":%.6f,"
+               "\"inprocess_s\":%.6f,\"ratio\":%.4f,\"pass_ratio\":%.4f}\n",
+               ranks, (long long)seq, (long long)heads, (long long)kv_heads, (long long)head_dim,
+               stria_dtype_name(dtype), reps, tpr, ms, mp, ml, ms / ml, mp / ml);
+    else
+        printf("service vs in-process ring, causal striped fwd+bwd, %d ranks, S=%lld H=%lld "
+               "(K/V %lld) D=%lld %s, median of %d:\n"
+               "  service      %.3f s  (%.1f GFLOP/s; ring passes alone %.3f s)\n"
+               "  in-process   %.3f s  (%.1f GFLOP/s)\n"
+               "  ratio        %.3f  (passes alone %.3f)\n",
+               ranks, (long long)seq, (long long)heads, (long long)kv_heads, (long long)head_dim,
+               stria_dtype_name(dtype), reps, ms, flops / ms * 1e-9, mp, ml, flops / ml * 1e-9,
+               ms / ml, mp / ml);
+}
+
+/* Runs the job through the service and in process, alternately, and
+ * reports; returns the exit code. */
+static int svc_measure(const svc_cfg_t *c, const char *coord)
+{
+    int ranks = c->ranks, reps = c->reps, tpr = c->tpr;
+    int64_t seq = c->seq, heads = c->heads, kv_heads = c->kv_heads, head_dim = c->head_dim;
+    stria_dtype_t dtype = c->dtype;
+    bool json = c->json;
     size_t es = stria_dtype_size(dtype);
     size_t nq = (size_t)(seq * heads * head_dim), nk = (size_t)(seq * kv_heads * head_dim);
     void *q = malloc(nq * es), *k = malloc(nk * es), *v = malloc(nk * es), *g = malloc(nq * es);
@@ -323,30 +371,25 @@ int stria_bench_service(int argc, char **argv)
         fprintf(stderr, "stria-bench service: %s\n", stria_error_msg());
         rc = 1;
     } else {
-        double ms = stria_bench_median(svc_s, reps), mp = stria_bench_median(svc_pass, reps),
-               ml = stria_bench_median(loc_s, reps);
-        double flops = 2.0 * (double)seq * (double)seq * (double)head_dim * (double)heads * 3.5;
-        if (json)
-            printf("{\"name\":\"service\",\"ranks\":%d,\"seq\":%lld,\"heads\":%lld,"
-                   "\"kv_heads\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\",\"reps\":%d,"
-                   "\"threads_per_rank\":%d,\"service_s\":%.6f,\"service_pass_s\":%.6f,"
-                   "\"inprocess_s\":%.6f,\"ratio\":%.4f,\"pass_ratio\":%.4f}\n",
-                   ranks, (long long)seq, (long long)heads, (long long)kv_heads,
-                   (long long)head_dim, stria_dtype_name(dtype), reps, tpr, ms, mp, ml, ms / ml,
-                   mp / ml);
-        else
-            printf("service vs in-process ring, causal striped fwd+bwd, %d ranks, S=%lld H=%lld "
-                   "(K/V %lld) D=%lld %s, median of %d:\n"
-                   "  service      %.3f s  (%.1f GFLOP/s; ring passes alone %.3f s)\n"
-                   "  in-process   %.3f s  (%.1f GFLOP/s)\n"
-                   "  ratio        %.3f  (passes alone %.3f)\n",
-                   ranks, (long long)seq, (long long)heads, (long long)kv_heads,
-                   (long long)head_dim, stria_dtype_name(dtype), reps, ms, flops / ms * 1e-9, mp,
-                   ml, flops / ml * 1e-9, ms / ml, mp / ml);
+        svc_report(c, stria_bench_median(svc_s, reps), stria_bench_median(svc_pass, reps),
+                   stria_bench_median(loc_s, reps));
     }
     stria_client_close(client);
-    stop_all();
     free(q), free(k), free(v), free(g), free(o), free(dq), free(dk), free(dv), free(lse);
     free(svc_s), free(svc_pass), free(loc_s);
+    return rc;
+}
+
+int stria_bench_service(int argc, char **argv)
+{
+    svc_cfg_t c;
+    char coord[512];
+    int prc = svc_parse(argc, argv, &c);
+    if (prc >= 0)
+        return prc;
+    if (svc_start_daemons(c.ranks, c.tpr, coord, sizeof(coord)) != 0)
+        return 1;
+    int rc = svc_measure(&c, coord);
+    stop_all();
     return rc;
 }
