@@ -1,0 +1,101 @@
+/* Internals of the ring engine shared by its rooms: ring.c (creation, the
+ * K/V steps, the two directions, entry points) and ring_prims.c (staging
+ * through device memory, waits, posts, failures, the agreement, device
+ * timing). Never installed. */
+#ifndef STRIA_RING_INT_H
+#define STRIA_RING_INT_H
+
+#include <stdatomic.h>
+
+#include "stria_ring.h"
+
+/* Message kinds, the low byte of a tag. */
+enum { STRIA__MSG_KV = 1, STRIA__MSG_DKV = 2, STRIA__MSG_DONE = 3 };
+
+struct stria_ring_pass {
+    stria_link_t *link;
+    stria_ring_shape_t shape;
+    stria_layout_t layout;
+    stria_pool_t *pool;
+    stria_ring_opts_t hooks; /* only the compute_* and step hooks are used */
+    double timeout_s;
+    uint32_t pass_id;
+    uint32_t calls; /* fwd/bwd calls on the current link so far */
+    uint32_t call;  /* number of the running call: part of every tag */
+    double t_start; /* start of the running call, for deadlines */
+    int rank, n;
+    /* Set while stria_ring_fwd()/bwd() runs: stria_ring_pass_set_link()
+     * refuses to rebind then (from a hook, or from another thread). */
+    atomic_bool running;
+    /* Per rank of the ring: the runs of its real tokens, their number, and
+     * the lowest and highest real position (for skipping masked blocks). */
+    stria_pos_run_t (*runs)[STRIA_LAYOUT_MAX_RUNS];
+    size_t *n_runs;
+    int64_t *valid;
+    int64_t *pos_min, *pos_max;
+    stria_ring_step_stats_t *stats;
+    void *arena; /* working buffers, kept between calls */
+    size_t arena_size;
+    /* Where tensors live and kernels run. staged: device memory is not host
+     * memory, so messages go through pinned host buffers (hmem) and the
+     * working buffers are device memory (dmem), both kept between calls. */
+    stria_device_t *dev;
+    bool own_dev;
+    bool staged;
+    bool dev_timed; /* compute_s is device wall time (a GPU), not thread CPU */
+    void *dmem, *hmem;
+    size_t dmem_size, hmem_size;
+};
+
+static inline char *stria__row(const stria_tensor_t *t, int64_t b, int64_t tok, int64_t h)
+{
+    return (char *)t->data +
+           (size_t)(b * t->stride_batch + tok * t->stride_token + h * t->stride_head) *
+               stria_dtype_size(t->dtype);
+}
+
+/* Compute of a step: timed as thread CPU and wall time. */
+typedef struct {
+    double cpu, wall;
+} stria__clock_t;
+
+/* The requests a pass may have outstanding at once. */
+typedef struct {
+    stria_link_req_t *kv_send, *kv_recv, *dkv_recv, *dkv_send[2];
+} stria__reqs_t;
+
+/* ---- ring_prims.c and ring.c -------------------------------------------------- */
+
+uint64_t stria__tag(const stria_ring_pass_t *p, int step, int kind);
+void stria__pack_view(const stria_tensor_t *t, int64_t B, int64_t L, int64_t heads, int64_t D,
+                      char *dst);
+stria_status_t stria__staged_mem(stria_ring_pass_t *p, size_t dev_bytes, size_t host_bytes,
+                                 char **dcur, char **hcur);
+stria_status_t stria__download_kv(stria_ring_pass_t *p, const stria_tensor_t *k,
+                                  const stria_tensor_t *v, char *dst, char *tmp);
+stria_status_t stria__device_zero_rows(stria_ring_pass_t *p, const stria_tensor_t *t, int64_t B,
+                                       int64_t from, int64_t L, int64_t heads, int64_t D);
+stria_status_t stria__device_drain(stria_ring_pass_t *p);
+bool stria__visible(const stria_ring_pass_t *p, int j);
+stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j);
+void stria__step_begin(stria_ring_pass_t *p, int step);
+void stria__compute_begin(stria__clock_t *clk);
+void stria__compute_end(const stria__clock_t *clk, stria_ring_step_stats_t *ss);
+void stria__cancel_all(stria_ring_pass_t *p, stria__reqs_t *r);
+stria_status_t stria__wait(stria_ring_pass_t *p, stria_link_req_t **req, int step,
+                           stria_ring_step_stats_t *stats);
+stria_status_t stria__post(stria_ring_pass_t *p, bool send, int step, int kind, void *buf,
+                           size_t len, stria_link_req_t **req, stria_ring_step_stats_t *stats);
+stria_status_t stria__fail(stria_ring_pass_t *p, stria__reqs_t *reqs, stria_status_t st,
+                           const char *what, int step);
+stria_status_t stria__agree(stria_ring_pass_t *p, stria__reqs_t *reqs, int first_step,
+                            stria_ring_step_stats_t *ss);
+void stria__drain_on_error(stria_ring_pass_t *p, stria_status_t st);
+stria_status_t stria__device_step_time(stria_ring_pass_t *p, double t0,
+                                       stria_ring_step_stats_t *ss);
+void stria__compute_end_dev(stria_ring_pass_t *p, const stria__clock_t *clk,
+                            stria_ring_step_stats_t *ss, double *t_dev0);
+stria_status_t stria__store_lse(stria_ring_pass_t *p, const float *lse_acc, float *lse,
+                                float *host_tmp, int64_t BH, int64_t L, int64_t qv);
+
+#endif /* STRIA_RING_INT_H */
