@@ -373,46 +373,6 @@ void stria_cli_free(stria_cli_t *cli);
 stria_status_t stria_parse_bytes(const char *text, int64_t *out);
 stria_status_t stria_parse_duration(const char *text, double *out);
 
-/* The older option API, left for stria-worker until it moves to
- * stria_cli_parse(); removed then. Types STRING, INT, DOUBLE, BOOL and FLAG only. */
-/* Every setting of a program is one entry of a NULL-name-terminated table;
- * the same table parses `--name VALUE` / `--name=VALUE` flags and `name = value`
- * lines of a configuration file, so every configuration setting is also a flag. */
-typedef struct {
-    const char *name; /* without the leading dashes */
-    stria_opt_type_t type;
-    void *dst;
-    double min, max; /* for INT and DOUBLE */
-    const char *metavar;
-    const char *help;
-} stria_opt_t;
-
-/* Sets option `name` from the text `value` (NULL for a bare flag). Errors name
- * the option and the accepted range. Strings are copied (freed by
- * stria_opts_free()). */
-stria_status_t stria_opt_set(const stria_opt_t *opts, const char *name, const char *value);
-
-/* Parses argv[first..argc) as flags; positional arguments are an error.
- * `--config FILE`, if present, is loaded first (when `config_path` is non-NULL
- * it receives the file's path), so flags override the file. */
-stria_status_t stria_opts_parse(const stria_opt_t *opts, int argc, char **argv, int first,
-                                const char **config_path);
-
-/* Loads `name = value` lines; `#` starts a comment; blank lines are ignored.
- * Errors name the file and the line ("/etc/stria/worker.conf:7: ..."). */
-stria_status_t stria_opts_load_file(const stria_opt_t *opts, const char *path);
-
-/* Prints `--name METAVAR  help` lines for every option. */
-void stria_opts_print_help(const stria_opt_t *opts, void *file /* FILE * */);
-
-/* Frees the strings copied by stria_opt_set(); string destinations are reset
- * to NULL only if they still point at such a copy. */
-void stria_opts_free(const stria_opt_t *opts);
-
-/* Parses "HOST:PORT" ("[v6]:PORT" too) into host (NUL-terminated, at most
- * host_len bytes) and port in [0, 65535]. */
-stria_status_t stria_parse_host_port(const char *text, char *host, size_t host_len, int *port_out);
-
 /* ---- systemd notification ------------------------------------------------ */
 
 /* Sends `state` ("READY=1", "STATUS=...", "WATCHDOG=1", "STOPPING=1") to the

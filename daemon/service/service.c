@@ -206,12 +206,13 @@ stria_status_t stria_http_metrics_start(uv_loop_t *loop, const char *listen, str
                                         stria_http_metrics_t **out)
 {
     char host[256];
-    int port, rc;
+    uint16_t port;
+    int rc;
     struct sockaddr_storage addr;
     stria_http_metrics_t *srv;
     stria_status_t st;
 
-    st = stria_parse_host_port(listen, host, sizeof(host), &port);
+    st = stria_addr_parse(listen, host, sizeof(host), &port);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "metrics address");
     if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&

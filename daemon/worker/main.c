@@ -41,6 +41,11 @@ typedef struct {
     stria_device_t *dev;
     stria_metrics_t *metrics;
     stria_worker_t *worker;
+    /* The option table and the parse: the parse refers to the table and
+     * holds the strings read from the file, so both live as long as cfg. */
+    stria_option_t opts[20];
+    stria_command_t cmd;
+    stria_cli_t cli;
     char listen_buf[300], ucx_buf[300], metrics_buf[300];
 } stria__main_t;
 
@@ -129,26 +134,20 @@ static stria_status_t stria__svc_begin(stria__svc_loop_t *sl, pthread_t *th)
 
 /* ---- configuration --------------------------------------------------------------- */
 
-static void stria__usage(FILE *out, const stria_opt_t *opts)
-{
-    fprintf(out, "usage: stria-worker --coordinator HOST:PORT [options]\n"
-                 "\n"
-                 "One worker of the stria attention service: it registers with the coordinator,\n"
-                 "receives the shards of jobs from clients and runs ring passes with the other\n"
-                 "workers of each job over UCX.\n"
-                 "\n"
-                 "options (each is also a 'name = value' setting of the --config file):\n");
-    stria_opts_print_help(opts, out);
-    fprintf(out, "  %-28s %s\n", "-h, --help", "this help");
-    fprintf(out, "\n"
-                 "With --instance N (the GPU index, as in the systemd unit stria-worker@N), the\n"
-                 "ports of --listen, --ucx-listen and --metrics-listen are bases and N is added\n"
-                 "to each (port 0 stays a free port); their defaults become 127.0.0.1:7500,\n"
-                 "127.0.0.1:7600 and 127.0.0.1:9500, so instance N listens on 7500+N, 7600+N\n"
-                 "and 9500+N.\n"
-                 "Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 on a start-up\n"
-                 "failure, 2 on a usage or configuration error.\n");
-}
+static const char stria__worker_description[] =
+    "One worker of the stria attention service: it registers with the coordinator,\n"
+    "receives the shards of jobs from clients and runs ring passes with the other\n"
+    "workers of each job over UCX. Every option is also a 'name = value' setting of\n"
+    "the --config file.";
+
+static const char stria__worker_epilog[] =
+    "With --instance N (the GPU index, as in the systemd unit stria-worker@N), the\n"
+    "ports of --listen, --ucx-listen and --metrics-listen are bases and N is added\n"
+    "to each (port 0 stays a free port); their defaults become 127.0.0.1:7500,\n"
+    "127.0.0.1:7600 and 127.0.0.1:9500, so instance N listens on 7500+N, 7600+N\n"
+    "and 9500+N.\n"
+    "Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 on a start-up\n"
+    "failure, 2 on a usage or configuration error.";
 
 /* The address of `instance`: the port of `given` (else of `dflt`) plus the
  * instance number; port 0 stays 0 (a free port). */
@@ -156,10 +155,11 @@ static stria_status_t stria__instance_addr(const char *what, const char *given, 
                                            int64_t instance, char *out, size_t len)
 {
     char host[256];
-    int port;
-    stria_status_t st = stria_parse_host_port(given ? given : dflt, host, sizeof(host), &port);
+    uint16_t base;
+    stria_status_t st = stria_addr_parse(given ? given : dflt, host, sizeof(host), &base);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "%s", what);
+    int port = base;
     if (port != 0)
         port += (int)instance;
     if (port > 65535)
@@ -170,16 +170,11 @@ static stria_status_t stria__instance_addr(const char *what, const char *given, 
     return STRIA_OK;
 }
 
-static stria_status_t stria__config_finish(stria_worker_config_t *c, char *listen_buf,
-                                           char *ucx_buf, char *metrics_buf, size_t len)
+static stria_status_t stria__config_finish(stria__main_t *m, size_t len)
 {
-    if (c->coordinator == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "--coordinator HOST:PORT is required");
-    char host[256];
-    int port;
-    stria_status_t st = stria_parse_host_port(c->coordinator, host, sizeof(host), &port);
-    if (st != STRIA_OK)
-        return stria_error_wrap(st, "--coordinator");
+    stria_worker_config_t *c = &m->cfg;
+    char *listen_buf = m->listen_buf, *ucx_buf = m->ucx_buf, *metrics_buf = m->metrics_buf;
+    stria_status_t st;
     if (c->instance >= 0) {
         /* One configuration file serves every instance of a host: its ports
          * are bases, and instance N listens N ports above them. */
@@ -198,10 +193,6 @@ static stria_status_t stria__config_finish(stria_worker_config_t *c, char *liste
         c->listen = "127.0.0.1:0";
     if (c->ucx_listen == NULL)
         c->ucx_listen = "127.0.0.1:0";
-    if ((st = stria_parse_host_port(c->listen, host, sizeof(host), &port)) != STRIA_OK)
-        return stria_error_wrap(st, "--listen");
-    if ((st = stria_parse_host_port(c->ucx_listen, host, sizeof(host), &port)) != STRIA_OK)
-        return stria_error_wrap(st, "--ucx-listen");
     if (c->memory_bytes == 0) {
         long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
         c->memory_bytes = pages > 0 && psize > 0 ? (int64_t)pages * psize / 2 : (int64_t)1 << 30;
@@ -209,59 +200,28 @@ static stria_status_t stria__config_finish(stria_worker_config_t *c, char *liste
     if (c->log_level != NULL) {
         stria_log_level_t lvl;
         if ((st = stria_log_parse_level(c->log_level, &lvl)) != STRIA_OK)
-            return stria_error_wrap(st, "--log-level");
+            return stria_cli_wrap(&m->cli, "log-level", st);
         stria_log_set_level(lvl);
     }
     return STRIA_OK;
 }
 
-/* Where the --device value came from, for its error: the flag, or the line
- * of the configuration file that set it (the last one, which wins). */
-static void stria__device_origin(int argc, char **argv, const char *config_path, const char *value,
-                                 char *out, size_t len)
-{
-    char line[1024];
-    int lineno = 0, found = 0;
-    FILE *f;
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--device") == 0 || strncmp(argv[i], "--device=", 9) == 0) {
-            snprintf(out, len, "--device %s", value);
-            return;
-        }
-    if (config_path != NULL && (f = fopen(config_path, "r")) != NULL) {
-        while (fgets(line, sizeof(line), f) != NULL) {
-            const char *p = line + strspn(line, " \t");
-            lineno++;
-            if (strncmp(p, "device", 6) == 0 && p[6 + strspn(p + 6, " \t")] == '=')
-                found = lineno;
-        }
-        fclose(f);
-    }
-    if (found > 0)
-        snprintf(out, len, "%s:%d: device = %s", config_path, found, value);
-    else
-        snprintf(out, len, "device %s", value);
-}
-
 /* Opens the device of --device (auto: cuda:N of --instance N, or cuda:0,
  * when a GPU is visible; else cpu) over the program's pool; a GPU's memory
  * bounds what is offered to jobs unless --memory says otherwise. */
-static stria_status_t stria__device_start(stria__main_t *m, bool memory_given, int argc,
-                                          char **argv, const char *config_path)
+static stria_status_t stria__device_start(stria__main_t *m)
 {
     stria_worker_config_t *c = &m->cfg;
-    char name[32], origin[1200];
+    char name[32];
     size_t dev_free = 0, dev_total = 0;
     stria_status_t st;
     snprintf(name, sizeof(name), "%s", c->device);
     if (strcmp(c->device, "auto") == 0 && c->instance >= 0 && stria_cuda_device_count() > 0)
         snprintf(name, sizeof(name), "cuda:%lld", (long long)c->instance);
     if ((st = stria_device_open(strlen(c->device) < sizeof(name) ? name : c->device, m->pool,
-                                &m->dev)) != STRIA_OK) {
-        stria__device_origin(argc, argv, config_path, c->device, origin, sizeof(origin));
-        return stria_error_wrap(st, "%s", origin);
-    }
-    if (stria_device_kind(m->dev) != STRIA_DEVICE_CPU && !memory_given) {
+                                &m->dev)) != STRIA_OK)
+        return stria_cli_wrap(&m->cli, "device", st);
+    if (stria_device_kind(m->dev) != STRIA_DEVICE_CPU && !stria_cli_given(&m->cli, "memory")) {
         if ((st = stria_device_memory(m->dev, &dev_free, &dev_total)) != STRIA_OK)
             return stria_error_wrap(st, "%s", stria_device_name(m->dev));
         if ((int64_t)dev_free < c->memory_bytes)
@@ -270,23 +230,134 @@ static stria_status_t stria__device_start(stria__main_t *m, bool memory_given, i
     return STRIA_OK;
 }
 
-/* Flags, configuration file, token, pool and device: a failure here is a
- * usage or configuration error (exit status 2). */
-static stria_status_t stria__configure(stria__main_t *m, const stria_opt_t *opts, int argc,
-                                       char **argv)
+/* Parses the flags and the configuration file into m->cfg, with help and
+ * usage errors handled; returns -1 to go on, else the exit status. */
+static int stria__options(stria__main_t *m, int argc, char **argv)
 {
     stria_worker_config_t *c = &m->cfg;
-    const char *config_path = NULL;
-    stria_status_t st = stria_opts_parse(opts, argc, argv, 1, &config_path);
-    bool memory_given = c->memory_bytes != 0;
-    if (st == STRIA_OK)
-        st = stria__config_finish(c, m->listen_buf, m->ucx_buf, m->metrics_buf,
-                                  sizeof(m->listen_buf));
+    const stria_option_t opts[] = {
+        {.name = "coordinator",
+         .type = STRIA_OPT_ADDR,
+         .dst = &c->coordinator,
+         .metavar = "HOST:PORT",
+         .flags = STRIA_OPT_REQUIRED,
+         .help = "the coordinator"},
+        {.name = "listen",
+         .type = STRIA_OPT_ADDR,
+         .dst = &c->listen,
+         .metavar = "HOST:PORT",
+         .help = "RPC address for clients (default 127.0.0.1:0, a free port)"},
+        {.name = "ucx-listen",
+         .type = STRIA_OPT_ADDR,
+         .dst = &c->ucx_listen,
+         .metavar = "HOST:PORT",
+         .help = "ring link listener (default 127.0.0.1:0)"},
+        {.name = "advertise",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->advertise,
+         .metavar = "HOST",
+         .help = "host that clients and peers use to reach this worker (default: the listen host)"},
+        {.name = "instance",
+         .type = STRIA_OPT_INT,
+         .dst = &c->instance,
+         .dflt = "-1",
+         .min = -1,
+         .max = 1023,
+         .metavar = "N",
+         .help = "GPU index of this worker: its ports are the bases plus N (see below)"},
+        {.name = "device",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->device,
+         .dflt = "auto",
+         .metavar = "NAME",
+         .help = "cpu, cuda:N (cuda = cuda:0), cpu:staged (tests) or auto: cuda:0, or cuda:N with "
+                 "--instance N, when a GPU is visible, else cpu"},
+        {.name = "host",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->host,
+         .metavar = "NAME",
+         .help = "host name for ring grouping (default: this machine's)"},
+        {.name = "memory",
+         .type = STRIA_OPT_BYTES,
+         .dst = &c->memory_bytes,
+         .min = 0,
+         .max = 1e18,
+         .metavar = "BYTES",
+         .help = "memory offered to jobs, e.g. 64G (default half of physical memory; on a GPU "
+                 "at most its free memory)"},
+        {.name = "threads",
+         .type = STRIA_OPT_INT,
+         .dst = &c->threads,
+         .min = 0,
+         .max = 1024,
+         .metavar = "N",
+         .help = "kernel threads (default: online CPUs)"},
+        {.name = "step-timeout",
+         .type = STRIA_OPT_DURATION,
+         .dst = &c->step_timeout_s,
+         .dflt = "60",
+         .min = 0.01,
+         .max = 86400,
+         .metavar = "TIME",
+         .help = "default deadline of one ring step"},
+        {.name = "connect-timeout",
+         .type = STRIA_OPT_DURATION,
+         .dst = &c->connect_timeout_s,
+         .dflt = "30",
+         .min = 0.1,
+         .max = 3600,
+         .metavar = "TIME",
+         .help = "deadline of ring link set-up"},
+        {.name = "ucx-tls",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->ucx_tls,
+         .metavar = "LIST",
+         .help = "UCX transports for the ring link, as UCX_TLS (default: UCX's choice)"},
+        {.name = "ucx-net-devices",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->ucx_net_devices,
+         .metavar = "LIST",
+         .help = "network devices for the ring link, as UCX_NET_DEVICES"},
+        {.name = "token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->token_file,
+         .metavar = "FILE",
+         .help = "shared secret of the service (first line of FILE)"},
+        {.name = "metrics-listen",
+         .type = STRIA_OPT_ADDR,
+         .dst = &c->metrics_listen,
+         .metavar = "HOST:PORT",
+         .help = "Prometheus /metrics endpoint (default: none)"},
+        {.name = "log-level",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->log_level,
+         .metavar = "LEVEL",
+         .help = "error, warn, info (default) or debug"},
+        {.name = NULL},
+    };
+    _Static_assert(sizeof(opts) <= sizeof(m->opts), "stria__main_t.opts is too small");
+    memcpy(m->opts, opts, sizeof(opts));
+    m->cmd = (stria_command_t){.name = "stria-worker",
+                               .description = stria__worker_description,
+                               .epilog = stria__worker_epilog,
+                               .options = m->opts,
+                               .config = true};
+    return stria_cli_main(&m->cmd, argc, argv, &m->cli);
+}
+
+/* The configuration file's checks beyond the table, the token, the pool and
+ * the device: a failure here is a configuration error (exit status 2). */
+static stria_status_t stria__configure(stria__main_t *m)
+{
+    stria_worker_config_t *c = &m->cfg;
+    stria_status_t st = stria__config_finish(m, sizeof(m->listen_buf));
     if (st == STRIA_OK && c->token_file != NULL &&
         (st = stria_rpc_token_read(c->token_file, &m->token)) != STRIA_OK)
-        stria_error_wrap(st, "--token-file");
+        stria_cli_wrap(&m->cli, "token-file", st);
     if (st == STRIA_OK && (st = stria_pool_create((int)c->threads, &m->pool)) == STRIA_OK)
-        st = stria__device_start(m, memory_given, argc, argv, config_path);
+        st = stria__device_start(m);
+    if (st == STRIA_OK)
+        stria_cli_log(&m->cli);
     return st;
 }
 
@@ -319,8 +390,8 @@ static void stria__print_listening(const stria__main_t *m, const stria__svc_loop
     char metrics_addr[300] = "";
     if (sl->http) {
         char mhost[256];
-        int ignored;
-        stria_parse_host_port(m->cfg.metrics_listen, mhost, sizeof(mhost), &ignored);
+        uint16_t ignored;
+        stria_addr_parse(m->cfg.metrics_listen, mhost, sizeof(mhost), &ignored);
         snprintf(metrics_addr, sizeof(metrics_addr),
                  strchr(mhost, ':') ? " metrics=[%s]:%d" : " metrics=%s:%d", mhost,
                  stria_http_metrics_port(sl->http));
@@ -358,71 +429,27 @@ static int stria__serve_until_signal(stria__main_t *m, stria__svc_loop_t *sl, pt
 int main(int argc, char **argv)
 {
     stria__main_t *m = calloc(1, sizeof(*m));
-    stria_worker_config_t *c = &m->cfg;
     stria__svc_loop_t sl;
     pthread_t svc_th;
     stria_status_t st;
 
     if (m == NULL)
         return 1;
-    c->instance = -1;
-    c->step_timeout_s = 60.0;
-    c->connect_timeout_s = 30.0;
-    c->device = "auto";
-    const stria_opt_t opts[] = {
-        {"coordinator", STRIA_OPT_STRING, &c->coordinator, 0, 0, "HOST:PORT",
-         "the coordinator (required)"},
-        {"listen", STRIA_OPT_STRING, &c->listen, 0, 0, "HOST:PORT",
-         "RPC address for clients (default 127.0.0.1:0, a free port)"},
-        {"ucx-listen", STRIA_OPT_STRING, &c->ucx_listen, 0, 0, "HOST:PORT",
-         "ring link listener (default 127.0.0.1:0)"},
-        {"advertise", STRIA_OPT_STRING, &c->advertise, 0, 0, "HOST",
-         "host that clients and peers use to reach this worker (default: the listen host)"},
-        {"instance", STRIA_OPT_INT, &c->instance, -1, 1023, "N",
-         "GPU index of this worker: its ports are the bases plus N (see below)"},
-        {"device", STRIA_OPT_STRING, &c->device, 0, 0, "NAME",
-         "cpu, cuda:N (cuda = cuda:0), cpu:staged (tests) or auto (default: cuda:0, or cuda:N "
-         "with --instance N, when a GPU is visible, else cpu)"},
-        {"host", STRIA_OPT_STRING, &c->host, 0, 0, "NAME",
-         "host name for ring grouping (default: this machine's)"},
-        {"memory", STRIA_OPT_INT, &c->memory_bytes, 0, 1e18, "BYTES",
-         "memory offered to jobs (default half of physical memory)"},
-        {"threads", STRIA_OPT_INT, &c->threads, 0, 1024, "N",
-         "kernel threads (default: online CPUs)"},
-        {"step-timeout", STRIA_OPT_DOUBLE, &c->step_timeout_s, 0.01, 86400, "SECONDS",
-         "default deadline of one ring step (default 60)"},
-        {"connect-timeout", STRIA_OPT_DOUBLE, &c->connect_timeout_s, 0.1, 3600, "SECONDS",
-         "deadline of ring link set-up (default 30)"},
-        {"ucx-tls", STRIA_OPT_STRING, &c->ucx_tls, 0, 0, "LIST",
-         "UCX transports for the ring link, as UCX_TLS (default: UCX's choice)"},
-        {"ucx-net-devices", STRIA_OPT_STRING, &c->ucx_net_devices, 0, 0, "LIST",
-         "network devices for the ring link, as UCX_NET_DEVICES"},
-        {"token-file", STRIA_OPT_STRING, &c->token_file, 0, 0, "FILE",
-         "shared secret of the service (first line of FILE)"},
-        {"metrics-listen", STRIA_OPT_STRING, &c->metrics_listen, 0, 0, "HOST:PORT",
-         "Prometheus /metrics endpoint (default: none)"},
-        {"log-level", STRIA_OPT_STRING, &c->log_level, 0, 0, "LEVEL",
-         "error, warn, info (default) or debug"},
-        {NULL, 0, NULL, 0, 0, NULL, NULL},
-    };
-
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            stria__usage(stdout, opts);
-            free(m);
-            return 0;
-        }
     if (getenv("STRIA_LOG_LEVEL") == NULL)
         stria_log_set_level(STRIA_LOG_INFO);
-    if ((st = stria__configure(m, opts, argc, argv)) != STRIA_OK) {
-        /* usage and configuration errors: exit status 2, nothing left behind */
+    int rc = stria__options(m, argc, argv);
+    if (rc < 0 && (st = stria__configure(m)) != STRIA_OK) {
+        /* configuration errors: exit status 2, nothing left behind */
         fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
+        rc = 2;
+    }
+    if (rc >= 0) {
         stria_device_close(m->dev);
         stria_pool_destroy(m->pool);
-        stria_opts_free(opts);
+        stria_cli_free(&m->cli);
         free(m->token);
         free(m);
-        return 2;
+        return rc;
     }
     memset(&sl, 0, sizeof(sl));
     pthread_mutex_init(&sl.lock, NULL);
@@ -441,7 +468,7 @@ int main(int argc, char **argv)
     stria_device_close(m->dev);
     stria_pool_destroy(m->pool);
     stria_metrics_destroy(m->metrics);
-    stria_opts_free(opts);
+    stria_cli_free(&m->cli);
     free(m->token);
     free(m);
     return 0;

@@ -100,8 +100,8 @@ static stria_status_t stria__advertised(const char *advertise, const char *bound
                                         char *out, size_t len)
 {
     char host[256];
-    int ignored;
-    stria_status_t st = stria_parse_host_port(bound, host, sizeof(host), &ignored);
+    uint16_t ignored;
+    stria_status_t st = stria_addr_parse(bound, host, sizeof(host), &ignored);
     if (st != STRIA_OK)
         return st;
     const char *h = advertise ? advertise : host;
@@ -119,14 +119,14 @@ static stria_status_t stria__ucx_start(stria_worker_t *w, const stria_worker_par
 {
     stria_ucx_ctx_params_t up;
     char ucx_host[256];
-    int ucx_port;
+    uint16_t ucx_port;
     const char *listen = p->ucx_listen != NULL ? p->ucx_listen : "127.0.0.1:0";
-    stria_status_t st = stria_parse_host_port(listen, ucx_host, sizeof(ucx_host), &ucx_port);
+    stria_status_t st = stria_addr_parse(listen, ucx_host, sizeof(ucx_host), &ucx_port);
     if (st != STRIA_OK)
         return st;
     memset(&up, 0, sizeof(up));
     up.listen_host = ucx_host;
-    up.listen_port = (uint16_t)ucx_port;
+    up.listen_port = ucx_port;
     up.tls = p->ucx_tls;
     up.net_devices = p->ucx_net_devices;
     if ((st = stria_ucx_ctx_create(&up, &w->ucx)) != STRIA_OK)

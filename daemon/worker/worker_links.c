@@ -13,9 +13,9 @@ static stria_status_t stria__ucx_connect(void *ctx, const stria_worker_link_requ
 {
     stria_ucx_link_params_t rp;
     char next_host[256];
-    int next_port;
+    uint16_t next_port;
     stria_status_t st =
-        stria_parse_host_port(req->next_address, next_host, sizeof(next_host), &next_port);
+        stria_addr_parse(req->next_address, next_host, sizeof(next_host), &next_port);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "ring link address of rank %d", (req->rank + 1) % req->size);
     memset(&rp, 0, sizeof(rp));

@@ -1,4 +1,5 @@
-/* Options and configuration files, systemd notification, Prometheus metrics. */
+/* Addresses, systemd notification, Prometheus metrics (the option parser has
+ * its own suite, test_opts). */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -11,92 +12,21 @@
 
 #include "stria_common.h"
 
-static const char *s_listen;
-static int64_t s_port;
-static double s_period;
-static bool s_verbose, s_foreground;
-
-static const stria_opt_t opts[] = {
-    {"listen", STRIA_OPT_STRING, &s_listen, 0, 0, "HOST:PORT", "address"},
-    {"port", STRIA_OPT_INT, &s_port, 0, 65535, "N", "port"},
-    {"period", STRIA_OPT_DOUBLE, &s_period, 0.01, 60, "S", "seconds"},
-    {"verbose", STRIA_OPT_BOOL, &s_verbose, 0, 0, NULL, "chatty"},
-    {"foreground", STRIA_OPT_FLAG, &s_foreground, 0, 0, NULL, "stay"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
-};
-
-static char path[256];
-
-static void write_file(const char *text)
-{
-    snprintf(path, sizeof(path), "/tmp/stria_cfg_%d.conf", (int)getpid());
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
-Test(service_utils, flags_and_config_file)
-{
-    write_file("# a comment\n\nlisten = 10.0.0.1:7000   # trailing comment\nport=99\n"
-               "period = 2.5\nverbose = yes\n");
-    char *argv[] = {"prog", "--config", path, "--port=100", "--foreground", "--verbose=false"};
-    const char *cfg = NULL;
-    cr_assert_eq(stria_opts_parse(opts, 6, argv, 1, &cfg), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_str_eq(s_listen, "10.0.0.1:7000");
-    cr_expect_eq(s_port, 100); /* the flag overrides the file */
-    cr_expect_float_eq(s_period, 2.5, 1e-12);
-    cr_expect(!s_verbose);
-    cr_expect(s_foreground);
-    cr_expect_str_eq(cfg, path);
-    stria_opts_free(opts);
-    cr_expect_null(s_listen);
-    unlink(path);
-}
-
-static void expect_cfg_error(const char *text, const char *needle)
-{
-    write_file(text);
-    cr_expect_neq(stria_opts_load_file(opts, path), STRIA_OK);
-    cr_expect(strstr(stria_error_msg(), needle) != NULL, "message '%s' lacks '%s'",
-              stria_error_msg(), needle);
-    unlink(path);
-}
-
-Test(service_utils, config_errors_name_the_line)
-{
-    expect_cfg_error("listen = a:1\nport = 70000\n", ":2: --port '70000': must be in 0..65535");
-    expect_cfg_error("\n\nnonsense line\n", ":3: expected 'name = value'");
-    expect_cfg_error("colour = blue\n", ":1: unknown setting 'colour'");
-    expect_cfg_error("period = fast\n", ":1: --period 'fast': expected a number");
-    expect_cfg_error("foreground = 1\n", "unknown setting 'foreground'");
-    cr_expect_eq(stria_opts_load_file(opts, "/nonexistent.conf"), STRIA_ERR_IO);
-    cr_expect(strstr(stria_error_msg(), "/nonexistent.conf") != NULL);
-
-    char *argv1[] = {"prog", "--bogus"};
-    cr_expect_eq(stria_opts_parse(opts, 2, argv1, 1, NULL), STRIA_ERR_INVALID_ARG);
-    cr_expect(strstr(stria_error_msg(), "unknown option '--bogus'") != NULL);
-    char *argv2[] = {"prog", "--port"};
-    cr_expect_eq(stria_opts_parse(opts, 2, argv2, 1, NULL), STRIA_ERR_INVALID_ARG);
-    cr_expect(strstr(stria_error_msg(), "needs a value") != NULL);
-    char *argv3[] = {"prog", "stray"};
-    cr_expect_eq(stria_opts_parse(opts, 2, argv3, 1, NULL), STRIA_ERR_INVALID_ARG);
-    stria_opts_free(opts);
-}
-
 Test(service_utils, host_port)
 {
     char host[64];
-    int port;
-    cr_assert_eq(stria_parse_host_port("127.0.0.1:7400", host, sizeof(host), &port), STRIA_OK);
+    uint16_t port;
+    cr_assert_eq(stria_addr_parse("127.0.0.1:7400", host, sizeof(host), &port), STRIA_OK);
     cr_expect_str_eq(host, "127.0.0.1");
     cr_expect_eq(port, 7400);
-    cr_assert_eq(stria_parse_host_port("[::1]:0", host, sizeof(host), &port), STRIA_OK);
+    cr_assert_eq(stria_addr_parse("[::1]:0", host, sizeof(host), &port), STRIA_OK);
     cr_expect_str_eq(host, "::1");
     cr_expect_eq(port, 0);
-    cr_expect_neq(stria_parse_host_port("localhost", host, sizeof(host), &port), STRIA_OK);
-    cr_expect_neq(stria_parse_host_port("h:99999", host, sizeof(host), &port), STRIA_OK);
-    cr_expect_neq(stria_parse_host_port(":80", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_neq(stria_addr_parse("localhost", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_neq(stria_addr_parse("h:99999", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_neq(stria_addr_parse(":80", host, sizeof(host), &port), STRIA_OK);
+    cr_expect_eq(stria_addr_parse("::1:80", host, sizeof(host), &port), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "in brackets") != NULL, "%s", stria_error_msg());
 }
 
 Test(service_utils, notify_sends_to_socket)

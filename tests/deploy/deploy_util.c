@@ -327,10 +327,10 @@ char *dc_read(const char *path)
 static int tcp_connect(const char *addr)
 {
     char host[64];
-    int port;
-    cr_assert_eq(stria_parse_host_port(addr, host, sizeof(host), &port), STRIA_OK, "%s", addr);
+    uint16_t port;
+    cr_assert_eq(stria_addr_parse(addr, host, sizeof(host), &port), STRIA_OK, "%s", addr);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, host, &a.sin_addr);
     cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect %s: %s", addr,
                  strerror(errno));
@@ -386,7 +386,7 @@ int dc_free_port(void)
     for (int attempt = 0; attempt < 1000 && top > bottom; attempt++) {
         int port = bottom + (int)(rand_r(&seed) % (unsigned)(top - bottom + 1));
         int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
         inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
         int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
         close(fd);

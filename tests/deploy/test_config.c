@@ -262,6 +262,9 @@ Test(config, a_bad_file_names_the_line_and_exits_2, .timeout = SUITE_TIMEOUT)
     expect_bad(STRIA_COORDINATOR_BIN, path, "max-jobs = many\n", ":1: --max-jobs");
     expect_bad(STRIA_WORKER_BIN, path, "threads = 2\nstep-timeout = fast\n", ":2: --step-timeout");
     expect_bad(STRIA_WORKER_BIN, path, "instance = 5000\n", ":1: --instance");
+    /* sizes take K/M/G/T; anything else names the line and the setting */
+    expect_bad(STRIA_WORKER_BIN, path, "coordinator = 127.0.0.1:1\nmemory = 2X\n",
+               ":2: --memory '2X'");
     /* a file that is not there is named too */
     snprintf(path, sizeof(path), "%s/missing.conf", c.dir);
     expect_bad(STRIA_COORDINATOR_BIN, path, NULL, ": cannot open configuration file");
