@@ -106,8 +106,11 @@ wait_line() { # file prefix seconds
   return 1
 }
 export UCX_HANDLE_ERRORS=none UCX_TLS=tcp,sm,self
+# The credentials the operator writes (the package never does).
+head -c 32 /dev/urandom | base64 >"$tmp/token"
+chmod 0600 "$tmp/token"
 conf "$ex/coordinator.conf" "$tmp/coordinator.conf" listen=127.0.0.1:0 metrics-listen=127.0.0.1:0 \
-  heartbeat-period=0.2
+  heartbeat-period=0.2 token-file="$tmp/token"
 "$bin/stria-coordinator" --config "$tmp/coordinator.conf" >"$tmp/coord.out" 2>"$tmp/coord.log" &
 pids+=($!)
 line=$(wait_line "$tmp/coord.out" "stria-coordinator listening on " 10) ||
@@ -115,14 +118,15 @@ line=$(wait_line "$tmp/coord.out" "stria-coordinator listening on " 10) ||
 addr=${line#stria-coordinator listening on }
 for i in 0 1; do
   conf "$ex/worker.conf" "$tmp/worker$i.conf" coordinator="$addr" listen=127.0.0.1:0 \
-    ucx-listen=127.0.0.1:0 metrics-listen=127.0.0.1:0 threads=1 memory=1073741824
+    ucx-listen=127.0.0.1:0 metrics-listen=127.0.0.1:0 threads=1 memory=1G token-file="$tmp/token"
   "$bin/stria-worker" --config "$tmp/worker$i.conf" >"$tmp/worker$i.out" 2>"$tmp/worker$i.log" &
   pids+=($!)
   wait_line "$tmp/worker$i.out" "stria-worker listening rpc=" 10 >/dev/null ||
     { cat "$tmp/worker$i.log"; fail "worker $i did not start"; }
 done
 for _ in $(seq 100); do
-  "$bin/striactl" --coordinator "$addr" --json status >"$tmp/status.json" 2>/dev/null || true
+  "$bin/striactl" --coordinator "$addr" --token-file "$tmp/token" --json status \
+    >"$tmp/status.json" 2>/dev/null || true
   grep -q '"workers_healthy": *2' "$tmp/status.json" && break
   sleep 0.1
 done
@@ -132,7 +136,11 @@ cd "$tmp"
 "$bin/stria-run" random --shape 1,256,2,64 --seed 2 --out k.npy >/dev/null
 "$bin/stria-run" random --shape 1,256,2,64 --seed 3 --out v.npy >/dev/null
 "$bin/stria-run" random --shape 1,256,4,64 --seed 4 --out do.npy >/dev/null
-"$bin/stria-run" submit --coordinator "$addr" --q q.npy --k k.npy --v v.npy --do do.npy \
+"$bin/stria-run" submit --coordinator "$addr" --token-file "$tmp/token" --q q.npy --k k.npy --v v.npy --do do.npy \
   --out out --check >"$tmp/submit.log" 2>&1 || { cat "$tmp/submit.log"; fail "the job failed"; }
 grep -i "check" "$tmp/submit.log" | head -3
+# Without the credential the service refuses.
+if "$bin/striactl" --coordinator "$addr" status >/dev/null 2>&1; then
+  fail "the coordinator answered a client without its token"
+fi
 echo "package_test: ok ($(basename "$rt"), $(stat -c %s "$rt") bytes; $(basename "$dev"))"
