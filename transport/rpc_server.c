@@ -282,6 +282,16 @@ void stria_rpc_call_set_cleanup(stria_rpc_call_t *call, stria_rpc_done_cb fn, vo
 
 static void stria__async_wake(stria_rpc_server_t *srv);
 
+/* Queues a job for the loop thread (srv->lock held). */
+static void stria__job_append_locked(stria_rpc_server_t *srv, stria__rpc_job_t *job)
+{
+    if (srv->jobs_tail != NULL)
+        srv->jobs_tail->next = job;
+    else
+        srv->jobs_head = job;
+    srv->jobs_tail = job;
+}
+
 /* Hands a finished frame to the loop thread (or writes it when already
  * there). */
 static void stria__call_send(stria_rpc_call_t *call, uint8_t *frame, size_t frame_len,
@@ -311,11 +321,7 @@ static void stria__call_send(stria_rpc_call_t *call, uint8_t *frame, size_t fram
                               .done = done,
                               .done_arg = done_arg};
     pthread_mutex_lock(&srv->lock);
-    if (srv->jobs_tail != NULL)
-        srv->jobs_tail->next = job;
-    else
-        srv->jobs_head = job;
-    srv->jobs_tail = job;
+    stria__job_append_locked(srv, job);
     pthread_mutex_unlock(&srv->lock);
     stria__async_wake(srv);
 }
@@ -1011,11 +1017,7 @@ stria_status_t stria_rpc_server_post(stria_rpc_server_t *srv, stria_rpc_done_cb 
         free(job);
         return stria_error_set(STRIA_ERR_CLOSED, "rpc server post: the server is stopping");
     }
-    if (srv->jobs_tail != NULL)
-        srv->jobs_tail->next = job;
-    else
-        srv->jobs_head = job;
-    srv->jobs_tail = job;
+    stria__job_append_locked(srv, job);
     pthread_mutex_unlock(&srv->lock);
     stria__async_wake(srv);
     return STRIA_OK;

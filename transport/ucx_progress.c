@@ -844,6 +844,19 @@ static void stria__send_start(stria_ucx_ctx_t *ctx, stria_link_req_t *req)
     }
 }
 
+/* Frees an arrival once a receive has taken it (or refused it); called with
+ * ctx->lock held, which it drops while it hands the UCX
+ * descriptor back (UCX is not called under the context lock). */
+static void stria__unexp_drop_locked(stria_ucx_ctx_t *ctx, stria__unexp_t *u)
+{
+    pthread_mutex_unlock(&ctx->lock);
+    if (u->desc != NULL)
+        ucp_am_data_release(ctx->worker, u->desc);
+    free(u->copy);
+    free(u);
+    pthread_mutex_lock(&ctx->lock);
+}
+
 /* Posts queued requests and starts matched rendezvous receives. */
 static bool stria__run_queue(stria_ucx_ctx_t *ctx)
 {
@@ -920,12 +933,7 @@ static bool stria__run_queue(stria_ucx_ctx_t *ctx)
                 "message tag %#llx from rank %d has %zu bytes, the receive expects %zu",
                 (unsigned long long)req->tag, stria_link_prev(&link->base), u->len, req->len);
             stria__ucx_req_finish_locked(req, link->fail_status, link->fail_msg);
-            pthread_mutex_unlock(&ctx->lock);
-            if (u->desc != NULL)
-                ucp_am_data_release(ctx->worker, u->desc);
-            free(u->copy);
-            free(u);
-            pthread_mutex_lock(&ctx->lock);
+            stria__unexp_drop_locked(ctx, u);
             continue;
         }
         req->matched = true;
@@ -939,12 +947,7 @@ static bool stria__run_queue(stria_ucx_ctx_t *ctx)
         if (u->len > 0)
             memcpy(req->buf, u->copy != NULL ? u->copy : u->desc, u->len);
         stria__ucx_req_finish_locked(req, STRIA_OK, NULL);
-        pthread_mutex_unlock(&ctx->lock);
-        if (u->desc != NULL)
-            ucp_am_data_release(ctx->worker, u->desc);
-        free(u->copy);
-        free(u);
-        pthread_mutex_lock(&ctx->lock);
+        stria__unexp_drop_locked(ctx, u);
     }
     pthread_mutex_unlock(&ctx->lock);
     return any;

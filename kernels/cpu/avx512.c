@@ -24,6 +24,13 @@ static bool stria__avx512_ok(void)
 
 /* ---- GEMM ---------------------------------------------------------------- */
 
+/* Zeroes the mr x nv accumulators of a micro-kernel, fully unrolled (the
+ * bounds are compile-time constants after inlining). */
+#define STRIA__ACC_ZERO(acc, mr, nv)                                                               \
+    _Pragma("GCC unroll 6") for (int i_ = 0; i_ < (mr); i_++)                                      \
+        _Pragma("GCC unroll 4") for (int j_ = 0; j_ < (nv); j_++)(acc)[i_][j_] =                   \
+            _mm512_setzero_ps()
+
 /* C block [mr][16 nv] (see stria_kern_ops_t.gemm); a points at row 0 of the
  * block (column 0 when trans_a). mr, nv and trans_a are compile-time
  * constants after inlining, so the accumulators live in registers. */
@@ -32,12 +39,7 @@ STRIA__INLINE void stria__uk(const int mr, const int nv, const bool trans_a, int
                              const float *c_scale, bool accumulate)
 {
     __m512 acc[STRIA__MR][STRIA__NV];
-
-#pragma GCC unroll 6
-    for (int i = 0; i < mr; i++)
-#pragma GCC unroll 4
-        for (int j = 0; j < nv; j++)
-            acc[i][j] = _mm512_setzero_ps();
+    STRIA__ACC_ZERO(acc, mr, nv);
     for (int p = 0; p < k; p++) {
         const float *bp = b + (ptrdiff_t)p * ldb;
         __m512 bv[STRIA__NV];
@@ -135,12 +137,7 @@ STRIA__INLINE void stria__uk_bf16(const int mr, const int nv, int k, const uint1
                                   ptrdiff_t ldc)
 {
     __m512 acc[STRIA__MR][STRIA__NV];
-
-#pragma GCC unroll 6
-    for (int i = 0; i < mr; i++)
-#pragma GCC unroll 4
-        for (int j = 0; j < nv; j++)
-            acc[i][j] = _mm512_setzero_ps();
+    STRIA__ACC_ZERO(acc, mr, nv);
     for (int p = 0; p < k; p += 2) {
         const uint16_t *bp = b + (ptrdiff_t)(p / 2) * ldb;
         __m512bh bv[STRIA__NV];
