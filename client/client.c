@@ -10,6 +10,7 @@
 #include "stria_client.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,20 +129,47 @@ unsigned stria_client_abi_version(void)
     return STRIA_CLIENT_ABI_VERSION;
 }
 
+/* The sizes of the structs as ABI 1 declared them: the smallest a caller may
+ * pass. Later versions add fields at the end and keep these. */
+#define STRIA__V1_END(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+#define STRIA__PARAMS_V1_SIZE     STRIA__V1_END(stria_client_params_t, client_name)
+#define STRIA__SPEC_V1_SIZE       STRIA__V1_END(stria_job_spec_t, label)
+#define STRIA__STATS_V1_SIZE      STRIA__V1_END(stria_call_stats_t, bytes_down)
+_Static_assert(STRIA__PARAMS_V1_SIZE == sizeof(stria_client_params_t) &&
+                   STRIA__SPEC_V1_SIZE == sizeof(stria_job_spec_t) &&
+                   STRIA__STATS_V1_SIZE == sizeof(stria_call_stats_t),
+               "ABI 1 sizes: a struct grew; keep these at its ABI 1 end");
+/* A struct_size beyond this is no size at all: the caller's header predates
+ * struct_size (its first field is a pointer) or the struct is uninitialised. */
+#define STRIA__ABI_MAX_GROWTH 4096
+
+/* Whether `theirs`, a caller's struct_size, can be the size of a version of
+ * a struct whose ABI 1 size is v1 and whose current size is ours. */
+static stria_status_t stria__abi_size_ok(size_t theirs, size_t v1, size_t ours, const char *what,
+                                         const char *init)
+{
+    if (theirs >= v1 && theirs <= ours + STRIA__ABI_MAX_GROWTH && theirs % sizeof(void *) == 0)
+        return STRIA_OK;
+    return stria_error_set(STRIA_ERR_INVALID_ARG,
+                           "%s: struct_size is %zu, not a size of this struct: set it to "
+                           "sizeof(%s) (start from %s); a program built against a libstria "
+                           "header older than ABI %d must be rebuilt",
+                           what, theirs, what, init, STRIA_CLIENT_ABI_VERSION);
+}
+
 /* Reads a caller's struct that starts with its struct_size into ours (`size`
- * bytes, zeroed first): a smaller struct (an older header; at least
- * `min_size`, the first version's size) leaves our later fields at their
- * zero defaults, a larger one (a newer header) is accepted only when the
- * fields this library does not know are all zero. */
-static stria_status_t stria__abi_read(void *dst, size_t size, size_t min_size, const void *src,
+ * bytes, zeroed first): a smaller struct (an older header; at least `v1`,
+ * the first version's size) leaves our later fields at their zero defaults,
+ * a larger one (a newer header) is accepted only when the bytes this library
+ * does not know are all zero. */
+static stria_status_t stria__abi_read(void *dst, size_t size, size_t v1, const void *src,
                                       const char *what, const char *init)
 {
     size_t theirs;
     memcpy(&theirs, src, sizeof(theirs));
-    if (theirs < min_size)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: struct_size is %zu; set it to sizeof(%s) (start from %s)", what,
-                               theirs, what, init);
+    stria_status_t st = stria__abi_size_ok(theirs, v1, size, what, init);
+    if (st != STRIA_OK)
+        return st;
     for (size_t i = size; i < theirs; i++)
         if (((const unsigned char *)src)[i] != 0)
             return stria_error_set(STRIA_ERR_UNSUPPORTED,
@@ -155,24 +183,23 @@ static stria_status_t stria__abi_read(void *dst, size_t size, size_t min_size, c
 }
 
 /* Copies our stats into the caller's struct, as far as its struct_size
- * reaches (its struct_size stays). */
+ * reaches (its struct_size stays); fields of a newer header that this
+ * library does not fill are zeroed. */
 static void stria__abi_write_stats(stria_call_stats_t *out, const stria_call_stats_t *ours)
 {
     size_t theirs = out->struct_size;
     size_t n = theirs < sizeof(*ours) ? theirs : sizeof(*ours);
-    if (n > sizeof(size_t))
-        memcpy((char *)out + sizeof(size_t), (const char *)ours + sizeof(size_t),
-               n - sizeof(size_t));
+    memcpy((char *)out + sizeof(size_t), (const char *)ours + sizeof(size_t), n - sizeof(size_t));
+    if (theirs > n)
+        memset((char *)out + n, 0, theirs - n);
 }
 
 static stria_status_t stria__check_stats(const stria_call_stats_t *stats)
 {
-    if (stats != NULL && stats->struct_size < sizeof(*stats))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_call_stats_t: struct_size is %zu; set it to "
-                               "sizeof(stria_call_stats_t) (start from STRIA_CALL_STATS_INIT)",
-                               stats->struct_size);
-    return STRIA_OK;
+    if (stats == NULL)
+        return STRIA_OK;
+    return stria__abi_size_ok(stats->struct_size, STRIA__STATS_V1_SIZE, sizeof(*stats),
+                              "stria_call_stats_t", "STRIA_CALL_STATS_INIT");
 }
 
 /* ---- client ------------------------------------------------------------- */
@@ -188,7 +215,7 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
 
     if (params == NULL || client_out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_client_connect: NULL argument");
-    st = stria__abi_read(&p, sizeof(p), sizeof(p), params, "stria_client_params_t",
+    st = stria__abi_read(&p, sizeof(p), STRIA__PARAMS_V1_SIZE, params, "stria_client_params_t",
                          "STRIA_CLIENT_PARAMS_INIT");
     if (st != STRIA_OK)
         return st;
@@ -840,7 +867,7 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
 
     if (client == NULL || job_out == NULL || spec == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_client_forward: NULL argument");
-    if ((st = stria__abi_read(&sp, sizeof(sp), sizeof(sp), spec, "stria_job_spec_t",
+    if ((st = stria__abi_read(&sp, sizeof(sp), STRIA__SPEC_V1_SIZE, spec, "stria_job_spec_t",
                               "STRIA_JOB_SPEC_INIT")) != STRIA_OK ||
         (st = stria__check_stats(stats)) != STRIA_OK)
         return st;

@@ -33,7 +33,7 @@ step "contents"
 dpkg-deb --contents "$rt" | awk '{print $6}' | sed 's|^\./|/|' >"$tmp/rt.list"
 dpkg-deb --contents "$dev" | awk '{print $6}' | sed 's|^\./|/|' >"$tmp/dev.list"
 for f in /usr/bin/stria-coordinator /usr/bin/stria-worker /usr/bin/striactl /usr/bin/stria-run \
-  /usr/bin/stria-bench /usr/lib/libstria.so.0 /usr/lib/systemd/system/stria-coordinator.service \
+  /usr/bin/stria-bench /usr/lib/libstria.so.1 /usr/lib/systemd/system/stria-coordinator.service \
   /usr/lib/systemd/system/stria-worker@.service /usr/lib/systemd/system/stria.target \
   /usr/lib/sysusers.d/stria.conf /usr/share/stria/examples/coordinator.conf \
   /usr/share/stria/examples/worker.conf /usr/share/doc/stria/DEPLOY.md \
@@ -69,6 +69,17 @@ dpkg-deb -x "$rt" "$root"
 dpkg-deb -x "$dev" "$root"
 grep -q '^ExecStart=/usr/bin/stria-worker --config /etc/stria/worker.conf' \
   "$root/usr/lib/systemd/system/stria-worker@.service" || fail "worker unit: unexpected ExecStart"
+
+step "a trainer's program against the unpacked libstria-dev (pkg-config)"
+grep -qx 'prefix=/usr' "$root/usr/lib/pkgconfig/stria.pc" || fail "stria.pc: $(head -1 "$root/usr/lib/pkgconfig/stria.pc")"
+flags=$(PKG_CONFIG_SYSROOT_DIR=$root PKG_CONFIG_PATH=$root/usr/lib/pkgconfig \
+  pkg-config --cflags --libs stria)
+printf '#include <stria_client.h>\nint main(void) { return stria_client_abi_version() != STRIA_CLIENT_ABI_VERSION; }\n' \
+  >"$tmp/abi.c"
+# shellcheck disable=SC2086 # the flags are words
+cc -std=c11 -Wall -Werror "$tmp/abi.c" -o "$tmp/abi" $flags -Wl,-rpath,"$root/usr/lib" ||
+  fail "cannot build against the unpacked package with: $flags"
+"$tmp/abi" || fail "the unpacked libstria speaks another ABI than its header"
 
 if command -v systemd-analyze >/dev/null; then
   step "systemd-analyze verify"

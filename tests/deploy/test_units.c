@@ -337,7 +337,7 @@ Test(units, cmake_install_and_a_program_built_against_libstria, .timeout = SUITE
     snprintf(exdir, sizeof(exdir), "%s/share/stria/examples", pf);
     snprintf(docdir, sizeof(docdir), "%s/share/doc/stria", pf);
     expect_file(destdir, libdir, "libstria.so");
-    expect_file(destdir, libdir, "libstria.so.0");
+    expect_file(destdir, libdir, "libstria.so.1");
     expect_file(destdir, incdir, "stria_client.h");
     expect_file(destdir, incdir, "stria_types.h");
     /* The client API only: the internals' header is not part of the ABI. */
@@ -373,6 +373,9 @@ Test(units, cmake_install_and_a_program_built_against_libstria, .timeout = SUITE
                   "  z.coordinator = argv[1];\n"
                   "  stria_status_t st = stria_client_connect(&z, &c);\n"
                   "  printf(\"zero %s: %s\\n\", stria_status_name(st), stria_error_msg());\n"
+                  "  z.struct_size = (size_t)argv[1]; /* an old header's first field */\n"
+                  "  st = stria_client_connect(&z, &c);\n"
+                  "  printf(\"pointer %s: %s\\n\", stria_status_name(st), stria_error_msg());\n"
                   "  p.coordinator = argv[1]; p.connect_timeout_s = 5;\n"
                   "  st = stria_client_connect(&p, &c);\n"
                   "  printf(\"%s: %s\\n\", stria_status_name(st), stria_error_msg());\n"
@@ -397,6 +400,9 @@ Test(units, cmake_install_and_a_program_built_against_libstria, .timeout = SUITE
     cr_expect(strstr(out, "zero STRIA_ERR_INVALID_ARG") != NULL &&
                   strstr(out, "STRIA_CLIENT_PARAMS_INIT") != NULL,
               "no clear error for a struct without struct_size: %s", out);
+    cr_expect(strstr(out, "pointer STRIA_ERR_INVALID_ARG") != NULL &&
+                  strstr(out, "must be rebuilt") != NULL,
+              "no clear error for a struct of a header older than struct_size: %s", out);
     cr_expect(strstr(out, "\nSTRIA_ERR_IO") != NULL && strstr(out, addr) != NULL,
               "unclear error from the installed library: %s", out);
     free(out);
