@@ -46,6 +46,7 @@ typedef struct {
     stria_option_t opts[20];
     stria_command_t cmd;
     stria_cli_t cli;
+    bool memory_by_rule; /* --memory unset or 0: half of physical memory, or a GPU's free */
     char listen_buf[300], ucx_buf[300], metrics_buf[300];
 } stria__main_t;
 
@@ -193,6 +194,7 @@ static stria_status_t stria__config_finish(stria__main_t *m, size_t len)
         c->listen = "127.0.0.1:0";
     if (c->ucx_listen == NULL)
         c->ucx_listen = "127.0.0.1:0";
+    m->memory_by_rule = c->memory_bytes == 0;
     if (c->memory_bytes == 0) {
         long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
         c->memory_bytes = pages > 0 && psize > 0 ? (int64_t)pages * psize / 2 : (int64_t)1 << 30;
@@ -221,7 +223,7 @@ static stria_status_t stria__device_start(stria__main_t *m)
     if ((st = stria_device_open(strlen(c->device) < sizeof(name) ? name : c->device, m->pool,
                                 &m->dev)) != STRIA_OK)
         return stria_cli_wrap(&m->cli, "device", st);
-    if (stria_device_kind(m->dev) != STRIA_DEVICE_CPU && !stria_cli_given(&m->cli, "memory")) {
+    if (stria_device_kind(m->dev) != STRIA_DEVICE_CPU && m->memory_by_rule) {
         if ((st = stria_device_memory(m->dev, &dev_free, &dev_total)) != STRIA_OK)
             return stria_error_wrap(st, "%s", stria_device_name(m->dev));
         if ((int64_t)dev_free < c->memory_bytes)
