@@ -216,7 +216,8 @@ typedef struct {
     int poll_us;
     /* Heartbeats between the neighbours of every link: the period (0: 0.1 s;
      * at most 10 s) and the silence after which a neighbour counts as
-     * stalled (0: 0.5 s; at least two periods, at most 60 s). A stalled
+     * stalled (0: 0.5 s, or five periods when that is longer; at least two
+     * periods, at most 60 s). A stalled
      * rank is reported around the ring (and logged as a warning) for up to
      * two stall times after its first-hand report stops. A missed deadline
      * blames a neighbour only once it has been silent this long. */

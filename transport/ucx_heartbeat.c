@@ -25,7 +25,11 @@ stria_status_t stria__ucx_hb_config(double heartbeat_s, double stall_s, double *
                                     double *stale_s_out)
 {
     double ping_s = heartbeat_s > 0 ? heartbeat_s : STRIA__UCX_PING_S;
-    double stale_s = stall_s > 0 ? stall_s : STRIA__UCX_STALE_S;
+    /* The default stall time grows with a longer period: a neighbour is
+     * never called stalled before it missed several heartbeats. */
+    double stale_s = stall_s > 0                       ? stall_s
+                     : 5 * ping_s > STRIA__UCX_STALE_S ? 5 * ping_s
+                                                       : STRIA__UCX_STALE_S;
     if (!(heartbeat_s >= 0 && ping_s <= STRIA__UCX_PING_MAX_S))
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "ucx context: heartbeat period %g s is not in (0, %g] s",
@@ -34,7 +38,7 @@ stria_status_t stria__ucx_hb_config(double heartbeat_s, double stall_s, double *
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "ucx context: stall time %g s is not in [%g, %g] s (at least two "
                                "heartbeat periods of %g s)",
-                               stale_s, 2 * ping_s, STRIA__UCX_STALE_MAX_S, ping_s);
+                               stall_s, 2 * ping_s, STRIA__UCX_STALE_MAX_S, ping_s);
     *ping_s_out = ping_s;
     *stale_s_out = stale_s;
     return STRIA_OK;

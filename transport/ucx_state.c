@@ -330,7 +330,7 @@ static void stria__step_retry(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, str
         *step->any = true;
         stria__link_connect_out(ctx, link);
     } else {
-        step->due = link->retry_at;
+        stria__step_due(step, link->retry_at);
     }
 }
 
