@@ -153,6 +153,8 @@ static stria_status_t stria__list(stria_cli_t *cli, const stria_option_t *o, con
         } else {
             ((const char **)arr)[i] = item;
         }
+        if (comma == NULL)
+            break;
         item = comma + 1;
     }
     if (ints)

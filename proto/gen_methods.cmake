@@ -5,6 +5,10 @@
 # Usage: cmake -DPROTO=stria.proto -DOUT=stria_methods.h -P gen_methods.cmake
 file(READ ${PROTO} text)
 string(REGEX REPLACE "//[^\n]*" "" text "${text}")
+# Block comments, and the option blocks of methods (rpc X(A) returns (B) { ... }),
+# whose braces would end a service early.
+string(REGEX REPLACE "/\\*([^*]|\\*+[^*/])*\\*+/" "" text "${text}")
+string(REGEX REPLACE "\\)[ \t\n]*{[^{}]*}" ")" text "${text}")
 # Semicolons would split CMake lists; the parse does not need them.
 string(REPLACE ";" " " text "${text}")
 set(out "/* Generated from stria.proto by gen_methods.cmake: do not edit. */\n")
