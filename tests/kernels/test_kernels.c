@@ -1058,7 +1058,21 @@ Test(kernels, strided_views_match_contiguous)
  * without accumulate, for fp32 and bf16, head_dim read in place (64) and
  * packed (40), on 1 and 3 threads, K/V token-major and head-major. The query
  * buffer is overwritten after begin: blocks must not read it. */
-static void fwd_pass_case(stria_dtype_t dtype, int threads, int64_t D, bool head_major)
+/* Documents and a window for the pass cases (positions below 240), or
+ * nothing when !masked. */
+static void pass_masks(stria_attn_params_t *p, bool masked)
+{
+    static const int64_t cu[] = {0, 5, 5, 21, 90, 91, 150, 171, 240, 240};
+    if (!masked)
+        return;
+    p->cu_seqlens = cu;
+    p->n_cu_seqlens = sizeof(cu) / sizeof(cu[0]);
+    p->has_window = true;
+    p->window_left = 40;
+    p->window_right = 0;
+}
+
+static void fwd_pass_case(stria_dtype_t dtype, int threads, int64_t D, bool head_major, bool masked)
 {
     enum { NB = 3 };
     const int64_t B = 2, Tq = 75, Tk = 75, H = 4, Hkv = 2;
@@ -1089,6 +1103,7 @@ static void fwd_pass_case(stria_dtype_t dtype, int threads, int64_t D, bool head
     }
     stria_attn_params_t p = causal_params(B, Tq, Tk, H, Hkv, D, &qr);
     p.pool = pool;
+    pass_masks(&p, masked);
     stria_tensor_t to[2] = {stria_tensor_contiguous(o[0], STRIA_DTYPE_F32, Tq, H, D),
                             stria_tensor_contiguous(o[1], STRIA_DTYPE_F32, Tq, H, D)};
     stria_attn_fwd_pass_t *pass = NULL;
@@ -1116,8 +1131,9 @@ Test(kernels, fwd_pass_matches_per_block_calls)
     for (int threads = 1; threads <= 3; threads += 2)
         for (size_t d = 0; d < 2; d++)
             for (int hm = 0; hm < 2; hm++) {
-                fwd_pass_case(dtypes[d], threads, 64, hm);
-                fwd_pass_case(dtypes[d], threads, 40, hm);
+                fwd_pass_case(dtypes[d], threads, 64, hm, false);
+                fwd_pass_case(dtypes[d], threads, 40, hm, false);
+                fwd_pass_case(dtypes[d], threads, 64, hm, true);
             }
 }
 
@@ -1184,7 +1200,7 @@ Test(kernels, fwd_pass_bad_arguments_get_clear_errors)
  * added once). For the three schedules of the pass (1 thread: one task per
  * group; 3 threads: a dQ copy per thread; 9 threads: separate dQ tasks),
  * fp32 and bf16, head_dim read in place (64) and packed (40). */
-static void bwd_pass_case(stria_dtype_t dtype, int threads, int64_t D)
+static void bwd_pass_case(stria_dtype_t dtype, int threads, int64_t D, bool masked)
 {
     enum { NB = 3 };
     const int64_t B = 1, Tq = 75, Tk = 75, H = 4, Hkv = 2;
@@ -1214,6 +1230,7 @@ static void bwd_pass_case(stria_dtype_t dtype, int threads, int64_t D)
     }
     stria_attn_params_t p = causal_params(B, Tq, Tk, H, Hkv, D, &qr);
     p.pool = pool;
+    pass_masks(&p, masked);
     /* the forward over all blocks gives the final LSE and O for D */
     stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, Tq, H, D);
     stria_tensor_t tob = stria_tensor_contiguous(ob, STRIA_DTYPE_F32, Tq, H, D);
@@ -1282,8 +1299,9 @@ Test(kernels, bwd_pass_matches_per_block_calls)
     static const stria_dtype_t dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16};
     for (size_t t = 0; t < 3; t++)
         for (size_t d = 0; d < 2; d++) {
-            bwd_pass_case(dtypes[d], threads[t], 64);
-            bwd_pass_case(dtypes[d], threads[t], 40);
+            bwd_pass_case(dtypes[d], threads[t], 64, false);
+            bwd_pass_case(dtypes[d], threads[t], 40, false);
+            bwd_pass_case(dtypes[d], threads[t], 64, true);
         }
 }
 
@@ -1635,4 +1653,68 @@ Test(kernels, masks_bad_arguments_get_clear_errors)
     p.window_left = 0;
     p.window_right = 0;
     cr_expect_eq(stria_attn_fwd(&p, &t, &t, &t, &t, lse, false), STRIA_OK, "%s", stria_error_msg());
+}
+
+/* A pass keeps its own copy of the documents, and its blocks must have the
+ * same documents and window as its begin. */
+Test(kernels, pass_blocks_must_match_masks)
+{
+    float q[2 * 16] = {0}, k[2 * 16] = {0}, o[2 * 16], lse[2], delta[2] = {0};
+    float dk[2 * 16] = {0}, dv[2 * 16] = {0}, dq[2 * 16] = {0};
+    int64_t cu[] = {0, 1, 2}, other[] = {0, 2, 2};
+    stria_attn_params_t p = tiny_params();
+    p.cu_seqlens = cu;
+    p.n_cu_seqlens = 3;
+    p.has_window = true;
+    p.window_left = 1;
+    p.window_right = 3;
+    stria_tensor_t tq = stria_tensor_contiguous(q, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tk = stria_tensor_contiguous(k, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tdk = stria_tensor_contiguous(dk, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tdv = stria_tensor_contiguous(dv, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_tensor_t tdq = stria_tensor_contiguous(dq, STRIA_DTYPE_F32, 2, 1, 16);
+    stria_attn_fwd_pass_t *fp = NULL;
+    stria_attn_bwd_pass_t *bp = NULL;
+
+    cr_assert_eq(stria_attn_fwd_begin(&p, &tq, &fp), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_begin(&p, &tq, &tq, lse, delta, &bp), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_attn_fwd_block(fp, &p, &tk, &tk, &to, lse, false), STRIA_OK, "%s",
+                 stria_error_msg());
+    /* each row sees only its own key (documents of one token): LSE = its
+     * score, 0 for zero inputs */
+    cr_expect(lse[0] == 0.0f && lse[1] == 0.0f, "LSE %g %g, want 0 0", lse[0], lse[1]);
+    stria_attn_params_t bad = p;
+    bad.cu_seqlens = other;
+    expect_error(stria_attn_fwd_block(fp, &bad, &tk, &tk, &to, lse, false), STRIA_ERR_INVALID_ARG,
+                 "params.cu_seqlens differs");
+    expect_error(stria_attn_bwd_block(bp, &bad, &tk, &tk, &tdk, &tdv), STRIA_ERR_INVALID_ARG,
+                 "params.cu_seqlens differs");
+    bad = p;
+    bad.n_cu_seqlens = 0;
+    expect_error(stria_attn_fwd_block(fp, &bad, &tk, &tk, &to, lse, false), STRIA_ERR_INVALID_ARG,
+                 "params.cu_seqlens differs");
+    bad = p;
+    bad.window_left = 2;
+    expect_error(stria_attn_fwd_block(fp, &bad, &tk, &tk, &to, lse, false), STRIA_ERR_INVALID_ARG,
+                 "params.window differs");
+    expect_error(stria_attn_bwd_block(bp, &bad, &tk, &tk, &tdk, &tdv), STRIA_ERR_INVALID_ARG,
+                 "params.window differs");
+    bad = p;
+    bad.has_window = false;
+    bad.window_left = 0;
+    bad.window_right = 0;
+    expect_error(stria_attn_fwd_block(fp, &bad, &tk, &tk, &to, lse, false), STRIA_ERR_INVALID_ARG,
+                 "params.window differs");
+    /* the pass compares against its own copy: changing the caller's array
+     * after begin is a mismatch, not a silent change of the pass */
+    cu[1] = 2;
+    expect_error(stria_attn_fwd_block(fp, &p, &tk, &tk, &to, lse, false), STRIA_ERR_INVALID_ARG,
+                 "params.cu_seqlens differs");
+    cu[1] = 1;
+    cr_assert_eq(stria_attn_bwd_block(bp, &p, &tk, &tk, &tdk, &tdv), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_end(bp, &tdq), STRIA_OK, "%s", stria_error_msg());
+    stria_attn_fwd_end(fp);
 }
