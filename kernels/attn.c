@@ -62,6 +62,94 @@ void stria__ctx_free(stria__ctx_t *c)
     free(c->kmin);
     free(c->qmin_s);
     free(c->kmin_s);
+    free(c->qlo);
+}
+
+/* Keys visible to a query at position pos: [*lo, *hi] (see
+ * stria_attn_params_t). Positions are in [0, 2^62), so 0 and 2^62 stand for
+ * unbounded. */
+static void stria__row_bounds(const stria_attn_params_t *p, int64_t pos, int64_t *lo, int64_t *hi)
+{
+    int64_t l = 0, h = p->causal ? pos : STRIA__POS_LIMIT_V;
+    if (p->n_cu_seqlens > 0) { /* the document [cu[d], cu[d + 1]) holding pos */
+        const int64_t *cu = p->cu_seqlens;
+        size_t a = 0, b = p->n_cu_seqlens - 1; /* cu[a] <= pos < cu[b] */
+        while (b - a > 1) {
+            size_t m = a + (b - a) / 2;
+            if (cu[m] <= pos)
+                a = m;
+            else
+                b = m;
+        }
+        l = cu[a];
+        h = h < cu[b] - 1 ? h : cu[b] - 1;
+    }
+    if (p->has_window) {
+        if (p->window_left >= 0 && pos - p->window_left > l)
+            l = pos - p->window_left;
+        if (p->window_right >= 0 && p->window_right < STRIA__POS_LIMIT_V &&
+            pos + p->window_right < h)
+            h = pos + p->window_right;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+/* Min and max of lo and of hi over rows [t * grain, (t + 1) * grain) of n, for
+ * each of n_groups groups (groups past the last row: empty, classified as
+ * skipped). */
+static void stria__group_bounds(const int64_t *lo, const int64_t *hi, int64_t n, int64_t grain,
+                                int64_t n_groups, int64_t *lomin, int64_t *lomax, int64_t *himin,
+                                int64_t *himax)
+{
+    for (int64_t t = 0; t < n_groups; t++) {
+        int64_t a = INT64_MAX, b = INT64_MIN, x = INT64_MAX, y = INT64_MIN;
+        int64_t end = (t + 1) * grain < n ? (t + 1) * grain : n;
+        for (int64_t i = t * grain; i < end; i++) {
+            a = lo[i] < a ? lo[i] : a;
+            b = lo[i] > b ? lo[i] : b;
+            x = hi[i] < x ? hi[i] : x;
+            y = hi[i] > y ? hi[i] : y;
+        }
+        lomin[t] = a;
+        lomax[t] = b;
+        himin[t] = x;
+        himax[t] = y;
+    }
+}
+
+/* The row bounds of a call with documents or a window, and their min and max
+ * per query tile and sub-block. */
+static stria_status_t stria__ctx_bounds(stria__ctx_t *c, const stria_attn_params_t *p,
+                                        const char *fn)
+{
+    stria_status_t st;
+    const int64_t nqs = c->nqt * STRIA__NQS;
+    if ((st = stria__validate_doc_end(p, c->qpos, c->Tq, fn, "query")) != STRIA_OK ||
+        (st = stria__validate_doc_end(p, c->kpos, c->Tk, fn, "key")) != STRIA_OK)
+        return st;
+    c->bounds = p->n_cu_seqlens > 0 || p->has_window;
+    if (!c->bounds)
+        return STRIA_OK;
+    c->qlo = malloc((size_t)(2 * c->Tq + 4 * c->nqt + 4 * nqs) * sizeof(int64_t));
+    if (c->qlo == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate row bounds", fn);
+    c->qhi = c->qlo + c->Tq;
+    c->lomin = c->qhi + c->Tq;
+    c->lomax = c->lomin + c->nqt;
+    c->himin = c->lomax + c->nqt;
+    c->himax = c->himin + c->nqt;
+    c->lomin_s = c->himax + c->nqt;
+    c->lomax_s = c->lomin_s + nqs;
+    c->himin_s = c->lomax_s + nqs;
+    c->himax_s = c->himin_s + nqs;
+    for (int64_t i = 0; i < c->Tq; i++)
+        stria__row_bounds(p, c->qpos[i], &c->qlo[i], &c->qhi[i]);
+    stria__group_bounds(c->qlo, c->qhi, c->Tq, STRIA__BQ, c->nqt, c->lomin, c->lomax, c->himin,
+                        c->himax);
+    stria__group_bounds(c->qlo, c->qhi, c->Tq, STRIA__SB, nqs, c->lomin_s, c->lomax_s, c->himin_s,
+                        c->himax_s);
+    return STRIA_OK;
 }
 
 static void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int64_t n_tiles,
@@ -127,6 +215,8 @@ stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p, co
                        c->qmax_s);
     stria__tile_bounds(c->kpos, c->Tk, STRIA__SB, c->nkt * STRIA__BK / STRIA__SB, c->kmin_s,
                        c->kmax_s);
+    if ((st = stria__ctx_bounds(c, p, fn)) != STRIA_OK)
+        goto err;
     return STRIA_OK;
 err:
     stria__ctx_free(c);
@@ -148,8 +238,11 @@ void stria__plan(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__plan_t *p
     for (int qc = 0; qc < pl->nqc; qc++) {
         int lo = -1, hi = -1;
         for (int kb = 0; kb < pl->nkc; kb++) {
-            int cls = stria__class(c->kmin_s[ks0 + kb], c->kmax_s[ks0 + kb], c->qmin_s[qs0 + qc],
-                                   c->qmax_s[qs0 + qc]);
+            int cls = c->bounds ? stria__class_bounds(c->kmin_s[ks0 + kb], c->kmax_s[ks0 + kb],
+                                                      c->lomin_s[qs0 + qc], c->lomax_s[qs0 + qc],
+                                                      c->himin_s[qs0 + qc], c->himax_s[qs0 + qc])
+                                : stria__class(c->kmin_s[ks0 + kb], c->kmax_s[ks0 + kb],
+                                               c->qmin_s[qs0 + qc], c->qmax_s[qs0 + qc]);
             pl->cls[kb][qc] = (unsigned char)cls;
             if (cls != STRIA__TILE_SKIP) {
                 lo = lo < 0 ? kb : lo;
@@ -172,7 +265,10 @@ void stria__mask_chunk(const stria__ctx_t *c, const stria__plan_t *pl, float *st
         int cls = pl->cls[j0 / STRIA__SB][qc];
         int j1 = j0 + STRIA__SB < pl->khi[qc] ? j0 + STRIA__SB : pl->khi[qc];
         float *blk = st + (size_t)j0 * STRIA__BQ + (size_t)i0;
-        if (cls == STRIA__TILE_PARTIAL) {
+        if (cls == STRIA__TILE_PARTIAL && c->bounds) {
+            c->ops->mask_bounds(blk, j1 - j0, ni, STRIA__BQ, c->kpos + pl->k0 + j0,
+                                c->qlo + pl->q0 + i0, c->qhi + pl->q0 + i0);
+        } else if (cls == STRIA__TILE_PARTIAL) {
             c->ops->mask_causal(blk, j1 - j0, ni, STRIA__BQ, c->kpos + pl->k0 + j0, qp);
         } else if (cls == STRIA__TILE_SKIP) { /* a hole of the chunk's key range */
             for (int j = 0; j < j1 - j0; j++)

@@ -233,6 +233,13 @@ stria_status_t stria__same_query(const stria_attn_params_t *b, const stria_attn_
              (b->q_pos.n_runs > 0 &&
               memcmp(p->q_pos.runs, b->q_pos.runs, b->q_pos.n_runs * sizeof(stria_pos_run_t)) != 0))
         what = "q_pos";
+    else if (p->n_cu_seqlens != b->n_cu_seqlens ||
+             (b->n_cu_seqlens > 0 &&
+              memcmp(p->cu_seqlens, b->cu_seqlens, b->n_cu_seqlens * sizeof(int64_t)) != 0))
+        what = "cu_seqlens";
+    else if (p->has_window != b->has_window || p->window_left != b->window_left ||
+             p->window_right != b->window_right)
+        what = "window";
     if (what != NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "%s: params.%s differs from the one the pass was begun with", fn,
@@ -297,19 +304,26 @@ stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_
 }
 
 /* The query side a pass keeps from begin's params: a copy whose q_pos runs
- * are the pass's own (*runs, freed by the pass). */
+ * and cu_seqlens are the pass's own (one allocation, *runs, freed by the
+ * pass). */
 stria_status_t stria__pass_query(const stria_attn_params_t *params, stria_attn_params_t *p,
                                  stria_pos_run_t **runs, const char *fn)
 {
+    const size_t rb = params->q_pos.n_runs * sizeof(stria_pos_run_t);
+    const size_t db = params->n_cu_seqlens * sizeof(int64_t);
     *p = *params;
     *runs = NULL;
-    if (params->q_pos.n_runs > 0) {
-        *runs = malloc(params->q_pos.n_runs * sizeof(stria_pos_run_t));
+    if (rb + db > 0) {
+        *runs = malloc(rb + db);
         if (*runs == NULL)
             return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
-        memcpy(*runs, params->q_pos.runs, params->q_pos.n_runs * sizeof(stria_pos_run_t));
+        if (rb > 0)
+            memcpy(*runs, params->q_pos.runs, rb);
+        if (db > 0)
+            memcpy((char *)*runs + rb, params->cu_seqlens, db);
     }
-    p->q_pos.runs = *runs;
+    p->q_pos.runs = rb > 0 ? *runs : NULL;
+    p->cu_seqlens = db > 0 ? (const int64_t *)(const void *)((char *)*runs + rb) : NULL;
     return STRIA_OK;
 }
 

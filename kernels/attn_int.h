@@ -61,6 +61,14 @@ typedef struct {
     /* per sub-block of STRIA__SB tokens: straddling tiles are classified at
      * this finer grain (stria__plan) */
     int64_t *qmin_s, *qmax_s, *kmin_s, *kmax_s;
+    /* documents or a window: query row i sees the keys with positions in
+     * [qlo[i], qhi[i]], and tiles and sub-blocks are classified by the min
+     * and max of those bounds (stria__class_bounds) instead of the causal
+     * rule. false: exactly the plain causal (or unmasked) path. */
+    bool bounds;
+    int64_t *qlo, *qhi;                             /* per query row */
+    int64_t *lomin, *lomax, *himin, *himax;         /* per query tile */
+    int64_t *lomin_s, *lomax_s, *himin_s, *himax_s; /* per query sub-block */
     int n_threads;
     /* bf16 inputs on a CPU with a bf16 dot product: the score products
      * (K Q^T, V dO^T) run on packed bf16 pairs, everything else in fp32 */
@@ -90,8 +98,25 @@ static inline int stria__class(int64_t kmin, int64_t kmax, int64_t qmin, int64_t
     return STRIA__TILE_PARTIAL;
 }
 
+/* Class of the keys with positions in [kmin, kmax] against query rows whose
+ * visible keys are [lo, hi] each, lo in [lomin, lomax] and hi in [himin,
+ * himax]: skipped when every key is outside every row's bounds, full when
+ * every key is inside every row's bounds. */
+static inline int stria__class_bounds(int64_t kmin, int64_t kmax, int64_t lomin, int64_t lomax,
+                                      int64_t himin, int64_t himax)
+{
+    if (kmin > himax || kmax < lomin)
+        return STRIA__TILE_SKIP;
+    if (lomax <= kmin && kmax <= himin)
+        return STRIA__TILE_FULL;
+    return STRIA__TILE_PARTIAL;
+}
+
 static inline int stria__tile_class(const stria__ctx_t *c, int64_t qt, int64_t kt)
 {
+    if (c->bounds)
+        return stria__class_bounds(c->kmin[kt], c->kmax[kt], c->lomin[qt], c->lomax[qt],
+                                   c->himin[qt], c->himax[qt]);
     if (!c->causal)
         return STRIA__TILE_FULL;
     return stria__class(c->kmin[kt], c->kmax[kt], c->qmin[qt], c->qmax[qt]);

@@ -60,6 +60,12 @@ typedef struct {
      * softmax's loads that follow are forwarded from them. */
     void (*mask_causal)(float *st, int rows, int cols, ptrdiff_t ld, const int64_t *kpos,
                         const int64_t *qpos);
+    /* The mask of a straddling block under documents or a window: st[j][i] =
+     * -inf where kpos[j] < qlo[i] or kpos[j] > qhi[i], for j < rows and
+     * i < cols (1 <= cols <= 16; rows ld apart); every other element keeps its
+     * bits. Whole rows are written back like mask_causal's. */
+    void (*mask_bounds)(float *st, int rows, int cols, ptrdiff_t ld, const int64_t *kpos,
+                        const int64_t *qlo, const int64_t *qhi);
     /* dst[0..n) = fp32 of the n elements of `dtype` at src; n a multiple of 8. */
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
     /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */

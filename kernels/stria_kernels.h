@@ -18,8 +18,10 @@
  * runs of (first, stride, count) global positions; causal attention lets a
  * query at position p see keys at positions <= p. Contiguous, striped and
  * zigzag shards are all described this way; the kernel has no notion of a
- * layout. Tiles that are fully masked are skipped, tiles that are fully visible
- * run without a mask. A query row that sees no key of the block gets
+ * layout. Documents (cu_seqlens) and a sliding window narrow each query's
+ * visible keys further (see stria_attn_params_t): a query row at position p
+ * sees keys in [lo(p), hi(p)]. Tiles that are fully masked are skipped, tiles
+ * that are fully visible run without a mask. A query row that sees no key of the block gets
  * LSE = -inf and a zero partial output; merging handles such rows exactly.
  *
  * Several CPU variants exist (portable C, AVX2+FMA, AVX-512); the best one the
@@ -91,6 +93,20 @@ typedef struct {
     stria_positions_t q_pos;
     stria_positions_t kv_pos;
     stria_pool_t *pool; /* NULL: run on the calling thread */
+    /* Documents (flash_attn varlen's cu_seqlens), one list for every batch
+     * row: n_cu_seqlens entries, starting at 0, non-decreasing, the last one
+     * past every query and key position of the call. Document d holds
+     * positions [cu_seqlens[d], cu_seqlens[d + 1]) (empty documents allowed);
+     * a query sees only keys of its own document. n_cu_seqlens == 0: one
+     * document holding everything (cu_seqlens is then ignored). */
+    const int64_t *cu_seqlens;
+    size_t n_cu_seqlens;
+    /* Sliding window (flash_attn's window_size): with has_window, a query at
+     * position p sees keys k with p - window_left <= k <= p + window_right;
+     * -1 leaves that side unbounded, 0 is a valid bound. Causal attention
+     * takes window_right 0 or -1 only. Without has_window both must be 0. */
+    bool has_window;
+    int64_t window_left, window_right;
 } stria_attn_params_t;
 
 /* A contiguous [batch, tokens, heads, head_dim] view of `data`. */
@@ -160,7 +176,8 @@ stria_status_t stria_attn_bwd(const stria_attn_params_t *params, const stria_ten
  * begin: params as for stria_attn_fwd() except that kv_tokens and kv_pos are
  * not used; q is read during the call only. block: params must match
  * begin's in every query-side field (batch, q_tokens, heads, kv_heads,
- * head_dim, scale, causal, q_pos, pool); the K/V fields describe this block;
+ * head_dim, scale, causal, q_pos, pool, cu_seqlens, window); the K/V
+ * fields describe this block;
  * k and v have q's dtype; o, lse and accumulate as for stria_attn_fwd().
  * end(NULL) does nothing. */
 typedef struct stria_attn_fwd_pass stria_attn_fwd_pass_t;
@@ -187,8 +204,8 @@ void stria_attn_fwd_end(stria_attn_fwd_pass_t *pass);
  * every block and must stay valid and unchanged until end. The pass keeps
  * about 4x Q (fp32) of memory (plus one dQ copy per thread for 2..8 threads).
  * block: params must match begin's in every query-side field (batch,
- * q_tokens, heads, kv_heads, head_dim, scale, causal, q_pos, pool); the K/V
- * fields describe this block. k and v have q's dtype.
+ * q_tokens, heads, kv_heads, head_dim, scale, causal, q_pos, pool,
+ * cu_seqlens, window); the K/V fields describe this block. k and v have q's dtype.
  * end: dq == NULL discards the pass (after an error); the pass is freed
  * whatever the result. end(NULL, ...) does nothing. */
 typedef struct stria_attn_bwd_pass stria_attn_bwd_pass_t;

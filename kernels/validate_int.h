@@ -17,6 +17,14 @@ extern "C" {
 
 /* Sizes, head_dim and scale of a block-pair call. */
 stria_status_t stria__validate_shape(const stria_attn_params_t *p, const char *fn);
+/* Documents (cu_seqlens) and window fields, except the end of the documents
+ * against the positions (stria__validate_doc_end). Part of
+ * stria__validate_shape. */
+stria_status_t stria__validate_masks(const stria_attn_params_t *p, const char *fn);
+/* The last cu_seqlens entry must be past every one of the n positions (when
+ * there are documents). which: "query" or "key". */
+stria_status_t stria__validate_doc_end(const stria_attn_params_t *p, const int64_t *pos, int64_t n,
+                                       const char *fn, const char *which);
 /* The same for the row-wise calls (init, merge, finalize, delta), which use
  * only batch, q_tokens, heads and head_dim. */
 stria_status_t stria__validate_rows(const stria_attn_params_t *p, const char *fn);

@@ -276,6 +276,35 @@ static void stria__avx2_mask_causal(float *st, int rows, int cols, ptrdiff_t ld,
     }
 }
 
+static void stria__avx2_mask_bounds(float *st, int rows, int cols, ptrdiff_t ld,
+                                    const int64_t *kpos, const int64_t *qlo, const int64_t *qhi)
+{
+    if (cols != 16) { /* the last chunk of a block: rare */
+        for (int j = 0; j < rows; j++)
+            for (int i = 0; i < cols; i++)
+                if (kpos[j] < qlo[i] || kpos[j] > qhi[i])
+                    st[(ptrdiff_t)j * ld + i] = -__builtin_inff();
+        return;
+    }
+    __m256i lo[4], hi[4];
+    for (int g = 0; g < 4; g++) {
+        lo[g] = _mm256_loadu_si256((const __m256i *)(qlo + 4 * g));
+        hi[g] = _mm256_loadu_si256((const __m256i *)(qhi + 4 * g));
+    }
+    const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
+    for (int j = 0; j < rows; j++) {
+        float *row = st + (ptrdiff_t)j * ld;
+        const __m256i k = _mm256_set1_epi64x(kpos[j]);
+        __m256i out[4];
+        for (int g = 0; g < 4; g++)
+            out[g] = _mm256_or_si256(_mm256_cmpgt_epi64(k, hi[g]), _mm256_cmpgt_epi64(lo[g], k));
+        __m256 m0 = stria__avx2_mask8(out[0], out[1]);
+        __m256 m1 = stria__avx2_mask8(out[2], out[3]);
+        _mm256_storeu_ps(row, _mm256_blendv_ps(_mm256_loadu_ps(row), ninf, m0));
+        _mm256_storeu_ps(row + 8, _mm256_blendv_ps(_mm256_loadu_ps(row + 8), ninf, m1));
+    }
+}
+
 static void stria__avx2_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
                                     int rows, int cols)
 {
@@ -290,6 +319,7 @@ const stria_kern_ops_t stria__kern_avx2 = {
     .softmax_bwd_p = stria__avx2_softmax_bwd_p,
     .softmax_bwd_ds = stria__avx2_softmax_bwd_ds,
     .mask_causal = stria__avx2_mask_causal,
+    .mask_bounds = stria__avx2_mask_bounds,
     .row_load = stria__avx2_row_load,
     .row_acc = stria__avx2_row_acc,
     .row_merge = stria__avx2_row_merge,

@@ -314,6 +314,30 @@ static void stria__avx512_mask_causal(float *st, int rows, int cols, ptrdiff_t l
     }
 }
 
+static void stria__avx512_mask_bounds(float *st, int rows, int cols, ptrdiff_t ld,
+                                      const int64_t *kpos, const int64_t *qlo, const int64_t *qhi)
+{
+    const __mmask16 valid = (__mmask16)(0xffffu >> (16 - cols));
+    const __m512i lo0 = _mm512_maskz_loadu_epi64((__mmask8)valid, qlo);
+    const __m512i lo1 = _mm512_maskz_loadu_epi64((__mmask8)(valid >> 8), qlo + 8);
+    const __m512i hi0 = _mm512_maskz_loadu_epi64((__mmask8)valid, qhi);
+    const __m512i hi1 = _mm512_maskz_loadu_epi64((__mmask8)(valid >> 8), qhi + 8);
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    for (int j = 0; j < rows; j++) {
+        float *row = st + (ptrdiff_t)j * ld;
+        const __m512i k = _mm512_set1_epi64(kpos[j]);
+        unsigned m0 =
+            (unsigned)_mm512_cmpgt_epi64_mask(k, hi0) | (unsigned)_mm512_cmplt_epi64_mask(k, lo0);
+        unsigned m1 =
+            (unsigned)_mm512_cmpgt_epi64_mask(k, hi1) | (unsigned)_mm512_cmplt_epi64_mask(k, lo1);
+        __mmask16 m = (__mmask16)((m0 | (m1 << 8)) & valid);
+        if (cols == 16)
+            _mm512_storeu_ps(row, _mm512_mask_blend_ps(m, _mm512_loadu_ps(row), ninf));
+        else
+            _mm512_mask_storeu_ps(row, m, ninf);
+    }
+}
+
 /* ---- conversions ------------------------------------------------------- */
 
 STRIA__INLINE __m512 stria__load16(stria_dtype_t dtype, const void *src, int i, __mmask16 mk)
@@ -390,6 +414,7 @@ const stria_kern_ops_t stria__kern_avx512 = {
     .softmax_bwd_p = stria__avx512_softmax_bwd_p,
     .softmax_bwd_ds = stria__avx512_softmax_bwd_ds,
     .mask_causal = stria__avx512_mask_causal,
+    .mask_bounds = stria__avx512_mask_bounds,
     .row_load = stria__avx512_row_load,
     .row_acc = stria__avx512_row_acc,
     .row_merge = stria__avx512_row_merge,

@@ -119,6 +119,17 @@ static void stria__portable_mask_causal(float *st, int rows, int cols, ptrdiff_t
     }
 }
 
+static void stria__portable_mask_bounds(float *st, int rows, int cols, ptrdiff_t ld,
+                                        const int64_t *kpos, const int64_t *qlo, const int64_t *qhi)
+{
+    for (int j = 0; j < rows; j++) {
+        float *row = st + (ptrdiff_t)j * ld;
+        for (int i = 0; i < cols; i++)
+            if (kpos[j] < qlo[i] || kpos[j] > qhi[i])
+                row[i] = -INFINITY;
+    }
+}
+
 const stria_kern_ops_t stria__kern_portable = {
     .name = "portable",
     .cpu_ok = stria__portable_ok,
@@ -127,6 +138,7 @@ const stria_kern_ops_t stria__kern_portable = {
     .softmax_bwd_p = stria__portable_softmax_bwd_p,
     .softmax_bwd_ds = stria__portable_softmax_bwd_ds,
     .mask_causal = stria__portable_mask_causal,
+    .mask_bounds = stria__portable_mask_bounds,
     .row_load = stria__portable_row_load,
     .row_acc = stria__portable_row_acc,
     .row_merge = stria__portable_row_merge,

@@ -9,9 +9,33 @@ static int64_t ref__pos(const int64_t *pos, int64_t i)
     return pos ? pos[i] : i;
 }
 
+/* The document holding pos, by a plain scan (-1: none). */
+static int64_t ref__doc(const ref_masks_t *m, int64_t pos)
+{
+    for (size_t d = 0; d + 1 < m->n_cu; d++)
+        if (m->cu_seqlens[d] <= pos && pos < m->cu_seqlens[d + 1])
+            return (int64_t)d;
+    return -1;
+}
+
+static bool ref__visible(const ref_shape_t *s, const ref_masks_t *m, int64_t qp, int64_t kp)
+{
+    if (s->causal && kp > qp)
+        return false;
+    if (m == NULL)
+        return true;
+    if (m->n_cu > 0 && ref__doc(m, qp) != ref__doc(m, kp))
+        return false;
+    if (m->has_window && m->left >= 0 && kp < qp - m->left)
+        return false;
+    if (m->has_window && m->right >= 0 && kp - qp > m->right)
+        return false;
+    return true;
+}
+
 #define REF_DEFINE(NAME, T, EXP, LOG)                                                              \
-    void NAME(const ref_shape_t *s, const float *q, const float *k, const float *v,               \
-              const float *d_o, ref_out_t *out)                                                    \
+    void NAME(const ref_shape_t *s, const ref_masks_t *mk, const float *q, const float *k,         \
+              const float *v, const float *d_o, ref_out_t *out)                                    \
     {                                                                                              \
         int64_t B = s->batch, Tq = s->q_tokens, Tk = s->kv_tokens, H = s->heads;                   \
         int64_t Hk = s->kv_heads, D = s->head_dim, G = H / Hk;                                     \
@@ -36,7 +60,7 @@ static int64_t ref__pos(const int64_t *pos, int64_t i)
                     int64_t qp = ref__pos(s->q_pos, i);                                            \
                     T m = (T)-INFINITY, l = 0;                                                     \
                     for (int64_t j = 0; j < Tk; j++) {                                             \
-                        if (s->causal && ref__pos(s->kv_pos, j) > qp) {                            \
+                        if (!ref__visible(s, mk, qp, ref__pos(s->kv_pos, j))) {                    \
                             p[j] = (T)-INFINITY;                                                   \
                             continue;                                                              \
                         }                                                                          \
@@ -113,8 +137,20 @@ static int64_t ref__pos(const int64_t *pos, int64_t i)
         free(acc);                                                                                 \
     }
 
-REF_DEFINE(ref_f64_run, double, exp, log)
-REF_DEFINE(ref_f32_run, float, expf, logf)
+REF_DEFINE(ref_f64_run_masks, double, exp, log)
+REF_DEFINE(ref_f32_run_masks, float, expf, logf)
+
+void ref_f64_run(const ref_shape_t *s, const float *q, const float *k, const float *v,
+                 const float *d_o, ref_out_t *out)
+{
+    ref_f64_run_masks(s, NULL, q, k, v, d_o, out);
+}
+
+void ref_f32_run(const ref_shape_t *s, const float *q, const float *k, const float *v,
+                 const float *d_o, ref_out_t *out)
+{
+    ref_f32_run_masks(s, NULL, q, k, v, d_o, out);
+}
 
 void ref_out_free(ref_out_t *out)
 {

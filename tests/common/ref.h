@@ -22,6 +22,24 @@ typedef struct {
 } ref_out_t;
 
 /* fp64 reference. q, k, v, d_o: fp32 contiguous (d_o may be NULL). */
+/* Documents and a sliding window, as in stria_attn_params_t: a key is
+ * visible iff it lies in the query's document (cu_seqlens, n_cu entries; 0:
+ * one document), in its window [q - left, q + right] (-1: unbounded) when
+ * has_window, and at or before it when causal: attention within each
+ * document, concatenated (flash_attn varlen's meaning). */
+typedef struct {
+    const int64_t *cu_seqlens;
+    size_t n_cu;
+    bool has_window;
+    int64_t left, right;
+} ref_masks_t;
+
+/* As ref_f64_run() and ref_f32_run(), with masks (NULL: none). */
+void ref_f64_run_masks(const ref_shape_t *s, const ref_masks_t *m, const float *q, const float *k,
+                       const float *v, const float *d_o, ref_out_t *out);
+void ref_f32_run_masks(const ref_shape_t *s, const ref_masks_t *m, const float *q, const float *k,
+                       const float *v, const float *d_o, ref_out_t *out);
+
 void ref_f64_run(const ref_shape_t *s, const float *q, const float *k, const float *v,
                  const float *d_o, ref_out_t *out);
 /* The same algorithm computed entirely in fp32 (results widened to double). */

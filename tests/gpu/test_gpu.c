@@ -748,6 +748,56 @@ Test(gpu, bad_arguments_match_cpu)
     stria_device_close(dev);
 }
 
+/* Documents and windows run on the CPU kernels only: the CUDA device refuses
+ * every call that computes attention with them, with a clear error. */
+Test(gpu, documents_and_windows_are_refused)
+{
+    stria_device_t *dev = gpu_open();
+    float *buf = NULL, *lse = NULL, *o = NULL, *g = NULL;
+    static const int64_t cu[] = {0, 2, 4};
+    gcase_t gc = {.B = 1,
+                  .Tq = 4,
+                  .Tk = 4,
+                  .H = 2,
+                  .Hkv = 2,
+                  .D = 32,
+                  .causal = true,
+                  .dtype = STRIA_DTYPE_F32};
+    cr_assert_eq(stria_device_alloc(dev, 4 * 2 * 32 * 4, (void **)&buf), STRIA_OK);
+    cr_assert_eq(stria_device_alloc(dev, 4 * 2 * 32 * 4, (void **)&o), STRIA_OK);
+    cr_assert_eq(stria_device_alloc(dev, 4 * 2 * 32 * 4, (void **)&g), STRIA_OK);
+    cr_assert_eq(stria_device_alloc(dev, 8 * 4, (void **)&lse), STRIA_OK);
+    stria_tensor_t t = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, 4, 2, 32);
+    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, 4, 2, 32);
+    stria_tensor_t tg = stria_tensor_contiguous(g, STRIA_DTYPE_F32, 4, 2, 32);
+    for (int m = 0; m < 2; m++) {
+        stria_attn_params_t p = case_params(&gc);
+        if (m == 0) {
+            p.cu_seqlens = cu;
+            p.n_cu_seqlens = 3;
+        } else {
+            p.has_window = true;
+            p.window_left = 1;
+        }
+        stria_device_fwd_pass_t *fp = NULL;
+        stria_device_bwd_pass_t *bp = NULL;
+        cr_expect_eq(stria_device_attn_fwd(dev, &p, &t, &t, &t, &to, lse, false),
+                     STRIA_ERR_UNSUPPORTED);
+        cr_expect(strstr(stria_error_msg(), "not supported on CUDA devices") != NULL, "%s",
+                  stria_error_msg());
+        cr_expect_eq(stria_device_attn_bwd(dev, &p, &t, &t, &t, &t, lse, lse, &to, &tg, &t),
+                     STRIA_ERR_UNSUPPORTED);
+        cr_expect_eq(stria_device_attn_fwd_begin(dev, &p, &t, &fp), STRIA_ERR_UNSUPPORTED);
+        cr_expect_null(fp);
+        cr_expect_eq(stria_device_attn_bwd_begin(dev, &p, &t, &t, lse, lse, &to, &bp),
+                     STRIA_ERR_UNSUPPORTED);
+        cr_expect_null(bp);
+    }
+    stria_device_free(dev, buf), stria_device_free(dev, o), stria_device_free(dev, lse);
+    stria_device_free(dev, g);
+    stria_device_close(dev);
+}
+
 /* ---- main: skip without a GPU ------------------------------------------------- */
 
 /* Number of GPUs, asked in a child process so that this one never initialises

@@ -215,6 +215,7 @@ typedef struct {
     stria_dtype_t dtype;
     bool causal;
     int64_t tq, tk, heads, kv_heads;
+    bool masks; /* documents and a window */
 } kcase_t;
 
 static void *to_dtype(const float *src, size_t n, stria_dtype_t dtype)
@@ -239,8 +240,9 @@ static void down_cmp(stria_device_t *dev, const void *d, const void *want, size_
     void *h = malloc(bytes);
     cr_assert_eq(stria_device_copy(dev, STRIA_STREAM_COPY, h, d, bytes), STRIA_OK);
     cr_assert_eq(stria_device_sync(dev, STRIA_STREAM_COPY), STRIA_OK);
-    cr_expect_eq(memcmp(h, want, bytes), 0, "%s: %s differs (dtype %s, causal %d, %lldx%lld)",
-                 stria_device_name(dev), what, stria_dtype_name(c->dtype), c->causal,
+    cr_expect_eq(memcmp(h, want, bytes), 0,
+                 "%s: %s differs (dtype %s, causal %d, masks %d, %lldx%lld)",
+                 stria_device_name(dev), what, stria_dtype_name(c->dtype), c->causal, c->masks,
                  (long long)c->tq, (long long)c->tk);
     free(h);
 }
@@ -265,6 +267,14 @@ static void kernels_case(const char *name, const kcase_t *c, stria_pool_t *pool)
     a.q_pos = (stria_positions_t){&qr, 1};
     a.kv_pos = (stria_positions_t){&kr, 1};
     a.pool = pool;
+    static const int64_t cu[] = {0, 7, 7, 30, 45, 200};
+    if (c->masks) {
+        a.cu_seqlens = cu;
+        a.n_cu_seqlens = sizeof(cu) / sizeof(cu[0]);
+        a.has_window = true;
+        a.window_left = 9;
+        a.window_right = c->causal ? 0 : 3;
+    }
 
     float *fq = malloc(qn * 4), *fk = malloc(kn * 4), *fv = malloc(kn * 4), *fg = malloc(qn * 4);
     ref_fill(fq, qn, 1, 1.0f, c->dtype);
@@ -363,9 +373,13 @@ static void kernels_case(const char *name, const kcase_t *c, stria_pool_t *pool)
 static void kernels_all(const char *name, stria_pool_t *pool)
 {
     static const kcase_t cases[] = {
-        {STRIA_DTYPE_F32, true, 37, 53, 4, 2},  {STRIA_DTYPE_F32, false, 64, 64, 2, 2},
-        {STRIA_DTYPE_BF16, true, 70, 41, 4, 1}, {STRIA_DTYPE_BF16, false, 29, 96, 2, 2},
-        {STRIA_DTYPE_F16, true, 48, 48, 3, 3},
+        {STRIA_DTYPE_F32, true, 37, 53, 4, 2, false},
+        {STRIA_DTYPE_F32, false, 64, 64, 2, 2, false},
+        {STRIA_DTYPE_BF16, true, 70, 41, 4, 1, false},
+        {STRIA_DTYPE_BF16, false, 29, 96, 2, 2, false},
+        {STRIA_DTYPE_F16, true, 48, 48, 3, 3, false},
+        {STRIA_DTYPE_F32, true, 70, 90, 4, 2, true},
+        {STRIA_DTYPE_BF16, false, 64, 80, 2, 1, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         kernels_case(name, &cases[i], pool);

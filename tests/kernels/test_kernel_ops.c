@@ -479,6 +479,54 @@ Test(kernel_ops, mask_causal_exact)
     for_each_simd(mask_blocks);
 }
 
+/* The bounds mask (documents, windows) of every variant against the rule
+ * itself, bit for bit, like mask_causal above: random bounds per query
+ * (empty ones included, lo > hi), positions past 2^32. */
+static void mask_bound_blocks(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    const stria_kern_ops_t *ops[2] = {port, simd};
+    enum { LD = 24, ROWS = 18 };
+    float st[ROWS * LD], out[ROWS * LD];
+    int64_t kpos[16], qlo[16], qhi[16];
+    uint32_t seed = 777;
+    ref_fill(st, ROWS * LD, 65, 2.0f, STRIA_DTYPE_F32);
+    st[5] = NAN;
+    for (int t = 0; t < 40; t++) {
+        int64_t base = t % 2 ? ((int64_t)1 << 33) : 0; /* differ only above bit 32 */
+        for (int i = 0; i < 16; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            kpos[i] = base + (int64_t)(seed >> 27);
+            seed = seed * 1664525u + 1013904223u;
+            qlo[i] = base + (int64_t)(seed >> 27);
+            seed = seed * 1664525u + 1013904223u;
+            qhi[i] = base + (int64_t)(seed >> 27);
+        }
+        for (int v = 0; v < 2; v++)
+            for (int rows = 1; rows <= 16; rows += t % 5 + 1)
+                for (int cols = 1; cols <= 16; cols++) {
+                    memcpy(out, st, sizeof(out));
+                    ops[v]->mask_bounds(out + LD + 1, rows, cols, LD, kpos, qlo, qhi);
+                    for (int x = 0; x < ROWS * LD; x++) {
+                        int j = x / LD - 1, i = x % LD - 1;
+                        bool in = j >= 0 && j < rows && i >= 0 && i < cols;
+                        uint32_t got, want;
+                        float w = in && (kpos[j] < qlo[i] || kpos[j] > qhi[i]) ? -INFINITY : st[x];
+                        memcpy(&got, &out[x], sizeof(got));
+                        memcpy(&want, &w, sizeof(want));
+                        cr_assert_eq(got, want,
+                                     "%s mask_bounds rows=%d cols=%d element (%d, %d): "
+                                     "%#x, want %#x",
+                                     ops[v]->name, rows, cols, j, i, got, want);
+                    }
+                }
+    }
+}
+
+Test(kernel_ops, mask_bounds_exact)
+{
+    for_each_simd(mask_bound_blocks);
+}
+
 /* row_merge of every variant (the portable one included) against the same
  * formula in fp64, both modes, every length a head may have. */
 static void merge_rows(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
