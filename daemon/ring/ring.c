@@ -21,6 +21,44 @@ uint64_t stria__tag(const stria_ring_pass_t *p, int step, int kind)
 
 /* ---- creation ------------------------------------------------------------ */
 
+/* Documents and window of a ring shape: the kernels' rules, with the
+ * documents covering exactly the global sequence. */
+static stria_status_t stria__check_masks(const stria_ring_shape_t *s)
+{
+    const int64_t *cu = s->cu_seqlens;
+    size_t n = s->n_cu_seqlens;
+    if (n > 0 && cu == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ring shape: cu_seqlens is NULL but n_cu_seqlens is %zu", n);
+    if (n == 1 || (n > 0 && (cu[0] != 0 || cu[n - 1] != s->seq)))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ring shape: cu_seqlens must start at 0 and end at seq (%lld); it "
+                               "has %zu entries, from %lld to %lld",
+                               (long long)s->seq, n, (long long)cu[0], (long long)cu[n - 1]);
+    for (size_t i = 1; i < n; i++)
+        if (cu[i] < cu[i - 1])
+            return stria_error_set(
+                STRIA_ERR_INVALID_ARG,
+                "ring shape: cu_seqlens decreases at entry %zu (%lld after %lld)", i,
+                (long long)cu[i], (long long)cu[i - 1]);
+    if (!s->has_window && (s->window_left != 0 || s->window_right != 0))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ring shape: window_left/window_right are set (%lld, %lld) but "
+                               "has_window is false",
+                               (long long)s->window_left, (long long)s->window_right);
+    if (s->window_left < -1 || s->window_right < -1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ring shape: window_left (%lld) and window_right (%lld) must be "
+                               ">= -1 (-1: unbounded)",
+                               (long long)s->window_left, (long long)s->window_right);
+    if (s->causal && s->window_right > 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ring shape: window_right is %lld with causal attention, which "
+                               "takes 0 or -1 only",
+                               (long long)s->window_right);
+    return STRIA_OK;
+}
+
 static stria_status_t stria__check_shape(const stria_ring_shape_t *s)
 {
     if (s->batch < 1 || s->seq < 1 || s->heads < 1 || s->kv_heads < 1)
@@ -44,7 +82,7 @@ static stria_status_t stria__check_shape(const stria_ring_shape_t *s)
     if (stria_dtype_size(s->dtype) == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "ring shape: unknown dtype %d",
                                (int)s->dtype);
-    return STRIA_OK;
+    return stria__check_masks(s);
 }
 
 void stria_ring_pass_destroy(stria_ring_pass_t *pass)

@@ -152,6 +152,11 @@ stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
     a.kv_pos.runs = p->runs[j];
     a.kv_pos.n_runs = p->n_runs[j];
     a.pool = p->pool;
+    a.cu_seqlens = p->shape.cu_seqlens;
+    a.n_cu_seqlens = p->shape.n_cu_seqlens;
+    a.has_window = p->shape.has_window;
+    a.window_left = p->shape.window_left;
+    a.window_right = p->shape.window_right;
     return a;
 }
 

@@ -79,6 +79,19 @@ typedef struct {
     float scale;      /* 0: 1/sqrt(head_dim) */
     bool causal;
     stria_dtype_t dtype; /* storage dtype of q, k, v and d_o */
+    /* Documents (flash_attn varlen's cu_seqlens) over the global sequence,
+     * one list for every batch row: n_cu_seqlens entries, starting at 0,
+     * non-decreasing, ending at seq; 0 entries: one document. Borrowed: the
+     * array must stay valid and unchanged for the pass object's life. */
+    const int64_t *cu_seqlens;
+    size_t n_cu_seqlens;
+    /* Sliding window, as in stria_attn_params_t: with has_window a query at
+     * position p sees keys in [p - window_left, p + window_right] (-1: that
+     * side unbounded); causal takes window_right 0 or -1 only. Without
+     * has_window both must be 0. The ring still skips only blocks that
+     * causality hides; the kernels skip the tiles the masks hide. */
+    bool has_window;
+    int64_t window_left, window_right;
 } stria_ring_shape_t;
 
 /* Options of a pass object. Zero-initialise; zero is the default of every

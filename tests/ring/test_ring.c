@@ -236,6 +236,197 @@ Test(ring, fp16_and_custom_scale)
     check_case(&c);
 }
 
+/* ---- documents and sliding windows ----------------------------------- */
+
+static stria_status_t ring_run_masks(const rcase_t *c, const ref_masks_t *m, rdata_t *d)
+{
+    stria_ring_shape_t shape = shape_of(c);
+    if (m != NULL) {
+        shape.cu_seqlens = m->cu_seqlens;
+        shape.n_cu_seqlens = m->n_cu;
+        shape.has_window = m->has_window;
+        shape.window_left = m->left;
+        shape.window_right = m->right;
+    }
+    stria_ring_local_opts_t opts = {.layout = c->layout,
+                                    .n_ranks = c->n,
+                                    .passes = STRIA_RING_PASS_FWD_BWD,
+                                    .step_timeout_s = 60};
+    stria_ring_local_io_t io = {.q = d->qs,
+                                .k = d->ks,
+                                .v = d->vs,
+                                .o = d->o,
+                                .o_dtype = STRIA_DTYPE_F32,
+                                .lse = d->lse,
+                                .d_o = d->gs,
+                                .dq = d->dq,
+                                .dk = d->dk,
+                                .dv = d->dv,
+                                .grad_dtype = STRIA_DTYPE_F32};
+    return stria_ring_run_local(&shape, &opts, &io, NULL);
+}
+
+/* The ring with masks, in every layout, against the fp64 reference with the
+ * same masks (computed once), within the tolerance rule. */
+static void check_masks_every_layout(rcase_t c, const ref_masks_t *m, const char *name)
+{
+    rdata_t d;
+    ref_out_t r64, r32;
+    ref_shape_t rs = ref_shape(&c);
+    data_init(&c, &d, (uint64_t)(c.S * 17 + c.n));
+    ref_f64_run_masks(&rs, m, d.q, d.k, d.v, d.g, &r64);
+    ref_f32_run_masks(&rs, m, d.q, d.k, d.v, d.g, &r32);
+    for (size_t k = 0; k < 3; k++) {
+        c.layout = all_layouts[k];
+        cr_assert_eq(ring_run_masks(&c, m, &d), STRIA_OK, "%s, %s: %s", name,
+                     stria_layout_kind_name(c.layout), stria_error_msg());
+        errs_t e = errs_vs(&d, &r64);
+        char w[5][96];
+        const char *what[5] = {"O", "LSE", "dQ", "dK", "dV"};
+        for (int i = 0; i < 5; i++)
+            snprintf(w[i], sizeof(w[i]), "%s (%s)", what[i], name);
+        check_err(w[0], e.o, ref_max_err_f64(r32.o, r64.o, d.nq), ref_max_abs(r64.o, d.nq), &c);
+        check_err(w[1], e.lse, ref_max_err_f64(r32.lse, r64.lse, d.nl), ref_max_abs(r64.lse, d.nl),
+                  &c);
+        check_err(w[2], e.dq, ref_max_err_f64(r32.dq, r64.dq, d.nq), ref_max_abs(r64.dq, d.nq), &c);
+        check_err(w[3], e.dk, ref_max_err_f64(r32.dk, r64.dk, d.nk), ref_max_abs(r64.dk, d.nk), &c);
+        check_err(w[4], e.dv, ref_max_err_f64(r32.dv, r64.dv, d.nk), ref_max_abs(r64.dv, d.nk), &c);
+    }
+    ref_out_free(&r64);
+    ref_out_free(&r32);
+    data_free(&d);
+}
+
+static const int64_t docs_1024[] = {0, 1, 17, 300, 301, 1024};
+
+Test(ring, documents_every_layout_causal, .timeout = 600)
+{
+    rcase_t c = {.n = 4,
+                 .causal = true,
+                 .B = 1,
+                 .S = 1024,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 64,
+                 .dtype = STRIA_DTYPE_F32};
+    ref_masks_t m = {.cu_seqlens = docs_1024, .n_cu = 6};
+    check_masks_every_layout(c, &m, "documents, causal");
+}
+
+Test(ring, documents_every_layout_non_causal, .timeout = 600)
+{
+    rcase_t c = {.n = 4,
+                 .causal = false,
+                 .B = 1,
+                 .S = 1024,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 64,
+                 .dtype = STRIA_DTYPE_F32};
+    ref_masks_t m = {.cu_seqlens = docs_1024, .n_cu = 6};
+    check_masks_every_layout(c, &m, "documents, non-causal");
+}
+
+Test(ring, causal_window_every_layout, .timeout = 600)
+{
+    rcase_t c = {.n = 4,
+                 .causal = true,
+                 .B = 1,
+                 .S = 512,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 64,
+                 .dtype = STRIA_DTYPE_F32};
+    ref_masks_t m = {.has_window = true, .left = 255, .right = 0};
+    check_masks_every_layout(c, &m, "window 255,0, causal");
+}
+
+Test(ring, window_and_documents_every_layout, .timeout = 600)
+{
+    /* S not a multiple of 2N (padding), bf16, a two-sided window. */
+    static const int64_t cu[] = {0, 40, 40, 170, 301};
+    rcase_t c = {.n = 3,
+                 .causal = false,
+                 .B = 2,
+                 .S = 301,
+                 .H = 4,
+                 .Hkv = 1,
+                 .D = 32,
+                 .dtype = STRIA_DTYPE_BF16};
+    ref_masks_t m = {.cu_seqlens = cu, .n_cu = 5, .has_window = true, .left = 33, .right = 70};
+    check_masks_every_layout(c, &m, "documents and window 33,70");
+    c.causal = true;
+    m.right = -1;
+    m.left = 20;
+    check_masks_every_layout(c, &m, "documents and window 20,-1, causal");
+}
+
+/* One document over the whole sequence changes no bit. */
+Test(ring, one_document_is_bit_identical_to_none)
+{
+    int64_t cu[] = {0, 200};
+    ref_masks_t m = {.cu_seqlens = cu, .n_cu = 2};
+    for (size_t k = 0; k < 3; k++)
+        for (int causal = 0; causal < 2; causal++) {
+            rcase_t c = {.n = 4,
+                         .layout = all_layouts[k],
+                         .causal = causal,
+                         .B = 1,
+                         .S = 200,
+                         .H = 4,
+                         .Hkv = 2,
+                         .D = 64,
+                         .dtype = STRIA_DTYPE_F32};
+            rdata_t a, b;
+            data_init(&c, &a, 7);
+            data_init(&c, &b, 7);
+            cr_assert_eq(ring_run_masks(&c, NULL, &a), STRIA_OK, "%s", stria_error_msg());
+            cr_assert_eq(ring_run_masks(&c, &m, &b), STRIA_OK, "%s", stria_error_msg());
+            cr_expect(memcmp(a.o, b.o, a.nq * 4) == 0, "O differs (%s)",
+                      stria_layout_kind_name(c.layout));
+            cr_expect(memcmp(a.lse, b.lse, a.nl * 4) == 0, "LSE differs");
+            cr_expect(memcmp(a.dq, b.dq, a.nq * 4) == 0, "dQ differs");
+            cr_expect(memcmp(a.dk, b.dk, a.nk * 4) == 0, "dK differs");
+            cr_expect(memcmp(a.dv, b.dv, a.nk * 4) == 0, "dV differs");
+            data_free(&a);
+            data_free(&b);
+        }
+}
+
+Test(ring, bad_masks_refused)
+{
+    rcase_t c = {.n = 2,
+                 .layout = STRIA_LAYOUT_STRIPED,
+                 .causal = true,
+                 .B = 1,
+                 .S = 64,
+                 .H = 2,
+                 .Hkv = 2,
+                 .D = 16,
+                 .dtype = STRIA_DTYPE_F32};
+    static const int64_t starts1[] = {1, 64}, short_end[] = {0, 10, 63}, dec[] = {0, 30, 20, 64};
+    struct {
+        ref_masks_t m;
+        const char *needle;
+    } bad[] = {
+        {{.cu_seqlens = starts1, .n_cu = 2}, "start at 0 and end at seq"},
+        {{.cu_seqlens = short_end, .n_cu = 3}, "end at seq (64)"},
+        {{.cu_seqlens = dec, .n_cu = 4}, "decreases at entry 2"},
+        {{.cu_seqlens = NULL, .n_cu = 3}, "cu_seqlens is NULL"},
+        {{.has_window = true, .left = -2}, "window_left (-2)"},
+        {{.has_window = true, .left = 3, .right = 1}, "window_right is 1 with causal"},
+        {{.has_window = false, .left = 3}, "has_window is false"},
+    };
+    rdata_t d;
+    data_init(&c, &d, 3);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_expect_eq(ring_run_masks(&c, &bad[i].m, &d), STRIA_ERR_INVALID_ARG, "case %zu", i);
+        cr_expect(strstr(stria_error_msg(), bad[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i,
+                  stria_error_msg(), bad[i].needle);
+    }
+    data_free(&d);
+}
+
 /* Rounds fp32 values to bf16 and back, in place. */
 static void round_bf16(float *x, size_t n)
 {
