@@ -136,7 +136,7 @@ unsigned stria_client_abi_version(void)
 #define STRIA__SPEC_V1_SIZE       STRIA__V1_END(stria_job_spec_t, label)
 #define STRIA__STATS_V1_SIZE      STRIA__V1_END(stria_call_stats_t, bytes_down)
 _Static_assert(STRIA__PARAMS_V1_SIZE == sizeof(stria_client_params_t) &&
-                   STRIA__SPEC_V1_SIZE == sizeof(stria_job_spec_t) &&
+                   STRIA__SPEC_V1_SIZE <= sizeof(stria_job_spec_t) &&
                    STRIA__STATS_V1_SIZE == sizeof(stria_call_stats_t),
                "ABI 1 sizes: a struct grew; keep these at its ABI 1 end");
 /* A struct_size beyond this is no size at all: the caller's header predates
@@ -656,6 +656,15 @@ static stria_status_t stria__check_spec(const stria_job_spec_t *s)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: a field is out of range");
     if (stria_dtype_size(s->dtype) == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: unknown dtype");
+    if (s->n_cu_seqlens > 0 && s->cu_seqlens == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job spec: cu_seqlens is NULL but n_cu_seqlens is %zu",
+                               s->n_cu_seqlens);
+    if (!s->has_window && (s->window_left != 0 || s->window_right != 0))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job spec: window_left/window_right are set (%lld, %lld) but "
+                               "has_window is false",
+                               (long long)s->window_left, (long long)s->window_right);
     return STRIA_OK;
 }
 
@@ -747,6 +756,14 @@ static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_p
     spec.step_timeout_ms = (uint32_t)ceil(s->step_timeout_s * 1000.0);
     spec.no_queue = s->no_queue;
     spec.label = (char *)(s->label ? s->label : "");
+    spec.cu_seqlens = (int64_t *)s->cu_seqlens;
+    spec.n_cu_seqlens = s->n_cu_seqlens;
+    Stria__V1__JobSpec__Window win = STRIA__V1__JOB_SPEC__WINDOW__INIT;
+    if (s->has_window) {
+        win.left = s->window_left;
+        win.right = s->window_right;
+        spec.window = &win;
+    }
     req.spec = &spec;
     memset(&reply, 0, sizeof(reply));
     st = stria__coord_call(c, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, &reply);
@@ -882,9 +899,11 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
     if (job == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
     job->client = client;
-    job->spec = *spec; /* the caller's label is read during the submission only */
+    job->spec = *spec; /* the caller's label and documents are read during the submission only */
     st = stria__submit(client, job, progress, progress_arg);
     job->spec.label = NULL;
+    job->spec.cu_seqlens = NULL;
+    job->spec.n_cu_seqlens = 0;
     if (st != STRIA_OK) {
         if (job->id != 0) {
             job->next = NULL;

@@ -81,6 +81,18 @@ typedef struct {
     double ttl_s;               /* idle time before the service drops the job; 0: default */
     bool no_queue;              /* fail with STRIA_ERR_BUSY instead of waiting in the queue */
     const char *label;          /* shown by the admin tools; may be NULL */
+    /* Added in ABI 1 after `label` (older callers' struct_size ends there and
+     * these read as zero). Documents (flash_attn varlen's cu_seqlens), one
+     * list for every batch row: n_cu_seqlens entries, 0 first, never
+     * decreasing, seq_len last, at most 65536; 0 entries: one document.
+     * Read during the submission only. */
+    const int64_t *cu_seqlens;
+    size_t n_cu_seqlens;
+    /* Sliding window: with has_window a query at position p sees keys in
+     * [p - window_left, p + window_right] (-1: that side unbounded); causal
+     * takes window_right 0 or -1 only. Without has_window both must be 0. */
+    bool has_window;
+    int64_t window_left, window_right;
 } stria_job_spec_t;
 
 #define STRIA_JOB_SPEC_INIT                                                                        \

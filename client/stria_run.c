@@ -36,6 +36,8 @@ typedef struct {
     const char *device; /* local: the ranks' device; NULL: the host */
     bool layout_set;
     stria_layout_kind_t layout;
+    /* documents and window (--cu-seqlens, --window LEFT,RIGHT) */
+    stria_int_list_t cu_seqlens, window;
     /* submit */
     bool submit;
     const char *coordinator;
@@ -95,8 +97,11 @@ static const char stria__run_epilog[] =
     "submit's --token-file.\n"
     "Exit status: 0 success, 1 computation, service or file error, 2 usage error.";
 
+/* The most --cu-seqlens entries (the coordinator's limit). */
+#define STRIA__RUN_MAX_CU_SEQLENS 65536
+
 /* The options local and submit share, in the order --help lists them. */
-#define STRIA__RUN_N_COMMON 13
+#define STRIA__RUN_N_COMMON 15
 static void stria__run_common_opts(stria__run_opts_t *o, stria_option_t *t)
 {
     const stria_option_t common[STRIA__RUN_N_COMMON] = {
@@ -178,8 +183,58 @@ static void stria__run_common_opts(stria__run_opts_t *o, stria_option_t *t)
          .parse = stria__parse_layout,
          .metavar = "striped|contiguous|zigzag",
          .help = "how the tokens are spread over the ranks (default striped)"},
+        {.name = "cu-seqlens",
+         .type = STRIA_OPT_INTS,
+         .dst = &o->cu_seqlens,
+         .min = 0,
+         .max = (double)((int64_t)1 << 62),
+         .max_items = STRIA__RUN_MAX_CU_SEQLENS,
+         .metavar = "0,N1,...,TOKENS",
+         .help = "documents (flash_attn varlen's cu_seqlens) of every batch row: a token "
+                 "sees only tokens of its own document; starts at 0, never decreases, ends "
+                 "at the token count (default: one document)"},
+        {.name = "window",
+         .type = STRIA_OPT_INTS,
+         .dst = &o->window,
+         .min = -1,
+         .max = (double)((int64_t)1 << 62),
+         .max_items = 2,
+         .metavar = "LEFT,RIGHT",
+         .help = "sliding window: token i sees tokens i - LEFT .. i + RIGHT; -1 leaves a side "
+                 "unbounded; causal takes RIGHT 0 or -1 (default: no window)"},
     };
     memcpy(t, common, sizeof(common));
+}
+
+/* Checks --cu-seqlens and --window (and, with tokens >= 0, that the
+ * documents end at the token count): -1 when fine, else 2 after a usage
+ * error on stderr. */
+static int stria__run_check_masks(const stria__run_opts_t *o, const char *cmd, int64_t tokens)
+{
+    const stria_int_list_t *cu = &o->cu_seqlens, *w = &o->window;
+    char msg[200] = "";
+    if (cu->n > 0 && cu->v[0] != 0)
+        snprintf(msg, sizeof(msg), "--cu-seqlens must start at 0 (got %lld)", (long long)cu->v[0]);
+    for (size_t i = 1; i < cu->n && msg[0] == '\0'; i++)
+        if (cu->v[i] < cu->v[i - 1])
+            snprintf(msg, sizeof(msg),
+                     "--cu-seqlens must not decrease (item %zu is %lld after %lld)", i + 1,
+                     (long long)cu->v[i], (long long)cu->v[i - 1]);
+    if (msg[0] == '\0' && tokens >= 0 && cu->n > 0 && cu->v[cu->n - 1] != tokens)
+        snprintf(msg, sizeof(msg),
+                 "--cu-seqlens must end at the token count of the inputs (%lld) (got %lld)",
+                 (long long)tokens, (long long)cu->v[cu->n - 1]);
+    if (msg[0] == '\0' && w->n == 1)
+        snprintf(msg, sizeof(msg), "--window takes two values, LEFT,RIGHT (got one)");
+    if (msg[0] == '\0' && w->n == 2 && o->causal && w->v[1] > 0)
+        snprintf(msg, sizeof(msg),
+                 "--window: RIGHT must be 0 or -1 with causal attention (got %lld; see "
+                 "--no-causal)",
+                 (long long)w->v[1]);
+    if (msg[0] == '\0')
+        return -1;
+    fprintf(stderr, "stria-run: %s\n(see stria-run %s --help)\n", msg, cmd);
+    return 2;
 }
 
 /* Parses stria-run's command line into *o; returns -1 to go on with
@@ -311,7 +366,7 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
                 cli->cmd->name);
         return 2;
     }
-    return -1;
+    return stria__run_check_masks(o, cli->cmd->name, -1);
 }
 
 /* Checks a 4-D array and returns its shape. */
@@ -446,6 +501,11 @@ static stria_status_t stria__compute_local(const stria__run_opts_t *o, stria__ru
     p.scale = o->scale;
     p.causal = o->causal;
     p.pool = pool;
+    p.cu_seqlens = o->cu_seqlens.v;
+    p.n_cu_seqlens = o->cu_seqlens.n;
+    p.has_window = o->window.n == 2;
+    p.window_left = p.has_window ? o->window.v[0] : 0;
+    p.window_right = p.has_window ? o->window.v[1] : 0;
     stria_tensor_t tq = stria_tensor_contiguous(d->q, d->dtype, d->T, d->H, d->D);
     stria_tensor_t tk = stria_tensor_contiguous(d->k, d->dtype, d->T, d->Hkv, d->D);
     stria_tensor_t tv = stria_tensor_contiguous(d->v, d->dtype, d->T, d->Hkv, d->D);
@@ -484,6 +544,11 @@ static stria_status_t stria__compute_ring(const stria__run_opts_t *o, stria__run
     shape.scale = o->scale;
     shape.causal = o->causal;
     shape.dtype = d->dtype;
+    shape.cu_seqlens = o->cu_seqlens.v;
+    shape.n_cu_seqlens = o->cu_seqlens.n;
+    shape.has_window = o->window.n == 2;
+    shape.window_left = shape.has_window ? o->window.v[0] : 0;
+    shape.window_right = shape.has_window ? o->window.v[1] : 0;
     memset(&ro, 0, sizeof(ro));
     ro.layout = o->layout_set ? o->layout : STRIA_LAYOUT_STRIPED;
     ro.n_ranks = o->ranks > 0 ? o->ranks : 1;
@@ -579,6 +644,10 @@ static int stria__cmd_local(const stria__run_opts_t *opts)
 
     memset(&d, 0, sizeof(d));
     st = stria__load_inputs(&o, &d);
+    if (st == STRIA_OK && stria__run_check_masks(&o, "local", d.T) >= 0) {
+        stria__free_data(&d);
+        return 2;
+    }
     if (st == STRIA_OK)
         st = stria__alloc_outputs(&d, o.do_path != NULL);
     if (st == STRIA_OK)
@@ -758,6 +827,11 @@ static void stria__submit_spec(const stria__run_opts_t *o, const stria__run_data
     spec->scale = (float)o->scale;
     spec->step_timeout_s = o->step_timeout_s;
     spec->label = o->label;
+    spec->cu_seqlens = o->cu_seqlens.v;
+    spec->n_cu_seqlens = o->cu_seqlens.n;
+    spec->has_window = o->window.n == 2;
+    spec->window_left = spec->has_window ? o->window.v[0] : 0;
+    spec->window_right = spec->has_window ? o->window.v[1] : 0;
 }
 
 /* What a submitted job did. */
@@ -889,6 +963,10 @@ static int stria__cmd_submit(const stria__run_opts_t *o)
 
     memset(&d, 0, sizeof(d));
     stria_status_t st = stria__load_inputs(o, &d);
+    if (st == STRIA_OK && stria__run_check_masks(o, "submit", d.T) >= 0) {
+        stria__free_data(&d);
+        return 2;
+    }
     if (st == STRIA_OK)
         st = stria__alloc_outputs(&d, o->do_path != NULL);
     if (st == STRIA_OK && o->token_file != NULL && o->token_file[0] != '\0')

@@ -30,6 +30,41 @@ const char *stria__state_name(Stria__V1__JobState s)
 
 /* ---- job math ---------------------------------------------------------- */
 
+/* The documents and window of a spec (checked after seq_len and causal). */
+static stria_status_t stria__spec_check_masks(const Stria__V1__JobSpec *s)
+{
+    const int64_t *cu = s->cu_seqlens;
+    size_t n = s->n_cu_seqlens;
+    if (n > STRIA_COORD_MAX_CU_SEQLENS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "cu_seqlens has %zu entries, more than the limit of %d", n,
+                               STRIA_COORD_MAX_CU_SEQLENS);
+    if (n > 0 && cu[0] != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "cu_seqlens must start at 0 (got %lld)",
+                               (long long)cu[0]);
+    for (size_t i = 1; i < n; i++)
+        if (cu[i] < cu[i - 1])
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "cu_seqlens must not decrease (entry %zu is %lld after %lld)", i,
+                                   (long long)cu[i], (long long)cu[i - 1]);
+    if (n > 0 && (cu[n - 1] < 0 || (uint64_t)cu[n - 1] != s->seq_len))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "cu_seqlens must end at seq_len (%llu) (got %lld)",
+                               (unsigned long long)s->seq_len, (long long)cu[n - 1]);
+    if (s->window == NULL)
+        return STRIA_OK;
+    if (s->window->left < -1 || s->window->right < -1)
+        return stria_error_set(
+            STRIA_ERR_INVALID_ARG, "window.%s must be >= -1 (-1: unbounded) (got %lld)",
+            s->window->left < -1 ? "left" : "right",
+            (long long)(s->window->left < -1 ? s->window->left : s->window->right));
+    if (s->causal && s->window->right > 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "window.right must be 0 or -1 with causal attention (got %lld)",
+                               (long long)s->window->right);
+    return STRIA_OK;
+}
+
 /* Checks a submitted spec; the message names the field. */
 stria_status_t stria__spec_check(const Stria__V1__JobSpec *s)
 {
@@ -75,7 +110,7 @@ stria_status_t stria__spec_check(const Stria__V1__JobSpec *s)
     if (strlen(s->label) > STRIA_COORD_MAX_LABEL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "label is longer than %d bytes",
                                STRIA_COORD_MAX_LABEL);
-    return STRIA_OK;
+    return stria__spec_check_masks(s);
 }
 
 /* ---- job state ----------------------------------------------------------- */
@@ -104,6 +139,7 @@ static void stria__job_unreserve(stria__cjob_t *j)
 
 static void stria__job_free(stria__cjob_t *j)
 {
+    free(j->cu_seqlens);
     free(j->ranks);
     free(j);
 }

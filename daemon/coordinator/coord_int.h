@@ -54,6 +54,10 @@ typedef struct {
     bool causal, no_queue;
     float scale;
     char label[STRIA_COORD_MAX_LABEL + 1];
+    int64_t *cu_seqlens; /* owned; NULL when n_cu_seqlens is 0 */
+    size_t n_cu_seqlens;
+    bool has_window;
+    int64_t window_left, window_right;
 
     uint32_t n_ranks;
     stria__crank_t *ranks;

@@ -147,9 +147,18 @@ void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t
     }
 }
 
-static void stria__fill_spec(const stria__cjob_t *j, Stria__V1__JobSpec *s)
+static void stria__fill_spec(const stria__cjob_t *j, Stria__V1__JobSpec *s,
+                             Stria__V1__JobSpec__Window *win)
 {
     stria__v1__job_spec__init(s);
+    s->cu_seqlens = j->cu_seqlens;
+    s->n_cu_seqlens = j->n_cu_seqlens;
+    if (j->has_window) {
+        stria__v1__job_spec__window__init(win);
+        win->left = j->window_left;
+        win->right = j->window_right;
+        s->window = win;
+    }
     s->batch = j->batch;
     s->seq_len = j->seq_len;
     s->heads = j->heads;
@@ -170,12 +179,13 @@ Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t
 {
     Stria__V1__Assignment *a = stria__b_alloc(b, sizeof(*a));
     Stria__V1__JobSpec *spec = stria__b_alloc(b, sizeof(*spec));
+    Stria__V1__JobSpec__Window *win = stria__b_alloc(b, sizeof(*win));
     Stria__V1__RankAssignment **ranks = stria__b_alloc(b, j->n_ranks * sizeof(*ranks));
 
-    if (a == NULL || spec == NULL || ranks == NULL)
+    if (a == NULL || spec == NULL || win == NULL || ranks == NULL)
         return NULL;
     stria__v1__assignment__init(a);
-    stria__fill_spec(j, spec);
+    stria__fill_spec(j, spec, win);
     a->job_id = j->id;
     a->spec = spec;
     a->max_tokens_per_rank = j->shard_tokens;

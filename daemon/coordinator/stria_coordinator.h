@@ -47,6 +47,8 @@ extern "C" {
 #define STRIA_COORD_MAX_TTL_S (7u * 86400u)
 #define STRIA_COORD_MAX_LABEL 256
 #define STRIA_COORD_MAX_RING  4096
+/* Entries of a spec's cu_seqlens. */
+#define STRIA_COORD_MAX_CU_SEQLENS 65536
 
 typedef struct stria_coord stria_coord_t;
 

@@ -78,7 +78,8 @@ static void check(const char *name, const double *ref, int64_t n, double tol)
     stria_free(x);
 }
 
-static void run_and_check(bool causal, const char *dtype_flag, stria_dtype_t dt, double tol)
+static void run_and_check_masks(bool causal, const char *dtype_flag, stria_dtype_t dt, double tol,
+                                const char *extra, const ref_masks_t *m)
 {
     const int64_t B = 2, T = 45, H = 4, Hk = 2, D = 32;
     size_t nq = (size_t)(B * T * H * D), nk = (size_t)(B * T * Hk * D);
@@ -93,14 +94,14 @@ static void run_and_check(bool causal, const char *dtype_flag, stria_dtype_t dt,
     write_arr("do.npy", B, T, H, D, g);
     char args[2048];
     snprintf(args, sizeof(args),
-             "local --q %s/q.npy --k %s/k.npy --v %s/v.npy --do %s/do.npy --out %s/out %s %s", dir,
-             dir, dir, dir, dir, causal ? "--causal" : "--no-causal", dtype_flag);
+             "local --q %s/q.npy --k %s/k.npy --v %s/v.npy --do %s/do.npy --out %s/out %s %s %s",
+             dir, dir, dir, dir, dir, causal ? "--causal" : "--no-causal", dtype_flag, extra);
     cr_assert_eq(run(args), 0, "stria-run failed: %s", slurp("stderr"));
     cr_expect(strstr(slurp("stdout"), "forward+backward") != NULL);
 
     ref_shape_t rs = {B, T, T, H, Hk, D, 1.0 / sqrt((double)D), causal, NULL, NULL};
     ref_out_t r;
-    ref_f64_run(&rs, q, k, v, g, &r);
+    ref_f64_run_masks(&rs, m, q, k, v, g, &r);
     check("out/o.npy", r.o, (int64_t)nq, tol);
     check("out/lse.npy", r.lse, B * H * T, 1e-5);
     check("out/dq.npy", r.dq, (int64_t)nq, tol);
@@ -108,6 +109,57 @@ static void run_and_check(bool causal, const char *dtype_flag, stria_dtype_t dt,
     check("out/dv.npy", r.dv, (int64_t)nk, tol);
     ref_out_free(&r);
     free(q), free(k), free(v), free(g);
+}
+
+static void run_and_check(bool causal, const char *dtype_flag, stria_dtype_t dt, double tol)
+{
+    run_and_check_masks(causal, dtype_flag, dt, tol, "", NULL);
+}
+
+Test(stria_run, documents_and_window_match_reference, .init = setup, .fini = teardown)
+{
+    static const int64_t cu[] = {0, 1, 17, 30, 45};
+    ref_masks_t docs = {.cu_seqlens = cu, .n_cu = 5};
+    ref_masks_t both = {.cu_seqlens = cu, .n_cu = 5, .has_window = true, .left = 9, .right = 0};
+    ref_masks_t two_sided = {.has_window = true, .left = 4, .right = 7};
+    run_and_check_masks(true, "", STRIA_DTYPE_F32, 1e-5, "--cu-seqlens 0,1,17,30,45", &docs);
+    run_and_check_masks(true, "", STRIA_DTYPE_F32, 1e-5,
+                        "--cu-seqlens 0,1,17,30,45 --window 9,0 --ranks 3 --layout zigzag", &both);
+    run_and_check_masks(false, "", STRIA_DTYPE_F32, 1e-5, "--window 4,7 --ranks 2", &two_sided);
+}
+
+Test(stria_run, bad_documents_and_windows_are_refused, .init = setup, .fini = teardown)
+{
+    static float x[2 * 8 * 2 * 16];
+    static const struct {
+        const char *flags, *want;
+    } cases[] = {
+        {"--cu-seqlens 1,5", "--cu-seqlens must start at 0 (got 1)"},
+        {"--cu-seqlens 0,5,3,8", "--cu-seqlens must not decrease (item 3 is 3 after 5)"},
+        {"--cu-seqlens 0,5", "--cu-seqlens must end at the token count of the inputs (8) (got 5)"},
+        {"--cu-seqlens 0,-3,8", "--cu-seqlens"},
+        {"--window 3", "--window takes two values"},
+        {"--window 3,2", "--window: RIGHT must be 0 or -1 with causal attention (got 2"},
+        {"--window -2,0", "--window"},
+        {"--window 1,2,3", "--window"},
+    };
+    char args[2048];
+    write_arr("q.npy", 2, 8, 2, 16, x);
+    write_arr("k.npy", 2, 8, 2, 16, x);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(args, sizeof(args), "local --q %s/q.npy --k %s/k.npy --v %s/k.npy --out %s/o %s",
+                 dir, dir, dir, dir, cases[i].flags);
+        cr_expect_eq(run(args), 2, "%s", cases[i].flags);
+        cr_expect(strstr(slurp("stderr"), cases[i].want) != NULL, "%s: %s", cases[i].flags,
+                  slurp("stderr"));
+    }
+    snprintf(args, sizeof(args),
+             "submit --coordinator 127.0.0.1:1 --q %s/q.npy --k %s/k.npy --v %s/k.npy --out %s/o "
+             "--cu-seqlens 0,5",
+             dir, dir, dir, dir);
+    cr_expect_eq(run(args), 2);
+    cr_expect(strstr(slurp("stderr"), "--cu-seqlens must end at the token count") != NULL, "%s",
+              slurp("stderr"));
 }
 
 Test(stria_run, fp32_causal_gqa_matches_reference, .init = setup, .fini = teardown)

@@ -538,6 +538,56 @@ static void m_short_seq(Stria__V1__JobSpec *s)
     s->seq_len = 1;
 }
 
+static int64_t cu_bad_start[] = {1, 1024}, cu_bad_end[] = {0, 17, 1000},
+               cu_decreasing[] = {0, 300, 17, 1024}, cu_past_end[] = {0, 2048};
+static int64_t cu_too_many[STRIA_COORD_MAX_CU_SEQLENS + 1];
+static Stria__V1__JobSpec__Window
+    win_left_bad = {PROTOBUF_C_MESSAGE_INIT(&stria__v1__job_spec__window__descriptor), -2, 0},
+    win_right_bad = {PROTOBUF_C_MESSAGE_INIT(&stria__v1__job_spec__window__descriptor), 5, -7},
+    win_causal_right = {PROTOBUF_C_MESSAGE_INIT(&stria__v1__job_spec__window__descriptor), 5, 1};
+
+static void m_cu_start(Stria__V1__JobSpec *s)
+{
+    s->cu_seqlens = cu_bad_start, s->n_cu_seqlens = 2;
+}
+
+static void m_cu_end(Stria__V1__JobSpec *s)
+{
+    s->cu_seqlens = cu_bad_end, s->n_cu_seqlens = 3;
+}
+
+static void m_cu_dec(Stria__V1__JobSpec *s)
+{
+    s->cu_seqlens = cu_decreasing, s->n_cu_seqlens = 4;
+}
+
+static void m_cu_past(Stria__V1__JobSpec *s)
+{
+    s->cu_seqlens = cu_past_end, s->n_cu_seqlens = 2;
+}
+
+static void m_cu_many(Stria__V1__JobSpec *s)
+{
+    for (size_t i = 0; i <= STRIA_COORD_MAX_CU_SEQLENS; i++)
+        cu_too_many[i] = (int64_t)(i * 1024 / STRIA_COORD_MAX_CU_SEQLENS);
+    s->cu_seqlens = cu_too_many, s->n_cu_seqlens = STRIA_COORD_MAX_CU_SEQLENS + 1;
+}
+
+static void m_win_left(Stria__V1__JobSpec *s)
+{
+    s->window = &win_left_bad;
+}
+
+static void m_win_right(Stria__V1__JobSpec *s)
+{
+    s->window = &win_right_bad;
+}
+
+static void m_win_causal(Stria__V1__JobSpec *s)
+{
+    s->window = &win_causal_right;
+}
+
 Test(coord, nonsense_specs_are_refused, .timeout = TEST_TIMEOUT_S)
 {
     static const bad_spec_t cases[] = {
@@ -556,6 +606,16 @@ Test(coord, nonsense_specs_are_refused, .timeout = TEST_TIMEOUT_S)
         {"scale < 0", m_scale_neg, "scale must be finite"},
         {"ttl", m_ttl, "ttl_s"},
         {"seq shorter than ring", m_short_seq, "without tokens"},
+        {"cu_seqlens from 1", m_cu_start, "cu_seqlens must start at 0 (got 1)"},
+        {"cu_seqlens short", m_cu_end, "cu_seqlens must end at seq_len (1024) (got 1000)"},
+        {"cu_seqlens decreasing", m_cu_dec,
+         "cu_seqlens must not decrease (entry 2 is 17 after 300)"},
+        {"cu_seqlens long", m_cu_past, "cu_seqlens must end at seq_len (1024) (got 2048)"},
+        {"cu_seqlens too many", m_cu_many,
+         "cu_seqlens has 65537 entries, more than the limit of 65536"},
+        {"window left -2", m_win_left, "window.left must be >= -1"},
+        {"window right -7", m_win_right, "window.right must be >= -1 (-1: unbounded) (got -7)"},
+        {"causal window right 1", m_win_causal, "window.right must be 0 or -1 with causal"},
     };
     fx_t fx;
     stria_rpc_reply_t rep;
@@ -654,7 +714,51 @@ Test(coord, assignment_stripes_and_defaults, .timeout = TEST_TIMEOUT_S)
             sum += ra->runs[k]->count;
         cr_expect_eq(sum, ra->tokens);
     }
+    cr_expect_eq(as->spec->n_cu_seqlens, 0);
+    cr_expect_null(as->spec->window);
     stria_rpc_reply_free(&rep);
+    /* Documents and a window travel in the assignment (and GetJob), not in
+     * ListJobs. */
+    static int64_t cu[] = {0, 1, 5, 5, 11};
+    Stria__V1__JobSpec__Window win = STRIA__V1__JOB_SPEC__WINDOW__INIT;
+    win.left = 3;
+    win.right = -1;
+    s.cu_seqlens = cu;
+    s.n_cu_seqlens = 5;
+    s.window = &win;
+    s.causal = false;
+    cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK, "%s", stria_error_msg());
+    as = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
+    uint64_t masked_id = as->job_id;
+    cr_assert_eq(as->spec->n_cu_seqlens, 5);
+    for (size_t i = 0; i < 5; i++)
+        cr_expect_eq(as->spec->cu_seqlens[i], cu[i]);
+    cr_assert_not_null(as->spec->window);
+    cr_expect_eq(as->spec->window->left, 3);
+    cr_expect_eq(as->spec->window->right, -1);
+    stria_rpc_reply_free(&rep);
+    Stria__V1__JobInfo *info = get_job(&fx, masked_id, &rep);
+    cr_assert_not_null(info);
+    cr_expect_eq(info->assignment->spec->n_cu_seqlens, 5);
+    cr_expect_eq(info->assignment->spec->cu_seqlens[3], 5);
+    cr_expect_eq(info->assignment->spec->window->left, 3);
+    stria_rpc_reply_free(&rep);
+    Stria__V1__ListJobsRequest lreq = STRIA__V1__LIST_JOBS_REQUEST__INIT;
+    cr_assert_eq(fx_call(fx.cl, M_LIST_JOBS, &lreq.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    Stria__V1__ListJobsReply *lr = (Stria__V1__ListJobsReply *)rep.msg;
+    bool listed = false;
+    for (size_t i = 0; i < lr->n_jobs; i++)
+        if (lr->jobs[i]->job_id == masked_id) {
+            listed = true;
+            cr_expect_eq(lr->jobs[i]->assignment->spec->n_cu_seqlens, 0, "ListJobs sent documents");
+            cr_expect_not_null(lr->jobs[i]->assignment->spec->window);
+        }
+    cr_expect(listed, "job %llu not listed", (unsigned long long)masked_id);
+    stria_rpc_reply_free(&rep);
+    s.cu_seqlens = NULL;
+    s.n_cu_seqlens = 0;
+    s.window = NULL;
+    s.causal = true;
     /* Zigzag: two runs per rank. */
     s.layout = STRIA__V1__LAYOUT__LAYOUT_ZIGZAG;
     s.seq_len = 16;

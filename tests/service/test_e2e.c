@@ -243,8 +243,13 @@ static void check_outputs(const job_data_t *j, bool backward)
                       NULL,
                       NULL};
     ref_out_t r64, r32;
-    ref_f64_run(&rs, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &r64);
-    ref_f32_run(&rs, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &r32);
+    ref_masks_t m = {.cu_seqlens = s->cu_seqlens,
+                     .n_cu = s->n_cu_seqlens,
+                     .has_window = s->has_window,
+                     .left = s->window_left,
+                     .right = s->window_right};
+    ref_f64_run_masks(&rs, &m, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &r64);
+    ref_f32_run_masks(&rs, &m, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &r32);
     double round = s->dtype == STRIA_DTYPE_F32    ? 0
                    : s->dtype == STRIA_DTYPE_BF16 ? 1.0 / 256
                                                   : 1.0 / 2048;
@@ -816,6 +821,88 @@ Test(e2e, nonsense_specs_get_clear_errors, .timeout = 300)
 /* Workers on the staged device (device buffers apart from the RPC layer's
  * host buffers, every staging copy of a GPU) give exactly the in-process
  * ring's results, and say which device they run on. */
+/* The service's outputs of a job are bit for bit those of the same ring
+ * (spec's ring_size and layout, documents and window) in this process, on
+ * the plain cpu device. */
+static void expect_in_process_ring(const job_data_t *j, size_t i)
+{
+    const stria_job_spec_t *s = &j->spec;
+    stria_ring_shape_t shape = {.batch = s->batch,
+                                .seq = s->seq_len,
+                                .heads = s->heads,
+                                .kv_heads = s->kv_heads,
+                                .head_dim = s->head_dim,
+                                .causal = s->causal,
+                                .dtype = s->dtype,
+                                .cu_seqlens = s->cu_seqlens,
+                                .n_cu_seqlens = s->n_cu_seqlens,
+                                .has_window = s->has_window,
+                                .window_left = s->window_left,
+                                .window_right = s->window_right};
+    stria_ring_local_opts_t lo = {
+        .layout = s->layout, .n_ranks = s->ring_size, .passes = STRIA_RING_PASS_FWD_BWD};
+    void *o = calloc(j->nq, j->es), *dq = calloc(j->nq, j->es), *dk = calloc(j->nk, j->es),
+         *dv = calloc(j->nk, j->es);
+    float *lse = calloc(j->nl, 4);
+    stria_ring_local_io_t io = {.q = j->q,
+                                .k = j->k,
+                                .v = j->v,
+                                .o = o,
+                                .o_dtype = s->dtype,
+                                .lse = lse,
+                                .d_o = j->g,
+                                .dq = dq,
+                                .dk = dk,
+                                .dv = dv,
+                                .grad_dtype = s->dtype};
+    cr_assert_eq(stria_ring_run_local(&shape, &lo, &io, NULL), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(memcmp(o, j->o, j->nq * j->es), 0, "case %zu: O differs", i);
+    cr_expect_eq(memcmp(lse, j->lse, j->nl * 4), 0, "case %zu: LSE differs", i);
+    cr_expect_eq(memcmp(dq, j->dq, j->nq * j->es), 0, "case %zu: dQ differs", i);
+    cr_expect_eq(memcmp(dk, j->dk, j->nk * j->es), 0, "case %zu: dK differs", i);
+    cr_expect_eq(memcmp(dv, j->dv, j->nk * j->es), 0, "case %zu: dV differs", i);
+    free(o), free(dq), free(dk), free(dv), free(lse);
+}
+
+Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
+{
+    static const int64_t cu[] = {0, 1, 17, 300, 301, 1024};
+    static const stria_layout_kind_t layouts[] = {STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_STRIPED};
+    start_cluster(4, NULL, NULL);
+    stria_client_t *c = connect_client(NULL);
+    for (size_t i = 0; i < 2; i++) {
+        job_data_t j;
+        job_data_init(&j, 1, 1024, 4, 2, 64, STRIA_DTYPE_BF16, true, 60 + i);
+        j.spec.ring_size = 4;
+        j.spec.layout = layouts[i];
+        j.spec.cu_seqlens = cu;
+        j.spec.n_cu_seqlens = 6;
+        j.spec.has_window = true;
+        j.spec.window_left = 255;
+        j.spec.window_right = 0;
+        run_job(c, &j);
+        expect_in_process_ring(&j, i);
+        if (i == 0)
+            check_outputs(&j, true);
+        job_data_free(&j);
+    }
+    /* The service refuses bad documents with the coordinator's message. */
+    static const int64_t bad[] = {0, 17, 1000};
+    job_data_t j;
+    stria_job_t *job = NULL;
+    job_data_init(&j, 1, 1024, 4, 2, 64, STRIA_DTYPE_F32, true, 70);
+    j.spec.cu_seqlens = bad;
+    j.spec.n_cu_seqlens = 3;
+    cr_expect_eq(
+        stria_client_forward(c, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, NULL, &job),
+        STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "cu_seqlens must end at seq_len (1024)") != NULL, "%s",
+              stria_error_msg());
+    job_data_free(&j);
+    stria_client_close(c);
+    stop_cluster();
+}
+
 Test(e2e, staged_device_workers_equal_the_in_process_ring, .timeout = 300)
 {
     worker_device = "cpu:staged";
@@ -841,40 +928,8 @@ Test(e2e, staged_device_workers_equal_the_in_process_ring, .timeout = 300)
         j.spec.ring_size = cases[i].ring;
         j.spec.layout = cases[i].layout;
         run_job(c, &j);
-
-        /* the same ring in this process, on the plain cpu device */
-        stria_ring_shape_t shape = {.batch = 2,
-                                    .seq = cases[i].S,
-                                    .heads = cases[i].H,
-                                    .kv_heads = cases[i].Hkv,
-                                    .head_dim = 32,
-                                    .causal = cases[i].causal,
-                                    .dtype = cases[i].dt};
-        stria_ring_local_opts_t lo = {
-            .layout = cases[i].layout, .n_ranks = cases[i].ring, .passes = STRIA_RING_PASS_FWD_BWD};
-        void *o = calloc(j.nq, j.es), *dq = calloc(j.nq, j.es), *dk = calloc(j.nk, j.es),
-             *dv = calloc(j.nk, j.es);
-        float *lse = calloc(j.nl, 4);
-        stria_ring_local_io_t io = {.q = j.q,
-                                    .k = j.k,
-                                    .v = j.v,
-                                    .o = o,
-                                    .o_dtype = cases[i].dt,
-                                    .lse = lse,
-                                    .d_o = j.g,
-                                    .dq = dq,
-                                    .dk = dk,
-                                    .dv = dv,
-                                    .grad_dtype = cases[i].dt};
-        cr_assert_eq(stria_ring_run_local(&shape, &lo, &io, NULL), STRIA_OK, "%s",
-                     stria_error_msg());
-        cr_expect_eq(memcmp(o, j.o, j.nq * j.es), 0, "case %zu: O differs", i);
-        cr_expect_eq(memcmp(lse, j.lse, j.nl * 4), 0, "case %zu: LSE differs", i);
-        cr_expect_eq(memcmp(dq, j.dq, j.nq * j.es), 0, "case %zu: dQ differs", i);
-        cr_expect_eq(memcmp(dk, j.dk, j.nk * j.es), 0, "case %zu: dK differs", i);
-        cr_expect_eq(memcmp(dv, j.dv, j.nk * j.es), 0, "case %zu: dV differs", i);
+        expect_in_process_ring(&j, i);
         check_outputs(&j, true);
-        free(o), free(dq), free(dk), free(dv), free(lse);
         job_data_free(&j);
     }
     stria_client_close(c);
