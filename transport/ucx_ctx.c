@@ -453,7 +453,7 @@ void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx)
     close(ctx->ep_fd);
     pthread_cond_destroy(&ctx->cond);
     pthread_mutex_destroy(&ctx->lock);
-    free(ctx->todo);
+    free(ctx->step_links);
     free(ctx->slots);
     free(ctx);
 }

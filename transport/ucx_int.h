@@ -388,8 +388,8 @@ struct stria_ucx_ctx {
     double stale_s; /* silence after which a neighbour counts as stalled */
 
     /* Progress thread only. */
-    stria__ucx_link_t **todo;
-    size_t todo_cap;
+    stria__ucx_link_t **step_links; /* the links one progress round steps (a snapshot) */
+    size_t step_links_cap;
     stria__node_t conns;
     int n_conns;
     stria__node_t events;

@@ -500,7 +500,7 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
 double stria__ucx_run_links(stria_ucx_ctx_t *ctx, bool *any)
 {
     double due = 0, now = stria_time_now();
-    size_t n_todo = 0;
+    size_t n_step = 0;
 
     /* Links are only freed by their owner once CLOSED, which only this
      * thread sets, so pointers taken under the lock stay valid here. */
@@ -509,20 +509,20 @@ double stria__ucx_run_links(stria_ucx_ctx_t *ctx, bool *any)
         stria__ucx_link_t *l = STRIA__OF(n, stria__ucx_link_t, ctx_node);
         if (l->state == STRIA__LINK_CLOSED)
             continue;
-        if (n_todo == ctx->todo_cap) {
-            size_t cap = ctx->todo_cap ? 2 * ctx->todo_cap : 16;
-            stria__ucx_link_t **t = realloc(ctx->todo, cap * sizeof(*t));
+        if (n_step == ctx->step_links_cap) {
+            size_t cap = ctx->step_links_cap ? 2 * ctx->step_links_cap : 16;
+            stria__ucx_link_t **t = realloc(ctx->step_links, cap * sizeof(*t));
             if (t == NULL)
                 break; /* the rest waits for the next round */
-            ctx->todo = t;
-            ctx->todo_cap = cap;
+            ctx->step_links = t;
+            ctx->step_links_cap = cap;
         }
-        ctx->todo[n_todo++] = l;
+        ctx->step_links[n_step++] = l;
     }
     pthread_mutex_unlock(&ctx->lock);
 
-    for (size_t i = 0; i < n_todo; i++) {
-        double d = stria__run_link(ctx, ctx->todo[i], now, any);
+    for (size_t i = 0; i < n_step; i++) {
+        double d = stria__run_link(ctx, ctx->step_links[i], now, any);
         if (d > 0 && (due == 0 || d < due))
             due = d;
     }
