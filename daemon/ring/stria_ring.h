@@ -209,9 +209,18 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
                               const stria_tensor_t *dq, const stria_tensor_t *dk,
                               const stria_tensor_t *dv);
 
+/* K/V steps of the last stria_ring_fwd()/stria_ring_bwd() call (0 before
+ * the first). A backward runs N; a forward stria_ring_pass_fwd_steps(),
+ * which is N unless a window or documents hide every block more than some
+ * number of hops away from every rank (a causal window under contiguous):
+ * then the K/V blocks travel only the hops they are needed. */
+int stria_ring_pass_steps(const stria_ring_pass_t *pass);
+int stria_ring_pass_fwd_steps(const stria_ring_pass_t *pass);
+
 /* Per-step statistics of the last stria_ring_fwd()/stria_ring_bwd() call
- * (N entries, step order; zeros before the first call). Valid until the next
- * call or stria_ring_pass_destroy(). */
+ * (N entries, step order; steps past stria_ring_pass_steps() and all before
+ * the first call are zeros). Valid until the next call or
+ * stria_ring_pass_destroy(). */
 const stria_ring_step_stats_t *stria_ring_pass_stats(const stria_ring_pass_t *pass,
                                                      size_t *n_steps_out);
 
