@@ -9,8 +9,10 @@ every step.
     python examples/train_tiny_llama.py --attn both       # both, side by side,
                                                           # checked within --tol
 
-The service is $STRIA_COORDINATOR (default 127.0.0.1:7400) or --coordinator;
-deploy/quickstart.sh starts one. Needs torch and transformers.
+The service is --coordinator or $STRIA_COORDINATOR; without either, the script
+starts its own on this machine (a coordinator and --workers workers on
+loopback, from the build tree: stria.local) and stops it at the end. Needs
+torch and transformers.
 """
 
 import argparse
@@ -73,8 +75,10 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--text", help="a text file to train on (default: a Debian licence)")
-    ap.add_argument("--coordinator", help="HOST:PORT of the service (default "
-                    "$STRIA_COORDINATOR, else 127.0.0.1:7400)")
+    ap.add_argument("--coordinator", help="HOST:PORT of a running service (default "
+                    "$STRIA_COORDINATOR; without either, one is started here)")
+    ap.add_argument("--workers", type=int, default=4,
+                    help="workers of the service started here")
     ap.add_argument("--tol", type=float, default=1e-3,
                     help="with --attn both: largest relative loss difference per step")
     args = ap.parse_args(argv)
@@ -83,12 +87,19 @@ def main(argv=None):
     print(f"training a tiny Llama on {path} ({len(data)} bytes), {args.steps} steps of "
           f"{args.batch} x {args.seq} tokens", flush=True)
 
-    client = None
+    client = svc = None
     if args.attn in ("stria", "both"):
         import stria
         import stria.hf
 
-        client = stria.Client(args.coordinator)
+        address = args.coordinator or os.environ.get("STRIA_COORDINATOR")
+        if not address:
+            from stria.local import LocalService
+
+            svc = LocalService(args.workers)
+            address = svc.address
+            print(f"started a coordinator and {args.workers} workers at {address}", flush=True)
+        client = stria.Client(address)
         stria.hf.register(client=client)
     try:
         kw = dict(data=data, steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr,
@@ -115,6 +126,8 @@ def main(argv=None):
     finally:
         if client is not None:
             client.close()
+        if svc is not None:
+            svc.stop()
 
 
 if __name__ == "__main__":

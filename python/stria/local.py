@@ -82,11 +82,12 @@ class LocalService:
     """A coordinator on 127.0.0.1 (a free port) and `workers` workers, each
     with `threads` kernel threads and `memory` to offer. `address` is the
     coordinator's HOST:PORT once the constructor returns (every worker
-    healthy). Logs go to `log_dir` (default: a temporary folder, removed by a
-    clean stop)."""
+    healthy). heartbeat_period: the coordinator's (default its own, 1 s; a
+    short one marks workers of a busy machine dead). Logs go to `log_dir`
+    (default: a temporary folder, removed by a clean stop)."""
 
     def __init__(self, workers=4, *, bin_dir=None, token_file=None, threads=1, memory="2G",
-                 step_timeout="60", heartbeat_period="0.2", log_dir=None, env=None):
+                 step_timeout="60", heartbeat_period=None, log_dir=None, env=None):
         self.bin_dir = bin_dir or find_bin_dir()
         for prog in ("stria-coordinator", "stria-worker", "striactl"):
             if not os.access(os.path.join(self.bin_dir, prog), os.X_OK):
@@ -100,10 +101,10 @@ class LocalService:
                                                                          "error")})
         self.env.update(env or {})
         self.workers = []
+        hb = ["--heartbeat-period", str(heartbeat_period)] if heartbeat_period else []
         self.coordinator = Daemon([os.path.join(self.bin_dir, "stria-coordinator"), "--listen",
-                                   "127.0.0.1:0", "--heartbeat-period", str(heartbeat_period),
-                                   *self.auth], os.path.join(self.dir, "coordinator.log"),
-                                  self.env)
+                                   "127.0.0.1:0", *hb, *self.auth],
+                                  os.path.join(self.dir, "coordinator.log"), self.env)
         try:
             self.address = self.coordinator.wait_line("stria-coordinator listening on ")
             for i in range(workers):

@@ -3,6 +3,7 @@ flash_attn-compatible calls."""
 
 import gc
 import inspect
+import os
 import subprocess
 import threading
 
@@ -386,3 +387,34 @@ def test_cuda_tensors(client):  # pragma: no cover - needs a GPU
     oc = stria.attention(qc, qc, qc)
     oc.sum().backward()
     assert torch.equal(o.cpu(), oc.detach()) and torch.equal(q.grad.cpu(), qc.grad)
+
+
+# ---- the ctypes mirror of the C structs -----------------------------------------
+
+def test_ctypes_structs_mirror_the_header(tmp_path):
+    """Every field the package declares sits at the offset the C compiler
+    gives it in client/stria_client.h, and the sizes agree (a field added or
+    moved in the header without the package fails here)."""
+    import ctypes
+
+    from conftest import ROOT
+    from stria import _lib
+
+    structs = {"stria_client_params_t": _lib.ClientParams, "stria_job_spec_t": _lib.JobSpec,
+               "stria_call_stats_t": _lib.CallStats}
+    lines, want = [], []
+    for cname, py in structs.items():
+        lines.append(f'printf("%zu\\n", sizeof({cname}));')
+        want.append(ctypes.sizeof(py))
+        for name, _ in py._fields_:
+            lines.append(f'printf("%zu\\n", offsetof({cname}, {name}));')
+            want.append(getattr(py, name).offset)
+    src = tmp_path / "offsets.c"
+    src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"stria_client.h\"\n"
+                   "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n")
+    exe = tmp_path / "offsets"
+    subprocess.run(["cc", "-std=c11", "-I", os.path.join(ROOT, "client"), "-I",
+                    os.path.join(ROOT, "common"), "-o", str(exe), str(src)], check=True)
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True,
+                                          check=True).stdout.split()]
+    assert got == want
