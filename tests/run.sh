@@ -54,6 +54,11 @@ python_tests() {
   key=$( (cat "$req" && "$py" -c 'import platform, sys; print(sys.version, platform.machine())') |
     sha256sum | cut -c1-16)
   venv="${XDG_CACHE_HOME:-$HOME/.cache}/stria/venv-$key"
+  mkdir -p "${venv%/*}"
+  # one maker at a time: a second run waits for the first's environment
+  local lock_fd
+  exec {lock_fd}>"$venv.lock"
+  flock "$lock_fd"
   if [[ ! -f $venv/.complete ]]; then
     echo "== python: creating $venv (pinned torch and transformers from PyPI; once per key)"
     local t0=$SECONDS
@@ -63,6 +68,7 @@ python_tests() {
     touch "$venv/.complete"
     echo "== python: environment ready in $((SECONDS - t0)) s"
   fi
+  exec {lock_fd}>&-
   # pip builds in the folder it is given: a copy, so the tree stays clean
   target=$(mktemp -d)
   cp -r "$root/python" "$target/src"

@@ -32,17 +32,18 @@ class Cluster(LocalService):
     """The suite's service: the Release build's daemons; a missing build
     stops the session with a clear message."""
 
-    def __init__(self, n_workers=N_WORKERS, token_file=None):
+    def __init__(self, n_workers=N_WORKERS, token_file=None, memory="2G", log_dir=None):
         try:
-            super().__init__(n_workers, bin_dir=BIN, token_file=token_file,
-                             env={"UCX_TLS": "tcp,sm,self"})
+            super().__init__(n_workers, bin_dir=BIN, token_file=token_file, memory=memory,
+                             log_dir=log_dir, env={"UCX_TLS": "tcp,sm,self"})
         except FileNotFoundError as e:
             pytest.exit(f"{e} (or set STRIA_BUILD_DIR)", returncode=2)
 
 
 @pytest.fixture(scope="session")
-def cluster():
-    c = Cluster()
+def cluster(tmp_path_factory):
+    # the daemons' logs stay in pytest's temporary folder (the last runs' are kept)
+    c = Cluster(log_dir=str(tmp_path_factory.mktemp("service")))
     yield c
     bad = c.stop()
     assert not bad, f"{', '.join(bad)} did not exit cleanly on SIGTERM (logs in {c.dir})"
@@ -64,3 +65,16 @@ def no_active_jobs(cluster):
     while cluster.active_jobs() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert cluster.active_jobs() == []
+
+
+_log_dirs = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _remember_logs(cluster):
+    _log_dirs.append(cluster.dir)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if terminalreporter.stats.get("failed") and _log_dirs:
+        terminalreporter.write_line(f"the service's logs: {_log_dirs[0]}")

@@ -132,6 +132,37 @@ def test_backward_on_another_thread(client):
     assert not errors and len(outs) == 4
 
 
+def test_the_gil_is_released_during_calls(client):
+    """Another Python thread keeps running while a call is in libstria."""
+    import time
+
+    x = rand(1, 4096, 4, 64, seed=21)
+    spans = []
+
+    def call():
+        t0 = time.perf_counter()
+        stria.attention(x, x, x)
+        spans.append(time.perf_counter() - t0)
+
+    t = threading.Thread(target=call)
+    last, gap = time.perf_counter(), 0.0
+    t.start()
+    while t.is_alive():
+        now = time.perf_counter()
+        gap, last = max(gap, now - last), now
+    t.join()
+    assert gap < 0.5 * spans[0], f"this thread stalled {gap:.3f} s of a {spans[0]:.3f} s call"
+
+
+def test_contiguous_cpu_inputs_are_not_copied():
+    from stria.attention import _host
+
+    x = rand(1, 8, 2, 16)
+    assert _host(x) is x
+    y = x.transpose(1, 2)
+    assert _host(y).is_contiguous() and torch.equal(_host(y), y)
+
+
 # ---- lifecycle ---------------------------------------------------------------
 
 def _inputs(seed=20):
@@ -270,6 +301,20 @@ def test_a_coordinator_that_dies_mid_session(tmp_path):
             stria.attention(x, x, x, client=cl)
         assert isinstance(e.value, stria.UnreachableError), e.value
         cl.close()
+    finally:
+        c.stop()
+
+
+def test_no_worker_has_the_memory():
+    from conftest import Cluster
+
+    c = Cluster(n_workers=1, memory="64M")
+    try:
+        with stria.Client(c.address) as cl:
+            x = torch.empty(1, 65536, 8, 64)
+            with pytest.raises(stria.NoMemoryError) as e:
+                stria.attention(x, x, x, client=cl)
+            assert e.value.name == "STRIA_ERR_NO_MEMORY"
     finally:
         c.stop()
 

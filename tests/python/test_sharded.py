@@ -66,3 +66,28 @@ def test_sharded_attention_names_the_missing_c_api():
     x = torch.zeros(1, 8, 2, 16)
     with pytest.raises(NotImplementedError, match="stria_client_submit.*stria_job_export"):
         stria.sharded_attention(x, x, x, seq_len=32)
+
+
+def _gather_rank(rank, world, init, layout, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        x = torch.arange(2 * 301 * 3, dtype=torch.float32).reshape(2, 301, 3)
+        mine = stria.shard(x, 1, rank=rank, world_size=world, layout=layout)
+        whole = stria.unshard(mine, 1, seq_len=301, layout=layout)
+        torch.save(torch.equal(whole, x), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", ["zigzag"])
+def test_unshard_over_a_gloo_group(tmp_path, layout):
+    """4 processes: each rank's shard gathered back over torch.distributed."""
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path}/rendezvous"
+    out = str(tmp_path / "ok")
+    mp.start_processes(_gather_rank, args=(4, init, layout, out), nprocs=4,
+                       start_method="fork")
+    assert all(torch.load(f"{out}.{r}") for r in range(4))
