@@ -137,7 +137,7 @@ unsigned stria_client_abi_version(void)
 #define STRIA__PARAMS_V1_SIZE     STRIA__V1_END(stria_client_params_t, client_name)
 #define STRIA__SPEC_V1_SIZE       STRIA__V1_END(stria_job_spec_t, label)
 #define STRIA__STATS_V1_SIZE      STRIA__V1_END(stria_call_stats_t, bytes_down)
-_Static_assert(STRIA__PARAMS_V1_SIZE == sizeof(stria_client_params_t) &&
+_Static_assert(STRIA__PARAMS_V1_SIZE <= sizeof(stria_client_params_t) &&
                    STRIA__SPEC_V1_SIZE <= sizeof(stria_job_spec_t) &&
                    STRIA__STATS_V1_SIZE <= sizeof(stria_call_stats_t),
                "ABI 1 sizes: a struct grew; keep these at its ABI 1 end");
@@ -225,6 +225,10 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
     if (params->coordinator == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_connect: the coordinator address is required");
+    if (params->token != NULL && params->token_file != NULL)
+        return stria_error_set(
+            STRIA_ERR_INVALID_ARG,
+            "stria_client_connect: token and token_file are both set (give one)");
     c = calloc(1, sizeof(*c));
     if (c == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate client");
@@ -236,6 +240,9 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate client");
         goto err;
     }
+    if (params->token_file != NULL &&
+        (st = stria_rpc_token_read(params->token_file, &c->token)) != STRIA_OK)
+        goto err;
     if (c->params.connect_timeout_s <= 0)
         c->params.connect_timeout_s = 10.0;
     if (c->params.rpc_timeout_s <= 0)

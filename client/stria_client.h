@@ -56,6 +56,11 @@ typedef struct {
     double connect_timeout_s; /* default 10 */
     double rpc_timeout_s;     /* one upload/download request; default 120 */
     const char *client_name;  /* shown in the daemons' logs; default "libstria" */
+    /* Added in ABI 1 after `client_name` (older callers' struct_size ends
+     * there and it reads as NULL). A file holding the token on its first
+     * line, read during the connection with the daemons' rules (blanks
+     * around it trimmed, printable ASCII); NULL: none. Not with `token`. */
+    const char *token_file;
 } stria_client_params_t;
 
 #define STRIA_CLIENT_PARAMS_INIT                                                                   \

@@ -12,6 +12,7 @@ packages=(
   libcriterion-dev
   iproute2
   python3
+  python3-venv
   python3-prometheus-client
   dpkg-dev lintian
 )

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -748,6 +749,25 @@ Test(e2e, token_required_everywhere, .timeout = 300)
     cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_AUTH, "%s", stria_error_msg());
     p.token = "wrong";
     cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_AUTH, "%s", stria_error_msg());
+    /* token_file: both at once are refused, a missing file is named, the
+     * daemons' file (newline and all) connects; a caller of the first ABI 1
+     * size (without token_file) still connects */
+    p.token_file = path;
+    cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_INVALID_ARG, "%s", stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), "token_file") != NULL, "%s", stria_error_msg());
+    p.token = NULL;
+    p.token_file = "/nonexistent/stria.token";
+    cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_IO, "%s", stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), "/nonexistent/stria.token") != NULL, "%s",
+              stria_error_msg());
+    p.token_file = path;
+    cr_assert_eq(stria_client_connect(&p, &c), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(c);
+    p.token_file = NULL;
+    p.token = "s3cret-token";
+    p.struct_size = offsetof(stria_client_params_t, token_file);
+    cr_assert_eq(stria_client_connect(&p, &c), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(c);
     /* the right token runs a job (the workers check it too) */
     c = connect_client("s3cret-token");
     job_data_t j;
