@@ -684,6 +684,15 @@ static stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__
         job->spec.scale = s->scale;
     if (s->step_timeout_ms > 0)
         job->spec.step_timeout_s = s->step_timeout_ms / 1000.0;
+    /* The assignment names the layout the coordinator chose (auto resolved);
+     * a layout the caller named must come back as it was. */
+    if ((unsigned)s->layout > STRIA__V1__LAYOUT__LAYOUT_ZIGZAG ||
+        (job->spec.layout != STRIA_LAYOUT_AUTO &&
+         (stria_layout_kind_t)s->layout != job->spec.layout))
+        return stria_error_set(STRIA_ERR_PROTOCOL,
+                               "coordinator assigned layout %d to a job submitted as %s",
+                               (int)s->layout, stria_layout_kind_name(job->spec.layout));
+    job->spec.layout = (stria_layout_kind_t)s->layout;
     st = stria_layout_init(job->spec.layout, (int)a->n_ranks, job->spec.seq_len, &job->layout);
     if (st != STRIA_OK)
         return st;
@@ -1017,4 +1026,9 @@ uint64_t stria_job_id(const stria_job_t *job)
 int stria_job_ring_size(const stria_job_t *job)
 {
     return job ? job->n_ranks : 0;
+}
+
+stria_layout_kind_t stria_job_layout(const stria_job_t *job)
+{
+    return job ? job->layout.kind : STRIA_LAYOUT_STRIPED;
 }

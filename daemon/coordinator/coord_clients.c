@@ -132,7 +132,7 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     j->kv_heads = s->kv_heads;
     j->head_dim = s->head_dim;
     j->dtype = s->dtype;
-    j->layout = s->layout;
+    j->layout = (Stria__V1__Layout)layout->kind; /* auto resolved */
     j->causal = s->causal;
     j->no_queue = s->no_queue;
     j->scale = s->scale > 0 ? s->scale : (float)(1.0 / sqrt((double)s->head_dim));
@@ -204,8 +204,9 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             n ? n : 1, count, healthy, draining, dead, left);
         goto free_ring;
     }
-    if (stria_layout_init((stria_layout_kind_t)s->layout, (int)n, (int64_t)s->seq_len, &layout) !=
-        STRIA_OK) {
+    if (stria_layout_init(
+            stria_layout_kind_resolve((stria_layout_kind_t)s->layout, s->window != NULL), (int)n,
+            (int64_t)s->seq_len, &layout) != STRIA_OK) {
         stria__count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         goto free_ring;

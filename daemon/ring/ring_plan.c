@@ -50,7 +50,7 @@ void stria_ring_plan_destroy(stria_ring_plan_t *plan)
 }
 
 stria_status_t stria_ring_plan_create(const stria_ring_shape_t *shape, stria_layout_kind_t layout,
-                                      int n_ranks, stria_ring_plan_t **plan)
+                                      int n_ranks, bool all_hops, stria_ring_plan_t **plan)
 {
     stria_ring_plan_t *pl;
     stria_status_t st;
@@ -70,6 +70,7 @@ stria_status_t stria_ring_plan_create(const stria_ring_shape_t *shape, stria_lay
         stria_ring_plan_destroy(pl);
         return st;
     }
+    pl->p.fwd_steps = all_hops ? n_ranks : stria__fwd_steps(&pl->p);
     *plan = pl;
     return STRIA_OK;
 }
@@ -79,22 +80,28 @@ const stria_layout_t *stria_ring_plan_layout(const stria_ring_plan_t *plan)
     return plan != NULL ? &plan->p.layout : NULL;
 }
 
+int stria_ring_plan_steps(const stria_ring_plan_t *plan, bool backward)
+{
+    return plan == NULL ? 0 : backward ? plan->p.n : plan->p.fwd_steps;
+}
+
 stria_status_t stria_ring_plan_step(stria_ring_plan_t *plan, int rank, int step, bool backward,
                                     stria_ring_plan_step_t *out)
 {
     if (plan == NULL || out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_ring_plan_step: NULL argument");
     stria_ring_pass_t *p = &plan->p;
-    const int N = p->n;
-    if (rank < 0 || rank >= N || step < 0 || step >= N)
+    const int N = stria_ring_plan_steps(plan, backward); /* the call's K/V steps */
+    if (rank < 0 || rank >= p->n || step < 0 || step >= N)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_ring_plan_step: rank %d, step %d in a ring of %d", rank, step,
-                               N);
+                               "stria_ring_plan_step: rank %d, step %d of a %s pass of %d steps "
+                               "in a ring of %d",
+                               rank, step, backward ? "backward" : "forward", N, p->n);
     const uint64_t kv = (uint64_t)(p->shape.batch * p->layout.shard_tokens * p->shape.kv_heads *
                                    p->shape.head_dim),
                    msg = 2 * kv * stria_dtype_size(p->shape.dtype), dkv = 2 * kv * sizeof(float);
     p->rank = rank;
-    out->src_rank = (rank - step + N) % N;
+    out->src_rank = (rank - step + p->n) % p->n;
     out->computed = stria__visible(p, out->src_rank);
     out->bytes_sent = out->bytes_recv = 0;
     if (step + 1 < N) { /* block step + 1 arrives, block step leaves */
@@ -108,8 +115,8 @@ stria_status_t stria_ring_plan_step(stria_ring_plan_t *plan, int rank, int step,
     if (step == N - 1) {
         if (backward && N > 1) /* the sum of this rank's own block comes home */
             out->bytes_recv += dkv;
-        out->bytes_sent += 8 * (uint64_t)(N - 1); /* the agreement */
-        out->bytes_recv += 8 * (uint64_t)(N - 1);
+        out->bytes_sent += 8 * (uint64_t)(p->n - 1); /* the agreement */
+        out->bytes_recv += 8 * (uint64_t)(p->n - 1);
     }
     return STRIA_OK;
 }

@@ -94,9 +94,9 @@ void stria__times_finish(stria_ring_pass_t *p)
     memset(p->sends, 0, sizeof(p->sends));
     if (p->hooks.no_step_times || p->stats[0].times.origin != 0.0)
         return; /* off, or this call failed before its records were reset */
-    for (int s = 0; s < p->n; s++) {
+    for (int s = 0; s < p->steps_run; s++) {
         stria_ring_step_times_t *t = &p->stats[s].times;
-        if (s == p->n - 1 && t->begin != 0.0)
+        if (s == p->steps_run - 1 && t->begin != 0.0)
             t->end = now;
         t->origin = t0;
         t->begin = s == 0 ? 0.0 : stria__rel(t->begin, t0);

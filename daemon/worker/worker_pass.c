@@ -260,8 +260,8 @@ static stria_status_t stria__pass_compute(stria_worker_t *w, stria__wjob_t *j, b
         stria_metric_add(w->m_bytes_sent, (double)ss[i].bytes_sent);
         stria_metric_add(w->m_bytes_recv, (double)ss[i].bytes_recv);
     }
-    stats->steps = (uint32_t)n;
-    stria_metric_add(w->m_steps[backward ? 1 : 0], (double)n);
+    stats->steps = (uint32_t)stria_ring_pass_steps(j->pass);
+    stria_metric_add(w->m_steps[backward ? 1 : 0], (double)stats->steps);
     return st;
 }
 
