@@ -48,6 +48,7 @@ typedef struct {
     double doc_sigma;
     bool has_window;
     int64_t window_left, window_right;
+    const char *timeline; /* --timeline FILE.svg (NULL: none) */
 } stria__rb_opts_t;
 
 /* Results per layout kind, and the contiguous ring without hop skipping
@@ -236,6 +237,13 @@ static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
          .metavar = "lognormal:MEDIAN[:SIGMA]",
          .help = "packed documents (cu_seqlens) with lengths drawn log-normal around MEDIAN "
                  "tokens (SIGMA of the log, default 1), fixed seed; the last one cut at S"},
+        {.name = "timeline",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->timeline,
+         .metavar = "FILE.svg",
+         .help = "after measuring, run each layout's passes once more with the ranks computing "
+                 "at once and draw their recorded step times: one panel per (layout, pass) on a "
+                 "shared time axis, a row per rank (one --ranks and one --seq only)"},
         {.name = "window",
          .type = STRIA_OPT_INTS,
          .dst = &win,
@@ -276,6 +284,13 @@ static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
         return rc;
     if (stria_bench_shape_check("ring", &shape) >= 0)
         return 2;
+    if (o->timeline != NULL && (o->n_ranks != 1 || o->n_seqs != 1))
+        return stria_bench_usage_error("ring",
+                                       "--timeline draws one ring: give one --ranks and "
+                                       "one --seq (got %zu and %zu)",
+                                       o->n_ranks, o->n_seqs);
+    if (o->timeline != NULL && o->timeline[0] == '\0')
+        return stria_bench_usage_error("ring", "--timeline: empty file name");
     o->heads = shape.heads;
     o->kv_heads = shape.kv_heads;
     o->head_dim = shape.head_dim;
@@ -351,7 +366,8 @@ typedef struct {
 /* Row k of the results: a layout kind, or STRIA__RB_FULL (contiguous with
  * every hop). */
 static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t *d, int n, int row,
-                                    bool bwd, bool serialize, double *compute, stria__rb_run_t *out)
+                                    bool bwd, bool serialize, double *compute, stria__rb_run_t *out,
+                                    stria_ring_step_stats_t *keep)
 {
     stria_ring_shape_t shape = {.batch = o->batch,
                                 .seq = d->seq,
@@ -413,6 +429,8 @@ static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t 
             out->critical_s += mx;
         }
         out->wall_s = bwd ? stats.bwd_wall_s : stats.fwd_wall_s;
+        if (keep != NULL)
+            memcpy(keep, steps, (size_t)(n * n) * sizeof(*steps));
     }
     free(steps);
     return st;
@@ -518,7 +536,8 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
             size_t at = (size_t)k * per_layout + (size_t)(rep < 0 ? 0 : rep) * nn;
             if (!stria__rb_row_on(o, k))
                 continue;
-            st = stria__rb_run(o, d, n, k, bwd, o->serialize, rep < 0 ? NULL : comp + at, &run);
+            st = stria__rb_run(o, d, n, k, bwd, o->serialize, rep < 0 ? NULL : comp + at, &run,
+                               NULL);
             if (st != STRIA_OK || rep < 0)
                 continue;
             res[k].steps = run.steps;
@@ -528,7 +547,7 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
             if (!o->serialize)
                 memcpy(comp_par + at, comp + at, nn * sizeof(double));
             else if (want_wall)
-                st = stria__rb_run(o, d, n, k, bwd, false, comp_par + at, &run);
+                st = stria__rb_run(o, d, n, k, bwd, false, comp_par + at, &run, NULL);
             wall[k][rep] = run.wall_s;
         }
     for (int k = 0; k < STRIA__RB_ROWS && st == STRIA_OK; k++) {
@@ -764,6 +783,114 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, const stria__rb_d
     fflush(stdout);
 }
 
+/* ---- timelines ------------------------------------------------------------ */
+
+/* The job's shape, for titles. */
+static void stria__rb_shape_text(const stria__rb_opts_t *o, int n, const stria__rb_data_t *d,
+                                 char *out, size_t cap)
+{
+    int at = snprintf(out, cap, "N=%d ranks, S=%lld, B=%lld, H=%lld/%lld, D=%lld, %s, %s", n,
+                      (long long)d->seq, (long long)o->batch, (long long)o->heads,
+                      (long long)o->kv_heads, (long long)o->head_dim, stria_dtype_name(o->dtype),
+                      o->causal ? "causal" : "non-causal");
+    if (d->n_cu > 0 && at > 0 && (size_t)at < cap)
+        at += snprintf(out + at, cap - (size_t)at, ", %zu documents", d->n_cu - 1);
+    if (o->has_window && at > 0 && (size_t)at < cap)
+        snprintf(out + at, cap - (size_t)at, ", window (%lld, %lld)", (long long)o->window_left,
+                 (long long)o->window_right);
+}
+
+/* A panel of one pass from its recorded step times ([rank][step]). Ranks
+ * share the process's clock: each rank's times move by its pass start
+ * (origin) minus the earliest rank's. */
+static stria_status_t stria__rb_panel(stria_timeline_t *tl, const char *name, int n,
+                                      const stria_ring_step_stats_t *st)
+{
+    double t0 = 0, end = 0, busy = 0;
+    char note[128];
+    int panel;
+    stria_status_t rc;
+    for (int r = 0; r < n; r++)
+        if (r == 0 || st[r * n].times.origin < t0)
+            t0 = st[r * n].times.origin;
+    for (int r = 0; r < n; r++)
+        for (int s = 0; s < n; s++) {
+            const stria_ring_step_times_t *t = &st[r * n + s].times;
+            double off = t->origin - t0;
+            if (t->origin == 0.0) /* a step the pass did not run */
+                continue;
+            end = t->end >= 0 && t->end + off > end ? t->end + off : end;
+            busy += st[r * n + s].compute_wall_s;
+        }
+    snprintf(note, sizeof(note), "%.4f s, ranks busy %.0f%% of it", end,
+             end > 0 ? 100.0 * busy / (n * end) : 0.0);
+    if ((rc = stria_timeline_panel(tl, name, note, n, &panel)) != STRIA_OK)
+        return rc;
+    stria_timeline_panel_end(tl, panel, end);
+    for (int r = 0; r < n && rc == STRIA_OK; r++)
+        for (int s = 0; s < n && rc == STRIA_OK; s++) {
+            const stria_ring_step_times_t *t = &st[r * n + s].times;
+            const double off = t->origin - t0;
+            if (t->origin == 0.0)
+                continue;
+            for (int i = 0; i < t->n_spans && rc == STRIA_OK; i++)
+                rc = stria_timeline_span(tl, panel, r,
+                                         t->spans[i].kind == STRIA_RING_SPAN_COMPUTE
+                                             ? STRIA_TIMELINE_COMPUTE
+                                             : STRIA_TIMELINE_WAIT,
+                                         t->spans[i].begin + off, t->spans[i].end + off);
+            if (rc == STRIA_OK && t->send_begin >= 0 && t->send_end >= t->send_begin)
+                rc = stria_timeline_span(tl, panel, r, STRIA_TIMELINE_SEND, t->send_begin + off,
+                                         t->send_end + off);
+            if (rc == STRIA_OK && t->sum_send_begin >= 0 && t->sum_send_end >= t->sum_send_begin)
+                rc = stria_timeline_span(tl, panel, r, STRIA_TIMELINE_SEND, t->sum_send_begin + off,
+                                         t->sum_send_end + off);
+        }
+    return rc;
+}
+
+/* One more pass of every layout measured (and direction), the ranks
+ * computing at once, drawn from their step times. */
+static stria_status_t stria__rb_timeline(const stria__rb_opts_t *o, stria__rb_data_t *d, int n)
+{
+    static const int order[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA__RB_FULL, STRIA_LAYOUT_STRIPED,
+                                STRIA_LAYOUT_ZIGZAG};
+    char title[256], sub[256], name[64];
+    stria_ring_step_stats_t *st = calloc((size_t)(n * n), sizeof(*st));
+    stria_timeline_t *tl = NULL;
+    stria_status_t rc;
+
+    if (st == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    stria__rb_shape_text(o, n, d, title, sizeof(title));
+    snprintf(sub, sizeof(sub),
+             "recorded step times of one run per pass: %d rank threads computing at once on %d "
+             "cores (%s kernels), one clock, from the first rank's start",
+             n, o->cpus, stria_kernels_variant());
+    rc = stria_timeline_create(title, sub, &tl);
+    for (int b = 0; b < 2 && rc == STRIA_OK; b++) {
+        if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
+            continue;
+        for (size_t i = 0; i < sizeof(order) / sizeof(order[0]) && rc == STRIA_OK; i++) {
+            stria__rb_run_t run;
+            if (!stria__rb_row_on(o, order[i]))
+                continue;
+            rc = stria__rb_run(o, d, n, order[i], b == 1, false, NULL, &run, st);
+            snprintf(name, sizeof(name), "%s, %s", stria__rb_row_name(order[i]),
+                     b ? "backward" : "forward");
+            if (rc == STRIA_OK)
+                rc = stria__rb_panel(tl, name, n, st);
+        }
+    }
+    if (rc == STRIA_OK)
+        rc = stria_timeline_write_svg(tl, o->timeline);
+    if (rc == STRIA_OK && !o->json)
+        printf("timeline: %s\n", o->timeline);
+    stria_timeline_destroy(tl);
+    free(st);
+    return rc;
+}
+
 int stria_bench_ring(int argc, char **argv)
 {
     stria__rb_opts_t o;
@@ -792,7 +919,7 @@ int stria_bench_ring(int argc, char **argv)
             } else {
                 /* the backward pass needs O and LSE: one untimed forward */
                 stria__rb_run_t run;
-                st = stria__rb_run(&o, &d, n, STRIA_LAYOUT_STRIPED, false, false, NULL, &run);
+                st = stria__rb_run(&o, &d, n, STRIA_LAYOUT_STRIPED, false, false, NULL, &run, NULL);
             }
             if (st == STRIA_OK && o.do_bwd) {
                 memset(res, 0, sizeof(res));
@@ -802,6 +929,8 @@ int stria_bench_ring(int argc, char **argv)
                 if (st == STRIA_OK)
                     stria__rb_report(&o, n, &d, true, res, &blocks);
             }
+            if (st == STRIA_OK && o.timeline != NULL)
+                st = stria__rb_timeline(&o, &d, n);
         }
         stria__rb_data_free(&d);
     }
