@@ -90,72 +90,14 @@ static int stria__rb_choices(stria__rb_opts_t *o, const char *layout, const char
 /* --documents and --window, after parsing. */
 static int stria__rb_masks(stria__rb_opts_t *o, const char *docs, const stria_int_list_t *win)
 {
-    char *end = NULL;
-    if (docs != NULL) {
-        if (strncmp(docs, "lognormal:", 10) != 0)
-            return stria_bench_usage_error("ring",
-                                           "--documents '%s': expected lognormal:MEDIAN"
-                                           "[:SIGMA]",
-                                           docs);
-        errno = 0;
-        o->doc_median = strtoll(docs + 10, &end, 10);
-        o->doc_sigma = 1.0;
-        if (errno == 0 && *end == ':')
-            o->doc_sigma = strtod(end + 1, &end);
-        if (errno != 0 || *end != '\0' || o->doc_median < 1 || !(o->doc_sigma >= 0.0) ||
-            o->doc_sigma > 4.0)
-            return stria_bench_usage_error("ring",
-                                           "--documents '%s': MEDIAN must be >= 1 tokens "
-                                           "and SIGMA in 0..4",
-                                           docs);
-    }
-    if (win->n > 0) {
-        o->has_window = true;
-        o->window_left = win->v[0];
-        o->window_right = win->n > 1 ? win->v[1] : 0;
-        if (win->n > 2 || (o->causal && o->window_right > 0))
-            return stria_bench_usage_error("ring", "--window takes LEFT[,RIGHT] (RIGHT 0 or -1 "
-                                                   "with causal attention)");
-    }
-    return -1;
-}
-
-/* Document boundaries with lengths drawn log-normal around the median
- * (fixed seed), the last cut at S. A malloc'd array of *n entries. */
-static int64_t *stria__rb_documents(const stria__rb_opts_t *o, int64_t seq, size_t *n)
-{
-    uint64_t state = 0x5eed5eedULL;
-    size_t cap = 64;
-    int64_t *cu = malloc(cap * sizeof(*cu));
-    *n = 0;
-    if (cu == NULL)
-        return NULL;
-    cu[(*n)++] = 0;
-    while (cu[*n - 1] < seq) {
-        double u[2];
-        for (int i = 0; i < 2; i++) { /* splitmix64 -> (0, 1) */
-            uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-            u[i] = ((double)((z ^ (z >> 31)) >> 11) + 0.5) / 9007199254740992.0;
-        }
-        double g = sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]);
-        int64_t len = llround((double)o->doc_median * exp(o->doc_sigma * g));
-        if (*n == cap) {
-            int64_t *more = realloc(cu, 2 * cap * sizeof(*cu));
-            if (more == NULL) {
-                free(cu);
-                return NULL;
-            }
-            cu = more;
-            cap *= 2;
-        }
-        cu[*n] = cu[*n - 1] + (len < 1 ? 1 : len);
-        if (cu[*n] > seq)
-            cu[*n] = seq;
-        (*n)++;
-    }
-    return cu;
+    stria_bench_masks_t m;
+    int rc = stria_bench_masks("ring", o->causal, docs, win, &m);
+    o->doc_median = m.doc_median;
+    o->doc_sigma = m.doc_sigma;
+    o->has_window = m.has_window;
+    o->window_left = m.window_left;
+    o->window_right = m.window_right;
+    return rc;
 }
 
 /* Returns -1 to continue, else an exit code. */
@@ -348,7 +290,8 @@ static stria_status_t stria__rb_data_init(const stria__rb_opts_t *o, int64_t seq
     stria_bench_fill(d->k, o->dtype, d->nk, 2);
     stria_bench_fill(d->v, o->dtype, d->nk, 3);
     stria_bench_fill(d->d_o, o->dtype, d->nq, 4);
-    if (o->doc_median > 0 && (d->cu = stria__rb_documents(o, seq, &d->n_cu)) == NULL) {
+    if (o->doc_median > 0 &&
+        (d->cu = stria_bench_documents(o->doc_median, o->doc_sigma, seq, &d->n_cu)) == NULL) {
         stria__rb_data_free(d);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the documents");
     }
