@@ -486,7 +486,7 @@ static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t
                    c->shape.causal ? "true" : "false", r->r.pass_s, r->r.critical_s, x, busy,
                    r->r.steps, (unsigned long long)r->r.bytes_sent, (long long)c->t[k].full_tiles,
                    (long long)c->t[k].partial_tiles, (long long)c->t[k].subblocks,
-                   c->t[k].memo_keys, sim_s);
+                   c->t[k].memo_keys, sim_s, sim_cpu_s);
             if (r->measured_s >= 0)
                 printf(",\"measured_critical_s\":%.6g,\"predicted_over_measured\":%.4f,"
                        "\"measured_speedup_vs_contiguous\":%.4f",
