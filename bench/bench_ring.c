@@ -48,6 +48,7 @@ typedef struct {
     double doc_sigma;
     bool has_window;
     int64_t window_left, window_right;
+    const char *timeline; /* --timeline FILE.svg (NULL: none) */
 } stria__rb_opts_t;
 
 /* Results per layout kind, and the contiguous ring without hop skipping
@@ -89,72 +90,14 @@ static int stria__rb_choices(stria__rb_opts_t *o, const char *layout, const char
 /* --documents and --window, after parsing. */
 static int stria__rb_masks(stria__rb_opts_t *o, const char *docs, const stria_int_list_t *win)
 {
-    char *end = NULL;
-    if (docs != NULL) {
-        if (strncmp(docs, "lognormal:", 10) != 0)
-            return stria_bench_usage_error("ring",
-                                           "--documents '%s': expected lognormal:MEDIAN"
-                                           "[:SIGMA]",
-                                           docs);
-        errno = 0;
-        o->doc_median = strtoll(docs + 10, &end, 10);
-        o->doc_sigma = 1.0;
-        if (errno == 0 && *end == ':')
-            o->doc_sigma = strtod(end + 1, &end);
-        if (errno != 0 || *end != '\0' || o->doc_median < 1 || !(o->doc_sigma >= 0.0) ||
-            o->doc_sigma > 4.0)
-            return stria_bench_usage_error("ring",
-                                           "--documents '%s': MEDIAN must be >= 1 tokens "
-                                           "and SIGMA in 0..4",
-                                           docs);
-    }
-    if (win->n > 0) {
-        o->has_window = true;
-        o->window_left = win->v[0];
-        o->window_right = win->n > 1 ? win->v[1] : 0;
-        if (win->n > 2 || (o->causal && o->window_right > 0))
-            return stria_bench_usage_error("ring", "--window takes LEFT[,RIGHT] (RIGHT 0 or -1 "
-                                                   "with causal attention)");
-    }
-    return -1;
-}
-
-/* Document boundaries with lengths drawn log-normal around the median
- * (fixed seed), the last cut at S. A malloc'd array of *n entries. */
-static int64_t *stria__rb_documents(const stria__rb_opts_t *o, int64_t seq, size_t *n)
-{
-    uint64_t state = 0x5eed5eedULL;
-    size_t cap = 64;
-    int64_t *cu = malloc(cap * sizeof(*cu));
-    *n = 0;
-    if (cu == NULL)
-        return NULL;
-    cu[(*n)++] = 0;
-    while (cu[*n - 1] < seq) {
-        double u[2];
-        for (int i = 0; i < 2; i++) { /* splitmix64 -> (0, 1) */
-            uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-            u[i] = ((double)((z ^ (z >> 31)) >> 11) + 0.5) / 9007199254740992.0;
-        }
-        double g = sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]);
-        int64_t len = llround((double)o->doc_median * exp(o->doc_sigma * g));
-        if (*n == cap) {
-            int64_t *more = realloc(cu, 2 * cap * sizeof(*cu));
-            if (more == NULL) {
-                free(cu);
-                return NULL;
-            }
-            cu = more;
-            cap *= 2;
-        }
-        cu[*n] = cu[*n - 1] + (len < 1 ? 1 : len);
-        if (cu[*n] > seq)
-            cu[*n] = seq;
-        (*n)++;
-    }
-    return cu;
+    stria_bench_masks_t m;
+    int rc = stria_bench_masks("ring", o->causal, docs, win, &m);
+    o->doc_median = m.doc_median;
+    o->doc_sigma = m.doc_sigma;
+    o->has_window = m.has_window;
+    o->window_left = m.window_left;
+    o->window_right = m.window_right;
+    return rc;
 }
 
 /* Returns -1 to continue, else an exit code. */
@@ -236,6 +179,13 @@ static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
          .metavar = "lognormal:MEDIAN[:SIGMA]",
          .help = "packed documents (cu_seqlens) with lengths drawn log-normal around MEDIAN "
                  "tokens (SIGMA of the log, default 1), fixed seed; the last one cut at S"},
+        {.name = "timeline",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->timeline,
+         .metavar = "FILE.svg",
+         .help = "after measuring, run each layout's passes once more with the ranks computing "
+                 "at once and draw their recorded step times: one panel per (layout, pass) on a "
+                 "shared time axis, a row per rank (one --ranks and one --seq only)"},
         {.name = "window",
          .type = STRIA_OPT_INTS,
          .dst = &win,
@@ -276,6 +226,13 @@ static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
         return rc;
     if (stria_bench_shape_check("ring", &shape) >= 0)
         return 2;
+    if (o->timeline != NULL && (o->n_ranks != 1 || o->n_seqs != 1))
+        return stria_bench_usage_error("ring",
+                                       "--timeline draws one ring: give one --ranks and "
+                                       "one --seq (got %zu and %zu)",
+                                       o->n_ranks, o->n_seqs);
+    if (o->timeline != NULL && o->timeline[0] == '\0')
+        return stria_bench_usage_error("ring", "--timeline: empty file name");
     o->heads = shape.heads;
     o->kv_heads = shape.kv_heads;
     o->head_dim = shape.head_dim;
@@ -333,7 +290,8 @@ static stria_status_t stria__rb_data_init(const stria__rb_opts_t *o, int64_t seq
     stria_bench_fill(d->k, o->dtype, d->nk, 2);
     stria_bench_fill(d->v, o->dtype, d->nk, 3);
     stria_bench_fill(d->d_o, o->dtype, d->nq, 4);
-    if (o->doc_median > 0 && (d->cu = stria__rb_documents(o, seq, &d->n_cu)) == NULL) {
+    if (o->doc_median > 0 &&
+        (d->cu = stria_bench_documents(o->doc_median, o->doc_sigma, seq, &d->n_cu)) == NULL) {
         stria__rb_data_free(d);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the documents");
     }
@@ -351,7 +309,8 @@ typedef struct {
 /* Row k of the results: a layout kind, or STRIA__RB_FULL (contiguous with
  * every hop). */
 static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t *d, int n, int row,
-                                    bool bwd, bool serialize, double *compute, stria__rb_run_t *out)
+                                    bool bwd, bool serialize, double *compute, stria__rb_run_t *out,
+                                    stria_ring_step_stats_t *keep)
 {
     stria_ring_shape_t shape = {.batch = o->batch,
                                 .seq = d->seq,
@@ -413,6 +372,8 @@ static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t 
             out->critical_s += mx;
         }
         out->wall_s = bwd ? stats.bwd_wall_s : stats.fwd_wall_s;
+        if (keep != NULL)
+            memcpy(keep, steps, (size_t)(n * n) * sizeof(*steps));
     }
     free(steps);
     return st;
@@ -518,7 +479,8 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
             size_t at = (size_t)k * per_layout + (size_t)(rep < 0 ? 0 : rep) * nn;
             if (!stria__rb_row_on(o, k))
                 continue;
-            st = stria__rb_run(o, d, n, k, bwd, o->serialize, rep < 0 ? NULL : comp + at, &run);
+            st = stria__rb_run(o, d, n, k, bwd, o->serialize, rep < 0 ? NULL : comp + at, &run,
+                               NULL);
             if (st != STRIA_OK || rep < 0)
                 continue;
             res[k].steps = run.steps;
@@ -528,7 +490,7 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
             if (!o->serialize)
                 memcpy(comp_par + at, comp + at, nn * sizeof(double));
             else if (want_wall)
-                st = stria__rb_run(o, d, n, k, bwd, false, comp_par + at, &run);
+                st = stria__rb_run(o, d, n, k, bwd, false, comp_par + at, &run, NULL);
             wall[k][rep] = run.wall_s;
         }
     for (int k = 0; k < STRIA__RB_ROWS && st == STRIA_OK; k++) {
@@ -764,6 +726,114 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, const stria__rb_d
     fflush(stdout);
 }
 
+/* ---- timelines ------------------------------------------------------------ */
+
+/* The job's shape, for titles. */
+static void stria__rb_shape_text(const stria__rb_opts_t *o, int n, const stria__rb_data_t *d,
+                                 char *out, size_t cap)
+{
+    int at = snprintf(out, cap, "N=%d ranks, S=%lld, B=%lld, H=%lld/%lld, D=%lld, %s, %s", n,
+                      (long long)d->seq, (long long)o->batch, (long long)o->heads,
+                      (long long)o->kv_heads, (long long)o->head_dim, stria_dtype_name(o->dtype),
+                      o->causal ? "causal" : "non-causal");
+    if (d->n_cu > 0 && at > 0 && (size_t)at < cap)
+        at += snprintf(out + at, cap - (size_t)at, ", %zu documents", d->n_cu - 1);
+    if (o->has_window && at > 0 && (size_t)at < cap)
+        snprintf(out + at, cap - (size_t)at, ", window (%lld, %lld)", (long long)o->window_left,
+                 (long long)o->window_right);
+}
+
+/* A panel of one pass from its recorded step times ([rank][step]). Ranks
+ * share the process's clock: each rank's times move by its pass start
+ * (origin) minus the earliest rank's. */
+static stria_status_t stria__rb_panel(stria_timeline_t *tl, const char *name, int n,
+                                      const stria_ring_step_stats_t *st)
+{
+    double t0 = 0, end = 0, busy = 0;
+    char note[128];
+    int panel;
+    stria_status_t rc;
+    for (int r = 0; r < n; r++)
+        if (r == 0 || st[r * n].times.origin < t0)
+            t0 = st[r * n].times.origin;
+    for (int r = 0; r < n; r++)
+        for (int s = 0; s < n; s++) {
+            const stria_ring_step_times_t *t = &st[r * n + s].times;
+            double off = t->origin - t0;
+            if (t->origin == 0.0) /* a step the pass did not run */
+                continue;
+            end = t->end >= 0 && t->end + off > end ? t->end + off : end;
+            busy += st[r * n + s].compute_wall_s;
+        }
+    snprintf(note, sizeof(note), "%.4f s, ranks busy %.0f%% of it", end,
+             end > 0 ? 100.0 * busy / (n * end) : 0.0);
+    if ((rc = stria_timeline_panel(tl, name, note, n, &panel)) != STRIA_OK)
+        return rc;
+    stria_timeline_panel_end(tl, panel, end);
+    for (int r = 0; r < n && rc == STRIA_OK; r++)
+        for (int s = 0; s < n && rc == STRIA_OK; s++) {
+            const stria_ring_step_times_t *t = &st[r * n + s].times;
+            const double off = t->origin - t0;
+            if (t->origin == 0.0)
+                continue;
+            for (int i = 0; i < t->n_spans && rc == STRIA_OK; i++)
+                rc = stria_timeline_span(tl, panel, r,
+                                         t->spans[i].kind == STRIA_RING_SPAN_COMPUTE
+                                             ? STRIA_TIMELINE_COMPUTE
+                                             : STRIA_TIMELINE_WAIT,
+                                         t->spans[i].begin + off, t->spans[i].end + off);
+            if (rc == STRIA_OK && t->send_begin >= 0 && t->send_end >= t->send_begin)
+                rc = stria_timeline_span(tl, panel, r, STRIA_TIMELINE_SEND, t->send_begin + off,
+                                         t->send_end + off);
+            if (rc == STRIA_OK && t->sum_send_begin >= 0 && t->sum_send_end >= t->sum_send_begin)
+                rc = stria_timeline_span(tl, panel, r, STRIA_TIMELINE_SEND, t->sum_send_begin + off,
+                                         t->sum_send_end + off);
+        }
+    return rc;
+}
+
+/* One more pass of every layout measured (and direction), the ranks
+ * computing at once, drawn from their step times. */
+static stria_status_t stria__rb_timeline(const stria__rb_opts_t *o, stria__rb_data_t *d, int n)
+{
+    static const int order[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA__RB_FULL, STRIA_LAYOUT_STRIPED,
+                                STRIA_LAYOUT_ZIGZAG};
+    char title[256], sub[256], name[64];
+    stria_ring_step_stats_t *st = calloc((size_t)(n * n), sizeof(*st));
+    stria_timeline_t *tl = NULL;
+    stria_status_t rc;
+
+    if (st == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    stria__rb_shape_text(o, n, d, title, sizeof(title));
+    snprintf(sub, sizeof(sub),
+             "recorded step times of one run per pass: %d rank threads computing at once on %d "
+             "cores (%s kernels), one clock, from the first rank's start",
+             n, o->cpus, stria_kernels_variant());
+    rc = stria_timeline_create(title, sub, &tl);
+    for (int b = 0; b < 2 && rc == STRIA_OK; b++) {
+        if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
+            continue;
+        for (size_t i = 0; i < sizeof(order) / sizeof(order[0]) && rc == STRIA_OK; i++) {
+            stria__rb_run_t run;
+            if (!stria__rb_row_on(o, order[i]))
+                continue;
+            rc = stria__rb_run(o, d, n, order[i], b == 1, false, NULL, &run, st);
+            snprintf(name, sizeof(name), "%s, %s", stria__rb_row_name(order[i]),
+                     b ? "backward" : "forward");
+            if (rc == STRIA_OK)
+                rc = stria__rb_panel(tl, name, n, st);
+        }
+    }
+    if (rc == STRIA_OK)
+        rc = stria_timeline_write_svg(tl, o->timeline);
+    if (rc == STRIA_OK && !o->json)
+        printf("timeline: %s\n", o->timeline);
+    stria_timeline_destroy(tl);
+    free(st);
+    return rc;
+}
+
 int stria_bench_ring(int argc, char **argv)
 {
     stria__rb_opts_t o;
@@ -792,7 +862,7 @@ int stria_bench_ring(int argc, char **argv)
             } else {
                 /* the backward pass needs O and LSE: one untimed forward */
                 stria__rb_run_t run;
-                st = stria__rb_run(&o, &d, n, STRIA_LAYOUT_STRIPED, false, false, NULL, &run);
+                st = stria__rb_run(&o, &d, n, STRIA_LAYOUT_STRIPED, false, false, NULL, &run, NULL);
             }
             if (st == STRIA_OK && o.do_bwd) {
                 memset(res, 0, sizeof(res));
@@ -802,6 +872,8 @@ int stria_bench_ring(int argc, char **argv)
                 if (st == STRIA_OK)
                     stria__rb_report(&o, n, &d, true, res, &blocks);
             }
+            if (st == STRIA_OK && o.timeline != NULL)
+                st = stria__rb_timeline(&o, &d, n);
         }
         stria__rb_data_free(&d);
     }

@@ -3,6 +3,8 @@
 
 #include "stria_kernels.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,4 +126,74 @@ double stria_bench_process_cpu(void)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int stria_bench_masks(const char *cmd, bool causal, const char *docs, const stria_int_list_t *win,
+                      stria_bench_masks_t *m)
+{
+    char *end = NULL;
+    memset(m, 0, sizeof(*m));
+    if (docs != NULL) {
+        if (strncmp(docs, "lognormal:", 10) != 0)
+            return stria_bench_usage_error(cmd,
+                                           "--documents '%s': expected lognormal:MEDIAN"
+                                           "[:SIGMA]",
+                                           docs);
+        errno = 0;
+        m->doc_median = strtoll(docs + 10, &end, 10);
+        m->doc_sigma = 1.0;
+        if (errno == 0 && *end == ':')
+            m->doc_sigma = strtod(end + 1, &end);
+        if (errno != 0 || *end != '\0' || m->doc_median < 1 || !(m->doc_sigma >= 0.0) ||
+            m->doc_sigma > 4.0)
+            return stria_bench_usage_error(cmd,
+                                           "--documents '%s': MEDIAN must be >= 1 tokens "
+                                           "and SIGMA in 0..4",
+                                           docs);
+    }
+    if (win != NULL && win->n > 0) {
+        m->has_window = true;
+        m->window_left = win->v[0];
+        m->window_right = win->n > 1 ? win->v[1] : 0;
+        if (win->n > 2 || (causal && m->window_right > 0))
+            return stria_bench_usage_error(cmd, "--window takes LEFT[,RIGHT] (RIGHT 0 or -1 "
+                                                "with causal attention)");
+    }
+    return -1;
+}
+
+int64_t *stria_bench_documents(int64_t median, double sigma, int64_t seq, size_t *n)
+{
+    uint64_t state = 0x5eed5eedULL;
+    size_t cap = 64;
+    int64_t *cu = malloc(cap * sizeof(*cu));
+    *n = 0;
+    if (cu == NULL)
+        return NULL;
+    cu[(*n)++] = 0;
+    while (cu[*n - 1] < seq) {
+        double u[2];
+        for (int i = 0; i < 2; i++) { /* splitmix64 -> (0, 1) */
+            uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+            u[i] = ((double)((z ^ (z >> 31)) >> 11) + 0.5) / 9007199254740992.0;
+        }
+        double g = sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]);
+        int64_t len = llround((double)median * exp(sigma * g));
+        if (*n == cap) {
+            int64_t *more = realloc(cu, 2 * cap * sizeof(*cu));
+            if (more == NULL) {
+                free(cu);
+                return NULL;
+            }
+            cu = more;
+            cap *= 2;
+        }
+        cu[*n] = cu[*n - 1] + (len < 1 ? 1 : len);
+        if (cu[*n] > seq)
+            cu[*n] = seq;
+        (*n)++;
+    }
+    return cu;
 }

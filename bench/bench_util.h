@@ -36,6 +36,23 @@ void stria_bench_shape_options(stria_option_t *t, stria_bench_shape_t *s, double
  * is a multiple of 8. Returns -1, or 2 after printing the error. */
 int stria_bench_shape_check(const char *cmd, stria_bench_shape_t *s);
 
+/* The masks of --documents lognormal:MEDIAN[:SIGMA] and --window
+ * LEFT[,RIGHT] (docs NULL, win empty: none), checked for subcommand cmd.
+ * Returns -1, or 2 after printing the error. */
+typedef struct {
+    int64_t doc_median; /* 0: no documents */
+    double doc_sigma;
+    bool has_window;
+    int64_t window_left, window_right;
+} stria_bench_masks_t;
+int stria_bench_masks(const char *cmd, bool causal, const char *docs, const stria_int_list_t *win,
+                      stria_bench_masks_t *m);
+
+/* Document boundaries (cu_seqlens) with lengths drawn log-normal around
+ * `median` tokens (sigma of the log; fixed seed), the last cut at seq. A
+ * malloc'd array of *n entries, NULL when out of memory. */
+int64_t *stria_bench_documents(int64_t median, double sigma, int64_t seq, size_t *n);
+
 /* n pseudo-random values in [-1, 1) stored as `dtype`, the same for a seed. */
 void stria_bench_fill(void *buf, stria_dtype_t dtype, size_t n, uint64_t seed);
 

@@ -20,6 +20,9 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_TRANSPORT
     {"transport", stria_bench_transport, "ring-link bandwidth vs ucx_perftest"},
 #endif
+#ifdef STRIA_BENCH_SIMULATE
+    {"simulate", stria_bench_simulate, "predicted pass times of rings up to 65536 ranks"},
+#endif
 #ifdef STRIA_BENCH_SERVICE
     {"service", stria_bench_service, "the same job through the daemons vs the in-process ring"},
 #endif

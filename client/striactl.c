@@ -3,8 +3,8 @@
  *
  *   striactl [--coordinator HOST:PORT] [--token-file FILE] [--json] COMMAND ...
  *
- * Commands: status, workers, jobs [--all], job ID, drain WORKER, undrain WORKER,
- * cancel JOB [--reason TEXT]. WORKER is a worker id or its RPC address.
+ * Commands: status, workers, jobs [--all], job ID [--timeline FILE.svg], drain WORKER, undrain
+ * WORKER, cancel JOB [--reason TEXT]. WORKER is a worker id or its RPC address.
  * `--json` prints one JSON document per command with the field names listed in
  * docs/DEPLOY.md. Exit status: 0 success, 1 the coordinator refused the
  * request (unknown name, bad state), 2 usage error, 3 coordinator unreachable,
@@ -31,6 +31,7 @@ typedef struct {
     bool json;
     double timeout_s;
     stria_rpc_client_t *rpc;
+    const char *timeline; /* job --timeline FILE.svg */
 } ctl_t;
 
 static const char ctl_description[] =
@@ -39,8 +40,9 @@ static const char ctl_description[] =
 
 static const char ctl_epilog[] =
     "exit status: 0 success; 1 the coordinator refused the request (unknown worker or\n"
-    "job, wrong state); 2 usage error; 3 coordinator unreachable; 4 authentication or\n"
-    "permission refused.";
+    "job, wrong state), or job --timeline had nothing to draw or could not write its\n"
+    "file; 2 usage error; 3 coordinator unreachable; 4 authentication or permission\n"
+    "refused.";
 
 static int exit_code(stria_status_t st)
 {
@@ -465,6 +467,110 @@ static void print_ms_time(const char *label, uint64_t ms, uint64_t base)
         printf("  %-18s %s.%03" PRIu64 "Z\n", label, buf, ms % 1000);
 }
 
+/* ---- job --timeline ----------------------------------------------------------- */
+
+/* One rank's entry: its spans, or (a summarised group of steps) its compute
+ * then its wait totals drawn in that order inside the group's time. */
+static stria_status_t timeline_entry(stria_timeline_t *tl, int panel, int row,
+                                     const Stria__V1__StepTimes *e)
+{
+    stria_status_t st = STRIA_OK;
+    const struct {
+        size_t n;
+        const uint64_t *v;
+        stria_timeline_kind_t kind;
+    } lists[3] = {{e->n_compute_spans, e->compute_spans, STRIA_TIMELINE_COMPUTE},
+                  {e->n_wait_spans, e->wait_spans, STRIA_TIMELINE_WAIT},
+                  {e->n_send_spans, e->send_spans, STRIA_TIMELINE_SEND}};
+    if (e->n_compute_spans + e->n_wait_spans + e->n_send_spans == 0) {
+        double b = (double)e->begin_us * 1e-6, d = (double)(e->end_us - e->begin_us) * 1e-6;
+        double cw = (double)(e->compute_us + e->wait_us) * 1e-6;
+        double f = cw > d && cw > 0 ? d / cw : 1.0, cpt = (double)e->compute_us * 1e-6 * f;
+        st = stria_timeline_span(tl, panel, row, STRIA_TIMELINE_COMPUTE, b, b + cpt);
+        if (st == STRIA_OK)
+            st = stria_timeline_span(tl, panel, row, STRIA_TIMELINE_WAIT, b + cpt,
+                                     b + cpt + (double)e->wait_us * 1e-6 * f);
+        return st;
+    }
+    for (int k = 0; k < 3 && st == STRIA_OK; k++)
+        for (size_t i = 0; i + 1 < lists[k].n && st == STRIA_OK; i += 2)
+            st = stria_timeline_span(tl, panel, row, lists[k].kind, (double)lists[k].v[i] * 1e-6,
+                                     (double)lists[k].v[i + 1] * 1e-6);
+    return st;
+}
+
+/* One panel per direction of the job's latest passes, a row per rank. */
+static stria_status_t timeline_panels(stria_timeline_t *tl, const Stria__V1__JobInfo *j,
+                                      int n_ranks)
+{
+    stria_status_t st = STRIA_OK;
+    for (int d = 0; d < 2 && st == STRIA_OK; d++) {
+        double end = 0;
+        uint32_t pass = 0;
+        size_t seen = 0;
+        for (size_t i = 0; i < j->n_timelines; i++) {
+            const Stria__V1__PassTimeline *t = j->timelines[i];
+            if (t->backward != (d == 1) || (int)t->rank >= n_ranks)
+                continue;
+            seen++;
+            pass = t->pass;
+            end = (double)t->seconds_us * 1e-6 > end ? (double)t->seconds_us * 1e-6 : end;
+        }
+        if (seen == 0)
+            continue;
+        char name[64], note[128];
+        int panel;
+        snprintf(name, sizeof(name), "%s pass %u", d ? "backward" : "forward", pass);
+        snprintf(note, sizeof(note), "%zu of %d ranks reported; the slowest took %.4f s", seen,
+                 n_ranks, end);
+        if ((st = stria_timeline_panel(tl, name, note, n_ranks, &panel)) != STRIA_OK)
+            break;
+        stria_timeline_panel_end(tl, panel, end);
+        for (size_t i = 0; i < j->n_timelines && st == STRIA_OK; i++) {
+            const Stria__V1__PassTimeline *t = j->timelines[i];
+            if (t->backward != (d == 1) || (int)t->rank >= n_ranks)
+                continue;
+            for (size_t e = 0; e < t->n_entries && st == STRIA_OK; e++)
+                st = timeline_entry(tl, panel, (int)t->rank, t->entries[e]);
+        }
+    }
+    return st;
+}
+
+/* Draws the job's latest forward and backward passes into path. */
+static stria_status_t job_timeline(const Stria__V1__JobInfo *j, const char *path)
+{
+    const Stria__V1__Assignment *a = j->assignment;
+    const Stria__V1__JobSpec *s = a != NULL ? a->spec : NULL;
+    char title[512], sub[256];
+    bool summarised = false;
+    stria_timeline_t *tl = NULL;
+    if (s == NULL || a->n_ranks == 0)
+        return stria_error_set(STRIA_ERR_PROTOCOL, "the coordinator sent no assignment");
+    if (j->n_timelines == 0)
+        return stria_error_set(STRIA_ERR_NOT_FOUND,
+                               "job %" PRIu64 " has no pass timelines (no pass finished yet, or "
+                               "the coordinator dropped them for newer jobs)",
+                               j->job_id);
+    snprintf(title, sizeof(title),
+             "job %" PRIu64 ": %zu ranks, seq %" PRIu64 ", batch %u, heads %u/%u, dim %u, %s, "
+             "%s, %s layout%s%s",
+             j->job_id, a->n_ranks, s->seq_len, s->batch, s->heads, s->kv_heads, s->head_dim,
+             dtype_name(s->dtype), s->causal ? "causal" : "non-causal", layout_name(s->layout),
+             s->label != NULL && s->label[0] ? ", " : "", s->label != NULL ? s->label : "");
+    for (size_t i = 0; i < j->n_timelines; i++)
+        summarised = summarised || j->timelines[i]->summarised;
+    snprintf(sub, sizeof(sub),
+             "step times reported by the workers; each rank's row starts at its own pass start "
+             "(the hosts' clocks are not compared)%s",
+             summarised ? "; groups of steps drawn as their compute, then their wait" : "");
+    stria_status_t st = stria_timeline_create(title, sub, &tl);
+    if (st == STRIA_OK && (st = timeline_panels(tl, j, (int)a->n_ranks)) == STRIA_OK)
+        st = stria_timeline_write_svg(tl, path);
+    stria_timeline_destroy(tl);
+    return st;
+}
+
 static int cmd_job(ctl_t *c, const char *arg)
 {
     uint64_t id = 0;
@@ -475,6 +581,7 @@ static int cmd_job(ctl_t *c, const char *arg)
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
     req.job_id = id;
+    req.include_timelines = c->timeline != NULL;
     stria_status_t st = call(c, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &reply);
     if (st != STRIA_OK)
         return fail(st);
@@ -483,6 +590,22 @@ static int cmd_job(ctl_t *c, const char *arg)
         stria_rpc_reply_free(&reply);
         stria_error_set(STRIA_ERR_PROTOCOL, "the coordinator sent no job");
         return fail(STRIA_ERR_PROTOCOL);
+    }
+    if (c->timeline != NULL) {
+        st = job_timeline(j, c->timeline);
+        stria_rpc_reply_free(&reply);
+        if (st != STRIA_OK) { /* nothing to draw, or the file: not the coordinator's doing */
+            fail(st);
+            return EXIT_REFUSED;
+        }
+        if (!c->json)
+            printf("job %" PRIu64 ": timeline written to %s\n", id, c->timeline);
+        else {
+            printf("{\"job_id\":%" PRIu64 ",\"timeline\":", id);
+            json_str(c->timeline);
+            printf("}\n");
+        }
+        return EXIT_OK;
     }
     if (c->json) {
         json_job(j);
@@ -712,6 +835,15 @@ int main(int argc, char **argv)
         {.name = "all", .type = STRIA_OPT_FLAG, .dst = &all, .help = "finished jobs too"},
         {.name = NULL},
     };
+    const stria_option_t job_options[] = {
+        {.name = "timeline",
+         .type = STRIA_OPT_STRING,
+         .dst = &c.timeline,
+         .metavar = "FILE.svg",
+         .help = "draw the job's latest forward and backward passes from the step times its "
+                 "workers reported: a row per rank, each from its own pass start"},
+        {.name = NULL},
+    };
     const stria_option_t cancel_options[] = {
         {.name = "reason",
          .type = STRIA_OPT_STRING,
@@ -729,10 +861,12 @@ int main(int argc, char **argv)
          .summary = "active and queued jobs (--all: finished ones too)",
          .options = jobs_options},
         {.name = "job",
-         .summary = "one job: spec, assignment, state, timings, failure reason",
+         .summary = "one job: spec, assignment, state, timings, failure reason (--timeline: "
+                    "its passes drawn as an SVG)",
          .args = "ID",
          .min_args = 1,
-         .max_args = 1},
+         .max_args = 1,
+         .options = job_options},
         {.name = "drain",
          .args = "WORKER",
          .min_args = 1,

@@ -98,9 +98,9 @@ static void stria__row_bounds(const stria_attn_params_t *p, int64_t pos, int64_t
 /* Min and max of lo and of hi over rows [t * grain, (t + 1) * grain) of n, for
  * each of n_groups groups (groups past the last row: empty, classified as
  * skipped). */
-static void stria__group_bounds(const int64_t *lo, const int64_t *hi, int64_t n, int64_t grain,
-                                int64_t n_groups, int64_t *lomin, int64_t *lomax, int64_t *himin,
-                                int64_t *himax)
+void stria__group_bounds(const int64_t *lo, const int64_t *hi, int64_t n, int64_t grain,
+                         int64_t n_groups, int64_t *lomin, int64_t *lomax, int64_t *himin,
+                         int64_t *himax)
 {
     for (int64_t t = 0; t < n_groups; t++) {
         int64_t a = INT64_MAX, b = INT64_MIN, x = INT64_MAX, y = INT64_MIN;
@@ -152,8 +152,10 @@ static stria_status_t stria__ctx_bounds(stria__ctx_t *c, const stria_attn_params
     return STRIA_OK;
 }
 
-static void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int64_t n_tiles,
-                               int64_t *mn, int64_t *mx)
+/* Min and max position of every tile of `tile` rows (tiles past the last row:
+ * empty, INT64_MAX and INT64_MIN). */
+void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int64_t n_tiles, int64_t *mn,
+                        int64_t *mx)
 {
     for (int64_t t = 0; t < n_tiles; t++) {
         int64_t lo = INT64_MAX, hi = INT64_MIN;

@@ -220,6 +220,11 @@ static inline void stria__merge_row(const stria_kern_ops_t *ops, float *oa, floa
 /* ---- shared by the rooms (defined in attn.c and attn_fwd.c) ------------------- */
 
 void stria__ctx_free(stria__ctx_t *c);
+void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int64_t n_tiles, int64_t *mn,
+                        int64_t *mx);
+void stria__group_bounds(const int64_t *lo, const int64_t *hi, int64_t n, int64_t grain,
+                         int64_t n_groups, int64_t *lomin, int64_t *lomax, int64_t *himin,
+                         int64_t *himax);
 stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p, const char *fn);
 void stria__plan(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__plan_t *pl);
 void stria__mask_chunk(const stria__ctx_t *c, const stria__plan_t *pl, float *st, int qc);

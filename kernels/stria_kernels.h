@@ -223,6 +223,47 @@ stria_status_t stria_attn_bwd_end(stria_attn_bwd_pass_t *pass, const stria_tenso
  * overlap. */
 void stria_f32_add(float *dst, const float *src, size_t n);
 
+/* ---- work under a mask (planning, simulation) ------------------------- */
+
+/* What one call computes under its mask, per (batch row, query head), as the
+ * driver classifies it: (query tile, key tile) pairs are skipped, full (no
+ * mask) or partial (straddling the mask). With the kernels' own tiles
+ * (64 x 64), a partial pair is computed by 16 x 16 sub-blocks: for each
+ * 16-query chunk the hull of the key sub-blocks not fully masked for it, the
+ * straddling ones masked element by element, fully masked ones inside the
+ * hull set to -inf (holes). With other tile sizes (a GPU's, a paper's), a
+ * partial pair is computed whole under the mask. Nothing is computed. */
+typedef struct {
+    int64_t tiles;         /* (query tile, key tile) pairs of the call */
+    int64_t full, partial; /* pairs computed without a mask / under it */
+    /* kernels' tiles only: the sub-blocks computed in partial pairs */
+    int64_t sub_full, sub_masked, sub_hole;
+    int64_t full_elems;       /* (query, key) score elements computed in full pairs */
+    int64_t partial_elems;    /* ... in partial pairs (their computed sub-blocks, or whole) */
+    int64_t q_tiles, k_tiles; /* tiles in at least one computed pair */
+} stria_attn_work_t;
+
+/* One block's positions classified once, for the work of many calls: its
+ * query side (q_tokens, q_pos) and masks (causal, cu_seqlens, window); the
+ * K/V fields, sizes and dtype of params are not used beyond the argument
+ * checks. tile_q = tile_k = 0: the kernels' own tiles and sub-blocks; both
+ * >= 1: tiles of that size, computed whole when partial. cu_seqlens is
+ * borrowed for the plan's life. */
+typedef struct stria_attn_plan stria_attn_plan_t;
+
+stria_status_t stria_attn_plan_create(const stria_attn_params_t *params, int64_t tile_q,
+                                      int64_t tile_k, stria_attn_plan_t **plan);
+void stria_attn_plan_destroy(stria_attn_plan_t *plan);
+
+/* The work of a call with q's block as queries and k's block as keys. The
+ * plans must have the same tiles and masks (the same cu_seqlens array). */
+stria_status_t stria_attn_plan_work(const stria_attn_plan_t *q, const stria_attn_plan_t *k,
+                                    stria_attn_work_t *work);
+
+/* The work of one call (params as for stria_attn_fwd()). */
+stria_status_t stria_attn_work(const stria_attn_params_t *params, int64_t tile_q, int64_t tile_k,
+                               stria_attn_work_t *work);
+
 /* ---- CPU variants ------------------------------------------------------ */
 
 /* Name of the variant in use ("portable", "avx2", "avx512"), selecting it on

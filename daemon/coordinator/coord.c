@@ -138,8 +138,9 @@ static void stria__job_unreserve(stria__cjob_t *j)
     j->reserved = false;
 }
 
-static void stria__job_free(stria__cjob_t *j)
+static void stria__job_free(stria_coord_t *co, stria__cjob_t *j)
 {
+    stria__timeline_drop(co, j);
     stria_job_masks_free(&j->masks);
     free(j->ranks);
     free(j);
@@ -157,7 +158,7 @@ static void stria__jobs_prune(stria_coord_t *co)
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
         if (drop > 0 && stria__terminal(j->state)) {
-            stria__job_free(j);
+            stria__job_free(co, j);
             drop--;
         } else {
             co->jobs[k++] = j;
@@ -424,7 +425,7 @@ void stria_coord_stop(stria_coord_t *co)
     for (uint32_t i = 0; i < co->n_jobs; i++)
         stria__job_finish(co, co->jobs[i], S_FAILED, "the coordinator shut down");
     for (uint32_t i = 0; i < co->n_jobs; i++)
-        stria__job_free(co->jobs[i]);
+        stria__job_free(co, co->jobs[i]);
     free(co->jobs);
     for (uint32_t i = 0; i < co->n_workers; i++)
         free(co->workers[i]);

@@ -282,7 +282,13 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     rep.job = stria__fill_job(&b, co, j);
     if (rep.job == NULL)
         b.oom = true;
+    Stria__V1__PassTimeline **held = NULL;
+    size_t n_held = 0;
+    if (rep.job != NULL && req->include_timelines &&
+        !stria__timeline_fill(&b, j, rep.job, &held, &n_held))
+        b.oom = true;
     stria__b_reply(&b, call, &rep.base);
+    stria__timeline_release(held, n_held);
 }
 
 void stria__on_release(void *ctx, stria_rpc_call_t *call)

@@ -67,6 +67,14 @@ typedef struct {
     uint64_t backward_started_ms, backward_done_ms, finished_ms;
     double last_activity; /* stria_time_now() */
     char failure[512];
+    /* The ranks' step times of the latest forward [0] and backward [1] pass
+     * (coord_timeline.c): one packed PassTimeline per rank, NULL until it
+     * reports. */
+    struct {
+        uint32_t pass;
+        uint8_t **buf;
+        size_t *len;
+    } tl[2];
 } stria__cjob_t;
 
 struct stria_coord {
@@ -86,6 +94,8 @@ struct stria_coord {
     uint32_t n_jobs, cap_jobs;
     uint64_t next_job_id;
     uint64_t jobs_submitted, jobs_failed;
+
+    size_t timeline_bytes; /* held by every job's tl, at most STRIA__TIMELINE_BUDGET */
 
     stria_metrics_t *metrics;
     bool notify_status;
@@ -181,5 +191,21 @@ void stria__on_list_workers(void *ctx, stria_rpc_call_t *call);
 void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call);
 void stria__on_drain(void *ctx, stria_rpc_call_t *call);
 void stria__on_deregister(void *ctx, stria_rpc_call_t *call);
+
+/* coord_timeline.c: the passes' step times the workers report */
+#define STRIA__TIMELINE_BUDGET ((size_t)256 << 20)
+/* Keeps the timeline of a report (if any, and well-formed: else it is
+ * ignored with a warning); drops the oldest jobs' timelines beyond the
+ * budget. */
+void stria__timeline_store(stria_coord_t *co, stria__cjob_t *j,
+                           const Stria__V1__ReportJobRequest *req);
+/* Frees a job's timelines. */
+void stria__timeline_drop(stria_coord_t *co, stria__cjob_t *j);
+/* The job's timelines into info->timelines, unpacked into *held (an array
+ * of n_held messages to free with stria__timeline_release() once the reply
+ * is built). False when out of memory. */
+bool stria__timeline_fill(stria__b_t *b, const stria__cjob_t *j, Stria__V1__JobInfo *info,
+                          Stria__V1__PassTimeline ***held, size_t *n_held);
+void stria__timeline_release(Stria__V1__PassTimeline **held, size_t n_held);
 
 #endif /* STRIA_COORD_INT_H */

@@ -214,6 +214,8 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
     j->last_activity = stria_time_now();
     cr->step = req->step;
     cr->steps_total = req->steps_total;
+    if (req->timeline != NULL)
+        stria__timeline_store(co, j, req);
     switch (req->event) {
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_LOADED:
         cr->loaded = true;

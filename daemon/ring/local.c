@@ -293,6 +293,7 @@ static void *stria__rank_main(void *arg)
         stria_ring_opts_t po;
         memset(&po, 0, sizeof(po));
         po.step_timeout_s = run->opts->step_timeout_s;
+        po.no_step_times = run->opts->no_step_times;
         po.pool = pool;
         po.device = dev;
         po.all_hops = run->opts->all_hops;

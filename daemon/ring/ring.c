@@ -59,7 +59,7 @@ static stria_status_t stria__check_masks(const stria_ring_shape_t *s)
     return STRIA_OK;
 }
 
-static stria_status_t stria__check_shape(const stria_ring_shape_t *s)
+stria_status_t stria__check_shape(const stria_ring_shape_t *s)
 {
     if (s->batch < 1 || s->seq < 1 || s->heads < 1 || s->kv_heads < 1)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -168,31 +168,13 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
     p->rank = stria_link_rank(link);
     p->n = stria_link_size(link);
     n = (size_t)p->n;
-    p->runs = calloc(n, sizeof(*p->runs));
-    p->n_runs = calloc(n, sizeof(*p->n_runs));
-    p->valid = calloc(n, sizeof(*p->valid));
-    p->pos_min = calloc(n, sizeof(*p->pos_min));
-    p->pos_max = calloc(n, sizeof(*p->pos_max));
     p->stats = calloc(n, sizeof(*p->stats));
-    if (p->runs == NULL || p->n_runs == NULL || p->valid == NULL || p->pos_min == NULL ||
-        p->pos_max == NULL || p->stats == NULL) {
+    if (p->stats == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "stria_ring_pass_create: out of memory");
         goto err;
     }
-    for (int r = 0; r < p->n; r++) {
-        stria_layout_run_t lr[STRIA_LAYOUT_MAX_RUNS];
-        size_t nr = stria_layout_shard_runs(&p->layout, r, false, lr);
-        p->n_runs[r] = nr;
-        p->pos_min[r] = INT64_MAX;
-        p->pos_max[r] = INT64_MIN;
-        for (size_t i = 0; i < nr; i++) {
-            int64_t last = lr[i].first + (lr[i].count - 1) * lr[i].stride;
-            p->runs[r][i] = (stria_pos_run_t){lr[i].first, lr[i].stride, lr[i].count};
-            p->valid[r] += lr[i].count;
-            p->pos_min[r] = lr[i].first < p->pos_min[r] ? lr[i].first : p->pos_min[r];
-            p->pos_max[r] = last > p->pos_max[r] ? last : p->pos_max[r];
-        }
-    }
+    if ((st = stria__pass_positions(p)) != STRIA_OK)
+        goto err;
     p->fwd_steps = opts->all_hops ? p->n : stria__fwd_steps(p);
     *pass_out = p;
     return STRIA_OK;
@@ -805,7 +787,7 @@ static stria_status_t stria__bwd_traffic(stria__call_t *c, int step, stria_ring_
             return st;
         stria__compute_begin(&clk);
         stria_f32_add(mine, b->dkv_in, b->dkv_elems);
-        stria__compute_end(&clk, ss);
+        stria__compute_end(p, &clk, ss);
     }
     if (p->n > 1)
         return stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, b->dkv_bytes,
@@ -918,7 +900,7 @@ static stria_status_t stria__bwd_store(stria__bwd_t *b, const stria_tensor_t *dq
         stria__compute_begin(&clk);
         st = stria_device_attn_bwd_end(b->bpass, true);
         b->bpass = NULL;
-        stria__compute_end(&clk, &p->stats[p->n - 1]);
+        stria__compute_end(p, &clk, &p->stats[p->n - 1]);
         if (st != STRIA_OK)
             return st;
     }
@@ -979,6 +961,7 @@ stria_status_t stria_ring_fwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_ring_fwd: pass is NULL");
     atomic_store(&pass->running, true);
     st = stria__fwd(pass, q, k, v, o, lse);
+    stria__times_finish(pass);
     atomic_store(&pass->running, false);
     return st;
 }
@@ -994,6 +977,7 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_ring_bwd: pass is NULL");
     atomic_store(&pass->running, true);
     st = stria__bwd(pass, q, k, v, o, lse, d_o, dq, dk, dv);
+    stria__times_finish(pass);
     atomic_store(&pass->running, false);
     return st;
 }

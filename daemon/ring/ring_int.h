@@ -50,6 +50,13 @@ struct stria_ring_pass {
     bool dev_timed; /* compute_s is device wall time (a GPU), not thread CPU */
     void *dmem, *hmem;
     size_t dmem_size, hmem_size;
+    /* Sends posted and not yet waited for, for the step times: a wait on
+     * one of these requests ends that send (ring_times.c). */
+    struct {
+        stria_link_req_t *req;
+        stria_ring_step_stats_t *ss;
+        bool sum; /* the dK/dV sum, else the K/V block */
+    } sends[4];
 };
 
 static inline char *stria__row(const stria_tensor_t *t, int64_t b, int64_t tok, int64_t h)
@@ -72,6 +79,7 @@ typedef struct {
 /* ---- ring_prims.c and ring.c -------------------------------------------------- */
 
 uint64_t stria__tag(const stria_ring_pass_t *p, int step, int kind);
+stria_status_t stria__check_shape(const stria_ring_shape_t *s);
 void stria__pack_view(const stria_tensor_t *t, int64_t B, int64_t L, int64_t heads, int64_t D,
                       char *dst);
 stria_status_t stria__staged_mem(stria_ring_pass_t *p, size_t dev_bytes, size_t host_bytes,
@@ -89,7 +97,8 @@ int stria__fwd_steps(const stria_ring_pass_t *p);
 stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j);
 void stria__step_begin(stria_ring_pass_t *p, int step);
 void stria__compute_begin(stria__clock_t *clk);
-void stria__compute_end(const stria__clock_t *clk, stria_ring_step_stats_t *ss);
+void stria__compute_end(const stria_ring_pass_t *p, const stria__clock_t *clk,
+                        stria_ring_step_stats_t *ss);
 void stria__cancel_all(stria_ring_pass_t *p, stria__reqs_t *r);
 stria_status_t stria__wait(stria_ring_pass_t *p, stria_link_req_t **req, int step,
                            stria_ring_step_stats_t *stats);
@@ -106,5 +115,27 @@ void stria__compute_end_dev(stria_ring_pass_t *p, const stria__clock_t *clk,
                             stria_ring_step_stats_t *ss, double *t_dev0);
 stria_status_t stria__store_lse(stria_ring_pass_t *p, const float *lse_acc, float *lse,
                                 float *host_tmp, int64_t BH, int64_t L, int64_t qv);
+
+/* ---- ring_plan.c: the ranks' positions (pass objects and plans) ----------- */
+
+/* Fills runs, n_runs, valid, pos_min and pos_max (allocated) for the p->n
+ * ranks of p->layout. */
+stria_status_t stria__pass_positions(stria_ring_pass_t *p);
+
+/* ---- ring_times.c: the step times (stria_ring_step_times_t) -------------- */
+
+/* Records, in absolute stria_time_now() seconds until stria__times_finish()
+ * makes them relative to the pass's start: a span of the step of ss; a send
+ * posted (req) in the step of ss; the end of a wait on req (ends the send
+ * posted with req, if any); the start of step `step`. */
+void stria__times_span(const stria_ring_pass_t *p, stria_ring_step_stats_t *ss,
+                       stria_ring_span_kind_t kind, double t0, double t1);
+void stria__times_send(stria_ring_pass_t *p, stria_link_req_t *req, stria_ring_step_stats_t *ss,
+                       bool sum, double t);
+void stria__times_waited(stria_ring_pass_t *p, const stria_link_req_t *req, double t);
+void stria__times_step(stria_ring_pass_t *p, int step, double t);
+/* At the end of a call (failed or not): times relative to its start, the
+ * last step ending now. */
+void stria__times_finish(stria_ring_pass_t *p);
 
 #endif /* STRIA_RING_INT_H */

@@ -228,6 +228,7 @@ stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
 
 void stria__step_begin(stria_ring_pass_t *p, int step)
 {
+    stria__times_step(p, step, stria_time_now());
     if (p->hooks.step_cb != NULL)
         p->hooks.step_cb(p->hooks.step_cb_ctx, step, p->steps_run);
 }
@@ -238,10 +239,13 @@ void stria__compute_begin(stria__clock_t *clk)
     clk->wall = stria_time_now();
 }
 
-void stria__compute_end(const stria__clock_t *clk, stria_ring_step_stats_t *ss)
+void stria__compute_end(const stria_ring_pass_t *p, const stria__clock_t *clk,
+                        stria_ring_step_stats_t *ss)
 {
+    double now = stria_time_now();
     ss->compute_s += stria_time_thread_cpu() - clk->cpu;
-    ss->compute_wall_s += stria_time_now() - clk->wall;
+    ss->compute_wall_s += now - clk->wall;
+    stria__times_span(p, ss, STRIA_RING_SPAN_COMPUTE, clk->wall, now);
 }
 
 void stria__cancel_all(stria_ring_pass_t *p, stria__reqs_t *r)
@@ -279,8 +283,11 @@ stria_status_t stria__wait(stria_ring_pass_t *p, stria_link_req_t **req, int ste
     st = stria_link_wait(p->link, *req, timeout);
     if (p->hooks.wait_end_cb != NULL)
         p->hooks.wait_end_cb(p->hooks.wait_cb_ctx);
+    double t1 = stria_time_now();
+    stria__times_waited(p, *req, t1);
     *req = NULL;
-    stats->wait_s += stria_time_now() - t0;
+    stats->wait_s += t1 - t0;
+    stria__times_span(p, stats, STRIA_RING_SPAN_WAIT, t0, t1);
     return st;
 }
 
@@ -295,6 +302,8 @@ stria_status_t stria__post(stria_ring_pass_t *p, bool send, int step, int kind, 
             stats->bytes_sent += len;
         else
             stats->bytes_recv += len;
+        if (send && kind != STRIA__MSG_DONE)
+            stria__times_send(p, *req, stats, kind == STRIA__MSG_DKV, stria_time_now());
     }
     return st;
 }
@@ -363,8 +372,10 @@ stria_status_t stria__device_step_time(stria_ring_pass_t *p, double t0, stria_ri
     if (!p->dev_timed || t0 == 0.0)
         return STRIA_OK;
     st = stria_device_sync(p->dev, STRIA_STREAM_COMPUTE);
-    ss->compute_s += stria_time_now() - t0;
+    double t1 = stria_time_now();
+    ss->compute_s += t1 - t0;
     ss->compute_wall_s = ss->compute_s;
+    stria__times_span(p, ss, STRIA_RING_SPAN_COMPUTE, t0, t1);
     return st;
 }
 
@@ -372,7 +383,7 @@ void stria__compute_end_dev(stria_ring_pass_t *p, const stria__clock_t *clk,
                             stria_ring_step_stats_t *ss, double *t_dev0)
 {
     if (!p->dev_timed) {
-        stria__compute_end(clk, ss);
+        stria__compute_end(p, clk, ss);
         return;
     }
     if (*t_dev0 == 0.0)

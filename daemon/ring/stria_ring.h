@@ -131,9 +131,47 @@ typedef struct {
     /* Benchmarks: the forward runs all N steps even where the masks let it
      * stop early (the full ring, to compare with). Every rank must agree. */
     bool all_hops;
+    /* Skip the step times (stria_ring_step_stats_t.times stays zero): only
+     * for measuring what recording them costs. */
+    bool no_step_times;
 } stria_ring_opts_t;
 
 #define STRIA_RING_DEFAULT_TIMEOUT_S 300.0
+
+/* When one rank did what in one step of a pass. Every pass records it (a few
+ * clock reads per step; docs/BENCHMARKS.md measures the cost). Times are in
+ * seconds since the rank's pass began (stria_ring_fwd()/bwd() entered), on
+ * the rank's own clock: ranks of one process share it (`origin`, the pass's
+ * start on the CLOCK_MONOTONIC clock of stria_time_now(), lines them up),
+ * ranks on different hosts do not. */
+#define STRIA_RING_STEP_SPANS 8
+
+typedef enum {
+    STRIA_RING_SPAN_COMPUTE = 1, /* kernel calls, the query side, host sums */
+    STRIA_RING_SPAN_WAIT = 2,    /* blocked on the link */
+} stria_ring_span_kind_t;
+
+typedef struct {
+    double begin, end;
+    stria_ring_span_kind_t kind;
+} stria_ring_span_t;
+
+typedef struct {
+    double origin;     /* the pass's start, stria_time_now() */
+    double begin, end; /* the step (step 0 from 0; the last one to the pass's end) */
+    /* The K/V block sent on in this step, and in the backward pass the dK/dV
+     * sum: posted, and seen complete by this rank's wait (< 0: none). */
+    double send_begin, send_end;
+    double sum_send_begin, sum_send_end;
+    /* Compute and wait spans in time order; consecutive spans of one kind
+     * less than 20 us apart are one span, and so are all consecutive spans of
+     * one kind once six are recorded (the agreement's N - 1 waits). A span
+     * that finds no room is dropped (counted in `merged`). On a GPU a
+     * compute span runs from the step's first enqueue to the compute stream
+     * seen idle, so it may overlap the step's waits. */
+    int n_spans, merged;
+    stria_ring_span_t spans[STRIA_RING_STEP_SPANS];
+} stria_ring_step_times_t;
 
 /* What one rank did in one step of its last pass. */
 typedef struct {
@@ -151,6 +189,7 @@ typedef struct {
     double wait_s;         /* wall time blocked on the link */
     uint64_t bytes_sent;
     uint64_t bytes_recv;
+    stria_ring_step_times_t times; /* when (absent with no_step_times) */
 } stria_ring_step_stats_t;
 
 typedef struct stria_ring_pass stria_ring_pass_t;
@@ -229,6 +268,45 @@ int stria_ring_pass_fwd_steps(const stria_ring_pass_t *pass);
 const stria_ring_step_stats_t *stria_ring_pass_stats(const stria_ring_pass_t *pass,
                                                      size_t *n_steps_out);
 
+/* ---- planning: what the engine does, without running it ------------------ */
+
+/* What one rank does in one step of a pass, as the engine decides it: the
+ * owner of the step's K/V block, whether the block is computed (some real
+ * key of it visible to some real query of the rank by causality; the kernels
+ * then skip what documents and windows hide), and the bytes the step posts
+ * on the link: the same figures as the pass's stria_ring_step_stats_t (the
+ * last step also carries the backward pass's dK/dV sum coming home and the
+ * agreement). */
+typedef struct {
+    int src_rank;
+    bool computed;
+    uint64_t bytes_sent, bytes_recv;
+} stria_ring_plan_step_t;
+
+typedef struct stria_ring_plan stria_ring_plan_t;
+
+/* A plan of the passes of a ring of n_ranks ranks (1..65536) for a shape
+ * and layout, checked as stria_ring_pass_create() checks them; all_hops as
+ * in stria_ring_opts_t. The shape's cu_seqlens is borrowed for the plan's
+ * life. */
+stria_status_t stria_ring_plan_create(const stria_ring_shape_t *shape, stria_layout_kind_t layout,
+                                      int n_ranks, bool all_hops, stria_ring_plan_t **plan);
+void stria_ring_plan_destroy(stria_ring_plan_t *plan);
+const stria_layout_t *stria_ring_plan_layout(const stria_ring_plan_t *plan);
+
+/* K/V steps of a pass: N backward, stria_ring_pass_fwd_steps() forward. */
+int stria_ring_plan_steps(const stria_ring_plan_t *plan, bool backward);
+
+/* Step `step` (0..stria_ring_plan_steps() - 1) of `rank`'s forward or
+ * backward pass. */
+stria_status_t stria_ring_plan_step(stria_ring_plan_t *plan, int rank, int step, bool backward,
+                                    stria_ring_plan_step_t *out);
+
+/* The kernel call of `rank` on the K/V block of `src` (stria_attn_params_t of
+ * the engine; pool NULL; positions and documents borrowed from the plan).
+ * Returns false when rank or src holds no real token (nothing is called). */
+bool stria_ring_plan_params(stria_ring_plan_t *plan, int rank, int src, stria_attn_params_t *out);
+
 /* ---- single-process convenience ---------------------------------------- */
 
 /* Full (unsharded) tensors of stria_ring_run_local(), all contiguous and
@@ -270,6 +348,7 @@ typedef struct {
      * own device object (for CUDA all on GPU N), upload its shards, run and
      * download the outputs. */
     const char *device;
+    bool no_step_times; /* as in stria_ring_opts_t */
 } stria_ring_local_opts_t;
 
 /* Filled by stria_ring_run_local() when given. */

@@ -51,6 +51,14 @@ stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const Prot
 Stria__V1__JobState stria__wcoord_report(stria_worker_t *w, const stria__wjob_t *j,
                                          Stria__V1__ReportJobRequest__Event ev, const char *message)
 {
+    return stria__wcoord_report_pass(w, j, ev, message, NULL);
+}
+
+Stria__V1__JobState stria__wcoord_report_pass(stria_worker_t *w, const stria__wjob_t *j,
+                                              Stria__V1__ReportJobRequest__Event ev,
+                                              const char *message,
+                                              Stria__V1__PassTimeline *timeline)
+{
     Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
     Stria__V1__JobState state = STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
     stria_rpc_reply_t reply;
@@ -61,6 +69,7 @@ Stria__V1__JobState stria__wcoord_report(stria_worker_t *w, const stria__wjob_t 
     req.message = (char *)(message ? message : "");
     req.step = j->step;
     req.steps_total = j->steps_total;
+    req.timeline = timeline;
     if (stria__wcoord_call(w, STRIA_RPC_COORDINATOR_REPORT_JOB, &req.base, &reply) == STRIA_OK) {
         state = ((const Stria__V1__ReportJobReply *)reply.msg)->state;
         stria_rpc_reply_free(&reply);

@@ -5,6 +5,7 @@
  *   worker_pass.c    RunForward/RunBackward, pass threads, the job's ring pass object
  *   worker_links.c   the link factories: UCX (the default) and in-process
  *   worker_coord.c   coordinator calls, reports, registration, heartbeats
+ *   worker_timeline.c the step times of a pass as the report's PassTimeline
  *   worker_metrics.c the metrics
  *   main.c           stria-worker: flags, configuration file, service loop, signals */
 #ifndef STRIA_WORKER_INT_H
@@ -173,11 +174,30 @@ stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const Prot
 Stria__V1__JobState stria__wcoord_report(stria_worker_t *w, const stria__wjob_t *j,
                                          Stria__V1__ReportJobRequest__Event ev,
                                          const char *message);
+/* The same with the pass's step times (NULL: none). */
+Stria__V1__JobState stria__wcoord_report_pass(stria_worker_t *w, const stria__wjob_t *j,
+                                              Stria__V1__ReportJobRequest__Event ev,
+                                              const char *message,
+                                              Stria__V1__PassTimeline *timeline);
 /* The heartbeat thread: registers, heartbeats, drops what the coordinator
  * names; ends at heartbeat_stop. */
 void *stria__wcoord_thread(void *arg);
 /* Deregisters (or reports every unfinished job failed) with `reason`. */
 void stria__wcoord_leave(stria_worker_t *w, const char *reason);
+
+/* ---- worker_timeline.c ---- */
+/* The step times of the job's last pass as a PassTimeline (msg), with the
+ * memory behind it. */
+typedef struct {
+    Stria__V1__PassTimeline msg;
+    Stria__V1__StepTimes *entries, **ptrs;
+    uint64_t *spans;
+} stria__wtimeline_t;
+/* STRIA_ERR_NOT_FOUND: nothing recorded; STRIA_ERR_NO_MEMORY. No message is
+ * set: a pass goes on without its timeline. */
+stria_status_t stria__wtimeline_build(const stria__wjob_t *j, uint32_t pass, bool backward,
+                                      stria__wtimeline_t *tl);
+void stria__wtimeline_free(stria__wtimeline_t *tl);
 
 /* ---- worker_metrics.c ---- */
 void stria__wmetrics_init(stria_worker_t *w);

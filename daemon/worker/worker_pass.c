@@ -325,6 +325,11 @@ static void *stria__pass_thread(void *arg)
                    b ? "backward" : "forward");
 
     stria_status_t st = stria__run_pass(w, j, pc->backward, pass_id, &stats);
+    /* the step times go with the report (not when the pass never ran), read
+     * while the job still counts as running: no other pass can start on its
+     * pass object */
+    stria__wtimeline_t tl;
+    bool have_tl = j->pass != NULL && stria__wtimeline_build(j, pass_id, b == 1, &tl) == STRIA_OK;
 
     pthread_mutex_lock(&w->lock);
     j->running = false;
@@ -345,10 +350,10 @@ static void *stria__pass_thread(void *arg)
         stria_log_info("job %llu rank %d: %s pass done in %.3f s (compute %.3f s, wait %.3f s)",
                        (unsigned long long)j->id, j->rank, b ? "backward" : "forward",
                        stats.seconds, stats.compute_seconds, stats.wait_seconds);
-        stria__wcoord_report(w, j,
-                             b ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE
-                               : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE,
-                             NULL);
+        stria__wcoord_report_pass(w, j,
+                                  b ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE
+                                    : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE,
+                                  NULL, have_tl ? &tl.msg : NULL);
         Stria__V1__RunForwardReply fr = STRIA__V1__RUN_FORWARD_REPLY__INIT;
         Stria__V1__RunBackwardReply br = STRIA__V1__RUN_BACKWARD_REPLY__INIT;
         fr.stats = br.stats = &stats;
@@ -370,9 +375,12 @@ static void *stria__pass_thread(void *arg)
                              ? w->m_err_peer
                              : w->m_err_pass,
                          1);
-        stria__wcoord_report(w, j, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED, msg);
+        stria__wcoord_report_pass(w, j, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED, msg,
+                                  have_tl ? &tl.msg : NULL);
         stria_rpc_call_fail(pc->call, st, "%s", msg);
     }
+    if (have_tl)
+        stria__wtimeline_free(&tl);
     stria__wjob_unref(w, j);
     free(pc);
     /* Only now, with the outcome reported and the call answered, may a

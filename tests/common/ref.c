@@ -18,7 +18,7 @@ static int64_t ref__doc(const ref_masks_t *m, int64_t pos)
     return -1;
 }
 
-static bool ref__visible(const ref_shape_t *s, const ref_masks_t *m, int64_t qp, int64_t kp)
+bool ref_visible(const ref_shape_t *s, const ref_masks_t *m, int64_t qp, int64_t kp)
 {
     if (s->causal && kp > qp)
         return false;
@@ -60,7 +60,7 @@ static bool ref__visible(const ref_shape_t *s, const ref_masks_t *m, int64_t qp,
                     int64_t qp = ref__pos(s->q_pos, i);                                            \
                     T m = (T)-INFINITY, l = 0;                                                     \
                     for (int64_t j = 0; j < Tk; j++) {                                             \
-                        if (!ref__visible(s, mk, qp, ref__pos(s->kv_pos, j))) {                    \
+                        if (!ref_visible(s, mk, qp, ref__pos(s->kv_pos, j))) {                     \
                             p[j] = (T)-INFINITY;                                                   \
                             continue;                                                              \
                         }                                                                          \

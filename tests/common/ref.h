@@ -34,6 +34,10 @@ typedef struct {
     int64_t left, right;
 } ref_masks_t;
 
+/* Whether a query at position qp sees a key at kp (s->causal and the masks m,
+ * NULL: none). */
+bool ref_visible(const ref_shape_t *s, const ref_masks_t *m, int64_t qp, int64_t kp);
+
 /* As ref_f64_run() and ref_f32_run(), with masks (NULL: none). */
 void ref_f64_run_masks(const ref_shape_t *s, const ref_masks_t *m, const float *q, const float *k,
                        const float *v, const float *d_o, ref_out_t *out);

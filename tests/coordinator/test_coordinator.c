@@ -1335,3 +1335,145 @@ Test(daemon, bad_flags_exit_2, .timeout = TEST_TIMEOUT_S, .init = setup_dir, .fi
     cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 1, "busy port: status 0x%x", status);
     fx_stop(&fx);
 }
+
+/* ---- pass timelines ---------------------------------------------------------- */
+
+/* A rank's timeline of `steps` steps: one entry per step with spans, or
+ * (summarised) one group; `bad` breaks it (entries out of order). */
+static void timeline_of(Stria__V1__PassTimeline *t, Stria__V1__StepTimes *e,
+                        Stria__V1__StepTimes **ptrs, uint64_t *spans, uint32_t rank, uint32_t pass,
+                        bool backward, uint32_t steps, bool summarised, bool bad)
+{
+    stria__v1__pass_timeline__init(t);
+    t->rank = rank;
+    t->pass = pass;
+    t->backward = backward;
+    t->steps = steps;
+    t->summarised = summarised;
+    t->seconds_us = 1000u * steps;
+    t->n_entries = summarised ? 1 : steps;
+    t->entries = ptrs;
+    for (uint32_t s = 0; s < t->n_entries; s++) {
+        stria__v1__step_times__init(&e[s]);
+        ptrs[s] = &e[s];
+        e[s].first_step = summarised ? 0 : (bad && s == 1 ? 0 : s);
+        e[s].steps = summarised ? steps : 1;
+        e[s].begin_us = 1000u * s;
+        e[s].end_us = summarised ? 1000u * steps : 1000u * (s + 1);
+        e[s].compute_us = 600;
+        e[s].wait_us = 300;
+        e[s].computed = 1;
+        if (!summarised) {
+            spans[4 * s] = e[s].begin_us;
+            spans[4 * s + 1] = e[s].begin_us + 600;
+            spans[4 * s + 2] = e[s].begin_us + 600;
+            spans[4 * s + 3] = e[s].begin_us + 900;
+            e[s].compute_spans = &spans[4 * s];
+            e[s].n_compute_spans = 2;
+            e[s].wait_spans = &spans[4 * s + 2];
+            e[s].n_wait_spans = 2;
+        }
+    }
+}
+
+static stria_status_t report_tl(const fx_t *fx, wk_t w, uint64_t job, uint32_t rank, int event,
+                                Stria__V1__PassTimeline *t)
+{
+    Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    req.worker_id = w.id;
+    req.job_id = job;
+    req.rank = rank;
+    req.event = event;
+    req.message = (char *)"";
+    req.timeline = t;
+    stria_status_t st = fx_call(fx->cl, M_REPORT, &req.base, &rep);
+    stria_rpc_reply_free(&rep);
+    return st;
+}
+
+/* The timelines of a job as (backward << 8 | rank) codes, sorted by arrival
+ * in the reply; returns their number. */
+static size_t job_timelines(const fx_t *fx, uint64_t id, bool include, uint32_t *codes,
+                            uint32_t *passes, uint32_t *entries)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    req.job_id = id;
+    req.include_timelines = include;
+    cr_assert_eq(fx_call(fx->cl, M_GET_JOB, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    const Stria__V1__JobInfo *j = ((Stria__V1__GetJobReply *)rep.msg)->job;
+    size_t n = j->n_timelines;
+    for (size_t i = 0; i < n && i < 8; i++) {
+        codes[i] = (j->timelines[i]->backward ? 256u : 0u) | j->timelines[i]->rank;
+        passes[i] = j->timelines[i]->pass;
+        entries[i] = (uint32_t)j->timelines[i]->n_entries;
+    }
+    stria_rpc_reply_free(&rep);
+    return n;
+}
+
+Test(coord, pass_timelines_are_checked_kept_and_replaced, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    Stria__V1__PassTimeline t;
+    Stria__V1__StepTimes e[2], *ptrs[2];
+    uint64_t spans[8];
+    uint32_t codes[8], passes[8], entries[8];
+    Stria__V1__JobState st = 0;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7100, 1ull << 32);
+    wk_t b = reg_worker(&fx, "h", 7101, 1ull << 32);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t job = submit_ok(&fx, &s, JS(LOADING));
+    cr_assert_eq(report(&fx, a, job, 0, EV(FORWARD_STARTED), NULL, &st), STRIA_OK);
+
+    /* rank 0: a well-formed timeline of 2 steps; rank 1: entries out of
+     * order (ignored, but its FORWARD_DONE counts) */
+    timeline_of(&t, e, ptrs, spans, 0, 0, false, 2, false, false);
+    cr_assert_eq(report_tl(&fx, a, job, 0, EV(FORWARD_DONE), &t), STRIA_OK);
+    timeline_of(&t, e, ptrs, spans, 1, 0, false, 2, false, true);
+    cr_assert_eq(report_tl(&fx, b, job, 1, EV(FORWARD_DONE), &t), STRIA_OK);
+    cr_expect_eq(job_state(&fx, job), JS(FORWARD_DONE), "a bad timeline still reports the event");
+    cr_expect_eq(job_timelines(&fx, job, false, codes, passes, entries), 0,
+                 "only asked for, they stay out of GetJob");
+    cr_assert_eq(job_timelines(&fx, job, true, codes, passes, entries), 1);
+    cr_expect_eq(codes[0], 0u);
+    cr_expect_eq(entries[0], 2u);
+
+    /* a timeline naming another rank than the reporter's, or more steps than
+     * ranks, is ignored too */
+    timeline_of(&t, e, ptrs, spans, 0, 0, false, 2, false, false);
+    t.rank = 1;
+    cr_expect_eq(report_tl(&fx, a, job, 0, EV(FORWARD_DONE), &t), STRIA_OK);
+    t.rank = 0;
+    t.steps = 3;
+    cr_expect_eq(report_tl(&fx, a, job, 0, EV(FORWARD_DONE), &t), STRIA_OK);
+    cr_expect_eq(job_timelines(&fx, job, true, codes, passes, entries), 1);
+
+    /* backward timelines (summarised) sit beside the forward ones */
+    cr_assert_eq(report(&fx, a, job, 0, EV(BACKWARD_STARTED), NULL, &st), STRIA_OK);
+    timeline_of(&t, e, ptrs, spans, 1, 1, true, 2, true, false);
+    cr_assert_eq(report_tl(&fx, b, job, 1, EV(BACKWARD_DONE), &t), STRIA_OK);
+    cr_assert_eq(job_timelines(&fx, job, true, codes, passes, entries), 2);
+    cr_expect_eq(codes[1], 256u | 1u);
+    cr_expect_eq(entries[1], 1u);
+    /* spans in a summarised entry are refused */
+    timeline_of(&t, e, ptrs, spans, 0, 1, true, 2, false, false);
+    t.summarised = true;
+    cr_expect_eq(report_tl(&fx, a, job, 0, EV(BACKWARD_DONE), &t), STRIA_OK);
+    cr_expect_eq(job_timelines(&fx, job, true, codes, passes, entries), 2);
+
+    /* a newer forward pass replaces the older one's timelines */
+    cr_assert_eq(report(&fx, a, job, 0, EV(FORWARD_STARTED), NULL, &st), STRIA_OK);
+    timeline_of(&t, e, ptrs, spans, 1, 2, false, 2, false, false);
+    cr_assert_eq(report_tl(&fx, b, job, 1, EV(FORWARD_DONE), &t), STRIA_OK);
+    cr_assert_eq(job_timelines(&fx, job, true, codes, passes, entries), 2);
+    cr_expect_eq(codes[0], 1u, "rank 0's pass 0 is gone, rank 1's pass 2 is there");
+    cr_expect_eq(passes[0], 2u);
+    /* ... and a late report of the older pass does not bring it back */
+    timeline_of(&t, e, ptrs, spans, 0, 0, false, 2, false, false);
+    cr_assert_eq(report_tl(&fx, a, job, 0, EV(FORWARD_DONE), &t), STRIA_OK);
+    cr_expect_eq(job_timelines(&fx, job, true, codes, passes, entries), 2);
+    fx_stop(&fx);
+}

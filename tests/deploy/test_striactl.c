@@ -652,3 +652,52 @@ Test(striactl, cancel_reaches_the_next_pass_before_a_heartbeat, .timeout = SUITE
     dc_job_free(&j);
     dc_stop(&c);
 }
+
+/* striactl job ID --timeline: the step times the workers reported with the
+ * passes of a real job, drawn as an SVG that python3's XML parser reads: a
+ * forward and a backward panel, a row per rank, compute and wait shapes, a
+ * legend, an axis label and the job's shape in the title. */
+Test(striactl, job_timeline_draws_the_reported_passes, .timeout = SUITE_TIMEOUT)
+{
+    dcluster_t c;
+    dc_job_t j;
+    char path[300], id[16];
+    dc_start(&c, 3, NULL);
+    dc_job_init(&j, &c, 3000, 2, 64, 3);
+    cr_assert_eq(dc_job_forward(&j, NULL, NULL), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(dc_job_backward(&j), STRIA_OK, "%s", stria_error_msg());
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)stria_job_id(j.job));
+    snprintf(path, sizeof(path), "%s/job-timeline.svg", c.dir);
+    char *out = CTL(&c, NULL, 0, "job", id, "--timeline", path);
+    expect_has("job --timeline", out, "timeline written to");
+    free(out);
+    char *err = NULL;
+    int rc = dc_python("import sys, xml.etree.ElementTree as ET\n"
+                       "NS = '{http://www.w3.org/2000/svg}'\n"
+                       "root = ET.parse(sys.argv[1]).getroot()\n"
+                       "assert root.tag == NS + 'svg', root.tag\n"
+                       "cls = lambda e: e.get('class', '')\n"
+                       "panels = [g for g in root.iter(NS + 'g') if cls(g) == 'panel']\n"
+                       "names = [p.get('data-name') for p in panels]\n"
+                       "assert names == ['forward pass 0', 'backward pass 1'], names\n"
+                       "for p in panels:\n"
+                       "    rows = [g for g in p.iter(NS + 'g') if cls(g) == 'row']\n"
+                       "    assert [int(r.get('data-rank')) for r in rows] == [0, 1, 2], rows\n"
+                       "kinds = {cls(r) for r in root.iter(NS + 'rect')}\n"
+                       "assert {'compute', 'wait', 'bg'} <= kinds, kinds\n"
+                       "texts = {cls(t): ''.join(t.itertext()) for t in root.iter(NS + 'text')}\n"
+                       "assert 'job 1: 3 ranks, seq 3000' in texts['title'], texts['title']\n"
+                       "assert 'own pass start' in texts['subtitle'], texts['subtitle']\n"
+                       "assert 'time' in texts['axis-label']\n"
+                       "legend = [g for g in root.iter(NS + 'g') if cls(g) == 'legend']\n"
+                       "assert len(legend) == 1\n",
+                       path, &err);
+    cr_expect_eq(rc, 0, "the SVG of striactl job --timeline: %s", err);
+    free(err);
+    /* a file that cannot be written: exit 1, the file named */
+    err = CTL_ERR(&c, NULL, 1, "job", id, "--timeline", "/nonexistent-dir/t.svg");
+    expect_has("job --timeline to a bad path", err, "/nonexistent-dir/t.svg");
+    free(err);
+    dc_job_free(&j);
+    dc_stop(&c);
+}

@@ -1,0 +1,661 @@
+/* stria-bench simulate: predicted pass times of rings of up to thousands of
+ * ranks, per layout, from the engine's plan, the kernels' work counts, costs
+ * per unit of work (--calibrate: measured here; --device-tflops: a device's
+ * rate) and a model of the ring's links (sim.h). --measure runs the same
+ * passes in process and prints the predictions beside what they measure. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "bench_util.h"
+#include "sim.h"
+#include "sim_runs.h"
+#include "stria_common.h"
+#include "stria_kernels.h"
+
+#define STRIA__SIM_MAX_LIST 16
+
+typedef struct {
+    stria_int_list_t ranks, seqs, cal_at;
+    bool layout_on[3];
+    bool do_fwd, do_bwd;
+    stria_ring_shape_t shape;
+    stria_bench_masks_t masks;
+    bool calibrate, measure, json;
+    int reps, cal_reps;
+    double tflops, bwd_ratio, call_us, host_add_gbs;
+    int64_t tile_q, tile_k;
+    stria_sim_link_t link;
+    const char *timeline;
+    stria_sim_costs_t costs;
+    char source[160]; /* where the costs come from */
+} stria__sim_opts_t;
+
+static const char stria__sim_description[] =
+    "Predicts the time of ring passes per layout (contiguous, striped, zigzag) for\n"
+    "rings of up to 65536 ranks, without running them: the engine's own plan of every\n"
+    "(rank, step) (which block, computed or skipped, bytes), the kernels' own\n"
+    "classification of the tiles and 16 x 16 sub-blocks each call computes, a cost\n"
+    "per unit of that work, and an event model of the ring: double-buffered K/V\n"
+    "transfers overlapping compute, the backward's dK/dV sum one step behind, the\n"
+    "closing agreement, links inside and between hosts in the coordinator's ring\n"
+    "order (the devices of a host are neighbours), and on a device that is not host\n"
+    "memory the engine's staging copies and host-side dK/dV sums.\n"
+    "Costs: --calibrate measures this machine's kernels on small rings and fits\n"
+    "them per unit of work; --device-tflops gives a device's attention rate instead.";
+
+static const char stria__sim_epilog[] =
+    "--measure also runs every pass in process (one rank computing at a time, as\n"
+    "stria-bench ring) and prints the measured critical path beside the predicted\n"
+    "one: the check of the model. Predicted pass: first rank's start to last rank's\n"
+    "end; critical: sum over steps of the slowest rank's compute (stria-bench ring's\n"
+    "figure).";
+
+/* --tile QxK */
+static stria_status_t stria__sim_tile(const char *text, void *dst)
+{
+    int64_t *t = dst;
+    char *end;
+    errno = 0;
+    t[0] = strtoll(text, &end, 10);
+    if (errno != 0 || (*end != 'x' && *end != 'X') || t[0] < 1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "'%s': expected QxK (tile sizes >= 1)", text);
+    t[1] = strtoll(end + 1, &end, 10);
+    if (errno != 0 || *end != '\0' || t[1] < 1 || t[0] > (1 << 20) || t[1] > (1 << 20))
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "'%s': expected QxK (tile sizes 1..2^20)",
+                               text);
+    return STRIA_OK;
+}
+
+/* Device-rate costs: every computed element at the rate, a fixed cost per
+ * computed call, the host's dK/dV sums at its memory bandwidth. */
+static void stria__sim_device_costs(stria__sim_opts_t *o)
+{
+    stria_sim_costs_t *c = &o->costs;
+    memset(c, 0, sizeof(*c));
+    c->fwd[STRIA_SIM_FULL] = c->fwd[STRIA_SIM_PART] = 4.0 / (o->tflops * 1e12);
+    c->bwd[STRIA_SIM_FULL] = c->bwd[STRIA_SIM_PART] = 4.0 * o->bwd_ratio / (o->tflops * 1e12);
+    c->fwd[STRIA_SIM_CALL] = c->bwd[STRIA_SIM_CALL] = o->call_us * 1e-6;
+    c->bwd[STRIA_SIM_ADD] = 12.0 / (o->host_add_gbs * 1e9); /* read 2, write 1 fp32 */
+    c->tile_q = o->tile_q;
+    c->tile_k = o->tile_k;
+    snprintf(o->source, sizeof(o->source),
+             "device rate %.0f TFLOP/s forward (backward %.2fx), %lldx%lld tiles computed whole "
+             "when partial, %.0f us per call",
+             o->tflops, o->bwd_ratio, (long long)o->tile_q, (long long)o->tile_k, o->call_us);
+}
+
+/* After parsing: the choices, the masks, the compute source. */
+static int stria__sim_check(stria__sim_opts_t *o, const stria_cli_t *cli, const char *layout,
+                            const char *pass, const char *docs, const stria_int_list_t *win)
+{
+    stria_layout_kind_t k;
+    if (strcmp(layout, "all") == 0)
+        o->layout_on[0] = o->layout_on[1] = o->layout_on[2] = true;
+    else if (stria_layout_kind_parse(layout, &k) == STRIA_OK && k <= STRIA_LAYOUT_ZIGZAG)
+        o->layout_on[k] = true;
+    else
+        return stria_bench_usage_error(
+            "simulate", "--layout '%s': expected striped, contiguous, zigzag or all", layout);
+    o->do_fwd = strcmp(pass, "fwd") == 0 || strcmp(pass, "both") == 0;
+    o->do_bwd = strcmp(pass, "bwd") == 0 || strcmp(pass, "both") == 0;
+    if (!o->do_fwd && !o->do_bwd)
+        return stria_bench_usage_error("simulate", "--pass '%s': expected fwd, bwd or both", pass);
+    int rc = stria_bench_masks("simulate", o->shape.causal, docs, win, &o->masks);
+    if (rc >= 0)
+        return rc;
+    if (o->calibrate == (o->tflops > 0))
+        return stria_bench_usage_error("simulate",
+                                       "give either --calibrate (measure this machine) or "
+                                       "--device-tflops (a device's rate)");
+    if (o->calibrate && stria_cli_given(cli, "tile"))
+        return stria_bench_usage_error("simulate", "--tile is for --device-tflops (calibrated "
+                                                   "costs are per unit of the kernels' own "
+                                                   "tiles)");
+    if (o->measure && !o->calibrate)
+        return stria_bench_usage_error("simulate", "--measure compares with this machine: it "
+                                                   "needs --calibrate");
+    for (size_t i = 0; o->measure && i < o->ranks.n; i++)
+        if (o->ranks.v[i] > 64)
+            return stria_bench_usage_error("simulate", "--measure runs the ring in process: "
+                                                       "--ranks up to 64");
+    if (o->timeline != NULL && (o->ranks.n != 1 || o->seqs.n != 1))
+        return stria_bench_usage_error("simulate", "--timeline draws one ring: give one --ranks "
+                                                   "and one --seq");
+    if (!o->calibrate)
+        stria__sim_device_costs(o);
+    return -1;
+}
+
+static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
+{
+    const char *layout = NULL, *pass = NULL, *docs = NULL;
+    stria_int_list_t win = {0};
+    int64_t batch = 1, reps = 3, cal_reps = 3, dph = 8, tile[2] = {128, 64};
+    double intra = 100, inter = 25, lat_us = 10, staging = 0;
+    const stria_option_t own[] = {
+        {.name = "ranks",
+         .type = STRIA_OPT_INTS,
+         .dst = &o->ranks,
+         .dflt = "64,256,1024",
+         .min = 1,
+         .max = 65536,
+         .max_items = STRIA__SIM_MAX_LIST,
+         .metavar = "N[,N...]",
+         .help = "ring sizes"},
+        {.name = "seq",
+         .type = STRIA_OPT_INTS,
+         .dst = &o->seqs,
+         .dflt = "1048576",
+         .min = 1,
+         .max = (double)((int64_t)1 << 36),
+         .max_items = STRIA__SIM_MAX_LIST,
+         .metavar = "S[,S...]",
+         .help = "global sequence lengths"},
+        {.name = "layout",
+         .type = STRIA_OPT_STRING,
+         .dst = &layout,
+         .dflt = "all",
+         .metavar = "L",
+         .help = "striped | contiguous | zigzag | all (contiguous, the "
+                 "baseline, is always simulated)"},
+        {.name = "pass",
+         .type = STRIA_OPT_STRING,
+         .dst = &pass,
+         .dflt = "both",
+         .metavar = "P",
+         .help = "fwd | bwd | both"},
+        {.name = "batch",
+         .type = STRIA_OPT_INT,
+         .dst = &batch,
+         .dflt = "1",
+         .min = 1,
+         .max = 1024,
+         .metavar = "B",
+         .help = "batch size"},
+        {.name = "causal",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->shape.causal,
+         .help = "causal mask (the default)"},
+        {.name = "no-causal", .type = STRIA_OPT_UNFLAG, .dst = &o->shape.causal, .help = "no mask"},
+        {.name = "documents",
+         .type = STRIA_OPT_STRING,
+         .dst = &docs,
+         .metavar = "lognormal:MEDIAN[:SIGMA]",
+         .help = "packed documents with log-normal lengths (as stria-bench ring)"},
+        {.name = "window",
+         .type = STRIA_OPT_INTS,
+         .dst = &win,
+         .min = -1,
+         .max = (double)((int64_t)1 << 40),
+         .max_items = 2,
+         .metavar = "LEFT[,RIGHT]",
+         .help = "sliding window"},
+        {.name = "calibrate",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->calibrate,
+         .help = "costs measured on this machine: rings of 3 ranks of every layout, shards of "
+                 "--calibrate-at tokens, the kernels' costs fitted per unit of work"},
+        {.name = "calibrate-at",
+         .type = STRIA_OPT_INTS,
+         .dst = &o->cal_at,
+         .dflt = "1024,2048",
+         .min = 64,
+         .max = 1 << 20,
+         .max_items = 4,
+         .metavar = "L[,L...]",
+         .help = "shard lengths of the calibration rings"},
+        {.name = "calibrate-reps",
+         .type = STRIA_OPT_INT,
+         .dst = &cal_reps,
+         .dflt = "3",
+         .min = 1,
+         .max = 64,
+         .metavar = "R",
+         .help = "runs per calibration ring (median)"},
+        {.name = "device-tflops",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->tflops,
+         .metavar = "F",
+         .min = 0,
+         .max = 1e6,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .help = "costs from a device's forward attention rate (TFLOP/s achieved on full "
+                 "tiles) instead of --calibrate"},
+        {.name = "bwd-ratio",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->bwd_ratio,
+         .dflt = "2.5",
+         .min = 0.1,
+         .max = 100,
+         .metavar = "X",
+         .help = "device: backward time over forward time for the same tiles"},
+        {.name = "tile",
+         .type = STRIA_OPT_CUSTOM,
+         .dst = tile,
+         .dflt = "128x64",
+         .parse = stria__sim_tile,
+         .metavar = "QxK",
+         .help = "device: tile sizes of its kernels (partial tiles computed whole)"},
+        {.name = "call-us",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->call_us,
+         .dflt = "10",
+         .min = 0,
+         .max = 1e6,
+         .metavar = "US",
+         .help = "device: fixed cost of a computed step"},
+        {.name = "host-add",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->host_add_gbs,
+         .dflt = "10",
+         .min = 0,
+         .max = 1e6,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "GB/s",
+         .help = "device: the host's memory bandwidth for the backward's dK/dV sums"},
+        {.name = "devices-per-host",
+         .type = STRIA_OPT_INT,
+         .dst = &dph,
+         .dflt = "8",
+         .min = 1,
+         .max = 65536,
+         .metavar = "D",
+         .help = "ranks per host (the ring goes host by host)"},
+        {.name = "intra-bw",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &intra,
+         .dflt = "100",
+         .min = 0,
+         .max = 1e6,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "GB/s",
+         .help = "bandwidth of a ring link inside a host"},
+        {.name = "inter-bw",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &inter,
+         .dflt = "25",
+         .min = 0,
+         .max = 1e6,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "GB/s",
+         .help = "bandwidth of a ring link between hosts"},
+        {.name = "latency-us",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &lat_us,
+         .dflt = "10",
+         .min = 0,
+         .max = 1e6,
+         .metavar = "US",
+         .help = "latency of a message"},
+        {.name = "staging",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &staging,
+         .dflt = "0",
+         .min = 0,
+         .max = 1e6,
+         .metavar = "GB/s",
+         .help = "device <-> host copy bandwidth of a staged device (a GPU); 0: host memory"},
+        {.name = "measure",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->measure,
+         .help = "also run every pass in process and print the measured critical path"},
+        {.name = "reps",
+         .type = STRIA_OPT_INT,
+         .dst = &reps,
+         .dflt = "3",
+         .min = 1,
+         .max = 64,
+         .metavar = "R",
+         .help = "--measure: runs per pass (median of every (rank, step))"},
+        {.name = "timeline",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->timeline,
+         .metavar = "FILE.svg",
+         .help = "draw the predicted passes (one --ranks, one --seq)"},
+        {.name = "json",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->json,
+         .help = "one JSON object per (layout, ranks, seq, pass) per line"},
+    };
+    stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
+    stria_bench_shape_t shape = {0};
+    memcpy(opts, own, sizeof(own));
+    stria_bench_shape_options(opts + sizeof(own) / sizeof(own[0]), &shape, 4096);
+    const stria_command_t cmd = {.name = "simulate",
+                                 .description = stria__sim_description,
+                                 .epilog = stria__sim_epilog,
+                                 .options = opts};
+    stria_cli_t cli;
+
+    o->shape.causal = true;
+    int rc = stria_bench_parse(&cmd, argc, argv, &cli);
+    if (rc < 0 && stria_bench_shape_check("simulate", &shape) >= 0)
+        rc = 2;
+    if (rc < 0) {
+        o->shape.batch = batch;
+        o->shape.heads = shape.heads;
+        o->shape.kv_heads = shape.kv_heads;
+        o->shape.head_dim = shape.head_dim;
+        o->shape.dtype = shape.dtype;
+        o->reps = (int)reps;
+        o->cal_reps = (int)cal_reps;
+        o->tile_q = tile[0];
+        o->tile_k = tile[1];
+        o->link =
+            (stria_sim_link_t){(int)dph, intra * 1e9, inter * 1e9, lat_us * 1e-6, staging * 1e9};
+        rc = stria__sim_check(o, &cli, layout, pass, docs, &win);
+    }
+    /* the lists live in cli: copied out before it is freed */
+    int64_t *lists =
+        rc < 0 ? malloc((o->ranks.n + o->seqs.n + o->cal_at.n) * sizeof(int64_t)) : NULL;
+    if (rc < 0 && lists == NULL)
+        rc = 1;
+    if (rc < 0) {
+        memcpy(lists, o->ranks.v, o->ranks.n * sizeof(int64_t));
+        memcpy(lists + o->ranks.n, o->seqs.v, o->seqs.n * sizeof(int64_t));
+        memcpy(lists + o->ranks.n + o->seqs.n, o->cal_at.v, o->cal_at.n * sizeof(int64_t));
+        o->ranks.v = lists;
+        o->seqs.v = lists + o->ranks.n;
+        o->cal_at.v = lists + o->ranks.n + o->seqs.n;
+    }
+    stria_cli_free(&cli);
+    return rc;
+}
+
+/* ---- simulation and reports ------------------------------------------------ */
+
+static const stria_layout_kind_t stria__sim_order[3] = {STRIA_LAYOUT_CONTIGUOUS,
+                                                        STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG};
+
+static bool stria__sim_on(const stria__sim_opts_t *o, stria_layout_kind_t k)
+{
+    return o->layout_on[k] || k == STRIA_LAYOUT_CONTIGUOUS;
+}
+
+/* One (N, S): its shape, tables and measured inputs. */
+typedef struct {
+    stria_ring_shape_t shape;
+    int n;
+    stria_sim_table_t t[3];
+    bool have[3];
+    double table_s, table_cpu_s;
+    stria_sim_inputs_t in;
+    bool have_in;
+} stria__sim_case_t;
+
+typedef struct {
+    stria_sim_result_t r;
+    double measured_s; /* critical path measured in process (< 0: none) */
+} stria__sim_row_t;
+
+static void stria__sim_case_free(stria__sim_case_t *c)
+{
+    for (int k = 0; k < 3; k++)
+        if (c->have[k])
+            stria_sim_table_free(&c->t[k]);
+    if (c->have_in)
+        stria_sim_inputs_free(&c->in);
+    free((void *)c->shape.cu_seqlens);
+    memset(c, 0, sizeof(*c));
+}
+
+static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t seq,
+                                      stria__sim_case_t *c)
+{
+    stria_status_t st = STRIA_OK;
+    memset(c, 0, sizeof(*c));
+    c->n = n;
+    c->shape = o->shape;
+    c->shape.seq = seq;
+    c->shape.has_window = o->masks.has_window;
+    c->shape.window_left = o->masks.window_left;
+    c->shape.window_right = o->masks.window_right;
+    if (o->masks.doc_median > 0 &&
+        (c->shape.cu_seqlens = stria_bench_documents(o->masks.doc_median, o->masks.doc_sigma, seq,
+                                                     &c->shape.n_cu_seqlens)) == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the documents");
+    double t0 = stria_time_now(), c0 = stria_bench_process_cpu();
+    for (int i = 0; i < 3 && st == STRIA_OK; i++) {
+        stria_layout_kind_t k = stria__sim_order[i];
+        if (!stria__sim_on(o, k))
+            continue;
+        st = stria_sim_table(&c->shape, k, n, o->costs.tile_q, o->costs.tile_k, &c->t[k]);
+        c->have[k] = st == STRIA_OK;
+    }
+    c->table_s = stria_time_now() - t0;
+    c->table_cpu_s = stria_bench_process_cpu() - c0;
+    if (st == STRIA_OK && o->measure && (st = stria_sim_inputs(&c->shape, &c->in)) == STRIA_OK)
+        c->have_in = true;
+    return st;
+}
+
+static void stria__sim_shape_text(const stria__sim_case_t *c, char *out, size_t cap)
+{
+    const stria_ring_shape_t *s = &c->shape;
+    int at = snprintf(out, cap, "N=%d S=%lld B=%lld H=%lld/%lld D=%lld %s %s", c->n,
+                      (long long)s->seq, (long long)s->batch, (long long)s->heads,
+                      (long long)s->kv_heads, (long long)s->head_dim, stria_dtype_name(s->dtype),
+                      s->causal ? "causal" : "non-causal");
+    if (s->n_cu_seqlens > 0 && at > 0 && (size_t)at < cap)
+        at += snprintf(out + at, cap - (size_t)at, ", %zu documents", s->n_cu_seqlens - 1);
+    if (s->has_window && at > 0 && (size_t)at < cap)
+        snprintf(out + at, cap - (size_t)at, ", window (%lld, %lld)", (long long)s->window_left,
+                 (long long)s->window_right);
+}
+
+static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t *c, bool bwd,
+                             const stria__sim_row_t rows[3], double sim_s, double sim_cpu_s)
+{
+    const stria__sim_row_t *base = &rows[STRIA_LAYOUT_CONTIGUOUS];
+    const char *pass = bwd ? "bwd" : "fwd";
+    char shape[256];
+    stria__sim_shape_text(c, shape, sizeof(shape));
+    if (!o->json) {
+        printf("stria-bench simulate: %s, %s pass\n  costs: %s\n", shape, pass, o->source);
+        printf("  links: %d devices per host, %.0f GB/s inside, %.0f GB/s between hosts, %.1f us"
+               "; staging %s\n",
+               o->link.devices_per_host, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9,
+               o->link.latency_s * 1e6, o->link.staging_Bps > 0 ? "yes" : "none (host memory)");
+        printf("  %-11s %12s %12s %8s %6s %6s %12s%s\n", "layout", "pass (s)", "critical (s)",
+               "speedup", "busy", "steps", "MB sent/rank",
+               o->measure ? "  measured crit (s)  pred/meas  meas x" : "");
+    }
+    for (int i = 0; i < 3; i++) {
+        stria_layout_kind_t k = stria__sim_order[i];
+        const stria__sim_row_t *r = &rows[k];
+        if (!c->have[k])
+            continue;
+        const double x = base->r.pass_s / r->r.pass_s;
+        const double busy = r->r.compute_s / (c->n * r->r.pass_s);
+        const double mb = (double)r->r.bytes_sent / 1e6;
+        if (o->json) {
+            printf("{\"layout\":\"%s\",\"ranks\":%d,\"seq\":%lld,\"pass\":\"%s\",\"heads\":%lld,"
+                   "\"kv_heads\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\",\"causal\":%s,"
+                   "\"predicted_pass_s\":%.6g,\"predicted_critical_s\":%.6g,"
+                   "\"speedup_vs_contiguous\":%.4f,\"busy\":%.4f,\"steps\":%d,"
+                   "\"bytes_sent_per_rank\":%llu,\"full_tiles\":%lld,\"partial_tiles\":%lld,"
+                   "\"subblocks\":%lld,\"block_pair_classes\":%d,\"simulate_s\":%.3f,"
+                   "\"simulate_cpu_s\":%.3f",
+                   stria_layout_kind_name(k), c->n, (long long)c->shape.seq, pass,
+                   (long long)c->shape.heads, (long long)c->shape.kv_heads,
+                   (long long)c->shape.head_dim, stria_dtype_name(c->shape.dtype),
+                   c->shape.causal ? "true" : "false", r->r.pass_s, r->r.critical_s, x, busy,
+                   r->r.steps, (unsigned long long)r->r.bytes_sent, (long long)c->t[k].full_tiles,
+                   (long long)c->t[k].partial_tiles, (long long)c->t[k].subblocks,
+                   c->t[k].memo_keys, sim_s, sim_cpu_s);
+            if (r->measured_s >= 0)
+                printf(",\"measured_critical_s\":%.6g,\"predicted_over_measured\":%.4f,"
+                       "\"measured_speedup_vs_contiguous\":%.4f",
+                       r->measured_s, r->r.critical_s / r->measured_s,
+                       base->measured_s / r->measured_s);
+            printf("}\n");
+            continue;
+        }
+        printf("  %-11s %12.6g %12.6g %8.3f %5.0f%% %6d %12.2f", stria_layout_kind_name(k),
+               r->r.pass_s, r->r.critical_s, x, 100.0 * busy, r->r.steps, mb);
+        if (r->measured_s >= 0)
+            printf("  %17.4f  %9.3f  %6.3f", r->measured_s, r->r.critical_s / r->measured_s,
+                   base->measured_s / r->measured_s);
+        printf("\n");
+    }
+    if (!o->json) {
+        printf("  simulated in %.2f s, %.2f s of CPU (block-pair classes classified:", sim_s,
+               sim_cpu_s);
+        for (int i = 0; i < 3; i++)
+            if (c->have[stria__sim_order[i]])
+                printf(" %s %d", stria_layout_kind_name(stria__sim_order[i]),
+                       c->t[stria__sim_order[i]].memo_keys);
+        printf(")\n");
+    }
+    fflush(stdout);
+}
+
+/* ---- timeline ---------------------------------------------------------------- */
+
+typedef struct {
+    stria_timeline_t *tl;
+    int panel;
+    stria_status_t st;
+} stria__sim_tl_t;
+
+static void stria__sim_span(void *ctx, int rank, int kind, double begin, double end)
+{
+    stria__sim_tl_t *x = ctx;
+    if (x->st == STRIA_OK)
+        x->st = stria_timeline_span(x->tl, x->panel, rank, (stria_timeline_kind_t)kind, begin, end);
+}
+
+static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stria__sim_case_t *c)
+{
+    char title[300], sub[400], name[64], note[96];
+    stria__sim_tl_t x = {0};
+    stria__sim_shape_text(c, title, sizeof(title));
+    snprintf(sub, sizeof(sub), "predicted by stria-bench simulate: %s; links %.0f/%.0f GB/s",
+             o->source, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9);
+    x.st = stria_timeline_create(title, sub, &x.tl);
+    for (int b = 0; b < 2 && x.st == STRIA_OK; b++) {
+        if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
+            continue;
+        for (int i = 0; i < 3 && x.st == STRIA_OK; i++) {
+            stria_layout_kind_t k = stria__sim_order[i];
+            stria_sim_result_t r;
+            if (!c->have[k])
+                continue;
+            /* the pass once for its time (the note), once for its spans */
+            if ((x.st = stria_sim_pass(&c->t[k], &o->costs, &o->link, b == 1, &r, NULL, NULL)) !=
+                STRIA_OK)
+                break;
+            snprintf(name, sizeof(name), "%s, %s", stria_layout_kind_name(k),
+                     b ? "backward" : "forward");
+            snprintf(note, sizeof(note), "%.4g s predicted, ranks busy %.0f%% of it", r.pass_s,
+                     100.0 * r.compute_s / (c->n * r.pass_s));
+            if ((x.st = stria_timeline_panel(x.tl, name, note, c->n, &x.panel)) != STRIA_OK)
+                break;
+            stria_timeline_panel_end(x.tl, x.panel, r.pass_s);
+            stria_status_t st =
+                stria_sim_pass(&c->t[k], &o->costs, &o->link, b == 1, &r, stria__sim_span, &x);
+            if (x.st == STRIA_OK)
+                x.st = st;
+        }
+    }
+    if (x.st == STRIA_OK)
+        x.st = stria_timeline_write_svg(x.tl, o->timeline);
+    if (x.st == STRIA_OK && !o->json)
+        printf("timeline: %s\n", o->timeline);
+    stria_timeline_destroy(x.tl);
+    return x.st;
+}
+
+/* ---- the command -------------------------------------------------------------- */
+
+static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t seq)
+{
+    stria__sim_case_t c;
+    stria_status_t st = stria__sim_case(o, n, seq, &c);
+    double *med = st == STRIA_OK && o->measure ? calloc((size_t)(n * n), sizeof(double)) : NULL;
+    if (st == STRIA_OK && o->measure && med == NULL)
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    for (int b = 0; b < 2 && st == STRIA_OK; b++) {
+        stria__sim_row_t rows[3];
+        if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
+            continue;
+        double t0 = stria_time_now(), c0 = stria_bench_process_cpu();
+        for (int k = 0; k < 3 && st == STRIA_OK; k++) {
+            rows[k].measured_s = -1;
+            if (c.have[k])
+                st = stria_sim_pass(&c.t[k], &o->costs, &o->link, b == 1, &rows[k].r, NULL, NULL);
+        }
+        double sim_s = stria_time_now() - t0 + c.table_s;
+        double sim_cpu_s = stria_bench_process_cpu() - c0 + c.table_cpu_s;
+        for (int k = 0; k < 3 && st == STRIA_OK && o->measure; k++) {
+            if (!c.have[k])
+                continue;
+            st =
+                stria_sim_measure(&c.shape, (stria_layout_kind_t)k, n, b == 1, o->reps, &c.in, med);
+            if (st == STRIA_OK)
+                rows[k].measured_s = stria_sim_critical(med, n, rows[k].r.steps);
+        }
+        if (st == STRIA_OK)
+            stria__sim_print(o, &c, b == 1, rows, sim_s, sim_cpu_s);
+    }
+    if (st == STRIA_OK && o->timeline != NULL)
+        st = stria__sim_timeline(o, &c);
+    free(med);
+    stria__sim_case_free(&c);
+    return st;
+}
+
+static stria_status_t stria__sim_calibrate(stria__sim_opts_t *o)
+{
+    double ef = 0, eb = 0, t0 = stria_time_now();
+    stria_ring_shape_t cal = o->shape;
+    /* one K/V head and the query heads of one GQA group: costs are per head */
+    cal.heads = o->shape.heads / o->shape.kv_heads;
+    cal.kv_heads = 1;
+    stria_status_t st =
+        stria_sim_calibrate(&cal, o->cal_at.v, o->cal_at.n, o->cal_reps, &o->costs, &ef, &eb);
+    if (st != STRIA_OK)
+        return st;
+    int at = snprintf(o->source, sizeof(o->source), "calibrated here (%s kernels, shards",
+                      stria_kernels_variant());
+    for (size_t i = 0; i < o->cal_at.n && at > 0 && (size_t)at < sizeof(o->source); i++)
+        at += snprintf(o->source + at, sizeof(o->source) - (size_t)at, "%s%lld", i ? "," : " ",
+                       (long long)o->cal_at.v[i]);
+    if (at > 0 && (size_t)at < sizeof(o->source))
+        snprintf(o->source + at, sizeof(o->source) - (size_t)at,
+                 "; fit error %.1f%% fwd, %.1f%% bwd per step)", 100 * ef, 100 * eb);
+    if (!o->json) {
+        static const char *const names[STRIA_SIM_NCOEF] = {
+            "full elem", "partial elem", "token", "call", "open token", "dkv add", "dq end"};
+        printf("calibration (%.1f s): %s\n", stria_time_now() - t0, o->source);
+        for (int i = 0; i < STRIA_SIM_NCOEF; i++)
+            printf("  %-13s fwd %.4g s  bwd %.4g s\n", names[i], o->costs.fwd[i], o->costs.bwd[i]);
+    }
+    return STRIA_OK;
+}
+
+int stria_bench_simulate(int argc, char **argv)
+{
+    stria__sim_opts_t o;
+    memset(&o, 0, sizeof(o));
+    int rc = stria__sim_parse(argc, argv, &o);
+    stria_status_t st = STRIA_OK;
+    if (rc >= 0)
+        return rc;
+    if (o.calibrate)
+        st = stria__sim_calibrate(&o);
+    for (size_t si = 0; si < o.seqs.n && st == STRIA_OK; si++)
+        for (size_t ni = 0; ni < o.ranks.n && st == STRIA_OK; ni++)
+            st = stria__sim_one(&o, (int)o.ranks.v[ni], o.seqs.v[si]);
+    free(o.ranks.v);
+    if (st != STRIA_OK) {
+        fprintf(stderr, "stria-bench simulate: %s\n",
+                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,603 @@
+/* The pass simulator (sim.h): the engine's plan, the kernels' work counts,
+ * costs and an event model of the ring. */
+#include "sim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- work of block pairs, classified once per equivalence class ------------ */
+
+/* A block pair up to what the kernels' classes cannot see: the runs of both
+ * blocks, shifted (or relabelled) as described in sim.h. */
+#define STRIA__SIM_KEY 16
+
+typedef struct {
+    int64_t v[STRIA__SIM_KEY];
+    bool used;
+    stria_attn_work_t w;
+} stria__sim_slot_t;
+
+typedef struct {
+    stria__sim_slot_t *slots;
+    size_t cap, used;
+} stria__sim_memo_t;
+
+static uint64_t stria__sim_hash(const int64_t *v)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < STRIA__SIM_KEY; i++) {
+        h ^= (uint64_t)v[i];
+        h *= 1099511628211ULL;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+static stria__sim_slot_t *stria__sim_memo_find(stria__sim_memo_t *m, const int64_t *v)
+{
+    if (m->used * 2 >= m->cap) { /* grow */
+        size_t cap = m->cap ? 2 * m->cap : 1024;
+        stria__sim_slot_t *slots = calloc(cap, sizeof(*slots));
+        if (slots == NULL)
+            return NULL;
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->slots[i].used) {
+                size_t j = stria__sim_hash(m->slots[i].v) & (cap - 1);
+                while (slots[j].used)
+                    j = (j + 1) & (cap - 1);
+                slots[j] = m->slots[i];
+            }
+        free(m->slots);
+        m->slots = slots;
+        m->cap = cap;
+    }
+    size_t j = stria__sim_hash(v) & (m->cap - 1);
+    while (m->slots[j].used && memcmp(m->slots[j].v, v, sizeof(m->slots[j].v)) != 0)
+        j = (j + 1) & (m->cap - 1);
+    return &m->slots[j];
+}
+
+/* Shift key: every run's first position relative to the query block's. */
+static void stria__sim_key_shift(const stria_attn_params_t *a, int64_t *v)
+{
+    const int64_t base = a->q_pos.runs[0].first;
+    int at = 0;
+    const stria_positions_t *sides[2] = {&a->q_pos, &a->kv_pos};
+    for (int s = 0; s < 2; s++) {
+        v[at++] = (int64_t)sides[s]->n_runs;
+        for (size_t i = 0; i < sides[s]->n_runs && at + 3 <= STRIA__SIM_KEY; i++) {
+            v[at++] = sides[s]->runs[i].first - base;
+            v[at++] = sides[s]->runs[i].stride;
+            v[at++] = sides[s]->runs[i].count;
+        }
+    }
+}
+
+/* Relabelling key, for runs of consecutive positions: every distinct
+ * interval of positions keeps its length and order and loses the gaps
+ * between them. Causal classes compare positions only, so they survive. */
+static bool stria__sim_key_relabel(const stria_attn_params_t *a, int64_t *v)
+{
+    int64_t lo[8], hi[8];
+    int n = 0;
+    const stria_positions_t *sides[2] = {&a->q_pos, &a->kv_pos};
+    for (int s = 0; s < 2; s++)
+        for (size_t i = 0; i < sides[s]->n_runs; i++) {
+            const stria_pos_run_t *r = &sides[s]->runs[i];
+            if ((r->stride != 1 && r->count > 1) || n == 8)
+                return false;
+            lo[n] = r->first;
+            hi[n++] = r->first + r->count - 1;
+        }
+    /* label(p) = p - start of its merged interval + sum of the lengths of
+     * the merged intervals before it */
+    int at = 0;
+    for (int s = 0; s < 2; s++) {
+        v[at++] = (int64_t)sides[s]->n_runs;
+        for (size_t i = 0; i < sides[s]->n_runs; i++) {
+            const stria_pos_run_t *r = &sides[s]->runs[i];
+            int64_t label = 0;
+            for (int k = 0; k < n; k++) { /* merged intervals wholly below r */
+                bool dup = false, merged_below = hi[k] < r->first;
+                for (int e = 0; e < k && merged_below; e++) /* count each interval once */
+                    dup = dup || (lo[e] == lo[k] && hi[e] == hi[k]);
+                if (merged_below && !dup)
+                    label += hi[k] - lo[k] + 1;
+            }
+            v[at++] = label;
+            v[at++] = 1;
+            v[at++] = r->count;
+        }
+    }
+    return true;
+}
+
+static stria_status_t stria__sim_pair(stria__sim_memo_t *memo, bool relabel,
+                                      const stria_attn_params_t *a, int64_t tq, int64_t tk,
+                                      stria_attn_work_t *w, int *keys)
+{
+    int64_t v[STRIA__SIM_KEY];
+    memset(v, 0, sizeof(v));
+    if (!relabel || !stria__sim_key_relabel(a, v)) {
+        memset(v, 0, sizeof(v));
+        stria__sim_key_shift(a, v);
+    }
+    stria__sim_slot_t *slot = stria__sim_memo_find(memo, v);
+    if (slot == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "simulate: out of memory");
+    if (!slot->used) {
+        stria_status_t st = stria_attn_work(a, tq, tk, &slot->w);
+        if (st != STRIA_OK)
+            return st;
+        memcpy(slot->v, v, sizeof(v));
+        slot->used = true;
+        memo->used++;
+        (*keys)++;
+    }
+    *w = slot->w;
+    return STRIA_OK;
+}
+
+void stria_sim_table_free(stria_sim_table_t *t)
+{
+    if (t == NULL)
+        return;
+    free(t->cells);
+    free(t->valid);
+    memset(t, 0, sizeof(*t));
+}
+
+/* Documents: no two block pairs are alike; one kernel plan per rank. */
+static stria_status_t stria__sim_plans(stria_ring_plan_t *plan, const stria_sim_table_t *t,
+                                       int64_t tq, int64_t tk, stria_attn_plan_t **kp)
+{
+    for (int r = 0; r < t->n; r++) {
+        stria_attn_params_t a;
+        if (!stria_ring_plan_params(plan, r, r, &a))
+            continue;
+        stria_status_t st = stria_attn_plan_create(&a, tq, tk, &kp[r]);
+        if (st != STRIA_OK)
+            return st;
+    }
+    return STRIA_OK;
+}
+
+static stria_status_t stria__sim_cells(stria_ring_plan_t *plan, stria_sim_table_t *t, int64_t tq,
+                                       int64_t tk)
+{
+    const bool docs = t->shape.n_cu_seqlens > 0, relabel = !docs && !t->shape.has_window;
+    stria__sim_memo_t memo = {0};
+    stria_attn_plan_t **kp = docs ? calloc((size_t)t->n, sizeof(*kp)) : NULL;
+    stria_status_t st = docs && kp == NULL
+                            ? stria_error_set(STRIA_ERR_NO_MEMORY, "simulate: out of memory")
+                            : STRIA_OK;
+    if (st == STRIA_OK && docs)
+        st = stria__sim_plans(plan, t, tq, tk, kp);
+    for (int r = 0; r < t->n && st == STRIA_OK; r++)
+        for (int s = 0; s < t->n && st == STRIA_OK; s++) {
+            stria_sim_cell_t *c = &t->cells[r * t->n + s];
+            stria_ring_plan_step_t ps;
+            stria_attn_params_t a;
+            stria_attn_work_t w;
+            if ((st = stria_ring_plan_step(plan, r, s, true, &ps)) != STRIA_OK)
+                break;
+            c->src = ps.src_rank;
+            c->computed = ps.computed;
+            if (!ps.computed || !stria_ring_plan_params(plan, r, ps.src_rank, &a))
+                continue;
+            if (docs)
+                st = stria_attn_plan_work(kp[r], kp[ps.src_rank], &w);
+            else
+                st = stria__sim_pair(&memo, relabel, &a, tq, tk, &w, &t->memo_keys);
+            if (st != STRIA_OK)
+                break;
+            c->full_elems = w.full_elems;
+            c->partial_elems = w.partial_elems;
+            t->full_tiles += w.full;
+            t->partial_tiles += w.partial;
+            t->subblocks += w.sub_full + w.sub_masked + w.sub_hole;
+            t->full_elems += w.full_elems;
+            t->partial_elems += w.partial_elems;
+        }
+    for (int r = 0; kp != NULL && r < t->n; r++)
+        stria_attn_plan_destroy(kp[r]);
+    free(kp);
+    free(memo.slots);
+    return st;
+}
+
+stria_status_t stria_sim_table(const stria_ring_shape_t *shape, stria_layout_kind_t layout, int n,
+                               int64_t tile_q, int64_t tile_k, stria_sim_table_t *t)
+{
+    stria_ring_plan_t *plan = NULL;
+    stria_status_t st;
+    memset(t, 0, sizeof(*t));
+    if ((st = stria_ring_plan_create(shape, layout, n, false, &plan)) != STRIA_OK)
+        return st;
+    t->shape = *shape;
+    t->layout = layout;
+    t->n = n;
+    t->fwd_steps = stria_ring_plan_steps(plan, false);
+    const stria_layout_t *l = stria_ring_plan_layout(plan);
+    const uint64_t kv =
+        (uint64_t)(shape->batch * l->shard_tokens * shape->kv_heads * shape->head_dim);
+    t->msg_bytes = 2 * kv * stria_dtype_size(shape->dtype);
+    t->dkv_bytes = 2 * kv * sizeof(float);
+    t->cells = calloc((size_t)n * (size_t)n, sizeof(*t->cells));
+    t->valid = calloc((size_t)n, sizeof(*t->valid));
+    if (t->cells == NULL || t->valid == NULL)
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "simulate: out of memory for %d ranks", n);
+    for (int r = 0; st == STRIA_OK && r < n; r++) {
+        stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
+        size_t nr = stria_layout_shard_runs(l, r, false, runs);
+        for (size_t i = 0; i < nr; i++)
+            t->valid[r] += runs[i].count;
+    }
+    if (st == STRIA_OK)
+        st = stria__sim_cells(plan, t, tile_q, tile_k);
+    stria_ring_plan_destroy(plan);
+    if (st != STRIA_OK)
+        stria_sim_table_free(t);
+    return st;
+}
+
+void stria_sim_features(const stria_sim_table_t *t, int r, int s, bool bwd, double *x)
+{
+    const stria_sim_cell_t *c = &t->cells[r * t->n + s];
+    const double bhd = (double)(t->shape.batch * t->shape.heads * t->shape.head_dim);
+    memset(x, 0, STRIA_SIM_NCOEF * sizeof(double));
+    if (c->computed) {
+        x[STRIA_SIM_FULL] = (double)c->full_elems * bhd;
+        x[STRIA_SIM_PART] = (double)c->partial_elems * bhd;
+        x[STRIA_SIM_TOK] = (double)(t->valid[r] + t->valid[c->src]) * bhd;
+        x[STRIA_SIM_CALL] = 1;
+    }
+    if (s == 0)
+        x[STRIA_SIM_OPEN] = (double)t->valid[r] * bhd;
+    if (bwd && s > 0 && t->n > 1)
+        x[STRIA_SIM_ADD] = (double)(t->dkv_bytes / sizeof(float));
+    if (bwd && s == t->n - 1 && t->valid[r] > 0)
+        x[STRIA_SIM_LAST] = (double)t->valid[r] * bhd;
+}
+
+/* ---- the event model of a pass ---------------------------------------------- */
+
+typedef struct {
+    const stria_sim_table_t *t;
+    const double *coef;
+    const stria_sim_link_t *link;
+    stria_sim_span_cb span;
+    void *span_ctx;
+    double waited;
+} stria__sim_run_t;
+
+static void stria__sim_emit(stria__sim_run_t *x, int r, int kind, double b, double e)
+{
+    if (kind == 2 && e > b)
+        x->waited += e - b;
+    if (x->span != NULL && e > b)
+        x->span(x->span_ctx, r, kind, b, e);
+}
+
+/* t = max(t, until), the difference drawn as a wait. */
+static double stria__sim_wait(stria__sim_run_t *x, int r, double t, double until)
+{
+    if (until > t) {
+        stria__sim_emit(x, r, 2, t, until);
+        return until;
+    }
+    return t;
+}
+
+static double stria__sim_bw(const stria_sim_link_t *l, int n, int to)
+{
+    const int from = (to - 1 + n) % n, dph = l->devices_per_host;
+    const bool same_host = dph <= 0 || from / dph == to / dph;
+    return same_host ? l->intra_Bps : l->inter_Bps;
+}
+
+/* A transfer on the link into rank `to`, ready at `ready`: first come, first
+ * served; returns its arrival. */
+static double stria__sim_xfer(const stria_sim_link_t *l, int n, int to, double *link_free,
+                              double ready, uint64_t bytes)
+{
+    double bw = stria__sim_bw(l, n, to), begin = ready > link_free[to] ? ready : link_free[to];
+    double busy = bw > 0 ? (double)bytes / bw : 0.0;
+    link_free[to] = begin + busy;
+    return begin + busy + l->latency_s;
+}
+
+/* Per-rank state of a simulated pass. */
+typedef struct {
+    double *T, *start, *kv_dev, *kv_arr, *kv_done, *dkv_arr, *dkv_post, *dkv_post_next,
+        *dkv_done[2], *link_free, *copy_free, *agree;
+} stria__sim_state_t;
+
+static double stria__sim_cost(const stria__sim_run_t *x, int r, int s, bool bwd, int from, int to)
+{
+    double f[STRIA_SIM_NCOEF], c = 0;
+    stria_sim_features(x->t, r, s, bwd, f);
+    for (int i = from; i < to; i++)
+        c += x->coef[i] * f[i];
+    return c;
+}
+
+/* The transfers of step s on every link: block s + 1 (both ends posted at
+ * their step's start) and, backward, the dK/dV sum sent in step s - 1. */
+static void stria__sim_links(const stria__sim_run_t *x, stria__sim_state_t *z, int s, int steps,
+                             bool bwd)
+{
+    const int n = x->t->n;
+    for (int r = 0; r < n; r++) {
+        const int p = (r - 1 + n) % n;
+        const bool kv = s + 1 < steps, dkv = bwd && s > 0 && n > 1;
+        double rk = z->start[p] > z->start[r] ? z->start[p] : z->start[r];
+        double rd = dkv ? (z->dkv_post[p] > z->start[r] ? z->dkv_post[p] : z->start[r]) : 0;
+        if (kv && (!dkv || rk <= rd)) {
+            z->kv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rk, x->t->msg_bytes);
+            z->kv_done[p] = z->kv_arr[r];
+        }
+        if (dkv) {
+            z->dkv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rd, x->t->dkv_bytes);
+            z->dkv_done[(s - 1) % 2][p] = z->dkv_arr[r];
+        }
+        if (kv && dkv && rk > rd) {
+            z->kv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rk, x->t->msg_bytes);
+            z->kv_done[p] = z->kv_arr[r];
+        }
+    }
+}
+
+/* The dK/dV sum of step s on rank r: the running sum from r - 1 in, this
+ * rank's contribution added on the host, sent on. */
+static double stria__sim_sum(stria__sim_run_t *x, stria__sim_state_t *z, int r, int s, double t,
+                             double add)
+{
+    if (s > 0)
+        t = stria__sim_wait(x, r, t, z->dkv_arr[r]);
+    stria__sim_emit(x, r, 1, t, t + add);
+    z->dkv_post_next[r] = t + add;
+    return t + add;
+}
+
+/* Rank r's step s, the transfers known: as stria__kv_step(). On the host the
+ * kernel runs on the rank's thread, then the dK/dV sum, then the K/V waits;
+ * staged, the kernel runs on the device while the host waits for the next
+ * block and copies it up, then (backward) the contribution comes down and
+ * the host adds it. Returns the step's compute. */
+static double stria__sim_step(stria__sim_run_t *x, stria__sim_state_t *z, int r, int s, int steps,
+                              bool bwd)
+{
+    const stria_sim_link_t *l = x->link;
+    const bool staged = l->staging_Bps > 0, kv = s + 1 < steps;
+    const double c = stria__sim_cost(x, r, s, bwd, STRIA_SIM_FULL, STRIA_SIM_OPEN);
+    const double add = stria__sim_cost(x, r, s, bwd, STRIA_SIM_ADD, STRIA_SIM_ADD + 1);
+    double t = z->start[r], kv_next = 0;
+    if (bwd && s >= 2) /* the contribution buffer of step s - 2 is free */
+        t = stria__sim_wait(x, r, t, z->dkv_done[s % 2][r]);
+    const double k0 = t > z->kv_dev[r] ? t : z->kv_dev[r], k1 = k0 + c;
+    stria__sim_emit(x, r, 1, k0, k1);
+    if (!staged) {
+        t = k1;
+        if (bwd)
+            t = stria__sim_sum(x, z, r, s, t, add);
+    }
+    if (kv) {
+        t = stria__sim_wait(x, r, t, z->kv_arr[r]);
+        t = stria__sim_wait(x, r, t, z->kv_done[r]);
+        kv_next = z->kv_arr[r];
+        if (staged) { /* block s + 1 up, on the copy stream */
+            double c0 = t > z->copy_free[r] ? t : z->copy_free[r];
+            z->copy_free[r] = kv_next = c0 + (double)x->t->msg_bytes / l->staging_Bps;
+        }
+        if (x->span != NULL)
+            x->span(x->span_ctx, r, 3, z->start[r], z->kv_done[r]);
+    }
+    if (staged) { /* the kernel (and backward its contribution coming down) */
+        t = stria__sim_wait(x, r, t, k1 + (bwd ? (double)x->t->dkv_bytes / l->staging_Bps : 0));
+        if (bwd)
+            t = stria__sim_sum(x, z, r, s, t, add);
+    }
+    z->kv_dev[r] = kv_next;
+    z->T[r] = t;
+    return c + add;
+}
+
+static stria_status_t stria__sim_alloc(stria__sim_state_t *z, int n)
+{
+    double **all[] = {&z->T,           &z->start,       &z->kv_dev,    &z->kv_arr,
+                      &z->kv_done,     &z->dkv_arr,     &z->dkv_post,  &z->dkv_post_next,
+                      &z->dkv_done[0], &z->dkv_done[1], &z->link_free, &z->copy_free,
+                      &z->agree};
+    const size_t k = sizeof(all) / sizeof(all[0]);
+    double *mem = calloc(k * (size_t)n, sizeof(double));
+    if (mem == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "simulate: out of memory");
+    for (size_t i = 0; i < k; i++)
+        *all[i] = mem + i * (size_t)n;
+    return STRIA_OK;
+}
+
+/* The dK/dV sums coming home and the agreement's N - 1 rounds. */
+static void stria__sim_close(stria__sim_run_t *x, stria__sim_state_t *z, bool bwd)
+{
+    const int n = x->t->n;
+    const double lat = x->link->latency_s;
+    if (bwd && n > 1) {
+        for (int r = 0; r < n; r++) { /* the sum sent in the last step: tag N */
+            int p = (r - 1 + n) % n;
+            double ready = z->dkv_post[p] > z->T[r] ? z->dkv_post[p] : z->T[r];
+            z->dkv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, ready, x->t->dkv_bytes);
+            z->dkv_done[(n - 1) % 2][p] = z->dkv_arr[r];
+        }
+        for (int r = 0; r < n; r++) {
+            double t = stria__sim_wait(x, r, z->T[r], z->dkv_arr[r]);
+            t = stria__sim_wait(x, r, t, z->dkv_done[0][r]);
+            z->T[r] = stria__sim_wait(x, r, t, z->dkv_done[1][r]);
+        }
+    }
+    memcpy(z->agree, z->T, (size_t)n * sizeof(double));
+    for (int round = 1; round < n; round++) {
+        double first = z->agree[0], prev = z->agree[n - 1];
+        for (int r = 0; r < n; r++) { /* recv from r - 1, send to r + 1 */
+            double cur = z->agree[r], next = r + 1 < n ? z->agree[r + 1] : first;
+            double m = cur > prev ? cur : prev;
+            z->agree[r] = (m > next ? m : next) + lat;
+            prev = cur;
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        z->T[r] = stria__sim_wait(x, r, z->T[r], z->agree[r]);
+        if (bwd) {
+            double c = stria__sim_cost(x, r, n - 1, true, STRIA_SIM_LAST, STRIA_SIM_NCOEF);
+            stria__sim_emit(x, r, 1, z->T[r], z->T[r] + c);
+            z->T[r] += c;
+        }
+    }
+}
+
+stria_status_t stria_sim_pass(const stria_sim_table_t *t, const stria_sim_costs_t *costs,
+                              const stria_sim_link_t *link, bool bwd, stria_sim_result_t *res,
+                              stria_sim_span_cb span, void *span_ctx)
+{
+    const int n = t->n, steps = bwd ? n : t->fwd_steps;
+    stria__sim_run_t x = {t, bwd ? costs->bwd : costs->fwd, link, span, span_ctx, 0};
+    stria__sim_state_t z;
+    stria_status_t st = stria__sim_alloc(&z, n);
+    if (st != STRIA_OK)
+        return st;
+    memset(res, 0, sizeof(*res));
+    res->steps = steps;
+    const double down = link->staging_Bps > 0 && steps > 1
+                            ? (double)t->msg_bytes / link->staging_Bps
+                            : 0.0; /* own K/V to the host, for sending */
+    for (int r = 0; r < n; r++) {
+        double open = stria__sim_cost(&x, r, 0, bwd, STRIA_SIM_OPEN, STRIA_SIM_OPEN + 1);
+        stria__sim_emit(&x, r, 1, down, down + open);
+        z.T[r] = z.kv_dev[r] = down + open;
+        z.dkv_post[r] = -1;
+    }
+    for (int s = 0; s < steps; s++) {
+        double mx = 0;
+        memcpy(z.start, z.T, (size_t)n * sizeof(double));
+        stria__sim_links(&x, &z, s, steps, bwd);
+        for (int r = 0; r < n; r++) {
+            double c = stria__sim_step(&x, &z, r, s, steps, bwd);
+            if (s == 0)
+                c += stria__sim_cost(&x, r, 0, bwd, STRIA_SIM_OPEN, STRIA_SIM_OPEN + 1);
+            if (bwd && s == n - 1)
+                c += stria__sim_cost(&x, r, s, true, STRIA_SIM_LAST, STRIA_SIM_NCOEF);
+            res->compute_s += c;
+            mx = c > mx ? c : mx;
+        }
+        res->critical_s += mx;
+        memcpy(z.dkv_post, z.dkv_post_next, (size_t)n * sizeof(double));
+    }
+    stria__sim_close(&x, &z, bwd);
+    for (int r = 0; r < n; r++)
+        res->pass_s = z.T[r] > res->pass_s ? z.T[r] : res->pass_s;
+    res->waited_s = x.waited;
+    res->bytes_sent = (uint64_t)(steps - 1) * t->msg_bytes + 8 * (uint64_t)(n - 1) +
+                      (bwd && n > 1 ? (uint64_t)n * t->dkv_bytes : 0);
+    free(z.T);
+    return STRIA_OK;
+}
+
+/* ---- fitting --------------------------------------------------------------- */
+
+/* Solves the k x k system a x = b in place (Gauss with partial pivoting);
+ * false when singular. */
+static bool stria__sim_solve(double *a, double *b, int k)
+{
+    for (int i = 0; i < k; i++) {
+        int piv = i;
+        for (int j = i + 1; j < k; j++)
+            if (fabs(a[j * k + i]) > fabs(a[piv * k + i]))
+                piv = j;
+        if (fabs(a[piv * k + i]) < 1e-300)
+            return false;
+        for (int j = 0; j < k; j++) {
+            double tmp = a[i * k + j];
+            a[i * k + j] = a[piv * k + j];
+            a[piv * k + j] = tmp;
+        }
+        double tb = b[i];
+        b[i] = b[piv];
+        b[piv] = tb;
+        for (int j = i + 1; j < k; j++) {
+            double f = a[j * k + i] / a[i * k + i];
+            for (int m = i; m < k; m++)
+                a[j * k + m] -= f * a[i * k + m];
+            b[j] -= f * b[i];
+        }
+    }
+    for (int i = k - 1; i >= 0; i--) {
+        for (int j = i + 1; j < k; j++)
+            b[i] -= a[i * k + j] * b[j];
+        b[i] /= a[i * k + i];
+    }
+    return true;
+}
+
+double stria_sim_fit(const double *x, const double *y, int n_rows, double *coef)
+{
+    enum { K = STRIA_SIM_NCOEF };
+    bool on[K];
+    double scale[K];
+    memset(coef, 0, K * sizeof(double));
+    for (int j = 0; j < K; j++) { /* columns scaled to unit size for conditioning */
+        scale[j] = 0;
+        for (int i = 0; i < n_rows; i++)
+            scale[j] = fabs(x[i * K + j]) > scale[j] ? fabs(x[i * K + j]) : scale[j];
+        on[j] = scale[j] > 0;
+    }
+    for (int round = 0; round < K; round++) { /* drop the most negative until none */
+        int idx[K], k = 0;
+        double a[K * K], b[K];
+        for (int j = 0; j < K; j++)
+            if (on[j])
+                idx[k++] = j;
+        if (k == 0)
+            break;
+        memset(a, 0, sizeof(a));
+        memset(b, 0, sizeof(b));
+        for (int i = 0; i < n_rows; i++) {
+            if (!(y[i] > 0))
+                continue;
+            double w = 1.0 / (y[i] * y[i]);
+            for (int p = 0; p < k; p++) {
+                double xp = x[i * K + idx[p]] / scale[idx[p]];
+                b[p] += w * xp * y[i];
+                for (int q = 0; q < k; q++)
+                    a[p * k + q] += w * xp * x[i * K + idx[q]] / scale[idx[q]];
+            }
+        }
+        for (int p = 0; p < k; p++) /* a whisper of ridge for collinear columns */
+            a[p * k + p] *= 1.0 + 1e-9;
+        if (!stria__sim_solve(a, b, k))
+            break;
+        int worst = -1;
+        for (int p = 0; p < k; p++)
+            if (b[p] < 0 && (worst < 0 || b[p] < b[worst]))
+                worst = p;
+        if (worst < 0) {
+            for (int p = 0; p < k; p++)
+                coef[idx[p]] = b[p] / scale[idx[p]];
+            break;
+        }
+        on[idx[worst]] = false;
+    }
+    double err = 0;
+    int used = 0;
+    for (int i = 0; i < n_rows; i++) {
+        if (!(y[i] > 0))
+            continue;
+        double pred = 0;
+        for (int j = 0; j < K; j++)
+            pred += coef[j] * x[i * K + j];
+        err += (pred - y[i]) * (pred - y[i]) / (y[i] * y[i]);
+        used++;
+    }
+    return used > 0 ? sqrt(err / used) : 0.0;
+}

@@ -1,0 +1,182 @@
+/* The in-process runs of `stria-bench simulate`: per-(rank, step) compute
+ * of real passes, for calibrating the costs (--calibrate) and for checking
+ * predictions against measured passes (--measure). */
+#include "sim_runs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+
+void stria_sim_inputs_free(stria_sim_inputs_t *in)
+{
+    void *all[] = {in->q, in->k, in->v, in->d_o, in->o, in->lse, in->dq, in->dk, in->dv};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        stria_free(all[i]);
+    memset(in, 0, sizeof(*in));
+}
+
+stria_status_t stria_sim_inputs(const stria_ring_shape_t *shape, stria_sim_inputs_t *in)
+{
+    const size_t es = stria_dtype_size(shape->dtype);
+    const size_t nq = (size_t)(shape->batch * shape->seq * shape->heads * shape->head_dim);
+    const size_t nk = (size_t)(shape->batch * shape->seq * shape->kv_heads * shape->head_dim);
+    memset(in, 0, sizeof(*in));
+    in->q = stria_malloc_aligned(nq * es);
+    in->d_o = stria_malloc_aligned(nq * es);
+    in->o = stria_malloc_aligned(nq * es);
+    in->k = stria_malloc_aligned(nk * es);
+    in->v = stria_malloc_aligned(nk * es);
+    in->lse = stria_malloc_aligned((size_t)(shape->batch * shape->heads * shape->seq) * 4);
+    in->dq = stria_malloc_aligned(nq * sizeof(float));
+    in->dk = stria_malloc_aligned(nk * sizeof(float));
+    in->dv = stria_malloc_aligned(nk * sizeof(float));
+    if (in->q == NULL || in->d_o == NULL || in->o == NULL || in->k == NULL || in->v == NULL ||
+        in->lse == NULL || in->dq == NULL || in->dk == NULL || in->dv == NULL) {
+        stria_sim_inputs_free(in);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the tensors of S=%lld",
+                               (long long)shape->seq);
+    }
+    stria_bench_fill(in->q, shape->dtype, nq, 1);
+    stria_bench_fill(in->k, shape->dtype, nk, 2);
+    stria_bench_fill(in->v, shape->dtype, nk, 3);
+    stria_bench_fill(in->d_o, shape->dtype, nq, 4);
+    return STRIA_OK;
+}
+
+/* One serialised pass; its per-(rank, step) compute into comp[n * n]. */
+static stria_status_t stria__sim_run(const stria_ring_shape_t *shape, stria_layout_kind_t layout,
+                                     int n, bool bwd, stria_sim_inputs_t *in,
+                                     stria_ring_step_stats_t *steps, double *comp)
+{
+    stria_ring_local_opts_t lo = {.layout = layout,
+                                  .n_ranks = n,
+                                  .passes = bwd ? STRIA_RING_PASS_BWD : STRIA_RING_PASS_FWD,
+                                  .step_timeout_s = -1.0,
+                                  .serialize_compute = true};
+    stria_ring_local_io_t io = {.q = in->q,
+                                .k = in->k,
+                                .v = in->v,
+                                .o = in->o,
+                                .o_dtype = shape->dtype,
+                                .lse = in->lse,
+                                .d_o = in->d_o,
+                                .dq = in->dq,
+                                .dk = in->dk,
+                                .dv = in->dv,
+                                .grad_dtype = STRIA_DTYPE_F32};
+    stria_ring_local_stats_t stats = {0};
+    if (bwd)
+        stats.bwd_steps = steps;
+    else
+        stats.fwd_steps = steps;
+    stria_status_t st = stria_ring_run_local(shape, &lo, &io, &stats);
+    for (int i = 0; st == STRIA_OK && comp != NULL && i < n * n; i++)
+        comp[i] = steps[i].compute_s;
+    return st;
+}
+
+stria_status_t stria_sim_measure(const stria_ring_shape_t *shape, stria_layout_kind_t layout, int n,
+                                 bool bwd, int reps, stria_sim_inputs_t *in, double *median)
+{
+    const size_t nn = (size_t)n * (size_t)n;
+    stria_ring_step_stats_t *steps = calloc(nn, sizeof(*steps));
+    double *comp = calloc(nn * (size_t)reps, sizeof(double));
+    double tmp[64];
+    stria_status_t st = STRIA_OK;
+
+    if (steps == NULL || comp == NULL || reps < 1 || reps > 64) {
+        free(steps);
+        free(comp);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "simulate: cannot measure %d reps", reps);
+    }
+    if (bwd) /* O and LSE of this layout's forward */
+        st = stria__sim_run(shape, layout, n, false, in, steps, NULL);
+    /* rep -1 warms up (workspaces fault in on the first calls) */
+    for (int rep = -1; rep < reps && st == STRIA_OK; rep++)
+        st = stria__sim_run(shape, layout, n, bwd, in, steps,
+                            rep < 0 ? NULL : comp + (size_t)rep * nn);
+    for (size_t i = 0; st == STRIA_OK && i < nn; i++) {
+        for (int rep = 0; rep < reps; rep++)
+            tmp[rep] = comp[(size_t)rep * nn + i];
+        median[i] = stria_bench_median(tmp, reps);
+    }
+    free(steps);
+    free(comp);
+    return st;
+}
+
+double stria_sim_critical(const double *comp, int n, int steps)
+{
+    double crit = 0;
+    for (int s = 0; s < steps; s++) {
+        double mx = 0;
+        for (int r = 0; r < n; r++)
+            mx = comp[r * n + s] > mx ? comp[r * n + s] : mx;
+        crit += mx;
+    }
+    return crit;
+}
+
+/* The samples of one calibration shape: every (rank, step) of every layout,
+ * forward and backward, appended to the rows of fit. */
+static stria_status_t stria__sim_cal_shape(const stria_ring_shape_t *shape, int n, int reps,
+                                           stria_sim_fit_rows_t *fit)
+{
+    static const stria_layout_kind_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED,
+                                                  STRIA_LAYOUT_ZIGZAG};
+    const size_t nn = (size_t)n * (size_t)n;
+    double *med = calloc(nn, sizeof(double));
+    stria_sim_inputs_t in;
+    stria_status_t st = med == NULL ? stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory")
+                                    : stria_sim_inputs(shape, &in);
+    for (size_t li = 0; li < 3 && st == STRIA_OK; li++) {
+        stria_sim_table_t t;
+        if ((st = stria_sim_table(shape, layouts[li], n, 0, 0, &t)) != STRIA_OK)
+            break;
+        for (int b = 0; b < 2 && st == STRIA_OK; b++) {
+            double *x = b ? fit->xb : fit->xf, *y = b ? fit->yb : fit->yf;
+            int *rows = b ? &fit->nb : &fit->nf;
+            st = stria_sim_measure(shape, layouts[li], n, b == 1, reps, &in, med);
+            const int steps = b ? n : t.fwd_steps;
+            for (int r = 0; st == STRIA_OK && r < n; r++)
+                for (int s = 0; s < steps && *rows < STRIA_SIM_MAX_ROWS; s++, (*rows)++) {
+                    stria_sim_features(&t, r, s, b == 1, x + (size_t)*rows * STRIA_SIM_NCOEF);
+                    y[*rows] = med[r * n + s];
+                }
+        }
+        stria_sim_table_free(&t);
+    }
+    if (med != NULL && st != STRIA_ERR_NO_MEMORY)
+        stria_sim_inputs_free(&in);
+    free(med);
+    return st;
+}
+
+stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, const int64_t *shards,
+                                   size_t n_shards, int reps, stria_sim_costs_t *costs,
+                                   double *err_fwd, double *err_bwd)
+{
+    stria_sim_fit_rows_t *fit = calloc(1, sizeof(*fit));
+    stria_status_t st = STRIA_OK;
+    if (fit == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    for (size_t i = 0; i < n_shards && st == STRIA_OK; i++) {
+        stria_ring_shape_t cal = *shape;
+        cal.seq = STRIA_SIM_CAL_RANKS * shards[i];
+        cal.cu_seqlens = NULL; /* the work counts carry the masks; costs per unit of work */
+        cal.n_cu_seqlens = 0;
+        cal.has_window = false;
+        cal.window_left = cal.window_right = 0;
+        cal.causal = true;
+        st = stria__sim_cal_shape(&cal, STRIA_SIM_CAL_RANKS, reps, fit);
+    }
+    if (st == STRIA_OK) {
+        memset(costs, 0, sizeof(*costs));
+        *err_fwd = stria_sim_fit(fit->xf, fit->yf, fit->nf, costs->fwd);
+        *err_bwd = stria_sim_fit(fit->xb, fit->yb, fit->nb, costs->bwd);
+    }
+    free(fit);
+    return st;
+}
