@@ -140,7 +140,7 @@ static void stria__job_unreserve(stria__cjob_t *j)
 
 static void stria__job_free(stria__cjob_t *j)
 {
-    free(j->cu_seqlens);
+    stria_job_masks_free(&j->masks);
     free(j->ranks);
     free(j);
 }

@@ -193,7 +193,7 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
             p->pos_max[r] = last > p->pos_max[r] ? last : p->pos_max[r];
         }
     }
-    p->fwd_steps = stria__fwd_steps(p);
+    p->fwd_steps = opts->all_hops ? p->n : stria__fwd_steps(p);
     *pass_out = p;
     return STRIA_OK;
 err:

@@ -216,11 +216,11 @@ static stria_status_t stria__pass_object(stria_worker_t *w, stria__wjob_t *j, st
     shape.scale = j->scale;
     shape.causal = j->causal;
     shape.dtype = j->dtype;
-    shape.cu_seqlens = j->cu_seqlens; /* the job outlives its pass object */
-    shape.n_cu_seqlens = j->n_cu_seqlens;
-    shape.has_window = j->has_window;
-    shape.window_left = j->window_left;
-    shape.window_right = j->window_right;
+    shape.cu_seqlens = j->masks.cu_seqlens; /* the job outlives its pass object */
+    shape.n_cu_seqlens = j->masks.n_cu_seqlens;
+    shape.has_window = j->masks.has_window;
+    shape.window_left = j->masks.window_left;
+    shape.window_right = j->masks.window_right;
     memset(&opts, 0, sizeof(opts));
     opts.step_timeout_s = j->step_timeout_s;
     opts.pool = w->pool;
