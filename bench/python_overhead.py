@@ -5,6 +5,11 @@ directly (stria_client_forward/backward/release on preallocated buffers, the
 same client connection), alternating within each round, in one run.
 Prints the medians and the ratios Python / C (target <= 1.05).
 
+On a busy machine the service's own time varies from call to call far more
+than the package's cost, so the script also times, inside every Python call,
+the time spent in libstria's calls: "in C" below, and the ratio
+call / in C on the same calls, which the service's noise does not reach.
+
 Three pairs, each doing the same service work on both sides:
   forward      no_grad stria.attention     vs  forward + release
   keep         fwd+bwd, Client(keep_jobs)  vs  forward, backward, release
@@ -72,6 +77,28 @@ def c_calls(client, cfg, q, k, v, do):
     return {"forward": fwd_only, "keep": keep, "recompute": recompute}
 
 
+class _TimedLib:
+    """libstria with the time spent in its calls added up (the package gets
+    its functions through _lib.lib(), so they all pass here)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self.spent = 0.0
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+        if not name.startswith("stria_client_"):
+            return fn
+
+        def timed(*a):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                self.spent += time.perf_counter() - t0
+        return timed
+
+
 def py_calls(client, keep_client, args, q, k, v, do):
     def run(c):
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
@@ -96,6 +123,9 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="kernel threads per worker")
     ap.add_argument("--coordinator", help="a running service (else one is started)")
+    ap.add_argument("--heartbeat-period", type=float, default=5.0,
+                    help="of the service started here (long: a busy machine's stalls must "
+                         "not mark workers dead mid-benchmark)")
     args = ap.parse_args()
     B, S, H, Hkv, D = (int(x) for x in args.shape.split(","))
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -103,7 +133,14 @@ def main():
     q, do = (torch.randn(B, S, H, D, generator=g).to(dtype) for _ in range(2))
     k, v = (torch.randn(B, S, Hkv, D, generator=g).to(dtype) for _ in range(2))
 
-    svc = None if args.coordinator else LocalService(args.workers, threads=args.threads)
+    svc = None
+    if not args.coordinator:
+        import tempfile
+
+        logs = tempfile.mkdtemp(prefix="stria_bench_python_")
+        print(f"python_overhead: daemons' logs in {logs}", flush=True)
+        svc = LocalService(args.workers, threads=args.threads, log_dir=logs,
+                           heartbeat_period=args.heartbeat_period)
     address = args.coordinator or svc.address
     try:
         client = stria.Client(address)
@@ -112,6 +149,8 @@ def main():
         sides = {"C": c_calls(client, cfg, q, k, v, do),
                  "Python": py_calls(client, keep_client, args, q, k, v, do)}
         times = {(s, m): [] for s in sides for m in sides[s]}
+        timed = _TimedLib(_lib.lib())
+        in_c = {m: [] for m in sides["Python"]}
         for fns in sides.values():  # warm-up: one of each
             for fn in fns.values():
                 fn()
@@ -119,18 +158,35 @@ def main():
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for mode in ("forward", "keep", "recompute"):
                 for side in order:
+                    if side == "Python":
+                        _lib._lib, timed.spent = timed, 0.0
                     t0 = time.perf_counter()
-                    sides[side][mode]()
+                    try:
+                        sides[side][mode]()
+                    finally:
+                        _lib._lib = timed._lib
                     times[(side, mode)].append(time.perf_counter() - t0)
+                    if side == "Python":
+                        in_c[mode].append(timed.spent)
         print(f"python_overhead: {args.shape} {args.dtype} {'causal' if args.causal else 'full'} "
               f"{args.layout}, {args.workers} workers, {args.reps} rounds (medians, seconds)")
-        print(f"{'mode':<10} {'C':>9} {'Python':>9} {'Python/C':>9}")
+        print(f"{'mode':<10} {'C':>9} {'Python':>9} {'Python/C':>9} {'in C':>9} "
+              f"{'call/in C':>9} {'outside C':>10}")
         for mode in ("forward", "keep", "recompute"):
             c = statistics.median(times[("C", mode)])
             p = statistics.median(times[("Python", mode)])
-            print(f"{mode:<10} {c:9.4f} {p:9.4f} {p / c:9.3f}")
+            ic = statistics.median(in_c[mode])
+            same = statistics.median(t / i for t, i in zip(times[("Python", mode)], in_c[mode]))
+            outside = statistics.median(t - i for t, i in zip(times[("Python", mode)],
+                                                              in_c[mode]))
+            print(f"{mode:<10} {c:9.4f} {p:9.4f} {p / c:9.3f} {ic:9.4f} {same:9.4f} "
+                  f"{outside * 1e3:8.2f}ms")
         rk = statistics.median(times[("Python", "recompute")]) / \
             statistics.median(times[("Python", "keep")])
+        for mode in ("forward", "keep", "recompute"):
+            for side in ("C", "Python"):
+                print(f"  {mode} {side} per round: "
+                      + " ".join(f"{t:.3f}" for t in times[(side, mode)]))
         print(f"recompute / keep (Python): {rk:.3f}  (the price of holding no worker memory "
               f"between forward and backward)")
         client.close()

@@ -69,6 +69,8 @@ class CallStats(ctypes.Structure):
         ("rank_wait_s_max", ctypes.c_double),
         ("bytes_up", ctypes.c_uint64),
         ("bytes_down", ctypes.c_uint64),
+        ("ring_steps", ctypes.c_uint32),
+        ("ring_bytes_sent", ctypes.c_uint64),
     ]
 
 

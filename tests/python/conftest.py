@@ -34,8 +34,10 @@ class Cluster(LocalService):
 
     def __init__(self, n_workers=N_WORKERS, token_file=None, memory="2G", log_dir=None):
         try:
+            # a 2 s heartbeat: a loaded machine's stalls must not mark workers dead
             super().__init__(n_workers, bin_dir=BIN, token_file=token_file, memory=memory,
-                             log_dir=log_dir, env={"UCX_TLS": "tcp,sm,self"})
+                             log_dir=log_dir, heartbeat_period=2,
+                             env={"UCX_TLS": "tcp,sm,self"})
         except FileNotFoundError as e:
             pytest.exit(f"{e} (or set STRIA_BUILD_DIR)", returncode=2)
 
