@@ -20,7 +20,9 @@
     "import json, sys\n"                                                                           \
     "WORKER = {'id', 'state', 'host', 'device', 'rpc_address', 'ucx_address',\n"                   \
     "          'heartbeat_age_ms', 'memory_bytes', 'memory_reserved_bytes',\n"                     \
-    "          'memory_in_use_bytes', 'current_job', 'step', 'steps_total', 'ring_index',\n"       \
+    "          'memory_in_use_bytes', 'pool_reserved_bytes', 'pool_in_use_bytes',\n"               \
+    "          'pool_high_water_bytes', 'pool_committed_bytes', 'current_job', 'step',\n"          \
+    "          'steps_total', 'ring_index',\n"                                                     \
     "          'draining', 'version', 'kernel', 'jobs'}\n"                                         \
     "STATUS = {'coordinator', 'version', 'protocol_version', 'uptime_ms',\n"                       \
     "          'heartbeat_period_ms', 'job_ttl_s', 'workers_healthy', 'workers_draining',\n"       \
