@@ -9,9 +9,9 @@
  *           kernels' workspaces (cpu:staged) and transfer staging;
  *   device  (staged devices) device memory in segments: the device copies
  *           of the tensors and the ring's device buffers;
- *   pinned  (staged devices) pinned host memory in segments: the job
- *           tensors the RPC layer fills and sends from, and the ring's
- *           message buffers.
+ *   pinned  (staged devices) pinned host memory in segments, at most half
+ *           of the host's memory: the job tensors the RPC layer fills and
+ *           sends from, and the ring's message buffers.
  *
  * Admission reserves a job's memory (stria_rank_memory(), the coordinator's
  * figure) in the pools that hold it, so that a job that does not fit is
@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "worker_int.h"
 
@@ -61,8 +62,14 @@ stria_status_t stria__wpool_start(stria_worker_t *w)
         return STRIA_OK;
     stria_mempool_source_t dsrc = {stria__dev_map, stria__dev_unmap, w->dev, 0};
     stria_mempool_source_t psrc = {stria__pinned_map, stria__pinned_unmap, w->dev, 0};
+    /* Pinned memory is locked host memory: at most half of it, whatever
+     * the device offers. */
+    uint64_t pinned_cap = cap;
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && psize > 0 && (uint64_t)pages * (uint64_t)psize / 2 < pinned_cap)
+        pinned_cap = (uint64_t)pages * (uint64_t)psize / 2;
     if ((st = stria_mempool_create("device", cap, &dsrc, &w->mem_dev)) != STRIA_OK ||
-        (st = stria_mempool_create("pinned", cap, &psrc, &w->mem_pinned)) != STRIA_OK)
+        (st = stria_mempool_create("pinned", pinned_cap, &psrc, &w->mem_pinned)) != STRIA_OK)
         return st;
     w->alloc_dev = stria_mempool_allocator(w->mem_dev);
     w->alloc_pinned = stria_mempool_allocator(w->mem_pinned);
