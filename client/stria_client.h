@@ -47,6 +47,18 @@ typedef struct stria_job stria_job_t;
 /* The ABI version of the library actually loaded. */
 unsigned stria_client_abi_version(void);
 
+/* How tensors move between the library and the workers. */
+typedef enum {
+    /* shared memory with the workers of this host where they offer it, TCP
+     * otherwise (the default) */
+    STRIA_DATA_PATH_AUTO = 0,
+    /* TCP always: each rank's tensors go to and come from its worker over
+     * its RPC connection, straight from and into the caller's rows */
+    STRIA_DATA_PATH_TCP = 1,
+    /* shared memory only: workers on other hosts are refused */
+    STRIA_DATA_PATH_SHM = 2,
+} stria_data_path_t;
+
 /* Start from STRIA_CLIENT_PARAMS_INIT and set the fields; zero means the
  * default. */
 typedef struct {
@@ -61,6 +73,11 @@ typedef struct {
      * line, read during the connection with the daemons' rules (blanks
      * around it trimmed, printable ASCII); NULL: none. Not with `token`. */
     const char *token_file;
+    /* Added in ABI 1 after `token_file` (older callers' struct_size ends
+     * there and it reads as AUTO). This library moves data over TCP only:
+     * AUTO means TCP, and SHM is refused by stria_client_connect() with
+     * STRIA_ERR_UNSUPPORTED. */
+    stria_data_path_t data_path;
 } stria_client_params_t;
 
 #define STRIA_CLIENT_PARAMS_INIT                                                                   \

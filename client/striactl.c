@@ -176,10 +176,13 @@ static void json_worker(const Stria__V1__WorkerInfo *w)
     json_str(w->ucx_address);
     printf(",\"heartbeat_age_ms\":%u,\"memory_bytes\":%" PRIu64
            ",\"memory_reserved_bytes\":%" PRIu64 ",\"memory_in_use_bytes\":%" PRIu64
+           ",\"pool_reserved_bytes\":%" PRIu64 ",\"pool_in_use_bytes\":%" PRIu64
+           ",\"pool_high_water_bytes\":%" PRIu64 ",\"pool_committed_bytes\":%" PRIu64
            ",\"current_job\":%" PRIu64 ",\"step\":%u,\"steps_total\":%u,\"ring_index\":%d,"
            "\"draining\":%s,\"version\":",
            w->heartbeat_age_ms, w->memory_bytes, w->memory_reserved_bytes, w->memory_in_use_bytes,
-           w->current_job_id, w->step, w->steps_total, w->ring_index,
+           w->pool_reserved_bytes, w->pool_in_use_bytes, w->pool_high_water_bytes,
+           w->pool_committed_bytes, w->current_job_id, w->step, w->steps_total, w->ring_index,
            w->draining ? "true" : "false");
     json_str(w->software_version);
     printf(",\"kernel\":");
@@ -232,6 +235,7 @@ static void table_print(table_t *t)
 static void worker_row(table_t *t, int rank, const Stria__V1__WorkerInfo *w)
 {
     char rk[16], id[24], age[32], job[24], step[32], held[16], mem[64], used[24], cap[24];
+    char pool[96], pin[24], peak[24], kept[24];
     snprintf(rk, sizeof(rk), rank >= 0 ? "%d" : "-", rank);
     snprintf(id, sizeof(id), "%" PRIu64, w->worker_id);
     fmt_duration(age, sizeof(age), w->heartbeat_age_ms);
@@ -244,9 +248,13 @@ static void worker_row(table_t *t, int rank, const Stria__V1__WorkerInfo *w)
     fmt_bytes(used, sizeof(used), w->memory_in_use_bytes);
     fmt_bytes(cap, sizeof(cap), w->memory_bytes);
     snprintf(mem, sizeof(mem), "%s / %s", used, cap);
+    fmt_bytes(pin, sizeof(pin), w->pool_in_use_bytes);
+    fmt_bytes(peak, sizeof(peak), w->pool_high_water_bytes);
+    fmt_bytes(kept, sizeof(kept), w->pool_committed_bytes);
+    snprintf(pool, sizeof(pool), "%s / %s / %s", pin, peak, kept);
     const char *cells[] = {
-        rk,   id,   w->host, w->device,     worker_state_name(w->state), age, job,
-        step, held, mem,     w->rpc_address};
+        rk,   id,  w->host, w->device,     worker_state_name(w->state), age, job, step,
+        held, mem, pool,    w->rpc_address};
     table_add(t, cells);
 }
 
@@ -297,9 +305,9 @@ static int cmd_status(ctl_t *c)
                "pending, %" PRIu64 " submitted, %" PRIu64 " failed\n\n",
                s->workers_healthy, s->workers_draining, s->workers_dead, s->workers_left,
                s->jobs_active, s->jobs_pending, s->jobs_submitted, s->jobs_failed);
-        table_t t = {.ncols = 11};
-        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE",  "HEARTBEAT",
-                              "JOB",  "STEP",   "JOBS", "MEMORY", "ADDRESS"};
+        table_t t = {.ncols = 12};
+        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE", "HEARTBEAT",
+                              "JOB",  "STEP",   "JOBS", "MEMORY", "POOL",  "ADDRESS"};
         table_add(&t, head);
         for (size_t i = 0; i < r->n_members; i++)
             if (r->members[i]->worker)
@@ -330,9 +338,9 @@ static int cmd_workers(ctl_t *c)
         }
         printf("]}\n");
     } else {
-        table_t t = {.ncols = 11};
-        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE",  "HEARTBEAT",
-                              "JOB",  "STEP",   "JOBS", "MEMORY", "ADDRESS"};
+        table_t t = {.ncols = 12};
+        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE", "HEARTBEAT",
+                              "JOB",  "STEP",   "JOBS", "MEMORY", "POOL",  "ADDRESS"};
         table_add(&t, head);
         for (size_t i = 0; i < r->n_workers; i++)
             worker_row(&t, r->workers[i]->ring_index, r->workers[i]);

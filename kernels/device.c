@@ -458,12 +458,63 @@ stria_status_t stria_device_alloc(stria_device_t *dev, size_t bytes, void **out)
         *out = NULL;
         return STRIA_OK;
     }
+    if (dev->mem_device.alloc != NULL) {
+        void *p = dev->mem_device.alloc(dev->mem_device.ctx, bytes);
+        if (p == NULL)
+            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of device memory",
+                                    dev->name, bytes);
+        *out = p;
+        return STRIA_OK;
+    }
     return dev->ops->alloc(dev, bytes, out);
 }
 
 void stria_device_free(stria_device_t *dev, void *ptr)
 {
-    if (dev != NULL && ptr != NULL)
+    if (dev == NULL || ptr == NULL)
+        return;
+    if (dev->mem_device.alloc != NULL)
+        dev->mem_device.free(dev->mem_device.ctx, ptr);
+    else
+        dev->ops->free(dev, ptr);
+}
+
+stria_status_t stria_device_set_memory(stria_device_t *dev, const stria_allocator_t *device_mem,
+                                       const stria_allocator_t *host_mem)
+{
+    STRIA__CHECK_DEV(dev, "stria_device_set_memory");
+    if ((device_mem != NULL && (device_mem->alloc == NULL || device_mem->free == NULL)) ||
+        (host_mem != NULL && (host_mem->alloc == NULL || host_mem->free == NULL)))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_device_set_memory on %s: an allocator needs alloc and free",
+                               dev->name);
+    memset(&dev->mem_device, 0, sizeof(dev->mem_device));
+    memset(&dev->mem_host, 0, sizeof(dev->mem_host));
+    if (device_mem != NULL)
+        dev->mem_device = *device_mem;
+    if (host_mem != NULL)
+        dev->mem_host = *host_mem;
+    return STRIA_OK;
+}
+
+/* The device's own memory, whatever stria_device_set_memory() said: the
+ * segments of a pool of this device's memory. */
+stria_status_t stria_device_alloc_raw(stria_device_t *dev, bool host, size_t bytes, void **out)
+{
+    STRIA__CHECK_DEV(dev, "stria_device_alloc_raw");
+    if (out == NULL || bytes == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_device_alloc_raw on %s: out is NULL or bytes 0", dev->name);
+    return host ? dev->ops->host_alloc(dev, bytes, out) : dev->ops->alloc(dev, bytes, out);
+}
+
+void stria_device_free_raw(stria_device_t *dev, bool host, void *ptr)
+{
+    if (dev == NULL || ptr == NULL)
+        return;
+    if (host)
+        dev->ops->host_free(dev, ptr);
+    else
         dev->ops->free(dev, ptr);
 }
 
@@ -477,12 +528,24 @@ stria_status_t stria_device_host_alloc(stria_device_t *dev, size_t bytes, void *
         *out = NULL;
         return STRIA_OK;
     }
+    if (dev->mem_host.alloc != NULL) {
+        void *p = dev->mem_host.alloc(dev->mem_host.ctx, bytes);
+        if (p == NULL)
+            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of host memory", dev->name,
+                                    bytes);
+        *out = p;
+        return STRIA_OK;
+    }
     return dev->ops->host_alloc(dev, bytes, out);
 }
 
 void stria_device_host_free(stria_device_t *dev, void *ptr)
 {
-    if (dev != NULL && ptr != NULL)
+    if (dev == NULL || ptr == NULL)
+        return;
+    if (dev->mem_host.alloc != NULL)
+        dev->mem_host.free(dev->mem_host.ctx, ptr);
+    else
         dev->ops->host_free(dev, ptr);
 }
 

@@ -32,6 +32,7 @@
 #define STRIA_RPC_H
 
 #include <protobuf-c/protobuf-c.h>
+#include <sys/uio.h>
 
 #include "stria_methods.h"
 
@@ -249,6 +250,16 @@ typedef struct {
     void *reply_buf;                 /* where a reply payload goes; NULL: */
     uint64_t reply_buf_cap;          /* allocated (see stria_rpc_reply_t) */
     double timeout_s;                /* whole call; <= 0: no deadline */
+    /* Scattered I/O (instead of payload and reply_buf): the request payload
+     * is the concatenation of payload_iov[0..payload_iovcnt) (read during
+     * the call; payload_len is then their total), and a reply payload is
+     * read into reply_iov[0..reply_iovcnt) in order, their total being the
+     * capacity (reply.payload then points at the first). Any number of
+     * pieces. */
+    const struct iovec *payload_iov;
+    size_t payload_iovcnt;
+    const struct iovec *reply_iov;
+    size_t reply_iovcnt;
 } stria_rpc_request_t;
 
 /* A reply. Free with stria_rpc_reply_free(). */

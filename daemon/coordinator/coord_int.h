@@ -22,6 +22,9 @@ typedef struct {
     uint64_t memory_bytes; /* capacity */
     uint64_t reserved;     /* by active jobs */
     uint64_t in_use;       /* reported */
+    /* the worker's memory pool, as last reported: reserved, in use, high
+     * water, committed */
+    uint64_t pool[4];
     uint64_t incarnation;
     bool dead;
     bool left; /* deregistered at shutdown (dead is set too) */

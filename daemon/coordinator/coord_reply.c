@@ -121,6 +121,10 @@ void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t
     out->memory_bytes = w->memory_bytes;
     out->memory_reserved_bytes = w->reserved;
     out->memory_in_use_bytes = w->in_use;
+    out->pool_reserved_bytes = w->pool[0];
+    out->pool_in_use_bytes = w->pool[1];
+    out->pool_high_water_bytes = w->pool[2];
+    out->pool_committed_bytes = w->pool[3];
     out->heartbeat_age_ms = age_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)age_ms;
     out->software_version = w->version;
     out->kernel_variant = w->kernel_variant;

@@ -145,6 +145,10 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     }
     w->last_seen = now;
     w->in_use = req->memory_in_use_bytes;
+    w->pool[0] = req->pool_reserved_bytes;
+    w->pool[1] = req->pool_in_use_bytes;
+    w->pool[2] = req->pool_high_water_bytes;
+    w->pool[3] = req->pool_committed_bytes;
     w->current_job = 0;
     w->step = w->steps_total = 0;
     for (size_t i = 0; i < req->n_jobs; i++) {

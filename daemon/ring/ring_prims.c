@@ -223,6 +223,7 @@ stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
     a.has_window = p->shape.has_window;
     a.window_left = p->shape.window_left;
     a.window_right = p->shape.window_right;
+    a.workspace = p->mem.alloc != NULL ? &p->mem : NULL;
     return a;
 }
 

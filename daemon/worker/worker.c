@@ -176,6 +176,8 @@ static stria_status_t stria__setup(stria_worker_t *w, const stria_worker_params_
         w->own_dev = true;
     }
     w->dev_staged = !stria_device_host_visible(w->dev);
+    if ((st = stria__wpool_start(w)) != STRIA_OK)
+        return st;
     w->metrics = p->metrics;
     if (w->metrics == NULL) {
         if ((st = stria_metrics_create(&w->metrics)) != STRIA_OK)
@@ -240,7 +242,7 @@ stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_wor
         snprintf(w->ucx_address, sizeof(w->ucx_address), "%s",
                  w->factory.address != NULL ? w->factory.address : w->rpc_address);
     stria_log_info("worker on %s (ring link %s), device %s: %s, kernel %s, %d threads, %lld MiB "
-                   "offered",
+                   "offered (memory pools reserved, committed on first use)",
                    w->rpc_address, w->ucx_address, stria_device_name(w->dev),
                    stria_device_description(w->dev), stria_kernels_variant(),
                    stria_pool_size(w->pool), (long long)(w->memory_bytes >> 20));
@@ -274,6 +276,7 @@ void stria_worker_stop(stria_worker_t *w)
     pthread_mutex_unlock(&w->lock);
     stria_ucx_ctx_destroy(w->ucx);
     stria_rpc_client_close(w->coord);
+    stria__wpool_stop(w); /* before the device its segments come from */
     if (w->own_dev)
         stria_device_close(w->dev);
     if (w->own_pool)
@@ -324,6 +327,12 @@ void stria_worker_usage(stria_worker_t *w, stria_worker_usage_t *out)
     for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
         out->jobs++;
     out->running_passes = (uint32_t)w->running_passes;
-    out->memory_in_use_bytes = w->memory_used;
     pthread_mutex_unlock(&w->lock);
+    stria_mempool_stats_t s;
+    stria__wpool_figures(w, &s);
+    out->memory_in_use_bytes = s.admitted;
+    out->pool_reserved_bytes = s.capacity;
+    out->pool_in_use_bytes = s.in_use;
+    out->pool_high_water_bytes = s.high_water;
+    out->pool_committed_bytes = s.committed;
 }

@@ -145,8 +145,15 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
         st_ptrs[i] = &st_arr[i];
     }
     req.worker_id = w->worker_id;
-    req.memory_in_use_bytes = w->memory_used;
     pthread_mutex_unlock(&w->lock);
+    stria_mempool_stats_t ps;
+    stria__wpool_figures(w, &ps);
+    req.memory_in_use_bytes = ps.admitted;
+    req.pool_reserved_bytes = ps.capacity;
+    req.pool_in_use_bytes = ps.in_use;
+    req.pool_high_water_bytes = ps.high_water;
+    req.pool_committed_bytes = ps.committed;
+    stria__wpool_publish(w);
     req.incarnation = w->incarnation;
     req.n_jobs = n;
     req.jobs = st_ptrs;

@@ -1,5 +1,9 @@
 /* The data handlers of the Worker service: PutInput (into the padded
- * buffers, counting each byte once), GetOutput and DropJob. */
+ * buffers, counting each byte once), GetOutput and DropJob. Payloads go from
+ * the socket straight into the job's pooled tensors and out of them when the
+ * byte range is contiguous there (always without padding; else within one
+ * batch row, which is how libstria cuts its chunks); otherwise through
+ * staging from the host pool. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -58,7 +62,7 @@ typedef struct {
 static void stria__put_cleanup(void *arg)
 {
     stria__put_t *p = arg;
-    stria_free(p->staging);
+    stria__wpool_scratch_free(p->w, p->staging);
     if (p->job != NULL)
         stria__wjob_unref(p->w, p->job);
     free(p);
@@ -108,11 +112,11 @@ stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64
     p->len = payload_len;
     *buf_out = stria__wjob_direct_range(j, t, req->offset, payload_len);
     if (*buf_out == NULL) {
-        p->staging = stria_malloc_aligned(payload_len);
+        p->staging = stria__wpool_scratch(w, payload_len);
         if (p->staging == NULL) {
             stria__put_cleanup(p);
-            return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for %llu bytes",
-                                   (unsigned long long)payload_len);
+            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "PutInput: staging of %llu bytes",
+                                    (unsigned long long)payload_len);
         }
         *buf_out = p->staging;
     }
@@ -173,7 +177,7 @@ typedef struct {
 static void stria__get_done(void *arg)
 {
     stria__get_t *g = arg;
-    stria_free(g->copy);
+    stria__wpool_scratch_free(g->w, g->copy);
     stria__wjob_unref(g->w, g->job);
     free(g);
 }
@@ -232,7 +236,7 @@ void stria__w_on_get(void *ctx, stria_rpc_call_t *call)
     g->job = j;
     void *payload = stria__wjob_direct_range(j, t, req->offset, n);
     if (payload == NULL && n > 0) {
-        g->copy = stria_malloc_aligned(n);
+        g->copy = stria__wpool_scratch(w, n);
         if (g->copy == NULL) {
             stria__get_done(g);
             stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "out of memory");

@@ -1,6 +1,7 @@
 /* stria worker internals: the worker, its jobs, and what its rooms share:
  *   worker.c         start, accessors, graceful shutdown and stop
- *   worker_jobs.c    the job table, references, memory accounting, job creation
+ *   worker_jobs.c    the job table, references, job creation
+ *   worker_pool.c    the memory pools: admission, tensors, figures
  *   worker_data.c    PutInput, GetOutput, DropJob
  *   worker_pass.c    RunForward/RunBackward, pass threads, the job's ring pass object
  *   worker_links.c   the link factories: UCX (the default) and in-process
@@ -65,7 +66,7 @@ typedef struct stria__wjob {
     /* input bytes received, each counted once whatever the order and
      * repeats of the chunks */
     stria_ranges_t received[STRIA__T_COUNT];
-    uint64_t bytes; /* memory held */
+    uint64_t bytes; /* memory admitted in the worker's pools */
     Stria__V1__JobState phase;
     uint32_t step, steps_total;
     uint32_t passes; /* passes started; part of the ring pass id */
@@ -105,6 +106,11 @@ struct stria_worker {
     bool dev_staged;      /* device memory is not host memory: jobs stage through it */
     stria_ucx_ctx_t *ucx; /* the default link factory's context; NULL with another factory */
     stria_worker_link_factory_t factory;
+    /* Memory pools (worker_pool.c), kept for the worker's life: host always;
+     * device and pinned on a staged device. mem_jobs holds the job tensors
+     * (host, or pinned when staged). Thread-safe on their own. */
+    stria_mempool_t *mem_host, *mem_dev, *mem_pinned, *mem_jobs;
+    stria_allocator_t alloc_host, alloc_dev, alloc_pinned;
 
     pthread_mutex_t coord_lock; /* one coordinator call at a time */
     stria_rpc_client_t *coord;
@@ -114,7 +120,6 @@ struct stria_worker {
     stria__wjob_t *jobs;
     uint64_t worker_id;
     uint32_t heartbeat_ms;
-    uint64_t memory_used;
     int running_passes;
     bool stopping;       /* shutting down: no new jobs or passes */
     bool shut_down;      /* stria_worker_shutdown() ran */
@@ -134,6 +139,8 @@ struct stria_worker {
     stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_steps[2], *m_step_compute,
         *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs,
         *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
+    /* per pool (host, device, pinned): reserved, in use, high water, committed */
+    stria_metric_t *m_pool[3][4];
 };
 
 /* ---- worker_jobs.c ---- */
@@ -153,6 +160,28 @@ uint64_t stria__wjob_compact_bytes(const stria__wjob_t *j, int t);
 void stria__wjob_copy_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len,
                             void *compact, bool to_padded);
 void *stria__wjob_direct_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len);
+
+/* ---- worker_pool.c ---- */
+stria_status_t stria__wpool_start(stria_worker_t *w);
+void stria__wpool_stop(stria_worker_t *w);
+/* Reserves a job's memory in the pools that hold it (j->bytes = need) or
+ * refuses with STRIA_ERR_NO_MEMORY naming the job, the need and the offer. */
+stria_status_t stria__wpool_admit(stria_worker_t *w, stria__wjob_t *j, uint64_t need);
+void stria__wpool_retire(stria_worker_t *w, stria__wjob_t *j);
+/* Memory admitted to the held jobs; the figures of the pool that bounds
+ * them (device on a staged device, else host). */
+uint64_t stria__wpool_admitted(stria_worker_t *w);
+void stria__wpool_figures(stria_worker_t *w, stria_mempool_stats_t *out);
+/* A job's tensors (padded input rows zeroed), and their release. */
+stria_status_t stria__wpool_tensors(stria_worker_t *w, stria__wjob_t *j);
+void stria__wpool_tensors_free(stria_worker_t *w, stria__wjob_t *j);
+/* Points a job's device object at the device and pinned pools. */
+stria_status_t stria__wpool_device(stria_worker_t *w, stria_device_t *dev);
+/* Staging of a transfer (host pool); NULL when out of memory. */
+void *stria__wpool_scratch(stria_worker_t *w, size_t bytes);
+void stria__wpool_scratch_free(stria_worker_t *w, void *p);
+/* Sets the pool gauges. */
+void stria__wpool_publish(stria_worker_t *w);
 
 /* ---- worker_data.c, worker_pass.c: the Worker service's handlers ---- */
 stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,

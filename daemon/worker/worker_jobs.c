@@ -1,6 +1,6 @@
-/* The job table of the worker: lookup, references, drop and free, memory
- * accounting and the creation of a job from its assignment; the geometry of
- * a job's tensors. */
+/* The job table of the worker: lookup, references, drop and free, and the
+ * creation of a job from its assignment (its memory admitted and allocated
+ * in the worker's pools, worker_pool.c); the geometry of a job's tensors. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,15 +24,15 @@ stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id)
 static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
 {
     stria__wpass_free(j); /* before the device it borrows */
+    stria__wpool_tensors_free(w, j);
     for (int t = 0; t < STRIA__T_COUNT; t++) {
-        stria_free(j->buf[t]);
         stria_device_free(j->dev, j->dbuf[t]);
         stria_ranges_free(&j->received[t]);
     }
     stria_device_close(j->dev);
     stria_job_masks_free(&j->masks);
-    w->memory_used -= j->bytes;
-    stria_metric_set(w->m_memory, (double)w->memory_used);
+    stria__wpool_retire(w, j);
+    stria__wpool_publish(w);
     free(j);
 }
 
@@ -127,7 +127,8 @@ void stria__wjob_copy_range(const stria__wjob_t *j, int t, uint64_t off, uint64_
     }
 }
 
-/* Pointer to a compact range when it is contiguous in the padded buffer. */
+/* Pointer to a compact range when it is contiguous in the padded buffer:
+ * always without padding, else within one outer index. */
 void *stria__wjob_direct_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len)
 {
     int64_t outer;
@@ -135,7 +136,11 @@ void *stria__wjob_direct_range(const stria__wjob_t *j, int t, uint64_t off, uint
     stria__wjob_geometry(j, t, &outer, &row);
     uint64_t seg = (uint64_t)j->valid * row;
     uint64_t pseg = (uint64_t)j->layout.shard_tokens * row;
-    if (len == 0 || off / seg != (off + len - 1) / seg)
+    if (len == 0)
+        return NULL;
+    if (seg == pseg)
+        return (char *)j->buf[t] + off;
+    if (off / seg != (off + len - 1) / seg)
         return NULL;
     return (char *)j->buf[t] + (off / seg) * pseg + off % seg;
 }
@@ -250,38 +255,24 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
         st = STRIA_OK;
         goto out;
     }
-    if (need > (uint64_t)w->memory_bytes - w->memory_used) {
+    /* admitted under the lock: two requests of one job never both do */
+    if ((st = stria__wpool_admit(w, j, need)) != STRIA_OK) {
         pthread_mutex_unlock(&w->lock);
-        st = stria_error_set(STRIA_ERR_NO_MEMORY,
-                             "job %llu needs %llu MiB on this worker, %llu MiB of %llu are free",
-                             (unsigned long long)job_id, (unsigned long long)(need >> 20),
-                             (unsigned long long)((w->memory_bytes - w->memory_used) >> 20),
-                             (unsigned long long)(w->memory_bytes >> 20));
         goto out;
     }
-    w->memory_used += need; /* reserved before allocating: no two jobs race for it */
-    j->bytes = need;
     pthread_mutex_unlock(&w->lock);
-    for (int t = 0; t < STRIA__T_COUNT; t++) {
-        int64_t outer;
-        size_t row;
-        stria__wjob_geometry(j, t, &outer, &row);
-        j->buf[t] = stria_calloc_aligned((size_t)outer * (size_t)j->layout.shard_tokens * row);
-        if (j->buf[t] == NULL) {
-            pthread_mutex_lock(&w->lock);
-            stria__job_free(w, j);
-            pthread_mutex_unlock(&w->lock);
-            j = NULL;
-            st = stria_error_set(STRIA_ERR_NO_MEMORY, "job %llu: cannot allocate its tensors",
-                                 (unsigned long long)job_id);
-            goto out;
-        }
+    if ((st = stria__wpool_tensors(w, j)) != STRIA_OK) {
+        pthread_mutex_lock(&w->lock);
+        stria__job_free(w, j);
+        pthread_mutex_unlock(&w->lock);
+        j = NULL;
+        goto out;
     }
     pthread_mutex_lock(&w->lock);
     j->next = w->jobs;
     w->jobs = j;
-    stria_metric_set(w->m_memory, (double)w->memory_used);
     pthread_mutex_unlock(&w->lock);
+    stria__wpool_publish(w);
     stria_log_info("job %llu rank %d/%d: %lld of %lld tokens (%s), %llu MiB reserved",
                    (unsigned long long)j->id, j->rank, j->n_ranks, (long long)j->valid,
                    (long long)j->seq, stria_layout_kind_name(j->layout_kind),

@@ -89,7 +89,7 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
 
 void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
 {
-    char st[32], tok[300], line[512];
+    char st[32], tok[300], line[512], mem[64], dev[64];
     char *argv[20];
     int n = 0;
     cr_assert(i >= 0 && i < DC_MAX_WORKERS);
@@ -101,7 +101,9 @@ void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
     argv[n++] = "--coordinator";
     argv[n++] = c->coord_addr;
     argv[n++] = "--threads=1";
-    argv[n++] = "--memory=1000000000";
+    snprintf(mem, sizeof(mem), "--memory=%s",
+             o && o->worker_memory ? o->worker_memory : "1000000000");
+    argv[n++] = mem;
     argv[n++] = "--metrics-listen=127.0.0.1:0";
     argv[n++] = "--connect-timeout=5";
     argv[n++] = "--step-timeout";
@@ -109,6 +111,10 @@ void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
     if (o && o->token_file) {
         snprintf(tok, sizeof(tok), "--token-file=%s", o->token_file);
         argv[n++] = tok;
+    }
+    if (o && o->worker_device) {
+        snprintf(dev, sizeof(dev), "--device=%s", o->worker_device);
+        argv[n++] = dev;
     }
     argv[n] = NULL;
     char **env = daemon_env(o);
