@@ -701,6 +701,44 @@ static void stria__on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *b
     }
 }
 
+/* A new connection object, linked into the server's list. */
+static stria__rpc_conn_t *stria__conn_new(stria_rpc_server_t *srv)
+{
+    stria__rpc_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        stria_log_error("%s: out of memory accepting a connection", srv->name);
+        return NULL;
+    }
+    c->server = srv;
+    c->refs = 1;
+    c->tcp.data = c;
+    uv_tcp_init(&srv->loop, &c->tcp);
+    c->next = srv->conns;
+    if (srv->conns != NULL)
+        srv->conns->prev = c;
+    srv->conns = c;
+    srv->n_conns++;
+    snprintf(c->peer, sizeof(c->peer), "?");
+    return c;
+}
+
+/* A connection whose socket is open: over the limit it is closed, else it
+ * waits for its hello. */
+static void stria__conn_begin(stria__rpc_conn_t *c)
+{
+    stria_rpc_server_t *srv = c->server;
+    if (srv->n_conns > srv->max_connections) {
+        stria_log_warn("%s: refusing %s: %u connections already open", srv->name, c->peer,
+                       srv->max_connections);
+        stria__conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->accepted_at = stria_time_now();
+    c->phase = STRIA__RD_HEADER;
+    stria__conn_read_start(c);
+}
+
 static void stria__on_connection(uv_stream_t *listener, int status)
 {
     stria_rpc_server_t *srv = listener->data;
@@ -712,25 +750,13 @@ static void stria__on_connection(uv_stream_t *listener, int status)
         stria_log_warn("%s: accept: %s", srv->name, uv_strerror(status));
         return;
     }
-    c = calloc(1, sizeof(*c));
-    if (c == NULL) {
-        stria_log_error("%s: out of memory accepting a connection", srv->name);
+    c = stria__conn_new(srv);
+    if (c == NULL)
         return;
-    }
-    c->server = srv;
-    c->refs = 1;
-    c->tcp.data = c;
-    uv_tcp_init(&srv->loop, &c->tcp);
-    c->next = srv->conns;
-    if (srv->conns != NULL)
-        srv->conns->prev = c;
-    srv->conns = c;
-    srv->n_conns++;
     if (uv_accept(listener, (uv_stream_t *)&c->tcp) < 0) {
         stria__conn_close(c);
         return;
     }
-    snprintf(c->peer, sizeof(c->peer), "?");
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
         char ip[INET6_ADDRSTRLEN] = "?";
         if (ss.ss_family == AF_INET) {
@@ -743,16 +769,27 @@ static void stria__on_connection(uv_stream_t *listener, int status)
             snprintf(c->peer, sizeof(c->peer), "[%s]:%u", ip, ntohs(a->sin6_port));
         }
     }
-    if (srv->n_conns > srv->max_connections) {
-        stria_log_warn("%s: refusing %s: %u connections already open", srv->name, c->peer,
-                       srv->max_connections);
-        stria__conn_close(c);
-        return;
+    stria__conn_begin(c);
+}
+
+stria_status_t stria_rpc_server_adopt(stria_rpc_server_t *srv, int fd, const char *peer)
+{
+    stria__rpc_conn_t *c = stria__conn_new(srv);
+    int rc;
+    if (c == NULL) {
+        close(fd);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", srv->name);
     }
-    uv_tcp_nodelay(&c->tcp, 1);
-    c->accepted_at = stria_time_now();
-    c->phase = STRIA__RD_HEADER;
-    stria__conn_read_start(c);
+    snprintf(c->peer, sizeof(c->peer), "%s", peer ? peer : "?");
+    rc = uv_tcp_open(&c->tcp, fd);
+    if (rc < 0) {
+        close(fd);
+        stria__conn_close(c);
+        return stria_error_set(STRIA_ERR_IO, "%s: cannot adopt a socket: %s", srv->name,
+                               uv_strerror(rc));
+    }
+    stria__conn_begin(c);
+    return STRIA_OK;
 }
 
 /* ---- server: loop ------------------------------------------------------ */
@@ -970,13 +1007,14 @@ stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *p,
         uint64_t ms = (uint64_t)ceil(srv->tick_period_s * 1000.0);
         uv_timer_start(&srv->tick, stria__on_tick, ms, ms);
     }
-    rc = pthread_create(&srv->thread, NULL, stria__loop_main, srv);
+    srv->no_thread = p->no_thread;
+    rc = p->no_thread ? 0 : pthread_create(&srv->thread, NULL, stria__loop_main, srv);
     if (rc != 0) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot start the loop thread: %s", srv->name,
                              strerror(rc));
         goto close_loop;
     }
-    srv->thread_started = true;
+    srv->thread_started = !p->no_thread;
     stria_log_info("%s: listening on %s (port %u)", srv->name, p->listen, srv->port);
     *server_out = srv;
     return STRIA_OK;
@@ -987,6 +1025,12 @@ close_loop:
     uv_loop_close(&srv->loop);
     stria__server_free(srv);
     return st;
+}
+
+bool stria_rpc_server_run(stria_rpc_server_t *srv, bool wait)
+{
+    stria__loop_server = srv;
+    return uv_run(&srv->loop, wait ? UV_RUN_ONCE : UV_RUN_NOWAIT) != 0;
 }
 
 uint16_t stria_rpc_server_port(const stria_rpc_server_t *server)
@@ -1033,7 +1077,13 @@ void stria_rpc_server_stop(stria_rpc_server_t *srv)
     srv->stopping = true;
     pthread_mutex_unlock(&srv->lock);
     uv_async_send(&srv->async);
-    pthread_join(srv->thread, NULL);
+    if (srv->no_thread) {
+        stria__loop_server = srv;
+        uv_run(&srv->loop, UV_RUN_DEFAULT);
+        stria__loop_server = NULL;
+    } else {
+        pthread_join(srv->thread, NULL);
+    }
     rc = uv_loop_close(&srv->loop);
     if (rc < 0)
         stria_log_warn("%s: event loop closed with handles open: %s", srv->name, uv_strerror(rc));

@@ -84,6 +84,7 @@ struct stria_rpc_server {
     uv_timer_t tick;
     pthread_t thread;
     bool thread_started;
+    bool no_thread; /* the loop runs in stria_rpc_server_run() calls */
 
     pthread_mutex_t lock; /* guards the job queue and `stopping` */
     stria__rpc_job_t *jobs_head, *jobs_tail;

@@ -143,6 +143,10 @@ typedef struct {
     stria_rpc_done_cb tick;                    /* NULL or run every tick_period_s on the loop */
     double tick_period_s;
     const char *name; /* for logs ("coordinator"); copied */
+    /* No loop thread: the loop runs only inside stria_rpc_server_run() on the
+     * caller's thread, which is then the loop thread (tests and fuzzers drive
+     * a server without a thread switch per request). */
+    bool no_thread;
 } stria_rpc_server_params_t;
 
 /* Binds, listens and starts the loop thread. Errors: STRIA_ERR_INVALID_ARG
@@ -150,6 +154,16 @@ typedef struct {
  * use), STRIA_ERR_NO_MEMORY. Free with stria_rpc_server_stop(). */
 stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *params,
                                       stria_rpc_server_t **server_out);
+
+/* A server started with no_thread: runs what is ready on its loop (wait
+ * false), or waits for at least one event first (wait true). Returns whether
+ * the loop still has active handles. */
+bool stria_rpc_server_run(stria_rpc_server_t *server, bool wait);
+
+/* Serves a connected stream socket (one end of a socketpair(), say) as if it
+ * had been accepted; the server owns fd from now on, also on failure. Call
+ * it on the loop thread. `peer` names the other end in logs. */
+stria_status_t stria_rpc_server_adopt(stria_rpc_server_t *server, int fd, const char *peer);
 
 /* The bound port (useful after listening on port 0). */
 uint16_t stria_rpc_server_port(const stria_rpc_server_t *server);

@@ -321,7 +321,8 @@ static void stria__on_tick(void *arg)
 
 /* ---- lifecycle ----------------------------------------------------------- */
 
-stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **coord_out)
+stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
+                                  stria_coord_t **coord_out)
 {
     static const stria_rpc_method_t methods[STRIA_RPC_COORDINATOR_N_METHODS] = {
         STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register),
@@ -391,6 +392,7 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
     /* Dead workers are noticed within a quarter period of the deadline. */
     sp.tick_period_s = co->heartbeat_period_s / 4;
     sp.name = "coordinator";
+    sp.no_thread = no_thread;
     st = stria_rpc_server_start(&sp, &co->server);
     if (st != STRIA_OK) {
         free(co->workers);
@@ -401,6 +403,11 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
         stria_log_warn("coordinator: no admin token: every token holder may drain and cancel");
     *coord_out = co;
     return STRIA_OK;
+}
+
+stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **coord_out)
+{
+    return stria__coord_start(p, false, coord_out);
 }
 
 uint16_t stria_coord_port(const stria_coord_t *co)

@@ -94,6 +94,11 @@ struct stria_coord {
     char last_status[256]; /* last STATUS= sent to the service manager */
 };
 
+/* stria_coord_start(); with no_thread the RPC server has no thread of its
+ * own and runs in stria_rpc_server_run(co->server) (tests, fuzzing). */
+stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
+                                  stria_coord_t **coord_out);
+
 /* Wall clock in milliseconds since the Unix epoch. */
 uint64_t stria__coord_wall_ms(void);
 
