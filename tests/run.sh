@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds stria and runs every test twice: in the Release build (build/) and in
-# an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/).
+# an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/). Between
+# the two, the fuzz targets (build-fuzz/, clang + libFuzzer) replay their
+# corpora and run a fixed number of executions with a fixed seed.
 # Installs missing dependencies first. Exits non-zero on the first failure; the
 # output ends with ctest's summary.
 #
@@ -42,6 +44,8 @@ build_and_test() {
 }
 
 build_and_test build -DCMAKE_BUILD_TYPE=Release -DSTRIA_SANITIZE=OFF
+echo "== fuzz build-fuzz"
+"$root/tests/fuzz/run.sh" --ci
 # halt_on_error keeps a sanitizer report from being lost in a passing test;
 # tests/lsan.supp silences leaks inside third-party libraries only.
 ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1} \
