@@ -102,6 +102,22 @@ typedef void (*stria_rpc_handler_cb)(void *ctx, stria_rpc_call_t *call);
 typedef stria_status_t (*stria_rpc_payload_cb)(void *ctx, stria_rpc_call_t *call,
                                                uint64_t payload_len, void **buf_out);
 
+/* What a payload callback returns when it names the buffer later (it has to
+ * ask somebody first): the server stops reading the connection until
+ * stria_rpc_call_payload_ready() gives the buffer, or an error, for the
+ * call. The loop goes on serving every other connection meanwhile. */
+#define STRIA_RPC_PAYLOAD_LATER ((stria_status_t)1)
+
+/* Names the buffer of a call whose payload callback returned
+ * STRIA_RPC_PAYLOAD_LATER: `buf` (payload_len bytes, valid as the callback's
+ * would be), or status < 0 with a message, which refuses the request (its
+ * payload is skipped, the reply carries the message, the handler is not
+ * called). Exactly once per such call, from any thread but not from inside
+ * the payload callback; before stria_rpc_server_stop(). If the connection
+ * closed meanwhile the call is destroyed (its cleanup runs). */
+void stria_rpc_call_payload_ready(stria_rpc_call_t *call, stria_status_t status, void *buf,
+                                  const char *message);
+
 /* A function to run later with its argument. */
 typedef void (*stria_rpc_done_cb)(void *arg);
 
@@ -114,6 +130,10 @@ typedef struct {
     stria_rpc_handler_cb handler; /* NULL: not served (STRIA_ERR_UNSUPPORTED) */
     stria_rpc_payload_cb payload; /* NULL: requests with a payload are refused */
     unsigned flags;               /* STRIA_RPC_METHOD_* */
+    /* Largest protobuf message of a request; a larger one is refused before
+     * it is read or decoded (the connection stays usable). 0: the server's
+     * max_pb_bytes. */
+    uint32_t max_pb_bytes;
     /* The method's name in the proto: required with a handler, and checked
      * against the descriptor when the server starts, so a table that is out
      * of step with the service is refused instead of serving the wrong
@@ -203,6 +223,9 @@ const char *stria_rpc_call_peer(const stria_rpc_call_t *call);
  * e.g. in the middle of its payload). Use it to release the payload buffer.
  * One cleanup per call; a second call replaces the first. Loop thread only. */
 void stria_rpc_call_set_cleanup(stria_rpc_call_t *call, stria_rpc_done_cb fn, void *arg);
+/* The argument of the call's cleanup (NULL without one): what the payload
+ * callback kept for the handler. */
+void *stria_rpc_call_cleanup_arg(const stria_rpc_call_t *call);
 
 /* Replies to a call and releases it (the call and its request are invalid
  * afterwards). `reply` must be of the method's output type; it is serialised
