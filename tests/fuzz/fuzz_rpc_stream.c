@@ -1,17 +1,20 @@
-/* Fuzz target: the RPC server's byte stream (transport/rpc_server.c), as a
+/* Fuzz target: the RPC server's byte stream (transport/rpc_server*.c), as a
  * peer that reached the port sends it: hello, frame headers, protobuf
  * messages, payloads, pipelined requests, truncation, in any order. Two
- * servers run in this process on loopback:
- *   - the real coordinator (stria_coord_start), no token: every Coordinator
+ * servers run in this process:
+ *   - the real coordinator, no token, with small tables: every Coordinator
  *     method's handler sees what decodes;
  *   - a Worker-service server with a token and an admin token, whose stub
- *     handlers take payloads (into a buffer, refused, or without a buffer),
- *     reply with payloads (copied or sent in place), reply later from the
- *     loop or from another thread, and build an invalid reply.
- * The first byte picks the server; the rest is written to a fresh connection,
- * then its write side is closed and everything the server sends is read
- * until it closes. A server that keeps a connection open past its closing
- * (10 s) or dies is a finding. */
+ *     handlers take payloads (into a buffer, refused, without a buffer, or
+ *     with the buffer named later from another thread), reply with payloads
+ *     (copied or sent in place), and reply later from the loop or from
+ *     another thread.
+ * Both run without a loop thread (no_thread): this thread drives their loops,
+ * so an input costs no thread switch. The first byte picks the server; the
+ * rest is written into one end of a socketpair whose other end the server
+ * adopts as a connection, then that write side is closed and everything the
+ * server sends is read until it closes its end. A server that keeps the
+ * connection open 10 s after the input ended, or dies, is a finding. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -37,16 +40,34 @@ static stria_rpc_server_t *servers[2];
 
 static uint8_t out_bytes[1 << 16];
 
-/* Calls answered by the helper thread, in order. */
+/* Work of the helper thread, in order: replies to RunBackward, and payload
+ * buffers of PutInputs whose callback answered "later". */
+typedef enum { HELP_REPLY, HELP_BUFFER, HELP_REFUSE } help_kind_t;
+typedef struct {
+    stria_rpc_call_t *call;
+    help_kind_t kind;
+    void *buf;
+} help_t;
+
 static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t q_cv = PTHREAD_COND_INITIALIZER;
-static stria_rpc_call_t *q_calls[256];
+static help_t q_items[256];
 static size_t q_head, q_len;
 
-static void reply_backward(stria_rpc_call_t *call)
+static void help(const help_t *h)
 {
     Stria__V1__RunBackwardReply rep = STRIA__V1__RUN_BACKWARD_REPLY__INIT;
-    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+    switch (h->kind) {
+    case HELP_REPLY:
+        stria_rpc_call_reply(h->call, &rep.base, NULL, 0, NULL, NULL);
+        break;
+    case HELP_BUFFER:
+        stria_rpc_call_payload_ready(h->call, STRIA_OK, h->buf, NULL);
+        break;
+    case HELP_REFUSE:
+        stria_rpc_call_payload_ready(h->call, STRIA_ERR_NOT_FOUND, NULL, "no such job");
+        break;
+    }
 }
 
 static void *helper_main(void *arg)
@@ -56,29 +77,36 @@ static void *helper_main(void *arg)
     for (;;) {
         while (q_len == 0)
             pthread_cond_wait(&q_cv, &q_lock);
-        stria_rpc_call_t *call = q_calls[q_head];
+        help_t h = q_items[q_head];
         q_head = (q_head + 1) % 256;
         q_len--;
         pthread_mutex_unlock(&q_lock);
-        reply_backward(call);
+        help(&h);
         pthread_mutex_lock(&q_lock);
     }
     return NULL;
 }
 
-static void on_backward(void *ctx, stria_rpc_call_t *call)
+/* Hands work to the helper thread (or does it here when the queue is full). */
+static void help_later(stria_rpc_call_t *call, help_kind_t kind, void *buf)
 {
-    (void)ctx;
+    help_t h = {.call = call, .kind = kind, .buf = buf};
     pthread_mutex_lock(&q_lock);
     if (q_len == 256) {
         pthread_mutex_unlock(&q_lock);
-        reply_backward(call);
+        help(&h);
         return;
     }
-    q_calls[(q_head + q_len) % 256] = call;
+    q_items[(q_head + q_len) % 256] = h;
     q_len++;
     pthread_cond_signal(&q_cv);
     pthread_mutex_unlock(&q_lock);
+}
+
+static void on_backward(void *ctx, stria_rpc_call_t *call)
+{
+    (void)ctx;
+    help_later(call, HELP_REPLY, NULL);
 }
 
 static void reply_forward_later(void *arg)
@@ -100,18 +128,28 @@ static stria_status_t on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t
 {
     const Stria__V1__PutInputRequest *req = (const void *)stria_rpc_call_request(call);
     (void)ctx;
-    switch (req->job_id % 3) {
+    void *b;
+    switch (req->job_id % 5) {
     case 0:
         return stria_error_set(STRIA_ERR_NOT_FOUND, "job %llu is unknown",
                                (unsigned long long)req->job_id);
     case 1:
+    case 3:
         if (len > (1u << 20))
             return stria_error_set(STRIA_ERR_INVALID_ARG, "too large");
-        *buf = malloc(len);
-        if (*buf == NULL)
+        b = malloc(len);
+        if (b == NULL)
             return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
-        stria_rpc_call_set_cleanup(call, free, *buf);
-        return STRIA_OK;
+        stria_rpc_call_set_cleanup(call, free, b);
+        if (req->job_id % 5 == 1) {
+            *buf = b;
+            return STRIA_OK;
+        }
+        help_later(call, HELP_BUFFER, b); /* named later, by another thread */
+        return STRIA_RPC_PAYLOAD_LATER;
+    case 4:
+        help_later(call, HELP_REFUSE, NULL);
+        return STRIA_RPC_PAYLOAD_LATER;
     default:
         return STRIA_OK; /* and no buffer */
     }
@@ -152,10 +190,9 @@ static void on_drop(void *ctx, stria_rpc_call_t *call)
 {
     const Stria__V1__DropJobRequest *req = (const void *)stria_rpc_call_request(call);
     Stria__V1__DropJobReply rep = STRIA__V1__DROP_JOB_REPLY__INIT;
-    Stria__V1__PutInputReply wrong = STRIA__V1__PUT_INPUT_REPLY__INIT;
     (void)ctx;
     rep.dropped = req->job_id % 2;
-    stria_rpc_call_reply(call, req->job_id == 7 ? &wrong.base : &rep.base, NULL, 0, NULL, NULL);
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
 /* ---- set-up ------------------------------------------------------------------ */
@@ -190,6 +227,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     cp.max_workers = 32;
     cp.max_jobs = 32;
     cp.history = 16;
+    cp.worker_retention_s = 0.5;
     cp.metrics = metrics;
     if (stria__coord_start(&cp, true, &coord) != STRIA_OK)
         fuzz_fail("coordinator: %s", stria_error_msg());

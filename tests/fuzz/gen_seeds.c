@@ -231,8 +231,8 @@ static void worker_seeds(void)
     put(&b, &sel, 1);
     hello(&b, svc, "fuzz-client-token");
     Stria__V1__PutInputRequest pi = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    for (uint64_t job = 0; job < 3; job++) {
-        pi.job_id = job + 3;
+    for (uint64_t job = 0; job < 5; job++) { /* each way the stub takes a payload */
+        pi.job_id = job + 5;
         pi.tensor = STRIA__V1__TENSOR__TENSOR_K;
         pi.offset = 0;
         pi.total_bytes = sizeof(bytes);

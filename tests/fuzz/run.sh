@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The fuzz targets of tests/fuzz (docs/SECURITY.md, "Fuzzing").
 #
-#   tests/fuzz/run.sh TARGET SECONDS   one long run of a target by hand: new
+#   tests/fuzz/run.sh TARGET SECONDS [RUNS]
+#                                      one long run of a target by hand (at
+#                                      most RUNS executions when given): new
 #                                      inputs go to BUILD/corpus/TARGET (the
 #                                      checked-in seeds are read, never
 #                                      written), findings to BUILD/findings/
@@ -33,7 +35,7 @@ declare -A ci_runs=([rpc_stream]=20000 [proto]=200000 [ucx_ctrl]=300000 [npy]=10
 declare -A extra_opts=([rpc_stream]="-detect_leaks=0")
 
 usage() {
-  echo "usage: $0 TARGET SECONDS | --ci | --list" >&2
+  echo "usage: $0 TARGET SECONDS [RUNS] | --ci | --list" >&2
   echo "targets: ${targets[*]}" >&2
   exit 2
 }
@@ -78,11 +80,11 @@ ci() {
 }
 
 long_run() {
-  local t=$1 secs=$2 bin=$build/fuzz/fuzz_$1
+  local t=$1 secs=$2 runs=${3:--1} bin=$build/fuzz/fuzz_$1
   mkdir -p "$build/corpus/$t" "$build/findings"
   echo "fuzz $t for $secs s; new inputs in $build/corpus/$t, findings in $build/findings"
   # shellcheck disable=SC2046
-  STRIA_LOG_LEVEL=error "$bin" $(common_opts "$t") -max_total_time="$secs" \
+  STRIA_LOG_LEVEL=error "$bin" $(common_opts "$t") -max_total_time="$secs" -runs="$runs" \
     "$build/corpus/$t" "$corpus/$t"
 }
 
@@ -100,7 +102,8 @@ case ${1:-} in
 *)
   [[ " ${targets[*]} " == *" $1 "* ]] || usage
   [[ ${2:-} =~ ^[0-9]+$ ]] || usage
+  [[ -z ${3:-} || ${3:-} =~ ^[0-9]+$ ]] || usage
   build_fuzzers
-  long_run "$1" "$2"
+  long_run "$1" "$2" "${3:-}"
   ;;
 esac
