@@ -305,22 +305,24 @@ void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *wh
 
 /* ---- periodic work ------------------------------------------------------- */
 
-/* A tick later than its period plus this many periods means the loop was
- * stalled (a slow handler, a stopped process, an overloaded host): heartbeats
- * that arrived meanwhile are still unread, so deadlines move by the stall. */
-#define STRIA__STALL_PERIODS 1.0
-
-/* The loop's own stall since the last tick, in seconds (0 if on time). */
+/* The loop's own stall since the last tick, in seconds (0 when the tick came
+ * within a tick period of its time). A stalled loop (a slow handler, a
+ * stopped process, an overloaded host) has the heartbeats that arrived
+ * meanwhile still unread when this tick runs, so worker and job deadlines
+ * move by the stall. A stall of a heartbeat period or more is logged and
+ * counted. */
 static double stria__tick_stall(stria_coord_t *co, double now)
 {
-    double period = co->heartbeat_period_s / 4, late = now - co->last_tick - period;
+    double tick = co->heartbeat_period_s / 4, late = now - co->last_tick - tick;
     co->last_tick = now;
-    if (late <= STRIA__STALL_PERIODS * period)
+    if (late <= tick)
         return 0;
-    stria_log_warn("the coordinator's loop stalled for %.3f s: worker and job deadlines move "
-                   "by as much",
-                   late);
-    stria__count_stall(co, late);
+    if (late >= co->heartbeat_period_s) {
+        stria_log_warn("the coordinator's loop stalled for %.3f s: worker and job deadlines "
+                       "move by as much",
+                       late);
+        stria__count_stall(co, late);
+    }
     return late;
 }
 

@@ -405,8 +405,8 @@ void stria__count_stall(stria_coord_t *co, double seconds)
         return;
     stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
                                        "stria_coordinator_loop_stalls_total",
-                                       "Ticks of the coordinator's loop that came late by more "
-                                       "than a tick (worker and job deadlines moved).",
+                                       "Stalls of the coordinator's loop of a heartbeat "
+                                       "period or more (worker and job deadlines moved).",
                                        NULL, NULL, 0),
                      seconds > 0 ? 1 : 0);
     stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
