@@ -25,9 +25,9 @@ corpus=$root/tests/fuzz/corpus
 targets=(rpc_stream proto ucx_ctrl npy config http addr)
 jobs=$(nproc 2>/dev/null || echo 2)
 
-# Executions of each target in --ci (about 20-40 s each on a 2-core machine).
-declare -A ci_runs=([rpc_stream]=20000 [proto]=200000 [ucx_ctrl]=300000 [npy]=100000
-                    [config]=100000 [http]=300000 [addr]=200000)
+# Executions of each target in --ci (a minute in all on an idle 2-core machine).
+declare -A ci_runs=([rpc_stream]=50000 [proto]=300000 [ucx_ctrl]=300000 [npy]=200000
+                    [config]=200000 [http]=300000 [addr]=300000)
 
 # Options of one target: the RPC stream target keeps the coordinator's state
 # between inputs by design, so leak checks after each input would only scan
