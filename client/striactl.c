@@ -44,6 +44,18 @@ static const char ctl_epilog[] =
     "file; 2 usage error; 3 coordinator unreachable; 4 authentication or permission\n"
     "refused.";
 
+/* The coordinator's strings (hosts, addresses, labels, failures) come from
+ * workers and clients: printed for a terminal, control characters and bytes
+ * that are not UTF-8 are escaped (stria_text_escape); a few buffers turn, so
+ * one printf may show several. */
+static const char *esc(const char *s)
+{
+    static char bufs[8][4 * 1024 + 1];
+    static unsigned next;
+    char *out = bufs[next++ % 8];
+    return stria_text_escape(s, out, sizeof(bufs[0]));
+}
+
 static int exit_code(stria_status_t st)
 {
     switch (st) {
@@ -64,7 +76,7 @@ static int exit_code(stria_status_t st)
 static int fail(stria_status_t st)
 {
     fprintf(stderr, "striactl: %s\n",
-            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+            esc(stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st)));
     return exit_code(st);
 }
 
@@ -85,18 +97,25 @@ static stria_status_t call(ctl_t *c, uint32_t method, const ProtobufCMessage *re
 
 /* ---- formatting ------------------------------------------------------------- */
 
+/* A JSON string: control characters (C0, DEL, C1) as \\u00XX and bytes
+ * that are not UTF-8 as \\ufffd, so the document stays valid UTF-8. */
 static void json_str(const char *s)
 {
+    const char *p = s ? s : "";
+    size_t n = strlen(p);
     putchar('"');
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p == '\n')
-            printf("\\n");
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = (unsigned char)p[i];
+        size_t len = cp < 0x80 ? 1 : stria_utf8_char(p + i, n - i, &cp);
+        if (len == 0)
+            printf("\\ufffd");
+        else if (cp == '"' || cp == '\\')
+            printf("\\%c", (char)cp);
+        else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f))
+            printf("\\u%04x", (unsigned)cp);
         else
-            putchar(*p);
+            fwrite(p + i, 1, len, stdout);
+        i += len ? len : 1;
     }
     putchar('"');
 }
@@ -208,7 +227,7 @@ static void table_add(table_t *t, const char *const *cells)
         t->cells = realloc(t->cells, t->cap * sizeof(*t->cells));
     }
     for (int c = 0; c < t->ncols; c++)
-        t->cells[t->nrows][c] = strdup(cells[c] ? cells[c] : "");
+        t->cells[t->nrows][c] = strdup(esc(cells[c]));
     t->nrows++;
 }
 
@@ -299,8 +318,9 @@ static int cmd_status(ctl_t *c)
     } else {
         char up[32];
         fmt_duration(up, sizeof(up), s->uptime_ms);
-        printf("coordinator %s  version %s  up %s  heartbeat %u ms  job ttl %u s\n", c->coordinator,
-               s->software_version, up, s->heartbeat_period_ms, s->job_ttl_s);
+        printf("coordinator %s  version %s  up %s  heartbeat %u ms  job ttl %u s\n",
+               esc(c->coordinator), esc(s->software_version), up, s->heartbeat_period_ms,
+               s->job_ttl_s);
         printf("workers: %u healthy, %u draining, %u dead, %u left    jobs: %u active, %u "
                "pending, %" PRIu64 " submitted, %" PRIu64 " failed\n\n",
                s->workers_healthy, s->workers_draining, s->workers_dead, s->workers_left,
@@ -628,13 +648,13 @@ static int cmd_job(ctl_t *c, const char *arg)
             printf("  queue position %u", j->queue_position);
         printf("\n");
         if (j->failure && j->failure[0])
-            printf("failure: %s\n", j->failure);
+            printf("failure: %s\n", esc(j->failure));
         if (s) {
             printf("spec: batch %u, seq_len %" PRIu64 ", heads %u, kv_heads %u, head_dim %u, "
                    "%s, %s, %s layout, scale %g%s%s\n",
                    s->batch, s->seq_len, s->heads, s->kv_heads, s->head_dim, dtype_name(s->dtype),
                    s->causal ? "causal" : "non-causal", layout_name(s->layout), (double)s->scale,
-                   s->label && s->label[0] ? ", " : "", s->label ? s->label : "");
+                   s->label && s->label[0] ? ", " : "", esc(s->label));
         }
         if (a && a->n_ranks) {
             char mem[32];
@@ -720,7 +740,7 @@ static int cmd_drain(ctl_t *c, const char *name, bool drain)
             printf("null");
         printf("}\n");
     } else {
-        printf("worker %" PRIu64 " (%s): %s%s\n", id, w ? w->rpc_address : "?",
+        printf("worker %" PRIu64 " (%s): %s%s\n", id, esc(w ? w->rpc_address : "?"),
                drain ? "draining" : "undrained",
                drain && w && w->n_job_ids ? " (finishing its jobs)" : "");
     }

@@ -58,6 +58,18 @@ stria_status_t stria_log_parse_level(const char *name, stria_log_level_t *level_
 void stria_log_write(stria_log_level_t level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Copies text for a terminal or a log line: control characters (C0, DEL,
+ * and C1 written in UTF-8) and bytes that are not UTF-8 become \xNN, so a
+ * peer-supplied string cannot move the cursor, fake a log line or reach the
+ * terminal's escape sequences. Valid UTF-8 text is kept; out (cap > 0) is
+ * always terminated, cut at a whole character. Every log line goes through
+ * it. Returns out. */
+char *stria_text_escape(const char *in, char *out, size_t cap);
+/* Length of the UTF-8 character (of two to four bytes) at s, at most n bytes,
+ * with its code point in *cp; 0 when the bytes are not one (overlong,
+ * surrogate, beyond U+10FFFF, cut short, or s[0] < 0x80). */
+size_t stria_utf8_char(const char *s, size_t n, uint32_t *cp);
+
 #define stria_log(level, ...)                                                                      \
     do {                                                                                           \
         if ((level) <= stria_log_level())                                                          \

@@ -3,7 +3,9 @@
 # an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/); after
 # the Release tests, the Python package's pytest suite (tests/python) against
 # the Release build, in a virtual environment made once per
-# python/requirements-test.txt and kept in ${XDG_CACHE_HOME:-~/.cache}/stria/.
+# python/requirements-test.txt and kept in ${XDG_CACHE_HOME:-~/.cache}/stria/;
+# then the fuzz targets (build-fuzz/, clang + libFuzzer) replay their corpora
+# and run a fixed number of executions with a fixed seed.
 # Installs missing dependencies first. Exits non-zero on the first failure; the
 # output ends with ctest's summary.
 #
@@ -87,6 +89,8 @@ python_tests() {
 
 build_and_test build -DCMAKE_BUILD_TYPE=Release -DSTRIA_SANITIZE=OFF
 python_tests
+echo "== fuzz build-fuzz"
+"$root/tests/fuzz/run.sh" --ci
 # halt_on_error keeps a sanitizer report from being lost in a passing test;
 # tests/lsan.supp silences leaks inside third-party libraries only.
 ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1} \

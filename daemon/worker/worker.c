@@ -7,6 +7,10 @@
  *     every handler runs there, and never blocks on a pass;
  *   - one pass thread per running RunForward/RunBackward: joins the job's ring
  *     over the ring link, runs the ring engine and replies;
+ *   - one thread per PutInput of a job not held yet (at most
+ *     STRIA__MAX_FETCHES): fetches its assignment from the coordinator and
+ *     names the payload's buffer, so the RPC loop never waits for the
+ *     coordinator;
  *   - the heartbeat thread: registers with the coordinator, heartbeats, drops
  *     the jobs the coordinator names;
  *   - the caller's thread: start, shutdown and stop.
@@ -266,7 +270,7 @@ void stria_worker_stop(stria_worker_t *w)
     /* Aborted passes end within their deadlines: wait for every one, as
      * each holds the server's call and the job's buffers. */
     pthread_mutex_lock(&w->lock);
-    while (w->running_passes > 0)
+    while (w->running_passes > 0 || w->fetching > 0)
         pthread_cond_wait(&w->cv, &w->lock);
     pthread_mutex_unlock(&w->lock);
     stria_rpc_server_stop(w->server);

@@ -23,6 +23,21 @@
 #include "stria_transport.h"
 #include "stria_worker.h"
 
+/* A PutInput range that is not contiguous in the padded tensor (it crosses
+ * a batch row) goes through a staging buffer of at most this size (clients
+ * send 64 MiB chunks); one lives per connection at a time. */
+#define STRIA__STAGING_MAX (64u << 20)
+/* A GetOutput range that crosses batch rows is copied at most this much per
+ * reply (the client asks again for the rest); ranges inside a row go out
+ * from the tensor without a copy. With the RPC server's 64 replies in flight
+ * per connection, a connection holds at most 64 MiB of copies. */
+#define STRIA__COPY_MAX (1u << 20)
+/* The longest step deadline a worker applies, whatever an assignment says
+ * (the coordinator's --max-step-timeout bounds it further). */
+#define STRIA__MAX_STEP_TIMEOUT_S 86400.0
+/* Assignments fetched at once for PutInputs of jobs not held yet. */
+#define STRIA__MAX_FETCHES 16
+
 typedef enum {
     STRIA__T_Q = 0,
     STRIA__T_K,
@@ -121,6 +136,7 @@ struct stria_worker {
     uint64_t worker_id;
     uint32_t heartbeat_ms;
     int running_passes;
+    int fetching;        /* threads fetching an assignment for a PutInput */
     bool stopping;       /* shutting down: no new jobs or passes */
     bool shut_down;      /* stria_worker_shutdown() ran */
     bool heartbeat_stop; /* running passes are over: the heartbeat thread ends */

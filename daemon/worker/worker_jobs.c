@@ -220,6 +220,8 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     j->layout_kind = (stria_layout_kind_t)s->layout;
     j->scale = s->scale;
     j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
+    if (j->step_timeout_s > STRIA__MAX_STEP_TIMEOUT_S) /* whatever the coordinator allowed */
+        j->step_timeout_s = STRIA__MAX_STEP_TIMEOUT_S;
     j->steps_total = (uint32_t)a->n_ranks;
     j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
     j->last_activity = stria_time_now();

@@ -46,6 +46,8 @@ static const char *const check_script =
                   "         'stria_coordinator_worker_heartbeat_age_seconds': 'gauge',\n"
                   "         'stria_coordinator_worker_memory_in_use_bytes': 'gauge',\n"
                   "         'stria_coordinator_worker_memory_reserved_bytes': 'gauge',\n"
+                  "         'stria_coordinator_loop_stalls': 'counter',\n"
+                  "         'stria_coordinator_loop_stall_seconds': 'counter',\n"
                   "         'stria_coordinator_uptime_seconds': 'gauge'}\n"
                   "for name, t in types.items():\n"
                   "    assert name in co, ('missing', name, sorted(co))\n"
