@@ -174,8 +174,8 @@ __device__ __forceinline__ void stria__cu_doc(const stria_cu_attn_t &a, int64_t 
 }
 
 /* Keys visible to a query at position p: [*lo, *hi] (stria_attn_params_t):
- * its document [s, e) and the causal rule give [s, min(e - 1, p)], the window
- * narrows that to [p - left, p + right] (-1: that side unbounded). Without
+ * its document [s, e) gives [s, e - 1], the causal rule caps that at p, the
+ * window narrows it to [p - left, p + right] (-1: that side unbounded). Without
  * documents and window, the plain rule: [INT64_MIN, p] when causal, else
  * everything. lo and hi never decrease as p grows, so the bounds of a set of
  * rows with positions in [pmin, pmax] range over [lo(pmin), lo(pmax)] and
