@@ -6,10 +6,11 @@
  * walks the key tiles (64 keys) that the mask does not skip, double-buffered
  * with cp.async: while tile j is consumed, tile j+1 (the next one not skipped)
  * is in flight. Per tile: S = Q K^T (mma), the mask (each row's key bounds
- * from its position, documents and window) on straddling and tail tiles only, online softmax in
- * registers on log2e-prescaled scores (exp2f), O = diag(alpha) O + P V with P rounded to the
- * storage dtype. At the end O is normalised and written as the fp32 partial with its LSE, or merged
- * into the existing partial (accumulate) exactly as attn.c's merge does. */
+ * from its position, documents and window) on straddling and tail tiles
+ * only, online softmax in registers on log2e-prescaled scores (exp2f),
+ * O = diag(alpha) O + P V with P rounded to the storage dtype. At the end O is
+ * normalised and written as the fp32 partial with its LSE, or merged into the
+ * existing partial (accumulate) exactly as attn.c's merge does. */
 #include "attn_cuda.cuh"
 #include "mma.cuh"
 

@@ -3,9 +3,10 @@
  * views), and the row-wise kernels (partial init, merge, finalize, delta,
  * add). Simple by design: one warp per output row, lanes over head_dim (up to
  * 8 values each), keys visited one by one with the mask (the causal rule,
- * documents, window: the row's key bounds) applied per key, fp32 throughout. The arithmetic follows
- * attn.c's semantics exactly: online softmax with max subtraction, LSE = max + log(sum), rows
- * without a visible key get LSE = -inf and zero output, merges with max-subtracted weights. */
+ * documents, window: the row's key bounds) applied per key, fp32
+ * throughout. The arithmetic follows attn.c's semantics exactly: online
+ * softmax with max subtraction, LSE = max + log(sum), rows without a visible
+ * key get LSE = -inf and zero output, merges with max-subtracted weights. */
 #include "attn_cuda.cuh"
 
 #define STRIA__SIMT_THREADS   256
