@@ -628,26 +628,12 @@ stria_status_t stria_device_sync(stria_device_t *dev, stria_stream_t stream)
                                    (dev)->name);                                                   \
     } while (0)
 
-/* Documents and sliding windows run on the CPU kernels only: a CUDA device
- * refuses calls that compute attention with them (never ignores them). */
-#define STRIA__CHECK_MASKS(dev, params, fn)                                                        \
-    do {                                                                                           \
-        if ((dev)->kind == STRIA_DEVICE_CUDA &&                                                    \
-            ((params)->n_cu_seqlens > 0 || (params)->has_window))                                  \
-            return stria_error_set(STRIA_ERR_UNSUPPORTED,                                          \
-                                   "%s on %s: documents (params.cu_seqlens) and sliding windows "  \
-                                   "(params.has_window) are not supported on CUDA devices; use "   \
-                                   "a CPU device",                                                 \
-                                   fn, (dev)->name);                                               \
-    } while (0)
-
 stria_status_t stria_device_attn_fwd(stria_device_t *dev, const stria_attn_params_t *params,
                                      const stria_tensor_t *q, const stria_tensor_t *k,
                                      const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
                                      bool accumulate)
 {
     STRIA__CHECK_KERNEL(dev, params, "stria_device_attn_fwd");
-    STRIA__CHECK_MASKS(dev, params, "stria_device_attn_fwd");
     return dev->ops->attn_fwd(dev, params, q, k, v, o, lse, accumulate);
 }
 
@@ -689,7 +675,6 @@ stria_status_t stria_device_attn_bwd(stria_device_t *dev, const stria_attn_param
                                      const stria_tensor_t *dk, const stria_tensor_t *dv)
 {
     STRIA__CHECK_KERNEL(dev, params, "stria_device_attn_bwd");
-    STRIA__CHECK_MASKS(dev, params, "stria_device_attn_bwd");
     return dev->ops->attn_bwd(dev, params, q, k, v, d_o, lse, delta, dq, dk, dv);
 }
 
@@ -712,7 +697,6 @@ stria_status_t stria_device_attn_fwd_begin(stria_device_t *dev, const stria_attn
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     *pass = NULL;
     STRIA__CHECK_KERNEL(dev, params, fn);
-    STRIA__CHECK_MASKS(dev, params, fn);
     if (q == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: q is NULL", fn, dev->name);
     if ((fp = calloc(1, sizeof(*fp))) == NULL)
@@ -737,7 +721,6 @@ stria_status_t stria_device_attn_fwd_block(stria_device_fwd_pass_t *pass,
     if (pass == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     STRIA__CHECK_KERNEL(pass->dev, params, fn);
-    STRIA__CHECK_MASKS(pass->dev, params, fn);
     if (pass->impl != NULL)
         return pass->dev->ops->attn_fwd_block(pass->dev, pass->impl, params, k, v, o, lse,
                                               accumulate);
@@ -775,7 +758,6 @@ stria_status_t stria_device_attn_bwd_begin(stria_device_t *dev, const stria_attn
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     *pass = NULL;
     STRIA__CHECK_KERNEL(dev, params, fn);
-    STRIA__CHECK_MASKS(dev, params, fn);
     if (q == NULL || d_o == NULL || dq == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: %s is NULL", fn, dev->name,
                                q == NULL     ? "q"
@@ -810,7 +792,6 @@ stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
     if (pass == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     STRIA__CHECK_KERNEL(pass->dev, params, fn);
-    STRIA__CHECK_MASKS(pass->dev, params, fn);
     if (pass->impl != NULL)
         return pass->dev->ops->attn_bwd_block(pass->dev, pass->impl, params, k, v, dk, dv);
     return pass->dev->ops->attn_bwd(pass->dev, params, &pass->q, k, v, &pass->d_o, pass->lse,
