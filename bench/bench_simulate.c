@@ -30,8 +30,13 @@ typedef struct {
     int64_t tile_q, tile_k;
     stria_sim_link_t link;
     const char *timeline;
-    stria_sim_costs_t costs;
-    char source[160]; /* where the costs come from */
+    stria_sim_costs_t costs; /* --device-tflops */
+    char source[200];        /* where the costs come from */
+    /* --calibrate: costs fitted at each shard length of --calibrate-at; a
+     * ring uses those of the length nearest its shards (the cost of a unit
+     * of work grows with the block as it leaves the caches) */
+    stria_sim_costs_t cal[4];
+    double cal_err[4][2];
 } stria__sim_opts_t;
 
 static const char stria__sim_description[] =
@@ -380,6 +385,8 @@ static bool stria__sim_on(const stria__sim_opts_t *o, stria_layout_kind_t k)
 typedef struct {
     stria_ring_shape_t shape;
     int n;
+    const stria_sim_costs_t *costs;
+    char source[240];
     stria_sim_table_t t[3];
     bool have[3];
     double table_s, table_cpu_s;
@@ -414,6 +421,21 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
     c->shape.has_window = o->masks.has_window;
     c->shape.window_left = o->masks.window_left;
     c->shape.window_right = o->masks.window_right;
+    c->costs = &o->costs;
+    snprintf(c->source, sizeof(c->source), "%s", o->source);
+    if (o->calibrate) { /* the calibration nearest the shards, in log terms */
+        const double L = (double)((seq + n - 1) / n);
+        size_t best = 0;
+        for (size_t i = 1; i < o->cal_at.n; i++)
+            if (fabs(log(L / (double)o->cal_at.v[i])) < fabs(log(L / (double)o->cal_at.v[best])))
+                best = i;
+        c->costs = &o->cal[best];
+        snprintf(c->source, sizeof(c->source),
+                 "calibrated here on shards of %lld tokens (%s kernels; fit error per step %.1f%% "
+                 "fwd, %.1f%% bwd)",
+                 (long long)o->cal_at.v[best], stria_kernels_variant(), 100 * o->cal_err[best][0],
+                 100 * o->cal_err[best][1]);
+    }
     if (o->masks.doc_median > 0 &&
         (c->shape.cu_seqlens = stria_bench_documents(o->masks.doc_median, o->masks.doc_sigma, seq,
                                                      &c->shape.n_cu_seqlens)) == NULL)
@@ -423,7 +445,7 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
         stria_layout_kind_t k = stria__sim_order[i];
         if (!stria__sim_on(o, k))
             continue;
-        st = stria_sim_table(&c->shape, k, n, o->costs.tile_q, o->costs.tile_k, &c->t[k]);
+        st = stria_sim_table(&c->shape, k, n, c->costs->tile_q, c->costs->tile_k, &c->t[k]);
         c->have[k] = st == STRIA_OK;
     }
     c->table_s = stria_time_now() - t0;
@@ -455,7 +477,7 @@ static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t
     char shape[256];
     stria__sim_shape_text(c, shape, sizeof(shape));
     if (!o->json) {
-        printf("stria-bench simulate: %s, %s pass\n  costs: %s\n", shape, pass, o->source);
+        printf("stria-bench simulate: %s, %s pass\n  costs: %s\n", shape, pass, c->source);
         printf("  links: %d devices per host, %.0f GB/s inside, %.0f GB/s between hosts, %.1f us"
                "; staging %s\n",
                o->link.devices_per_host, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9,
@@ -535,7 +557,7 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
     stria__sim_tl_t x = {0};
     stria__sim_shape_text(c, title, sizeof(title));
     snprintf(sub, sizeof(sub), "predicted by stria-bench simulate: %s; links %.0f/%.0f GB/s",
-             o->source, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9);
+             c->source, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9);
     x.st = stria_timeline_create(title, sub, &x.tl);
     for (int b = 0; b < 2 && x.st == STRIA_OK; b++) {
         if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
@@ -546,7 +568,7 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
             if (!c->have[k])
                 continue;
             /* the pass once for its time (the note), once for its spans */
-            if ((x.st = stria_sim_pass(&c->t[k], &o->costs, &o->link, b == 1, &r, NULL, NULL)) !=
+            if ((x.st = stria_sim_pass(&c->t[k], c->costs, &o->link, b == 1, &r, NULL, NULL)) !=
                 STRIA_OK)
                 break;
             snprintf(name, sizeof(name), "%s, %s", stria_layout_kind_name(k),
@@ -557,7 +579,7 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
                 break;
             stria_timeline_panel_end(x.tl, x.panel, r.pass_s);
             stria_status_t st =
-                stria_sim_pass(&c->t[k], &o->costs, &o->link, b == 1, &r, stria__sim_span, &x);
+                stria_sim_pass(&c->t[k], c->costs, &o->link, b == 1, &r, stria__sim_span, &x);
             if (x.st == STRIA_OK)
                 x.st = st;
         }
@@ -587,7 +609,7 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
         for (int k = 0; k < 3 && st == STRIA_OK; k++) {
             rows[k].measured_s = -1;
             if (c.have[k])
-                st = stria_sim_pass(&c.t[k], &o->costs, &o->link, b == 1, &rows[k].r, NULL, NULL);
+                st = stria_sim_pass(&c.t[k], c.costs, &o->link, b == 1, &rows[k].r, NULL, NULL);
         }
         double sim_s = stria_time_now() - t0 + c.table_s;
         double sim_cpu_s = stria_bench_process_cpu() - c0 + c.table_cpu_s;
@@ -611,29 +633,26 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
 
 static stria_status_t stria__sim_calibrate(stria__sim_opts_t *o)
 {
-    double ef = 0, eb = 0, t0 = stria_time_now();
+    static const char *const names[STRIA_SIM_NCOEF] = {
+        "full elem", "partial elem", "token", "call", "open token", "dkv add", "dq end"};
     stria_ring_shape_t cal = o->shape;
     /* one K/V head and the query heads of one GQA group: costs are per head */
     cal.heads = o->shape.heads / o->shape.kv_heads;
     cal.kv_heads = 1;
-    stria_status_t st =
-        stria_sim_calibrate(&cal, o->cal_at.v, o->cal_at.n, o->cal_reps, &o->costs, &ef, &eb);
-    if (st != STRIA_OK)
-        return st;
-    int at = snprintf(o->source, sizeof(o->source), "calibrated here (%s kernels, shards",
-                      stria_kernels_variant());
-    for (size_t i = 0; i < o->cal_at.n && at > 0 && (size_t)at < sizeof(o->source); i++)
-        at += snprintf(o->source + at, sizeof(o->source) - (size_t)at, "%s%lld", i ? "," : " ",
-                       (long long)o->cal_at.v[i]);
-    if (at > 0 && (size_t)at < sizeof(o->source))
-        snprintf(o->source + at, sizeof(o->source) - (size_t)at,
-                 "; fit error %.1f%% fwd, %.1f%% bwd per step)", 100 * ef, 100 * eb);
-    if (!o->json) {
-        static const char *const names[STRIA_SIM_NCOEF] = {
-            "full elem", "partial elem", "token", "call", "open token", "dkv add", "dq end"};
-        printf("calibration (%.1f s): %s\n", stria_time_now() - t0, o->source);
-        for (int i = 0; i < STRIA_SIM_NCOEF; i++)
-            printf("  %-13s fwd %.4g s  bwd %.4g s\n", names[i], o->costs.fwd[i], o->costs.bwd[i]);
+    for (size_t i = 0; i < o->cal_at.n; i++) {
+        double t0 = stria_time_now();
+        stria_status_t st = stria_sim_calibrate(&cal, o->cal_at.v[i], o->cal_reps, &o->cal[i],
+                                                &o->cal_err[i][0], &o->cal_err[i][1]);
+        if (st != STRIA_OK)
+            return st;
+        if (o->json)
+            continue;
+        printf("calibration on shards of %lld tokens (%.1f s; %s kernels; fit error per step "
+               "%.1f%% fwd, %.1f%% bwd), seconds per unit:\n",
+               (long long)o->cal_at.v[i], stria_time_now() - t0, stria_kernels_variant(),
+               100 * o->cal_err[i][0], 100 * o->cal_err[i][1]);
+        for (int k = 0; k < STRIA_SIM_NCOEF; k++)
+            printf("  %-13s fwd %.4g  bwd %.4g\n", names[k], o->cal[i].fwd[k], o->cal[i].bwd[k]);
     }
     return STRIA_OK;
 }
