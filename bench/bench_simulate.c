@@ -37,6 +37,10 @@ typedef struct {
      * of work grows with the block as it leaves the caches) */
     stria_sim_costs_t cal[4];
     double cal_err[4][2];
+    /* end to end (--layers): a model of the rest of a training step */
+    int64_t layers, tp;
+    double params_b, matmul_tflops;
+    bool remat;
 } stria__sim_opts_t;
 
 static const char stria__sim_description[] =
@@ -304,6 +308,47 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .max = 1e6,
          .metavar = "GB/s",
          .help = "device <-> host copy bandwidth of a staged device (a GPU); 0: host memory"},
+        {.name = "layers",
+         .type = STRIA_OPT_INT,
+         .dst = &o->layers,
+         .dflt = "0",
+         .min = 0,
+         .max = 4096,
+         .metavar = "L",
+         .help = "end to end: a training step of a model of L attention layers (forward, "
+                 "backward, and with --remat the forward again) plus its other work, "
+                 "6 x --params x tokens FLOPs (8 x with --remat) over every device at "
+                 "--matmul-tflops; 0: attention only"},
+        {.name = "params",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->params_b,
+         .dflt = "1",
+         .min = 0,
+         .max = 1e6,
+         .metavar = "B",
+         .help = "end to end: the model's parameters, billions"},
+        {.name = "matmul-tflops",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->matmul_tflops,
+         .dflt = "150",
+         .min = 0,
+         .max = 1e6,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "F",
+         .help = "end to end: the device's achieved rate on the model's other matrix products"},
+        {.name = "tp",
+         .type = STRIA_OPT_INT,
+         .dst = &o->tp,
+         .dflt = "1",
+         .min = 1,
+         .max = 1024,
+         .metavar = "T",
+         .help = "end to end: tensor parallelism beside the ring: each rank holds heads / T "
+                 "heads, and the step runs on ranks x T devices"},
+        {.name = "remat",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->remat,
+         .help = "end to end: the backward recomputes the forward (activation checkpointing)"},
         {.name = "measure",
          .type = STRIA_OPT_FLAG,
          .dst = &o->measure,
@@ -353,6 +398,13 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
         o->link =
             (stria_sim_link_t){(int)dph, intra * 1e9, inter * 1e9, lat_us * 1e-6, staging * 1e9};
         rc = stria__sim_check(o, &cli, layout, pass, docs, &win);
+        if (rc < 0 && (o->shape.heads % o->tp != 0 || o->shape.kv_heads % o->tp != 0))
+            rc = stria_bench_usage_error("simulate", "--tp %lld must divide --heads and --kv-heads",
+                                         (long long)o->tp);
+        if (rc < 0 && o->layers > 0 && !(o->do_fwd && o->do_bwd))
+            rc = stria_bench_usage_error("simulate", "--layers needs --pass both");
+        o->shape.heads /= o->tp; /* what one rank of the ring holds */
+        o->shape.kv_heads /= o->tp;
     }
     /* the lists live in cli: copied out before it is freed */
     int64_t *lists =
@@ -470,7 +522,7 @@ static void stria__sim_shape_text(const stria__sim_case_t *c, char *out, size_t 
 }
 
 static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t *c, bool bwd,
-                             const stria__sim_row_t rows[3], double sim_s, double sim_cpu_s)
+                             const stria__sim_row_t *rows, double sim_s, double sim_cpu_s)
 {
     const stria__sim_row_t *base = &rows[STRIA_LAYOUT_CONTIGUOUS];
     const char *pass = bwd ? "bwd" : "fwd";
@@ -594,6 +646,41 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
 
 /* ---- the command -------------------------------------------------------------- */
 
+/* End to end: per layout, a training step of the model of --layers and
+ * --params, its attention from the simulated passes and the rest as dense
+ * matrix products spread over every device. */
+static void stria__sim_e2e(const stria__sim_opts_t *o, const stria__sim_case_t *c,
+                           const stria__sim_row_t f[3], const stria__sim_row_t b[3])
+{
+    const double devices = (double)c->n * (double)o->tp, tokens = (double)c->shape.seq;
+    const double other = (o->remat ? 8.0 : 6.0) * o->params_b * 1e9 * tokens * c->shape.batch /
+                         (devices * o->matmul_tflops * 1e12);
+    const double base =
+        other + (double)o->layers * ((o->remat ? 2 : 1) * f[STRIA_LAYOUT_CONTIGUOUS].r.pass_s +
+                                     b[STRIA_LAYOUT_CONTIGUOUS].r.pass_s);
+    if (!o->json)
+        printf("  end to end (%lld layers, %.3g B params, %s, other work %.4g s per step on %.0f "
+               "devices at %.0f TFLOP/s):\n",
+               (long long)o->layers, o->params_b, o->remat ? "forward recomputed" : "no remat",
+               other, devices, o->matmul_tflops);
+    for (int i = 0; i < 3; i++) {
+        stria_layout_kind_t k = stria__sim_order[i];
+        if (!c->have[k])
+            continue;
+        double attn = (double)o->layers * ((o->remat ? 2 : 1) * f[k].r.pass_s + b[k].r.pass_s);
+        double step = other + attn;
+        if (o->json)
+            printf("{\"layout\":\"%s\",\"ranks\":%d,\"seq\":%lld,\"end_to_end\":true,"
+                   "\"step_s\":%.6g,\"attention_s\":%.6g,\"other_s\":%.6g,"
+                   "\"speedup_vs_contiguous\":%.4f}\n",
+                   stria_layout_kind_name(k), c->n, (long long)c->shape.seq, step, attn, other,
+                   base / step);
+        else
+            printf("  %-11s step %10.4g s, attention %5.1f%%, speedup %6.3f\n",
+                   stria_layout_kind_name(k), step, 100 * attn / step, base / step);
+    }
+}
+
 static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t seq)
 {
     stria__sim_case_t c;
@@ -601,8 +688,10 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
     double *med = st == STRIA_OK && o->measure ? calloc((size_t)(n * n), sizeof(double)) : NULL;
     if (st == STRIA_OK && o->measure && med == NULL)
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    stria__sim_row_t all[2][3];
+    memset(all, 0, sizeof(all));
     for (int b = 0; b < 2 && st == STRIA_OK; b++) {
-        stria__sim_row_t rows[3];
+        stria__sim_row_t *rows = all[b];
         if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
             continue;
         double t0 = stria_time_now(), c0 = stria_bench_process_cpu();
@@ -624,6 +713,8 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
         if (st == STRIA_OK)
             stria__sim_print(o, &c, b == 1, rows, sim_s, sim_cpu_s);
     }
+    if (st == STRIA_OK && o->layers > 0)
+        stria__sim_e2e(o, &c, all[0], all[1]);
     if (st == STRIA_OK && o->timeline != NULL)
         st = stria__sim_timeline(o, &c);
     free(med);
