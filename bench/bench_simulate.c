@@ -140,12 +140,20 @@ static int stria__sim_check(stria__sim_opts_t *o, const stria_cli_t *cli, const 
     return -1;
 }
 
-static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
+/* What the options write before they are checked. */
+typedef struct {
+    const char *layout, *pass, *docs;
+    stria_int_list_t win;
+    int64_t batch, reps, cal_reps, dph, tile[2];
+    double intra, inter, lat_us, staging;
+} stria__sim_args_t;
+
+#define STRIA__SIM_MAX_OPTS 48
+
+/* The job's options (shape, layouts, what to print) at t; returns their
+ * number. */
+static size_t stria__sim_options_job(stria__sim_opts_t *o, stria__sim_args_t *a, stria_option_t *t)
 {
-    const char *layout = NULL, *pass = NULL, *docs = NULL;
-    stria_int_list_t win = {0};
-    int64_t batch = 1, reps = 3, cal_reps = 3, dph = 8, tile[2] = {128, 64};
-    double intra = 100, inter = 25, lat_us = 10, staging = 0;
     const stria_option_t own[] = {
         {.name = "ranks",
          .type = STRIA_OPT_INTS,
@@ -167,20 +175,20 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "global sequence lengths"},
         {.name = "layout",
          .type = STRIA_OPT_STRING,
-         .dst = &layout,
+         .dst = &a->layout,
          .dflt = "all",
          .metavar = "L",
          .help = "striped | contiguous | zigzag | all (contiguous, the "
                  "baseline, is always simulated)"},
         {.name = "pass",
          .type = STRIA_OPT_STRING,
-         .dst = &pass,
+         .dst = &a->pass,
          .dflt = "both",
          .metavar = "P",
          .help = "fwd | bwd | both"},
         {.name = "batch",
          .type = STRIA_OPT_INT,
-         .dst = &batch,
+         .dst = &a->batch,
          .dflt = "1",
          .min = 1,
          .max = 1024,
@@ -193,17 +201,48 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
         {.name = "no-causal", .type = STRIA_OPT_UNFLAG, .dst = &o->shape.causal, .help = "no mask"},
         {.name = "documents",
          .type = STRIA_OPT_STRING,
-         .dst = &docs,
+         .dst = &a->docs,
          .metavar = "lognormal:MEDIAN[:SIGMA]",
          .help = "packed documents with log-normal lengths (as stria-bench ring)"},
         {.name = "window",
          .type = STRIA_OPT_INTS,
-         .dst = &win,
+         .dst = &a->win,
          .min = -1,
          .max = (double)((int64_t)1 << 40),
          .max_items = 2,
          .metavar = "LEFT[,RIGHT]",
          .help = "sliding window"},
+        {.name = "measure",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->measure,
+         .help = "also run every pass in process and print the measured critical path"},
+        {.name = "reps",
+         .type = STRIA_OPT_INT,
+         .dst = &a->reps,
+         .dflt = "3",
+         .min = 1,
+         .max = 64,
+         .metavar = "R",
+         .help = "--measure: runs per pass (median of every (rank, step))"},
+        {.name = "timeline",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->timeline,
+         .metavar = "FILE.svg",
+         .help = "draw the predicted passes (one --ranks, one --seq)"},
+        {.name = "json",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->json,
+         .help = "one JSON object per (layout, ranks, seq, pass) per line"},
+    };
+    memcpy(t, own, sizeof(own));
+    return sizeof(own) / sizeof(own[0]);
+}
+
+/* The costs' options (calibration, device rate) at t; returns their number. */
+static size_t stria__sim_options_model(stria__sim_opts_t *o, stria__sim_args_t *a,
+                                       stria_option_t *t)
+{
+    const stria_option_t own[] = {
         {.name = "calibrate",
          .type = STRIA_OPT_FLAG,
          .dst = &o->calibrate,
@@ -220,7 +259,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "shard lengths of the calibration rings"},
         {.name = "calibrate-reps",
          .type = STRIA_OPT_INT,
-         .dst = &cal_reps,
+         .dst = &a->cal_reps,
          .dflt = "3",
          .min = 1,
          .max = 64,
@@ -245,7 +284,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "device: backward time over forward time for the same tiles"},
         {.name = "tile",
          .type = STRIA_OPT_CUSTOM,
-         .dst = tile,
+         .dst = a->tile,
          .dflt = "128x64",
          .parse = stria__sim_tile,
          .metavar = "QxK",
@@ -267,9 +306,20 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .flags = STRIA_OPT_ABOVE_MIN,
          .metavar = "GB/s",
          .help = "device: the host's memory bandwidth for the backward's dK/dV sums"},
+    };
+    memcpy(t, own, sizeof(own));
+    return sizeof(own) / sizeof(own[0]);
+}
+
+/* The ring's links and the end-to-end model's options at t; returns their
+ * number. */
+static size_t stria__sim_options_links(stria__sim_opts_t *o, stria__sim_args_t *a,
+                                       stria_option_t *t)
+{
+    const stria_option_t own[] = {
         {.name = "devices-per-host",
          .type = STRIA_OPT_INT,
-         .dst = &dph,
+         .dst = &a->dph,
          .dflt = "8",
          .min = 1,
          .max = 65536,
@@ -277,7 +327,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "ranks per host (the ring goes host by host)"},
         {.name = "intra-bw",
          .type = STRIA_OPT_DOUBLE,
-         .dst = &intra,
+         .dst = &a->intra,
          .dflt = "100",
          .min = 0,
          .max = 1e6,
@@ -286,7 +336,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "bandwidth of a ring link inside a host"},
         {.name = "inter-bw",
          .type = STRIA_OPT_DOUBLE,
-         .dst = &inter,
+         .dst = &a->inter,
          .dflt = "25",
          .min = 0,
          .max = 1e6,
@@ -295,7 +345,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "bandwidth of a ring link between hosts"},
         {.name = "latency-us",
          .type = STRIA_OPT_DOUBLE,
-         .dst = &lat_us,
+         .dst = &a->lat_us,
          .dflt = "10",
          .min = 0,
          .max = 1e6,
@@ -303,7 +353,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "latency of a message"},
         {.name = "staging",
          .type = STRIA_OPT_DOUBLE,
-         .dst = &staging,
+         .dst = &a->staging,
          .dflt = "0",
          .min = 0,
          .max = 1e6,
@@ -350,32 +400,27 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .type = STRIA_OPT_FLAG,
          .dst = &o->remat,
          .help = "end to end: the backward recomputes the forward (activation checkpointing)"},
-        {.name = "measure",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->measure,
-         .help = "also run every pass in process and print the measured critical path"},
-        {.name = "reps",
-         .type = STRIA_OPT_INT,
-         .dst = &reps,
-         .dflt = "3",
-         .min = 1,
-         .max = 64,
-         .metavar = "R",
-         .help = "--measure: runs per pass (median of every (rank, step))"},
-        {.name = "timeline",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->timeline,
-         .metavar = "FILE.svg",
-         .help = "draw the predicted passes (one --ranks, one --seq)"},
-        {.name = "json",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->json,
-         .help = "one JSON object per (layout, ranks, seq, pass) per line"},
     };
-    stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
+    memcpy(t, own, sizeof(own));
+    return sizeof(own) / sizeof(own[0]);
+}
+
+static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
+{
+    stria__sim_args_t a = {.batch = 1,
+                           .reps = 3,
+                           .cal_reps = 3,
+                           .dph = 8,
+                           .tile = {128, 64},
+                           .intra = 100,
+                           .inter = 25,
+                           .lat_us = 10};
+    stria_option_t opts[STRIA__SIM_MAX_OPTS + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
+    size_t n = stria__sim_options_job(o, &a, opts);
+    n += stria__sim_options_model(o, &a, opts + n);
+    n += stria__sim_options_links(o, &a, opts + n);
     stria_bench_shape_t shape = {0};
-    memcpy(opts, own, sizeof(own));
-    stria_bench_shape_options(opts + sizeof(own) / sizeof(own[0]), &shape, 4096);
+    stria_bench_shape_options(opts + n, &shape, 4096);
     const stria_command_t cmd = {.name = "simulate",
                                  .description = stria__sim_description,
                                  .epilog = stria__sim_epilog,
@@ -387,18 +432,18 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
     if (rc < 0 && stria_bench_shape_check("simulate", &shape) >= 0)
         rc = 2;
     if (rc < 0) {
-        o->shape.batch = batch;
+        o->shape.batch = a.batch;
         o->shape.heads = shape.heads;
         o->shape.kv_heads = shape.kv_heads;
         o->shape.head_dim = shape.head_dim;
         o->shape.dtype = shape.dtype;
-        o->reps = (int)reps;
-        o->cal_reps = (int)cal_reps;
-        o->tile_q = tile[0];
-        o->tile_k = tile[1];
-        o->link =
-            (stria_sim_link_t){(int)dph, intra * 1e9, inter * 1e9, lat_us * 1e-6, staging * 1e9};
-        rc = stria__sim_check(o, &cli, layout, pass, docs, &win);
+        o->reps = (int)a.reps;
+        o->cal_reps = (int)a.cal_reps;
+        o->tile_q = a.tile[0];
+        o->tile_k = a.tile[1];
+        o->link = (stria_sim_link_t){(int)a.dph, a.intra * 1e9, a.inter * 1e9, a.lat_us * 1e-6,
+                                     a.staging * 1e9};
+        rc = stria__sim_check(o, &cli, a.layout, a.pass, a.docs, &a.win);
         if (rc < 0 && (o->shape.heads % o->tp != 0 || o->shape.kv_heads % o->tp != 0))
             rc = stria_bench_usage_error("simulate", "--tp %lld must divide --heads and --kv-heads",
                                          (long long)o->tp);
