@@ -41,8 +41,10 @@ typedef struct {
     bool causal;
     int reps;
     bool json;
-    bool serialize; /* one rank works at a time (all but its link waits) */
-    int cpus;       /* online CPUs: wall times are measured for ranks <= cpus */
+    bool serialize;     /* one rank works at a time (all but its link waits) */
+    bool no_step_times; /* record no step times (measuring what they cost) */
+    bool times_cost;    /* --step-times-cost */
+    int cpus;           /* online CPUs: wall times are measured for ranks <= cpus */
     /* --documents lognormal:MEDIAN[:SIGMA] (median 0: none); --window */
     int64_t doc_median;
     double doc_sigma;
@@ -186,6 +188,12 @@ static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
          .help = "after measuring, run each layout's passes once more with the ranks computing "
                  "at once and draw their recorded step times: one panel per (layout, pass) on a "
                  "shared time axis, a row per rank (one --ranks and one --seq only)"},
+        {.name = "step-times-cost",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->times_cost,
+         .help = "instead of the layouts: what recording the step times costs, striped forward "
+                 "and backward passes with and without them, interleaved (process CPU time per "
+                 "pass, medians of 2 x --reps runs)"},
         {.name = "window",
          .type = STRIA_OPT_INTS,
          .dst = &win,
@@ -331,7 +339,8 @@ static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t 
                                   .n_ranks = n,
                                   .passes = bwd ? STRIA_RING_PASS_BWD : STRIA_RING_PASS_FWD,
                                   .step_timeout_s = -1.0,
-                                  .serialize_compute = serialize};
+                                  .serialize_compute = serialize,
+                                  .no_step_times = o->no_step_times};
     stria_ring_local_io_t io = {.q = d->q,
                                 .k = d->k,
                                 .v = d->v,
@@ -726,6 +735,60 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, const stria__rb_d
     fflush(stdout);
 }
 
+/* ---- what the step times cost ----------------------------------------------- */
+
+/* Striped forward + backward passes with and without step times, runs
+ * interleaved; the process's CPU time per run (every rank's thread) and its
+ * wall time, medians. The step records each rank made say how many there
+ * were. */
+static stria_status_t stria__rb_times_cost(const stria__rb_opts_t *o, stria__rb_data_t *d, int n)
+{
+    double cpu[2][100], wall[2][100];
+    stria_ring_step_stats_t *st = calloc((size_t)(n * n), sizeof(*st));
+    stria_status_t rc =
+        st == NULL ? stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory") : STRIA_OK;
+    long records = 0;
+    for (int rep = -1; rep < o->reps && rc == STRIA_OK; rep++)
+        for (int off = 0; off < 2 && rc == STRIA_OK; off++) {
+            stria__rb_opts_t oo = *o;
+            stria__rb_run_t run;
+            oo.no_step_times = off == 1;
+            double c0 = stria_bench_process_cpu(), t0 = stria_time_now();
+            rc = stria__rb_run(&oo, d, n, STRIA_LAYOUT_STRIPED, false, false, NULL, &run, NULL);
+            if (rc == STRIA_OK)
+                rc = stria__rb_run(&oo, d, n, STRIA_LAYOUT_STRIPED, true, false, NULL, &run, st);
+            if (rep < 0 || rc != STRIA_OK)
+                continue;
+            cpu[off][rep] = stria_bench_process_cpu() - c0;
+            wall[off][rep] = stria_time_now() - t0;
+            for (int i = 0; off == 0 && rep == 0 && i < n * n; i++) /* the backward's */
+                records += 2 + st[i].times.n_spans + (st[i].times.send_begin >= 0) +
+                           (st[i].times.sum_send_begin >= 0);
+        }
+    if (rc == STRIA_OK) {
+        double on = stria_bench_median(cpu[0], o->reps), off = stria_bench_median(cpu[1], o->reps);
+        double won = stria_bench_median(wall[0], o->reps);
+        double woff = stria_bench_median(wall[1], o->reps);
+        if (o->json)
+            printf("{\"ranks\":%d,\"seq\":%lld,\"heads\":%lld,\"reps\":%d,"
+                   "\"cpu_on_s\":%.6f,\"cpu_off_s\":%.6f,\"cpu_ratio\":%.4f,"
+                   "\"wall_on_s\":%.6f,\"wall_off_s\":%.6f,\"wall_ratio\":%.4f,"
+                   "\"records_bwd\":%ld}\n",
+                   n, (long long)d->seq, (long long)o->heads, o->reps, on, off, on / off, won, woff,
+                   won / woff, records);
+        else
+            printf("stria-bench ring --step-times-cost: N=%d S=%lld H=%lld, striped forward + "
+                   "backward, median of %d\n  process CPU per run: %.4f s with step times, %.4f "
+                   "s without (x%.4f); wall %.4f s / %.4f s (x%.4f); %ld step records in the "
+                   "backward pass\n",
+                   n, (long long)d->seq, (long long)o->heads, o->reps, on, off, on / off, won, woff,
+                   won / woff, records);
+        fflush(stdout);
+    }
+    free(st);
+    return rc;
+}
+
 /* ---- timelines ------------------------------------------------------------ */
 
 /* The job's shape, for titles. */
@@ -849,6 +912,10 @@ int stria_bench_ring(int argc, char **argv)
             break;
         for (size_t ni = 0; ni < o.n_ranks && st == STRIA_OK; ni++) {
             int n = (int)o.ranks[ni];
+            if (o.times_cost) {
+                st = stria__rb_times_cost(&o, &d, n);
+                continue;
+            }
             stria__rb_result_t res[STRIA__RB_ROWS];
             memset(res, 0, sizeof(res));
             stria__rb_blocks_t blocks;

@@ -30,8 +30,17 @@ typedef struct {
     int64_t tile_q, tile_k;
     stria_sim_link_t link;
     const char *timeline;
-    stria_sim_costs_t costs;
-    char source[160]; /* where the costs come from */
+    stria_sim_costs_t costs; /* --device-tflops */
+    char source[200];        /* where the costs come from */
+    /* --calibrate: costs fitted at each shard length of --calibrate-at; a
+     * ring uses those of the length nearest its shards (the cost of a unit
+     * of work grows with the block as it leaves the caches) */
+    stria_sim_costs_t cal[4];
+    double cal_err[4][2];
+    /* end to end (--layers): a model of the rest of a training step */
+    int64_t layers, tp;
+    double params_b, matmul_tflops;
+    bool remat;
 } stria__sim_opts_t;
 
 static const char stria__sim_description[] =
@@ -50,9 +59,10 @@ static const char stria__sim_description[] =
 static const char stria__sim_epilog[] =
     "--measure also runs every pass in process (one rank computing at a time, as\n"
     "stria-bench ring) and prints the measured critical path beside the predicted\n"
-    "one: the check of the model. Predicted pass: first rank's start to last rank's\n"
-    "end; critical: sum over steps of the slowest rank's compute (stria-bench ring's\n"
-    "figure).";
+    "one (pred/meas), and the same ratio for every rank's compute added up (total\n"
+    "p/m), which no maximum over noisy ranks biases: the check of the model.\n"
+    "Predicted pass: first rank's start to last rank's end; critical: sum over steps\n"
+    "of the slowest rank's compute (stria-bench ring's figure).";
 
 /* --tile QxK */
 static stria_status_t stria__sim_tile(const char *text, void *dst)
@@ -130,12 +140,20 @@ static int stria__sim_check(stria__sim_opts_t *o, const stria_cli_t *cli, const 
     return -1;
 }
 
-static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
+/* What the options write before they are checked. */
+typedef struct {
+    const char *layout, *pass, *docs;
+    stria_int_list_t win;
+    int64_t batch, reps, cal_reps, dph, tile[2];
+    double intra, inter, lat_us, staging;
+} stria__sim_args_t;
+
+#define STRIA__SIM_MAX_OPTS 48
+
+/* The job's options (shape, layouts, what to print) at t; returns their
+ * number. */
+static size_t stria__sim_options_job(stria__sim_opts_t *o, stria__sim_args_t *a, stria_option_t *t)
 {
-    const char *layout = NULL, *pass = NULL, *docs = NULL;
-    stria_int_list_t win = {0};
-    int64_t batch = 1, reps = 3, cal_reps = 3, dph = 8, tile[2] = {128, 64};
-    double intra = 100, inter = 25, lat_us = 10, staging = 0;
     const stria_option_t own[] = {
         {.name = "ranks",
          .type = STRIA_OPT_INTS,
@@ -157,20 +175,20 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "global sequence lengths"},
         {.name = "layout",
          .type = STRIA_OPT_STRING,
-         .dst = &layout,
+         .dst = &a->layout,
          .dflt = "all",
          .metavar = "L",
          .help = "striped | contiguous | zigzag | all (contiguous, the "
                  "baseline, is always simulated)"},
         {.name = "pass",
          .type = STRIA_OPT_STRING,
-         .dst = &pass,
+         .dst = &a->pass,
          .dflt = "both",
          .metavar = "P",
          .help = "fwd | bwd | both"},
         {.name = "batch",
          .type = STRIA_OPT_INT,
-         .dst = &batch,
+         .dst = &a->batch,
          .dflt = "1",
          .min = 1,
          .max = 1024,
@@ -183,17 +201,48 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
         {.name = "no-causal", .type = STRIA_OPT_UNFLAG, .dst = &o->shape.causal, .help = "no mask"},
         {.name = "documents",
          .type = STRIA_OPT_STRING,
-         .dst = &docs,
+         .dst = &a->docs,
          .metavar = "lognormal:MEDIAN[:SIGMA]",
          .help = "packed documents with log-normal lengths (as stria-bench ring)"},
         {.name = "window",
          .type = STRIA_OPT_INTS,
-         .dst = &win,
+         .dst = &a->win,
          .min = -1,
          .max = (double)((int64_t)1 << 40),
          .max_items = 2,
          .metavar = "LEFT[,RIGHT]",
          .help = "sliding window"},
+        {.name = "measure",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->measure,
+         .help = "also run every pass in process and print the measured critical path"},
+        {.name = "reps",
+         .type = STRIA_OPT_INT,
+         .dst = &a->reps,
+         .dflt = "3",
+         .min = 1,
+         .max = 64,
+         .metavar = "R",
+         .help = "--measure: runs per pass (median of every (rank, step))"},
+        {.name = "timeline",
+         .type = STRIA_OPT_STRING,
+         .dst = &o->timeline,
+         .metavar = "FILE.svg",
+         .help = "draw the predicted passes (one --ranks, one --seq)"},
+        {.name = "json",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->json,
+         .help = "one JSON object per (layout, ranks, seq, pass) per line"},
+    };
+    memcpy(t, own, sizeof(own));
+    return sizeof(own) / sizeof(own[0]);
+}
+
+/* The costs' options (calibration, device rate) at t; returns their number. */
+static size_t stria__sim_options_model(stria__sim_opts_t *o, stria__sim_args_t *a,
+                                       stria_option_t *t)
+{
+    const stria_option_t own[] = {
         {.name = "calibrate",
          .type = STRIA_OPT_FLAG,
          .dst = &o->calibrate,
@@ -210,7 +259,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "shard lengths of the calibration rings"},
         {.name = "calibrate-reps",
          .type = STRIA_OPT_INT,
-         .dst = &cal_reps,
+         .dst = &a->cal_reps,
          .dflt = "3",
          .min = 1,
          .max = 64,
@@ -235,7 +284,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "device: backward time over forward time for the same tiles"},
         {.name = "tile",
          .type = STRIA_OPT_CUSTOM,
-         .dst = tile,
+         .dst = a->tile,
          .dflt = "128x64",
          .parse = stria__sim_tile,
          .metavar = "QxK",
@@ -257,9 +306,20 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .flags = STRIA_OPT_ABOVE_MIN,
          .metavar = "GB/s",
          .help = "device: the host's memory bandwidth for the backward's dK/dV sums"},
+    };
+    memcpy(t, own, sizeof(own));
+    return sizeof(own) / sizeof(own[0]);
+}
+
+/* The ring's links and the end-to-end model's options at t; returns their
+ * number. */
+static size_t stria__sim_options_links(stria__sim_opts_t *o, stria__sim_args_t *a,
+                                       stria_option_t *t)
+{
+    const stria_option_t own[] = {
         {.name = "devices-per-host",
          .type = STRIA_OPT_INT,
-         .dst = &dph,
+         .dst = &a->dph,
          .dflt = "8",
          .min = 1,
          .max = 65536,
@@ -267,7 +327,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "ranks per host (the ring goes host by host)"},
         {.name = "intra-bw",
          .type = STRIA_OPT_DOUBLE,
-         .dst = &intra,
+         .dst = &a->intra,
          .dflt = "100",
          .min = 0,
          .max = 1e6,
@@ -276,7 +336,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "bandwidth of a ring link inside a host"},
         {.name = "inter-bw",
          .type = STRIA_OPT_DOUBLE,
-         .dst = &inter,
+         .dst = &a->inter,
          .dflt = "25",
          .min = 0,
          .max = 1e6,
@@ -285,7 +345,7 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "bandwidth of a ring link between hosts"},
         {.name = "latency-us",
          .type = STRIA_OPT_DOUBLE,
-         .dst = &lat_us,
+         .dst = &a->lat_us,
          .dflt = "10",
          .min = 0,
          .max = 1e6,
@@ -293,38 +353,74 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
          .help = "latency of a message"},
         {.name = "staging",
          .type = STRIA_OPT_DOUBLE,
-         .dst = &staging,
+         .dst = &a->staging,
          .dflt = "0",
          .min = 0,
          .max = 1e6,
          .metavar = "GB/s",
          .help = "device <-> host copy bandwidth of a staged device (a GPU); 0: host memory"},
-        {.name = "measure",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->measure,
-         .help = "also run every pass in process and print the measured critical path"},
-        {.name = "reps",
+        {.name = "layers",
          .type = STRIA_OPT_INT,
-         .dst = &reps,
-         .dflt = "3",
+         .dst = &o->layers,
+         .dflt = "0",
+         .min = 0,
+         .max = 4096,
+         .metavar = "L",
+         .help = "end to end: a training step of a model of L attention layers (forward, "
+                 "backward, and with --remat the forward again) plus its other work, "
+                 "6 x --params x tokens FLOPs (8 x with --remat) over every device at "
+                 "--matmul-tflops; 0: attention only"},
+        {.name = "params",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->params_b,
+         .dflt = "1",
+         .min = 0,
+         .max = 1e6,
+         .metavar = "B",
+         .help = "end to end: the model's parameters, billions"},
+        {.name = "matmul-tflops",
+         .type = STRIA_OPT_DOUBLE,
+         .dst = &o->matmul_tflops,
+         .dflt = "150",
+         .min = 0,
+         .max = 1e6,
+         .flags = STRIA_OPT_ABOVE_MIN,
+         .metavar = "F",
+         .help = "end to end: the device's achieved rate on the model's other matrix products"},
+        {.name = "tp",
+         .type = STRIA_OPT_INT,
+         .dst = &o->tp,
+         .dflt = "1",
          .min = 1,
-         .max = 64,
-         .metavar = "R",
-         .help = "--measure: runs per pass (median of every (rank, step))"},
-        {.name = "timeline",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->timeline,
-         .metavar = "FILE.svg",
-         .help = "draw the predicted passes (one --ranks, one --seq)"},
-        {.name = "json",
+         .max = 1024,
+         .metavar = "T",
+         .help = "end to end: tensor parallelism beside the ring: each rank holds heads / T "
+                 "heads, and the step runs on ranks x T devices"},
+        {.name = "remat",
          .type = STRIA_OPT_FLAG,
-         .dst = &o->json,
-         .help = "one JSON object per (layout, ranks, seq, pass) per line"},
+         .dst = &o->remat,
+         .help = "end to end: the backward recomputes the forward (activation checkpointing)"},
     };
-    stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
+    memcpy(t, own, sizeof(own));
+    return sizeof(own) / sizeof(own[0]);
+}
+
+static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
+{
+    stria__sim_args_t a = {.batch = 1,
+                           .reps = 3,
+                           .cal_reps = 3,
+                           .dph = 8,
+                           .tile = {128, 64},
+                           .intra = 100,
+                           .inter = 25,
+                           .lat_us = 10};
+    stria_option_t opts[STRIA__SIM_MAX_OPTS + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
+    size_t n = stria__sim_options_job(o, &a, opts);
+    n += stria__sim_options_model(o, &a, opts + n);
+    n += stria__sim_options_links(o, &a, opts + n);
     stria_bench_shape_t shape = {0};
-    memcpy(opts, own, sizeof(own));
-    stria_bench_shape_options(opts + sizeof(own) / sizeof(own[0]), &shape, 4096);
+    stria_bench_shape_options(opts + n, &shape, 4096);
     const stria_command_t cmd = {.name = "simulate",
                                  .description = stria__sim_description,
                                  .epilog = stria__sim_epilog,
@@ -336,18 +432,25 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
     if (rc < 0 && stria_bench_shape_check("simulate", &shape) >= 0)
         rc = 2;
     if (rc < 0) {
-        o->shape.batch = batch;
+        o->shape.batch = a.batch;
         o->shape.heads = shape.heads;
         o->shape.kv_heads = shape.kv_heads;
         o->shape.head_dim = shape.head_dim;
         o->shape.dtype = shape.dtype;
-        o->reps = (int)reps;
-        o->cal_reps = (int)cal_reps;
-        o->tile_q = tile[0];
-        o->tile_k = tile[1];
-        o->link =
-            (stria_sim_link_t){(int)dph, intra * 1e9, inter * 1e9, lat_us * 1e-6, staging * 1e9};
-        rc = stria__sim_check(o, &cli, layout, pass, docs, &win);
+        o->reps = (int)a.reps;
+        o->cal_reps = (int)a.cal_reps;
+        o->tile_q = a.tile[0];
+        o->tile_k = a.tile[1];
+        o->link = (stria_sim_link_t){(int)a.dph, a.intra * 1e9, a.inter * 1e9, a.lat_us * 1e-6,
+                                     a.staging * 1e9};
+        rc = stria__sim_check(o, &cli, a.layout, a.pass, a.docs, &a.win);
+        if (rc < 0 && (o->shape.heads % o->tp != 0 || o->shape.kv_heads % o->tp != 0))
+            rc = stria_bench_usage_error("simulate", "--tp %lld must divide --heads and --kv-heads",
+                                         (long long)o->tp);
+        if (rc < 0 && o->layers > 0 && !(o->do_fwd && o->do_bwd))
+            rc = stria_bench_usage_error("simulate", "--layers needs --pass both");
+        o->shape.heads /= o->tp; /* what one rank of the ring holds */
+        o->shape.kv_heads /= o->tp;
     }
     /* the lists live in cli: copied out before it is freed */
     int64_t *lists =
@@ -380,6 +483,8 @@ static bool stria__sim_on(const stria__sim_opts_t *o, stria_layout_kind_t k)
 typedef struct {
     stria_ring_shape_t shape;
     int n;
+    const stria_sim_costs_t *costs;
+    char source[240];
     stria_sim_table_t t[3];
     bool have[3];
     double table_s, table_cpu_s;
@@ -389,7 +494,8 @@ typedef struct {
 
 typedef struct {
     stria_sim_result_t r;
-    double measured_s; /* critical path measured in process (< 0: none) */
+    double measured_s;       /* critical path measured in process (< 0: none) */
+    double measured_total_s; /* all ranks' compute, measured */
 } stria__sim_row_t;
 
 static void stria__sim_case_free(stria__sim_case_t *c)
@@ -414,6 +520,21 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
     c->shape.has_window = o->masks.has_window;
     c->shape.window_left = o->masks.window_left;
     c->shape.window_right = o->masks.window_right;
+    c->costs = &o->costs;
+    snprintf(c->source, sizeof(c->source), "%s", o->source);
+    if (o->calibrate) { /* the calibration nearest the shards, in log terms */
+        const double L = (double)((seq + n - 1) / n);
+        size_t best = 0;
+        for (size_t i = 1; i < o->cal_at.n; i++)
+            if (fabs(log(L / (double)o->cal_at.v[i])) < fabs(log(L / (double)o->cal_at.v[best])))
+                best = i;
+        c->costs = &o->cal[best];
+        snprintf(c->source, sizeof(c->source),
+                 "calibrated here on shards of %lld tokens (%s kernels; fit error per step %.1f%% "
+                 "fwd, %.1f%% bwd)",
+                 (long long)o->cal_at.v[best], stria_kernels_variant(), 100 * o->cal_err[best][0],
+                 100 * o->cal_err[best][1]);
+    }
     if (o->masks.doc_median > 0 &&
         (c->shape.cu_seqlens = stria_bench_documents(o->masks.doc_median, o->masks.doc_sigma, seq,
                                                      &c->shape.n_cu_seqlens)) == NULL)
@@ -423,7 +544,7 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
         stria_layout_kind_t k = stria__sim_order[i];
         if (!stria__sim_on(o, k))
             continue;
-        st = stria_sim_table(&c->shape, k, n, o->costs.tile_q, o->costs.tile_k, &c->t[k]);
+        st = stria_sim_table(&c->shape, k, n, c->costs->tile_q, c->costs->tile_k, &c->t[k]);
         c->have[k] = st == STRIA_OK;
     }
     c->table_s = stria_time_now() - t0;
@@ -448,21 +569,21 @@ static void stria__sim_shape_text(const stria__sim_case_t *c, char *out, size_t 
 }
 
 static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t *c, bool bwd,
-                             const stria__sim_row_t rows[3], double sim_s, double sim_cpu_s)
+                             const stria__sim_row_t *rows, double sim_s, double sim_cpu_s)
 {
     const stria__sim_row_t *base = &rows[STRIA_LAYOUT_CONTIGUOUS];
     const char *pass = bwd ? "bwd" : "fwd";
     char shape[256];
     stria__sim_shape_text(c, shape, sizeof(shape));
     if (!o->json) {
-        printf("stria-bench simulate: %s, %s pass\n  costs: %s\n", shape, pass, o->source);
+        printf("stria-bench simulate: %s, %s pass\n  costs: %s\n", shape, pass, c->source);
         printf("  links: %d devices per host, %.0f GB/s inside, %.0f GB/s between hosts, %.1f us"
                "; staging %s\n",
                o->link.devices_per_host, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9,
                o->link.latency_s * 1e6, o->link.staging_Bps > 0 ? "yes" : "none (host memory)");
         printf("  %-11s %12s %12s %8s %6s %6s %12s%s\n", "layout", "pass (s)", "critical (s)",
                "speedup", "busy", "steps", "MB sent/rank",
-               o->measure ? "  measured crit (s)  pred/meas  meas x" : "");
+               o->measure ? "  measured crit (s)  pred/meas  meas x  total p/m" : "");
     }
     for (int i = 0; i < 3; i++) {
         stria_layout_kind_t k = stria__sim_order[i];
@@ -489,17 +610,19 @@ static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t
                    c->t[k].memo_keys, sim_s, sim_cpu_s);
             if (r->measured_s >= 0)
                 printf(",\"measured_critical_s\":%.6g,\"predicted_over_measured\":%.4f,"
-                       "\"measured_speedup_vs_contiguous\":%.4f",
+                       "\"measured_speedup_vs_contiguous\":%.4f,\"predicted_total_s\":%.6g,"
+                       "\"measured_total_s\":%.6g,\"total_predicted_over_measured\":%.4f",
                        r->measured_s, r->r.critical_s / r->measured_s,
-                       base->measured_s / r->measured_s);
+                       base->measured_s / r->measured_s, r->r.compute_s, r->measured_total_s,
+                       r->r.compute_s / r->measured_total_s);
             printf("}\n");
             continue;
         }
         printf("  %-11s %12.6g %12.6g %8.3f %5.0f%% %6d %12.2f", stria_layout_kind_name(k),
                r->r.pass_s, r->r.critical_s, x, 100.0 * busy, r->r.steps, mb);
         if (r->measured_s >= 0)
-            printf("  %17.4f  %9.3f  %6.3f", r->measured_s, r->r.critical_s / r->measured_s,
-                   base->measured_s / r->measured_s);
+            printf("  %17.4f  %9.3f  %6.3f  %9.3f", r->measured_s, r->r.critical_s / r->measured_s,
+                   base->measured_s / r->measured_s, r->r.compute_s / r->measured_total_s);
         printf("\n");
     }
     if (!o->json) {
@@ -535,7 +658,7 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
     stria__sim_tl_t x = {0};
     stria__sim_shape_text(c, title, sizeof(title));
     snprintf(sub, sizeof(sub), "predicted by stria-bench simulate: %s; links %.0f/%.0f GB/s",
-             o->source, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9);
+             c->source, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9);
     x.st = stria_timeline_create(title, sub, &x.tl);
     for (int b = 0; b < 2 && x.st == STRIA_OK; b++) {
         if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
@@ -546,7 +669,7 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
             if (!c->have[k])
                 continue;
             /* the pass once for its time (the note), once for its spans */
-            if ((x.st = stria_sim_pass(&c->t[k], &o->costs, &o->link, b == 1, &r, NULL, NULL)) !=
+            if ((x.st = stria_sim_pass(&c->t[k], c->costs, &o->link, b == 1, &r, NULL, NULL)) !=
                 STRIA_OK)
                 break;
             snprintf(name, sizeof(name), "%s, %s", stria_layout_kind_name(k),
@@ -557,7 +680,7 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
                 break;
             stria_timeline_panel_end(x.tl, x.panel, r.pass_s);
             stria_status_t st =
-                stria_sim_pass(&c->t[k], &o->costs, &o->link, b == 1, &r, stria__sim_span, &x);
+                stria_sim_pass(&c->t[k], c->costs, &o->link, b == 1, &r, stria__sim_span, &x);
             if (x.st == STRIA_OK)
                 x.st = st;
         }
@@ -572,6 +695,41 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
 
 /* ---- the command -------------------------------------------------------------- */
 
+/* End to end: per layout, a training step of the model of --layers and
+ * --params, its attention from the simulated passes and the rest as dense
+ * matrix products spread over every device. */
+static void stria__sim_e2e(const stria__sim_opts_t *o, const stria__sim_case_t *c,
+                           const stria__sim_row_t f[3], const stria__sim_row_t b[3])
+{
+    const double devices = (double)c->n * (double)o->tp, tokens = (double)c->shape.seq;
+    const double other = (o->remat ? 8.0 : 6.0) * o->params_b * 1e9 * tokens * c->shape.batch /
+                         (devices * o->matmul_tflops * 1e12);
+    const double base =
+        other + (double)o->layers * ((o->remat ? 2 : 1) * f[STRIA_LAYOUT_CONTIGUOUS].r.pass_s +
+                                     b[STRIA_LAYOUT_CONTIGUOUS].r.pass_s);
+    if (!o->json)
+        printf("  end to end (%lld layers, %.3g B params, %s, other work %.4g s per step on %.0f "
+               "devices at %.0f TFLOP/s):\n",
+               (long long)o->layers, o->params_b, o->remat ? "forward recomputed" : "no remat",
+               other, devices, o->matmul_tflops);
+    for (int i = 0; i < 3; i++) {
+        stria_layout_kind_t k = stria__sim_order[i];
+        if (!c->have[k])
+            continue;
+        double attn = (double)o->layers * ((o->remat ? 2 : 1) * f[k].r.pass_s + b[k].r.pass_s);
+        double step = other + attn;
+        if (o->json)
+            printf("{\"layout\":\"%s\",\"ranks\":%d,\"seq\":%lld,\"end_to_end\":true,"
+                   "\"step_s\":%.6g,\"attention_s\":%.6g,\"other_s\":%.6g,"
+                   "\"speedup_vs_contiguous\":%.4f}\n",
+                   stria_layout_kind_name(k), c->n, (long long)c->shape.seq, step, attn, other,
+                   base / step);
+        else
+            printf("  %-11s step %10.4g s, attention %5.1f%%, speedup %6.3f\n",
+                   stria_layout_kind_name(k), step, 100 * attn / step, base / step);
+    }
+}
+
 static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t seq)
 {
     stria__sim_case_t c;
@@ -579,15 +737,17 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
     double *med = st == STRIA_OK && o->measure ? calloc((size_t)(n * n), sizeof(double)) : NULL;
     if (st == STRIA_OK && o->measure && med == NULL)
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    stria__sim_row_t all[2][3];
+    memset(all, 0, sizeof(all));
     for (int b = 0; b < 2 && st == STRIA_OK; b++) {
-        stria__sim_row_t rows[3];
+        stria__sim_row_t *rows = all[b];
         if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
             continue;
         double t0 = stria_time_now(), c0 = stria_bench_process_cpu();
         for (int k = 0; k < 3 && st == STRIA_OK; k++) {
             rows[k].measured_s = -1;
             if (c.have[k])
-                st = stria_sim_pass(&c.t[k], &o->costs, &o->link, b == 1, &rows[k].r, NULL, NULL);
+                st = stria_sim_pass(&c.t[k], c.costs, &o->link, b == 1, &rows[k].r, NULL, NULL);
         }
         double sim_s = stria_time_now() - t0 + c.table_s;
         double sim_cpu_s = stria_bench_process_cpu() - c0 + c.table_cpu_s;
@@ -598,10 +758,15 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
                 stria_sim_measure(&c.shape, (stria_layout_kind_t)k, n, b == 1, o->reps, &c.in, med);
             if (st == STRIA_OK)
                 rows[k].measured_s = stria_sim_critical(med, n, rows[k].r.steps);
+            rows[k].measured_total_s = 0;
+            for (int i = 0; st == STRIA_OK && i < n * n; i++)
+                rows[k].measured_total_s += med[i];
         }
         if (st == STRIA_OK)
             stria__sim_print(o, &c, b == 1, rows, sim_s, sim_cpu_s);
     }
+    if (st == STRIA_OK && o->layers > 0)
+        stria__sim_e2e(o, &c, all[0], all[1]);
     if (st == STRIA_OK && o->timeline != NULL)
         st = stria__sim_timeline(o, &c);
     free(med);
@@ -611,29 +776,26 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
 
 static stria_status_t stria__sim_calibrate(stria__sim_opts_t *o)
 {
-    double ef = 0, eb = 0, t0 = stria_time_now();
+    static const char *const names[STRIA_SIM_NCOEF] = {
+        "full elem", "partial elem", "token", "call", "open token", "dkv add", "dq end"};
     stria_ring_shape_t cal = o->shape;
     /* one K/V head and the query heads of one GQA group: costs are per head */
     cal.heads = o->shape.heads / o->shape.kv_heads;
     cal.kv_heads = 1;
-    stria_status_t st =
-        stria_sim_calibrate(&cal, o->cal_at.v, o->cal_at.n, o->cal_reps, &o->costs, &ef, &eb);
-    if (st != STRIA_OK)
-        return st;
-    int at = snprintf(o->source, sizeof(o->source), "calibrated here (%s kernels, shards",
-                      stria_kernels_variant());
-    for (size_t i = 0; i < o->cal_at.n && at > 0 && (size_t)at < sizeof(o->source); i++)
-        at += snprintf(o->source + at, sizeof(o->source) - (size_t)at, "%s%lld", i ? "," : " ",
-                       (long long)o->cal_at.v[i]);
-    if (at > 0 && (size_t)at < sizeof(o->source))
-        snprintf(o->source + at, sizeof(o->source) - (size_t)at,
-                 "; fit error %.1f%% fwd, %.1f%% bwd per step)", 100 * ef, 100 * eb);
-    if (!o->json) {
-        static const char *const names[STRIA_SIM_NCOEF] = {
-            "full elem", "partial elem", "token", "call", "open token", "dkv add", "dq end"};
-        printf("calibration (%.1f s): %s\n", stria_time_now() - t0, o->source);
-        for (int i = 0; i < STRIA_SIM_NCOEF; i++)
-            printf("  %-13s fwd %.4g s  bwd %.4g s\n", names[i], o->costs.fwd[i], o->costs.bwd[i]);
+    for (size_t i = 0; i < o->cal_at.n; i++) {
+        double t0 = stria_time_now();
+        stria_status_t st = stria_sim_calibrate(&cal, o->cal_at.v[i], o->cal_reps, &o->cal[i],
+                                                &o->cal_err[i][0], &o->cal_err[i][1]);
+        if (st != STRIA_OK)
+            return st;
+        if (o->json)
+            continue;
+        printf("calibration on shards of %lld tokens (%.1f s; %s kernels; fit error per step "
+               "%.1f%% fwd, %.1f%% bwd), seconds per unit:\n",
+               (long long)o->cal_at.v[i], stria_time_now() - t0, stria_kernels_variant(),
+               100 * o->cal_err[i][0], 100 * o->cal_err[i][1]);
+        for (int k = 0; k < STRIA_SIM_NCOEF; k++)
+            printf("  %-13s fwd %.4g  bwd %.4g\n", names[k], o->cal[i].fwd[k], o->cal[i].bwd[k]);
     }
     return STRIA_OK;
 }

@@ -573,8 +573,15 @@ double stria_sim_fit(const double *x, const double *y, int n_rows, double *coef)
                     a[p * k + q] += w * xp * x[i * K + idx[q]] / scale[idx[q]];
             }
         }
-        for (int p = 0; p < k; p++) /* a whisper of ridge for collinear columns */
-            a[p * k + p] *= 1.0 + 1e-9;
+        /* a little ridge: collinear columns (one block size, where tokens
+         * and calls go together) share their weight instead of making the
+         * system singular; the columns are scaled to 1, so 1e-9 of the mean
+         * diagonal changes a well-posed fit by nothing that matters */
+        double tr = 0;
+        for (int p = 0; p < k; p++)
+            tr += a[p * k + p];
+        for (int p = 0; p < k; p++)
+            a[p * k + p] += 1e-9 * tr / k;
         if (!stria__sim_solve(a, b, k))
             break;
         int worst = -1;

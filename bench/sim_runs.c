@@ -154,17 +154,16 @@ static stria_status_t stria__sim_cal_shape(const stria_ring_shape_t *shape, int 
     return st;
 }
 
-stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, const int64_t *shards,
-                                   size_t n_shards, int reps, stria_sim_costs_t *costs,
-                                   double *err_fwd, double *err_bwd)
+stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shard, int reps,
+                                   stria_sim_costs_t *costs, double *err_fwd, double *err_bwd)
 {
     stria_sim_fit_rows_t *fit = calloc(1, sizeof(*fit));
     stria_status_t st = STRIA_OK;
     if (fit == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
-    for (size_t i = 0; i < n_shards && st == STRIA_OK; i++) {
+    {
         stria_ring_shape_t cal = *shape;
-        cal.seq = STRIA_SIM_CAL_RANKS * shards[i];
+        cal.seq = STRIA_SIM_CAL_RANKS * shard;
         cal.cu_seqlens = NULL; /* the work counts carry the masks; costs per unit of work */
         cal.n_cu_seqlens = 0;
         cal.has_window = false;

@@ -36,11 +36,10 @@ typedef struct {
 } stria_sim_fit_rows_t;
 
 /* Measures rings of STRIA_SIM_CAL_RANKS ranks of every layout, causal, with
- * shards of each length in shards[] (the shape's batch, heads, head_dim and
- * dtype), and fits the kernels' costs (tiles 0 x 0) per unit of work;
- * err_*: RMS relative error of the fits. */
-stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, const int64_t *shards,
-                                   size_t n_shards, int reps, stria_sim_costs_t *costs,
-                                   double *err_fwd, double *err_bwd);
+ * shards of `shard` tokens (the shape's batch, heads, head_dim and dtype),
+ * and fits the kernels' costs (tiles 0 x 0) per unit of work; err_*: RMS
+ * relative error of the fits per step. */
+stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shard, int reps,
+                                   stria_sim_costs_t *costs, double *err_fwd, double *err_bwd);
 
 #endif

@@ -287,7 +287,7 @@ static stria_status_t stria__tl_draw_panel(const stria__tl_draw_t *d, const stri
     fprintf(f, "\">\n<text class=\"panel-title\" x=\"%d\" y=\"%d\">", TL_LEFT, y0 + 13);
     stria__tl_text(f, p->name);
     if (p->note != NULL) {
-        fputs("<tspan class=\"note\">&#160;\xe2\x80\x94 ", f);
+        fputs("<tspan class=\"note\" dx=\"6\">\xe2\x80\x94 ", f);
         stria__tl_text(f, p->note);
         fputs("</tspan>", f);
     }
