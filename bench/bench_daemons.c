@@ -149,7 +149,10 @@ int stria_bench_daemons_start(const char *cmd, int n, int tpr, char *coord, size
     setenv("UCX_HANDLE_ERRORS", "none", 0);
 
     char line[512], threads[16];
-    char *cargv[] = {coord_bin, "--listen", "127.0.0.1:0", "--heartbeat-period", "0.5", NULL};
+    /* Heartbeats every 2 s: a worker is taken for dead after 6 s of silence,
+     * which a loaded machine does not reach by starving it for a moment. */
+    char *cargv[] = {
+        coord_bin, "--listen", "127.0.0.1:0", "--heartbeat-period", STRIA_BENCH_HEARTBEAT_S, NULL};
     if (stria__start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
         fprintf(stderr, "stria-bench %s: the coordinator did not start\n", cmd);
         stria_bench_daemons_stop();

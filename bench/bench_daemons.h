@@ -11,8 +11,9 @@
 #include "stria_common.h"
 
 #define STRIA_BENCH_MAX_WORKERS 64
+#define STRIA_BENCH_HEARTBEAT_S "2" /* the coordinator's heartbeat period, seconds */
 
-/* Starts a coordinator (heartbeat 0.5 s) and n workers (--threads tpr) on
+/* Starts a coordinator (heartbeat STRIA_BENCH_HEARTBEAT_S) and n workers (--threads tpr) on
  * loopback, waits until the coordinator counts them healthy, and writes its
  * address. SIGINT/SIGTERM stop them. Returns 0, or 1 after printing why as
  * "stria-bench CMD: ...". */

@@ -313,14 +313,13 @@ static stria_status_t dp_measure(const dp_cfg_t *c, int workers, stria_client_t 
         m->mem[r] = dp_memcpy_round(&b, dst, workers);
         if (m->raw[r] < 0)
             st = stria_error_set(STRIA_ERR_IO, "the raw TCP stream failed");
-        if (!c->json)
-            fprintf(stderr,
-                    "  rep %d: upload %.3f GB/s, download %.3f GB/s, raw TCP %.3f GB/s, memcpy "
-                    "%.3f GB/s, worker minor faults %lld\n",
-                    r, m->up[r], m->down[r], m->raw[r], m->mem[r], f1 - f0);
+        fprintf(stderr,
+                "  %d worker(s), rep %d: upload %.3f GB/s, download %.3f GB/s, raw TCP %.3f GB/s, "
+                "memcpy %.3f GB/s, worker minor faults %lld\n",
+                workers, r, m->up[r], m->down[r], m->raw[r], m->mem[r], f1 - f0);
     }
-    /* the pools' figures arrive with the next heartbeats (every 0.5 s) */
-    usleep(1200000);
+    /* the pools' figures arrive with the next heartbeats */
+    usleep((useconds_t)(atof(STRIA_BENCH_HEARTBEAT_S) * 2.2e6));
     if (st == STRIA_OK)
         st = stria_bench_pools(coord, &m->pools);
 out:
@@ -460,11 +459,10 @@ static int dp_data_heavy(const dp_cfg_t *c)
         down[r] = fs.download_s + bs.download_s;
         pass[r] = fs.pass_s + bs.pass_s;
         st = stria_bench_local_fwd_bwd(&t, false, ranks, (int)c->tpr, &loc[r]);
-        if (!c->json)
-            fprintf(stderr,
-                    "  data-heavy rep %d: service %.3f s (upload %.3f, passes %.3f, "
-                    "download %.3f), in-process %.3f s\n",
-                    r, svc[r], up[r], pass[r], down[r], loc[r]);
+        fprintf(stderr,
+                "  data-heavy rep %d: service %.3f s (upload %.3f, passes %.3f, "
+                "download %.3f), in-process %.3f s\n",
+                r, svc[r], up[r], pass[r], down[r], loc[r]);
     }
     stria_client_close(client);
     stria_bench_daemons_stop();
