@@ -4,6 +4,7 @@
 #define STRIA_COORD_INT_H
 
 #include "stria.pb-c.h"
+#include "stria_spec.h"
 #include "stria_coordinator.h"
 #include "stria_rpc.h"
 
@@ -80,11 +81,8 @@ typedef struct {
     bool causal, no_queue;
     float scale;
     char label[STRIA_COORD_MAX_LABEL + 1];
-    char client[64];     /* the submitting client's host address */
-    int64_t *cu_seqlens; /* owned; NULL when n_cu_seqlens is 0 */
-    size_t n_cu_seqlens;
-    bool has_window;
-    int64_t window_left, window_right;
+    char client[64];         /* the submitting client's host address */
+    stria_job_masks_t masks; /* documents and window, owned */
 
     uint32_t n_ranks;
     stria__crank_t *ranks;
