@@ -129,8 +129,8 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     }
     j->id = co->next_job_id;
     if (stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
-        free(j->ranks);
         stria_job_masks_free(&j->masks);
+        free(j->ranks);
         free(j);
         return NULL;
     }
@@ -140,8 +140,8 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
             for (uint32_t k = 0; k < r; k++)
                 stria__index_del(&co->members, j->id, ring[k]->id);
             stria__index_del(&co->job_ids, j->id, 0);
-            free(j->ranks);
             stria_job_masks_free(&j->masks);
+            free(j->ranks);
             free(j);
             return NULL;
         }

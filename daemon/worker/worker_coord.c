@@ -121,7 +121,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     stria_status_t st;
 
     pthread_mutex_lock(&w->lock);
-    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+    for (stria__wjob_t *j = w->jobs; j != NULL && n < STRIA__HB_MAX_JOBS; j = j->next)
         n++;
     st_arr = calloc(n + 1, sizeof(*st_arr));
     st_ptrs = calloc(n + 1, sizeof(*st_ptrs));
@@ -133,7 +133,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     }
     size_t i = 0;
     double now = stria_time_now();
-    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next, i++) {
+    for (stria__wjob_t *j = w->jobs; j != NULL && i < n; j = j->next, i++) {
         Stria__V1__WorkerJobStatus init = STRIA__V1__WORKER_JOB_STATUS__INIT;
         st_arr[i] = init;
         st_arr[i].job_id = j->id;

@@ -35,6 +35,9 @@
 /* The longest step deadline a worker applies, whatever an assignment says
  * (the coordinator's --max-step-timeout bounds it further). */
 #define STRIA__MAX_STEP_TIMEOUT_S 86400.0
+/* Job entries of one heartbeat: the coordinator refuses more
+ * (STRIA_COORD_MAX_HEARTBEAT_JOBS); a worker never holds that many. */
+#define STRIA__HB_MAX_JOBS 16384
 /* Assignments fetched at once for PutInputs of jobs not held yet. */
 #define STRIA__MAX_FETCHES 16
 

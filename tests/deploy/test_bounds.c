@@ -302,7 +302,10 @@ Test(bounds, heartbeat_entries_do_not_stall_loop, .timeout = 240)
             usleep(20000);
         }
         pthread_join(th, NULL);
-        cr_assert_lt(worst, 1.0,
+        /* before the hash index: 20.9 s in the Release build; the sanitizer
+         * build on a loaded machine needs some slack */
+        double limit = STRIA_TEST_SANITIZE ? 5.0 : 1.0;
+        cr_assert_lt(worst, limit,
                      "the loop stalled for %.2f s under heartbeats of %zu entries (%d samples)",
                      worst, floods[k].entries, samples);
     }
