@@ -29,6 +29,7 @@ class ClientParams(ctypes.Structure):
         ("rpc_timeout_s", ctypes.c_double),
         ("client_name", ctypes.c_char_p),
         ("token_file", ctypes.c_char_p),
+        ("data_path", ctypes.c_int),  # stria_data_path_t: 0 auto, 1 tcp, 2 shm
     ]
 
 
