@@ -46,7 +46,7 @@ typedef struct {
     uint32_t steps;      /* of the last pass */
     uint64_t bytes_sent; /* over the ring in the last pass */
     uint64_t bytes;      /* moved in the current phase, read by the progress poller */
-    void *stage;    /* staging of short rows (client_xfer.c), kept between calls */
+    void *stage;         /* staging of short rows (client_xfer.c), kept between calls */
     size_t stage_cap;
 } stria__rank_t;
 

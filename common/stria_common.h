@@ -238,8 +238,8 @@ typedef struct {
     /* A segment of `bytes`, suitably aligned for the memory's users. */
     stria_status_t (*map)(void *ctx, size_t bytes, void **out);
     void (*unmap)(void *ctx, void *ptr, size_t bytes);
-    void *ctx;              /* borrowed: must outlive the pool */
-    size_t segment_bytes;   /* smallest segment; 0: 64 MiB */
+    void *ctx;            /* borrowed: must outlive the pool */
+    size_t segment_bytes; /* smallest segment; 0: 64 MiB */
 } stria_mempool_source_t;
 
 typedef struct {

@@ -14,11 +14,11 @@
  * by `memory_bytes`, and a job that does not fit is refused then, never
  * mid-pass. Job tensors, ring buffers and kernel workspaces come from memory
  * pools the worker reserves at start (address space, committed on first
- * use) and keeps, so that a job reuses the pages of the jobs before it. A job keeps one ring pass object (its working buffers, and on a
- * GPU its device and device buffers) for all its passes; each pass joins
- * the job's ring over a fresh ring link made by the link factory. A drop
- * while a transfer or a pass uses the job's buffers frees them when that
- * ends; a drop aborts the job's running pass.
+ * use) and keeps, so that a job reuses the pages of the jobs before it. A job keeps one ring pass
+ * object (its working buffers, and on a GPU its device and device buffers) for all its passes; each
+ * pass joins the job's ring over a fresh ring link made by the link factory. A drop while a
+ * transfer or a pass uses the job's buffers frees them when that ends; a drop aborts the job's
+ * running pass.
  *
  * Threads: the RPC server's loop thread runs every handler (never blocked by
  * a pass); one thread per running pass; the heartbeat thread. The functions
