@@ -70,6 +70,9 @@ static stria_status_t stria__rank_path(stria_job_t *job, stria__rank_t *r)
 stria_status_t stria__rank_connect(stria_job_t *job, stria__rank_t *r)
 {
     stria_rpc_client_params_t rp;
+    /* A sharded handle that reaches a rank's worker acts as that rank: its
+     * release releases the rank (and its shared memory goes with it). */
+    r->used = true;
     if (r->conn == NULL) {
         memset(&rp, 0, sizeof(rp));
         rp.address = r->rpc_address;

@@ -57,7 +57,7 @@ typedef struct {
     stria__shm_t shm;
     bool shm_tried;    /* the path is decided */
     char shm_why[300]; /* why the rank uses TCP under STRIA_PATH_AUTO */
-    bool used;         /* sharded: this handle ran a pass of the rank */
+    bool used;         /* sharded: this handle reached the rank's worker (ran it) */
     bool fwd_done;     /* sharded: its forward pass succeeded */
     /* result of the rank's part of the current phase */
     stria_status_t status;

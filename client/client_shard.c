@@ -207,7 +207,6 @@ static stria_status_t stria__shard_pass(stria_job_t *job, int rank, bool backwar
 
     stria_status_t st = stria__rank_connect(job, r);
     if (st == STRIA_OK) {
-        r->used = true; /* the job cannot end until this rank releases */
         what = "upload";
         for (int i = 0; i < (backward ? 1 : 3) && st == STRIA_OK; i++)
             st = stria__rank_put(job, r, backward ? STRIA_TENSOR_DO : fwd_in[i], in[i]);
