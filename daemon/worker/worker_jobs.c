@@ -169,6 +169,44 @@ static uint64_t stria__job_memory(const stria__wjob_t *j)
     return bytes;
 }
 
+/* The job's spec from its assignment (its documents copied). */
+static stria_status_t stria__job_fill(stria__wjob_t *j, stria_worker_t *w,
+                                      const Stria__V1__Assignment *a, uint64_t job_id,
+                                      uint32_t rank)
+{
+    const Stria__V1__JobSpec *s = a->spec;
+    j->memfd = -1;
+    j->w = w;
+    j->sharded = s->sharded;
+    j->arrival_timeout_s = s->arrival_timeout_s > 0 ? s->arrival_timeout_s : 60.0;
+    snprintf(j->secret, sizeof(j->secret), "%s", a->secret);
+    j->id = job_id;
+    j->rank = (int)rank;
+    j->n_ranks = (int)a->n_ranks;
+    j->batch = s->batch;
+    j->seq = (int64_t)s->seq_len;
+    j->heads = s->heads;
+    j->kv_heads = s->kv_heads;
+    j->head_dim = s->head_dim;
+    j->dtype = (stria_dtype_t)s->dtype;
+    j->causal = s->causal;
+    if (s->n_cu_seqlens > 0 && (j->cu_seqlens = malloc(s->n_cu_seqlens * sizeof(int64_t))) == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    if (s->n_cu_seqlens > 0)
+        memcpy(j->cu_seqlens, s->cu_seqlens, s->n_cu_seqlens * sizeof(int64_t));
+    j->n_cu_seqlens = s->n_cu_seqlens;
+    j->has_window = s->window != NULL;
+    j->window_left = s->window != NULL ? s->window->left : 0;
+    j->window_right = s->window != NULL ? s->window->right : 0;
+    j->layout_kind = (stria_layout_kind_t)s->layout;
+    j->scale = s->scale;
+    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
+    j->steps_total = (uint32_t)a->n_ranks;
+    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    j->last_activity = stria_time_now();
+    return STRIA_OK;
+}
+
 /* Fetches a job's assignment from the coordinator and creates the job with
  * every buffer allocated (bounded memory: a job that does not fit is refused
  * here, never mid-pass). Lock not held. */
@@ -215,44 +253,13 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
                              (unsigned long long)job_id);
         goto out;
     }
-    const Stria__V1__JobSpec *s = a->spec;
     j = calloc(1, sizeof(*j));
     if (j == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
         goto out;
     }
-    j->memfd = -1;
-    j->w = w;
-    j->sharded = s->sharded;
-    j->arrival_timeout_s = s->arrival_timeout_s > 0 ? s->arrival_timeout_s : 60.0;
-    snprintf(j->secret, sizeof(j->secret), "%s", a->secret);
-    j->id = job_id;
-    j->rank = (int)rank;
-    j->n_ranks = (int)a->n_ranks;
-    j->batch = s->batch;
-    j->seq = (int64_t)s->seq_len;
-    j->heads = s->heads;
-    j->kv_heads = s->kv_heads;
-    j->head_dim = s->head_dim;
-    j->dtype = (stria_dtype_t)s->dtype;
-    j->causal = s->causal;
-    if (s->n_cu_seqlens > 0 &&
-        (j->cu_seqlens = malloc(s->n_cu_seqlens * sizeof(int64_t))) == NULL) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    if ((st = stria__job_fill(j, w, a, job_id, rank)) != STRIA_OK)
         goto out;
-    }
-    if (s->n_cu_seqlens > 0)
-        memcpy(j->cu_seqlens, s->cu_seqlens, s->n_cu_seqlens * sizeof(int64_t));
-    j->n_cu_seqlens = s->n_cu_seqlens;
-    j->has_window = s->window != NULL;
-    j->window_left = s->window != NULL ? s->window->left : 0;
-    j->window_right = s->window != NULL ? s->window->right : 0;
-    j->layout_kind = (stria_layout_kind_t)s->layout;
-    j->scale = s->scale;
-    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
-    j->steps_total = (uint32_t)a->n_ranks;
-    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
-    j->last_activity = stria_time_now();
     const char *next = a->ranks[(rank + 1) % a->n_ranks]->ucx_address;
     if (stria_dtype_size(j->dtype) == 0 || next == NULL || strlen(next) >= sizeof(j->next_ucx)) {
         st = stria_error_set(STRIA_ERR_PROTOCOL, "job %llu: malformed assignment",
