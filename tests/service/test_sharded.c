@@ -162,6 +162,22 @@ static bool workers_idle(double timeout_s)
     return false;
 }
 
+/* Memory a worker reports in use (after two heartbeats, so it is current). */
+static uint64_t worker_in_use(uint64_t worker_id)
+{
+    Stria__V1__ListWorkersRequest req = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    uint64_t used = UINT64_MAX;
+    usleep(500000);
+    cr_assert_eq(coord_call(STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &rep), STRIA_OK);
+    const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)rep.msg;
+    for (size_t i = 0; i < r->n_workers; i++)
+        if (r->workers[i]->worker_id == worker_id)
+            used = r->workers[i]->memory_in_use_bytes;
+    stria_rpc_reply_free(&rep);
+    return used;
+}
+
 static stria_client_t *client(stria_data_path_t path)
 {
     stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
@@ -632,6 +648,7 @@ Test(sharded, the_secret_guards_jobs_and_their_shared_memory, .timeout = 300)
         cr_expect_eq(st, STRIA_ERR_AUTH, "secret %d: %s (%s)", i, stria_status_name(st), msg);
         cr_expect(!fd, "secret %d: the worker passed the memory", i);
     }
+    cr_expect_eq(worker_in_use(wid), 0, "a refused attach made the worker allocate the job");
     /* b's rank 0 with b's secret maps b's memory (and b fails when this
      * client goes without releasing it) */
     gq.job_id = stria_job_id(b);
