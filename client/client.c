@@ -84,7 +84,7 @@ unsigned stria_client_abi_version(void)
 #define STRIA__STATS_V1_SIZE      STRIA__V1_END(stria_call_stats_t, bytes_down)
 _Static_assert(STRIA__PARAMS_V1_SIZE <= sizeof(stria_client_params_t) &&
                    STRIA__SPEC_V1_SIZE <= sizeof(stria_job_spec_t) &&
-                   STRIA__STATS_V1_SIZE == sizeof(stria_call_stats_t),
+                   STRIA__STATS_V1_SIZE <= sizeof(stria_call_stats_t),
                "ABI 1 sizes: a struct grew; keep these at its ABI 1 end");
 /* A struct_size beyond this is no size at all: the caller's header predates
  * struct_size (its first field is a pointer) or the struct is uninitialised. */
@@ -616,8 +616,12 @@ static void stria__collect_stats(const stria_job_t *job, stria_call_stats_t *sta
     stats->rank_compute_s_max = 0;
     stats->rank_compute_s_min = INFINITY;
     stats->rank_wait_s_max = 0;
+    stats->ring_steps = 0;
+    stats->ring_bytes_sent = 0;
     for (int i = 0; i < job->n_ranks; i++) {
         const stria__rank_t *r = &job->ranks[i];
+        stats->ring_steps = r->steps > stats->ring_steps ? r->steps : stats->ring_steps;
+        stats->ring_bytes_sent += r->bytes_sent;
         stats->rank_compute_s_max = fmax(stats->rank_compute_s_max, r->compute_s);
         stats->rank_compute_s_min = fmin(stats->rank_compute_s_min, r->compute_s);
         stats->rank_wait_s_max = fmax(stats->rank_wait_s_max, r->wait_s);

@@ -217,6 +217,8 @@ stria_status_t stria__rank_run(stria_job_t *job, stria__rank_t *r, bool backward
     if (stats != NULL) {
         r->compute_s = stats->compute_seconds;
         r->wait_s = stats->wait_seconds;
+        r->steps = stats->steps;
+        r->bytes_sent = stats->bytes_sent;
     }
     stria_rpc_reply_free(&reply);
     return STRIA_OK;

@@ -63,7 +63,9 @@ typedef struct {
     stria_status_t status;
     char error[768];
     double compute_s, wait_s;
-    uint64_t bytes; /* moved in the current phase, read by the progress poller */
+    uint32_t steps;      /* of the last pass */
+    uint64_t bytes_sent; /* over the ring in the last pass */
+    uint64_t bytes;      /* moved in the current phase, read by the progress poller */
 } stria__rank_t;
 
 struct stria_job {

@@ -185,6 +185,10 @@ typedef struct {
     double rank_compute_s_min; /* fastest rank's kernel time */
     double rank_wait_s_max;    /* longest time a rank waited on the ring */
     uint64_t bytes_up, bytes_down;
+    /* Since ABI 1's first release (zero from an older library): */
+    uint32_t ring_steps;      /* K/V steps of the pass (most over the ranks): N, or fewer
+                               * when a window let the forward stop early */
+    uint64_t ring_bytes_sent; /* over the ring links, all ranks */
 } stria_call_stats_t;
 
 #define STRIA_CALL_STATS_INIT                                                                      \

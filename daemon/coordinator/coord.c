@@ -172,7 +172,7 @@ static void stria__job_free(stria__cjob_t *j)
 {
     for (uint32_t r = 0; r < j->n_ranks; r++)
         free(j->ranks[r].place_host);
-    free(j->cu_seqlens);
+    stria_job_masks_free(&j->masks);
     free(j->ranks);
     free(j);
 }

@@ -92,22 +92,12 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     j = calloc(1, sizeof(*j));
     if (j != NULL)
         j->ranks = calloc(n, sizeof(*j->ranks));
-    if (j != NULL && s->n_cu_seqlens > 0)
-        j->cu_seqlens = malloc(s->n_cu_seqlens * sizeof(int64_t));
-    if (j == NULL || j->ranks == NULL || (s->n_cu_seqlens > 0 && j->cu_seqlens == NULL)) {
-        if (j != NULL) {
+    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks)) {
+        if (j != NULL)
             free(j->ranks);
-            free(j->cu_seqlens);
-        }
         free(j);
         return NULL;
     }
-    if (s->n_cu_seqlens > 0)
-        memcpy(j->cu_seqlens, s->cu_seqlens, s->n_cu_seqlens * sizeof(int64_t));
-    j->n_cu_seqlens = s->n_cu_seqlens;
-    j->has_window = s->window != NULL;
-    j->window_left = s->window != NULL ? s->window->left : 0;
-    j->window_right = s->window != NULL ? s->window->right : 0;
     j->id = co->next_job_id++;
     j->batch = s->batch;
     j->seq_len = s->seq_len;
@@ -136,7 +126,7 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
         for (uint32_t r = 0; r < n; r++)
             free(j->ranks[r].place_host);
         free(j->ranks);
-        free(j->cu_seqlens);
+        stria_job_masks_free(&j->masks);
         free(j);
         return NULL;
     }

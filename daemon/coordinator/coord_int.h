@@ -4,6 +4,7 @@
 #define STRIA_COORD_INT_H
 
 #include "stria.pb-c.h"
+#include "stria_spec.h"
 #include "stria_coordinator.h"
 #include "stria_rpc.h"
 
@@ -66,10 +67,7 @@ typedef struct {
     bool causal, no_queue;
     float scale;
     char label[STRIA_COORD_MAX_LABEL + 1];
-    int64_t *cu_seqlens; /* owned; NULL when n_cu_seqlens is 0 */
-    size_t n_cu_seqlens;
-    bool has_window;
-    int64_t window_left, window_right;
+    stria_job_masks_t masks; /* documents and window, owned */
     /* sharded jobs (stria_client_submit): a pass starts when every rank
      * arrived; a rank missing arrival_timeout_s after the first fails it */
     bool sharded;

@@ -889,6 +889,24 @@ Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
         expect_in_process_ring(&j, i);
         if (i == 0)
             check_outputs(&j, true);
+        if (layouts[i] == STRIA_LAYOUT_AUTO) {
+            /* contiguous shards of 256 and a window of 255: the forward's K/V
+             * goes one hop (2 steps); the backward's dK/dV all 4. */
+            stria_job_t *job = NULL;
+            stria_call_stats_t fs = STRIA_CALL_STATS_INIT, bs = STRIA_CALL_STATS_INIT;
+            cr_assert_eq(
+                stria_client_forward(c, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, &fs, &job),
+                STRIA_OK, "%s", stria_error_msg());
+            cr_assert_eq(stria_client_backward(job, j.g, j.dq, j.dk, j.dv, NULL, NULL, &bs),
+                         STRIA_OK, "%s", stria_error_msg());
+            uint64_t block = 2u * 256 * 2 * 64 * 2; /* K and V of a bf16 shard */
+            cr_expect_eq(fs.ring_steps, 2, "forward ran %u steps", fs.ring_steps);
+            cr_expect_eq(bs.ring_steps, 4, "backward ran %u steps", bs.ring_steps);
+            cr_expect_geq(fs.ring_bytes_sent, 4 * block);
+            cr_expect_lt(fs.ring_bytes_sent, 5 * block, "forward sent %llu bytes",
+                         (unsigned long long)fs.ring_bytes_sent);
+            cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
+        }
         job_data_free(&j);
     }
     /* The service refuses bad documents with the coordinator's message. */
