@@ -48,8 +48,10 @@ static void start_cluster(void)
     snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir -p %s", cl.dir, cl.dir);
     cr_assert_eq(system(cmd), 0);
     snprintf(log, sizeof(log), "%s/coordinator.log", cl.dir);
+    /* 0.5 s heartbeats: dead after 1.5 s of silence, which a loaded
+     * machine's scheduler can cause at 0.2 s */
     char *cargv[] = {STRIA_COORDINATOR_BIN, "--listen", "127.0.0.1:0",
-                     "--heartbeat-period",  "0.2",      NULL};
+                     "--heartbeat-period",  "0.5",      NULL};
     cl.coord = test_proc_start(cargv, log, env);
     cr_assert(
         test_proc_wait_line(cl.coord, "stria-coordinator listening on ", 10, line, sizeof(line)));
@@ -168,7 +170,7 @@ static uint64_t worker_in_use(uint64_t worker_id)
     Stria__V1__ListWorkersRequest req = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
     stria_rpc_reply_t rep;
     uint64_t used = UINT64_MAX;
-    usleep(500000);
+    usleep(1200000);
     cr_assert_eq(coord_call(STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &rep), STRIA_OK);
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)rep.msg;
     for (size_t i = 0; i < r->n_workers; i++)
