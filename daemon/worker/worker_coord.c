@@ -25,7 +25,7 @@ stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const Prot
         memset(&p, 0, sizeof(p));
         p.address = w->coordinator;
         p.service = &stria__v1__coordinator__descriptor;
-        p.token = w->token;
+        p.token = w->worker_token;
         p.client_name = "stria-worker";
         p.connect_timeout_s = STRIA__COORD_TIMEOUT_S;
         st = stria_rpc_client_connect(&p, &w->coord);

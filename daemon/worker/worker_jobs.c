@@ -197,6 +197,17 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
         goto out;
     }
+    /* The keys come sealed for this connection to the coordinator. */
+    if ((st = stria_auth_open(&reply.session, "job secret", job_id, gr->job_secret.data,
+                              gr->job_secret.len, j->secret.bytes)) != STRIA_OK ||
+        (st = stria_auth_open(&reply.session, "ring key", job_id, gr->ring_key.data,
+                              gr->ring_key.len, j->ring_key)) != STRIA_OK) {
+        st = stria_error_wrap(STRIA_ERR_AUTH,
+                              "job %llu: the coordinator's assignment has no usable keys (does "
+                              "this worker prove the worker credential?)",
+                              (unsigned long long)job_id);
+        goto out;
+    }
     j->w = w;
     j->id = job_id;
     j->rank = (int)rank;
@@ -302,6 +313,22 @@ out:
     free(j);
     stria_rpc_reply_free(&reply);
     return st;
+}
+
+stria_status_t stria__wjob_get_checked(stria_worker_t *w, stria_rpc_call_t *call, uint64_t id,
+                                       uint32_t rank, bool create, stria__wjob_t **out)
+{
+    stria__wjob_t *j;
+    stria_status_t st = stria__wjob_get(w, id, rank, create, &j);
+    if (st != STRIA_OK)
+        return st;
+    st = stria_rpc_call_check_job(call, &j->secret, id);
+    if (st != STRIA_OK) {
+        stria__wjob_unref(w, j);
+        return st;
+    }
+    *out = j;
+    return STRIA_OK;
 }
 
 /* Finds or creates the job of a request and takes a reference. */
