@@ -573,7 +573,7 @@ static void stria__on_header(stria__rpc_conn_t *c)
         return;
     }
     if (c->hello_done && hello) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL, "hello sent after the handshake");
+        stria__conn_fatal(c, STRIA_ERR_PROTOCOL, "hello sent twice");
         return;
     }
     if (h->pb_len > (hello ? STRIA_RPC_MAX_HELLO_PB : srv->max_pb)) {

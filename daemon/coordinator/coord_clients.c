@@ -91,16 +91,18 @@ static int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, 
     return best;
 }
 
-/* A new job's id, secret and ring key: the id random (63 bits, not 0) and
- * unique among the jobs kept, so that an id says nothing about the others
- * and cannot be guessed; the keys from the system's generator. */
+/* A new job's id, secret and ring key: the id random and unique among the
+ * jobs kept, so that an id says nothing about the others (the secret, not
+ * the id, is what opens a job); 53 bits, not 0, so that JSON readers that
+ * hold numbers as doubles (jq, JavaScript) keep it exact. The keys come
+ * from the system's generator. */
 static stria_status_t stria__job_keys(stria_coord_t *co, stria__cjob_t *j)
 {
     stria_status_t st = STRIA_OK;
     do {
         uint8_t raw[8];
         st = stria_auth_random(raw, sizeof(raw));
-        j->id = stria_get_le64(raw) >> 1;
+        j->id = stria_get_le64(raw) >> 11;
     } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL));
     if (st == STRIA_OK)
         st = stria_job_secret_generate(&j->secret);

@@ -217,6 +217,7 @@ void *stria__wcoord_thread(void *arg)
         for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
             njobs++;
         stria_metric_set(w->m_jobs, (double)njobs);
+        stria__wmetrics_ring(w);
         double period = (st == STRIA_OK ? w->heartbeat_ms : 1000) / 1000.0;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

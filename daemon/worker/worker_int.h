@@ -139,6 +139,10 @@ struct stria_worker {
     stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_steps[2], *m_step_compute,
         *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs,
         *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
+    /* what the ring link's listener refused (stria_ucx_ctx_stats_t), and
+     * the counts already added to them */
+    stria_metric_t *m_ring_refused[4];
+    stria_ucx_ctx_stats_t ring_seen;
 };
 
 /* ---- worker_jobs.c ---- */
@@ -191,5 +195,8 @@ void stria__wcoord_leave(stria_worker_t *w, const char *reason);
 
 /* ---- worker_metrics.c ---- */
 void stria__wmetrics_init(stria_worker_t *w);
+/* Adds what the worker's UCX context refused since the last call to the
+ * metrics (heartbeat thread). */
+void stria__wmetrics_ring(stria_worker_t *w);
 
 #endif
