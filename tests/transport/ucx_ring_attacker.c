@@ -8,8 +8,11 @@
  * inject: announces itself as the victim's predecessor (HELLO with the job,
  *   ring and rank given, no proof) and sprays DATA blocks of --bytes at
  *   slots 1..--slots with the tags ucx_ring_rank uses (passes
- *   0..--passes, step 0), each once, half of them with the reply flag;
- *   then stays connected until --duration seconds passed. Prints "sent N".
+ *   0..--passes, step 0; with --engine-tags the ring engine's of the first
+ *   pass: calls 0..--passes / --size, every step, K/V), each once (again
+ *   and again with --repeat, at most --inflight in flight), half of them
+ *   with the reply flag; then stays connected until --duration seconds
+ *   passed. Prints "sent N".
  * replay: plays the predecessor with the ring key (--key-seed N): HELLO on
  *   connection A, then the same HELLO (the same nonce) on connection B, and
  *   B answers B's challenge with the proof made for A's, as an attacker who
@@ -121,7 +124,7 @@ static void progress_for(double seconds)
     double end = stria_time_now() + seconds;
     while (stria_time_now() < end) {
         if (ucp_worker_progress(g.worker) == 0)
-            usleep(100);
+            usleep(1000);
     }
 }
 
@@ -194,11 +197,21 @@ static void key_of_seed(int seed, uint8_t key[STRIA_AUTH_KEY_BYTES])
 
 typedef struct {
     const char *host, *mode;
-    int port, rank, size, slots, passes, conns, key_seed;
+    int port, rank, size, slots, passes, conns, key_seed, inflight;
+    bool engine_tags, repeat;
     uint64_t job, ring;
     size_t bytes;
     double duration;
 } opts_t;
+
+/* The tag of the k-th block to inject: ucx_ring_rank's (pass k, step 0), or
+ * the ring engine's (pass 0, call k / size, step k % size, K/V). */
+static uint64_t inject_tag(const opts_t *o, int k)
+{
+    if (o->engine_tags)
+        return ((uint64_t)(k / o->size) << 24) | ((uint64_t)(k % o->size) << 8) | 1u;
+    return 0xA5A5000000000000ull | ((uint64_t)(uint32_t)k << 16);
+}
 
 static int do_inject(const opts_t *o)
 {
@@ -207,25 +220,29 @@ static int do_inject(const opts_t *o)
         return 2;
     stria__ctrl_t h = hello_of(o->job, o->ring, o->rank, o->size, NULL);
     send_ctrl(i, &h);
-    /* Every (slot, pass) once, in order, then wait out the duration. */
+    /* Every (slot, tag) once, in order (again and again with --repeat),
+     * then wait out the duration. */
     long sent = 0;
     double end = stria_time_now() + o->duration;
-    for (int slot = 1; slot <= o->slots; slot++)
-        for (int p = 0; p <= o->passes && stria_time_now() < end && !g.eps[i].failed;) {
-            if (g.inflight >= 256) {
-                progress_for(0.001);
-                continue;
+    do {
+        for (int slot = 1; slot <= o->slots; slot++)
+            for (int k = 0; k <= o->passes && stria_time_now() < end && !g.eps[i].failed;) {
+                if (g.inflight >= o->inflight) {
+                    progress_for(0.001);
+                    continue;
+                }
+                uint8_t hdr[STRIA__UCX_DATA_HDR];
+                stria__ucx_data_hdr_encode(hdr, (uint32_t)slot, inject_tag(o, k));
+                uint8_t *buf = malloc(o->bytes);
+                memset(buf, 0x5a, o->bytes);
+                uint32_t flags = (sent & 1) ? UCP_AM_SEND_FLAG_REPLY : 0;
+                if (o->bytes >= STRIA__UCX_RNDV_MIN)
+                    flags |= UCP_AM_SEND_FLAG_RNDV;
+                am_send(i, STRIA__UCX_AM_DATA, hdr, sizeof(hdr), buf, o->bytes, flags);
+                sent++;
+                k++;
             }
-            uint8_t hdr[STRIA__UCX_DATA_HDR];
-            uint64_t tag = 0xA5A5000000000000ull | ((uint64_t)(uint32_t)p << 16);
-            stria__ucx_data_hdr_encode(hdr, (uint32_t)slot, tag);
-            uint8_t *buf = malloc(o->bytes);
-            memset(buf, 0x5a, o->bytes);
-            am_send(i, STRIA__UCX_AM_DATA, hdr, sizeof(hdr), buf, o->bytes,
-                    (sent & 1) ? UCP_AM_SEND_FLAG_REPLY : 0);
-            sent++;
-            p++;
-        }
+    } while (o->repeat && stria_time_now() < end && !g.eps[i].failed);
     progress_for(end - stria_time_now());
     printf("sent %ld\n", sent);
     return 0;
@@ -306,15 +323,25 @@ int main(int argc, char **argv)
                 .job = 1,
                 .ring = 1,
                 .bytes = 4096,
-                .duration = 2};
-    static const struct option longopts[] = {
-        {"host", required_argument, 0, 'h'},     {"port", required_argument, 0, 'p'},
-        {"mode", required_argument, 0, 'm'},     {"key-seed", required_argument, 0, 'k'},
-        {"rank", required_argument, 0, 'r'},     {"size", required_argument, 0, 'n'},
-        {"slots", required_argument, 0, 's'},    {"passes", required_argument, 0, 'P'},
-        {"conns", required_argument, 0, 'c'},    {"job", required_argument, 0, 'j'},
-        {"ring", required_argument, 0, 'g'},     {"bytes", required_argument, 0, 'b'},
-        {"duration", required_argument, 0, 'u'}, {0, 0, 0, 0}};
+                .duration = 2,
+                .inflight = 256};
+    static const struct option longopts[] = {{"host", required_argument, 0, 'h'},
+                                             {"port", required_argument, 0, 'p'},
+                                             {"mode", required_argument, 0, 'm'},
+                                             {"key-seed", required_argument, 0, 'k'},
+                                             {"rank", required_argument, 0, 'r'},
+                                             {"size", required_argument, 0, 'n'},
+                                             {"slots", required_argument, 0, 's'},
+                                             {"passes", required_argument, 0, 'P'},
+                                             {"conns", required_argument, 0, 'c'},
+                                             {"job", required_argument, 0, 'j'},
+                                             {"ring", required_argument, 0, 'g'},
+                                             {"bytes", required_argument, 0, 'b'},
+                                             {"duration", required_argument, 0, 'u'},
+                                             {"engine-tags", no_argument, 0, 'E'},
+                                             {"repeat", no_argument, 0, 'R'},
+                                             {"inflight", required_argument, 0, 'I'},
+                                             {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
@@ -356,6 +383,15 @@ int main(int argc, char **argv)
             break;
         case 'u':
             o.duration = atof(optarg);
+            break;
+        case 'E':
+            o.engine_tags = true;
+            break;
+        case 'R':
+            o.repeat = true;
+            break;
+        case 'I':
+            o.inflight = atoi(optarg);
             break;
         default:
             return 2;
