@@ -1053,6 +1053,75 @@ Test(coord, abandoned_jobs_expire, .timeout = TEST_TIMEOUT_S)
     fx_stop(&fx);
 }
 
+/* A job stays alive for its owner only: GetJob proving the job's secret
+ * renews its TTL; a view without the secret (an admin's, a worker's) does
+ * not, so nobody but the owner can keep another client's job (and its
+ * memory on the workers) alive. */
+Test(coord, only_the_owner_renews_a_job, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    fx_start(&fx, 0.1, 0.4, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1ull << 32);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t owned = submit_ok(&fx, &s, JS(LOADING));
+    uint64_t viewed = submit_ok(&fx, &s, JS(LOADING));
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    double end = stria_time_now() + 10;
+    bool expired = false;
+    while (stria_time_now() < end && !expired) {
+        heartbeat(&fx, a, NULL, 0, 0, NULL, NULL, NULL); /* alive, holding nothing */
+        req.job_id = owned;
+        cr_assert_eq(fx_call_job(fx.cl, M_GET_JOB, &req.base, owned, secret_of(owned), &rep),
+                     STRIA_OK, "%s", stria_error_msg());
+        stria_rpc_reply_free(&rep);
+        req.job_id = viewed;
+        cr_assert_eq(fx_call_job(fx.cl, M_GET_JOB, &req.base, viewed, NULL, &rep), STRIA_OK,
+                     "a view without the secret (every role here): %s", stria_error_msg());
+        stria_rpc_reply_free(&rep);
+        expired = job_state_quiet(&fx, viewed) == JS(EXPIRED);
+        usleep(20000);
+    }
+    cr_expect(expired, "views without the secret kept a job alive");
+    cr_expect_eq(job_state_quiet(&fx, owned), JS(LOADING), "the owner's GetJob renews its job");
+    /* A wrong secret is refused even where a view is allowed. */
+    stria_job_secret_t wrong = *secret_of(owned);
+    wrong.bytes[0] ^= 1;
+    req.job_id = owned;
+    cr_expect_eq(fx_call_job(fx.cl, M_GET_JOB, &req.base, owned, &wrong, &rep), STRIA_ERR_AUTH);
+    fx_stop(&fx);
+}
+
+/* Job ids say nothing: random, unique, not consecutive, exact in JSON
+ * (below 2^53); each job has its own secret. */
+Test(coord, job_ids_are_random_and_each_job_has_its_own_secret, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    reg_worker(&fx, "h", 7000, 1ull << 40);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t ids[40];
+    for (int i = 0; i < 40; i++) {
+        ids[i] = submit_ok(&fx, &s, JS(LOADING));
+        cr_expect(ids[i] > 0 && ids[i] < (1ull << 53), "id %llu", (unsigned long long)ids[i]);
+        for (int k = 0; k < i; k++) {
+            cr_expect_neq(ids[i], ids[k]);
+            cr_expect(memcmp(secret_of(ids[i]), secret_of(ids[k]), sizeof(stria_job_secret_t)),
+                      "two jobs with one secret");
+        }
+        if (i > 0)
+            cr_expect(ids[i] != ids[i - 1] + 1, "consecutive ids %llu, %llu",
+                      (unsigned long long)ids[i - 1], (unsigned long long)ids[i]);
+    }
+    /* The high bits vary: not a counter from a random start. */
+    uint64_t or_bits = 0, and_bits = ~0ull;
+    for (int i = 0; i < 40; i++)
+        or_bits |= ids[i], and_bits &= ids[i];
+    cr_expect_geq(__builtin_popcountll(or_bits & ~and_bits), 48, "bits that vary: %llx",
+                  (unsigned long long)(or_bits & ~and_bits));
+    fx_stop(&fx);
+}
+
 /* ---- admin --------------------------------------------------------------- */
 
 Test(coord, cancel_and_drain_need_the_admin_token, .timeout = TEST_TIMEOUT_S)
