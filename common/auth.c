@@ -20,32 +20,40 @@ stria_status_t stria_auth_random(void *buf, size_t n)
     return STRIA_OK;
 }
 
-/* The HMAC implementation, fetched once (a fetch per call costs more than
- * the MAC of a short message). */
-static EVP_MAC *stria__hmac_impl;
+/* A context of HMAC-SHA256 without a key, made once: each MAC starts from a
+ * copy of it (fetching the implementation and the digest by name costs
+ * more than the MAC of a short message). */
+static EVP_MAC_CTX *stria__hmac_base;
 static pthread_once_t stria__hmac_once = PTHREAD_ONCE_INIT;
 
-static void stria__hmac_fetch(void)
+static void stria__hmac_setup(void)
 {
-    stria__hmac_impl = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+        OSSL_PARAM_construct_end(),
+    };
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC_CTX *ctx = mac != NULL ? EVP_MAC_CTX_new(mac) : NULL;
+    EVP_MAC_free(mac); /* the context holds its own reference */
+    if (ctx != NULL && EVP_MAC_CTX_set_params(ctx, params) != 1) {
+        EVP_MAC_CTX_free(ctx);
+        ctx = NULL;
+    }
+    stria__hmac_base = ctx;
 }
 
 void stria_auth_hmac(const void *key, size_t key_len, const stria_auth_part_t *parts, size_t n,
                      uint8_t out[STRIA_AUTH_MAC_BYTES])
 {
     static const uint8_t empty_key[1] = {0};
-    char digest[] = "SHA256";
-    OSSL_PARAM params[] = {
-        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-        OSSL_PARAM_construct_end(),
-    };
     size_t out_len = 0;
     bool ok = false;
 
-    pthread_once(&stria__hmac_once, stria__hmac_fetch);
-    EVP_MAC_CTX *ctx = stria__hmac_impl ? EVP_MAC_CTX_new(stria__hmac_impl) : NULL;
+    pthread_once(&stria__hmac_once, stria__hmac_setup);
+    EVP_MAC_CTX *ctx = stria__hmac_base ? EVP_MAC_CTX_dup(stria__hmac_base) : NULL;
     /* An empty key is valid HMAC (zero-padded); OpenSSL wants a pointer. */
-    if (ctx != NULL && EVP_MAC_init(ctx, key_len ? key : empty_key, key_len, params) == 1) {
+    if (ctx != NULL && EVP_MAC_init(ctx, key_len ? key : empty_key, key_len, NULL) == 1) {
         ok = true;
         for (size_t i = 0; i < n && ok; i++)
             ok = parts[i].len == 0 || EVP_MAC_update(ctx, parts[i].data, parts[i].len) == 1;
