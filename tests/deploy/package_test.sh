@@ -49,7 +49,7 @@ if grep -v '^/usr' "$tmp/rt.list" "$tmp/dev.list" | grep -v ':/$'; then
   fail "files outside /usr"
 fi
 depends=$(dpkg-deb -f "$rt" Depends)
-for d in libucx0 libuv1 libprotobuf-c1 libc6; do
+for d in libucx0 libuv1 libprotobuf-c1 libssl3 libc6; do
   [[ $depends == *"$d"* ]] || fail "Depends lacks $d: $depends"
 done
 echo "Depends: $depends"
