@@ -104,13 +104,10 @@ static stria_status_t stria__coord_credentials(stria__coord_config_t *c, const s
 {
     char what[512];
     stria_status_t st = STRIA_OK;
-    if (c->token_file != NULL && c->client_token_file != NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "--token-file and --client-token-file name the same credential; "
-                               "give one");
-    const char *client_file = c->client_token_file ? c->client_token_file : c->token_file;
-    const char *client_opt = c->client_token_file ? "client-token-file" : "token-file";
-    if (client_file != NULL)
+    const char *client_file, *client_opt;
+    st = stria_service_client_credential(cli, c->client_token_file, c->token_file, &client_file,
+                                         &client_opt);
+    if (st == STRIA_OK && client_file != NULL)
         st = stria_service_read_credential(stria_cli_origin(cli, client_opt, what, sizeof(what)),
                                            client_file, &cr->client);
     if (st == STRIA_OK && c->worker_token_file != NULL)

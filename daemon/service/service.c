@@ -383,6 +383,22 @@ stria_status_t stria_service_read_credential(const char *what, const char *path,
     return STRIA_OK;
 }
 
+stria_status_t stria_service_client_credential(const stria_cli_t *cli, const char *client_file,
+                                               const char *token_file, const char **file_out,
+                                               const char **opt_out)
+{
+    bool flag_client = stria_cli_from(cli, "client-token-file") == STRIA_OPT_FROM_FLAG;
+    bool flag_token = stria_cli_from(cli, "token-file") == STRIA_OPT_FROM_FLAG;
+    if (client_file != NULL && token_file != NULL && flag_client == flag_token)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "--token-file and --client-token-file name the same credential; "
+                               "give one");
+    bool use_client = client_file != NULL && (token_file == NULL || flag_client);
+    *file_out = use_client ? client_file : token_file;
+    *opt_out = *file_out == NULL ? NULL : use_client ? "client-token-file" : "token-file";
+    return STRIA_OK;
+}
+
 stria_status_t stria_service_check_exposure(const char *what, const char *addr,
                                             bool has_credentials, bool insecure)
 {

@@ -65,6 +65,15 @@ void stria_service_watch_rpc(stria_service_t *svc, const stria_rpc_server_t *ser
  * setting and the file, never the token. */
 stria_status_t stria_service_read_credential(const char *what, const char *path, char **token_out);
 
+/* Which of --client-token-file (`client_file`) and its older name
+ * --token-file (`token_file`) applies: either when only one is set; the one
+ * a flag gave over the one the configuration file gave (flags override the
+ * file); both from the same place is an error. *file_out and *opt_out (the
+ * option's name) are NULL when neither is set. */
+stria_status_t stria_service_client_credential(const stria_cli_t *cli, const char *client_file,
+                                               const char *token_file, const char **file_out,
+                                               const char **opt_out);
+
 /* The safe default: a listener (the setting `what` names, at `addr`) that
  * other machines can reach needs credentials, unless the operator said
  * --insecure. Returns STRIA_ERR_INVALID_ARG with a message naming the
