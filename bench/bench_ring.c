@@ -15,6 +15,7 @@
  * has a core of its own (N = 2 on a two-core machine). Figures are medians of
  * --reps runs. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,17 @@ typedef struct {
     bool json;
     bool serialize; /* one rank works at a time (all but its link waits) */
     int cpus;       /* online CPUs: wall times are measured for ranks <= cpus */
+    /* --documents lognormal:MEDIAN[:SIGMA] (median 0: none); --window */
+    int64_t doc_median;
+    double doc_sigma;
+    bool has_window;
+    int64_t window_left, window_right;
 } stria__rb_opts_t;
+
+/* Results per layout kind, and the contiguous ring without hop skipping
+ * (measured beside it when a window is set). */
+#define STRIA__RB_FULL 3
+#define STRIA__RB_ROWS 4
 
 static const char stria__rb_description[] =
     "Runs the in-process ring for the contiguous layout (the baseline) and the\n"
@@ -75,11 +86,82 @@ static int stria__rb_choices(stria__rb_opts_t *o, const char *layout, const char
     return -1;
 }
 
+/* --documents and --window, after parsing. */
+static int stria__rb_masks(stria__rb_opts_t *o, const char *docs, const stria_int_list_t *win)
+{
+    char *end = NULL;
+    if (docs != NULL) {
+        if (strncmp(docs, "lognormal:", 10) != 0)
+            return stria_bench_usage_error("ring",
+                                           "--documents '%s': expected lognormal:MEDIAN"
+                                           "[:SIGMA]",
+                                           docs);
+        errno = 0;
+        o->doc_median = strtoll(docs + 10, &end, 10);
+        o->doc_sigma = 1.0;
+        if (errno == 0 && *end == ':')
+            o->doc_sigma = strtod(end + 1, &end);
+        if (errno != 0 || *end != '\0' || o->doc_median < 1 || !(o->doc_sigma >= 0.0) ||
+            o->doc_sigma > 4.0)
+            return stria_bench_usage_error("ring",
+                                           "--documents '%s': MEDIAN must be >= 1 tokens "
+                                           "and SIGMA in 0..4",
+                                           docs);
+    }
+    if (win->n > 0) {
+        o->has_window = true;
+        o->window_left = win->v[0];
+        o->window_right = win->n > 1 ? win->v[1] : 0;
+        if (win->n > 2 || (o->causal && o->window_right > 0))
+            return stria_bench_usage_error("ring", "--window takes LEFT[,RIGHT] (RIGHT 0 or -1 "
+                                                   "with causal attention)");
+    }
+    return -1;
+}
+
+/* Document boundaries with lengths drawn log-normal around the median
+ * (fixed seed), the last cut at S. A malloc'd array of *n entries. */
+static int64_t *stria__rb_documents(const stria__rb_opts_t *o, int64_t seq, size_t *n)
+{
+    uint64_t state = 0x5eed5eedULL;
+    size_t cap = 64;
+    int64_t *cu = malloc(cap * sizeof(*cu));
+    *n = 0;
+    if (cu == NULL)
+        return NULL;
+    cu[(*n)++] = 0;
+    while (cu[*n - 1] < seq) {
+        double u[2];
+        for (int i = 0; i < 2; i++) { /* splitmix64 -> (0, 1) */
+            uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+            u[i] = ((double)((z ^ (z >> 31)) >> 11) + 0.5) / 9007199254740992.0;
+        }
+        double g = sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]);
+        int64_t len = llround((double)o->doc_median * exp(o->doc_sigma * g));
+        if (*n == cap) {
+            int64_t *more = realloc(cu, 2 * cap * sizeof(*cu));
+            if (more == NULL) {
+                free(cu);
+                return NULL;
+            }
+            cu = more;
+            cap *= 2;
+        }
+        cu[*n] = cu[*n - 1] + (len < 1 ? 1 : len);
+        if (cu[*n] > seq)
+            cu[*n] = seq;
+        (*n)++;
+    }
+    return cu;
+}
+
 /* Returns -1 to continue, else an exit code. */
 static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
 {
-    stria_int_list_t ranks = {0}, seqs = {0};
-    const char *layout = NULL, *pass = NULL;
+    stria_int_list_t ranks = {0}, seqs = {0}, win = {0};
+    const char *layout = NULL, *pass = NULL, *docs = NULL;
     int64_t reps = 0;
     bool serialize = true;
     const stria_option_t own[] = {
@@ -148,6 +230,21 @@ static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
          .type = STRIA_OPT_FLAG,
          .dst = &o->json,
          .help = "one JSON object per (layout, ranks, seq, pass) per line"},
+        {.name = "documents",
+         .type = STRIA_OPT_STRING,
+         .dst = &docs,
+         .metavar = "lognormal:MEDIAN[:SIGMA]",
+         .help = "packed documents (cu_seqlens) with lengths drawn log-normal around MEDIAN "
+                 "tokens (SIGMA of the log, default 1), fixed seed; the last one cut at S"},
+        {.name = "window",
+         .type = STRIA_OPT_INTS,
+         .dst = &win,
+         .min = -1,
+         .max = (double)((int64_t)1 << 40),
+         .max_items = 2,
+         .metavar = "LEFT[,RIGHT]",
+         .help = "sliding window (RIGHT default 0); the contiguous ring is then also measured "
+                 "with every hop (\"contiguous-all-hops\") beside its hop-skipping forward"},
     };
     stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
     stria_bench_shape_t shape = {0};
@@ -171,6 +268,8 @@ static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
         o->reps = (int)reps;
         o->serialize = serialize;
         rc = stria__rb_choices(o, layout, pass);
+        if (rc < 0)
+            rc = stria__rb_masks(o, docs, &win);
     }
     stria_cli_free(&cli);
     if (rc >= 0)
@@ -193,6 +292,8 @@ typedef struct {
     void *q, *k, *v, *d_o, *o;
     float *lse;
     float *dq, *dk, *dv;
+    int64_t *cu; /* documents (NULL: none) */
+    size_t n_cu;
 } stria__rb_data_t;
 
 static void stria__rb_data_free(stria__rb_data_t *d)
@@ -200,6 +301,7 @@ static void stria__rb_data_free(stria__rb_data_t *d)
     void *all[] = {d->q, d->k, d->v, d->d_o, d->o, d->lse, d->dq, d->dk, d->dv};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         stria_free(all[i]);
+    free(d->cu);
     memset(d, 0, sizeof(*d));
 }
 
@@ -231,6 +333,10 @@ static stria_status_t stria__rb_data_init(const stria__rb_opts_t *o, int64_t seq
     stria_bench_fill(d->k, o->dtype, d->nk, 2);
     stria_bench_fill(d->v, o->dtype, d->nk, 3);
     stria_bench_fill(d->d_o, o->dtype, d->nq, 4);
+    if (o->doc_median > 0 && (d->cu = stria__rb_documents(o, seq, &d->n_cu)) == NULL) {
+        stria__rb_data_free(d);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the documents");
+    }
     return STRIA_OK;
 }
 
@@ -238,11 +344,14 @@ typedef struct {
     double critical_s; /* sum over steps of the slowest rank's compute */
     double total_s;    /* sum over ranks and steps */
     double wall_s;
+    int steps;      /* steps in which some rank computed or moved bytes */
+    uint64_t bytes; /* sent over the ring, all ranks */
 } stria__rb_run_t;
 
-static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t *d, int n,
-                                    stria_layout_kind_t layout, bool bwd, bool serialize,
-                                    double *compute, stria__rb_run_t *out)
+/* Row k of the results: a layout kind, or STRIA__RB_FULL (contiguous with
+ * every hop). */
+static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t *d, int n, int row,
+                                    bool bwd, bool serialize, double *compute, stria__rb_run_t *out)
 {
     stria_ring_shape_t shape = {.batch = o->batch,
                                 .seq = d->seq,
@@ -250,9 +359,16 @@ static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t 
                                 .kv_heads = o->kv_heads,
                                 .head_dim = o->head_dim,
                                 .causal = o->causal,
-                                .dtype = o->dtype};
+                                .dtype = o->dtype,
+                                .cu_seqlens = d->cu,
+                                .n_cu_seqlens = d->n_cu,
+                                .has_window = o->has_window,
+                                .window_left = o->window_left,
+                                .window_right = o->window_right};
     /* No deadline: a loaded machine must not turn a long step into an error. */
-    stria_ring_local_opts_t lo = {.layout = layout,
+    stria_ring_local_opts_t lo = {.layout = row == STRIA__RB_FULL ? STRIA_LAYOUT_CONTIGUOUS
+                                                                  : (stria_layout_kind_t)row,
+                                  .all_hops = row == STRIA__RB_FULL,
                                   .n_ranks = n,
                                   .passes = bwd ? STRIA_RING_PASS_BWD : STRIA_RING_PASS_FWD,
                                   .step_timeout_s = -1.0,
@@ -284,11 +400,15 @@ static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t 
         for (int s = 0; s < n; s++) {
             double mx = 0;
             for (int r = 0; r < n; r++) {
-                double c = steps[r * n + s].compute_s;
+                const stria_ring_step_stats_t *ss = &steps[r * n + s];
+                double c = ss->compute_s;
                 if (compute != NULL)
                     compute[r * n + s] = c;
                 mx = c > mx ? c : mx;
                 out->total_s += c;
+                out->bytes += ss->bytes_sent;
+                if (ss->computed || ss->bytes_sent > 0 || ss->bytes_recv > 0)
+                    out->steps = s + 1 > out->steps ? s + 1 : out->steps;
             }
             out->critical_s += mx;
         }
@@ -306,7 +426,18 @@ typedef struct {
     /* runs with the ranks computing at once (ranks <= cpus only; else < 0) */
     double wall_s, wall_min_s; /* median and best wall time */
     double par_critical_s;     /* critical path of their CPU times */
+    double max_mean;           /* busiest rank's work over the mean rank's */
+    int steps;                 /* of the last run */
+    uint64_t bytes;
 } stria__rb_result_t;
+
+/* Whether results row k is measured (contiguous always: the baseline). */
+static bool stria__rb_row_on(const stria__rb_opts_t *o, int k)
+{
+    if (k == STRIA__RB_FULL)
+        return o->has_window || o->doc_median > 0;
+    return o->layout_on[k] || k == STRIA_LAYOUT_CONTIGUOUS;
+}
 
 /* Whether this run measures wall times: only with a core per rank. */
 static bool stria__rb_wall(const stria__rb_opts_t *o, int n)
@@ -321,10 +452,19 @@ static bool stria__rb_wall(const stria__rb_opts_t *o, int n)
  * rank's own cost, and the maximum over ranks of medians still carries the
  * noise that remains in each median. */
 static void stria__rb_crit(const double *comp, int reps, int n, double *crit_out, double *total_out,
-                           double *best_out)
+                           double *best_out, double *max_mean_out)
 {
     size_t nn = (size_t)n * (size_t)n;
-    double tmp[100], crit = 0, total = 0, best = 0;
+    double tmp[100], crit = 0, total = 0, best = 0, busiest = 0;
+    for (int r = 0; r < n && max_mean_out != NULL; r++) {
+        double work = 0;
+        for (int s = 0; s < n; s++) {
+            for (int rep = 0; rep < reps; rep++)
+                tmp[rep] = comp[(size_t)rep * nn + (size_t)(r * n + s)];
+            work += stria_bench_median(tmp, reps);
+        }
+        busiest = work > busiest ? work : busiest;
+    }
     for (int s = 0; s < n; s++) {
         double mx = 0, mx_best = 0;
         for (int r = 0; r < n; r++) {
@@ -340,6 +480,8 @@ static void stria__rb_crit(const double *comp, int reps, int n, double *crit_out
     }
     *crit_out = crit;
     *total_out = total;
+    if (max_mean_out != NULL)
+        *max_mean_out = total > 0 ? busiest / (total / n) : 1.0;
     if (best_out != NULL)
         *best_out = best;
 }
@@ -357,12 +499,12 @@ static void stria__rb_crit(const double *comp, int reps, int n, double *crit_out
  * computing at once on their own cores, as in the wall time, but free of
  * the time other processes take from those cores. */
 static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_data_t *d, int n,
-                                        bool bwd, stria__rb_result_t res[3])
+                                        bool bwd, stria__rb_result_t res[STRIA__RB_ROWS])
 {
     size_t nn = (size_t)n * (size_t)n, per_layout = (size_t)o->reps * nn;
-    double crit[3][100], wall[3][100], unused;
-    double *comp = calloc(6 * per_layout, sizeof(double));
-    double *comp_par = comp + 3 * per_layout;
+    double crit[STRIA__RB_ROWS][100], wall[STRIA__RB_ROWS][100], unused;
+    double *comp = calloc(2 * STRIA__RB_ROWS * per_layout, sizeof(double));
+    double *comp_par = comp + STRIA__RB_ROWS * per_layout;
     bool want_wall = stria__rb_wall(o, n);
     stria_status_t st = STRIA_OK;
 
@@ -371,36 +513,34 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
     /* rep -1 warms up: the first kernel calls of a process fault in their
      * workspaces, which would be charged to whichever layout runs first */
     for (int rep = -1; rep < o->reps && st == STRIA_OK; rep++)
-        for (int k = 0; k < 3 && st == STRIA_OK; k++) {
+        for (int k = 0; k < STRIA__RB_ROWS && st == STRIA_OK; k++) {
             stria__rb_run_t run;
             size_t at = (size_t)k * per_layout + (size_t)(rep < 0 ? 0 : rep) * nn;
-            /* contiguous is the baseline: always measured */
-            if (!o->layout_on[k] && k != STRIA_LAYOUT_CONTIGUOUS)
+            if (!stria__rb_row_on(o, k))
                 continue;
-            st = stria__rb_run(o, d, n, (stria_layout_kind_t)k, bwd, o->serialize,
-                               rep < 0 ? NULL : comp + at, &run);
+            st = stria__rb_run(o, d, n, k, bwd, o->serialize, rep < 0 ? NULL : comp + at, &run);
             if (st != STRIA_OK || rep < 0)
                 continue;
+            res[k].steps = run.steps;
+            res[k].bytes = run.bytes;
             crit[k][rep] = run.critical_s;
             wall[k][rep] = run.wall_s;
             if (!o->serialize)
                 memcpy(comp_par + at, comp + at, nn * sizeof(double));
             else if (want_wall)
-                st =
-                    stria__rb_run(o, d, n, (stria_layout_kind_t)k, bwd, false, comp_par + at, &run);
+                st = stria__rb_run(o, d, n, k, bwd, false, comp_par + at, &run);
             wall[k][rep] = run.wall_s;
         }
-    for (int k = 0; k < 3 && st == STRIA_OK; k++) {
-        if (!o->layout_on[k] && k != STRIA_LAYOUT_CONTIGUOUS)
+    for (int k = 0; k < STRIA__RB_ROWS && st == STRIA_OK; k++) {
+        if (!stria__rb_row_on(o, k))
             continue;
-        memset(&res[k], 0, sizeof(res[k]));
         stria__rb_crit(comp + (size_t)k * per_layout, o->reps, n, &res[k].critical_s,
-                       &res[k].total_s, &res[k].critical_best_s);
+                       &res[k].total_s, &res[k].critical_best_s, &res[k].max_mean);
         res[k].critical_run_s = stria_bench_median(crit[k], o->reps);
         res[k].wall_s = res[k].wall_min_s = res[k].par_critical_s = -1.0;
         if (want_wall) {
             stria__rb_crit(comp_par + (size_t)k * per_layout, o->reps, n, &res[k].par_critical_s,
-                           &unused, NULL);
+                           &unused, NULL, NULL);
             res[k].wall_s = stria_bench_median(wall[k], o->reps); /* sorts wall[k] */
             res[k].wall_min_s = wall[k][0];
         }
@@ -498,32 +638,49 @@ static double stria__rb_block_limit(const stria__rb_blocks_t *b, int n)
     return (b->diag + (n - 1) * b->full) / worst;
 }
 
-static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool bwd,
-                             const stria__rb_result_t res[3], const stria__rb_blocks_t *blocks)
+static const char *stria__rb_row_name(int k)
 {
+    return k == STRIA__RB_FULL ? "contiguous-all-hops" : stria_layout_kind_name(k);
+}
+
+static void stria__rb_report(const stria__rb_opts_t *o, int n, const stria__rb_data_t *d, bool bwd,
+                             const stria__rb_result_t res[STRIA__RB_ROWS],
+                             const stria__rb_blocks_t *blocks)
+{
+    const int64_t seq = d->seq;
+    char masks[128] = "";
     double limit = o->causal ? stria__rb_block_limit(blocks, n) : 1.0;
     const char *pass = bwd ? "bwd" : "fwd";
-    double ideal = o->causal ? 2.0 - 1.0 / n : 1.0;
+    /* 2 - 1/N is the ideal of a plain causal mask; documents and windows
+     * have their own (1 shown). */
+    const bool masked = o->has_window || o->doc_median > 0;
+    double ideal = o->causal && !masked ? 2.0 - 1.0 / n : 1.0;
     const stria__rb_result_t *base = &res[STRIA_LAYOUT_CONTIGUOUS];
-    static const stria_layout_kind_t order[3] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED,
-                                                 STRIA_LAYOUT_ZIGZAG};
+    static const int order[STRIA__RB_ROWS] = {STRIA_LAYOUT_CONTIGUOUS, STRIA__RB_FULL,
+                                              STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG};
 
+    if (d->cu != NULL)
+        snprintf(masks, sizeof(masks), ", %zu documents (log-normal, median %lld)", d->n_cu - 1,
+                 (long long)o->doc_median);
+    if (o->has_window)
+        snprintf(masks + strlen(masks), sizeof(masks) - strlen(masks), ", window (%lld, %lld)",
+                 (long long)o->window_left, (long long)o->window_right);
     if (!o->json) {
-        printf("stria-bench ring: N=%d S=%lld B=%lld H=%lld/%lld D=%lld %s %s, %s pass, kernel "
-               "%s, %s compute, median of %d\n",
+        printf("stria-bench ring: N=%d S=%lld B=%lld H=%lld/%lld D=%lld %s %s%s, %s pass, "
+               "kernel %s, %s compute, median of %d\n",
                n, (long long)seq, (long long)o->batch, (long long)o->heads, (long long)o->kv_heads,
                (long long)o->head_dim, o->causal ? "causal" : "non-causal",
-               stria_dtype_name(o->dtype), pass, stria_kernels_variant(),
+               stria_dtype_name(o->dtype), masks, pass, stria_kernels_variant(),
                o->serialize ? "serialised" : "concurrent", o->reps);
-        printf("  %-11s %12s %13s %7s %7s %8s %6s %8s %6s %6s %6s\n", "layout", "critical (s)",
-               "total cpu (s)", "balance", "speedup", "of ideal", "run x", "wall (s)", "wall x",
-               "min x", "par x");
+        printf("  %-19s %12s %13s %7s %8s %5s %9s %7s %8s %6s %8s %6s %6s %6s\n", "layout",
+               "critical (s)", "total cpu (s)", "balance", "max/mean", "steps", "MiB sent",
+               "speedup", "of ideal", "run x", "wall (s)", "wall x", "min x", "par x");
     }
-    for (int i = 0; i < 3; i++) {
-        stria_layout_kind_t k = order[i];
+    for (int i = 0; i < STRIA__RB_ROWS; i++) {
+        int k = order[i];
         const stria__rb_result_t *r = &res[k];
         char wall[32], wall_x[32], wall_min_x[32], par_x[32], block_json[256] = "";
-        if (!o->layout_on[k])
+        if (k == STRIA__RB_FULL ? !stria__rb_row_on(o, k) : !o->layout_on[k])
             continue;
         if (o->causal)
             snprintf(block_json, sizeof(block_json),
@@ -531,6 +688,10 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool
                      "\"block_striped_excl_s\":%.6f,\"block_limited_striped_speedup\":%.4f,",
                      blocks->full, blocks->diag, blocks->incl, blocks->excl, limit);
         double speedup = base->critical_s / r->critical_s;
+        char window_json[64] = "null";
+        if (o->has_window)
+            snprintf(window_json, sizeof(window_json), "[%lld,%lld]", (long long)o->window_left,
+                     (long long)o->window_right);
         /* balance: mean rank compute over the critical path (1 = no idling) */
         double balance = r->total_s / (n * r->critical_s);
         if (r->wall_s > 0 && base->wall_s > 0) {
@@ -546,39 +707,45 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, int64_t seq, bool
             snprintf(par_x, sizeof(par_x), "%s", none);
         }
         if (o->json)
-            printf("{\"layout\":\"%s\",\"ranks\":%d,\"seq\":%lld,\"pass\":\"%s\",\"batch\":%lld,"
-                   "\"heads\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\","
-                   "\"causal\":%s,\"kernel\":\"%s\",\"serialized\":%s,\"reps\":%d,"
-                   "\"critical_path_s\":%.6f,\"critical_path_run_median_s\":%.6f,"
-                   "\"critical_path_best_s\":%.6f,\"best_speedup_vs_contiguous\":%.4f,"
-                   "\"run_median_speedup_vs_contiguous\":%.4f,"
-                   "\"total_compute_s\":%.6f,\"balance\":%.4f,"
-                   "\"speedup_vs_contiguous\":%.4f,\"ideal_speedup\":%.4f,"
-                   "\"fraction_of_ideal\":%.4f,%s\"wall_s\":%s,"
-                   "\"wall_speedup_vs_contiguous\":%s,\"wall_min_speedup_vs_contiguous\":%s,"
-                   "\"parallel_cpu_speedup_vs_contiguous\":%s}\n",
-                   stria_layout_kind_name(k), n, (long long)seq, pass, (long long)o->batch,
-                   (long long)o->heads, (long long)o->kv_heads, (long long)o->head_dim,
-                   stria_dtype_name(o->dtype), o->causal ? "true" : "false",
-                   stria_kernels_variant(), o->serialize ? "true" : "false", o->reps, r->critical_s,
-                   r->critical_run_s, r->critical_best_s,
-                   base->critical_best_s / r->critical_best_s,
-                   base->critical_run_s / r->critical_run_s, r->total_s, balance, speedup, ideal,
-                   speedup / ideal, block_json, wall, wall_x, wall_min_x, par_x);
+            printf(
+                "{\"layout\":\"%s\",\"ranks\":%d,\"seq\":%lld,\"pass\":\"%s\",\"batch\":%lld,"
+                "\"heads\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\","
+                "\"causal\":%s,\"kernel\":\"%s\",\"serialized\":%s,\"reps\":%d,"
+                "\"critical_path_s\":%.6f,\"critical_path_run_median_s\":%.6f,"
+                "\"critical_path_best_s\":%.6f,\"best_speedup_vs_contiguous\":%.4f,"
+                "\"run_median_speedup_vs_contiguous\":%.4f,"
+                "\"total_compute_s\":%.6f,\"balance\":%.4f,"
+                "\"speedup_vs_contiguous\":%.4f,\"ideal_speedup\":%.4f,"
+                "\"fraction_of_ideal\":%.4f,%s\"wall_s\":%s,"
+                "\"wall_speedup_vs_contiguous\":%s,\"wall_min_speedup_vs_contiguous\":%s,"
+                "\"parallel_cpu_speedup_vs_contiguous\":%s,\"max_mean_rank_work\":%.4f,"
+                "\"steps\":%d,\"bytes_sent\":%llu,\"documents\":%zu,\"window\":%s}\n",
+                stria__rb_row_name(k), n, (long long)seq, pass, (long long)o->batch,
+                (long long)o->heads, (long long)o->kv_heads, (long long)o->head_dim,
+                stria_dtype_name(o->dtype), o->causal ? "true" : "false", stria_kernels_variant(),
+                o->serialize ? "true" : "false", o->reps, r->critical_s, r->critical_run_s,
+                r->critical_best_s, base->critical_best_s / r->critical_best_s,
+                base->critical_run_s / r->critical_run_s, r->total_s, balance, speedup, ideal,
+                speedup / ideal, block_json, wall, wall_x, wall_min_x, par_x, r->max_mean, r->steps,
+                (unsigned long long)r->bytes, d->cu != NULL ? d->n_cu - 1 : 0, window_json);
         else
-            printf("  %-11s %12.4f %13.4f %7.3f %7.3f %7.1f%% %6.3f %8s %6s %6s %6s\n",
-                   stria_layout_kind_name(k), r->critical_s, r->total_s, balance, speedup,
-                   100.0 * speedup / ideal, base->critical_run_s / r->critical_run_s, wall, wall_x,
-                   wall_min_x, par_x);
+            printf("  %-19s %12.4f %13.4f %7.3f %8.3f %5d %9.1f %7.3f %7.1f%% %6.3f %8s %6s %6s "
+                   "%6s\n",
+                   stria__rb_row_name(k), r->critical_s, r->total_s, balance, r->max_mean, r->steps,
+                   (double)r->bytes / (1 << 20), speedup, 100.0 * speedup / ideal,
+                   base->critical_run_s / r->critical_run_s, wall, wall_x, wall_min_x, par_x);
     }
     if (!o->json) {
         printf("  ideal speedup over contiguous: %.3f%s; critical path from the median compute\n"
                "  of every (rank, step); run x: speedup of the median per-run critical paths;\n"
                "  wall x / min x: speedup of the median / best wall time of runs with every rank\n"
                "  on its own core; par x: speedup of those runs' CPU-time critical paths\n",
-               ideal, o->causal ? " (2 - 1/N)" : " (non-causal: every layout is balanced)");
+               ideal,
+               masked      ? " (documents or a window: the ideal depends on the masks)"
+               : o->causal ? " (2 - 1/N)"
+                           : " (non-causal: every layout is balanced)");
         printf("  from the fastest run of every (rank, step):");
-        for (int i = 1; i < 3; i++) {
+        for (int i = 2; i < STRIA__RB_ROWS; i++) {
             const stria__rb_result_t *r = &res[order[i]];
             if (!o->layout_on[order[i]])
                 continue;
@@ -612,7 +779,7 @@ int stria_bench_ring(int argc, char **argv)
             break;
         for (size_t ni = 0; ni < o.n_ranks && st == STRIA_OK; ni++) {
             int n = (int)o.ranks[ni];
-            stria__rb_result_t res[3];
+            stria__rb_result_t res[STRIA__RB_ROWS];
             memset(res, 0, sizeof(res));
             stria__rb_blocks_t blocks;
             memset(&blocks, 0, sizeof(blocks));
@@ -621,7 +788,7 @@ int stria_bench_ring(int argc, char **argv)
                 if (st == STRIA_OK && o.causal)
                     st = stria__rb_blocks(&o, &d, n, false, &blocks);
                 if (st == STRIA_OK)
-                    stria__rb_report(&o, n, d.seq, false, res, &blocks);
+                    stria__rb_report(&o, n, &d, false, res, &blocks);
             } else {
                 /* the backward pass needs O and LSE: one untimed forward */
                 stria__rb_run_t run;
@@ -633,7 +800,7 @@ int stria_bench_ring(int argc, char **argv)
                 if (st == STRIA_OK && o.causal)
                     st = stria__rb_blocks(&o, &d, n, true, &blocks);
                 if (st == STRIA_OK)
-                    stria__rb_report(&o, n, d.seq, true, res, &blocks);
+                    stria__rb_report(&o, n, &d, true, res, &blocks);
             }
         }
         stria__rb_data_free(&d);

@@ -43,7 +43,9 @@ typedef struct {
     stria_status_t status;
     char error[768];
     double compute_s, wait_s;
-    uint64_t bytes; /* moved in the current phase, read by the progress poller */
+    uint32_t steps;      /* of the last pass */
+    uint64_t bytes_sent; /* over the ring in the last pass */
+    uint64_t bytes;      /* moved in the current phase, read by the progress poller */
 } stria__rank_t;
 
 struct stria_job {
@@ -146,7 +148,7 @@ unsigned stria_client_abi_version(void)
 #define STRIA__STATS_V1_SIZE      STRIA__V1_END(stria_call_stats_t, bytes_down)
 _Static_assert(STRIA__PARAMS_V1_SIZE == sizeof(stria_client_params_t) &&
                    STRIA__SPEC_V1_SIZE <= sizeof(stria_job_spec_t) &&
-                   STRIA__STATS_V1_SIZE == sizeof(stria_call_stats_t),
+                   STRIA__STATS_V1_SIZE <= sizeof(stria_call_stats_t),
                "ABI 1 sizes: a struct grew; keep these at its ABI 1 end");
 /* A struct_size beyond this is no size at all: the caller's header predates
  * struct_size (its first field is a pointer) or the struct is uninitialised. */
@@ -610,6 +612,8 @@ static void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
     if (stats != NULL) {
         r->compute_s = stats->compute_seconds;
         r->wait_s = stats->wait_seconds;
+        r->steps = stats->steps;
+        r->bytes_sent = stats->bytes_sent;
     }
     stria_rpc_reply_free(&reply);
 }
@@ -699,6 +703,15 @@ static stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__
         job->spec.scale = s->scale;
     if (s->step_timeout_ms > 0)
         job->spec.step_timeout_s = s->step_timeout_ms / 1000.0;
+    /* The assignment names the layout the coordinator chose (auto resolved);
+     * a layout the caller named must come back as it was. */
+    if ((unsigned)s->layout > STRIA__V1__LAYOUT__LAYOUT_ZIGZAG ||
+        (job->spec.layout != STRIA_LAYOUT_AUTO &&
+         (stria_layout_kind_t)s->layout != job->spec.layout))
+        return stria_error_set(STRIA_ERR_PROTOCOL,
+                               "coordinator assigned layout %d to a job submitted as %s",
+                               (int)s->layout, stria_layout_kind_name(job->spec.layout));
+    job->spec.layout = (stria_layout_kind_t)s->layout;
     st = stria_layout_init(job->spec.layout, (int)a->n_ranks, job->spec.seq_len, &job->layout);
     if (st != STRIA_OK)
         return st;
@@ -835,8 +848,12 @@ static void stria__collect_stats(const stria_job_t *job, stria_call_stats_t *sta
     stats->rank_compute_s_max = 0;
     stats->rank_compute_s_min = INFINITY;
     stats->rank_wait_s_max = 0;
+    stats->ring_steps = 0;
+    stats->ring_bytes_sent = 0;
     for (int i = 0; i < job->n_ranks; i++) {
         const stria__rank_t *r = &job->ranks[i];
+        stats->ring_steps = r->steps > stats->ring_steps ? r->steps : stats->ring_steps;
+        stats->ring_bytes_sent += r->bytes_sent;
         stats->rank_compute_s_max = fmax(stats->rank_compute_s_max, r->compute_s);
         stats->rank_compute_s_min = fmin(stats->rank_compute_s_min, r->compute_s);
         stats->rank_wait_s_max = fmax(stats->rank_wait_s_max, r->wait_s);
@@ -1037,4 +1054,9 @@ uint64_t stria_job_id(const stria_job_t *job)
 int stria_job_ring_size(const stria_job_t *job)
 {
     return job ? job->n_ranks : 0;
+}
+
+stria_layout_kind_t stria_job_layout(const stria_job_t *job)
+{
+    return job ? job->layout.kind : STRIA_LAYOUT_STRIPED;
 }

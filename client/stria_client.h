@@ -77,7 +77,7 @@ typedef struct {
     int64_t head_dim;
     stria_dtype_t dtype;
     bool causal;
-    stria_layout_kind_t layout; /* default striped */
+    stria_layout_kind_t layout; /* default striped; STRIA_LAYOUT_AUTO: the coordinator chooses */
     int ring_size;              /* 0: every healthy worker */
     float scale;                /* 0: 1/sqrt(head_dim) */
     double step_timeout_s;      /* deadline of one ring step; 0: the workers' default */
@@ -124,6 +124,10 @@ typedef struct {
     double rank_compute_s_min; /* fastest rank's kernel time */
     double rank_wait_s_max;    /* longest time a rank waited on the ring */
     uint64_t bytes_up, bytes_down;
+    /* Since ABI 1's first release (zero from an older library): */
+    uint32_t ring_steps;      /* K/V steps of the pass (most over the ranks): N, or fewer
+                               * when a window let the forward stop early */
+    uint64_t ring_bytes_sent; /* over the ring links, all ranks */
 } stria_call_stats_t;
 
 #define STRIA_CALL_STATS_INIT                                                                      \
@@ -164,6 +168,9 @@ stria_status_t stria_client_release(stria_job_t *job);
 uint64_t stria_job_id(const stria_job_t *job);
 /* Ranks of the job's ring. */
 int stria_job_ring_size(const stria_job_t *job);
+/* The job's layout as the coordinator assigned it (never STRIA_LAYOUT_AUTO:
+ * an auto job reports the layout chosen for it). */
+stria_layout_kind_t stria_job_layout(const stria_job_t *job);
 
 #ifdef __cplusplus
 }

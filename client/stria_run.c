@@ -34,7 +34,6 @@ typedef struct {
     /* local ring / service */
     int64_t ranks;      /* 0: no ring (local), all workers (submit) */
     const char *device; /* local: the ranks' device; NULL: the host */
-    bool layout_set;
     stria_layout_kind_t layout;
     /* documents and window (--cu-seqlens, --window LEFT,RIGHT) */
     stria_int_list_t cu_seqlens, window;
@@ -181,8 +180,9 @@ static void stria__run_common_opts(stria__run_opts_t *o, stria_option_t *t)
          .type = STRIA_OPT_CUSTOM,
          .dst = &o->layout,
          .parse = stria__parse_layout,
-         .metavar = "striped|contiguous|zigzag",
-         .help = "how the tokens are spread over the ranks (default striped)"},
+         .metavar = "auto|striped|contiguous|zigzag",
+         .help = "how the tokens are spread over the ranks (default auto: contiguous with "
+                 "--window, striped otherwise)"},
         {.name = "cu-seqlens",
          .type = STRIA_OPT_INTS,
          .dst = &o->cu_seqlens,
@@ -351,6 +351,7 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
 
     memset(o, 0, sizeof(*o));
     o->causal = true;
+    o->layout = STRIA_LAYOUT_AUTO;
     o->token_file = getenv("STRIA_TOKEN_FILE");
     stria__run_common_opts(o, local);
     memcpy(local + STRIA__RUN_N_COMMON, local_only, sizeof(local_only));
@@ -361,7 +362,6 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
         return rc;
     o->submit = strcmp(cli->cmd->name, "submit") == 0;
     o->dtype_set = stria_cli_given(cli, "dtype");
-    o->layout_set = stria_cli_given(cli, "layout");
     if (strcmp(cli->cmd->name, "random") != 0 && o->out_dir == NULL) {
         fprintf(stderr, "stria-run: --out DIR is required\n(see stria-run %s --help)\n",
                 cli->cmd->name);
@@ -551,7 +551,7 @@ static stria_status_t stria__compute_ring(const stria__run_opts_t *o, stria__run
     shape.window_left = shape.has_window ? o->window.v[0] : 0;
     shape.window_right = shape.has_window ? o->window.v[1] : 0;
     memset(&ro, 0, sizeof(ro));
-    ro.layout = o->layout_set ? o->layout : STRIA_LAYOUT_STRIPED;
+    ro.layout = stria_layout_kind_resolve(o->layout, shape.has_window);
     ro.n_ranks = o->ranks > 0 ? o->ranks : 1;
     ro.device = o->device;
     ro.passes = d->d_o ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD;
@@ -823,7 +823,7 @@ static void stria__submit_spec(const stria__run_opts_t *o, const stria__run_data
     spec->head_dim = d->D;
     spec->dtype = d->dtype;
     spec->causal = o->causal;
-    spec->layout = o->layout_set ? o->layout : STRIA_LAYOUT_STRIPED;
+    spec->layout = o->layout;
     spec->ring_size = (int)o->ranks;
     spec->scale = (float)o->scale;
     spec->step_timeout_s = o->step_timeout_s;
@@ -839,6 +839,7 @@ static void stria__submit_spec(const stria__run_opts_t *o, const stria__run_data
 typedef struct {
     uint64_t job_id;
     int ring;
+    stria_layout_kind_t layout; /* as assigned (auto resolved) */
     double t_fwd, t_bwd;
     stria_call_stats_t fs, bs;
 } stria__submit_stats_t;
@@ -854,17 +855,16 @@ static void stria__submit_report(const stria__run_opts_t *o, const stria__run_da
            "kv_heads=%lld head_dim=%lld dtype=%s %s %s\n",
            (unsigned long long)r->job_id, r->ring, (long long)d->B, (long long)d->T,
            (long long)d->H, (long long)d->Hkv, (long long)d->D, stria_dtype_name(d->dtype),
-           o->causal ? "causal" : "non-causal",
-           stria_layout_kind_name(o->layout_set ? o->layout : STRIA_LAYOUT_STRIPED));
+           o->causal ? "causal" : "non-causal", stria_layout_kind_name(r->layout));
     printf("  forward:  %.3f s (queue %.3f, upload %.3f, pass %.3f, download %.3f), "
            "%.1f GFLOP/s in the pass\n",
            r->t_fwd, fs->queued_s, fs->upload_s, fs->pass_s, fs->download_s,
            flops / fs->pass_s * 1e-9);
     printf("            rank kernel time %.3f..%.3f s (balance %.2f), longest ring wait "
-           "%.3f s\n",
+           "%.3f s, %u ring steps, %.1f MiB over the ring\n",
            fs->rank_compute_s_min, fs->rank_compute_s_max,
            fs->rank_compute_s_max > 0 ? fs->rank_compute_s_min / fs->rank_compute_s_max : 1.0,
-           fs->rank_wait_s_max);
+           fs->rank_wait_s_max, fs->ring_steps, (double)fs->ring_bytes_sent / (1 << 20));
     if (o->do_path)
         printf("  backward: %.3f s (upload %.3f, pass %.3f, download %.3f), %.1f GFLOP/s in "
                "the pass; rank kernel time %.3f..%.3f s\n",
@@ -937,6 +937,7 @@ static stria_status_t stria__submit_run(const stria__run_opts_t *o, stria_client
     }
     r->job_id = stria_job_id(job);
     r->ring = stria_job_ring_size(job);
+    r->layout = stria_job_layout(job);
     if (job != NULL) {
         stria_status_t rst = stria_client_release(job);
         if (st == STRIA_OK && rst != STRIA_OK)

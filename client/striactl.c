@@ -125,9 +125,7 @@ static const char *job_state_name(Stria__V1__JobState s)
 
 static const char *layout_name(Stria__V1__Layout l)
 {
-    return l == STRIA__V1__LAYOUT__LAYOUT_CONTIGUOUS ? "contiguous"
-           : l == STRIA__V1__LAYOUT__LAYOUT_ZIGZAG   ? "zigzag"
-                                                     : "striped";
+    return stria_layout_kind_name((stria_layout_kind_t)l);
 }
 
 static const char *dtype_name(Stria__V1__Dtype d)

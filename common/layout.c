@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-static const char *const stria__layout_names[] = {"striped", "contiguous", "zigzag"};
+static const char *const stria__layout_names[] = {"striped", "contiguous", "zigzag", "auto"};
 
 const char *stria_layout_kind_name(stria_layout_kind_t kind)
 {
@@ -28,7 +28,15 @@ stria_status_t stria_layout_kind_parse(const char *name, stria_layout_kind_t *ki
         }
     }
     return stria_error_set(STRIA_ERR_INVALID_ARG,
-                           "unknown layout '%s' (expected striped, contiguous or zigzag)", name);
+                           "unknown layout '%s' (expected striped, contiguous, zigzag or auto)",
+                           name);
+}
+
+stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window)
+{
+    if (kind != STRIA_LAYOUT_AUTO)
+        return kind;
+    return has_window ? STRIA_LAYOUT_CONTIGUOUS : STRIA_LAYOUT_STRIPED;
 }
 
 stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq,
@@ -39,6 +47,9 @@ stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t 
 
     if (layout_out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: layout_out is NULL");
+    if (kind == STRIA_LAYOUT_AUTO)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: layout auto must be "
+                                                      "resolved first (stria_layout_kind_resolve)");
     if (kind != STRIA_LAYOUT_STRIPED && kind != STRIA_LAYOUT_CONTIGUOUS &&
         kind != STRIA_LAYOUT_ZIGZAG)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: unknown layout %d",
@@ -80,6 +91,8 @@ int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t in
     case STRIA_LAYOUT_ZIGZAG:
         c = l->shard_tokens / 2;
         return index < c ? rank * c + index : (2 * n - 1 - rank) * c + (index - c);
+    case STRIA_LAYOUT_AUTO: /* never in an initialised layout */
+        break;
     }
     return -1;
 }

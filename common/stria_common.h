@@ -460,10 +460,13 @@ typedef struct {
     int64_t count;
 } stria_layout_run_t;
 
-/* "striped", "contiguous", "zigzag"; "unknown" otherwise. */
+/* "striped", "contiguous", "zigzag", "auto"; "unknown" otherwise. */
 const char *stria_layout_kind_name(stria_layout_kind_t kind);
 /* Parses the names above; STRIA_ERR_INVALID_ARG otherwise. */
 stria_status_t stria_layout_kind_parse(const char *name, stria_layout_kind_t *kind_out);
+/* The layout STRIA_LAYOUT_AUTO stands for: contiguous for a job with a
+ * window, striped otherwise. Any other kind is returned as it is. */
+stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window);
 
 /* Describes `seq` tokens (1..STRIA_LAYOUT_MAX_SEQ) over n_ranks ranks
  * (1..STRIA_LAYOUT_MAX_RANKS). Pads to a multiple of n_ranks (striped,

@@ -61,6 +61,11 @@ typedef enum {
     STRIA_LAYOUT_STRIPED = 0,
     STRIA_LAYOUT_CONTIGUOUS = 1,
     STRIA_LAYOUT_ZIGZAG = 2,
+    /* Chosen per job by whoever runs it (the coordinator, or an in-process
+     * ring): contiguous when a window is set (windows are balanced under
+     * contiguous and need fewer hops), striped otherwise. Never reaches a
+     * worker; sharded jobs must name their layout. */
+    STRIA_LAYOUT_AUTO = 3,
 } stria_layout_kind_t;
 
 #ifdef __cplusplus

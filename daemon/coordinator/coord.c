@@ -93,9 +93,10 @@ stria_status_t stria__spec_check(const Stria__V1__JobSpec *s)
     if ((unsigned)s->dtype > STRIA__V1__DTYPE__DTYPE_FP16)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "dtype %d is none of fp32 (0), bf16 (1), fp16 (2)", (int)s->dtype);
-    if ((unsigned)s->layout > STRIA__V1__LAYOUT__LAYOUT_ZIGZAG)
+    if ((unsigned)s->layout > STRIA__V1__LAYOUT__LAYOUT_AUTO)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "layout %d is none of striped (0), contiguous (1), zigzag (2)",
+                               "layout %d is none of striped (0), contiguous (1), zigzag (2), "
+                               "auto (3)",
                                (int)s->layout);
     if (s->ring_size > STRIA_COORD_MAX_RING)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "ring_size must be 0..%d (got %u)",
@@ -139,7 +140,7 @@ static void stria__job_unreserve(stria__cjob_t *j)
 
 static void stria__job_free(stria__cjob_t *j)
 {
-    free(j->cu_seqlens);
+    stria_job_masks_free(&j->masks);
     free(j->ranks);
     free(j);
 }

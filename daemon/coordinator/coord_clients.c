@@ -129,30 +129,22 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     j = calloc(1, sizeof(*j));
     if (j != NULL)
         j->ranks = calloc(n, sizeof(*j->ranks));
-    if (j != NULL && s->n_cu_seqlens > 0)
-        j->cu_seqlens = malloc(s->n_cu_seqlens * sizeof(int64_t));
-    if (j == NULL || j->ranks == NULL || (s->n_cu_seqlens > 0 && j->cu_seqlens == NULL) ||
+    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks) ||
         stria__job_keys(co, j) != STRIA_OK) {
         if (j != NULL) {
+            stria_job_masks_free(&j->masks);
             free(j->ranks);
-            free(j->cu_seqlens);
         }
         free(j);
         return NULL;
     }
-    if (s->n_cu_seqlens > 0)
-        memcpy(j->cu_seqlens, s->cu_seqlens, s->n_cu_seqlens * sizeof(int64_t));
-    j->n_cu_seqlens = s->n_cu_seqlens;
-    j->has_window = s->window != NULL;
-    j->window_left = s->window != NULL ? s->window->left : 0;
-    j->window_right = s->window != NULL ? s->window->right : 0;
     j->batch = s->batch;
     j->seq_len = s->seq_len;
     j->heads = s->heads;
     j->kv_heads = s->kv_heads;
     j->head_dim = s->head_dim;
     j->dtype = s->dtype;
-    j->layout = s->layout;
+    j->layout = (Stria__V1__Layout)layout->kind; /* auto resolved */
     j->causal = s->causal;
     j->no_queue = s->no_queue;
     j->scale = s->scale > 0 ? s->scale : (float)(1.0 / sqrt((double)s->head_dim));
@@ -225,8 +217,9 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             n ? n : 1, count, healthy, draining, dead, left);
         goto free_ring;
     }
-    if (stria_layout_init((stria_layout_kind_t)s->layout, (int)n, (int64_t)s->seq_len, &layout) !=
-        STRIA_OK) {
+    if (stria_layout_init(
+            stria_layout_kind_resolve((stria_layout_kind_t)s->layout, s->window != NULL), (int)n,
+            (int64_t)s->seq_len, &layout) != STRIA_OK) {
         stria__count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         goto free_ring;

@@ -5,6 +5,7 @@
 
 #include "stria.pb-c.h"
 #include "stria_auth.h"
+#include "stria_spec.h"
 #include "stria_coordinator.h"
 #include "stria_rpc.h"
 
@@ -60,10 +61,7 @@ typedef struct {
     bool causal, no_queue;
     float scale;
     char label[STRIA_COORD_MAX_LABEL + 1];
-    int64_t *cu_seqlens; /* owned; NULL when n_cu_seqlens is 0 */
-    size_t n_cu_seqlens;
-    bool has_window;
-    int64_t window_left, window_right;
+    stria_job_masks_t masks; /* documents and window, owned */
 
     uint32_t n_ranks;
     stria__crank_t *ranks;

@@ -151,12 +151,12 @@ static void stria__fill_spec(const stria__cjob_t *j, Stria__V1__JobSpec *s,
                              Stria__V1__JobSpec__Window *win)
 {
     stria__v1__job_spec__init(s);
-    s->cu_seqlens = j->cu_seqlens;
-    s->n_cu_seqlens = j->n_cu_seqlens;
-    if (j->has_window) {
+    s->cu_seqlens = j->masks.cu_seqlens;
+    s->n_cu_seqlens = j->masks.n_cu_seqlens;
+    if (j->masks.has_window) {
         stria__v1__job_spec__window__init(win);
-        win->left = j->window_left;
-        win->right = j->window_right;
+        win->left = j->masks.window_left;
+        win->right = j->masks.window_right;
         s->window = win;
     }
     s->batch = j->batch;

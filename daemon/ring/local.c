@@ -295,6 +295,7 @@ static void *stria__rank_main(void *arg)
         po.step_timeout_s = run->opts->step_timeout_s;
         po.pool = pool;
         po.device = dev;
+        po.all_hops = run->opts->all_hops;
         if (run->opts->serialize_compute) { /* released while waiting */
             po.wait_begin_cb = stria__work_unlock_cb;
             po.wait_end_cb = stria__work_lock_cb;

@@ -193,6 +193,7 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
             p->pos_max[r] = last > p->pos_max[r] ? last : p->pos_max[r];
         }
     }
+    p->fwd_steps = opts->all_hops ? p->n : stria__fwd_steps(p);
     *pass_out = p;
     return STRIA_OK;
 err:
@@ -229,6 +230,16 @@ stria_status_t stria_ring_pass_set_link(stria_ring_pass_t *pass, stria_link_t *l
 const stria_layout_t *stria_ring_pass_layout(const stria_ring_pass_t *pass)
 {
     return pass != NULL ? &pass->layout : NULL;
+}
+
+int stria_ring_pass_steps(const stria_ring_pass_t *pass)
+{
+    return pass != NULL ? pass->steps_run : 0;
+}
+
+int stria_ring_pass_fwd_steps(const stria_ring_pass_t *pass)
+{
+    return pass != NULL ? pass->fwd_steps : 0;
 }
 
 const stria_ring_step_stats_t *stria_ring_pass_stats(const stria_ring_pass_t *pass,
@@ -358,6 +369,7 @@ typedef struct {
      * then V, each head-major [B][Hkv][L][D]. */
     char *kvh[2], *kvd[2];
     size_t kv_bytes, msg; /* K (or V) of a block; a message: K then V */
+    int steps;            /* K/V steps of this call (p->steps_run) */
 } stria__call_t;
 
 /* What a direction adds to the K/V steps of stria__ring_steps(). */
@@ -387,10 +399,10 @@ typedef struct {
                      * round counts as step N + tail_steps */
 } stria__dir_ops_t;
 
-/* Starts a call: its number (part of every tag), its clock (deadlines),
- * and the checks of the views both directions take. */
-static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, const char *fn,
-                                        const char *what, const stria_tensor_t *q,
+/* Starts a call of `steps` K/V steps: its number (part of every tag), its
+ * clock (deadlines), and the checks of the views both directions take. */
+static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, int steps,
+                                        const char *fn, const char *what, const stria_tensor_t *q,
                                         const stria_tensor_t *k, const stria_tensor_t *v,
                                         const stria_tensor_t *o)
 {
@@ -404,6 +416,8 @@ static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, 
         (size_t)(p->shape.batch * p->layout.shard_tokens * p->shape.kv_heads * p->shape.head_dim) *
         stria_dtype_size(p->shape.dtype);
     c->msg = 2 * c->kv_bytes;
+    c->steps = steps;
+    p->steps_run = steps;
     p->call = p->calls++;
     p->t_start = stria_time_now();
     if ((st = stria__check_view(q, fn, "q", true, p->shape.dtype)) != STRIA_OK ||
@@ -449,7 +463,7 @@ static stria_status_t stria__call_mem(stria__call_t *c, size_t host_bytes, size_
     c->kvh[0] = stria__carve(hcur, msg64);
     c->kvh[1] = stria__carve(hcur, msg64);
     /* Step 0's kernel reads the caller's k and v in place. */
-    if (p->n > 1)
+    if (c->steps > 1)
         return stria__download_kv(p, c->k, c->v, c->kvh[0], c->kvh[1]);
     return STRIA_OK;
 }
@@ -466,7 +480,7 @@ static stria_status_t stria__kv_arrived(stria__call_t *c, int step, stria_ring_s
     if ((st = stria__wait(p, &c->reqs.kv_recv, step, ss)) != STRIA_OK ||
         (st = stria__wait(p, &c->reqs.kv_send, step, ss)) != STRIA_OK)
         return st;
-    if (!p->staged || step + 1 >= p->n)
+    if (!p->staged || step + 1 >= c->steps)
         return STRIA_OK;
     if ((st = stria_device_sync(p->dev, STRIA_STREAM_COPY)) != STRIA_OK ||
         (st = stria_device_copy(p->dev, STRIA_STREAM_COPY, c->kvd[(step + 1) % 2],
@@ -496,13 +510,13 @@ static stria_status_t stria__kv_step(stria__call_t *c, const stria__dir_ops_t *o
 
     stria__step_begin(p, step);
     ss->src_rank = j;
-    if (step + 1 < N &&
+    if (step + 1 < c->steps &&
         ((st = stria__post(p, false, step + 1, STRIA__MSG_KV, c->kvh[(step + 1) % 2], c->msg,
                            &c->reqs.kv_recv, ss)) != STRIA_OK ||
          (st = stria__post(p, true, step + 1, STRIA__MSG_KV, c->kvh[step % 2], c->msg,
                            &c->reqs.kv_send, ss)) != STRIA_OK))
         return st;
-    if (p->staged && step + 1 < N &&
+    if (p->staged && step + 1 < c->steps &&
         (st = stria_device_order(p->dev, STRIA_STREAM_COPY, STRIA_STREAM_COMPUTE)) != STRIA_OK)
         return st;
     if (ops->prepare != NULL && (st = ops->prepare(c, step, ss)) != STRIA_OK)
@@ -529,7 +543,7 @@ static stria_status_t stria__kv_step(stria__call_t *c, const stria__dir_ops_t *o
 static stria_status_t stria__ring_steps(stria__call_t *c, const stria__dir_ops_t *ops)
 {
     stria_ring_pass_t *p = c->p;
-    stria_ring_step_stats_t *first = &p->stats[0], *last = &p->stats[p->n - 1];
+    stria_ring_step_stats_t *first = &p->stats[0], *last = &p->stats[c->steps - 1];
     stria_status_t st = STRIA_OK;
     int step = 0;
     if (p->valid[p->rank] > 0) {
@@ -543,7 +557,7 @@ static stria_status_t stria__ring_steps(stria__call_t *c, const stria__dir_ops_t
         if (st != STRIA_OK)
             return stria__fail(p, &c->reqs, st, c->what, 0);
     }
-    for (step = 0; step < p->n; step++)
+    for (step = 0; step < c->steps; step++)
         if ((st = stria__kv_step(c, ops, step)) != STRIA_OK)
             break;
     if (st == STRIA_OK && ops->tail != NULL)
@@ -656,7 +670,7 @@ static stria_status_t stria__fwd(stria_ring_pass_t *p, const stria_tensor_t *q,
     stria__fwd_t f = {.q = q};
     stria_status_t st;
 
-    if ((st = stria__call_begin(&f.c, p, fn, "forward", q, k, v, o)) != STRIA_OK)
+    if ((st = stria__call_begin(&f.c, p, p->fwd_steps, fn, "forward", q, k, v, o)) != STRIA_OK)
         return st;
     if (lse == NULL)
         return stria__fail(p, &f.c.reqs,
@@ -666,7 +680,7 @@ static stria_status_t stria__fwd(stria_ring_pass_t *p, const stria_tensor_t *q,
         st = stria__fail(p, &f.c.reqs, st, "forward", 0);
     else if ((st = stria__ring_steps(&f.c, &stria__fwd_ops)) == STRIA_OK &&
              (st = stria__fwd_store(&f, o, lse)) != STRIA_OK)
-        st = stria__fail(p, &f.c.reqs, st, "forward", p->n - 1);
+        st = stria__fail(p, &f.c.reqs, st, "forward", f.c.steps - 1);
     stria_device_attn_fwd_end(f.fpass);
     stria__drain_on_error(p, st);
     return st;
@@ -925,7 +939,8 @@ static stria_status_t stria__bwd(stria_ring_pass_t *p, const stria_tensor_t *q,
     stria__bwd_t b = {.q = q, .o = o, .d_o = d_o, .lse = lse};
     stria_status_t st;
 
-    if ((st = stria__call_begin(&b.c, p, fn, "backward", q, k, v, o)) != STRIA_OK)
+    /* Always N steps: every rank's dK/dV sum must travel all N hops home. */
+    if ((st = stria__call_begin(&b.c, p, p->n, fn, "backward", q, k, v, o)) != STRIA_OK)
         return st;
     if ((st = stria__check_view(d_o, fn, "d_o", true, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(dq, fn, "dq", false, p->shape.dtype)) != STRIA_OK ||

@@ -33,6 +33,11 @@ struct stria_ring_pass {
     size_t *n_runs;
     int64_t *valid;
     int64_t *pos_min, *pos_max;
+    /* K/V steps a forward call runs: N, or fewer when no rank sees a block
+     * more than fwd_steps - 1 hops away (a window under contiguous). Every
+     * rank computes the same value from the shape. */
+    int fwd_steps;
+    int steps_run; /* K/V steps of the running or last call */
     stria_ring_step_stats_t *stats;
     void *arena; /* working buffers, kept between calls */
     size_t arena_size;
@@ -77,6 +82,10 @@ stria_status_t stria__device_zero_rows(stria_ring_pass_t *p, const stria_tensor_
                                        int64_t from, int64_t L, int64_t heads, int64_t D);
 stria_status_t stria__device_drain(stria_ring_pass_t *p);
 bool stria__visible(const stria_ring_pass_t *p, int j);
+/* Whether some real query of rank r may see some real key of rank j. */
+bool stria__sees(const stria_ring_pass_t *p, int r, int j);
+/* K/V steps a forward pass needs (see fwd_steps). */
+int stria__fwd_steps(const stria_ring_pass_t *p);
 stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j);
 void stria__step_begin(stria_ring_pass_t *p, int step);
 void stria__compute_begin(stria__clock_t *clk);

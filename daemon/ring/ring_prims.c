@@ -124,15 +124,81 @@ stria_status_t stria__device_drain(stria_ring_pass_t *p)
     return st != STRIA_OK ? st : st2;
 }
 
+/* Index i of the document holding position x: cu[i] <= x < cu[i + 1]
+ * (the last of equal entries: empty documents hold nothing). x must lie in
+ * [0, seq). Its start is cu[i], its end cu[i + 1]. */
+static size_t stria__doc_of(const stria_ring_shape_t *s, int64_t x)
+{
+    size_t lo = 0, hi = s->n_cu_seqlens - 1; /* cu[lo] <= x < cu[hi] */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->cu_seqlens[mid] <= x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Rank r's real queries lie in [qa, qb] and rank j's real keys in [ka, kb]
+ * (the lowest and highest positions of each shard). A pair (p, k) is
+ * visible when k - p lies in [-left, right] (causal: right = 0) and both
+ * are in one document. Over the two ranges k - p takes every value of
+ * [ka - qb, kb - qa], so the window test is exact for ranges; a document
+ * that starts after kb for the first query, or ends before ka for the last,
+ * hides the block from every query between (the documents a query sees
+ * only move forward with its position). Exact for contiguous shards,
+ * conservative (never hides a visible key) for the others. */
+bool stria__sees(const stria_ring_pass_t *p, int r, int j)
+{
+    const stria_ring_shape_t *s = &p->shape;
+    int64_t qa = p->pos_min[r], qb = p->pos_max[r], ka = p->pos_min[j], kb = p->pos_max[j];
+    int64_t right = s->causal ? 0 : -1;
+
+    if (p->valid[r] == 0 || p->valid[j] == 0)
+        return false;
+    if (s->has_window && s->window_right >= 0 && (right < 0 || s->window_right < right))
+        right = s->window_right;
+    if (right >= 0 && ka - qb > right)
+        return false;
+    if (s->has_window && s->window_left >= 0 && kb - qa < -s->window_left)
+        return false;
+    if (s->n_cu_seqlens > 0 &&
+        (kb < s->cu_seqlens[stria__doc_of(s, qa)] || ka >= s->cu_seqlens[stria__doc_of(s, qb) + 1]))
+        return false;
+    return true;
+}
+
 /* Whether some real key of block j is visible to some real query of this
  * rank's shard. Skipping the others is Ring Attention's causal block
- * skipping; the kernel would skip their tiles anyway, this also saves the
- * packing. */
+ * skipping (and that of windows and documents); the kernel would skip their
+ * tiles anyway, this also saves the packing. */
 bool stria__visible(const stria_ring_pass_t *p, int j)
 {
-    if (p->valid[p->rank] == 0 || p->valid[j] == 0)
-        return false;
-    return !p->shape.causal || p->pos_min[j] <= p->pos_max[p->rank];
+    return stria__sees(p, p->rank, j);
+}
+
+/* Rings up to this size get the forward's hop count worked out (N^2 tests
+ * of two ranges); larger ones always run N steps. */
+#define STRIA__MAX_HOP_SCAN 4096
+
+/* The K/V block of rank j reaches rank r after (r - j) mod N hops; a
+ * forward needs as many steps as the farthest hop any rank sees a block
+ * over, plus one. Steps past it would carry only blocks that no rank uses:
+ * under contiguous with a causal window of W tokens and shards of L, that
+ * is 1 + ceil(W / L) steps instead of N. */
+int stria__fwd_steps(const stria_ring_pass_t *p)
+{
+    int far = 0;
+    if (p->n > STRIA__MAX_HOP_SCAN || (!p->shape.has_window && p->shape.n_cu_seqlens == 0))
+        return p->n;
+    for (int r = 0; r < p->n && far < p->n - 1; r++)
+        for (int hop = p->n - 1; hop > far; hop--)
+            if (stria__sees(p, r, (r - hop + p->n) % p->n)) {
+                far = hop;
+                break;
+            }
+    return far + 1;
 }
 
 stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
@@ -163,7 +229,7 @@ stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
 void stria__step_begin(stria_ring_pass_t *p, int step)
 {
     if (p->hooks.step_cb != NULL)
-        p->hooks.step_cb(p->hooks.step_cb_ctx, step, p->n);
+        p->hooks.step_cb(p->hooks.step_cb_ctx, step, p->steps_run);
 }
 
 void stria__compute_begin(stria__clock_t *clk)

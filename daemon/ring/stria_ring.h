@@ -88,8 +88,10 @@ typedef struct {
     /* Sliding window, as in stria_attn_params_t: with has_window a query at
      * position p sees keys in [p - window_left, p + window_right] (-1: that
      * side unbounded); causal takes window_right 0 or -1 only. Without
-     * has_window both must be 0. The ring still skips only blocks that
-     * causality hides; the kernels skip the tiles the masks hide. */
+     * has_window both must be 0. The ring skips the compute of blocks the
+     * masks hide from a whole shard (and, in the forward, the hops no rank
+     * needs: stria_ring_pass_fwd_steps()); the kernels skip the tiles the
+     * masks hide. */
     bool has_window;
     int64_t window_left, window_right;
 } stria_ring_shape_t;
@@ -126,6 +128,9 @@ typedef struct {
      * of a pass starts (step 0..n_steps-1): progress for status views. */
     void (*step_cb)(void *ctx, int step, int n_steps);
     void *step_cb_ctx;
+    /* Benchmarks: the forward runs all N steps even where the masks let it
+     * stop early (the full ring, to compare with). Every rank must agree. */
+    bool all_hops;
 } stria_ring_opts_t;
 
 #define STRIA_RING_DEFAULT_TIMEOUT_S 300.0
@@ -209,9 +214,18 @@ stria_status_t stria_ring_bwd(stria_ring_pass_t *pass, const stria_tensor_t *q,
                               const stria_tensor_t *dq, const stria_tensor_t *dk,
                               const stria_tensor_t *dv);
 
+/* K/V steps of the last stria_ring_fwd()/stria_ring_bwd() call (0 before
+ * the first). A backward runs N; a forward stria_ring_pass_fwd_steps(),
+ * which is N unless a window or documents hide every block more than some
+ * number of hops away from every rank (a causal window under contiguous):
+ * then the K/V blocks travel only the hops they are needed. */
+int stria_ring_pass_steps(const stria_ring_pass_t *pass);
+int stria_ring_pass_fwd_steps(const stria_ring_pass_t *pass);
+
 /* Per-step statistics of the last stria_ring_fwd()/stria_ring_bwd() call
- * (N entries, step order; zeros before the first call). Valid until the next
- * call or stria_ring_pass_destroy(). */
+ * (N entries, step order; steps past stria_ring_pass_steps() and all before
+ * the first call are zeros). Valid until the next call or
+ * stria_ring_pass_destroy(). */
 const stria_ring_step_stats_t *stria_ring_pass_stats(const stria_ring_pass_t *pass,
                                                      size_t *n_steps_out);
 
@@ -250,6 +264,7 @@ typedef struct {
      * Per-rank compute times free of contention between the rank threads,
      * for benchmarks; the wall time then no longer shows parallel speed. */
     bool serialize_compute;
+    bool all_hops; /* as in stria_ring_opts_t */
     /* Device of every rank (stria_device_open() names): NULL or "cpu" runs
      * on the host as before; "cpu:staged" and "cuda:N" give each rank its
      * own device object (for CUDA all on GPU N), upload its shards, run and

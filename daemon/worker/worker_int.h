@@ -14,6 +14,7 @@
 
 #include "stria.pb-c.h"
 #include "stria_auth.h"
+#include "stria_spec.h"
 #include "stria_common.h"
 #include "stria_device.h"
 #include "stria_rpc.h"
@@ -47,10 +48,7 @@ typedef struct stria__wjob {
     int64_t batch, seq, heads, kv_heads, head_dim;
     stria_dtype_t dtype;
     bool causal;
-    int64_t *cu_seqlens; /* owned; NULL when n_cu_seqlens is 0 */
-    size_t n_cu_seqlens;
-    bool has_window;
-    int64_t window_left, window_right;
+    stria_job_masks_t masks; /* documents and window, owned */
     stria_layout_kind_t layout_kind;
     float scale;
     double step_timeout_s;

@@ -30,7 +30,7 @@ static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
         stria_ranges_free(&j->received[t]);
     }
     stria_device_close(j->dev);
-    free(j->cu_seqlens);
+    stria_job_masks_free(&j->masks);
     w->memory_used -= j->bytes;
     stria_metric_set(w->m_memory, (double)w->memory_used);
     free(j);
@@ -187,14 +187,8 @@ static stria_status_t stria__job_spec(stria__wjob_t *j, stria_worker_t *w, uint6
     j->head_dim = s->head_dim;
     j->dtype = (stria_dtype_t)s->dtype;
     j->causal = s->causal;
-    if (s->n_cu_seqlens > 0 && (j->cu_seqlens = malloc(s->n_cu_seqlens * sizeof(int64_t))) == NULL)
+    if (!stria_job_masks_copy(s, &j->masks))
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
-    if (s->n_cu_seqlens > 0)
-        memcpy(j->cu_seqlens, s->cu_seqlens, s->n_cu_seqlens * sizeof(int64_t));
-    j->n_cu_seqlens = s->n_cu_seqlens;
-    j->has_window = s->window != NULL;
-    j->window_left = s->window != NULL ? s->window->left : 0;
-    j->window_right = s->window != NULL ? s->window->right : 0;
     j->layout_kind = (stria_layout_kind_t)s->layout;
     j->scale = s->scale;
     j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
@@ -274,7 +268,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     stria__wjob_t *other = stria__wjob_find(w, job_id);
     if (other != NULL) { /* created meanwhile by another request */
         pthread_mutex_unlock(&w->lock);
-        free(j->cu_seqlens);
+        stria_job_masks_free(&j->masks);
         free(j);
         j = NULL;
         *job_out = other;
@@ -322,7 +316,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     st = STRIA_OK;
 out:
     if (j != NULL)
-        free(j->cu_seqlens);
+        stria_job_masks_free(&j->masks);
     free(j);
     stria_rpc_reply_free(&reply);
     return st;

@@ -217,11 +217,11 @@ static stria_status_t stria__pass_object(stria_worker_t *w, stria__wjob_t *j, st
     shape.scale = j->scale;
     shape.causal = j->causal;
     shape.dtype = j->dtype;
-    shape.cu_seqlens = j->cu_seqlens; /* the job outlives its pass object */
-    shape.n_cu_seqlens = j->n_cu_seqlens;
-    shape.has_window = j->has_window;
-    shape.window_left = j->window_left;
-    shape.window_right = j->window_right;
+    shape.cu_seqlens = j->masks.cu_seqlens; /* the job outlives its pass object */
+    shape.n_cu_seqlens = j->masks.n_cu_seqlens;
+    shape.has_window = j->masks.has_window;
+    shape.window_left = j->masks.window_left;
+    shape.window_right = j->masks.window_right;
     memset(&opts, 0, sizeof(opts));
     opts.step_timeout_s = j->step_timeout_s;
     opts.pool = w->pool;
@@ -261,8 +261,8 @@ static stria_status_t stria__pass_compute(stria_worker_t *w, stria__wjob_t *j, b
         stria_metric_add(w->m_bytes_sent, (double)ss[i].bytes_sent);
         stria_metric_add(w->m_bytes_recv, (double)ss[i].bytes_recv);
     }
-    stats->steps = (uint32_t)n;
-    stria_metric_add(w->m_steps[backward ? 1 : 0], (double)n);
+    stats->steps = (uint32_t)stria_ring_pass_steps(j->pass);
+    stria_metric_add(w->m_steps[backward ? 1 : 0], (double)stats->steps);
     return st;
 }
 

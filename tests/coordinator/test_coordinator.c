@@ -792,6 +792,21 @@ Test(coord, assignment_stripes_and_defaults, .timeout = TEST_TIMEOUT_S)
     cr_expect_eq(as->spec->window->left, 3);
     cr_expect_eq(as->spec->window->right, -1);
     stria_rpc_reply_free(&rep);
+    /* auto: contiguous with a window, striped without; the assignment (what
+     * workers and the client see) names the layout chosen. */
+    s.layout = STRIA__V1__LAYOUT__LAYOUT_AUTO;
+    cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK, "%s", stria_error_msg());
+    as = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
+    cr_expect_eq(as->spec->layout, STRIA__V1__LAYOUT__LAYOUT_CONTIGUOUS);
+    cr_expect_eq(as->ranks[1]->runs[0]->first, 6, "contiguous: rank 1 starts at token 6");
+    stria_rpc_reply_free(&rep);
+    s.window = NULL;
+    cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK, "%s", stria_error_msg());
+    as = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
+    cr_expect_eq(as->spec->layout, STRIA__V1__LAYOUT__LAYOUT_STRIPED);
+    stria_rpc_reply_free(&rep);
+    s.window = &win;
+    s.layout = STRIA__V1__LAYOUT__LAYOUT_STRIPED;
     Stria__V1__JobInfo *info = get_job(&fx, masked_id, &rep);
     cr_assert_not_null(info);
     cr_expect_eq(info->assignment->spec->n_cu_seqlens, 5);

@@ -152,6 +152,19 @@ Test(layout, names_and_errors)
                      STRIA_OK);
         cr_assert_eq(kind, all_kinds[k]);
     }
+    /* auto parses, names itself, and stands for contiguous with a window and
+     * striped otherwise; it cannot describe shards until resolved. */
+    cr_assert_eq(stria_layout_kind_parse("auto", &kind), STRIA_OK);
+    cr_assert_eq(kind, STRIA_LAYOUT_AUTO);
+    cr_expect_str_eq(stria_layout_kind_name(STRIA_LAYOUT_AUTO), "auto");
+    cr_expect_eq(stria_layout_kind_resolve(STRIA_LAYOUT_AUTO, true), STRIA_LAYOUT_CONTIGUOUS);
+    cr_expect_eq(stria_layout_kind_resolve(STRIA_LAYOUT_AUTO, false), STRIA_LAYOUT_STRIPED);
+    for (size_t k = 0; k < 3; k++) {
+        cr_expect_eq(stria_layout_kind_resolve(all_kinds[k], true), all_kinds[k]);
+        cr_expect_eq(stria_layout_kind_resolve(all_kinds[k], false), all_kinds[k]);
+    }
+    cr_expect_eq(stria_layout_init(STRIA_LAYOUT_AUTO, 2, 4, &l), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "resolved") != NULL, "%s", stria_error_msg());
     cr_expect_eq(stria_layout_kind_parse("ring", &kind), STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "'ring'") != NULL, "%s", stria_error_msg());
     cr_expect_str_eq(stria_layout_kind_name((stria_layout_kind_t)7), "unknown");

@@ -326,6 +326,8 @@ static void run_job(stria_client_t *c, job_data_t *j)
     for (int i = 0; i < cl.n_workers; i++)
         alive += cl.workers[i] != NULL;
     cr_expect_eq(stria_job_ring_size(job), j->spec.ring_size ? j->spec.ring_size : alive);
+    cr_expect_eq(stria_job_layout(job),
+                 stria_layout_kind_resolve(j->spec.layout, j->spec.has_window));
     cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
 }
 
@@ -871,8 +873,9 @@ static void expect_in_process_ring(const job_data_t *j, size_t i)
                                 .has_window = s->has_window,
                                 .window_left = s->window_left,
                                 .window_right = s->window_right};
-    stria_ring_local_opts_t lo = {
-        .layout = s->layout, .n_ranks = s->ring_size, .passes = STRIA_RING_PASS_FWD_BWD};
+    stria_ring_local_opts_t lo = {.layout = stria_layout_kind_resolve(s->layout, s->has_window),
+                                  .n_ranks = s->ring_size,
+                                  .passes = STRIA_RING_PASS_FWD_BWD};
     void *o = calloc(j->nq, j->es), *dq = calloc(j->nq, j->es), *dk = calloc(j->nk, j->es),
          *dv = calloc(j->nk, j->es);
     float *lse = calloc(j->nl, 4);
@@ -899,10 +902,12 @@ static void expect_in_process_ring(const job_data_t *j, size_t i)
 Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
 {
     static const int64_t cu[] = {0, 1, 17, 300, 301, 1024};
-    static const stria_layout_kind_t layouts[] = {STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_STRIPED};
+    /* auto: the coordinator chooses contiguous for a windowed job. */
+    static const stria_layout_kind_t layouts[] = {STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_STRIPED,
+                                                  STRIA_LAYOUT_AUTO};
     start_cluster(4, NULL, NULL);
     stria_client_t *c = connect_client(NULL);
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < 3; i++) {
         job_data_t j;
         job_data_init(&j, 1, 1024, 4, 2, 64, STRIA_DTYPE_BF16, true, 60 + i);
         j.spec.ring_size = 4;
@@ -916,6 +921,24 @@ Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
         expect_in_process_ring(&j, i);
         if (i == 0)
             check_outputs(&j, true);
+        if (layouts[i] == STRIA_LAYOUT_AUTO) {
+            /* contiguous shards of 256 and a window of 255: the forward's K/V
+             * goes one hop (2 steps); the backward's dK/dV all 4. */
+            stria_job_t *job = NULL;
+            stria_call_stats_t fs = STRIA_CALL_STATS_INIT, bs = STRIA_CALL_STATS_INIT;
+            cr_assert_eq(
+                stria_client_forward(c, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, &fs, &job),
+                STRIA_OK, "%s", stria_error_msg());
+            cr_assert_eq(stria_client_backward(job, j.g, j.dq, j.dk, j.dv, NULL, NULL, &bs),
+                         STRIA_OK, "%s", stria_error_msg());
+            uint64_t block = 2u * 256 * 2 * 64 * 2; /* K and V of a bf16 shard */
+            cr_expect_eq(fs.ring_steps, 2, "forward ran %u steps", fs.ring_steps);
+            cr_expect_eq(bs.ring_steps, 4, "backward ran %u steps", bs.ring_steps);
+            cr_expect_geq(fs.ring_bytes_sent, 4 * block);
+            cr_expect_lt(fs.ring_bytes_sent, 5 * block, "forward sent %llu bytes",
+                         (unsigned long long)fs.ring_bytes_sent);
+            cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
+        }
         job_data_free(&j);
     }
     /* The service refuses bad documents with the coordinator's message. */
