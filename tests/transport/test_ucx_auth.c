@@ -195,8 +195,10 @@ Test(ucx_auth, injected_blocks_are_dropped_and_counted_and_the_results_stay_righ
 {
     char msg[2048], out[256];
     /* Small blocks (eager) in passes checked block by block (every block
-     * must hold its origin's pattern), for a few seconds (6000 passes). */
-    const char *ring[] = {"--key-seed", "5", "--bytes", "4096", "--passes", "6000", NULL};
+     * must hold its origin's pattern), for a few seconds (3000 passes of at
+     * least a millisecond). */
+    const char *ring[] = {"--key-seed", "5",           "--bytes", "4096", "--passes",
+                          "3000",       "--late-recv", "1",       NULL};
     test_proc_t *p0 = rank_start(0, 2, ring);
     test_proc_t *p1 = rank_start(1, 2, ring);
     cr_assert(wait_file("ready", 1, 30), "the ring did not start; log:\n%s",
@@ -240,8 +242,11 @@ Test(ucx_auth, silent_connections_time_out_and_are_capped_per_source, .init = se
      .fini = teardown, .timeout = 120)
 {
     char msg[2048], out[256];
-    const char *ring[] = {"--key-seed",          "5", "--bytes",       "4096", "--passes", "8000",
-                          "--handshake-timeout", "1", "--max-pending", "4",    NULL};
+    /* 3000 passes of at least a millisecond each: the ring outlives the
+     * flood (3 s) and the 1 s deadline of its connections. */
+    const char *ring[] = {
+        "--key-seed",          "5", "--bytes",       "4096", "--passes", "3000", "--late-recv", "1",
+        "--handshake-timeout", "1", "--max-pending", "4",    NULL};
     test_proc_t *p0 = rank_start(0, 2, ring);
     test_proc_t *p1 = rank_start(1, 2, ring);
     cr_assert(wait_file("ready", 1, 30), "the ring did not start");
