@@ -4,91 +4,17 @@
  * ring over UCX) and through the in-process ring engine with the same ranks,
  * side by side in one run. Reports both times and their ratio.
  */
-#include <errno.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_daemons.h"
 #include "bench_util.h"
 #include "stria_client.h"
 #include "stria_common.h"
-#include "stria_ring.h"
-
-#define SVC_MAX_WORKERS 64
-
-typedef struct {
-    pid_t pid;
-    FILE *out;
-} svc_proc_t;
-
-static svc_proc_t procs[SVC_MAX_WORKERS + 1];
-static int n_procs;
-
-static void stop_all(void)
-{
-    for (int i = 0; i < n_procs; i++)
-        if (procs[i].pid > 0)
-            kill(procs[i].pid, SIGTERM);
-    for (int i = 0; i < n_procs; i++) {
-        if (procs[i].pid <= 0)
-            continue;
-        int st;
-        for (int t = 0; t < 100 && waitpid(procs[i].pid, &st, WNOHANG) == 0; t++)
-            usleep(50000);
-        if (waitpid(procs[i].pid, &st, WNOHANG) == 0) {
-            kill(procs[i].pid, SIGKILL);
-            waitpid(procs[i].pid, &st, 0);
-        }
-        if (procs[i].out)
-            fclose(procs[i].out);
-        procs[i].pid = 0;
-    }
-    n_procs = 0;
-}
-
-static void on_signal(int sig)
-{
-    stop_all();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* Starts argv with stdout on a pipe and stderr to /dev/null; reads lines until
- * one starts with `prefix` and copies it into line. */
-static int start_proc(char *const argv[], const char *prefix, char *line, size_t len)
-{
-    int fds[2];
-    if (pipe(fds) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        FILE *null = freopen("/dev/null", "w", stderr);
-        (void)null;
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    svc_proc_t *p = &procs[n_procs++];
-    p->pid = pid;
-    p->out = fdopen(fds[0], "r");
-    while (fgets(line, (int)len, p->out) != NULL) {
-        if (strncmp(line, prefix, strlen(prefix)) == 0) {
-            line[strcspn(line, "\n")] = '\0';
-            return 0;
-        }
-    }
-    return -1;
-}
 
 static const char svc_description[] =
     "Runs the same causal striped forward+backward job (a) through the service: a\n"
@@ -123,7 +49,7 @@ static int svc_parse(int argc, char **argv, svc_cfg_t *c)
          .dst = &ranks_arg,
          .dflt = "4",
          .min = 1,
-         .max = SVC_MAX_WORKERS,
+         .max = STRIA_BENCH_MAX_WORKERS,
          .metavar = "N",
          .help = "workers (and in-process ranks)"},
         {.name = "seq",
@@ -195,52 +121,6 @@ static int svc_parse(int argc, char **argv, svc_cfg_t *c)
     return prc;
 }
 
-/* Starts a coordinator and `ranks` workers beside this program; writes the
- * coordinator's address. Returns 0, or 1 with a message. */
-static int svc_start_daemons(int ranks, int tpr, char *coord, size_t coord_len)
-{
-    char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) {
-        fprintf(stderr, "stria-bench service: cannot find this program's folder\n");
-        return 1;
-    }
-    self[n] = '\0';
-    snprintf(dir, sizeof(dir), "%s", self);
-    *strrchr(dir, '/') = '\0';
-    snprintf(coord_bin, sizeof(coord_bin), "%s/stria-coordinator", dir);
-    snprintf(worker_bin, sizeof(worker_bin), "%s/stria-worker", dir);
-    if (access(coord_bin, X_OK) != 0 || access(worker_bin, X_OK) != 0) {
-        fprintf(stderr, "stria-bench service: %s and %s are needed (build them)\n", coord_bin,
-                worker_bin);
-        return 1;
-    }
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    setenv("UCX_HANDLE_ERRORS", "none", 0);
-
-    char line[512], threads[16];
-    char *cargv[] = {coord_bin, "--listen", "127.0.0.1:0", "--heartbeat-period", "0.5", NULL};
-    if (start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
-        fprintf(stderr, "stria-bench service: the coordinator did not start\n");
-        stop_all();
-        return 1;
-    }
-    snprintf(coord, coord_len, "%s", line + strlen("stria-coordinator listening on "));
-    snprintf(threads, sizeof(threads), "%d", tpr);
-    for (int i = 0; i < ranks; i++) {
-        char *wargv[] = {worker_bin, "--coordinator", coord,   "--threads",
-                         threads,    "--log-level",   "error", NULL};
-        if (start_proc(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
-            fprintf(stderr, "stria-bench service: worker %d did not start\n", i);
-            stop_all();
-            return 1;
-        }
-    }
-
-    return 0;
-}
-
 /* Prints the medians: service, its ring passes alone, in-process. */
 static void svc_report(const svc_cfg_t *c, double ms, double mp, double ml)
 {
@@ -270,99 +150,30 @@ static void svc_report(const svc_cfg_t *c, double ms, double mp, double ml)
  * reports; returns the exit code. */
 static int svc_measure(const svc_cfg_t *c, const char *coord)
 {
-    int ranks = c->ranks, reps = c->reps, tpr = c->tpr;
-    int64_t seq = c->seq, heads = c->heads, kv_heads = c->kv_heads, head_dim = c->head_dim;
-    stria_dtype_t dtype = c->dtype;
-    bool json = c->json;
-    size_t es = stria_dtype_size(dtype);
-    size_t nq = (size_t)(seq * heads * head_dim), nk = (size_t)(seq * kv_heads * head_dim);
-    void *q = malloc(nq * es), *k = malloc(nk * es), *v = malloc(nk * es), *g = malloc(nq * es);
-    void *o = malloc(nq * es), *dq = malloc(nq * es), *dk = malloc(nk * es), *dv = malloc(nk * es);
-    float *lse = malloc((size_t)(heads * seq) * 4);
-    stria_bench_fill(q, dtype, nq, 1);
-    stria_bench_fill(k, dtype, nk, 2);
-    stria_bench_fill(v, dtype, nk, 3);
-    stria_bench_fill(g, dtype, nq, 4);
-
-    stria_client_params_t cp;
+    int ranks = c->ranks, reps = c->reps;
+    stria_bench_job_t t = {.batch = 1,
+                           .seq = c->seq,
+                           .heads = c->heads,
+                           .kv_heads = c->kv_heads,
+                           .head_dim = c->head_dim,
+                           .dtype = c->dtype};
+    if (stria_bench_job_alloc(&t, true) != 0)
+        return 1;
     stria_client_t *client = NULL;
-    memset(&cp, 0, sizeof(cp));
-    cp.struct_size = sizeof(cp);
-    cp.coordinator = coord;
-    cp.client_name = "stria-bench";
-    stria_status_t st = STRIA_ERR_TIMEOUT;
-    /* the workers register within a heartbeat or two */
-    for (int i = 0; i < 100 && st != STRIA_OK; i++) {
-        st = stria_client_connect(&cp, &client);
-        if (st != STRIA_OK)
-            usleep(100000);
-    }
-    stria_job_spec_t spec;
-    memset(&spec, 0, sizeof(spec));
-    spec.struct_size = sizeof(spec);
-    spec.batch = 1;
-    spec.seq_len = seq;
-    spec.heads = heads;
-    spec.kv_heads = kv_heads;
-    spec.head_dim = head_dim;
-    spec.dtype = dtype;
-    spec.causal = true;
-    spec.layout = STRIA_LAYOUT_STRIPED;
-    spec.ring_size = ranks;
-    spec.label = "stria-bench service";
-
-    stria_ring_shape_t shape;
-    memset(&shape, 0, sizeof(shape));
-    shape.batch = 1;
-    shape.seq = seq;
-    shape.heads = heads;
-    shape.kv_heads = kv_heads;
-    shape.head_dim = head_dim;
-    shape.causal = true;
-    shape.dtype = dtype;
-    stria_ring_local_opts_t ro;
-    memset(&ro, 0, sizeof(ro));
-    ro.layout = STRIA_LAYOUT_STRIPED;
-    ro.n_ranks = ranks;
-    ro.passes = STRIA_RING_PASS_FWD_BWD;
-    ro.threads_per_rank = tpr;
-    stria_ring_local_io_t io;
-    memset(&io, 0, sizeof(io));
-    io.q = q;
-    io.k = k;
-    io.v = v;
-    io.o = o;
-    io.o_dtype = dtype;
-    io.lse = lse;
-    io.d_o = g;
-    io.dq = dq;
-    io.dk = dk;
-    io.dv = dv;
-    io.grad_dtype = dtype;
-
+    stria_status_t st = stria_bench_client(coord, "stria-bench", STRIA_DATA_PATH_AUTO, &client);
+    stria_job_spec_t spec = stria_bench_job_spec(&t, true, ranks, "stria-bench service");
     double *svc_s = calloc((size_t)reps, sizeof(double)), *svc_pass = calloc((size_t)reps, 8);
     double *loc_s = calloc((size_t)reps, sizeof(double));
     for (int r = 0; r < reps && st == STRIA_OK; r++) {
         /* (a) through the service */
-        stria_job_t *job = NULL;
         stria_call_stats_t fs = STRIA_CALL_STATS_INIT, bs = STRIA_CALL_STATS_INIT;
-        double t0 = stria_time_now();
-        st = stria_client_forward(client, &spec, q, k, v, o, lse, NULL, NULL, &fs, &job);
-        if (st == STRIA_OK)
-            st = stria_client_backward(job, g, dq, dk, dv, NULL, NULL, &bs);
-        double t1 = stria_time_now();
-        stria_client_release(job);
+        st = stria_bench_service_fwd_bwd(client, &spec, &t, &svc_s[r], &fs, &bs);
         if (st != STRIA_OK)
             break;
-        svc_s[r] = t1 - t0;
         svc_pass[r] = fs.pass_s + bs.pass_s;
         /* (b) the in-process ring engine */
-        stria_ring_local_stats_t ls;
-        memset(&ls, 0, sizeof(ls));
-        t0 = stria_time_now();
-        st = stria_ring_run_local(&shape, &ro, &io, &ls);
-        loc_s[r] = stria_time_now() - t0;
-        if (!json)
+        st = stria_bench_local_fwd_bwd(&t, true, ranks, c->tpr, &loc_s[r]);
+        if (!c->json)
             fprintf(stderr, "  rep %d: service %.3f s (passes %.3f s), in-process %.3f s\n", r,
                     svc_s[r], svc_pass[r], loc_s[r]);
     }
@@ -375,7 +186,7 @@ static int svc_measure(const svc_cfg_t *c, const char *coord)
                    stria_bench_median(loc_s, reps));
     }
     stria_client_close(client);
-    free(q), free(k), free(v), free(g), free(o), free(dq), free(dk), free(dv), free(lse);
+    stria_bench_job_free(&t);
     free(svc_s), free(svc_pass), free(loc_s);
     return rc;
 }
@@ -387,9 +198,9 @@ int stria_bench_service(int argc, char **argv)
     int prc = svc_parse(argc, argv, &c);
     if (prc >= 0)
         return prc;
-    if (svc_start_daemons(c.ranks, c.tpr, coord, sizeof(coord)) != 0)
+    if (stria_bench_daemons_start("service", c.ranks, c.tpr, coord, sizeof(coord)) != 0)
         return 1;
     int rc = svc_measure(&c, coord);
-    stop_all();
+    stria_bench_daemons_stop();
     return rc;
 }

@@ -26,6 +26,9 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_SERVICE
     {"service", stria_bench_service, "the same job through the daemons vs the in-process ring"},
 #endif
+#ifdef STRIA_BENCH_DATAPATH
+    {"datapath", stria_bench_datapath, "tensors to the workers and back vs raw TCP and memcpy"},
+#endif
     {NULL, NULL, NULL},
 };
 

@@ -17,12 +17,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "client_xfer.h"
 #include "stria.pb-c.h"
 #include "stria_rpc.h"
 
 #define STRIA__COORD_TIMEOUT_S 10.0
 #define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
-#define STRIA__MAX_CHUNK       ((uint64_t)64 << 20)
 #define STRIA__POLL_S          0.2
 
 struct stria_client {
@@ -43,7 +43,11 @@ typedef struct {
     stria_status_t status;
     char error[768];
     double compute_s, wait_s;
-    uint64_t bytes; /* moved in the current phase, read by the progress poller */
+    uint32_t steps;      /* of the last pass */
+    uint64_t bytes_sent; /* over the ring in the last pass */
+    uint64_t bytes;      /* moved in the current phase, read by the progress poller */
+    void *stage;         /* staging of short rows (client_xfer.c), kept between calls */
+    size_t stage_cap;
 } stria__rank_t;
 
 struct stria_job {
@@ -135,9 +139,9 @@ unsigned stria_client_abi_version(void)
 #define STRIA__PARAMS_V1_SIZE     STRIA__V1_END(stria_client_params_t, client_name)
 #define STRIA__SPEC_V1_SIZE       STRIA__V1_END(stria_job_spec_t, label)
 #define STRIA__STATS_V1_SIZE      STRIA__V1_END(stria_call_stats_t, bytes_down)
-_Static_assert(STRIA__PARAMS_V1_SIZE == sizeof(stria_client_params_t) &&
+_Static_assert(STRIA__PARAMS_V1_SIZE <= sizeof(stria_client_params_t) &&
                    STRIA__SPEC_V1_SIZE <= sizeof(stria_job_spec_t) &&
-                   STRIA__STATS_V1_SIZE == sizeof(stria_call_stats_t),
+                   STRIA__STATS_V1_SIZE <= sizeof(stria_call_stats_t),
                "ABI 1 sizes: a struct grew; keep these at its ABI 1 end");
 /* A struct_size beyond this is no size at all: the caller's header predates
  * struct_size (its first field is a pointer) or the struct is uninitialised. */
@@ -223,6 +227,20 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
     if (params->coordinator == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_connect: the coordinator address is required");
+    if (params->token != NULL && params->token_file != NULL)
+        return stria_error_set(
+            STRIA_ERR_INVALID_ARG,
+            "stria_client_connect: token and token_file are both set (give one)");
+    if (params->data_path == STRIA_DATA_PATH_SHM)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "stria_client_connect: data_path shm (shared memory with the "
+                               "workers of this host) is not available in this libstria; use "
+                               "tcp or auto");
+    if (params->data_path != STRIA_DATA_PATH_AUTO && params->data_path != STRIA_DATA_PATH_TCP)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_connect: data_path %d is not auto (0), tcp (1) or "
+                               "shm (2)",
+                               (int)params->data_path);
     c = calloc(1, sizeof(*c));
     if (c == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate client");
@@ -234,6 +252,9 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate client");
         goto err;
     }
+    if (params->token_file != NULL &&
+        (st = stria_rpc_token_read(params->token_file, &c->token)) != STRIA_OK)
+        goto err;
     if (c->params.connect_timeout_s <= 0)
         c->params.connect_timeout_s = 10.0;
     if (c->params.rpc_timeout_s <= 0)
@@ -434,110 +455,25 @@ static stria_status_t stria__rank_connect(stria_job_t *job, stria__rank_t *r)
     return stria_rpc_client_connect(&rp, &r->conn);
 }
 
-/* Packs this rank's real tokens of a full [batch, seq, heads, dim] tensor. */
-static void stria__pack_shard(const stria_job_t *job, const stria__rank_t *r, const void *full,
-                              size_t row_bytes, void *shard)
+/* The rank's side of the job's transfers (client_xfer.c). */
+static stria__xfer_t stria__rank_xfer(stria_job_t *job, stria__rank_t *r)
 {
-    for (int64_t b = 0; b < job->spec.batch; b++)
-        for (int64_t i = 0; i < r->tokens; i++) {
-            int64_t pos = stria_layout_position(&job->layout, r->rank, i);
-            memcpy((char *)shard + (size_t)(b * r->tokens + i) * row_bytes,
-                   (const char *)full + (size_t)(b * job->spec.seq_len + pos) * row_bytes,
-                   row_bytes);
-        }
+    stria__xfer_t x;
+    memset(&x, 0, sizeof(x));
+    x.conn = r->conn;
+    x.job_id = job->id;
+    x.rank = r->rank;
+    x.layout = &job->layout;
+    x.tokens = r->tokens;
+    x.timeout_s = job->client->params.rpc_timeout_s;
+    x.progress = &r->bytes;
+    x.stage = &r->stage;
+    x.stage_cap = &r->stage_cap;
+    return x;
 }
 
-static void stria__unpack_shard(const stria_job_t *job, const stria__rank_t *r, const void *shard,
-                                size_t row_bytes, void *full)
-{
-    for (int64_t b = 0; b < job->spec.batch; b++)
-        for (int64_t i = 0; i < r->tokens; i++) {
-            int64_t pos = stria_layout_position(&job->layout, r->rank, i);
-            memcpy((char *)full + (size_t)(b * job->spec.seq_len + pos) * row_bytes,
-                   (const char *)shard + (size_t)(b * r->tokens + i) * row_bytes, row_bytes);
-        }
-}
-
-/* LSE [batch, heads, tokens]. */
-static void stria__unpack_lse(const stria_job_t *job, const stria__rank_t *r, const float *shard,
-                              float *full)
-{
-    int64_t BH = job->spec.batch * job->spec.heads;
-    for (int64_t bh = 0; bh < BH; bh++)
-        for (int64_t i = 0; i < r->tokens; i++) {
-            int64_t pos = stria_layout_position(&job->layout, r->rank, i);
-            full[bh * job->spec.seq_len + pos] = shard[bh * r->tokens + i];
-        }
-}
-
-static stria_status_t stria__put_tensor(stria_job_t *job, stria__rank_t *r,
-                                        Stria__V1__Tensor tensor, const void *buf, uint64_t len)
-{
-    uint64_t max = stria_rpc_client_max_payload(r->conn);
-    uint64_t chunk = max < STRIA__MAX_CHUNK ? max : STRIA__MAX_CHUNK;
-    for (uint64_t off = 0; off < len;) {
-        uint64_t n = len - off < chunk ? len - off : chunk;
-        Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-        req.job_id = job->id;
-        req.rank = (uint32_t)r->rank;
-        req.tensor = tensor;
-        req.offset = off;
-        req.total_bytes = len;
-        stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_PUT_INPUT,
-                                  .request = &req.base,
-                                  .payload = (const char *)buf + off,
-                                  .payload_len = n,
-                                  .timeout_s = job->client->params.rpc_timeout_s};
-        stria_rpc_reply_t reply = {0};
-        stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
-        stria_rpc_reply_free(&reply);
-        if (st != STRIA_OK)
-            return st;
-        off += n;
-        __atomic_fetch_add(&r->bytes, n, __ATOMIC_RELAXED);
-    }
-    return STRIA_OK;
-}
-
-static stria_status_t stria__get_tensor(stria_job_t *job, stria__rank_t *r,
-                                        Stria__V1__Tensor tensor, void *buf, uint64_t len)
-{
-    for (uint64_t off = 0; off < len;) {
-        Stria__V1__GetOutputRequest req = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-        req.job_id = job->id;
-        req.rank = (uint32_t)r->rank;
-        req.tensor = tensor;
-        req.offset = off;
-        req.max_bytes = len - off < STRIA__MAX_CHUNK ? len - off : STRIA__MAX_CHUNK;
-        stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_GET_OUTPUT,
-                                  .request = &req.base,
-                                  .reply_buf = (char *)buf + off,
-                                  .reply_buf_cap = len - off,
-                                  .timeout_s = job->client->params.rpc_timeout_s};
-        stria_rpc_reply_t reply = {0};
-        stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
-        if (st != STRIA_OK)
-            return st;
-        Stria__V1__GetOutputReply *rep = (Stria__V1__GetOutputReply *)reply.msg;
-        uint64_t got = reply.payload_len;
-        if (rep->total_bytes != len || rep->offset != off || got == 0) {
-            st = stria_error_set(STRIA_ERR_PROTOCOL,
-                                 "output %d: worker sent %llu bytes at %llu of %llu, expected "
-                                 "%llu in all",
-                                 (int)tensor, (unsigned long long)got,
-                                 (unsigned long long)rep->offset,
-                                 (unsigned long long)rep->total_bytes, (unsigned long long)len);
-            stria_rpc_reply_free(&reply);
-            return st;
-        }
-        stria_rpc_reply_free(&reply);
-        off += got;
-        __atomic_fetch_add(&r->bytes, got, __ATOMIC_RELAXED);
-    }
-    return STRIA_OK;
-}
-
-/* Upload phase: this rank's shards of the phase's input tensors. */
+/* Upload phase: this rank's shards of the phase's input tensors, sent from
+ * the caller's rows. */
 static void stria__rank_upload(stria__phase_t *ph, stria__rank_t *r)
 {
     static const Stria__V1__Tensor fwd_tensors[3] = {
@@ -548,20 +484,11 @@ static void stria__rank_upload(stria__phase_t *ph, stria__rank_t *r)
         stria__capture_error(r, st, "connect");
         return;
     }
+    stria__xfer_t x = stria__rank_xfer(job, r);
     for (int t = 0; t < ph->n_in; t++) {
         int64_t heads = (!ph->backward && t > 0) ? job->spec.kv_heads : job->spec.heads;
-        size_t row = stria__row_bytes(job, heads);
-        uint64_t len = (uint64_t)(job->spec.batch * r->tokens) * row;
-        void *shard = stria_malloc_aligned(len);
-        if (shard == NULL) {
-            stria__capture_error(r, stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory"),
-                                 "upload");
-            return;
-        }
-        stria__pack_shard(job, r, ph->in[t], row, shard);
-        st = stria__put_tensor(job, r, ph->backward ? STRIA__V1__TENSOR__TENSOR_DO : fwd_tensors[t],
-                               shard, len);
-        stria_free(shard);
+        st = stria__xfer_put(&x, ph->backward ? STRIA__V1__TENSOR__TENSOR_DO : fwd_tensors[t],
+                             ph->in[t], job->spec.batch, stria__row_bytes(job, heads));
         if (st != STRIA_OK) {
             stria__capture_error(r, st, "upload");
             return;
@@ -595,50 +522,31 @@ static void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
     if (stats != NULL) {
         r->compute_s = stats->compute_seconds;
         r->wait_s = stats->wait_seconds;
+        r->steps = stats->steps;
+        r->bytes_sent = stats->bytes_sent;
     }
     stria_rpc_reply_free(&reply);
 }
 
+/* Download phase: this rank's shards of the outputs, received into their
+ * final positions of the caller's tensors. */
 static void stria__rank_download(stria__phase_t *ph, stria__rank_t *r)
 {
     stria_job_t *job = ph->job;
     static const Stria__V1__Tensor bwd_tensors[3] = {
         STRIA__V1__TENSOR__TENSOR_DQ, STRIA__V1__TENSOR__TENSOR_DK, STRIA__V1__TENSOR__TENSOR_DV};
-    for (int t = 0; t < ph->n_out; t++) {
+    stria__xfer_t x = stria__rank_xfer(job, r);
+    stria_status_t st = STRIA_OK;
+    for (int t = 0; t < ph->n_out && st == STRIA_OK; t++) {
         int64_t heads = (ph->backward && t > 0) ? job->spec.kv_heads : job->spec.heads;
-        size_t row = stria__row_bytes(job, heads);
-        uint64_t len = (uint64_t)(job->spec.batch * r->tokens) * row;
-        void *shard = stria_malloc_aligned(len);
-        if (shard == NULL) {
-            stria__capture_error(r, stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory"),
-                                 "download");
-            return;
-        }
-        stria_status_t st = stria__get_tensor(
-            job, r, ph->backward ? bwd_tensors[t] : STRIA__V1__TENSOR__TENSOR_O, shard, len);
-        if (st == STRIA_OK)
-            stria__unpack_shard(job, r, shard, row, ph->out[t]);
-        stria_free(shard);
-        if (st != STRIA_OK) {
-            stria__capture_error(r, st, "download");
-            return;
-        }
+        st = stria__xfer_get(&x, ph->backward ? bwd_tensors[t] : STRIA__V1__TENSOR__TENSOR_O,
+                             ph->out[t], job->spec.batch, stria__row_bytes(job, heads));
     }
-    if (!ph->backward) {
-        uint64_t len = (uint64_t)(job->spec.batch * job->spec.heads * r->tokens) * 4;
-        float *shard = stria_malloc_aligned(len);
-        if (shard == NULL) {
-            stria__capture_error(r, stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory"),
-                                 "download");
-            return;
-        }
-        stria_status_t st = stria__get_tensor(job, r, STRIA__V1__TENSOR__TENSOR_LSE, shard, len);
-        if (st == STRIA_OK)
-            stria__unpack_lse(job, r, shard, ph->lse_out);
-        stria_free(shard);
-        if (st != STRIA_OK)
-            stria__capture_error(r, st, "download");
-    }
+    if (st == STRIA_OK && !ph->backward)
+        st = stria__xfer_get(&x, STRIA__V1__TENSOR__TENSOR_LSE, ph->lse_out,
+                             job->spec.batch * job->spec.heads, sizeof(float));
+    if (st != STRIA_OK)
+        stria__capture_error(r, st, "download");
 }
 
 /* ---- jobs --------------------------------------------------------------- */
@@ -726,8 +634,10 @@ static void stria__job_free(stria_job_t *job)
 {
     if (job == NULL)
         return;
-    for (int i = 0; i < job->n_ranks; i++)
+    for (int i = 0; i < job->n_ranks; i++) {
         stria_rpc_client_close(job->ranks[i].conn);
+        stria_free(job->ranks[i].stage);
+    }
     free(job->ranks);
     free(job);
 }
@@ -826,8 +736,12 @@ static void stria__collect_stats(const stria_job_t *job, stria_call_stats_t *sta
     stats->rank_compute_s_max = 0;
     stats->rank_compute_s_min = INFINITY;
     stats->rank_wait_s_max = 0;
+    stats->ring_steps = 0;
+    stats->ring_bytes_sent = 0;
     for (int i = 0; i < job->n_ranks; i++) {
         const stria__rank_t *r = &job->ranks[i];
+        stats->ring_steps = r->steps > stats->ring_steps ? r->steps : stats->ring_steps;
+        stats->ring_bytes_sent += r->bytes_sent;
         stats->rank_compute_s_max = fmax(stats->rank_compute_s_max, r->compute_s);
         stats->rank_compute_s_min = fmin(stats->rank_compute_s_min, r->compute_s);
         stats->rank_wait_s_max = fmax(stats->rank_wait_s_max, r->wait_s);

@@ -47,6 +47,18 @@ typedef struct stria_job stria_job_t;
 /* The ABI version of the library actually loaded. */
 unsigned stria_client_abi_version(void);
 
+/* How tensors move between the library and the workers. */
+typedef enum {
+    /* shared memory with the workers of this host where they offer it, TCP
+     * otherwise (the default) */
+    STRIA_DATA_PATH_AUTO = 0,
+    /* TCP always: each rank's tensors go to and come from its worker over
+     * its RPC connection, straight from and into the caller's rows */
+    STRIA_DATA_PATH_TCP = 1,
+    /* shared memory only: workers on other hosts are refused */
+    STRIA_DATA_PATH_SHM = 2,
+} stria_data_path_t;
+
 /* Start from STRIA_CLIENT_PARAMS_INIT and set the fields; zero means the
  * default. */
 typedef struct {
@@ -56,6 +68,16 @@ typedef struct {
     double connect_timeout_s; /* default 10 */
     double rpc_timeout_s;     /* one upload/download request; default 120 */
     const char *client_name;  /* shown in the daemons' logs; default "libstria" */
+    /* Added in ABI 1 after `client_name` (older callers' struct_size ends
+     * there and it reads as NULL). A file holding the token on its first
+     * line, read during the connection with the daemons' rules (blanks
+     * around it trimmed, printable ASCII); NULL: none. Not with `token`. */
+    const char *token_file;
+    /* Added in ABI 1 after `token_file` (older callers' struct_size ends
+     * there and it reads as AUTO). This library moves data over TCP only:
+     * AUTO means TCP, and SHM is refused by stria_client_connect() with
+     * STRIA_ERR_UNSUPPORTED. */
+    stria_data_path_t data_path;
 } stria_client_params_t;
 
 #define STRIA_CLIENT_PARAMS_INIT                                                                   \
@@ -121,6 +143,10 @@ typedef struct {
     double rank_compute_s_min; /* fastest rank's kernel time */
     double rank_wait_s_max;    /* longest time a rank waited on the ring */
     uint64_t bytes_up, bytes_down;
+    /* Since ABI 1's first release (zero from an older library): */
+    uint32_t ring_steps;      /* K/V steps of the pass (most over the ranks): N, or fewer
+                               * when a window let the forward stop early */
+    uint64_t ring_bytes_sent; /* over the ring links, all ranks */
 } stria_call_stats_t;
 
 #define STRIA_CALL_STATS_INIT                                                                      \

@@ -860,10 +860,10 @@ static void stria__submit_report(const stria__run_opts_t *o, const stria__run_da
            r->t_fwd, fs->queued_s, fs->upload_s, fs->pass_s, fs->download_s,
            flops / fs->pass_s * 1e-9);
     printf("            rank kernel time %.3f..%.3f s (balance %.2f), longest ring wait "
-           "%.3f s\n",
+           "%.3f s, %u ring steps, %.1f MiB over the ring\n",
            fs->rank_compute_s_min, fs->rank_compute_s_max,
            fs->rank_compute_s_max > 0 ? fs->rank_compute_s_min / fs->rank_compute_s_max : 1.0,
-           fs->rank_wait_s_max);
+           fs->rank_wait_s_max, fs->ring_steps, (double)fs->ring_bytes_sent / (1 << 20));
     if (o->do_path)
         printf("  backward: %.3f s (upload %.3f, pass %.3f, download %.3f), %.1f GFLOP/s in "
                "the pass; rank kernel time %.3f..%.3f s\n",

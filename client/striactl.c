@@ -44,6 +44,18 @@ static const char ctl_epilog[] =
     "file; 2 usage error; 3 coordinator unreachable; 4 authentication or permission\n"
     "refused.";
 
+/* The coordinator's strings (hosts, addresses, labels, failures) come from
+ * workers and clients: printed for a terminal, control characters and bytes
+ * that are not UTF-8 are escaped (stria_text_escape); a few buffers turn, so
+ * one printf may show several. */
+static const char *esc(const char *s)
+{
+    static char bufs[8][4 * 1024 + 1];
+    static unsigned next;
+    char *out = bufs[next++ % 8];
+    return stria_text_escape(s, out, sizeof(bufs[0]));
+}
+
 static int exit_code(stria_status_t st)
 {
     switch (st) {
@@ -64,7 +76,7 @@ static int exit_code(stria_status_t st)
 static int fail(stria_status_t st)
 {
     fprintf(stderr, "striactl: %s\n",
-            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+            esc(stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st)));
     return exit_code(st);
 }
 
@@ -85,18 +97,25 @@ static stria_status_t call(ctl_t *c, uint32_t method, const ProtobufCMessage *re
 
 /* ---- formatting ------------------------------------------------------------- */
 
+/* A JSON string: control characters (C0, DEL, C1) as \\u00XX and bytes
+ * that are not UTF-8 as \\ufffd, so the document stays valid UTF-8. */
 static void json_str(const char *s)
 {
+    const char *p = s ? s : "";
+    size_t n = strlen(p);
     putchar('"');
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p == '\n')
-            printf("\\n");
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = (unsigned char)p[i];
+        size_t len = cp < 0x80 ? 1 : stria_utf8_char(p + i, n - i, &cp);
+        if (len == 0)
+            printf("\\ufffd");
+        else if (cp == '"' || cp == '\\')
+            printf("\\%c", (char)cp);
+        else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f))
+            printf("\\u%04x", (unsigned)cp);
         else
-            putchar(*p);
+            fwrite(p + i, 1, len, stdout);
+        i += len ? len : 1;
     }
     putchar('"');
 }
@@ -176,10 +195,13 @@ static void json_worker(const Stria__V1__WorkerInfo *w)
     json_str(w->ucx_address);
     printf(",\"heartbeat_age_ms\":%u,\"memory_bytes\":%" PRIu64
            ",\"memory_reserved_bytes\":%" PRIu64 ",\"memory_in_use_bytes\":%" PRIu64
+           ",\"pool_reserved_bytes\":%" PRIu64 ",\"pool_in_use_bytes\":%" PRIu64
+           ",\"pool_high_water_bytes\":%" PRIu64 ",\"pool_committed_bytes\":%" PRIu64
            ",\"current_job\":%" PRIu64 ",\"step\":%u,\"steps_total\":%u,\"ring_index\":%d,"
            "\"draining\":%s,\"version\":",
            w->heartbeat_age_ms, w->memory_bytes, w->memory_reserved_bytes, w->memory_in_use_bytes,
-           w->current_job_id, w->step, w->steps_total, w->ring_index,
+           w->pool_reserved_bytes, w->pool_in_use_bytes, w->pool_high_water_bytes,
+           w->pool_committed_bytes, w->current_job_id, w->step, w->steps_total, w->ring_index,
            w->draining ? "true" : "false");
     json_str(w->software_version);
     printf(",\"kernel\":");
@@ -205,7 +227,7 @@ static void table_add(table_t *t, const char *const *cells)
         t->cells = realloc(t->cells, t->cap * sizeof(*t->cells));
     }
     for (int c = 0; c < t->ncols; c++)
-        t->cells[t->nrows][c] = strdup(cells[c] ? cells[c] : "");
+        t->cells[t->nrows][c] = strdup(esc(cells[c]));
     t->nrows++;
 }
 
@@ -232,6 +254,7 @@ static void table_print(table_t *t)
 static void worker_row(table_t *t, int rank, const Stria__V1__WorkerInfo *w)
 {
     char rk[16], id[24], age[32], job[24], step[32], held[16], mem[64], used[24], cap[24];
+    char pool[96], pin[24], peak[24], kept[24];
     snprintf(rk, sizeof(rk), rank >= 0 ? "%d" : "-", rank);
     snprintf(id, sizeof(id), "%" PRIu64, w->worker_id);
     fmt_duration(age, sizeof(age), w->heartbeat_age_ms);
@@ -244,9 +267,13 @@ static void worker_row(table_t *t, int rank, const Stria__V1__WorkerInfo *w)
     fmt_bytes(used, sizeof(used), w->memory_in_use_bytes);
     fmt_bytes(cap, sizeof(cap), w->memory_bytes);
     snprintf(mem, sizeof(mem), "%s / %s", used, cap);
+    fmt_bytes(pin, sizeof(pin), w->pool_in_use_bytes);
+    fmt_bytes(peak, sizeof(peak), w->pool_high_water_bytes);
+    fmt_bytes(kept, sizeof(kept), w->pool_committed_bytes);
+    snprintf(pool, sizeof(pool), "%s / %s / %s", pin, peak, kept);
     const char *cells[] = {
-        rk,   id,   w->host, w->device,     worker_state_name(w->state), age, job,
-        step, held, mem,     w->rpc_address};
+        rk,   id,  w->host, w->device,     worker_state_name(w->state), age, job, step,
+        held, mem, pool,    w->rpc_address};
     table_add(t, cells);
 }
 
@@ -291,15 +318,16 @@ static int cmd_status(ctl_t *c)
     } else {
         char up[32];
         fmt_duration(up, sizeof(up), s->uptime_ms);
-        printf("coordinator %s  version %s  up %s  heartbeat %u ms  job ttl %u s\n", c->coordinator,
-               s->software_version, up, s->heartbeat_period_ms, s->job_ttl_s);
+        printf("coordinator %s  version %s  up %s  heartbeat %u ms  job ttl %u s\n",
+               esc(c->coordinator), esc(s->software_version), up, s->heartbeat_period_ms,
+               s->job_ttl_s);
         printf("workers: %u healthy, %u draining, %u dead, %u left    jobs: %u active, %u "
                "pending, %" PRIu64 " submitted, %" PRIu64 " failed\n\n",
                s->workers_healthy, s->workers_draining, s->workers_dead, s->workers_left,
                s->jobs_active, s->jobs_pending, s->jobs_submitted, s->jobs_failed);
-        table_t t = {.ncols = 11};
-        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE",  "HEARTBEAT",
-                              "JOB",  "STEP",   "JOBS", "MEMORY", "ADDRESS"};
+        table_t t = {.ncols = 12};
+        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE", "HEARTBEAT",
+                              "JOB",  "STEP",   "JOBS", "MEMORY", "POOL",  "ADDRESS"};
         table_add(&t, head);
         for (size_t i = 0; i < r->n_members; i++)
             if (r->members[i]->worker)
@@ -330,9 +358,9 @@ static int cmd_workers(ctl_t *c)
         }
         printf("]}\n");
     } else {
-        table_t t = {.ncols = 11};
-        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE",  "HEARTBEAT",
-                              "JOB",  "STEP",   "JOBS", "MEMORY", "ADDRESS"};
+        table_t t = {.ncols = 12};
+        const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE", "HEARTBEAT",
+                              "JOB",  "STEP",   "JOBS", "MEMORY", "POOL",  "ADDRESS"};
         table_add(&t, head);
         for (size_t i = 0; i < r->n_workers; i++)
             worker_row(&t, r->workers[i]->ring_index, r->workers[i]);
@@ -620,13 +648,13 @@ static int cmd_job(ctl_t *c, const char *arg)
             printf("  queue position %u", j->queue_position);
         printf("\n");
         if (j->failure && j->failure[0])
-            printf("failure: %s\n", j->failure);
+            printf("failure: %s\n", esc(j->failure));
         if (s) {
             printf("spec: batch %u, seq_len %" PRIu64 ", heads %u, kv_heads %u, head_dim %u, "
                    "%s, %s, %s layout, scale %g%s%s\n",
                    s->batch, s->seq_len, s->heads, s->kv_heads, s->head_dim, dtype_name(s->dtype),
                    s->causal ? "causal" : "non-causal", layout_name(s->layout), (double)s->scale,
-                   s->label && s->label[0] ? ", " : "", s->label ? s->label : "");
+                   s->label && s->label[0] ? ", " : "", esc(s->label));
         }
         if (a && a->n_ranks) {
             char mem[32];
@@ -712,7 +740,7 @@ static int cmd_drain(ctl_t *c, const char *name, bool drain)
             printf("null");
         printf("}\n");
     } else {
-        printf("worker %" PRIu64 " (%s): %s%s\n", id, w ? w->rpc_address : "?",
+        printf("worker %" PRIu64 " (%s): %s%s\n", id, esc(w ? w->rpc_address : "?"),
                drain ? "draining" : "undrained",
                drain && w && w->n_job_ids ? " (finishing its jobs)" : "");
     }

@@ -68,18 +68,66 @@ static bool stria__stderr_is_journal(void)
     return v != 0;
 }
 
+size_t stria_utf8_char(const char *s, size_t n, uint32_t *cp)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t len = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : 2;
+    uint32_t min = len == 4 ? 0x10000 : len == 3 ? 0x800 : 0x80;
+    if (p[0] < 0xc2 || p[0] > 0xf4 || len > n)
+        return 0;
+    *cp = p[0] & (0x7f >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        *cp = (*cp << 6) | (p[i] & 0x3f);
+    }
+    if (*cp < min || *cp > 0x10ffff || (*cp >= 0xd800 && *cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+char *stria_text_escape(const char *in, char *out, size_t cap)
+{
+    const unsigned char *p = (const unsigned char *)(in ? in : "");
+    size_t n = strlen((const char *)p), o = 0;
+    if (cap == 0)
+        return out;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = 0;
+        size_t len = p[i] < 0x80 ? 1 : stria_utf8_char((const char *)p + i, n - i, &cp);
+        bool plain =
+            len > 1 ? !(cp >= 0x80 && cp <= 0x9f) : (len == 1 && p[i] >= 0x20 && p[i] != 0x7f);
+        size_t need = plain ? len : 4;
+        if (o + need >= cap)
+            break;
+        if (plain) {
+            memcpy(out + o, p + i, len);
+        } else {
+            snprintf(out + o, 5, "\\x%02x", p[i]);
+            len = 1;
+        }
+        o += need;
+        i += len;
+    }
+    out[o] = '\0';
+    return out;
+}
+
 void stria_log_write(stria_log_level_t level, const char *file, int line, const char *fmt, ...)
 {
     static const int priorities[] = {3, 4, 6, 7};
-    char msg[2048];
+    char raw[2048], msg[4 * sizeof(raw)];
     struct timespec ts;
     struct tm tm;
     const char *base = strrchr(file, '/');
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
+    /* messages carry peers' strings (addresses, reasons, labels): one line,
+     * nothing a terminal would act on */
+    stria_text_escape(raw, msg, sizeof(msg));
     base = base ? base + 1 : file;
     if (stria__stderr_is_journal()) {
         pthread_mutex_lock(&stria__log_lock);

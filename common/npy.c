@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define STRIA__NPY_MAX_HEADER (1u << 20)
 #define STRIA__NPY_MAX_ELEMS  ((int64_t)1 << 40)
@@ -155,8 +156,8 @@ stria_status_t stria_npy_read(const char *path, stria_npy_t *arr)
     }
     (void)pre_len;
     if (hlen == 0 || hlen > STRIA__NPY_MAX_HEADER) {
-        st = stria_error_set(STRIA_ERR_FORMAT, "%s: .npy header length %u out of range", path,
-                             hlen);
+        st =
+            stria_error_set(STRIA_ERR_FORMAT, "%s: .npy header length %u out of range", path, hlen);
         goto out_close;
     }
     hdr = malloc((size_t)hlen + 1);
@@ -181,10 +182,22 @@ stria_status_t stria_npy_read(const char *path, stria_npy_t *arr)
     }
     if (numel > 0) {
         size_t nbytes = (size_t)numel * (size_t)elem_kind;
+        struct stat sb;
+        long at = ftell(f);
+        /* what the header promises must be in the file before it is allocated */
+        if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && at >= 0 &&
+            (uint64_t)sb.st_size - (uint64_t)at < nbytes) {
+            st = stria_error_set(STRIA_ERR_FORMAT,
+                                 "%s: truncated data (header promises %lld elements, %zu bytes; "
+                                 "the file holds %llu)",
+                                 path, (long long)numel, nbytes,
+                                 (unsigned long long)((uint64_t)sb.st_size - (uint64_t)at));
+            goto out_free_hdr;
+        }
         raw = stria_malloc_aligned(nbytes);
         if (raw == NULL) {
-            st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu bytes", path,
-                                 nbytes);
+            st =
+                stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu bytes", path, nbytes);
             goto out_free_hdr;
         }
         if (fread(raw, 1, nbytes, f) != nbytes) {
@@ -194,8 +207,7 @@ stria_status_t stria_npy_read(const char *path, stria_npy_t *arr)
             goto out_free_raw;
         }
         if (fgetc(f) != EOF) {
-            st = stria_error_set(STRIA_ERR_FORMAT, "%s: trailing bytes after the array data",
-                                 path);
+            st = stria_error_set(STRIA_ERR_FORMAT, "%s: trailing bytes after the array data", path);
             goto out_free_raw;
         }
     }
@@ -263,7 +275,15 @@ stria_status_t stria_npy_write(const char *path, stria_dtype_t dtype, int ndim,
     f = fopen(path, "wb");
     if (f == NULL)
         return stria_error_set(STRIA_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(n & 0xff),
+    unsigned char pre[10] = {0x93,
+                             'N',
+                             'U',
+                             'M',
+                             'P',
+                             'Y',
+                             1,
+                             0,
+                             (unsigned char)(n & 0xff),
                              (unsigned char)((n >> 8) & 0xff)};
     size_t nbytes = (size_t)numel * stria_dtype_size(dtype);
     if (fwrite(pre, 1, 10, f) != 10 || fwrite(hdr, 1, (size_t)n, f) != (size_t)n ||

@@ -58,6 +58,18 @@ stria_status_t stria_log_parse_level(const char *name, stria_log_level_t *level_
 void stria_log_write(stria_log_level_t level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Copies text for a terminal or a log line: control characters (C0, DEL,
+ * and C1 written in UTF-8) and bytes that are not UTF-8 become \xNN, so a
+ * peer-supplied string cannot move the cursor, fake a log line or reach the
+ * terminal's escape sequences. Valid UTF-8 text is kept; out (cap > 0) is
+ * always terminated, cut at a whole character. Every log line goes through
+ * it. Returns out. */
+char *stria_text_escape(const char *in, char *out, size_t cap);
+/* Length of the UTF-8 character (of two to four bytes) at s, at most n bytes,
+ * with its code point in *cp; 0 when the bytes are not one (overlong,
+ * surrogate, beyond U+10FFFF, cut short, or s[0] < 0x80). */
+size_t stria_utf8_char(const char *s, size_t n, uint32_t *cp);
+
 #define stria_log(level, ...)                                                                      \
     do {                                                                                           \
         if ((level) <= stria_log_level())                                                          \
@@ -187,6 +199,83 @@ int stria_pool_size(const stria_pool_t *pool);
  * dynamically in increasing index order. A NULL pool runs them on the caller.
  * Concurrent calls on one pool are serialised. */
 void stria_pool_run(stria_pool_t *pool, size_t n_tasks, stria_pool_task_cb fn, void *ctx);
+
+/* ---- allocators and memory pools (mempool.c) ----------------------------
+ *
+ * An allocator hands out memory for a component that does not own where its
+ * memory comes from (the ring engine's buffers, the kernels' workspaces, a
+ * device's buffers): alloc returns NULL with the thread's error message set
+ * when it cannot; free(NULL) does nothing. */
+typedef struct {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *ptr);
+    void *ctx;
+} stria_allocator_t;
+
+/* A memory pool: memory a process reserves once, up to a capacity, and
+ * keeps for its life, so that the buffers of one job are the pages of the
+ * previous one (no page fault, no kernel page clearing) instead of fresh
+ * mappings.
+ *
+ * Host pools reserve address space (twice the capacity, PROT_NONE, not
+ * committed) and commit it as allocations first reach it; the pages are
+ * faulted in by their first use, never at creation, and asked to be
+ * transparent huge pages. A pool over a source (device memory, pinned host
+ * memory) takes segments of at least source->segment_bytes from it when
+ * nothing free fits, up to the capacity, and keeps them; it gives back only
+ * segments with nothing in them, when a new one would pass the capacity.
+ * Allocations are 64-byte aligned, those of 2 MiB and more 2 MiB aligned, and
+ * are placed lowest address first, so the same sequence of allocations after
+ * the same frees lands on the same memory. Memory handed out again is not
+ * cleared.
+ *
+ * Two figures bound a pool: admissions (stria_mempool_admit(), what jobs
+ * reserve in advance, at most the capacity) and allocations (at most the
+ * capacity in use at once). Thread-safe. */
+typedef struct stria_mempool stria_mempool_t;
+
+typedef struct {
+    /* A segment of `bytes`, suitably aligned for the memory's users. */
+    stria_status_t (*map)(void *ctx, size_t bytes, void **out);
+    void (*unmap)(void *ctx, void *ptr, size_t bytes);
+    void *ctx;            /* borrowed: must outlive the pool */
+    size_t segment_bytes; /* smallest segment; 0: 64 MiB */
+} stria_mempool_source_t;
+
+typedef struct {
+    uint64_t capacity;   /* what the pool may hold */
+    uint64_t admitted;   /* reserved by admissions */
+    uint64_t in_use;     /* allocated now */
+    uint64_t high_water; /* most allocated at once */
+    uint64_t committed;  /* host: address space made usable; source: segments held */
+} stria_mempool_stats_t;
+
+/* name: for messages ("host", "device", "pinned"; copied). source NULL: host
+ * memory of this process. Errors: STRIA_ERR_INVALID_ARG (capacity 0 or over
+ * 2^46), STRIA_ERR_NO_MEMORY (no address space). */
+stria_status_t stria_mempool_create(const char *name, uint64_t capacity,
+                                    const stria_mempool_source_t *source,
+                                    stria_mempool_t **pool_out);
+/* Gives everything back; NULL is ignored. Allocations still out are lost. */
+void stria_mempool_destroy(stria_mempool_t *pool);
+const char *stria_mempool_name(const stria_mempool_t *pool);
+
+/* Reserves `bytes` of the capacity for `what` (a job) or refuses with
+ * STRIA_ERR_NO_MEMORY naming what, the need and the offer:
+ * "<what> needs N MiB of the <name> pool, M MiB of C MiB are free". */
+stria_status_t stria_mempool_admit(stria_mempool_t *pool, uint64_t bytes, const char *what);
+/* Gives back an admission. */
+void stria_mempool_retire(stria_mempool_t *pool, uint64_t bytes);
+
+/* `bytes` (> 0) of the pool's memory. STRIA_ERR_NO_MEMORY when the capacity
+ * is in use or no free range (address space, segment) fits. */
+stria_status_t stria_mempool_alloc(stria_mempool_t *pool, size_t bytes, void **out);
+/* Returns memory of stria_mempool_alloc(); NULL is ignored; a pointer the
+ * pool did not hand out is logged and ignored. */
+void stria_mempool_free(stria_mempool_t *pool, void *ptr);
+/* The pool as an allocator (valid while the pool lives). */
+stria_allocator_t stria_mempool_allocator(stria_mempool_t *pool);
+void stria_mempool_stats(stria_mempool_t *pool, stria_mempool_stats_t *out);
 
 /* ---- dtypes ------------------------------------------------------------ */
 

@@ -2,6 +2,8 @@
 # Installs what stria needs to build and test, and only what is missing.
 # Idempotent: a second run installs nothing. Debian/Ubuntu (apt-get).
 # CUDA is optional: it is detected by the build, never installed here.
+# clang and its runtime libraries (libFuzzer, the sanitizers) build the fuzz
+# targets of tests/fuzz.
 set -euo pipefail
 
 packages=(
@@ -12,8 +14,10 @@ packages=(
   libcriterion-dev
   iproute2
   python3
+  python3-venv
   python3-prometheus-client
   dpkg-dev lintian
+  clang libclang-rt-dev
 )
 
 missing=()

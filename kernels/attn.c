@@ -427,14 +427,22 @@ void stria__ctx_set_dtype(stria__ctx_t *c, stria_dtype_t dtype)
 
 /* ---- merge ------------------------------------------------------------- */
 
-/* Takes a workspace of `floats` floats from the cache; `bound` is the same
- * size computed in double (with any factor the caller multiplies it by), to
- * refuse sizes that overflow. */
-stria_status_t stria__ws_floats(double bound, size_t floats, stria__ws_t *ws, const char *fn)
+/* Takes a workspace of `floats` floats from `mem` (the params' workspace
+ * allocator) or the cache; `bound` is the same size computed in double (with
+ * any factor the caller multiplies it by), to refuse sizes that overflow. */
+stria_status_t stria__ws_floats(const stria_allocator_t *mem, double bound, size_t floats,
+                                stria__ws_t *ws, const char *fn)
 {
-    if (bound > 0x1p58 || !stria__ws_get(floats * sizeof(float), ws))
+    if (bound > 0x1p58)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
                                (floats * sizeof(float)) >> 20);
+    if (!stria__ws_get(mem, floats * sizeof(float), ws))
+        return mem != NULL && mem->alloc != NULL
+                   ? stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu MiB of workspace", fn,
+                                      (floats * sizeof(float)) >> 20)
+                   : stria_error_set(STRIA_ERR_NO_MEMORY,
+                                     "%s: cannot allocate %zu MiB of workspace", fn,
+                                     (floats * sizeof(float)) >> 20);
     return STRIA_OK;
 }
 

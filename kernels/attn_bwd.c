@@ -442,7 +442,8 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     pass->q_stile = stria__score_tile_floats(&c, qtile);
     pass->dq_floats = pass->n_q * qtile;
     size_t total = (2 + (size_t)pass->n_dq) * pass->n_q * qtile + 2 * pass->n_q * pass->q_stile;
-    if ((st = stria__ws_floats((6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, total,
+    if ((st = stria__ws_floats(params->workspace,
+                               (6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, total,
                                &pass->ws, fn)) != STRIA_OK) {
         stria__ctx_free(&c);
         free(pass->q_runs);
@@ -499,7 +500,8 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     size_t k_area = job.kin ? 0 : n_k * ktile, v_area = c.kdirect ? 0 : n_k * job.k_stile;
     size_t ks_area = c.bf16 && !c.kdirect ? n_k * job.k_stile : 0;
     total = k_area + v_area + ks_area + (size_t)c.n_threads * job.scratch_floats;
-    if ((st = stria__ws_floats(3.0 * (double)n_k * (double)ktile, total, &ws, fn)) != STRIA_OK)
+    if ((st = stria__ws_floats(params->workspace, 3.0 * (double)n_k * (double)ktile, total, &ws,
+                               fn)) != STRIA_OK)
         goto out;
     job.k_packed = ws.ptr;
     job.v_packed = job.k_packed + k_area;

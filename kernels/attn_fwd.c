@@ -181,7 +181,8 @@ static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const st
     /* operands read in place need no packed tiles */
     size_t k_area = c.kdirect ? 0 : n_ktiles * job.k_tile, v_area = c.vdirect ? 0 : n_ktiles * tile;
     total = k_area + v_area + (size_t)c.n_threads * job.scratch_floats;
-    if ((st = stria__ws_floats(2.0 * (double)n_ktiles * (double)tile, total, &ws, fn)) != STRIA_OK)
+    if ((st = stria__ws_floats(params->workspace, 2.0 * (double)n_ktiles * (double)tile, total, &ws,
+                               fn)) != STRIA_OK)
         goto out;
     job.k_packed = ws.ptr;
     job.v_packed = job.k_packed + k_area;
@@ -357,8 +358,8 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
     n_q = (size_t)(c.B * c.H * c.nqt);
     pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
     total = n_q * pass->q_tile + (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp);
-    if ((st = stria__ws_floats((double)n_q * (double)pass->q_tile, total, &pass->ws, fn)) !=
-        STRIA_OK) {
+    if ((st = stria__ws_floats(params->workspace, (double)n_q * (double)pass->q_tile, total,
+                               &pass->ws, fn)) != STRIA_OK) {
         stria__ctx_free(&c);
         free(pass->q_runs);
         free(pass);

@@ -458,12 +458,63 @@ stria_status_t stria_device_alloc(stria_device_t *dev, size_t bytes, void **out)
         *out = NULL;
         return STRIA_OK;
     }
+    if (dev->mem_device.alloc != NULL) {
+        void *p = dev->mem_device.alloc(dev->mem_device.ctx, bytes);
+        if (p == NULL)
+            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of device memory",
+                                    dev->name, bytes);
+        *out = p;
+        return STRIA_OK;
+    }
     return dev->ops->alloc(dev, bytes, out);
 }
 
 void stria_device_free(stria_device_t *dev, void *ptr)
 {
-    if (dev != NULL && ptr != NULL)
+    if (dev == NULL || ptr == NULL)
+        return;
+    if (dev->mem_device.alloc != NULL)
+        dev->mem_device.free(dev->mem_device.ctx, ptr);
+    else
+        dev->ops->free(dev, ptr);
+}
+
+stria_status_t stria_device_set_memory(stria_device_t *dev, const stria_allocator_t *device_mem,
+                                       const stria_allocator_t *host_mem)
+{
+    STRIA__CHECK_DEV(dev, "stria_device_set_memory");
+    if ((device_mem != NULL && (device_mem->alloc == NULL || device_mem->free == NULL)) ||
+        (host_mem != NULL && (host_mem->alloc == NULL || host_mem->free == NULL)))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_device_set_memory on %s: an allocator needs alloc and free",
+                               dev->name);
+    memset(&dev->mem_device, 0, sizeof(dev->mem_device));
+    memset(&dev->mem_host, 0, sizeof(dev->mem_host));
+    if (device_mem != NULL)
+        dev->mem_device = *device_mem;
+    if (host_mem != NULL)
+        dev->mem_host = *host_mem;
+    return STRIA_OK;
+}
+
+/* The device's own memory, whatever stria_device_set_memory() said: the
+ * segments of a pool of this device's memory. */
+stria_status_t stria_device_alloc_raw(stria_device_t *dev, bool host, size_t bytes, void **out)
+{
+    STRIA__CHECK_DEV(dev, "stria_device_alloc_raw");
+    if (out == NULL || bytes == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_device_alloc_raw on %s: out is NULL or bytes 0", dev->name);
+    return host ? dev->ops->host_alloc(dev, bytes, out) : dev->ops->alloc(dev, bytes, out);
+}
+
+void stria_device_free_raw(stria_device_t *dev, bool host, void *ptr)
+{
+    if (dev == NULL || ptr == NULL)
+        return;
+    if (host)
+        dev->ops->host_free(dev, ptr);
+    else
         dev->ops->free(dev, ptr);
 }
 
@@ -477,12 +528,24 @@ stria_status_t stria_device_host_alloc(stria_device_t *dev, size_t bytes, void *
         *out = NULL;
         return STRIA_OK;
     }
+    if (dev->mem_host.alloc != NULL) {
+        void *p = dev->mem_host.alloc(dev->mem_host.ctx, bytes);
+        if (p == NULL)
+            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of host memory", dev->name,
+                                    bytes);
+        *out = p;
+        return STRIA_OK;
+    }
     return dev->ops->host_alloc(dev, bytes, out);
 }
 
 void stria_device_host_free(stria_device_t *dev, void *ptr)
 {
-    if (dev != NULL && ptr != NULL)
+    if (dev == NULL || ptr == NULL)
+        return;
+    if (dev->mem_host.alloc != NULL)
+        dev->mem_host.free(dev->mem_host.ctx, ptr);
+    else
         dev->ops->host_free(dev, ptr);
 }
 
@@ -565,26 +628,12 @@ stria_status_t stria_device_sync(stria_device_t *dev, stria_stream_t stream)
                                    (dev)->name);                                                   \
     } while (0)
 
-/* Documents and sliding windows run on the CPU kernels only: a CUDA device
- * refuses calls that compute attention with them (never ignores them). */
-#define STRIA__CHECK_MASKS(dev, params, fn)                                                        \
-    do {                                                                                           \
-        if ((dev)->kind == STRIA_DEVICE_CUDA &&                                                    \
-            ((params)->n_cu_seqlens > 0 || (params)->has_window))                                  \
-            return stria_error_set(STRIA_ERR_UNSUPPORTED,                                          \
-                                   "%s on %s: documents (params.cu_seqlens) and sliding windows "  \
-                                   "(params.has_window) are not supported on CUDA devices; use "   \
-                                   "a CPU device",                                                 \
-                                   fn, (dev)->name);                                               \
-    } while (0)
-
 stria_status_t stria_device_attn_fwd(stria_device_t *dev, const stria_attn_params_t *params,
                                      const stria_tensor_t *q, const stria_tensor_t *k,
                                      const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
                                      bool accumulate)
 {
     STRIA__CHECK_KERNEL(dev, params, "stria_device_attn_fwd");
-    STRIA__CHECK_MASKS(dev, params, "stria_device_attn_fwd");
     return dev->ops->attn_fwd(dev, params, q, k, v, o, lse, accumulate);
 }
 
@@ -626,7 +675,6 @@ stria_status_t stria_device_attn_bwd(stria_device_t *dev, const stria_attn_param
                                      const stria_tensor_t *dk, const stria_tensor_t *dv)
 {
     STRIA__CHECK_KERNEL(dev, params, "stria_device_attn_bwd");
-    STRIA__CHECK_MASKS(dev, params, "stria_device_attn_bwd");
     return dev->ops->attn_bwd(dev, params, q, k, v, d_o, lse, delta, dq, dk, dv);
 }
 
@@ -649,7 +697,6 @@ stria_status_t stria_device_attn_fwd_begin(stria_device_t *dev, const stria_attn
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     *pass = NULL;
     STRIA__CHECK_KERNEL(dev, params, fn);
-    STRIA__CHECK_MASKS(dev, params, fn);
     if (q == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: q is NULL", fn, dev->name);
     if ((fp = calloc(1, sizeof(*fp))) == NULL)
@@ -674,7 +721,6 @@ stria_status_t stria_device_attn_fwd_block(stria_device_fwd_pass_t *pass,
     if (pass == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     STRIA__CHECK_KERNEL(pass->dev, params, fn);
-    STRIA__CHECK_MASKS(pass->dev, params, fn);
     if (pass->impl != NULL)
         return pass->dev->ops->attn_fwd_block(pass->dev, pass->impl, params, k, v, o, lse,
                                               accumulate);
@@ -712,7 +758,6 @@ stria_status_t stria_device_attn_bwd_begin(stria_device_t *dev, const stria_attn
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     *pass = NULL;
     STRIA__CHECK_KERNEL(dev, params, fn);
-    STRIA__CHECK_MASKS(dev, params, fn);
     if (q == NULL || d_o == NULL || dq == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: %s is NULL", fn, dev->name,
                                q == NULL     ? "q"
@@ -747,7 +792,6 @@ stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
     if (pass == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     STRIA__CHECK_KERNEL(pass->dev, params, fn);
-    STRIA__CHECK_MASKS(pass->dev, params, fn);
     if (pass->impl != NULL)
         return pass->dev->ops->attn_bwd_block(pass->dev, pass->impl, params, k, v, dk, dv);
     return pass->dev->ops->attn_bwd(pass->dev, params, &pass->q, k, v, &pass->d_o, pass->lse,

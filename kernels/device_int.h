@@ -74,6 +74,8 @@ struct stria_device {
     bool host_visible;
     char name[32];
     char description[128];
+    /* stria_device_set_memory(): alloc NULL is the device's own */
+    stria_allocator_t mem_device, mem_host;
 };
 
 #ifdef STRIA_HAVE_CUDA

@@ -102,10 +102,12 @@ extern const stria_kern_ops_t stria__kern_avx512;
 typedef struct {
     void *ptr;
     size_t size;
+    stria_allocator_t mem; /* alloc NULL: from and to the cache */
 } stria__ws_t;
 
-/* Takes a buffer of at least `size` bytes; false when out of memory. */
-bool stria__ws_get(size_t size, stria__ws_t *ws);
+/* Takes a buffer of at least `size` bytes, from `mem` when given (NULL: the
+ * cache); false when out of memory. */
+bool stria__ws_get(const stria_allocator_t *mem, size_t size, stria__ws_t *ws);
 /* Gives a buffer back (to the cache or to the system); resets *ws. */
 void stria__ws_put(stria__ws_t *ws);
 

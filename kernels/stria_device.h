@@ -89,6 +89,20 @@ void stria_device_free(stria_device_t *dev, void *ptr);
 stria_status_t stria_device_host_alloc(stria_device_t *dev, size_t bytes, void **out);
 void stria_device_host_free(stria_device_t *dev, void *ptr);
 
+/* Where this object's later stria_device_alloc() (device_mem) and
+ * stria_device_host_alloc() (host_mem) take their memory, and where
+ * stria_device_free()/host_free() give it back: e.g. a worker's pools of
+ * device and pinned host memory, whose segments come from
+ * stria_device_alloc_raw() of a device of the same kind (the same GPU). NULL
+ * keeps the device's own. Copied; the contexts are borrowed for the
+ * object's life. Set it before allocating anything. */
+stria_status_t stria_device_set_memory(stria_device_t *dev, const stria_allocator_t *device_mem,
+                                       const stria_allocator_t *host_mem);
+/* The device's own memory (host: pinned), whatever stria_device_set_memory()
+ * says, and its release (host as given to the alloc). */
+stria_status_t stria_device_alloc_raw(stria_device_t *dev, bool host, size_t bytes, void **out);
+void stria_device_free_raw(stria_device_t *dev, bool host, void *ptr);
+
 /* Copies bytes between any two of host and device memory, enqueued on
  * `stream`. A host buffer must stay valid and unchanged until the copy is
  * known to be done (stria_device_sync() of that stream). */

@@ -107,6 +107,11 @@ typedef struct {
      * takes window_right 0 or -1 only. Without has_window both must be 0. */
     bool has_window;
     int64_t window_left, window_right;
+    /* Where the call's packed operands and scratch (its workspace) come
+     * from, e.g. a worker's memory pool; borrowed during the call, and until
+     * the end of a forward or backward pass for begin. NULL: a small cache
+     * of buffers kept between calls (kernels/workspace.c). */
+    const stria_allocator_t *workspace;
 } stria_attn_params_t;
 
 /* A contiguous [batch, tokens, heads, head_dim] view of `data`. */

@@ -28,10 +28,19 @@ static size_t stria__ws_cached_bytes(void)
     return total;
 }
 
-bool stria__ws_get(size_t size, stria__ws_t *ws)
+bool stria__ws_get(const stria_allocator_t *mem, size_t size, stria__ws_t *ws)
 {
     int best = -1;
     void *ptr = NULL;
+
+    memset(ws, 0, sizeof(*ws));
+    if (mem != NULL && mem->alloc != NULL) { /* the caller's memory: no cache */
+        if ((ws->ptr = mem->alloc(mem->ctx, size)) == NULL)
+            return false;
+        ws->size = size;
+        ws->mem = *mem;
+        return true;
+    }
 
     pthread_mutex_lock(&stria__ws_lock);
     for (int i = 0; i < STRIA__WS_SLOTS; i++)
@@ -69,6 +78,11 @@ void stria__ws_put(stria__ws_t *ws)
 
     if (ws->ptr == NULL)
         return;
+    if (ws->mem.alloc != NULL) {
+        ws->mem.free(ws->mem.ctx, ws->ptr);
+        memset(ws, 0, sizeof(*ws));
+        return;
+    }
     pthread_mutex_lock(&stria__ws_lock);
     for (int i = 0; i < STRIA__WS_SLOTS && slot < 0; i++)
         if (stria__ws_cache[i].ptr == NULL)

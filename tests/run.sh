@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Builds stria and runs every test twice: in the Release build (build/) and in
-# an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/).
+# an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/); after
+# the Release tests, the Python package's pytest suite (tests/python) against
+# the Release build, in a virtual environment made once per
+# python/requirements-test.txt and kept in ${XDG_CACHE_HOME:-~/.cache}/stria/;
+# then the fuzz targets (build-fuzz/, clang + libFuzzer) replay their corpora
+# and run a fixed number of executions with a fixed seed.
 # Installs missing dependencies first. Exits non-zero on the first failure; the
 # output ends with ctest's summary.
 #
@@ -41,7 +46,51 @@ build_and_test() {
   (cd "$root/$dir" && STRIA_TEST_RUN=$run_id ctest --output-on-failure --timeout 900 -j "$jobs")
 }
 
+# The Python suite: a virtual environment with the pinned torch and
+# transformers (PyPI), made once per requirements file, Python version and
+# machine (the key), then reused; the package is installed from python/ as pip
+# does, into a scratch folder, and pytest runs it against build/.
+python_tests() {
+  local py=${STRIA_PYTHON:-python3} req="$root/python/requirements-test.txt"
+  local key venv target rc=0
+  key=$( (cat "$req" && "$py" -c 'import platform, sys; print(sys.version, platform.machine())') |
+    sha256sum | cut -c1-16)
+  venv="${XDG_CACHE_HOME:-$HOME/.cache}/stria/venv-$key"
+  mkdir -p "${venv%/*}"
+  # one maker at a time: a second run waits for the first's environment
+  local lock_fd
+  exec {lock_fd}>"$venv.lock"
+  flock "$lock_fd"
+  if [[ ! -f $venv/.complete ]]; then
+    echo "== python: creating $venv (pinned torch and transformers from PyPI; once per key)"
+    local t0=$SECONDS
+    rm -rf "$venv"
+    "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --no-deps -r "$req"
+    touch "$venv/.complete"
+    echo "== python: environment ready in $((SECONDS - t0)) s"
+  fi
+  exec {lock_fd}>&-
+  # pip builds in the folder it is given: a copy, so the tree stays clean
+  target=$(mktemp -d)
+  cp -r "$root/python" "$target/src"
+  "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation \
+    --target "$target/site" "$target/src"
+  echo "== test python (tests/python against build/)"
+  (cd "$root" && STRIA_TEST_RUN=$run_id STRIA_BUILD_DIR="$root/build" \
+    STRIA_LIB="$root/build/lib/libstria.so.1" PYTHONPATH="$target/site" \
+    "$venv/bin/python" -m pytest -p no:cacheprovider -q -ra --durations=5 tests/python) || rc=$?
+  rm -rf "$target"
+  if ((rc == 5)); then
+    echo "tests/run.sh: pytest collected no test in tests/python" >&2
+  fi
+  return "$rc"
+}
+
 build_and_test build -DCMAKE_BUILD_TYPE=Release -DSTRIA_SANITIZE=OFF
+python_tests
+echo "== fuzz build-fuzz"
+"$root/tests/fuzz/run.sh" --ci
 # halt_on_error keeps a sanitizer report from being lost in a passing test;
 # tests/lsan.supp silences leaks inside third-party libraries only.
 ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1} \

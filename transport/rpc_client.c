@@ -70,11 +70,18 @@ static stria_status_t stria__cl_wait(stria_rpc_client_t *cl, short events, doubl
     }
 }
 
-static stria_status_t stria__cl_send(stria_rpc_client_t *cl, struct iovec *iov, int n,
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+
+/* Sends every byte of iov[0..n), which it consumes (advances). */
+static stria_status_t stria__cl_send(stria_rpc_client_t *cl, struct iovec *iov, size_t n,
                                      double deadline)
 {
+    while (n > 0 && iov->iov_len == 0)
+        iov++, n--;
     while (n > 0) {
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n < IOV_MAX ? n : IOV_MAX};
         ssize_t w = sendmsg(cl->fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             stria_status_t st;
@@ -100,6 +107,43 @@ static stria_status_t stria__cl_send(stria_rpc_client_t *cl, struct iovec *iov, 
         }
     }
     return STRIA_OK;
+}
+
+/* Fills iov[0..n) (which it consumes) from the socket. */
+static stria_status_t stria__cl_recv_iov(stria_rpc_client_t *cl, struct iovec *iov, size_t n,
+                                         double deadline)
+{
+    for (;;) {
+        while (n > 0 && iov->iov_len == 0)
+            iov++, n--;
+        if (n == 0)
+            return STRIA_OK;
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n < IOV_MAX ? n : IOV_MAX};
+        ssize_t r = recvmsg(cl->fd, &mh, 0);
+        if (r > 0) {
+            while (n > 0 && (size_t)r >= iov->iov_len) {
+                r -= (ssize_t)iov->iov_len;
+                iov++, n--;
+            }
+            if (r > 0) {
+                iov->iov_base = (char *)iov->iov_base + r;
+                iov->iov_len -= (size_t)r;
+            }
+            continue;
+        }
+        if (r == 0)
+            return stria_error_set(STRIA_ERR_CLOSED, "%s closed the connection", cl->address);
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            stria_status_t st = stria__cl_wait(cl, POLLIN, deadline);
+            if (st != STRIA_OK)
+                return st;
+            continue;
+        }
+        return stria_error_set(errno == ECONNRESET ? STRIA_ERR_CLOSED : STRIA_ERR_IO,
+                               "receive from %s: %s", cl->address, strerror(errno));
+    }
 }
 
 /* Reads exactly len bytes; buf NULL discards them. */
@@ -392,21 +436,103 @@ static stria_status_t stria__wrap_method(stria_status_t st, const char *method)
     return stria_error_wrap(st, "%s", method);
 }
 
+/* The request's payload pieces after the frame, in iov[1..]; returns their
+ * number (the frame's included) or 0 when out of memory. */
+static size_t stria__cl_request_iov(const stria_rpc_request_t *req, uint8_t *frame, size_t flen,
+                                    struct iovec *two, struct iovec **iov_out)
+{
+    struct iovec *iov = two;
+    size_t n = 1;
+    if (req->payload_iov != NULL) {
+        if ((iov = malloc((req->payload_iovcnt + 1) * sizeof(*iov))) == NULL)
+            return 0;
+        memcpy(iov + 1, req->payload_iov, req->payload_iovcnt * sizeof(*iov));
+        n += req->payload_iovcnt;
+    } else if (req->payload_len > 0) {
+        iov[1].iov_base = (void *)req->payload;
+        iov[1].iov_len = (size_t)req->payload_len;
+        n = 2;
+    }
+    iov[0].iov_base = frame;
+    iov[0].iov_len = flen;
+    *iov_out = iov;
+    return n;
+}
+
+/* Reads a reply payload of plen bytes into the request's buffer, its pieces,
+ * or an allocated buffer. On failure the stream is dropped unless it stayed
+ * in step (a payload that did not fit, skipped). */
+static stria_status_t stria__cl_reply_payload(stria_rpc_client_t *cl,
+                                              const stria_rpc_request_t *req, const char *method,
+                                              uint64_t plen, double deadline, void **payload_out,
+                                              bool *owned_out)
+{
+    uint64_t cap = req->reply_buf_cap;
+    stria_status_t st;
+    if (req->reply_iov != NULL) {
+        cap = 0;
+        for (size_t i = 0; i < req->reply_iovcnt; i++)
+            cap += req->reply_iov[i].iov_len;
+    }
+    if ((req->reply_buf != NULL || req->reply_iov != NULL) && plen > cap) {
+        if ((st = stria__cl_recv(cl, NULL, plen, deadline)) != STRIA_OK) {
+            stria__cl_drop(cl);
+            return stria__wrap_method(st, method);
+        }
+        return stria_error_set(STRIA_ERR_NO_MEMORY,
+                               "%s: reply payload of %llu bytes does not fit the %llu-byte buffer",
+                               method, (unsigned long long)plen, (unsigned long long)cap);
+    }
+    if (req->reply_iov != NULL) {
+        struct iovec *iov = malloc(req->reply_iovcnt * sizeof(*iov));
+        size_t n = 0;
+        for (uint64_t left = plen; iov != NULL && left > 0; n++) {
+            iov[n] = req->reply_iov[n];
+            if (iov[n].iov_len > left)
+                iov[n].iov_len = (size_t)left;
+            left -= iov[n].iov_len;
+        }
+        st = iov != NULL ? stria__cl_recv_iov(cl, iov, n, deadline)
+                         : stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+        free(iov);
+        *payload_out = req->reply_iovcnt > 0 ? req->reply_iov[0].iov_base : NULL;
+        *owned_out = false;
+    } else {
+        void *payload = req->reply_buf;
+        *owned_out = payload == NULL;
+        if (payload == NULL && (payload = malloc((size_t)plen)) == NULL) {
+            if ((st = stria__cl_recv(cl, NULL, plen, deadline)) != STRIA_OK)
+                stria__cl_drop(cl);
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory for a %llu-byte reply",
+                                   method, (unsigned long long)plen);
+        }
+        st = stria__cl_recv(cl, payload, plen, deadline);
+        if (st != STRIA_OK && *owned_out)
+            free(payload);
+        *payload_out = st == STRIA_OK ? payload : NULL;
+    }
+    if (st != STRIA_OK) {
+        stria__cl_drop(cl);
+        return stria__wrap_method(st, method);
+    }
+    return STRIA_OK;
+}
+
 static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
-                                     stria_rpc_reply_t *reply_out)
+                                     uint64_t payload_len, stria_rpc_reply_t *reply_out)
 {
     const ProtobufCMethodDescriptor *md = &cl->service->methods[req->method];
     double deadline = req->timeout_s > 0 ? stria_time_now() + req->timeout_s : 0.0;
     stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
                             .version = STRIA_RPC_VERSION,
                             .method = req->method,
-                            .payload_len = req->payload_len};
+                            .payload_len = payload_len};
     stria__rpc_arena_t *arena = NULL;
     ProtobufCMessage *msg = NULL;
     uint64_t plen = 0;
     void *payload = NULL;
     bool owned = false;
-    struct iovec iov[2];
+    struct iovec two[2], *iov = NULL;
     uint8_t *frame;
     size_t flen = 0;
     stria_status_t st;
@@ -418,25 +544,25 @@ static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_req
         if (st != STRIA_OK)
             return st;
     }
-    if (req->payload_len > cl->server_max_payload)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: payload of %llu bytes exceeds the server's limit of %llu",
-                               md->name, (unsigned long long)req->payload_len,
-                               (unsigned long long)cl->server_max_payload);
+    if (payload_len > cl->server_max_payload)
+        return stria_error_set(
+            STRIA_ERR_INVALID_ARG, "%s: payload of %llu bytes exceeds the server's limit of %llu",
+            md->name, (unsigned long long)payload_len, (unsigned long long)cl->server_max_payload);
     if (req->timeout_s > 0)
         h.timeout_ms = req->timeout_s * 1000.0 >= UINT32_MAX
                            ? UINT32_MAX
                            : (uint32_t)ceil(req->timeout_s * 1000.0);
     h.request_id = cl->next_id++;
     frame = stria__rpc_frame_build(&h, req->request, &flen);
-    if (frame == NULL)
+    size_t n = frame != NULL ? stria__cl_request_iov(req, frame, flen, two, &iov) : 0;
+    if (n == 0) {
+        free(frame);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory building the request",
                                md->name);
-    iov[0].iov_base = frame;
-    iov[0].iov_len = flen;
-    iov[1].iov_base = (void *)req->payload;
-    iov[1].iov_len = (size_t)req->payload_len;
-    st = stria__cl_send(cl, iov, req->payload_len > 0 ? 2 : 1, deadline);
+    }
+    st = stria__cl_send(cl, iov, n, deadline);
+    if (iov != two)
+        free(iov);
     free(frame);
     if (st == STRIA_OK)
         st = stria__cl_read_reply(cl, h.request_id, req->method, false, md->output, deadline,
@@ -447,40 +573,10 @@ static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_req
             stria__cl_drop(cl);
         return stria__wrap_method(st, md->name);
     }
-    if (plen > 0) {
-        if (req->reply_buf != NULL && plen > req->reply_buf_cap) {
-            st = stria__cl_recv(cl, NULL, plen, deadline);
-            if (st != STRIA_OK) {
-                stria__cl_drop(cl);
-                stria__wrap_method(st, md->name);
-            } else {
-                st = stria_error_set(STRIA_ERR_NO_MEMORY,
-                                     "%s: reply payload of %llu bytes does not fit the %llu-byte "
-                                     "buffer",
-                                     md->name, (unsigned long long)plen,
-                                     (unsigned long long)req->reply_buf_cap);
-            }
-            goto free_arena;
-        }
-        payload = req->reply_buf;
-        if (payload == NULL) {
-            payload = malloc((size_t)plen);
-            owned = true;
-        }
-        if (payload == NULL) {
-            st = stria__cl_recv(cl, NULL, plen, deadline);
-            if (st != STRIA_OK)
-                stria__cl_drop(cl);
-            st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory for a %llu-byte reply",
-                                 md->name, (unsigned long long)plen);
-            goto free_arena;
-        }
-        st = stria__cl_recv(cl, payload, plen, deadline);
-        if (st != STRIA_OK) {
-            stria__cl_drop(cl);
-            stria__wrap_method(st, md->name);
-            goto free_payload;
-        }
+    if (plen > 0 && (st = stria__cl_reply_payload(cl, req, md->name, plen, deadline, &payload,
+                                                  &owned)) != STRIA_OK) {
+        stria__rpc_arena_destroy(arena);
+        return st;
     }
     reply_out->msg = msg;
     reply_out->payload = payload;
@@ -488,13 +584,6 @@ static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_req
     reply_out->stria__arena = arena;
     reply_out->stria__payload_owned = owned;
     return STRIA_OK;
-
-free_payload:
-    if (owned)
-        free(payload);
-free_arena:
-    stria__rpc_arena_destroy(arena);
-    return st;
 }
 
 stria_status_t stria_rpc_client_call(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
@@ -512,10 +601,20 @@ stria_status_t stria_rpc_client_call(stria_rpc_client_t *cl, const stria_rpc_req
                                cl->service->methods[req->method].name,
                                cl->service->methods[req->method].input->name,
                                req->request->descriptor->name);
-    if (req->payload == NULL && req->payload_len > 0)
+    if (req->payload == NULL && req->payload_len > 0 && req->payload_iov == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc call: NULL payload");
+    if ((req->payload_iov != NULL && req->payload != NULL) ||
+        (req->reply_iov != NULL && req->reply_buf != NULL))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "rpc call: a payload (or reply buffer) and pieces both given");
+    uint64_t payload_len = req->payload_len;
+    if (req->payload_iov != NULL) {
+        payload_len = 0;
+        for (size_t i = 0; i < req->payload_iovcnt; i++)
+            payload_len += req->payload_iov[i].iov_len;
+    }
     pthread_mutex_lock(&cl->lock);
-    st = stria__cl_call(cl, req, reply_out);
+    st = stria__cl_call(cl, req, payload_len, reply_out);
     pthread_mutex_unlock(&cl->lock);
     return st;
 }

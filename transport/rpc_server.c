@@ -20,7 +20,7 @@
 
 static _Thread_local stria_rpc_server_t *stria__loop_server;
 
-static void stria__conn_unref(stria__rpc_conn_t *c)
+void stria__conn_unref(stria__rpc_conn_t *c)
 {
     if (--c->refs == 0) {
         free(c->pb);
@@ -33,9 +33,9 @@ static void stria__on_conn_closed(uv_handle_t *handle)
     stria__conn_unref(handle->data);
 }
 
-static void stria__call_destroy(stria_rpc_call_t *call);
+void stria__call_destroy(stria_rpc_call_t *call);
 
-static void stria__conn_close(stria__rpc_conn_t *c)
+void stria__conn_close(stria__rpc_conn_t *c)
 {
     stria_rpc_server_t *srv = c->server;
 
@@ -53,17 +53,17 @@ static void stria__conn_close(stria__rpc_conn_t *c)
     if (c->cur != NULL) {
         stria_rpc_call_t *cur = c->cur;
         c->cur = NULL;
-        stria__call_destroy(cur);
+        if (cur->payload_wait)
+            cur->orphan = true; /* destroyed when its buffer is named */
+        else
+            stria__call_destroy(cur);
     }
     uv_close((uv_handle_t *)&c->tcp, stria__on_conn_closed);
 }
 
-static void stria__on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf);
-static void stria__on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
-
-static void stria__conn_read_start(stria__rpc_conn_t *c)
+void stria__conn_read_start(stria__rpc_conn_t *c)
 {
-    if (c->reading || c->closing)
+    if (c->reading || c->closing || c->phase == STRIA__RD_WAIT)
         return;
     if (uv_read_start((uv_stream_t *)&c->tcp, stria__on_alloc, stria__on_read) == 0)
         c->reading = true;
@@ -71,7 +71,7 @@ static void stria__conn_read_start(stria__rpc_conn_t *c)
         stria__conn_close(c);
 }
 
-static void stria__conn_read_stop(stria__rpc_conn_t *c)
+void stria__conn_read_stop(stria__rpc_conn_t *c)
 {
     if (!c->reading)
         return;
@@ -107,11 +107,9 @@ static void stria__on_write(uv_write_t *req, int status)
     free(w);
 }
 
-/* Writes a frame and an optional payload; afterwards runs done(done_arg) and
- * destroys `call`. Takes ownership of `frame`. */
-static void stria__conn_write(stria__rpc_conn_t *c, uint8_t *frame, size_t frame_len,
-                              const void *payload, uint64_t payload_len, stria_rpc_done_cb done,
-                              void *done_arg, stria_rpc_call_t *call)
+void stria__conn_write(stria__rpc_conn_t *c, uint8_t *frame, size_t frame_len, const void *payload,
+                       uint64_t payload_len, stria_rpc_done_cb done, void *done_arg,
+                       stria_rpc_call_t *call)
 {
     stria__rpc_write_t *w;
     uv_buf_t bufs[2];
@@ -149,83 +147,9 @@ static void stria__conn_write(stria__rpc_conn_t *c, uint8_t *frame, size_t frame
     }
 }
 
-static void stria__on_shutdown(uv_shutdown_t *req, int status)
-{
-    (void)status;
-    stria__conn_unref(req->data);
-    free(req);
-}
-
-/* A frame that cannot be trusted or a refused hello: send the error, half
- * close, and drain what the peer still sends (closing with unread input
- * would reset the connection and could destroy the error before the peer
- * reads it). The sweep timer or the peer's EOF ends the connection. */
-static void stria__conn_fatal(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void stria__conn_fatal(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
-{
-    char msg[512];
-    size_t len = 0;
-    uint8_t *frame;
-    uv_shutdown_t *sreq;
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    stria_log_warn("%s: closing connection from %s: %s", c->server->name, c->peer, msg);
-    frame =
-        stria__rpc_error_frame(c->h.request_id, c->h.method,
-                               (uint16_t)(c->h.flags & STRIA_RPC_FLAG_HELLO), status, msg, &len);
-    stria__conn_write(c, frame, len, NULL, 0, NULL, NULL, NULL);
-    if (c->closing)
-        return;
-    c->phase = STRIA__RD_LINGER;
-    c->discard_left = 64u << 20;
-    c->linger_until = stria_time_now() + 1.0;
-    sreq = calloc(1, sizeof(*sreq));
-    if (sreq != NULL) {
-        sreq->data = c;
-        c->refs++;
-        if (uv_shutdown(sreq, (uv_stream_t *)&c->tcp, stria__on_shutdown) < 0) {
-            c->refs--;
-            free(sreq);
-            stria__conn_close(c);
-        }
-    }
-}
-
-/* Refuses the current request without closing: skips its payload, then
- * replies with the error. */
-static void stria__conn_refuse(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void stria__conn_refuse(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(c->pending_msg, sizeof(c->pending_msg), fmt, ap);
-    va_end(ap);
-    c->pending_status = status;
-    stria_log_info("%s: refusing request %llu from %s: %s", c->server->name,
-                   (unsigned long long)c->h.request_id, c->peer, c->pending_msg);
-    c->discard_left = c->h.payload_len;
-    if (c->discard_left > 0) {
-        c->phase = STRIA__RD_DISCARD;
-    } else {
-        size_t len = 0;
-        uint8_t *frame =
-            stria__rpc_error_frame(c->h.request_id, c->h.method, 0, status, c->pending_msg, &len);
-        c->phase = STRIA__RD_HEADER;
-        stria__conn_write(c, frame, len, NULL, 0, NULL, NULL, NULL);
-    }
-}
-
 /* ---- server: calls ----------------------------------------------------- */
 
-static void stria__call_destroy(stria_rpc_call_t *call)
+void stria__call_destroy(stria_rpc_call_t *call)
 {
     stria__rpc_conn_t *c = call->conn;
     stria_rpc_server_t *srv = c->server;
@@ -280,6 +204,11 @@ void stria_rpc_call_set_cleanup(stria_rpc_call_t *call, stria_rpc_done_cb fn, vo
     call->cleanup_arg = arg;
 }
 
+void *stria_rpc_call_cleanup_arg(const stria_rpc_call_t *call)
+{
+    return call->cleanup != NULL ? call->cleanup_arg : NULL;
+}
+
 static void stria__async_wake(stria_rpc_server_t *srv);
 
 /* Queues a job for the loop thread (srv->lock held). */
@@ -320,6 +249,28 @@ static void stria__call_send(stria_rpc_call_t *call, uint8_t *frame, size_t fram
                               .payload_len = payload_len,
                               .done = done,
                               .done_arg = done_arg};
+    pthread_mutex_lock(&srv->lock);
+    stria__job_append_locked(srv, job);
+    pthread_mutex_unlock(&srv->lock);
+    stria__async_wake(srv);
+}
+
+void stria_rpc_call_payload_ready(stria_rpc_call_t *call, stria_status_t status, void *buf,
+                                  const char *message)
+{
+    stria_rpc_server_t *srv = call->conn->server;
+    stria__rpc_job_t *job = calloc(1, sizeof(*job));
+    if (job == NULL) {
+        /* No way to reach the loop thread without memory: the connection
+         * stays stopped until the client gives up and closes it. */
+        stria_log_error("%s: out of memory naming a payload buffer", srv->name);
+        return;
+    }
+    job->call = call;
+    job->payload_ready = true;
+    job->status = status;
+    job->buf = buf;
+    snprintf(job->message, sizeof(job->message), "%s", message ? message : "");
     pthread_mutex_lock(&srv->lock);
     stria__job_append_locked(srv, job);
     pthread_mutex_unlock(&srv->lock);
@@ -391,314 +342,42 @@ void stria_rpc_call_fail(stria_rpc_call_t *call, stria_status_t status, const ch
     stria__call_send(call, frame, len, NULL, 0, NULL, NULL);
 }
 
-/* ---- server: reading --------------------------------------------------- */
-
-static void stria__on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
+/* A new connection object, linked into the server's list. */
+static stria__rpc_conn_t *stria__conn_new(stria_rpc_server_t *srv)
 {
-    stria__rpc_conn_t *c = handle->data;
-    uint64_t left;
-
-    (void)suggested;
-    /* Hand out exactly the bytes of the current section, so that a read never
-     * crosses from one section into the next and payloads land in place. */
-    switch (c->phase) {
-    case STRIA__RD_HEADER:
-        buf->base = (char *)c->hdr + c->hdr_got;
-        buf->len = STRIA_RPC_HEADER_SIZE - c->hdr_got;
-        return;
-    case STRIA__RD_PB:
-        buf->base = (char *)c->pb + c->pb_got;
-        buf->len = c->h.pb_len - c->pb_got;
-        return;
-    case STRIA__RD_PAYLOAD:
-        left = c->cur->payload_len - c->payload_got;
-        buf->base = (char *)c->cur->payload + c->payload_got;
-        buf->len = left > (1u << 30) ? (1u << 30) : (size_t)left;
-        return;
-    case STRIA__RD_DISCARD:
-    case STRIA__RD_LINGER:
-        left = c->discard_left;
-        buf->base = (char *)c->scratch;
-        buf->len = left > sizeof(c->scratch) ? sizeof(c->scratch) : (size_t)left;
-        return;
+    stria__rpc_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        stria_log_error("%s: out of memory accepting a connection", srv->name);
+        return NULL;
     }
+    c->server = srv;
+    c->refs = 1;
+    c->tcp.data = c;
+    uv_tcp_init(&srv->loop, &c->tcp);
+    c->next = srv->conns;
+    if (srv->conns != NULL)
+        srv->conns->prev = c;
+    srv->conns = c;
+    srv->n_conns++;
+    snprintf(c->peer, sizeof(c->peer), "?");
+    return c;
 }
 
-static void stria__dispatch(stria__rpc_conn_t *c, stria_rpc_call_t *call)
+/* A connection whose socket is open: over the limit it is closed, else it
+ * waits for its hello. */
+static void stria__conn_begin(stria__rpc_conn_t *c)
 {
     stria_rpc_server_t *srv = c->server;
-
-    c->phase = STRIA__RD_HEADER;
-    if (c->inflight >= srv->max_inflight) {
-        c->paused = true;
-        stria__conn_read_stop(c);
-    }
-    srv->methods[call->method].handler(srv->ctx, call);
-}
-
-static void stria__on_hello(stria__rpc_conn_t *c)
-{
-    stria_rpc_server_t *srv = c->server;
-    stria__rpc_arena_t *arena = stria__rpc_arena_create(c->h.pb_len);
-    Stria__V1__HelloRequest *req;
-    Stria__V1__HelloReply rep = STRIA__V1__HELLO_REPLY__INIT;
-    stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
-                            .version = STRIA_RPC_VERSION,
-                            .flags = STRIA_RPC_FLAG_REPLY | STRIA_RPC_FLAG_HELLO,
-                            .request_id = c->h.request_id};
-    bool admin;
-    uint8_t *frame;
-    size_t len = 0;
-
-    if (arena == NULL) {
-        stria__conn_fatal(c, STRIA_ERR_NO_MEMORY, "out of memory");
-        return;
-    }
-    req = (Stria__V1__HelloRequest *)stria__rpc_unpack(&stria__v1__hello_request__descriptor, c->pb,
-                                                       c->h.pb_len, arena);
-    if (req == NULL) {
-        stria__conn_fatal(c, STRIA_ERR_FORMAT, "hello: %s", stria_error_msg());
-        goto free_arena;
-    }
-    if (req->protocol_version != STRIA_RPC_VERSION) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL,
-                          "client speaks protocol version %u; this server speaks version %d",
-                          req->protocol_version, STRIA_RPC_VERSION);
-        goto free_arena;
-    }
-    if (strcmp(req->service, srv->service->name) != 0) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL, "this server exposes %s, not '%.64s'",
-                          srv->service->name, req->service);
-        goto free_arena;
-    }
-    admin = srv->admin_token != NULL && stria_rpc_token_equal(req->token, srv->admin_token);
-    if (srv->token != NULL && !admin && !stria_rpc_token_equal(req->token, srv->token)) {
-        stria__conn_fatal(c, STRIA_ERR_AUTH, "%s token", req->token[0] ? "wrong" : "missing");
-        goto free_arena;
-    }
-    if (srv->admin_token == NULL)
-        admin = true;
-    c->hello_done = true;
-    c->admin = admin;
-    stria_log_info("%s: hello from %s (%.64s %.32s)%s", srv->name, c->peer, req->client_name,
-                   req->software_version, admin ? ", admin" : "");
-    rep.protocol_version = STRIA_RPC_VERSION;
-    rep.software_version = (char *)STRIA_VERSION;
-    rep.service = (char *)srv->service->name;
-    rep.admin = admin;
-    rep.max_pb_bytes = srv->max_pb;
-    rep.max_payload_bytes = srv->max_payload;
-    frame = stria__rpc_frame_build(&h, &rep.base, &len);
-    c->phase = STRIA__RD_HEADER;
-    stria__conn_write(c, frame, len, NULL, 0, NULL, NULL, NULL);
-free_arena:
-    stria__rpc_arena_destroy(arena);
-}
-
-static void stria__on_pb(stria__rpc_conn_t *c)
-{
-    stria_rpc_server_t *srv = c->server;
-    uint32_t mi = c->h.method;
-    const ProtobufCMethodDescriptor *md;
-    const stria_rpc_method_t *m;
-    stria__rpc_arena_t *arena;
-    ProtobufCMessage *msg;
-    stria_rpc_call_t *call;
-    void *buf = NULL;
-    stria_status_t st;
-
-    if (c->h.flags & STRIA_RPC_FLAG_HELLO) {
-        stria__on_hello(c);
-        goto free_pb;
-    }
-    if (mi >= srv->service->n_methods) {
-        stria__conn_refuse(c, STRIA_ERR_UNSUPPORTED,
-                           "method index %u does not exist (%s has %u methods)", mi,
-                           srv->service->name, srv->service->n_methods);
-        goto free_pb;
-    }
-    md = &srv->service->methods[mi];
-    m = &srv->methods[mi];
-    if (m->handler == NULL) {
-        stria__conn_refuse(c, STRIA_ERR_UNSUPPORTED, "method %s is not served here", md->name);
-        goto free_pb;
-    }
-    if ((m->flags & STRIA_RPC_METHOD_ADMIN) && !c->admin) {
-        stria__conn_refuse(c, STRIA_ERR_AUTH, "%s needs the admin token", md->name);
-        goto free_pb;
-    }
-    if (c->h.payload_len > 0 && m->payload == NULL) {
-        stria__conn_refuse(c, STRIA_ERR_INVALID_ARG, "%s takes no payload (got %llu bytes)",
-                           md->name, (unsigned long long)c->h.payload_len);
-        goto free_pb;
-    }
-    arena = stria__rpc_arena_create(c->h.pb_len);
-    if (arena == NULL) {
-        stria__conn_refuse(c, STRIA_ERR_NO_MEMORY, "%s: out of memory", md->name);
-        goto free_pb;
-    }
-    msg = stria__rpc_unpack(md->input, c->pb, c->h.pb_len, arena);
-    if (msg == NULL) {
-        stria__rpc_arena_destroy(arena);
-        stria__conn_refuse(c, STRIA_ERR_FORMAT, "%s: %s", md->name, stria_error_msg());
-        goto free_pb;
-    }
-    call = calloc(1, sizeof(*call));
-    if (call == NULL) {
-        stria__rpc_arena_destroy(arena);
-        stria__conn_refuse(c, STRIA_ERR_NO_MEMORY, "%s: out of memory", md->name);
-        goto free_pb;
-    }
-    call->conn = c;
-    call->request_id = c->h.request_id;
-    call->method = mi;
-    call->deadline = c->h.timeout_ms ? stria_time_now() + 1e-3 * c->h.timeout_ms : 0.0;
-    call->request = msg;
-    call->arena = arena;
-    c->refs++;
-    c->inflight++;
-    free(c->pb);
-    c->pb = NULL;
-    if (c->h.payload_len == 0) {
-        stria__dispatch(c, call);
-        return;
-    }
-    stria_error_clear();
-    st = m->payload(srv->ctx, call, c->h.payload_len, &buf);
-    if (st != STRIA_OK || buf == NULL) {
-        char msg_copy[512];
-        snprintf(msg_copy, sizeof(msg_copy), "%s", stria_error_msg());
-        stria__call_destroy(call);
-        stria__conn_refuse(c, st != STRIA_OK ? st : STRIA_ERR_INTERNAL, "%s: %s", md->name,
-                           msg_copy[0] ? msg_copy : "no buffer for the payload");
-        return;
-    }
-    call->payload = buf;
-    call->payload_len = c->h.payload_len;
-    c->cur = call;
-    c->payload_got = 0;
-    c->phase = STRIA__RD_PAYLOAD;
-    return;
-free_pb:
-    free(c->pb);
-    c->pb = NULL;
-}
-
-static void stria__on_header(stria__rpc_conn_t *c)
-{
-    stria_rpc_server_t *srv = c->server;
-    stria_rpc_header_t *h = &c->h;
-    bool hello;
-
-    stria_rpc_header_decode(c->hdr, h);
-    c->hdr_got = 0;
-    if (h->magic != STRIA_RPC_MAGIC) {
-        h->request_id = 0;
-        h->method = 0;
-        h->flags = 0;
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL, "bad frame magic 0x%08x: not a stria RPC stream",
-                          h->magic);
-        return;
-    }
-    if (h->version != STRIA_RPC_VERSION) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL,
-                          "frame of protocol version %u; this server speaks version %d", h->version,
-                          STRIA_RPC_VERSION);
-        return;
-    }
-    if ((h->flags & ~(STRIA_RPC_FLAG_HELLO)) != 0) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL, "unexpected flags 0x%x in a request frame",
-                          h->flags);
-        return;
-    }
-    if (h->status != 0) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL, "request frame carries status %d", h->status);
-        return;
-    }
-    hello = (h->flags & STRIA_RPC_FLAG_HELLO) != 0;
-    if (!c->hello_done && !hello) {
-        stria__conn_fatal(c, STRIA_ERR_AUTH, "the first frame of a connection must be a hello");
-        return;
-    }
-    if (c->hello_done && hello) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL, "hello sent twice");
-        return;
-    }
-    if (h->pb_len > (hello ? STRIA_RPC_MAX_HELLO_PB : srv->max_pb)) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL,
-                          "protobuf message of %u bytes exceeds the limit of %u bytes", h->pb_len,
-                          hello ? STRIA_RPC_MAX_HELLO_PB : srv->max_pb);
-        return;
-    }
-    if (h->payload_len > (hello ? 0 : srv->max_payload)) {
-        stria__conn_fatal(
-            c, STRIA_ERR_PROTOCOL, "payload of %llu bytes exceeds the limit of %llu bytes",
-            (unsigned long long)h->payload_len, (unsigned long long)(hello ? 0 : srv->max_payload));
-        return;
-    }
-    if (h->pb_len == 0) {
-        stria__on_pb(c);
-        return;
-    }
-    c->pb = malloc(h->pb_len);
-    if (c->pb == NULL) {
-        stria__conn_fatal(c, STRIA_ERR_NO_MEMORY, "out of memory for a %u-byte message", h->pb_len);
-        return;
-    }
-    c->pb_got = 0;
-    c->phase = STRIA__RD_PB;
-}
-
-static void stria__on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
-{
-    stria__rpc_conn_t *c = stream->data;
-    size_t n = (size_t)nread;
-
-    (void)buf;
-    if (nread < 0) {
-        if (nread != UV_EOF)
-            stria_log_debug("%s: read from %s: %s", c->server->name, c->peer,
-                            uv_strerror((int)nread));
+    if (srv->n_conns > srv->max_connections) {
+        stria_log_warn("%s: refusing %s: %u connections already open", srv->name, c->peer,
+                       srv->max_connections);
         stria__conn_close(c);
         return;
     }
-    if (nread == 0 || c->closing)
-        return;
-    switch (c->phase) {
-    case STRIA__RD_HEADER:
-        c->hdr_got += n;
-        if (c->hdr_got == STRIA_RPC_HEADER_SIZE)
-            stria__on_header(c);
-        return;
-    case STRIA__RD_PB:
-        c->pb_got += n;
-        if (c->pb_got == c->h.pb_len)
-            stria__on_pb(c);
-        return;
-    case STRIA__RD_PAYLOAD:
-        c->payload_got += n;
-        if (c->payload_got == c->cur->payload_len) {
-            stria_rpc_call_t *call = c->cur;
-            c->cur = NULL;
-            stria__dispatch(c, call);
-        }
-        return;
-    case STRIA__RD_DISCARD:
-        c->discard_left -= n;
-        if (c->discard_left == 0) {
-            size_t len = 0;
-            uint8_t *frame = stria__rpc_error_frame(c->h.request_id, c->h.method, 0,
-                                                    c->pending_status, c->pending_msg, &len);
-            c->phase = STRIA__RD_HEADER;
-            stria__conn_write(c, frame, len, NULL, 0, NULL, NULL, NULL);
-        }
-        return;
-    case STRIA__RD_LINGER:
-        c->discard_left -= n;
-        if (c->discard_left == 0)
-            stria__conn_close(c);
-        return;
-    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->accepted_at = stria_time_now();
+    c->phase = STRIA__RD_HEADER;
+    stria__conn_read_start(c);
 }
 
 static void stria__on_connection(uv_stream_t *listener, int status)
@@ -712,25 +391,13 @@ static void stria__on_connection(uv_stream_t *listener, int status)
         stria_log_warn("%s: accept: %s", srv->name, uv_strerror(status));
         return;
     }
-    c = calloc(1, sizeof(*c));
-    if (c == NULL) {
-        stria_log_error("%s: out of memory accepting a connection", srv->name);
+    c = stria__conn_new(srv);
+    if (c == NULL)
         return;
-    }
-    c->server = srv;
-    c->refs = 1;
-    c->tcp.data = c;
-    uv_tcp_init(&srv->loop, &c->tcp);
-    c->next = srv->conns;
-    if (srv->conns != NULL)
-        srv->conns->prev = c;
-    srv->conns = c;
-    srv->n_conns++;
     if (uv_accept(listener, (uv_stream_t *)&c->tcp) < 0) {
         stria__conn_close(c);
         return;
     }
-    snprintf(c->peer, sizeof(c->peer), "?");
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
         char ip[INET6_ADDRSTRLEN] = "?";
         if (ss.ss_family == AF_INET) {
@@ -743,16 +410,27 @@ static void stria__on_connection(uv_stream_t *listener, int status)
             snprintf(c->peer, sizeof(c->peer), "[%s]:%u", ip, ntohs(a->sin6_port));
         }
     }
-    if (srv->n_conns > srv->max_connections) {
-        stria_log_warn("%s: refusing %s: %u connections already open", srv->name, c->peer,
-                       srv->max_connections);
-        stria__conn_close(c);
-        return;
+    stria__conn_begin(c);
+}
+
+stria_status_t stria_rpc_server_adopt(stria_rpc_server_t *srv, int fd, const char *peer)
+{
+    stria__rpc_conn_t *c = stria__conn_new(srv);
+    int rc;
+    if (c == NULL) {
+        close(fd);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", srv->name);
     }
-    uv_tcp_nodelay(&c->tcp, 1);
-    c->accepted_at = stria_time_now();
-    c->phase = STRIA__RD_HEADER;
-    stria__conn_read_start(c);
+    snprintf(c->peer, sizeof(c->peer), "%s", peer ? peer : "?");
+    rc = uv_tcp_open(&c->tcp, fd);
+    if (rc < 0) {
+        close(fd);
+        stria__conn_close(c);
+        return stria_error_set(STRIA_ERR_IO, "%s: cannot adopt a socket: %s", srv->name,
+                               uv_strerror(rc));
+    }
+    stria__conn_begin(c);
+    return STRIA_OK;
 }
 
 /* ---- server: loop ------------------------------------------------------ */
@@ -786,7 +464,9 @@ static void stria__on_async(uv_async_t *async)
     pthread_mutex_unlock(&srv->lock);
     while (job != NULL) {
         stria__rpc_job_t *next = job->next;
-        if (job->call != NULL)
+        if (job->payload_ready)
+            stria__on_payload_ready(job);
+        else if (job->call != NULL)
             stria__conn_write(job->call->conn, job->frame, job->frame_len, job->payload,
                               job->payload_len, job->done, job->done_arg, job->call);
         else
@@ -970,13 +650,14 @@ stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *p,
         uint64_t ms = (uint64_t)ceil(srv->tick_period_s * 1000.0);
         uv_timer_start(&srv->tick, stria__on_tick, ms, ms);
     }
-    rc = pthread_create(&srv->thread, NULL, stria__loop_main, srv);
+    srv->no_thread = p->no_thread;
+    rc = p->no_thread ? 0 : pthread_create(&srv->thread, NULL, stria__loop_main, srv);
     if (rc != 0) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot start the loop thread: %s", srv->name,
                              strerror(rc));
         goto close_loop;
     }
-    srv->thread_started = true;
+    srv->thread_started = !p->no_thread;
     stria_log_info("%s: listening on %s (port %u)", srv->name, p->listen, srv->port);
     *server_out = srv;
     return STRIA_OK;
@@ -987,6 +668,12 @@ close_loop:
     uv_loop_close(&srv->loop);
     stria__server_free(srv);
     return st;
+}
+
+bool stria_rpc_server_run(stria_rpc_server_t *srv, bool wait)
+{
+    stria__loop_server = srv;
+    return uv_run(&srv->loop, wait ? UV_RUN_ONCE : UV_RUN_NOWAIT) != 0;
 }
 
 uint16_t stria_rpc_server_port(const stria_rpc_server_t *server)
@@ -1033,7 +720,13 @@ void stria_rpc_server_stop(stria_rpc_server_t *srv)
     srv->stopping = true;
     pthread_mutex_unlock(&srv->lock);
     uv_async_send(&srv->async);
-    pthread_join(srv->thread, NULL);
+    if (srv->no_thread) {
+        stria__loop_server = srv;
+        uv_run(&srv->loop, UV_RUN_DEFAULT);
+        stria__loop_server = NULL;
+    } else {
+        pthread_join(srv->thread, NULL);
+    }
     rc = uv_loop_close(&srv->loop);
     if (rc < 0)
         stria_log_warn("%s: event loop closed with handles open: %s", srv->name, uv_strerror(rc));

@@ -15,6 +15,7 @@ typedef enum {
     STRIA__RD_PAYLOAD,
     STRIA__RD_DISCARD, /* skipping a refused request's payload */
     STRIA__RD_LINGER,  /* fatal error sent; draining input until the peer closes */
+    STRIA__RD_WAIT,    /* not reading: the payload callback names its buffer later */
 } stria__rpc_read_phase_t;
 
 typedef struct stria__rpc_conn stria__rpc_conn_t;
@@ -30,6 +31,10 @@ struct stria_rpc_call {
     uint64_t payload_len;
     stria_rpc_done_cb cleanup;
     void *cleanup_arg;
+    /* the payload callback answered STRIA_RPC_PAYLOAD_LATER and
+     * stria_rpc_call_payload_ready() has not been handled yet */
+    bool payload_wait;
+    bool orphan; /* its connection closed meanwhile: destroyed when ready */
 };
 
 struct stria__rpc_conn {
@@ -63,10 +68,14 @@ struct stria__rpc_conn {
 };
 
 /* A unit of work handed to the loop thread: a reply written from another
- * thread, or a posted function. */
+ * thread, a payload buffer named later, or a posted function. */
 typedef struct stria__rpc_job {
     struct stria__rpc_job *next;
     stria_rpc_call_t *call; /* NULL for a posted function */
+    bool payload_ready;     /* stria_rpc_call_payload_ready(): status, buffer, message */
+    stria_status_t status;
+    void *buf;
+    char message[512];
     uint8_t *frame;
     size_t frame_len;
     const void *payload;
@@ -84,6 +93,7 @@ struct stria_rpc_server {
     uv_timer_t tick;
     pthread_t thread;
     bool thread_started;
+    bool no_thread; /* the loop runs in stria_rpc_server_run() calls */
 
     pthread_mutex_t lock; /* guards the job queue and `stopping` */
     stria__rpc_job_t *jobs_head, *jobs_tail;
@@ -107,5 +117,25 @@ struct stria_rpc_server {
     stria__rpc_conn_t *conns;
     uint32_t n_conns;
 };
+
+/* ---- shared by the rooms (rpc_server.c: connections, calls, the loop;
+ * rpc_server_read.c: the byte stream of a connection) ---- */
+
+/* Drops a reference; the last one frees the connection. */
+void stria__conn_unref(stria__rpc_conn_t *c);
+void stria__conn_close(stria__rpc_conn_t *c);
+void stria__conn_read_start(stria__rpc_conn_t *c);
+void stria__conn_read_stop(stria__rpc_conn_t *c);
+/* Writes a frame and an optional payload; afterwards runs done(done_arg) and
+ * destroys `call`. Takes ownership of `frame`. */
+void stria__conn_write(stria__rpc_conn_t *c, uint8_t *frame, size_t frame_len, const void *payload,
+                       uint64_t payload_len, stria_rpc_done_cb done, void *done_arg,
+                       stria_rpc_call_t *call);
+void stria__call_destroy(stria_rpc_call_t *call);
+/* libuv's read callbacks of a connection. */
+void stria__on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf);
+void stria__on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+/* A payload buffer named by stria_rpc_call_payload_ready(), on the loop. */
+void stria__on_payload_ready(stria__rpc_job_t *job);
 
 #endif /* STRIA_RPC_SERVER_INT_H */

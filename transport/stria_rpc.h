@@ -32,6 +32,7 @@
 #define STRIA_RPC_H
 
 #include <protobuf-c/protobuf-c.h>
+#include <sys/uio.h>
 
 #include "stria_methods.h"
 
@@ -102,6 +103,22 @@ typedef void (*stria_rpc_handler_cb)(void *ctx, stria_rpc_call_t *call);
 typedef stria_status_t (*stria_rpc_payload_cb)(void *ctx, stria_rpc_call_t *call,
                                                uint64_t payload_len, void **buf_out);
 
+/* What a payload callback returns when it names the buffer later (it has to
+ * ask somebody first): the server stops reading the connection until
+ * stria_rpc_call_payload_ready() gives the buffer, or an error, for the
+ * call. The loop goes on serving every other connection meanwhile. */
+#define STRIA_RPC_PAYLOAD_LATER ((stria_status_t)1)
+
+/* Names the buffer of a call whose payload callback returned
+ * STRIA_RPC_PAYLOAD_LATER: `buf` (payload_len bytes, valid as the callback's
+ * would be), or status < 0 with a message, which refuses the request (its
+ * payload is skipped, the reply carries the message, the handler is not
+ * called). Exactly once per such call, from any thread but not from inside
+ * the payload callback; before stria_rpc_server_stop(). If the connection
+ * closed meanwhile the call is destroyed (its cleanup runs). */
+void stria_rpc_call_payload_ready(stria_rpc_call_t *call, stria_status_t status, void *buf,
+                                  const char *message);
+
 /* A function to run later with its argument. */
 typedef void (*stria_rpc_done_cb)(void *arg);
 
@@ -114,6 +131,10 @@ typedef struct {
     stria_rpc_handler_cb handler; /* NULL: not served (STRIA_ERR_UNSUPPORTED) */
     stria_rpc_payload_cb payload; /* NULL: requests with a payload are refused */
     unsigned flags;               /* STRIA_RPC_METHOD_* */
+    /* Largest protobuf message of a request; a larger one is refused before
+     * it is read or decoded (the connection stays usable). 0: the server's
+     * max_pb_bytes. */
+    uint32_t max_pb_bytes;
     /* The method's name in the proto: required with a handler, and checked
      * against the descriptor when the server starts, so a table that is out
      * of step with the service is refused instead of serving the wrong
@@ -143,6 +164,10 @@ typedef struct {
     stria_rpc_done_cb tick;                    /* NULL or run every tick_period_s on the loop */
     double tick_period_s;
     const char *name; /* for logs ("coordinator"); copied */
+    /* No loop thread: the loop runs only inside stria_rpc_server_run() on the
+     * caller's thread, which is then the loop thread (tests and fuzzers drive
+     * a server without a thread switch per request). */
+    bool no_thread;
 } stria_rpc_server_params_t;
 
 /* Binds, listens and starts the loop thread. Errors: STRIA_ERR_INVALID_ARG
@@ -150,6 +175,16 @@ typedef struct {
  * use), STRIA_ERR_NO_MEMORY. Free with stria_rpc_server_stop(). */
 stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *params,
                                       stria_rpc_server_t **server_out);
+
+/* A server started with no_thread: runs what is ready on its loop (wait
+ * false), or waits for at least one event first (wait true). Returns whether
+ * the loop still has active handles. */
+bool stria_rpc_server_run(stria_rpc_server_t *server, bool wait);
+
+/* Serves a connected stream socket (one end of a socketpair(), say) as if it
+ * had been accepted; the server owns fd from now on, also on failure. Call
+ * it on the loop thread. `peer` names the other end in logs. */
+stria_status_t stria_rpc_server_adopt(stria_rpc_server_t *server, int fd, const char *peer);
 
 /* The bound port (useful after listening on port 0). */
 uint16_t stria_rpc_server_port(const stria_rpc_server_t *server);
@@ -189,6 +224,9 @@ const char *stria_rpc_call_peer(const stria_rpc_call_t *call);
  * e.g. in the middle of its payload). Use it to release the payload buffer.
  * One cleanup per call; a second call replaces the first. Loop thread only. */
 void stria_rpc_call_set_cleanup(stria_rpc_call_t *call, stria_rpc_done_cb fn, void *arg);
+/* The argument of the call's cleanup (NULL without one): what the payload
+ * callback kept for the handler. */
+void *stria_rpc_call_cleanup_arg(const stria_rpc_call_t *call);
 
 /* Replies to a call and releases it (the call and its request are invalid
  * afterwards). `reply` must be of the method's output type; it is serialised
@@ -249,6 +287,16 @@ typedef struct {
     void *reply_buf;                 /* where a reply payload goes; NULL: */
     uint64_t reply_buf_cap;          /* allocated (see stria_rpc_reply_t) */
     double timeout_s;                /* whole call; <= 0: no deadline */
+    /* Scattered I/O (instead of payload and reply_buf): the request payload
+     * is the concatenation of payload_iov[0..payload_iovcnt) (read during
+     * the call; payload_len is then their total), and a reply payload is
+     * read into reply_iov[0..reply_iovcnt) in order, their total being the
+     * capacity (reply.payload then points at the first). Any number of
+     * pieces. */
+    const struct iovec *payload_iov;
+    size_t payload_iovcnt;
+    const struct iovec *reply_iov;
+    size_t reply_iovcnt;
 } stria_rpc_request_t;
 
 /* A reply. Free with stria_rpc_reply_free(). */

@@ -141,7 +141,13 @@ static void stria__job_unreserve(stria__cjob_t *j)
 static void stria__job_free(stria_coord_t *co, stria__cjob_t *j)
 {
     stria__timeline_drop(co, j);
-    free(j->cu_seqlens);
+    stria_job_masks_free(&j->masks);
+    stria__index_del(&co->job_ids, j->id, 0);
+    for (uint32_t r = 0; r < j->n_ranks; r++) {
+        stria__cworker_t *w = j->ranks[r].worker;
+        if (--w->job_refs == 0 && w->forgotten)
+            free(w);
+    }
     free(j->ranks);
     free(j);
 }
@@ -182,6 +188,8 @@ void stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState 
     j->state = state;
     j->finished_ms = stria__coord_wall_ms();
     stria__job_unreserve(j);
+    for (uint32_t r = 0; r < j->n_ranks; r++)
+        stria__index_del(&co->members, j->id, j->ranks[r].worker->id);
     stria__count_finished(co, state);
     if (state != S_RELEASED)
         co->jobs_failed++;
@@ -267,32 +275,71 @@ void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why
 
 stria__cjob_t *stria__job_find(stria_coord_t *co, uint64_t id)
 {
-    for (uint32_t i = 0; i < co->n_jobs; i++)
-        if (co->jobs[i]->id == id)
-            return co->jobs[i];
-    return NULL;
+    return stria__index_get(&co->job_ids, id, 0);
 }
 
 stria__cworker_t *stria__worker_find(stria_coord_t *co, uint64_t id)
 {
+    return stria__index_get(&co->worker_ids, id, 0);
+}
+
+int stria__job_rank_of(const stria_coord_t *co, const stria__cjob_t *j, const stria__cworker_t *w)
+{
+    uintptr_t r = (uintptr_t)stria__index_get(&co->members, j->id, w->id);
+    return r == 0 ? -1 : (int)(r - 1);
+}
+
+void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *why)
+{
+    uint32_t k = 0;
+    stria_log_info("worker %llu (%s, %s) forgotten: %s", (unsigned long long)w->id, w->host,
+                   w->rpc_address, why);
     for (uint32_t i = 0; i < co->n_workers; i++)
-        if (co->workers[i]->id == id)
-            return co->workers[i];
-    return NULL;
+        if (co->workers[i] != w)
+            co->workers[k++] = co->workers[i];
+    co->n_workers = k;
+    stria__index_del(&co->worker_ids, w->id, 0);
+    stria__worker_metrics_forget(co, w);
+    w->forgotten = true;
+    if (w->job_refs == 0)
+        free(w);
 }
 
 /* ---- periodic work ------------------------------------------------------- */
 
-static void stria__on_tick(void *arg)
+/* The loop's own stall since the last tick, in seconds (0 when the tick came
+ * within a tick period of its time). A stalled loop (a slow handler, a
+ * stopped process, an overloaded host) has the heartbeats that arrived
+ * meanwhile still unread when this tick runs, so worker and job deadlines
+ * move by the stall. A stall of a heartbeat period or more is logged and
+ * counted. */
+static double stria__tick_stall(stria_coord_t *co, double now)
 {
-    stria_coord_t *co = arg;
-    double now = stria_time_now();
+    double tick = co->heartbeat_period_s / 4, late = now - co->last_tick - tick;
+    co->last_tick = now;
+    if (late <= tick)
+        return 0;
+    if (late >= co->heartbeat_period_s) {
+        stria_log_warn("the coordinator's loop stalled for %.3f s: worker and job deadlines "
+                       "move by as much",
+                       late);
+        stria__count_stall(co, late);
+    }
+    return late;
+}
+
+/* Workers silent past their deadline are dead; dead and departed ones
+ * silent past the retention are forgotten. */
+static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
+{
     double dead_after = STRIA__DEAD_PERIODS * co->heartbeat_period_s;
     bool changed = false;
 
     for (uint32_t i = 0; i < co->n_workers; i++) {
         stria__cworker_t *w = co->workers[i];
         char why[128];
+        if (stall > 0 && !w->dead)
+            w->last_seen = w->last_seen + stall < now ? w->last_seen + stall : now;
         if (w->dead || now - w->last_seen <= dead_after)
             continue;
         w->dead = true;
@@ -306,8 +353,32 @@ static void stria__on_tick(void *arg)
         stria__fail_jobs_of(co, w, why);
         changed = true;
     }
+    for (uint32_t i = 0; i < co->n_workers;) {
+        stria__cworker_t *w = co->workers[i];
+        if (w->dead && now - w->last_seen > co->worker_retention_s) {
+            char why[96];
+            snprintf(why, sizeof(why), "%s %.0f s ago", w->left ? "left" : "last heard of",
+                     now - w->last_seen);
+            stria__worker_forget(co, w, why); /* the next one moves to i */
+            changed = true;
+        } else {
+            i++;
+        }
+    }
+    return changed;
+}
+
+static void stria__on_tick(void *arg)
+{
+    stria_coord_t *co = arg;
+    double now = stria_time_now();
+    double stall = stria__tick_stall(co, now);
+    bool changed = stria__tick_workers(co, now, stall);
+
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
+        if (stall > 0 && !stria__terminal(j->state))
+            j->last_activity = j->last_activity + stall < now ? j->last_activity + stall : now;
         if (stria__terminal(j->state) || now - j->last_activity <= j->ttl_s)
             continue;
         stria__job_finish(co, j, S_EXPIRED, "abandoned: no client activity for %u s (its TTL)",
@@ -323,25 +394,33 @@ static void stria__on_tick(void *arg)
 
 /* ---- lifecycle ----------------------------------------------------------- */
 
-stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **coord_out)
+stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
+                                  stria_coord_t **coord_out)
 {
+    /* Every request but a job spec (documents: up to about 600 KiB) and a
+     * heartbeat (STRIA_COORD_MAX_HEARTBEAT_BYTES) is small: larger ones are
+     * refused before they are read. */
+#define STRIA__SMALL .max_pb_bytes = STRIA__COORD_SMALL_REQUEST
     static const stria_rpc_method_t methods[STRIA_RPC_COORDINATOR_N_METHODS] = {
-        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register),
-        STRIA_RPC_SERVE(COORDINATOR_HEARTBEAT, .handler = stria__on_heartbeat),
-        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report),
+        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_HEARTBEAT, .handler = stria__on_heartbeat,
+                        .max_pb_bytes = STRIA_COORD_MAX_HEARTBEAT_BYTES),
+        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_SUBMIT_JOB, .handler = stria__on_submit),
-        STRIA_RPC_SERVE(COORDINATOR_GET_JOB, .handler = stria__on_get_job),
-        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release),
+        STRIA_RPC_SERVE(COORDINATOR_GET_JOB, .handler = stria__on_get_job, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_CANCEL_JOB, .handler = stria__on_cancel,
-                        .flags = STRIA_RPC_METHOD_ADMIN),
-        STRIA_RPC_SERVE(COORDINATOR_GET_STATUS, .handler = stria__on_status),
-        STRIA_RPC_SERVE(COORDINATOR_GET_RING, .handler = stria__on_ring),
-        STRIA_RPC_SERVE(COORDINATOR_LIST_WORKERS, .handler = stria__on_list_workers),
-        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs),
+                        .flags = STRIA_RPC_METHOD_ADMIN, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_GET_STATUS, .handler = stria__on_status, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_GET_RING, .handler = stria__on_ring, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_LIST_WORKERS, .handler = stria__on_list_workers, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_DRAIN_WORKER, .handler = stria__on_drain,
-                        .flags = STRIA_RPC_METHOD_ADMIN),
-        STRIA_RPC_SERVE(COORDINATOR_DEREGISTER_WORKER, .handler = stria__on_deregister),
+                        .flags = STRIA_RPC_METHOD_ADMIN, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_DEREGISTER_WORKER, .handler = stria__on_deregister,
+                        STRIA__SMALL),
     };
+#undef STRIA__SMALL
     stria_rpc_server_params_t sp;
     stria_coord_t *co;
     stria_status_t st;
@@ -356,6 +435,13 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "coordinator: job TTL must be in (0, %u] seconds",
                                STRIA_COORD_MAX_TTL_S);
+    if (!(p->max_step_timeout_s >= 0 && p->max_step_timeout_s <= STRIA_COORD_MAX_STEP_TIMEOUT_S))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "coordinator: the largest step timeout must be in (0, %u] seconds",
+                               STRIA_COORD_MAX_STEP_TIMEOUT_S);
+    if (!(p->worker_retention_s >= 0 && p->worker_retention_s <= 365 * 86400.0))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "coordinator: worker retention must be in (0, 1 year]");
     if (stria__v1__coordinator__descriptor.n_methods != STRIA_RPC_COORDINATOR_N_METHODS)
         return stria_error_set(STRIA_ERR_INTERNAL, "coordinator: service has %u methods, not %d",
                                stria__v1__coordinator__descriptor.n_methods,
@@ -368,11 +454,19 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
     co->max_workers = p->max_workers ? p->max_workers : 4096;
     co->max_jobs = p->max_jobs ? p->max_jobs : 4096;
     co->history = p->history ? p->history : 1024;
+    co->max_jobs_per_client = p->max_jobs_per_client ? p->max_jobs_per_client : 256;
+    co->max_step_timeout_ms =
+        (uint32_t)ceil(1000.0 * (p->max_step_timeout_s > 0 ? p->max_step_timeout_s : 600.0));
+    co->worker_retention_s = p->worker_retention_s > 0 ? p->worker_retention_s : 3600.0;
+    stria__index_init(&co->worker_ids);
+    stria__index_init(&co->job_ids);
+    stria__index_init(&co->members);
     co->auth_required = p->token != NULL && p->token[0] != '\0';
     co->metrics = p->metrics;
     co->notify_status = p->notify_status;
     stria__metrics_init(co);
     co->started_at = stria_time_now();
+    co->last_tick = co->started_at;
     co->started_ms = stria__coord_wall_ms();
     co->next_worker_id = 1;
     co->next_job_id = 1;
@@ -393,6 +487,7 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
     /* Dead workers are noticed within a quarter period of the deadline. */
     sp.tick_period_s = co->heartbeat_period_s / 4;
     sp.name = "coordinator";
+    sp.no_thread = no_thread;
     st = stria_rpc_server_start(&sp, &co->server);
     if (st != STRIA_OK) {
         free(co->workers);
@@ -403,6 +498,11 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
         stria_log_warn("coordinator: no admin token: every token holder may drain and cancel");
     *coord_out = co;
     return STRIA_OK;
+}
+
+stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **coord_out)
+{
+    return stria__coord_start(p, false, coord_out);
 }
 
 uint16_t stria_coord_port(const stria_coord_t *co)
@@ -424,11 +524,17 @@ void stria_coord_stop(stria_coord_t *co)
      * restart, so say in the log which jobs end here and why. */
     for (uint32_t i = 0; i < co->n_jobs; i++)
         stria__job_finish(co, co->jobs[i], S_FAILED, "the coordinator shut down");
+    for (uint32_t i = 0; i < co->n_workers; i++) { /* the others go with their last job */
+        co->workers[i]->forgotten = true;
+        if (co->workers[i]->job_refs == 0)
+            free(co->workers[i]);
+    }
     for (uint32_t i = 0; i < co->n_jobs; i++)
         stria__job_free(co, co->jobs[i]);
     free(co->jobs);
-    for (uint32_t i = 0; i < co->n_workers; i++)
-        free(co->workers[i]);
     free(co->workers);
+    stria__index_free(&co->worker_ids);
+    stria__index_free(&co->job_ids);
+    stria__index_free(&co->members);
     free(co);
 }

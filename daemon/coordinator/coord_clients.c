@@ -12,12 +12,24 @@
 
 /* ---- handlers: clients --------------------------------------------------- */
 
-static uint32_t stria__count_unfinished(const stria_coord_t *co)
+/* Pending and active jobs, of one client (its host address) or of all
+ * (NULL). */
+static uint32_t stria__count_unfinished(const stria_coord_t *co, const char *client)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < co->n_jobs; i++)
-        n += !stria__terminal(co->jobs[i]->state);
+        n += !stria__terminal(co->jobs[i]->state) &&
+             (client == NULL || strcmp(co->jobs[i]->client, client) == 0);
     return n;
+}
+
+/* The client of a call: the host of its peer address, without the port. */
+static void stria__client_of(stria_rpc_call_t *call, char *out, size_t cap)
+{
+    const char *peer = stria_rpc_call_peer(call);
+    uint16_t port;
+    if (stria_addr_parse(peer, out, cap, &port) != STRIA_OK)
+        snprintf(out, cap, "%s", peer);
 }
 
 static void stria__count_workers(const stria_coord_t *co, uint32_t *healthy, uint32_t *draining,
@@ -95,7 +107,7 @@ static int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, 
  * job table; NULL when out of memory. */
 static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
                                      const stria_layout_t *layout, stria__cworker_t **ring,
-                                     uint32_t n, uint64_t need)
+                                     uint32_t n, uint64_t need, const char *client)
 {
     stria__cjob_t *j;
     if (co->n_jobs == co->cap_jobs) {
@@ -109,23 +121,32 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     j = calloc(1, sizeof(*j));
     if (j != NULL)
         j->ranks = calloc(n, sizeof(*j->ranks));
-    if (j != NULL && s->n_cu_seqlens > 0)
-        j->cu_seqlens = malloc(s->n_cu_seqlens * sizeof(int64_t));
-    if (j == NULL || j->ranks == NULL || (s->n_cu_seqlens > 0 && j->cu_seqlens == NULL)) {
-        if (j != NULL) {
+    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks)) {
+        if (j != NULL)
             free(j->ranks);
-            free(j->cu_seqlens);
-        }
         free(j);
         return NULL;
     }
-    if (s->n_cu_seqlens > 0)
-        memcpy(j->cu_seqlens, s->cu_seqlens, s->n_cu_seqlens * sizeof(int64_t));
-    j->n_cu_seqlens = s->n_cu_seqlens;
-    j->has_window = s->window != NULL;
-    j->window_left = s->window != NULL ? s->window->left : 0;
-    j->window_right = s->window != NULL ? s->window->right : 0;
-    j->id = co->next_job_id++;
+    j->id = co->next_job_id;
+    if (stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
+        stria_job_masks_free(&j->masks);
+        free(j->ranks);
+        free(j);
+        return NULL;
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        if (stria__index_put(&co->members, j->id, ring[r]->id, (void *)(uintptr_t)(r + 1)) !=
+            STRIA_OK) {
+            for (uint32_t k = 0; k < r; k++)
+                stria__index_del(&co->members, j->id, ring[k]->id);
+            stria__index_del(&co->job_ids, j->id, 0);
+            stria_job_masks_free(&j->masks);
+            free(j->ranks);
+            free(j);
+            return NULL;
+        }
+    }
+    co->next_job_id++;
     j->batch = s->batch;
     j->seq_len = s->seq_len;
     j->heads = s->heads;
@@ -142,9 +163,11 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     j->n_ranks = n;
     j->shard_tokens = (uint64_t)layout->shard_tokens;
     j->mem_per_rank = need;
+    snprintf(j->client, sizeof(j->client), "%s", client);
     for (uint32_t r = 0; r < n; r++) {
         stria__crank_t *cr = &j->ranks[r];
         cr->worker = ring[r];
+        ring[r]->job_refs++;
         cr->n_runs = stria_layout_shard_runs(layout, (int)r, false, cr->runs);
         cr->tokens = (uint64_t)stria_layout_shard_valid(layout, (int)r);
     }
@@ -170,6 +193,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     bool now = false;
     int64_t start;
     stria__b_t b = {0};
+    char client[64];
 
     if (s == NULL) {
         stria__count_error(co, STRIA__E_SUBMIT_INVALID);
@@ -181,7 +205,25 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         return;
     }
-    if (stria__count_unfinished(co) >= co->max_jobs) {
+    if (s->step_timeout_ms > co->max_step_timeout_ms) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "SubmitJob: step_timeout_ms must be at most %u (the coordinator's "
+                            "--max-step-timeout) (got %u)",
+                            co->max_step_timeout_ms, s->step_timeout_ms);
+        return;
+    }
+    stria__client_of(call, client, sizeof(client));
+    if (stria__count_unfinished(co, client) >= co->max_jobs_per_client) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: client %s holds %u pending or active jobs, the "
+                            "coordinator's limit per client (--max-jobs-per-client); release "
+                            "some first",
+                            client, co->max_jobs_per_client);
+        return;
+    }
+    if (stria__count_unfinished(co, NULL) >= co->max_jobs) {
         stria__count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: %u jobs are pending or active, the coordinator's limit",
@@ -249,7 +291,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)(need >> 20));
         goto free_ring;
     }
-    j = stria__job_add(co, s, &layout, ring + start, n, need);
+    j = stria__job_add(co, s, &layout, ring + start, n, need, client);
     if (j == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
         goto free_ring;
@@ -526,6 +568,7 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
         }
         w->left = true;
         w->dead = true;
+        w->last_seen = stria_time_now(); /* the retention counts from here */
         w->current_job = 0;
         w->step = w->steps_total = 0;
         w->in_use = 0;

@@ -4,11 +4,32 @@
 #define STRIA_COORD_INT_H
 
 #include "stria.pb-c.h"
+#include "stria_spec.h"
 #include "stria_coordinator.h"
 #include "stria_rpc.h"
 
 #define STRIA__COORD_STR    256 /* longest host, device, address or version string */
 #define STRIA__DEAD_PERIODS 3
+/* The largest message of a request other than SubmitJob and Heartbeat. */
+#define STRIA__COORD_SMALL_REQUEST (64u << 10)
+
+/* A hash index from a pair of 64-bit keys to a pointer (coord_index.c). */
+typedef struct {
+    uint64_t a, b;
+    void *v; /* NULL: an empty slot */
+} stria__slot_t;
+typedef struct {
+    stria__slot_t *slots;
+    size_t cap, n;
+    uint64_t seed;
+} stria__index_t;
+
+void stria__index_init(stria__index_t *x);
+void stria__index_free(stria__index_t *x);
+/* Adds or replaces; v must not be NULL. */
+stria_status_t stria__index_put(stria__index_t *x, uint64_t a, uint64_t b, void *v);
+void *stria__index_get(const stria__index_t *x, uint64_t a, uint64_t b);
+void stria__index_del(stria__index_t *x, uint64_t a, uint64_t b);
 
 typedef struct {
     uint64_t id;
@@ -21,6 +42,9 @@ typedef struct {
     uint64_t memory_bytes; /* capacity */
     uint64_t reserved;     /* by active jobs */
     uint64_t in_use;       /* reported */
+    /* the worker's memory pool, as last reported: reserved, in use, high
+     * water, committed */
+    uint64_t pool[4];
     uint64_t incarnation;
     bool dead;
     bool left; /* deregistered at shutdown (dead is set too) */
@@ -31,6 +55,12 @@ typedef struct {
     uint32_t step, steps_total;
     bool blocked;           /* scratch of the scheduler */
     uint64_t queued_demand; /* scratch of admission: memory of queued jobs */
+    /* Jobs of the job table (history included) that name this worker: a
+     * forgotten worker is freed only when the last of them is. */
+    uint32_t job_refs;
+    bool forgotten; /* out of the worker table */
+    /* its series of the per-worker gauges (NULL until the first update) */
+    stria_metric_t *m_age, *m_in_use, *m_reserved;
 } stria__cworker_t;
 
 /* Per-rank progress of a job. */
@@ -54,10 +84,8 @@ typedef struct {
     bool causal, no_queue;
     float scale;
     char label[STRIA_COORD_MAX_LABEL + 1];
-    int64_t *cu_seqlens; /* owned; NULL when n_cu_seqlens is 0 */
-    size_t n_cu_seqlens;
-    bool has_window;
-    int64_t window_left, window_right;
+    stria_job_masks_t masks; /* documents and window, owned */
+    char client[64];         /* the submitting client's host address */
 
     uint32_t n_ranks;
     stria__crank_t *ranks;
@@ -83,14 +111,21 @@ struct stria_coord {
     stria_rpc_server_t *server;
     double heartbeat_period_s;
     double job_ttl_s;
-    uint32_t max_workers, max_jobs, history;
+    uint32_t max_workers, max_jobs, history, max_jobs_per_client;
+    uint32_t max_step_timeout_ms;
+    double worker_retention_s;
     bool auth_required;
+    double last_tick; /* stria_time_now() of the last tick */
     double started_at;
     uint64_t started_ms;
 
     stria__cworker_t **workers; /* registration order; never freed before stop */
     uint32_t n_workers;
     uint64_t next_worker_id;
+
+    stria__index_t worker_ids; /* (id, 0) -> worker of the table */
+    stria__index_t job_ids;    /* (id, 0) -> job of the table */
+    stria__index_t members;    /* (job id, worker id) -> rank + 1, unfinished jobs */
 
     stria__cjob_t **jobs; /* submission order: finished ones kept as history */
     uint32_t n_jobs, cap_jobs;
@@ -103,6 +138,11 @@ struct stria_coord {
     bool notify_status;
     char last_status[256]; /* last STATUS= sent to the service manager */
 };
+
+/* stria_coord_start(); with no_thread the RPC server has no thread of its
+ * own and runs in stria_rpc_server_run(co->server) (tests, fuzzing). */
+stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
+                                  stria_coord_t **coord_out);
 
 /* Wall clock in milliseconds since the Unix epoch. */
 uint64_t stria__coord_wall_ms(void);
@@ -172,6 +212,8 @@ Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, cons
 void stria__count_error(stria_coord_t *co, stria__error_kind_t kind);
 void stria__count_finished(stria_coord_t *co, Stria__V1__JobState state);
 void stria__count_pass(stria_coord_t *co, bool backward, uint64_t started_ms, uint64_t done_ms);
+/* The loop was stalled for `seconds` (0: only makes the series). */
+void stria__count_stall(stria_coord_t *co, double seconds);
 void stria__metrics_init(stria_coord_t *co);
 void stria__metrics_update(stria_coord_t *co);
 void stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
@@ -180,6 +222,14 @@ void stria__schedule(stria_coord_t *co);
 void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why);
 stria__cjob_t *stria__job_find(stria_coord_t *co, uint64_t id);
 stria__cworker_t *stria__worker_find(stria_coord_t *co, uint64_t id);
+/* The rank of worker w in unfinished job j, or -1. */
+int stria__job_rank_of(const stria_coord_t *co, const stria__cjob_t *j, const stria__cworker_t *w);
+/* Takes a worker out of the table, its metric series too; frees it unless
+ * jobs still name it (then the last of them does). */
+void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *why);
+/* Drops a worker's per-worker metric series (they are made again when
+ * needed). */
+void stria__worker_metrics_forget(stria_coord_t *co, stria__cworker_t *w);
 void stria__on_register(void *ctx, stria_rpc_call_t *call);
 void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call);
 void stria__on_report(void *ctx, stria_rpc_call_t *call);

@@ -121,6 +121,10 @@ void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t
     out->memory_bytes = w->memory_bytes;
     out->memory_reserved_bytes = w->reserved;
     out->memory_in_use_bytes = w->in_use;
+    out->pool_reserved_bytes = w->pool[0];
+    out->pool_in_use_bytes = w->pool[1];
+    out->pool_high_water_bytes = w->pool[2];
+    out->pool_committed_bytes = w->pool[3];
     out->heartbeat_age_ms = age_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)age_ms;
     out->software_version = w->version;
     out->kernel_variant = w->kernel_variant;
@@ -151,12 +155,12 @@ static void stria__fill_spec(const stria__cjob_t *j, Stria__V1__JobSpec *s,
                              Stria__V1__JobSpec__Window *win)
 {
     stria__v1__job_spec__init(s);
-    s->cu_seqlens = j->cu_seqlens;
-    s->n_cu_seqlens = j->n_cu_seqlens;
-    if (j->has_window) {
+    s->cu_seqlens = j->masks.cu_seqlens;
+    s->n_cu_seqlens = j->masks.n_cu_seqlens;
+    if (j->masks.has_window) {
         stria__v1__job_spec__window__init(win);
-        win->left = j->window_left;
-        win->right = j->window_right;
+        win->left = j->masks.window_left;
+        win->right = j->masks.window_right;
         s->window = win;
     }
     s->batch = j->batch;
@@ -360,10 +364,60 @@ void stria__metrics_init(stria_coord_t *co)
     }
     stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER, "stria_coordinator_jobs_submitted_total",
                       "Jobs admitted since start.", NULL, NULL, 0);
+    stria__count_stall(co, 0); /* the series exist from the start */
     for (int b = 0; b < 2; b++) {
         stria__m_passes(co, b == 1);
         stria__m_pass_seconds(co, b == 1);
     }
+}
+
+/* The series of a worker's gauges, found once and kept with the worker (a
+ * lookup walks every series of the family). */
+static void stria__worker_metrics_get(stria_coord_t *co, stria__cworker_t *w)
+{
+    char addr[2 * STRIA__COORD_STR], host[2 * STRIA__COORD_STR], labels[5 * STRIA__COORD_STR];
+    stria_metrics_escape(w->rpc_address, addr, sizeof(addr));
+    stria_metrics_escape(w->host, host, sizeof(host));
+    snprintf(labels, sizeof(labels), "worker=\"%llu\",address=\"%s\",host=\"%s\"",
+             (unsigned long long)w->id, addr, host);
+    w->m_age = stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                 "stria_coordinator_worker_heartbeat_age_seconds",
+                                 "Seconds since each worker's last heartbeat.", labels, NULL, 0);
+    w->m_in_use = stria_metrics_get(
+        co->metrics, STRIA_METRIC_GAUGE, "stria_coordinator_worker_memory_in_use_bytes",
+        "Memory each worker reports in use by its jobs.", labels, NULL, 0);
+    w->m_reserved = stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
+                                      "stria_coordinator_worker_memory_reserved_bytes",
+                                      "Memory the coordinator reserved on each worker for "
+                                      "active jobs.",
+                                      labels, NULL, 0);
+}
+
+void stria__worker_metrics_forget(stria_coord_t *co, stria__cworker_t *w)
+{
+    char match[48];
+    w->m_age = w->m_in_use = w->m_reserved = NULL;
+    if (co->metrics == NULL)
+        return;
+    snprintf(match, sizeof(match), "worker=\"%llu\"", (unsigned long long)w->id);
+    stria_metrics_forget(co->metrics, match);
+}
+
+void stria__count_stall(stria_coord_t *co, double seconds)
+{
+    if (co->metrics == NULL)
+        return;
+    stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
+                                       "stria_coordinator_loop_stalls_total",
+                                       "Stalls of the coordinator's loop of a heartbeat "
+                                       "period or more (worker and job deadlines moved).",
+                                       NULL, NULL, 0),
+                     seconds > 0 ? 1 : 0);
+    stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
+                                       "stria_coordinator_loop_stall_seconds_total",
+                                       "Seconds the coordinator's loop was stalled.", NULL, NULL,
+                                       0),
+                     seconds);
 }
 
 /* A short summary for `systemctl status` (STATUS=). */
@@ -412,28 +466,12 @@ void stria__metrics_update(stria_coord_t *co)
                          nj[s]);
     }
     for (uint32_t i = 0; i < co->n_workers; i++) {
-        const stria__cworker_t *w = co->workers[i];
-        char addr[2 * STRIA__COORD_STR], host[2 * STRIA__COORD_STR], labels[5 * STRIA__COORD_STR];
-        stria_metrics_escape(w->rpc_address, addr, sizeof(addr));
-        stria_metrics_escape(w->host, host, sizeof(host));
-        snprintf(labels, sizeof(labels), "worker=\"%llu\",address=\"%s\",host=\"%s\"",
-                 (unsigned long long)w->id, addr, host);
-        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
-                                           "stria_coordinator_worker_heartbeat_age_seconds",
-                                           "Seconds since each worker's last heartbeat.", labels,
-                                           NULL, 0),
-                         now - w->last_seen);
-        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
-                                           "stria_coordinator_worker_memory_in_use_bytes",
-                                           "Memory each worker reports in use by its jobs.", labels,
-                                           NULL, 0),
-                         (double)w->in_use);
-        stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
-                                           "stria_coordinator_worker_memory_reserved_bytes",
-                                           "Memory the coordinator reserved on each worker for "
-                                           "active jobs.",
-                                           labels, NULL, 0),
-                         (double)w->reserved);
+        stria__cworker_t *w = co->workers[i];
+        if (w->m_age == NULL)
+            stria__worker_metrics_get(co, w);
+        stria_metric_set(w->m_age, now - w->last_seen);
+        stria_metric_set(w->m_in_use, (double)w->in_use);
+        stria_metric_set(w->m_reserved, (double)w->reserved);
     }
     stria_metric_set(stria_metrics_get(co->metrics, STRIA_METRIC_GAUGE,
                                        "stria_coordinator_uptime_seconds",

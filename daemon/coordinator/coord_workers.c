@@ -35,6 +35,22 @@ static stria_status_t stria__check_address(const char *what, const char *addr)
     return STRIA_OK;
 }
 
+/* A full table: forgets the dead or departed worker silent longest, if
+ * any, to make room for a registration. */
+static bool stria__make_room(stria_coord_t *co)
+{
+    stria__cworker_t *oldest = NULL;
+    for (uint32_t i = 0; i < co->n_workers; i++) {
+        stria__cworker_t *w = co->workers[i];
+        if (w->dead && (oldest == NULL || w->last_seen < oldest->last_seen))
+            oldest = w;
+    }
+    if (oldest == NULL)
+        return false;
+    stria__worker_forget(co, oldest, "the worker table is full");
+    return true;
+}
+
 void stria__on_register(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -80,15 +96,21 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
         tmp.reserved = w->reserved;
         tmp.draining = w->draining;
         tmp.registered_ms = w->registered_ms;
+        tmp.job_refs = w->job_refs;
+        if (strcmp(w->host, tmp.host) != 0)
+            stria__worker_metrics_forget(co, w); /* labelled with the old host */
+        tmp.m_age = w->m_age;
+        tmp.m_in_use = w->m_in_use;
+        tmp.m_reserved = w->m_reserved;
         stria_log_info(
             "worker %llu (%s, %s) %s", (unsigned long long)w->id, req->host, req->rpc_address,
             w->left   ? "is back after its shutdown"
             : w->dead ? "rejoins"
                       : (w->incarnation != req->incarnation ? "restarted" : "registers again"));
     } else {
-        if (co->n_workers >= co->max_workers) {
+        if (co->n_workers >= co->max_workers && !stria__make_room(co)) {
             stria_rpc_call_fail(call, STRIA_ERR_BUSY,
-                                "RegisterWorker: the coordinator already knows %u workers",
+                                "RegisterWorker: the coordinator already knows %u live workers",
                                 co->max_workers);
             return;
         }
@@ -97,8 +119,13 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
             stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "RegisterWorker: out of memory");
             return;
         }
-        co->workers[co->n_workers++] = w;
         tmp.id = co->next_worker_id++;
+        if (stria__index_put(&co->worker_ids, tmp.id, 0, w) != STRIA_OK) {
+            free(w);
+            stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "RegisterWorker: out of memory");
+            return;
+        }
+        co->workers[co->n_workers++] = w;
         tmp.registered_ms = stria__coord_wall_ms();
         stria_log_info("worker %llu registered: %s, %s, device %s, %llu MiB",
                        (unsigned long long)tmp.id, req->host, req->rpc_address, req->device,
@@ -132,6 +159,13 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)req->incarnation);
         return;
     }
+    if (req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "Heartbeat: %zu job entries, more than the limit of %d", req->n_jobs,
+                            STRIA_COORD_MAX_HEARTBEAT_JOBS);
+        return;
+    }
     drop = calloc(req->n_jobs + 1, sizeof(*drop));
     if (drop == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "Heartbeat: out of memory");
@@ -145,22 +179,20 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     }
     w->last_seen = now;
     w->in_use = req->memory_in_use_bytes;
+    w->pool[0] = req->pool_reserved_bytes;
+    w->pool[1] = req->pool_in_use_bytes;
+    w->pool[2] = req->pool_high_water_bytes;
+    w->pool[3] = req->pool_committed_bytes;
     w->current_job = 0;
     w->step = w->steps_total = 0;
     for (size_t i = 0; i < req->n_jobs; i++) {
         const Stria__V1__WorkerJobStatus *js = req->jobs[i];
         stria__cjob_t *j = stria__job_find(co, js->job_id);
-        bool member = false;
-        if (j != NULL && !stria__terminal(j->state)) {
-            for (uint32_t r = 0; r < j->n_ranks; r++) {
-                if (j->ranks[r].worker != w)
-                    continue;
-                member = true;
-                j->ranks[r].step = js->step;
-                j->ranks[r].steps_total = js->steps_total;
-            }
-        }
-        if (!member) {
+        int r = j != NULL && !stria__terminal(j->state) ? stria__job_rank_of(co, j, w) : -1;
+        if (r >= 0) {
+            j->ranks[r].step = js->step;
+            j->ranks[r].steps_total = js->steps_total;
+        } else {
             drop[rep.n_drop_job_ids++] = js->job_id;
             continue;
         }

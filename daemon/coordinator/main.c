@@ -23,6 +23,9 @@ typedef struct {
     const char *log_level;
     int64_t max_jobs;
     int64_t history;
+    int64_t max_jobs_per_client;
+    double max_step_timeout_s;
+    double worker_retention_s;
 } stria__coord_config_t;
 
 typedef struct {
@@ -148,6 +151,30 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
          .max = 1 << 20,
          .metavar = "N",
          .help = "finished jobs kept for the admin tools"},
+        {.name = "max-jobs-per-client",
+         .type = STRIA_OPT_INT,
+         .dst = &c->max_jobs_per_client,
+         .dflt = "256",
+         .min = 1,
+         .max = 1 << 20,
+         .metavar = "N",
+         .help = "pending and active jobs of one client (host address) at most"},
+        {.name = "max-step-timeout",
+         .type = STRIA_OPT_DURATION,
+         .dst = &c->max_step_timeout_s,
+         .dflt = "600",
+         .min = 0.001,
+         .max = STRIA_COORD_MAX_STEP_TIMEOUT_S,
+         .metavar = "TIME",
+         .help = "longest ring step deadline a job may ask for (step_timeout_ms)"},
+        {.name = "worker-retention",
+         .type = STRIA_OPT_DURATION,
+         .dst = &c->worker_retention_s,
+         .dflt = "1h",
+         .min = 0.01,
+         .max = 365 * 86400.0,
+         .metavar = "TIME",
+         .help = "a dead or departed worker is forgotten this long after it was last heard of"},
         {.name = "log-level",
          .type = STRIA_OPT_STRING,
          .dst = &c->log_level,
@@ -215,6 +242,9 @@ int main(int argc, char **argv)
     p.admin_token = admin_token;
     p.max_jobs = (uint32_t)c.max_jobs;
     p.history = (uint32_t)c.history;
+    p.max_jobs_per_client = (uint32_t)c.max_jobs_per_client;
+    p.max_step_timeout_s = c.max_step_timeout_s;
+    p.worker_retention_s = c.worker_retention_s;
     p.metrics = metrics;
     p.notify_status = true;
     st = stria_coord_start(&p, &co);

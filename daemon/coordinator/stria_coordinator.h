@@ -23,7 +23,8 @@
  * STRIA_ERR_NO_MEMORY). It starts (LOADING) once its members have that memory
  * free and no earlier queued job waits for one of them; until then it is
  * PENDING, in submission order. Jobs on disjoint workers, or that fit side by
- * side, are active together. A job without client or worker activity for its
+ * side, are active together. One client (host address) holds at most
+ * max_jobs_per_client pending and active jobs. A job without client or worker activity for its
  * TTL expires and its workers drop it. The coordinator keeps the most recent
  * finished jobs for the admin tools.
  *
@@ -49,6 +50,12 @@ extern "C" {
 #define STRIA_COORD_MAX_RING  4096
 /* Entries of a spec's cu_seqlens. */
 #define STRIA_COORD_MAX_CU_SEQLENS 65536
+/* The largest step deadline a coordinator may allow (max_step_timeout_s). */
+#define STRIA_COORD_MAX_STEP_TIMEOUT_S (86400u)
+/* Job entries of one heartbeat, and the size of its message: a worker holds
+ * far fewer jobs; a larger heartbeat is refused before it is decoded. */
+#define STRIA_COORD_MAX_HEARTBEAT_JOBS  16384
+#define STRIA_COORD_MAX_HEARTBEAT_BYTES (1u << 20)
 
 typedef struct stria_coord stria_coord_t;
 
@@ -62,6 +69,16 @@ typedef struct {
     uint32_t max_workers;      /* registered workers kept; default 4096 */
     uint32_t max_jobs;         /* pending and active jobs; default 4096 */
     uint32_t history;          /* finished jobs kept for the admin tools; default 1024 */
+    /* Longest step deadline a spec may ask for (step_timeout_ms); larger ones
+     * are refused. Default 600 s, at most STRIA_COORD_MAX_STEP_TIMEOUT_S. */
+    double max_step_timeout_s;
+    /* Pending and active jobs one client (its host address) may hold; more
+     * are refused with STRIA_ERR_BUSY. Default 256. */
+    uint32_t max_jobs_per_client;
+    /* A dead or departed worker is forgotten (its entry, its metric series)
+     * this long after it was last heard of; default 3600 s. When the table
+     * is full, a registration forgets the longest-silent of them at once. */
+    double worker_retention_s;
     /* Optional registry that receives the coordinator's gauges and counters
      * (stria_coordinator_*); must outlive the coordinator. */
     stria_metrics_t *metrics;

@@ -85,6 +85,8 @@ stria_status_t stria__check_shape(const stria_ring_shape_t *s)
     return stria__check_masks(s);
 }
 
+static void stria__arena_free(stria_ring_pass_t *p);
+
 void stria_ring_pass_destroy(stria_ring_pass_t *pass)
 {
     if (pass == NULL)
@@ -95,7 +97,7 @@ void stria_ring_pass_destroy(stria_ring_pass_t *pass)
     free(pass->pos_min);
     free(pass->pos_max);
     free(pass->stats);
-    free(pass->arena);
+    stria__arena_free(pass);
     if (pass->dev != NULL) {
         stria_device_free(pass->dev, pass->dmem);
         stria_device_host_free(pass->dev, pass->hmem);
@@ -162,6 +164,8 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
     p->staged = !stria_device_host_visible(p->dev);
     p->dev_timed = stria_device_kind(p->dev) != STRIA_DEVICE_CPU;
     p->hooks = *opts;
+    if (opts->host_memory != NULL)
+        p->mem = *opts->host_memory;
     p->timeout_s =
         opts->step_timeout_s == 0.0 ? STRIA_RING_DEFAULT_TIMEOUT_S : opts->step_timeout_s;
     p->pass_id = opts->pass_id;
@@ -245,7 +249,18 @@ static size_t stria__round64(size_t x)
 
 /* The working buffers of a call, kept for the next call: a daemon runs many
  * passes on one object, and fresh buffers would cost a page fault per 4 KiB
- * every time. Large ones ask for transparent huge pages. */
+ * every time. Large ones ask for transparent huge pages. From the options'
+ * allocator when there is one (a worker's pool, which does the same). */
+static void stria__arena_free(stria_ring_pass_t *p)
+{
+    if (p->mem.alloc != NULL)
+        p->mem.free(p->mem.ctx, p->arena);
+    else
+        free(p->arena);
+    p->arena = NULL;
+    p->arena_size = 0;
+}
+
 static char *stria__arena(stria_ring_pass_t *p, size_t size)
 {
     void *ptr = NULL;
@@ -253,14 +268,17 @@ static char *stria__arena(stria_ring_pass_t *p, size_t size)
 
     if (p->arena != NULL && p->arena_size >= size)
         return p->arena;
-    free(p->arena);
-    p->arena = NULL;
-    p->arena_size = 0;
+    stria__arena_free(p);
     size = (size + align - 1) / align * align;
-    if (posix_memalign(&ptr, align, size) != 0)
-        return NULL;
-    if (align == STRIA__HUGE_PAGE)
-        (void)madvise(ptr, size, MADV_HUGEPAGE); /* advisory: ignore failure */
+    if (p->mem.alloc != NULL) {
+        if ((ptr = p->mem.alloc(p->mem.ctx, size)) == NULL)
+            return NULL;
+    } else {
+        if (posix_memalign(&ptr, align, size) != 0)
+            return NULL;
+        if (align == STRIA__HUGE_PAGE)
+            (void)madvise(ptr, size, MADV_HUGEPAGE); /* advisory: ignore failure */
+    }
     p->arena = ptr;
     p->arena_size = size;
     return ptr;
@@ -428,8 +446,13 @@ static stria_status_t stria__call_mem(stria__call_t *c, size_t host_bytes, size_
     if (!p->staged) {
         char *arena = stria__arena(p, host_bytes);
         if (arena == NULL)
-            return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate %zu MiB of ring buffers",
-                                   need_bytes >> 20);
+            return p->mem.alloc != NULL
+                       ? stria_error_wrap(STRIA_ERR_NO_MEMORY,
+                                          "cannot allocate %zu MiB of ring buffers",
+                                          need_bytes >> 20)
+                       : stria_error_set(STRIA_ERR_NO_MEMORY,
+                                         "cannot allocate %zu MiB of ring buffers",
+                                         need_bytes >> 20);
         c->kvh[0] = c->kvd[0] = stria__carve(&arena, msg64);
         c->kvh[1] = c->kvd[1] = stria__carve(&arena, msg64);
         *dcur = NULL;

@@ -41,6 +41,7 @@ struct stria_ring_pass {
     stria_ring_step_stats_t *stats;
     void *arena; /* working buffers, kept between calls */
     size_t arena_size;
+    stria_allocator_t mem; /* of the arena and the kernels' workspaces; alloc NULL: the system's */
     /* Where tensors live and kernels run. staged: device memory is not host
      * memory, so messages go through pinned host buffers (hmem) and the
      * working buffers are device memory (dmem), both kept between calls. */

@@ -124,23 +124,10 @@ stria_status_t stria__device_drain(stria_ring_pass_t *p)
     return st != STRIA_OK ? st : st2;
 }
 
-/* Start of the document holding position x (the largest cu_seqlens entry
- * <= x), and the end of that document (the smallest entry > x, or the
- * sequence's end). */
-static int64_t stria__doc_start(const stria_ring_shape_t *s, int64_t x)
-{
-    size_t lo = 0, hi = s->n_cu_seqlens; /* cu[lo] <= x < cu[hi] */
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (s->cu_seqlens[mid] <= x)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return s->cu_seqlens[lo];
-}
-
-static int64_t stria__doc_end(const stria_ring_shape_t *s, int64_t x)
+/* Index i of the document holding position x: cu[i] <= x < cu[i + 1]
+ * (the last of equal entries: empty documents hold nothing). x must lie in
+ * [0, seq). Its start is cu[i], its end cu[i + 1]. */
+static size_t stria__doc_of(const stria_ring_shape_t *s, int64_t x)
 {
     size_t lo = 0, hi = s->n_cu_seqlens - 1; /* cu[lo] <= x < cu[hi] */
     while (hi - lo > 1) {
@@ -150,7 +137,7 @@ static int64_t stria__doc_end(const stria_ring_shape_t *s, int64_t x)
         else
             hi = mid;
     }
-    return s->cu_seqlens[hi];
+    return lo;
 }
 
 /* Rank r's real queries lie in [qa, qb] and rank j's real keys in [ka, kb]
@@ -176,7 +163,8 @@ bool stria__sees(const stria_ring_pass_t *p, int r, int j)
         return false;
     if (s->has_window && s->window_left >= 0 && kb - qa < -s->window_left)
         return false;
-    if (s->n_cu_seqlens > 0 && (kb < stria__doc_start(s, qa) || ka >= stria__doc_end(s, qb)))
+    if (s->n_cu_seqlens > 0 &&
+        (kb < s->cu_seqlens[stria__doc_of(s, qa)] || ka >= s->cu_seqlens[stria__doc_of(s, qb) + 1]))
         return false;
     return true;
 }
@@ -235,6 +223,7 @@ stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
     a.has_window = p->shape.has_window;
     a.window_left = p->shape.window_left;
     a.window_right = p->shape.window_right;
+    a.workspace = p->mem.alloc != NULL ? &p->mem : NULL;
     return a;
 }
 

@@ -134,6 +134,14 @@ typedef struct {
     /* Skip the step times (stria_ring_step_stats_t.times stays zero): only
      * for measuring what recording them costs. */
     bool no_step_times;
+    /* Optional: where the object's host working memory (its buffers on a
+     * host-visible device) and the kernels' workspaces come from, e.g. a
+     * worker's memory pool (stria_mempool_allocator()). The struct is copied;
+     * its context is borrowed for the object's life. NULL: the system's
+     * allocator and the kernels' own workspace cache. On a device that is
+     * not host-visible the buffers come from the device (which may have
+     * allocators of its own, stria_device_set_memory()). */
+    const stria_allocator_t *host_memory;
 } stria_ring_opts_t;
 
 #define STRIA_RING_DEFAULT_TIMEOUT_S 300.0

@@ -108,22 +108,30 @@ static void stria__conn_error(stria__http_conn_t *c, int code, const char *reaso
     stria__conn_respond(c, code, reason, "text/plain; charset=utf-8", body, (size_t)n);
 }
 
-static void stria__conn_request(stria__http_conn_t *c)
+int stria_http_metrics_route(const char *req, size_t len, size_t cap, bool *head_out)
 {
     char method[16], path[256];
-    if (sscanf(c->req, "%15s %255s HTTP/1.%*c", method, path) != 2) {
-        stria__conn_error(c, 400, "Bad Request");
-        return;
-    }
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-        stria__conn_error(c, 405, "Method Not Allowed");
-        return;
-    }
+    *head_out = false;
+    if (strstr(req, "\r\n\r\n") == NULL && strstr(req, "\n\n") == NULL)
+        return len >= cap ? 400 : 0;
+    if (sscanf(req, "%15s %255s HTTP/1.%*c", method, path) != 2)
+        return 400;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        return 405;
     char *q = strchr(path, '?');
     if (q)
         *q = '\0';
-    if (strcmp(path, "/metrics") != 0) {
-        stria__conn_error(c, 404, "Not Found");
+    if (strcmp(path, "/metrics") != 0)
+        return 404;
+    *head_out = strcmp(method, "HEAD") == 0;
+    return 200;
+}
+
+static void stria__conn_request(stria__http_conn_t *c, int code, bool head)
+{
+    static const char *const reasons[] = {"Bad Request", "Not Found", "Method Not Allowed"};
+    if (code != 200) {
+        stria__conn_error(c, code, reasons[code == 404 ? 1 : code == 405 ? 2 : 0]);
         return;
     }
     char *text;
@@ -133,7 +141,7 @@ static void stria__conn_request(stria__http_conn_t *c)
         return;
     }
     stria__conn_respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", text,
-                        strcmp(method, "HEAD") == 0 ? 0 : len);
+                        head ? 0 : len);
     free(text);
 }
 
@@ -157,10 +165,10 @@ static void stria__conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     c->req_len += (size_t)nread;
     c->req[c->req_len] = '\0';
-    if (strstr(c->req, "\r\n\r\n") != NULL || strstr(c->req, "\n\n") != NULL)
-        stria__conn_request(c);
-    else if (c->req_len >= sizeof(c->req) - 1)
-        stria__conn_error(c, 400, "Bad Request");
+    bool head;
+    int code = stria_http_metrics_route(c->req, c->req_len, sizeof(c->req) - 1, &head);
+    if (code != 0)
+        stria__conn_request(c, code, head);
 }
 
 static void stria__conn_idle(uv_timer_t *t)

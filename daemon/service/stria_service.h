@@ -27,6 +27,13 @@ typedef struct stria_http_metrics stria_http_metrics_t;
 stria_status_t stria_http_metrics_start(uv_loop_t *loop, const char *listen, stria_metrics_t *reg,
                                         stria_http_metrics_t **out);
 int stria_http_metrics_port(const stria_http_metrics_t *srv);
+/* What the request received so far asks for: `req` holds `len` bytes and a
+ * NUL after them, `cap` is the most the server reads. Returns 0 while the
+ * request is incomplete (no blank line yet, fewer than cap bytes), else the
+ * status to answer: 200 (GET or HEAD /metrics; *head_out for HEAD), 400
+ * (malformed or too long), 404 (another path) or 405 (another method).
+ * Pure; the request parser of the endpoint. */
+int stria_http_metrics_route(const char *req, size_t len, size_t cap, bool *head_out);
 /* Closes the listener and every open connection; frees the server once libuv
  * has released the handles (run the loop to completion). */
 void stria_http_metrics_stop(stria_http_metrics_t *srv);

@@ -12,11 +12,13 @@
  * Jobs. A job is created by its first PutInput, from the assignment the
  * coordinator gives for it, with every buffer allocated: memory is bounded
  * by `memory_bytes`, and a job that does not fit is refused then, never
- * mid-pass. A job keeps one ring pass object (its working buffers, and on a
- * GPU its device and device buffers) for all its passes; each pass joins
- * the job's ring over a fresh ring link made by the link factory. A drop
- * while a transfer or a pass uses the job's buffers frees them when that
- * ends; a drop aborts the job's running pass.
+ * mid-pass. Job tensors, ring buffers and kernel workspaces come from memory
+ * pools the worker reserves at start (address space, committed on first
+ * use) and keeps, so that a job reuses the pages of the jobs before it. A job keeps one ring pass
+ * object (its working buffers, and on a GPU its device and device buffers) for all its passes; each
+ * pass joins the job's ring over a fresh ring link made by the link factory. A drop while a
+ * transfer or a pass uses the job's buffers frees them when that ends; a drop aborts the job's
+ * running pass.
  *
  * Threads: the RPC server's loop thread runs every handler (never blocked by
  * a pass); one thread per running pass; the heartbeat thread. The functions
@@ -122,11 +124,19 @@ const stria_rpc_server_t *stria_worker_server(const stria_worker_t *worker);
 uint64_t stria_worker_id(const stria_worker_t *worker);
 
 /* The jobs held and the memory they reserve (a dropped job still in use by
- * a transfer or a pass counts until that ends). */
+ * a transfer or a pass counts until that ends), and the figures of the
+ * memory pool that bounds them (the device's on a staged device, else the
+ * host's): its capacity (the memory offered), what is allocated now, the
+ * most ever allocated at once, and what it has made usable and keeps (host:
+ * committed address space; device: segments). */
 typedef struct {
     uint32_t jobs;
     uint32_t running_passes;
     uint64_t memory_in_use_bytes;
+    uint64_t pool_reserved_bytes;
+    uint64_t pool_in_use_bytes;
+    uint64_t pool_high_water_bytes;
+    uint64_t pool_committed_bytes;
 } stria_worker_usage_t;
 void stria_worker_usage(stria_worker_t *worker, stria_worker_usage_t *out);
 

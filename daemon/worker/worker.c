@@ -7,6 +7,10 @@
  *     every handler runs there, and never blocks on a pass;
  *   - one pass thread per running RunForward/RunBackward: joins the job's ring
  *     over the ring link, runs the ring engine and replies;
+ *   - one thread per PutInput of a job not held yet (at most
+ *     STRIA__MAX_FETCHES): fetches its assignment from the coordinator and
+ *     names the payload's buffer, so the RPC loop never waits for the
+ *     coordinator;
  *   - the heartbeat thread: registers with the coordinator, heartbeats, drops
  *     the jobs the coordinator names;
  *   - the caller's thread: start, shutdown and stop.
@@ -176,6 +180,8 @@ static stria_status_t stria__setup(stria_worker_t *w, const stria_worker_params_
         w->own_dev = true;
     }
     w->dev_staged = !stria_device_host_visible(w->dev);
+    if ((st = stria__wpool_start(w)) != STRIA_OK)
+        return st;
     w->metrics = p->metrics;
     if (w->metrics == NULL) {
         if ((st = stria_metrics_create(&w->metrics)) != STRIA_OK)
@@ -240,7 +246,7 @@ stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_wor
         snprintf(w->ucx_address, sizeof(w->ucx_address), "%s",
                  w->factory.address != NULL ? w->factory.address : w->rpc_address);
     stria_log_info("worker on %s (ring link %s), device %s: %s, kernel %s, %d threads, %lld MiB "
-                   "offered",
+                   "offered (memory pools reserved, committed on first use)",
                    w->rpc_address, w->ucx_address, stria_device_name(w->dev),
                    stria_device_description(w->dev), stria_kernels_variant(),
                    stria_pool_size(w->pool), (long long)(w->memory_bytes >> 20));
@@ -264,7 +270,7 @@ void stria_worker_stop(stria_worker_t *w)
     /* Aborted passes end within their deadlines: wait for every one, as
      * each holds the server's call and the job's buffers. */
     pthread_mutex_lock(&w->lock);
-    while (w->running_passes > 0)
+    while (w->running_passes > 0 || w->fetching > 0)
         pthread_cond_wait(&w->cv, &w->lock);
     pthread_mutex_unlock(&w->lock);
     stria_rpc_server_stop(w->server);
@@ -274,6 +280,7 @@ void stria_worker_stop(stria_worker_t *w)
     pthread_mutex_unlock(&w->lock);
     stria_ucx_ctx_destroy(w->ucx);
     stria_rpc_client_close(w->coord);
+    stria__wpool_stop(w); /* before the device its segments come from */
     if (w->own_dev)
         stria_device_close(w->dev);
     if (w->own_pool)
@@ -324,6 +331,12 @@ void stria_worker_usage(stria_worker_t *w, stria_worker_usage_t *out)
     for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
         out->jobs++;
     out->running_passes = (uint32_t)w->running_passes;
-    out->memory_in_use_bytes = w->memory_used;
     pthread_mutex_unlock(&w->lock);
+    stria_mempool_stats_t s;
+    stria__wpool_figures(w, &s);
+    out->memory_in_use_bytes = s.admitted;
+    out->pool_reserved_bytes = s.capacity;
+    out->pool_in_use_bytes = s.in_use;
+    out->pool_high_water_bytes = s.high_water;
+    out->pool_committed_bytes = s.committed;
 }

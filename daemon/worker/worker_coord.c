@@ -121,7 +121,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     stria_status_t st;
 
     pthread_mutex_lock(&w->lock);
-    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+    for (stria__wjob_t *j = w->jobs; j != NULL && n < STRIA__HB_MAX_JOBS; j = j->next)
         n++;
     st_arr = calloc(n + 1, sizeof(*st_arr));
     st_ptrs = calloc(n + 1, sizeof(*st_ptrs));
@@ -133,7 +133,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     }
     size_t i = 0;
     double now = stria_time_now();
-    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next, i++) {
+    for (stria__wjob_t *j = w->jobs; j != NULL && i < n; j = j->next, i++) {
         Stria__V1__WorkerJobStatus init = STRIA__V1__WORKER_JOB_STATUS__INIT;
         st_arr[i] = init;
         st_arr[i].job_id = j->id;
@@ -145,8 +145,15 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
         st_ptrs[i] = &st_arr[i];
     }
     req.worker_id = w->worker_id;
-    req.memory_in_use_bytes = w->memory_used;
     pthread_mutex_unlock(&w->lock);
+    stria_mempool_stats_t ps;
+    stria__wpool_figures(w, &ps);
+    req.memory_in_use_bytes = ps.admitted;
+    req.pool_reserved_bytes = ps.capacity;
+    req.pool_in_use_bytes = ps.in_use;
+    req.pool_high_water_bytes = ps.high_water;
+    req.pool_committed_bytes = ps.committed;
+    stria__wpool_publish(w);
     req.incarnation = w->incarnation;
     req.n_jobs = n;
     req.jobs = st_ptrs;

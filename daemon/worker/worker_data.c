@@ -1,5 +1,9 @@
 /* The data handlers of the Worker service: PutInput (into the padded
- * buffers, counting each byte once), GetOutput and DropJob. */
+ * buffers, counting each byte once), GetOutput and DropJob. Payloads go from
+ * the socket straight into the job's pooled tensors and out of them when the
+ * byte range is contiguous there (always without padding; else within one
+ * batch row, which is how libstria cuts its chunks); otherwise through
+ * staging from the host pool. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -46,22 +50,109 @@ static int stria__output_tensor(Stria__V1__Tensor t)
     }
 }
 
-/* State of one PutInput call between its payload callback and its handler. */
+/* State of one PutInput call between its payload callback and its handler
+ * (the call's cleanup frees it). */
 typedef struct {
     stria_worker_t *w;
-    stria__wjob_t *job; /* referenced */
+    stria_rpc_call_t *call;
+    stria__wjob_t *job; /* referenced; NULL until found */
+    uint64_t job_id;
+    uint32_t rank;
     int tensor;
-    uint64_t offset, len;
+    uint64_t offset, len, total;
     void *staging; /* when the range is not contiguous in the padded buffer */
 } stria__put_t;
 
 static void stria__put_cleanup(void *arg)
 {
     stria__put_t *p = arg;
-    stria_free(p->staging);
+    stria__wpool_scratch_free(p->w, p->staging);
     if (p->job != NULL)
         stria__wjob_unref(p->w, p->job);
     free(p);
+}
+
+/* Checks the range against the job (p->job) and names the buffer the
+ * payload goes to: the padded tensor itself when the range is contiguous
+ * there, else a staging buffer of at most STRIA__STAGING_MAX bytes. */
+static stria_status_t stria__put_buffer(stria__put_t *p, void **buf_out)
+{
+    stria__wjob_t *j = p->job;
+    uint64_t total = stria__wjob_compact_bytes(j, p->tensor);
+    if (p->total != total || p->offset > total || p->len > total - p->offset)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "PutInput job %llu rank %d tensor %d: bytes [%llu, %llu) of %llu "
+                               "do not fit the job's %llu",
+                               (unsigned long long)j->id, j->rank, p->tensor,
+                               (unsigned long long)p->offset,
+                               (unsigned long long)(p->offset + p->len),
+                               (unsigned long long)p->total, (unsigned long long)total);
+    if (j->running)
+        return stria_error_set(STRIA_ERR_BUSY, "job %llu: a pass is running",
+                               (unsigned long long)j->id);
+    *buf_out = stria__wjob_direct_range(j, p->tensor, p->offset, p->len);
+    if (*buf_out != NULL)
+        return STRIA_OK;
+    if (p->len > STRIA__STAGING_MAX)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "PutInput job %llu: a range that crosses a batch row is limited "
+                               "to %u MiB (got %llu bytes); send smaller chunks",
+                               (unsigned long long)j->id, STRIA__STAGING_MAX >> 20,
+                               (unsigned long long)p->len);
+    p->staging = stria__wpool_scratch(p->w, p->len);
+    if (p->staging == NULL)
+        return stria_error_wrap(STRIA_ERR_NO_MEMORY, "PutInput: staging of %llu bytes",
+                                (unsigned long long)p->len);
+    *buf_out = p->staging;
+    return STRIA_OK;
+}
+
+/* A job this worker does not hold yet: its assignment comes from the
+ * coordinator, on a thread of its own, so the RPC loop never waits for the
+ * coordinator; the connection's payload waits meanwhile. */
+static void *stria__put_fetch(void *arg)
+{
+    stria__put_t *p = arg;
+    stria_worker_t *w = p->w;
+    void *buf = NULL;
+    stria_status_t st = stria__wjob_get(w, p->job_id, p->rank, true, &p->job);
+    if (st == STRIA_OK)
+        st = stria__put_buffer(p, &buf);
+    if (st == STRIA_OK)
+        stria_metric_add(w->m_in_bytes, (double)p->len);
+    stria_rpc_call_payload_ready(p->call, st, buf, st != STRIA_OK ? stria_error_msg() : NULL);
+    pthread_mutex_lock(&w->lock);
+    w->fetching--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+static stria_status_t stria__put_fetch_start(stria__put_t *p)
+{
+    stria_worker_t *w = p->w;
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_mutex_lock(&w->lock);
+    if (w->fetching >= STRIA__MAX_FETCHES) {
+        pthread_mutex_unlock(&w->lock);
+        return stria_error_set(STRIA_ERR_BUSY,
+                               "this worker is fetching %d job assignments already; retry",
+                               STRIA__MAX_FETCHES);
+    }
+    w->fetching++;
+    pthread_mutex_unlock(&w->lock);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&th, &attr, stria__put_fetch, p);
+    pthread_attr_destroy(&attr);
+    if (rc == 0)
+        return STRIA_RPC_PAYLOAD_LATER;
+    pthread_mutex_lock(&w->lock);
+    w->fetching--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start a thread");
 }
 
 stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
@@ -71,54 +162,31 @@ stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64
     const Stria__V1__PutInputRequest *req =
         (const Stria__V1__PutInputRequest *)stria_rpc_call_request(call);
     int t = stria__input_tensor(req->tensor);
-    stria__wjob_t *j;
     stria_status_t st;
 
     if (t < 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "PutInput: tensor %d is not an input",
                                (int)req->tensor);
-    st = stria__wjob_get(w, req->job_id, req->rank, true, &j);
-    if (st != STRIA_OK)
-        return st;
-    uint64_t total = stria__wjob_compact_bytes(j, t);
-    if (req->total_bytes != total || req->offset > total || payload_len > total - req->offset) {
-        stria__wjob_unref(w, j);
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "PutInput job %llu rank %d tensor %d: bytes [%llu, %llu) of %llu "
-                               "do not fit the job's %llu",
-                               (unsigned long long)j->id, j->rank, (int)req->tensor,
-                               (unsigned long long)req->offset,
-                               (unsigned long long)(req->offset + payload_len),
-                               (unsigned long long)req->total_bytes, (unsigned long long)total);
-    }
-    if (j->running) {
-        stria__wjob_unref(w, j);
-        return stria_error_set(STRIA_ERR_BUSY, "job %llu: a pass is running",
-                               (unsigned long long)j->id);
-    }
     stria__put_t *p = calloc(1, sizeof(*p));
-    if (p == NULL) {
-        stria__wjob_unref(w, j);
+    if (p == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
-    }
-    p->w = w;
-    p->job = j;
-    p->tensor = t;
-    p->offset = req->offset;
-    p->len = payload_len;
-    *buf_out = stria__wjob_direct_range(j, t, req->offset, payload_len);
-    if (*buf_out == NULL) {
-        p->staging = stria_malloc_aligned(payload_len);
-        if (p->staging == NULL) {
-            stria__put_cleanup(p);
-            return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for %llu bytes",
-                                   (unsigned long long)payload_len);
-        }
-        *buf_out = p->staging;
-    }
-    stria_rpc_call_set_cleanup(call, stria__put_cleanup, p);
-    stria_metric_add(w->m_in_bytes, (double)payload_len);
-    return STRIA_OK;
+    *p = (stria__put_t){.w = w,
+                        .call = call,
+                        .job_id = req->job_id,
+                        .rank = req->rank,
+                        .tensor = t,
+                        .offset = req->offset,
+                        .len = payload_len,
+                        .total = req->total_bytes};
+    stria_rpc_call_set_cleanup(call, stria__put_cleanup, p); /* from here on frees p */
+    st = stria__wjob_get(w, req->job_id, req->rank, false, &p->job);
+    if (st == STRIA_ERR_NOT_FOUND)
+        return stria__put_fetch_start(p);
+    if (st == STRIA_OK)
+        st = stria__put_buffer(p, buf_out);
+    if (st == STRIA_OK)
+        stria_metric_add(w->m_in_bytes, (double)payload_len);
+    return st;
 }
 
 void stria__w_on_put(void *ctx, stria_rpc_call_t *call)
@@ -141,8 +209,14 @@ void stria__w_on_put(void *ctx, stria_rpc_call_t *call)
         return;
     }
     void *direct = stria__wjob_direct_range(j, t, req->offset, len);
-    if (direct != payload) /* staged: scatter into the padded rows */
+    if (direct != payload) { /* staged: scatter into the padded rows, free the staging now */
+        stria__put_t *p = stria_rpc_call_cleanup_arg(call);
         stria__wjob_copy_range(j, t, req->offset, len, payload, true);
+        if (p != NULL && p->staging == payload) {
+            stria__wpool_scratch_free(w, p->staging);
+            p->staging = NULL;
+        }
+    }
     pthread_mutex_lock(&w->lock);
     stria_status_t st = stria_ranges_add(&j->received[t], req->offset, len);
     j->last_activity = stria_time_now();
@@ -173,7 +247,7 @@ typedef struct {
 static void stria__get_done(void *arg)
 {
     stria__get_t *g = arg;
-    stria_free(g->copy);
+    stria__wpool_scratch_free(g->w, g->copy);
     stria__wjob_unref(g->w, g->job);
     free(g);
 }
@@ -232,7 +306,22 @@ void stria__w_on_get(void *ctx, stria_rpc_call_t *call)
     g->job = j;
     void *payload = stria__wjob_direct_range(j, t, req->offset, n);
     if (payload == NULL && n > 0) {
-        g->copy = stria_malloc_aligned(n);
+        /* The range crosses batch rows. Memory per reply stays bounded: the
+         * rest of this row without a copy when it is large, else a copy of
+         * at most STRIA__COPY_MAX bytes; the client asks for what follows. */
+        int64_t outer;
+        size_t row;
+        stria__wjob_geometry(j, t, &outer, &row);
+        uint64_t seg = (uint64_t)j->valid * row, left = seg - req->offset % seg;
+        if (left >= STRIA__COPY_MAX) {
+            n = left;
+            payload = stria__wjob_direct_range(j, t, req->offset, n);
+        } else if (n > STRIA__COPY_MAX) {
+            n = STRIA__COPY_MAX;
+        }
+    }
+    if (payload == NULL && n > 0) {
+        g->copy = stria__wpool_scratch(w, n);
         if (g->copy == NULL) {
             stria__get_done(g);
             stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "out of memory");

@@ -1,6 +1,7 @@
 /* stria worker internals: the worker, its jobs, and what its rooms share:
  *   worker.c         start, accessors, graceful shutdown and stop
- *   worker_jobs.c    the job table, references, memory accounting, job creation
+ *   worker_jobs.c    the job table, references, job creation
+ *   worker_pool.c    the memory pools: admission, tensors, figures
  *   worker_data.c    PutInput, GetOutput, DropJob
  *   worker_pass.c    RunForward/RunBackward, pass threads, the job's ring pass object
  *   worker_links.c   the link factories: UCX (the default) and in-process
@@ -14,12 +15,31 @@
 #include <pthread.h>
 
 #include "stria.pb-c.h"
+#include "stria_spec.h"
 #include "stria_common.h"
 #include "stria_device.h"
 #include "stria_rpc.h"
 #include "stria_ring.h"
 #include "stria_transport.h"
 #include "stria_worker.h"
+
+/* A PutInput range that is not contiguous in the padded tensor (it crosses
+ * a batch row) goes through a staging buffer of at most this size (clients
+ * send 64 MiB chunks); one lives per connection at a time. */
+#define STRIA__STAGING_MAX (64u << 20)
+/* A GetOutput range that crosses batch rows is copied at most this much per
+ * reply (the client asks again for the rest); ranges inside a row go out
+ * from the tensor without a copy. With the RPC server's 64 replies in flight
+ * per connection, a connection holds at most 64 MiB of copies. */
+#define STRIA__COPY_MAX (1u << 20)
+/* The longest step deadline a worker applies, whatever an assignment says
+ * (the coordinator's --max-step-timeout bounds it further). */
+#define STRIA__MAX_STEP_TIMEOUT_S 86400.0
+/* Job entries of one heartbeat: the coordinator refuses more
+ * (STRIA_COORD_MAX_HEARTBEAT_JOBS); a worker never holds that many. */
+#define STRIA__HB_MAX_JOBS 16384
+/* Assignments fetched at once for PutInputs of jobs not held yet. */
+#define STRIA__MAX_FETCHES 16
 
 typedef enum {
     STRIA__T_Q = 0,
@@ -45,10 +65,7 @@ typedef struct stria__wjob {
     int64_t batch, seq, heads, kv_heads, head_dim;
     stria_dtype_t dtype;
     bool causal;
-    int64_t *cu_seqlens; /* owned; NULL when n_cu_seqlens is 0 */
-    size_t n_cu_seqlens;
-    bool has_window;
-    int64_t window_left, window_right;
+    stria_job_masks_t masks; /* documents and window, owned */
     stria_layout_kind_t layout_kind;
     float scale;
     double step_timeout_s;
@@ -67,7 +84,7 @@ typedef struct stria__wjob {
     /* input bytes received, each counted once whatever the order and
      * repeats of the chunks */
     stria_ranges_t received[STRIA__T_COUNT];
-    uint64_t bytes; /* memory held */
+    uint64_t bytes; /* memory admitted in the worker's pools */
     Stria__V1__JobState phase;
     uint32_t step, steps_total;
     uint32_t passes; /* passes started; part of the ring pass id */
@@ -107,6 +124,11 @@ struct stria_worker {
     bool dev_staged;      /* device memory is not host memory: jobs stage through it */
     stria_ucx_ctx_t *ucx; /* the default link factory's context; NULL with another factory */
     stria_worker_link_factory_t factory;
+    /* Memory pools (worker_pool.c), kept for the worker's life: host always;
+     * device and pinned on a staged device. mem_jobs holds the job tensors
+     * (host, or pinned when staged). Thread-safe on their own. */
+    stria_mempool_t *mem_host, *mem_dev, *mem_pinned, *mem_jobs;
+    stria_allocator_t alloc_host, alloc_dev, alloc_pinned;
 
     pthread_mutex_t coord_lock; /* one coordinator call at a time */
     stria_rpc_client_t *coord;
@@ -116,8 +138,8 @@ struct stria_worker {
     stria__wjob_t *jobs;
     uint64_t worker_id;
     uint32_t heartbeat_ms;
-    uint64_t memory_used;
     int running_passes;
+    int fetching;        /* threads fetching an assignment for a PutInput */
     bool stopping;       /* shutting down: no new jobs or passes */
     bool shut_down;      /* stria_worker_shutdown() ran */
     bool heartbeat_stop; /* running passes are over: the heartbeat thread ends */
@@ -136,6 +158,8 @@ struct stria_worker {
     stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_steps[2], *m_step_compute,
         *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs,
         *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
+    /* per pool (host, device, pinned): reserved, in use, high water, committed */
+    stria_metric_t *m_pool[3][4];
 };
 
 /* ---- worker_jobs.c ---- */
@@ -155,6 +179,28 @@ uint64_t stria__wjob_compact_bytes(const stria__wjob_t *j, int t);
 void stria__wjob_copy_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len,
                             void *compact, bool to_padded);
 void *stria__wjob_direct_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len);
+
+/* ---- worker_pool.c ---- */
+stria_status_t stria__wpool_start(stria_worker_t *w);
+void stria__wpool_stop(stria_worker_t *w);
+/* Reserves a job's memory in the pools that hold it (j->bytes = need) or
+ * refuses with STRIA_ERR_NO_MEMORY naming the job, the need and the offer. */
+stria_status_t stria__wpool_admit(stria_worker_t *w, stria__wjob_t *j, uint64_t need);
+void stria__wpool_retire(stria_worker_t *w, stria__wjob_t *j);
+/* Memory admitted to the held jobs; the figures of the pool that bounds
+ * them (device on a staged device, else host). */
+uint64_t stria__wpool_admitted(stria_worker_t *w);
+void stria__wpool_figures(stria_worker_t *w, stria_mempool_stats_t *out);
+/* A job's tensors (padded input rows zeroed), and their release. */
+stria_status_t stria__wpool_tensors(stria_worker_t *w, stria__wjob_t *j);
+void stria__wpool_tensors_free(stria_worker_t *w, stria__wjob_t *j);
+/* Points a job's device object at the device and pinned pools. */
+stria_status_t stria__wpool_device(stria_worker_t *w, stria_device_t *dev);
+/* Staging of a transfer (host pool); NULL when out of memory. */
+void *stria__wpool_scratch(stria_worker_t *w, size_t bytes);
+void stria__wpool_scratch_free(stria_worker_t *w, void *p);
+/* Sets the pool gauges. */
+void stria__wpool_publish(stria_worker_t *w);
 
 /* ---- worker_data.c, worker_pass.c: the Worker service's handlers ---- */
 stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,

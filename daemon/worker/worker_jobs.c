@@ -1,6 +1,6 @@
-/* The job table of the worker: lookup, references, drop and free, memory
- * accounting and the creation of a job from its assignment; the geometry of
- * a job's tensors. */
+/* The job table of the worker: lookup, references, drop and free, and the
+ * creation of a job from its assignment (its memory admitted and allocated
+ * in the worker's pools, worker_pool.c); the geometry of a job's tensors. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,15 +24,15 @@ stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id)
 static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
 {
     stria__wpass_free(j); /* before the device it borrows */
+    stria__wpool_tensors_free(w, j);
     for (int t = 0; t < STRIA__T_COUNT; t++) {
-        stria_free(j->buf[t]);
         stria_device_free(j->dev, j->dbuf[t]);
         stria_ranges_free(&j->received[t]);
     }
     stria_device_close(j->dev);
-    free(j->cu_seqlens);
-    w->memory_used -= j->bytes;
-    stria_metric_set(w->m_memory, (double)w->memory_used);
+    stria_job_masks_free(&j->masks);
+    stria__wpool_retire(w, j);
+    stria__wpool_publish(w);
     free(j);
 }
 
@@ -127,7 +127,8 @@ void stria__wjob_copy_range(const stria__wjob_t *j, int t, uint64_t off, uint64_
     }
 }
 
-/* Pointer to a compact range when it is contiguous in the padded buffer. */
+/* Pointer to a compact range when it is contiguous in the padded buffer:
+ * always without padding, else within one outer index. */
 void *stria__wjob_direct_range(const stria__wjob_t *j, int t, uint64_t off, uint64_t len)
 {
     int64_t outer;
@@ -135,7 +136,11 @@ void *stria__wjob_direct_range(const stria__wjob_t *j, int t, uint64_t off, uint
     stria__wjob_geometry(j, t, &outer, &row);
     uint64_t seg = (uint64_t)j->valid * row;
     uint64_t pseg = (uint64_t)j->layout.shard_tokens * row;
-    if (len == 0 || off / seg != (off + len - 1) / seg)
+    if (len == 0)
+        return NULL;
+    if (seg == pseg)
+        return (char *)j->buf[t] + off;
+    if (off / seg != (off + len - 1) / seg)
         return NULL;
     return (char *)j->buf[t] + (off / seg) * pseg + off % seg;
 }
@@ -208,20 +213,15 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     j->head_dim = s->head_dim;
     j->dtype = (stria_dtype_t)s->dtype;
     j->causal = s->causal;
-    if (s->n_cu_seqlens > 0 &&
-        (j->cu_seqlens = malloc(s->n_cu_seqlens * sizeof(int64_t))) == NULL) {
+    if (!stria_job_masks_copy(s, &j->masks)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
         goto out;
     }
-    if (s->n_cu_seqlens > 0)
-        memcpy(j->cu_seqlens, s->cu_seqlens, s->n_cu_seqlens * sizeof(int64_t));
-    j->n_cu_seqlens = s->n_cu_seqlens;
-    j->has_window = s->window != NULL;
-    j->window_left = s->window != NULL ? s->window->left : 0;
-    j->window_right = s->window != NULL ? s->window->right : 0;
     j->layout_kind = (stria_layout_kind_t)s->layout;
     j->scale = s->scale;
     j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
+    if (j->step_timeout_s > STRIA__MAX_STEP_TIMEOUT_S) /* whatever the coordinator allowed */
+        j->step_timeout_s = STRIA__MAX_STEP_TIMEOUT_S;
     j->steps_total = (uint32_t)a->n_ranks;
     j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
     j->last_activity = stria_time_now();
@@ -250,45 +250,31 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     stria__wjob_t *other = stria__wjob_find(w, job_id);
     if (other != NULL) { /* created meanwhile by another request */
         pthread_mutex_unlock(&w->lock);
-        free(j->cu_seqlens);
+        stria_job_masks_free(&j->masks);
         free(j);
         j = NULL;
         *job_out = other;
         st = STRIA_OK;
         goto out;
     }
-    if (need > (uint64_t)w->memory_bytes - w->memory_used) {
+    /* admitted under the lock: two requests of one job never both do */
+    if ((st = stria__wpool_admit(w, j, need)) != STRIA_OK) {
         pthread_mutex_unlock(&w->lock);
-        st = stria_error_set(STRIA_ERR_NO_MEMORY,
-                             "job %llu needs %llu MiB on this worker, %llu MiB of %llu are free",
-                             (unsigned long long)job_id, (unsigned long long)(need >> 20),
-                             (unsigned long long)((w->memory_bytes - w->memory_used) >> 20),
-                             (unsigned long long)(w->memory_bytes >> 20));
         goto out;
     }
-    w->memory_used += need; /* reserved before allocating: no two jobs race for it */
-    j->bytes = need;
     pthread_mutex_unlock(&w->lock);
-    for (int t = 0; t < STRIA__T_COUNT; t++) {
-        int64_t outer;
-        size_t row;
-        stria__wjob_geometry(j, t, &outer, &row);
-        j->buf[t] = stria_calloc_aligned((size_t)outer * (size_t)j->layout.shard_tokens * row);
-        if (j->buf[t] == NULL) {
-            pthread_mutex_lock(&w->lock);
-            stria__job_free(w, j);
-            pthread_mutex_unlock(&w->lock);
-            j = NULL;
-            st = stria_error_set(STRIA_ERR_NO_MEMORY, "job %llu: cannot allocate its tensors",
-                                 (unsigned long long)job_id);
-            goto out;
-        }
+    if ((st = stria__wpool_tensors(w, j)) != STRIA_OK) {
+        pthread_mutex_lock(&w->lock);
+        stria__job_free(w, j);
+        pthread_mutex_unlock(&w->lock);
+        j = NULL;
+        goto out;
     }
     pthread_mutex_lock(&w->lock);
     j->next = w->jobs;
     w->jobs = j;
-    stria_metric_set(w->m_memory, (double)w->memory_used);
     pthread_mutex_unlock(&w->lock);
+    stria__wpool_publish(w);
     stria_log_info("job %llu rank %d/%d: %lld of %lld tokens (%s), %llu MiB reserved",
                    (unsigned long long)j->id, j->rank, j->n_ranks, (long long)j->valid,
                    (long long)j->seq, stria_layout_kind_name(j->layout_kind),
@@ -298,7 +284,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     st = STRIA_OK;
 out:
     if (j != NULL)
-        free(j->cu_seqlens);
+        stria_job_masks_free(&j->masks);
     free(j);
     stria_rpc_reply_free(&reply);
     return st;

@@ -49,6 +49,28 @@ void stria__wmetrics_init(stria_worker_t *w)
     w->m_memory =
         stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_memory_in_use_bytes",
                           "Memory reserved by the jobs this worker holds.", NULL, NULL, 0);
+    static const char *const pool_labels[3] = {"pool=\"host\"", "pool=\"device\"",
+                                               "pool=\"pinned\""};
+    stria_mempool_t *pools[3] = {w->mem_host, w->mem_dev, w->mem_pinned};
+    for (int i = 0; i < 3; i++) {
+        if (pools[i] == NULL)
+            continue;
+        w->m_pool[i][0] =
+            stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_pool_reserved_bytes",
+                              "Memory a pool may hold (what the worker offers to jobs), by pool.",
+                              pool_labels[i], NULL, 0);
+        w->m_pool[i][1] =
+            stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_pool_in_use_bytes",
+                              "Memory of a pool allocated now, by pool.", pool_labels[i], NULL, 0);
+        w->m_pool[i][2] = stria_metrics_get(
+            m, STRIA_METRIC_GAUGE, "stria_worker_pool_high_water_bytes",
+            "Most memory of a pool allocated at once, by pool.", pool_labels[i], NULL, 0);
+        w->m_pool[i][3] = stria_metrics_get(
+            m, STRIA_METRIC_GAUGE, "stria_worker_pool_committed_bytes",
+            "Memory a pool has made usable and keeps for reuse (host: committed address space; "
+            "device and pinned: segments), by pool.",
+            pool_labels[i], NULL, 0);
+    }
     w->m_jobs = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_jobs",
                                   "Jobs held by this worker.", NULL, NULL, 0);
     w->m_hb_age = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_heartbeat_age_seconds",
@@ -81,4 +103,5 @@ void stria__wmetrics_init(stria_worker_t *w)
                                        "device and the kernel variant.",
                                        info, NULL, 0),
                      1);
+    stria__wpool_publish(w);
 }

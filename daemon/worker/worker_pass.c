@@ -51,9 +51,13 @@ static stria_status_t stria__stage_in(stria_worker_t *w, stria__wjob_t *j, bool 
     const int *in = backward ? bwd_in : fwd_in;
     size_t n_in = backward ? 6 : 3;
     stria_status_t st;
-    if (j->dev == NULL &&
-        (st = stria_device_open(stria_device_name(w->dev), w->pool, &j->dev)) != STRIA_OK)
-        return stria_error_wrap(st, "job %llu", (unsigned long long)j->id);
+    if (j->dev == NULL) {
+        if ((st = stria_device_open(stria_device_name(w->dev), w->pool, &j->dev)) != STRIA_OK)
+            return stria_error_wrap(st, "job %llu", (unsigned long long)j->id);
+        /* its device buffers, the ring's and their pinned messages: the pools */
+        if ((st = stria__wpool_device(w, j->dev)) != STRIA_OK)
+            return st;
+    }
     for (int t = 0; t < STRIA__T_COUNT; t++)
         if (j->dbuf[t] == NULL &&
             (st = stria_device_alloc(j->dev, stria__tensor_bytes(j, t), &j->dbuf[t])) != STRIA_OK)
@@ -216,11 +220,11 @@ static stria_status_t stria__pass_object(stria_worker_t *w, stria__wjob_t *j, st
     shape.scale = j->scale;
     shape.causal = j->causal;
     shape.dtype = j->dtype;
-    shape.cu_seqlens = j->cu_seqlens; /* the job outlives its pass object */
-    shape.n_cu_seqlens = j->n_cu_seqlens;
-    shape.has_window = j->has_window;
-    shape.window_left = j->window_left;
-    shape.window_right = j->window_right;
+    shape.cu_seqlens = j->masks.cu_seqlens; /* the job outlives its pass object */
+    shape.n_cu_seqlens = j->masks.n_cu_seqlens;
+    shape.has_window = j->masks.has_window;
+    shape.window_left = j->masks.window_left;
+    shape.window_right = j->masks.window_right;
     memset(&opts, 0, sizeof(opts));
     opts.step_timeout_s = j->step_timeout_s;
     opts.pool = w->pool;
@@ -228,6 +232,7 @@ static stria_status_t stria__pass_object(stria_worker_t *w, stria__wjob_t *j, st
     opts.pass_id = 0;     /* every pass has a link of its own */
     opts.step_cb = stria__on_step;
     opts.step_cb_ctx = j;
+    opts.host_memory = &w->alloc_host; /* ring buffers and kernel workspaces: the pool */
     j->parked.ops = &stria__parked_ops;
     j->parked.rank = j->rank;
     j->parked.size = j->n_ranks;

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
     for (int64_t bhk = blockIdx.y; bhk < a.B * a.Hkv; bhk += gridDim.y) {
         const int64_t b = bhk / a.Hkv, hk = bhk % a.Hkv;
         int64_t kmin = 0, kmax = 0;
-        if (a.causal)
+        if (stria__cu_masked(a))
             stria__cu_tile_bounds(a.kmin, a.kmax, a.Tk, k0, BK, &kmin, &kmax);
         /* steps it = g * nqt + qt over (query head of the group, query tile);
          * the first at or after `it` that the mask does not skip */
@@ -118,11 +118,13 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
             load_step(0, it);
         stria__cp_commit();
 
-        /* this thread's keys: k0 + 16 warp + lane / 4 and 8 more; keys past
-         * the block are never written, mask them all */
+        /* this thread's keys: k0 + 16 warp + lane / 4 and 8 more, and the
+         * query positions that see each; keys past the block are never
+         * written, mask them all */
         const int64_t kr0 = k0 + warp * 16 + (lane >> 2), kr1 = kr0 + 8;
-        const int64_t kp0 = stria__cu_pos_or(a, a.kpos, kr0, a.Tk, INT64_MAX);
-        const int64_t kp1 = stria__cu_pos_or(a, a.kpos, kr1, a.Tk, INT64_MAX);
+        int64_t lo0, hi0, lo1, hi1;
+        stria__cu_key_row(a, kr0, &lo0, &hi0);
+        stria__cu_key_row(a, kr1, &lo1, &hi1);
         float dk[NO][4], dv[NO][4];
         stria__zero(dk);
         stria__zero(dv);
@@ -155,8 +157,8 @@ __global__ void __launch_bounds__(STRIA__KV_NT, 1) stria__dkdv_mma_k(stria_cu_at
                     bool m0 = false, m1 = false;
                     if (cls == STRIA__CU_PARTIAL && q0 + qc < a.Tq) {
                         const int64_t qp = a.qpos[q0 + qc];
-                        m0 = kp0 > qp;
-                        m1 = kp1 > qp;
+                        m0 = stria__cu_hidden(qp, lo0, hi0);
+                        m1 = stria__cu_hidden(qp, lo1, hi1);
                     }
                     const float p0 = m0 ? 0.0f : exp2f(fmaf(s[n][j], sl2, -L));
                     const float p1 = m1 ? 0.0f : exp2f(fmaf(s[n][2 + j], sl2, -L));
@@ -219,7 +221,7 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
         const T *kbase = stria__cu_row<T>(a.k, b, 0, hk);
         const T *vbase = stria__cu_row<T>(a.v, b, 0, hk);
         int64_t qmin = 0, qmax = 0;
-        if (a.causal)
+        if (stria__cu_masked(a))
             stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, q0, BQ, &qmin, &qmax);
         walk.base = -1; /* the walk's classes depend on the fixed tile's bounds */
         stria__load_tile<T, D, BQ, NT>(sQ, stria__cu_row<T>(a.q, b, 0, h), a.q.st, q0, a.Tq);
@@ -239,8 +241,9 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
         const float L1 = stria__lse_log2(a.lse_in + li, r1, a.Tq);
         const float D0 = r0 < a.Tq ? a.delta[li + r0] : 0.0f;
         const float D1 = r1 < a.Tq ? a.delta[li + r1] : 0.0f;
-        const int64_t qp0 = stria__cu_pos_or(a, a.qpos, r0, a.Tq, INT64_MAX);
-        const int64_t qp1 = stria__cu_pos_or(a, a.qpos, r1, a.Tq, INT64_MAX);
+        int64_t lo0, hi0, lo1, hi1; /* the keys each row sees */
+        stria__cu_query_row(a, r0, &lo0, &hi0);
+        stria__cu_query_row(a, r1, &lo1, &hi1);
         float acc[NO][4];
         stria__zero(acc);
 
@@ -267,7 +270,7 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
             stria__gemm2_nrows<T, D, NS>(s, dp, sQ, sG, warp * 16, tK, tV, lane);
 
             /* dS into dp; masked: straddling tiles by position, the tail by index */
-            const bool need_mask = cls == STRIA__CU_PARTIAL || k0 + BK > a.Tk;
+            const bool part = cls == STRIA__CU_PARTIAL, need_mask = part || k0 + BK > a.Tk;
 #pragma unroll
             for (int n = 0; n < NS; n++)
 #pragma unroll
@@ -276,10 +279,9 @@ __global__ void __launch_bounds__(STRIA__DQ_NT, 2) stria__dq_mma_k(stria_cu_attn
                     if (need_mask) {
                         const int64_t kc = k0 + n * 8 + 2 * (lane & 3) + j;
                         const bool out = kc >= a.Tk;
-                        const int64_t kp =
-                            !out && cls == STRIA__CU_PARTIAL ? a.kpos[kc] : INT64_MIN;
-                        m0 = out || kp > qp0;
-                        m1 = out || kp > qp1;
+                        const int64_t kp = !out && part ? a.kpos[kc] : 0;
+                        m0 = out || (part && stria__cu_hidden(kp, lo0, hi0));
+                        m1 = out || (part && stria__cu_hidden(kp, lo1, hi1));
                     }
                     const float p0 = m0 ? 0.0f : exp2f(fmaf(s[n][j], sl2, -L0));
                     const float p1 = m1 ? 0.0f : exp2f(fmaf(s[n][2 + j], sl2, -L1));

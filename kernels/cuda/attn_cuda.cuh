@@ -28,7 +28,16 @@ typedef struct {
     float scale;
     bool causal;
     stria_dtype_t dtype; /* storage of q, k, v, d_o */
-    /* causal only, else NULL: positions and per-grain bounds */
+    /* Documents or a window (stria_attn_params_t): a query at position p
+     * sees the keys in [lo(p), hi(p)] (stria__cu_row_bounds). false: the
+     * plain causal rule, or no mask. */
+    bool bounds;
+    const int64_t *cu; /* device copy of cu_seqlens, n_cu entries; 0: one document */
+    int64_t n_cu;
+    bool has_window;
+    int64_t wl, wr; /* window_left, window_right; -1 unbounded */
+    /* causal or bounds (stria__cu_masked), else NULL: positions and
+     * per-grain bounds */
     const int64_t *qpos, *kpos;
     const int64_t *qmin, *qmax, *kmin, *kmax;
     stria_cu_view_t q, k, v, d_o;
@@ -128,15 +137,153 @@ __device__ __forceinline__ void stria__cu_tile_bounds(const int64_t *mn, const i
     *hi = b;
 }
 
-/* Class of a (query tile, key tile) pair under the mask (attn.c's rule). */
-__device__ __forceinline__ int stria__cu_tile_class(bool causal, int64_t qmin, int64_t qmax,
-                                                    int64_t kmin, int64_t kmax)
+/* ---- masks: documents, windows, the causal rule ----------------------- */
+
+/* Positions lie in [0, 2^62) (validate_int.h's STRIA__POS_LIMIT_V). */
+#define STRIA__CU_POS_LIMIT ((int64_t)1 << 62)
+
+/* Whether the call masks by position at all: then its positions and grain
+ * bounds are on the device. */
+__device__ __forceinline__ bool stria__cu_masked(const stria_cu_attn_t &a)
 {
-    if (!causal)
-        return STRIA__CU_FULL;
-    if (kmin > qmax)
+    return a.causal || a.bounds;
+}
+
+/* The document [*s, *e) holding position pos: a binary search of cu_seqlens
+ * (cu[first] <= pos < cu[last], which the host checked), as attn.c's
+ * stria__row_bounds; empty documents are never found. Without documents, one
+ * document holding every position. */
+__device__ __forceinline__ void stria__cu_doc(const stria_cu_attn_t &a, int64_t pos, int64_t *s,
+                                              int64_t *e)
+{
+    if (a.n_cu == 0) {
+        *s = 0;
+        *e = STRIA__CU_POS_LIMIT;
+        return;
+    }
+    int64_t lo = 0, hi = a.n_cu - 1;
+    while (hi - lo > 1) {
+        const int64_t m = lo + (hi - lo) / 2;
+        if (a.cu[m] <= pos)
+            lo = m;
+        else
+            hi = m;
+    }
+    *s = a.cu[lo];
+    *e = a.cu[hi];
+}
+
+/* Keys visible to a query at position p: [*lo, *hi] (stria_attn_params_t):
+ * its document [s, e) gives [s, e - 1], the causal rule caps that at p, the
+ * window narrows it to [p - left, p + right] (-1: that side unbounded). Without
+ * documents and window, the plain rule: [INT64_MIN, p] when causal, else
+ * everything. lo and hi never decrease as p grows, so the bounds of a set of
+ * rows with positions in [pmin, pmax] range over [lo(pmin), lo(pmax)] and
+ * [hi(pmin), hi(pmax)]. */
+__device__ __forceinline__ void stria__cu_row_bounds(const stria_cu_attn_t &a, int64_t p,
+                                                     int64_t *lo, int64_t *hi)
+{
+    if (!a.bounds) {
+        *lo = INT64_MIN;
+        *hi = a.causal ? p : INT64_MAX;
+        return;
+    }
+    int64_t l, h;
+    stria__cu_doc(a, p, &l, &h);
+    h -= 1;
+    if (a.causal && p < h)
+        h = p;
+    if (a.has_window) {
+        if (a.wl >= 0 && p - a.wl > l)
+            l = p - a.wl;
+        if (a.wr >= 0 && a.wr < STRIA__CU_POS_LIMIT && p + a.wr < h)
+            h = p + a.wr;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+/* Queries that see a key at position k: those with positions in [*lo, *hi],
+ * the transpose of stria__cu_row_bounds (lo(p) <= k <= hi(p) exactly when
+ * *lo <= p <= *hi): k's document [s, e), the causal rule p >= k, the window
+ * k - right <= p <= k + left. Used where the keys are fixed and the queries
+ * stream by (the dK/dV kernels). */
+__device__ __forceinline__ void stria__cu_key_bounds(const stria_cu_attn_t &a, int64_t k,
+                                                     int64_t *lo, int64_t *hi)
+{
+    if (!a.bounds) {
+        *lo = a.causal ? k : INT64_MIN;
+        *hi = INT64_MAX;
+        return;
+    }
+    int64_t l, h;
+    stria__cu_doc(a, k, &l, &h);
+    h -= 1;
+    if (a.causal && k > l)
+        l = k;
+    if (a.has_window) {
+        if (a.wr >= 0 && k - a.wr > l)
+            l = k - a.wr;
+        if (a.wl >= 0 && a.wl < STRIA__CU_POS_LIMIT && k + a.wl < h)
+            h = k + a.wl;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+/* Whether x lies outside [lo, hi]: a masked (query, key) pair. */
+__device__ __forceinline__ bool stria__cu_hidden(int64_t x, int64_t lo, int64_t hi)
+{
+    return x < lo || x > hi;
+}
+
+/* Bounds of query row i of the block (stria__cu_row_bounds of its position);
+ * rows past the block, and every row of a call without a mask, are never
+ * masked. */
+__device__ __forceinline__ void stria__cu_query_row(const stria_cu_attn_t &a, int64_t i,
+                                                    int64_t *lo, int64_t *hi)
+{
+    if (!stria__cu_masked(a) || i >= a.Tq) {
+        *lo = INT64_MIN;
+        *hi = INT64_MAX;
+        return;
+    }
+    stria__cu_row_bounds(a, a.qpos[i], lo, hi);
+}
+
+/* Query positions that see key row j of the block (stria__cu_key_bounds);
+ * keys past the block are seen by no query, every key of a call without a
+ * mask by all. */
+__device__ __forceinline__ void stria__cu_key_row(const stria_cu_attn_t &a, int64_t j, int64_t *lo,
+                                                  int64_t *hi)
+{
+    if (j >= a.Tk) {
+        *lo = INT64_MAX;
+        *hi = INT64_MIN;
+        return;
+    }
+    if (!stria__cu_masked(a)) {
+        *lo = INT64_MIN;
+        *hi = INT64_MAX;
+        return;
+    }
+    stria__cu_key_bounds(a, a.kpos[j], lo, hi);
+}
+
+/* Class of a (query tile, key tile) pair of a masked call from the tiles'
+ * position bounds, attn.c's rule: skipped when every key is outside every
+ * row's bounds, full when every key is inside every row's bounds, partial
+ * otherwise. Under the plain causal rule that is: skipped when kmin > qmax,
+ * full when kmax <= qmin. */
+__device__ __forceinline__ int stria__cu_tile_class(const stria_cu_attn_t &a, int64_t qmin,
+                                                    int64_t qmax, int64_t kmin, int64_t kmax)
+{
+    int64_t lomin, himin, lomax, himax;
+    stria__cu_row_bounds(a, qmin, &lomin, &himin);
+    stria__cu_row_bounds(a, qmax, &lomax, &himax);
+    if (kmin > himax || kmax < lomin)
         return STRIA__CU_SKIP;
-    if (kmax <= qmin)
+    if (lomax <= kmin && kmax <= himin)
         return STRIA__CU_FULL;
     return STRIA__CU_PARTIAL;
 }
@@ -177,7 +324,7 @@ __device__ __forceinline__ float stria__cu_merge_value(int mode, float a, float 
 #define STRIA__CU_WALK 256
 
 /* A CTA's walk over the tiles of one side (key tiles against its fixed query
- * tile, or query tiles against its fixed key tile). Under a causal mask the
+ * tile, or query tiles against its fixed key tile). Under a mask the
  * classes of STRIA__CU_WALK tiles at a time are computed by the whole CTA at
  * once, one tile per thread, into shared memory, so that finding the next
  * tile costs a shared-memory read instead of dependent global loads at every
@@ -198,7 +345,7 @@ __device__ __forceinline__ int64_t stria__cu_walk_next(stria__cu_walk_t &w,
                                                        int64_t t, int64_t n_tiles, int n,
                                                        int64_t fmin, int64_t fmax, int *cls)
 {
-    if (!a.causal) {
+    if (!stria__cu_masked(a)) {
         *cls = STRIA__CU_FULL;
         return t < n_tiles ? t : n_tiles;
     }
@@ -212,10 +359,10 @@ __device__ __forceinline__ int64_t stria__cu_walk_next(stria__cu_walk_t &w,
                     int64_t lo, hi;
                     if (moving_keys) {
                         stria__cu_tile_bounds(a.kmin, a.kmax, a.Tk, u * n, n, &lo, &hi);
-                        c = stria__cu_tile_class(true, fmin, fmax, lo, hi);
+                        c = stria__cu_tile_class(a, fmin, fmax, lo, hi);
                     } else {
                         stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, u * n, n, &lo, &hi);
-                        c = stria__cu_tile_class(true, lo, hi, fmin, fmax);
+                        c = stria__cu_tile_class(a, lo, hi, fmin, fmax);
                     }
                 }
                 w.cls[i] = (unsigned char)c;
@@ -230,14 +377,6 @@ __device__ __forceinline__ int64_t stria__cu_walk_next(stria__cu_walk_t &w,
         }
     }
     return n_tiles;
-}
-
-/* Position of token i of `pos` for the masks of a causal call; `none` for
- * tokens past the block (and for calls without a mask). */
-__device__ __forceinline__ int64_t stria__cu_pos_or(const stria_cu_attn_t &a, const int64_t *pos,
-                                                    int64_t i, int64_t n, int64_t none)
-{
-    return a.causal && i < n ? pos[i] : none;
 }
 
 #endif /* __CUDACC__ */

@@ -5,8 +5,9 @@
  * query rows 16w..16w+15 and keeps their Q fragments in registers. The CTA
  * walks the key tiles (64 keys) that the mask does not skip, double-buffered
  * with cp.async: while tile j is consumed, tile j+1 (the next one not skipped)
- * is in flight. Per tile: S = Q K^T (mma), the mask on straddling and tail
- * tiles only, online softmax in registers on log2e-prescaled scores (exp2f),
+ * is in flight. Per tile: S = Q K^T (mma), the mask (each row's key bounds
+ * from its position, documents and window) on straddling and tail tiles
+ * only, online softmax in registers on log2e-prescaled scores (exp2f),
  * O = diag(alpha) O + P V with P rounded to the storage dtype. At the end O is
  * normalised and written as the fp32 partial with its LSE, or merged into the
  * existing partial (accumulate) exactly as attn.c's merge does. */
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
         const T *vbase = stria__cu_row<T>(a.v, b, 0, hk);
 
         int64_t qmin = 0, qmax = 0;
-        if (a.causal)
+        if (stria__cu_masked(a))
             stria__cu_tile_bounds(a.qmin, a.qmax, a.Tq, q0, BQ, &qmin, &qmax);
         walk.base = -1; /* the walk's classes depend on the fixed tile's bounds */
         stria__load_tile<T, D, BQ, NT>(sQ, qbase, a.q.st, q0, a.Tq);
@@ -73,9 +74,10 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
 
         /* this thread's rows: r0 = 16 warp + lane / 4 and r0 + 8 of the tile */
         const int64_t r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8;
-        /* rows past Tq are never masked */
-        const int64_t qp0 = stria__cu_pos_or(a, a.qpos, r0, a.Tq, INT64_MAX);
-        const int64_t qp1 = stria__cu_pos_or(a, a.qpos, r1, a.Tq, INT64_MAX);
+        /* the keys each row sees; rows past Tq are never masked */
+        int64_t lo0, hi0, lo1, hi1;
+        stria__cu_query_row(a, r0, &lo0, &hi0);
+        stria__cu_query_row(a, r1, &lo1, &hi1);
         float o[NO][4];
         stria__zero(o);
         float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -110,16 +112,17 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
 
             /* mask: straddling tiles by position, the tail tile by index */
             if (cls == STRIA__CU_PARTIAL || k0 + BK > a.Tk) {
+                const bool part = cls == STRIA__CU_PARTIAL;
 #pragma unroll
                 for (int n = 0; n < NS; n++)
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         int64_t kc = k0 + n * 8 + 2 * (lane & 3) + j;
                         bool out = kc >= a.Tk;
-                        int64_t kp = !out && cls == STRIA__CU_PARTIAL ? a.kpos[kc] : INT64_MIN;
-                        if (out || kp > qp0)
+                        int64_t kp = !out && part ? a.kpos[kc] : 0;
+                        if (out || (part && stria__cu_hidden(kp, lo0, hi0)))
                             s[n][j] = -INFINITY;
-                        if (out || kp > qp1)
+                        if (out || (part && stria__cu_hidden(kp, lo1, hi1)))
                             s[n][2 + j] = -INFINITY;
                     }
             }

@@ -2,11 +2,11 @@
  * kernels do not take (fp32 storage, head_dim other than 64/128, unaligned
  * views), and the row-wise kernels (partial init, merge, finalize, delta,
  * add). Simple by design: one warp per output row, lanes over head_dim (up to
- * 8 values each), keys visited one by one with the causal rule applied per
- * key, fp32 throughout. The arithmetic follows attn.c's semantics exactly:
- * online softmax with max subtraction, LSE = max + log(sum), rows without a
- * visible key get LSE = -inf and zero output, merges with max-subtracted
- * weights. */
+ * 8 values each), keys visited one by one with the mask (the causal rule,
+ * documents, window: the row's key bounds) applied per key, fp32
+ * throughout. The arithmetic follows attn.c's semantics exactly: online
+ * softmax with max subtraction, LSE = max + log(sum), rows without a visible
+ * key get LSE = -inf and zero output, merges with max-subtracted weights. */
 #include "attn_cuda.cuh"
 
 #define STRIA__SIMT_THREADS   256
@@ -64,10 +64,12 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS) stria__fwd_simt_k(stria_c
             q[j] = d < a.D ? stria__cu_ld<T>(qr + d) : 0.0f;
             o[j] = 0.0f;
         }
-        int64_t qp = a.causal ? a.qpos[i] : 0;
+        const bool masked = stria__cu_masked(a);
+        int64_t lo, hi; /* the keys the row sees */
+        stria__cu_query_row(a, i, &lo, &hi);
         float m = -INFINITY, l = 0.0f;
         for (int64_t t = 0; t < a.Tk; t++) {
-            if (a.causal && a.kpos[t] > qp)
+            if (masked && stria__cu_hidden(a.kpos[t], lo, hi))
                 continue; /* warp-uniform */
             const T *kr = stria__cu_row<T>(a.k, b, t, hk);
             const T *vr = stria__cu_row<T>(a.v, b, t, hk);
@@ -166,9 +168,11 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS) stria__dq_simt_k(stria_cu
             g[j] = d < a.D ? stria__cu_ld<T>(gr + d) : 0.0f;
             acc[j] = 0.0f;
         }
-        int64_t qp = a.causal ? a.qpos[i] : 0;
+        const bool masked = stria__cu_masked(a);
+        int64_t lo, hi;
+        stria__cu_query_row(a, i, &lo, &hi);
         for (int64_t t = 0; t < a.Tk; t++) {
-            if (a.causal && a.kpos[t] > qp)
+            if (masked && stria__cu_hidden(a.kpos[t], lo, hi))
                 continue;
             const T *kr = stria__cu_row<T>(a.k, b, t, hk);
             const T *vr = stria__cu_row<T>(a.v, b, t, hk);
@@ -218,11 +222,13 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS) stria__dkdv_simt_k(stria_
             v[j] = d < a.D ? stria__cu_ld<T>(vr + d) : 0.0f;
             ak[j] = av[j] = 0.0f;
         }
-        int64_t kp = a.causal ? a.kpos[t] : 0;
+        const bool masked = stria__cu_masked(a);
+        int64_t lo, hi; /* the query positions that see this key */
+        stria__cu_key_row(a, t, &lo, &hi);
         for (int64_t g = 0; g < a.G; g++) {
             int64_t h = hk * a.G + g;
             for (int64_t i = 0; i < a.Tq; i++) {
-                if (a.causal && kp > a.qpos[i])
+                if (masked && stria__cu_hidden(a.qpos[i], lo, hi))
                     continue;
                 int64_t li = (b * a.H + h) * a.Tq + i;
                 float la = a.lse_in[li];

@@ -6,12 +6,14 @@
  * its arguments with the checks every device shares (validate_int.h), and
  * turns any CUDA error into a stria_status_t whose message names the call.
  *
- * Positions: a causal call expands the query and key position runs into a
- * pinned staging buffer, with the min and max of every STRIA__CU_GRAIN tokens,
- * and uploads them on the compute stream ahead of its kernels. Two staging
- * slots alternate, each guarded by an event, so the host prepares call n + 1
- * while call n's upload may still be pending; the device-side copy is one
- * buffer, reused in stream order. */
+ * Positions: a call with a mask (causal, documents or a window) expands the
+ * query and key position runs into a pinned staging buffer, with the min and
+ * max of every STRIA__CU_GRAIN tokens and a copy of cu_seqlens, and uploads
+ * them on the compute stream ahead of its kernels, which derive every row's
+ * key bounds from them (attn_cuda.cuh). Two staging slots alternate, each
+ * guarded by an event, so the host prepares call n + 1 while call n's upload
+ * may still be pending; the device-side copy is one buffer, reused in stream
+ * order. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,15 +265,17 @@ static void stria__cu_grain_bounds(const int64_t *pos, int64_t n, int64_t *mn, i
     }
 }
 
-/* Validates the position runs of p (as attn.c does) and, for a causal call,
- * uploads positions and grain bounds on the compute stream, filling a's
- * position pointers. */
+/* Validates the position runs of p and the end of its documents (as attn.c
+ * does) and, for a call with a mask (causal, documents or a window), uploads
+ * positions, grain bounds and cu_seqlens on the compute stream, filling a's
+ * mask fields. */
 static stria_status_t stria__cu_positions(stria__cu_dev_t *d, const stria_attn_params_t *p,
                                           const char *fn, stria_cu_attn_t *a)
 {
     int64_t nqg = (p->q_tokens + STRIA__CU_GRAIN - 1) / STRIA__CU_GRAIN;
     int64_t nkg = (p->kv_tokens + STRIA__CU_GRAIN - 1) / STRIA__CU_GRAIN;
-    size_t need = (size_t)(p->q_tokens + p->kv_tokens + 2 * nqg + 2 * nkg);
+    size_t ncu = p->n_cu_seqlens;
+    size_t need = (size_t)(p->q_tokens + p->kv_tokens + 2 * nqg + 2 * nkg) + ncu;
     stria__cu_slot_t *slot = &d->slot[d->next_slot];
     stria_status_t st;
 
@@ -289,15 +293,24 @@ static stria_status_t stria__cu_positions(stria__cu_dev_t *d, const stria_attn_p
     }
     int64_t *qpos = slot->host, *kpos = qpos + p->q_tokens;
     int64_t *qmin = kpos + p->kv_tokens, *qmax = qmin + nqg;
-    int64_t *kmin = qmax + nqg, *kmax = kmin + nkg;
+    int64_t *kmin = qmax + nqg, *kmax = kmin + nkg, *cu = kmax + nkg;
     if ((st = stria__validate_positions(&p->q_pos, p->q_tokens, fn, "query", qpos)) != STRIA_OK ||
-        (st = stria__validate_positions(&p->kv_pos, p->kv_tokens, fn, "key", kpos)) != STRIA_OK)
+        (st = stria__validate_positions(&p->kv_pos, p->kv_tokens, fn, "key", kpos)) != STRIA_OK ||
+        (st = stria__validate_doc_end(p, qpos, p->q_tokens, fn, "query")) != STRIA_OK ||
+        (st = stria__validate_doc_end(p, kpos, p->kv_tokens, fn, "key")) != STRIA_OK)
         return st;
     a->causal = p->causal;
-    if (!p->causal)
+    a->bounds = ncu > 0 || p->has_window;
+    a->n_cu = (int64_t)ncu;
+    a->has_window = p->has_window;
+    a->wl = p->window_left;
+    a->wr = p->window_right;
+    if (!p->causal && !a->bounds)
         return STRIA_OK; /* no mask: nothing to upload */
     stria__cu_grain_bounds(qpos, p->q_tokens, qmin, qmax);
     stria__cu_grain_bounds(kpos, p->kv_tokens, kmin, kmax);
+    if (ncu > 0)
+        memcpy(cu, p->cu_seqlens, ncu * sizeof(int64_t));
     if (d->dpos_cap < need) {
         int64_t *g = NULL;
         size_t cap = need + need / 2;
@@ -319,6 +332,7 @@ static stria_status_t stria__cu_positions(stria__cu_dev_t *d, const stria_attn_p
     a->qmax = a->qmin + nqg;
     a->kmin = a->qmax + nqg;
     a->kmax = a->kmin + nkg;
+    a->cu = ncu > 0 ? a->kmax + nkg : NULL;
     return STRIA_OK;
 }
 

@@ -308,3 +308,27 @@ Test(common, ranges_in_order_stay_one_and_scatter_is_bounded)
     cr_expect_eq(stria_ranges_first_gap(&set, 1u << 20), 3);
     stria_ranges_free(&set);
 }
+
+Test(common, text_escape_keeps_utf8_and_escapes_controls)
+{
+    char out[256];
+    /* C0, DEL, C1 in UTF-8 (U+009B, CSI), a lone continuation byte, an
+     * overlong encoding, a surrogate and a cut sequence become \xNN */
+    cr_assert_str_eq(stria_text_escape("a\x1b[31mb\r\nc\x7f", out, sizeof(out)),
+                     "a\\x1b[31mb\\x0d\\x0ac\\x7f");
+    cr_assert_str_eq(stria_text_escape("\xc2\x9b"
+                                       "2J",
+                                       out, sizeof(out)),
+                     "\\xc2\\x9b2J");
+    cr_assert_str_eq(stria_text_escape("x\x80y\xc0\xafz\xed\xa0\x80\xe2\x82", out, sizeof(out)),
+                     "x\\x80y\\xc0\\xafz\\xed\\xa0\\x80\\xe2\\x82");
+    /* valid UTF-8 stays, up to four bytes */
+    cr_assert_str_eq(
+        stria_text_escape("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82", out, sizeof(out)),
+        "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82");
+    cr_assert_str_eq(stria_text_escape(NULL, out, sizeof(out)), "");
+    /* cut at a whole character or escape, always terminated */
+    cr_assert_str_eq(stria_text_escape("ab\x01", out, 5), "ab");
+    cr_assert_str_eq(stria_text_escape("a\xc3\xa9", out, 3), "a");
+    cr_assert_str_eq(stria_text_escape("abc", out, 1), "");
+}

@@ -54,7 +54,7 @@ void dc_init(dcluster_t *c)
 void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
 {
     char hb[32], tok[300], adm[300], line[512];
-    char *argv[16];
+    char *argv[32];
     int n = 0;
     snprintf(hb, sizeof(hb), "%g", o && o->heartbeat_period_s > 0 ? o->heartbeat_period_s : 0.2);
     snprintf(c->coord_log, sizeof(c->coord_log), "%s/coordinator.log", c->dir);
@@ -71,6 +71,8 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
         snprintf(adm, sizeof(adm), "--admin-token-file=%s", o->admin_token_file);
         argv[n++] = adm;
     }
+    for (size_t k = 0; o && o->coord_args && o->coord_args[k] && n < 31; k++)
+        argv[n++] = o->coord_args[k];
     argv[n] = NULL;
     char **env = daemon_env(o);
     c->coord = test_proc_start(argv, c->coord_log, env);
@@ -89,8 +91,8 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
 
 void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
 {
-    char st[32], tok[300], line[512];
-    char *argv[20];
+    char st[32], tok[300], line[512], mem[64], dev[64];
+    char *argv[40];
     int n = 0;
     cr_assert(i >= 0 && i < DC_MAX_WORKERS);
     snprintf(st, sizeof(st), "%g", o && o->step_timeout_s > 0 ? o->step_timeout_s : 5.0);
@@ -101,7 +103,9 @@ void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
     argv[n++] = "--coordinator";
     argv[n++] = c->coord_addr;
     argv[n++] = "--threads=1";
-    argv[n++] = "--memory=1000000000";
+    snprintf(mem, sizeof(mem), "--memory=%s",
+             o && o->worker_memory ? o->worker_memory : "1000000000");
+    argv[n++] = mem;
     argv[n++] = "--metrics-listen=127.0.0.1:0";
     argv[n++] = "--connect-timeout=5";
     argv[n++] = "--step-timeout";
@@ -110,6 +114,12 @@ void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
         snprintf(tok, sizeof(tok), "--token-file=%s", o->token_file);
         argv[n++] = tok;
     }
+    if (o && o->worker_device) {
+        snprintf(dev, sizeof(dev), "--device=%s", o->worker_device);
+        argv[n++] = dev;
+    }
+    for (size_t k = 0; o && o->worker_args && o->worker_args[k] && n < 39; k++)
+        argv[n++] = o->worker_args[k];
     argv[n] = NULL;
     char **env = daemon_env(o);
     c->workers[i] = test_proc_start(argv, c->worker_log[i], env);

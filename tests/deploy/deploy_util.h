@@ -35,7 +35,11 @@ typedef struct {
     double step_timeout_s;     /* workers' default step deadline; default 5 */
     const char *token_file;    /* coordinator and workers */
     const char *admin_token_file;
-    char *const *env; /* extra NAME=value entries for every daemon, or NULL */
+    char *const *env;          /* extra NAME=value entries for every daemon, or NULL */
+    const char *worker_memory; /* the workers' --memory; default 1000000000 */
+    const char *worker_device; /* the workers' --device; NULL: theirs */
+    char *const *coord_args;   /* extra flags of the coordinator, NULL-terminated, or NULL */
+    char *const *worker_args;  /* extra flags of the workers, NULL-terminated, or NULL */
 } dc_opts_t;
 
 /* A fresh scratch folder for the calling test process. */

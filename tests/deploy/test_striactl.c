@@ -20,7 +20,9 @@
     "import json, sys\n"                                                                           \
     "WORKER = {'id', 'state', 'host', 'device', 'rpc_address', 'ucx_address',\n"                   \
     "          'heartbeat_age_ms', 'memory_bytes', 'memory_reserved_bytes',\n"                     \
-    "          'memory_in_use_bytes', 'current_job', 'step', 'steps_total', 'ring_index',\n"       \
+    "          'memory_in_use_bytes', 'pool_reserved_bytes', 'pool_in_use_bytes',\n"               \
+    "          'pool_high_water_bytes', 'pool_committed_bytes', 'current_job', 'step',\n"          \
+    "          'steps_total', 'ring_index',\n"                                                     \
     "          'draining', 'version', 'kernel', 'jobs'}\n"                                         \
     "STATUS = {'coordinator', 'version', 'protocol_version', 'uptime_ms',\n"                       \
     "          'heartbeat_period_ms', 'job_ttl_s', 'workers_healthy', 'workers_draining',\n"       \
@@ -156,6 +158,7 @@ Test(striactl, every_command_human_and_json, .timeout = SUITE_TIMEOUT)
     expect_has("status", out, "jobs: 1 active, 0 pending, 1 submitted, 0 failed");
     expect_has("status", out,
                "RANK  WORKER  HOST  DEVICE  STATE    HEARTBEAT  JOB  STEP  JOBS  MEMORY");
+    expect_has("status", out, "  POOL  ");
     for (int i = 0; i < 3; i++) {
         expect_has("status", out, c.worker_rpc[i]);
         expect_aligned(out, "STATE", c.worker_rpc[i], "healthy");
@@ -174,6 +177,7 @@ Test(striactl, every_command_human_and_json, .timeout = SUITE_TIMEOUT)
              "    assert set(w) == WORKER, set(w) ^ WORKER\n"
              "    assert w['state'] == 'healthy' and w['ring_index'] == m['rank'], w\n"
              "    assert w['jobs'] == [%s] and w['memory_reserved_bytes'] > 0, w\n"
+             "    assert w['pool_reserved_bytes'] == 1000000000, w\n"
              "    assert 0 <= w['heartbeat_age_ms'] < 5000, w\n",
              c.coord_addr, id);
     check_json("status --json", out, script);

@@ -8,7 +8,8 @@
 #    what the check runs (stria_kernels, the gpu-labelled tests, stria-bench;
 #    -j16 or $JOBS);
 # 3. runs the gpu label (ctest -L gpu): the gpu suite (every CUDA kernel
-#    against the portable CPU kernels and the fp64 reference) and the
+#    against the portable CPU kernels and the fp64 reference, with and
+#    without documents and windows) and the
 #    host-only check of the fragment layouts (the slow host emulation of the
 #    kernels, test_kernel_emu, needs no GPU and runs with the other tests);
 # 4. runs stria-bench kernels --device cuda (causal, bf16, S=16384, H=16,

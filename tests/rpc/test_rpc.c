@@ -631,6 +631,123 @@ Test(rpc, payloads_land_in_place, .timeout = TEST_TIMEOUT_S)
     free(g_dest);
 }
 
+/* Cuts [0, n) into `count` pieces of pseudo-random sizes (some empty), in
+ * an order that is not the address order: piece i covers the bytes after
+ * piece i - 1 of a permutation of the buffer's blocks. */
+static struct iovec *pieces(uint8_t *buf, size_t n, size_t count, size_t **order_out)
+{
+    struct iovec *iov = calloc(count, sizeof(*iov));
+    size_t *cut = calloc(count + 1, sizeof(*cut)), *order = calloc(count, sizeof(*order));
+    uint64_t s = 12345;
+    for (size_t i = 1; i < count; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        cut[i] = (size_t)(s >> 33) % n;
+    }
+    cut[count] = n;
+    for (size_t i = 1; i < count; i++) /* sorted cuts: pieces of the buffer */
+        for (size_t j = i; j > 1 && cut[j - 1] > cut[j]; j--) {
+            size_t t = cut[j];
+            cut[j] = cut[j - 1];
+            cut[j - 1] = t;
+        }
+    for (size_t i = 0; i < count; i++) /* sent in the order 0, 2, 4, ..., then 1, 3, ... */
+        order[i] = i < (count + 1) / 2 ? 2 * i : 2 * (i - (count + 1) / 2) + 1;
+    for (size_t i = 0; i < count; i++) {
+        iov[i].iov_base = buf + cut[order[i]];
+        iov[i].iov_len = cut[order[i] + 1] - cut[order[i]];
+    }
+    free(cut);
+    *order_out = order;
+    return iov;
+}
+
+Test(rpc, scattered_payloads_in_pieces, .timeout = TEST_TIMEOUT_S)
+{
+    const size_t n = 1u << 20, count = 3000; /* more pieces than one sendmsg takes */
+    stria_rpc_server_t *srv;
+    stria_rpc_client_t *cl;
+    stria_status_t st;
+    uint8_t *src = malloc(n), *dst = calloc(1, n);
+    size_t *order;
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint8_t)(i * 13 + (i >> 11));
+    g_dest = calloc(1, n);
+    g_dest_cap = n;
+    srv = start_worker(0);
+    cl = connect_to(stria_rpc_server_port(srv), &stria__v1__worker__descriptor, NULL, &st);
+    cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+
+    /* A request payload gathered from the pieces lands as their concatenation. */
+    struct iovec *iov = pieces(src, n, count, &order);
+    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
+    put.tensor = STRIA__V1__TENSOR__TENSOR_Q;
+    put.total_bytes = n;
+    stria_rpc_request_t r = {.method = M_PUT,
+                             .request = &put.base,
+                             .payload_iov = iov,
+                             .payload_iovcnt = count,
+                             .timeout_s = 10};
+    stria_rpc_reply_t rep = {0};
+    cr_assert_eq(stria_rpc_client_call(cl, &r, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    size_t at = 0;
+    for (size_t i = 0; i < count; at += iov[i].iov_len, i++)
+        cr_assert_eq(memcmp(g_dest + at, iov[i].iov_base, iov[i].iov_len), 0,
+                     "piece %zu (of %zu bytes) landed wrong", i, iov[i].iov_len);
+    cr_assert_eq(at, n);
+    free(iov);
+    free(order);
+
+    /* A reply payload scattered into pieces of the caller's buffer. */
+    g_out = src;
+    g_out_len = n;
+    iov = pieces(dst, n, count, &order);
+    Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+    stria_rpc_request_t gr = {.method = M_GET,
+                              .request = &go.base,
+                              .reply_iov = iov,
+                              .reply_iovcnt = count,
+                              .timeout_s = 10};
+    cr_assert_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(rep.payload_len, n);
+    stria_rpc_reply_free(&rep);
+    at = 0;
+    for (size_t i = 0; i < count; at += iov[i].iov_len, i++)
+        cr_assert_eq(memcmp(iov[i].iov_base, src + at, iov[i].iov_len), 0,
+                     "reply piece %zu (of %zu bytes) wrong", i, iov[i].iov_len);
+    /* a shorter reply fills the first pieces only */
+    memset(dst, 0, n);
+    go.max_bytes = 1000;
+    cr_assert_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(rep.payload_len, 1000);
+    stria_rpc_reply_free(&rep);
+    at = 0;
+    for (size_t i = 0; i < count && at < 1000; at += iov[i].iov_len, i++) {
+        size_t len = iov[i].iov_len < 1000 - at ? iov[i].iov_len : 1000 - at;
+        cr_assert_eq(memcmp(iov[i].iov_base, src + at, len), 0);
+    }
+    /* pieces too small for the reply: a clear error, the connection in step */
+    go.max_bytes = 0;
+    gr.reply_iovcnt = 1;
+    cr_expect_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_ERR_NO_MEMORY);
+    cr_expect(strstr(stria_error_msg(), "does not fit") != NULL, "%s", stria_error_msg());
+    /* a payload and pieces at once: refused */
+    r.payload = src;
+    cr_expect_eq(stria_rpc_client_call(cl, &r, &rep), STRIA_ERR_INVALID_ARG);
+    r.payload = NULL;
+    go.max_bytes = 10;
+    gr.reply_iovcnt = count;
+    cr_assert_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    stria_rpc_client_close(cl);
+    stria_rpc_server_stop(srv);
+    free(iov);
+    free(order);
+    free(src);
+    free(dst);
+    free(g_dest);
+}
+
 Test(rpc, oversized_payload_refused_before_sending, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_worker(1000);

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -748,6 +749,25 @@ Test(e2e, token_required_everywhere, .timeout = 300)
     cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_AUTH, "%s", stria_error_msg());
     p.token = "wrong";
     cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_AUTH, "%s", stria_error_msg());
+    /* token_file: both at once are refused, a missing file is named, the
+     * daemons' file (newline and all) connects; a caller of the first ABI 1
+     * size (without token_file) still connects */
+    p.token_file = path;
+    cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_INVALID_ARG, "%s", stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), "token_file") != NULL, "%s", stria_error_msg());
+    p.token = NULL;
+    p.token_file = "/nonexistent/stria.token";
+    cr_expect_eq(stria_client_connect(&p, &c), STRIA_ERR_IO, "%s", stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), "/nonexistent/stria.token") != NULL, "%s",
+              stria_error_msg());
+    p.token_file = path;
+    cr_assert_eq(stria_client_connect(&p, &c), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(c);
+    p.token_file = NULL;
+    p.token = "s3cret-token";
+    p.struct_size = offsetof(stria_client_params_t, token_file);
+    cr_assert_eq(stria_client_connect(&p, &c), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(c);
     /* the right token runs a job (the workers check it too) */
     c = connect_client("s3cret-token");
     job_data_t j;
@@ -889,6 +909,24 @@ Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
         expect_in_process_ring(&j, i);
         if (i == 0)
             check_outputs(&j, true);
+        if (layouts[i] == STRIA_LAYOUT_AUTO) {
+            /* contiguous shards of 256 and a window of 255: the forward's K/V
+             * goes one hop (2 steps); the backward's dK/dV all 4. */
+            stria_job_t *job = NULL;
+            stria_call_stats_t fs = STRIA_CALL_STATS_INIT, bs = STRIA_CALL_STATS_INIT;
+            cr_assert_eq(
+                stria_client_forward(c, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, &fs, &job),
+                STRIA_OK, "%s", stria_error_msg());
+            cr_assert_eq(stria_client_backward(job, j.g, j.dq, j.dk, j.dv, NULL, NULL, &bs),
+                         STRIA_OK, "%s", stria_error_msg());
+            uint64_t block = 2u * 256 * 2 * 64 * 2; /* K and V of a bf16 shard */
+            cr_expect_eq(fs.ring_steps, 2, "forward ran %u steps", fs.ring_steps);
+            cr_expect_eq(bs.ring_steps, 4, "backward ran %u steps", bs.ring_steps);
+            cr_expect_geq(fs.ring_bytes_sent, 4 * block);
+            cr_expect_lt(fs.ring_bytes_sent, 5 * block, "forward sent %llu bytes",
+                         (unsigned long long)fs.ring_bytes_sent);
+            cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
+        }
         job_data_free(&j);
     }
     /* The service refuses bad documents with the coordinator's message. */

@@ -1,0 +1,345 @@
+/* What the service benchmarks share (bench_daemons.h). */
+#include "bench_daemons.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "stria.pb-c.h"
+#include "stria_ring.h"
+#include "stria_rpc.h"
+
+typedef struct {
+    pid_t pid;
+    FILE *out;
+} stria__bproc_t;
+
+/* [0]: the coordinator, then the workers */
+static stria__bproc_t stria__procs[STRIA_BENCH_MAX_WORKERS + 1];
+static int stria__n_procs;
+
+void stria_bench_daemons_stop(void)
+{
+    for (int i = 0; i < stria__n_procs; i++)
+        if (stria__procs[i].pid > 0)
+            kill(stria__procs[i].pid, SIGTERM);
+    for (int i = 0; i < stria__n_procs; i++) {
+        if (stria__procs[i].pid <= 0)
+            continue;
+        int st;
+        for (int t = 0; t < 100 && waitpid(stria__procs[i].pid, &st, WNOHANG) == 0; t++)
+            usleep(50000);
+        if (waitpid(stria__procs[i].pid, &st, WNOHANG) == 0) {
+            kill(stria__procs[i].pid, SIGKILL);
+            waitpid(stria__procs[i].pid, &st, 0);
+        }
+        if (stria__procs[i].out)
+            fclose(stria__procs[i].out);
+        stria__procs[i].pid = 0;
+        stria__procs[i].out = NULL;
+    }
+    stria__n_procs = 0;
+}
+
+static void stria__on_signal(int sig)
+{
+    stria_bench_daemons_stop();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Starts argv with stdout on a pipe and stderr to /dev/null; reads lines until
+ * one starts with `prefix` and copies it into line. */
+static int stria__start_proc(char *const argv[], const char *prefix, char *line, size_t len)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        FILE *null = freopen("/dev/null", "w", stderr);
+        (void)null;
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    stria__bproc_t *p = &stria__procs[stria__n_procs++];
+    p->pid = pid;
+    p->out = fdopen(fds[0], "r");
+    while (fgets(line, (int)len, p->out) != NULL) {
+        if (strncmp(line, prefix, strlen(prefix)) == 0) {
+            line[strcspn(line, "\n")] = '\0';
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static stria_status_t stria__coord_call(const char *coord, uint32_t method,
+                                        const ProtobufCMessage *req, stria_rpc_reply_t *reply)
+{
+    stria_rpc_client_params_t p;
+    stria_rpc_client_t *c = NULL;
+    memset(&p, 0, sizeof(p));
+    p.address = coord;
+    p.service = &stria__v1__coordinator__descriptor;
+    p.client_name = "stria-bench";
+    p.connect_timeout_s = 5;
+    stria_status_t st = stria_rpc_client_connect(&p, &c);
+    if (st != STRIA_OK)
+        return st;
+    stria_rpc_request_t rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.method = method;
+    rq.request = req;
+    rq.timeout_s = 5;
+    memset(reply, 0, sizeof(*reply));
+    st = stria_rpc_client_call(c, &rq, reply);
+    stria_rpc_client_close(c);
+    return st;
+}
+
+/* Waits up to 10 s for n healthy workers. */
+static bool stria__wait_healthy(const char *coord, unsigned n)
+{
+    for (int i = 0; i < 200; i++) {
+        Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
+        stria_rpc_reply_t reply;
+        if (stria__coord_call(coord, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply) ==
+            STRIA_OK) {
+            unsigned got = ((Stria__V1__GetStatusReply *)reply.msg)->workers_healthy;
+            stria_rpc_reply_free(&reply);
+            if (got >= n)
+                return true;
+        }
+        usleep(50000);
+    }
+    return false;
+}
+
+int stria_bench_daemons_start(const char *cmd, int n, int tpr, char *coord, size_t coord_len)
+{
+    char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (len <= 0) {
+        fprintf(stderr, "stria-bench %s: cannot find this program's folder\n", cmd);
+        return 1;
+    }
+    self[len] = '\0';
+    snprintf(dir, sizeof(dir), "%s", self);
+    *strrchr(dir, '/') = '\0';
+    snprintf(coord_bin, sizeof(coord_bin), "%s/stria-coordinator", dir);
+    snprintf(worker_bin, sizeof(worker_bin), "%s/stria-worker", dir);
+    if (access(coord_bin, X_OK) != 0 || access(worker_bin, X_OK) != 0) {
+        fprintf(stderr, "stria-bench %s: %s and %s are needed (build them)\n", cmd, coord_bin,
+                worker_bin);
+        return 1;
+    }
+    signal(SIGINT, stria__on_signal);
+    signal(SIGTERM, stria__on_signal);
+    setenv("UCX_HANDLE_ERRORS", "none", 0);
+
+    char line[512], threads[16];
+    /* Heartbeats every 2 s: a worker is taken for dead after 6 s of silence,
+     * which a loaded machine does not reach by starving it for a moment. */
+    char *cargv[] = {
+        coord_bin, "--listen", "127.0.0.1:0", "--heartbeat-period", STRIA_BENCH_HEARTBEAT_S, NULL};
+    if (stria__start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
+        fprintf(stderr, "stria-bench %s: the coordinator did not start\n", cmd);
+        stria_bench_daemons_stop();
+        return 1;
+    }
+    snprintf(coord, coord_len, "%s", line + strlen("stria-coordinator listening on "));
+    snprintf(threads, sizeof(threads), "%d", tpr);
+    for (int i = 0; i < n; i++) {
+        char *wargv[] = {worker_bin, "--coordinator", coord,   "--threads",
+                         threads,    "--log-level",   "error", NULL};
+        if (stria__start_proc(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
+            fprintf(stderr, "stria-bench %s: worker %d did not start\n", cmd, i);
+            stria_bench_daemons_stop();
+            return 1;
+        }
+    }
+    if (!stria__wait_healthy(coord, (unsigned)n)) {
+        fprintf(stderr, "stria-bench %s: the %d workers did not register within 10 s\n", cmd, n);
+        stria_bench_daemons_stop();
+        return 1;
+    }
+    return 0;
+}
+
+long long stria_bench_worker_minflt(int i)
+{
+    char path[64], buf[1024];
+    if (i < 0 || i + 1 >= stria__n_procs)
+        return -1;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)stria__procs[i + 1].pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* after the command's ")": state ppid pgrp session tty tpgid flags minflt */
+    char *p = strrchr(buf, ')');
+    long long v[8];
+    if (p == NULL || sscanf(p + 1, " %*c %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2],
+                            &v[3], &v[4], &v[5], &v[6]) != 7)
+        return -1;
+    return v[6];
+}
+
+stria_status_t stria_bench_pools(const char *coord, stria_bench_pools_t *out)
+{
+    Stria__V1__ListWorkersRequest req = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    memset(out, 0, sizeof(*out));
+    stria_status_t st =
+        stria__coord_call(coord, STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &reply);
+    if (st != STRIA_OK)
+        return st;
+    const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
+    for (size_t i = 0; i < r->n_workers; i++) {
+        out->reserved += r->workers[i]->pool_reserved_bytes;
+        out->in_use += r->workers[i]->pool_in_use_bytes;
+        out->high_water += r->workers[i]->pool_high_water_bytes;
+        out->committed += r->workers[i]->pool_committed_bytes;
+    }
+    stria_rpc_reply_free(&reply);
+    return STRIA_OK;
+}
+
+stria_status_t stria_bench_client(const char *coord, const char *name, stria_data_path_t path,
+                                  stria_client_t **out)
+{
+    stria_client_params_t cp = STRIA_CLIENT_PARAMS_INIT;
+    cp.coordinator = coord;
+    cp.client_name = name;
+    cp.data_path = path;
+    return stria_client_connect(&cp, out);
+}
+
+int stria_bench_job_alloc(stria_bench_job_t *t, bool backward)
+{
+    size_t es = stria_dtype_size(t->dtype);
+    size_t nq = (size_t)(t->batch * t->seq * t->heads * t->head_dim);
+    size_t nk = (size_t)(t->batch * t->seq * t->kv_heads * t->head_dim);
+    t->q = stria_malloc_aligned(nq * es);
+    t->k = stria_malloc_aligned(nk * es);
+    t->v = stria_malloc_aligned(nk * es);
+    t->o = stria_malloc_aligned(nq * es);
+    t->lse = stria_malloc_aligned((size_t)(t->batch * t->heads * t->seq) * sizeof(float));
+    if (backward) {
+        t->g = stria_malloc_aligned(nq * es);
+        t->dq = stria_malloc_aligned(nq * es);
+        t->dk = stria_malloc_aligned(nk * es);
+        t->dv = stria_malloc_aligned(nk * es);
+    }
+    if (t->q == NULL || t->k == NULL || t->v == NULL || t->o == NULL || t->lse == NULL ||
+        (backward && (t->g == NULL || t->dq == NULL || t->dk == NULL || t->dv == NULL))) {
+        fprintf(stderr, "stria-bench: out of memory for the job's tensors\n");
+        stria_bench_job_free(t);
+        return 1;
+    }
+    stria_bench_fill(t->q, t->dtype, nq, 1);
+    stria_bench_fill(t->k, t->dtype, nk, 2);
+    stria_bench_fill(t->v, t->dtype, nk, 3);
+    /* outputs too: their pages are the caller's, faulted in before timing */
+    memset(t->o, 0, nq * es);
+    memset(t->lse, 0, (size_t)(t->batch * t->heads * t->seq) * sizeof(float));
+    if (backward) {
+        stria_bench_fill(t->g, t->dtype, nq, 4);
+        memset(t->dq, 0, nq * es);
+        memset(t->dk, 0, nk * es);
+        memset(t->dv, 0, nk * es);
+    }
+    return 0;
+}
+
+void stria_bench_job_free(stria_bench_job_t *t)
+{
+    stria_free(t->q), stria_free(t->k), stria_free(t->v), stria_free(t->g), stria_free(t->o);
+    stria_free(t->dq), stria_free(t->dk), stria_free(t->dv), stria_free(t->lse);
+    t->q = t->k = t->v = t->g = t->o = t->dq = t->dk = t->dv = NULL;
+    t->lse = NULL;
+}
+
+stria_job_spec_t stria_bench_job_spec(const stria_bench_job_t *t, bool causal, int ranks,
+                                      const char *label)
+{
+    stria_job_spec_t spec = STRIA_JOB_SPEC_INIT;
+    spec.batch = t->batch;
+    spec.seq_len = t->seq;
+    spec.heads = t->heads;
+    spec.kv_heads = t->kv_heads;
+    spec.head_dim = t->head_dim;
+    spec.dtype = t->dtype;
+    spec.causal = causal;
+    spec.layout = STRIA_LAYOUT_STRIPED;
+    spec.ring_size = ranks;
+    spec.label = label;
+    return spec;
+}
+
+stria_status_t stria_bench_service_fwd_bwd(stria_client_t *client, const stria_job_spec_t *spec,
+                                           stria_bench_job_t *t, double *seconds,
+                                           stria_call_stats_t *fwd, stria_call_stats_t *bwd)
+{
+    stria_job_t *job = NULL;
+    double t0 = stria_time_now();
+    stria_status_t st =
+        stria_client_forward(client, spec, t->q, t->k, t->v, t->o, t->lse, NULL, NULL, fwd, &job);
+    if (st == STRIA_OK)
+        st = stria_client_backward(job, t->g, t->dq, t->dk, t->dv, NULL, NULL, bwd);
+    *seconds = stria_time_now() - t0;
+    stria_client_release(job);
+    return st;
+}
+
+stria_status_t stria_bench_local_fwd_bwd(stria_bench_job_t *t, bool causal, int ranks, int tpr,
+                                         double *seconds)
+{
+    stria_ring_shape_t shape;
+    memset(&shape, 0, sizeof(shape));
+    shape.batch = t->batch;
+    shape.seq = t->seq;
+    shape.heads = t->heads;
+    shape.kv_heads = t->kv_heads;
+    shape.head_dim = t->head_dim;
+    shape.causal = causal;
+    shape.dtype = t->dtype;
+    stria_ring_local_opts_t ro;
+    memset(&ro, 0, sizeof(ro));
+    ro.layout = STRIA_LAYOUT_STRIPED;
+    ro.n_ranks = ranks;
+    ro.passes = STRIA_RING_PASS_FWD_BWD;
+    ro.threads_per_rank = tpr;
+    stria_ring_local_io_t io;
+    memset(&io, 0, sizeof(io));
+    io.q = t->q;
+    io.k = t->k;
+    io.v = t->v;
+    io.o = t->o;
+    io.o_dtype = t->dtype;
+    io.lse = t->lse;
+    io.d_o = t->g;
+    io.dq = t->dq;
+    io.dk = t->dk;
+    io.dv = t->dv;
+    io.grad_dtype = t->dtype;
+    stria_ring_local_stats_t ls;
+    memset(&ls, 0, sizeof(ls));
+    double t0 = stria_time_now();
+    stria_status_t st = stria_ring_run_local(&shape, &ro, &io, &ls);
+    *seconds = stria_time_now() - t0;
+    return st;
+}

@@ -1,0 +1,61 @@
+/* What the service benchmarks share (stria-bench service, datapath): the
+ * daemons on loopback, found beside this program, a client of them, the
+ * tensors of a forward+backward job and its in-process reference run. */
+#ifndef STRIA_BENCH_DAEMONS_H
+#define STRIA_BENCH_DAEMONS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "stria_client.h"
+#include "stria_common.h"
+
+#define STRIA_BENCH_MAX_WORKERS 64
+#define STRIA_BENCH_HEARTBEAT_S "2" /* the coordinator's heartbeat period, seconds */
+
+/* Starts a coordinator (heartbeat STRIA_BENCH_HEARTBEAT_S) and n workers (--threads tpr) on
+ * loopback, waits until the coordinator counts them healthy, and writes its
+ * address. SIGINT/SIGTERM stop them. Returns 0, or 1 after printing why as
+ * "stria-bench CMD: ...". */
+int stria_bench_daemons_start(const char *cmd, int n, int tpr, char *coord, size_t coord_len);
+/* Stops every daemon started (SIGTERM, then SIGKILL after 5 s). */
+void stria_bench_daemons_stop(void);
+/* Minor page faults of worker i so far (/proc), -1 when unknown. */
+long long stria_bench_worker_minflt(int i);
+
+/* The figures of the workers' memory pools, summed over the workers, as
+ * their last heartbeats told the coordinator. */
+typedef struct {
+    uint64_t reserved, in_use, high_water, committed;
+} stria_bench_pools_t;
+stria_status_t stria_bench_pools(const char *coord, stria_bench_pools_t *out);
+
+/* A client of the coordinator moving data by `path`. */
+stria_status_t stria_bench_client(const char *coord, const char *name, stria_data_path_t path,
+                                  stria_client_t **out);
+
+/* Full tensors of a forward+backward job, [batch, seq, heads or kv_heads,
+ * head_dim] and LSE [batch, heads, seq], inputs filled with fixed seeds. */
+typedef struct {
+    int64_t batch, seq, heads, kv_heads, head_dim;
+    stria_dtype_t dtype;
+    void *q, *k, *v, *g, *o, *dq, *dk, *dv;
+    float *lse;
+} stria_bench_job_t;
+/* Returns 0, or 1 after printing why. backward: also dO, dQ, dK, dV. */
+int stria_bench_job_alloc(stria_bench_job_t *t, bool backward);
+void stria_bench_job_free(stria_bench_job_t *t);
+/* A job spec for t through `ranks` workers. */
+stria_job_spec_t stria_bench_job_spec(const stria_bench_job_t *t, bool causal, int ranks,
+                                      const char *label);
+/* Forward and backward through the service; the wall time of both calls
+ * and their statistics. The job is released. */
+stria_status_t stria_bench_service_fwd_bwd(stria_client_t *client, const stria_job_spec_t *spec,
+                                           stria_bench_job_t *t, double *seconds,
+                                           stria_call_stats_t *fwd, stria_call_stats_t *bwd);
+/* The same job through the in-process ring engine (striped, one thread per
+ * rank, tpr kernel threads each); its wall time. */
+stria_status_t stria_bench_local_fwd_bwd(stria_bench_job_t *t, bool causal, int ranks, int tpr,
+                                         double *seconds);
+
+#endif

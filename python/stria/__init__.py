@@ -1,0 +1,36 @@
+"""stria: exact attention for PyTorch trainers through a stria service.
+
+    import stria
+    o = stria.attention(q, k, v)              # q [B, S, H, D], k, v [B, S, Hkv, D]
+    o.sum().backward()
+
+flash_attn users switch by import (stria.flash_attn_func,
+stria.flash_attn_varlen_func); Hugging Face models through stria.hf.register().
+The package is pure Python over libstria (ctypes): it finds the library
+through $STRIA_LIB, the build tree of its source checkout, or the install
+prefix.
+"""
+
+from ._errors import (AuthError, BusyError, InvalidArgumentError, NoMemoryError, StriaError,
+                      UnreachableError)
+from ._lib import ABI_VERSION
+from .attention import AttentionFunction, attention, flash_attn_func, flash_attn_varlen_func
+from .client import Client, Job, default_client, set_default_client
+from .sharded import shard, shard_positions, sharded_attention, unshard
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ABI_VERSION", "AttentionFunction", "AuthError", "BusyError", "Client", "InvalidArgumentError",
+    "Job", "NoMemoryError", "StriaError", "UnreachableError", "attention", "default_client",
+    "flash_attn_func", "flash_attn_varlen_func", "set_default_client", "shard",
+    "shard_positions", "sharded_attention", "unshard",
+]
+
+
+def __getattr__(name):
+    if name in ("hf", "local"):  # stria.hf imports transformers only when asked for
+        import importlib
+
+        return importlib.import_module(".hf", __name__)
+    raise AttributeError(f"module 'stria' has no attribute {name!r}")

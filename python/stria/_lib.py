@@ -1,0 +1,179 @@
+"""libstria through ctypes: finding the library, its ABI, the C structs.
+
+The structs mirror client/stria_client.h field for field (ctypes lays them out
+with the C compiler's rules); every one starts with struct_size, set here to
+the size this module declares, so a library of the same ABI reads exactly the
+fields named below.
+"""
+
+import ctypes
+import os
+import threading
+
+from ._errors import raise_status
+
+#: The libstria ABI this package speaks (STRIA_CLIENT_ABI_VERSION).
+ABI_VERSION = 1
+
+DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
+LAYOUTS = {"striped": 0, "contiguous": 1, "zigzag": 2, "auto": 3}
+LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+
+
+class ClientParams(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("coordinator", ctypes.c_char_p),
+        ("token", ctypes.c_char_p),
+        ("connect_timeout_s", ctypes.c_double),
+        ("rpc_timeout_s", ctypes.c_double),
+        ("client_name", ctypes.c_char_p),
+        ("token_file", ctypes.c_char_p),
+        ("data_path", ctypes.c_int),  # stria_data_path_t: 0 auto, 1 tcp, 2 shm
+    ]
+
+
+class JobSpec(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("batch", ctypes.c_int64),
+        ("seq_len", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("causal", ctypes.c_bool),
+        ("layout", ctypes.c_int),
+        ("ring_size", ctypes.c_int),
+        ("scale", ctypes.c_float),
+        ("step_timeout_s", ctypes.c_double),
+        ("ttl_s", ctypes.c_double),
+        ("no_queue", ctypes.c_bool),
+        ("label", ctypes.c_char_p),
+        ("cu_seqlens", ctypes.POINTER(ctypes.c_int64)),
+        ("n_cu_seqlens", ctypes.c_size_t),
+        ("has_window", ctypes.c_bool),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+    ]
+
+
+class CallStats(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("queued_s", ctypes.c_double),
+        ("upload_s", ctypes.c_double),
+        ("pass_s", ctypes.c_double),
+        ("download_s", ctypes.c_double),
+        ("rank_compute_s_max", ctypes.c_double),
+        ("rank_compute_s_min", ctypes.c_double),
+        ("rank_wait_s_max", ctypes.c_double),
+        ("bytes_up", ctypes.c_uint64),
+        ("bytes_down", ctypes.c_uint64),
+        ("ring_steps", ctypes.c_uint32),
+        ("ring_bytes_sent", ctypes.c_uint64),
+    ]
+
+
+_P = ctypes.c_void_p
+_SIGNATURES = {
+    "stria_client_abi_version": (ctypes.c_uint, []),
+    "stria_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "stria_error_msg": (ctypes.c_char_p, []),
+    "stria_client_connect": (ctypes.c_int, [ctypes.POINTER(ClientParams), ctypes.POINTER(_P)]),
+    "stria_client_close": (None, [_P]),
+    "stria_client_forward": (
+        ctypes.c_int,
+        [_P, ctypes.POINTER(JobSpec), _P, _P, _P, _P, _P, _P, _P, ctypes.POINTER(CallStats),
+         ctypes.POINTER(_P)],
+    ),
+    "stria_client_backward": (
+        ctypes.c_int, [_P, _P, _P, _P, _P, _P, _P, ctypes.POINTER(CallStats)]),
+    "stria_client_release": (ctypes.c_int, [_P]),
+    "stria_job_id": (ctypes.c_uint64, [_P]),
+    "stria_job_ring_size": (ctypes.c_int, [_P]),
+    "stria_job_layout": (ctypes.c_int, [_P]),
+}
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _candidates():
+    """Where libstria may be, in order: STRIA_LIB, the build tree of the
+    source checkout this package sits in, the install prefix."""
+    env = os.environ.get("STRIA_LIB")
+    if env:
+        return [env], True
+    out = []
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))  # python/stria -> repository root
+    for build in ("build", "build-release"):
+        out.append(os.path.join(root, build, "lib", "libstria.so.1"))
+    import sys
+
+    for prefix in {sys.prefix, "/usr/local", "/usr"}:
+        for libdir in ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):
+            out.append(os.path.join(prefix, libdir, "libstria.so.1"))
+    out.append("libstria.so.1")  # the dynamic loader's own search
+    return out, False
+
+
+def _load():
+    cands, explicit = _candidates()
+    errors = []
+    for path in cands:
+        if os.sep in path and not os.path.exists(path):
+            if explicit:
+                errors.append(f"{path}: no such file")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+            continue
+        if not hasattr(lib, "stria_client_abi_version"):
+            errors.append(f"{path}: not libstria (no stria_client_abi_version)")
+            continue
+        lib.stria_client_abi_version.restype = ctypes.c_uint
+        abi = lib.stria_client_abi_version()
+        if abi != ABI_VERSION:
+            raise ImportError(
+                f"libstria at {path} speaks ABI {abi}, this stria package speaks ABI "
+                f"{ABI_VERSION}: install the matching library or package (or point STRIA_LIB "
+                f"at one)")
+        missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
+        if missing:
+            raise ImportError(f"libstria at {path} lacks {', '.join(missing)}: it is older "
+                              f"than this package; build or install a newer one")
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = res
+            fn.argtypes = args
+        lib.path = path
+        return lib
+    where = "STRIA_LIB" if explicit else "STRIA_LIB (unset), the build tree, the install prefix"
+    raise ImportError(f"cannot load libstria (looked in {where}): " + "; ".join(errors or
+                      ["not found; build it (cmake --build build) or set STRIA_LIB"]))
+
+
+def lib():
+    """The loaded library (loaded on first use)."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                _lib = _load()
+    return _lib
+
+
+def check(status):
+    """Raises the StriaError of a failed call, with the calling thread's
+    library message (thread-local in libstria: read it right after the call,
+    on the same thread)."""
+    if status == 0:
+        return
+    L = lib()
+    name = L.stria_status_name(status).decode("ascii", "replace")
+    msg = (L.stria_error_msg() or b"").decode("utf-8", "replace")
+    raise_status(status, name, msg)

@@ -1,0 +1,317 @@
+"""Whole-sequence attention through the service, as a torch.autograd.Function,
+and flash_attn-compatible calls."""
+
+import ctypes
+import math
+import numbers
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import _lib
+from .client import default_client
+
+_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16,
+           torch.float16: _lib.DTYPE_F16}
+
+
+class _Config:
+    """What one call computes, besides the tensors."""
+
+    __slots__ = ("client", "causal", "scale", "window", "cu_seqlens", "layout", "ring_size")
+
+    def __init__(self, client, causal, scale, window, cu_seqlens, layout, ring_size):
+        self.client = client
+        self.causal = causal
+        self.scale = scale
+        self.window = window  # None or (left, right)
+        self.cu_seqlens = cu_seqlens  # None or a tuple of ints
+        self.layout = layout
+        self.ring_size = ring_size
+
+    def spec(self, q, k):
+        """The job spec (and the ctypes array it points to, to keep alive)."""
+        B, S, H, D = q.shape
+        s = _lib.JobSpec()
+        s.struct_size = ctypes.sizeof(s)
+        s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim = B, S, H, k.shape[2], D
+        s.dtype = _DTYPES[q.dtype]
+        s.causal = self.causal
+        s.layout = self.layout
+        s.ring_size = self.ring_size
+        s.scale = self.scale if self.scale is not None else 0.0
+        s.step_timeout_s = self.client.step_timeout
+        s.ttl_s = self.client.ttl
+        s.no_queue = self.client.no_queue
+        arr = None
+        if self.cu_seqlens is not None:
+            arr = (ctypes.c_int64 * len(self.cu_seqlens))(*self.cu_seqlens)
+            s.cu_seqlens = arr
+            s.n_cu_seqlens = len(self.cu_seqlens)
+        if self.window is not None:
+            s.has_window = True
+            s.window_left, s.window_right = self.window
+        return s, arr
+
+
+def _host(t):
+    """A contiguous host tensor with t's values: t itself when it already is
+    one; a CUDA tensor goes through pinned memory."""
+    if t.device.type == "cpu":
+        return t.contiguous()
+    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    h.copy_(t)
+    return h
+
+
+def _empty(shape, dtype, device):
+    pin = device.type == "cuda"
+    return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+
+def _back(t, device):
+    return t if device.type == "cpu" else t.to(device, non_blocking=False)
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _forward(cfg, q, k, v, keep):
+    """Runs the forward pass: (O, LSE, Job or None), on q's device."""
+    qh, kh, vh = _host(q), _host(k), _host(v)
+    B, S, H, _ = q.shape
+    o = _empty(qh.shape, q.dtype, q.device)
+    lse = _empty((B, H, S), torch.float32, q.device)
+    spec, arr = cfg.spec(qh, kh)
+    job = cfg.client.forward(spec, _ptr(qh), _ptr(kh), _ptr(vh), _ptr(o), _ptr(lse), keep)
+    del arr
+    return _back(o, q.device), _back(lse, q.device), job
+
+
+def _backward(cfg, job, q, k, v, do):
+    """dQ, dK, dV: on the kept job, or (recompute mode, or a job lost since)
+    by running the forward pass again on the service first."""
+    doh = _host(do)
+    dq = _empty(q.shape, q.dtype, q.device)
+    dk = _empty(k.shape, k.dtype, k.device)
+    dv = _empty(v.shape, v.dtype, v.device)
+    if job is None or not job.alive:
+        _, _, job = _forward(cfg, q, k, v, keep=True)
+    try:
+        job.backward(_ptr(doh), _ptr(dq), _ptr(dk), _ptr(dv))
+    finally:
+        job.release()
+    return _back(dq, q.device), _back(dk, k.device), _back(dv, v.device)
+
+
+class AttentionFunction(torch.autograd.Function):
+    """The differentiable call; use stria.attention(). LSE is an output but
+    not differentiable (as in flash_attn)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cfg):
+        o, lse, job = _forward(cfg, q, k, v, keep=cfg.client._may_keep())
+        ctx.cfg = cfg
+        ctx.job = job
+        ctx.save_for_backward(q, k, v)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, _dlse):
+        q, k, v = ctx.saved_tensors
+        job, ctx.job = ctx.job, None
+        dq, dk, dv = _backward(ctx.cfg, job, q, k, v, do)
+        return dq, dk, dv, None
+
+
+def _check_tensors(q, k, v, what="q, k, v"):
+    for name, t in zip("qkv", (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"stria: {name} must be a torch.Tensor, not {type(t).__name__}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"stria: dtype {q.dtype} is not supported (float32, bfloat16, float16)")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"stria: {what} must share a dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"stria: {what} must be on one device "
+                         f"(got {q.device}, {k.device}, {v.device})")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"stria: tensors on {q.device} are not supported (cpu or cuda)")
+
+
+def _window(window_size, causal):
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"stria: window_size must be a pair of ints, not {window_size!r}")
+    if left < -1 or right < -1:
+        raise ValueError(f"stria: window_size {window_size!r}: -1 (unbounded) or >= 0 expected")
+    if causal:
+        right = 0  # as flash_attn: causal bounds the right side at the query
+        if left == -1:
+            return None
+    elif left == -1 and right == -1:
+        return None
+    return (left, right)
+
+
+def _cu_seqlens(cu):
+    if cu is None:
+        return None
+    if isinstance(cu, torch.Tensor):
+        if cu.dim() != 1 or cu.dtype.is_floating_point or cu.dtype == torch.bool:
+            raise ValueError("stria: cu_seqlens must be a 1-D integer tensor")
+        return tuple(int(x) for x in cu.tolist())
+    try:
+        return tuple(int(x) for x in cu)
+    except (TypeError, ValueError):
+        raise ValueError(f"stria: cu_seqlens must be a sequence of ints, not {cu!r}")
+
+
+def _layout(layout):
+    if layout not in _lib.LAYOUTS:
+        raise ValueError(f"stria: unknown layout {layout!r} (expected one of "
+                         f"{', '.join(_lib.LAYOUTS)})")
+    return _lib.LAYOUTS[layout]
+
+
+def attention(q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1), cu_seqlens=None,
+              layout="auto", ring_size=0, return_lse=False, client=None):
+    """Exact attention over whole sequences through the stria service.
+
+    q: [B, S, H, D]; k, v: [B, S, Hkv, D] (H a multiple of Hkv), float32,
+    bfloat16 or float16, any strides, on the CPU or a CUDA device. Returns O
+    [B, S, H, D] in q's dtype on q's device, and with return_lse also LSE
+    [B, H, S] float32 (natural log; not differentiable).
+
+    causal, softmax_scale (default 1/sqrt(D)), window_size (flash_attn's:
+    a query at p sees keys in [p - left, p + right], -1 unbounded; causal
+    bounds the right side at 0) and cu_seqlens (documents, as flash_attn
+    varlen: 0 first, S last, applied to every batch row) say what is
+    computed. layout: how tokens are dealt to the ring ("auto": the service
+    chooses; "striped", "contiguous", "zigzag"); ring_size: ranks (0: every
+    healthy worker). client: a stria.Client (default: stria.default_client()).
+
+    Differentiable in q, k and v. Under no_grad (or when no input requires
+    grad) the service's job is released at once.
+    """
+    _check_tensors(q, k, v)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"stria: q, k, v must be 4-D [B, S, H, D] (got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)})")
+    B, S, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"stria: k and v must have one shape (got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)})")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"stria: k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch "
+                         f"or head_dim")
+    if k.shape[1] != S:
+        raise NotImplementedError(
+            f"stria: q and k must have the same sequence length (got {S} and {k.shape[1]}): "
+            f"the service computes attention within one sequence (no KV cache)")
+    if min(B, S, H, D, k.shape[2]) == 0:
+        raise ValueError(f"stria: empty tensors (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if H % k.shape[2] != 0:
+        raise ValueError(f"stria: q's {H} heads are not a multiple of k's {k.shape[2]}")
+    if softmax_scale is not None:
+        if not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale) or \
+                softmax_scale <= 0:
+            raise ValueError(f"stria: softmax_scale must be a finite number > 0, not "
+                             f"{softmax_scale!r}")
+        softmax_scale = float(softmax_scale)
+    if not isinstance(ring_size, int) or ring_size < 0:
+        raise ValueError(f"stria: ring_size must be an int >= 0, not {ring_size!r}")
+    cfg = _Config(client if client is not None else default_client(), bool(causal),
+                  softmax_scale, _window(window_size, bool(causal)), _cu_seqlens(cu_seqlens),
+                  _layout(layout), ring_size)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o, lse = AttentionFunction.apply(q, k, v, cfg)
+    else:
+        o, lse, _ = _forward(cfg, q.detach(), k.detach(), v.detach(), keep=False)
+    return (o, lse) if return_lse else o
+
+
+def _unsupported(dropout_p, softcap, alibi_slopes):
+    if dropout_p:
+        raise NotImplementedError(f"stria: dropout_p={dropout_p} is not supported (0.0 only)")
+    if softcap:
+        raise NotImplementedError(f"stria: softcap={softcap} is not supported (0.0 only)")
+    if alibi_slopes is not None:
+        raise NotImplementedError("stria: alibi_slopes are not supported (None only)")
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash_attn.flash_attn_func (2.8) through stria: q [B, S, H, D], k, v
+    [B, S, Hkv, D]. Always deterministic. With return_attn_probs returns
+    (out, softmax_lse [B, H, S], None): stria never forms the probabilities.
+    dropout_p, softcap and alibi_slopes other than the defaults raise
+    NotImplementedError."""
+    _unsupported(dropout_p, softcap, alibi_slopes)
+    out = attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                    window_size=window_size, return_lse=return_attn_probs)
+    if return_attn_probs:
+        return out[0], out[1], None
+    return out
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
+    """flash_attn.flash_attn_varlen_func (2.8) through stria: q [total, H, D],
+    k, v [total, Hkv, D], documents cu_seqlens_q (which must equal
+    cu_seqlens_k). With return_attn_probs returns (out, softmax_lse
+    [H, total], None). Different q/k documents, block_table, dropout_p,
+    softcap and alibi_slopes raise NotImplementedError."""
+    _unsupported(dropout_p, softcap, alibi_slopes)
+    if block_table is not None:
+        raise NotImplementedError("stria: block_table (paged KV cache) is not supported")
+    cq, ck = _cu_seqlens(cu_seqlens_q), _cu_seqlens(cu_seqlens_k)
+    if cq != ck:
+        raise NotImplementedError("stria: cu_seqlens_q and cu_seqlens_k must be equal (the "
+                                  "service computes self-attention within each document)")
+    _check_tensors(q, k, v)
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"stria: varlen q, k, v must be 3-D [total, H, D] (got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)})")
+    if cq is not None and max_seqlen_q is not None and len(cq) > 1:
+        longest = max(b - a for a, b in zip(cq, cq[1:]))
+        if longest > int(max_seqlen_q):
+            raise ValueError(f"stria: max_seqlen_q {max_seqlen_q} is below the longest "
+                             f"document ({longest} tokens)")
+    out = attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal=causal,
+                    softmax_scale=softmax_scale, window_size=window_size, cu_seqlens=cq,
+                    return_lse=return_attn_probs)
+    if return_attn_probs:
+        return out[0].squeeze(0), out[1].squeeze(0), None
+    return out.squeeze(0)

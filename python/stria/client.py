@@ -1,0 +1,230 @@
+"""stria.Client: one connection to the coordinator, safe to share between
+threads.
+
+libstria's rule is one thread at a time per client and its jobs, so every
+call takes the client's lock (PyTorch runs backward on its own threads); the
+GIL is released during the C calls (ctypes does), so other Python threads
+run meanwhile. Jobs whose last Python reference goes away (a graph dropped
+without backward) are released by a finalizer: at once when the lock is
+free, otherwise by the thread that holds it, before it lets go.
+"""
+
+import atexit
+import ctypes
+import os
+import threading
+import weakref
+
+from . import _lib
+
+DEFAULT_COORDINATOR = "127.0.0.1:7400"
+
+
+class Job:
+    """A job held on the service between forward and backward.
+
+    ``release()`` frees the workers' memory; it also happens when the object
+    is garbage-collected and when its client closes."""
+
+    def __init__(self, client, ptr):
+        self._client = client
+        self._ptr = ptr
+        L = _lib.lib()
+        self.id = int(L.stria_job_id(ptr))
+        self.ring_size = int(L.stria_job_ring_size(ptr))
+        self.layout = _lib.LAYOUT_NAMES.get(int(L.stria_job_layout(ptr)), "unknown")
+        self._finalizer = weakref.finalize(self, client._release_ptr, ptr)
+
+    @property
+    def alive(self):
+        return self._finalizer.alive and not self._client.closed
+
+    def backward(self, d_o, dq, dk, dv, stats=None):
+        """dO in, dQ/dK/dV out (addresses of contiguous host buffers)."""
+        if not self.alive:
+            raise RuntimeError(f"stria job {self.id} was released")
+        st = stats if stats is not None else None
+        self._client._locked(
+            lambda: _lib.check(_lib.lib().stria_client_backward(
+                self._ptr, d_o, dq, dk, dv, None, None,
+                ctypes.byref(st) if st is not None else None)))
+
+    def release(self):
+        self._finalizer()
+
+
+class Client:
+    """A connection to a stria coordinator.
+
+    coordinator: "HOST:PORT"; default ``$STRIA_COORDINATOR``, else
+    127.0.0.1:7400. token_file: the service's token file; default
+    ``$STRIA_TOKEN_FILE`` (none when unset). keep_jobs: how many jobs forward
+    may keep open for backward (0, the default: forward releases its job and
+    backward recomputes the forward pass on the service, so no worker memory
+    is held between them; beyond the bound forward falls back to that).
+    step_timeout, ttl: per-job deadlines in seconds (0: the service's).
+    no_queue: fail with BusyError instead of waiting for workers.
+    """
+
+    def __init__(self, coordinator=None, token_file=None, *, connect_timeout=0.0,
+                 rpc_timeout=0.0, name="stria-python", keep_jobs=0, step_timeout=0.0, ttl=0.0,
+                 no_queue=False):
+        L = _lib.lib()
+        self.coordinator = coordinator or os.environ.get("STRIA_COORDINATOR") or \
+            DEFAULT_COORDINATOR
+        token_file = token_file or os.environ.get("STRIA_TOKEN_FILE") or None
+        if keep_jobs < 0:
+            raise ValueError(f"keep_jobs must be >= 0, not {keep_jobs}")
+        self.keep_jobs = int(keep_jobs)
+        self.step_timeout = float(step_timeout)
+        self.ttl = float(ttl)
+        self.no_queue = bool(no_queue)
+        self.closed = False
+        self._lock = threading.Lock()
+        self._pending = []  # job pointers a finalizer could not release at once
+        self._pending_lock = threading.Lock()
+        self._kept = 0
+        self._ptrs = set()  # open jobs' pointers
+        p = _lib.ClientParams()
+        p.struct_size = ctypes.sizeof(p)
+        p.coordinator = self.coordinator.encode()
+        p.token_file = token_file.encode() if token_file else None
+        p.connect_timeout_s = connect_timeout
+        p.rpc_timeout_s = rpc_timeout
+        p.client_name = name.encode()
+        ptr = ctypes.c_void_p()
+        _lib.check(L.stria_client_connect(ctypes.byref(p), ctypes.byref(ptr)))
+        self._ptr = ptr
+
+    # ---- locking ---------------------------------------------------------
+
+    def _drain_locked(self):
+        while True:
+            with self._pending_lock:
+                if not self._pending:
+                    return
+                ptr = self._pending.pop()
+            self._release_locked(ptr)
+
+    def _unlock(self):
+        """Lets go of the lock, first releasing what finalizers queued; a
+        finalizer that queued while we held the lock relies on this."""
+        while True:
+            self._drain_locked()
+            self._lock.release()
+            with self._pending_lock:
+                if not self._pending:
+                    return
+            if not self._lock.acquire(blocking=False):
+                return  # the new holder drains
+
+    def _locked(self, fn):
+        if self.closed:
+            raise RuntimeError("stria client is closed")
+        self._lock.acquire()
+        try:
+            if self.closed:
+                raise RuntimeError("stria client is closed")
+            return fn()
+        finally:
+            self._unlock()
+
+    def _release_locked(self, ptr):
+        if ptr.value in self._ptrs:
+            self._ptrs.discard(ptr.value)
+            self._kept -= 1
+            _lib.lib().stria_client_release(ptr)
+
+    def _release_ptr(self, ptr):
+        """A Job's finalizer: any thread, maybe one that holds the lock."""
+        if self.closed:
+            return
+        with self._pending_lock:
+            self._pending.append(ptr)
+        if self._lock.acquire(blocking=False):
+            self._unlock()
+
+    # ---- calls -----------------------------------------------------------
+
+    def _may_keep(self):
+        return self._kept < self.keep_jobs
+
+    def forward(self, spec, q, k, v, o, lse, keep, stats=None):
+        """One forward call (addresses of contiguous host buffers). Returns a
+        Job when keep is true, else releases the job and returns None."""
+        L = _lib.lib()
+
+        def call():
+            job = ctypes.c_void_p()
+            _lib.check(L.stria_client_forward(
+                self._ptr, ctypes.byref(spec), q, k, v, o, lse, None, None,
+                ctypes.byref(stats) if stats is not None else None, ctypes.byref(job)))
+            if not keep:
+                L.stria_client_release(job)
+                return None
+            self._ptrs.add(job.value)
+            self._kept += 1
+            return job
+
+        ptr = self._locked(call)
+        return Job(self, ptr) if ptr is not None else None
+
+    def close(self):
+        """Releases every open job and closes the connection (idempotent)."""
+        if self.closed:
+            return
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._ptrs.clear()
+            _lib.lib().stria_client_close(self._ptr)
+
+    @property
+    def jobs_kept(self):
+        """Jobs held open for backward now."""
+        return self._kept
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return f"stria.Client({self.coordinator!r}{', closed' if self.closed else ''})"
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_client():
+    """The client that calls without ``client=`` use: made on first use from
+    the environment (STRIA_COORDINATOR, STRIA_TOKEN_FILE), closed at exit."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = Client()
+        return _default
+
+
+def set_default_client(client):
+    """Makes `client` (or None: a fresh one from the environment on next
+    use) the default; returns the previous one (not closed)."""
+    global _default
+    with _default_lock:
+        prev, _default = _default, client
+        return prev
+
+
+@atexit.register
+def _close_default():
+    if _default is not None:
+        _default.close()

@@ -1,0 +1,444 @@
+/* Writes the seed corpora of the fuzz targets: corpus/<target>/seed-*.
+ * Run it after a change of the protocol, the frame or a file format, then
+ * commit the result (regression inputs, corpus/<target>/crash-*, stay):
+ *   cmake --build build --target fuzz_gen_seeds && build/fuzz/fuzz_gen_seeds tests/fuzz/corpus
+ * The seeds are valid and near-valid inputs of each parser, so that the
+ * fuzzer starts past the first checks. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "proto_types.h"
+#include "stria_rpc.h"
+#include "ucx_int.h"
+
+static const char *root;
+
+typedef struct {
+    uint8_t *b;
+    size_t n, cap;
+} buf_t;
+
+static void put(buf_t *b, const void *p, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 256;
+        b->b = realloc(b->b, b->cap);
+        if (b->b == NULL)
+            abort();
+    }
+    memcpy(b->b + b->n, p, n);
+    b->n += n;
+}
+
+static void save(const char *target, const char *name, const buf_t *b)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", root, target);
+    mkdir(path, 0755);
+    snprintf(path, sizeof(path), "%s/%s/seed-%s", root, target, name);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(b->b, 1, b->n, f) != b->n || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
+static void save_text(const char *target, const char *name, const char *text)
+{
+    buf_t b = {0};
+    put(&b, text, strlen(text));
+    save(target, name, &b);
+    free(b.b);
+}
+
+/* ---- RPC frames ----------------------------------------------------------- */
+
+static void frame(buf_t *b, uint16_t flags, uint32_t method, uint64_t id, const ProtobufCMessage *m,
+                  const void *payload, uint64_t payload_len)
+{
+    size_t pb = m ? protobuf_c_message_get_packed_size(m) : 0;
+    stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
+                            .version = STRIA_RPC_VERSION,
+                            .flags = flags,
+                            .method = method,
+                            .request_id = id,
+                            .pb_len = (uint32_t)pb,
+                            .timeout_ms = 5000,
+                            .payload_len = payload_len};
+    uint8_t hdr[STRIA_RPC_HEADER_SIZE];
+    stria_rpc_header_encode(&h, hdr);
+    put(b, hdr, sizeof(hdr));
+    if (pb > 0) {
+        uint8_t *tmp = malloc(pb);
+        protobuf_c_message_pack(m, tmp);
+        put(b, tmp, pb);
+        free(tmp);
+    }
+    if (payload_len > 0)
+        put(b, payload, payload_len);
+}
+
+static void hello(buf_t *b, const char *service, const char *token)
+{
+    Stria__V1__HelloRequest h = STRIA__V1__HELLO_REQUEST__INIT;
+    h.protocol_version = STRIA_RPC_VERSION;
+    h.software_version = "0.1.0";
+    h.service = (char *)service;
+    h.token = (char *)(token ? token : "");
+    h.client_name = "fuzz-seed";
+    frame(b, STRIA_RPC_FLAG_HELLO, 0, 1, &h.base, NULL, 0);
+}
+
+static Stria__V1__RegisterWorkerRequest reg_req(const char *rpc, uint64_t incarnation)
+{
+    Stria__V1__RegisterWorkerRequest r = STRIA__V1__REGISTER_WORKER_REQUEST__INIT;
+    r.rpc_address = (char *)rpc;
+    r.ucx_address = "127.0.0.1:9001";
+    r.host = "node-a";
+    r.device = "cpu";
+    r.memory_bytes = (uint64_t)1 << 30;
+    r.software_version = "0.1.0";
+    r.kernel_variant = "portable";
+    r.incarnation = incarnation;
+    return r;
+}
+
+static void coordinator_seeds(void)
+{
+    const char *svc = stria__v1__coordinator__descriptor.name;
+    buf_t b = {0};
+    uint8_t sel = 0;
+
+    /* a worker's life: register, heartbeat with a job, report, deregister */
+    put(&b, &sel, 1);
+    hello(&b, svc, NULL);
+    Stria__V1__RegisterWorkerRequest r = reg_req("127.0.0.1:9000", 42);
+    frame(&b, 0, STRIA_RPC_COORDINATOR_REGISTER_WORKER, 2, &r.base, NULL, 0);
+    Stria__V1__WorkerJobStatus js = STRIA__V1__WORKER_JOB_STATUS__INIT, *jsp = &js;
+    js.job_id = 1;
+    js.phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    js.idle_ms = 10;
+    Stria__V1__HeartbeatRequest hb = STRIA__V1__HEARTBEAT_REQUEST__INIT;
+    hb.worker_id = 1;
+    hb.incarnation = 42;
+    hb.n_jobs = 1;
+    hb.jobs = &jsp;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_HEARTBEAT, 3, &hb.base, NULL, 0);
+    Stria__V1__ReportJobRequest rep = STRIA__V1__REPORT_JOB_REQUEST__INIT;
+    rep.worker_id = 1;
+    rep.job_id = 1;
+    rep.event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED;
+    rep.message = "";
+    frame(&b, 0, STRIA_RPC_COORDINATOR_REPORT_JOB, 4, &rep.base, NULL, 0);
+    Stria__V1__DeregisterWorkerRequest de = STRIA__V1__DEREGISTER_WORKER_REQUEST__INIT;
+    de.worker_id = 1;
+    de.incarnation = 42;
+    de.reason = "shut down";
+    frame(&b, 0, STRIA_RPC_COORDINATOR_DEREGISTER_WORKER, 5, &de.base, NULL, 0);
+    save("rpc_stream", "coordinator-worker", &b);
+
+    /* a client's job: two workers register, submit, get, list, release */
+    b.n = 0;
+    put(&b, &sel, 1);
+    hello(&b, svc, NULL);
+    Stria__V1__RegisterWorkerRequest r1 = reg_req("127.0.0.1:9100", 7);
+    Stria__V1__RegisterWorkerRequest r2 = reg_req("127.0.0.1:9101", 8);
+    frame(&b, 0, STRIA_RPC_COORDINATOR_REGISTER_WORKER, 2, &r1.base, NULL, 0);
+    frame(&b, 0, STRIA_RPC_COORDINATOR_REGISTER_WORKER, 3, &r2.base, NULL, 0);
+    Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
+    Stria__V1__JobSpec__Window win = STRIA__V1__JOB_SPEC__WINDOW__INIT;
+    int64_t cu[] = {0, 5, 64};
+    spec.batch = 1;
+    spec.seq_len = 64;
+    spec.heads = 2;
+    spec.kv_heads = 1;
+    spec.head_dim = 16;
+    spec.causal = true;
+    spec.ring_size = 2;
+    spec.ttl_s = 60;
+    spec.step_timeout_ms = 1000;
+    spec.label = "seed";
+    spec.n_cu_seqlens = 3;
+    spec.cu_seqlens = cu;
+    win.left = 16;
+    win.right = 0;
+    spec.window = &win;
+    Stria__V1__SubmitJobRequest sub = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    sub.spec = &spec;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_SUBMIT_JOB, 4, &sub.base, NULL, 0);
+    Stria__V1__GetJobRequest gj = STRIA__V1__GET_JOB_REQUEST__INIT;
+    gj.job_id = 1;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_GET_JOB, 5, &gj.base, NULL, 0);
+    Stria__V1__ListJobsRequest lj = STRIA__V1__LIST_JOBS_REQUEST__INIT;
+    lj.include_finished = true;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_LIST_JOBS, 6, &lj.base, NULL, 0);
+    Stria__V1__ReleaseJobRequest rj = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
+    rj.job_id = 1;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_RELEASE_JOB, 7, &rj.base, NULL, 0);
+    save("rpc_stream", "coordinator-client", &b);
+
+    /* admin: status, ring, workers, drain, cancel */
+    b.n = 0;
+    put(&b, &sel, 1);
+    hello(&b, svc, NULL);
+    Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_GET_STATUS, 2, &gs.base, NULL, 0);
+    Stria__V1__GetRingRequest gr = STRIA__V1__GET_RING_REQUEST__INIT;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_GET_RING, 3, &gr.base, NULL, 0);
+    Stria__V1__ListWorkersRequest lw = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_LIST_WORKERS, 4, &lw.base, NULL, 0);
+    Stria__V1__DrainWorkerRequest dr = STRIA__V1__DRAIN_WORKER_REQUEST__INIT;
+    dr.worker_id = 1;
+    dr.drain = true;
+    frame(&b, 0, STRIA_RPC_COORDINATOR_DRAIN_WORKER, 5, &dr.base, NULL, 0);
+    Stria__V1__CancelJobRequest cj = STRIA__V1__CANCEL_JOB_REQUEST__INIT;
+    cj.job_id = 1;
+    cj.reason = "seed";
+    frame(&b, 0, STRIA_RPC_COORDINATOR_CANCEL_JOB, 6, &cj.base, NULL, 0);
+    save("rpc_stream", "coordinator-admin", &b);
+
+    /* framing faults: a request before the hello, a bad magic, a truncated frame */
+    b.n = 0;
+    put(&b, &sel, 1);
+    frame(&b, 0, STRIA_RPC_COORDINATOR_GET_STATUS, 2, &gs.base, NULL, 0);
+    save("rpc_stream", "no-hello", &b);
+    b.n = 0;
+    put(&b, &sel, 1);
+    hello(&b, svc, NULL);
+    put(&b, "GET / HTTP/1.1\r\n\r\n", 18);
+    put(&b, "0123456789012345678901234567890123456789", 40);
+    save("rpc_stream", "bad-magic", &b);
+    b.n = 0;
+    put(&b, &sel, 1);
+    hello(&b, svc, NULL);
+    frame(&b, 0, STRIA_RPC_COORDINATOR_SUBMIT_JOB, 4, &sub.base, NULL, 0);
+    b.n -= 3;
+    save("rpc_stream", "truncated", &b);
+    free(b.b);
+}
+
+static void worker_seeds(void)
+{
+    const char *svc = stria__v1__worker__descriptor.name;
+    static uint8_t bytes[256];
+    buf_t b = {0};
+    uint8_t sel = 1;
+
+    put(&b, &sel, 1);
+    hello(&b, svc, "fuzz-client-token");
+    Stria__V1__PutInputRequest pi = STRIA__V1__PUT_INPUT_REQUEST__INIT;
+    for (uint64_t job = 0; job < 5; job++) { /* each way the stub takes a payload */
+        pi.job_id = job + 5;
+        pi.tensor = STRIA__V1__TENSOR__TENSOR_K;
+        pi.offset = 0;
+        pi.total_bytes = sizeof(bytes);
+        frame(&b, 0, STRIA_RPC_WORKER_PUT_INPUT, 2 + job, &pi.base, bytes, sizeof(bytes));
+    }
+    Stria__V1__RunForwardRequest rf = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
+    rf.job_id = 5;
+    frame(&b, 0, STRIA_RPC_WORKER_RUN_FORWARD, 6, &rf.base, NULL, 0);
+    Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+    go.job_id = 5;
+    go.tensor = STRIA__V1__TENSOR__TENSOR_O;
+    go.offset = 1;
+    go.max_bytes = 100;
+    frame(&b, 0, STRIA_RPC_WORKER_GET_OUTPUT, 7, &go.base, NULL, 0);
+    go.offset = 0;
+    frame(&b, 0, STRIA_RPC_WORKER_GET_OUTPUT, 8, &go.base, NULL, 0);
+    Stria__V1__DropJobRequest dj = STRIA__V1__DROP_JOB_REQUEST__INIT;
+    dj.job_id = 7;
+    frame(&b, 0, STRIA_RPC_WORKER_DROP_JOB, 9, &dj.base, NULL, 0);
+    Stria__V1__RunBackwardRequest rb = STRIA__V1__RUN_BACKWARD_REQUEST__INIT;
+    rb.job_id = 5;
+    frame(&b, 0, STRIA_RPC_WORKER_RUN_BACKWARD, 10, &rb.base, NULL, 0);
+    save("rpc_stream", "worker-client", &b);
+
+    b.n = 0;
+    put(&b, &sel, 1);
+    hello(&b, svc, "fuzz-admin-token");
+    frame(&b, 0, STRIA_RPC_WORKER_RUN_BACKWARD, 2, &rb.base, NULL, 0);
+    for (int i = 0; i < 12; i++) /* more than the server's in-flight limit */
+        frame(&b, 0, STRIA_RPC_WORKER_RUN_FORWARD, 3 + (uint64_t)i, &rf.base, NULL, 0);
+    save("rpc_stream", "worker-admin", &b);
+
+    b.n = 0;
+    put(&b, &sel, 1);
+    hello(&b, svc, "wrong-token");
+    save("rpc_stream", "worker-wrong-token", &b);
+    free(b.b);
+}
+
+/* ---- protobuf messages, one per type --------------------------------------- */
+
+static void proto_seeds(void)
+{
+    fuzz_types_t t;
+    if (fuzz_types_init(&t) != 0)
+        abort();
+    for (size_t i = 0; i < t.n; i++) {
+        /* every field set to a small value, nested messages once */
+        const ProtobufCMessageDescriptor *d = t.d[i];
+        ProtobufCMessage *m = calloc(1, d->sizeof_message);
+        uint8_t sel = (uint8_t)i;
+        buf_t b = {0};
+        d->message_init(m);
+        for (unsigned f = 0; f < d->n_fields; f++) {
+            const ProtobufCFieldDescriptor *fd = &d->fields[f];
+            void *p = (char *)m + fd->offset;
+            if (fd->label == PROTOBUF_C_LABEL_REPEATED)
+                continue;
+            switch (fd->type) {
+            case PROTOBUF_C_TYPE_UINT32:
+            case PROTOBUF_C_TYPE_INT32:
+            case PROTOBUF_C_TYPE_SINT32:
+            case PROTOBUF_C_TYPE_ENUM:
+                *(uint32_t *)p = 1;
+                break;
+            case PROTOBUF_C_TYPE_UINT64:
+            case PROTOBUF_C_TYPE_INT64:
+            case PROTOBUF_C_TYPE_SINT64:
+                *(uint64_t *)p = 1000;
+                break;
+            case PROTOBUF_C_TYPE_BOOL:
+                *(protobuf_c_boolean *)p = 1;
+                break;
+            case PROTOBUF_C_TYPE_FLOAT:
+                *(float *)p = 0.5f;
+                break;
+            case PROTOBUF_C_TYPE_STRING:
+                *(const char **)p = "seed";
+                break;
+            default:
+                break;
+            }
+        }
+        put(&b, &sel, 1);
+        size_t n = protobuf_c_message_get_packed_size(m);
+        uint8_t *tmp = malloc(n + 1);
+        protobuf_c_message_pack(m, tmp);
+        put(&b, tmp, n);
+        char name[128];
+        snprintf(name, sizeof(name), "%02zu-%s", i, d->short_name);
+        save("proto", name, &b);
+        free(tmp);
+        free(b.b);
+        free(m);
+    }
+}
+
+/* ---- UCX control messages ------------------------------------------------------ */
+
+static void ucx_seeds(void)
+{
+    static const char *const names[] = {"", "hello", "ack", "abort", "bye", "ping"};
+    for (uint16_t type = STRIA__CTRL_HELLO; type <= STRIA__CTRL_PING; type++) {
+        stria__ctrl_t c;
+        uint8_t out[STRIA__UCX_CTRL_MAX];
+        memset(&c, 0, sizeof(c));
+        c.type = type;
+        c.job_id = 7;
+        c.ring_id = 3;
+        c.rank = 1;
+        c.size = 4;
+        c.slot = 2;
+        c.origin = type == STRIA__CTRL_ABORT ? 2 : -1;
+        c.status = type == STRIA__CTRL_ABORT ? STRIA_ERR_PEER : 0;
+        snprintf(c.text, sizeof(c.text), "%s", type == STRIA__CTRL_ABORT ? "rank 2: stalled" : "");
+        buf_t b = {0};
+        put(&b, out, stria__ucx_ctrl_encode(&c, out));
+        save("ucx_ctrl", names[type], &b);
+        free(b.b);
+    }
+}
+
+/* ---- files ---------------------------------------------------------------------- */
+
+static void npy(const char *name, int version, const char *descr, const char *shape, size_t bytes)
+{
+    char hdr[256];
+    int n = snprintf(hdr, sizeof(hdr), "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                     descr, shape);
+    buf_t b = {0};
+    size_t pre = version == 1 ? 10 : 12;
+    while ((pre + (size_t)n + 1) % 64 != 0)
+        hdr[n++] = ' ';
+    hdr[n++] = '\n';
+    put(&b, "\x93NUMPY", 6);
+    uint8_t v[2] = {(uint8_t)version, 0};
+    put(&b, v, 2);
+    uint8_t len[4] = {(uint8_t)n, (uint8_t)(n >> 8), 0, 0};
+    put(&b, len, version == 1 ? 2 : 4);
+    put(&b, hdr, (size_t)n);
+    for (size_t i = 0; i < bytes; i++) {
+        uint8_t x = (uint8_t)(i * 37);
+        put(&b, &x, 1);
+    }
+    save("npy", name, &b);
+    free(b.b);
+}
+
+static void file_seeds(void)
+{
+    npy("f4-2x3", 1, "<f4", "(2, 3)", 24);
+    npy("f2-4", 1, "<f2", "(4,)", 8);
+    npy("f8-scalar", 2, "<f8", "()", 8);
+    npy("f4-empty", 3, "<f4", "(0, 5)", 0);
+    npy("f4-truncated", 1, "<f4", "(1000,)", 40);
+
+    save_text("config", "daemon",
+              "# a daemon's file\nlisten = 0.0.0.0:7400\nname = coordinator one\n"
+              "count = 12\nmemory = 64G\nratio = 0.25\nperiod = 500ms\ncausal = yes\n"
+              "ranks = 0,1,2,3\npeers = a,b\neven = 4\n");
+    buf_t b = {0};
+    put(&b, "period = 2s\n", 12);
+    put(&b, "\0--count=3\n--verbose\n--no-queue\n--listen=[::1]:80", 49);
+    save("config", "flags", &b);
+    free(b.b);
+    save_text("config", "bad", "listen 1.2.3.4\nunknown = 3\nsecret = x\n");
+
+    save_text("http", "get", "\x07GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    save_text("http", "head", "\x3fHEAD /metrics?x=1 HTTP/1.0\n\n");
+    save_text("http", "post", "\x01POST /metrics HTTP/1.1\r\n\r\n");
+    save_text("http", "other", "\x10GET /other HTTP/1.1\r\n\r\n");
+
+    b = (buf_t){0};
+    put(&b,
+        "\0"
+        "127.0.0.1:7400",
+        15);
+    save("addr", "v4", &b);
+    b.n = 0;
+    put(&b, "\0[::1]:65535", 12);
+    save("addr", "v6", &b);
+    free(b.b);
+    save_text("addr", "token", "\x01  s3cret-token \r\nsecond line\n");
+    save_text("addr", "equal",
+              "\x02"
+              "abcdabcd");
+    save_text("addr", "bytes",
+              "\x03"
+              "64GiB");
+    save_text("addr", "duration",
+              "\x04"
+              "1.5m");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s CORPUS_DIR (tests/fuzz/corpus)\n", argv[0]);
+        return 2;
+    }
+    root = argv[1];
+    mkdir(root, 0755);
+    coordinator_seeds();
+    worker_seeds();
+    proto_seeds();
+    ucx_seeds();
+    file_seeds();
+    return 0;
+}
