@@ -310,12 +310,12 @@ static stria_status_t stria__cl_hello(stria_rpc_client_t *cl, double deadline)
         bool ok = rep->challenge == false && rep->proof.len == STRIA_AUTH_MAC_BYTES &&
                   stria_auth_equal(want, rep->proof.data, STRIA_AUTH_MAC_BYTES);
         if (!ok) {
+            const char *why = rep->proof.len == 0 ? "it checks no credential" : "wrong proof";
             stria__rpc_arena_destroy(arena);
             return stria_error_set(STRIA_ERR_AUTH,
                                    "%s did not prove that it knows the token (%s); refusing to "
                                    "talk to it",
-                                   cl->address,
-                                   rep->proof.len == 0 ? "it checks no credential" : "wrong proof");
+                                   cl->address, why);
         }
     }
     cl->roles = rep->roles;

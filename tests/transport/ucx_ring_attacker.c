@@ -136,18 +136,19 @@ static void send_done(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
-/* Sends an active message; the buffer (malloc'd) is freed when it is sent. */
-static void am_send(int i, unsigned id, const void *hdr, size_t hl, void *buf, size_t len,
-                    uint32_t flags)
+/* Sends an active message; its allocation (the header's when there is one,
+ * else the buffer's) is freed when it is sent. */
+static void am_send(int i, unsigned id, void *hdr, size_t hl, void *buf, size_t len, uint32_t flags)
 {
+    void *owned = hdr != NULL ? hdr : buf;
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
                              .cb = {.send = send_done},
-                             .user_data = buf,
+                             .user_data = owned,
                              .flags = flags};
     void *r = ucp_am_send_nbx(g.eps[i].ep, id, hdr, hl, buf, len, &p);
     if (r == NULL || UCS_PTR_IS_ERR(r))
-        free(buf);
+        free(owned);
     else
         g.inflight++;
 }
@@ -231,14 +232,16 @@ static int do_inject(const opts_t *o)
                     progress_for(0.001);
                     continue;
                 }
-                uint8_t hdr[STRIA__UCX_DATA_HDR];
+                /* The header and the block in one buffer: UCX may read both
+                 * until the send completes (then the buffer is freed). */
+                uint8_t *hdr = malloc(STRIA__UCX_DATA_HDR + o->bytes);
+                uint8_t *buf = hdr + STRIA__UCX_DATA_HDR;
                 stria__ucx_data_hdr_encode(hdr, (uint32_t)slot, inject_tag(o, k));
-                uint8_t *buf = malloc(o->bytes);
                 memset(buf, 0x5a, o->bytes);
                 uint32_t flags = (sent & 1) ? UCP_AM_SEND_FLAG_REPLY : 0;
                 if (o->bytes >= STRIA__UCX_RNDV_MIN)
                     flags |= UCP_AM_SEND_FLAG_RNDV;
-                am_send(i, STRIA__UCX_AM_DATA, hdr, sizeof(hdr), buf, o->bytes, flags);
+                am_send(i, STRIA__UCX_AM_DATA, hdr, STRIA__UCX_DATA_HDR, buf, o->bytes, flags);
                 sent++;
                 k++;
             }
