@@ -485,15 +485,17 @@ static void stria__rank_upload(stria__phase_t *ph, stria__rank_t *r)
         return;
     }
     stria__xfer_t x = stria__rank_xfer(job, r);
+    stria__xfer_item_t items[3];
     for (int t = 0; t < ph->n_in; t++) {
         int64_t heads = (!ph->backward && t > 0) ? job->spec.kv_heads : job->spec.heads;
-        st = stria__xfer_put(&x, ph->backward ? STRIA__V1__TENSOR__TENSOR_DO : fwd_tensors[t],
-                             ph->in[t], job->spec.batch, stria__row_bytes(job, heads));
-        if (st != STRIA_OK) {
-            stria__capture_error(r, st, "upload");
-            return;
-        }
+        items[t] = (stria__xfer_item_t){.tensor = ph->backward ? STRIA__V1__TENSOR__TENSOR_DO
+                                                               : fwd_tensors[t],
+                                        .data = (void *)ph->in[t],
+                                        .outer = job->spec.batch,
+                                        .row = stria__row_bytes(job, heads)};
     }
+    if ((st = stria__xfer_put(&x, items, (size_t)ph->n_in)) != STRIA_OK)
+        stria__capture_error(r, st, "upload");
 }
 
 static void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
@@ -536,15 +538,22 @@ static void stria__rank_download(stria__phase_t *ph, stria__rank_t *r)
     static const Stria__V1__Tensor bwd_tensors[3] = {
         STRIA__V1__TENSOR__TENSOR_DQ, STRIA__V1__TENSOR__TENSOR_DK, STRIA__V1__TENSOR__TENSOR_DV};
     stria__xfer_t x = stria__rank_xfer(job, r);
-    stria_status_t st = STRIA_OK;
-    for (int t = 0; t < ph->n_out && st == STRIA_OK; t++) {
+    stria__xfer_item_t items[4];
+    size_t n = 0;
+    for (int t = 0; t < ph->n_out; t++) {
         int64_t heads = (ph->backward && t > 0) ? job->spec.kv_heads : job->spec.heads;
-        st = stria__xfer_get(&x, ph->backward ? bwd_tensors[t] : STRIA__V1__TENSOR__TENSOR_O,
-                             ph->out[t], job->spec.batch, stria__row_bytes(job, heads));
+        items[n++] = (stria__xfer_item_t){.tensor = ph->backward ? bwd_tensors[t]
+                                                                 : STRIA__V1__TENSOR__TENSOR_O,
+                                          .data = ph->out[t],
+                                          .outer = job->spec.batch,
+                                          .row = stria__row_bytes(job, heads)};
     }
-    if (st == STRIA_OK && !ph->backward)
-        st = stria__xfer_get(&x, STRIA__V1__TENSOR__TENSOR_LSE, ph->lse_out,
-                             job->spec.batch * job->spec.heads, sizeof(float));
+    if (!ph->backward)
+        items[n++] = (stria__xfer_item_t){.tensor = STRIA__V1__TENSOR__TENSOR_LSE,
+                                          .data = ph->lse_out,
+                                          .outer = job->spec.batch * job->spec.heads,
+                                          .row = sizeof(float)};
+    stria_status_t st = stria__xfer_get(&x, items, n);
     if (st != STRIA_OK)
         stria__capture_error(r, st, "download");
 }

@@ -99,70 +99,138 @@ static size_t stria__pieces(const stria__geom_t *g, uint64_t off, uint64_t len, 
     return n;
 }
 
-/* Moves the whole shard described by g, chunk by chunk. */
-static stria_status_t stria__chunks(const stria__xfer_t *x, const stria__geom_t *g,
-                                    Stria__V1__Tensor tensor, bool put)
+/* A tensor being moved: where its compact bytes lie, and its chunks. */
+typedef struct {
+    stria__geom_t g;
+    Stria__V1__Tensor tensor;
+    uint64_t seg, total;
+    bool cut;    /* chunks stop at batch rows (a padded shard) */
+    bool staged; /* through the staging buffer */
+    void *full;  /* staged: the caller's full tensor */
+} stria__item_t;
+
+/* A chunk of a batch: item i's bytes [at, at + n). */
+typedef struct {
+    size_t item;
+    uint64_t at, n;
+    Stria__V1__PutInputRequest put;
+    Stria__V1__GetOutputRequest get;
+} stria__chunk_t;
+
+/* The next chunk at (*cur, *off), advancing them; false when none is left. */
+static bool stria__next_chunk(const stria__item_t *it, size_t n_items, uint64_t chunk, size_t *cur,
+                              uint64_t *off, stria__chunk_t *c)
 {
-    uint64_t seg = (uint64_t)x->tokens * g->row, total = (uint64_t)g->outer * seg;
-    bool cut = x->layout->shard_tokens > x->tokens && g->outer > 1;
+    while (*cur < n_items && *off >= it[*cur].total) {
+        (*cur)++;
+        *off = 0;
+    }
+    if (*cur >= n_items)
+        return false;
+    const stria__item_t *t = &it[*cur];
+    uint64_t n = t->total - *off < chunk ? t->total - *off : chunk;
+    if (t->cut && n > t->seg - *off % t->seg)
+        n = t->seg - *off % t->seg;
+    c->item = *cur;
+    c->at = *off;
+    c->n = n;
+    *off += n;
+    return true;
+}
+
+static void stria__chunk_request(const stria__xfer_t *x, const stria__item_t *t, stria__chunk_t *c,
+                                 bool put, struct iovec *iov, size_t cnt, stria_rpc_request_t *rq)
+{
+    memset(rq, 0, sizeof(*rq));
+    rq->timeout_s = x->timeout_s;
+    if (put) {
+        c->put = (Stria__V1__PutInputRequest)STRIA__V1__PUT_INPUT_REQUEST__INIT;
+        c->put.job_id = x->job_id;
+        c->put.rank = (uint32_t)x->rank;
+        c->put.tensor = t->tensor;
+        c->put.offset = c->at;
+        c->put.total_bytes = t->total;
+        rq->method = STRIA_RPC_WORKER_PUT_INPUT;
+        rq->request = &c->put.base;
+        rq->payload_iov = iov;
+        rq->payload_iovcnt = cnt;
+    } else {
+        c->get = (Stria__V1__GetOutputRequest)STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+        c->get.job_id = x->job_id;
+        c->get.rank = (uint32_t)x->rank;
+        c->get.tensor = t->tensor;
+        c->get.offset = c->at;
+        c->get.max_bytes = c->n;
+        rq->method = STRIA_RPC_WORKER_GET_OUTPUT;
+        rq->request = &c->get.base;
+        rq->reply_iov = iov;
+        rq->reply_iovcnt = cnt;
+    }
+}
+
+#define STRIA__XFER_BATCH 8 /* chunks in flight on a connection */
+
+/* Moves every item, chunk by chunk, STRIA__XFER_BATCH chunks at a time
+ * pipelined on the connection. A shorter reply than asked (a worker with a
+ * smaller payload limit) resumes from where it stopped. */
+static stria_status_t stria__move(const stria__xfer_t *x, stria__item_t *it, size_t n_items,
+                                  bool put)
+{
     uint64_t chunk = STRIA__XFER_CHUNK, max = stria_rpc_client_max_payload(x->conn);
     if (put && max > 0 && max < chunk)
         chunk = max;
-    size_t cap = stria__max_pieces(g, chunk);
-    struct iovec *iov = malloc(cap * sizeof(*iov));
+    size_t cap = 0;
+    for (size_t i = 0; i < n_items; i++) {
+        size_t m = stria__max_pieces(&it[i].g, chunk);
+        cap = m > cap ? m : cap;
+    }
+    struct iovec *iov = malloc(STRIA__XFER_BATCH * cap * sizeof(*iov));
     if (iov == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for %zu transfer pieces", cap);
+    stria__chunk_t c[STRIA__XFER_BATCH];
+    stria_rpc_request_t rq[STRIA__XFER_BATCH];
+    stria_rpc_reply_t rep[STRIA__XFER_BATCH];
     stria_status_t st = STRIA_OK;
-    for (uint64_t off = 0; off < total && st == STRIA_OK;) {
-        uint64_t n = total - off < chunk ? total - off : chunk;
-        if (cut && n > seg - off % seg)
-            n = seg - off % seg;
-        size_t cnt = stria__pieces(g, off, n, iov);
-        stria_rpc_request_t rq;
-        stria_rpc_reply_t reply;
-        memset(&rq, 0, sizeof(rq));
-        memset(&reply, 0, sizeof(reply));
-        rq.timeout_s = x->timeout_s;
-        Stria__V1__PutInputRequest pr = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-        Stria__V1__GetOutputRequest gr = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-        if (put) {
-            pr.job_id = x->job_id;
-            pr.rank = (uint32_t)x->rank;
-            pr.tensor = tensor;
-            pr.offset = off;
-            pr.total_bytes = total;
-            rq.method = STRIA_RPC_WORKER_PUT_INPUT;
-            rq.request = &pr.base;
-            rq.payload_iov = iov;
-            rq.payload_iovcnt = cnt;
-        } else {
-            gr.job_id = x->job_id;
-            gr.rank = (uint32_t)x->rank;
-            gr.tensor = tensor;
-            gr.offset = off;
-            gr.max_bytes = n;
-            rq.method = STRIA_RPC_WORKER_GET_OUTPUT;
-            rq.request = &gr.base;
-            rq.reply_iov = iov;
-            rq.reply_iovcnt = cnt;
+    size_t cur = 0;
+    uint64_t off = 0;
+    for (;;) {
+        size_t k = 0;
+        while (k < STRIA__XFER_BATCH && stria__next_chunk(it, n_items, chunk, &cur, &off, &c[k])) {
+            const stria__item_t *t = &it[c[k].item];
+            size_t cnt = stria__pieces(&t->g, c[k].at, c[k].n, iov + k * cap);
+            stria__chunk_request(x, t, &c[k], put, iov + k * cap, cnt, &rq[k]);
+            k++;
         }
-        if ((st = stria_rpc_client_call(x->conn, &rq, &reply)) != STRIA_OK)
+        if (k == 0 || (st = stria_rpc_client_call_batch(x->conn, rq, k, rep)) != STRIA_OK)
             break;
-        uint64_t moved = n;
-        if (!put) {
-            const Stria__V1__GetOutputReply *rep = (const Stria__V1__GetOutputReply *)reply.msg;
-            moved = reply.payload_len;
-            if (rep->total_bytes != total || rep->offset != off || moved == 0 || moved > n)
-                st = stria_error_set(
-                    STRIA_ERR_PROTOCOL,
-                    "output %d: worker sent %llu bytes at %llu of %llu, expected "
-                    "%llu in all",
-                    (int)tensor, (unsigned long long)moved, (unsigned long long)rep->offset,
-                    (unsigned long long)rep->total_bytes, (unsigned long long)total);
+        bool resumed = false;
+        for (size_t i = 0; i < k; i++) {
+            uint64_t moved = c[i].n, total = it[c[i].item].total;
+            if (!put && st == STRIA_OK && !resumed) {
+                const Stria__V1__GetOutputReply *r = (const Stria__V1__GetOutputReply *)rep[i].msg;
+                moved = rep[i].payload_len;
+                if (r->total_bytes != total || r->offset != c[i].at || moved == 0 || moved > c[i].n)
+                    st = stria_error_set(STRIA_ERR_PROTOCOL,
+                                         "output %d: worker sent %llu bytes at %llu of %llu, "
+                                         "expected %llu at %llu of %llu",
+                                         (int)it[c[i].item].tensor, (unsigned long long)moved,
+                                         (unsigned long long)r->offset,
+                                         (unsigned long long)r->total_bytes,
+                                         (unsigned long long)c[i].n, (unsigned long long)c[i].at,
+                                         (unsigned long long)total);
+            }
+            if (st == STRIA_OK && !resumed) {
+                __atomic_fetch_add(x->progress, moved, __ATOMIC_RELAXED);
+                if (moved < c[i].n) { /* resume there; the later chunks again */
+                    cur = c[i].item;
+                    off = c[i].at + moved;
+                    resumed = true;
+                }
+            }
+            stria_rpc_reply_free(&rep[i]);
         }
-        stria_rpc_reply_free(&reply);
-        off += moved;
-        __atomic_fetch_add(x->progress, moved, __ATOMIC_RELAXED);
+        if (st != STRIA_OK)
+            break;
     }
     free(iov);
     return st;
@@ -208,48 +276,67 @@ static bool stria__staged(const stria__geom_t *g)
     return g->single_rows && g->row < STRIA__XFER_MIN_PIECE;
 }
 
-stria_status_t stria__xfer_put(const stria__xfer_t *x, Stria__V1__Tensor tensor, const void *full,
-                               int64_t outer, size_t row)
+/* The items' geometries; staged ones point at their part of the rank's
+ * staging buffer (put: packed there first). */
+static stria_status_t stria__items(const stria__xfer_t *x, const stria__xfer_item_t *in, size_t n,
+                                   bool put, stria__item_t *it)
 {
-    stria__geom_t g;
-    stria__geom(&g, x, (void *)full, outer, row, true);
-    if (!stria__staged(&g))
-        return stria__chunks(x, &g, tensor, true);
-    void *shard = stria__stage(x, (size_t)outer * (size_t)x->tokens * row);
-    if (shard == NULL)
+    size_t stage = 0;
+    for (size_t i = 0; i < n; i++) {
+        stria__item_t *t = &it[i];
+        memset(t, 0, sizeof(*t));
+        stria__geom(&t->g, x, in[i].data, in[i].outer, in[i].row, !in[i].compact);
+        t->tensor = in[i].tensor;
+        t->seg = (uint64_t)x->tokens * in[i].row;
+        t->total = (uint64_t)in[i].outer * t->seg;
+        t->cut = x->layout->shard_tokens > x->tokens && in[i].outer > 1;
+        t->staged = !in[i].compact && stria__staged(&t->g);
+        if (t->staged)
+            stage += (size_t)t->total;
+    }
+    char *buf = stage > 0 ? stria__stage(x, stage) : NULL;
+    if (stage > 0 && buf == NULL)
         return STRIA_ERR_NO_MEMORY;
-    stria__pack(&g, shard, true);
-    return stria__xfer_put_compact(x, tensor, shard, outer, row);
+    for (size_t i = 0; i < n; i++) {
+        stria__item_t *t = &it[i];
+        if (!t->staged)
+            continue;
+        t->full = in[i].data;
+        if (put)
+            stria__pack(&t->g, buf, true);
+        stria__geom(&t->g, x, buf, in[i].outer, in[i].row, false);
+        buf += t->total;
+    }
+    return STRIA_OK;
 }
 
-stria_status_t stria__xfer_get(const stria__xfer_t *x, Stria__V1__Tensor tensor, void *full,
-                               int64_t outer, size_t row)
+#define STRIA__XFER_MAX_ITEMS 8
+
+static stria_status_t stria__xfer(const stria__xfer_t *x, const stria__xfer_item_t *items, size_t n,
+                                  bool put)
 {
-    stria__geom_t g;
-    stria__geom(&g, x, full, outer, row, true);
-    if (!stria__staged(&g))
-        return stria__chunks(x, &g, tensor, false);
-    void *shard = stria__stage(x, (size_t)outer * (size_t)x->tokens * row);
-    if (shard == NULL)
-        return STRIA_ERR_NO_MEMORY;
-    stria_status_t st = stria__xfer_get_compact(x, tensor, shard, outer, row);
+    stria__item_t it[STRIA__XFER_MAX_ITEMS];
+    if (n == 0 || n > STRIA__XFER_MAX_ITEMS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "transfer of %zu tensors (1..%d)", n,
+                               STRIA__XFER_MAX_ITEMS);
+    stria_status_t st = stria__items(x, items, n, put, it);
     if (st == STRIA_OK)
-        stria__pack(&g, shard, false);
+        st = stria__move(x, it, n, put);
+    for (size_t i = 0; st == STRIA_OK && !put && i < n; i++)
+        if (it[i].staged) { /* into the caller's tensor */
+            stria__geom_t full;
+            stria__geom(&full, x, it[i].full, items[i].outer, items[i].row, true);
+            stria__pack(&full, it[i].g.base, false);
+        }
     return st;
 }
 
-stria_status_t stria__xfer_put_compact(const stria__xfer_t *x, Stria__V1__Tensor tensor,
-                                       const void *shard, int64_t outer, size_t row)
+stria_status_t stria__xfer_put(const stria__xfer_t *x, const stria__xfer_item_t *items, size_t n)
 {
-    stria__geom_t g;
-    stria__geom(&g, x, (void *)shard, outer, row, false);
-    return stria__chunks(x, &g, tensor, true);
+    return stria__xfer(x, items, n, true);
 }
 
-stria_status_t stria__xfer_get_compact(const stria__xfer_t *x, Stria__V1__Tensor tensor,
-                                       void *shard, int64_t outer, size_t row)
+stria_status_t stria__xfer_get(const stria__xfer_t *x, const stria__xfer_item_t *items, size_t n)
 {
-    stria__geom_t g;
-    stria__geom(&g, x, shard, outer, row, false);
-    return stria__chunks(x, &g, tensor, false);
+    return stria__xfer(x, items, n, false);
 }

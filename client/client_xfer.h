@@ -22,22 +22,24 @@ typedef struct {
     size_t *stage_cap;
 } stria__xfer_t;
 
-/* Sends the rank's shard of a full tensor [outer][layout->seq][row] (a
- * [batch, seq, heads, head_dim] tensor: outer = batch) with PutInput, in
- * chunks, straight from the caller's rows (scattered I/O) unless the rows
- * are too short to be worth a piece each, then packed in the staging
- * buffer. */
-stria_status_t stria__xfer_put(const stria__xfer_t *x, Stria__V1__Tensor tensor, const void *full,
-                               int64_t outer, size_t row);
-/* Receives the rank's shard of an output with GetOutput into its final
- * positions of a full tensor [outer][layout->seq][row] (LSE [batch, heads,
- * seq]: outer = batch * heads, row = 4), likewise. */
-stria_status_t stria__xfer_get(const stria__xfer_t *x, Stria__V1__Tensor tensor, void *full,
-                               int64_t outer, size_t row);
-/* The same for a compact shard the caller holds ([outer][tokens][row]). */
-stria_status_t stria__xfer_put_compact(const stria__xfer_t *x, Stria__V1__Tensor tensor,
-                                       const void *shard, int64_t outer, size_t row);
-stria_status_t stria__xfer_get_compact(const stria__xfer_t *x, Stria__V1__Tensor tensor,
-                                       void *shard, int64_t outer, size_t row);
+/* A tensor of a transfer: the rank's shard of a full tensor
+ * [outer][layout->seq][row] (a [batch, seq, heads, head_dim] tensor: outer =
+ * batch; LSE [batch, heads, seq]: outer = batch * heads, row = 4), or with
+ * `compact` a shard the caller holds, [outer][tokens][row]. */
+typedef struct {
+    Stria__V1__Tensor tensor;
+    void *data;
+    int64_t outer;
+    size_t row;
+    bool compact;
+} stria__xfer_item_t;
+
+/* Sends the rank's shards of the items with PutInput, or receives them with
+ * GetOutput into their final positions: in chunks pipelined on the rank's
+ * connection (several in flight, across the items), straight from and into
+ * the caller's rows (scattered I/O) unless the rows are too short to be
+ * worth a piece each, which go through the staging buffer. */
+stria_status_t stria__xfer_put(const stria__xfer_t *x, const stria__xfer_item_t *items, size_t n);
+stria_status_t stria__xfer_get(const stria__xfer_t *x, const stria__xfer_item_t *items, size_t n);
 
 #endif

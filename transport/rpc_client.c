@@ -518,26 +518,20 @@ static stria_status_t stria__cl_reply_payload(stria_rpc_client_t *cl,
     return STRIA_OK;
 }
 
-static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
-                                     uint64_t payload_len, stria_rpc_reply_t *reply_out)
+/* Sends one request (frame and payload); its id in *id_out. */
+static stria_status_t stria__cl_send_request(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                             uint64_t payload_len, double deadline,
+                                             uint64_t *id_out)
 {
     const ProtobufCMethodDescriptor *md = &cl->service->methods[req->method];
-    double deadline = req->timeout_s > 0 ? stria_time_now() + req->timeout_s : 0.0;
     stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
                             .version = STRIA_RPC_VERSION,
                             .method = req->method,
                             .payload_len = payload_len};
-    stria__rpc_arena_t *arena = NULL;
-    ProtobufCMessage *msg = NULL;
-    uint64_t plen = 0;
-    void *payload = NULL;
-    bool owned = false;
     struct iovec two[2], *iov = NULL;
-    uint8_t *frame;
     size_t flen = 0;
     stria_status_t st;
 
-    cl->server_error = false;
     if (cl->fd < 0) {
         double cd = stria_time_now() + cl->connect_timeout_s;
         st = stria__cl_open(cl, deadline > 0 && deadline < cd ? deadline : cd);
@@ -553,7 +547,7 @@ static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_req
                            ? UINT32_MAX
                            : (uint32_t)ceil(req->timeout_s * 1000.0);
     h.request_id = cl->next_id++;
-    frame = stria__rpc_frame_build(&h, req->request, &flen);
+    uint8_t *frame = stria__rpc_frame_build(&h, req->request, &flen);
     size_t n = frame != NULL ? stria__cl_request_iov(req, frame, flen, two, &iov) : 0;
     if (n == 0) {
         free(frame);
@@ -564,11 +558,31 @@ static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_req
     if (iov != two)
         free(iov);
     free(frame);
-    if (st == STRIA_OK)
-        st = stria__cl_read_reply(cl, h.request_id, req->method, false, md->output, deadline,
-                                  &arena, &msg, &plen);
     if (st != STRIA_OK) {
-        /* An error reply leaves the stream in step; anything else does not. */
+        stria__cl_drop(cl);
+        return stria__wrap_method(st, md->name);
+    }
+    *id_out = h.request_id;
+    return STRIA_OK;
+}
+
+/* Reads the reply of request `id` (and its payload). An error reply leaves
+ * the stream in step (cl->server_error); any other failure drops it. */
+static stria_status_t stria__cl_recv_reply(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                           uint64_t id, double deadline,
+                                           stria_rpc_reply_t *reply_out)
+{
+    const ProtobufCMethodDescriptor *md = &cl->service->methods[req->method];
+    stria__rpc_arena_t *arena = NULL;
+    ProtobufCMessage *msg = NULL;
+    uint64_t plen = 0;
+    void *payload = NULL;
+    bool owned = false;
+
+    cl->server_error = false;
+    stria_status_t st =
+        stria__cl_read_reply(cl, id, req->method, false, md->output, deadline, &arena, &msg, &plen);
+    if (st != STRIA_OK) {
         if (!cl->server_error)
             stria__cl_drop(cl);
         return stria__wrap_method(st, md->name);
@@ -586,12 +600,11 @@ static stria_status_t stria__cl_call(stria_rpc_client_t *cl, const stria_rpc_req
     return STRIA_OK;
 }
 
-stria_status_t stria_rpc_client_call(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
-                                     stria_rpc_reply_t *reply_out)
+/* Checks a request and computes its payload's length. */
+static stria_status_t stria__cl_check(const stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                      uint64_t *payload_len)
 {
-    stria_status_t st;
-
-    if (cl == NULL || req == NULL || reply_out == NULL || req->request == NULL)
+    if (req == NULL || req->request == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc call: NULL argument");
     if (req->method >= cl->service->n_methods)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc call: %s has no method %u",
@@ -607,16 +620,66 @@ stria_status_t stria_rpc_client_call(stria_rpc_client_t *cl, const stria_rpc_req
         (req->reply_iov != NULL && req->reply_buf != NULL))
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "rpc call: a payload (or reply buffer) and pieces both given");
-    uint64_t payload_len = req->payload_len;
+    *payload_len = req->payload_len;
     if (req->payload_iov != NULL) {
-        payload_len = 0;
+        *payload_len = 0;
         for (size_t i = 0; i < req->payload_iovcnt; i++)
-            payload_len += req->payload_iov[i].iov_len;
+            *payload_len += req->payload_iov[i].iov_len;
+    }
+    return STRIA_OK;
+}
+
+stria_status_t stria_rpc_client_call(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                     stria_rpc_reply_t *reply_out)
+{
+    return stria_rpc_client_call_batch(cl, req, 1, reply_out);
+}
+
+stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *cl, const stria_rpc_request_t *reqs,
+                                           size_t n, stria_rpc_reply_t *replies)
+{
+    uint64_t ids[STRIA_RPC_MAX_BATCH], len;
+    stria_status_t st = STRIA_OK;
+
+    if (cl == NULL || reqs == NULL || replies == NULL || n == 0 || n > STRIA_RPC_MAX_BATCH)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "rpc call: NULL argument or %zu requests (1..%d)", n,
+                               STRIA_RPC_MAX_BATCH);
+    for (size_t i = 0; i < n; i++) {
+        memset(&replies[i], 0, sizeof(replies[i]));
+        if ((st = stria__cl_check(cl, &reqs[i], &len)) != STRIA_OK)
+            return st;
     }
     pthread_mutex_lock(&cl->lock);
-    st = stria__cl_call(cl, req, payload_len, reply_out);
+    double now = stria_time_now();
+    size_t sent = 0;
+    for (; sent < n; sent++) {
+        double deadline = reqs[sent].timeout_s > 0 ? now + reqs[sent].timeout_s : 0.0;
+        (void)stria__cl_check(cl, &reqs[sent], &len);
+        if ((st = stria__cl_send_request(cl, &reqs[sent], len, deadline, &ids[sent])) != STRIA_OK)
+            break;
+    }
+    /* every reply in order, also after an error reply (the stream stays in
+     * step); the first failure is the call's */
+    stria_status_t first = st;
+    char msg[1024] = "";
+    if (first != STRIA_OK)
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+    for (size_t i = 0; i < sent && cl->fd >= 0; i++) {
+        double deadline = reqs[i].timeout_s > 0 ? now + reqs[i].timeout_s : 0.0;
+        st = stria__cl_recv_reply(cl, &reqs[i], ids[i], deadline, &replies[i]);
+        if (st != STRIA_OK && first == STRIA_OK) {
+            first = st;
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        }
+    }
     pthread_mutex_unlock(&cl->lock);
-    return st;
+    if (first != STRIA_OK) {
+        for (size_t i = 0; i < n; i++)
+            stria_rpc_reply_free(&replies[i]);
+        return stria_error_set(first, "%s", msg);
+    }
+    return STRIA_OK;
 }
 
 void stria_rpc_reply_free(stria_rpc_reply_t *reply)

@@ -318,6 +318,19 @@ typedef struct {
 stria_status_t stria_rpc_client_call(stria_rpc_client_t *client, const stria_rpc_request_t *req,
                                      stria_rpc_reply_t *reply_out);
 
+/* Calls pipelined on one connection: every request (and its payload) is
+ * sent before the first reply is read, so the connection never waits a round
+ * trip between them (payload after payload at link speed); then the replies
+ * are read in order, replies[i] that of reqs[i]. n is 1..STRIA_RPC_MAX_BATCH
+ * (the server reads up to 64 unanswered requests of a connection). Returns
+ * the first failure, with its message, all replies freed; an error reply
+ * leaves the connection usable (the other replies are still read), anything
+ * else closes it as in stria_rpc_client_call(), which is a batch of one. */
+#define STRIA_RPC_MAX_BATCH 32
+stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *client,
+                                           const stria_rpc_request_t *reqs, size_t n,
+                                           stria_rpc_reply_t *replies);
+
 /* Frees the reply message and an allocated payload; safe on a zeroed reply. */
 void stria_rpc_reply_free(stria_rpc_reply_t *reply);
 

@@ -748,6 +748,91 @@ Test(rpc, scattered_payloads_in_pieces, .timeout = TEST_TIMEOUT_S)
     free(g_dest);
 }
 
+/* Calls pipelined on one connection: every payload lands, a refused one in
+ * the middle reports its error while the others still land and the
+ * connection stays in step, and replies come back to their own requests. */
+Test(rpc, pipelined_batch, .timeout = TEST_TIMEOUT_S)
+{
+    const size_t n = 6u << 20, k = 6, part = n / k;
+    stria_rpc_server_t *srv;
+    stria_rpc_client_t *cl;
+    stria_status_t st;
+    uint8_t *src = malloc(n), *dst = calloc(1, n);
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint8_t)(i * 31 + (i >> 9));
+    g_dest = calloc(1, n);
+    g_dest_cap = n;
+    srv = start_worker(0);
+    cl = connect_to(stria_rpc_server_port(srv), &stria__v1__worker__descriptor, NULL, &st);
+    cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+
+    Stria__V1__PutInputRequest put[6];
+    stria_rpc_request_t rq[6];
+    stria_rpc_reply_t rep[6];
+    for (size_t i = 0; i < k; i++) {
+        put[i] = (Stria__V1__PutInputRequest)STRIA__V1__PUT_INPUT_REQUEST__INIT;
+        put[i].tensor = STRIA__V1__TENSOR__TENSOR_Q;
+        put[i].offset = i * part;
+        put[i].total_bytes = n;
+        rq[i] = (stria_rpc_request_t){.method = M_PUT,
+                                      .request = &put[i].base,
+                                      .payload = src + i * part,
+                                      .payload_len = part,
+                                      .timeout_s = 10};
+    }
+    cr_assert_eq(stria_rpc_client_call_batch(cl, rq, k, rep), STRIA_OK, "%s", stria_error_msg());
+    for (size_t i = 0; i < k; i++) {
+        uint64_t sum = 0;
+        for (size_t b = 0; b < part; b++)
+            sum += src[i * part + b];
+        cr_expect_eq(((Stria__V1__PutInputReply *)rep[i].msg)->received_bytes, sum,
+                     "reply %zu is not its own request's", i);
+        stria_rpc_reply_free(&rep[i]);
+    }
+    cr_expect_eq(memcmp(g_dest, src, n), 0);
+
+    /* the third is refused (outside the tensor): its error, the rest lands */
+    memset(g_dest, 0, n);
+    put[2].offset = n;
+    cr_expect_eq(stria_rpc_client_call_batch(cl, rq, k, rep), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "outside the tensor") != NULL, "%s", stria_error_msg());
+    for (size_t i = 0; i < k; i++) {
+        cr_expect_null(rep[i].msg, "replies are freed after a failure");
+        if (i != 2)
+            cr_expect_eq(memcmp(g_dest + i * part, src + i * part, part), 0, "part %zu", i);
+    }
+    put[2].offset = 2 * part;
+
+    /* pipelined replies into their own buffers */
+    g_out = src;
+    g_out_len = n;
+    Stria__V1__GetOutputRequest go[6];
+    for (size_t i = 0; i < k; i++) {
+        go[i] = (Stria__V1__GetOutputRequest)STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+        go[i].offset = i * part;
+        go[i].max_bytes = part;
+        rq[i] = (stria_rpc_request_t){.method = M_GET,
+                                      .request = &go[i].base,
+                                      .reply_buf = dst + (k - 1 - i) * part,
+                                      .reply_buf_cap = part,
+                                      .timeout_s = 10};
+    }
+    cr_assert_eq(stria_rpc_client_call_batch(cl, rq, k, rep), STRIA_OK, "%s", stria_error_msg());
+    for (size_t i = 0; i < k; i++) {
+        cr_expect_eq(rep[i].payload_len, part);
+        cr_expect_eq(memcmp(dst + (k - 1 - i) * part, src + i * part, part), 0, "reply %zu", i);
+        stria_rpc_reply_free(&rep[i]);
+    }
+    cr_expect_eq(stria_rpc_client_call_batch(cl, rq, 0, rep), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(stria_rpc_client_call_batch(cl, rq, STRIA_RPC_MAX_BATCH + 1, rep),
+                 STRIA_ERR_INVALID_ARG);
+    stria_rpc_client_close(cl);
+    stria_rpc_server_stop(srv);
+    free(src);
+    free(dst);
+    free(g_dest);
+}
+
 Test(rpc, oversized_payload_refused_before_sending, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_worker(1000);
