@@ -24,7 +24,7 @@ typedef struct {
     bool do_fwd, do_bwd;
     stria_ring_shape_t shape;
     stria_bench_masks_t masks;
-    bool calibrate, measure, json;
+    bool calibrate, cal_each, measure, json;
     int reps, cal_reps;
     double tflops, bwd_ratio, call_us, host_add_gbs;
     int64_t tile_q, tile_k;
@@ -125,6 +125,8 @@ static int stria__sim_check(stria__sim_opts_t *o, const stria_cli_t *cli, const 
         return stria_bench_usage_error("simulate", "--tile is for --device-tflops (calibrated "
                                                    "costs are per unit of the kernels' own "
                                                    "tiles)");
+    if (o->cal_each && !o->calibrate)
+        return stria_bench_usage_error("simulate", "--calibrate-each needs --calibrate");
     if (o->measure && !o->calibrate)
         return stria_bench_usage_error("simulate", "--measure compares with this machine: it "
                                                    "needs --calibrate");
@@ -251,12 +253,20 @@ static size_t stria__sim_options_model(stria__sim_opts_t *o, stria__sim_args_t *
         {.name = "calibrate-at",
          .type = STRIA_OPT_INTS,
          .dst = &o->cal_at,
-         .dflt = "1024,2048",
+         .dflt = "2048",
          .min = 64,
          .max = 1 << 20,
          .max_items = 4,
          .metavar = "L[,L...]",
-         .help = "shard lengths of the calibration rings"},
+         .help = "shard lengths of the calibration rings: costs are fitted at each (with rings "
+                 "of half that length beside), and a ring uses those of the length nearest its "
+                 "shards"},
+        {.name = "calibrate-each",
+         .type = STRIA_OPT_FLAG,
+         .dst = &o->cal_each,
+         .help = "calibrate again for every ring, right before it, at its own shard length "
+                 "(with --calibrate; on a shared machine whose speed drifts, the calibration "
+                 "and the check then see the same machine)"},
         {.name = "calibrate-reps",
          .type = STRIA_OPT_INT,
          .dst = &a->cal_reps,
@@ -484,6 +494,7 @@ typedef struct {
     stria_ring_shape_t shape;
     int n;
     const stria_sim_costs_t *costs;
+    stria_sim_costs_t own; /* --calibrate-each */
     char source[240];
     stria_sim_table_t t[3];
     bool have[3];
@@ -522,7 +533,23 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
     c->shape.window_right = o->masks.window_right;
     c->costs = &o->costs;
     snprintf(c->source, sizeof(c->source), "%s", o->source);
-    if (o->calibrate) { /* the calibration nearest the shards, in log terms */
+    if (o->cal_each) { /* calibrated now, at the ring's own shard length */
+        const int64_t L = (seq + n - 1) / n;
+        double ef = 0, eb = 0;
+        stria_ring_shape_t cal = o->shape;
+        cal.heads = o->shape.heads / o->shape.kv_heads;
+        cal.kv_heads = 1;
+        double t0 = stria_time_now();
+        stria_status_t cst = stria_sim_calibrate(&cal, L, o->cal_reps, &c->own, &ef, &eb);
+        if (cst != STRIA_OK)
+            return cst;
+        c->costs = &c->own;
+        snprintf(c->source, sizeof(c->source),
+                 "calibrated just before, on shards of %lld and %lld tokens (%s kernels, %.0f s; "
+                 "fit error per step %.1f%% fwd, %.1f%% bwd)",
+                 (long long)((L + 1) / 2), (long long)L, stria_kernels_variant(),
+                 stria_time_now() - t0, 100 * ef, 100 * eb);
+    } else if (o->calibrate) { /* the calibration nearest the shards, in log terms */
         const double L = (double)((seq + n - 1) / n);
         size_t best = 0;
         for (size_t i = 1; i < o->cal_at.n; i++)
@@ -796,6 +823,7 @@ static stria_status_t stria__sim_calibrate(stria__sim_opts_t *o)
                100 * o->cal_err[i][0], 100 * o->cal_err[i][1]);
         for (int k = 0; k < STRIA_SIM_NCOEF; k++)
             printf("  %-13s fwd %.4g  bwd %.4g\n", names[k], o->cal[i].fwd[k], o->cal[i].bwd[k]);
+        fflush(stdout);
     }
     return STRIA_OK;
 }
@@ -808,7 +836,7 @@ int stria_bench_simulate(int argc, char **argv)
     stria_status_t st = STRIA_OK;
     if (rc >= 0)
         return rc;
-    if (o.calibrate)
+    if (o.calibrate && !o.cal_each)
         st = stria__sim_calibrate(&o);
     for (size_t si = 0; si < o.seqs.n && st == STRIA_OK; si++)
         for (size_t ni = 0; ni < o.ranks.n && st == STRIA_OK; ni++)

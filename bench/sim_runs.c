@@ -162,9 +162,12 @@ stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shar
     stria_status_t st = STRIA_OK;
     if (fit == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
-    {
+    /* half the length and the length, fitted together: per-element costs
+     * grow with the square of a block, per-token ones with its length, so
+     * two lengths tell them apart where one cannot */
+    for (int half = 1; half >= 0 && st == STRIA_OK; half--) {
         stria_ring_shape_t cal = *shape;
-        cal.seq = STRIA_SIM_CAL_RANKS * shard;
+        cal.seq = STRIA_SIM_CAL_RANKS * (half ? (shard + 1) / 2 : shard);
         cal.cu_seqlens = NULL; /* the work counts carry the masks; costs per unit of work */
         cal.n_cu_seqlens = 0;
         cal.has_window = false;
