@@ -6,5 +6,6 @@ int stria_bench_kernels(int argc, char **argv);
 int stria_bench_ring(int argc, char **argv);
 int stria_bench_transport(int argc, char **argv);
 int stria_bench_service(int argc, char **argv);
+int stria_bench_auth(int argc, char **argv);
 
 #endif

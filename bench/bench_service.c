@@ -21,75 +21,6 @@
 
 #define SVC_MAX_WORKERS 64
 
-typedef struct {
-    pid_t pid;
-    FILE *out;
-} svc_proc_t;
-
-static svc_proc_t procs[SVC_MAX_WORKERS + 1];
-static int n_procs;
-
-static void stop_all(void)
-{
-    for (int i = 0; i < n_procs; i++)
-        if (procs[i].pid > 0)
-            kill(procs[i].pid, SIGTERM);
-    for (int i = 0; i < n_procs; i++) {
-        if (procs[i].pid <= 0)
-            continue;
-        int st;
-        for (int t = 0; t < 100 && waitpid(procs[i].pid, &st, WNOHANG) == 0; t++)
-            usleep(50000);
-        if (waitpid(procs[i].pid, &st, WNOHANG) == 0) {
-            kill(procs[i].pid, SIGKILL);
-            waitpid(procs[i].pid, &st, 0);
-        }
-        if (procs[i].out)
-            fclose(procs[i].out);
-        procs[i].pid = 0;
-    }
-    n_procs = 0;
-}
-
-static void on_signal(int sig)
-{
-    stop_all();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* Starts argv with stdout on a pipe and stderr to /dev/null; reads lines until
- * one starts with `prefix` and copies it into line. */
-static int start_proc(char *const argv[], const char *prefix, char *line, size_t len)
-{
-    int fds[2];
-    if (pipe(fds) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        FILE *null = freopen("/dev/null", "w", stderr);
-        (void)null;
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    svc_proc_t *p = &procs[n_procs++];
-    p->pid = pid;
-    p->out = fdopen(fds[0], "r");
-    while (fgets(line, (int)len, p->out) != NULL) {
-        if (strncmp(line, prefix, strlen(prefix)) == 0) {
-            line[strcspn(line, "\n")] = '\0';
-            return 0;
-        }
-    }
-    return -1;
-}
-
 static const char svc_description[] =
     "Runs the same causal striped forward+backward job (a) through the service: a\n"
     "coordinator and N worker processes started on loopback, inputs and outputs over\n"
@@ -199,46 +130,7 @@ static int svc_parse(int argc, char **argv, svc_cfg_t *c)
  * coordinator's address. Returns 0, or 1 with a message. */
 static int svc_start_daemons(int ranks, int tpr, char *coord, size_t coord_len)
 {
-    char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) {
-        fprintf(stderr, "stria-bench service: cannot find this program's folder\n");
-        return 1;
-    }
-    self[n] = '\0';
-    snprintf(dir, sizeof(dir), "%s", self);
-    *strrchr(dir, '/') = '\0';
-    snprintf(coord_bin, sizeof(coord_bin), "%s/stria-coordinator", dir);
-    snprintf(worker_bin, sizeof(worker_bin), "%s/stria-worker", dir);
-    if (access(coord_bin, X_OK) != 0 || access(worker_bin, X_OK) != 0) {
-        fprintf(stderr, "stria-bench service: %s and %s are needed (build them)\n", coord_bin,
-                worker_bin);
-        return 1;
-    }
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    setenv("UCX_HANDLE_ERRORS", "none", 0);
-
-    char line[512], threads[16];
-    char *cargv[] = {coord_bin, "--listen", "127.0.0.1:0", "--heartbeat-period", "0.5", NULL};
-    if (start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
-        fprintf(stderr, "stria-bench service: the coordinator did not start\n");
-        stop_all();
-        return 1;
-    }
-    snprintf(coord, coord_len, "%s", line + strlen("stria-coordinator listening on "));
-    snprintf(threads, sizeof(threads), "%d", tpr);
-    for (int i = 0; i < ranks; i++) {
-        char *wargv[] = {worker_bin, "--coordinator", coord,   "--threads",
-                         threads,    "--log-level",   "error", NULL};
-        if (start_proc(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
-            fprintf(stderr, "stria-bench service: worker %d did not start\n", i);
-            stop_all();
-            return 1;
-        }
-    }
-
-    return 0;
+    return stria_bench_start_service(ranks, tpr, NULL, coord, coord_len) == STRIA_OK ? 0 : 1;
 }
 
 /* Prints the medians: service, its ring passes alone, in-process. */
@@ -390,6 +282,6 @@ int stria_bench_service(int argc, char **argv)
     if (svc_start_daemons(c.ranks, c.tpr, coord, sizeof(coord)) != 0)
         return 1;
     int rc = svc_measure(&c, coord);
-    stop_all();
+    stria_bench_stop_daemons();
     return rc;
 }

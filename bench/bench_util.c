@@ -3,11 +3,14 @@
 
 #include "stria_kernels.h"
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 int stria_bench_parse(const stria_command_t *cmd, int argc, char **argv, stria_cli_t *cli)
 {
@@ -124,4 +127,127 @@ double stria_bench_process_cpu(void)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- the daemons, beside this program ----------------------------------------- */
+
+#define STRIA__BENCH_MAX_PROCS 256
+
+typedef struct {
+    pid_t pid;
+    FILE *out;
+} stria__bench_proc_t;
+
+static stria__bench_proc_t stria__procs[STRIA__BENCH_MAX_PROCS];
+static int stria__n_procs;
+
+void stria_bench_stop_daemons(void)
+{
+    for (int i = 0; i < stria__n_procs; i++)
+        if (stria__procs[i].pid > 0)
+            kill(stria__procs[i].pid, SIGTERM);
+    for (int i = 0; i < stria__n_procs; i++) {
+        stria__bench_proc_t *p = &stria__procs[i];
+        if (p->pid <= 0)
+            continue;
+        int st;
+        for (int t = 0; t < 100 && waitpid(p->pid, &st, WNOHANG) == 0; t++)
+            usleep(50000);
+        if (waitpid(p->pid, &st, WNOHANG) == 0) {
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, &st, 0);
+        }
+        if (p->out)
+            fclose(p->out);
+        p->pid = 0;
+    }
+    stria__n_procs = 0;
+}
+
+static void stria__bench_on_signal(int sig)
+{
+    stria_bench_stop_daemons();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Starts argv with stdout on a pipe and stderr to /dev/null; reads lines until
+ * one starts with `prefix` and copies it into line. */
+static int stria__bench_spawn(char *const argv[], const char *prefix, char *line, size_t len)
+{
+    int fds[2];
+    if (stria__n_procs >= STRIA__BENCH_MAX_PROCS || pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        FILE *null = freopen("/dev/null", "w", stderr);
+        (void)null;
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    stria__bench_proc_t *p = &stria__procs[stria__n_procs++];
+    p->pid = pid;
+    p->out = fdopen(fds[0], "r");
+    while (fgets(line, (int)len, p->out) != NULL) {
+        if (strncmp(line, prefix, strlen(prefix)) == 0) {
+            line[strcspn(line, "\n")] = '\0';
+            return 0;
+        }
+    }
+    return -1;
+}
+
+stria_status_t stria_bench_start_service(int workers, int threads, const stria_bench_creds_t *creds,
+                                         char *coord, size_t coord_len)
+{
+    char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) {
+        fprintf(stderr, "stria-bench: cannot find this program's folder\n");
+        return STRIA_ERR_IO;
+    }
+    self[n] = '\0';
+    snprintf(dir, sizeof(dir), "%s", self);
+    *strrchr(dir, '/') = '\0';
+    snprintf(coord_bin, sizeof(coord_bin), "%s/stria-coordinator", dir);
+    snprintf(worker_bin, sizeof(worker_bin), "%s/stria-worker", dir);
+    if (access(coord_bin, X_OK) != 0 || access(worker_bin, X_OK) != 0) {
+        fprintf(stderr, "stria-bench: %s and %s are needed (build them)\n", coord_bin, worker_bin);
+        return STRIA_ERR_IO;
+    }
+    signal(SIGINT, stria__bench_on_signal);
+    signal(SIGTERM, stria__bench_on_signal);
+    setenv("UCX_HANDLE_ERRORS", "none", 0);
+
+    char line[512], th[16], ctok[4200] = "", wtok[4200] = "";
+    if (creds != NULL) {
+        snprintf(ctok, sizeof(ctok), "--client-token-file=%s", creds->client_token_file);
+        snprintf(wtok, sizeof(wtok), "--worker-token-file=%s", creds->worker_token_file);
+    }
+    /* Heartbeats with slack: a loaded machine must not fail a measured job. */
+    char *cargv[] = {coord_bin, "--listen",          "127.0.0.1:0", "--heartbeat-period",
+                     "2",       creds ? ctok : NULL, wtok,          NULL};
+    if (stria__bench_spawn(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
+        fprintf(stderr, "stria-bench: the coordinator did not start\n");
+        stria_bench_stop_daemons();
+        return STRIA_ERR_IO;
+    }
+    snprintf(coord, coord_len, "%s", line + strlen("stria-coordinator listening on "));
+    snprintf(th, sizeof(th), "%d", threads);
+    for (int i = 0; i < workers; i++) {
+        char *wargv[] = {worker_bin, "--coordinator",     coord, "--threads", th, "--log-level",
+                         "error",    creds ? ctok : NULL, wtok,  NULL};
+        if (stria__bench_spawn(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
+            fprintf(stderr, "stria-bench: worker %d did not start\n", i);
+            stria_bench_stop_daemons();
+            return STRIA_ERR_IO;
+        }
+    }
+    return STRIA_OK;
 }

@@ -45,6 +45,22 @@ double stria_bench_median(double *v, int n);
 /* CPU time of the whole process (all threads), in seconds. */
 double stria_bench_process_cpu(void);
 
+/* ---- the daemons, beside this program ----------------------------------------- */
+
+/* Credentials of a service the benchmark starts (file paths; NULL: none). */
+typedef struct {
+    const char *client_token_file, *worker_token_file;
+} stria_bench_creds_t;
+
+/* Starts stria-coordinator and `workers` stria-worker processes (found
+ * beside this program) on loopback, each worker with `threads` kernel
+ * threads, with `creds` (NULL: none); writes the coordinator's address.
+ * Every process started is stopped by stria_bench_stop_daemons() (also on
+ * SIGINT/SIGTERM). Errors name what did not start (printed). */
+stria_status_t stria_bench_start_service(int workers, int threads, const stria_bench_creds_t *creds,
+                                         char *coord, size_t coord_len);
+void stria_bench_stop_daemons(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,6 +23,9 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_SERVICE
     {"service", stria_bench_service, "the same job through the daemons vs the in-process ring"},
 #endif
+#ifdef STRIA_BENCH_AUTH
+    {"auth", stria_bench_auth, "what the security costs: ring key, credentials, job secrets"},
+#endif
     {NULL, NULL, NULL},
 };
 

@@ -9,6 +9,8 @@
 
 /* ---- server objects ---------------------------------------------------- */
 
+#define STRIA__RPC_N_ROLES 3 /* client, worker, admin: bit i is role 1 << i */
+
 typedef enum {
     STRIA__RD_HEADER,
     STRIA__RD_PB,
@@ -39,7 +41,10 @@ struct stria__rpc_conn {
     char peer[64];
     int refs; /* the handle, plus one per live call */
     bool hello_done;
-    bool admin;
+    bool challenged; /* first hello answered with a challenge; the proof is due */
+    unsigned roles;  /* STRIA_RPC_ROLE_* once the hello is done */
+    stria_auth_session_t session;
+    uint64_t last_job_request; /* id of the last request whose job proof was checked */
     bool closing; /* uv_close() called */
     bool reading;
     bool paused; /* too many calls in flight */
@@ -92,8 +97,10 @@ struct stria_rpc_server {
     const ProtobufCServiceDescriptor *service;
     stria_rpc_method_t *methods;
     void *ctx;
-    char *token;
-    char *admin_token;
+    /* Credentials by role: client, worker, admin (NULL: none); any: the
+     * hello is a challenge. */
+    char *tokens[STRIA__RPC_N_ROLES];
+    bool any_token;
     char *name;
     uint32_t max_pb;
     uint64_t max_payload;
@@ -107,5 +114,29 @@ struct stria_rpc_server {
     stria__rpc_conn_t *conns;
     uint32_t n_conns;
 };
+
+/* ---- rpc_server.c, used by rpc_server_auth.c ---------------------------- */
+
+/* Writes a frame and an optional payload; afterwards runs done(done_arg) and
+ * destroys `call`. Takes ownership of `frame`. */
+void stria__conn_write(stria__rpc_conn_t *c, uint8_t *frame, size_t frame_len, const void *payload,
+                       uint64_t payload_len, stria_rpc_done_cb done, void *done_arg,
+                       stria_rpc_call_t *call);
+/* Sends an error, half closes and drains what the peer still sends. */
+void stria__conn_fatal(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- rpc_server_auth.c: the hello, roles and job proofs ------------------- */
+
+/* Copies the credentials of the params; refuses two equal ones. */
+stria_status_t stria__rpc_server_tokens(stria_rpc_server_t *srv,
+                                        const stria_rpc_server_params_t *p);
+void stria__rpc_server_tokens_free(stria_rpc_server_t *srv);
+/* Handles a hello frame (either of the two). */
+void stria__rpc_on_hello(stria__rpc_conn_t *c);
+/* Whether the connection's roles may call a method of these flags; if not,
+ * writes why into msg. */
+bool stria__rpc_method_allowed(const stria__rpc_conn_t *c, unsigned flags, const char *method,
+                               char *msg, size_t msg_len);
 
 #endif /* STRIA_RPC_SERVER_INT_H */

@@ -325,21 +325,29 @@ static void stria__on_tick(void *arg)
 stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **coord_out)
 {
     static const stria_rpc_method_t methods[STRIA_RPC_COORDINATOR_N_METHODS] = {
-        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register),
-        STRIA_RPC_SERVE(COORDINATOR_HEARTBEAT, .handler = stria__on_heartbeat),
-        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report),
-        STRIA_RPC_SERVE(COORDINATOR_SUBMIT_JOB, .handler = stria__on_submit),
+        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register,
+                        .flags = STRIA_RPC_METHOD_WORKER),
+        STRIA_RPC_SERVE(COORDINATOR_HEARTBEAT, .handler = stria__on_heartbeat,
+                        .flags = STRIA_RPC_METHOD_WORKER),
+        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report,
+                        .flags = STRIA_RPC_METHOD_WORKER),
+        STRIA_RPC_SERVE(COORDINATOR_SUBMIT_JOB, .handler = stria__on_submit,
+                        .flags = STRIA_RPC_METHOD_CLIENT),
+        /* Any role: the handler tells owners, admins and workers apart. */
         STRIA_RPC_SERVE(COORDINATOR_GET_JOB, .handler = stria__on_get_job),
-        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release),
+        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release,
+                        .flags = STRIA_RPC_METHOD_CLIENT),
         STRIA_RPC_SERVE(COORDINATOR_CANCEL_JOB, .handler = stria__on_cancel,
                         .flags = STRIA_RPC_METHOD_ADMIN),
         STRIA_RPC_SERVE(COORDINATOR_GET_STATUS, .handler = stria__on_status),
         STRIA_RPC_SERVE(COORDINATOR_GET_RING, .handler = stria__on_ring),
         STRIA_RPC_SERVE(COORDINATOR_LIST_WORKERS, .handler = stria__on_list_workers),
-        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs),
+        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs,
+                        .flags = STRIA_RPC_METHOD_ADMIN),
         STRIA_RPC_SERVE(COORDINATOR_DRAIN_WORKER, .handler = stria__on_drain,
                         .flags = STRIA_RPC_METHOD_ADMIN),
-        STRIA_RPC_SERVE(COORDINATOR_DEREGISTER_WORKER, .handler = stria__on_deregister),
+        STRIA_RPC_SERVE(COORDINATOR_DEREGISTER_WORKER, .handler = stria__on_deregister,
+                        .flags = STRIA_RPC_METHOD_WORKER),
     };
     stria_rpc_server_params_t sp;
     stria_coord_t *co;
@@ -359,6 +367,17 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
         return stria_error_set(STRIA_ERR_INTERNAL, "coordinator: service has %u methods, not %d",
                                stria__v1__coordinator__descriptor.n_methods,
                                STRIA_RPC_COORDINATOR_N_METHODS);
+    bool has_client = p->token != NULL && p->token[0] != '\0';
+    bool has_worker = p->worker_token != NULL && p->worker_token[0] != '\0';
+    bool has_admin = p->admin_token != NULL && p->admin_token[0] != '\0';
+    if ((has_client || has_worker || has_admin) && !(has_client && has_worker)) {
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "coordinator: with credentials, both the client and the worker "
+                               "credential are needed (missing: %s)",
+                               !has_client && !has_worker ? "client, worker"
+                               : !has_client              ? "client"
+                                                          : "worker");
+    }
     co = calloc(1, sizeof(*co));
     if (co == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "coordinator: out of memory");
@@ -367,14 +386,13 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
     co->max_workers = p->max_workers ? p->max_workers : 4096;
     co->max_jobs = p->max_jobs ? p->max_jobs : 4096;
     co->history = p->history ? p->history : 1024;
-    co->auth_required = p->token != NULL && p->token[0] != '\0';
+    co->auth_required = has_client;
     co->metrics = p->metrics;
     co->notify_status = p->notify_status;
     stria__metrics_init(co);
     co->started_at = stria_time_now();
     co->started_ms = stria__coord_wall_ms();
     co->next_worker_id = 1;
-    co->next_job_id = 1;
     co->workers = calloc(co->max_workers, sizeof(*co->workers));
     if (co->workers == NULL) {
         free(co);
@@ -387,6 +405,7 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
     sp.methods = methods;
     sp.ctx = co;
     sp.token = p->token;
+    sp.worker_token = p->worker_token;
     sp.admin_token = p->admin_token;
     sp.tick = stria__on_tick;
     /* Dead workers are noticed within a quarter period of the deadline. */
@@ -398,8 +417,11 @@ stria_status_t stria_coord_start(const stria_coord_params_t *p, stria_coord_t **
         free(co);
         return st;
     }
-    if (co->auth_required && (p->admin_token == NULL || p->admin_token[0] == '\0'))
-        stria_log_warn("coordinator: no admin token: every token holder may drain and cancel");
+    if (co->auth_required && !has_admin)
+        stria_log_warn("coordinator: no admin credential: nobody may drain, cancel or list jobs");
+    else if (!co->auth_required)
+        stria_log_warn("coordinator: no credentials: every connection is client, worker and "
+                       "admin");
     *coord_out = co;
     return STRIA_OK;
 }
