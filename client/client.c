@@ -54,6 +54,9 @@ struct stria_job {
     stria_client_t *client;
     stria_job_t *next;
     uint64_t id;
+    /* The job's capability, from the coordinator at submission: every
+     * request about the job proves it (never sends it). */
+    stria_job_secret_t secret;
     stria_job_spec_t spec; /* as assigned: defaults filled in */
     stria_layout_t layout;
     int n_ranks;
@@ -112,14 +115,20 @@ static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
                            (unsigned long long)job->id, phase, r->rank, r->rpc_address, r->error);
 }
 
+/* A call to the coordinator; about `job` (its secret proven) unless NULL. */
 static stria_status_t stria__coord_call(stria_client_t *c, uint32_t method,
-                                        const ProtobufCMessage *req, stria_rpc_reply_t *reply)
+                                        const ProtobufCMessage *req, const stria_job_t *job,
+                                        stria_rpc_reply_t *reply)
 {
     stria_rpc_request_t rq;
     memset(&rq, 0, sizeof(rq));
     rq.method = method;
     rq.request = req;
     rq.timeout_s = STRIA__COORD_TIMEOUT_S;
+    if (job != NULL) {
+        rq.job_secret = &job->secret;
+        rq.job_id = job->id;
+    }
     stria_status_t st = stria_rpc_client_call(c->coord, &rq, reply);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "coordinator %s", c->coordinator);
@@ -273,7 +282,7 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
     }
     Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
     memset(&reply, 0, sizeof(reply));
-    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply);
+    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, NULL, &reply);
     stria_rpc_reply_free(&reply);
     if (st != STRIA_OK)
         goto err;
@@ -374,7 +383,7 @@ static void stria__poll_progress(stria__phase_t *ph, stria_progress_cb progress,
     stria_rpc_reply_t reply;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &reply) ==
+    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) ==
         STRIA_OK) {
         Stria__V1__GetJobReply *r = (Stria__V1__GetJobReply *)reply.msg;
         if (r->job != NULL && r->job->steps_total > 0)
@@ -462,6 +471,7 @@ static stria__xfer_t stria__rank_xfer(stria_job_t *job, stria__rank_t *r)
     memset(&x, 0, sizeof(x));
     x.conn = r->conn;
     x.job_id = job->id;
+    x.secret = &job->secret;
     x.rank = r->rank;
     x.layout = &job->layout;
     x.tokens = r->tokens;
@@ -512,6 +522,8 @@ static void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
     rq.method = ph->backward ? STRIA_RPC_WORKER_RUN_BACKWARD : STRIA_RPC_WORKER_RUN_FORWARD;
     rq.request = ph->backward ? &bw.base : &fw.base;
     rq.timeout_s = job->pass_timeout_s;
+    rq.job_secret = &job->secret;
+    rq.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
     stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
     if (st != STRIA_OK) {
@@ -694,7 +706,7 @@ static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_p
     }
     req.spec = &spec;
     memset(&reply, 0, sizeof(reply));
-    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, &reply);
+    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, &reply);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "submit");
     Stria__V1__SubmitJobReply *sr = (Stria__V1__SubmitJobReply *)reply.msg;
@@ -703,6 +715,9 @@ static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_p
         return stria_error_set(STRIA_ERR_PROTOCOL, "submit: reply without assignment");
     }
     st = stria__job_from_assignment(job, sr->assignment);
+    if (st == STRIA_OK)
+        st = stria_auth_open(&reply.session, "job secret", job->id, sr->job_secret.data,
+                             sr->job_secret.len, job->secret.bytes);
     Stria__V1__JobState state = sr->state;
     uint32_t qpos = sr->queue_position;
     stria_rpc_reply_free(&reply);
@@ -717,7 +732,7 @@ static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_p
         Stria__V1__GetJobRequest gq = STRIA__V1__GET_JOB_REQUEST__INIT;
         gq.job_id = job->id;
         memset(&reply, 0, sizeof(reply));
-        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_JOB, &gq.base, &reply);
+        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_JOB, &gq.base, job, &reply);
         if (st != STRIA_OK)
             return st;
         Stria__V1__GetJobReply *gr = (Stria__V1__GetJobReply *)reply.msg;
@@ -924,6 +939,8 @@ stria_status_t stria_client_release(stria_job_t *job)
         rq.method = STRIA_RPC_WORKER_DROP_JOB;
         rq.request = &dq.base;
         rq.timeout_s = STRIA__COORD_TIMEOUT_S;
+        rq.job_secret = &job->secret;
+        rq.job_id = job->id;
         memset(&reply, 0, sizeof(reply));
         if (stria_rpc_client_call(r->conn, &rq, &reply) == STRIA_OK)
             stria_rpc_reply_free(&reply);
@@ -933,7 +950,7 @@ stria_status_t stria_client_release(stria_job_t *job)
         stria_rpc_reply_t reply;
         req.job_id = job->id;
         memset(&reply, 0, sizeof(reply));
-        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, &reply);
+        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, job, &reply);
         stria_rpc_reply_free(&reply);
     }
     stria__job_unlink(job);

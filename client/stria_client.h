@@ -62,9 +62,12 @@ typedef enum {
 /* Start from STRIA_CLIENT_PARAMS_INIT and set the fields; zero means the
  * default. */
 typedef struct {
-    size_t struct_size;       /* sizeof(stria_client_params_t) */
-    const char *coordinator;  /* "HOST:PORT" (required) */
-    const char *token;        /* shared secret of the service; NULL: none. Copied. */
+    size_t struct_size;      /* sizeof(stria_client_params_t) */
+    const char *coordinator; /* "HOST:PORT" (required) */
+    /* The service's client credential; NULL: none. Copied. Proven in the
+     * hello (never sent); a server that does not prove it back is refused.
+     * The secrets of the client's jobs stay in their handles. */
+    const char *token;
     double connect_timeout_s; /* default 10 */
     double rpc_timeout_s;     /* one upload/download request; default 120 */
     const char *client_name;  /* shown in the daemons' logs; default "libstria" */

@@ -264,7 +264,8 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
          .type = STRIA_OPT_STRING,
          .dst = &o->token_file,
          .metavar = "FILE",
-         .help = "the service's shared secret, first line of FILE (default $STRIA_TOKEN_FILE)"},
+         .help = "the service's client credential, first line of FILE (proven, never sent; "
+                 "default $STRIA_TOKEN_FILE)"},
         {.name = "step-timeout",
          .type = STRIA_OPT_DURATION,
          .dst = &o->step_timeout_s,

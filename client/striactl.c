@@ -842,8 +842,8 @@ int main(int argc, char **argv)
          .type = STRIA_OPT_STRING,
          .dst = &token_file,
          .metavar = "FILE",
-         .help = "the service's token (the admin token for drain, undrain, cancel); default "
-                 "$STRIA_TOKEN_FILE"},
+         .help = "a credential: the client one for status and workers, the admin one for "
+                 "everything; proven, never sent; default $STRIA_TOKEN_FILE"},
         {.name = "json",
          .type = STRIA_OPT_FLAG,
          .dst = &c.json,
@@ -886,11 +886,11 @@ int main(int argc, char **argv)
                     "uptime/version"},
         {.name = "workers", .summary = "every known worker"},
         {.name = "jobs",
-         .summary = "active and queued jobs (--all: finished ones too)",
+         .summary = "active and queued jobs (--all: finished ones too) (admin)",
          .options = jobs_options},
         {.name = "job",
-         .summary = "one job: spec, assignment, state, timings, failure reason (--timeline: "
-                    "its passes drawn as an SVG)",
+         .summary = "one job: spec, assignment, state, timings, failure reason (admin; "
+                    "--timeline: its passes drawn as an SVG)",
          .args = "ID",
          .min_args = 1,
          .max_args = 1,

@@ -153,6 +153,12 @@ stria_status_t stria_addr_parse(const char *addr, char *host, size_t host_cap, u
  * Errors: STRIA_ERR_INVALID_ARG naming the host. */
 stria_status_t stria_addr_resolve(const char *host, uint16_t port, bool passive,
                                   struct sockaddr_storage *out, size_t *len_out);
+/* Whether every address `host` resolves to is a loopback one (127.0.0.0/8,
+ * ::1): a listener there is reachable from this machine only. A wildcard
+ * ("0.0.0.0", "::") or a name that does not resolve is not. */
+bool stria_addr_is_loopback(const char *host);
+/* The same for the host of a "HOST:PORT" address (false when malformed). */
+bool stria_addr_listen_is_loopback(const char *addr);
 
 /* ---- byte ranges -------------------------------------------------------- */
 

@@ -402,23 +402,30 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
      * refused before they are read. */
 #define STRIA__SMALL .max_pb_bytes = STRIA__COORD_SMALL_REQUEST
     static const stria_rpc_method_t methods[STRIA_RPC_COORDINATOR_N_METHODS] = {
-        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register,
+                        .flags = STRIA_RPC_METHOD_WORKER, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_HEARTBEAT, .handler = stria__on_heartbeat,
+                        .flags = STRIA_RPC_METHOD_WORKER,
                         .max_pb_bytes = STRIA_COORD_MAX_HEARTBEAT_BYTES),
-        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report, STRIA__SMALL),
-        STRIA_RPC_SERVE(COORDINATOR_SUBMIT_JOB, .handler = stria__on_submit),
+        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report,
+                        .flags = STRIA_RPC_METHOD_WORKER, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_SUBMIT_JOB, .handler = stria__on_submit,
+                        .flags = STRIA_RPC_METHOD_CLIENT),
+        /* Any role: the handler tells owners, admins and workers apart. */
         STRIA_RPC_SERVE(COORDINATOR_GET_JOB, .handler = stria__on_get_job, STRIA__SMALL),
-        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release,
+                        .flags = STRIA_RPC_METHOD_CLIENT, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_CANCEL_JOB, .handler = stria__on_cancel,
                         .flags = STRIA_RPC_METHOD_ADMIN, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_GET_STATUS, .handler = stria__on_status, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_GET_RING, .handler = stria__on_ring, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_LIST_WORKERS, .handler = stria__on_list_workers, STRIA__SMALL),
-        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs,
+                        .flags = STRIA_RPC_METHOD_ADMIN, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_DRAIN_WORKER, .handler = stria__on_drain,
                         .flags = STRIA_RPC_METHOD_ADMIN, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_DEREGISTER_WORKER, .handler = stria__on_deregister,
-                        STRIA__SMALL),
+                        .flags = STRIA_RPC_METHOD_WORKER, STRIA__SMALL),
     };
 #undef STRIA__SMALL
     stria_rpc_server_params_t sp;
@@ -446,6 +453,17 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
         return stria_error_set(STRIA_ERR_INTERNAL, "coordinator: service has %u methods, not %d",
                                stria__v1__coordinator__descriptor.n_methods,
                                STRIA_RPC_COORDINATOR_N_METHODS);
+    bool has_client = p->token != NULL && p->token[0] != '\0';
+    bool has_worker = p->worker_token != NULL && p->worker_token[0] != '\0';
+    bool has_admin = p->admin_token != NULL && p->admin_token[0] != '\0';
+    if ((has_client || has_worker || has_admin) && !(has_client && has_worker)) {
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "coordinator: with credentials, both the client and the worker "
+                               "credential are needed (missing: %s)",
+                               !has_client && !has_worker ? "client, worker"
+                               : !has_client              ? "client"
+                                                          : "worker");
+    }
     co = calloc(1, sizeof(*co));
     if (co == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "coordinator: out of memory");
@@ -461,7 +479,7 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     stria__index_init(&co->worker_ids);
     stria__index_init(&co->job_ids);
     stria__index_init(&co->members);
-    co->auth_required = p->token != NULL && p->token[0] != '\0';
+    co->auth_required = has_client;
     co->metrics = p->metrics;
     co->notify_status = p->notify_status;
     stria__metrics_init(co);
@@ -469,7 +487,6 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     co->last_tick = co->started_at;
     co->started_ms = stria__coord_wall_ms();
     co->next_worker_id = 1;
-    co->next_job_id = 1;
     co->workers = calloc(co->max_workers, sizeof(*co->workers));
     if (co->workers == NULL) {
         free(co);
@@ -482,6 +499,7 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     sp.methods = methods;
     sp.ctx = co;
     sp.token = p->token;
+    sp.worker_token = p->worker_token;
     sp.admin_token = p->admin_token;
     sp.tick = stria__on_tick;
     /* Dead workers are noticed within a quarter period of the deadline. */
@@ -494,8 +512,11 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
         free(co);
         return st;
     }
-    if (co->auth_required && (p->admin_token == NULL || p->admin_token[0] == '\0'))
-        stria_log_warn("coordinator: no admin token: every token holder may drain and cancel");
+    if (co->auth_required && !has_admin)
+        stria_log_warn("coordinator: no admin credential: nobody may drain, cancel or list jobs");
+    else if (!co->auth_required)
+        stria_log_warn("coordinator: no credentials: every connection is client, worker and "
+                       "admin");
     *coord_out = co;
     return STRIA_OK;
 }

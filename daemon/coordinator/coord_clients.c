@@ -103,8 +103,28 @@ static int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, 
     return best;
 }
 
+/* A new job's id, secret and ring key: the id random and unique among the
+ * jobs kept, so that an id says nothing about the others (the secret, not
+ * the id, is what opens a job); 53 bits, not 0, so that JSON readers that
+ * hold numbers as doubles (jq, JavaScript) keep it exact. The keys come
+ * from the system's generator. */
+static stria_status_t stria__job_keys(stria_coord_t *co, stria__cjob_t *j)
+{
+    stria_status_t st = STRIA_OK;
+    do {
+        uint8_t raw[8];
+        st = stria_auth_random(raw, sizeof(raw));
+        j->id = stria_get_le64(raw) >> 11;
+    } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL));
+    if (st == STRIA_OK)
+        st = stria_job_secret_generate(&j->secret);
+    if (st == STRIA_OK)
+        st = stria_auth_random(j->ring_key, sizeof(j->ring_key));
+    return st;
+}
+
 /* Appends an admitted job (state PENDING) on the workers ring[0 .. n) to the
- * job table; NULL when out of memory. */
+ * job table; NULL when out of memory or without random bytes. */
 static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
                                      const stria_layout_t *layout, stria__cworker_t **ring,
                                      uint32_t n, uint64_t need, const char *client)
@@ -121,13 +141,15 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     j = calloc(1, sizeof(*j));
     if (j != NULL)
         j->ranks = calloc(n, sizeof(*j->ranks));
-    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks)) {
-        if (j != NULL)
+    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks) ||
+        stria__job_keys(co, j) != STRIA_OK) {
+        if (j != NULL) {
+            stria_job_masks_free(&j->masks);
             free(j->ranks);
+        }
         free(j);
         return NULL;
     }
-    j->id = co->next_job_id;
     if (stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
         stria_job_masks_free(&j->masks);
         free(j->ranks);
@@ -146,7 +168,6 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
             return NULL;
         }
     }
-    co->next_job_id++;
     j->batch = s->batch;
     j->seq_len = s->seq_len;
     j->heads = s->heads;
@@ -192,6 +213,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = NULL;
     bool now = false;
     int64_t start;
+    uint8_t sealed[STRIA_AUTH_SEALED_BYTES];
     stria__b_t b = {0};
     char client[64];
 
@@ -296,6 +318,12 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
         goto free_ring;
     }
+    if (stria_auth_seal(stria_rpc_call_session(call), "job secret", j->id, j->secret.bytes,
+                        sealed) != STRIA_OK) {
+        stria__job_finish(co, j, S_FAILED, "%s", stria_error_msg());
+        stria_rpc_call_fail(call, STRIA_ERR_INTERNAL, "SubmitJob: %s", stria_error_msg());
+        goto free_ring;
+    }
     if (co->metrics != NULL)
         stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
                                            "stria_coordinator_jobs_submitted_total",
@@ -311,9 +339,36 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     rep.state = j->state;
     rep.assignment = stria__fill_assignment(&b, j);
     rep.queue_position = stria__queue_position(co, j);
+    rep.job_secret.data = sealed;
+    rep.job_secret.len = sizeof(sealed);
     stria__b_reply(&b, call, &rep.base);
 free_ring:
     free(ring);
+}
+
+/* Who may see a job, and how: its owner (a proof of its secret: renews its
+ * TTL), an admin (a view), a worker (its keys, sealed for the connection).
+ * Returns false after failing the call. */
+static bool stria__get_job_access(stria_rpc_call_t *call, const Stria__V1__GetJobRequest *req,
+                                  stria__cjob_t *j, bool *owner, uint8_t *secret, uint8_t *ring)
+{
+    unsigned roles = stria_rpc_call_roles(call);
+    const stria_auth_session_t *session = stria_rpc_call_session(call);
+    *owner = false;
+    if (req->job_proof.len > 0 || !(roles & (STRIA_RPC_ROLE_ADMIN | STRIA_RPC_ROLE_WORKER))) {
+        if (stria_rpc_call_check_job(call, &j->secret, j->id) != STRIA_OK) {
+            stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+            return false;
+        }
+        *owner = true;
+    }
+    if ((roles & STRIA_RPC_ROLE_WORKER) &&
+        (stria_auth_seal(session, "job secret", j->id, j->secret.bytes, secret) != STRIA_OK ||
+         stria_auth_seal(session, "ring key", j->id, j->ring_key, ring) != STRIA_OK)) {
+        stria_rpc_call_fail(call, STRIA_ERR_INTERNAL, "GetJob: %s", stria_error_msg());
+        return false;
+    }
+    return true;
 }
 
 void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
@@ -322,6 +377,8 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     const Stria__V1__GetJobRequest *req = STRIA__REQ(Stria__V1__GetJobRequest, call);
     Stria__V1__GetJobReply rep = STRIA__V1__GET_JOB_REPLY__INIT;
     stria__cjob_t *j = stria__job_find(co, req->job_id);
+    uint8_t secret[STRIA_AUTH_SEALED_BYTES], ring[STRIA_AUTH_SEALED_BYTES];
+    bool owner;
     stria__b_t b = {0};
 
     if (j == NULL) {
@@ -329,7 +386,10 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)req->job_id);
         return;
     }
-    if (!stria__terminal(j->state))
+    if (!stria__get_job_access(call, req, j, &owner, secret, ring))
+        return;
+    /* Only its owner keeps a job alive (workers do, through heartbeats). */
+    if (owner && !stria__terminal(j->state))
         j->last_activity = stria_time_now();
     rep.job = stria__fill_job(&b, co, j);
     if (rep.job == NULL)
@@ -339,6 +399,12 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     if (rep.job != NULL && req->include_timelines &&
         !stria__timeline_fill(&b, j, rep.job, &held, &n_held))
         b.oom = true;
+    if (stria_rpc_call_roles(call) & STRIA_RPC_ROLE_WORKER) {
+        rep.job_secret.data = secret;
+        rep.job_secret.len = sizeof(secret);
+        rep.ring_key.data = ring;
+        rep.ring_key.len = sizeof(ring);
+    }
     stria__b_reply(&b, call, &rep.base);
     stria__timeline_release(held, n_held);
 }
@@ -353,6 +419,10 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
     if (j == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "ReleaseJob: job %llu is unknown",
                             (unsigned long long)req->job_id);
+        return;
+    }
+    if (stria_rpc_call_check_job(call, &j->secret, j->id) != STRIA_OK) {
+        stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
         return;
     }
     if (!stria__terminal(j->state)) {

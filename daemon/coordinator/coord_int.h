@@ -4,6 +4,7 @@
 #define STRIA_COORD_INT_H
 
 #include "stria.pb-c.h"
+#include "stria_auth.h"
 #include "stria_spec.h"
 #include "stria_coordinator.h"
 #include "stria_rpc.h"
@@ -74,7 +75,12 @@ typedef struct {
 } stria__crank_t;
 
 typedef struct {
-    uint64_t id;
+    uint64_t id; /* random, unique among the jobs kept */
+    /* The job's capability: whoever proves it owns the job. Handed sealed
+     * to the client that submitted it and to its workers. */
+    stria_job_secret_t secret;
+    /* What the job's ring links prove to each other; to the workers only. */
+    uint8_t ring_key[STRIA_AUTH_KEY_BYTES];
     Stria__V1__JobState state;
     /* the spec, defaults filled in */
     uint32_t batch, heads, kv_heads, head_dim, ttl_s, step_timeout_ms;
@@ -129,7 +135,6 @@ struct stria_coord {
 
     stria__cjob_t **jobs; /* submission order: finished ones kept as history */
     uint32_t n_jobs, cap_jobs;
-    uint64_t next_job_id;
     uint64_t jobs_submitted, jobs_failed;
 
     size_t timeline_bytes; /* held by every job's tl, at most STRIA__TIMELINE_BUDGET */

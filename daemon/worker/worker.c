@@ -151,7 +151,8 @@ static stria_status_t stria__setup(stria_worker_t *w, const stria_worker_params_
     if (strlen(p->coordinator) >= sizeof(w->coordinator))
         return stria_error_set(STRIA_ERR_INVALID_ARG, "coordinator address too long");
     snprintf(w->coordinator, sizeof(w->coordinator), "%s", p->coordinator);
-    if (p->token != NULL && (w->token = strdup(p->token)) == NULL)
+    if ((p->token != NULL && (w->token = strdup(p->token)) == NULL) ||
+        (p->worker_token != NULL && (w->worker_token = strdup(p->worker_token)) == NULL))
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     w->memory_bytes = p->memory_bytes;
     if (w->memory_bytes <= 0) {
@@ -289,6 +290,7 @@ void stria_worker_stop(stria_worker_t *w)
         stria_metrics_destroy(w->metrics);
     free(w->links);
     free(w->token);
+    free(w->worker_token);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->coord_lock);
     pthread_mutex_destroy(&w->lock);

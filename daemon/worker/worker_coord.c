@@ -25,7 +25,7 @@ stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const Prot
         memset(&p, 0, sizeof(p));
         p.address = w->coordinator;
         p.service = &stria__v1__coordinator__descriptor;
-        p.token = w->token;
+        p.token = w->worker_token;
         p.client_name = "stria-worker";
         p.connect_timeout_s = STRIA__COORD_TIMEOUT_S;
         st = stria_rpc_client_connect(&p, &w->coord);
@@ -233,6 +233,7 @@ void *stria__wcoord_thread(void *arg)
         for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
             njobs++;
         stria_metric_set(w->m_jobs, (double)njobs);
+        stria__wmetrics_ring(w);
         double period = (st == STRIA_OK ? w->heartbeat_ms : 1000) / 1000.0;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

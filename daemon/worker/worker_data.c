@@ -78,6 +78,9 @@ static void stria__put_cleanup(void *arg)
 static stria_status_t stria__put_buffer(stria__put_t *p, void **buf_out)
 {
     stria__wjob_t *j = p->job;
+    stria_status_t st = stria_rpc_call_check_job(p->call, &j->secret, j->id);
+    if (st != STRIA_OK)
+        return st;
     uint64_t total = stria__wjob_compact_bytes(j, p->tensor);
     if (p->total != total || p->offset > total || p->len > total - p->offset)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -203,7 +206,8 @@ void stria__w_on_put(void *ctx, stria_rpc_call_t *call)
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "PutInput without payload bytes");
         return;
     }
-    /* the payload callback holds a reference; take another for this handler */
+    /* the payload callback holds a reference (and checked the job's secret);
+     * take another for this handler */
     if (stria__wjob_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
         return;
@@ -265,8 +269,10 @@ void stria__w_on_get(void *ctx, stria_rpc_call_t *call)
                             (int)req->tensor);
         return;
     }
-    if (stria__wjob_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
+    stria_status_t st = stria__wjob_get_checked(w, call, req->job_id, req->rank, false, &j);
+    if (st != STRIA_OK) {
+        stria_rpc_call_fail(call, st == STRIA_ERR_AUTH ? st : STRIA_ERR_NOT_FOUND, "%s",
+                            stria_error_msg());
         return;
     }
     pthread_mutex_lock(&w->lock);
@@ -365,6 +371,11 @@ void stria__w_on_drop(void *ctx, stria_rpc_call_t *call)
     Stria__V1__DropJobReply rep = STRIA__V1__DROP_JOB_REPLY__INIT;
     pthread_mutex_lock(&w->lock);
     stria__wjob_t *j = stria__wjob_find(w, req->job_id);
+    if (j != NULL && stria_rpc_call_check_job(call, &j->secret, req->job_id) != STRIA_OK) {
+        pthread_mutex_unlock(&w->lock);
+        stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+        return;
+    }
     if (j != NULL) {
         rep.dropped = true;
         rep.freed_bytes = j->bytes;

@@ -15,6 +15,7 @@
 #include <pthread.h>
 
 #include "stria.pb-c.h"
+#include "stria_auth.h"
 #include "stria_spec.h"
 #include "stria_common.h"
 #include "stria_device.h"
@@ -61,6 +62,8 @@ typedef struct stria__wjob {
     stria_worker_t *w;
     uint64_t id;
     int rank, n_ranks;
+    stria_job_secret_t secret;              /* what its clients prove on every request */
+    uint8_t ring_key[STRIA_AUTH_KEY_BYTES]; /* what its ring links prove */
     /* the spec */
     int64_t batch, seq, heads, kv_heads, head_dim;
     stria_dtype_t dtype;
@@ -108,7 +111,8 @@ typedef struct stria__wjob {
 
 struct stria_worker {
     char coordinator[300];
-    char *token;
+    char *token;        /* the clients' credential, checked by this worker's RPC */
+    char *worker_token; /* the workers' credential, proven to the coordinator */
     int64_t memory_bytes;
     double step_timeout_s, connect_timeout_s;
     bool notify_status;
@@ -160,6 +164,10 @@ struct stria_worker {
         *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
     /* per pool (host, device, pinned): reserved, in use, high water, committed */
     stria_metric_t *m_pool[3][4];
+    /* what the ring link's listener refused (stria_ucx_ctx_stats_t), and
+     * the counts already added to them */
+    stria_metric_t *m_ring_refused[4];
+    stria_ucx_ctx_stats_t ring_seen;
 };
 
 /* ---- worker_jobs.c ---- */
@@ -168,6 +176,10 @@ stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id);
  * job of a request for `rank` and takes a reference. Lock not held. */
 stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
                                stria__wjob_t **out);
+/* As stria__wjob_get(), then checks the request's proof of the job's secret
+ * (the job is released again when it fails). */
+stria_status_t stria__wjob_get_checked(stria_worker_t *w, stria_rpc_call_t *call, uint64_t id,
+                                       uint32_t rank, bool create, stria__wjob_t **out);
 void stria__wjob_unref(stria_worker_t *w, stria__wjob_t *j);
 /* Unlinks a job and aborts its running pass; frees it, or marks it to be
  * freed by its last user. Lock held. */
@@ -249,5 +261,8 @@ void stria__wtimeline_free(stria__wtimeline_t *tl);
 
 /* ---- worker_metrics.c ---- */
 void stria__wmetrics_init(stria_worker_t *w);
+/* Adds what the worker's UCX context refused since the last call to the
+ * metrics (heartbeat thread). */
+void stria__wmetrics_ring(stria_worker_t *w);
 
 #endif

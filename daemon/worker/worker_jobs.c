@@ -159,6 +159,52 @@ static uint64_t stria__job_memory(const stria__wjob_t *j)
     return bytes;
 }
 
+/* Opens the job's secret and ring key, sealed for the worker's connection to
+ * the coordinator. */
+static stria_status_t stria__job_keys(stria__wjob_t *j, uint64_t job_id,
+                                      const stria_auth_session_t *session,
+                                      const Stria__V1__GetJobReply *gr)
+{
+    if (stria_auth_open(session, "job secret", job_id, gr->job_secret.data, gr->job_secret.len,
+                        j->secret.bytes) != STRIA_OK ||
+        stria_auth_open(session, "ring key", job_id, gr->ring_key.data, gr->ring_key.len,
+                        j->ring_key) != STRIA_OK)
+        return stria_error_wrap(STRIA_ERR_AUTH,
+                                "job %llu: the coordinator's assignment has no usable keys (does "
+                                "this worker prove the worker credential?)",
+                                (unsigned long long)job_id);
+    return STRIA_OK;
+}
+
+/* Copies the job's rank and spec from its assignment. */
+static stria_status_t stria__job_spec(stria__wjob_t *j, stria_worker_t *w, uint64_t job_id,
+                                      uint32_t rank, const Stria__V1__Assignment *a)
+{
+    const Stria__V1__JobSpec *s = a->spec;
+    j->w = w;
+    j->id = job_id;
+    j->rank = (int)rank;
+    j->n_ranks = (int)a->n_ranks;
+    j->batch = s->batch;
+    j->seq = (int64_t)s->seq_len;
+    j->heads = s->heads;
+    j->kv_heads = s->kv_heads;
+    j->head_dim = s->head_dim;
+    j->dtype = (stria_dtype_t)s->dtype;
+    j->causal = s->causal;
+    if (!stria_job_masks_copy(s, &j->masks))
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    j->layout_kind = (stria_layout_kind_t)s->layout;
+    j->scale = s->scale;
+    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
+    if (j->step_timeout_s > STRIA__MAX_STEP_TIMEOUT_S) /* whatever the coordinator allowed */
+        j->step_timeout_s = STRIA__MAX_STEP_TIMEOUT_S;
+    j->steps_total = (uint32_t)a->n_ranks;
+    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    j->last_activity = stria_time_now();
+    return STRIA_OK;
+}
+
 /* Fetches a job's assignment from the coordinator and creates the job with
  * every buffer allocated (bounded memory: a job that does not fit is refused
  * here, never mid-pass). Lock not held. */
@@ -196,35 +242,14 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
                              (unsigned long long)w->worker_id);
         goto out;
     }
-    const Stria__V1__JobSpec *s = a->spec;
     j = calloc(1, sizeof(*j));
     if (j == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
         goto out;
     }
-    j->w = w;
-    j->id = job_id;
-    j->rank = (int)rank;
-    j->n_ranks = (int)a->n_ranks;
-    j->batch = s->batch;
-    j->seq = (int64_t)s->seq_len;
-    j->heads = s->heads;
-    j->kv_heads = s->kv_heads;
-    j->head_dim = s->head_dim;
-    j->dtype = (stria_dtype_t)s->dtype;
-    j->causal = s->causal;
-    if (!stria_job_masks_copy(s, &j->masks)) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    if ((st = stria__job_keys(j, job_id, &reply.session, gr)) != STRIA_OK ||
+        (st = stria__job_spec(j, w, job_id, rank, a)) != STRIA_OK)
         goto out;
-    }
-    j->layout_kind = (stria_layout_kind_t)s->layout;
-    j->scale = s->scale;
-    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
-    if (j->step_timeout_s > STRIA__MAX_STEP_TIMEOUT_S) /* whatever the coordinator allowed */
-        j->step_timeout_s = STRIA__MAX_STEP_TIMEOUT_S;
-    j->steps_total = (uint32_t)a->n_ranks;
-    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
-    j->last_activity = stria_time_now();
     const char *next = a->ranks[(rank + 1) % a->n_ranks]->ucx_address;
     if (stria_dtype_size(j->dtype) == 0 || next == NULL || strlen(next) >= sizeof(j->next_ucx)) {
         st = stria_error_set(STRIA_ERR_PROTOCOL, "job %llu: malformed assignment",
@@ -288,6 +313,22 @@ out:
     free(j);
     stria_rpc_reply_free(&reply);
     return st;
+}
+
+stria_status_t stria__wjob_get_checked(stria_worker_t *w, stria_rpc_call_t *call, uint64_t id,
+                                       uint32_t rank, bool create, stria__wjob_t **out)
+{
+    stria__wjob_t *j;
+    stria_status_t st = stria__wjob_get(w, id, rank, create, &j);
+    if (st != STRIA_OK)
+        return st;
+    st = stria_rpc_call_check_job(call, &j->secret, id);
+    if (st != STRIA_OK) {
+        stria__wjob_unref(w, j);
+        return st;
+    }
+    *out = j;
+    return STRIA_OK;
 }
 
 /* Finds or creates the job of a request and takes a reference. */

@@ -164,6 +164,7 @@ static stria_status_t stria__pass_link(stria_worker_t *w, stria__wjob_t *j, uint
     rq.size = j->n_ranks;
     rq.next_address = j->next_ucx;
     rq.connect_timeout_s = w->connect_timeout_s;
+    rq.key = j->ring_key;
     stria_status_t st = w->factory.connect(w->factory.ctx, &rq, &link);
     if (st != STRIA_OK)
         return st;
@@ -401,7 +402,7 @@ static void stria__pass_handler(stria_worker_t *w, stria_rpc_call_t *call, uint6
                                 uint32_t rank, bool backward)
 {
     stria__wjob_t *j;
-    stria_status_t st = stria__wjob_get(w, job_id, rank, false, &j);
+    stria_status_t st = stria__wjob_get_checked(w, call, job_id, rank, false, &j);
     if (st != STRIA_OK) {
         stria_rpc_call_fail(call, st, "%s", stria_error_msg());
         return;
