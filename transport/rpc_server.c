@@ -280,6 +280,11 @@ void stria_rpc_call_set_cleanup(stria_rpc_call_t *call, stria_rpc_done_cb fn, vo
     call->cleanup_arg = arg;
 }
 
+void *stria_rpc_call_cleanup_arg(const stria_rpc_call_t *call)
+{
+    return call->cleanup_arg;
+}
+
 static void stria__async_wake(stria_rpc_server_t *srv);
 
 /* Queues a job for the loop thread (srv->lock held). */

@@ -189,6 +189,9 @@ const char *stria_rpc_call_peer(const stria_rpc_call_t *call);
  * e.g. in the middle of its payload). Use it to release the payload buffer.
  * One cleanup per call; a second call replaces the first. Loop thread only. */
 void stria_rpc_call_set_cleanup(stria_rpc_call_t *call, stria_rpc_done_cb fn, void *arg);
+/* The argument of the call's cleanup (NULL: none): how a handler finds the
+ * state its payload callback set up. Loop thread only. */
+void *stria_rpc_call_cleanup_arg(const stria_rpc_call_t *call);
 
 /* Replies to a call and releases it (the call and its request are invalid
  * afterwards). `reply` must be of the method's output type; it is serialised

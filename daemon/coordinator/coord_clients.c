@@ -37,67 +37,50 @@ static void stria__count_workers(const stria_coord_t *co, uint32_t *healthy, uin
     }
 }
 
-/* Chooses n consecutive ring workers for a job needing `need` bytes each:
- * the first window that can start now, else the least loaded one that has
- * the capacity. Returns the window's start, or -1 when no window has the
- * capacity (*best_cap_out: the largest per-rank capacity of any window). */
-static int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count,
-                                    uint32_t n, uint64_t need, bool *now_out,
-                                    uint64_t *best_cap_out)
+/* A job's secret: 128 random bits as hex. */
+static stria_status_t stria__new_secret(char out[STRIA__SECRET_LEN + 1])
 {
-    int64_t best = -1;
-    uint64_t best_load = UINT64_MAX, best_cap = 0;
-
-    /* Free memory is what is not reserved and not promised to queued jobs. */
-    for (uint32_t i = 0; i < co->n_workers; i++) {
-        co->workers[i]->queued_demand = 0;
-        co->workers[i]->blocked = false;
-    }
-    for (uint32_t i = 0; i < co->n_jobs; i++) {
-        stria__cjob_t *j = co->jobs[i];
-        if (j->state != S_PENDING)
-            continue;
-        for (uint32_t r = 0; r < j->n_ranks; r++) {
-            j->ranks[r].worker->queued_demand += j->mem_per_rank;
-            j->ranks[r].worker->blocked = true;
-        }
-    }
-    for (uint32_t s = 0; s + n <= count; s++) {
-        uint64_t cap = UINT64_MAX, load = 0;
-        bool fits = true;
-        for (uint32_t k = s; k < s + n; k++) {
-            stria__cworker_t *w = ring[k];
-            if (w->memory_bytes < cap)
-                cap = w->memory_bytes;
-            load += w->reserved + w->queued_demand;
-            if (w->blocked || w->memory_bytes < w->reserved || w->memory_bytes - w->reserved < need)
-                fits = false;
-        }
-        if (cap > best_cap)
-            best_cap = cap;
-        if (cap < need)
-            continue;
-        if (fits) {
-            *now_out = true;
-            return s;
-        }
-        if (load < best_load) {
-            best_load = load;
-            best = s;
-        }
-    }
-    *now_out = false;
-    *best_cap_out = best_cap;
-    return best;
+    uint8_t raw[STRIA__SECRET_LEN / 2];
+    stria_status_t st = stria_random_bytes(raw, sizeof(raw));
+    if (st != STRIA_OK)
+        return st;
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    return STRIA_OK;
 }
 
-/* Appends an admitted job (state PENDING) on the workers ring[0 .. n) to the
- * job table; NULL when out of memory. */
+/* The sharded part of a job and the placement of its ranks (their strings
+ * copied); false when out of memory. */
+static bool stria__job_add_sharded(stria__cjob_t *j, const Stria__V1__JobSpec *s,
+                                   const bool *fallback)
+{
+    j->sharded = s->sharded;
+    j->arrival_timeout_s =
+        s->arrival_timeout_s > 0 ? s->arrival_timeout_s : STRIA__DEFAULT_ARRIVAL_S;
+    j->placed = s->n_placement > 0;
+    j->placement_fallback = s->placement_fallback;
+    for (uint32_t r = 0; r < j->n_ranks && j->placed; r++) {
+        stria__crank_t *cr = &j->ranks[r];
+        cr->fallback = fallback[r];
+        cr->place_has_device = s->placement[r]->has_device_index;
+        cr->place_device = s->placement[r]->device_index;
+        if ((cr->place_host = strdup(s->placement[r]->host)) == NULL)
+            return false;
+    }
+    return true;
+}
+
+/* Appends an admitted job (state PENDING) on the workers ring[0 .. n) (the
+ * ranks' workers in order; fallback[r]: rank r placed off its host) to the
+ * job table; NULL when out of memory or without a secret. */
 static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
                                      const stria_layout_t *layout, stria__cworker_t **ring,
-                                     uint32_t n, uint64_t need)
+                                     const bool *fallback, uint32_t n, uint64_t need)
 {
     stria__cjob_t *j;
+    char secret[STRIA__SECRET_LEN + 1];
+    if (stria__new_secret(secret) != STRIA_OK)
+        return NULL;
     if (co->n_jobs == co->cap_jobs) {
         uint32_t cap = co->cap_jobs ? 2 * co->cap_jobs : 64;
         stria__cjob_t **jobs = realloc(co->jobs, cap * sizeof(*jobs));
@@ -138,12 +121,55 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
         cr->n_runs = stria_layout_shard_runs(layout, (int)r, false, cr->runs);
         cr->tokens = (uint64_t)stria_layout_shard_valid(layout, (int)r);
     }
+    memcpy(j->secret, secret, sizeof(secret));
+    if (!stria__job_add_sharded(j, s, fallback)) {
+        for (uint32_t r = 0; r < n; r++)
+            free(j->ranks[r].place_host);
+        free(j->ranks);
+        stria_job_masks_free(&j->masks);
+        free(j);
+        return NULL;
+    }
     j->submitted_ms = stria__coord_wall_ms();
     j->last_activity = stria_time_now();
     j->state = S_PENDING;
     co->jobs[co->n_jobs++] = j;
     co->jobs_submitted++;
     return j;
+}
+
+/* The workers of a job's ranks, into chosen[0 .. n): the spec's placement,
+ * or a window of the ring. False when refused (the call is answered). */
+static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
+                                  const Stria__V1__JobSpec *s, stria__cworker_t **ring,
+                                  uint32_t count, uint32_t n, const stria_layout_t *layout,
+                                  uint64_t need, stria__cworker_t **chosen, bool *fallback,
+                                  bool *now)
+{
+    uint64_t best_cap = 0;
+    if (s->n_placement > 0) {
+        stria_status_t st =
+            stria__choose_placed(co, s, ring, count, n, need, chosen, fallback, now);
+        if (st == STRIA_OK)
+            return true;
+        stria__count_error(co, st == STRIA_ERR_NO_MEMORY ? STRIA__E_SUBMIT_NO_MEMORY
+                                                         : STRIA__E_SUBMIT_NO_WORKERS);
+        stria_rpc_call_fail(call, st, "SubmitJob: %s", stria_error_msg());
+        return false;
+    }
+    int64_t start = stria__choose_window(co, ring, count, n, need, now, &best_cap);
+    if (start < 0) {
+        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
+                            "SubmitJob: the job needs %llu MiB per rank (%u ranks of %lld tokens) "
+                            "but the workers of the best ring of %u offer %llu MiB each; use a "
+                            "larger ring, a smaller batch or a shorter sequence",
+                            (unsigned long long)(need >> 20), n, (long long)layout->shard_tokens, n,
+                            (unsigned long long)(best_cap >> 20));
+        return false;
+    }
+    memcpy(chosen, ring + start, n * sizeof(*chosen));
+    return true;
 }
 
 void stria__on_submit(void *ctx, stria_rpc_call_t *call)
@@ -155,10 +181,10 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     stria__cworker_t **ring = NULL;
     uint32_t count, n, healthy, draining, dead, left;
     stria_layout_t layout;
-    uint64_t need = 0, best_cap = 0;
+    uint64_t need = 0;
     stria__cjob_t *j = NULL;
-    bool now = false;
-    int64_t start;
+    stria__cworker_t **chosen = NULL;
+    bool now = false, *fallback = NULL;
     stria__b_t b = {0};
 
     if (s == NULL) {
@@ -220,17 +246,14 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             stria_error_msg());
         goto free_ring;
     }
-    start = stria__choose_window(co, ring, count, n, need, &now, &best_cap);
-    if (start < 0) {
-        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
-        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
-                            "SubmitJob: the job needs %llu MiB per rank (%u ranks of %lld tokens) "
-                            "but the workers of the best ring of %u offer %llu MiB each; use a "
-                            "larger ring, a smaller batch or a shorter sequence",
-                            (unsigned long long)(need >> 20), n, (long long)layout.shard_tokens, n,
-                            (unsigned long long)(best_cap >> 20));
+    chosen = calloc(n, sizeof(*chosen));
+    fallback = calloc(n, sizeof(*fallback));
+    if (chosen == NULL || fallback == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
         goto free_ring;
     }
+    if (!stria__submit_workers(co, call, s, ring, count, n, &layout, need, chosen, fallback, &now))
+        goto free_ring;
     if (!now && s->no_queue) {
         stria__count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
@@ -239,9 +262,9 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)(need >> 20));
         goto free_ring;
     }
-    j = stria__job_add(co, s, &layout, ring + start, n, need);
+    j = stria__job_add(co, s, &layout, chosen, fallback, n, need);
     if (j == NULL) {
-        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory or no secret");
         goto free_ring;
     }
     if (co->metrics != NULL)
@@ -250,18 +273,21 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                                            "Jobs admitted since start.", NULL, NULL, 0),
                          1);
     stria_log_info("job %llu submitted: batch %u, seq %llu, heads %u/%u, dim %u, %s, %u ranks "
-                   "from worker %llu, %llu MiB per rank%s",
+                   "from worker %llu%s, %llu MiB per rank%s%s",
                    (unsigned long long)j->id, j->batch, (unsigned long long)j->seq_len, j->heads,
                    j->kv_heads, j->head_dim, stria_dtype_name((stria_dtype_t)j->dtype), n,
-                   (unsigned long long)ring[start]->id, (unsigned long long)(need >> 20),
+                   (unsigned long long)chosen[0]->id, j->placed ? " (placed)" : "",
+                   (unsigned long long)(need >> 20), j->sharded ? ", sharded" : "",
                    now ? "" : ", queued");
     stria__schedule(co);
     rep.state = j->state;
-    rep.assignment = stria__fill_assignment(&b, j);
+    rep.assignment = stria__fill_assignment(&b, j, true);
     rep.queue_position = stria__queue_position(co, j);
     stria__b_reply(&b, call, &rep.base);
 free_ring:
     free(ring);
+    free(chosen);
+    free(fallback);
 }
 
 void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
@@ -272,16 +298,37 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = stria__job_find(co, req->job_id);
     stria__b_t b = {0};
 
+    bool for_worker = false;
+
     if (j == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "GetJob: job %llu is unknown",
                             (unsigned long long)req->job_id);
         return;
+    }
+    if (req->secret[0] != '\0' && !stria_rpc_token_equal(req->secret, j->secret)) {
+        stria_rpc_call_fail(call, STRIA_ERR_AUTH,
+                            "GetJob: the secret given for job %llu is not the job's (bytes of "
+                            "another job's export, or damaged)",
+                            (unsigned long long)j->id);
+        return;
+    }
+    if (req->worker_id != 0) {
+        stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+        if (w == NULL || w->incarnation != req->incarnation || !stria__job_has_worker(j, w)) {
+            stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
+                                "GetJob: worker %llu (this incarnation) holds no rank of job %llu",
+                                (unsigned long long)req->worker_id, (unsigned long long)j->id);
+            return;
+        }
+        for_worker = true;
     }
     if (!stria__terminal(j->state))
         j->last_activity = stria_time_now();
     rep.job = stria__fill_job(&b, co, j);
     if (rep.job == NULL)
         b.oom = true;
+    else if (for_worker)
+        rep.job->assignment->secret = j->secret;
     stria__b_reply(&b, call, &rep.base);
 }
 
@@ -297,9 +344,29 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)req->job_id);
         return;
     }
-    if (!stria__terminal(j->state)) {
+    if (req->n_ranks > 0 && !stria_rpc_token_equal(req->secret, j->secret)) {
+        stria_rpc_call_fail(call, STRIA_ERR_AUTH,
+                            "ReleaseJob: releasing ranks of job %llu needs the job's secret",
+                            (unsigned long long)j->id);
+        return;
+    }
+    for (size_t i = 0; i < req->n_ranks; i++) {
+        if (req->ranks[i] >= j->n_ranks) {
+            stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                                "ReleaseJob: job %llu has no rank %u (ring of %u)",
+                                (unsigned long long)j->id, req->ranks[i], j->n_ranks);
+            return;
+        }
+    }
+    for (size_t i = 0; i < req->n_ranks; i++)
+        j->ranks[req->ranks[i]].released = true;
+    for (uint32_t r = 0; r < j->n_ranks && req->n_ranks > 0; r++)
+        rep.ranks_held += !j->ranks[r].released;
+    if (!stria__terminal(j->state) && rep.ranks_held == 0) {
         stria__job_finish(co, j, S_RELEASED, NULL);
         stria__schedule(co);
+    } else if (!stria__terminal(j->state)) {
+        j->last_activity = stria_time_now();
     }
     rep.state = j->state;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);

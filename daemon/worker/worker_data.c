@@ -53,11 +53,31 @@ typedef struct {
     int tensor;
     uint64_t offset, len;
     void *staging; /* when the range is not contiguous in the padded buffer */
+    bool handled;  /* the payload arrived whole and the handler ran */
 } stria__put_t;
+
+static const char *const stria__input_names[] = {"Q", "K", "V", "dO"};
 
 static void stria__put_cleanup(void *arg)
 {
     stria__put_t *p = arg;
+    stria_worker_t *w = p->w;
+    if (!p->handled && p->job != NULL) {
+        /* The connection was lost in the middle of the payload: the client
+         * is gone (or broken), and its rank can no longer complete the job,
+         * which fails now instead of holding its memory until the TTL. */
+        char msg[256];
+        pthread_mutex_lock(&w->lock);
+        if (!w->stopping && !p->job->dropped) {
+            snprintf(msg, sizeof(msg),
+                     "rank %d: its client's connection was lost in the middle of an upload "
+                     "(%llu bytes of %s at offset %llu)",
+                     p->job->rank, (unsigned long long)p->len, stria__input_names[p->tensor],
+                     (unsigned long long)p->offset);
+            stria__wjob_fail_locked(w, p->job, msg);
+        }
+        pthread_mutex_unlock(&w->lock);
+    }
     stria_free(p->staging);
     if (p->job != NULL)
         stria__wjob_unref(p->w, p->job);
@@ -77,7 +97,7 @@ stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64
     if (t < 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "PutInput: tensor %d is not an input",
                                (int)req->tensor);
-    st = stria__wjob_get(w, req->job_id, req->rank, true, &j);
+    st = stria__wjob_get(w, req->job_id, req->rank, true, NULL, &j);
     if (st != STRIA_OK)
         return st;
     uint64_t total = stria__wjob_compact_bytes(j, t);
@@ -110,6 +130,7 @@ stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64
     if (*buf_out == NULL) {
         p->staging = stria_malloc_aligned(payload_len);
         if (p->staging == NULL) {
+            p->handled = true; /* refused here, not lost */
             stria__put_cleanup(p);
             return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for %llu bytes",
                                    (unsigned long long)payload_len);
@@ -129,14 +150,17 @@ void stria__w_on_put(void *ctx, stria_rpc_call_t *call)
     uint64_t len = 0;
     void *payload = stria_rpc_call_payload(call, &len);
     int t = stria__input_tensor(req->tensor);
+    stria__put_t *p = stria_rpc_call_cleanup_arg(call);
     stria__wjob_t *j;
 
+    if (p != NULL)
+        p->handled = true;
     if (len == 0 || payload == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "PutInput without payload bytes");
         return;
     }
     /* the payload callback holds a reference; take another for this handler */
-    if (stria__wjob_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
+    if (stria__wjob_get(w, req->job_id, req->rank, false, NULL, &j) != STRIA_OK) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
         return;
     }
@@ -191,7 +215,7 @@ void stria__w_on_get(void *ctx, stria_rpc_call_t *call)
                             (int)req->tensor);
         return;
     }
-    if (stria__wjob_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
+    if (stria__wjob_get(w, req->job_id, req->rank, false, NULL, &j) != STRIA_OK) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
         return;
     }

@@ -24,8 +24,8 @@ stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id)
 static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
 {
     stria__wpass_free(j); /* before the device it borrows */
+    stria__wjob_mem_free(j);
     for (int t = 0; t < STRIA__T_COUNT; t++) {
-        stria_free(j->buf[t]);
         stria_device_free(j->dev, j->dbuf[t]);
         stria_ranges_free(&j->received[t]);
     }
@@ -61,6 +61,21 @@ void stria__wjob_drop_locked(stria_worker_t *w, stria__wjob_t *j)
         return;
     }
     stria__job_free(w, j);
+}
+
+void stria__wjob_fail_locked(stria_worker_t *w, stria__wjob_t *j, const char *message)
+{
+    stria__wfail_t *f = calloc(1, sizeof(*f));
+    stria_log_warn("job %llu: %s", (unsigned long long)j->id, message);
+    if (f != NULL) { /* else the job fails at the coordinator by its TTL */
+        f->job_id = j->id;
+        f->rank = j->rank;
+        snprintf(f->message, sizeof(f->message), "%s", message);
+        f->next = w->fails;
+        w->fails = f;
+        pthread_cond_broadcast(&w->cv); /* the heartbeat thread reports it */
+    }
+    stria__wjob_drop_locked(w, j);
 }
 
 void stria__wjob_unref(stria_worker_t *w, stria__wjob_t *j)
@@ -154,11 +169,43 @@ static uint64_t stria__job_memory(const stria__wjob_t *j)
     return bytes;
 }
 
+/* The job's spec from its assignment (its documents copied). */
+static stria_status_t stria__job_fill(stria__wjob_t *j, stria_worker_t *w,
+                                      const Stria__V1__Assignment *a, uint64_t job_id,
+                                      uint32_t rank)
+{
+    const Stria__V1__JobSpec *s = a->spec;
+    j->memfd = -1;
+    j->w = w;
+    j->sharded = s->sharded;
+    j->arrival_timeout_s = s->arrival_timeout_s > 0 ? s->arrival_timeout_s : 60.0;
+    snprintf(j->secret, sizeof(j->secret), "%s", a->secret);
+    j->id = job_id;
+    j->rank = (int)rank;
+    j->n_ranks = (int)a->n_ranks;
+    j->batch = s->batch;
+    j->seq = (int64_t)s->seq_len;
+    j->heads = s->heads;
+    j->kv_heads = s->kv_heads;
+    j->head_dim = s->head_dim;
+    j->dtype = (stria_dtype_t)s->dtype;
+    j->causal = s->causal;
+    if (!stria_job_masks_copy(s, &j->masks))
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    j->layout_kind = (stria_layout_kind_t)s->layout;
+    j->scale = s->scale;
+    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
+    j->steps_total = (uint32_t)a->n_ranks;
+    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    j->last_activity = stria_time_now();
+    return STRIA_OK;
+}
+
 /* Fetches a job's assignment from the coordinator and creates the job with
  * every buffer allocated (bounded memory: a job that does not fit is refused
  * here, never mid-pass). Lock not held. */
 static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint32_t rank,
-                                        stria__wjob_t **job_out)
+                                        const char *secret, stria__wjob_t **job_out)
 {
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
@@ -166,6 +213,10 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     stria__wjob_t *j = NULL;
 
     req.job_id = job_id;
+    pthread_mutex_lock(&w->lock);
+    req.worker_id = w->worker_id; /* the assignment then carries the secret */
+    pthread_mutex_unlock(&w->lock);
+    req.incarnation = w->incarnation;
     st = stria__wcoord_call(w, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &reply);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "job %llu", (unsigned long long)job_id);
@@ -191,33 +242,18 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
                              (unsigned long long)w->worker_id);
         goto out;
     }
-    const Stria__V1__JobSpec *s = a->spec;
+    if (secret != NULL && !stria_rpc_token_equal(secret, a->secret)) {
+        st = stria_error_set(STRIA_ERR_AUTH, "job %llu: the secret is not the job's",
+                             (unsigned long long)job_id);
+        goto out;
+    }
     j = calloc(1, sizeof(*j));
     if (j == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
         goto out;
     }
-    j->w = w;
-    j->id = job_id;
-    j->rank = (int)rank;
-    j->n_ranks = (int)a->n_ranks;
-    j->batch = s->batch;
-    j->seq = (int64_t)s->seq_len;
-    j->heads = s->heads;
-    j->kv_heads = s->kv_heads;
-    j->head_dim = s->head_dim;
-    j->dtype = (stria_dtype_t)s->dtype;
-    j->causal = s->causal;
-    if (!stria_job_masks_copy(s, &j->masks)) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    if ((st = stria__job_fill(j, w, a, job_id, rank)) != STRIA_OK)
         goto out;
-    }
-    j->layout_kind = (stria_layout_kind_t)s->layout;
-    j->scale = s->scale;
-    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
-    j->steps_total = (uint32_t)a->n_ranks;
-    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
-    j->last_activity = stria_time_now();
     const char *next = a->ranks[(rank + 1) % a->n_ranks]->ucx_address;
     if (stria_dtype_size(j->dtype) == 0 || next == NULL || strlen(next) >= sizeof(j->next_ucx)) {
         st = stria_error_set(STRIA_ERR_PROTOCOL, "job %llu: malformed assignment",
@@ -262,20 +298,12 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     w->memory_used += need; /* reserved before allocating: no two jobs race for it */
     j->bytes = need;
     pthread_mutex_unlock(&w->lock);
-    for (int t = 0; t < STRIA__T_COUNT; t++) {
-        int64_t outer;
-        size_t row;
-        stria__wjob_geometry(j, t, &outer, &row);
-        j->buf[t] = stria_calloc_aligned((size_t)outer * (size_t)j->layout.shard_tokens * row);
-        if (j->buf[t] == NULL) {
-            pthread_mutex_lock(&w->lock);
-            stria__job_free(w, j);
-            pthread_mutex_unlock(&w->lock);
-            j = NULL;
-            st = stria_error_set(STRIA_ERR_NO_MEMORY, "job %llu: cannot allocate its tensors",
-                                 (unsigned long long)job_id);
-            goto out;
-        }
+    if ((st = stria__wjob_mem_alloc(j)) != STRIA_OK) {
+        pthread_mutex_lock(&w->lock);
+        stria__job_free(w, j);
+        pthread_mutex_unlock(&w->lock);
+        j = NULL;
+        goto out;
     }
     pthread_mutex_lock(&w->lock);
     j->next = w->jobs;
@@ -299,7 +327,7 @@ out:
 
 /* Finds or creates the job of a request and takes a reference. */
 stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
-                               stria__wjob_t **out)
+                               const char *secret, stria__wjob_t **out)
 {
     stria__wjob_t *j;
     pthread_mutex_lock(&w->lock);
@@ -316,7 +344,7 @@ stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bo
                                    "job %llu is not held by this worker (never loaded, released "
                                    "or expired)",
                                    (unsigned long long)id);
-        stria_status_t st = stria__job_create(w, id, rank, &j);
+        stria_status_t st = stria__job_create(w, id, rank, secret, &j);
         if (st != STRIA_OK)
             return st;
         pthread_mutex_lock(&w->lock);
@@ -327,6 +355,11 @@ stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bo
         stria__wjob_unref(w, j);
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job %llu: this worker holds rank %d, not %u",
                                (unsigned long long)id, j->rank, rank);
+    }
+    if (secret != NULL && !stria_rpc_token_equal(secret, j->secret)) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_AUTH, "job %llu: the secret is not the job's",
+                               (unsigned long long)id);
     }
     *out = j;
     return STRIA_OK;
