@@ -21,6 +21,9 @@ typedef struct {
 /* [0]: the coordinator, then the workers */
 static stria__bproc_t stria__procs[2 * (STRIA_BENCH_MAX_WORKERS + 1)]; /* two services at most */
 static int stria__n_procs;
+/* The workers' runtime directory (their Unix sockets for the shared-memory
+ * path); "" when none was made. */
+static char stria__run_dir[64];
 
 void stria_bench_daemons_stop(void)
 {
@@ -43,6 +46,13 @@ void stria_bench_daemons_stop(void)
         stria__procs[i].out = NULL;
     }
     stria__n_procs = 0;
+    if (stria__run_dir[0] != '\0') { /* the sockets the workers left, then the folder */
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", stria__run_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "stria-bench: could not remove %s\n", stria__run_dir);
+        stria__run_dir[0] = '\0';
+    }
 }
 
 static void stria__on_signal(int sig)
@@ -193,10 +203,26 @@ int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
     }
     snprintf(coord, coord_len, "%s", line + strlen("stria-coordinator listening on "));
     snprintf(threads, sizeof(threads), "%d", tpr);
+    char rundir[96] = "";
+    if (stria__run_dir[0] == '\0') {
+        snprintf(stria__run_dir, sizeof(stria__run_dir), "/tmp/stria-bench-XXXXXX");
+        if (mkdtemp(stria__run_dir) == NULL)
+            stria__run_dir[0] = '\0'; /* no shared-memory path then */
+    }
+    if (stria__run_dir[0] != '\0')
+        snprintf(rundir, sizeof(rundir), "--runtime-dir=%s", stria__run_dir);
     for (int i = 0; i < n; i++) {
-        char *wargv[] = {
-            worker_bin, "--coordinator",     coord, "--threads", threads, "--log-level",
-            "error",    creds ? ctok : NULL, wtok,  NULL};
+        /* the runtime directory first: without one, its place repeats the log level */
+        char *wargv[] = {worker_bin,
+                         "--coordinator",
+                         coord,
+                         "--threads",
+                         threads,
+                         "--log-level=error",
+                         rundir[0] ? rundir : "--log-level=error",
+                         creds ? ctok : NULL,
+                         wtok,
+                         NULL};
         if (stria__start_proc(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
             fprintf(stderr, "stria-bench %s: worker %d did not start\n", cmd, i);
             stria_bench_daemons_stop();

@@ -219,3 +219,8 @@ bool stria_job_secret_check(const stria_job_secret_t *secret, const stria_auth_s
     return proof != NULL && proof_len == STRIA_AUTH_MAC_BYTES &&
            stria_auth_equal(want, proof, STRIA_AUTH_MAC_BYTES);
 }
+
+void stria_auth_wipe(void *p, size_t n)
+{
+    OPENSSL_cleanse(p, n);
+}

@@ -55,6 +55,10 @@ void stria_auth_hmac(const void *key, size_t key_len, const stria_auth_part_t *p
  * where they differ. */
 bool stria_auth_equal(const void *a, const void *b, size_t n);
 
+/* Overwrites n bytes at p with zeros in a way the compiler keeps (secrets
+ * on the stack). */
+void stria_auth_wipe(void *p, size_t n);
+
 /* A fresh credential: STRIA_AUTH_TOKEN_CHARS hexadecimal characters and a
  * NUL. */
 stria_status_t stria_auth_token_generate(char out[STRIA_AUTH_TOKEN_CHARS + 1]);

@@ -95,6 +95,11 @@ void *stria_malloc_aligned(size_t size);
 void *stria_calloc_aligned(size_t size);
 void stria_free(void *ptr);
 
+/* Fills buf with n bytes from the kernel's random source (getrandom()):
+ * unguessable values such as a job's secret. STRIA_ERR_IO when the source
+ * fails. */
+stria_status_t stria_random_bytes(void *buf, size_t n);
+
 /* ---- little-endian fields of wire formats ------------------------------- */
 
 /* The RPC frame header and the ring link's control messages are

@@ -29,6 +29,7 @@ typedef struct {
     const char *log_level;
     const char *ucx_tls; /* UCX_TLS for the ring link; NULL: UCX default */
     const char *ucx_net_devices;
+    const char *runtime_dir;  /* the Unix socket of co-located clients */
     int64_t instance;         /* GPU index: derives ports and device; -1 = none */
     int64_t memory_bytes;     /* offered to jobs; 0 = half of physical memory */
     int64_t threads;          /* kernel threads; 0 = online CPUs */
@@ -350,6 +351,13 @@ static int stria__options(stria__main_t *m, int argc, char **argv)
          .dst = &c->metrics_listen,
          .metavar = "HOST:PORT",
          .help = "Prometheus /metrics endpoint (default: none)"},
+        {.name = "runtime-dir",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->runtime_dir,
+         .metavar = "DIR",
+         .help = "folder of the Unix socket through which clients of this host move tensors in "
+                 "shared memory (default: $RUNTIME_DIRECTORY, set by systemd's RuntimeDirectory=; "
+                 "none: clients use TCP)"},
         {.name = "log-level",
          .type = STRIA_OPT_STRING,
          .dst = &c->log_level,
@@ -437,6 +445,12 @@ static stria_status_t stria__start_worker(stria__main_t *m)
     p.ucx_listen = c->ucx_listen;
     p.ucx_tls = c->ucx_tls;
     p.ucx_net_devices = c->ucx_net_devices;
+    p.runtime_dir = c->runtime_dir;
+    if (p.runtime_dir == NULL && getenv("RUNTIME_DIRECTORY") != NULL &&
+        getenv("RUNTIME_DIRECTORY")[0] != '\0')
+        p.runtime_dir = getenv("RUNTIME_DIRECTORY");
+    p.has_device_index = c->instance >= 0;
+    p.device_index = c->instance >= 0 ? (uint32_t)c->instance : 0;
     return stria_worker_start(&p, &m->worker);
 }
 

@@ -31,8 +31,9 @@
     "JOB = {'id', 'state', 'failure', 'queue_position', 'step', 'steps_total', 'spec',\n"          \
     "       'memory_per_rank_bytes', 'ranks', 'timings_ms'}\n"                                     \
     "SPEC = {'batch', 'seq_len', 'heads', 'kv_heads', 'head_dim', 'dtype', 'causal',\n"            \
-    "        'layout', 'ring_size', 'scale', 'label'}\n"                                           \
-    "RANK = {'rank', 'worker', 'host', 'rpc_address', 'tokens'}\n"                                 \
+    "        'layout', 'ring_size', 'scale', 'label', 'sharded', 'arrival_timeout_s'}\n"           \
+    "RANK = {'rank', 'worker', 'host', 'rpc_address', 'device', 'tokens'}\n"                       \
+    "RANK_OPTIONAL = {'device_index', 'placed_on', 'placed_device_index', 'placement_fallback'}\n" \
     "TIMINGS = {'submitted', 'started', 'forward_started', 'forward_done',\n"                      \
     "           'backward_started', 'backward_done', 'finished', 'last_activity'}\n"               \
     "def job_ok(j):\n"                                                                             \
@@ -40,7 +41,7 @@
     "    assert set(j['spec']) == SPEC, set(j['spec']) ^ SPEC\n"                                   \
     "    assert set(j['timings_ms']) == TIMINGS, set(j['timings_ms']) ^ TIMINGS\n"                 \
     "    for r in j['ranks']:\n"                                                                   \
-    "        assert set(r) == RANK, set(r) ^ RANK\n"                                               \
+    "        assert RANK <= set(r) <= RANK | RANK_OPTIONAL, set(r) ^ RANK\n"                       \
     "d = json.loads(sys.argv[1])\n"
 
 /* Runs `script` (after PY_FIELDS) on JSON text; fails the test with python's
