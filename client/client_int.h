@@ -39,9 +39,10 @@ typedef struct {
 } stria__shm_tensor_t;
 
 /* A rank's shared memory with its worker: the socket (-1: none) and the
- * mapping of the job's memfd. */
+ * mapping of the job's memfd (fd: the memfd, open while base is mapped). */
 typedef struct {
     int sock;
+    int fd;
     void *base;
     size_t size;
     stria__shm_tensor_t t[STRIA__N_TENSORS + 1]; /* by stria_tensor_id_t */
@@ -157,6 +158,9 @@ stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r);
 /* Tells the worker an input is written in full. */
 stria_status_t stria__shm_commit(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t);
 void stria__shm_detach(stria__shm_t *shm);
+/* Before tensor t is written (to_shared: allocated in bulk) or read: maps its
+ * pages in bulk, so that the copy takes no page faults. */
+void stria__shm_prepare(const stria__rank_t *r, stria_tensor_id_t t, bool to_shared);
 /* Copies between a compact tensor and the rank's shared one (unless they
  * are the same memory). */
 void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact, bool to_shared);

@@ -4,11 +4,16 @@
  * outputs there, and commits each input it wrote. */
 #include "client_int.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it (EINVAL) */
+#endif
 
 /* What the rank's tensor must look like (rows and bytes per token). */
 static void stria__expected(const stria_job_t *job, stria_tensor_id_t t, uint64_t *outer,
@@ -89,7 +94,7 @@ stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r)
 {
     Stria__V1__ShmRequest req = STRIA__V1__SHM_REQUEST__INIT;
     Stria__V1__ShmReply *rep = NULL;
-    stria__shm_t shm = {.sock = -1};
+    stria__shm_t shm = {.sock = -1, .fd = -1};
     int fd = -1;
     stria_status_t st = stria_shm_connect(r->shm_socket, &shm.sock);
     if (st != STRIA_OK)
@@ -113,7 +118,9 @@ stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r)
             st = stria_error_set(STRIA_ERR_IO, "cannot map the worker's %zu bytes: %m", shm.size);
         }
     }
-    if (fd >= 0)
+    if (st == STRIA_OK)
+        shm.fd = fd; /* kept: the inputs are allocated through it (stria__shm_prepare) */
+    else if (fd >= 0)
         close(fd);
     if (rep != NULL)
         protobuf_c_message_free_unpacked(&rep->base, NULL);
@@ -140,12 +147,35 @@ stria_status_t stria__shm_commit(stria_job_t *job, stria__rank_t *r, stria_tenso
 
 void stria__shm_detach(stria__shm_t *shm)
 {
-    if (shm->base != NULL)
+    if (shm->base != NULL) { /* fd is valid with the mapping only */
         munmap(shm->base, shm->size);
+        close(shm->fd);
+    }
     if (shm->sock >= 0)
         close(shm->sock);
     shm->base = NULL;
+    shm->fd = -1;
     shm->sock = -1;
+}
+
+/* The worker hands over a memfd with nothing allocated (a fresh one per job:
+ * a client maps only its own job's bytes). Faulting its pages one at a time
+ * as the copy reaches them costs several times the copy; fallocate()
+ * allocates and clears a tensor's pages in one call, and MADV_POPULATE_READ
+ * maps them in batches (a shared mapping of shmem maps them writable). Both
+ * are hints: where they fail, the copy faults the pages in as before. */
+void stria__shm_prepare(const stria__rank_t *r, stria_tensor_id_t t, bool to_shared)
+{
+    const stria__shm_tensor_t *s = &r->shm.t[t];
+    if (r->shm.base == NULL || s->outer == 0 || r->tokens <= 0)
+        return;
+    /* the tensor's extent, checked against the mapping at attach */
+    uint64_t len = (s->outer - 1) * s->outer_stride + (uint64_t)r->tokens * s->row_bytes;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t start = s->offset / page * page; /* madvise wants whole pages */
+    if (to_shared)
+        (void)fallocate(r->shm.fd, FALLOC_FL_KEEP_SIZE, (off_t)s->offset, (off_t)len);
+    (void)madvise((char *)r->shm.base + start, len + (s->offset - start), MADV_POPULATE_READ);
 }
 
 void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact, bool to_shared)
@@ -155,6 +185,7 @@ void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact,
     size_t used = (size_t)r->tokens * s->row_bytes;
     if (compact == shared)
         return; /* the caller wrote (or reads) it in place */
+    stria__shm_prepare(r, t, to_shared);
     for (uint64_t o = 0; o < s->outer; o++) {
         char *c = (char *)compact + o * used, *x = shared + o * s->outer_stride;
         if (to_shared)
@@ -189,6 +220,9 @@ stria_status_t stria_job_shard_buffer(stria_job_t *job, int rank, stria_tensor_i
                                "buffer: %s",
                                (unsigned long long)job->id, rank, r->shm_why);
     const stria__shm_tensor_t *s = &r->shm.t[tensor];
+    if (tensor == STRIA_TENSOR_Q || tensor == STRIA_TENSOR_K || tensor == STRIA_TENSOR_V ||
+        tensor == STRIA_TENSOR_DO)
+        stria__shm_prepare(r, tensor, true); /* an input the caller writes in place */
     out->data = (char *)r->shm.base + s->offset;
     out->outer = (int64_t)s->outer;
     out->tokens = r->tokens;
