@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -703,6 +704,100 @@ Test(sharded, the_secret_guards_jobs_and_their_shared_memory, .timeout = 300)
     stop_cluster();
 }
 
+/* Attaches to rank 0 of a job with its secret (from its export) as a client
+ * of this host would, and maps the memory the worker passes; *sock_out
+ * stays open (closing it without a release fails the job). */
+static unsigned char *map_rank0(const stria_job_t *job, int *sock_out, size_t *size_out)
+{
+    uint8_t ex[STRIA_JOB_EXPORT_BYTES];
+    size_t len;
+    cr_assert_eq(stria_job_export(job, ex, sizeof(ex), &len), STRIA_OK, "%s", stria_error_msg());
+    Stria__V1__GetJobRequest gq = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    gq.job_id = stria_job_id(job);
+    cr_assert_eq(coord_call(STRIA_RPC_COORDINATOR_GET_JOB, &gq.base, &rep), STRIA_OK);
+    const Stria__V1__RankAssignment *ra =
+        ((Stria__V1__GetJobReply *)rep.msg)->job->assignment->ranks[0];
+    Stria__V1__ShmRequest req = STRIA__V1__SHM_REQUEST__INIT;
+    req.op = STRIA__V1__SHM_REQUEST__OP__OP_ATTACH;
+    req.worker_id = ra->worker_id;
+    req.job_id = gq.job_id;
+    req.secret.data = ex + 16;
+    req.secret.len = 32;
+    int s = -1, fd = -1;
+    ProtobufCMessage *m = NULL;
+    cr_assert_eq(stria_shm_connect(ra->shm_socket, &s), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    cr_assert_eq(stria_shm_send(s, &req.base, -1), STRIA_OK);
+    cr_assert_eq(stria_shm_recv(s, &stria__v1__shm_reply__descriptor, 10, &m, &fd), STRIA_OK, "%s",
+                 stria_error_msg());
+    const Stria__V1__ShmReply *r = (const Stria__V1__ShmReply *)m;
+    cr_assert_eq(r->status, 0, "%s", r->message);
+    cr_assert_geq(fd, 0, "the worker passed no memory");
+    *size_out = (size_t)r->size;
+    protobuf_c_message_free_unpacked(m, NULL);
+    void *mem = mmap(NULL, *size_out, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    cr_assert_neq(mem, MAP_FAILED);
+    close(fd);
+    *sock_out = s;
+    return mem;
+}
+
+/* Shared memory is fresh for every job: a client that kept the mapping of
+ * an ended job sees none of a later job's bytes, and a new job's memory
+ * holds none of an earlier job's (its own, or one that came over TCP into
+ * the workers' pools). */
+Test(sharded, no_job_maps_another_jobs_bytes, .timeout = 300)
+{
+    start_cluster();
+    stria_client_t *sub = client(STRIA_DATA_PATH_AUTO);
+    case_t c;
+    case_init(&c, 1, 64, 2, 2, STRIA_DTYPE_F32, false, STRIA_LAYOUT_STRIPED, 81);
+    /* job A: a client of this host maps rank 0, fills it, and goes */
+    stria_job_t *a = NULL;
+    cr_assert_eq(stria_client_submit(sub, &c.spec, &a), STRIA_OK, "%s", stria_error_msg());
+    int sock;
+    size_t size_a;
+    unsigned char *ma = map_rank0(a, &sock, &size_a);
+    memset(ma, 0xa5, size_a);
+    close(sock); /* A fails: its client left without releasing it */
+    cr_expect(workers_idle(10), "job A's memory is still held");
+    stria_client_release(a);
+    /* job B over TCP: its bytes go into the workers' pools */
+    stria_client_t *tcp = client(STRIA_DATA_PATH_TCP);
+    stria_job_t *b = NULL;
+    cr_assert_eq(
+        stria_client_forward(tcp, &c.spec, c.q, c.k, c.v, c.got[0], c.got[1], NULL, NULL, NULL, &b),
+        STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(memcmp(c.got[0], c.ref[0], c.bytes[0]), 0, "job B's output");
+    stria_client_release(b);
+    stria_client_close(tcp);
+    /* job C: its rank 0 memory holds zeros only */
+    stria_job_t *cj = NULL;
+    cr_assert_eq(stria_client_submit(sub, &c.spec, &cj), STRIA_OK, "%s", stria_error_msg());
+    size_t size_c;
+    unsigned char *mc = map_rank0(cj, &sock, &size_c);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < size_c; i++)
+        nonzero += mc[i] != 0;
+    cr_expect_eq(nonzero, 0, "a new job's shared memory holds %zu bytes of earlier jobs", nonzero);
+    /* ... and A's old mapping is A's bytes still */
+    size_t changed = 0;
+    for (size_t i = 0; i < size_a; i++)
+        changed += ma[i] != 0xa5;
+    cr_expect_eq(changed, 0, "%zu bytes of an ended job's mapping changed under a later job",
+                 changed);
+    munmap(ma, size_a);
+    munmap(mc, size_c);
+    close(sock);
+    release_whole(cj);
+    stria_client_release(cj);
+    cr_expect(workers_idle(10), "memory still held");
+    stria_client_close(sub);
+    case_free(&c);
+    stop_cluster();
+}
+
 /* striactl job ID, its stdout. */
 static void striactl_job(uint64_t id, char *out, size_t len)
 {
@@ -814,8 +909,26 @@ Test(sharded, sharded_specs_are_checked, .timeout = 300)
     cr_expect_eq(coord_call(STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, &rep),
                  STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "needs ring_size") != NULL, "%s", stria_error_msg());
-    /* a whole-sequence job cannot be exported nor run by shard */
+    /* more memory per rank than a worker offers: refused at submission,
+     * naming the need and the offer (no rank ever uploads) */
     s.layout = STRIA_LAYOUT_STRIPED;
+    s.batch = 64;
+    s.seq_len = 16384;
+    s.heads = s.kv_heads = 8;
+    s.head_dim = 128;
+    uint64_t need = 0;
+    cr_assert_eq(stria_rank_memory(64, 16384 / 4, 8, 8, 128, STRIA_DTYPE_F32, &need), STRIA_OK);
+    char want[96];
+    snprintf(want, sizeof(want), "needs %llu MiB per rank", (unsigned long long)(need >> 20));
+    cr_expect_eq(stria_client_submit(cli, &s, &job), STRIA_ERR_NO_MEMORY, "%s", stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), want) != NULL &&
+                  strstr(stria_error_msg(), "offer 1024 MiB") != NULL,
+              "the refusal names the need ('%s') and the offer: %s", want, stria_error_msg());
+    s.batch = 1;
+    s.seq_len = 64;
+    s.heads = s.kv_heads = 2;
+    s.head_dim = 16;
+    /* a whole-sequence job cannot be exported nor run by shard */
     float x[64 * 2 * 16] = {0}, lse[64 * 2];
     cr_assert_eq(stria_client_forward(cli, &s, x, x, x, x, lse, NULL, NULL, NULL, &job), STRIA_OK,
                  "%s", stria_error_msg());
