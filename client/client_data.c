@@ -232,8 +232,11 @@ static stria_status_t stria__rank_full_shm(stria_job_t *job, stria__rank_t *r, s
     size_t row;
     stria__geom(job, t, &outer, &row);
     const stria__shm_tensor_t *s = &r->shm.t[t];
-    stria__shm_prepare(r, t, up);
-    stria__scatter(job, r, outer, row, s->outer_stride, full, (char *)r->shm.base + s->offset, up);
+    if (up)
+        stria__shm_write(job, r, t, full, true);
+    else
+        stria__scatter(job, r, outer, row, s->outer_stride, full, (char *)r->shm.base + s->offset,
+                       false);
     __atomic_fetch_add(&r->bytes, stria__rank_bytes(job, r, t), __ATOMIC_RELAXED);
     return up ? stria__shm_commit(job, r, t) : STRIA_OK;
 }

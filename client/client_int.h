@@ -158,9 +158,12 @@ stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r);
 /* Tells the worker an input is written in full. */
 stria_status_t stria__shm_commit(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t);
 void stria__shm_detach(stria__shm_t *shm);
-/* Before tensor t is written (to_shared: allocated in bulk) or read: maps its
- * pages in bulk, so that the copy takes no page faults. */
-void stria__shm_prepare(const stria__rank_t *r, stria_tensor_id_t t, bool to_shared);
+/* Writes rank r's shard of input t into its shared memory (with pwritev:
+ * see client_shm.c): from a full [outer, seq_len, row] tensor, the rank's
+ * tokens at their positions (full), or from a compact shard (job may then
+ * be NULL). */
+void stria__shm_write(const stria_job_t *job, const stria__rank_t *r, stria_tensor_id_t t,
+                      const void *src, bool full);
 /* Copies between a compact tensor and the rank's shared one (unless they
  * are the same memory). */
 void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact, bool to_shared);

@@ -5,10 +5,12 @@
 #include "client_int.h"
 
 #include <fcntl.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #ifndef MADV_POPULATE_READ
@@ -119,7 +121,7 @@ stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r)
         }
     }
     if (st == STRIA_OK)
-        shm.fd = fd; /* kept: the inputs are allocated through it (stria__shm_prepare) */
+        shm.fd = fd; /* kept: inputs are written through it (stria__shm_write) */
     else if (fd >= 0)
         close(fd);
     if (rep != NULL)
@@ -158,24 +160,100 @@ void stria__shm_detach(stria__shm_t *shm)
     shm->sock = -1;
 }
 
-/* The worker hands over a memfd with nothing allocated (a fresh one per job:
- * a client maps only its own job's bytes). Faulting its pages one at a time
- * as the copy reaches them costs several times the copy; fallocate()
- * allocates and clears a tensor's pages in one call, and MADV_POPULATE_READ
- * maps them in batches (a shared mapping of shmem maps them writable). Both
- * are hints: where they fail, the copy faults the pages in as before. */
-void stria__shm_prepare(const stria__rank_t *r, stria_tensor_id_t t, bool to_shared)
+/* Writing an input.
+ *
+ * The worker hands over a fresh memfd per job (a client maps only its own
+ * job's bytes), with nothing allocated. Stores through the mapping would
+ * fault each 4 KiB page in on its own, and the kernel would clear it before
+ * the copy overwrites it: several times the cost of the copy. pwritev()
+ * allocates each page and fills it with the caller's bytes in one step (a
+ * page written whole needs no clearing) and maps nothing; the worker's
+ * reads later map the pages 16 at a time (fault-around). Each row of the
+ * shard is one iovec, adjacent rows merged; what pwritev() does not take
+ * (an error) is copied through the mapping. */
+
+#define STRIA__SHM_IOV 1024 /* IOV_MAX on Linux */
+
+typedef struct {
+    int fd;
+    char *map;    /* the mapping of fd */
+    uint64_t off; /* file offset of iov[0] */
+    size_t len;   /* bytes of iov[0 .. n) */
+    struct iovec iov[STRIA__SHM_IOV];
+    int n;
+} stria__shm_w_t;
+
+static void stria__shm_flush(stria__shm_w_t *w)
+{
+    struct iovec *iov = w->iov;
+    int n = w->n;
+    uint64_t off = w->off;
+    while (n > 0) {
+        ssize_t got = pwritev(w->fd, iov, n, (off_t)off);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        off += (uint64_t)got;
+        for (; n > 0 && (size_t)got >= iov->iov_len; iov++, n--)
+            got -= (ssize_t)iov->iov_len;
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + got;
+            iov->iov_len -= (size_t)got;
+        }
+    }
+    for (; n > 0; iov++, n--) { /* what pwritev refused: through the mapping */
+        memcpy(w->map + off, iov->iov_base, iov->iov_len);
+        off += iov->iov_len;
+    }
+    w->off += w->len;
+    w->len = 0;
+    w->n = 0;
+}
+
+/* Appends len bytes at src, to be written at file offset `off`. */
+static void stria__shm_add(stria__shm_w_t *w, uint64_t off, const char *src, size_t len)
+{
+    bool next = w->n > 0 && w->off + w->len == off; /* right after the last */
+    if (next && (const char *)w->iov[w->n - 1].iov_base + w->iov[w->n - 1].iov_len == src) {
+        w->iov[w->n - 1].iov_len += len;
+        w->len += len;
+        return;
+    }
+    if (w->n == STRIA__SHM_IOV || (w->n > 0 && !next))
+        stria__shm_flush(w);
+    if (w->n == 0)
+        w->off = off;
+    w->iov[w->n++] = (struct iovec){.iov_base = (void *)src, .iov_len = len};
+    w->len += len;
+}
+
+void stria__shm_write(const stria_job_t *job, const stria__rank_t *r, stria_tensor_id_t t,
+                      const void *src, bool full)
 {
     const stria__shm_tensor_t *s = &r->shm.t[t];
-    if (r->shm.base == NULL || s->outer == 0 || r->tokens <= 0)
-        return;
-    /* the tensor's extent, checked against the mapping at attach */
-    uint64_t len = (s->outer - 1) * s->outer_stride + (uint64_t)r->tokens * s->row_bytes;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t start = s->offset / page * page; /* madvise wants whole pages */
-    if (to_shared)
-        (void)fallocate(r->shm.fd, FALLOC_FL_KEEP_SIZE, (off_t)s->offset, (off_t)len);
-    (void)madvise((char *)r->shm.base + start, len + (s->offset - start), MADV_POPULATE_READ);
+    size_t row = (size_t)s->row_bytes;
+    stria__shm_w_t w; /* 16 KiB of iovecs */
+    w.fd = r->shm.fd;
+    w.map = r->shm.base;
+    w.n = 0;
+    w.off = 0;
+    w.len = 0;
+    for (uint64_t o = 0; o < s->outer; o++) {
+        uint64_t dst = s->offset + o * s->outer_stride;
+        if (!full) { /* a compact shard: the rows of one outer index are adjacent */
+            stria__shm_add(&w, dst, (const char *)src + o * (size_t)r->tokens * row,
+                           (size_t)r->tokens * row);
+            continue;
+        }
+        for (int64_t i = 0; i < r->tokens; i++) {
+            int64_t pos = stria_layout_position(&job->layout, r->rank, i);
+            stria__shm_add(&w, dst + (uint64_t)i * row,
+                           (const char *)src + (size_t)((int64_t)o * job->spec.seq_len + pos) * row,
+                           row);
+        }
+    }
+    stria__shm_flush(&w);
 }
 
 void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact, bool to_shared)
@@ -185,14 +263,12 @@ void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact,
     size_t used = (size_t)r->tokens * s->row_bytes;
     if (compact == shared)
         return; /* the caller wrote (or reads) it in place */
-    stria__shm_prepare(r, t, to_shared);
-    for (uint64_t o = 0; o < s->outer; o++) {
-        char *c = (char *)compact + o * used, *x = shared + o * s->outer_stride;
-        if (to_shared)
-            memcpy(x, c, used);
-        else
-            memcpy(c, x, used);
+    if (to_shared) {
+        stria__shm_write(NULL, r, t, compact, false);
+        return;
     }
+    for (uint64_t o = 0; o < s->outer; o++)
+        memcpy((char *)compact + o * used, shared + o * s->outer_stride, used);
 }
 
 stria_status_t stria_job_shard_buffer(stria_job_t *job, int rank, stria_tensor_id_t tensor,
@@ -220,9 +296,6 @@ stria_status_t stria_job_shard_buffer(stria_job_t *job, int rank, stria_tensor_i
                                "buffer: %s",
                                (unsigned long long)job->id, rank, r->shm_why);
     const stria__shm_tensor_t *s = &r->shm.t[tensor];
-    if (tensor == STRIA_TENSOR_Q || tensor == STRIA_TENSOR_K || tensor == STRIA_TENSOR_V ||
-        tensor == STRIA_TENSOR_DO)
-        stria__shm_prepare(r, tensor, true); /* an input the caller writes in place */
     out->data = (char *)r->shm.base + s->offset;
     out->outer = (int64_t)s->outer;
     out->tokens = r->tokens;

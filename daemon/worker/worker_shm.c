@@ -17,31 +17,21 @@
 
 #include "worker_int.h"
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it (EINVAL) */
-#endif
-
 #define STRIA__SHM_MAX_CONNS 256
 #define STRIA__SHM_ALIGN     ((uint64_t)4096)
 
 /* ---- job memory ------------------------------------------------------------ */
 
-/* Bytes of tensor t in the job's memory (padded rows). */
-static uint64_t stria__mem_bytes(const stria__wjob_t *j, int t)
-{
-    int64_t outer;
-    size_t row;
-    stria__wjob_geometry(j, t, &outer, &row);
-    return (uint64_t)outer * (uint64_t)j->layout.shard_tokens * row;
-}
-
 stria_status_t stria__wjob_mem_alloc(stria__wjob_t *j)
 {
     uint64_t size = 0;
     for (int t = 0; t < STRIA__T_COUNT; t++) {
+        int64_t outer;
+        size_t row;
+        stria__wjob_geometry(j, t, &outer, &row);
+        uint64_t bytes = (uint64_t)outer * (uint64_t)j->layout.shard_tokens * row;
         j->mem_off[t] = size;
-        size +=
-            (stria__mem_bytes(j, t) + STRIA__SHM_ALIGN - 1) / STRIA__SHM_ALIGN * STRIA__SHM_ALIGN;
+        size += (bytes + STRIA__SHM_ALIGN - 1) / STRIA__SHM_ALIGN * STRIA__SHM_ALIGN;
     }
     j->memfd = memfd_create("stria-job", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (j->memfd < 0)
@@ -66,32 +56,6 @@ stria_status_t stria__wjob_mem_alloc(stria__wjob_t *j)
     for (int t = 0; t < STRIA__T_COUNT; t++)
         j->buf[t] = (char *)j->mem + j->mem_off[t];
     return STRIA_OK;
-}
-
-/* The memfd starts as a hole: nothing of it is allocated before its writer
- * needs it (a forward-only job never zeroes its gradients' pages). Each
- * tensor is allocated in bulk by its writer, the client's inputs by the
- * client (client_shm.c), the pass's outputs here, and mapped in bulk, so no
- * page of the job faults on its own (on this path that cost more than the
- * copy itself). Failures only leave the pages to be faulted in. */
-void stria__wjob_mem_prepare(stria__wjob_t *j, bool backward)
-{
-    static const int fwd[] = {STRIA__T_Q, STRIA__T_K, STRIA__T_V, STRIA__T_O, STRIA__T_LSE};
-    static const int bwd[] = {STRIA__T_DO, STRIA__T_DQ, STRIA__T_DK, STRIA__T_DV};
-    const int *ts = backward ? bwd : fwd;
-    int n = backward ? 4 : 5, first_out = backward ? 1 : 3;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    if (j->memfd < 0 || j->mem == NULL)
-        return;
-    for (int i = 0; i < n; i++) {
-        uint64_t off = j->mem_off[ts[i]], len = stria__mem_bytes(j, ts[i]);
-        if (len == 0)
-            continue;
-        if (i >= first_out)
-            (void)fallocate(j->memfd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
-        uint64_t start = off / page * page; /* madvise wants whole pages */
-        (void)madvise((char *)j->mem + start, len + (off - start), MADV_POPULATE_READ);
-    }
 }
 
 void stria__wjob_mem_free(stria__wjob_t *j)
