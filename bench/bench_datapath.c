@@ -10,7 +10,10 @@
  * fault in), beside a raw TCP stream of the same bytes between this process
  * and a child (one connection per worker, each from its own thread) and a
  * memcpy of them (one thread per worker), measured between the jobs; ratio
- * is upload / raw TCP for tcp, upload / memcpy for shm. The workers' minor
+ * is upload / raw TCP for tcp, upload / memcpy for shm. Beside them the
+ * bound of the shm path, whose jobs each get fresh memory: the same bytes
+ * pwrite()n into a new memfd (one thread per worker), and ratio_fresh =
+ * upload / that. The workers' minor
  * page faults during the second job (from before its submission to after
  * its release) are set against the job's pages: the high water of the
  * workers' pools in 4 KiB pages.
@@ -26,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -256,6 +260,66 @@ static double dp_memcpy_round(const dp_bytes_t *b, char *dst, int n)
     return (double)b->total / (stria_time_now() - t0) * 1e-9;
 }
 
+/* ---- fresh memory: what the shm path's upload cannot beat ------------------------- */
+
+/* The shm path gives every job a fresh memfd (a client maps no other job's
+ * bytes), so its upload writes into pages the kernel allocates for it: one
+ * thread per worker pwrite()s its slice of the same bytes into a new memfd,
+ * as the client does; the memfds are closed after the clock stops. */
+typedef struct {
+    const dp_bytes_t *b;
+    size_t off, n;
+    int fd;
+    uint64_t at;
+} dp_fresh_t;
+
+static int dp_fresh_piece(void *ctx, const char *p, size_t len)
+{
+    dp_fresh_t *f = ctx;
+    for (size_t done = 0; done < len;) {
+        ssize_t w = pwrite(f->fd, p + done, len - done, (off_t)f->at);
+        if (w <= 0)
+            return -1;
+        done += (size_t)w;
+        f->at += (uint64_t)w;
+    }
+    return 0;
+}
+
+static void *dp_fresh_writer(void *arg)
+{
+    dp_fresh_t *f = arg;
+    f->fd = memfd_create("stria-bench", MFD_CLOEXEC);
+    if (f->fd < 0 || ftruncate(f->fd, (off_t)f->n) != 0 ||
+        dp_each(f->b, f->off, f->n, dp_fresh_piece, f) != 0)
+        f->at = 0;
+    return NULL;
+}
+
+/* GB/s, or -1. */
+static double dp_fresh_round(const dp_bytes_t *b, int n)
+{
+    dp_fresh_t f[DP_MAX_STREAMS];
+    pthread_t th[DP_MAX_STREAMS];
+    double t0 = stria_time_now();
+    for (int i = 0; i < n; i++) {
+        f[i] = (dp_fresh_t){.b = b, .fd = -1};
+        f[i].off = b->total / (size_t)n * (size_t)i;
+        f[i].n = (i + 1 == n ? b->total : b->total / (size_t)n * (size_t)(i + 1)) - f[i].off;
+        pthread_create(&th[i], NULL, dp_fresh_writer, &f[i]);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    double dt = stria_time_now() - t0;
+    bool bad = false;
+    for (int i = 0; i < n; i++) {
+        bad |= f[i].at != f[i].n;
+        if (f[i].fd >= 0)
+            close(f[i].fd);
+    }
+    return bad ? -1.0 : (double)b->total / dt * 1e-9;
+}
+
 /* ---- one row: a path and a number of workers -------------------------------------- */
 
 static long long dp_minflt(int workers)
@@ -272,7 +336,7 @@ static long long dp_minflt(int workers)
 
 /* What a row measured, per rep. */
 typedef struct {
-    double *up, *down, *raw, *mem;
+    double *up, *down, *raw, *mem, *fresh;
     long long minflt[2]; /* the first and second job */
     stria_bench_pools_t pools;
 } dp_meas_t;
@@ -311,12 +375,15 @@ static stria_status_t dp_measure(const dp_cfg_t *c, int workers, stria_client_t 
         m->down[r] = (double)fs.bytes_down / fs.download_s * 1e-9;
         m->raw[r] = dp_raw_round(&raw, &b);
         m->mem[r] = dp_memcpy_round(&b, dst, workers);
+        m->fresh[r] = dp_fresh_round(&b, workers);
         if (m->raw[r] < 0)
             st = stria_error_set(STRIA_ERR_IO, "the raw TCP stream failed");
+        if (m->fresh[r] < 0)
+            st = stria_error_set(STRIA_ERR_IO, "cannot write a fresh memfd");
         fprintf(stderr,
                 "  %d worker(s), rep %d: upload %.3f GB/s, download %.3f GB/s, raw TCP %.3f GB/s, "
-                "memcpy %.3f GB/s, worker minor faults %lld\n",
-                workers, r, m->up[r], m->down[r], m->raw[r], m->mem[r], f1 - f0);
+                "memcpy %.3f GB/s, fresh memfd %.3f GB/s, worker minor faults %lld\n",
+                workers, r, m->up[r], m->down[r], m->raw[r], m->mem[r], m->fresh[r], f1 - f0);
     }
     /* the pools' figures arrive with the next heartbeats */
     usleep((useconds_t)(atof(STRIA_BENCH_HEARTBEAT_S) * 2.2e6));
@@ -340,6 +407,7 @@ static void dp_report(const dp_cfg_t *c, const char *path, int workers, const st
     int R = (int)c->reps;
     double up = dp_median(m->up, R, 1), down = dp_median(m->down, R, 1);
     double raw = stria_bench_median(m->raw, R), mem = stria_bench_median(m->mem, R);
+    double fresh = stria_bench_median(m->fresh, R);
     double first = m->up[0];
     bool shm = strcmp(path, "shm") == 0;
     double ratio = shm ? up / mem : up / raw;
@@ -350,24 +418,26 @@ static void dp_report(const dp_cfg_t *c, const char *path, int workers, const st
         printf("{\"path\":\"%s\",\"workers\":%d,\"batch\":%lld,\"seq\":%lld,\"heads\":%lld,"
                "\"head_dim\":%lld,\"dtype\":\"%s\",\"input_bytes\":%.0f,\"reps\":%d,"
                "\"upload_gbps\":%.4f,\"download_gbps\":%.4f,\"first_upload_gbps\":%.4f,"
-               "\"raw_tcp_gbps\":%.4f,\"memcpy_gbps\":%.4f,\"ratio\":%.4f,"
+               "\"raw_tcp_gbps\":%.4f,\"memcpy_gbps\":%.4f,\"fresh_memfd_gbps\":%.4f,"
+               "\"ratio\":%.4f,\"ratio_fresh\":%.4f,"
                "\"first_job_minflt\":%lld,\"second_job_minflt\":%lld,\"job_pages\":%llu,"
                "\"minflt_per_page\":%.6f}\n",
                path, workers, (long long)t->batch, (long long)t->seq, (long long)t->heads,
                (long long)t->head_dim, stria_dtype_name(t->dtype), in_bytes, R, up, down, first,
-               raw, mem, ratio, m->minflt[0], m->minflt[1], (unsigned long long)pages,
-               pages ? (double)m->minflt[1] / (double)pages : 0.0);
+               raw, mem, fresh, ratio, up / fresh, m->minflt[0], m->minflt[1],
+               (unsigned long long)pages, pages ? (double)m->minflt[1] / (double)pages : 0.0);
         fflush(stdout);
         return;
     }
     printf("%s, %d worker(s), %.0f MiB of Q/K/V, median of jobs 2..%d:\n"
-           "  upload    %.3f GB/s (first job %.3f)   raw TCP %.3f GB/s   memcpy %.3f GB/s\n"
+           "  upload    %.3f GB/s (first job %.3f)   raw TCP %.3f GB/s   memcpy %.3f GB/s   "
+           "fresh memfd %.3f GB/s\n"
            "  download  %.3f GB/s\n"
-           "  ratio     %.3f (upload / %s)\n"
+           "  ratio     %.3f (upload / %s), %.3f (upload / fresh memfd)\n"
            "  worker minor faults: first job %lld, second job %lld = %.4f%% of the job's %llu "
            "pages\n",
-           path, workers, in_bytes / 1048576.0, R, up, first, raw, mem, down, ratio,
-           shm ? "memcpy" : "raw TCP", m->minflt[0], m->minflt[1],
+           path, workers, in_bytes / 1048576.0, R, up, first, raw, mem, fresh, down, ratio,
+           shm ? "memcpy" : "raw TCP", up / fresh, m->minflt[0], m->minflt[1],
            pages ? 100.0 * (double)m->minflt[1] / (double)pages : 0.0, (unsigned long long)pages);
 }
 
@@ -410,6 +480,7 @@ static int dp_row(const dp_cfg_t *c, const char *path, int workers, stria_bench_
     size_t R = (size_t)c->reps;
     m.up = calloc(R, sizeof(double)), m.down = calloc(R, sizeof(double));
     m.raw = calloc(R, sizeof(double)), m.mem = calloc(R, sizeof(double));
+    m.fresh = calloc(R, sizeof(double));
     if (st == STRIA_OK)
         st = dp_measure(c, workers, client, t, coord, &m);
     stria_client_close(client);
@@ -422,7 +493,7 @@ static int dp_row(const dp_cfg_t *c, const char *path, int workers, stria_bench_
     } else {
         dp_report(c, path, workers, t, &m);
     }
-    free(m.up), free(m.down), free(m.raw), free(m.mem);
+    free(m.up), free(m.down), free(m.raw), free(m.mem), free(m.fresh);
     return rc;
 }
 
@@ -501,7 +572,8 @@ static const char dp_description[] =
     "heads, head_dim 128, fp32: 576 MiB of Q/K/V) through libstria for each data path and\n"
     "number of workers (a coordinator and the workers started on loopback beside this\n"
     "program, fresh for each row), beside a raw TCP stream of the same bytes between two\n"
-    "processes and a memcpy of them; counts the workers' minor page faults during the\n"
+    "processes, a memcpy of them and a write of them into fresh memory (a new memfd,\n"
+    "what the shm path's jobs get); counts the workers' minor page faults during the\n"
     "second identical job against the job's pages (the high water of their memory pools).\n"
     "Then a data-heavy forward+backward job (16 x 4096 tokens, 8 heads, head_dim 128, fp32,\n"
     "non-causal, 4 workers) through the service and in process, alternately: the ratio of\n"
