@@ -313,6 +313,9 @@ void stria__wcoord_report_fails(stria_worker_t *w);
 /* The job's tensors in one shared mapping (a sealed memfd; anonymous memory
  * where memfds are not available), zero-filled; and its release. */
 stria_status_t stria__wjob_mem_alloc(stria__wjob_t *j);
+/* Before a pass of a job in a memfd: allocates and maps the pass's outputs
+ * in bulk (no page faults in the pass). */
+void stria__wjob_mem_prepare(stria__wjob_t *j, bool backward);
 void stria__wjob_mem_free(stria__wjob_t *j);
 /* The Unix socket of co-located clients in `dir` (its path in
  * w->shm_socket); stop closes it and its connections. */

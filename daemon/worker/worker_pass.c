@@ -374,6 +374,7 @@ static void *stria__pass_thread(void *arg)
     if (st == STRIA_OK) {
         stria_log_info("job %llu rank %d: %s pass started", (unsigned long long)j->id, j->rank,
                        b ? "backward" : "forward");
+        stria__wjob_mem_prepare(j, pc->backward);
         st = stria__run_pass(w, j, pc->backward, pass_id, &stats);
     }
     /* the step times go with the report (not when the pass never ran), read

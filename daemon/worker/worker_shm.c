@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -22,16 +23,22 @@
 
 /* ---- job memory ------------------------------------------------------------ */
 
+/* Bytes of tensor t in the job's memory (padded rows). */
+static uint64_t stria__mem_bytes(const stria__wjob_t *j, int t)
+{
+    int64_t outer;
+    size_t row;
+    stria__wjob_geometry(j, t, &outer, &row);
+    return (uint64_t)outer * (uint64_t)j->layout.shard_tokens * row;
+}
+
 stria_status_t stria__wjob_mem_alloc(stria__wjob_t *j)
 {
     uint64_t size = 0;
     for (int t = 0; t < STRIA__T_COUNT; t++) {
-        int64_t outer;
-        size_t row;
-        stria__wjob_geometry(j, t, &outer, &row);
-        uint64_t bytes = (uint64_t)outer * (uint64_t)j->layout.shard_tokens * row;
         j->mem_off[t] = size;
-        size += (bytes + STRIA__SHM_ALIGN - 1) / STRIA__SHM_ALIGN * STRIA__SHM_ALIGN;
+        size +=
+            (stria__mem_bytes(j, t) + STRIA__SHM_ALIGN - 1) / STRIA__SHM_ALIGN * STRIA__SHM_ALIGN;
     }
     j->memfd = memfd_create("stria-job", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (j->memfd < 0)
@@ -56,6 +63,45 @@ stria_status_t stria__wjob_mem_alloc(stria__wjob_t *j)
     for (int t = 0; t < STRIA__T_COUNT; t++)
         j->buf[t] = (char *)j->mem + j->mem_off[t];
     return STRIA_OK;
+}
+
+/* Before a pass of a job in a memfd: its outputs' pages. The memfd starts
+ * as a hole; the pass's stores would fault each 4 KiB page in on its own
+ * (allocated and cleared by the kernel, one fault a page). Writing zeros
+ * with pwritev() allocates them in one call, and a read of one byte a page
+ * then maps them 16 at a time (fault-around): no fault in the pass.
+ * Outputs already there (a pass run again) are left as they are. Both steps
+ * are hints: where one fails, the pass faults the pages in. */
+void stria__wjob_mem_prepare(stria__wjob_t *j, bool backward)
+{
+    static const int fwd[] = {STRIA__T_O, STRIA__T_LSE};
+    static const int bwd[] = {STRIA__T_DQ, STRIA__T_DK, STRIA__T_DV};
+    static char zeros[1 << 16];
+    struct iovec iov[256];
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (j->memfd < 0 || j->mem == NULL)
+        return;
+    for (int i = 0; i < (backward ? 3 : 2); i++) {
+        int t = backward ? bwd[i] : fwd[i];
+        uint64_t off = j->mem_off[t], len = stria__mem_bytes(j, t);
+        unsigned char in_core = 0;
+        if (len == 0 ||
+            (mincore((char *)j->mem + off / page * page, 1, &in_core) == 0 && (in_core & 1)))
+            continue;
+        for (uint64_t done = 0; done < len;) {
+            int n = 0;
+            for (uint64_t at = done; n < 256 && at < len; n++, at += sizeof(zeros))
+                iov[n] = (struct iovec){zeros, len - at < sizeof(zeros) ? (size_t)(len - at)
+                                                                        : sizeof(zeros)};
+            ssize_t w = pwritev(j->memfd, iov, n, (off_t)(off + done));
+            if (w <= 0)
+                break;
+            done += (uint64_t)w;
+        }
+        const volatile char *p = (const volatile char *)j->mem + off;
+        for (uint64_t b = 0; b < len; b += page)
+            (void)p[b];
+    }
 }
 
 void stria__wjob_mem_free(stria__wjob_t *j)
