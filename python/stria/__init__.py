@@ -32,5 +32,5 @@ def __getattr__(name):
     if name in ("hf", "local"):  # stria.hf imports transformers only when asked for
         import importlib
 
-        return importlib.import_module(".hf", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'stria' has no attribute {name!r}")
