@@ -235,6 +235,11 @@ def _sharded_rank(rank, world, init, address, out, device):
                                     causal=rank != 3)
         except Exception as e:
             errors["causal"] = f"{type(e).__name__}: {e}"
+        x = torch.zeros(1, stria.shard_positions(S, rank, world, "striped").numel(), 2, 20)
+        try:  # head_dim 20: the service refuses rank 0's submission
+            stria.sharded_attention(x, x, x, seq_len=S, client=plain)
+        except Exception as e:
+            errors["submit"] = f"{type(e).__name__}: {e}"
         res["errors"] = errors
         torch.save(res, f"{out}.{rank}")
     finally:
@@ -333,6 +338,11 @@ def test_sharded_refusals_name_the_rank(sharded_runs):
                 in e["dtype"], e["dtype"]
         assert e["causal"].startswith("ValueError") and "rank 3's causal (0) differs" in \
             e["causal"], e["causal"]
+        if rank == 0:
+            assert e["submit"].startswith("InvalidArgumentError") and "head_dim" in e["submit"]
+        else:
+            assert e["submit"].startswith("RuntimeError") and "rank 0 of the group could not " \
+                "submit" in e["submit"], e["submit"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible: sharded_attention "
