@@ -29,12 +29,13 @@ class _Config:
         self.layout = layout
         self.ring_size = ring_size
 
-    def spec(self, q, k):
-        """The job spec (and the ctypes array it points to, to keep alive)."""
+    def spec(self, q, k, seq_len=None):
+        """The job spec (and the ctypes array it points to, to keep alive);
+        seq_len: the whole sequence's (a sharded job's), else q's."""
         B, S, H, D = q.shape
         s = _lib.JobSpec()
         s.struct_size = ctypes.sizeof(s)
-        s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim = B, S, H, k.shape[2], D
+        s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim = B, seq_len or S, H, k.shape[2], D
         s.dtype = _DTYPES[q.dtype]
         s.causal = self.causal
         s.layout = self.layout
@@ -43,6 +44,7 @@ class _Config:
         s.step_timeout_s = self.client.step_timeout
         s.ttl_s = self.client.ttl
         s.no_queue = self.client.no_queue
+        s.arrival_timeout_s = self.client.arrival_timeout
         arr = None
         if self.cu_seqlens is not None:
             arr = (ctypes.c_int64 * len(self.cu_seqlens))(*self.cu_seqlens)
@@ -142,6 +144,39 @@ def _check_tensors(q, k, v, what="q, k, v"):
         raise ValueError(f"stria: tensors on {q.device} are not supported (cpu or cuda)")
 
 
+def _check_shapes(q, k, v, tokens="sequence length"):
+    """The checks of q [B, S, H, D], k, v [B, S, Hkv, D] (S: `tokens`)."""
+    _check_tensors(q, k, v)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"stria: q, k, v must be 4-D [B, S, H, D] (got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)})")
+    B, S, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"stria: k and v must have one shape (got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)})")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"stria: k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch "
+                         f"or head_dim")
+    if k.shape[1] != S:
+        raise NotImplementedError(
+            f"stria: q and k must have the same {tokens} (got {S} and {k.shape[1]}): "
+            f"the service computes attention within one sequence (no KV cache)")
+    if min(B, S, H, D, k.shape[2]) == 0:
+        raise ValueError(f"stria: empty tensors (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if H % k.shape[2] != 0:
+        raise ValueError(f"stria: q's {H} heads are not a multiple of k's {k.shape[2]}")
+
+
+def _scale(softmax_scale):
+    if softmax_scale is None:
+        return None
+    if not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale) or \
+            softmax_scale <= 0:
+        raise ValueError(f"stria: softmax_scale must be a finite number > 0, not "
+                         f"{softmax_scale!r}")
+    return float(softmax_scale)
+
+
 def _window(window_size, causal):
     try:
         left, right = (int(x) for x in window_size)
@@ -198,31 +233,8 @@ def attention(q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1),
     Differentiable in q, k and v. Under no_grad (or when no input requires
     grad) the service's job is released at once.
     """
-    _check_tensors(q, k, v)
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"stria: q, k, v must be 4-D [B, S, H, D] (got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)})")
-    B, S, H, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"stria: k and v must have one shape (got {tuple(k.shape)}, "
-                         f"{tuple(v.shape)})")
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"stria: k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch "
-                         f"or head_dim")
-    if k.shape[1] != S:
-        raise NotImplementedError(
-            f"stria: q and k must have the same sequence length (got {S} and {k.shape[1]}): "
-            f"the service computes attention within one sequence (no KV cache)")
-    if min(B, S, H, D, k.shape[2]) == 0:
-        raise ValueError(f"stria: empty tensors (q {tuple(q.shape)}, k {tuple(k.shape)})")
-    if H % k.shape[2] != 0:
-        raise ValueError(f"stria: q's {H} heads are not a multiple of k's {k.shape[2]}")
-    if softmax_scale is not None:
-        if not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale) or \
-                softmax_scale <= 0:
-            raise ValueError(f"stria: softmax_scale must be a finite number > 0, not "
-                             f"{softmax_scale!r}")
-        softmax_scale = float(softmax_scale)
+    _check_shapes(q, k, v)
+    softmax_scale = _scale(softmax_scale)
     if not isinstance(ring_size, int) or ring_size < 0:
         raise ValueError(f"stria: ring_size must be an int >= 0, not {ring_size!r}")
     cfg = _Config(client if client is not None else default_client(), bool(causal),
