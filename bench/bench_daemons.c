@@ -19,8 +19,11 @@ typedef struct {
 } stria__bproc_t;
 
 /* [0]: the coordinator, then the workers */
-static stria__bproc_t stria__procs[STRIA_BENCH_MAX_WORKERS + 1];
+static stria__bproc_t stria__procs[2 * (STRIA_BENCH_MAX_WORKERS + 1)]; /* two services at most */
 static int stria__n_procs;
+/* The workers' runtime directory (their Unix sockets for the shared-memory
+ * path); "" when none was made. */
+static char stria__run_dir[64];
 
 void stria_bench_daemons_stop(void)
 {
@@ -43,6 +46,13 @@ void stria_bench_daemons_stop(void)
         stria__procs[i].out = NULL;
     }
     stria__n_procs = 0;
+    if (stria__run_dir[0] != '\0') { /* the sockets the workers left, then the folder */
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", stria__run_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "stria-bench: could not remove %s\n", stria__run_dir);
+        stria__run_dir[0] = '\0';
+    }
 }
 
 static void stria__on_signal(int sig)
@@ -57,7 +67,7 @@ static void stria__on_signal(int sig)
 static int stria__start_proc(char *const argv[], const char *prefix, char *line, size_t len)
 {
     int fds[2];
-    if (pipe(fds) != 0)
+    if (stria__n_procs >= (int)(sizeof(stria__procs) / sizeof(stria__procs[0])) || pipe(fds) != 0)
         return -1;
     pid_t pid = fork();
     if (pid < 0)
@@ -84,7 +94,7 @@ static int stria__start_proc(char *const argv[], const char *prefix, char *line,
     return -1;
 }
 
-static stria_status_t stria__coord_call(const char *coord, uint32_t method,
+static stria_status_t stria__coord_call(const char *coord, const char *token, uint32_t method,
                                         const ProtobufCMessage *req, stria_rpc_reply_t *reply)
 {
     stria_rpc_client_params_t p;
@@ -94,6 +104,7 @@ static stria_status_t stria__coord_call(const char *coord, uint32_t method,
     p.service = &stria__v1__coordinator__descriptor;
     p.client_name = "stria-bench";
     p.connect_timeout_s = 5;
+    p.token = token;
     stria_status_t st = stria_rpc_client_connect(&p, &c);
     if (st != STRIA_OK)
         return st;
@@ -109,12 +120,12 @@ static stria_status_t stria__coord_call(const char *coord, uint32_t method,
 }
 
 /* Waits up to 10 s for n healthy workers. */
-static bool stria__wait_healthy(const char *coord, unsigned n)
+static bool stria__wait_healthy(const char *coord, const char *token, unsigned n)
 {
     for (int i = 0; i < 200; i++) {
         Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
         stria_rpc_reply_t reply;
-        if (stria__coord_call(coord, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply) ==
+        if (stria__coord_call(coord, token, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply) ==
             STRIA_OK) {
             unsigned got = ((Stria__V1__GetStatusReply *)reply.msg)->workers_healthy;
             stria_rpc_reply_free(&reply);
@@ -127,6 +138,24 @@ static bool stria__wait_healthy(const char *coord, unsigned n)
 }
 
 int stria_bench_daemons_start(const char *cmd, int n, int tpr, char *coord, size_t coord_len)
+{
+    return stria_bench_daemons_start_creds(cmd, n, tpr, NULL, coord, coord_len);
+}
+
+/* The first line of a token file into tok (len bytes); false when unreadable. */
+static bool stria__read_token(const char *path, char *tok, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    bool ok = fgets(tok, (int)len, f) != NULL;
+    fclose(f);
+    tok[strcspn(tok, "\r\n")] = '\0';
+    return ok;
+}
+
+int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
+                                    const stria_bench_creds_t *creds, char *coord, size_t coord_len)
 {
     char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
     ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -148,11 +177,25 @@ int stria_bench_daemons_start(const char *cmd, int n, int tpr, char *coord, size
     signal(SIGTERM, stria__on_signal);
     setenv("UCX_HANDLE_ERRORS", "none", 0);
 
-    char line[512], threads[16];
+    char line[512], threads[16], ctok[4200] = "", wtok[4200] = "", token[256] = "";
+    if (creds != NULL) {
+        snprintf(ctok, sizeof(ctok), "--client-token-file=%s", creds->client_token_file);
+        snprintf(wtok, sizeof(wtok), "--worker-token-file=%s", creds->worker_token_file);
+        if (!stria__read_token(creds->client_token_file, token, sizeof(token))) {
+            fprintf(stderr, "stria-bench %s: cannot read %s\n", cmd, creds->client_token_file);
+            return 1;
+        }
+    }
     /* Heartbeats every 2 s: a worker is taken for dead after 6 s of silence,
      * which a loaded machine does not reach by starving it for a moment. */
-    char *cargv[] = {
-        coord_bin, "--listen", "127.0.0.1:0", "--heartbeat-period", STRIA_BENCH_HEARTBEAT_S, NULL};
+    char *cargv[] = {coord_bin,
+                     "--listen",
+                     "127.0.0.1:0",
+                     "--heartbeat-period",
+                     STRIA_BENCH_HEARTBEAT_S,
+                     creds ? ctok : NULL,
+                     wtok,
+                     NULL};
     if (stria__start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
         fprintf(stderr, "stria-bench %s: the coordinator did not start\n", cmd);
         stria_bench_daemons_stop();
@@ -160,16 +203,33 @@ int stria_bench_daemons_start(const char *cmd, int n, int tpr, char *coord, size
     }
     snprintf(coord, coord_len, "%s", line + strlen("stria-coordinator listening on "));
     snprintf(threads, sizeof(threads), "%d", tpr);
+    char rundir[96] = "";
+    if (stria__run_dir[0] == '\0') {
+        snprintf(stria__run_dir, sizeof(stria__run_dir), "/tmp/stria-bench-XXXXXX");
+        if (mkdtemp(stria__run_dir) == NULL)
+            stria__run_dir[0] = '\0'; /* no shared-memory path then */
+    }
+    if (stria__run_dir[0] != '\0')
+        snprintf(rundir, sizeof(rundir), "--runtime-dir=%s", stria__run_dir);
     for (int i = 0; i < n; i++) {
-        char *wargv[] = {worker_bin, "--coordinator", coord,   "--threads",
-                         threads,    "--log-level",   "error", NULL};
+        /* the runtime directory first: without one, its place repeats the log level */
+        char *wargv[] = {worker_bin,
+                         "--coordinator",
+                         coord,
+                         "--threads",
+                         threads,
+                         "--log-level=error",
+                         rundir[0] ? rundir : "--log-level=error",
+                         creds ? ctok : NULL,
+                         wtok,
+                         NULL};
         if (stria__start_proc(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
             fprintf(stderr, "stria-bench %s: worker %d did not start\n", cmd, i);
             stria_bench_daemons_stop();
             return 1;
         }
     }
-    if (!stria__wait_healthy(coord, (unsigned)n)) {
+    if (!stria__wait_healthy(coord, creds ? token : NULL, (unsigned)n)) {
         fprintf(stderr, "stria-bench %s: the %d workers did not register within 10 s\n", cmd, n);
         stria_bench_daemons_stop();
         return 1;
@@ -204,7 +264,7 @@ stria_status_t stria_bench_pools(const char *coord, stria_bench_pools_t *out)
     stria_rpc_reply_t reply;
     memset(out, 0, sizeof(*out));
     stria_status_t st =
-        stria__coord_call(coord, STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &reply);
+        stria__coord_call(coord, NULL, STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &reply);
     if (st != STRIA_OK)
         return st;
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;

@@ -18,6 +18,16 @@
  * address. SIGINT/SIGTERM stop them. Returns 0, or 1 after printing why as
  * "stria-bench CMD: ...". */
 int stria_bench_daemons_start(const char *cmd, int n, int tpr, char *coord, size_t coord_len);
+/* Credentials of a service the benchmark starts (file paths). */
+typedef struct {
+    const char *client_token_file, *worker_token_file;
+} stria_bench_creds_t;
+/* The same with credentials (NULL: none): the coordinator and workers get
+ * --client-token-file and --worker-token-file, and the wait for healthy
+ * workers proves the client one. */
+int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
+                                    const stria_bench_creds_t *creds, char *coord,
+                                    size_t coord_len);
 /* Stops every daemon started (SIGTERM, then SIGKILL after 5 s). */
 void stria_bench_daemons_stop(void);
 /* Minor page faults of worker i so far (/proc), -1 when unknown. */

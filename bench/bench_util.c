@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 int stria_bench_parse(const stria_command_t *cmd, int argc, char **argv, stria_cli_t *cli)
 {

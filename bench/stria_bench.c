@@ -29,6 +29,9 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_DATAPATH
     {"datapath", stria_bench_datapath, "tensors to the workers and back vs raw TCP and memcpy"},
 #endif
+#ifdef STRIA_BENCH_AUTH
+    {"auth", stria_bench_auth, "what the security costs: ring key, credentials, job secrets"},
+#endif
     {NULL, NULL, NULL},
 };
 

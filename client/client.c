@@ -1,5 +1,6 @@
 /*
- * libstria: submit, scatter, run, gather. See stria_client.h.
+ * libstria: submit, scatter, run, gather. See stria_client.h; the rooms of
+ * the library are listed in client_int.h.
  *
  * Each call proceeds in phases (upload, pass, download); within a phase one
  * thread per rank talks to that rank's worker over its own connection, and the
@@ -7,78 +8,20 @@
  * join, so every rank starts its pass only once every rank has its inputs:
  * the ring never waits on a slow upload.
  */
-#include "stria_client.h"
+#include "client_int.h"
 
 #include <math.h>
 #include <stddef.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "client_xfer.h"
-#include "stria.pb-c.h"
-#include "stria_rpc.h"
-
-#define STRIA__COORD_TIMEOUT_S 10.0
-#define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
-#define STRIA__POLL_S          0.2
-
-struct stria_client {
-    stria_client_params_t params;
-    char *coordinator;
-    char *token;
-    char *client_name;
-    stria_rpc_client_t *coord;
-    stria_job_t *jobs; /* open jobs, released by stria_client_close() */
-};
-
-typedef struct {
-    int rank;
-    char rpc_address[300];
-    int64_t tokens;
-    stria_rpc_client_t *conn;
-    /* result of the rank's part of the current phase */
-    stria_status_t status;
-    char error[768];
-    double compute_s, wait_s;
-    uint32_t steps;      /* of the last pass */
-    uint64_t bytes_sent; /* over the ring in the last pass */
-    uint64_t bytes;      /* moved in the current phase, read by the progress poller */
-    void *stage;         /* staging of short rows (client_xfer.c), kept between calls */
-    size_t stage_cap;
-} stria__rank_t;
-
-struct stria_job {
-    stria_client_t *client;
-    stria_job_t *next;
-    uint64_t id;
-    stria_job_spec_t spec; /* as assigned: defaults filled in */
-    stria_layout_t layout;
-    int n_ranks;
-    stria__rank_t *ranks;
-    double pass_timeout_s;
-    bool forward_done;
-};
-
 /* ---- helpers ------------------------------------------------------------ */
 
-static size_t stria__row_bytes(const stria_job_t *job, int64_t heads)
+size_t stria__row_bytes(const stria_job_t *job, int64_t heads)
 {
     return (size_t)heads * (size_t)job->spec.head_dim * stria_dtype_size(job->spec.dtype);
-}
-
-/* what: the part of the phase that failed, or NULL when the phase's name says
- * it already (stria__phase_status() names the phase). */
-static void stria__capture_error(stria__rank_t *r, stria_status_t st, const char *what)
-{
-    const char *msg = stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st);
-    r->status = st;
-    if (what != NULL)
-        snprintf(r->error, sizeof(r->error), "%s: %s", what, msg);
-    else
-        snprintf(r->error, sizeof(r->error), "%s", msg);
 }
 
 /* How well a rank's failure explains the phase's: its own failure best, then
@@ -112,14 +55,18 @@ static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
                            (unsigned long long)job->id, phase, r->rank, r->rpc_address, r->error);
 }
 
-static stria_status_t stria__coord_call(stria_client_t *c, uint32_t method,
-                                        const ProtobufCMessage *req, stria_rpc_reply_t *reply)
+stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                 const stria_job_t *job, stria_rpc_reply_t *reply)
 {
     stria_rpc_request_t rq;
     memset(&rq, 0, sizeof(rq));
     rq.method = method;
     rq.request = req;
     rq.timeout_s = STRIA__COORD_TIMEOUT_S;
+    if (job != NULL) {
+        rq.job_secret = &job->secret;
+        rq.job_id = job->id;
+    }
     stria_status_t st = stria_rpc_client_call(c->coord, &rq, reply);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "coordinator %s", c->coordinator);
@@ -231,14 +178,9 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
         return stria_error_set(
             STRIA_ERR_INVALID_ARG,
             "stria_client_connect: token and token_file are both set (give one)");
-    if (params->data_path == STRIA_DATA_PATH_SHM)
-        return stria_error_set(STRIA_ERR_UNSUPPORTED,
-                               "stria_client_connect: data_path shm (shared memory with the "
-                               "workers of this host) is not available in this libstria; use "
-                               "tcp or auto");
-    if (params->data_path != STRIA_DATA_PATH_AUTO && params->data_path != STRIA_DATA_PATH_TCP)
+    if ((unsigned)params->data_path > STRIA_DATA_PATH_SHM)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_client_connect: data_path %d is not auto (0), tcp (1) or "
+                               "stria_client_connect: data_path %d is none of auto (0), tcp (1), "
                                "shm (2)",
                                (int)params->data_path);
     c = calloc(1, sizeof(*c));
@@ -273,7 +215,7 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
     }
     Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
     memset(&reply, 0, sizeof(reply));
-    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply);
+    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, NULL, &reply);
     stria_rpc_reply_free(&reply);
     if (st != STRIA_OK)
         goto err;
@@ -302,25 +244,6 @@ void stria_client_close(stria_client_t *client)
 }
 
 /* ---- rank threads ------------------------------------------------------- */
-
-typedef struct stria__phase stria__phase_t;
-typedef void (*stria__rank_fn)(stria__phase_t *ph, stria__rank_t *r);
-
-struct stria__phase {
-    stria_job_t *job;
-    stria__rank_fn fn;
-    /* inputs and outputs of the phase, full tensors */
-    const void *in[3];
-    int n_in;
-    void *out[3];
-    float *lse_out;
-    int n_out;
-    bool backward;
-    /* completion */
-    pthread_mutex_t lock;
-    pthread_cond_t cv;
-    int remaining;
-};
 
 typedef struct {
     stria__phase_t *ph;
@@ -374,7 +297,7 @@ static void stria__poll_progress(stria__phase_t *ph, stria_progress_cb progress,
     stria_rpc_reply_t reply;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &reply) ==
+    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) ==
         STRIA_OK) {
         Stria__V1__GetJobReply *r = (Stria__V1__GetJobReply *)reply.msg;
         if (r->job != NULL && r->job->steps_total > 0)
@@ -441,123 +364,6 @@ static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
     return stria__phase_status(job, name);
 }
 
-static stria_status_t stria__rank_connect(stria_job_t *job, stria__rank_t *r)
-{
-    stria_rpc_client_params_t rp;
-    if (r->conn != NULL)
-        return STRIA_OK;
-    memset(&rp, 0, sizeof(rp));
-    rp.address = r->rpc_address;
-    rp.service = &stria__v1__worker__descriptor;
-    rp.token = job->client->token;
-    rp.client_name = job->client->client_name;
-    rp.connect_timeout_s = job->client->params.connect_timeout_s;
-    return stria_rpc_client_connect(&rp, &r->conn);
-}
-
-/* The rank's side of the job's transfers (client_xfer.c). */
-static stria__xfer_t stria__rank_xfer(stria_job_t *job, stria__rank_t *r)
-{
-    stria__xfer_t x;
-    memset(&x, 0, sizeof(x));
-    x.conn = r->conn;
-    x.job_id = job->id;
-    x.rank = r->rank;
-    x.layout = &job->layout;
-    x.tokens = r->tokens;
-    x.timeout_s = job->client->params.rpc_timeout_s;
-    x.progress = &r->bytes;
-    x.stage = &r->stage;
-    x.stage_cap = &r->stage_cap;
-    return x;
-}
-
-/* Upload phase: this rank's shards of the phase's input tensors, sent from
- * the caller's rows. */
-static void stria__rank_upload(stria__phase_t *ph, stria__rank_t *r)
-{
-    static const Stria__V1__Tensor fwd_tensors[3] = {
-        STRIA__V1__TENSOR__TENSOR_Q, STRIA__V1__TENSOR__TENSOR_K, STRIA__V1__TENSOR__TENSOR_V};
-    stria_job_t *job = ph->job;
-    stria_status_t st = stria__rank_connect(job, r);
-    if (st != STRIA_OK) {
-        stria__capture_error(r, st, "connect");
-        return;
-    }
-    stria__xfer_t x = stria__rank_xfer(job, r);
-    stria__xfer_item_t items[3];
-    for (int t = 0; t < ph->n_in; t++) {
-        int64_t heads = (!ph->backward && t > 0) ? job->spec.kv_heads : job->spec.heads;
-        items[t] = (stria__xfer_item_t){.tensor = ph->backward ? STRIA__V1__TENSOR__TENSOR_DO
-                                                               : fwd_tensors[t],
-                                        .data = (void *)ph->in[t],
-                                        .outer = job->spec.batch,
-                                        .row = stria__row_bytes(job, heads)};
-    }
-    if ((st = stria__xfer_put(&x, items, (size_t)ph->n_in)) != STRIA_OK)
-        stria__capture_error(r, st, "upload");
-}
-
-static void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
-{
-    stria_job_t *job = ph->job;
-    stria_rpc_request_t rq;
-    stria_rpc_reply_t reply;
-    Stria__V1__RunForwardRequest fw = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
-    Stria__V1__RunBackwardRequest bw = STRIA__V1__RUN_BACKWARD_REQUEST__INIT;
-
-    memset(&rq, 0, sizeof(rq));
-    fw.job_id = bw.job_id = job->id;
-    fw.rank = bw.rank = (uint32_t)r->rank;
-    rq.method = ph->backward ? STRIA_RPC_WORKER_RUN_BACKWARD : STRIA_RPC_WORKER_RUN_FORWARD;
-    rq.request = ph->backward ? &bw.base : &fw.base;
-    rq.timeout_s = job->pass_timeout_s;
-    memset(&reply, 0, sizeof(reply));
-    stria_status_t st = stria_rpc_client_call(r->conn, &rq, &reply);
-    if (st != STRIA_OK) {
-        stria__capture_error(r, st, NULL);
-        return;
-    }
-    /* RunForwardReply and RunBackwardReply both hold PassStats as field 1. */
-    Stria__V1__PassStats *stats = ph->backward ? ((Stria__V1__RunBackwardReply *)reply.msg)->stats
-                                               : ((Stria__V1__RunForwardReply *)reply.msg)->stats;
-    if (stats != NULL) {
-        r->compute_s = stats->compute_seconds;
-        r->wait_s = stats->wait_seconds;
-        r->steps = stats->steps;
-        r->bytes_sent = stats->bytes_sent;
-    }
-    stria_rpc_reply_free(&reply);
-}
-
-/* Download phase: this rank's shards of the outputs, received into their
- * final positions of the caller's tensors. */
-static void stria__rank_download(stria__phase_t *ph, stria__rank_t *r)
-{
-    stria_job_t *job = ph->job;
-    static const Stria__V1__Tensor bwd_tensors[3] = {
-        STRIA__V1__TENSOR__TENSOR_DQ, STRIA__V1__TENSOR__TENSOR_DK, STRIA__V1__TENSOR__TENSOR_DV};
-    stria__xfer_t x = stria__rank_xfer(job, r);
-    stria__xfer_item_t items[4];
-    size_t n = 0;
-    for (int t = 0; t < ph->n_out; t++) {
-        int64_t heads = (ph->backward && t > 0) ? job->spec.kv_heads : job->spec.heads;
-        items[n++] = (stria__xfer_item_t){.tensor = ph->backward ? bwd_tensors[t]
-                                                                 : STRIA__V1__TENSOR__TENSOR_O,
-                                          .data = ph->out[t],
-                                          .outer = job->spec.batch,
-                                          .row = stria__row_bytes(job, heads)};
-    }
-    if (!ph->backward)
-        items[n++] = (stria__xfer_item_t){.tensor = STRIA__V1__TENSOR__TENSOR_LSE,
-                                          .data = ph->lse_out,
-                                          .outer = job->spec.batch * job->spec.heads,
-                                          .row = sizeof(float)};
-    stria_status_t st = stria__xfer_get(&x, items, n);
-    if (st != STRIA_OK)
-        stria__capture_error(r, st, "download");
-}
-
 /* ---- jobs --------------------------------------------------------------- */
 
 static stria_status_t stria__check_spec(const stria_job_spec_t *s)
@@ -582,12 +388,35 @@ static stria_status_t stria__check_spec(const stria_job_spec_t *s)
                                "job spec: window_left/window_right are set (%lld, %lld) but "
                                "has_window is false",
                                (long long)s->window_left, (long long)s->window_right);
+    if (!isfinite(s->arrival_timeout_s) || s->arrival_timeout_s < 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job spec: arrival_timeout_s must be finite and >= 0 (got %g)",
+                               s->arrival_timeout_s);
+    if (s->placement_devices != NULL && s->placement_hosts == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job spec: placement_devices without placement_hosts");
+    if (s->placement_hosts != NULL && s->ring_size < 1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job spec: placement_hosts needs ring_size (one host per rank)");
+    for (int r = 0; s->placement_hosts != NULL && r < s->ring_size; r++)
+        if (s->placement_hosts[r] == NULL || s->placement_hosts[r][0] == '\0')
+            return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: placement_hosts[%d] is %s", r,
+                                   s->placement_hosts[r] == NULL ? "NULL" : "empty");
     return STRIA_OK;
+}
+
+stria_status_t stria__read_spec(const stria_job_spec_t *in, stria_job_spec_t *out)
+{
+    if (in == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec is NULL");
+    stria_status_t st = stria__abi_read(out, sizeof(*out), STRIA__SPEC_V1_SIZE, in,
+                                        "stria_job_spec_t", "STRIA_JOB_SPEC_INIT");
+    return st != STRIA_OK ? st : stria__check_spec(out);
 }
 
 /* Builds the job from the coordinator's assignment and checks that it agrees
  * with the layout this library scatters with. */
-static stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__V1__Assignment *a)
+stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__V1__Assignment *a)
 {
     const Stria__V1__JobSpec *s = a->spec;
     stria_status_t st;
@@ -617,6 +446,8 @@ static stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__
     job->ranks = calloc(a->n_ranks, sizeof(stria__rank_t));
     if (job->ranks == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate ranks");
+    for (size_t i = 0; i < a->n_ranks; i++)
+        job->ranks[i].shm.sock = -1;
     for (size_t i = 0; i < a->n_ranks; i++) {
         const Stria__V1__RankAssignment *ra = a->ranks[i];
         stria__rank_t *r = &job->ranks[i];
@@ -625,6 +456,9 @@ static stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__
             strlen(ra->rpc_address) >= sizeof(r->rpc_address))
             return stria_error_set(STRIA_ERR_PROTOCOL, "assignment rank %zu is malformed", i);
         snprintf(r->rpc_address, sizeof(r->rpc_address), "%s", ra->rpc_address);
+        r->worker_id = ra->worker_id;
+        if (strlen(ra->shm_socket) < sizeof(r->shm_socket)) /* else: TCP */
+            snprintf(r->shm_socket, sizeof(r->shm_socket), "%s", ra->shm_socket);
         r->tokens = stria_layout_shard_valid(&job->layout, (int)i);
         if ((int64_t)ra->tokens != r->tokens)
             return stria_error_set(STRIA_ERR_PROTOCOL,
@@ -639,16 +473,24 @@ static stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__
     return STRIA_OK;
 }
 
-static void stria__job_free(stria_job_t *job)
+void stria__job_free(stria_job_t *job)
 {
     if (job == NULL)
         return;
     for (int i = 0; i < job->n_ranks; i++) {
         stria_rpc_client_close(job->ranks[i].conn);
+        stria__shm_detach(&job->ranks[i].shm);
         stria_free(job->ranks[i].stage);
     }
     free(job->ranks);
+    stria_auth_wipe(&job->secret, sizeof(job->secret));
     free(job);
+}
+
+void stria__job_link(stria_job_t *job)
+{
+    job->next = job->client->jobs;
+    job->client->jobs = job;
 }
 
 static void stria__job_unlink(stria_job_t *job)
@@ -660,55 +502,55 @@ static void stria__job_unlink(stria_job_t *job)
         *pp = job->next;
 }
 
-/* Submits the spec and waits in the queue until the workers are reserved. */
-static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_progress_cb progress,
-                                    void *arg)
+/* The protocol's spec of ours (pointing into ours and `win`, `pl`). */
+static stria_status_t stria__spec_to_proto(const stria_job_spec_t *s, bool sharded,
+                                           Stria__V1__JobSpec *spec,
+                                           Stria__V1__JobSpec__Window *win,
+                                           Stria__V1__JobSpec__Placement **pl,
+                                           Stria__V1__JobSpec__Placement *pls)
 {
-    const stria_job_spec_t *s = &job->spec;
-    Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
-    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
-    stria_rpc_reply_t reply;
-    stria_status_t st;
-
-    spec.batch = (uint32_t)s->batch;
-    spec.seq_len = (uint64_t)s->seq_len;
-    spec.heads = (uint32_t)s->heads;
-    spec.kv_heads = (uint32_t)s->kv_heads;
-    spec.head_dim = (uint32_t)s->head_dim;
-    spec.dtype = (Stria__V1__Dtype)s->dtype;
-    spec.causal = s->causal;
-    spec.layout = (Stria__V1__Layout)s->layout;
-    spec.ring_size = (uint32_t)s->ring_size;
-    spec.scale = s->scale;
-    spec.ttl_s = (uint32_t)ceil(s->ttl_s);
-    spec.step_timeout_ms = (uint32_t)ceil(s->step_timeout_s * 1000.0);
-    spec.no_queue = s->no_queue;
-    spec.label = (char *)(s->label ? s->label : "");
-    spec.cu_seqlens = (int64_t *)s->cu_seqlens;
-    spec.n_cu_seqlens = s->n_cu_seqlens;
-    Stria__V1__JobSpec__Window win = STRIA__V1__JOB_SPEC__WINDOW__INIT;
+    spec->batch = (uint32_t)s->batch;
+    spec->seq_len = (uint64_t)s->seq_len;
+    spec->heads = (uint32_t)s->heads;
+    spec->kv_heads = (uint32_t)s->kv_heads;
+    spec->head_dim = (uint32_t)s->head_dim;
+    spec->dtype = (Stria__V1__Dtype)s->dtype;
+    spec->causal = s->causal;
+    spec->layout = (Stria__V1__Layout)s->layout;
+    spec->ring_size = (uint32_t)s->ring_size;
+    spec->scale = s->scale;
+    spec->ttl_s = (uint32_t)ceil(s->ttl_s);
+    spec->step_timeout_ms = (uint32_t)ceil(s->step_timeout_s * 1000.0);
+    spec->no_queue = s->no_queue;
+    spec->label = (char *)(s->label ? s->label : "");
+    spec->cu_seqlens = (int64_t *)s->cu_seqlens;
+    spec->n_cu_seqlens = s->n_cu_seqlens;
     if (s->has_window) {
-        win.left = s->window_left;
-        win.right = s->window_right;
-        spec.window = &win;
+        win->left = s->window_left;
+        win->right = s->window_right;
+        spec->window = win;
     }
-    req.spec = &spec;
-    memset(&reply, 0, sizeof(reply));
-    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, &reply);
-    if (st != STRIA_OK)
-        return stria_error_wrap(st, "submit");
-    Stria__V1__SubmitJobReply *sr = (Stria__V1__SubmitJobReply *)reply.msg;
-    if (sr->assignment == NULL) {
-        stria_rpc_reply_free(&reply);
-        return stria_error_set(STRIA_ERR_PROTOCOL, "submit: reply without assignment");
+    spec->sharded = sharded;
+    spec->arrival_timeout_s = s->arrival_timeout_s;
+    spec->placement_fallback = s->placement_fallback;
+    for (int r = 0; s->placement_hosts != NULL && r < s->ring_size; r++) {
+        stria__v1__job_spec__placement__init(&pls[r]);
+        pls[r].host = (char *)s->placement_hosts[r];
+        if (s->placement_devices != NULL && s->placement_devices[r] >= 0) {
+            pls[r].has_device_index = true;
+            pls[r].device_index = (uint32_t)s->placement_devices[r];
+        }
+        pl[r] = &pls[r];
+        spec->n_placement = (size_t)r + 1;
     }
-    st = stria__job_from_assignment(job, sr->assignment);
-    Stria__V1__JobState state = sr->state;
-    uint32_t qpos = sr->queue_position;
-    stria_rpc_reply_free(&reply);
-    if (st != STRIA_OK)
-        return st;
+    spec->placement = pl;
+    return STRIA_OK;
+}
 
+stria_status_t stria__wait_queued(stria_client_t *c, stria_job_t *job, Stria__V1__JobState state,
+                                  uint32_t qpos, stria_progress_cb progress, void *arg)
+{
+    stria_rpc_reply_t reply;
     while (state == STRIA__V1__JOB_STATE__JOB_STATE_PENDING) {
         if (progress != NULL)
             progress(arg, STRIA_PHASE_QUEUED, qpos, qpos);
@@ -717,7 +559,8 @@ static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_p
         Stria__V1__GetJobRequest gq = STRIA__V1__GET_JOB_REQUEST__INIT;
         gq.job_id = job->id;
         memset(&reply, 0, sizeof(reply));
-        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_JOB, &gq.base, &reply);
+        stria_status_t st =
+            stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_JOB, &gq.base, job, &reply);
         if (st != STRIA_OK)
             return st;
         Stria__V1__GetJobReply *gr = (Stria__V1__GetJobReply *)reply.msg;
@@ -738,6 +581,50 @@ static stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, stria_p
         stria_rpc_reply_free(&reply);
     }
     return STRIA_OK;
+}
+
+stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
+                             stria_progress_cb progress, void *arg)
+{
+    const stria_job_spec_t *s = &job->spec;
+    Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
+    Stria__V1__JobSpec__Window win = STRIA__V1__JOB_SPEC__WINDOW__INIT;
+    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    size_t n_pl = s->placement_hosts != NULL ? (size_t)s->ring_size : 0;
+    Stria__V1__JobSpec__Placement **pl = calloc(n_pl + 1, sizeof(*pl));
+    Stria__V1__JobSpec__Placement *pls = calloc(n_pl + 1, sizeof(*pls));
+    stria_rpc_reply_t reply;
+    stria_status_t st;
+
+    if (pl == NULL || pls == NULL) {
+        free(pl);
+        free(pls);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the placement");
+    }
+    stria__spec_to_proto(s, sharded, &spec, &win, pl, pls);
+    req.spec = &spec;
+    memset(&reply, 0, sizeof(reply));
+    st = stria__coord_call(c, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, &reply);
+    free(pl);
+    free(pls);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "submit");
+    Stria__V1__SubmitJobReply *sr = (Stria__V1__SubmitJobReply *)reply.msg;
+    if (sr->assignment == NULL) {
+        stria_rpc_reply_free(&reply);
+        return stria_error_set(STRIA_ERR_PROTOCOL, "submit: reply without assignment");
+    }
+    st = stria__job_from_assignment(job, sr->assignment);
+    if (st == STRIA_OK)
+        st = stria_auth_open(&reply.session, "job secret", job->id, sr->job_secret.data,
+                             sr->job_secret.len, job->secret.bytes);
+    job->sharded = sharded;
+    Stria__V1__JobState state = sr->state;
+    uint32_t qpos = sr->queue_position;
+    stria_rpc_reply_free(&reply);
+    if (st != STRIA_OK)
+        return st;
+    return stria__wait_queued(c, job, state, qpos, progress, arg);
 }
 
 static void stria__collect_stats(const stria_job_t *job, stria_call_stats_t *stats)
@@ -816,14 +703,10 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
 
     if (client == NULL || job_out == NULL || spec == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_client_forward: NULL argument");
-    if ((st = stria__abi_read(&sp, sizeof(sp), STRIA__SPEC_V1_SIZE, spec, "stria_job_spec_t",
-                              "STRIA_JOB_SPEC_INIT")) != STRIA_OK ||
+    if ((st = stria__read_spec(spec, &sp)) != STRIA_OK ||
         (st = stria__check_stats(stats)) != STRIA_OK)
         return st;
     spec = &sp;
-    st = stria__check_spec(spec);
-    if (st != STRIA_OK)
-        return st;
     if (q == NULL || k == NULL || v == NULL || o == NULL || lse == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_forward: q, k, v, o and lse are required");
@@ -832,10 +715,12 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
     job->client = client;
     job->spec = *spec; /* the caller's label and documents are read during the submission only */
-    st = stria__submit(client, job, progress, progress_arg);
+    st = stria__submit(client, job, false, progress, progress_arg);
     job->spec.label = NULL;
     job->spec.cu_seqlens = NULL;
     job->spec.n_cu_seqlens = 0;
+    job->spec.placement_hosts = NULL;
+    job->spec.placement_devices = NULL;
     if (st != STRIA_OK) {
         if (job->id != 0) {
             job->next = NULL;
@@ -849,8 +734,7 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
         }
         return st;
     }
-    job->next = client->jobs;
-    client->jobs = job;
+    stria__job_link(job);
     local.queued_s = stria_time_now() - t0;
     memset(&ph, 0, sizeof(ph));
     ph.in[0] = q;
@@ -911,31 +795,34 @@ stria_status_t stria_client_release(stria_job_t *job)
     if (job == NULL)
         return STRIA_OK;
     stria_client_t *c = job->client;
-    /* Free the workers' memory right away; the coordinator also tells them. */
+    uint32_t *ranks = calloc((size_t)job->n_ranks + 1, sizeof(*ranks));
+    size_t n_used = 0;
+    /* Free the workers' memory right away (of a sharded job: the ranks this
+     * handle ran, which no pass can complete without); the coordinator also
+     * tells them. Then the shared memory goes. */
     for (int i = 0; i < job->n_ranks; i++) {
         stria__rank_t *r = &job->ranks[i];
-        if (r->conn == NULL)
+        if (job->sharded && !r->used)
             continue;
-        Stria__V1__DropJobRequest dq = STRIA__V1__DROP_JOB_REQUEST__INIT;
-        stria_rpc_request_t rq;
-        stria_rpc_reply_t reply;
-        dq.job_id = job->id;
-        memset(&rq, 0, sizeof(rq));
-        rq.method = STRIA_RPC_WORKER_DROP_JOB;
-        rq.request = &dq.base;
-        rq.timeout_s = STRIA__COORD_TIMEOUT_S;
-        memset(&reply, 0, sizeof(reply));
-        if (stria_rpc_client_call(r->conn, &rq, &reply) == STRIA_OK)
-            stria_rpc_reply_free(&reply);
+        stria__rank_drop(job, r);
+        if (ranks != NULL)
+            ranks[n_used++] = (uint32_t)i;
     }
-    if (job->id != 0) {
+    for (int i = 0; i < job->n_ranks; i++)
+        stria__shm_detach(&job->ranks[i].shm);
+    if (job->id != 0 && (!job->sharded || n_used > 0)) {
         Stria__V1__ReleaseJobRequest req = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
         stria_rpc_reply_t reply;
         req.job_id = job->id;
+        if (job->sharded) { /* the job ends when every rank has released */
+            req.ranks = ranks;
+            req.n_ranks = n_used;
+        }
         memset(&reply, 0, sizeof(reply));
-        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, &reply);
+        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, job, &reply);
         stria_rpc_reply_free(&reply);
     }
+    free(ranks);
     stria__job_unlink(job);
     stria__job_free(job);
     return st;

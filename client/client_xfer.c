@@ -143,6 +143,8 @@ static void stria__chunk_request(const stria__xfer_t *x, const stria__item_t *t,
 {
     memset(rq, 0, sizeof(*rq));
     rq->timeout_s = x->timeout_s;
+    rq->job_secret = x->secret;
+    rq->job_id = x->job_id;
     if (put) {
         c->put = (Stria__V1__PutInputRequest)STRIA__V1__PUT_INPUT_REQUEST__INIT;
         c->put.job_id = x->job_id;

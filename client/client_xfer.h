@@ -11,6 +11,7 @@
 typedef struct {
     stria_rpc_client_t *conn; /* to the rank's worker */
     uint64_t job_id;
+    const stria_job_secret_t *secret; /* proven on every request */
     int rank;
     const stria_layout_t *layout;
     int64_t tokens; /* the rank's real tokens */

@@ -12,6 +12,30 @@
  *   K, V, dK, dV: [batch, seq_len, kv_heads, head_dim]  in spec->dtype
  *   LSE:          [batch, heads, seq_len]               fp32, natural log
  *
+ * Sharded jobs (context parallelism): each trainer rank holds only its own
+ * tokens. One rank submits the job without running anything
+ * (stria_client_submit(), ring_size = the trainer's world size), exports it
+ * (stria_job_export()) and hands the bytes to its peers over the trainer's
+ * own channel; each imports them (stria_job_import()), asks which global
+ * positions it holds (stria_job_positions()), and runs
+ * stria_client_forward_shard() and later stria_client_backward_shard() with
+ * only its tokens, in the job's layout order:
+ *
+ *   Q, O, dO, dQ: [batch, tokens, heads, head_dim]     tokens of the rank
+ *   K, V, dK, dV: [batch, tokens, kv_heads, head_dim]
+ *   LSE:          [batch, heads, tokens]
+ *
+ * A pass starts on the workers when every rank's inputs are in; a rank that
+ * does not arrive within the spec's arrival_timeout_s fails the job with a
+ * message naming it. Each rank releases its handle (stria_client_release());
+ * the job ends when every rank has, or at its TTL.
+ *
+ * Data paths: with a worker on this host, tensors move through shared memory
+ * (the worker's buffers mapped here; stria_job_shard_buffer() hands out the
+ * pointer, so a rank can fill its inputs in place and read its outputs in
+ * place, and nothing is copied); otherwise over TCP. The client's data_path
+ * chooses.
+ *
  * Threads: a client and its jobs are used by one thread at a time; the library
  * starts and joins its own threads (one per rank) inside each call. Every
  * failure returns a status whose message says which rank and worker failed,
@@ -39,6 +63,19 @@ extern "C" {
 typedef struct stria_client stria_client_t;
 typedef struct stria_job stria_job_t;
 
+/* The tensors of a job (the protocol's numbers). */
+typedef enum {
+    STRIA_TENSOR_Q = 1,
+    STRIA_TENSOR_K = 2,
+    STRIA_TENSOR_V = 3,
+    STRIA_TENSOR_DO = 4,
+    STRIA_TENSOR_O = 5,
+    STRIA_TENSOR_LSE = 6,
+    STRIA_TENSOR_DQ = 7,
+    STRIA_TENSOR_DK = 8,
+    STRIA_TENSOR_DV = 9,
+} stria_tensor_id_t;
+
 /* The ABI of this header; a library of another ABI cannot be used with it.
  * Bumped when a function or a field changes meaning or place (adding fields
  * at the end of a struct does not bump it). */
@@ -49,22 +86,27 @@ unsigned stria_client_abi_version(void);
 
 /* How tensors move between the library and the workers. */
 typedef enum {
-    /* shared memory with the workers of this host where they offer it, TCP
+    /* shared memory with the workers of this host where they offer it (the
+     * rank's worker socket is reachable and answers as that worker), TCP
      * otherwise (the default) */
     STRIA_DATA_PATH_AUTO = 0,
     /* TCP always: each rank's tensors go to and come from its worker over
      * its RPC connection, straight from and into the caller's rows */
     STRIA_DATA_PATH_TCP = 1,
-    /* shared memory only: workers on other hosts are refused */
+    /* shared memory only: a rank whose worker cannot be reached that way
+     * fails, saying why */
     STRIA_DATA_PATH_SHM = 2,
 } stria_data_path_t;
 
 /* Start from STRIA_CLIENT_PARAMS_INIT and set the fields; zero means the
  * default. */
 typedef struct {
-    size_t struct_size;       /* sizeof(stria_client_params_t) */
-    const char *coordinator;  /* "HOST:PORT" (required) */
-    const char *token;        /* shared secret of the service; NULL: none. Copied. */
+    size_t struct_size;      /* sizeof(stria_client_params_t) */
+    const char *coordinator; /* "HOST:PORT" (required) */
+    /* The service's client credential; NULL: none. Copied. Proven in the
+     * hello (never sent); a server that does not prove it back is refused.
+     * The secrets of the client's jobs stay in their handles. */
+    const char *token;
     double connect_timeout_s; /* default 10 */
     double rpc_timeout_s;     /* one upload/download request; default 120 */
     const char *client_name;  /* shown in the daemons' logs; default "libstria" */
@@ -74,9 +116,7 @@ typedef struct {
      * around it trimmed, printable ASCII); NULL: none. Not with `token`. */
     const char *token_file;
     /* Added in ABI 1 after `token_file` (older callers' struct_size ends
-     * there and it reads as AUTO). This library moves data over TCP only:
-     * AUTO means TCP, and SHM is refused by stria_client_connect() with
-     * STRIA_ERR_UNSUPPORTED. */
+     * there and it reads as STRIA_DATA_PATH_AUTO). */
     stria_data_path_t data_path;
 } stria_client_params_t;
 
@@ -115,6 +155,19 @@ typedef struct {
      * takes window_right 0 or -1 only. Without has_window both must be 0. */
     bool has_window;
     int64_t window_left, window_right;
+    /* Sharded jobs (stria_client_submit): seconds a pass waits, after the
+     * first rank arrived with its inputs, for the others; then the job fails
+     * naming the missing ranks. 0: 60. */
+    double arrival_timeout_s;
+    /* Placement: on which host each trainer rank runs (ring_size entries, or
+     * NULL), and optionally its device index there (a GPU index; NULL or -1:
+     * any). Rank r then gets a worker on placement_hosts[r], the one with
+     * that device index when the host has it; without such a worker the job
+     * is refused naming the rank, unless placement_fallback lets the rank
+     * take another worker. Read during the submission only. */
+    const char *const *placement_hosts;
+    const int *placement_devices;
+    bool placement_fallback;
 } stria_job_spec_t;
 
 #define STRIA_JOB_SPEC_INIT                                                                        \
@@ -179,9 +232,81 @@ stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq
                                      stria_call_stats_t *stats);
 
 /* Tells the service the job is done (its workers free its memory) and frees
- * the handle. NULL is ignored. Returns the release status (the handle is
- * freed in every case). */
+ * the handle. For a sharded job: the ranks this handle ran are done (the
+ * job ends when every rank has released). NULL is ignored. Returns the
+ * release status (the handle is freed in every case). */
 stria_status_t stria_client_release(stria_job_t *job);
+
+/* ---- sharded jobs ------------------------------------------------------ */
+
+/* Submits a sharded job and returns once its workers are reserved (it waits
+ * in the queue like stria_client_forward()); runs nothing. spec->ring_size
+ * is required (the trainer's world size) and the layout must be named
+ * (striped, contiguous or zigzag: not STRIA_LAYOUT_AUTO). Export the handle
+ * for the other ranks. */
+stria_status_t stria_client_submit(stria_client_t *client, const stria_job_spec_t *spec,
+                                   stria_job_t **job_out);
+
+/* Bytes of an export. */
+#define STRIA_JOB_EXPORT_BYTES 48
+
+/* Writes a sharded job's handle (its id and its unguessable secret, which
+ * gives whoever holds the bytes the job's ranks) into out[0 ..
+ * STRIA_JOB_EXPORT_BYTES); *len_out is set to that. */
+stria_status_t stria_job_export(const stria_job_t *job, void *out, size_t cap, size_t *len_out);
+
+/* Opens a job exported by another process, through this client's
+ * coordinator (which checks the secret). Release it as any handle. */
+stria_status_t stria_job_import(stria_client_t *client, const void *bytes, size_t len,
+                                stria_job_t **job_out);
+
+/* The number of tokens rank `rank` holds (-1 for a rank out of range). */
+int64_t stria_job_shard_tokens(const stria_job_t *job, int rank);
+
+/* The global positions of rank `rank`'s tokens, in the order the rank holds
+ * them (the job's layout): stria_job_shard_tokens() entries. */
+stria_status_t stria_job_positions(const stria_job_t *job, int rank, int64_t *positions_out);
+
+/* Runs rank `rank`'s part of the forward pass: sends its q, k, v (only its
+ * tokens, in the layout's order), waits until the pass of every rank is
+ * done, and writes its o (spec dtype) and lse. A pointer that is the `data`
+ * of stria_job_shard_buffer() for that tensor is used in place (it must
+ * then be laid out as that buffer says): nothing is copied for it. */
+stria_status_t stria_client_forward_shard(stria_job_t *job, int rank, const void *q, const void *k,
+                                          const void *v, void *o, float *lse);
+
+/* Rank `rank`'s part of the backward pass, after its forward pass: sends
+ * its dO and writes its dq, dk, dv (in-place buffers as above). */
+stria_status_t stria_client_backward_shard(stria_job_t *job, int rank, const void *d_o, void *dq,
+                                           void *dk, void *dv);
+
+/* Where a rank's tensor lies in its worker's shared memory: `outer` rows
+ * (batch; batch * heads for LSE) of `tokens` tokens of `row_bytes` each,
+ * `outer_stride` bytes from one outer row to the next (more than
+ * tokens * row_bytes only when the rank's shard is padded). */
+typedef struct {
+    size_t struct_size; /* sizeof(stria_shard_buffer_t) */
+    void *data;
+    int64_t outer;
+    int64_t tokens;
+    int64_t row_bytes;
+    int64_t outer_stride;
+} stria_shard_buffer_t;
+
+#define STRIA_SHARD_BUFFER_INIT                                                                    \
+    {                                                                                              \
+        .struct_size = sizeof(stria_shard_buffer_t)                                                \
+    }
+
+/* The shared buffer of a rank's tensor (connecting to the rank's worker if
+ * needed): valid until the handle is released. STRIA_ERR_UNSUPPORTED when
+ * the rank's tensors go over TCP (the message says why). */
+stria_status_t stria_job_shard_buffer(stria_job_t *job, int rank, stria_tensor_id_t tensor,
+                                      stria_shard_buffer_t *out);
+
+/* The path rank `rank`'s tensors take: STRIA_DATA_PATH_SHM or STRIA_DATA_PATH_TCP
+ * once connected, STRIA_DATA_PATH_AUTO before. */
+stria_data_path_t stria_job_data_path(const stria_job_t *job, int rank);
 
 /* The service's job id (as shown by the admin tools). */
 uint64_t stria_job_id(const stria_job_t *job);

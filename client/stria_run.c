@@ -44,6 +44,7 @@ typedef struct {
     double step_timeout_s;
     bool check;
     const char *label;
+    stria_data_path_t path;
     /* random */
     stria_int_list_t shape;
     int64_t seed;
@@ -67,6 +68,19 @@ static stria_status_t stria__parse_dtype(const char *text, void *dst)
 static stria_status_t stria__parse_layout(const char *text, void *dst)
 {
     return stria_layout_kind_parse(text, dst);
+}
+
+/* --path: auto, tcp or shm. */
+static stria_status_t stria__parse_path(const char *text, void *dst)
+{
+    static const char *const names[] = {"auto", "tcp", "shm"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(text, names[i]) == 0) {
+            *(stria_data_path_t *)dst = (stria_data_path_t)i;
+            return STRIA_OK;
+        }
+    return stria_error_set(STRIA_ERR_INVALID_ARG, "unknown path '%s' (expected auto, tcp or shm)",
+                           text);
 }
 
 /* A device name that stria_device_open() accepts on this machine. */
@@ -241,7 +255,7 @@ static int stria__run_check_masks(const stria__run_opts_t *o, const char *cmd, i
  * cli->cmd, else the exit status (help printed, or a usage error). */
 static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_cli_t *cli)
 {
-    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 6];
+    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 7];
     const stria_option_t local_only[] = {
         {.name = "device",
          .type = STRIA_OPT_CUSTOM,
@@ -264,7 +278,8 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
          .type = STRIA_OPT_STRING,
          .dst = &o->token_file,
          .metavar = "FILE",
-         .help = "the service's shared secret, first line of FILE (default $STRIA_TOKEN_FILE)"},
+         .help = "the service's client credential, first line of FILE (proven, never sent; "
+                 "default $STRIA_TOKEN_FILE)"},
         {.name = "step-timeout",
          .type = STRIA_OPT_DURATION,
          .dst = &o->step_timeout_s,
@@ -283,6 +298,13 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
          .dst = &o->label,
          .metavar = "TEXT",
          .help = "a label the admin tools show with the job"},
+        {.name = "path",
+         .type = STRIA_OPT_CUSTOM,
+         .dst = &o->path,
+         .parse = stria__parse_path,
+         .metavar = "auto|tcp|shm",
+         .help = "how tensors reach the workers: shared memory with a worker of this host, TCP "
+                 "otherwise (auto, the default), only TCP, or only shared memory"},
         {.name = NULL},
     };
     const stria_option_t random[] = {
@@ -977,6 +999,7 @@ static int stria__cmd_submit(const stria__run_opts_t *o)
     cp.coordinator = o->coordinator;
     cp.token = token;
     cp.client_name = "stria-run";
+    cp.data_path = o->path;
     if (st == STRIA_OK)
         st = stria_client_connect(&cp, &client);
     if (st == STRIA_OK)

@@ -391,6 +391,8 @@ static void json_job(const Stria__V1__JobInfo *j)
                s->causal ? "true" : "false", layout_name(s->layout), s->ring_size,
                (double)s->scale);
         json_str(s->label);
+        printf(",\"sharded\":%s,\"arrival_timeout_s\":%g", s->sharded ? "true" : "false",
+               s->arrival_timeout_s);
         printf("}");
     }
     if (a != NULL) {
@@ -402,6 +404,17 @@ static void json_job(const Stria__V1__JobInfo *j)
             json_str(r->host);
             printf(",\"rpc_address\":");
             json_str(r->rpc_address);
+            printf(",\"device\":");
+            json_str(r->device);
+            if (r->has_device_index)
+                printf(",\"device_index\":%u", r->device_index);
+            if (s != NULL && i < s->n_placement) {
+                printf(",\"placed_on\":");
+                json_str(s->placement[i]->host);
+                if (s->placement[i]->has_device_index)
+                    printf(",\"placed_device_index\":%u", s->placement[i]->device_index);
+                printf(",\"placement_fallback\":%s", r->placement_fallback ? "true" : "false");
+            }
             printf(",\"tokens\":%" PRIu64 "}", r->tokens);
         }
         printf("]");
@@ -599,6 +612,40 @@ static stria_status_t job_timeline(const Stria__V1__JobInfo *j, const char *path
     return st;
 }
 
+/* A job's ranks: worker, host, device, address, tokens, and where the spec
+ * placed the rank (host/device index; "fallback" when it is elsewhere). */
+static void job_ranks(const Stria__V1__Assignment *a, const Stria__V1__JobSpec *s)
+{
+    char mem[32];
+    bool placed = s != NULL && s->n_placement == a->n_ranks;
+    fmt_bytes(mem, sizeof(mem), a->memory_per_rank_bytes);
+    printf("assignment: %zu ranks, %s per rank%s\n", a->n_ranks, mem,
+           placed ? ", placed by the spec" : "");
+    table_t t = {.ncols = placed ? 7 : 6};
+    const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "ADDRESS", "TOKENS", "PLACED ON"};
+    table_add(&t, head);
+    for (size_t i = 0; i < a->n_ranks; i++) {
+        const Stria__V1__RankAssignment *r = a->ranks[i];
+        char rk[16], wid[24], tok[24], dev[300], place[300] = "";
+        snprintf(rk, sizeof(rk), "%u", r->rank);
+        snprintf(wid, sizeof(wid), "%" PRIu64, r->worker_id);
+        snprintf(tok, sizeof(tok), "%" PRIu64, r->tokens);
+        if (r->has_device_index && strncmp(r->device, "cuda:", 5) != 0)
+            snprintf(dev, sizeof(dev), "%.200s #%u", r->device, r->device_index);
+        else
+            snprintf(dev, sizeof(dev), "%.200s", r->device);
+        if (placed && s->placement[i]->has_device_index)
+            snprintf(place, sizeof(place), "%.200s/%u%s", s->placement[i]->host,
+                     s->placement[i]->device_index, r->placement_fallback ? " (fallback)" : "");
+        else if (placed)
+            snprintf(place, sizeof(place), "%.200s%s", s->placement[i]->host,
+                     r->placement_fallback ? " (fallback)" : "");
+        const char *cells[] = {rk, wid, r->host, dev, r->rpc_address, tok, place};
+        table_add(&t, cells);
+    }
+    table_print(&t);
+}
+
 static int cmd_job(ctl_t *c, const char *arg)
 {
     uint64_t id = 0;
@@ -656,23 +703,11 @@ static int cmd_job(ctl_t *c, const char *arg)
                    s->causal ? "causal" : "non-causal", layout_name(s->layout), (double)s->scale,
                    s->label && s->label[0] ? ", " : "", esc(s->label));
         }
-        if (a && a->n_ranks) {
-            char mem[32];
-            fmt_bytes(mem, sizeof(mem), a->memory_per_rank_bytes);
-            printf("assignment: %zu ranks, %s per rank\n", a->n_ranks, mem);
-            table_t t = {.ncols = 5};
-            const char *head[] = {"RANK", "WORKER", "HOST", "ADDRESS", "TOKENS"};
-            table_add(&t, head);
-            for (size_t i = 0; i < a->n_ranks; i++) {
-                char rk[16], wid[24], tok[24];
-                snprintf(rk, sizeof(rk), "%u", a->ranks[i]->rank);
-                snprintf(wid, sizeof(wid), "%" PRIu64, a->ranks[i]->worker_id);
-                snprintf(tok, sizeof(tok), "%" PRIu64, a->ranks[i]->tokens);
-                const char *cells[] = {rk, wid, a->ranks[i]->host, a->ranks[i]->rpc_address, tok};
-                table_add(&t, cells);
-            }
-            table_print(&t);
-        }
+        if (s && s->sharded)
+            printf("sharded: each trainer rank brings its own tokens; arrival timeout %g s\n",
+                   s->arrival_timeout_s);
+        if (a && a->n_ranks)
+            job_ranks(a, s);
         const Stria__V1__JobTimings *t = j->timings;
         if (t) {
             printf("timings (UTC):\n");
@@ -842,8 +877,8 @@ int main(int argc, char **argv)
          .type = STRIA_OPT_STRING,
          .dst = &token_file,
          .metavar = "FILE",
-         .help = "the service's token (the admin token for drain, undrain, cancel); default "
-                 "$STRIA_TOKEN_FILE"},
+         .help = "a credential: the client one for status and workers, the admin one for "
+                 "everything; proven, never sent; default $STRIA_TOKEN_FILE"},
         {.name = "json",
          .type = STRIA_OPT_FLAG,
          .dst = &c.json,
@@ -886,11 +921,11 @@ int main(int argc, char **argv)
                     "uptime/version"},
         {.name = "workers", .summary = "every known worker"},
         {.name = "jobs",
-         .summary = "active and queued jobs (--all: finished ones too)",
+         .summary = "active and queued jobs (--all: finished ones too) (admin)",
          .options = jobs_options},
         {.name = "job",
-         .summary = "one job: spec, assignment, state, timings, failure reason (--timeline: "
-                    "its passes drawn as an SVG)",
+         .summary = "one job: spec, assignment, state, timings, failure reason (admin; "
+                    "--timeline: its passes drawn as an SVG)",
          .args = "ID",
          .min_args = 1,
          .max_args = 1,

@@ -1,6 +1,8 @@
 /* Network addresses: "HOST:PORT" strings and their resolution, shared by the
  * RPC layer, the ring link and the programs' options. */
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -77,4 +79,47 @@ stria_status_t stria_addr_resolve(const char *host, uint16_t port, bool passive,
     *len_out = (size_t)res->ai_addrlen;
     freeaddrinfo(res);
     return STRIA_OK;
+}
+
+static bool stria__sockaddr_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)(const void *)sa;
+        return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)(const void *)sa;
+        if (IN6_IS_ADDR_LOOPBACK(&a->sin6_addr))
+            return true;
+        return IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && a->sin6_addr.s6_addr[12] == 127;
+    }
+    return false;
+}
+
+bool stria_addr_is_loopback(const char *host)
+{
+    struct addrinfo hints, *res = NULL;
+    bool all = true;
+    if (host == NULL || host[0] == '\0')
+        return false;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, "1", &hints, &res) != 0 || res == NULL)
+        return false;
+    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next)
+        all = all && stria__sockaddr_loopback(ai->ai_addr);
+    freeaddrinfo(res);
+    return all;
+}
+
+bool stria_addr_listen_is_loopback(const char *addr)
+{
+    char host[256];
+    uint16_t port;
+    if (addr == NULL || stria_addr_parse(addr, host, sizeof(host), &port) != STRIA_OK) {
+        stria_error_clear();
+        return false;
+    }
+    return stria_addr_is_loopback(host);
 }

@@ -95,6 +95,11 @@ void *stria_malloc_aligned(size_t size);
 void *stria_calloc_aligned(size_t size);
 void stria_free(void *ptr);
 
+/* Fills buf with n bytes from the kernel's random source (getrandom()):
+ * unguessable values such as a job's secret. STRIA_ERR_IO when the source
+ * fails. */
+stria_status_t stria_random_bytes(void *buf, size_t n);
+
 /* ---- little-endian fields of wire formats ------------------------------- */
 
 /* The RPC frame header and the ring link's control messages are
@@ -153,6 +158,12 @@ stria_status_t stria_addr_parse(const char *addr, char *host, size_t host_cap, u
  * Errors: STRIA_ERR_INVALID_ARG naming the host. */
 stria_status_t stria_addr_resolve(const char *host, uint16_t port, bool passive,
                                   struct sockaddr_storage *out, size_t *len_out);
+/* Whether every address `host` resolves to is a loopback one (127.0.0.0/8,
+ * ::1): a listener there is reachable from this machine only. A wildcard
+ * ("0.0.0.0", "::") or a name that does not resolve is not. */
+bool stria_addr_is_loopback(const char *host);
+/* The same for the host of a "HOST:PORT" address (false when malformed). */
+bool stria_addr_listen_is_loopback(const char *addr);
 
 /* ---- byte ranges -------------------------------------------------------- */
 

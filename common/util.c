@@ -1,7 +1,9 @@
 #include "stria_common.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 double stria_time_now(void)
@@ -41,4 +43,18 @@ void *stria_calloc_aligned(size_t size)
 void stria_free(void *ptr)
 {
     free(ptr);
+}
+
+stria_status_t stria_random_bytes(void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom((char *)buf + got, n - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return stria_error_set(STRIA_ERR_IO, "getrandom: %s", strerror(errno));
+        got += (size_t)r;
+    }
+    return STRIA_OK;
 }

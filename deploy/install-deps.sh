@@ -11,6 +11,7 @@ packages=(
   libucx-dev ucx-utils
   libuv1-dev
   libprotobuf-c-dev protobuf-c-compiler
+  libssl-dev
   libcriterion-dev
   iproute2
   python3

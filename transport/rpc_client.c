@@ -35,7 +35,8 @@ struct stria_rpc_client {
 
     int fd;
     uint64_t next_id;
-    bool admin;
+    unsigned roles;
+    stria_auth_session_t session;
     bool server_error; /* the last failure was an error reply, stream in step */
     uint64_t server_max_payload;
 };
@@ -263,22 +264,117 @@ free_pb:
     return st;
 }
 
+/* Sends one hello frame and reads its reply (in *arena_out, *rep_out). */
+static stria_status_t stria__cl_hello_frame(stria_rpc_client_t *cl,
+                                            const Stria__V1__HelloRequest *hello, double deadline,
+                                            stria__rpc_arena_t **arena_out,
+                                            Stria__V1__HelloReply **rep_out)
+{
+    stria_rpc_header_t h = {
+        .magic = STRIA_RPC_MAGIC, .version = STRIA_RPC_VERSION, .flags = STRIA_RPC_FLAG_HELLO};
+    ProtobufCMessage *msg = NULL;
+    uint64_t plen = 0;
+    struct iovec iov;
+    size_t flen = 0;
+    h.request_id = cl->next_id++;
+    uint8_t *frame = stria__rpc_frame_build(&h, &hello->base, &flen);
+    if (frame == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory building a hello");
+    iov.iov_base = frame;
+    iov.iov_len = flen;
+    stria_status_t st = stria__cl_send(cl, &iov, 1, deadline);
+    free(frame);
+    if (st == STRIA_OK)
+        st = stria__cl_read_reply(cl, h.request_id, 0, true, &stria__v1__hello_reply__descriptor,
+                                  deadline, arena_out, &msg, &plen);
+    if (st != STRIA_OK)
+        return st;
+    Stria__V1__HelloReply *rep = (Stria__V1__HelloReply *)msg;
+    if (rep->protocol_version != STRIA_RPC_VERSION || strcmp(rep->service, cl->service->name) ||
+        rep->server_nonce.len != STRIA_AUTH_NONCE_BYTES) {
+        st = stria_error_set(STRIA_ERR_PROTOCOL,
+                             "%s answered as %s version %u (%zu-byte nonce), expected %s %d",
+                             cl->address, rep->service, rep->protocol_version,
+                             rep->server_nonce.len, cl->service->name, STRIA_RPC_VERSION);
+        stria__rpc_arena_destroy(*arena_out);
+        *arena_out = NULL;
+        return st;
+    }
+    *rep_out = rep;
+    return STRIA_OK;
+}
+
+/* The hello: nonces, then (when the server challenges) the proof of the
+ * token and the check of the server's; see proto/stria.proto. */
+static stria_status_t stria__cl_hello(stria_rpc_client_t *cl, double deadline)
+{
+    Stria__V1__HelloRequest hello = STRIA__V1__HELLO_REQUEST__INIT;
+    Stria__V1__HelloReply *rep = NULL;
+    stria__rpc_arena_t *arena = NULL;
+    uint8_t proof[STRIA_AUTH_MAC_BYTES], want[STRIA_AUTH_MAC_BYTES];
+    stria_status_t st;
+
+    hello.protocol_version = STRIA_RPC_VERSION;
+    hello.software_version = (char *)STRIA_VERSION;
+    hello.service = (char *)cl->service->name;
+    hello.client_name = cl->name ? cl->name : (char *)"";
+    st = stria_auth_random(cl->session.client_nonce, STRIA_AUTH_NONCE_BYTES);
+    if (st != STRIA_OK)
+        return st;
+    hello.client_nonce.data = cl->session.client_nonce;
+    hello.client_nonce.len = STRIA_AUTH_NONCE_BYTES;
+    st = stria__cl_hello_frame(cl, &hello, deadline, &arena, &rep);
+    if (st != STRIA_OK)
+        return st;
+    memcpy(cl->session.server_nonce, rep->server_nonce.data, STRIA_AUTH_NONCE_BYTES);
+    if (rep->challenge) {
+        stria__rpc_arena_destroy(arena);
+        arena = NULL;
+        hello.client_nonce.len = 0;
+        if (cl->token != NULL) {
+            stria_auth_hello_mac(cl->token, cl->service->name, cl->session.client_nonce,
+                                 cl->session.server_nonce, false, proof);
+            hello.proof.data = proof;
+            hello.proof.len = sizeof(proof);
+        }
+        st = stria__cl_hello_frame(cl, &hello, deadline, &arena, &rep);
+        if (st != STRIA_OK)
+            return st;
+        if (rep->challenge || stria_auth_equal(rep->server_nonce.data, cl->session.server_nonce,
+                                               STRIA_AUTH_NONCE_BYTES) == false) {
+            stria__rpc_arena_destroy(arena);
+            return stria_error_set(STRIA_ERR_PROTOCOL, "%s changed its nonce in the hello",
+                                   cl->address);
+        }
+    }
+    if (cl->token != NULL) {
+        /* Only a server that knows the same token can answer this. */
+        stria_auth_hello_mac(cl->token, cl->service->name, cl->session.client_nonce,
+                             cl->session.server_nonce, true, want);
+        bool ok = rep->challenge == false && rep->proof.len == STRIA_AUTH_MAC_BYTES &&
+                  stria_auth_equal(want, rep->proof.data, STRIA_AUTH_MAC_BYTES);
+        if (!ok) {
+            const char *why = rep->proof.len == 0 ? "it checks no credential" : "wrong proof";
+            stria__rpc_arena_destroy(arena);
+            return stria_error_set(STRIA_ERR_AUTH,
+                                   "%s did not prove that it knows the token (%s); refusing to "
+                                   "talk to it",
+                                   cl->address, why);
+        }
+    }
+    cl->roles = rep->roles;
+    cl->server_max_payload = rep->max_payload_bytes;
+    stria_auth_session_derive(&cl->session, cl->token);
+    stria__rpc_arena_destroy(arena);
+    return STRIA_OK;
+}
+
 static stria_status_t stria__cl_open(stria_rpc_client_t *cl, double deadline)
 {
     char host[256], ps[8];
     uint16_t port;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     struct addrinfo *res = NULL, *ai;
-    Stria__V1__HelloRequest hello = STRIA__V1__HELLO_REQUEST__INIT;
-    Stria__V1__HelloReply *rep;
-    stria_rpc_header_t h = {
-        .magic = STRIA_RPC_MAGIC, .version = STRIA_RPC_VERSION, .flags = STRIA_RPC_FLAG_HELLO};
-    stria__rpc_arena_t *arena = NULL;
-    ProtobufCMessage *msg = NULL;
-    uint64_t plen = 0;
-    struct iovec iov;
-    uint8_t *frame;
-    size_t flen = 0;
     stria_status_t st;
     int rc, one = 1, err = 0;
 
@@ -318,45 +414,11 @@ static stria_status_t stria__cl_open(stria_rpc_client_t *cl, double deadline)
     if (cl->fd < 0)
         return st;
     setsockopt(cl->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-
-    hello.protocol_version = STRIA_RPC_VERSION;
-    hello.software_version = (char *)STRIA_VERSION;
-    hello.service = (char *)cl->service->name;
-    hello.token = cl->token ? cl->token : (char *)"";
-    hello.client_name = cl->name ? cl->name : (char *)"";
-    h.request_id = cl->next_id++;
-    frame = stria__rpc_frame_build(&h, &hello.base, &flen);
-    if (frame == NULL) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory building a hello");
-        goto drop;
-    }
-    iov.iov_base = frame;
-    iov.iov_len = flen;
-    st = stria__cl_send(cl, &iov, 1, deadline);
-    free(frame);
-    if (st == STRIA_OK)
-        st = stria__cl_read_reply(cl, h.request_id, 0, true, &stria__v1__hello_reply__descriptor,
-                                  deadline, &arena, &msg, &plen);
+    st = stria__cl_hello(cl, deadline);
     if (st != STRIA_OK) {
         stria_error_wrap(st, "hello to %s", cl->address);
-        goto drop;
+        stria__cl_drop(cl);
     }
-    rep = (Stria__V1__HelloReply *)msg;
-    if (rep->protocol_version != STRIA_RPC_VERSION || strcmp(rep->service, cl->service->name)) {
-        st = stria_error_set(STRIA_ERR_PROTOCOL, "%s answered as %s version %u, expected %s %d",
-                             cl->address, rep->service, rep->protocol_version, cl->service->name,
-                             STRIA_RPC_VERSION);
-        goto free_arena;
-    }
-    cl->admin = rep->admin;
-    cl->server_max_payload = rep->max_payload_bytes;
-    stria__rpc_arena_destroy(arena);
-    return STRIA_OK;
-
-free_arena:
-    stria__rpc_arena_destroy(arena);
-drop:
-    stria__cl_drop(cl);
     return st;
 }
 
@@ -409,6 +471,8 @@ void stria_rpc_client_close(stria_rpc_client_t *cl)
         return;
     stria__cl_drop(cl);
     free(cl->address);
+    if (cl->token != NULL)
+        memset(cl->token, 0, strlen(cl->token));
     free(cl->token);
     free(cl->name);
     pthread_mutex_destroy(&cl->lock);
@@ -417,7 +481,45 @@ void stria_rpc_client_close(stria_rpc_client_t *cl)
 
 bool stria_rpc_client_admin(const stria_rpc_client_t *cl)
 {
-    return cl->admin;
+    return (cl->roles & STRIA_RPC_ROLE_ADMIN) != 0;
+}
+
+unsigned stria_rpc_client_roles(const stria_rpc_client_t *cl)
+{
+    return cl->roles;
+}
+
+/* Packs a request, proving its job secret in field 60 when it names one
+ * (on a shallow copy: the caller's message stays as it was). */
+static stria_status_t stria__cl_frame(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                      const stria_rpc_header_t *h, uint8_t **frame_out,
+                                      size_t *flen)
+{
+    const ProtobufCMessageDescriptor *d = req->request->descriptor;
+    *frame_out = NULL;
+    if (req->job_secret == NULL) {
+        *frame_out = stria__rpc_frame_build(h, req->request, flen);
+        return *frame_out
+                   ? STRIA_OK
+                   : stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory building the request");
+    }
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(d, 60);
+    if (f == NULL || f->type != PROTOBUF_C_TYPE_BYTES || f->label == PROTOBUF_C_LABEL_REPEATED)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s has no job_proof field (60)", d->name);
+    uint8_t proof[STRIA_AUTH_MAC_BYTES];
+    void *copy = malloc(d->sizeof_message);
+    if (copy == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory building the request");
+    memcpy(copy, req->request, d->sizeof_message);
+    stria_job_secret_prove(req->job_secret, &cl->session, h->request_id, h->method, req->job_id,
+                           proof);
+    ProtobufCBinaryData *bd = (ProtobufCBinaryData *)(void *)((char *)copy + f->offset);
+    bd->data = proof;
+    bd->len = sizeof(proof);
+    *frame_out = stria__rpc_frame_build(h, copy, flen);
+    free(copy);
+    return *frame_out ? STRIA_OK
+                      : stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory building the request");
 }
 
 uint64_t stria_rpc_client_max_payload(const stria_rpc_client_t *cl)
@@ -547,8 +649,11 @@ static stria_status_t stria__cl_send_request(stria_rpc_client_t *cl, const stria
                            ? UINT32_MAX
                            : (uint32_t)ceil(req->timeout_s * 1000.0);
     h.request_id = cl->next_id++;
-    uint8_t *frame = stria__rpc_frame_build(&h, req->request, &flen);
-    size_t n = frame != NULL ? stria__cl_request_iov(req, frame, flen, two, &iov) : 0;
+    uint8_t *frame = NULL;
+    st = stria__cl_frame(cl, req, &h, &frame, &flen);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "%s", md->name);
+    size_t n = stria__cl_request_iov(req, frame, flen, two, &iov);
     if (n == 0) {
         free(frame);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory building the request",
@@ -593,6 +698,7 @@ static stria_status_t stria__cl_recv_reply(stria_rpc_client_t *cl, const stria_r
         return st;
     }
     reply_out->msg = msg;
+    reply_out->session = cl->session;
     reply_out->payload = payload;
     reply_out->payload_len = plen;
     reply_out->stria__arena = arena;

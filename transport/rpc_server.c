@@ -185,7 +185,22 @@ uint32_t stria_rpc_call_method(const stria_rpc_call_t *call)
 
 bool stria_rpc_call_admin(const stria_rpc_call_t *call)
 {
-    return call->conn->admin;
+    return (call->conn->roles & STRIA_RPC_ROLE_ADMIN) != 0;
+}
+
+unsigned stria_rpc_call_roles(const stria_rpc_call_t *call)
+{
+    return call->conn->roles;
+}
+
+const stria_auth_session_t *stria_rpc_call_session(const stria_rpc_call_t *call)
+{
+    return &call->conn->session;
+}
+
+uint64_t stria_rpc_call_request_id(const stria_rpc_call_t *call)
+{
+    return call->request_id;
 }
 
 double stria_rpc_call_deadline(const stria_rpc_call_t *call)
@@ -522,8 +537,7 @@ static void *stria__loop_main(void *arg)
 static void stria__server_free(stria_rpc_server_t *srv)
 {
     free(srv->methods);
-    free(srv->token);
-    free(srv->admin_token);
+    stria__rpc_server_tokens_free(srv);
     free(srv->name);
     pthread_mutex_destroy(&srv->lock);
     free(srv);
@@ -597,12 +611,14 @@ stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *p,
     srv->ctx = p->ctx;
     srv->methods = calloc(p->service->n_methods ? p->service->n_methods : 1, sizeof(*srv->methods));
     srv->name = strdup(p->name ? p->name : p->service->short_name);
-    srv->token = stria__rpc_strdup_or_null(p->token);
-    srv->admin_token = stria__rpc_strdup_or_null(p->admin_token);
-    if (srv->methods == NULL || srv->name == NULL || (p->token && p->token[0] && !srv->token) ||
-        (p->admin_token && p->admin_token[0] && !srv->admin_token)) {
+    if (srv->methods == NULL || srv->name == NULL) {
         stria__server_free(srv);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "rpc server: out of memory");
+    }
+    st = stria__rpc_server_tokens(srv, p);
+    if (st != STRIA_OK) {
+        stria__server_free(srv);
+        return st;
     }
     memcpy(srv->methods, p->methods, p->service->n_methods * sizeof(*srv->methods));
     srv->max_pb = p->max_pb_bytes ? p->max_pb_bytes : STRIA_RPC_DEFAULT_MAX_PB;

@@ -9,6 +9,8 @@
 
 /* ---- server objects ---------------------------------------------------- */
 
+#define STRIA__RPC_N_ROLES 3 /* client, worker, admin: bit i is role 1 << i */
+
 typedef enum {
     STRIA__RD_HEADER,
     STRIA__RD_PB,
@@ -44,8 +46,11 @@ struct stria__rpc_conn {
     char peer[64];
     int refs; /* the handle, plus one per live call */
     bool hello_done;
-    bool admin;
-    bool closing; /* uv_close() called */
+    bool challenged; /* first hello answered with a challenge; the proof is due */
+    unsigned roles;  /* STRIA_RPC_ROLE_* once the hello is done */
+    stria_auth_session_t session;
+    uint64_t last_job_request; /* id of the last request whose job proof was checked */
+    bool closing;              /* uv_close() called */
     bool reading;
     bool paused; /* too many calls in flight */
     double accepted_at;
@@ -102,8 +107,10 @@ struct stria_rpc_server {
     const ProtobufCServiceDescriptor *service;
     stria_rpc_method_t *methods;
     void *ctx;
-    char *token;
-    char *admin_token;
+    /* Credentials by role: client, worker, admin (NULL: none); any: the
+     * hello is a challenge. */
+    char *tokens[STRIA__RPC_N_ROLES];
+    bool any_token;
     char *name;
     uint32_t max_pb;
     uint64_t max_payload;
@@ -137,5 +144,21 @@ void stria__on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf);
 void stria__on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
 /* A payload buffer named by stria_rpc_call_payload_ready(), on the loop. */
 void stria__on_payload_ready(stria__rpc_job_t *job);
+/* Sends an error, half closes and drains what the peer still sends. */
+void stria__conn_fatal(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- rpc_server_auth.c: the hello, roles and job proofs ------------------- */
+
+/* Copies the credentials of the params; refuses two equal ones. */
+stria_status_t stria__rpc_server_tokens(stria_rpc_server_t *srv,
+                                        const stria_rpc_server_params_t *p);
+void stria__rpc_server_tokens_free(stria_rpc_server_t *srv);
+/* Handles a hello frame (either of the two). */
+void stria__rpc_on_hello(stria__rpc_conn_t *c);
+/* Whether the connection's roles may call a method of these flags; if not,
+ * writes why into msg. */
+bool stria__rpc_method_allowed(const stria__rpc_conn_t *c, unsigned flags, const char *method,
+                               char *msg, size_t msg_len);
 
 #endif /* STRIA_RPC_SERVER_INT_H */

@@ -21,10 +21,7 @@ static void stria__on_shutdown(uv_shutdown_t *req, int status)
  * close, and drain what the peer still sends (closing with unread input
  * would reset the connection and could destroy the error before the peer
  * reads it). The sweep timer or the peer's EOF ends the connection. */
-static void stria__conn_fatal(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void stria__conn_fatal(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
+void stria__conn_fatal(stria__rpc_conn_t *c, stria_status_t status, const char *fmt, ...)
 {
     char msg[512];
     size_t len = 0;
@@ -135,65 +132,6 @@ static void stria__dispatch(stria__rpc_conn_t *c, stria_rpc_call_t *call)
     srv->methods[call->method].handler(srv->ctx, call);
 }
 
-static void stria__on_hello(stria__rpc_conn_t *c)
-{
-    stria_rpc_server_t *srv = c->server;
-    stria__rpc_arena_t *arena = stria__rpc_arena_create(c->h.pb_len);
-    Stria__V1__HelloRequest *req;
-    Stria__V1__HelloReply rep = STRIA__V1__HELLO_REPLY__INIT;
-    stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
-                            .version = STRIA_RPC_VERSION,
-                            .flags = STRIA_RPC_FLAG_REPLY | STRIA_RPC_FLAG_HELLO,
-                            .request_id = c->h.request_id};
-    bool admin;
-    uint8_t *frame;
-    size_t len = 0;
-
-    if (arena == NULL) {
-        stria__conn_fatal(c, STRIA_ERR_NO_MEMORY, "out of memory");
-        return;
-    }
-    req = (Stria__V1__HelloRequest *)stria__rpc_unpack(&stria__v1__hello_request__descriptor, c->pb,
-                                                       c->h.pb_len, arena);
-    if (req == NULL) {
-        stria__conn_fatal(c, STRIA_ERR_FORMAT, "hello: %s", stria_error_msg());
-        goto free_arena;
-    }
-    if (req->protocol_version != STRIA_RPC_VERSION) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL,
-                          "client speaks protocol version %u; this server speaks version %d",
-                          req->protocol_version, STRIA_RPC_VERSION);
-        goto free_arena;
-    }
-    if (strcmp(req->service, srv->service->name) != 0) {
-        stria__conn_fatal(c, STRIA_ERR_PROTOCOL, "this server exposes %s, not '%.64s'",
-                          srv->service->name, req->service);
-        goto free_arena;
-    }
-    admin = srv->admin_token != NULL && stria_rpc_token_equal(req->token, srv->admin_token);
-    if (srv->token != NULL && !admin && !stria_rpc_token_equal(req->token, srv->token)) {
-        stria__conn_fatal(c, STRIA_ERR_AUTH, "%s token", req->token[0] ? "wrong" : "missing");
-        goto free_arena;
-    }
-    if (srv->admin_token == NULL)
-        admin = true;
-    c->hello_done = true;
-    c->admin = admin;
-    stria_log_info("%s: hello from %s (%.64s %.32s)%s", srv->name, c->peer, req->client_name,
-                   req->software_version, admin ? ", admin" : "");
-    rep.protocol_version = STRIA_RPC_VERSION;
-    rep.software_version = (char *)STRIA_VERSION;
-    rep.service = (char *)srv->service->name;
-    rep.admin = admin;
-    rep.max_pb_bytes = srv->max_pb;
-    rep.max_payload_bytes = srv->max_payload;
-    frame = stria__rpc_frame_build(&h, &rep.base, &len);
-    c->phase = STRIA__RD_HEADER;
-    stria__conn_write(c, frame, len, NULL, 0, NULL, NULL, NULL);
-free_arena:
-    stria__rpc_arena_destroy(arena);
-}
-
 static void stria__on_pb(stria__rpc_conn_t *c)
 {
     stria_rpc_server_t *srv = c->server;
@@ -204,10 +142,11 @@ static void stria__on_pb(stria__rpc_conn_t *c)
     ProtobufCMessage *msg;
     stria_rpc_call_t *call;
     void *buf = NULL;
+    char why[256];
     stria_status_t st;
 
     if (c->h.flags & STRIA_RPC_FLAG_HELLO) {
-        stria__on_hello(c);
+        stria__rpc_on_hello(c);
         goto free_pb;
     }
     if (mi >= srv->service->n_methods) {
@@ -223,9 +162,8 @@ static void stria__on_pb(stria__rpc_conn_t *c)
                            "method %s is not served here", md->name);
         goto free_pb;
     }
-    if ((m->flags & STRIA_RPC_METHOD_ADMIN) && !c->admin) {
-        stria__conn_refuse(c, c->h.payload_len, STRIA_ERR_AUTH, "%s needs the admin token",
-                           md->name);
+    if (!stria__rpc_method_allowed(c, m->flags, md->name, why, sizeof(why))) {
+        stria__conn_refuse(c, c->h.payload_len, STRIA_ERR_AUTH, "%s", why);
         goto free_pb;
     }
     if (c->h.payload_len > 0 && m->payload == NULL) {

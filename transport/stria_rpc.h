@@ -22,11 +22,23 @@
  * for parallel transfers. A call that fails with a transport error or a
  * timeout closes the connection; the next call reconnects (hello included).
  *
- * Authentication: with a token configured, the hello must carry it (compared
- * in constant time) or the server answers STRIA_ERR_AUTH and closes. Methods
- * marked STRIA_RPC_METHOD_ADMIN need a connection whose hello carried the
- * admin token; when no admin token is configured, every connection that
- * passed the hello may call them.
+ * Authentication and roles: a server has up to three credentials (tokens),
+ * one per role: client, worker, admin. Without any, every connection has
+ * every role. With any, the hello is a challenge and response (see
+ * proto/stria.proto, "Authentication"): the client proves its token with an
+ * HMAC over both sides' nonces, the server tries each of its credentials in
+ * constant time, and the one that matches is the connection's only role; a
+ * connection that proves none is answered STRIA_ERR_AUTH and closed. The
+ * server proves the same token back, and a client with a token refuses a
+ * server that does not (or that checks no credential at all). Tokens never
+ * travel. Methods name the roles that may call them (STRIA_RPC_METHOD_*).
+ *
+ * Sessions and job secrets: both ends keep the hello's nonces and a key
+ * derived from them and the proven token (stria_auth_session_t). A
+ * job-scoped request proves the job's secret in its field 60 (job_proof):
+ * the client fills it when the request names a secret
+ * (stria_rpc_request_t.job_secret), a handler checks it with
+ * stria_rpc_call_check_job().
  */
 #ifndef STRIA_RPC_H
 #define STRIA_RPC_H
@@ -36,6 +48,7 @@
 
 #include "stria_methods.h"
 
+#include "stria_auth.h"
 #include "stria_common.h"
 
 #ifdef __cplusplus
@@ -122,7 +135,18 @@ void stria_rpc_call_payload_ready(stria_rpc_call_t *call, stria_status_t status,
 /* A function to run later with its argument. */
 typedef void (*stria_rpc_done_cb)(void *arg);
 
-#define STRIA_RPC_METHOD_ADMIN 0x1u /* needs the admin role */
+/* Roles of a connection (a mask). */
+#define STRIA_RPC_ROLE_CLIENT 0x1u
+#define STRIA_RPC_ROLE_WORKER 0x2u
+#define STRIA_RPC_ROLE_ADMIN  0x4u
+#define STRIA_RPC_ROLE_ALL    0x7u
+/* "client", "worker", "admin" or "client, worker, admin" for a mask. */
+const char *stria_rpc_role_names(unsigned roles);
+
+/* Who may call a method; without a flag, every role. */
+#define STRIA_RPC_METHOD_ADMIN  0x1u /* the admin role only */
+#define STRIA_RPC_METHOD_WORKER 0x2u /* the worker role only */
+#define STRIA_RPC_METHOD_CLIENT 0x4u /* the client or admin role (not a worker's credential) */
 
 /* How a server serves one method of its service. The table is indexed by
  * the method's index in the service descriptor (stria_methods.h, generated
@@ -152,16 +176,19 @@ typedef struct {
     const ProtobufCServiceDescriptor *service; /* the service exposed */
     const stria_rpc_method_t *methods;         /* service->n_methods entries, copied */
     void *ctx;                                 /* first argument of every callback */
-    const char *token;                         /* NULL or "": no authentication; copied */
-    const char *admin_token;                   /* NULL or "": admin methods open to all; copied */
-    uint32_t max_pb_bytes;                     /* default STRIA_RPC_DEFAULT_MAX_PB */
-    uint64_t max_payload_bytes;                /* default STRIA_RPC_DEFAULT_MAX_PAYLOAD */
-    uint32_t max_connections;                  /* default 1024; extra connections are closed */
-    uint32_t max_inflight;                     /* unanswered requests per connection before the
-                                                  server stops reading it; default 64 */
-    double hello_timeout_s;                    /* a connection silent this long after accept is
-                                                  closed; default 10 */
-    stria_rpc_done_cb tick;                    /* NULL or run every tick_period_s on the loop */
+    /* Credentials of the roles (NULL or "": that role has none); copied.
+     * Without any, every connection has every role. They must differ. */
+    const char *token; /* the client role's */
+    const char *worker_token;
+    const char *admin_token;
+    uint32_t max_pb_bytes;      /* default STRIA_RPC_DEFAULT_MAX_PB */
+    uint64_t max_payload_bytes; /* default STRIA_RPC_DEFAULT_MAX_PAYLOAD */
+    uint32_t max_connections;   /* default 1024; extra connections are closed */
+    uint32_t max_inflight;      /* unanswered requests per connection before the
+                                   server stops reading it; default 64 */
+    double hello_timeout_s;     /* a connection silent this long after accept is
+                                   closed; default 10 */
+    stria_rpc_done_cb tick;     /* NULL or run every tick_period_s on the loop */
     double tick_period_s;
     const char *name; /* for logs ("coordinator"); copied */
     /* No loop thread: the loop runs only inside stria_rpc_server_run() on the
@@ -214,6 +241,19 @@ void *stria_rpc_call_payload(const stria_rpc_call_t *call, uint64_t *len_out);
 uint32_t stria_rpc_call_method(const stria_rpc_call_t *call);
 /* Whether the connection has the admin role. */
 bool stria_rpc_call_admin(const stria_rpc_call_t *call);
+/* The connection's roles (STRIA_RPC_ROLE_*). */
+unsigned stria_rpc_call_roles(const stria_rpc_call_t *call);
+/* The connection's session (the hello's nonces and the session key). */
+const stria_auth_session_t *stria_rpc_call_session(const stria_rpc_call_t *call);
+/* The request id the client chose. */
+uint64_t stria_rpc_call_request_id(const stria_rpc_call_t *call);
+/* Checks the job_proof (field 60) of a job-scoped request against the job's
+ * secret: bound to this connection's session, this request's id and method,
+ * and job_id; the ids of a connection's checked requests must not go back.
+ * Errors: STRIA_ERR_AUTH, with a message naming the method and the job
+ * ("missing job secret proof", "wrong job secret"). Loop thread only. */
+stria_status_t stria_rpc_call_check_job(stria_rpc_call_t *call, const stria_job_secret_t *secret,
+                                        uint64_t job_id);
 /* When the client gives up waiting, on the stria_time_now() clock; 0 when the
  * client set no deadline. */
 double stria_rpc_call_deadline(const stria_rpc_call_t *call);
@@ -255,11 +295,13 @@ typedef struct stria_rpc_client stria_rpc_client_t;
 typedef struct {
     const char *address;                       /* "HOST:PORT" of the server */
     const ProtobufCServiceDescriptor *service; /* the service expected there */
-    const char *token;                         /* NULL: none; copied */
-    const char *client_name;                   /* for the server's logs; copied */
-    double connect_timeout_s;                  /* connect + hello; default 10 */
-    uint32_t max_pb_bytes;                     /* largest reply message accepted; default 16 MiB */
-    uint64_t max_payload_bytes;                /* largest reply payload accepted; default 1 GiB */
+    /* The credential to prove (NULL: none; copied). With one, a server that
+     * does not prove it back is refused. */
+    const char *token;
+    const char *client_name;    /* for the server's logs; copied */
+    double connect_timeout_s;   /* connect + hello; default 10 */
+    uint32_t max_pb_bytes;      /* largest reply message accepted; default 16 MiB */
+    uint64_t max_payload_bytes; /* largest reply payload accepted; default 1 GiB */
 } stria_rpc_client_params_t;
 
 /* Connects and exchanges the hello. Errors: STRIA_ERR_IO (cannot connect),
@@ -274,6 +316,8 @@ void stria_rpc_client_close(stria_rpc_client_t *client);
 
 /* Whether the server granted the admin role at the last hello. */
 bool stria_rpc_client_admin(const stria_rpc_client_t *client);
+/* The roles the server granted at the last hello (STRIA_RPC_ROLE_*). */
+unsigned stria_rpc_client_roles(const stria_rpc_client_t *client);
 
 /* The server's frame limits from the last hello. */
 uint64_t stria_rpc_client_max_payload(const stria_rpc_client_t *client);
@@ -297,6 +341,11 @@ typedef struct {
     size_t payload_iovcnt;
     const struct iovec *reply_iov;
     size_t reply_iovcnt;
+    /* A job-scoped request: the secret to prove in the request's field 60
+     * (job_proof, which must be a `bytes` field of the request type), for
+     * job job_id, on whatever connection the call goes out on. NULL: none. */
+    const stria_job_secret_t *job_secret;
+    uint64_t job_id;
 } stria_rpc_request_t;
 
 /* A reply. Free with stria_rpc_reply_free(). */
@@ -304,6 +353,9 @@ typedef struct {
     ProtobufCMessage *msg; /* of the method's output type */
     void *payload;         /* reply_buf when one was given, else allocated */
     uint64_t payload_len;  /* 0 when the reply had no payload */
+    /* The session of the connection the reply came on: what the server
+     * sealed in it opens with this (stria_auth_open()). */
+    stria_auth_session_t session;
     void *stria__arena;
     bool stria__payload_owned;
 } stria_rpc_reply_t;

@@ -162,6 +162,21 @@ stria_status_t stria_inproc_fault_inject(stria_inproc_hub_t *hub, int rank,
  * both are checked. A successor that does not listen yet is retried until
  * the connect timeout.
  *
+ * Authentication: with a ring key (stria_ucx_link_params_t.key, the same
+ * for every rank of the ring), each handshake is a challenge and response:
+ * the connector's HELLO carries a fresh nonce, the acceptor answers with its
+ * own nonce and an HMAC over the key, job, ring, the connector's rank, the
+ * size and both nonces, and the connector answers with its HMAC before the
+ * acceptor acknowledges. Neither side accepts a neighbour that does not
+ * prove the key, and a captured handshake replayed meets a fresh nonce.
+ * Every data block is taken only from the endpoint that completed the
+ * handshake of its slot; others are dropped and counted
+ * (stria_ucx_ctx_stats()). A connection that does not complete a handshake
+ * in handshake_timeout_s is closed, and one source address may hold at most
+ * max_pending_per_source such connections (more are rejected). Nothing is
+ * encrypted: an attacker on the path can still read and change the bytes of
+ * an authenticated connection.
+ *
  * Transfers: blocks of 64 KiB and more go by rendezvous, straight from the
  * sender's buffer into the receiver's (a receive that is posted late leaves
  * the data at the sender until it is posted); smaller ones are copied once.
@@ -223,6 +238,12 @@ typedef struct {
      * blames a neighbour only once it has been silent this long. */
     double heartbeat_s;
     double stall_s;
+    /* A connection accepted by the listener that has not completed a
+     * handshake within this is closed (0: 30 s). */
+    double handshake_timeout_s;
+    /* Such connections one source address may hold; more are rejected
+     * (0: 64). */
+    int max_pending_per_source;
 } stria_ucx_ctx_params_t;
 
 /* Creates a context: reads the UCX configuration from the environment,
@@ -246,6 +267,21 @@ void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx);
 /* The port the context listens on (the real one when 0 was asked for). */
 uint16_t stria_ucx_ctx_port(const stria_ucx_ctx_t *ctx);
 
+/* What a context refused since it was created. */
+typedef struct {
+    /* Data blocks from an endpoint that had not completed the handshake of
+     * the slot they named (or named no link): dropped. */
+    uint64_t data_dropped;
+    /* Handshakes whose ring key proof was wrong or missing (either side). */
+    uint64_t handshakes_refused;
+    /* Accepted connections closed for not completing a handshake in time. */
+    uint64_t handshakes_timed_out;
+    /* Connections rejected at accept: too many pending from one source, or
+     * too many in all. */
+    uint64_t connections_rejected;
+} stria_ucx_ctx_stats_t;
+void stria_ucx_ctx_stats(stria_ucx_ctx_t *ctx, stria_ucx_ctx_stats_t *out);
+
 /* Ring membership of one link. Zero-initialise and set the fields. */
 typedef struct {
     uint64_t job_id;
@@ -258,6 +294,10 @@ typedef struct {
     /* Time allowed for both neighbours to connect and complete the
      * handshake: 0 means STRIA_UCX_CONNECT_TIMEOUT_S. */
     double connect_timeout_s;
+    /* The ring's key (STRIA_AUTH_KEY_BYTES, copied), which both handshakes
+     * prove; NULL: the neighbours only name the ring (tests, benchmarks and
+     * trusted single-host setups). */
+    const uint8_t *key;
 } stria_ucx_link_params_t;
 
 #define STRIA_UCX_CONNECT_TIMEOUT_S 30.0

@@ -339,6 +339,10 @@ static stria_status_t stria__link_new(stria_ucx_ctx_t *ctx, const stria_ucx_link
     link->ctx = ctx;
     link->job_id = params->job_id;
     link->ring_id = params->ring_id;
+    if (params->key != NULL) {
+        link->has_key = true;
+        memcpy(link->key, params->key, STRIA_AUTH_KEY_BYTES);
+    }
     link->state = STRIA__LINK_NEW;
     stria__ucx_hb_init(&link->hb, params->rank, params->size, ctx->stale_s);
     stria__list_init(&link->reqs);

@@ -150,6 +150,13 @@ static stria_status_t stria__ctx_check(const stria_ucx_ctx_params_t *params, dou
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "ucx context: polling window of %d us is above %d us",
                                params->poll_us, STRIA__UCX_POLL_MAX_US);
+    if (!(params->handshake_timeout_s >= 0 && params->handshake_timeout_s <= 3600) ||
+        params->max_pending_per_source < 0 || params->max_pending_per_source > STRIA__UCX_MAX_CONNS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "ucx context: handshake timeout %g s must be in 0..3600 and pending "
+                               "connections per source %d in 0..%d",
+                               params->handshake_timeout_s, params->max_pending_per_source,
+                               STRIA__UCX_MAX_CONNS);
     stria_status_t st = stria__ucx_hb_config(params->heartbeat_s, params->stall_s, ping_s, stale_s);
     if (st != STRIA_OK)
         return st;
@@ -201,6 +208,11 @@ static stria_status_t stria__ctx_alloc(const stria_ucx_ctx_params_t *params, dou
                                          : params->poll_us * 1e-6;
     ctx->ping_s = ping_s;
     ctx->stale_s = stale_s;
+    ctx->handshake_timeout_s = params->handshake_timeout_s > 0 ? params->handshake_timeout_s
+                                                               : STRIA__UCX_HANDSHAKE_TIMEOUT_S;
+    ctx->max_pending_per_source = params->max_pending_per_source > 0
+                                      ? params->max_pending_per_source
+                                      : STRIA__UCX_PENDING_PER_SOURCE;
     ctx->slots = calloc(STRIA__UCX_SLOTS, sizeof(*ctx->slots));
     if (ctx->slots == NULL) {
         stria__ctx_unwind(ctx);
@@ -388,6 +400,16 @@ stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params, stria_
 uint16_t stria_ucx_ctx_port(const stria_ucx_ctx_t *ctx)
 {
     return ctx != NULL ? ctx->port : 0;
+}
+
+void stria_ucx_ctx_stats(stria_ucx_ctx_t *ctx, stria_ucx_ctx_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (ctx == NULL)
+        return;
+    pthread_mutex_lock(&ctx->lock);
+    *out = ctx->stats;
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 /* ---- destroy --------------------------------------------------------------------------- */

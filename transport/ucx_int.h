@@ -6,6 +6,7 @@
  *   ucx_ctx.c        the context: configuration, environment, listener, create/destroy
  *   ucx_progress.c   the progress thread: UCX callbacks, events, connections, the queue
  *   ucx_state.c      a link's life: its state, failure, and the per-link progress step
+ *   ucx_handshake.c  accepting connections and the handshakes of both sides
  *   ucx.c            the link API: connect, isend/irecv, wait, cancel, abort, destroy
  *
  * Threading: every UCX call after setup happens on the context's progress
@@ -21,7 +22,9 @@
  * Wire: two active-message ids. CTRL carries the handshake, acknowledgement,
  * abort, goodbye and heartbeat messages (sent with the reply flag, so the
  * receiver knows the endpoint they came on). DATA carries one tensor block: a
- * 16-byte header (receiver's slot, tag) and the payload, forced to rendezvous
+ * 16-byte header (receiver's slot, tag) and the payload, also sent with the
+ * reply flag: a block is taken only from the endpoint that completed the
+ * handshake of its slot (others are dropped and counted), forced to rendezvous
  * from STRIA__UCX_RNDV_MIN bytes so a matched receive lands in its own
  * buffer. Matching is ours: per link, receives match arrivals by tag in
  * posting order; an arrival with no receive yet keeps its UCX descriptor
@@ -30,6 +33,7 @@
 #ifndef STRIA_UCX_INT_H
 #define STRIA_UCX_INT_H
 
+#include "stria_auth.h"
 #include "stria_transport.h"
 
 #include <pthread.h>
@@ -44,16 +48,22 @@
 /* ---- constants ----------------------------------------------------------- */
 
 #define STRIA__UCX_MAGIC     0x53545241u /* "STRA" */
-#define STRIA__UCX_VERSION   1
+#define STRIA__UCX_VERSION   2
 #define STRIA__UCX_AM_CTRL   1
 #define STRIA__UCX_AM_DATA   2
 #define STRIA__UCX_RNDV_MIN  (64 * 1024)
 #define STRIA__UCX_DATA_HDR  16
 #define STRIA__UCX_TEXT_MAX  400
-#define STRIA__UCX_CTRL_HDR  46
+#define STRIA__UCX_CTRL_HDR  110 /* 46 bytes of fields, a nonce and a MAC */
 #define STRIA__UCX_CTRL_MAX  (STRIA__UCX_CTRL_HDR + STRIA__UCX_TEXT_MAX)
 #define STRIA__UCX_SLOTS     65536
 #define STRIA__UCX_MAX_CONNS 256
+/* Connections of one source address that have not completed a handshake;
+ * more are rejected (stria_ucx_ctx_params_t.max_pending_per_source). */
+#define STRIA__UCX_PENDING_PER_SOURCE 64
+/* How long a connection may take to complete its handshake before it is
+ * closed (stria_ucx_ctx_params_t.handshake_timeout_s). */
+#define STRIA__UCX_HANDSHAKE_TIMEOUT_S 30.0
 /* Eager bytes that may wait for a receive on one link before it is treated as
  * a protocol error (large blocks are rendezvous and cost nothing here). */
 #define STRIA__UCX_UNEXP_MAX (64u << 20)
@@ -85,6 +95,11 @@ enum {
     STRIA__CTRL_ABORT = 3,
     STRIA__CTRL_BYE = 4,
     STRIA__CTRL_PING = 5,
+    /* With a ring key (stria_ucx_link_params_t.key): HELLO carries the
+     * connector's nonce; the acceptor answers CHALLENGE (its nonce and its
+     * MAC), the connector PROOF (its MAC), the acceptor ACK. */
+    STRIA__CTRL_CHALLENGE = 6,
+    STRIA__CTRL_PROOF = 7,
 };
 
 /* Which neighbours a failure notice goes to (a mask), or one side. */
@@ -218,6 +233,8 @@ typedef struct {
     int32_t status;
     uint32_t slot;
     int32_t origin;
+    uint8_t nonce[STRIA_AUTH_NONCE_BYTES]; /* HELLO, CHALLENGE, PROOF */
+    uint8_t mac[STRIA_AUTH_MAC_BYTES];     /* CHALLENGE, PROOF */
     char text[STRIA__UCX_TEXT_MAX + 1];
 } stria__ctrl_t;
 
@@ -228,6 +245,13 @@ stria_status_t stria__ucx_ctrl_decode(const uint8_t *buf, size_t len, stria__ctr
 /* The header of a DATA message: the receiver's slot and the tag. */
 void stria__ucx_data_hdr_encode(uint8_t hdr[STRIA__UCX_DATA_HDR], uint32_t slot, uint64_t tag);
 void stria__ucx_data_hdr_decode(const void *hdr, uint32_t *slot, uint64_t *tag);
+/* The MAC of a ring link handshake: HMAC(key, label, job, ring, the
+ * connector's rank, size, both nonces); `acceptor` tells the acceptor's
+ * (in CHALLENGE) from the connector's (in PROOF). */
+void stria__ucx_ring_mac(const uint8_t key[STRIA_AUTH_KEY_BYTES], bool acceptor, uint64_t job_id,
+                         uint64_t ring_id, int32_t connector_rank, int32_t size,
+                         const uint8_t *nonce_c, const uint8_t *nonce_s,
+                         uint8_t out[STRIA_AUTH_MAC_BYTES]);
 
 /* ---- types ----------------------------------------------------------------- */
 
@@ -277,6 +301,10 @@ struct stria__ucx_conn {
     stria__ucx_link_t *link; /* the link that claimed it (under ctx->lock) */
     bool have_hello;
     stria__ctrl_t hello;
+    bool challenged;                         /* CHALLENGE sent; PROOF due */
+    uint8_t nonce_s[STRIA_AUTH_NONCE_BYTES]; /* the acceptor's, in the CHALLENGE */
+    double accepted_at;                      /* handshake deadline from here */
+    struct sockaddr_storage source;          /* the peer, port cleared */
     char peer[80];
     int ctrl_pending;
 };
@@ -303,8 +331,12 @@ struct stria__ucx_link {
     stria__node_t ctx_node;
     stria_ucx_ctx_t *ctx;
     uint64_t job_id, ring_id;
-    uint32_t in_slot;  /* slot the predecessor's data is addressed to */
-    uint32_t out_slot; /* the successor's slot for this link's data */
+    bool has_key; /* handshakes prove key; without, a neighbour only names the ring */
+    uint8_t key[STRIA_AUTH_KEY_BYTES];
+    uint8_t nonce_c[STRIA_AUTH_NONCE_BYTES]; /* this link's, in its HELLO to the successor */
+    bool next_proven;                        /* the successor proved the key (its CHALLENGE) */
+    uint32_t in_slot;                        /* slot the predecessor's data is addressed to */
+    uint32_t out_slot;                       /* the successor's slot for this link's data */
     char next_desc[300];
     struct sockaddr_storage next_addr;
     socklen_t next_addrlen;
@@ -381,8 +413,11 @@ struct stria_ucx_ctx {
     stria__node_t queue; /* QUEUED requests of every link, in posting order */
     stria__ucx_link_t **slots;
     uint32_t next_slot;
-    int closing;    /* endpoint closes in flight (progress thread) */
-    int in_flight;  /* requests posted and not finished, all links */
+    int closing;                 /* endpoint closes in flight (progress thread) */
+    int in_flight;               /* requests posted and not finished, all links */
+    stria_ucx_ctx_stats_t stats; /* refusals, counted */
+    double handshake_timeout_s;
+    int max_pending_per_source;
     double poll_s;  /* polling window of the progress thread */
     double ping_s;  /* heartbeat period of every link */
     double stale_s; /* silence after which a neighbour counts as stalled */
@@ -394,6 +429,7 @@ struct stria_ucx_ctx {
     int n_conns;
     stria__node_t events;
     stria__node_t starts; /* matched rendezvous receives to start */
+    double next_sweep;    /* when connections are next checked for their deadline */
 };
 
 static inline const char *stria__req_kind(const stria_link_req_t *req)
@@ -428,8 +464,29 @@ void stria__ucx_ep_close(stria_ucx_ctx_t *ctx, ucp_ep_h ep, bool force, stria__u
                          stria__ucx_conn_t *conn);
 /* Sends a control message; the pending counter tracks its completion. */
 void stria__ucx_ctrl_send(ucp_ep_h ep, const stria__ctrl_t *c, int *pending);
-/* Gives a connection whose handshake arrived to the link of its ring. */
+/* The error handler of accepted connections' endpoints. */
+void stria__ucx_in_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
+
+/* ---- ucx_handshake.c (progress thread) -------------------------------------- */
+
+/* The link whose endpoint to its successor is ep; the accepted connection
+ * of ep (NULL: none, or closing). */
+stria__ucx_link_t *stria__ucx_link_by_out_ep(stria_ucx_ctx_t *ctx, ucp_ep_h ep);
+stria__ucx_conn_t *stria__ucx_conn_by_ep(stria_ucx_ctx_t *ctx, ucp_ep_h ep);
+/* A connection request: accepted, unless its source has too many
+ * connections without a completed handshake (or the context too many). */
+void stria__ucx_handle_conn_req(stria_ucx_ctx_t *ctx, ucp_conn_request_h req);
+/* The connector's side: the successor's CHALLENGE, then its ACK. */
+void stria__ucx_handle_challenge(stria_ucx_ctx_t *ctx, ucp_ep_h ep, const stria__ctrl_t *c);
+void stria__ucx_handle_ack(stria_ucx_ctx_t *ctx, ucp_ep_h ep, const stria__ctrl_t *c);
+/* The acceptor's side: the predecessor's PROOF after our CHALLENGE. */
+void stria__ucx_handle_proof(stria_ucx_ctx_t *ctx, stria__ucx_conn_t *conn, const stria__ctrl_t *c);
+/* Gives a connection whose handshake arrived to the link of its ring (or,
+ * with a ring key, challenges it). */
 void stria__ucx_conn_try_claim(stria_ucx_ctx_t *ctx, stria__ucx_conn_t *conn);
+/* Closes the connections that did not complete a handshake in time; returns
+ * when the next check is due. */
+double stria__ucx_conns_sweep(stria_ucx_ctx_t *ctx, double now);
 
 /* ---- ucx_state.c ------------------------------------------------------------ */
 

@@ -100,7 +100,7 @@ void stria__ucx_out_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     stria__err_event(link->ctx, STRIA__EV_OUT_ERR, link, ep, status);
 }
 
-static void stria__in_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+void stria__ucx_in_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     stria__ucx_conn_t *conn = arg;
     stria__err_event(conn->ctx, STRIA__EV_IN_ERR, conn, ep, status);
@@ -154,7 +154,21 @@ ucs_status_t stria__ucx_am_data_cb(void *arg, const void *header, size_t header_
 
     pthread_mutex_lock(&ctx->lock);
     stria__ucx_link_t *link = slot < STRIA__UCX_SLOTS ? ctx->slots[slot] : NULL;
-    if (link == NULL || link->failed) {
+    /* Only the endpoint that completed this slot's handshake may fill its
+     * receives (link->in_conn is set there, on this thread). */
+    bool from_peer = link != NULL && link->in_conn != NULL &&
+                     (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) &&
+                     param->reply_ep == link->in_conn->ep;
+    if (link == NULL || !from_peer) {
+        uint64_t dropped = ++ctx->stats.data_dropped;
+        pthread_mutex_unlock(&ctx->lock);
+        if (dropped == 1 || dropped % 1000 == 0)
+            stria_log_warn("ucx link: dropped a data block for slot %u from an endpoint that did "
+                           "not complete its handshake (%llu so far)",
+                           slot, (unsigned long long)dropped);
+        return drop;
+    }
+    if (link->failed) {
         pthread_mutex_unlock(&ctx->lock);
         return drop;
     }
@@ -412,206 +426,6 @@ void stria__ucx_ctrl_send(ucp_ep_h ep, const stria__ctrl_t *c, int *pending)
     }
 }
 
-static void stria__conn_ack(stria__ucx_conn_t *conn, const stria__ucx_link_t *link,
-                            stria_status_t status, const char *text)
-{
-    stria__ctrl_t ack;
-    memset(&ack, 0, sizeof(ack));
-    ack.type = STRIA__CTRL_ACK;
-    ack.job_id = conn->hello.job_id;
-    ack.ring_id = conn->hello.ring_id;
-    ack.rank = link != NULL ? link->base.rank : (conn->hello.rank + 1) % conn->hello.size;
-    ack.size = link != NULL ? link->base.size : conn->hello.size;
-    ack.status = status;
-    ack.slot = (status == STRIA_OK && link != NULL) ? link->in_slot : 0;
-    ack.origin = ack.rank;
-    snprintf(ack.text, sizeof(ack.text), "%s", text != NULL ? text : "");
-    stria__ucx_ctrl_send(conn->ep, &ack, &conn->ctrl_pending);
-}
-
-/* Gives a connection whose handshake arrived to the link of its ring, if that
- * link exists yet. */
-void stria__ucx_conn_try_claim(stria_ucx_ctx_t *ctx, stria__ucx_conn_t *conn)
-{
-    if (conn->link != NULL || !conn->have_hello || conn->closing)
-        return;
-    const stria__ctrl_t *h = &conn->hello;
-    stria__ucx_link_t *link = NULL;
-    char text[STRIA__UCX_TEXT_MAX];
-    stria_status_t status = STRIA_OK;
-
-    pthread_mutex_lock(&ctx->lock);
-    for (stria__node_t *n = ctx->links.next; n != &ctx->links; n = n->next) {
-        stria__ucx_link_t *l = STRIA__OF(n, stria__ucx_link_t, ctx_node);
-        if (l->job_id == h->job_id && l->ring_id == h->ring_id && !l->want_destroy) {
-            link = l;
-            break;
-        }
-    }
-    if (link == NULL) {
-        pthread_mutex_unlock(&ctx->lock);
-        return; /* parked until the ring's link connects here */
-    }
-    int prev = stria_link_prev(&link->base);
-    if (link->failed) {
-        status = STRIA_ERR_CLOSED;
-        snprintf(text, sizeof(text), "rank %d of ring %llu (job %llu) has failed: %.200s",
-                 link->base.rank, (unsigned long long)link->ring_id,
-                 (unsigned long long)link->job_id, link->fail_msg);
-    } else if (link->hb.nb[STRIA__FROM_PREV].up) {
-        status = STRIA_ERR_BUSY;
-        snprintf(text, sizeof(text),
-                 "rank %d of ring %llu (job %llu) already has its predecessor connected",
-                 link->base.rank, (unsigned long long)link->ring_id,
-                 (unsigned long long)link->job_id);
-    } else if (h->size != link->base.size || h->rank != prev) {
-        status = STRIA_ERR_PROTOCOL;
-        snprintf(text, sizeof(text),
-                 "rank %d of %d (ring %llu, job %llu) expects its predecessor to be rank %d of "
-                 "%d, got rank %d of %d",
-                 link->base.rank, link->base.size, (unsigned long long)link->ring_id,
-                 (unsigned long long)link->job_id, prev, link->base.size, (int)h->rank,
-                 (int)h->size);
-        stria__ucx_link_fail_locked(
-            link, STRIA_ERR_PROTOCOL, (int)h->rank, STRIA__NOTIFY_NEXT,
-            "predecessor at %s announced rank %d of %d, expected rank %d of %d", conn->peer,
-            (int)h->rank, (int)h->size, prev, link->base.size);
-    } else {
-        conn->link = link;
-        link->in_conn = conn;
-        stria__ucx_link_up_locked(link, STRIA__FROM_PREV);
-        pthread_cond_broadcast(&ctx->cond);
-    }
-    pthread_mutex_unlock(&ctx->lock);
-
-    if (status == STRIA_OK) {
-        stria_log_debug("ucx link rank %d: predecessor rank %d connected from %s", link->base.rank,
-                        (int)h->rank, conn->peer);
-        stria__conn_ack(conn, link, STRIA_OK, NULL);
-    } else {
-        stria__conn_ack(conn, link, status, text);
-        conn->closing = true;
-        stria__ucx_ep_close(ctx, conn->ep, false, NULL, conn);
-    }
-}
-
-static stria__ucx_link_t *stria__link_by_out_ep(stria_ucx_ctx_t *ctx, ucp_ep_h ep)
-{
-    stria__ucx_link_t *found = NULL;
-    pthread_mutex_lock(&ctx->lock);
-    for (stria__node_t *n = ctx->links.next; n != &ctx->links; n = n->next) {
-        stria__ucx_link_t *l = STRIA__OF(n, stria__ucx_link_t, ctx_node);
-        if (l->out_ep == ep && ep != NULL) {
-            found = l;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    return found;
-}
-
-static stria__ucx_conn_t *stria__conn_by_ep(stria_ucx_ctx_t *ctx, ucp_ep_h ep)
-{
-    for (stria__node_t *n = ctx->conns.next; n != &ctx->conns; n = n->next) {
-        stria__ucx_conn_t *c = STRIA__OF(n, stria__ucx_conn_t, node);
-        if (c->ep == ep && !c->closing)
-            return c;
-    }
-    return NULL;
-}
-
-static void stria__handle_conn_req(stria_ucx_ctx_t *ctx, ucp_conn_request_h req)
-{
-    char peer[80] = "unknown peer";
-    ucp_conn_request_attr_t attr;
-    memset(&attr, 0, sizeof(attr));
-    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-    if (ucp_conn_request_query(req, &attr) == UCS_OK)
-        stria__ucx_addr_str((const struct sockaddr *)&attr.client_address, peer, sizeof(peer));
-
-    bool stopping;
-    pthread_mutex_lock(&ctx->lock);
-    stopping = ctx->stop;
-    pthread_mutex_unlock(&ctx->lock);
-    if (stopping || ctx->n_conns >= STRIA__UCX_MAX_CONNS) {
-        stria_log_warn("ucx link: rejecting a connection from %s (%s)", peer,
-                       stopping ? "shutting down" : "too many connections");
-        ucp_listener_reject(ctx->listener, req);
-        return;
-    }
-    stria__ucx_conn_t *conn = calloc(1, sizeof(*conn));
-    if (conn == NULL) {
-        ucp_listener_reject(ctx->listener, req);
-        return;
-    }
-    conn->ctx = ctx;
-    snprintf(conn->peer, sizeof(conn->peer), "%s", peer);
-    ucp_ep_params_t ep_params;
-    memset(&ep_params, 0, sizeof(ep_params));
-    ep_params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep_params.conn_request = req;
-    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep_params.err_handler.cb = stria__in_err_cb;
-    ep_params.err_handler.arg = conn;
-    ucs_status_t s = ucp_ep_create(ctx->worker, &ep_params, &conn->ep);
-    if (s != UCS_OK) {
-        stria_log_warn("ucx link: cannot accept a connection from %s: %s", peer,
-                       ucs_status_string(s));
-        free(conn);
-        return;
-    }
-    stria__list_push(&ctx->conns, &conn->node);
-    ctx->n_conns++;
-    stria_log_debug("ucx link: accepted a connection from %s", peer);
-}
-
-static void stria__handle_ack(stria_ucx_ctx_t *ctx, ucp_ep_h ep, const stria__ctrl_t *c)
-{
-    stria__ucx_link_t *link = stria__link_by_out_ep(ctx, ep);
-    if (link == NULL) {
-        stria_log_debug("ucx link: acknowledgement on an unknown endpoint");
-        return;
-    }
-    int next = stria_link_next(&link->base);
-    pthread_mutex_lock(&ctx->lock);
-    if (link->hb.nb[STRIA__FROM_NEXT].up || link->failed) {
-        pthread_mutex_unlock(&ctx->lock);
-        return;
-    }
-    if (c->job_id != link->job_id || c->ring_id != link->ring_id) {
-        stria__ucx_link_fail_locked(
-            link, STRIA_ERR_PROTOCOL, next, 0,
-            "successor at %s acknowledged ring %llu of job %llu, expected ring "
-            "%llu of job %llu",
-            link->next_desc, (unsigned long long)c->ring_id, (unsigned long long)c->job_id,
-            (unsigned long long)link->ring_id, (unsigned long long)link->job_id);
-    } else if (c->status != STRIA_OK) {
-        stria_status_t st = c->status == STRIA_ERR_BUSY || c->status == STRIA_ERR_CLOSED
-                                ? (stria_status_t)c->status
-                                : STRIA_ERR_PROTOCOL;
-        stria__ucx_link_fail_locked(link, st, next, 0, "successor at %s refused the handshake: %s",
-                                    link->next_desc, c->text);
-    } else if (c->rank != next || c->size != link->base.size) {
-        stria__ucx_link_fail_locked(link, STRIA_ERR_PROTOCOL, next, 0,
-                                    "successor at %s is rank %d of %d, expected rank %d of %d",
-                                    link->next_desc, (int)c->rank, (int)c->size, next,
-                                    link->base.size);
-    } else if (c->slot == 0 || c->slot >= STRIA__UCX_SLOTS) {
-        stria__ucx_link_fail_locked(link, STRIA_ERR_PROTOCOL, next, 0,
-                                    "successor at %s gave an invalid slot %u", link->next_desc,
-                                    c->slot);
-    } else {
-        link->out_slot = c->slot;
-        stria__ucx_link_up_locked(link, STRIA__FROM_NEXT);
-        pthread_cond_broadcast(&ctx->cond);
-    }
-    bool ready = link->hb.nb[STRIA__FROM_NEXT].up && !link->failed;
-    pthread_mutex_unlock(&ctx->lock);
-    if (ready && stria_log_level() >= STRIA_LOG_DEBUG)
-        ucp_ep_print_info(link->out_ep, stderr); /* the lanes UCX chose */
-}
-
 /* A neighbour destroyed its link after finishing its requests: the side
  * towards it is closed. What it sent before stays receivable; receives it
  * cannot satisfy fail with STRIA_ERR_CLOSED, and so do sends to it. Closing
@@ -641,10 +455,10 @@ static void stria__handle_bye(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, int
  * on; every message shows the neighbour is alive. */
 static void stria__handle_notice(stria_ucx_ctx_t *ctx, ucp_ep_h ep, const stria__ctrl_t *c)
 {
-    stria__ucx_link_t *link = stria__link_by_out_ep(ctx, ep);
+    stria__ucx_link_t *link = stria__ucx_link_by_out_ep(ctx, ep);
     int from_mask = STRIA__NOTIFY_NEXT; /* came from the successor */
     if (link == NULL) {
-        stria__ucx_conn_t *conn = stria__conn_by_ep(ctx, ep);
+        stria__ucx_conn_t *conn = stria__ucx_conn_by_ep(ctx, ep);
         if (conn == NULL || conn->link == NULL)
             return;
         link = conn->link;
@@ -772,11 +586,11 @@ bool stria__ucx_run_events(stria_ucx_ctx_t *ctx)
         any = true;
         switch (ev->type) {
         case STRIA__EV_CONN_REQ:
-            stria__handle_conn_req(ctx, ev->conn_req);
+            stria__ucx_handle_conn_req(ctx, ev->conn_req);
             break;
         case STRIA__EV_CTRL:
             if (ev->ctrl.type == STRIA__CTRL_HELLO) {
-                stria__ucx_conn_t *conn = stria__conn_by_ep(ctx, ev->ep);
+                stria__ucx_conn_t *conn = stria__ucx_conn_by_ep(ctx, ev->ep);
                 if (conn == NULL) {
                     stria_log_debug("ucx link: handshake on an unknown endpoint");
                 } else if (conn->have_hello) {
@@ -787,8 +601,14 @@ bool stria__ucx_run_events(stria_ucx_ctx_t *ctx)
                     conn->have_hello = true;
                     stria__ucx_conn_try_claim(ctx, conn);
                 }
+            } else if (ev->ctrl.type == STRIA__CTRL_PROOF) {
+                stria__ucx_conn_t *conn = stria__ucx_conn_by_ep(ctx, ev->ep);
+                if (conn != NULL)
+                    stria__ucx_handle_proof(ctx, conn, &ev->ctrl);
+            } else if (ev->ctrl.type == STRIA__CTRL_CHALLENGE) {
+                stria__ucx_handle_challenge(ctx, ev->ep, &ev->ctrl);
             } else if (ev->ctrl.type == STRIA__CTRL_ACK) {
-                stria__handle_ack(ctx, ev->ep, &ev->ctrl);
+                stria__ucx_handle_ack(ctx, ev->ep, &ev->ctrl);
             } else {
                 stria__handle_notice(ctx, ev->ep, &ev->ctrl);
             }
@@ -831,8 +651,11 @@ static void stria__send_start(stria_ucx_ctx_t *ctx, stria_link_req_t *req)
         stria__data_done(req, UCS_ERR_NOT_CONNECTED, 0);
         return;
     }
+    /* The reply flag names our endpoint to the receiver, which takes data
+     * only from the endpoint that completed the handshake. */
     ucp_request_param_t param = stria__am_send_param(
-        stria__data_send_cb, req, req->len >= STRIA__UCX_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0);
+        stria__data_send_cb, req,
+        UCP_AM_SEND_FLAG_REPLY | (req->len >= STRIA__UCX_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0));
     void *r = ucp_am_send_nbx(link->out_ep, STRIA__UCX_AM_DATA, req->hdr, STRIA__UCX_DATA_HDR,
                               req->buf, req->len, &param);
     if (r == NULL) {
@@ -965,6 +788,9 @@ void *stria__ucx_progress_main(void *arg)
             any = true;
         any |= stria__ucx_run_events(ctx);
         double due = stria__ucx_run_links(ctx, &any);
+        double sweep = stria__ucx_conns_sweep(ctx, stria_time_now());
+        if (sweep > 0 && (due == 0 || sweep < due))
+            due = sweep;
 
         pthread_mutex_lock(&ctx->lock);
         bool stop = ctx->stop;

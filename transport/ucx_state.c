@@ -138,6 +138,7 @@ static void stria__link_connect_out(stria_ucx_ctx_t *ctx, stria__ucx_link_t *lin
     ep_params.err_handler.cb = stria__ucx_out_err_cb;
     ep_params.err_handler.arg = link;
     link->retry_at = 0;
+    link->next_proven = false; /* a new endpoint proves the key anew */
     ucs_status_t s = ucp_ep_create(ctx->worker, &ep_params, &link->out_ep);
     if (s != UCS_OK) {
         link->out_ep = NULL;
@@ -151,6 +152,15 @@ static void stria__link_connect_out(stria_ucx_ctx_t *ctx, stria__ucx_link_t *lin
     }
     stria__ctrl_t hello;
     stria__ucx_link_ctrl_init(link, &hello, STRIA__CTRL_HELLO);
+    /* A fresh nonce for every attempt: the successor's MAC must cover it. */
+    if (stria_auth_random(link->nonce_c, sizeof(link->nonce_c)) != STRIA_OK) {
+        pthread_mutex_lock(&ctx->lock);
+        stria__ucx_link_fail_locked(link, STRIA_ERR_INTERNAL, link->base.rank, 0, "%s",
+                                    stria_error_msg());
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+    }
+    memcpy(hello.nonce, link->nonce_c, sizeof(hello.nonce));
     stria__ucx_ctrl_send(link->out_ep, &hello, &link->ctrl_pending);
 }
 

@@ -6,7 +6,8 @@
  * Control message (STRIA__UCX_CTRL_HDR bytes, then the text):
  *   0 magic (u32)   4 version (u16)   6 type (u16)   8 job id (u64)
  *   16 ring id (u64)   24 rank (i32)   28 size (i32)   32 status (i32)
- *   36 slot (u32)   40 origin (i32)   44 text length (u16)   46 text
+ *   36 slot (u32)   40 origin (i32)   44 text length (u16)   46 nonce (32)
+ *   78 MAC (32)   110 text
  * Data header (STRIA__UCX_DATA_HDR bytes): 0 slot (u32), 4 zero, 8 tag (u64).
  */
 #include "ucx_int.h"
@@ -27,6 +28,8 @@ size_t stria__ucx_ctrl_encode(const stria__ctrl_t *c, uint8_t *buf)
     stria_put_le32(buf + 36, c->slot);
     stria_put_le32(buf + 40, (uint32_t)c->origin);
     stria_put_le16(buf + 44, (uint16_t)tl);
+    memcpy(buf + 46, c->nonce, STRIA_AUTH_NONCE_BYTES);
+    memcpy(buf + 78, c->mac, STRIA_AUTH_MAC_BYTES);
     memcpy(buf + STRIA__UCX_CTRL_HDR, c->text, tl);
     return STRIA__UCX_CTRL_HDR + tl;
 }
@@ -51,7 +54,9 @@ stria_status_t stria__ucx_ctrl_decode(const uint8_t *buf, size_t len, stria__ctr
     c->slot = stria_get_le32(buf + 36);
     c->origin = (int32_t)stria_get_le32(buf + 40);
     size_t tl = stria_get_le16(buf + 44);
-    if (c->type < STRIA__CTRL_HELLO || c->type > STRIA__CTRL_PING)
+    memcpy(c->nonce, buf + 46, STRIA_AUTH_NONCE_BYTES);
+    memcpy(c->mac, buf + 78, STRIA_AUTH_MAC_BYTES);
+    if (c->type < STRIA__CTRL_HELLO || c->type > STRIA__CTRL_PROOF)
         return stria_error_set(STRIA_ERR_PROTOCOL, "unknown control message type %u", c->type);
     if (tl > STRIA__UCX_TEXT_MAX || STRIA__UCX_CTRL_HDR + tl != len)
         return stria_error_set(STRIA_ERR_PROTOCOL, "control message length %zu does not match",
@@ -78,4 +83,24 @@ void stria__ucx_data_hdr_decode(const void *hdr, uint32_t *slot, uint64_t *tag)
 {
     *slot = stria_get_le32(hdr);
     *tag = stria_get_le64((const uint8_t *)hdr + 8);
+}
+
+void stria__ucx_ring_mac(const uint8_t key[STRIA_AUTH_KEY_BYTES], bool acceptor, uint64_t job_id,
+                         uint64_t ring_id, int32_t connector_rank, int32_t size,
+                         const uint8_t *nonce_c, const uint8_t *nonce_s,
+                         uint8_t out[STRIA_AUTH_MAC_BYTES])
+{
+    const char *label = acceptor ? "stria ring v1 acceptor" : "stria ring v1 connector";
+    uint8_t fields[24];
+    stria_put_le64(fields, job_id);
+    stria_put_le64(fields + 8, ring_id);
+    stria_put_le32(fields + 16, (uint32_t)connector_rank);
+    stria_put_le32(fields + 20, (uint32_t)size);
+    stria_auth_part_t parts[] = {
+        {label, strlen(label) + 1},
+        {fields, sizeof(fields)},
+        {nonce_c, STRIA_AUTH_NONCE_BYTES},
+        {nonce_s, STRIA_AUTH_NONCE_BYTES},
+    };
+    stria_auth_hmac(key, STRIA_AUTH_KEY_BYTES, parts, 4, out);
 }

@@ -65,6 +65,35 @@ static stria_status_t stria__spec_check_masks(const Stria__V1__JobSpec *s)
     return STRIA_OK;
 }
 
+/* Sharded jobs, their arrival deadline and placement. */
+static stria_status_t stria__spec_check_sharded(const Stria__V1__JobSpec *s)
+{
+    if (!isfinite(s->arrival_timeout_s) || s->arrival_timeout_s < 0 ||
+        s->arrival_timeout_s > STRIA_COORD_MAX_TTL_S)
+        return stria_error_set(
+            STRIA_ERR_INVALID_ARG, "arrival_timeout_s must be in [0, %u] seconds (0: %g) (got %g)",
+            STRIA_COORD_MAX_TTL_S, STRIA__DEFAULT_ARRIVAL_S, s->arrival_timeout_s);
+    if (s->sharded && s->ring_size == 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "a sharded job needs ring_size: the trainer's world size");
+    if (s->sharded && s->layout == STRIA__V1__LAYOUT__LAYOUT_AUTO)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "a sharded job must name its layout (striped, contiguous or "
+                               "zigzag), not auto: its ranks bring their tokens in that order");
+    if (s->n_placement > 0 && s->n_placement != s->ring_size)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "placement has %zu entries; it needs one per rank (ring_size %u)",
+                               s->n_placement, s->ring_size);
+    for (size_t r = 0; r < s->n_placement; r++) {
+        const char *h = s->placement[r]->host;
+        if (h[0] == '\0' || strlen(h) >= STRIA__COORD_STR)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "placement[%zu].host must be 1..%d bytes (got %zu)", r,
+                                   STRIA__COORD_STR - 1, strlen(h));
+    }
+    return STRIA_OK;
+}
+
 /* Checks a submitted spec; the message names the field. */
 stria_status_t stria__spec_check(const Stria__V1__JobSpec *s)
 {
@@ -111,7 +140,8 @@ stria_status_t stria__spec_check(const Stria__V1__JobSpec *s)
     if (strlen(s->label) > STRIA_COORD_MAX_LABEL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "label is longer than %d bytes",
                                STRIA_COORD_MAX_LABEL);
-    return stria__spec_check_masks(s);
+    stria_status_t st = stria__spec_check_masks(s);
+    return st != STRIA_OK ? st : stria__spec_check_sharded(s);
 }
 
 /* ---- job state ----------------------------------------------------------- */
@@ -141,6 +171,8 @@ static void stria__job_unreserve(stria__cjob_t *j)
 static void stria__job_free(stria_coord_t *co, stria__cjob_t *j)
 {
     stria__timeline_drop(co, j);
+    for (uint32_t r = 0; r < j->n_ranks; r++)
+        free(j->ranks[r].place_host);
     stria_job_masks_free(&j->masks);
     stria__index_del(&co->job_ids, j->id, 0);
     for (uint32_t r = 0; r < j->n_ranks; r++) {
@@ -254,6 +286,66 @@ void stria__schedule(stria_coord_t *co)
         for (uint32_t r = 0; r < j->n_ranks; r++)
             j->ranks[r].worker->blocked = true;
     }
+}
+
+bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward)
+{
+    uint32_t mark = pass + 1;
+    bool all = true, all_now = true;
+    if (!j->sharded)
+        return true;
+    if (j->ranks[r].arrived < mark)
+        j->ranks[r].arrived = mark;
+    if (j->arrival_pass < mark) {
+        j->arrival_pass = mark;
+        j->arrival_deadline = stria_time_now() + j->arrival_timeout_s;
+        j->arrival_backward = backward;
+    }
+    for (uint32_t k = 0; k < j->n_ranks; k++) {
+        all = all && j->ranks[k].arrived >= mark;
+        all_now = all_now && j->ranks[k].arrived >= j->arrival_pass;
+    }
+    if (all_now)
+        j->arrival_deadline = 0;
+    return all;
+}
+
+/* "rank 3" or "ranks 0, 2, 3": the ranks that arrived at the pass of the
+ * arrival round (arrived) or not; returns how many. */
+static uint32_t stria__rank_list(const stria__cjob_t *j, bool arrived, char *out, size_t len)
+{
+    uint32_t n = 0;
+    size_t used = 0;
+    out[0] = '\0';
+    for (uint32_t r = 0; r < j->n_ranks; r++) {
+        if ((j->ranks[r].arrived >= j->arrival_pass) != arrived)
+            continue;
+        if (used + 16 < len)
+            used += (size_t)snprintf(out + used, len - used, "%s%u", n ? ", " : "", r);
+        else if (used + 5 < len && out[used - 1] != '.')
+            used += (size_t)snprintf(out + used, len - used, ", ...");
+        n++;
+    }
+    return n;
+}
+
+/* A sharded job whose ranks did not all arrive in time fails, naming them. */
+static bool stria__arrival_expired(stria_coord_t *co, stria__cjob_t *j, double now)
+{
+    char missing[200], waiting[200];
+    if (j->arrival_deadline <= 0 || now <= j->arrival_deadline || stria__terminal(j->state))
+        return false;
+    uint32_t n_missing = stria__rank_list(j, false, missing, sizeof(missing));
+    uint32_t n_waiting = stria__rank_list(j, true, waiting, sizeof(waiting));
+    stria__job_finish(co, j, S_FAILED,
+                      "rank%s %s did not arrive for the %s pass within %g s (arrival_timeout_s) "
+                      "of the first; rank%s %s had their inputs in and waited",
+                      n_missing == 1 ? "" : "s", missing,
+                      j->arrival_backward ? "backward" : "forward", j->arrival_timeout_s,
+                      n_waiting == 1 ? "" : "s", waiting);
+    j->arrival_deadline = 0;
+    j->failure_status = STRIA_ERR_TIMEOUT;
+    return true;
 }
 
 /* Fails every unfinished job that uses worker w. */
@@ -377,8 +469,12 @@ static void stria__on_tick(void *arg)
 
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
-        if (stall > 0 && !stria__terminal(j->state))
+        if (stall > 0 && !stria__terminal(j->state)) {
             j->last_activity = j->last_activity + stall < now ? j->last_activity + stall : now;
+            if (j->arrival_deadline > 0) /* the late tick's own stall is no rank's lateness */
+                j->arrival_deadline += stall;
+        }
+        changed = stria__arrival_expired(co, j, now) || changed;
         if (stria__terminal(j->state) || now - j->last_activity <= j->ttl_s)
             continue;
         stria__job_finish(co, j, S_EXPIRED, "abandoned: no client activity for %u s (its TTL)",
@@ -402,23 +498,30 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
      * refused before they are read. */
 #define STRIA__SMALL .max_pb_bytes = STRIA__COORD_SMALL_REQUEST
     static const stria_rpc_method_t methods[STRIA_RPC_COORDINATOR_N_METHODS] = {
-        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_REGISTER_WORKER, .handler = stria__on_register,
+                        .flags = STRIA_RPC_METHOD_WORKER, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_HEARTBEAT, .handler = stria__on_heartbeat,
+                        .flags = STRIA_RPC_METHOD_WORKER,
                         .max_pb_bytes = STRIA_COORD_MAX_HEARTBEAT_BYTES),
-        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report, STRIA__SMALL),
-        STRIA_RPC_SERVE(COORDINATOR_SUBMIT_JOB, .handler = stria__on_submit),
+        STRIA_RPC_SERVE(COORDINATOR_REPORT_JOB, .handler = stria__on_report,
+                        .flags = STRIA_RPC_METHOD_WORKER, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_SUBMIT_JOB, .handler = stria__on_submit,
+                        .flags = STRIA_RPC_METHOD_CLIENT),
+        /* Any role: the handler tells owners, admins and workers apart. */
         STRIA_RPC_SERVE(COORDINATOR_GET_JOB, .handler = stria__on_get_job, STRIA__SMALL),
-        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_RELEASE_JOB, .handler = stria__on_release,
+                        .flags = STRIA_RPC_METHOD_CLIENT, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_CANCEL_JOB, .handler = stria__on_cancel,
                         .flags = STRIA_RPC_METHOD_ADMIN, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_GET_STATUS, .handler = stria__on_status, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_GET_RING, .handler = stria__on_ring, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_LIST_WORKERS, .handler = stria__on_list_workers, STRIA__SMALL),
-        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs, STRIA__SMALL),
+        STRIA_RPC_SERVE(COORDINATOR_LIST_JOBS, .handler = stria__on_list_jobs,
+                        .flags = STRIA_RPC_METHOD_ADMIN, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_DRAIN_WORKER, .handler = stria__on_drain,
                         .flags = STRIA_RPC_METHOD_ADMIN, STRIA__SMALL),
         STRIA_RPC_SERVE(COORDINATOR_DEREGISTER_WORKER, .handler = stria__on_deregister,
-                        STRIA__SMALL),
+                        .flags = STRIA_RPC_METHOD_WORKER, STRIA__SMALL),
     };
 #undef STRIA__SMALL
     stria_rpc_server_params_t sp;
@@ -446,6 +549,17 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
         return stria_error_set(STRIA_ERR_INTERNAL, "coordinator: service has %u methods, not %d",
                                stria__v1__coordinator__descriptor.n_methods,
                                STRIA_RPC_COORDINATOR_N_METHODS);
+    bool has_client = p->token != NULL && p->token[0] != '\0';
+    bool has_worker = p->worker_token != NULL && p->worker_token[0] != '\0';
+    bool has_admin = p->admin_token != NULL && p->admin_token[0] != '\0';
+    if ((has_client || has_worker || has_admin) && !(has_client && has_worker)) {
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "coordinator: with credentials, both the client and the worker "
+                               "credential are needed (missing: %s)",
+                               !has_client && !has_worker ? "client, worker"
+                               : !has_client              ? "client"
+                                                          : "worker");
+    }
     co = calloc(1, sizeof(*co));
     if (co == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "coordinator: out of memory");
@@ -461,7 +575,7 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     stria__index_init(&co->worker_ids);
     stria__index_init(&co->job_ids);
     stria__index_init(&co->members);
-    co->auth_required = p->token != NULL && p->token[0] != '\0';
+    co->auth_required = has_client;
     co->metrics = p->metrics;
     co->notify_status = p->notify_status;
     stria__metrics_init(co);
@@ -469,7 +583,6 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     co->last_tick = co->started_at;
     co->started_ms = stria__coord_wall_ms();
     co->next_worker_id = 1;
-    co->next_job_id = 1;
     co->workers = calloc(co->max_workers, sizeof(*co->workers));
     if (co->workers == NULL) {
         free(co);
@@ -482,6 +595,7 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     sp.methods = methods;
     sp.ctx = co;
     sp.token = p->token;
+    sp.worker_token = p->worker_token;
     sp.admin_token = p->admin_token;
     sp.tick = stria__on_tick;
     /* Dead workers are noticed within a quarter period of the deadline. */
@@ -494,8 +608,11 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
         free(co);
         return st;
     }
-    if (co->auth_required && (p->admin_token == NULL || p->admin_token[0] == '\0'))
-        stria_log_warn("coordinator: no admin token: every token holder may drain and cancel");
+    if (co->auth_required && !has_admin)
+        stria_log_warn("coordinator: no admin credential: nobody may drain, cancel or list jobs");
+    else if (!co->auth_required)
+        stria_log_warn("coordinator: no credentials: every connection is client, worker and "
+                       "admin");
     *coord_out = co;
     return STRIA_OK;
 }

@@ -49,65 +49,66 @@ static void stria__count_workers(const stria_coord_t *co, uint32_t *healthy, uin
     }
 }
 
-/* Chooses n consecutive ring workers for a job needing `need` bytes each:
- * the first window that can start now, else the least loaded one that has
- * the capacity. Returns the window's start, or -1 when no window has the
- * capacity (*best_cap_out: the largest per-rank capacity of any window). */
-static int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count,
-                                    uint32_t n, uint64_t need, bool *now_out,
-                                    uint64_t *best_cap_out)
+/* A new job's id, secret and ring key: the id random and unique among the
+ * jobs kept, so that an id says nothing about the others (the secret, not
+ * the id, is what opens a job); 53 bits, not 0, so that JSON readers that
+ * hold numbers as doubles (jq, JavaScript) keep it exact. The keys come
+ * from the system's generator. */
+static stria_status_t stria__job_keys(stria_coord_t *co, stria__cjob_t *j)
 {
-    int64_t best = -1;
-    uint64_t best_load = UINT64_MAX, best_cap = 0;
-
-    /* Free memory is what is not reserved and not promised to queued jobs. */
-    for (uint32_t i = 0; i < co->n_workers; i++) {
-        co->workers[i]->queued_demand = 0;
-        co->workers[i]->blocked = false;
-    }
-    for (uint32_t i = 0; i < co->n_jobs; i++) {
-        stria__cjob_t *j = co->jobs[i];
-        if (j->state != S_PENDING)
-            continue;
-        for (uint32_t r = 0; r < j->n_ranks; r++) {
-            j->ranks[r].worker->queued_demand += j->mem_per_rank;
-            j->ranks[r].worker->blocked = true;
-        }
-    }
-    for (uint32_t s = 0; s + n <= count; s++) {
-        uint64_t cap = UINT64_MAX, load = 0;
-        bool fits = true;
-        for (uint32_t k = s; k < s + n; k++) {
-            stria__cworker_t *w = ring[k];
-            if (w->memory_bytes < cap)
-                cap = w->memory_bytes;
-            load += w->reserved + w->queued_demand;
-            if (w->blocked || w->memory_bytes < w->reserved || w->memory_bytes - w->reserved < need)
-                fits = false;
-        }
-        if (cap > best_cap)
-            best_cap = cap;
-        if (cap < need)
-            continue;
-        if (fits) {
-            *now_out = true;
-            return s;
-        }
-        if (load < best_load) {
-            best_load = load;
-            best = s;
-        }
-    }
-    *now_out = false;
-    *best_cap_out = best_cap;
-    return best;
+    stria_status_t st = STRIA_OK;
+    do {
+        uint8_t raw[8];
+        st = stria_auth_random(raw, sizeof(raw));
+        j->id = stria_get_le64(raw) >> 11;
+    } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL));
+    if (st == STRIA_OK)
+        st = stria_job_secret_generate(&j->secret);
+    if (st == STRIA_OK)
+        st = stria_auth_random(j->ring_key, sizeof(j->ring_key));
+    return st;
 }
 
-/* Appends an admitted job (state PENDING) on the workers ring[0 .. n) to the
- * job table; NULL when out of memory. */
+/* The sharded part of a job and the placement of its ranks (their strings
+ * copied); false when out of memory. */
+static bool stria__job_add_sharded(stria__cjob_t *j, const Stria__V1__JobSpec *s,
+                                   const bool *fallback)
+{
+    j->sharded = s->sharded;
+    j->arrival_timeout_s =
+        s->arrival_timeout_s > 0 ? s->arrival_timeout_s : STRIA__DEFAULT_ARRIVAL_S;
+    j->placed = s->n_placement > 0;
+    j->placement_fallback = s->placement_fallback;
+    for (uint32_t r = 0; r < j->n_ranks && j->placed; r++) {
+        stria__crank_t *cr = &j->ranks[r];
+        cr->fallback = fallback[r];
+        cr->place_has_device = s->placement[r]->has_device_index;
+        cr->place_device = s->placement[r]->device_index;
+        if ((cr->place_host = strdup(s->placement[r]->host)) == NULL)
+            return false;
+    }
+    return true;
+}
+
+/* Frees a job stria__job_add() could not complete. */
+static void stria__job_add_undo(stria__cjob_t *j)
+{
+    if (j == NULL)
+        return;
+    for (uint32_t r = 0; j->ranks != NULL && r < j->n_ranks; r++)
+        free(j->ranks[r].place_host);
+    stria_job_masks_free(&j->masks);
+    free(j->ranks);
+    free(j);
+}
+
+/* Appends an admitted job (state PENDING) on the workers ring[0 .. n) (the
+ * ranks' workers in order; fallback[r]: rank r placed off its host) to the
+ * job table; NULL when out of memory or without random bytes. */
 static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
                                      const stria_layout_t *layout, stria__cworker_t **ring,
-                                     uint32_t n, uint64_t need, const char *client)
+                                     const bool *fallback, uint32_t n, uint64_t need,
+                                     const char *client)
 {
     stria__cjob_t *j;
     if (co->n_jobs == co->cap_jobs) {
@@ -121,17 +122,12 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     j = calloc(1, sizeof(*j));
     if (j != NULL)
         j->ranks = calloc(n, sizeof(*j->ranks));
-    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks)) {
-        if (j != NULL)
-            free(j->ranks);
-        free(j);
-        return NULL;
-    }
-    j->id = co->next_job_id;
-    if (stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
-        stria_job_masks_free(&j->masks);
-        free(j->ranks);
-        free(j);
+    if (j != NULL && j->ranks != NULL)
+        j->n_ranks = n;
+    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks) ||
+        stria__job_keys(co, j) != STRIA_OK || !stria__job_add_sharded(j, s, fallback) ||
+        stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
+        stria__job_add_undo(j);
         return NULL;
     }
     for (uint32_t r = 0; r < n; r++) {
@@ -140,13 +136,10 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
             for (uint32_t k = 0; k < r; k++)
                 stria__index_del(&co->members, j->id, ring[k]->id);
             stria__index_del(&co->job_ids, j->id, 0);
-            stria_job_masks_free(&j->masks);
-            free(j->ranks);
-            free(j);
+            stria__job_add_undo(j);
             return NULL;
         }
     }
-    co->next_job_id++;
     j->batch = s->batch;
     j->seq_len = s->seq_len;
     j->heads = s->heads;
@@ -179,6 +172,40 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     return j;
 }
 
+/* The workers of a job's ranks, into chosen[0 .. n): the spec's placement,
+ * or a window of the ring. False when refused (the call is answered). */
+static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
+                                  const Stria__V1__JobSpec *s, stria__cworker_t **ring,
+                                  uint32_t count, uint32_t n, const stria_layout_t *layout,
+                                  uint64_t need, stria__cworker_t **chosen, bool *fallback,
+                                  bool *now)
+{
+    uint64_t best_cap = 0;
+    if (s->n_placement > 0) {
+        stria_status_t st =
+            stria__choose_placed(co, s, ring, count, n, need, chosen, fallback, now);
+        if (st == STRIA_OK)
+            return true;
+        stria__count_error(co, st == STRIA_ERR_NO_MEMORY ? STRIA__E_SUBMIT_NO_MEMORY
+                                                         : STRIA__E_SUBMIT_NO_WORKERS);
+        stria_rpc_call_fail(call, st, "SubmitJob: %s", stria_error_msg());
+        return false;
+    }
+    int64_t start = stria__choose_window(co, ring, count, n, need, now, &best_cap);
+    if (start < 0) {
+        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
+                            "SubmitJob: the job needs %llu MiB per rank (%u ranks of %lld tokens) "
+                            "but the workers of the best ring of %u offer %llu MiB each; use a "
+                            "larger ring, a smaller batch or a shorter sequence",
+                            (unsigned long long)(need >> 20), n, (long long)layout->shard_tokens, n,
+                            (unsigned long long)(best_cap >> 20));
+        return false;
+    }
+    memcpy(chosen, ring + start, n * sizeof(*chosen));
+    return true;
+}
+
 void stria__on_submit(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -188,10 +215,11 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     stria__cworker_t **ring = NULL;
     uint32_t count, n, healthy, draining, dead, left;
     stria_layout_t layout;
-    uint64_t need = 0, best_cap = 0;
+    uint64_t need = 0;
     stria__cjob_t *j = NULL;
-    bool now = false;
-    int64_t start;
+    stria__cworker_t **chosen = NULL;
+    bool now = false, *fallback = NULL;
+    uint8_t sealed[STRIA_AUTH_SEALED_BYTES];
     stria__b_t b = {0};
     char client[64];
 
@@ -272,17 +300,14 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             stria_error_msg());
         goto free_ring;
     }
-    start = stria__choose_window(co, ring, count, n, need, &now, &best_cap);
-    if (start < 0) {
-        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
-        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
-                            "SubmitJob: the job needs %llu MiB per rank (%u ranks of %lld tokens) "
-                            "but the workers of the best ring of %u offer %llu MiB each; use a "
-                            "larger ring, a smaller batch or a shorter sequence",
-                            (unsigned long long)(need >> 20), n, (long long)layout.shard_tokens, n,
-                            (unsigned long long)(best_cap >> 20));
+    chosen = calloc(n, sizeof(*chosen));
+    fallback = calloc(n, sizeof(*fallback));
+    if (chosen == NULL || fallback == NULL) {
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
         goto free_ring;
     }
+    if (!stria__submit_workers(co, call, s, ring, count, n, &layout, need, chosen, fallback, &now))
+        goto free_ring;
     if (!now && s->no_queue) {
         stria__count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
@@ -291,9 +316,15 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)(need >> 20));
         goto free_ring;
     }
-    j = stria__job_add(co, s, &layout, ring + start, n, need, client);
+    j = stria__job_add(co, s, &layout, chosen, fallback, n, need, client);
     if (j == NULL) {
-        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
+        stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory or no secret");
+        goto free_ring;
+    }
+    if (stria_auth_seal(stria_rpc_call_session(call), "job secret", j->id, j->secret.bytes,
+                        sealed) != STRIA_OK) {
+        stria__job_finish(co, j, S_FAILED, "%s", stria_error_msg());
+        stria_rpc_call_fail(call, STRIA_ERR_INTERNAL, "SubmitJob: %s", stria_error_msg());
         goto free_ring;
     }
     if (co->metrics != NULL)
@@ -302,18 +333,48 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                                            "Jobs admitted since start.", NULL, NULL, 0),
                          1);
     stria_log_info("job %llu submitted: batch %u, seq %llu, heads %u/%u, dim %u, %s, %u ranks "
-                   "from worker %llu, %llu MiB per rank%s",
+                   "from worker %llu%s, %llu MiB per rank%s%s",
                    (unsigned long long)j->id, j->batch, (unsigned long long)j->seq_len, j->heads,
                    j->kv_heads, j->head_dim, stria_dtype_name((stria_dtype_t)j->dtype), n,
-                   (unsigned long long)ring[start]->id, (unsigned long long)(need >> 20),
+                   (unsigned long long)chosen[0]->id, j->placed ? " (placed)" : "",
+                   (unsigned long long)(need >> 20), j->sharded ? ", sharded" : "",
                    now ? "" : ", queued");
     stria__schedule(co);
     rep.state = j->state;
     rep.assignment = stria__fill_assignment(&b, j);
     rep.queue_position = stria__queue_position(co, j);
+    rep.job_secret.data = sealed;
+    rep.job_secret.len = sizeof(sealed);
     stria__b_reply(&b, call, &rep.base);
 free_ring:
     free(ring);
+    free(chosen);
+    free(fallback);
+}
+
+/* Who may see a job, and how: its owner (a proof of its secret: renews its
+ * TTL), an admin (a view), a worker (its keys, sealed for the connection).
+ * Returns false after failing the call. */
+static bool stria__get_job_access(stria_rpc_call_t *call, const Stria__V1__GetJobRequest *req,
+                                  stria__cjob_t *j, bool *owner, uint8_t *secret, uint8_t *ring)
+{
+    unsigned roles = stria_rpc_call_roles(call);
+    const stria_auth_session_t *session = stria_rpc_call_session(call);
+    *owner = false;
+    if (req->job_proof.len > 0 || !(roles & (STRIA_RPC_ROLE_ADMIN | STRIA_RPC_ROLE_WORKER))) {
+        if (stria_rpc_call_check_job(call, &j->secret, j->id) != STRIA_OK) {
+            stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+            return false;
+        }
+        *owner = true;
+    }
+    if ((roles & STRIA_RPC_ROLE_WORKER) &&
+        (stria_auth_seal(session, "job secret", j->id, j->secret.bytes, secret) != STRIA_OK ||
+         stria_auth_seal(session, "ring key", j->id, j->ring_key, ring) != STRIA_OK)) {
+        stria_rpc_call_fail(call, STRIA_ERR_INTERNAL, "GetJob: %s", stria_error_msg());
+        return false;
+    }
+    return true;
 }
 
 void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
@@ -322,6 +383,8 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     const Stria__V1__GetJobRequest *req = STRIA__REQ(Stria__V1__GetJobRequest, call);
     Stria__V1__GetJobReply rep = STRIA__V1__GET_JOB_REPLY__INIT;
     stria__cjob_t *j = stria__job_find(co, req->job_id);
+    uint8_t secret[STRIA_AUTH_SEALED_BYTES], ring[STRIA_AUTH_SEALED_BYTES];
+    bool owner;
     stria__b_t b = {0};
 
     if (j == NULL) {
@@ -329,7 +392,10 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)req->job_id);
         return;
     }
-    if (!stria__terminal(j->state))
+    if (!stria__get_job_access(call, req, j, &owner, secret, ring))
+        return;
+    /* Only its owner keeps a job alive (workers do, through heartbeats). */
+    if (owner && !stria__terminal(j->state))
         j->last_activity = stria_time_now();
     rep.job = stria__fill_job(&b, co, j);
     if (rep.job == NULL)
@@ -339,6 +405,12 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     if (rep.job != NULL && req->include_timelines &&
         !stria__timeline_fill(&b, j, rep.job, &held, &n_held))
         b.oom = true;
+    if (stria_rpc_call_roles(call) & STRIA_RPC_ROLE_WORKER) {
+        rep.job_secret.data = secret;
+        rep.job_secret.len = sizeof(secret);
+        rep.ring_key.data = ring;
+        rep.ring_key.len = sizeof(ring);
+    }
     stria__b_reply(&b, call, &rep.base);
     stria__timeline_release(held, n_held);
 }
@@ -355,9 +427,27 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)req->job_id);
         return;
     }
-    if (!stria__terminal(j->state)) {
+    if (stria_rpc_call_check_job(call, &j->secret, j->id) != STRIA_OK) {
+        stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+        return;
+    }
+    for (size_t i = 0; i < req->n_ranks; i++) {
+        if (req->ranks[i] >= j->n_ranks) {
+            stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                                "ReleaseJob: job %llu has no rank %u (ring of %u)",
+                                (unsigned long long)j->id, req->ranks[i], j->n_ranks);
+            return;
+        }
+    }
+    for (size_t i = 0; i < req->n_ranks; i++)
+        j->ranks[req->ranks[i]].released = true;
+    for (uint32_t r = 0; r < j->n_ranks && req->n_ranks > 0; r++)
+        rep.ranks_held += !j->ranks[r].released;
+    if (!stria__terminal(j->state) && rep.ranks_held == 0) {
         stria__job_finish(co, j, S_RELEASED, NULL);
         stria__schedule(co);
+    } else if (!stria__terminal(j->state)) {
+        j->last_activity = stria_time_now();
     }
     rep.state = j->state;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);

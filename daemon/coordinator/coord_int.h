@@ -4,12 +4,14 @@
 #define STRIA_COORD_INT_H
 
 #include "stria.pb-c.h"
+#include "stria_auth.h"
 #include "stria_spec.h"
 #include "stria_coordinator.h"
 #include "stria_rpc.h"
 
-#define STRIA__COORD_STR    256 /* longest host, device, address or version string */
-#define STRIA__DEAD_PERIODS 3
+#define STRIA__COORD_STR         256 /* longest host, device, address or version string */
+#define STRIA__DEAD_PERIODS      3
+#define STRIA__DEFAULT_ARRIVAL_S 60.0 /* a sharded job's arrival timeout by default */
 /* The largest message of a request other than SubmitJob and Heartbeat. */
 #define STRIA__COORD_SMALL_REQUEST (64u << 10)
 
@@ -39,6 +41,9 @@ typedef struct {
     char device[STRIA__COORD_STR];
     char version[STRIA__COORD_STR];
     char kernel_variant[STRIA__COORD_STR];
+    char shm_socket[STRIA__COORD_STR]; /* "" : none */
+    bool has_device_index;
+    uint32_t device_index;
     uint64_t memory_bytes; /* capacity */
     uint64_t reserved;     /* by active jobs */
     uint64_t in_use;       /* reported */
@@ -71,10 +76,22 @@ typedef struct {
     uint64_t tokens; /* real tokens */
     bool loaded, fwd_done, bwd_done;
     uint32_t step, steps_total;
+    uint32_t arrived; /* sharded: 1 + the last pass the rank arrived at; 0: none */
+    bool released;    /* its trainer rank released the job */
+    bool fallback;    /* placed off the host its placement named */
+    /* the spec's placement of the rank ("" : none) */
+    char *place_host;
+    bool place_has_device;
+    uint32_t place_device;
 } stria__crank_t;
 
 typedef struct {
-    uint64_t id;
+    uint64_t id; /* random, unique among the jobs kept */
+    /* The job's capability: whoever proves it owns the job. Handed sealed
+     * to the client that submitted it and to its workers. */
+    stria_job_secret_t secret;
+    /* What the job's ring links prove to each other; to the workers only. */
+    uint8_t ring_key[STRIA_AUTH_KEY_BYTES];
     Stria__V1__JobState state;
     /* the spec, defaults filled in */
     uint32_t batch, heads, kv_heads, head_dim, ttl_s, step_timeout_ms;
@@ -86,6 +103,14 @@ typedef struct {
     char label[STRIA_COORD_MAX_LABEL + 1];
     stria_job_masks_t masks; /* documents and window, owned */
     char client[64];         /* the submitting client's host address */
+    /* sharded jobs (stria_client_submit): a pass starts when every rank
+     * arrived; a rank missing arrival_timeout_s after the first fails it */
+    bool sharded;
+    double arrival_timeout_s;
+    uint32_t arrival_pass;   /* 1 + the pass ranks arrive at now; 0: none yet */
+    double arrival_deadline; /* stria_time_now(); 0: nobody waits */
+    bool arrival_backward;
+    bool placed, placement_fallback;
 
     uint32_t n_ranks;
     stria__crank_t *ranks;
@@ -105,6 +130,7 @@ typedef struct {
         uint8_t **buf;
         size_t *len;
     } tl[2];
+    stria_status_t failure_status; /* how workers report the failure; 0: as they see fit */
 } stria__cjob_t;
 
 struct stria_coord {
@@ -129,7 +155,6 @@ struct stria_coord {
 
     stria__cjob_t **jobs; /* submission order: finished ones kept as history */
     uint32_t n_jobs, cap_jobs;
-    uint64_t next_job_id;
     uint64_t jobs_submitted, jobs_failed;
 
     size_t timeline_bytes; /* held by every job's tl, at most STRIA__TIMELINE_BUDGET */
@@ -219,6 +244,21 @@ void stria__metrics_update(stria_coord_t *co);
 void stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 void stria__schedule(stria_coord_t *co);
+/* coord_place.c: where a job runs. A window of n consecutive ring workers
+ * for a job needing `need` bytes each: the first that can start now, else
+ * the least loaded with the capacity; -1 when none has it (*best_cap_out:
+ * the largest per-rank capacity of any window). */
+int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count, uint32_t n,
+                             uint64_t need, bool *now_out, uint64_t *best_cap_out);
+/* The workers of a placed spec, rank by rank into out[0 .. n) (fallback[r]:
+ * off its host); a refusal names the rank and host. */
+stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec *s,
+                                    stria__cworker_t **ring, uint32_t count, uint32_t n,
+                                    uint64_t need, stria__cworker_t **out, bool *fallback,
+                                    bool *now_out);
+/* coord.c: a sharded job's arrival at pass `pass` of rank r (a worker's
+ * STARTED report); whether every rank has arrived. */
+bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward);
 void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why);
 stria__cjob_t *stria__job_find(stria_coord_t *co, uint64_t id);
 stria__cworker_t *stria__worker_find(stria_coord_t *co, uint64_t id);

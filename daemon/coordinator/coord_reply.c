@@ -134,6 +134,9 @@ void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t
     out->ring_index = ring_index;
     out->draining = w->draining;
     out->registered_ms = w->registered_ms;
+    out->shm_socket = w->shm_socket;
+    out->has_device_index = w->has_device_index;
+    out->device_index = w->device_index;
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         const stria__cjob_t *j = co->jobs[i];
         if (j->reserved && stria__job_has_worker(j, w))
@@ -151,10 +154,34 @@ void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t
     }
 }
 
+/* The spec's placement, one entry per rank; false when out of memory. */
+static bool stria__fill_placement(stria__b_t *b, const stria__cjob_t *j, Stria__V1__JobSpec *s)
+{
+    Stria__V1__JobSpec__Placement **pl;
+    if (!j->placed)
+        return true;
+    if ((pl = stria__b_alloc(b, j->n_ranks * sizeof(*pl))) == NULL)
+        return false;
+    for (uint32_t r = 0; r < j->n_ranks; r++) {
+        if ((pl[r] = stria__b_alloc(b, sizeof(**pl))) == NULL)
+            return false;
+        stria__v1__job_spec__placement__init(pl[r]);
+        pl[r]->host = j->ranks[r].place_host;
+        pl[r]->has_device_index = j->ranks[r].place_has_device;
+        pl[r]->device_index = j->ranks[r].place_device;
+    }
+    s->placement = pl;
+    s->n_placement = j->n_ranks;
+    s->placement_fallback = j->placement_fallback;
+    return true;
+}
+
 static void stria__fill_spec(const stria__cjob_t *j, Stria__V1__JobSpec *s,
                              Stria__V1__JobSpec__Window *win)
 {
     stria__v1__job_spec__init(s);
+    s->sharded = j->sharded;
+    s->arrival_timeout_s = j->arrival_timeout_s;
     s->cu_seqlens = j->masks.cu_seqlens;
     s->n_cu_seqlens = j->masks.n_cu_seqlens;
     if (j->masks.has_window) {
@@ -190,6 +217,8 @@ Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t
         return NULL;
     stria__v1__assignment__init(a);
     stria__fill_spec(j, spec, win);
+    if (!stria__fill_placement(b, j, spec))
+        return NULL;
     a->job_id = j->id;
     a->spec = spec;
     a->max_tokens_per_rank = j->shard_tokens;
@@ -208,6 +237,10 @@ Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t
         ra->device = (char *)cr->worker->device;
         ra->rpc_address = (char *)cr->worker->rpc_address;
         ra->ucx_address = (char *)cr->worker->ucx_address;
+        ra->shm_socket = (char *)cr->worker->shm_socket;
+        ra->placement_fallback = cr->fallback;
+        ra->has_device_index = cr->worker->has_device_index;
+        ra->device_index = cr->worker->device_index;
         ra->tokens = cr->tokens;
         ra->runs = runs;
         for (size_t k = 0; k < cr->n_runs; k++) {

@@ -77,6 +77,7 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
         !stria__copy_str(tmp.ucx_address, req->ucx_address) ||
         !stria__copy_str(tmp.host, req->host) || !stria__copy_str(tmp.device, req->device) ||
         !stria__copy_str(tmp.version, req->software_version) ||
+        !stria__copy_str(tmp.shm_socket, req->shm_socket) ||
         !stria__copy_str(tmp.kernel_variant, req->kernel_variant)) {
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                             "RegisterWorker: a string field is longer than %d bytes",
@@ -133,6 +134,8 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
     }
     tmp.memory_bytes = req->memory_bytes;
     tmp.incarnation = req->incarnation;
+    tmp.has_device_index = req->has_device_index;
+    tmp.device_index = req->device_index;
     tmp.last_seen = stria_time_now();
     *w = tmp;
     rep.worker_id = w->id;
@@ -240,6 +243,8 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
     if (stria__terminal(j->state) || j->state == S_PENDING) {
         /* Over (the worker must drop it) or not started (nothing to report). */
         rep.state = j->state;
+        rep.failure = j->failure;
+        rep.failure_status = j->failure_status;
         stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
         return;
     }
@@ -253,6 +258,7 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         cr->loaded = true;
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED:
+        rep.all_arrived = stria__job_arrive(j, req->rank, req->pass, false);
         if (j->state != S_RUNNING_FORWARD) {
             j->state = S_RUNNING_FORWARD;
             j->forward_started_ms = stria__coord_wall_ms();
@@ -281,6 +287,7 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
                                 (unsigned long long)j->id);
             return;
         }
+        rep.all_arrived = stria__job_arrive(j, req->rank, req->pass, true);
         if (j->state != S_RUNNING_BACKWARD) {
             if (j->forward_done_ms == 0)
                 j->forward_done_ms = stria__coord_wall_ms();
@@ -317,5 +324,7 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         return;
     }
     rep.state = j->state;
+    rep.failure = j->failure;
+    rep.failure_status = j->failure_status;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }

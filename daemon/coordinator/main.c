@@ -16,8 +16,12 @@ typedef struct {
     const char *listen;
     double heartbeat_period_s;
     double job_ttl_s;
-    const char *token_file;
+    const char *token_file; /* the client credential (the older name) */
+    const char *client_token_file;
+    const char *worker_token_file;
     const char *admin_token_file;
+    const char *gen_credentials;
+    bool insecure;
     const char *metrics_listen;
     const char *port_file;
     const char *log_level;
@@ -41,6 +45,11 @@ static const char stria__coord_description[] =
     "'name = value' setting of the --config file.";
 
 static const char stria__coord_epilog[] =
+    "Credentials: with --client-token-file and --worker-token-file (and\n"
+    "--admin-token-file for operators) every connection proves one of them in\n"
+    "its hello; without, every connection may do everything, which is refused\n"
+    "on a non-loopback --listen or --metrics-listen unless --insecure is given.\n"
+    "--gen-credentials DIR writes new ones (mode 0600) and exits.\n"
     "On start it prints 'stria-coordinator listening on HOST:PORT' on stdout.\n"
     "Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 on a start-up\n"
     "failure, 2 on a usage or configuration error.";
@@ -87,10 +96,53 @@ static void stria__on_signal(void *arg, int signum)
     }
 }
 
+/* The coordinator's credentials, read from their files. */
+typedef struct {
+    char *client, *worker, *admin;
+} stria__coord_creds_t;
+
+/* Reads the credential files and applies the exposure rule. */
+static stria_status_t stria__coord_credentials(stria__coord_config_t *c, const stria_cli_t *cli,
+                                               stria__coord_creds_t *cr)
+{
+    char what[512];
+    stria_status_t st = STRIA_OK;
+    const char *client_file, *client_opt;
+    st = stria_service_client_credential(cli, c->client_token_file, c->token_file, &client_file,
+                                         &client_opt);
+    if (st == STRIA_OK && client_file != NULL)
+        st = stria_service_read_credential(stria_cli_origin(cli, client_opt, what, sizeof(what)),
+                                           client_file, &cr->client);
+    if (st == STRIA_OK && c->worker_token_file != NULL)
+        st = stria_service_read_credential(
+            stria_cli_origin(cli, "worker-token-file", what, sizeof(what)), c->worker_token_file,
+            &cr->worker);
+    if (st == STRIA_OK && c->admin_token_file != NULL)
+        st = stria_service_read_credential(
+            stria_cli_origin(cli, "admin-token-file", what, sizeof(what)), c->admin_token_file,
+            &cr->admin);
+    if (st != STRIA_OK)
+        return st;
+    if ((cr->client || cr->worker || cr->admin) && !(cr->client && cr->worker))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "with credentials, both --client-token-file (or --token-file) and "
+                               "--worker-token-file are needed: workers and clients prove "
+                               "different ones");
+    bool has = cr->client != NULL;
+    st = stria_service_check_exposure(stria_cli_origin(cli, "listen", what, sizeof(what)),
+                                      c->listen, has, c->insecure);
+    if (st == STRIA_OK)
+        st = stria_service_check_exposure(
+            stria_cli_origin(cli, "metrics-listen", what, sizeof(what)), c->metrics_listen, has,
+            c->insecure);
+    return st;
+}
+
 /* Parses the options (exit status 2 and a message on a usage or
- * configuration error) and reads the token files. Returns -1 to go on. */
+ * configuration error) and reads the credential files. Returns -1 to go on,
+ * 0 after --gen-credentials. */
 static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c, stria_cli_t *cli,
-                                char **token, char **admin_token)
+                                stria__coord_creds_t *cr)
 {
     const stria_option_t opts[] = {
         {.name = "listen",
@@ -115,16 +167,37 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
          .max = STRIA_COORD_MAX_TTL_S,
          .metavar = "TIME",
          .help = "a job idle this long is cleaned up"},
+        {.name = "client-token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->client_token_file,
+         .metavar = "FILE",
+         .help = "credential of the clients (first line of FILE): submit and own jobs"},
         {.name = "token-file",
          .type = STRIA_OPT_STRING,
          .dst = &c->token_file,
          .metavar = "FILE",
-         .help = "shared secret every connection must present (first line of FILE)"},
+         .help = "the older name of --client-token-file"},
+        {.name = "worker-token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->worker_token_file,
+         .metavar = "FILE",
+         .help = "credential of the workers: register, heartbeat, report"},
         {.name = "admin-token-file",
          .type = STRIA_OPT_STRING,
          .dst = &c->admin_token_file,
          .metavar = "FILE",
-         .help = "secret needed to drain workers and cancel jobs"},
+         .help = "credential of the operators: drain, cancel, list and view any job"},
+        {.name = "insecure",
+         .type = STRIA_OPT_BOOL,
+         .dst = &c->insecure,
+         .dflt = "false",
+         .help = "allow listening beyond loopback without credentials"},
+        {.name = "gen-credentials",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->gen_credentials,
+         .metavar = "DIR",
+         .flags = STRIA_OPT_FLAG_ONLY,
+         .help = "write new client, worker and admin credentials (mode 0600) into DIR and exit"},
         {.name = "metrics-listen",
          .type = STRIA_OPT_ADDR,
          .dst = &c->metrics_listen,
@@ -197,12 +270,19 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
         stria_cli_wrap(cli, "log-level", st);
     else if (c->log_level != NULL || getenv("STRIA_LOG_LEVEL") == NULL)
         stria_log_set_level(lvl);
-    if (st == STRIA_OK && c->token_file != NULL &&
-        (st = stria_rpc_token_read(c->token_file, token)) != STRIA_OK)
-        stria_cli_wrap(cli, "token-file", st);
-    if (st == STRIA_OK && c->admin_token_file != NULL &&
-        (st = stria_rpc_token_read(c->admin_token_file, admin_token)) != STRIA_OK)
-        stria_cli_wrap(cli, "admin-token-file", st);
+    if (st == STRIA_OK && c->gen_credentials != NULL) {
+        st = stria_service_gen_credentials(c->gen_credentials);
+        if (st != STRIA_OK) {
+            fprintf(stderr, "stria-coordinator: %s\n", stria_error_msg());
+            return 1;
+        }
+        printf("stria-coordinator: wrote %s/client-token, worker-token and admin-token (mode "
+               "0600)\n",
+               c->gen_credentials);
+        return 0;
+    }
+    if (st == STRIA_OK)
+        st = stria__coord_credentials(c, cli, cr);
     if (st != STRIA_OK) {
         fprintf(stderr, "stria-coordinator: %s\n(see stria-coordinator --help)\n",
                 stria_error_msg());
@@ -219,14 +299,14 @@ int main(int argc, char **argv)
     stria__main_loop_t ml;
     stria_coord_t *co = NULL;
     stria_metrics_t *metrics = NULL;
-    char *token = NULL, *admin_token = NULL;
+    stria__coord_creds_t cr = {0};
     char status[128];
     stria_cli_t cli;
     stria_status_t st;
     int rc;
 
     memset(&c, 0, sizeof(c));
-    rc = stria__coord_options(argc, argv, &c, &cli, &token, &admin_token);
+    rc = stria__coord_options(argc, argv, &c, &cli, &cr);
     if (rc >= 0)
         goto free_opts;
     rc = 1;
@@ -238,8 +318,9 @@ int main(int argc, char **argv)
     p.listen = c.listen;
     p.heartbeat_period_s = c.heartbeat_period_s;
     p.job_ttl_s = c.job_ttl_s;
-    p.token = token;
-    p.admin_token = admin_token;
+    p.token = cr.client;
+    p.worker_token = cr.worker;
+    p.admin_token = cr.admin;
     p.max_jobs = (uint32_t)c.max_jobs;
     p.history = (uint32_t)c.history;
     p.max_jobs_per_client = (uint32_t)c.max_jobs_per_client;
@@ -291,8 +372,9 @@ stop_coord:
 free_metrics:
     stria_metrics_destroy(metrics);
 free_opts:
-    free(token);
-    free(admin_token);
+    free(cr.client);
+    free(cr.worker);
+    free(cr.admin);
     stria_cli_free(&cli);
     return rc;
 }

@@ -28,6 +28,12 @@
  * TTL expires and its workers drop it. The coordinator keeps the most recent
  * finished jobs for the admin tools.
  *
+ * Security: a job's id is random; its secret (made at submission, handed
+ * sealed to the submitting client) is proven on every job-scoped call, to
+ * the coordinator (GetJob, ReleaseJob) and to the workers. Worker methods
+ * need the worker credential; admin methods the admin one. See
+ * docs/SECURITY.md.
+ *
  * Threads: everything runs on the RPC server's loop thread; the functions
  * below are called from any other single thread.
  */
@@ -64,11 +70,16 @@ typedef struct {
     const char *listen;        /* "HOST:PORT" (required); port 0 picks one */
     double heartbeat_period_s; /* period told to workers; dead after 3; default 1 */
     double job_ttl_s;          /* default TTL of a job; default 600 */
-    const char *token;         /* token contents (not a path); NULL: no authentication */
-    const char *admin_token;   /* NULL: admin methods open to every connection */
-    uint32_t max_workers;      /* registered workers kept; default 4096 */
-    uint32_t max_jobs;         /* pending and active jobs; default 4096 */
-    uint32_t history;          /* finished jobs kept for the admin tools; default 1024 */
+    /* Credentials (contents, not paths) of the three roles. Without any,
+     * every connection has every role (for loopback only: the programs
+     * refuse it elsewhere). With any, the client and worker ones are
+     * required, and without an admin one nobody is admin. */
+    const char *token;        /* clients: submit and own jobs */
+    const char *worker_token; /* workers: register, heartbeat, report, fetch job keys */
+    const char *admin_token;  /* operators: drain, cancel, list and view any job */
+    uint32_t max_workers;     /* registered workers kept; default 4096 */
+    uint32_t max_jobs;        /* pending and active jobs; default 4096 */
+    uint32_t history;         /* finished jobs kept for the admin tools; default 1024 */
     /* Longest step deadline a spec may ask for (step_timeout_ms); larger ones
      * are refused. Default 600 s, at most STRIA_COORD_MAX_STEP_TIMEOUT_S. */
     double max_step_timeout_s;

@@ -1,11 +1,15 @@
 #include "stria_rpc.h"
 #include "stria_service.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define STRIA__HTTP_MAX_REQUEST 8192
 #define STRIA__HTTP_IDLE_MS     5000
@@ -371,4 +375,105 @@ void stria_service_stop(stria_service_t *svc)
     uv_close((uv_handle_t *)&svc->sigterm, stria__svc_closed);
     uv_close((uv_handle_t *)&svc->sigint, stria__svc_closed);
     uv_close((uv_handle_t *)&svc->watchdog, stria__svc_closed);
+}
+
+/* ---- credentials and exposure ------------------------------------------------ */
+
+stria_status_t stria_service_read_credential(const char *what, const char *path, char **token_out)
+{
+    struct stat sb;
+    stria_status_t st = stria_rpc_token_read(path, token_out);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "%s", what);
+    if (stat(path, &sb) == 0 && (sb.st_mode & S_IRWXO) != 0)
+        stria_log_warn("%s %s: others may read this credential (mode %04o); chmod 0600 or 0640",
+                       what, path, (unsigned)(sb.st_mode & 07777));
+    return STRIA_OK;
+}
+
+stria_status_t stria_service_client_credential(const stria_cli_t *cli, const char *client_file,
+                                               const char *token_file, const char **file_out,
+                                               const char **opt_out)
+{
+    bool flag_client = stria_cli_from(cli, "client-token-file") == STRIA_OPT_FROM_FLAG;
+    bool flag_token = stria_cli_from(cli, "token-file") == STRIA_OPT_FROM_FLAG;
+    if (client_file != NULL && token_file != NULL && flag_client == flag_token)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "--token-file and --client-token-file name the same credential; "
+                               "give one");
+    bool use_client = client_file != NULL && (token_file == NULL || flag_client);
+    *file_out = use_client ? client_file : token_file;
+    *opt_out = *file_out == NULL ? NULL : use_client ? "client-token-file" : "token-file";
+    return STRIA_OK;
+}
+
+stria_status_t stria_service_check_exposure(const char *what, const char *addr,
+                                            bool has_credentials, bool insecure)
+{
+    if (addr == NULL || has_credentials || insecure || stria_addr_listen_is_loopback(addr))
+        return STRIA_OK;
+    return stria_error_set(STRIA_ERR_INVALID_ARG,
+                           "%s %s: refusing to listen where other machines reach it without "
+                           "credentials; set --client-token-file and --worker-token-file "
+                           "(stria-coordinator --gen-credentials DIR makes them; see "
+                           "docs/SECURITY.md), listen on a loopback address, or pass --insecure "
+                           "to serve anyone who reaches the port",
+                           what, addr);
+}
+
+/* Writes one new credential to dir/name, mode 0600, never over a file. */
+static stria_status_t stria__write_credential(const char *dir, const char *name)
+{
+    char path[4096], token[STRIA_AUTH_TOKEN_CHARS + 2];
+    stria_status_t st = stria_auth_token_generate(token);
+    if (st != STRIA_OK)
+        return st;
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        memset(token, 0, sizeof(token));
+        return stria_error_set(STRIA_ERR_IO, "%s: %s%s", path, strerror(errno),
+                               errno == EEXIST ? " (remove it first to make a new one)" : "");
+    }
+    strcat(token, "\n");
+    size_t len = strlen(token);
+    ssize_t w = write(fd, token, len);
+    memset(token, 0, sizeof(token));
+    if (w != (ssize_t)len || fsync(fd) != 0 || close(fd) != 0) {
+        if (w != (ssize_t)len)
+            close(fd);
+        unlink(path);
+        return stria_error_set(STRIA_ERR_IO, "%s: cannot write", path);
+    }
+    return STRIA_OK;
+}
+
+stria_status_t stria_service_gen_credentials(const char *dir)
+{
+    static const char *const names[] = {"client-token", "worker-token", "admin-token"};
+    struct stat sb;
+    if (dir == NULL || dir[0] == '\0')
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "--gen-credentials: no folder given");
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return stria_error_set(STRIA_ERR_IO, "--gen-credentials %s: %s", dir, strerror(errno));
+    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return stria_error_set(STRIA_ERR_IO, "--gen-credentials %s: not a folder", dir);
+    if ((sb.st_mode & (S_IRWXG | S_IRWXO)) != 0 && chmod(dir, 0700) != 0)
+        return stria_error_set(STRIA_ERR_IO, "--gen-credentials %s: chmod 0700: %s", dir,
+                               strerror(errno));
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        if (lstat(path, &sb) == 0)
+            return stria_error_set(STRIA_ERR_IO,
+                                   "--gen-credentials: %s exists; remove the old credentials "
+                                   "first (nothing was written)",
+                                   path);
+    }
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        stria_status_t st = stria__write_credential(dir, names[i]);
+        if (st != STRIA_OK)
+            return stria_error_wrap(st, "--gen-credentials");
+    }
+    return STRIA_OK;
 }

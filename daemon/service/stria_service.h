@@ -63,6 +63,36 @@ void stria_service_set_liveness(stria_service_t *svc, stria_liveness_cb alive, v
  * within max(1 s, half the watchdog interval). `server` must outlive svc. */
 void stria_service_watch_rpc(stria_service_t *svc, const stria_rpc_server_t *server);
 
+/* ---- credentials and exposure (both daemons) ------------------------------ */
+
+/* Reads the credential of a setting (`what` names it: "--client-token-file"
+ * or "FILE:LINE: --client-token-file", see stria_cli_origin()) from `path`
+ * (stria_rpc_token_read()) into *token_out; warns when others than the
+ * owner and its group may read the file. The message of an error names the
+ * setting and the file, never the token. */
+stria_status_t stria_service_read_credential(const char *what, const char *path, char **token_out);
+
+/* Which of --client-token-file (`client_file`) and its older name
+ * --token-file (`token_file`) applies: either when only one is set; the one
+ * a flag gave over the one the configuration file gave (flags override the
+ * file); both from the same place is an error. *file_out and *opt_out (the
+ * option's name) are NULL when neither is set. */
+stria_status_t stria_service_client_credential(const stria_cli_t *cli, const char *client_file,
+                                               const char *token_file, const char **file_out,
+                                               const char **opt_out);
+
+/* The safe default: a listener (the setting `what` names, at `addr`) that
+ * other machines can reach needs credentials, unless the operator said
+ * --insecure. Returns STRIA_ERR_INVALID_ARG with a message naming the
+ * setting, the address and what to do. */
+stria_status_t stria_service_check_exposure(const char *what, const char *addr,
+                                            bool has_credentials, bool insecure);
+
+/* stria-coordinator --gen-credentials DIR: makes DIR (mode 0700) if needed
+ * and writes DIR/client-token, DIR/worker-token and DIR/admin-token, new
+ * random credentials, mode 0600; refuses to replace an existing one. */
+stria_status_t stria_service_gen_credentials(const char *dir);
+
 #ifdef __cplusplus
 }
 #endif

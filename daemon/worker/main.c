@@ -21,11 +21,15 @@ typedef struct {
     const char *advertise;   /* host name/address others use to reach us */
     const char *device;      /* --device: "auto", "cpu", "cuda:0", ... */
     const char *host;        /* host name for ring grouping; default gethostname() */
-    const char *token_file;
+    const char *token_file;  /* the clients' credential (the older name) */
+    const char *client_token_file;
+    const char *worker_token_file;
+    bool insecure;
     const char *metrics_listen;
     const char *log_level;
     const char *ucx_tls; /* UCX_TLS for the ring link; NULL: UCX default */
     const char *ucx_net_devices;
+    const char *runtime_dir;  /* the Unix socket of co-located clients */
     int64_t instance;         /* GPU index: derives ports and device; -1 = none */
     int64_t memory_bytes;     /* offered to jobs; 0 = half of physical memory */
     int64_t threads;          /* kernel threads; 0 = online CPUs */
@@ -36,14 +40,15 @@ typedef struct {
 /* What the program owns around the worker. */
 typedef struct {
     stria_worker_config_t cfg;
-    char *token;
+    char *token;        /* the clients' credential, checked by this worker's RPC */
+    char *worker_token; /* the workers' credential, proven to the coordinator */
     stria_pool_t *pool;
     stria_device_t *dev;
     stria_metrics_t *metrics;
     stria_worker_t *worker;
     /* The option table and the parse: the parse refers to the table and
      * holds the strings read from the file, so both live as long as cfg. */
-    stria_option_t opts[20];
+    stria_option_t opts[24];
     stria_command_t cmd;
     stria_cli_t cli;
     bool memory_by_rule; /* --memory unset or 0: half of physical memory, or a GPU's free */
@@ -320,16 +325,39 @@ static int stria__options(stria__main_t *m, int argc, char **argv)
          .dst = &c->ucx_net_devices,
          .metavar = "LIST",
          .help = "network devices for the ring link, as UCX_NET_DEVICES"},
+        {.name = "client-token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->client_token_file,
+         .metavar = "FILE",
+         .help = "credential of the clients, which this worker's RPC checks"},
         {.name = "token-file",
          .type = STRIA_OPT_STRING,
          .dst = &c->token_file,
          .metavar = "FILE",
-         .help = "shared secret of the service (first line of FILE)"},
+         .help = "the older name of --client-token-file"},
+        {.name = "worker-token-file",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->worker_token_file,
+         .metavar = "FILE",
+         .help = "credential of the workers, proven to the coordinator (the same on every "
+                 "worker)"},
+        {.name = "insecure",
+         .type = STRIA_OPT_BOOL,
+         .dst = &c->insecure,
+         .dflt = "false",
+         .help = "allow listening beyond loopback without credentials"},
         {.name = "metrics-listen",
          .type = STRIA_OPT_ADDR,
          .dst = &c->metrics_listen,
          .metavar = "HOST:PORT",
          .help = "Prometheus /metrics endpoint (default: none)"},
+        {.name = "runtime-dir",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->runtime_dir,
+         .metavar = "DIR",
+         .help = "folder of the Unix socket through which clients of this host move tensors in "
+                 "shared memory (default: $RUNTIME_DIRECTORY, set by systemd's RuntimeDirectory=; "
+                 "none: clients use TCP)"},
         {.name = "log-level",
          .type = STRIA_OPT_STRING,
          .dst = &c->log_level,
@@ -347,15 +375,48 @@ static int stria__options(stria__main_t *m, int argc, char **argv)
     return stria_cli_main(&m->cmd, argc, argv, &m->cli);
 }
 
-/* The configuration file's checks beyond the table, the token, the pool and
- * the device: a failure here is a configuration error (exit status 2). */
+/* Reads the credentials (both or neither) and applies the exposure rule to
+ * the three listeners. */
+static stria_status_t stria__credentials(stria__main_t *m)
+{
+    stria_worker_config_t *c = &m->cfg;
+    char what[512];
+    stria_status_t st = STRIA_OK;
+    const char *client_file, *client_opt;
+    st = stria_service_client_credential(&m->cli, c->client_token_file, c->token_file, &client_file,
+                                         &client_opt);
+    if (st == STRIA_OK && client_file != NULL)
+        st = stria_service_read_credential(
+            stria_cli_origin(&m->cli, client_opt, what, sizeof(what)), client_file, &m->token);
+    if (st == STRIA_OK && c->worker_token_file != NULL)
+        st = stria_service_read_credential(
+            stria_cli_origin(&m->cli, "worker-token-file", what, sizeof(what)),
+            c->worker_token_file, &m->worker_token);
+    if (st != STRIA_OK)
+        return st;
+    if ((m->token == NULL) != (m->worker_token == NULL))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "a worker needs both --client-token-file (or --token-file), which "
+                               "its clients prove, and --worker-token-file, which it proves to "
+                               "the coordinator; or neither");
+    const char *names[] = {"listen", "ucx-listen", "metrics-listen"};
+    const char *addrs[] = {c->listen, c->ucx_listen, c->metrics_listen};
+    for (int i = 0; i < 3 && st == STRIA_OK; i++)
+        st = stria_service_check_exposure(stria_cli_origin(&m->cli, names[i], what, sizeof(what)),
+                                          addrs[i] && addrs[i][0] ? addrs[i] : NULL,
+                                          m->token != NULL, c->insecure);
+    return st;
+}
+
+/* The configuration file's checks beyond the table, the credentials, the
+ * pool and the device: a failure here is a configuration error (exit status
+ * 2). */
 static stria_status_t stria__configure(stria__main_t *m)
 {
     stria_worker_config_t *c = &m->cfg;
     stria_status_t st = stria__config_finish(m, sizeof(m->listen_buf));
-    if (st == STRIA_OK && c->token_file != NULL &&
-        (st = stria_rpc_token_read(c->token_file, &m->token)) != STRIA_OK)
-        stria_cli_wrap(&m->cli, "token-file", st);
+    if (st == STRIA_OK)
+        st = stria__credentials(m);
     if (st == STRIA_OK && (st = stria_pool_create((int)c->threads, &m->pool)) == STRIA_OK)
         st = stria__device_start(m);
     if (st == STRIA_OK)
@@ -373,6 +434,7 @@ static stria_status_t stria__start_worker(stria__main_t *m)
     p.advertise = c->advertise;
     p.host = c->host;
     p.token = m->token;
+    p.worker_token = m->worker_token;
     p.memory_bytes = c->memory_bytes;
     p.step_timeout_s = c->step_timeout_s;
     p.connect_timeout_s = c->connect_timeout_s;
@@ -383,6 +445,12 @@ static stria_status_t stria__start_worker(stria__main_t *m)
     p.ucx_listen = c->ucx_listen;
     p.ucx_tls = c->ucx_tls;
     p.ucx_net_devices = c->ucx_net_devices;
+    p.runtime_dir = c->runtime_dir;
+    if (p.runtime_dir == NULL && getenv("RUNTIME_DIRECTORY") != NULL &&
+        getenv("RUNTIME_DIRECTORY")[0] != '\0')
+        p.runtime_dir = getenv("RUNTIME_DIRECTORY");
+    p.has_device_index = c->instance >= 0;
+    p.device_index = c->instance >= 0 ? (uint32_t)c->instance : 0;
     return stria_worker_start(&p, &m->worker);
 }
 
@@ -450,6 +518,7 @@ int main(int argc, char **argv)
         stria_pool_destroy(m->pool);
         stria_cli_free(&m->cli);
         free(m->token);
+        free(m->worker_token);
         free(m);
         return rc;
     }
@@ -472,6 +541,7 @@ int main(int argc, char **argv)
     stria_metrics_destroy(m->metrics);
     stria_cli_free(&m->cli);
     free(m->token);
+    free(m->worker_token);
     free(m);
     return 0;
 

@@ -9,8 +9,10 @@
  * of each pass; the coordinator names in its heartbeat replies the jobs to
  * drop (cancelled, failed, expired or released).
  *
- * Jobs. A job is created by its first PutInput, from the assignment the
- * coordinator gives for it, with every buffer allocated: memory is bounded
+ * Jobs. A job is created by its first PutInput (or shared-memory attach),
+ * from the assignment the coordinator gives for it (with the job's secret,
+ * which every request of the job's clients must prove, and its ring key,
+ * which the ring link handshake proves), with every buffer allocated: memory is bounded
  * by `memory_bytes`, and a job that does not fit is refused then, never
  * mid-pass. Job tensors, ring buffers and kernel workspaces come from memory
  * pools the worker reserves at start (address space, committed on first
@@ -49,6 +51,9 @@ typedef struct {
     /* The ring link address the successor rank's worker registered. */
     const char *next_address;
     double connect_timeout_s;
+    /* The job's ring key (STRIA_AUTH_KEY_BYTES), from the coordinator: the
+     * ring link handshake proves it. */
+    const uint8_t *key;
 } stria_worker_link_request_t;
 
 /* Makes the ring links of the passes. The default is a UCX link on the
@@ -76,8 +81,12 @@ typedef struct {
     /* Host name or address others reach this worker at; default: the listen
      * host (which must not then be a wildcard address). */
     const char *advertise;
-    const char *host;         /* host name for ring grouping; default gethostname() */
-    const char *token;        /* token contents (not a path); NULL: no authentication */
+    const char *host; /* host name for ring grouping; default gethostname() */
+    /* Credentials (contents, not paths): the clients' one, which this
+     * worker's RPC checks (NULL: none, every connection is served), and the
+     * workers' one, which it proves to the coordinator (NULL: none). */
+    const char *token;
+    const char *worker_token;
     int64_t memory_bytes;     /* offered to jobs; default half of physical memory */
     double step_timeout_s;    /* default deadline of one ring step; default 60 */
     double connect_timeout_s; /* ring link set-up; default 30 */
@@ -104,6 +113,15 @@ typedef struct {
     const char *ucx_listen;
     const char *ucx_tls;
     const char *ucx_net_devices;
+    /* A folder of this host (systemd's RuntimeDirectory=; a temporary one in
+     * tests) where the worker listens on a Unix socket for clients of the
+     * same host, which then move inputs and outputs through shared memory.
+     * NULL: no socket (clients use TCP). */
+    const char *runtime_dir;
+    /* The device index placement matches (stria-worker: --instance); a
+     * cuda:N device's own N takes precedence. */
+    bool has_device_index;
+    uint32_t device_index;
 } stria_worker_params_t;
 
 /* Starts serving and registering with the coordinator (in the background:
@@ -114,10 +132,12 @@ typedef struct {
 stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_worker_t **worker_out);
 
 /* The bound RPC port; the advertised RPC address ("HOST:PORT") and ring
- * link address, as registered. */
+ * link address, as registered; the Unix socket of co-located clients ("":
+ * none). */
 uint16_t stria_worker_port(const stria_worker_t *worker);
 const char *stria_worker_address(const stria_worker_t *worker);
 const char *stria_worker_link_address(const stria_worker_t *worker);
+const char *stria_worker_shm_socket(const stria_worker_t *worker);
 /* The RPC server (for liveness probes such as stria_service_watch_rpc). */
 const stria_rpc_server_t *stria_worker_server(const stria_worker_t *worker);
 /* The id the coordinator gave at registration; 0 until registered. */

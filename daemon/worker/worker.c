@@ -151,7 +151,8 @@ static stria_status_t stria__setup(stria_worker_t *w, const stria_worker_params_
     if (strlen(p->coordinator) >= sizeof(w->coordinator))
         return stria_error_set(STRIA_ERR_INVALID_ARG, "coordinator address too long");
     snprintf(w->coordinator, sizeof(w->coordinator), "%s", p->coordinator);
-    if (p->token != NULL && (w->token = strdup(p->token)) == NULL)
+    if ((p->token != NULL && (w->token = strdup(p->token)) == NULL) ||
+        (p->worker_token != NULL && (w->worker_token = strdup(p->worker_token)) == NULL))
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     w->memory_bytes = p->memory_bytes;
     if (w->memory_bytes <= 0) {
@@ -165,8 +166,9 @@ static stria_status_t stria__setup(stria_worker_t *w, const stria_worker_params_
         gethostname(w->host, sizeof(w->host) - 1);
     else
         snprintf(w->host, sizeof(w->host), "%s", p->host);
-    w->incarnation =
-        ((uint64_t)getpid() << 32) ^ (uint64_t)(stria_time_now() * 1e6) ^ (uint64_t)(uintptr_t)w;
+    /* the worker's proof in GetJob: unguessable */
+    if ((st = stria_random_bytes(&w->incarnation, sizeof(w->incarnation))) != STRIA_OK)
+        return st;
     w->pool = p->pool;
     if (w->pool == NULL) {
         if ((st = stria_pool_create(p->threads, &w->pool)) != STRIA_OK)
@@ -182,6 +184,13 @@ static stria_status_t stria__setup(stria_worker_t *w, const stria_worker_params_
     w->dev_staged = !stria_device_host_visible(w->dev);
     if ((st = stria__wpool_start(w)) != STRIA_OK)
         return st;
+    unsigned cuda_index;
+    w->has_device_index = p->has_device_index;
+    w->device_index = p->device_index;
+    if (sscanf(stria_device_name(w->dev), "cuda:%u", &cuda_index) == 1) {
+        w->has_device_index = true;
+        w->device_index = cuda_index;
+    }
     w->metrics = p->metrics;
     if (w->metrics == NULL) {
         if ((st = stria_metrics_create(&w->metrics)) != STRIA_OK)
@@ -242,14 +251,17 @@ stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_wor
     }
     if ((st = stria__serve(w, params)) != STRIA_OK)
         goto fail;
+    if (params->runtime_dir != NULL && (st = stria__shm_start(w, params->runtime_dir)) != STRIA_OK)
+        goto fail;
     if (w->ucx == NULL)
         snprintf(w->ucx_address, sizeof(w->ucx_address), "%s",
                  w->factory.address != NULL ? w->factory.address : w->rpc_address);
-    stria_log_info("worker on %s (ring link %s), device %s: %s, kernel %s, %d threads, %lld MiB "
-                   "offered (memory pools reserved, committed on first use)",
-                   w->rpc_address, w->ucx_address, stria_device_name(w->dev),
-                   stria_device_description(w->dev), stria_kernels_variant(),
-                   stria_pool_size(w->pool), (long long)(w->memory_bytes >> 20));
+    stria_log_info("worker on %s (ring link %s%s%s), device %s: %s, kernel %s, %d threads, %lld "
+                   "MiB offered (memory pools reserved, committed on first use)",
+                   w->rpc_address, w->ucx_address, w->shm ? ", local socket " : "", w->shm_socket,
+                   stria_device_name(w->dev), stria_device_description(w->dev),
+                   stria_kernels_variant(), stria_pool_size(w->pool),
+                   (long long)(w->memory_bytes >> 20));
     if (pthread_create(&w->hb_thread, NULL, stria__wcoord_thread, w) != 0) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the heartbeat thread");
         goto fail;
@@ -273,10 +285,16 @@ void stria_worker_stop(stria_worker_t *w)
     while (w->running_passes > 0 || w->fetching > 0)
         pthread_cond_wait(&w->cv, &w->lock);
     pthread_mutex_unlock(&w->lock);
+    stria__shm_stop(w);
     stria_rpc_server_stop(w->server);
     pthread_mutex_lock(&w->lock);
     while (w->jobs != NULL)
         stria__wjob_drop_locked(w, w->jobs);
+    while (w->fails != NULL) { /* not reported: the worker left */
+        stria__wfail_t *f = w->fails;
+        w->fails = f->next;
+        free(f);
+    }
     pthread_mutex_unlock(&w->lock);
     stria_ucx_ctx_destroy(w->ucx);
     stria_rpc_client_close(w->coord);
@@ -289,6 +307,7 @@ void stria_worker_stop(stria_worker_t *w)
         stria_metrics_destroy(w->metrics);
     free(w->links);
     free(w->token);
+    free(w->worker_token);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->coord_lock);
     pthread_mutex_destroy(&w->lock);
@@ -308,6 +327,11 @@ const char *stria_worker_address(const stria_worker_t *w)
 const char *stria_worker_link_address(const stria_worker_t *w)
 {
     return w->ucx_address;
+}
+
+const char *stria_worker_shm_socket(const stria_worker_t *w)
+{
+    return w->shm_socket;
 }
 
 const stria_rpc_server_t *stria_worker_server(const stria_worker_t *w)

@@ -25,7 +25,7 @@ stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const Prot
         memset(&p, 0, sizeof(p));
         p.address = w->coordinator;
         p.service = &stria__v1__coordinator__descriptor;
-        p.token = w->token;
+        p.token = w->worker_token;
         p.client_name = "stria-worker";
         p.connect_timeout_s = STRIA__COORD_TIMEOUT_S;
         st = stria_rpc_client_connect(&p, &w->coord);
@@ -45,19 +45,15 @@ stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const Prot
     return st;
 }
 
-/* Reports an event of job j; returns the job's state at the coordinator
- * after the report (a terminal one: the job is over there), or
- * JOB_STATE_UNSPECIFIED when the coordinator could not be told. */
-Stria__V1__JobState stria__wcoord_report(stria_worker_t *w, const stria__wjob_t *j,
-                                         Stria__V1__ReportJobRequest__Event ev, const char *message)
-{
-    return stria__wcoord_report_pass(w, j, ev, message, NULL);
-}
-
-Stria__V1__JobState stria__wcoord_report_pass(stria_worker_t *w, const stria__wjob_t *j,
-                                              Stria__V1__ReportJobRequest__Event ev,
-                                              const char *message,
-                                              Stria__V1__PassTimeline *timeline)
+/* Reports an event of job j (a STARTED one with the pass number and, into
+ * `arrival`, whether every rank has arrived; a DONE or FAILED one with the
+ * pass's step times); returns the job's state at the coordinator after the
+ * report (a terminal one: the job is over there), or JOB_STATE_UNSPECIFIED
+ * when the coordinator could not be told. */
+static Stria__V1__JobState stria__report(stria_worker_t *w, const stria__wjob_t *j,
+                                         Stria__V1__ReportJobRequest__Event ev, const char *message,
+                                         uint32_t pass, stria__warrival_t *arrival,
+                                         Stria__V1__PassTimeline *timeline)
 {
     Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
     Stria__V1__JobState state = STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
@@ -70,14 +66,63 @@ Stria__V1__JobState stria__wcoord_report_pass(stria_worker_t *w, const stria__wj
     req.step = j->step;
     req.steps_total = j->steps_total;
     req.timeline = timeline;
+    req.pass = pass;
+    if (arrival != NULL)
+        memset(arrival, 0, sizeof(*arrival));
     if (stria__wcoord_call(w, STRIA_RPC_COORDINATOR_REPORT_JOB, &req.base, &reply) == STRIA_OK) {
-        state = ((const Stria__V1__ReportJobReply *)reply.msg)->state;
+        const Stria__V1__ReportJobReply *r = (const Stria__V1__ReportJobReply *)reply.msg;
+        state = r->state;
+        if (arrival != NULL) {
+            arrival->all_arrived = r->all_arrived;
+            arrival->failure_status = (stria_status_t)r->failure_status;
+            snprintf(arrival->failure, sizeof(arrival->failure), "%s", r->failure);
+        }
         stria_rpc_reply_free(&reply);
     } else {
         stria_log_warn("job %llu rank %d: cannot report to the coordinator: %s",
                        (unsigned long long)j->id, j->rank, stria_error_msg());
     }
     return state;
+}
+
+Stria__V1__JobState stria__wcoord_report(stria_worker_t *w, const stria__wjob_t *j,
+                                         Stria__V1__ReportJobRequest__Event ev, const char *message)
+{
+    return stria__report(w, j, ev, message, 0, NULL, NULL);
+}
+
+Stria__V1__JobState stria__wcoord_report_pass(stria_worker_t *w, const stria__wjob_t *j,
+                                              Stria__V1__ReportJobRequest__Event ev,
+                                              const char *message,
+                                              Stria__V1__PassTimeline *timeline)
+{
+    return stria__report(w, j, ev, message, 0, NULL, timeline);
+}
+
+Stria__V1__JobState stria__wcoord_report_started(stria_worker_t *w, const stria__wjob_t *j,
+                                                 Stria__V1__ReportJobRequest__Event ev,
+                                                 uint32_t pass, stria__warrival_t *out)
+{
+    return stria__report(w, j, ev, NULL, pass, out, NULL);
+}
+
+void stria__wcoord_report_fails(stria_worker_t *w)
+{
+    pthread_mutex_lock(&w->lock);
+    stria__wfail_t *f = w->fails;
+    w->fails = NULL;
+    pthread_mutex_unlock(&w->lock);
+    while (f != NULL) {
+        stria__wfail_t *next = f->next;
+        stria__wjob_t job; /* what a report reads of a job */
+        memset(&job, 0, sizeof(job));
+        job.id = f->job_id;
+        job.rank = f->rank;
+        stria__wcoord_report(w, &job, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED,
+                             f->message);
+        free(f);
+        f = next;
+    }
 }
 
 /* ---- registration and heartbeats ---------------------------------------------- */
@@ -94,6 +139,9 @@ static stria_status_t stria__register(stria_worker_t *w)
     req.software_version = (char *)STRIA_VERSION;
     req.kernel_variant = (char *)stria_kernels_variant();
     req.incarnation = w->incarnation;
+    req.shm_socket = w->shm_socket;
+    req.has_device_index = w->has_device_index;
+    req.device_index = w->device_index;
     stria_status_t st =
         stria__wcoord_call(w, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &req.base, &reply);
     if (st != STRIA_OK)
@@ -196,6 +244,8 @@ void *stria__wcoord_thread(void *arg)
     while (!w->heartbeat_stop) {
         bool registered = w->registered;
         pthread_mutex_unlock(&w->lock);
+        if (registered)
+            stria__wcoord_report_fails(w);
         stria_status_t st = registered ? stria__heartbeat(w) : stria__register(w);
         if (st != STRIA_OK && st != STRIA_ERR_NOT_FOUND)
             stria_metric_add(w->m_err_coord, 1);
@@ -233,6 +283,7 @@ void *stria__wcoord_thread(void *arg)
         for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
             njobs++;
         stria_metric_set(w->m_jobs, (double)njobs);
+        stria__wmetrics_ring(w);
         double period = (st == STRIA_OK ? w->heartbeat_ms : 1000) / 1000.0;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

@@ -61,11 +61,31 @@ typedef struct {
     int tensor;
     uint64_t offset, len, total;
     void *staging; /* when the range is not contiguous in the padded buffer */
+    bool handled;  /* the payload arrived whole and the handler ran */
 } stria__put_t;
+
+static const char *const stria__input_names[] = {"Q", "K", "V", "dO"};
 
 static void stria__put_cleanup(void *arg)
 {
     stria__put_t *p = arg;
+    stria_worker_t *w = p->w;
+    if (!p->handled && p->job != NULL) {
+        /* The connection was lost in the middle of the payload: the client
+         * is gone (or broken), and its rank can no longer complete the job,
+         * which fails now instead of holding its memory until the TTL. */
+        char msg[256];
+        pthread_mutex_lock(&w->lock);
+        if (!w->stopping && !p->job->dropped) {
+            snprintf(msg, sizeof(msg),
+                     "rank %d: its client's connection was lost in the middle of an upload "
+                     "(%llu bytes of %s at offset %llu)",
+                     p->job->rank, (unsigned long long)p->len, stria__input_names[p->tensor],
+                     (unsigned long long)p->offset);
+            stria__wjob_fail_locked(w, p->job, msg);
+        }
+        pthread_mutex_unlock(&w->lock);
+    }
     stria__wpool_scratch_free(p->w, p->staging);
     if (p->job != NULL)
         stria__wjob_unref(p->w, p->job);
@@ -78,6 +98,9 @@ static void stria__put_cleanup(void *arg)
 static stria_status_t stria__put_buffer(stria__put_t *p, void **buf_out)
 {
     stria__wjob_t *j = p->job;
+    stria_status_t st = stria_rpc_call_check_job(p->call, &j->secret, j->id);
+    if (st != STRIA_OK)
+        return st;
     uint64_t total = stria__wjob_compact_bytes(j, p->tensor);
     if (p->total != total || p->offset > total || p->len > total - p->offset)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -120,6 +143,8 @@ static void *stria__put_fetch(void *arg)
         st = stria__put_buffer(p, &buf);
     if (st == STRIA_OK)
         stria_metric_add(w->m_in_bytes, (double)p->len);
+    else
+        p->handled = true; /* refused, not lost */
     stria_rpc_call_payload_ready(p->call, st, buf, st != STRIA_OK ? stria_error_msg() : NULL);
     pthread_mutex_lock(&w->lock);
     w->fetching--;
@@ -181,11 +206,13 @@ stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64
     stria_rpc_call_set_cleanup(call, stria__put_cleanup, p); /* from here on frees p */
     st = stria__wjob_get(w, req->job_id, req->rank, false, &p->job);
     if (st == STRIA_ERR_NOT_FOUND)
-        return stria__put_fetch_start(p);
-    if (st == STRIA_OK)
+        st = stria__put_fetch_start(p);
+    else if (st == STRIA_OK)
         st = stria__put_buffer(p, buf_out);
     if (st == STRIA_OK)
         stria_metric_add(w->m_in_bytes, (double)payload_len);
+    else if (st != STRIA_RPC_PAYLOAD_LATER)
+        p->handled = true; /* refused here, not lost: the job goes on */
     return st;
 }
 
@@ -197,13 +224,17 @@ void stria__w_on_put(void *ctx, stria_rpc_call_t *call)
     uint64_t len = 0;
     void *payload = stria_rpc_call_payload(call, &len);
     int t = stria__input_tensor(req->tensor);
+    stria__put_t *p = stria_rpc_call_cleanup_arg(call);
     stria__wjob_t *j;
 
+    if (p != NULL)
+        p->handled = true;
     if (len == 0 || payload == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "PutInput without payload bytes");
         return;
     }
-    /* the payload callback holds a reference; take another for this handler */
+    /* the payload callback holds a reference (and checked the job's secret);
+     * take another for this handler */
     if (stria__wjob_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
         return;
@@ -265,8 +296,10 @@ void stria__w_on_get(void *ctx, stria_rpc_call_t *call)
                             (int)req->tensor);
         return;
     }
-    if (stria__wjob_get(w, req->job_id, req->rank, false, &j) != STRIA_OK) {
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s", stria_error_msg());
+    stria_status_t st = stria__wjob_get_checked(w, call, req->job_id, req->rank, false, &j);
+    if (st != STRIA_OK) {
+        stria_rpc_call_fail(call, st == STRIA_ERR_AUTH ? st : STRIA_ERR_NOT_FOUND, "%s",
+                            stria_error_msg());
         return;
     }
     pthread_mutex_lock(&w->lock);
@@ -365,6 +398,11 @@ void stria__w_on_drop(void *ctx, stria_rpc_call_t *call)
     Stria__V1__DropJobReply rep = STRIA__V1__DROP_JOB_REPLY__INIT;
     pthread_mutex_lock(&w->lock);
     stria__wjob_t *j = stria__wjob_find(w, req->job_id);
+    if (j != NULL && stria_rpc_call_check_job(call, &j->secret, req->job_id) != STRIA_OK) {
+        pthread_mutex_unlock(&w->lock);
+        stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+        return;
+    }
     if (j != NULL) {
         rep.dropped = true;
         rep.freed_bytes = j->bytes;

@@ -8,6 +8,7 @@
  *   worker_coord.c   coordinator calls, reports, registration, heartbeats
  *   worker_timeline.c the step times of a pass as the report's PassTimeline
  *   worker_metrics.c the metrics
+ *   worker_shm.c     the jobs' shared memory and the Unix socket of co-located clients
  *   main.c           stria-worker: flags, configuration file, service loop, signals */
 #ifndef STRIA_WORKER_INT_H
 #define STRIA_WORKER_INT_H
@@ -15,11 +16,13 @@
 #include <pthread.h>
 
 #include "stria.pb-c.h"
+#include "stria_auth.h"
 #include "stria_spec.h"
 #include "stria_common.h"
 #include "stria_device.h"
 #include "stria_rpc.h"
 #include "stria_ring.h"
+#include "stria_shm.h"
 #include "stria_transport.h"
 #include "stria_worker.h"
 
@@ -61,6 +64,8 @@ typedef struct stria__wjob {
     stria_worker_t *w;
     uint64_t id;
     int rank, n_ranks;
+    stria_job_secret_t secret;              /* what its clients prove on every request */
+    uint8_t ring_key[STRIA_AUTH_KEY_BYTES]; /* what its ring links prove */
     /* the spec */
     int64_t batch, seq, heads, kv_heads, head_dim;
     stria_dtype_t dtype;
@@ -72,9 +77,18 @@ typedef struct stria__wjob {
     char next_ucx[300]; /* successor's ring link address */
     stria_layout_t layout;
     int64_t valid; /* real tokens of this shard; layout.shard_tokens with padding */
+    /* sharded (stria_client_submit): a pass waits until every rank arrived */
+    bool sharded;
+    double arrival_timeout_s;
     /* tensors, padded to shard_tokens rows per batch: inputs and outputs in
-     * the job dtype, LSE fp32 [batch, heads, L] */
+     * the job dtype, LSE fp32 [batch, heads, L]: from the memory pool, or
+     * (a co-located client's job, memfd >= 0) in one mapping of the job's
+     * sealed memfd at mem_off */
     void *buf[STRIA__T_COUNT];
+    void *mem;
+    size_t mem_size;
+    uint64_t mem_off[STRIA__T_COUNT];
+    int memfd;
     /* On a device whose memory is not host memory (a GPU): the job's own
      * device object (a device is used by one thread at a time, and passes
      * of different jobs run at once) and device copies of buf, allocated by
@@ -106,9 +120,21 @@ typedef struct stria__wjob {
     char failure[512];
 } stria__wjob_t;
 
+/* A job failure the heartbeat thread reports for the RPC loop (which must
+ * not block on the coordinator). */
+typedef struct stria__wfail {
+    struct stria__wfail *next;
+    uint64_t job_id;
+    int rank;
+    char message[512];
+} stria__wfail_t;
+
+typedef struct stria__shm_srv stria__shm_srv_t;
+
 struct stria_worker {
     char coordinator[300];
-    char *token;
+    char *token;        /* the clients' credential, checked by this worker's RPC */
+    char *worker_token; /* the workers' credential, proven to the coordinator */
     int64_t memory_bytes;
     double step_timeout_s, connect_timeout_s;
     bool notify_status;
@@ -129,6 +155,10 @@ struct stria_worker {
      * (host, or pinned when staged). Thread-safe on their own. */
     stria_mempool_t *mem_host, *mem_dev, *mem_pinned, *mem_jobs;
     stria_allocator_t alloc_host, alloc_dev, alloc_pinned;
+    bool has_device_index; /* cuda:N's N, else the params' (stria-worker --instance) */
+    uint32_t device_index;
+    stria__shm_srv_t *shm; /* the co-located clients' socket; NULL: none */
+    char shm_socket[STRIA_SHM_MAX_PATH];
 
     pthread_mutex_t coord_lock; /* one coordinator call at a time */
     stria_rpc_client_t *coord;
@@ -145,7 +175,8 @@ struct stria_worker {
     bool heartbeat_stop; /* running passes are over: the heartbeat thread ends */
     bool abort_passes;   /* shutdown: running passes must fail now */
     char abort_reason[96];
-    stria_link_t **links; /* ring links of the running passes */
+    stria__wfail_t *fails; /* failures to report, oldest last */
+    stria_link_t **links;  /* ring links of the running passes */
     size_t n_links, cap_links;
     pthread_t hb_thread;
     bool hb_started;
@@ -160,14 +191,33 @@ struct stria_worker {
         *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
     /* per pool (host, device, pinned): reserved, in use, high water, committed */
     stria_metric_t *m_pool[3][4];
+    /* what the ring link's listener refused (stria_ucx_ctx_stats_t), and
+     * the counts already added to them */
+    stria_metric_t *m_ring_refused[4];
+    stria_ucx_ctx_stats_t ring_seen;
 };
 
 /* ---- worker_jobs.c ---- */
 stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id);
-/* Finds (or, with `create`, creates from the coordinator's assignment) the
- * job of a request for `rank` and takes a reference. Lock not held. */
+/* Finds (or, with `create`, creates from the coordinator's assignment, its
+ * tensors from the memory pool) the job of a request for `rank` and takes a
+ * reference. Lock not held. */
 stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
                                stria__wjob_t **out);
+/* As stria__wjob_get(), then checks the request's proof of the job's secret
+ * (the job is released again when it fails). */
+stria_status_t stria__wjob_get_checked(stria_worker_t *w, stria_rpc_call_t *call, uint64_t id,
+                                       uint32_t rank, bool create, stria__wjob_t **out);
+/* The job failed here (its client is gone): reported to the coordinator by
+ * the heartbeat thread, dropped now. Lock held. */
+/* A co-located client's attach: finds or creates the job with its tensors in
+ * a sealed memfd (never pool memory: a client maps what it is given, and a
+ * pool region would show it other jobs' bytes); `secret` must be the job's
+ * (STRIA_ERR_AUTH, checked before a job is created). A job whose tensors
+ * came over TCP (pool memory) is refused. */
+stria_status_t stria__wjob_get_shared(stria_worker_t *w, uint64_t id, uint32_t rank,
+                                      const stria_job_secret_t *secret, stria__wjob_t **out);
+void stria__wjob_fail_locked(stria_worker_t *w, stria__wjob_t *j, const char *message);
 void stria__wjob_unref(stria_worker_t *w, stria__wjob_t *j);
 /* Unlinks a job and aborts its running pass; frees it, or marks it to be
  * freed by its last user. Lock held. */
@@ -246,8 +296,33 @@ typedef struct {
 stria_status_t stria__wtimeline_build(const stria__wjob_t *j, uint32_t pass, bool backward,
                                       stria__wtimeline_t *tl);
 void stria__wtimeline_free(stria__wtimeline_t *tl);
+/* Fills the state of a STARTED report: every rank arrived; the job's failure
+ * text and the status to fail a pass with. */
+typedef struct {
+    bool all_arrived;
+    stria_status_t failure_status;
+    char failure[512];
+} stria__warrival_t;
+Stria__V1__JobState stria__wcoord_report_started(stria_worker_t *w, const stria__wjob_t *j,
+                                                 Stria__V1__ReportJobRequest__Event ev,
+                                                 uint32_t pass, stria__warrival_t *out);
+/* Reports the failures queued by stria__wjob_fail_locked(). */
+void stria__wcoord_report_fails(stria_worker_t *w);
+
+/* ---- worker_shm.c ---- */
+/* The job's tensors in one shared mapping (a sealed memfd; anonymous memory
+ * where memfds are not available), zero-filled; and its release. */
+stria_status_t stria__wjob_mem_alloc(stria__wjob_t *j);
+void stria__wjob_mem_free(stria__wjob_t *j);
+/* The Unix socket of co-located clients in `dir` (its path in
+ * w->shm_socket); stop closes it and its connections. */
+stria_status_t stria__shm_start(stria_worker_t *w, const char *dir);
+void stria__shm_stop(stria_worker_t *w);
 
 /* ---- worker_metrics.c ---- */
 void stria__wmetrics_init(stria_worker_t *w);
+/* Adds what the worker's UCX context refused since the last call to the
+ * metrics (heartbeat thread). */
+void stria__wmetrics_ring(stria_worker_t *w);
 
 #endif

@@ -24,7 +24,10 @@ stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id)
 static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
 {
     stria__wpass_free(j); /* before the device it borrows */
-    stria__wpool_tensors_free(w, j);
+    if (j->memfd >= 0)
+        stria__wjob_mem_free(j);
+    else
+        stria__wpool_tensors_free(w, j);
     for (int t = 0; t < STRIA__T_COUNT; t++) {
         stria_device_free(j->dev, j->dbuf[t]);
         stria_ranges_free(&j->received[t]);
@@ -61,6 +64,21 @@ void stria__wjob_drop_locked(stria_worker_t *w, stria__wjob_t *j)
         return;
     }
     stria__job_free(w, j);
+}
+
+void stria__wjob_fail_locked(stria_worker_t *w, stria__wjob_t *j, const char *message)
+{
+    stria__wfail_t *f = calloc(1, sizeof(*f));
+    stria_log_warn("job %llu: %s", (unsigned long long)j->id, message);
+    if (f != NULL) { /* else the job fails at the coordinator by its TTL */
+        f->job_id = j->id;
+        f->rank = j->rank;
+        snprintf(f->message, sizeof(f->message), "%s", message);
+        f->next = w->fails;
+        w->fails = f;
+        pthread_cond_broadcast(&w->cv); /* the heartbeat thread reports it */
+    }
+    stria__wjob_drop_locked(w, j);
 }
 
 void stria__wjob_unref(stria_worker_t *w, stria__wjob_t *j)
@@ -159,10 +177,60 @@ static uint64_t stria__job_memory(const stria__wjob_t *j)
     return bytes;
 }
 
+/* Opens the job's secret and ring key, sealed for the worker's connection to
+ * the coordinator. */
+static stria_status_t stria__job_keys(stria__wjob_t *j, uint64_t job_id,
+                                      const stria_auth_session_t *session,
+                                      const Stria__V1__GetJobReply *gr)
+{
+    if (stria_auth_open(session, "job secret", job_id, gr->job_secret.data, gr->job_secret.len,
+                        j->secret.bytes) != STRIA_OK ||
+        stria_auth_open(session, "ring key", job_id, gr->ring_key.data, gr->ring_key.len,
+                        j->ring_key) != STRIA_OK)
+        return stria_error_wrap(STRIA_ERR_AUTH,
+                                "job %llu: the coordinator's assignment has no usable keys (does "
+                                "this worker prove the worker credential?)",
+                                (unsigned long long)job_id);
+    return STRIA_OK;
+}
+
+/* Copies the job's rank and spec from its assignment. */
+static stria_status_t stria__job_spec(stria__wjob_t *j, stria_worker_t *w, uint64_t job_id,
+                                      uint32_t rank, const Stria__V1__Assignment *a)
+{
+    const Stria__V1__JobSpec *s = a->spec;
+    j->memfd = -1;
+    j->w = w;
+    j->sharded = s->sharded;
+    j->arrival_timeout_s = s->arrival_timeout_s > 0 ? s->arrival_timeout_s : 60.0;
+    j->id = job_id;
+    j->rank = (int)rank;
+    j->n_ranks = (int)a->n_ranks;
+    j->batch = s->batch;
+    j->seq = (int64_t)s->seq_len;
+    j->heads = s->heads;
+    j->kv_heads = s->kv_heads;
+    j->head_dim = s->head_dim;
+    j->dtype = (stria_dtype_t)s->dtype;
+    j->causal = s->causal;
+    if (!stria_job_masks_copy(s, &j->masks))
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    j->layout_kind = (stria_layout_kind_t)s->layout;
+    j->scale = s->scale;
+    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
+    if (j->step_timeout_s > STRIA__MAX_STEP_TIMEOUT_S) /* whatever the coordinator allowed */
+        j->step_timeout_s = STRIA__MAX_STEP_TIMEOUT_S;
+    j->steps_total = (uint32_t)a->n_ranks;
+    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    j->last_activity = stria_time_now();
+    return STRIA_OK;
+}
+
 /* Fetches a job's assignment from the coordinator and creates the job with
  * every buffer allocated (bounded memory: a job that does not fit is refused
  * here, never mid-pass). Lock not held. */
 static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint32_t rank,
+                                        bool shared, const stria_job_secret_t *secret,
                                         stria__wjob_t **job_out)
 {
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
@@ -196,35 +264,19 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
                              (unsigned long long)w->worker_id);
         goto out;
     }
-    const Stria__V1__JobSpec *s = a->spec;
     j = calloc(1, sizeof(*j));
     if (j == NULL) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
         goto out;
     }
-    j->w = w;
-    j->id = job_id;
-    j->rank = (int)rank;
-    j->n_ranks = (int)a->n_ranks;
-    j->batch = s->batch;
-    j->seq = (int64_t)s->seq_len;
-    j->heads = s->heads;
-    j->kv_heads = s->kv_heads;
-    j->head_dim = s->head_dim;
-    j->dtype = (stria_dtype_t)s->dtype;
-    j->causal = s->causal;
-    if (!stria_job_masks_copy(s, &j->masks)) {
-        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    if ((st = stria__job_keys(j, job_id, &reply.session, gr)) != STRIA_OK ||
+        (st = stria__job_spec(j, w, job_id, rank, a)) != STRIA_OK)
+        goto out;
+    if (secret != NULL && !stria_auth_equal(secret->bytes, j->secret.bytes, sizeof(j->secret))) {
+        st = stria_error_set(STRIA_ERR_AUTH, "job %llu: the secret is not the job's",
+                             (unsigned long long)job_id);
         goto out;
     }
-    j->layout_kind = (stria_layout_kind_t)s->layout;
-    j->scale = s->scale;
-    j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
-    if (j->step_timeout_s > STRIA__MAX_STEP_TIMEOUT_S) /* whatever the coordinator allowed */
-        j->step_timeout_s = STRIA__MAX_STEP_TIMEOUT_S;
-    j->steps_total = (uint32_t)a->n_ranks;
-    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
-    j->last_activity = stria_time_now();
     const char *next = a->ranks[(rank + 1) % a->n_ranks]->ucx_address;
     if (stria_dtype_size(j->dtype) == 0 || next == NULL || strlen(next) >= sizeof(j->next_ucx)) {
         st = stria_error_set(STRIA_ERR_PROTOCOL, "job %llu: malformed assignment",
@@ -263,7 +315,8 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
         goto out;
     }
     pthread_mutex_unlock(&w->lock);
-    if ((st = stria__wpool_tensors(w, j)) != STRIA_OK) {
+    st = shared ? stria__wjob_mem_alloc(j) : stria__wpool_tensors(w, j);
+    if (st != STRIA_OK) {
         pthread_mutex_lock(&w->lock);
         stria__job_free(w, j);
         pthread_mutex_unlock(&w->lock);
@@ -290,9 +343,27 @@ out:
     return st;
 }
 
-/* Finds or creates the job of a request and takes a reference. */
-stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
-                               stria__wjob_t **out)
+stria_status_t stria__wjob_get_checked(stria_worker_t *w, stria_rpc_call_t *call, uint64_t id,
+                                       uint32_t rank, bool create, stria__wjob_t **out)
+{
+    stria__wjob_t *j;
+    stria_status_t st = stria__wjob_get(w, id, rank, create, &j);
+    if (st != STRIA_OK)
+        return st;
+    st = stria_rpc_call_check_job(call, &j->secret, id);
+    if (st != STRIA_OK) {
+        stria__wjob_unref(w, j);
+        return st;
+    }
+    *out = j;
+    return STRIA_OK;
+}
+
+/* Finds or creates (its tensors shared: in a memfd) the job of a request
+ * and takes a reference; with `secret`, it must be the job's. */
+static stria_status_t stria__wjob_get_ex(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
+                                         bool shared, const stria_job_secret_t *secret,
+                                         stria__wjob_t **out)
 {
     stria__wjob_t *j;
     pthread_mutex_lock(&w->lock);
@@ -309,7 +380,7 @@ stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bo
                                    "job %llu is not held by this worker (never loaded, released "
                                    "or expired)",
                                    (unsigned long long)id);
-        stria_status_t st = stria__job_create(w, id, rank, &j);
+        stria_status_t st = stria__job_create(w, id, rank, shared, secret, &j);
         if (st != STRIA_OK)
             return st;
         pthread_mutex_lock(&w->lock);
@@ -321,6 +392,31 @@ stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bo
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job %llu: this worker holds rank %d, not %u",
                                (unsigned long long)id, j->rank, rank);
     }
+    if (secret != NULL && !stria_auth_equal(secret->bytes, j->secret.bytes, sizeof(j->secret))) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_AUTH, "job %llu: the secret is not the job's",
+                               (unsigned long long)id);
+    }
+    if (shared && j->memfd < 0) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_BUSY,
+                               "job %llu rank %u: its tensors already came over TCP, so they are "
+                               "not in shared memory; a rank moves its tensors one way (set the "
+                               "client's data_path)",
+                               (unsigned long long)id, rank);
+    }
     *out = j;
     return STRIA_OK;
+}
+
+stria_status_t stria__wjob_get(stria_worker_t *w, uint64_t id, uint32_t rank, bool create,
+                               stria__wjob_t **out)
+{
+    return stria__wjob_get_ex(w, id, rank, create, false, NULL, out);
+}
+
+stria_status_t stria__wjob_get_shared(stria_worker_t *w, uint64_t id, uint32_t rank,
+                                      const stria_job_secret_t *secret, stria__wjob_t **out)
+{
+    return stria__wjob_get_ex(w, id, rank, true, true, secret, out);
 }

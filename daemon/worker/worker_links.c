@@ -26,6 +26,7 @@ static stria_status_t stria__ucx_connect(void *ctx, const stria_worker_link_requ
     rp.next_host = next_host;
     rp.next_port = (uint16_t)next_port;
     rp.connect_timeout_s = req->connect_timeout_s;
+    rp.key = req->key;
     return stria_link_ucx_connect(ctx, &rp, link_out);
 }
 

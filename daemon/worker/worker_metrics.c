@@ -89,6 +89,18 @@ void stria__wmetrics_init(stria_worker_t *w)
                                       err_help, "kind=\"pass\"", NULL, 0);
     w->m_err_coord = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
                                        err_help, "kind=\"coordinator\"", NULL, 0);
+    static const char *const refused_help =
+        "What the ring link's listener refused, by reason: data_dropped (a data block from an "
+        "endpoint that did not complete the handshake of its slot), handshake_refused (a wrong "
+        "ring key proof), handshake_timeout (a connection that did not complete a handshake in "
+        "time), connection_rejected (too many unfinished handshakes from one source).";
+    static const char *const refused_labels[4] = {
+        "reason=\"data_dropped\"", "reason=\"handshake_refused\"", "reason=\"handshake_timeout\"",
+        "reason=\"connection_rejected\""};
+    for (int i = 0; i < 4; i++)
+        w->m_ring_refused[i] =
+            stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_refused_total",
+                              refused_help, refused_labels[i], NULL, 0);
     for (int b = 0; b < 2; b++)
         w->m_steps[b] =
             stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_steps_total",
@@ -104,4 +116,20 @@ void stria__wmetrics_init(stria_worker_t *w)
                                        info, NULL, 0),
                      1);
     stria__wpool_publish(w);
+}
+
+void stria__wmetrics_ring(stria_worker_t *w)
+{
+    stria_ucx_ctx_stats_t s;
+    if (w->ucx == NULL)
+        return;
+    stria_ucx_ctx_stats(w->ucx, &s);
+    const uint64_t now[4] = {s.data_dropped, s.handshakes_refused, s.handshakes_timed_out,
+                             s.connections_rejected};
+    const uint64_t seen[4] = {w->ring_seen.data_dropped, w->ring_seen.handshakes_refused,
+                              w->ring_seen.handshakes_timed_out, w->ring_seen.connections_rejected};
+    for (int i = 0; i < 4; i++)
+        if (now[i] > seen[i])
+            stria_metric_add(w->m_ring_refused[i], (double)(now[i] - seen[i]));
+    w->ring_seen = s;
 }

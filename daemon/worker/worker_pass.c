@@ -164,6 +164,7 @@ static stria_status_t stria__pass_link(stria_worker_t *w, stria__wjob_t *j, uint
     rq.size = j->n_ranks;
     rq.next_address = j->next_ucx;
     rq.connect_timeout_s = w->connect_timeout_s;
+    rq.key = j->ring_key;
     stria_status_t st = w->factory.connect(w->factory.ctx, &rq, &link);
     if (st != STRIA_OK)
         return st;
@@ -297,6 +298,46 @@ static stria_status_t stria__run_pass(stria_worker_t *w, stria__wjob_t *j, bool 
     return st;
 }
 
+/* A sharded job's pass starts only when every rank arrived with its inputs
+ * (the coordinator counts the STARTED reports of the pass): reports again,
+ * with a growing pause, until it says so, the job ended (a rank missed its
+ * arrival deadline, or failed), or this worker stops or drops the job. */
+static stria_status_t stria__await_ranks(stria_worker_t *w, stria__wjob_t *j, bool backward,
+                                         uint32_t pass_id, Stria__V1__JobState state,
+                                         stria__warrival_t *arr)
+{
+    Stria__V1__ReportJobRequest__Event ev =
+        backward ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED
+                 : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED;
+    double start = stria_time_now(), pause = 0.0005;
+    for (;;) {
+        if (state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED)
+            return stria_error_set(arr->failure_status < 0 ? arr->failure_status
+                                                           : STRIA_ERR_CANCELLED,
+                                   "%s", arr->failure[0] ? arr->failure : "the job is over");
+        if (state != STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED && arr->all_arrived)
+            return STRIA_OK;
+        pthread_mutex_lock(&w->lock);
+        bool gone = w->abort_passes || j->dropped;
+        pthread_mutex_unlock(&w->lock);
+        if (gone)
+            return stria_error_set(STRIA_ERR_CANCELLED,
+                                   "rank %d: the job was dropped while it waited for the other "
+                                   "ranks",
+                                   j->rank);
+        if (state == STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED &&
+            stria_time_now() - start > j->arrival_timeout_s + 10.0)
+            return stria_error_set(STRIA_ERR_TIMEOUT,
+                                   "rank %d: the coordinator was out of reach while the rank "
+                                   "waited for the others",
+                                   j->rank);
+        struct timespec ts = {0, (long)(pause * 1e9)};
+        nanosleep(&ts, NULL);
+        pause = pause * 2 < 0.02 ? pause * 2 : 0.02;
+        state = stria__wcoord_report_started(w, j, ev, pass_id, arr);
+    }
+}
+
 static void *stria__pass_thread(void *arg)
 {
     stria__pass_ctx_t *pc = arg;
@@ -311,12 +352,16 @@ static void *stria__pass_thread(void *arg)
                  : STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD;
     j->step = 0;
     pthread_mutex_unlock(&w->lock);
-    Stria__V1__JobState at_coord =
-        stria__wcoord_report(w, j,
-                             b ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED
-                               : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED,
-                             NULL);
-    if (at_coord >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+    stria__warrival_t arrival;
+    Stria__V1__JobState at_coord = stria__wcoord_report_started(
+        w, j,
+        b ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED
+          : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED,
+        pass_id, &arrival);
+    stria_status_t st = STRIA_OK;
+    if (j->sharded)
+        st = stria__await_ranks(w, j, pc->backward, pass_id, at_coord, &arrival);
+    else if (at_coord >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
         /* Over at the coordinator (cancelled, say) before the next heartbeat
          * could tell: the pass fails at once on every rank, each of which
          * hears the same in its own report. */
@@ -326,10 +371,11 @@ static void *stria__pass_thread(void *arg)
         stria__wjob_drop_locked(w, j);
         pthread_mutex_unlock(&w->lock);
     }
-    stria_log_info("job %llu rank %d: %s pass started", (unsigned long long)j->id, j->rank,
-                   b ? "backward" : "forward");
-
-    stria_status_t st = stria__run_pass(w, j, pc->backward, pass_id, &stats);
+    if (st == STRIA_OK) {
+        stria_log_info("job %llu rank %d: %s pass started", (unsigned long long)j->id, j->rank,
+                       b ? "backward" : "forward");
+        st = stria__run_pass(w, j, pc->backward, pass_id, &stats);
+    }
     /* the step times go with the report (not when the pass never ran), read
      * while the job still counts as running: no other pass can start on its
      * pass object */
@@ -401,7 +447,7 @@ static void stria__pass_handler(stria_worker_t *w, stria_rpc_call_t *call, uint6
                                 uint32_t rank, bool backward)
 {
     stria__wjob_t *j;
-    stria_status_t st = stria__wjob_get(w, job_id, rank, false, &j);
+    stria_status_t st = stria__wjob_get_checked(w, call, job_id, rank, false, &j);
     if (st != STRIA_OK) {
         stria_rpc_call_fail(call, st, "%s", stria_error_msg());
         return;

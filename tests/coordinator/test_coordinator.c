@@ -46,8 +46,29 @@ typedef struct {
     stria_coord_t *co; /* in-process coordinator, or NULL */
     test_proc_t *proc; /* daemon process, or NULL */
     uint16_t port;
-    stria_rpc_client_t *cl;
+    stria_rpc_client_t *cl;   /* the admin's connection (without credentials: every role) */
+    stria_rpc_client_t *wk;   /* the workers' (the test plays every worker) */
+    stria_rpc_client_t *user; /* a client's */
 } fx_t;
+
+/* The worker credential of the fixtures that have credentials. */
+#define FX_WORKER_TOKEN "worker-secret"
+
+/* Jobs this test submitted, with their secrets (opened from the replies):
+ * job-scoped calls about them prove the secret. */
+static struct {
+    uint64_t id;
+    stria_job_secret_t secret;
+} g_jobs[64];
+static size_t g_n_jobs;
+
+static const stria_job_secret_t *secret_of(uint64_t id)
+{
+    for (size_t i = 0; i < g_n_jobs; i++)
+        if (g_jobs[i].id == id)
+            return &g_jobs[i].secret;
+    return NULL;
+}
 
 static stria_rpc_client_t *fx_connect(const fx_t *fx, const char *token, stria_status_t *st)
 {
@@ -74,16 +95,28 @@ static void fx_start(fx_t *fx, double hb, double ttl, const char *token, const c
     p.job_ttl_s = ttl;
     p.token = token;
     p.admin_token = admin;
+    p.worker_token = token ? FX_WORKER_TOKEN : NULL;
     cr_assert_eq(stria_coord_start(&p, &fx->co), STRIA_OK, "%s", stria_error_msg());
     fx->port = stria_coord_port(fx->co);
     fx->cl = fx_connect(fx, admin ? admin : token, &st);
     cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+    fx->wk = fx->user = fx->cl;
+    if (token != NULL) {
+        fx->wk = fx_connect(fx, FX_WORKER_TOKEN, &st);
+        cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+        fx->user = fx_connect(fx, token, &st);
+        cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+    }
 }
 
 static void fx_stop(fx_t *fx)
 {
+    if (fx->wk != fx->cl)
+        stria_rpc_client_close(fx->wk);
+    if (fx->user != fx->cl)
+        stria_rpc_client_close(fx->user);
     stria_rpc_client_close(fx->cl);
-    fx->cl = NULL;
+    fx->cl = fx->wk = fx->user = NULL;
     if (fx->co != NULL)
         stria_coord_stop(fx->co);
     fx->co = NULL;
@@ -99,6 +132,17 @@ static stria_status_t fx_call(stria_rpc_client_t *cl, uint32_t method, const Pro
                               stria_rpc_reply_t *rep)
 {
     stria_rpc_request_t r = {.method = method, .request = req, .timeout_s = 10};
+    memset(rep, 0, sizeof(*rep));
+    return stria_rpc_client_call(cl, &r, rep);
+}
+
+/* A job-scoped call proving `secret` (NULL: no proof). */
+static stria_status_t fx_call_job(stria_rpc_client_t *cl, uint32_t method,
+                                  const ProtobufCMessage *req, uint64_t job,
+                                  const stria_job_secret_t *secret, stria_rpc_reply_t *rep)
+{
+    stria_rpc_request_t r = {
+        .method = method, .request = req, .timeout_s = 10, .job_secret = secret, .job_id = job};
     memset(rep, 0, sizeof(*rep));
     return stria_rpc_client_call(cl, &r, rep);
 }
@@ -123,7 +167,7 @@ static wk_t reg_worker(const fx_t *fx, const char *host, int port, uint64_t memo
     req.memory_bytes = memory;
     req.software_version = (char *)"test";
     req.incarnation = w.incarnation;
-    cr_assert_eq(fx_call(fx->cl, M_REGISTER, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(fx_call(fx->wk, M_REGISTER, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
     w.id = ((Stria__V1__RegisterWorkerReply *)rep.msg)->worker_id;
     cr_assert_gt(w.id, 0);
     stria_rpc_reply_free(&rep);
@@ -149,7 +193,7 @@ static stria_status_t heartbeat(const fx_t *fx, wk_t w, const uint64_t *jobs, si
     }
     req.n_jobs = n_jobs;
     req.jobs = jp;
-    st = fx_call(fx->cl, M_HEARTBEAT, &req.base, &rep);
+    st = fx_call(fx->wk, M_HEARTBEAT, &req.base, &rep);
     if (st != STRIA_OK)
         return st;
     Stria__V1__HeartbeatReply *r = (Stria__V1__HeartbeatReply *)rep.msg;
@@ -188,7 +232,17 @@ static stria_status_t submit(const fx_t *fx, const Stria__V1__JobSpec *s, stria_
 {
     Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
     req.spec = (Stria__V1__JobSpec *)s;
-    return fx_call(fx->cl, M_SUBMIT, &req.base, rep);
+    stria_status_t st = fx_call(fx->user, M_SUBMIT, &req.base, rep);
+    if (st == STRIA_OK && g_n_jobs < sizeof(g_jobs) / sizeof(g_jobs[0])) {
+        Stria__V1__SubmitJobReply *r = (Stria__V1__SubmitJobReply *)rep->msg;
+        g_jobs[g_n_jobs].id = r->assignment->job_id;
+        cr_assert_eq(stria_auth_open(&rep->session, "job secret", r->assignment->job_id,
+                                     r->job_secret.data, r->job_secret.len,
+                                     g_jobs[g_n_jobs].secret.bytes),
+                     STRIA_OK, "%s", stria_error_msg());
+        g_n_jobs++;
+    }
+    return st;
 }
 
 /* Submits and returns the job id; asserts success. */
@@ -209,7 +263,8 @@ static Stria__V1__JobInfo *get_job(const fx_t *fx, uint64_t id, stria_rpc_reply_
 {
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     req.job_id = id;
-    cr_assert_eq(fx_call(fx->cl, M_GET_JOB, &req.base, rep), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(fx_call_job(fx->user, M_GET_JOB, &req.base, id, secret_of(id), rep), STRIA_OK,
+                 "%s", stria_error_msg());
     return ((Stria__V1__GetJobReply *)rep->msg)->job;
 }
 
@@ -227,7 +282,7 @@ static stria_status_t release(const fx_t *fx, uint64_t id)
     stria_rpc_reply_t rep;
     stria_status_t st;
     req.job_id = id;
-    st = fx_call(fx->cl, M_RELEASE, &req.base, &rep);
+    st = fx_call_job(fx->user, M_RELEASE, &req.base, id, secret_of(id), &rep);
     stria_rpc_reply_free(&rep);
     return st;
 }
@@ -243,7 +298,7 @@ static stria_status_t report(const fx_t *fx, wk_t w, uint64_t job, uint32_t rank
     req.rank = rank;
     req.event = event;
     req.message = (char *)(msg ? msg : "");
-    st = fx_call(fx->cl, M_REPORT, &req.base, &rep);
+    st = fx_call(fx->wk, M_REPORT, &req.base, &rep);
     if (st == STRIA_OK && state_out != NULL)
         *state_out = ((Stria__V1__ReportJobReply *)rep.msg)->state;
     stria_rpc_reply_free(&rep);
@@ -1013,6 +1068,75 @@ Test(coord, abandoned_jobs_expire, .timeout = TEST_TIMEOUT_S)
     fx_stop(&fx);
 }
 
+/* A job stays alive for its owner only: GetJob proving the job's secret
+ * renews its TTL; a view without the secret (an admin's, a worker's) does
+ * not, so nobody but the owner can keep another client's job (and its
+ * memory on the workers) alive. */
+Test(coord, only_the_owner_renews_a_job, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    fx_start(&fx, 0.1, 0.4, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1ull << 32);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t owned = submit_ok(&fx, &s, JS(LOADING));
+    uint64_t viewed = submit_ok(&fx, &s, JS(LOADING));
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    double end = stria_time_now() + 10;
+    bool expired = false;
+    while (stria_time_now() < end && !expired) {
+        heartbeat(&fx, a, NULL, 0, 0, NULL, NULL, NULL); /* alive, holding nothing */
+        req.job_id = owned;
+        cr_assert_eq(fx_call_job(fx.cl, M_GET_JOB, &req.base, owned, secret_of(owned), &rep),
+                     STRIA_OK, "%s", stria_error_msg());
+        stria_rpc_reply_free(&rep);
+        req.job_id = viewed;
+        cr_assert_eq(fx_call_job(fx.cl, M_GET_JOB, &req.base, viewed, NULL, &rep), STRIA_OK,
+                     "a view without the secret (every role here): %s", stria_error_msg());
+        stria_rpc_reply_free(&rep);
+        expired = job_state_quiet(&fx, viewed) == JS(EXPIRED);
+        usleep(20000);
+    }
+    cr_expect(expired, "views without the secret kept a job alive");
+    cr_expect_eq(job_state_quiet(&fx, owned), JS(LOADING), "the owner's GetJob renews its job");
+    /* A wrong secret is refused even where a view is allowed. */
+    stria_job_secret_t wrong = *secret_of(owned);
+    wrong.bytes[0] ^= 1;
+    req.job_id = owned;
+    cr_expect_eq(fx_call_job(fx.cl, M_GET_JOB, &req.base, owned, &wrong, &rep), STRIA_ERR_AUTH);
+    fx_stop(&fx);
+}
+
+/* Job ids say nothing: random, unique, not consecutive, exact in JSON
+ * (below 2^53); each job has its own secret. */
+Test(coord, job_ids_are_random_and_each_job_has_its_own_secret, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    reg_worker(&fx, "h", 7000, 1ull << 40);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t ids[40];
+    for (int i = 0; i < 40; i++) {
+        ids[i] = submit_ok(&fx, &s, JS(LOADING));
+        cr_expect(ids[i] > 0 && ids[i] < (1ull << 53), "id %llu", (unsigned long long)ids[i]);
+        for (int k = 0; k < i; k++) {
+            cr_expect_neq(ids[i], ids[k]);
+            cr_expect(memcmp(secret_of(ids[i]), secret_of(ids[k]), sizeof(stria_job_secret_t)),
+                      "two jobs with one secret");
+        }
+        if (i > 0)
+            cr_expect(ids[i] != ids[i - 1] + 1, "consecutive ids %llu, %llu",
+                      (unsigned long long)ids[i - 1], (unsigned long long)ids[i]);
+    }
+    /* The high bits vary: not a counter from a random start. */
+    uint64_t or_bits = 0, and_bits = ~0ull;
+    for (int i = 0; i < 40; i++)
+        or_bits |= ids[i], and_bits &= ids[i];
+    cr_expect_geq(__builtin_popcountll(or_bits & ~and_bits), 48, "bits that vary: %llx",
+                  (unsigned long long)(or_bits & ~and_bits));
+    fx_stop(&fx);
+}
+
 /* ---- admin --------------------------------------------------------------- */
 
 Test(coord, cancel_and_drain_need_the_admin_token, .timeout = TEST_TIMEOUT_S)
@@ -1134,6 +1258,7 @@ static void fx_spawn(fx_t *fx, const char *const *extra, const char *client_toke
     cr_expect_eq(atoi(buf), fx->port, "--port-file says %s", buf);
     fx->cl = fx_connect(fx, client_token, &st);
     cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+    fx->wk = fx->user = fx->cl;
 }
 
 static void setup_dir(void)
@@ -1156,7 +1281,8 @@ static int raw_greeted(const fx_t *fx, const char *token)
     rt_reply_t r;
     int fd = rt_connect(fx->port);
     cr_assert_geq(fd, 0);
-    cr_assert(rt_hello(fd, "stria.v1.Coordinator", token, STRIA_RPC_VERSION));
+    cr_assert(rt_hello(fd, "stria.v1.Coordinator", STRIA_RPC_VERSION));
+    cr_assert(token == NULL || rt_prove(fd, "stria.v1.Coordinator", token));
     cr_assert(rt_read_reply(fd, &r, 5000));
     cr_assert_eq(r.h.status, 0, "hello refused: %s", r.err ? r.err->message : "");
     rt_reply_free(&r);
@@ -1185,9 +1311,12 @@ Test(daemon, bad_peers_get_errors_and_the_daemon_keeps_serving, .timeout = TEST_
     stria_rpc_header_t h;
     int fd;
     char tok_arg[128];
+    char wtok_arg[128];
     write_file("token", "tok\n");
+    write_file("worker-token", "wtok\n");
     snprintf(tok_arg, sizeof(tok_arg), "%s/token", g_dir);
-    const char *extra[] = {"--token-file", tok_arg, NULL};
+    snprintf(wtok_arg, sizeof(wtok_arg), "%s/worker-token", g_dir);
+    const char *extra[] = {"--token-file", tok_arg, "--worker-token-file", wtok_arg, NULL};
     fx_spawn(&fx, extra, "tok");
 
     /* Wrong version in the header: error naming both versions, closed. */
@@ -1209,7 +1338,8 @@ Test(daemon, bad_peers_get_errors_and_the_daemon_keeps_serving, .timeout = TEST_
     const char *toks[] = {NULL, "tok2"};
     for (int i = 0; i < 2; i++) {
         fd = rt_connect(fx.port);
-        cr_assert(rt_hello(fd, "stria.v1.Coordinator", toks[i], STRIA_RPC_VERSION));
+        cr_assert(rt_hello(fd, "stria.v1.Coordinator", STRIA_RPC_VERSION));
+        cr_assert(rt_prove(fd, "stria.v1.Coordinator", toks[i]));
         cr_assert(rt_read_reply(fd, &r, 5000));
         cr_expect_eq(r.h.status, STRIA_ERR_AUTH);
         rt_reply_free(&r);

@@ -53,7 +53,7 @@ void dc_init(dcluster_t *c)
 
 void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
 {
-    char hb[32], tok[300], adm[300], line[512];
+    char hb[32], tok[300], wtok[300], adm[300], line[512];
     char *argv[32];
     int n = 0;
     snprintf(hb, sizeof(hb), "%g", o && o->heartbeat_period_s > 0 ? o->heartbeat_period_s : 0.2);
@@ -66,6 +66,10 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
     if (o && o->token_file) {
         snprintf(tok, sizeof(tok), "--token-file=%s", o->token_file);
         argv[n++] = tok;
+    }
+    if (o && o->worker_token_file) {
+        snprintf(wtok, sizeof(wtok), "--worker-token-file=%s", o->worker_token_file);
+        argv[n++] = wtok;
     }
     if (o && o->admin_token_file) {
         snprintf(adm, sizeof(adm), "--admin-token-file=%s", o->admin_token_file);
@@ -91,7 +95,7 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
 
 void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
 {
-    char st[32], tok[300], line[512], mem[64], dev[64];
+    char st[32], tok[300], wtok[300], line[512], mem[64], dev[64];
     char *argv[40];
     int n = 0;
     cr_assert(i >= 0 && i < DC_MAX_WORKERS);
@@ -113,6 +117,10 @@ void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
     if (o && o->token_file) {
         snprintf(tok, sizeof(tok), "--token-file=%s", o->token_file);
         argv[n++] = tok;
+    }
+    if (o && o->worker_token_file) {
+        snprintf(wtok, sizeof(wtok), "--worker-token-file=%s", o->worker_token_file);
+        argv[n++] = wtok;
     }
     if (o && o->worker_device) {
         snprintf(dev, sizeof(dev), "--device=%s", o->worker_device);

@@ -31,9 +31,10 @@ typedef struct {
 
 /* Options of the daemons a test starts; zero-initialise. */
 typedef struct {
-    double heartbeat_period_s; /* default 0.2 */
-    double step_timeout_s;     /* workers' default step deadline; default 5 */
-    const char *token_file;    /* coordinator and workers */
+    double heartbeat_period_s;     /* default 0.2 */
+    double step_timeout_s;         /* workers' default step deadline; default 5 */
+    const char *token_file;        /* the clients' credential: coordinator and workers */
+    const char *worker_token_file; /* the workers' credential (required with token_file) */
     const char *admin_token_file;
     char *const *env;          /* extra NAME=value entries for every daemon, or NULL */
     const char *worker_memory; /* the workers' --memory; default 1000000000 */

@@ -49,7 +49,7 @@ if grep -v '^/usr' "$tmp/rt.list" "$tmp/dev.list" | grep -v ':/$'; then
   fail "files outside /usr"
 fi
 depends=$(dpkg-deb -f "$rt" Depends)
-for d in libucx0 libuv1 libprotobuf-c1 libc6; do
+for d in libucx0 libuv1 libprotobuf-c1 libssl3 libc6; do
   [[ $depends == *"$d"* ]] || fail "Depends lacks $d: $depends"
 done
 echo "Depends: $depends"
@@ -117,11 +117,14 @@ wait_line() { # file prefix seconds
   return 1
 }
 export UCX_HANDLE_ERRORS=none UCX_TLS=tcp,sm,self
-# The credentials the operator writes (the package never does).
-head -c 32 /dev/urandom | base64 >"$tmp/token"
-chmod 0600 "$tmp/token"
+# The credentials the operator makes (the package never does), as docs/DEPLOY.md
+# says, where the examples name them.
+"$bin/stria-coordinator" --gen-credentials "$tmp/credentials" >/dev/null ||
+  fail "--gen-credentials failed"
+cred=$tmp/credentials
 conf "$ex/coordinator.conf" "$tmp/coordinator.conf" listen=127.0.0.1:0 metrics-listen=127.0.0.1:0 \
-  heartbeat-period=0.2 token-file="$tmp/token"
+  heartbeat-period=0.2 client-token-file="$cred/client-token" \
+  worker-token-file="$cred/worker-token" admin-token-file="$cred/admin-token"
 "$bin/stria-coordinator" --config "$tmp/coordinator.conf" >"$tmp/coord.out" 2>"$tmp/coord.log" &
 pids+=($!)
 line=$(wait_line "$tmp/coord.out" "stria-coordinator listening on " 10) ||
@@ -129,14 +132,15 @@ line=$(wait_line "$tmp/coord.out" "stria-coordinator listening on " 10) ||
 addr=${line#stria-coordinator listening on }
 for i in 0 1; do
   conf "$ex/worker.conf" "$tmp/worker$i.conf" coordinator="$addr" listen=127.0.0.1:0 \
-    ucx-listen=127.0.0.1:0 metrics-listen=127.0.0.1:0 threads=1 memory=1G token-file="$tmp/token"
+    ucx-listen=127.0.0.1:0 metrics-listen=127.0.0.1:0 threads=1 memory=1G \
+    client-token-file="$cred/client-token" worker-token-file="$cred/worker-token"
   "$bin/stria-worker" --config "$tmp/worker$i.conf" >"$tmp/worker$i.out" 2>"$tmp/worker$i.log" &
   pids+=($!)
   wait_line "$tmp/worker$i.out" "stria-worker listening rpc=" 10 >/dev/null ||
     { cat "$tmp/worker$i.log"; fail "worker $i did not start"; }
 done
 for _ in $(seq 100); do
-  "$bin/striactl" --coordinator "$addr" --token-file "$tmp/token" --json status \
+  "$bin/striactl" --coordinator "$addr" --token-file "$cred/client-token" --json status \
     >"$tmp/status.json" 2>/dev/null || true
   grep -q '"workers_healthy": *2' "$tmp/status.json" && break
   sleep 0.1
@@ -147,7 +151,7 @@ cd "$tmp"
 "$bin/stria-run" random --shape 1,256,2,64 --seed 2 --out k.npy >/dev/null
 "$bin/stria-run" random --shape 1,256,2,64 --seed 3 --out v.npy >/dev/null
 "$bin/stria-run" random --shape 1,256,4,64 --seed 4 --out do.npy >/dev/null
-"$bin/stria-run" submit --coordinator "$addr" --token-file "$tmp/token" --q q.npy --k k.npy --v v.npy --do do.npy \
+"$bin/stria-run" submit --coordinator "$addr" --token-file "$cred/client-token" --q q.npy --k k.npy --v v.npy --do do.npy \
   --out out --check >"$tmp/submit.log" 2>&1 || { cat "$tmp/submit.log"; fail "the job failed"; }
 grep -i "check" "$tmp/submit.log" | head -3
 # Without the credential the service refuses.

@@ -96,6 +96,24 @@ static void small_spec(Stria__V1__JobSpec *s)
     s->label = "bounds";
 }
 
+/* The secret of job `id` as its workers get it: GetJob on a connection with
+ * the worker role (without credentials every connection has every role). */
+static void job_secret(const char *coord, uint64_t id, stria_job_secret_t *out)
+{
+    stria_rpc_client_t *cl = rpc_open(coord, &stria__v1__coordinator__descriptor);
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep = {0};
+    req.job_id = id;
+    cr_assert_eq(rpc(cl, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, &rep), STRIA_OK, "%s",
+                 stria_error_msg());
+    const Stria__V1__GetJobReply *r = (const Stria__V1__GetJobReply *)rep.msg;
+    cr_assert_eq(stria_auth_open(&rep.session, "job secret", id, r->job_secret.data,
+                                 r->job_secret.len, out->bytes),
+                 STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    stria_rpc_client_close(cl);
+}
+
 static stria_status_t submit(stria_rpc_client_t *cl, const Stria__V1__JobSpec *spec, uint64_t *id)
 {
     Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
@@ -197,8 +215,17 @@ Test(bounds, jobs_per_client_limited, .timeout = 60)
               stria_error_msg());
     /* releasing one makes room */
     Stria__V1__ReleaseJobRequest rel = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
+    stria_job_secret_t secret;
+    job_secret(c.coord_addr, ids[0], &secret);
     rel.job_id = ids[0];
-    cr_assert_eq(rpc(cl, STRIA_RPC_COORDINATOR_RELEASE_JOB, &rel.base, NULL), STRIA_OK);
+    stria_rpc_request_t rq = {.method = STRIA_RPC_COORDINATOR_RELEASE_JOB,
+                              .request = &rel.base,
+                              .timeout_s = 60,
+                              .job_secret = &secret,
+                              .job_id = ids[0]};
+    stria_rpc_reply_t rep = {0};
+    cr_assert_eq(stria_rpc_client_call(cl, &rq, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
     cr_assert_eq(submit(other, &s, NULL), STRIA_OK, "%s", stria_error_msg());
     stria_rpc_client_close(other);
     stria_rpc_client_close(cl);
@@ -460,6 +487,34 @@ static uint64_t raw_reply(int fd, stria_rpc_header_t *h, uint8_t **payload)
     return h->payload_len;
 }
 
+/* The hello of a server without credentials (one exchange: nonces); the
+ * session both ends derive from it. */
+static void raw_hello(int fd, stria_auth_session_t *session)
+{
+    Stria__V1__HelloRequest hello = STRIA__V1__HELLO_REQUEST__INIT;
+    memset(session, 0, sizeof(*session));
+    cr_assert_eq(stria_auth_random(session->client_nonce, STRIA_AUTH_NONCE_BYTES), STRIA_OK);
+    hello.protocol_version = STRIA_RPC_VERSION;
+    hello.service = (char *)stria__v1__worker__descriptor.name;
+    hello.client_name = "test_bounds";
+    hello.client_nonce.data = session->client_nonce;
+    hello.client_nonce.len = STRIA_AUTH_NONCE_BYTES;
+    raw_send(fd, STRIA_RPC_FLAG_HELLO, 0, 1, &hello.base);
+    uint8_t hdr[STRIA_RPC_HEADER_SIZE];
+    stria_rpc_header_t h;
+    raw_read(fd, hdr, sizeof(hdr));
+    stria_rpc_header_decode(hdr, &h);
+    cr_assert_eq(h.status, 0);
+    uint8_t *pb = malloc(h.pb_len + 1);
+    raw_read(fd, pb, h.pb_len);
+    Stria__V1__HelloReply *rep = stria__v1__hello_reply__unpack(NULL, h.pb_len, pb);
+    free(pb);
+    cr_assert(rep != NULL && !rep->challenge && rep->server_nonce.len == STRIA_AUTH_NONCE_BYTES);
+    memcpy(session->server_nonce, rep->server_nonce.data, STRIA_AUTH_NONCE_BYTES);
+    stria__v1__hello_reply__free_unpacked(rep, NULL);
+    stria_auth_session_derive(session, NULL);
+}
+
 Test(bounds, pipelined_get_output_memory_bounded, .timeout = 240)
 {
     dcluster_t c;
@@ -484,12 +539,10 @@ Test(bounds, pipelined_get_output_memory_bounded, .timeout = 240)
     pid_t pid = test_proc_pid(c.workers[0]);
     long before = rss_kib(pid);
     int fd = raw_connect(c.worker_rpc[0]);
-    Stria__V1__HelloRequest hello = STRIA__V1__HELLO_REQUEST__INIT;
-    hello.protocol_version = STRIA_RPC_VERSION;
-    hello.service = (char *)stria__v1__worker__descriptor.name;
-    hello.token = "";
-    hello.client_name = "test_bounds";
-    raw_send(fd, STRIA_RPC_FLAG_HELLO, 0, 1, &hello.base);
+    stria_auth_session_t session;
+    raw_hello(fd, &session);
+    stria_job_secret_t secret;
+    job_secret(c.coord_addr, stria_job_id(job.job), &secret);
     /* 64 requests for "everything from byte 4": each range crosses every
      * batch row; the worker used to copy up to 1 GiB per request and keep
      * each copy until the reply was written, which a client that does not
@@ -498,8 +551,14 @@ Test(bounds, pipelined_get_output_memory_bounded, .timeout = 240)
     get.job_id = stria_job_id(job.job);
     get.tensor = STRIA__V1__TENSOR__TENSOR_O;
     get.offset = 4;
-    for (int i = 0; i < 64; i++)
+    uint8_t proof[STRIA_AUTH_MAC_BYTES];
+    get.job_proof.data = proof;
+    get.job_proof.len = sizeof(proof);
+    for (int i = 0; i < 64; i++) {
+        stria_job_secret_prove(&secret, &session, 2 + (uint64_t)i, STRIA_RPC_WORKER_GET_OUTPUT,
+                               get.job_id, proof);
         raw_send(fd, 0, STRIA_RPC_WORKER_GET_OUTPUT, 2 + (uint64_t)i, &get.base);
+    }
     sleep(2);
     long grown = rss_kib(pid) - before;
     cr_assert_lt(grown, 256 * 1024, "the worker's memory grew by %ld MiB", grown / 1024);
@@ -509,8 +568,6 @@ Test(bounds, pipelined_get_output_memory_bounded, .timeout = 240)
      * most 1 MiB: either way the memory above stayed bounded) */
     stria_rpc_header_t h;
     uint8_t *payload;
-    raw_reply(fd, &h, &payload); /* the hello */
-    free(payload);
     for (int i = 0; i < 64; i++) {
         uint64_t len = raw_reply(fd, &h, &payload);
         cr_assert_eq(h.status, 0);

@@ -84,12 +84,24 @@ Test(config, example_files_run_the_daemons, .timeout = SUITE_TIMEOUT)
     snprintf(clog, sizeof(clog), "%s/coordinator.log", c.dir);
     snprintf(wlog, sizeof(wlog), "%s/worker.log", c.dir);
 
+    /* the credentials the examples name, made as docs/DEPLOY.md says */
+    char creds[256], cred[3][300];
+    snprintf(creds, sizeof(creds), "%s/credentials", c.dir);
+    char *gen[] = {STRIA_COORDINATOR_BIN, "--gen-credentials", creds, NULL};
+    cr_assert_eq(dc_run(gen, NULL, 30, NULL, NULL), 0, "--gen-credentials %s", creds);
+    const char *names[3] = {"client-token", "worker-token", "admin-token"};
+    for (int i = 0; i < 3; i++)
+        snprintf(cred[i], sizeof(cred[i]), "%s/%s", creds, names[i]);
+
     /* the coordinator's example, on loopback */
     char *t0 = example("coordinator.conf");
     char *t1 = conf_set(t0, "listen", "127.0.0.1:0");
     char *t2 = conf_set(t1, "metrics-listen", "127.0.0.1:0");
-    dc_write(cpath, t2);
-    free(t0), free(t1), free(t2);
+    char *c3 = conf_set(t2, "client-token-file", cred[0]);
+    char *c4 = conf_set(c3, "worker-token-file", cred[1]);
+    char *c5 = conf_set(c4, "admin-token-file", cred[2]);
+    dc_write(cpath, c5);
+    free(t0), free(t1), free(t2), free(c3), free(c4), free(c5);
     test_proc_t *co = start_with_config(STRIA_COORDINATOR_BIN, cpath, clog, NULL,
                                         "stria-coordinator listening on ", line, sizeof(line));
     snprintf(c.coord_addr, sizeof(c.coord_addr), "%.200s",
@@ -108,15 +120,17 @@ Test(config, example_files_run_the_daemons, .timeout = SUITE_TIMEOUT)
     char *t3 = conf_set(t2, "ucx-listen", "127.0.0.1:0");
     char *t4 = conf_set(t3, "metrics-listen", "127.0.0.1:0");
     char *t5 = conf_set(t4, "threads", "1");
-    dc_write(wpath, t5);
-    free(t0), free(t1), free(t2), free(t3), free(t4), free(t5);
+    char *t6 = conf_set(t5, "client-token-file", cred[0]);
+    char *t7 = conf_set(t6, "worker-token-file", cred[1]);
+    dc_write(wpath, t7);
+    free(t0), free(t1), free(t2), free(t3), free(t4), free(t5), free(t6), free(t7);
     test_proc_t *w = start_with_config(STRIA_WORKER_BIN, wpath, wlog, "--instance=2",
                                        "stria-worker listening rpc=", line, sizeof(line));
     char want[96];
     snprintf(want, sizeof(want), "rpc=127.0.0.1:%d ", port);
     cr_expect(strstr(line, want) != NULL, "instance 2 with base %s: '%s'", base, line);
     cr_expect(strstr(line, " metrics=127.0.0.1:") != NULL, "%s", line);
-    dc_wait_healthy(&c, 1, NULL);
+    dc_wait_healthy(&c, 1, cred[0]);
 
     int st = test_proc_stop(w, SIGTERM, 15);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker status %#x", st);
@@ -125,8 +139,8 @@ Test(config, example_files_run_the_daemons, .timeout = SUITE_TIMEOUT)
     dc_stop(&c);
 }
 
-/* Option names listed by `bin --help` ("  --name ..."), except help and
- * config; newline-separated. */
+/* Option names listed by `bin --help` ("  --name ..."), except help,
+ * config and gen-credentials; newline-separated. */
 static char *help_options(const char *bin)
 {
     char *argv[] = {(char *)bin, "--help", NULL};
@@ -137,7 +151,9 @@ static char *help_options(const char *bin)
         size_t ll = strcspn(p, "\n");
         if (ll > 4 && strncmp(p, "  --", 4) == 0) {
             size_t nl = strcspn(p + 4, " \n");
-            if (strncmp(p + 4, "config", nl) != 0 && strncmp(p + 4, "help", nl) != 0) {
+            /* --gen-credentials is an action, not a setting */
+            if (strncmp(p + 4, "config", nl) != 0 && strncmp(p + 4, "help", nl) != 0 &&
+                strncmp(p + 4, "gen-credentials", nl) != 0) {
                 strncat(names, p + 4, nl);
                 strcat(names, "\n");
             }

@@ -143,7 +143,7 @@ static void *trigger_thread(void *arg)
 {
     during_t *d = arg;
     /* the ring link's debug line: the handshake is done, the steps run */
-    while (!d->give_up && !file_has(d->log_path, "(job 1 ring 0) connected"))
+    while (!d->give_up && !file_has(d->log_path, " ring 0) connected"))
         usleep(2000);
     if (d->give_up)
         return NULL;

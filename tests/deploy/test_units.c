@@ -201,6 +201,10 @@ Test(units, notify_watchdog_and_gpu_rdma_access, .timeout = SUITE_TIMEOUT)
     char *stop = unit_get(wk, "TimeoutStopSec");
     cr_expect(stop != NULL && atoi(stop) > 60 + 30 + 25, "worker unit: TimeoutStopSec=%s", stop);
     free(stop);
+    /* co-located clients reach the worker's socket in its runtime directory
+     * (the worker reads $RUNTIME_DIRECTORY), which clients can traverse */
+    expect_value(units[1], wk, "RuntimeDirectory", "stria/worker%i");
+    expect_value(units[1], wk, "RuntimeDirectoryMode", "0755");
     /* a worker may wait for its coordinator as long as it takes */
     expect_value(units[1], wk, "TimeoutStartSec", "infinity");
 

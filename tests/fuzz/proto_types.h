@@ -1,7 +1,8 @@
 /* The message types of stria.proto, in the order the proto fuzz target
  * numbers them (its first input byte): hello, reply, error, then each
  * method's input and output of both services, each followed depth-first by
- * the messages it contains. Shared by fuzz_proto.c and the seed generator. */
+ * the messages it contains, then the shared-memory socket's packets. Shared by fuzz_proto.c and the
+ * seed generator. */
 #ifndef STRIA_FUZZ_PROTO_TYPES_H
 #define STRIA_FUZZ_PROTO_TYPES_H
 
@@ -45,6 +46,10 @@ static inline int fuzz_types_init(fuzz_types_t *t)
             if (fuzz_types_add(t, services[s]->methods[m].input) != 0 ||
                 fuzz_types_add(t, services[s]->methods[m].output) != 0)
                 return -1;
+    /* the shared-memory socket's packets (no RPC method) */
+    if (fuzz_types_add(t, &stria__v1__shm_request__descriptor) != 0 ||
+        fuzz_types_add(t, &stria__v1__shm_reply__descriptor) != 0)
+        return -1;
     return 0;
 }
 

@@ -106,17 +106,56 @@ static inline stria_rpc_header_t rt_header(uint32_t method, uint64_t id)
     return h;
 }
 
-/* Sends a hello for `service` with `token` (may be NULL). */
-static inline bool rt_hello(int fd, const char *service, const char *token, uint32_t version)
+/* The client nonce of the last rt_hello() (one handshake at a time). */
+static uint8_t rt_client_nonce[STRIA_AUTH_NONCE_BYTES];
+
+/* Sends the first hello frame for `service` (protocol `version`), with a
+ * fresh client nonce. The server answers with the final HelloReply (no
+ * credentials), an error, or a challenge (see rt_prove()). */
+static inline bool rt_hello(int fd, const char *service, uint32_t version)
 {
     Stria__V1__HelloRequest hello = STRIA__V1__HELLO_REQUEST__INIT;
     stria_rpc_header_t h = rt_header(0, 1);
     h.flags = STRIA_RPC_FLAG_HELLO;
+    if (stria_auth_random(rt_client_nonce, sizeof(rt_client_nonce)) != STRIA_OK)
+        return false;
     hello.protocol_version = version;
     hello.service = (char *)service;
-    hello.token = (char *)(token ? token : "");
     hello.client_name = (char *)"raw test";
+    hello.client_nonce.data = rt_client_nonce;
+    hello.client_nonce.len = sizeof(rt_client_nonce);
     return rt_send_frame(fd, h, &hello.base, NULL, 0);
+}
+
+/* Reads the challenge the first hello got and sends the second hello frame
+ * with the proof of `token` (NULL: an empty proof). The final reply (or the
+ * refusal) is left for the caller to read. False when no challenge came. */
+static inline bool rt_prove(int fd, const char *service, const char *token)
+{
+    uint8_t hb[STRIA_RPC_HEADER_SIZE], pb[4096], mac[STRIA_AUTH_MAC_BYTES];
+    stria_rpc_header_t rh, h = rt_header(0, 2);
+    Stria__V1__HelloRequest hello = STRIA__V1__HELLO_REQUEST__INIT;
+    if (rt_recv(fd, hb, sizeof(hb), 5000) != (ssize_t)sizeof(hb))
+        return false;
+    stria_rpc_header_decode(hb, &rh);
+    if (rh.status != 0 || rh.pb_len > sizeof(pb) ||
+        rt_recv(fd, pb, rh.pb_len, 5000) != (ssize_t)rh.pb_len)
+        return false;
+    Stria__V1__HelloReply *rep = stria__v1__hello_reply__unpack(NULL, rh.pb_len, pb);
+    if (rep == NULL)
+        return false;
+    bool ok = rep->challenge && rep->server_nonce.len == STRIA_AUTH_NONCE_BYTES;
+    if (ok && token != NULL) {
+        stria_auth_hello_mac(token, service, rt_client_nonce, rep->server_nonce.data, false, mac);
+        hello.proof.data = mac;
+        hello.proof.len = sizeof(mac);
+    }
+    stria__v1__hello_reply__free_unpacked(rep, NULL);
+    h.flags = STRIA_RPC_FLAG_HELLO;
+    hello.protocol_version = STRIA_RPC_VERSION;
+    hello.service = (char *)service;
+    hello.client_name = (char *)"raw test";
+    return ok && rt_send_frame(fd, h, &hello.base, NULL, 0);
 }
 
 /* A reply frame: header, message bytes (malloc'd) and the decoded error when

@@ -213,7 +213,7 @@ Test(rpc_later, connection_closed_while_waiting, .timeout = TEST_TIMEOUT_S)
 
     g_refuse = false;
     g_cleanups = 0;
-    cr_assert(rt_hello(fd, stria__v1__worker__descriptor.name, NULL, STRIA_RPC_VERSION));
+    cr_assert(rt_hello(fd, stria__v1__worker__descriptor.name, STRIA_RPC_VERSION));
     Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
     cr_assert(rt_send_frame(fd, rt_header(STRIA_RPC_WORKER_PUT_INPUT, 2), &req.base, payload,
                             sizeof(payload)));
@@ -252,7 +252,7 @@ Test(rpc_inline, server_without_thread_over_an_adopted_socket, .timeout = TEST_T
 
     cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     cr_assert_eq(stria_rpc_server_adopt(srv, sv[1], "test"), STRIA_OK, "%s", stria_error_msg());
-    cr_assert(rt_hello(sv[0], stria__v1__worker__descriptor.name, NULL, STRIA_RPC_VERSION));
+    cr_assert(rt_hello(sv[0], stria__v1__worker__descriptor.name, STRIA_RPC_VERSION));
     Stria__V1__DropJobRequest req = STRIA__V1__DROP_JOB_REQUEST__INIT;
     cr_assert(rt_send_frame(sv[0], rt_header(STRIA_RPC_WORKER_DROP_JOB, 7), &req.base, NULL, 0));
     /* nothing is served until this thread runs the loop */

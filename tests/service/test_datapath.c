@@ -42,8 +42,25 @@ static stria_rpc_client_t *rpc_to(const char *addr, const ProtobufCServiceDescri
     return cl;
 }
 
-static stria_status_t call(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
-                           const void *payload, uint64_t len, stria_rpc_reply_t *rep)
+/* The secrets of the jobs submit_raw() made (a request about one proves it). */
+static struct {
+    uint64_t id;
+    stria_job_secret_t secret;
+} g_jobs[16];
+static int g_n_jobs;
+
+static const stria_job_secret_t *secret_of(uint64_t id)
+{
+    for (int i = 0; i < g_n_jobs; i++)
+        if (g_jobs[i].id == id)
+            return &g_jobs[i].secret;
+    return NULL;
+}
+
+/* A call; about job `job` (its secret proven) when it is one submit_raw() made. */
+static stria_status_t call_job(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
+                               uint64_t job, const void *payload, uint64_t len,
+                               stria_rpc_reply_t *rep)
 {
     stria_rpc_request_t rq;
     memset(&rq, 0, sizeof(rq));
@@ -52,8 +69,16 @@ static stria_status_t call(stria_rpc_client_t *cl, uint32_t method, const Protob
     rq.payload = payload;
     rq.payload_len = len;
     rq.timeout_s = 20;
+    rq.job_secret = secret_of(job);
+    rq.job_id = job;
     memset(rep, 0, sizeof(*rep));
     return stria_rpc_client_call(cl, &rq, rep);
+}
+
+static stria_status_t call(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
+                           const void *payload, uint64_t len, stria_rpc_reply_t *rep)
+{
+    return call_job(cl, method, req, 0, payload, len, rep);
 }
 
 /* A worker's memory figures, as its last heartbeat told the coordinator. */
@@ -106,8 +131,8 @@ static Stria__V1__JobState job_state(const dcluster_t *c, uint64_t id, uint64_t 
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t rep;
     req.job_id = id;
-    cr_assert_eq(call(cl, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, NULL, 0, &rep), STRIA_OK, "%s",
-                 stria_error_msg());
+    cr_assert_eq(call_job(cl, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, id, NULL, 0, &rep),
+                 STRIA_OK, "%s", stria_error_msg());
     const Stria__V1__JobInfo *j = ((Stria__V1__GetJobReply *)rep.msg)->job;
     Stria__V1__JobState st = j->state;
     if (per_rank != NULL)
@@ -312,7 +337,14 @@ static uint64_t submit_raw(const dcluster_t *c, int64_t seq, uint32_t ttl_s)
     stria_rpc_reply_t rep;
     cr_assert_eq(call(cl, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, 0, &rep), STRIA_OK,
                  "%s", stria_error_msg());
-    uint64_t id = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment->job_id;
+    const Stria__V1__SubmitJobReply *sr = (const Stria__V1__SubmitJobReply *)rep.msg;
+    uint64_t id = sr->assignment->job_id;
+    cr_assert_lt(g_n_jobs, 16);
+    g_jobs[g_n_jobs].id = id;
+    cr_assert_eq(stria_auth_open(&rep.session, "job secret", id, sr->job_secret.data,
+                                 sr->job_secret.len, g_jobs[g_n_jobs].secret.bytes),
+                 STRIA_OK, "%s", stria_error_msg());
+    g_n_jobs++;
     stria_rpc_reply_free(&rep);
     stria_rpc_client_close(cl);
     return id;
@@ -329,7 +361,7 @@ static stria_status_t put_q(stria_rpc_client_t *w, uint64_t id, const void *byte
     req.offset = off;
     req.total_bytes = total;
     stria_rpc_reply_t rep;
-    stria_status_t st = call(w, STRIA_RPC_WORKER_PUT_INPUT, &req.base, bytes, len, &rep);
+    stria_status_t st = call_job(w, STRIA_RPC_WORKER_PUT_INPUT, &req.base, id, bytes, len, &rep);
     stria_rpc_reply_free(&rep);
     return st;
 }
@@ -393,7 +425,7 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
         Stria__V1__ReleaseJobRequest rel = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
         stria_rpc_reply_t rep;
         rel.job_id = a;
-        cr_assert_eq(call(co, STRIA_RPC_COORDINATOR_RELEASE_JOB, &rel.base, NULL, 0, &rep),
+        cr_assert_eq(call_job(co, STRIA_RPC_COORDINATOR_RELEASE_JOB, &rel.base, a, NULL, 0, &rep),
                      STRIA_OK, "%s", stria_error_msg());
         stria_rpc_reply_free(&rep);
         /* job B: admitted by the coordinator, refused by the worker */
@@ -419,8 +451,8 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
         /* A goes (as libstria's release does); B runs to the end */
         Stria__V1__DropJobRequest dj = STRIA__V1__DROP_JOB_REQUEST__INIT;
         dj.job_id = a;
-        cr_assert_eq(call(w, STRIA_RPC_WORKER_DROP_JOB, &dj.base, NULL, 0, &rep), STRIA_OK, "%s",
-                     stria_error_msg());
+        cr_assert_eq(call_job(w, STRIA_RPC_WORKER_DROP_JOB, &dj.base, a, NULL, 0, &rep), STRIA_OK,
+                     "%s", stria_error_msg());
         stria_rpc_reply_free(&rep);
         cr_assert_eq(stria_client_forward(client, &t.spec, t.q, t.k, t.v, t.o, t.lse, NULL, NULL,
                                           NULL, &job),
@@ -478,6 +510,8 @@ Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_
                                   .request = &req.base,
                                   .payload_iov = iov,
                                   .payload_iovcnt = 2,
+                                  .job_secret = secret_of(id),
+                                  .job_id = id,
                                   .timeout_s = 5};
         stria_rpc_reply_t rep = {0};
         stria_status_t st = stria_rpc_client_call(w, &rq, &rep);
@@ -502,7 +536,8 @@ Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_
     /* (asking about the job would keep it alive: watch the worker) */
     pool_t after = wait_pool_idle(&c, 0);
     Stria__V1__JobState st = job_state(&c, id, NULL);
-    cr_expect_eq(st, STRIA__V1__JOB_STATE__JOB_STATE_EXPIRED, "the abandoned job is %d", (int)st);
+    /* the worker failed it: its client's connection was lost mid-upload */
+    cr_expect_eq(st, STRIA__V1__JOB_STATE__JOB_STATE_FAILED, "the abandoned job is %d", (int)st);
     cr_expect_eq(after.in_use, before.in_use);
     cr_expect_eq(after.admitted, before.admitted);
     cr_expect_gt(after.committed, before.committed, "the job's memory is kept for the next");
@@ -517,14 +552,11 @@ Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_
     dc_stop(&c);
 }
 
-Test(datapath, shared_memory_path_refused_clearly, .timeout = T_TIMEOUT)
+Test(datapath, unknown_data_path_refused_clearly, .timeout = T_TIMEOUT)
 {
     stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
     stria_client_t *client = NULL;
     p.coordinator = "127.0.0.1:9";
-    p.data_path = STRIA_DATA_PATH_SHM;
-    cr_expect_eq(stria_client_connect(&p, &client), STRIA_ERR_UNSUPPORTED);
-    cr_expect(strstr(stria_error_msg(), "data_path shm") != NULL, "%s", stria_error_msg());
     p.data_path = (stria_data_path_t)7;
     cr_expect_eq(stria_client_connect(&p, &client), STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "data_path 7") != NULL, "%s", stria_error_msg());

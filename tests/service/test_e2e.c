@@ -41,12 +41,26 @@ static cluster_t cl;
 static char *const ucx_env[] = {"UCX_HANDLE_ERRORS=none", "UCX_TLS=tcp,sm,self",
                                 "STRIA_LOG_LEVEL=info", NULL};
 
+/* The workers' credential of clusters with a client one (token_file). */
+static void worker_token_arg(const char *token_file, char *out, size_t len)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "%s.worker", token_file);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("the-workers-own-secret\n", f);
+    fclose(f);
+    snprintf(out, len, "--worker-token-file=%s", path);
+}
+
 static void start_coordinator(const char *token_file)
 {
-    char log[256], tok[256] = "";
+    char log[256], tok[256] = "", wtok[320] = "";
     snprintf(log, sizeof(log), "%s/coordinator.log", cl.dir);
-    if (token_file)
+    if (token_file) {
         snprintf(tok, sizeof(tok), "--token-file=%s", token_file);
+        worker_token_arg(token_file, wtok, sizeof(wtok));
+    }
     char *argv[] = {STRIA_COORDINATOR_BIN,
                     "--listen",
                     "127.0.0.1:0",
@@ -55,6 +69,7 @@ static void start_coordinator(const char *token_file)
                     "--job-ttl",
                     "60",
                     token_file ? tok : NULL,
+                    wtok,
                     NULL};
     cl.coord = test_proc_start(argv, log, ucx_env);
     cr_assert_not_null(cl.coord);
@@ -70,10 +85,12 @@ static const char *worker_device; /* --device of the workers started next; NULL:
 
 static void start_worker(int i, const char *token_file)
 {
-    char log[256], tok[256] = "";
+    char log[256], tok[256] = "", wtok[320] = "";
     snprintf(log, sizeof(log), "%s/worker%d.log", cl.dir, i);
-    if (token_file)
+    if (token_file) {
         snprintf(tok, sizeof(tok), "--token-file=%s", token_file);
+        worker_token_arg(token_file, wtok, sizeof(wtok));
+    }
     char *argv[] = {STRIA_WORKER_BIN,
                     "--coordinator",
                     cl.coord_addr,
@@ -84,11 +101,12 @@ static void start_worker(int i, const char *token_file)
                     "--memory",
                     "2G", /* a size with a suffix, as operators write it */
                     token_file ? tok : NULL,
+                    wtok,
                     NULL,
                     NULL,
                     NULL};
     if (worker_device != NULL) {
-        int at = token_file ? 10 : 9;
+        int at = token_file ? 11 : 9;
         argv[at] = "--device";
         argv[at + 1] = (char *)worker_device;
     }
@@ -519,7 +537,8 @@ static void worker_still_serves(int w)
 typedef struct {
     stria_rpc_client_t *c;
     uint64_t job;
-    const uint8_t *src[3]; /* Q, K, V as the tensors' bytes */
+    stria_job_secret_t secret; /* the job's, from its submission */
+    const uint8_t *src[3];     /* Q, K, V as the tensors' bytes */
     uint64_t total;
 } upload_t;
 
@@ -540,7 +559,9 @@ static stria_status_t put_range(const upload_t *u, int t, uint64_t off, uint64_t
                               .request = &put.base,
                               .payload = u->src[t] + off,
                               .payload_len = len,
-                              .timeout_s = 10};
+                              .timeout_s = 10,
+                              .job_secret = &u->secret,
+                              .job_id = u->job};
     stria_rpc_reply_t reply;
     memset(&reply, 0, sizeof(reply));
     stria_status_t st = stria_rpc_client_call(u->c, &rq, &reply);
@@ -557,8 +578,11 @@ static stria_status_t run_forward(const upload_t *u)
     Stria__V1__RunForwardRequest req = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
     req.job_id = u->job;
     req.rank = 0;
-    stria_rpc_request_t rq = {
-        .method = STRIA_RPC_WORKER_RUN_FORWARD, .request = &req.base, .timeout_s = 30};
+    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_RUN_FORWARD,
+                              .request = &req.base,
+                              .timeout_s = 30,
+                              .job_secret = &u->secret,
+                              .job_id = u->job};
     stria_rpc_reply_t reply;
     memset(&reply, 0, sizeof(reply));
     stria_status_t st = stria_rpc_client_call(u->c, &rq, &reply);
@@ -608,6 +632,10 @@ Test(e2e, uploads_count_every_byte_once, .timeout = 300)
     wp.service = &stria__v1__worker__descriptor;
     wp.connect_timeout_s = 5;
     upload_t u = {.job = as->job_id, .total = n * sizeof(float)};
+    const Stria__V1__SubmitJobReply *sr = (const Stria__V1__SubmitJobReply *)sreply.msg;
+    cr_assert_eq(stria_auth_open(&sreply.session, "job secret", as->job_id, sr->job_secret.data,
+                                 sr->job_secret.len, u.secret.bytes),
+                 STRIA_OK, "%s", stria_error_msg());
     for (int t = 0; t < 3; t++)
         u.src[t] = (const uint8_t *)in[t];
     cr_assert_eq(stria_rpc_client_connect(&wp, &u.c), STRIA_OK, "%s", stria_error_msg());
@@ -661,7 +689,9 @@ Test(e2e, uploads_count_every_byte_once, .timeout = 300)
                                .request = &get.base,
                                .reply_buf = o,
                                .reply_buf_cap = sizeof(o),
-                               .timeout_s = 10};
+                               .timeout_s = 10,
+                               .job_secret = &u.secret,
+                               .job_id = u.job};
     stria_rpc_reply_t greply;
     memset(&greply, 0, sizeof(greply));
     cr_assert_eq(stria_rpc_client_call(u.c, &grq, &greply), STRIA_OK, "%s", stria_error_msg());
@@ -777,6 +807,8 @@ Test(e2e, token_required_everywhere, .timeout = 300)
     job_data_free(&j);
     stria_client_close(c);
     stop_cluster();
+    unlink(path);
+    strcat(path, ".worker");
     unlink(path);
 }
 

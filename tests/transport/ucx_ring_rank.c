@@ -15,8 +15,15 @@
  * waits --step-timeout for a message nobody sends (a deadline with every rank
  * alive).
  *
+ * With --key-seed N the ring link proves the ring key N stands for (every
+ * rank of a ring must give the same N); --handshake-timeout and
+ * --max-pending set the context's limits on connections that do not
+ * complete a handshake.
+ *
  * Files in DIR: port.R (written once listening), ready.R (after the first
- * pass), result.R (at the end: "ok" or "err", the status name, the message).
+ * pass), result.R (at the end: "ok" or "err", the status name, the message),
+ * stats.R (at the end: the context's refusals, "dropped D refused R
+ * timed_out T rejected J").
  * Exit status: 0 ok, 1 ring error (reported in result.R), 2 usage.
  */
 #include <errno.h>
@@ -27,6 +34,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "stria_auth.h"
 #include "stria_transport.h"
 #include "ucx_engine_case.h"
 
@@ -49,7 +57,32 @@ typedef struct {
     int late_recv_ms;
     const char *mode;
     const char *engine;
+    int key_seed; /* -1: no ring key */
+    double handshake_timeout_s;
+    int max_pending;
 } opts_t;
+
+/* The ring key of --key-seed N (ucx_ring_attacker makes the same). */
+static void key_of_seed(int seed, uint8_t key[STRIA_AUTH_KEY_BYTES])
+{
+    for (int i = 0; i < STRIA_AUTH_KEY_BYTES; i++)
+        key[i] = (uint8_t)(seed * 31 + i * 7 + 1);
+}
+
+static int write_file(const char *dir, const char *name, int rank, const char *text);
+
+/* stats.R: what the context refused. */
+static void write_stats(const opts_t *o, stria_ucx_ctx_t *ctx)
+{
+    stria_ucx_ctx_stats_t s;
+    char text[256];
+    stria_ucx_ctx_stats(ctx, &s);
+    snprintf(text, sizeof(text), "dropped %llu refused %llu timed_out %llu rejected %llu\n",
+             (unsigned long long)s.data_dropped, (unsigned long long)s.handshakes_refused,
+             (unsigned long long)s.handshakes_timed_out,
+             (unsigned long long)s.connections_rejected);
+    write_file(o->dir, "stats", o->rank, text);
+}
 
 static void usage(void)
 {
@@ -58,7 +91,8 @@ static void usage(void)
             "       [--next-host H] [--next-port P] [--tls T] [--net-devices D] [--job J]\n"
             "       [--ring G] [--bytes B] [--passes P] [--duration S] [--step-timeout S]\n"
             "       [--connect-timeout S] [--heartbeat S] [--stall S] [--late-recv MS]\n"
-            "       [--mode ring|engine|listen|idle]\n"
+            "       [--mode ring|engine|listen|idle] [--key-seed N]\n"
+            "       [--handshake-timeout S] [--max-pending N]\n"
             "       [--engine B:S:H:HKV:D:CAUSAL:DTYPE:LAYOUT:SEED]\n");
 }
 
@@ -290,19 +324,33 @@ int main(int argc, char **argv)
                 .passes = 1,
                 .step_timeout_s = 10,
                 .connect_timeout_s = 10,
-                .mode = "ring"};
-    static const struct option longopts[] = {
-        {"rank", required_argument, 0, 'r'},         {"size", required_argument, 0, 'n'},
-        {"dir", required_argument, 0, 'd'},          {"listen-host", required_argument, 0, 'L'},
-        {"port", required_argument, 0, 'p'},         {"next-host", required_argument, 0, 'H'},
-        {"next-port", required_argument, 0, 'P'},    {"tls", required_argument, 0, 't'},
-        {"net-devices", required_argument, 0, 'D'},  {"job", required_argument, 0, 'j'},
-        {"ring", required_argument, 0, 'g'},         {"bytes", required_argument, 0, 'b'},
-        {"passes", required_argument, 0, 'k'},       {"duration", required_argument, 0, 'u'},
-        {"step-timeout", required_argument, 0, 's'}, {"connect-timeout", required_argument, 0, 'c'},
-        {"late-recv", required_argument, 0, 'l'},    {"mode", required_argument, 0, 'm'},
-        {"engine", required_argument, 0, 'e'},       {"heartbeat", required_argument, 0, 'T'},
-        {"stall", required_argument, 0, 'S'},        {0, 0, 0, 0}};
+                .mode = "ring",
+                .key_seed = -1};
+    static const struct option longopts[] = {{"rank", required_argument, 0, 'r'},
+                                             {"size", required_argument, 0, 'n'},
+                                             {"dir", required_argument, 0, 'd'},
+                                             {"listen-host", required_argument, 0, 'L'},
+                                             {"port", required_argument, 0, 'p'},
+                                             {"next-host", required_argument, 0, 'H'},
+                                             {"next-port", required_argument, 0, 'P'},
+                                             {"tls", required_argument, 0, 't'},
+                                             {"net-devices", required_argument, 0, 'D'},
+                                             {"job", required_argument, 0, 'j'},
+                                             {"ring", required_argument, 0, 'g'},
+                                             {"bytes", required_argument, 0, 'b'},
+                                             {"passes", required_argument, 0, 'k'},
+                                             {"duration", required_argument, 0, 'u'},
+                                             {"step-timeout", required_argument, 0, 's'},
+                                             {"connect-timeout", required_argument, 0, 'c'},
+                                             {"late-recv", required_argument, 0, 'l'},
+                                             {"mode", required_argument, 0, 'm'},
+                                             {"engine", required_argument, 0, 'e'},
+                                             {"heartbeat", required_argument, 0, 'T'},
+                                             {"stall", required_argument, 0, 'S'},
+                                             {"key-seed", required_argument, 0, 'K'},
+                                             {"handshake-timeout", required_argument, 0, 'W'},
+                                             {"max-pending", required_argument, 0, 'M'},
+                                             {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
@@ -369,6 +417,15 @@ int main(int argc, char **argv)
         case 'e':
             o.engine = optarg;
             break;
+        case 'K':
+            o.key_seed = atoi(optarg);
+            break;
+        case 'W':
+            o.handshake_timeout_s = atof(optarg);
+            break;
+        case 'M':
+            o.max_pending = atoi(optarg);
+            break;
         default:
             usage();
             return 2;
@@ -386,7 +443,9 @@ int main(int argc, char **argv)
                                  .tls = o.tls,
                                  .net_devices = o.net_devices,
                                  .heartbeat_s = o.heartbeat_s,
-                                 .stall_s = o.stall_s};
+                                 .stall_s = o.stall_s,
+                                 .handshake_timeout_s = o.handshake_timeout_s,
+                                 .max_pending_per_source = o.max_pending};
     stria_ucx_ctx_t *ctx = NULL;
     stria_status_t st = stria_ucx_ctx_create(&cp, &ctx);
     if (st != STRIA_OK)
@@ -417,11 +476,17 @@ int main(int argc, char **argv)
                                   .next_host = o.next_host,
                                   .next_port = (uint16_t)next_port,
                                   .connect_timeout_s = o.connect_timeout_s};
+    uint8_t key[STRIA_AUTH_KEY_BYTES];
+    if (o.key_seed >= 0) {
+        key_of_seed(o.key_seed, key);
+        lp.key = key;
+    }
     stria_link_t *link = NULL;
     st = stria_link_ucx_connect(ctx, &lp, &link);
     if (st != STRIA_OK) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        write_stats(&o, ctx);
         stria_ucx_ctx_destroy(ctx);
         return finish(&o, st, msg);
     }
@@ -435,6 +500,7 @@ int main(int argc, char **argv)
         if (st != STRIA_OK)
             snprintf(msg, sizeof(msg), "%s", stria_error_msg());
         stria_link_destroy(link);
+        write_stats(&o, ctx);
         stria_ucx_ctx_destroy(ctx);
         return finish(&o, st, msg);
     }
@@ -475,6 +541,7 @@ int main(int argc, char **argv)
         stria_link_cancel(link, reqs[1]);
     }
     stria_link_destroy(link);
+    write_stats(&o, ctx);
     stria_ucx_ctx_destroy(ctx);
     free(bufs[0]);
     free(bufs[1]);

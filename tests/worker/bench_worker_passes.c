@@ -114,6 +114,10 @@ int main(int argc, char **argv)
     wf_job_t job;
     memset(&job, 0, sizeof(job));
     job.id = a->job_id;
+    if (wf_open_secret(&rep, &job) != STRIA_OK) {
+        fprintf(stderr, "submit: %s\n", stria_error_msg());
+        return 1;
+    }
     job.n = 2;
     job.shape = (stria_ring_shape_t){
         .batch = 1, .seq = seq, .heads = 8, .kv_heads = 2, .head_dim = 64, .causal = true};

@@ -56,7 +56,7 @@ int main(void)
     /* dropped between two chunks of Q */
     void *s = wf_shard(&job, 0, q, 2, &sl);
     CHECK(wf_put(&f, &job, 0, STRIA__V1__TENSOR__TENSOR_Q, s, sl, 0, sl / 2) == STRIA_OK, "put");
-    CHECK(wf_drop(&f, job.widx[0], job.id) == STRIA_OK, "drop");
+    CHECK(wf_drop(&f, job.widx[0], &job) == STRIA_OK, "drop");
     CHECK(wf_wait_usage(&f, job.widx[0], 0, 0, 5), "dropped job still held");
     free(s);
 

@@ -139,7 +139,7 @@ Test(worker, job_lifecycle_matches_the_local_ring, .timeout = TEST_TIMEOUT_S)
             expect_shard(&job, r, got, len, refs[i], outs[i].heads, outs[i].lse, outs[i].name);
             free(got);
         }
-    cr_assert_eq(wf_release(&f, job.id), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(wf_release(&f, &job), STRIA_OK, "%s", stria_error_msg());
     for (int i = 0; i < f.n; i++)
         cr_expect(wf_wait_usage(&f, i, 0, 0, 5.0), "worker %d keeps the released job", i);
     free(q), free(k), free(v), free(d_o), free(o), free(lse), free(dq), free(dk), free(dv);
@@ -226,7 +226,8 @@ static void *put_bg_main(void *arg)
     req.job_id = p->job->id;
     req.tensor = STRIA__V1__TENSOR__TENSOR_Q;
     req.total_bytes = p->len;
-    p->st = cl != NULL ? wf_call(cl, STRIA_RPC_WORKER_PUT_INPUT, &req.base, p->shard, p->len, NULL)
+    p->st = cl != NULL ? wf_call_job(cl, STRIA_RPC_WORKER_PUT_INPUT, &req.base, p->shard, p->len,
+                                     p->job, NULL)
                        : STRIA_ERR_IO;
     stria_rpc_client_close(cl);
     return NULL;
@@ -247,7 +248,7 @@ Test(worker, drop_during_a_transfer_frees_the_job_after_it, .timeout = TEST_TIME
     float *q = wf_tensor(&job, 2, 1);
     void *s = wf_shard(&job, 0, q, 2, &sl);
     cr_assert_eq(wf_put(&f, &job, 0, STRIA__V1__TENSOR__TENSOR_Q, s, sl, 0, sl / 2), STRIA_OK);
-    cr_assert_eq(wf_drop(&f, w0, job.id), STRIA_OK);
+    cr_assert_eq(wf_drop(&f, w0, &job), STRIA_OK);
     cr_expect(wf_wait_usage(&f, w0, 0, 0, 2.0), "the dropped job's memory is still held");
     free(s), free(q);
 
@@ -266,7 +267,7 @@ Test(worker, drop_during_a_transfer_frees_the_job_after_it, .timeout = TEST_TIME
             break;
         usleep(500);
     }
-    cr_expect_eq(wf_drop(&f, w0, big.id), STRIA_OK);
+    cr_expect_eq(wf_drop(&f, w0, &big), STRIA_OK);
     pthread_join(th, NULL);
     cr_expect(wf_wait_usage(&f, w0, 0, 0, 2.0), "the dropped job's memory is still held");
     free(s), free(q);

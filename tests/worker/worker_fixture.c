@@ -9,8 +9,26 @@
 stria_status_t wf_call(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
                        const void *payload, uint64_t len, stria_rpc_reply_t *rep)
 {
+    return wf_call_job(cl, method, req, payload, len, NULL, rep);
+}
+
+stria_status_t wf_open_secret(const stria_rpc_reply_t *rep, wf_job_t *job)
+{
+    const Stria__V1__SubmitJobReply *r = (const Stria__V1__SubmitJobReply *)rep->msg;
+    return stria_auth_open(&rep->session, "job secret", r->assignment->job_id, r->job_secret.data,
+                           r->job_secret.len, job->secret.bytes);
+}
+
+stria_status_t wf_call_job(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
+                           const void *payload, uint64_t len, const wf_job_t *job,
+                           stria_rpc_reply_t *rep)
+{
     stria_rpc_request_t r = {.method = method, .request = req, .timeout_s = 30};
     stria_rpc_reply_t tmp;
+    if (job != NULL) {
+        r.job_secret = &job->secret;
+        r.job_id = job->id;
+    }
     r.payload = payload;
     r.payload_len = len;
     memset(&tmp, 0, sizeof(tmp));
@@ -108,6 +126,10 @@ stria_status_t wf_submit(wf_t *f, int64_t seq, uint32_t step_timeout_ms, wf_job_
         return st;
     const Stria__V1__Assignment *a = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
     job->id = a->job_id;
+    if ((st = wf_open_secret(&rep, job)) != STRIA_OK) {
+        stria_rpc_reply_free(&rep);
+        return st;
+    }
     job->n = (int)a->n_ranks;
     job->shape = (stria_ring_shape_t){.batch = 1,
                                       .seq = seq,
@@ -166,8 +188,8 @@ stria_status_t wf_put(wf_t *f, const wf_job_t *job, int rank, Stria__V1__Tensor 
     req.tensor = t;
     req.offset = off;
     req.total_bytes = total;
-    return wf_call(f->wc[job->widx[rank]], STRIA_RPC_WORKER_PUT_INPUT, &req.base,
-                   (const char *)shard + off, len, NULL);
+    return wf_call_job(f->wc[job->widx[rank]], STRIA_RPC_WORKER_PUT_INPUT, &req.base,
+                       (const char *)shard + off, len, job, NULL);
 }
 
 stria_status_t wf_put_all(wf_t *f, const wf_job_t *job, const float *q, const float *k,
@@ -207,8 +229,8 @@ stria_status_t wf_pass_on(stria_rpc_client_t *cl, const wf_job_t *job, int rank,
     Stria__V1__RunBackwardRequest br = STRIA__V1__RUN_BACKWARD_REQUEST__INIT;
     fr.job_id = br.job_id = job->id;
     fr.rank = br.rank = (uint32_t)rank;
-    return wf_call(cl, backward ? STRIA_RPC_WORKER_RUN_BACKWARD : STRIA_RPC_WORKER_RUN_FORWARD,
-                   backward ? &br.base : &fr.base, NULL, 0, NULL);
+    return wf_call_job(cl, backward ? STRIA_RPC_WORKER_RUN_BACKWARD : STRIA_RPC_WORKER_RUN_FORWARD,
+                       backward ? &br.base : &fr.base, NULL, 0, job, NULL);
 }
 
 stria_status_t wf_pass(wf_t *f, const wf_job_t *job, int rank, bool backward)
@@ -260,8 +282,8 @@ stria_status_t wf_get(wf_t *f, const wf_job_t *job, int rank, Stria__V1__Tensor 
     req.job_id = job->id;
     req.rank = (uint32_t)rank;
     req.tensor = t;
-    stria_status_t st =
-        wf_call(f->wc[job->widx[rank]], STRIA_RPC_WORKER_GET_OUTPUT, &req.base, NULL, 0, &rep);
+    stria_status_t st = wf_call_job(f->wc[job->widx[rank]], STRIA_RPC_WORKER_GET_OUTPUT, &req.base,
+                                    NULL, 0, job, &rep);
     if (st != STRIA_OK)
         return st;
     *len = rep.payload_len;
@@ -271,18 +293,18 @@ stria_status_t wf_get(wf_t *f, const wf_job_t *job, int rank, Stria__V1__Tensor 
     return STRIA_OK;
 }
 
-stria_status_t wf_drop(wf_t *f, int widx, uint64_t job_id)
+stria_status_t wf_drop(wf_t *f, int widx, const wf_job_t *job)
 {
     Stria__V1__DropJobRequest req = STRIA__V1__DROP_JOB_REQUEST__INIT;
-    req.job_id = job_id;
-    return wf_call(f->wc[widx], STRIA_RPC_WORKER_DROP_JOB, &req.base, NULL, 0, NULL);
+    req.job_id = job->id;
+    return wf_call_job(f->wc[widx], STRIA_RPC_WORKER_DROP_JOB, &req.base, NULL, 0, job, NULL);
 }
 
-stria_status_t wf_release(wf_t *f, uint64_t job_id)
+stria_status_t wf_release(wf_t *f, const wf_job_t *job)
 {
     Stria__V1__ReleaseJobRequest req = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
-    req.job_id = job_id;
-    return wf_call(f->cc, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, NULL, 0, NULL);
+    req.job_id = job->id;
+    return wf_call_job(f->cc, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, NULL, 0, job, NULL);
 }
 
 bool wf_wait_usage(wf_t *f, int i, uint32_t jobs, uint64_t memory, double timeout_s)

@@ -24,6 +24,7 @@ typedef struct {
  * index and the global positions of its shard. */
 typedef struct {
     uint64_t id;
+    stria_job_secret_t secret; /* from the submission; every job-scoped call proves it */
     stria_ring_shape_t shape;
     stria_layout_t layout;
     int n;
@@ -35,6 +36,12 @@ stria_status_t wf_start(wf_t *f, int n, double step_timeout_s);
 void wf_stop(wf_t *f);
 stria_status_t wf_call(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
                        const void *payload, uint64_t len, stria_rpc_reply_t *rep);
+/* A call about `job` (NULL: none), proving its secret. */
+stria_status_t wf_call_job(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
+                           const void *payload, uint64_t len, const wf_job_t *job,
+                           stria_rpc_reply_t *rep);
+/* Opens the job secret of a SubmitJob reply into job->secret. */
+stria_status_t wf_open_secret(const stria_rpc_reply_t *rep, wf_job_t *job);
 /* Submits a causal striped fp32 job over every worker (seq tokens). */
 stria_status_t wf_submit(wf_t *f, int64_t seq, uint32_t step_timeout_ms, wf_job_t *job);
 /* Deterministic full tensor [batch, seq, heads, head_dim] (fp32). */
@@ -56,8 +63,8 @@ stria_status_t wf_pass(wf_t *f, const wf_job_t *job, int rank, bool backward);
 /* GetOutput of a rank's whole tensor (malloc'd). */
 stria_status_t wf_get(wf_t *f, const wf_job_t *job, int rank, Stria__V1__Tensor t, void **out,
                       uint64_t *len);
-stria_status_t wf_drop(wf_t *f, int widx, uint64_t job_id);
-stria_status_t wf_release(wf_t *f, uint64_t job_id);
+stria_status_t wf_drop(wf_t *f, int widx, const wf_job_t *job);
+stria_status_t wf_release(wf_t *f, const wf_job_t *job);
 /* Waits up to timeout_s for worker i to hold `jobs` jobs and `memory` bytes. */
 bool wf_wait_usage(wf_t *f, int i, uint32_t jobs, uint64_t memory, double timeout_s);
 

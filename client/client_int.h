@@ -1,0 +1,164 @@
+/* libstria internals: the client, its jobs and ranks, and what the rooms
+ * share:
+ *   client.c        ABI, connect, submit and the queue, whole-sequence calls
+ *                   (phases of one thread per rank), release, accessors
+ *   client_data.c   one rank's data: connect, its path (shared memory or
+ *                   TCP), the pass call, the phases' rank functions
+ *   client_xfer.c   the TCP path: PutInput and GetOutput pipelined in
+ *                   chunks, straight from and into the caller's rows
+ *   client_shard.c  sharded jobs: submit, export, import, positions, the
+ *                   per-rank forward and backward
+ *   client_shm.c    the shared-memory path: attach, commit, shard buffers */
+#ifndef STRIA_CLIENT_INT_H
+#define STRIA_CLIENT_INT_H
+
+#include <pthread.h>
+
+#include "stria.pb-c.h"
+#include "stria_client.h"
+#include "stria_rpc.h"
+#include "stria_shm.h"
+
+#define STRIA__COORD_TIMEOUT_S 10.0
+#define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
+#define STRIA__POLL_S          0.2
+#define STRIA__N_TENSORS       9 /* stria_tensor_id_t: 1 .. 9 */
+
+struct stria_client {
+    stria_client_params_t params;
+    char *coordinator;
+    char *token;
+    char *client_name;
+    stria_rpc_client_t *coord;
+    stria_job_t *jobs; /* open jobs, released by stria_client_close() */
+};
+
+/* Where a tensor lies in a rank's shared memory (ShmTensor). */
+typedef struct {
+    uint64_t offset, outer, outer_stride, row_bytes;
+} stria__shm_tensor_t;
+
+/* A rank's shared memory with its worker: the socket (-1: none) and the
+ * mapping of the job's memfd. */
+typedef struct {
+    int sock;
+    void *base;
+    size_t size;
+    stria__shm_tensor_t t[STRIA__N_TENSORS + 1]; /* by stria_tensor_id_t */
+} stria__shm_t;
+
+typedef struct {
+    int rank;
+    char rpc_address[300];
+    char shm_socket[STRIA_SHM_MAX_PATH]; /* the worker's; "" : none */
+    uint64_t worker_id;
+    int64_t tokens;
+    stria_rpc_client_t *conn;
+    stria__shm_t shm;
+    bool shm_tried;    /* the path is decided */
+    char shm_why[300]; /* why the rank uses TCP under STRIA_DATA_PATH_AUTO */
+    bool used;         /* sharded: this handle reached the rank's worker (ran it) */
+    bool fwd_done;     /* sharded: its forward pass succeeded */
+    /* result of the rank's part of the current phase */
+    stria_status_t status;
+    char error[768];
+    double compute_s, wait_s;
+    uint32_t steps;      /* of the last pass */
+    uint64_t bytes_sent; /* over the ring in the last pass */
+    uint64_t bytes;      /* moved in the current phase, read by the progress poller */
+    void *stage;         /* staging of short rows (client_xfer.c), kept between calls */
+    size_t stage_cap;
+} stria__rank_t;
+
+struct stria_job {
+    stria_client_t *client;
+    stria_job_t *next;
+    uint64_t id;
+    stria_job_spec_t spec; /* as assigned: defaults filled in */
+    stria_layout_t layout;
+    int n_ranks;
+    stria__rank_t *ranks;
+    double pass_timeout_s;
+    bool forward_done;
+    bool sharded;
+    /* The job's capability, from the coordinator at submission (or the
+     * export bytes): every request about the job proves it (never sends it
+     * over the network); the shared-memory attach hands it to the worker
+     * over the host's Unix socket. */
+    stria_job_secret_t secret;
+};
+
+/* ---- the phases of a whole-sequence call (client.c) ---- */
+typedef struct stria__phase stria__phase_t;
+typedef void (*stria__rank_fn)(stria__phase_t *ph, stria__rank_t *r);
+
+struct stria__phase {
+    stria_job_t *job;
+    stria__rank_fn fn;
+    /* inputs and outputs of the phase, full tensors */
+    const void *in[3];
+    int n_in;
+    void *out[3];
+    float *lse_out;
+    int n_out;
+    bool backward;
+    /* completion */
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    int remaining;
+};
+
+/* ---- client.c ---- */
+size_t stria__row_bytes(const stria_job_t *job, int64_t heads);
+/* A call to the coordinator; about `job` (its secret proven) unless NULL. */
+stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                 const stria_job_t *job, stria_rpc_reply_t *reply);
+/* A caller's spec read into ours (ABI) and checked. */
+stria_status_t stria__read_spec(const stria_job_spec_t *in, stria_job_spec_t *out);
+/* Submits job->spec (sharded or not) and waits while the job is queued;
+ * job->id is set once the coordinator admitted it. */
+stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
+                             stria_progress_cb progress, void *arg);
+/* Waits while the job is PENDING (state and position as last seen). */
+stria_status_t stria__wait_queued(stria_client_t *c, stria_job_t *job, Stria__V1__JobState state,
+                                  uint32_t qpos, stria_progress_cb progress, void *arg);
+/* The job's ranks from the coordinator's assignment, checked against the
+ * layout this library scatters with. */
+stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__V1__Assignment *a);
+void stria__job_free(stria_job_t *job);
+/* Links an open job into its client (released by stria_client_close()). */
+void stria__job_link(stria_job_t *job);
+
+/* ---- client_data.c ---- */
+/* The rank's connection to its worker and, as the client's path says,
+ * its shared memory. */
+stria_status_t stria__rank_connect(stria_job_t *job, stria__rank_t *r);
+/* Bytes of the compact form of a rank's tensor. */
+uint64_t stria__rank_bytes(const stria_job_t *job, const stria__rank_t *r, stria_tensor_id_t t);
+/* A rank's input from its compact form (or in place), by its path. */
+stria_status_t stria__rank_put(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t,
+                               const void *compact);
+/* A rank's output into its compact form (or in place), by its path. */
+stria_status_t stria__rank_get(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t,
+                               void *compact);
+/* RunForward / RunBackward of the rank, with `extra_s` more patience (a
+ * sharded pass waits for the other ranks). */
+stria_status_t stria__rank_run(stria_job_t *job, stria__rank_t *r, bool backward, double extra_s);
+/* DropJob on the rank's worker (its memory goes back now). */
+void stria__rank_drop(stria_job_t *job, stria__rank_t *r);
+/* The phases' rank functions. */
+void stria__rank_upload(stria__phase_t *ph, stria__rank_t *r);
+void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r);
+void stria__rank_download(stria__phase_t *ph, stria__rank_t *r);
+
+/* ---- client_shm.c ---- */
+/* Attaches the rank's shared memory through its worker's socket. */
+stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r);
+/* Tells the worker an input is written in full. */
+stria_status_t stria__shm_commit(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t);
+void stria__shm_detach(stria__shm_t *shm);
+/* Copies between a compact tensor and the rank's shared one (unless they
+ * are the same memory). */
+void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact, bool to_shared);
+
+#endif /* STRIA_CLIENT_INT_H */

@@ -1,0 +1,268 @@
+/* libstria: sharded jobs. One trainer rank submits the job, exports it as a
+ * few bytes (its id and secret) for its peers, who import them; each rank
+ * then runs its own part of the forward and backward passes with only its
+ * tokens, and releases the ranks it ran. */
+#include "client_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STRIA__EXPORT_MAGIC "STRIAJB2"
+_Static_assert(STRIA_JOB_EXPORT_BYTES == 16 + sizeof(stria_job_secret_t),
+               "an export: magic, job id, secret");
+
+stria_status_t stria_client_submit(stria_client_t *client, const stria_job_spec_t *spec,
+                                   stria_job_t **job_out)
+{
+    stria_job_spec_t sp;
+    stria_status_t st;
+    if (client == NULL || spec == NULL || job_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_client_submit: NULL argument");
+    if ((st = stria__read_spec(spec, &sp)) != STRIA_OK)
+        return st;
+    if (sp.ring_size < 1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_submit: ring_size is required: the trainer's world "
+                               "size");
+    if (sp.layout == STRIA_LAYOUT_AUTO)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_submit: a sharded job must name its layout (striped, "
+                               "contiguous or zigzag), not auto: each rank brings its tokens in "
+                               "that layout's order");
+    stria_job_t *job = calloc(1, sizeof(*job));
+    if (job == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    job->client = client;
+    job->spec = sp;
+    st = stria__submit(client, job, true, NULL, NULL);
+    /* the caller's strings and arrays are read during the submission only */
+    job->spec.label = NULL;
+    job->spec.cu_seqlens = NULL;
+    job->spec.n_cu_seqlens = 0;
+    job->spec.placement_hosts = NULL;
+    job->spec.placement_devices = NULL;
+    if (st != STRIA_OK) {
+        if (job->id != 0) { /* admitted, then failed: the whole job goes */
+            char msg[1024];
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            job->sharded = false;
+            stria__job_link(job);
+            stria_client_release(job);
+            return stria_error_set(st, "%s", msg);
+        }
+        stria__job_free(job);
+        return st;
+    }
+    stria__job_link(job);
+    *job_out = job;
+    return STRIA_OK;
+}
+
+stria_status_t stria_job_export(const stria_job_t *job, void *out, size_t cap, size_t *len_out)
+{
+    uint8_t *b = out;
+    if (job == NULL || out == NULL || len_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_job_export: NULL argument");
+    if (!job->sharded)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_job_export: job %llu is not sharded (only a job of "
+                               "stria_client_submit can be shared)",
+                               (unsigned long long)job->id);
+    if (cap < STRIA_JOB_EXPORT_BYTES)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_job_export: %zu bytes of room, %d needed", cap,
+                               STRIA_JOB_EXPORT_BYTES);
+    memcpy(b, STRIA__EXPORT_MAGIC, 8);
+    stria_put_le64(b + 8, job->id);
+    memcpy(b + 16, job->secret.bytes, sizeof(job->secret.bytes));
+    *len_out = STRIA_JOB_EXPORT_BYTES;
+    return STRIA_OK;
+}
+
+/* Our spec of the assignment's (what an importer knows of the job). */
+static void stria__spec_from_proto(const Stria__V1__JobSpec *s, stria_job_spec_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->struct_size = sizeof(*out);
+    out->batch = s->batch;
+    out->seq_len = (int64_t)s->seq_len;
+    out->heads = s->heads;
+    out->kv_heads = s->kv_heads;
+    out->head_dim = s->head_dim;
+    out->dtype = (stria_dtype_t)s->dtype;
+    out->causal = s->causal;
+    out->layout = (stria_layout_kind_t)s->layout;
+    out->ring_size = (int)s->ring_size;
+    out->scale = s->scale;
+    out->step_timeout_s = s->step_timeout_ms / 1000.0;
+    out->ttl_s = s->ttl_s;
+    out->arrival_timeout_s = s->arrival_timeout_s;
+    out->has_window = s->window != NULL;
+}
+
+/* The job of an export from the coordinator's record (GetJob checks the
+ * proof of the secret). */
+static stria_status_t stria__import(stria_client_t *c, stria_job_t *job, uint64_t id,
+                                    Stria__V1__JobState *state_out, uint32_t *qpos_out)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.job_id = id;
+    job->id = id;
+    memset(&reply, 0, sizeof(reply));
+    stria_status_t st = stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "stria_job_import");
+    const Stria__V1__JobInfo *info = ((const Stria__V1__GetJobReply *)reply.msg)->job;
+    if (info == NULL || info->assignment == NULL || info->assignment->spec == NULL)
+        st = stria_error_set(STRIA_ERR_PROTOCOL,
+                             "stria_job_import: job %llu came without its "
+                             "assignment",
+                             (unsigned long long)id);
+    else if (!info->assignment->spec->sharded)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG, "stria_job_import: job %llu is not sharded",
+                             (unsigned long long)id);
+    else if (info->state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED)
+        st = stria_error_set(STRIA_ERR_CANCELLED, "stria_job_import: job %llu is over: %s",
+                             (unsigned long long)id,
+                             info->failure && info->failure[0] ? info->failure : "released");
+    if (st == STRIA_OK) {
+        stria__spec_from_proto(info->assignment->spec, &job->spec);
+        st = stria__job_from_assignment(job, info->assignment);
+        *state_out = info->state;
+        *qpos_out = info->queue_position;
+    }
+    stria_rpc_reply_free(&reply);
+    return st;
+}
+
+stria_status_t stria_job_import(stria_client_t *client, const void *bytes, size_t len,
+                                stria_job_t **job_out)
+{
+    const uint8_t *b = bytes;
+    Stria__V1__JobState state = STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
+    uint32_t qpos = 0;
+    if (client == NULL || bytes == NULL || job_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_job_import: NULL argument");
+    if (len != STRIA_JOB_EXPORT_BYTES || memcmp(b, STRIA__EXPORT_MAGIC, 8) != 0)
+        return stria_error_set(STRIA_ERR_FORMAT,
+                               "stria_job_import: %zu bytes that are no job export (one is %d "
+                               "bytes from stria_job_export)",
+                               len, STRIA_JOB_EXPORT_BYTES);
+    stria_job_t *job = calloc(1, sizeof(*job));
+    if (job == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    job->client = client;
+    job->sharded = true;
+    memcpy(job->secret.bytes, b + 16, sizeof(job->secret.bytes));
+    uint64_t id = stria_get_le64(b + 8);
+    stria_status_t st = stria__import(client, job, id, &state, &qpos);
+    if (st == STRIA_OK)
+        st = stria__wait_queued(client, job, state, qpos, NULL, NULL);
+    if (st != STRIA_OK) {
+        stria__job_free(job);
+        return st;
+    }
+    stria__job_link(job);
+    *job_out = job;
+    return STRIA_OK;
+}
+
+int64_t stria_job_shard_tokens(const stria_job_t *job, int rank)
+{
+    if (job == NULL || rank < 0 || rank >= job->n_ranks)
+        return -1;
+    return job->ranks[rank].tokens;
+}
+
+stria_status_t stria_job_positions(const stria_job_t *job, int rank, int64_t *positions_out)
+{
+    if (job == NULL || positions_out == NULL || rank < 0 || rank >= job->n_ranks)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_job_positions: NULL argument or rank %d out of range", rank);
+    for (int64_t i = 0; i < job->ranks[rank].tokens; i++)
+        positions_out[i] = stria_layout_position(&job->layout, rank, i);
+    return STRIA_OK;
+}
+
+/* One rank's pass: its inputs, the pass (every rank's), its outputs. */
+static stria_status_t stria__shard_pass(stria_job_t *job, int rank, bool backward,
+                                        const void *const *in, void *const *out, int n_out)
+{
+    static const stria_tensor_id_t fwd_in[3] = {STRIA_TENSOR_Q, STRIA_TENSOR_K, STRIA_TENSOR_V};
+    static const stria_tensor_id_t fwd_out[2] = {STRIA_TENSOR_O, STRIA_TENSOR_LSE};
+    static const stria_tensor_id_t bwd_out[3] = {STRIA_TENSOR_DQ, STRIA_TENSOR_DK, STRIA_TENSOR_DV};
+    const char *what = backward ? "backward pass" : "forward pass";
+    stria__rank_t *r = &job->ranks[rank];
+    double arrival = job->spec.arrival_timeout_s > 0 ? job->spec.arrival_timeout_s : 60.0;
+
+    stria_status_t st = stria__rank_connect(job, r);
+    if (st == STRIA_OK) {
+        what = "upload";
+        for (int i = 0; i < (backward ? 1 : 3) && st == STRIA_OK; i++)
+            st = stria__rank_put(job, r, backward ? STRIA_TENSOR_DO : fwd_in[i], in[i]);
+    }
+    if (st == STRIA_OK) {
+        what = backward ? "backward pass" : "forward pass";
+        st = stria__rank_run(job, r, backward, arrival);
+    }
+    if (st == STRIA_OK) {
+        what = "download";
+        for (int i = 0; i < n_out && st == STRIA_OK; i++)
+            st = stria__rank_get(job, r, backward ? bwd_out[i] : fwd_out[i], out[i]);
+    }
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "job %llu rank %d (worker %s), %s", (unsigned long long)job->id,
+                                rank, r->rpc_address, what);
+    return STRIA_OK;
+}
+
+static stria_status_t stria__shard_check(const stria_job_t *job, int rank, const char *fn)
+{
+    if (job == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: job is NULL", fn);
+    if (!job->sharded)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: job %llu is not sharded (submit it with stria_client_submit)",
+                               fn, (unsigned long long)job->id);
+    if (rank < 0 || rank >= job->n_ranks)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: rank %d of a ring of %d", fn, rank,
+                               job->n_ranks);
+    return STRIA_OK;
+}
+
+stria_status_t stria_client_forward_shard(stria_job_t *job, int rank, const void *q, const void *k,
+                                          const void *v, void *o, float *lse)
+{
+    stria_status_t st = stria__shard_check(job, rank, "stria_client_forward_shard");
+    if (st != STRIA_OK)
+        return st;
+    if (q == NULL || k == NULL || v == NULL || o == NULL || lse == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_forward_shard: q, k, v, o and lse are required");
+    const void *in[3] = {q, k, v};
+    void *out[2] = {o, lse};
+    st = stria__shard_pass(job, rank, false, in, out, 2);
+    if (st == STRIA_OK)
+        job->ranks[rank].fwd_done = true;
+    return st;
+}
+
+stria_status_t stria_client_backward_shard(stria_job_t *job, int rank, const void *d_o, void *dq,
+                                           void *dk, void *dv)
+{
+    stria_status_t st = stria__shard_check(job, rank, "stria_client_backward_shard");
+    if (st != STRIA_OK)
+        return st;
+    if (d_o == NULL || dq == NULL || dk == NULL || dv == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_backward_shard: d_o, dq, dk and dv are required");
+    if (!job->ranks[rank].fwd_done)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job %llu rank %d: backward needs the rank's forward pass first",
+                               (unsigned long long)job->id, rank);
+    const void *in[1] = {d_o};
+    void *out[3] = {dq, dk, dv};
+    return stria__shard_pass(job, rank, true, in, out, 3);
+}

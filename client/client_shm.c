@@ -1,0 +1,205 @@
+/* libstria: the shared-memory path. A rank whose worker is on this host
+ * attaches to the job's rank through the worker's Unix socket (the job's
+ * secret), maps the memfd of the rank's tensors, writes inputs and reads
+ * outputs there, and commits each input it wrote. */
+#include "client_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* What the rank's tensor must look like (rows and bytes per token). */
+static void stria__expected(const stria_job_t *job, stria_tensor_id_t t, uint64_t *outer,
+                            uint64_t *row)
+{
+    bool kv =
+        t == STRIA_TENSOR_K || t == STRIA_TENSOR_V || t == STRIA_TENSOR_DK || t == STRIA_TENSOR_DV;
+    *outer = (uint64_t)job->spec.batch * (t == STRIA_TENSOR_LSE ? (uint64_t)job->spec.heads : 1);
+    *row = t == STRIA_TENSOR_LSE
+               ? 4
+               : (uint64_t)stria__row_bytes(job, kv ? job->spec.kv_heads : job->spec.heads);
+}
+
+/* Checks the worker's layout against the job and the mapping's size. */
+static stria_status_t stria__check_layout(const stria_job_t *job, const stria__rank_t *r,
+                                          const Stria__V1__ShmReply *rep, stria__shm_t *shm)
+{
+    bool seen[STRIA__N_TENSORS + 1] = {false};
+    if (rep->tokens != (uint64_t)r->tokens)
+        return stria_error_set(STRIA_ERR_PROTOCOL, "the worker's rank holds %llu tokens, not %lld",
+                               (unsigned long long)rep->tokens, (long long)r->tokens);
+    for (size_t i = 0; i < rep->n_tensors; i++) {
+        const Stria__V1__ShmTensor *x = rep->tensors[i];
+        uint64_t outer, row;
+        if (x->tensor < 1 || x->tensor > STRIA__N_TENSORS)
+            return stria_error_set(STRIA_ERR_PROTOCOL, "the worker names tensor %d",
+                                   (int)x->tensor);
+        stria__expected(job, (stria_tensor_id_t)x->tensor, &outer, &row);
+        uint64_t used = (uint64_t)r->tokens * row; /* > 0 */
+        uint64_t room = x->offset <= rep->size ? rep->size - x->offset : 0;
+        if (x->outer != outer || x->row_bytes != row || x->outer_stride < used || used > room ||
+            (outer > 1 && outer - 1 > (room - used) / x->outer_stride))
+            return stria_error_set(STRIA_ERR_PROTOCOL,
+                                   "the worker's tensor %d (%llu rows of %llu bytes, %llu apart, "
+                                   "at %llu) does not fit the job or its %llu-byte memory",
+                                   (int)x->tensor, (unsigned long long)x->outer,
+                                   (unsigned long long)x->row_bytes,
+                                   (unsigned long long)x->outer_stride,
+                                   (unsigned long long)x->offset, (unsigned long long)rep->size);
+        seen[x->tensor] = true;
+        shm->t[x->tensor] = (stria__shm_tensor_t){x->offset, x->outer, x->outer_stride, row};
+    }
+    for (int t = 1; t <= STRIA__N_TENSORS; t++)
+        if (!seen[t])
+            return stria_error_set(STRIA_ERR_PROTOCOL, "the worker did not place tensor %d", t);
+    return STRIA_OK;
+}
+
+/* One request and its reply; a reply with an error status becomes ours. */
+static stria_status_t stria__shm_call(stria_job_t *job, int sock, const Stria__V1__ShmRequest *req,
+                                      Stria__V1__ShmReply **rep_out, int *fd_out)
+{
+    ProtobufCMessage *msg = NULL;
+    int fd = -1;
+    stria_status_t st = stria_shm_send(sock, &req->base, -1);
+    if (st == STRIA_OK)
+        st = stria_shm_recv(sock, &stria__v1__shm_reply__descriptor,
+                            job->client->params.rpc_timeout_s, &msg, &fd);
+    if (st != STRIA_OK)
+        return st;
+    Stria__V1__ShmReply *rep = (Stria__V1__ShmReply *)msg;
+    if (rep->status < 0) {
+        st = stria_error_set((stria_status_t)rep->status, "%s", rep->message);
+        protobuf_c_message_free_unpacked(msg, NULL);
+        if (fd >= 0)
+            close(fd);
+        return st;
+    }
+    *rep_out = rep;
+    if (fd_out != NULL)
+        *fd_out = fd;
+    else if (fd >= 0)
+        close(fd);
+    return STRIA_OK;
+}
+
+stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r)
+{
+    Stria__V1__ShmRequest req = STRIA__V1__SHM_REQUEST__INIT;
+    Stria__V1__ShmReply *rep = NULL;
+    stria__shm_t shm = {.sock = -1};
+    int fd = -1;
+    stria_status_t st = stria_shm_connect(r->shm_socket, &shm.sock);
+    if (st != STRIA_OK)
+        return st;
+    req.op = STRIA__V1__SHM_REQUEST__OP__OP_ATTACH;
+    req.worker_id = r->worker_id;
+    req.job_id = job->id;
+    req.rank = (uint32_t)r->rank;
+    req.secret.data = (uint8_t *)job->secret.bytes;
+    req.secret.len = sizeof(job->secret.bytes);
+    st = stria__shm_call(job, shm.sock, &req, &rep, &fd);
+    if (st == STRIA_OK && fd < 0)
+        st = stria_error_set(STRIA_ERR_PROTOCOL, "the worker passed no memory");
+    if (st == STRIA_OK)
+        st = stria__check_layout(job, r, rep, &shm);
+    if (st == STRIA_OK) {
+        shm.size = (size_t)rep->size;
+        shm.base = mmap(NULL, shm.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (shm.base == MAP_FAILED) {
+            shm.base = NULL;
+            st = stria_error_set(STRIA_ERR_IO, "cannot map the worker's %zu bytes: %m", shm.size);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (rep != NULL)
+        protobuf_c_message_free_unpacked(&rep->base, NULL);
+    if (st != STRIA_OK) {
+        stria__shm_detach(&shm);
+        return stria_error_wrap(st, "%s", r->shm_socket);
+    }
+    r->shm = shm;
+    return STRIA_OK;
+}
+
+stria_status_t stria__shm_commit(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t)
+{
+    Stria__V1__ShmRequest req = STRIA__V1__SHM_REQUEST__INIT;
+    Stria__V1__ShmReply *rep = NULL;
+    req.op = STRIA__V1__SHM_REQUEST__OP__OP_COMMIT;
+    req.tensor = (Stria__V1__Tensor)t;
+    stria_status_t st = stria__shm_call(job, r->shm.sock, &req, &rep, NULL);
+    if (st != STRIA_OK)
+        return st;
+    protobuf_c_message_free_unpacked(&rep->base, NULL);
+    return STRIA_OK;
+}
+
+void stria__shm_detach(stria__shm_t *shm)
+{
+    if (shm->base != NULL)
+        munmap(shm->base, shm->size);
+    if (shm->sock >= 0)
+        close(shm->sock);
+    shm->base = NULL;
+    shm->sock = -1;
+}
+
+void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact, bool to_shared)
+{
+    const stria__shm_tensor_t *s = &r->shm.t[t];
+    char *shared = (char *)r->shm.base + s->offset;
+    size_t used = (size_t)r->tokens * s->row_bytes;
+    if (compact == shared)
+        return; /* the caller wrote (or reads) it in place */
+    for (uint64_t o = 0; o < s->outer; o++) {
+        char *c = (char *)compact + o * used, *x = shared + o * s->outer_stride;
+        if (to_shared)
+            memcpy(x, c, used);
+        else
+            memcpy(c, x, used);
+    }
+}
+
+stria_status_t stria_job_shard_buffer(stria_job_t *job, int rank, stria_tensor_id_t tensor,
+                                      stria_shard_buffer_t *out)
+{
+    if (job == NULL || out == NULL || rank < 0 || rank >= job->n_ranks || tensor < 1 ||
+        tensor > STRIA__N_TENSORS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_job_shard_buffer: a NULL argument, rank %d or tensor %d out "
+                               "of range",
+                               rank, (int)tensor);
+    if (out->struct_size < sizeof(*out))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_shard_buffer_t: struct_size is %zu, not a size of this "
+                               "struct: start from STRIA_SHARD_BUFFER_INIT",
+                               out->struct_size);
+    stria__rank_t *r = &job->ranks[rank];
+    stria_status_t st = stria__rank_connect(job, r);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "job %llu rank %d (worker %s)", (unsigned long long)job->id,
+                                rank, r->rpc_address);
+    if (r->shm.sock < 0)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "job %llu rank %d moves its tensors over TCP, without a shared "
+                               "buffer: %s",
+                               (unsigned long long)job->id, rank, r->shm_why);
+    const stria__shm_tensor_t *s = &r->shm.t[tensor];
+    out->data = (char *)r->shm.base + s->offset;
+    out->outer = (int64_t)s->outer;
+    out->tokens = r->tokens;
+    out->row_bytes = (int64_t)s->row_bytes;
+    out->outer_stride = (int64_t)s->outer_stride;
+    return STRIA_OK;
+}
+
+stria_data_path_t stria_job_data_path(const stria_job_t *job, int rank)
+{
+    if (job == NULL || rank < 0 || rank >= job->n_ranks || !job->ranks[rank].shm_tried)
+        return STRIA_DATA_PATH_AUTO;
+    return job->ranks[rank].shm.sock >= 0 ? STRIA_DATA_PATH_SHM : STRIA_DATA_PATH_TCP;
+}

@@ -1,0 +1,184 @@
+/* Where a job runs: a window of consecutive ring workers, or the workers a
+ * spec's placement names, rank by rank. Everything runs on the RPC loop
+ * thread. */
+#include "coord_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Free memory is what is not reserved and not promised to queued jobs:
+ * marks every worker's queued demand, and blocks the workers of queued jobs
+ * (a job that must wait blocks its workers for every later job). */
+static void stria__mark_queued(stria_coord_t *co)
+{
+    for (uint32_t i = 0; i < co->n_workers; i++) {
+        co->workers[i]->queued_demand = 0;
+        co->workers[i]->blocked = false;
+    }
+    for (uint32_t i = 0; i < co->n_jobs; i++) {
+        stria__cjob_t *j = co->jobs[i];
+        if (j->state != S_PENDING)
+            continue;
+        for (uint32_t r = 0; r < j->n_ranks; r++) {
+            j->ranks[r].worker->queued_demand += j->mem_per_rank;
+            j->ranks[r].worker->blocked = true;
+        }
+    }
+}
+
+/* Whether a job needing `need` bytes could start on w now. */
+static bool stria__fits_worker(const stria__cworker_t *w, uint64_t need)
+{
+    return !w->blocked && w->memory_bytes >= w->reserved && w->memory_bytes - w->reserved >= need;
+}
+
+int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count, uint32_t n,
+                             uint64_t need, bool *now_out, uint64_t *best_cap_out)
+{
+    int64_t best = -1;
+    uint64_t best_load = UINT64_MAX, best_cap = 0;
+
+    stria__mark_queued(co);
+    for (uint32_t s = 0; s + n <= count; s++) {
+        uint64_t cap = UINT64_MAX, load = 0;
+        bool fits = true;
+        for (uint32_t k = s; k < s + n; k++) {
+            stria__cworker_t *w = ring[k];
+            if (w->memory_bytes < cap)
+                cap = w->memory_bytes;
+            load += w->reserved + w->queued_demand;
+            if (!stria__fits_worker(w, need))
+                fits = false;
+        }
+        if (cap > best_cap)
+            best_cap = cap;
+        if (cap < need)
+            continue;
+        if (fits) {
+            *now_out = true;
+            return s;
+        }
+        if (load < best_load) {
+            best_load = load;
+            best = s;
+        }
+    }
+    *now_out = false;
+    *best_cap_out = best_cap;
+    return best;
+}
+
+/* How well w suits a rank placed on (host, device index): -1 not at all
+ * (taken by an earlier rank, too small, or on another host when `on_host`),
+ * else higher is better: the device index, then room now, then the lighter
+ * load (*load_out). */
+static int stria__place_score(const stria__cworker_t *w, const Stria__V1__JobSpec__Placement *p,
+                              bool on_host, uint64_t need, stria__cworker_t **taken,
+                              uint32_t n_taken, uint64_t *load_out)
+{
+    for (uint32_t i = 0; i < n_taken; i++)
+        if (taken[i] == w)
+            return -1;
+    if (w->memory_bytes < need || (on_host && strcmp(w->host, p->host) != 0))
+        return -1;
+    *load_out = w->reserved + w->queued_demand;
+    bool same_device =
+        on_host && p->has_device_index && w->has_device_index && w->device_index == p->device_index;
+    return (same_device ? 2 : 0) + (stria__fits_worker(w, need) ? 1 : 0);
+}
+
+/* The best worker of the ring for rank r's placement, or NULL. */
+static stria__cworker_t *stria__place_best(stria__cworker_t **ring, uint32_t count,
+                                           const Stria__V1__JobSpec__Placement *p, bool on_host,
+                                           uint64_t need, stria__cworker_t **taken, uint32_t r)
+{
+    stria__cworker_t *best = NULL;
+    int best_score = -1;
+    uint64_t best_load = UINT64_MAX;
+    for (uint32_t i = 0; i < count; i++) {
+        uint64_t load = 0;
+        int score = stria__place_score(ring[i], p, on_host, need, taken, r, &load);
+        if (score > best_score || (score == best_score && score >= 0 && load < best_load)) {
+            best = ring[i];
+            best_score = score;
+            best_load = load;
+        }
+    }
+    return best_score >= 0 ? best : NULL;
+}
+
+/* Why no worker of host `h` can take rank r: none there, all taken, or all
+ * too small. */
+static stria_status_t stria__place_refusal(stria__cworker_t **ring, uint32_t count, uint32_t r,
+                                           const char *h, uint64_t need, stria__cworker_t **taken)
+{
+    uint32_t on_host = 0, free_ones = 0;
+    uint64_t cap = 0;
+    char hosts[512] = "";
+    size_t used = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        const stria__cworker_t *w = ring[i];
+        bool listed = false;
+        for (uint32_t k = 0; k < i && !listed; k++)
+            listed = strcmp(ring[k]->host, w->host) == 0;
+        if (!listed && used + strlen(w->host) + 3 < sizeof(hosts))
+            used += (size_t)snprintf(hosts + used, sizeof(hosts) - used, "%s'%s'", used ? ", " : "",
+                                     w->host);
+        if (strcmp(w->host, h) != 0)
+            continue;
+        on_host++;
+        bool is_taken = false;
+        for (uint32_t k = 0; k < r; k++)
+            is_taken = is_taken || taken[k] == w;
+        if (!is_taken) {
+            free_ones++;
+            if (w->memory_bytes > cap)
+                cap = w->memory_bytes;
+        }
+    }
+    if (on_host == 0)
+        return stria_error_set(STRIA_ERR_BUSY,
+                               "rank %u is placed on host '%s', which has no worker in the ring "
+                               "(hosts with workers: %s); set placement_fallback to take another "
+                               "worker",
+                               r, h, used ? hosts : "none");
+    if (free_ones == 0)
+        return stria_error_set(STRIA_ERR_BUSY,
+                               "rank %u is placed on host '%s', whose %u worker(s) in the ring "
+                               "are taken by earlier ranks of the job",
+                               r, h, on_host);
+    return stria_error_set(STRIA_ERR_NO_MEMORY,
+                           "rank %u is placed on host '%s', whose workers offer at most %llu MiB; "
+                           "the job needs %llu MiB per rank",
+                           r, h, (unsigned long long)(cap >> 20), (unsigned long long)(need >> 20));
+}
+
+stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec *s,
+                                    stria__cworker_t **ring, uint32_t count, uint32_t n,
+                                    uint64_t need, stria__cworker_t **out, bool *fallback,
+                                    bool *now_out)
+{
+    stria__mark_queued(co);
+    *now_out = true;
+    for (uint32_t r = 0; r < n; r++) {
+        const Stria__V1__JobSpec__Placement *p = s->placement[r];
+        stria__cworker_t *w = stria__place_best(ring, count, p, true, need, out, r);
+        fallback[r] = false;
+        if (w == NULL && s->placement_fallback) {
+            w = stria__place_best(ring, count, p, false, need, out, r);
+            fallback[r] = w != NULL;
+        }
+        if (w == NULL && !s->placement_fallback)
+            return stria__place_refusal(ring, count, r, p->host, need, out);
+        if (w == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY,
+                                   "rank %u: no worker of the ring is free for it (the job needs "
+                                   "%llu MiB per rank, on %u distinct workers)",
+                                   r, (unsigned long long)(need >> 20), n);
+        out[r] = w;
+        if (!stria__fits_worker(w, need))
+            *now_out = false;
+    }
+    return STRIA_OK;
+}

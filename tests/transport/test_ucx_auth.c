@@ -1,0 +1,262 @@
+/* UCX ring link security, each test written as the attack: ranks of a ring
+ * (ucx_ring_rank, with a ring key) as real processes on loopback, and an
+ * attacker (ucx_ring_attacker) that reaches their ring port without the
+ * key: injected data blocks are dropped and counted and the ring's results
+ * stay right, a captured handshake replayed is refused, a wrong key is
+ * refused on both sides, connections that never finish a handshake time out
+ * and are capped per source. */
+#include <criterion/criterion.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "proc.h"
+#include "stria_common.h"
+
+#ifndef STRIA_UCX_RING_RANK
+#error "STRIA_UCX_RING_RANK must name the ucx_ring_rank helper"
+#endif
+#ifndef STRIA_UCX_RING_ATTACKER
+#error "STRIA_UCX_RING_ATTACKER must name the ucx_ring_attacker helper"
+#endif
+
+static char g_dir[64];
+
+static void setup(void)
+{
+    snprintf(g_dir, sizeof(g_dir), "/tmp/stria-ucxauth-XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir));
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0)
+        cr_log_warn("could not remove %s", g_dir);
+}
+
+static char *read_text(const char *name, int rank)
+{
+    static char text[2][2048];
+    static int which;
+    char path[256];
+    char *out = text[which++ % 2];
+    snprintf(path, sizeof(path), "%s/%s.%d", g_dir, name, rank);
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        size_t n = fread(out, 1, sizeof(text[0]) - 1, f);
+        out[n] = '\0';
+        fclose(f);
+    }
+    return out;
+}
+
+static bool wait_file(const char *name, int rank, double timeout_s)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.%d", g_dir, name, rank);
+    double until = stria_time_now() + timeout_s;
+    while (access(path, F_OK) != 0 && stria_time_now() < until)
+        usleep(5000);
+    return access(path, F_OK) == 0;
+}
+
+/* Starts rank `rank` of a ring of `size` with `extra` arguments (NULL
+ * terminated). */
+static test_proc_t *rank_start(int rank, int size, const char *const *extra)
+{
+    char s_rank[16], s_size[16], log[256];
+    const char *argv[40];
+    int n = 0;
+    snprintf(s_rank, sizeof(s_rank), "%d", rank);
+    snprintf(s_size, sizeof(s_size), "%d", size);
+    snprintf(log, sizeof(log), "%s/stderr.%d", g_dir, rank);
+    argv[n++] = STRIA_UCX_RING_RANK;
+    argv[n++] = "--rank";
+    argv[n++] = s_rank;
+    argv[n++] = "--size";
+    argv[n++] = s_size;
+    argv[n++] = "--dir";
+    argv[n++] = g_dir;
+    argv[n++] = "--tls";
+    argv[n++] = "tcp";
+    for (; extra != NULL && *extra != NULL && n < 38; extra++)
+        argv[n++] = *extra;
+    argv[n] = NULL;
+    test_proc_t *p = test_proc_start((char *const *)argv, log, NULL);
+    cr_assert_not_null(p, "cannot start %s", STRIA_UCX_RING_RANK);
+    return p;
+}
+
+/* Waits for a rank to exit and returns whether its result is "ok"; msg
+ * receives the result text. */
+static bool rank_finish(test_proc_t *p, int rank, char *msg, size_t len)
+{
+    int status = test_proc_wait(p, 60);
+    snprintf(msg, len, "%s", read_text("result", rank));
+    cr_expect(WIFEXITED(status), "rank %d did not exit by itself (status 0x%x); log:\n%s", rank,
+              status, read_text("stderr", rank));
+    return strncmp(msg, "ok", 2) == 0;
+}
+
+/* A counter of a rank's stats file ("dropped", "refused", "timed_out",
+ * "rejected"), -1 when missing. */
+static long stat_of(int rank, const char *name)
+{
+    const char *t = read_text("stats", rank);
+    char key[64];
+    snprintf(key, sizeof(key), "%s ", name);
+    const char *at = strstr(t, key);
+    return at != NULL ? atol(at + strlen(key)) : -1;
+}
+
+static int port_of(int rank)
+{
+    cr_assert(wait_file("port", rank, 20), "rank %d wrote no port file", rank);
+    return atoi(read_text("port", rank));
+}
+
+/* Runs the attacker with `extra` arguments against `port`; returns its
+ * stdout (first line with `prefix`). */
+static void attack(int port, const char *const *extra, const char *prefix, char *out, size_t len)
+{
+    char s_port[16], log[256];
+    const char *argv[32];
+    int n = 0;
+    snprintf(s_port, sizeof(s_port), "%d", port);
+    snprintf(log, sizeof(log), "%s/attacker.log", g_dir);
+    argv[n++] = STRIA_UCX_RING_ATTACKER;
+    argv[n++] = "--port";
+    argv[n++] = s_port;
+    for (; extra != NULL && *extra != NULL && n < 30; extra++)
+        argv[n++] = *extra;
+    argv[n] = NULL;
+    const char *env[] = {"UCX_TLS=tcp", NULL};
+    test_proc_t *p = test_proc_start((char *const *)argv, log, (char *const *)env);
+    cr_assert_not_null(p);
+    out[0] = '\0';
+    bool got = test_proc_wait_line(p, prefix, 30, out, len);
+    int status = test_proc_wait(p, 30);
+    cr_assert(got, "the attacker printed no '%s' line (status 0x%x)", prefix, status);
+}
+
+Test(ucx_auth, a_keyed_ring_runs_and_a_wrong_or_missing_key_is_refused, .init = setup,
+     .fini = teardown, .timeout = 120)
+{
+    char msg[2048];
+    const char *key5[] = {"--key-seed", "5", "--passes", "3", "--bytes", "200000", NULL};
+    test_proc_t *p[3];
+    for (int r = 0; r < 3; r++)
+        p[r] = rank_start(r, 3, key5);
+    for (int r = 0; r < 3; r++)
+        cr_expect(rank_finish(p[r], r, msg, sizeof(msg)), "keyed ring, rank %d: %s", r, msg);
+    teardown();
+    setup();
+
+    /* Each rank of a ring of 2 with its own key: neither proves the other's. */
+    const char *key6[] = {"--key-seed", "6", "--connect-timeout", "5", NULL};
+    const char *key7[] = {"--key-seed", "7", "--connect-timeout", "5", NULL};
+    p[0] = rank_start(0, 2, key6);
+    p[1] = rank_start(1, 2, key7);
+    /* Whichever side checks first fails for the key; the other hears of it
+     * as a refusal, or times out once the first is gone. */
+    int for_key = 0;
+    for (int r = 0; r < 2; r++) {
+        cr_expect(!rank_finish(p[r], r, msg, sizeof(msg)), "rank %d joined a ring of another key",
+                  r);
+        for_key += strstr(msg, "STRIA_ERR_AUTH") != NULL && strstr(msg, "ring key") != NULL;
+    }
+    cr_expect_geq(for_key, 1, "no rank failed for the ring key: %s", msg);
+    cr_expect_geq(stat_of(0, "refused") + stat_of(1, "refused"), 1, "%s / %s",
+                  read_text("stats", 0), read_text("stats", 1));
+    teardown();
+    setup();
+
+    /* A rank with the key and one without. */
+    const char *nokey[] = {"--connect-timeout", "5", NULL};
+    p[0] = rank_start(0, 2, key6);
+    p[1] = rank_start(1, 2, nokey);
+    for_key = 0;
+    for (int r = 0; r < 2; r++) {
+        cr_expect(!rank_finish(p[r], r, msg, sizeof(msg)), "rank %d: a ring half keyed ran", r);
+        for_key += strstr(msg, "STRIA_ERR_AUTH") != NULL && strstr(msg, "ring key") != NULL;
+    }
+    cr_expect_geq(for_key, 1, "no rank failed for the ring key: %s", msg);
+}
+
+Test(ucx_auth, injected_blocks_are_dropped_and_counted_and_the_results_stay_right, .init = setup,
+     .fini = teardown, .timeout = 120)
+{
+    char msg[2048], out[256];
+    /* Small blocks (eager) in passes checked block by block (every block
+     * must hold its origin's pattern), for a few seconds (3000 passes of at
+     * least a millisecond). */
+    const char *ring[] = {"--key-seed", "5",           "--bytes", "4096", "--passes",
+                          "3000",       "--late-recv", "1",       NULL};
+    test_proc_t *p0 = rank_start(0, 2, ring);
+    test_proc_t *p1 = rank_start(1, 2, ring);
+    cr_assert(wait_file("ready", 1, 30), "the ring did not start; log:\n%s",
+              read_text("stderr", 1));
+    /* The attacker claims to be rank 0 of job 1, ring 1 and sprays blocks
+     * of the right size at the ring's slot (the first) with the tag of
+     * every pass; without the check, the rank would take one of them for
+     * its predecessor's block at its next pass. */
+    const char *inject[] = {"--mode",  "inject", "--slots",    "1", "--passes", "6000",
+                            "--bytes", "4096",   "--duration", "2", NULL};
+    attack(port_of(1), inject, "sent ", out, sizeof(out));
+    cr_expect_gt(atol(out + 5), 100, "%s", out);
+    cr_expect(rank_finish(p0, 0, msg, sizeof(msg)), "rank 0: %s", msg);
+    cr_expect(rank_finish(p1, 1, msg, sizeof(msg)), "rank 1 took an injected block: %s", msg);
+    cr_expect_gt(stat_of(1, "dropped"), 0, "no block was dropped and counted: %s",
+                 read_text("stats", 1));
+    cr_expect_eq(stat_of(0, "dropped"), 0, "%s", read_text("stats", 0));
+}
+
+Test(ucx_auth, a_captured_handshake_replayed_on_a_new_connection_is_refused, .init = setup,
+     .fini = teardown, .timeout = 120)
+{
+    char msg[2048], out[256];
+    /* The victim is rank 1 of job 1, ring 1; its successor (rank 0) never
+     * comes, so its link waits for the connect timeout. */
+    const char *victim[] = {"--key-seed", "5", "--next-port", "1", "--connect-timeout", "6", NULL};
+    test_proc_t *p1 = rank_start(1, 2, victim);
+    const char *replay[] = {"--mode", "replay", "--key-seed", "5", NULL};
+    int port = port_of(1);
+    usleep(300000); /* the link exists: the handshakes are challenged */
+    attack(port, replay, "replayed ", out, sizeof(out));
+    cr_expect(strncmp(out, "replayed STRIA_ERR_AUTH honest", 30) == 0,
+              "the replayed proof was taken: %s", out);
+    /* The captured proof was good on the connection it was made for. */
+    cr_expect(strstr(out, "honest STRIA_OK") != NULL, "%s", out);
+    rank_finish(p1, 1, msg, sizeof(msg));
+    cr_expect_geq(stat_of(1, "refused"), 1, "%s", read_text("stats", 1));
+}
+
+Test(ucx_auth, silent_connections_time_out_and_are_capped_per_source, .init = setup,
+     .fini = teardown, .timeout = 120)
+{
+    char msg[2048], out[256];
+    /* 3000 passes of at least a millisecond each: the ring outlives the
+     * flood (3 s) and the 1 s deadline of its connections. */
+    const char *ring[] = {
+        "--key-seed",          "5", "--bytes",       "4096", "--passes", "3000", "--late-recv", "1",
+        "--handshake-timeout", "1", "--max-pending", "4",    NULL};
+    test_proc_t *p0 = rank_start(0, 2, ring);
+    test_proc_t *p1 = rank_start(1, 2, ring);
+    cr_assert(wait_file("ready", 1, 30), "the ring did not start");
+    const char *flood[] = {"--mode", "flood", "--conns", "10", "--duration", "3", NULL};
+    attack(port_of(1), flood, "rejected ", out, sizeof(out));
+    cr_expect(rank_finish(p0, 0, msg, sizeof(msg)), "rank 0: %s", msg);
+    cr_expect(rank_finish(p1, 1, msg, sizeof(msg)), "rank 1 under the flood: %s", msg);
+    cr_expect_geq(stat_of(1, "rejected"), 6, "10 silent connections, 4 may wait: %s",
+                  read_text("stats", 1));
+    cr_expect_geq(stat_of(1, "timed_out"), 4, "the 4 that waited are closed after 1 s: %s",
+                  read_text("stats", 1));
+    cr_expect(strstr(out, "rejected 0 ") == NULL, "the attacker saw no rejection: %s", out);
+}
