@@ -246,6 +246,7 @@ static stria_status_t stria__cl_read_reply(stria_rpc_client_t *cl, uint64_t requ
         st = stria_error_set((stria_status_t)h.status, "%s",
                              err && err->message[0] ? err->message
                                                     : stria_status_str((stria_status_t)h.status));
+        stria_error_set_retryable(err != NULL && err->retryable);
         stria__rpc_arena_destroy(arena);
         goto free_pb;
     }
@@ -525,6 +526,11 @@ static stria_status_t stria__cl_frame(stria_rpc_client_t *cl, const stria_rpc_re
 uint64_t stria_rpc_client_max_payload(const stria_rpc_client_t *cl)
 {
     return cl->server_max_payload;
+}
+
+bool stria_rpc_client_server_error(const stria_rpc_client_t *client)
+{
+    return client != NULL && client->server_error;
 }
 
 /* Prefixes the method name to the thread's message, unless the server's
