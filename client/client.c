@@ -901,9 +901,18 @@ stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq
     ph.out[1] = dk;
     ph.out[2] = dv;
     ph.n_out = 3;
+    job->retryable = false;
+    job->n_blamed = 0;
     st = stria__run_call(job, &ph, progress, progress_arg, &local);
     if (stats != NULL)
         stria__abi_write_stats(stats, &local);
+    if (st != STRIA_OK) { /* not retried here; the coordinator's verdict stands */
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria__try_verdict(job);
+        stria_error_set(st, "%s", msg);
+        stria_error_set_retryable(job->retryable);
+    }
     return st;
 }
 

@@ -775,6 +775,7 @@ stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *cl, const stria_r
      * step); the first failure is the call's */
     stria_status_t first = st;
     char msg[1024] = "";
+    bool retryable = false, server_error = false;
     if (first != STRIA_OK)
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
     for (size_t i = 0; i < sent && cl->fd >= 0; i++) {
@@ -783,13 +784,19 @@ stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *cl, const stria_r
         if (st != STRIA_OK && first == STRIA_OK) {
             first = st;
             snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            retryable = stria_error_retryable();
+            server_error = cl->server_error;
         }
     }
+    /* the first failure's: its message, class and kind */
+    cl->server_error = server_error;
     pthread_mutex_unlock(&cl->lock);
     if (first != STRIA_OK) {
         for (size_t i = 0; i < n; i++)
             stria_rpc_reply_free(&replies[i]);
-        return stria_error_set(first, "%s", msg);
+        stria_error_set(first, "%s", msg);
+        stria_error_set_retryable(retryable);
+        return first;
     }
     return STRIA_OK;
 }
