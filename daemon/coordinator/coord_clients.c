@@ -224,6 +224,58 @@ static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
     return true;
 }
 
+/* The checks of a submission before the workers are chosen: the spec, the
+ * request's exclusions, the client's and the coordinator's job limits.
+ * False when refused (the call is answered); `client` is set. */
+static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
+                                 const Stria__V1__SubmitJobRequest *req, char *client, size_t cap)
+{
+    const Stria__V1__JobSpec *s = req->spec;
+    if (s == NULL) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: the spec is missing");
+        return false;
+    }
+    if (stria__spec_check(s) != STRIA_OK) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
+        return false;
+    }
+    if (s->step_timeout_ms > co->max_step_timeout_ms) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "SubmitJob: step_timeout_ms must be at most %u (the coordinator's "
+                            "--max-step-timeout) (got %u)",
+                            co->max_step_timeout_ms, s->step_timeout_ms);
+        return false;
+    }
+    if (req->n_exclude_worker_ids > STRIA__MAX_EXCLUDE) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "SubmitJob: exclude_worker_ids has %zu entries, more than %d",
+                            req->n_exclude_worker_ids, STRIA__MAX_EXCLUDE);
+        return false;
+    }
+    stria__client_of(call, client, cap);
+    if (stria__count_unfinished(co, client) >= co->max_jobs_per_client) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: client %s holds %u pending or active jobs, the "
+                            "coordinator's limit per client (--max-jobs-per-client); release "
+                            "some first",
+                            client, co->max_jobs_per_client);
+        return false;
+    }
+    if (stria__count_unfinished(co, NULL) >= co->max_jobs) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: %u jobs are pending or active, the coordinator's limit",
+                            co->max_jobs);
+        return false;
+    }
+    return true;
+}
+
 void stria__on_submit(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -241,48 +293,8 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     stria__b_t b = {0};
     char client[64];
 
-    if (s == NULL) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: the spec is missing");
+    if (!stria__submit_checks(co, call, req, client, sizeof(client)))
         return;
-    }
-    if (stria__spec_check(s) != STRIA_OK) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
-        return;
-    }
-    if (s->step_timeout_ms > co->max_step_timeout_ms) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
-                            "SubmitJob: step_timeout_ms must be at most %u (the coordinator's "
-                            "--max-step-timeout) (got %u)",
-                            co->max_step_timeout_ms, s->step_timeout_ms);
-        return;
-    }
-    if (req->n_exclude_worker_ids > STRIA__MAX_EXCLUDE) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
-                            "SubmitJob: exclude_worker_ids has %zu entries, more than %d",
-                            req->n_exclude_worker_ids, STRIA__MAX_EXCLUDE);
-        return;
-    }
-    stria__client_of(call, client, sizeof(client));
-    if (stria__count_unfinished(co, client) >= co->max_jobs_per_client) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
-        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
-                            "SubmitJob: client %s holds %u pending or active jobs, the "
-                            "coordinator's limit per client (--max-jobs-per-client); release "
-                            "some first",
-                            client, co->max_jobs_per_client);
-        return;
-    }
-    if (stria__count_unfinished(co, NULL) >= co->max_jobs) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
-        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
-                            "SubmitJob: %u jobs are pending or active, the coordinator's limit",
-                            co->max_jobs);
-        return;
-    }
     ring = malloc((co->n_workers + 1) * sizeof(*ring));
     if (ring == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
