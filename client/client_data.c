@@ -213,9 +213,7 @@ void stria__rank_drop(stria_job_t *job, stria__rank_t *r)
 
 /* what: the part of the phase that failed, or NULL when the phase's name says
  * it already (the phase's status names the phase). */
-/* Whether a failure of a rank's call means its worker is lost: no answer
- * (refused, closed, silent past the deadline), not an error it replied. */
-static bool stria__worker_lost(const stria__rank_t *r, stria_status_t st)
+bool stria__rank_lost(const stria__rank_t *r, stria_status_t st)
 {
     if (st != STRIA_ERR_IO && st != STRIA_ERR_CLOSED && st != STRIA_ERR_TIMEOUT &&
         st != STRIA_ERR_TRANSPORT)
@@ -226,7 +224,7 @@ static bool stria__worker_lost(const stria__rank_t *r, stria_status_t st)
 void stria__rank_fail(stria__rank_t *r, stria_status_t st, const char *what)
 {
     const char *msg = stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st);
-    r->conn_lost = stria__worker_lost(r, st);
+    r->conn_lost = stria__rank_lost(r, st);
     r->retryable = r->conn_lost || stria_error_retryable();
     r->status = st;
     if (what != NULL)

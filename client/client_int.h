@@ -156,6 +156,10 @@ stria_status_t stria__rank_get(stria_job_t *job, stria__rank_t *r, stria_tensor_
 /* RunForward / RunBackward of the rank, with `extra_s` more patience (a
  * sharded pass waits for the other ranks). */
 stria_status_t stria__rank_run(stria_job_t *job, stria__rank_t *r, bool backward, double extra_s);
+/* Whether a failure `st` of a rank's call means its worker is lost: no
+ * answer (refused, closed, silent past the deadline), not an error it
+ * replied (a retryable failure, that worker to blame). */
+bool stria__rank_lost(const stria__rank_t *r, stria_status_t st);
 /* Records a rank's failure of the current phase (status, message, whether
  * it is retryable and whether its worker was lost). */
 void stria__rank_fail(stria__rank_t *r, stria_status_t st, const char *what);

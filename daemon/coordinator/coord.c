@@ -345,11 +345,19 @@ static bool stria__arrival_expired(stria_coord_t *co, stria__cjob_t *j, double n
         return false;
     uint32_t n_missing = stria__rank_list(j, false, missing, sizeof(missing));
     uint32_t n_waiting = stria__rank_list(j, true, waiting, sizeof(waiting));
-    /* a missing rank whose worker died (or left) is why it is missing */
+    /* Whether a missing rank's worker died decides the class: wait until
+     * each has been heard of since the deadline or is marked dead (at most
+     * 3 heartbeat periods; a death fails the job, retryable, by itself). */
     const stria__cworker_t *gone = NULL;
-    for (uint32_t r = 0; r < j->n_ranks && gone == NULL; r++)
-        if (j->ranks[r].arrived < j->arrival_pass && j->ranks[r].worker->dead)
-            gone = j->ranks[r].worker;
+    for (uint32_t r = 0; r < j->n_ranks; r++) {
+        const stria__cworker_t *w = j->ranks[r].worker;
+        if (j->ranks[r].arrived >= j->arrival_pass)
+            continue;
+        if (!w->dead && w->last_seen < j->arrival_deadline)
+            return false;
+        if (w->dead && gone == NULL)
+            gone = w;
+    }
     stria__job_finish(co, j, S_FAILED,
                       "rank%s %s did not arrive for the %s pass within %g s (arrival_timeout_s) "
                       "of the first; rank%s %s had their inputs in and waited%s",

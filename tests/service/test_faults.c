@@ -321,3 +321,50 @@ Test(faults, bad_input_cancel_and_auth_are_not_retryable, .timeout = 300)
     fu_job_free(&j);
     dc_stop(&c);
 }
+
+/* A sharded job whose rank 1 never arrives because its worker died: the
+ * arrival deadline (or the death, whichever the coordinator sees first)
+ * fails it as retryable, and rank 0's call says so. */
+Test(faults, sharded_rank_whose_worker_died_is_retryable, .timeout = 300)
+{
+    dcluster_t c;
+    dc_opts_t o = {.heartbeat_period_s = 0.5};
+    dc_start(&c, 2, &o);
+    stria_client_t *cl = connect_client(&c, 0);
+    stria_job_spec_t spec = STRIA_JOB_SPEC_INIT;
+    spec.batch = 1;
+    spec.seq_len = 64;
+    spec.heads = spec.kv_heads = 2;
+    spec.head_dim = 16;
+    spec.dtype = STRIA_DTYPE_F32;
+    spec.layout = STRIA_LAYOUT_STRIPED;
+    spec.ring_size = 2;
+    spec.arrival_timeout_s = 1.0;
+    stria_job_t *job = NULL;
+    cr_assert_eq(stria_client_submit(cl, &spec, &job), STRIA_OK, "%s", stria_error_msg());
+    char *js = job_json(&c, stria_job_id(job));
+    const char *a = strstr(js, "\"rank\":1,");
+    cr_assert_not_null(a, "%s", js);
+    a = strstr(a, "\"rpc_address\":\"");
+    cr_assert_not_null(a);
+    a += strlen("\"rpc_address\":\"");
+    int victim = worker_index(&c, a, strcspn(a, "\""));
+    cr_assert_geq(victim, 0, "%s", js);
+    free(js);
+    kill_worker(&c, victim);
+
+    int64_t n = stria_job_shard_tokens(job, 0) * spec.heads * spec.head_dim;
+    float *buf = calloc((size_t)n * 4 + (size_t)(spec.heads * 64), sizeof(float));
+    cr_assert_not_null(buf);
+    stria_status_t st =
+        stria_client_forward_shard(job, 0, buf, buf + n, buf + 2 * n, buf + 3 * n, buf + 4 * n);
+    cr_expect_neq(st, STRIA_OK);
+    cr_expect(stria_error_retryable(), "%s", stria_error_msg());
+    js = job_json(&c, stria_job_id(job));
+    cr_expect(strstr(js, "\"failure_retryable\":true"), "%s", js);
+    free(js);
+    free(buf);
+    stria_client_release(job);
+    stria_client_close(cl);
+    dc_stop(&c);
+}
