@@ -368,3 +368,38 @@ Test(faults, sharded_rank_whose_worker_died_is_retryable, .timeout = 300)
     stria_client_close(cl);
     dc_stop(&c);
 }
+
+/* stria-run says whether a failure is retryable, and retries by itself. */
+Test(faults, stria_run_shows_the_class_and_retries, .timeout = 300)
+{
+    dcluster_t c;
+    dc_opts_t o = {.heartbeat_period_s = 1.0};
+    dc_start(&c, 3, &o);
+    char q[300], k[300], v[300], out[300];
+    const char *names[3] = {"q", "k", "v"};
+    char *paths[3] = {q, k, v};
+    for (int i = 0; i < 3; i++) {
+        snprintf(paths[i], 300, "%s/%s.npy", c.dir, names[i]);
+        char seed[8];
+        snprintf(seed, sizeof(seed), "%d", i + 1);
+        char *argv[] = {STRIA_RUN_BIN, "random", "--shape", "1,64,2,16", "--seed",
+                        seed,          "--out",  paths[i],  NULL};
+        cr_assert_eq(dc_run(argv, NULL, 30, NULL, NULL), 0);
+    }
+    snprintf(out, sizeof(out), "%s/out", c.dir);
+    kill_worker(&c, 2);
+    char *err = NULL, *sout = NULL;
+    char *no_retry[] = {
+        STRIA_RUN_BIN, "submit", "--coordinator", c.coord_addr, "--q",       q,   "--k", k,
+        "--v",         v,        "--out",         out,          "--retries", "0", NULL};
+    cr_expect_eq(dc_run(no_retry, NULL, 60, &sout, &err), 1);
+    cr_expect(strstr(err, "the failure is retryable"), "stderr: %s", err);
+    free(err), free(sout);
+    char *retry[] = {
+        STRIA_RUN_BIN, "submit", "--coordinator", c.coord_addr, "--q",     q,   "--k", k,
+        "--v",         v,        "--out",         out,          "--check", NULL};
+    cr_expect_eq(dc_run(retry, NULL, 60, &sout, &err), 0, "stderr: %s", err);
+    cr_expect(strstr(sout, "after 1 retry"), "stdout: %s", sout);
+    free(err), free(sout);
+    dc_stop(&c);
+}
