@@ -762,8 +762,7 @@ static stria_status_t stria__try_fail(stria_job_t *job, stria_status_t st, bool 
         if (!known && *n_blamed < STRIA__MAX_BLAMED)
             blamed[(*n_blamed)++] = job->blamed[i];
     }
-    if (job->id != 0) {
-        job->next = NULL;
+    if (job->id != 0) { /* linked or not, release unlinks it */
         stria_client_release(job);
     } else {
         stria__job_free(job);

@@ -111,15 +111,26 @@ Test(faults, worker_killed_after_submit_retries_on_the_rest, .timeout = 300)
     cr_expect_null(job);
     stria_client_close(none);
 
-    /* with the default retries: the same forward succeeds on 3 workers */
+    /* with the default retries: the same forward succeeds on 3 workers; a
+     * job the client holds open meanwhile stays its own (closing the client
+     * releases it) */
     stria_client_t *cl = connect_client(&c, 0);
+    fu_job_t h;
+    cr_assert(fu_job_init(&h, 1, 32, 2, 2, 16, STRIA_DTYPE_F32, true, 8));
+    h.spec.ring_size = 1;
+    stria_job_t *held = NULL;
+    cr_assert_eq(
+        stria_client_forward(cl, &h.spec, h.q, h.k, h.v, h.o, h.lse, NULL, NULL, NULL, &held),
+        STRIA_OK, "%s", stria_error_msg());
     stria_call_stats_t fs2 = STRIA_CALL_STATS_INIT;
     int ring = 0;
     run_and_check(cl, &j, &fs2, &ring);
     cr_expect_eq(fs2.retries, 1u, "one retry expected, %u", fs2.retries);
     cr_expect_eq(ring, 3);
-    cr_expect_eq(active_jobs(&c), 0);
+    cr_expect_eq(active_jobs(&c), 1, "the held job");
     stria_client_close(cl);
+    cr_expect_eq(active_jobs(&c), 0, "closing the client released the held job");
+    fu_job_free(&h);
     fu_job_free(&j);
     dc_stop(&c);
 }
