@@ -28,8 +28,8 @@
     "          'heartbeat_period_ms', 'job_ttl_s', 'workers_healthy', 'workers_draining',\n"       \
     "          'workers_dead', 'workers_left', 'jobs_pending', 'jobs_active', 'jobs_submitted',\n" \
     "          'jobs_failed', 'ring'}\n"                                                           \
-    "JOB = {'id', 'state', 'failure', 'failure_retryable', 'blamed_worker_ids',\n"              \
-    "       'queue_position', 'step', 'steps_total', 'spec',\n"                                   \
+    "JOB = {'id', 'state', 'failure', 'failure_retryable', 'blamed_worker_ids',\n"                 \
+    "       'queue_position', 'step', 'steps_total', 'spec',\n"                                    \
     "       'memory_per_rank_bytes', 'ranks', 'timings_ms'}\n"                                     \
     "SPEC = {'batch', 'seq_len', 'heads', 'kv_heads', 'head_dim', 'dtype', 'causal',\n"            \
     "        'layout', 'ring_size', 'scale', 'label', 'sharded', 'arrival_timeout_s'}\n"           \
