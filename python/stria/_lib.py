@@ -32,6 +32,7 @@ class ClientParams(ctypes.Structure):
         ("client_name", ctypes.c_char_p),
         ("token_file", ctypes.c_char_p),
         ("data_path", ctypes.c_int),  # stria_data_path_t: 0 auto, 1 tcp, 2 shm
+        ("forward_retries", ctypes.c_int),  # 0: the default (2); negative: none
     ]
 
 
@@ -78,6 +79,7 @@ class CallStats(ctypes.Structure):
         ("bytes_down", ctypes.c_uint64),
         ("ring_steps", ctypes.c_uint32),
         ("ring_bytes_sent", ctypes.c_uint64),
+        ("retries", ctypes.c_uint32),
     ]
 
 
@@ -86,6 +88,7 @@ _SIGNATURES = {
     "stria_client_abi_version": (ctypes.c_uint, []),
     "stria_status_name": (ctypes.c_char_p, [ctypes.c_int]),
     "stria_error_msg": (ctypes.c_char_p, []),
+    "stria_error_retryable": (ctypes.c_bool, []),
     "stria_client_connect": (ctypes.c_int, [ctypes.POINTER(ClientParams), ctypes.POINTER(_P)]),
     "stria_client_close": (None, [_P]),
     "stria_client_forward": (
@@ -191,4 +194,4 @@ def check(status):
     L = lib()
     name = L.stria_status_name(status).decode("ascii", "replace")
     msg = (L.stria_error_msg() or b"").decode("utf-8", "replace")
-    raise_status(status, name, msg)
+    raise_status(status, name, msg, bool(L.stria_error_retryable()))

@@ -9,6 +9,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _lib
+from ._errors import StriaError
 from .client import default_client
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16,
@@ -91,6 +92,9 @@ def _forward(cfg, q, k, v, keep):
     return _back(o, q.device), _back(lse, q.device), job
 
 
+_BACKWARD_RETRIES = 2  # forward + backward again after a retryable backward failure
+
+
 def _backward(cfg, job, q, k, v, do):
     """dQ, dK, dV: on the kept job, or (recompute mode, or a job lost since)
     by running the forward pass again on the service first."""
@@ -98,12 +102,23 @@ def _backward(cfg, job, q, k, v, do):
     dq = _empty(q.shape, q.dtype, q.device)
     dk = _empty(k.shape, k.dtype, k.device)
     dv = _empty(v.shape, v.dtype, v.device)
-    if job is None or not job.alive:
-        _, _, job = _forward(cfg, q, k, v, keep=True)
-    try:
-        job.backward(_ptr(doh), _ptr(dq), _ptr(dk), _ptr(dv))
-    finally:
-        job.release()
+    retries = _BACKWARD_RETRIES
+    while True:
+        if job is None or not job.alive:
+            _, _, job = _forward(cfg, q, k, v, keep=True)
+        try:
+            job.backward(_ptr(doh), _ptr(dq), _ptr(dk), _ptr(dv))
+            break
+        except StriaError as e:
+            # A worker of the job died or left (the service says the call
+            # may succeed again): run forward and backward again on the
+            # ring as it is now, a bounded number of times.
+            if not e.retryable or retries == 0:
+                raise
+            retries -= 1
+        finally:
+            job.release()
+            job = None
     return _back(dq, q.device), _back(dk, k.device), _back(dv, v.device)
 
 

@@ -107,11 +107,15 @@ class Client:
     no_queue: fail with BusyError instead of waiting for workers.
     arrival_timeout: sharded jobs: how long a pass waits for the other ranks
     once one arrived (0: the service's 60 s).
+    forward_retries: how many times libstria submits a forward again, inside
+    the call, after a retryable failure (a worker died or left); 0: its
+    default (2), negative: never. A failed call's StriaError says whether it
+    is retryable (``.retryable``).
     """
 
     def __init__(self, coordinator=None, token_file=None, *, connect_timeout=0.0,
                  rpc_timeout=0.0, name="stria-python", keep_jobs=0, step_timeout=0.0, ttl=0.0,
-                 no_queue=False, arrival_timeout=0.0):
+                 no_queue=False, arrival_timeout=0.0, forward_retries=0):
         L = _lib.lib()
         self.coordinator = coordinator or os.environ.get("STRIA_COORDINATOR") or \
             DEFAULT_COORDINATOR
@@ -136,6 +140,7 @@ class Client:
         p.connect_timeout_s = connect_timeout
         p.rpc_timeout_s = rpc_timeout
         p.client_name = name.encode()
+        p.forward_retries = int(forward_retries)
         ptr = ctypes.c_void_p()
         _lib.check(L.stria_client_connect(ctypes.byref(p), ctypes.byref(ptr)))
         self._ptr = ptr
