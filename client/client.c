@@ -24,6 +24,16 @@ size_t stria__row_bytes(const stria_job_t *job, int64_t heads)
     return (size_t)heads * (size_t)job->spec.head_dim * stria_dtype_size(job->spec.dtype);
 }
 
+/* Adds a worker to those a failed try is blamed on (once). */
+static void stria__blame(stria_job_t *job, uint64_t worker_id)
+{
+    for (size_t i = 0; i < job->n_blamed; i++)
+        if (job->blamed[i] == worker_id)
+            return;
+    if (worker_id != 0 && job->n_blamed < STRIA__MAX_BLAMED)
+        job->blamed[job->n_blamed++] = worker_id;
+}
+
 /* How well a rank's failure explains the phase's: its own failure best, then
  * a cancellation (the rank that heard of it first aborts the ring with it),
  * last a peer's abort, which only echoes another rank's failure. */
@@ -50,9 +60,16 @@ static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
     }
     if (pick < 0)
         return STRIA_OK;
+    /* the workers that were lost are to blame; the others only heard of it */
+    for (int i = 0; i < job->n_ranks; i++)
+        if (job->ranks[i].status != STRIA_OK && job->ranks[i].conn_lost)
+            stria__blame(job, job->ranks[i].worker_id);
     stria__rank_t *r = &job->ranks[pick];
-    return stria_error_set(r->status, "job %llu, %s, rank %d (worker %s): %s",
-                           (unsigned long long)job->id, phase, r->rank, r->rpc_address, r->error);
+    job->retryable = r->retryable;
+    stria_error_set(r->status, "job %llu, %s, rank %d (worker %s): %s", (unsigned long long)job->id,
+                    phase, r->rank, r->rpc_address, r->error);
+    stria_error_set_retryable(r->retryable);
+    return r->status;
 }
 
 stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
@@ -178,6 +195,10 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
         return stria_error_set(
             STRIA_ERR_INVALID_ARG,
             "stria_client_connect: token and token_file are both set (give one)");
+    if (params->forward_retries > 16)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_client_connect: forward_retries %d is more than 16",
+                               params->forward_retries);
     if ((unsigned)params->data_path > STRIA_DATA_PATH_SHM)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_connect: data_path %d is none of auto (0), tcp (1), "
@@ -256,6 +277,7 @@ static void *stria__rank_thread(void *arg)
     stria__phase_t *ph = ta->ph;
     ta->r->status = STRIA_OK;
     ta->r->error[0] = '\0';
+    ta->r->retryable = ta->r->conn_lost = false;
     ph->fn(ph, ta->r);
     pthread_mutex_lock(&ph->lock);
     ph->remaining--;
@@ -572,9 +594,14 @@ stria_status_t stria__wait_queued(stria_client_t *c, stria_job_t *job, Stria__V1
         state = gr->job->state;
         qpos = gr->job->queue_position;
         if (state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+            /* a worker of the queued job died or was drained: retryable */
             st = stria_error_set(
                 STRIA_ERR_CANCELLED, "job %llu ended while queued: %s", (unsigned long long)job->id,
                 gr->job->failure && gr->job->failure[0] ? gr->job->failure : "no reason given");
+            job->retryable = gr->job->failure_retryable;
+            for (size_t i = 0; i < gr->job->n_blamed_worker_ids; i++)
+                stria__blame(job, gr->job->blamed_worker_ids[i]);
+            stria_error_set_retryable(job->retryable);
             stria_rpc_reply_free(&reply);
             return st;
         }
@@ -603,6 +630,8 @@ stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
     }
     stria__spec_to_proto(s, sharded, &spec, &win, pl, pls);
     req.spec = &spec;
+    req.exclude_worker_ids = (uint64_t *)job->exclude;
+    req.n_exclude_worker_ids = job->n_exclude;
     memset(&reply, 0, sizeof(reply));
     st = stria__coord_call(c, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, &reply);
     free(pl);
@@ -689,73 +718,161 @@ static stria_status_t stria__run_call(stria_job_t *job, stria__phase_t *ph,
     return STRIA_OK;
 }
 
+/* After a failed try of a job the coordinator admitted, its verdict: once
+ * the job is over there, whether the first failure it recorded is
+ * retryable and the workers it blames (a worker the ranks lost keeps the
+ * try retryable); cancelled or expired is not. While the coordinator has
+ * not heard of the failure yet, what the ranks saw stands. */
+static void stria__try_verdict(stria_job_t *job)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    bool lost = job->n_blamed > 0;
+    req.job_id = job->id;
+    memset(&reply, 0, sizeof(reply));
+    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) !=
+        STRIA_OK)
+        return;
+    const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)reply.msg)->job;
+    if (info != NULL && info->state == STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+        job->retryable = info->failure_retryable || lost;
+        for (size_t i = 0; i < info->n_blamed_worker_ids; i++)
+            stria__blame(job, info->blamed_worker_ids[i]);
+    } else if (info != NULL && info->state > STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+        job->retryable = false;
+    }
+    stria_rpc_reply_free(&reply);
+}
+
+/* Releases a failed try's job and frees it, keeping the failure's status,
+ * message and verdict (into *retryable; its blamed workers are added to
+ * blamed[0 .. *n_blamed), at most STRIA__MAX_BLAMED). */
+static stria_status_t stria__try_fail(stria_job_t *job, stria_status_t st, bool *retryable,
+                                      uint64_t *blamed, size_t *n_blamed)
+{
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+    if (job->id != 0)
+        stria__try_verdict(job);
+    *retryable = job->retryable;
+    for (size_t i = 0; i < job->n_blamed; i++) {
+        bool known = false;
+        for (size_t k = 0; k < *n_blamed && !known; k++)
+            known = blamed[k] == job->blamed[i];
+        if (!known && *n_blamed < STRIA__MAX_BLAMED)
+            blamed[(*n_blamed)++] = job->blamed[i];
+    }
+    if (job->id != 0) { /* linked or not, release unlinks it */
+        stria_client_release(job);
+    } else {
+        stria__job_free(job);
+    }
+    stria_error_set(st, "%s", msg);
+    stria_error_set_retryable(*retryable);
+    return st;
+}
+
+/* One try of a whole-sequence forward, on a ring without the workers in
+ * blamed[0 .. *n_blamed) (to which a failed try adds its own). */
+static stria_status_t stria__forward_try(stria_client_t *client, const stria_job_spec_t *spec,
+                                         const void *const in[3], void *o, float *lse,
+                                         stria_progress_cb progress, void *progress_arg,
+                                         stria_call_stats_t *local, stria_job_t **job_out,
+                                         uint64_t *blamed, size_t *n_blamed, bool *retryable)
+{
+    stria__phase_t ph;
+    double t0 = stria_time_now();
+    stria_job_t *job = calloc(1, sizeof(*job));
+    *retryable = false;
+    if (job == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    job->client = client;
+    job->spec = *spec; /* the caller's label and documents are read during the submission only */
+    job->exclude = blamed;
+    job->n_exclude = *n_blamed;
+    stria_status_t st = stria__submit(client, job, false, progress, progress_arg);
+    job->exclude = NULL;
+    job->n_exclude = 0;
+    job->spec.label = NULL;
+    job->spec.cu_seqlens = NULL;
+    job->spec.n_cu_seqlens = 0;
+    job->spec.placement_hosts = NULL;
+    job->spec.placement_devices = NULL;
+    if (st != STRIA_OK)
+        return stria__try_fail(job, st, retryable, blamed, n_blamed);
+    stria__job_link(job);
+    local->queued_s += stria_time_now() - t0;
+    memset(&ph, 0, sizeof(ph));
+    ph.in[0] = in[0];
+    ph.in[1] = in[1];
+    ph.in[2] = in[2];
+    ph.n_in = 3;
+    ph.out[0] = o;
+    ph.n_out = 1;
+    ph.lse_out = lse;
+    st = stria__run_call(job, &ph, progress, progress_arg, local);
+    if (st != STRIA_OK)
+        return stria__try_fail(job, st, retryable, blamed, n_blamed);
+    job->forward_done = true;
+    *job_out = job;
+    return STRIA_OK;
+}
+
+/* How many times a forward that failed retryably is submitted again. */
+static int stria__retries(const stria_client_t *c)
+{
+    int n = c->params.forward_retries;
+    return n == 0 ? STRIA__DEFAULT_RETRIES : n < 0 ? 0 : n;
+}
+
 stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec_t *spec,
                                     const void *q, const void *k, const void *v, void *o,
                                     float *lse, stria_progress_cb progress, void *progress_arg,
                                     stria_call_stats_t *stats, stria_job_t **job_out)
 {
-    stria__phase_t ph;
-    stria_job_t *job;
     stria_job_spec_t sp;
     stria_call_stats_t local = STRIA_CALL_STATS_INIT;
+    uint64_t blamed[STRIA__MAX_BLAMED];
+    size_t n_blamed = 0, used = 0;
+    char reasons[1024];
+    bool retryable = false;
     stria_status_t st;
-    double t0 = stria_time_now();
+    int tries = 0;
 
     if (client == NULL || job_out == NULL || spec == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_client_forward: NULL argument");
     if ((st = stria__read_spec(spec, &sp)) != STRIA_OK ||
         (st = stria__check_stats(stats)) != STRIA_OK)
         return st;
-    spec = &sp;
     if (q == NULL || k == NULL || v == NULL || o == NULL || lse == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_forward: q, k, v, o and lse are required");
-    job = calloc(1, sizeof(*job));
-    if (job == NULL)
-        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
-    job->client = client;
-    job->spec = *spec; /* the caller's label and documents are read during the submission only */
-    st = stria__submit(client, job, false, progress, progress_arg);
-    job->spec.label = NULL;
-    job->spec.cu_seqlens = NULL;
-    job->spec.n_cu_seqlens = 0;
-    job->spec.placement_hosts = NULL;
-    job->spec.placement_devices = NULL;
-    if (st != STRIA_OK) {
-        if (job->id != 0) {
-            job->next = NULL;
-            stria_status_t keep = st;
-            char msg[1024];
-            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
-            stria_client_release(job);
-            stria_error_set(keep, "%s", msg);
-        } else {
-            stria__job_free(job);
-        }
-        return st;
+    const void *const in[3] = {q, k, v};
+    reasons[0] = '\0';
+    for (;;) {
+        st = stria__forward_try(client, &sp, in, o, lse, progress, progress_arg, &local, job_out,
+                                blamed, &n_blamed, &retryable);
+        tries++;
+        if (st == STRIA_OK)
+            break;
+        /* every try's reason, each cut to fit */
+        int w =
+            snprintf(reasons + used, sizeof(reasons) - used, "%stry %d: %.300s%s", used ? "; " : "",
+                     tries, stria_error_msg(), strlen(stria_error_msg()) > 300 ? "..." : "");
+        if (w > 0)
+            used = used + (size_t)w < sizeof(reasons) ? used + (size_t)w : sizeof(reasons) - 1;
+        if (!retryable || tries > stria__retries(client))
+            break;
     }
-    stria__job_link(job);
-    local.queued_s = stria_time_now() - t0;
-    memset(&ph, 0, sizeof(ph));
-    ph.in[0] = q;
-    ph.in[1] = k;
-    ph.in[2] = v;
-    ph.n_in = 3;
-    ph.out[0] = o;
-    ph.n_out = 1;
-    ph.lse_out = lse;
-    st = stria__run_call(job, &ph, progress, progress_arg, &local);
+    local.retries = (uint32_t)(tries - 1);
     if (stats != NULL)
         stria__abi_write_stats(stats, &local);
-    if (st != STRIA_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
-        stria_client_release(job);
-        return stria_error_set(st, "%s", msg);
+    if (st != STRIA_OK && tries > 1) {
+        stria_error_set(st, "forward failed in %d tries (%s): %s", tries,
+                        retryable ? "retryable, retries exhausted" : "not retryable", reasons);
+        stria_error_set_retryable(retryable);
     }
-    job->forward_done = true;
-    *job_out = job;
-    return STRIA_OK;
+    return st;
 }
 
 stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq, void *dk,
@@ -783,9 +900,18 @@ stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq
     ph.out[1] = dk;
     ph.out[2] = dv;
     ph.n_out = 3;
+    job->retryable = false;
+    job->n_blamed = 0;
     st = stria__run_call(job, &ph, progress, progress_arg, &local);
     if (stats != NULL)
         stria__abi_write_stats(stats, &local);
+    if (st != STRIA_OK) { /* not retried here; the coordinator's verdict stands */
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria__try_verdict(job);
+        stria_error_set(st, "%s", msg);
+        stria_error_set_retryable(job->retryable);
+    }
     return st;
 }
 

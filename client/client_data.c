@@ -213,9 +213,19 @@ void stria__rank_drop(stria_job_t *job, stria__rank_t *r)
 
 /* what: the part of the phase that failed, or NULL when the phase's name says
  * it already (the phase's status names the phase). */
-static void stria__capture_error(stria__rank_t *r, stria_status_t st, const char *what)
+bool stria__rank_lost(const stria__rank_t *r, stria_status_t st)
+{
+    if (st != STRIA_ERR_IO && st != STRIA_ERR_CLOSED && st != STRIA_ERR_TIMEOUT &&
+        st != STRIA_ERR_TRANSPORT)
+        return false;
+    return r->conn == NULL || !stria_rpc_client_server_error(r->conn);
+}
+
+void stria__rank_fail(stria__rank_t *r, stria_status_t st, const char *what)
 {
     const char *msg = stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st);
+    r->conn_lost = stria__rank_lost(r, st);
+    r->retryable = r->conn_lost || stria_error_retryable();
     r->status = st;
     if (what != NULL)
         snprintf(r->error, sizeof(r->error), "%s: %s", what, msg);
@@ -268,20 +278,20 @@ void stria__rank_upload(stria__phase_t *ph, stria__rank_t *r)
     stria_job_t *job = ph->job;
     stria_status_t st = stria__rank_connect(job, r);
     if (st != STRIA_OK) {
-        stria__capture_error(r, st, "connect");
+        stria__rank_fail(r, st, "connect");
         return;
     }
     void *in[3] = {(void *)ph->in[0], (void *)ph->in[1], (void *)ph->in[2]};
     st = stria__rank_full(job, r, ph->backward ? bwd : fwd, in, ph->n_in, true);
     if (st != STRIA_OK)
-        stria__capture_error(r, st, "upload");
+        stria__rank_fail(r, st, "upload");
 }
 
 void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r)
 {
     stria_status_t st = stria__rank_run(ph->job, r, ph->backward, 0);
     if (st != STRIA_OK)
-        stria__capture_error(r, st, NULL);
+        stria__rank_fail(r, st, NULL);
 }
 
 /* Download phase: this rank's shards of the outputs, into their final
@@ -294,5 +304,5 @@ void stria__rank_download(stria__phase_t *ph, stria__rank_t *r)
     stria_status_t st = stria__rank_full(ph->job, r, ph->backward ? bwd : fwd, out,
                                          ph->backward ? ph->n_out : 2, false);
     if (st != STRIA_OK)
-        stria__capture_error(r, st, "download");
+        stria__rank_fail(r, st, "download");
 }

@@ -22,7 +22,9 @@
 #define STRIA__COORD_TIMEOUT_S 10.0
 #define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
 #define STRIA__POLL_S          0.2
-#define STRIA__N_TENSORS       9 /* stria_tensor_id_t: 1 .. 9 */
+#define STRIA__N_TENSORS       9  /* stria_tensor_id_t: 1 .. 9 */
+#define STRIA__MAX_BLAMED      64 /* workers one try blames */
+#define STRIA__DEFAULT_RETRIES 2
 
 struct stria_client {
     stria_client_params_t params;
@@ -63,6 +65,8 @@ typedef struct {
     /* result of the rank's part of the current phase */
     stria_status_t status;
     char error[768];
+    bool retryable; /* the failure is (see stria_error_retryable()) */
+    bool conn_lost; /* its worker was lost: refused, closed, silent (blame it) */
     double compute_s, wait_s;
     uint32_t steps;      /* of the last pass */
     uint64_t bytes_sent; /* over the ring in the last pass */
@@ -87,6 +91,14 @@ struct stria_job {
      * over the network); the shared-memory attach hands it to the worker
      * over the host's Unix socket. */
     stria_job_secret_t secret;
+    /* Retries (client.c): workers the submission excludes (the blamed ones
+     * of earlier tries; not owned), and what a failed try found: whether it
+     * is retryable and the workers it is blamed on. */
+    const uint64_t *exclude;
+    size_t n_exclude;
+    bool retryable;
+    uint64_t blamed[STRIA__MAX_BLAMED];
+    size_t n_blamed;
 };
 
 /* ---- the phases of a whole-sequence call (client.c) ---- */
@@ -145,6 +157,13 @@ stria_status_t stria__rank_get(stria_job_t *job, stria__rank_t *r, stria_tensor_
 /* RunForward / RunBackward of the rank, with `extra_s` more patience (a
  * sharded pass waits for the other ranks). */
 stria_status_t stria__rank_run(stria_job_t *job, stria__rank_t *r, bool backward, double extra_s);
+/* Whether a failure `st` of a rank's call means its worker is lost: no
+ * answer (refused, closed, silent past the deadline), not an error it
+ * replied (a retryable failure, that worker to blame). */
+bool stria__rank_lost(const stria__rank_t *r, stria_status_t st);
+/* Records a rank's failure of the current phase (status, message, whether
+ * it is retryable and whether its worker was lost). */
+void stria__rank_fail(stria__rank_t *r, stria_status_t st, const char *what);
 /* DropJob on the rank's worker (its memory goes back now). */
 void stria__rank_drop(stria_job_t *job, stria__rank_t *r);
 /* The phases' rank functions. */

@@ -212,9 +212,13 @@ static stria_status_t stria__shard_pass(stria_job_t *job, int rank, bool backwar
         for (int i = 0; i < n_out && st == STRIA_OK; i++)
             st = stria__rank_get(job, r, backward ? bwd_out[i] : fwd_out[i], out[i]);
     }
-    if (st != STRIA_OK)
-        return stria_error_wrap(st, "job %llu rank %d (worker %s), %s", (unsigned long long)job->id,
-                                rank, r->rpc_address, what);
+    if (st != STRIA_OK) { /* a lost worker is retryable (for the trainer) */
+        bool retryable = stria_error_retryable() || stria__rank_lost(r, st);
+        stria_error_wrap(st, "job %llu rank %d (worker %s), %s", (unsigned long long)job->id, rank,
+                         r->rpc_address, what);
+        stria_error_set_retryable(retryable);
+        return st;
+    }
     return STRIA_OK;
 }
 

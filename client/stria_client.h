@@ -39,7 +39,11 @@
  * Threads: a client and its jobs are used by one thread at a time; the library
  * starts and joins its own threads (one per rank) inside each call. Every
  * failure returns a status whose message says which rank and worker failed,
- * in which phase, and why.
+ * in which phase, and why, and stria_error_retryable() (stria_types.h) says
+ * whether the same job submitted again may succeed (a worker died, left, was
+ * drained or cut off; a ring link broke) or would fail again (bad input, no
+ * memory, cancelled, authentication). A whole-sequence forward that failed
+ * retryably is submitted again inside the call (forward_retries).
  *
  * ABI: the structs below start with `struct_size`, which the caller sets to
  * sizeof the struct as its header declares it (the *_INIT macros do), so
@@ -118,6 +122,18 @@ typedef struct {
     /* Added in ABI 1 after `token_file` (older callers' struct_size ends
      * there and it reads as STRIA_DATA_PATH_AUTO). */
     stria_data_path_t data_path;
+    /* Added in ABI 1 after `data_path` (older callers' struct_size ends there
+     * and it reads as 0). How many times stria_client_forward() submits a
+     * job again, inside the same call, when a try failed retryably (see
+     * stria_error_retryable()): 0 the default (2), negative none, at most
+     * 16. Each retry runs on the ring as it is then, without the workers
+     * earlier tries were blamed on (fewer workers only when the spec's
+     * ring_size is 0; else a spare worker takes the place, or the retry
+     * fails as busy). Backward passes are never retried (their forward's
+     * inputs were the caller's, read during that call): a backward that
+     * failed retryably says so, and the caller runs forward and backward
+     * again. */
+    int forward_retries;
 } stria_client_params_t;
 
 #define STRIA_CLIENT_PARAMS_INIT                                                                   \
@@ -200,6 +216,11 @@ typedef struct {
     uint32_t ring_steps;      /* K/V steps of the pass (most over the ranks): N, or fewer
                                * when a window let the forward stop early */
     uint64_t ring_bytes_sent; /* over the ring links, all ranks */
+    /* Added after `ring_bytes_sent` (zero from an older library): tries of
+     * a forward beyond the first (automatic retries, see forward_retries),
+     * also when the call failed. The phase times and bytes are the last
+     * try's; queued_s counts every try's submission and queue. */
+    uint32_t retries;
 } stria_call_stats_t;
 
 #define STRIA_CALL_STATS_INIT                                                                      \

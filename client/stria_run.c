@@ -45,6 +45,7 @@ typedef struct {
     bool check;
     const char *label;
     stria_data_path_t path;
+    int64_t retries; /* of a forward that failed retryably */
     /* random */
     stria_int_list_t shape;
     int64_t seed;
@@ -255,7 +256,7 @@ static int stria__run_check_masks(const stria__run_opts_t *o, const char *cmd, i
  * cli->cmd, else the exit status (help printed, or a usage error). */
 static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_cli_t *cli)
 {
-    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 7];
+    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 8];
     const stria_option_t local_only[] = {
         {.name = "device",
          .type = STRIA_OPT_CUSTOM,
@@ -305,6 +306,15 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
          .metavar = "auto|tcp|shm",
          .help = "how tensors reach the workers: shared memory with a worker of this host, TCP "
                  "otherwise (auto, the default), only TCP, or only shared memory"},
+        {.name = "retries",
+         .type = STRIA_OPT_INT,
+         .dst = &o->retries,
+         .dflt = "2",
+         .min = 0,
+         .max = 16,
+         .metavar = "N",
+         .help = "submit the forward again up to N times when it fails retryably (a worker "
+                 "died, left or was cut off; a ring link broke), without the workers blamed"},
         {.name = NULL},
     };
     const stria_option_t random[] = {
@@ -881,6 +891,9 @@ static void stria__submit_report(const stria__run_opts_t *o, const stria__run_da
            "%.1f GFLOP/s in the pass\n",
            r->t_fwd, fs->queued_s, fs->upload_s, fs->pass_s, fs->download_s,
            flops / fs->pass_s * 1e-9);
+    if (fs->retries)
+        printf("            after %u retr%s (a try failed retryably; see the coordinator's log)\n",
+               fs->retries, fs->retries == 1 ? "y" : "ies");
     printf("            rank kernel time %.3f..%.3f s (balance %.2f), longest ring wait "
            "%.3f s, %u ring steps, %.1f MiB over the ring\n",
            fs->rank_compute_s_min, fs->rank_compute_s_max,
@@ -1000,6 +1013,7 @@ static int stria__cmd_submit(const stria__run_opts_t *o)
     cp.token = token;
     cp.client_name = "stria-run";
     cp.data_path = o->path;
+    cp.forward_retries = o->retries > 0 ? (int)o->retries : -1;
     if (st == STRIA_OK)
         st = stria_client_connect(&cp, &client);
     if (st == STRIA_OK)
@@ -1014,8 +1028,11 @@ static int stria__cmd_submit(const stria__run_opts_t *o)
     free(token);
     stria__free_data(&d);
     if (st != STRIA_OK) {
-        fprintf(stderr, "stria-run: %s\n",
-                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+        fprintf(stderr, "stria-run: %s\n%s\n",
+                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st),
+                stria_error_retryable() ? "stria-run: the failure is retryable (a cause outside "
+                                          "the job): running it again may succeed"
+                                        : "stria-run: the failure is not retryable");
         return 1;
     }
     return 0;

@@ -381,6 +381,11 @@ static void json_job(const Stria__V1__JobInfo *j)
     json_str(job_state_name(j->state));
     printf(",\"failure\":");
     json_str(j->failure);
+    printf(",\"failure_retryable\":%s,\"blamed_worker_ids\":[",
+           j->failure_retryable ? "true" : "false");
+    for (size_t i = 0; i < j->n_blamed_worker_ids; i++)
+        printf("%s%" PRIu64, i ? "," : "", j->blamed_worker_ids[i]);
+    printf("]");
     printf(",\"queue_position\":%u,\"step\":%u,\"steps_total\":%u", j->queue_position, j->step,
            j->steps_total);
     if (s != NULL) {
@@ -470,7 +475,10 @@ static int cmd_jobs(ctl_t *c, bool all)
                 snprintf(step, sizeof(step), "%u/%u", j->step, j->steps_total);
             else
                 snprintf(step, sizeof(step), "-");
-            const char *extra = j->failure && j->failure[0] ? j->failure : s ? s->label : "";
+            char failure[600];
+            snprintf(failure, sizeof(failure), "%s%s", j->failure_retryable ? "(retryable) " : "",
+                     j->failure ? j->failure : "");
+            const char *extra = j->failure && j->failure[0] ? failure : s ? s->label : "";
             const char *cells[] = {id,    job_state_name(j->state),         ranks, seq,
                                    shape, s ? layout_name(s->layout) : "-", step,  extra};
             table_add(&t, cells);
@@ -694,8 +702,15 @@ static int cmd_job(ctl_t *c, const char *arg)
         if (j->queue_position)
             printf("  queue position %u", j->queue_position);
         printf("\n");
-        if (j->failure && j->failure[0])
+        if (j->failure && j->failure[0]) {
             printf("failure: %s\n", esc(j->failure));
+            if (j->state == STRIA__V1__JOB_STATE__JOB_STATE_FAILED)
+                printf("retryable: %s\n", j->failure_retryable
+                                              ? "yes (a cause outside the job: submit it again)"
+                                              : "no (it would fail again)");
+            for (size_t i = 0; i < j->n_blamed_worker_ids; i++)
+                printf("blamed: worker %" PRIu64 "\n", j->blamed_worker_ids[i]);
+        }
         if (s) {
             printf("spec: batch %u, seq_len %" PRIu64 ", heads %u, kv_heads %u, head_dim %u, "
                    "%s, %s, %s layout, scale %g%s%s\n",

@@ -6,6 +6,7 @@
 #define STRIA__ERRMSG_LEN 1024
 
 static _Thread_local char stria__errmsg[STRIA__ERRMSG_LEN];
+static _Thread_local bool stria__err_retryable;
 
 const char *stria_status_str(stria_status_t status)
 {
@@ -37,6 +38,7 @@ stria_status_t stria_error_set(stria_status_t status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(stria__errmsg, sizeof(stria__errmsg), fmt, ap);
     va_end(ap);
+    stria__err_retryable = false;
     return status;
 }
 
@@ -68,4 +70,16 @@ const char *stria_error_msg(void)
 void stria_error_clear(void)
 {
     stria__errmsg[0] = '\0';
+    stria__err_retryable = false;
+}
+
+bool stria_error_retryable(void)
+{
+    return stria__err_retryable;
+}
+
+bool stria_error_set_retryable(bool retryable)
+{
+    stria__err_retryable = retryable;
+    return retryable;
 }

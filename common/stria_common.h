@@ -39,6 +39,11 @@ stria_status_t stria_error_wrap(stria_status_t status, const char *fmt, ...)
 /* Clears the calling thread's message. */
 void stria_error_clear(void);
 
+/* Marks the calling thread's last error retryable or not (see
+ * stria_error_retryable()); stria_error_set() clears the mark,
+ * stria_error_wrap() keeps it. Returns `retryable`. */
+bool stria_error_set_retryable(bool retryable);
+
 /* ---- logging ----------------------------------------------------------- */
 
 typedef enum {

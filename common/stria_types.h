@@ -9,6 +9,8 @@
 #ifndef STRIA_TYPES_H
 #define STRIA_TYPES_H
 
+#include <stdbool.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -48,6 +50,14 @@ const char *stria_status_name(stria_status_t status);
 /* The calling thread's last error message ("" if none). Valid until the next
  * stria_error_set() on this thread. */
 const char *stria_error_msg(void);
+
+/* Whether the calling thread's last error is retryable: the job failed for
+ * a cause outside it (a worker died, left, was drained or cut off; a ring
+ * link broke), so the same job submitted again may succeed; false for a
+ * cause that would fail again (bad input, no memory, cancelled,
+ * authentication, a client gone) and when there is no error. Set with the
+ * error; kept when an error is wrapped. */
+bool stria_error_retryable(void);
 
 /* Storage dtypes of tensors (LSE is always fp32). */
 typedef enum {

@@ -246,6 +246,7 @@ static stria_status_t stria__cl_read_reply(stria_rpc_client_t *cl, uint64_t requ
         st = stria_error_set((stria_status_t)h.status, "%s",
                              err && err->message[0] ? err->message
                                                     : stria_status_str((stria_status_t)h.status));
+        stria_error_set_retryable(err != NULL && err->retryable);
         stria__rpc_arena_destroy(arena);
         goto free_pb;
     }
@@ -527,6 +528,11 @@ uint64_t stria_rpc_client_max_payload(const stria_rpc_client_t *cl)
     return cl->server_max_payload;
 }
 
+bool stria_rpc_client_server_error(const stria_rpc_client_t *client)
+{
+    return client != NULL && client->server_error;
+}
+
 /* Prefixes the method name to the thread's message, unless the server's
  * message names it already ("GetJob: job 9 is unknown"). */
 static stria_status_t stria__wrap_method(stria_status_t st, const char *method)
@@ -769,6 +775,7 @@ stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *cl, const stria_r
      * step); the first failure is the call's */
     stria_status_t first = st;
     char msg[1024] = "";
+    bool retryable = false, server_error = false;
     if (first != STRIA_OK)
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
     for (size_t i = 0; i < sent && cl->fd >= 0; i++) {
@@ -777,13 +784,19 @@ stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *cl, const stria_r
         if (st != STRIA_OK && first == STRIA_OK) {
             first = st;
             snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            retryable = stria_error_retryable();
+            server_error = cl->server_error;
         }
     }
+    /* the first failure's: its message, class and kind */
+    cl->server_error = server_error;
     pthread_mutex_unlock(&cl->lock);
     if (first != STRIA_OK) {
         for (size_t i = 0; i < n; i++)
             stria_rpc_reply_free(&replies[i]);
-        return stria_error_set(first, "%s", msg);
+        stria_error_set(first, "%s", msg);
+        stria_error_set_retryable(retryable);
+        return first;
     }
     return STRIA_OK;
 }

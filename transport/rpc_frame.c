@@ -63,6 +63,13 @@ uint8_t *stria__rpc_frame_build(const stria_rpc_header_t *header, const Protobuf
 uint8_t *stria__rpc_error_frame(uint64_t request_id, uint32_t method, uint16_t flags,
                                 stria_status_t status, const char *message, size_t *len_out)
 {
+    return stria__rpc_error_frame_r(request_id, method, flags, status, message, false, len_out);
+}
+
+uint8_t *stria__rpc_error_frame_r(uint64_t request_id, uint32_t method, uint16_t flags,
+                                  stria_status_t status, const char *message, bool retryable,
+                                  size_t *len_out)
+{
     Stria__V1__RpcError err = STRIA__V1__RPC_ERROR__INIT;
     stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
                             .version = STRIA_RPC_VERSION,
@@ -72,6 +79,7 @@ uint8_t *stria__rpc_error_frame(uint64_t request_id, uint32_t method, uint16_t f
                             .request_id = request_id};
     err.status = (int32_t)status;
     err.message = (char *)(message ? message : "");
+    err.retryable = retryable;
     return stria__rpc_frame_build(&h, &err.base, len_out);
 }
 

@@ -38,6 +38,10 @@ uint8_t *stria__rpc_frame_build(const stria_rpc_header_t *header, const Protobuf
                                 size_t *len_out);
 
 /* Packs an RpcError frame. */
+/* An error frame whose RpcError says whether the failure is retryable. */
+uint8_t *stria__rpc_error_frame_r(uint64_t request_id, uint32_t method, uint16_t flags,
+                                  stria_status_t status, const char *message, bool retryable,
+                                  size_t *len_out);
 uint8_t *stria__rpc_error_frame(uint64_t request_id, uint32_t method, uint16_t flags,
                                 stria_status_t status, const char *message, size_t *len_out);
 

@@ -341,20 +341,36 @@ stria_status_t stria_rpc_call_reply(stria_rpc_call_t *call, const ProtobufCMessa
     return STRIA_OK;
 }
 
-void stria_rpc_call_fail(stria_rpc_call_t *call, stria_status_t status, const char *fmt, ...)
+static void stria__call_fail_v(stria_rpc_call_t *call, stria_status_t status, bool retryable,
+                               const char *fmt, va_list ap)
 {
     char msg[1024];
     uint8_t *frame;
     size_t len = 0;
-    va_list ap;
 
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
     if (status >= 0)
         status = STRIA_ERR_INTERNAL;
-    frame = stria__rpc_error_frame(call->request_id, call->method, 0, status, msg, &len);
+    frame =
+        stria__rpc_error_frame_r(call->request_id, call->method, 0, status, msg, retryable, &len);
     stria__call_send(call, frame, len, NULL, 0, NULL, NULL);
+}
+
+void stria_rpc_call_fail(stria_rpc_call_t *call, stria_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    stria__call_fail_v(call, status, false, fmt, ap);
+    va_end(ap);
+}
+
+void stria_rpc_call_fail_r(stria_rpc_call_t *call, stria_status_t status, bool retryable,
+                           const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    stria__call_fail_v(call, status, retryable, fmt, ap);
+    va_end(ap);
 }
 
 /* A new connection object, linked into the server's list. */

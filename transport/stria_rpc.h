@@ -286,6 +286,10 @@ stria_status_t stria_rpc_call_reply(stria_rpc_call_t *call, const ProtobufCMessa
  * Callable from any thread. */
 void stria_rpc_call_fail(stria_rpc_call_t *call, stria_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same, saying whether the failure is retryable (RpcError.retryable);
+ * the client's stria_error_retryable() reads it. */
+void stria_rpc_call_fail_r(stria_rpc_call_t *call, stria_status_t status, bool retryable,
+                           const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* ---- client ------------------------------------------------------------ */
 
@@ -321,6 +325,10 @@ unsigned stria_rpc_client_roles(const stria_rpc_client_t *client);
 
 /* The server's frame limits from the last hello. */
 uint64_t stria_rpc_client_max_payload(const stria_rpc_client_t *client);
+/* Whether the client's last failed call ended in the server's error reply
+ * (its status and message; the connection stays), rather than in a lost,
+ * refused or silent connection. */
+bool stria_rpc_client_server_error(const stria_rpc_client_t *client);
 
 /* One call. */
 typedef struct {

@@ -206,11 +206,11 @@ static void stria__jobs_prune(stria_coord_t *co)
 }
 
 /* Moves a job to a terminal state and frees its reservation. */
-void stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
+bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
                        const char *fmt, ...)
 {
     if (stria__terminal(j->state))
-        return;
+        return false;
     if (fmt != NULL) {
         va_list ap;
         va_start(ap, fmt);
@@ -230,6 +230,13 @@ void stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState 
     else
         stria_log_warn("job %llu %s: %s", (unsigned long long)j->id, stria__state_name(state),
                        j->failure);
+    return true;
+}
+
+void stria__job_retryable(stria__cjob_t *j, const stria__cworker_t *w)
+{
+    j->failure_retryable = j->state == S_FAILED;
+    j->blamed_worker = w != NULL ? w->id : 0;
 }
 
 static void stria__job_start(stria__cjob_t *j)
@@ -271,12 +278,13 @@ void stria__schedule(stria_coord_t *co)
             if (j->ranks[r].worker->dead || j->ranks[r].worker->draining)
                 gone = j->ranks[r].worker;
         if (gone != NULL) {
-            stria__job_finish(co, j, S_FAILED,
-                              gone->dead ? "worker %llu (%s) died while the job was queued"
-                                         : "worker %llu (%s) was drained while the job was "
-                                           "queued: submit it again (new jobs skip draining "
-                                           "workers)",
-                              (unsigned long long)gone->id, gone->rpc_address);
+            if (stria__job_finish(co, j, S_FAILED,
+                                  gone->dead ? "worker %llu (%s) died while the job was queued"
+                                             : "worker %llu (%s) was drained while the job was "
+                                               "queued: submit it again (new jobs skip draining "
+                                               "workers)",
+                                  (unsigned long long)gone->id, gone->rpc_address))
+                stria__job_retryable(j, gone);
             continue;
         }
         if (stria__fits_now(j)) {
@@ -337,12 +345,28 @@ static bool stria__arrival_expired(stria_coord_t *co, stria__cjob_t *j, double n
         return false;
     uint32_t n_missing = stria__rank_list(j, false, missing, sizeof(missing));
     uint32_t n_waiting = stria__rank_list(j, true, waiting, sizeof(waiting));
+    /* Whether a missing rank's worker died decides the class: wait until
+     * each has been heard of since the deadline or is marked dead (at most
+     * 3 heartbeat periods; a death fails the job, retryable, by itself). */
+    const stria__cworker_t *gone = NULL;
+    for (uint32_t r = 0; r < j->n_ranks; r++) {
+        const stria__cworker_t *w = j->ranks[r].worker;
+        if (j->ranks[r].arrived >= j->arrival_pass)
+            continue;
+        if (!w->dead && w->last_seen < j->arrival_deadline)
+            return false;
+        if (w->dead && gone == NULL)
+            gone = w;
+    }
     stria__job_finish(co, j, S_FAILED,
                       "rank%s %s did not arrive for the %s pass within %g s (arrival_timeout_s) "
-                      "of the first; rank%s %s had their inputs in and waited",
+                      "of the first; rank%s %s had their inputs in and waited%s",
                       n_missing == 1 ? "" : "s", missing,
                       j->arrival_backward ? "backward" : "forward", j->arrival_timeout_s,
-                      n_waiting == 1 ? "" : "s", waiting);
+                      n_waiting == 1 ? "" : "s", waiting,
+                      gone != NULL ? " (a missing rank's worker is dead)" : "");
+    if (gone != NULL)
+        stria__job_retryable(j, gone);
     j->arrival_deadline = 0;
     j->failure_status = STRIA_ERR_TIMEOUT;
     return true;
@@ -357,8 +381,9 @@ void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why
             continue;
         for (uint32_t r = 0; r < j->n_ranks; r++) {
             if (j->ranks[r].worker == w) {
-                stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s) %s", r,
-                                  (unsigned long long)w->id, w->rpc_address, why);
+                if (stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s) %s", r,
+                                      (unsigned long long)w->id, w->rpc_address, why))
+                    stria__job_retryable(j, w);
                 break;
             }
         }
@@ -640,7 +665,8 @@ void stria_coord_stop(stria_coord_t *co)
     /* The loop thread is gone: the tables are ours. Nothing survives a
      * restart, so say in the log which jobs end here and why. */
     for (uint32_t i = 0; i < co->n_jobs; i++)
-        stria__job_finish(co, co->jobs[i], S_FAILED, "the coordinator shut down");
+        if (stria__job_finish(co, co->jobs[i], S_FAILED, "the coordinator shut down"))
+            stria__job_retryable(co->jobs[i], NULL);
     for (uint32_t i = 0; i < co->n_workers; i++) { /* the others go with their last job */
         co->workers[i]->forgotten = true;
         if (co->workers[i]->job_refs == 0)

@@ -172,6 +172,24 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
     return j;
 }
 
+#define STRIA__MAX_EXCLUDE 1024
+
+/* Removes the workers a request excludes from ring[0 .. count), keeping the
+ * others in order; returns how many it removed. */
+static uint32_t stria__ring_exclude(stria__cworker_t **ring, uint32_t count, const uint64_t *ids,
+                                    size_t n_ids)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        bool out = false;
+        for (size_t e = 0; e < n_ids && !out; e++)
+            out = ring[i]->id == ids[e];
+        if (!out)
+            ring[k++] = ring[i];
+    }
+    return count - k;
+}
+
 /* The workers of a job's ranks, into chosen[0 .. n): the spec's placement,
  * or a window of the ring. False when refused (the call is answered). */
 static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
@@ -206,6 +224,58 @@ static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
     return true;
 }
 
+/* The checks of a submission before the workers are chosen: the spec, the
+ * request's exclusions, the client's and the coordinator's job limits.
+ * False when refused (the call is answered); `client` is set. */
+static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
+                                 const Stria__V1__SubmitJobRequest *req, char *client, size_t cap)
+{
+    const Stria__V1__JobSpec *s = req->spec;
+    if (s == NULL) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: the spec is missing");
+        return false;
+    }
+    if (stria__spec_check(s) != STRIA_OK) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
+        return false;
+    }
+    if (s->step_timeout_ms > co->max_step_timeout_ms) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "SubmitJob: step_timeout_ms must be at most %u (the coordinator's "
+                            "--max-step-timeout) (got %u)",
+                            co->max_step_timeout_ms, s->step_timeout_ms);
+        return false;
+    }
+    if (req->n_exclude_worker_ids > STRIA__MAX_EXCLUDE) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "SubmitJob: exclude_worker_ids has %zu entries, more than %d",
+                            req->n_exclude_worker_ids, STRIA__MAX_EXCLUDE);
+        return false;
+    }
+    stria__client_of(call, client, cap);
+    if (stria__count_unfinished(co, client) >= co->max_jobs_per_client) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: client %s holds %u pending or active jobs, the "
+                            "coordinator's limit per client (--max-jobs-per-client); release "
+                            "some first",
+                            client, co->max_jobs_per_client);
+        return false;
+    }
+    if (stria__count_unfinished(co, NULL) >= co->max_jobs) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: %u jobs are pending or active, the coordinator's limit",
+                            co->max_jobs);
+        return false;
+    }
+    return true;
+}
+
 void stria__on_submit(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -223,55 +293,26 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     stria__b_t b = {0};
     char client[64];
 
-    if (s == NULL) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: the spec is missing");
+    if (!stria__submit_checks(co, call, req, client, sizeof(client)))
         return;
-    }
-    if (stria__spec_check(s) != STRIA_OK) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
-        return;
-    }
-    if (s->step_timeout_ms > co->max_step_timeout_ms) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
-                            "SubmitJob: step_timeout_ms must be at most %u (the coordinator's "
-                            "--max-step-timeout) (got %u)",
-                            co->max_step_timeout_ms, s->step_timeout_ms);
-        return;
-    }
-    stria__client_of(call, client, sizeof(client));
-    if (stria__count_unfinished(co, client) >= co->max_jobs_per_client) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
-        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
-                            "SubmitJob: client %s holds %u pending or active jobs, the "
-                            "coordinator's limit per client (--max-jobs-per-client); release "
-                            "some first",
-                            client, co->max_jobs_per_client);
-        return;
-    }
-    if (stria__count_unfinished(co, NULL) >= co->max_jobs) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
-        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
-                            "SubmitJob: %u jobs are pending or active, the coordinator's limit",
-                            co->max_jobs);
-        return;
-    }
     ring = malloc((co->n_workers + 1) * sizeof(*ring));
     if (ring == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
         return;
     }
     count = stria__ring_build(co, ring);
+    uint32_t excluded =
+        stria__ring_exclude(ring, count, req->exclude_worker_ids, req->n_exclude_worker_ids);
+    count -= excluded;
     stria__count_workers(co, &healthy, &draining, &dead, &left);
     n = s->ring_size ? s->ring_size : count;
     if (count == 0 || n > count) {
         stria__count_error(co, STRIA__E_SUBMIT_NO_WORKERS);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: the job needs %u workers but %u are available (%u "
-                            "healthy, %u draining, %u dead, %u left)",
-                            n ? n : 1, count, healthy, draining, dead, left);
+                            "healthy, %u draining, %u dead, %u left; %u excluded by the "
+                            "request)",
+                            n ? n : 1, count, healthy, draining, dead, left, excluded);
         goto free_ring;
     }
     if (stria_layout_init(
@@ -653,7 +694,8 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
             stria__cjob_t *j = co->jobs[i];
             if (stria__terminal(j->state) || !stria__job_has_worker(j, w))
                 continue;
-            stria__job_finish(co, j, S_FAILED, "%s", why);
+            if (stria__job_finish(co, j, S_FAILED, "%s", why))
+                stria__job_retryable(j, w);
             rep.jobs_failed++;
         }
         w->left = true;

@@ -131,6 +131,10 @@ typedef struct {
         size_t *len;
     } tl[2];
     stria_status_t failure_status; /* how workers report the failure; 0: as they see fit */
+    /* FAILED: the failure is retryable (JobInfo.failure_retryable), and the
+     * worker it is blamed on (0: none in particular). */
+    bool failure_retryable;
+    uint64_t blamed_worker;
 } stria__cjob_t;
 
 struct stria_coord {
@@ -241,8 +245,13 @@ void stria__count_pass(stria_coord_t *co, bool backward, uint64_t started_ms, ui
 void stria__count_stall(stria_coord_t *co, double seconds);
 void stria__metrics_init(stria_coord_t *co);
 void stria__metrics_update(stria_coord_t *co);
-void stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
+/* Moves a job to a terminal state (false: it was in one already: the first
+ * verdict stands). */
+bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* A job that just failed (stria__job_finish() returned true) failed for a
+ * cause outside it: retryable, blamed on worker w (NULL: none). */
+void stria__job_retryable(stria__cjob_t *j, const stria__cworker_t *w);
 void stria__schedule(stria_coord_t *co);
 /* coord_place.c: where a job runs. A window of n consecutive ring workers
  * for a job needing `need` bytes each: the first that can start now, else

@@ -284,6 +284,11 @@ Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, cons
     info->assignment = stria__fill_assignment(b, j);
     info->timings = t;
     info->failure = (char *)j->failure;
+    info->failure_retryable = j->failure_retryable;
+    if (j->blamed_worker != 0) {
+        info->blamed_worker_ids = (uint64_t *)&j->blamed_worker;
+        info->n_blamed_worker_ids = 1;
+    }
     info->queue_position = stria__queue_position(co, j);
     t->submitted_ms = j->submitted_ms;
     t->started_ms = j->started_ms;

@@ -245,6 +245,7 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         rep.state = j->state;
         rep.failure = j->failure;
         rep.failure_status = j->failure_status;
+        rep.failure_retryable = j->failure_retryable;
         stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
         return;
     }
@@ -313,9 +314,11 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED:
         stria__count_error(co, STRIA__E_PASS_FAILED);
-        stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s): %.400s", req->rank,
-                          (unsigned long long)w->id, w->rpc_address,
-                          req->message[0] ? req->message : "failed without a reason");
+        if (stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s): %.400s", req->rank,
+                              (unsigned long long)w->id, w->rpc_address,
+                              req->message[0] ? req->message : "failed without a reason") &&
+            req->retryable)
+            stria__job_retryable(j, NULL);
         stria__schedule(co);
         break;
     default:
@@ -326,5 +329,6 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
     rep.state = j->state;
     rep.failure = j->failure;
     rep.failure_status = j->failure_status;
+    rep.failure_retryable = j->failure_retryable;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }

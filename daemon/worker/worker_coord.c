@@ -53,7 +53,7 @@ stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const Prot
 static Stria__V1__JobState stria__report(stria_worker_t *w, const stria__wjob_t *j,
                                          Stria__V1__ReportJobRequest__Event ev, const char *message,
                                          uint32_t pass, stria__warrival_t *arrival,
-                                         Stria__V1__PassTimeline *timeline)
+                                         Stria__V1__PassTimeline *timeline, bool retryable)
 {
     Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
     Stria__V1__JobState state = STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
@@ -67,6 +67,7 @@ static Stria__V1__JobState stria__report(stria_worker_t *w, const stria__wjob_t 
     req.steps_total = j->steps_total;
     req.timeline = timeline;
     req.pass = pass;
+    req.retryable = retryable;
     if (arrival != NULL)
         memset(arrival, 0, sizeof(*arrival));
     if (stria__wcoord_call(w, STRIA_RPC_COORDINATOR_REPORT_JOB, &req.base, &reply) == STRIA_OK) {
@@ -75,6 +76,7 @@ static Stria__V1__JobState stria__report(stria_worker_t *w, const stria__wjob_t 
         if (arrival != NULL) {
             arrival->all_arrived = r->all_arrived;
             arrival->failure_status = (stria_status_t)r->failure_status;
+            arrival->failure_retryable = r->failure_retryable;
             snprintf(arrival->failure, sizeof(arrival->failure), "%s", r->failure);
         }
         stria_rpc_reply_free(&reply);
@@ -88,7 +90,7 @@ static Stria__V1__JobState stria__report(stria_worker_t *w, const stria__wjob_t 
 Stria__V1__JobState stria__wcoord_report(stria_worker_t *w, const stria__wjob_t *j,
                                          Stria__V1__ReportJobRequest__Event ev, const char *message)
 {
-    return stria__report(w, j, ev, message, 0, NULL, NULL);
+    return stria__report(w, j, ev, message, 0, NULL, NULL, false);
 }
 
 Stria__V1__JobState stria__wcoord_report_pass(stria_worker_t *w, const stria__wjob_t *j,
@@ -96,14 +98,27 @@ Stria__V1__JobState stria__wcoord_report_pass(stria_worker_t *w, const stria__wj
                                               const char *message,
                                               Stria__V1__PassTimeline *timeline)
 {
-    return stria__report(w, j, ev, message, 0, NULL, timeline);
+    return stria__report(w, j, ev, message, 0, NULL, timeline, false);
+}
+
+bool stria__wcoord_report_failed(stria_worker_t *w, const stria__wjob_t *j, const char *message,
+                                 Stria__V1__PassTimeline *timeline, bool retryable)
+{
+    stria__warrival_t verdict;
+    Stria__V1__JobState st = stria__report(w, j, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED,
+                                           message, 0, &verdict, timeline, retryable);
+    if (st == STRIA__V1__JOB_STATE__JOB_STATE_FAILED)
+        return verdict.failure_retryable;
+    if (st > STRIA__V1__JOB_STATE__JOB_STATE_FAILED) /* cancelled, released, expired */
+        return false;
+    return retryable;
 }
 
 Stria__V1__JobState stria__wcoord_report_started(stria_worker_t *w, const stria__wjob_t *j,
                                                  Stria__V1__ReportJobRequest__Event ev,
                                                  uint32_t pass, stria__warrival_t *out)
 {
-    return stria__report(w, j, ev, NULL, pass, out, NULL);
+    return stria__report(w, j, ev, NULL, pass, out, NULL, false);
 }
 
 void stria__wcoord_report_fails(stria_worker_t *w)
@@ -326,8 +341,8 @@ void stria__wcoord_leave(stria_worker_t *w, const char *reason)
         if (j->phase != STRIA__V1__JOB_STATE__JOB_STATE_DONE)
             held[k++] = *j;
     pthread_mutex_unlock(&w->lock);
-    for (size_t i = 0; i < k; i++)
-        stria__wcoord_report(w, &held[i], STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED,
-                             reason);
+    for (size_t i = 0; i < k; i++) /* the worker leaves: retryable elsewhere */
+        stria__report(w, &held[i], STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED, reason, 0,
+                      NULL, NULL, true);
     free(held);
 }

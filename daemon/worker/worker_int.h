@@ -301,11 +301,18 @@ void stria__wtimeline_free(stria__wtimeline_t *tl);
 typedef struct {
     bool all_arrived;
     stria_status_t failure_status;
+    bool failure_retryable; /* the coordinator's verdict on the job's failure */
     char failure[512];
 } stria__warrival_t;
 Stria__V1__JobState stria__wcoord_report_started(stria_worker_t *w, const stria__wjob_t *j,
                                                  Stria__V1__ReportJobRequest__Event ev,
                                                  uint32_t pass, stria__warrival_t *out);
+/* Reports a failed pass (with its step times, NULL: none) and whether the
+ * worker judges it retryable; returns the verdict that stands: the
+ * coordinator's when the job is over there (the first failure it recorded,
+ * or not retryable when cancelled or expired), else the worker's. */
+bool stria__wcoord_report_failed(stria_worker_t *w, const stria__wjob_t *j, const char *message,
+                                 Stria__V1__PassTimeline *timeline, bool retryable);
 /* Reports the failures queued by stria__wjob_fail_locked(). */
 void stria__wcoord_report_fails(stria_worker_t *w);
 

@@ -338,6 +338,17 @@ static stria_status_t stria__await_ranks(stria_worker_t *w, stria__wjob_t *j, bo
     }
 }
 
+/* Whether a pass that failed with `st` may succeed when the job is
+ * submitted again: a ring link that broke or a peer that stalled, vanished
+ * or aborted (the coordinator's verdict, when it has one, stands over this:
+ * see stria__wcoord_report_failed()); not the rank's own failures (no
+ * memory, a bad input, a cancellation). */
+static bool stria__pass_retryable(stria_status_t st)
+{
+    return st == STRIA_ERR_PEER || st == STRIA_ERR_TRANSPORT || st == STRIA_ERR_CLOSED ||
+           st == STRIA_ERR_TIMEOUT || st == STRIA_ERR_IO;
+}
+
 static void *stria__pass_thread(void *arg)
 {
     stria__pass_ctx_t *pc = arg;
@@ -427,9 +438,9 @@ static void *stria__pass_thread(void *arg)
                              ? w->m_err_peer
                              : w->m_err_pass,
                          1);
-        stria__wcoord_report_pass(w, j, STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED, msg,
-                                  have_tl ? &tl.msg : NULL);
-        stria_rpc_call_fail(pc->call, st, "%s", msg);
+        bool retryable = stria__wcoord_report_failed(w, j, msg, have_tl ? &tl.msg : NULL,
+                                                     stria__pass_retryable(st));
+        stria_rpc_call_fail_r(pc->call, st, retryable, "%s", msg);
     }
     if (have_tl)
         stria__wtimeline_free(&tl);
@@ -486,10 +497,11 @@ static void stria__pass_handler(stria_worker_t *w, stria_rpc_call_t *call, uint6
         bool stopping = w->stopping;
         pthread_mutex_unlock(&w->lock);
         stria__wjob_unref(w, j);
-        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
-                            stopping ? "this worker is shutting down"
-                                     : "job %llu rank %u: a pass is already running",
-                            (unsigned long long)job_id, rank);
+        /* a worker that leaves is a cause outside the job */
+        stria_rpc_call_fail_r(call, STRIA_ERR_BUSY, stopping,
+                              stopping ? "this worker is shutting down"
+                                       : "job %llu rank %u: a pass is already running",
+                              (unsigned long long)job_id, rank);
         return;
     }
     j->running = true;

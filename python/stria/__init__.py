@@ -5,7 +5,9 @@
     o.sum().backward()
 
 flash_attn users switch by import (stria.flash_attn_func,
-stria.flash_attn_varlen_func); Hugging Face models through stria.hf.register().
+stria.flash_attn_varlen_func); Hugging Face models through stria.hf.register();
+torch.distributed trainers holding shards of a sequence through
+stria.sharded_attention.
 The package is pure Python over libstria (ctypes): it finds the library
 through $STRIA_LIB, the build tree of its source checkout, or the install
 prefix.
@@ -16,15 +18,17 @@ from ._errors import (AuthError, BusyError, InvalidArgumentError, NoMemoryError,
 from ._lib import ABI_VERSION
 from .attention import AttentionFunction, attention, flash_attn_func, flash_attn_varlen_func
 from .client import Client, Job, default_client, set_default_client
-from .sharded import shard, shard_positions, sharded_attention, unshard
+from .sharded import (ShardedAttentionFunction, shard, shard_positions, sharded_attention,
+                      unshard)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ABI_VERSION", "AttentionFunction", "AuthError", "BusyError", "Client", "InvalidArgumentError",
-    "Job", "NoMemoryError", "StriaError", "UnreachableError", "attention", "default_client",
-    "flash_attn_func", "flash_attn_varlen_func", "set_default_client", "shard",
-    "shard_positions", "sharded_attention", "unshard",
+    "ABI_VERSION", "AttentionFunction", "AuthError", "BusyError", "Client",
+    "InvalidArgumentError", "Job", "NoMemoryError", "ShardedAttentionFunction", "StriaError",
+    "UnreachableError", "attention", "default_client", "flash_attn_func",
+    "flash_attn_varlen_func", "set_default_client", "shard", "shard_positions",
+    "sharded_attention", "unshard",
 ]
 
 
@@ -32,5 +36,5 @@ def __getattr__(name):
     if name in ("hf", "local"):  # stria.hf imports transformers only when asked for
         import importlib
 
-        return importlib.import_module(".hf", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'stria' has no attribute {name!r}")

@@ -5,14 +5,17 @@ class StriaError(RuntimeError):
     """A libstria call failed.
 
     Attributes: ``status`` (the stria_status_t value, negative), ``name``
-    (its symbolic name, e.g. ``STRIA_ERR_BUSY``) and ``message`` (the
-    library's message: which rank, worker, phase and why).
+    (its symbolic name, e.g. ``STRIA_ERR_BUSY``), ``message`` (the
+    library's message: which rank, worker, phase and why) and ``retryable``
+    (the service says the same call may succeed if made again: a worker
+    died, left or was drained, a ring link broke).
     """
 
-    def __init__(self, status, name, message):
+    def __init__(self, status, name, message, retryable=False):
         self.status = status
         self.name = name
         self.message = message
+        self.retryable = retryable
         super().__init__(f"{name}: {message}" if message else name)
 
 
@@ -48,5 +51,5 @@ _BY_NAME = {
 }
 
 
-def raise_status(status, name, message):
-    raise _BY_NAME.get(name, StriaError)(status, name, message)
+def raise_status(status, name, message, retryable=False):
+    raise _BY_NAME.get(name, StriaError)(status, name, message, retryable)

@@ -18,6 +18,8 @@ ABI_VERSION = 1
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 LAYOUTS = {"striped": 0, "contiguous": 1, "zigzag": 2, "auto": 3}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+#: Bytes of a sharded job's export (STRIA_JOB_EXPORT_BYTES).
+JOB_EXPORT_BYTES = 48
 
 
 class ClientParams(ctypes.Structure):
@@ -30,6 +32,7 @@ class ClientParams(ctypes.Structure):
         ("client_name", ctypes.c_char_p),
         ("token_file", ctypes.c_char_p),
         ("data_path", ctypes.c_int),  # stria_data_path_t: 0 auto, 1 tcp, 2 shm
+        ("forward_retries", ctypes.c_int),  # 0: the default (2); negative: none
     ]
 
 
@@ -55,6 +58,10 @@ class JobSpec(ctypes.Structure):
         ("has_window", ctypes.c_bool),
         ("window_left", ctypes.c_int64),
         ("window_right", ctypes.c_int64),
+        ("arrival_timeout_s", ctypes.c_double),
+        ("placement_hosts", ctypes.POINTER(ctypes.c_char_p)),
+        ("placement_devices", ctypes.POINTER(ctypes.c_int)),
+        ("placement_fallback", ctypes.c_bool),
     ]
 
 
@@ -72,6 +79,7 @@ class CallStats(ctypes.Structure):
         ("bytes_down", ctypes.c_uint64),
         ("ring_steps", ctypes.c_uint32),
         ("ring_bytes_sent", ctypes.c_uint64),
+        ("retries", ctypes.c_uint32),
     ]
 
 
@@ -80,6 +88,7 @@ _SIGNATURES = {
     "stria_client_abi_version": (ctypes.c_uint, []),
     "stria_status_name": (ctypes.c_char_p, [ctypes.c_int]),
     "stria_error_msg": (ctypes.c_char_p, []),
+    "stria_error_retryable": (ctypes.c_bool, []),
     "stria_client_connect": (ctypes.c_int, [ctypes.POINTER(ClientParams), ctypes.POINTER(_P)]),
     "stria_client_close": (None, [_P]),
     "stria_client_forward": (
@@ -93,6 +102,15 @@ _SIGNATURES = {
     "stria_job_id": (ctypes.c_uint64, [_P]),
     "stria_job_ring_size": (ctypes.c_int, [_P]),
     "stria_job_layout": (ctypes.c_int, [_P]),
+    # sharded jobs
+    "stria_client_submit": (ctypes.c_int, [_P, ctypes.POINTER(JobSpec), ctypes.POINTER(_P)]),
+    "stria_job_export": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "stria_job_import": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.POINTER(_P)]),
+    "stria_job_shard_tokens": (ctypes.c_int64, [_P, ctypes.c_int]),
+    "stria_job_positions": (ctypes.c_int, [_P, ctypes.c_int, _P]),
+    "stria_client_forward_shard": (ctypes.c_int, [_P, ctypes.c_int, _P, _P, _P, _P, _P]),
+    "stria_client_backward_shard": (ctypes.c_int, [_P, ctypes.c_int, _P, _P, _P, _P]),
+    "stria_job_data_path": (ctypes.c_int, [_P, ctypes.c_int]),
 }
 
 _lib = None
@@ -176,4 +194,4 @@ def check(status):
     L = lib()
     name = L.stria_status_name(status).decode("ascii", "replace")
     msg = (L.stria_error_msg() or b"").decode("utf-8", "replace")
-    raise_status(status, name, msg)
+    raise_status(status, name, msg, bool(L.stria_error_retryable()))

@@ -9,6 +9,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _lib
+from ._errors import StriaError
 from .client import default_client
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16,
@@ -29,12 +30,13 @@ class _Config:
         self.layout = layout
         self.ring_size = ring_size
 
-    def spec(self, q, k):
-        """The job spec (and the ctypes array it points to, to keep alive)."""
+    def spec(self, q, k, seq_len=None):
+        """The job spec (and the ctypes array it points to, to keep alive);
+        seq_len: the whole sequence's (a sharded job's), else q's."""
         B, S, H, D = q.shape
         s = _lib.JobSpec()
         s.struct_size = ctypes.sizeof(s)
-        s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim = B, S, H, k.shape[2], D
+        s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim = B, seq_len or S, H, k.shape[2], D
         s.dtype = _DTYPES[q.dtype]
         s.causal = self.causal
         s.layout = self.layout
@@ -43,6 +45,7 @@ class _Config:
         s.step_timeout_s = self.client.step_timeout
         s.ttl_s = self.client.ttl
         s.no_queue = self.client.no_queue
+        s.arrival_timeout_s = self.client.arrival_timeout
         arr = None
         if self.cu_seqlens is not None:
             arr = (ctypes.c_int64 * len(self.cu_seqlens))(*self.cu_seqlens)
@@ -89,6 +92,9 @@ def _forward(cfg, q, k, v, keep):
     return _back(o, q.device), _back(lse, q.device), job
 
 
+_BACKWARD_RETRIES = 2  # forward + backward again after a retryable backward failure
+
+
 def _backward(cfg, job, q, k, v, do):
     """dQ, dK, dV: on the kept job, or (recompute mode, or a job lost since)
     by running the forward pass again on the service first."""
@@ -96,12 +102,23 @@ def _backward(cfg, job, q, k, v, do):
     dq = _empty(q.shape, q.dtype, q.device)
     dk = _empty(k.shape, k.dtype, k.device)
     dv = _empty(v.shape, v.dtype, v.device)
-    if job is None or not job.alive:
-        _, _, job = _forward(cfg, q, k, v, keep=True)
-    try:
-        job.backward(_ptr(doh), _ptr(dq), _ptr(dk), _ptr(dv))
-    finally:
-        job.release()
+    retries = _BACKWARD_RETRIES
+    while True:
+        if job is None or not job.alive:
+            _, _, job = _forward(cfg, q, k, v, keep=True)
+        try:
+            job.backward(_ptr(doh), _ptr(dq), _ptr(dk), _ptr(dv))
+            break
+        except StriaError as e:
+            # A worker of the job died or left (the service says the call
+            # may succeed again): run forward and backward again on the
+            # ring as it is now, a bounded number of times.
+            if not e.retryable or retries == 0:
+                raise
+            retries -= 1
+        finally:
+            job.release()
+            job = None
     return _back(dq, q.device), _back(dk, k.device), _back(dv, v.device)
 
 
@@ -140,6 +157,39 @@ def _check_tensors(q, k, v, what="q, k, v"):
                          f"(got {q.device}, {k.device}, {v.device})")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"stria: tensors on {q.device} are not supported (cpu or cuda)")
+
+
+def _check_shapes(q, k, v, tokens="sequence length"):
+    """The checks of q [B, S, H, D], k, v [B, S, Hkv, D] (S: `tokens`)."""
+    _check_tensors(q, k, v)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"stria: q, k, v must be 4-D [B, S, H, D] (got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)})")
+    B, S, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"stria: k and v must have one shape (got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)})")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"stria: k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch "
+                         f"or head_dim")
+    if k.shape[1] != S:
+        raise NotImplementedError(
+            f"stria: q and k must have the same {tokens} (got {S} and {k.shape[1]}): "
+            f"the service computes attention within one sequence (no KV cache)")
+    if min(B, S, H, D, k.shape[2]) == 0:
+        raise ValueError(f"stria: empty tensors (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if H % k.shape[2] != 0:
+        raise ValueError(f"stria: q's {H} heads are not a multiple of k's {k.shape[2]}")
+
+
+def _scale(softmax_scale):
+    if softmax_scale is None:
+        return None
+    if not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale) or \
+            softmax_scale <= 0:
+        raise ValueError(f"stria: softmax_scale must be a finite number > 0, not "
+                         f"{softmax_scale!r}")
+    return float(softmax_scale)
 
 
 def _window(window_size, causal):
@@ -198,31 +248,8 @@ def attention(q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1),
     Differentiable in q, k and v. Under no_grad (or when no input requires
     grad) the service's job is released at once.
     """
-    _check_tensors(q, k, v)
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"stria: q, k, v must be 4-D [B, S, H, D] (got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)})")
-    B, S, H, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"stria: k and v must have one shape (got {tuple(k.shape)}, "
-                         f"{tuple(v.shape)})")
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"stria: k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch "
-                         f"or head_dim")
-    if k.shape[1] != S:
-        raise NotImplementedError(
-            f"stria: q and k must have the same sequence length (got {S} and {k.shape[1]}): "
-            f"the service computes attention within one sequence (no KV cache)")
-    if min(B, S, H, D, k.shape[2]) == 0:
-        raise ValueError(f"stria: empty tensors (q {tuple(q.shape)}, k {tuple(k.shape)})")
-    if H % k.shape[2] != 0:
-        raise ValueError(f"stria: q's {H} heads are not a multiple of k's {k.shape[2]}")
-    if softmax_scale is not None:
-        if not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale) or \
-                softmax_scale <= 0:
-            raise ValueError(f"stria: softmax_scale must be a finite number > 0, not "
-                             f"{softmax_scale!r}")
-        softmax_scale = float(softmax_scale)
+    _check_shapes(q, k, v)
+    softmax_scale = _scale(softmax_scale)
     if not isinstance(ring_size, int) or ring_size < 0:
         raise ValueError(f"stria: ring_size must be an int >= 0, not {ring_size!r}")
     cfg = _Config(client if client is not None else default_client(), bool(causal),

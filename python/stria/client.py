@@ -35,19 +35,60 @@ class Job:
         self.layout = _lib.LAYOUT_NAMES.get(int(L.stria_job_layout(ptr)), "unknown")
         self._finalizer = weakref.finalize(self, client._release_ptr, ptr)
 
+    def _call(self, fn):
+        """fn(L) under the client's lock, on a live handle."""
+        if not self.alive:
+            raise RuntimeError(f"stria job {self.id} was released")
+        return self._client._locked(lambda: fn(_lib.lib()))
+
     @property
     def alive(self):
         return self._finalizer.alive and not self._client.closed
 
     def backward(self, d_o, dq, dk, dv, stats=None):
         """dO in, dQ/dK/dV out (addresses of contiguous host buffers)."""
-        if not self.alive:
-            raise RuntimeError(f"stria job {self.id} was released")
-        st = stats if stats is not None else None
-        self._client._locked(
-            lambda: _lib.check(_lib.lib().stria_client_backward(
-                self._ptr, d_o, dq, dk, dv, None, None,
-                ctypes.byref(st) if st is not None else None)))
+        st = ctypes.byref(stats) if stats is not None else None
+        self._call(lambda L: _lib.check(L.stria_client_backward(
+            self._ptr, d_o, dq, dk, dv, None, None, st)))
+
+    # ---- sharded jobs (Client.submit / Client.import_job) ----------------
+
+    def export(self):
+        """The handle's bytes for the other ranks (they hold the job's
+        secret: hand them only to the trainer's own processes)."""
+        buf = ctypes.create_string_buffer(_lib.JOB_EXPORT_BYTES)
+        n = ctypes.c_size_t()
+        self._call(lambda L: _lib.check(L.stria_job_export(
+            self._ptr, buf, len(buf), ctypes.byref(n))))
+        return buf.raw[:n.value]
+
+    def shard_tokens(self, rank):
+        """How many tokens ring rank `rank` holds."""
+        n = self._call(lambda L: int(L.stria_job_shard_tokens(self._ptr, rank)))
+        if n < 0:
+            raise ValueError(f"stria: rank {rank} outside job {self.id}'s ring of "
+                             f"{self.ring_size}")
+        return n
+
+    def positions(self, rank):
+        """The global positions of rank `rank`'s tokens, in its order (int64)."""
+        import torch
+
+        out = torch.empty(self.shard_tokens(rank), dtype=torch.int64)
+        self._call(lambda L: _lib.check(L.stria_job_positions(
+            self._ptr, rank, ctypes.c_void_p(out.data_ptr()))))
+        return out
+
+    def forward_shard(self, rank, q, k, v, o, lse):
+        """Rank `rank`'s forward pass (addresses of contiguous host buffers
+        of its tokens); returns when every rank's pass is done."""
+        self._call(lambda L: _lib.check(L.stria_client_forward_shard(
+            self._ptr, rank, q, k, v, o, lse)))
+
+    def backward_shard(self, rank, d_o, dq, dk, dv):
+        """Rank `rank`'s backward pass, after its forward pass."""
+        self._call(lambda L: _lib.check(L.stria_client_backward_shard(
+            self._ptr, rank, d_o, dq, dk, dv)))
 
     def release(self):
         self._finalizer()
@@ -64,11 +105,17 @@ class Client:
     is held between them; beyond the bound forward falls back to that).
     step_timeout, ttl: per-job deadlines in seconds (0: the service's).
     no_queue: fail with BusyError instead of waiting for workers.
+    arrival_timeout: sharded jobs: how long a pass waits for the other ranks
+    once one arrived (0: the service's 60 s).
+    forward_retries: how many times libstria submits a forward again, inside
+    the call, after a retryable failure (a worker died or left); 0: its
+    default (2), negative: never. A failed call's StriaError says whether it
+    is retryable (``.retryable``).
     """
 
     def __init__(self, coordinator=None, token_file=None, *, connect_timeout=0.0,
                  rpc_timeout=0.0, name="stria-python", keep_jobs=0, step_timeout=0.0, ttl=0.0,
-                 no_queue=False):
+                 no_queue=False, arrival_timeout=0.0, forward_retries=0):
         L = _lib.lib()
         self.coordinator = coordinator or os.environ.get("STRIA_COORDINATOR") or \
             DEFAULT_COORDINATOR
@@ -79,12 +126,13 @@ class Client:
         self.step_timeout = float(step_timeout)
         self.ttl = float(ttl)
         self.no_queue = bool(no_queue)
+        self.arrival_timeout = float(arrival_timeout)
         self.closed = False
         self._lock = threading.Lock()
         self._pending = []  # job pointers a finalizer could not release at once
         self._pending_lock = threading.Lock()
         self._kept = 0
-        self._ptrs = set()  # open jobs' pointers
+        self._ptrs = {}  # open jobs' pointers -> whether they count as kept
         p = _lib.ClientParams()
         p.struct_size = ctypes.sizeof(p)
         p.coordinator = self.coordinator.encode()
@@ -92,6 +140,7 @@ class Client:
         p.connect_timeout_s = connect_timeout
         p.rpc_timeout_s = rpc_timeout
         p.client_name = name.encode()
+        p.forward_retries = int(forward_retries)
         ptr = ctypes.c_void_p()
         _lib.check(L.stria_client_connect(ctypes.byref(p), ctypes.byref(ptr)))
         self._ptr = ptr
@@ -131,8 +180,8 @@ class Client:
 
     def _release_locked(self, ptr):
         if ptr.value in self._ptrs:
-            self._ptrs.discard(ptr.value)
-            self._kept -= 1
+            if self._ptrs.pop(ptr.value):
+                self._kept -= 1
             _lib.lib().stria_client_release(ptr)
 
     def _release_ptr(self, ptr):
@@ -162,12 +211,36 @@ class Client:
             if not keep:
                 L.stria_client_release(job)
                 return None
-            self._ptrs.add(job.value)
+            self._ptrs[job.value] = True
             self._kept += 1
             return job
 
         ptr = self._locked(call)
         return Job(self, ptr) if ptr is not None else None
+
+    def _open(self, make, keep):
+        """A Job from make(L, &ptr) (a sharded job's handle); keep: it counts
+        against keep_jobs until released."""
+        def call():
+            ptr = ctypes.c_void_p()
+            _lib.check(make(_lib.lib(), ctypes.byref(ptr)))
+            self._ptrs[ptr.value] = bool(keep)
+            self._kept += bool(keep)
+            return ptr
+
+        return Job(self, self._locked(call))
+
+    def submit(self, spec, keep=False):
+        """Submits a sharded job (spec.ring_size ranks, a named layout) and
+        returns its Job once its workers are reserved; nothing runs yet."""
+        return self._open(lambda L, out: L.stria_client_submit(self._ptr, ctypes.byref(spec),
+                                                               out), keep)
+
+    def import_job(self, data, keep=False):
+        """Opens a sharded job from another process's Job.export() bytes."""
+        data = bytes(data)
+        return self._open(lambda L, out: L.stria_job_import(self._ptr, data, len(data), out),
+                          keep)
 
     def close(self):
         """Releases every open job and closes the connection (idempotent)."""

@@ -12,6 +12,7 @@ process dies (a parent-death signal), and SIGTERM from stop().
 import ctypes
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -82,7 +83,8 @@ class LocalService:
     """A coordinator on 127.0.0.1 (a free port) and `workers` workers, each
     with `threads` kernel threads and `memory` to offer. `address` is the
     coordinator's HOST:PORT once the constructor returns (every worker
-    healthy). heartbeat_period: the coordinator's (default its own, 1 s; a
+    healthy). token_file: the clients' credential (the workers and striactl
+get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (default its own, 1 s; a
     short one marks workers of a busy machine dead). Logs go to `log_dir`
     (default: a temporary folder, removed by a clean stop)."""
 
@@ -95,7 +97,16 @@ class LocalService:
                                         f"(cmake --build build) or set STRIA_BIN_DIR")
         self._own_dir = log_dir is None
         self.dir = log_dir or tempfile.mkdtemp(prefix="stria_local_")
-        self.auth = [f"--token-file={token_file}"] if token_file else []
+        coord_auth, worker_auth, self.auth = [], [], []
+        if token_file:  # clients prove token_file; workers and operators their own
+            worker_tok = self._credential("worker.token")
+            admin_tok = self._credential("admin.token")
+            coord_auth = [f"--client-token-file={token_file}",
+                          f"--worker-token-file={worker_tok}",
+                          f"--admin-token-file={admin_tok}"]
+            worker_auth = [f"--client-token-file={token_file}",
+                           f"--worker-token-file={worker_tok}"]
+            self.auth = [f"--token-file={admin_tok}"]  # striactl: an operator
         self.env = dict(os.environ, **{"UCX_HANDLE_ERRORS": "none",
                                        "STRIA_LOG_LEVEL": os.environ.get("STRIA_LOG_LEVEL",
                                                                          "error")})
@@ -103,14 +114,14 @@ class LocalService:
         self.workers = []
         hb = ["--heartbeat-period", str(heartbeat_period)] if heartbeat_period else []
         self.coordinator = Daemon([os.path.join(self.bin_dir, "stria-coordinator"), "--listen",
-                                   "127.0.0.1:0", *hb, *self.auth],
+                                   "127.0.0.1:0", *hb, *coord_auth],
                                   os.path.join(self.dir, "coordinator.log"), self.env)
         try:
             self.address = self.coordinator.wait_line("stria-coordinator listening on ")
             for i in range(workers):
                 w = Daemon([os.path.join(self.bin_dir, "stria-worker"), "--coordinator",
                             self.address, "--threads", str(threads), "--step-timeout",
-                            str(step_timeout), "--memory", str(memory), *self.auth],
+                            str(step_timeout), "--memory", str(memory), *worker_auth],
                            os.path.join(self.dir, f"worker{i}.log"), self.env)
                 self.workers.append(w)
                 w.wait_line("stria-worker listening rpc=")
@@ -118,6 +129,14 @@ class LocalService:
         except BaseException:
             self.stop()
             raise
+
+    def _credential(self, name):
+        """A fresh random credential in `dir` (mode 0600); its path."""
+        path = os.path.join(self.dir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        return path
 
     def ctl(self, *args):
         """`striactl --json ARGS` against this service, parsed."""

@@ -9,14 +9,30 @@ padded positions S, S+1, ... dropped:
   zigzag:     2N chunks of c = L/2; rank r holds chunks r and 2N-1-r
 Positions increase within every shard, so a rank's real tokens are a prefix
 of its padded shard, in this order.
+
+sharded_attention over N ranks of a torch.distributed group runs one
+sharded job of ring size N: the ranks first all-gather what each passes
+(shapes, options: a mismatch fails on every rank, naming the rank); group
+rank 0 submits the job and broadcasts its 48-byte export; every other rank
+imports it; each rank runs its part of the pass with its own tokens
+(libstria's stria_client_forward_shard) and releases its handle. Backward
+repeats that with a fresh job (forward again, then backward: no worker
+memory held in between), or, with Client(keep_jobs=N) on group rank 0,
+runs on the job kept since forward.
 """
 
+import struct
+import zlib
+
 import torch
+from torch.autograd.function import once_differentiable
+
+from . import _lib
+from .attention import (_DTYPES, _back, _Config, _check_shapes, _cu_seqlens, _empty, _host,
+                        _ptr, _scale, _window)
+from .client import default_client
 
 _SHARD_LAYOUTS = ("striped", "contiguous", "zigzag")
-
-MISSING_C_API = ("stria_client_submit, stria_job_export, stria_job_import and "
-                 "stria_client_forward_shard/stria_client_backward_shard")
 
 
 def _check(seq_len, rank, world_size, layout):
@@ -98,15 +114,246 @@ def unshard(x, dim=1, *, seq_len, layout="striped", group=None):
     return out
 
 
+# ---- sharded_attention ---------------------------------------------------------
+
+# What each rank passes, all-gathered before the job is submitted (int64).
+_DESC = ("error", "batch", "tokens", "heads", "kv_heads", "head_dim", "dtype", "causal",
+         "seq_len", "softmax_scale", "window_left", "window_right", "cu_seqlens", "keep")
+_NAMES = {_DTYPES[d]: str(d).replace("torch.", "") for d in _DTYPES}
+_HEADER = 8 + _lib.JOB_EXPORT_BYTES  # ok, keep, export length, 5 spare, the export
+
+
+class _Sharded:
+    """One sharded_attention call's settings: the job's _Config plus the
+    group and this rank's place in it."""
+
+    def __init__(self, cfg, group, rank, world, seq_len, layout_name):
+        self.cfg = cfg
+        self.group = group
+        self.rank = rank
+        self.world = world
+        self.seq_len = seq_len
+        self.layout_name = layout_name
+        self.src = 0 if group is None else _dist().get_global_rank(group, 0)
+        self.device = torch.device("cpu")
+        if _dist().get_backend(group) == "nccl":  # NCCL moves CUDA tensors only
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def _describe(sh, q, k, keep):
+    c = sh.cfg
+    B, T, H, D = q.shape
+    wl, wr = c.window if c.window is not None else (-2, -2)
+    scale = struct.unpack("<q", struct.pack("<d", c.scale or 0.0))[0]
+    cu = zlib.crc32(repr(c.cu_seqlens).encode()) if c.cu_seqlens is not None else -1
+    return [0, B, T, H, k.shape[2], D, _DTYPES[q.dtype], int(c.causal), sh.seq_len, scale,
+            wl, wr, cu, int(keep)]
+
+
+def _agree(sh, mine, local_error):
+    """All-gathers every rank's description; raises on every rank when one
+    failed its local checks or differs from rank 0 (naming it). Returns rank
+    0's wish to keep the job."""
+    dist = _dist()
+    t = torch.tensor(mine if local_error is None else [1] + [0] * (len(_DESC) - 1),
+                     dtype=torch.int64, device=sh.device)
+    got = [torch.empty_like(t) for _ in range(sh.world)]
+    dist.all_gather(got, t, group=sh.group)
+    rows = [g.tolist() for g in got]
+    if local_error is not None:
+        raise local_error
+    for r, row in enumerate(rows):
+        if row[0]:
+            raise RuntimeError(f"stria: sharded_attention: rank {r} of the group refused its "
+                               f"arguments (its own error says why)")
+    ref = rows[0]
+    for r, row in enumerate(rows):
+        want = shard_positions(sh.seq_len, r, sh.world, sh.layout_name).numel()
+        if row[2] != want:
+            raise ValueError(f"stria: sharded_attention: rank {r} passes {row[2]} tokens, it "
+                             f"holds {want} of {sh.seq_len} under {sh.layout_name} over "
+                             f"{sh.world} ranks (see stria.shard_positions)")
+        for i, name in enumerate(_DESC[:-1]):
+            if name != "tokens" and row[i] != ref[i]:
+                a, b = ref[i], row[i]
+                if name == "dtype":
+                    a, b = _NAMES[a], _NAMES[b]
+                elif name == "softmax_scale":
+                    a, b = (struct.unpack("<d", struct.pack("<q", x))[0] or None for x in (a, b))
+                raise ValueError(f"stria: sharded_attention: rank {r}'s {name} ({b}) differs "
+                                 f"from rank 0's ({a}): every rank must pass the same shapes "
+                                 f"and options")
+    return bool(ref[-1])
+
+
+def _open_job(sh, q, k, want_keep, local_error=None):
+    """The collective part: agree, submit on rank 0, broadcast, import.
+    Returns (this rank's Job, keep)."""
+    keep = _agree(sh, _describe(sh, q, k, want_keep) if local_error is None else None,
+                  local_error)
+    client = sh.cfg.client
+    header = torch.zeros(_HEADER, dtype=torch.uint8)
+    job = None
+    error = None
+    if sh.rank == 0:
+        keep = keep and client._may_keep()
+        spec, arr = sh.cfg.spec(q, k, sh.seq_len)
+        try:
+            job = client.submit(spec, keep=keep)
+            data = job.export()
+            header[0], header[1], header[2] = 1, int(keep), len(data)
+            header[8:8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        except BaseException as e:  # the peers must hear of it, then it is raised here
+            error = e
+            if job is not None:
+                job.release()
+        del arr
+    header = header.to(sh.device)
+    _dist().broadcast(header, sh.src, group=sh.group)
+    if error is not None:
+        raise error
+    header = header.cpu()
+    if not header[0]:
+        raise RuntimeError("stria: sharded_attention: rank 0 of the group could not submit "
+                           "the job (its own error says why)")
+    keep = bool(header[1])
+    if job is None:
+        job = client.import_job(bytes(header[8:8 + int(header[2])].tolist()), keep=keep)
+    try:
+        n = job.shard_tokens(sh.rank)
+        if n != q.shape[1]:  # the Python layout math disagrees with the service's
+            raise RuntimeError(f"stria: job {job.id} gives rank {sh.rank} {n} tokens, "
+                               f"stria.shard_positions {q.shape[1]}")
+    except BaseException:
+        job.release()
+        raise
+    return job, keep
+
+
+def _run_forward(sh, job, q, k, v):
+    qh, kh, vh = _host(q), _host(k), _host(v)
+    B, T, H, _ = q.shape
+    o = _empty(qh.shape, q.dtype, q.device)
+    lse = _empty((B, H, T), torch.float32, q.device)
+    job.forward_shard(sh.rank, _ptr(qh), _ptr(kh), _ptr(vh), _ptr(o), _ptr(lse))
+    return _back(o, q.device), _back(lse, q.device)
+
+
+def _sharded_forward(sh, q, k, v, want_keep):
+    """(O, LSE, the kept Job or None)."""
+    job, keep = _open_job(sh, q, k, want_keep)
+    try:
+        o, lse = _run_forward(sh, job, q, k, v)
+    except BaseException:
+        job.release()
+        raise
+    if not keep:
+        job.release()
+        job = None
+    return o, lse, job
+
+
+def _sharded_backward(sh, job, q, k, v, do):
+    """dQ, dK, dV of this rank's tokens: on the kept job, or by a second
+    collective submit (forward, then backward)."""
+    doh = _host(do)
+    dq = _empty(q.shape, q.dtype, q.device)
+    dk = _empty(k.shape, k.dtype, k.device)
+    dv = _empty(v.shape, v.dtype, v.device)
+    if job is None:
+        job, _ = _open_job(sh, q, k, want_keep=False)
+        try:
+            _run_forward(sh, job, q, k, v)
+        except BaseException:
+            job.release()
+            raise
+    try:
+        job.backward_shard(sh.rank, _ptr(doh), _ptr(dq), _ptr(dk), _ptr(dv))
+    finally:
+        job.release()
+    return _back(dq, q.device), _back(dk, k.device), _back(dv, v.device)
+
+
+class ShardedAttentionFunction(torch.autograd.Function):
+    """The differentiable sharded call; use stria.sharded_attention()."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sh):
+        o, lse, job = _sharded_forward(sh, q, k, v, want_keep=sh.cfg.client.keep_jobs > 0)
+        ctx.sh = sh
+        ctx.job = job
+        ctx.save_for_backward(q, k, v)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, _dlse):
+        q, k, v = ctx.saved_tensors
+        job, ctx.job = ctx.job, None
+        dq, dk, dv = _sharded_backward(ctx.sh, job, q, k, v, do)
+        return dq, dk, dv, None
+
+
 def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=True,
                       softmax_scale=None, window_size=(-1, -1), cu_seqlens=None,
                       return_lse=False, client=None):
-    """Attention for torch.distributed trainers where each rank of `group`
-    passes the tokens it holds (shard_positions order); the ring size is the
-    group's size.
+    """Exact attention for torch.distributed trainers (context parallelism):
+    each rank of `group` (default: the world) passes only the tokens it holds
+    of a `seq_len`-token sequence, in stria.shard_positions(seq_len, rank,
+    world_size, layout) order (stria.shard cuts them), and gets its tokens'
+    O back; the service runs one ring of the group's size over them.
 
-    Not available yet: it needs libstria's sharded-job calls."""
-    raise NotImplementedError(
-        f"stria.sharded_attention needs libstria's sharded-job API ({MISSING_C_API}), which "
-        f"this libstria does not have yet; use stria.attention on whole sequences, or "
-        f"stria.shard/stria.unshard around it")
+    q: [B, T, H, D], k, v: [B, T, Hkv, D] (T: this rank's tokens), as in
+    stria.attention; layout: "striped", "contiguous" or "zigzag" (named: the
+    shards depend on it); causal, softmax_scale, window_size and cu_seqlens
+    (global positions) as in stria.attention; with return_lse also LSE
+    [B, H, T]. Every rank must pass the same shapes and options, and call
+    together (a collective: rank 0 submits the job and broadcasts its handle
+    over `group`; gloo, or NCCL with CUDA tensors for the handle). client:
+    this process's stria.Client (default: stria.default_client()).
+
+    Differentiable in q, k and v: backward is a second collective job (the
+    forward pass runs again on the service, then backward), unless rank 0's
+    client keeps jobs (Client(keep_jobs=N)): then backward runs on the job
+    forward kept. Under no_grad the job is released at once.
+    """
+    if layout not in _SHARD_LAYOUTS:
+        raise ValueError(f"stria: sharded calls name their layout: one of "
+                         f"{', '.join(_SHARD_LAYOUTS)} (not {layout!r})")
+    dist = _dist()
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("stria.sharded_attention is a collective over a torch.distributed "
+                           "group: call torch.distributed.init_process_group first (or use "
+                           "stria.attention on whole sequences)")
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("stria: sharded_attention: this process is not in `group`")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        raise ValueError(f"stria: seq_len must be an int >= 1, not {seq_len!r}")
+    sh = _Sharded(None, group, rank, world, seq_len, layout)
+    try:  # a rank's own mistakes reach its peers through the all-gather
+        _check_shapes(q, k, v, tokens="number of tokens")
+        cu = _cu_seqlens(cu_seqlens)
+        if cu is not None and (len(cu) < 2 or cu[0] != 0 or cu[-1] != seq_len):
+            raise ValueError(f"stria: cu_seqlens must run from 0 to seq_len {seq_len} "
+                             f"(got {cu[0] if cu else None} .. {cu[-1] if cu else None})")
+        sh.cfg = _Config(client if client is not None else default_client(), bool(causal),
+                         _scale(softmax_scale), _window(window_size, bool(causal)), cu,
+                         _lib.LAYOUTS[layout], world)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        _agree(sh, None, e)
+        raise  # not reached: _agree raises e
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if grad:
+        o, lse = ShardedAttentionFunction.apply(q, k, v, sh)
+    else:
+        o, lse, _ = _sharded_forward(sh, q.detach(), k.detach(), v.detach(), want_keep=False)
+    return (o, lse) if return_lse else o

@@ -476,6 +476,8 @@ Test(coord, silent_worker_dies_and_rejoins, .timeout = TEST_TIMEOUT_S)
     cr_expect_eq(info->state, JS(FAILED));
     cr_expect(strstr(info->failure, "missed 3 heartbeats") != NULL, "%s", info->failure);
     cr_expect(strstr(info->failure, "127.0.0.1:7001") != NULL, "%s", info->failure);
+    cr_expect(info->failure_retryable, "a dead worker's job may succeed elsewhere");
+    cr_expect(info->n_blamed_worker_ids == 1 && info->blamed_worker_ids[0] == b.id);
     stria_rpc_reply_free(&rep);
 
     /* The default ring is what is healthy now. */
@@ -518,6 +520,8 @@ Test(coord, restarted_worker_loses_its_jobs, .timeout = TEST_TIMEOUT_S)
     Stria__V1__JobInfo *info = get_job(&fx, job, &rep);
     cr_expect_eq(info->state, JS(FAILED));
     cr_expect(strstr(info->failure, "restarted") != NULL, "%s", info->failure);
+    cr_expect(info->failure_retryable);
+    cr_expect(info->n_blamed_worker_ids == 1 && info->blamed_worker_ids[0] == a.id);
     stria_rpc_reply_free(&rep);
     /* The old incarnation's heartbeats are refused. */
     cr_expect_eq(heartbeat(&fx, a, NULL, 0, 0, NULL, NULL, NULL), STRIA_ERR_NOT_FOUND);
@@ -961,10 +965,105 @@ Test(coord, drain_fails_the_jobs_queued_on_the_worker, .timeout = TEST_TIMEOUT_S
     cr_expect_eq(ic->state, JS(FAILED));
     cr_expect(strstr(ic->failure, "was drained while the job was queued: submit it again") != NULL,
               "%s", ic->failure);
+    cr_expect(ic->failure_retryable);
+    cr_expect(ic->n_blamed_worker_ids == 1 && ic->blamed_worker_ids[0] == drained);
     stria_rpc_reply_free(&rep);
     cr_expect_eq(job_state(&fx, ja), JS(LOADING), "a running job keeps its drained worker");
     cr_expect_eq(job_state(&fx, jb), JS(LOADING));
     cr_expect_eq(job_state(&fx, jd), JS(PENDING), "a job queued on other workers stays queued");
+    fx_stop(&fx);
+}
+
+/* ---- failure classes and retries ------------------------------------------ */
+
+/* A worker's FAILED report with its judgement; the reply's verdict. */
+static bool report_failed(const fx_t *fx, wk_t w, uint64_t job, uint32_t rank, bool retryable)
+{
+    Stria__V1__ReportJobRequest req = STRIA__V1__REPORT_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    req.worker_id = w.id;
+    req.job_id = job;
+    req.rank = rank;
+    req.event = EV(FAILED);
+    req.message = (char *)"ring link broke";
+    req.retryable = retryable;
+    cr_assert_eq(fx_call(fx->wk, M_REPORT, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    const Stria__V1__ReportJobReply *r = (const Stria__V1__ReportJobReply *)rep.msg;
+    cr_expect_eq(r->state, JS(FAILED));
+    bool verdict = r->failure_retryable;
+    stria_rpc_reply_free(&rep);
+    return verdict;
+}
+
+Test(coord, the_first_failure_decides_the_class, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    wk_t a = reg_worker(&fx, "h", 7000, 1ull << 32);
+    wk_t b = reg_worker(&fx, "h", 7001, 1ull << 32);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t job = submit_ok(&fx, &s, JS(LOADING));
+    cr_expect(report_failed(&fx, a, job, 0, true), "the worker's judgement is recorded");
+    /* a later report cannot change it: the first verdict stands */
+    cr_expect(report_failed(&fx, b, job, 1, false));
+    Stria__V1__JobInfo *info = get_job(&fx, job, &rep);
+    cr_expect(info->failure_retryable);
+    cr_expect_eq(info->n_blamed_worker_ids, 0, "a ring failure blames no worker in particular");
+    stria_rpc_reply_free(&rep);
+    uint64_t job2 = submit_ok(&fx, &s, JS(LOADING));
+    cr_expect(!report_failed(&fx, b, job2, 1, false));
+    cr_expect(!report_failed(&fx, a, job2, 0, true));
+    fx_stop(&fx);
+}
+
+/* SubmitJob with exclude_worker_ids; the reply's ranks' worker ids into
+ * ids[] (at most 8). */
+static stria_status_t submit_excluding(const fx_t *fx, Stria__V1__JobSpec *s, uint64_t *ex,
+                                       size_t n_ex, uint64_t *ids, size_t *n_ids)
+{
+    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    req.spec = s;
+    req.exclude_worker_ids = ex;
+    req.n_exclude_worker_ids = n_ex;
+    stria_status_t st = fx_call(fx->user, M_SUBMIT, &req.base, &rep);
+    if (st != STRIA_OK)
+        return st;
+    const Stria__V1__Assignment *a = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
+    *n_ids = a->n_ranks;
+    for (size_t i = 0; i < a->n_ranks && i < 8; i++)
+        ids[i] = a->ranks[i]->worker_id;
+    stria_rpc_reply_free(&rep);
+    return STRIA_OK;
+}
+
+Test(coord, a_submission_excludes_the_workers_it_names, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    wk_t w[3];
+    for (int i = 0; i < 3; i++)
+        w[i] = reg_worker(&fx, "h", 7000 + i, 1ull << 32);
+    Stria__V1__JobSpec s = spec_default();
+    uint64_t ex[2] = {w[1].id, 424242 /* unknown: ignored */}, ids[8];
+    size_t n = 0;
+    /* ring_size 0: the healthy workers less the excluded */
+    cr_assert_eq(submit_excluding(&fx, &s, ex, 2, ids, &n), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(n, 2);
+    for (size_t i = 0; i < n; i++)
+        cr_expect_neq(ids[i], w[1].id, "rank %zu is on the excluded worker", i);
+    /* a fixed size that only the excluded worker could fill: busy, saying so */
+    s.ring_size = 3;
+    cr_expect_eq(submit_excluding(&fx, &s, ex, 1, ids, &n), STRIA_ERR_BUSY);
+    cr_expect(strstr(stria_error_msg(), "1 excluded by the request") != NULL, "%s",
+              stria_error_msg());
+    /* a bounded list */
+    uint64_t *many = calloc(1025, sizeof(*many));
+    cr_assert_not_null(many);
+    cr_expect_eq(submit_excluding(&fx, &s, many, 1025, ids, &n), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "exclude_worker_ids") != NULL, "%s", stria_error_msg());
+    free(many);
     fx_stop(&fx);
 }
 
@@ -1022,6 +1121,7 @@ Test(coord, job_lifecycle_through_reports, .timeout = TEST_TIMEOUT_S)
     cr_expect(strstr(info->failure, "rank 1 (worker") != NULL, "%s", info->failure);
     cr_expect(strstr(info->failure, "step 3: peer timed out") != NULL, "%s", info->failure);
     cr_expect_gt(info->timings->finished_ms, 0);
+    cr_expect(!info->failure_retryable, "the worker did not judge it retryable");
     stria_rpc_reply_free(&rep);
 
     Stria__V1__ListJobsRequest lj = STRIA__V1__LIST_JOBS_REQUEST__INIT;

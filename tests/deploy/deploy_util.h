@@ -14,7 +14,7 @@
 #include "stria_client.h"
 #include "stria_common.h"
 
-#define DC_MAX_WORKERS 4
+#define DC_MAX_WORKERS 8
 
 typedef struct {
     char dir[128]; /* scratch folder of the test (logs, copies), removed by dc_stop() */

@@ -28,7 +28,8 @@
     "          'heartbeat_period_ms', 'job_ttl_s', 'workers_healthy', 'workers_draining',\n"       \
     "          'workers_dead', 'workers_left', 'jobs_pending', 'jobs_active', 'jobs_submitted',\n" \
     "          'jobs_failed', 'ring'}\n"                                                           \
-    "JOB = {'id', 'state', 'failure', 'queue_position', 'step', 'steps_total', 'spec',\n"          \
+    "JOB = {'id', 'state', 'failure', 'failure_retryable', 'blamed_worker_ids',\n"                 \
+    "       'queue_position', 'step', 'steps_total', 'spec',\n"                                    \
     "       'memory_per_rank_bytes', 'ranks', 'timings_ms'}\n"                                     \
     "SPEC = {'batch', 'seq_len', 'heads', 'kv_heads', 'head_dim', 'dtype', 'causal',\n"            \
     "        'layout', 'ring_size', 'scale', 'label', 'sharded', 'arrival_timeout_s'}\n"           \
@@ -359,6 +360,7 @@ Test(striactl, cancel_with_a_reason, .timeout = SUITE_TIMEOUT)
              "assert d['state'] == 'cancelled', d\n"
              "assert 'cancelled by an admin' in d['failure'], d['failure']\n"
              "assert d['failure'].endswith(': maintenance window'), d['failure']\n"
+             "assert d['failure_retryable'] is False, d\n"
              "assert d['timings_ms']['finished'] > 0\n");
     check_json("job after cancel", out, script);
     free(out);

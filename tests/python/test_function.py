@@ -469,3 +469,33 @@ def test_ctypes_structs_mirror_the_header(tmp_path):
     got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True,
                                           check=True).stdout.split()]
     assert got == want
+
+
+def test_errors_say_whether_they_are_retryable(client):
+    x = torch.zeros(1, 8, 2, 20)
+    with pytest.raises(stria.InvalidArgumentError) as e:
+        stria.attention(x, x, x)
+    assert e.value.retryable is False
+
+
+def test_backward_after_a_worker_died_runs_again_on_the_rest():
+    """A kept job whose worker died fails its backward retryably; the
+    package then runs forward and backward again on the ring as it is."""
+    from conftest import Cluster
+
+    c = Cluster(n_workers=3)
+    try:
+        cl = stria.Client(c.address, keep_jobs=1, step_timeout=30)
+        q, k, v = (rand(1, 48, 2, 16).requires_grad_() for _ in range(3))
+        o = stria.attention(q, k, v, client=cl)
+        c.workers[2].proc.kill()  # the job's rank 2
+        c.workers[2].proc.wait()
+        o.sum().backward()
+        ref = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        ro, _ = ref_attention(*ref, causal=True)
+        ro.sum().backward()
+        for got, want in ((q.grad, ref[0].grad), (k.grad, ref[1].grad), (v.grad, ref[2].grad)):
+            assert max_err(got, want) < 1e-4
+        cl.close()
+    finally:
+        c.stop()

@@ -1,8 +1,11 @@
-"""Sharded mode: the layout math against libstria's (common/layout.c),
-shard/unshard round trips, and sharded_attention's clear refusal while
-libstria lacks sharded jobs."""
+"""Sharded mode: the layout math against libstria's (common/layout.c and a
+submitted job's stria_job_positions), shard/unshard round trips, and
+sharded_attention over 4 processes of a gloo group against the whole-sequence
+stria.attention on the same ring."""
 
 import ctypes
+import os
+import time
 
 import pytest
 import torch
@@ -62,12 +65,6 @@ def test_bad_arguments():
         stria.unshard([torch.zeros(1, 5), torch.zeros(1, 4)], 1, seq_len=10)
 
 
-def test_sharded_attention_names_the_missing_c_api():
-    x = torch.zeros(1, 8, 2, 16)
-    with pytest.raises(NotImplementedError, match="stria_client_submit.*stria_job_export"):
-        stria.sharded_attention(x, x, x, seq_len=32)
-
-
 def _gather_rank(rank, world, init, layout, out):
     import torch.distributed as dist
 
@@ -91,3 +88,272 @@ def test_unshard_over_a_gloo_group(tmp_path, layout):
     mp.start_processes(_gather_rank, args=(4, init, layout, out), nprocs=4,
                        start_method="fork")
     assert all(torch.load(f"{out}.{r}") for r in range(4))
+
+
+# ---- stria_job_positions of a real sharded job -------------------------------------
+
+def _spec(client, B, S, H, Hkv, D, layout, ring):
+    from stria.attention import _Config
+
+    cfg = _Config(client, True, None, None, None, _lib.LAYOUTS[layout], ring)
+    return cfg.spec(torch.empty(B, 1, H, D), torch.empty(B, 1, Hkv, D), S)[0]
+
+
+@pytest.fixture
+def short_ttl(cluster):
+    """A client whose jobs expire after 1 s idle: a sharded job whose
+    handles ran no rank cannot be released (releasing such a handle frees
+    nothing: the job ends when every rank has run and released), so the
+    service drops it at its TTL."""
+    with stria.Client(cluster.address, ttl=1) as c:
+        yield c
+
+
+@pytest.mark.parametrize("layout", ["striped", "contiguous", "zigzag"])
+def test_shard_positions_agree_with_the_job(short_ttl, no_active_jobs, layout):
+    """A submitted job's positions (stria_job_positions) are
+    shard_positions', rank by rank, and an imported handle says the same."""
+    client = short_ttl
+    for S in (77, 8, 1000):
+        job = client.submit(_spec(client, 1, S, 2, 2, 16, layout, 4))
+        try:
+            assert (job.ring_size, job.layout) == (4, layout)
+            other = client.import_job(job.export())
+            try:
+                assert other.id == job.id
+                for r in range(4):
+                    want = stria.shard_positions(S, r, 4, layout)
+                    assert torch.equal(job.positions(r), want), (S, r)
+                    assert torch.equal(other.positions(r), want), (S, r)
+                    assert job.shard_tokens(r) == want.numel()
+            finally:
+                other.release()
+            with pytest.raises(ValueError, match="rank 4 outside"):
+                job.shard_tokens(4)
+        finally:
+            job.release()
+
+
+def test_job_export_and_import(short_ttl, cluster, no_active_jobs):
+    client = short_ttl
+    job = client.submit(_spec(client, 1, 16, 2, 2, 16, "striped", 2))
+    try:
+        data = job.export()
+        assert len(data) == _lib.JOB_EXPORT_BYTES == 48
+        forged = data[:-1] + bytes([data[-1] ^ 1])  # the secret is checked
+        with pytest.raises(stria.StriaError):
+            client.import_job(forged).release()
+    finally:
+        job.release()
+    deadline = time.monotonic() + 10
+    while cluster.active_jobs() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(stria.StriaError):  # expired: the service forgot it
+        client.import_job(data).release()
+
+
+# ---- refusals without a group ----------------------------------------------------
+
+def test_sharded_attention_refusals_without_a_group():
+    x = torch.zeros(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="sharded calls name their layout.*'auto'"):
+        stria.sharded_attention(x, x, x, seq_len=32, layout="auto")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        stria.sharded_attention(x, x, x, seq_len=32)
+
+
+# ---- 4 processes of a gloo group ---------------------------------------------------
+
+WORLD = 4
+B, S = 2, 77  # S not a multiple of 4 or 8: padded shards
+# name: (layout, heads, kv_heads, head_dim, options)
+CASES = {
+    "striped": ("striped", 4, 4, 32, {}),
+    "zigzag": ("zigzag", 4, 4, 32, {}),
+    "contiguous": ("contiguous", 4, 4, 32, {}),
+    "gqa-zigzag": ("zigzag", 4, 1, 32, {}),
+    "noncausal-window-scale": ("striped", 2, 2, 16,
+                               dict(causal=False, window_size=(9, 5), softmax_scale=0.3)),
+    "keep-striped": ("striped", 4, 2, 32, dict(keep=True)),
+}
+
+
+def _inputs(name):
+    layout, H, Hkv, D, _ = CASES[name]
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    return [torch.randn(*shape, generator=g) for shape in
+            ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, D), (B, S, H, D))]
+
+
+def _opts(name):
+    opts = dict(CASES[name][4])
+    opts.pop("keep", None)
+    return opts
+
+
+def _sharded_rank(rank, world, init, address, out, device):
+    """One rank: every case, then the refusals; results to files."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    plain = stria.Client(address, step_timeout=60, arrival_timeout=30)
+    keeping = stria.Client(address, step_timeout=60, arrival_timeout=30, keep_jobs=2)
+    try:
+        res = {}
+        for name, (layout, *_rest) in CASES.items():
+            c = keeping if CASES[name][4].get("keep") else plain
+            q, k, v, do = (stria.shard(t, 1, rank=rank, world_size=world, layout=layout)
+                           .to(device).requires_grad_() for t in _inputs(name))
+            o, lse = stria.sharded_attention(q, k, v, seq_len=S, layout=layout,
+                                             return_lse=True, client=c, **_opts(name))
+            kept = c.jobs_kept
+            o.backward(do.detach())
+            res[name] = dict(o=o.detach().cpu(), lse=lse.cpu(), dq=q.grad.cpu(),
+                             dk=k.grad.cpu(), dv=v.grad.cpu(), kept=kept, after=c.jobs_kept,
+                             device=str(o.device))
+        # no_grad: one collective job, released at once
+        q, k, v, _ = (stria.shard(t, 1, rank=rank, world_size=world, layout="striped")
+                      for t in _inputs("striped"))
+        with torch.no_grad():
+            res["no_grad"] = stria.sharded_attention(q.to(device), k.to(device), v.to(device),
+                                                     seq_len=S, client=plain).cpu()
+        # refusals: every rank raises, naming the rank at fault
+        errors = {}
+        cut = slice(0, -1 if rank == 2 else None)
+        try:
+            stria.sharded_attention(q[:, cut], k[:, cut], v[:, cut], seq_len=S, client=plain)
+        except Exception as e:
+            errors["tokens"] = f"{type(e).__name__}: {e}"
+        bad = q.double() if rank == 1 else q
+        try:
+            stria.sharded_attention(bad, k, v, seq_len=S, client=plain)
+        except Exception as e:
+            errors["dtype"] = f"{type(e).__name__}: {e}"
+        try:
+            stria.sharded_attention(q, k, v, seq_len=S, client=plain,
+                                    causal=rank != 3)
+        except Exception as e:
+            errors["causal"] = f"{type(e).__name__}: {e}"
+        x = torch.zeros(1, stria.shard_positions(S, rank, world, "striped").numel(), 2, 20)
+        try:  # head_dim 20: the service refuses rank 0's submission
+            stria.sharded_attention(x, x, x, seq_len=S, client=plain)
+        except Exception as e:
+            errors["submit"] = f"{type(e).__name__}: {e}"
+        res["errors"] = errors
+        torch.save(res, f"{out}.{rank}")
+    finally:
+        plain.close()
+        keeping.close()
+        dist.destroy_process_group()
+
+
+def _run_ranks(tmp, address, device, start_method, timeout=300):
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp}/rendezvous"
+    out = os.path.join(tmp, "rank")
+    ctx = mp.start_processes(_sharded_rank, args=(WORLD, init, address, out, device),
+                             nprocs=WORLD, start_method=start_method, join=False)
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the {WORLD} ranks did not finish within {timeout} s")
+    return [torch.load(f"{out}.{r}") for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(cluster, client, tmp_path_factory):
+    """The 4 ranks' results (forked: the small inputs are rebuilt in each)."""
+    return _run_ranks(str(tmp_path_factory.mktemp("sharded")), cluster.address, "cpu", "fork")
+
+
+def _whole(name):
+    """The whole-sequence call on the same ring: O, LSE, dQ, dK, dV."""
+    layout = CASES[name][0]
+    q, k, v, do = _inputs(name)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o, lse = stria.attention(q, k, v, layout=layout, ring_size=WORLD, return_lse=True,
+                             **_opts(name))
+    o.backward(do)
+    return dict(o=o.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
+
+
+def _unshard(runs, name, key):
+    layout = CASES[name][0]
+    dim = 2 if key == "lse" else 1
+    return stria.unshard([r[name][key] for r in runs], dim, seq_len=S, layout=layout)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sharded_equals_the_whole_sequence(sharded_runs, client, name):
+    """O, LSE and every gradient, put back together from the 4 ranks, are
+    the whole-sequence call's bits (the same ring computes them), and the
+    float64 reference's values."""
+    from reference import attention as ref_attention, max_err
+
+    want = _whole(name)
+    for key in ("o", "lse", "dq", "dk", "dv"):
+        got = _unshard(sharded_runs, name, key)
+        assert torch.equal(got, want[key]), \
+            f"{name}: {key} differs from the whole-sequence call by " \
+            f"{(got - want[key]).abs().max().item():.3g}"
+    q, k, v, do = (t.double().requires_grad_() for t in _inputs(name))
+    opts = _opts(name)
+    o, _ = ref_attention(q, k, v, opts.get("causal", True), opts.get("softmax_scale"),
+                         opts.get("window_size"))
+    o.backward(do)
+    for key, ref in (("o", o), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert max_err(_unshard(sharded_runs, name, key), ref) < 1e-4, (name, key)
+
+
+def test_sharded_job_lifetime(sharded_runs, no_active_jobs):
+    """Recompute mode keeps nothing between forward and backward; keep mode
+    holds the job until backward; every rank released its handles (the
+    fixture: no job left on the service)."""
+    for r in sharded_runs:
+        assert (r["striped"]["kept"], r["striped"]["after"]) == (0, 0)
+        assert (r["keep-striped"]["kept"], r["keep-striped"]["after"]) == (1, 0)
+
+
+def test_sharded_no_grad(sharded_runs, client):
+    q, k, v, _ = _inputs("striped")
+    with torch.no_grad():
+        want = stria.attention(q, k, v, layout="striped", ring_size=WORLD)
+    got = stria.unshard([r["no_grad"] for r in sharded_runs], 1, seq_len=S, layout="striped")
+    assert torch.equal(got, want)
+
+
+def test_sharded_refusals_name_the_rank(sharded_runs):
+    for rank, r in enumerate(sharded_runs):
+        e = r["errors"]
+        assert e["tokens"].startswith("ValueError") and "rank 2 passes 18 tokens, it holds 19" in \
+            e["tokens"], e["tokens"]
+        if rank == 1:
+            assert e["dtype"].startswith("TypeError") and "float64" in e["dtype"]
+        else:
+            assert e["dtype"].startswith("RuntimeError") and "rank 1 of the group refused" \
+                in e["dtype"], e["dtype"]
+        assert e["causal"].startswith("ValueError") and "rank 3's causal (0) differs" in \
+            e["causal"], e["causal"]
+        if rank == 0:
+            assert e["submit"].startswith("InvalidArgumentError") and "head_dim" in e["submit"]
+        else:
+            assert e["submit"].startswith("RuntimeError") and "rank 0 of the group could not " \
+                "submit" in e["submit"], e["submit"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible: sharded_attention "
+                    "with CUDA tensors (pinned host staging) is tested only where torch sees "
+                    "a GPU")
+def test_sharded_cuda_tensors(cluster, client, tmp_path):  # pragma: no cover - needs a GPU
+    """The same 4 ranks with CUDA tensors (spawned: CUDA does not survive a
+    fork): results on the GPU, bits of the CPU run."""
+    runs = _run_ranks(str(tmp_path), cluster.address, "cuda", "spawn")
+    for name in ("striped", "gqa-zigzag"):
+        want = _whole(name)
+        assert all(r[name]["device"].startswith("cuda") for r in runs)
+        for key in ("o", "lse", "dq", "dk", "dv"):
+            assert torch.equal(_unshard(runs, name, key), want[key]), (name, key)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Runs `stria-bench ring --timeline` on small problems and parses the SVG with
-a real XML parser: one panel per (layout, pass) drawn, a row per rank in each,
+"""Runs `stria-bench ring --timeline` on small problems, and `stria-bench
+simulate --timeline` on a predicted ring, and parses the SVG with a real XML
+parser: one panel per (layout, pass) drawn, a row per rank in each,
 compute and wait shapes, a legend, axis labels and the job's shape in the
 title. Usage: check_timeline_svg.py STRIA-BENCH OUTDIR"""
 import os
@@ -93,6 +94,15 @@ def main():
             fail("%s exited with %d: %s" % (" ".join(cmd), run.returncode, run.stderr))
         n = check_svg(svg, panels, ranks, title)
         print("%s: %d panels of %d rows, legend, axis and title present" % (svg, n, ranks))
+    # the simulator's predicted passes, drawn by the same writer
+    svg = os.path.join(out, "timeline-sim.svg")
+    cmd = [bench, "simulate", "--device-tflops", "400", "--ranks", "8", "--seq", "16384",
+           "--heads", "4", "--timeline", svg]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if run.returncode != 0:
+        fail("%s exited with %d: %s" % (" ".join(cmd), run.returncode, run.stderr))
+    n = check_svg(svg, runs[0][1], 8, ("N=8", "S=16384"))
+    print("%s: %d panels of 8 rows, legend, axis and title present" % (svg, n))
     bad = subprocess.run([bench, "ring", "--ranks", "2,4", "--timeline", "x.svg"],
                          capture_output=True, text=True, timeout=60)
     if bad.returncode != 2 or "--timeline" not in bad.stderr:

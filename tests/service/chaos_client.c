@@ -1,0 +1,127 @@
+/* A client process of the chaos test (a helper, not a test): runs small
+ * jobs of mixed sizes, layouts and dtypes through the service, each with
+ * libstria's default retries, at least N of them and for at least SECONDS,
+ * and writes one line per job to OUT:
+ *
+ *   job I ok id=ID ring=N layout=L retries=R backward=0|1
+ *   job I error status=S retryable=0|1 retries=R: MESSAGE
+ *   job I MISMATCH ring=N layout=L: WHAT
+ *
+ * An ok job's outputs are checked bit for bit against the in-process ring of
+ * the size and layout that finally ran it. Exit status 0 when every job was
+ * ok or failed with a message after its retries (or for a cause that is not
+ * retryable), 1 otherwise, 2 on a usage error.
+ *
+ * usage: chaos_client COORDINATOR SEED N SECONDS OUT */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fault_util.h"
+#include "stria_common.h"
+
+static uint64_t next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static int pick(uint64_t *s, int n)
+{
+    return (int)(next(s) % (uint64_t)n);
+}
+
+/* One job; returns false when it broke the rules (see the header). */
+static bool one_job(stria_client_t *cl, int i, uint64_t seed, FILE *out)
+{
+    static const int64_t seqs[] = {48, 64, 100, 160, 256};
+    static const stria_dtype_t dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16, STRIA_DTYPE_F16};
+    static const stria_layout_kind_t layouts[] = {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS,
+                                                  STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_AUTO};
+    static const int rings[] = {0, 2, 3, 4};
+    uint64_t s = seed * 1000003u + (uint64_t)i * 7919u + 1;
+    for (int k = 0; k < 4; k++)
+        next(&s);
+    int64_t heads = pick(&s, 2) ? 4 : 2;
+    fu_job_t j;
+    if (!fu_job_init(&j, 1 + pick(&s, 2), seqs[pick(&s, 5)], heads, pick(&s, 2) ? heads : 1,
+                     pick(&s, 2) ? 32 : 16, dtypes[pick(&s, 3)], pick(&s, 2), s)) {
+        fprintf(out,
+                "job %d error status=STRIA_ERR_NO_MEMORY retryable=0 retries=0: "
+                "out of memory in the client\n",
+                i);
+        return true;
+    }
+    j.spec.layout = layouts[pick(&s, 4)];
+    j.spec.ring_size = rings[pick(&s, 4)];
+    j.spec.step_timeout_s = 2.0;
+    j.spec.label = "chaos";
+    bool backward = pick(&s, 2), ok = true;
+    stria_call_stats_t fs = STRIA_CALL_STATS_INIT;
+    stria_job_t *job = NULL;
+    stria_status_t st =
+        stria_client_forward(cl, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, &fs, &job);
+    if (st == STRIA_OK && backward)
+        st = stria_client_backward(job, j.g, j.dq, j.dk, j.dv, NULL, NULL, NULL);
+    if (st != STRIA_OK) {
+        bool retryable = stria_error_retryable();
+        /* a forward gives up retryable only after every retry */
+        ok = stria_error_msg()[0] != '\0' && (!retryable || job != NULL || fs.retries == 2);
+        fprintf(out, "job %d error status=%s retryable=%d retries=%u%s: %s\n", i,
+                stria_status_name(st), retryable, fs.retries, job != NULL ? " (backward)" : "",
+                stria_error_msg());
+        stria_client_release(job);
+        fu_job_free(&j);
+        return ok;
+    }
+    int ring = stria_job_ring_size(job);
+    stria_layout_kind_t layout = stria_job_layout(job);
+    uint64_t id = stria_job_id(job);
+    stria_client_release(job);
+    char why[256];
+    ok = fu_ring_equal(&j, ring, layout, backward, why, sizeof(why));
+    if (ok)
+        fprintf(out, "job %d ok id=%" PRIu64 " ring=%d layout=%s retries=%u backward=%d\n", i, id,
+                ring, stria_layout_kind_name(layout), fs.retries, backward);
+    else
+        fprintf(out, "job %d MISMATCH ring=%d layout=%s: %s\n", i, ring,
+                stria_layout_kind_name(layout), why);
+    fu_job_free(&j);
+    return ok;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 6) {
+        fprintf(stderr, "usage: chaos_client COORDINATOR SEED N SECONDS OUT\n");
+        return 2;
+    }
+    uint64_t seed = strtoull(argv[2], NULL, 10);
+    int n = atoi(argv[3]);
+    double seconds = atof(argv[4]);
+    FILE *out = fopen(argv[5], "w");
+    if (out == NULL || n < 1) {
+        fprintf(stderr, "chaos_client: cannot write %s or bad N\n", argv[5]);
+        return 2;
+    }
+    setvbuf(out, NULL, _IOLBF, 0);
+    stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
+    p.coordinator = argv[1];
+    p.client_name = "chaos_client";
+    p.rpc_timeout_s = 30;
+    stria_client_t *cl = NULL;
+    if (stria_client_connect(&p, &cl) != STRIA_OK) {
+        fprintf(stderr, "chaos_client: %s\n", stria_error_msg());
+        return 1;
+    }
+    bool all = true;
+    double end = stria_time_now() + seconds;
+    for (int i = 0; i < n || stria_time_now() < end; i++)
+        all = one_job(cl, i, seed, out) && all;
+    stria_client_close(cl);
+    fclose(out);
+    return all ? 0 : 1;
+}
