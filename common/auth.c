@@ -13,12 +13,62 @@
 
 #include "stria_auth.h"
 
+#ifndef STRIA_FUZZ_UNSAFE_RANDOM
 stria_status_t stria_auth_random(void *buf, size_t n)
 {
     if (n > 0 && RAND_bytes(buf, (int)n) != 1)
         return stria_error_set(STRIA_ERR_INTERNAL, "the system's random generator failed");
     return STRIA_OK;
 }
+#else
+/* UNSAFE, FOR THE FUZZ BUILD ONLY (STRIA_FUZZ=ON, tests/fuzz): "random"
+ * bytes that are a fixed function of how many were drawn since the fuzz
+ * target last called stria_auth_fuzz_reset(), so that a fuzz input can
+ * carry the proofs of a server's challenge and of a job's secret (the
+ * nonces and the secrets are known in advance). Every nonce, job id, job
+ * secret, ring key and credential of such a build is public. The top
+ * CMakeLists.txt defines STRIA_FUZZ_UNSAFE_RANDOM only in a STRIA_FUZZ
+ * build; the checks below refuse it in a build without libFuzzer's
+ * instrumentation and ASan, and a program that never armed the generator
+ * (a daemon of that build) aborts at its first draw. */
+#if !defined(__clang__) || !defined(__has_feature)
+#error "STRIA_FUZZ_UNSAFE_RANDOM is for the fuzz build only (STRIA_FUZZ=ON, clang)"
+#elif !__has_feature(coverage_sanitizer) || !__has_feature(address_sanitizer)
+#error "STRIA_FUZZ_UNSAFE_RANDOM needs the fuzz build's instrumentation (STRIA_FUZZ=ON)"
+#endif
+#include <stdatomic.h>
+#include <stdlib.h>
+
+static atomic_bool stria__fuzz_armed;
+static atomic_uint_fast64_t stria__fuzz_draws;
+
+void stria_auth_fuzz_reset(void)
+{
+    atomic_store(&stria__fuzz_draws, 0);
+    atomic_store(&stria__fuzz_armed, true);
+}
+
+/* Draw k fills 8 bytes at a time with splitmix64 of (k, block). */
+stria_status_t stria_auth_random(void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    if (!atomic_load(&stria__fuzz_armed)) {
+        fprintf(stderr, "stria: this is a fuzz build (STRIA_FUZZ_UNSAFE_RANDOM): it has no "
+                        "random generator; never run its programs as a service\n");
+        abort();
+    }
+    uint64_t k = atomic_fetch_add(&stria__fuzz_draws, 1);
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t z = (k << 32 | i / 8) * 0x9E3779B97F4A7C15ull + 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        for (size_t b = 0; b < 8 && i + b < n; b++)
+            p[i + b] = (uint8_t)(z >> (8 * b));
+    }
+    return STRIA_OK;
+}
+#endif
 
 /* A context of HMAC-SHA256 without a key, made once: each MAC starts from a
  * copy of it (fetching the implementation and the digest by name costs

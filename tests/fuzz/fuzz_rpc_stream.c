@@ -1,21 +1,35 @@
 /* Fuzz target: the RPC server's byte stream (transport/rpc_server*.c), as a
- * peer that reached the port sends it: hello, frame headers, protobuf
- * messages, payloads, pipelined requests, truncation, in any order. Two
- * servers run in this process:
- *   - the real coordinator, no token, with small tables: every Coordinator
- *     method's handler sees what decodes;
- *   - a Worker-service server with a token and an admin token, whose stub
- *     handlers take payloads (into a buffer, refused, without a buffer, or
- *     with the buffer named later from another thread), reply with payloads
- *     (copied or sent in place), and reply later from the loop or from
- *     another thread.
- * Both run without a loop thread (no_thread): this thread drives their loops,
- * so an input costs no thread switch. The first byte picks the server; the
- * rest is written into one end of a socketpair whose other end the server
- * adopts as a connection, then that write side is closed and everything the
- * server sends is read until it closes its end. A server that keeps the
- * connection open 10 s after the input ended, or dies, is a finding. */
+ * peer that reached the port sends it: hello (challenge and response),
+ * frame headers, protobuf messages, payloads, pipelined requests,
+ * truncation, in any order. Three servers run in this process:
+ *   0. the real coordinator without credentials (every connection has every
+ *      role), with small tables: every Coordinator method's handler sees what
+ *      decodes, and one input can register workers, submit a job and prove
+ *      its secret;
+ *   1. a Worker-service server with a client and an admin credential, whose
+ *      stub handlers take payloads (into a buffer, refused, without a buffer,
+ *      or with the buffer named later from another thread), reply with
+ *      payloads (copied or sent in place), and reply later from the loop or
+ *      from another thread; they check the job proof of jobs from
+ *      FUZZ_PROVEN_JOBS on with the secret fuzz_job_secret;
+ *   2. the real coordinator with a client, a worker and an admin credential
+ *      (the roles of its methods).
+ * They run without a loop thread (no_thread): this thread drives their
+ * loops, so an input costs no thread switch. The first byte picks the server
+ * (modulo 3); the rest is written into one end of a socketpair whose other
+ * end the server adopts as a connection, then that write side is closed and
+ * everything the server sends is read until it closes its end. A server that
+ * keeps the connection open 10 s after the input ended, or dies, is a
+ * finding.
+ *
+ * Each input starts the fuzz build's random generator over
+ * (fuzz_random_reset()) and meets a coordinator without jobs or workers (one
+ * that an earlier input left some is restarted): its server nonce, and the
+ * ids and secrets of the jobs it submits, are then known in advance, so the
+ * seeds (gen_seeds.c) answer the challenge and prove job secrets, and each
+ * input does the same thing every time it runs. */
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -28,13 +42,13 @@
 #include "coord_int.h"
 #include "stria_rpc.h"
 
-#define FUZZ_TOKEN       "fuzz-client-token"
-#define FUZZ_ADMIN_TOKEN "fuzz-admin-token"
+#include "fuzz_rpc.h"
 
-static stria_coord_t *coord;
-static stria_metrics_t *metrics;
+static stria_coord_t *coords[2];
+static stria_metrics_t *metrics[2];
 static stria_rpc_server_t *wsrv;
-static stria_rpc_server_t *servers[2];
+static stria_job_secret_t fuzz_job_secret;
+static bool verbose; /* STRIA_FUZZ_VERBOSE: print the replies */
 
 /* ---- the stub Worker service ---------------------------------------------- */
 
@@ -103,6 +117,23 @@ static void help_later(stria_rpc_call_t *call, help_kind_t kind, void *buf)
     pthread_mutex_unlock(&q_lock);
 }
 
+/* The stub's job check: jobs from FUZZ_PROVEN_JOBS on need the proof of
+ * fuzz_job_secret (the error is set when it fails). */
+static bool job_proven(stria_rpc_call_t *call, uint64_t job_id)
+{
+    return job_id < FUZZ_PROVEN_JOBS ||
+           stria_rpc_call_check_job(call, &fuzz_job_secret, job_id) == STRIA_OK;
+}
+
+/* Fails the call when its job is not proven. */
+static bool job_refused(stria_rpc_call_t *call, uint64_t job_id)
+{
+    if (job_proven(call, job_id))
+        return false;
+    stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+    return true;
+}
+
 static void on_backward(void *ctx, stria_rpc_call_t *call)
 {
     (void)ctx;
@@ -129,6 +160,8 @@ static stria_status_t on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t
     const Stria__V1__PutInputRequest *req = (const void *)stria_rpc_call_request(call);
     (void)ctx;
     void *b;
+    if (!job_proven(call, req->job_id))
+        return STRIA_ERR_AUTH;
     switch (req->job_id % 5) {
     case 0:
         return stria_error_set(STRIA_ERR_NOT_FOUND, "job %llu is unknown",
@@ -176,6 +209,8 @@ static void on_get(void *ctx, stria_rpc_call_t *call)
     Stria__V1__GetOutputReply rep = STRIA__V1__GET_OUTPUT_REPLY__INIT;
     uint64_t n = req->max_bytes < sizeof(out_bytes) ? req->max_bytes : sizeof(out_bytes);
     (void)ctx;
+    if (job_refused(call, req->job_id))
+        return;
     if (req->tensor == STRIA__V1__TENSOR__TENSOR_Q) {
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "tensor %d is not an output",
                             (int)req->tensor);
@@ -191,11 +226,53 @@ static void on_drop(void *ctx, stria_rpc_call_t *call)
     const Stria__V1__DropJobRequest *req = (const void *)stria_rpc_call_request(call);
     Stria__V1__DropJobReply rep = STRIA__V1__DROP_JOB_REPLY__INIT;
     (void)ctx;
+    if (job_refused(call, req->job_id))
+        return;
     rep.dropped = req->job_id % 2;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
 /* ---- set-up ------------------------------------------------------------------ */
+
+/* Starts coordinator i (FUZZ_SERVER_COORD or FUZZ_SERVER_COORD_ROLES) with
+ * a metrics registry of its own. */
+static void coord_start(int i)
+{
+    stria_coord_params_t cp;
+    if (stria_metrics_create(&metrics[i / 2]) != STRIA_OK)
+        fuzz_fail("metrics: %s", stria_error_msg());
+    memset(&cp, 0, sizeof(cp));
+    cp.listen = "127.0.0.1:0";
+    cp.heartbeat_period_s = 0.05; /* a busy tick: dead workers, expiries */
+    cp.job_ttl_s = 1;
+    /* small tables: what one input can fill */
+    cp.max_workers = 32;
+    cp.max_jobs = 32;
+    cp.history = 16;
+    cp.worker_retention_s = 0.5;
+    cp.metrics = metrics[i / 2];
+    if (i == FUZZ_SERVER_COORD_ROLES) {
+        cp.token = FUZZ_TOKEN;
+        cp.worker_token = FUZZ_WORKER_TOKEN;
+        cp.admin_token = FUZZ_ADMIN_TOKEN;
+    }
+    if (stria__coord_start(&cp, true, &coords[i / 2]) != STRIA_OK)
+        fuzz_fail("coordinator: %s", stria_error_msg());
+}
+
+/* The server of selector i, a coordinator without jobs or workers. */
+static stria_rpc_server_t *server_for(int i)
+{
+    if (i == FUZZ_SERVER_WORKER)
+        return wsrv;
+    stria_coord_t *co = coords[i / 2];
+    if (co->n_jobs > 0 || co->n_workers > 0) {
+        stria_coord_stop(co);
+        stria_metrics_destroy(metrics[i / 2]);
+        coord_start(i);
+    }
+    return coords[i / 2]->server;
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -207,31 +284,19 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         STRIA_RPC_SERVE(WORKER_GET_OUTPUT, .handler = on_get),
         STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = on_drop),
     };
-    stria_coord_params_t cp;
     stria_rpc_server_params_t sp;
     pthread_t th;
     (void)argc;
     (void)argv;
 
     stria_log_set_level(STRIA_LOG_ERROR);
+    verbose = getenv("STRIA_FUZZ_VERBOSE") != NULL;
     signal(SIGPIPE, SIG_IGN);
     memset(out_bytes, 0x5a, sizeof(out_bytes));
-    if (stria_metrics_create(&metrics) != STRIA_OK)
-        fuzz_fail("metrics: %s", stria_error_msg());
-    memset(&cp, 0, sizeof(cp));
-    cp.listen = "127.0.0.1:0";
-    cp.heartbeat_period_s = 0.05; /* a busy tick: dead workers, expiries */
-    cp.job_ttl_s = 1;
-    /* small tables: the state that inputs leave behind stays small, so an
-     * input costs about the same after millions of them */
-    cp.max_workers = 32;
-    cp.max_jobs = 32;
-    cp.history = 16;
-    cp.worker_retention_s = 0.5;
-    cp.metrics = metrics;
-    if (stria__coord_start(&cp, true, &coord) != STRIA_OK)
-        fuzz_fail("coordinator: %s", stria_error_msg());
-    servers[0] = coord->server;
+    memset(fuzz_job_secret.bytes, FUZZ_JOB_SECRET_BYTE, sizeof(fuzz_job_secret.bytes));
+    fuzz_random_reset();
+    coord_start(FUZZ_SERVER_COORD);
+    coord_start(FUZZ_SERVER_COORD_ROLES);
 
     memset(&sp, 0, sizeof(sp));
     sp.listen = "127.0.0.1:0";
@@ -245,11 +310,60 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     sp.no_thread = true;
     if (stria_rpc_server_start(&sp, &wsrv) != STRIA_OK)
         fuzz_fail("worker server: %s", stria_error_msg());
-    servers[1] = wsrv;
     if (pthread_create(&th, NULL, helper_main, NULL) != 0)
         fuzz_fail("helper thread");
     pthread_detach(th);
     return 0;
+}
+
+/* ---- what the server answered (STRIA_FUZZ_VERBOSE=1) ---------------------- */
+
+static uint8_t *seen;
+static size_t seen_len, seen_cap;
+
+static void seen_add(const void *p, size_t n)
+{
+    if (seen_len + n > seen_cap) {
+        seen_cap = (seen_len + n) * 2;
+        seen = realloc(seen, seen_cap);
+        if (seen == NULL)
+            fuzz_fail("out of memory");
+    }
+    memcpy(seen + seen_len, p, n);
+    seen_len += n;
+}
+
+/* Prints one line per reply frame the server sent: request id, method,
+ * status, and the error's message (to check that seeds get past the hello
+ * and the job proofs: tests/fuzz/run.sh --check-seeds). */
+static void seen_print(void)
+{
+    size_t off = 0;
+    while (off + STRIA_RPC_HEADER_SIZE <= seen_len) {
+        stria_rpc_header_t h;
+        stria_rpc_header_decode(seen + off, &h);
+        off += STRIA_RPC_HEADER_SIZE;
+        if (off + h.pb_len + h.payload_len > seen_len)
+            break;
+        if (h.flags & STRIA_RPC_FLAG_HELLO) {
+            Stria__V1__HelloReply *r = stria__v1__hello_reply__unpack(NULL, h.pb_len, seen + off);
+            fprintf(stderr, "  reply %llu: hello, status %d, %s, roles %u\n",
+                    (unsigned long long)h.request_id, (int)h.status,
+                    r != NULL && r->challenge ? "challenge" : "final", r != NULL ? r->roles : 0);
+            stria__v1__hello_reply__free_unpacked(r, NULL);
+        } else if (h.status != 0) {
+            Stria__V1__RpcError *e = stria__v1__rpc_error__unpack(NULL, h.pb_len, seen + off);
+            fprintf(stderr, "  reply %llu: method %u, status %d: %s\n",
+                    (unsigned long long)h.request_id, h.method, (int)h.status,
+                    e != NULL ? e->message : "?");
+            stria__v1__rpc_error__free_unpacked(e, NULL);
+        } else {
+            fprintf(stderr, "  reply %llu: method %u, ok\n", (unsigned long long)h.request_id,
+                    h.method);
+        }
+        off += h.pb_len + h.payload_len;
+    }
+    seen_len = 0;
 }
 
 /* ---- one connection ----------------------------------------------------------- */
@@ -285,8 +399,11 @@ static void exchange(stria_rpc_server_t *srv, const uint8_t *data, size_t size)
         ssize_t n = read(sv[0], sink, sizeof(sink));
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
             break; /* the server closed its end */
-        if (n > 0)
+        if (n > 0) {
             progress = true;
+            if (verbose)
+                seen_add(sink, (size_t)n);
+        }
         if (!progress) {
             if (stria_time_now() > deadline)
                 fuzz_fail("the server kept the connection open for 10 s after the input ended");
@@ -294,12 +411,16 @@ static void exchange(stria_rpc_server_t *srv, const uint8_t *data, size_t size)
         }
     }
     close(sv[0]);
+    if (verbose)
+        seen_print();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    exchange(servers[data[0] & 1], data + 1, size - 1);
+    stria_rpc_server_t *srv = server_for(data[0] % FUZZ_N_SERVERS);
+    fuzz_random_reset();
+    exchange(srv, data + 1, size - 1);
     return 0;
 }

@@ -1,9 +1,14 @@
 /* Writes the seed corpora of the fuzz targets: corpus/<target>/seed-*.
- * Run it after a change of the protocol, the frame or a file format, then
- * commit the result (regression inputs, corpus/<target>/crash-*, stay):
- *   cmake --build build --target fuzz_gen_seeds && build/fuzz/fuzz_gen_seeds tests/fuzz/corpus
+ * Run it after a change of the protocol, the frame, a file format or the
+ * order in which the coordinator draws random bytes, then commit the result
+ * (regression inputs, corpus/<target>/crash-*, stay):
+ *   tests/fuzz/run.sh --seeds
  * The seeds are valid and near-valid inputs of each parser, so that the
- * fuzzer starts past the first checks. */
+ * fuzzer starts past the first checks. It is built in the fuzz build only:
+ * the rpc_stream seeds answer the servers' challenges and prove job secrets
+ * with the nonces, job ids and secrets of that build's fixed random sequence
+ * (common/auth.c, STRIA_FUZZ_UNSAFE_RANDOM), which it draws like the servers
+ * do. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,9 +16,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "fuzz_rpc.h"
+#include "fuzz_util.h"
 #include "proto_types.h"
+#include "stria_auth.h"
 #include "stria_rpc.h"
 #include "ucx_int.h"
+
+#ifndef STRIA_FUZZ_UNSAFE_RANDOM
+#error "the seed generator is built in the fuzz build only (tests/fuzz/run.sh --seeds)"
+#endif
 
 static const char *root;
 
@@ -82,15 +94,92 @@ static void frame(buf_t *b, uint16_t flags, uint32_t method, uint64_t id, const 
         put(b, payload, payload_len);
 }
 
-static void hello(buf_t *b, const char *service, const char *token)
+/* ---- RPC seeds: the hello and job proofs ---------------------------------- */
+
+/* The session of the seed being written: the client nonce it sends, the
+ * server nonce the server will draw (the first draw of its input). */
+static stria_auth_session_t sess;
+static uint64_t next_id; /* request ids */
+
+static void seed_begin(buf_t *b, uint8_t server)
+{
+    b->n = 0;
+    put(b, &server, 1);
+    for (size_t i = 0; i < STRIA_AUTH_NONCE_BYTES; i++)
+        sess.client_nonce[i] = (uint8_t)(0xc0 + i);
+    stria_auth_fuzz_reset(); /* what the target does before each input */
+    if (stria_auth_random(sess.server_nonce, STRIA_AUTH_NONCE_BYTES) != STRIA_OK)
+        abort();
+    next_id = 1;
+}
+
+typedef enum {
+    HELLO_OPEN,     /* a server without credentials: one frame */
+    HELLO_PROOF,    /* the challenge answered with `token` */
+    HELLO_NO_PROOF, /* the second frame without a proof */
+    HELLO_CLEAR,    /* the old hello: the token in clear text */
+} hello_kind_t;
+
+static void hello(buf_t *b, const char *service, hello_kind_t kind, const char *token)
 {
     Stria__V1__HelloRequest h = STRIA__V1__HELLO_REQUEST__INIT;
+    uint8_t proof[STRIA_AUTH_MAC_BYTES];
     h.protocol_version = STRIA_RPC_VERSION;
     h.software_version = "0.1.0";
     h.service = (char *)service;
-    h.token = (char *)(token ? token : "");
     h.client_name = "fuzz-seed";
-    frame(b, STRIA_RPC_FLAG_HELLO, 0, 1, &h.base, NULL, 0);
+    if (kind == HELLO_CLEAR) {
+        h.token = (char *)token;
+    } else {
+        h.client_nonce.data = sess.client_nonce;
+        h.client_nonce.len = STRIA_AUTH_NONCE_BYTES;
+    }
+    frame(b, STRIA_RPC_FLAG_HELLO, 0, next_id++, &h.base, NULL, 0);
+    if (kind == HELLO_OPEN || kind == HELLO_CLEAR)
+        return;
+    h.client_nonce.len = 0;
+    if (kind == HELLO_PROOF) {
+        stria_auth_hello_mac(token, service, sess.client_nonce, sess.server_nonce, false, proof);
+        h.proof.data = proof;
+        h.proof.len = sizeof(proof);
+    }
+    frame(b, STRIA_RPC_FLAG_HELLO, 0, next_id++, &h.base, NULL, 0);
+}
+
+/* The id and secret of the job a coordinator admits next (its draws, in the
+ * order of coord_clients.c: id, secret, ring key), then the draw of the
+ * sealed secret in the SubmitJob reply. */
+static uint64_t next_job(stria_job_secret_t *secret)
+{
+    uint8_t raw[8], ring[STRIA_AUTH_KEY_BYTES], seal[12];
+    uint64_t id;
+    do {
+        if (stria_auth_random(raw, sizeof(raw)) != STRIA_OK)
+            abort();
+        id = stria_get_le64(raw) >> 11;
+    } while (id == 0);
+    if (stria_auth_random(secret->bytes, sizeof(secret->bytes)) != STRIA_OK ||
+        stria_auth_random(ring, sizeof(ring)) != STRIA_OK ||
+        stria_auth_random(seal, sizeof(seal)) != STRIA_OK)
+        abort();
+    return id;
+}
+
+/* Sets *proof (job_proof, field 60) of the request about to be framed with
+ * id next_id. */
+static void prove(ProtobufCBinaryData *proof, uint8_t mac[STRIA_AUTH_MAC_BYTES],
+                  const stria_job_secret_t *secret, uint32_t method, uint64_t job_id)
+{
+    stria_job_secret_prove(secret, &sess, next_id, method, job_id, mac);
+    proof->data = mac;
+    proof->len = STRIA_AUTH_MAC_BYTES;
+}
+
+/* A request frame with the next request id. */
+static void req(buf_t *b, uint32_t method, const ProtobufCMessage *m, const void *payload,
+                uint64_t payload_len)
+{
+    frame(b, 0, method, next_id++, m, payload, payload_len);
 }
 
 static Stria__V1__RegisterWorkerRequest reg_req(const char *rpc, uint64_t incarnation)
@@ -107,58 +196,20 @@ static Stria__V1__RegisterWorkerRequest reg_req(const char *rpc, uint64_t incarn
     return r;
 }
 
-static void coordinator_seeds(void)
+/* A small job on `ring` workers, with documents and a window. */
+static Stria__V1__SubmitJobRequest submit_req(uint32_t ring)
 {
-    const char *svc = stria__v1__coordinator__descriptor.name;
-    buf_t b = {0};
-    uint8_t sel = 0;
-
-    /* a worker's life: register, heartbeat with a job, report, deregister */
-    put(&b, &sel, 1);
-    hello(&b, svc, NULL);
-    Stria__V1__RegisterWorkerRequest r = reg_req("127.0.0.1:9000", 42);
-    frame(&b, 0, STRIA_RPC_COORDINATOR_REGISTER_WORKER, 2, &r.base, NULL, 0);
-    Stria__V1__WorkerJobStatus js = STRIA__V1__WORKER_JOB_STATUS__INIT, *jsp = &js;
-    js.job_id = 1;
-    js.phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
-    js.idle_ms = 10;
-    Stria__V1__HeartbeatRequest hb = STRIA__V1__HEARTBEAT_REQUEST__INIT;
-    hb.worker_id = 1;
-    hb.incarnation = 42;
-    hb.n_jobs = 1;
-    hb.jobs = &jsp;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_HEARTBEAT, 3, &hb.base, NULL, 0);
-    Stria__V1__ReportJobRequest rep = STRIA__V1__REPORT_JOB_REQUEST__INIT;
-    rep.worker_id = 1;
-    rep.job_id = 1;
-    rep.event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED;
-    rep.message = "";
-    frame(&b, 0, STRIA_RPC_COORDINATOR_REPORT_JOB, 4, &rep.base, NULL, 0);
-    Stria__V1__DeregisterWorkerRequest de = STRIA__V1__DEREGISTER_WORKER_REQUEST__INIT;
-    de.worker_id = 1;
-    de.incarnation = 42;
-    de.reason = "shut down";
-    frame(&b, 0, STRIA_RPC_COORDINATOR_DEREGISTER_WORKER, 5, &de.base, NULL, 0);
-    save("rpc_stream", "coordinator-worker", &b);
-
-    /* a client's job: two workers register, submit, get, list, release */
-    b.n = 0;
-    put(&b, &sel, 1);
-    hello(&b, svc, NULL);
-    Stria__V1__RegisterWorkerRequest r1 = reg_req("127.0.0.1:9100", 7);
-    Stria__V1__RegisterWorkerRequest r2 = reg_req("127.0.0.1:9101", 8);
-    frame(&b, 0, STRIA_RPC_COORDINATOR_REGISTER_WORKER, 2, &r1.base, NULL, 0);
-    frame(&b, 0, STRIA_RPC_COORDINATOR_REGISTER_WORKER, 3, &r2.base, NULL, 0);
-    Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
-    Stria__V1__JobSpec__Window win = STRIA__V1__JOB_SPEC__WINDOW__INIT;
-    int64_t cu[] = {0, 5, 64};
+    static Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
+    static Stria__V1__JobSpec__Window win = STRIA__V1__JOB_SPEC__WINDOW__INIT;
+    static int64_t cu[] = {0, 5, 64};
+    Stria__V1__SubmitJobRequest sub = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
     spec.batch = 1;
     spec.seq_len = 64;
     spec.heads = 2;
     spec.kv_heads = 1;
     spec.head_dim = 16;
     spec.causal = true;
-    spec.ring_size = 2;
+    spec.ring_size = ring;
     spec.ttl_s = 60;
     spec.step_timeout_ms = 1000;
     spec.label = "seed";
@@ -167,107 +218,298 @@ static void coordinator_seeds(void)
     win.left = 16;
     win.right = 0;
     spec.window = &win;
-    Stria__V1__SubmitJobRequest sub = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
     sub.spec = &spec;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_SUBMIT_JOB, 4, &sub.base, NULL, 0);
+    return sub;
+}
+
+/* Seeds of the coordinator without credentials: one connection has every
+ * role, so one input registers workers, submits a job and proves it. */
+static void coordinator_seeds(void)
+{
+    const char *svc = stria__v1__coordinator__descriptor.name;
+    const uint8_t sel = FUZZ_SERVER_COORD;
+    stria_job_secret_t secret;
+    uint8_t mac[STRIA_AUTH_MAC_BYTES];
+    buf_t b = {0};
+    uint64_t job;
+
+    /* a worker's life: register, a job, heartbeat with it, reports,
+     * deregister */
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_OPEN, NULL);
+    Stria__V1__RegisterWorkerRequest r = reg_req("127.0.0.1:9000", 42);
+    req(&b, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &r.base, NULL, 0);
+    Stria__V1__SubmitJobRequest sub = submit_req(1);
+    job = next_job(&secret);
+    req(&b, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sub.base, NULL, 0);
+    Stria__V1__WorkerJobStatus js = STRIA__V1__WORKER_JOB_STATUS__INIT, *jsp = &js;
+    js.job_id = job;
+    js.phase = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    js.idle_ms = 10;
+    Stria__V1__HeartbeatRequest hb = STRIA__V1__HEARTBEAT_REQUEST__INIT;
+    hb.worker_id = 1;
+    hb.incarnation = 42;
+    hb.n_jobs = 1;
+    hb.jobs = &jsp;
+    req(&b, STRIA_RPC_COORDINATOR_HEARTBEAT, &hb.base, NULL, 0);
+    Stria__V1__ReportJobRequest rep = STRIA__V1__REPORT_JOB_REQUEST__INIT;
+    rep.worker_id = 1;
+    rep.job_id = job;
+    rep.message = "";
+    rep.event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_LOADED;
+    req(&b, STRIA_RPC_COORDINATOR_REPORT_JOB, &rep.base, NULL, 0);
+    rep.event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED;
+    req(&b, STRIA_RPC_COORDINATOR_REPORT_JOB, &rep.base, NULL, 0);
+    rep.event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE;
+    req(&b, STRIA_RPC_COORDINATOR_REPORT_JOB, &rep.base, NULL, 0);
+    rep.event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED;
+    rep.message = "seed: out of memory";
+    req(&b, STRIA_RPC_COORDINATOR_REPORT_JOB, &rep.base, NULL, 0);
+    Stria__V1__DeregisterWorkerRequest de = STRIA__V1__DEREGISTER_WORKER_REQUEST__INIT;
+    de.worker_id = 1;
+    de.incarnation = 42;
+    de.reason = "shut down";
+    req(&b, STRIA_RPC_COORDINATOR_DEREGISTER_WORKER, &de.base, NULL, 0);
+    save("rpc_stream", "coordinator-worker", &b);
+
+    /* a client's job: two workers register, submit, get (proven), list,
+     * release (proven), then a wrong proof and a replayed request id */
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_OPEN, NULL);
+    Stria__V1__RegisterWorkerRequest r1 = reg_req("127.0.0.1:9100", 7);
+    Stria__V1__RegisterWorkerRequest r2 = reg_req("127.0.0.1:9101", 8);
+    req(&b, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &r1.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &r2.base, NULL, 0);
+    sub = submit_req(2);
+    job = next_job(&secret);
+    req(&b, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sub.base, NULL, 0);
     Stria__V1__GetJobRequest gj = STRIA__V1__GET_JOB_REQUEST__INIT;
-    gj.job_id = 1;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_GET_JOB, 5, &gj.base, NULL, 0);
+    gj.job_id = job;
+    gj.include_timelines = true;
+    prove(&gj.job_proof, mac, &secret, STRIA_RPC_COORDINATOR_GET_JOB, job);
+    req(&b, STRIA_RPC_COORDINATOR_GET_JOB, &gj.base, NULL, 0);
     Stria__V1__ListJobsRequest lj = STRIA__V1__LIST_JOBS_REQUEST__INIT;
     lj.include_finished = true;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_LIST_JOBS, 6, &lj.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_LIST_JOBS, &lj.base, NULL, 0);
     Stria__V1__ReleaseJobRequest rj = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
-    rj.job_id = 1;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_RELEASE_JOB, 7, &rj.base, NULL, 0);
+    rj.job_id = job;
+    prove(&rj.job_proof, mac, &secret, STRIA_RPC_COORDINATOR_RELEASE_JOB, job);
+    req(&b, STRIA_RPC_COORDINATOR_RELEASE_JOB, &rj.base, NULL, 0);
     save("rpc_stream", "coordinator-client", &b);
 
-    /* admin: status, ring, workers, drain, cancel */
-    b.n = 0;
-    put(&b, &sel, 1);
-    hello(&b, svc, NULL);
+    /* the same job, then a wrong proof, another job's proof and a replayed
+     * request id */
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_OPEN, NULL);
+    req(&b, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &r1.base, NULL, 0);
+    sub = submit_req(1);
+    job = next_job(&secret);
+    req(&b, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sub.base, NULL, 0);
+    gj.job_id = rj.job_id = job;
+    gj.job_proof.data = (uint8_t *)"a wrong proof of 32 bytes.......";
+    req(&b, STRIA_RPC_COORDINATOR_GET_JOB, &gj.base, NULL, 0);
+    prove(&rj.job_proof, mac, &secret, STRIA_RPC_COORDINATOR_RELEASE_JOB, job + 1);
+    req(&b, STRIA_RPC_COORDINATOR_RELEASE_JOB, &rj.base, NULL, 0);
+    next_id += 5;
+    prove(&gj.job_proof, mac, &secret, STRIA_RPC_COORDINATOR_GET_JOB, job);
+    req(&b, STRIA_RPC_COORDINATOR_GET_JOB, &gj.base, NULL, 0);
+    next_id -= 3; /* a proven ReleaseJob under an id older than the one checked */
+    prove(&rj.job_proof, mac, &secret, STRIA_RPC_COORDINATOR_RELEASE_JOB, job);
+    req(&b, STRIA_RPC_COORDINATOR_RELEASE_JOB, &rj.base, NULL, 0);
+    save("rpc_stream", "coordinator-bad-proof", &b);
+
+    /* admin: status, ring, workers, a job, drain, cancel */
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_OPEN, NULL);
+    req(&b, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &r1.base, NULL, 0);
+    sub = submit_req(1);
+    job = next_job(&secret);
+    req(&b, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sub.base, NULL, 0);
     Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_GET_STATUS, 2, &gs.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_GET_STATUS, &gs.base, NULL, 0);
     Stria__V1__GetRingRequest gr = STRIA__V1__GET_RING_REQUEST__INIT;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_GET_RING, 3, &gr.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_GET_RING, &gr.base, NULL, 0);
     Stria__V1__ListWorkersRequest lw = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_LIST_WORKERS, 4, &lw.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_LIST_WORKERS, &lw.base, NULL, 0);
+    Stria__V1__GetJobRequest view = STRIA__V1__GET_JOB_REQUEST__INIT; /* an admin's view */
+    view.job_id = job;
+    req(&b, STRIA_RPC_COORDINATOR_GET_JOB, &view.base, NULL, 0);
     Stria__V1__DrainWorkerRequest dr = STRIA__V1__DRAIN_WORKER_REQUEST__INIT;
     dr.worker_id = 1;
     dr.drain = true;
-    frame(&b, 0, STRIA_RPC_COORDINATOR_DRAIN_WORKER, 5, &dr.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_DRAIN_WORKER, &dr.base, NULL, 0);
     Stria__V1__CancelJobRequest cj = STRIA__V1__CANCEL_JOB_REQUEST__INIT;
-    cj.job_id = 1;
+    cj.job_id = job;
     cj.reason = "seed";
-    frame(&b, 0, STRIA_RPC_COORDINATOR_CANCEL_JOB, 6, &cj.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_CANCEL_JOB, &cj.base, NULL, 0);
     save("rpc_stream", "coordinator-admin", &b);
 
-    /* framing faults: a request before the hello, a bad magic, a truncated frame */
-    b.n = 0;
-    put(&b, &sel, 1);
-    frame(&b, 0, STRIA_RPC_COORDINATOR_GET_STATUS, 2, &gs.base, NULL, 0);
+    /* framing faults: a request before the hello, a bad magic, a truncated
+     * frame, the old hello (a token in clear text) */
+    seed_begin(&b, sel);
+    req(&b, STRIA_RPC_COORDINATOR_GET_STATUS, &gs.base, NULL, 0);
     save("rpc_stream", "no-hello", &b);
-    b.n = 0;
-    put(&b, &sel, 1);
-    hello(&b, svc, NULL);
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_OPEN, NULL);
     put(&b, "GET / HTTP/1.1\r\n\r\n", 18);
     put(&b, "0123456789012345678901234567890123456789", 40);
     save("rpc_stream", "bad-magic", &b);
-    b.n = 0;
-    put(&b, &sel, 1);
-    hello(&b, svc, NULL);
-    frame(&b, 0, STRIA_RPC_COORDINATOR_SUBMIT_JOB, 4, &sub.base, NULL, 0);
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_OPEN, NULL);
+    req(&b, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sub.base, NULL, 0);
     b.n -= 3;
     save("rpc_stream", "truncated", &b);
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_CLEAR, "a-token");
+    req(&b, STRIA_RPC_COORDINATOR_GET_STATUS, &gs.base, NULL, 0);
+    save("rpc_stream", "clear-token", &b);
     free(b.b);
 }
 
+/* Seeds of the coordinator with a credential per role: each role's
+ * methods, and the methods of the others refused. */
+static void coordinator_role_seeds(void)
+{
+    const char *svc = stria__v1__coordinator__descriptor.name;
+    const uint8_t sel = FUZZ_SERVER_COORD_ROLES;
+    buf_t b = {0};
+
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_PROOF, FUZZ_WORKER_TOKEN);
+    Stria__V1__RegisterWorkerRequest r = reg_req("127.0.0.1:9200", 9);
+    req(&b, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &r.base, NULL, 0);
+    Stria__V1__HeartbeatRequest hb = STRIA__V1__HEARTBEAT_REQUEST__INIT;
+    hb.worker_id = 1;
+    hb.incarnation = 9;
+    req(&b, STRIA_RPC_COORDINATOR_HEARTBEAT, &hb.base, NULL, 0);
+    Stria__V1__GetJobRequest gj = STRIA__V1__GET_JOB_REQUEST__INIT;
+    gj.job_id = 12345;
+    req(&b, STRIA_RPC_COORDINATOR_GET_JOB, &gj.base, NULL, 0);
+    Stria__V1__SubmitJobRequest sub = submit_req(1);
+    req(&b, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sub.base, NULL, 0); /* a client's */
+    Stria__V1__ListJobsRequest lj = STRIA__V1__LIST_JOBS_REQUEST__INIT;
+    req(&b, STRIA_RPC_COORDINATOR_LIST_JOBS, &lj.base, NULL, 0); /* an admin's */
+    Stria__V1__DeregisterWorkerRequest de = STRIA__V1__DEREGISTER_WORKER_REQUEST__INIT;
+    de.worker_id = 1;
+    de.incarnation = 9;
+    de.reason = "shut down";
+    req(&b, STRIA_RPC_COORDINATOR_DEREGISTER_WORKER, &de.base, NULL, 0);
+    save("rpc_stream", "roles-worker", &b);
+
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_PROOF, FUZZ_TOKEN);
+    req(&b, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &sub.base, NULL, 0); /* no workers: busy */
+    req(&b, STRIA_RPC_COORDINATOR_GET_JOB, &gj.base, NULL, 0);
+    Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    req(&b, STRIA_RPC_COORDINATOR_GET_STATUS, &gs.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &r.base, NULL, 0); /* a worker's */
+    Stria__V1__CancelJobRequest cj = STRIA__V1__CANCEL_JOB_REQUEST__INIT;
+    cj.job_id = 12345;
+    cj.reason = "seed";
+    req(&b, STRIA_RPC_COORDINATOR_CANCEL_JOB, &cj.base, NULL, 0); /* an admin's */
+    save("rpc_stream", "roles-client", &b);
+
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_PROOF, FUZZ_ADMIN_TOKEN);
+    req(&b, STRIA_RPC_COORDINATOR_GET_STATUS, &gs.base, NULL, 0);
+    Stria__V1__ListWorkersRequest lw = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
+    req(&b, STRIA_RPC_COORDINATOR_LIST_WORKERS, &lw.base, NULL, 0);
+    lj.include_finished = true;
+    req(&b, STRIA_RPC_COORDINATOR_LIST_JOBS, &lj.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_GET_JOB, &gj.base, NULL, 0);
+    Stria__V1__DrainWorkerRequest dr = STRIA__V1__DRAIN_WORKER_REQUEST__INIT;
+    dr.worker_id = 1;
+    dr.drain = true;
+    req(&b, STRIA_RPC_COORDINATOR_DRAIN_WORKER, &dr.base, NULL, 0);
+    req(&b, STRIA_RPC_COORDINATOR_CANCEL_JOB, &cj.base, NULL, 0);
+    save("rpc_stream", "roles-admin", &b);
+
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_PROOF, "wrong-token");
+    req(&b, STRIA_RPC_COORDINATOR_GET_STATUS, &gs.base, NULL, 0);
+    save("rpc_stream", "roles-wrong-token", &b);
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_NO_PROOF, NULL);
+    req(&b, STRIA_RPC_COORDINATOR_GET_STATUS, &gs.base, NULL, 0);
+    save("rpc_stream", "roles-no-proof", &b);
+    free(b.b);
+}
+
+/* Seeds of the stub worker (client and admin credentials): each way it
+ * takes a payload, unproven (job ids under FUZZ_PROVEN_JOBS) and proven. */
 static void worker_seeds(void)
 {
     const char *svc = stria__v1__worker__descriptor.name;
+    const uint8_t sel = FUZZ_SERVER_WORKER;
     static uint8_t bytes[256];
+    stria_job_secret_t secret;
+    uint8_t mac[STRIA_AUTH_MAC_BYTES];
     buf_t b = {0};
-    uint8_t sel = 1;
 
-    put(&b, &sel, 1);
-    hello(&b, svc, "fuzz-client-token");
+    memset(secret.bytes, FUZZ_JOB_SECRET_BYTE, sizeof(secret.bytes));
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_PROOF, FUZZ_TOKEN);
     Stria__V1__PutInputRequest pi = STRIA__V1__PUT_INPUT_REQUEST__INIT;
+    pi.tensor = STRIA__V1__TENSOR__TENSOR_K;
+    pi.offset = 0;
+    pi.total_bytes = sizeof(bytes);
     for (uint64_t job = 0; job < 5; job++) { /* each way the stub takes a payload */
         pi.job_id = job + 5;
-        pi.tensor = STRIA__V1__TENSOR__TENSOR_K;
-        pi.offset = 0;
-        pi.total_bytes = sizeof(bytes);
-        frame(&b, 0, STRIA_RPC_WORKER_PUT_INPUT, 2 + job, &pi.base, bytes, sizeof(bytes));
+        req(&b, STRIA_RPC_WORKER_PUT_INPUT, &pi.base, bytes, sizeof(bytes));
+    }
+    for (uint64_t job = 0; job < 5; job++) { /* the same, proven */
+        pi.job_id = job + FUZZ_PROVEN_JOBS;
+        prove(&pi.job_proof, mac, &secret, STRIA_RPC_WORKER_PUT_INPUT, pi.job_id);
+        req(&b, STRIA_RPC_WORKER_PUT_INPUT, &pi.base, bytes, sizeof(bytes));
     }
     Stria__V1__RunForwardRequest rf = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
     rf.job_id = 5;
-    frame(&b, 0, STRIA_RPC_WORKER_RUN_FORWARD, 6, &rf.base, NULL, 0);
+    req(&b, STRIA_RPC_WORKER_RUN_FORWARD, &rf.base, NULL, 0);
     Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
     go.job_id = 5;
     go.tensor = STRIA__V1__TENSOR__TENSOR_O;
     go.offset = 1;
     go.max_bytes = 100;
-    frame(&b, 0, STRIA_RPC_WORKER_GET_OUTPUT, 7, &go.base, NULL, 0);
+    req(&b, STRIA_RPC_WORKER_GET_OUTPUT, &go.base, NULL, 0);
     go.offset = 0;
-    frame(&b, 0, STRIA_RPC_WORKER_GET_OUTPUT, 8, &go.base, NULL, 0);
+    go.job_id = FUZZ_PROVEN_JOBS;
+    prove(&go.job_proof, mac, &secret, STRIA_RPC_WORKER_GET_OUTPUT, go.job_id);
+    req(&b, STRIA_RPC_WORKER_GET_OUTPUT, &go.base, NULL, 0);
     Stria__V1__DropJobRequest dj = STRIA__V1__DROP_JOB_REQUEST__INIT;
-    dj.job_id = 7;
-    frame(&b, 0, STRIA_RPC_WORKER_DROP_JOB, 9, &dj.base, NULL, 0);
+    dj.job_id = FUZZ_PROVEN_JOBS + 1;
+    prove(&dj.job_proof, mac, &secret, STRIA_RPC_WORKER_DROP_JOB, dj.job_id);
+    req(&b, STRIA_RPC_WORKER_DROP_JOB, &dj.base, NULL, 0);
     Stria__V1__RunBackwardRequest rb = STRIA__V1__RUN_BACKWARD_REQUEST__INIT;
     rb.job_id = 5;
-    frame(&b, 0, STRIA_RPC_WORKER_RUN_BACKWARD, 10, &rb.base, NULL, 0);
+    req(&b, STRIA_RPC_WORKER_RUN_BACKWARD, &rb.base, NULL, 0); /* an admin's */
     save("rpc_stream", "worker-client", &b);
 
-    b.n = 0;
-    put(&b, &sel, 1);
-    hello(&b, svc, "fuzz-admin-token");
-    frame(&b, 0, STRIA_RPC_WORKER_RUN_BACKWARD, 2, &rb.base, NULL, 0);
+    /* wrong proofs: another job's, a replayed request id, none */
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_PROOF, FUZZ_TOKEN);
+    pi.job_id = FUZZ_PROVEN_JOBS + 1;
+    prove(&pi.job_proof, mac, &secret, STRIA_RPC_WORKER_PUT_INPUT, FUZZ_PROVEN_JOBS + 6);
+    req(&b, STRIA_RPC_WORKER_PUT_INPUT, &pi.base, bytes, sizeof(bytes));
+    dj.job_id = FUZZ_PROVEN_JOBS + 2;
+    next_id += 5;
+    prove(&dj.job_proof, mac, &secret, STRIA_RPC_WORKER_DROP_JOB, dj.job_id);
+    req(&b, STRIA_RPC_WORKER_DROP_JOB, &dj.base, NULL, 0);
+    next_id -= 3;
+    prove(&dj.job_proof, mac, &secret, STRIA_RPC_WORKER_DROP_JOB, dj.job_id);
+    req(&b, STRIA_RPC_WORKER_DROP_JOB, &dj.base, NULL, 0);
+    go.job_proof.len = 0;
+    req(&b, STRIA_RPC_WORKER_GET_OUTPUT, &go.base, NULL, 0);
+    save("rpc_stream", "worker-bad-proof", &b);
+
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_PROOF, FUZZ_ADMIN_TOKEN);
+    req(&b, STRIA_RPC_WORKER_RUN_BACKWARD, &rb.base, NULL, 0);
     for (int i = 0; i < 12; i++) /* more than the server's in-flight limit */
-        frame(&b, 0, STRIA_RPC_WORKER_RUN_FORWARD, 3 + (uint64_t)i, &rf.base, NULL, 0);
+        req(&b, STRIA_RPC_WORKER_RUN_FORWARD, &rf.base, NULL, 0);
     save("rpc_stream", "worker-admin", &b);
 
-    b.n = 0;
-    put(&b, &sel, 1);
-    hello(&b, svc, "wrong-token");
+    seed_begin(&b, sel);
+    hello(&b, svc, HELLO_PROOF, "wrong-token");
     save("rpc_stream", "worker-wrong-token", &b);
     free(b.b);
 }
@@ -334,8 +576,9 @@ static void proto_seeds(void)
 
 static void ucx_seeds(void)
 {
-    static const char *const names[] = {"", "hello", "ack", "abort", "bye", "ping"};
-    for (uint16_t type = STRIA__CTRL_HELLO; type <= STRIA__CTRL_PING; type++) {
+    static const char *const names[] = {"",    "hello", "ack",       "abort",
+                                        "bye", "ping",  "challenge", "proof"};
+    for (uint16_t type = STRIA__CTRL_HELLO; type <= STRIA__CTRL_PROOF; type++) {
         stria__ctrl_t c;
         uint8_t out[STRIA__UCX_CTRL_MAX];
         memset(&c, 0, sizeof(c));
@@ -348,6 +591,10 @@ static void ucx_seeds(void)
         c.origin = type == STRIA__CTRL_ABORT ? 2 : -1;
         c.status = type == STRIA__CTRL_ABORT ? STRIA_ERR_PEER : 0;
         snprintf(c.text, sizeof(c.text), "%s", type == STRIA__CTRL_ABORT ? "rank 2: stalled" : "");
+        for (size_t i = 0; i < sizeof(c.nonce); i++) { /* read by the types that carry them */
+            c.nonce[i] = (uint8_t)(0x10 + i);
+            c.mac[i % sizeof(c.mac)] = (uint8_t)(0x80 + i);
+        }
         buf_t b = {0};
         put(&b, out, stria__ucx_ctrl_encode(&c, out));
         save("ucx_ctrl", names[type], &b);
@@ -436,6 +683,7 @@ int main(int argc, char **argv)
     root = argv[1];
     mkdir(root, 0755);
     coordinator_seeds();
+    coordinator_role_seeds();
     worker_seeds();
     proto_seeds();
     ucx_seeds();

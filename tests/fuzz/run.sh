@@ -11,10 +11,17 @@
 #                                      corpus, then a fixed number of
 #                                      executions with a fixed seed (what
 #                                      tests/run.sh runs; a few minutes)
+#   tests/fuzz/run.sh --seeds          rewrites the seeds (corpus/*/seed-*,
+#                                      gen_seeds.c), then checks them
+#   tests/fuzz/run.sh --check-seeds    checks that the rpc_stream seeds get
+#                                      past the hello and the job proofs
+#                                      (part of --ci)
 #   tests/fuzz/run.sh --list           the targets
 #
 # Builds the fuzz build first (BUILD: $STRIA_FUZZ_BUILD, default build-fuzz):
-# clang with libFuzzer, ASan and UBSan, Release. A finding prints the input's
+# clang with libFuzzer, ASan and UBSan, Release, and a random generator that
+# is a fixed sequence (STRIA_FUZZ_UNSAFE_RANDOM, common/auth.c: never deploy
+# anything of that build). A finding prints the input's
 # path; copy it to tests/fuzz/corpus/TARGET/crash-<what> as a regression
 # input once fixed (every build's ctest replays the corpora).
 set -euo pipefail
@@ -35,7 +42,7 @@ declare -A ci_runs=([rpc_stream]=50000 [proto]=300000 [ucx_ctrl]=300000 [npy]=20
 declare -A extra_opts=([rpc_stream]="-detect_leaks=0")
 
 usage() {
-  echo "usage: $0 TARGET SECONDS [RUNS] | --ci | --list" >&2
+  echo "usage: $0 TARGET SECONDS [RUNS] | --ci | --seeds | --check-seeds | --list" >&2
   echo "targets: ${targets[*]}" >&2
   exit 2
 }
@@ -54,6 +61,43 @@ common_opts() {
   local t=$1
   echo "-artifact_prefix=$build/findings/$t- -print_final_stats=1 -timeout=30 -rss_limit_mb=4096" \
     "${extra_opts[$t]:-}"
+}
+
+# Each rpc_stream seed gets past the hello, unless its name says it must not
+# (wrong-token, no-proof, clear-token, no-hello), and past every job proof,
+# unless its name has bad-proof: a seed written for another random sequence
+# or protocol fails here (then run --seeds).
+check_seeds() {
+  local bin=$build/fuzz/fuzz_rpc_stream failed=0 f name out
+  for f in "$corpus"/rpc_stream/seed-*; do
+    name=${f##*/seed-}
+    out=$(STRIA_FUZZ_VERBOSE=1 STRIA_LOG_LEVEL=error "$bin" -detect_leaks=0 "$f" 2>&1 | grep '^  reply' || true)
+    if [[ $name =~ wrong-token|no-proof|clear-token|no-hello ]]; then
+      if grep -q 'hello, status 0, final' <<<"$out"; then
+        echo "fuzz seed rpc_stream/seed-$name: passed a hello it must not pass" >&2
+        failed=1
+      fi
+    elif ! grep -q 'hello, status 0, final' <<<"$out"; then
+      echo "fuzz seed rpc_stream/seed-$name: did not get past the hello:" >&2
+      echo "$out" >&2
+      failed=1
+    fi
+    if [[ $name != *bad-proof* ]] && grep -q 'job secret' <<<"$out"; then
+      echo "fuzz seed rpc_stream/seed-$name: a job proof was refused:" >&2
+      echo "$out" >&2
+      failed=1
+    fi
+  done
+  if ((failed == 0)); then
+    echo "fuzz rpc_stream seeds: $(ls "$corpus"/rpc_stream/seed-* | wc -l) pass the hello and the job proofs as their names say"
+  fi
+  return $failed
+}
+
+gen_seeds() {
+  cmake --build "$build" -j "$jobs" --target fuzz_gen_seeds >/dev/null
+  rm -f "$corpus"/*/seed-*
+  "$build/fuzz/fuzz_gen_seeds" "$corpus"
 }
 
 ci() {
@@ -94,7 +138,17 @@ case ${1:-} in
   ;;
 --ci)
   build_fuzzers
+  check_seeds
   ci
+  ;;
+--seeds)
+  build_fuzzers
+  gen_seeds
+  check_seeds
+  ;;
+--check-seeds)
+  build_fuzzers
+  check_seeds
   ;;
 "" | -*)
   usage
