@@ -315,11 +315,8 @@ typedef struct {
     uint64_t bytes; /* sent over the ring, all ranks */
 } stria__rb_run_t;
 
-/* Row k of the results: a layout kind, or STRIA__RB_FULL (contiguous with
- * every hop). */
-static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t *d, int n, int row,
-                                    bool bwd, bool serialize, double *compute, stria__rb_run_t *out,
-                                    stria_ring_step_stats_t *keep)
+/* The ring shape of the job the options and data describe. */
+static stria_ring_shape_t stria__rb_shape(const stria__rb_opts_t *o, const stria__rb_data_t *d)
 {
     stria_ring_shape_t shape = {.batch = o->batch,
                                 .seq = d->seq,
@@ -333,6 +330,16 @@ static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t 
                                 .has_window = o->has_window,
                                 .window_left = o->window_left,
                                 .window_right = o->window_right};
+    return shape;
+}
+
+/* Row k of the results: a layout kind, or STRIA__RB_FULL (contiguous with
+ * every hop). */
+static stria_status_t stria__rb_run(const stria__rb_opts_t *o, stria__rb_data_t *d, int n, int row,
+                                    bool bwd, bool serialize, double *compute, stria__rb_run_t *out,
+                                    stria_ring_step_stats_t *keep)
+{
+    stria_ring_shape_t shape = stria__rb_shape(o, d);
     /* No deadline: a loaded machine must not turn a long step into an error. */
     stria_ring_local_opts_t lo = {.layout = row == STRIA__RB_FULL ? STRIA_LAYOUT_CONTIGUOUS
                                                                   : (stria_layout_kind_t)row,
@@ -534,18 +541,7 @@ static stria_status_t stria__rb_measure(const stria__rb_opts_t *o, stria__rb_dat
 static stria_status_t stria__rb_counted(const stria__rb_opts_t *o, const stria__rb_data_t *d, int n,
                                         int row, bool bwd, double *max_mean_out)
 {
-    stria_ring_shape_t shape = {.batch = o->batch,
-                                .seq = d->seq,
-                                .heads = o->heads,
-                                .kv_heads = o->kv_heads,
-                                .head_dim = o->head_dim,
-                                .causal = o->causal,
-                                .dtype = o->dtype,
-                                .cu_seqlens = d->cu,
-                                .n_cu_seqlens = d->n_cu,
-                                .has_window = o->has_window,
-                                .window_left = o->window_left,
-                                .window_right = o->window_right};
+    stria_ring_shape_t shape = stria__rb_shape(o, d);
     stria_layout_kind_t layout =
         row == STRIA__RB_FULL ? STRIA_LAYOUT_CONTIGUOUS : (stria_layout_kind_t)row;
     stria_sim_table_t t;

@@ -16,7 +16,7 @@
 
 /* ---- PutInput ---------------------------------------------------------------- */
 
-static int stria__input_tensor(Stria__V1__Tensor t)
+int stria__input_tensor(Stria__V1__Tensor t)
 {
     switch (t) {
     case STRIA__V1__TENSOR__TENSOR_Q:

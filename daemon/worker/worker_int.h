@@ -197,6 +197,10 @@ struct stria_worker {
     stria_ucx_ctx_stats_t ring_seen;
 };
 
+/* ---- worker_data.c ---- */
+/* The job tensor of an input (Q, K, V, dO), or -1 for any other. */
+int stria__input_tensor(Stria__V1__Tensor t);
+
 /* ---- worker_jobs.c ---- */
 stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id);
 /* Finds (or, with `create`, creates from the coordinator's assignment, its

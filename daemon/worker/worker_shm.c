@@ -141,22 +141,6 @@ struct stria__shm_srv {
     bool stopping;
 };
 
-static int stria__input_of(Stria__V1__Tensor t)
-{
-    switch (t) {
-    case STRIA__V1__TENSOR__TENSOR_Q:
-        return STRIA__T_Q;
-    case STRIA__V1__TENSOR__TENSOR_K:
-        return STRIA__T_K;
-    case STRIA__V1__TENSOR__TENSOR_V:
-        return STRIA__T_V;
-    case STRIA__V1__TENSOR__TENSOR_DO:
-        return STRIA__T_DO;
-    default:
-        return -1;
-    }
-}
-
 static stria_status_t stria__shm_reply_error(stria__shm_conn_t *c, stria_status_t st)
 {
     Stria__V1__ShmReply rep = STRIA__V1__SHM_REPLY__INIT;
@@ -239,7 +223,7 @@ static stria_status_t stria__shm_commit(stria__shm_conn_t *c, const Stria__V1__S
 {
     stria_worker_t *w = c->srv->w;
     stria__wjob_t *j;
-    int t = stria__input_of(req->tensor);
+    int t = stria__input_tensor(req->tensor);
     if (!c->attached)
         return stria__shm_reply_error(
             c, stria_error_set(STRIA_ERR_INVALID_ARG, "commit before attach"));
