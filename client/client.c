@@ -288,7 +288,7 @@ static void *stria__rank_thread(void *arg)
     stria__rank_t *r = ta->r;
     r->done = true;
     if (r->abandoned && r->status != STRIA_OK) { /* its own error only says "abandoned" */
-        r->status = STRIA_ERR_CANCELLED;
+        r->status = ph->abandon_retryable ? STRIA_ERR_PEER : STRIA_ERR_CANCELLED;
         r->conn_lost = false;
         r->retryable = ph->abandon_retryable;
         snprintf(r->error, sizeof(r->error), "no answer; given up on, as %s", ph->abandon_why);

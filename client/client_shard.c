@@ -271,12 +271,12 @@ static stria_status_t stria__shard_pass(stria_job_t *job, int rank, bool backwar
         stria_rpc_client_close(r->conn);
         r->conn = NULL;
     }
-    if (st != STRIA_OK && w.ended) {
-        stria_error_set(STRIA_ERR_CANCELLED,
-                        "job %llu rank %d (worker %s), %s: no answer; given up on, as %s",
+    if (st != STRIA_OK && w.ended) { /* a lost worker: a peer's failure; else cancelled */
+        st = w.retryable ? STRIA_ERR_PEER : STRIA_ERR_CANCELLED;
+        stria_error_set(st, "job %llu rank %d (worker %s), %s: no answer; given up on, as %s",
                         (unsigned long long)job->id, rank, r->rpc_address, what, w.why);
         stria_error_set_retryable(w.retryable);
-        return STRIA_ERR_CANCELLED;
+        return st;
     }
     if (st != STRIA_OK) { /* a lost worker is retryable (for the trainer) */
         bool retryable = stria_error_retryable() || stria__rank_lost(r, st);
