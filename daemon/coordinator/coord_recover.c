@@ -251,8 +251,7 @@ bool stria__recover_held(stria_coord_t *co, stria_rpc_call_t *call, stria__cwork
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
         why = msg;
     } else if (stria_auth_open(stria_rpc_call_session(call), "held job secret", h->job_id,
-                               h->job_secret.data, h->job_secret.len,
-                               secret.bytes) != STRIA_OK ||
+                               h->job_secret.data, h->job_secret.len, secret.bytes) != STRIA_OK ||
                stria_auth_open(stria_rpc_call_session(call), "held ring key", h->job_id,
                                h->ring_key.data, h->ring_key.len, ring_key) != STRIA_OK) {
         /* sealed for another connection of the worker: ask again */

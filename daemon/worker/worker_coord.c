@@ -400,7 +400,10 @@ void *stria__wcoord_thread(void *arg)
             njobs++;
         stria_metric_set(w->m_jobs, (double)njobs);
         stria__wmetrics_ring(w);
-        double period = (st == STRIA_OK ? w->heartbeat_ms : 1000) / 1000.0;
+        /* out of reach: try again every period, at most every second (a
+         * restarted coordinator hears of our jobs within its window) */
+        uint32_t retry_ms = w->heartbeat_ms > 0 && w->heartbeat_ms < 1000 ? w->heartbeat_ms : 1000;
+        double period = (st == STRIA_OK ? w->heartbeat_ms : retry_ms) / 1000.0;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         double when = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + period;
