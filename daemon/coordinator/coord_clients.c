@@ -61,7 +61,8 @@ static stria_status_t stria__job_keys(stria_coord_t *co, stria__cjob_t *j)
         uint8_t raw[8];
         st = stria_auth_random(raw, sizeof(raw));
         j->id = stria_get_le64(raw) >> 11;
-    } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL));
+    } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL ||
+                                stria__recover_pending(co, j->id)));
     if (st == STRIA_OK)
         st = stria_job_secret_generate(&j->secret);
     if (st == STRIA_OK)

@@ -7,6 +7,7 @@
  * recovery window with a reason naming the missing rank. */
 #include <criterion/criterion.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,5 +191,94 @@ Test(restart, job_whose_worker_died_meanwhile_fails_after_the_window, .timeout =
     stria_client_release(job);
     stria_client_close(cl);
     fu_job_free(&j);
+    dc_stop(&c);
+}
+
+typedef struct {
+    stria_client_t *cl;
+    fu_job_t *j;
+    stria_job_t *job;
+    stria_status_t st;
+    char err[512];
+} queued_t;
+
+static void *forward_thread(void *arg)
+{
+    queued_t *q = arg;
+    fu_job_t *j = q->j;
+    q->st = stria_client_forward(q->cl, &j->spec, j->q, j->k, j->v, j->o, j->lse, NULL, NULL, NULL,
+                                 &q->job);
+    snprintf(q->err, sizeof(q->err), "%s", q->st == STRIA_OK ? "" : stria_error_msg());
+    return NULL;
+}
+
+Test(restart, queued_job_is_submitted_again, .timeout = 300)
+{
+    dcluster_t c;
+    char *cargs[] = {"--recovery-window=" WINDOW_S, NULL};
+    /* room for one job of this shape per worker (106752 bytes a rank) */
+    dc_opts_t o = {.coord_args = cargs, .worker_memory = "200000"};
+    dc_start(&c, 3, &o);
+    stria_client_t *cl = connect_client(&c), *cl2 = connect_client(&c);
+    fu_job_t a, b;
+    cr_assert(fu_job_init(&a, 1, 96, 2, 2, 16, STRIA_DTYPE_F32, true, 31));
+    cr_assert(fu_job_init(&b, 1, 96, 2, 2, 16, STRIA_DTYPE_F32, true, 32));
+    a.spec.ring_size = b.spec.ring_size = 3;
+    stria_job_t *job = NULL;
+    cr_assert_eq(
+        stria_client_forward(cl, &a.spec, a.q, a.k, a.v, a.o, a.lse, NULL, NULL, NULL, &job),
+        STRIA_OK, "%s", stria_error_msg());
+
+    /* b waits in the queue behind a, on another client */
+    queued_t q = {.cl = cl2, .j = &b};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, forward_thread, &q), 0);
+    double end = now_s() + 10;
+    char *out = NULL;
+    while (now_s() < end) {
+        free(out);
+        out = NULL;
+        cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "status", NULL), 0);
+        if (dc_json_number(out, "jobs_pending") == 1)
+            break;
+        usleep(20000);
+    }
+    cr_assert(dc_json_number(out, "jobs_pending") == 1, "b is not queued: %s", out);
+    free(out);
+
+    /* the restart loses the queued job (no worker held it): libstria
+     * submits it again, and it queues behind the rebuilt a */
+    dc_restart_coordinator(&c, &o, SIGKILL, 0.2);
+    double took = 0;
+    char *js = wait_job(&c, stria_job_id(job), NULL, 10, &took);
+    cr_assert_not_null(js, "a was not rebuilt (see %s)", c.coord_log);
+    free(js);
+    end = now_s() + 20;
+    out = NULL;
+    while (now_s() < end) {
+        free(out);
+        out = NULL;
+        cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "status", NULL), 0);
+        if (dc_json_number(out, "jobs_pending") == 1)
+            break;
+        usleep(50000);
+    }
+    cr_expect(dc_json_number(out, "jobs_pending") == 1, "b was not submitted again: %s", out);
+    free(out);
+
+    /* a goes on (backward, checked), is released, and b runs */
+    cr_assert_eq(stria_client_backward(job, a.g, a.dq, a.dk, a.dv, NULL, NULL, NULL), STRIA_OK,
+                 "%s", stria_error_msg());
+    char why[256];
+    cr_expect(fu_ring_equal(&a, 3, stria_job_layout(job), true, why, sizeof(why)), "%s", why);
+    cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
+    pthread_join(t, NULL);
+    cr_assert_eq(q.st, STRIA_OK, "%s", q.err);
+    cr_expect(fu_ring_equal(&b, 3, stria_job_layout(q.job), false, why, sizeof(why)), "%s", why);
+    cr_expect_eq(stria_client_release(q.job), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl2);
+    stria_client_close(cl);
+    fu_job_free(&b);
+    fu_job_free(&a);
     dc_stop(&c);
 }
