@@ -430,7 +430,13 @@ static bool stria__get_job_access(stria_rpc_call_t *call, const Stria__V1__GetJo
 static void stria__unknown_job(const stria_coord_t *co, stria_rpc_call_t *call, const char *method,
                                uint64_t id)
 {
-    if (stria__recovering(co))
+    if (stria__recovering(co) &&
+        strcmp(method, "CancelJob") == 0) /* an admin's: said, not waited */
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
+                            "CancelJob: job %llu is unknown (the coordinator restarted and "
+                            "rebuilds its jobs from the workers' reports for %.1f s more)",
+                            (unsigned long long)id, stria__recovery_left(co));
+    else if (stria__recovering(co))
         stria_rpc_call_fail_r(call, STRIA_ERR_BUSY, true,
                               "%s: job %llu is not known yet: the coordinator restarted and "
                               "rebuilds its jobs from the workers' reports for %.1f s more; try "
