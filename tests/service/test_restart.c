@@ -28,11 +28,34 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Credentials (made by the coordinator) of the tests that use them:
+ * client, worker, admin; "" : none. */
+static char g_tok[3][300];
+
+static void make_creds(const dcluster_t *c)
+{
+    static const char *const names[3] = {"client-token", "worker-token", "admin-token"};
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%s/credentials", c->dir);
+    char *argv[] = {STRIA_COORDINATOR_BIN, "--gen-credentials", dir, NULL};
+    char *err = NULL;
+    cr_assert_eq(dc_run(argv, NULL, 30, NULL, &err), 0, "--gen-credentials: %s", err);
+    free(err);
+    for (int i = 0; i < 3; i++)
+        snprintf(g_tok[i], sizeof(g_tok[i]), "%.200s/%s", dir, names[i]);
+}
+
+static const char *admin_token(void)
+{
+    return g_tok[2][0] ? g_tok[2] : NULL;
+}
+
 static stria_client_t *connect_client(const dcluster_t *c)
 {
     stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
     stria_client_t *cl = NULL;
     p.coordinator = c->coord_addr;
+    p.token_file = g_tok[0][0] ? g_tok[0] : NULL;
     p.client_name = "test_restart";
     p.rpc_timeout_s = 30;
     cr_assert_eq(stria_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
@@ -45,7 +68,7 @@ static char *job_json(const dcluster_t *c, uint64_t id)
 {
     char ids[32], *out = NULL;
     snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
-    if (dc_striactl(c, NULL, &out, NULL, "--json", "job", ids, NULL) != 0) {
+    if (dc_striactl(c, admin_token(), &out, NULL, "--json", "job", ids, NULL) != 0) {
         free(out);
         return NULL;
     }
@@ -71,12 +94,23 @@ static char *wait_job(const dcluster_t *c, uint64_t id, const char *not_state, d
     return js;
 }
 
-static void restart_keeps_the_job(int sig)
+static void restart_keeps_the_job(int sig, bool creds)
 {
     dcluster_t c;
     char *cargs[] = {"--recovery-window=" WINDOW_S, NULL};
     dc_opts_t o = {.coord_args = cargs};
-    dc_start(&c, 3, &o);
+    memset(g_tok, 0, sizeof(g_tok));
+    dc_init(&c);
+    if (creds) {
+        make_creds(&c);
+        o.token_file = g_tok[0];
+        o.worker_token_file = g_tok[1];
+        o.admin_token_file = g_tok[2];
+    }
+    dc_start_coordinator(&c, &o);
+    for (int i = 0; i < 3; i++)
+        dc_start_worker(&c, i, &o);
+    dc_wait_healthy(&c, 3, admin_token());
     stria_client_t *cl = connect_client(&c);
 
     fu_job_t j;
@@ -96,15 +130,16 @@ static void restart_keeps_the_job(int sig)
                        (unsigned long long)id, c.coord_log);
     cr_expect(strstr(js, "\"state\":\"forward-done\""), "%s", js);
     fprintf(stderr,
-            "restart (%s): job %llu rebuilt %.3f s after the new coordinator listened "
+            "restart (%s%s): job %llu rebuilt %.3f s after the new coordinator listened "
             "(%.3f s after the stop)\n",
-            sig == SIGKILL ? "SIGKILL" : "SIGTERM", (unsigned long long)id, took, now_s() - t0);
+            sig == SIGKILL ? "SIGKILL" : "SIGTERM", creds ? ", credentials" : "",
+            (unsigned long long)id, took, now_s() - t0);
     free(js);
 
     /* striactl jobs on the new coordinator shows it */
     char *out = NULL, ids[32];
     snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
-    cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "jobs", NULL), 0);
+    cr_assert_eq(dc_striactl(&c, admin_token(), &out, NULL, "jobs", NULL), 0);
     cr_expect(strstr(out, ids) != NULL, "striactl jobs does not list %s:\n%s", ids, out);
     free(out);
 
@@ -135,16 +170,22 @@ static void restart_keeps_the_job(int sig)
     fu_job_free(&k);
     fu_job_free(&j);
     dc_stop(&c);
+    memset(g_tok, 0, sizeof(g_tok));
 }
 
 Test(restart, sigterm_keeps_the_job, .timeout = 300)
 {
-    restart_keeps_the_job(SIGTERM);
+    restart_keeps_the_job(SIGTERM, false);
 }
 
 Test(restart, sigkill_keeps_the_job, .timeout = 300)
 {
-    restart_keeps_the_job(SIGKILL);
+    restart_keeps_the_job(SIGKILL, false);
+}
+
+Test(restart, sigkill_keeps_the_job_with_credentials, .timeout = 300)
+{
+    restart_keeps_the_job(SIGKILL, true);
 }
 
 Test(restart, job_whose_worker_died_meanwhile_fails_after_the_window, .timeout = 300)
