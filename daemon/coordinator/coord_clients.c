@@ -426,22 +426,23 @@ static bool stria__get_job_access(stria_rpc_call_t *call, const Stria__V1__GetJo
 }
 
 /* A job id the coordinator does not know: not found, or, while it rebuilds
- * its jobs after a restart, busy (the job may be reported yet). */
+ * its jobs after a restart, busy to an owner's call (`owner`: it proves a
+ * secret, and libstria waits and tries again: the job may be rebuilt yet);
+ * an admin's view or cancel is answered not found, saying so. */
 static void stria__unknown_job(const stria_coord_t *co, stria_rpc_call_t *call, const char *method,
-                               uint64_t id)
+                               uint64_t id, bool owner)
 {
-    if (stria__recovering(co) &&
-        strcmp(method, "CancelJob") == 0) /* an admin's: said, not waited */
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
-                            "CancelJob: job %llu is unknown (the coordinator restarted and "
-                            "rebuilds its jobs from the workers' reports for %.1f s more)",
-                            (unsigned long long)id, stria__recovery_left(co));
-    else if (stria__recovering(co))
+    if (stria__recovering(co) && owner)
         stria_rpc_call_fail_r(call, STRIA_ERR_BUSY, true,
                               "%s: job %llu is not known yet: the coordinator restarted and "
                               "rebuilds its jobs from the workers' reports for %.1f s more; try "
                               "again",
                               method, (unsigned long long)id, stria__recovery_left(co));
+    else if (stria__recovering(co))
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
+                            "%s: job %llu is unknown (the coordinator restarted and rebuilds its "
+                            "jobs from the workers' reports for %.1f s more)",
+                            method, (unsigned long long)id, stria__recovery_left(co));
     else
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s: job %llu is unknown", method,
                             (unsigned long long)id);
@@ -458,7 +459,7 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     stria__b_t b = {0};
 
     if (j == NULL) {
-        stria__unknown_job(co, call, "GetJob", req->job_id);
+        stria__unknown_job(co, call, "GetJob", req->job_id, req->job_proof.len > 0);
         return;
     }
     if (!stria__get_job_access(call, req, j, &owner, secret, ring))
@@ -494,7 +495,7 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = stria__job_find(co, req->job_id);
 
     if (j == NULL) {
-        stria__unknown_job(co, call, "ReleaseJob", req->job_id);
+        stria__unknown_job(co, call, "ReleaseJob", req->job_id, true);
         return;
     }
     if (stria_rpc_call_check_job(call, &j->secret, j->id) != STRIA_OK) {
@@ -531,7 +532,7 @@ void stria__on_cancel(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = stria__job_find(co, req->job_id);
 
     if (j == NULL) {
-        stria__unknown_job(co, call, "CancelJob", req->job_id);
+        stria__unknown_job(co, call, "CancelJob", req->job_id, false);
         return;
     }
     if (!stria__terminal(j->state)) {

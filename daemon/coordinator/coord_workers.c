@@ -167,10 +167,11 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     if (req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ||
         req->n_held_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS) {
         stria__count_error(co, STRIA__E_BAD_REQUEST);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
-                            "Heartbeat: %zu job entries and %zu descriptions, more than the limit "
-                            "of %d",
-                            req->n_jobs, req->n_held_jobs, STRIA_COORD_MAX_HEARTBEAT_JOBS);
+        stria_rpc_call_fail(
+            call, STRIA_ERR_INVALID_ARG, "Heartbeat: %zu job %s, more than the limit of %d",
+            req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ? req->n_jobs : req->n_held_jobs,
+            req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ? "entries" : "descriptions",
+            STRIA_COORD_MAX_HEARTBEAT_JOBS);
         return;
     }
     drop = calloc(req->n_jobs + req->n_held_jobs + 1, sizeof(*drop));
