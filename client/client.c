@@ -391,9 +391,7 @@ static void stria__abandon_locked(stria__phase_t *ph, const char *why, bool retr
     }
 }
 
-/* Whether the coordinator ended the job (failed, cancelled or expired it);
- * its reason into why[0 .. len) and its verdict into *retryable. */
-static bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable)
+bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable)
 {
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
@@ -867,7 +865,7 @@ static stria_status_t stria__run_call(stria_job_t *job, stria__phase_t *ph,
  * retryable and the workers it blames (a worker the ranks lost keeps the
  * try retryable); cancelled or expired is not. While the coordinator has
  * not heard of the failure yet, what the ranks saw stands. */
-static void stria__try_verdict(stria_job_t *job)
+static void stria__try_verdict(stria_job_t *job, char *why, size_t len)
 {
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
@@ -882,6 +880,7 @@ static void stria__try_verdict(stria_job_t *job)
         return;
     const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)reply.msg)->job;
     if (info != NULL && info->state == STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+        snprintf(why, len, "%s", info->failure ? info->failure : "");
         job->retryable = info->failure_retryable || lost;
         for (size_t i = 0; i < info->n_blamed_worker_ids; i++)
             stria__blame(job, info->blamed_worker_ids[i]);
@@ -891,6 +890,18 @@ static void stria__try_verdict(stria_job_t *job)
     stria_rpc_reply_free(&reply);
 }
 
+void stria__failure_msg(stria_job_t *job, char *msg, size_t len)
+{
+    char why[512] = "";
+    snprintf(msg, len, "%s", stria_error_msg());
+    if (job->id != 0)
+        stria__try_verdict(job, why, sizeof(why));
+    if (why[0] != '\0' && strstr(msg, why) == NULL) {
+        size_t at = strlen(msg);
+        snprintf(msg + at, len - at, " (the coordinator: %s)", why);
+    }
+}
+
 /* Releases a failed try's job and frees it, keeping the failure's status,
  * message and verdict (into *retryable; its blamed workers are added to
  * blamed[0 .. *n_blamed), at most STRIA__MAX_BLAMED). */
@@ -898,9 +909,7 @@ static stria_status_t stria__try_fail(stria_job_t *job, stria_status_t st, bool 
                                       uint64_t *blamed, size_t *n_blamed)
 {
     char msg[1024];
-    snprintf(msg, sizeof(msg), "%s", stria_error_msg());
-    if (job->id != 0)
-        stria__try_verdict(job);
+    stria__failure_msg(job, msg, sizeof(msg));
     *retryable = job->retryable;
     for (size_t i = 0; i < job->n_blamed; i++) {
         bool known = false;
@@ -1065,8 +1074,7 @@ stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq
         stria__abi_write_stats(stats, &local);
     if (st != STRIA_OK) { /* not retried here; the coordinator's verdict stands */
         char msg[1024];
-        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
-        stria__try_verdict(job);
+        stria__failure_msg(job, msg, sizeof(msg));
         stria_error_set(st, "%s", msg);
         stria_error_set_retryable(job->retryable);
     }

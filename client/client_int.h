@@ -165,6 +165,14 @@ stria_status_t stria__wait_queued(stria_client_t *c, stria_job_t *job, Stria__V1
  * layout this library scatters with. */
 stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__V1__Assignment *a);
 void stria__job_free(stria_job_t *job);
+/* Whether the coordinator ended the job (failed, cancelled or expired it);
+ * its reason into why[0 .. len) and its verdict into *retryable. */
+bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable);
+/* The calling thread's error message about a failed call of the job, into
+ * msg[0 .. len), with the coordinator's verdict taken (retryable, blamed
+ * workers) and its reason added: the ranks may only have heard that the job
+ * is over, while the coordinator's reason names the rank that caused it. */
+void stria__failure_msg(stria_job_t *job, char *msg, size_t len);
 /* Links an open job into its client (released by stria_client_close()). */
 void stria__job_link(stria_job_t *job);
 
