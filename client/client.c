@@ -77,8 +77,21 @@ static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
     return r->status;
 }
 
-stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
-                                 const stria_job_t *job, stria_rpc_reply_t *reply)
+/* Whether a failed coordinator call is worth another try: the connection
+ * broke or was refused (the coordinator restarts; the next call connects
+ * again), or a job-scoped call was answered busy because a restarted
+ * coordinator is still rebuilding its jobs. */
+static bool stria__coord_transient(stria_client_t *c, uint32_t method, stria_status_t st)
+{
+    if (!stria_rpc_client_server_error(c->coord))
+        return st == STRIA_ERR_CLOSED || st == STRIA_ERR_IO || st == STRIA_ERR_TRANSPORT ||
+               st == STRIA_ERR_TIMEOUT;
+    return st == STRIA_ERR_BUSY &&
+           (method == STRIA_RPC_COORDINATOR_GET_JOB || method == STRIA_RPC_COORDINATOR_RELEASE_JOB);
+}
+
+stria_status_t stria__coord_call_ex(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                    const stria_job_t *job, stria_rpc_reply_t *reply, bool patient)
 {
     stria_rpc_request_t rq;
     memset(&rq, 0, sizeof(rq));
@@ -89,10 +102,24 @@ stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const Proto
         rq.job_secret = &job->secret;
         rq.job_id = job->id;
     }
-    stria_status_t st = stria_rpc_client_call(c->coord, &rq, reply);
-    if (st != STRIA_OK)
-        return stria_error_wrap(st, "coordinator %s", c->coordinator);
-    return STRIA_OK;
+    double give_up = stria_time_now() + STRIA__RECONNECT_S, pause = 0.1;
+    for (int tries = 1;; tries++) {
+        stria_status_t st = stria_rpc_client_call(c->coord, &rq, reply);
+        if (st == STRIA_OK)
+            return STRIA_OK;
+        if (!patient || !stria__coord_transient(c, method, st) || stria_time_now() >= give_up)
+            return stria_error_wrap(st, "coordinator %s%s", c->coordinator,
+                                    tries > 1 ? " (out of reach or recovering for too long)" : "");
+        struct timespec ts = {0, (long)(pause * 1e9)};
+        nanosleep(&ts, NULL);
+        pause = pause * 2 < 1.0 ? pause * 2 : 1.0;
+    }
+}
+
+stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                 const stria_job_t *job, stria_rpc_reply_t *reply)
+{
+    return stria__coord_call_ex(c, method, req, job, reply, true);
 }
 
 /* ---- ABI ------------------------------------------------------------------ */
@@ -338,8 +365,8 @@ static void stria__poll_progress(stria__phase_t *ph, stria_progress_cb progress,
     stria_rpc_reply_t reply;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) ==
-        STRIA_OK) {
+    if (stria__coord_call_ex(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply,
+                             false) == STRIA_OK) {
         Stria__V1__GetJobReply *r = (Stria__V1__GetJobReply *)reply.msg;
         if (r->job != NULL && r->job->steps_total > 0)
             progress(arg, phase, (double)r->job->step, (double)r->job->steps_total);
@@ -371,8 +398,9 @@ bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable)
     bool ended = false;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) !=
-        STRIA_OK)
+    /* one try: the watch must not wait out a coordinator that restarts */
+    if (stria__coord_call_ex(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply,
+                             false) != STRIA_OK)
         return false;
     const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)reply.msg)->job;
     if (info != NULL && info->state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED &&
@@ -705,8 +733,8 @@ stria_status_t stria__wait_queued(stria_client_t *c, stria_job_t *job, Stria__V1
     return STRIA_OK;
 }
 
-stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
-                             stria_progress_cb progress, void *arg)
+static stria_status_t stria__submit_once(stria_client_t *c, stria_job_t *job, bool sharded,
+                                         stria_progress_cb progress, void *arg)
 {
     const stria_job_spec_t *s = &job->spec;
     Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
@@ -749,6 +777,25 @@ stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
     if (st != STRIA_OK)
         return st;
     return stria__wait_queued(c, job, state, qpos, progress, arg);
+}
+
+/* A queued job the coordinator no longer knows (it restarted, and no
+ * worker held the job: nothing of it ran) is submitted again, a few times
+ * at most. */
+stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
+                             stria_progress_cb progress, void *arg)
+{
+    for (int again = 0;; again++) {
+        stria_status_t st = stria__submit_once(c, job, sharded, progress, arg);
+        if (st != STRIA_ERR_NOT_FOUND || job->id == 0 || again >= 3)
+            return st;
+        for (int i = 0; i < job->n_ranks; i++)
+            stria_rpc_client_close(job->ranks[i].conn);
+        free(job->ranks);
+        job->ranks = NULL;
+        job->n_ranks = 0;
+        job->id = 0;
+    }
 }
 
 static void stria__collect_stats(const stria_job_t *job, stria_call_stats_t *stats)
@@ -825,8 +872,11 @@ static void stria__try_verdict(stria_job_t *job, char *why, size_t len)
     bool lost = job->n_blamed > 0;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) !=
-        STRIA_OK)
+    stria_status_t st =
+        stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply);
+    if (st == STRIA_ERR_NOT_FOUND) /* a restarted coordinator could not rebuild it */
+        job->retryable = true;
+    if (st != STRIA_OK)
         return;
     const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)reply.msg)->job;
     if (info != NULL && info->state == STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {

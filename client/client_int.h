@@ -32,6 +32,9 @@
 #define STRIA__N_TENSORS       9  /* stria_tensor_id_t: 1 .. 9 */
 #define STRIA__MAX_BLAMED      64 /* workers one try blames */
 #define STRIA__DEFAULT_RETRIES 2
+/* How long a coordinator call keeps trying while the coordinator is out of
+ * reach (a restart) or rebuilds its jobs (busy). */
+#define STRIA__RECONNECT_S 60.0
 
 struct stria_client {
     stria_client_params_t params;
@@ -139,9 +142,16 @@ struct stria__phase {
 
 /* ---- client.c ---- */
 size_t stria__row_bytes(const stria_job_t *job, int64_t heads);
-/* A call to the coordinator; about `job` (its secret proven) unless NULL. */
+/* A call to the coordinator; about `job` (its secret proven) unless NULL.
+ * A connection that broke or was refused (a restarting coordinator), and a
+ * job-scoped call answered busy (a restarted coordinator rebuilding its
+ * jobs), are tried again for up to STRIA__RECONNECT_S. */
 stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
                                  const stria_job_t *job, stria_rpc_reply_t *reply);
+/* The same; `patient` false: one try only (the progress poller, the phase's
+ * watch). */
+stria_status_t stria__coord_call_ex(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                    const stria_job_t *job, stria_rpc_reply_t *reply, bool patient);
 /* A caller's spec read into ours (ABI) and checked. */
 stria_status_t stria__read_spec(const stria_job_spec_t *in, stria_job_spec_t *out);
 /* Submits job->spec (sharded or not) and waits while the job is queued;

@@ -30,6 +30,7 @@ typedef struct {
     int64_t max_jobs_per_client;
     double max_step_timeout_s;
     double worker_retention_s;
+    double recovery_window_s; /* < 0: not given (3 heartbeat periods) */
 } stria__coord_config_t;
 
 typedef struct {
@@ -248,6 +249,15 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
          .max = 365 * 86400.0,
          .metavar = "TIME",
          .help = "a dead or departed worker is forgotten this long after it was last heard of"},
+        {.name = "recovery-window",
+         .type = STRIA_OPT_DURATION,
+         .dst = &c->recovery_window_s,
+         .min = 0,
+         .max = 3600,
+         .metavar = "TIME",
+         .help = "after a (re)start, jobs the workers report holding are rebuilt for this long; "
+                 "one whose ranks are not all reported by then fails (default 3 heartbeat "
+                 "periods; 0: none, the workers drop their jobs)"},
         {.name = "log-level",
          .type = STRIA_OPT_STRING,
          .dst = &c->log_level,
@@ -306,6 +316,7 @@ int main(int argc, char **argv)
     int rc;
 
     memset(&c, 0, sizeof(c));
+    c.recovery_window_s = -1;
     rc = stria__coord_options(argc, argv, &c, &cli, &cr);
     if (rc >= 0)
         goto free_opts;
@@ -326,6 +337,9 @@ int main(int argc, char **argv)
     p.max_jobs_per_client = (uint32_t)c.max_jobs_per_client;
     p.max_step_timeout_s = c.max_step_timeout_s;
     p.worker_retention_s = c.worker_retention_s;
+    p.recovery_window_s = c.recovery_window_s < 0    ? 0
+                          : c.recovery_window_s == 0 ? -1
+                                                     : c.recovery_window_s;
     p.metrics = metrics;
     p.notify_status = true;
     st = stria_coord_start(&p, &co);
