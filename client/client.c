@@ -430,6 +430,11 @@ static void stria__watch_locked(stria__phase_t *ph, double started, double *next
         stria__abandon_locked(ph, why, true);
         return;
     }
+    if (ph->ended_at > 0) {
+        if (now - ph->ended_at >= STRIA__ABANDON_S)
+            stria__abandon_locked(ph, ph->ended_why, ph->ended_retryable);
+        return;
+    }
     if (ph->job->id == 0 || now < *next_watch || now - started < STRIA__WATCH_S)
         return;
     *next_watch = now + STRIA__WATCH_S;
@@ -438,8 +443,11 @@ static void stria__watch_locked(stria__phase_t *ph, double started, double *next
     pthread_mutex_unlock(&ph->lock);
     bool ended = stria__job_ended(ph->job, why, sizeof(why), &retryable);
     pthread_mutex_lock(&ph->lock);
-    if (ended && !ph->abandoned && ph->remaining > 0)
-        stria__abandon_locked(ph, why, retryable);
+    if (ended && ph->ended_at == 0) {
+        ph->ended_at = stria_time_now();
+        ph->ended_retryable = retryable;
+        snprintf(ph->ended_why, sizeof(ph->ended_why), "%s", why);
+    }
 }
 
 /* Runs fn on one thread per rank and waits for all of them. */
@@ -459,7 +467,7 @@ static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
     pthread_mutex_init(&ph->lock, NULL);
     pthread_cond_init(&ph->cv, NULL);
     ph->remaining = job->n_ranks;
-    ph->first_fail = 0;
+    ph->first_fail = ph->ended_at = 0;
     ph->abandoned = false;
     double t_start = stria_time_now(), next_watch = 0;
     for (int i = 0; i < job->n_ranks; i++)

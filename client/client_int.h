@@ -22,9 +22,10 @@
 #define STRIA__COORD_TIMEOUT_S 10.0
 #define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
 #define STRIA__POLL_S          0.2
-/* How long the ranks still running get once another rank failed the phase:
- * an alive worker hears of the failure through the ring at once and
- * answers; one silent past this is cut off or stopped, and given up on. */
+/* How long the ranks still running get once another rank failed the phase,
+ * or the coordinator ended the job: an alive worker hears of it at once and
+ * answers with its own account; one silent past this is cut off or stopped,
+ * and given up on. */
 #define STRIA__ABANDON_S 2.0
 /* How often a phase asks the coordinator whether the job is still on (a
  * worker it declared lost may never answer the phase's call). */
@@ -135,6 +136,9 @@ struct stria__phase {
      * another rank failed it at first_fail, or the coordinator ended the job
      * (abandon_why says which; abandon_retryable is its verdict). */
     double first_fail;
+    double ended_at; /* when the coordinator was seen to have ended the job (0: not) */
+    bool ended_retryable;
+    char ended_why[512];
     bool abandoned;
     bool abandon_retryable;
     char abandon_why[512];

@@ -215,7 +215,13 @@ static void *stria__shard_watch(void *arg)
         bool retryable = false;
         bool ended = stria__job_ended(w->job, why, sizeof(why), &retryable);
         pthread_mutex_lock(&w->lock);
-        if (ended && !w->stop) {
+        if (ended && !w->stop) { /* a live worker answers within the grace */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += (time_t)STRIA__ABANDON_S;
+            while (!w->stop && pthread_cond_timedwait(&w->cv, &w->lock, &ts) == 0)
+                ;
+            if (w->stop)
+                break;
             w->ended = true;
             w->retryable = retryable;
             snprintf(w->why, sizeof(w->why), "%s", why);
