@@ -329,20 +329,25 @@ bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backwar
 
 /* "rank 3" or "ranks 0, 2, 3": the ranks that arrived at the pass of the
  * arrival round (arrived) or not; returns how many. */
+void stria__rank_list_add(char *out, size_t len, size_t *used, uint32_t *n, uint32_t r)
+{
+    if (*n == 0)
+        out[0] = '\0';
+    if (*used + 16 < len)
+        *used += (size_t)snprintf(out + *used, len - *used, "%s%u", *n ? ", " : "", r);
+    else if (*used + 5 < len && out[*used - 1] != '.')
+        *used += (size_t)snprintf(out + *used, len - *used, ", ...");
+    (*n)++;
+}
+
 static uint32_t stria__rank_list(const stria__cjob_t *j, bool arrived, char *out, size_t len)
 {
     uint32_t n = 0;
     size_t used = 0;
     out[0] = '\0';
-    for (uint32_t r = 0; r < j->n_ranks; r++) {
-        if ((j->ranks[r].arrived >= j->arrival_pass) != arrived)
-            continue;
-        if (used + 16 < len)
-            used += (size_t)snprintf(out + used, len - used, "%s%u", n ? ", " : "", r);
-        else if (used + 5 < len && out[used - 1] != '.')
-            used += (size_t)snprintf(out + used, len - used, ", ...");
-        n++;
-    }
+    for (uint32_t r = 0; r < j->n_ranks; r++)
+        if ((j->ranks[r].arrived >= j->arrival_pass) == arrived)
+            stria__rank_list_add(out, len, &used, &n, r);
     return n;
 }
 

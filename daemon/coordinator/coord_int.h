@@ -350,4 +350,8 @@ bool stria__timeline_fill(stria__b_t *b, const stria__cjob_t *j, Stria__V1__JobI
                           Stria__V1__PassTimeline ***held, size_t *n_held);
 void stria__timeline_release(Stria__V1__PassTimeline **held, size_t n_held);
 
+/* Adds rank r to a list "0, 3, 7" in out[0 .. len) (used: its length, n:
+ * ranks listed so far), ending in ", ..." when it runs out of room. */
+void stria__rank_list_add(char *out, size_t len, size_t *used, uint32_t *n, uint32_t r);
+
 #endif /* STRIA_COORD_INT_H */

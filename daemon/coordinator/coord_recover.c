@@ -322,15 +322,9 @@ static void stria__missing_list(const stria__rjob_t *rj, char *out, size_t len)
     size_t used = 0;
     uint32_t n = 0;
     out[0] = '\0';
-    for (uint32_t r = 0; r < rj->n_ranks; r++) {
-        if (rj->workers[r] != NULL)
-            continue;
-        if (used + 16 < len)
-            used += (size_t)snprintf(out + used, len - used, "%s%u", n ? ", " : "", r);
-        else if (used + 5 < len && out[used - 1] != '.')
-            used += (size_t)snprintf(out + used, len - used, ", ...");
-        n++;
-    }
+    for (uint32_t r = 0; r < rj->n_ranks; r++)
+        if (rj->workers[r] == NULL)
+            stria__rank_list_add(out, len, &used, &n, r);
 }
 
 bool stria__recover_tick(stria_coord_t *co, double now)
