@@ -882,52 +882,32 @@ int main(int argc, char **argv)
 
     memset(&c, 0, sizeof(c));
     const stria_option_t options[] = {
-        {.name = "coordinator",
-         .type = STRIA_OPT_ADDR,
-         .dst = &c.coordinator,
-         .dflt = env != NULL && env[0] != '\0' ? env : STRIACTL_DEFAULT_COORDINATOR,
-         .metavar = "HOST:PORT",
-         .help = "the coordinator; $STRIA_COORDINATOR, if set, is the default"},
-        {.name = "token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &token_file,
-         .metavar = "FILE",
-         .help = "a credential: the client one for status and workers, the admin one for "
-                 "everything; proven, never sent; default $STRIA_TOKEN_FILE"},
-        {.name = "json",
-         .type = STRIA_OPT_FLAG,
-         .dst = &c.json,
-         .help = "machine-readable output with stable field names (docs/DEPLOY.md)"},
-        {.name = "timeout",
-         .type = STRIA_OPT_DURATION,
-         .dst = &c.timeout_s,
-         .dflt = "10",
-         .min = 0,
-         .max = INFINITY,
-         .flags = STRIA_OPT_ABOVE_MIN,
-         .metavar = "TIME",
-         .help = "deadline of connecting and of each request"},
+        STRIA_OPTION("coordinator", ADDR, &c.coordinator, "HOST:PORT",
+                     "the coordinator; $STRIA_COORDINATOR, if set, is the default",
+                     .dflt = env != NULL && env[0] != '\0' ? env : STRIACTL_DEFAULT_COORDINATOR),
+        STRIA_OPTION("token-file", STRING, &token_file, "FILE",
+                     "a credential: the client one for status and workers, the admin one for "
+                     "everything; proven, never sent; default $STRIA_TOKEN_FILE"),
+        STRIA_OPTION("json", FLAG, &c.json, NULL,
+                     "machine-readable output with stable field names (docs/DEPLOY.md)"),
+        STRIA_OPTION("timeout", DURATION, &c.timeout_s, "TIME",
+                     "deadline of connecting and of each request", .dflt = "10", .min = 0,
+                     .max = INFINITY, .flags = STRIA_OPT_ABOVE_MIN),
         {.name = NULL},
     };
     const stria_option_t jobs_options[] = {
-        {.name = "all", .type = STRIA_OPT_FLAG, .dst = &all, .help = "finished jobs too"},
+        STRIA_OPTION("all", FLAG, &all, NULL, "finished jobs too"),
         {.name = NULL},
     };
     const stria_option_t job_options[] = {
-        {.name = "timeline",
-         .type = STRIA_OPT_STRING,
-         .dst = &c.timeline,
-         .metavar = "FILE.svg",
-         .help = "draw the job's latest forward and backward passes from the step times its "
-                 "workers reported: a row per rank, each from its own pass start"},
+        STRIA_OPTION("timeline", STRING, &c.timeline, "FILE.svg",
+                     "draw the job's latest forward and backward passes from the step times its "
+                     "workers reported: a row per rank, each from its own pass start"),
         {.name = NULL},
     };
     const stria_option_t cancel_options[] = {
-        {.name = "reason",
-         .type = STRIA_OPT_STRING,
-         .dst = &reason,
-         .metavar = "TEXT",
-         .help = "why, shown with the job (default: cancelled by an administrator)"},
+        STRIA_OPTION("reason", STRING, &reason, "TEXT",
+                     "why, shown with the job (default: cancelled by an administrator)"),
         {.name = NULL},
     };
     const stria_command_t cmds[] = {

@@ -398,6 +398,17 @@ typedef struct {
     stria_status_t (*parse)(const char *text, void *dst);
 } stria_option_t;
 
+/* One table entry on one line: name, type without its prefix (INT for
+ * STRIA_OPT_INT), dst, metavar (NULL for flags), help, then any other fields
+ * as designated initializers:
+ *   STRIA_OPTION("threads", INT, &o->threads, "N", "compute threads", .min = 1, .max = 1024)
+ * A table ends with {.name = NULL}. */
+#define STRIA_OPTION(name_, type_, dst_, metavar_, ...)                                            \
+    {                                                                                              \
+        .name = (name_), .type = STRIA_OPT_##type_, .dst = (dst_), .metavar = (metavar_),          \
+        .help = __VA_ARGS__                                                                        \
+    }
+
 typedef struct stria_command {
     const char *name;        /* "stria-run" for the program, "submit" for a command */
     const char *summary;     /* one line: the parent's list of commands */
