@@ -327,16 +327,7 @@ typedef struct {
 
 static void stria__kb_data_free(stria__kb_data_t *d)
 {
-    stria_free(d->q);
-    stria_free(d->k);
-    stria_free(d->v);
-    stria_free(d->d_o);
-    stria_free(d->o);
-    stria_free(d->lse);
-    stria_free(d->delta);
-    stria_free(d->dq);
-    stria_free(d->dk);
-    stria_free(d->dv);
+    STRIA_FREE_ALL(d->q, d->k, d->v, d->d_o, d->o, d->lse, d->delta, d->dq, d->dk, d->dv);
     memset(d, 0, sizeof(*d));
 }
 

@@ -938,10 +938,5 @@ int stria_bench_ring(int argc, char **argv)
         }
         stria__rb_data_free(&d);
     }
-    if (st != STRIA_OK) {
-        fprintf(stderr, "stria-bench ring: %s\n",
-                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
-        return 1;
-    }
-    return 0;
+    return stria_cli_exit("stria-bench ring", st);
 }

@@ -699,10 +699,5 @@ int stria_bench_simulate(int argc, char **argv)
         for (size_t ni = 0; ni < o.ranks.n && st == STRIA_OK; ni++)
             st = stria__sim_one(&o, (int)o.ranks.v[ni], o.seqs.v[si]);
     free(o.ranks.v);
-    if (st != STRIA_OK) {
-        fprintf(stderr, "stria-bench simulate: %s\n",
-                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
-        return 1;
-    }
-    return 0;
+    return stria_cli_exit("stria-bench simulate", st);
 }

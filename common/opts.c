@@ -627,6 +627,15 @@ void stria_cli_help(const stria_cli_t *cli, void *file)
         fprintf(out, "\n%s\n", c->epilog);
 }
 
+int stria_cli_exit(const char *prog, stria_status_t st)
+{
+    if (st == STRIA_OK)
+        return 0;
+    fprintf(stderr, "%s: %s\n", prog,
+            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+    return 1;
+}
+
 int stria_cli_main(const stria_command_t *root, int argc, char **argv, stria_cli_t *cli)
 {
     stria_status_t st = stria_cli_parse(root, argc, argv, cli);

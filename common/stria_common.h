@@ -99,6 +99,12 @@ void *stria_malloc_aligned(size_t size);
 /* As stria_malloc_aligned() but zero-filled. */
 void *stria_calloc_aligned(size_t size);
 void stria_free(void *ptr);
+/* stria_free() of each of n pointers; STRIA_FREE_ALL(d->q, d->k, d->v) for a
+ * list of them. */
+void stria_free_n(void *const *ptrs, size_t n);
+#define STRIA_FREE_ALL(...)                                                                        \
+    stria_free_n((void *const[]){__VA_ARGS__},                                                     \
+                 sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))
 
 /* Fills buf with n bytes from the kernel's random source (getrandom()):
  * unguessable values such as a job's secret. STRIA_ERR_IO when the source
@@ -465,6 +471,10 @@ stria_status_t stria_cli_parse(const stria_command_t *root, int argc, char **arg
  * "(see PROG [COMMAND] --help)" to stderr and returns 2 on an error, or the
  * usage of a program whose command is missing; returns -1 to go on. */
 int stria_cli_main(const stria_command_t *root, int argc, char **argv, stria_cli_t *cli);
+
+/* The end of a command: 0 when st is STRIA_OK, else "PROG: message" (the
+ * thread's message, or st's text) on stderr and 1. */
+int stria_cli_exit(const char *prog, stria_status_t st);
 
 /* The generated help of cli->cmd: usage line, description, commands,
  * options with their value names, defaults and help, epilog. */

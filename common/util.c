@@ -45,6 +45,12 @@ void stria_free(void *ptr)
     free(ptr);
 }
 
+void stria_free_n(void *const *ptrs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        stria_free(ptrs[i]);
+}
+
 stria_status_t stria_random_bytes(void *buf, size_t n)
 {
     size_t got = 0;

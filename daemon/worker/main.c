@@ -340,25 +340,23 @@ static stria_status_t stria__configure(stria__main_t *m)
 static stria_status_t stria__start_worker(stria__main_t *m)
 {
     const stria_worker_config_t *c = &m->cfg;
-    stria_worker_params_t p;
-    memset(&p, 0, sizeof(p));
-    p.coordinator = c->coordinator;
-    p.listen = c->listen;
-    p.advertise = c->advertise;
-    p.host = c->host;
-    p.token = m->token;
-    p.worker_token = m->worker_token;
-    p.memory_bytes = c->memory_bytes;
-    p.step_timeout_s = c->step_timeout_s;
-    p.connect_timeout_s = c->connect_timeout_s;
-    p.pool = m->pool;
-    p.device = m->dev;
-    p.metrics = m->metrics;
-    p.notify_status = true;
-    p.ucx_listen = c->ucx_listen;
-    p.ucx_tls = c->ucx_tls;
-    p.ucx_net_devices = c->ucx_net_devices;
-    p.runtime_dir = c->runtime_dir;
+    stria_worker_params_t p = {.coordinator = c->coordinator,
+                               .listen = c->listen,
+                               .advertise = c->advertise,
+                               .host = c->host,
+                               .token = m->token,
+                               .worker_token = m->worker_token,
+                               .memory_bytes = c->memory_bytes,
+                               .step_timeout_s = c->step_timeout_s,
+                               .connect_timeout_s = c->connect_timeout_s,
+                               .pool = m->pool,
+                               .device = m->dev,
+                               .metrics = m->metrics,
+                               .notify_status = true,
+                               .ucx_listen = c->ucx_listen,
+                               .ucx_tls = c->ucx_tls,
+                               .ucx_net_devices = c->ucx_net_devices,
+                               .runtime_dir = c->runtime_dir};
     if (p.runtime_dir == NULL && getenv("RUNTIME_DIRECTORY") != NULL &&
         getenv("RUNTIME_DIRECTORY")[0] != '\0')
         p.runtime_dir = getenv("RUNTIME_DIRECTORY");
@@ -409,6 +407,19 @@ static int stria__serve_until_signal(stria__main_t *m, stria__svc_loop_t *sl, pt
     return still_running;
 }
 
+/* Frees what the program owns; returns rc. */
+static int stria__main_free(stria__main_t *m, int rc)
+{
+    stria_device_close(m->dev);
+    stria_pool_destroy(m->pool);
+    stria_metrics_destroy(m->metrics);
+    stria_cli_free(&m->cli);
+    free(m->token);
+    free(m->worker_token);
+    free(m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     stria__main_t *m = calloc(1, sizeof(*m));
@@ -426,15 +437,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
         rc = 2;
     }
-    if (rc >= 0) {
-        stria_device_close(m->dev);
-        stria_pool_destroy(m->pool);
-        stria_cli_free(&m->cli);
-        free(m->token);
-        free(m->worker_token);
-        free(m);
-        return rc;
-    }
+    if (rc >= 0)
+        return stria__main_free(m, rc);
     memset(&sl, 0, sizeof(sl));
     pthread_mutex_init(&sl.lock, NULL);
     pthread_cond_init(&sl.cv, NULL);
@@ -449,17 +453,8 @@ int main(int argc, char **argv)
     if (stria__serve_until_signal(m, &sl, svc_th) > 0)
         return 0;
     stria_worker_stop(m->worker);
-    stria_device_close(m->dev);
-    stria_pool_destroy(m->pool);
-    stria_metrics_destroy(m->metrics);
-    stria_cli_free(&m->cli);
-    free(m->token);
-    free(m->worker_token);
-    free(m);
-    return 0;
+    return stria__main_free(m, 0);
 
 fail:
-    fprintf(stderr, "stria-worker: %s\n",
-            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
-    return 1;
+    return stria_cli_exit("stria-worker", st);
 }
