@@ -9,28 +9,26 @@
 
 /* ---- tensors and validation ------------------------------------------- */
 
+static stria_tensor_t stria__tensor(void *data, stria_dtype_t dtype, int64_t stride_token,
+                                    int64_t stride_head, int64_t stride_batch)
+{
+    return (stria_tensor_t){.data = data,
+                            .dtype = dtype,
+                            .stride_batch = stride_batch,
+                            .stride_token = stride_token,
+                            .stride_head = stride_head};
+}
+
 stria_tensor_t stria_tensor_contiguous(void *data, stria_dtype_t dtype, int64_t tokens,
                                        int64_t heads, int64_t head_dim)
 {
-    stria_tensor_t t;
-    t.data = data;
-    t.dtype = dtype;
-    t.stride_head = head_dim;
-    t.stride_token = heads * head_dim;
-    t.stride_batch = tokens * heads * head_dim;
-    return t;
+    return stria__tensor(data, dtype, heads * head_dim, head_dim, tokens * heads * head_dim);
 }
 
 stria_tensor_t stria_tensor_head_major(void *data, stria_dtype_t dtype, int64_t tokens,
                                        int64_t heads, int64_t head_dim)
 {
-    stria_tensor_t t;
-    t.data = data;
-    t.dtype = dtype;
-    t.stride_token = head_dim;
-    t.stride_head = tokens * head_dim;
-    t.stride_batch = heads * tokens * head_dim;
-    return t;
+    return stria__tensor(data, dtype, head_dim, tokens * head_dim, heads * tokens * head_dim);
 }
 
 /* Expands runs into one position per token (allocated); checks counts and

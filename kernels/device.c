@@ -549,51 +549,49 @@ void stria_device_host_free(stria_device_t *dev, void *ptr)
         dev->ops->host_free(dev, ptr);
 }
 
+/* The checks of a stream operation on n bytes or values (`unit`) at dst and
+ * src (pass dst as src when there is none). */
+static stria_status_t stria__check_span(stria_device_t *dev, const char *fn, stria_stream_t stream,
+                                        const void *dst, const void *src, size_t n,
+                                        const char *unit)
+{
+    stria_status_t st = stria__check_stream(dev, fn, stream);
+    if (st != STRIA_OK || n == 0 || (dst != NULL && src != NULL))
+        return st;
+    return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: NULL %s for %zu %s", fn, dev->name,
+                           dst == NULL ? "destination" : "source", n, unit);
+}
+
 stria_status_t stria_device_copy(stria_device_t *dev, stria_stream_t stream, void *dst,
                                  const void *src, size_t bytes)
 {
-    stria_status_t st;
     STRIA__CHECK_DEV(dev, "stria_device_copy");
-    if ((st = stria__check_stream(dev, "stria_device_copy", stream)) != STRIA_OK)
+    stria_status_t st =
+        stria__check_span(dev, "stria_device_copy", stream, dst, src, bytes, "bytes");
+    if (st != STRIA_OK || bytes == 0)
         return st;
-    if (bytes == 0)
-        return STRIA_OK;
-    if (dst == NULL || src == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_device_copy on %s: NULL %s for %zu bytes", dev->name,
-                               dst == NULL ? "destination" : "source", bytes);
     return dev->ops->copy(dev, stream, dst, src, bytes);
 }
 
 stria_status_t stria_device_zero(stria_device_t *dev, stria_stream_t stream, void *dst,
                                  size_t bytes)
 {
-    stria_status_t st;
     STRIA__CHECK_DEV(dev, "stria_device_zero");
-    if ((st = stria__check_stream(dev, "stria_device_zero", stream)) != STRIA_OK)
+    stria_status_t st =
+        stria__check_span(dev, "stria_device_zero", stream, dst, dst, bytes, "bytes");
+    if (st != STRIA_OK || bytes == 0)
         return st;
-    if (bytes == 0)
-        return STRIA_OK;
-    if (dst == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_device_zero on %s: NULL destination for %zu bytes", dev->name,
-                               bytes);
     return dev->ops->zero(dev, stream, dst, bytes);
 }
 
 stria_status_t stria_device_add_f32(stria_device_t *dev, stria_stream_t stream, float *dst,
                                     const float *src, size_t n)
 {
-    stria_status_t st;
     STRIA__CHECK_DEV(dev, "stria_device_add_f32");
-    if ((st = stria__check_stream(dev, "stria_device_add_f32", stream)) != STRIA_OK)
+    stria_status_t st =
+        stria__check_span(dev, "stria_device_add_f32", stream, dst, src, n, "values");
+    if (st != STRIA_OK || n == 0)
         return st;
-    if (n == 0)
-        return STRIA_OK;
-    if (dst == NULL || src == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_device_add_f32 on %s: NULL %s for %zu values", dev->name,
-                               dst == NULL ? "destination" : "source", n);
     return dev->ops->add_f32(dev, stream, dst, src, n);
 }
 
