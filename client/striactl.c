@@ -181,6 +181,17 @@ static void fmt_duration(char *out, size_t n, uint64_t ms)
         snprintf(out, n, "%.1fs", (double)ms / 1000.0);
 }
 
+/* {"KEY":[item,...]} and a newline, each item printed by fn. */
+#define JSON_ARRAY(key, items, n, fn)                                                              \
+    do {                                                                                           \
+        printf("{\"" key "\":[");                                                                  \
+        for (size_t i_ = 0; i_ < (n); i_++) {                                                      \
+            printf(i_ ? "," : "");                                                                 \
+            fn((items)[i_]);                                                                       \
+        }                                                                                          \
+        printf("]}\n");                                                                            \
+    } while (0)
+
 static void json_worker(const Stria__V1__WorkerInfo *w)
 {
     printf("{\"id\":%" PRIu64 ",\"state\":", w->worker_id);
@@ -351,12 +362,7 @@ static int cmd_workers(ctl_t *c)
         return fail(st);
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
     if (c->json) {
-        printf("{\"workers\":[");
-        for (size_t i = 0; i < r->n_workers; i++) {
-            printf(i ? "," : "");
-            json_worker(r->workers[i]);
-        }
-        printf("]}\n");
+        JSON_ARRAY("workers", r->workers, r->n_workers, json_worker);
     } else {
         table_t t = {.ncols = 12};
         const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE", "HEARTBEAT",
@@ -445,12 +451,7 @@ static int cmd_jobs(ctl_t *c, bool all)
         return fail(st);
     const Stria__V1__ListJobsReply *r = (const Stria__V1__ListJobsReply *)reply.msg;
     if (c->json) {
-        printf("{\"jobs\":[");
-        for (size_t i = 0; i < r->n_jobs; i++) {
-            printf(i ? "," : "");
-            json_job(r->jobs[i]);
-        }
-        printf("]}\n");
+        JSON_ARRAY("jobs", r->jobs, r->n_jobs, json_job);
     } else if (r->n_jobs == 0) {
         printf(all ? "(no jobs)\n" : "(no active or queued jobs; --all lists finished ones)\n");
     } else {
@@ -840,13 +841,11 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
         fprintf(stderr, "striactl: %s\n", stria_error_msg());
         return EXIT_USAGE;
     }
-    stria_rpc_client_params_t p;
-    memset(&p, 0, sizeof(p));
-    p.address = c->coordinator;
-    p.service = &stria__v1__coordinator__descriptor;
-    p.token = c->token;
-    p.client_name = "striactl";
-    p.connect_timeout_s = c->timeout_s;
+    const stria_rpc_client_params_t p = {.address = c->coordinator,
+                                         .service = &stria__v1__coordinator__descriptor,
+                                         .token = c->token,
+                                         .client_name = "striactl",
+                                         .connect_timeout_s = c->timeout_s};
     stria_status_t st = stria_rpc_client_connect(&p, &c->rpc);
     if (st != STRIA_OK) {
         if (st != STRIA_ERR_AUTH)

@@ -154,24 +154,14 @@ typedef struct {
 
 static void stria__tl_text(FILE *f, const char *s)
 {
+    static const char special[] = "&<>\"";
+    static const char *const entity[] = {"&amp;", "&lt;", "&gt;", "&quot;"};
     for (; s != NULL && *s; s++) {
-        switch (*s) {
-        case '&':
-            fputs("&amp;", f);
-            break;
-        case '<':
-            fputs("&lt;", f);
-            break;
-        case '>':
-            fputs("&gt;", f);
-            break;
-        case '"':
-            fputs("&quot;", f);
-            break;
-        default:
-            if ((unsigned char)*s >= 0x20 || *s == '\t')
-                fputc(*s, f);
-        }
+        const char *sp = strchr(special, *s);
+        if (sp != NULL)
+            fputs(entity[sp - special], f);
+        else if ((unsigned char)*s >= 0x20 || *s == '\t')
+            fputc(*s, f);
     }
 }
 
