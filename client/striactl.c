@@ -655,13 +655,8 @@ static void job_ranks(const Stria__V1__Assignment *a, const Stria__V1__JobSpec *
     table_print(&t);
 }
 
-static int cmd_job(ctl_t *c, const char *arg)
+static int cmd_job(ctl_t *c, uint64_t id)
 {
-    uint64_t id = 0;
-    if (!parse_u64(arg, &id)) {
-        fprintf(stderr, "striactl: job id '%s' is not a number\n", arg);
-        return EXIT_USAGE;
-    }
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
     req.job_id = id;
@@ -799,13 +794,8 @@ static int cmd_drain(ctl_t *c, const char *name, bool drain)
     return EXIT_OK;
 }
 
-static int cmd_cancel(ctl_t *c, const char *arg, const char *reason)
+static int cmd_cancel(ctl_t *c, uint64_t id, const char *reason)
 {
-    uint64_t id = 0;
-    if (!parse_u64(arg, &id)) {
-        fprintf(stderr, "striactl: job id '%s' is not a number\n", arg);
-        return EXIT_USAGE;
-    }
     Stria__V1__CancelJobRequest req = STRIA__V1__CANCEL_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
     req.job_id = id;
@@ -827,12 +817,12 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
                        const char *reason)
 {
     const char *cmd = cli->cmd->name, *arg = cli->nargs > 0 ? cli->args[0] : NULL;
-    uint64_t ignored;
+    uint64_t id = 0; /* job and cancel */
     if (arg != NULL && arg[0] == '\0') {
         fprintf(stderr, "striactl %s: empty argument (see striactl %s --help)\n", cmd, cmd);
         return EXIT_USAGE;
     }
-    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "cancel") == 0) && !parse_u64(arg, &ignored)) {
+    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "cancel") == 0) && !parse_u64(arg, &id)) {
         fprintf(stderr, "striactl %s: job id '%s' is not a number\n", cmd, arg);
         return EXIT_USAGE;
     }
@@ -861,11 +851,11 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
     else if (strcmp(cmd, "jobs") == 0)
         rc = cmd_jobs(c, all);
     else if (strcmp(cmd, "job") == 0)
-        rc = cmd_job(c, arg);
+        rc = cmd_job(c, id);
     else if (strcmp(cmd, "drain") == 0 || strcmp(cmd, "undrain") == 0)
         rc = cmd_drain(c, arg, cmd[0] == 'd');
     else
-        rc = cmd_cancel(c, arg, reason);
+        rc = cmd_cancel(c, id, reason);
     stria_rpc_client_close(c->rpc);
     free(c->token);
     return rc;
