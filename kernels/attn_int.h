@@ -127,6 +127,24 @@ static inline int stria__tile_len(int64_t total, int64_t t0, int64_t tile)
     return (int)(total - t0 < tile ? total - t0 : tile);
 }
 
+/* One allocation for n arrays of int64_t: *parts[i] gets lens[i] entries,
+ * one after the other (*parts[0] is the block to free). false: out of
+ * memory, nothing set. */
+static inline bool stria__alloc_parts(int64_t **const parts[], const int64_t lens[], int n)
+{
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += lens[i];
+    int64_t *p = malloc((size_t)total * sizeof(int64_t));
+    if (p == NULL)
+        return false;
+    for (int i = 0; i < n; i++) {
+        *parts[i] = p;
+        p += lens[i];
+    }
+    return true;
+}
+
 /* Splits a task number [outer][mid][inner] (n_mid, n_inner entries). */
 static inline void stria__task_split(size_t task, int64_t n_mid, int64_t n_inner, int64_t *outer,
                                      int64_t *mid, int64_t *inner)
