@@ -448,25 +448,29 @@ stria_status_t stria_device_memory(stria_device_t *dev, size_t *free_bytes, size
     return STRIA_OK;
 }
 
+/* stria_device_alloc() and stria_device_host_alloc(): from the allocator
+ * the program set (stria_device_set_memory()), else the device's own. */
+static stria_status_t stria__alloc(stria_device_t *dev, bool host, size_t bytes, void **out,
+                                   const char *fn)
+{
+    const stria_allocator_t *mem = host ? &dev->mem_host : &dev->mem_device;
+    if (out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: out is NULL", fn, dev->name);
+    *out = NULL;
+    if (bytes == 0)
+        return STRIA_OK;
+    if (mem->alloc == NULL)
+        return host ? dev->ops->host_alloc(dev, bytes, out) : dev->ops->alloc(dev, bytes, out);
+    if ((*out = mem->alloc(mem->ctx, bytes)) == NULL)
+        return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of %s memory", dev->name, bytes,
+                                host ? "host" : "device");
+    return STRIA_OK;
+}
+
 stria_status_t stria_device_alloc(stria_device_t *dev, size_t bytes, void **out)
 {
     STRIA__CHECK_DEV(dev, "stria_device_alloc");
-    if (out == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_device_alloc on %s: out is NULL",
-                               dev->name);
-    if (bytes == 0) {
-        *out = NULL;
-        return STRIA_OK;
-    }
-    if (dev->mem_device.alloc != NULL) {
-        void *p = dev->mem_device.alloc(dev->mem_device.ctx, bytes);
-        if (p == NULL)
-            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of device memory",
-                                    dev->name, bytes);
-        *out = p;
-        return STRIA_OK;
-    }
-    return dev->ops->alloc(dev, bytes, out);
+    return stria__alloc(dev, false, bytes, out, "stria_device_alloc");
 }
 
 void stria_device_free(stria_device_t *dev, void *ptr)
@@ -521,22 +525,7 @@ void stria_device_free_raw(stria_device_t *dev, bool host, void *ptr)
 stria_status_t stria_device_host_alloc(stria_device_t *dev, size_t bytes, void **out)
 {
     STRIA__CHECK_DEV(dev, "stria_device_host_alloc");
-    if (out == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_device_host_alloc on %s: out is NULL",
-                               dev->name);
-    if (bytes == 0) {
-        *out = NULL;
-        return STRIA_OK;
-    }
-    if (dev->mem_host.alloc != NULL) {
-        void *p = dev->mem_host.alloc(dev->mem_host.ctx, bytes);
-        if (p == NULL)
-            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of host memory", dev->name,
-                                    bytes);
-        *out = p;
-        return STRIA_OK;
-    }
-    return dev->ops->host_alloc(dev, bytes, out);
+    return stria__alloc(dev, true, bytes, out, "stria_device_host_alloc");
 }
 
 void stria_device_host_free(stria_device_t *dev, void *ptr)
