@@ -227,14 +227,14 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
                      "results differ beyond the dtype's tolerance"),
         STRIA_OPTION("label", STRING, &o->label, "TEXT",
                      "a label the admin tools show with the job"),
-        STRIA_OPTION("path", CUSTOM, &o->path, "auto|tcp|shm",
-                     "how tensors reach the workers: shared memory with a worker of this host, TCP "
-                     "otherwise (auto, the default), only TCP, or only shared memory",
-                     .parse = stria__parse_path),
         STRIA_OPTION("retries", INT, &o->retries, "N",
                      "submit the forward again up to N times when it fails retryably (a worker "
                      "died, left or was cut off; a ring link broke), without the workers blamed",
                      .dflt = "2", .min = 0, .max = 16),
+        STRIA_OPTION("path", CUSTOM, &o->path, "auto|tcp|shm",
+                     "how tensors reach the workers: shared memory with a worker of this host, TCP "
+                     "otherwise (auto, the default), only TCP, or only shared memory",
+                     .parse = stria__parse_path),
         {.name = NULL},
     };
     const stria_option_t random[] = {
@@ -414,24 +414,25 @@ static stria_status_t stria__alloc_outputs(stria__run_data_t *d, bool backward)
 static stria_status_t stria__compute_local(const stria__run_opts_t *o, stria__run_data_t *d,
                                            stria_pool_t *pool)
 {
-    const bool win = o->window.n == 2;
-    const stria_attn_params_t p = {.batch = d->B,
-                                   .q_tokens = d->T,
-                                   .kv_tokens = d->T,
-                                   .heads = d->H,
-                                   .kv_heads = d->Hkv,
-                                   .head_dim = d->D,
-                                   .scale = o->scale,
-                                   .causal = o->causal,
-                                   .pool = pool,
-                                   .cu_seqlens = o->cu_seqlens.v,
-                                   .n_cu_seqlens = o->cu_seqlens.n,
-                                   .has_window = win,
-                                   .window_left = win ? o->window.v[0] : 0,
-                                   .window_right = win ? o->window.v[1] : 0};
+    stria_attn_params_t p;
     float *delta = NULL;
     stria_status_t st;
 
+    memset(&p, 0, sizeof(p));
+    p.batch = d->B;
+    p.q_tokens = d->T;
+    p.kv_tokens = d->T;
+    p.heads = d->H;
+    p.kv_heads = d->Hkv;
+    p.head_dim = d->D;
+    p.scale = o->scale;
+    p.causal = o->causal;
+    p.pool = pool;
+    p.cu_seqlens = o->cu_seqlens.v;
+    p.n_cu_seqlens = o->cu_seqlens.n;
+    p.has_window = o->window.n == 2;
+    p.window_left = p.has_window ? o->window.v[0] : 0;
+    p.window_right = p.has_window ? o->window.v[1] : 0;
     stria_tensor_t tq = stria_tensor_contiguous(d->q, d->dtype, d->T, d->H, d->D);
     stria_tensor_t tk = stria_tensor_contiguous(d->k, d->dtype, d->T, d->Hkv, d->D);
     stria_tensor_t tv = stria_tensor_contiguous(d->v, d->dtype, d->T, d->Hkv, d->D);
@@ -457,37 +458,43 @@ static stria_status_t stria__compute_local(const stria__run_opts_t *o, stria__ru
 /* The whole sequence over an in-process ring of o->ranks threads. */
 static stria_status_t stria__compute_ring(const stria__run_opts_t *o, stria__run_data_t *d)
 {
-    const bool win = o->window.n == 2;
-    const stria_ring_shape_t shape = {.batch = d->B,
-                                      .seq = d->T,
-                                      .heads = d->H,
-                                      .kv_heads = d->Hkv,
-                                      .head_dim = d->D,
-                                      .scale = o->scale,
-                                      .causal = o->causal,
-                                      .dtype = d->dtype,
-                                      .cu_seqlens = o->cu_seqlens.v,
-                                      .n_cu_seqlens = o->cu_seqlens.n,
-                                      .has_window = win,
-                                      .window_left = win ? o->window.v[0] : 0,
-                                      .window_right = win ? o->window.v[1] : 0};
-    stria_ring_local_opts_t ro = {.layout = stria_layout_kind_resolve(o->layout, win),
-                                  .n_ranks = o->ranks > 0 ? o->ranks : 1,
-                                  .device = o->device,
-                                  .passes = d->d_o ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD};
+    stria_ring_shape_t shape;
+    stria_ring_local_opts_t ro;
+    stria_ring_local_io_t io;
+
+    memset(&shape, 0, sizeof(shape));
+    shape.batch = d->B;
+    shape.seq = d->T;
+    shape.heads = d->H;
+    shape.kv_heads = d->Hkv;
+    shape.head_dim = d->D;
+    shape.scale = o->scale;
+    shape.causal = o->causal;
+    shape.dtype = d->dtype;
+    shape.cu_seqlens = o->cu_seqlens.v;
+    shape.n_cu_seqlens = o->cu_seqlens.n;
+    shape.has_window = o->window.n == 2;
+    shape.window_left = shape.has_window ? o->window.v[0] : 0;
+    shape.window_right = shape.has_window ? o->window.v[1] : 0;
+    memset(&ro, 0, sizeof(ro));
+    ro.layout = stria_layout_kind_resolve(o->layout, shape.has_window);
+    ro.n_ranks = o->ranks > 0 ? o->ranks : 1;
+    ro.device = o->device;
+    ro.passes = d->d_o ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     ro.threads_per_rank = threads / ro.n_ranks > 1 ? threads / ro.n_ranks : 1;
-    const stria_ring_local_io_t io = {.q = d->q,
-                                      .k = d->k,
-                                      .v = d->v,
-                                      .o = d->o,
-                                      .o_dtype = STRIA_DTYPE_F32,
-                                      .lse = d->lse,
-                                      .d_o = d->d_o,
-                                      .dq = d->dq,
-                                      .dk = d->dk,
-                                      .dv = d->dv,
-                                      .grad_dtype = STRIA_DTYPE_F32};
+    memset(&io, 0, sizeof(io));
+    io.q = d->q;
+    io.k = d->k;
+    io.v = d->v;
+    io.o = d->o;
+    io.o_dtype = STRIA_DTYPE_F32;
+    io.lse = d->lse;
+    io.d_o = d->d_o;
+    io.dq = d->dq;
+    io.dk = d->dk;
+    io.dv = d->dv;
+    io.grad_dtype = STRIA_DTYPE_F32;
     return stria_ring_run_local(&shape, &ro, &io, NULL);
 }
 
@@ -717,25 +724,25 @@ static void stria__submit_free(stria__submit_out_t *s)
 static void stria__submit_spec(const stria__run_opts_t *o, const stria__run_data_t *d,
                                stria_job_spec_t *spec)
 {
-    const bool win = o->window.n == 2;
-    *spec = (stria_job_spec_t){.struct_size = sizeof(*spec),
-                               .batch = d->B,
-                               .seq_len = d->T,
-                               .heads = d->H,
-                               .kv_heads = d->Hkv,
-                               .head_dim = d->D,
-                               .dtype = d->dtype,
-                               .causal = o->causal,
-                               .layout = o->layout,
-                               .ring_size = (int)o->ranks,
-                               .scale = (float)o->scale,
-                               .step_timeout_s = o->step_timeout_s,
-                               .label = o->label,
-                               .cu_seqlens = o->cu_seqlens.v,
-                               .n_cu_seqlens = o->cu_seqlens.n,
-                               .has_window = win,
-                               .window_left = win ? o->window.v[0] : 0,
-                               .window_right = win ? o->window.v[1] : 0};
+    memset(spec, 0, sizeof(*spec));
+    spec->struct_size = sizeof(*spec);
+    spec->batch = d->B;
+    spec->seq_len = d->T;
+    spec->heads = d->H;
+    spec->kv_heads = d->Hkv;
+    spec->head_dim = d->D;
+    spec->dtype = d->dtype;
+    spec->causal = o->causal;
+    spec->layout = o->layout;
+    spec->ring_size = (int)o->ranks;
+    spec->scale = (float)o->scale;
+    spec->step_timeout_s = o->step_timeout_s;
+    spec->label = o->label;
+    spec->cu_seqlens = o->cu_seqlens.v;
+    spec->n_cu_seqlens = o->cu_seqlens.n;
+    spec->has_window = o->window.n == 2;
+    spec->window_left = spec->has_window ? o->window.v[0] : 0;
+    spec->window_right = spec->has_window ? o->window.v[1] : 0;
 }
 
 /* What a submitted job did. */

@@ -340,23 +340,25 @@ static stria_status_t stria__configure(stria__main_t *m)
 static stria_status_t stria__start_worker(stria__main_t *m)
 {
     const stria_worker_config_t *c = &m->cfg;
-    stria_worker_params_t p = {.coordinator = c->coordinator,
-                               .listen = c->listen,
-                               .advertise = c->advertise,
-                               .host = c->host,
-                               .token = m->token,
-                               .worker_token = m->worker_token,
-                               .memory_bytes = c->memory_bytes,
-                               .step_timeout_s = c->step_timeout_s,
-                               .connect_timeout_s = c->connect_timeout_s,
-                               .pool = m->pool,
-                               .device = m->dev,
-                               .metrics = m->metrics,
-                               .notify_status = true,
-                               .ucx_listen = c->ucx_listen,
-                               .ucx_tls = c->ucx_tls,
-                               .ucx_net_devices = c->ucx_net_devices,
-                               .runtime_dir = c->runtime_dir};
+    stria_worker_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.coordinator = c->coordinator;
+    p.listen = c->listen;
+    p.advertise = c->advertise;
+    p.host = c->host;
+    p.token = m->token;
+    p.worker_token = m->worker_token;
+    p.memory_bytes = c->memory_bytes;
+    p.step_timeout_s = c->step_timeout_s;
+    p.connect_timeout_s = c->connect_timeout_s;
+    p.pool = m->pool;
+    p.device = m->dev;
+    p.metrics = m->metrics;
+    p.notify_status = true;
+    p.ucx_listen = c->ucx_listen;
+    p.ucx_tls = c->ucx_tls;
+    p.ucx_net_devices = c->ucx_net_devices;
+    p.runtime_dir = c->runtime_dir;
     if (p.runtime_dir == NULL && getenv("RUNTIME_DIRECTORY") != NULL &&
         getenv("RUNTIME_DIRECTORY")[0] != '\0')
         p.runtime_dir = getenv("RUNTIME_DIRECTORY");

@@ -210,30 +210,30 @@ static stria_status_t stria__pass_object(stria_worker_t *w, stria__wjob_t *j, st
 {
     if (j->pass != NULL)
         return stria_ring_pass_set_link(j->pass, link);
-    /* the job outlives its pass object: the pass keeps pointers to its masks */
-    const stria_ring_shape_t shape = {.batch = j->batch,
-                                      .seq = j->seq,
-                                      .heads = j->heads,
-                                      .kv_heads = j->kv_heads,
-                                      .head_dim = j->head_dim,
-                                      .scale = j->scale,
-                                      .causal = j->causal,
-                                      .dtype = j->dtype,
-                                      .cu_seqlens = j->masks.cu_seqlens,
-                                      .n_cu_seqlens = j->masks.n_cu_seqlens,
-                                      .has_window = j->masks.has_window,
-                                      .window_left = j->masks.window_left,
-                                      .window_right = j->masks.window_right};
-    /* device NULL on the host: the pass's own cpu device over w->pool; pass_id
-     * 0: every pass has a link of its own; host_memory: ring buffers and kernel
-     * workspaces come from the pool */
-    const stria_ring_opts_t opts = {.step_timeout_s = j->step_timeout_s,
-                                    .pool = w->pool,
-                                    .device = j->dev,
-                                    .pass_id = 0,
-                                    .step_cb = stria__on_step,
-                                    .step_cb_ctx = j,
-                                    .host_memory = &w->alloc_host};
+    stria_ring_shape_t shape;
+    stria_ring_opts_t opts;
+    memset(&shape, 0, sizeof(shape));
+    shape.batch = j->batch;
+    shape.seq = j->seq;
+    shape.heads = j->heads;
+    shape.kv_heads = j->kv_heads;
+    shape.head_dim = j->head_dim;
+    shape.scale = j->scale;
+    shape.causal = j->causal;
+    shape.dtype = j->dtype;
+    shape.cu_seqlens = j->masks.cu_seqlens; /* the job outlives its pass object */
+    shape.n_cu_seqlens = j->masks.n_cu_seqlens;
+    shape.has_window = j->masks.has_window;
+    shape.window_left = j->masks.window_left;
+    shape.window_right = j->masks.window_right;
+    memset(&opts, 0, sizeof(opts));
+    opts.step_timeout_s = j->step_timeout_s;
+    opts.pool = w->pool;
+    opts.device = j->dev; /* NULL on the host: the pass's own cpu device over w->pool */
+    opts.pass_id = 0;     /* every pass has a link of its own */
+    opts.step_cb = stria__on_step;
+    opts.step_cb_ctx = j;
+    opts.host_memory = &w->alloc_host; /* ring buffers and kernel workspaces: the pool */
     j->parked.ops = &stria__parked_ops;
     j->parked.rank = j->rank;
     j->parked.size = j->n_ranks;
