@@ -407,11 +407,8 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
         a = stria__bwd_pass_params(pass);
         st = stria__ctx_init(&c, &a, fn);
     }
-    if (st != STRIA_OK) {
-        free(pass->q_runs);
-        free(pass);
-        return st;
-    }
+    if (st != STRIA_OK)
+        return stria__begin_fail(NULL, pass->q_runs, pass, st);
     stria__ctx_set_dtype(&c, q->dtype);
     n_threads = c.n_threads;
     /* Schedules: mode A, one task per (batch, kv head), needs nothing extra
@@ -438,12 +435,8 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     size_t total = (2 + (size_t)pass->n_dq) * pass->n_q * qtile + 2 * pass->n_q * pass->q_stile;
     if ((st = stria__ws_floats(params->workspace,
                                (6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, total,
-                               &pass->ws, fn)) != STRIA_OK) {
-        stria__ctx_free(&c);
-        free(pass->q_runs);
-        free(pass);
-        return st;
-    }
+                               &pass->ws, fn)) != STRIA_OK)
+        return stria__begin_fail(&c, pass->q_runs, pass, st);
     /* every part is a multiple of 16 floats: 64-byte aligned like the buffer */
     pass->q_packed = pass->ws.ptr;
     pass->do_packed = pass->q_packed + pass->n_q * qtile;

@@ -344,22 +344,15 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
     pass->q = *q;
     if ((st = stria__pass_query(params, &pass->p, &pass->q_runs, fn)) != STRIA_OK ||
-        (st = stria__ctx_init(&c, &a, fn)) != STRIA_OK) {
-        free(pass->q_runs);
-        free(pass);
-        return st;
-    }
+        (st = stria__ctx_init(&c, &a, fn)) != STRIA_OK)
+        return stria__begin_fail(NULL, pass->q_runs, pass, st);
     stria__ctx_set_dtype(&c, q->dtype);
     n_q = (size_t)(c.B * c.H * c.nqt);
     pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
     total = n_q * pass->q_tile + (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp);
     if ((st = stria__ws_floats(params->workspace, (double)n_q * (double)pass->q_tile, total,
-                               &pass->ws, fn)) != STRIA_OK) {
-        stria__ctx_free(&c);
-        free(pass->q_runs);
-        free(pass);
-        return st;
-    }
+                               &pass->ws, fn)) != STRIA_OK)
+        return stria__begin_fail(&c, pass->q_runs, pass, st);
     pass->q_packed = pass->ws.ptr;
     job.c = &c;
     job.q = q;

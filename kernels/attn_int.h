@@ -288,4 +288,16 @@ stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_
 stria_status_t stria__pass_query(const stria_attn_params_t *params, stria_attn_params_t *p,
                                  stria_pos_run_t **runs, const char *fn);
 
+/* The way out of a pass's begin that failed: frees its context (when made:
+ * c not NULL), its copy of the query runs and the pass; returns st. */
+static inline stria_status_t stria__begin_fail(stria__ctx_t *c, stria_pos_run_t *q_runs, void *pass,
+                                               stria_status_t st)
+{
+    if (c != NULL)
+        stria__ctx_free(c);
+    free(q_runs);
+    free(pass);
+    return st;
+}
+
 #endif /* STRIA_ATTN_INT_H */

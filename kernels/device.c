@@ -460,11 +460,24 @@ static stria_status_t stria__alloc(stria_device_t *dev, bool host, size_t bytes,
     if (bytes == 0)
         return STRIA_OK;
     if (mem->alloc == NULL)
-        return host ? dev->ops->host_alloc(dev, bytes, out) : dev->ops->alloc(dev, bytes, out);
+        return stria_device_alloc_raw(dev, host, bytes, out);
     if ((*out = mem->alloc(mem->ctx, bytes)) == NULL)
         return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of %s memory", dev->name, bytes,
                                 host ? "host" : "device");
     return STRIA_OK;
+}
+
+/* stria_device_free() and stria_device_host_free(): to the allocator the
+ * memory came from. */
+static void stria__release(stria_device_t *dev, bool host, void *ptr)
+{
+    if (dev == NULL || ptr == NULL)
+        return;
+    const stria_allocator_t *mem = host ? &dev->mem_host : &dev->mem_device;
+    if (mem->alloc != NULL)
+        mem->free(mem->ctx, ptr);
+    else
+        stria_device_free_raw(dev, host, ptr);
 }
 
 stria_status_t stria_device_alloc(stria_device_t *dev, size_t bytes, void **out)
@@ -473,14 +486,20 @@ stria_status_t stria_device_alloc(stria_device_t *dev, size_t bytes, void **out)
     return stria__alloc(dev, false, bytes, out, "stria_device_alloc");
 }
 
+stria_status_t stria_device_host_alloc(stria_device_t *dev, size_t bytes, void **out)
+{
+    STRIA__CHECK_DEV(dev, "stria_device_host_alloc");
+    return stria__alloc(dev, true, bytes, out, "stria_device_host_alloc");
+}
+
 void stria_device_free(stria_device_t *dev, void *ptr)
 {
-    if (dev == NULL || ptr == NULL)
-        return;
-    if (dev->mem_device.alloc != NULL)
-        dev->mem_device.free(dev->mem_device.ctx, ptr);
-    else
-        dev->ops->free(dev, ptr);
+    stria__release(dev, false, ptr);
+}
+
+void stria_device_host_free(stria_device_t *dev, void *ptr)
+{
+    stria__release(dev, true, ptr);
 }
 
 stria_status_t stria_device_set_memory(stria_device_t *dev, const stria_allocator_t *device_mem,
@@ -520,22 +539,6 @@ void stria_device_free_raw(stria_device_t *dev, bool host, void *ptr)
         dev->ops->host_free(dev, ptr);
     else
         dev->ops->free(dev, ptr);
-}
-
-stria_status_t stria_device_host_alloc(stria_device_t *dev, size_t bytes, void **out)
-{
-    STRIA__CHECK_DEV(dev, "stria_device_host_alloc");
-    return stria__alloc(dev, true, bytes, out, "stria_device_host_alloc");
-}
-
-void stria_device_host_free(stria_device_t *dev, void *ptr)
-{
-    if (dev == NULL || ptr == NULL)
-        return;
-    if (dev->mem_host.alloc != NULL)
-        dev->mem_host.free(dev->mem_host.ctx, ptr);
-    else
-        dev->ops->host_free(dev, ptr);
 }
 
 /* The checks of a stream operation on n bytes or values (`unit`) at dst and
