@@ -13,28 +13,22 @@
 #include "stria_service.h"
 #include "stria_worker.h"
 
-/* Settings of a worker (flags and configuration file). */
+/* Settings of a worker (flags and configuration file). The ones the worker
+ * library takes as they are live in p: coordinator, listen (RPC), advertise,
+ * host (ring grouping), memory_bytes (0: half of physical memory),
+ * step_timeout_s, connect_timeout_s, ucx_listen, ucx_tls, ucx_net_devices,
+ * runtime_dir. */
 typedef struct {
-    const char *coordinator; /* HOST:PORT */
-    const char *listen;      /* RPC HOST:PORT */
-    const char *ucx_listen;  /* ring link HOST:PORT */
-    const char *advertise;   /* host name/address others use to reach us */
-    const char *device;      /* --device: "auto", "cpu", "cuda:0", ... */
-    const char *host;        /* host name for ring grouping; default gethostname() */
-    const char *token_file;  /* the clients' credential (the older name) */
+    stria_worker_params_t p;
+    const char *device;     /* --device: "auto", "cpu", "cuda:0", ... */
+    const char *token_file; /* the clients' credential (the older name) */
     const char *client_token_file;
     const char *worker_token_file;
     bool insecure;
     const char *metrics_listen;
     const char *log_level;
-    const char *ucx_tls; /* UCX_TLS for the ring link; NULL: UCX default */
-    const char *ucx_net_devices;
-    const char *runtime_dir;  /* the Unix socket of co-located clients */
-    int64_t instance;         /* GPU index: derives ports and device; -1 = none */
-    int64_t memory_bytes;     /* offered to jobs; 0 = half of physical memory */
-    int64_t threads;          /* kernel threads; 0 = online CPUs */
-    double step_timeout_s;    /* default deadline of one ring step */
-    double connect_timeout_s; /* ring link set-up */
+    int64_t instance; /* GPU index: derives ports and device; -1 = none */
+    int64_t threads;  /* kernel threads; 0 = online CPUs */
 } stria_worker_config_t;
 
 /* What the program owns around the worker. */
@@ -184,25 +178,25 @@ static stria_status_t stria__config_finish(stria__main_t *m, size_t len)
     if (c->instance >= 0) {
         /* One configuration file serves every instance of a host: its ports
          * are bases, and instance N listens N ports above them. */
-        if ((st = stria__instance_addr("--listen", c->listen, "127.0.0.1:7500", c->instance,
+        if ((st = stria__instance_addr("--listen", c->p.listen, "127.0.0.1:7500", c->instance,
                                        listen_buf, len)) != STRIA_OK ||
-            (st = stria__instance_addr("--ucx-listen", c->ucx_listen, "127.0.0.1:7600", c->instance,
-                                       ucx_buf, len)) != STRIA_OK ||
+            (st = stria__instance_addr("--ucx-listen", c->p.ucx_listen, "127.0.0.1:7600",
+                                       c->instance, ucx_buf, len)) != STRIA_OK ||
             (st = stria__instance_addr("--metrics-listen", c->metrics_listen, "127.0.0.1:9500",
                                        c->instance, metrics_buf, len)) != STRIA_OK)
             return st;
-        c->listen = listen_buf;
-        c->ucx_listen = ucx_buf;
+        c->p.listen = listen_buf;
+        c->p.ucx_listen = ucx_buf;
         c->metrics_listen = metrics_buf;
     }
-    if (c->listen == NULL)
-        c->listen = "127.0.0.1:0";
-    if (c->ucx_listen == NULL)
-        c->ucx_listen = "127.0.0.1:0";
-    m->memory_by_rule = c->memory_bytes == 0;
-    if (c->memory_bytes == 0) {
+    if (c->p.listen == NULL)
+        c->p.listen = "127.0.0.1:0";
+    if (c->p.ucx_listen == NULL)
+        c->p.ucx_listen = "127.0.0.1:0";
+    m->memory_by_rule = c->p.memory_bytes == 0;
+    if (c->p.memory_bytes == 0) {
         long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-        c->memory_bytes = pages > 0 && psize > 0 ? (int64_t)pages * psize / 2 : (int64_t)1 << 30;
+        c->p.memory_bytes = pages > 0 && psize > 0 ? (int64_t)pages * psize / 2 : (int64_t)1 << 30;
     }
     return stria_service_log_level(&m->cli, c->log_level);
 }
@@ -225,8 +219,8 @@ static stria_status_t stria__device_start(stria__main_t *m)
     if (stria_device_kind(m->dev) != STRIA_DEVICE_CPU && m->memory_by_rule) {
         if ((st = stria_device_memory(m->dev, &dev_free, &dev_total)) != STRIA_OK)
             return stria_error_wrap(st, "%s", stria_device_name(m->dev));
-        if ((int64_t)dev_free < c->memory_bytes)
-            c->memory_bytes = (int64_t)dev_free;
+        if ((int64_t)dev_free < c->p.memory_bytes)
+            c->p.memory_bytes = (int64_t)dev_free;
     }
     return STRIA_OK;
 }
@@ -237,14 +231,14 @@ static int stria__options(stria__main_t *m, int argc, char **argv)
 {
     stria_worker_config_t *c = &m->cfg;
     const stria_option_t opts[] = {
-        STRIA_OPTION("coordinator", ADDR, &c->coordinator, "HOST:PORT", "the coordinator",
+        STRIA_OPTION("coordinator", ADDR, &c->p.coordinator, "HOST:PORT", "the coordinator",
                      .flags = STRIA_OPT_REQUIRED),
-        STRIA_OPTION("listen", ADDR, &c->listen, "HOST:PORT",
+        STRIA_OPTION("listen", ADDR, &c->p.listen, "HOST:PORT",
                      "RPC address for clients (default 127.0.0.1:0, a free port)"),
-        STRIA_OPTION("ucx-listen", ADDR, &c->ucx_listen, "HOST:PORT",
+        STRIA_OPTION("ucx-listen", ADDR, &c->p.ucx_listen, "HOST:PORT",
                      "ring link listener (default 127.0.0.1:0)"),
         STRIA_OPTION(
-            "advertise", STRING, &c->advertise, "HOST",
+            "advertise", STRING, &c->p.advertise, "HOST",
             "host that clients and peers use to reach this worker (default: the listen host)"),
         STRIA_OPTION("instance", INT, &c->instance, "N",
                      "GPU index of this worker: its ports are the bases plus N (see below)",
@@ -253,23 +247,23 @@ static int stria__options(stria__main_t *m, int argc, char **argv)
                      "cpu, cuda:N (cuda = cuda:0), cpu:staged (tests) or auto: cuda:0, or cuda:N "
                      "with --instance N, when a GPU is visible, else cpu",
                      .dflt = "auto"),
-        STRIA_OPTION("host", STRING, &c->host, "NAME",
+        STRIA_OPTION("host", STRING, &c->p.host, "NAME",
                      "host name for ring grouping (default: this machine's)"),
-        STRIA_OPTION("memory", BYTES, &c->memory_bytes, "BYTES",
+        STRIA_OPTION("memory", BYTES, &c->p.memory_bytes, "BYTES",
                      "memory offered to jobs, e.g. 64G (default half of physical memory; on a GPU "
                      "at most its free memory)",
                      .min = 0, .max = 1e18),
         STRIA_OPTION("threads", INT, &c->threads, "N", "kernel threads (default: online CPUs)",
                      .min = 0, .max = 1024),
-        STRIA_OPTION("step-timeout", DURATION, &c->step_timeout_s, "TIME",
+        STRIA_OPTION("step-timeout", DURATION, &c->p.step_timeout_s, "TIME",
                      "default deadline of one ring step", .dflt = "60", .min = 0.01, .max = 86400),
-        STRIA_OPTION("connect-timeout", DURATION, &c->connect_timeout_s, "TIME",
+        STRIA_OPTION("connect-timeout", DURATION, &c->p.connect_timeout_s, "TIME",
                      "deadline of ring link set-up", .dflt = "30", .min = 0.1, .max = 3600),
-        STRIA_OPTION("ucx-tls", STRING, &c->ucx_tls, "LIST",
+        STRIA_OPTION("ucx-tls", STRING, &c->p.ucx_tls, "LIST",
                      "UCX transports for the ring link, as UCX_TLS (default: UCX's choice)"),
-        STRIA_OPTION("ucx-net-devices", STRING, &c->ucx_net_devices, "LIST",
+        STRIA_OPTION("ucx-net-devices", STRING, &c->p.ucx_net_devices, "LIST",
                      "network devices for the ring link, as UCX_NET_DEVICES"),
-        STRIA_OPTION("runtime-dir", STRING, &c->runtime_dir, "DIR",
+        STRIA_OPTION("runtime-dir", STRING, &c->p.runtime_dir, "DIR",
                      "folder of the Unix socket through which clients of this host move tensors in "
                      "shared memory (default: $RUNTIME_DIRECTORY, set by systemd's "
                      "RuntimeDirectory=; none: clients use TCP)"),
@@ -313,7 +307,7 @@ static stria_status_t stria__credentials(stria__main_t *m)
                                "its clients prove, and --worker-token-file, which it proves to "
                                "the coordinator; or neither");
     const char *names[] = {"listen", "ucx-listen", "metrics-listen"};
-    const char *addrs[] = {c->listen, c->ucx_listen, c->metrics_listen};
+    const char *addrs[] = {c->p.listen, c->p.ucx_listen, c->metrics_listen};
     for (int i = 0; i < 3 && st == STRIA_OK; i++)
         st = stria_service_check_exposure(stria_cli_origin(&m->cli, names[i], what, sizeof(what)),
                                           addrs[i] && addrs[i][0] ? addrs[i] : NULL,
@@ -340,25 +334,13 @@ static stria_status_t stria__configure(stria__main_t *m)
 static stria_status_t stria__start_worker(stria__main_t *m)
 {
     const stria_worker_config_t *c = &m->cfg;
-    stria_worker_params_t p;
-    memset(&p, 0, sizeof(p));
-    p.coordinator = c->coordinator;
-    p.listen = c->listen;
-    p.advertise = c->advertise;
-    p.host = c->host;
+    stria_worker_params_t p = c->p;
     p.token = m->token;
     p.worker_token = m->worker_token;
-    p.memory_bytes = c->memory_bytes;
-    p.step_timeout_s = c->step_timeout_s;
-    p.connect_timeout_s = c->connect_timeout_s;
     p.pool = m->pool;
     p.device = m->dev;
     p.metrics = m->metrics;
     p.notify_status = true;
-    p.ucx_listen = c->ucx_listen;
-    p.ucx_tls = c->ucx_tls;
-    p.ucx_net_devices = c->ucx_net_devices;
-    p.runtime_dir = c->runtime_dir;
     if (p.runtime_dir == NULL && getenv("RUNTIME_DIRECTORY") != NULL &&
         getenv("RUNTIME_DIRECTORY")[0] != '\0')
         p.runtime_dir = getenv("RUNTIME_DIRECTORY");
