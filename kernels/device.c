@@ -618,6 +618,23 @@ stria_status_t stria_device_sync(stria_device_t *dev, stria_stream_t stream)
                                    (dev)->name);                                                   \
     } while (0)
 
+/* A pass's begin: pass_out set to NULL first. */
+#define STRIA__CHECK_BEGIN(dev, params, pass_out, fn)                                              \
+    do {                                                                                           \
+        if ((pass_out) == NULL)                                                                    \
+            return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);                 \
+        *(pass_out) = NULL;                                                                        \
+        STRIA__CHECK_KERNEL(dev, params, fn);                                                      \
+    } while (0)
+
+/* A call on a pass object. */
+#define STRIA__CHECK_PASS(pass, params, fn)                                                        \
+    do {                                                                                           \
+        if ((pass) == NULL)                                                                        \
+            return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);                 \
+        STRIA__CHECK_KERNEL((pass)->dev, params, fn);                                              \
+    } while (0)
+
 stria_status_t stria_device_attn_fwd(stria_device_t *dev, const stria_attn_params_t *params,
                                      const stria_tensor_t *q, const stria_tensor_t *k,
                                      const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
@@ -683,10 +700,7 @@ stria_status_t stria_device_attn_fwd_begin(stria_device_t *dev, const stria_attn
     stria_device_fwd_pass_t *fp;
     stria_status_t st;
 
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    *pass = NULL;
-    STRIA__CHECK_KERNEL(dev, params, fn);
+    STRIA__CHECK_BEGIN(dev, params, pass, fn);
     if (q == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: q is NULL", fn, dev->name);
     if ((fp = calloc(1, sizeof(*fp))) == NULL)
@@ -708,9 +722,7 @@ stria_status_t stria_device_attn_fwd_block(stria_device_fwd_pass_t *pass,
                                            const stria_tensor_t *o, float *lse, bool accumulate)
 {
     static const char fn[] = "stria_device_attn_fwd_block";
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    STRIA__CHECK_KERNEL(pass->dev, params, fn);
+    STRIA__CHECK_PASS(pass, params, fn);
     if (pass->impl != NULL)
         return pass->dev->ops->attn_fwd_block(pass->dev, pass->impl, params, k, v, o, lse,
                                               accumulate);
@@ -744,10 +756,7 @@ stria_status_t stria_device_attn_bwd_begin(stria_device_t *dev, const stria_attn
     stria_device_bwd_pass_t *bp;
     stria_status_t st;
 
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    *pass = NULL;
-    STRIA__CHECK_KERNEL(dev, params, fn);
+    STRIA__CHECK_BEGIN(dev, params, pass, fn);
     if (q == NULL || d_o == NULL || dq == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: %s is NULL", fn, dev->name,
                                q == NULL     ? "q"
@@ -779,9 +788,7 @@ stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
                                            const stria_tensor_t *dk, const stria_tensor_t *dv)
 {
     static const char fn[] = "stria_device_attn_bwd_block";
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    STRIA__CHECK_KERNEL(pass->dev, params, fn);
+    STRIA__CHECK_PASS(pass, params, fn);
     if (pass->impl != NULL)
         return pass->dev->ops->attn_bwd_block(pass->dev, pass->impl, params, k, v, dk, dv);
     return pass->dev->ops->attn_bwd(pass->dev, params, &pass->q, k, v, &pass->d_o, pass->lse,
