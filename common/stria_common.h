@@ -99,6 +99,11 @@ void *stria_malloc_aligned(size_t size);
 /* As stria_malloc_aligned() but zero-filled. */
 void *stria_calloc_aligned(size_t size);
 void stria_free(void *ptr);
+/* Room for `need` elements of `elem` bytes in the array `arr` of capacity
+ * *cap (first growth to `first` elements, then doubling, realloc()ed):
+ * returns arr when it has room, the grown array (*cap updated), or NULL when
+ * out of memory (arr and *cap unchanged). */
+void *stria_grow(void *arr, size_t *cap, size_t need, size_t elem, size_t first);
 /* stria_free() of each of n pointers; STRIA_FREE_ALL(d->q, d->k, d->v) for a
  * list of them. */
 void stria_free_n(void *const *ptrs, size_t n);

@@ -122,14 +122,10 @@ stria_status_t stria_timeline_span(stria_timeline_t *tl, int panel, int row,
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "timeline panel '%s', row %d: span [%g, %g] is not a time range",
                                p->name, row, begin, end);
-    if (p->n_spans == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 256;
-        stria__tl_span_t *grown = realloc(p->spans, cap * sizeof(*grown));
-        if (grown == NULL)
-            return stria_error_set(STRIA_ERR_NO_MEMORY, "timeline: out of memory");
-        p->spans = grown;
-        p->cap = cap;
-    }
+    stria__tl_span_t *grown = stria_grow(p->spans, &p->cap, p->n_spans + 1, sizeof(*grown), 256);
+    if (grown == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "timeline: out of memory");
+    p->spans = grown;
     p->spans[p->n_spans++] = (stria__tl_span_t){begin, end, row, kind};
     return STRIA_OK;
 }
