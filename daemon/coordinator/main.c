@@ -30,6 +30,7 @@ typedef struct {
     int64_t max_jobs_per_client;
     double max_step_timeout_s;
     double worker_retention_s;
+    double recovery_window_s; /* < 0: not given (3 heartbeat periods) */
 } stria__coord_config_t;
 
 typedef struct {
@@ -173,6 +174,12 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
         STRIA_OPTION("worker-retention", DURATION, &c->worker_retention_s, "TIME",
                      "a dead or departed worker is forgotten this long after it was last heard of",
                      .dflt = "1h", .min = 0.01, .max = 365 * 86400.0),
+        STRIA_OPTION(
+            "recovery-window", DURATION, &c->recovery_window_s, "TIME",
+            "after a (re)start, jobs the workers report holding are rebuilt for this long; "
+            "one whose ranks are not all reported by then fails (default 3 heartbeat "
+            "periods; 0: none, the workers drop their jobs)",
+            .min = 0, .max = 3600),
         STRIA_SERVICE_OPTIONS(c,
                               "credential of the clients (first line of FILE): submit and own jobs",
                               "credential of the workers: register, heartbeat, report"),
@@ -223,6 +230,7 @@ int main(int argc, char **argv)
     int rc;
 
     memset(&c, 0, sizeof(c));
+    c.recovery_window_s = -1;
     rc = stria__coord_options(argc, argv, &c, &cli, &cr);
     if (rc >= 0)
         goto free_opts;
@@ -243,6 +251,9 @@ int main(int argc, char **argv)
     p.max_jobs_per_client = (uint32_t)c.max_jobs_per_client;
     p.max_step_timeout_s = c.max_step_timeout_s;
     p.worker_retention_s = c.worker_retention_s;
+    p.recovery_window_s = c.recovery_window_s < 0    ? 0
+                          : c.recovery_window_s == 0 ? -1
+                                                     : c.recovery_window_s;
     p.metrics = metrics;
     p.notify_status = true;
     st = stria_coord_start(&p, &co);
