@@ -233,12 +233,17 @@ typedef struct {
 
 static void table_add(table_t *t, const char *const *cells)
 {
-    if (t->nrows == t->cap) {
-        t->cap = t->cap ? 2 * t->cap : 16;
-        t->cells = realloc(t->cells, t->cap * sizeof(*t->cells));
+    void *grown = stria_grow(t->cells, &t->cap, t->nrows + 1, sizeof(*t->cells), 16);
+    if (grown == NULL) {
+        fprintf(stderr, "striactl: out of memory for a table of %zu rows\n", t->nrows + 1);
+        exit(1);
     }
+    t->cells = grown;
     for (int c = 0; c < t->ncols; c++)
-        t->cells[t->nrows][c] = strdup(esc(cells[c]));
+        if ((t->cells[t->nrows][c] = strdup(esc(cells[c]))) == NULL) {
+            fprintf(stderr, "striactl: out of memory for a table cell\n");
+            exit(1);
+        }
     t->nrows++;
 }
 
