@@ -163,7 +163,8 @@ struct stria_coord {
     stria__index_t members;    /* (job id, worker id) -> rank + 1, unfinished jobs */
 
     stria__cjob_t **jobs; /* submission order: finished ones kept as history */
-    uint32_t n_jobs, cap_jobs;
+    uint32_t n_jobs;
+    size_t cap_jobs;
     uint64_t jobs_submitted, jobs_failed;
 
     size_t timeline_bytes; /* held by every job's tl, at most STRIA__TIMELINE_BUDGET */
@@ -173,7 +174,8 @@ struct stria_coord {
     double recovery_window_s; /* 0: none */
     double recover_until;     /* stria_time_now(); 0: the window is over */
     stria__rjob_t **rjobs;    /* jobs some but not all ranks were described of */
-    uint32_t n_rjobs, cap_rjobs;
+    uint32_t n_rjobs;
+    size_t cap_rjobs;
     uint64_t jobs_recovered, jobs_unrecovered;
     /* The worker of the ranks nobody described (a job failed at the end of
      * the window); never in the worker table. */
