@@ -122,7 +122,10 @@ static stria_status_t stria__cu_memory(stria_device_t *dev, size_t *free_bytes, 
     return STRIA_OK;
 }
 
-static stria_status_t stria__cu_alloc(stria_device_t *dev, size_t bytes, void **out)
+/* `bytes` of device memory (cudaMalloc) or, with `host`, of page-aligned
+ * pinned host memory usable by every device of the process (cudaHostAlloc);
+ * 0 bytes: NULL. */
+static stria_status_t stria__cu_alloc_in(stria_device_t *dev, size_t bytes, bool host, void **out)
 {
     stria__cu_dev_t *d = stria__cu(dev);
     void *p = NULL;
@@ -133,14 +136,20 @@ static stria_status_t stria__cu_alloc(stria_device_t *dev, size_t bytes, void **
     }
     if ((st = stria__cu_current(d)) != STRIA_OK)
         return st;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = host ? cudaHostAlloc(&p, bytes, cudaHostAllocPortable) : cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return stria_error_set(stria__cu_status(e), "%s: cudaMalloc of %zu bytes: %s (%s)",
-                               d->base.name, bytes, cudaGetErrorString(e), cudaGetErrorName(e));
+        return stria_error_set(stria__cu_status(e), "%s: %s of %zu bytes: %s (%s)", d->base.name,
+                               host ? "cudaHostAlloc" : "cudaMalloc", bytes, cudaGetErrorString(e),
+                               cudaGetErrorName(e));
     }
     *out = p;
     return STRIA_OK;
+}
+
+static stria_status_t stria__cu_alloc(stria_device_t *dev, size_t bytes, void **out)
+{
+    return stria__cu_alloc_in(dev, bytes, false, out);
 }
 
 static void stria__cu_free(stria_device_t *dev, void *ptr)
@@ -154,24 +163,7 @@ static void stria__cu_free(stria_device_t *dev, void *ptr)
 
 static stria_status_t stria__cu_host_alloc(stria_device_t *dev, size_t bytes, void **out)
 {
-    stria__cu_dev_t *d = stria__cu(dev);
-    void *p = NULL;
-    stria_status_t st;
-    if (bytes == 0) {
-        *out = NULL;
-        return STRIA_OK;
-    }
-    if ((st = stria__cu_current(d)) != STRIA_OK)
-        return st;
-    /* page-aligned, pinned, usable by every device of the process */
-    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return stria_error_set(stria__cu_status(e), "%s: cudaHostAlloc of %zu bytes: %s (%s)",
-                               d->base.name, bytes, cudaGetErrorString(e), cudaGetErrorName(e));
-    }
-    *out = p;
-    return STRIA_OK;
+    return stria__cu_alloc_in(dev, bytes, true, out);
 }
 
 static void stria__cu_host_free(stria_device_t *dev, void *ptr)
@@ -369,6 +361,26 @@ bool stria__cu_mma_ok(const stria_cu_attn_t *a, bool backward)
            (!backward || stria__cu_aligned(&a->d_o));
 }
 
+/* The arguments a forward and a backward share, after their validation: the
+ * device made current, the shape, the positions and masks, and q, k, v. */
+static stria_status_t stria__cu_qkv_args(stria__cu_dev_t *d, const stria_attn_params_t *params,
+                                         const char *fn, const stria_tensor_t *q,
+                                         const stria_tensor_t *k, const stria_tensor_t *v,
+                                         stria_cu_attn_t *a)
+{
+    stria_status_t st = stria__cu_current(d);
+    if (st != STRIA_OK)
+        return st;
+    stria__cu_args(params, a);
+    if ((st = stria__cu_positions(d, params, fn, a)) != STRIA_OK)
+        return st;
+    a->dtype = q->dtype;
+    a->q = stria__cu_view(q);
+    a->k = stria__cu_view(k);
+    a->v = stria__cu_view(v);
+    return STRIA_OK;
+}
+
 static stria_status_t stria__cu_attn_fwd(stria_device_t *dev, const stria_attn_params_t *params,
                                          const stria_tensor_t *q, const stria_tensor_t *k,
                                          const stria_tensor_t *v, const stria_tensor_t *o,
@@ -380,15 +392,8 @@ static stria_status_t stria__cu_attn_fwd(stria_device_t *dev, const stria_attn_p
     stria_status_t st;
 
     if ((st = stria__validate_fwd(params, q, k, v, o, lse, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_qkv_args(d, params, fn, q, k, v, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
-    if ((st = stria__cu_positions(d, params, fn, &a)) != STRIA_OK)
-        return st;
-    a.dtype = q->dtype;
-    a.q = stria__cu_view(q);
-    a.k = stria__cu_view(k);
-    a.v = stria__cu_view(v);
     a.o = stria__cu_view(o);
     a.lse = lse;
     a.accumulate = accumulate;
@@ -412,15 +417,8 @@ static stria_status_t stria__cu_attn_bwd(stria_device_t *dev, const stria_attn_p
     stria_status_t st;
 
     if ((st = stria__validate_bwd(params, q, k, v, d_o, lse, delta, dq, dk, dv, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_qkv_args(d, params, fn, q, k, v, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
-    if ((st = stria__cu_positions(d, params, fn, &a)) != STRIA_OK)
-        return st;
-    a.dtype = q->dtype;
-    a.q = stria__cu_view(q);
-    a.k = stria__cu_view(k);
-    a.v = stria__cu_view(v);
     a.d_o = stria__cu_view(d_o);
     a.lse_in = lse;
     a.delta = delta;
