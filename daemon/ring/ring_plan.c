@@ -5,6 +5,46 @@
 
 #include <stdlib.h>
 
+stria_ring_shape_t stria_ring_shape_of(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                       int64_t head_dim, stria_dtype_t dtype, bool causal)
+{
+    return (stria_ring_shape_t){.batch = batch,
+                                .seq = seq,
+                                .heads = heads,
+                                .kv_heads = kv_heads,
+                                .head_dim = head_dim,
+                                .causal = causal,
+                                .dtype = dtype};
+}
+
+void stria_ring_shape_set_masks(stria_ring_shape_t *shape, const int64_t *cu_seqlens,
+                                size_t n_cu_seqlens, bool has_window, int64_t window_left,
+                                int64_t window_right)
+{
+    shape->cu_seqlens = cu_seqlens;
+    shape->n_cu_seqlens = n_cu_seqlens;
+    shape->has_window = has_window;
+    shape->window_left = has_window ? window_left : 0;
+    shape->window_right = has_window ? window_right : 0;
+}
+
+stria_attn_params_t stria_ring_shape_attn_params(const stria_ring_shape_t *shape)
+{
+    return (stria_attn_params_t){.batch = shape->batch,
+                                 .q_tokens = shape->seq,
+                                 .kv_tokens = shape->seq,
+                                 .heads = shape->heads,
+                                 .kv_heads = shape->kv_heads,
+                                 .head_dim = shape->head_dim,
+                                 .scale = shape->scale,
+                                 .causal = shape->causal,
+                                 .cu_seqlens = shape->cu_seqlens,
+                                 .n_cu_seqlens = shape->n_cu_seqlens,
+                                 .has_window = shape->has_window,
+                                 .window_left = shape->window_left,
+                                 .window_right = shape->window_right};
+}
+
 struct stria_ring_plan {
     stria_ring_pass_t p; /* the fields the engine's rules read; rank set per query */
 };
