@@ -702,17 +702,12 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
     const Stria__V1__DeregisterWorkerRequest *req =
         STRIA__REQ(Stria__V1__DeregisterWorkerRequest, call);
     Stria__V1__DeregisterWorkerReply rep = STRIA__V1__DEREGISTER_WORKER_REPLY__INIT;
-    stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+    stria__cworker_t *w =
+        stria__call_worker(co, call, "DeregisterWorker", req->worker_id, req->incarnation, false);
     char why[600];
 
-    if (w == NULL || w->incarnation != req->incarnation) {
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
-                            "DeregisterWorker: worker %llu (incarnation %llu) is not registered "
-                            "here",
-                            (unsigned long long)req->worker_id,
-                            (unsigned long long)req->incarnation);
+    if (w == NULL)
         return;
-    }
     if (strlen(req->reason) > 256) {
         stria__count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,

@@ -311,6 +311,11 @@ stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec 
 /* coord.c: a sharded job's arrival at pass `pass` of rank r (a worker's
  * STARTED report); whether every rank has arrived. */
 bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward);
+/* The registered worker a call names by id and incarnation, or NULL after
+ * failing the call (not found); with `heartbeat`, a worker that left counts
+ * as not registered and the message says to register again. */
+stria__cworker_t *stria__call_worker(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
+                                     uint64_t id, uint64_t incarnation, bool heartbeat);
 void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why);
 stria__cjob_t *stria__job_find(stria_coord_t *co, uint64_t id);
 stria__cworker_t *stria__worker_find(stria_coord_t *co, uint64_t id);
