@@ -4,17 +4,21 @@
 #include "ring_int.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 stria_ring_shape_t stria_ring_shape_of(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                        int64_t head_dim, stria_dtype_t dtype, bool causal)
 {
-    return (stria_ring_shape_t){.batch = batch,
-                                .seq = seq,
-                                .heads = heads,
-                                .kv_heads = kv_heads,
-                                .head_dim = head_dim,
-                                .causal = causal,
-                                .dtype = dtype};
+    stria_ring_shape_t s;
+    memset(&s, 0, sizeof(s));
+    s.batch = batch;
+    s.seq = seq;
+    s.heads = heads;
+    s.kv_heads = kv_heads;
+    s.head_dim = head_dim;
+    s.dtype = dtype;
+    s.causal = causal;
+    return s;
 }
 
 void stria_ring_shape_set_masks(stria_ring_shape_t *shape, const int64_t *cu_seqlens,
@@ -30,19 +34,21 @@ void stria_ring_shape_set_masks(stria_ring_shape_t *shape, const int64_t *cu_seq
 
 stria_attn_params_t stria_ring_shape_attn_params(const stria_ring_shape_t *shape)
 {
-    return (stria_attn_params_t){.batch = shape->batch,
-                                 .q_tokens = shape->seq,
-                                 .kv_tokens = shape->seq,
-                                 .heads = shape->heads,
-                                 .kv_heads = shape->kv_heads,
-                                 .head_dim = shape->head_dim,
-                                 .scale = shape->scale,
-                                 .causal = shape->causal,
-                                 .cu_seqlens = shape->cu_seqlens,
-                                 .n_cu_seqlens = shape->n_cu_seqlens,
-                                 .has_window = shape->has_window,
-                                 .window_left = shape->window_left,
-                                 .window_right = shape->window_right};
+    stria_attn_params_t a;
+    memset(&a, 0, sizeof(a));
+    a.batch = shape->batch;
+    a.q_tokens = a.kv_tokens = shape->seq;
+    a.heads = shape->heads;
+    a.kv_heads = shape->kv_heads;
+    a.head_dim = shape->head_dim;
+    a.scale = shape->scale;
+    a.causal = shape->causal;
+    a.cu_seqlens = shape->cu_seqlens;
+    a.n_cu_seqlens = shape->n_cu_seqlens;
+    a.has_window = shape->has_window;
+    a.window_left = shape->window_left;
+    a.window_right = shape->window_right;
+    return a;
 }
 
 struct stria_ring_plan {
