@@ -345,6 +345,17 @@ static void stria__cu_args(const stria_attn_params_t *p, stria_cu_attn_t *a)
     a->dtype = STRIA_DTYPE_F32;
 }
 
+/* The start of every attention call after its validation: the device made
+ * current and the call's shape in a. */
+static stria_status_t stria__cu_begin(stria__cu_dev_t *d, const stria_attn_params_t *params,
+                                      stria_cu_attn_t *a)
+{
+    stria_status_t st = stria__cu_current(d);
+    if (st == STRIA_OK)
+        stria__cu_args(params, a);
+    return st;
+}
+
 static bool stria__cu_aligned(const stria_cu_view_t *v)
 {
     /* 16-byte rows of 16-bit values: pointer and every stride in 8s */
@@ -368,10 +379,9 @@ static stria_status_t stria__cu_qkv_args(stria__cu_dev_t *d, const stria_attn_pa
                                          const stria_tensor_t *k, const stria_tensor_t *v,
                                          stria_cu_attn_t *a)
 {
-    stria_status_t st = stria__cu_current(d);
+    stria_status_t st = stria__cu_begin(d, params, a);
     if (st != STRIA_OK)
         return st;
-    stria__cu_args(params, a);
     if ((st = stria__cu_positions(d, params, fn, a)) != STRIA_OK)
         return st;
     a->dtype = q->dtype;
@@ -441,9 +451,8 @@ static stria_status_t stria__cu_attn_partial_init(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_partial_init(params, o, lse, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
     a.o = stria__cu_view(o);
     a.lse = lse;
     STRIA__CU_TRY(d, stria__cu_partial_init(&a, d->stream[0]));
@@ -459,9 +468,8 @@ static stria_status_t stria__cu_attn_merge(stria_device_t *dev, const stria_attn
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_merge(params, o_a, lse_a, o_b, lse_b, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
     a.o = stria__cu_view(o_a);
     a.lse = lse_a;
     STRIA__CU_TRY(d, stria__cu_merge(&a, stria__cu_view(o_b), lse_b, d->stream[0]));
@@ -478,9 +486,8 @@ static stria_status_t stria__cu_attn_finalize(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_finalize(params, o_part, o_out, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
     a.o = stria__cu_view(o_part);
     STRIA__CU_TRY(d, stria__cu_finalize(&a, stria__cu_view(o_out), o_out->dtype, d->stream[0]));
     return STRIA_OK;
@@ -496,9 +503,8 @@ static stria_status_t stria__cu_attn_bwd_delta(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_delta(params, o, d_o, delta, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
     a.o = stria__cu_view(o);
     a.d_o = stria__cu_view(d_o);
     a.dtype = d_o->dtype;
