@@ -175,13 +175,20 @@ static void stria__cu_host_free(stria_device_t *dev, void *ptr)
     }
 }
 
+/* The start of every call on a stream: the stream checked (stria__cu_bad_stream)
+ * and the device made current. */
+static stria_status_t stria__cu_on_stream(stria__cu_dev_t *d, stria_stream_t s, const char *what)
+{
+    stria_status_t st = stria__cu_bad_stream(d, s, what);
+    return st != STRIA_OK ? st : stria__cu_current(d);
+}
+
 static stria_status_t stria__cu_copy(stria_device_t *dev, stria_stream_t s, void *dst,
                                      const void *src, size_t bytes)
 {
     stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st;
-    if ((st = stria__cu_bad_stream(d, s, "copy")) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+    if ((st = stria__cu_on_stream(d, s, "copy")) != STRIA_OK)
         return st;
     if (bytes == 0)
         return STRIA_OK;
@@ -193,8 +200,7 @@ static stria_status_t stria__cu_zero(stria_device_t *dev, stria_stream_t s, void
 {
     stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st;
-    if ((st = stria__cu_bad_stream(d, s, "zero")) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+    if ((st = stria__cu_on_stream(d, s, "zero")) != STRIA_OK)
         return st;
     if (bytes == 0)
         return STRIA_OK;
@@ -207,8 +213,7 @@ static stria_status_t stria__cu_add(stria_device_t *dev, stria_stream_t s, float
 {
     stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st;
-    if ((st = stria__cu_bad_stream(d, s, "add_f32")) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+    if ((st = stria__cu_on_stream(d, s, "add_f32")) != STRIA_OK)
         return st;
     STRIA__CU_TRY(d, stria__cu_add_f32(dst, src, n, stria__cu_stream(d, s)));
     return STRIA_OK;
@@ -233,8 +238,7 @@ static stria_status_t stria__cu_sync(stria_device_t *dev, stria_stream_t s)
 {
     stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st;
-    if ((st = stria__cu_bad_stream(d, s, "sync")) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+    if ((st = stria__cu_on_stream(d, s, "sync")) != STRIA_OK)
         return st;
     STRIA__CU_TRY(d, cudaStreamSynchronize(stria__cu_stream(d, s)));
     return STRIA_OK;
