@@ -368,15 +368,8 @@ stria_status_t stria_bench_service_fwd_bwd(stria_client_t *client, const stria_j
 stria_status_t stria_bench_local_fwd_bwd(stria_bench_job_t *t, bool causal, int ranks, int tpr,
                                          double *seconds)
 {
-    stria_ring_shape_t shape;
-    memset(&shape, 0, sizeof(shape));
-    shape.batch = t->batch;
-    shape.seq = t->seq;
-    shape.heads = t->heads;
-    shape.kv_heads = t->kv_heads;
-    shape.head_dim = t->head_dim;
-    shape.causal = causal;
-    shape.dtype = t->dtype;
+    stria_ring_shape_t shape =
+        stria_ring_shape_of(t->batch, t->seq, t->heads, t->kv_heads, t->head_dim, t->dtype, causal);
     stria_ring_local_opts_t ro;
     memset(&ro, 0, sizeof(ro));
     ro.layout = STRIA_LAYOUT_STRIPED;

@@ -556,15 +556,8 @@ static stria_status_t stria__rb_blocks(const stria__rb_opts_t *o, const stria__r
     };
 
     for (int c = 0; c < 4 && st == STRIA_OK; c++) {
-        stria_attn_params_t p;
-        memset(&p, 0, sizeof(p));
-        p.batch = B;
-        p.q_tokens = L;
-        p.kv_tokens = L;
-        p.heads = H;
-        p.kv_heads = Hkv;
-        p.head_dim = D;
-        p.causal = true;
+        stria_ring_shape_t shape = stria_ring_shape_of(B, L, H, Hkv, D, o->dtype, true);
+        stria_attn_params_t p = stria_ring_shape_attn_params(&shape);
         p.q_pos.runs = &cases[c].q;
         p.q_pos.n_runs = 1;
         p.kv_pos.runs = &cases[c].k;

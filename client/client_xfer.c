@@ -138,6 +138,12 @@ static bool stria__next_chunk(const stria__item_t *it, size_t n_items, uint64_t 
     return true;
 }
 
+/* Where a chunk stands, the same four fields in a PutInput and a GetOutput
+ * request (`m`): the job, the rank, the tensor and the offset. */
+#define STRIA__CHUNK_AT(m, x, t, c)                                                                \
+    ((m)->job_id = (x)->job_id, (m)->rank = (uint32_t)(x)->rank, (m)->tensor = (t)->tensor,        \
+     (m)->offset = (c)->at)
+
 static void stria__chunk_request(const stria__xfer_t *x, const stria__item_t *t, stria__chunk_t *c,
                                  bool put, struct iovec *iov, size_t cnt, stria_rpc_request_t *rq)
 {
@@ -145,28 +151,20 @@ static void stria__chunk_request(const stria__xfer_t *x, const stria__item_t *t,
     rq->timeout_s = x->timeout_s;
     rq->job_secret = x->secret;
     rq->job_id = x->job_id;
+    rq->method = put ? STRIA_RPC_WORKER_PUT_INPUT : STRIA_RPC_WORKER_GET_OUTPUT;
+    /* a put sends the chunk's bytes, a get reads them into it */
+    *(put ? &rq->payload_iov : &rq->reply_iov) = iov;
+    *(put ? &rq->payload_iovcnt : &rq->reply_iovcnt) = cnt;
     if (put) {
         c->put = (Stria__V1__PutInputRequest)STRIA__V1__PUT_INPUT_REQUEST__INIT;
-        c->put.job_id = x->job_id;
-        c->put.rank = (uint32_t)x->rank;
-        c->put.tensor = t->tensor;
-        c->put.offset = c->at;
+        STRIA__CHUNK_AT(&c->put, x, t, c);
         c->put.total_bytes = t->total;
-        rq->method = STRIA_RPC_WORKER_PUT_INPUT;
         rq->request = &c->put.base;
-        rq->payload_iov = iov;
-        rq->payload_iovcnt = cnt;
     } else {
         c->get = (Stria__V1__GetOutputRequest)STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-        c->get.job_id = x->job_id;
-        c->get.rank = (uint32_t)x->rank;
-        c->get.tensor = t->tensor;
-        c->get.offset = c->at;
+        STRIA__CHUNK_AT(&c->get, x, t, c);
         c->get.max_bytes = c->n;
-        rq->method = STRIA_RPC_WORKER_GET_OUTPUT;
         rq->request = &c->get.base;
-        rq->reply_iov = iov;
-        rq->reply_iovcnt = cnt;
     }
 }
 

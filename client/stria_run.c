@@ -410,29 +410,28 @@ static stria_status_t stria__alloc_outputs(stria__run_data_t *d, bool backward)
     return STRIA_OK;
 }
 
+/* The whole problem of a local run: its data's dimensions, the options'
+ * scale, causality, documents and window. */
+static stria_ring_shape_t stria__run_shape(const stria__run_opts_t *o, const stria__run_data_t *d)
+{
+    stria_ring_shape_t s = stria_ring_shape_of(d->B, d->T, d->H, d->Hkv, d->D, d->dtype, o->causal);
+    bool win = o->window.n == 2;
+    s.scale = o->scale;
+    stria_ring_shape_set_masks(&s, o->cu_seqlens.v, o->cu_seqlens.n, win, win ? o->window.v[0] : 0,
+                               win ? o->window.v[1] : 0);
+    return s;
+}
+
 /* Single-process attention over the whole sequence. */
 static stria_status_t stria__compute_local(const stria__run_opts_t *o, stria__run_data_t *d,
                                            stria_pool_t *pool)
 {
-    stria_attn_params_t p;
+    stria_ring_shape_t shape = stria__run_shape(o, d);
+    stria_attn_params_t p = stria_ring_shape_attn_params(&shape);
     float *delta = NULL;
     stria_status_t st;
 
-    memset(&p, 0, sizeof(p));
-    p.batch = d->B;
-    p.q_tokens = d->T;
-    p.kv_tokens = d->T;
-    p.heads = d->H;
-    p.kv_heads = d->Hkv;
-    p.head_dim = d->D;
-    p.scale = o->scale;
-    p.causal = o->causal;
     p.pool = pool;
-    p.cu_seqlens = o->cu_seqlens.v;
-    p.n_cu_seqlens = o->cu_seqlens.n;
-    p.has_window = o->window.n == 2;
-    p.window_left = p.has_window ? o->window.v[0] : 0;
-    p.window_right = p.has_window ? o->window.v[1] : 0;
     stria_tensor_t tq = stria_tensor_contiguous(d->q, d->dtype, d->T, d->H, d->D);
     stria_tensor_t tk = stria_tensor_contiguous(d->k, d->dtype, d->T, d->Hkv, d->D);
     stria_tensor_t tv = stria_tensor_contiguous(d->v, d->dtype, d->T, d->Hkv, d->D);
@@ -458,24 +457,10 @@ static stria_status_t stria__compute_local(const stria__run_opts_t *o, stria__ru
 /* The whole sequence over an in-process ring of o->ranks threads. */
 static stria_status_t stria__compute_ring(const stria__run_opts_t *o, stria__run_data_t *d)
 {
-    stria_ring_shape_t shape;
+    stria_ring_shape_t shape = stria__run_shape(o, d);
     stria_ring_local_opts_t ro;
     stria_ring_local_io_t io;
 
-    memset(&shape, 0, sizeof(shape));
-    shape.batch = d->B;
-    shape.seq = d->T;
-    shape.heads = d->H;
-    shape.kv_heads = d->Hkv;
-    shape.head_dim = d->D;
-    shape.scale = o->scale;
-    shape.causal = o->causal;
-    shape.dtype = d->dtype;
-    shape.cu_seqlens = o->cu_seqlens.v;
-    shape.n_cu_seqlens = o->cu_seqlens.n;
-    shape.has_window = o->window.n == 2;
-    shape.window_left = shape.has_window ? o->window.v[0] : 0;
-    shape.window_right = shape.has_window ? o->window.v[1] : 0;
     memset(&ro, 0, sizeof(ro));
     ro.layout = stria_layout_kind_resolve(o->layout, shape.has_window);
     ro.n_ranks = o->ranks > 0 ? o->ranks : 1;

@@ -425,16 +425,12 @@ stria_status_t stria_rpc_client_connect(const stria_rpc_client_params_t *p,
                                         stria_rpc_client_t **client_out)
 {
     stria_rpc_client_t *cl;
-    char host[256];
-    uint16_t port;
     stria_status_t st;
 
     if (p == NULL || client_out == NULL || p->address == NULL || p->service == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "rpc client: address and service are required");
-    if (p->service->magic != PROTOBUF_C__SERVICE_DESCRIPTOR_MAGIC)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc client: not a service descriptor");
-    st = stria_addr_parse(p->address, host, sizeof(host), &port);
+    st = stria__rpc_endpoint(p->service, p->address, "rpc client", NULL, 0, NULL);
     if (st != STRIA_OK)
         return st;
     cl = calloc(1, sizeof(*cl));

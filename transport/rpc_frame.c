@@ -162,6 +162,18 @@ char *stria__rpc_strdup_or_null(const char *s)
     return (s != NULL && s[0] != '\0') ? strdup(s) : NULL;
 }
 
+stria_status_t stria__rpc_endpoint(const ProtobufCServiceDescriptor *service, const char *address,
+                                   const char *who, char *host, size_t host_len, uint16_t *port)
+{
+    if (service->magic != PROTOBUF_C__SERVICE_DESCRIPTOR_MAGIC)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: not a service descriptor", who);
+    char h[256];
+    uint16_t pt;
+    if (host == NULL) /* only checked */
+        return stria_addr_parse(address, h, sizeof(h), &pt);
+    return stria_addr_parse(address, host, host_len, port);
+}
+
 /* ---- arena ------------------------------------------------------------- */
 
 typedef struct stria__rpc_chunk {

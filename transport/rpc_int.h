@@ -48,4 +48,10 @@ uint8_t *stria__rpc_error_frame(uint64_t request_id, uint32_t method, uint16_t f
 /* A copy of s, or NULL when s is NULL or empty (no credential). */
 char *stria__rpc_strdup_or_null(const char *s);
 
+/* The checks a client and a server make of their ends (`who` names the end
+ * in the message): `service` a service descriptor, `address` a host:port,
+ * split into host[host_len] and *port (host NULL: only checked). */
+stria_status_t stria__rpc_endpoint(const ProtobufCServiceDescriptor *service, const char *address,
+                                   const char *who, char *host, size_t host_len, uint16_t *port);
+
 #endif /* STRIA_RPC_INT_H */

@@ -603,15 +603,12 @@ stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *p,
         p->methods == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "rpc server: listen address, service and methods are required");
-    if (p->service->magic != PROTOBUF_C__SERVICE_DESCRIPTOR_MAGIC)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc server: not a service descriptor");
     if (p->tick != NULL && !(p->tick_period_s > 0.0 && p->tick_period_s < 86400.0))
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "rpc server: tick period must be in (0, 1 day)");
-    st = stria__check_methods(p);
-    if (st != STRIA_OK)
-        return st;
-    st = stria_addr_parse(p->listen, host, sizeof(host), &port);
+    st = stria__rpc_endpoint(p->service, p->listen, "rpc server", host, sizeof(host), &port);
+    if (st == STRIA_OK)
+        st = stria__check_methods(p);
     if (st != STRIA_OK)
         return st;
     size_t ss_len;

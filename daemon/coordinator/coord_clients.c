@@ -112,14 +112,10 @@ stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
                               const stria__cjob_t *keys)
 {
     stria__cjob_t *j;
-    if (co->n_jobs == co->cap_jobs) {
-        uint32_t cap = co->cap_jobs ? 2 * co->cap_jobs : 64;
-        stria__cjob_t **jobs = realloc(co->jobs, cap * sizeof(*jobs));
-        if (jobs == NULL)
-            return NULL;
-        co->jobs = jobs;
-        co->cap_jobs = cap;
-    }
+    stria__cjob_t **jobs = stria_grow(co->jobs, &co->cap_jobs, co->n_jobs + 1, sizeof(*jobs), 64);
+    if (jobs == NULL)
+        return NULL;
+    co->jobs = jobs;
     j = calloc(1, sizeof(*j));
     if (j != NULL)
         j->ranks = calloc(n, sizeof(*j->ranks));
@@ -400,6 +396,15 @@ free_ring:
     free(fallback);
 }
 
+/* Whether the call proves job j's secret; false after failing the call. */
+static bool stria__job_proven(stria_rpc_call_t *call, const stria__cjob_t *j)
+{
+    if (stria_rpc_call_check_job(call, &j->secret, j->id) == STRIA_OK)
+        return true;
+    stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+    return false;
+}
+
 /* Who may see a job, and how: its owner (a proof of its secret: renews its
  * TTL), an admin (a view), a worker (its keys, sealed for the connection).
  * Returns false after failing the call. */
@@ -410,10 +415,8 @@ static bool stria__get_job_access(stria_rpc_call_t *call, const Stria__V1__GetJo
     const stria_auth_session_t *session = stria_rpc_call_session(call);
     *owner = false;
     if (req->job_proof.len > 0 || !(roles & (STRIA_RPC_ROLE_ADMIN | STRIA_RPC_ROLE_WORKER))) {
-        if (stria_rpc_call_check_job(call, &j->secret, j->id) != STRIA_OK) {
-            stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+        if (!stria__job_proven(call, j))
             return false;
-        }
         *owner = true;
     }
     if ((roles & STRIA_RPC_ROLE_WORKER) &&
@@ -448,21 +451,27 @@ static void stria__unknown_job(const stria_coord_t *co, stria_rpc_call_t *call, 
                             (unsigned long long)id);
 }
 
+/* The job a call names, or NULL after failing the call (stria__unknown_job). */
+static stria__cjob_t *stria__call_job(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
+                                      uint64_t id, bool owner)
+{
+    stria__cjob_t *j = stria__job_find(co, id);
+    if (j == NULL)
+        stria__unknown_job(co, call, method, id, owner);
+    return j;
+}
+
 void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__GetJobRequest *req = STRIA__REQ(Stria__V1__GetJobRequest, call);
     Stria__V1__GetJobReply rep = STRIA__V1__GET_JOB_REPLY__INIT;
-    stria__cjob_t *j = stria__job_find(co, req->job_id);
+    stria__cjob_t *j = stria__call_job(co, call, "GetJob", req->job_id, req->job_proof.len > 0);
     uint8_t secret[STRIA_AUTH_SEALED_BYTES], ring[STRIA_AUTH_SEALED_BYTES];
     bool owner;
     stria__b_t b = {0};
 
-    if (j == NULL) {
-        stria__unknown_job(co, call, "GetJob", req->job_id, req->job_proof.len > 0);
-        return;
-    }
-    if (!stria__get_job_access(call, req, j, &owner, secret, ring))
+    if (j == NULL || !stria__get_job_access(call, req, j, &owner, secret, ring))
         return;
     /* Only its owner keeps a job alive (workers do, through heartbeats). */
     if (owner && !stria__terminal(j->state))
@@ -492,16 +501,10 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
     stria_coord_t *co = ctx;
     const Stria__V1__ReleaseJobRequest *req = STRIA__REQ(Stria__V1__ReleaseJobRequest, call);
     Stria__V1__ReleaseJobReply rep = STRIA__V1__RELEASE_JOB_REPLY__INIT;
-    stria__cjob_t *j = stria__job_find(co, req->job_id);
+    stria__cjob_t *j = stria__call_job(co, call, "ReleaseJob", req->job_id, true);
 
-    if (j == NULL) {
-        stria__unknown_job(co, call, "ReleaseJob", req->job_id, true);
+    if (j == NULL || !stria__job_proven(call, j))
         return;
-    }
-    if (stria_rpc_call_check_job(call, &j->secret, j->id) != STRIA_OK) {
-        stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
-        return;
-    }
     for (size_t i = 0; i < req->n_ranks; i++) {
         if (req->ranks[i] >= j->n_ranks) {
             stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
@@ -529,12 +532,10 @@ void stria__on_cancel(void *ctx, stria_rpc_call_t *call)
     stria_coord_t *co = ctx;
     const Stria__V1__CancelJobRequest *req = STRIA__REQ(Stria__V1__CancelJobRequest, call);
     Stria__V1__CancelJobReply rep = STRIA__V1__CANCEL_JOB_REPLY__INIT;
-    stria__cjob_t *j = stria__job_find(co, req->job_id);
+    stria__cjob_t *j = stria__call_job(co, call, "CancelJob", req->job_id, false);
 
-    if (j == NULL) {
-        stria__unknown_job(co, call, "CancelJob", req->job_id, false);
+    if (j == NULL)
         return;
-    }
     if (!stria__terminal(j->state)) {
         stria__job_finish(co, j, S_CANCELLED, "cancelled by an admin from %s%s%.300s",
                           stria_rpc_call_peer(call), req->reason[0] ? ": " : "", req->reason);
@@ -701,17 +702,12 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
     const Stria__V1__DeregisterWorkerRequest *req =
         STRIA__REQ(Stria__V1__DeregisterWorkerRequest, call);
     Stria__V1__DeregisterWorkerReply rep = STRIA__V1__DEREGISTER_WORKER_REPLY__INIT;
-    stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+    stria__cworker_t *w =
+        stria__call_worker(co, call, "DeregisterWorker", req->worker_id, req->incarnation, false);
     char why[600];
 
-    if (w == NULL || w->incarnation != req->incarnation) {
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
-                            "DeregisterWorker: worker %llu (incarnation %llu) is not registered "
-                            "here",
-                            (unsigned long long)req->worker_id,
-                            (unsigned long long)req->incarnation);
+    if (w == NULL)
         return;
-    }
     if (strlen(req->reason) > 256) {
         stria__count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,

@@ -163,7 +163,8 @@ struct stria_coord {
     stria__index_t members;    /* (job id, worker id) -> rank + 1, unfinished jobs */
 
     stria__cjob_t **jobs; /* submission order: finished ones kept as history */
-    uint32_t n_jobs, cap_jobs;
+    uint32_t n_jobs;
+    size_t cap_jobs;
     uint64_t jobs_submitted, jobs_failed;
 
     size_t timeline_bytes; /* held by every job's tl, at most STRIA__TIMELINE_BUDGET */
@@ -173,7 +174,8 @@ struct stria_coord {
     double recovery_window_s; /* 0: none */
     double recover_until;     /* stria_time_now(); 0: the window is over */
     stria__rjob_t **rjobs;    /* jobs some but not all ranks were described of */
-    uint32_t n_rjobs, cap_rjobs;
+    uint32_t n_rjobs;
+    size_t cap_rjobs;
     uint64_t jobs_recovered, jobs_unrecovered;
     /* The worker of the ranks nobody described (a job failed at the end of
      * the window); never in the worker table. */
@@ -309,6 +311,11 @@ stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec 
 /* coord.c: a sharded job's arrival at pass `pass` of rank r (a worker's
  * STARTED report); whether every rank has arrived. */
 bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward);
+/* The registered worker a call names by id and incarnation, or NULL after
+ * failing the call (not found); with `heartbeat`, a worker that left counts
+ * as not registered and the message says to register again. */
+stria__cworker_t *stria__call_worker(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
+                                     uint64_t id, uint64_t incarnation, bool heartbeat);
 void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why);
 stria__cjob_t *stria__job_find(stria_coord_t *co, uint64_t id);
 stria__cworker_t *stria__worker_find(stria_coord_t *co, uint64_t id);

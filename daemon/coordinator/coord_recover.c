@@ -131,14 +131,10 @@ static stria__rjob_t *stria__rjob_new(stria_coord_t *co, const Stria__V1__HeldJo
                                       const stria_layout_t *layout, uint64_t need)
 {
     uint32_t n = h->spec->ring_size;
-    if (co->n_rjobs == co->cap_rjobs) {
-        uint32_t cap = co->cap_rjobs ? 2 * co->cap_rjobs : 16;
-        stria__rjob_t **a = realloc(co->rjobs, cap * sizeof(*a));
-        if (a == NULL)
-            return NULL;
-        co->rjobs = a;
-        co->cap_rjobs = cap;
-    }
+    stria__rjob_t **a = stria_grow(co->rjobs, &co->cap_rjobs, co->n_rjobs + 1, sizeof(*a), 16);
+    if (a == NULL)
+        return NULL;
+    co->rjobs = a;
     stria__rjob_t *rj = calloc(1, sizeof(*rj));
     if (rj == NULL)
         return NULL;

@@ -147,23 +147,31 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
+stria__cworker_t *stria__call_worker(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
+                                     uint64_t id, uint64_t incarnation, bool heartbeat)
+{
+    stria__cworker_t *w = stria__worker_find(co, id);
+    if (w != NULL && w->incarnation == incarnation && !(heartbeat && w->left))
+        return w;
+    stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
+                        "%s: worker %llu (incarnation %llu) is not registered here%s", method,
+                        (unsigned long long)id, (unsigned long long)incarnation,
+                        heartbeat ? "; register again" : "");
+    return NULL;
+}
+
 void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__HeartbeatRequest *req = STRIA__REQ(Stria__V1__HeartbeatRequest, call);
     Stria__V1__HeartbeatReply rep = STRIA__V1__HEARTBEAT_REPLY__INIT;
-    stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+    stria__cworker_t *w =
+        stria__call_worker(co, call, "Heartbeat", req->worker_id, req->incarnation, true);
     double now = stria_time_now();
     uint64_t *drop;
 
-    if (w == NULL || w->incarnation != req->incarnation || w->left) {
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
-                            "Heartbeat: worker %llu (incarnation %llu) is not registered here; "
-                            "register again",
-                            (unsigned long long)req->worker_id,
-                            (unsigned long long)req->incarnation);
+    if (w == NULL)
         return;
-    }
     if (req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ||
         req->n_held_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS) {
         stria__count_error(co, STRIA__E_BAD_REQUEST);
@@ -238,6 +246,47 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     free(drop);
 }
 
+/* A rank of job j (on worker w) starts a forward (`bwd` false) or backward
+ * pass (req: its report); returns whether every rank has arrived at that pass
+ * (stria__job_arrive). The first rank moves the job to running it and clears
+ * every rank's done flag of that pass. */
+static bool stria__pass_started(stria__cjob_t *j, const Stria__V1__ReportJobRequest *req,
+                                stria__cworker_t *w, bool bwd)
+{
+    bool all_arrived = stria__job_arrive(j, req->rank, req->pass, bwd);
+    Stria__V1__JobState running = bwd ? S_RUNNING_BACKWARD : S_RUNNING_FORWARD;
+    if (j->state != running) {
+        if (bwd && j->forward_done_ms == 0)
+            j->forward_done_ms = stria__coord_wall_ms();
+        j->state = running;
+        *(bwd ? &j->backward_started_ms : &j->forward_started_ms) = stria__coord_wall_ms();
+        *(bwd ? &j->backward_done_ms : &j->forward_done_ms) = 0;
+        for (uint32_t r = 0; r < j->n_ranks; r++)
+            *(bwd ? &j->ranks[r].bwd_done : &j->ranks[r].fwd_done) = false;
+    }
+    w->current_job = j->id;
+    return all_arrived;
+}
+
+/* A rank of job j (on worker w) finished its pass (its done flag set): when
+ * every rank has, the job moves to the pass's done state and it is counted. */
+static void stria__pass_done(stria_coord_t *co, stria__cjob_t *j, stria__crank_t *cr,
+                             stria__cworker_t *w, bool bwd)
+{
+    bool all = true;
+    *(bwd ? &cr->bwd_done : &cr->fwd_done) = true;
+    if (w->current_job == j->id)
+        w->current_job = 0;
+    for (uint32_t r = 0; r < j->n_ranks; r++)
+        all = all && (bwd ? j->ranks[r].bwd_done : j->ranks[r].fwd_done);
+    if (all && j->state == (bwd ? S_RUNNING_BACKWARD : S_RUNNING_FORWARD)) {
+        uint64_t *done_ms = bwd ? &j->backward_done_ms : &j->forward_done_ms;
+        j->state = bwd ? S_DONE : S_FORWARD_DONE;
+        *done_ms = stria__coord_wall_ms();
+        stria__count_pass(co, bwd, bwd ? j->backward_started_ms : j->forward_started_ms, *done_ms);
+    }
+}
+
 void stria__on_report(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -246,7 +295,6 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = stria__job_find(co, req->job_id);
     stria__crank_t *cr;
     stria__cworker_t *w;
-    bool all = true;
 
     if (j == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "ReportJob: job %llu is unknown",
@@ -281,27 +329,10 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         cr->loaded = true;
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED:
-        rep.all_arrived = stria__job_arrive(j, req->rank, req->pass, false);
-        if (j->state != S_RUNNING_FORWARD) {
-            j->state = S_RUNNING_FORWARD;
-            j->forward_started_ms = stria__coord_wall_ms();
-            j->forward_done_ms = 0;
-            for (uint32_t r = 0; r < j->n_ranks; r++)
-                j->ranks[r].fwd_done = false;
-        }
-        w->current_job = j->id;
+        rep.all_arrived = stria__pass_started(j, req, w, false);
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE:
-        cr->fwd_done = true;
-        if (w->current_job == j->id)
-            w->current_job = 0;
-        for (uint32_t r = 0; r < j->n_ranks; r++)
-            all = all && j->ranks[r].fwd_done;
-        if (all && j->state == S_RUNNING_FORWARD) {
-            j->state = S_FORWARD_DONE;
-            j->forward_done_ms = stria__coord_wall_ms();
-            stria__count_pass(co, false, j->forward_started_ms, j->forward_done_ms);
-        }
+        stria__pass_done(co, j, cr, w, false);
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED:
         if (j->state == S_LOADING) {
@@ -310,29 +341,10 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
                                 (unsigned long long)j->id);
             return;
         }
-        rep.all_arrived = stria__job_arrive(j, req->rank, req->pass, true);
-        if (j->state != S_RUNNING_BACKWARD) {
-            if (j->forward_done_ms == 0)
-                j->forward_done_ms = stria__coord_wall_ms();
-            j->state = S_RUNNING_BACKWARD;
-            j->backward_started_ms = stria__coord_wall_ms();
-            j->backward_done_ms = 0;
-            for (uint32_t r = 0; r < j->n_ranks; r++)
-                j->ranks[r].bwd_done = false;
-        }
-        w->current_job = j->id;
+        rep.all_arrived = stria__pass_started(j, req, w, true);
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE:
-        cr->bwd_done = true;
-        if (w->current_job == j->id)
-            w->current_job = 0;
-        for (uint32_t r = 0; r < j->n_ranks; r++)
-            all = all && j->ranks[r].bwd_done;
-        if (all && j->state == S_RUNNING_BACKWARD) {
-            j->state = S_DONE;
-            j->backward_done_ms = stria__coord_wall_ms();
-            stria__count_pass(co, true, j->backward_started_ms, j->backward_done_ms);
-        }
+        stria__pass_done(co, j, cr, w, true);
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED:
         stria__count_error(co, STRIA__E_PASS_FAILED);

@@ -4,6 +4,52 @@
 #include "ring_int.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+stria_ring_shape_t stria_ring_shape_of(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                       int64_t head_dim, stria_dtype_t dtype, bool causal)
+{
+    stria_ring_shape_t s;
+    memset(&s, 0, sizeof(s));
+    s.batch = batch;
+    s.seq = seq;
+    s.heads = heads;
+    s.kv_heads = kv_heads;
+    s.head_dim = head_dim;
+    s.dtype = dtype;
+    s.causal = causal;
+    return s;
+}
+
+void stria_ring_shape_set_masks(stria_ring_shape_t *shape, const int64_t *cu_seqlens,
+                                size_t n_cu_seqlens, bool has_window, int64_t window_left,
+                                int64_t window_right)
+{
+    shape->cu_seqlens = cu_seqlens;
+    shape->n_cu_seqlens = n_cu_seqlens;
+    shape->has_window = has_window;
+    shape->window_left = has_window ? window_left : 0;
+    shape->window_right = has_window ? window_right : 0;
+}
+
+stria_attn_params_t stria_ring_shape_attn_params(const stria_ring_shape_t *shape)
+{
+    stria_attn_params_t a;
+    memset(&a, 0, sizeof(a));
+    a.batch = shape->batch;
+    a.q_tokens = a.kv_tokens = shape->seq;
+    a.heads = shape->heads;
+    a.kv_heads = shape->kv_heads;
+    a.head_dim = shape->head_dim;
+    a.scale = shape->scale;
+    a.causal = shape->causal;
+    a.cu_seqlens = shape->cu_seqlens;
+    a.n_cu_seqlens = shape->n_cu_seqlens;
+    a.has_window = shape->has_window;
+    a.window_left = shape->window_left;
+    a.window_right = shape->window_right;
+    return a;
+}
 
 struct stria_ring_plan {
     stria_ring_pass_t p; /* the fields the engine's rules read; rank set per query */

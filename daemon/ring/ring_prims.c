@@ -203,26 +203,14 @@ int stria__fwd_steps(const stria_ring_pass_t *p)
 
 stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
 {
-    stria_attn_params_t a;
-    memset(&a, 0, sizeof(a));
-    a.batch = p->shape.batch;
+    stria_attn_params_t a = stria_ring_shape_attn_params(&p->shape);
     a.q_tokens = p->valid[p->rank];
     a.kv_tokens = p->valid[j] > 0 ? p->valid[j] : 1;
-    a.heads = p->shape.heads;
-    a.kv_heads = p->shape.kv_heads;
-    a.head_dim = p->shape.head_dim;
-    a.scale = p->shape.scale;
-    a.causal = p->shape.causal;
     a.q_pos.runs = p->runs[p->rank];
     a.q_pos.n_runs = p->n_runs[p->rank];
     a.kv_pos.runs = p->runs[j];
     a.kv_pos.n_runs = p->n_runs[j];
     a.pool = p->pool;
-    a.cu_seqlens = p->shape.cu_seqlens;
-    a.n_cu_seqlens = p->shape.n_cu_seqlens;
-    a.has_window = p->shape.has_window;
-    a.window_left = p->shape.window_left;
-    a.window_right = p->shape.window_right;
     a.workspace = p->mem.alloc != NULL ? &p->mem : NULL;
     return a;
 }

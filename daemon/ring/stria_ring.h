@@ -96,6 +96,20 @@ typedef struct {
     int64_t window_left, window_right;
 } stria_ring_shape_t;
 
+/* A shape of those dimensions, storage dtype and causality, with the default
+ * scale, one document and no window (set the other fields after). */
+stria_ring_shape_t stria_ring_shape_of(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                       int64_t head_dim, stria_dtype_t dtype, bool causal);
+/* Sets the shape's documents (cu_seqlens borrowed, as in the shape) and
+ * window (left and right kept only with has_window, else 0). */
+void stria_ring_shape_set_masks(stria_ring_shape_t *shape, const int64_t *cu_seqlens,
+                                size_t n_cu_seqlens, bool has_window, int64_t window_left,
+                                int64_t window_right);
+/* The kernels' parameters of the whole shape in one call: q_tokens and
+ * kv_tokens the sequence, the shape's scale, causality, documents and window;
+ * no positions, pool or workspace. */
+stria_attn_params_t stria_ring_shape_attn_params(const stria_ring_shape_t *shape);
+
 /* Options of a pass object. Zero-initialise; zero is the default of every
  * field. */
 typedef struct {

@@ -207,20 +207,12 @@ static stria_status_t stria__pass_object(stria_worker_t *w, stria__wjob_t *j, st
         return stria_ring_pass_set_link(j->pass, link);
     stria_ring_shape_t shape;
     stria_ring_opts_t opts;
-    memset(&shape, 0, sizeof(shape));
-    shape.batch = j->batch;
-    shape.seq = j->seq;
-    shape.heads = j->heads;
-    shape.kv_heads = j->kv_heads;
-    shape.head_dim = j->head_dim;
+    shape = stria_ring_shape_of(j->batch, j->seq, j->heads, j->kv_heads, j->head_dim, j->dtype,
+                                j->causal);
     shape.scale = j->scale;
-    shape.causal = j->causal;
-    shape.dtype = j->dtype;
-    shape.cu_seqlens = j->masks.cu_seqlens; /* the job outlives its pass object */
-    shape.n_cu_seqlens = j->masks.n_cu_seqlens;
-    shape.has_window = j->masks.has_window;
-    shape.window_left = j->masks.window_left;
-    shape.window_right = j->masks.window_right;
+    /* the job outlives its pass object */
+    stria_ring_shape_set_masks(&shape, j->masks.cu_seqlens, j->masks.n_cu_seqlens,
+                               j->masks.has_window, j->masks.window_left, j->masks.window_right);
     memset(&opts, 0, sizeof(opts));
     opts.step_timeout_s = j->step_timeout_s;
     opts.pool = w->pool;

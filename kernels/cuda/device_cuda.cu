@@ -122,7 +122,10 @@ static stria_status_t stria__cu_memory(stria_device_t *dev, size_t *free_bytes, 
     return STRIA_OK;
 }
 
-static stria_status_t stria__cu_alloc(stria_device_t *dev, size_t bytes, void **out)
+/* `bytes` of device memory (cudaMalloc) or, with `host`, of page-aligned
+ * pinned host memory usable by every device of the process (cudaHostAlloc);
+ * 0 bytes: NULL. */
+static stria_status_t stria__cu_alloc_in(stria_device_t *dev, size_t bytes, bool host, void **out)
 {
     stria__cu_dev_t *d = stria__cu(dev);
     void *p = NULL;
@@ -133,14 +136,20 @@ static stria_status_t stria__cu_alloc(stria_device_t *dev, size_t bytes, void **
     }
     if ((st = stria__cu_current(d)) != STRIA_OK)
         return st;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = host ? cudaHostAlloc(&p, bytes, cudaHostAllocPortable) : cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return stria_error_set(stria__cu_status(e), "%s: cudaMalloc of %zu bytes: %s (%s)",
-                               d->base.name, bytes, cudaGetErrorString(e), cudaGetErrorName(e));
+        return stria_error_set(stria__cu_status(e), "%s: %s of %zu bytes: %s (%s)", d->base.name,
+                               host ? "cudaHostAlloc" : "cudaMalloc", bytes, cudaGetErrorString(e),
+                               cudaGetErrorName(e));
     }
     *out = p;
     return STRIA_OK;
+}
+
+static stria_status_t stria__cu_alloc(stria_device_t *dev, size_t bytes, void **out)
+{
+    return stria__cu_alloc_in(dev, bytes, false, out);
 }
 
 static void stria__cu_free(stria_device_t *dev, void *ptr)
@@ -154,24 +163,7 @@ static void stria__cu_free(stria_device_t *dev, void *ptr)
 
 static stria_status_t stria__cu_host_alloc(stria_device_t *dev, size_t bytes, void **out)
 {
-    stria__cu_dev_t *d = stria__cu(dev);
-    void *p = NULL;
-    stria_status_t st;
-    if (bytes == 0) {
-        *out = NULL;
-        return STRIA_OK;
-    }
-    if ((st = stria__cu_current(d)) != STRIA_OK)
-        return st;
-    /* page-aligned, pinned, usable by every device of the process */
-    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return stria_error_set(stria__cu_status(e), "%s: cudaHostAlloc of %zu bytes: %s (%s)",
-                               d->base.name, bytes, cudaGetErrorString(e), cudaGetErrorName(e));
-    }
-    *out = p;
-    return STRIA_OK;
+    return stria__cu_alloc_in(dev, bytes, true, out);
 }
 
 static void stria__cu_host_free(stria_device_t *dev, void *ptr)
@@ -183,13 +175,20 @@ static void stria__cu_host_free(stria_device_t *dev, void *ptr)
     }
 }
 
+/* The start of every call on a stream: the stream checked (stria__cu_bad_stream)
+ * and the device made current. */
+static stria_status_t stria__cu_on_stream(stria__cu_dev_t *d, stria_stream_t s, const char *what)
+{
+    stria_status_t st = stria__cu_bad_stream(d, s, what);
+    return st != STRIA_OK ? st : stria__cu_current(d);
+}
+
 static stria_status_t stria__cu_copy(stria_device_t *dev, stria_stream_t s, void *dst,
                                      const void *src, size_t bytes)
 {
     stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st;
-    if ((st = stria__cu_bad_stream(d, s, "copy")) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+    if ((st = stria__cu_on_stream(d, s, "copy")) != STRIA_OK)
         return st;
     if (bytes == 0)
         return STRIA_OK;
@@ -201,8 +200,7 @@ static stria_status_t stria__cu_zero(stria_device_t *dev, stria_stream_t s, void
 {
     stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st;
-    if ((st = stria__cu_bad_stream(d, s, "zero")) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+    if ((st = stria__cu_on_stream(d, s, "zero")) != STRIA_OK)
         return st;
     if (bytes == 0)
         return STRIA_OK;
@@ -215,8 +213,7 @@ static stria_status_t stria__cu_add(stria_device_t *dev, stria_stream_t s, float
 {
     stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st;
-    if ((st = stria__cu_bad_stream(d, s, "add_f32")) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+    if ((st = stria__cu_on_stream(d, s, "add_f32")) != STRIA_OK)
         return st;
     STRIA__CU_TRY(d, stria__cu_add_f32(dst, src, n, stria__cu_stream(d, s)));
     return STRIA_OK;
@@ -241,8 +238,7 @@ static stria_status_t stria__cu_sync(stria_device_t *dev, stria_stream_t s)
 {
     stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st;
-    if ((st = stria__cu_bad_stream(d, s, "sync")) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+    if ((st = stria__cu_on_stream(d, s, "sync")) != STRIA_OK)
         return st;
     STRIA__CU_TRY(d, cudaStreamSynchronize(stria__cu_stream(d, s)));
     return STRIA_OK;
@@ -353,6 +349,17 @@ static void stria__cu_args(const stria_attn_params_t *p, stria_cu_attn_t *a)
     a->dtype = STRIA_DTYPE_F32;
 }
 
+/* The start of every attention call after its validation: the device made
+ * current and the call's shape in a. */
+static stria_status_t stria__cu_begin(stria__cu_dev_t *d, const stria_attn_params_t *params,
+                                      stria_cu_attn_t *a)
+{
+    stria_status_t st = stria__cu_current(d);
+    if (st == STRIA_OK)
+        stria__cu_args(params, a);
+    return st;
+}
+
 static bool stria__cu_aligned(const stria_cu_view_t *v)
 {
     /* 16-byte rows of 16-bit values: pointer and every stride in 8s */
@@ -369,6 +376,25 @@ bool stria__cu_mma_ok(const stria_cu_attn_t *a, bool backward)
            (!backward || stria__cu_aligned(&a->d_o));
 }
 
+/* The arguments a forward and a backward share, after their validation: the
+ * device made current, the shape, the positions and masks, and q, k, v. */
+static stria_status_t stria__cu_qkv_args(stria__cu_dev_t *d, const stria_attn_params_t *params,
+                                         const char *fn, const stria_tensor_t *q,
+                                         const stria_tensor_t *k, const stria_tensor_t *v,
+                                         stria_cu_attn_t *a)
+{
+    stria_status_t st = stria__cu_begin(d, params, a);
+    if (st != STRIA_OK)
+        return st;
+    if ((st = stria__cu_positions(d, params, fn, a)) != STRIA_OK)
+        return st;
+    a->dtype = q->dtype;
+    a->q = stria__cu_view(q);
+    a->k = stria__cu_view(k);
+    a->v = stria__cu_view(v);
+    return STRIA_OK;
+}
+
 static stria_status_t stria__cu_attn_fwd(stria_device_t *dev, const stria_attn_params_t *params,
                                          const stria_tensor_t *q, const stria_tensor_t *k,
                                          const stria_tensor_t *v, const stria_tensor_t *o,
@@ -380,15 +406,8 @@ static stria_status_t stria__cu_attn_fwd(stria_device_t *dev, const stria_attn_p
     stria_status_t st;
 
     if ((st = stria__validate_fwd(params, q, k, v, o, lse, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_qkv_args(d, params, fn, q, k, v, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
-    if ((st = stria__cu_positions(d, params, fn, &a)) != STRIA_OK)
-        return st;
-    a.dtype = q->dtype;
-    a.q = stria__cu_view(q);
-    a.k = stria__cu_view(k);
-    a.v = stria__cu_view(v);
     a.o = stria__cu_view(o);
     a.lse = lse;
     a.accumulate = accumulate;
@@ -412,15 +431,8 @@ static stria_status_t stria__cu_attn_bwd(stria_device_t *dev, const stria_attn_p
     stria_status_t st;
 
     if ((st = stria__validate_bwd(params, q, k, v, d_o, lse, delta, dq, dk, dv, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_qkv_args(d, params, fn, q, k, v, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
-    if ((st = stria__cu_positions(d, params, fn, &a)) != STRIA_OK)
-        return st;
-    a.dtype = q->dtype;
-    a.q = stria__cu_view(q);
-    a.k = stria__cu_view(k);
-    a.v = stria__cu_view(v);
     a.d_o = stria__cu_view(d_o);
     a.lse_in = lse;
     a.delta = delta;
@@ -443,9 +455,8 @@ static stria_status_t stria__cu_attn_partial_init(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_partial_init(params, o, lse, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
     a.o = stria__cu_view(o);
     a.lse = lse;
     STRIA__CU_TRY(d, stria__cu_partial_init(&a, d->stream[0]));
@@ -461,9 +472,8 @@ static stria_status_t stria__cu_attn_merge(stria_device_t *dev, const stria_attn
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_merge(params, o_a, lse_a, o_b, lse_b, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
     a.o = stria__cu_view(o_a);
     a.lse = lse_a;
     STRIA__CU_TRY(d, stria__cu_merge(&a, stria__cu_view(o_b), lse_b, d->stream[0]));
@@ -480,9 +490,8 @@ static stria_status_t stria__cu_attn_finalize(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_finalize(params, o_part, o_out, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
     a.o = stria__cu_view(o_part);
     STRIA__CU_TRY(d, stria__cu_finalize(&a, stria__cu_view(o_out), o_out->dtype, d->stream[0]));
     return STRIA_OK;
@@ -498,9 +507,8 @@ static stria_status_t stria__cu_attn_bwd_delta(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_delta(params, o, d_o, delta, fn)) != STRIA_OK ||
-        (st = stria__cu_current(d)) != STRIA_OK)
+        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
         return st;
-    stria__cu_args(params, &a);
     a.o = stria__cu_view(o);
     a.d_o = stria__cu_view(d_o);
     a.dtype = d_o->dtype;

@@ -280,3 +280,26 @@ Test(ring_plan, refusals)
     cr_assert(strstr(stria_error_msg(), "rank 2") != NULL, "%s", stria_error_msg());
     stria_ring_plan_destroy(plan);
 }
+
+/* The shape constructors: dimensions kept, masks dropped without a window,
+ * and the whole-sequence kernel parameters carrying both. */
+Test(ring_plan, shape_constructors)
+{
+    static const int64_t cu[] = {0, 40, 96};
+    stria_ring_shape_t s = stria_ring_shape_of(2, 96, 8, 2, 64, STRIA_DTYPE_BF16, true);
+    cr_assert(s.batch == 2 && s.seq == 96 && s.heads == 8 && s.kv_heads == 2 && s.head_dim == 64);
+    cr_assert(s.dtype == STRIA_DTYPE_BF16 && s.causal && s.scale == 0.0f);
+    cr_assert(s.cu_seqlens == NULL && s.n_cu_seqlens == 0 && !s.has_window);
+    stria_ring_shape_set_masks(&s, cu, 3, false, 7, 5);
+    cr_assert(s.cu_seqlens == cu && s.n_cu_seqlens == 3);
+    cr_assert(!s.has_window && s.window_left == 0 && s.window_right == 0);
+    stria_ring_shape_set_masks(&s, cu, 3, true, 7, -1);
+    cr_assert(s.has_window && s.window_left == 7 && s.window_right == -1);
+    s.scale = 0.25f;
+    stria_attn_params_t a = stria_ring_shape_attn_params(&s);
+    cr_assert(a.batch == 2 && a.q_tokens == 96 && a.kv_tokens == 96 && a.heads == 8);
+    cr_assert(a.kv_heads == 2 && a.head_dim == 64 && a.scale == 0.25f && a.causal);
+    cr_assert(a.cu_seqlens == cu && a.n_cu_seqlens == 3 && a.has_window);
+    cr_assert(a.window_left == 7 && a.window_right == -1);
+    cr_assert(a.pool == NULL && a.workspace == NULL && a.q_pos.n_runs == 0);
+}
