@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "stria_client.h"
 #include "stria_common.h"
@@ -30,6 +31,16 @@ int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
                                     size_t coord_len);
 /* Stops every daemon started (SIGTERM, then SIGKILL after 5 s). */
 void stria_bench_daemons_stop(void);
+/* The daemons started so far: 0 the coordinator, 1 + i worker i (of the
+ * first service); a pid of 0 for a worker killed and not restarted. */
+int stria_bench_daemons_count(void);
+pid_t stria_bench_daemon_pid(int i);
+/* SIGKILLs worker i and reaps it. Returns 0, or -1 when it is not running. */
+int stria_bench_worker_kill(int i);
+/* Starts worker i, killed before, anew with the same flags (a new process
+ * and address, registering with the same coordinator); waits until it
+ * listens. Returns 0 or -1. */
+int stria_bench_worker_restart(int i);
 /* Minor page faults of worker i so far (/proc), -1 when unknown. */
 long long stria_bench_worker_minflt(int i);
 
