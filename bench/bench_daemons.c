@@ -338,11 +338,35 @@ stria_status_t stria_bench_pools(const char *coord, stria_bench_pools_t *out)
         return st;
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
     for (size_t i = 0; i < r->n_workers; i++) {
+        /* a dead worker's last heartbeat is not memory in use anywhere */
+        if (r->workers[i]->state == STRIA__V1__WORKER_STATE__WORKER_STATE_DEAD ||
+            r->workers[i]->state == STRIA__V1__WORKER_STATE__WORKER_STATE_LEFT)
+            continue;
         out->reserved += r->workers[i]->pool_reserved_bytes;
         out->in_use += r->workers[i]->pool_in_use_bytes;
         out->high_water += r->workers[i]->pool_high_water_bytes;
         out->committed += r->workers[i]->pool_committed_bytes;
     }
+    stria_rpc_reply_free(&reply);
+    return STRIA_OK;
+}
+
+stria_status_t stria_bench_coord_status(const char *coord, stria_bench_coord_status_t *out)
+{
+    Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    memset(out, 0, sizeof(*out));
+    stria_status_t st =
+        stria__coord_call(coord, NULL, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply);
+    if (st != STRIA_OK)
+        return st;
+    const Stria__V1__GetStatusReply *r = (const Stria__V1__GetStatusReply *)reply.msg;
+    out->workers_healthy = r->workers_healthy;
+    out->workers_dead = r->workers_dead;
+    out->jobs_pending = r->jobs_pending;
+    out->jobs_active = r->jobs_active;
+    out->jobs_submitted = r->jobs_submitted;
+    out->jobs_failed = r->jobs_failed;
     stria_rpc_reply_free(&reply);
     return STRIA_OK;
 }

@@ -44,12 +44,19 @@ int stria_bench_worker_restart(int i);
 /* Minor page faults of worker i so far (/proc), -1 when unknown. */
 long long stria_bench_worker_minflt(int i);
 
-/* The figures of the workers' memory pools, summed over the workers, as
- * their last heartbeats told the coordinator. */
+/* The figures of the workers' memory pools, summed over the live workers
+ * (not dead, not left), as their last heartbeats told the coordinator. */
 typedef struct {
     uint64_t reserved, in_use, high_water, committed;
 } stria_bench_pools_t;
 stria_status_t stria_bench_pools(const char *coord, stria_bench_pools_t *out);
+
+/* What the coordinator's status says of its workers and jobs. */
+typedef struct {
+    uint32_t workers_healthy, workers_dead, jobs_pending, jobs_active;
+    uint64_t jobs_submitted, jobs_failed; /* since it started */
+} stria_bench_coord_status_t;
+stria_status_t stria_bench_coord_status(const char *coord, stria_bench_coord_status_t *out);
 
 /* A client of the coordinator moving data by `path`. */
 stria_status_t stria_bench_client(const char *coord, const char *name, stria_data_path_t path,

@@ -46,6 +46,7 @@ static const char soak_description[] =
 
 #define SOAK_MAX_CLASSES 32
 #define SOAK_MAX_KILLS   8192
+#define SOAK_SLOW_S      10.0
 #define SOAK_GRACE_S     (3 * atof(STRIA_BENCH_HEARTBEAT_S) + 4)
 
 typedef struct {
@@ -72,6 +73,9 @@ typedef struct {
     atomic_bool stop;
     pthread_mutex_t mu;
     long jobs, ok, retries, retried_jobs, fail_retryable, fail_kill, fail_unexplained, bad_output;
+    long slow_jobs;   /* jobs whose calls took longer than SOAK_SLOW_S */
+    double longest_s; /* the longest job's calls */
+    char longest_how[160];
     soak_class_t classes[SOAK_MAX_CLASSES];
     int n_classes;
     long other_classes;
@@ -218,6 +222,13 @@ static stria_status_t soak_job(soak_state_t *st, stria_client_t *cl, uint64_t *s
     st->bad_output += !good;
     st->retries += fs.retries;
     st->retried_jobs += fs.retries > 0;
+    st->slow_jobs += end - start > SOAK_SLOW_S;
+    if (end - start > st->longest_s) {
+        st->longest_s = end - start;
+        snprintf(st->longest_how, sizeof(st->longest_how), "%s %s (%u retries)",
+                 rc == STRIA_OK ? "ok" : stria_status_name(rc), rc == STRIA_OK ? "" : phase,
+                 fs.retries);
+    }
     pthread_mutex_unlock(&st->mu);
     if (!good && !st->cfg->json)
         fprintf(stderr, "stria-bench soak: a job's outputs are not finite (or all zero)\n");
@@ -390,6 +401,7 @@ typedef struct {
     double seconds, drain_s, load_start, load_end;
     int unexplained, died;
     uint64_t pool_start, pool_end;
+    stria_bench_coord_status_t coord_end;
     soak_fit_t fit[STRIA_BENCH_MAX_WORKERS + 1];
 } soak_result_t;
 
@@ -408,14 +420,15 @@ static void soak_report_json(const soak_state_t *st, const soak_series_t *ser,
     printf("{\"name\":\"soak\",\"seconds\":%.1f,\"drain_s\":%.1f,\"workers\":%d,\"clients\":%d,"
            "\"kill_every_s\":%g,\"kills\":%d,\"load_start\":%.2f,\"load_end\":%.2f,"
            "\"jobs\":%ld,\"jobs_ok\":%ld,\"jobs_per_s\":%.3f,\"forward_retries\":%ld,"
-           "\"jobs_retried\":%ld,\"failures\":{\"total\":%ld,\"retryable\":%ld,"
+           "\"jobs_retried\":%ld,\"slow_jobs\":%ld,\"longest_job_s\":%.1f,"
+           "\"failures\":{\"total\":%ld,\"retryable\":%ld,"
            "\"not_retryable_after_kill\":%ld,\"unexplained\":%ld,\"bad_output\":%ld,"
            "\"other_classes\":%ld},\"failure_classes\":[",
            r->seconds, r->drain_s, c->workers, c->clients, c->kill_every, st->n_kills,
            r->load_start, r->load_end, st->jobs, st->ok, (double)st->jobs / r->seconds, st->retries,
-           st->retried_jobs, st->fail_retryable + st->fail_kill + st->fail_unexplained,
-           st->fail_retryable, st->fail_kill, st->fail_unexplained, st->bad_output,
-           st->other_classes);
+           st->retried_jobs, st->slow_jobs, st->longest_s,
+           st->fail_retryable + st->fail_kill + st->fail_unexplained, st->fail_retryable,
+           st->fail_kill, st->fail_unexplained, st->bad_output, st->other_classes);
     for (int i = 0; i < st->n_classes; i++) {
         const soak_class_t *k = &st->classes[i];
         printf("%s{\"status\":\"%s\",\"phase\":\"%s\",\"retryable\":%s,\"after_kill\":%s,"
@@ -427,8 +440,14 @@ static void soak_report_json(const soak_state_t *st, const soak_series_t *ser,
         stria_bench_json_string(stdout, k->example);
         printf("}");
     }
-    printf("],\"pool_in_use_bytes_start\":%llu,\"pool_in_use_bytes_end\":%llu,\"daemons\":[",
-           (unsigned long long)r->pool_start, (unsigned long long)r->pool_end);
+    printf("],\"pool_in_use_bytes_start\":%llu,\"pool_in_use_bytes_end\":%llu,"
+           "\"coordinator_end\":{\"jobs_submitted\":%llu,\"jobs_failed\":%llu,"
+           "\"jobs_active\":%u,\"jobs_pending\":%u,\"workers_healthy\":%u,"
+           "\"workers_dead\":%u},\"daemons\":[",
+           (unsigned long long)r->pool_start, (unsigned long long)r->pool_end,
+           (unsigned long long)r->coord_end.jobs_submitted,
+           (unsigned long long)r->coord_end.jobs_failed, r->coord_end.jobs_active,
+           r->coord_end.jobs_pending, r->coord_end.workers_healthy, r->coord_end.workers_dead);
     for (int i = 0; i <= c->workers; i++) {
         const soak_fit_t *f = &r->fit[i];
         char name[32];
@@ -461,6 +480,8 @@ static void soak_report_text(const soak_state_t *st, const soak_series_t *ser,
            r->load_start, r->load_end, r->drain_s);
     printf("  jobs        %ld (%.2f/s), ok %ld; forward retries %ld (in %ld jobs)\n", st->jobs,
            (double)st->jobs / r->seconds, st->ok, st->retries, st->retried_jobs);
+    printf("  longest job %.1f s (%s); %ld jobs took over %g s\n", st->longest_s, st->longest_how,
+           st->slow_jobs, SOAK_SLOW_S);
     printf("  failures    %ld: retryable %ld, not retryable during a kill %ld, unexplained %ld,"
            " bad outputs %ld\n",
            st->fail_retryable + st->fail_kill + st->fail_unexplained, st->fail_retryable,
@@ -473,8 +494,13 @@ static void soak_report_text(const soak_state_t *st, const soak_series_t *ser,
     }
     if (st->other_classes > 0)
         printf("    %6ld  of other classes\n", st->other_classes);
-    printf("  pools in use: %llu bytes at the start, %llu at the end\n",
-           (unsigned long long)r->pool_start, (unsigned long long)r->pool_end);
+    printf("  pools in use: %llu bytes at the start, %llu at the end; the coordinator: %llu jobs "
+           "submitted, %llu failed, %u active and %u pending at the end, %u workers healthy, "
+           "%u dead\n",
+           (unsigned long long)r->pool_start, (unsigned long long)r->pool_end,
+           (unsigned long long)r->coord_end.jobs_submitted,
+           (unsigned long long)r->coord_end.jobs_failed, r->coord_end.jobs_active,
+           r->coord_end.jobs_pending, r->coord_end.workers_healthy, r->coord_end.workers_dead);
     printf("  %-12s %8s %3s  %-30s  %-26s %-16s %s\n", "daemon", "pid", "rs",
            "RSS KiB start/warm/end", "slope KiB/min (last half)", "fds start/end", "fds/min");
     for (int i = 0; i <= c->workers; i++) {
@@ -619,16 +645,23 @@ static int soak_parse(int argc, char **argv, soak_cfg_t *c)
     return -1;
 }
 
-/* Waits up to three heartbeats for the workers' pools to be back to `start`
- * bytes in use (the last heartbeats tell); the sum in use then. */
-static uint64_t soak_pools_end(const char *coord, uint64_t start)
+/* Waits up to three heartbeats for the coordinator to hold no job and the
+ * live workers' pools to be back to r->pool_start bytes in use (as their
+ * last heartbeats tell); records what it sees then. */
+static void soak_end_state(const char *coord, soak_result_t *r)
 {
     stria_bench_pools_t p;
-    memset(&p, 0, sizeof(p));
     double until = stria_time_now() + 3 * atof(STRIA_BENCH_HEARTBEAT_S) + 1;
-    while (stria_bench_pools(coord, &p) == STRIA_OK && p.in_use > start && stria_time_now() < until)
+    for (;;) {
+        bool ok = stria_bench_pools(coord, &p) == STRIA_OK &&
+                  stria_bench_coord_status(coord, &r->coord_end) == STRIA_OK;
+        r->pool_end = ok ? p.in_use : 0;
+        if (!ok || stria_time_now() > until ||
+            (p.in_use <= r->pool_start && r->coord_end.jobs_active == 0 &&
+             r->coord_end.jobs_pending == 0))
+            break;
         usleep(200000);
-    return p.in_use;
+    }
 }
 
 /* Runs the clients and the driver; fills r. Returns 0, or 1 when the client
@@ -660,7 +693,7 @@ static int soak_run(soak_state_t *st, soak_series_t *ser, soak_result_t *r)
     r->seconds = stria_time_now() - st->t0;
     for (int i = 0; i <= c->workers; i++)
         soak_sample(c, &ser[i], i, r->seconds);
-    r->pool_end = soak_pools_end(st->coord, r->pool_start);
+    soak_end_state(st->coord, r);
     r->load_end = soak_loadavg();
     if (started < c->clients) {
         fprintf(stderr, "stria-bench soak: cannot start client thread %d\n", started);
@@ -690,8 +723,11 @@ int stria_bench_soak(int argc, char **argv)
         setvbuf(c.samples, NULL, _IOLBF, 0);
         fprintf(c.samples, "seconds,daemon,pid,rss_kib,fds\n");
     }
-    if (stria_bench_daemons_start("soak", c.workers, c.tpr, coord, sizeof(coord)) != 0)
+    if (stria_bench_daemons_start("soak", c.workers, c.tpr, coord, sizeof(coord)) != 0) {
+        if (c.samples != NULL)
+            fclose(c.samples);
         return 1;
+    }
     soak_state_t *st = calloc(1, sizeof(*st));
     soak_series_t *ser = calloc((size_t)c.workers + 1, sizeof(*ser));
     soak_result_t *r = calloc(1, sizeof(*r));

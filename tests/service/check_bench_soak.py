@@ -10,11 +10,13 @@ import sys
 
 WORKERS = 3
 TOP = ("name", "seconds", "workers", "clients", "kill_every_s", "kills", "load_start", "load_end",
-       "jobs", "jobs_ok", "jobs_per_s", "forward_retries", "jobs_retried", "failures",
-       "failure_classes", "pool_in_use_bytes_start", "pool_in_use_bytes_end", "daemons",
+       "jobs", "jobs_ok", "jobs_per_s", "forward_retries", "jobs_retried", "slow_jobs", "longest_job_s", "failures",
+       "failure_classes", "pool_in_use_bytes_start", "pool_in_use_bytes_end", "coordinator_end", "daemons",
        "unexplained")
 FAILURES = ("total", "retryable", "not_retryable_after_kill", "unexplained", "bad_output",
             "other_classes")
+COORD_END = ("jobs_submitted", "jobs_failed", "jobs_active", "jobs_pending", "workers_healthy",
+             "workers_dead")
 CLASS = ("status", "phase", "retryable", "after_kill", "count", "class", "example")
 DAEMON = ("name", "pid", "restarts", "died", "samples", "fit_samples", "rss_kib_start",
           "rss_kib_after_warmup", "rss_kib_end", "rss_kib_max", "rss_slope_kib_per_min",
@@ -49,7 +51,11 @@ def check_run(bench):
         fail("not JSON: %r (%s)" % (lines[0], e))
     need(obj, TOP, "soak")
     need(obj["failures"], FAILURES, "failures")
+    need(obj["coordinator_end"], COORD_END, "coordinator_end")
     f = obj["failures"]
+    ce = obj["coordinator_end"]
+    if ce["jobs_submitted"] < obj["jobs_ok"] or ce["workers_healthy"] != WORKERS:
+        fail("the coordinator at the end: %s" % ce)
     if obj["name"] != "soak" or obj["workers"] != WORKERS or obj["clients"] != 2:
         fail("name/workers/clients: %s" % lines[0])
     if obj["seconds"] < 6 or obj["kills"] != 1:
@@ -91,9 +97,9 @@ def check_run(bench):
     # the kill takes a worker of the upper half, which is then started again
     if restarts[0] != 0 or sum(restarts) != 1 or sum(restarts[1:1 + WORKERS // 2]) != 0:
         fail("restarts %s, want one of a worker of the upper half" % restarts)
-    print("stria-bench soak --json: %d jobs (%d ok, %d retries), %d failures, every field "
-          "present and consistent" % (obj["jobs"], obj["jobs_ok"], obj["forward_retries"],
-                                      f["total"]))
+    print("stria-bench soak --json: %d jobs (%d ok, %d retries), %d failures, %.1f s to end "
+          "the last jobs, every field present and consistent" %
+          (obj["jobs"], obj["jobs_ok"], obj["forward_retries"], f["total"], obj["drain_s"]))
 
 
 def check_usage(bench):
