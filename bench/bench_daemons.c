@@ -74,8 +74,12 @@ static int stria__start_proc(char *const argv[], const char *prefix, char *line,
         return -1;
     if (pid == 0) {
         dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
+        /* nothing else of this process: the other daemons' pipes, the
+         * benchmark's client connections and files stay out of the daemon
+         * (they would count among its descriptors and keep connections open) */
+        long max_fd = sysconf(_SC_OPEN_MAX);
+        for (int fd = 3; fd < (max_fd > 0 && max_fd < 65536 ? max_fd : 65536); fd++)
+            close(fd);
         FILE *null = freopen("/dev/null", "w", stderr);
         (void)null;
         execv(argv[0], argv);

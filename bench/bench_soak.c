@@ -715,7 +715,7 @@ int stria_bench_soak(int argc, char **argv)
     if (prc >= 0)
         return prc;
     if (c.samples_path != NULL) {
-        c.samples = fopen(c.samples_path, "w");
+        c.samples = fopen(c.samples_path, "we"); /* close-on-exec */
         if (c.samples == NULL) {
             fprintf(stderr, "stria-bench soak: cannot write --samples %s\n", c.samples_path);
             return 1;
