@@ -40,7 +40,8 @@ static const char soak_description[] =
     "current process), over all of them and over their last half.\n"
     "\n"
     "A failure is explained when it is retryable, or when a kill happened during\n"
-    "its call or the grace period before it (3 heartbeats + 4 s). Exit status 1\n"
+    "its call or the grace period before it (3 heartbeats + 4 s); retryable failures\n"
+    "with no kill near are counted apart (retryable_without_kill). Exit status 1\n"
     "when any failure is unexplained, an output is not finite, or a daemon died\n"
     "without being killed; 0 otherwise.";
 
@@ -73,8 +74,9 @@ typedef struct {
     atomic_bool stop;
     pthread_mutex_t mu;
     long jobs, ok, retries, retried_jobs, fail_retryable, fail_kill, fail_unexplained, bad_output;
-    long slow_jobs;   /* jobs whose calls took longer than SOAK_SLOW_S */
-    double longest_s; /* the longest job's calls */
+    long fail_retryable_no_kill; /* retryable, yet no kill during the call or its grace */
+    long slow_jobs;              /* jobs whose calls took longer than SOAK_SLOW_S */
+    double longest_s;            /* the longest job's calls */
     char longest_how[160];
     soak_class_t classes[SOAK_MAX_CLASSES];
     int n_classes;
@@ -131,7 +133,8 @@ static void soak_record_failure(soak_state_t *st, stria_status_t rc, bool retrya
     char text[128];
     soak_blank_numbers(msg, text, sizeof(text));
     pthread_mutex_lock(&st->mu);
-    bool after_kill = !retryable && soak_near_kill(st, start, end);
+    bool after_kill = soak_near_kill(st, start, end);
+    st->fail_retryable_no_kill += retryable && !after_kill;
     if (retryable)
         st->fail_retryable++;
     else if (after_kill)
@@ -423,12 +426,14 @@ static void soak_report_json(const soak_state_t *st, const soak_series_t *ser,
            "\"jobs_retried\":%ld,\"slow_jobs\":%ld,\"longest_job_s\":%.1f,"
            "\"failures\":{\"total\":%ld,\"retryable\":%ld,"
            "\"not_retryable_after_kill\":%ld,\"unexplained\":%ld,\"bad_output\":%ld,"
+           "\"retryable_without_kill\":%ld,"
            "\"other_classes\":%ld},\"failure_classes\":[",
            r->seconds, r->drain_s, c->workers, c->clients, c->kill_every, st->n_kills,
            r->load_start, r->load_end, st->jobs, st->ok, (double)st->jobs / r->seconds, st->retries,
            st->retried_jobs, st->slow_jobs, st->longest_s,
            st->fail_retryable + st->fail_kill + st->fail_unexplained, st->fail_retryable,
-           st->fail_kill, st->fail_unexplained, st->bad_output, st->other_classes);
+           st->fail_kill, st->fail_unexplained, st->bad_output, st->fail_retryable_no_kill,
+           st->other_classes);
     for (int i = 0; i < st->n_classes; i++) {
         const soak_class_t *k = &st->classes[i];
         printf("%s{\"status\":\"%s\",\"phase\":\"%s\",\"retryable\":%s,\"after_kill\":%s,"
@@ -482,15 +487,15 @@ static void soak_report_text(const soak_state_t *st, const soak_series_t *ser,
            (double)st->jobs / r->seconds, st->ok, st->retries, st->retried_jobs);
     printf("  longest job %.1f s (%s); %ld jobs took over %g s\n", st->longest_s, st->longest_how,
            st->slow_jobs, SOAK_SLOW_S);
-    printf("  failures    %ld: retryable %ld, not retryable during a kill %ld, unexplained %ld,"
-           " bad outputs %ld\n",
+    printf("  failures    %ld: retryable %ld (%ld with no kill near), not retryable during a kill "
+           "%ld, unexplained %ld, bad outputs %ld\n",
            st->fail_retryable + st->fail_kill + st->fail_unexplained, st->fail_retryable,
-           st->fail_kill, st->fail_unexplained, st->bad_output);
+           st->fail_retryable_no_kill, st->fail_kill, st->fail_unexplained, st->bad_output);
     for (int i = 0; i < st->n_classes; i++) {
         const soak_class_t *k = &st->classes[i];
         printf("    %6ld  %s %s%s %s: %s\n", k->count, k->status,
-               k->retryable ? "retryable" : "not retryable", k->after_kill ? " (kill)" : "",
-               k->phase, k->text);
+               k->retryable ? "retryable" : "not retryable",
+               k->after_kill ? " (kill)" : " (no kill)", k->phase, k->text);
     }
     if (st->other_classes > 0)
         printf("    %6ld  of other classes\n", st->other_classes);

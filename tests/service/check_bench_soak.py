@@ -14,7 +14,7 @@ TOP = ("name", "seconds", "workers", "clients", "kill_every_s", "kills", "load_s
        "failure_classes", "pool_in_use_bytes_start", "pool_in_use_bytes_end", "coordinator_end", "daemons",
        "unexplained")
 FAILURES = ("total", "retryable", "not_retryable_after_kill", "unexplained", "bad_output",
-            "other_classes")
+            "retryable_without_kill", "other_classes")
 COORD_END = ("jobs_submitted", "jobs_failed", "jobs_active", "jobs_pending", "workers_healthy",
              "workers_dead")
 CLASS = ("status", "phase", "retryable", "after_kill", "count", "class", "example")
@@ -71,8 +71,13 @@ def check_run(bench):
         fail("jobs - ok = %d, failures %s" % (obj["jobs"] - obj["jobs_ok"], f))
     for c in obj["failure_classes"]:
         need(c, CLASS, "failure class")
-        if c["count"] < 1 or (c["after_kill"] and c["retryable"]):
-            fail("failure class %s" % c)
+        if c["count"] < 1 or (not c["after_kill"] and not c["retryable"]):
+            fail("failure class %s (not retryable with no kill near: unexplained)" % c)
+    no_kill = sum(c["count"] for c in obj["failure_classes"]
+                  if c["retryable"] and not c["after_kill"])
+    if f["other_classes"] == 0 and no_kill != f["retryable_without_kill"]:
+        fail("retryable_without_kill %d, the classes say %d" % (f["retryable_without_kill"],
+                                                                 no_kill))
     counted = sum(c["count"] for c in obj["failure_classes"]) + f["other_classes"]
     if counted != f["total"]:
         fail("failure classes count %d, total %d" % (counted, f["total"]))
