@@ -62,10 +62,27 @@ static void stria__on_signal(int sig)
     raise(sig);
 }
 
-/* Starts argv with stdout on a pipe and stderr to /dev/null; reads lines until
- * one starts with `prefix` and copies it into line. */
-static int stria__start_proc(char *const argv[], const char *prefix, char *line, size_t len)
+/* stria_bench_daemons_logs(): where the daemons' stderr goes ("": /dev/null)
+ * and their --log-level. */
+static char stria__log_dir[512];
+static char stria__log_level[32] = "--log-level=error";
+
+void stria_bench_daemons_logs(const char *dir, const char *level)
 {
+    snprintf(stria__log_dir, sizeof(stria__log_dir), "%s", dir != NULL ? dir : "");
+    snprintf(stria__log_level, sizeof(stria__log_level), "--log-level=%s",
+             level != NULL ? level : "error");
+}
+
+/* Starts argv with stdout on a pipe and stderr to /dev/null (or appended to
+ * LOG_DIR/name.log); reads lines until one starts with `prefix` and copies it
+ * into line. */
+static int stria__start_proc(char *const argv[], const char *name, const char *prefix, char *line,
+                             size_t len)
+{
+    char log[600] = "/dev/null";
+    if (stria__log_dir[0] != '\0')
+        snprintf(log, sizeof(log), "%s/%s.log", stria__log_dir, name);
     int fds[2];
     if (stria__n_procs >= (int)(sizeof(stria__procs) / sizeof(stria__procs[0])) || pipe(fds) != 0)
         return -1;
@@ -80,8 +97,8 @@ static int stria__start_proc(char *const argv[], const char *prefix, char *line,
         long max_fd = sysconf(_SC_OPEN_MAX);
         for (int fd = 3; fd < (max_fd > 0 && max_fd < 65536 ? max_fd : 65536); fd++)
             close(fd);
-        FILE *null = freopen("/dev/null", "w", stderr);
-        (void)null;
+        FILE *err = freopen(log, "a", stderr);
+        (void)err;
         execv(argv[0], argv);
         _exit(127);
     }
@@ -169,23 +186,24 @@ static struct {
  * slot when slot == stria__n_procs). Returns 0 or -1. */
 static int stria__start_worker(int slot)
 {
-    char line[512];
+    char line[512], name[32];
+    snprintf(name, sizeof(name), "worker%d", slot - 1);
     /* the runtime directory first: without one, its place repeats the log level */
     char *wargv[] = {stria__wcfg.bin,
                      "--coordinator",
                      stria__wcfg.coord,
                      "--threads",
                      stria__wcfg.threads,
-                     "--log-level=error",
-                     stria__wcfg.rundir[0] ? stria__wcfg.rundir : "--log-level=error",
+                     stria__log_level,
+                     stria__wcfg.rundir[0] ? stria__wcfg.rundir : stria__log_level,
                      stria__wcfg.creds ? stria__wcfg.ctok : NULL,
                      stria__wcfg.wtok,
                      NULL};
     if (slot == stria__n_procs)
-        return stria__start_proc(wargv, "stria-worker listening", line, sizeof(line));
+        return stria__start_proc(wargv, name, "stria-worker listening", line, sizeof(line));
     /* an existing slot: start into a new one, then move it there */
     int n = stria__n_procs;
-    if (stria__start_proc(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
+    if (stria__start_proc(wargv, name, "stria-worker listening", line, sizeof(line)) != 0) {
         if (stria__n_procs > n) { /* started but never said it listens */
             kill(stria__procs[n].pid, SIGKILL);
             waitpid(stria__procs[n].pid, NULL, 0);
@@ -244,10 +262,12 @@ int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
                      "127.0.0.1:0",
                      "--heartbeat-period",
                      STRIA_BENCH_HEARTBEAT_S,
+                     stria__log_level,
                      creds ? ctok : NULL,
                      wtok,
                      NULL};
-    if (stria__start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
+    if (stria__start_proc(cargv, "coordinator", "stria-coordinator listening on ", line,
+                          sizeof(line)) != 0) {
         fprintf(stderr, "stria-bench %s: the coordinator did not start\n", cmd);
         stria_bench_daemons_stop();
         return 1;

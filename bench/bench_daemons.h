@@ -29,6 +29,10 @@ typedef struct {
 int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
                                     const stria_bench_creds_t *creds, char *coord,
                                     size_t coord_len);
+/* Before a start: the daemons' stderr appended to DIR/coordinator.log and
+ * DIR/workerI.log (NULL: to /dev/null, the default) and their --log-level
+ * (NULL: error, the default). */
+void stria_bench_daemons_logs(const char *dir, const char *level);
 /* Stops every daemon started (SIGTERM, then SIGKILL after 5 s). */
 void stria_bench_daemons_stop(void);
 /* The daemons started so far: 0 the coordinator, 1 + i worker i (of the

@@ -55,7 +55,8 @@ typedef struct {
     int workers, clients, tpr;
     int64_t seed;
     bool json;
-    const char *samples_path; /* --samples FILE: every sample as a CSV line */
+    const char *samples_path;     /* --samples FILE: every sample as a CSV line */
+    const char *logs, *log_level; /* --daemon-logs DIR, --daemon-log-level L */
     FILE *samples;
 } soak_cfg_t;
 
@@ -624,6 +625,18 @@ static int soak_parse(int argc, char **argv, soak_cfg_t *c)
          .metavar = "FILE",
          .help = "write every sample to FILE as CSV: seconds,daemon,pid,rss_kib,fds (daemon 0 "
                  "the coordinator, 1 + i worker i)"},
+        {.name = "daemon-logs",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->logs,
+         .metavar = "DIR",
+         .help = "append the daemons' stderr to DIR/coordinator.log and DIR/workerI.log "
+                 "(default: discarded)"},
+        {.name = "daemon-log-level",
+         .type = STRIA_OPT_STRING,
+         .dst = &c->log_level,
+         .dflt = "error",
+         .metavar = "LEVEL",
+         .help = "the daemons' --log-level (error, warn, info, debug)"},
         {.name = "json", .type = STRIA_OPT_FLAG, .dst = &c->json, .help = "one JSON object"},
         {.name = NULL},
     };
@@ -728,6 +741,7 @@ int stria_bench_soak(int argc, char **argv)
         setvbuf(c.samples, NULL, _IOLBF, 0);
         fprintf(c.samples, "seconds,daemon,pid,rss_kib,fds\n");
     }
+    stria_bench_daemons_logs(c.logs, c.log_level);
     if (stria_bench_daemons_start("soak", c.workers, c.tpr, coord, sizeof(coord)) != 0) {
         if (c.samples != NULL)
             fclose(c.samples);
