@@ -27,6 +27,7 @@
 #include "stria_common.h"
 #include "stria_kernels.h"
 #include "stria_ring.h"
+#include "ring_int.h" /* white box: the step-time recorders, timed on their own */
 
 #define STRIA__RB_MAX_LIST 16
 
@@ -787,6 +788,45 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, const stria__rb_d
 
 /* ---- what the step times cost ----------------------------------------------- */
 
+/* What the step-time recorders cost on their own: the calls a pass of n
+ * steps makes (a step start, compute and wait spans, a send posted and seen
+ * complete per step, then the pass's finish), each with a clock read of its
+ * own (a pass shares the clock reads of its compute and wait accounting, so
+ * this is an upper bound), repeated; seconds per pass's records. */
+static double stria__rb_recorder_cost(int n, long *records_out)
+{
+    stria_ring_pass_t p;
+    memset(&p, 0, sizeof(p));
+    p.stats = calloc((size_t)n, sizeof(*p.stats));
+    if (p.stats == NULL)
+        return -1;
+    p.steps_run = n;
+    stria_link_req_t *fake = (stria_link_req_t *)&p; /* never dereferenced */
+    const int reps = 2000;
+    long records = 0;
+    double t0 = stria_time_now();
+    for (int r = 0; r < reps; r++) {
+        memset(p.stats, 0, (size_t)n * sizeof(*p.stats));
+        p.t_start = stria_time_now();
+        for (int s = 0; s < n; s++) {
+            stria_ring_step_stats_t *ss = &p.stats[s];
+            stria__times_step(&p, s, stria_time_now());
+            stria__times_send(&p, fake, ss, false, stria_time_now());
+            double a = stria_time_now();
+            stria__times_span(&p, ss, STRIA_RING_SPAN_COMPUTE, a, stria_time_now());
+            double b = stria_time_now();
+            stria__times_span(&p, ss, STRIA_RING_SPAN_WAIT, b, stria_time_now());
+            stria__times_waited(&p, fake, stria_time_now());
+            records += 5;
+        }
+        stria__times_finish(&p);
+    }
+    double per_pass = (stria_time_now() - t0) / reps;
+    free(p.stats);
+    *records_out = records / reps;
+    return per_pass;
+}
+
 /* Striped forward + backward passes with and without step times, runs
  * interleaved; the process's CPU time per run (every rank's thread) and its
  * wall time, medians. The step records each rank made say how many there
@@ -815,24 +855,34 @@ static stria_status_t stria__rb_times_cost(const stria__rb_opts_t *o, stria__rb_
                 records += 2 + st[i].times.n_spans + (st[i].times.send_begin >= 0) +
                            (st[i].times.sum_send_begin >= 0);
         }
+    long rec_calls = 0;
+    double rec_s = rc == STRIA_OK ? stria__rb_recorder_cost(n, &rec_calls) : 0;
+    if (rec_s < 0)
+        rc = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     if (rc == STRIA_OK) {
         double on = stria_bench_median(cpu[0], o->reps), off = stria_bench_median(cpu[1], o->reps);
         double won = stria_bench_median(wall[0], o->reps);
         double woff = stria_bench_median(wall[1], o->reps);
+        /* the recorders' share: every record of forward and backward (about
+         * twice the backward's) at the cost of one call measured alone */
+        double per_call = rec_s / (double)rec_calls, frac = 2.0 * (double)records * per_call / off;
         if (o->json)
             printf("{\"ranks\":%d,\"seq\":%lld,\"heads\":%lld,\"reps\":%d,"
                    "\"cpu_on_s\":%.6f,\"cpu_off_s\":%.6f,\"cpu_ratio\":%.4f,"
                    "\"wall_on_s\":%.6f,\"wall_off_s\":%.6f,\"wall_ratio\":%.4f,"
-                   "\"records_bwd\":%ld}\n",
+                   "\"records_bwd\":%ld,\"recorder_ns_per_call\":%.1f,"
+                   "\"recorder_fraction\":%.3e}\n",
                    n, (long long)d->seq, (long long)o->heads, o->reps, on, off, on / off, won, woff,
-                   won / woff, records);
+                   won / woff, records, per_call * 1e9, frac);
         else
             printf("stria-bench ring --step-times-cost: N=%d S=%lld H=%lld, striped forward + "
                    "backward, median of %d\n  process CPU per run: %.4f s with step times, %.4f "
                    "s without (x%.4f); wall %.4f s / %.4f s (x%.4f); %ld step records in the "
-                   "backward pass\n",
+                   "backward pass\n  the recorders alone, timed on their own: %.1f ns a call "
+                   "with its clock read; for twice the backward's records (forward + backward) "
+                   "%.2e of the CPU time without\n",
                    n, (long long)d->seq, (long long)o->heads, o->reps, on, off, on / off, won, woff,
-                   won / woff, records);
+                   won / woff, records, per_call * 1e9, frac);
         fflush(stdout);
     }
     free(st);

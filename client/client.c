@@ -46,16 +46,21 @@ static int stria__failure_rank(stria_status_t st)
     return 3;
 }
 
+/* The same for a rank's failure, a rank given up on explaining nothing. */
+static int stria__explains(const stria__rank_t *r)
+{
+    return r->abandoned ? 0 : stria__failure_rank(r->status);
+}
+
 /* The status of a phase: the first rank whose failure explains the others
  * best (see stria__failure_rank()). */
 static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
 {
     int pick = -1;
     for (int i = 0; i < job->n_ranks; i++) {
-        stria_status_t st = job->ranks[i].status;
-        if (st == STRIA_OK)
+        if (job->ranks[i].status == STRIA_OK)
             continue;
-        if (pick < 0 || stria__failure_rank(st) > stria__failure_rank(job->ranks[pick].status))
+        if (pick < 0 || stria__explains(&job->ranks[i]) > stria__explains(&job->ranks[pick]))
             pick = i;
     }
     if (pick < 0)
@@ -280,6 +285,20 @@ static void *stria__rank_thread(void *arg)
     ta->r->retryable = ta->r->conn_lost = false;
     ph->fn(ph, ta->r);
     pthread_mutex_lock(&ph->lock);
+    stria__rank_t *r = ta->r;
+    r->done = true;
+    if (r->abandoned && r->status != STRIA_OK) { /* its own error only says "abandoned" */
+        r->status = STRIA_ERR_CANCELLED;
+        r->conn_lost = false;
+        r->retryable = ph->abandon_retryable;
+        snprintf(r->error, sizeof(r->error), "no answer; given up on, as %s", ph->abandon_why);
+    }
+    if (r->abandoned) { /* its connection is good for nothing now */
+        stria_rpc_client_close(r->conn);
+        r->conn = NULL;
+    } else if (r->status != STRIA_OK && ph->first_fail == 0) {
+        ph->first_fail = stria_time_now();
+    }
     ph->remaining--;
     pthread_cond_signal(&ph->cv);
     pthread_mutex_unlock(&ph->lock);
@@ -328,6 +347,75 @@ static void stria__poll_progress(stria__phase_t *ph, stria_progress_cb progress,
     stria_rpc_reply_free(&reply);
 }
 
+/* Gives up on the ranks still running (lock held): their calls fail at
+ * once (see stria_rpc_client_abort()). */
+static void stria__abandon_locked(stria__phase_t *ph, const char *why, bool retryable)
+{
+    stria_job_t *job = ph->job;
+    snprintf(ph->abandon_why, sizeof(ph->abandon_why), "%s", why);
+    ph->abandon_retryable = retryable;
+    ph->abandoned = true;
+    for (int i = 0; i < job->n_ranks; i++) {
+        stria__rank_t *r = &job->ranks[i];
+        if (r->done)
+            continue;
+        r->abandoned = true;
+        stria_rpc_client_abort(__atomic_load_n(&r->conn, __ATOMIC_ACQUIRE));
+    }
+}
+
+/* Whether the coordinator ended the job (failed, cancelled or expired it);
+ * its reason into why[0 .. len) and its verdict into *retryable. */
+static bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    bool ended = false;
+    req.job_id = job->id;
+    memset(&reply, 0, sizeof(reply));
+    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) !=
+        STRIA_OK)
+        return false;
+    const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)reply.msg)->job;
+    if (info != NULL && info->state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED &&
+        info->state != STRIA__V1__JOB_STATE__JOB_STATE_RELEASED) {
+        ended = true;
+        *retryable =
+            info->state == STRIA__V1__JOB_STATE__JOB_STATE_FAILED && info->failure_retryable;
+        snprintf(why, len, "the coordinator ended the job: %s",
+                 info->failure && info->failure[0] ? info->failure : "no reason given");
+    }
+    stria_rpc_reply_free(&reply);
+    return ended;
+}
+
+/* While a phase runs (lock held): once a rank failed it, the ranks silent
+ * STRIA__ABANDON_S later are given up on; so are all of them once the
+ * coordinator ended the job (asked every STRIA__WATCH_S). */
+static void stria__watch_locked(stria__phase_t *ph, double started, double *next_watch)
+{
+    double now = stria_time_now();
+    if (ph->abandoned || ph->remaining == 0)
+        return;
+    if (ph->first_fail > 0 && now - ph->first_fail >= STRIA__ABANDON_S) {
+        char why[96];
+        snprintf(why, sizeof(why), "another rank failed the phase %.1f s before",
+                 now - ph->first_fail);
+        stria__abandon_locked(ph, why, true);
+        return;
+    }
+    if (ph->job->id == 0 || now < *next_watch || now - started < STRIA__WATCH_S)
+        return;
+    *next_watch = now + STRIA__WATCH_S;
+    char why[512];
+    bool retryable = false;
+    pthread_mutex_unlock(&ph->lock);
+    bool ended = stria__job_ended(ph->job, why, sizeof(why), &retryable);
+    pthread_mutex_lock(&ph->lock);
+    if (ended && !ph->abandoned && ph->remaining > 0)
+        stria__abandon_locked(ph, why, retryable);
+}
+
 /* Runs fn on one thread per rank and waits for all of them. */
 static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
                                        stria_progress_cb progress, void *arg, stria_phase_t phase)
@@ -345,6 +433,11 @@ static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
     pthread_mutex_init(&ph->lock, NULL);
     pthread_cond_init(&ph->cv, NULL);
     ph->remaining = job->n_ranks;
+    ph->first_fail = 0;
+    ph->abandoned = false;
+    double t_start = stria_time_now(), next_watch = 0;
+    for (int i = 0; i < job->n_ranks; i++)
+        job->ranks[i].done = job->ranks[i].abandoned = false;
     for (int i = 0; i < job->n_ranks; i++) {
         job->ranks[i].bytes = 0;
         ta[i].ph = ph;
@@ -353,6 +446,9 @@ static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
             job->ranks[i].status = STRIA_ERR_NO_MEMORY;
             snprintf(job->ranks[i].error, sizeof(job->ranks[i].error), "cannot start a thread");
             pthread_mutex_lock(&ph->lock);
+            job->ranks[i].done = true;
+            if (ph->first_fail == 0)
+                ph->first_fail = stria_time_now();
             ph->remaining--;
             pthread_mutex_unlock(&ph->lock);
             continue;
@@ -369,6 +465,7 @@ static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&ph->cv, &ph->lock, &ts);
+        stria__watch_locked(ph, t_start, &next_watch);
         if (ph->remaining > 0 && progress != NULL) {
             pthread_mutex_unlock(&ph->lock);
             stria__poll_progress(ph, progress, arg, phase);
@@ -861,6 +958,14 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
                      tries, stria_error_msg(), strlen(stria_error_msg()) > 300 ? "..." : "");
         if (w > 0)
             used = used + (size_t)w < sizeof(reasons) ? used + (size_t)w : sizeof(reasons) - 1;
+        /* A retry refused as busy once workers were excluded keeps the
+         * earlier tries' verdict: the ring is short only for now (workers
+         * restart, drained ones come back), so the trainer may try again. */
+        if (!retryable && st == STRIA_ERR_BUSY && tries > 1 && n_blamed > 0) {
+            retryable = true;
+            stria_error_set_retryable(true);
+            break;
+        }
         if (!retryable || tries > stria__retries(client))
             break;
     }
@@ -869,7 +974,10 @@ stria_status_t stria_client_forward(stria_client_t *client, const stria_job_spec
         stria__abi_write_stats(stats, &local);
     if (st != STRIA_OK && tries > 1) {
         stria_error_set(st, "forward failed in %d tries (%s): %s", tries,
-                        retryable ? "retryable, retries exhausted" : "not retryable", reasons);
+                        !retryable             ? "not retryable"
+                        : st == STRIA_ERR_BUSY ? "retryable: too few workers left for now"
+                                               : "retryable, retries exhausted",
+                        reasons);
         stria_error_set_retryable(retryable);
     }
     return st;

@@ -22,6 +22,13 @@
 #define STRIA__COORD_TIMEOUT_S 10.0
 #define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
 #define STRIA__POLL_S          0.2
+/* How long the ranks still running get once another rank failed the phase:
+ * an alive worker hears of the failure through the ring at once and
+ * answers; one silent past this is cut off or stopped, and given up on. */
+#define STRIA__ABANDON_S 2.0
+/* How often a phase asks the coordinator whether the job is still on (a
+ * worker it declared lost may never answer the phase's call). */
+#define STRIA__WATCH_S         1.0
 #define STRIA__N_TENSORS       9  /* stria_tensor_id_t: 1 .. 9 */
 #define STRIA__MAX_BLAMED      64 /* workers one try blames */
 #define STRIA__DEFAULT_RETRIES 2
@@ -67,6 +74,8 @@ typedef struct {
     char error[768];
     bool retryable; /* the failure is (see stria_error_retryable()) */
     bool conn_lost; /* its worker was lost: refused, closed, silent (blame it) */
+    bool abandoned; /* its call was given up on (see stria__phase_t.abandoned) */
+    bool done;      /* its part of the current phase ended (under the phase's lock) */
     double compute_s, wait_s;
     uint32_t steps;      /* of the last pass */
     uint64_t bytes_sent; /* over the ring in the last pass */
@@ -119,6 +128,13 @@ struct stria__phase {
     pthread_mutex_t lock;
     pthread_cond_t cv;
     int remaining;
+    /* Giving up on ranks that do not answer once the phase has failed:
+     * another rank failed it at first_fail, or the coordinator ended the job
+     * (abandon_why says which; abandon_retryable is its verdict). */
+    double first_fail;
+    bool abandoned;
+    bool abandon_retryable;
+    char abandon_why[512];
 };
 
 /* ---- client.c ---- */

@@ -129,10 +129,9 @@ typedef struct {
      * 16. Each retry runs on the ring as it is then, without the workers
      * earlier tries were blamed on (fewer workers only when the spec's
      * ring_size is 0; else a spare worker takes the place, or the retry
-     * fails as busy). Backward passes are never retried (their forward's
-     * inputs were the caller's, read during that call): a backward that
-     * failed retryably says so, and the caller runs forward and backward
-     * again. */
+     * fails as busy, which stays retryable for the caller). Backward passes are never retried
+     * (their forward's inputs were the caller's, read during that call): a backward that failed
+     * retryably says so, and the caller runs forward and backward again. */
     int forward_retries;
 } stria_client_params_t;
 

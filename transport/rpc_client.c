@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -39,6 +40,8 @@ struct stria_rpc_client {
     stria_auth_session_t session;
     bool server_error; /* the last failure was an error reply, stream in step */
     uint64_t server_max_payload;
+    int abort_fd; /* an eventfd stria_rpc_client_abort() wakes waits with */
+    bool aborted; /* atomic; sticky */
 };
 
 static void stria__cl_drop(stria_rpc_client_t *cl)
@@ -52,10 +55,13 @@ static void stria__cl_drop(stria_rpc_client_t *cl)
 /* Waits until fd is ready for `events` or the deadline passes. */
 static stria_status_t stria__cl_wait(stria_rpc_client_t *cl, short events, double deadline)
 {
-    struct pollfd pfd = {.fd = cl->fd, .events = events};
+    struct pollfd pfd[2] = {{.fd = cl->fd, .events = events},
+                            {.fd = cl->abort_fd, .events = POLLIN}};
     int rc, ms = -1;
 
     for (;;) {
+        if (__atomic_load_n(&cl->aborted, __ATOMIC_ACQUIRE))
+            return stria_error_set(STRIA_ERR_CANCELLED, "call to %s abandoned", cl->address);
         if (deadline > 0) {
             double left = deadline - stria_time_now();
             if (left <= 0)
@@ -63,8 +69,8 @@ static stria_status_t stria__cl_wait(stria_rpc_client_t *cl, short events, doubl
                                        cl->address);
             ms = left > 3600.0 ? 3600000 : (int)ceil(left * 1000.0);
         }
-        rc = poll(&pfd, 1, ms);
-        if (rc > 0)
+        rc = poll(pfd, cl->abort_fd >= 0 ? 2 : 1, ms);
+        if (rc > 0 && pfd[0].revents != 0)
             return STRIA_OK;
         if (rc < 0 && errno != EINTR)
             return stria_error_set(STRIA_ERR_IO, "poll on %s: %s", cl->address, strerror(errno));
@@ -444,6 +450,7 @@ stria_status_t stria_rpc_client_connect(const stria_rpc_client_params_t *p,
         return stria_error_set(STRIA_ERR_NO_MEMORY, "rpc client: out of memory");
     pthread_mutex_init(&cl->lock, NULL);
     cl->fd = -1;
+    cl->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: no abort, waits still work */
     cl->next_id = 1;
     cl->service = p->service;
     cl->address = strdup(p->address);
@@ -471,6 +478,8 @@ void stria_rpc_client_close(stria_rpc_client_t *cl)
     if (cl == NULL)
         return;
     stria__cl_drop(cl);
+    if (cl->abort_fd >= 0)
+        close(cl->abort_fd);
     free(cl->address);
     if (cl->token != NULL)
         memset(cl->token, 0, strlen(cl->token));
@@ -478,6 +487,15 @@ void stria_rpc_client_close(stria_rpc_client_t *cl)
     free(cl->name);
     pthread_mutex_destroy(&cl->lock);
     free(cl);
+}
+
+void stria_rpc_client_abort(stria_rpc_client_t *cl)
+{
+    if (cl == NULL)
+        return;
+    __atomic_store_n(&cl->aborted, true, __ATOMIC_RELEASE);
+    if (cl->abort_fd >= 0)
+        (void)eventfd_write(cl->abort_fd, 1);
 }
 
 bool stria_rpc_client_admin(const stria_rpc_client_t *cl)

@@ -318,6 +318,13 @@ stria_status_t stria_rpc_client_connect(const stria_rpc_client_params_t *params,
 /* Closes the connection and frees the client; NULL is ignored. */
 void stria_rpc_client_close(stria_rpc_client_t *client);
 
+/* Abandons the call another thread has in progress on this client, and
+ * every later one: each fails at once with STRIA_ERR_CANCELLED ("abandoned").
+ * For a caller that stops waiting on a server (its job failed elsewhere);
+ * the client is good only for stria_rpc_client_close() afterwards. Safe from
+ * any thread while the client is open. */
+void stria_rpc_client_abort(stria_rpc_client_t *client);
+
 /* Whether the server granted the admin role at the last hello. */
 bool stria_rpc_client_admin(const stria_rpc_client_t *client);
 /* The roles the server granted at the last hello (STRIA_RPC_ROLE_*). */

@@ -42,6 +42,29 @@ static char **daemon_env(const dc_opts_t *o)
     return env;
 }
 
+/* argv[0 ..) of a daemon: `ip netns exec NS` first when o->netns is set;
+ * returns how many entries it wrote. */
+static int daemon_prefix(const dc_opts_t *o, char **argv)
+{
+    static const char *const ips[] = {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"};
+    if (o == NULL || o->netns == NULL)
+        return 0;
+    size_t i = 0;
+    while (i < sizeof(ips) / sizeof(ips[0]) - 1 && access(ips[i], X_OK) != 0)
+        i++;
+    argv[0] = (char *)ips[i];
+    argv[1] = "netns";
+    argv[2] = "exec";
+    argv[3] = (char *)o->netns;
+    return 4;
+}
+
+/* "--FLAG=HOST:0" with the daemons' host (o->host, default 127.0.0.1). */
+static void listen_flag(char *buf, size_t len, const char *flag, const dc_opts_t *o)
+{
+    snprintf(buf, len, "--%s=%s:0", flag, o && o->host ? o->host : "127.0.0.1");
+}
+
 void dc_init(dcluster_t *c)
 {
     memset(c, 0, sizeof(*c));
@@ -53,13 +76,14 @@ void dc_init(dcluster_t *c)
 
 void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
 {
-    char hb[32], tok[300], wtok[300], adm[300], line[512];
-    char *argv[32];
-    int n = 0;
+    char hb[32], tok[300], wtok[300], adm[300], line[512], listen[300];
+    char *argv[40];
+    int n = daemon_prefix(o, argv);
     snprintf(hb, sizeof(hb), "%g", o && o->heartbeat_period_s > 0 ? o->heartbeat_period_s : 0.2);
     snprintf(c->coord_log, sizeof(c->coord_log), "%s/coordinator.log", c->dir);
     argv[n++] = STRIA_COORDINATOR_BIN;
-    argv[n++] = "--listen=127.0.0.1:0";
+    listen_flag(listen, sizeof(listen), "listen", o);
+    argv[n++] = listen;
     argv[n++] = "--metrics-listen=127.0.0.1:0";
     argv[n++] = "--heartbeat-period";
     argv[n++] = hb;
@@ -75,7 +99,7 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
         snprintf(adm, sizeof(adm), "--admin-token-file=%s", o->admin_token_file);
         argv[n++] = adm;
     }
-    for (size_t k = 0; o && o->coord_args && o->coord_args[k] && n < 31; k++)
+    for (size_t k = 0; o && o->coord_args && o->coord_args[k] && n < 39; k++)
         argv[n++] = o->coord_args[k];
     argv[n] = NULL;
     char **env = daemon_env(o);
@@ -95,9 +119,9 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
 
 void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
 {
-    char st[32], tok[300], wtok[300], line[512], mem[64], dev[64];
-    char *argv[40];
-    int n = 0;
+    char st[32], tok[300], wtok[300], line[512], mem[64], dev[64], listen[300], ucx[300];
+    char *argv[48];
+    int n = daemon_prefix(o, argv);
     cr_assert(i >= 0 && i < DC_MAX_WORKERS);
     snprintf(st, sizeof(st), "%g", o && o->step_timeout_s > 0 ? o->step_timeout_s : 5.0);
     char log[256];
@@ -107,6 +131,12 @@ void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
     argv[n++] = "--coordinator";
     argv[n++] = c->coord_addr;
     argv[n++] = "--threads=1";
+    if (o && o->host) {
+        listen_flag(listen, sizeof(listen), "listen", o);
+        listen_flag(ucx, sizeof(ucx), "ucx-listen", o);
+        argv[n++] = listen;
+        argv[n++] = ucx;
+    }
     snprintf(mem, sizeof(mem), "--memory=%s",
              o && o->worker_memory ? o->worker_memory : "1000000000");
     argv[n++] = mem;
@@ -126,7 +156,7 @@ void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)
         snprintf(dev, sizeof(dev), "--device=%s", o->worker_device);
         argv[n++] = dev;
     }
-    for (size_t k = 0; o && o->worker_args && o->worker_args[k] && n < 39; k++)
+    for (size_t k = 0; o && o->worker_args && o->worker_args[k] && n < 47; k++)
         argv[n++] = o->worker_args[k];
     argv[n] = NULL;
     char **env = daemon_env(o);

@@ -41,6 +41,8 @@ typedef struct {
     const char *worker_device; /* the workers' --device; NULL: theirs */
     char *const *coord_args;   /* extra flags of the coordinator, NULL-terminated, or NULL */
     char *const *worker_args;  /* extra flags of the workers, NULL-terminated, or NULL */
+    const char *host;          /* the address the daemons listen on; default 127.0.0.1 */
+    const char *netns;         /* run the daemons in this network namespace (`ip netns exec`) */
 } dc_opts_t;
 
 /* A fresh scratch folder for the calling test process. */

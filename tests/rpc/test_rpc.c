@@ -532,6 +532,48 @@ Test(rpc, deadline_then_reconnect, .timeout = TEST_TIMEOUT_S)
     stria_rpc_server_stop(srv);
 }
 
+typedef struct {
+    stria_rpc_client_t *cl;
+    double delay_s;
+} abort_arg_t;
+
+static void *abort_later(void *arg)
+{
+    abort_arg_t *a = arg;
+    usleep((useconds_t)(a->delay_s * 1e6));
+    stria_rpc_client_abort(a->cl);
+    return NULL;
+}
+
+/* A call another thread gives up on ends at once, long before its deadline;
+ * so does every later call on that client. */
+Test(rpc, abort_ends_a_waiting_call, .timeout = TEST_TIMEOUT_S)
+{
+    stria_rpc_server_t *srv = start_coord(NULL, NULL, 0);
+    stria_status_t st;
+    stria_rpc_client_t *cl =
+        connect_to(stria_rpc_server_port(srv), &stria__v1__coordinator__descriptor, NULL, &st);
+    cr_assert_eq(st, STRIA_OK);
+    Stria__V1__SubmitJobRequest sj = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    stria_rpc_request_t r = {.method = M_SUBMIT, .request = &sj.base, .timeout_s = 10};
+    stria_rpc_reply_t rep = {0};
+    g_hold_s = 3; /* the server sits on the call */
+    abort_arg_t a = {.cl = cl, .delay_s = 0.2};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, abort_later, &a), 0);
+    double t0 = stria_time_now();
+    cr_expect_eq(stria_rpc_client_call(cl, &r, &rep), STRIA_ERR_CANCELLED, "%s", stria_error_msg());
+    double took = stria_time_now() - t0;
+    cr_expect_lt(took, 1.5, "the abandoned call took %.2f s", took);
+    cr_expect(strstr(stria_error_msg(), "abandoned") != NULL, "%s", stria_error_msg());
+    pthread_join(th, NULL);
+    uint64_t up = 0;
+    cr_expect_eq(call_status(cl, &up), STRIA_ERR_CANCELLED, "later calls fail too");
+    stria_rpc_client_close(cl);
+    join_later();
+    stria_rpc_server_stop(srv);
+}
+
 Test(rpc, payloads_land_in_place, .timeout = TEST_TIMEOUT_S)
 {
     size_t n = 3u << 20;

@@ -1,0 +1,184 @@
+/* Fault tests across hosts: the coordinator and workers on three test hosts
+ * (network namespaces joined by a switch, see tests/common/netns.h). A job
+ * across them works; a cable cut (the interface of one host down) in the
+ * middle of a pass ends in an error naming the unreachable rank within
+ * about the step deadline, and the job retried runs on the hosts left, with
+ * results bit for bit those of the in-process ring of that size. Skipped with
+ * a message where namespaces cannot be made (not root, no `ip`). */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "deploy_util.h"
+#include "fault_util.h"
+#include "netns.h"
+
+#define STEP_S 2.0 /* the workers' step deadline */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static test_hosts_t hosts;
+
+static void hosts_fini(void)
+{
+    test_hosts_destroy(&hosts);
+}
+
+static stria_client_t *connect_client(const dcluster_t *c, int retries)
+{
+    stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
+    stria_client_t *cl = NULL;
+    p.coordinator = c->coord_addr;
+    p.client_name = "test_netns";
+    p.rpc_timeout_s = 60;
+    p.forward_retries = retries;
+    cr_assert_eq(stria_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
+    return cl;
+}
+
+/* Starts worker i on host h, through `ip netns exec` even on host 0 (the
+ * test's own network): it mounts the namespace's /sys, where UCX looks for
+ * the network devices. */
+static void start_worker(dcluster_t *c, int i, int h)
+{
+    static char *worker_args[] = {"--insecure", "--ucx-tls=tcp", NULL};
+    char devices[64];
+    snprintf(devices, sizeof(devices), "UCX_NET_DEVICES=%s", hosts.dev[h]);
+    char *env[] = {devices, NULL};
+    dc_opts_t o = {.heartbeat_period_s = 0.2,
+                   .step_timeout_s = STEP_S,
+                   .host = hosts.addr[h],
+                   .netns = hosts.ns[h],
+                   .env = env,
+                   .worker_args = worker_args};
+    dc_start_worker(c, i, &o);
+}
+
+typedef struct {
+    stria_client_t *cl;
+    fu_job_t *j;
+    stria_status_t st;
+    bool retryable;
+    char msg[2048];
+    double ended;
+    int ring;
+} fwd_call_t;
+
+static void *forward_thread(void *arg)
+{
+    fwd_call_t *f = arg;
+    stria_job_t *job = NULL;
+    f->st = stria_client_forward(f->cl, &f->j->spec, f->j->q, f->j->k, f->j->v, f->j->o, f->j->lse,
+                                 NULL, NULL, NULL, &job);
+    f->ended = now_s();
+    f->retryable = stria_error_retryable();
+    snprintf(f->msg, sizeof(f->msg), "%s", stria_error_msg());
+    if (f->st == STRIA_OK) {
+        f->ring = stria_job_ring_size(job);
+        stria_client_release(job);
+    }
+    return NULL;
+}
+
+/* Forward of j; its results must be those of the in-process ring of the
+ * size that ran it, which is returned. */
+static int forward_checked(stria_client_t *cl, fu_job_t *j, bool backward)
+{
+    stria_job_t *job = NULL;
+    cr_assert_eq(
+        stria_client_forward(cl, &j->spec, j->q, j->k, j->v, j->o, j->lse, NULL, NULL, NULL, &job),
+        STRIA_OK, "%s", stria_error_msg());
+    if (backward)
+        cr_assert_eq(stria_client_backward(job, j->g, j->dq, j->dk, j->dv, NULL, NULL, NULL),
+                     STRIA_OK, "%s", stria_error_msg());
+    int ring = stria_job_ring_size(job);
+    stria_layout_kind_t layout = stria_job_layout(job);
+    cr_assert_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
+    char why[256];
+    cr_expect(fu_ring_equal(j, ring, layout, backward, why, sizeof(why)), "%s", why);
+    return ring;
+}
+
+/* Whether `striactl --json jobs` shows a job running its forward. */
+static bool forward_running(const dcluster_t *c)
+{
+    char *out = NULL;
+    bool yes = dc_striactl(c, NULL, &out, NULL, "--json", "jobs", NULL) == 0 &&
+               strstr(out, "\"state\":\"forward\"") != NULL;
+    free(out);
+    return yes;
+}
+
+Test(netns, three_hosts_job_and_a_cut_cable, .fini = hosts_fini, .timeout = 400)
+{
+    const char *why = test_hosts_create(&hosts, 3);
+    if (why != NULL)
+        cr_skip_test("skipped: network namespaces cannot be made here (%s)", why);
+    cr_assert_eq(test_hosts_enter(&hosts, 0), 0, "cannot enter host 0's network");
+
+    /* host 0: the coordinator and worker 0; host 1: workers 1 and 2; host 2:
+     * worker 3 */
+    dcluster_t c;
+    dc_init(&c);
+    char *coord_args[] = {"--insecure", NULL};
+    dc_opts_t oc = {.heartbeat_period_s = 0.2, .host = hosts.addr[0], .coord_args = coord_args};
+    dc_start_coordinator(&c, &oc);
+    const int host_of[4] = {0, 1, 1, 2};
+    for (int i = 0; i < 4; i++)
+        start_worker(&c, i, host_of[i]);
+    dc_wait_healthy(&c, 4, NULL);
+
+    /* a job across the three hosts */
+    fu_job_t small;
+    cr_assert(fu_job_init(&small, 1, 1024, 2, 1, 32, STRIA_DTYPE_F32, true, 5));
+    small.spec.layout = STRIA_LAYOUT_STRIPED;
+    stria_client_t *cl = connect_client(&c, -1);
+    cr_expect_eq(forward_checked(cl, &small, true), 4, "the job spans every worker");
+
+    /* a long forward; host 2's cable is cut while it runs */
+    fu_job_t big;
+    cr_assert(fu_job_init(&big, 1, 8192, 4, 4, 64, STRIA_DTYPE_F32, true, 6));
+    big.spec.layout = STRIA_LAYOUT_STRIPED;
+    fwd_call_t f = {.cl = cl, .j = &big};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, forward_thread, &f), 0);
+    double until = now_s() + 60;
+    while (!forward_running(&c) && now_s() < until)
+        usleep(20000);
+    usleep(300000);
+    double cut = now_s();
+    cr_assert_eq(test_hosts_link(&hosts, 2, false), 0, "cannot take host 2's link down");
+    pthread_join(th, NULL);
+    double took = f.ended - cut;
+    cr_assert_neq(f.st, STRIA_OK, "the forward ended before the cut (make the job longer)");
+    fprintf(stderr, "netns: the cut cable failed the pass in %.2f s: %s\n", took, f.msg);
+    cr_expect(f.retryable, "a cut cable is retryable: %s", f.msg);
+    cr_expect(strstr(f.msg, "rank ") != NULL, "the error names no rank: %s", f.msg);
+    cr_expect(strstr(f.msg, hosts.addr[2]) != NULL, "the error does not name host 2 (%s): %s",
+              hosts.addr[2], f.msg);
+    cr_expect_lt(took, 2 * STEP_S + 2, "the error came %.2f s after the cut", took);
+
+    /* the job again, with retries: it runs on the hosts left */
+    stria_client_t *cl2 = connect_client(&c, 0);
+    cr_expect_eq(forward_checked(cl2, &big, false), 3,
+                 "the retried job runs on the 3 workers left");
+
+    /* the cable back: worker 3 rejoins (so that it can leave cleanly) */
+    cr_assert_eq(test_hosts_link(&hosts, 2, true), 0);
+    dc_wait_healthy(&c, 4, NULL);
+    stria_client_close(cl2);
+    stria_client_close(cl);
+    fu_job_free(&big);
+    fu_job_free(&small);
+    dc_stop(&c);
+}
