@@ -343,10 +343,10 @@ static void soak_fit(const soak_series_t *ser, double warmup, soak_fit_t *f)
     f->rss_slope_last_half =
         stria_bench_slope(mins + (half - warm), ser->rss + half, ser->n - half, &se_half);
     /* Steady: the last half's trend, carried over the fitted span, adds less
-     * than 2% of the RSS (or 1 MiB), or is not told apart from the noise. */
+     * than 1% of the RSS (or 256 KiB), or is not told apart from the noise. */
     double span = n > 1 ? mins[n - 1] - mins[0] : 0, growth = f->rss_slope_last_half * span;
     f->rss_steady =
-        growth < fmax(1024.0, 0.02 * f->rss_warm) || f->rss_slope_last_half < 3 * se_half;
+        growth < fmax(256.0, 0.01 * f->rss_warm) || f->rss_slope_last_half < 3 * se_half;
     free(mins);
 }
 
