@@ -81,61 +81,24 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
 {
     int64_t threads = 0, reps = 0;
     const stria_option_t own[] = {
-        {.name = "seq",
-         .type = STRIA_OPT_INT,
-         .dst = &o->seq,
-         .dflt = "4096",
-         .min = 1,
-         .max = 1 << 20,
-         .metavar = "S",
-         .help = "tokens per sequence"},
-        {.name = "threads",
-         .type = STRIA_OPT_INT,
-         .dst = &threads,
-         .dflt = "1",
-         .min = 1,
-         .max = 1024,
-         .metavar = "T",
-         .help = "threads of the kernel pool"},
-        {.name = "causal",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->causal,
-         .help = "causal mask (the default)"},
-        {.name = "no-causal", .type = STRIA_OPT_UNFLAG, .dst = &o->causal, .help = "no mask"},
-        {.name = "reps",
-         .type = STRIA_OPT_INT,
-         .dst = &reps,
-         .dflt = "5",
-         .min = 1,
-         .max = 1000,
-         .metavar = "N",
-         .help = "timed runs per pass, median reported"},
-        {.name = "variant",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->variant,
-         .metavar = "V",
-         .help = "kernel variant: portable | avx2 | avx512 | all (every one this CPU runs, side "
-                 "by side); default: the best available"},
-        {.name = "device",
-         .type = STRIA_OPT_CUSTOM,
-         .dst = &o->device,
-         .dflt = "cpu",
-         .parse = stria__kb_parse_device,
-         .metavar = "X",
-         .help = "cpu, or cuda / cuda:N: the GPU kernels, timed with CUDA events, against the "
-                 "GPU's cuBLAS bf16 GEMM rate measured in the same run"},
-        {.name = "gemm",
-         .type = STRIA_OPT_INT,
-         .dst = &o->gemm_n,
-         .dflt = "8192",
-         .min = 0,
-         .max = 32768,
-         .metavar = "N",
-         .help = "side of that cuBLAS GEMM (0 skips it)"},
-        {.name = "json",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->json,
-         .help = "one JSON object per line instead of the table"},
+        STRIA_OPTION("seq", INT, &o->seq, "S", "tokens per sequence", .dflt = "4096", .min = 1,
+                     .max = 1 << 20),
+        STRIA_OPTION("threads", INT, &threads, "T", "threads of the kernel pool", .dflt = "1",
+                     .min = 1, .max = 1024),
+        STRIA_OPTION("causal", FLAG, &o->causal, NULL, "causal mask (the default)"),
+        STRIA_OPTION("no-causal", UNFLAG, &o->causal, NULL, "no mask"),
+        STRIA_OPTION("reps", INT, &reps, "N", "timed runs per pass, median reported", .dflt = "5",
+                     .min = 1, .max = 1000),
+        STRIA_OPTION("variant", STRING, &o->variant, "V",
+                     "kernel variant: portable | avx2 | avx512 | all (every one this CPU runs, "
+                     "side by side); default: the best available"),
+        STRIA_OPTION("device", CUSTOM, &o->device, "X",
+                     "cpu, or cuda / cuda:N: the GPU kernels, timed with CUDA events, against the "
+                     "GPU's cuBLAS bf16 GEMM rate measured in the same run",
+                     .dflt = "cpu", .parse = stria__kb_parse_device),
+        STRIA_OPTION("gemm", INT, &o->gemm_n, "N", "side of that cuBLAS GEMM (0 skips it)",
+                     .dflt = "8192", .min = 0, .max = 32768),
+        STRIA_OPTION("json", FLAG, &o->json, NULL, "one JSON object per line instead of the table"),
     };
     stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
     stria_bench_shape_t shape = {0};
@@ -364,16 +327,7 @@ typedef struct {
 
 static void stria__kb_data_free(stria__kb_data_t *d)
 {
-    stria_free(d->q);
-    stria_free(d->k);
-    stria_free(d->v);
-    stria_free(d->d_o);
-    stria_free(d->o);
-    stria_free(d->lse);
-    stria_free(d->delta);
-    stria_free(d->dq);
-    stria_free(d->dk);
-    stria_free(d->dv);
+    STRIA_FREE_ALL(d->q, d->k, d->v, d->d_o, d->o, d->lse, d->delta, d->dq, d->dk, d->dv);
     memset(d, 0, sizeof(*d));
 }
 

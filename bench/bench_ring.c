@@ -112,99 +112,43 @@ static int stria__rb_parse(int argc, char **argv, stria__rb_opts_t *o)
     int64_t reps = 0;
     bool serialize = true;
     const stria_option_t own[] = {
-        {.name = "ranks",
-         .type = STRIA_OPT_INTS,
-         .dst = &ranks,
-         .dflt = "4",
-         .min = 1,
-         .max = 64,
-         .max_items = STRIA__RB_MAX_LIST,
-         .metavar = "N[,N...]",
-         .help = "ring sizes"},
-        {.name = "seq",
-         .type = STRIA_OPT_INTS,
-         .dst = &seqs,
-         .dflt = "16384",
-         .min = 1,
-         .max = 1 << 20,
-         .max_items = STRIA__RB_MAX_LIST,
-         .metavar = "S[,S...]",
-         .help = "global sequence lengths"},
-        {.name = "layout",
-         .type = STRIA_OPT_STRING,
-         .dst = &layout,
-         .dflt = "all",
-         .metavar = "L",
-         .help = "striped | contiguous | zigzag | all (the contiguous baseline is always "
-                 "measured)"},
-        {.name = "pass",
-         .type = STRIA_OPT_STRING,
-         .dst = &pass,
-         .dflt = "both",
-         .metavar = "P",
-         .help = "fwd | bwd | both"},
-        {.name = "batch",
-         .type = STRIA_OPT_INT,
-         .dst = &o->batch,
-         .dflt = "1",
-         .min = 1,
-         .max = 1024,
-         .metavar = "B",
-         .help = "batch size"},
-        {.name = "causal",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->causal,
-         .help = "causal mask (the default)"},
-        {.name = "no-causal",
-         .type = STRIA_OPT_UNFLAG,
-         .dst = &o->causal,
-         .help = "no mask (every layout is balanced; ideal speedup 1)"},
-        {.name = "reps",
-         .type = STRIA_OPT_INT,
-         .dst = &reps,
-         .dflt = "3",
-         .min = 1,
-         .max = 100,
-         .metavar = "R",
-         .help = "runs per layout, median reported"},
-        {.name = "no-serialize",
-         .type = STRIA_OPT_UNFLAG,
-         .dst = &serialize,
-         .help = "let the ranks compute concurrently while their compute is measured (default: "
-                 "one rank works at a time, everything but its link waits, so that rank threads "
-                 "sharing cores and caches do not slow each other down)"},
-        {.name = "json",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->json,
-         .help = "one JSON object per (layout, ranks, seq, pass) per line"},
-        {.name = "documents",
-         .type = STRIA_OPT_STRING,
-         .dst = &docs,
-         .metavar = "lognormal:MEDIAN[:SIGMA]",
-         .help = "packed documents (cu_seqlens) with lengths drawn log-normal around MEDIAN "
-                 "tokens (SIGMA of the log, default 1), fixed seed; the last one cut at S"},
-        {.name = "timeline",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->timeline,
-         .metavar = "FILE.svg",
-         .help = "after measuring, run each layout's passes once more with the ranks computing "
-                 "at once and draw their recorded step times: one panel per (layout, pass) on a "
-                 "shared time axis, a row per rank (one --ranks and one --seq only)"},
-        {.name = "step-times-cost",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->times_cost,
-         .help = "instead of the layouts: what recording the step times costs, striped forward "
-                 "and backward passes with and without them, interleaved (process CPU time per "
-                 "pass, medians of 2 x --reps runs)"},
-        {.name = "window",
-         .type = STRIA_OPT_INTS,
-         .dst = &win,
-         .min = -1,
-         .max = (double)((int64_t)1 << 40),
-         .max_items = 2,
-         .metavar = "LEFT[,RIGHT]",
-         .help = "sliding window (RIGHT default 0); the contiguous ring is then also measured "
-                 "with every hop (\"contiguous-all-hops\") beside its hop-skipping forward"},
+        STRIA_OPTION("ranks", INTS, &ranks, "N[,N...]", "ring sizes", .dflt = "4", .min = 1,
+                     .max = 64, .max_items = STRIA__RB_MAX_LIST),
+        STRIA_OPTION("seq", INTS, &seqs, "S[,S...]", "global sequence lengths", .dflt = "16384",
+                     .min = 1, .max = 1 << 20, .max_items = STRIA__RB_MAX_LIST),
+        STRIA_OPTION(
+            "layout", STRING, &layout, "L",
+            "striped | contiguous | zigzag | all (the contiguous baseline is always measured)",
+            .dflt = "all"),
+        STRIA_OPTION("pass", STRING, &pass, "P", "fwd | bwd | both", .dflt = "both"),
+        STRIA_OPTION("batch", INT, &o->batch, "B", "batch size", .dflt = "1", .min = 1,
+                     .max = 1024),
+        STRIA_OPTION("causal", FLAG, &o->causal, NULL, "causal mask (the default)"),
+        STRIA_OPTION("no-causal", UNFLAG, &o->causal, NULL,
+                     "no mask (every layout is balanced; ideal speedup 1)"),
+        STRIA_OPTION("reps", INT, &reps, "R", "runs per layout, median reported", .dflt = "3",
+                     .min = 1, .max = 100),
+        STRIA_OPTION("no-serialize", UNFLAG, &serialize, NULL,
+                     "let the ranks compute concurrently while their compute is measured (default: "
+                     "one rank works at a time, everything but its link waits, so that rank "
+                     "threads sharing cores and caches do not slow each other down)"),
+        STRIA_OPTION("json", FLAG, &o->json, NULL,
+                     "one JSON object per (layout, ranks, seq, pass) per line"),
+        STRIA_OPTION("documents", STRING, &docs, "lognormal:MEDIAN[:SIGMA]",
+                     "packed documents (cu_seqlens) with lengths drawn log-normal around MEDIAN "
+                     "tokens (SIGMA of the log, default 1), fixed seed; the last one cut at S"),
+        STRIA_OPTION("timeline", STRING, &o->timeline, "FILE.svg",
+                     "after measuring, run each layout's passes once more with the ranks computing "
+                     "at once and draw their recorded step times: one panel per (layout, pass) on "
+                     "a shared time axis, a row per rank (one --ranks and one --seq only)"),
+        STRIA_OPTION("step-times-cost", FLAG, &o->times_cost, NULL,
+                     "instead of the layouts: what recording the step times costs, striped forward "
+                     "and backward passes with and without them, interleaved (process CPU time per "
+                     "pass, medians of 2 x --reps runs)"),
+        STRIA_OPTION("window", INTS, &win, "LEFT[,RIGHT]",
+                     "sliding window (RIGHT default 0); the contiguous ring is then also measured "
+                     "with every hop (\"contiguous-all-hops\") beside its hop-skipping forward",
+                     .min = -1, .max = (double)((int64_t)1 << 40), .max_items = 2),
     };
     stria_option_t opts[sizeof(own) / sizeof(own[0]) + STRIA_BENCH_SHAPE_OPTS + 1] = {{0}};
     stria_bench_shape_t shape = {0};
@@ -1044,10 +988,5 @@ int stria_bench_ring(int argc, char **argv)
         }
         stria__rb_data_free(&d);
     }
-    if (st != STRIA_OK) {
-        fprintf(stderr, "stria-bench ring: %s\n",
-                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
-        return 1;
-    }
-    return 0;
+    return stria_cli_exit("stria-bench ring", st);
 }

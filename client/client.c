@@ -77,8 +77,21 @@ static stria_status_t stria__phase_status(stria_job_t *job, const char *phase)
     return r->status;
 }
 
-stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
-                                 const stria_job_t *job, stria_rpc_reply_t *reply)
+/* Whether a failed coordinator call is worth another try: the connection
+ * broke or was refused (the coordinator restarts; the next call connects
+ * again), or a job-scoped call was answered busy because a restarted
+ * coordinator is still rebuilding its jobs. */
+static bool stria__coord_transient(stria_client_t *c, uint32_t method, stria_status_t st)
+{
+    if (!stria_rpc_client_server_error(c->coord))
+        return st == STRIA_ERR_CLOSED || st == STRIA_ERR_IO || st == STRIA_ERR_TRANSPORT ||
+               st == STRIA_ERR_TIMEOUT;
+    return st == STRIA_ERR_BUSY &&
+           (method == STRIA_RPC_COORDINATOR_GET_JOB || method == STRIA_RPC_COORDINATOR_RELEASE_JOB);
+}
+
+stria_status_t stria__coord_call_ex(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                    const stria_job_t *job, stria_rpc_reply_t *reply, bool patient)
 {
     stria_rpc_request_t rq;
     memset(&rq, 0, sizeof(rq));
@@ -89,10 +102,24 @@ stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const Proto
         rq.job_secret = &job->secret;
         rq.job_id = job->id;
     }
-    stria_status_t st = stria_rpc_client_call(c->coord, &rq, reply);
-    if (st != STRIA_OK)
-        return stria_error_wrap(st, "coordinator %s", c->coordinator);
-    return STRIA_OK;
+    double give_up = stria_time_now() + STRIA__RECONNECT_S, pause = 0.1;
+    for (int tries = 1;; tries++) {
+        stria_status_t st = stria_rpc_client_call(c->coord, &rq, reply);
+        if (st == STRIA_OK)
+            return STRIA_OK;
+        if (!patient || !stria__coord_transient(c, method, st) || stria_time_now() >= give_up)
+            return stria_error_wrap(st, "coordinator %s%s", c->coordinator,
+                                    tries > 1 ? " (out of reach or recovering for too long)" : "");
+        struct timespec ts = {0, (long)(pause * 1e9)};
+        nanosleep(&ts, NULL);
+        pause = pause * 2 < 1.0 ? pause * 2 : 1.0;
+    }
+}
+
+stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                 const stria_job_t *job, stria_rpc_reply_t *reply)
+{
+    return stria__coord_call_ex(c, method, req, job, reply, true);
 }
 
 /* ---- ABI ------------------------------------------------------------------ */
@@ -288,7 +315,7 @@ static void *stria__rank_thread(void *arg)
     stria__rank_t *r = ta->r;
     r->done = true;
     if (r->abandoned && r->status != STRIA_OK) { /* its own error only says "abandoned" */
-        r->status = STRIA_ERR_CANCELLED;
+        r->status = ph->abandon_retryable ? STRIA_ERR_PEER : STRIA_ERR_CANCELLED;
         r->conn_lost = false;
         r->retryable = ph->abandon_retryable;
         snprintf(r->error, sizeof(r->error), "no answer; given up on, as %s", ph->abandon_why);
@@ -338,8 +365,8 @@ static void stria__poll_progress(stria__phase_t *ph, stria_progress_cb progress,
     stria_rpc_reply_t reply;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) ==
-        STRIA_OK) {
+    if (stria__coord_call_ex(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply,
+                             false) == STRIA_OK) {
         Stria__V1__GetJobReply *r = (Stria__V1__GetJobReply *)reply.msg;
         if (r->job != NULL && r->job->steps_total > 0)
             progress(arg, phase, (double)r->job->step, (double)r->job->steps_total);
@@ -364,17 +391,16 @@ static void stria__abandon_locked(stria__phase_t *ph, const char *why, bool retr
     }
 }
 
-/* Whether the coordinator ended the job (failed, cancelled or expired it);
- * its reason into why[0 .. len) and its verdict into *retryable. */
-static bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable)
+bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable)
 {
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
     bool ended = false;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) !=
-        STRIA_OK)
+    /* one try: the watch must not wait out a coordinator that restarts */
+    if (stria__coord_call_ex(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply,
+                             false) != STRIA_OK)
         return false;
     const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)reply.msg)->job;
     if (info != NULL && info->state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED &&
@@ -404,6 +430,11 @@ static void stria__watch_locked(stria__phase_t *ph, double started, double *next
         stria__abandon_locked(ph, why, true);
         return;
     }
+    if (ph->ended_at > 0) {
+        if (now - ph->ended_at >= STRIA__ABANDON_S)
+            stria__abandon_locked(ph, ph->ended_why, ph->ended_retryable);
+        return;
+    }
     if (ph->job->id == 0 || now < *next_watch || now - started < STRIA__WATCH_S)
         return;
     *next_watch = now + STRIA__WATCH_S;
@@ -412,8 +443,11 @@ static void stria__watch_locked(stria__phase_t *ph, double started, double *next
     pthread_mutex_unlock(&ph->lock);
     bool ended = stria__job_ended(ph->job, why, sizeof(why), &retryable);
     pthread_mutex_lock(&ph->lock);
-    if (ended && !ph->abandoned && ph->remaining > 0)
-        stria__abandon_locked(ph, why, retryable);
+    if (ended && ph->ended_at == 0) {
+        ph->ended_at = stria_time_now();
+        ph->ended_retryable = retryable;
+        snprintf(ph->ended_why, sizeof(ph->ended_why), "%s", why);
+    }
 }
 
 /* Runs fn on one thread per rank and waits for all of them. */
@@ -433,7 +467,7 @@ static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
     pthread_mutex_init(&ph->lock, NULL);
     pthread_cond_init(&ph->cv, NULL);
     ph->remaining = job->n_ranks;
-    ph->first_fail = 0;
+    ph->first_fail = ph->ended_at = 0;
     ph->abandoned = false;
     double t_start = stria_time_now(), next_watch = 0;
     for (int i = 0; i < job->n_ranks; i++)
@@ -707,8 +741,8 @@ stria_status_t stria__wait_queued(stria_client_t *c, stria_job_t *job, Stria__V1
     return STRIA_OK;
 }
 
-stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
-                             stria_progress_cb progress, void *arg)
+static stria_status_t stria__submit_once(stria_client_t *c, stria_job_t *job, bool sharded,
+                                         stria_progress_cb progress, void *arg)
 {
     const stria_job_spec_t *s = &job->spec;
     Stria__V1__JobSpec spec = STRIA__V1__JOB_SPEC__INIT;
@@ -751,6 +785,25 @@ stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
     if (st != STRIA_OK)
         return st;
     return stria__wait_queued(c, job, state, qpos, progress, arg);
+}
+
+/* A queued job the coordinator no longer knows (it restarted, and no
+ * worker held the job: nothing of it ran) is submitted again, a few times
+ * at most. */
+stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
+                             stria_progress_cb progress, void *arg)
+{
+    for (int again = 0;; again++) {
+        stria_status_t st = stria__submit_once(c, job, sharded, progress, arg);
+        if (st != STRIA_ERR_NOT_FOUND || job->id == 0 || again >= 3)
+            return st;
+        for (int i = 0; i < job->n_ranks; i++)
+            stria_rpc_client_close(job->ranks[i].conn);
+        free(job->ranks);
+        job->ranks = NULL;
+        job->n_ranks = 0;
+        job->id = 0;
+    }
 }
 
 static void stria__collect_stats(const stria_job_t *job, stria_call_stats_t *stats)
@@ -820,18 +873,22 @@ static stria_status_t stria__run_call(stria_job_t *job, stria__phase_t *ph,
  * retryable and the workers it blames (a worker the ranks lost keeps the
  * try retryable); cancelled or expired is not. While the coordinator has
  * not heard of the failure yet, what the ranks saw stands. */
-static void stria__try_verdict(stria_job_t *job)
+static void stria__try_verdict(stria_job_t *job, char *why, size_t len)
 {
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
     bool lost = job->n_blamed > 0;
     req.job_id = job->id;
     memset(&reply, 0, sizeof(reply));
-    if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) !=
-        STRIA_OK)
+    stria_status_t st =
+        stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply);
+    if (st == STRIA_ERR_NOT_FOUND) /* a restarted coordinator could not rebuild it */
+        job->retryable = true;
+    if (st != STRIA_OK)
         return;
     const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)reply.msg)->job;
     if (info != NULL && info->state == STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
+        snprintf(why, len, "%s", info->failure ? info->failure : "");
         job->retryable = info->failure_retryable || lost;
         for (size_t i = 0; i < info->n_blamed_worker_ids; i++)
             stria__blame(job, info->blamed_worker_ids[i]);
@@ -841,6 +898,18 @@ static void stria__try_verdict(stria_job_t *job)
     stria_rpc_reply_free(&reply);
 }
 
+void stria__failure_msg(stria_job_t *job, char *msg, size_t len)
+{
+    char why[512] = "";
+    snprintf(msg, len, "%s", stria_error_msg());
+    if (job->id != 0)
+        stria__try_verdict(job, why, sizeof(why));
+    if (why[0] != '\0' && strstr(msg, why) == NULL) {
+        size_t at = strlen(msg);
+        snprintf(msg + at, len - at, " (the coordinator: %s)", why);
+    }
+}
+
 /* Releases a failed try's job and frees it, keeping the failure's status,
  * message and verdict (into *retryable; its blamed workers are added to
  * blamed[0 .. *n_blamed), at most STRIA__MAX_BLAMED). */
@@ -848,9 +917,7 @@ static stria_status_t stria__try_fail(stria_job_t *job, stria_status_t st, bool 
                                       uint64_t *blamed, size_t *n_blamed)
 {
     char msg[1024];
-    snprintf(msg, sizeof(msg), "%s", stria_error_msg());
-    if (job->id != 0)
-        stria__try_verdict(job);
+    stria__failure_msg(job, msg, sizeof(msg));
     *retryable = job->retryable;
     for (size_t i = 0; i < job->n_blamed; i++) {
         bool known = false;
@@ -1015,8 +1082,7 @@ stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq
         stria__abi_write_stats(stats, &local);
     if (st != STRIA_OK) { /* not retried here; the coordinator's verdict stands */
         char msg[1024];
-        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
-        stria__try_verdict(job);
+        stria__failure_msg(job, msg, sizeof(msg));
         stria_error_set(st, "%s", msg);
         stria_error_set_retryable(job->retryable);
     }

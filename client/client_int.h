@@ -22,9 +22,10 @@
 #define STRIA__COORD_TIMEOUT_S 10.0
 #define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
 #define STRIA__POLL_S          0.2
-/* How long the ranks still running get once another rank failed the phase:
- * an alive worker hears of the failure through the ring at once and
- * answers; one silent past this is cut off or stopped, and given up on. */
+/* How long the ranks still running get once another rank failed the phase,
+ * or the coordinator ended the job: an alive worker hears of it at once and
+ * answers with its own account; one silent past this is cut off or stopped,
+ * and given up on. */
 #define STRIA__ABANDON_S 2.0
 /* How often a phase asks the coordinator whether the job is still on (a
  * worker it declared lost may never answer the phase's call). */
@@ -32,6 +33,9 @@
 #define STRIA__N_TENSORS       9  /* stria_tensor_id_t: 1 .. 9 */
 #define STRIA__MAX_BLAMED      64 /* workers one try blames */
 #define STRIA__DEFAULT_RETRIES 2
+/* How long a coordinator call keeps trying while the coordinator is out of
+ * reach (a restart) or rebuilds its jobs (busy). */
+#define STRIA__RECONNECT_S 60.0
 
 struct stria_client {
     stria_client_params_t params;
@@ -132,6 +136,9 @@ struct stria__phase {
      * another rank failed it at first_fail, or the coordinator ended the job
      * (abandon_why says which; abandon_retryable is its verdict). */
     double first_fail;
+    double ended_at; /* when the coordinator was seen to have ended the job (0: not) */
+    bool ended_retryable;
+    char ended_why[512];
     bool abandoned;
     bool abandon_retryable;
     char abandon_why[512];
@@ -139,9 +146,16 @@ struct stria__phase {
 
 /* ---- client.c ---- */
 size_t stria__row_bytes(const stria_job_t *job, int64_t heads);
-/* A call to the coordinator; about `job` (its secret proven) unless NULL. */
+/* A call to the coordinator; about `job` (its secret proven) unless NULL.
+ * A connection that broke or was refused (a restarting coordinator), and a
+ * job-scoped call answered busy (a restarted coordinator rebuilding its
+ * jobs), are tried again for up to STRIA__RECONNECT_S. */
 stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
                                  const stria_job_t *job, stria_rpc_reply_t *reply);
+/* The same; `patient` false: one try only (the progress poller, the phase's
+ * watch). */
+stria_status_t stria__coord_call_ex(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                    const stria_job_t *job, stria_rpc_reply_t *reply, bool patient);
 /* A caller's spec read into ours (ABI) and checked. */
 stria_status_t stria__read_spec(const stria_job_spec_t *in, stria_job_spec_t *out);
 /* Submits job->spec (sharded or not) and waits while the job is queued;
@@ -155,6 +169,14 @@ stria_status_t stria__wait_queued(stria_client_t *c, stria_job_t *job, Stria__V1
  * layout this library scatters with. */
 stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__V1__Assignment *a);
 void stria__job_free(stria_job_t *job);
+/* Whether the coordinator ended the job (failed, cancelled or expired it);
+ * its reason into why[0 .. len) and its verdict into *retryable. */
+bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable);
+/* The calling thread's error message about a failed call of the job, into
+ * msg[0 .. len), with the coordinator's verdict taken (retryable, blamed
+ * workers) and its reason added: the ranks may only have heard that the job
+ * is over, while the coordinator's reason names the rank that caused it. */
+void stria__failure_msg(stria_job_t *job, char *msg, size_t len);
 /* Links an open job into its client (released by stria_client_close()). */
 void stria__job_link(stria_job_t *job);
 

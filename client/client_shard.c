@@ -4,6 +4,7 @@
  * tokens, and releases the ranks it ran. */
 #include "client_int.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,52 @@ stria_status_t stria_job_positions(const stria_job_t *job, int rank, int64_t *po
     return STRIA_OK;
 }
 
+/* While a rank's calls run: asks the coordinator every STRIA__WATCH_S
+ * whether the job is still on, and gives up on the rank's calls once it
+ * ended (its worker cut off or stopped would never answer them). */
+typedef struct {
+    stria_job_t *job;
+    stria__rank_t *r;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    bool stop, ended, retryable;
+    char why[512];
+} stria__shard_watch_t;
+
+static void *stria__shard_watch(void *arg)
+{
+    stria__shard_watch_t *w = arg;
+    pthread_mutex_lock(&w->lock);
+    while (!w->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)STRIA__WATCH_S;
+        pthread_cond_timedwait(&w->cv, &w->lock, &ts);
+        if (w->stop)
+            break;
+        pthread_mutex_unlock(&w->lock);
+        char why[512];
+        bool retryable = false;
+        bool ended = stria__job_ended(w->job, why, sizeof(why), &retryable);
+        pthread_mutex_lock(&w->lock);
+        if (ended && !w->stop) { /* a live worker answers within the grace */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += (time_t)STRIA__ABANDON_S;
+            while (!w->stop && pthread_cond_timedwait(&w->cv, &w->lock, &ts) == 0)
+                ;
+            if (w->stop)
+                break;
+            w->ended = true;
+            w->retryable = retryable;
+            snprintf(w->why, sizeof(w->why), "%s", why);
+            stria_rpc_client_abort(__atomic_load_n(&w->r->conn, __ATOMIC_ACQUIRE));
+            break;
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
 /* One rank's pass: its inputs, the pass (every rank's), its outputs. */
 static stria_status_t stria__shard_pass(stria_job_t *job, int rank, bool backward,
                                         const void *const *in, void *const *out, int n_out)
@@ -196,6 +243,11 @@ static stria_status_t stria__shard_pass(stria_job_t *job, int rank, bool backwar
     const char *what = backward ? "backward pass" : "forward pass";
     stria__rank_t *r = &job->ranks[rank];
     double arrival = job->spec.arrival_timeout_s > 0 ? job->spec.arrival_timeout_s : 60.0;
+    stria__shard_watch_t w = {.job = job, .r = r};
+    pthread_t th;
+    pthread_mutex_init(&w.lock, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    bool watching = pthread_create(&th, NULL, stria__shard_watch, &w) == 0;
 
     stria_status_t st = stria__rank_connect(job, r);
     if (st == STRIA_OK) {
@@ -212,10 +264,33 @@ static stria_status_t stria__shard_pass(stria_job_t *job, int rank, bool backwar
         for (int i = 0; i < n_out && st == STRIA_OK; i++)
             st = stria__rank_get(job, r, backward ? bwd_out[i] : fwd_out[i], out[i]);
     }
+    if (watching) {
+        pthread_mutex_lock(&w.lock);
+        w.stop = true;
+        pthread_cond_signal(&w.cv);
+        pthread_mutex_unlock(&w.lock);
+        pthread_join(th, NULL);
+    }
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.lock);
+    if (w.ended) { /* the connection was given up on: good for nothing now */
+        stria_rpc_client_close(r->conn);
+        r->conn = NULL;
+    }
+    if (st != STRIA_OK && w.ended) { /* a lost worker: a peer's failure; else cancelled */
+        st = w.retryable ? STRIA_ERR_PEER : STRIA_ERR_CANCELLED;
+        stria_error_set(st, "job %llu rank %d (worker %s), %s: no answer; given up on, as %s",
+                        (unsigned long long)job->id, rank, r->rpc_address, what, w.why);
+        stria_error_set_retryable(w.retryable);
+        return st;
+    }
     if (st != STRIA_OK) { /* a lost worker is retryable (for the trainer) */
         bool retryable = stria_error_retryable() || stria__rank_lost(r, st);
-        stria_error_wrap(st, "job %llu rank %d (worker %s), %s", (unsigned long long)job->id, rank,
-                         r->rpc_address, what);
+        char msg[1024];
+        stria__failure_msg(job, msg, sizeof(msg));
+        retryable = retryable || job->retryable;
+        stria_error_set(st, "job %llu rank %d (worker %s), %s: %s", (unsigned long long)job->id,
+                        rank, r->rpc_address, what, msg);
         stria_error_set_retryable(retryable);
         return st;
     }

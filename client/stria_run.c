@@ -119,104 +119,52 @@ static const char stria__run_epilog[] =
 static void stria__run_common_opts(stria__run_opts_t *o, stria_option_t *t)
 {
     const stria_option_t common[STRIA__RUN_N_COMMON] = {
-        {.name = "q",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->q_path,
-         .metavar = "PATH",
-         .flags = STRIA_OPT_REQUIRED,
-         .help = "queries, [batch, tokens, heads, head_dim], float32 or float16 .npy"},
-        {.name = "k",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->k_path,
-         .metavar = "PATH",
-         .flags = STRIA_OPT_REQUIRED,
-         .help = "keys, [batch, tokens, kv_heads, head_dim]; heads must be a multiple of "
-                 "kv_heads (grouped-query attention)"},
-        {.name = "v",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->v_path,
-         .metavar = "PATH",
-         .flags = STRIA_OPT_REQUIRED,
-         .help = "values, same shape as --k"},
-        {.name = "do",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->do_path,
-         .metavar = "PATH",
-         .help = "output gradient, same shape as --q: also runs the backward pass"},
-        {.name = "out",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->out_dir,
-         .metavar = "DIR",
-         .help = "output folder (required; created if missing): o.npy (Q's shape), lse.npy "
-                 "([batch, heads, tokens], natural log), and with --do dq.npy, dk.npy, dv.npy; "
-                 "all float32, holding the values in the computed precision (rounded to "
-                 "--dtype)"},
-        {.name = "causal",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->causal,
-         .help = "causal mask: token i sees tokens <= i (the default)"},
-        {.name = "no-causal", .type = STRIA_OPT_UNFLAG, .dst = &o->causal, .help = "no mask"},
-        {.name = "dtype",
-         .type = STRIA_OPT_CUSTOM,
-         .dst = &o->dtype,
-         .parse = stria__parse_dtype,
-         .metavar = "fp32|bf16|fp16",
-         .help = "storage dtype to compute in (inputs are converted on load; default: the "
-                 "dtype of the Q file; arithmetic accumulates in fp32 always)"},
-        {.name = "scale",
-         .type = STRIA_OPT_DOUBLE,
-         .dst = &o->scale,
-         .min = 0,
-         .max = 3.4e38,
-         .flags = STRIA_OPT_ABOVE_MIN,
-         .metavar = "X",
-         .help = "softmax scale (default 1/sqrt(head_dim))"},
-        {.name = "threads",
-         .type = STRIA_OPT_INT,
-         .dst = &o->threads,
-         .min = 1,
-         .max = 1024,
-         .metavar = "N",
-         .help = "compute threads (default: all online CPUs)"},
-        {.name = "quiet",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->quiet,
-         .help = "print nothing on "
-                 "success"},
-        {.name = "ranks",
-         .type = STRIA_OPT_INT,
-         .dst = &o->ranks,
-         .min = 1,
-         .max = 256,
-         .metavar = "N",
-         .help = "ranks of the ring: local runs an in-process ring of N ranks (default: no "
-                 "ring, or 1 with --device); submit asks for N workers (default: all)"},
-        {.name = "layout",
-         .type = STRIA_OPT_CUSTOM,
-         .dst = &o->layout,
-         .parse = stria__parse_layout,
-         .metavar = "auto|striped|contiguous|zigzag",
-         .help = "how the tokens are spread over the ranks (default auto: contiguous with "
-                 "--window, striped otherwise)"},
-        {.name = "cu-seqlens",
-         .type = STRIA_OPT_INTS,
-         .dst = &o->cu_seqlens,
-         .min = 0,
-         .max = (double)((int64_t)1 << 62),
-         .max_items = STRIA__RUN_MAX_CU_SEQLENS,
-         .metavar = "0,N1,...,TOKENS",
-         .help = "documents (flash_attn varlen's cu_seqlens) of every batch row: a token "
-                 "sees only tokens of its own document; starts at 0, never decreases, ends "
-                 "at the token count (default: one document)"},
-        {.name = "window",
-         .type = STRIA_OPT_INTS,
-         .dst = &o->window,
-         .min = -1,
-         .max = (double)((int64_t)1 << 62),
-         .max_items = 2,
-         .metavar = "LEFT,RIGHT",
-         .help = "sliding window: token i sees tokens i - LEFT .. i + RIGHT; -1 leaves a side "
-                 "unbounded; causal takes RIGHT 0 or -1 (default: no window)"},
+        STRIA_OPTION("q", STRING, &o->q_path, "PATH",
+                     "queries, [batch, tokens, heads, head_dim], float32 or float16 .npy",
+                     .flags = STRIA_OPT_REQUIRED),
+        STRIA_OPTION("k", STRING, &o->k_path, "PATH",
+                     "keys, [batch, tokens, kv_heads, head_dim]; heads must be a multiple of "
+                     "kv_heads (grouped-query attention)",
+                     .flags = STRIA_OPT_REQUIRED),
+        STRIA_OPTION("v", STRING, &o->v_path, "PATH", "values, same shape as --k",
+                     .flags = STRIA_OPT_REQUIRED),
+        STRIA_OPTION("do", STRING, &o->do_path, "PATH",
+                     "output gradient, same shape as --q: also runs the backward pass"),
+        STRIA_OPTION(
+            "out", STRING, &o->out_dir, "DIR",
+            "output folder (required; created if missing): o.npy (Q's shape), lse.npy ([batch, "
+            "heads, tokens], natural log), and with --do dq.npy, dk.npy, dv.npy; all float32, "
+            "holding the values in the computed precision (rounded to --dtype)"),
+        STRIA_OPTION("causal", FLAG, &o->causal, NULL,
+                     "causal mask: token i sees tokens <= i (the default)"),
+        STRIA_OPTION("no-causal", UNFLAG, &o->causal, NULL, "no mask"),
+        STRIA_OPTION("dtype", CUSTOM, &o->dtype, "fp32|bf16|fp16",
+                     "storage dtype to compute in (inputs are converted on load; default: the "
+                     "dtype of the Q file; arithmetic accumulates in fp32 always)",
+                     .parse = stria__parse_dtype),
+        STRIA_OPTION("scale", DOUBLE, &o->scale, "X", "softmax scale (default 1/sqrt(head_dim))",
+                     .min = 0, .max = 3.4e38, .flags = STRIA_OPT_ABOVE_MIN),
+        STRIA_OPTION("threads", INT, &o->threads, "N", "compute threads (default: all online CPUs)",
+                     .min = 1, .max = 1024),
+        STRIA_OPTION("quiet", FLAG, &o->quiet, NULL, "print nothing on success"),
+        STRIA_OPTION("ranks", INT, &o->ranks, "N",
+                     "ranks of the ring: local runs an in-process ring of N ranks (default: no "
+                     "ring, or 1 with --device); submit asks for N workers (default: all)",
+                     .min = 1, .max = 256),
+        STRIA_OPTION("layout", CUSTOM, &o->layout, "auto|striped|contiguous|zigzag",
+                     "how the tokens are spread over the ranks (default auto: contiguous with "
+                     "--window, striped otherwise)",
+                     .parse = stria__parse_layout),
+        STRIA_OPTION("cu-seqlens", INTS, &o->cu_seqlens, "0,N1,...,TOKENS",
+                     "documents (flash_attn varlen's cu_seqlens) of every batch row: a token sees "
+                     "only tokens of its own document; starts at 0, never decreases, ends at the "
+                     "token count (default: one document)",
+                     .min = 0, .max = (double)((int64_t)1 << 62),
+                     .max_items = STRIA__RUN_MAX_CU_SEQLENS),
+        STRIA_OPTION("window", INTS, &o->window, "LEFT,RIGHT",
+                     "sliding window: token i sees tokens i - LEFT .. i + RIGHT; -1 leaves a side "
+                     "unbounded; causal takes RIGHT 0 or -1 (default: no window)",
+                     .min = -1, .max = (double)((int64_t)1 << 62), .max_items = 2),
     };
     memcpy(t, common, sizeof(common));
 }
@@ -258,102 +206,49 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
 {
     stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 8];
     const stria_option_t local_only[] = {
-        {.name = "device",
-         .type = STRIA_OPT_CUSTOM,
-         .dst = &o->device,
-         .parse = stria__parse_device,
-         .metavar = "NAME",
-         .help = "where the ring's ranks compute: cpu (default), cuda:N (cuda = cuda:0), "
-                 "cpu:staged (host kernels through the GPU staging path) or auto; runs an "
-                 "in-process ring (--ranks, default 1)"},
+        STRIA_OPTION("device", CUSTOM, &o->device, "NAME",
+                     "where the ring's ranks compute: cpu (default), cuda:N (cuda = cuda:0), "
+                     "cpu:staged (host kernels through the GPU staging path) or auto; runs an "
+                     "in-process ring (--ranks, default 1)",
+                     .parse = stria__parse_device),
         {.name = NULL},
     };
     const stria_option_t submit_only[] = {
-        {.name = "coordinator",
-         .type = STRIA_OPT_ADDR,
-         .dst = &o->coordinator,
-         .flags = STRIA_OPT_REQUIRED,
-         .metavar = "HOST:PORT",
-         .help = "the service's coordinator"},
-        {.name = "token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->token_file,
-         .metavar = "FILE",
-         .help = "the service's client credential, first line of FILE (proven, never sent; "
-                 "default $STRIA_TOKEN_FILE)"},
-        {.name = "step-timeout",
-         .type = STRIA_OPT_DURATION,
-         .dst = &o->step_timeout_s,
-         .min = 0,
-         .max = 86400,
-         .flags = STRIA_OPT_ABOVE_MIN,
-         .metavar = "TIME",
-         .help = "deadline of one ring step on the workers (default: theirs)"},
-        {.name = "check",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->check,
-         .help = "also compute in this process and compare: exit status 1 when the service's "
-                 "results differ beyond the dtype's tolerance"},
-        {.name = "label",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->label,
-         .metavar = "TEXT",
-         .help = "a label the admin tools show with the job"},
-        {.name = "path",
-         .type = STRIA_OPT_CUSTOM,
-         .dst = &o->path,
-         .parse = stria__parse_path,
-         .metavar = "auto|tcp|shm",
-         .help = "how tensors reach the workers: shared memory with a worker of this host, TCP "
-                 "otherwise (auto, the default), only TCP, or only shared memory"},
-        {.name = "retries",
-         .type = STRIA_OPT_INT,
-         .dst = &o->retries,
-         .dflt = "2",
-         .min = 0,
-         .max = 16,
-         .metavar = "N",
-         .help = "submit the forward again up to N times when it fails retryably (a worker "
-                 "died, left or was cut off; a ring link broke), without the workers blamed"},
+        STRIA_OPTION("coordinator", ADDR, &o->coordinator, "HOST:PORT", "the service's coordinator",
+                     .flags = STRIA_OPT_REQUIRED),
+        STRIA_OPTION("token-file", STRING, &o->token_file, "FILE",
+                     "the service's client credential, first line of FILE (proven, never sent; "
+                     "default $STRIA_TOKEN_FILE)"),
+        STRIA_OPTION("step-timeout", DURATION, &o->step_timeout_s, "TIME",
+                     "deadline of one ring step on the workers (default: theirs)", .min = 0,
+                     .max = 86400, .flags = STRIA_OPT_ABOVE_MIN),
+        STRIA_OPTION("check", FLAG, &o->check, NULL,
+                     "also compute in this process and compare: exit status 1 when the service's "
+                     "results differ beyond the dtype's tolerance"),
+        STRIA_OPTION("label", STRING, &o->label, "TEXT",
+                     "a label the admin tools show with the job"),
+        STRIA_OPTION("retries", INT, &o->retries, "N",
+                     "submit the forward again up to N times when it fails retryably (a worker "
+                     "died, left or was cut off; a ring link broke), without the workers blamed",
+                     .dflt = "2", .min = 0, .max = 16),
+        STRIA_OPTION("path", CUSTOM, &o->path, "auto|tcp|shm",
+                     "how tensors reach the workers: shared memory with a worker of this host, TCP "
+                     "otherwise (auto, the default), only TCP, or only shared memory",
+                     .parse = stria__parse_path),
         {.name = NULL},
     };
     const stria_option_t random[] = {
-        {.name = "shape",
-         .type = STRIA_OPT_INTS,
-         .dst = &o->shape,
-         .min = 1,
-         .max = (double)((int64_t)1 << 32),
-         .max_items = STRIA_NPY_MAX_DIMS,
-         .flags = STRIA_OPT_REQUIRED,
-         .metavar = "B,T,H,D",
-         .help = "the array's shape: up to 8 comma-separated sizes"},
-        {.name = "out",
-         .type = STRIA_OPT_STRING,
-         .dst = &o->out_dir,
-         .metavar = "FILE.npy",
-         .flags = STRIA_OPT_REQUIRED,
-         .help = "the file to write"},
-        {.name = "seed",
-         .type = STRIA_OPT_INT,
-         .dst = &o->seed,
-         .dflt = "1",
-         .min = 0,
-         .max = 9e18,
-         .metavar = "N",
-         .help = "the same seed writes the same values"},
-        {.name = "amplitude",
-         .type = STRIA_OPT_DOUBLE,
-         .dst = &o->amplitude,
-         .dflt = "1",
-         .min = 0,
-         .max = 3.4e38,
-         .flags = STRIA_OPT_ABOVE_MIN,
-         .metavar = "A",
-         .help = "values are uniform in [-A, A)"},
-        {.name = "float16",
-         .type = STRIA_OPT_FLAG,
-         .dst = &o->float16,
-         .help = "write float16 (default float32)"},
+        STRIA_OPTION("shape", INTS, &o->shape, "B,T,H,D",
+                     "the array's shape: up to 8 comma-separated sizes", .min = 1,
+                     .max = (double)((int64_t)1 << 32), .flags = STRIA_OPT_REQUIRED,
+                     .max_items = STRIA_NPY_MAX_DIMS),
+        STRIA_OPTION("out", STRING, &o->out_dir, "FILE.npy", "the file to write",
+                     .flags = STRIA_OPT_REQUIRED),
+        STRIA_OPTION("seed", INT, &o->seed, "N", "the same seed writes the same values",
+                     .dflt = "1", .min = 0, .max = 9e18),
+        STRIA_OPTION("amplitude", DOUBLE, &o->amplitude, "A", "values are uniform in [-A, A)",
+                     .dflt = "1", .min = 0, .max = 3.4e38, .flags = STRIA_OPT_ABOVE_MIN),
+        STRIA_OPTION("float16", FLAG, &o->float16, NULL, "write float16 (default float32)"),
         {.name = NULL},
     };
     const stria_command_t cmds[] = {
@@ -655,15 +550,7 @@ static stria_status_t stria__write_outputs(const stria__run_opts_t *o, stria__ru
 
 static void stria__free_data(stria__run_data_t *d)
 {
-    stria_free(d->q);
-    stria_free(d->k);
-    stria_free(d->v);
-    stria_free(d->d_o);
-    stria_free(d->o);
-    stria_free(d->lse);
-    stria_free(d->dq);
-    stria_free(d->dk);
-    stria_free(d->dv);
+    STRIA_FREE_ALL(d->q, d->k, d->v, d->d_o, d->o, d->lse, d->dq, d->dk, d->dv);
 }
 
 static int stria__cmd_local(const stria__run_opts_t *opts)
@@ -708,12 +595,7 @@ static int stria__cmd_local(const stria__run_opts_t *opts)
     }
     stria_pool_destroy(pool);
     stria__free_data(&d);
-    if (st != STRIA_OK) {
-        fprintf(stderr, "stria-run: %s\n",
-                stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
-        return 1;
-    }
-    return 0;
+    return stria_cli_exit("stria-run", st);
 }
 
 /* ---- stria-run submit ----------------------------------------------------- */
@@ -836,10 +718,7 @@ static stria_status_t stria__submit_alloc(const stria__run_data_t *d, bool backw
 
 static void stria__submit_free(stria__submit_out_t *s)
 {
-    stria_free(s->o);
-    stria_free(s->dq);
-    stria_free(s->dk);
-    stria_free(s->dv);
+    STRIA_FREE_ALL(s->o, s->dq, s->dk, s->dv);
 }
 
 static void stria__submit_spec(const stria__run_opts_t *o, const stria__run_data_t *d,

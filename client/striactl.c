@@ -181,6 +181,17 @@ static void fmt_duration(char *out, size_t n, uint64_t ms)
         snprintf(out, n, "%.1fs", (double)ms / 1000.0);
 }
 
+/* {"KEY":[item,...]} and a newline, each item printed by fn. */
+#define JSON_ARRAY(key, items, n, fn)                                                              \
+    do {                                                                                           \
+        printf("{\"" key "\":[");                                                                  \
+        for (size_t i_ = 0; i_ < (n); i_++) {                                                      \
+            printf(i_ ? "," : "");                                                                 \
+            fn((items)[i_]);                                                                       \
+        }                                                                                          \
+        printf("]}\n");                                                                            \
+    } while (0)
+
 static void json_worker(const Stria__V1__WorkerInfo *w)
 {
     printf("{\"id\":%" PRIu64 ",\"state\":", w->worker_id);
@@ -222,12 +233,17 @@ typedef struct {
 
 static void table_add(table_t *t, const char *const *cells)
 {
-    if (t->nrows == t->cap) {
-        t->cap = t->cap ? 2 * t->cap : 16;
-        t->cells = realloc(t->cells, t->cap * sizeof(*t->cells));
+    void *grown = stria_grow(t->cells, &t->cap, t->nrows + 1, sizeof(*t->cells), 16);
+    if (grown == NULL) {
+        fprintf(stderr, "striactl: out of memory for a table of %zu rows\n", t->nrows + 1);
+        exit(1);
     }
+    t->cells = grown;
     for (int c = 0; c < t->ncols; c++)
-        t->cells[t->nrows][c] = strdup(esc(cells[c]));
+        if ((t->cells[t->nrows][c] = strdup(esc(cells[c]))) == NULL) {
+            fprintf(stderr, "striactl: out of memory for a table cell\n");
+            exit(1);
+        }
     t->nrows++;
 }
 
@@ -351,12 +367,7 @@ static int cmd_workers(ctl_t *c)
         return fail(st);
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
     if (c->json) {
-        printf("{\"workers\":[");
-        for (size_t i = 0; i < r->n_workers; i++) {
-            printf(i ? "," : "");
-            json_worker(r->workers[i]);
-        }
-        printf("]}\n");
+        JSON_ARRAY("workers", r->workers, r->n_workers, json_worker);
     } else {
         table_t t = {.ncols = 12};
         const char *head[] = {"RANK", "WORKER", "HOST", "DEVICE", "STATE", "HEARTBEAT",
@@ -445,12 +456,7 @@ static int cmd_jobs(ctl_t *c, bool all)
         return fail(st);
     const Stria__V1__ListJobsReply *r = (const Stria__V1__ListJobsReply *)reply.msg;
     if (c->json) {
-        printf("{\"jobs\":[");
-        for (size_t i = 0; i < r->n_jobs; i++) {
-            printf(i ? "," : "");
-            json_job(r->jobs[i]);
-        }
-        printf("]}\n");
+        JSON_ARRAY("jobs", r->jobs, r->n_jobs, json_job);
     } else if (r->n_jobs == 0) {
         printf(all ? "(no jobs)\n" : "(no active or queued jobs; --all lists finished ones)\n");
     } else {
@@ -654,13 +660,8 @@ static void job_ranks(const Stria__V1__Assignment *a, const Stria__V1__JobSpec *
     table_print(&t);
 }
 
-static int cmd_job(ctl_t *c, const char *arg)
+static int cmd_job(ctl_t *c, uint64_t id)
 {
-    uint64_t id = 0;
-    if (!parse_u64(arg, &id)) {
-        fprintf(stderr, "striactl: job id '%s' is not a number\n", arg);
-        return EXIT_USAGE;
-    }
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
     req.job_id = id;
@@ -798,13 +799,8 @@ static int cmd_drain(ctl_t *c, const char *name, bool drain)
     return EXIT_OK;
 }
 
-static int cmd_cancel(ctl_t *c, const char *arg, const char *reason)
+static int cmd_cancel(ctl_t *c, uint64_t id, const char *reason)
 {
-    uint64_t id = 0;
-    if (!parse_u64(arg, &id)) {
-        fprintf(stderr, "striactl: job id '%s' is not a number\n", arg);
-        return EXIT_USAGE;
-    }
     Stria__V1__CancelJobRequest req = STRIA__V1__CANCEL_JOB_REQUEST__INIT;
     stria_rpc_reply_t reply;
     req.job_id = id;
@@ -826,12 +822,12 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
                        const char *reason)
 {
     const char *cmd = cli->cmd->name, *arg = cli->nargs > 0 ? cli->args[0] : NULL;
-    uint64_t ignored;
+    uint64_t id = 0; /* job and cancel */
     if (arg != NULL && arg[0] == '\0') {
         fprintf(stderr, "striactl %s: empty argument (see striactl %s --help)\n", cmd, cmd);
         return EXIT_USAGE;
     }
-    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "cancel") == 0) && !parse_u64(arg, &ignored)) {
+    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "cancel") == 0) && !parse_u64(arg, &id)) {
         fprintf(stderr, "striactl %s: job id '%s' is not a number\n", cmd, arg);
         return EXIT_USAGE;
     }
@@ -840,13 +836,11 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
         fprintf(stderr, "striactl: %s\n", stria_error_msg());
         return EXIT_USAGE;
     }
-    stria_rpc_client_params_t p;
-    memset(&p, 0, sizeof(p));
-    p.address = c->coordinator;
-    p.service = &stria__v1__coordinator__descriptor;
-    p.token = c->token;
-    p.client_name = "striactl";
-    p.connect_timeout_s = c->timeout_s;
+    const stria_rpc_client_params_t p = {.address = c->coordinator,
+                                         .service = &stria__v1__coordinator__descriptor,
+                                         .token = c->token,
+                                         .client_name = "striactl",
+                                         .connect_timeout_s = c->timeout_s};
     stria_status_t st = stria_rpc_client_connect(&p, &c->rpc);
     if (st != STRIA_OK) {
         if (st != STRIA_ERR_AUTH)
@@ -862,11 +856,11 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
     else if (strcmp(cmd, "jobs") == 0)
         rc = cmd_jobs(c, all);
     else if (strcmp(cmd, "job") == 0)
-        rc = cmd_job(c, arg);
+        rc = cmd_job(c, id);
     else if (strcmp(cmd, "drain") == 0 || strcmp(cmd, "undrain") == 0)
         rc = cmd_drain(c, arg, cmd[0] == 'd');
     else
-        rc = cmd_cancel(c, arg, reason);
+        rc = cmd_cancel(c, id, reason);
     stria_rpc_client_close(c->rpc);
     free(c->token);
     return rc;
@@ -882,52 +876,32 @@ int main(int argc, char **argv)
 
     memset(&c, 0, sizeof(c));
     const stria_option_t options[] = {
-        {.name = "coordinator",
-         .type = STRIA_OPT_ADDR,
-         .dst = &c.coordinator,
-         .dflt = env != NULL && env[0] != '\0' ? env : STRIACTL_DEFAULT_COORDINATOR,
-         .metavar = "HOST:PORT",
-         .help = "the coordinator; $STRIA_COORDINATOR, if set, is the default"},
-        {.name = "token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &token_file,
-         .metavar = "FILE",
-         .help = "a credential: the client one for status and workers, the admin one for "
-                 "everything; proven, never sent; default $STRIA_TOKEN_FILE"},
-        {.name = "json",
-         .type = STRIA_OPT_FLAG,
-         .dst = &c.json,
-         .help = "machine-readable output with stable field names (docs/DEPLOY.md)"},
-        {.name = "timeout",
-         .type = STRIA_OPT_DURATION,
-         .dst = &c.timeout_s,
-         .dflt = "10",
-         .min = 0,
-         .max = INFINITY,
-         .flags = STRIA_OPT_ABOVE_MIN,
-         .metavar = "TIME",
-         .help = "deadline of connecting and of each request"},
+        STRIA_OPTION("coordinator", ADDR, &c.coordinator, "HOST:PORT",
+                     "the coordinator; $STRIA_COORDINATOR, if set, is the default",
+                     .dflt = env != NULL && env[0] != '\0' ? env : STRIACTL_DEFAULT_COORDINATOR),
+        STRIA_OPTION("token-file", STRING, &token_file, "FILE",
+                     "a credential: the client one for status and workers, the admin one for "
+                     "everything; proven, never sent; default $STRIA_TOKEN_FILE"),
+        STRIA_OPTION("json", FLAG, &c.json, NULL,
+                     "machine-readable output with stable field names (docs/DEPLOY.md)"),
+        STRIA_OPTION("timeout", DURATION, &c.timeout_s, "TIME",
+                     "deadline of connecting and of each request", .dflt = "10", .min = 0,
+                     .max = INFINITY, .flags = STRIA_OPT_ABOVE_MIN),
         {.name = NULL},
     };
     const stria_option_t jobs_options[] = {
-        {.name = "all", .type = STRIA_OPT_FLAG, .dst = &all, .help = "finished jobs too"},
+        STRIA_OPTION("all", FLAG, &all, NULL, "finished jobs too"),
         {.name = NULL},
     };
     const stria_option_t job_options[] = {
-        {.name = "timeline",
-         .type = STRIA_OPT_STRING,
-         .dst = &c.timeline,
-         .metavar = "FILE.svg",
-         .help = "draw the job's latest forward and backward passes from the step times its "
-                 "workers reported: a row per rank, each from its own pass start"},
+        STRIA_OPTION("timeline", STRING, &c.timeline, "FILE.svg",
+                     "draw the job's latest forward and backward passes from the step times its "
+                     "workers reported: a row per rank, each from its own pass start"),
         {.name = NULL},
     };
     const stria_option_t cancel_options[] = {
-        {.name = "reason",
-         .type = STRIA_OPT_STRING,
-         .dst = &reason,
-         .metavar = "TEXT",
-         .help = "why, shown with the job (default: cancelled by an administrator)"},
+        STRIA_OPTION("reason", STRING, &reason, "TEXT",
+                     "why, shown with the job (default: cancelled by an administrator)"),
         {.name = NULL},
     };
     const stria_command_t cmds[] = {

@@ -238,26 +238,32 @@ static void stria__layout_copy(const stria_layout_t *l, int rank, int64_t outer,
     }
 }
 
+/* Checks the arguments (src and dst as the caller names them) and copies
+ * src into dst: the full array into the shard, or back. */
+static stria_status_t stria__layout_move(const stria_layout_t *layout, int rank, int64_t outer,
+                                         size_t row_bytes, const void *src, void *dst,
+                                         bool to_shard, const char *fn)
+{
+    stria_status_t st = stria__layout_check_copy(layout, rank, outer, row_bytes, src, dst, fn);
+    char *from = (char *)src, *to = dst;
+    if (st == STRIA_OK)
+        stria__layout_copy(layout, rank, outer, row_bytes, to_shard ? from : to,
+                           to_shard ? to : from, to_shard);
+    return st;
+}
+
 stria_status_t stria_layout_scatter(const stria_layout_t *layout, int rank, int64_t outer,
                                     size_t row_bytes, const void *full, void *shard)
 {
-    stria_status_t st = stria__layout_check_copy(layout, rank, outer, row_bytes, full, shard,
-                                                 "stria_layout_scatter");
-    if (st != STRIA_OK)
-        return st;
-    stria__layout_copy(layout, rank, outer, row_bytes, (char *)full, shard, true);
-    return STRIA_OK;
+    return stria__layout_move(layout, rank, outer, row_bytes, full, shard, true,
+                              "stria_layout_scatter");
 }
 
 stria_status_t stria_layout_gather(const stria_layout_t *layout, int rank, int64_t outer,
                                    size_t row_bytes, const void *shard, void *full)
 {
-    stria_status_t st = stria__layout_check_copy(layout, rank, outer, row_bytes, shard, full,
-                                                 "stria_layout_gather");
-    if (st != STRIA_OK)
-        return st;
-    stria__layout_copy(layout, rank, outer, row_bytes, full, (char *)shard, false);
-    return STRIA_OK;
+    return stria__layout_move(layout, rank, outer, row_bytes, shard, full, false,
+                              "stria_layout_gather");
 }
 
 stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,

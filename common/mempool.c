@@ -71,17 +71,12 @@ static size_t stria__mp_round(size_t x, size_t to)
 
 static stria_status_t stria__mp_reserve_blocks(stria_mempool_t *p, size_t more)
 {
-    if (p->n_blocks + more <= p->cap_blocks)
-        return STRIA_OK;
-    size_t cap = p->cap_blocks ? 2 * p->cap_blocks : 64;
-    while (cap < p->n_blocks + more)
-        cap *= 2;
-    stria__mp_block_t *b = realloc(p->blocks, cap * sizeof(*b));
+    stria__mp_block_t *b =
+        stria_grow(p->blocks, &p->cap_blocks, p->n_blocks + more, sizeof(*b), 64);
     if (b == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s pool: out of memory for its block table",
                                p->name);
     p->blocks = b;
-    p->cap_blocks = cap;
     return STRIA_OK;
 }
 
@@ -94,13 +89,12 @@ static long stria__mp_add_region(stria_mempool_t *p, char *base, size_t size)
             r = i;
             break;
         }
-    if (r == p->n_regions && p->n_regions == p->cap_regions) {
-        size_t cap = p->cap_regions ? 2 * p->cap_regions : 8;
-        stria__mp_region_t *g = realloc(p->regions, cap * sizeof(*g));
+    if (r == p->n_regions) {
+        stria__mp_region_t *g =
+            stria_grow(p->regions, &p->cap_regions, p->n_regions + 1, sizeof(*g), 8);
         if (g == NULL)
             return -1;
         p->regions = g;
-        p->cap_regions = cap;
     }
     if (stria__mp_reserve_blocks(p, 1) != STRIA_OK)
         return -1;

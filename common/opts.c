@@ -77,14 +77,10 @@ stria_status_t stria_parse_duration(const char *text, double *out)
 static void *stria__cli_alloc(stria_cli_t *cli, size_t size)
 {
     void *p;
-    if (cli->n_allocs == cli->cap_allocs) {
-        size_t cap = cli->cap_allocs ? 2 * cli->cap_allocs : 16;
-        void **a = realloc(cli->allocs, cap * sizeof(*a));
-        if (a == NULL)
-            return NULL;
-        cli->allocs = a;
-        cli->cap_allocs = cap;
-    }
+    void **a = stria_grow(cli->allocs, &cli->cap_allocs, cli->n_allocs + 1, sizeof(*a), 16);
+    if (a == NULL)
+        return NULL;
+    cli->allocs = a;
     p = calloc(1, size ? size : 1);
     if (p != NULL)
         cli->allocs[cli->n_allocs++] = p;
@@ -625,6 +621,15 @@ void stria_cli_help(const stria_cli_t *cli, void *file)
                 kinds & 1u ? "" : "\n");
     if (c->epilog != NULL)
         fprintf(out, "\n%s\n", c->epilog);
+}
+
+int stria_cli_exit(const char *prog, stria_status_t st)
+{
+    if (st == STRIA_OK)
+        return 0;
+    fprintf(stderr, "%s: %s\n", prog,
+            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
+    return 1;
 }
 
 int stria_cli_main(const stria_command_t *root, int argc, char **argv, stria_cli_t *cli)

@@ -44,14 +44,10 @@ stria_status_t stria_ranges_add(stria_ranges_t *set, uint64_t start, uint64_t le
                                    "more than %d disjoint byte ranges outstanding: send the "
                                    "chunks of a tensor in order",
                                    STRIA_RANGES_MAX);
-        if (set->n == set->cap) {
-            size_t cap = set->cap ? 2 * set->cap : 4;
-            void *r = realloc(set->r, cap * sizeof(*set->r));
-            if (r == NULL)
-                return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for byte ranges");
-            set->r = r;
-            set->cap = cap;
-        }
+        void *r = stria_grow(set->r, &set->cap, set->n + 1, sizeof(*set->r), 4);
+        if (r == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for byte ranges");
+        set->r = r;
         memmove(set->r + i + 1, set->r + i, (set->n - i) * sizeof(*set->r));
         set->n++;
         j = i + 1;

@@ -99,6 +99,17 @@ void *stria_malloc_aligned(size_t size);
 /* As stria_malloc_aligned() but zero-filled. */
 void *stria_calloc_aligned(size_t size);
 void stria_free(void *ptr);
+/* Room for `need` elements of `elem` bytes in the array `arr` of capacity
+ * *cap (first growth to `first` elements, then doubling, realloc()ed):
+ * returns arr when it has room, the grown array (*cap updated), or NULL when
+ * out of memory (arr and *cap unchanged). */
+void *stria_grow(void *arr, size_t *cap, size_t need, size_t elem, size_t first);
+/* stria_free() of each of n pointers; STRIA_FREE_ALL(d->q, d->k, d->v) for a
+ * list of them. */
+void stria_free_n(void *const *ptrs, size_t n);
+#define STRIA_FREE_ALL(...)                                                                        \
+    stria_free_n((void *const[]){__VA_ARGS__},                                                     \
+                 sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))
 
 /* Fills buf with n bytes from the kernel's random source (getrandom()):
  * unguessable values such as a job's secret. STRIA_ERR_IO when the source
@@ -398,6 +409,17 @@ typedef struct {
     stria_status_t (*parse)(const char *text, void *dst);
 } stria_option_t;
 
+/* One table entry on one line: name, type without its prefix (INT for
+ * STRIA_OPT_INT), dst, metavar (NULL for flags), help, then any other fields
+ * as designated initializers:
+ *   STRIA_OPTION("threads", INT, &o->threads, "N", "compute threads", .min = 1, .max = 1024)
+ * A table ends with {.name = NULL}. */
+#define STRIA_OPTION(name_, type_, dst_, metavar_, ...)                                            \
+    {                                                                                              \
+        .name = (name_), .type = STRIA_OPT_##type_, .dst = (dst_), .metavar = (metavar_),          \
+        .help = __VA_ARGS__                                                                        \
+    }
+
 typedef struct stria_command {
     const char *name;        /* "stria-run" for the program, "submit" for a command */
     const char *summary;     /* one line: the parent's list of commands */
@@ -454,6 +476,10 @@ stria_status_t stria_cli_parse(const stria_command_t *root, int argc, char **arg
  * "(see PROG [COMMAND] --help)" to stderr and returns 2 on an error, or the
  * usage of a program whose command is missing; returns -1 to go on. */
 int stria_cli_main(const stria_command_t *root, int argc, char **argv, stria_cli_t *cli);
+
+/* The end of a command: 0 when st is STRIA_OK, else "PROG: message" (the
+ * thread's message, or st's text) on stderr and 1. */
+int stria_cli_exit(const char *prog, stria_status_t st);
 
 /* The generated help of cli->cmd: usage line, description, commands,
  * options with their value names, defaults and help, epilog. */

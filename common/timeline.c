@@ -122,14 +122,10 @@ stria_status_t stria_timeline_span(stria_timeline_t *tl, int panel, int row,
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "timeline panel '%s', row %d: span [%g, %g] is not a time range",
                                p->name, row, begin, end);
-    if (p->n_spans == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 256;
-        stria__tl_span_t *grown = realloc(p->spans, cap * sizeof(*grown));
-        if (grown == NULL)
-            return stria_error_set(STRIA_ERR_NO_MEMORY, "timeline: out of memory");
-        p->spans = grown;
-        p->cap = cap;
-    }
+    stria__tl_span_t *grown = stria_grow(p->spans, &p->cap, p->n_spans + 1, sizeof(*grown), 256);
+    if (grown == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "timeline: out of memory");
+    p->spans = grown;
     p->spans[p->n_spans++] = (stria__tl_span_t){begin, end, row, kind};
     return STRIA_OK;
 }
@@ -154,24 +150,14 @@ typedef struct {
 
 static void stria__tl_text(FILE *f, const char *s)
 {
+    static const char special[] = "&<>\"";
+    static const char *const entity[] = {"&amp;", "&lt;", "&gt;", "&quot;"};
     for (; s != NULL && *s; s++) {
-        switch (*s) {
-        case '&':
-            fputs("&amp;", f);
-            break;
-        case '<':
-            fputs("&lt;", f);
-            break;
-        case '>':
-            fputs("&gt;", f);
-            break;
-        case '"':
-            fputs("&quot;", f);
-            break;
-        default:
-            if ((unsigned char)*s >= 0x20 || *s == '\t')
-                fputc(*s, f);
-        }
+        const char *sp = strchr(special, *s);
+        if (sp != NULL)
+            fputs(entity[sp - special], f);
+        else if ((unsigned char)*s >= 0x20 || *s == '\t')
+            fputc(*s, f);
     }
 }
 
@@ -223,34 +209,31 @@ static void stria__tl_cover(double *cov, double px_s, double b, double e)
     }
 }
 
-/* Emits runs of pixels whose kind (by the largest cover above half a pixel)
- * is `want`, as rects of class cls. */
+/* The kind of pixel x: 1 + the index of its largest cover above half a
+ * pixel, or 0. */
+static int stria__tl_kind(const double *cov[3], int x)
+{
+    int k = 0;
+    double best = 0.5;
+    for (int c = 0; c < 3; c++)
+        if (cov[c] != NULL && cov[c][x] > best) {
+            best = cov[c][x];
+            k = c + 1;
+        }
+    return k;
+}
+
+/* Emits runs of pixels whose kind is `want`, as rects of class cls. */
 static void stria__tl_runs(FILE *f, const double *cov[3], int want, const char *cls, int y, int h)
 {
     for (int x = 0; x < TL_PW;) {
-        int k = 0;
-        double best = 0.5;
-        for (int c = 0; c < 3; c++)
-            if (cov[c] != NULL && cov[c][x] > best) {
-                best = cov[c][x];
-                k = c + 1;
-            }
-        if (k != want) {
+        if (stria__tl_kind(cov, x) != want) {
             x++;
             continue;
         }
         int x_end = x + 1;
-        for (; x_end < TL_PW; x_end++) {
-            int k2 = 0;
-            double b2 = 0.5;
-            for (int c = 0; c < 3; c++)
-                if (cov[c] != NULL && cov[c][x_end] > b2) {
-                    b2 = cov[c][x_end];
-                    k2 = c + 1;
-                }
-            if (k2 != want)
-                break;
-        }
+        while (x_end < TL_PW && stria__tl_kind(cov, x_end) == want)
+            x_end++;
         fprintf(f, "<rect class=\"%s\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\"/>", cls,
                 TL_LEFT + x, y, x_end - x, h);
         x = x_end;

@@ -45,6 +45,27 @@ void stria_free(void *ptr)
     free(ptr);
 }
 
+void *stria_grow(void *arr, size_t *cap, size_t need, size_t elem, size_t first)
+{
+    if (need <= *cap)
+        return arr;
+    size_t c = *cap ? *cap : first > 0 ? first : 1;
+    while (c < need && c <= SIZE_MAX / 2)
+        c *= 2;
+    if (c < need || elem == 0 || c > SIZE_MAX / elem)
+        return NULL; /* the size would not fit a size_t */
+    void *grown = realloc(arr, c * elem);
+    if (grown != NULL)
+        *cap = c;
+    return grown;
+}
+
+void stria_free_n(void *const *ptrs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        stria_free(ptrs[i]);
+}
+
 stria_status_t stria_random_bytes(void *buf, size_t n)
 {
     size_t got = 0;

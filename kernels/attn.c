@@ -9,28 +9,26 @@
 
 /* ---- tensors and validation ------------------------------------------- */
 
+static stria_tensor_t stria__tensor(void *data, stria_dtype_t dtype, int64_t stride_token,
+                                    int64_t stride_head, int64_t stride_batch)
+{
+    return (stria_tensor_t){.data = data,
+                            .dtype = dtype,
+                            .stride_batch = stride_batch,
+                            .stride_token = stride_token,
+                            .stride_head = stride_head};
+}
+
 stria_tensor_t stria_tensor_contiguous(void *data, stria_dtype_t dtype, int64_t tokens,
                                        int64_t heads, int64_t head_dim)
 {
-    stria_tensor_t t;
-    t.data = data;
-    t.dtype = dtype;
-    t.stride_head = head_dim;
-    t.stride_token = heads * head_dim;
-    t.stride_batch = tokens * heads * head_dim;
-    return t;
+    return stria__tensor(data, dtype, heads * head_dim, head_dim, tokens * heads * head_dim);
 }
 
 stria_tensor_t stria_tensor_head_major(void *data, stria_dtype_t dtype, int64_t tokens,
                                        int64_t heads, int64_t head_dim)
 {
-    stria_tensor_t t;
-    t.data = data;
-    t.dtype = dtype;
-    t.stride_token = head_dim;
-    t.stride_head = tokens * head_dim;
-    t.stride_batch = heads * tokens * head_dim;
-    return t;
+    return stria__tensor(data, dtype, head_dim, tokens * head_dim, heads * tokens * head_dim);
 }
 
 /* Expands runs into one position per token (allocated); checks counts and
@@ -131,18 +129,11 @@ static stria_status_t stria__ctx_bounds(stria__ctx_t *c, const stria_attn_params
     c->bounds = p->n_cu_seqlens > 0 || p->has_window;
     if (!c->bounds)
         return STRIA_OK;
-    c->qlo = malloc((size_t)(2 * c->Tq + 4 * c->nqt + 4 * nqs) * sizeof(int64_t));
-    if (c->qlo == NULL)
+    int64_t **const parts[] = {&c->qlo,   &c->qhi,     &c->lomin,   &c->lomax,   &c->himin,
+                               &c->himax, &c->lomin_s, &c->lomax_s, &c->himin_s, &c->himax_s};
+    const int64_t lens[] = {c->Tq, c->Tq, c->nqt, c->nqt, c->nqt, c->nqt, nqs, nqs, nqs, nqs};
+    if (!stria__alloc_parts(parts, lens, 10))
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate row bounds", fn);
-    c->qhi = c->qlo + c->Tq;
-    c->lomin = c->qhi + c->Tq;
-    c->lomax = c->lomin + c->nqt;
-    c->himin = c->lomax + c->nqt;
-    c->himax = c->himin + c->nqt;
-    c->lomin_s = c->himax + c->nqt;
-    c->lomax_s = c->lomin_s + nqs;
-    c->himin_s = c->lomax_s + nqs;
-    c->himax_s = c->himin_s + nqs;
     for (int64_t i = 0; i < c->Tq; i++)
         stria__row_bounds(p, c->qpos[i], &c->qlo[i], &c->qhi[i]);
     stria__group_bounds(c->qlo, c->qhi, c->Tq, STRIA__BQ, c->nqt, c->lomin, c->lomax, c->himin,
@@ -452,15 +443,9 @@ stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const 
                                        float *lse)
 {
     static const char fn[] = "stria_attn_partial_init";
-    stria_status_t st = stria__validate_rows(params, fn);
+    stria_status_t st = stria__validate_partial_init(params, o, lse, fn);
     if (st != STRIA_OK)
         return st;
-    st =
-        stria__validate_tensor(o, fn, "o", params->q_tokens, params->heads, params->head_dim, true);
-    if (st != STRIA_OK)
-        return st;
-    if (lse == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
     for (int64_t b = 0; b < params->batch; b++)
         for (int64_t t = 0; t < params->q_tokens; t++)
             for (int64_t h = 0; h < params->heads; h++)
@@ -475,16 +460,9 @@ stria_status_t stria_attn_merge(const stria_attn_params_t *params, const stria_t
 {
     static const char fn[] = "stria_attn_merge";
     const stria_attn_params_t *p = params;
-    stria_status_t st = stria__validate_rows(params, fn);
+    stria_status_t st = stria__validate_merge(params, o_a, lse_a, o_b, lse_b, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__validate_tensor(o_a, fn, "o_a", p->q_tokens, p->heads, p->head_dim, true)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(o_b, fn, "o_b", p->q_tokens, p->heads, p->head_dim, true)) !=
-            STRIA_OK)
-        return st;
-    if (lse_a == NULL || lse_b == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
     const stria_kern_ops_t *ops = stria__kern_ops();
     if (ops == NULL)
         return stria__kern_ops_status(); /* message set by stria__kern_ops() */
@@ -504,13 +482,8 @@ stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stri
 {
     static const char fn[] = "stria_attn_finalize";
     const stria_attn_params_t *p = params;
-    stria_status_t st = stria__validate_rows(params, fn);
+    stria_status_t st = stria__validate_finalize(params, o_part, o_out, fn);
     if (st != STRIA_OK)
-        return st;
-    if ((st = stria__validate_tensor(o_part, fn, "o_part", p->q_tokens, p->heads, p->head_dim,
-                                     true)) != STRIA_OK ||
-        (st = stria__validate_tensor(o_out, fn, "o_out", p->q_tokens, p->heads, p->head_dim,
-                                     false)) != STRIA_OK)
         return st;
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t t = 0; t < p->q_tokens; t++)
@@ -555,16 +528,9 @@ stria_status_t stria_attn_bwd_delta(const stria_attn_params_t *params, const str
     static const char fn[] = "stria_attn_bwd_delta";
     const stria_attn_params_t *p = params;
     stria__delta_job_t job;
-    stria_status_t st = stria__validate_rows(params, fn);
+    stria_status_t st = stria__validate_delta(params, o, d_o, delta, fn);
     if (st != STRIA_OK)
         return st;
-    if ((st = stria__validate_tensor(o, fn, "o", p->q_tokens, p->heads, p->head_dim, false)) !=
-            STRIA_OK ||
-        (st = stria__validate_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false)) !=
-            STRIA_OK)
-        return st;
-    if (delta == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: delta is NULL", fn);
     job.ops = stria__kern_ops();
     if (job.ops == NULL)
         return stria__kern_ops_status(); /* message set by stria__kern_ops() */

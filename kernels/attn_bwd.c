@@ -55,17 +55,16 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
-    int64_t qt = tk.qt, h = tk.h, b = tk.b;
-    int64_t q0 = qt * STRIA__BQ;
-    int n = stria__tile_len(c->Tq, q0, STRIA__BQ);
+    stria__qtask_t t = stria__qtask(c, task);
     size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
     float *qp = job->q_packed + task * tile, *dop = job->do_packed + task * tile;
     float *tmp = job->dq_packed + task * tile; /* zeroed below */
 
     (void)thread;
-    stria__pack_qside(c, job->q, b, h, q0, n, qp, tmp, job->qt_packed + task * job->q_stile);
-    stria__pack_qside(c, job->d_o, b, h, q0, n, dop, tmp, job->dot_packed + task * job->q_stile);
+    stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, qp, tmp,
+                      job->qt_packed + task * job->q_stile);
+    stria__pack_qside(c, job->d_o, t.b, t.h, t.q0, t.n, dop, tmp,
+                      job->dot_packed + task * job->q_stile);
     for (int i = 0; i < job->n_dq; i++)
         memset(job->dq_packed + (size_t)i * job->dq_floats + task * tile, 0, tile * sizeof(float));
 }
@@ -75,14 +74,12 @@ static void stria__bwd_unpack_dq_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
-    int64_t qt = tk.qt, h = tk.h, b = tk.b;
-    int64_t q0 = qt * STRIA__BQ;
+    stria__qtask_t t = stria__qtask(c, task);
     size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
 
     (void)thread;
     for (int i = 0; i < job->n_dq; i++)
-        stria__bwd_add_rows(c, job->dq, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ),
+        stria__bwd_add_rows(c, job->dq, t.b, t.h, t.q0, t.n,
                             job->dq_packed + (size_t)i * job->dq_floats + task * tile);
 }
 
@@ -90,19 +87,16 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    stria__ktask_t tk = stria__ktask(c->nkt, c->Hkv, task);
-    int64_t hk = tk.hk, b = tk.b;
-    int64_t k0 = tk.k * STRIA__BK;
-    int n = stria__tile_len(c->Tk, k0, STRIA__BK);
+    stria__ktask_t t = stria__ktile(c, task);
     size_t tile = (size_t)STRIA__BK * (size_t)c->Dp;
 
     (void)thread;
     if (!job->kin)
-        stria__pack_rows(c, job->k, b, hk, k0, n, STRIA__BK, job->k_packed + task * tile);
+        stria__pack_rows(c, job->k, t.b, t.hk, t.k0, t.n, STRIA__BK, job->k_packed + task * tile);
     if (c->bf16 && !c->kdirect)
-        stria__pack_kside(c, job->k, b, hk, k0, n, job->ks_packed + task * job->k_stile);
+        stria__pack_kside(c, job->k, t.b, t.hk, t.k0, t.n, job->ks_packed + task * job->k_stile);
     if (!c->kdirect)
-        stria__pack_kside(c, job->v, b, hk, k0, n, job->v_packed + task * job->k_stile);
+        stria__pack_kside(c, job->v, t.b, t.hk, t.k0, t.n, job->v_packed + task * job->k_stile);
 }
 
 /* Per-thread scratch of the backward pass. */
@@ -311,7 +305,7 @@ static void stria__bwd_kblock_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    stria__ktask_t tk = stria__ktask(job->nkb, c->Hkv, task);
+    stria__ktask_t tk = stria__ktask(c, job->nkb, task);
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
     stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k,
                           job->dq_packed + (size_t)thread * job->dq_floats);
@@ -322,7 +316,7 @@ static void stria__bwd_dkdv_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    stria__ktask_t tk = stria__ktask(job->nkb, c->Hkv, task);
+    stria__ktask_t tk = stria__ktask(c, job->nkb, task);
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
     stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k, NULL);
 }
@@ -332,7 +326,7 @@ static void stria__bwd_dq_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
+    stria__qtask_t tk = stria__qtask(c, task);
     int64_t qt = tk.qt, h = tk.h, b = tk.b;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
 
@@ -413,11 +407,8 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
         a = stria__bwd_pass_params(pass);
         st = stria__ctx_init(&c, &a, fn);
     }
-    if (st != STRIA_OK) {
-        free(pass->q_runs);
-        free(pass);
-        return st;
-    }
+    if (st != STRIA_OK)
+        return stria__begin_fail(NULL, pass->q_runs, pass, st);
     stria__ctx_set_dtype(&c, q->dtype);
     n_threads = c.n_threads;
     /* Schedules: mode A, one task per (batch, kv head), needs nothing extra
@@ -444,12 +435,8 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     size_t total = (2 + (size_t)pass->n_dq) * pass->n_q * qtile + 2 * pass->n_q * pass->q_stile;
     if ((st = stria__ws_floats(params->workspace,
                                (6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, total,
-                               &pass->ws, fn)) != STRIA_OK) {
-        stria__ctx_free(&c);
-        free(pass->q_runs);
-        free(pass);
-        return st;
-    }
+                               &pass->ws, fn)) != STRIA_OK)
+        return stria__begin_fail(&c, pass->q_runs, pass, st);
     /* every part is a multiple of 16 floats: 64-byte aligned like the buffer */
     pass->q_packed = pass->ws.ptr;
     pass->do_packed = pass->q_packed + pass->n_q * qtile;

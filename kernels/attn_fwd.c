@@ -25,17 +25,14 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
 {
     stria__fwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    stria__ktask_t tk = stria__ktask(c->nkt, c->Hkv, task);
-    int64_t hk = tk.hk, b = tk.b;
-    int64_t k0 = tk.k * STRIA__BK;
-    int n = stria__tile_len(c->Tk, k0, STRIA__BK);
+    stria__ktask_t t = stria__ktile(c, task);
     size_t tile = (size_t)c->Dp * STRIA__BK;
 
     (void)thread;
     if (!c->kdirect)
-        stria__pack_kside(c, job->k, b, hk, k0, n, job->k_packed + task * job->k_tile);
+        stria__pack_kside(c, job->k, t.b, t.hk, t.k0, t.n, job->k_packed + task * job->k_tile);
     if (!c->vdirect)
-        stria__pack_rows(c, job->v, b, hk, k0, n, STRIA__BK, job->v_packed + task * tile);
+        stria__pack_rows(c, job->v, t.b, t.hk, t.k0, t.n, STRIA__BK, job->v_packed + task * tile);
 }
 
 /* A straddling tile pair of the forward pass, query chunk by query chunk
@@ -270,11 +267,9 @@ static void stria__fwd_begin_task(void *arg, size_t task, int thread)
 {
     stria__fwd_begin_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    stria__qtask_t tk = stria__qtask(c->nqt, c->H, task);
-    int64_t qt = tk.qt, h = tk.h, b = tk.b;
-    int64_t q0 = qt * STRIA__BQ;
+    stria__qtask_t t = stria__qtask(c, task);
     float *tmp = job->scratch + (size_t)thread * (size_t)(STRIA__BQ * c->Dp);
-    stria__pack_qside(c, job->q, b, h, q0, stria__tile_len(c->Tq, q0, STRIA__BQ), NULL, tmp,
+    stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, NULL, tmp,
                       job->q_packed + task * job->q_tile);
 }
 
@@ -349,22 +344,15 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
     pass->q = *q;
     if ((st = stria__pass_query(params, &pass->p, &pass->q_runs, fn)) != STRIA_OK ||
-        (st = stria__ctx_init(&c, &a, fn)) != STRIA_OK) {
-        free(pass->q_runs);
-        free(pass);
-        return st;
-    }
+        (st = stria__ctx_init(&c, &a, fn)) != STRIA_OK)
+        return stria__begin_fail(NULL, pass->q_runs, pass, st);
     stria__ctx_set_dtype(&c, q->dtype);
     n_q = (size_t)(c.B * c.H * c.nqt);
     pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
     total = n_q * pass->q_tile + (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp);
     if ((st = stria__ws_floats(params->workspace, (double)n_q * (double)pass->q_tile, total,
-                               &pass->ws, fn)) != STRIA_OK) {
-        stria__ctx_free(&c);
-        free(pass->q_runs);
-        free(pass);
-        return st;
-    }
+                               &pass->ws, fn)) != STRIA_OK)
+        return stria__begin_fail(&c, pass->q_runs, pass, st);
     pass->q_packed = pass->ws.ptr;
     job.c = &c;
     job.q = q;

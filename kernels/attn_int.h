@@ -127,17 +127,46 @@ static inline int stria__tile_len(int64_t total, int64_t t0, int64_t tile)
     return (int)(total - t0 < tile ? total - t0 : tile);
 }
 
-/* The (batch, head, query tile) of a task numbered [B][H][nqt]. */
+/* One allocation for n arrays of int64_t: *parts[i] gets lens[i] entries,
+ * one after the other (*parts[0] is the block to free). false: out of
+ * memory, nothing set. */
+static inline bool stria__alloc_parts(int64_t **const parts[], const int64_t lens[], int n)
+{
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += lens[i];
+    int64_t *p = malloc((size_t)total * sizeof(int64_t));
+    if (p == NULL)
+        return false;
+    for (int i = 0; i < n; i++) {
+        *parts[i] = p;
+        p += lens[i];
+    }
+    return true;
+}
+
+/* Splits a task number [outer][mid][inner] (n_mid, n_inner entries). */
+static inline void stria__task_split(size_t task, int64_t n_mid, int64_t n_inner, int64_t *outer,
+                                     int64_t *mid, int64_t *inner)
+{
+    *inner = (int64_t)task % n_inner;
+    *mid = ((int64_t)task / n_inner) % n_mid;
+    *outer = (int64_t)task / n_inner / n_mid;
+}
+
+/* The (batch, head, query tile) of a task numbered [B][H][nqt], with the
+ * tile's first query q0 and its n queries. */
 typedef struct {
-    int64_t b, h, qt;
+    int64_t b, h, qt, q0;
+    int n;
 } stria__qtask_t;
 
-static inline stria__qtask_t stria__qtask(int64_t nqt, int64_t H, size_t task)
+static inline stria__qtask_t stria__qtask(const stria__ctx_t *c, size_t task)
 {
     stria__qtask_t t;
-    t.qt = (int64_t)task % nqt;
-    t.h = ((int64_t)task / nqt) % H;
-    t.b = (int64_t)task / nqt / H;
+    stria__task_split(task, c->H, c->nqt, &t.b, &t.h, &t.qt);
+    t.q0 = t.qt * STRIA__BQ;
+    t.n = stria__tile_len(c->Tq, t.q0, STRIA__BQ);
     return t;
 }
 
@@ -145,14 +174,23 @@ static inline stria__qtask_t stria__qtask(int64_t nqt, int64_t H, size_t task)
  * [B][Hkv][n]. */
 typedef struct {
     int64_t b, hk, k;
+    int64_t k0; /* stria__ktile(): the tile's first key, and n keys */
+    int n;
 } stria__ktask_t;
 
-static inline stria__ktask_t stria__ktask(int64_t n, int64_t Hkv, size_t task)
+static inline stria__ktask_t stria__ktask(const stria__ctx_t *c, int64_t n, size_t task)
 {
-    stria__ktask_t t;
-    t.k = (int64_t)task % n;
-    t.hk = ((int64_t)task / n) % Hkv;
-    t.b = (int64_t)task / n / Hkv;
+    stria__ktask_t t = {0};
+    stria__task_split(task, c->Hkv, n, &t.b, &t.hk, &t.k);
+    return t;
+}
+
+/* The key tile of a task numbered [B][Hkv][nkt]. */
+static inline stria__ktask_t stria__ktile(const stria__ctx_t *c, size_t task)
+{
+    stria__ktask_t t = stria__ktask(c, c->nkt, task);
+    t.k0 = t.k * STRIA__BK;
+    t.n = stria__tile_len(c->Tk, t.k0, STRIA__BK);
     return t;
 }
 
@@ -220,8 +258,6 @@ static inline void stria__merge_row(const stria_kern_ops_t *ops, float *oa, floa
 /* ---- shared by the rooms (defined in attn.c and attn_fwd.c) ------------------- */
 
 void stria__ctx_free(stria__ctx_t *c);
-void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int64_t n_tiles, int64_t *mn,
-                        int64_t *mx);
 void stria__group_bounds(const int64_t *lo, const int64_t *hi, int64_t n, int64_t grain,
                          int64_t n_groups, int64_t *lomin, int64_t *lomax, int64_t *himin,
                          int64_t *himax);
@@ -251,5 +287,17 @@ stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_
                                  const char *fn);
 stria_status_t stria__pass_query(const stria_attn_params_t *params, stria_attn_params_t *p,
                                  stria_pos_run_t **runs, const char *fn);
+
+/* The way out of a pass's begin that failed: frees its context (when made:
+ * c not NULL), its copy of the query runs and the pass; returns st. */
+static inline stria_status_t stria__begin_fail(stria__ctx_t *c, stria_pos_run_t *q_runs, void *pass,
+                                               stria_status_t st)
+{
+    if (c != NULL)
+        stria__ctx_free(c);
+    free(q_runs);
+    free(pass);
+    return st;
+}
 
 #endif /* STRIA_ATTN_INT_H */

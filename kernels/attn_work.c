@@ -35,16 +35,11 @@ static stria_status_t stria__plan_grain(stria_attn_plan_t *pl)
     const int64_t T = c->Tq;
     pl->nqt = (T + pl->tq - 1) / pl->tq;
     pl->nkt = (T + pl->tk - 1) / pl->tk;
-    pl->qmin = malloc((size_t)(6 * pl->nqt + 2 * pl->nkt) * sizeof(int64_t));
-    if (pl->qmin == NULL)
+    int64_t **const parts[] = {&pl->qmin,  &pl->qmax,  &pl->lomin, &pl->lomax,
+                               &pl->himin, &pl->himax, &pl->kmin,  &pl->kmax};
+    const int64_t lens[] = {pl->nqt, pl->nqt, pl->nqt, pl->nqt, pl->nqt, pl->nqt, pl->nkt, pl->nkt};
+    if (!stria__alloc_parts(parts, lens, 8))
         return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_attn_plan_create: out of memory");
-    pl->qmax = pl->qmin + pl->nqt;
-    pl->lomin = pl->qmax + pl->nqt;
-    pl->lomax = pl->lomin + pl->nqt;
-    pl->himin = pl->lomax + pl->nqt;
-    pl->himax = pl->himin + pl->nqt;
-    pl->kmin = pl->himax + pl->nqt;
-    pl->kmax = pl->kmin + pl->nkt;
     stria__tile_bounds(c->qpos, T, pl->tq, pl->nqt, pl->qmin, pl->qmax);
     stria__tile_bounds(c->qpos, T, pl->tk, pl->nkt, pl->kmin, pl->kmax);
     if (c->bounds)

@@ -448,35 +448,58 @@ stria_status_t stria_device_memory(stria_device_t *dev, size_t *free_bytes, size
     return STRIA_OK;
 }
 
+/* stria_device_alloc() and stria_device_host_alloc(): from the allocator
+ * the program set (stria_device_set_memory()), else the device's own. */
+static stria_status_t stria__alloc(stria_device_t *dev, bool host, size_t bytes, void **out,
+                                   const char *fn)
+{
+    const stria_allocator_t *mem = host ? &dev->mem_host : &dev->mem_device;
+    if (out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: out is NULL", fn, dev->name);
+    *out = NULL;
+    if (bytes == 0)
+        return STRIA_OK;
+    if (mem->alloc == NULL)
+        return stria_device_alloc_raw(dev, host, bytes, out);
+    if ((*out = mem->alloc(mem->ctx, bytes)) == NULL)
+        return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of %s memory", dev->name, bytes,
+                                host ? "host" : "device");
+    return STRIA_OK;
+}
+
+/* stria_device_free() and stria_device_host_free(): to the allocator the
+ * memory came from. */
+static void stria__release(stria_device_t *dev, bool host, void *ptr)
+{
+    if (dev == NULL || ptr == NULL)
+        return;
+    const stria_allocator_t *mem = host ? &dev->mem_host : &dev->mem_device;
+    if (mem->alloc != NULL)
+        mem->free(mem->ctx, ptr);
+    else
+        stria_device_free_raw(dev, host, ptr);
+}
+
 stria_status_t stria_device_alloc(stria_device_t *dev, size_t bytes, void **out)
 {
     STRIA__CHECK_DEV(dev, "stria_device_alloc");
-    if (out == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_device_alloc on %s: out is NULL",
-                               dev->name);
-    if (bytes == 0) {
-        *out = NULL;
-        return STRIA_OK;
-    }
-    if (dev->mem_device.alloc != NULL) {
-        void *p = dev->mem_device.alloc(dev->mem_device.ctx, bytes);
-        if (p == NULL)
-            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of device memory",
-                                    dev->name, bytes);
-        *out = p;
-        return STRIA_OK;
-    }
-    return dev->ops->alloc(dev, bytes, out);
+    return stria__alloc(dev, false, bytes, out, "stria_device_alloc");
+}
+
+stria_status_t stria_device_host_alloc(stria_device_t *dev, size_t bytes, void **out)
+{
+    STRIA__CHECK_DEV(dev, "stria_device_host_alloc");
+    return stria__alloc(dev, true, bytes, out, "stria_device_host_alloc");
 }
 
 void stria_device_free(stria_device_t *dev, void *ptr)
 {
-    if (dev == NULL || ptr == NULL)
-        return;
-    if (dev->mem_device.alloc != NULL)
-        dev->mem_device.free(dev->mem_device.ctx, ptr);
-    else
-        dev->ops->free(dev, ptr);
+    stria__release(dev, false, ptr);
+}
+
+void stria_device_host_free(stria_device_t *dev, void *ptr)
+{
+    stria__release(dev, true, ptr);
 }
 
 stria_status_t stria_device_set_memory(stria_device_t *dev, const stria_allocator_t *device_mem,
@@ -518,82 +541,49 @@ void stria_device_free_raw(stria_device_t *dev, bool host, void *ptr)
         dev->ops->free(dev, ptr);
 }
 
-stria_status_t stria_device_host_alloc(stria_device_t *dev, size_t bytes, void **out)
+/* The checks of a stream operation on n bytes or values (`unit`) at dst and
+ * src (pass dst as src when there is none). */
+static stria_status_t stria__check_span(stria_device_t *dev, const char *fn, stria_stream_t stream,
+                                        const void *dst, const void *src, size_t n,
+                                        const char *unit)
 {
-    STRIA__CHECK_DEV(dev, "stria_device_host_alloc");
-    if (out == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_device_host_alloc on %s: out is NULL",
-                               dev->name);
-    if (bytes == 0) {
-        *out = NULL;
-        return STRIA_OK;
-    }
-    if (dev->mem_host.alloc != NULL) {
-        void *p = dev->mem_host.alloc(dev->mem_host.ctx, bytes);
-        if (p == NULL)
-            return stria_error_wrap(STRIA_ERR_NO_MEMORY, "%s: %zu bytes of host memory", dev->name,
-                                    bytes);
-        *out = p;
-        return STRIA_OK;
-    }
-    return dev->ops->host_alloc(dev, bytes, out);
-}
-
-void stria_device_host_free(stria_device_t *dev, void *ptr)
-{
-    if (dev == NULL || ptr == NULL)
-        return;
-    if (dev->mem_host.alloc != NULL)
-        dev->mem_host.free(dev->mem_host.ctx, ptr);
-    else
-        dev->ops->host_free(dev, ptr);
+    stria_status_t st = stria__check_stream(dev, fn, stream);
+    if (st != STRIA_OK || n == 0 || (dst != NULL && src != NULL))
+        return st;
+    return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: NULL %s for %zu %s", fn, dev->name,
+                           dst == NULL ? "destination" : "source", n, unit);
 }
 
 stria_status_t stria_device_copy(stria_device_t *dev, stria_stream_t stream, void *dst,
                                  const void *src, size_t bytes)
 {
-    stria_status_t st;
     STRIA__CHECK_DEV(dev, "stria_device_copy");
-    if ((st = stria__check_stream(dev, "stria_device_copy", stream)) != STRIA_OK)
+    stria_status_t st =
+        stria__check_span(dev, "stria_device_copy", stream, dst, src, bytes, "bytes");
+    if (st != STRIA_OK || bytes == 0)
         return st;
-    if (bytes == 0)
-        return STRIA_OK;
-    if (dst == NULL || src == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_device_copy on %s: NULL %s for %zu bytes", dev->name,
-                               dst == NULL ? "destination" : "source", bytes);
     return dev->ops->copy(dev, stream, dst, src, bytes);
 }
 
 stria_status_t stria_device_zero(stria_device_t *dev, stria_stream_t stream, void *dst,
                                  size_t bytes)
 {
-    stria_status_t st;
     STRIA__CHECK_DEV(dev, "stria_device_zero");
-    if ((st = stria__check_stream(dev, "stria_device_zero", stream)) != STRIA_OK)
+    stria_status_t st =
+        stria__check_span(dev, "stria_device_zero", stream, dst, dst, bytes, "bytes");
+    if (st != STRIA_OK || bytes == 0)
         return st;
-    if (bytes == 0)
-        return STRIA_OK;
-    if (dst == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_device_zero on %s: NULL destination for %zu bytes", dev->name,
-                               bytes);
     return dev->ops->zero(dev, stream, dst, bytes);
 }
 
 stria_status_t stria_device_add_f32(stria_device_t *dev, stria_stream_t stream, float *dst,
                                     const float *src, size_t n)
 {
-    stria_status_t st;
     STRIA__CHECK_DEV(dev, "stria_device_add_f32");
-    if ((st = stria__check_stream(dev, "stria_device_add_f32", stream)) != STRIA_OK)
+    stria_status_t st =
+        stria__check_span(dev, "stria_device_add_f32", stream, dst, src, n, "values");
+    if (st != STRIA_OK || n == 0)
         return st;
-    if (n == 0)
-        return STRIA_OK;
-    if (dst == NULL || src == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_device_add_f32 on %s: NULL %s for %zu values", dev->name,
-                               dst == NULL ? "destination" : "source", n);
     return dev->ops->add_f32(dev, stream, dst, src, n);
 }
 
@@ -626,6 +616,23 @@ stria_status_t stria_device_sync(stria_device_t *dev, stria_stream_t stream)
         if ((params) == NULL)                                                                      \
             return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: params is NULL", fn,          \
                                    (dev)->name);                                                   \
+    } while (0)
+
+/* A pass's begin: pass_out set to NULL first. */
+#define STRIA__CHECK_BEGIN(dev, params, pass_out, fn)                                              \
+    do {                                                                                           \
+        if ((pass_out) == NULL)                                                                    \
+            return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);                 \
+        *(pass_out) = NULL;                                                                        \
+        STRIA__CHECK_KERNEL(dev, params, fn);                                                      \
+    } while (0)
+
+/* A call on a pass object. */
+#define STRIA__CHECK_PASS(pass, params, fn)                                                        \
+    do {                                                                                           \
+        if ((pass) == NULL)                                                                        \
+            return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);                 \
+        STRIA__CHECK_KERNEL((pass)->dev, params, fn);                                              \
     } while (0)
 
 stria_status_t stria_device_attn_fwd(stria_device_t *dev, const stria_attn_params_t *params,
@@ -693,10 +700,7 @@ stria_status_t stria_device_attn_fwd_begin(stria_device_t *dev, const stria_attn
     stria_device_fwd_pass_t *fp;
     stria_status_t st;
 
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    *pass = NULL;
-    STRIA__CHECK_KERNEL(dev, params, fn);
+    STRIA__CHECK_BEGIN(dev, params, pass, fn);
     if (q == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: q is NULL", fn, dev->name);
     if ((fp = calloc(1, sizeof(*fp))) == NULL)
@@ -718,9 +722,7 @@ stria_status_t stria_device_attn_fwd_block(stria_device_fwd_pass_t *pass,
                                            const stria_tensor_t *o, float *lse, bool accumulate)
 {
     static const char fn[] = "stria_device_attn_fwd_block";
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    STRIA__CHECK_KERNEL(pass->dev, params, fn);
+    STRIA__CHECK_PASS(pass, params, fn);
     if (pass->impl != NULL)
         return pass->dev->ops->attn_fwd_block(pass->dev, pass->impl, params, k, v, o, lse,
                                               accumulate);
@@ -754,10 +756,7 @@ stria_status_t stria_device_attn_bwd_begin(stria_device_t *dev, const stria_attn
     stria_device_bwd_pass_t *bp;
     stria_status_t st;
 
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    *pass = NULL;
-    STRIA__CHECK_KERNEL(dev, params, fn);
+    STRIA__CHECK_BEGIN(dev, params, pass, fn);
     if (q == NULL || d_o == NULL || dq == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: %s is NULL", fn, dev->name,
                                q == NULL     ? "q"
@@ -789,9 +788,7 @@ stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
                                            const stria_tensor_t *dk, const stria_tensor_t *dv)
 {
     static const char fn[] = "stria_device_attn_bwd_block";
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    STRIA__CHECK_KERNEL(pass->dev, params, fn);
+    STRIA__CHECK_PASS(pass, params, fn);
     if (pass->impl != NULL)
         return pass->dev->ops->attn_bwd_block(pass->dev, pass->impl, params, k, v, dk, dv);
     return pass->dev->ops->attn_bwd(pass->dev, params, &pass->q, k, v, &pass->d_o, pass->lse,

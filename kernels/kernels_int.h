@@ -91,6 +91,15 @@ typedef struct {
     bool (*gemm_bf16_ok)(void);
 } stria_kern_ops_t;
 
+/* The table of a variant whose functions are named PREFIX_gemm,
+ * PREFIX_softmax_fwd, ...: {STRIA_KERN_OPS(stria__avx2), .name = "avx2"}. */
+#define STRIA_KERN_OPS(prefix)                                                                     \
+    .cpu_ok = prefix##_ok, .gemm = prefix##_gemm, .softmax_fwd = prefix##_softmax_fwd,             \
+    .softmax_bwd_p = prefix##_softmax_bwd_p, .softmax_bwd_ds = prefix##_softmax_bwd_ds,            \
+    .mask_causal = prefix##_mask_causal, .mask_bounds = prefix##_mask_bounds,                      \
+    .row_load = prefix##_row_load, .row_acc = prefix##_row_acc, .row_merge = prefix##_row_merge,   \
+    .transpose32 = prefix##_transpose32
+
 extern const stria_kern_ops_t stria__kern_portable;
 #ifdef STRIA_HAVE_X86_VARIANTS
 extern const stria_kern_ops_t stria__kern_avx2;

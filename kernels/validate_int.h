@@ -1,6 +1,7 @@
 /* Argument checks of the attention entry points, shared by every device
  * implementation so that all of them accept and reject exactly the same calls
- * with the same messages. Internal; not part of the public API.
+ * with the same messages, and the tile bounds of positions they all classify
+ * masks with. Internal; not part of the public API.
  *
  * kernels/attn.c (the CPU kernels) uses them too. */
 #ifndef STRIA_VALIDATE_INT_H
@@ -57,6 +58,12 @@ stria_status_t stria__validate_bwd(const stria_attn_params_t *p, const stria_ten
                                    const stria_tensor_t *d_o, const float *lse, const float *delta,
                                    const stria_tensor_t *dq, const stria_tensor_t *dk,
                                    const stria_tensor_t *dv, const char *fn);
+
+/* Min and max position of every tile of `tile` rows (tiles past the last
+ * row: INT64_MAX and INT64_MIN); the masks of every device are classified
+ * from them. Defined in attn.c. */
+void stria__tile_bounds(const int64_t *pos, int64_t n, int64_t tile, int64_t n_tiles, int64_t *mn,
+                        int64_t *mx);
 
 #ifdef __cplusplus
 }

@@ -312,6 +312,14 @@ static stria_status_t stria__pre_post(stria__inproc_link_t *l, bool *stalled)
     return STRIA_OK;
 }
 
+/* stria__pre_post(), then a new request of `kind` in *req_out. */
+static stria_status_t stria__req_post(stria__inproc_link_t *l, int kind, uint64_t tag, size_t len,
+                                      bool *stalled, stria_link_req_t **req_out)
+{
+    stria_status_t st = stria__pre_post(l, stalled);
+    return st != STRIA_OK ? st : stria__req_new(kind, tag, len, req_out);
+}
+
 static stria_status_t stria__inproc_isend(stria_link_t *link, uint64_t tag, const void *buf,
                                           size_t len, stria_link_req_t **req_out)
 {
@@ -320,10 +328,8 @@ static stria_status_t stria__inproc_isend(stria_link_t *link, uint64_t tag, cons
     stria__mailbox_t *box = &l->hub->boxes[next];
     stria_link_req_t *req = NULL, *recv;
     bool stalled;
-    stria_status_t st;
-
-    if ((st = stria__pre_post(l, &stalled)) != STRIA_OK ||
-        (st = stria__req_new(STRIA__REQ_SEND, tag, len, &req)) != STRIA_OK)
+    stria_status_t st = stria__req_post(l, STRIA__REQ_SEND, tag, len, &stalled, &req);
+    if (st != STRIA_OK)
         return st;
     req->sbuf = buf;
     if (!stalled) {
@@ -345,11 +351,9 @@ static stria_status_t stria__inproc_irecv(stria_link_t *link, uint64_t tag, void
     stria__inproc_link_t *l = (stria__inproc_link_t *)link;
     stria__mailbox_t *box = &l->hub->boxes[link->rank];
     stria_link_req_t *req = NULL, *send;
-    bool stalled;
-    stria_status_t st;
-
-    if ((st = stria__pre_post(l, &stalled)) != STRIA_OK ||
-        (st = stria__req_new(STRIA__REQ_RECV, tag, len, &req)) != STRIA_OK)
+    bool stalled; /* a stalled rank's receives are posted as usual */
+    stria_status_t st = stria__req_post(l, STRIA__REQ_RECV, tag, len, &stalled, &req);
+    if (st != STRIA_OK)
         return st;
     req->rbuf = buf;
     pthread_mutex_lock(&box->lock);

@@ -81,12 +81,38 @@ static stria_status_t stria__cl_wait(stria_rpc_client_t *cl, short events, doubl
 #define IOV_MAX 1024
 #endif
 
+/* Steps *iov, *n past `done` bytes and past empty entries. */
+static void stria__iov_advance(struct iovec **iov, size_t *n, size_t done)
+{
+    while (*n > 0 && done >= (*iov)->iov_len) {
+        done -= (*iov)->iov_len;
+        (*iov)++, (*n)--;
+    }
+    if (*n > 0) {
+        (*iov)->iov_base = (char *)(*iov)->iov_base + done;
+        (*iov)->iov_len -= done;
+    }
+}
+
+/* After a receive that returned r <= 0: STRIA_OK to receive again (it was
+ * interrupted, or the socket became readable), else the error. */
+static stria_status_t stria__cl_recv_again(stria_rpc_client_t *cl, ssize_t r, double deadline)
+{
+    if (r == 0)
+        return stria_error_set(STRIA_ERR_CLOSED, "%s closed the connection", cl->address);
+    if (errno == EINTR)
+        return STRIA_OK;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return stria__cl_wait(cl, POLLIN, deadline);
+    return stria_error_set(errno == ECONNRESET ? STRIA_ERR_CLOSED : STRIA_ERR_IO,
+                           "receive from %s: %s", cl->address, strerror(errno));
+}
+
 /* Sends every byte of iov[0..n), which it consumes (advances). */
 static stria_status_t stria__cl_send(stria_rpc_client_t *cl, struct iovec *iov, size_t n,
                                      double deadline)
 {
-    while (n > 0 && iov->iov_len == 0)
-        iov++, n--;
+    stria__iov_advance(&iov, &n, 0);
     while (n > 0) {
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n < IOV_MAX ? n : IOV_MAX};
         ssize_t w = sendmsg(cl->fd, &mh, MSG_NOSIGNAL);
@@ -103,15 +129,7 @@ static stria_status_t stria__cl_send(stria_rpc_client_t *cl, struct iovec *iov, 
                 return st;
             continue;
         }
-        while (n > 0 && (size_t)w >= iov->iov_len) {
-            w -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (char *)iov->iov_base + w;
-            iov->iov_len -= (size_t)w;
-        }
+        stria__iov_advance(&iov, &n, (size_t)w);
     }
     return STRIA_OK;
 }
@@ -121,35 +139,18 @@ static stria_status_t stria__cl_recv_iov(stria_rpc_client_t *cl, struct iovec *i
                                          double deadline)
 {
     for (;;) {
-        while (n > 0 && iov->iov_len == 0)
-            iov++, n--;
+        stria__iov_advance(&iov, &n, 0);
         if (n == 0)
             return STRIA_OK;
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n < IOV_MAX ? n : IOV_MAX};
         ssize_t r = recvmsg(cl->fd, &mh, 0);
-        if (r > 0) {
-            while (n > 0 && (size_t)r >= iov->iov_len) {
-                r -= (ssize_t)iov->iov_len;
-                iov++, n--;
-            }
-            if (r > 0) {
-                iov->iov_base = (char *)iov->iov_base + r;
-                iov->iov_len -= (size_t)r;
-            }
-            continue;
-        }
-        if (r == 0)
-            return stria_error_set(STRIA_ERR_CLOSED, "%s closed the connection", cl->address);
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            stria_status_t st = stria__cl_wait(cl, POLLIN, deadline);
-            if (st != STRIA_OK)
-                return st;
-            continue;
-        }
-        return stria_error_set(errno == ECONNRESET ? STRIA_ERR_CLOSED : STRIA_ERR_IO,
-                               "receive from %s: %s", cl->address, strerror(errno));
+        stria_status_t st = STRIA_OK;
+        if (r > 0)
+            stria__iov_advance(&iov, &n, (size_t)r);
+        else
+            st = stria__cl_recv_again(cl, r, deadline);
+        if (st != STRIA_OK)
+            return st;
     }
 }
 
@@ -169,22 +170,13 @@ static stria_status_t stria__cl_recv(stria_rpc_client_t *cl, void *buf, uint64_t
         else if (want > sizeof(scratch))
             want = sizeof(scratch);
         r = recv(cl->fd, dst, want, 0);
-        if (r > 0) {
+        stria_status_t st = STRIA_OK;
+        if (r > 0)
             got += (uint64_t)r;
-            continue;
-        }
-        if (r == 0)
-            return stria_error_set(STRIA_ERR_CLOSED, "%s closed the connection", cl->address);
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            stria_status_t st = stria__cl_wait(cl, POLLIN, deadline);
-            if (st != STRIA_OK)
-                return st;
-            continue;
-        }
-        return stria_error_set(errno == ECONNRESET ? STRIA_ERR_CLOSED : STRIA_ERR_IO,
-                               "receive from %s: %s", cl->address, strerror(errno));
+        else
+            st = stria__cl_recv_again(cl, r, deadline);
+        if (st != STRIA_OK)
+            return st;
     }
     return STRIA_OK;
 }

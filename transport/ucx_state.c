@@ -519,14 +519,11 @@ double stria__ucx_run_links(stria_ucx_ctx_t *ctx, bool *any)
         stria__ucx_link_t *l = STRIA__OF(n, stria__ucx_link_t, ctx_node);
         if (l->state == STRIA__LINK_CLOSED)
             continue;
-        if (n_step == ctx->step_links_cap) {
-            size_t cap = ctx->step_links_cap ? 2 * ctx->step_links_cap : 16;
-            stria__ucx_link_t **t = realloc(ctx->step_links, cap * sizeof(*t));
-            if (t == NULL)
-                break; /* the rest waits for the next round */
-            ctx->step_links = t;
-            ctx->step_links_cap = cap;
-        }
+        stria__ucx_link_t **t =
+            stria_grow(ctx->step_links, &ctx->step_links_cap, n_step + 1, sizeof(*t), 16);
+        if (t == NULL)
+            break; /* the rest waits for the next round */
+        ctx->step_links = t;
         ctx->step_links[n_step++] = l;
     }
     pthread_mutex_unlock(&ctx->lock);

@@ -249,11 +249,20 @@ static void stria__job_start(stria__cjob_t *j)
     stria_log_info("job %llu starts on %u workers", (unsigned long long)j->id, j->n_ranks);
 }
 
+void stria__job_adopt(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state)
+{
+    (void)co;
+    stria__job_reserve(j);
+    j->state = state;
+    j->started_ms = stria__coord_wall_ms();
+    j->last_activity = stria_time_now();
+}
+
 static bool stria__fits_now(const stria__cjob_t *j)
 {
     for (uint32_t r = 0; r < j->n_ranks; r++) {
         const stria__cworker_t *w = j->ranks[r].worker;
-        if (w->dead || w->blocked || w->memory_bytes < w->reserved ||
+        if (w->dead || w->blocked || w->awaiting_jobs || w->memory_bytes < w->reserved ||
             w->memory_bytes - w->reserved < j->mem_per_rank)
             return false;
     }
@@ -320,20 +329,25 @@ bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backwar
 
 /* "rank 3" or "ranks 0, 2, 3": the ranks that arrived at the pass of the
  * arrival round (arrived) or not; returns how many. */
+void stria__rank_list_add(char *out, size_t len, size_t *used, uint32_t *n, uint32_t r)
+{
+    if (*n == 0)
+        out[0] = '\0';
+    if (*used + 16 < len)
+        *used += (size_t)snprintf(out + *used, len - *used, "%s%u", *n ? ", " : "", r);
+    else if (*used + 5 < len && out[*used - 1] != '.')
+        *used += (size_t)snprintf(out + *used, len - *used, ", ...");
+    (*n)++;
+}
+
 static uint32_t stria__rank_list(const stria__cjob_t *j, bool arrived, char *out, size_t len)
 {
     uint32_t n = 0;
     size_t used = 0;
     out[0] = '\0';
-    for (uint32_t r = 0; r < j->n_ranks; r++) {
-        if ((j->ranks[r].arrived >= j->arrival_pass) != arrived)
-            continue;
-        if (used + 16 < len)
-            used += (size_t)snprintf(out + used, len - used, "%s%u", n ? ", " : "", r);
-        else if (used + 5 < len && out[used - 1] != '.')
-            used += (size_t)snprintf(out + used, len - used, ", ...");
-        n++;
-    }
+    for (uint32_t r = 0; r < j->n_ranks; r++)
+        if ((j->ranks[r].arrived >= j->arrival_pass) == arrived)
+            stria__rank_list_add(out, len, &used, &n, r);
     return n;
 }
 
@@ -417,6 +431,7 @@ void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *wh
     co->n_workers = k;
     stria__index_del(&co->worker_ids, w->id, 0);
     stria__worker_metrics_forget(co, w);
+    stria__recover_worker_gone(co, w);
     w->forgotten = true;
     if (w->job_refs == 0)
         free(w);
@@ -468,6 +483,7 @@ static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
                        w->rpc_address, why);
         stria__count_error(co, STRIA__E_WORKER_DEAD);
         stria__fail_jobs_of(co, w, why);
+        stria__recover_worker_gone(co, w);
         changed = true;
     }
     for (uint32_t i = 0; i < co->n_workers;) {
@@ -491,6 +507,7 @@ static void stria__on_tick(void *arg)
     double now = stria_time_now();
     double stall = stria__tick_stall(co, now);
     bool changed = stria__tick_workers(co, now, stall);
+    changed = stria__recover_tick(co, now) || changed;
 
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
@@ -570,6 +587,10 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     if (!(p->worker_retention_s >= 0 && p->worker_retention_s <= 365 * 86400.0))
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "coordinator: worker retention must be in (0, 1 year]");
+    if (!(p->recovery_window_s <= 3600.0) || isnan(p->recovery_window_s))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "coordinator: the recovery window must be at most 3600 s (got %g)",
+                               p->recovery_window_s);
     if (stria__v1__coordinator__descriptor.n_methods != STRIA_RPC_COORDINATOR_N_METHODS)
         return stria_error_set(STRIA_ERR_INTERNAL, "coordinator: service has %u methods, not %d",
                                stria__v1__coordinator__descriptor.n_methods,
@@ -597,6 +618,9 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     co->max_step_timeout_ms =
         (uint32_t)ceil(1000.0 * (p->max_step_timeout_s > 0 ? p->max_step_timeout_s : 600.0));
     co->worker_retention_s = p->worker_retention_s > 0 ? p->worker_retention_s : 3600.0;
+    co->recovery_window_s = p->recovery_window_s > 0    ? p->recovery_window_s
+                            : p->recovery_window_s == 0 ? 3 * co->heartbeat_period_s
+                                                        : 0;
     stria__index_init(&co->worker_ids);
     stria__index_init(&co->job_ids);
     stria__index_init(&co->members);
@@ -607,6 +631,10 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     co->started_at = stria_time_now();
     co->last_tick = co->started_at;
     co->started_ms = stria__coord_wall_ms();
+    co->recover_until = co->recovery_window_s > 0 ? co->started_at + co->recovery_window_s : 0;
+    co->missing.dead = true;
+    snprintf(co->missing.rpc_address, sizeof(co->missing.rpc_address), "(not reported)");
+    snprintf(co->missing.host, sizeof(co->missing.host), "(not reported)");
     co->next_worker_id = 1;
     co->workers = calloc(co->max_workers, sizeof(*co->workers));
     if (co->workers == NULL) {
@@ -662,11 +690,15 @@ void stria_coord_stop(stria_coord_t *co)
     if (co == NULL)
         return;
     stria_rpc_server_stop(co->server);
-    /* The loop thread is gone: the tables are ours. Nothing survives a
-     * restart, so say in the log which jobs end here and why. */
+    /* The loop thread is gone: the tables are ours. The workers keep their
+     * jobs for a coordinator started again (it rebuilds them); say in the
+     * log which jobs this one leaves. */
     for (uint32_t i = 0; i < co->n_jobs; i++)
-        if (stria__job_finish(co, co->jobs[i], S_FAILED, "the coordinator shut down"))
+        if (stria__job_finish(co, co->jobs[i], S_FAILED,
+                              "the coordinator shut down (its workers keep the job for a "
+                              "restarted coordinator)"))
             stria__job_retryable(co->jobs[i], NULL);
+    stria__recover_free(co);
     for (uint32_t i = 0; i < co->n_workers; i++) { /* the others go with their last job */
         co->workers[i]->forgotten = true;
         if (co->workers[i]->job_refs == 0)

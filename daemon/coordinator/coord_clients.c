@@ -61,7 +61,8 @@ static stria_status_t stria__job_keys(stria_coord_t *co, stria__cjob_t *j)
         uint8_t raw[8];
         st = stria_auth_random(raw, sizeof(raw));
         j->id = stria_get_le64(raw) >> 11;
-    } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL));
+    } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL ||
+                                stria__recover_pending(co, j->id)));
     if (st == STRIA_OK)
         st = stria_job_secret_generate(&j->secret);
     if (st == STRIA_OK)
@@ -105,10 +106,10 @@ static void stria__job_add_undo(stria__cjob_t *j)
 /* Appends an admitted job (state PENDING) on the workers ring[0 .. n) (the
  * ranks' workers in order; fallback[r]: rank r placed off its host) to the
  * job table; NULL when out of memory or without random bytes. */
-static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
-                                     const stria_layout_t *layout, stria__cworker_t **ring,
-                                     const bool *fallback, uint32_t n, uint64_t need,
-                                     const char *client)
+stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
+                              const stria_layout_t *layout, stria__cworker_t **ring,
+                              const bool *fallback, uint32_t n, uint64_t need, const char *client,
+                              const stria__cjob_t *keys)
 {
     stria__cjob_t *j;
     if (co->n_jobs == co->cap_jobs) {
@@ -124,8 +125,14 @@ static stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec
         j->ranks = calloc(n, sizeof(*j->ranks));
     if (j != NULL && j->ranks != NULL)
         j->n_ranks = n;
+    if (j != NULL && keys != NULL) { /* a rebuilt job keeps its own */
+        j->id = keys->id;
+        j->secret = keys->secret;
+        memcpy(j->ring_key, keys->ring_key, sizeof(j->ring_key));
+    }
     if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks) ||
-        stria__job_keys(co, j) != STRIA_OK || !stria__job_add_sharded(j, s, fallback) ||
+        (keys == NULL && stria__job_keys(co, j) != STRIA_OK) ||
+        !stria__job_add_sharded(j, s, fallback) ||
         stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
         stria__job_add_undo(j);
         return NULL;
@@ -357,7 +364,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)(need >> 20));
         goto free_ring;
     }
-    j = stria__job_add(co, s, &layout, chosen, fallback, n, need, client);
+    j = stria__job_add(co, s, &layout, chosen, fallback, n, need, client, NULL);
     if (j == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory or no secret");
         goto free_ring;
@@ -418,6 +425,29 @@ static bool stria__get_job_access(stria_rpc_call_t *call, const Stria__V1__GetJo
     return true;
 }
 
+/* A job id the coordinator does not know: not found, or, while it rebuilds
+ * its jobs after a restart, busy to an owner's call (`owner`: it proves a
+ * secret, and libstria waits and tries again: the job may be rebuilt yet);
+ * an admin's view or cancel is answered not found, saying so. */
+static void stria__unknown_job(const stria_coord_t *co, stria_rpc_call_t *call, const char *method,
+                               uint64_t id, bool owner)
+{
+    if (stria__recovering(co) && owner)
+        stria_rpc_call_fail_r(call, STRIA_ERR_BUSY, true,
+                              "%s: job %llu is not known yet: the coordinator restarted and "
+                              "rebuilds its jobs from the workers' reports for %.1f s more; try "
+                              "again",
+                              method, (unsigned long long)id, stria__recovery_left(co));
+    else if (stria__recovering(co))
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
+                            "%s: job %llu is unknown (the coordinator restarted and rebuilds its "
+                            "jobs from the workers' reports for %.1f s more)",
+                            method, (unsigned long long)id, stria__recovery_left(co));
+    else
+        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s: job %llu is unknown", method,
+                            (unsigned long long)id);
+}
+
 void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -429,8 +459,7 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     stria__b_t b = {0};
 
     if (j == NULL) {
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "GetJob: job %llu is unknown",
-                            (unsigned long long)req->job_id);
+        stria__unknown_job(co, call, "GetJob", req->job_id, req->job_proof.len > 0);
         return;
     }
     if (!stria__get_job_access(call, req, j, &owner, secret, ring))
@@ -438,6 +467,8 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     /* Only its owner keeps a job alive (workers do, through heartbeats). */
     if (owner && !stria__terminal(j->state))
         j->last_activity = stria_time_now();
+    if (owner && j->client[0] == '\0') /* rebuilt after a restart: its owner is back */
+        stria__client_of(call, j->client, sizeof(j->client));
     rep.job = stria__fill_job(&b, co, j);
     if (rep.job == NULL)
         b.oom = true;
@@ -464,8 +495,7 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = stria__job_find(co, req->job_id);
 
     if (j == NULL) {
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "ReleaseJob: job %llu is unknown",
-                            (unsigned long long)req->job_id);
+        stria__unknown_job(co, call, "ReleaseJob", req->job_id, true);
         return;
     }
     if (stria_rpc_call_check_job(call, &j->secret, j->id) != STRIA_OK) {
@@ -502,8 +532,7 @@ void stria__on_cancel(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = stria__job_find(co, req->job_id);
 
     if (j == NULL) {
-        stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "CancelJob: job %llu is unknown",
-                            (unsigned long long)req->job_id);
+        stria__unknown_job(co, call, "CancelJob", req->job_id, false);
         return;
     }
     if (!stria__terminal(j->state)) {
@@ -537,6 +566,8 @@ void stria__on_status(void *ctx, stria_rpc_call_t *call)
     }
     rep.jobs_submitted = co->jobs_submitted;
     rep.jobs_failed = co->jobs_failed;
+    rep.recovery_left_ms = (uint32_t)ceil(1000.0 * stria__recovery_left(co));
+    rep.jobs_recovered = (uint32_t)co->jobs_recovered;
     rep.auth_required = co->auth_required;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }

@@ -64,6 +64,9 @@ typedef struct {
      * forgotten worker is freed only when the last of them is. */
     uint32_t job_refs;
     bool forgotten; /* out of the worker table */
+    /* registered holding jobs in a recovery window: no new job starts on it
+     * until a heartbeat described them (coord_recover.c) */
+    bool awaiting_jobs;
     /* its series of the per-worker gauges (NULL until the first update) */
     stria_metric_t *m_age, *m_in_use, *m_reserved;
 } stria__cworker_t;
@@ -84,6 +87,8 @@ typedef struct {
     bool place_has_device;
     uint32_t place_device;
 } stria__crank_t;
+
+typedef struct stria__rjob stria__rjob_t; /* coord_recover.c */
 
 typedef struct {
     uint64_t id; /* random, unique among the jobs kept */
@@ -162,6 +167,17 @@ struct stria_coord {
     uint64_t jobs_submitted, jobs_failed;
 
     size_t timeline_bytes; /* held by every job's tl, at most STRIA__TIMELINE_BUDGET */
+
+    /* Restart recovery (coord_recover.c): jobs the workers describe within
+     * recovery_window_s of start are rebuilt. */
+    double recovery_window_s; /* 0: none */
+    double recover_until;     /* stria_time_now(); 0: the window is over */
+    stria__rjob_t **rjobs;    /* jobs some but not all ranks were described of */
+    uint32_t n_rjobs, cap_rjobs;
+    uint64_t jobs_recovered, jobs_unrecovered;
+    /* The worker of the ranks nobody described (a job failed at the end of
+     * the window); never in the worker table. */
+    stria__cworker_t missing;
 
     stria_metrics_t *metrics;
     bool notify_status;
@@ -252,7 +268,32 @@ bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState 
 /* A job that just failed (stria__job_finish() returned true) failed for a
  * cause outside it: retryable, blamed on worker w (NULL: none). */
 void stria__job_retryable(stria__cjob_t *j, const stria__cworker_t *w);
+/* A job rebuilt after a restart (coord_recover.c) is active again in
+ * `state`: its memory reserved on its workers. */
+void stria__job_adopt(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state);
 void stria__schedule(stria_coord_t *co);
+/* coord_clients.c: appends a job (state PENDING) on the workers ring[0 ..
+ * n) to the job table; with `keys`, its id, secret and ring key are those
+ * (a rebuilt job), else new ones. NULL when out of memory. */
+stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
+                              const stria_layout_t *layout, stria__cworker_t **ring,
+                              const bool *fallback, uint32_t n, uint64_t need, const char *client,
+                              const stria__cjob_t *keys);
+/* coord_recover.c: rebuilding jobs after a restart. */
+bool stria__recovering(const stria_coord_t *co);
+double stria__recovery_left(const stria_coord_t *co);
+/* A job of which some ranks were described and not all yet. */
+bool stria__recover_pending(const stria_coord_t *co, uint64_t id);
+/* One description of a worker's heartbeat; false: the worker must drop the
+ * job (refused, or over); *describe: ask the worker to describe again. */
+bool stria__recover_held(stria_coord_t *co, stria_rpc_call_t *call, stria__cworker_t *w,
+                         const Stria__V1__HeldJob *h, bool *describe);
+/* A worker died or is forgotten: its descriptions no longer count. */
+void stria__recover_worker_gone(stria_coord_t *co, const stria__cworker_t *w);
+/* At the end of the window: fails the jobs with ranks nobody described;
+ * true when it did anything. */
+bool stria__recover_tick(stria_coord_t *co, double now);
+void stria__recover_free(stria_coord_t *co);
 /* coord_place.c: where a job runs. A window of n consecutive ring workers
  * for a job needing `need` bytes each: the first that can start now, else
  * the least loaded with the capacity; -1 when none has it (*best_cap_out:
@@ -308,5 +349,9 @@ void stria__timeline_drop(stria_coord_t *co, stria__cjob_t *j);
 bool stria__timeline_fill(stria__b_t *b, const stria__cjob_t *j, Stria__V1__JobInfo *info,
                           Stria__V1__PassTimeline ***held, size_t *n_held);
 void stria__timeline_release(Stria__V1__PassTimeline **held, size_t n_held);
+
+/* Adds rank r to a list "0, 3, 7" in out[0 .. len) (used: its length, n:
+ * ranks listed so far), ending in ", ..." when it runs out of room. */
+void stria__rank_list_add(char *out, size_t len, size_t *used, uint32_t *n, uint32_t r);
 
 #endif /* STRIA_COORD_INT_H */

@@ -134,6 +134,8 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
     }
     tmp.memory_bytes = req->memory_bytes;
     tmp.incarnation = req->incarnation;
+    /* its jobs come in its next heartbeat: nothing new starts there before */
+    tmp.awaiting_jobs = req->held_jobs > 0 && stria__recovering(co);
     tmp.has_device_index = req->has_device_index;
     tmp.device_index = req->device_index;
     tmp.last_seen = stria_time_now();
@@ -162,14 +164,17 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)req->incarnation);
         return;
     }
-    if (req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS) {
+    if (req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ||
+        req->n_held_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS) {
         stria__count_error(co, STRIA__E_BAD_REQUEST);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
-                            "Heartbeat: %zu job entries, more than the limit of %d", req->n_jobs,
-                            STRIA_COORD_MAX_HEARTBEAT_JOBS);
+        stria_rpc_call_fail(
+            call, STRIA_ERR_INVALID_ARG, "Heartbeat: %zu job %s, more than the limit of %d",
+            req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ? req->n_jobs : req->n_held_jobs,
+            req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ? "entries" : "descriptions",
+            STRIA_COORD_MAX_HEARTBEAT_JOBS);
         return;
     }
-    drop = calloc(req->n_jobs + 1, sizeof(*drop));
+    drop = calloc(req->n_jobs + req->n_held_jobs + 1, sizeof(*drop));
     if (drop == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "Heartbeat: out of memory");
         return;
@@ -188,6 +193,13 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     w->pool[3] = req->pool_committed_bytes;
     w->current_job = 0;
     w->step = w->steps_total = 0;
+    /* descriptions of held jobs (after a restart): rebuild or refuse */
+    bool describe = false;
+    for (size_t i = 0; i < req->n_held_jobs; i++)
+        if (!stria__recover_held(co, call, w, req->held_jobs[i], &describe))
+            drop[rep.n_drop_job_ids++] = req->held_jobs[i]->job_id;
+    size_t refused = rep.n_drop_job_ids;
+    w->awaiting_jobs = false;
     for (size_t i = 0; i < req->n_jobs; i++) {
         const Stria__V1__WorkerJobStatus *js = req->jobs[i];
         stria__cjob_t *j = stria__job_find(co, js->job_id);
@@ -196,7 +208,16 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
             j->ranks[r].step = js->step;
             j->ranks[r].steps_total = js->steps_total;
         } else {
-            drop[rep.n_drop_job_ids++] = js->job_id;
+            bool known = false; /* refused above: in drop already */
+            for (size_t k = 0; k < refused && !known; k++)
+                known = drop[k] == js->job_id;
+            if (j == NULL && !known && stria__recovering(co)) {
+                /* may be rebuilt yet: kept, described if it was not */
+                describe = describe || !stria__recover_pending(co, js->job_id);
+                continue;
+            }
+            if (!known)
+                drop[rep.n_drop_job_ids++] = js->job_id;
             continue;
         }
         if (js->phase == S_RUNNING_FORWARD || js->phase == S_RUNNING_BACKWARD) {
@@ -210,7 +231,8 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     rep.drop_job_ids = drop;
     rep.heartbeat_period_ms = (uint32_t)ceil(co->heartbeat_period_s * 1000.0);
     rep.draining = w->draining;
-    if (rep.rejoined)
+    rep.describe_jobs = describe;
+    if (rep.rejoined || req->n_held_jobs > 0)
         stria__schedule(co);
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
     free(drop);

@@ -30,6 +30,7 @@ typedef struct {
     int64_t max_jobs_per_client;
     double max_step_timeout_s;
     double worker_retention_s;
+    double recovery_window_s; /* < 0: not given (3 heartbeat periods) */
 } stria__coord_config_t;
 
 typedef struct {
@@ -145,114 +146,43 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
                                 stria__coord_creds_t *cr)
 {
     const stria_option_t opts[] = {
-        {.name = "listen",
-         .type = STRIA_OPT_ADDR,
-         .dst = &c->listen,
-         .dflt = "127.0.0.1:7400",
-         .metavar = "HOST:PORT",
-         .help = "RPC address (port 0 picks a free port)"},
-        {.name = "heartbeat-period",
-         .type = STRIA_OPT_DURATION,
-         .dst = &c->heartbeat_period_s,
-         .dflt = "1",
-         .min = 0.01,
-         .max = 3600,
-         .metavar = "TIME",
-         .help = "heartbeat period of the workers; 3 missed mark one dead"},
-        {.name = "job-ttl",
-         .type = STRIA_OPT_DURATION,
-         .dst = &c->job_ttl_s,
-         .dflt = "600",
-         .min = 0.01,
-         .max = STRIA_COORD_MAX_TTL_S,
-         .metavar = "TIME",
-         .help = "a job idle this long is cleaned up"},
-        {.name = "client-token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->client_token_file,
-         .metavar = "FILE",
-         .help = "credential of the clients (first line of FILE): submit and own jobs"},
-        {.name = "token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->token_file,
-         .metavar = "FILE",
-         .help = "the older name of --client-token-file"},
-        {.name = "worker-token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->worker_token_file,
-         .metavar = "FILE",
-         .help = "credential of the workers: register, heartbeat, report"},
-        {.name = "admin-token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->admin_token_file,
-         .metavar = "FILE",
-         .help = "credential of the operators: drain, cancel, list and view any job"},
-        {.name = "insecure",
-         .type = STRIA_OPT_BOOL,
-         .dst = &c->insecure,
-         .dflt = "false",
-         .help = "allow listening beyond loopback without credentials"},
-        {.name = "gen-credentials",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->gen_credentials,
-         .metavar = "DIR",
-         .flags = STRIA_OPT_FLAG_ONLY,
-         .help = "write new client, worker and admin credentials (mode 0600) into DIR and exit"},
-        {.name = "metrics-listen",
-         .type = STRIA_OPT_ADDR,
-         .dst = &c->metrics_listen,
-         .metavar = "HOST:PORT",
-         .help = "Prometheus /metrics endpoint (default: none)"},
-        {.name = "port-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->port_file,
-         .metavar = "FILE",
-         .help = "write the bound RPC port to FILE once listening"},
-        {.name = "max-jobs",
-         .type = STRIA_OPT_INT,
-         .dst = &c->max_jobs,
-         .dflt = "4096",
-         .min = 0,
-         .max = 1 << 20,
-         .metavar = "N",
-         .help = "pending and active jobs at most"},
-        {.name = "history",
-         .type = STRIA_OPT_INT,
-         .dst = &c->history,
-         .dflt = "1024",
-         .min = 0,
-         .max = 1 << 20,
-         .metavar = "N",
-         .help = "finished jobs kept for the admin tools"},
-        {.name = "max-jobs-per-client",
-         .type = STRIA_OPT_INT,
-         .dst = &c->max_jobs_per_client,
-         .dflt = "256",
-         .min = 1,
-         .max = 1 << 20,
-         .metavar = "N",
-         .help = "pending and active jobs of one client (host address) at most"},
-        {.name = "max-step-timeout",
-         .type = STRIA_OPT_DURATION,
-         .dst = &c->max_step_timeout_s,
-         .dflt = "600",
-         .min = 0.001,
-         .max = STRIA_COORD_MAX_STEP_TIMEOUT_S,
-         .metavar = "TIME",
-         .help = "longest ring step deadline a job may ask for (step_timeout_ms)"},
-        {.name = "worker-retention",
-         .type = STRIA_OPT_DURATION,
-         .dst = &c->worker_retention_s,
-         .dflt = "1h",
-         .min = 0.01,
-         .max = 365 * 86400.0,
-         .metavar = "TIME",
-         .help = "a dead or departed worker is forgotten this long after it was last heard of"},
-        {.name = "log-level",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->log_level,
-         .metavar = "LEVEL",
-         .help = "error, warn, info or debug (default info, or $STRIA_LOG_LEVEL)"},
+        STRIA_OPTION("listen", ADDR, &c->listen, "HOST:PORT",
+                     "RPC address (port 0 picks a free port)", .dflt = "127.0.0.1:7400"),
+        STRIA_OPTION("heartbeat-period", DURATION, &c->heartbeat_period_s, "TIME",
+                     "heartbeat period of the workers; 3 missed mark one dead", .dflt = "1",
+                     .min = 0.01, .max = 3600),
+        STRIA_OPTION("job-ttl", DURATION, &c->job_ttl_s, "TIME",
+                     "a job idle this long is cleaned up", .dflt = "600", .min = 0.01,
+                     .max = STRIA_COORD_MAX_TTL_S),
+        STRIA_OPTION("admin-token-file", STRING, &c->admin_token_file, "FILE",
+                     "credential of the operators: drain, cancel, list and view any job"),
+        STRIA_OPTION("gen-credentials", STRING, &c->gen_credentials, "DIR",
+                     "write new client, worker and admin credentials (mode 0600) into DIR and exit",
+                     .flags = STRIA_OPT_FLAG_ONLY),
+        STRIA_OPTION("port-file", STRING, &c->port_file, "FILE",
+                     "write the bound RPC port to FILE once listening"),
+        STRIA_OPTION("max-jobs", INT, &c->max_jobs, "N", "pending and active jobs at most",
+                     .dflt = "4096", .min = 0, .max = 1 << 20),
+        STRIA_OPTION("history", INT, &c->history, "N", "finished jobs kept for the admin tools",
+                     .dflt = "1024", .min = 0, .max = 1 << 20),
+        STRIA_OPTION("max-jobs-per-client", INT, &c->max_jobs_per_client, "N",
+                     "pending and active jobs of one client (host address) at most", .dflt = "256",
+                     .min = 1, .max = 1 << 20),
+        STRIA_OPTION("max-step-timeout", DURATION, &c->max_step_timeout_s, "TIME",
+                     "longest ring step deadline a job may ask for (step_timeout_ms)",
+                     .dflt = "600", .min = 0.001, .max = STRIA_COORD_MAX_STEP_TIMEOUT_S),
+        STRIA_OPTION("worker-retention", DURATION, &c->worker_retention_s, "TIME",
+                     "a dead or departed worker is forgotten this long after it was last heard of",
+                     .dflt = "1h", .min = 0.01, .max = 365 * 86400.0),
+        STRIA_OPTION(
+            "recovery-window", DURATION, &c->recovery_window_s, "TIME",
+            "after a (re)start, jobs the workers report holding are rebuilt for this long; "
+            "one whose ranks are not all reported by then fails (default 3 heartbeat "
+            "periods; 0: none, the workers drop their jobs)",
+            .min = 0, .max = 3600),
+        STRIA_SERVICE_OPTIONS(c,
+                              "credential of the clients (first line of FILE): submit and own jobs",
+                              "credential of the workers: register, heartbeat, report"),
         {.name = NULL},
     };
     const stria_command_t cmd = {.name = "stria-coordinator",
@@ -260,16 +190,10 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
                                  .epilog = stria__coord_epilog,
                                  .options = opts,
                                  .config = true};
-    stria_status_t st = STRIA_OK;
-    stria_log_level_t lvl = STRIA_LOG_INFO;
-
     int rc = stria_cli_main(&cmd, argc, argv, cli);
     if (rc >= 0)
         return rc;
-    if (c->log_level != NULL && (st = stria_log_parse_level(c->log_level, &lvl)) != STRIA_OK)
-        stria_cli_wrap(cli, "log-level", st);
-    else if (c->log_level != NULL || getenv("STRIA_LOG_LEVEL") == NULL)
-        stria_log_set_level(lvl);
+    stria_status_t st = stria_service_log_level(cli, c->log_level);
     if (st == STRIA_OK && c->gen_credentials != NULL) {
         st = stria_service_gen_credentials(c->gen_credentials);
         if (st != STRIA_OK) {
@@ -306,6 +230,7 @@ int main(int argc, char **argv)
     int rc;
 
     memset(&c, 0, sizeof(c));
+    c.recovery_window_s = -1;
     rc = stria__coord_options(argc, argv, &c, &cli, &cr);
     if (rc >= 0)
         goto free_opts;
@@ -326,6 +251,9 @@ int main(int argc, char **argv)
     p.max_jobs_per_client = (uint32_t)c.max_jobs_per_client;
     p.max_step_timeout_s = c.max_step_timeout_s;
     p.worker_retention_s = c.worker_retention_s;
+    p.recovery_window_s = c.recovery_window_s < 0    ? 0
+                          : c.recovery_window_s == 0 ? -1
+                                                     : c.recovery_window_s;
     p.metrics = metrics;
     p.notify_status = true;
     st = stria_coord_start(&p, &co);

@@ -28,6 +28,10 @@
  * TTL expires and its workers drop it. The coordinator keeps the most recent
  * finished jobs for the admin tools.
  *
+ * Restart: a restarted coordinator rebuilds the jobs the workers hold from
+ * their reports within recovery_window_s of start (coord_recover.c); a job
+ * whose ranks are not all reported by then fails with a reason naming them.
+ *
  * Security: a job's id is random; its secret (made at submission, handed
  * sealed to the submitting client) is proven on every job-scoped call, to
  * the coordinator (GetJob, ReleaseJob) and to the workers. Worker methods
@@ -90,6 +94,11 @@ typedef struct {
      * this long after it was last heard of; default 3600 s. When the table
      * is full, a registration forgets the longest-silent of them at once. */
     double worker_retention_s;
+    /* After a start, jobs the workers report holding (a restart) are
+     * rebuilt for this long; then a job with ranks nobody reported fails.
+     * Default (0) 3 heartbeat periods; negative: none (workers drop every
+     * job they hold). */
+    double recovery_window_s;
     /* Optional registry that receives the coordinator's gauges and counters
      * (stria_coordinator_*); must outlive the coordinator. */
     stria_metrics_t *metrics;
@@ -107,9 +116,10 @@ uint16_t stria_coord_port(const stria_coord_t *coord);
 /* The RPC server (for liveness probes such as stria_service_watch_rpc). */
 const stria_rpc_server_t *stria_coord_server(const stria_coord_t *coord);
 
-/* Stops serving, fails every unfinished job with the reason "the
- * coordinator shut down" (logged, one line per job) and frees everything;
- * NULL is ignored. */
+/* Stops serving and frees everything; NULL is ignored. The workers keep
+ * their jobs: a coordinator started again on the same address rebuilds them
+ * from the workers' reports (recovery_window_s). Unfinished jobs are logged,
+ * one line per job. */
 void stria_coord_stop(stria_coord_t *coord);
 
 #ifdef __cplusplus

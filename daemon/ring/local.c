@@ -409,7 +409,7 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
                                     const stria_ring_local_io_t *io,
                                     stria_ring_local_stats_t *stats)
 {
-    stria__local_t run;
+    stria__local_t run = {.shape = shape, .opts = opts, .io = io, .stats = stats};
     stria__rank_arg_t *args = NULL;
     pthread_t *threads = NULL;
     stria_status_t st;
@@ -417,11 +417,6 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
 
     if ((st = stria__check_local(shape, opts, io)) != STRIA_OK)
         return st;
-    memset(&run, 0, sizeof(run));
-    run.shape = shape;
-    run.opts = opts;
-    run.io = io;
-    run.stats = stats;
     n = opts->n_ranks;
     if ((st = stria_layout_init(opts->layout, n, shape->seq, &run.layout)) != STRIA_OK)
         return st;

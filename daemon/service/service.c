@@ -407,6 +407,17 @@ stria_status_t stria_service_client_credential(const stria_cli_t *cli, const cha
     return STRIA_OK;
 }
 
+stria_status_t stria_service_log_level(const stria_cli_t *cli, const char *level)
+{
+    stria_log_level_t lvl = STRIA_LOG_INFO;
+    stria_status_t st;
+    if (level != NULL && (st = stria_log_parse_level(level, &lvl)) != STRIA_OK)
+        return stria_cli_wrap(cli, "log-level", st);
+    if (level != NULL || getenv("STRIA_LOG_LEVEL") == NULL)
+        stria_log_set_level(lvl);
+    return STRIA_OK;
+}
+
 stria_status_t stria_service_check_exposure(const char *what, const char *addr,
                                             bool has_credentials, bool insecure)
 {

@@ -88,6 +88,28 @@ stria_status_t stria_service_client_credential(const stria_cli_t *cli, const cha
 stria_status_t stria_service_check_exposure(const char *what, const char *addr,
                                             bool has_credentials, bool insecure);
 
+/* The options both daemons take, for their tables: the clients' credential
+ * (and its older name), the workers' credential, --insecure, the metrics
+ * endpoint and the log level. `c` points to settings with the fields
+ * client_token_file, token_file, worker_token_file, insecure,
+ * metrics_listen and log_level. */
+#define STRIA_SERVICE_OPTIONS(c, client_help, worker_help)                                         \
+    STRIA_OPTION("client-token-file", STRING, &(c)->client_token_file, "FILE", client_help),       \
+        STRIA_OPTION("token-file", STRING, &(c)->token_file, "FILE",                               \
+                     "the older name of --client-token-file"),                                     \
+        STRIA_OPTION("worker-token-file", STRING, &(c)->worker_token_file, "FILE", worker_help),   \
+        STRIA_OPTION("insecure", BOOL, &(c)->insecure, NULL,                                       \
+                     "allow listening beyond loopback without credentials", .dflt = "false"),      \
+        STRIA_OPTION("metrics-listen", ADDR, &(c)->metrics_listen, "HOST:PORT",                    \
+                     "Prometheus /metrics endpoint (default: none)"),                              \
+        STRIA_OPTION("log-level", STRING, &(c)->log_level, "LEVEL",                                \
+                     "error, warn, info or debug (default info, or $STRIA_LOG_LEVEL)")
+
+/* Applies --log-level (`level`, NULL when unset): its level, else
+ * $STRIA_LOG_LEVEL's, else info. A bad level's message names where it came
+ * from. */
+stria_status_t stria_service_log_level(const stria_cli_t *cli, const char *level);
+
 /* stria-coordinator --gen-credentials DIR: makes DIR (mode 0700) if needed
  * and writes DIR/client-token, DIR/worker-token and DIR/admin-token, new
  * random credentials, mode 0600; refuses to replace an existing one. */

@@ -13,28 +13,22 @@
 #include "stria_service.h"
 #include "stria_worker.h"
 
-/* Settings of a worker (flags and configuration file). */
+/* Settings of a worker (flags and configuration file). The ones the worker
+ * library takes as they are live in p: coordinator, listen (RPC), advertise,
+ * host (ring grouping), memory_bytes (0: half of physical memory),
+ * step_timeout_s, connect_timeout_s, ucx_listen, ucx_tls, ucx_net_devices,
+ * runtime_dir. */
 typedef struct {
-    const char *coordinator; /* HOST:PORT */
-    const char *listen;      /* RPC HOST:PORT */
-    const char *ucx_listen;  /* ring link HOST:PORT */
-    const char *advertise;   /* host name/address others use to reach us */
-    const char *device;      /* --device: "auto", "cpu", "cuda:0", ... */
-    const char *host;        /* host name for ring grouping; default gethostname() */
-    const char *token_file;  /* the clients' credential (the older name) */
+    stria_worker_params_t p;
+    const char *device;     /* --device: "auto", "cpu", "cuda:0", ... */
+    const char *token_file; /* the clients' credential (the older name) */
     const char *client_token_file;
     const char *worker_token_file;
     bool insecure;
     const char *metrics_listen;
     const char *log_level;
-    const char *ucx_tls; /* UCX_TLS for the ring link; NULL: UCX default */
-    const char *ucx_net_devices;
-    const char *runtime_dir;  /* the Unix socket of co-located clients */
-    int64_t instance;         /* GPU index: derives ports and device; -1 = none */
-    int64_t memory_bytes;     /* offered to jobs; 0 = half of physical memory */
-    int64_t threads;          /* kernel threads; 0 = online CPUs */
-    double step_timeout_s;    /* default deadline of one ring step */
-    double connect_timeout_s; /* ring link set-up */
+    int64_t instance; /* GPU index: derives ports and device; -1 = none */
+    int64_t threads;  /* kernel threads; 0 = online CPUs */
 } stria_worker_config_t;
 
 /* What the program owns around the worker. */
@@ -184,33 +178,27 @@ static stria_status_t stria__config_finish(stria__main_t *m, size_t len)
     if (c->instance >= 0) {
         /* One configuration file serves every instance of a host: its ports
          * are bases, and instance N listens N ports above them. */
-        if ((st = stria__instance_addr("--listen", c->listen, "127.0.0.1:7500", c->instance,
+        if ((st = stria__instance_addr("--listen", c->p.listen, "127.0.0.1:7500", c->instance,
                                        listen_buf, len)) != STRIA_OK ||
-            (st = stria__instance_addr("--ucx-listen", c->ucx_listen, "127.0.0.1:7600", c->instance,
-                                       ucx_buf, len)) != STRIA_OK ||
+            (st = stria__instance_addr("--ucx-listen", c->p.ucx_listen, "127.0.0.1:7600",
+                                       c->instance, ucx_buf, len)) != STRIA_OK ||
             (st = stria__instance_addr("--metrics-listen", c->metrics_listen, "127.0.0.1:9500",
                                        c->instance, metrics_buf, len)) != STRIA_OK)
             return st;
-        c->listen = listen_buf;
-        c->ucx_listen = ucx_buf;
+        c->p.listen = listen_buf;
+        c->p.ucx_listen = ucx_buf;
         c->metrics_listen = metrics_buf;
     }
-    if (c->listen == NULL)
-        c->listen = "127.0.0.1:0";
-    if (c->ucx_listen == NULL)
-        c->ucx_listen = "127.0.0.1:0";
-    m->memory_by_rule = c->memory_bytes == 0;
-    if (c->memory_bytes == 0) {
+    if (c->p.listen == NULL)
+        c->p.listen = "127.0.0.1:0";
+    if (c->p.ucx_listen == NULL)
+        c->p.ucx_listen = "127.0.0.1:0";
+    m->memory_by_rule = c->p.memory_bytes == 0;
+    if (c->p.memory_bytes == 0) {
         long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-        c->memory_bytes = pages > 0 && psize > 0 ? (int64_t)pages * psize / 2 : (int64_t)1 << 30;
+        c->p.memory_bytes = pages > 0 && psize > 0 ? (int64_t)pages * psize / 2 : (int64_t)1 << 30;
     }
-    if (c->log_level != NULL) {
-        stria_log_level_t lvl;
-        if ((st = stria_log_parse_level(c->log_level, &lvl)) != STRIA_OK)
-            return stria_cli_wrap(&m->cli, "log-level", st);
-        stria_log_set_level(lvl);
-    }
-    return STRIA_OK;
+    return stria_service_log_level(&m->cli, c->log_level);
 }
 
 /* Opens the device of --device (auto: cuda:N of --instance N, or cuda:0,
@@ -231,8 +219,8 @@ static stria_status_t stria__device_start(stria__main_t *m)
     if (stria_device_kind(m->dev) != STRIA_DEVICE_CPU && m->memory_by_rule) {
         if ((st = stria_device_memory(m->dev, &dev_free, &dev_total)) != STRIA_OK)
             return stria_error_wrap(st, "%s", stria_device_name(m->dev));
-        if ((int64_t)dev_free < c->memory_bytes)
-            c->memory_bytes = (int64_t)dev_free;
+        if ((int64_t)dev_free < c->p.memory_bytes)
+            c->p.memory_bytes = (int64_t)dev_free;
     }
     return STRIA_OK;
 }
@@ -243,126 +231,45 @@ static int stria__options(stria__main_t *m, int argc, char **argv)
 {
     stria_worker_config_t *c = &m->cfg;
     const stria_option_t opts[] = {
-        {.name = "coordinator",
-         .type = STRIA_OPT_ADDR,
-         .dst = &c->coordinator,
-         .metavar = "HOST:PORT",
-         .flags = STRIA_OPT_REQUIRED,
-         .help = "the coordinator"},
-        {.name = "listen",
-         .type = STRIA_OPT_ADDR,
-         .dst = &c->listen,
-         .metavar = "HOST:PORT",
-         .help = "RPC address for clients (default 127.0.0.1:0, a free port)"},
-        {.name = "ucx-listen",
-         .type = STRIA_OPT_ADDR,
-         .dst = &c->ucx_listen,
-         .metavar = "HOST:PORT",
-         .help = "ring link listener (default 127.0.0.1:0)"},
-        {.name = "advertise",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->advertise,
-         .metavar = "HOST",
-         .help = "host that clients and peers use to reach this worker (default: the listen host)"},
-        {.name = "instance",
-         .type = STRIA_OPT_INT,
-         .dst = &c->instance,
-         .dflt = "-1",
-         .min = -1,
-         .max = 1023,
-         .metavar = "N",
-         .help = "GPU index of this worker: its ports are the bases plus N (see below)"},
-        {.name = "device",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->device,
-         .dflt = "auto",
-         .metavar = "NAME",
-         .help = "cpu, cuda:N (cuda = cuda:0), cpu:staged (tests) or auto: cuda:0, or cuda:N with "
-                 "--instance N, when a GPU is visible, else cpu"},
-        {.name = "host",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->host,
-         .metavar = "NAME",
-         .help = "host name for ring grouping (default: this machine's)"},
-        {.name = "memory",
-         .type = STRIA_OPT_BYTES,
-         .dst = &c->memory_bytes,
-         .min = 0,
-         .max = 1e18,
-         .metavar = "BYTES",
-         .help = "memory offered to jobs, e.g. 64G (default half of physical memory; on a GPU "
-                 "at most its free memory)"},
-        {.name = "threads",
-         .type = STRIA_OPT_INT,
-         .dst = &c->threads,
-         .min = 0,
-         .max = 1024,
-         .metavar = "N",
-         .help = "kernel threads (default: online CPUs)"},
-        {.name = "step-timeout",
-         .type = STRIA_OPT_DURATION,
-         .dst = &c->step_timeout_s,
-         .dflt = "60",
-         .min = 0.01,
-         .max = 86400,
-         .metavar = "TIME",
-         .help = "default deadline of one ring step"},
-        {.name = "connect-timeout",
-         .type = STRIA_OPT_DURATION,
-         .dst = &c->connect_timeout_s,
-         .dflt = "30",
-         .min = 0.1,
-         .max = 3600,
-         .metavar = "TIME",
-         .help = "deadline of ring link set-up"},
-        {.name = "ucx-tls",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->ucx_tls,
-         .metavar = "LIST",
-         .help = "UCX transports for the ring link, as UCX_TLS (default: UCX's choice)"},
-        {.name = "ucx-net-devices",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->ucx_net_devices,
-         .metavar = "LIST",
-         .help = "network devices for the ring link, as UCX_NET_DEVICES"},
-        {.name = "client-token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->client_token_file,
-         .metavar = "FILE",
-         .help = "credential of the clients, which this worker's RPC checks"},
-        {.name = "token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->token_file,
-         .metavar = "FILE",
-         .help = "the older name of --client-token-file"},
-        {.name = "worker-token-file",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->worker_token_file,
-         .metavar = "FILE",
-         .help = "credential of the workers, proven to the coordinator (the same on every "
-                 "worker)"},
-        {.name = "insecure",
-         .type = STRIA_OPT_BOOL,
-         .dst = &c->insecure,
-         .dflt = "false",
-         .help = "allow listening beyond loopback without credentials"},
-        {.name = "metrics-listen",
-         .type = STRIA_OPT_ADDR,
-         .dst = &c->metrics_listen,
-         .metavar = "HOST:PORT",
-         .help = "Prometheus /metrics endpoint (default: none)"},
-        {.name = "runtime-dir",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->runtime_dir,
-         .metavar = "DIR",
-         .help = "folder of the Unix socket through which clients of this host move tensors in "
-                 "shared memory (default: $RUNTIME_DIRECTORY, set by systemd's RuntimeDirectory=; "
-                 "none: clients use TCP)"},
-        {.name = "log-level",
-         .type = STRIA_OPT_STRING,
-         .dst = &c->log_level,
-         .metavar = "LEVEL",
-         .help = "error, warn, info (default) or debug"},
+        STRIA_OPTION("coordinator", ADDR, &c->p.coordinator, "HOST:PORT", "the coordinator",
+                     .flags = STRIA_OPT_REQUIRED),
+        STRIA_OPTION("listen", ADDR, &c->p.listen, "HOST:PORT",
+                     "RPC address for clients (default 127.0.0.1:0, a free port)"),
+        STRIA_OPTION("ucx-listen", ADDR, &c->p.ucx_listen, "HOST:PORT",
+                     "ring link listener (default 127.0.0.1:0)"),
+        STRIA_OPTION(
+            "advertise", STRING, &c->p.advertise, "HOST",
+            "host that clients and peers use to reach this worker (default: the listen host)"),
+        STRIA_OPTION("instance", INT, &c->instance, "N",
+                     "GPU index of this worker: its ports are the bases plus N (see below)",
+                     .dflt = "-1", .min = -1, .max = 1023),
+        STRIA_OPTION("device", STRING, &c->device, "NAME",
+                     "cpu, cuda:N (cuda = cuda:0), cpu:staged (tests) or auto: cuda:0, or cuda:N "
+                     "with --instance N, when a GPU is visible, else cpu",
+                     .dflt = "auto"),
+        STRIA_OPTION("host", STRING, &c->p.host, "NAME",
+                     "host name for ring grouping (default: this machine's)"),
+        STRIA_OPTION("memory", BYTES, &c->p.memory_bytes, "BYTES",
+                     "memory offered to jobs, e.g. 64G (default half of physical memory; on a GPU "
+                     "at most its free memory)",
+                     .min = 0, .max = 1e18),
+        STRIA_OPTION("threads", INT, &c->threads, "N", "kernel threads (default: online CPUs)",
+                     .min = 0, .max = 1024),
+        STRIA_OPTION("step-timeout", DURATION, &c->p.step_timeout_s, "TIME",
+                     "default deadline of one ring step", .dflt = "60", .min = 0.01, .max = 86400),
+        STRIA_OPTION("connect-timeout", DURATION, &c->p.connect_timeout_s, "TIME",
+                     "deadline of ring link set-up", .dflt = "30", .min = 0.1, .max = 3600),
+        STRIA_OPTION("ucx-tls", STRING, &c->p.ucx_tls, "LIST",
+                     "UCX transports for the ring link, as UCX_TLS (default: UCX's choice)"),
+        STRIA_OPTION("ucx-net-devices", STRING, &c->p.ucx_net_devices, "LIST",
+                     "network devices for the ring link, as UCX_NET_DEVICES"),
+        STRIA_OPTION("runtime-dir", STRING, &c->p.runtime_dir, "DIR",
+                     "folder of the Unix socket through which clients of this host move tensors in "
+                     "shared memory (default: $RUNTIME_DIRECTORY, set by systemd's "
+                     "RuntimeDirectory=; none: clients use TCP)"),
+        STRIA_SERVICE_OPTIONS(
+            c, "credential of the clients, which this worker's RPC checks",
+            "credential of the workers, proven to the coordinator (the same on every worker)"),
         {.name = NULL},
     };
     _Static_assert(sizeof(opts) <= sizeof(m->opts), "stria__main_t.opts is too small");
@@ -400,7 +307,7 @@ static stria_status_t stria__credentials(stria__main_t *m)
                                "its clients prove, and --worker-token-file, which it proves to "
                                "the coordinator; or neither");
     const char *names[] = {"listen", "ucx-listen", "metrics-listen"};
-    const char *addrs[] = {c->listen, c->ucx_listen, c->metrics_listen};
+    const char *addrs[] = {c->p.listen, c->p.ucx_listen, c->metrics_listen};
     for (int i = 0; i < 3 && st == STRIA_OK; i++)
         st = stria_service_check_exposure(stria_cli_origin(&m->cli, names[i], what, sizeof(what)),
                                           addrs[i] && addrs[i][0] ? addrs[i] : NULL,
@@ -427,25 +334,13 @@ static stria_status_t stria__configure(stria__main_t *m)
 static stria_status_t stria__start_worker(stria__main_t *m)
 {
     const stria_worker_config_t *c = &m->cfg;
-    stria_worker_params_t p;
-    memset(&p, 0, sizeof(p));
-    p.coordinator = c->coordinator;
-    p.listen = c->listen;
-    p.advertise = c->advertise;
-    p.host = c->host;
+    stria_worker_params_t p = c->p;
     p.token = m->token;
     p.worker_token = m->worker_token;
-    p.memory_bytes = c->memory_bytes;
-    p.step_timeout_s = c->step_timeout_s;
-    p.connect_timeout_s = c->connect_timeout_s;
     p.pool = m->pool;
     p.device = m->dev;
     p.metrics = m->metrics;
     p.notify_status = true;
-    p.ucx_listen = c->ucx_listen;
-    p.ucx_tls = c->ucx_tls;
-    p.ucx_net_devices = c->ucx_net_devices;
-    p.runtime_dir = c->runtime_dir;
     if (p.runtime_dir == NULL && getenv("RUNTIME_DIRECTORY") != NULL &&
         getenv("RUNTIME_DIRECTORY")[0] != '\0')
         p.runtime_dir = getenv("RUNTIME_DIRECTORY");
@@ -496,6 +391,19 @@ static int stria__serve_until_signal(stria__main_t *m, stria__svc_loop_t *sl, pt
     return still_running;
 }
 
+/* Frees what the program owns; returns rc. */
+static int stria__main_free(stria__main_t *m, int rc)
+{
+    stria_device_close(m->dev);
+    stria_pool_destroy(m->pool);
+    stria_metrics_destroy(m->metrics);
+    stria_cli_free(&m->cli);
+    free(m->token);
+    free(m->worker_token);
+    free(m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     stria__main_t *m = calloc(1, sizeof(*m));
@@ -513,15 +421,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
         rc = 2;
     }
-    if (rc >= 0) {
-        stria_device_close(m->dev);
-        stria_pool_destroy(m->pool);
-        stria_cli_free(&m->cli);
-        free(m->token);
-        free(m->worker_token);
-        free(m);
-        return rc;
-    }
+    if (rc >= 0)
+        return stria__main_free(m, rc);
     memset(&sl, 0, sizeof(sl));
     pthread_mutex_init(&sl.lock, NULL);
     pthread_cond_init(&sl.cv, NULL);
@@ -536,17 +437,8 @@ int main(int argc, char **argv)
     if (stria__serve_until_signal(m, &sl, svc_th) > 0)
         return 0;
     stria_worker_stop(m->worker);
-    stria_device_close(m->dev);
-    stria_pool_destroy(m->pool);
-    stria_metrics_destroy(m->metrics);
-    stria_cli_free(&m->cli);
-    free(m->token);
-    free(m->worker_token);
-    free(m);
-    return 0;
+    return stria__main_free(m, 0);
 
 fail:
-    fprintf(stderr, "stria-worker: %s\n",
-            stria_error_msg()[0] ? stria_error_msg() : stria_status_str(st));
-    return 1;
+    return stria_cli_exit("stria-worker", st);
 }

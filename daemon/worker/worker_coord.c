@@ -41,6 +41,8 @@ stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const Prot
     rq.timeout_s = STRIA__COORD_TIMEOUT_S;
     memset(reply, 0, sizeof(*reply));
     st = stria_rpc_client_call(w->coord, &rq, reply);
+    if (st == STRIA_OK)
+        w->coord_session = reply->session;
     pthread_mutex_unlock(&w->coord_lock);
     return st;
 }
@@ -157,6 +159,10 @@ static stria_status_t stria__register(stria_worker_t *w)
     req.shm_socket = w->shm_socket;
     req.has_device_index = w->has_device_index;
     req.device_index = w->device_index;
+    pthread_mutex_lock(&w->lock);
+    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+        req.held_jobs++;
+    pthread_mutex_unlock(&w->lock);
     stria_status_t st =
         stria__wcoord_call(w, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &req.base, &reply);
     if (st != STRIA_OK)
@@ -166,6 +172,7 @@ static stria_status_t stria__register(stria_worker_t *w)
     w->worker_id = r->worker_id;
     w->heartbeat_ms = r->heartbeat_period_ms > 0 ? r->heartbeat_period_ms : 1000;
     w->registered = true;
+    w->describe = true; /* a restarted coordinator rebuilds our jobs from them */
     w->last_heartbeat = stria_time_now();
     pthread_mutex_unlock(&w->lock);
     stria_log_info("registered with coordinator %s as worker %llu%s (heartbeat %u ms)",
@@ -175,6 +182,73 @@ static stria_status_t stria__register(stria_worker_t *w)
     return STRIA_OK;
 }
 
+/* The held jobs of a heartbeat, described in full (HeldJob), with what
+ * their messages point to. */
+typedef struct {
+    Stria__V1__HeldJob *arr, **ptrs;
+    Stria__V1__JobSpec **specs; /* unpacked, freed with the set */
+    uint8_t (*sealed)[2][STRIA_AUTH_SEALED_BYTES];
+    size_t n;
+} stria__held_t;
+
+#define STRIA__HELD_BYTES (768u << 10) /* of descriptions per heartbeat */
+
+static void stria__held_free(stria__held_t *h)
+{
+    for (size_t i = 0; h->specs != NULL && i < h->n; i++)
+        stria__v1__job_spec__free_unpacked(h->specs[i], NULL);
+    free(h->arr);
+    free(h->ptrs);
+    free(h->specs);
+    free(h->sealed);
+    memset(h, 0, sizeof(*h));
+}
+
+/* Describes up to n held jobs (lock held), their keys sealed under the
+ * session of the coordinator's last reply; *all_out: every job fitted. */
+static void stria__held_build(stria_worker_t *w, size_t n, const stria_auth_session_t *session,
+                              stria__held_t *h, bool *all_out)
+{
+    size_t bytes = 0;
+    memset(h, 0, sizeof(*h));
+    *all_out = false;
+    h->arr = calloc(n + 1, sizeof(*h->arr));
+    h->ptrs = calloc(n + 1, sizeof(*h->ptrs));
+    h->specs = calloc(n + 1, sizeof(*h->specs));
+    h->sealed = calloc(n + 1, sizeof(*h->sealed));
+    if (h->arr == NULL || h->ptrs == NULL || h->specs == NULL || h->sealed == NULL)
+        return;
+    stria__wjob_t *j = w->jobs;
+    for (; j != NULL && h->n < n; j = j->next) {
+        if (j->spec_pb == NULL || bytes + j->spec_len > STRIA__HELD_BYTES)
+            break;
+        Stria__V1__HeldJob *hj = &h->arr[h->n];
+        stria__v1__held_job__init(hj);
+        hj->spec = stria__v1__job_spec__unpack(NULL, j->spec_len, j->spec_pb);
+        if (hj->spec == NULL ||
+            stria_auth_seal(session, "held job secret", j->id, j->secret.bytes,
+                            h->sealed[h->n][0]) != STRIA_OK ||
+            stria_auth_seal(session, "held ring key", j->id, j->ring_key, h->sealed[h->n][1]) !=
+                STRIA_OK) {
+            if (hj->spec != NULL)
+                stria__v1__job_spec__free_unpacked(hj->spec, NULL);
+            break;
+        }
+        h->specs[h->n] = hj->spec;
+        hj->job_id = j->id;
+        hj->rank = (uint32_t)j->rank;
+        hj->phase = j->phase;
+        hj->passes = j->passes;
+        hj->job_secret.data = h->sealed[h->n][0];
+        hj->job_secret.len = STRIA_AUTH_SEALED_BYTES;
+        hj->ring_key.data = h->sealed[h->n][1];
+        hj->ring_key.len = STRIA_AUTH_SEALED_BYTES;
+        h->ptrs[h->n++] = hj;
+        bytes += j->spec_len + 2 * STRIA_AUTH_SEALED_BYTES + 32;
+    }
+    *all_out = j == NULL || h->n == n;
+}
+
 static stria_status_t stria__heartbeat(stria_worker_t *w)
 {
     Stria__V1__HeartbeatRequest req = STRIA__V1__HEARTBEAT_REQUEST__INIT;
@@ -182,7 +256,13 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     size_t n = 0;
     stria_rpc_reply_t reply;
     stria_status_t st;
+    stria__held_t held = {0};
+    stria_auth_session_t session;
+    bool described = false;
 
+    pthread_mutex_lock(&w->coord_lock);
+    session = w->coord_session;
+    pthread_mutex_unlock(&w->coord_lock);
     pthread_mutex_lock(&w->lock);
     for (stria__wjob_t *j = w->jobs; j != NULL && n < STRIA__HB_MAX_JOBS; j = j->next)
         n++;
@@ -208,6 +288,11 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
         st_ptrs[i] = &st_arr[i];
     }
     req.worker_id = w->worker_id;
+    if (w->describe) {
+        stria__held_build(w, n, &session, &held, &described);
+        req.held_jobs = held.ptrs;
+        req.n_held_jobs = held.n;
+    }
     pthread_mutex_unlock(&w->lock);
     stria_mempool_stats_t ps;
     stria__wpool_figures(w, &ps);
@@ -223,11 +308,18 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     st = stria__wcoord_call(w, STRIA_RPC_COORDINATOR_HEARTBEAT, &req.base, &reply);
     free(st_arr);
     free(st_ptrs);
+    stria__held_free(&held);
     if (st != STRIA_OK)
         return st;
     Stria__V1__HeartbeatReply *r = (Stria__V1__HeartbeatReply *)reply.msg;
     pthread_mutex_lock(&w->lock);
     w->last_heartbeat = stria_time_now();
+    /* described in full (else the rest goes in the next heartbeat, at
+     * once), unless the coordinator asks again */
+    if (w->describe && described)
+        w->describe = false;
+    if (r->describe_jobs)
+        w->describe = true;
     if (r->heartbeat_period_ms > 0)
         w->heartbeat_ms = r->heartbeat_period_ms;
     for (size_t d = 0; d < r->n_drop_job_ids; d++) {
@@ -247,6 +339,7 @@ void *stria__wcoord_thread(void *arg)
 {
     stria_worker_t *w = arg;
     bool ready_sent = false, reachable = true;
+    int quick = 0; /* heartbeats sent at once in a row */
     double warn_at = 0;
     char status[1400];
 
@@ -270,6 +363,14 @@ void *stria__wcoord_thread(void *arg)
             pthread_mutex_unlock(&w->lock);
             continue;
         }
+        /* Jobs to describe (a restarted coordinator rebuilds them from that):
+         * the next heartbeat goes at once, a few times in a row at most. */
+        pthread_mutex_lock(&w->lock);
+        bool describe_now = st == STRIA_OK && w->describe && w->jobs != NULL && !w->heartbeat_stop;
+        pthread_mutex_unlock(&w->lock);
+        if (describe_now && ++quick <= 8)
+            continue;
+        quick = 0;
         if (st != STRIA_OK && stria_time_now() >= warn_at) {
             stria_log_warn("coordinator %s: %s", w->coordinator, stria_error_msg());
             warn_at = stria_time_now() + 10.0;
@@ -299,7 +400,10 @@ void *stria__wcoord_thread(void *arg)
             njobs++;
         stria_metric_set(w->m_jobs, (double)njobs);
         stria__wmetrics_ring(w);
-        double period = (st == STRIA_OK ? w->heartbeat_ms : 1000) / 1000.0;
+        /* out of reach: try again every period, at most every second (a
+         * restarted coordinator hears of our jobs within its window) */
+        uint32_t retry_ms = w->heartbeat_ms > 0 && w->heartbeat_ms < 1000 ? w->heartbeat_ms : 1000;
+        double period = (st == STRIA_OK ? w->heartbeat_ms : retry_ms) / 1000.0;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         double when = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + period;

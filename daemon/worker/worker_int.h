@@ -75,6 +75,10 @@ typedef struct stria__wjob {
     float scale;
     double step_timeout_s;
     char next_ucx[300]; /* successor's ring link address */
+    /* The assignment's spec, packed: what a restarted coordinator rebuilds
+     * the job from (HeldJob) */
+    uint8_t *spec_pb;
+    size_t spec_len;
     stria_layout_t layout;
     int64_t valid; /* real tokens of this shard; layout.shard_tokens with padding */
     /* sharded (stria_client_submit): a pass waits until every rank arrived */
@@ -162,6 +166,9 @@ struct stria_worker {
 
     pthread_mutex_t coord_lock; /* one coordinator call at a time */
     stria_rpc_client_t *coord;
+    /* The session of the last reply from the coordinator (under
+     * coord_lock): what held jobs' keys are sealed under. */
+    stria_auth_session_t coord_session;
 
     pthread_mutex_t lock; /* everything below */
     pthread_cond_t cv;
@@ -181,6 +188,9 @@ struct stria_worker {
     pthread_t hb_thread;
     bool hb_started;
     bool registered;
+    /* The next heartbeat describes the held jobs in full (HeldJob): after a
+     * registration, or when the coordinator asks. */
+    bool describe;
     double last_heartbeat;
 
     /* metrics */

@@ -34,6 +34,7 @@ static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
     }
     stria_device_close(j->dev);
     stria_job_masks_free(&j->masks);
+    free(j->spec_pb);
     stria__wpool_retire(w, j);
     stria__wpool_publish(w);
     free(j);
@@ -213,8 +214,11 @@ static stria_status_t stria__job_spec(stria__wjob_t *j, stria_worker_t *w, uint6
     j->head_dim = s->head_dim;
     j->dtype = (stria_dtype_t)s->dtype;
     j->causal = s->causal;
-    if (!stria_job_masks_copy(s, &j->masks))
+    j->spec_len = stria__v1__job_spec__get_packed_size(s);
+    j->spec_pb = malloc(j->spec_len + 1);
+    if (j->spec_pb == NULL || !stria_job_masks_copy(s, &j->masks))
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    stria__v1__job_spec__pack(s, j->spec_pb);
     j->layout_kind = (stria_layout_kind_t)s->layout;
     j->scale = s->scale;
     j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
@@ -303,6 +307,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     if (other != NULL) { /* created meanwhile by another request */
         pthread_mutex_unlock(&w->lock);
         stria_job_masks_free(&j->masks);
+        free(j->spec_pb);
         free(j);
         j = NULL;
         *job_out = other;
@@ -336,8 +341,10 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     j = NULL;
     st = STRIA_OK;
 out:
-    if (j != NULL)
+    if (j != NULL) {
         stria_job_masks_free(&j->masks);
+        free(j->spec_pb);
+    }
     free(j);
     stria_rpc_reply_free(&reply);
     return st;

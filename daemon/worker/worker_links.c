@@ -11,22 +11,20 @@
 static stria_status_t stria__ucx_connect(void *ctx, const stria_worker_link_request_t *req,
                                          stria_link_t **link_out)
 {
-    stria_ucx_link_params_t rp;
     char next_host[256];
     uint16_t next_port;
     stria_status_t st =
         stria_addr_parse(req->next_address, next_host, sizeof(next_host), &next_port);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "ring link address of rank %d", (req->rank + 1) % req->size);
-    memset(&rp, 0, sizeof(rp));
-    rp.job_id = req->job_id;
-    rp.ring_id = req->ring_id;
-    rp.rank = req->rank;
-    rp.size = req->size;
-    rp.next_host = next_host;
-    rp.next_port = (uint16_t)next_port;
-    rp.connect_timeout_s = req->connect_timeout_s;
-    rp.key = req->key;
+    const stria_ucx_link_params_t rp = {.job_id = req->job_id,
+                                        .ring_id = req->ring_id,
+                                        .rank = req->rank,
+                                        .size = req->size,
+                                        .next_host = next_host,
+                                        .next_port = next_port,
+                                        .connect_timeout_s = req->connect_timeout_s,
+                                        .key = req->key};
     return stria_link_ucx_connect(ctx, &rp, link_out);
 }
 

@@ -11,6 +11,15 @@
 
 /* ---- configuration --------------------------------------------------------------- */
 
+/* The two counters of a family whose label takes two values. */
+static void stria__wm_counter_pair(stria_metrics_t *m, const char *name, const char *help,
+                                   const char *label0, const char *label1, stria_metric_t **out0,
+                                   stria_metric_t **out1)
+{
+    *out0 = stria_metrics_get(m, STRIA_METRIC_COUNTER, name, help, label0, NULL, 0);
+    *out1 = stria_metrics_get(m, STRIA_METRIC_COUNTER, name, help, label1, NULL, 0);
+}
+
 void stria__wmetrics_init(stria_worker_t *w)
 {
     static const double step_buckets[] = {0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
@@ -34,18 +43,12 @@ void stria__wmetrics_init(stria_worker_t *w)
     w->m_step_wait = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_step_seconds",
                                        "Time of one ring step, by kind.", "kind=\"communication\"",
                                        step_buckets, sizeof(step_buckets) / sizeof(double));
-    w->m_bytes_sent =
-        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_bytes_total",
-                          "Bytes moved over the ring link.", "direction=\"sent\"", NULL, 0);
-    w->m_bytes_recv =
-        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_bytes_total",
-                          "Bytes moved over the ring link.", "direction=\"received\"", NULL, 0);
-    w->m_in_bytes =
-        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_rpc_bytes_total",
-                          "Tensor bytes moved to and from clients.", "direction=\"in\"", NULL, 0);
-    w->m_out_bytes =
-        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_rpc_bytes_total",
-                          "Tensor bytes moved to and from clients.", "direction=\"out\"", NULL, 0);
+    stria__wm_counter_pair(m, "stria_worker_ring_bytes_total", "Bytes moved over the ring link.",
+                           "direction=\"sent\"", "direction=\"received\"", &w->m_bytes_sent,
+                           &w->m_bytes_recv);
+    stria__wm_counter_pair(m, "stria_worker_rpc_bytes_total",
+                           "Tensor bytes moved to and from clients.", "direction=\"in\"",
+                           "direction=\"out\"", &w->m_in_bytes, &w->m_out_bytes);
     w->m_memory =
         stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_memory_in_use_bytes",
                           "Memory reserved by the jobs this worker holds.", NULL, NULL, 0);

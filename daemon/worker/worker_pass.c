@@ -169,14 +169,9 @@ static stria_status_t stria__pass_link(stria_worker_t *w, stria__wjob_t *j, uint
     if (st != STRIA_OK)
         return st;
     pthread_mutex_lock(&w->lock);
-    if (w->n_links == w->cap_links) {
-        size_t cap = w->cap_links ? 2 * w->cap_links : 8;
-        stria_link_t **links = realloc(w->links, cap * sizeof(*links));
-        if (links != NULL) {
-            w->links = links;
-            w->cap_links = cap;
-        }
-    }
+    stria_link_t **links = stria_grow(w->links, &w->cap_links, w->n_links + 1, sizeof(*links), 8);
+    if (links != NULL)
+        w->links = links;
     if (w->n_links < w->cap_links) /* else: only its own deadlines end it */
         w->links[w->n_links++] = link;
     j->link = link;

@@ -96,8 +96,21 @@ static void stria__avx2_gemm(int m, int n, int k, const float *a, ptrdiff_t lda,
 
 /* ---- exp and the softmax passes --------------------------------------- */
 
-/* exp(x) to about 1 ulp (Cephes' expf polynomial on the reduced argument).
- * x < ln(FLT_MIN) gives exactly 0 (so -inf does, and no denormals reach the
+#define STRIA__X86_BITS 256
+#define STRIA__X86_NAME avx2
+#include "x86_variant.h"
+
+STRIA__INLINE __m256 stria__round(__m256 x)
+{
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+STRIA__INLINE __m256 stria__sub_of(__m256 m, __m256 ninf)
+{
+    return _mm256_andnot_ps(_mm256_cmp_ps(m, ninf, _CMP_EQ_OQ), m);
+}
+
+/* x < ln(FLT_MIN) gives exactly 0 (so -inf does, and no denormals reach the
  * GEMMs); NaN stays NaN; x > 88.7 saturates at inf. */
 STRIA__INLINE __m256 stria__exp(__m256 x)
 {
@@ -105,94 +118,11 @@ STRIA__INLINE __m256 stria__exp(__m256 x)
     /* max/min return their second operand for NaN: keep NaN in that slot */
     x = _mm256_max_ps(_mm256_set1_ps(-87.33654f), x);
     x = _mm256_min_ps(_mm256_set1_ps(88.7228f), x);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 z = _mm256_mul_ps(r, r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, z, r);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256 n, y = stria__exp_poly(x, &n);
     /* 2^n for n in [-126, 128] (128 encodes inf) */
     __m256i e =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
-}
-
-static void stria__avx2_softmax_fwd(float *st, int rows, int cols, ptrdiff_t ld, float scale,
-                                    float *m, float *l, float *alpha)
-{
-    const __m256 vscale = _mm256_set1_ps(scale);
-    const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
-
-    for (int i = 0; i < cols; i += 8) {
-        float *col = st + i;
-        __m256 mx0 = ninf, mx1 = ninf;
-        int j = 0;
-        for (; j + 1 < rows; j += 2) {
-            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (ptrdiff_t)j * ld));
-            mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(col + (ptrdiff_t)(j + 1) * ld));
-        }
-        if (j < rows)
-            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (ptrdiff_t)j * ld));
-        __m256 m_old = _mm256_loadu_ps(m + i);
-        __m256 m_new = _mm256_max_ps(_mm256_mul_ps(_mm256_max_ps(mx0, mx1), vscale), m_old);
-        /* columns that have seen no key subtract 0: their scores are all -inf */
-        __m256 sub = _mm256_andnot_ps(_mm256_cmp_ps(m_new, ninf, _CMP_EQ_OQ), m_new);
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-        for (j = 0; j + 1 < rows; j += 2) {
-            float *r0 = col + (ptrdiff_t)j * ld, *r1 = r0 + ld;
-            __m256 p0 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r0), vscale, sub));
-            __m256 p1 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r1), vscale, sub));
-            _mm256_storeu_ps(r0, p0);
-            _mm256_storeu_ps(r1, p1);
-            s0 = _mm256_add_ps(s0, p0);
-            s1 = _mm256_add_ps(s1, p1);
-        }
-        if (j < rows) {
-            float *r0 = col + (ptrdiff_t)j * ld;
-            __m256 p0 = stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(r0), vscale, sub));
-            _mm256_storeu_ps(r0, p0);
-            s0 = _mm256_add_ps(s0, p0);
-        }
-        __m256 a = stria__exp(_mm256_sub_ps(m_old, sub));
-        _mm256_storeu_ps(alpha + i, a);
-        _mm256_storeu_ps(l + i, _mm256_fmadd_ps(_mm256_loadu_ps(l + i), a, _mm256_add_ps(s0, s1)));
-        _mm256_storeu_ps(m + i, m_new);
-    }
-}
-
-static void stria__avx2_softmax_bwd_p(float *st, int rows, int cols, ptrdiff_t ld, float scale,
-                                      const float *lse)
-{
-    const __m256 vscale = _mm256_set1_ps(scale);
-    for (int i = 0; i < cols; i += 8) {
-        __m256 sub = _mm256_loadu_ps(lse + i);
-        for (int j = 0; j < rows; j++) {
-            float *p = st + (ptrdiff_t)j * ld + i;
-            _mm256_storeu_ps(p, stria__exp(_mm256_fmsub_ps(_mm256_loadu_ps(p), vscale, sub)));
-        }
-    }
-}
-
-static void stria__avx2_softmax_bwd_ds(const float *pt, float *dpt, int rows, int cols,
-                                       ptrdiff_t ld, const float *delta, float scale)
-{
-    const __m256 vscale = _mm256_set1_ps(scale);
-    for (int i = 0; i < cols; i += 8) {
-        __m256 d = _mm256_loadu_ps(delta + i);
-        for (int j = 0; j < rows; j++) {
-            const float *p = pt + (ptrdiff_t)j * ld + i;
-            float *g = dpt + (ptrdiff_t)j * ld + i;
-            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p), _mm256_sub_ps(_mm256_loadu_ps(g), d));
-            _mm256_storeu_ps(g, _mm256_mul_ps(x, vscale));
-        }
-    }
 }
 
 /* ---- conversions ------------------------------------------------------- */
@@ -305,23 +235,7 @@ static void stria__avx2_mask_bounds(float *st, int rows, int cols, ptrdiff_t ld,
     }
 }
 
-static void stria__avx2_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
-                                    int rows, int cols)
-{
-    stria__x86_transpose32(src, lds, dst, ldd, rows, cols);
-}
-
 const stria_kern_ops_t stria__kern_avx2 = {
+    STRIA_KERN_OPS(stria__avx2),
     .name = "avx2",
-    .cpu_ok = stria__avx2_ok,
-    .gemm = stria__avx2_gemm,
-    .softmax_fwd = stria__avx2_softmax_fwd,
-    .softmax_bwd_p = stria__avx2_softmax_bwd_p,
-    .softmax_bwd_ds = stria__avx2_softmax_bwd_ds,
-    .mask_causal = stria__avx2_mask_causal,
-    .mask_bounds = stria__avx2_mask_bounds,
-    .row_load = stria__avx2_row_load,
-    .row_acc = stria__avx2_row_acc,
-    .row_merge = stria__avx2_row_merge,
-    .transpose32 = stria__avx2_transpose32,
 };

@@ -198,119 +198,60 @@ static void stria__avx512_gemm_bf16(int m, int n, int k, const uint16_t *a, ptrd
 
 /* ---- exp and the softmax passes --------------------------------------- */
 
-/* exp(x) to about 1 ulp (Cephes' expf polynomial on the reduced argument,
- * 2^n applied with vscalefps). x < ln(FLT_MIN) gives exactly 0 (so -inf does,
- * and no denormals reach the GEMMs); NaN stays NaN. */
+#define STRIA__X86_BITS 512
+#define STRIA__X86_NAME avx512
+#include "x86_variant.h"
+
+STRIA__INLINE __m512 stria__round(__m512 x)
+{
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* 2^n applied with vscalefps. x < ln(FLT_MIN) gives exactly 0 (so -inf
+ * does, and no denormals reach the GEMMs); NaN stays NaN. */
 STRIA__INLINE __m512 stria__exp(__m512 x)
 {
     __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 z = _mm512_mul_ps(r, r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, z, r);
-    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    __m512 n, y = stria__exp_poly(x, &n);
     return _mm512_maskz_scalef_ps(keep, y, n);
 }
 
-static void stria__avx512_softmax_fwd(float *st, int rows, int cols, ptrdiff_t ld, float scale,
-                                      float *m, float *l, float *alpha)
+STRIA__INLINE __m512 stria__sub_of(__m512 m, __m512 ninf)
 {
-    const __m512 vscale = _mm512_set1_ps(scale);
-    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
-
-    for (int i = 0; i < cols; i += 16) {
-        float *col = st + i;
-        __m512 mx0 = ninf, mx1 = ninf;
-        int j = 0;
-        for (; j + 1 < rows; j += 2) {
-            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (ptrdiff_t)j * ld));
-            mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(col + (ptrdiff_t)(j + 1) * ld));
-        }
-        if (j < rows)
-            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (ptrdiff_t)j * ld));
-        __m512 m_old = _mm512_loadu_ps(m + i);
-        __m512 m_new = _mm512_max_ps(_mm512_mul_ps(_mm512_max_ps(mx0, mx1), vscale), m_old);
-        /* columns that have seen no key subtract 0: their scores are all -inf */
-        __m512 sub = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, ninf, _CMP_EQ_OQ), m_new,
-                                          _mm512_setzero_ps());
-        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-        for (j = 0; j + 1 < rows; j += 2) {
-            float *r0 = col + (ptrdiff_t)j * ld, *r1 = r0 + ld;
-            __m512 p0 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r0), vscale, sub));
-            __m512 p1 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r1), vscale, sub));
-            _mm512_storeu_ps(r0, p0);
-            _mm512_storeu_ps(r1, p1);
-            s0 = _mm512_add_ps(s0, p0);
-            s1 = _mm512_add_ps(s1, p1);
-        }
-        if (j < rows) {
-            float *r0 = col + (ptrdiff_t)j * ld;
-            __m512 p0 = stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(r0), vscale, sub));
-            _mm512_storeu_ps(r0, p0);
-            s0 = _mm512_add_ps(s0, p0);
-        }
-        __m512 a = stria__exp(_mm512_sub_ps(m_old, sub));
-        _mm512_storeu_ps(alpha + i, a);
-        _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), a, _mm512_add_ps(s0, s1)));
-        _mm512_storeu_ps(m + i, m_new);
-    }
-}
-
-static void stria__avx512_softmax_bwd_p(float *st, int rows, int cols, ptrdiff_t ld, float scale,
-                                        const float *lse)
-{
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (int i = 0; i < cols; i += 16) {
-        __m512 sub = _mm512_loadu_ps(lse + i);
-        for (int j = 0; j < rows; j++) {
-            float *p = st + (ptrdiff_t)j * ld + i;
-            _mm512_storeu_ps(p, stria__exp(_mm512_fmsub_ps(_mm512_loadu_ps(p), vscale, sub)));
-        }
-    }
-}
-
-static void stria__avx512_softmax_bwd_ds(const float *pt, float *dpt, int rows, int cols,
-                                         ptrdiff_t ld, const float *delta, float scale)
-{
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (int i = 0; i < cols; i += 16) {
-        __m512 d = _mm512_loadu_ps(delta + i);
-        for (int j = 0; j < rows; j++) {
-            const float *p = pt + (ptrdiff_t)j * ld + i;
-            float *g = dpt + (ptrdiff_t)j * ld + i;
-            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p), _mm512_sub_ps(_mm512_loadu_ps(g), d));
-            _mm512_storeu_ps(g, _mm512_mul_ps(x, vscale));
-        }
-    }
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_EQ_OQ), m, _mm512_setzero_ps());
 }
 
 /* ---- causal mask ------------------------------------------------------- */
+
+/* The 16 positions of a chunk (cols of them valid, the rest 0) in two
+ * vectors of 8. */
+STRIA__INLINE void stria__load_pos(const int64_t *pos, __mmask16 valid, __m512i v[2])
+{
+    v[0] = _mm512_maskz_loadu_epi64((__mmask8)valid, pos);
+    v[1] = _mm512_maskz_loadu_epi64((__mmask8)(valid >> 8), pos + 8);
+}
+
+/* -inf into the columns of row that m marks. */
+STRIA__INLINE void stria__hide(float *row, __mmask16 m, int cols)
+{
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    if (cols == 16)
+        _mm512_storeu_ps(row, _mm512_mask_blend_ps(m, _mm512_loadu_ps(row), ninf));
+    else
+        _mm512_mask_storeu_ps(row, m, ninf);
+}
 
 static void stria__avx512_mask_causal(float *st, int rows, int cols, ptrdiff_t ld,
                                       const int64_t *kpos, const int64_t *qpos)
 {
     const __mmask16 valid = (__mmask16)(0xffffu >> (16 - cols));
-    const __m512i q0 = _mm512_maskz_loadu_epi64((__mmask8)valid, qpos);
-    const __m512i q1 = _mm512_maskz_loadu_epi64((__mmask8)(valid >> 8), qpos + 8);
-    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    __m512i q[2];
+    stria__load_pos(qpos, valid, q);
     for (int j = 0; j < rows; j++) {
-        float *row = st + (ptrdiff_t)j * ld;
         const __m512i k = _mm512_set1_epi64(kpos[j]);
-        __mmask16 m = (__mmask16)((unsigned)_mm512_cmpgt_epi64_mask(k, q0) |
-                                  ((unsigned)_mm512_cmpgt_epi64_mask(k, q1) << 8));
-        m &= valid;
-        if (cols == 16)
-            _mm512_storeu_ps(row, _mm512_mask_blend_ps(m, _mm512_loadu_ps(row), ninf));
-        else
-            _mm512_mask_storeu_ps(row, m, ninf);
+        __mmask16 m = (__mmask16)((unsigned)_mm512_cmpgt_epi64_mask(k, q[0]) |
+                                  ((unsigned)_mm512_cmpgt_epi64_mask(k, q[1]) << 8));
+        stria__hide(st + (ptrdiff_t)j * ld, m & valid, cols);
     }
 }
 
@@ -318,23 +259,16 @@ static void stria__avx512_mask_bounds(float *st, int rows, int cols, ptrdiff_t l
                                       const int64_t *kpos, const int64_t *qlo, const int64_t *qhi)
 {
     const __mmask16 valid = (__mmask16)(0xffffu >> (16 - cols));
-    const __m512i lo0 = _mm512_maskz_loadu_epi64((__mmask8)valid, qlo);
-    const __m512i lo1 = _mm512_maskz_loadu_epi64((__mmask8)(valid >> 8), qlo + 8);
-    const __m512i hi0 = _mm512_maskz_loadu_epi64((__mmask8)valid, qhi);
-    const __m512i hi1 = _mm512_maskz_loadu_epi64((__mmask8)(valid >> 8), qhi + 8);
-    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    __m512i lo[2], hi[2];
+    stria__load_pos(qlo, valid, lo);
+    stria__load_pos(qhi, valid, hi);
     for (int j = 0; j < rows; j++) {
-        float *row = st + (ptrdiff_t)j * ld;
         const __m512i k = _mm512_set1_epi64(kpos[j]);
-        unsigned m0 =
-            (unsigned)_mm512_cmpgt_epi64_mask(k, hi0) | (unsigned)_mm512_cmplt_epi64_mask(k, lo0);
-        unsigned m1 =
-            (unsigned)_mm512_cmpgt_epi64_mask(k, hi1) | (unsigned)_mm512_cmplt_epi64_mask(k, lo1);
-        __mmask16 m = (__mmask16)((m0 | (m1 << 8)) & valid);
-        if (cols == 16)
-            _mm512_storeu_ps(row, _mm512_mask_blend_ps(m, _mm512_loadu_ps(row), ninf));
-        else
-            _mm512_mask_storeu_ps(row, m, ninf);
+        unsigned m0 = (unsigned)_mm512_cmpgt_epi64_mask(k, hi[0]) |
+                      (unsigned)_mm512_cmplt_epi64_mask(k, lo[0]);
+        unsigned m1 = (unsigned)_mm512_cmpgt_epi64_mask(k, hi[1]) |
+                      (unsigned)_mm512_cmplt_epi64_mask(k, lo[1]);
+        stria__hide(st + (ptrdiff_t)j * ld, (__mmask16)((m0 | (m1 << 8)) & valid), cols);
     }
 }
 
@@ -400,25 +334,9 @@ static void stria__avx512_row_merge(float *dst, const float *src, float inv, flo
     }
 }
 
-static void stria__avx512_transpose32(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd,
-                                      int rows, int cols)
-{
-    stria__x86_transpose32(src, lds, dst, ldd, rows, cols);
-}
-
 const stria_kern_ops_t stria__kern_avx512 = {
+    STRIA_KERN_OPS(stria__avx512),
     .name = "avx512",
-    .cpu_ok = stria__avx512_ok,
-    .gemm = stria__avx512_gemm,
-    .softmax_fwd = stria__avx512_softmax_fwd,
-    .softmax_bwd_p = stria__avx512_softmax_bwd_p,
-    .softmax_bwd_ds = stria__avx512_softmax_bwd_ds,
-    .mask_causal = stria__avx512_mask_causal,
-    .mask_bounds = stria__avx512_mask_bounds,
-    .row_load = stria__avx512_row_load,
-    .row_acc = stria__avx512_row_acc,
-    .row_merge = stria__avx512_row_merge,
-    .transpose32 = stria__avx512_transpose32,
     .gemm_bf16 = stria__avx512_gemm_bf16,
     .gemm_bf16_ok = stria__avx512_bf16_ok,
 };

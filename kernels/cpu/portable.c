@@ -131,16 +131,6 @@ static void stria__portable_mask_bounds(float *st, int rows, int cols, ptrdiff_t
 }
 
 const stria_kern_ops_t stria__kern_portable = {
+    STRIA_KERN_OPS(stria__portable),
     .name = "portable",
-    .cpu_ok = stria__portable_ok,
-    .gemm = stria__portable_gemm,
-    .softmax_fwd = stria__portable_softmax_fwd,
-    .softmax_bwd_p = stria__portable_softmax_bwd_p,
-    .softmax_bwd_ds = stria__portable_softmax_bwd_ds,
-    .mask_causal = stria__portable_mask_causal,
-    .mask_bounds = stria__portable_mask_bounds,
-    .row_load = stria__portable_row_load,
-    .row_acc = stria__portable_row_acc,
-    .row_merge = stria__portable_row_merge,
-    .transpose32 = stria__portable_transpose32,
 };

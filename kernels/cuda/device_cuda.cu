@@ -252,17 +252,8 @@ static stria_status_t stria__cu_sync(stria_device_t *dev, stria_stream_t s)
 
 static void stria__cu_grain_bounds(const int64_t *pos, int64_t n, int64_t *mn, int64_t *mx)
 {
-    int64_t ng = (n + STRIA__CU_GRAIN - 1) / STRIA__CU_GRAIN;
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t lo = INT64_MAX, hi = INT64_MIN;
-        int64_t end = (g + 1) * STRIA__CU_GRAIN < n ? (g + 1) * STRIA__CU_GRAIN : n;
-        for (int64_t i = g * STRIA__CU_GRAIN; i < end; i++) {
-            lo = pos[i] < lo ? pos[i] : lo;
-            hi = pos[i] > hi ? pos[i] : hi;
-        }
-        mn[g] = lo;
-        mx[g] = hi;
-    }
+    stria__tile_bounds(pos, n, STRIA__CU_GRAIN, (n + STRIA__CU_GRAIN - 1) / STRIA__CU_GRAIN, mn,
+                       mx);
 }
 
 /* Validates the position runs of p and the end of its documents (as attn.c

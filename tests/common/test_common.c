@@ -332,3 +332,32 @@ Test(common, text_escape_keeps_utf8_and_escapes_controls)
     cr_assert_str_eq(stria_text_escape("a\xc3\xa9", out, 3), "a");
     cr_assert_str_eq(stria_text_escape("abc", out, 1), "");
 }
+
+Test(common, grow_keeps_elements_and_doubles)
+{
+    int *a = NULL;
+    size_t cap = 0;
+    for (size_t n = 0; n < 100; n++) {
+        int *g = stria_grow(a, &cap, n + 1, sizeof(*a), 4);
+        cr_assert_not_null(g);
+        cr_assert_geq(cap, n + 1);
+        a = g;
+        a[n] = (int)n * 3;
+    }
+    cr_expect_eq(cap, 128); /* 4, 8, ..., 128 */
+    for (size_t n = 0; n < 100; n++)
+        cr_expect_eq(a[n], (int)n * 3);
+    /* room enough: the same array, capacity unchanged */
+    cr_expect_eq(stria_grow(a, &cap, 50, sizeof(*a), 4), a);
+    cr_expect_eq(cap, 128);
+    /* a jump past double: grows to the first doubling that holds it */
+    int *g = stria_grow(a, &cap, 1000, sizeof(*a), 4);
+    cr_assert_not_null(g);
+    cr_expect_eq(cap, 1024);
+    cr_expect_eq(g[99], 297);
+    /* out of memory: NULL, array and capacity unchanged */
+    size_t big = cap;
+    cr_expect_null(stria_grow(g, &big, SIZE_MAX / 8, 8, 4));
+    cr_expect_eq(big, cap);
+    STRIA_FREE_ALL(g, NULL);
+}

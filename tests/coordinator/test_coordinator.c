@@ -85,12 +85,17 @@ static stria_rpc_client_t *fx_connect(const fx_t *fx, const char *token, stria_s
     return cl;
 }
 
+/* The recovery window of the next fx_start() (coordinator restarts); the
+ * tests of a fresh coordinator have none: unknown jobs are unknown at once. */
+static double g_recovery_window_s = -1;
+
 static void fx_start(fx_t *fx, double hb, double ttl, const char *token, const char *admin)
 {
     stria_coord_params_t p = {0};
     stria_status_t st;
     memset(fx, 0, sizeof(*fx));
     p.listen = "127.0.0.1:0";
+    p.recovery_window_s = g_recovery_window_s;
     p.heartbeat_period_s = hb;
     p.job_ttl_s = ttl;
     p.token = token;
@@ -1705,5 +1710,239 @@ Test(coord, pass_timelines_are_checked_kept_and_replaced, .timeout = TEST_TIMEOU
     timeline_of(&t, e, ptrs, spans, 0, 0, false, 2, false, false);
     cr_assert_eq(report_tl(&fx, a, job, 0, EV(FORWARD_DONE), &t), STRIA_OK);
     cr_expect_eq(job_timelines(&fx, job, true, codes, passes, entries), 2);
+    fx_stop(&fx);
+}
+
+/* ---- restart: jobs rebuilt from the workers' descriptions ------------------ */
+
+typedef struct {
+    uint64_t id;
+    stria_job_secret_t secret;
+    uint8_t ring_key[STRIA_AUTH_KEY_BYTES];
+    Stria__V1__JobSpec spec;
+} held_t;
+
+static void held_init(held_t *h, uint64_t id, uint32_t ring)
+{
+    memset(h, 0, sizeof(*h));
+    h->id = id;
+    cr_assert_eq(stria_job_secret_generate(&h->secret), STRIA_OK);
+    cr_assert_eq(stria_auth_random(h->ring_key, sizeof(h->ring_key)), STRIA_OK);
+    h->spec = spec_default();
+    h->spec.ring_size = ring;
+    h->spec.ttl_s = 60;
+}
+
+/* A heartbeat of worker w describing rank `rank` of h (phase, purposes of
+ * the seals as given: "held job secret" and "held ring key" are right);
+ * the drops and describe_jobs come back. */
+static stria_status_t heartbeat_held(const fx_t *fx, wk_t w, const held_t *h, uint32_t rank,
+                                     Stria__V1__JobState phase, const char *secret_purpose,
+                                     size_t *n_drop, bool *describe)
+{
+    Stria__V1__HeartbeatRequest req = STRIA__V1__HEARTBEAT_REQUEST__INIT;
+    Stria__V1__GetStatusRequest sq = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    Stria__V1__WorkerJobStatus js = STRIA__V1__WORKER_JOB_STATUS__INIT, *jp = &js;
+    Stria__V1__HeldJob hj = STRIA__V1__HELD_JOB__INIT, *hp = &hj;
+    uint8_t sealed[2][STRIA_AUTH_SEALED_BYTES];
+    stria_rpc_reply_t rep;
+    /* the session of the workers' connection: what the keys are sealed in */
+    cr_assert_eq(fx_call(fx->wk, M_STATUS, &sq.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_auth_session_t session = rep.session;
+    stria_rpc_reply_free(&rep);
+    cr_assert_eq(stria_auth_seal(&session, secret_purpose, h->id, h->secret.bytes, sealed[0]),
+                 STRIA_OK);
+    cr_assert_eq(stria_auth_seal(&session, "held ring key", h->id, h->ring_key, sealed[1]),
+                 STRIA_OK);
+    hj.job_id = h->id;
+    hj.rank = rank;
+    hj.spec = (Stria__V1__JobSpec *)&h->spec;
+    hj.phase = phase;
+    hj.job_secret.data = sealed[0];
+    hj.job_secret.len = sizeof(sealed[0]);
+    hj.ring_key.data = sealed[1];
+    hj.ring_key.len = sizeof(sealed[1]);
+    js.job_id = h->id;
+    js.phase = phase;
+    req.worker_id = w.id;
+    req.incarnation = w.incarnation;
+    req.n_jobs = 1;
+    req.jobs = &jp;
+    req.n_held_jobs = 1;
+    req.held_jobs = &hp;
+    stria_status_t st = fx_call(fx->wk, M_HEARTBEAT, &req.base, &rep);
+    if (st != STRIA_OK)
+        return st;
+    Stria__V1__HeartbeatReply *r = (Stria__V1__HeartbeatReply *)rep.msg;
+    *n_drop = r->n_drop_job_ids;
+    *describe = r->describe_jobs;
+    stria_rpc_reply_free(&rep);
+    return STRIA_OK;
+}
+
+/* GetJob of h's id proving `secret`. */
+static stria_status_t get_held(const fx_t *fx, const held_t *h, const stria_job_secret_t *secret,
+                               Stria__V1__JobState *state, char *failure, size_t cap)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    req.job_id = h->id;
+    stria_status_t st = fx_call_job(fx->user, M_GET_JOB, &req.base, h->id, secret, &rep);
+    if (st == STRIA_OK) {
+        const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)rep.msg)->job;
+        *state = info->state;
+        snprintf(failure, cap, "%s", info->failure);
+    }
+    stria_rpc_reply_free(&rep);
+    return st;
+}
+
+Test(coord, restart_rebuilds_jobs_from_the_workers, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    size_t n_drop = 0;
+    bool describe = false;
+    char failure[512];
+    Stria__V1__JobState state = 0;
+    g_recovery_window_s = 1.5;
+    fx_start(&fx, 1.0, 60, "client-secret", "admin-secret");
+    g_recovery_window_s = -1;
+    wk_t a = reg_worker(&fx, "h", 7100, 1ull << 30), b = reg_worker(&fx, "h", 7101, 1ull << 30);
+    held_t h;
+    held_init(&h, 123456789, 2);
+    h.spec.label = (char *)"before the restart";
+
+    /* rank 0 described: not known yet to clients (busy), kept by the worker */
+    cr_assert_eq(
+        heartbeat_held(&fx, a, &h, 0, JS(FORWARD_DONE), "held job secret", &n_drop, &describe),
+        STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(n_drop, 0u);
+    cr_expect_not(describe);
+    cr_expect_eq(get_held(&fx, &h, &h.secret, &state, failure, sizeof(failure)), STRIA_ERR_BUSY);
+    cr_expect(strstr(stria_error_msg(), "rebuilds its jobs") != NULL, "%s", stria_error_msg());
+
+    /* rank 1 too: the job is back, in the state of its slowest rank */
+    cr_assert_eq(heartbeat_held(&fx, b, &h, 1, JS(DONE), "held job secret", &n_drop, &describe),
+                 STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(n_drop, 0u);
+    cr_assert_eq(get_held(&fx, &h, &h.secret, &state, failure, sizeof(failure)), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_expect_eq(state, JS(FORWARD_DONE));
+    stria_rpc_reply_t rep;
+    Stria__V1__GetJobRequest gq = STRIA__V1__GET_JOB_REQUEST__INIT;
+    gq.job_id = h.id;
+    cr_assert_eq(fx_call_job(fx.user, M_GET_JOB, &gq.base, h.id, &h.secret, &rep), STRIA_OK);
+    const Stria__V1__Assignment *as = ((Stria__V1__GetJobReply *)rep.msg)->job->assignment;
+    cr_expect_eq(as->n_ranks, 2u);
+    cr_expect_eq(as->ranks[0]->worker_id, a.id);
+    cr_expect_eq(as->ranks[1]->worker_id, b.id);
+    cr_expect_str_eq(as->spec->label, "before the restart");
+    stria_rpc_reply_free(&rep);
+
+    /* only its secret opens it: another tenant's proof is refused */
+    stria_job_secret_t other;
+    cr_assert_eq(stria_job_secret_generate(&other), STRIA_OK);
+    cr_expect_eq(get_held(&fx, &h, &other, &state, failure, sizeof(failure)), STRIA_ERR_AUTH);
+    cr_expect_eq(get_held(&fx, &h, NULL, &state, failure, sizeof(failure)), STRIA_ERR_AUTH);
+
+    /* the next heartbeats keep it; the owner releases it */
+    uint64_t id = h.id, drop[8];
+    cr_expect_eq(heartbeat(&fx, a, &id, 1, 0, drop, &n_drop, NULL), STRIA_OK);
+    cr_expect_eq(n_drop, 0u);
+    Stria__V1__ReleaseJobRequest rq = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
+    rq.job_id = h.id;
+    cr_expect_eq(fx_call_job(fx.user, M_RELEASE, &rq.base, h.id, &h.secret, &rep), STRIA_OK);
+    stria_rpc_reply_free(&rep);
+    cr_expect_eq(heartbeat(&fx, a, &id, 1, 0, drop, &n_drop, NULL), STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "released: dropped");
+    fx_stop(&fx);
+}
+
+Test(coord, restart_refuses_bad_descriptions, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    size_t n_drop = 0;
+    bool describe = false;
+    char failure[512];
+    Stria__V1__JobState state = 0;
+    g_recovery_window_s = 1.0;
+    fx_start(&fx, 1.0, 60, "client-secret", "admin-secret");
+    g_recovery_window_s = -1;
+    wk_t a = reg_worker(&fx, "h", 7200, 1ull << 30), b = reg_worker(&fx, "h", 7201, 1ull << 30),
+         c = reg_worker(&fx, "h", 7202, 1ull << 30);
+    held_t h, bad;
+    held_init(&h, 5550001, 2);
+
+    /* nonsense: the worker is told to drop it, the coordinator serves on */
+    held_init(&bad, 5550002, 2);
+    bad.spec.head_dim = 12;
+    cr_assert_eq(
+        heartbeat_held(&fx, a, &bad, 0, JS(LOADING), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "a bad spec is refused");
+    held_init(&bad, 5550003, 2);
+    cr_assert_eq(
+        heartbeat_held(&fx, a, &bad, 2, JS(LOADING), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "rank 2 of a ring of 2 is refused");
+    cr_assert_eq(
+        heartbeat_held(&fx, a, &bad, 0, JS(UNSPECIFIED), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "a phase outside LOADING .. DONE is refused");
+    held_init(&bad, 0, 2);
+    cr_assert_eq(
+        heartbeat_held(&fx, a, &bad, 0, JS(LOADING), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "job id 0 is refused");
+    /* keys sealed for something else: not opened, asked again */
+    cr_assert_eq(heartbeat_held(&fx, a, &h, 0, JS(LOADING), "job secret", &n_drop, &describe),
+                 STRIA_OK);
+    cr_expect_eq(n_drop, 0u);
+    cr_expect(describe, "keys that do not open are asked for again");
+
+    /* the first description fixes spec and keys; a later one that differs,
+     * or a second worker for a rank, is refused */
+    cr_assert_eq(heartbeat_held(&fx, a, &h, 0, JS(LOADING), "held job secret", &n_drop, &describe),
+                 STRIA_OK);
+    cr_expect_eq(n_drop, 0u);
+    cr_expect_not(describe);
+    held_t forged = h;
+    cr_assert_eq(stria_job_secret_generate(&forged.secret), STRIA_OK);
+    cr_assert_eq(
+        heartbeat_held(&fx, b, &forged, 1, JS(LOADING), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "another secret for the same job is refused");
+    held_t other_spec = h;
+    other_spec.spec.heads = 8;
+    cr_assert_eq(
+        heartbeat_held(&fx, b, &other_spec, 1, JS(LOADING), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "another spec for the same job is refused");
+    cr_assert_eq(heartbeat_held(&fx, c, &h, 0, JS(LOADING), "held job secret", &n_drop, &describe),
+                 STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "a second worker for rank 0 is refused");
+    cr_expect_eq(get_held(&fx, &forged, &forged.secret, &state, failure, sizeof(failure)),
+                 STRIA_ERR_BUSY, "the forged description did not make a job");
+
+    /* rank 1 never comes: after the window the job fails, naming it, and
+     * the worker of rank 0 is told to drop it */
+    usleep(1300000);
+    cr_assert_eq(get_held(&fx, &h, &h.secret, &state, failure, sizeof(failure)), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_expect_eq(state, JS(FAILED));
+    cr_expect(strstr(failure, "rank(s) 1 ") != NULL && strstr(failure, "recovery window"), "%s",
+              failure);
+    uint64_t id = h.id, drop[8];
+    cr_expect_eq(heartbeat(&fx, a, &id, 1, 0, drop, &n_drop, NULL), STRIA_OK);
+    cr_expect_eq(n_drop, 1u);
+    /* after the window a description is refused outright (dropped) */
+    held_t late;
+    held_init(&late, 5550009, 2);
+    cr_assert_eq(
+        heartbeat_held(&fx, a, &late, 0, JS(LOADING), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u);
+    cr_expect_eq(get_held(&fx, &late, &late.secret, &state, failure, sizeof(failure)),
+                 STRIA_ERR_NOT_FOUND);
     fx_stop(&fx);
 }

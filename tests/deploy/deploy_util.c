@@ -74,7 +74,9 @@ void dc_init(dcluster_t *c)
     cr_assert_eq(system(cmd), 0);
 }
 
-void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
+/* The coordinator, listening on `addr` ("HOST:PORT"; NULL: a free port of
+ * the test host). */
+static void dc_coordinator_at(dcluster_t *c, const dc_opts_t *o, const char *addr)
 {
     char hb[32], tok[300], wtok[300], adm[300], line[512], listen[300];
     char *argv[40];
@@ -82,7 +84,10 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
     snprintf(hb, sizeof(hb), "%g", o && o->heartbeat_period_s > 0 ? o->heartbeat_period_s : 0.2);
     snprintf(c->coord_log, sizeof(c->coord_log), "%s/coordinator.log", c->dir);
     argv[n++] = STRIA_COORDINATOR_BIN;
-    listen_flag(listen, sizeof(listen), "listen", o);
+    if (addr != NULL)
+        snprintf(listen, sizeof(listen), "--listen=%s", addr);
+    else
+        listen_flag(listen, sizeof(listen), "listen", o);
     argv[n++] = listen;
     argv[n++] = "--metrics-listen=127.0.0.1:0";
     argv[n++] = "--heartbeat-period";
@@ -115,6 +120,30 @@ void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
         test_proc_wait_line(c->coord, "stria-coordinator metrics port ", 5, line, sizeof(line)));
     snprintf(c->coord_metrics, sizeof(c->coord_metrics), "127.0.0.1:%.200s",
              line + strlen("stria-coordinator metrics port "));
+}
+
+void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o)
+{
+    dc_coordinator_at(c, o, NULL);
+}
+
+void dc_restart_coordinator(dcluster_t *c, const dc_opts_t *o, int sig, double down_s)
+{
+    char addr[256];
+    snprintf(addr, sizeof(addr), "%s", c->coord_addr);
+    if (c->coord != NULL) {
+        int st = test_proc_stop(c->coord, sig, 10);
+        c->coord = NULL;
+        if (sig == SIGTERM)
+            cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "the coordinator did not exit cleanly on SIGTERM (status %#x)", st);
+    }
+    char old[300];
+    snprintf(old, sizeof(old), "%s.%d", c->coord_log, sig);
+    (void)rename(c->coord_log, old); /* the first run's log stays */
+    if (down_s > 0)
+        usleep((useconds_t)(down_s * 1e6));
+    dc_coordinator_at(c, o, addr);
 }
 
 void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o)

@@ -50,6 +50,10 @@ void dc_init(dcluster_t *c);
 /* Starts the coordinator on 127.0.0.1:0 with /metrics on 127.0.0.1:0 and waits
  * for its "listening" line. */
 void dc_start_coordinator(dcluster_t *c, const dc_opts_t *o);
+/* Stops the coordinator (unless stopped already: c->coord NULL) with `sig`
+ * (SIGTERM: it must exit cleanly; SIGKILL) and, down_s seconds later, starts a new one on the same
+ * address (its log replaces the first one's, which is kept as coordinator.log.SIG). */
+void dc_restart_coordinator(dcluster_t *c, const dc_opts_t *o, int sig, double down_s);
 /* Starts worker i (1 thread, metrics on 127.0.0.1:0) and waits for its line. */
 void dc_start_worker(dcluster_t *c, int i, const dc_opts_t *o);
 /* Coordinator and n workers; waits until the ring has n healthy workers. */

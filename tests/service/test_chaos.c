@@ -1,7 +1,7 @@
 /* Chaos: 6 workers, 4 client processes (chaos_client) running small jobs of
  * mixed sizes, layouts and dtypes (at least 48, for a minute), while a
- * driver SIGKILLs workers and
- * restarts them, and SIGSTOPs and SIGCONTs them, from a seed it prints
+ * driver SIGKILLs workers and restarts them, SIGSTOPs and SIGCONTs them, and
+ * restarts the coordinator once (SIGKILL or SIGTERM), from a seed it prints
  * (STRIA_CHAOS_SEED=N repeats a run; STRIA_CHAOS_KEEP=DIR keeps the logs). At the end every job
  * returned results bit for bit those of the in-process ring that finally ran it, or a clear error
  * after its retries; no daemon died but the ones killed; no job is left active; the memory in use
@@ -127,8 +127,11 @@ Test(chaos, kills_stops_and_restarts_under_load, .timeout = 400)
     /* the driver: one action every 0.5 .. 2 s */
     bool stopped[N_WORKERS] = {false};
     double restart_at[N_WORKERS] = {0}, cont_at[N_WORKERS] = {0};
-    int kills = 0, stops = 0, restarts = 0;
+    int kills = 0, stops = 0, restarts = 0, coord_restarts = 0;
     double start = now_s(), next_act = start + 0.5;
+    /* the coordinator goes down once, somewhere in the middle third */
+    double coord_at = start + CHAOS_S / 3 + (double)(rng(&s) % 20000) / 1000.0;
+    int coord_sig = rng(&s) % 2 ? SIGKILL : SIGTERM;
     for (;;) {
         double t = now_s();
         int running = 0;
@@ -145,6 +148,13 @@ Test(chaos, kills_stops_and_restarts_under_load, .timeout = 400)
                 dc_start_worker(&c, i, &o);
                 restarts++;
             }
+        }
+        if (coord_restarts == 0 && t >= coord_at) {
+            fprintf(stderr, "chaos: the coordinator restarts (%s) at %.1f s\n",
+                    coord_sig == SIGKILL ? "SIGKILL" : "SIGTERM", t - start);
+            dc_restart_coordinator(&c, &o, coord_sig, 0.3);
+            coord_restarts++;
+            continue;
         }
         if (t >= next_act && t - start < CHAOS_S) {
             int alive = 0;
@@ -185,14 +195,15 @@ Test(chaos, kills_stops_and_restarts_under_load, .timeout = 400)
     }
     fprintf(stderr,
             "chaos: %d jobs in %.1f s: %d ok (%d after retries), %d errors (%d retryable), "
-            "%d mismatches; %d kills, %d restarts, %d stops\n",
+            "%d mismatches; %d kills, %d restarts, %d stops, %d coordinator restart\n",
             t.lines, took, t.ok, t.retried, t.errors, t.errors_retryable, t.mismatches, kills,
-            restarts, stops);
+            restarts, stops, coord_restarts);
     cr_expect_geq(t.lines, N_CLIENTS * JOBS_EACH, "every job reports");
     cr_expect_eq(t.mismatches, 0);
     cr_expect_geq(t.ok, t.lines / 2, "most jobs get through (%d of %d)", t.ok, t.lines);
     cr_expect_geq(kills, 3, "the driver killed too little");
     cr_expect_geq(stops, 3, "the driver stopped too little");
+    cr_expect_eq(coord_restarts, 1, "the coordinator was not restarted");
 
     /* no daemon died but the killed ones */
     cr_expect(test_proc_alive(c.coord), "the coordinator died");

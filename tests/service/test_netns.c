@@ -119,24 +119,42 @@ static bool forward_running(const dcluster_t *c)
     return yes;
 }
 
-Test(netns, three_hosts_job_and_a_cut_cable, .fini = hosts_fini, .timeout = 400)
+/* Three hosts: host 0 the coordinator and worker 0 (and the test process),
+ * host 1 workers 1 and 2, host 2 worker 3; skips the test where namespaces
+ * cannot be made. */
+static void start_hosts(dcluster_t *c)
 {
     const char *why = test_hosts_create(&hosts, 3);
     if (why != NULL)
         cr_skip_test("skipped: network namespaces cannot be made here (%s)", why);
     cr_assert_eq(test_hosts_enter(&hosts, 0), 0, "cannot enter host 0's network");
-
-    /* host 0: the coordinator and worker 0; host 1: workers 1 and 2; host 2:
-     * worker 3 */
-    dcluster_t c;
-    dc_init(&c);
-    char *coord_args[] = {"--insecure", NULL};
+    dc_init(c);
+    static char *coord_args[] = {"--insecure", NULL};
     dc_opts_t oc = {.heartbeat_period_s = 0.2, .host = hosts.addr[0], .coord_args = coord_args};
-    dc_start_coordinator(&c, &oc);
+    dc_start_coordinator(c, &oc);
     const int host_of[4] = {0, 1, 1, 2};
     for (int i = 0; i < 4; i++)
-        start_worker(&c, i, host_of[i]);
-    dc_wait_healthy(&c, 4, NULL);
+        start_worker(c, i, host_of[i]);
+    dc_wait_healthy(c, 4, NULL);
+}
+
+/* Waits until a job runs its forward, then a moment more, and cuts host 2's
+ * cable; returns when. */
+static double cut_host2_mid_forward(const dcluster_t *c)
+{
+    double until = now_s() + 60;
+    while (!forward_running(c) && now_s() < until)
+        usleep(20000);
+    usleep(300000);
+    double cut = now_s();
+    cr_assert_eq(test_hosts_link(&hosts, 2, false), 0, "cannot take host 2's link down");
+    return cut;
+}
+
+Test(netns, three_hosts_job_and_a_cut_cable, .fini = hosts_fini, .timeout = 400)
+{
+    dcluster_t c;
+    start_hosts(&c);
 
     /* a job across the three hosts */
     fu_job_t small;
@@ -152,12 +170,7 @@ Test(netns, three_hosts_job_and_a_cut_cable, .fini = hosts_fini, .timeout = 400)
     fwd_call_t f = {.cl = cl, .j = &big};
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, forward_thread, &f), 0);
-    double until = now_s() + 60;
-    while (!forward_running(&c) && now_s() < until)
-        usleep(20000);
-    usleep(300000);
-    double cut = now_s();
-    cr_assert_eq(test_hosts_link(&hosts, 2, false), 0, "cannot take host 2's link down");
+    double cut = cut_host2_mid_forward(&c);
     pthread_join(th, NULL);
     double took = f.ended - cut;
     cr_assert_neq(f.st, STRIA_OK, "the forward ended before the cut (make the job longer)");
@@ -180,5 +193,94 @@ Test(netns, three_hosts_job_and_a_cut_cable, .fini = hosts_fini, .timeout = 400)
     stria_client_close(cl);
     fu_job_free(&big);
     fu_job_free(&small);
+    dc_stop(&c);
+}
+
+/* One rank of a sharded job, as a trainer's process would run it: its own
+ * client and handle, its stripe's forward. */
+typedef struct {
+    const dcluster_t *c;
+    const uint8_t *exported;
+    size_t len;
+    int rank;
+    stria_status_t st;
+    bool retryable;
+    double ended;
+    char msg[2048];
+} shard_call_t;
+
+static void *shard_thread(void *arg)
+{
+    shard_call_t *a = arg;
+    stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
+    stria_client_t *cl = NULL;
+    stria_job_t *job = NULL;
+    p.coordinator = a->c->coord_addr;
+    p.client_name = "test_netns rank";
+    p.rpc_timeout_s = 600;
+    a->st = stria_client_connect(&p, &cl);
+    if (a->st == STRIA_OK)
+        a->st = stria_job_import(cl, a->exported, a->len, &job);
+    if (a->st == STRIA_OK) {
+        int64_t t = stria_job_shard_tokens(job, a->rank);
+        size_t n = (size_t)t * 4 * 64;
+        float *x = calloc(n, sizeof(float)), *o = calloc(n, sizeof(float));
+        float *lse = calloc((size_t)t * 4, sizeof(float));
+        a->st = x && o && lse ? stria_client_forward_shard(job, a->rank, x, x, x, o, lse)
+                              : STRIA_ERR_NO_MEMORY;
+        free(x);
+        free(o);
+        free(lse);
+    }
+    a->ended = now_s();
+    a->retryable = stria_error_retryable();
+    snprintf(a->msg, sizeof(a->msg), "%s", stria_error_msg());
+    stria_client_close(cl); /* releases the handle */
+    return NULL;
+}
+
+/* A sharded job's ranks, one thread each: host 2's cable is cut during the
+ * forward. Every rank's call ends, retryable, within about the step
+ * deadline, the one whose worker is cut off too (it would otherwise wait
+ * out its call's deadline, minutes). */
+Test(netns, sharded_ranks_return_when_a_host_is_cut_off, .fini = hosts_fini, .timeout = 400)
+{
+    dcluster_t c;
+    start_hosts(&c);
+    stria_client_t *sub = connect_client(&c, -1);
+    stria_job_spec_t spec = STRIA_JOB_SPEC_INIT;
+    spec.batch = 1;
+    spec.seq_len = 8192;
+    spec.heads = spec.kv_heads = 4;
+    spec.head_dim = 64;
+    spec.dtype = STRIA_DTYPE_F32;
+    spec.causal = true;
+    spec.layout = STRIA_LAYOUT_STRIPED;
+    spec.ring_size = 4;
+    stria_job_t *job = NULL;
+    cr_assert_eq(stria_client_submit(sub, &spec, &job), STRIA_OK, "%s", stria_error_msg());
+    uint8_t exported[STRIA_JOB_EXPORT_BYTES];
+    size_t len = 0;
+    cr_assert_eq(stria_job_export(job, exported, sizeof(exported), &len), STRIA_OK);
+    shard_call_t a[4];
+    pthread_t th[4];
+    for (int r = 0; r < 4; r++) {
+        a[r] = (shard_call_t){.c = &c, .exported = exported, .len = len, .rank = r};
+        cr_assert_eq(pthread_create(&th[r], NULL, shard_thread, &a[r]), 0);
+    }
+    double cut = cut_host2_mid_forward(&c);
+    for (int r = 0; r < 4; r++) {
+        pthread_join(th[r], NULL);
+        double took = a[r].ended - cut;
+        fprintf(stderr, "netns: sharded rank %d ended %.2f s after the cut: %s\n", r, took,
+                a[r].msg);
+        cr_expect_neq(a[r].st, STRIA_OK, "rank %d: the forward ended before the cut", r);
+        cr_expect(a[r].retryable, "rank %d: a cut cable is retryable: %s", r, a[r].msg);
+        cr_expect_lt(took, 2 * STEP_S + 3, "rank %d ended %.2f s after the cut", r, took);
+    }
+    stria_client_release(job);
+    stria_client_close(sub);
+    cr_assert_eq(test_hosts_link(&hosts, 2, true), 0);
+    dc_wait_healthy(&c, 4, NULL);
     dc_stop(&c);
 }

@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "netns.h"
 #include "proc.h"
 #include "stria_transport.h"
 #include "ucx_engine_case.h"
@@ -714,138 +715,35 @@ Test(ucx, restart_listens_on_same_port, .init = setup, .fini = teardown, .timeou
     cr_expect(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-/* ---- two hosts: network namespaces joined by a veth pair ----------------- */
+/* ---- two hosts: network namespaces (tests/common/netns.h) ----------------- */
 
-typedef struct {
-    char ns[2][32];
-    char dev[2][16];
-    int guard_fd;
-    pid_t guard;
-    bool up;
-} netns_t;
-
-static netns_t net;
-
-static int run_quiet(const char *cmd)
-{
-    char full[600];
-    snprintf(full, sizeof(full), "%s >/dev/null 2>&1", cmd);
-    int rc = system(full);
-    return rc == -1 ? -1 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
-}
-
-static void netns_delete(const netns_t *n)
-{
-    char cmd[200];
-    for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof(cmd), "ip netns delete %s", n->ns[i]);
-        run_quiet(cmd);
-    }
-}
-
-/* Creates the namespaces, or returns a reason why it cannot. A guard process
- * deletes them when this test process goes away, however it goes. */
-static const char *netns_create(netns_t *n)
-{
-    memset(n, 0, sizeof(*n));
-    int id = (int)getpid();
-    for (int i = 0; i < 2; i++) {
-        snprintf(n->ns[i], sizeof(n->ns[i]), "stria-t%d-%c", id, 'a' + i);
-        snprintf(n->dev[i], sizeof(n->dev[i]), "sv%d%c", id % 10000000, 'a' + i);
-    }
-    if (geteuid() != 0)
-        return "not running as root";
-    if (run_quiet("ip -V") != 0)
-        return "the ip command is not available";
-
-    int pfd[2];
-    if (pipe(pfd) != 0)
-        return "pipe failed";
-    pid_t guard = fork();
-    if (guard < 0)
-        return "fork failed";
-    if (guard == 0) {
-        /* Outlives the test process on purpose: no parent-death signal. */
-        close(pfd[1]);
-        char c;
-        for (;;) {
-            ssize_t got = read(pfd[0], &c, 1);
-            if (got < 0 && errno == EINTR)
-                continue;
-            break;
-        }
-        netns_delete(n);
-        _exit(0);
-    }
-    close(pfd[0]);
-    n->guard = guard;
-    n->guard_fd = pfd[1];
-
-    char cmd[400];
-    for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof(cmd), "ip netns add %s", n->ns[i]);
-        if (run_quiet(cmd) != 0)
-            return "ip netns add failed (no permission or no namespace support)";
-    }
-    snprintf(cmd, sizeof(cmd), "ip link add %s netns %s type veth peer name %s netns %s", n->dev[0],
-             n->ns[0], n->dev[1], n->ns[1]);
-    if (run_quiet(cmd) != 0)
-        return "cannot create a veth pair";
-    for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof(cmd),
-                 "ip -n %s addr add 10.77.0.%d/24 dev %s && ip -n %s link set %s up && "
-                 "ip -n %s link set lo up",
-                 n->ns[i], i + 1, n->dev[i], n->ns[i], n->dev[i], n->ns[i]);
-        if (run_quiet(cmd) != 0)
-            return "cannot configure the veth pair";
-    }
-    /* UCX only uses running interfaces; a new veth takes a moment. */
-    for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof(cmd), "ip -n %s link show dev %s | grep -q 'state UP'", n->ns[i],
-                 n->dev[i]);
-        double until = stria_time_now() + 10;
-        while (run_quiet(cmd) != 0 && stria_time_now() < until)
-            usleep(20000);
-        if (run_quiet(cmd) != 0)
-            return "the veth pair does not come up";
-    }
-    n->up = true;
-    return NULL;
-}
+static test_hosts_t net;
 
 static void netns_teardown(void)
 {
     kill_children();
-    if (net.guard > 0) {
-        netns_delete(&net);
-        close(net.guard_fd);
-        waitpid(net.guard, NULL, 0);
-        net.guard = 0;
-    }
+    test_hosts_destroy(&net);
     teardown();
 }
 
 /* Called first in the test body (a skip from a fixture is not reported). */
 static void netns_setup(void)
 {
-    const char *why = netns_create(&net);
+    const char *why = test_hosts_create(&net, 2);
     if (why != NULL) {
         netns_teardown();
-        cr_skip_test("two-host tests skipped: network namespaces cannot be created here (%s)", why);
+        cr_skip_test("two-host tests skipped: network namespaces cannot be made here (%s)", why);
     }
 }
 
 static void spawn_netns_ring(double duration_s, double step_timeout_s, pid_t pids[2])
 {
     for (int r = 0; r < 2; r++) {
-        char host[2][16];
-        snprintf(host[0], sizeof(host[0]), "10.77.0.%d", r + 1);
-        snprintf(host[1], sizeof(host[1]), "10.77.0.%d", 2 - r);
         rank_args_t a = {.netns = net.ns[r],
                          .tls = "tcp",
                          .net_devices = net.dev[r],
-                         .listen_host = host[0],
-                         .next_host = host[1],
+                         .listen_host = net.addr[r],
+                         .next_host = net.addr[1 - r],
                          .bytes = 300000,
                          .passes = 3,
                          .duration_s = duration_s,
@@ -880,10 +778,8 @@ Test(ucx, two_hosts_cut_link, .init = setup, .fini = netns_teardown, .timeout = 
     spawn_netns_ring(30, 1.0, pids);
     wait_file("ready", 0, 30);
     wait_file("ready", 1, 30);
-    char cmd[200];
-    snprintf(cmd, sizeof(cmd), "ip -n %s link set %s down", net.ns[1], net.dev[1]);
     double t0 = stria_time_now();
-    cr_assert_eq(run_quiet(cmd), 0);
+    cr_assert_eq(test_hosts_link(&net, 1, false), 0);
     for (int r = 0; r < 2; r++) {
         result_t res = wait_result(r, 15);
         double dt = stria_time_now() - t0;
