@@ -88,9 +88,12 @@ typedef struct {
 
 /* Samples of one daemon slot (0 coordinator, 1 + i worker i). */
 typedef struct {
-    int n, cap;
-    double *t, *rss, *fds;
-    int *pid;
+    double t, rss, fds; /* seconds since the start, KiB, descriptors */
+    int pid;
+} soak_point_t;
+typedef struct {
+    soak_point_t *p;
+    size_t n, cap;
     int restarts;
     bool died; /* gone without a kill of ours */
 } soak_series_t;
@@ -284,24 +287,13 @@ static void soak_sample(const soak_cfg_t *c, soak_series_t *ser, int i, double t
         ser->died = true;
         return;
     }
-    if (ser->n == ser->cap) {
-        int cap = ser->cap ? 2 * ser->cap : 256;
-        double *nt = realloc(ser->t, (size_t)cap * sizeof(double));
-        ser->t = nt ? nt : ser->t;
-        double *nr = realloc(ser->rss, (size_t)cap * sizeof(double));
-        ser->rss = nr ? nr : ser->rss;
-        double *nf = realloc(ser->fds, (size_t)cap * sizeof(double));
-        ser->fds = nf ? nf : ser->fds;
-        int *np = realloc(ser->pid, (size_t)cap * sizeof(int));
-        ser->pid = np ? np : ser->pid;
-        if (nt == NULL || nr == NULL || nf == NULL || np == NULL)
-            return; /* out of memory: this sample is lost */
-        ser->cap = cap;
-    }
+    soak_point_t *p = stria_grow(ser->p, &ser->cap, ser->n + 1, sizeof(*p), 256);
+    if (p == NULL)
+        return; /* out of memory: this sample is lost */
+    ser->p = p;
     if (c->samples != NULL)
         fprintf(c->samples, "%.1f,%d,%d,%lld,%d\n", t, i, pid, rss, fds);
-    ser->t[ser->n] = t, ser->rss[ser->n] = (double)rss, ser->fds[ser->n] = fds;
-    ser->pid[ser->n++] = pid;
+    ser->p[ser->n++] = (soak_point_t){.t = t, .rss = (double)rss, .fds = fds, .pid = pid};
 }
 
 /* What the samples of one daemon's current process say. */
@@ -317,31 +309,31 @@ static void soak_fit(const soak_series_t *ser, double warmup, soak_fit_t *f)
     memset(f, 0, sizeof(*f));
     if (ser->n == 0)
         return;
-    int last = ser->pid[ser->n - 1], first = ser->n - 1;
-    while (first > 0 && ser->pid[first - 1] == last)
+    const soak_point_t *p = ser->p;
+    int total = (int)ser->n, last = p[total - 1].pid, first = total - 1;
+    while (first > 0 && p[first - 1].pid == last)
         first--;
     int warm = first;
-    while (warm < ser->n - 1 && ser->t[warm] < ser->t[first] + warmup)
+    while (warm < total - 1 && p[warm].t < p[first].t + warmup)
         warm++;
-    int n = ser->n - warm, half = warm + n / 2;
+    int n = total - warm, half = n / 2;
     f->pid = last;
-    f->samples = ser->n - first;
+    f->samples = total - first;
     f->fit_samples = n;
-    f->rss_start = ser->rss[first], f->fd_start = ser->fds[first];
-    f->rss_warm = ser->rss[warm], f->fd_warm = ser->fds[warm];
-    f->rss_end = ser->rss[ser->n - 1], f->fd_end = ser->fds[ser->n - 1];
-    for (int i = first; i < ser->n; i++)
-        f->rss_max = ser->rss[i] > f->rss_max ? ser->rss[i] : f->rss_max;
-    double *mins = malloc((size_t)n * sizeof(double));
+    f->rss_start = p[first].rss, f->fd_start = p[first].fds;
+    f->rss_warm = p[warm].rss, f->fd_warm = p[warm].fds;
+    f->rss_end = p[total - 1].rss, f->fd_end = p[total - 1].fds;
+    for (int i = first; i < total; i++)
+        f->rss_max = fmax(p[i].rss, f->rss_max);
+    double *mins = malloc(3 * (size_t)n * sizeof(double)), *rss = mins + n, *fds = rss + n;
     if (mins == NULL)
         return;
     for (int i = 0; i < n; i++)
-        mins[i] = ser->t[warm + i] / 60.0;
-    f->rss_slope = stria_bench_slope(mins, ser->rss + warm, n, &f->rss_slope_se);
-    f->fd_slope = stria_bench_slope(mins, ser->fds + warm, n, NULL);
+        mins[i] = p[warm + i].t / 60.0, rss[i] = p[warm + i].rss, fds[i] = p[warm + i].fds;
+    f->rss_slope = stria_bench_slope(mins, rss, n, &f->rss_slope_se);
+    f->fd_slope = stria_bench_slope(mins, fds, n, NULL);
     double se_half = 0;
-    f->rss_slope_last_half =
-        stria_bench_slope(mins + (half - warm), ser->rss + half, ser->n - half, &se_half);
+    f->rss_slope_last_half = stria_bench_slope(mins + half, rss + half, n - half, &se_half);
     /* Steady: the last half's trend, carried over the fitted span, adds less
      * than 1% of the RSS (or 256 KiB), or is not told apart from the noise. */
     double span = n > 1 ? mins[n - 1] - mins[0] : 0, growth = f->rss_slope_last_half * span;
@@ -772,7 +764,7 @@ int stria_bench_soak(int argc, char **argv)
     }
     stria_bench_daemons_stop();
     for (int i = 0; ser != NULL && i <= c.workers; i++)
-        free(ser[i].t), free(ser[i].rss), free(ser[i].fds), free(ser[i].pid);
+        free(ser[i].p);
     free(st), free(ser), free(r);
     if (c.samples != NULL)
         fclose(c.samples);
