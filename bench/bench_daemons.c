@@ -62,10 +62,27 @@ static void stria__on_signal(int sig)
     raise(sig);
 }
 
-/* Starts argv with stdout on a pipe and stderr to /dev/null; reads lines until
- * one starts with `prefix` and copies it into line. */
-static int stria__start_proc(char *const argv[], const char *prefix, char *line, size_t len)
+/* stria_bench_daemons_logs(): where the daemons' stderr goes ("": /dev/null)
+ * and their --log-level. */
+static char stria__log_dir[512];
+static char stria__log_level[32] = "--log-level=error";
+
+void stria_bench_daemons_logs(const char *dir, const char *level)
 {
+    snprintf(stria__log_dir, sizeof(stria__log_dir), "%s", dir != NULL ? dir : "");
+    snprintf(stria__log_level, sizeof(stria__log_level), "--log-level=%s",
+             level != NULL ? level : "error");
+}
+
+/* Starts argv with stdout on a pipe and stderr to /dev/null (or appended to
+ * LOG_DIR/name.log); reads lines until one starts with `prefix` and copies it
+ * into line. */
+static int stria__start_proc(char *const argv[], const char *name, const char *prefix, char *line,
+                             size_t len)
+{
+    char log[600] = "/dev/null";
+    if (stria__log_dir[0] != '\0')
+        snprintf(log, sizeof(log), "%s/%s.log", stria__log_dir, name);
     int fds[2];
     if (stria__n_procs >= (int)(sizeof(stria__procs) / sizeof(stria__procs[0])) || pipe(fds) != 0)
         return -1;
@@ -74,10 +91,14 @@ static int stria__start_proc(char *const argv[], const char *prefix, char *line,
         return -1;
     if (pid == 0) {
         dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        FILE *null = freopen("/dev/null", "w", stderr);
-        (void)null;
+        /* nothing else of this process: the other daemons' pipes, the
+         * benchmark's client connections and files stay out of the daemon
+         * (they would count among its descriptors and keep connections open) */
+        long max_fd = sysconf(_SC_OPEN_MAX);
+        for (int fd = 3; fd < (max_fd > 0 && max_fd < 65536 ? max_fd : 65536); fd++)
+            close(fd);
+        FILE *err = freopen(log, "a", stderr);
+        (void)err;
         execv(argv[0], argv);
         _exit(127);
     }
@@ -154,10 +175,53 @@ static bool stria__read_token(const char *path, char *tok, size_t len)
     return ok;
 }
 
+/* What a worker's start needs again when stria_bench_worker_restart() starts
+ * it anew: the last service started's coordinator, binary and flags. */
+static struct {
+    char bin[4200], coord[512], threads[16], rundir[96], ctok[4200], wtok[4200];
+    bool creds;
+} stria__wcfg;
+
+/* Starts a worker of the last service started into procs slot `slot` (a new
+ * slot when slot == stria__n_procs). Returns 0 or -1. */
+static int stria__start_worker(int slot)
+{
+    char line[512], name[32];
+    snprintf(name, sizeof(name), "worker%d", slot - 1);
+    /* the runtime directory first: without one, its place repeats the log level */
+    char *wargv[] = {stria__wcfg.bin,
+                     "--coordinator",
+                     stria__wcfg.coord,
+                     "--threads",
+                     stria__wcfg.threads,
+                     stria__log_level,
+                     stria__wcfg.rundir[0] ? stria__wcfg.rundir : stria__log_level,
+                     stria__wcfg.creds ? stria__wcfg.ctok : NULL,
+                     stria__wcfg.wtok,
+                     NULL};
+    if (slot == stria__n_procs)
+        return stria__start_proc(wargv, name, "stria-worker listening", line, sizeof(line));
+    /* an existing slot: start into a new one, then move it there */
+    int n = stria__n_procs;
+    if (stria__start_proc(wargv, name, "stria-worker listening", line, sizeof(line)) != 0) {
+        if (stria__n_procs > n) { /* started but never said it listens */
+            kill(stria__procs[n].pid, SIGKILL);
+            waitpid(stria__procs[n].pid, NULL, 0);
+            if (stria__procs[n].out)
+                fclose(stria__procs[n].out);
+            stria__n_procs = n;
+        }
+        return -1;
+    }
+    stria__procs[slot] = stria__procs[n];
+    stria__n_procs = n;
+    return 0;
+}
+
 int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
                                     const stria_bench_creds_t *creds, char *coord, size_t coord_len)
 {
-    char self[4096], dir[4096], coord_bin[4200], worker_bin[4200];
+    char self[4096], dir[4096], coord_bin[4200];
     ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (len <= 0) {
         fprintf(stderr, "stria-bench %s: cannot find this program's folder\n", cmd);
@@ -167,20 +231,25 @@ int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
     snprintf(dir, sizeof(dir), "%s", self);
     *strrchr(dir, '/') = '\0';
     snprintf(coord_bin, sizeof(coord_bin), "%s/stria-coordinator", dir);
-    snprintf(worker_bin, sizeof(worker_bin), "%s/stria-worker", dir);
-    if (access(coord_bin, X_OK) != 0 || access(worker_bin, X_OK) != 0) {
+    snprintf(stria__wcfg.bin, sizeof(stria__wcfg.bin), "%s/stria-worker", dir);
+    if (access(coord_bin, X_OK) != 0 || access(stria__wcfg.bin, X_OK) != 0) {
         fprintf(stderr, "stria-bench %s: %s and %s are needed (build them)\n", cmd, coord_bin,
-                worker_bin);
+                stria__wcfg.bin);
         return 1;
     }
     signal(SIGINT, stria__on_signal);
     signal(SIGTERM, stria__on_signal);
     setenv("UCX_HANDLE_ERRORS", "none", 0);
 
-    char line[512], threads[16], ctok[4200] = "", wtok[4200] = "", token[256] = "";
+    char line[512], token[256] = "";
+    char *ctok = stria__wcfg.ctok, *wtok = stria__wcfg.wtok;
+    ctok[0] = wtok[0] = '\0';
+    stria__wcfg.creds = creds != NULL;
     if (creds != NULL) {
-        snprintf(ctok, sizeof(ctok), "--client-token-file=%s", creds->client_token_file);
-        snprintf(wtok, sizeof(wtok), "--worker-token-file=%s", creds->worker_token_file);
+        snprintf(ctok, sizeof(stria__wcfg.ctok), "--client-token-file=%s",
+                 creds->client_token_file);
+        snprintf(wtok, sizeof(stria__wcfg.wtok), "--worker-token-file=%s",
+                 creds->worker_token_file);
         if (!stria__read_token(creds->client_token_file, token, sizeof(token))) {
             fprintf(stderr, "stria-bench %s: cannot read %s\n", cmd, creds->client_token_file);
             return 1;
@@ -193,37 +262,30 @@ int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
                      "127.0.0.1:0",
                      "--heartbeat-period",
                      STRIA_BENCH_HEARTBEAT_S,
+                     stria__log_level,
                      creds ? ctok : NULL,
                      wtok,
                      NULL};
-    if (stria__start_proc(cargv, "stria-coordinator listening on ", line, sizeof(line)) != 0) {
+    if (stria__start_proc(cargv, "coordinator", "stria-coordinator listening on ", line,
+                          sizeof(line)) != 0) {
         fprintf(stderr, "stria-bench %s: the coordinator did not start\n", cmd);
         stria_bench_daemons_stop();
         return 1;
     }
     snprintf(coord, coord_len, "%s", line + strlen("stria-coordinator listening on "));
-    snprintf(threads, sizeof(threads), "%d", tpr);
-    char rundir[96] = "";
+    snprintf(stria__wcfg.coord, sizeof(stria__wcfg.coord), "%s", coord);
+    snprintf(stria__wcfg.threads, sizeof(stria__wcfg.threads), "%d", tpr);
+    stria__wcfg.rundir[0] = '\0';
     if (stria__run_dir[0] == '\0') {
         snprintf(stria__run_dir, sizeof(stria__run_dir), "/tmp/stria-bench-XXXXXX");
         if (mkdtemp(stria__run_dir) == NULL)
             stria__run_dir[0] = '\0'; /* no shared-memory path then */
     }
     if (stria__run_dir[0] != '\0')
-        snprintf(rundir, sizeof(rundir), "--runtime-dir=%s", stria__run_dir);
+        snprintf(stria__wcfg.rundir, sizeof(stria__wcfg.rundir), "--runtime-dir=%s",
+                 stria__run_dir);
     for (int i = 0; i < n; i++) {
-        /* the runtime directory first: without one, its place repeats the log level */
-        char *wargv[] = {worker_bin,
-                         "--coordinator",
-                         coord,
-                         "--threads",
-                         threads,
-                         "--log-level=error",
-                         rundir[0] ? rundir : "--log-level=error",
-                         creds ? ctok : NULL,
-                         wtok,
-                         NULL};
-        if (stria__start_proc(wargv, "stria-worker listening", line, sizeof(line)) != 0) {
+        if (stria__start_worker(stria__n_procs) != 0) {
             fprintf(stderr, "stria-bench %s: worker %d did not start\n", cmd, i);
             stria_bench_daemons_stop();
             return 1;
@@ -235,6 +297,37 @@ int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
         return 1;
     }
     return 0;
+}
+
+int stria_bench_daemons_count(void)
+{
+    return stria__n_procs;
+}
+
+pid_t stria_bench_daemon_pid(int i)
+{
+    return i >= 0 && i < stria__n_procs ? stria__procs[i].pid : 0;
+}
+
+int stria_bench_worker_kill(int i)
+{
+    stria__bproc_t *p = i >= 0 && i + 1 < stria__n_procs ? &stria__procs[i + 1] : NULL;
+    if (p == NULL || p->pid <= 0)
+        return -1;
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    if (p->out)
+        fclose(p->out);
+    p->pid = 0;
+    p->out = NULL;
+    return 0;
+}
+
+int stria_bench_worker_restart(int i)
+{
+    if (i < 0 || i + 1 >= stria__n_procs || stria__procs[i + 1].pid > 0)
+        return -1;
+    return stria__start_worker(i + 1);
 }
 
 long long stria_bench_worker_minflt(int i)
@@ -269,11 +362,35 @@ stria_status_t stria_bench_pools(const char *coord, stria_bench_pools_t *out)
         return st;
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
     for (size_t i = 0; i < r->n_workers; i++) {
+        /* a dead worker's last heartbeat is not memory in use anywhere */
+        if (r->workers[i]->state == STRIA__V1__WORKER_STATE__WORKER_STATE_DEAD ||
+            r->workers[i]->state == STRIA__V1__WORKER_STATE__WORKER_STATE_LEFT)
+            continue;
         out->reserved += r->workers[i]->pool_reserved_bytes;
         out->in_use += r->workers[i]->pool_in_use_bytes;
         out->high_water += r->workers[i]->pool_high_water_bytes;
         out->committed += r->workers[i]->pool_committed_bytes;
     }
+    stria_rpc_reply_free(&reply);
+    return STRIA_OK;
+}
+
+stria_status_t stria_bench_coord_status(const char *coord, stria_bench_coord_status_t *out)
+{
+    Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    memset(out, 0, sizeof(*out));
+    stria_status_t st =
+        stria__coord_call(coord, NULL, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply);
+    if (st != STRIA_OK)
+        return st;
+    const Stria__V1__GetStatusReply *r = (const Stria__V1__GetStatusReply *)reply.msg;
+    out->workers_healthy = r->workers_healthy;
+    out->workers_dead = r->workers_dead;
+    out->jobs_pending = r->jobs_pending;
+    out->jobs_active = r->jobs_active;
+    out->jobs_submitted = r->jobs_submitted;
+    out->jobs_failed = r->jobs_failed;
     stria_rpc_reply_free(&reply);
     return STRIA_OK;
 }

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "stria_client.h"
 #include "stria_common.h"
@@ -28,17 +29,38 @@ typedef struct {
 int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
                                     const stria_bench_creds_t *creds, char *coord,
                                     size_t coord_len);
+/* Before a start: the daemons' stderr appended to DIR/coordinator.log and
+ * DIR/workerI.log (NULL: to /dev/null, the default) and their --log-level
+ * (NULL: error, the default). */
+void stria_bench_daemons_logs(const char *dir, const char *level);
 /* Stops every daemon started (SIGTERM, then SIGKILL after 5 s). */
 void stria_bench_daemons_stop(void);
+/* The daemons started so far: 0 the coordinator, 1 + i worker i (of the
+ * first service); a pid of 0 for a worker killed and not restarted. */
+int stria_bench_daemons_count(void);
+pid_t stria_bench_daemon_pid(int i);
+/* SIGKILLs worker i and reaps it. Returns 0, or -1 when it is not running. */
+int stria_bench_worker_kill(int i);
+/* Starts worker i, killed before, anew with the same flags (a new process
+ * and address, registering with the same coordinator); waits until it
+ * listens. Returns 0 or -1. */
+int stria_bench_worker_restart(int i);
 /* Minor page faults of worker i so far (/proc), -1 when unknown. */
 long long stria_bench_worker_minflt(int i);
 
-/* The figures of the workers' memory pools, summed over the workers, as
- * their last heartbeats told the coordinator. */
+/* The figures of the workers' memory pools, summed over the live workers
+ * (not dead, not left), as their last heartbeats told the coordinator. */
 typedef struct {
     uint64_t reserved, in_use, high_water, committed;
 } stria_bench_pools_t;
 stria_status_t stria_bench_pools(const char *coord, stria_bench_pools_t *out);
+
+/* What the coordinator's status says of its workers and jobs. */
+typedef struct {
+    uint32_t workers_healthy, workers_dead, jobs_pending, jobs_active;
+    uint64_t jobs_submitted, jobs_failed; /* since it started */
+} stria_bench_coord_status_t;
+stria_status_t stria_bench_coord_status(const char *coord, stria_bench_coord_status_t *out);
 
 /* A client of the coordinator moving data by `path`. */
 stria_status_t stria_bench_client(const char *coord, const char *name, stria_data_path_t path,

@@ -3,6 +3,7 @@
 
 #include "stria_kernels.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -176,4 +177,72 @@ int64_t *stria_bench_documents(int64_t median, double sigma, int64_t seq, size_t
         (*n)++;
     }
     return cu;
+}
+
+int stria_bench_proc_usage(int pid, long long *rss_kib, int *fds)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    *rss_kib = -1;
+    while (fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "VmRSS: %lld kB", rss_kib) == 1)
+            break;
+    fclose(f);
+    snprintf(path, sizeof(path), "/proc/%d/fd", pid);
+    DIR *d = opendir(path);
+    if (d == NULL || *rss_kib < 0) {
+        if (d != NULL)
+            closedir(d);
+        return -1;
+    }
+    *fds = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        *fds += e->d_name[0] != '.';
+    closedir(d);
+    return 0;
+}
+
+double stria_bench_slope(const double *x, const double *y, int n, double *se)
+{
+    if (se != NULL)
+        *se = 0;
+    if (n < 2)
+        return 0;
+    double mx = 0, my = 0;
+    for (int i = 0; i < n; i++)
+        mx += x[i], my += y[i];
+    mx /= n, my /= n;
+    double sxx = 0, sxy = 0;
+    for (int i = 0; i < n; i++)
+        sxx += (x[i] - mx) * (x[i] - mx), sxy += (x[i] - mx) * (y[i] - my);
+    if (sxx <= 0)
+        return 0;
+    double b = sxy / sxx;
+    if (se != NULL && n > 2) {
+        double rss = 0;
+        for (int i = 0; i < n; i++) {
+            double r = y[i] - my - b * (x[i] - mx);
+            rss += r * r;
+        }
+        *se = sqrt(rss / (n - 2) / sxx);
+    }
+    return b;
+}
+
+void stria_bench_json_string(void *out, const char *s)
+{
+    FILE *f = out;
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
 }

@@ -62,6 +62,17 @@ double stria_bench_median(double *v, int n);
 /* CPU time of the whole process (all threads), in seconds. */
 double stria_bench_process_cpu(void);
 
+/* Prints s as a JSON string (quoted, escaped) to out (a FILE *). */
+void stria_bench_json_string(void *out, const char *s);
+
+/* Resident memory (VmRSS, KiB) and open descriptors (entries of /proc/PID/fd)
+ * of process pid. Returns 0, or -1 when it cannot be read (gone, not ours). */
+int stria_bench_proc_usage(int pid, long long *rss_kib, int *fds);
+
+/* The least-squares slope of y over x (n points) and its standard error
+ * (NULL: not wanted; 0 when n < 3). 0 when n < 2 or every x is the same. */
+double stria_bench_slope(const double *x, const double *y, int n, double *se);
+
 #ifdef __cplusplus
 }
 #endif

@@ -32,6 +32,9 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_AUTH
     {"auth", stria_bench_auth, "what the security costs: ring key, credentials, job secrets"},
 #endif
+#ifdef STRIA_BENCH_SOAK
+    {"soak", stria_bench_soak, "jobs for minutes or hours, workers killed: failures, memory"},
+#endif
     {NULL, NULL, NULL},
 };
 
