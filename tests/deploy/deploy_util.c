@@ -619,3 +619,28 @@ double dc_json_number(const char *json, const char *key)
     double v = strtod(p + strlen(pat), &end);
     return end == p + strlen(pat) ? NAN : v;
 }
+
+stria_client_t *dc_client(const dcluster_t *c, const char *token_file, const char *name,
+                          int forward_retries)
+{
+    stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
+    stria_client_t *cl = NULL;
+    p.coordinator = c->coord_addr;
+    p.token_file = token_file;
+    p.client_name = name;
+    p.rpc_timeout_s = 60;
+    p.forward_retries = forward_retries;
+    cr_assert_eq(stria_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
+    return cl;
+}
+
+char *dc_job_json(const dcluster_t *c, const char *token_file, uint64_t id)
+{
+    char ids[32], *out = NULL;
+    snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
+    if (dc_striactl(c, token_file, &out, NULL, "--json", "job", ids, NULL) != 0) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}

@@ -68,6 +68,13 @@ void dc_stop(dcluster_t *c);
  * SIGKILL), and returns its exit code (-1 when killed by a signal). stdout and
  * stderr are returned malloc'ed in *out / *err when non-NULL. */
 int dc_run(char *const argv[], char *const env[], double timeout_s, char **out, char **err);
+/* A libstria client of the cluster's coordinator (token_file: NULL for
+ * none; forward_retries as in stria_client_params_t), or the test fails. */
+stria_client_t *dc_client(const dcluster_t *c, const char *token_file, const char *name,
+                          int forward_retries);
+/* `striactl --json job ID`'s output (malloc'ed), NULL when striactl fails
+ * (e.g. the coordinator does not know the job). */
+char *dc_job_json(const dcluster_t *c, const char *token_file, uint64_t id);
 /* striactl --coordinator ADDR [--token-file F] ARGS...; NULL-terminated args. */
 int dc_striactl(const dcluster_t *c, const char *token_file, char **out, char **err, ...);
 /* Runs STRIA_SYSTEM_PYTHON with a script, `arg` as sys.argv[1]; returns its

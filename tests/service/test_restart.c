@@ -21,13 +21,6 @@
 
 #define WINDOW_S "3" /* the coordinator's --recovery-window in these tests */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Credentials (made by the coordinator) of the tests that use them:
  * client, worker, admin; "" : none. */
 static char g_tok[3][300];
@@ -52,27 +45,7 @@ static const char *admin_token(void)
 
 static stria_client_t *connect_client(const dcluster_t *c)
 {
-    stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
-    stria_client_t *cl = NULL;
-    p.coordinator = c->coord_addr;
-    p.token_file = g_tok[0][0] ? g_tok[0] : NULL;
-    p.client_name = "test_restart";
-    p.rpc_timeout_s = 30;
-    cr_assert_eq(stria_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
-    return cl;
-}
-
-/* `striactl --json job ID`'s output (malloc'ed), NULL when it fails (the
- * coordinator does not know the job yet). */
-static char *job_json(const dcluster_t *c, uint64_t id)
-{
-    char ids[32], *out = NULL;
-    snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
-    if (dc_striactl(c, admin_token(), &out, NULL, "--json", "job", ids, NULL) != 0) {
-        free(out);
-        return NULL;
-    }
-    return out;
+    return dc_client(c, g_tok[0][0] ? g_tok[0] : NULL, "test_restart", 0);
 }
 
 /* Polls the new coordinator until it knows job `id` in a state other than
@@ -80,17 +53,17 @@ static char *job_json(const dcluster_t *c, uint64_t id)
 static char *wait_job(const dcluster_t *c, uint64_t id, const char *not_state, double timeout_s,
                       double *took)
 {
-    double t0 = now_s();
+    double t0 = stria_time_now();
     char *js = NULL;
-    while (now_s() - t0 < timeout_s) {
-        js = job_json(c, id);
+    while (stria_time_now() - t0 < timeout_s) {
+        js = dc_job_json(c, admin_token(), id);
         if (js != NULL && (not_state == NULL || strstr(js, not_state) == NULL))
             break;
         free(js);
         js = NULL;
         usleep(20000);
     }
-    *took = now_s() - t0;
+    *took = stria_time_now() - t0;
     return js;
 }
 
@@ -122,7 +95,7 @@ static void restart_keeps_the_job(int sig, bool creds)
         STRIA_OK, "%s", stria_error_msg());
     uint64_t id = stria_job_id(job);
 
-    double t0 = now_s();
+    double t0 = stria_time_now();
     dc_restart_coordinator(&c, &o, sig, 0.3);
     double took = 0;
     char *js = wait_job(&c, id, NULL, 10, &took);
@@ -133,7 +106,7 @@ static void restart_keeps_the_job(int sig, bool creds)
             "restart (%s%s): job %llu rebuilt %.3f s after the new coordinator listened "
             "(%.3f s after the stop)\n",
             sig == SIGKILL ? "SIGKILL" : "SIGTERM", creds ? ", credentials" : "",
-            (unsigned long long)id, took, now_s() - t0);
+            (unsigned long long)id, took, stria_time_now() - t0);
     free(js);
 
     /* striactl jobs on the new coordinator shows it */
@@ -163,7 +136,7 @@ static void restart_keeps_the_job(int sig, bool creds)
 
     cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
     cr_expect_eq(stria_client_release(job2), STRIA_OK, "%s", stria_error_msg());
-    js = job_json(&c, id);
+    js = dc_job_json(&c, admin_token(), id);
     cr_expect(js != NULL && strstr(js, "\"state\":\"released\""), "%s", js ? js : "(none)");
     free(js);
     stria_client_close(cl);
@@ -274,9 +247,9 @@ Test(restart, queued_job_is_submitted_again, .timeout = 300)
     queued_t q = {.cl = cl2, .j = &b};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, forward_thread, &q), 0);
-    double end = now_s() + 10;
+    double end = stria_time_now() + 10;
     char *out = NULL;
-    while (now_s() < end) {
+    while (stria_time_now() < end) {
         free(out);
         out = NULL;
         cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "status", NULL), 0);
@@ -294,9 +267,9 @@ Test(restart, queued_job_is_submitted_again, .timeout = 300)
     char *js = wait_job(&c, stria_job_id(job), NULL, 10, &took);
     cr_assert_not_null(js, "a was not rebuilt (see %s)", c.coord_log);
     free(js);
-    end = now_s() + 20;
+    end = stria_time_now() + 20;
     out = NULL;
-    while (now_s() < end) {
+    while (stria_time_now() < end) {
         free(out);
         out = NULL;
         cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "status", NULL), 0);
