@@ -19,25 +19,6 @@
 #include "deploy_util.h"
 #include "fault_util.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static stria_client_t *connect_client(const dcluster_t *c, int retries)
-{
-    stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
-    stria_client_t *cl = NULL;
-    p.coordinator = c->coord_addr;
-    p.client_name = "test_faults";
-    p.rpc_timeout_s = 30;
-    p.forward_retries = retries;
-    cr_assert_eq(stria_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
-    return cl;
-}
-
 /* SIGKILL to worker i, reaped; the cluster forgets it. */
 static void kill_worker(dcluster_t *c, int i)
 {
@@ -67,10 +48,9 @@ static void run_and_check(stria_client_t *cl, fu_job_t *j, stria_call_stats_t *f
 /* `striactl --json job ID`'s output (malloc'ed). */
 static char *job_json(const dcluster_t *c, uint64_t id)
 {
-    char ids[32], *out = NULL;
-    snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
-    cr_assert_eq(dc_striactl(c, NULL, &out, NULL, "--json", "job", ids, NULL), 0);
-    return out;
+    char *js = dc_job_json(c, NULL, id);
+    cr_assert_not_null(js, "striactl job %llu failed", (unsigned long long)id);
+    return js;
 }
 
 /* The active jobs `striactl --json jobs` lists (it lists only unfinished
@@ -98,7 +78,7 @@ Test(faults, worker_killed_after_submit_retries_on_the_rest, .timeout = 300)
     kill_worker(&c, 3);
 
     /* without retries: the failure says so, names the worker, is retryable */
-    stria_client_t *none = connect_client(&c, -1);
+    stria_client_t *none = dc_client(&c, NULL, "test_faults", -1);
     stria_call_stats_t fs = STRIA_CALL_STATS_INIT;
     stria_job_t *job = NULL;
     stria_status_t st =
@@ -114,7 +94,7 @@ Test(faults, worker_killed_after_submit_retries_on_the_rest, .timeout = 300)
     /* with the default retries: the same forward succeeds on 3 workers; a
      * job the client holds open meanwhile stays its own (closing the client
      * releases it) */
-    stria_client_t *cl = connect_client(&c, 0);
+    stria_client_t *cl = dc_client(&c, NULL, "test_faults", 0);
     fu_job_t h;
     cr_assert(fu_job_init(&h, 1, 32, 2, 2, 16, STRIA_DTYPE_F32, true, 8));
     h.spec.ring_size = 1;
@@ -153,7 +133,7 @@ Test(faults, fixed_ring_size_takes_a_spare_or_says_busy, .timeout = 300)
     cr_assert(fu_job_init(&j, 1, 128, 2, 1, 16, STRIA_DTYPE_BF16, true, 11));
     j.spec.ring_size = 4;
     j.spec.layout = STRIA_LAYOUT_ZIGZAG;
-    stria_client_t *cl = connect_client(&c, 0);
+    stria_client_t *cl = dc_client(&c, NULL, "test_faults", 0);
 
     /* which worker the window of 4 starts with: that one is killed */
     stria_job_t *job = NULL;
@@ -203,7 +183,7 @@ Test(faults, held_job_fails_retryable_when_its_worker_dies, .timeout = 300)
     dc_start(&c, 3, NULL);
     fu_job_t j;
     cr_assert(fu_job_init(&j, 1, 64, 2, 2, 16, STRIA_DTYPE_F32, true, 3));
-    stria_client_t *cl = connect_client(&c, 0);
+    stria_client_t *cl = dc_client(&c, NULL, "test_faults", 0);
     stria_job_t *job = NULL;
     cr_assert_eq(
         stria_client_forward(cl, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, NULL, &job),
@@ -212,8 +192,8 @@ Test(faults, held_job_fails_retryable_when_its_worker_dies, .timeout = 300)
 
     /* the coordinator fails the job as retryable, blaming the worker */
     char *js = NULL;
-    double end = now_s() + 10;
-    while (now_s() < end) {
+    double end = stria_time_now() + 10;
+    while (stria_time_now() < end) {
         free(js);
         js = job_json(&c, stria_job_id(job));
         if (strstr(js, "\"state\":\"failed\"") != NULL)
@@ -263,10 +243,11 @@ Test(faults, worker_killed_during_the_pass_retries, .timeout = 600)
     dcluster_t c;
     dc_start(&c, 4, NULL);
     fu_job_t j;
-    /* long enough a pass for a progress report (every 0.2 s) */
-    cr_assert(fu_job_init(&j, 1, 2048, 4, 2, 64, STRIA_DTYPE_F32, true, 5));
+    /* long enough a pass for a progress report (every 0.2 s), even when the
+     * machine is busy with other suites */
+    cr_assert(fu_job_init(&j, 1, 8192, 4, 2, 64, STRIA_DTYPE_F32, true, 5));
     j.spec.layout = STRIA_LAYOUT_STRIPED;
-    stria_client_t *cl = connect_client(&c, 0);
+    stria_client_t *cl = dc_client(&c, NULL, "test_faults", 0);
     kill_arg_t k = {.c = &c, .victim = 2};
     stria_call_stats_t fs = STRIA_CALL_STATS_INIT;
     stria_job_t *job = NULL;
@@ -294,7 +275,7 @@ Test(faults, bad_input_cancel_and_auth_are_not_retryable, .timeout = 300)
     dc_start(&c, 2, NULL);
     fu_job_t j;
     cr_assert(fu_job_init(&j, 1, 64, 2, 2, 16, STRIA_DTYPE_F32, true, 9));
-    stria_client_t *cl = connect_client(&c, 0);
+    stria_client_t *cl = dc_client(&c, NULL, "test_faults", 0);
 
     /* bad input */
     fu_job_t bad = j;
@@ -343,7 +324,7 @@ Test(faults, sharded_rank_whose_worker_died_is_retryable, .timeout = 300)
     dcluster_t c;
     dc_opts_t o = {.heartbeat_period_s = 0.5};
     dc_start(&c, 2, &o);
-    stria_client_t *cl = connect_client(&c, 0);
+    stria_client_t *cl = dc_client(&c, NULL, "test_faults", 0);
     stria_job_spec_t spec = STRIA_JOB_SPEC_INIT;
     spec.batch = 1;
     spec.seq_len = 64;

@@ -20,30 +20,11 @@
 
 #define STEP_S 2.0 /* the workers' step deadline */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static test_hosts_t hosts;
 
 static void hosts_fini(void)
 {
     test_hosts_destroy(&hosts);
-}
-
-static stria_client_t *connect_client(const dcluster_t *c, int retries)
-{
-    stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
-    stria_client_t *cl = NULL;
-    p.coordinator = c->coord_addr;
-    p.client_name = "test_netns";
-    p.rpc_timeout_s = 60;
-    p.forward_retries = retries;
-    cr_assert_eq(stria_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
-    return cl;
 }
 
 /* Starts worker i on host h, through `ip netns exec` even on host 0 (the
@@ -80,7 +61,7 @@ static void *forward_thread(void *arg)
     stria_job_t *job = NULL;
     f->st = stria_client_forward(f->cl, &f->j->spec, f->j->q, f->j->k, f->j->v, f->j->o, f->j->lse,
                                  NULL, NULL, NULL, &job);
-    f->ended = now_s();
+    f->ended = stria_time_now();
     f->retryable = stria_error_retryable();
     snprintf(f->msg, sizeof(f->msg), "%s", stria_error_msg());
     if (f->st == STRIA_OK) {
@@ -142,11 +123,11 @@ static void start_hosts(dcluster_t *c)
  * cable; returns when. */
 static double cut_host2_mid_forward(const dcluster_t *c)
 {
-    double until = now_s() + 60;
-    while (!forward_running(c) && now_s() < until)
+    double until = stria_time_now() + 60;
+    while (!forward_running(c) && stria_time_now() < until)
         usleep(20000);
     usleep(300000);
-    double cut = now_s();
+    double cut = stria_time_now();
     cr_assert_eq(test_hosts_link(&hosts, 2, false), 0, "cannot take host 2's link down");
     return cut;
 }
@@ -160,12 +141,12 @@ Test(netns, three_hosts_job_and_a_cut_cable, .fini = hosts_fini, .timeout = 400)
     fu_job_t small;
     cr_assert(fu_job_init(&small, 1, 1024, 2, 1, 32, STRIA_DTYPE_F32, true, 5));
     small.spec.layout = STRIA_LAYOUT_STRIPED;
-    stria_client_t *cl = connect_client(&c, -1);
+    stria_client_t *cl = dc_client(&c, NULL, "test_netns", -1);
     cr_expect_eq(forward_checked(cl, &small, true), 4, "the job spans every worker");
 
     /* a long forward; host 2's cable is cut while it runs */
     fu_job_t big;
-    cr_assert(fu_job_init(&big, 1, 8192, 4, 4, 64, STRIA_DTYPE_F32, true, 6));
+    cr_assert(fu_job_init(&big, 1, 16384, 4, 4, 64, STRIA_DTYPE_F32, true, 6));
     big.spec.layout = STRIA_LAYOUT_STRIPED;
     fwd_call_t f = {.cl = cl, .j = &big};
     pthread_t th;
@@ -182,7 +163,7 @@ Test(netns, three_hosts_job_and_a_cut_cable, .fini = hosts_fini, .timeout = 400)
     cr_expect_lt(took, 2 * STEP_S + 2, "the error came %.2f s after the cut", took);
 
     /* the job again, with retries: it runs on the hosts left */
-    stria_client_t *cl2 = connect_client(&c, 0);
+    stria_client_t *cl2 = dc_client(&c, NULL, "test_netns", 0);
     cr_expect_eq(forward_checked(cl2, &big, false), 3,
                  "the retried job runs on the 3 workers left");
 
@@ -232,7 +213,7 @@ static void *shard_thread(void *arg)
         free(o);
         free(lse);
     }
-    a->ended = now_s();
+    a->ended = stria_time_now();
     a->retryable = stria_error_retryable();
     snprintf(a->msg, sizeof(a->msg), "%s", stria_error_msg());
     stria_client_close(cl); /* releases the handle */
@@ -247,10 +228,10 @@ Test(netns, sharded_ranks_return_when_a_host_is_cut_off, .fini = hosts_fini, .ti
 {
     dcluster_t c;
     start_hosts(&c);
-    stria_client_t *sub = connect_client(&c, -1);
+    stria_client_t *sub = dc_client(&c, NULL, "test_netns", -1);
     stria_job_spec_t spec = STRIA_JOB_SPEC_INIT;
     spec.batch = 1;
-    spec.seq_len = 8192;
+    spec.seq_len = 16384;
     spec.heads = spec.kv_heads = 4;
     spec.head_dim = 64;
     spec.dtype = STRIA_DTYPE_F32;
