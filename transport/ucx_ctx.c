@@ -415,10 +415,17 @@ void stria_ucx_ctx_stats(stria_ucx_ctx_t *ctx, stria_ucx_ctx_stats_t *out)
 /* ---- destroy --------------------------------------------------------------------------- */
 
 /* With the progress thread gone: closes every connection and waits (a
- * bounded time) for UCX to finish the closes. */
+ * bounded time) for UCX to finish the closes. The listener stays open until
+ * the very end: connection requests that arrive meanwhile (a ring peer
+ * retrying while this rank shuts down) are refused on it ("shutting down"),
+ * and the caller destroys it right before the worker. UCX 1.13's TCP
+ * connection manager keeps the endpoints it accepted but has not delivered
+ * yet pointing at their listener until the worker closes them: data that
+ * reaches one of those after ucp_listener_destroy runs the callback of a
+ * freed listener on UCX's async thread (openucx/ucx#11087), so no time may
+ * pass between the two destroys. */
 static void stria__ctx_close_conns(stria_ucx_ctx_t *ctx)
 {
-    ucp_listener_destroy(ctx->listener);
     stria__ucx_run_events(ctx);
     for (stria__node_t *n = ctx->conns.next; n != &ctx->conns;) {
         stria__ucx_conn_t *c = STRIA__OF(n, stria__ucx_conn_t, node);
@@ -469,6 +476,7 @@ void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx)
 
     /* The progress thread is gone: this thread now owns the worker. */
     stria__ctx_close_conns(ctx);
+    ucp_listener_destroy(ctx->listener);
     ucp_worker_destroy(ctx->worker);
     ucp_cleanup(ctx->context);
     close(ctx->kick_fd);

@@ -205,6 +205,17 @@ int test_proc_wait(test_proc_t *p, double timeout_s)
     return status;
 }
 
+bool test_proc_dump_stacks(test_proc_t *p, const char *path)
+{
+    if (p->exited || access("/usr/bin/gdb", X_OK) != 0)
+        return false;
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd),
+             "/usr/bin/gdb -p %d -batch -nx -ex 'thread apply all bt' > '%.400s' 2>&1 < /dev/null",
+             (int)p->pid, path);
+    return system(cmd) == 0;
+}
+
 int test_proc_stop(test_proc_t *p, int sig, double timeout_s)
 {
     if (!p->exited) {

@@ -62,6 +62,11 @@ int test_proc_stop(test_proc_t *p, int sig, double timeout_s);
  * Returns the waitpid status; frees p. */
 int test_proc_wait(test_proc_t *p, double timeout_s);
 
+/* Writes every thread's stack of a running process to `path` with gdb, for a
+ * daemon that does not stop when asked (a hang to diagnose after the run).
+ * Returns false when gdb is missing or cannot attach. */
+bool test_proc_dump_stacks(test_proc_t *p, const char *path);
+
 /* Whether the process is still running. */
 bool test_proc_alive(test_proc_t *p);
 
