@@ -113,7 +113,18 @@ static void stria__env_default(const char *name, const char *value)
  * - CMA_MEMORY_INVALIDATE: lets UCX use cma for rendezvous in peer error
  *   mode (else it moves large blocks over TCP at a third of the speed). cma
  *   cannot actually revoke access: after a failure a surviving peer could
- *   still read (never write) a send buffer the link already released. */
+ *   still read (never write) a send buffer the link already released.
+ * - POSIX/SYSV_FIFO_ELEM_SIZE: shared memory's "short" messages hold up to
+ *   996 bytes instead of 100, more than the largest control message
+ *   (STRIA__UCX_CTRL_MAX and UCX's headers). UCX 1.13 picks the protocol of
+ *   a message sent while an endpoint still wires up from the lane it has
+ *   then (TCP, short up to 8 KiB) and replays it on the final one: between
+ *   two processes of a host that is shared memory, where a 110-byte
+ *   handshake did not fit as a short message. UCX then failed it ("Invalid
+ *   am_short_iov length: 126 (expected: <= 100)") and retried it for ever:
+ *   the link never completed its handshake, every later link between the
+ *   pair queued behind it, and the progress thread logged the error in a
+ *   busy loop. */
 static void stria__env_defaults(const char *tls)
 {
     static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -123,10 +134,14 @@ static void stria__env_defaults(const char *tls)
     const char *eff = tls != NULL ? tls : getenv("UCX_TLS");
     pthread_mutex_lock(&env_lock);
     stria__env_default("UCX_TCP_CM_REUSEADDR", "y");
-    if (stria__tls_may_use(eff, posix))
+    if (stria__tls_may_use(eff, posix)) {
         stria__env_default("UCX_POSIX_ERROR_HANDLING", "y");
-    if (stria__tls_may_use(eff, sysv))
+        stria__env_default("UCX_POSIX_FIFO_ELEM_SIZE", STRIA__UCX_MM_ELEM);
+    }
+    if (stria__tls_may_use(eff, sysv)) {
         stria__env_default("UCX_SYSV_ERROR_HANDLING", "y");
+        stria__env_default("UCX_SYSV_FIFO_ELEM_SIZE", STRIA__UCX_MM_ELEM);
+    }
     if (stria__tls_may_use(eff, cma))
         stria__env_default("UCX_CMA_MEMORY_INVALIDATE", "y");
     pthread_mutex_unlock(&env_lock);

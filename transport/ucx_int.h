@@ -56,6 +56,11 @@
 #define STRIA__UCX_TEXT_MAX  400
 #define STRIA__UCX_CTRL_HDR  110 /* 46 bytes of fields, a nonce and a MAC */
 #define STRIA__UCX_CTRL_MAX  (STRIA__UCX_CTRL_HDR + STRIA__UCX_TEXT_MAX)
+/* Shared memory's FIFO element (see stria__env_defaults): its short
+ * messages (the element less 28 bytes) must hold any control message with
+ * UCX's AM headers (at most 32 bytes). */
+#define STRIA__UCX_MM_ELEM   "1024"
+_Static_assert(1024 - 28 >= STRIA__UCX_CTRL_MAX + 32, "control messages fit a shm short message");
 #define STRIA__UCX_SLOTS     65536
 #define STRIA__UCX_MAX_CONNS 256
 /* Connections of one source address that have not completed a handshake;
