@@ -58,6 +58,10 @@ pid_t test_proc_pid(const test_proc_t *p);
  * Returns the exit status as from waitpid (or -1). Frees p. */
 int test_proc_stop(test_proc_t *p, int sig, double timeout_s);
 
+/* Waits up to timeout_s for the process to exit, reading and dropping what
+ * it prints meanwhile; returns whether it exited (it is not killed). */
+bool test_proc_wait_exit(test_proc_t *p, double timeout_s);
+
 /* Waits for the process to exit by itself (up to timeout_s; then SIGKILL).
  * Returns the waitpid status; frees p. */
 int test_proc_wait(test_proc_t *p, double timeout_s);

@@ -237,10 +237,7 @@ static bool dc_stop_one(test_proc_t *p, const char *log, double timeout_s)
 {
     kill(test_proc_pid(p), SIGCONT);
     kill(test_proc_pid(p), SIGTERM);
-    double end = stria_time_now() + timeout_s;
-    while (test_proc_alive(p) && stria_time_now() < end)
-        usleep(10000);
-    if (test_proc_alive(p) && log != NULL) {
+    if (!test_proc_wait_exit(p, timeout_s) && log != NULL) {
         char stacks[300];
         snprintf(stacks, sizeof(stacks), "%s.stacks", log);
         if (test_proc_dump_stacks(p, stacks))
