@@ -636,6 +636,9 @@ void stria__job_free(stria_job_t *job)
         stria_free(job->ranks[i].stage);
     }
     free(job->ranks);
+    for (size_t i = 0; i < job->n_retired; i++)
+        stria__shm_detach(&job->retired[i].shm);
+    free(job->retired);
     stria_auth_wipe(&job->secret, sizeof(job->secret));
     free(job);
 }
@@ -983,7 +986,7 @@ static stria_status_t stria__forward_try(stria_client_t *client, const stria_job
 }
 
 /* How many times a forward that failed retryably is submitted again. */
-static int stria__retries(const stria_client_t *c)
+int stria__retries(const stria_client_t *c)
 {
     int n = c->params.forward_retries;
     return n == 0 ? STRIA__DEFAULT_RETRIES : n < 0 ? 0 : n;

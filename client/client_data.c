@@ -135,6 +135,9 @@ static stria__xfer_item_t stria__item(const stria_job_t *job, stria_tensor_id_t 
 stria_status_t stria__rank_put(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t,
                                const void *compact)
 {
+    stria_status_t st = stria__retired_check(job, r, compact);
+    if (st != STRIA_OK)
+        return st;
     if (r->shm.sock >= 0) {
         stria__shm_copy(r, t, (void *)compact, true);
         __atomic_fetch_add(&r->bytes, stria__rank_bytes(job, r, t), __ATOMIC_RELAXED);
@@ -148,6 +151,9 @@ stria_status_t stria__rank_put(stria_job_t *job, stria__rank_t *r, stria_tensor_
 stria_status_t stria__rank_get(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t,
                                void *compact)
 {
+    stria_status_t st = stria__retired_check(job, r, compact);
+    if (st != STRIA_OK)
+        return st;
     if (r->shm.sock >= 0) {
         stria__shm_copy(r, t, compact, false);
         __atomic_fetch_add(&r->bytes, stria__rank_bytes(job, r, t), __ATOMIC_RELAXED);

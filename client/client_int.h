@@ -36,6 +36,14 @@
 /* How long a coordinator call keeps trying while the coordinator is out of
  * reach (a restart) or rebuilds its jobs (busy). */
 #define STRIA__RECONNECT_S 60.0
+/* How long a sharded job's rank waits at most for the coordinator's verdict
+ * on replacing the job after a failure (the coordinator says how long it
+ * waits: a few heartbeat periods). */
+#define STRIA__REPLACE_WAIT_S 120.0
+/* How long a rank whose worker was lost (refused, closed, silent) waits for
+ * the coordinator to see it too (its verdict takes 3 heartbeat periods)
+ * while the job is still on there. */
+#define STRIA__VERDICT_WAIT_S 30.0
 
 struct stria_client {
     stria_client_params_t params;
@@ -112,7 +120,17 @@ struct stria_job {
     bool retryable;
     uint64_t blamed[STRIA__MAX_BLAMED];
     size_t n_blamed;
+    /* Sharded: the shared memory of the ranks of the jobs this one replaced
+     * (client_shard.c), kept mapped until the handle is released: a caller
+     * may still read and write the buffers it was handed. */
+    struct stria__retired *retired;
+    size_t n_retired;
 };
+/* A replaced job's rank's shared memory, still mapped (see retired). */
+typedef struct stria__retired {
+    int rank;
+    stria__shm_t shm;
+} stria__retired_t;
 
 /* ---- the phases of a whole-sequence call (client.c) ---- */
 typedef struct stria__phase stria__phase_t;
@@ -156,6 +174,8 @@ stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const Proto
  * watch). */
 stria_status_t stria__coord_call_ex(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
                                     const stria_job_t *job, stria_rpc_reply_t *reply, bool patient);
+/* How many times a forward that failed retryably is tried again. */
+int stria__retries(const stria_client_t *c);
 /* A caller's spec read into ours (ABI) and checked. */
 stria_status_t stria__read_spec(const stria_job_spec_t *in, stria_job_spec_t *out);
 /* Submits job->spec (sharded or not) and waits while the job is queued;
@@ -212,6 +232,12 @@ void stria__rank_download(stria__phase_t *ph, stria__rank_t *r);
 /* ---- client_shm.c ---- */
 /* Attaches the rank's shared memory through its worker's socket. */
 stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r);
+/* A rank's memory from before its job was replaced: adopted by the rank's
+ * new mapping (stria__shm_attach() maps the new job's memory at the same
+ * address, with its bytes), so the caller's pointers into it stay good. Over
+ * TCP it cannot be: a call with such a pointer fails (an error, never other
+ * bytes), and this says so. */
+stria_status_t stria__retired_check(const stria_job_t *job, const stria__rank_t *r, const void *p);
 /* Tells the worker an input is written in full. */
 stria_status_t stria__shm_commit(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t);
 void stria__shm_detach(stria__shm_t *shm);

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define STRIA__EXPORT_MAGIC "STRIAJB2"
 _Static_assert(STRIA_JOB_EXPORT_BYTES == 16 + sizeof(stria_job_secret_t),
@@ -138,6 +140,104 @@ static stria_status_t stria__import(stria_client_t *c, stria_job_t *job, uint64_
     return st;
 }
 
+/* ---- replacement: a sharded job that lost a worker ------------------------
+ *
+ * The coordinator replaces such a job by one of the same ranks and secret,
+ * the lost worker's rank on a spare (JobInfo.replaced_by; it waits a few
+ * heartbeat periods for the verdict on a worker first: replacement_pending).
+ * A rank's call that failed follows the link: its handle becomes the
+ * replacement's, and a forward sends its stripe again. */
+
+/* The job that replaces job `id`, at the end of its chain, waiting while the
+ * coordinator waits for a verdict (and, with `lost`: the caller's worker
+ * was lost, while the job is still on, for the coordinator to see it); 0
+ * when none. Overwrites the thread's error. */
+static uint64_t stria__replacement_of(stria_job_t *job, uint64_t id, bool lost)
+{
+    uint64_t saved = job->id, found = 0;
+    double now = stria_time_now(), give_up = now + STRIA__REPLACE_WAIT_S;
+    double on_until = lost ? now + STRIA__VERDICT_WAIT_S : 0;
+    for (int hops = 0; hops < 16;) {
+        Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+        stria_rpc_reply_t reply;
+        memset(&reply, 0, sizeof(reply));
+        req.job_id = id;
+        job->id = id; /* what the proof of the secret names */
+        if (stria__coord_call(job->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base, job, &reply) !=
+            STRIA_OK)
+            break;
+        const Stria__V1__JobInfo *info = ((const Stria__V1__GetJobReply *)reply.msg)->job;
+        uint64_t next = info != NULL ? info->replaced_by : 0;
+        bool pending = info != NULL && info->replacement_pending;
+        if (info != NULL && info->state < STRIA__V1__JOB_STATE__JOB_STATE_FAILED &&
+            stria_time_now() < on_until)
+            pending = true; /* the coordinator has not seen the loss yet */
+        stria_rpc_reply_free(&reply);
+        if (next != 0) {
+            found = id = next;
+            hops++;
+            continue;
+        }
+        if (!pending || stria_time_now() >= give_up)
+            break;
+        struct timespec ts = {0, (long)(STRIA__POLL_S * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    job->id = saved;
+    return found;
+}
+
+/* Gives up the ranks of a replaced job: their connections closed, their
+ * shared memory kept mapped (retired) until the handle is released, since
+ * the caller may hold pointers into it (stria_job_shard_buffer()). */
+static void stria__ranks_retire(stria_job_t *job)
+{
+    for (int i = 0; i < job->n_ranks; i++) {
+        stria__rank_t *r = &job->ranks[i];
+        stria_rpc_client_close(r->conn);
+        stria_free(r->stage);
+        if (r->shm.sock >= 0)
+            close(r->shm.sock);
+        r->shm.sock = -1;
+        if (r->shm.base == NULL)
+            continue;
+        stria__retired_t *more = realloc(job->retired, (job->n_retired + 1) * sizeof(*more));
+        if (more == NULL) /* out of memory: the mapping stays for good */
+            continue;
+        more[job->n_retired].rank = r->rank;
+        more[job->n_retired++].shm = r->shm;
+        job->retired = more;
+    }
+    free(job->ranks);
+    job->ranks = NULL;
+    job->n_ranks = 0;
+}
+
+/* After a failed call: whether the coordinator replaced the job (*followed:
+ * the handle is the replacement's now, its ranks not connected yet). An
+ * error only when following failed. */
+static stria_status_t stria__shard_follow(stria_job_t *job, bool lost, bool *followed)
+{
+    uint64_t old = job->id;
+    Stria__V1__JobState state = STRIA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
+    uint32_t qpos = 0;
+    *followed = false;
+    uint64_t y = stria__replacement_of(job, old, lost);
+    if (y == 0)
+        return STRIA_OK;
+    *followed = true;
+    stria__ranks_retire(job);
+    stria_status_t st = stria__import(job->client, job, y, &state, &qpos);
+    if (st == STRIA_OK)
+        st = stria__wait_queued(job->client, job, state, qpos, NULL, NULL);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "job %llu, which replaces job %llu", (unsigned long long)y,
+                                (unsigned long long)old);
+    stria_log_info("job %llu was replaced by job %llu (a worker was lost): this handle follows",
+                   (unsigned long long)old, (unsigned long long)y);
+    return STRIA_OK;
+}
+
 stria_status_t stria_job_import(stria_client_t *client, const void *bytes, size_t len,
                                 stria_job_t **job_out)
 {
@@ -159,6 +259,12 @@ stria_status_t stria_job_import(stria_client_t *client, const void *bytes, size_
     memcpy(job->secret.bytes, b + 16, sizeof(job->secret.bytes));
     uint64_t id = stria_get_le64(b + 8);
     stria_status_t st = stria__import(client, job, id, &state, &qpos);
+    if (st == STRIA_ERR_CANCELLED) { /* over: replaced, perhaps */
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        uint64_t y = stria__replacement_of(job, id, false);
+        st = y != 0 ? stria__import(client, job, y, &state, &qpos) : stria_error_set(st, "%s", msg);
+    }
     if (st == STRIA_OK)
         st = stria__wait_queued(client, job, state, qpos, NULL, NULL);
     if (st != STRIA_OK) {
@@ -322,10 +428,39 @@ stria_status_t stria_client_forward_shard(stria_job_t *job, int rank, const void
                                "stria_client_forward_shard: q, k, v, o and lse are required");
     const void *in[3] = {q, k, v};
     void *out[2] = {o, lse};
-    st = stria__shard_pass(job, rank, false, in, out, 2);
-    if (st == STRIA_OK)
-        job->ranks[rank].fwd_done = true;
-    return st;
+    int tries = 1 + stria__retries(job->client);
+    char reasons[2048] = "";
+    size_t used = 0;
+    for (int t = 1;; t++) {
+        uint64_t id = job->id;
+        st = stria__shard_pass(job, rank, false, in, out, 2);
+        if (st == STRIA_OK) {
+            job->ranks[rank].fwd_done = true;
+            return STRIA_OK;
+        }
+        char msg[1024];
+        bool retryable = stria_error_retryable(), followed = false;
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria_status_t fst = stria__shard_follow(job, retryable, &followed);
+        if (fst != STRIA_OK || !followed) {
+            if (fst != STRIA_OK) /* the replacement's own failure */
+                snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), "; %s", stria_error_msg());
+            stria_error_set(st, "%s%s", reasons, msg);
+            stria_error_set_retryable(retryable);
+            return st;
+        }
+        if (used < sizeof(reasons))
+            used += (size_t)snprintf(reasons + used, sizeof(reasons) - used,
+                                     "try %d (job %llu): %s; ", t, (unsigned long long)id, msg);
+        if (t >= tries) {
+            stria_error_set(st,
+                            "%sjob %llu replaces it, but no try is left (forward_retries): call "
+                            "stria_client_forward_shard again",
+                            reasons, (unsigned long long)job->id);
+            stria_error_set_retryable(true);
+            return st;
+        }
+    }
 }
 
 stria_status_t stria_client_backward_shard(stria_job_t *job, int rank, const void *d_o, void *dq,
@@ -343,5 +478,28 @@ stria_status_t stria_client_backward_shard(stria_job_t *job, int rank, const voi
                                (unsigned long long)job->id, rank);
     const void *in[1] = {d_o};
     void *out[3] = {dq, dk, dv};
-    return stria__shard_pass(job, rank, true, in, out, 3);
+    uint64_t id = job->id;
+    st = stria__shard_pass(job, rank, true, in, out, 3);
+    if (st == STRIA_OK)
+        return STRIA_OK;
+    /* The forward's inputs were the caller's, read during that call only:
+     * a replaced job needs the forward again, on its new ring. */
+    char msg[1024];
+    bool retryable = stria_error_retryable(), followed = false;
+    snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+    stria_status_t fst = stria__shard_follow(job, retryable, &followed);
+    if (fst == STRIA_OK && followed) {
+        stria_error_set(st,
+                        "%s; job %llu replaces job %llu (a worker was lost): run "
+                        "stria_client_forward_shard again, then the backward pass",
+                        msg, (unsigned long long)job->id, (unsigned long long)id);
+        retryable = true;
+    } else {
+        char also[600] = "";
+        if (fst != STRIA_OK)
+            snprintf(also, sizeof(also), "; %s", stria_error_msg());
+        stria_error_set(st, "%s%s", msg, also);
+    }
+    stria_error_set_retryable(retryable);
+    return st;
 }

@@ -92,6 +92,31 @@ static stria_status_t stria__shm_call(stria_job_t *job, int sock, const Stria__V
     return STRIA_OK;
 }
 
+/* A new mapping of a rank whose job was replaced takes the place of the old
+ * one (same size and layout: same spec and rank): the old bytes (the
+ * inputs the caller wrote in place) are copied in, and the new memory is
+ * mapped at the old address, so the pointers the caller holds
+ * (stria_job_shard_buffer()) are the new job's buffers. */
+static void stria__shm_adopt(stria_job_t *job, const stria__rank_t *r, stria__shm_t *shm)
+{
+    for (size_t i = 0; i < job->n_retired; i++) {
+        stria__shm_t *o = &job->retired[i].shm;
+        if (job->retired[i].rank != r->rank || o->size != shm->size ||
+            memcmp(o->t, shm->t, sizeof(o->t)) != 0)
+            continue;
+        memcpy(shm->base, o->base, shm->size);
+        void *at =
+            mmap(o->base, shm->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, shm->fd, 0);
+        if (at != o->base) /* the old mapping may be gone: it was replaced */
+            return;
+        munmap(shm->base, shm->size);
+        close(o->fd);
+        shm->base = at;
+        job->retired[i] = job->retired[--job->n_retired];
+        return;
+    }
+}
+
 stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r)
 {
     Stria__V1__ShmRequest req = STRIA__V1__SHM_REQUEST__INIT;
@@ -130,7 +155,24 @@ stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r)
         stria__shm_detach(&shm);
         return stria_error_wrap(st, "%s", r->shm_socket);
     }
+    stria__shm_adopt(job, r, &shm);
     r->shm = shm;
+    return STRIA_OK;
+}
+
+stria_status_t stria__retired_check(const stria_job_t *job, const stria__rank_t *r, const void *p)
+{
+    for (size_t i = 0; i < job->n_retired; i++) {
+        const stria__shm_t *o = &job->retired[i].shm;
+        if (job->retired[i].rank == r->rank && (const char *)p >= (const char *)o->base &&
+            (const char *)p < (const char *)o->base + o->size)
+            return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                                   "job %llu rank %d: a buffer lies in the shared memory of the "
+                                   "job this one replaced, and the new worker of the rank (%s) "
+                                   "is reached over TCP, not shared memory: pass buffers of "
+                                   "your own",
+                                   (unsigned long long)job->id, r->rank, r->rpc_address);
+    }
     return STRIA_OK;
 }
 

@@ -295,8 +295,18 @@ stria_status_t stria_job_positions(const stria_job_t *job, int rank, int64_t *po
 stria_status_t stria_client_forward_shard(stria_job_t *job, int rank, const void *q, const void *k,
                                           const void *v, void *o, float *lse);
 
+/* A worker lost while a sharded job runs (it died, left or restarted) has
+ * the coordinator replace the job: the same ranks and secret, the lost
+ * worker's rank on a spare worker, a new job id (stria_job_id() says it
+ * once the handle followed). A forward_shard that failed so follows the
+ * replacement and sends the rank's stripe again inside the call (up to
+ * forward_retries times); in-place buffers stay valid (they become the new
+ * job's). Without a spare the call fails, retryable, saying so. */
+
 /* Rank `rank`'s part of the backward pass, after its forward pass: sends
- * its dO and writes its dq, dk, dv (in-place buffers as above). */
+ * its dO and writes its dq, dk, dv (in-place buffers as above). A backward
+ * whose job was replaced fails, retryable: run the forward again, then the
+ * backward, on the same handle. */
 stria_status_t stria_client_backward_shard(stria_job_t *job, int rank, const void *d_o, void *dq,
                                            void *dk, void *dv);
 

@@ -397,6 +397,9 @@ static void json_job(const Stria__V1__JobInfo *j)
     for (size_t i = 0; i < j->n_blamed_worker_ids; i++)
         printf("%s%" PRIu64, i ? "," : "", j->blamed_worker_ids[i]);
     printf("]");
+    printf(",\"replaced_by\":%" PRIu64 ",\"replaces\":%" PRIu64
+           ",\"generation\":%u,\"replacement_pending\":%s",
+           j->replaced_by, j->replaces, j->generation, j->replacement_pending ? "true" : "false");
     printf(",\"queue_position\":%u,\"step\":%u,\"steps_total\":%u", j->queue_position, j->step,
            j->steps_total);
     if (s != NULL) {
@@ -712,6 +715,13 @@ static int cmd_job(ctl_t *c, uint64_t id)
             for (size_t i = 0; i < j->n_blamed_worker_ids; i++)
                 printf("blamed: worker %" PRIu64 "\n", j->blamed_worker_ids[i]);
         }
+        if (j->replaced_by != 0)
+            printf("replaced by: job %" PRIu64 " (a worker was lost; its ranks moved there)\n",
+                   j->replaced_by);
+        else if (j->replacement_pending)
+            printf("replacement: pending (the coordinator waits for the verdict on a worker)\n");
+        if (j->replaces != 0)
+            printf("replaces: job %" PRIu64 " (replacement %u)\n", j->replaces, j->generation);
         if (s) {
             printf("spec: batch %u, seq_len %" PRIu64 ", heads %u, kv_heads %u, head_dim %u, "
                    "%s, %s, %s layout, scale %g%s%s\n",

@@ -217,6 +217,7 @@ bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState 
         vsnprintf(j->failure, sizeof(j->failure), fmt, ap);
         va_end(ap);
     }
+    j->failed_in = j->state;
     j->state = state;
     j->finished_ms = stria__coord_wall_ms();
     stria__job_unreserve(j);
@@ -483,6 +484,7 @@ static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
                        w->rpc_address, why);
         stria__count_error(co, STRIA__E_WORKER_DEAD);
         stria__fail_jobs_of(co, w, why);
+        stria__replace_lost(co, w);
         stria__recover_worker_gone(co, w);
         changed = true;
     }
@@ -508,6 +510,7 @@ static void stria__on_tick(void *arg)
     double stall = stria__tick_stall(co, now);
     bool changed = stria__tick_workers(co, now, stall);
     changed = stria__recover_tick(co, now) || changed;
+    stria__replace_tick(co, now);
 
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];

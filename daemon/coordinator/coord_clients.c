@@ -54,7 +54,7 @@ static void stria__count_workers(const stria_coord_t *co, uint32_t *healthy, uin
  * the id, is what opens a job); 53 bits, not 0, so that JSON readers that
  * hold numbers as doubles (jq, JavaScript) keep it exact. The keys come
  * from the system's generator. */
-static stria_status_t stria__job_keys(stria_coord_t *co, stria__cjob_t *j)
+stria_status_t stria__job_new_keys(stria_coord_t *co, stria__cjob_t *j, bool keep_secret)
 {
     stria_status_t st = STRIA_OK;
     do {
@@ -63,7 +63,7 @@ static stria_status_t stria__job_keys(stria_coord_t *co, stria__cjob_t *j)
         j->id = stria_get_le64(raw) >> 11;
     } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL ||
                                 stria__recover_pending(co, j->id)));
-    if (st == STRIA_OK)
+    if (st == STRIA_OK && !keep_secret)
         st = stria_job_secret_generate(&j->secret);
     if (st == STRIA_OK)
         st = stria_auth_random(j->ring_key, sizeof(j->ring_key));
@@ -127,7 +127,7 @@ stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
         memcpy(j->ring_key, keys->ring_key, sizeof(j->ring_key));
     }
     if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks) ||
-        (keys == NULL && stria__job_keys(co, j) != STRIA_OK) ||
+        (keys == NULL && stria__job_new_keys(co, j, false) != STRIA_OK) ||
         !stria__job_add_sharded(j, s, fallback) ||
         stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
         stria__job_add_undo(j);
@@ -496,6 +496,25 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     stria__timeline_release(held, n_held);
 }
 
+/* Marks the ranks of a release (none: all) released, and ends the job when
+ * none is held; returns how many are held (0 for a whole release). */
+static uint32_t stria__release_ranks(stria_coord_t *co, stria__cjob_t *j,
+                                     const Stria__V1__ReleaseJobRequest *req)
+{
+    uint32_t held = 0;
+    for (size_t i = 0; i < req->n_ranks; i++)
+        j->ranks[req->ranks[i]].released = true;
+    for (uint32_t r = 0; r < j->n_ranks && req->n_ranks > 0; r++)
+        held += !j->ranks[r].released;
+    if (!stria__terminal(j->state) && held == 0) {
+        stria__job_finish(co, j, S_RELEASED, NULL);
+        stria__schedule(co);
+    } else if (!stria__terminal(j->state)) {
+        j->last_activity = stria_time_now();
+    }
+    return held;
+}
+
 void stria__on_release(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -513,16 +532,12 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
             return;
         }
     }
-    for (size_t i = 0; i < req->n_ranks; i++)
-        j->ranks[req->ranks[i]].released = true;
-    for (uint32_t r = 0; r < j->n_ranks && req->n_ranks > 0; r++)
-        rep.ranks_held += !j->ranks[r].released;
-    if (!stria__terminal(j->state) && rep.ranks_held == 0) {
-        stria__job_finish(co, j, S_RELEASED, NULL);
-        stria__schedule(co);
-    } else if (!stria__terminal(j->state)) {
-        j->last_activity = stria_time_now();
-    }
+    rep.ranks_held = stria__release_ranks(co, j, req);
+    /* A rank that never moved to the job's replacement releases it too (a
+     * replacement has the same ranks; its chain is short). */
+    for (stria__cjob_t *y = stria__job_find(co, j->replaced_by); y != NULL;
+         y = stria__job_find(co, y->replaced_by))
+        stria__release_ranks(co, y, req);
     rep.state = j->state;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
@@ -731,6 +746,7 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
         w->current_job = 0;
         w->step = w->steps_total = 0;
         w->in_use = 0;
+        stria__replace_lost(co, w);
         stria_log_info("worker %llu (%s, %s) left the ring: %s; %u unfinished job(s) failed",
                        (unsigned long long)w->id, w->host, w->rpc_address,
                        req->reason[0] ? req->reason : "shut down", rep.jobs_failed);

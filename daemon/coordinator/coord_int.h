@@ -140,6 +140,15 @@ typedef struct {
      * worker it is blamed on (0: none in particular). */
     bool failure_retryable;
     uint64_t blamed_worker;
+    /* Sharded jobs that lose a worker (coord_replace.c): the job replacing
+     * this one (0: none), the one it replaces, how many replacements came
+     * before it, and until when (stria_time_now()) a failed one waits for a
+     * member's death verdict to be replaced (0: it never did; -1: the wait
+     * is over, or it was tried). */
+    uint64_t replaced_by, replaces;
+    uint32_t generation;
+    Stria__V1__JobState failed_in; /* the state it was in when it failed */
+    double replace_until;
 } stria__cjob_t;
 
 struct stria_coord {
@@ -248,6 +257,8 @@ const char *stria__state_name(Stria__V1__JobState s);
 stria_status_t stria__spec_check(const Stria__V1__JobSpec *s);
 void *stria__b_alloc(stria__b_t *b, size_t n);
 void stria__b_reply(stria__b_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg);
+/* Frees what was built (stria__b_reply() does it too). */
+void stria__b_free(stria__b_t *b);
 uint32_t stria__ring_build(const stria_coord_t *co, stria__cworker_t **out);
 stria__cworker_t **stria__workers_ordered(const stria_coord_t *co, uint32_t *n_ring_out);
 bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w);
@@ -308,6 +319,35 @@ stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec 
                                     stria__cworker_t **ring, uint32_t count, uint32_t n,
                                     uint64_t need, stria__cworker_t **out, bool *fallback,
                                     bool *now_out);
+/* coord_replace.c: a sharded job that lost a worker is replaced by a job of
+ * the same secret and ranks, the lost worker's rank on a spare (the ring
+ * size of a sharded job must stay). A failed sharded job's first report
+ * (a peer's: its link broke) comes before the verdict on the worker, so it
+ * waits for it a few heartbeat periods. */
+#define STRIA__MAX_GENERATIONS 8 /* replacements of one job at most */
+/* A sharded job j just failed retryably without a verdict on a worker yet:
+ * it waits for one. */
+void stria__replace_wait(stria_coord_t *co, stria__cjob_t *j);
+/* Whether j waits for a verdict now (JobInfo.replacement_pending). */
+bool stria__replace_pending(const stria__cjob_t *j);
+/* Worker w was lost (died, left, restarted): every sharded job of it that
+ * failed for it (or waits for a verdict) is replaced when a spare worker
+ * fits; true when any was. Called after its unfinished jobs were failed. */
+bool stria__replace_lost(stria_coord_t *co, stria__cworker_t *w);
+/* At a tick: closes the waits past their end (no worker was lost). */
+void stria__replace_tick(stria_coord_t *co, double now);
+/* coord_clients.c: a new job id and ring key (the secret: a new one unless
+ * keep_secret). */
+stria_status_t stria__job_new_keys(stria_coord_t *co, stria__cjob_t *j, bool keep_secret);
+/* coord_place.c: a worker of the ring for rank r of job j in place of its
+ * lost worker: on the rank's placed host (device preferred; another host
+ * only when the spec allows fallback), else any, preferring the lost
+ * worker's host; not a member of j nor in taken[0 .. n_taken); with room
+ * now, idle ones first, then the lightest load. NULL when none (*why says
+ * why). */
+stria__cworker_t *stria__choose_spare(stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
+                                      stria__cworker_t **taken, uint32_t n_taken, bool *fallback,
+                                      char *why, size_t why_len);
 /* coord.c: a sharded job's arrival at pass `pass` of rank r (a worker's
  * STARTED report); whether every rank has arrived. */
 bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward);

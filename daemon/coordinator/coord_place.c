@@ -182,3 +182,67 @@ stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec 
     }
     return STRIA_OK;
 }
+
+/* How well w suits rank r of job j in place of `lost`: -1 not at all, else
+ * higher is better (on the rank's device, idle, on the lost worker's host). */
+static int stria__spare_score(const stria__cjob_t *j, uint32_t r, const stria__cworker_t *w,
+                              const stria__cworker_t *lost, bool on_host, stria__cworker_t **taken,
+                              uint32_t n_taken)
+{
+    const stria__crank_t *cr = &j->ranks[r];
+    if (stria__job_has_worker(j, w) || w->awaiting_jobs || !stria__fits_worker(w, j->mem_per_rank))
+        return -1;
+    for (uint32_t i = 0; i < n_taken; i++)
+        if (taken[i] == w)
+            return -1;
+    if (on_host && cr->place_host != NULL && strcmp(w->host, cr->place_host) != 0)
+        return -1;
+    bool device = cr->place_host != NULL && cr->place_has_device && w->has_device_index &&
+                  w->device_index == cr->place_device && strcmp(w->host, cr->place_host) == 0;
+    return (device ? 4 : 0) + (w->reserved == 0 ? 2 : 0) + (strcmp(w->host, lost->host) == 0);
+}
+
+stria__cworker_t *stria__choose_spare(stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
+                                      stria__cworker_t **taken, uint32_t n_taken, bool *fallback,
+                                      char *why, size_t why_len)
+{
+    stria__cworker_t **ring = malloc((co->n_workers + 1) * sizeof(*ring));
+    stria__cworker_t *best = NULL;
+    const stria__crank_t *cr = &j->ranks[r];
+    if (ring == NULL) {
+        snprintf(why, why_len, "out of memory");
+        return NULL;
+    }
+    uint32_t count = stria__ring_build(co, ring);
+    stria__mark_queued(co);
+    *fallback = false;
+    for (int pass = 0; pass < 2 && best == NULL; pass++) {
+        bool on_host = pass == 0;
+        int best_score = -1;
+        uint64_t best_load = UINT64_MAX;
+        if (!on_host && (cr->place_host == NULL || !j->placement_fallback))
+            break;
+        for (uint32_t i = 0; i < count; i++) {
+            int score = stria__spare_score(j, r, ring[i], cr->worker, on_host, taken, n_taken);
+            uint64_t load = ring[i]->reserved + ring[i]->queued_demand;
+            if (score > best_score || (score == best_score && score >= 0 && load < best_load)) {
+                best = ring[i];
+                best_score = score;
+                best_load = load;
+            }
+        }
+        if (best_score < 0)
+            best = NULL;
+        *fallback = best != NULL && !on_host;
+    }
+    free(ring);
+    if (best == NULL && cr->place_host != NULL && !j->placement_fallback)
+        snprintf(why, why_len,
+                 "no healthy worker on host '%s' (rank %u's placement) outside the job has %llu "
+                 "MiB free now",
+                 cr->place_host, r, (unsigned long long)(j->mem_per_rank >> 20));
+    else if (best == NULL)
+        snprintf(why, why_len, "no healthy worker outside the job has %llu MiB free now",
+                 (unsigned long long)(j->mem_per_rank >> 20));
+    return best;
+}

@@ -24,7 +24,7 @@ void *stria__b_alloc(stria__b_t *b, size_t n)
     return c + 1;
 }
 
-static void stria__b_free(stria__b_t *b)
+void stria__b_free(stria__b_t *b)
 {
     while (b->chunks != NULL) {
         stria__bchunk_t *next = b->chunks->h.next;
@@ -290,6 +290,10 @@ Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, cons
         info->n_blamed_worker_ids = 1;
     }
     info->queue_position = stria__queue_position(co, j);
+    info->replaced_by = j->replaced_by;
+    info->replaces = j->replaces;
+    info->generation = j->generation;
+    info->replacement_pending = stria__replace_pending(j);
     t->submitted_ms = j->submitted_ms;
     t->started_ms = j->started_ms;
     t->forward_started_ms = j->forward_started_ms;

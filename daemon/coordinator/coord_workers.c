@@ -92,6 +92,7 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
         if (w->incarnation != req->incarnation && !w->left) {
             stria__count_error(co, STRIA__E_WORKER_RESTARTED);
             stria__fail_jobs_of(co, w, "restarted and lost the job");
+            stria__replace_lost(co, w);
         }
         tmp.id = w->id;
         tmp.reserved = w->reserved;
@@ -351,8 +352,10 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         if (stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s): %.400s", req->rank,
                               (unsigned long long)w->id, w->rpc_address,
                               req->message[0] ? req->message : "failed without a reason") &&
-            req->retryable)
+            req->retryable) {
             stria__job_retryable(j, NULL);
+            stria__replace_wait(co, j); /* its worker may be the one lost */
+        }
         stria__schedule(co);
         break;
     default:

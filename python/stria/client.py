@@ -30,7 +30,7 @@ class Job:
         self._client = client
         self._ptr = ptr
         L = _lib.lib()
-        self.id = int(L.stria_job_id(ptr))
+        self._id = int(L.stria_job_id(ptr))
         self.ring_size = int(L.stria_job_ring_size(ptr))
         self.layout = _lib.LAYOUT_NAMES.get(int(L.stria_job_layout(ptr)), "unknown")
         self._finalizer = weakref.finalize(self, client._release_ptr, ptr)
@@ -40,6 +40,14 @@ class Job:
         if not self.alive:
             raise RuntimeError(f"stria job {self.id} was released")
         return self._client._locked(lambda: fn(_lib.lib()))
+
+    @property
+    def id(self):
+        """The job's id: a sharded job that lost a worker moves to its
+        replacement (a new id) inside forward_shard, and this follows."""
+        if self.alive:
+            self._id = int(_lib.lib().stria_job_id(self._ptr))
+        return self._id
 
     @property
     def alive(self):

@@ -1074,6 +1074,231 @@ Test(coord, a_submission_excludes_the_workers_it_names, .timeout = TEST_TIMEOUT_
 
 /* ---- the job state machine ----------------------------------------------- */
 
+/* ---- replacing a sharded job's lost worker --------------------------------- */
+
+/* The replacement of a job proves the same secret. */
+static void same_secret(uint64_t y, uint64_t x)
+{
+    cr_assert_lt(g_n_jobs, sizeof(g_jobs) / sizeof(g_jobs[0]));
+    g_jobs[g_n_jobs].id = y;
+    g_jobs[g_n_jobs].secret = *secret_of(x);
+    g_n_jobs++;
+}
+
+static bool pred_replaced(const fx_t *fx, void *arg)
+{
+    stria_rpc_reply_t rep;
+    bool done = get_job(fx, *(uint64_t *)arg, &rep)->replaced_by != 0;
+    stria_rpc_reply_free(&rep);
+    return done;
+}
+
+static bool pred_settled(const fx_t *fx, void *arg)
+{
+    stria_rpc_reply_t rep;
+    Stria__V1__JobInfo *info = get_job(fx, *(uint64_t *)arg, &rep);
+    bool done = info->replaced_by != 0 || !info->replacement_pending;
+    stria_rpc_reply_free(&rep);
+    return done;
+}
+
+static bool pred_failed(const fx_t *fx, void *arg)
+{
+    return job_state(fx, *(uint64_t *)arg) == JS(FAILED);
+}
+
+static Stria__V1__JobSpec spec_sharded(uint32_t ring_size)
+{
+    Stria__V1__JobSpec s = spec_default();
+    s.sharded = true;
+    s.ring_size = ring_size;
+    s.layout = STRIA__V1__LAYOUT__LAYOUT_STRIPED;
+    return s;
+}
+
+/* A pass fails at a ring peer's report (its link to the lost worker broke)
+ * before the verdict on the worker; the job waits for it, and is replaced
+ * when it comes: same ranks and spec, the lost rank on the spare. A rank
+ * that never moved to the replacement releases it too. */
+Test(coord, a_sharded_job_that_lost_a_worker_is_replaced, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    wk_t w[5];
+    uint64_t m = mem_default(4);
+    fx_start(&fx, 0.2, 60, NULL, NULL);
+    for (int i = 0; i < 5; i++)
+        w[i] = reg_worker(&fx, "h", 7000 + i, m + m / 2); /* one job each */
+    Stria__V1__JobSpec s = spec_sharded(4);
+    uint64_t x = submit_ok(&fx, &s, JS(LOADING));
+    Stria__V1__JobInfo *info = get_job(&fx, x, &rep);
+    uint64_t was[4], spare = 0;
+    for (int r = 0; r < 4; r++)
+        was[r] = info->assignment->ranks[r]->worker_id;
+    stria_rpc_reply_free(&rep);
+    for (int i = 0; i < 5; i++)
+        spare = was[0] != w[i].id && was[1] != w[i].id && was[2] != w[i].id && was[3] != w[i].id
+                    ? w[i].id
+                    : spare;
+    cr_assert_neq(spare, 0);
+
+    /* rank 1's link to rank 2 broke: failed, waiting for a verdict */
+    wk_t lost = {0}, keep[4];
+    size_t n_keep = 0;
+    for (int i = 0; i < 5; i++) {
+        if (w[i].id == was[2])
+            lost = w[i];
+        else
+            keep[n_keep++] = w[i];
+        if (w[i].id == was[1])
+            cr_expect(report_failed(&fx, w[i], x, 1, true));
+    }
+    info = get_job(&fx, x, &rep);
+    cr_expect_eq(info->state, JS(FAILED));
+    cr_expect(info->failure_retryable);
+    cr_expect(info->replacement_pending, "a sharded job waits for the verdict on its workers");
+    cr_expect_eq(info->replaced_by, 0);
+    stria_rpc_reply_free(&rep);
+
+    /* rank 2's worker goes silent: dead after 0.6 s, and replaced */
+    cr_assert(wait_until(&fx, keep, n_keep, pred_replaced, &x, 10), "never replaced");
+    info = get_job(&fx, x, &rep);
+    uint64_t y = info->replaced_by;
+    cr_expect(!info->replacement_pending);
+    cr_expect(info->n_blamed_worker_ids == 1 && info->blamed_worker_ids[0] == lost.id);
+    char want[96];
+    snprintf(want, sizeof(want), "replaced by job %llu: rank 2 on worker %llu",
+             (unsigned long long)y, (unsigned long long)spare);
+    cr_expect(strstr(info->failure, want) != NULL, "%s", info->failure);
+    stria_rpc_reply_free(&rep);
+    same_secret(y, x);
+    info = get_job(&fx, y, &rep);
+    cr_expect_eq(info->state, JS(LOADING), "the spare had room: it starts at once");
+    cr_expect_eq(info->replaces, x);
+    cr_expect_eq(info->generation, 1);
+    cr_expect(info->assignment->spec->sharded);
+    cr_expect_eq(info->assignment->spec->seq_len, s.seq_len);
+    cr_expect_eq(info->assignment->spec->layout, s.layout);
+    for (int r = 0; r < 4; r++)
+        cr_expect_eq(info->assignment->ranks[r]->worker_id, r == 2 ? spare : was[r],
+                     "rank %d of the replacement", r);
+    stria_rpc_reply_free(&rep);
+
+    /* every rank releases the old handle: the replacement is released too */
+    Stria__V1__ReleaseJobRequest rq = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
+    uint32_t ranks[4] = {0, 1, 2, 3};
+    rq.job_id = x;
+    rq.ranks = ranks;
+    rq.n_ranks = 4;
+    cr_assert_eq(fx_call_job(fx.user, M_RELEASE, &rq.base, x, secret_of(x), &rep), STRIA_OK, "%s",
+                 stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    cr_expect_eq(job_state(&fx, y), JS(RELEASED));
+    fx_stop(&fx);
+}
+
+/* A failed sharded job without a lost worker stays failed once the wait is
+ * over; a failure that is not retryable, and a whole-sequence job's, do not
+ * wait; nor is a job replaced without a spare (it says why). */
+Test(coord, a_sharded_job_is_replaced_only_for_a_lost_worker_with_a_spare,
+     .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    wk_t w[2];
+    fx_start(&fx, 0.2, 60, NULL, NULL);
+    w[0] = reg_worker(&fx, "h", 7000, 1ull << 32);
+    w[1] = reg_worker(&fx, "h", 7001, 1ull << 32);
+    Stria__V1__JobSpec s = spec_sharded(2);
+    uint64_t x = submit_ok(&fx, &s, JS(LOADING));
+    cr_expect(report_failed(&fx, w[0], x, 0, true));
+    double t0 = stria_time_now();
+    cr_assert(wait_until(&fx, w, 2, pred_settled, &x, 10));
+    cr_expect_geq(stria_time_now() - t0, 5 * 0.2, "the wait is a few heartbeat periods");
+    Stria__V1__JobInfo *info = get_job(&fx, x, &rep);
+    cr_expect_eq(info->replaced_by, 0);
+    cr_expect(info->failure_retryable);
+    stria_rpc_reply_free(&rep);
+
+    uint64_t x2 = submit_ok(&fx, &s, JS(LOADING));
+    cr_expect(!report_failed(&fx, w[0], x2, 0, false));
+    info = get_job(&fx, x2, &rep);
+    cr_expect(!info->replacement_pending, "bad input is no lost worker");
+    stria_rpc_reply_free(&rep);
+    Stria__V1__JobSpec whole = spec_default();
+    whole.ring_size = 2;
+    uint64_t x3 = submit_ok(&fx, &whole, JS(LOADING));
+    cr_expect(report_failed(&fx, w[0], x3, 0, true));
+    info = get_job(&fx, x3, &rep);
+    cr_expect(!info->replacement_pending, "the client library retries whole-sequence jobs");
+    stria_rpc_reply_free(&rep);
+
+    /* no spare: w[1] dies, and nothing can take its rank */
+    uint64_t x4 = submit_ok(&fx, &s, JS(LOADING));
+    cr_assert(wait_until(&fx, &w[0], 1, pred_failed, &x4, 10));
+    info = get_job(&fx, x4, &rep);
+    cr_expect_eq(info->state, JS(FAILED));
+    cr_expect_eq(info->replaced_by, 0);
+    cr_expect(info->failure_retryable, "the trainer may try again once a worker is back");
+    cr_expect(strstr(info->failure, "not replaced: no healthy worker outside the job has") != NULL,
+              "%s", info->failure);
+    stria_rpc_reply_free(&rep);
+    fx_stop(&fx);
+}
+
+/* A placed rank's spare comes from its host; with none there, the job is
+ * not replaced unless the spec allows another host. */
+Test(coord, a_placed_ranks_spare_keeps_its_placement, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    wk_t w[5];
+    uint64_t m = mem_default(2);
+    fx_start(&fx, 0.2, 60, NULL, NULL);
+    for (int i = 0; i < 5; i++) /* hA: 7000-7002, hB: 7003-7004 */
+        w[i] = reg_worker(&fx, i < 3 ? "hA" : "hB", 7000 + i, m + m / 2);
+    Stria__V1__JobSpec s = spec_sharded(2);
+    Stria__V1__JobSpec__Placement pa = STRIA__V1__JOB_SPEC__PLACEMENT__INIT,
+                                  pb = STRIA__V1__JOB_SPEC__PLACEMENT__INIT, *pl[2] = {&pa, &pb};
+    pa.host = (char *)"hA";
+    pb.host = (char *)"hB";
+    s.placement = pl;
+    s.n_placement = 2;
+    uint64_t x = submit_ok(&fx, &s, JS(LOADING));
+    Stria__V1__JobInfo *info = get_job(&fx, x, &rep);
+    uint64_t r0 = info->assignment->ranks[0]->worker_id, r1 = info->assignment->ranks[1]->worker_id;
+    stria_rpc_reply_free(&rep);
+    cr_assert(r1 == w[3].id || r1 == w[4].id);
+    wk_t keep[4], other = r1 == w[3].id ? w[4] : w[3];
+    size_t n_keep = 0;
+    for (int i = 0; i < 5; i++)
+        if (w[i].id != r1)
+            keep[n_keep++] = w[i];
+    cr_assert(wait_until(&fx, keep, n_keep, pred_replaced, &x, 10), "never replaced");
+    info = get_job(&fx, x, &rep);
+    uint64_t y = info->replaced_by;
+    stria_rpc_reply_free(&rep);
+    same_secret(y, x);
+    info = get_job(&fx, y, &rep);
+    cr_expect_eq(info->assignment->ranks[0]->worker_id, r0);
+    cr_expect_eq(info->assignment->ranks[1]->worker_id, other.id,
+                 "rank 1 is placed on hB: the spare there, not the idle ones of hA");
+    cr_expect(!info->assignment->ranks[1]->placement_fallback);
+    stria_rpc_reply_free(&rep);
+
+    /* now hB has no worker left for it */
+    n_keep = 0;
+    for (int i = 0; i < 3; i++)
+        keep[n_keep++] = w[i];
+    cr_assert(wait_until(&fx, keep, n_keep, pred_failed, &y, 10));
+    info = get_job(&fx, y, &rep);
+    cr_expect_eq(info->replaced_by, 0);
+    cr_expect(strstr(info->failure, "not replaced: no healthy worker on host 'hB'") != NULL, "%s",
+              info->failure);
+    stria_rpc_reply_free(&rep);
+    fx_stop(&fx);
+}
+
 Test(coord, job_lifecycle_through_reports, .timeout = TEST_TIMEOUT_S)
 {
     fx_t fx;

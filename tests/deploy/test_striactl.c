@@ -29,6 +29,7 @@
     "          'workers_dead', 'workers_left', 'jobs_pending', 'jobs_active', 'jobs_submitted',\n" \
     "          'jobs_failed', 'ring'}\n"                                                           \
     "JOB = {'id', 'state', 'failure', 'failure_retryable', 'blamed_worker_ids',\n"                 \
+    "       'replaced_by', 'replaces', 'generation', 'replacement_pending',\n"                     \
     "       'queue_position', 'step', 'steps_total', 'spec',\n"                                    \
     "       'memory_per_rank_bytes', 'ranks', 'timings_ms'}\n"                                     \
     "SPEC = {'batch', 'seq_len', 'heads', 'kv_heads', 'head_dim', 'dtype', 'causal',\n"            \

@@ -9,8 +9,10 @@
  * worker's shared buffers, filled and read in place), die-tcp (sends half
  * of its Q over a raw connection to its worker, then SIGKILLs itself),
  * die-shm (writes half of its Q into the shared buffer, then SIGKILLs
- * itself). Prints "shard_rank: ok path=P" or "shard_rank: error NAME:
- * message" on stdout. */
+ * itself); run-again and inplace-again: as run and inplace, and a pass that
+ * failed retryably (its job replaced after a lost worker) runs forward and
+ * backward again, as a trainer would, at most twice. Prints "shard_rank: ok path=P" or "shard_rank:
+ * error NAME: message" on stdout. */
 #include <arpa/inet.h>
 #include <signal.h>
 #include <stdio.h>
@@ -165,7 +167,8 @@ static int die_shm(stria_job_t *job, int rank)
 
 /* The rank's forward and backward passes, its tensors in its own buffers
  * (inplace: in the worker's shared buffers); outputs to files. */
-static int run(stria_job_t *job, const shape_t *s, uint64_t seed, bool inplace, const char *dir)
+static int run(stria_job_t *job, const shape_t *s, uint64_t seed, bool inplace, bool again,
+               const char *dir)
 {
     static const stria_tensor_id_t ids[9] = {STRIA_TENSOR_Q,  STRIA_TENSOR_K,  STRIA_TENSOR_V,
                                              STRIA_TENSOR_DO, STRIA_TENSOR_O,  STRIA_TENSOR_LSE,
@@ -191,9 +194,15 @@ static int run(stria_job_t *job, const shape_t *s, uint64_t seed, bool inplace, 
         if (inplace && t < 4) /* the trainer fills its inputs where the worker reads them */
             copy_strided(&buf[t], own[t], true);
     }
-    st = stria_client_forward_shard(job, s->rank, use[0], use[1], use[2], use[4], use[5]);
-    if (st == STRIA_OK)
-        st = stria_client_backward_shard(job, s->rank, use[3], use[6], use[7], use[8]);
+    for (int tries = 1;; tries++) {
+        st = stria_client_forward_shard(job, s->rank, use[0], use[1], use[2], use[4], use[5]);
+        if (st == STRIA_OK)
+            st = stria_client_backward_shard(job, s->rank, use[3], use[6], use[7], use[8]);
+        if (st == STRIA_OK || !again || tries > 2 || !stria_error_retryable())
+            break;
+        fprintf(stderr, "rank %d: trying again (job %llu now): %s\n", s->rank,
+                (unsigned long long)stria_job_id(job), stria_error_msg());
+    }
     if (st != STRIA_OK)
         return fail(st, "pass");
     for (int t = 4; t < 9; t++) {
@@ -250,7 +259,8 @@ int main(int argc, char **argv)
         return die_tcp(argv[1], job, s.rank, (uint64_t)(s.B * s.T * s.H * s.D) * s.es);
     if (strcmp(mode, "die-shm") == 0)
         return die_shm(job, s.rank);
-    int rc = run(job, &s, seed, strcmp(mode, "inplace") == 0, argv[6]);
+    int rc = run(job, &s, seed, strncmp(mode, "inplace", 7) == 0, strstr(mode, "-again") != NULL,
+                 argv[6]);
     if (rc == 0) {
         printf("shard_rank: ok path=%s\n",
                stria_job_data_path(job, s.rank) == STRIA_DATA_PATH_SHM ? "shm" : "tcp");

@@ -24,13 +24,16 @@
 #include "stria_rpc.h"
 #include "stria_shm.h"
 
-#define N_WORKERS 4
-#define HELPER_S  180 /* a helper's deadline (the sanitizer build is slow) */
+#define N_WORKERS   4 /* the ranks of the jobs; a cluster may have a spare */
+#define MAX_WORKERS 5
+#define HELPER_S    180 /* a helper's deadline (the sanitizer build is slow) */
 
 static struct {
     test_proc_t *coord;
     char coord_addr[256];
-    test_proc_t *workers[N_WORKERS];
+    test_proc_t *workers[MAX_WORKERS]; /* NULL: killed */
+    char rpc[MAX_WORKERS][64];         /* their RPC addresses */
+    int n, alive;
     char dir[128];
 } cl;
 
@@ -39,12 +42,14 @@ static char *const env[] = {"UCX_HANDLE_ERRORS=none", "UCX_TLS=tcp,sm,self", "ST
 
 static void wait_healthy(void);
 
-static void start_cluster(void)
+/* n workers: 2 on host hA, then hB's (a fifth is a spare on hB). */
+static void start_cluster_n(int n)
 {
-    static const char *const hosts[N_WORKERS] = {"hA", "hA", "hB", "hB"};
-    static const char *const inst[N_WORKERS] = {"0", "1", "0", "1"};
+    static const char *const hosts[MAX_WORKERS] = {"hA", "hA", "hB", "hB", "hB"};
+    static const char *const inst[MAX_WORKERS] = {"0", "1", "0", "1", "2"};
     char log[256], line[256], cmd[300];
     memset(&cl, 0, sizeof(cl));
+    cl.n = cl.alive = n;
     snprintf(cl.dir, sizeof(cl.dir), "/tmp/stria_sharded_%d", (int)getpid());
     snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir -p %s", cl.dir, cl.dir);
     cr_assert_eq(system(cmd), 0);
@@ -58,7 +63,7 @@ static void start_cluster(void)
         test_proc_wait_line(cl.coord, "stria-coordinator listening on ", 10, line, sizeof(line)));
     snprintf(cl.coord_addr, sizeof(cl.coord_addr), "%s",
              line + strlen("stria-coordinator listening on "));
-    for (int i = 0; i < N_WORKERS; i++) {
+    for (int i = 0; i < n; i++) {
         snprintf(log, sizeof(log), "%s/worker%d.log", cl.dir, i);
         char *argv[] = {STRIA_WORKER_BIN,
                         "--coordinator",
@@ -86,8 +91,14 @@ static void start_cluster(void)
         cr_assert(test_proc_wait_line(cl.workers[i], "stria-worker listening rpc=", 10, line,
                                       sizeof(line)),
                   "worker %d did not start (see %s)", i, log);
+        sscanf(line + strlen("stria-worker listening rpc="), "%63s", cl.rpc[i]);
     }
     wait_healthy();
+}
+
+static void start_cluster(void)
+{
+    start_cluster_n(N_WORKERS);
 }
 
 static stria_status_t coord_call(uint32_t method, const ProtobufCMessage *req,
@@ -97,21 +108,23 @@ static stria_status_t coord_call(uint32_t method, const ProtobufCMessage *req,
 static void wait_healthy(void)
 {
     unsigned got = 0;
-    for (int i = 0; i < 300 && got != N_WORKERS; i++) {
+    for (int i = 0; i < 300 && got != (unsigned)cl.alive; i++) {
         Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
         stria_rpc_reply_t rep;
         cr_assert_eq(coord_call(STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &rep), STRIA_OK);
         got = ((Stria__V1__GetStatusReply *)rep.msg)->workers_healthy;
         stria_rpc_reply_free(&rep);
-        if (got != N_WORKERS)
+        if (got != (unsigned)cl.alive)
             usleep(50000);
     }
-    cr_assert_eq(got, N_WORKERS, "%u healthy workers", got);
+    cr_assert_eq(got, (unsigned)cl.alive, "%u healthy workers", got);
 }
 
 static void stop_cluster(void)
 {
-    for (int i = 0; i < N_WORKERS; i++) {
+    for (int i = 0; i < cl.n; i++) {
+        if (cl.workers[i] == NULL)
+            continue;
         int st = test_proc_stop(cl.workers[i], SIGTERM, 15);
         cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker %d: status %#x", i, st);
     }
@@ -157,7 +170,7 @@ static bool workers_idle(double timeout_s)
                 idle += r->workers[i]->state == STRIA__V1__WORKER_STATE__WORKER_STATE_HEALTHY &&
                         r->workers[i]->memory_in_use_bytes == 0 && r->workers[i]->n_job_ids == 0;
             stria_rpc_reply_free(&rep);
-            if (idle == N_WORKERS)
+            if (idle == (size_t)cl.alive)
                 return true;
         }
         usleep(100000);
@@ -943,5 +956,188 @@ Test(sharded, sharded_specs_are_checked, .timeout = 300)
     cr_expect(strstr(stria_error_msg(), "not sharded") != NULL, "%s", stria_error_msg());
     stria_client_release(job);
     stria_client_close(cli);
+    stop_cluster();
+}
+
+/* ---- a lost worker's rank moves to a spare ---------------------------------- */
+
+typedef struct {
+    Stria__V1__JobState state;
+    char failure[600];
+    uint64_t replaced_by, replaces;
+    char rank_rpc[64]; /* the worker of the rank asked for */
+} jinfo_t;
+
+static jinfo_t job_info(uint64_t id, int rank)
+{
+    Stria__V1__GetJobRequest gq = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    jinfo_t out;
+    memset(&out, 0, sizeof(out));
+    gq.job_id = id;
+    cr_assert_eq(coord_call(STRIA_RPC_COORDINATOR_GET_JOB, &gq.base, &rep), STRIA_OK, "%s",
+                 stria_error_msg());
+    const Stria__V1__JobInfo *j = ((Stria__V1__GetJobReply *)rep.msg)->job;
+    out.state = j->state;
+    out.replaced_by = j->replaced_by;
+    out.replaces = j->replaces;
+    snprintf(out.failure, sizeof(out.failure), "%s", j->failure);
+    snprintf(out.rank_rpc, sizeof(out.rank_rpc), "%s", j->assignment->ranks[rank]->rpc_address);
+    stria_rpc_reply_free(&rep);
+    return out;
+}
+
+/* The cluster's index of the worker at an RPC address. */
+static int worker_index(const char *rpc)
+{
+    for (int i = 0; i < cl.n; i++)
+        if (strcmp(cl.rpc[i], rpc) == 0)
+            return i;
+    cr_assert_fail("no worker of the cluster at %s", rpc);
+    return -1;
+}
+
+/* The cluster's worker that job x has no rank on. */
+static int spare_of(uint64_t x)
+{
+    bool used[MAX_WORKERS] = {false};
+    for (int r = 0; r < N_WORKERS; r++)
+        used[worker_index(job_info(x, r).rank_rpc)] = true;
+    for (int i = 0; i < cl.n; i++)
+        if (!used[i])
+            return i;
+    cr_assert_fail("job %llu uses every worker", (unsigned long long)x);
+    return -1;
+}
+
+/* A cluster with a spare worker and case c's job submitted on it; the
+ * indexes of the worker at rank `lost_rank` and of the spare. */
+static stria_job_t *spare_cluster_job(case_t *c, stria_client_t **sub, int lost_rank, int *lost,
+                                      int *spare)
+{
+    stria_job_t *job = NULL;
+    start_cluster_n(MAX_WORKERS);
+    *sub = client(STRIA_DATA_PATH_AUTO);
+    cr_assert_eq(stria_client_submit(*sub, &c->spec, &job), STRIA_OK, "%s", stria_error_msg());
+    *lost = worker_index(job_info(stria_job_id(job), lost_rank).rank_rpc);
+    *spare = spare_of(stria_job_id(job));
+    return job;
+}
+
+static void kill_worker(int i)
+{
+    test_proc_stop(cl.workers[i], SIGKILL, 10);
+    cl.workers[i] = NULL;
+    cl.alive--;
+}
+
+/* Every rank succeeded, the gathered outputs are the in-process ring's bit
+ * for bit, and job x was replaced by a job of the same ranks but `lost_rank`
+ * on the spare, which its ranks released. */
+static void expect_replaced(case_t *c, stria_job_t *job, test_proc_t **p, int lost_rank, int spare)
+{
+    char line[1024];
+    for (int r = 0; r < N_WORKERS; r++) {
+        rank_result(p[r], line, sizeof(line));
+        cr_expect(strncmp(line, "shard_rank: ok", 14) == 0, "rank %d: %s", r, line);
+    }
+    memset(c->got[0], 0xff, c->bytes[0]);
+    case_gather(c, job);
+    static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(memcmp(c->got[i], c->ref[i], c->bytes[i]), 0,
+                     "%s of the replaced job differs from the in-process ring", names[i]);
+    jinfo_t x = job_info(stria_job_id(job), lost_rank);
+    cr_expect_eq(x.state, STRIA__V1__JOB_STATE__JOB_STATE_FAILED);
+    cr_assert_neq(x.replaced_by, 0, "not replaced: %s", x.failure);
+    char want[64];
+    snprintf(want, sizeof(want), "replaced by job %llu: rank %d on worker",
+             (unsigned long long)x.replaced_by, lost_rank);
+    cr_expect(strstr(x.failure, want) != NULL, "%s", x.failure);
+    jinfo_t y = job_info(x.replaced_by, lost_rank);
+    cr_expect_eq(y.state, STRIA__V1__JOB_STATE__JOB_STATE_RELEASED, "every rank released it");
+    cr_expect_eq(y.replaces, stria_job_id(job));
+    cr_expect_str_eq(y.rank_rpc, cl.rpc[spare], "the spare takes the lost worker's rank");
+    cr_expect(workers_idle(10), "memory still held after the replaced job ended");
+}
+
+/* A worker dies while ranks 0, 1 and 3 wait for rank 2 (inputs in, one in
+ * place in shared memory): the coordinator's verdict replaces the job, the
+ * waiting ranks follow and send their stripes again, and rank 2, coming
+ * late, imports the old job's export and lands on the replacement. */
+Test(sharded, a_lost_workers_rank_moves_to_a_spare_and_every_rank_follows, .timeout = 900)
+{
+    static const char *const paths[N_WORKERS] = {"tcp", "shm", "auto", "shm"};
+    stria_client_t *sub;
+    case_t c;
+    int lost, spare;
+    case_init(&c, 1, 203, 4, 2, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED, 71);
+    stria_job_t *job = spare_cluster_job(&c, &sub, 2, &lost, &spare);
+    uint64_t x = stria_job_id(job);
+    test_proc_t *p[N_WORKERS];
+    for (int r = 0; r < N_WORKERS; r++)
+        if (r != 2)
+            p[r] = start_rank(&c, job, r, paths[r], r == 3 ? "inplace" : "run");
+    /* their workers hold the job (their ranks arrived, or soon will) */
+    for (int r = 0; r < N_WORKERS; r++) {
+        if (r == 2)
+            continue;
+        jinfo_t ji = job_info(x, r);
+        uint64_t used = 0;
+        for (int i = 0; i < 40 && used == 0; i++) {
+            Stria__V1__ListWorkersRequest req = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
+            stria_rpc_reply_t rep;
+            cr_assert_eq(coord_call(STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &rep), STRIA_OK);
+            const Stria__V1__ListWorkersReply *lw = (const Stria__V1__ListWorkersReply *)rep.msg;
+            for (size_t k = 0; k < lw->n_workers; k++)
+                if (strcmp(lw->workers[k]->rpc_address, ji.rank_rpc) == 0)
+                    used = lw->workers[k]->memory_in_use_bytes;
+            stria_rpc_reply_free(&rep);
+            if (used == 0)
+                usleep(250000);
+        }
+        cr_expect_gt(used, 0, "rank %d's worker never held the job", r);
+    }
+    kill_worker(lost);
+    for (int i = 0; i < 300 && job_info(x, 2).replaced_by == 0; i++)
+        usleep(100000);
+    p[2] = start_rank(&c, job, 2, paths[2], "run");
+    expect_replaced(&c, job, p, 2, spare);
+    stria_client_release(job);
+    case_free(&c);
+    stria_client_close(sub);
+    stop_cluster();
+}
+
+/* A worker is killed mid-pass: its ring peers fail the pass at once, the
+ * job waits for the verdict on the worker and is replaced; every rank's
+ * forward sends its stripe again inside the call (had the kill come after
+ * the forward, the backward fails retryably and the rank, as a trainer
+ * would, runs both again). */
+Test(sharded, a_worker_killed_mid_pass_is_replaced_inside_the_call, .timeout = 900)
+{
+    static const char *const paths[N_WORKERS] = {"shm", "tcp", "shm", "tcp"};
+    stria_client_t *sub;
+    case_t c;
+    int lost, spare;
+    case_init(&c, 1, 4096, 2, 1, STRIA_DTYPE_F32, true, STRIA_LAYOUT_ZIGZAG, 81);
+    stria_job_t *job = spare_cluster_job(&c, &sub, 1, &lost, &spare);
+    uint64_t x = stria_job_id(job);
+    test_proc_t *p[N_WORKERS];
+    for (int r = 0; r < N_WORKERS; r++)
+        p[r] = start_rank(&c, job, r, paths[r], "run-again");
+    Stria__V1__JobState s = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    for (int i = 0; i < 60000 && s < STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD; i++) {
+        s = job_info(x, 1).state;
+        usleep(2000);
+    }
+    cr_assert(s >= STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD &&
+                  s < STRIA__V1__JOB_STATE__JOB_STATE_DONE,
+              "the job never ran (state %d)", (int)s);
+    kill_worker(lost);
+    expect_replaced(&c, job, p, 1, spare);
+    stria_client_release(job);
+    case_free(&c);
+    stria_client_close(sub);
     stop_cluster();
 }
