@@ -4,6 +4,7 @@
  * tokens, and releases the ranks it ran. */
 #include "client_int.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,11 +153,31 @@ static stria_status_t stria__import(stria_client_t *c, stria_job_t *job, uint64_
  * coordinator waits for a verdict (and, with `lost`: the caller's worker
  * was lost, while the job is still on, for the coordinator to see it); 0
  * when none. Overwrites the thread's error. */
+/* The coordinator's heartbeat period (its verdicts take 3), or 1 s. */
+static double stria__heartbeat_period(stria_client_t *c)
+{
+    Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    double period = 1.0;
+    memset(&reply, 0, sizeof(reply));
+    if (stria__coord_call(c, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, NULL, &reply) ==
+        STRIA_OK) {
+        uint32_t ms = ((const Stria__V1__GetStatusReply *)reply.msg)->heartbeat_period_ms;
+        period = ms > 0 ? ms / 1000.0 : period;
+        stria_rpc_reply_free(&reply);
+    }
+    return period;
+}
+
 static uint64_t stria__replacement_of(stria_job_t *job, uint64_t id, bool lost)
 {
     uint64_t saved = job->id, found = 0;
-    double now = stria_time_now(), give_up = now + STRIA__REPLACE_WAIT_S;
-    double on_until = lost ? now + STRIA__VERDICT_WAIT_S : 0;
+    /* The waits scale with the coordinator's: a verdict takes 3 heartbeat
+     * periods, and a failed sharded pass waits 6 for one. */
+    double period = lost ? stria__heartbeat_period(job->client) : 1.0;
+    double now = stria_time_now();
+    double give_up = now + fmax(STRIA__REPLACE_WAIT_S, 10 * period);
+    double on_until = lost ? now + fmax(STRIA__VERDICT_WAIT_S, 5 * period) : 0;
     for (int hops = 0; hops < 16;) {
         Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
         stria_rpc_reply_t reply;
@@ -225,14 +246,42 @@ static stria_status_t stria__shard_follow(stria_job_t *job, bool lost, bool *fol
     uint64_t y = stria__replacement_of(job, old, lost);
     if (y == 0)
         return STRIA_OK;
-    *followed = true;
-    stria__ranks_retire(job);
-    stria_status_t st = stria__import(job->client, job, y, &state, &qpos);
+    /* The replacement into a handle of its own first: a failure leaves this
+     * one as it was (its ranks, to release). */
+    stria_job_t *nj = calloc(1, sizeof(*nj));
+    if (nj == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    nj->client = job->client;
+    nj->sharded = true;
+    nj->secret = job->secret;
+    stria_status_t st = stria__import(job->client, nj, y, &state, &qpos);
     if (st == STRIA_OK)
-        st = stria__wait_queued(job->client, job, state, qpos, NULL, NULL);
-    if (st != STRIA_OK)
+        st = stria__wait_queued(job->client, nj, state, qpos, NULL, NULL);
+    if (st == STRIA_OK && nj->n_ranks != job->n_ranks)
+        st = stria_error_set(STRIA_ERR_PROTOCOL, "the replacement has %d ranks, not %d",
+                             nj->n_ranks, job->n_ranks);
+    if (st != STRIA_OK) {
+        stria__job_free(nj);
         return stria_error_wrap(st, "job %llu, which replaces job %llu", (unsigned long long)y,
                                 (unsigned long long)old);
+    }
+    /* The ranks this handle owned it owns there too (its release releases
+     * them, even if it never reaches their new workers). */
+    for (int i = 0; i < nj->n_ranks; i++)
+        nj->ranks[i].used = job->ranks[i].used;
+    stria__ranks_retire(job);
+    job->id = nj->id;
+    job->spec = nj->spec;
+    job->layout = nj->layout;
+    job->pass_timeout_s = nj->pass_timeout_s;
+    job->n_ranks = nj->n_ranks;
+    job->ranks = nj->ranks;
+    job->retryable = false; /* the old job's verdict is not the new one's */
+    job->n_blamed = 0;
+    nj->ranks = NULL;
+    nj->n_ranks = 0;
+    stria__job_free(nj);
+    *followed = true;
     stria_log_info("job %llu was replaced by job %llu (a worker was lost): this handle follows",
                    (unsigned long long)old, (unsigned long long)y);
     return STRIA_OK;

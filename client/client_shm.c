@@ -105,11 +105,11 @@ static void stria__shm_adopt(stria_job_t *job, const stria__rank_t *r, stria__sh
             memcmp(o->t, shm->t, sizeof(o->t)) != 0)
             continue;
         memcpy(shm->base, o->base, shm->size);
-        void *at =
-            mmap(o->base, shm->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, shm->fd, 0);
-        if (at != o->base) /* the old mapping may be gone: it was replaced */
+        /* mremap moves the new mapping over the old one in one step; when it
+         * fails, the old one stays (the caller's pointers with it) */
+        void *at = mremap(shm->base, shm->size, shm->size, MREMAP_MAYMOVE | MREMAP_FIXED, o->base);
+        if (at != o->base)
             return;
-        munmap(shm->base, shm->size);
         close(o->fd);
         shm->base = at;
         job->retired[i] = job->retired[--job->n_retired];
@@ -168,9 +168,9 @@ stria_status_t stria__retired_check(const stria_job_t *job, const stria__rank_t 
             (const char *)p < (const char *)o->base + o->size)
             return stria_error_set(STRIA_ERR_UNSUPPORTED,
                                    "job %llu rank %d: a buffer lies in the shared memory of the "
-                                   "job this one replaced, and the new worker of the rank (%s) "
-                                   "is reached over TCP, not shared memory: pass buffers of "
-                                   "your own",
+                                   "job this one replaced, which the new job's memory could not "
+                                   "take over (the rank's new worker %s is reached over TCP, or "
+                                   "the mapping failed): pass buffers of your own",
                                    (unsigned long long)job->id, r->rank, r->rpc_address);
     }
     return STRIA_OK;

@@ -195,7 +195,7 @@ static void stria__jobs_prune(stria_coord_t *co)
     drop = finished - co->history;
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
-        if (drop > 0 && stria__terminal(j->state)) {
+        if (drop > 0 && stria__terminal(j->state) && !stria__replace_live(co, j)) {
             stria__job_free(co, j);
             drop--;
         } else {
@@ -247,6 +247,10 @@ static void stria__job_start(stria__cjob_t *j)
     j->started_ms = stria__coord_wall_ms();
     /* Time in the queue does not count against the client. */
     j->last_activity = stria_time_now();
+    if (j->replaces != 0) { /* its ranks follow now, or the job is over */
+        j->arrival_pass = 1;
+        j->arrival_deadline = j->last_activity + j->arrival_timeout_s;
+    }
     stria_log_info("job %llu starts on %u workers", (unsigned long long)j->id, j->n_ranks);
 }
 
@@ -373,13 +377,21 @@ static bool stria__arrival_expired(stria_coord_t *co, stria__cjob_t *j, double n
         if (w->dead && gone == NULL)
             gone = w;
     }
-    stria__job_finish(co, j, S_FAILED,
-                      "rank%s %s did not arrive for the %s pass within %g s (arrival_timeout_s) "
-                      "of the first; rank%s %s had their inputs in and waited%s",
-                      n_missing == 1 ? "" : "s", missing,
-                      j->arrival_backward ? "backward" : "forward", j->arrival_timeout_s,
-                      n_waiting == 1 ? "" : "s", waiting,
-                      gone != NULL ? " (a missing rank's worker is dead)" : "");
+    if (n_waiting == 0) /* a replacement no rank moved to */
+        stria__job_finish(co, j, S_FAILED,
+                          "no rank came to this replacement of job %llu within %g s "
+                          "(arrival_timeout_s) of its start%s",
+                          (unsigned long long)j->replaces, j->arrival_timeout_s,
+                          gone != NULL ? " (a rank's worker is dead)" : "");
+    else
+        stria__job_finish(co, j, S_FAILED,
+                          "rank%s %s did not arrive for the %s pass within %g s "
+                          "(arrival_timeout_s) of the first; rank%s %s had their inputs in and "
+                          "waited%s",
+                          n_missing == 1 ? "" : "s", missing,
+                          j->arrival_backward ? "backward" : "forward", j->arrival_timeout_s,
+                          n_waiting == 1 ? "" : "s", waiting,
+                          gone != NULL ? " (a missing rank's worker is dead)" : "");
     if (gone != NULL)
         stria__job_retryable(j, gone);
     j->arrival_deadline = 0;
@@ -468,16 +480,24 @@ static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
     double dead_after = STRIA__DEAD_PERIODS * co->heartbeat_period_s;
     bool changed = false;
 
+    /* Every death of this tick first, then their jobs: a replacement must
+     * not take a worker that died in the same tick. */
     for (uint32_t i = 0; i < co->n_workers; i++) {
         stria__cworker_t *w = co->workers[i];
-        char why[128];
         if (stall > 0 && !w->dead)
             w->last_seen = w->last_seen + stall < now ? w->last_seen + stall : now;
         if (w->dead || now - w->last_seen <= dead_after)
             continue;
-        w->dead = true;
+        w->dead = w->died_now = true;
         w->current_job = 0;
         w->in_use = 0;
+    }
+    for (uint32_t i = 0; i < co->n_workers; i++) {
+        stria__cworker_t *w = co->workers[i];
+        char why[128];
+        if (!w->died_now)
+            continue;
+        w->died_now = false;
         snprintf(why, sizeof(why), "missed %d heartbeats (silent for %.1f s)", STRIA__DEAD_PERIODS,
                  now - w->last_seen);
         stria_log_warn("worker %llu (%s, %s) is dead: %s", (unsigned long long)w->id, w->host,

@@ -67,6 +67,7 @@ typedef struct {
     /* registered holding jobs in a recovery window: no new job starts on it
      * until a heartbeat described them (coord_recover.c) */
     bool awaiting_jobs;
+    bool died_now; /* scratch of the tick: marked dead in this one */
     /* its series of the per-worker gauges (NULL until the first update) */
     stria_metric_t *m_age, *m_in_use, *m_reserved;
 } stria__cworker_t;
@@ -334,6 +335,9 @@ bool stria__replace_pending(const stria__cjob_t *j);
  * failed for it (or waits for a verdict) is replaced when a spare worker
  * fits; true when any was. Called after its unfinished jobs were failed. */
 bool stria__replace_lost(stria_coord_t *co, stria__cworker_t *w);
+/* Whether a job replaced by a chain ending in an unfinished job (kept in
+ * the history until that one ends: ranks still follow it). */
+bool stria__replace_live(stria_coord_t *co, const stria__cjob_t *j);
 /* At a tick: closes the waits past their end (no worker was lost). */
 void stria__replace_tick(stria_coord_t *co, double now);
 /* coord_clients.c: a new job id and ring key (the secret: a new one unless

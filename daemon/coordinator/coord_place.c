@@ -185,12 +185,15 @@ stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec 
 
 /* How well w suits rank r of job j in place of `lost`: -1 not at all, else
  * higher is better (on the rank's device, idle, on the lost worker's host). */
-static int stria__spare_score(const stria__cjob_t *j, uint32_t r, const stria__cworker_t *w,
-                              const stria__cworker_t *lost, bool on_host, stria__cworker_t **taken,
-                              uint32_t n_taken)
+static int stria__spare_score(const stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
+                              const stria__cworker_t *w, const stria__cworker_t *lost, bool on_host,
+                              stria__cworker_t **taken, uint32_t n_taken)
 {
     const stria__crank_t *cr = &j->ranks[r];
     if (stria__job_has_worker(j, w) || w->awaiting_jobs || !stria__fits_worker(w, j->mem_per_rank))
+        return -1;
+    /* silent for two periods: maybe the next to die */
+    if (stria_time_now() - w->last_seen > 2 * co->heartbeat_period_s)
         return -1;
     for (uint32_t i = 0; i < n_taken; i++)
         if (taken[i] == w)
@@ -223,7 +226,7 @@ stria__cworker_t *stria__choose_spare(stria_coord_t *co, const stria__cjob_t *j,
         if (!on_host && (cr->place_host == NULL || !j->placement_fallback))
             break;
         for (uint32_t i = 0; i < count; i++) {
-            int score = stria__spare_score(j, r, ring[i], cr->worker, on_host, taken, n_taken);
+            int score = stria__spare_score(co, j, r, ring[i], cr->worker, on_host, taken, n_taken);
             uint64_t load = ring[i]->reserved + ring[i]->queued_demand;
             if (score > best_score || (score == best_score && score >= 0 && load < best_load)) {
                 best = ring[i];

@@ -58,6 +58,16 @@ bool stria__replace_pending(const stria__cjob_t *j)
     return j->replace_until > 0 && stria__replaceable(j);
 }
 
+bool stria__replace_live(stria_coord_t *co, const stria__cjob_t *j)
+{
+    for (int hops = 0; j != NULL && j->replaced_by != 0 && hops <= STRIA__MAX_GENERATIONS; hops++) {
+        j = stria__job_find(co, j->replaced_by);
+        if (j != NULL && !stria__terminal(j->state))
+            return true;
+    }
+    return false;
+}
+
 void stria__replace_tick(stria_coord_t *co, double now)
 {
     for (uint32_t i = 0; i < co->n_jobs; i++) {
@@ -128,7 +138,8 @@ static bool stria__replace(stria_coord_t *co, stria__cjob_t *j, const stria__cwo
         stria__crank_t *cr = &j->ranks[r];
         ring[r] = cr->worker;
         fallback[r] = cr->fallback;
-        if (!cr->worker->dead && cr->worker != w)
+        /* a draining member would fail the new job while it is queued */
+        if (!cr->worker->dead && !cr->worker->draining && cr->worker != w)
             continue;
         if (n_lost == 8) {
             snprintf(why, sizeof(why), "more than 8 of its workers were lost");

@@ -1116,6 +1116,35 @@ static Stria__V1__JobSpec spec_sharded(uint32_t ring_size)
     return s;
 }
 
+/* A coordinator with n workers on host "h" (room for one job each) and a
+ * sharded job of ring_size ranks on them; its ranks' worker ids in was[]. */
+static uint64_t sharded_on(fx_t *fx, wk_t *w, int n, uint32_t ring_size, uint64_t *was)
+{
+    stria_rpc_reply_t rep;
+    uint64_t m = mem_default((int)ring_size);
+    fx_start(fx, 0.2, 60, NULL, NULL);
+    for (int i = 0; i < n; i++)
+        w[i] = reg_worker(fx, "h", 7000 + i, m + m / 2);
+    Stria__V1__JobSpec s = spec_sharded(ring_size);
+    uint64_t x = submit_ok(fx, &s, JS(LOADING));
+    Stria__V1__JobInfo *info = get_job(fx, x, &rep);
+    for (uint32_t r = 0; r < ring_size; r++)
+        was[r] = info->assignment->ranks[r]->worker_id;
+    stria_rpc_reply_free(&rep);
+    return x;
+}
+
+/* The job replacing x (which proves x's secret). */
+static uint64_t replacement(const fx_t *fx, uint64_t x)
+{
+    stria_rpc_reply_t rep;
+    uint64_t y = get_job(fx, x, &rep)->replaced_by;
+    stria_rpc_reply_free(&rep);
+    cr_assert_neq(y, 0, "job %llu was not replaced", (unsigned long long)x);
+    same_secret(y, x);
+    return y;
+}
+
 /* A pass fails at a ring peer's report (its link to the lost worker broke)
  * before the verdict on the worker; the job waits for it, and is replaced
  * when it comes: same ranks and spec, the lost rank on the spare. A rank
@@ -1125,17 +1154,10 @@ Test(coord, a_sharded_job_that_lost_a_worker_is_replaced, .timeout = TEST_TIMEOU
     fx_t fx;
     stria_rpc_reply_t rep;
     wk_t w[5];
-    uint64_t m = mem_default(4);
-    fx_start(&fx, 0.2, 60, NULL, NULL);
-    for (int i = 0; i < 5; i++)
-        w[i] = reg_worker(&fx, "h", 7000 + i, m + m / 2); /* one job each */
-    Stria__V1__JobSpec s = spec_sharded(4);
-    uint64_t x = submit_ok(&fx, &s, JS(LOADING));
-    Stria__V1__JobInfo *info = get_job(&fx, x, &rep);
     uint64_t was[4], spare = 0;
-    for (int r = 0; r < 4; r++)
-        was[r] = info->assignment->ranks[r]->worker_id;
-    stria_rpc_reply_free(&rep);
+    uint64_t x = sharded_on(&fx, w, 5, 4, was);
+    Stria__V1__JobSpec s = spec_sharded(4);
+    Stria__V1__JobInfo *info;
     for (int i = 0; i < 5; i++)
         spare = was[0] != w[i].id && was[1] != w[i].id && was[2] != w[i].id && was[3] != w[i].id
                     ? w[i].id
@@ -1246,6 +1268,39 @@ Test(coord, a_sharded_job_is_replaced_only_for_a_lost_worker_with_a_spare,
     fx_stop(&fx);
 }
 
+/* Every lost member gets a spare at once: two workers silent together die in
+ * one tick (neither is the other's spare), and a draining member is moved
+ * too (a queued job with a draining worker would fail). */
+Test(coord, lost_and_draining_members_all_get_spares, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    wk_t w[7];
+    uint64_t was[3];
+    uint64_t x = sharded_on(&fx, w, 7, 3, was);
+    Stria__V1__JobInfo *info;
+    Stria__V1__DrainWorkerRequest dw = STRIA__V1__DRAIN_WORKER_REQUEST__INIT;
+    dw.worker_id = was[0];
+    dw.drain = true;
+    cr_assert_eq(fx_call(fx.cl, M_DRAIN, &dw.base, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    wk_t keep[7];
+    size_t n_keep = 0;
+    for (int i = 0; i < 7; i++)
+        if (w[i].id != was[1] && w[i].id != was[2])
+            keep[n_keep++] = w[i];
+    cr_assert(wait_until(&fx, keep, n_keep, pred_replaced, &x, 10), "never replaced");
+    info = get_job(&fx, replacement(&fx, x), &rep);
+    cr_expect_eq(info->state, JS(LOADING), "%s", info->failure);
+    cr_expect_eq(info->generation, 1, "both deaths in one replacement");
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < 3; k++)
+            cr_expect_neq(info->assignment->ranks[r]->worker_id, was[k],
+                          "rank %d of the replacement is on a lost or draining worker", r);
+    stria_rpc_reply_free(&rep);
+    fx_stop(&fx);
+}
+
 /* A placed rank's spare comes from its host; with none there, the job is
  * not replaced unless the spec allows another host. */
 Test(coord, a_placed_ranks_spare_keeps_its_placement, .timeout = TEST_TIMEOUT_S)
@@ -1275,10 +1330,7 @@ Test(coord, a_placed_ranks_spare_keeps_its_placement, .timeout = TEST_TIMEOUT_S)
         if (w[i].id != r1)
             keep[n_keep++] = w[i];
     cr_assert(wait_until(&fx, keep, n_keep, pred_replaced, &x, 10), "never replaced");
-    info = get_job(&fx, x, &rep);
-    uint64_t y = info->replaced_by;
-    stria_rpc_reply_free(&rep);
-    same_secret(y, x);
+    uint64_t y = replacement(&fx, x);
     info = get_job(&fx, y, &rep);
     cr_expect_eq(info->assignment->ranks[0]->worker_id, r0);
     cr_expect_eq(info->assignment->ranks[1]->worker_id, other.id,

@@ -11,7 +11,9 @@
  * die-shm (writes half of its Q into the shared buffer, then SIGKILLs
  * itself); run-again and inplace-again: as run and inplace, and a pass that
  * failed retryably (its job replaced after a lost worker) runs forward and
- * backward again, as a trainer would, at most twice. Prints "shard_rank: ok path=P" or "shard_rank:
+ * backward again, as a trainer would, at most twice; with -pause (run-again-pause),
+ * after its first forward the rank prints "rank R: forward done" and waits
+ * for the file OUTDIR/go before its backward. Prints "shard_rank: ok path=P" or "shard_rank:
  * error NAME: message" on stdout. */
 #include <arpa/inet.h>
 #include <signal.h>
@@ -167,8 +169,19 @@ static int die_shm(stria_job_t *job, int rank)
 
 /* The rank's forward and backward passes, its tensors in its own buffers
  * (inplace: in the worker's shared buffers); outputs to files. */
+/* Says the forward is done and waits until the test creates OUTDIR/go. */
+static void wait_go(int rank, const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/go", dir);
+    printf("rank %d: forward done\n", rank);
+    fflush(stdout);
+    for (int i = 0; i < 6000 && access(path, F_OK) != 0; i++)
+        usleep(50000);
+}
+
 static int run(stria_job_t *job, const shape_t *s, uint64_t seed, bool inplace, bool again,
-               const char *dir)
+               bool pause, const char *dir)
 {
     static const stria_tensor_id_t ids[9] = {STRIA_TENSOR_Q,  STRIA_TENSOR_K,  STRIA_TENSOR_V,
                                              STRIA_TENSOR_DO, STRIA_TENSOR_O,  STRIA_TENSOR_LSE,
@@ -196,6 +209,8 @@ static int run(stria_job_t *job, const shape_t *s, uint64_t seed, bool inplace, 
     }
     for (int tries = 1;; tries++) {
         st = stria_client_forward_shard(job, s->rank, use[0], use[1], use[2], use[4], use[5]);
+        if (st == STRIA_OK && pause && tries == 1) /* until OUTDIR/go exists */
+            wait_go(s->rank, dir);
         if (st == STRIA_OK)
             st = stria_client_backward_shard(job, s->rank, use[3], use[6], use[7], use[8]);
         if (st == STRIA_OK || !again || tries > 2 || !stria_error_retryable())
@@ -260,7 +275,7 @@ int main(int argc, char **argv)
     if (strcmp(mode, "die-shm") == 0)
         return die_shm(job, s.rank);
     int rc = run(job, &s, seed, strncmp(mode, "inplace", 7) == 0, strstr(mode, "-again") != NULL,
-                 argv[6]);
+                 strstr(mode, "-pause") != NULL, argv[6]);
     if (rc == 0) {
         printf("shard_rank: ok path=%s\n",
                stria_job_data_path(job, s.rank) == STRIA_DATA_PATH_SHM ? "shm" : "tcp");

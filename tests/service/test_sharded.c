@@ -1141,3 +1141,36 @@ Test(sharded, a_worker_killed_mid_pass_is_replaced_inside_the_call, .timeout = 9
     stria_client_close(sub);
     stop_cluster();
 }
+
+/* A worker dies between the forward and the backward: every rank's backward
+ * fails, retryable, its handle on the replacement, and the rank runs
+ * forward and backward again there (as a trainer would); the ranks'
+ * releases reach the replacement, whose memory goes back. */
+Test(sharded, a_worker_lost_before_the_backward_moves_the_handles, .timeout = 900)
+{
+    static const char *const paths[N_WORKERS] = {"tcp", "shm", "shm", "tcp"};
+    stria_client_t *sub;
+    case_t c;
+    int lost, spare;
+    char line[256], go[300];
+    case_init(&c, 2, 130, 2, 2, STRIA_DTYPE_BF16, true, STRIA_LAYOUT_STRIPED, 91);
+    stria_job_t *job = spare_cluster_job(&c, &sub, 3, &lost, &spare);
+    uint64_t x = stria_job_id(job);
+    test_proc_t *p[N_WORKERS];
+    for (int r = 0; r < N_WORKERS; r++)
+        p[r] = start_rank(&c, job, r, paths[r], "run-again-pause");
+    for (int r = 0; r < N_WORKERS; r++)
+        cr_assert(test_proc_wait_line(p[r], "rank ", HELPER_S, line, sizeof(line)) &&
+                      strstr(line, "forward done") != NULL,
+                  "rank %d: %s", r, line);
+    kill_worker(lost);
+    for (int i = 0; i < 300 && job_info(x, 3).replaced_by == 0; i++)
+        usleep(100000);
+    snprintf(go, sizeof(go), "touch %s/go", cl.dir);
+    cr_assert_eq(system(go), 0);
+    expect_replaced(&c, job, p, 3, spare);
+    stria_client_release(job);
+    case_free(&c);
+    stria_client_close(sub);
+    stop_cluster();
+}
