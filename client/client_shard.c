@@ -190,7 +190,7 @@ static uint64_t stria__replacement_of(stria_job_t *job, uint64_t id, bool lost)
         const Stria__V1__JobInfo *info = ((const Stria__V1__GetJobReply *)reply.msg)->job;
         uint64_t next = info != NULL ? info->replaced_by : 0;
         bool pending = info != NULL && info->replacement_pending;
-        if (info != NULL && info->state < STRIA__V1__JOB_STATE__JOB_STATE_FAILED &&
+        if (found == 0 && info != NULL && info->state < STRIA__V1__JOB_STATE__JOB_STATE_FAILED &&
             stria_time_now() < on_until)
             pending = true; /* the coordinator has not seen the loss yet */
         stria_rpc_reply_free(&reply);
