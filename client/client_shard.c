@@ -49,11 +49,14 @@ stria_status_t stria_client_submit(stria_client_t *client, const stria_job_spec_
     if (st != STRIA_OK) {
         if (job->id != 0) { /* admitted, then failed: the whole job goes */
             char msg[1024];
+            bool retryable = stria_error_retryable();
             snprintf(msg, sizeof(msg), "%s", stria_error_msg());
             job->sharded = false;
             stria__job_link(job);
             stria_client_release(job);
-            return stria_error_set(st, "%s", msg);
+            stria_error_set(st, "%s", msg);
+            stria_error_set_retryable(retryable); /* the release's calls cleared it */
+            return st;
         }
         stria__job_free(job);
         return st;
