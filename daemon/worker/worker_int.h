@@ -205,6 +205,8 @@ struct stria_worker {
      * the counts already added to them */
     stria_metric_t *m_ring_refused[4];
     stria_ucx_ctx_stats_t ring_seen;
+    /* the C heap: in use, free in the arenas (glibc's mallinfo2()) */
+    stria_metric_t *m_heap[2];
 };
 
 /* ---- worker_data.c ---- */
@@ -348,5 +350,10 @@ void stria__wmetrics_init(stria_worker_t *w);
 /* Adds what the worker's UCX context refused since the last call to the
  * metrics (heartbeat thread). */
 void stria__wmetrics_ring(stria_worker_t *w);
+/* Sets the C heap gauges (glibc 2.33 and later; nothing elsewhere). */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+#define STRIA__HAVE_MALLINFO2 1
+#endif
+void stria__wmetrics_heap(stria_worker_t *w);
 
 #endif
