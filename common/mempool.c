@@ -57,6 +57,7 @@ struct stria_mempool {
     void *map_base; /* host: the whole reservation, for munmap */
     size_t map_len;
     size_t commit; /* host: bytes of region 0 usable from its start */
+    size_t reach;  /* host: the highest end allocations reached since the last trim */
     stria__mp_region_t *regions;
     size_t n_regions, cap_regions;
     stria__mp_block_t *blocks;
@@ -365,8 +366,11 @@ stria_status_t stria_mempool_alloc(stria_mempool_t *pool, size_t bytes, void **o
         goto out;
     }
     char *ptr = p->regions[p->blocks[u].region].base + start;
-    if (p->host)
+    if (p->host) {
         STRIA__MP_UNPOISON(ptr, size);
+        if (start + size > p->reach)
+            p->reach = start + size;
+    }
     p->in_use += size;
     if (p->in_use > p->high_water)
         p->high_water = p->in_use;
@@ -411,6 +415,40 @@ void stria_mempool_free(stria_mempool_t *pool, void *ptr)
         p->n_blocks--;
     }
     pthread_mutex_unlock(&p->lock);
+}
+
+size_t stria_mempool_trim(stria_mempool_t *pool)
+{
+    if (pool == NULL || !pool->host)
+        return 0;
+    stria_mempool_t *p = pool;
+    pthread_mutex_lock(&p->lock);
+    /* the end of the highest block in use (blocks are in address order) */
+    size_t used_end = 0;
+    for (size_t i = p->n_blocks; i-- > 0;)
+        if (p->blocks[i].used) {
+            used_end = p->blocks[i].off + p->blocks[i].size;
+            break;
+        }
+    size_t keep = stria__mp_round(p->reach > used_end ? p->reach : used_end, STRIA__MP_HUGE);
+    size_t given = 0;
+    if (keep < p->commit) {
+        char *from = p->regions[0].base + keep;
+        size_t len = p->commit - keep;
+        /* free, so poisoned already; the pages go back to the system (huge
+         * pages whole: both ends are huge-page aligned), and the range is
+         * PROT_NONE again, as never committed */
+        if (madvise(from, len, MADV_DONTNEED) == 0 && mprotect(from, len, PROT_NONE) == 0) {
+            p->committed -= len;
+            p->commit = keep;
+            given = len;
+        } else {
+            (void)mprotect(from, len, PROT_READ | PROT_WRITE); /* stays committed */
+        }
+    }
+    p->reach = used_end;
+    pthread_mutex_unlock(&p->lock);
+    return given;
 }
 
 static void *stria__mp_alloc_cb(void *ctx, size_t bytes)

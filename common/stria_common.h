@@ -240,9 +240,10 @@ typedef struct {
 } stria_allocator_t;
 
 /* A memory pool: memory a process reserves once, up to a capacity, and
- * keeps for its life, so that the buffers of one job are the pages of the
- * previous one (no page fault, no kernel page clearing) instead of fresh
- * mappings.
+ * keeps (a host pool: until stria_mempool_trim() gives back what recent
+ * allocations did not reach), so that the buffers of one job are the pages
+ * of the previous one (no page fault, no kernel page clearing) instead of
+ * fresh mappings.
  *
  * Host pools reserve address space (twice the capacity, PROT_NONE, not
  * committed) and commit it as allocations first reach it; the pages are
@@ -300,6 +301,16 @@ stria_status_t stria_mempool_alloc(stria_mempool_t *pool, size_t bytes, void **o
 /* Returns memory of stria_mempool_alloc(); NULL is ignored; a pointer the
  * pool did not hand out is logged and ignored. */
 void stria_mempool_free(stria_mempool_t *pool, void *ptr);
+/* Host pools: gives back to the system the committed memory above the
+ * highest address allocations reached since the previous trim (or the pool's
+ * creation), in whole huge pages; what is in use is never touched. Called
+ * now and then (a worker: every minute), it bounds what a host pool keeps
+ * resident by its recent peak instead of its peak over the process's life
+ * (a rare burst of concurrent jobs, or jobs that left holes low in the pool,
+ * would otherwise keep pages resident for good). The memory is committed
+ * again (fresh pages) when allocations reach it. Returns the bytes given
+ * back; 0 for a pool over a source and NULL. */
+size_t stria_mempool_trim(stria_mempool_t *pool);
 /* The pool as an allocator (valid while the pool lives). */
 stria_allocator_t stria_mempool_allocator(stria_mempool_t *pool);
 void stria_mempool_stats(stria_mempool_t *pool, stria_mempool_stats_t *out);

@@ -400,6 +400,8 @@ void *stria__wcoord_thread(void *arg)
             njobs++;
         stria_metric_set(w->m_jobs, (double)njobs);
         stria__wmetrics_ring(w);
+        stria__wmetrics_heap(w);
+        stria__wpool_trim(w);
         /* out of reach: try again every period, at most every second (a
          * restarted coordinator hears of our jobs within its window) */
         uint32_t retry_ms = w->heartbeat_ms > 0 && w->heartbeat_ms < 1000 ? w->heartbeat_ms : 1000;

@@ -41,6 +41,15 @@
 /* Job entries of one heartbeat: the coordinator refuses more
  * (STRIA_COORD_MAX_HEARTBEAT_JOBS); a worker never holds that many. */
 #define STRIA__HB_MAX_JOBS 16384
+/* Seconds between trims of the host pool, so that its resident memory
+ * follows the reach of the last minute or two, not the largest of the
+ * process's life. Without it a soak's workers grew in 2 MiB steps that did
+ * not stop: each step was the host pool's committed extent growing by a huge
+ * page (10 -> 12 MiB in minute 11 of one run) while its most memory in use
+ * at once stayed the same (9.6 MiB: fragmentation of the lowest-address-
+ * first placement, not more jobs), the C heap flat at 4 MiB. A trim costs
+ * the next allocation that reaches the range a page fault per huge page. */
+#define STRIA__POOL_TRIM_S 60.0
 /* Assignments fetched at once for PutInputs of jobs not held yet. */
 #define STRIA__MAX_FETCHES 16
 
@@ -205,6 +214,9 @@ struct stria_worker {
      * the counts already added to them */
     stria_metric_t *m_ring_refused[4];
     stria_ucx_ctx_stats_t ring_seen;
+    double pool_trim_at; /* the next trim of the host pool (stria__wpool_trim()) */
+    /* the C heap: in use, free in the arenas (glibc's mallinfo2()) */
+    stria_metric_t *m_heap[2];
 };
 
 /* ---- worker_data.c ---- */
@@ -265,6 +277,10 @@ void *stria__wpool_scratch(stria_worker_t *w, size_t bytes);
 void stria__wpool_scratch_free(stria_worker_t *w, void *p);
 /* Sets the pool gauges. */
 void stria__wpool_publish(stria_worker_t *w);
+/* Every STRIA__POOL_TRIM_S (the heartbeat thread calls it at each beat):
+ * gives back the host pool's committed memory that no allocation reached
+ * since the previous trim (stria_mempool_trim()). Lock held. */
+void stria__wpool_trim(stria_worker_t *w);
 
 /* ---- worker_data.c, worker_pass.c: the Worker service's handlers ---- */
 stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
@@ -348,5 +364,10 @@ void stria__wmetrics_init(stria_worker_t *w);
 /* Adds what the worker's UCX context refused since the last call to the
  * metrics (heartbeat thread). */
 void stria__wmetrics_ring(stria_worker_t *w);
+/* Sets the C heap gauges (glibc 2.33 and later; nothing elsewhere). */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+#define STRIA__HAVE_MALLINFO2 1
+#endif
+void stria__wmetrics_heap(stria_worker_t *w);
 
 #endif

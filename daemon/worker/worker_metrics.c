@@ -1,5 +1,6 @@
 /* The worker's metrics. */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,18 @@ void stria__wmetrics_init(stria_worker_t *w)
             "device and pinned: segments), by pool.",
             pool_labels[i], NULL, 0);
     }
+#ifdef STRIA__HAVE_MALLINFO2
+    w->m_heap[0] = stria_metrics_get(
+        m, STRIA_METRIC_GAUGE, "stria_worker_heap_in_use_bytes",
+        "Bytes of the process's C heap (malloc) allocated now, from glibc's mallinfo2() (pool "
+        "memory not included).",
+        NULL, NULL, 0);
+    w->m_heap[1] = stria_metrics_get(
+        m, STRIA_METRIC_GAUGE, "stria_worker_heap_free_bytes",
+        "Bytes the C heap's arenas hold free (not returned to the system), from glibc's "
+        "mallinfo2().",
+        NULL, NULL, 0);
+#endif
     w->m_jobs = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_jobs",
                                   "Jobs held by this worker.", NULL, NULL, 0);
     w->m_hb_age = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_heartbeat_age_seconds",
@@ -135,4 +148,16 @@ void stria__wmetrics_ring(stria_worker_t *w)
         if (now[i] > seen[i])
             stria_metric_add(w->m_ring_refused[i], (double)(now[i] - seen[i]));
     w->ring_seen = s;
+}
+
+void stria__wmetrics_heap(stria_worker_t *w)
+{
+#ifdef STRIA__HAVE_MALLINFO2
+    /* walks every arena's bins under its lock: cheap at a heartbeat's pace */
+    struct mallinfo2 mi = mallinfo2();
+    stria_metric_set(w->m_heap[0], (double)(mi.uordblks + mi.hblkhd));
+    stria_metric_set(w->m_heap[1], (double)mi.fordblks);
+#else
+    (void)w;
+#endif
 }

@@ -184,6 +184,19 @@ void stria__wpool_scratch_free(stria_worker_t *w, void *p)
     stria_mempool_free(w->mem_host, p);
 }
 
+void stria__wpool_trim(stria_worker_t *w)
+{
+    double now = stria_time_now();
+    if (now < w->pool_trim_at)
+        return;
+    w->pool_trim_at = now + STRIA__POOL_TRIM_S;
+    size_t given = stria_mempool_trim(w->mem_host);
+    if (given > 0) {
+        stria_log_debug("host pool: %zu KiB above the last minute's reach given back", given >> 10);
+        stria__wpool_publish(w);
+    }
+}
+
 void stria__wpool_publish(stria_worker_t *w)
 {
     stria_mempool_t *pools[3] = {w->mem_host, w->mem_dev, w->mem_pinned};

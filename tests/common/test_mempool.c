@@ -1,11 +1,14 @@
 /* Memory pools (common/mempool.c): nothing committed at creation, the same
  * memory for the same allocations after frees, admission and capacity
  * refusals that name the need and the offer, huge-page alignment, segments
- * from a source kept and given back only when empty. */
+ * from a source kept and given back only when empty, host memory above the
+ * recent reach given back by a trim. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "stria_common.h"
 
@@ -82,6 +85,64 @@ Test(mempool, nothing_committed_until_used_and_memory_reused)
     void *all = take(p, 256 * MiB);
     stria_mempool_free(p, all);
     stria_mempool_free(p, NULL);
+    stria_mempool_destroy(p);
+}
+
+/* Resident pages of [p, p + n). */
+static size_t resident_bytes(void *p, size_t n)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    size_t pages = (n + (size_t)page - 1) / (size_t)page, res = 0;
+    unsigned char *vec = calloc(pages, 1);
+    cr_assert_not_null(vec);
+    cr_assert_eq(mincore(p, n, vec), 0);
+    for (size_t i = 0; i < pages; i++)
+        res += vec[i] & 1;
+    free(vec);
+    return res * (size_t)page;
+}
+
+Test(mempool, trim_gives_back_what_recent_allocations_did_not_reach)
+{
+    stria_mempool_t *p = host_pool(256 * MiB);
+    stria_mempool_stats_t s;
+    cr_expect_eq(stria_mempool_trim(p), 0, "nothing committed, nothing to give back");
+    /* a job held for long, low in the pool, and a burst above it */
+    unsigned char *low = take(p, 8 * MiB);
+    unsigned char *burst = take(p, 24 * MiB);
+    cr_expect_eq(burst, low + 8 * MiB);
+    stria_mempool_free(p, burst);
+    stria_mempool_stats(p, &s);
+    cr_expect_eq(s.committed, 32 * MiB);
+    cr_expect_geq(resident_bytes(burst, 24 * MiB), 24 * MiB);
+    /* the burst is recent: kept */
+    cr_expect_eq(stria_mempool_trim(p), 0);
+    stria_mempool_stats(p, &s);
+    cr_expect_eq(s.committed, 32 * MiB);
+    /* no allocation reached it since: given back, the job in use untouched */
+    cr_expect_eq(stria_mempool_trim(p), 24 * MiB);
+    stria_mempool_stats(p, &s);
+    cr_expect_eq(s.committed, 8 * MiB);
+    cr_expect_eq(s.in_use, 8 * MiB);
+    cr_expect_eq(resident_bytes(burst, 24 * MiB), 0, "the pages went back to the system");
+    for (size_t i = 0; i < 8 * MiB; i += 4096)
+        cr_assert_eq(low[i], 0xa5, "memory in use kept its contents");
+    /* the next burst lands on the same addresses, committed again */
+    unsigned char *again = take(p, 24 * MiB);
+    cr_expect_eq(again, burst);
+    stria_mempool_stats(p, &s);
+    cr_expect_eq(s.committed, 32 * MiB);
+    stria_mempool_free(p, again);
+    stria_mempool_free(p, low);
+    cr_expect_eq(stria_mempool_trim(p), 0, "reached since the last trim: kept");
+    cr_expect_eq(stria_mempool_trim(p), 32 * MiB, "nothing in use, nothing reached: all back");
+    stria_mempool_stats(p, &s);
+    cr_expect_eq(s.committed, 0);
+    cr_expect_eq(s.high_water, 32 * MiB, "the high water is history, not what is kept");
+    /* the whole capacity still fits */
+    void *all = take(p, 256 * MiB);
+    stria_mempool_free(p, all);
+    cr_expect_eq(stria_mempool_trim(NULL), 0);
     stria_mempool_destroy(p);
 }
 
@@ -173,6 +234,8 @@ Test(mempool, segments_from_a_source_are_kept_and_reused)
     cr_expect_leq(s.committed, 64 * MiB);
     cr_expect_eq(s.committed, src.held);
     stria_mempool_free(p, big);
+    cr_expect_eq(stria_mempool_trim(p), 0, "a trim leaves a source's segments alone");
+    cr_expect_eq(src.held, s.committed);
     stria_mempool_destroy(p);
     cr_expect_eq(src.held, 0, "destroy gives every segment back");
 }
