@@ -1025,6 +1025,15 @@ static stria_job_t *spare_cluster_job(case_t *c, stria_client_t **sub, int lost_
     return job;
 }
 
+/* The end of a case of spare_cluster_job(). */
+static void spare_case_end(case_t *c, stria_job_t *job, stria_client_t *sub)
+{
+    stria_client_release(job);
+    case_free(c);
+    stria_client_close(sub);
+    stop_cluster();
+}
+
 static void kill_worker(int i)
 {
     test_proc_stop(cl.workers[i], SIGKILL, 10);
@@ -1104,10 +1113,7 @@ Test(sharded, a_lost_workers_rank_moves_to_a_spare_and_every_rank_follows, .time
         usleep(100000);
     p[2] = start_rank(&c, job, 2, paths[2], "run");
     expect_replaced(&c, job, p, 2, spare);
-    stria_client_release(job);
-    case_free(&c);
-    stria_client_close(sub);
-    stop_cluster();
+    spare_case_end(&c, job, sub);
 }
 
 /* A worker is killed mid-pass: its ring peers fail the pass at once, the
@@ -1144,10 +1150,7 @@ Test(sharded, a_worker_killed_mid_pass_is_replaced_inside_the_call, .timeout = 9
     /* about 3 s here (the verdict takes 1.5 s); far more means a rank sat
      * out one of the library's waits (30 s and more) instead of following */
     cr_expect_lt(took, 20.0, "the ranks took %.1f s to follow the replacement", took);
-    stria_client_release(job);
-    case_free(&c);
-    stria_client_close(sub);
-    stop_cluster();
+    spare_case_end(&c, job, sub);
 }
 
 /* A worker dies between the forward and the backward: every rank's backward
@@ -1177,8 +1180,5 @@ Test(sharded, a_worker_lost_before_the_backward_moves_the_handles, .timeout = 90
     snprintf(go, sizeof(go), "touch %s/go", cl.dir);
     cr_assert_eq(system(go), 0);
     expect_replaced(&c, job, p, 3, spare);
-    stria_client_release(job);
-    case_free(&c);
-    stria_client_close(sub);
-    stop_cluster();
+    spare_case_end(&c, job, sub);
 }
