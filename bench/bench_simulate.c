@@ -202,10 +202,11 @@ static size_t stria__sim_options_model(stria__sim_opts_t *o, stria__sim_args_t *
             "shard lengths of the calibration rings: costs are fitted at each (with rings of half "
             "that length beside), and a ring uses those of the length nearest its shards",
             .dflt = "2048", .min = 64, .max = 1 << 20, .max_items = 4),
-        STRIA_OPTION("calibrate-each", FLAG, &o->cal_each, NULL,
-                     "calibrate again for every ring, right before it, at its own shard length "
-                     "(with --calibrate; on a shared machine whose speed drifts, the calibration "
-                     "and the check then see the same machine)"),
+        STRIA_OPTION(
+            "calibrate-each", FLAG, &o->cal_each, NULL,
+            "calibrate again for every ring, right before it, at its own shard length only "
+            "(with --calibrate; on a shared machine whose speed drifts, the calibration "
+            "and the check then see the same machine)"),
         STRIA_OPTION("calibrate-reps", INT, &a->cal_reps, "R",
                      "runs per calibration ring (the fastest of every (rank, step))", .dflt = "3",
                      .min = 1, .max = 64),
@@ -397,15 +398,14 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
         cal.heads = o->shape.heads / o->shape.kv_heads;
         cal.kv_heads = 1;
         double t0 = stria_time_now();
-        stria_status_t cst = stria_sim_calibrate(&cal, L, o->cal_reps, &c->own, &ef, &eb);
+        stria_status_t cst = stria_sim_calibrate(&cal, L, false, o->cal_reps, &c->own, &ef, &eb);
         if (cst != STRIA_OK)
             return cst;
         c->costs = &c->own;
         snprintf(c->source, sizeof(c->source),
-                 "calibrated just before, on shards of %lld and %lld tokens (%s kernels, %.0f s; "
+                 "calibrated just before, on shards of %lld tokens (%s kernels, %.0f s; "
                  "fit error per step %.1f%% fwd, %.1f%% bwd)",
-                 (long long)((L + 1) / 2), (long long)L, stria_kernels_variant(),
-                 stria_time_now() - t0, 100 * ef, 100 * eb);
+                 (long long)L, stria_kernels_variant(), stria_time_now() - t0, 100 * ef, 100 * eb);
     } else if (o->calibrate) { /* the calibration nearest the shards, in log terms */
         const double L = (double)((seq + n - 1) / n);
         size_t best = 0;
@@ -668,7 +668,7 @@ static stria_status_t stria__sim_calibrate(stria__sim_opts_t *o)
     cal.kv_heads = 1;
     for (size_t i = 0; i < o->cal_at.n; i++) {
         double t0 = stria_time_now();
-        stria_status_t st = stria_sim_calibrate(&cal, o->cal_at.v[i], o->cal_reps, &o->cal[i],
+        stria_status_t st = stria_sim_calibrate(&cal, o->cal_at.v[i], true, o->cal_reps, &o->cal[i],
                                                 &o->cal_err[i][0], &o->cal_err[i][1]);
         if (st != STRIA_OK)
             return st;

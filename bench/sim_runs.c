@@ -155,8 +155,9 @@ static stria_status_t stria__sim_cal_shape(const stria_ring_shape_t *shape, int 
     return st;
 }
 
-stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shard, int reps,
-                                   stria_sim_costs_t *costs, double *err_fwd, double *err_bwd)
+stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shard, bool halves,
+                                   int reps, stria_sim_costs_t *costs, double *err_fwd,
+                                   double *err_bwd)
 {
     stria_sim_fit_rows_t *fit = calloc(1, sizeof(*fit));
     stria_status_t st = STRIA_OK;
@@ -164,8 +165,11 @@ stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shar
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     /* half the length and the length, fitted together: per-element costs
      * grow with the square of a block, per-token ones with its length, so
-     * two lengths tell them apart where one cannot */
-    for (int half = 1; half >= 0 && st == STRIA_OK; half--) {
+     * two lengths tell them apart where one cannot. A prediction at the
+     * calibrated length itself does not need them apart (its blocks are the
+     * calibration's), and a cost per element that changes with the block's
+     * size (the caches) would otherwise be averaged over the two lengths. */
+    for (int half = halves ? 1 : 0; half >= 0 && st == STRIA_OK; half--) {
         stria_ring_shape_t cal = *shape;
         cal.seq = STRIA_SIM_CAL_RANKS * (half ? (shard + 1) / 2 : shard);
         cal.cu_seqlens = NULL; /* the work counts carry the masks; costs per unit of work */

@@ -36,11 +36,13 @@ typedef struct {
 } stria_sim_fit_rows_t;
 
 /* Measures rings of STRIA_SIM_CAL_RANKS ranks of every layout, causal, with
- * shards of `shard` / 2 and `shard` tokens (the shape's batch, heads,
- * head_dim and dtype), fitted together,
- * and fits the kernels' costs (tiles 0 x 0) per unit of work; err_*: RMS
- * relative error of the fits per step. */
-stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shard, int reps,
-                                   stria_sim_costs_t *costs, double *err_fwd, double *err_bwd);
+ * shards of `shard` tokens and, with `halves`, of `shard` / 2 too (the
+ * shape's batch, heads, head_dim and dtype), fitted together, and fits the
+ * kernels' costs (tiles 0 x 0) per unit of work; err_*: RMS relative error
+ * of the fits per step. Without `halves` the costs are for blocks of `shard`
+ * tokens only (per-token and per-call costs are not told apart). */
+stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shard, bool halves,
+                                   int reps, stria_sim_costs_t *costs, double *err_fwd,
+                                   double *err_bwd);
 
 #endif
