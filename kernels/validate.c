@@ -4,6 +4,14 @@
 
 #include <math.h>
 
+/* Returns the status of a failed check. */
+#define STRIA__V(call)                                                                             \
+    do {                                                                                           \
+        stria_status_t st_ = (call);                                                               \
+        if (st_ != STRIA_OK)                                                                       \
+            return st_;                                                                            \
+    } while (0)
+
 stria_status_t stria__validate_shape(const stria_attn_params_t *p, const char *fn)
 {
     if (p == NULL)
@@ -98,14 +106,20 @@ stria_status_t stria__validate_rows(const stria_attn_params_t *p, const char *fn
     return stria__validate_shape(&tmp, fn);
 }
 
-stria_status_t stria__validate_tensor(const stria_tensor_t *t, const char *fn, const char *name,
-                                      int64_t tokens, int64_t heads, int64_t dim, bool need_f32)
+stria_status_t stria__validate_view(const stria_tensor_t *t, const char *fn, const char *name)
 {
     if (t == NULL || t->data == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s is NULL", fn, name);
     if (stria_dtype_size(t->dtype) == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s has unknown dtype %d", fn,
                                name, (int)t->dtype);
+    return STRIA_OK;
+}
+
+stria_status_t stria__validate_tensor(const stria_tensor_t *t, const char *fn, const char *name,
+                                      int64_t tokens, int64_t heads, int64_t dim, bool need_f32)
+{
+    STRIA__V(stria__validate_view(t, fn, name));
     if (need_f32 && t->dtype != STRIA_DTYPE_F32)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s must be fp32, not %s", fn,
                                name, stria_dtype_name(t->dtype));
@@ -161,13 +175,6 @@ float stria__attn_scale(const stria_attn_params_t *p)
 {
     return p->scale > 0.0f ? p->scale : 1.0f / sqrtf((float)p->head_dim);
 }
-
-#define STRIA__V(call)                                                                             \
-    do {                                                                                           \
-        stria_status_t st_ = (call);                                                               \
-        if (st_ != STRIA_OK)                                                                       \
-            return st_;                                                                            \
-    } while (0)
 
 stria_status_t stria__validate_fwd(const stria_attn_params_t *p, const stria_tensor_t *q,
                                    const stria_tensor_t *k, const stria_tensor_t *v,
