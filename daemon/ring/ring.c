@@ -92,11 +92,7 @@ void stria_ring_pass_destroy(stria_ring_pass_t *pass)
 {
     if (pass == NULL)
         return;
-    free(pass->runs);
-    free(pass->n_runs);
-    free(pass->valid);
-    free(pass->pos_min);
-    free(pass->pos_max);
+    stria__pass_positions_free(pass);
     free(pass->stats);
     stria__arena_free(pass);
     if (pass->dev != NULL) {
