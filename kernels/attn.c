@@ -56,11 +56,8 @@ void stria__ctx_free(stria__ctx_t *c)
 {
     free(c->qpos);
     free(c->kpos);
-    free(c->qmin);
-    free(c->kmin);
-    free(c->qmin_s);
-    free(c->kmin_s);
-    free(c->qlo);
+    free(c->qmin); /* all the tile bounds (stria__alloc_parts) */
+    free(c->qlo);  /* all the row bounds */
 }
 
 /* Keys visible to a query at position pos: [*lo, *hi] (see
@@ -189,25 +186,19 @@ stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p, co
     st = stria__expand_positions(&p->kv_pos, c->Tk, fn, "key", &c->kpos);
     if (st != STRIA_OK)
         goto err;
-    c->qmin = malloc(2 * (size_t)c->nqt * sizeof(int64_t));
-    c->kmin = malloc(2 * (size_t)c->nkt * sizeof(int64_t));
-    c->qmin_s = malloc(2 * (size_t)c->nqt * STRIA__BQ / STRIA__SB * sizeof(int64_t));
-    c->kmin_s = malloc(2 * (size_t)c->nkt * STRIA__BK / STRIA__SB * sizeof(int64_t));
-    if (c->qmin == NULL || c->kmin == NULL || c->qmin_s == NULL || c->kmin_s == NULL) {
+    const int64_t nqs = c->nqt * STRIA__BQ / STRIA__SB, nks = c->nkt * STRIA__BK / STRIA__SB;
+    int64_t **const parts[] = {&c->qmin,   &c->qmax,   &c->kmin,   &c->kmax,
+                               &c->qmin_s, &c->qmax_s, &c->kmin_s, &c->kmax_s};
+    const int64_t lens[] = {c->nqt, c->nqt, c->nkt, c->nkt, nqs, nqs, nks, nks};
+    if (!stria__alloc_parts(parts, lens, 8)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate tile bounds", fn);
         goto err;
     }
-    c->qmax = c->qmin + c->nqt;
-    c->kmax = c->kmin + c->nkt;
     stria__tile_bounds(c->qpos, c->Tq, STRIA__BQ, c->nqt, c->qmin, c->qmax);
     stria__tile_bounds(c->kpos, c->Tk, STRIA__BK, c->nkt, c->kmin, c->kmax);
-    c->qmax_s = c->qmin_s + c->nqt * STRIA__BQ / STRIA__SB;
-    c->kmax_s = c->kmin_s + c->nkt * STRIA__BK / STRIA__SB;
     /* sub-blocks past the last token get empty bounds (never used) */
-    stria__tile_bounds(c->qpos, c->Tq, STRIA__SB, c->nqt * STRIA__BQ / STRIA__SB, c->qmin_s,
-                       c->qmax_s);
-    stria__tile_bounds(c->kpos, c->Tk, STRIA__SB, c->nkt * STRIA__BK / STRIA__SB, c->kmin_s,
-                       c->kmax_s);
+    stria__tile_bounds(c->qpos, c->Tq, STRIA__SB, nqs, c->qmin_s, c->qmax_s);
+    stria__tile_bounds(c->kpos, c->Tk, STRIA__SB, nks, c->kmin_s, c->kmax_s);
     if ((st = stria__ctx_bounds(c, p, fn)) != STRIA_OK)
         goto err;
     return STRIA_OK;
