@@ -428,6 +428,26 @@ stria_status_t stria__ws_floats(const stria_allocator_t *mem, double bound, size
     return STRIA_OK;
 }
 
+/* One workspace (stria__ws_floats(), bound as there) for n areas of sizes[i]
+ * floats laid end to end: *at[i] points at area i. */
+stria_status_t stria__ws_areas(const stria_allocator_t *mem, double bound, int n,
+                               const size_t *sizes, float **const *at, stria__ws_t *ws,
+                               const char *fn)
+{
+    size_t total = 0;
+    stria_status_t st;
+    for (int i = 0; i < n; i++)
+        total += sizes[i];
+    if ((st = stria__ws_floats(mem, bound, total, ws, fn)) != STRIA_OK)
+        return st;
+    float *next = ws->ptr;
+    for (int i = 0; i < n; i++) {
+        *at[i] = next;
+        next += sizes[i];
+    }
+    return STRIA_OK;
+}
+
 /* ---- init, merge, finalize, delta --------------------------------------- */
 
 stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const stria_tensor_t *o,

@@ -432,17 +432,16 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     pass->n_q = (size_t)(c.B * c.H * c.nqt);
     pass->q_stile = stria__score_tile_floats(&c, qtile);
     pass->dq_floats = pass->n_q * qtile;
-    size_t total = (2 + (size_t)pass->n_dq) * pass->n_q * qtile + 2 * pass->n_q * pass->q_stile;
-    if ((st = stria__ws_floats(params->workspace,
-                               (6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, total,
-                               &pass->ws, fn)) != STRIA_OK)
+    /* every area is a multiple of 16 floats: 64-byte aligned like the buffer */
+    const size_t sizes[] = {pass->n_q * qtile, pass->n_q * qtile,
+                            (size_t)pass->n_dq * pass->dq_floats, pass->n_q * pass->q_stile,
+                            pass->n_q * pass->q_stile};
+    float **const at[] = {&pass->q_packed, &pass->do_packed, &pass->dq_packed, &pass->qt_packed,
+                          &pass->dot_packed};
+    if ((st = stria__ws_areas(params->workspace,
+                              (6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, 5, sizes, at,
+                              &pass->ws, fn)) != STRIA_OK)
         return stria__begin_fail(&c, pass->q_runs, pass, st);
-    /* every part is a multiple of 16 floats: 64-byte aligned like the buffer */
-    pass->q_packed = pass->ws.ptr;
-    pass->do_packed = pass->q_packed + pass->n_q * qtile;
-    pass->dq_packed = pass->do_packed + pass->n_q * qtile;
-    pass->qt_packed = pass->dq_packed + (size_t)pass->n_dq * pass->dq_floats;
-    pass->dot_packed = pass->qt_packed + pass->n_q * pass->q_stile;
     stria__bwd_job_from_pass(&job, &c, pass);
     stria_pool_run(pass->pool, pass->n_q, stria__bwd_pack_q_task, &job);
     stria__ctx_free(&c);
@@ -459,7 +458,7 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     stria__bwd_job_t job;
     stria__ctx_t c;
     stria_status_t st;
-    size_t ktile, n_k, total;
+    size_t ktile, n_k;
     stria__ws_t ws = {0};
 
     a.q_pos = pass->p.q_pos;
@@ -486,14 +485,11 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     job.kin = c.kdirect && !c.bf16 && k->stride_token == c.D;
     size_t k_area = job.kin ? 0 : n_k * ktile, v_area = c.kdirect ? 0 : n_k * job.k_stile;
     size_t ks_area = c.bf16 && !c.kdirect ? n_k * job.k_stile : 0;
-    total = k_area + v_area + ks_area + (size_t)c.n_threads * job.scratch_floats;
-    if ((st = stria__ws_floats(params->workspace, 3.0 * (double)n_k * (double)ktile, total, &ws,
-                               fn)) != STRIA_OK)
+    const size_t sizes[] = {k_area, v_area, ks_area, (size_t)c.n_threads * job.scratch_floats};
+    float **const at[] = {&job.k_packed, &job.v_packed, &job.ks_packed, &job.scratch};
+    if ((st = stria__ws_areas(params->workspace, 3.0 * (double)n_k * (double)ktile, 4, sizes, at,
+                              &ws, fn)) != STRIA_OK)
         goto out;
-    job.k_packed = ws.ptr;
-    job.v_packed = job.k_packed + k_area;
-    job.ks_packed = job.v_packed + v_area;
-    job.scratch = job.ks_packed + ks_area;
     if (!job.kin || !c.kdirect)
         stria_pool_run(pass->pool, n_k, stria__bwd_pack_k_task, &job);
     if (pass->mode == 'A') {

@@ -151,7 +151,7 @@ static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const st
     stria__fwd_job_t job;
     stria__ctx_t c;
     stria_status_t st;
-    size_t tile, n_ktiles, total;
+    size_t tile, n_ktiles;
     stria__ws_t ws = {0};
 
     st = stria__ctx_init(&c, params, fn);
@@ -177,13 +177,11 @@ static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const st
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* operands read in place need no packed tiles */
     size_t k_area = c.kdirect ? 0 : n_ktiles * job.k_tile, v_area = c.vdirect ? 0 : n_ktiles * tile;
-    total = k_area + v_area + (size_t)c.n_threads * job.scratch_floats;
-    if ((st = stria__ws_floats(params->workspace, 2.0 * (double)n_ktiles * (double)tile, total, &ws,
-                               fn)) != STRIA_OK)
+    const size_t sizes[] = {k_area, v_area, (size_t)c.n_threads * job.scratch_floats};
+    float **const at[] = {&job.k_packed, &job.v_packed, &job.scratch};
+    if ((st = stria__ws_areas(params->workspace, 2.0 * (double)n_ktiles * (double)tile, 3, sizes,
+                              at, &ws, fn)) != STRIA_OK)
         goto out;
-    job.k_packed = ws.ptr;
-    job.v_packed = job.k_packed + k_area;
-    job.scratch = job.v_packed + v_area;
     if (!c.kdirect || !c.vdirect)
         stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
     stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
@@ -332,7 +330,7 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
     stria_attn_params_t a;
     stria__ctx_t c;
     stria_status_t st;
-    size_t n_q, total;
+    size_t n_q;
 
     if (out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
@@ -349,16 +347,15 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
     stria__ctx_set_dtype(&c, q->dtype);
     n_q = (size_t)(c.B * c.H * c.nqt);
     pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
-    total = n_q * pass->q_tile + (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp);
-    if ((st = stria__ws_floats(params->workspace, (double)n_q * (double)pass->q_tile, total,
-                               &pass->ws, fn)) != STRIA_OK)
+    const size_t sizes[] = {n_q * pass->q_tile, (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp)};
+    float **const at[] = {&pass->q_packed, &job.scratch};
+    if ((st = stria__ws_areas(params->workspace, (double)n_q * (double)pass->q_tile, 2, sizes, at,
+                              &pass->ws, fn)) != STRIA_OK)
         return stria__begin_fail(&c, pass->q_runs, pass, st);
-    pass->q_packed = pass->ws.ptr;
     job.c = &c;
     job.q = q;
     job.q_packed = pass->q_packed;
     job.q_tile = pass->q_tile;
-    job.scratch = pass->q_packed + n_q * pass->q_tile;
     stria_pool_run(params->pool, n_q, stria__fwd_begin_task, &job);
     stria__ctx_free(&c);
     *out = pass;
