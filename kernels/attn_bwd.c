@@ -542,12 +542,10 @@ stria_status_t stria_attn_bwd_begin(const stria_attn_params_t *params, const str
     stria_attn_params_t a;
     stria_status_t st;
 
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    *pass = NULL;
-    if ((st = stria__pass_check(params, q, fn)) != STRIA_OK)
+    if (pass != NULL)
+        *pass = NULL;
+    if ((st = stria__pass_check(pass, params, q, &a, fn)) != STRIA_OK)
         return st;
-    a = stria__query_side(params);
     if ((st = stria__validate_tensor(d_o, fn, "d_o", a.q_tokens, a.heads, a.head_dim, false)) !=
         STRIA_OK)
         return st;

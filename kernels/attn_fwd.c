@@ -282,19 +282,21 @@ stria_attn_params_t stria__query_side(const stria_attn_params_t *p)
     return a;
 }
 
-/* Checks the arguments a pass's begin shares: params (the key side unused)
- * and q. */
-stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_tensor_t *q,
-                                 const char *fn)
+/* Checks the arguments a pass's begin shares: out (the caller's pass
+ * out-pointer, not NULL), params (the key side unused) and q; *a: the query
+ * side of params (stria__query_side). */
+stria_status_t stria__pass_check(const void *out, const stria_attn_params_t *params,
+                                 const stria_tensor_t *q, stria_attn_params_t *a, const char *fn)
 {
-    stria_attn_params_t a;
     stria_status_t st;
+    if (out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     if (params == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
-    a = stria__query_side(params);
-    if ((st = stria__validate_shape(&a, fn)) != STRIA_OK)
+    *a = stria__query_side(params);
+    if ((st = stria__validate_shape(a, fn)) != STRIA_OK)
         return st;
-    return stria__validate_tensor(q, fn, "q", a.q_tokens, a.heads, a.head_dim, false);
+    return stria__validate_tensor(q, fn, "q", a->q_tokens, a->heads, a->head_dim, false);
 }
 
 /* The query side a pass keeps from begin's params: a copy whose q_pos runs
@@ -332,12 +334,10 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
     stria_status_t st;
     size_t n_q;
 
-    if (out == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    *out = NULL;
-    if ((st = stria__pass_check(params, q, fn)) != STRIA_OK)
+    if (out != NULL)
+        *out = NULL;
+    if ((st = stria__pass_check(out, params, q, &a, fn)) != STRIA_OK)
         return st;
-    a = stria__query_side(params);
     if ((pass = calloc(1, sizeof(*pass))) == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
     pass->q = *q;
