@@ -450,6 +450,24 @@ stria_status_t stria__ws_areas(const stria_allocator_t *mem, double bound, int n
 
 /* ---- init, merge, finalize, delta --------------------------------------- */
 
+/* Writes every [batch][q_tokens][heads] row of dst: src's fp32 row converted
+ * to dst's dtype, or zeros when src is NULL. */
+static void stria__rows_write(const stria_attn_params_t *p, const stria_tensor_t *src,
+                              const stria_tensor_t *dst)
+{
+    const size_t n = (size_t)p->head_dim;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t t = 0; t < p->q_tokens; t++)
+            for (int64_t h = 0; h < p->heads; h++) {
+                void *row = stria__row_ptr(dst, b, t, h);
+                if (src == NULL)
+                    memset(row, 0, n * stria_dtype_size(dst->dtype));
+                else
+                    stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(src, b, t, h), dst->dtype,
+                                        row, n);
+            }
+}
+
 stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const stria_tensor_t *o,
                                        float *lse)
 {
@@ -457,10 +475,7 @@ stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const 
     stria_status_t st = stria__validate_partial_init(params, o, lse, fn);
     if (st != STRIA_OK)
         return st;
-    for (int64_t b = 0; b < params->batch; b++)
-        for (int64_t t = 0; t < params->q_tokens; t++)
-            for (int64_t h = 0; h < params->heads; h++)
-                memset(stria__row_ptr(o, b, t, h), 0, (size_t)params->head_dim * sizeof(float));
+    stria__rows_write(params, NULL, o);
     for (int64_t i = 0; i < params->batch * params->heads * params->q_tokens; i++)
         lse[i] = -INFINITY;
     return STRIA_OK;
@@ -496,11 +511,7 @@ stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stri
     stria_status_t st = stria__validate_finalize(params, o_part, o_out, fn);
     if (st != STRIA_OK)
         return st;
-    for (int64_t b = 0; b < p->batch; b++)
-        for (int64_t t = 0; t < p->q_tokens; t++)
-            for (int64_t h = 0; h < p->heads; h++)
-                stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(o_part, b, t, h), o_out->dtype,
-                                    stria__row_ptr(o_out, b, t, h), (size_t)p->head_dim);
+    stria__rows_write(p, o_part, o_out);
     return STRIA_OK;
 }
 
