@@ -15,9 +15,9 @@ typedef struct {
     size_t k_tile;
     float *scratch; /* per thread */
     size_t scratch_floats;
-    /* a forward pass's query side packed at begin ([B][H][nqt], q_tile
-     * floats each), or NULL: each task packs its Q tile */
-    const float *q_packed;
+    /* a forward pass's query side ([B][H][nqt], q_tile floats each), packed
+     * by stria__fwd_begin_task, or NULL: each task packs its Q tile */
+    float *q_packed;
     size_t q_tile;
 } stria__fwd_job_t;
 
@@ -144,7 +144,7 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
 /* stria_attn_fwd() on validated arguments; q_packed: the query side packed
  * by a forward pass (q is then only its view), or NULL. */
 static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const stria_tensor_t *q,
-                                     const float *q_packed, const stria_tensor_t *k,
+                                     float *q_packed, const stria_tensor_t *k,
                                      const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
                                      bool accumulate, const char *fn)
 {
@@ -254,19 +254,15 @@ struct stria_attn_fwd_pass {
     size_t q_tile;
 };
 
-typedef struct {
-    stria__ctx_t *c;
-    const stria_tensor_t *q;
-    float *q_packed, *scratch; /* scratch: BQ * Dp floats per thread */
-    size_t q_tile;
-} stria__fwd_begin_job_t;
-
+/* A forward pass's begin: packs the query side of one query tile into
+ * job->q_packed (job: c, q, q_packed, q_tile and BQ * Dp scratch floats per
+ * thread). */
 static void stria__fwd_begin_task(void *arg, size_t task, int thread)
 {
-    stria__fwd_begin_job_t *job = arg;
+    stria__fwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
     stria__qtask_t t = stria__qtask(c, task);
-    float *tmp = job->scratch + (size_t)thread * (size_t)(STRIA__BQ * c->Dp);
+    float *tmp = job->scratch + (size_t)thread * job->scratch_floats;
     stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, NULL, tmp,
                       job->q_packed + task * job->q_tile);
 }
@@ -328,7 +324,7 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
 {
     static const char fn[] = "stria_attn_fwd_begin";
     stria_attn_fwd_pass_t *pass;
-    stria__fwd_begin_job_t job;
+    stria__fwd_job_t job = {0};
     stria_attn_params_t a;
     stria__ctx_t c;
     stria_status_t st;
@@ -347,7 +343,8 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
     stria__ctx_set_dtype(&c, q->dtype);
     n_q = (size_t)(c.B * c.H * c.nqt);
     pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
-    const size_t sizes[] = {n_q * pass->q_tile, (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp)};
+    job.scratch_floats = (size_t)(STRIA__BQ * c.Dp);
+    const size_t sizes[] = {n_q * pass->q_tile, (size_t)c.n_threads * job.scratch_floats};
     float **const at[] = {&pass->q_packed, &job.scratch};
     if ((st = stria__ws_areas(params->workspace, (double)n_q * (double)pass->q_tile, 2, sizes, at,
                               &pass->ws, fn)) != STRIA_OK)
