@@ -51,6 +51,13 @@ static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, 
     }
 }
 
+/* Copy i of the dQ accumulators of query tile `task` (BQ * Dp floats). */
+static float *stria__bwd_dq_tile(const stria__bwd_job_t *job, int i, size_t task)
+{
+    return job->dq_packed + (size_t)i * job->dq_floats +
+           task * (size_t)STRIA__BQ * (size_t)job->c->Dp;
+}
+
 static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
@@ -58,7 +65,7 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     stria__qtask_t t = stria__qtask(c, task);
     size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
     float *qp = job->q_packed + task * tile, *dop = job->do_packed + task * tile;
-    float *tmp = job->dq_packed + task * tile; /* zeroed below */
+    float *tmp = stria__bwd_dq_tile(job, 0, task); /* zeroed below */
 
     (void)thread;
     stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, qp, tmp,
@@ -66,21 +73,18 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     stria__pack_qside(c, job->d_o, t.b, t.h, t.q0, t.n, dop, tmp,
                       job->dot_packed + task * job->q_stile);
     for (int i = 0; i < job->n_dq; i++)
-        memset(job->dq_packed + (size_t)i * job->dq_floats + task * tile, 0, tile * sizeof(float));
+        memset(stria__bwd_dq_tile(job, i, task), 0, tile * sizeof(float));
 }
 
 /* Adds the dQ accumulators of one query tile to the caller's dq. */
 static void stria__bwd_unpack_dq_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
-    stria__ctx_t *c = job->c;
-    stria__qtask_t t = stria__qtask(c, task);
-    size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
+    stria__qtask_t t = stria__qtask(job->c, task);
 
     (void)thread;
     for (int i = 0; i < job->n_dq; i++)
-        stria__bwd_add_rows(c, job->dq, t.b, t.h, t.q0, t.n,
-                            job->dq_packed + (size_t)i * job->dq_floats + task * tile);
+        stria__bwd_add_rows(job->c, job->dq, t.b, t.h, t.q0, t.n, stria__bwd_dq_tile(job, i, task));
 }
 
 static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
