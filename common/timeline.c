@@ -48,6 +48,14 @@ static char *stria__tl_dup(const char *s)
     return s != NULL ? strdup(s) : NULL;
 }
 
+/* What a panel owns (its fields zeroed or set by stria_timeline_panel). */
+static void stria__tl_panel_free(stria__tl_panel_t *p)
+{
+    free(p->name);
+    free(p->note);
+    free(p->spans);
+}
+
 stria_status_t stria_timeline_create(const char *title, const char *subtitle,
                                      stria_timeline_t **out)
 {
@@ -67,11 +75,8 @@ void stria_timeline_destroy(stria_timeline_t *tl)
 {
     if (tl == NULL)
         return;
-    for (int i = 0; i < tl->n_panels; i++) {
-        free(tl->panels[i].name);
-        free(tl->panels[i].note);
-        free(tl->panels[i].spans);
-    }
+    for (int i = 0; i < tl->n_panels; i++)
+        stria__tl_panel_free(&tl->panels[i]);
     free(tl->panels);
     free(tl->title);
     free(tl->subtitle);
@@ -98,8 +103,7 @@ stria_status_t stria_timeline_panel(stria_timeline_t *tl, const char *name, cons
     p->note = stria__tl_dup(note);
     p->n_rows = n_rows;
     if (p->name == NULL || (note != NULL && p->note == NULL)) {
-        free(p->name);
-        free(p->note);
+        stria__tl_panel_free(p);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "timeline: out of memory");
     }
     *panel = tl->n_panels++;

@@ -56,11 +56,8 @@ void stria__ctx_free(stria__ctx_t *c)
 {
     free(c->qpos);
     free(c->kpos);
-    free(c->qmin);
-    free(c->kmin);
-    free(c->qmin_s);
-    free(c->kmin_s);
-    free(c->qlo);
+    free(c->qmin); /* all the tile bounds (stria__alloc_parts) */
+    free(c->qlo);  /* all the row bounds */
 }
 
 /* Keys visible to a query at position pos: [*lo, *hi] (see
@@ -189,25 +186,19 @@ stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p, co
     st = stria__expand_positions(&p->kv_pos, c->Tk, fn, "key", &c->kpos);
     if (st != STRIA_OK)
         goto err;
-    c->qmin = malloc(2 * (size_t)c->nqt * sizeof(int64_t));
-    c->kmin = malloc(2 * (size_t)c->nkt * sizeof(int64_t));
-    c->qmin_s = malloc(2 * (size_t)c->nqt * STRIA__BQ / STRIA__SB * sizeof(int64_t));
-    c->kmin_s = malloc(2 * (size_t)c->nkt * STRIA__BK / STRIA__SB * sizeof(int64_t));
-    if (c->qmin == NULL || c->kmin == NULL || c->qmin_s == NULL || c->kmin_s == NULL) {
+    const int64_t nqs = c->nqt * STRIA__BQ / STRIA__SB, nks = c->nkt * STRIA__BK / STRIA__SB;
+    int64_t **const parts[] = {&c->qmin,   &c->qmax,   &c->kmin,   &c->kmax,
+                               &c->qmin_s, &c->qmax_s, &c->kmin_s, &c->kmax_s};
+    const int64_t lens[] = {c->nqt, c->nqt, c->nkt, c->nkt, nqs, nqs, nks, nks};
+    if (!stria__alloc_parts(parts, lens, 8)) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate tile bounds", fn);
         goto err;
     }
-    c->qmax = c->qmin + c->nqt;
-    c->kmax = c->kmin + c->nkt;
     stria__tile_bounds(c->qpos, c->Tq, STRIA__BQ, c->nqt, c->qmin, c->qmax);
     stria__tile_bounds(c->kpos, c->Tk, STRIA__BK, c->nkt, c->kmin, c->kmax);
-    c->qmax_s = c->qmin_s + c->nqt * STRIA__BQ / STRIA__SB;
-    c->kmax_s = c->kmin_s + c->nkt * STRIA__BK / STRIA__SB;
     /* sub-blocks past the last token get empty bounds (never used) */
-    stria__tile_bounds(c->qpos, c->Tq, STRIA__SB, c->nqt * STRIA__BQ / STRIA__SB, c->qmin_s,
-                       c->qmax_s);
-    stria__tile_bounds(c->kpos, c->Tk, STRIA__SB, c->nkt * STRIA__BK / STRIA__SB, c->kmin_s,
-                       c->kmax_s);
+    stria__tile_bounds(c->qpos, c->Tq, STRIA__SB, nqs, c->qmin_s, c->qmax_s);
+    stria__tile_bounds(c->kpos, c->Tk, STRIA__SB, nks, c->kmin_s, c->kmax_s);
     if ((st = stria__ctx_bounds(c, p, fn)) != STRIA_OK)
         goto err;
     return STRIA_OK;
@@ -437,7 +428,45 @@ stria_status_t stria__ws_floats(const stria_allocator_t *mem, double bound, size
     return STRIA_OK;
 }
 
+/* One workspace (stria__ws_floats(), bound as there) for n areas of sizes[i]
+ * floats laid end to end: *at[i] points at area i. */
+stria_status_t stria__ws_areas(const stria_allocator_t *mem, double bound, int n,
+                               const size_t *sizes, float **const *at, stria__ws_t *ws,
+                               const char *fn)
+{
+    size_t total = 0;
+    stria_status_t st;
+    for (int i = 0; i < n; i++)
+        total += sizes[i];
+    if ((st = stria__ws_floats(mem, bound, total, ws, fn)) != STRIA_OK)
+        return st;
+    float *next = ws->ptr;
+    for (int i = 0; i < n; i++) {
+        *at[i] = next;
+        next += sizes[i];
+    }
+    return STRIA_OK;
+}
+
 /* ---- init, merge, finalize, delta --------------------------------------- */
+
+/* Writes every [batch][q_tokens][heads] row of dst: src's fp32 row converted
+ * to dst's dtype, or zeros when src is NULL. */
+static void stria__rows_write(const stria_attn_params_t *p, const stria_tensor_t *src,
+                              const stria_tensor_t *dst)
+{
+    const size_t n = (size_t)p->head_dim;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t t = 0; t < p->q_tokens; t++)
+            for (int64_t h = 0; h < p->heads; h++) {
+                void *row = stria__row_ptr(dst, b, t, h);
+                if (src == NULL)
+                    memset(row, 0, n * stria_dtype_size(dst->dtype));
+                else
+                    stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(src, b, t, h), dst->dtype,
+                                        row, n);
+            }
+}
 
 stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const stria_tensor_t *o,
                                        float *lse)
@@ -446,10 +475,7 @@ stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const 
     stria_status_t st = stria__validate_partial_init(params, o, lse, fn);
     if (st != STRIA_OK)
         return st;
-    for (int64_t b = 0; b < params->batch; b++)
-        for (int64_t t = 0; t < params->q_tokens; t++)
-            for (int64_t h = 0; h < params->heads; h++)
-                memset(stria__row_ptr(o, b, t, h), 0, (size_t)params->head_dim * sizeof(float));
+    stria__rows_write(params, NULL, o);
     for (int64_t i = 0; i < params->batch * params->heads * params->q_tokens; i++)
         lse[i] = -INFINITY;
     return STRIA_OK;
@@ -485,11 +511,7 @@ stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stri
     stria_status_t st = stria__validate_finalize(params, o_part, o_out, fn);
     if (st != STRIA_OK)
         return st;
-    for (int64_t b = 0; b < p->batch; b++)
-        for (int64_t t = 0; t < p->q_tokens; t++)
-            for (int64_t h = 0; h < p->heads; h++)
-                stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(o_part, b, t, h), o_out->dtype,
-                                    stria__row_ptr(o_out, b, t, h), (size_t)p->head_dim);
+    stria__rows_write(p, o_part, o_out);
     return STRIA_OK;
 }
 

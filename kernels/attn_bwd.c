@@ -51,6 +51,13 @@ static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, 
     }
 }
 
+/* Copy i of the dQ accumulators of query tile `task` (BQ * Dp floats). */
+static float *stria__bwd_dq_tile(const stria__bwd_job_t *job, int i, size_t task)
+{
+    return job->dq_packed + (size_t)i * job->dq_floats +
+           task * (size_t)STRIA__BQ * (size_t)job->c->Dp;
+}
+
 static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
@@ -58,7 +65,7 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     stria__qtask_t t = stria__qtask(c, task);
     size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
     float *qp = job->q_packed + task * tile, *dop = job->do_packed + task * tile;
-    float *tmp = job->dq_packed + task * tile; /* zeroed below */
+    float *tmp = stria__bwd_dq_tile(job, 0, task); /* zeroed below */
 
     (void)thread;
     stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, qp, tmp,
@@ -66,21 +73,18 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     stria__pack_qside(c, job->d_o, t.b, t.h, t.q0, t.n, dop, tmp,
                       job->dot_packed + task * job->q_stile);
     for (int i = 0; i < job->n_dq; i++)
-        memset(job->dq_packed + (size_t)i * job->dq_floats + task * tile, 0, tile * sizeof(float));
+        memset(stria__bwd_dq_tile(job, i, task), 0, tile * sizeof(float));
 }
 
 /* Adds the dQ accumulators of one query tile to the caller's dq. */
 static void stria__bwd_unpack_dq_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
-    stria__ctx_t *c = job->c;
-    stria__qtask_t t = stria__qtask(c, task);
-    size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
+    stria__qtask_t t = stria__qtask(job->c, task);
 
     (void)thread;
     for (int i = 0; i < job->n_dq; i++)
-        stria__bwd_add_rows(c, job->dq, t.b, t.h, t.q0, t.n,
-                            job->dq_packed + (size_t)i * job->dq_floats + task * tile);
+        stria__bwd_add_rows(job->c, job->dq, t.b, t.h, t.q0, t.n, stria__bwd_dq_tile(job, i, task));
 }
 
 static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
@@ -432,17 +436,16 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     pass->n_q = (size_t)(c.B * c.H * c.nqt);
     pass->q_stile = stria__score_tile_floats(&c, qtile);
     pass->dq_floats = pass->n_q * qtile;
-    size_t total = (2 + (size_t)pass->n_dq) * pass->n_q * qtile + 2 * pass->n_q * pass->q_stile;
-    if ((st = stria__ws_floats(params->workspace,
-                               (6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, total,
-                               &pass->ws, fn)) != STRIA_OK)
+    /* every area is a multiple of 16 floats: 64-byte aligned like the buffer */
+    const size_t sizes[] = {pass->n_q * qtile, pass->n_q * qtile,
+                            (size_t)pass->n_dq * pass->dq_floats, pass->n_q * pass->q_stile,
+                            pass->n_q * pass->q_stile};
+    float **const at[] = {&pass->q_packed, &pass->do_packed, &pass->dq_packed, &pass->qt_packed,
+                          &pass->dot_packed};
+    if ((st = stria__ws_areas(params->workspace,
+                              (6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, 5, sizes, at,
+                              &pass->ws, fn)) != STRIA_OK)
         return stria__begin_fail(&c, pass->q_runs, pass, st);
-    /* every part is a multiple of 16 floats: 64-byte aligned like the buffer */
-    pass->q_packed = pass->ws.ptr;
-    pass->do_packed = pass->q_packed + pass->n_q * qtile;
-    pass->dq_packed = pass->do_packed + pass->n_q * qtile;
-    pass->qt_packed = pass->dq_packed + (size_t)pass->n_dq * pass->dq_floats;
-    pass->dot_packed = pass->qt_packed + pass->n_q * pass->q_stile;
     stria__bwd_job_from_pass(&job, &c, pass);
     stria_pool_run(pass->pool, pass->n_q, stria__bwd_pack_q_task, &job);
     stria__ctx_free(&c);
@@ -459,7 +462,7 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     stria__bwd_job_t job;
     stria__ctx_t c;
     stria_status_t st;
-    size_t ktile, n_k, total;
+    size_t ktile, n_k;
     stria__ws_t ws = {0};
 
     a.q_pos = pass->p.q_pos;
@@ -486,14 +489,11 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     job.kin = c.kdirect && !c.bf16 && k->stride_token == c.D;
     size_t k_area = job.kin ? 0 : n_k * ktile, v_area = c.kdirect ? 0 : n_k * job.k_stile;
     size_t ks_area = c.bf16 && !c.kdirect ? n_k * job.k_stile : 0;
-    total = k_area + v_area + ks_area + (size_t)c.n_threads * job.scratch_floats;
-    if ((st = stria__ws_floats(params->workspace, 3.0 * (double)n_k * (double)ktile, total, &ws,
-                               fn)) != STRIA_OK)
+    const size_t sizes[] = {k_area, v_area, ks_area, (size_t)c.n_threads * job.scratch_floats};
+    float **const at[] = {&job.k_packed, &job.v_packed, &job.ks_packed, &job.scratch};
+    if ((st = stria__ws_areas(params->workspace, 3.0 * (double)n_k * (double)ktile, 4, sizes, at,
+                              &ws, fn)) != STRIA_OK)
         goto out;
-    job.k_packed = ws.ptr;
-    job.v_packed = job.k_packed + k_area;
-    job.ks_packed = job.v_packed + v_area;
-    job.scratch = job.ks_packed + ks_area;
     if (!job.kin || !c.kdirect)
         stria_pool_run(pass->pool, n_k, stria__bwd_pack_k_task, &job);
     if (pass->mode == 'A') {
@@ -546,12 +546,10 @@ stria_status_t stria_attn_bwd_begin(const stria_attn_params_t *params, const str
     stria_attn_params_t a;
     stria_status_t st;
 
-    if (pass == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    *pass = NULL;
-    if ((st = stria__pass_check(params, q, fn)) != STRIA_OK)
+    if (pass != NULL)
+        *pass = NULL;
+    if ((st = stria__pass_check(pass, params, q, &a, fn)) != STRIA_OK)
         return st;
-    a = stria__query_side(params);
     if ((st = stria__validate_tensor(d_o, fn, "d_o", a.q_tokens, a.heads, a.head_dim, false)) !=
         STRIA_OK)
         return st;

@@ -15,9 +15,9 @@ typedef struct {
     size_t k_tile;
     float *scratch; /* per thread */
     size_t scratch_floats;
-    /* a forward pass's query side packed at begin ([B][H][nqt], q_tile
-     * floats each), or NULL: each task packs its Q tile */
-    const float *q_packed;
+    /* a forward pass's query side ([B][H][nqt], q_tile floats each), packed
+     * by stria__fwd_begin_task, or NULL: each task packs its Q tile */
+    float *q_packed;
     size_t q_tile;
 } stria__fwd_job_t;
 
@@ -144,14 +144,14 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
 /* stria_attn_fwd() on validated arguments; q_packed: the query side packed
  * by a forward pass (q is then only its view), or NULL. */
 static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const stria_tensor_t *q,
-                                     const float *q_packed, const stria_tensor_t *k,
+                                     float *q_packed, const stria_tensor_t *k,
                                      const stria_tensor_t *v, const stria_tensor_t *o, float *lse,
                                      bool accumulate, const char *fn)
 {
     stria__fwd_job_t job;
     stria__ctx_t c;
     stria_status_t st;
-    size_t tile, n_ktiles, total;
+    size_t tile, n_ktiles;
     stria__ws_t ws = {0};
 
     st = stria__ctx_init(&c, params, fn);
@@ -177,13 +177,11 @@ static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const st
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* operands read in place need no packed tiles */
     size_t k_area = c.kdirect ? 0 : n_ktiles * job.k_tile, v_area = c.vdirect ? 0 : n_ktiles * tile;
-    total = k_area + v_area + (size_t)c.n_threads * job.scratch_floats;
-    if ((st = stria__ws_floats(params->workspace, 2.0 * (double)n_ktiles * (double)tile, total, &ws,
-                               fn)) != STRIA_OK)
+    const size_t sizes[] = {k_area, v_area, (size_t)c.n_threads * job.scratch_floats};
+    float **const at[] = {&job.k_packed, &job.v_packed, &job.scratch};
+    if ((st = stria__ws_areas(params->workspace, 2.0 * (double)n_ktiles * (double)tile, 3, sizes,
+                              at, &ws, fn)) != STRIA_OK)
         goto out;
-    job.k_packed = ws.ptr;
-    job.v_packed = job.k_packed + k_area;
-    job.scratch = job.v_packed + v_area;
     if (!c.kdirect || !c.vdirect)
         stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
     stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
@@ -256,19 +254,15 @@ struct stria_attn_fwd_pass {
     size_t q_tile;
 };
 
-typedef struct {
-    stria__ctx_t *c;
-    const stria_tensor_t *q;
-    float *q_packed, *scratch; /* scratch: BQ * Dp floats per thread */
-    size_t q_tile;
-} stria__fwd_begin_job_t;
-
+/* A forward pass's begin: packs the query side of one query tile into
+ * job->q_packed (job: c, q, q_packed, q_tile and BQ * Dp scratch floats per
+ * thread). */
 static void stria__fwd_begin_task(void *arg, size_t task, int thread)
 {
-    stria__fwd_begin_job_t *job = arg;
+    stria__fwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
     stria__qtask_t t = stria__qtask(c, task);
-    float *tmp = job->scratch + (size_t)thread * (size_t)(STRIA__BQ * c->Dp);
+    float *tmp = job->scratch + (size_t)thread * job->scratch_floats;
     stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, NULL, tmp,
                       job->q_packed + task * job->q_tile);
 }
@@ -284,19 +278,21 @@ stria_attn_params_t stria__query_side(const stria_attn_params_t *p)
     return a;
 }
 
-/* Checks the arguments a pass's begin shares: params (the key side unused)
- * and q. */
-stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_tensor_t *q,
-                                 const char *fn)
+/* Checks the arguments a pass's begin shares: out (the caller's pass
+ * out-pointer, not NULL), params (the key side unused) and q; *a: the query
+ * side of params (stria__query_side). */
+stria_status_t stria__pass_check(const void *out, const stria_attn_params_t *params,
+                                 const stria_tensor_t *q, stria_attn_params_t *a, const char *fn)
 {
-    stria_attn_params_t a;
     stria_status_t st;
+    if (out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
     if (params == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: params is NULL", fn);
-    a = stria__query_side(params);
-    if ((st = stria__validate_shape(&a, fn)) != STRIA_OK)
+    *a = stria__query_side(params);
+    if ((st = stria__validate_shape(a, fn)) != STRIA_OK)
         return st;
-    return stria__validate_tensor(q, fn, "q", a.q_tokens, a.heads, a.head_dim, false);
+    return stria__validate_tensor(q, fn, "q", a->q_tokens, a->heads, a->head_dim, false);
 }
 
 /* The query side a pass keeps from begin's params: a copy whose q_pos runs
@@ -328,18 +324,16 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
 {
     static const char fn[] = "stria_attn_fwd_begin";
     stria_attn_fwd_pass_t *pass;
-    stria__fwd_begin_job_t job;
+    stria__fwd_job_t job = {0};
     stria_attn_params_t a;
     stria__ctx_t c;
     stria_status_t st;
-    size_t n_q, total;
+    size_t n_q;
 
-    if (out == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);
-    *out = NULL;
-    if ((st = stria__pass_check(params, q, fn)) != STRIA_OK)
+    if (out != NULL)
+        *out = NULL;
+    if ((st = stria__pass_check(out, params, q, &a, fn)) != STRIA_OK)
         return st;
-    a = stria__query_side(params);
     if ((pass = calloc(1, sizeof(*pass))) == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
     pass->q = *q;
@@ -349,16 +343,16 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
     stria__ctx_set_dtype(&c, q->dtype);
     n_q = (size_t)(c.B * c.H * c.nqt);
     pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
-    total = n_q * pass->q_tile + (size_t)c.n_threads * (size_t)(STRIA__BQ * c.Dp);
-    if ((st = stria__ws_floats(params->workspace, (double)n_q * (double)pass->q_tile, total,
-                               &pass->ws, fn)) != STRIA_OK)
+    job.scratch_floats = (size_t)(STRIA__BQ * c.Dp);
+    const size_t sizes[] = {n_q * pass->q_tile, (size_t)c.n_threads * job.scratch_floats};
+    float **const at[] = {&pass->q_packed, &job.scratch};
+    if ((st = stria__ws_areas(params->workspace, (double)n_q * (double)pass->q_tile, 2, sizes, at,
+                              &pass->ws, fn)) != STRIA_OK)
         return stria__begin_fail(&c, pass->q_runs, pass, st);
-    pass->q_packed = pass->ws.ptr;
     job.c = &c;
     job.q = q;
     job.q_packed = pass->q_packed;
     job.q_tile = pass->q_tile;
-    job.scratch = pass->q_packed + n_q * pass->q_tile;
     stria_pool_run(params->pool, n_q, stria__fwd_begin_task, &job);
     stria__ctx_free(&c);
     *out = pass;

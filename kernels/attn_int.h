@@ -280,11 +280,14 @@ size_t stria__score_tile_floats(const stria__ctx_t *c, size_t tile);
 void stria__ctx_set_dtype(stria__ctx_t *c, stria_dtype_t dtype);
 stria_status_t stria__ws_floats(const stria_allocator_t *mem, double bound, size_t floats,
                                 stria__ws_t *ws, const char *fn);
+stria_status_t stria__ws_areas(const stria_allocator_t *mem, double bound, int n,
+                               const size_t *sizes, float **const *at, stria__ws_t *ws,
+                               const char *fn);
 stria_status_t stria__same_query(const stria_attn_params_t *b, const stria_attn_params_t *p,
                                  const char *fn);
 stria_attn_params_t stria__query_side(const stria_attn_params_t *p);
-stria_status_t stria__pass_check(const stria_attn_params_t *params, const stria_tensor_t *q,
-                                 const char *fn);
+stria_status_t stria__pass_check(const void *out, const stria_attn_params_t *params,
+                                 const stria_tensor_t *q, stria_attn_params_t *a, const char *fn);
 stria_status_t stria__pass_query(const stria_attn_params_t *params, stria_attn_params_t *p,
                                  stria_pos_run_t **runs, const char *fn);
 

@@ -4,6 +4,14 @@
 
 #include <math.h>
 
+/* Returns the status of a failed check. */
+#define STRIA__V(call)                                                                             \
+    do {                                                                                           \
+        stria_status_t st_ = (call);                                                               \
+        if (st_ != STRIA_OK)                                                                       \
+            return st_;                                                                            \
+    } while (0)
+
 stria_status_t stria__validate_shape(const stria_attn_params_t *p, const char *fn)
 {
     if (p == NULL)
@@ -98,14 +106,20 @@ stria_status_t stria__validate_rows(const stria_attn_params_t *p, const char *fn
     return stria__validate_shape(&tmp, fn);
 }
 
-stria_status_t stria__validate_tensor(const stria_tensor_t *t, const char *fn, const char *name,
-                                      int64_t tokens, int64_t heads, int64_t dim, bool need_f32)
+stria_status_t stria__validate_view(const stria_tensor_t *t, const char *fn, const char *name)
 {
     if (t == NULL || t->data == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s is NULL", fn, name);
     if (stria_dtype_size(t->dtype) == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s has unknown dtype %d", fn,
                                name, (int)t->dtype);
+    return STRIA_OK;
+}
+
+stria_status_t stria__validate_tensor(const stria_tensor_t *t, const char *fn, const char *name,
+                                      int64_t tokens, int64_t heads, int64_t dim, bool need_f32)
+{
+    STRIA__V(stria__validate_view(t, fn, name));
     if (need_f32 && t->dtype != STRIA_DTYPE_F32)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s must be fp32, not %s", fn,
                                name, stria_dtype_name(t->dtype));
@@ -162,13 +176,6 @@ float stria__attn_scale(const stria_attn_params_t *p)
     return p->scale > 0.0f ? p->scale : 1.0f / sqrtf((float)p->head_dim);
 }
 
-#define STRIA__V(call)                                                                             \
-    do {                                                                                           \
-        stria_status_t st_ = (call);                                                               \
-        if (st_ != STRIA_OK)                                                                       \
-            return st_;                                                                            \
-    } while (0)
-
 stria_status_t stria__validate_fwd(const stria_attn_params_t *p, const stria_tensor_t *q,
                                    const stria_tensor_t *k, const stria_tensor_t *v,
                                    const stria_tensor_t *o, const float *lse, const char *fn)
@@ -187,47 +194,55 @@ stria_status_t stria__validate_fwd(const stria_attn_params_t *p, const stria_ten
     return STRIA_OK;
 }
 
+/* One [q_tokens][heads][head_dim] view of a row-wise call. */
+typedef struct {
+    const stria_tensor_t *t;
+    const char *name;
+    bool need_f32;
+} stria__row_view_t;
+
+/* A row-wise call (init, merge, finalize, delta): params, its views in order,
+ * then its per-row vector (vec_ok false: "<vec_name> is NULL"). */
+static stria_status_t stria__validate_row_call(const stria_attn_params_t *p,
+                                               const stria__row_view_t *views, int n_views,
+                                               bool vec_ok, const char *vec_name, const char *fn)
+{
+    STRIA__V(stria__validate_rows(p, fn));
+    for (int i = 0; i < n_views; i++)
+        STRIA__V(stria__validate_tensor(views[i].t, fn, views[i].name, p->q_tokens, p->heads,
+                                        p->head_dim, views[i].need_f32));
+    if (!vec_ok)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: %s is NULL", fn, vec_name);
+    return STRIA_OK;
+}
+
 stria_status_t stria__validate_partial_init(const stria_attn_params_t *p, const stria_tensor_t *o,
                                             const float *lse, const char *fn)
 {
-    STRIA__V(stria__validate_rows(p, fn));
-    STRIA__V(stria__validate_tensor(o, fn, "o", p->q_tokens, p->heads, p->head_dim, true));
-    if (lse == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
-    return STRIA_OK;
+    const stria__row_view_t views[] = {{o, "o", true}};
+    return stria__validate_row_call(p, views, 1, lse != NULL, "lse", fn);
 }
 
 stria_status_t stria__validate_merge(const stria_attn_params_t *p, const stria_tensor_t *o_a,
                                      const float *lse_a, const stria_tensor_t *o_b,
                                      const float *lse_b, const char *fn)
 {
-    STRIA__V(stria__validate_rows(p, fn));
-    STRIA__V(stria__validate_tensor(o_a, fn, "o_a", p->q_tokens, p->heads, p->head_dim, true));
-    STRIA__V(stria__validate_tensor(o_b, fn, "o_b", p->q_tokens, p->heads, p->head_dim, true));
-    if (lse_a == NULL || lse_b == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: lse is NULL", fn);
-    return STRIA_OK;
+    const stria__row_view_t views[] = {{o_a, "o_a", true}, {o_b, "o_b", true}};
+    return stria__validate_row_call(p, views, 2, lse_a != NULL && lse_b != NULL, "lse", fn);
 }
 
 stria_status_t stria__validate_finalize(const stria_attn_params_t *p, const stria_tensor_t *o_part,
                                         const stria_tensor_t *o_out, const char *fn)
 {
-    STRIA__V(stria__validate_rows(p, fn));
-    STRIA__V(
-        stria__validate_tensor(o_part, fn, "o_part", p->q_tokens, p->heads, p->head_dim, true));
-    STRIA__V(stria__validate_tensor(o_out, fn, "o_out", p->q_tokens, p->heads, p->head_dim, false));
-    return STRIA_OK;
+    const stria__row_view_t views[] = {{o_part, "o_part", true}, {o_out, "o_out", false}};
+    return stria__validate_row_call(p, views, 2, true, NULL, fn);
 }
 
 stria_status_t stria__validate_delta(const stria_attn_params_t *p, const stria_tensor_t *o,
                                      const stria_tensor_t *d_o, const float *delta, const char *fn)
 {
-    STRIA__V(stria__validate_rows(p, fn));
-    STRIA__V(stria__validate_tensor(o, fn, "o", p->q_tokens, p->heads, p->head_dim, false));
-    STRIA__V(stria__validate_tensor(d_o, fn, "d_o", p->q_tokens, p->heads, p->head_dim, false));
-    if (delta == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: delta is NULL", fn);
-    return STRIA_OK;
+    const stria__row_view_t views[] = {{o, "o", false}, {d_o, "d_o", false}};
+    return stria__validate_row_call(p, views, 2, delta != NULL, "delta", fn);
 }
 
 stria_status_t stria__validate_bwd(const stria_attn_params_t *p, const stria_tensor_t *q,

@@ -29,7 +29,10 @@ stria_status_t stria__validate_doc_end(const stria_attn_params_t *p, const int64
 /* The same for the row-wise calls (init, merge, finalize, delta), which use
  * only batch, q_tokens, heads and head_dim. */
 stria_status_t stria__validate_rows(const stria_attn_params_t *p, const char *fn);
-/* One tensor view: not NULL, a known dtype (fp32 when need_f32), sane strides. */
+/* A tensor view's data and dtype: not NULL, a known dtype (the checks every
+ * view passes, whatever its shape). */
+stria_status_t stria__validate_view(const stria_tensor_t *t, const char *fn, const char *name);
+/* One tensor view: stria__validate_view(), fp32 when need_f32, sane strides. */
 stria_status_t stria__validate_tensor(const stria_tensor_t *t, const char *fn, const char *name,
                                       int64_t tokens, int64_t heads, int64_t dim, bool need_f32);
 /* Expands position runs into out[tokens] and checks their counts and ranges.

@@ -4,6 +4,7 @@
  * header does not.
  */
 #include "ring_int.h"
+#include "validate_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -91,11 +92,7 @@ void stria_ring_pass_destroy(stria_ring_pass_t *pass)
 {
     if (pass == NULL)
         return;
-    free(pass->runs);
-    free(pass->n_runs);
-    free(pass->valid);
-    free(pass->pos_min);
-    free(pass->pos_max);
+    stria__pass_positions_free(pass);
     free(pass->stats);
     stria__arena_free(pass);
     if (pass->dev != NULL) {
@@ -295,11 +292,9 @@ static void *stria__carve(char **cursor, size_t bytes)
 static stria_status_t stria__check_view(const stria_tensor_t *t, const char *fn, const char *name,
                                         bool need_storage_dtype, stria_dtype_t dtype)
 {
-    if (t == NULL || t->data == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s is NULL", fn, name);
-    if (stria_dtype_size(t->dtype) == 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %s has unknown dtype %d", fn,
-                               name, (int)t->dtype);
+    stria_status_t st = stria__validate_view(t, fn, name);
+    if (st != STRIA_OK)
+        return st;
     if (need_storage_dtype && t->dtype != dtype)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "%s: tensor %s is %s but the pass computes in %s", fn, name,

@@ -122,6 +122,8 @@ stria_status_t stria__store_lse(stria_ring_pass_t *p, const float *lse_acc, floa
 /* Fills runs, n_runs, valid, pos_min and pos_max (allocated) for the p->n
  * ranks of p->layout. */
 stria_status_t stria__pass_positions(stria_ring_pass_t *p);
+/* Frees what stria__pass_positions() allocated. */
+void stria__pass_positions_free(stria_ring_pass_t *p);
 
 /* ---- ring_times.c: the step times (stria_ring_step_times_t) -------------- */
 

@@ -60,12 +60,11 @@ stria_status_t stria__pass_positions(stria_ring_pass_t *p)
     size_t n = (size_t)p->n;
     p->runs = calloc(n, sizeof(*p->runs));
     p->n_runs = calloc(n, sizeof(*p->n_runs));
-    p->valid = calloc(n, sizeof(*p->valid));
-    p->pos_min = calloc(n, sizeof(*p->pos_min));
-    p->pos_max = calloc(n, sizeof(*p->pos_max));
-    if (p->runs == NULL || p->n_runs == NULL || p->valid == NULL || p->pos_min == NULL ||
-        p->pos_max == NULL)
+    p->valid = calloc(3 * n, sizeof(*p->valid)); /* valid, then pos_min and pos_max */
+    if (p->runs == NULL || p->n_runs == NULL || p->valid == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "ring: out of memory for %d ranks", p->n);
+    p->pos_min = p->valid + n;
+    p->pos_max = p->pos_min + n;
     for (int r = 0; r < p->n; r++) {
         stria_layout_run_t lr[STRIA_LAYOUT_MAX_RUNS];
         size_t nr = stria_layout_shard_runs(&p->layout, r, false, lr);
@@ -83,15 +82,18 @@ stria_status_t stria__pass_positions(stria_ring_pass_t *p)
     return STRIA_OK;
 }
 
+void stria__pass_positions_free(stria_ring_pass_t *p)
+{
+    free(p->runs);
+    free(p->n_runs);
+    free(p->valid); /* and pos_min, pos_max */
+}
+
 void stria_ring_plan_destroy(stria_ring_plan_t *plan)
 {
     if (plan == NULL)
         return;
-    free(plan->p.runs);
-    free(plan->p.n_runs);
-    free(plan->p.valid);
-    free(plan->p.pos_min);
-    free(plan->p.pos_max);
+    stria__pass_positions_free(&plan->p);
     free(plan);
 }
 

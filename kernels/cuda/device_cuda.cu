@@ -360,6 +360,17 @@ static stria_status_t stria__cu_begin(stria__cu_dev_t *d, const stria_attn_param
     return st;
 }
 
+/* stria__cu_begin() for a row-wise call (init, merge, finalize, delta), with
+ * the view whose rows it writes or reads in a->o. */
+static stria_status_t stria__cu_rows_begin(stria__cu_dev_t *d, const stria_attn_params_t *params,
+                                           const stria_tensor_t *o, stria_cu_attn_t *a)
+{
+    stria_status_t st = stria__cu_begin(d, params, a);
+    if (st == STRIA_OK)
+        a->o = stria__cu_view(o);
+    return st;
+}
+
 static bool stria__cu_aligned(const stria_cu_view_t *v)
 {
     /* 16-byte rows of 16-bit values: pointer and every stride in 8s */
@@ -455,9 +466,8 @@ static stria_status_t stria__cu_attn_partial_init(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_partial_init(params, o, lse, fn)) != STRIA_OK ||
-        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
+        (st = stria__cu_rows_begin(d, params, o, &a)) != STRIA_OK)
         return st;
-    a.o = stria__cu_view(o);
     a.lse = lse;
     STRIA__CU_TRY(d, stria__cu_partial_init(&a, d->stream[0]));
     return STRIA_OK;
@@ -472,9 +482,8 @@ static stria_status_t stria__cu_attn_merge(stria_device_t *dev, const stria_attn
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_merge(params, o_a, lse_a, o_b, lse_b, fn)) != STRIA_OK ||
-        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
+        (st = stria__cu_rows_begin(d, params, o_a, &a)) != STRIA_OK)
         return st;
-    a.o = stria__cu_view(o_a);
     a.lse = lse_a;
     STRIA__CU_TRY(d, stria__cu_merge(&a, stria__cu_view(o_b), lse_b, d->stream[0]));
     return STRIA_OK;
@@ -490,9 +499,8 @@ static stria_status_t stria__cu_attn_finalize(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_finalize(params, o_part, o_out, fn)) != STRIA_OK ||
-        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
+        (st = stria__cu_rows_begin(d, params, o_part, &a)) != STRIA_OK)
         return st;
-    a.o = stria__cu_view(o_part);
     STRIA__CU_TRY(d, stria__cu_finalize(&a, stria__cu_view(o_out), o_out->dtype, d->stream[0]));
     return STRIA_OK;
 }
@@ -507,9 +515,8 @@ static stria_status_t stria__cu_attn_bwd_delta(stria_device_t *dev,
     stria_cu_attn_t a;
     stria_status_t st;
     if ((st = stria__validate_delta(params, o, d_o, delta, fn)) != STRIA_OK ||
-        (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
+        (st = stria__cu_rows_begin(d, params, o, &a)) != STRIA_OK)
         return st;
-    a.o = stria__cu_view(o);
     a.d_o = stria__cu_view(d_o);
     a.dtype = d_o->dtype;
     STRIA__CU_TRY(d, stria__cu_delta(&a, o->dtype, delta, d->stream[0]));
