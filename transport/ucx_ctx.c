@@ -244,6 +244,13 @@ static stria_status_t stria__ctx_alloc(const stria_ucx_ctx_params_t *params, dou
     return STRIA_OK;
 }
 
+/* The transport error of a failed UCX call of the context's set-up:
+ * "ucx context: WHAT: UCX's reason". */
+static stria_status_t stria__ucs_error(ucs_status_t s, const char *what)
+{
+    return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: %s: %s", what, ucs_status_string(s));
+}
+
 /* Reads the UCX configuration and applies the transports and devices. */
 static stria_status_t stria__ctx_config(const stria_ucx_ctx_params_t *params,
                                         ucp_config_t **config_out)
@@ -253,9 +260,7 @@ static stria_status_t stria__ctx_config(const stria_ucx_ctx_params_t *params,
     stria__env_defaults(params->tls);
     s = ucp_config_read(NULL, NULL, &config);
     if (s != UCS_OK)
-        return stria_error_set(STRIA_ERR_TRANSPORT,
-                               "ucx context: cannot read the UCX configuration: %s",
-                               ucs_status_string(s));
+        return stria__ucs_error(s, "cannot read the UCX configuration");
     if (params->tls != NULL && (s = ucp_config_modify(config, "TLS", params->tls)) != UCS_OK) {
         ucp_config_release(config);
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -289,8 +294,7 @@ static stria_status_t stria__ctx_ucp_init(stria_ucx_ctx_t *ctx,
     ucp_config_release(config);
     if (s != UCS_OK) {
         ctx->context = NULL;
-        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: ucp_init failed: %s",
-                               ucs_status_string(s));
+        return stria__ucs_error(s, "ucp_init failed");
     }
 
     ucp_worker_params_t wparams;
@@ -300,8 +304,7 @@ static stria_status_t stria__ctx_ucp_init(stria_ucx_ctx_t *ctx,
     s = ucp_worker_create(ctx->context, &wparams, &ctx->worker);
     if (s != UCS_OK) {
         ctx->worker = NULL;
-        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: cannot create a worker: %s",
-                               ucs_status_string(s));
+        return stria__ucs_error(s, "cannot create a worker");
     }
 
     ucp_am_handler_param_t am;
@@ -318,12 +321,10 @@ static stria_status_t stria__ctx_ucp_init(stria_ucx_ctx_t *ctx,
         s = ucp_worker_set_am_recv_handler(ctx->worker, &am);
     }
     if (s != UCS_OK)
-        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: cannot set message handlers: %s",
-                               ucs_status_string(s));
+        return stria__ucs_error(s, "cannot set message handlers");
     s = ucp_worker_get_efd(ctx->worker, &ctx->ucp_fd);
     if (s != UCS_OK)
-        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: no worker event fd: %s",
-                               ucs_status_string(s));
+        return stria__ucs_error(s, "no worker event fd");
     return STRIA_OK;
 }
 
@@ -351,8 +352,7 @@ static stria_status_t stria__ctx_listen(stria_ucx_ctx_t *ctx, const struct socka
     lattr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
     s = ucp_listener_query(ctx->listener, &lattr);
     if (s != UCS_OK)
-        return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: cannot query the listener: %s",
-                               ucs_status_string(s));
+        return stria__ucs_error(s, "cannot query the listener");
     if (lattr.sockaddr.ss_family == AF_INET)
         ctx->port = ntohs(((struct sockaddr_in *)(void *)&lattr.sockaddr)->sin_port);
     else

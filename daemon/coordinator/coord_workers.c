@@ -325,27 +325,26 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
     cr->steps_total = req->steps_total;
     if (req->timeline != NULL)
         stria__timeline_store(co, j, req);
+    /* the pass a STARTED or DONE event is of */
+    const bool bwd = req->event == STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED ||
+                     req->event == STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE;
     switch (req->event) {
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_LOADED:
         cr->loaded = true;
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED:
-        rep.all_arrived = stria__pass_started(j, req, w, false);
-        break;
-    case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE:
-        stria__pass_done(co, j, cr, w, false);
-        break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED:
-        if (j->state == S_LOADING) {
+        if (bwd && j->state == S_LOADING) {
             stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                                 "ReportJob: job %llu cannot run backward before forward",
                                 (unsigned long long)j->id);
             return;
         }
-        rep.all_arrived = stria__pass_started(j, req, w, true);
+        rep.all_arrived = stria__pass_started(j, req, w, bwd);
         break;
+    case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE:
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE:
-        stria__pass_done(co, j, cr, w, true);
+        stria__pass_done(co, j, cr, w, bwd);
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED:
         stria__count_error(co, STRIA__E_PASS_FAILED);
