@@ -59,9 +59,9 @@ static void stria__tl_panel_free(stria__tl_panel_t *p)
 stria_status_t stria_timeline_create(const char *title, const char *subtitle,
                                      stria_timeline_t **out)
 {
-    stria_timeline_t *tl = calloc(1, sizeof(*tl));
     if (out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_timeline_create: out is NULL");
+    stria_timeline_t *tl = calloc(1, sizeof(*tl));
     if (tl == NULL || (title != NULL && (tl->title = strdup(title)) == NULL) ||
         (subtitle != NULL && (tl->subtitle = strdup(subtitle)) == NULL)) {
         stria_timeline_destroy(tl);
