@@ -10,7 +10,9 @@
  * An ok job's outputs are checked bit for bit against the in-process ring of
  * the size and layout that finally ran it. Exit status 0 when every job was
  * ok or failed with a message after its retries (or for a cause that is not
- * retryable), 1 otherwise, 2 on a usage error.
+ * retryable, or refused busy on a retry: libstria stops retrying when the
+ * workers it excluded leave too few for the ring, "too few workers left for
+ * now"), 1 otherwise, 2 on a usage error.
  *
  * usage: chaos_client COORDINATOR SEED N SECONDS OUT */
 #include <inttypes.h>
@@ -68,8 +70,11 @@ static bool one_job(stria_client_t *cl, int i, uint64_t seed, FILE *out)
         st = stria_client_backward(job, j.g, j.dq, j.dk, j.dv, NULL, NULL, NULL);
     if (st != STRIA_OK) {
         bool retryable = stria_error_retryable();
-        /* a forward gives up retryable only after every retry */
-        ok = stria_error_msg()[0] != '\0' && (!retryable || job != NULL || fs.retries == 2);
+        /* a forward gives up retryable only after every retry, or on a
+         * retry refused busy (too few workers left once the blamed ones are
+         * excluded: retrying at once would be refused again) */
+        ok = stria_error_msg()[0] != '\0' && (!retryable || job != NULL || fs.retries == 2 ||
+                                              (st == STRIA_ERR_BUSY && fs.retries >= 1));
         fprintf(out, "job %d error status=%s retryable=%d retries=%u%s: %s\n", i,
                 stria_status_name(st), retryable, fs.retries, job != NULL ? " (backward)" : "",
                 stria_error_msg());
