@@ -2,9 +2,9 @@
 """Runs `stria-bench ring --json` on a small problem and checks its output:
 one JSON object per (layout, ranks, seq, pass) with the documented fields,
 values that agree with each other, and the exit status."""
-import json
-import subprocess
 import sys
+
+from bench_json import fail, run_json_lines
 
 RANKS = (2, 3)
 SEQ = 300
@@ -14,32 +14,13 @@ FIELDS = ("layout", "ranks", "seq", "pass", "critical_path_s", "speedup_vs_conti
           "best_speedup_vs_contiguous", "total_compute_s", "balance")
 
 
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
-
-
 def main():
     bench = sys.argv[1]
     cmd = [bench, "ring", "--ranks", ",".join(map(str, RANKS)), "--seq", str(SEQ), "--reps", "1",
            "--json"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if run.returncode != 0:
-        fail("%s exited with %d: %s" % (" ".join(cmd), run.returncode, run.stderr))
-    seen = set()
-    for line in run.stdout.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            fail("not a JSON object per line: %r (%s)" % (line, e))
-        for f in FIELDS:
-            if f not in obj:
-                fail("field %s missing in %s" % (f, line))
+    seen = run_json_lines(cmd, FIELDS)
+    for key, obj in seen.items():
         n = obj["ranks"]
-        key = (obj["layout"], n, obj["seq"], obj["pass"])
-        if key in seen:
-            fail("twice: %s" % (key,))
-        seen.add(key)
         if abs(obj["ideal_speedup"] - (2 - 1 / n)) > 1e-3:
             fail("ideal speedup %g for N=%d (causal: 2 - 1/N)" % (obj["ideal_speedup"], n))
         if obj["critical_path_s"] <= 0 or obj["total_compute_s"] < obj["critical_path_s"] * 0.99:
@@ -51,7 +32,7 @@ def main():
         if obj["layout"] == "contiguous" and abs(obj["speedup_vs_contiguous"] - 1) > 1e-9:
             fail("contiguous is the baseline: speedup %g" % obj["speedup_vs_contiguous"])
     want = {(l, n, SEQ, p) for l in LAYOUTS for n in RANKS for p in ("fwd", "bwd")}
-    if seen != want:
+    if set(seen) != want:
         fail("objects for %s, want %s" % (sorted(seen), sorted(want)))
     print("stria-bench ring --json: %d objects, every field present and consistent" % len(seen))
 

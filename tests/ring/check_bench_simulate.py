@@ -7,9 +7,9 @@ baseline, the measured and predicted rows present for every layout and
 pass); of the times only that they are positive and that prediction and
 measurement are of the same order (the 10% figures are benchmarks, measured
 on a quiet machine, not a test)."""
-import json
-import subprocess
 import sys
+
+from bench_json import fail, run_json_lines
 
 RANKS = (2, 3)
 SEQ = 384
@@ -20,32 +20,13 @@ FIELDS = ("layout", "ranks", "seq", "pass", "predicted_pass_s", "predicted_criti
           "measured_total_s", "total_predicted_over_measured")
 
 
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
-
-
 def main():
     bench = sys.argv[1]
     cmd = [bench, "simulate", "--calibrate", "--calibrate-each", "--calibrate-reps", "1",
            "--measure", "--reps", "1", "--ranks", ",".join(map(str, RANKS)), "--seq", str(SEQ),
            "--heads", "1", "--head-dim", "64", "--pass", "both", "--json"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if run.returncode != 0:
-        fail("%s exited with %d: %s" % (" ".join(cmd), run.returncode, run.stderr))
-    seen = {}
-    for line in run.stdout.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            fail("not a JSON object per line: %r (%s)" % (line, e))
-        for f in FIELDS:
-            if f not in obj:
-                fail("field %s missing in %s" % (f, line))
-        key = (obj["layout"], obj["ranks"], obj["seq"], obj["pass"])
-        if key in seen:
-            fail("twice: %s" % (key,))
-        seen[key] = obj
+    seen = run_json_lines(cmd, FIELDS)
+    for key, obj in seen.items():
         n = obj["ranks"]
         if obj["steps"] != n:
             fail("%s: %d steps, a ring of %d ranks has %d" % (key, obj["steps"], n, n))
