@@ -28,6 +28,7 @@
 #include "proc.h"
 #include "stria_transport.h"
 #include "ucx_engine_case.h"
+#include "ucx_int.h"
 
 #ifndef STRIA_UCX_RING_RANK
 #error "STRIA_UCX_RING_RANK must name the ucx_ring_rank helper"
@@ -1023,6 +1024,15 @@ Test(ucx, cancel_send_in_flight_tears_down, .init = setup, .fini = teardown, .ti
     stria_link_req_t *sq, *rq;
     cr_assert_eq(stria_link_isend(ring.link[0], 1, src, n, &sq), STRIA_OK);
     cr_assert_eq(stria_link_irecv(ring.link[1], 2, dst, n, &rq), STRIA_OK);
+    /* In flight: the progress thread has taken the send from the queue (a
+     * send cancelled while still queued is withdrawn quietly, and the peer
+     * rightly hears nothing; on a loaded machine that takes more than a
+     * moment). */
+    for (int i = 0; i < 1000 && __atomic_load_n(&sq->state, __ATOMIC_ACQUIRE) == STRIA__REQ_QUEUED;
+         i++)
+        usleep(10000);
+    cr_assert_neq(__atomic_load_n(&sq->state, __ATOMIC_ACQUIRE), STRIA__REQ_QUEUED,
+                  "the send was not posted within 10 s");
     usleep(50000);
     double t0 = stria_time_now();
     stria_link_cancel(ring.link[0], sq);
