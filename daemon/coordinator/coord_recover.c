@@ -16,7 +16,13 @@
  * its spec and keys; a later one that disagrees (or a second worker for the
  * same rank) is refused with a warning, counted, and its worker told to drop
  * the job. A worker holds the secret of its jobs anyway (it checks the
- * clients' proofs), so a rebuilt job opens for its owner only. */
+ * clients' proofs), so a rebuilt job opens for its owner only.
+ *
+ * A rebuilt replacement (HeldJob.replaces) links its replaced job again:
+ * that job's record went with the restart (its workers had dropped it), so
+ * it comes back failed, naming the replacement in replaced_by, with the
+ * replacement's spec and secret (a replacement keeps its job's secret); the
+ * ranks still on the old job follow as before the restart. */
 #include "coord_int.h"
 
 #include <math.h>
@@ -37,6 +43,8 @@ struct stria__rjob {
     stria__cworker_t **workers; /* by rank; NULL: not described yet */
     Stria__V1__JobState *phase;
     uint32_t *passes;
+    uint64_t replaces; /* HeldJob.replaces, .generation */
+    uint32_t generation;
 };
 
 bool stria__recovering(const stria_coord_t *co)
@@ -111,6 +119,13 @@ static stria_status_t stria__held_check(const stria_coord_t *co, const Stria__V1
     if (h->phase < S_LOADING || h->phase > S_DONE)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "phase %d is not one of LOADING .. DONE",
                                (int)h->phase);
+    if ((h->replaces == 0) != (h->generation == 0) || h->replaces == h->job_id ||
+        h->replaces >= ((uint64_t)1 << 53) || h->generation > STRIA__MAX_GENERATIONS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "replaces job %llu as generation %u (a replacement names another "
+                               "job and a generation of 1 .. %d; a first job neither)",
+                               (unsigned long long)h->replaces, h->generation,
+                               STRIA__MAX_GENERATIONS);
     if (h->job_secret.len != STRIA_AUTH_SEALED_BYTES || h->ring_key.len != STRIA_AUTH_SEALED_BYTES)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "the sealed keys are missing");
     if (stria_layout_init(
@@ -139,6 +154,8 @@ static stria__rjob_t *stria__rjob_new(stria_coord_t *co, const Stria__V1__HeldJo
     if (rj == NULL)
         return NULL;
     rj->id = h->job_id;
+    rj->replaces = h->replaces;
+    rj->generation = h->generation;
     rj->n_ranks = n;
     rj->layout = *layout;
     rj->need = need;
@@ -161,7 +178,7 @@ static stria__rjob_t *stria__rjob_new(stria_coord_t *co, const Stria__V1__HeldJo
     return rj;
 }
 
-/* Whether a later description agrees with the first (spec and keys). */
+/* Whether a later description agrees with the first (spec, link and keys). */
 static bool stria__rjob_agrees(const stria__rjob_t *rj, const Stria__V1__HeldJob *h,
                                const stria_job_secret_t *secret, const uint8_t *ring_key)
 {
@@ -173,24 +190,27 @@ static bool stria__rjob_agrees(const stria__rjob_t *rj, const Stria__V1__HeldJob
         same = memcmp(pb, rj->spec_pb, len) == 0;
     }
     free(pb);
+    same = same && h->replaces == rj->replaces && h->generation == rj->generation;
     /* both compared whatever the first says (constant time) */
     bool keys = stria_auth_equal(secret->bytes, rj->secret.bytes, sizeof(rj->secret.bytes));
     keys = stria_auth_equal(ring_key, rj->ring_key, sizeof(rj->ring_key)) && keys;
     return same && keys;
 }
 
-/* The job of an entry, into the job table: every rank's worker, or
- * co->missing for the ranks nobody described. NULL when out of memory. */
-static stria__cjob_t *stria__rjob_add(stria_coord_t *co, const stria__rjob_t *rj)
+/* The job of an entry, into the job table, as job `id` (the entry's, or
+ * the job it replaces): every rank's worker, or co->missing for the ranks
+ * nobody described (every rank with `none`). NULL when out of memory. */
+static stria__cjob_t *stria__rjob_add(stria_coord_t *co, const stria__rjob_t *rj, uint64_t id,
+                                      bool none)
 {
     stria__cworker_t **ring = calloc(rj->n_ranks, sizeof(*ring));
     bool *fallback = calloc(rj->n_ranks, sizeof(*fallback));
     stria__cjob_t keys, *j = NULL;
     if (ring != NULL && fallback != NULL) {
         for (uint32_t r = 0; r < rj->n_ranks; r++)
-            ring[r] = rj->workers[r] != NULL ? rj->workers[r] : &co->missing;
+            ring[r] = rj->workers[r] != NULL && !none ? rj->workers[r] : &co->missing;
         memset(&keys, 0, sizeof(keys));
-        keys.id = rj->id;
+        keys.id = id;
         keys.secret = rj->secret;
         memcpy(keys.ring_key, rj->ring_key, sizeof(keys.ring_key));
         j = stria__job_add(co, rj->spec, &rj->layout, ring, fallback, rj->n_ranks, rj->need, "",
@@ -199,15 +219,54 @@ static stria__cjob_t *stria__rjob_add(stria_coord_t *co, const stria__rjob_t *rj
     }
     free(ring);
     free(fallback);
-    if (j == NULL)
-        stria_log_error("job %llu: cannot rebuild it: out of memory", (unsigned long long)rj->id);
+    if (j == NULL) {
+        stria_log_error("job %llu: cannot rebuild it: out of memory", (unsigned long long)id);
+    } else if (id == rj->id) {
+        j->replaces = rj->replaces;
+        j->generation = rj->generation;
+    }
     return j;
+}
+
+/* A rebuilt replacement y: the job it replaces fails (if it came back
+ * itself) or comes back failed, naming y, so its ranks follow to y. */
+static void stria__rjob_relink(stria_coord_t *co, const stria__rjob_t *rj, stria__cjob_t *y)
+{
+    uint32_t at = 0;
+    if (rj->replaces == 0)
+        return;
+    /* a replacement has its job's secret: a link to another job is refused */
+    stria__rjob_t *xr = stria__rjob_find(co, rj->replaces, &at);
+    stria__cjob_t *x = stria__job_find(co, rj->replaces);
+    const stria_job_secret_t *xs = x != NULL ? &x->secret : xr != NULL ? &xr->secret : NULL;
+    if (xs != NULL && !stria_auth_equal(xs->bytes, rj->secret.bytes, sizeof(xs->bytes))) {
+        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria_log_warn("job %llu: not linked to job %llu, which it says it replaces: their "
+                       "secrets differ",
+                       (unsigned long long)y->id, (unsigned long long)rj->replaces);
+        return;
+    }
+    /* ranks of it some workers still described: the replacement says it failed */
+    if (xr != NULL)
+        stria__rjob_remove(co, at);
+    if (x == NULL && (x = stria__rjob_add(co, rj, rj->replaces, true)) == NULL)
+        return;
+    if (stria__job_finish(co, x, S_FAILED,
+                          "a worker was lost; replaced by job %llu (this record was rebuilt from "
+                          "the replacement's after a coordinator restart)",
+                          (unsigned long long)y->id))
+        stria__job_retryable(x, NULL);
+    x->replaced_by = y->id;
+    x->replace_until = -1;
+    x->generation = rj->generation - 1;
+    stria_log_info("job %llu: linked to its replacement, job %llu, again",
+                   (unsigned long long)x->id, (unsigned long long)y->id);
 }
 
 /* Every rank described: the job is back, in the state of its slowest rank. */
 static void stria__rjob_complete(stria_coord_t *co, const stria__rjob_t *rj)
 {
-    stria__cjob_t *j = stria__rjob_add(co, rj);
+    stria__cjob_t *j = stria__rjob_add(co, rj, rj->id, false);
     if (j == NULL)
         return;
     Stria__V1__JobState state = S_DONE;
@@ -222,6 +281,7 @@ static void stria__rjob_complete(stria_coord_t *co, const stria__rjob_t *rj)
         cr->arrived = rj->passes[r]; /* 1 + the last pass it started */
     }
     stria__job_adopt(co, j, state);
+    stria__rjob_relink(co, rj, j);
     co->jobs_recovered++;
     stria_log_info("job %llu rebuilt from its %u workers' reports (%s, %.1f s after start)",
                    (unsigned long long)j->id, j->n_ranks, stria__state_name(state),
@@ -334,7 +394,7 @@ bool stria__recover_tick(stria_coord_t *co, double now)
         stria__rjob_t *rj = co->rjobs[i];
         char missing[200];
         stria__missing_list(rj, missing, sizeof(missing));
-        stria__cjob_t *j = stria__rjob_add(co, rj);
+        stria__cjob_t *j = stria__rjob_add(co, rj, rj->id, false);
         if (j == NULL)
             continue;
         if (stria__job_finish(co, j, S_FAILED,

@@ -115,6 +115,10 @@ typedef struct stria__wjob {
     Stria__V1__JobState phase;
     uint32_t step, steps_total;
     uint32_t passes; /* passes started; part of the ring pass id */
+    /* the job this one replaces and its generation (the assignment's
+     * JobInfo.replaces, .generation), described to a restarted coordinator */
+    uint64_t replaces;
+    uint32_t generation;
     double last_activity;
     int refs;     /* transfers and passes using the buffers */
     bool running; /* a pass runs */

@@ -276,6 +276,8 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     if ((st = stria__job_keys(j, job_id, &reply.session, gr)) != STRIA_OK ||
         (st = stria__job_spec(j, w, job_id, rank, a)) != STRIA_OK)
         goto out;
+    j->replaces = info->replaces;
+    j->generation = info->generation;
     if (secret != NULL && !stria_auth_equal(secret->bytes, j->secret.bytes, sizeof(j->secret))) {
         st = stria_error_set(STRIA_ERR_AUTH, "job %llu: the secret is not the job's",
                              (unsigned long long)job_id);

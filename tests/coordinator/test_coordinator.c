@@ -1997,6 +1997,8 @@ typedef struct {
     stria_job_secret_t secret;
     uint8_t ring_key[STRIA_AUTH_KEY_BYTES];
     Stria__V1__JobSpec spec;
+    uint64_t replaces; /* HeldJob.replaces, .generation */
+    uint32_t generation;
 } held_t;
 
 static void held_init(held_t *h, uint64_t id, uint32_t ring)
@@ -2035,6 +2037,8 @@ static stria_status_t heartbeat_held(const fx_t *fx, wk_t w, const held_t *h, ui
     hj.rank = rank;
     hj.spec = (Stria__V1__JobSpec *)&h->spec;
     hj.phase = phase;
+    hj.replaces = h->replaces;
+    hj.generation = h->generation;
     hj.job_secret.data = sealed[0];
     hj.job_secret.len = sizeof(sealed[0]);
     hj.ring_key.data = sealed[1];
@@ -2135,6 +2139,57 @@ Test(coord, restart_rebuilds_jobs_from_the_workers, .timeout = TEST_TIMEOUT_S)
     fx_stop(&fx);
 }
 
+/* A rebuilt replacement links the job it replaces again: that job comes
+ * back failed, naming it, and opens with the replacement's secret; a
+ * replacement naming a known job of another secret links nothing. */
+Test(coord, restart_links_a_replacement_to_its_job, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    size_t n_drop = 0;
+    bool describe = false;
+    char failure[512], want[64];
+    Stria__V1__JobState state = 0;
+    g_recovery_window_s = 1.5;
+    fx_start(&fx, 1.0, 60, "client-secret", "admin-secret");
+    g_recovery_window_s = -1;
+    wk_t a = reg_worker(&fx, "h", 7300, 1ull << 30), b = reg_worker(&fx, "h", 7301, 1ull << 30);
+    held_t y, x, other, forged;
+    held_init(&y, 7770002, 2);
+    y.replaces = 7770001;
+    y.generation = 1;
+    x = y; /* the replaced job: the replacement's secret */
+    x.id = y.replaces;
+    for (uint32_t r = 0; r < 2; r++)
+        cr_assert_eq(heartbeat_held(&fx, r ? b : a, &y, r, JS(FORWARD_DONE), "held job secret",
+                                    &n_drop, &describe),
+                     STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(get_held(&fx, &x, &x.secret, &state, failure, sizeof(failure)), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_expect_eq(state, JS(FAILED));
+    snprintf(want, sizeof(want), "replaced by job %llu", (unsigned long long)y.id);
+    cr_expect(strstr(failure, want) != NULL, "%s", failure);
+    cr_expect_eq(get_held(&fx, &y, &y.secret, &state, failure, sizeof(failure)), STRIA_OK);
+    cr_expect_eq(state, JS(FORWARD_DONE));
+
+    /* a known job of another secret is left alone */
+    held_init(&other, 7770011, 2);
+    held_init(&forged, 7770012, 2);
+    forged.replaces = other.id;
+    forged.generation = 1;
+    for (uint32_t r = 0; r < 2; r++)
+        cr_assert_eq(heartbeat_held(&fx, r ? b : a, &other, r, JS(LOADING), "held job secret",
+                                    &n_drop, &describe),
+                     STRIA_OK);
+    for (uint32_t r = 0; r < 2; r++)
+        cr_assert_eq(heartbeat_held(&fx, r ? b : a, &forged, r, JS(LOADING), "held job secret",
+                                    &n_drop, &describe),
+                     STRIA_OK);
+    cr_assert_eq(get_held(&fx, &other, &other.secret, &state, failure, sizeof(failure)), STRIA_OK);
+    cr_expect_eq(state, JS(LOADING), "a forged link failed job %llu: %s",
+                 (unsigned long long)other.id, failure);
+    fx_stop(&fx);
+}
+
 Test(coord, restart_refuses_bad_descriptions, .timeout = TEST_TIMEOUT_S)
 {
     fx_t fx;
@@ -2171,6 +2226,18 @@ Test(coord, restart_refuses_bad_descriptions, .timeout = TEST_TIMEOUT_S)
         heartbeat_held(&fx, a, &bad, 0, JS(LOADING), "held job secret", &n_drop, &describe),
         STRIA_OK);
     cr_expect_eq(n_drop, 1u, "job id 0 is refused");
+    held_init(&bad, 5550004, 2);
+    bad.replaces = 5550001;
+    cr_assert_eq(
+        heartbeat_held(&fx, a, &bad, 0, JS(LOADING), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "a replacement of generation 0 is refused");
+    bad.replaces = bad.id;
+    bad.generation = 1;
+    cr_assert_eq(
+        heartbeat_held(&fx, a, &bad, 0, JS(LOADING), "held job secret", &n_drop, &describe),
+        STRIA_OK);
+    cr_expect_eq(n_drop, 1u, "a job replacing itself is refused");
     /* keys sealed for something else: not opened, asked again */
     cr_assert_eq(heartbeat_held(&fx, a, &h, 0, JS(LOADING), "job secret", &n_drop, &describe),
                  STRIA_OK);

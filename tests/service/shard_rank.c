@@ -13,7 +13,10 @@
  * failed retryably (its job replaced after a lost worker) runs forward and
  * backward again, as a trainer would, at most twice; with -pause (run-again-pause),
  * after its first forward the rank prints "rank R: forward done" and waits
- * for the file OUTDIR/go before its backward. Prints "shard_rank: ok path=P" or "shard_rank:
+ * for the file OUTDIR/go before its backward; with -hold (run-again-hold,
+ * run-again-pause-hold), once its passes succeeded the rank prints "rank R:
+ * holding the job" and waits for the file OUTDIR/release before it says ok
+ * and releases the job. Prints "shard_rank: ok path=P" or "shard_rank:
  * error NAME: message" on stdout. */
 #include <arpa/inet.h>
 #include <signal.h>
@@ -167,19 +170,19 @@ static int die_shm(stria_job_t *job, int rank)
     return 1;
 }
 
-/* The rank's forward and backward passes, its tensors in its own buffers
- * (inplace: in the worker's shared buffers); outputs to files. */
-/* Says the forward is done and waits until the test creates OUTDIR/go. */
-static void wait_go(int rank, const char *dir)
+/* Says "rank R: SAY" and waits (5 minutes at most) for the file DIR/NAME. */
+static void wait_file(int rank, const char *dir, const char *name, const char *say)
 {
     char path[512];
-    snprintf(path, sizeof(path), "%s/go", dir);
-    printf("rank %d: forward done\n", rank);
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    printf("rank %d: %s\n", rank, say);
     fflush(stdout);
     for (int i = 0; i < 6000 && access(path, F_OK) != 0; i++)
         usleep(50000);
 }
 
+/* The rank's forward and backward passes, its tensors in its own buffers
+ * (inplace: in the worker's shared buffers); outputs to files. */
 static int run(stria_job_t *job, const shape_t *s, uint64_t seed, bool inplace, bool again,
                bool pause, const char *dir)
 {
@@ -210,7 +213,7 @@ static int run(stria_job_t *job, const shape_t *s, uint64_t seed, bool inplace, 
     for (int tries = 1;; tries++) {
         st = stria_client_forward_shard(job, s->rank, use[0], use[1], use[2], use[4], use[5]);
         if (st == STRIA_OK && pause && tries == 1) /* until OUTDIR/go exists */
-            wait_go(s->rank, dir);
+            wait_file(s->rank, dir, "go", "forward done");
         if (st == STRIA_OK)
             st = stria_client_backward_shard(job, s->rank, use[3], use[6], use[7], use[8]);
         if (st == STRIA_OK || !again || tries > 2 || !stria_error_retryable())
@@ -276,6 +279,8 @@ int main(int argc, char **argv)
         return die_shm(job, s.rank);
     int rc = run(job, &s, seed, strncmp(mode, "inplace", 7) == 0, strstr(mode, "-again") != NULL,
                  strstr(mode, "-pause") != NULL, argv[6]);
+    if (rc == 0 && strstr(mode, "-hold") != NULL)
+        wait_file(s.rank, argv[6], "release", "holding the job");
     if (rc == 0) {
         printf("shard_rank: ok path=%s\n",
                stria_job_data_path(job, s.rank) == STRIA_DATA_PATH_SHM ? "shm" : "tcp");

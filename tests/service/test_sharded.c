@@ -1041,10 +1041,41 @@ static void kill_worker(int i)
     cl.alive--;
 }
 
+/* Kills worker `lost` and waits (30 s at most) for job x's replacement. */
+static uint64_t kill_and_replace(uint64_t x, int lost)
+{
+    uint64_t y = 0;
+    kill_worker(lost);
+    for (int i = 0; i < 300 && (y = job_info(x, 0).replaced_by) == 0; i++)
+        usleep(100000);
+    cr_assert_neq(y, 0, "job %llu was not replaced", (unsigned long long)x);
+    return y;
+}
+
+/* Creates the file NAME in the cluster's folder (what shard_rank waits for). */
+static void touch(const char *name)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "touch %s/%s", cl.dir, name);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* Waits for every rank's "rank R: ..." line, which must say `what`. */
+static void ranks_say(test_proc_t **p, const char *what)
+{
+    char line[256];
+    for (int r = 0; r < N_WORKERS; r++)
+        cr_assert(test_proc_wait_line(p[r], "rank ", HELPER_S, line, sizeof(line)) &&
+                      strstr(line, what) != NULL,
+                  "rank %d: %s (waiting for \"%s\")", r, line, what);
+}
+
 /* Every rank succeeded, the gathered outputs are the in-process ring's bit
  * for bit, and job x was replaced by a job of the same ranks but `lost_rank`
- * on the spare, which its ranks released. */
-static void expect_replaced(case_t *c, stria_job_t *job, test_proc_t **p, int lost_rank, int spare)
+ * on the spare, which its ranks released (`rebuilt`: x's record was rebuilt
+ * from the replacement's after a coordinator restart). */
+static void expect_replaced_ex(case_t *c, stria_job_t *job, test_proc_t **p, int lost_rank,
+                               int spare, bool rebuilt)
 {
     char line[1024];
     for (int r = 0; r < N_WORKERS; r++) {
@@ -1060,15 +1091,25 @@ static void expect_replaced(case_t *c, stria_job_t *job, test_proc_t **p, int lo
     jinfo_t x = job_info(stria_job_id(job), lost_rank);
     cr_expect_eq(x.state, STRIA__V1__JOB_STATE__JOB_STATE_FAILED);
     cr_assert_neq(x.replaced_by, 0, "not replaced: %s", x.failure);
-    char want[64];
-    snprintf(want, sizeof(want), "replaced by job %llu: rank %d on worker",
-             (unsigned long long)x.replaced_by, lost_rank);
+    char want[128];
+    if (rebuilt)
+        snprintf(want, sizeof(want),
+                 "replaced by job %llu (this record was rebuilt from the replacement's",
+                 (unsigned long long)x.replaced_by);
+    else
+        snprintf(want, sizeof(want), "replaced by job %llu: rank %d on worker",
+                 (unsigned long long)x.replaced_by, lost_rank);
     cr_expect(strstr(x.failure, want) != NULL, "%s", x.failure);
     jinfo_t y = job_info(x.replaced_by, lost_rank);
     cr_expect_eq(y.state, STRIA__V1__JOB_STATE__JOB_STATE_RELEASED, "every rank released it");
     cr_expect_eq(y.replaces, stria_job_id(job));
     cr_expect_str_eq(y.rank_rpc, cl.rpc[spare], "the spare takes the lost worker's rank");
     cr_expect(workers_idle(10), "memory still held after the replaced job ended");
+}
+
+static void expect_replaced(case_t *c, stria_job_t *job, test_proc_t **p, int lost_rank, int spare)
+{
+    expect_replaced_ex(c, job, p, lost_rank, spare, false);
 }
 
 /* A worker dies while ranks 0, 1 and 3 wait for rank 2 (inputs in, one in
@@ -1108,9 +1149,7 @@ Test(sharded, a_lost_workers_rank_moves_to_a_spare_and_every_rank_follows, .time
         }
         cr_expect_gt(used, 0, "rank %d's worker never held the job", r);
     }
-    kill_worker(lost);
-    for (int i = 0; i < 300 && job_info(x, 2).replaced_by == 0; i++)
-        usleep(100000);
+    kill_and_replace(x, lost);
     p[2] = start_rank(&c, job, 2, paths[2], "run");
     expect_replaced(&c, job, p, 2, spare);
     spare_case_end(&c, job, sub);
@@ -1163,22 +1202,86 @@ Test(sharded, a_worker_lost_before_the_backward_moves_the_handles, .timeout = 90
     stria_client_t *sub;
     case_t c;
     int lost, spare;
-    char line[256], go[300];
     case_init(&c, 2, 130, 2, 2, STRIA_DTYPE_BF16, true, STRIA_LAYOUT_STRIPED, 91);
     stria_job_t *job = spare_cluster_job(&c, &sub, 3, &lost, &spare);
-    uint64_t x = stria_job_id(job);
     test_proc_t *p[N_WORKERS];
     for (int r = 0; r < N_WORKERS; r++)
         p[r] = start_rank(&c, job, r, paths[r], "run-again-pause");
-    for (int r = 0; r < N_WORKERS; r++)
-        cr_assert(test_proc_wait_line(p[r], "rank ", HELPER_S, line, sizeof(line)) &&
-                      strstr(line, "forward done") != NULL,
-                  "rank %d: %s", r, line);
-    kill_worker(lost);
-    for (int i = 0; i < 300 && job_info(x, 3).replaced_by == 0; i++)
-        usleep(100000);
-    snprintf(go, sizeof(go), "touch %s/go", cl.dir);
-    cr_assert_eq(system(go), 0);
+    ranks_say(p, "forward done");
+    kill_and_replace(stria_job_id(job), lost);
+    touch("go");
     expect_replaced(&c, job, p, 3, spare);
+    spare_case_end(&c, job, sub);
+}
+
+/* Kills the coordinator and starts another on its address; it rebuilds its
+ * jobs from the workers' reports (a recovery window of 10 s). */
+static void restart_coordinator(void)
+{
+    char log[256], line[256];
+    test_proc_stop(cl.coord, SIGKILL, 10);
+    snprintf(log, sizeof(log), "%s/coordinator-restarted.log", cl.dir);
+    char *cargv[] = {STRIA_COORDINATOR_BIN, "--listen", cl.coord_addr, "--heartbeat-period", "0.5",
+                     "--recovery-window",   "10",       NULL};
+    cl.coord = test_proc_start(cargv, log, env);
+    cr_assert(
+        test_proc_wait_line(cl.coord, "stria-coordinator listening on ", 10, line, sizeof(line)),
+        "the coordinator did not start again (see %s)", log);
+    wait_healthy();
+}
+
+/* The coordinator restarts while the ranks hold a replacement: the rebuilt
+ * replacement links the replaced job again (its record went with the
+ * restart), so a rank process that starts over from the old job's export
+ * lands on the replacement, and the ranks' releases end it. */
+Test(sharded, a_replacement_keeps_its_link_across_a_coordinator_restart, .timeout = 900)
+{
+    static const char *const paths[N_WORKERS] = {"shm", "tcp", "tcp", "shm"};
+    stria_client_t *sub;
+    case_t c;
+    int lost, spare;
+    case_init(&c, 1, 150, 2, 1, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED, 97);
+    stria_job_t *job = spare_cluster_job(&c, &sub, 0, &lost, &spare);
+    uint64_t x = stria_job_id(job);
+    test_proc_t *p[N_WORKERS];
+    for (int r = 0; r < N_WORKERS; r++)
+        p[r] = start_rank(&c, job, r, paths[r], "run-again-pause-hold");
+    ranks_say(p, "forward done");
+    uint64_t y = kill_and_replace(x, lost);
+    touch("go");
+    ranks_say(p, "holding the job"); /* they ran again on the replacement */
+
+    restart_coordinator();
+    /* the replacement is back once its four workers described it */
+    Stria__V1__GetJobRequest gq = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    stria_status_t st = STRIA_ERR_NOT_FOUND;
+    gq.job_id = y;
+    for (int i = 0; i < 200 && st != STRIA_OK; i++) {
+        if ((st = coord_call(STRIA_RPC_COORDINATOR_GET_JOB, &gq.base, &rep)) == STRIA_OK)
+            stria_rpc_reply_free(&rep);
+        else
+            usleep(100000);
+    }
+    cr_assert_eq(st, STRIA_OK, "job %llu was not rebuilt: %s", (unsigned long long)y,
+                 stria_error_msg());
+    jinfo_t xi = job_info(x, 0);
+    cr_expect_eq(xi.state, STRIA__V1__JOB_STATE__JOB_STATE_FAILED);
+    cr_expect_eq(xi.replaced_by, y, "the rebuilt job %llu names no replacement: %s",
+                 (unsigned long long)x, xi.failure);
+    cr_expect_eq(job_info(y, 0).replaces, x);
+
+    /* a rank starting over from the old export follows the link */
+    uint8_t exp[STRIA_JOB_EXPORT_BYTES];
+    size_t len = 0;
+    stria_job_t *again = NULL;
+    cr_assert_eq(stria_job_export(job, exp, sizeof(exp), &len), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_job_import(sub, exp, len, &again), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(stria_job_id(again), y, "the old job's export imported job %llu",
+                 (unsigned long long)stria_job_id(again));
+    stria_client_release(again);
+
+    touch("release");
+    expect_replaced_ex(&c, job, p, 0, spare, true);
     spare_case_end(&c, job, sub);
 }
