@@ -152,10 +152,6 @@ static stria_status_t stria__import(stria_client_t *c, stria_job_t *job, uint64_
  * A rank's call that failed follows the link: its handle becomes the
  * replacement's, and a forward sends its stripe again. */
 
-/* The job that replaces job `id`, at the end of its chain, waiting while the
- * coordinator waits for a verdict (and, with `lost`: the caller's worker
- * was lost, while the job is still on, for the coordinator to see it); 0
- * when none. Overwrites the thread's error. */
 /* The coordinator's heartbeat period (its verdicts take 3), or 1 s. */
 static double stria__heartbeat_period(stria_client_t *c)
 {
@@ -172,6 +168,10 @@ static double stria__heartbeat_period(stria_client_t *c)
     return period;
 }
 
+/* The job that replaces job `id`, at the end of its chain, waiting while the
+ * coordinator waits for a verdict (and, with `lost`: the caller's worker
+ * was lost, while the job is still on, for the coordinator to see it); 0
+ * when none. Overwrites the thread's error. */
 static uint64_t stria__replacement_of(stria_job_t *job, uint64_t id, bool lost)
 {
     uint64_t saved = job->id, found = 0;
