@@ -146,14 +146,14 @@ stria_status_t stria__spec_check(const Stria__V1__JobSpec *s)
 
 /* ---- job state ----------------------------------------------------------- */
 
-static void stria__job_reserve(stria__cjob_t *j)
+void stria__job_reserve(stria__cjob_t *j)
 {
     for (uint32_t r = 0; r < j->n_ranks; r++)
         j->ranks[r].worker->reserved += j->mem_per_rank;
     j->reserved = true;
 }
 
-static void stria__job_unreserve(stria__cjob_t *j)
+void stria__job_unreserve(stria__cjob_t *j)
 {
     if (!j->reserved)
         return;
@@ -170,6 +170,7 @@ static void stria__job_unreserve(stria__cjob_t *j)
 
 static void stria__job_free(stria_coord_t *co, stria__cjob_t *j)
 {
+    stria__job_unreserve(j);
     stria__timeline_drop(co, j);
     for (uint32_t r = 0; r < j->n_ranks; r++)
         free(j->ranks[r].place_host);
@@ -530,7 +531,7 @@ static void stria__on_tick(void *arg)
     double stall = stria__tick_stall(co, now);
     bool changed = stria__tick_workers(co, now, stall);
     changed = stria__recover_tick(co, now) || changed;
-    stria__replace_tick(co, now);
+    changed = stria__replace_tick(co, now) || changed;
 
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];

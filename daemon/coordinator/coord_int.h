@@ -275,6 +275,10 @@ void stria__count_pass(stria_coord_t *co, bool backward, uint64_t started_ms, ui
 void stria__count_stall(stria_coord_t *co, double seconds);
 void stria__metrics_init(stria_coord_t *co);
 void stria__metrics_update(stria_coord_t *co);
+/* A job's memory on its members: reserved while it runs (and while a failed
+ * job waits for its replacement); unreserve does nothing when none is. */
+void stria__job_reserve(stria__cjob_t *j);
+void stria__job_unreserve(stria__cjob_t *j);
 /* Moves a job to a terminal state (false: it was in one already: the first
  * verdict stands). */
 bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
@@ -327,7 +331,8 @@ stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec 
  * waits for it a few heartbeat periods. */
 #define STRIA__MAX_GENERATIONS 8 /* replacements of one job at most */
 /* A sharded job j just failed retryably without a verdict on a worker yet:
- * it waits for one. */
+ * it waits for one, keeping its members' memory reserved meanwhile (so no
+ * job queued after it takes the room its replacement needs). */
 void stria__replace_wait(stria_coord_t *co, stria__cjob_t *j);
 /* Whether j waits for a verdict now (JobInfo.replacement_pending). */
 bool stria__replace_pending(const stria__cjob_t *j);
@@ -338,8 +343,9 @@ bool stria__replace_lost(stria_coord_t *co, stria__cworker_t *w);
 /* Whether a job replaced by a chain ending in an unfinished job (kept in
  * the history until that one ends: ranks still follow it). */
 bool stria__replace_live(stria_coord_t *co, const stria__cjob_t *j);
-/* At a tick: closes the waits past their end (no worker was lost). */
-void stria__replace_tick(stria_coord_t *co, double now);
+/* At a tick: closes the waits past their end (no worker was lost) and
+ * frees what a job no longer waiting holds; true when memory came free. */
+bool stria__replace_tick(stria_coord_t *co, double now);
 /* coord_clients.c: a new job id and ring key (the secret: a new one unless
  * keep_secret). */
 stria_status_t stria__job_new_keys(stria_coord_t *co, stria__cjob_t *j, bool keep_secret);

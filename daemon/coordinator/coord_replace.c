@@ -19,6 +19,11 @@
  * ask again. A job whose wait ends without one (a link broke, every worker
  * alive) stays failed, retryable, as before.
  *
+ * Queue place: a waiting job keeps its members' memory reserved, and its
+ * replacement enters the job table right after it, so the scheduler, which
+ * starts queued jobs in table order, gives the replacement the place of the
+ * job it replaces: no job queued later starts in the room it needs.
+ *
  * Not replaced: whole-sequence jobs (the client library retries them), a
  * job a rank already released, one replaced STRIA__MAX_GENERATIONS times,
  * and one without a spare (its failure says why). */
@@ -49,8 +54,11 @@ static bool stria__replaceable(const stria__cjob_t *j)
 
 void stria__replace_wait(stria_coord_t *co, stria__cjob_t *j)
 {
-    if (stria__replaceable(j))
-        j->replace_until = stria_time_now() + STRIA__REPLACE_WAIT_PERIODS * co->heartbeat_period_s;
+    if (!stria__replaceable(j))
+        return;
+    j->replace_until = stria_time_now() + STRIA__REPLACE_WAIT_PERIODS * co->heartbeat_period_s;
+    if (!j->reserved && j->failed_in != S_PENDING)
+        stria__job_reserve(j);
 }
 
 bool stria__replace_pending(const stria__cjob_t *j)
@@ -68,8 +76,9 @@ bool stria__replace_live(stria_coord_t *co, const stria__cjob_t *j)
     return false;
 }
 
-void stria__replace_tick(stria_coord_t *co, double now)
+bool stria__replace_tick(stria_coord_t *co, double now)
 {
+    bool freed = false;
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
         if (j->replace_until > 0 && now > j->replace_until) {
@@ -80,7 +89,13 @@ void stria__replace_tick(stria_coord_t *co, double now)
                                "of its failure: not replaced",
                                (unsigned long long)j->id, STRIA__REPLACE_WAIT_PERIODS);
         }
+        /* over, or released by a rank meanwhile: its room goes to the queue */
+        if (j->reserved && stria__terminal(j->state) && !stria__replace_pending(j)) {
+            stria__job_unreserve(j);
+            freed = true;
+        }
     }
+    return freed;
 }
 
 /* Appends to a job's failure (truncated if it must be). */
@@ -120,6 +135,14 @@ static stria__cjob_t *stria__replacement_add(stria_coord_t *co, stria__cjob_t *j
     y->replaces = j->id;
     y->generation = j->generation + 1;
     y->submitted_ms = j->submitted_ms;
+    /* j's place in the queue: y, appended last, moves to just after it */
+    for (uint32_t i = 0; i + 1 < co->n_jobs; i++) {
+        if (co->jobs[i] == j) {
+            memmove(&co->jobs[i + 2], &co->jobs[i + 1], (co->n_jobs - i - 2) * sizeof(*co->jobs));
+            co->jobs[i + 1] = y;
+            break;
+        }
+    }
     return y;
 }
 
@@ -159,7 +182,8 @@ static bool stria__replace(stria_coord_t *co, stria__cjob_t *j, const stria__cwo
         snprintf(why, sizeof(why), "out of memory");
     free(ring);
     free(fallback);
-    j->replace_until = -1; /* tried: whatever comes, once */
+    j->replace_until = -1;   /* tried: whatever comes, once */
+    stria__job_unreserve(j); /* held while it waited: y's now, or the queue's */
     if (j->blamed_worker == 0)
         j->blamed_worker = w->id;
     if (y == NULL) {
@@ -185,9 +209,9 @@ static bool stria__replace(stria_coord_t *co, stria__cjob_t *j, const stria__cwo
 bool stria__replace_lost(stria_coord_t *co, stria__cworker_t *w)
 {
     bool any = false;
-    /* A replacement joins the table and has no rank on w: the jobs past n
-     * need no look. */
-    for (uint32_t i = 0, n = co->n_jobs; i < n; i++) {
+    /* A replacement joins the table right after its job and has no rank on
+     * w (nor is it failed): the loop passes over it. */
+    for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
         if (!stria__replaceable(j) || !stria__job_has_worker(j, w))
             continue;

@@ -1219,6 +1219,64 @@ Test(coord, a_sharded_job_that_lost_a_worker_is_replaced, .timeout = TEST_TIMEOU
     fx_stop(&fx);
 }
 
+static bool pred_loading(const fx_t *fx, void *arg)
+{
+    return job_state(fx, *(uint64_t *)arg) == JS(LOADING);
+}
+
+/* The worker of job x's rank `rank` among w[0 .. n). */
+static wk_t worker_of(const wk_t *w, int n, const uint64_t *was, int rank)
+{
+    for (int i = 0; i < n; i++)
+        if (w[i].id == was[rank])
+            return w[i];
+    cr_assert_fail("no worker %llu", (unsigned long long)was[rank]);
+    return w[0];
+}
+
+/* A job queued behind a failed sharded job does not take the room its
+ * replacement needs while the failure waits for the verdict: the
+ * replacement starts at once, in the failed job's place; a wait that ends
+ * without a verdict gives the room to the queue. */
+Test(coord, a_replacement_keeps_its_jobs_place_in_the_queue, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    wk_t w[5], keep[4];
+    uint64_t was[4];
+    size_t n_keep = 0;
+    uint64_t x = sharded_on(&fx, w, 5, 4, was);
+    Stria__V1__JobSpec s = spec_default();
+    s.ring_size = 4;
+    uint64_t q = submit_ok(&fx, &s, JS(PENDING)); /* no room on x's workers */
+    wk_t lost = worker_of(w, 5, was, 2);
+    for (int i = 0; i < 5; i++)
+        if (w[i].id != lost.id)
+            keep[n_keep++] = w[i];
+
+    cr_expect(report_failed(&fx, worker_of(w, 5, was, 1), x, 1, true));
+    cr_expect_eq(job_state(&fx, q), JS(PENDING), "the queued job took the failed job's room");
+    cr_assert(wait_until(&fx, keep, n_keep, pred_replaced, &x, 10), "never replaced");
+    uint64_t y = replacement(&fx, x);
+    cr_expect_eq(job_state(&fx, y), JS(LOADING), "the replacement waits behind a later job");
+    cr_expect_neq(job_state(&fx, q), JS(LOADING));
+
+    /* the replacement ends: the queued job (unless it was on the lost
+     * worker) gets the room */
+    cr_expect_eq(release(&fx, y), STRIA_OK);
+    if (job_state(&fx, q) == JS(PENDING))
+        cr_expect(wait_until(&fx, keep, n_keep, pred_loading, &q, 5), "the room never came free");
+    fx_stop(&fx);
+
+    /* no verdict: the wait's end frees the room */
+    x = sharded_on(&fx, w, 5, 4, was);
+    q = submit_ok(&fx, &s, JS(PENDING));
+    cr_expect(report_failed(&fx, worker_of(w, 5, was, 1), x, 1, true));
+    cr_expect_eq(job_state(&fx, q), JS(PENDING));
+    cr_expect(wait_until(&fx, w, 5, pred_loading, &q, 10),
+              "the failed job kept its room after its wait");
+    fx_stop(&fx);
+}
+
 /* A failed sharded job without a lost worker stays failed once the wait is
  * over; a failure that is not retryable, and a whole-sequence job's, do not
  * wait; nor is a job replaced without a spare (it says why). */
