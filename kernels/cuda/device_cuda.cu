@@ -326,12 +326,7 @@ static stria_cu_view_t stria__cu_view(const stria_tensor_t *t)
 static void stria__cu_args(const stria_attn_params_t *p, stria_cu_attn_t *a)
 {
     memset(a, 0, sizeof(*a));
-    a->B = p->batch;
-    a->Tq = p->q_tokens;
-    a->Tk = p->kv_tokens;
-    a->H = p->heads;
-    a->Hkv = p->kv_heads;
-    a->G = p->heads / p->kv_heads;
+    static_cast<stria__attn_dims_t &>(*a) = stria__attn_dims(p);
     a->D = (int)p->head_dim;
     a->scale = stria__attn_scale(p);
     a->dtype = STRIA_DTYPE_F32;
