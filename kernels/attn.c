@@ -120,23 +120,24 @@ static stria_status_t stria__ctx_bounds(stria__ctx_t *c, const stria_attn_params
 {
     stria_status_t st;
     const int64_t nqs = c->nqt * STRIA__NQS;
-    if ((st = stria__validate_doc_end(p, c->qpos, c->Tq, fn, "query")) != STRIA_OK ||
-        (st = stria__validate_doc_end(p, c->kpos, c->Tk, fn, "key")) != STRIA_OK)
+    if ((st = stria__validate_doc_end(p, c->qpos, c->dims.Tq, fn, "query")) != STRIA_OK ||
+        (st = stria__validate_doc_end(p, c->kpos, c->dims.Tk, fn, "key")) != STRIA_OK)
         return st;
     c->bounds = p->n_cu_seqlens > 0 || p->has_window;
     if (!c->bounds)
         return STRIA_OK;
     int64_t **const parts[] = {&c->qlo,   &c->qhi,     &c->lomin,   &c->lomax,   &c->himin,
                                &c->himax, &c->lomin_s, &c->lomax_s, &c->himin_s, &c->himax_s};
-    const int64_t lens[] = {c->Tq, c->Tq, c->nqt, c->nqt, c->nqt, c->nqt, nqs, nqs, nqs, nqs};
+    const int64_t lens[] = {c->dims.Tq, c->dims.Tq, c->nqt, c->nqt, c->nqt,
+                            c->nqt,     nqs,        nqs,    nqs,    nqs};
     if (!stria__alloc_parts(parts, lens, 10))
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate row bounds", fn);
-    for (int64_t i = 0; i < c->Tq; i++)
+    for (int64_t i = 0; i < c->dims.Tq; i++)
         stria__row_bounds(p, c->qpos[i], &c->qlo[i], &c->qhi[i]);
-    stria__group_bounds(c->qlo, c->qhi, c->Tq, STRIA__BQ, c->nqt, c->lomin, c->lomax, c->himin,
+    stria__group_bounds(c->qlo, c->qhi, c->dims.Tq, STRIA__BQ, c->nqt, c->lomin, c->lomax, c->himin,
                         c->himax);
-    stria__group_bounds(c->qlo, c->qhi, c->Tq, STRIA__SB, nqs, c->lomin_s, c->lomax_s, c->himin_s,
-                        c->himax_s);
+    stria__group_bounds(c->qlo, c->qhi, c->dims.Tq, STRIA__SB, nqs, c->lomin_s, c->lomax_s,
+                        c->himin_s, c->himax_s);
     return STRIA_OK;
 }
 
@@ -166,24 +167,19 @@ stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p, co
     if (c->ops == NULL)
         return stria__kern_ops_status(); /* message set by stria__kern_ops() */
     c->p = p;
-    c->B = p->batch;
-    c->Tq = p->q_tokens;
-    c->Tk = p->kv_tokens;
-    c->H = p->heads;
-    c->Hkv = p->kv_heads;
-    c->G = p->heads / p->kv_heads;
+    c->dims = stria__attn_dims(p);
     c->D = p->head_dim;
     c->Dp = stria__round_up(p->head_dim, STRIA__DPAD);
     c->scale = stria__attn_scale(p);
     c->causal = p->causal;
-    c->nqt = (c->Tq + STRIA__BQ - 1) / STRIA__BQ;
-    c->nkt = (c->Tk + STRIA__BK - 1) / STRIA__BK;
+    c->nqt = (c->dims.Tq + STRIA__BQ - 1) / STRIA__BQ;
+    c->nkt = (c->dims.Tk + STRIA__BK - 1) / STRIA__BK;
     c->n_threads = stria_pool_size(p->pool);
 
-    st = stria__expand_positions(&p->q_pos, c->Tq, fn, "query", &c->qpos);
+    st = stria__expand_positions(&p->q_pos, c->dims.Tq, fn, "query", &c->qpos);
     if (st != STRIA_OK)
         return st;
-    st = stria__expand_positions(&p->kv_pos, c->Tk, fn, "key", &c->kpos);
+    st = stria__expand_positions(&p->kv_pos, c->dims.Tk, fn, "key", &c->kpos);
     if (st != STRIA_OK)
         goto err;
     const int64_t nqs = c->nqt * STRIA__BQ / STRIA__SB, nks = c->nkt * STRIA__BK / STRIA__SB;
@@ -194,11 +190,11 @@ stria_status_t stria__ctx_init(stria__ctx_t *c, const stria_attn_params_t *p, co
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate tile bounds", fn);
         goto err;
     }
-    stria__tile_bounds(c->qpos, c->Tq, STRIA__BQ, c->nqt, c->qmin, c->qmax);
-    stria__tile_bounds(c->kpos, c->Tk, STRIA__BK, c->nkt, c->kmin, c->kmax);
+    stria__tile_bounds(c->qpos, c->dims.Tq, STRIA__BQ, c->nqt, c->qmin, c->qmax);
+    stria__tile_bounds(c->kpos, c->dims.Tk, STRIA__BK, c->nkt, c->kmin, c->kmax);
     /* sub-blocks past the last token get empty bounds (never used) */
-    stria__tile_bounds(c->qpos, c->Tq, STRIA__SB, nqs, c->qmin_s, c->qmax_s);
-    stria__tile_bounds(c->kpos, c->Tk, STRIA__SB, nks, c->kmin_s, c->kmax_s);
+    stria__tile_bounds(c->qpos, c->dims.Tq, STRIA__SB, nqs, c->qmin_s, c->qmax_s);
+    stria__tile_bounds(c->kpos, c->dims.Tk, STRIA__SB, nks, c->kmin_s, c->kmax_s);
     if ((st = stria__ctx_bounds(c, p, fn)) != STRIA_OK)
         goto err;
     return STRIA_OK;
@@ -210,8 +206,8 @@ err:
 void stria__plan(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__plan_t *pl)
 {
     const int64_t qs0 = qt * STRIA__NQS, ks0 = kt * STRIA__NKS;
-    const int bq = stria__tile_len(c->Tq, qt * STRIA__BQ, STRIA__BQ);
-    const int bk = stria__tile_len(c->Tk, kt * STRIA__BK, STRIA__BK);
+    const int bq = stria__tile_len(c->dims.Tq, qt * STRIA__BQ, STRIA__BQ);
+    const int bk = stria__tile_len(c->dims.Tk, kt * STRIA__BK, STRIA__BK);
 
     pl->q0 = qt * STRIA__BQ;
     pl->k0 = kt * STRIA__BK;
@@ -347,7 +343,7 @@ stria__kop_t stria__kside(const stria__ctx_t *c, const stria_tensor_t *t, const 
         op.p = (const float *)stria__row_ptr(t, b, kt * STRIA__BK, hk);
         op.ld = (ptrdiff_t)t->stride_token;
     } else {
-        op.p = packed + (size_t)((b * c->Hkv + hk) * c->nkt + kt) * tile_floats;
+        op.p = packed + (size_t)((b * c->dims.Hkv + hk) * c->nkt + kt) * tile_floats;
         op.ld = (ptrdiff_t)c->Dp;
     }
     return op;

@@ -134,9 +134,9 @@ static void stria__bwd_load_stats(stria__bwd_job_t *job, stria__bwd_scratch_t *s
 {
     stria__ctx_t *c = job->c;
     int64_t q0 = qt * STRIA__BQ;
-    int bq = stria__tile_len(c->Tq, q0, STRIA__BQ);
-    const float *lse = job->lse + (size_t)((b * c->H + h) * c->Tq + q0);
-    const float *delta = job->delta + (size_t)((b * c->H + h) * c->Tq + q0);
+    int bq = stria__tile_len(c->dims.Tq, q0, STRIA__BQ);
+    const float *lse = job->lse + (size_t)((b * c->dims.H + h) * c->dims.Tq + q0);
+    const float *delta = job->delta + (size_t)((b * c->dims.H + h) * c->dims.Tq + q0);
     for (int i = 0; i < STRIA__BQ; i++) {
         s->lse[i] = i < bq && lse[i] != -INFINITY ? lse[i] : INFINITY;
         s->delta[i] = i < bq ? delta[i] : 0.0f;
@@ -209,14 +209,14 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
 {
     stria__ctx_t *c = job->c;
     const stria_kern_ops_t *ops = c->ops;
-    int64_t hk = h / c->G;
+    int64_t hk = h / c->dims.G;
     int64_t Dp = c->Dp;
     int64_t q0 = qt * STRIA__BQ, k0 = kt * STRIA__BK;
-    int bq = stria__tile_len(c->Tq, q0, STRIA__BQ);
-    int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
+    int bq = stria__tile_len(c->dims.Tq, q0, STRIA__BQ);
+    int bk = stria__tile_len(c->dims.Tk, k0, STRIA__BK);
     size_t qtile = (size_t)STRIA__BQ * (size_t)Dp, ktile = (size_t)STRIA__BK * (size_t)Dp;
-    size_t qidx = (size_t)((b * c->H + h) * c->nqt + qt);
-    size_t kidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
+    size_t qidx = (size_t)((b * c->dims.H + h) * c->nqt + qt);
+    size_t kidx = (size_t)((b * c->dims.Hkv + hk) * c->nkt + kt);
     const float *qp = job->q_packed + qidx * qtile;
     const float *qtp = job->qt_packed + qidx * job->q_stile;
     const float *dop = job->do_packed + qidx * qtile;
@@ -265,8 +265,8 @@ static void stria__bwd_kblock_run(stria__bwd_job_t *job, stria__bwd_scratch_t *s
 
     memset(s->dk, 0, (size_t)(kt1 - kt0) * ktile * sizeof(float));
     memset(s->dv, 0, (size_t)(kt1 - kt0) * ktile * sizeof(float));
-    for (int64_t g = 0; g < c->G; g++) {
-        int64_t h = hk * c->G + g;
+    for (int64_t g = 0; g < c->dims.G; g++) {
+        int64_t h = hk * c->dims.G + g;
         for (int64_t qt = 0; qt < c->nqt; qt++) {
             bool loaded = false;
             for (int64_t kt = kt0; kt < kt1; kt++) {
@@ -284,7 +284,7 @@ static void stria__bwd_kblock_run(stria__bwd_job_t *job, stria__bwd_scratch_t *s
     }
     for (int64_t kt = kt0; kt < kt1; kt++) {
         int64_t k0 = kt * STRIA__BK;
-        int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
+        int bk = stria__tile_len(c->dims.Tk, k0, STRIA__BK);
         stria__bwd_add_rows(c, job->dk, b, hk, k0, bk, s->dk + (size_t)(kt - kt0) * ktile);
         stria__bwd_add_rows(c, job->dv, b, hk, k0, bk, s->dv + (size_t)(kt - kt0) * ktile);
     }
@@ -295,8 +295,8 @@ static void stria__bwd_group_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
-    int64_t hk = (int64_t)task % c->Hkv;
-    int64_t b = (int64_t)task / c->Hkv;
+    int64_t hk = (int64_t)task % c->dims.Hkv;
+    int64_t b = (int64_t)task / c->dims.Hkv;
     stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
     for (int64_t kb = 0; kb < job->nkb; kb++)
         stria__bwd_kblock_run(job, &s, b, hk, kb, job->dq_packed);
@@ -421,7 +421,7 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
      * shape for the price of zeroing and summing the copies: used for a few
      * threads. Mode B splits key tiles for dK/dV and query tiles for dQ,
      * recomputing P once more: for many threads and few groups. */
-    n_groups = (size_t)(c.B * c.Hkv);
+    n_groups = (size_t)(c.dims.B * c.dims.Hkv);
     if (n_threads == 1)
         pass->mode = 'A';
     else if (n_threads <= STRIA__BWD_MAX_DQ_COPIES)
@@ -433,7 +433,7 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
         pass->mode = 'B';
     pass->n_dq = pass->mode == 'C' ? n_threads : 1;
     qtile = (size_t)STRIA__BQ * (size_t)c.Dp;
-    pass->n_q = (size_t)(c.B * c.H * c.nqt);
+    pass->n_q = (size_t)(c.dims.B * c.dims.H * c.nqt);
     pass->q_stile = stria__score_tile_floats(&c, qtile);
     pass->dq_floats = pass->n_q * qtile;
     /* every area is a multiple of 16 floats: 64-byte aligned like the buffer */
@@ -477,7 +477,7 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     job.dk = dk;
     job.dv = dv;
     ktile = (size_t)STRIA__BK * (size_t)c.Dp;
-    n_k = (size_t)(c.B * c.Hkv * c.nkt);
+    n_k = (size_t)(c.dims.B * c.dims.Hkv * c.nkt);
     job.k_stile = stria__score_tile_floats(&c, ktile);
     job.nkb = (c.nkt + job.kblock - 1) / job.kblock;
     job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK +
@@ -497,11 +497,13 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     if (!job.kin || !c.kdirect)
         stria_pool_run(pass->pool, n_k, stria__bwd_pack_k_task, &job);
     if (pass->mode == 'A') {
-        stria_pool_run(pass->pool, (size_t)(c.B * c.Hkv), stria__bwd_group_task, &job);
+        stria_pool_run(pass->pool, (size_t)(c.dims.B * c.dims.Hkv), stria__bwd_group_task, &job);
     } else if (pass->mode == 'C') {
-        stria_pool_run(pass->pool, (size_t)(c.B * c.Hkv * job.nkb), stria__bwd_kblock_task, &job);
+        stria_pool_run(pass->pool, (size_t)(c.dims.B * c.dims.Hkv * job.nkb),
+                       stria__bwd_kblock_task, &job);
     } else {
-        stria_pool_run(pass->pool, (size_t)(c.B * c.Hkv * job.nkb), stria__bwd_dkdv_task, &job);
+        stria_pool_run(pass->pool, (size_t)(c.dims.B * c.dims.Hkv * job.nkb), stria__bwd_dkdv_task,
+                       &job);
         stria_pool_run(pass->pool, pass->n_q, stria__bwd_dq_task, &job);
     }
     st = STRIA_OK;

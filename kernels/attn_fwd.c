@@ -76,11 +76,11 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     /* last query tiles first: under a causal mask they see the most keys, and
      * tasks are handed out in index order, so the small ones fill the end */
     int64_t qt = c->nqt - 1 - (int64_t)task % c->nqt;
-    int64_t h = ((int64_t)task / c->nqt) % c->H;
-    int64_t b = (int64_t)task / c->nqt / c->H;
-    int64_t hk = h / c->G;
+    int64_t h = ((int64_t)task / c->nqt) % c->dims.H;
+    int64_t b = (int64_t)task / c->nqt / c->dims.H;
+    int64_t hk = h / c->dims.G;
     int64_t q0 = qt * STRIA__BQ;
-    int bq = stria__tile_len(c->Tq, q0, STRIA__BQ);
+    int bq = stria__tile_len(c->dims.Tq, q0, STRIA__BQ);
     int64_t Dp = c->Dp;
     size_t tile = (size_t)Dp * STRIA__BK;
     float *qt_buf = job->scratch + (size_t)thread * job->scratch_floats; /* [Dp][BQ] */
@@ -93,7 +93,7 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
 
     const float *qtp = qt_buf; /* the tile's packed Q^T */
     if (job->q_packed != NULL)
-        qtp = job->q_packed + (size_t)((b * c->H + h) * c->nqt + qt) * job->q_tile;
+        qtp = job->q_packed + (size_t)((b * c->dims.H + h) * c->nqt + qt) * job->q_tile;
     else
         stria__pack_qside(c, job->q, b, h, q0, bq, NULL, oacc, qt_buf);
     for (int i = 0; i < STRIA__BQ; i++) {
@@ -105,8 +105,8 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
         if (cls == STRIA__TILE_SKIP)
             continue;
         int64_t k0 = kt * STRIA__BK;
-        int bk = stria__tile_len(c->Tk, k0, STRIA__BK);
-        size_t tidx = (size_t)((b * c->Hkv + hk) * c->nkt + kt);
+        int bk = stria__tile_len(c->dims.Tk, k0, STRIA__BK);
+        size_t tidx = (size_t)((b * c->dims.Hkv + hk) * c->nkt + kt);
         stria__kop_t kp = stria__kside(c, job->k, job->k_packed, job->k_tile, b, hk, kt);
         const float *vp = c->vdirect ? (const float *)stria__row_ptr(job->v, b, k0, hk)
                                      : job->v_packed + tidx * tile;
@@ -125,7 +125,7 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     for (int i = 0; i < bq; i++) {
         const float *orow = oacc + (size_t)i * (size_t)Dp;
         float *out = (float *)stria__row_ptr(job->o, b, q0 + i, h);
-        float *lse_out = job->lse + (size_t)((b * c->H + h) * c->Tq + q0 + i);
+        float *lse_out = job->lse + (size_t)((b * c->dims.H + h) * c->dims.Tq + q0 + i);
         /* the row is normalised by 1 / l on its way out */
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         float lse_new = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
@@ -170,7 +170,7 @@ static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const st
     stria__ctx_set_dtype(&c, q->dtype);
     c.vdirect = c.D == c.Dp && v->dtype == STRIA_DTYPE_F32 && v->stride_token == c.D;
     tile = (size_t)c.Dp * STRIA__BK;
-    n_ktiles = (size_t)(c.B * c.Hkv * c.nkt);
+    n_ktiles = (size_t)(c.dims.B * c.dims.Hkv * c.nkt);
     job.k_tile = stria__score_tile_floats(&c, tile);
     job.q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
     job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ);
@@ -184,7 +184,7 @@ static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const st
         goto out;
     if (!c.kdirect || !c.vdirect)
         stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
-    stria_pool_run(params->pool, (size_t)(c.B * c.H * c.nqt), stria__fwd_task, &job);
+    stria_pool_run(params->pool, (size_t)(c.dims.B * c.dims.H * c.nqt), stria__fwd_task, &job);
     st = STRIA_OK;
 out:
     stria__ws_put(&ws);
@@ -341,7 +341,7 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
         (st = stria__ctx_init(&c, &a, fn)) != STRIA_OK)
         return stria__begin_fail(NULL, pass->q_runs, pass, st);
     stria__ctx_set_dtype(&c, q->dtype);
-    n_q = (size_t)(c.B * c.H * c.nqt);
+    n_q = (size_t)(c.dims.B * c.dims.H * c.nqt);
     pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
     job.scratch_floats = (size_t)(STRIA__BQ * c.Dp);
     const size_t sizes[] = {n_q * pass->q_tile, (size_t)c.n_threads * job.scratch_floats};

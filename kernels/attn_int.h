@@ -52,7 +52,8 @@ static inline void stria__prefetch_ahead(const stria_tensor_t *t, int64_t b, int
 typedef struct {
     const stria_kern_ops_t *ops;
     const stria_attn_params_t *p;
-    int64_t B, Tq, Tk, H, Hkv, G, D, Dp;
+    stria__attn_dims_t dims;
+    int64_t D, Dp;
     float scale;
     bool causal;
     int64_t nqt, nkt;
@@ -164,9 +165,9 @@ typedef struct {
 static inline stria__qtask_t stria__qtask(const stria__ctx_t *c, size_t task)
 {
     stria__qtask_t t;
-    stria__task_split(task, c->H, c->nqt, &t.b, &t.h, &t.qt);
+    stria__task_split(task, c->dims.H, c->nqt, &t.b, &t.h, &t.qt);
     t.q0 = t.qt * STRIA__BQ;
-    t.n = stria__tile_len(c->Tq, t.q0, STRIA__BQ);
+    t.n = stria__tile_len(c->dims.Tq, t.q0, STRIA__BQ);
     return t;
 }
 
@@ -181,7 +182,7 @@ typedef struct {
 static inline stria__ktask_t stria__ktask(const stria__ctx_t *c, int64_t n, size_t task)
 {
     stria__ktask_t t = {0};
-    stria__task_split(task, c->Hkv, n, &t.b, &t.hk, &t.k);
+    stria__task_split(task, c->dims.Hkv, n, &t.b, &t.hk, &t.k);
     return t;
 }
 
@@ -190,7 +191,7 @@ static inline stria__ktask_t stria__ktile(const stria__ctx_t *c, size_t task)
 {
     stria__ktask_t t = stria__ktask(c, c->nkt, task);
     t.k0 = t.k * STRIA__BK;
-    t.n = stria__tile_len(c->Tk, t.k0, STRIA__BK);
+    t.n = stria__tile_len(c->dims.Tk, t.k0, STRIA__BK);
     return t;
 }
 

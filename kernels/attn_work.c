@@ -32,7 +32,7 @@ void stria_attn_plan_destroy(stria_attn_plan_t *plan)
 static stria_status_t stria__plan_grain(stria_attn_plan_t *pl)
 {
     const stria__ctx_t *c = &pl->c;
-    const int64_t T = c->Tq;
+    const int64_t T = c->dims.Tq;
     pl->nqt = (T + pl->tq - 1) / pl->tq;
     pl->nkt = (T + pl->tk - 1) / pl->tk;
     int64_t **const parts[] = {&pl->qmin,  &pl->qmax,  &pl->lomin, &pl->lomax,
@@ -98,7 +98,7 @@ static void stria__plan_pair(const stria_attn_plan_t *q, const stria_attn_plan_t
                              stria__ctx_t *x)
 {
     *x = q->c;
-    x->Tk = k->c.Tq;
+    x->dims.Tk = k->c.dims.Tq;
     x->kpos = k->c.qpos;
     if (q->tq == 0) {
         x->nkt = k->c.nkt;
@@ -170,11 +170,11 @@ stria_status_t stria_attn_plan_work(const stria_attn_plan_t *q, const stria_attn
     memset(&w, 0, sizeof(w));
     const int64_t tq = q->tq > 0 ? q->tq : STRIA__BQ, tk = q->tk > 0 ? q->tk : STRIA__BK;
     for (int64_t qt = 0; qt < x.nqt; qt++) {
-        const int64_t bq = stria__tile_len(x.Tq, qt * tq, (int)tq);
+        const int64_t bq = stria__tile_len(x.dims.Tq, qt * tq, (int)tq);
         bool active = false;
         for (int64_t kt = 0; kt < x.nkt; kt++) {
             int cls = stria__tile_class(&x, qt, kt);
-            const int64_t bk = stria__tile_len(x.Tk, kt * tk, (int)tk);
+            const int64_t bk = stria__tile_len(x.dims.Tk, kt * tk, (int)tk);
             w.tiles++;
             if (cls == STRIA__TILE_SKIP)
                 continue;

@@ -632,7 +632,7 @@ stria_status_t stria_device_sync(stria_device_t *dev, stria_stream_t stream)
     do {                                                                                           \
         if ((pass) == NULL)                                                                        \
             return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: pass is NULL", fn);                 \
-        STRIA__CHECK_KERNEL((pass)->dev, params, fn);                                              \
+        STRIA__CHECK_KERNEL((pass)->head.dev, params, fn);                                         \
     } while (0)
 
 stria_status_t stria_device_attn_fwd(stria_device_t *dev, const stria_attn_params_t *params,
@@ -685,11 +685,42 @@ stria_status_t stria_device_attn_bwd(stria_device_t *dev, const stria_attn_param
     return dev->ops->attn_bwd(dev, params, q, k, v, d_o, lse, delta, dq, dk, dv);
 }
 
+/* ---- passes ------------------------------------------------------------------ */
+
+/* What the forward and the backward pass object start with. */
+typedef struct {
+    stria_device_t *dev;
+    void *impl; /* the device's own pass, or NULL: the one-block call per block */
+} stria__pass_head_t;
+
+/* A zeroed pass object of `size` bytes (a stria__pass_head_t first) for dev;
+ * NULL, with the error set, when out of memory. */
+static void *stria__pass_new(stria_device_t *dev, size_t size, const char *fn)
+{
+    stria__pass_head_t *h = calloc(1, size);
+    if (h == NULL) {
+        stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+        return NULL;
+    }
+    h->dev = dev;
+    return h;
+}
+
+/* The end of a pass's begin: obj, from stria__pass_new(), when st (the status
+ * of the device's own begin; STRIA_OK where it has none) is STRIA_OK; NULL,
+ * obj freed, otherwise. */
+static void *stria__pass_made(stria_status_t st, void *obj)
+{
+    if (st == STRIA_OK)
+        return obj;
+    free(obj);
+    return NULL;
+}
+
 /* ---- forward pass ------------------------------------------------------------ */
 
 struct stria_device_fwd_pass {
-    stria_device_t *dev;
-    void *impl; /* the device's pass, or NULL: attn_fwd per block */
+    stria__pass_head_t head; /* impl NULL: attn_fwd per block */
     stria_tensor_t q;
 };
 
@@ -698,22 +729,18 @@ stria_status_t stria_device_attn_fwd_begin(stria_device_t *dev, const stria_attn
 {
     static const char fn[] = "stria_device_attn_fwd_begin";
     stria_device_fwd_pass_t *fp;
-    stria_status_t st;
+    stria_status_t st = STRIA_OK;
 
     STRIA__CHECK_BEGIN(dev, params, pass, fn);
     if (q == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: q is NULL", fn, dev->name);
-    if ((fp = calloc(1, sizeof(*fp))) == NULL)
-        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
-    fp->dev = dev;
+    if ((fp = stria__pass_new(dev, sizeof(*fp), fn)) == NULL)
+        return STRIA_ERR_NO_MEMORY;
     fp->q = *q;
-    if (dev->ops->attn_fwd_begin != NULL &&
-        (st = dev->ops->attn_fwd_begin(dev, params, q, &fp->impl)) != STRIA_OK) {
-        free(fp);
-        return st;
-    }
-    *pass = fp;
-    return STRIA_OK;
+    if (dev->ops->attn_fwd_begin != NULL)
+        st = dev->ops->attn_fwd_begin(dev, params, q, &fp->head.impl);
+    *pass = stria__pass_made(st, fp);
+    return st;
 }
 
 stria_status_t stria_device_attn_fwd_block(stria_device_fwd_pass_t *pass,
@@ -723,26 +750,25 @@ stria_status_t stria_device_attn_fwd_block(stria_device_fwd_pass_t *pass,
 {
     static const char fn[] = "stria_device_attn_fwd_block";
     STRIA__CHECK_PASS(pass, params, fn);
-    if (pass->impl != NULL)
-        return pass->dev->ops->attn_fwd_block(pass->dev, pass->impl, params, k, v, o, lse,
-                                              accumulate);
-    return pass->dev->ops->attn_fwd(pass->dev, params, &pass->q, k, v, o, lse, accumulate);
+    stria_device_t *dev = pass->head.dev;
+    if (pass->head.impl != NULL)
+        return dev->ops->attn_fwd_block(dev, pass->head.impl, params, k, v, o, lse, accumulate);
+    return dev->ops->attn_fwd(dev, params, &pass->q, k, v, o, lse, accumulate);
 }
 
 void stria_device_attn_fwd_end(stria_device_fwd_pass_t *pass)
 {
     if (pass == NULL)
         return;
-    if (pass->impl != NULL)
-        pass->dev->ops->attn_fwd_end(pass->dev, pass->impl);
+    if (pass->head.impl != NULL)
+        pass->head.dev->ops->attn_fwd_end(pass->head.dev, pass->head.impl);
     free(pass);
 }
 
 /* ---- backward pass ----------------------------------------------------------- */
 
 struct stria_device_bwd_pass {
-    stria_device_t *dev;
-    void *impl; /* the device's pass, or NULL: attn_bwd per block */
+    stria__pass_head_t head; /* impl NULL: attn_bwd per block */
     stria_tensor_t q, d_o, dq;
     const float *lse, *delta;
 };
@@ -754,7 +780,7 @@ stria_status_t stria_device_attn_bwd_begin(stria_device_t *dev, const stria_attn
 {
     static const char fn[] = "stria_device_attn_bwd_begin";
     stria_device_bwd_pass_t *bp;
-    stria_status_t st;
+    stria_status_t st = STRIA_OK;
 
     STRIA__CHECK_BEGIN(dev, params, pass, fn);
     if (q == NULL || d_o == NULL || dq == NULL)
@@ -762,24 +788,17 @@ stria_status_t stria_device_attn_bwd_begin(stria_device_t *dev, const stria_attn
                                q == NULL     ? "q"
                                : d_o == NULL ? "d_o"
                                              : "dq");
-    bp = calloc(1, sizeof(*bp));
-    if (bp == NULL)
-        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
-    bp->dev = dev;
+    if ((bp = stria__pass_new(dev, sizeof(*bp), fn)) == NULL)
+        return STRIA_ERR_NO_MEMORY;
     bp->q = *q;
     bp->d_o = *d_o;
     bp->dq = *dq;
     bp->lse = lse;
     bp->delta = delta;
-    if (dev->ops->attn_bwd_begin != NULL) {
-        st = dev->ops->attn_bwd_begin(dev, params, q, d_o, lse, delta, &bp->impl);
-        if (st != STRIA_OK) {
-            free(bp);
-            return st;
-        }
-    }
-    *pass = bp;
-    return STRIA_OK;
+    if (dev->ops->attn_bwd_begin != NULL)
+        st = dev->ops->attn_bwd_begin(dev, params, q, d_o, lse, delta, &bp->head.impl);
+    *pass = stria__pass_made(st, bp);
+    return st;
 }
 
 stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
@@ -789,10 +808,11 @@ stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
 {
     static const char fn[] = "stria_device_attn_bwd_block";
     STRIA__CHECK_PASS(pass, params, fn);
-    if (pass->impl != NULL)
-        return pass->dev->ops->attn_bwd_block(pass->dev, pass->impl, params, k, v, dk, dv);
-    return pass->dev->ops->attn_bwd(pass->dev, params, &pass->q, k, v, &pass->d_o, pass->lse,
-                                    pass->delta, &pass->dq, dk, dv);
+    stria_device_t *dev = pass->head.dev;
+    if (pass->head.impl != NULL)
+        return dev->ops->attn_bwd_block(dev, pass->head.impl, params, k, v, dk, dv);
+    return dev->ops->attn_bwd(dev, params, &pass->q, k, v, &pass->d_o, pass->lse, pass->delta,
+                              &pass->dq, dk, dv);
 }
 
 stria_status_t stria_device_attn_bwd_end(stria_device_bwd_pass_t *pass, bool keep)
@@ -800,8 +820,9 @@ stria_status_t stria_device_attn_bwd_end(stria_device_bwd_pass_t *pass, bool kee
     stria_status_t st = STRIA_OK;
     if (pass == NULL)
         return STRIA_OK;
-    if (pass->impl != NULL)
-        st = pass->dev->ops->attn_bwd_end(pass->dev, pass->impl, keep ? &pass->dq : NULL);
+    if (pass->head.impl != NULL)
+        st = pass->head.dev->ops->attn_bwd_end(pass->head.dev, pass->head.impl,
+                                               keep ? &pass->dq : NULL);
     free(pass);
     return st;
 }

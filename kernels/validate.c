@@ -176,6 +176,18 @@ float stria__attn_scale(const stria_attn_params_t *p)
     return p->scale > 0.0f ? p->scale : 1.0f / sqrtf((float)p->head_dim);
 }
 
+stria__attn_dims_t stria__attn_dims(const stria_attn_params_t *p)
+{
+    stria__attn_dims_t d;
+    d.B = p->batch;
+    d.Tq = p->q_tokens;
+    d.Tk = p->kv_tokens;
+    d.H = p->heads;
+    d.Hkv = p->kv_heads;
+    d.G = p->kv_heads > 0 ? p->heads / p->kv_heads : 0;
+    return d;
+}
+
 stria_status_t stria__validate_fwd(const stria_attn_params_t *p, const stria_tensor_t *q,
                                    const stria_tensor_t *k, const stria_tensor_t *v,
                                    const stria_tensor_t *o, const float *lse, const char *fn)

@@ -42,6 +42,16 @@ stria_status_t stria__validate_positions(const stria_positions_t *pos, int64_t t
 /* The softmax scale a call uses: params->scale, or 1/sqrt(head_dim) for 0. */
 float stria__attn_scale(const stria_attn_params_t *p);
 
+/* The sizes of a call as the kernels of every device index them: batch, query
+ * and key tokens, query heads, K/V heads, and the query heads per K/V head. */
+typedef struct {
+    int64_t B, Tq, Tk, H, Hkv, G;
+} stria__attn_dims_t;
+
+/* The sizes of p. G is 0 where kv_heads is (a row-wise call, which does not
+ * check kv_heads, may leave it 0). */
+stria__attn_dims_t stria__attn_dims(const stria_attn_params_t *p);
+
 /* Every argument check of one entry point of stria_kernels.h except the
  * positions (checked when they are expanded, as attn.c does). */
 stria_status_t stria__validate_fwd(const stria_attn_params_t *p, const stria_tensor_t *q,

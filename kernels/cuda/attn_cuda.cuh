@@ -9,6 +9,7 @@
 
 #include "stria_common.h"
 #include "stria_device.h"
+#include "validate_int.h"
 
 /* Positions come as one int64 per token plus the min and max position of
  * every STRIA__CU_GRAIN consecutive tokens; a kernel's tile (a multiple of the
@@ -21,9 +22,9 @@ typedef struct {
     int64_t sb, st, sh;
 } stria_cu_view_t;
 
-/* Everything a kernel launch needs, in device memory where it is a pointer. */
-typedef struct {
-    int64_t B, Tq, Tk, H, Hkv, G;
+/* Everything a kernel launch needs, in device memory where it is a pointer;
+ * the sizes (a.B, a.Tq, ...) from its stria__attn_dims_t. */
+struct stria_cu_attn_t : stria__attn_dims_t {
     int D;
     float scale;
     bool causal;
@@ -47,7 +48,7 @@ typedef struct {
     bool accumulate;
     const float *lse_in, *delta;
     stria_cu_view_t dq, dk, dv; /* fp32, accumulated into */
-} stria_cu_attn_t;
+};
 
 /* The CUDA stream behind a stream of a "cuda" device (for timing with CUDA
  * events in stria-bench); NULL for any other device. */

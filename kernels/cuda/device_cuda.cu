@@ -175,48 +175,41 @@ static void stria__cu_host_free(stria_device_t *dev, void *ptr)
     }
 }
 
-/* The start of every call on a stream: the stream checked (stria__cu_bad_stream)
- * and the device made current. */
-static stria_status_t stria__cu_on_stream(stria__cu_dev_t *d, stria_stream_t s, const char *what)
+/* A call on one stream: the stream checked (stria__cu_bad_stream), the device
+ * made current, then op(the CUDA stream), a callable returning the
+ * cudaError_t of the CUDA call named `call`. */
+template <typename Op>
+static stria_status_t stria__cu_stream_call(stria_device_t *dev, stria_stream_t s, const char *what,
+                                            const char *call, Op op)
 {
+    stria__cu_dev_t *d = stria__cu(dev);
     stria_status_t st = stria__cu_bad_stream(d, s, what);
-    return st != STRIA_OK ? st : stria__cu_current(d);
+    if (st == STRIA_OK)
+        st = stria__cu_current(d);
+    return st != STRIA_OK ? st : stria__cu_check(d, op(stria__cu_stream(d, s)), call);
 }
 
 static stria_status_t stria__cu_copy(stria_device_t *dev, stria_stream_t s, void *dst,
                                      const void *src, size_t bytes)
 {
-    stria__cu_dev_t *d = stria__cu(dev);
-    stria_status_t st;
-    if ((st = stria__cu_on_stream(d, s, "copy")) != STRIA_OK)
-        return st;
-    if (bytes == 0)
-        return STRIA_OK;
-    STRIA__CU_TRY(d, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stria__cu_stream(d, s)));
-    return STRIA_OK;
+    return stria__cu_stream_call(dev, s, "copy", "cudaMemcpyAsync", [=](cudaStream_t cs) {
+        return bytes == 0 ? cudaSuccess : cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cs);
+    });
 }
 
 static stria_status_t stria__cu_zero(stria_device_t *dev, stria_stream_t s, void *dst, size_t bytes)
 {
-    stria__cu_dev_t *d = stria__cu(dev);
-    stria_status_t st;
-    if ((st = stria__cu_on_stream(d, s, "zero")) != STRIA_OK)
-        return st;
-    if (bytes == 0)
-        return STRIA_OK;
-    STRIA__CU_TRY(d, cudaMemsetAsync(dst, 0, bytes, stria__cu_stream(d, s)));
-    return STRIA_OK;
+    return stria__cu_stream_call(dev, s, "zero", "cudaMemsetAsync", [=](cudaStream_t cs) {
+        return bytes == 0 ? cudaSuccess : cudaMemsetAsync(dst, 0, bytes, cs);
+    });
 }
 
 static stria_status_t stria__cu_add(stria_device_t *dev, stria_stream_t s, float *dst,
                                     const float *src, size_t n)
 {
-    stria__cu_dev_t *d = stria__cu(dev);
-    stria_status_t st;
-    if ((st = stria__cu_on_stream(d, s, "add_f32")) != STRIA_OK)
-        return st;
-    STRIA__CU_TRY(d, stria__cu_add_f32(dst, src, n, stria__cu_stream(d, s)));
-    return STRIA_OK;
+    return stria__cu_stream_call(dev, s, "add_f32", "stria__cu_add_f32", [=](cudaStream_t cs) {
+        return stria__cu_add_f32(dst, src, n, cs);
+    });
 }
 
 static stria_status_t stria__cu_order(stria_device_t *dev, stria_stream_t waiter, stria_stream_t on)
@@ -236,12 +229,7 @@ static stria_status_t stria__cu_order(stria_device_t *dev, stria_stream_t waiter
 
 static stria_status_t stria__cu_sync(stria_device_t *dev, stria_stream_t s)
 {
-    stria__cu_dev_t *d = stria__cu(dev);
-    stria_status_t st;
-    if ((st = stria__cu_on_stream(d, s, "sync")) != STRIA_OK)
-        return st;
-    STRIA__CU_TRY(d, cudaStreamSynchronize(stria__cu_stream(d, s)));
-    return STRIA_OK;
+    return stria__cu_stream_call(dev, s, "sync", "cudaStreamSynchronize", cudaStreamSynchronize);
 }
 
 /* ---- positions ----------------------------------------------------------- */
@@ -338,12 +326,7 @@ static stria_cu_view_t stria__cu_view(const stria_tensor_t *t)
 static void stria__cu_args(const stria_attn_params_t *p, stria_cu_attn_t *a)
 {
     memset(a, 0, sizeof(*a));
-    a->B = p->batch;
-    a->Tq = p->q_tokens;
-    a->Tk = p->kv_tokens;
-    a->H = p->heads;
-    a->Hkv = p->kv_heads;
-    a->G = p->heads / p->kv_heads;
+    static_cast<stria__attn_dims_t &>(*a) = stria__attn_dims(p);
     a->D = (int)p->head_dim;
     a->scale = stria__attn_scale(p);
     a->dtype = STRIA_DTYPE_F32;
