@@ -766,6 +766,13 @@ static stria_status_t stria__submit_once(stria_client_t *c, stria_job_t *job, bo
     req.spec = &spec;
     req.exclude_worker_ids = (uint64_t *)job->exclude;
     req.n_exclude_worker_ids = job->n_exclude;
+    /* sent again as is when the connection breaks: a coordinator that made
+     * the job before the reply was lost answers with that job */
+    uint8_t key[16];
+    if (stria_auth_random(key, sizeof(key)) == STRIA_OK) {
+        req.submit_key.data = key;
+        req.submit_key.len = sizeof(key);
+    }
     memset(&reply, 0, sizeof(reply));
     st = stria__coord_call(c, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, &reply);
     free(pl);

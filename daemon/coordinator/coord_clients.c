@@ -227,11 +227,30 @@ static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
     return true;
 }
 
+/* The unfinished job an earlier copy of a submission made (the same client
+ * host and submit_key: its reply was lost with the connection), or NULL. */
+static stria__cjob_t *stria__submitted_before(const stria_coord_t *co, const char *client,
+                                              const ProtobufCBinaryData *key)
+{
+    if (key->len != STRIA__SUBMIT_KEY_BYTES)
+        return NULL;
+    for (uint32_t i = 0; i < co->n_jobs; i++) {
+        stria__cjob_t *j = co->jobs[i];
+        if (j->keyed && !stria__terminal(j->state) && strcmp(j->client, client) == 0 &&
+            stria_auth_equal(j->submit_key, key->data, sizeof(j->submit_key)))
+            return j;
+    }
+    return NULL;
+}
+
 /* The checks of a submission before the workers are chosen: the spec, the
- * request's exclusions, the client's and the coordinator's job limits.
- * False when refused (the call is answered); `client` is set. */
+ * request's exclusions and key, the client's and the coordinator's job
+ * limits. False when refused (the call is answered); `client` is set, and
+ * *again to the job of an earlier copy of the submission (a resend), which
+ * skips the limits. */
 static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
-                                 const Stria__V1__SubmitJobRequest *req, char *client, size_t cap)
+                                 const Stria__V1__SubmitJobRequest *req, char *client, size_t cap,
+                                 stria__cjob_t **again)
 {
     const Stria__V1__JobSpec *s = req->spec;
     if (s == NULL) {
@@ -259,7 +278,16 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
                             req->n_exclude_worker_ids, STRIA__MAX_EXCLUDE);
         return false;
     }
+    if (req->submit_key.len != 0 && req->submit_key.len != STRIA__SUBMIT_KEY_BYTES) {
+        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "SubmitJob: submit_key has %zu bytes (%d, or none)",
+                            req->submit_key.len, STRIA__SUBMIT_KEY_BYTES);
+        return false;
+    }
     stria__client_of(call, client, cap);
+    if ((*again = stria__submitted_before(co, client, &req->submit_key)) != NULL)
+        return true; /* a resend: its job counts already */
     if (stria__count_unfinished(co, client) >= co->max_jobs_per_client) {
         stria__count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
@@ -279,12 +307,34 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
     return true;
 }
 
+/* Answers a submission with job j: its state, assignment and queue place,
+ * and its secret sealed for this connection; false when that failed (the
+ * call is answered). */
+static bool stria__submit_reply(stria_coord_t *co, stria_rpc_call_t *call, const stria__cjob_t *j)
+{
+    Stria__V1__SubmitJobReply rep = STRIA__V1__SUBMIT_JOB_REPLY__INIT;
+    uint8_t sealed[STRIA_AUTH_SEALED_BYTES];
+    stria__b_t b = {0};
+    if (stria_auth_seal(stria_rpc_call_session(call), "job secret", j->id, j->secret.bytes,
+                        sealed) != STRIA_OK) {
+        stria_rpc_call_fail(call, STRIA_ERR_INTERNAL, "SubmitJob: %s", stria_error_msg());
+        return false;
+    }
+    rep.state = j->state;
+    rep.assignment = stria__fill_assignment(&b, j);
+    rep.queue_position = stria__queue_position(co, j);
+    rep.job_secret.data = sealed;
+    rep.job_secret.len = sizeof(sealed);
+    stria__b_reply(&b, call, &rep.base);
+    stria_auth_wipe(sealed, sizeof(sealed));
+    return true;
+}
+
 void stria__on_submit(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__SubmitJobRequest *req = STRIA__REQ(Stria__V1__SubmitJobRequest, call);
     const Stria__V1__JobSpec *s = req->spec;
-    Stria__V1__SubmitJobReply rep = STRIA__V1__SUBMIT_JOB_REPLY__INIT;
     stria__cworker_t **ring = NULL;
     uint32_t count, n, healthy, draining, dead, left;
     stria_layout_t layout;
@@ -292,12 +342,17 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = NULL;
     stria__cworker_t **chosen = NULL;
     bool now = false, *fallback = NULL;
-    uint8_t sealed[STRIA_AUTH_SEALED_BYTES];
-    stria__b_t b = {0};
     char client[64];
 
-    if (!stria__submit_checks(co, call, req, client, sizeof(client)))
+    if (!stria__submit_checks(co, call, req, client, sizeof(client), &j))
         return;
+    if (j != NULL) {
+        stria_log_info("job %llu: its submission came again from %s (the reply was lost): the "
+                       "same job answers",
+                       (unsigned long long)j->id, client);
+        stria__submit_reply(co, call, j);
+        return;
+    }
     ring = malloc((co->n_workers + 1) * sizeof(*ring));
     if (ring == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
@@ -365,11 +420,9 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory or no secret");
         goto free_ring;
     }
-    if (stria_auth_seal(stria_rpc_call_session(call), "job secret", j->id, j->secret.bytes,
-                        sealed) != STRIA_OK) {
-        stria__job_finish(co, j, S_FAILED, "%s", stria_error_msg());
-        stria_rpc_call_fail(call, STRIA_ERR_INTERNAL, "SubmitJob: %s", stria_error_msg());
-        goto free_ring;
+    if (req->submit_key.len == STRIA__SUBMIT_KEY_BYTES) {
+        memcpy(j->submit_key, req->submit_key.data, sizeof(j->submit_key));
+        j->keyed = true;
     }
     if (co->metrics != NULL)
         stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
@@ -384,12 +437,8 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                    (unsigned long long)(need >> 20), j->sharded ? ", sharded" : "",
                    now ? "" : ", queued");
     stria__schedule(co);
-    rep.state = j->state;
-    rep.assignment = stria__fill_assignment(&b, j);
-    rep.queue_position = stria__queue_position(co, j);
-    rep.job_secret.data = sealed;
-    rep.job_secret.len = sizeof(sealed);
-    stria__b_reply(&b, call, &rep.base);
+    if (!stria__submit_reply(co, call, j))
+        stria__job_finish(co, j, S_FAILED, "the job's secret could not be sealed for its client");
 free_ring:
     free(ring);
     free(chosen);

@@ -12,6 +12,7 @@
 #define STRIA__COORD_STR         256 /* longest host, device, address or version string */
 #define STRIA__DEAD_PERIODS      3
 #define STRIA__DEFAULT_ARRIVAL_S 60.0 /* a sharded job's arrival timeout by default */
+#define STRIA__SUBMIT_KEY_BYTES  16   /* SubmitJobRequest.submit_key */
 /* The largest message of a request other than SubmitJob and Heartbeat. */
 #define STRIA__COORD_SMALL_REQUEST (64u << 10)
 
@@ -109,6 +110,10 @@ typedef struct {
     char label[STRIA_COORD_MAX_LABEL + 1];
     stria_job_masks_t masks; /* documents and window, owned */
     char client[64];         /* the submitting client's host address */
+    /* SubmitJobRequest.submit_key (keyed): a resend of the submission gets
+     * this job back */
+    uint8_t submit_key[STRIA__SUBMIT_KEY_BYTES];
+    bool keyed;
     /* sharded jobs (stria_client_submit): a pass starts when every rank
      * arrived; a rank missing arrival_timeout_s after the first fails it */
     bool sharded;

@@ -903,6 +903,51 @@ static void fx_start_two_hosts(fx_t *fx, wk_t w[4], Stria__V1__JobSpec *s)
     s->ring_size = 2;
 }
 
+/* A submission sent again with its key (its reply was lost with the
+ * connection) gets the job its first copy made, its secret sealed again; a
+ * new key makes a new job; a key of another size is refused. */
+Test(coord, a_resent_submission_gets_its_first_job, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    stria_rpc_reply_t rep;
+    uint8_t key[16];
+    uint64_t ids[3];
+    stria_job_secret_t secrets[3];
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    reg_worker(&fx, "h", 7000, 1ull << 30);
+    reg_worker(&fx, "h", 7001, 1ull << 30);
+    Stria__V1__JobSpec s = spec_default();
+    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    req.spec = &s;
+    memset(key, 7, sizeof(key));
+    req.submit_key.data = key;
+    req.submit_key.len = sizeof(key);
+    for (int i = 0; i < 3; i++) {
+        if (i == 2)
+            key[0] ^= 1; /* another submission */
+        cr_assert_eq(fx_call(fx.user, M_SUBMIT, &req.base, &rep), STRIA_OK, "%s",
+                     stria_error_msg());
+        const Stria__V1__SubmitJobReply *r = (const Stria__V1__SubmitJobReply *)rep.msg;
+        ids[i] = r->assignment->job_id;
+        cr_expect_eq(stria_auth_open(&rep.session, "job secret", ids[i], r->job_secret.data,
+                                     r->job_secret.len, secrets[i].bytes),
+                     STRIA_OK, "submission %d: the secret does not open", i);
+        stria_rpc_reply_free(&rep);
+    }
+    cr_expect_eq(ids[1], ids[0], "the resend made job %llu beside job %llu",
+                 (unsigned long long)ids[1], (unsigned long long)ids[0]);
+    cr_expect_eq(memcmp(secrets[1].bytes, secrets[0].bytes, sizeof(secrets[0].bytes)), 0);
+    cr_expect_neq(ids[2], ids[0], "a new key made no new job");
+    Stria__V1__GetStatusRequest gs = STRIA__V1__GET_STATUS_REQUEST__INIT;
+    cr_assert_eq(fx_call(fx.cl, M_STATUS, &gs.base, &rep), STRIA_OK);
+    cr_expect_eq(((const Stria__V1__GetStatusReply *)rep.msg)->jobs_submitted, 2u);
+    stria_rpc_reply_free(&rep);
+    req.submit_key.len = 5;
+    cr_expect_eq(fx_call(fx.user, M_SUBMIT, &req.base, &rep), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "submit_key has 5 bytes") != NULL, "%s", stria_error_msg());
+    fx_stop(&fx);
+}
+
 Test(coord, jobs_on_disjoint_workers_run_together, .timeout = TEST_TIMEOUT_S)
 {
     fx_t fx;
