@@ -1011,26 +1011,41 @@ static int spare_of(uint64_t x)
     return -1;
 }
 
-/* A cluster with a spare worker and case c's job submitted on it; the
- * indexes of the worker at rank `lost_rank` and of the spare. */
-static stria_job_t *spare_cluster_job(case_t *c, stria_client_t **sub, int lost_rank, int *lost,
-                                      int *spare)
+/* A case of a cluster with a spare worker: the job (x) of case c submitted
+ * on it, the indexes of the worker to lose and of the spare, the ranks'
+ * processes. */
+typedef struct {
+    case_t c;
+    stria_client_t *sub;
+    stria_job_t *job;
+    uint64_t x;
+    int lost, spare;
+    test_proc_t *p[N_WORKERS];
+} spare_case_t;
+
+/* Starts k's cluster and submits k->c's job; the worker to lose is rank
+ * `lost_rank`'s. With `mode`, every rank's process starts in it, rank r
+ * over paths[r]. */
+static void spare_case_start(spare_case_t *k, int lost_rank, const char *const *paths,
+                             const char *mode)
 {
-    stria_job_t *job = NULL;
+    k->job = NULL;
     start_cluster_n(MAX_WORKERS);
-    *sub = client(STRIA_DATA_PATH_AUTO);
-    cr_assert_eq(stria_client_submit(*sub, &c->spec, &job), STRIA_OK, "%s", stria_error_msg());
-    *lost = worker_index(job_info(stria_job_id(job), lost_rank).rank_rpc);
-    *spare = spare_of(stria_job_id(job));
-    return job;
+    k->sub = client(STRIA_DATA_PATH_AUTO);
+    cr_assert_eq(stria_client_submit(k->sub, &k->c.spec, &k->job), STRIA_OK, "%s",
+                 stria_error_msg());
+    k->x = stria_job_id(k->job);
+    k->lost = worker_index(job_info(k->x, lost_rank).rank_rpc);
+    k->spare = spare_of(k->x);
+    for (int r = 0; mode != NULL && r < N_WORKERS; r++)
+        k->p[r] = start_rank(&k->c, k->job, r, paths[r], mode);
 }
 
-/* The end of a case of spare_cluster_job(). */
-static void spare_case_end(case_t *c, stria_job_t *job, stria_client_t *sub)
+static void spare_case_end(spare_case_t *k)
 {
-    stria_client_release(job);
-    case_free(c);
-    stria_client_close(sub);
+    stria_client_release(k->job);
+    case_free(&k->c);
+    stria_client_close(k->sub);
     stop_cluster();
 }
 
@@ -1074,21 +1089,22 @@ static void ranks_say(test_proc_t **p, const char *what)
  * for bit, and job x was replaced by a job of the same ranks but `lost_rank`
  * on the spare, which its ranks released (`rebuilt`: x's record was rebuilt
  * from the replacement's after a coordinator restart). */
-static void expect_replaced_ex(case_t *c, stria_job_t *job, test_proc_t **p, int lost_rank,
-                               int spare, bool rebuilt)
+static void expect_replaced(spare_case_t *k, int lost_rank, bool rebuilt)
 {
+    case_t *c = &k->c;
+    test_proc_t **p = k->p;
     char line[1024];
     for (int r = 0; r < N_WORKERS; r++) {
         rank_result(p[r], line, sizeof(line));
         cr_expect(strncmp(line, "shard_rank: ok", 14) == 0, "rank %d: %s", r, line);
     }
     memset(c->got[0], 0xff, c->bytes[0]);
-    case_gather(c, job);
+    case_gather(c, k->job);
     static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
     for (int i = 0; i < 5; i++)
         cr_expect_eq(memcmp(c->got[i], c->ref[i], c->bytes[i]), 0,
                      "%s of the replaced job differs from the in-process ring", names[i]);
-    jinfo_t x = job_info(stria_job_id(job), lost_rank);
+    jinfo_t x = job_info(k->x, lost_rank);
     cr_expect_eq(x.state, STRIA__V1__JOB_STATE__JOB_STATE_FAILED);
     cr_assert_neq(x.replaced_by, 0, "not replaced: %s", x.failure);
     char want[128];
@@ -1102,14 +1118,9 @@ static void expect_replaced_ex(case_t *c, stria_job_t *job, test_proc_t **p, int
     cr_expect(strstr(x.failure, want) != NULL, "%s", x.failure);
     jinfo_t y = job_info(x.replaced_by, lost_rank);
     cr_expect_eq(y.state, STRIA__V1__JOB_STATE__JOB_STATE_RELEASED, "every rank released it");
-    cr_expect_eq(y.replaces, stria_job_id(job));
-    cr_expect_str_eq(y.rank_rpc, cl.rpc[spare], "the spare takes the lost worker's rank");
+    cr_expect_eq(y.replaces, k->x);
+    cr_expect_str_eq(y.rank_rpc, cl.rpc[k->spare], "the spare takes the lost worker's rank");
     cr_expect(workers_idle(10), "memory still held after the replaced job ended");
-}
-
-static void expect_replaced(case_t *c, stria_job_t *job, test_proc_t **p, int lost_rank, int spare)
-{
-    expect_replaced_ex(c, job, p, lost_rank, spare, false);
 }
 
 /* A worker dies while ranks 0, 1 and 3 wait for rank 2 (inputs in, one in
@@ -1119,40 +1130,36 @@ static void expect_replaced(case_t *c, stria_job_t *job, test_proc_t **p, int lo
 Test(sharded, a_lost_workers_rank_moves_to_a_spare_and_every_rank_follows, .timeout = 900)
 {
     static const char *const paths[N_WORKERS] = {"tcp", "shm", "auto", "shm"};
-    stria_client_t *sub;
-    case_t c;
-    int lost, spare;
-    case_init(&c, 1, 203, 4, 2, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED, 71);
-    stria_job_t *job = spare_cluster_job(&c, &sub, 2, &lost, &spare);
-    uint64_t x = stria_job_id(job);
-    test_proc_t *p[N_WORKERS];
+    spare_case_t k;
+    case_init(&k.c, 1, 203, 4, 2, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED, 71);
+    spare_case_start(&k, 2, paths, NULL);
     for (int r = 0; r < N_WORKERS; r++)
         if (r != 2)
-            p[r] = start_rank(&c, job, r, paths[r], r == 3 ? "inplace" : "run");
+            k.p[r] = start_rank(&k.c, k.job, r, paths[r], r == 3 ? "inplace" : "run");
     /* their workers hold the job (their ranks arrived, or soon will) */
     for (int r = 0; r < N_WORKERS; r++) {
         if (r == 2)
             continue;
-        jinfo_t ji = job_info(x, r);
+        jinfo_t ji = job_info(k.x, r);
         uint64_t used = 0;
         for (int i = 0; i < 40 && used == 0; i++) {
             Stria__V1__ListWorkersRequest req = STRIA__V1__LIST_WORKERS_REQUEST__INIT;
             stria_rpc_reply_t rep;
             cr_assert_eq(coord_call(STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &rep), STRIA_OK);
             const Stria__V1__ListWorkersReply *lw = (const Stria__V1__ListWorkersReply *)rep.msg;
-            for (size_t k = 0; k < lw->n_workers; k++)
-                if (strcmp(lw->workers[k]->rpc_address, ji.rank_rpc) == 0)
-                    used = lw->workers[k]->memory_in_use_bytes;
+            for (size_t i = 0; i < lw->n_workers; i++)
+                if (strcmp(lw->workers[i]->rpc_address, ji.rank_rpc) == 0)
+                    used = lw->workers[i]->memory_in_use_bytes;
             stria_rpc_reply_free(&rep);
             if (used == 0)
                 usleep(250000);
         }
         cr_expect_gt(used, 0, "rank %d's worker never held the job", r);
     }
-    kill_and_replace(x, lost);
-    p[2] = start_rank(&c, job, 2, paths[2], "run");
-    expect_replaced(&c, job, p, 2, spare);
-    spare_case_end(&c, job, sub);
+    kill_and_replace(k.x, k.lost);
+    k.p[2] = start_rank(&k.c, k.job, 2, paths[2], "run");
+    expect_replaced(&k, 2, false);
+    spare_case_end(&k);
 }
 
 /* A worker is killed mid-pass: its ring peers fail the pass at once, the
@@ -1163,33 +1170,27 @@ Test(sharded, a_lost_workers_rank_moves_to_a_spare_and_every_rank_follows, .time
 Test(sharded, a_worker_killed_mid_pass_is_replaced_inside_the_call, .timeout = 900)
 {
     static const char *const paths[N_WORKERS] = {"shm", "tcp", "shm", "tcp"};
-    stria_client_t *sub;
-    case_t c;
-    int lost, spare;
-    case_init(&c, 1, 4096, 2, 1, STRIA_DTYPE_F32, true, STRIA_LAYOUT_ZIGZAG, 81);
-    stria_job_t *job = spare_cluster_job(&c, &sub, 1, &lost, &spare);
-    uint64_t x = stria_job_id(job);
-    test_proc_t *p[N_WORKERS];
-    for (int r = 0; r < N_WORKERS; r++)
-        p[r] = start_rank(&c, job, r, paths[r], "run-again");
+    spare_case_t k;
+    case_init(&k.c, 1, 4096, 2, 1, STRIA_DTYPE_F32, true, STRIA_LAYOUT_ZIGZAG, 81);
+    spare_case_start(&k, 1, paths, "run-again");
     Stria__V1__JobState s = STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
     for (int i = 0; i < 60000 && s < STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD; i++) {
-        s = job_info(x, 1).state;
+        s = job_info(k.x, 1).state;
         usleep(2000);
     }
     cr_assert(s >= STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD &&
                   s < STRIA__V1__JOB_STATE__JOB_STATE_DONE,
               "the job never ran (state %d)", (int)s);
-    kill_worker(lost);
+    kill_worker(k.lost);
     double killed = stria_time_now();
-    expect_replaced(&c, job, p, 1, spare);
+    expect_replaced(&k, 1, false);
     double took = stria_time_now() - killed;
     fprintf(stderr, "test_sharded: killed in state %d; every rank done %.2f s after the kill\n",
             (int)s, took);
     /* about 3 s here (the verdict takes 1.5 s); far more means a rank sat
      * out one of the library's waits (30 s and more) instead of following */
     cr_expect_lt(took, 20.0, "the ranks took %.1f s to follow the replacement", took);
-    spare_case_end(&c, job, sub);
+    spare_case_end(&k);
 }
 
 /* A worker dies between the forward and the backward: every rank's backward
@@ -1199,19 +1200,14 @@ Test(sharded, a_worker_killed_mid_pass_is_replaced_inside_the_call, .timeout = 9
 Test(sharded, a_worker_lost_before_the_backward_moves_the_handles, .timeout = 900)
 {
     static const char *const paths[N_WORKERS] = {"tcp", "shm", "shm", "tcp"};
-    stria_client_t *sub;
-    case_t c;
-    int lost, spare;
-    case_init(&c, 2, 130, 2, 2, STRIA_DTYPE_BF16, true, STRIA_LAYOUT_STRIPED, 91);
-    stria_job_t *job = spare_cluster_job(&c, &sub, 3, &lost, &spare);
-    test_proc_t *p[N_WORKERS];
-    for (int r = 0; r < N_WORKERS; r++)
-        p[r] = start_rank(&c, job, r, paths[r], "run-again-pause");
-    ranks_say(p, "forward done");
-    kill_and_replace(stria_job_id(job), lost);
+    spare_case_t k;
+    case_init(&k.c, 2, 130, 2, 2, STRIA_DTYPE_BF16, true, STRIA_LAYOUT_STRIPED, 91);
+    spare_case_start(&k, 3, paths, "run-again-pause");
+    ranks_say(k.p, "forward done");
+    kill_and_replace(k.x, k.lost);
     touch("go");
-    expect_replaced(&c, job, p, 3, spare);
-    spare_case_end(&c, job, sub);
+    expect_replaced(&k, 3, false);
+    spare_case_end(&k);
 }
 
 /* Kills the coordinator and starts another on its address; it rebuilds its
@@ -1237,19 +1233,13 @@ static void restart_coordinator(void)
 Test(sharded, a_replacement_keeps_its_link_across_a_coordinator_restart, .timeout = 900)
 {
     static const char *const paths[N_WORKERS] = {"shm", "tcp", "tcp", "shm"};
-    stria_client_t *sub;
-    case_t c;
-    int lost, spare;
-    case_init(&c, 1, 150, 2, 1, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED, 97);
-    stria_job_t *job = spare_cluster_job(&c, &sub, 0, &lost, &spare);
-    uint64_t x = stria_job_id(job);
-    test_proc_t *p[N_WORKERS];
-    for (int r = 0; r < N_WORKERS; r++)
-        p[r] = start_rank(&c, job, r, paths[r], "run-again-pause-hold");
-    ranks_say(p, "forward done");
-    uint64_t y = kill_and_replace(x, lost);
+    spare_case_t k;
+    case_init(&k.c, 1, 150, 2, 1, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED, 97);
+    spare_case_start(&k, 0, paths, "run-again-pause-hold");
+    ranks_say(k.p, "forward done");
+    uint64_t x = k.x, y = kill_and_replace(x, k.lost);
     touch("go");
-    ranks_say(p, "holding the job"); /* they ran again on the replacement */
+    ranks_say(k.p, "holding the job"); /* they ran again on the replacement */
 
     restart_coordinator();
     /* the replacement is back once its four workers described it */
@@ -1275,13 +1265,14 @@ Test(sharded, a_replacement_keeps_its_link_across_a_coordinator_restart, .timeou
     uint8_t exp[STRIA_JOB_EXPORT_BYTES];
     size_t len = 0;
     stria_job_t *again = NULL;
-    cr_assert_eq(stria_job_export(job, exp, sizeof(exp), &len), STRIA_OK, "%s", stria_error_msg());
-    cr_assert_eq(stria_job_import(sub, exp, len, &again), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_job_export(k.job, exp, sizeof(exp), &len), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_job_import(k.sub, exp, len, &again), STRIA_OK, "%s", stria_error_msg());
     cr_expect_eq(stria_job_id(again), y, "the old job's export imported job %llu",
                  (unsigned long long)stria_job_id(again));
     stria_client_release(again);
 
     touch("release");
-    expect_replaced_ex(&c, job, p, 0, spare, true);
-    spare_case_end(&c, job, sub);
+    expect_replaced(&k, 0, true);
+    spare_case_end(&k);
 }
