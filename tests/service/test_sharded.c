@@ -42,14 +42,50 @@ static char *const env[] = {"UCX_HANDLE_ERRORS=none", "UCX_TLS=tcp,sm,self", "ST
 
 static void wait_healthy(void);
 
-/* n workers: 2 on host hA, then hB's (a fifth is a spare on hB). */
-static void start_cluster_n(int n)
+/* Worker i of the cluster (0 and 1 on host hA, the others on hB); with
+ * `shm`, it offers its clients shared memory. */
+static void start_worker(int i, bool shm)
 {
     static const char *const hosts[MAX_WORKERS] = {"hA", "hA", "hB", "hB", "hB"};
     static const char *const inst[MAX_WORKERS] = {"0", "1", "0", "1", "2"};
+    char log[256], line[256];
+    snprintf(log, sizeof(log), "%s/worker%d.log", cl.dir, i);
+    char *argv[] = {STRIA_WORKER_BIN,
+                    "--coordinator",
+                    cl.coord_addr,
+                    "--threads",
+                    "1",
+                    "--step-timeout",
+                    "5",
+                    "--memory",
+                    "1G",
+                    "--host",
+                    (char *)hosts[i],
+                    "--instance",
+                    (char *)inst[i],
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--ucx-listen",
+                    "127.0.0.1:0",
+                    "--metrics-listen",
+                    "127.0.0.1:0",
+                    shm ? "--runtime-dir" : NULL, /* without shm the list ends here */
+                    cl.dir,
+                    NULL};
+    cl.workers[i] = test_proc_start(argv, log, env);
+    cr_assert(
+        test_proc_wait_line(cl.workers[i], "stria-worker listening rpc=", 10, line, sizeof(line)),
+        "worker %d did not start (see %s)", i, log);
+    sscanf(line + strlen("stria-worker listening rpc="), "%63s", cl.rpc[i]);
+    cl.n = i + 1 > cl.n ? i + 1 : cl.n;
+    cl.alive++;
+}
+
+/* n workers: 2 on host hA, then hB's (a fifth is a spare on hB). */
+static void start_cluster_n(int n)
+{
     char log[256], line[256], cmd[300];
     memset(&cl, 0, sizeof(cl));
-    cl.n = cl.alive = n;
     snprintf(cl.dir, sizeof(cl.dir), "/tmp/stria_sharded_%d", (int)getpid());
     snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir -p %s", cl.dir, cl.dir);
     cr_assert_eq(system(cmd), 0);
@@ -63,36 +99,8 @@ static void start_cluster_n(int n)
         test_proc_wait_line(cl.coord, "stria-coordinator listening on ", 10, line, sizeof(line)));
     snprintf(cl.coord_addr, sizeof(cl.coord_addr), "%s",
              line + strlen("stria-coordinator listening on "));
-    for (int i = 0; i < n; i++) {
-        snprintf(log, sizeof(log), "%s/worker%d.log", cl.dir, i);
-        char *argv[] = {STRIA_WORKER_BIN,
-                        "--coordinator",
-                        cl.coord_addr,
-                        "--threads",
-                        "1",
-                        "--step-timeout",
-                        "5",
-                        "--memory",
-                        "1G",
-                        "--host",
-                        (char *)hosts[i],
-                        "--instance",
-                        (char *)inst[i],
-                        "--listen",
-                        "127.0.0.1:0",
-                        "--ucx-listen",
-                        "127.0.0.1:0",
-                        "--metrics-listen",
-                        "127.0.0.1:0",
-                        "--runtime-dir",
-                        cl.dir,
-                        NULL};
-        cl.workers[i] = test_proc_start(argv, log, env);
-        cr_assert(test_proc_wait_line(cl.workers[i], "stria-worker listening rpc=", 10, line,
-                                      sizeof(line)),
-                  "worker %d did not start (see %s)", i, log);
-        sscanf(line + strlen("stria-worker listening rpc="), "%63s", cl.rpc[i]);
-    }
+    for (int i = 0; i < n; i++)
+        start_worker(i, true);
     wait_healthy();
 }
 
@@ -1207,6 +1215,40 @@ Test(sharded, a_worker_lost_before_the_backward_moves_the_handles, .timeout = 90
     kill_and_replace(k.x, k.lost);
     touch("go");
     expect_replaced(&k, 3, false);
+    spare_case_end(&k);
+}
+
+/* A rank that filled its inputs in place, in its worker's shared memory,
+ * loses that worker to a spare that offers no shared memory (on another
+ * host, as far as the rank can tell): its buffers cannot follow, and its
+ * retry says so instead of sending the old job's memory. */
+Test(sharded, in_place_buffers_do_not_follow_to_a_spare_without_shared_memory, .timeout = 900)
+{
+    static const char *const paths[N_WORKERS] = {"auto", "tcp", "tcp", "tcp"};
+    spare_case_t k;
+    char line[1024];
+    case_init(&k.c, 1, 128, 2, 1, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED, 99);
+    k.c.spec.arrival_timeout_s = 3; /* the other ranks give up on rank 0 soon */
+    start_cluster_n(N_WORKERS);
+    k.sub = client(STRIA_DATA_PATH_AUTO);
+    cr_assert_eq(stria_client_submit(k.sub, &k.c.spec, &k.job), STRIA_OK, "%s", stria_error_msg());
+    k.x = stria_job_id(k.job);
+    k.lost = worker_index(job_info(k.x, 0).rank_rpc);
+    start_worker(MAX_WORKERS - 1, false); /* the spare: TCP only */
+    wait_healthy();
+    for (int r = 0; r < N_WORKERS; r++)
+        k.p[r] =
+            start_rank(&k.c, k.job, r, paths[r], r ? "run-again-pause" : "inplace-again-pause");
+    ranks_say(k.p, "forward done");
+    kill_and_replace(k.x, k.lost);
+    touch("go");
+    rank_result(k.p[0], line, sizeof(line));
+    cr_expect(strstr(line, "shard_rank: error STRIA_ERR_UNSUPPORTED") != NULL &&
+                  strstr(line, "shared memory of the job this one replaced") != NULL &&
+                  strstr(line, "pass buffers of your own") != NULL,
+              "rank 0: %s", line);
+    for (int r = 1; r < N_WORKERS; r++)
+        rank_result(k.p[r], line, sizeof(line)); /* they end without rank 0 */
     spare_case_end(&k);
 }
 
