@@ -1093,6 +1093,16 @@ static void ranks_say(test_proc_t **p, const char *what)
                   "rank %d: %s (waiting for \"%s\")", r, line, what);
 }
 
+/* Once every rank's first forward is done (a -pause mode), kills the worker
+ * to lose, waits for the replacement (returned) and lets the ranks go on. */
+static uint64_t lose_between_passes(spare_case_t *k)
+{
+    ranks_say(k->p, "forward done");
+    uint64_t y = kill_and_replace(k->x, k->lost);
+    touch("go");
+    return y;
+}
+
 /* Every rank succeeded, the gathered outputs are the in-process ring's bit
  * for bit, and job x was replaced by a job of the same ranks but `lost_rank`
  * on the spare, which its ranks released (`rebuilt`: x's record was rebuilt
@@ -1211,9 +1221,7 @@ Test(sharded, a_worker_lost_before_the_backward_moves_the_handles, .timeout = 90
     spare_case_t k;
     case_init(&k.c, 2, 130, 2, 2, STRIA_DTYPE_BF16, true, STRIA_LAYOUT_STRIPED, 91);
     spare_case_start(&k, 3, paths, "run-again-pause");
-    ranks_say(k.p, "forward done");
-    kill_and_replace(k.x, k.lost);
-    touch("go");
+    lose_between_passes(&k);
     expect_replaced(&k, 3, false);
     spare_case_end(&k);
 }
@@ -1239,9 +1247,7 @@ Test(sharded, in_place_buffers_do_not_follow_to_a_spare_without_shared_memory, .
     for (int r = 0; r < N_WORKERS; r++)
         k.p[r] =
             start_rank(&k.c, k.job, r, paths[r], r ? "run-again-pause" : "inplace-again-pause");
-    ranks_say(k.p, "forward done");
-    kill_and_replace(k.x, k.lost);
-    touch("go");
+    lose_between_passes(&k);
     rank_result(k.p[0], line, sizeof(line));
     cr_expect(strstr(line, "shard_rank: error STRIA_ERR_UNSUPPORTED") != NULL &&
                   strstr(line, "shared memory of the job this one replaced") != NULL &&
@@ -1278,9 +1284,7 @@ Test(sharded, a_replacement_keeps_its_link_across_a_coordinator_restart, .timeou
     spare_case_t k;
     case_init(&k.c, 1, 150, 2, 1, STRIA_DTYPE_F32, true, STRIA_LAYOUT_STRIPED, 97);
     spare_case_start(&k, 0, paths, "run-again-pause-hold");
-    ranks_say(k.p, "forward done");
-    uint64_t x = k.x, y = kill_and_replace(x, k.lost);
-    touch("go");
+    uint64_t x = k.x, y = lose_between_passes(&k);
     ranks_say(k.p, "holding the job"); /* they ran again on the replacement */
 
     restart_coordinator();
