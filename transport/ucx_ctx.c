@@ -431,14 +431,17 @@ void stria_ucx_ctx_stats(stria_ucx_ctx_t *ctx, stria_ucx_ctx_stats_t *out)
 
 /* With the progress thread gone: closes every connection and waits (a
  * bounded time) for UCX to finish the closes. The listener stays open until
- * the very end: connection requests that arrive meanwhile (a ring peer
- * retrying while this rank shuts down) are refused on it ("shutting down"),
- * and the caller destroys it right before the worker. UCX 1.13's TCP
- * connection manager keeps the endpoints it accepted but has not delivered
- * yet pointing at their listener until the worker closes them: data that
- * reaches one of those after ucp_listener_destroy runs the callback of a
- * freed listener on UCX's async thread (openucx/ucx#11087), so no time may
- * pass between the two destroys. */
+ * the very end, and the caller destroys it right before the worker. UCX
+ * 1.13's TCP connection manager keeps the endpoints it accepted but has not
+ * delivered yet pointing at their listener until the worker closes them:
+ * data that reaches one of those after ucp_listener_destroy runs the
+ * callback of a freed listener on UCX's async thread (openucx/ucx#11087).
+ * So no new connection may be under way then: connection requests that
+ * arrive meanwhile (a ring peer retrying while this rank shuts down) are
+ * held unanswered, which keeps their peers waiting instead of retrying,
+ * after a quiet spell with no new request, and refused ("shutting down")
+ * right before the listener goes; a peer tries again 50 ms later at the
+ * soonest, when the listening socket is closed. */
 static void stria__ctx_close_conns(stria_ucx_ctx_t *ctx)
 {
     stria__ucx_run_events(ctx);
@@ -457,6 +460,23 @@ static void stria__ctx_close_conns(stria_ucx_ctx_t *ctx)
     }
     if (ctx->closing > 0)
         stria_log_warn("ucx context: %d endpoint closes did not finish", ctx->closing);
+    /* A quiet spell of STRIA__UCX_QUIET_S without a new request (1 s at
+     * most): a peer whose attempt was under way has it held by now and
+     * waits, so none is half-way through UCX's accept when the listener
+     * goes. */
+    double quiet_until = stria_time_now() + STRIA__UCX_QUIET_S;
+    until = stria_time_now() + 1.0;
+    for (int seen = ctx->n_held; stria_time_now() < quiet_until && stria_time_now() < until;) {
+        if (ucp_worker_progress(ctx->worker) == 0) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        stria__ucx_run_events(ctx);
+        if (ctx->n_held != seen) {
+            seen = ctx->n_held;
+            quiet_until = stria_time_now() + STRIA__UCX_QUIET_S;
+        }
+    }
     while (!stria__list_empty(&ctx->events)) {
         stria__node_t *n = ctx->events.next;
         stria__list_del(n);
@@ -465,6 +485,19 @@ static void stria__ctx_close_conns(stria_ucx_ctx_t *ctx)
             ucp_listener_reject(ctx->listener, ev->conn_req);
         free(ev);
     }
+}
+
+/* Refuses the held connection requests and destroys the listener, with no
+ * time in between (see above). */
+static void stria__ctx_close_listener(stria_ucx_ctx_t *ctx)
+{
+    for (int i = 0; i < ctx->n_held; i++)
+        ucp_listener_reject(ctx->listener, ctx->held[i]);
+    if (ctx->n_held > 0)
+        stria_log_info("ucx context: %d connection request(s) refused (shutting down)",
+                       ctx->n_held);
+    ctx->n_held = 0;
+    ucp_listener_destroy(ctx->listener);
 }
 
 void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx)
@@ -491,7 +524,7 @@ void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx)
 
     /* The progress thread is gone: this thread now owns the worker. */
     stria__ctx_close_conns(ctx);
-    ucp_listener_destroy(ctx->listener);
+    stria__ctx_close_listener(ctx);
     ucp_worker_destroy(ctx->worker);
     ucp_cleanup(ctx->context);
     close(ctx->kick_fd);

@@ -47,22 +47,27 @@
 
 /* ---- constants ----------------------------------------------------------- */
 
-#define STRIA__UCX_MAGIC     0x53545241u /* "STRA" */
-#define STRIA__UCX_VERSION   2
-#define STRIA__UCX_AM_CTRL   1
-#define STRIA__UCX_AM_DATA   2
-#define STRIA__UCX_RNDV_MIN  (64 * 1024)
-#define STRIA__UCX_DATA_HDR  16
-#define STRIA__UCX_TEXT_MAX  400
-#define STRIA__UCX_CTRL_HDR  110 /* 46 bytes of fields, a nonce and a MAC */
-#define STRIA__UCX_CTRL_MAX  (STRIA__UCX_CTRL_HDR + STRIA__UCX_TEXT_MAX)
+#define STRIA__UCX_MAGIC    0x53545241u /* "STRA" */
+#define STRIA__UCX_VERSION  2
+#define STRIA__UCX_AM_CTRL  1
+#define STRIA__UCX_AM_DATA  2
+#define STRIA__UCX_RNDV_MIN (64 * 1024)
+#define STRIA__UCX_DATA_HDR 16
+#define STRIA__UCX_TEXT_MAX 400
+#define STRIA__UCX_CTRL_HDR 110 /* 46 bytes of fields, a nonce and a MAC */
+#define STRIA__UCX_CTRL_MAX (STRIA__UCX_CTRL_HDR + STRIA__UCX_TEXT_MAX)
 /* Shared memory's FIFO element (see stria__env_defaults): its short
  * messages (the element less 28 bytes) must hold any control message with
  * UCX's AM headers (at most 32 bytes). */
-#define STRIA__UCX_MM_ELEM   "1024"
+#define STRIA__UCX_MM_ELEM "1024"
 _Static_assert(1024 - 28 >= STRIA__UCX_CTRL_MAX + 32, "control messages fit a shm short message");
 #define STRIA__UCX_SLOTS     65536
 #define STRIA__UCX_MAX_CONNS 256
+/* Connection requests a context being destroyed holds at most (the rest are
+ * refused at once). */
+#define STRIA__UCX_HELD_REQUESTS 64
+/* The quiet spell before the listener of a context being destroyed goes. */
+#define STRIA__UCX_QUIET_S 0.05
 /* Connections of one source address that have not completed a handshake;
  * more are rejected (stria_ucx_ctx_params_t.max_pending_per_source). */
 #define STRIA__UCX_PENDING_PER_SOURCE 64
@@ -435,6 +440,11 @@ struct stria_ucx_ctx {
     stria__node_t events;
     stria__node_t starts; /* matched rendezvous receives to start */
     double next_sweep;    /* when connections are next checked for their deadline */
+    /* Connection requests that came while the context is being destroyed,
+     * held unanswered (their peers wait instead of retrying) and refused
+     * right before the listener goes (stria_ucx_ctx_destroy). */
+    ucp_conn_request_h held[STRIA__UCX_HELD_REQUESTS];
+    int n_held;
 };
 
 static inline const char *stria__req_kind(const stria_link_req_t *req)
