@@ -26,10 +26,17 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Every daemon logs at info level into its own file (the suites read them). */
+/* Every daemon logs at info level into its own file (the suites read them).
+ * A daemon that crashes writes a backtrace there too: UCX's error handler,
+ * as in production, except under the sanitizers, whose report is better. */
+#if defined(__SANITIZE_ADDRESS__)
+#define DC_UCX_ERRORS "UCX_HANDLE_ERRORS=none"
+#else
+#define DC_UCX_ERRORS "UCX_HANDLE_ERRORS=bt"
+#endif
 static char **daemon_env(const dc_opts_t *o)
 {
-    static char *base[] = {"UCX_HANDLE_ERRORS=none", "UCX_TLS=tcp,sm,self", "STRIA_LOG_LEVEL=info"};
+    static char *base[] = {DC_UCX_ERRORS, "UCX_TLS=tcp,sm,self", "STRIA_LOG_LEVEL=info"};
     size_t n = 0, k = 0;
     while (o != NULL && o->env != NULL && o->env[n] != NULL)
         n++;
@@ -232,19 +239,38 @@ void dc_start(dcluster_t *c, int n, const dc_opts_t *o)
 
 /* Stops one daemon with SIGTERM; a daemon still running after timeout_s
  * gets its threads' stacks written next to its log (LOG.stacks) before the
- * SIGKILL. Returns whether it exited cleanly (0). */
-static bool dc_stop_one(test_proc_t *p, const char *log, double timeout_s)
+ * SIGKILL. Returns whether it exited cleanly (0); otherwise `how` says how it
+ * ended and the log's last lines go to stderr (a CI machine's scratch folder
+ * is gone once the run ends). */
+static bool dc_stop_one(test_proc_t *p, const char *log, double timeout_s, char *how,
+                        size_t how_len)
 {
     kill(test_proc_pid(p), SIGCONT);
     kill(test_proc_pid(p), SIGTERM);
-    if (!test_proc_wait_exit(p, timeout_s) && log != NULL) {
+    bool hung = !test_proc_wait_exit(p, timeout_s);
+    if (hung && log != NULL) {
         char stacks[300];
         snprintf(stacks, sizeof(stacks), "%s.stacks", log);
         if (test_proc_dump_stacks(p, stacks))
             fprintf(stderr, "still running %g s after SIGTERM; stacks in %s\n", timeout_s, stacks);
     }
     int st = test_proc_wait(p, 0);
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        return true;
+    if (hung)
+        snprintf(how, how_len, "still running %g s after SIGTERM (killed)", timeout_s);
+    else if (WIFSIGNALED(st))
+        snprintf(how, how_len, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        snprintf(how, how_len, "exit status %d", WEXITSTATUS(st));
+    if (log != NULL) {
+        char cmd[400];
+        fprintf(stderr, "---- the last lines of %s (%s):\n", log, how);
+        snprintf(cmd, sizeof(cmd), "tail -n 40 '%.300s' >&2", log);
+        (void)system(cmd);
+        fprintf(stderr, "----\n");
+    }
+    return false;
 }
 
 void dc_stop(dcluster_t *c)
@@ -253,16 +279,19 @@ void dc_stop(dcluster_t *c)
     for (int i = 0; i < c->n_workers; i++) {
         if (c->workers[i] == NULL)
             continue;
-        bool ok = dc_stop_one(c->workers[i], c->worker_log[i], 15);
+        char how[96] = "";
+        bool ok = dc_stop_one(c->workers[i], c->worker_log[i], 15, how, sizeof(how));
         c->workers[i] = NULL;
-        cr_expect(ok, "worker %d did not exit cleanly on SIGTERM (see %s, kept)", i,
+        cr_expect(ok, "worker %d did not exit cleanly on SIGTERM: %s (see %s, kept)", i, how,
                   c->worker_log[i]);
         clean &= ok;
     }
     if (c->coord != NULL) {
-        bool ok = dc_stop_one(c->coord, c->coord_log, 10);
+        char how[96] = "";
+        bool ok = dc_stop_one(c->coord, c->coord_log, 10, how, sizeof(how));
         c->coord = NULL;
-        cr_expect(ok, "the coordinator did not exit cleanly on SIGTERM (logs in %s, kept)", c->dir);
+        cr_expect(ok, "the coordinator did not exit cleanly on SIGTERM: %s (logs in %s, kept)", how,
+                  c->dir);
         clean &= ok;
     }
     if (!clean)
