@@ -429,19 +429,49 @@ void stria_ucx_ctx_stats(stria_ucx_ctx_t *ctx, stria_ucx_ctx_stats_t *out)
 
 /* ---- destroy --------------------------------------------------------------------------- */
 
-/* With the progress thread gone: closes every connection and waits (a
- * bounded time) for UCX to finish the closes. The listener stays open until
- * the very end, and the caller destroys it right before the worker. UCX
- * 1.13's TCP connection manager keeps the endpoints it accepted but has not
- * delivered yet pointing at their listener until the worker closes them:
- * data that reaches one of those after ucp_listener_destroy runs the
- * callback of a freed listener on UCX's async thread (openucx/ucx#11087).
- * So no new connection may be under way then: connection requests that
- * arrive meanwhile (a ring peer retrying while this rank shuts down) are
- * held unanswered, which keeps their peers waiting instead of retrying,
- * after a quiet spell with no new request, and refused ("shutting down")
- * right before the listener goes; a peer tries again 50 ms later at the
- * soonest, when the listening socket is closed. */
+/* With the progress thread gone: waits for a quiet spell, then refuses the
+ * held connection requests and destroys the listener, with no time in
+ * between. UCX 1.13's TCP connection manager keeps the connections it
+ * accepted but whose request it has not delivered yet pointing at their
+ * listener until the worker closes them: data that reaches one of those
+ * after ucp_listener_destroy runs the callback of a freed listener on UCX's
+ * async thread (openucx/ucx#11087). So no new connection may be under way
+ * then: requests that arrive meanwhile (a ring peer retrying while this rank
+ * shuts down) are held unanswered, which keeps their peers waiting instead
+ * of retrying, until no new one came for STRIA__UCX_QUIET_S (1 s at most),
+ * and refused ("shutting down") right before the listener goes; a refused
+ * peer tries again 50 ms later at the soonest, when the listening socket is
+ * closed. The accepted connections stay open until the listener is gone
+ * (stria__ctx_close_conns): a peer whose handshake is under way waits on its
+ * connection, and the retry that closing it prompts finds no listener. */
+static void stria__ctx_close_listener(stria_ucx_ctx_t *ctx)
+{
+    stria__ucx_run_events(ctx);
+    double quiet_until = stria_time_now() + STRIA__UCX_QUIET_S;
+    double until = stria_time_now() + 1.0;
+    for (int seen = ctx->n_held; stria_time_now() < quiet_until && stria_time_now() < until;) {
+        if (ucp_worker_progress(ctx->worker) == 0) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        stria__ucx_run_events(ctx);
+        if (ctx->n_held != seen) {
+            seen = ctx->n_held;
+            quiet_until = stria_time_now() + STRIA__UCX_QUIET_S;
+        }
+    }
+    for (int i = 0; i < ctx->n_held; i++)
+        ucp_listener_reject(ctx->listener, ctx->held[i]);
+    if (ctx->n_held > 0)
+        stria_log_info("ucx context: %d connection request(s) refused (shutting down)",
+                       ctx->n_held);
+    ctx->n_held = 0;
+    ucp_listener_destroy(ctx->listener);
+    ctx->listener = NULL;
+}
+
+/* With the listener gone: closes every connection and waits (a bounded
+ * time) for UCX to finish the closes. */
 static void stria__ctx_close_conns(stria_ucx_ctx_t *ctx)
 {
     stria__ucx_run_events(ctx);
@@ -460,44 +490,11 @@ static void stria__ctx_close_conns(stria_ucx_ctx_t *ctx)
     }
     if (ctx->closing > 0)
         stria_log_warn("ucx context: %d endpoint closes did not finish", ctx->closing);
-    /* A quiet spell of STRIA__UCX_QUIET_S without a new request (1 s at
-     * most): a peer whose attempt was under way has it held by now and
-     * waits, so none is half-way through UCX's accept when the listener
-     * goes. */
-    double quiet_until = stria_time_now() + STRIA__UCX_QUIET_S;
-    until = stria_time_now() + 1.0;
-    for (int seen = ctx->n_held; stria_time_now() < quiet_until && stria_time_now() < until;) {
-        if (ucp_worker_progress(ctx->worker) == 0) {
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
-        stria__ucx_run_events(ctx);
-        if (ctx->n_held != seen) {
-            seen = ctx->n_held;
-            quiet_until = stria_time_now() + STRIA__UCX_QUIET_S;
-        }
-    }
     while (!stria__list_empty(&ctx->events)) {
         stria__node_t *n = ctx->events.next;
         stria__list_del(n);
-        stria__event_t *ev = STRIA__OF(n, stria__event_t, node);
-        if (ev->type == STRIA__EV_CONN_REQ)
-            ucp_listener_reject(ctx->listener, ev->conn_req);
-        free(ev);
+        free(STRIA__OF(n, stria__event_t, node));
     }
-}
-
-/* Refuses the held connection requests and destroys the listener, with no
- * time in between (see above). */
-static void stria__ctx_close_listener(stria_ucx_ctx_t *ctx)
-{
-    for (int i = 0; i < ctx->n_held; i++)
-        ucp_listener_reject(ctx->listener, ctx->held[i]);
-    if (ctx->n_held > 0)
-        stria_log_info("ucx context: %d connection request(s) refused (shutting down)",
-                       ctx->n_held);
-    ctx->n_held = 0;
-    ucp_listener_destroy(ctx->listener);
 }
 
 void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx)
@@ -523,8 +520,8 @@ void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx)
     pthread_join(ctx->thread, NULL);
 
     /* The progress thread is gone: this thread now owns the worker. */
-    stria__ctx_close_conns(ctx);
     stria__ctx_close_listener(ctx);
+    stria__ctx_close_conns(ctx);
     ucp_worker_destroy(ctx->worker);
     ucp_cleanup(ctx->context);
     close(ctx->kick_fd);

@@ -265,6 +265,8 @@ void stria__ucx_handle_conn_req(stria_ucx_ctx_t *ctx, ucp_conn_request_h req)
                       : stria__pending_of(ctx, &source) >= ctx->max_pending_per_source
                           ? "too many connections from it without a completed handshake"
                           : NULL;
+    if (ctx->listener == NULL) /* destroyed with its pending requests (cannot happen) */
+        return;
     if (stopping && ctx->n_held < STRIA__UCX_HELD_REQUESTS) {
         /* answered right before the listener goes (stria_ucx_ctx_destroy) */
         ctx->held[ctx->n_held++] = req;

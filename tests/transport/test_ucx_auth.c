@@ -211,6 +211,35 @@ Test(ucx_auth, a_peer_retrying_into_a_teardown_does_not_crash_it, .init = setup,
     }
 }
 
+/* A peer whose handshake waits on a connection (it names a ring this rank
+ * does not have) when this rank tears down: the connection closes only once
+ * the listener is gone, so the peer's retry finds no listener; before, it
+ * reached the listener in the teardown's quiet spell and was held and
+ * refused, and in chaos runs such a retry crashed a worker at exit (as in
+ * the test above). The peer redials at once each time; rank 1 is alone and
+ * gives up waiting for its successor after 1 s. Three rounds. */
+Test(ucx_auth, a_waiting_peer_retries_only_after_the_listener_is_gone, .init = setup,
+     .fini = teardown, .timeout = 120)
+{
+    char msg[2048], out[256];
+    const char *alone[] = {"--connect-timeout", "1", NULL};
+    const char *redial[] = {"--mode", "redial", "--ring", "9", "--duration", "10", NULL};
+    for (int round = 0; round < 3; round++) {
+        test_proc_t *p1 = rank_start(1, 2, alone);
+        attack(port_of(1), redial, "redials ", out, sizeof(out));
+        int redials = -1, refused = -1;
+        cr_expect_eq(sscanf(out, "redials %d refused %d", &redials, &refused), 2, "%s", out);
+        cr_expect_geq(redials, 1, "round %d: the peer's connection was not closed: %s", round, out);
+        cr_expect_eq(refused, 0, "round %d: a retry reached the listener in the teardown: %s",
+                     round, out);
+        cr_expect(!rank_finish(p1, 1, msg, sizeof(msg)), "round %d: rank 1 has no successor",
+                  round);
+        cr_expect(strstr(msg, "no port file") != NULL, "round %d: %s", round, msg);
+        teardown();
+        setup();
+    }
+}
+
 Test(ucx_auth, injected_blocks_are_dropped_and_counted_and_the_results_stay_right, .init = setup,
      .fini = teardown, .timeout = 120)
 {

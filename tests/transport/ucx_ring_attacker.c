@@ -3,7 +3,7 @@
  * endpoints to a victim's ring listener that speak the link's wire format
  * (transport/ucx_wire.c) without being a member of the ring.
  *
- *   ucx_ring_attacker --port P --mode inject|replay|flood [options]
+ *   ucx_ring_attacker --port P --mode inject|replay|flood|redial [options]
  *
  * inject: announces itself as the victim's predecessor (HELLO with the job,
  *   ring and rank given, no proof) and sprays DATA blocks of --bytes at
@@ -21,6 +21,12 @@
  * flood: opens --conns connections that never send a byte and keeps them
  *   for --duration seconds. Prints "rejected N closed M" (refused at once;
  *   closed by the victim later).
+ * redial: plays a peer whose handshake waits (HELLO for --job/--ring, which
+ *   the victim does not have) and, each time the victim closes that
+ *   connection, connects again at once with the same HELLO, until a connect
+ *   fails other than by the victim's refusal (its listener is gone) or
+ *   --duration passed. Prints "redials N refused R last STATUS" (R: redials
+ *   the victim's listener took and then refused).
  * Exit status: 0 when the attack ran (whatever it achieved), 2 on usage or
  * set-up errors.
  */
@@ -314,6 +320,32 @@ static int do_flood(const opts_t *o)
     return 0;
 }
 
+static int do_redial(const opts_t *o)
+{
+    stria__ctrl_t h = hello_of(o->job, o->ring, o->rank, o->size, NULL);
+    int i = connect_ep(o->host, o->port), redials = 0, refused = 0;
+    if (i < 0)
+        return 2;
+    send_ctrl(i, &h);
+    double end = stria_time_now() + o->duration;
+    while (stria_time_now() < end) {
+        if (ucp_worker_progress(g.worker) == 0)
+            usleep(100);
+        if (!g.eps[i].failed)
+            continue;
+        if (i > 0 && g.eps[i].why != UCS_ERR_REJECTED)
+            break; /* nothing listens there any more */
+        refused += i > 0;
+        if ((i = connect_ep(o->host, o->port)) < 0)
+            break;
+        redials++;
+        send_ctrl(i, &h);
+    }
+    printf("redials %d refused %d last %s\n", redials, refused,
+           i >= 0 && g.eps[i].failed ? ucs_status_string(g.eps[i].why) : "open");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o = {.host = "127.0.0.1",
@@ -404,9 +436,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "ucx_ring_attacker: bad arguments or no UCX\n");
         return 2;
     }
-    int rc = strcmp(o.mode, "replay") == 0  ? do_replay(&o)
-             : strcmp(o.mode, "flood") == 0 ? do_flood(&o)
-                                            : do_inject(&o);
+    int rc = strcmp(o.mode, "replay") == 0   ? do_replay(&o)
+             : strcmp(o.mode, "flood") == 0  ? do_flood(&o)
+             : strcmp(o.mode, "redial") == 0 ? do_redial(&o)
+                                             : do_inject(&o);
     fflush(stdout);
     /* Exit without closing: the victim sees the connections drop. */
     _exit(rc);
