@@ -541,50 +541,51 @@ void stria_device_free_raw(stria_device_t *dev, bool host, void *ptr)
         dev->ops->free(dev, ptr);
 }
 
-/* The checks of a stream operation on n bytes or values (`unit`) at dst and
- * src (pass dst as src when there is none). */
-static stria_status_t stria__check_span(stria_device_t *dev, const char *fn, stria_stream_t stream,
-                                        const void *dst, const void *src, size_t n,
-                                        const char *unit)
+/* The stream operations on a span of n bytes or values. */
+typedef enum { STRIA__SPAN_COPY, STRIA__SPAN_ZERO, STRIA__SPAN_ADD_F32 } stria__span_op_t;
+
+/* Checks and runs a span operation on dst (and src, but for ZERO). */
+static stria_status_t stria__span(stria_device_t *dev, stria__span_op_t op, stria_stream_t stream,
+                                  void *dst, const void *src, size_t n)
 {
-    stria_status_t st = stria__check_stream(dev, fn, stream);
-    if (st != STRIA_OK || n == 0 || (dst != NULL && src != NULL))
+    static const char *const fns[] = {"stria_device_copy", "stria_device_zero",
+                                      "stria_device_add_f32"};
+    const char *fn = fns[op];
+    stria_status_t st;
+    if (dev == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: device is NULL", fn);
+    if ((st = stria__check_stream(dev, fn, stream)) != STRIA_OK || n == 0)
         return st;
-    return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: NULL %s for %zu %s", fn, dev->name,
-                           dst == NULL ? "destination" : "source", n, unit);
+    if (dst == NULL || (op != STRIA__SPAN_ZERO && src == NULL))
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s on %s: NULL %s for %zu %s", fn, dev->name,
+                               dst == NULL ? "destination" : "source", n,
+                               op == STRIA__SPAN_ADD_F32 ? "values" : "bytes");
+    switch (op) {
+    case STRIA__SPAN_COPY:
+        return dev->ops->copy(dev, stream, dst, src, n);
+    case STRIA__SPAN_ZERO:
+        return dev->ops->zero(dev, stream, dst, n);
+    default:
+        return dev->ops->add_f32(dev, stream, dst, src, n);
+    }
 }
 
 stria_status_t stria_device_copy(stria_device_t *dev, stria_stream_t stream, void *dst,
                                  const void *src, size_t bytes)
 {
-    STRIA__CHECK_DEV(dev, "stria_device_copy");
-    stria_status_t st =
-        stria__check_span(dev, "stria_device_copy", stream, dst, src, bytes, "bytes");
-    if (st != STRIA_OK || bytes == 0)
-        return st;
-    return dev->ops->copy(dev, stream, dst, src, bytes);
+    return stria__span(dev, STRIA__SPAN_COPY, stream, dst, src, bytes);
 }
 
 stria_status_t stria_device_zero(stria_device_t *dev, stria_stream_t stream, void *dst,
                                  size_t bytes)
 {
-    STRIA__CHECK_DEV(dev, "stria_device_zero");
-    stria_status_t st =
-        stria__check_span(dev, "stria_device_zero", stream, dst, dst, bytes, "bytes");
-    if (st != STRIA_OK || bytes == 0)
-        return st;
-    return dev->ops->zero(dev, stream, dst, bytes);
+    return stria__span(dev, STRIA__SPAN_ZERO, stream, dst, NULL, bytes);
 }
 
 stria_status_t stria_device_add_f32(stria_device_t *dev, stria_stream_t stream, float *dst,
                                     const float *src, size_t n)
 {
-    STRIA__CHECK_DEV(dev, "stria_device_add_f32");
-    stria_status_t st =
-        stria__check_span(dev, "stria_device_add_f32", stream, dst, src, n, "values");
-    if (st != STRIA_OK || n == 0)
-        return st;
-    return dev->ops->add_f32(dev, stream, dst, src, n);
+    return stria__span(dev, STRIA__SPAN_ADD_F32, stream, dst, src, n);
 }
 
 stria_status_t stria_device_order(stria_device_t *dev, stria_stream_t waiter, stria_stream_t on)

@@ -182,11 +182,24 @@ Test(device, argument_errors)
     cr_expect_eq(stria_device_copy(dev, STRIA_STREAM_COPY, NULL, x, 4), STRIA_ERR_INVALID_ARG);
     cr_expect_not_null(strstr(stria_error_msg(), "cpu:staged"), "%s", stria_error_msg());
     cr_expect_eq(stria_device_copy(dev, STRIA_STREAM_COPY, x, NULL, 4), STRIA_ERR_INVALID_ARG);
+    cr_expect_not_null(strstr(stria_error_msg(), "stria_device_copy on cpu:staged: NULL source "
+                                                 "for 4 bytes"),
+                       "%s", stria_error_msg());
     cr_expect_eq(stria_device_copy(dev, (stria_stream_t)7, x, x + 1, 4), STRIA_ERR_INVALID_ARG);
     cr_expect_not_null(strstr(stria_error_msg(), "stream 7"), "%s", stria_error_msg());
     cr_expect_eq(stria_device_zero(dev, STRIA_STREAM_COPY, NULL, 4), STRIA_ERR_INVALID_ARG);
+    cr_expect_not_null(strstr(stria_error_msg(), "stria_device_zero on cpu:staged: NULL "
+                                                 "destination for 4 bytes"),
+                       "%s", stria_error_msg());
     cr_expect_eq(stria_device_add_f32(dev, STRIA_STREAM_COMPUTE, NULL, x, 1),
                  STRIA_ERR_INVALID_ARG);
+    cr_expect_not_null(strstr(stria_error_msg(), "stria_device_add_f32 on cpu:staged: NULL "
+                                                 "destination for 1 values"),
+                       "%s", stria_error_msg());
+    cr_expect_eq(stria_device_add_f32(NULL, STRIA_STREAM_COMPUTE, x, x, 1), STRIA_ERR_INVALID_ARG);
+    cr_expect_not_null(strstr(stria_error_msg(), "stria_device_add_f32: device is NULL"), "%s",
+                       stria_error_msg());
+    cr_expect_eq(stria_device_zero(dev, STRIA_STREAM_COPY, NULL, 0), STRIA_OK);
     cr_expect_eq(stria_device_order(dev, STRIA_STREAM_COPY, (stria_stream_t)-1),
                  STRIA_ERR_INVALID_ARG);
     cr_expect_eq(stria_device_sync(dev, (stria_stream_t)2), STRIA_ERR_INVALID_ARG);
