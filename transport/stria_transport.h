@@ -298,6 +298,11 @@ typedef struct {
      * prove; NULL: the neighbours only name the ring (tests, benchmarks and
      * trusted single-host setups). */
     const uint8_t *key;
+    /* NULL, or a flag the caller sets (with __atomic_store_n) to give up a
+     * connect under way: stria_link_ucx_connect() then fails within 50 ms
+     * with STRIA_ERR_CANCELLED instead of waiting out its timeout. Once the
+     * link is connected, stria_link_abort() ends its operations instead. */
+    const bool *cancel;
 } stria_ucx_link_params_t;
 
 #define STRIA_UCX_CONNECT_TIMEOUT_S 30.0

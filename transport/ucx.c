@@ -443,9 +443,24 @@ stria_status_t stria_link_ucx_connect(stria_ucx_ctx_t *ctx, const stria_ucx_link
     stria__ucx_kick(ctx);
 
     pthread_mutex_lock(&ctx->lock);
+    bool cancelled = false;
     while (link->state != STRIA__LINK_READY && !link->failed &&
-           stria_time_now() < link->connect_deadline)
-        stria__ucx_cond_wait_until(ctx, link->connect_deadline);
+           stria_time_now() < link->connect_deadline) {
+        double until = link->connect_deadline;
+        if (params->cancel != NULL) {
+            if ((cancelled = __atomic_load_n(params->cancel, __ATOMIC_ACQUIRE)))
+                break;
+            if (until > stria_time_now() + STRIA__UCX_CANCEL_POLL_S)
+                until = stria_time_now() + STRIA__UCX_CANCEL_POLL_S;
+        }
+        stria__ucx_cond_wait_until(ctx, until);
+    }
+    if (cancelled) {
+        pthread_mutex_unlock(&ctx->lock);
+        stria__ucx_link_destroy(&link->base);
+        return stria_error_set(STRIA_ERR_CANCELLED, "ucx link rank %d: connect cancelled",
+                               params->rank);
+    }
     if (link->state == STRIA__LINK_READY) {
         pthread_mutex_unlock(&ctx->lock);
         stria_log_debug("ucx link rank %d/%d (job %llu ring %llu) connected", params->rank,

@@ -66,6 +66,8 @@ _Static_assert(1024 - 28 >= STRIA__UCX_CTRL_MAX + 32, "control messages fit a sh
 /* Connection requests a context being destroyed holds at most (the rest are
  * refused at once). */
 #define STRIA__UCX_HELD_REQUESTS 64
+/* How often a connect with a cancel flag looks at it. */
+#define STRIA__UCX_CANCEL_POLL_S 0.05
 /* The quiet spell before the listener of a context being destroyed goes. */
 #define STRIA__UCX_QUIET_S 0.05
 /* Connections of one source address that have not completed a handshake;

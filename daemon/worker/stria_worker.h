@@ -54,6 +54,11 @@ typedef struct {
     /* The job's ring key (STRIA_AUTH_KEY_BYTES), from the coordinator: the
      * ring link handshake proves it. */
     const uint8_t *key;
+    /* Set (with __atomic_store_n) when the pass is to end before its link
+     * connected (the job was dropped, the worker shuts down): a factory whose
+     * connect waits for its neighbours gives up then (see
+     * stria_ucx_link_params_t.cancel). */
+    const bool *cancel;
 } stria_worker_link_request_t;
 
 /* Makes the ring links of the passes. The default is a UCX link on the

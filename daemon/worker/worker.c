@@ -79,8 +79,10 @@ int stria_worker_shutdown(stria_worker_t *w, const char *reason)
         w->abort_passes = true;
         for (size_t i = 0; i < w->n_links; i++)
             stria_link_abort(w->links[i], STRIA_ERR_CANCELLED, w->abort_reason);
-        /* An aborted pass ends within a ring link set-up, or once the
-         * transport has its transfers in flight back (seconds each). */
+        for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next) /* links still connecting */
+            __atomic_store_n(&j->connect_cancel, true, __ATOMIC_RELEASE);
+        /* An aborted pass ends once the transport has its transfers in
+         * flight back (seconds each). */
         stria__wait_passes_locked(w, stria_time_now() + w->connect_timeout_s + 25.0);
     }
     int still_running = w->running_passes;

@@ -126,6 +126,10 @@ typedef struct stria__wjob {
      * coordinator's request aborts it, so a cancelled pass ends at its next
      * step instead of computing to the end */
     stria_link_t *link;
+    /* set with the lock held (read without it by the link factory): a
+     * dropped job, a shutdown that aborts passes; the running pass's link
+     * connect gives up */
+    bool connect_cancel;
     bool dropped; /* unlinked: the last reference frees it */
     /* The job's ring pass object, made by its first pass and destroyed with
      * the job: its working buffers (and on a GPU its device and pinned

@@ -51,6 +51,7 @@ void stria__wjob_drop_locked(stria_worker_t *w, stria__wjob_t *j)
         *pp = j->next;
         j->next = NULL;
     }
+    __atomic_store_n(&j->connect_cancel, true, __ATOMIC_RELEASE);
     if (j->link != NULL) {
         char reason[96];
         snprintf(reason, sizeof(reason),

@@ -24,7 +24,8 @@ static stria_status_t stria__ucx_connect(void *ctx, const stria_worker_link_requ
                                         .next_host = next_host,
                                         .next_port = next_port,
                                         .connect_timeout_s = req->connect_timeout_s,
-                                        .key = req->key};
+                                        .key = req->key,
+                                        .cancel = req->cancel};
     return stria_link_ucx_connect(ctx, &rp, link_out);
 }
 

@@ -165,6 +165,7 @@ static stria_status_t stria__pass_link(stria_worker_t *w, stria__wjob_t *j, uint
     rq.next_address = j->next_ucx;
     rq.connect_timeout_s = w->connect_timeout_s;
     rq.key = j->ring_key;
+    rq.cancel = &j->connect_cancel;
     stria_status_t st = w->factory.connect(w->factory.ctx, &rq, &link);
     if (st != STRIA_OK)
         return st;

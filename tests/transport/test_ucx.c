@@ -1198,6 +1198,35 @@ Test(ucx, connect_waits_for_a_late_successor, .init = setup, .fini = teardown, .
     stria_ucx_ctx_destroy(c1);
 }
 
+/* A connect whose cancel flag is set gives up at once, not at its timeout
+ * (the worker sets it when it drops the job of a pass still connecting). */
+Test(ucx, a_cancelled_connect_ends_before_its_timeout, .init = setup, .fini = teardown,
+     .timeout = 60)
+{
+    stria_ucx_ctx_t *c0 = ctx_new("tcp");
+    bool cancel = false;
+    connect_arg_t arg = {.ctx = c0,
+                         .p = {.job_id = 1,
+                               .ring_id = 1,
+                               .rank = 0,
+                               .size = 2,
+                               .next_host = "127.0.0.1",
+                               .next_port = (uint16_t)free_port(),
+                               .connect_timeout_s = 20,
+                               .cancel = &cancel}};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, connect_main, &arg), 0);
+    usleep(300000);
+    double t0 = stria_time_now();
+    __atomic_store_n(&cancel, true, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    double took = stria_time_now() - t0;
+    cr_expect_eq(arg.st, STRIA_ERR_CANCELLED, "%s", arg.msg);
+    cr_expect(strstr(arg.msg, "connect cancelled") != NULL, "%s", arg.msg);
+    cr_expect_lt(took, 1.0, "the connect ended %.2f s after the cancel", took);
+    stria_ucx_ctx_destroy(c0);
+}
+
 Test(ucx, ring_of_one, .init = setup, .fini = teardown, .timeout = 60)
 {
     stria_ucx_ctx_t *c = ctx_new("tcp");

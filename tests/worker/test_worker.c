@@ -282,6 +282,36 @@ Test(worker, drop_during_a_transfer_frees_the_job_after_it, .timeout = TEST_TIME
     wf_stop(&f);
 }
 
+/* A job dropped while its pass still connects its ring link: the pass ends
+ * at once (the link's connect is cancelled) instead of at the connect
+ * timeout (20 s here; a chaos run saw such a pass keep dialling a worker
+ * that was shutting down). UCX links; rank 1 never runs its pass, so rank
+ * 0's handshake waits. */
+Test(worker, a_drop_cancels_a_pass_still_connecting, .timeout = TEST_TIMEOUT_S)
+{
+    wf_t f;
+    wf_job_t job;
+    wf_opts_t o = {.step_timeout_s = 5, .connect_timeout_s = 20, .ucx = true};
+    cr_assert_eq(wf_start_with(&f, 2, &o), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(wf_submit(&f, 64, 0, &job), STRIA_OK, "%s", stria_error_msg());
+    float *q = wf_tensor(&job, 2, 1), *k = wf_tensor(&job, 1, 2), *v = wf_tensor(&job, 1, 3);
+    cr_assert_eq(wf_put_all(&f, &job, q, k, v, NULL), STRIA_OK, "%s", stria_error_msg());
+    pass_bg_t bg;
+    pass_bg_start(&bg, &f, &job, 0);
+    cr_assert(wait_running(&f, job.widx[0], 1), "rank 0's pass did not start");
+    usleep(300000); /* connecting */
+    double t0 = stria_time_now();
+    cr_assert_eq(wf_drop(&f, job.widx[0], &job), STRIA_OK, "%s", stria_error_msg());
+    pthread_join(bg.th, NULL);
+    double took = stria_time_now() - t0;
+    cr_expect_eq(bg.st, STRIA_ERR_CANCELLED, "%s", bg.msg);
+    cr_expect(strstr(bg.msg, "connect cancelled") != NULL, "%s", bg.msg);
+    cr_expect_lt(took, 2.0, "the pass ended %.2f s after the drop", took);
+    cr_expect(wf_wait_usage(&f, job.widx[0], 0, 0, 5), "rank 0's worker still holds the job");
+    free(q), free(k), free(v);
+    wf_stop(&f);
+}
+
 Test(worker, stop_with_a_job_held_and_a_pass_running, .timeout = TEST_TIMEOUT_S)
 {
     wf_t f;

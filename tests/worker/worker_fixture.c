@@ -50,8 +50,9 @@ static stria_status_t wf_connect(const char *addr, const ProtobufCServiceDescrip
     return stria_rpc_client_connect(&p, out);
 }
 
-stria_status_t wf_start(wf_t *f, int n, double step_timeout_s)
+stria_status_t wf_start_with(wf_t *f, int n, const wf_opts_t *o)
 {
+    char link_addr[64];
     char addr[64];
     stria_status_t st;
     memset(f, 0, sizeof(*f));
@@ -67,6 +68,13 @@ stria_status_t wf_start(wf_t *f, int n, double step_timeout_s)
         return st;
     stria_worker_link_factory_t links = stria_worker_inproc_links(f->links);
     for (int i = 0; i < n; i++) {
+        if (o->ucx) {
+            stria_ucx_ctx_params_t up = {.listen_host = "127.0.0.1", .tls = "tcp"};
+            if ((st = stria_ucx_ctx_create(&up, &f->ucx[i])) != STRIA_OK)
+                return st;
+            snprintf(link_addr, sizeof(link_addr), "127.0.0.1:%u", stria_ucx_ctx_port(f->ucx[i]));
+            links = stria_worker_ucx_links(f->ucx[i], link_addr);
+        }
         stria_worker_params_t p;
         char host[16];
         memset(&p, 0, sizeof(p));
@@ -75,8 +83,8 @@ stria_status_t wf_start(wf_t *f, int n, double step_timeout_s)
         p.host = host;
         p.memory_bytes = 256 << 20;
         p.threads = 1;
-        p.step_timeout_s = step_timeout_s;
-        p.connect_timeout_s = 2;
+        p.step_timeout_s = o->step_timeout_s;
+        p.connect_timeout_s = o->connect_timeout_s > 0 ? o->connect_timeout_s : 2;
         p.links = &links;
         if ((st = stria_worker_start(&p, &f->w[i])) != STRIA_OK ||
             (st = wf_connect(stria_worker_address(f->w[i]), &stria__v1__worker__descriptor,
@@ -94,6 +102,12 @@ stria_status_t wf_start(wf_t *f, int n, double step_timeout_s)
     return stria_error_set(STRIA_ERR_TIMEOUT, "the workers did not register");
 }
 
+stria_status_t wf_start(wf_t *f, int n, double step_timeout_s)
+{
+    wf_opts_t o = {.step_timeout_s = step_timeout_s};
+    return wf_start_with(f, n, &o);
+}
+
 void wf_stop(wf_t *f)
 {
     for (int i = 0; i < f->n; i++) {
@@ -103,6 +117,8 @@ void wf_stop(wf_t *f)
     stria_rpc_client_close(f->cc);
     stria_coord_stop(f->co);
     stria_worker_inproc_links_destroy(f->links);
+    for (int i = 0; i < f->n; i++)
+        stria_ucx_ctx_destroy(f->ucx[i]);
     memset(f, 0, sizeof(*f));
 }
 

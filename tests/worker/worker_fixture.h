@@ -1,6 +1,7 @@
 /* An in-process service for the worker's tests: a coordinator and n workers
- * (stria_worker_start) on loopback port 0 with in-process ring links, and
- * raw RPC helpers for the Worker and Coordinator services. */
+ * (stria_worker_start) on loopback port 0 with in-process ring links (or
+ * UCX links, a context per worker), and raw RPC helpers for the Worker and
+ * Coordinator services. */
 #ifndef STRIA_TEST_WORKER_FIXTURE_H
 #define STRIA_TEST_WORKER_FIXTURE_H
 
@@ -14,6 +15,7 @@
 typedef struct {
     stria_coord_t *co;
     stria_worker_inproc_links_t *links;
+    stria_ucx_ctx_t *ucx[WF_MAX]; /* each worker's UCX context (wf_opts_t.ucx) */
     stria_worker_t *w[WF_MAX];
     stria_rpc_client_t *cc;         /* to the coordinator */
     stria_rpc_client_t *wc[WF_MAX]; /* to each worker */
@@ -32,6 +34,15 @@ typedef struct {
     int64_t valid[WF_MAX];
 } wf_job_t;
 
+/* How the workers start; zero-initialise. */
+typedef struct {
+    double step_timeout_s;
+    double connect_timeout_s; /* the ring links'; default 2 s */
+    bool ucx;                 /* UCX ring links, a context per worker, not in-process ones */
+} wf_opts_t;
+
+stria_status_t wf_start_with(wf_t *f, int n, const wf_opts_t *o);
+/* wf_start_with() with in-process links. */
 stria_status_t wf_start(wf_t *f, int n, double step_timeout_s);
 void wf_stop(wf_t *f);
 stria_status_t wf_call(stria_rpc_client_t *cl, uint32_t method, const ProtobufCMessage *req,
