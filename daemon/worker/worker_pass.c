@@ -155,17 +155,15 @@ static void stria__on_step(void *arg, int step, int n_steps)
 static stria_status_t stria__pass_link(stria_worker_t *w, stria__wjob_t *j, uint32_t pass_id,
                                        stria_link_t **link_out)
 {
-    stria_worker_link_request_t rq;
+    const stria_worker_link_request_t rq = {.job_id = j->id,
+                                            .ring_id = pass_id,
+                                            .rank = j->rank,
+                                            .size = j->n_ranks,
+                                            .next_address = j->next_ucx,
+                                            .connect_timeout_s = w->connect_timeout_s,
+                                            .key = j->ring_key,
+                                            .cancel = &j->connect_cancel};
     stria_link_t *link = NULL;
-    memset(&rq, 0, sizeof(rq));
-    rq.job_id = j->id;
-    rq.ring_id = pass_id;
-    rq.rank = j->rank;
-    rq.size = j->n_ranks;
-    rq.next_address = j->next_ucx;
-    rq.connect_timeout_s = w->connect_timeout_s;
-    rq.key = j->ring_key;
-    rq.cancel = &j->connect_cancel;
     stria_status_t st = w->factory.connect(w->factory.ctx, &rq, &link);
     if (st != STRIA_OK)
         return st;
