@@ -51,6 +51,19 @@ static bool stria__make_room(stria_coord_t *co)
     return true;
 }
 
+/* The id of a worker this coordinator does not know: the one it had before
+ * (`previous`, from a coordinator that restarted) when no known worker holds
+ * it, else the next unused one. */
+static uint64_t stria__new_worker_id(stria_coord_t *co, uint64_t previous)
+{
+    if (previous == 0 || previous >= STRIA__MAX_WORKER_ID ||
+        stria__index_get(&co->worker_ids, previous, 0) != NULL)
+        return co->next_worker_id++;
+    if (previous >= co->next_worker_id)
+        co->next_worker_id = previous + 1;
+    return previous;
+}
+
 void stria__on_register(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -121,7 +134,7 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
             stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "RegisterWorker: out of memory");
             return;
         }
-        tmp.id = co->next_worker_id++;
+        tmp.id = stria__new_worker_id(co, req->previous_worker_id);
         if (stria__index_put(&co->worker_ids, tmp.id, 0, w) != STRIA_OK) {
             free(w);
             stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "RegisterWorker: out of memory");
@@ -132,6 +145,11 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
         stria_log_info("worker %llu registered: %s, %s, device %s, %llu MiB",
                        (unsigned long long)tmp.id, req->host, req->rpc_address, req->device,
                        (unsigned long long)(req->memory_bytes >> 20));
+        if (req->previous_worker_id != 0 && req->previous_worker_id != tmp.id)
+            stria_log_warn("worker %llu (%s) was worker %llu before, an id another worker holds "
+                           "now (or out of range)",
+                           (unsigned long long)tmp.id, req->rpc_address,
+                           (unsigned long long)req->previous_worker_id);
     }
     tmp.memory_bytes = req->memory_bytes;
     tmp.incarnation = req->incarnation;

@@ -162,6 +162,7 @@ static stria_status_t stria__register(stria_worker_t *w)
     pthread_mutex_lock(&w->lock);
     for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
         req.held_jobs++;
+    req.previous_worker_id = w->worker_id;
     pthread_mutex_unlock(&w->lock);
     stria_status_t st =
         stria__wcoord_call(w, STRIA_RPC_COORDINATOR_REGISTER_WORKER, &req.base, &reply);

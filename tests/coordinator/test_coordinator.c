@@ -157,7 +157,10 @@ typedef struct {
     uint64_t incarnation;
 } wk_t;
 
-static wk_t reg_worker(const fx_t *fx, const char *host, int port, uint64_t memory)
+/* Registers a worker at 127.0.0.1:port that had id `previous` before (0:
+ * none). */
+static wk_t reg_worker_was(const fx_t *fx, const char *host, int port, uint64_t memory,
+                           uint64_t previous)
 {
     Stria__V1__RegisterWorkerRequest req = STRIA__V1__REGISTER_WORKER_REQUEST__INIT;
     stria_rpc_reply_t rep;
@@ -172,11 +175,17 @@ static wk_t reg_worker(const fx_t *fx, const char *host, int port, uint64_t memo
     req.memory_bytes = memory;
     req.software_version = (char *)"test";
     req.incarnation = w.incarnation;
+    req.previous_worker_id = previous;
     cr_assert_eq(fx_call(fx->wk, M_REGISTER, &req.base, &rep), STRIA_OK, "%s", stria_error_msg());
     w.id = ((Stria__V1__RegisterWorkerReply *)rep.msg)->worker_id;
     cr_assert_gt(w.id, 0);
     stria_rpc_reply_free(&rep);
     return w;
+}
+
+static wk_t reg_worker(const fx_t *fx, const char *host, int port, uint64_t memory)
+{
+    return reg_worker_was(fx, host, port, memory, 0);
 }
 
 /* A heartbeat reporting the given jobs; drop ids come back in drop[]. */
@@ -443,6 +452,22 @@ Test(coord, registration_is_validated, .timeout = TEST_TIMEOUT_S)
     wk_t ghost = {12345, 1};
     cr_expect_eq(heartbeat(&fx, ghost, NULL, 0, 0, NULL, NULL, NULL), STRIA_ERR_NOT_FOUND);
     cr_expect(strstr(stria_error_msg(), "register again") != NULL, "%s", stria_error_msg());
+    fx_stop(&fx);
+}
+
+/* Workers that register again with a restarted coordinator keep their ids
+ * where no known worker holds them; new ids follow the largest one given. */
+Test(coord, a_worker_gets_its_previous_id_back_when_free, .timeout = TEST_TIMEOUT_S)
+{
+    fx_t fx;
+    fx_start(&fx, 1.0, 60, NULL, NULL);
+    cr_expect_eq(reg_worker_was(&fx, "h", 7001, 1 << 30, 7).id, 7);
+    cr_expect_eq(reg_worker_was(&fx, "h", 7002, 1 << 30, 7).id, 8, "7 is taken");
+    cr_expect_eq(reg_worker_was(&fx, "h", 7003, 1 << 30, 3).id, 3, "3 is free");
+    cr_expect_eq(reg_worker(&fx, "h", 7004, 1 << 30).id, 9);
+    cr_expect_eq(reg_worker_was(&fx, "h", 7005, 1 << 30, 1ull << 50).id, 10, "out of range");
+    /* the same address registering again keeps the id it has here */
+    cr_expect_eq(reg_worker_was(&fx, "h", 7001, 1 << 30, 5).id, 7);
     fx_stop(&fx);
 }
 

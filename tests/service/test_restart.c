@@ -67,6 +67,24 @@ static char *wait_job(const dcluster_t *c, uint64_t id, const char *not_state, d
     return js;
 }
 
+/* The ids `striactl --json workers` gives workers 0 .. n-1 (0: not listed). */
+static void worker_ids(const dcluster_t *c, int n, uint64_t *ids)
+{
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(dc_striactl(c, admin_token(), &out, &err, "--json", "workers", NULL), 0, "%s",
+                 err);
+    for (int i = 0; i < n; i++) {
+        char key[300];
+        snprintf(key, sizeof(key), "\"rpc_address\":\"%s\"", c->worker_rpc[i]);
+        const char *at = strstr(out, key), *id = NULL;
+        for (const char *p = out; at != NULL && (p = strstr(p, "{\"id\":")) != NULL && p < at; p++)
+            id = p;
+        ids[i] = id != NULL ? strtoull(id + 6, NULL, 10) : 0;
+    }
+    free(out);
+    free(err);
+}
+
 static void restart_keeps_the_job(int sig, bool creds)
 {
     dcluster_t c;
@@ -81,9 +99,17 @@ static void restart_keeps_the_job(int sig, bool creds)
         o.admin_token_file = g_tok[2];
     }
     dc_start_coordinator(&c, &o);
+    /* a worker that comes and goes first: the others' ids do not start at 1,
+     * as a restarted coordinator's own numbering would */
+    dc_start_worker(&c, 3, &o);
+    dc_wait_healthy(&c, 1, admin_token());
+    cr_assert_eq(test_proc_stop(c.workers[3], SIGTERM, 10), 0);
+    c.workers[3] = NULL;
     for (int i = 0; i < 3; i++)
         dc_start_worker(&c, i, &o);
     dc_wait_healthy(&c, 3, admin_token());
+    uint64_t ids_before[3], ids_after[3];
+    worker_ids(&c, 3, ids_before);
     stria_client_t *cl = connect_client(&c);
 
     fu_job_t j;
@@ -102,6 +128,14 @@ static void restart_keeps_the_job(int sig, bool creds)
     cr_assert_not_null(js, "the restarted coordinator did not rebuild job %llu (see %s)",
                        (unsigned long long)id, c.coord_log);
     cr_expect(strstr(js, "\"state\":\"forward-done\""), "%s", js);
+    /* every worker keeps its id */
+    worker_ids(&c, 3, ids_after);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_gt(ids_before[i], 1, "worker %d: id %llu", i, (unsigned long long)ids_before[i]);
+        cr_expect_eq(ids_after[i], ids_before[i],
+                     "worker %d: id %llu before the restart, %llu after", i,
+                     (unsigned long long)ids_before[i], (unsigned long long)ids_after[i]);
+    }
     fprintf(stderr,
             "restart (%s%s): job %llu rebuilt %.3f s after the new coordinator listened "
             "(%.3f s after the stop)\n",
