@@ -459,9 +459,15 @@ void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *wh
  * meanwhile still unread when this tick runs, so worker and job deadlines
  * move by the stall. A stall of a heartbeat period or more is logged and
  * counted. */
+/* The period of the coordinator's tick: a quarter heartbeat period. */
+static double stria__tick_period(const stria_coord_t *co)
+{
+    return co->heartbeat_period_s / 4;
+}
+
 static double stria__tick_stall(stria_coord_t *co, double now)
 {
-    double tick = co->heartbeat_period_s / 4, late = now - co->last_tick - tick;
+    double tick = stria__tick_period(co), late = now - co->last_tick - tick;
     co->last_tick = now;
     if (late <= tick)
         return 0;
@@ -482,16 +488,24 @@ static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
     bool changed = false;
 
     /* Every death of this tick first, then their jobs: a replacement must
-     * not take a worker that died in the same tick. */
-    for (uint32_t i = 0; i < co->n_workers; i++) {
-        stria__cworker_t *w = co->workers[i];
-        if (stall > 0 && !w->dead)
-            w->last_seen = w->last_seen + stall < now ? w->last_seen + stall : now;
-        if (w->dead || now - w->last_seen <= dead_after)
-            continue;
-        w->dead = w->died_now = true;
-        w->current_job = 0;
-        w->in_use = 0;
+     * not take a worker that died in the same tick. A worker whose deadline
+     * falls before the next tick dies with them: workers that went silent
+     * together (a host going down) are replaced in one go, not one tick
+     * apart. */
+    bool any = false;
+    for (int round = 0; round < 2; round++) {
+        double after = round == 0 ? dead_after : dead_after - stria__tick_period(co);
+        for (uint32_t i = 0; i < co->n_workers && (round == 0 || any); i++) {
+            stria__cworker_t *w = co->workers[i];
+            if (round == 0 && stall > 0 && !w->dead)
+                w->last_seen = w->last_seen + stall < now ? w->last_seen + stall : now;
+            if (w->dead || now - w->last_seen <= after)
+                continue;
+            w->dead = w->died_now = true;
+            w->current_job = 0;
+            w->in_use = 0;
+            any = true;
+        }
     }
     for (uint32_t i = 0; i < co->n_workers; i++) {
         stria__cworker_t *w = co->workers[i];
@@ -676,7 +690,7 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     sp.admin_token = p->admin_token;
     sp.tick = stria__on_tick;
     /* Dead workers are noticed within a quarter period of the deadline. */
-    sp.tick_period_s = co->heartbeat_period_s / 4;
+    sp.tick_period_s = stria__tick_period(co);
     sp.name = "coordinator";
     sp.no_thread = no_thread;
     st = stria_rpc_server_start(&sp, &co->server);
