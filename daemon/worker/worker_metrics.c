@@ -1,6 +1,7 @@
 /* The worker's metrics. */
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,11 +151,22 @@ void stria__wmetrics_ring(stria_worker_t *w)
     w->ring_seen = s;
 }
 
+#ifdef STRIA__HAVE_MALLINFO2
+/* One mallinfo2() at a time in the process: where another allocator serves
+ * malloc (the sanitizers', a preloaded jemalloc), glibc's heap is set up by
+ * the first mallinfo2() itself, and that set-up assumes one thread; two
+ * workers of one process heartbeating at once corrupted it (a crash in
+ * int_mallinfo, or glibc's "a->attached_threads > 0" at a thread's exit). */
+static pthread_mutex_t stria__mallinfo_lock = PTHREAD_MUTEX_INITIALIZER;
+#endif
+
 void stria__wmetrics_heap(stria_worker_t *w)
 {
 #ifdef STRIA__HAVE_MALLINFO2
     /* walks every arena's bins under its lock: cheap at a heartbeat's pace */
+    pthread_mutex_lock(&stria__mallinfo_lock);
     struct mallinfo2 mi = mallinfo2();
+    pthread_mutex_unlock(&stria__mallinfo_lock);
     stria_metric_set(w->m_heap[0], (double)(mi.uordblks + mi.hblkhd));
     stria_metric_set(w->m_heap[1], (double)mi.fordblks);
 #else
