@@ -233,7 +233,10 @@ static stria_status_t stria__job_spec(stria__wjob_t *j, stria_worker_t *w, uint6
 
 /* Fetches a job's assignment from the coordinator and creates the job with
  * every buffer allocated (bounded memory: a job that does not fit is refused
- * here, never mid-pass). Lock not held. */
+ * here, never mid-pass). The job comes with a reference for the caller,
+ * taken under the lock where the job became visible (or was found, made by
+ * another request meanwhile), so a drop cannot free it first. Lock not
+ * held. */
 static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint32_t rank,
                                         bool shared, const stria_job_secret_t *secret,
                                         stria__wjob_t **job_out)
@@ -308,6 +311,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     pthread_mutex_lock(&w->lock);
     stria__wjob_t *other = stria__wjob_find(w, job_id);
     if (other != NULL) { /* created meanwhile by another request */
+        other->refs++;   /* taken under the lock: a drop cannot free it now */
         pthread_mutex_unlock(&w->lock);
         stria_job_masks_free(&j->masks);
         free(j->spec_pb);
@@ -331,15 +335,16 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
         j = NULL;
         goto out;
     }
-    pthread_mutex_lock(&w->lock);
-    j->next = w->jobs;
-    w->jobs = j;
-    pthread_mutex_unlock(&w->lock);
-    stria__wpool_publish(w);
     stria_log_info("job %llu rank %d/%d: %lld of %lld tokens (%s), %llu MiB reserved",
                    (unsigned long long)j->id, j->rank, j->n_ranks, (long long)j->valid,
                    (long long)j->seq, stria_layout_kind_name(j->layout_kind),
                    (unsigned long long)(j->bytes >> 20));
+    pthread_mutex_lock(&w->lock);
+    j->refs = 1; /* the caller's, taken before a drop can see the job */
+    j->next = w->jobs;
+    w->jobs = j;
+    pthread_mutex_unlock(&w->lock);
+    stria__wpool_publish(w);
     *job_out = j;
     j = NULL;
     st = STRIA_OK;
@@ -392,10 +397,7 @@ static stria_status_t stria__wjob_get_ex(stria_worker_t *w, uint64_t id, uint32_
                                    (unsigned long long)id);
         stria_status_t st = stria__job_create(w, id, rank, shared, secret, &j);
         if (st != STRIA_OK)
-            return st;
-        pthread_mutex_lock(&w->lock);
-        j->refs++;
-        pthread_mutex_unlock(&w->lock);
+            return st; /* else it comes with our reference */
     }
     if ((uint32_t)j->rank != rank) {
         stria__wjob_unref(w, j);
