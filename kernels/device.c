@@ -195,14 +195,11 @@ static stria_status_t stria__cpu_attn_bwd_delta(stria_device_t *dev,
 }
 
 static stria_status_t stria__cpu_attn_bwd(stria_device_t *dev, const stria_attn_params_t *params,
-                                          const stria_tensor_t *q, const stria_tensor_t *k,
-                                          const stria_tensor_t *v, const stria_tensor_t *d_o,
-                                          const float *lse, const float *delta,
-                                          const stria_tensor_t *dq, const stria_tensor_t *dk,
-                                          const stria_tensor_t *dv)
+                                          const stria__bwd_io_t *io)
 {
     stria_attn_params_t a = stria__cpu_params(dev, params);
-    return stria_attn_bwd(&a, q, k, v, d_o, lse, delta, dq, dk, dv);
+    return stria_attn_bwd(&a, io->q, io->k, io->v, io->d_o, io->lse, io->delta, io->dq, io->dk,
+                          io->dv);
 }
 
 static stria_status_t stria__cpu_attn_fwd_begin(stria_device_t *dev,
@@ -683,7 +680,8 @@ stria_status_t stria_device_attn_bwd(stria_device_t *dev, const stria_attn_param
                                      const stria_tensor_t *dk, const stria_tensor_t *dv)
 {
     STRIA__CHECK_KERNEL(dev, params, "stria_device_attn_bwd");
-    return dev->ops->attn_bwd(dev, params, q, k, v, d_o, lse, delta, dq, dk, dv);
+    const stria__bwd_io_t io = {q, k, v, d_o, lse, delta, dq, dk, dv};
+    return dev->ops->attn_bwd(dev, params, &io);
 }
 
 /* ---- passes ------------------------------------------------------------------ */
@@ -812,8 +810,9 @@ stria_status_t stria_device_attn_bwd_block(stria_device_bwd_pass_t *pass,
     stria_device_t *dev = pass->head.dev;
     if (pass->head.impl != NULL)
         return dev->ops->attn_bwd_block(dev, pass->head.impl, params, k, v, dk, dv);
-    return dev->ops->attn_bwd(dev, params, &pass->q, k, v, &pass->d_o, pass->lse, pass->delta,
-                              &pass->dq, dk, dv);
+    const stria__bwd_io_t io = {&pass->q,    k,         v,  &pass->d_o, pass->lse,
+                                pass->delta, &pass->dq, dk, dv};
+    return dev->ops->attn_bwd(dev, params, &io);
 }
 
 stria_status_t stria_device_attn_bwd_end(stria_device_bwd_pass_t *pass, bool keep)

@@ -10,6 +10,14 @@
 extern "C" {
 #endif
 
+/* The operands of one backward call (stria_device_attn_bwd()'s, in its
+ * order), as the backends take them. */
+typedef struct {
+    const stria_tensor_t *q, *k, *v, *d_o;
+    const float *lse, *delta;
+    const stria_tensor_t *dq, *dk, *dv;
+} stria__bwd_io_t;
+
 typedef struct {
     void (*close)(stria_device_t *dev);
     stria_status_t (*memory)(stria_device_t *dev, size_t *free_bytes, size_t *total_bytes);
@@ -39,10 +47,7 @@ typedef struct {
                                      const stria_tensor_t *o, const stria_tensor_t *d_o,
                                      float *delta);
     stria_status_t (*attn_bwd)(stria_device_t *dev, const stria_attn_params_t *params,
-                               const stria_tensor_t *q, const stria_tensor_t *k,
-                               const stria_tensor_t *v, const stria_tensor_t *d_o, const float *lse,
-                               const float *delta, const stria_tensor_t *dq,
-                               const stria_tensor_t *dk, const stria_tensor_t *dv);
+                               const stria__bwd_io_t *io);
     /* Optional (NULL: the front end runs attn_fwd per block): a forward
      * pass over several K/V blocks, stria_attn_fwd_begin() semantics; *impl
      * is the device's own pass object, freed by attn_fwd_end. */

@@ -343,17 +343,6 @@ static stria_status_t stria__cu_begin(stria__cu_dev_t *d, const stria_attn_param
     return st;
 }
 
-/* stria__cu_begin() for a row-wise call (init, merge, finalize, delta), with
- * the view whose rows it writes or reads in a->o. */
-static stria_status_t stria__cu_rows_begin(stria__cu_dev_t *d, const stria_attn_params_t *params,
-                                           const stria_tensor_t *o, stria_cu_attn_t *a)
-{
-    stria_status_t st = stria__cu_begin(d, params, a);
-    if (st == STRIA_OK)
-        a->o = stria__cu_view(o);
-    return st;
-}
-
 static bool stria__cu_aligned(const stria_cu_view_t *v)
 {
     /* 16-byte rows of 16-bit values: pointer and every stride in 8s */
@@ -413,26 +402,23 @@ static stria_status_t stria__cu_attn_fwd(stria_device_t *dev, const stria_attn_p
 }
 
 static stria_status_t stria__cu_attn_bwd(stria_device_t *dev, const stria_attn_params_t *params,
-                                         const stria_tensor_t *q, const stria_tensor_t *k,
-                                         const stria_tensor_t *v, const stria_tensor_t *d_o,
-                                         const float *lse, const float *delta,
-                                         const stria_tensor_t *dq, const stria_tensor_t *dk,
-                                         const stria_tensor_t *dv)
+                                         const stria__bwd_io_t *io)
 {
     static const char fn[] = "stria_device_attn_bwd";
     stria__cu_dev_t *d = stria__cu(dev);
     stria_cu_attn_t a;
     stria_status_t st;
 
-    if ((st = stria__validate_bwd(params, q, k, v, d_o, lse, delta, dq, dk, dv, fn)) != STRIA_OK ||
-        (st = stria__cu_qkv_args(d, params, fn, q, k, v, &a)) != STRIA_OK)
+    if ((st = stria__validate_bwd(params, io->q, io->k, io->v, io->d_o, io->lse, io->delta, io->dq,
+                                  io->dk, io->dv, fn)) != STRIA_OK ||
+        (st = stria__cu_qkv_args(d, params, fn, io->q, io->k, io->v, &a)) != STRIA_OK)
         return st;
-    a.d_o = stria__cu_view(d_o);
-    a.lse_in = lse;
-    a.delta = delta;
-    a.dq = stria__cu_view(dq);
-    a.dk = stria__cu_view(dk);
-    a.dv = stria__cu_view(dv);
+    a.d_o = stria__cu_view(io->d_o);
+    a.lse_in = io->lse;
+    a.delta = io->delta;
+    a.dq = stria__cu_view(io->dq);
+    a.dk = stria__cu_view(io->dk);
+    a.dv = stria__cu_view(io->dv);
     if (stria__cu_mma_ok(&a, true))
         STRIA__CU_TRY(d, stria__cu_bwd_mma(&a, d->stream[0]));
     else
@@ -440,36 +426,76 @@ static stria_status_t stria__cu_attn_bwd(stria_device_t *dev, const stria_attn_p
     return STRIA_OK;
 }
 
+/* The per-row kernels: over a partial output (its rows and, but for
+ * FINALIZE, their LSE), or, DELTA, over the output and dO. */
+typedef enum {
+    STRIA__CU_ROWS_INIT,
+    STRIA__CU_ROWS_MERGE,
+    STRIA__CU_ROWS_FINALIZE,
+    STRIA__CU_ROWS_DELTA,
+} stria__cu_rows_t;
+
+/* Checks and runs a per-row kernel on o's rows. vec is o's LSE (INIT,
+ * MERGE) or the delta written (DELTA); other is MERGE's second partial (of
+ * LSE other_lse), FINALIZE's output, DELTA's dO. */
+static stria_status_t stria__cu_rows(stria_device_t *dev, stria__cu_rows_t op,
+                                     const stria_attn_params_t *params, const stria_tensor_t *o,
+                                     float *vec, const stria_tensor_t *other,
+                                     const float *other_lse)
+{
+    stria__cu_dev_t *d = stria__cu(dev);
+    cudaStream_t s = d->stream[0];
+    stria_cu_attn_t a;
+    stria_status_t st;
+    switch (op) {
+    case STRIA__CU_ROWS_INIT:
+        st = stria__validate_partial_init(params, o, vec, "stria_device_attn_partial_init");
+        break;
+    case STRIA__CU_ROWS_MERGE:
+        st = stria__validate_merge(params, o, vec, other, other_lse, "stria_device_attn_merge");
+        break;
+    case STRIA__CU_ROWS_FINALIZE:
+        st = stria__validate_finalize(params, o, other, "stria_device_attn_finalize");
+        break;
+    default:
+        st = stria__validate_delta(params, o, other, vec, "stria_device_attn_bwd_delta");
+        break;
+    }
+    if (st != STRIA_OK || (st = stria__cu_begin(d, params, &a)) != STRIA_OK)
+        return st;
+    a.o = stria__cu_view(o);
+    a.lse = op == STRIA__CU_ROWS_DELTA ? NULL : vec;
+    switch (op) {
+    case STRIA__CU_ROWS_INIT:
+        STRIA__CU_TRY(d, stria__cu_partial_init(&a, s));
+        break;
+    case STRIA__CU_ROWS_MERGE:
+        STRIA__CU_TRY(d, stria__cu_merge(&a, stria__cu_view(other), other_lse, s));
+        break;
+    case STRIA__CU_ROWS_FINALIZE:
+        STRIA__CU_TRY(d, stria__cu_finalize(&a, stria__cu_view(other), other->dtype, s));
+        break;
+    default:
+        a.d_o = stria__cu_view(other);
+        a.dtype = other->dtype;
+        STRIA__CU_TRY(d, stria__cu_delta(&a, o->dtype, vec, s));
+        break;
+    }
+    return STRIA_OK;
+}
+
 static stria_status_t stria__cu_attn_partial_init(stria_device_t *dev,
                                                   const stria_attn_params_t *params,
                                                   const stria_tensor_t *o, float *lse)
 {
-    static const char fn[] = "stria_device_attn_partial_init";
-    stria__cu_dev_t *d = stria__cu(dev);
-    stria_cu_attn_t a;
-    stria_status_t st;
-    if ((st = stria__validate_partial_init(params, o, lse, fn)) != STRIA_OK ||
-        (st = stria__cu_rows_begin(d, params, o, &a)) != STRIA_OK)
-        return st;
-    a.lse = lse;
-    STRIA__CU_TRY(d, stria__cu_partial_init(&a, d->stream[0]));
-    return STRIA_OK;
+    return stria__cu_rows(dev, STRIA__CU_ROWS_INIT, params, o, lse, NULL, NULL);
 }
 
 static stria_status_t stria__cu_attn_merge(stria_device_t *dev, const stria_attn_params_t *params,
                                            const stria_tensor_t *o_a, float *lse_a,
                                            const stria_tensor_t *o_b, const float *lse_b)
 {
-    static const char fn[] = "stria_device_attn_merge";
-    stria__cu_dev_t *d = stria__cu(dev);
-    stria_cu_attn_t a;
-    stria_status_t st;
-    if ((st = stria__validate_merge(params, o_a, lse_a, o_b, lse_b, fn)) != STRIA_OK ||
-        (st = stria__cu_rows_begin(d, params, o_a, &a)) != STRIA_OK)
-        return st;
-    a.lse = lse_a;
-    STRIA__CU_TRY(d, stria__cu_merge(&a, stria__cu_view(o_b), lse_b, d->stream[0]));
-    return STRIA_OK;
+    return stria__cu_rows(dev, STRIA__CU_ROWS_MERGE, params, o_a, lse_a, o_b, lse_b);
 }
 
 static stria_status_t stria__cu_attn_finalize(stria_device_t *dev,
@@ -477,15 +503,7 @@ static stria_status_t stria__cu_attn_finalize(stria_device_t *dev,
                                               const stria_tensor_t *o_part,
                                               const stria_tensor_t *o_out)
 {
-    static const char fn[] = "stria_device_attn_finalize";
-    stria__cu_dev_t *d = stria__cu(dev);
-    stria_cu_attn_t a;
-    stria_status_t st;
-    if ((st = stria__validate_finalize(params, o_part, o_out, fn)) != STRIA_OK ||
-        (st = stria__cu_rows_begin(d, params, o_part, &a)) != STRIA_OK)
-        return st;
-    STRIA__CU_TRY(d, stria__cu_finalize(&a, stria__cu_view(o_out), o_out->dtype, d->stream[0]));
-    return STRIA_OK;
+    return stria__cu_rows(dev, STRIA__CU_ROWS_FINALIZE, params, o_part, NULL, o_out, NULL);
 }
 
 static stria_status_t stria__cu_attn_bwd_delta(stria_device_t *dev,
@@ -493,17 +511,7 @@ static stria_status_t stria__cu_attn_bwd_delta(stria_device_t *dev,
                                                const stria_tensor_t *o, const stria_tensor_t *d_o,
                                                float *delta)
 {
-    static const char fn[] = "stria_device_attn_bwd_delta";
-    stria__cu_dev_t *d = stria__cu(dev);
-    stria_cu_attn_t a;
-    stria_status_t st;
-    if ((st = stria__validate_delta(params, o, d_o, delta, fn)) != STRIA_OK ||
-        (st = stria__cu_rows_begin(d, params, o, &a)) != STRIA_OK)
-        return st;
-    a.d_o = stria__cu_view(d_o);
-    a.dtype = d_o->dtype;
-    STRIA__CU_TRY(d, stria__cu_delta(&a, o->dtype, delta, d->stream[0]));
-    return STRIA_OK;
+    return stria__cu_rows(dev, STRIA__CU_ROWS_DELTA, params, o, delta, d_o, NULL);
 }
 
 /* ---- open and close ---------------------------------------------------------- */
