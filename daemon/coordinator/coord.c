@@ -220,7 +220,7 @@ bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState 
     }
     j->failed_in = j->state;
     j->state = state;
-    j->finished_ms = stria__coord_wall_ms();
+    j->times.finished_ms = stria__coord_wall_ms();
     stria__job_unreserve(j);
     for (uint32_t r = 0; r < j->n_ranks; r++)
         stria__index_del(&co->members, j->id, j->ranks[r].worker->id);
@@ -245,12 +245,12 @@ static void stria__job_start(stria__cjob_t *j)
 {
     stria__job_reserve(j);
     j->state = S_LOADING;
-    j->started_ms = stria__coord_wall_ms();
+    j->times.started_ms = stria__coord_wall_ms();
     /* Time in the queue does not count against the client. */
     j->last_activity = stria_time_now();
     if (j->replaces != 0) { /* its ranks follow now, or the job is over */
         j->arrival_pass = 1;
-        j->arrival_deadline = j->last_activity + j->arrival_timeout_s;
+        j->arrival_deadline = j->last_activity + j->spec.arrival_timeout_s;
     }
     stria_log_info("job %llu starts on %u workers", (unsigned long long)j->id, j->n_ranks);
 }
@@ -260,7 +260,7 @@ void stria__job_adopt(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState s
     (void)co;
     stria__job_reserve(j);
     j->state = state;
-    j->started_ms = stria__coord_wall_ms();
+    j->times.started_ms = stria__coord_wall_ms();
     j->last_activity = stria_time_now();
 }
 
@@ -315,13 +315,13 @@ bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backwar
 {
     uint32_t mark = pass + 1;
     bool all = true, all_now = true;
-    if (!j->sharded)
+    if (!j->spec.sharded)
         return true;
     if (j->ranks[r].arrived < mark)
         j->ranks[r].arrived = mark;
     if (j->arrival_pass < mark) {
         j->arrival_pass = mark;
-        j->arrival_deadline = stria_time_now() + j->arrival_timeout_s;
+        j->arrival_deadline = stria_time_now() + j->spec.arrival_timeout_s;
         j->arrival_backward = backward;
     }
     for (uint32_t k = 0; k < j->n_ranks; k++) {
@@ -382,7 +382,7 @@ static bool stria__arrival_expired(stria_coord_t *co, stria__cjob_t *j, double n
         stria__job_finish(co, j, S_FAILED,
                           "no rank came to this replacement of job %llu within %g s "
                           "(arrival_timeout_s) of its start%s",
-                          (unsigned long long)j->replaces, j->arrival_timeout_s,
+                          (unsigned long long)j->replaces, j->spec.arrival_timeout_s,
                           gone != NULL ? " (a rank's worker is dead)" : "");
     else
         stria__job_finish(co, j, S_FAILED,
@@ -390,7 +390,7 @@ static bool stria__arrival_expired(stria_coord_t *co, stria__cjob_t *j, double n
                           "(arrival_timeout_s) of the first; rank%s %s had their inputs in and "
                           "waited%s",
                           n_missing == 1 ? "" : "s", missing,
-                          j->arrival_backward ? "backward" : "forward", j->arrival_timeout_s,
+                          j->arrival_backward ? "backward" : "forward", j->spec.arrival_timeout_s,
                           n_waiting == 1 ? "" : "s", waiting,
                           gone != NULL ? " (a missing rank's worker is dead)" : "");
     if (gone != NULL)
@@ -555,10 +555,10 @@ static void stria__on_tick(void *arg)
                 j->arrival_deadline += stall;
         }
         changed = stria__arrival_expired(co, j, now) || changed;
-        if (stria__terminal(j->state) || now - j->last_activity <= j->ttl_s)
+        if (stria__terminal(j->state) || now - j->last_activity <= j->spec.ttl_s)
             continue;
         stria__job_finish(co, j, S_EXPIRED, "abandoned: no client activity for %u s (its TTL)",
-                          j->ttl_s);
+                          j->spec.ttl_s);
         changed = true;
     }
     if (changed)

@@ -70,16 +70,12 @@ stria_status_t stria__job_new_keys(stria_coord_t *co, stria__cjob_t *j, bool kee
     return st;
 }
 
-/* The sharded part of a job and the placement of its ranks (their strings
- * copied); false when out of memory. */
+/* The placement of a job's ranks (their strings copied); false when out of
+ * memory. */
 static bool stria__job_add_sharded(stria__cjob_t *j, const Stria__V1__JobSpec *s,
                                    const bool *fallback)
 {
-    j->sharded = s->sharded;
-    j->arrival_timeout_s =
-        s->arrival_timeout_s > 0 ? s->arrival_timeout_s : STRIA__DEFAULT_ARRIVAL_S;
     j->placed = s->n_placement > 0;
-    j->placement_fallback = s->placement_fallback;
     for (uint32_t r = 0; r < j->n_ranks && j->placed; r++) {
         stria__crank_t *cr = &j->ranks[r];
         cr->fallback = fallback[r];
@@ -143,19 +139,28 @@ stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
             return NULL;
         }
     }
-    j->batch = s->batch;
-    j->seq_len = s->seq_len;
-    j->heads = s->heads;
-    j->kv_heads = s->kv_heads;
-    j->head_dim = s->head_dim;
-    j->dtype = s->dtype;
-    j->layout = (Stria__V1__Layout)layout->kind; /* auto resolved */
-    j->causal = s->causal;
-    j->no_queue = s->no_queue;
-    j->scale = s->scale > 0 ? s->scale : (float)(1.0 / sqrt((double)s->head_dim));
-    j->ttl_s = s->ttl_s ? s->ttl_s : (uint32_t)ceil(co->job_ttl_s);
-    j->step_timeout_ms = s->step_timeout_ms;
+    j->spec = *s; /* what it points to is replaced below */
+    j->spec.base.n_unknown_fields = 0;
+    j->spec.base.unknown_fields = NULL;
+    j->spec.layout = (Stria__V1__Layout)layout->kind; /* auto resolved */
+    j->spec.ring_size = n;
+    j->spec.scale = s->scale > 0 ? s->scale : (float)(1.0 / sqrt((double)s->head_dim));
+    j->spec.ttl_s = s->ttl_s ? s->ttl_s : (uint32_t)ceil(co->job_ttl_s);
+    if (s->arrival_timeout_s <= 0)
+        j->spec.arrival_timeout_s = STRIA__DEFAULT_ARRIVAL_S;
     snprintf(j->label, sizeof(j->label), "%s", s->label);
+    j->spec.label = j->label;
+    j->spec.cu_seqlens = j->masks.cu_seqlens;
+    j->spec.n_cu_seqlens = j->masks.n_cu_seqlens;
+    j->spec.window = NULL;
+    if (j->masks.has_window) {
+        stria__v1__job_spec__window__init(&j->window);
+        j->window.left = j->masks.window_left;
+        j->window.right = j->masks.window_right;
+        j->spec.window = &j->window;
+    }
+    j->spec.placement = NULL;
+    j->spec.n_placement = 0;
     j->n_ranks = n;
     j->shard_tokens = (uint64_t)layout->shard_tokens;
     j->mem_per_rank = need;
@@ -167,7 +172,8 @@ stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
         cr->n_runs = stria_layout_shard_runs(layout, (int)r, false, cr->runs);
         cr->tokens = (uint64_t)stria_layout_shard_valid(layout, (int)r);
     }
-    j->submitted_ms = stria__coord_wall_ms();
+    stria__v1__job_timings__init(&j->times);
+    j->times.submitted_ms = stria__coord_wall_ms();
     j->last_activity = stria_time_now();
     j->state = S_PENDING;
     co->jobs[co->n_jobs++] = j;
@@ -431,10 +437,11 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                          1);
     stria_log_info("job %llu submitted: batch %u, seq %llu, heads %u/%u, dim %u, %s, %u ranks "
                    "from worker %llu%s, %llu MiB per rank%s%s",
-                   (unsigned long long)j->id, j->batch, (unsigned long long)j->seq_len, j->heads,
-                   j->kv_heads, j->head_dim, stria_dtype_name((stria_dtype_t)j->dtype), n,
+                   (unsigned long long)j->id, j->spec.batch, (unsigned long long)j->spec.seq_len,
+                   j->spec.heads, j->spec.kv_heads, j->spec.head_dim,
+                   stria_dtype_name((stria_dtype_t)j->spec.dtype), n,
                    (unsigned long long)chosen[0]->id, j->placed ? " (placed)" : "",
-                   (unsigned long long)(need >> 20), j->sharded ? ", sharded" : "",
+                   (unsigned long long)(need >> 20), j->spec.sharded ? ", sharded" : "",
                    now ? "" : ", queued");
     stria__schedule(co);
     if (!stria__submit_reply(co, call, j))

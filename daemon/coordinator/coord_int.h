@@ -101,13 +101,12 @@ typedef struct {
     /* What the job's ring links prove to each other; to the workers only. */
     uint8_t ring_key[STRIA_AUTH_KEY_BYTES];
     Stria__V1__JobState state;
-    /* the spec, defaults filled in */
-    uint32_t batch, heads, kv_heads, head_dim, ttl_s, step_timeout_ms;
-    uint64_t seq_len;
-    Stria__V1__Dtype dtype;
-    Stria__V1__Layout layout;
-    bool causal, no_queue;
-    float scale;
+    /* The spec as submitted, defaults filled in (layout resolved, ring_size
+     * the ranks, scale, ttl_s, arrival_timeout_s): what assignments and
+     * GetJob report. Its label, cu_seqlens and window point into the job;
+     * it has no placement (the ranks hold theirs). */
+    Stria__V1__JobSpec spec;
+    Stria__V1__JobSpec__Window window;
     char label[STRIA_COORD_MAX_LABEL + 1];
     stria_job_masks_t masks; /* documents and window, owned */
     char client[64];         /* the submitting client's host address */
@@ -117,12 +116,10 @@ typedef struct {
     bool keyed;
     /* sharded jobs (stria_client_submit): a pass starts when every rank
      * arrived; a rank missing arrival_timeout_s after the first fails it */
-    bool sharded;
-    double arrival_timeout_s;
     uint32_t arrival_pass;   /* 1 + the pass ranks arrive at now; 0: none yet */
     double arrival_deadline; /* stria_time_now(); 0: nobody waits */
     bool arrival_backward;
-    bool placed, placement_fallback;
+    bool placed;
 
     uint32_t n_ranks;
     stria__crank_t *ranks;
@@ -130,8 +127,9 @@ typedef struct {
     uint64_t mem_per_rank;
     bool reserved; /* memory reserved on the members */
 
-    uint64_t submitted_ms, started_ms, forward_started_ms, forward_done_ms;
-    uint64_t backward_started_ms, backward_done_ms, finished_ms;
+    /* The job's milestones as GetJob reports them (wall clock, ms; 0: not
+     * reached); last_activity_ms is filled from last_activity on report. */
+    Stria__V1__JobTimings times;
     double last_activity; /* stria_time_now() */
     char failure[512];
     /* The ranks' step times of the latest forward [0] and backward [1] pass

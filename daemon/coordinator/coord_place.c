@@ -223,7 +223,7 @@ stria__cworker_t *stria__choose_spare(stria_coord_t *co, const stria__cjob_t *j,
         bool on_host = pass == 0;
         int best_score = -1;
         uint64_t best_load = UINT64_MAX;
-        if (!on_host && (cr->place_host == NULL || !j->placement_fallback))
+        if (!on_host && (cr->place_host == NULL || !j->spec.placement_fallback))
             break;
         for (uint32_t i = 0; i < count; i++) {
             int score = stria__spare_score(co, j, r, ring[i], cr->worker, on_host, taken, n_taken);
@@ -239,7 +239,7 @@ stria__cworker_t *stria__choose_spare(stria_coord_t *co, const stria__cjob_t *j,
         *fallback = best != NULL && !on_host;
     }
     free(ring);
-    if (best == NULL && cr->place_host != NULL && !j->placement_fallback)
+    if (best == NULL && cr->place_host != NULL && !j->spec.placement_fallback)
         snprintf(why, why_len,
                  "no healthy worker on host '%s' (rank %u's placement) outside the job has %llu "
                  "MiB free now",

@@ -40,7 +40,7 @@
 
 static bool stria__replaceable(const stria__cjob_t *j)
 {
-    if (!j->sharded || j->state != S_FAILED || !j->failure_retryable || j->replaced_by != 0 ||
+    if (!j->spec.sharded || j->state != S_FAILED || !j->failure_retryable || j->replaced_by != 0 ||
         j->replace_until < 0 || j->generation >= STRIA__MAX_GENERATIONS)
         return false;
     /* a job whose passes were both done has nothing left to run */
@@ -122,8 +122,8 @@ static stria__cjob_t *stria__replacement_add(stria_coord_t *co, stria__cjob_t *j
     memset(&keys, 0, sizeof(keys));
     keys.secret = j->secret; /* the old job's exports prove the new one */
     if (a != NULL && !b.oom &&
-        stria_layout_init((stria_layout_kind_t)j->layout, (int)j->n_ranks, (int64_t)j->seq_len,
-                          &layout) == STRIA_OK &&
+        stria_layout_init((stria_layout_kind_t)j->spec.layout, (int)j->n_ranks,
+                          (int64_t)j->spec.seq_len, &layout) == STRIA_OK &&
         stria__job_new_keys(co, &keys, true) == STRIA_OK)
         y = stria__job_add(co, a->spec, &layout, ring, fallback, j->n_ranks, j->mem_per_rank,
                            j->client, &keys);
@@ -131,10 +131,10 @@ static stria__cjob_t *stria__replacement_add(stria_coord_t *co, stria__cjob_t *j
     stria__b_free(&b);
     if (y == NULL)
         return NULL;
-    y->scale = j->scale;
+    y->spec.scale = j->spec.scale;
     y->replaces = j->id;
     y->generation = j->generation + 1;
-    y->submitted_ms = j->submitted_ms;
+    y->times.submitted_ms = j->times.submitted_ms;
     /* j's place in the queue: y, appended last, moves to just after it */
     for (uint32_t i = 0; i + 1 < co->n_jobs; i++) {
         if (co->jobs[i] == j) {

@@ -172,51 +172,19 @@ static bool stria__fill_placement(stria__b_t *b, const stria__cjob_t *j, Stria__
     }
     s->placement = pl;
     s->n_placement = j->n_ranks;
-    s->placement_fallback = j->placement_fallback;
     return true;
-}
-
-static void stria__fill_spec(const stria__cjob_t *j, Stria__V1__JobSpec *s,
-                             Stria__V1__JobSpec__Window *win)
-{
-    stria__v1__job_spec__init(s);
-    s->sharded = j->sharded;
-    s->arrival_timeout_s = j->arrival_timeout_s;
-    s->cu_seqlens = j->masks.cu_seqlens;
-    s->n_cu_seqlens = j->masks.n_cu_seqlens;
-    if (j->masks.has_window) {
-        stria__v1__job_spec__window__init(win);
-        win->left = j->masks.window_left;
-        win->right = j->masks.window_right;
-        s->window = win;
-    }
-    s->batch = j->batch;
-    s->seq_len = j->seq_len;
-    s->heads = j->heads;
-    s->kv_heads = j->kv_heads;
-    s->head_dim = j->head_dim;
-    s->dtype = j->dtype;
-    s->causal = j->causal;
-    s->layout = j->layout;
-    s->ring_size = j->n_ranks;
-    s->scale = j->scale;
-    s->ttl_s = j->ttl_s;
-    s->step_timeout_ms = j->step_timeout_ms;
-    s->no_queue = j->no_queue;
-    s->label = (char *)j->label;
 }
 
 Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t *j)
 {
     Stria__V1__Assignment *a = stria__b_alloc(b, sizeof(*a));
     Stria__V1__JobSpec *spec = stria__b_alloc(b, sizeof(*spec));
-    Stria__V1__JobSpec__Window *win = stria__b_alloc(b, sizeof(*win));
     Stria__V1__RankAssignment **ranks = stria__b_alloc(b, j->n_ranks * sizeof(*ranks));
 
-    if (a == NULL || spec == NULL || win == NULL || ranks == NULL)
+    if (a == NULL || spec == NULL || ranks == NULL)
         return NULL;
     stria__v1__assignment__init(a);
-    stria__fill_spec(j, spec, win);
+    *spec = j->spec;
     if (!stria__fill_placement(b, j, spec))
         return NULL;
     a->job_id = j->id;
@@ -278,7 +246,6 @@ Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, cons
     if (info == NULL || t == NULL)
         return NULL;
     stria__v1__job_info__init(info);
-    stria__v1__job_timings__init(t);
     info->job_id = j->id;
     info->state = j->state;
     info->assignment = stria__fill_assignment(b, j);
@@ -294,13 +261,7 @@ Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, cons
     info->replaces = j->replaces;
     info->generation = j->generation;
     info->replacement_pending = stria__replace_pending(j);
-    t->submitted_ms = j->submitted_ms;
-    t->started_ms = j->started_ms;
-    t->forward_started_ms = j->forward_started_ms;
-    t->forward_done_ms = j->forward_done_ms;
-    t->backward_started_ms = j->backward_started_ms;
-    t->backward_done_ms = j->backward_done_ms;
-    t->finished_ms = j->finished_ms;
+    *t = j->times;
     idle_ms = (uint64_t)((stria_time_now() - j->last_activity) * 1000.0);
     t->last_activity_ms = stria__coord_wall_ms() - idle_ms;
     if (j->state == S_RUNNING_FORWARD || j->state == S_RUNNING_BACKWARD) {

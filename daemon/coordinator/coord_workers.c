@@ -275,11 +275,12 @@ static bool stria__pass_started(stria__cjob_t *j, const Stria__V1__ReportJobRequ
     bool all_arrived = stria__job_arrive(j, req->rank, req->pass, bwd);
     Stria__V1__JobState running = bwd ? S_RUNNING_BACKWARD : S_RUNNING_FORWARD;
     if (j->state != running) {
-        if (bwd && j->forward_done_ms == 0)
-            j->forward_done_ms = stria__coord_wall_ms();
+        if (bwd && j->times.forward_done_ms == 0)
+            j->times.forward_done_ms = stria__coord_wall_ms();
         j->state = running;
-        *(bwd ? &j->backward_started_ms : &j->forward_started_ms) = stria__coord_wall_ms();
-        *(bwd ? &j->backward_done_ms : &j->forward_done_ms) = 0;
+        *(bwd ? &j->times.backward_started_ms : &j->times.forward_started_ms) =
+            stria__coord_wall_ms();
+        *(bwd ? &j->times.backward_done_ms : &j->times.forward_done_ms) = 0;
         for (uint32_t r = 0; r < j->n_ranks; r++)
             *(bwd ? &j->ranks[r].bwd_done : &j->ranks[r].fwd_done) = false;
     }
@@ -299,10 +300,11 @@ static void stria__pass_done(stria_coord_t *co, stria__cjob_t *j, stria__crank_t
     for (uint32_t r = 0; r < j->n_ranks; r++)
         all = all && (bwd ? j->ranks[r].bwd_done : j->ranks[r].fwd_done);
     if (all && j->state == (bwd ? S_RUNNING_BACKWARD : S_RUNNING_FORWARD)) {
-        uint64_t *done_ms = bwd ? &j->backward_done_ms : &j->forward_done_ms;
+        uint64_t *done_ms = bwd ? &j->times.backward_done_ms : &j->times.forward_done_ms;
         j->state = bwd ? S_DONE : S_FORWARD_DONE;
         *done_ms = stria__coord_wall_ms();
-        stria__count_pass(co, bwd, bwd ? j->backward_started_ms : j->forward_started_ms, *done_ms);
+        stria__count_pass(co, bwd, bwd ? j->times.backward_started_ms : j->times.forward_started_ms,
+                          *done_ms);
     }
 }
 
