@@ -335,17 +335,18 @@ static stria_status_t stria__start_worker(stria__main_t *m)
 {
     const stria_worker_config_t *c = &m->cfg;
     stria_worker_params_t p = c->p;
+    p.notify_status = true;
+    p.has_device_index = c->instance >= 0;
+    p.device_index = c->instance >= 0 ? (uint32_t)c->instance : 0;
+    if (p.runtime_dir == NULL && getenv("RUNTIME_DIRECTORY") != NULL &&
+        getenv("RUNTIME_DIRECTORY")[0] != '\0')
+        p.runtime_dir = getenv("RUNTIME_DIRECTORY");
+    /* what main created, for the worker to use (not own) */
     p.token = m->token;
     p.worker_token = m->worker_token;
     p.pool = m->pool;
     p.device = m->dev;
     p.metrics = m->metrics;
-    p.notify_status = true;
-    if (p.runtime_dir == NULL && getenv("RUNTIME_DIRECTORY") != NULL &&
-        getenv("RUNTIME_DIRECTORY")[0] != '\0')
-        p.runtime_dir = getenv("RUNTIME_DIRECTORY");
-    p.has_device_index = c->instance >= 0;
-    p.device_index = c->instance >= 0 ? (uint32_t)c->instance : 0;
     return stria_worker_start(&p, &m->worker);
 }
 

@@ -301,6 +301,9 @@ void stria_worker_stop(stria_worker_t *w)
     stria_ucx_ctx_destroy(w->ucx);
     stria_rpc_client_close(w->coord);
     stria__wpool_stop(w); /* before the device its segments come from */
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->coord_lock);
+    pthread_mutex_destroy(&w->lock);
     if (w->own_dev)
         stria_device_close(w->dev);
     if (w->own_pool)
@@ -310,9 +313,6 @@ void stria_worker_stop(stria_worker_t *w)
     free(w->links);
     free(w->token);
     free(w->worker_token);
-    pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->coord_lock);
-    pthread_mutex_destroy(&w->lock);
     free(w);
 }
 

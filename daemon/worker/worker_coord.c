@@ -237,11 +237,11 @@ static void stria__held_build(stria_worker_t *w, size_t n, const stria_auth_sess
         }
         h->specs[h->n] = hj->spec;
         hj->job_id = j->id;
-        hj->rank = (uint32_t)j->rank;
         hj->phase = j->phase;
         hj->passes = j->passes;
         hj->replaces = j->replaces;
         hj->generation = j->generation;
+        hj->rank = (uint32_t)j->rank;
         hj->job_secret.data = h->sealed[h->n][0];
         hj->job_secret.len = STRIA_AUTH_SEALED_BYTES;
         hj->ring_key.data = h->sealed[h->n][1];

@@ -16,38 +16,11 @@
 
 /* ---- PutInput ---------------------------------------------------------------- */
 
-int stria__input_tensor(Stria__V1__Tensor t)
+int stria__job_tensor(Stria__V1__Tensor t, bool output)
 {
-    switch (t) {
-    case STRIA__V1__TENSOR__TENSOR_Q:
-        return STRIA__T_Q;
-    case STRIA__V1__TENSOR__TENSOR_K:
-        return STRIA__T_K;
-    case STRIA__V1__TENSOR__TENSOR_V:
-        return STRIA__T_V;
-    case STRIA__V1__TENSOR__TENSOR_DO:
-        return STRIA__T_DO;
-    default:
-        return -1;
-    }
-}
-
-static int stria__output_tensor(Stria__V1__Tensor t)
-{
-    switch (t) {
-    case STRIA__V1__TENSOR__TENSOR_O:
-        return STRIA__T_O;
-    case STRIA__V1__TENSOR__TENSOR_LSE:
-        return STRIA__T_LSE;
-    case STRIA__V1__TENSOR__TENSOR_DQ:
-        return STRIA__T_DQ;
-    case STRIA__V1__TENSOR__TENSOR_DK:
-        return STRIA__T_DK;
-    case STRIA__V1__TENSOR__TENSOR_DV:
-        return STRIA__T_DV;
-    default:
-        return -1;
-    }
+    int first = output ? STRIA__V1__TENSOR__TENSOR_O : STRIA__V1__TENSOR__TENSOR_Q;
+    int last = output ? STRIA__V1__TENSOR__TENSOR_DV : STRIA__V1__TENSOR__TENSOR_DO;
+    return (int)t >= first && (int)t <= last ? (int)t - 1 : -1;
 }
 
 /* State of one PutInput call between its payload callback and its handler
@@ -186,7 +159,7 @@ stria_status_t stria__w_on_put_payload(void *ctx, stria_rpc_call_t *call, uint64
     stria_worker_t *w = ctx;
     const Stria__V1__PutInputRequest *req =
         (const Stria__V1__PutInputRequest *)stria_rpc_call_request(call);
-    int t = stria__input_tensor(req->tensor);
+    int t = stria__job_tensor(req->tensor, false);
     stria_status_t st;
 
     if (t < 0)
@@ -223,7 +196,7 @@ void stria__w_on_put(void *ctx, stria_rpc_call_t *call)
         (const Stria__V1__PutInputRequest *)stria_rpc_call_request(call);
     uint64_t len = 0;
     void *payload = stria_rpc_call_payload(call, &len);
-    int t = stria__input_tensor(req->tensor);
+    int t = stria__job_tensor(req->tensor, false);
     stria__put_t *p = stria_rpc_call_cleanup_arg(call);
     stria__wjob_t *j;
 
@@ -288,7 +261,7 @@ void stria__w_on_get(void *ctx, stria_rpc_call_t *call)
     stria_worker_t *w = ctx;
     const Stria__V1__GetOutputRequest *req =
         (const Stria__V1__GetOutputRequest *)stria_rpc_call_request(call);
-    int t = stria__output_tensor(req->tensor);
+    int t = stria__job_tensor(req->tensor, true);
     stria__wjob_t *j;
 
     if (t < 0) {

@@ -53,6 +53,7 @@
 /* Assignments fetched at once for PutInputs of jobs not held yet. */
 #define STRIA__MAX_FETCHES 16
 
+/* A job's tensors: the protocol's numbers (Stria__V1__Tensor) less one. */
 typedef enum {
     STRIA__T_Q = 0,
     STRIA__T_K,
@@ -65,6 +66,11 @@ typedef enum {
     STRIA__T_DV,
     STRIA__T_COUNT,
 } stria__tensor_id_t;
+_Static_assert(STRIA__T_Q == STRIA__V1__TENSOR__TENSOR_Q - 1 &&
+                   STRIA__T_DO == STRIA__V1__TENSOR__TENSOR_DO - 1 &&
+                   STRIA__T_O == STRIA__V1__TENSOR__TENSOR_O - 1 &&
+                   STRIA__T_DV == STRIA__V1__TENSOR__TENSOR_DV - 1,
+               "job tensors follow the protocol's numbering");
 
 /* One job held by this worker (one rank of its ring). Guarded by the worker's
  * lock, except the buffers, which stay allocated while `refs` > 0. */
@@ -228,8 +234,9 @@ struct stria_worker {
 };
 
 /* ---- worker_data.c ---- */
-/* The job tensor of an input (Q, K, V, dO), or -1 for any other. */
-int stria__input_tensor(Stria__V1__Tensor t);
+/* The job tensor of an input (Q, K, V, dO), or, with `output`, of an output
+ * (O, LSE, dQ, dK, dV); -1 for any other. */
+int stria__job_tensor(Stria__V1__Tensor t, bool output);
 
 /* ---- worker_jobs.c ---- */
 stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id);

@@ -122,15 +122,14 @@ static void stria__parked_destroy(stria_link_t *link)
     (void)link;
 }
 
-static const stria_link_ops_t stria__parked_ops = {
-    "parked",
-    stria__parked_post,
-    stria__parked_recv,
-    stria__parked_wait,
-    stria__parked_cancel,
-    stria__parked_abort,
-    stria__parked_destroy,
-};
+/* name, isend, irecv, wait, cancel, abort, destroy */
+static const stria_link_ops_t stria__parked_ops = {"parked",
+                                                   stria__parked_post,
+                                                   stria__parked_recv,
+                                                   stria__parked_wait,
+                                                   stria__parked_cancel,
+                                                   stria__parked_abort,
+                                                   stria__parked_destroy};
 
 void stria__wpass_free(stria__wjob_t *j)
 {

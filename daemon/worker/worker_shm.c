@@ -223,7 +223,7 @@ static stria_status_t stria__shm_commit(stria__shm_conn_t *c, const Stria__V1__S
 {
     stria_worker_t *w = c->srv->w;
     stria__wjob_t *j;
-    int t = stria__input_tensor(req->tensor);
+    int t = stria__job_tensor(req->tensor, false);
     if (!c->attached)
         return stria__shm_reply_error(
             c, stria_error_set(STRIA_ERR_INVALID_ARG, "commit before attach"));
