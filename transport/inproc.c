@@ -168,9 +168,9 @@ stria_status_t stria_inproc_hub_create(int size, stria_inproc_hub_t **hub_out)
     hub = calloc(1, sizeof(*hub));
     if (hub == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_inproc_hub_create: out of memory");
+    pthread_mutex_init(&hub->state_lock, NULL);
     hub->size = size;
     hub->refs = 1;
-    pthread_mutex_init(&hub->state_lock, NULL);
     hub->boxes = calloc((size_t)size, sizeof(*hub->boxes));
     hub->faults = calloc((size_t)size, sizeof(*hub->faults));
     hub->has_link = calloc((size_t)size, sizeof(*hub->has_link));
@@ -462,15 +462,14 @@ static void stria__inproc_destroy(stria_link_t *link)
     stria_inproc_hub_release(hub);
 }
 
-static const stria_link_ops_t stria__inproc_ops = {
-    .name = "inproc",
-    .isend = stria__inproc_isend,
-    .irecv = stria__inproc_irecv,
-    .wait = stria__inproc_wait,
-    .cancel = stria__inproc_cancel,
-    .abort = stria__inproc_abort,
-    .destroy = stria__inproc_destroy,
-};
+/* name, isend, irecv, wait, cancel, abort, destroy */
+static const stria_link_ops_t stria__inproc_ops = {"inproc",
+                                                   stria__inproc_isend,
+                                                   stria__inproc_irecv,
+                                                   stria__inproc_wait,
+                                                   stria__inproc_cancel,
+                                                   stria__inproc_abort,
+                                                   stria__inproc_destroy};
 
 stria_status_t stria_inproc_link_create(stria_inproc_hub_t *hub, int rank, stria_link_t **link_out)
 {

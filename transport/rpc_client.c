@@ -436,10 +436,10 @@ stria_status_t stria_rpc_client_connect(const stria_rpc_client_params_t *p,
     cl = calloc(1, sizeof(*cl));
     if (cl == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "rpc client: out of memory");
-    pthread_mutex_init(&cl->lock, NULL);
     cl->fd = -1;
     cl->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: no abort, waits still work */
     cl->next_id = 1;
+    pthread_mutex_init(&cl->lock, NULL);
     cl->service = p->service;
     cl->address = strdup(p->address);
     cl->token = stria__rpc_strdup_or_null(p->token);
@@ -571,6 +571,16 @@ static size_t stria__cl_request_iov(const stria_rpc_request_t *req, uint8_t *fra
     iov[0].iov_len = flen;
     *iov_out = iov;
     return n;
+}
+
+void stria_rpc_reply_free(stria_rpc_reply_t *reply)
+{
+    if (reply == NULL)
+        return;
+    stria__rpc_arena_destroy(reply->stria__arena);
+    if (reply->stria__payload_owned)
+        free(reply->payload);
+    memset(reply, 0, sizeof(*reply));
 }
 
 /* Reads a reply payload of plen bytes into the request's buffer, its pieces,
@@ -805,14 +815,4 @@ stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *cl, const stria_r
         return first;
     }
     return STRIA_OK;
-}
-
-void stria_rpc_reply_free(stria_rpc_reply_t *reply)
-{
-    if (reply == NULL)
-        return;
-    stria__rpc_arena_destroy(reply->stria__arena);
-    if (reply->stria__payload_owned)
-        free(reply->payload);
-    memset(reply, 0, sizeof(*reply));
 }

@@ -17,12 +17,12 @@ static stria_status_t stria__ucx_post(stria_link_t *base, bool is_send, uint64_t
     stria_link_req_t *req = calloc(1, sizeof(*req));
     if (req == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx link: out of memory for a request");
+    stria__list_init(&req->queue_node);
     req->link = link;
     req->is_send = is_send;
     req->tag = tag;
     req->buf = buf;
     req->len = len;
-    stria__list_init(&req->queue_node);
     if (is_send) {
         stria__ucx_data_hdr_encode(req->hdr, link->out_slot, tag);
     }
@@ -299,15 +299,14 @@ void stria__ucx_link_destroy(stria_link_t *base)
     free(link);
 }
 
-static const stria_link_ops_t stria__ucx_ops = {
-    .name = "ucx",
-    .isend = stria__ucx_isend,
-    .irecv = stria__ucx_irecv,
-    .wait = stria__ucx_wait,
-    .cancel = stria__ucx_cancel,
-    .abort = stria__ucx_abort,
-    .destroy = stria__ucx_link_destroy,
-};
+/* name, isend, irecv, wait, cancel, abort, destroy */
+static const stria_link_ops_t stria__ucx_ops = {"ucx",
+                                                stria__ucx_isend,
+                                                stria__ucx_irecv,
+                                                stria__ucx_wait,
+                                                stria__ucx_cancel,
+                                                stria__ucx_abort,
+                                                stria__ucx_link_destroy};
 
 static stria_status_t stria__connect_check(const stria_ucx_link_params_t *params)
 {

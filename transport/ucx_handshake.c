@@ -272,6 +272,9 @@ void stria__ucx_handle_conn_req(stria_ucx_ctx_t *ctx, ucp_conn_request_h req)
         ctx->held[ctx->n_held++] = req;
         return;
     }
+    stria__ucx_conn_t *conn = why == NULL ? calloc(1, sizeof(*conn)) : NULL;
+    if (why == NULL && conn == NULL)
+        why = "out of memory";
     if (why != NULL) {
         stria_log_warn("ucx link: rejecting a connection from %s (%s)", peer, why);
         if (!stopping) {
@@ -279,11 +282,6 @@ void stria__ucx_handle_conn_req(stria_ucx_ctx_t *ctx, ucp_conn_request_h req)
             ctx->stats.connections_rejected++;
             pthread_mutex_unlock(&ctx->lock);
         }
-        ucp_listener_reject(ctx->listener, req);
-        return;
-    }
-    stria__ucx_conn_t *conn = calloc(1, sizeof(*conn));
-    if (conn == NULL) {
         ucp_listener_reject(ctx->listener, req);
         return;
     }

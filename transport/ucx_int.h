@@ -101,17 +101,19 @@ _Static_assert(1024 - 28 >= STRIA__UCX_CTRL_MAX + 32, "control messages fit a sh
 #define STRIA__UCX_POLL_DEFAULT_US 50
 #define STRIA__UCX_POLL_MAX_US     100000
 
+/* Control message types, numbered from 1 on the wire: append, never reorder
+ * (stria__ucx_ctrl_decode accepts HELLO..PROOF). */
 enum {
     STRIA__CTRL_HELLO = 1,
-    STRIA__CTRL_ACK = 2,
-    STRIA__CTRL_ABORT = 3,
-    STRIA__CTRL_BYE = 4,
-    STRIA__CTRL_PING = 5,
+    STRIA__CTRL_ACK,
+    STRIA__CTRL_ABORT,
+    STRIA__CTRL_BYE,
+    STRIA__CTRL_PING,
     /* With a ring key (stria_ucx_link_params_t.key): HELLO carries the
      * connector's nonce; the acceptor answers CHALLENGE (its nonce and its
      * MAC), the connector PROOF (its MAC), the acceptor ACK. */
-    STRIA__CTRL_CHALLENGE = 6,
-    STRIA__CTRL_PROOF = 7,
+    STRIA__CTRL_CHALLENGE,
+    STRIA__CTRL_PROOF,
 };
 
 /* Which neighbours a failure notice goes to (a mask), or one side. */

@@ -68,12 +68,12 @@ void stria__ucx_link_peer_error_locked(stria__ucx_link_t *link, int side, const 
 {
     if (link->failed || link->settle_at > 0)
         return;
+    link->settle_side = side;
+    link->settle_at = stria_time_now() + STRIA__UCX_SETTLE_S;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(link->settle_msg, sizeof(link->settle_msg), fmt, ap);
     va_end(ap);
-    link->settle_side = side;
-    link->settle_at = stria_time_now() + STRIA__UCX_SETTLE_S;
 }
 
 void stria__ucx_link_up_locked(stria__ucx_link_t *link, int side)
