@@ -487,25 +487,21 @@ stria_status_t stria_bench_local_fwd_bwd(stria_bench_job_t *t, bool causal, int 
 {
     stria_ring_shape_t shape =
         stria_ring_shape_of(t->batch, t->seq, t->heads, t->kv_heads, t->head_dim, t->dtype, causal);
-    stria_ring_local_opts_t ro;
-    memset(&ro, 0, sizeof(ro));
-    ro.layout = STRIA_LAYOUT_STRIPED;
-    ro.n_ranks = ranks;
-    ro.passes = STRIA_RING_PASS_FWD_BWD;
-    ro.threads_per_rank = tpr;
-    stria_ring_local_io_t io;
-    memset(&io, 0, sizeof(io));
-    io.q = t->q;
-    io.k = t->k;
-    io.v = t->v;
-    io.o = t->o;
-    io.o_dtype = t->dtype;
-    io.lse = t->lse;
-    io.d_o = t->g;
-    io.dq = t->dq;
-    io.dk = t->dk;
-    io.dv = t->dv;
-    io.grad_dtype = t->dtype;
+    const stria_ring_local_opts_t ro = {.layout = STRIA_LAYOUT_STRIPED,
+                                        .n_ranks = ranks,
+                                        .passes = STRIA_RING_PASS_FWD_BWD,
+                                        .threads_per_rank = tpr};
+    const stria_ring_local_io_t io = {.q = t->q,
+                                      .k = t->k,
+                                      .v = t->v,
+                                      .o = t->o,
+                                      .o_dtype = t->dtype,
+                                      .lse = t->lse,
+                                      .d_o = t->g,
+                                      .dq = t->dq,
+                                      .dk = t->dk,
+                                      .dv = t->dv,
+                                      .grad_dtype = t->dtype};
     stria_ring_local_stats_t ls;
     memset(&ls, 0, sizeof(ls));
     double t0 = stria_time_now();

@@ -64,6 +64,14 @@
 extern "C" {
 #endif
 
+/* The ABI of this header; a library of another ABI cannot be used with it.
+ * Bumped when a function or a field changes meaning or place (adding fields
+ * at the end of a struct does not bump it). */
+#define STRIA_CLIENT_ABI_VERSION 1
+
+/* The ABI version of the library actually loaded. */
+unsigned stria_client_abi_version(void);
+
 typedef struct stria_client stria_client_t;
 typedef struct stria_job stria_job_t;
 
@@ -79,14 +87,6 @@ typedef enum {
     STRIA_TENSOR_DK = 8,
     STRIA_TENSOR_DV = 9,
 } stria_tensor_id_t;
-
-/* The ABI of this header; a library of another ABI cannot be used with it.
- * Bumped when a function or a field changes meaning or place (adding fields
- * at the end of a struct does not bump it). */
-#define STRIA_CLIENT_ABI_VERSION 1
-
-/* The ABI version of the library actually loaded. */
-unsigned stria_client_abi_version(void);
 
 /* How tensors move between the library and the workers. */
 typedef enum {

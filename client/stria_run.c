@@ -709,25 +709,25 @@ static void stria__submit_free(stria__submit_out_t *s)
 static void stria__submit_spec(const stria__run_opts_t *o, const stria__run_data_t *d,
                                stria_job_spec_t *spec)
 {
-    memset(spec, 0, sizeof(*spec));
-    spec->struct_size = sizeof(*spec);
-    spec->batch = d->B;
-    spec->seq_len = d->T;
-    spec->heads = d->H;
-    spec->kv_heads = d->Hkv;
-    spec->head_dim = d->D;
-    spec->dtype = d->dtype;
-    spec->causal = o->causal;
-    spec->layout = o->layout;
-    spec->ring_size = (int)o->ranks;
-    spec->scale = (float)o->scale;
-    spec->step_timeout_s = o->step_timeout_s;
-    spec->label = o->label;
-    spec->cu_seqlens = o->cu_seqlens.v;
-    spec->n_cu_seqlens = o->cu_seqlens.n;
-    spec->has_window = o->window.n == 2;
-    spec->window_left = spec->has_window ? o->window.v[0] : 0;
-    spec->window_right = spec->has_window ? o->window.v[1] : 0;
+    bool window = o->window.n == 2;
+    *spec = (stria_job_spec_t){.struct_size = sizeof(*spec),
+                               .batch = d->B,
+                               .seq_len = d->T,
+                               .heads = d->H,
+                               .kv_heads = d->Hkv,
+                               .head_dim = d->D,
+                               .dtype = d->dtype,
+                               .causal = o->causal,
+                               .layout = o->layout,
+                               .ring_size = (int)o->ranks,
+                               .scale = (float)o->scale,
+                               .step_timeout_s = o->step_timeout_s,
+                               .label = o->label,
+                               .cu_seqlens = o->cu_seqlens.v,
+                               .n_cu_seqlens = o->cu_seqlens.n,
+                               .has_window = window,
+                               .window_left = window ? o->window.v[0] : 0,
+                               .window_right = window ? o->window.v[1] : 0};
 }
 
 /* What a submitted job did. */

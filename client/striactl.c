@@ -458,10 +458,10 @@ static int cmd_jobs(ctl_t *c, bool all)
     if (st != STRIA_OK)
         return fail(st);
     const Stria__V1__ListJobsReply *r = (const Stria__V1__ListJobsReply *)reply.msg;
-    if (c->json) {
-        JSON_ARRAY("jobs", r->jobs, r->n_jobs, json_job);
-    } else if (r->n_jobs == 0) {
+    if (r->n_jobs == 0 && !c->json) {
         printf(all ? "(no jobs)\n" : "(no active or queued jobs; --all lists finished ones)\n");
+    } else if (c->json) {
+        JSON_ARRAY("jobs", r->jobs, r->n_jobs, json_job);
     } else {
         table_t t = {.ncols = 8};
         const char *head[] = {"JOB",   "STATE",  "RANKS", "SEQ",

@@ -531,9 +531,9 @@ typedef struct stria_metrics stria_metrics_t;
 typedef struct stria_metric stria_metric_t;
 
 typedef enum {
-    STRIA_METRIC_COUNTER = 0,
-    STRIA_METRIC_GAUGE = 1,
-    STRIA_METRIC_HISTOGRAM = 2,
+    STRIA_METRIC_COUNTER,
+    STRIA_METRIC_GAUGE,
+    STRIA_METRIC_HISTOGRAM,
 } stria_metric_kind_t;
 
 /* A registry; thread-safe. Free with stria_metrics_destroy(). */

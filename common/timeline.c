@@ -56,6 +56,18 @@ static void stria__tl_panel_free(stria__tl_panel_t *p)
     free(p->spans);
 }
 
+void stria_timeline_destroy(stria_timeline_t *tl)
+{
+    if (tl == NULL)
+        return;
+    for (int i = 0; i < tl->n_panels; i++)
+        stria__tl_panel_free(&tl->panels[i]);
+    free(tl->panels);
+    free(tl->title);
+    free(tl->subtitle);
+    free(tl);
+}
+
 stria_status_t stria_timeline_create(const char *title, const char *subtitle,
                                      stria_timeline_t **out)
 {
@@ -69,18 +81,6 @@ stria_status_t stria_timeline_create(const char *title, const char *subtitle,
     }
     *out = tl;
     return STRIA_OK;
-}
-
-void stria_timeline_destroy(stria_timeline_t *tl)
-{
-    if (tl == NULL)
-        return;
-    for (int i = 0; i < tl->n_panels; i++)
-        stria__tl_panel_free(&tl->panels[i]);
-    free(tl->panels);
-    free(tl->title);
-    free(tl->subtitle);
-    free(tl);
 }
 
 stria_status_t stria_timeline_panel(stria_timeline_t *tl, const char *name, const char *note,

@@ -145,6 +145,10 @@ static stria_status_t stria__coord_credentials(stria__coord_config_t *c, const s
 static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c, stria_cli_t *cli,
                                 stria__coord_creds_t *cr)
 {
+    stria_command_t cmd = {.name = "stria-coordinator",
+                           .description = stria__coord_description,
+                           .epilog = stria__coord_epilog,
+                           .config = true};
     const stria_option_t opts[] = {
         STRIA_OPTION("listen", ADDR, &c->listen, "HOST:PORT",
                      "RPC address (port 0 picks a free port)", .dflt = "127.0.0.1:7400"),
@@ -185,11 +189,7 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
                               "credential of the workers: register, heartbeat, report"),
         {.name = NULL},
     };
-    const stria_command_t cmd = {.name = "stria-coordinator",
-                                 .description = stria__coord_description,
-                                 .epilog = stria__coord_epilog,
-                                 .options = opts,
-                                 .config = true};
+    cmd.options = opts;
     int rc = stria_cli_main(&cmd, argc, argv, cli);
     if (rc >= 0)
         return rc;
