@@ -277,7 +277,7 @@ stria_status_t stria_client_connect(const stria_client_params_t *params,
 err:
     stria_rpc_client_close(c->coord);
     free(c->coordinator);
-    free(c->token);
+    stria_auth_free_secret(c->token);
     free(c->client_name);
     free(c);
     return st;
@@ -291,7 +291,7 @@ void stria_client_close(stria_client_t *client)
         stria_client_release(client->jobs);
     stria_rpc_client_close(client->coord);
     free(client->coordinator);
-    free(client->token);
+    stria_auth_free_secret(client->token);
     free(client->client_name);
     free(client);
 }

@@ -660,24 +660,6 @@ static bool stria__compare(const char *name, const float *a, const float *b, siz
     return ok;
 }
 
-/* The first line of a token file. */
-static stria_status_t stria__read_token(const char *path, char **token)
-{
-    FILE *f = fopen(path, "r");
-    char line[4200];
-    stria_status_t st = STRIA_OK;
-    if (f == NULL || fgets(line, sizeof(line), f) == NULL) {
-        st = stria_error_set(STRIA_ERR_IO, "%s: cannot read the token: %s", path,
-                             f ? "empty file" : strerror(errno));
-    } else {
-        line[strcspn(line, "\r\n")] = '\0';
-        *token = strdup(line);
-    }
-    if (f)
-        fclose(f);
-    return st;
-}
-
 /* The outputs as the service returns them, in the job's dtype. */
 typedef struct {
     size_t nq, nk;
@@ -859,8 +841,6 @@ static int stria__cmd_submit(const stria__run_opts_t *o)
     stria_client_t *client = NULL;
     stria__submit_stats_t r = {.fs = STRIA_CALL_STATS_INIT, .bs = STRIA_CALL_STATS_INIT};
     stria_client_params_t cp;
-    char *token = NULL;
-
     memset(&d, 0, sizeof(d));
     stria_status_t st = stria__load_inputs(o, &d);
     if (st == STRIA_OK && stria__run_check_masks(o, "submit", d.T) >= 0) {
@@ -869,12 +849,11 @@ static int stria__cmd_submit(const stria__run_opts_t *o)
     }
     if (st == STRIA_OK)
         st = stria__alloc_outputs(&d, o->do_path != NULL);
-    if (st == STRIA_OK && o->token_file != NULL && o->token_file[0] != '\0')
-        st = stria__read_token(o->token_file, &token);
     memset(&cp, 0, sizeof(cp));
     cp.struct_size = sizeof(cp);
     cp.coordinator = o->coordinator;
-    cp.token = token;
+    /* read by the library, with the daemons' rules */
+    cp.token_file = o->token_file != NULL && o->token_file[0] != '\0' ? o->token_file : NULL;
     cp.client_name = "stria-run";
     cp.data_path = o->path;
     cp.forward_retries = o->retries > 0 ? (int)o->retries : -1;
@@ -889,7 +868,6 @@ static int stria__cmd_submit(const stria__run_opts_t *o)
     if (st == STRIA_OK && o->check)
         st = stria__submit_check(o, &d);
     stria_client_close(client);
-    free(token);
     stria__free_data(&d);
     if (st != STRIA_OK) {
         fprintf(stderr, "stria-run: %s\n%s\n",

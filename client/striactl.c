@@ -855,7 +855,7 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
     if (st != STRIA_OK) {
         if (st != STRIA_ERR_AUTH)
             stria_error_wrap(st, "cannot reach the coordinator at %s", c->coordinator);
-        free(c->token);
+        stria_auth_free_secret(c->token);
         return fail(st == STRIA_ERR_AUTH ? st : STRIA_ERR_IO);
     }
     int rc;
@@ -872,7 +872,7 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
     else
         rc = cmd_cancel(c, id, reason);
     stria_rpc_client_close(c->rpc);
-    free(c->token);
+    stria_auth_free_secret(c->token);
     return rc;
 }
 

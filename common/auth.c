@@ -274,3 +274,11 @@ void stria_auth_wipe(void *p, size_t n)
 {
     OPENSSL_cleanse(p, n);
 }
+
+void stria_auth_free_secret(char *s)
+{
+    if (s == NULL)
+        return;
+    stria_auth_wipe(s, strlen(s));
+    free(s);
+}

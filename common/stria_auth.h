@@ -59,6 +59,10 @@ bool stria_auth_equal(const void *a, const void *b, size_t n);
  * on the stack). */
 void stria_auth_wipe(void *p, size_t n);
 
+/* Wipes a credential string (stria_auth_wipe over its length) and frees it;
+ * NULL is fine. */
+void stria_auth_free_secret(char *s);
+
 /* A fresh credential: STRIA_AUTH_TOKEN_CHARS hexadecimal characters and a
  * NUL. */
 stria_status_t stria_auth_token_generate(char out[STRIA_AUTH_TOKEN_CHARS + 1]);

@@ -471,7 +471,7 @@ void stria_rpc_client_close(stria_rpc_client_t *cl)
     free(cl->address);
     if (cl->token != NULL)
         memset(cl->token, 0, strlen(cl->token));
-    free(cl->token);
+    stria_auth_free_secret(cl->token);
     free(cl->name);
     pthread_mutex_destroy(&cl->lock);
     free(cl);

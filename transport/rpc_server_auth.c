@@ -42,8 +42,7 @@ void stria__rpc_server_tokens_free(stria_rpc_server_t *srv)
 {
     for (int i = 0; i < STRIA__RPC_N_ROLES; i++) {
         if (srv->tokens[i] != NULL) {
-            memset(srv->tokens[i], 0, strlen(srv->tokens[i]));
-            free(srv->tokens[i]);
+            stria_auth_free_secret(srv->tokens[i]);
             srv->tokens[i] = NULL;
         }
     }

@@ -300,9 +300,9 @@ stop_coord:
 free_metrics:
     stria_metrics_destroy(metrics);
 free_opts:
-    free(cr.client);
-    free(cr.worker);
-    free(cr.admin);
+    stria_auth_free_secret(cr.client);
+    stria_auth_free_secret(cr.worker);
+    stria_auth_free_secret(cr.admin);
     stria_cli_free(&cli);
     return rc;
 }

@@ -399,8 +399,8 @@ static int stria__main_free(stria__main_t *m, int rc)
     stria_pool_destroy(m->pool);
     stria_metrics_destroy(m->metrics);
     stria_cli_free(&m->cli);
-    free(m->token);
-    free(m->worker_token);
+    stria_auth_free_secret(m->token);
+    stria_auth_free_secret(m->worker_token);
     free(m);
     return rc;
 }

@@ -311,8 +311,8 @@ void stria_worker_stop(stria_worker_t *w)
     if (w->own_metrics)
         stria_metrics_destroy(w->metrics);
     free(w->links);
-    free(w->token);
-    free(w->worker_token);
+    stria_auth_free_secret(w->token);
+    stria_auth_free_secret(w->worker_token);
     free(w);
 }
 

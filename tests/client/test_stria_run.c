@@ -162,6 +162,47 @@ Test(stria_run, bad_documents_and_windows_are_refused, .init = setup, .fini = te
               slurp("stderr"));
 }
 
+/* submit's --token-file is read with the daemons' rules (by the library,
+ * before any connection): a missing, empty or blank file is named. */
+Test(stria_run, a_bad_token_file_is_named_before_connecting, .init = setup, .fini = teardown)
+{
+    static float x[1 * 8 * 2 * 16];
+    static const struct {
+        const char *file, *content, *want;
+    } cases[] = {
+        {"missing", NULL, "No such file"},
+        {"empty", "", "the token is empty"},
+        {"blank", "  \t \nsecond-line\n", "the token is empty"},
+        {"control",
+         "abc\x01"
+         "def\n",
+         "non-printable character"},
+    };
+    char args[2048], path[512];
+    write_arr("q.npy", 1, 8, 2, 16, x);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, cases[i].file);
+        if (cases[i].content != NULL) {
+            FILE *f = fopen(path, "w");
+            cr_assert_not_null(f);
+            fputs(cases[i].content, f);
+            fclose(f);
+        }
+        snprintf(args, sizeof(args),
+                 "submit --coordinator 127.0.0.1:1 --token-file %s --q %s/q.npy --k %s/q.npy "
+                 "--v %s/q.npy --out %s/o",
+                 path, dir, dir, dir, dir);
+        cr_expect_neq(run(args), 0, "%s", cases[i].file);
+        char want[600];
+        snprintf(want, sizeof(want), "token file '%s'", path);
+        const char *err = slurp("stderr");
+        cr_expect(strstr(err, want) != NULL && strstr(err, cases[i].want) != NULL, "%s: %s",
+                  cases[i].file, err);
+        cr_expect(strstr(err, "127.0.0.1:1") == NULL, "%s: tried to connect: %s", cases[i].file,
+                  err);
+    }
+}
+
 Test(stria_run, fp32_causal_gqa_matches_reference, .init = setup, .fini = teardown)
 {
     run_and_check(true, "", STRIA_DTYPE_F32, 1e-5);
