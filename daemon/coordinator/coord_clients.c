@@ -72,8 +72,8 @@ stria_status_t stria__job_new_keys(stria_coord_t *co, stria__cjob_t *j, bool kee
 
 /* The placement of a job's ranks (their strings copied); false when out of
  * memory. */
-static bool stria__job_add_sharded(stria__cjob_t *j, const Stria__V1__JobSpec *s,
-                                   const bool *fallback)
+static bool stria__job_add_placement(stria__cjob_t *j, const Stria__V1__JobSpec *s,
+                                     const bool *fallback)
 {
     j->placed = s->n_placement > 0;
     for (uint32_t r = 0; r < j->n_ranks && j->placed; r++) {
@@ -124,7 +124,7 @@ stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
     }
     if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks) ||
         (keys == NULL && stria__job_new_keys(co, j, false) != STRIA_OK) ||
-        !stria__job_add_sharded(j, s, fallback) ||
+        !stria__job_add_placement(j, s, fallback) ||
         stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
         stria__job_add_undo(j);
         return NULL;
