@@ -12,12 +12,26 @@
 #include <string.h>
 #include <sys/mman.h>
 
-/* Tag = pass id (32 bits) | call number mod 256 (8) | step (16) | kind (8):
- * a message of another pass, call, step or kind can never match. */
+/* Tag = call id (40 bits) | step (16) | kind (8): a message of another call,
+ * step or kind can never match. The call id is the caller's (a session's
+ * call number, stria_ring_pass_set_call()) or pass id (32 bits) | call
+ * number on the link mod 256 (8). */
 uint64_t stria__tag(const stria_ring_pass_t *p, int step, int kind)
 {
-    return ((uint64_t)p->pass_id << 32) | ((uint64_t)(p->call & 0xffu) << 24) |
-           ((uint64_t)(unsigned)step << 8) | (uint64_t)kind;
+    return ((p->call_id & STRIA_RING_CALL_ID_MASK) << 24) | ((uint64_t)(unsigned)step << 8) |
+           (uint64_t)kind;
+}
+
+stria_status_t stria_ring_pass_set_call(stria_ring_pass_t *pass, uint64_t call_id)
+{
+    if (pass == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_ring_pass_set_call: NULL pass");
+    if (atomic_load(&pass->running))
+        return stria_error_set(
+            STRIA_ERR_BUSY, "stria_ring_pass_set_call: a pass of rank %d is running", pass->rank);
+    pass->next_call_id = call_id;
+    pass->has_next_call_id = true;
+    return STRIA_OK;
 }
 
 /* ---- creation ------------------------------------------------------------ */
@@ -414,6 +428,9 @@ static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, 
     c->steps = steps;
     p->steps_run = steps;
     p->call = p->calls++;
+    p->call_id = p->has_next_call_id ? p->next_call_id
+                                     : ((uint64_t)p->pass_id << 8) | (uint64_t)(p->call & 0xffu);
+    p->has_next_call_id = false;
     p->t_start = stria_time_now();
     if ((st = stria__check_view(q, fn, "q", true, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(k, fn, "k", true, p->shape.dtype)) != STRIA_OK ||

@@ -21,7 +21,11 @@ struct stria_ring_pass {
     double timeout_s;
     uint32_t pass_id;
     uint32_t calls; /* fwd/bwd calls on the current link so far */
-    uint32_t call;  /* number of the running call: part of every tag */
+    uint32_t call;  /* number of the running call on the link */
+    /* the running call's id, the high 40 bits of every tag: the caller's
+     * (next_call_id, when set for the call) or pass_id and call */
+    uint64_t call_id, next_call_id;
+    bool has_next_call_id;
     double t_start; /* start of the running call, for deadlines */
     int rank, n;
     /* Set while stria_ring_fwd()/bwd() runs: stria_ring_pass_set_link()

@@ -249,6 +249,17 @@ void stria_ring_pass_destroy(stria_ring_pass_t *pass);
  * another thread). */
 stria_status_t stria_ring_pass_set_link(stria_ring_pass_t *pass, stria_link_t *link);
 
+/* Sets the id of the object's next stria_ring_fwd()/bwd() call: the high 40
+ * bits of every tag of its messages (STRIA_RING_CALL_ID_MASK of call_id), in
+ * place of the pass id and the call's number on the link. For callers that
+ * run many calls on one link with several pass objects (a session's calls
+ * of different shapes): every rank must give a call the same id, and two
+ * calls on one link must not share one. Only for the next call; later calls
+ * go back to the default unless set again. STRIA_ERR_BUSY while a call
+ * runs. */
+#define STRIA_RING_CALL_ID_MASK ((UINT64_C(1) << 40) - 1)
+stria_status_t stria_ring_pass_set_call(stria_ring_pass_t *pass, uint64_t call_id);
+
 /* The layout of the pass: shard_tokens (L below) and the padding. */
 const stria_layout_t *stria_ring_pass_layout(const stria_ring_pass_t *pass);
 
