@@ -816,3 +816,41 @@ stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *cl, const stria_r
     }
     return STRIA_OK;
 }
+
+stria_status_t stria_rpc_client_send(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                     stria_rpc_pending_t *pending_out)
+{
+    uint64_t len, id = 0;
+    stria_status_t st;
+    if (cl == NULL || pending_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc send: NULL argument");
+    if ((st = stria__cl_check(cl, req, &len)) != STRIA_OK)
+        return st;
+    double deadline = req->timeout_s > 0 ? stria_time_now() + req->timeout_s : 0.0;
+    pthread_mutex_lock(&cl->lock);
+    st = stria__cl_send_request(cl, req, len, deadline, &id);
+    pthread_mutex_unlock(&cl->lock);
+    if (st != STRIA_OK)
+        return st;
+    pending_out->request_id = id;
+    pending_out->deadline = deadline;
+    return STRIA_OK;
+}
+
+stria_status_t stria_rpc_client_recv(stria_rpc_client_t *cl, const stria_rpc_request_t *req,
+                                     const stria_rpc_pending_t *pending,
+                                     stria_rpc_reply_t *reply_out)
+{
+    if (cl == NULL || req == NULL || pending == NULL || reply_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "rpc receive: NULL argument");
+    memset(reply_out, 0, sizeof(*reply_out));
+    pthread_mutex_lock(&cl->lock);
+    stria_status_t st;
+    if (cl->fd < 0)
+        st = stria_error_set(STRIA_ERR_CLOSED, "%s: the connection closed before the reply",
+                             cl->service->methods[req->method].name);
+    else
+        st = stria__cl_recv_reply(cl, req, pending->request_id, pending->deadline, reply_out);
+    pthread_mutex_unlock(&cl->lock);
+    return st;
+}

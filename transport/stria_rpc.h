@@ -398,6 +398,24 @@ stria_status_t stria_rpc_client_call_batch(stria_rpc_client_t *client,
                                            const stria_rpc_request_t *reqs, size_t n,
                                            stria_rpc_reply_t *replies);
 
+/* A call in two halves, for a caller that keeps several connections busy
+ * from one thread (a session's call goes to every rank's worker before any
+ * reply is read): stria_rpc_client_send() sends the request (and its
+ * payload) and returns; stria_rpc_client_recv() reads its reply, with the
+ * same request (its method and reply buffers) and what the send returned.
+ * Between the two, no other call may run on the client (the caller
+ * serialises); the deadline is the request's, counted from the send. A send
+ * that failed needs no receive. Errors as stria_rpc_client_call(). */
+typedef struct {
+    uint64_t request_id;
+    double deadline; /* stria_time_now(); 0: none */
+} stria_rpc_pending_t;
+stria_status_t stria_rpc_client_send(stria_rpc_client_t *client, const stria_rpc_request_t *req,
+                                     stria_rpc_pending_t *pending_out);
+stria_status_t stria_rpc_client_recv(stria_rpc_client_t *client, const stria_rpc_request_t *req,
+                                     const stria_rpc_pending_t *pending,
+                                     stria_rpc_reply_t *reply_out);
+
 /* Frees the reply message and an allocated payload; safe on a zeroed reply. */
 void stria_rpc_reply_free(stria_rpc_reply_t *reply);
 
