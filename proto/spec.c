@@ -1,5 +1,6 @@
 #include "stria_spec.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,4 +24,124 @@ void stria_job_masks_free(stria_job_masks_t *m)
 {
     free(m->cu_seqlens);
     memset(m, 0, sizeof(*m));
+}
+
+/* ---- a session call's shape --------------------------------------------- */
+
+stria_status_t stria_call_shape_check(const stria_call_shape_t *c, const stria_call_bounds_t *b)
+{
+    const int64_t *cu = c->cu_seqlens;
+    size_t n = c->n_cu_seqlens;
+    int64_t chunks = b->layout == STRIA_LAYOUT_ZIGZAG ? 2 * (int64_t)b->n_ranks : b->n_ranks;
+    if (c->batch < 1 || c->batch > b->max_batch)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call batch must be 1..%lld, the session's max_batch (got %lld)",
+                               (long long)b->max_batch, (long long)c->batch);
+    if (c->seq_len < chunks)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call seq_len must be at least %lld on a ring of %d (%s) (got %lld)",
+                               (long long)chunks, b->n_ranks,
+                               stria_layout_kind_name((stria_layout_kind_t)b->layout),
+                               (long long)c->seq_len);
+    if (c->seq_len > b->max_batch * b->max_seq_len / c->batch)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call batch x seq_len (%lld x %lld) exceeds the session's bound "
+                               "max_batch x max_seq_len (%lld x %lld)",
+                               (long long)c->batch, (long long)c->seq_len, (long long)b->max_batch,
+                               (long long)b->max_seq_len);
+    if (!isfinite(c->scale) || c->scale < 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call scale must be finite and >= 0 (0: 1/sqrt(head_dim)) (got %g)",
+                               (double)c->scale);
+    if (n > STRIA_CALL_MAX_CU_SEQLENS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call cu_seqlens has %zu entries, more than the limit of %d", n,
+                               STRIA_CALL_MAX_CU_SEQLENS);
+    if (n > 0 && cu == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "call cu_seqlens is NULL with %zu entries",
+                               n);
+    if (n == 1 || (n > 0 && (cu[0] != 0 || cu[n - 1] != c->seq_len)))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call cu_seqlens must start at 0 and end at seq_len (%lld) (got "
+                               "%zu entries, %lld .. %lld)",
+                               (long long)c->seq_len, n, (long long)cu[0], (long long)cu[n - 1]);
+    for (size_t i = 1; i < n; i++)
+        if (cu[i] < cu[i - 1])
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "call cu_seqlens must not decrease (entry %zu is %lld after "
+                                   "%lld)",
+                                   i, (long long)cu[i], (long long)cu[i - 1]);
+    if (!c->has_window && (c->window_left != 0 || c->window_right != 0))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call window_left/window_right are set but has_window is false");
+    if (c->has_window && (c->window_left < -1 || c->window_right < -1))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call window bounds must be >= -1 (-1: unbounded) (got %lld, %lld)",
+                               (long long)c->window_left, (long long)c->window_right);
+    if (c->has_window && c->causal && c->window_right > 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call window_right must be 0 or -1 with causal attention (got %lld)",
+                               (long long)c->window_right);
+    return STRIA_OK;
+}
+
+void stria_call_shape_to_pb(const stria_call_shape_t *c, Stria__V1__CallShape *pb,
+                            Stria__V1__JobSpec__Window *win)
+{
+    stria__v1__call_shape__init(pb);
+    stria__v1__job_spec__window__init(win);
+    pb->batch = (uint32_t)c->batch;
+    pb->seq_len = (uint64_t)c->seq_len;
+    pb->causal = c->causal;
+    pb->scale = c->scale;
+    pb->n_cu_seqlens = c->n_cu_seqlens;
+    pb->cu_seqlens = (int64_t *)c->cu_seqlens;
+    if (c->has_window) {
+        win->left = c->window_left;
+        win->right = c->window_right;
+        pb->window = win;
+    }
+}
+
+void stria_call_shape_from_pb(const Stria__V1__CallShape *pb, stria_call_shape_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->batch = pb->batch;
+    c->seq_len = pb->seq_len > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)pb->seq_len;
+    c->causal = pb->causal;
+    c->scale = pb->scale;
+    c->cu_seqlens = pb->cu_seqlens;
+    c->n_cu_seqlens = pb->n_cu_seqlens;
+    c->has_window = pb->window != NULL;
+    c->window_left = pb->window != NULL ? pb->window->left : 0;
+    c->window_right = pb->window != NULL ? pb->window->right : 0;
+}
+
+/* FNV-1a over the fields, in a fixed order and width. */
+static uint64_t stria__fnv(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xffu;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward)
+{
+    uint32_t scale_bits;
+    memcpy(&scale_bits, &c->scale, sizeof(scale_bits));
+    uint64_t h = 14695981039346656037ull;
+    h = stria__fnv(h, call);
+    h = stria__fnv(h, backward);
+    h = stria__fnv(h, (uint64_t)c->batch);
+    h = stria__fnv(h, (uint64_t)c->seq_len);
+    h = stria__fnv(h, c->causal);
+    h = stria__fnv(h, scale_bits);
+    h = stria__fnv(h, c->n_cu_seqlens);
+    for (size_t i = 0; i < c->n_cu_seqlens; i++)
+        h = stria__fnv(h, (uint64_t)c->cu_seqlens[i]);
+    h = stria__fnv(h, c->has_window);
+    h = stria__fnv(h, (uint64_t)c->window_left);
+    return stria__fnv(h, (uint64_t)c->window_right);
 }

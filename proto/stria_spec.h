@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "stria.pb-c.h"
+#include "stria_common.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,6 +29,44 @@ typedef struct {
 bool stria_job_masks_copy(const Stria__V1__JobSpec *s, stria_job_masks_t *m);
 /* Frees what stria_job_masks_copy() allocated and zeroes *m. */
 void stria_job_masks_free(stria_job_masks_t *m);
+
+/* ---- a session call's shape ----------------------------------------------
+ *
+ * One record of what a call computes, checked by one function at each door
+ * (libstria before it sends, the worker before it reads the payload) and
+ * converted to and from the protocol's CallShape by one pair of functions.
+ */
+#define STRIA_CALL_MAX_CU_SEQLENS 65536
+
+typedef struct {
+    int64_t batch;
+    int64_t seq_len; /* global tokens */
+    bool causal;
+    float scale;               /* 0: 1/sqrt(head_dim) */
+    const int64_t *cu_seqlens; /* borrowed */
+    size_t n_cu_seqlens;
+    bool has_window;
+    int64_t window_left, window_right;
+} stria_call_shape_t;
+
+/* What a session fixes that a call is checked against. */
+typedef struct {
+    int64_t max_batch, max_seq_len; /* a call's batch <= max_batch, batch * seq_len <= product */
+    int n_ranks;
+    int layout; /* stria_layout_kind_t */
+} stria_call_bounds_t;
+
+/* Checks a call against a session's bounds: STRIA_ERR_INVALID_ARG with a
+ * message naming the field or the bound. */
+stria_status_t stria_call_shape_check(const stria_call_shape_t *c, const stria_call_bounds_t *b);
+/* The protocol's form: pb and win are filled (win used when the call has a
+ * window); the documents are borrowed from c. */
+void stria_call_shape_to_pb(const stria_call_shape_t *c, Stria__V1__CallShape *pb,
+                            Stria__V1__JobSpec__Window *win);
+/* The C record of a decoded message (documents borrowed from it). */
+void stria_call_shape_from_pb(const Stria__V1__CallShape *pb, stria_call_shape_t *c);
+/* A digest of a call (its shape, number and direction) that ranks compare. */
+uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward);
 
 #ifdef __cplusplus
 }
