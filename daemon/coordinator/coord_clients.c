@@ -145,7 +145,10 @@ stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
     j->spec.layout = (Stria__V1__Layout)layout->kind; /* auto resolved */
     j->spec.ring_size = n;
     j->spec.scale = s->scale > 0 ? s->scale : (float)(1.0 / sqrt((double)s->head_dim));
-    j->spec.ttl_s = s->ttl_s ? s->ttl_s : (uint32_t)ceil(co->job_ttl_s);
+    /* a session's TTL is its idle deadline, kept by its workers' heartbeats */
+    j->spec.ttl_s = s->ttl_s     ? s->ttl_s
+                    : s->session ? STRIA__DEFAULT_SESSION_IDLE_S
+                                 : (uint32_t)ceil(co->job_ttl_s);
     if (s->arrival_timeout_s <= 0)
         j->spec.arrival_timeout_s = STRIA__DEFAULT_ARRIVAL_S;
     snprintf(j->label, sizeof(j->label), "%s", s->label);

@@ -9,11 +9,13 @@
 #include "stria_coordinator.h"
 #include "stria_rpc.h"
 
-#define STRIA__COORD_STR         256          /* longest host, device, address or version string */
-#define STRIA__MAX_WORKER_ID     (1ull << 48) /* a larger previous id is not taken back */
-#define STRIA__DEAD_PERIODS      3
-#define STRIA__DEFAULT_ARRIVAL_S 60.0 /* a sharded job's arrival timeout by default */
-#define STRIA__SUBMIT_KEY_BYTES  16   /* SubmitJobRequest.submit_key */
+#define STRIA__COORD_STR     256          /* longest host, device, address or version string */
+#define STRIA__MAX_WORKER_ID (1ull << 48) /* a larger previous id is not taken back */
+#define STRIA__DEAD_PERIODS  3
+/* A session's idle deadline when its spec names none (JobSpec.ttl_s). */
+#define STRIA__DEFAULT_SESSION_IDLE_S 60u
+#define STRIA__DEFAULT_ARRIVAL_S      60.0 /* a sharded job's arrival timeout by default */
+#define STRIA__SUBMIT_KEY_BYTES       16   /* SubmitJobRequest.submit_key */
 /* The largest message of a request other than SubmitJob and Heartbeat. */
 #define STRIA__COORD_SMALL_REQUEST (64u << 10)
 

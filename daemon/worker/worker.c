@@ -212,6 +212,9 @@ static stria_status_t stria__serve(stria_worker_t *w, const stria_worker_params_
         STRIA_RPC_SERVE(WORKER_RUN_BACKWARD, .handler = stria__w_on_backward),
         STRIA_RPC_SERVE(WORKER_GET_OUTPUT, .handler = stria__w_on_get),
         STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = stria__w_on_drop),
+        STRIA_RPC_SERVE(WORKER_OPEN_SESSION, .handler = stria__w_on_open_session),
+        STRIA_RPC_SERVE(WORKER_SESSION_CALL, .handler = stria__w_on_call,
+                        .payload = stria__w_on_call_payload),
     };
     stria_rpc_server_params_t sp;
     stria_status_t st;
@@ -292,6 +295,8 @@ void stria_worker_stop(stria_worker_t *w)
     pthread_mutex_lock(&w->lock);
     while (w->jobs != NULL)
         stria__wjob_drop_locked(w, w->jobs);
+    while (w->session_threads > 0) /* they use the link factory to the end */
+        pthread_cond_wait(&w->cv, &w->lock);
     while (w->fails != NULL) { /* not reported: the worker left */
         stria__wfail_t *f = w->fails;
         w->fails = f->next;

@@ -74,6 +74,10 @@ static stria_status_t stria__put_buffer(stria__put_t *p, void **buf_out)
     stria_status_t st = stria_rpc_call_check_job(p->call, &j->secret, j->id);
     if (st != STRIA_OK)
         return st;
+    if (j->session)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job %llu is a session: its inputs come with each SessionCall",
+                               (unsigned long long)j->id);
     uint64_t total = stria__wjob_compact_bytes(j, p->tensor);
     if (p->total != total || p->offset > total || p->len > total - p->offset)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -273,6 +277,13 @@ void stria__w_on_get(void *ctx, stria_rpc_call_t *call)
     if (st != STRIA_OK) {
         stria_rpc_call_fail(call, st == STRIA_ERR_AUTH ? st : STRIA_ERR_NOT_FOUND, "%s",
                             stria_error_msg());
+        return;
+    }
+    if (j->session) {
+        stria__wjob_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "job %llu is a session: its outputs come with each SessionCall's reply",
+                            (unsigned long long)req->job_id);
         return;
     }
     pthread_mutex_lock(&w->lock);

@@ -4,6 +4,7 @@
  *   worker_pool.c    the memory pools: admission, tensors, figures
  *   worker_data.c    PutInput, GetOutput, DropJob
  *   worker_pass.c    RunForward/RunBackward, pass threads, the job's ring pass object
+ *   worker_session.c sessions: OpenSession, SessionCall, a session's pass thread and link
  *   worker_links.c   the link factories: UCX (the default) and in-process
  *   worker_coord.c   coordinator calls, reports, registration, heartbeats
  *   worker_timeline.c the step times of a pass as the report's PassTimeline
@@ -71,6 +72,8 @@ _Static_assert(STRIA__T_Q == STRIA__V1__TENSOR__TENSOR_Q - 1 &&
                    STRIA__T_O == STRIA__V1__TENSOR__TENSOR_O - 1 &&
                    STRIA__T_DV == STRIA__V1__TENSOR__TENSOR_DV - 1,
                "job tensors follow the protocol's numbering");
+
+typedef struct stria__wsess stria__wsess_t;
 
 /* One job held by this worker (one rank of its ring). Guarded by the worker's
  * lock, except the buffers, which stay allocated while `refs` > 0. */
@@ -145,6 +148,10 @@ typedef struct stria__wjob {
     stria_ring_pass_t *pass;
     stria_link_t parked;
     char failure[512];
+    /* a session (JobSpec.session; worker_session.c): batch and seq are its
+     * bounds; its buffers, thread and link once opened (NULL before) */
+    bool session;
+    stria__wsess_t *sess;
 } stria__wjob_t;
 
 /* A job failure the heartbeat thread reports for the RPC loop (which must
@@ -199,6 +206,7 @@ struct stria_worker {
     uint64_t worker_id;
     uint32_t heartbeat_ms;
     int running_passes;
+    int session_threads; /* sessions' pass threads still running */
     int fetching;        /* threads fetching an assignment for a PutInput */
     bool stopping;       /* shutting down: no new jobs or passes */
     bool shut_down;      /* stria_worker_shutdown() ran */
@@ -219,9 +227,9 @@ struct stria_worker {
     /* metrics */
     stria_metrics_t *metrics;
     bool own_metrics;
-    stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_steps[2], *m_step_compute,
-        *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes, *m_memory, *m_jobs,
-        *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
+    stria_metric_t *m_passes[2], *m_pass_fail[2], *m_pass_s[2], *m_call_s[2], *m_steps[2],
+        *m_step_compute, *m_step_wait, *m_bytes_sent, *m_bytes_recv, *m_in_bytes, *m_out_bytes,
+        *m_memory, *m_jobs, *m_hb_age, *m_err_timeout, *m_err_peer, *m_err_pass, *m_err_coord;
     /* per pool (host, device, pinned): reserved, in use, high water, committed */
     stria_metric_t *m_pool[3][4];
     /* what the ring link's listener refused (stria_ucx_ctx_stats_t), and
@@ -307,6 +315,16 @@ void stria__w_on_forward(void *ctx, stria_rpc_call_t *call);
 void stria__w_on_backward(void *ctx, stria_rpc_call_t *call);
 /* Destroys a job's pass object (with the job). */
 void stria__wpass_free(stria__wjob_t *j);
+
+/* ---- worker_session.c ---- */
+void stria__w_on_open_session(void *ctx, stria_rpc_call_t *call);
+stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                        void **buf_out);
+void stria__w_on_call(void *ctx, stria_rpc_call_t *call);
+/* A dropped session's thread ends (lock held); its memory goes with the
+ * job (stria__wsess_free(), after the thread's reference). */
+void stria__wsess_stop_locked(stria__wjob_t *j);
+void stria__wsess_free(stria_worker_t *w, stria__wjob_t *j);
 
 /* ---- worker_coord.c ---- */
 stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const ProtobufCMessage *req,

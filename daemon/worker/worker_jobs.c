@@ -24,6 +24,7 @@ stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id)
 static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
 {
     stria__wpass_free(j); /* before the device it borrows */
+    stria__wsess_free(w, j);
     if (j->memfd >= 0)
         stria__wjob_mem_free(j);
     else
@@ -52,6 +53,7 @@ void stria__wjob_drop_locked(stria_worker_t *w, stria__wjob_t *j)
         j->next = NULL;
     }
     __atomic_store_n(&j->connect_cancel, true, __ATOMIC_RELEASE);
+    stria__wsess_stop_locked(j);
     if (j->link != NULL) {
         char reason[96];
         snprintf(reason, sizeof(reason),
@@ -204,6 +206,7 @@ static stria_status_t stria__job_spec(stria__wjob_t *j, stria_worker_t *w, uint6
     j->memfd = -1;
     j->w = w;
     j->sharded = s->sharded;
+    j->session = s->session;
     j->arrival_timeout_s = s->arrival_timeout_s > 0 ? s->arrival_timeout_s : 60.0;
     j->id = job_id;
     j->rank = (int)rank;
@@ -327,7 +330,8 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
         goto out;
     }
     pthread_mutex_unlock(&w->lock);
-    st = shared ? stria__wjob_mem_alloc(j) : stria__wpool_tensors(w, j);
+    /* a session's buffers come with its open (worker_session.c) */
+    st = shared ? stria__wjob_mem_alloc(j) : j->session ? STRIA_OK : stria__wpool_tensors(w, j);
     if (st != STRIA_OK) {
         pthread_mutex_lock(&w->lock);
         stria__job_free(w, j);
@@ -403,6 +407,12 @@ static stria_status_t stria__wjob_get_ex(stria_worker_t *w, uint64_t id, uint32_
         stria__wjob_unref(w, j);
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job %llu: this worker holds rank %d, not %u",
                                (unsigned long long)id, j->rank, rank);
+    }
+    if (shared && j->session) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "job %llu is a session: its tensors travel with its calls",
+                               (unsigned long long)id);
     }
     if (secret != NULL && !stria_auth_equal(secret->bytes, j->secret.bytes, sizeof(j->secret))) {
         stria__wjob_unref(w, j);

@@ -25,6 +25,8 @@ static void stria__wm_counter_pair(stria_metrics_t *m, const char *name, const c
 void stria__wmetrics_init(stria_worker_t *w)
 {
     static const double step_buckets[] = {0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
+    static const double call_buckets[] = {0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005,
+                                          0.01,   0.05,   0.1,    0.5,   1,     5};
     static const double pass_buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 120, 600};
     static const char *const pass_labels[2] = {"pass=\"forward\"", "pass=\"backward\""};
     stria_metrics_t *m = w->metrics;
@@ -38,6 +40,10 @@ void stria__wmetrics_init(stria_worker_t *w)
         w->m_pass_s[b] = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_pass_seconds",
                                            "Wall time of a ring pass.", pass_labels[b],
                                            pass_buckets, sizeof(pass_buckets) / sizeof(double));
+        w->m_call_s[b] = stria_metrics_get(
+            m, STRIA_METRIC_HISTOGRAM, "stria_worker_session_call_seconds",
+            "Wall time of a session call on this worker, from its inputs in to its reply.",
+            pass_labels[b], call_buckets, sizeof(call_buckets) / sizeof(double));
     }
     w->m_step_compute = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_step_seconds",
                                           "Time of one ring step, by kind.", "kind=\"compute\"",

@@ -449,6 +449,13 @@ static void stria__pass_handler(stria_worker_t *w, stria_rpc_call_t *call, uint6
         stria_rpc_call_fail(call, st, "%s", stria_error_msg());
         return;
     }
+    if (j->session) {
+        stria__wjob_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "job %llu is a session: run its calls with SessionCall",
+                            (unsigned long long)job_id);
+        return;
+    }
     /* inputs complete? */
     const int need[2][3] = {{STRIA__T_Q, STRIA__T_K, STRIA__T_V}, {STRIA__T_DO, -1, -1}};
     pthread_mutex_lock(&w->lock);

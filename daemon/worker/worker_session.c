@@ -1,0 +1,849 @@
+/* Sessions (JobSpec.session): a trainer's ring opened once on this worker
+ * and the calls that run on it.
+ *
+ * OpenSession finds or creates the session's job (its assignment from the
+ * coordinator, on a thread of its own when the worker does not hold it yet),
+ * checks the proof of its secret, allocates the rank's buffers for the
+ * bounds and starts the session's pass thread, which connects the ring link
+ * and answers the open once it is up. Each SessionCall is checked (its
+ * shape against the bounds, by the same function libstria uses, from the
+ * worker's own decoded copy), its payload read straight into the session's
+ * input buffer and handed to the pass thread, which runs the pass on the
+ * link it keeps (a new one only when the client's link epoch moved, after a
+ * failed call) with the call's number in every tag, and replies with the
+ * outputs from the session's output buffer. No coordinator call, no new
+ * link, thread or mapping per call; the pass object is made again only when
+ * the call's shape differs from the last one's (its buffers come from the
+ * worker's pool). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "worker_int.h"
+
+struct stria__wsess {
+    stria__wjob_t *j;
+    pthread_cond_t cv; /* with w->lock */
+    bool stop;         /* the job was dropped, or the worker stops: the thread ends */
+    bool started;      /* the thread runs */
+    /* OpenSession calls answered when the link is up (or failed) */
+    stria_rpc_call_t *opens[4];
+    int n_opens;
+    bool link_up;
+    char link_error[512];
+    stria_rpc_call_t *call; /* the call handed to the thread */
+    bool busy;              /* a call was accepted and is not answered yet */
+    /* the thread's own */
+    stria_link_t *link;
+    uint64_t epoch;
+    stria_ring_pass_t *pass;
+    stria_call_shape_t pass_shape; /* of the pass object; documents in pass_masks */
+    stria_job_masks_t pass_masks;
+    /* buffers for the bounds, from the job pool: the request payload (inputs,
+     * real tokens only) and the reply payload */
+    char *in, *out;
+    size_t in_cap, out_cap;
+    uint64_t rows; /* batch x shard tokens the bounds allow */
+    uint64_t calls, failed;
+};
+
+/* The geometry of one call on this rank. */
+typedef struct {
+    stria_call_shape_t shape;
+    stria_layout_t layout;
+    int64_t valid;                         /* real tokens of this rank */
+    bool padded;                           /* valid < layout.shard_tokens */
+    size_t qrow, kvrow;                    /* bytes per token */
+    uint64_t q_bytes, kv_bytes, lse_bytes; /* compact */
+    bool backward;
+} stria__wcall_t;
+
+static stria_status_t stria__call_geom(const stria__wjob_t *j, const stria_call_shape_t *shape,
+                                       bool backward, stria__wcall_t *g)
+{
+    const stria_call_bounds_t b = {.max_batch = j->batch,
+                                   .max_seq_len = j->seq,
+                                   .n_ranks = j->n_ranks,
+                                   .layout = (int)j->layout_kind};
+    stria_status_t st = stria_call_shape_check(shape, &b);
+    if (st != STRIA_OK)
+        return st;
+    memset(g, 0, sizeof(*g));
+    g->shape = *shape;
+    g->backward = backward;
+    if ((st = stria_layout_init(j->layout_kind, j->n_ranks, shape->seq_len, &g->layout)) !=
+        STRIA_OK)
+        return st;
+    uint64_t rows = (uint64_t)shape->batch * (uint64_t)g->layout.shard_tokens;
+    if (rows > j->sess->rows)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "call batch x seq_len (%lld x %lld) needs %llu shard rows on rank "
+                               "%d, more than the session's bounds hold (%llu)",
+                               (long long)shape->batch, (long long)shape->seq_len,
+                               (unsigned long long)rows, j->rank,
+                               (unsigned long long)j->sess->rows);
+    g->valid = stria_layout_shard_valid(&g->layout, j->rank);
+    g->padded = g->valid < g->layout.shard_tokens;
+    size_t es = stria_dtype_size(j->dtype);
+    g->qrow = (size_t)(j->heads * j->head_dim) * es;
+    g->kvrow = (size_t)(j->kv_heads * j->head_dim) * es;
+    uint64_t tok = (uint64_t)shape->batch * (uint64_t)g->valid;
+    g->q_bytes = tok * g->qrow;
+    g->kv_bytes = tok * g->kvrow;
+    g->lse_bytes = tok * (uint64_t)j->heads * 4u;
+    return STRIA_OK;
+}
+
+static uint64_t stria__call_in_bytes(const stria__wcall_t *g)
+{
+    return g->backward ? 3 * g->q_bytes + 2 * g->kv_bytes + g->lse_bytes
+                       : g->q_bytes + 2 * g->kv_bytes;
+}
+
+static uint64_t stria__call_out_bytes(const stria__wcall_t *g)
+{
+    return g->backward ? g->q_bytes + 2 * g->kv_bytes : g->q_bytes + g->lse_bytes;
+}
+
+/* ---- buffers ------------------------------------------------------------------ */
+
+/* The session's buffers for its bounds: inputs Q, K, V, O, LSE, dO and
+ * outputs (the larger of O + LSE and dQ + dK + dV), for every shard row the
+ * bounds allow. */
+static stria_status_t stria__sess_buffers(stria_worker_t *w, stria__wjob_t *j)
+{
+    stria__wsess_t *s = j->sess;
+    size_t es = stria_dtype_size(j->dtype);
+    uint64_t qrow = (uint64_t)(j->heads * j->head_dim) * es;
+    uint64_t kvrow = (uint64_t)(j->kv_heads * j->head_dim) * es;
+    uint64_t lrow = (uint64_t)j->heads * 4u;
+    s->rows = (uint64_t)j->batch * (uint64_t)j->layout.shard_tokens;
+    s->in_cap = (size_t)(s->rows * (3 * qrow + 2 * kvrow + lrow));
+    uint64_t fo = qrow + lrow, bo = qrow + 2 * kvrow;
+    s->out_cap = (size_t)(s->rows * (fo > bo ? fo : bo));
+    stria_status_t st = stria_mempool_alloc(w->mem_jobs, s->in_cap, (void **)&s->in);
+    if (st == STRIA_OK)
+        st = stria_mempool_alloc(w->mem_jobs, s->out_cap, (void **)&s->out);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "session %llu: its buffers", (unsigned long long)j->id);
+    return STRIA_OK;
+}
+
+/* ---- the pass thread ---------------------------------------------------------- */
+
+static void stria__sess_on_step(void *arg, int step, int n_steps)
+{
+    stria__wjob_t *j = arg;
+    pthread_mutex_lock(&j->w->lock);
+    j->step = (uint32_t)step;
+    j->steps_total = (uint32_t)n_steps;
+    pthread_mutex_unlock(&j->w->lock);
+}
+
+/* Connects the session's link of `epoch` (its ring id: every rank of a
+ * call asks for the same), replacing the one it had. */
+static stria_status_t stria__sess_connect(stria_worker_t *w, stria__wjob_t *j, uint64_t epoch)
+{
+    stria__wsess_t *s = j->sess;
+    if (s->link != NULL) {
+        if (s->pass != NULL)
+            stria_ring_pass_set_link(s->pass, &j->parked);
+        pthread_mutex_lock(&w->lock);
+        j->link = NULL;
+        pthread_mutex_unlock(&w->lock);
+        stria_link_destroy(s->link);
+        s->link = NULL;
+    }
+    const stria_worker_link_request_t rq = {.job_id = j->id,
+                                            .ring_id = 0x80000000u | (uint32_t)(epoch & 0x7fffffff),
+                                            .rank = j->rank,
+                                            .size = j->n_ranks,
+                                            .next_address = j->next_ucx,
+                                            .connect_timeout_s = w->connect_timeout_s,
+                                            .key = j->ring_key,
+                                            .cancel = &j->connect_cancel};
+    stria_link_t *link = NULL;
+    stria_status_t st = w->factory.connect(w->factory.ctx, &rq, &link);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "session %llu rank %d: ring link to %s",
+                                (unsigned long long)j->id, j->rank, j->next_ucx);
+    pthread_mutex_lock(&w->lock);
+    j->link = link; /* a drop or a shutdown aborts it */
+    if (s->stop || w->abort_passes)
+        stria_link_abort(link, STRIA_ERR_CANCELLED, "the session is closing");
+    pthread_mutex_unlock(&w->lock);
+    s->link = link;
+    s->epoch = epoch;
+    if (s->pass != NULL && (st = stria_ring_pass_set_link(s->pass, link)) != STRIA_OK)
+        return st;
+    return STRIA_OK;
+}
+
+static bool stria__same_shape(const stria_call_shape_t *a, const stria_call_shape_t *b)
+{
+    return a->batch == b->batch && a->seq_len == b->seq_len && a->causal == b->causal &&
+           a->scale == b->scale && a->has_window == b->has_window &&
+           a->window_left == b->window_left && a->window_right == b->window_right &&
+           a->n_cu_seqlens == b->n_cu_seqlens &&
+           (a->n_cu_seqlens == 0 ||
+            memcmp(a->cu_seqlens, b->cu_seqlens, a->n_cu_seqlens * sizeof(int64_t)) == 0);
+}
+
+/* The pass object of the call's shape: the last one's when the shape is the
+ * same, else a new one (its buffers from the worker's pool). */
+static stria_status_t stria__sess_pass(stria_worker_t *w, stria__wjob_t *j,
+                                       const stria_call_shape_t *shape)
+{
+    stria__wsess_t *s = j->sess;
+    if (s->pass != NULL && stria__same_shape(&s->pass_shape, shape))
+        return STRIA_OK;
+    stria_ring_pass_destroy(s->pass);
+    s->pass = NULL;
+    stria_job_masks_free(&s->pass_masks);
+    if (shape->n_cu_seqlens > 0) {
+        s->pass_masks.cu_seqlens = malloc(shape->n_cu_seqlens * sizeof(int64_t));
+        if (s->pass_masks.cu_seqlens == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "session %llu: out of memory",
+                                   (unsigned long long)j->id);
+        memcpy(s->pass_masks.cu_seqlens, shape->cu_seqlens, shape->n_cu_seqlens * sizeof(int64_t));
+        s->pass_masks.n_cu_seqlens = shape->n_cu_seqlens;
+    }
+    s->pass_shape = *shape;
+    s->pass_shape.cu_seqlens = s->pass_masks.cu_seqlens;
+    stria_ring_shape_t rs = stria_ring_shape_of(shape->batch, shape->seq_len, j->heads, j->kv_heads,
+                                                j->head_dim, j->dtype, shape->causal);
+    rs.scale = shape->scale;
+    stria_ring_shape_set_masks(&rs, s->pass_masks.cu_seqlens, s->pass_masks.n_cu_seqlens,
+                               shape->has_window, shape->window_left, shape->window_right);
+    stria_ring_opts_t opts;
+    memset(&opts, 0, sizeof(opts));
+    opts.step_timeout_s = j->step_timeout_s;
+    opts.pool = w->pool;
+    opts.device = j->dev;
+    opts.step_cb = stria__sess_on_step;
+    opts.step_cb_ctx = j;
+    opts.host_memory = &w->alloc_host;
+    return stria_ring_pass_create(s->link, &rs, j->layout_kind, &opts, &s->pass);
+}
+
+/* Views of the call's tensors: in the session's buffers when the shard has
+ * no padding, else in the job's padded tensors (j->buf, allocated at the
+ * first such call) with the inputs copied there. */
+typedef struct {
+    stria_tensor_t q, k, v, o, d_o, dq, dk, dv;
+    float *lse;
+} stria__views_t;
+
+static void stria__compact_copy(void *dst, const void *src, int64_t outer, int64_t valid,
+                                int64_t padded, size_t row, bool to_padded)
+{
+    for (int64_t i = 0; i < outer; i++) {
+        size_t c = (size_t)(i * valid) * row, p = (size_t)(i * padded) * row;
+        if (to_padded)
+            memcpy((char *)dst + p, (const char *)src + c, (size_t)valid * row);
+        else
+            memcpy((char *)dst + c, (const char *)src + p, (size_t)valid * row);
+    }
+}
+
+static stria_status_t stria__sess_views(stria_worker_t *w, stria__wjob_t *j,
+                                        const stria__wcall_t *g, stria__views_t *v)
+{
+    stria__wsess_t *s = j->sess;
+    int64_t L = g->layout.shard_tokens, B = g->shape.batch;
+    /* compact inputs, then outputs, in payload order */
+    char *in[6], *out[3];
+    in[0] = s->in;
+    in[1] = in[0] + g->q_bytes;
+    in[2] = in[1] + g->kv_bytes;
+    in[3] = in[2] + g->kv_bytes;  /* backward: O */
+    in[4] = in[3] + g->q_bytes;   /* LSE */
+    in[5] = in[4] + g->lse_bytes; /* dO */
+    out[0] = s->out;
+    out[1] = out[0] + g->q_bytes;  /* forward LSE; backward dK */
+    out[2] = out[1] + g->kv_bytes; /* backward dV */
+    if (g->padded) {
+        if (j->buf[STRIA__T_Q] == NULL) {
+            stria_status_t st = stria__wpool_tensors(w, j);
+            if (st != STRIA_OK)
+                return st;
+        }
+        static const int fwd_in[] = {STRIA__T_Q, STRIA__T_K, STRIA__T_V};
+        static const int bwd_in[] = {STRIA__T_Q, STRIA__T_K,   STRIA__T_V,
+                                     STRIA__T_O, STRIA__T_LSE, STRIA__T_DO};
+        const int *ids = g->backward ? bwd_in : fwd_in;
+        for (int i = 0; i < (g->backward ? 6 : 3); i++) {
+            int t = ids[i];
+            bool lse = t == STRIA__T_LSE;
+            size_t row = lse ? 4 : (t == STRIA__T_K || t == STRIA__T_V) ? g->kvrow : g->qrow;
+            stria__compact_copy(j->buf[t], in[i], lse ? B * j->heads : B, g->valid, L, row, true);
+            in[i] = j->buf[t];
+        }
+        out[0] = j->buf[g->backward ? STRIA__T_DQ : STRIA__T_O];
+        out[1] = j->buf[g->backward ? STRIA__T_DK : STRIA__T_LSE];
+        out[2] = j->buf[STRIA__T_DV];
+    }
+    v->q = stria_tensor_contiguous(in[0], j->dtype, L, j->heads, j->head_dim);
+    v->k = stria_tensor_contiguous(in[1], j->dtype, L, j->kv_heads, j->head_dim);
+    v->v = stria_tensor_contiguous(in[2], j->dtype, L, j->kv_heads, j->head_dim);
+    if (!g->backward) {
+        v->o = stria_tensor_contiguous(out[0], j->dtype, L, j->heads, j->head_dim);
+        v->lse = (float *)out[1];
+    } else {
+        v->o = stria_tensor_contiguous(in[3], j->dtype, L, j->heads, j->head_dim);
+        v->lse = (float *)in[4];
+        v->d_o = stria_tensor_contiguous(in[5], j->dtype, L, j->heads, j->head_dim);
+        v->dq = stria_tensor_contiguous(out[0], j->dtype, L, j->heads, j->head_dim);
+        v->dk = stria_tensor_contiguous(out[1], j->dtype, L, j->kv_heads, j->head_dim);
+        v->dv = stria_tensor_contiguous(out[2], j->dtype, L, j->kv_heads, j->head_dim);
+    }
+    return STRIA_OK;
+}
+
+/* After a padded call: its outputs, real tokens only, into the reply buffer. */
+static void stria__sess_compact_out(stria__wjob_t *j, const stria__wcall_t *g)
+{
+    char *out = j->sess->out;
+    int64_t L = g->layout.shard_tokens, B = g->shape.batch;
+    if (!g->backward) {
+        stria__compact_copy(out, j->buf[STRIA__T_O], B, g->valid, L, g->qrow, false);
+        stria__compact_copy(out + g->q_bytes, j->buf[STRIA__T_LSE], B * j->heads, g->valid, L, 4,
+                            false);
+    } else {
+        stria__compact_copy(out, j->buf[STRIA__T_DQ], B, g->valid, L, g->qrow, false);
+        stria__compact_copy(out + g->q_bytes, j->buf[STRIA__T_DK], B, g->valid, L, g->kvrow, false);
+        stria__compact_copy(out + g->q_bytes + g->kv_bytes, j->buf[STRIA__T_DV], B, g->valid, L,
+                            g->kvrow, false);
+    }
+}
+
+/* Sharded sessions: every rank compares its call's digest with its
+ * predecessor's before step 0, waiting up to the arrival timeout for it. A
+ * rank that finds a difference aborts the link, so every rank fails, the
+ * message naming both ranks. */
+static stria_status_t stria__sess_agree(stria__wjob_t *j, uint64_t call, uint64_t digest)
+{
+    stria_link_t *link = j->sess->link;
+    if (j->n_ranks < 2)
+        return STRIA_OK;
+    uint8_t mine[8], theirs[8];
+    stria_put_le64(mine, digest);
+    uint64_t tag = ((call & STRIA_RING_CALL_ID_MASK) << 24) | (0xffffu << 8) | 0xd1u;
+    stria_link_req_t *sreq = NULL, *rreq = NULL;
+    stria_status_t st = stria_link_isend(link, tag, mine, sizeof(mine), &sreq);
+    if (st == STRIA_OK)
+        st = stria_link_irecv(link, tag, theirs, sizeof(theirs), &rreq);
+    if (st == STRIA_OK) {
+        st = stria_link_wait(link, rreq, j->arrival_timeout_s);
+        rreq = NULL;
+    }
+    if (st == STRIA_OK) {
+        st = stria_link_wait(link, sreq, j->step_timeout_s);
+        sreq = NULL;
+    }
+    stria_link_cancel(link, rreq);
+    stria_link_cancel(link, sreq);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "rank %d: waiting for rank %d's call %llu", j->rank,
+                                stria_link_prev(link), (unsigned long long)call);
+    if (stria_get_le64(theirs) != digest) {
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "rank %d: call %llu differs between rank %d and rank %d (every rank "
+                             "must make the same calls, with the same shape, in the same order)",
+                             j->rank, (unsigned long long)call, stria_link_prev(link), j->rank);
+        stria_link_abort(link, st, stria_error_msg());
+    }
+    return st;
+}
+
+static uint64_t stria__minflt(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_minflt : 0;
+}
+
+static void stria__sess_payload_done(void *arg)
+{
+    stria__wjob_t *j = arg;
+    stria_worker_t *w = j->w;
+    pthread_mutex_lock(&w->lock);
+    j->sess->busy = false;
+    pthread_mutex_unlock(&w->lock);
+    stria__wjob_unref(w, j);
+}
+
+/* Runs one call on the pass thread and answers it. */
+static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_t *call)
+{
+    stria__wsess_t *s = j->sess;
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    Stria__V1__PassStats stats = STRIA__V1__PASS_STATS__INIT;
+    stria__wcall_t g;
+    stria__views_t v;
+    stria_call_shape_t shape;
+    uint64_t flt0 = stria__minflt();
+    double t0 = stria_time_now();
+    int b = req->backward ? 1 : 0;
+
+    stria_call_shape_from_pb(req->shape, &shape);
+    stria_status_t st = stria__call_geom(j, &shape, req->backward, &g);
+    if (st == STRIA_OK && (s->link == NULL || s->epoch != req->link_epoch))
+        st = stria__sess_connect(w, j, req->link_epoch);
+    if (st == STRIA_OK && j->sharded)
+        st = stria__sess_agree(j, req->call, req->digest);
+    if (st == STRIA_OK && (st = stria__sess_views(w, j, &g, &v)) != STRIA_OK)
+        stria_link_abort(s->link, st, stria_error_msg());
+    if (st == STRIA_OK && (st = stria__sess_pass(w, j, &shape)) != STRIA_OK)
+        stria_link_abort(s->link, st, stria_error_msg());
+    if (st == STRIA_OK && (st = stria_ring_pass_set_call(s->pass, req->call)) == STRIA_OK) {
+        st = req->backward ? stria_ring_bwd(s->pass, &v.q, &v.k, &v.v, &v.o, v.lse, &v.d_o, &v.dq,
+                                            &v.dk, &v.dv)
+                           : stria_ring_fwd(s->pass, &v.q, &v.k, &v.v, &v.o, v.lse);
+        size_t n = 0;
+        const stria_ring_step_stats_t *ss = stria_ring_pass_stats(s->pass, &n);
+        for (size_t i = 0; i < n; i++) {
+            stats.compute_seconds += ss[i].compute_wall_s;
+            stats.wait_seconds += ss[i].wait_s;
+            stats.bytes_sent += ss[i].bytes_sent;
+            stria_metric_observe(w->m_step_compute, ss[i].compute_wall_s);
+            stria_metric_observe(w->m_step_wait, ss[i].wait_s);
+            stria_metric_add(w->m_bytes_sent, (double)ss[i].bytes_sent);
+            stria_metric_add(w->m_bytes_recv, (double)ss[i].bytes_recv);
+        }
+        stats.steps = (uint32_t)stria_ring_pass_steps(s->pass);
+    }
+    if (st == STRIA_OK && g.padded)
+        stria__sess_compact_out(j, &g);
+    stats.seconds = stria_time_now() - t0;
+    stria_metric_add(w->m_passes[b], 1);
+    stria_metric_observe(w->m_pass_s[b], stats.seconds);
+    stria_metric_observe(w->m_call_s[b], stats.seconds);
+
+    pthread_mutex_lock(&w->lock);
+    j->running = false;
+    j->last_activity = stria_time_now();
+    j->phase = st == STRIA_OK ? STRIA__V1__JOB_STATE__JOB_STATE_FORWARD_DONE
+                              : STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
+    if (st == STRIA_OK)
+        s->calls++;
+    else
+        s->failed++;
+    pthread_mutex_unlock(&w->lock);
+
+    if (st == STRIA_OK) {
+        Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
+        rep.stats = &stats;
+        rep.worker_minflt = stria__minflt() - flt0;
+        pthread_mutex_lock(&w->lock);
+        j->refs++; /* the reply's payload is the session's buffer */
+        pthread_mutex_unlock(&w->lock);
+        if (stria_rpc_call_reply(call, &rep.base, s->out, stria__call_out_bytes(&g),
+                                 stria__sess_payload_done, j) != STRIA_OK)
+            stria_log_warn("session %llu: the reply to call %llu could not be sent",
+                           (unsigned long long)j->id, (unsigned long long)req->call);
+    } else {
+        char msg[1024];
+        int n = snprintf(msg, sizeof(msg), "rank %d", j->rank);
+        if (strncmp(stria_error_msg(), msg, (size_t)n) != 0)
+            snprintf(msg, sizeof(msg), "rank %d: %s", j->rank, stria_error_msg());
+        else
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria_metric_add(w->m_pass_fail[b], 1);
+        bool retryable = st == STRIA_ERR_PEER || st == STRIA_ERR_TRANSPORT ||
+                         st == STRIA_ERR_CLOSED || st == STRIA_ERR_TIMEOUT || st == STRIA_ERR_IO;
+        stria_log_info("session %llu call %llu failed: %s", (unsigned long long)j->id,
+                       (unsigned long long)req->call, msg);
+        pthread_mutex_lock(&w->lock);
+        s->busy = false;
+        pthread_mutex_unlock(&w->lock);
+        stria_rpc_call_fail_r(call, st, retryable, "%s", msg);
+    }
+}
+
+static void stria__sess_answer_opens(stria_worker_t *w, stria__wjob_t *j, stria_status_t st,
+                                     double connect_s)
+{
+    stria__wsess_t *s = j->sess;
+    stria_rpc_call_t *opens[4];
+    pthread_mutex_lock(&w->lock);
+    int n = s->n_opens;
+    memcpy(opens, s->opens, sizeof(opens));
+    s->n_opens = 0;
+    s->link_up = st == STRIA_OK;
+    if (st != STRIA_OK)
+        snprintf(s->link_error, sizeof(s->link_error), "%s", stria_error_msg());
+    pthread_mutex_unlock(&w->lock);
+    for (int i = 0; i < n; i++) {
+        if (st != STRIA_OK) {
+            stria_rpc_call_fail_r(opens[i], st, true, "%s", s->link_error);
+            continue;
+        }
+        Stria__V1__OpenSessionReply rep = STRIA__V1__OPEN_SESSION_REPLY__INIT;
+        rep.buffer_bytes = s->in_cap + s->out_cap;
+        rep.connect_seconds = connect_s;
+        stria_rpc_call_reply(opens[i], &rep.base, NULL, 0, NULL, NULL);
+    }
+}
+
+static void *stria__sess_thread(void *arg)
+{
+    stria__wjob_t *j = arg;
+    stria_worker_t *w = j->w;
+    stria__wsess_t *s = j->sess;
+
+    /* the link, once, at open (a running pass for the shutdown's count) */
+    double t0 = stria_time_now();
+    stria_status_t st = stria__sess_connect(w, j, 0);
+    if (st != STRIA_OK)
+        stria_log_warn("session %llu rank %d: %s", (unsigned long long)j->id, j->rank,
+                       stria_error_msg());
+    else
+        stria_log_info("session %llu rank %d: ring link up in %.3f s", (unsigned long long)j->id,
+                       j->rank, stria_time_now() - t0);
+    stria__sess_answer_opens(w, j, st, stria_time_now() - t0);
+    pthread_mutex_lock(&w->lock);
+    w->running_passes--;
+    pthread_cond_broadcast(&w->cv);
+    for (;;) {
+        while (!s->stop && s->call == NULL && s->n_opens == 0)
+            pthread_cond_wait(&s->cv, &w->lock);
+        if (s->stop)
+            break;
+        if (s->n_opens > 0) { /* another client of the session opened it again */
+            bool up = s->link_up;
+            pthread_mutex_unlock(&w->lock);
+            if (!up)
+                stria_error_set(STRIA_ERR_TRANSPORT, "%s", s->link_error);
+            stria__sess_answer_opens(w, j, up ? STRIA_OK : STRIA_ERR_TRANSPORT, 0);
+            pthread_mutex_lock(&w->lock);
+            continue;
+        }
+        stria_rpc_call_t *call = s->call;
+        s->call = NULL;
+        pthread_mutex_unlock(&w->lock);
+        stria__sess_run(w, j, call);
+        pthread_mutex_lock(&w->lock);
+        w->running_passes--;
+        pthread_cond_broadcast(&w->cv);
+    }
+    /* closing: answer what waits, give everything back */
+    stria_rpc_call_t *call = s->call;
+    s->call = NULL;
+    int n_opens = s->n_opens;
+    pthread_mutex_unlock(&w->lock);
+    if (call != NULL) {
+        stria_rpc_call_fail_r(call, STRIA_ERR_CANCELLED, false, "session %llu is closed",
+                              (unsigned long long)j->id);
+        pthread_mutex_lock(&w->lock);
+        w->running_passes--;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->lock);
+    }
+    if (n_opens > 0) {
+        stria_error_set(STRIA_ERR_CANCELLED, "session %llu is closed", (unsigned long long)j->id);
+        stria__sess_answer_opens(w, j, STRIA_ERR_CANCELLED, 0);
+    }
+    stria_ring_pass_destroy(s->pass);
+    s->pass = NULL;
+    stria_job_masks_free(&s->pass_masks);
+    pthread_mutex_lock(&w->lock);
+    j->link = NULL;
+    pthread_mutex_unlock(&w->lock);
+    stria_link_destroy(s->link);
+    s->link = NULL;
+    stria_log_info("session %llu rank %d closed after %llu calls (%llu failed)",
+                   (unsigned long long)j->id, j->rank, (unsigned long long)s->calls,
+                   (unsigned long long)s->failed);
+    pthread_mutex_lock(&w->lock);
+    w->session_threads--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    stria__wjob_unref(w, j);
+    return NULL;
+}
+
+/* ---- with the job ------------------------------------------------------------- */
+
+void stria__wsess_stop_locked(stria__wjob_t *j)
+{
+    if (j->sess == NULL)
+        return;
+    j->sess->stop = true;
+    pthread_cond_broadcast(&j->sess->cv);
+}
+
+void stria__wsess_free(stria_worker_t *w, stria__wjob_t *j)
+{
+    stria__wsess_t *s = j->sess;
+    if (s == NULL)
+        return;
+    stria_mempool_free(w->mem_jobs, s->in);
+    stria_mempool_free(w->mem_jobs, s->out);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+    j->sess = NULL;
+}
+
+/* Opens the session on this rank (the OpenSession call, proof checked):
+ * the first open starts its thread, which answers once the link is up; a
+ * later one is answered at once (or when the link is). Consumes the job's
+ * reference. */
+static void stria__sess_open(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_t *call)
+{
+    stria_status_t st = STRIA_OK;
+    if (!j->session) {
+        stria__wjob_unref(w, j);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "job %llu is not a session",
+                            (unsigned long long)j->id);
+        return;
+    }
+    pthread_mutex_lock(&w->lock);
+    if (j->sess == NULL) {
+        j->sess = calloc(1, sizeof(*j->sess));
+        if (j->sess == NULL)
+            st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+        else {
+            j->sess->j = j;
+            pthread_cond_init(&j->sess->cv, NULL);
+        }
+    }
+    stria__wsess_t *s = j->sess;
+    if (st == STRIA_OK && (j->dropped || w->stopping))
+        st = stria_error_set(STRIA_ERR_CANCELLED, "session %llu is closing",
+                             (unsigned long long)j->id);
+    if (st == STRIA_OK && s->n_opens == (int)(sizeof(s->opens) / sizeof(s->opens[0])))
+        st = stria_error_set(STRIA_ERR_BUSY, "session %llu rank %d: too many opens at once",
+                             (unsigned long long)j->id, j->rank);
+    bool start = st == STRIA_OK && !s->started;
+    if (st == STRIA_OK) {
+        s->opens[s->n_opens++] = call;
+        if (!start)
+            pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (st != STRIA_OK) {
+        stria__wjob_unref(w, j);
+        stria_rpc_call_fail(call, st, "%s", stria_error_msg());
+        return;
+    }
+    if (!start) {
+        stria__wjob_unref(w, j);
+        return;
+    }
+    if ((st = stria__sess_buffers(w, j)) == STRIA_OK) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_mutex_lock(&w->lock);
+        s->started = true;
+        w->session_threads++;
+        w->running_passes++; /* the link's set-up, as a pass */
+        pthread_mutex_unlock(&w->lock);
+        int rc = pthread_create(&th, &attr, stria__sess_thread, j); /* keeps our reference */
+        pthread_attr_destroy(&attr);
+        if (rc == 0)
+            return;
+        pthread_mutex_lock(&w->lock);
+        s->started = false;
+        w->session_threads--;
+        w->running_passes--;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->lock);
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the session's thread");
+    }
+    stria__sess_answer_opens(w, j, st, 0);
+    stria__wjob_unref(w, j);
+}
+
+typedef struct {
+    stria_worker_t *w;
+    stria_rpc_call_t *call;
+    uint64_t job_id;
+    uint32_t rank;
+    stria__wjob_t *job;
+    stria_status_t st;
+    char error[512];
+} stria__open_fetch_t;
+
+/* On the loop thread again: the proof, then the open. */
+static void stria__open_fetched(void *arg)
+{
+    stria__open_fetch_t *f = arg;
+    stria_worker_t *w = f->w;
+    if (f->st != STRIA_OK) {
+        stria_rpc_call_fail(f->call, f->st, "%s", f->error);
+    } else if (stria_rpc_call_check_job(f->call, &f->job->secret, f->job_id) != STRIA_OK) {
+        stria_rpc_call_fail(f->call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+        stria__wjob_unref(w, f->job);
+    } else {
+        stria__sess_open(w, f->job, f->call);
+    }
+    free(f);
+}
+
+static void *stria__open_fetch(void *arg)
+{
+    stria__open_fetch_t *f = arg;
+    stria_worker_t *w = f->w;
+    f->st = stria__wjob_get(w, f->job_id, f->rank, true, &f->job);
+    if (f->st != STRIA_OK)
+        snprintf(f->error, sizeof(f->error), "%s", stria_error_msg());
+    if (stria_rpc_server_post(w->server, stria__open_fetched, f) != STRIA_OK) {
+        stria_rpc_call_fail(f->call, STRIA_ERR_NO_MEMORY, "out of memory");
+        if (f->st == STRIA_OK)
+            stria__wjob_unref(w, f->job);
+        free(f);
+    }
+    pthread_mutex_lock(&w->lock);
+    w->fetching--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+void stria__w_on_open_session(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__OpenSessionRequest *req =
+        (const Stria__V1__OpenSessionRequest *)stria_rpc_call_request(call);
+    stria__wjob_t *j;
+    stria_status_t st = stria__wjob_get_checked(w, call, req->job_id, req->rank, false, &j);
+    if (st == STRIA_OK) {
+        stria__sess_open(w, j, call);
+        return;
+    }
+    if (st != STRIA_ERR_NOT_FOUND) {
+        stria_rpc_call_fail(call, st, "%s", stria_error_msg());
+        return;
+    }
+    /* not held yet: its assignment from the coordinator, off the loop */
+    stria__open_fetch_t *f = calloc(1, sizeof(*f));
+    pthread_mutex_lock(&w->lock);
+    bool room = w->fetching < STRIA__MAX_FETCHES && !w->stopping;
+    if (room && f != NULL)
+        w->fetching++;
+    pthread_mutex_unlock(&w->lock);
+    if (f == NULL || !room) {
+        free(f);
+        stria_rpc_call_fail_r(call, STRIA_ERR_BUSY, true,
+                              "this worker is fetching %d job assignments already, or stopping",
+                              STRIA__MAX_FETCHES);
+        return;
+    }
+    *f = (stria__open_fetch_t){.w = w, .call = call, .job_id = req->job_id, .rank = req->rank};
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&th, &attr, stria__open_fetch, f);
+    pthread_attr_destroy(&attr);
+    if (rc == 0)
+        return;
+    free(f);
+    pthread_mutex_lock(&w->lock);
+    w->fetching--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "cannot start a thread");
+}
+
+/* ---- calls ---------------------------------------------------------------------- */
+
+/* The call's checks, then its payload straight into the session's input
+ * buffer. The job's reference is kept for the handler (the call's cleanup
+ * argument). */
+static void stria__call_cleanup(void *arg)
+{
+    stria__wjob_t *j = arg;
+    stria__wjob_unref(j->w, j);
+}
+
+stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                        void **buf_out)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    stria__wjob_t *j;
+    stria__wcall_t g;
+    stria_call_shape_t shape;
+    stria_status_t st = stria__wjob_get_checked(w, call, req->job_id, req->rank, false, &j);
+    if (st != STRIA_OK)
+        return st;
+    pthread_mutex_lock(&w->lock);
+    bool open = j->sess != NULL && j->sess->started && j->sess->link_up;
+    pthread_mutex_unlock(&w->lock);
+    if (!open)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG, "session %llu rank %u is not open here",
+                             (unsigned long long)req->job_id, req->rank);
+    if (st == STRIA_OK && req->shape == NULL)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG, "SessionCall: no shape");
+    if (st == STRIA_OK) {
+        stria_call_shape_from_pb(req->shape, &shape);
+        st = stria__call_geom(j, &shape, req->backward, &g);
+    }
+    if (st == STRIA_OK && payload_len != stria__call_in_bytes(&g))
+        st =
+            stria_error_set(STRIA_ERR_INVALID_ARG,
+                            "session %llu call %llu rank %u: the payload is %llu bytes; the "
+                            "call's %s inputs are %llu",
+                            (unsigned long long)j->id, (unsigned long long)req->call, req->rank,
+                            (unsigned long long)payload_len, req->backward ? "backward" : "forward",
+                            (unsigned long long)stria__call_in_bytes(&g));
+    if (st == STRIA_OK) {
+        pthread_mutex_lock(&w->lock);
+        if (j->sess->busy)
+            st = stria_error_set(STRIA_ERR_BUSY,
+                                 "session %llu rank %u: a call is running (calls of a session "
+                                 "run one at a time)",
+                                 (unsigned long long)j->id, req->rank);
+        else
+            j->sess->busy = true;
+        pthread_mutex_unlock(&w->lock);
+    }
+    if (st != STRIA_OK) {
+        /* the other ranks may be in the call already: they fail now */
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        pthread_mutex_lock(&w->lock);
+        if (open && st != STRIA_ERR_BUSY && j->link != NULL)
+            stria_link_abort(j->link, st, msg);
+        pthread_mutex_unlock(&w->lock);
+        stria__wjob_unref(w, j);
+        return stria_error_set(st, "%s", msg);
+    }
+    stria_rpc_call_set_cleanup(call, stria__call_cleanup, j);
+    stria_metric_add(w->m_in_bytes, (double)payload_len);
+    *buf_out = j->sess->in;
+    return STRIA_OK;
+}
+
+void stria__w_on_call(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    stria__wjob_t *j = stria_rpc_call_cleanup_arg(call);
+    if (j == NULL) { /* no payload came: a call needs inputs */
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SessionCall: the call has no inputs");
+        return;
+    }
+    pthread_mutex_lock(&w->lock);
+    if (j->sess->stop || w->stopping) {
+        bool stopping = w->stopping;
+        j->sess->busy = false;
+        pthread_mutex_unlock(&w->lock);
+        stria_rpc_call_fail_r(call, stopping ? STRIA_ERR_BUSY : STRIA_ERR_CANCELLED, stopping,
+                              stopping ? "this worker is shutting down" : "the session is closed");
+        return;
+    }
+    j->sess->call = call;
+    j->running = true;
+    j->phase = STRIA__V1__JOB_STATE__JOB_STATE_RUNNING_FORWARD;
+    j->last_activity = stria_time_now();
+    w->running_passes++;
+    pthread_cond_broadcast(&j->sess->cv);
+    pthread_mutex_unlock(&w->lock);
+}
