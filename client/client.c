@@ -287,6 +287,8 @@ void stria_client_close(stria_client_t *client)
 {
     if (client == NULL)
         return;
+    while (client->sessions != NULL)
+        stria_session_close(client->sessions);
     while (client->jobs != NULL)
         stria_client_release(client->jobs);
     stria_rpc_client_close(client->coord);
@@ -763,6 +765,7 @@ static stria_status_t stria__submit_once(stria_client_t *c, stria_job_t *job, bo
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the placement");
     }
     stria__spec_to_proto(s, sharded, &spec, &win, pl, pls);
+    spec.session = job->session;
     req.spec = &spec;
     req.exclude_worker_ids = (uint64_t *)job->exclude;
     req.n_exclude_worker_ids = job->n_exclude;

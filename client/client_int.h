@@ -8,7 +8,8 @@
  *                   chunks, straight from and into the caller's rows
  *   client_shard.c  sharded jobs: submit, export, import, positions, the
  *                   per-rank forward and backward
- *   client_shm.c    the shared-memory path: attach, commit, shard buffers */
+ *   client_shm.c    the shared-memory path: attach, commit, shard buffers
+ *   client_session.c sessions: open, calls on the ranks' connections, close */
 #ifndef STRIA_CLIENT_INT_H
 #define STRIA_CLIENT_INT_H
 
@@ -51,7 +52,8 @@ struct stria_client {
     char *token;
     char *client_name;
     stria_rpc_client_t *coord;
-    stria_job_t *jobs; /* open jobs, released by stria_client_close() */
+    stria_job_t *jobs;         /* open jobs, released by stria_client_close() */
+    stria_session_t *sessions; /* open sessions, closed by stria_client_close() */
 };
 
 /* Where a tensor lies in a rank's shared memory (ShmTensor). */
@@ -107,6 +109,7 @@ struct stria_job {
     double pass_timeout_s;
     bool forward_done;
     bool sharded;
+    bool session; /* JobSpec.session: a session's job (client_session.c) */
     /* The job's capability, from the coordinator at submission (or the
      * export bytes): every request about the job proves it (never sends it
      * over the network); the shared-memory attach hands it to the worker

@@ -136,6 +136,7 @@ static stria_status_t stria__import(stria_client_t *c, stria_job_t *job, uint64_
                              info->failure && info->failure[0] ? info->failure : "released");
     if (st == STRIA_OK) {
         stria__spec_from_proto(info->assignment->spec, &job->spec);
+        job->session = info->assignment->spec->session;
         st = stria__job_from_assignment(job, info->assignment);
         *state_out = info->state;
         *qpos_out = info->queue_position;

@@ -346,6 +346,160 @@ int stria_job_ring_size(const stria_job_t *job);
  * an auto job reports the layout chosen for it). */
 stria_layout_kind_t stria_job_layout(const stria_job_t *job);
 
+/* ---- sessions -----------------------------------------------------------
+ *
+ * A session is a trainer's ring opened once: the coordinator admits it
+ * against the workers' memory for the bounds of a call, assigns its workers
+ * and makes its secret and ring key once; each rank's worker allocates the
+ * rank's buffers, starts one pass thread and connects and proves its ring
+ * link once; libstria keeps one connection to each rank's worker. After
+ * that a call costs one request per rank on those connections: no
+ * coordinator call, no new connection, link, thread or mapping.
+ *
+ * A call names its own shape and masks (stria_call_t): any batch and
+ * sequence length within the session's bounds, causal or not, scale,
+ * documents and window, so one session serves every layer of a model and
+ * every length up to its bounds. The backward call brings everything it
+ * needs (Q, K, V, O, LSE, dO, what autograd keeps anyway): nothing is held
+ * on the workers between calls, and the forward never runs twice.
+ *
+ * Calls on one session run one at a time, in order; the handle is
+ * thread-safe (calls from several threads are queued). A call is all or
+ * nothing: every rank succeeds or the call fails. A call that failed
+ * retryably (a worker lost, a link broken) is tried again inside the call
+ * on a session opened anew without the blamed workers (up to the client's
+ * forward_retries), whole-sequence sessions only; a session that expired
+ * (idle_timeout_s without a call) is opened again by the next call.
+ *
+ * Sharded sessions: one trainer rank opens the session with sharded set
+ * and ring_size its world size, exports it (stria_session_export()) and its
+ * peers import it; each rank then issues the same calls in the same order
+ * with its own tokens (stria_session_forward_shard()). Before a call's
+ * first step every rank compares a digest of the call with its neighbour's:
+ * ranks that disagree fail the call on every rank, the message naming them.
+ */
+typedef struct stria_session stria_session_t;
+
+/* What a session fixes. Start from STRIA_SESSION_SPEC_INIT. */
+typedef struct {
+    size_t struct_size; /* sizeof(stria_session_spec_t) */
+    /* The bounds of a call: its batch at most max_batch, and batch *
+     * seq_len at most max_batch * max_seq_len. Required. */
+    int64_t max_batch;
+    int64_t max_seq_len;
+    int64_t heads;
+    int64_t kv_heads; /* 0: heads */
+    int64_t head_dim;
+    stria_dtype_t dtype;
+    stria_layout_kind_t
+        layout;            /* default striped (AUTO is striped: a call's window is not known) */
+    int ring_size;         /* 0: every healthy worker (whole-sequence sessions) */
+    bool sharded;          /* calls come from ring_size processes, one rank each */
+    double idle_timeout_s; /* the service closes a session idle this long; 0: 60 */
+    double step_timeout_s; /* deadline of one ring step; 0: the workers' default */
+    /* Sharded: how long a call's first step waits for the ranks still to
+     * come; 0: 60. */
+    double arrival_timeout_s;
+    bool no_queue; /* fail with STRIA_ERR_BUSY instead of waiting for memory */
+    const char *label;
+    /* Placement, as in stria_job_spec_t (ring_size entries, or NULL). */
+    const char *const *placement_hosts;
+    const int *placement_devices;
+    bool placement_fallback;
+} stria_session_spec_t;
+#define STRIA_SESSION_SPEC_INIT                                                                    \
+    {                                                                                              \
+        .struct_size = sizeof(stria_session_spec_t)                                                \
+    }
+
+/* One call's shape and masks. Start from STRIA_CALL_INIT. */
+typedef struct {
+    size_t struct_size; /* sizeof(stria_call_t) */
+    int64_t batch;      /* 1..max_batch */
+    int64_t seq_len;    /* global tokens; batch * seq_len <= max_batch * max_seq_len */
+    bool causal;
+    float scale; /* 0: 1/sqrt(head_dim) */
+    /* Documents and window as in stria_job_spec_t (over seq_len); read
+     * during the call only. */
+    const int64_t *cu_seqlens;
+    size_t n_cu_seqlens;
+    bool has_window;
+    int64_t window_left, window_right;
+} stria_call_t;
+#define STRIA_CALL_INIT                                                                            \
+    {                                                                                              \
+        .struct_size = sizeof(stria_call_t)                                                        \
+    }
+
+/* What a session did so far. */
+typedef struct {
+    size_t struct_size; /* sizeof(stria_session_stats_t) */
+    uint64_t calls;     /* calls that succeeded */
+    uint64_t failed;    /* calls that failed (after their retries) */
+    uint64_t retries;   /* tries beyond the first */
+    uint64_t reopened;  /* times the session was opened anew (expired, or a retry) */
+    uint64_t bytes_up, bytes_down;
+    double last_call_s;   /* wall time of the last call */
+    double last_pass_s;   /* the slowest rank's pass in it */
+    uint64_t last_minflt; /* minor page faults of the workers during it, all ranks */
+    uint32_t generation;  /* the session's opens: 1, then one more per reopening */
+} stria_session_stats_t;
+#define STRIA_SESSION_STATS_INIT                                                                   \
+    {                                                                                              \
+        .struct_size = sizeof(stria_session_stats_t)                                               \
+    }
+
+/* Opens a session (waiting in the queue unless no_queue): the coordinator
+ * admits it and every rank's worker connects its ring link before this
+ * returns. A sharded session is opened by one trainer rank; the others
+ * import its export. Close with stria_session_close(). */
+stria_status_t stria_session_open(stria_client_t *client, const stria_session_spec_t *spec,
+                                  stria_session_t **session_out);
+/* A call of a whole-sequence session. q, k, v full tensors as in
+ * stria_client_forward() of the call's batch and seq_len, read during the
+ * call; o (session dtype) and lse written before it returns. */
+stria_status_t stria_session_forward(stria_session_t *session, const stria_call_t *call,
+                                     const void *q, const void *k, const void *v, void *o,
+                                     float *lse);
+/* The backward of a forward call with the same shape: q, k, v, o, lse and
+ * d_o in, dq, dk, dv out. */
+stria_status_t stria_session_backward(stria_session_t *session, const stria_call_t *call,
+                                      const void *q, const void *k, const void *v, const void *o,
+                                      const float *lse, const void *d_o, void *dq, void *dk,
+                                      void *dv);
+/* Rank `rank`'s part of a call of a sharded session: its tokens only
+ * (stria_session_shard_tokens() of them, in the layout's order), as in
+ * stria_client_forward_shard(). Every rank must make the same calls in the
+ * same order. */
+stria_status_t stria_session_forward_shard(stria_session_t *session, const stria_call_t *call,
+                                           int rank, const void *q, const void *k, const void *v,
+                                           void *o, float *lse);
+stria_status_t stria_session_backward_shard(stria_session_t *session, const stria_call_t *call,
+                                            int rank, const void *q, const void *k, const void *v,
+                                            const void *o, const float *lse, const void *d_o,
+                                            void *dq, void *dk, void *dv);
+/* Bytes of a session's export, and the export and import (as for jobs: the
+ * bytes are the session's capability). */
+#define STRIA_SESSION_EXPORT_BYTES STRIA_JOB_EXPORT_BYTES
+stria_status_t stria_session_export(const stria_session_t *session, void *out, size_t cap,
+                                    size_t *len_out);
+stria_status_t stria_session_import(stria_client_t *client, const void *bytes, size_t len,
+                                    stria_session_t **session_out);
+/* Tokens rank `rank` holds in a call of seq_len tokens (-1 for a bad rank
+ * or length), and their global positions. */
+int64_t stria_session_shard_tokens(const stria_session_t *session, int64_t seq_len, int rank);
+stria_status_t stria_session_positions(const stria_session_t *session, int64_t seq_len, int rank,
+                                       int64_t *positions_out);
+int stria_session_ring_size(const stria_session_t *session);
+stria_layout_kind_t stria_session_layout(const stria_session_t *session);
+/* The session's id at the service (its job id; a reopened session has a
+ * new one). */
+uint64_t stria_session_id(const stria_session_t *session);
+stria_status_t stria_session_stats(const stria_session_t *session, stria_session_stats_t *out);
+/* Closes the session: its workers free its memory, its links and its
+ * thread. The handle is freed in every case; NULL is ignored. */
+stria_status_t stria_session_close(stria_session_t *session);
+
 #ifdef __cplusplus
 }
 #endif
