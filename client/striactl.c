@@ -410,10 +410,15 @@ static void json_job(const Stria__V1__JobInfo *j)
                s->causal ? "true" : "false", layout_name(s->layout), s->ring_size,
                (double)s->scale);
         json_str(s->label);
-        printf(",\"sharded\":%s,\"arrival_timeout_s\":%g", s->sharded ? "true" : "false",
-               s->arrival_timeout_s);
+        printf(",\"sharded\":%s,\"arrival_timeout_s\":%g,\"session\":%s",
+               s->sharded ? "true" : "false", s->arrival_timeout_s, s->session ? "true" : "false");
         printf("}");
     }
+    if (j->session != NULL)
+        printf(",\"session\":{\"calls\":%" PRIu64 ",\"failed_calls\":%" PRIu64 ",\"bytes\":%" PRIu64
+               ",\"call_p50_ms\":%.3f,\"call_p99_ms\":%.3f}",
+               j->session->calls, j->session->failed_calls, j->session->bytes,
+               (double)j->session->call_p50_ms, (double)j->session->call_p99_ms);
     if (a != NULL) {
         printf(",\"memory_per_rank_bytes\":%" PRIu64 ",\"ranks\":[", a->memory_per_rank_bytes);
         for (size_t i = 0; i < a->n_ranks; i++) {
@@ -447,6 +452,57 @@ static void json_job(const Stria__V1__JobInfo *j)
                t->submitted_ms, t->started_ms, t->forward_started_ms, t->forward_done_ms,
                t->backward_started_ms, t->backward_done_ms, t->finished_ms, t->last_activity_ms);
     printf("}");
+}
+
+/* Sessions: the jobs with JobSpec.session, with their calls. */
+static int cmd_sessions(ctl_t *c, bool all)
+{
+    Stria__V1__ListJobsRequest req = STRIA__V1__LIST_JOBS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.include_finished = all;
+    stria_status_t st = call(c, STRIA_RPC_COORDINATOR_LIST_JOBS, &req.base, &reply);
+    if (st != STRIA_OK)
+        return fail(st);
+    const Stria__V1__ListJobsReply *r = (const Stria__V1__ListJobsReply *)reply.msg;
+    const Stria__V1__JobInfo **list = calloc(r->n_jobs + 1, sizeof(*list));
+    size_t n = 0;
+    for (size_t i = 0; list != NULL && i < r->n_jobs; i++)
+        if (r->jobs[i]->assignment && r->jobs[i]->assignment->spec &&
+            r->jobs[i]->assignment->spec->session)
+            list[n++] = r->jobs[i];
+    if (c->json) {
+        JSON_ARRAY("sessions", list, n, json_job);
+    } else if (n == 0) {
+        printf(all ? "(no sessions)\n" : "(no open sessions; --all lists closed ones)\n");
+    } else {
+        table_t t = {.ncols = 10};
+        const char *head[] = {"SESSION", "STATE",  "RANKS",  "BOUNDS", "SHAPE",
+                              "CALLS",   "FAILED", "P50 MS", "P99 MS", "LABEL / FAILURE"};
+        table_add(&t, head);
+        for (size_t i = 0; i < n; i++) {
+            const Stria__V1__JobInfo *j = list[i];
+            const Stria__V1__JobSpec *s = j->assignment->spec;
+            const Stria__V1__SessionStats *ss = j->session;
+            char id[24], ranks[16], bounds[48], shape[64], calls[24], failed[24], p50[24], p99[24];
+            snprintf(id, sizeof(id), "%" PRIu64, j->job_id);
+            snprintf(ranks, sizeof(ranks), "%zu", j->assignment->n_ranks);
+            snprintf(bounds, sizeof(bounds), "%u x %" PRIu64, s->batch, s->seq_len);
+            snprintf(shape, sizeof(shape), "h%u/%u d%u %s %s%s", s->heads, s->kv_heads, s->head_dim,
+                     dtype_name(s->dtype), layout_name(s->layout), s->sharded ? " sharded" : "");
+            snprintf(calls, sizeof(calls), "%" PRIu64, ss ? ss->calls : 0);
+            snprintf(failed, sizeof(failed), "%" PRIu64, ss ? ss->failed_calls : 0);
+            snprintf(p50, sizeof(p50), "%.2f", ss ? (double)ss->call_p50_ms : 0.0);
+            snprintf(p99, sizeof(p99), "%.2f", ss ? (double)ss->call_p99_ms : 0.0);
+            const char *extra = j->failure && j->failure[0] ? j->failure : s->label;
+            const char *cells[] = {
+                id, job_state_name(j->state), ranks, bounds, shape, calls, failed, p50, p99, extra};
+            table_add(&t, cells);
+        }
+        table_print(&t);
+    }
+    free(list);
+    stria_rpc_reply_free(&reply);
+    return EXIT_OK;
 }
 
 static int cmd_jobs(ctl_t *c, bool all)
@@ -732,6 +788,15 @@ static int cmd_job(ctl_t *c, uint64_t id)
         if (s && s->sharded)
             printf("sharded: each trainer rank brings its own tokens; arrival timeout %g s\n",
                    s->arrival_timeout_s);
+        if (s && s->session)
+            printf("session: bounds batch %u x seq_len %" PRIu64 "; idle deadline %u s\n", s->batch,
+                   s->seq_len, s->ttl_s);
+        if (j->session != NULL)
+            printf("calls: %" PRIu64 " (%" PRIu64 " failed), %.1f MiB moved, worker time per "
+                   "call p50 %.3f ms, p99 %.3f ms (last 256 calls)\n",
+                   j->session->calls, j->session->failed_calls,
+                   (double)j->session->bytes / 1048576.0, (double)j->session->call_p50_ms,
+                   (double)j->session->call_p99_ms);
         if (a && a->n_ranks)
             job_ranks(a, s);
         const Stria__V1__JobTimings *t = j->timings;
@@ -837,7 +902,8 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
         fprintf(stderr, "striactl %s: empty argument (see striactl %s --help)\n", cmd, cmd);
         return EXIT_USAGE;
     }
-    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "cancel") == 0) && !parse_u64(arg, &id)) {
+    if ((strcmp(cmd, "job") == 0 || strcmp(cmd, "session") == 0 || strcmp(cmd, "cancel") == 0) &&
+        !parse_u64(arg, &id)) {
         fprintf(stderr, "striactl %s: job id '%s' is not a number\n", cmd, arg);
         return EXIT_USAGE;
     }
@@ -865,7 +931,9 @@ static int run_command(ctl_t *c, const char *token_file, const stria_cli_t *cli,
         rc = cmd_workers(c);
     else if (strcmp(cmd, "jobs") == 0)
         rc = cmd_jobs(c, all);
-    else if (strcmp(cmd, "job") == 0)
+    else if (strcmp(cmd, "sessions") == 0)
+        rc = cmd_sessions(c, all);
+    else if (strcmp(cmd, "job") == 0 || strcmp(cmd, "session") == 0)
         rc = cmd_job(c, id);
     else if (strcmp(cmd, "drain") == 0 || strcmp(cmd, "undrain") == 0)
         rc = cmd_drain(c, arg, cmd[0] == 'd');
@@ -925,6 +993,17 @@ int main(int argc, char **argv)
         {.name = "job",
          .summary = "one job: spec, assignment, state, timings, failure reason (admin; "
                     "--timeline: its passes drawn as an SVG)",
+         .args = "ID",
+         .min_args = 1,
+         .max_args = 1,
+         .options = job_options},
+        {.name = "sessions",
+         .summary = "open sessions with their calls and call latencies (--all: closed ones "
+                    "too) (admin)",
+         .options = jobs_options},
+        {.name = "session",
+         .summary = "one session: bounds, members, calls, call latency p50/p99, state (admin; "
+                    "--timeline as for a job)",
          .args = "ID",
          .min_args = 1,
          .max_args = 1,

@@ -87,6 +87,9 @@ typedef struct {
     uint32_t arrived; /* sharded: 1 + the last pass the rank arrived at; 0: none */
     bool released;    /* its trainer rank released the job */
     bool fallback;    /* placed off the host its placement named */
+    /* a session's calls on the rank's worker (its last heartbeat) */
+    uint64_t s_calls, s_failed, s_bytes;
+    float s_p50_ms, s_p99_ms;
     /* the spec's placement of the rank ("" : none) */
     char *place_host;
     bool place_has_device;

@@ -261,6 +261,18 @@ Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, cons
     info->replaces = j->replaces;
     info->generation = j->generation;
     info->replacement_pending = stria__replace_pending(j);
+    if (j->spec.session && (info->session = stria__b_alloc(b, sizeof(*info->session))) != NULL) {
+        Stria__V1__SessionStats *ss = info->session;
+        stria__v1__session_stats__init(ss);
+        for (uint32_t r = 0; r < j->n_ranks; r++) {
+            const stria__crank_t *cr = &j->ranks[r];
+            ss->calls = r == 0 || cr->s_calls < ss->calls ? cr->s_calls : ss->calls;
+            ss->failed_calls = cr->s_failed > ss->failed_calls ? cr->s_failed : ss->failed_calls;
+            ss->bytes += cr->s_bytes;
+            ss->call_p50_ms = cr->s_p50_ms > ss->call_p50_ms ? cr->s_p50_ms : ss->call_p50_ms;
+            ss->call_p99_ms = cr->s_p99_ms > ss->call_p99_ms ? cr->s_p99_ms : ss->call_p99_ms;
+        }
+    }
     *t = j->times;
     idle_ms = (uint64_t)((stria_time_now() - j->last_activity) * 1000.0);
     t->last_activity_ms = stria__coord_wall_ms() - idle_ms;

@@ -232,8 +232,16 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
         stria__cjob_t *j = stria__job_find(co, js->job_id);
         int r = j != NULL && !stria__terminal(j->state) ? stria__job_rank_of(co, j, w) : -1;
         if (r >= 0) {
-            j->ranks[r].step = js->step;
-            j->ranks[r].steps_total = js->steps_total;
+            stria__crank_t *cr = &j->ranks[r];
+            cr->step = js->step;
+            cr->steps_total = js->steps_total;
+            if (js->session != NULL) {
+                cr->s_calls = js->session->calls;
+                cr->s_failed = js->session->failed_calls;
+                cr->s_bytes = js->session->bytes;
+                cr->s_p50_ms = js->session->call_p50_ms;
+                cr->s_p99_ms = js->session->call_p99_ms;
+            }
         } else {
             bool known = false; /* refused above: in drop already */
             for (size_t k = 0; k < refused && !known; k++)

@@ -256,6 +256,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
 {
     Stria__V1__HeartbeatRequest req = STRIA__V1__HEARTBEAT_REQUEST__INIT;
     Stria__V1__WorkerJobStatus *st_arr = NULL, **st_ptrs = NULL;
+    Stria__V1__SessionStats *ss_arr = NULL;
     size_t n = 0;
     stria_rpc_reply_t reply;
     stria_status_t st;
@@ -271,10 +272,12 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
         n++;
     st_arr = calloc(n + 1, sizeof(*st_arr));
     st_ptrs = calloc(n + 1, sizeof(*st_ptrs));
-    if (st_arr == NULL || st_ptrs == NULL) {
+    ss_arr = calloc(n + 1, sizeof(*ss_arr));
+    if (st_arr == NULL || st_ptrs == NULL || ss_arr == NULL) {
         pthread_mutex_unlock(&w->lock);
         free(st_arr);
         free(st_ptrs);
+        free(ss_arr);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "heartbeat: out of memory");
     }
     size_t i = 0;
@@ -288,6 +291,10 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
         st_arr[i].steps_total = j->steps_total;
         double idle = j->running ? 0.0 : (now - j->last_activity) * 1000.0;
         st_arr[i].idle_ms = idle > 4e9 ? 4000000000u : (uint32_t)idle;
+        if (j->sess != NULL) {
+            stria__wsess_stats_locked(j, &ss_arr[i]);
+            st_arr[i].session = &ss_arr[i];
+        }
         st_ptrs[i] = &st_arr[i];
     }
     req.worker_id = w->worker_id;
@@ -311,6 +318,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     st = stria__wcoord_call(w, STRIA_RPC_COORDINATOR_HEARTBEAT, &req.base, &reply);
     free(st_arr);
     free(st_ptrs);
+    free(ss_arr);
     stria__held_free(&held);
     if (st != STRIA_OK)
         return st;

@@ -325,6 +325,8 @@ void stria__w_on_call(void *ctx, stria_rpc_call_t *call);
  * job (stria__wsess_free(), after the thread's reference). */
 void stria__wsess_stop_locked(stria__wjob_t *j);
 void stria__wsess_free(stria_worker_t *w, stria__wjob_t *j);
+/* The session's calls for a heartbeat (lock held). */
+void stria__wsess_stats_locked(const stria__wjob_t *j, Stria__V1__SessionStats *out);
 
 /* ---- worker_coord.c ---- */
 stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const ProtobufCMessage *req,

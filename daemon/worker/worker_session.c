@@ -23,6 +23,8 @@
 
 #include "worker_int.h"
 
+#define STRIA__LAT_KEPT 256
+
 struct stria__wsess {
     stria__wjob_t *j;
     pthread_cond_t cv; /* with w->lock */
@@ -46,7 +48,11 @@ struct stria__wsess {
     char *in, *out;
     size_t in_cap, out_cap;
     uint64_t rows; /* batch x shard tokens the bounds allow */
-    uint64_t calls, failed;
+    /* under w->lock: calls, bytes moved, the latencies of the last
+     * STRIA__LAT_KEPT calls (seconds; a ring) */
+    uint64_t calls, failed, bytes;
+    float lat[STRIA__LAT_KEPT];
+    unsigned n_lat;
 };
 
 /* The geometry of one call on this rank. */
@@ -427,10 +433,13 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
     j->last_activity = stria_time_now();
     j->phase = st == STRIA_OK ? STRIA__V1__JOB_STATE__JOB_STATE_FORWARD_DONE
                               : STRIA__V1__JOB_STATE__JOB_STATE_LOADING;
-    if (st == STRIA_OK)
+    if (st == STRIA_OK) {
         s->calls++;
-    else
+        s->bytes += stria__call_in_bytes(&g) + stria__call_out_bytes(&g);
+        s->lat[s->n_lat++ % STRIA__LAT_KEPT] = (float)stats.seconds;
+    } else {
         s->failed++;
+    }
     pthread_mutex_unlock(&w->lock);
 
     if (st == STRIA_OK) {
@@ -566,6 +575,29 @@ static void *stria__sess_thread(void *arg)
 }
 
 /* ---- with the job ------------------------------------------------------------- */
+
+static int stria__float_cmp(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+void stria__wsess_stats_locked(const stria__wjob_t *j, Stria__V1__SessionStats *out)
+{
+    const stria__wsess_t *s = j->sess;
+    float sorted[STRIA__LAT_KEPT];
+    unsigned n = s->n_lat < STRIA__LAT_KEPT ? s->n_lat : STRIA__LAT_KEPT;
+    stria__v1__session_stats__init(out);
+    out->calls = s->calls;
+    out->failed_calls = s->failed;
+    out->bytes = s->bytes;
+    if (n == 0)
+        return;
+    memcpy(sorted, s->lat, n * sizeof(float));
+    qsort(sorted, n, sizeof(float), stria__float_cmp);
+    out->call_p50_ms = 1000.0f * sorted[n / 2];
+    out->call_p99_ms = 1000.0f * sorted[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+}
 
 void stria__wsess_stop_locked(stria__wjob_t *j)
 {
