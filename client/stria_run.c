@@ -45,7 +45,8 @@ typedef struct {
     bool check;
     const char *label;
     stria_data_path_t path;
-    int64_t retries; /* of a forward that failed retryably */
+    int64_t retries;       /* of a forward that failed retryably */
+    int64_t session_calls; /* the same calls again on a session, this many times */
     /* random */
     stria_int_list_t shape;
     int64_t seed;
@@ -204,7 +205,7 @@ static int stria__run_check_masks(const stria__run_opts_t *o, const char *cmd, i
  * cli->cmd, else the exit status (help printed, or a usage error). */
 static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_cli_t *cli)
 {
-    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 8];
+    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 9];
     const stria_option_t local_only[] = {
         STRIA_OPTION("device", CUSTOM, &o->device, "NAME",
                      "where the ring's ranks compute: cpu (default), cuda:N (cuda = cuda:0), "
@@ -231,6 +232,11 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
                      "submit the forward again up to N times when it fails retryably (a worker "
                      "died, left or was cut off; a ring link broke), without the workers blamed",
                      .dflt = "2", .min = 0, .max = 16),
+        STRIA_OPTION("session-calls", INT, &o->session_calls, "N",
+                     "then run the same forward (and backward) N times on a session, the ring "
+                     "opened once, and print the per-call times beside the job's and whether "
+                     "the results have the job's bits",
+                     .dflt = "0", .min = 0, .max = 1000000),
         STRIA_OPTION("path", CUSTOM, &o->path, "auto|tcp|shm",
                      "how tensors reach the workers: shared memory with a worker of this host, TCP "
                      "otherwise (auto, the default), only TCP, or only shared memory",
@@ -835,6 +841,120 @@ static stria_status_t stria__submit_run(const stria__run_opts_t *o, stria_client
     return st;
 }
 
+static int stria__dcmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median and 99th percentile of n times, in ms (sorts them). */
+static void stria__p50_p99(double *t, size_t n, double *p50, double *p99)
+{
+    qsort(t, n, sizeof(double), stria__dcmp);
+    *p50 = 1e3 * t[n / 2];
+    *p99 = 1e3 * t[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+}
+
+/* --session-calls N: the job's calls again, N times, on a session; the last
+ * call's outputs must have the job's bits (the same ring, layout and
+ * kernels). */
+static stria_status_t stria__submit_session(const stria__run_opts_t *o, stria_client_t *client,
+                                            const stria__run_data_t *d,
+                                            const stria__submit_stats_t *r)
+{
+    stria_job_spec_t js;
+    stria__submit_out_t s;
+    stria_session_t *sess = NULL;
+    size_t n = (size_t)o->session_calls;
+    bool bwd = o->do_path != NULL;
+    double *tf = calloc(n, sizeof(double)), *tb = calloc(n, sizeof(double));
+    float *lse = calloc((size_t)(d->B * d->H * d->T), sizeof(float)), *wide = NULL;
+    stria__submit_spec(o, d, &js);
+    memset(&s, 0, sizeof(s));
+    stria_status_t st = stria__submit_alloc(d, bwd, &s);
+    if (st == STRIA_OK && (tf == NULL || tb == NULL || lse == NULL ||
+                           (wide = calloc(s.nq > s.nk ? s.nq : s.nk, sizeof(float))) == NULL))
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "--session-calls: out of memory");
+    stria_session_spec_t sp = STRIA_SESSION_SPEC_INIT;
+    sp.max_batch = js.batch;
+    sp.max_seq_len = js.seq_len;
+    sp.heads = js.heads;
+    sp.kv_heads = js.kv_heads;
+    sp.head_dim = js.head_dim;
+    sp.dtype = js.dtype;
+    sp.layout = r->layout; /* the job's, as assigned */
+    sp.ring_size = r->ring;
+    sp.step_timeout_s = js.step_timeout_s;
+    sp.label = js.label;
+    double t0 = stria_time_now(), t_open = 0;
+    if (st == STRIA_OK)
+        st = stria_session_open(client, &sp, &sess);
+    t_open = stria_time_now() - t0;
+    stria_call_t call = STRIA_CALL_INIT;
+    call.batch = js.batch;
+    call.seq_len = js.seq_len;
+    call.causal = js.causal;
+    call.scale = js.scale;
+    call.cu_seqlens = js.cu_seqlens;
+    call.n_cu_seqlens = js.n_cu_seqlens;
+    call.has_window = js.has_window;
+    call.window_left = js.window_left;
+    call.window_right = js.window_right;
+    for (size_t i = 0; st == STRIA_OK && i < n; i++) {
+        t0 = stria_time_now();
+        st = stria_session_forward(sess, &call, d->q, d->k, d->v, s.o, lse);
+        tf[i] = stria_time_now() - t0;
+        if (st == STRIA_OK && bwd) {
+            t0 = stria_time_now();
+            st = stria_session_backward(sess, &call, d->q, d->k, d->v, s.o, lse, d->d_o, s.dq, s.dk,
+                                        s.dv);
+            tb[i] = stria_time_now() - t0;
+        }
+    }
+    stria_session_stats_t ss = STRIA_SESSION_STATS_INIT;
+    uint64_t sid = stria_session_id(sess);
+    stria_session_stats(sess, &ss);
+    stria_status_t cst = stria_session_close(sess);
+    if (st == STRIA_OK)
+        st = cst;
+    if (st == STRIA_OK) {
+        bool same = memcmp(lse, d->lse, (size_t)(d->B * d->H * d->T) * sizeof(float)) == 0;
+        stria__widen(d->dtype, s.o, wide, s.nq);
+        same = same && memcmp(wide, d->o, s.nq * sizeof(float)) == 0;
+        if (bwd) {
+            stria__widen(d->dtype, s.dq, wide, s.nq);
+            same = same && memcmp(wide, d->dq, s.nq * sizeof(float)) == 0;
+            stria__widen(d->dtype, s.dk, wide, s.nk);
+            same = same && memcmp(wide, d->dk, s.nk * sizeof(float)) == 0;
+            stria__widen(d->dtype, s.dv, wide, s.nk);
+            same = same && memcmp(wide, d->dv, s.nk * sizeof(float)) == 0;
+        }
+        double f50, f99, b50 = 0, b99 = 0;
+        stria__p50_p99(tf, n, &f50, &f99);
+        if (bwd)
+            stria__p50_p99(tb, n, &b50, &b99);
+        if (!o->quiet) {
+            printf("  session %llu (opened in %.1f ms, %zu calls): forward %.3f ms (p99 %.3f) a "
+                   "call against the job's %.3f ms",
+                   (unsigned long long)sid, 1e3 * t_open, n, f50, f99, 1e3 * r->t_fwd);
+            if (bwd)
+                printf("; backward %.3f ms (p99 %.3f) against %.3f ms", b50, b99, 1e3 * r->t_bwd);
+            printf("\n            %llu worker page faults in the last call; the results %s\n",
+                   (unsigned long long)ss.last_minflt,
+                   same ? "have the job's bits" : "DIFFER from the job's");
+        }
+        if (!same)
+            st = stria_error_set(STRIA_ERR_INTERNAL,
+                                 "--session-calls: the session's results differ from the job's");
+    }
+    stria__submit_free(&s);
+    free(tf);
+    free(tb);
+    free(lse);
+    free(wide);
+    return st;
+}
+
 static int stria__cmd_submit(const stria__run_opts_t *o)
 {
     stria__run_data_t d;
@@ -867,6 +987,8 @@ static int stria__cmd_submit(const stria__run_opts_t *o)
         stria__submit_report(o, &d, &r);
     if (st == STRIA_OK && o->check)
         st = stria__submit_check(o, &d);
+    if (st == STRIA_OK && o->session_calls > 0)
+        st = stria__submit_session(o, client, &d, &r);
     stria_client_close(client);
     stria__free_data(&d);
     if (st != STRIA_OK) {

@@ -43,10 +43,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "== 1/4 dependencies"
+echo "== 1/5 dependencies"
 "$root/deploy/install-deps.sh"
 
-echo "== 2/4 build (Release, $root/build)"
+echo "== 2/5 build (Release, $root/build)"
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build" -j "$jobs" >/dev/null
 bin="$root/build/bin"
@@ -61,7 +61,7 @@ wait_line() {
   return 1
 }
 
-echo "== 3/4 a ring on this machine: 1 coordinator, $workers workers (loopback, UCX)"
+echo "== 3/5 a ring on this machine: 1 coordinator, $workers workers (loopback, UCX)"
 export UCX_HANDLE_ERRORS=none
 "$bin/stria-coordinator" --listen 127.0.0.1:0 --heartbeat-period 0.5 \
   >"$work/coordinator.out" 2>"$work/coordinator.log" &
@@ -83,7 +83,7 @@ done
 "$bin/striactl" --coordinator "$coord" status
 
 echo
-echo "== 4/4 causal striped attention, forward + backward, through the service"
+echo "== 4/5 causal striped attention, forward + backward, through the service"
 echo "   1 x $seq tokens x $heads heads ($kv_heads K/V heads) x $head_dim, bf16; checked in-process"
 "$bin/stria-run" random --shape "1,$seq,$heads,$head_dim" --seed 1 --out "$work/q.npy"
 "$bin/stria-run" random --shape "1,$seq,$kv_heads,$head_dim" --seed 2 --out "$work/k.npy"
@@ -93,7 +93,19 @@ echo "   1 x $seq tokens x $heads heads ($kv_heads K/V heads) x $head_dim, bf16;
   --v "$work/v.npy" --do "$work/do.npy" --dtype bf16 --causal --layout striped \
   --label quickstart --check --out "$work/out"
 echo
+echo "== 5/5 a session: the ring opened once, then 64 calls of 1 x 256 x 4 x 64 (bf16)"
+echo "   the same calls first as a job each, then on the session; per call, beside the job's"
+"$bin/stria-run" random --shape "1,256,4,64" --seed 5 --out "$work/sq.npy"
+"$bin/stria-run" random --shape "1,256,4,64" --seed 6 --out "$work/sk.npy"
+"$bin/stria-run" random --shape "1,256,4,64" --seed 7 --out "$work/sv.npy"
+"$bin/stria-run" random --shape "1,256,4,64" --seed 8 --out "$work/sdo.npy"
+"$bin/stria-run" submit --coordinator "$coord" --q "$work/sq.npy" --k "$work/sk.npy" \
+  --v "$work/sv.npy" --do "$work/sdo.npy" --dtype bf16 --causal --layout striped \
+  --label quickstart-session --session-calls 64 --out "$work/sout"
+echo
 "$bin/striactl" --coordinator "$coord" jobs --all
+echo
+"$bin/striactl" --coordinator "$coord" sessions --all
 echo
 echo "Done: every process started here is being stopped. Next: ./tests/run.sh, and"
 echo "README.md for stria-run, striactl and running the service on several hosts."
