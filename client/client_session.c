@@ -124,7 +124,10 @@ typedef struct {
 static void stria__sess_fail(stria__sess_out_t *o, const stria__rank_t *r, stria_status_t st)
 {
     o->st = st;
-    o->lost = stria__rank_lost(r, st);
+    /* lost, or it says it leaves (a worker being drained closes the
+     * session at a call boundary): a call on the session opened anew
+     * without it may succeed */
+    o->lost = stria__rank_lost(r, st) || st == STRIA_ERR_CLOSED;
     o->retryable = o->lost || stria_error_retryable();
     snprintf(o->error, sizeof(o->error), "%s", stria_error_msg());
 }

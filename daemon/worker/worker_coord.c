@@ -333,6 +333,11 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
         w->describe = true;
     if (r->heartbeat_period_ms > 0)
         w->heartbeat_ms = r->heartbeat_period_ms;
+    if (w->draining != r->draining)
+        stria_log_info("%s", r->draining ? "draining: sessions move off this worker at their next "
+                                           "call"
+                                         : "no longer draining");
+    w->draining = r->draining;
     for (size_t d = 0; d < r->n_drop_job_ids; d++) {
         stria__wjob_t *j = stria__wjob_find(w, r->drop_job_ids[d]);
         if (j != NULL) {

@@ -209,6 +209,7 @@ struct stria_worker {
     int session_threads; /* sessions' pass threads still running */
     int fetching;        /* threads fetching an assignment for a PutInput */
     bool stopping;       /* shutting down: no new jobs or passes */
+    bool draining;       /* the coordinator drains this worker: sessions move off it */
     bool shut_down;      /* stria_worker_shutdown() ran */
     bool heartbeat_stop; /* running passes are over: the heartbeat thread ends */
     bool abort_passes;   /* shutdown: running passes must fail now */

@@ -808,10 +808,15 @@ stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint6
         return st;
     pthread_mutex_lock(&w->lock);
     bool open = j->sess != NULL && j->sess->started && j->sess->link_up;
+    bool draining = w->draining;
     pthread_mutex_unlock(&w->lock);
     if (!open)
         st = stria_error_set(STRIA_ERR_INVALID_ARG, "session %llu rank %u is not open here",
                              (unsigned long long)req->job_id, req->rank);
+    else if (draining) /* at a call boundary: the client opens the session elsewhere */
+        st = stria_error_set(STRIA_ERR_CLOSED,
+                             "worker %llu is draining: session %llu moves off it at this call",
+                             (unsigned long long)w->worker_id, (unsigned long long)req->job_id);
     if (st == STRIA_OK && req->shape == NULL)
         st = stria_error_set(STRIA_ERR_INVALID_ARG, "SessionCall: no shape");
     if (st == STRIA_OK) {
