@@ -23,6 +23,23 @@ static uint32_t stria__count_unfinished(const stria_coord_t *co, const char *cli
     return n;
 }
 
+/* A client's open sessions and the memory they hold on the workers. */
+static uint32_t stria__count_sessions(const stria_coord_t *co, const char *client,
+                                      uint64_t *bytes_out)
+{
+    uint32_t n = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < co->n_jobs; i++) {
+        const stria__cjob_t *j = co->jobs[i];
+        if (!j->spec.session || stria__terminal(j->state) || strcmp(j->client, client) != 0)
+            continue;
+        n++;
+        bytes += j->mem_per_rank * j->n_ranks;
+    }
+    *bytes_out = bytes;
+    return n;
+}
+
 /* The client of a call: the host of its peer address, without the port. */
 static void stria__client_of(stria_rpc_call_t *call, char *out, size_t cap)
 {
@@ -304,6 +321,26 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
                             "coordinator's limit per client (--max-jobs-per-client); release "
                             "some first",
                             client, co->max_jobs_per_client);
+        return false;
+    }
+    uint64_t held = 0;
+    if (s->session && stria__count_sessions(co, client, &held) >= co->max_sessions_per_client) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: client %s holds %u open sessions, the coordinator's limit "
+                            "per client (--max-sessions-per-client); close some first",
+                            client, co->max_sessions_per_client);
+        return false;
+    }
+    if (s->session && co->max_session_bytes_per_client > 0 &&
+        held >= co->max_session_bytes_per_client) {
+        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria_rpc_call_fail(call, STRIA_ERR_BUSY,
+                            "SubmitJob: client %s's open sessions hold %llu MiB of worker memory, "
+                            "the coordinator's limit per client (--max-session-memory-per-client "
+                            "%llu MiB); close some first",
+                            client, (unsigned long long)(held >> 20),
+                            (unsigned long long)(co->max_session_bytes_per_client >> 20));
         return false;
     }
     if (stria__count_unfinished(co, NULL) >= co->max_jobs) {

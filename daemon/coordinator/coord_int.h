@@ -166,6 +166,8 @@ struct stria_coord {
     double heartbeat_period_s;
     double job_ttl_s;
     uint32_t max_workers, max_jobs, history, max_jobs_per_client;
+    uint32_t max_sessions_per_client;
+    uint64_t max_session_bytes_per_client; /* 0: no limit */
     uint32_t max_step_timeout_ms;
     double worker_retention_s;
     bool auth_required;

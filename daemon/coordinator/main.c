@@ -28,6 +28,8 @@ typedef struct {
     int64_t max_jobs;
     int64_t history;
     int64_t max_jobs_per_client;
+    int64_t max_sessions_per_client;
+    int64_t max_session_bytes_per_client;
     double max_step_timeout_s;
     double worker_retention_s;
     double recovery_window_s; /* < 0: not given (3 heartbeat periods) */
@@ -172,6 +174,14 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
         STRIA_OPTION("max-jobs-per-client", INT, &c->max_jobs_per_client, "N",
                      "pending and active jobs of one client (host address) at most", .dflt = "256",
                      .min = 1, .max = 1 << 20),
+        STRIA_OPTION("max-sessions-per-client", INT, &c->max_sessions_per_client, "N",
+                     "open sessions of one client (host address) at most", .dflt = "64", .min = 1,
+                     .max = 1 << 20),
+        STRIA_OPTION("max-session-memory-per-client", BYTES, &c->max_session_bytes_per_client,
+                     "SIZE",
+                     "worker memory the open sessions of one client may hold in all (0: no limit "
+                     "beyond the workers' pools)",
+                     .dflt = "0", .min = 0, .max = 9e18),
         STRIA_OPTION("max-step-timeout", DURATION, &c->max_step_timeout_s, "TIME",
                      "longest ring step deadline a job may ask for (step_timeout_ms)",
                      .dflt = "600", .min = 0.001, .max = STRIA_COORD_MAX_STEP_TIMEOUT_S),
@@ -249,6 +259,8 @@ int main(int argc, char **argv)
     p.max_jobs = (uint32_t)c.max_jobs;
     p.history = (uint32_t)c.history;
     p.max_jobs_per_client = (uint32_t)c.max_jobs_per_client;
+    p.max_sessions_per_client = (uint32_t)c.max_sessions_per_client;
+    p.max_session_bytes_per_client = (uint64_t)c.max_session_bytes_per_client;
     p.max_step_timeout_s = c.max_step_timeout_s;
     p.worker_retention_s = c.worker_retention_s;
     p.recovery_window_s = c.recovery_window_s < 0    ? 0

@@ -90,6 +90,11 @@ typedef struct {
     /* Pending and active jobs one client (its host address) may hold; more
      * are refused with STRIA_ERR_BUSY. Default 256. */
     uint32_t max_jobs_per_client;
+    /* Open sessions one client (host address) may hold (default 64), and the
+     * worker memory they may hold in all (0: no limit beyond the pools);
+     * more are refused with STRIA_ERR_BUSY. */
+    uint32_t max_sessions_per_client;
+    uint64_t max_session_bytes_per_client;
     /* A dead or departed worker is forgotten (its entry, its metric series)
      * this long after it was last heard of; default 3600 s. When the table
      * is full, a registration forgets the longest-silent of them at once. */
