@@ -199,8 +199,14 @@ static stria_status_t worker_attempt(stria_rpc_client_t *w, int m, uint64_t job,
     Stria__V1__RunForwardRequest fw = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
     Stria__V1__RunBackwardRequest bw = STRIA__V1__RUN_BACKWARD_REQUEST__INIT;
     Stria__V1__DropJobRequest dr = STRIA__V1__DROP_JOB_REQUEST__INIT;
-    put.job_id = get.job_id = fw.job_id = bw.job_id = dr.job_id = job;
-    put.rank = get.rank = fw.rank = bw.rank = rank;
+    Stria__V1__OpenSessionRequest os = STRIA__V1__OPEN_SESSION_REQUEST__INIT;
+    Stria__V1__SessionCallRequest sc = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    Stria__V1__CallShape shape = STRIA__V1__CALL_SHAPE__INIT;
+    put.job_id = get.job_id = fw.job_id = bw.job_id = dr.job_id = os.job_id = sc.job_id = job;
+    put.rank = get.rank = fw.rank = bw.rank = os.rank = sc.rank = rank;
+    shape.batch = 1;
+    shape.seq_len = 64;
+    sc.shape = &shape; /* a call with inputs: its proof is checked before they are read */
     put.tensor = STRIA__V1__TENSOR__TENSOR_Q; /* overwrite the owner's Q */
     put.total_bytes = sizeof(zeros);
     get.tensor = STRIA__V1__TENSOR__TENSOR_O; /* read the owner's O */
@@ -214,6 +220,11 @@ static stria_status_t worker_attempt(stria_rpc_client_t *w, int m, uint64_t job,
         return rpc_call(w, STRIA_RPC_WORKER_RUN_FORWARD, &fw.base, NULL, 0, secret, job, NULL);
     case 3:
         return rpc_call(w, STRIA_RPC_WORKER_RUN_BACKWARD, &bw.base, NULL, 0, secret, job, NULL);
+    case 5:
+        return rpc_call(w, STRIA_RPC_WORKER_OPEN_SESSION, &os.base, NULL, 0, secret, job, NULL);
+    case 6:
+        return rpc_call(w, STRIA_RPC_WORKER_SESSION_CALL, &sc.base, zeros, sizeof(zeros), secret,
+                        job, NULL);
     default:
         return rpc_call(w, STRIA_RPC_WORKER_DROP_JOB, &dr.base, NULL, 0, secret, job, NULL);
     }
@@ -229,8 +240,8 @@ static void expect_no_token(const creds_t *cr, const char *what, const char *tex
 Test(security, another_clients_job_cannot_be_read_overwritten_run_or_dropped,
      .timeout = SUITE_TIMEOUT)
 {
-    static const char *const wm[5] = {"PutInput", "GetOutput", "RunForward", "RunBackward",
-                                      "DropJob"};
+    static const char *const wm[7] = {"PutInput", "GetOutput",   "RunForward", "RunBackward",
+                                      "DropJob",  "OpenSession", "SessionCall"};
     dcluster_t c;
     creds_t cr;
     dc_init(&c);
@@ -287,7 +298,7 @@ Test(security, another_clients_job_cannot_be_read_overwritten_run_or_dropped,
         stria_rpc_client_t *wc =
             rpc_open(c.worker_rpc[w], &stria__v1__worker__descriptor, cr.token[CLIENT], &st);
         cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
-        for (int m = 0; m < 5; m++) {
+        for (int m = 0; m < 7; m++) {
             int auth = 0;
             for (uint32_t r = 0; r < 2; r++)
                 for (int s = 0; s < 2; s++) {
@@ -549,7 +560,7 @@ Test(security, every_method_checks_the_credential_its_role_and_the_job_secret,
     stria_rpc_client_t *wc =
         rpc_open(c.worker_rpc[0], &stria__v1__worker__descriptor, cr.token[CLIENT], &st);
     cr_assert_eq(st, STRIA_OK);
-    for (int m = 0; m < 5; m++) {
+    for (int m = 0; m < 7; m++) {
         cr_expect_eq(worker_attempt(wc, m, id, 0, &wrong), STRIA_ERR_AUTH, "worker method %d", m);
         cr_expect(strstr(stria_error_msg(), "wrong job secret") != NULL, "%s", stria_error_msg());
         cr_expect_eq(worker_attempt(wc, m, id, 0, NULL), STRIA_ERR_AUTH, "worker method %d", m);

@@ -33,13 +33,14 @@
     "       'queue_position', 'step', 'steps_total', 'spec',\n"                                    \
     "       'memory_per_rank_bytes', 'ranks', 'timings_ms'}\n"                                     \
     "SPEC = {'batch', 'seq_len', 'heads', 'kv_heads', 'head_dim', 'dtype', 'causal',\n"            \
-    "        'layout', 'ring_size', 'scale', 'label', 'sharded', 'arrival_timeout_s'}\n"           \
+    "        'layout', 'ring_size', 'scale', 'label', 'sharded', 'arrival_timeout_s',\n"           \
+    "        'session'}\n"                                                                         \
     "RANK = {'rank', 'worker', 'host', 'rpc_address', 'device', 'tokens'}\n"                       \
     "RANK_OPTIONAL = {'device_index', 'placed_on', 'placed_device_index', 'placement_fallback'}\n" \
     "TIMINGS = {'submitted', 'started', 'forward_started', 'forward_done',\n"                      \
     "           'backward_started', 'backward_done', 'finished', 'last_activity'}\n"               \
     "def job_ok(j):\n"                                                                             \
-    "    assert set(j) == JOB, set(j) ^ JOB\n"                                                     \
+    "    assert JOB <= set(j) <= JOB | {'session'}, set(j) ^ JOB\n"                                \
     "    assert set(j['spec']) == SPEC, set(j['spec']) ^ SPEC\n"                                   \
     "    assert set(j['timings_ms']) == TIMINGS, set(j['timings_ms']) ^ TIMINGS\n"                 \
     "    for r in j['ranks']:\n"                                                                   \
