@@ -244,6 +244,11 @@ stria_status_t stria__retired_check(const stria_job_t *job, const stria__rank_t 
 /* Tells the worker an input is written in full. */
 stria_status_t stria__shm_commit(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t);
 void stria__shm_detach(stria__shm_t *shm);
+/* A session rank's arena (client_session.c): `size` bytes of a sealed memfd
+ * of this process, its pages allocated, mapped here (r->shm) and registered
+ * with the rank's worker through its socket (ShmRequest OP_ARENA), which
+ * maps it too. */
+stria_status_t stria__shm_arena(stria_job_t *job, stria__rank_t *r, size_t size);
 /* Writes rank r's shard of input t into its shared memory (with pwritev:
  * see client_shm.c): from a full [outer, seq_len, row] tensor, the rank's
  * tokens at their positions (full), or from a compact shard (job may then

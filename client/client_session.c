@@ -166,6 +166,54 @@ static stria_status_t stria__sess_verdict(stria_session_t *s, const stria__sess_
     return o[pick].st;
 }
 
+/* A rank's arena at the session's bounds: its inputs (Q, K, V, O, LSE, dO)
+ * then its outputs (the larger of O + LSE and dQ + dK + dV), as the worker
+ * bounds it. */
+static size_t stria__sess_arena_bytes(const stria_session_t *s, size_t *in_cap_out)
+{
+    stria_layout_t lay;
+    const stria_job_t *job = s->job;
+    if (stria_layout_init(job->spec.layout, job->n_ranks, job->spec.seq_len, &lay) != STRIA_OK)
+        return 0;
+    size_t es = stria_dtype_size(job->spec.dtype);
+    size_t qrow = (size_t)(job->spec.heads * job->spec.head_dim) * es;
+    size_t kvrow = (size_t)(job->spec.kv_heads * job->spec.head_dim) * es;
+    size_t lrow = (size_t)job->spec.heads * 4u;
+    size_t rows = (size_t)job->spec.batch * (size_t)lay.shard_tokens;
+    size_t fo = qrow + lrow, bo = qrow + 2 * kvrow;
+    *in_cap_out = rows * (3 * qrow + 2 * kvrow + lrow);
+    return *in_cap_out + rows * (fo > bo ? fo : bo);
+}
+
+/* After a rank opened: its arena with a worker of this host, as the
+ * client's data path says (auto: when the worker offers a socket and takes
+ * the arena, else TCP, the reason kept; shm: or the rank fails). */
+static stria_status_t stria__sess_rank_path(stria_session_t *s, stria__rank_t *r)
+{
+    stria_data_path_t path = s->client->params.data_path;
+    if (r->shm_tried)
+        return STRIA_OK;
+    r->shm_tried = true;
+    if (path == STRIA_DATA_PATH_TCP) {
+        snprintf(r->shm_why, sizeof(r->shm_why), "the client's path is tcp");
+        return STRIA_OK;
+    }
+    size_t in_cap = 0, bytes = stria__sess_arena_bytes(s, &in_cap);
+    stria_status_t st = STRIA_ERR_UNSUPPORTED;
+    if (r->shm_socket[0] == '\0')
+        stria_error_set(st, "its worker %s has no shared-memory socket (no runtime directory)",
+                        r->rpc_address);
+    else
+        st = stria__shm_arena(s->job, r, bytes);
+    if (st == STRIA_OK)
+        return STRIA_OK;
+    snprintf(r->shm_why, sizeof(r->shm_why), "%s", stria_error_msg());
+    if (path == STRIA_DATA_PATH_SHM)
+        return stria_error_set(st, "rank %d: no arena with its worker (path shm): %s", r->rank,
+                               r->shm_why);
+    return STRIA_OK;
+}
+
 /* OpenSession on the given ranks: every request first (their workers
  * connect their links to each other), then the replies. */
 static stria_status_t stria__sess_open_ranks(stria_session_t *s, const int *ranks, int n)
@@ -212,6 +260,8 @@ static stria_status_t stria__sess_open_ranks(stria_session_t *s, const int *rank
         }
         stria_rpc_reply_free(&reply);
         s->opened[ranks[i]] = true;
+        if ((o[i].st = stria__sess_rank_path(s, r)) != STRIA_OK)
+            stria__sess_fail(&o[i], r, o[i].st);
     }
     bool retryable, expired;
     st = stria__sess_verdict(s, o, ranks, n, "open", &retryable, &expired);
@@ -585,6 +635,8 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
     stria_rpc_pending_t pend[n > 0 ? n : 1];
     stria__sess_out_t o[n > 0 ? n : 1];
     bool sent[n > 0 ? n : 1];
+    size_t out_off[n > 0 ? n : 1], arena_in_cap = 0;
+    stria__sess_arena_bytes(s, &arena_in_cap);
     uint64_t call = s->next_call++;
     uint64_t digest = stria_call_shape_digest(c, call, backward);
     double t0 = stria_time_now(), pass_max = 0;
@@ -597,22 +649,34 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
         int64_t valid = stria_layout_shard_valid(&lay, rank);
         size_t in_bytes = 0, out_bytes = 0;
         sent[i] = false;
+        if (!s->opened[rank]) { /* sharded: this rank's first call */
+            o[i].st = stria__sess_open_ranks(s, &rank, 1);
+            if (o[i].st != STRIA_OK) {
+                stria__sess_fail(&o[i], r, o[i].st);
+                continue;
+            }
+        }
         for (int t = 0; t < io->n_in; t++)
             in_bytes += (size_t)(io->in[t].outer * valid) * io->in[t].row;
         for (int t = 0; t < io->n_out; t++)
             out_bytes += (size_t)(io->out[t].outer * valid) * io->out[t].row;
-        if ((o[i].st = stria__sess_grow(&s->up[rank], &s->up_cap[rank], in_bytes)) != STRIA_OK ||
-            (o[i].st = stria__sess_grow(&s->down[rank], &s->down_cap[rank], out_bytes)) !=
-                STRIA_OK) {
+        /* with an arena: inputs at 0, a forward's outputs where a backward
+         * reads O and LSE, a backward's after the inputs' room */
+        bool arena = r->shm.base != NULL;
+        out_off[i] = backward ? arena_in_cap : in_bytes;
+        if (!arena &&
+            ((o[i].st = stria__sess_grow(&s->up[rank], &s->up_cap[rank], in_bytes)) != STRIA_OK ||
+             (o[i].st = stria__sess_grow(&s->down[rank], &s->down_cap[rank], out_bytes)) !=
+                 STRIA_OK)) {
             stria__sess_fail(&o[i], r, o[i].st);
             continue;
         }
-        char *p = s->up[rank];
+        char *p = arena ? (char *)r->shm.base : (char *)s->up[rank];
         for (int t = 0; t < io->n_in; t++) {
             size_t bytes = (size_t)(io->in[t].outer * valid) * io->in[t].row;
-            if (s->sharded)
+            if (s->sharded && io->in[t].full != p) /* else built in the arena: not moved */
                 memcpy(p, io->in[t].full, bytes);
-            else
+            else if (!s->sharded)
                 stria__sess_move(&lay, rank, &io->in[t], p, (void *)io->in[t].full, false);
             p += bytes;
         }
@@ -627,20 +691,19 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
         memset(&rq[i], 0, sizeof(rq[i]));
         rq[i].method = STRIA_RPC_WORKER_SESSION_CALL;
         rq[i].request = &req[i].base;
-        rq[i].payload = s->up[rank];
-        rq[i].payload_len = in_bytes;
-        rq[i].reply_buf = s->down[rank];
-        rq[i].reply_buf_cap = out_bytes;
+        if (arena) {
+            req[i].arena = true;
+            req[i].arena_in = 0;
+            req[i].arena_out = out_off[i];
+        } else {
+            rq[i].payload = s->up[rank];
+            rq[i].payload_len = in_bytes;
+            rq[i].reply_buf = s->down[rank];
+            rq[i].reply_buf_cap = out_bytes;
+        }
         rq[i].timeout_s = job->pass_timeout_s + (s->sharded ? s->spec.arrival_timeout_s + 60 : 0);
         rq[i].job_secret = &job->secret;
         rq[i].job_id = job->id;
-        if (!s->opened[rank]) { /* sharded: this rank's first call */
-            o[i].st = stria__sess_open_ranks(s, &rank, 1);
-            if (o[i].st != STRIA_OK) {
-                stria__sess_fail(&o[i], r, o[i].st);
-                continue;
-            }
-        }
         if ((o[i].st = stria__sess_rank_ready(s, rank)) == STRIA_OK &&
             (o[i].st = stria_rpc_client_send(r->conn, &rq[i], &pend[i])) == STRIA_OK) {
             sent[i] = true;
@@ -675,12 +738,12 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
         down_bytes += reply.payload_len;
         stria_rpc_reply_free(&reply);
         int64_t valid = stria_layout_shard_valid(&lay, rank);
-        char *p = s->down[rank];
+        char *p = r->shm.base != NULL ? (char *)r->shm.base + out_off[i] : s->down[rank];
         for (int t = 0; t < io->n_out; t++) {
             size_t bytes = (size_t)(io->out[t].outer * valid) * io->out[t].row;
-            if (s->sharded)
+            if (s->sharded && io->out[t].full_out != p) /* else read in the arena */
                 memcpy(io->out[t].full_out, p, bytes);
-            else
+            else if (!s->sharded)
                 stria__sess_move(&lay, rank, &io->out[t], p, io->out[t].full_out, true);
             p += bytes;
         }
@@ -837,6 +900,86 @@ stria_status_t stria_session_backward_shard(stria_session_t *session, const stri
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_session_backward_shard: the session is not sharded");
     return stria__sess_call(session, call, rank < 0 ? INT32_MAX : rank, true, in, out);
+}
+
+/* ---- arena buffers -------------------------------------------------------------- */
+
+stria_status_t stria_session_buffer(stria_session_t *s, const stria_call_t *call, int rank,
+                                    stria_tensor_id_t tensor, stria_shard_buffer_t *out)
+{
+    static const char fn[] = "stria_session_buffer";
+    stria_call_shape_t c;
+    stria_layout_t lay;
+    stria_status_t st;
+    if (s == NULL || out == NULL || out->struct_size < sizeof(*out))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: NULL argument (or a stria_shard_buffer_t without its "
+                               "struct_size: STRIA_SHARD_BUFFER_INIT)",
+                               fn);
+    if ((st = stria__call_read(call, &c)) != STRIA_OK)
+        return st;
+    if (tensor < STRIA_TENSOR_Q || tensor > STRIA_TENSOR_DV)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: tensor %d is none of the 9", fn,
+                               (int)tensor);
+    pthread_mutex_lock(&s->lock);
+    if (!s->sharded || s->job == NULL)
+        st = stria_error_set(STRIA_ERR_UNSUPPORTED,
+                             "%s: only a sharded session's ranks take their tensors as they are "
+                             "(a whole-sequence call's tensors are the full ones)",
+                             fn);
+    else if (rank < 0 || rank >= s->job->n_ranks)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG, "%s: rank %d is not a rank of the session", fn,
+                             rank);
+    const stria_call_bounds_t b = {.max_batch = s->spec.max_batch,
+                                   .max_seq_len = s->spec.max_seq_len,
+                                   .n_ranks = s->job != NULL ? s->job->n_ranks : 0,
+                                   .layout = (int)s->spec.layout};
+    if (st == STRIA_OK && (st = stria_call_shape_check(&c, &b)) != STRIA_OK)
+        stria_error_wrap(st, "%s", fn);
+    if (st == STRIA_OK && !s->opened[rank]) /* the rank opens on its worker now */
+        st = stria__sess_open_ranks(s, &rank, 1);
+    stria__rank_t *r = st == STRIA_OK ? &s->job->ranks[rank] : NULL;
+    if (st == STRIA_OK && r->shm.base == NULL)
+        st = stria_error_set(STRIA_ERR_UNSUPPORTED,
+                             "%s: rank %d's tensors go over TCP (%s): pass buffers of your own", fn,
+                             rank, r->shm_why[0] ? r->shm_why : "no arena");
+    if (st == STRIA_OK)
+        st = stria_layout_init(s->job->spec.layout, s->job->n_ranks, c.seq_len, &lay);
+    if (st != STRIA_OK) {
+        pthread_mutex_unlock(&s->lock);
+        return st;
+    }
+    /* the arena's layout of a call: inputs Q, K, V, O, LSE, dO from 0 (a
+     * forward writes O and LSE where the backward reads them), dQ, dK, dV
+     * after the inputs' room */
+    size_t in_cap = 0;
+    stria__sess_arena_bytes(s, &in_cap);
+    int64_t valid = stria_layout_shard_valid(&lay, rank);
+    size_t es = stria_dtype_size(s->spec.dtype);
+    size_t qrow = (size_t)(s->spec.heads * s->spec.head_dim) * es;
+    size_t kvrow = (size_t)(s->spec.kv_heads * s->spec.head_dim) * es;
+    size_t qb = (size_t)(c.batch * valid) * qrow, kvb = (size_t)(c.batch * valid) * kvrow;
+    size_t lb = (size_t)(c.batch * s->spec.heads * valid) * 4u;
+    const size_t offs[10] = {0,
+                             0,
+                             qb,
+                             qb + kvb,
+                             qb + 2 * kvb + qb + lb,
+                             qb + 2 * kvb,
+                             qb + 2 * kvb + qb,
+                             in_cap,
+                             in_cap + qb,
+                             in_cap + qb + kvb};
+    const size_t rows[10] = {0, qrow, kvrow, kvrow, qrow, qrow, 4, qrow, kvrow, kvrow};
+    stria_shard_buffer_t b2 = STRIA_SHARD_BUFFER_INIT;
+    b2.data = (char *)r->shm.base + offs[tensor];
+    b2.outer = tensor == STRIA_TENSOR_LSE ? c.batch * s->spec.heads : c.batch;
+    b2.tokens = valid;
+    b2.row_bytes = (int64_t)rows[tensor];
+    b2.outer_stride = valid * b2.row_bytes;
+    pthread_mutex_unlock(&s->lock);
+    *out = b2;
+    return STRIA_OK;
 }
 
 /* ---- accessors and closing ---------------------------------------------------- */

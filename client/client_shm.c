@@ -352,3 +352,64 @@ stria_data_path_t stria_job_data_path(const stria_job_t *job, int rank)
         return STRIA_DATA_PATH_AUTO;
     return job->ranks[rank].shm.sock >= 0 ? STRIA_DATA_PATH_SHM : STRIA_DATA_PATH_TCP;
 }
+
+/* ---- a session's arena ------------------------------------------------------- */
+
+stria_status_t stria__shm_arena(stria_job_t *job, stria__rank_t *r, size_t size)
+{
+    Stria__V1__ShmRequest req = STRIA__V1__SHM_REQUEST__INIT;
+    ProtobufCMessage *msg = NULL;
+    stria__shm_t shm = {.sock = -1, .fd = -1};
+    stria_status_t st = STRIA_OK;
+    int passed = -1;
+    int fd = memfd_create("stria-session-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED, "memfd_create: %m");
+    /* its pages allocated now (the worker refuses holes), then sealed: no
+     * one can shrink it under the worker's mapping */
+    if (ftruncate(fd, (off_t)size) != 0 || fallocate(fd, 0, 0, (off_t)size) != 0)
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "the session's %zu-byte arena: %m", size);
+    else if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        st = stria_error_set(STRIA_ERR_UNSUPPORTED, "sealing the session's arena: %m");
+    if (st == STRIA_OK) {
+        shm.base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (shm.base == MAP_FAILED) {
+            shm.base = NULL;
+            st = stria_error_set(STRIA_ERR_NO_MEMORY, "mapping the session's arena: %m");
+        }
+    }
+    if (st == STRIA_OK)
+        st = stria_shm_connect(r->shm_socket, &shm.sock);
+    req.op = STRIA__V1__SHM_REQUEST__OP__OP_ARENA;
+    req.worker_id = r->worker_id;
+    req.job_id = job->id;
+    req.rank = (uint32_t)r->rank;
+    req.secret.data = (uint8_t *)job->secret.bytes;
+    req.secret.len = sizeof(job->secret.bytes);
+    req.arena_size = size;
+    if (st == STRIA_OK)
+        st = stria_shm_send(shm.sock, &req.base, fd);
+    if (st == STRIA_OK)
+        st = stria_shm_recv(shm.sock, &stria__v1__shm_reply__descriptor,
+                            job->client->params.rpc_timeout_s, &msg, &passed);
+    if (passed >= 0) /* the worker passes none back */
+        close(passed);
+    if (st == STRIA_OK) {
+        const Stria__V1__ShmReply *rep = (const Stria__V1__ShmReply *)msg;
+        if (rep->status < 0)
+            st = stria_error_set((stria_status_t)rep->status, "%s", rep->message);
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    if (st != STRIA_OK) {
+        if (shm.base != NULL)
+            munmap(shm.base, size);
+        if (shm.sock >= 0)
+            close(shm.sock);
+        close(fd);
+        return stria_error_wrap(st, "%s", r->shm_socket);
+    }
+    shm.fd = fd;
+    shm.size = size;
+    r->shm = shm;
+    return STRIA_OK;
+}

@@ -490,6 +490,18 @@ stria_status_t stria_session_import(stria_client_t *client, const void *bytes, s
 int64_t stria_session_shard_tokens(const stria_session_t *session, int64_t seq_len, int rank);
 stria_status_t stria_session_positions(const stria_session_t *session, int64_t seq_len, int rank,
                                        int64_t *positions_out);
+/* Sharded sessions, with a worker on this host: where rank `rank`'s tensor
+ * lies in the rank's arena for calls of `call`'s shape (its tokens only,
+ * compact: outer_stride = tokens * row_bytes), so that the trainer builds
+ * its inputs there and reads its outputs there, and a call given these
+ * pointers moves none of their bytes. A forward writes O and LSE where a
+ * backward of the same shape reads them. Opens the rank on its worker if
+ * no call did yet (every rank must). Valid until the session is closed or
+ * opened anew (stria_session_stats().generation changes);
+ * STRIA_ERR_UNSUPPORTED when the rank's tensors go over TCP (the message
+ * says why) or the session is whole-sequence. */
+stria_status_t stria_session_buffer(stria_session_t *session, const stria_call_t *call, int rank,
+                                    stria_tensor_id_t tensor, stria_shard_buffer_t *out);
 int stria_session_ring_size(const stria_session_t *session);
 stria_layout_kind_t stria_session_layout(const stria_session_t *session);
 /* The session's id at the service (its job id; a reopened session has a

@@ -328,6 +328,13 @@ void stria__wsess_stop_locked(stria__wjob_t *j);
 void stria__wsess_free(stria_worker_t *w, stria__wjob_t *j);
 /* The session's calls for a heartbeat (lock held). */
 void stria__wsess_stats_locked(const stria__wjob_t *j, Stria__V1__SessionStats *out);
+/* A co-located client's arena for its session's rank (ShmRequest
+ * OP_ARENA): the secret checked, the memfd checked (sealed, not hugetlbfs,
+ * of `size` bytes within the rank's bound, no holes) and mapped; fd stays
+ * the caller's. Closed: its connection went, it is unmapped between calls. */
+stria_status_t stria__wsess_arena(stria_worker_t *w, uint64_t job_id, uint32_t rank,
+                                  const stria_job_secret_t *secret, int fd, uint64_t size);
+void stria__wsess_arena_closed(stria_worker_t *w, uint64_t job_id, uint32_t rank);
 
 /* ---- worker_coord.c ---- */
 stria_status_t stria__wcoord_call(stria_worker_t *w, uint32_t method, const ProtobufCMessage *req,

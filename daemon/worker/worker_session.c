@@ -15,11 +15,16 @@
  * link, thread or mapping per call; the pass object is made again only when
  * the call's shape differs from the last one's (its buffers come from the
  * worker's pool). */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "worker_int.h"
 
@@ -48,6 +53,12 @@ struct stria__wsess {
     char *in, *out;
     size_t in_cap, out_cap;
     uint64_t rows; /* batch x shard tokens the bounds allow */
+    /* A co-located client's arena (OP_ARENA): its sealed memfd mapped here;
+     * calls name their inputs and outputs in it. arena_closed (its
+     * connection closed) makes the thread unmap it between calls. */
+    char *arena;
+    size_t arena_size;
+    bool arena_closed;
     /* under w->lock: calls, bytes moved, the latencies of the last
      * STRIA__LAT_KEPT calls (seconds; a ring) */
     uint64_t calls, failed, bytes;
@@ -255,19 +266,19 @@ static void stria__compact_copy(void *dst, const void *src, int64_t outer, int64
 }
 
 static stria_status_t stria__sess_views(stria_worker_t *w, stria__wjob_t *j,
-                                        const stria__wcall_t *g, stria__views_t *v)
+                                        const stria__wcall_t *g, char *in_base, char *out_base,
+                                        stria__views_t *v)
 {
-    stria__wsess_t *s = j->sess;
     int64_t L = g->layout.shard_tokens, B = g->shape.batch;
     /* compact inputs, then outputs, in payload order */
     char *in[6], *out[3];
-    in[0] = s->in;
+    in[0] = in_base;
     in[1] = in[0] + g->q_bytes;
     in[2] = in[1] + g->kv_bytes;
     in[3] = in[2] + g->kv_bytes;  /* backward: O */
     in[4] = in[3] + g->q_bytes;   /* LSE */
     in[5] = in[4] + g->lse_bytes; /* dO */
-    out[0] = s->out;
+    out[0] = out_base;
     out[1] = out[0] + g->q_bytes;  /* forward LSE; backward dK */
     out[2] = out[1] + g->kv_bytes; /* backward dV */
     if (g->padded) {
@@ -309,9 +320,8 @@ static stria_status_t stria__sess_views(stria_worker_t *w, stria__wjob_t *j,
 }
 
 /* After a padded call: its outputs, real tokens only, into the reply buffer. */
-static void stria__sess_compact_out(stria__wjob_t *j, const stria__wcall_t *g)
+static void stria__sess_compact_out(stria__wjob_t *j, const stria__wcall_t *g, char *out)
 {
-    char *out = j->sess->out;
     int64_t L = g->layout.shard_tokens, B = g->shape.batch;
     if (!g->backward) {
         stria__compact_copy(out, j->buf[STRIA__T_O], B, g->valid, L, g->qrow, false);
@@ -376,6 +386,7 @@ static void stria__sess_payload_done(void *arg)
     stria_worker_t *w = j->w;
     pthread_mutex_lock(&w->lock);
     j->sess->busy = false;
+    pthread_cond_broadcast(&j->sess->cv); /* an arena to unmap may wait for it */
     pthread_mutex_unlock(&w->lock);
     stria__wjob_unref(w, j);
 }
@@ -394,13 +405,17 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
     double t0 = stria_time_now();
     int b = req->backward ? 1 : 0;
 
+    /* the arena's place was checked when the call was accepted; it stays
+     * mapped until this thread unmaps it */
+    char *in = req->arena ? s->arena + req->arena_in : s->in;
+    char *out = req->arena ? s->arena + req->arena_out : s->out;
     stria_call_shape_from_pb(req->shape, &shape);
     stria_status_t st = stria__call_geom(j, &shape, req->backward, &g);
     if (st == STRIA_OK && (s->link == NULL || s->epoch != req->link_epoch))
         st = stria__sess_connect(w, j, req->link_epoch);
     if (st == STRIA_OK && j->sharded)
         st = stria__sess_agree(j, req->call, req->digest);
-    if (st == STRIA_OK && (st = stria__sess_views(w, j, &g, &v)) != STRIA_OK)
+    if (st == STRIA_OK && (st = stria__sess_views(w, j, &g, in, out, &v)) != STRIA_OK)
         stria_link_abort(s->link, st, stria_error_msg());
     if (st == STRIA_OK && (st = stria__sess_pass(w, j, &shape)) != STRIA_OK)
         stria_link_abort(s->link, st, stria_error_msg());
@@ -422,7 +437,7 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
         stats.steps = (uint32_t)stria_ring_pass_steps(s->pass);
     }
     if (st == STRIA_OK && g.padded)
-        stria__sess_compact_out(j, &g);
+        stria__sess_compact_out(j, &g, out);
     stats.seconds = stria_time_now() - t0;
     stria_metric_add(w->m_passes[b], 1);
     stria_metric_observe(w->m_pass_s[b], stats.seconds);
@@ -449,7 +464,8 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
         pthread_mutex_lock(&w->lock);
         j->refs++; /* the reply's payload is the session's buffer */
         pthread_mutex_unlock(&w->lock);
-        if (stria_rpc_call_reply(call, &rep.base, s->out, stria__call_out_bytes(&g),
+        if (stria_rpc_call_reply(call, &rep.base, req->arena ? NULL : s->out,
+                                 req->arena ? 0 : stria__call_out_bytes(&g),
                                  stria__sess_payload_done, j) != STRIA_OK)
             stria_log_warn("session %llu: the reply to call %llu could not be sent",
                            (unsigned long long)j->id, (unsigned long long)req->call);
@@ -467,6 +483,7 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
                        (unsigned long long)req->call, msg);
         pthread_mutex_lock(&w->lock);
         s->busy = false;
+        pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&w->lock);
         stria_rpc_call_fail_r(call, st, retryable, "%s", msg);
     }
@@ -517,8 +534,16 @@ static void *stria__sess_thread(void *arg)
     w->running_passes--;
     pthread_cond_broadcast(&w->cv);
     for (;;) {
-        while (!s->stop && s->call == NULL && s->n_opens == 0)
+        while (!s->stop && s->call == NULL && s->n_opens == 0 &&
+               !(s->arena_closed && s->arena != NULL && !s->busy))
             pthread_cond_wait(&s->cv, &w->lock);
+        if (s->arena_closed && s->arena != NULL && !s->busy) {
+            /* its client's connection closed: no call of it runs or waits */
+            munmap(s->arena, s->arena_size);
+            s->arena = NULL;
+            s->arena_closed = false;
+            continue;
+        }
         if (s->stop)
             break;
         if (s->n_opens > 0) { /* another client of the session opened it again */
@@ -559,6 +584,9 @@ static void *stria__sess_thread(void *arg)
     s->pass = NULL;
     stria_job_masks_free(&s->pass_masks);
     pthread_mutex_lock(&w->lock);
+    if (s->arena != NULL) /* a reply still being written reads no arena: it has no payload */
+        munmap(s->arena, s->arena_size);
+    s->arena = NULL;
     j->link = NULL;
     pthread_mutex_unlock(&w->lock);
     stria_link_destroy(s->link);
@@ -785,19 +813,27 @@ void stria__w_on_open_session(void *ctx, stria_rpc_call_t *call)
 
 /* ---- calls ---------------------------------------------------------------------- */
 
-/* The call's checks, then its payload straight into the session's input
- * buffer. The job's reference is kept for the handler (the call's cleanup
- * argument). */
 static void stria__call_cleanup(void *arg)
 {
     stria__wjob_t *j = arg;
     stria__wjob_unref(j->w, j);
 }
 
-stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
-                                        void **buf_out)
+/* Whether [off, off + len) lies inside `size` bytes. */
+static bool stria__inside(uint64_t off, uint64_t len, uint64_t size)
 {
-    stria_worker_t *w = ctx;
+    return off <= size && len <= size - off;
+}
+
+/* The checks of a call before anything of it is read: the proof, the
+ * session open here, the shape against the bounds (the worker's own copy),
+ * the inputs (payload_len bytes of payload, or their place in the arena),
+ * one call at a time. On success *out holds the job's reference for the
+ * handler (the call's cleanup releases it). A refused call aborts the ring
+ * link: the other ranks may be in it already, and fail now. */
+static stria_status_t stria__call_accept(stria_worker_t *w, stria_rpc_call_t *call,
+                                         uint64_t payload_len, stria__wjob_t **out)
+{
     const Stria__V1__SessionCallRequest *req =
         (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
     stria__wjob_t *j;
@@ -807,8 +843,10 @@ stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint6
     if (st != STRIA_OK)
         return st;
     pthread_mutex_lock(&w->lock);
-    bool open = j->sess != NULL && j->sess->started && j->sess->link_up;
+    stria__wsess_t *s = j->sess;
+    bool open = s != NULL && s->started && s->link_up;
     bool draining = w->draining;
+    uint64_t arena_size = open && s->arena != NULL && !s->arena_closed ? s->arena_size : 0;
     pthread_mutex_unlock(&w->lock);
     if (!open)
         st = stria_error_set(STRIA_ERR_INVALID_ARG, "session %llu rank %u is not open here",
@@ -823,27 +861,46 @@ stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint6
         stria_call_shape_from_pb(req->shape, &shape);
         st = stria__call_geom(j, &shape, req->backward, &g);
     }
-    if (st == STRIA_OK && payload_len != stria__call_in_bytes(&g))
-        st =
-            stria_error_set(STRIA_ERR_INVALID_ARG,
-                            "session %llu call %llu rank %u: the payload is %llu bytes; the "
-                            "call's %s inputs are %llu",
-                            (unsigned long long)j->id, (unsigned long long)req->call, req->rank,
-                            (unsigned long long)payload_len, req->backward ? "backward" : "forward",
-                            (unsigned long long)stria__call_in_bytes(&g));
+    uint64_t in_bytes = st == STRIA_OK ? stria__call_in_bytes(&g) : 0;
+    uint64_t out_bytes = st == STRIA_OK ? stria__call_out_bytes(&g) : 0;
+    if (st == STRIA_OK && req->arena && payload_len != 0)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "session %llu call %llu: inputs in the arena and a payload too",
+                             (unsigned long long)j->id, (unsigned long long)req->call);
+    else if (st == STRIA_OK && req->arena && arena_size == 0)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "session %llu call %llu rank %u: no arena is registered with this "
+                             "worker (or its connection closed)",
+                             (unsigned long long)j->id, (unsigned long long)req->call, req->rank);
+    else if (st == STRIA_OK && req->arena &&
+             (!stria__inside(req->arena_in, in_bytes, arena_size) ||
+              !stria__inside(req->arena_out, out_bytes, arena_size)))
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "session %llu call %llu rank %u: inputs at %llu (%llu bytes) or "
+                             "outputs at %llu (%llu bytes) outside the %llu-byte arena",
+                             (unsigned long long)j->id, (unsigned long long)req->call, req->rank,
+                             (unsigned long long)req->arena_in, (unsigned long long)in_bytes,
+                             (unsigned long long)req->arena_out, (unsigned long long)out_bytes,
+                             (unsigned long long)arena_size);
+    else if (st == STRIA_OK && !req->arena && payload_len != in_bytes)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "session %llu call %llu rank %u: the payload is %llu bytes; the "
+                             "call's %s inputs are %llu",
+                             (unsigned long long)j->id, (unsigned long long)req->call, req->rank,
+                             (unsigned long long)payload_len,
+                             req->backward ? "backward" : "forward", (unsigned long long)in_bytes);
     if (st == STRIA_OK) {
         pthread_mutex_lock(&w->lock);
-        if (j->sess->busy)
+        if (s->busy)
             st = stria_error_set(STRIA_ERR_BUSY,
                                  "session %llu rank %u: a call is running (calls of a session "
                                  "run one at a time)",
                                  (unsigned long long)j->id, req->rank);
         else
-            j->sess->busy = true;
+            s->busy = true;
         pthread_mutex_unlock(&w->lock);
     }
     if (st != STRIA_OK) {
-        /* the other ranks may be in the call already: they fail now */
         char msg[512];
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
         pthread_mutex_lock(&w->lock);
@@ -854,23 +911,39 @@ stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint6
         return stria_error_set(st, "%s", msg);
     }
     stria_rpc_call_set_cleanup(call, stria__call_cleanup, j);
-    stria_metric_add(w->m_in_bytes, (double)payload_len);
-    *buf_out = j->sess->in;
+    stria_metric_add(w->m_in_bytes, (double)in_bytes);
+    *out = j;
     return STRIA_OK;
+}
+
+/* A call with inputs in its payload: read straight into the session's
+ * input buffer. */
+stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                        void **buf_out)
+{
+    stria__wjob_t *j;
+    stria_status_t st = stria__call_accept(ctx, call, payload_len, &j);
+    if (st == STRIA_OK)
+        *buf_out = j->sess->in;
+    return st;
 }
 
 void stria__w_on_call(void *ctx, stria_rpc_call_t *call)
 {
     stria_worker_t *w = ctx;
     stria__wjob_t *j = stria_rpc_call_cleanup_arg(call);
-    if (j == NULL) { /* no payload came: a call needs inputs */
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SessionCall: the call has no inputs");
-        return;
+    if (j == NULL) { /* no payload: its inputs are in the arena, or it has none */
+        stria_status_t st = stria__call_accept(w, call, 0, &j);
+        if (st != STRIA_OK) {
+            stria_rpc_call_fail(call, st, "%s", stria_error_msg());
+            return;
+        }
     }
     pthread_mutex_lock(&w->lock);
     if (j->sess->stop || w->stopping) {
         bool stopping = w->stopping;
         j->sess->busy = false;
+        pthread_cond_broadcast(&j->sess->cv);
         pthread_mutex_unlock(&w->lock);
         stria_rpc_call_fail_r(call, stopping ? STRIA_ERR_BUSY : STRIA_ERR_CANCELLED, stopping,
                               stopping ? "this worker is shutting down" : "the session is closed");
@@ -882,5 +955,108 @@ void stria__w_on_call(void *ctx, stria_rpc_call_t *call)
     j->last_activity = stria_time_now();
     w->running_passes++;
     pthread_cond_broadcast(&j->sess->cv);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* ---- the arena of a co-located client -------------------------------------------- */
+
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
+#endif
+
+/* What a worker requires of an arena before it maps it: sealed against
+ * shrinking (a mapping would fault past the end: SIGBUS) and growing, not
+ * hugetlbfs, the size it was said to be and no larger than the session's
+ * bound, and no holes (a page the worker faulted in first would be charged
+ * to it). */
+static stria_status_t stria__arena_check(int fd, uint64_t size, uint64_t bound)
+{
+    struct stat sb;
+    struct statfs fs;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "the arena is not sealed against shrinking and growing "
+                               "(memfd_create with MFD_ALLOW_SEALING, then F_ADD_SEALS)");
+    if (fstatfs(fd, &fs) != 0 || fs.f_type == HUGETLBFS_MAGIC)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "the arena is on hugetlbfs (refused)");
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0 ||
+        (uint64_t)sb.st_size != size)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "the arena's size is %lld bytes, not the %llu it was said to be",
+                               (long long)sb.st_size, (unsigned long long)size);
+    if (size > bound)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "the arena's %llu bytes exceed the session rank's bound of %llu",
+                               (unsigned long long)size, (unsigned long long)bound);
+    off_t hole = lseek(fd, 0, SEEK_HOLE);
+    if (hole < 0 || (uint64_t)hole < size)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "the arena has a hole at byte %lld of %llu (allocate its pages "
+                               "first, with fallocate)",
+                               (long long)hole, (unsigned long long)size);
+    return STRIA_OK;
+}
+
+stria_status_t stria__wsess_arena(stria_worker_t *w, uint64_t job_id, uint32_t rank,
+                                  const stria_job_secret_t *secret, int fd, uint64_t size)
+{
+    stria__wjob_t *j;
+    stria_status_t st = stria__wjob_get(w, job_id, rank, false, &j);
+    if (st != STRIA_OK)
+        return st;
+    if (!stria_auth_equal(secret->bytes, j->secret.bytes, sizeof(j->secret))) {
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_AUTH, "session %llu: the secret is not the session's",
+                               (unsigned long long)job_id);
+    }
+    pthread_mutex_lock(&w->lock);
+    stria__wsess_t *s = j->sess;
+    if (s == NULL || !s->started || !s->link_up)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "job %llu rank %u is no session open on this worker (open it first)",
+                             (unsigned long long)job_id, rank);
+    else if (s->arena != NULL)
+        st = stria_error_set(STRIA_ERR_BUSY, "session %llu rank %u has an arena already",
+                             (unsigned long long)job_id, rank);
+    uint64_t bound = s != NULL ? s->in_cap + s->out_cap : 0;
+    pthread_mutex_unlock(&w->lock);
+    void *base = MAP_FAILED;
+    if (st == STRIA_OK && (st = stria__arena_check(fd, size, bound)) == STRIA_OK) {
+        base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (base == MAP_FAILED)
+            st = stria_error_set(STRIA_ERR_IO, "cannot map the arena's %llu bytes: %m",
+                                 (unsigned long long)size);
+    }
+    if (st == STRIA_OK) {
+        pthread_mutex_lock(&w->lock);
+        if (s->arena == NULL && !s->stop) {
+            s->arena = base;
+            s->arena_size = (size_t)size;
+            s->arena_closed = false;
+            base = MAP_FAILED;
+        } else {
+            st = stria_error_set(STRIA_ERR_BUSY, "session %llu rank %u has an arena already",
+                                 (unsigned long long)job_id, rank);
+        }
+        pthread_mutex_unlock(&w->lock);
+    }
+    if (base != MAP_FAILED)
+        munmap(base, (size_t)size);
+    if (st == STRIA_OK)
+        stria_log_info("session %llu rank %u: a %llu-byte arena registered",
+                       (unsigned long long)job_id, rank, (unsigned long long)size);
+    stria__wjob_unref(w, j);
+    return st;
+}
+
+void stria__wsess_arena_closed(stria_worker_t *w, uint64_t job_id, uint32_t rank)
+{
+    pthread_mutex_lock(&w->lock);
+    stria__wjob_t *j = stria__wjob_find(w, job_id);
+    if (j != NULL && (uint32_t)j->rank == rank && j->sess != NULL && j->sess->arena != NULL) {
+        j->sess->arena_closed = true; /* unmapped by the thread between calls */
+        pthread_cond_broadcast(&j->sess->cv);
+    }
     pthread_mutex_unlock(&w->lock);
 }

@@ -128,6 +128,7 @@ typedef struct stria__shm_conn {
     bool attached;
     uint64_t job_id;
     uint32_t rank;
+    bool arena; /* a session's arena registered (job_id, rank): gone with the connection */
 } stria__shm_conn_t;
 
 struct stria__shm_srv {
@@ -274,6 +275,41 @@ static void stria__shm_lost(stria__shm_conn_t *c)
     pthread_mutex_unlock(&w->lock);
 }
 
+/* OP_ARENA: a session's arena, the memfd passed along. */
+static stria_status_t stria__shm_arena(stria__shm_conn_t *c, const Stria__V1__ShmRequest *req,
+                                       int fd)
+{
+    stria_worker_t *w = c->srv->w;
+    stria_status_t st = STRIA_OK;
+    uint64_t me = stria_worker_id(w);
+    if (c->attached || c->arena)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "this connection serves job %llu rank %u already: open another",
+                             (unsigned long long)c->job_id, c->rank);
+    else if (req->worker_id != me)
+        st = stria_error_set(STRIA_ERR_NOT_FOUND, "this socket is worker %llu's, not worker %llu's",
+                             (unsigned long long)me, (unsigned long long)req->worker_id);
+    else if (req->secret.len != sizeof(stria_job_secret_t))
+        st = stria_error_set(STRIA_ERR_AUTH, "session %llu: an arena needs the session's secret",
+                             (unsigned long long)req->job_id);
+    else if (fd < 0)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG, "an arena request without its memfd");
+    if (st == STRIA_OK) {
+        stria_job_secret_t secret;
+        memcpy(secret.bytes, req->secret.data, sizeof(secret.bytes));
+        st = stria__wsess_arena(w, req->job_id, req->rank, &secret, fd, req->arena_size);
+        stria_auth_wipe(&secret, sizeof(secret));
+    }
+    if (st != STRIA_OK)
+        return stria__shm_reply_error(c, st);
+    c->arena = true;
+    c->job_id = req->job_id;
+    c->rank = req->rank;
+    Stria__V1__ShmReply rep = STRIA__V1__SHM_REPLY__INIT;
+    rep.size = req->arena_size;
+    return stria_shm_send(c->fd, &rep.base, -1);
+}
+
 static void *stria__shm_conn_main(void *arg)
 {
     stria__shm_conn_t *c = arg;
@@ -282,24 +318,36 @@ static void *stria__shm_conn_main(void *arg)
         int fd = -1;
         stria_status_t st =
             stria_shm_recv(c->fd, &stria__v1__shm_request__descriptor, 0, &msg, &fd);
-        if (fd >= 0)
-            close(fd); /* clients pass none */
-        if (st != STRIA_OK)
+        if (st != STRIA_OK) {
+            if (fd >= 0)
+                close(fd);
             break;
+        }
         const Stria__V1__ShmRequest *req = (const Stria__V1__ShmRequest *)msg;
-        if (req->op == STRIA__V1__SHM_REQUEST__OP__OP_ATTACH)
+        switch (req->op) {
+        case STRIA__V1__SHM_REQUEST__OP__OP_ARENA: /* mapped or refused: the descriptor goes */
+            st = stria__shm_arena(c, req, fd);
+            break;
+        case STRIA__V1__SHM_REQUEST__OP__OP_ATTACH:
             st = stria__shm_attach(c, req);
-        else if (req->op == STRIA__V1__SHM_REQUEST__OP__OP_COMMIT)
+            break;
+        case STRIA__V1__SHM_REQUEST__OP__OP_COMMIT:
             st = stria__shm_commit(c, req);
-        else
+            break;
+        default:
             st = stria__shm_reply_error(
                 c, stria_error_set(STRIA_ERR_INVALID_ARG, "unknown request %d", (int)req->op));
+        }
+        if (fd >= 0) /* only an arena's is kept, mapped */
+            close(fd);
         protobuf_c_message_free_unpacked(msg, NULL);
         if (st != STRIA_OK)
             break;
     }
     if (c->attached)
         stria__shm_lost(c);
+    if (c->arena)
+        stria__wsess_arena_closed(c->srv->w, c->job_id, c->rank);
     pthread_mutex_lock(&c->srv->lock);
     c->done = true;
     pthread_mutex_unlock(&c->srv->lock);
