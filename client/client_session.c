@@ -707,7 +707,7 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
         if ((o[i].st = stria__sess_rank_ready(s, rank)) == STRIA_OK &&
             (o[i].st = stria_rpc_client_send(r->conn, &rq[i], &pend[i])) == STRIA_OK) {
             sent[i] = true;
-            up_bytes += in_bytes;
+            up_bytes += arena ? 0 : in_bytes;
         }
         if (o[i].st != STRIA_OK)
             stria__sess_fail(&o[i], r, o[i].st);
@@ -735,7 +735,7 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
         if (rep->stats != NULL && rep->stats->seconds > pass_max)
             pass_max = rep->stats->seconds;
         minflt += rep->worker_minflt;
-        down_bytes += reply.payload_len;
+        down_bytes += reply.payload_len; /* 0 with an arena */
         stria_rpc_reply_free(&reply);
         int64_t valid = stria_layout_shard_valid(&lay, rank);
         char *p = r->shm.base != NULL ? (char *)r->shm.base + out_off[i] : s->down[rank];

@@ -365,8 +365,10 @@ stria_status_t stria__shm_arena(stria_job_t *job, stria__rank_t *r, size_t size)
     int fd = memfd_create("stria-session-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return stria_error_set(STRIA_ERR_UNSUPPORTED, "memfd_create: %m");
-    /* its pages allocated now (the worker refuses holes), then sealed: no
-     * one can shrink it under the worker's mapping */
+    /* its pages allocated now (the worker refuses holes; shmem counts
+     * pages allocated but never touched as holes, so the populating map
+     * below touches them), then sealed: no one can shrink it under the
+     * worker's mapping */
     if (ftruncate(fd, (off_t)size) != 0 || fallocate(fd, 0, 0, (off_t)size) != 0)
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "the session's %zu-byte arena: %m", size);
     else if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)

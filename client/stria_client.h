@@ -433,16 +433,16 @@ typedef struct {
 
 /* What a session did so far. */
 typedef struct {
-    size_t struct_size; /* sizeof(stria_session_stats_t) */
-    uint64_t calls;     /* calls that succeeded */
-    uint64_t failed;    /* calls that failed (after their retries) */
-    uint64_t retries;   /* tries beyond the first */
-    uint64_t reopened;  /* times the session was opened anew (expired, or a retry) */
-    uint64_t bytes_up, bytes_down;
-    double last_call_s;   /* wall time of the last call */
-    double last_pass_s;   /* the slowest rank's pass in it */
-    uint64_t last_minflt; /* minor page faults of the workers during it, all ranks */
-    uint32_t generation;  /* the session's opens: 1, then one more per reopening */
+    size_t struct_size;            /* sizeof(stria_session_stats_t) */
+    uint64_t calls;                /* calls that succeeded */
+    uint64_t failed;               /* calls that failed (after their retries) */
+    uint64_t retries;              /* tries beyond the first */
+    uint64_t reopened;             /* times the session was opened anew (expired, or a retry) */
+    uint64_t bytes_up, bytes_down; /* tensor bytes over TCP (a rank with an arena moves none) */
+    double last_call_s;            /* wall time of the last call */
+    double last_pass_s;            /* the slowest rank's pass in it */
+    uint64_t last_minflt;          /* minor page faults of the workers during it, all ranks */
+    uint32_t generation;           /* the session's opens: 1, then one more per reopening */
 } stria_session_stats_t;
 #define STRIA_SESSION_STATS_INIT                                                                   \
     {                                                                                              \

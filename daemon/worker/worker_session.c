@@ -28,7 +28,8 @@
 
 #include "worker_int.h"
 
-#define STRIA__LAT_KEPT 256
+#define STRIA__LAT_KEPT    256
+#define STRIA__PASSES_KEPT 4
 
 struct stria__wsess {
     stria__wjob_t *j;
@@ -45,9 +46,16 @@ struct stria__wsess {
     /* the thread's own */
     stria_link_t *link;
     uint64_t epoch;
-    stria_ring_pass_t *pass;
-    stria_call_shape_t pass_shape; /* of the pass object; documents in pass_masks */
-    stria_job_masks_t pass_masks;
+    /* pass objects of the last shapes called, least recently used replaced
+     * first (a model's layers alternate a few shapes: none is remade) */
+    struct {
+        stria_ring_pass_t *pass;
+        stria_call_shape_t shape; /* documents in masks */
+        stria_job_masks_t masks;
+        uint64_t used;
+    } passes[STRIA__PASSES_KEPT];
+    stria_ring_pass_t *pass; /* the current call's */
+    uint64_t uses;
     /* buffers for the bounds, from the job pool: the request payload (inputs,
      * real tokens only) and the reply payload */
     char *in, *out;
@@ -165,8 +173,9 @@ static stria_status_t stria__sess_connect(stria_worker_t *w, stria__wjob_t *j, u
 {
     stria__wsess_t *s = j->sess;
     if (s->link != NULL) {
-        if (s->pass != NULL)
-            stria_ring_pass_set_link(s->pass, &j->parked);
+        for (int i = 0; i < STRIA__PASSES_KEPT; i++)
+            if (s->passes[i].pass != NULL)
+                stria_ring_pass_set_link(s->passes[i].pass, &j->parked);
         pthread_mutex_lock(&w->lock);
         j->link = NULL;
         pthread_mutex_unlock(&w->lock);
@@ -193,9 +202,7 @@ static stria_status_t stria__sess_connect(stria_worker_t *w, stria__wjob_t *j, u
     pthread_mutex_unlock(&w->lock);
     s->link = link;
     s->epoch = epoch;
-    if (s->pass != NULL && (st = stria_ring_pass_set_link(s->pass, link)) != STRIA_OK)
-        return st;
-    return STRIA_OK;
+    return STRIA_OK; /* the kept pass objects are bound to it when used */
 }
 
 static bool stria__same_shape(const stria_call_shape_t *a, const stria_call_shape_t *b)
@@ -208,32 +215,44 @@ static bool stria__same_shape(const stria_call_shape_t *a, const stria_call_shap
             memcmp(a->cu_seqlens, b->cu_seqlens, a->n_cu_seqlens * sizeof(int64_t)) == 0);
 }
 
-/* The pass object of the call's shape: the last one's when the shape is the
- * same, else a new one (its buffers from the worker's pool). */
+/* The pass object of the call's shape, bound to the session's link: a kept
+ * one of the same shape, else a new one (its buffers from the worker's
+ * pool) in place of the least recently used. */
 static stria_status_t stria__sess_pass(stria_worker_t *w, stria__wjob_t *j,
                                        const stria_call_shape_t *shape)
 {
     stria__wsess_t *s = j->sess;
-    if (s->pass != NULL && stria__same_shape(&s->pass_shape, shape))
-        return STRIA_OK;
-    stria_ring_pass_destroy(s->pass);
+    int slot = 0;
+    for (int i = 0; i < STRIA__PASSES_KEPT; i++) {
+        if (s->passes[i].pass != NULL && stria__same_shape(&s->passes[i].shape, shape)) {
+            s->passes[i].used = ++s->uses;
+            s->pass = s->passes[i].pass;
+            return stria_ring_pass_set_link(s->pass, s->link);
+        }
+        if (s->passes[i].used < s->passes[slot].used) /* an empty slot's is 0 */
+            slot = i;
+    }
     s->pass = NULL;
-    stria_job_masks_free(&s->pass_masks);
+    stria_ring_pass_destroy(s->passes[slot].pass);
+    s->passes[slot].pass = NULL;
+    stria_job_masks_t *m = &s->passes[slot].masks;
+    stria_job_masks_free(m);
     if (shape->n_cu_seqlens > 0) {
-        s->pass_masks.cu_seqlens = malloc(shape->n_cu_seqlens * sizeof(int64_t));
-        if (s->pass_masks.cu_seqlens == NULL)
+        m->cu_seqlens = malloc(shape->n_cu_seqlens * sizeof(int64_t));
+        if (m->cu_seqlens == NULL)
             return stria_error_set(STRIA_ERR_NO_MEMORY, "session %llu: out of memory",
                                    (unsigned long long)j->id);
-        memcpy(s->pass_masks.cu_seqlens, shape->cu_seqlens, shape->n_cu_seqlens * sizeof(int64_t));
-        s->pass_masks.n_cu_seqlens = shape->n_cu_seqlens;
+        memcpy(m->cu_seqlens, shape->cu_seqlens, shape->n_cu_seqlens * sizeof(int64_t));
+        m->n_cu_seqlens = shape->n_cu_seqlens;
     }
-    s->pass_shape = *shape;
-    s->pass_shape.cu_seqlens = s->pass_masks.cu_seqlens;
+    s->passes[slot].shape = *shape;
+    s->passes[slot].shape.cu_seqlens = m->cu_seqlens;
+    s->passes[slot].used = ++s->uses;
     stria_ring_shape_t rs = stria_ring_shape_of(shape->batch, shape->seq_len, j->heads, j->kv_heads,
                                                 j->head_dim, j->dtype, shape->causal);
     rs.scale = shape->scale;
-    stria_ring_shape_set_masks(&rs, s->pass_masks.cu_seqlens, s->pass_masks.n_cu_seqlens,
-                               shape->has_window, shape->window_left, shape->window_right);
+    stria_ring_shape_set_masks(&rs, m->cu_seqlens, m->n_cu_seqlens, shape->has_window,
+                               shape->window_left, shape->window_right);
     stria_ring_opts_t opts;
     memset(&opts, 0, sizeof(opts));
     opts.step_timeout_s = j->step_timeout_s;
@@ -242,7 +261,10 @@ static stria_status_t stria__sess_pass(stria_worker_t *w, stria__wjob_t *j,
     opts.step_cb = stria__sess_on_step;
     opts.step_cb_ctx = j;
     opts.host_memory = &w->alloc_host;
-    return stria_ring_pass_create(s->link, &rs, j->layout_kind, &opts, &s->pass);
+    stria_status_t st =
+        stria_ring_pass_create(s->link, &rs, j->layout_kind, &opts, &s->passes[slot].pass);
+    s->pass = s->passes[slot].pass;
+    return st;
 }
 
 /* Views of the call's tensors: in the session's buffers when the shard has
@@ -580,9 +602,12 @@ static void *stria__sess_thread(void *arg)
         stria_error_set(STRIA_ERR_CANCELLED, "session %llu is closed", (unsigned long long)j->id);
         stria__sess_answer_opens(w, j, STRIA_ERR_CANCELLED, 0);
     }
-    stria_ring_pass_destroy(s->pass);
+    for (int i = 0; i < STRIA__PASSES_KEPT; i++) {
+        stria_ring_pass_destroy(s->passes[i].pass);
+        s->passes[i].pass = NULL;
+        stria_job_masks_free(&s->passes[i].masks);
+    }
     s->pass = NULL;
-    stria_job_masks_free(&s->pass_masks);
     pthread_mutex_lock(&w->lock);
     if (s->arena != NULL) /* a reply still being written reads no arena: it has no payload */
         munmap(s->arena, s->arena_size);
