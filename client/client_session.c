@@ -35,6 +35,9 @@ struct stria_session {
 
 #define STRIA__SESSION_EXPORT_MAGIC "STRIASS1"
 
+static stria_status_t stria__sess_reopen(stria_session_t *s, int *retries);
+static int stria__sess_ended(stria_session_t *s, char *why, size_t len);
+
 /* ---- opening ---------------------------------------------------------------- */
 
 static stria_status_t stria__sess_read_spec(const stria_session_spec_t *in,
@@ -338,7 +341,7 @@ static stria_status_t stria__sess_submit(stria_session_t *s, const stria_session
     s->up_cap = upc;
     s->down_cap = downc;
     s->job = job;
-    s->epoch = s->next_call;
+    s->epoch = 0; /* the workers' links of a new job are of epoch 0 */
     s->stats.generation++;
     if (s->sharded) /* each trainer rank opens its own at its first call */
         return STRIA_OK;
@@ -407,7 +410,12 @@ stria_status_t stria_session_open(stria_client_t *client, const stria_session_sp
     if (s == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_session_open: out of memory");
     s->sharded = sp.sharded;
-    if ((st = stria__sess_submit(s, &sp)) != STRIA_OK) {
+    s->spec = sp; /* its strings and arrays are read during the open only */
+    int retries = stria__retries(client);
+    st = stria__sess_submit(s, &sp);
+    if (st != STRIA_OK && stria_error_retryable() && retries > 0 && s->job != NULL)
+        st = stria__sess_reopen(s, &retries); /* a worker lost while it opened */
+    if (st != STRIA_OK) {
         char msg[1024];
         bool retryable = stria_error_retryable();
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
@@ -419,10 +427,9 @@ stria_status_t stria_session_open(stria_client_t *client, const stria_session_sp
         stria_error_set_retryable(retryable);
         return st;
     }
-    sp.label = NULL; /* read during the open only */
-    sp.placement_hosts = NULL;
-    sp.placement_devices = NULL;
-    s->spec = sp;
+    s->spec.label = NULL;
+    s->spec.placement_hosts = NULL;
+    s->spec.placement_devices = NULL;
     stria__sess_link(s);
     *session_out = s;
     return STRIA_OK;
@@ -762,6 +769,75 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
     return STRIA_OK;
 }
 
+/* What the coordinator says of a session whose workers no longer hold it
+ * or dropped it: over for good (cancelled, or failed for a cause that is
+ * its own: why says so), expired (idle past its deadline, or unknown: a
+ * restarted coordinator that could not rebuild it), lost (failed for a
+ * cause outside it: a worker died or left), or still on. */
+enum { STRIA__ENDED_ON, STRIA__ENDED_FINAL, STRIA__ENDED_EXPIRED, STRIA__ENDED_LOST };
+
+static int stria__sess_ended(stria_session_t *s, char *why, size_t len)
+{
+    Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    req.job_id = s->job->id;
+    memset(&reply, 0, sizeof(reply));
+    stria_status_t st = stria__coord_call_ex(s->client, STRIA_RPC_COORDINATOR_GET_JOB, &req.base,
+                                             s->job, &reply, false);
+    if (st == STRIA_ERR_NOT_FOUND)
+        return STRIA__ENDED_EXPIRED;
+    if (st != STRIA_OK)
+        return STRIA__ENDED_ON;
+    const Stria__V1__JobInfo *info = ((Stria__V1__GetJobReply *)reply.msg)->job;
+    int v = STRIA__ENDED_ON;
+    if (info != NULL) {
+        snprintf(why, len, "session %llu %s: %s", (unsigned long long)s->job->id,
+                 info->state == STRIA__V1__JOB_STATE__JOB_STATE_CANCELLED ? "was cancelled"
+                                                                          : "ended",
+                 info->failure && info->failure[0] ? info->failure : "no reason given");
+        switch (info->state) {
+        case STRIA__V1__JOB_STATE__JOB_STATE_EXPIRED:
+        case STRIA__V1__JOB_STATE__JOB_STATE_RELEASED:
+            v = STRIA__ENDED_EXPIRED;
+            break;
+        case STRIA__V1__JOB_STATE__JOB_STATE_CANCELLED:
+            v = STRIA__ENDED_FINAL;
+            break;
+        case STRIA__V1__JOB_STATE__JOB_STATE_FAILED:
+            v = info->failure_retryable ? STRIA__ENDED_LOST : STRIA__ENDED_FINAL;
+            break;
+        default:
+            break;
+        }
+    }
+    stria_rpc_reply_free(&reply);
+    return v;
+}
+
+/* Opens the session anew (without the workers the last try blamed): tried
+ * again while it fails retryably and the call has retries left. */
+static stria_status_t stria__sess_reopen(stria_session_t *s, int *retries)
+{
+    for (;;) {
+        stria_status_t st = stria__sess_submit(s, &s->spec);
+        s->stats.reopened++;
+        bool retryable = stria_error_retryable();
+        if ((st == STRIA_ERR_CANCELLED || st == STRIA_ERR_NOT_FOUND) && s->job != NULL) {
+            /* a worker refused to open it: the coordinator ended it as it
+             * opened (a member lost), or cancelled it */
+            char msg[1024], why[600];
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            int v = stria__sess_ended(s, why, sizeof(why));
+            retryable = v == STRIA__ENDED_LOST || v == STRIA__ENDED_EXPIRED;
+            stria_error_set(st, "%s", msg);
+        }
+        if (st == STRIA_OK || !retryable || *retries <= 0)
+            return st;
+        (*retries)--;
+        s->stats.retries++;
+    }
+}
+
 /* A call: checked, then tried; a whole-sequence session's call that failed
  * retryably (or found the session expired) is tried again on the session
  * opened anew. */
@@ -832,6 +908,19 @@ static stria_status_t stria__sess_call(stria_session_t *s, const stria_call_t *c
         free(ranks);
         if (st == STRIA_OK || s->sharded)
             break;
+        /* workers that no longer hold the session, or dropped it: what the
+         * coordinator says decides (expired or lost: open it again;
+         * cancelled: the call fails with its reason) */
+        if (expired || st == STRIA_ERR_CANCELLED) {
+            char why[600];
+            int v = stria__sess_ended(s, why, sizeof(why));
+            if (v == STRIA__ENDED_FINAL) {
+                st = stria_error_set(STRIA_ERR_CANCELLED, "%s: %s", fn, why);
+                break;
+            }
+            expired = v == STRIA__ENDED_EXPIRED;
+            retryable = retryable || v == STRIA__ENDED_LOST;
+        }
         /* an expired session is opened again once; a retryable failure as
          * often as the client's retries allow */
         if (expired && reopen > 0)
@@ -843,10 +932,8 @@ static stria_status_t stria__sess_call(stria_session_t *s, const stria_call_t *c
         char msg[1024];
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
         stria_log_info("session %llu: %s; opening it again", (unsigned long long)s->job->id, msg);
-        stria_status_t ost = stria__sess_submit(s, &s->spec);
-        s->stats.reopened++;
-        if (ost != STRIA_OK) {
-            st = stria_error_wrap(ost, "%s: opening the session again after \"%s\"", fn, msg);
+        if ((st = stria__sess_reopen(s, &retries)) != STRIA_OK) {
+            stria_error_wrap(st, "%s: opening the session again after \"%s\"", fn, msg);
             break;
         }
     }

@@ -431,6 +431,8 @@ static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, 
     p->call_id = p->has_next_call_id ? p->next_call_id
                                      : ((uint64_t)p->pass_id << 8) | (uint64_t)(p->call & 0xffu);
     p->has_next_call_id = false;
+    /* sends of a failed call were cancelled: none is waited for now */
+    memset(p->sends, 0, sizeof(p->sends));
     p->t_start = stria_time_now();
     if ((st = stria__check_view(q, fn, "q", true, p->shape.dtype)) != STRIA_OK ||
         (st = stria__check_view(k, fn, "k", true, p->shape.dtype)) != STRIA_OK ||

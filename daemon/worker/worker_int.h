@@ -314,6 +314,10 @@ void stria__w_on_get(void *ctx, stria_rpc_call_t *call);
 void stria__w_on_drop(void *ctx, stria_rpc_call_t *call);
 void stria__w_on_forward(void *ctx, stria_rpc_call_t *call);
 void stria__w_on_backward(void *ctx, stria_rpc_call_t *call);
+/* The job's parked link (what its pass objects are bound to between
+ * passes, and a session's while its link is replaced): fails every
+ * operation. */
+void stria__wpass_park_init(stria__wjob_t *j);
 /* Destroys a job's pass object (with the job). */
 void stria__wpass_free(stria__wjob_t *j);
 

@@ -131,6 +131,13 @@ static const stria_link_ops_t stria__parked_ops = {"parked",
                                                    stria__parked_abort,
                                                    stria__parked_destroy};
 
+void stria__wpass_park_init(stria__wjob_t *j)
+{
+    j->parked.ops = &stria__parked_ops;
+    j->parked.rank = j->rank;
+    j->parked.size = j->n_ranks;
+}
+
 void stria__wpass_free(stria__wjob_t *j)
 {
     stria_ring_pass_destroy(j->pass);
@@ -219,9 +226,7 @@ static stria_status_t stria__pass_object(stria_worker_t *w, stria__wjob_t *j, st
     opts.step_cb = stria__on_step;
     opts.step_cb_ctx = j;
     opts.host_memory = &w->alloc_host; /* ring buffers and kernel workspaces: the pool */
-    j->parked.ops = &stria__parked_ops;
-    j->parked.rank = j->rank;
-    j->parked.size = j->n_ranks;
+    stria__wpass_park_init(j);
     return stria_ring_pass_create(link, &shape, j->layout_kind, &opts, &j->pass);
 }
 

@@ -402,17 +402,6 @@ static uint64_t stria__minflt(void)
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_minflt : 0;
 }
 
-static void stria__sess_payload_done(void *arg)
-{
-    stria__wjob_t *j = arg;
-    stria_worker_t *w = j->w;
-    pthread_mutex_lock(&w->lock);
-    j->sess->busy = false;
-    pthread_cond_broadcast(&j->sess->cv); /* an arena to unmap may wait for it */
-    pthread_mutex_unlock(&w->lock);
-    stria__wjob_unref(w, j);
-}
-
 /* Runs one call on the pass thread and answers it. */
 static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_t *call)
 {
@@ -483,14 +472,22 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
         Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
         rep.stats = &stats;
         rep.worker_minflt = stria__minflt() - flt0;
+        uint64_t call_no = req->call;
+        /* The reply takes a copy of the outputs before it returns, so the
+         * next call may be taken at once: its inputs go to the input
+         * buffer, and its pass runs on this thread after the copy. (A
+         * reply sent from the buffer would keep the session busy until
+         * the loop saw the write done, which may come after the client,
+         * which has read the reply, sent its next call: refused busy.) */
         pthread_mutex_lock(&w->lock);
-        j->refs++; /* the reply's payload is the session's buffer */
+        s->busy = false;
+        pthread_cond_broadcast(&s->cv); /* an arena to unmap may wait for it */
         pthread_mutex_unlock(&w->lock);
         if (stria_rpc_call_reply(call, &rep.base, req->arena ? NULL : s->out,
-                                 req->arena ? 0 : stria__call_out_bytes(&g),
-                                 stria__sess_payload_done, j) != STRIA_OK)
+                                 req->arena ? 0 : stria__call_out_bytes(&g), NULL,
+                                 NULL) != STRIA_OK)
             stria_log_warn("session %llu: the reply to call %llu could not be sent",
-                           (unsigned long long)j->id, (unsigned long long)req->call);
+                           (unsigned long long)j->id, (unsigned long long)call_no);
     } else {
         char msg[1024];
         int n = snprintf(msg, sizeof(msg), "rank %d", j->rank);
@@ -499,8 +496,12 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
         else
             snprintf(msg, sizeof(msg), "%s", stria_error_msg());
         stria_metric_add(w->m_pass_fail[b], 1);
-        bool retryable = st == STRIA_ERR_PEER || st == STRIA_ERR_TRANSPORT ||
-                         st == STRIA_ERR_CLOSED || st == STRIA_ERR_TIMEOUT || st == STRIA_ERR_IO;
+        /* a link or a peer: retryable; but not a peer's abort of a call it
+         * found bad (its input: ranks that disagree, a shape it refused) */
+        bool retryable =
+            (st == STRIA_ERR_PEER || st == STRIA_ERR_TRANSPORT || st == STRIA_ERR_CLOSED ||
+             st == STRIA_ERR_TIMEOUT || st == STRIA_ERR_IO) &&
+            strstr(msg, "(invalid argument)") == NULL;
         stria_log_info("session %llu call %llu failed: %s", (unsigned long long)j->id,
                        (unsigned long long)req->call, msg);
         pthread_mutex_lock(&w->lock);
@@ -693,6 +694,7 @@ static void stria__sess_open(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call
         else {
             j->sess->j = j;
             pthread_cond_init(&j->sess->cv, NULL);
+            stria__wpass_park_init(j);
         }
     }
     stria__wsess_t *s = j->sess;
@@ -838,10 +840,25 @@ void stria__w_on_open_session(void *ctx, stria_rpc_call_t *call)
 
 /* ---- calls ---------------------------------------------------------------------- */
 
+/* An accepted call until its handler hands it to the pass thread: when the
+ * connection goes first (mid-payload), the session is no longer busy. */
+typedef struct {
+    stria__wjob_t *j;
+    bool handed;
+} stria__accepted_t;
+
 static void stria__call_cleanup(void *arg)
 {
-    stria__wjob_t *j = arg;
-    stria__wjob_unref(j->w, j);
+    stria__accepted_t *a = arg;
+    stria_worker_t *w = a->j->w;
+    if (!a->handed) {
+        pthread_mutex_lock(&w->lock);
+        a->j->sess->busy = false;
+        pthread_cond_broadcast(&a->j->sess->cv);
+        pthread_mutex_unlock(&w->lock);
+    }
+    stria__wjob_unref(w, a->j);
+    free(a);
 }
 
 /* Whether [off, off + len) lies inside `size` bytes. */
@@ -935,7 +952,16 @@ static stria_status_t stria__call_accept(stria_worker_t *w, stria_rpc_call_t *ca
         stria__wjob_unref(w, j);
         return stria_error_set(st, "%s", msg);
     }
-    stria_rpc_call_set_cleanup(call, stria__call_cleanup, j);
+    stria__accepted_t *acc = calloc(1, sizeof(*acc));
+    if (acc == NULL) {
+        pthread_mutex_lock(&w->lock);
+        s->busy = false;
+        pthread_mutex_unlock(&w->lock);
+        stria__wjob_unref(w, j);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    }
+    acc->j = j;
+    stria_rpc_call_set_cleanup(call, stria__call_cleanup, acc);
     stria_metric_add(w->m_in_bytes, (double)in_bytes);
     *out = j;
     return STRIA_OK;
@@ -956,14 +982,17 @@ stria_status_t stria__w_on_call_payload(void *ctx, stria_rpc_call_t *call, uint6
 void stria__w_on_call(void *ctx, stria_rpc_call_t *call)
 {
     stria_worker_t *w = ctx;
-    stria__wjob_t *j = stria_rpc_call_cleanup_arg(call);
-    if (j == NULL) { /* no payload: its inputs are in the arena, or it has none */
+    stria__wjob_t *j;
+    if (stria_rpc_call_cleanup_arg(call) == NULL) { /* no payload: inputs in the arena, or none */
         stria_status_t st = stria__call_accept(w, call, 0, &j);
         if (st != STRIA_OK) {
             stria_rpc_call_fail(call, st, "%s", stria_error_msg());
             return;
         }
     }
+    stria__accepted_t *acc = stria_rpc_call_cleanup_arg(call);
+    j = acc->j;
+    acc->handed = true; /* from here on the thread, or this refusal, ends busy */
     pthread_mutex_lock(&w->lock);
     if (j->sess->stop || w->stopping) {
         bool stopping = w->stopping;
