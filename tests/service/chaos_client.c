@@ -1,9 +1,10 @@
 /* A client process of the chaos test (a helper, not a test): runs small
  * jobs of mixed sizes, layouts and dtypes through the service, each with
  * libstria's default retries, at least N of them and for at least SECONDS,
- * and writes one line per job to OUT:
+ * every other one as a call on a session (kept per shape, reopened by
+ * libstria when a worker is lost), and writes one line per job to OUT:
  *
- *   job I ok id=ID ring=N layout=L retries=R backward=0|1
+ *   job I ok id=ID ring=N layout=L retries=R backward=0|1 [session]
  *   job I error status=S retryable=0|1 retries=R: MESSAGE
  *   job I MISMATCH ring=N layout=L: WHAT
  *
@@ -36,6 +37,70 @@ static int pick(uint64_t *s, int n)
     return (int)(next(s) % (uint64_t)n);
 }
 
+/* The client's sessions, one per shape of the calls that take one. */
+#define MAX_SESSIONS 12 /* 4 clients of one host: under the coordinator's 64 */
+static struct {
+    stria_session_spec_t spec;
+    stria_session_t *s;
+} sessions[MAX_SESSIONS];
+static int n_sessions;
+
+/* The session of the job's shape (NULL: none: *st is the open's failure,
+ * or STRIA_OK when the client keeps as many as it may). */
+static stria_session_t *session_for(stria_client_t *cl, const stria_job_spec_t *js,
+                                    stria_status_t *st)
+{
+    *st = STRIA_OK;
+    for (int i = 0; i < n_sessions; i++) {
+        const stria_session_spec_t *sp = &sessions[i].spec;
+        if (sp->heads == js->heads && sp->kv_heads == js->kv_heads &&
+            sp->head_dim == js->head_dim && sp->dtype == js->dtype && sp->layout == js->layout &&
+            sp->ring_size == js->ring_size)
+            return sessions[i].s;
+    }
+    if (n_sessions == MAX_SESSIONS)
+        return NULL;
+    stria_session_spec_t sp = STRIA_SESSION_SPEC_INIT;
+    sp.max_batch = 2, sp.max_seq_len = 256;
+    sp.heads = js->heads, sp.kv_heads = js->kv_heads, sp.head_dim = js->head_dim;
+    sp.dtype = js->dtype, sp.layout = js->layout, sp.ring_size = js->ring_size;
+    sp.step_timeout_s = js->step_timeout_s;
+    sp.label = "chaos";
+    stria_session_t *s = NULL;
+    if ((*st = stria_session_open(cl, &sp, &s)) != STRIA_OK)
+        return NULL;
+    sp.label = NULL;
+    sessions[n_sessions].spec = sp;
+    sessions[n_sessions++].s = s;
+    return s;
+}
+
+/* The job as a session call; returns the status (the error recorded). */
+static stria_status_t session_job(stria_client_t *cl, fu_job_t *j, bool backward, int *ring,
+                                  stria_layout_kind_t *layout, uint64_t *id, uint32_t *retries)
+{
+    stria_status_t st;
+    stria_session_t *s = session_for(cl, &j->spec, &st);
+    if (s == NULL) {
+        *retries = 2; /* an open that failed after its retries, or none */
+        return st;
+    }
+    stria_call_t call = STRIA_CALL_INIT;
+    call.batch = j->spec.batch, call.seq_len = j->spec.seq_len, call.causal = j->spec.causal;
+    stria_session_stats_t a = STRIA_SESSION_STATS_INIT, b = STRIA_SESSION_STATS_INIT;
+    stria_session_stats(s, &a);
+    st = stria_session_forward(s, &call, j->q, j->k, j->v, j->o, j->lse);
+    if (st == STRIA_OK && backward)
+        st = stria_session_backward(s, &call, j->q, j->k, j->v, j->o, j->lse, j->g, j->dq, j->dk,
+                                    j->dv);
+    stria_session_stats(s, &b);
+    *retries = (uint32_t)(b.retries - a.retries);
+    *ring = stria_session_ring_size(s);
+    *layout = stria_session_layout(s);
+    *id = stria_session_id(s);
+    return st;
+}
+
 /* One job; returns false when it broke the rules (see the header). */
 static bool one_job(stria_client_t *cl, int i, uint64_t seed, FILE *out)
 {
@@ -62,6 +127,35 @@ static bool one_job(stria_client_t *cl, int i, uint64_t seed, FILE *out)
     j.spec.step_timeout_s = 2.0;
     j.spec.label = "chaos";
     bool backward = pick(&s, 2), ok = true;
+    stria_status_t sst = STRIA_OK;
+    if (i % 2 == 1 && j.spec.layout == STRIA_LAYOUT_AUTO)
+        j.spec.layout = STRIA_LAYOUT_STRIPED; /* a session's auto */
+    if (i % 2 == 1 && (session_for(cl, &j.spec, &sst) != NULL || sst != STRIA_OK)) {
+        /* a session's call (a job when the client keeps as many as it may) */
+        int ring = 0;
+        stria_layout_kind_t layout = STRIA_LAYOUT_STRIPED;
+        uint64_t id = 0;
+        uint32_t retries = 0;
+        stria_status_t st = session_job(cl, &j, backward, &ring, &layout, &id, &retries);
+        char why[256];
+        if (st != STRIA_OK) {
+            bool retryable = stria_error_retryable();
+            /* after its retries, or refused busy (too few workers left) */
+            ok = stria_error_msg()[0] != '\0' &&
+                 (!retryable || retries == 2 || st == STRIA_ERR_BUSY);
+            fprintf(out, "job %d error status=%s retryable=%d retries=%u (session): %s\n", i,
+                    stria_status_name(st), retryable, retries, stria_error_msg());
+        } else if ((ok = fu_ring_equal(&j, ring, layout, backward, why, sizeof(why)))) {
+            fprintf(out,
+                    "job %d ok id=%" PRIu64 " ring=%d layout=%s retries=%u backward=%d session\n",
+                    i, id, ring, stria_layout_kind_name(layout), retries, backward);
+        } else {
+            fprintf(out, "job %d MISMATCH ring=%d layout=%s (session): %s\n", i, ring,
+                    stria_layout_kind_name(layout), why);
+        }
+        fu_job_free(&j);
+        return ok;
+    }
     stria_call_stats_t fs = STRIA_CALL_STATS_INIT;
     stria_job_t *job = NULL;
     stria_status_t st =
@@ -126,6 +220,8 @@ int main(int argc, char **argv)
     double end = stria_time_now() + seconds;
     for (int i = 0; i < n || stria_time_now() < end; i++)
         all = one_job(cl, i, seed, out) && all;
+    for (int i = 0; i < n_sessions; i++)
+        stria_session_close(sessions[i].s);
     stria_client_close(cl);
     fclose(out);
     return all ? 0 : 1;

@@ -1,0 +1,1157 @@
+/* Sessions (stria_session_open() and its calls) with real processes on
+ * loopback: every call of a session gives the in-process ring's bits (same
+ * layout, ring size and dtype) whatever its batch, length, causality, scale,
+ * documents or window within the session's bounds, forward and backward
+ * (which brings Q, K, V, O, LSE and dO), striped, zigzag and contiguous,
+ * bf16 and fp32, GQA, on rings of 1, 3 and 4 workers, over TCP and through
+ * a co-located client's arena; a call beyond the bounds or with bad input
+ * is refused with a message naming what is wrong, and the session serves
+ * on; hundreds of calls leave the workers' (and the client's) descriptors,
+ * threads and mappings where the first calls put them; two sessions on the
+ * same workers, called alternately or at once, never mix their calls, and
+ * threads calling one session are served one at a time; a sharded
+ * session's ranks (threads with clients of their own) get the reference's
+ * bits, and a call on which the ranks disagree fails on every rank, not
+ * retryably, naming a rank, and the next agreed call succeeds; a worker
+ * killed or drained between calls costs the next call a reopening, not a
+ * failure; so does an idle timeout; a restarted coordinator is not on a
+ * call's path; and closing a session frees its memory at once. */
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "deploy_util.h"
+#include "fault_util.h"
+#include "stria_common.h"
+#include "stria_ring.h"
+
+#define T_TIMEOUT 120
+
+/* ---- calls and their reference ------------------------------------------------ */
+
+static stria_call_t call_of(int64_t batch, int64_t seq, bool causal)
+{
+    stria_call_t c = STRIA_CALL_INIT;
+    c.batch = batch;
+    c.seq_len = seq;
+    c.causal = causal;
+    return c;
+}
+
+static stria_session_spec_t spec_of(int64_t max_batch, int64_t max_seq, int64_t heads,
+                                    int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                    stria_layout_kind_t layout, int ring)
+{
+    stria_session_spec_t s = STRIA_SESSION_SPEC_INIT;
+    s.max_batch = max_batch;
+    s.max_seq_len = max_seq;
+    s.heads = heads;
+    s.kv_heads = kv_heads;
+    s.head_dim = head_dim;
+    s.dtype = dtype;
+    s.layout = layout;
+    s.ring_size = ring;
+    s.label = "test_session";
+    return s;
+}
+
+static stria_session_t *open_session(stria_client_t *cl, const stria_session_spec_t *spec)
+{
+    stria_session_t *s = NULL;
+    cr_assert_eq(stria_session_open(cl, spec, &s), STRIA_OK, "stria_session_open: %s",
+                 stria_error_msg());
+    cr_assert_not_null(s);
+    return s;
+}
+
+/* Inputs of one call: [batch, seq, heads|kv_heads, head_dim] in the
+ * session's dtype, from `seed`; outputs zeroed. */
+static void call_tensors(fu_job_t *j, const stria_session_spec_t *sp, const stria_call_t *c,
+                         uint64_t seed)
+{
+    cr_assert(fu_job_init(j, c->batch, c->seq_len, sp->heads,
+                          sp->kv_heads ? sp->kv_heads : sp->heads, sp->head_dim, sp->dtype,
+                          c->causal, seed),
+              "out of memory");
+}
+
+/* Whether j's outputs (O and LSE; with backward dQ, dK, dV too) are the
+ * in-process ring's (n_ranks in `layout`) for call c, bit for bit. */
+static bool ref_equal(const fu_job_t *j, const stria_call_t *c, int n_ranks,
+                      stria_layout_kind_t layout, bool backward, char *why, size_t len)
+{
+    const stria_job_spec_t *s = &j->spec;
+    stria_ring_shape_t shape = stria_ring_shape_of(s->batch, s->seq_len, s->heads, s->kv_heads,
+                                                   s->head_dim, s->dtype, c->causal);
+    shape.scale = c->scale;
+    stria_ring_shape_set_masks(&shape, c->cu_seqlens, c->n_cu_seqlens, c->has_window,
+                               c->window_left, c->window_right);
+    stria_ring_local_opts_t lo = {.layout = layout,
+                                  .n_ranks = n_ranks,
+                                  .passes =
+                                      backward ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD,
+                                  .step_timeout_s = 30};
+    void *o = calloc(j->nq, j->es), *dq = calloc(j->nq, j->es), *dk = calloc(j->nk, j->es);
+    void *dv = calloc(j->nk, j->es);
+    float *lse = calloc(j->nl, sizeof(float));
+    cr_assert(o && dq && dk && dv && lse, "out of memory");
+    stria_ring_local_io_t io = {.q = j->q,
+                                .k = j->k,
+                                .v = j->v,
+                                .o = o,
+                                .o_dtype = s->dtype,
+                                .lse = lse,
+                                .d_o = j->g,
+                                .dq = dq,
+                                .dk = dk,
+                                .dv = dv,
+                                .grad_dtype = s->dtype};
+    bool ok = true;
+    const char *bad = NULL;
+    if (stria_ring_run_local(&shape, &lo, &io, NULL) != STRIA_OK) {
+        snprintf(why, len, "in-process ring: %s", stria_error_msg());
+        ok = false;
+    } else if (memcmp(o, j->o, j->nq * j->es) != 0)
+        bad = "O";
+    else if (memcmp(lse, j->lse, j->nl * sizeof(float)) != 0)
+        bad = "LSE";
+    else if (backward && memcmp(dq, j->dq, j->nq * j->es) != 0)
+        bad = "dQ";
+    else if (backward && memcmp(dk, j->dk, j->nk * j->es) != 0)
+        bad = "dK";
+    else if (backward && memcmp(dv, j->dv, j->nk * j->es) != 0)
+        bad = "dV";
+    if (bad != NULL) {
+        snprintf(why, len, "%s differs from the in-process ring of %d ranks (%s)", bad, n_ranks,
+                 stria_layout_kind_name(layout));
+        ok = false;
+    }
+    free(o), free(dq), free(dk), free(dv), free(lse);
+    return ok;
+}
+
+/* One call on a whole-sequence session (forward, then backward when asked)
+ * with fresh inputs from `seed`, checked against the in-process ring of the
+ * session's size and layout. */
+static void check_call(stria_session_t *s, const stria_session_spec_t *sp, const stria_call_t *c,
+                       bool backward, uint64_t seed, const char *what)
+{
+    fu_job_t j;
+    call_tensors(&j, sp, c, seed);
+    cr_assert_eq(stria_session_forward(s, c, j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
+                 "%s: forward: %s", what, stria_error_msg());
+    if (backward)
+        cr_assert_eq(stria_session_backward(s, c, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
+                     STRIA_OK, "%s: backward: %s", what, stria_error_msg());
+    char why[256];
+    cr_expect(ref_equal(&j, c, stria_session_ring_size(s), stria_session_layout(s), backward, why,
+                        sizeof(why)),
+              "%s (batch %lld, seq_len %lld, %scausal): %s", what, (long long)c->batch,
+              (long long)c->seq_len, c->causal ? "" : "not ", why);
+    fu_job_free(&j);
+}
+
+/* A cluster of n workers and a client of it. With `arena` the workers have
+ * a runtime directory (their Unix sockets) and the client requires the
+ * shared-memory path: a session's ranks then use the client's arena. */
+static stria_client_t *start(dcluster_t *c, int n, bool arena)
+{
+    char rundir[160];
+    snprintf(rundir, sizeof(rundir), "--runtime-dir=/tmp/stria_deploy_%d", (int)getpid());
+    char *wargs[] = {rundir, NULL};
+    dc_opts_t o = {.worker_args = arena ? wargs : NULL};
+    dc_start(c, n, &o); /* (its scratch folder is that runtime directory) */
+    if (!arena)
+        return dc_client(c, NULL, "test_session", 0);
+    stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
+    stria_client_t *cl = NULL;
+    p.coordinator = c->coord_addr;
+    p.client_name = "test_session (arena)";
+    p.data_path = STRIA_DATA_PATH_SHM;
+    cr_assert_eq(stria_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
+    return cl;
+}
+
+/* ---- every kind of call on one session ----------------------------------------- */
+
+/* Calls of every kind within bounds of batch 2 x 160 tokens. */
+static void every_kind_of_call(stria_layout_kind_t layout, stria_dtype_t dtype, int workers,
+                               int ring, bool arena)
+{
+    dcluster_t c;
+    stria_client_t *cl = start(&c, workers, arena);
+    stria_session_spec_t sp = spec_of(2, 160, 4, 2, 32, dtype, layout, ring);
+    stria_session_t *s = open_session(cl, &sp);
+    int want_ring = ring > 0 ? ring : workers;
+    cr_expect_eq(stria_session_ring_size(s), want_ring);
+    cr_expect_eq(stria_session_layout(s), layout);
+    cr_expect_neq(stria_session_id(s), 0u);
+
+    static const int64_t docs[] = {0, 17, 60, 96};
+    stria_call_t calls[8];
+    calls[0] = call_of(1, 160, true); /* the bounds' length */
+    calls[1] = call_of(2, 72, true);
+    calls[2] = call_of(1, 101, false);
+    calls[3] = call_of(2, 96, true); /* documents */
+    calls[3].cu_seqlens = docs;
+    calls[3].n_cu_seqlens = 4;
+    calls[4] = call_of(1, 128, true); /* a causal window */
+    calls[4].has_window = true;
+    calls[4].window_left = 24;
+    calls[5] = call_of(1, 90, false); /* a two-sided window and a scale */
+    calls[5].has_window = true;
+    calls[5].window_left = 10;
+    calls[5].window_right = 20;
+    calls[5].scale = 0.1f;
+    calls[6] = call_of(2, 160, false); /* the whole bounds */
+    calls[7] = call_of(1, 40, true);   /* forward only, then the first shape again */
+    const char *what[8] = {"160 tokens",    "batch 2",          "not causal",   "documents",
+                           "causal window", "window and scale", "whole bounds", "forward only"};
+    for (int i = 0; i < 8; i++)
+        check_call(s, &sp, &calls[i], i != 7, 100 + (uint64_t)i, what[i]);
+    check_call(s, &sp, &calls[0], true, 200, "160 tokens again");
+
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(st.calls, 17u, "8 forward and backward calls, 1 forward: %llu calls",
+                 (unsigned long long)st.calls);
+    cr_expect_eq(st.failed, 0u);
+    cr_expect_eq(st.generation, 1u, "opened %u times", st.generation);
+    cr_expect_eq(st.reopened, 0u);
+    if (!arena) { /* (through the arena no byte travels) */
+        cr_expect_gt(st.bytes_up, 0u);
+        cr_expect_gt(st.bytes_down, 0u);
+    }
+    cr_expect_gt(st.last_call_s, 0.0);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, striped_bf16_gqa_ring_of_4_equals_the_in_process_ring, .timeout = T_TIMEOUT)
+{
+    every_kind_of_call(STRIA_LAYOUT_STRIPED, STRIA_DTYPE_BF16, 4, 0, false);
+}
+
+Test(session, zigzag_fp32_ring_of_3_equals_the_in_process_ring, .timeout = T_TIMEOUT)
+{
+    every_kind_of_call(STRIA_LAYOUT_ZIGZAG, STRIA_DTYPE_F32, 3, 3, false);
+}
+
+Test(session, contiguous_bf16_ring_of_1_equals_the_in_process_ring, .timeout = T_TIMEOUT)
+{
+    every_kind_of_call(STRIA_LAYOUT_CONTIGUOUS, STRIA_DTYPE_BF16, 2, 1, false);
+}
+
+Test(session, zigzag_bf16_ring_of_3_through_the_arena_equals_the_in_process_ring,
+     .timeout = T_TIMEOUT)
+{
+    every_kind_of_call(STRIA_LAYOUT_ZIGZAG, STRIA_DTYPE_BF16, 3, 3, true);
+}
+
+/* ---- refusals ---------------------------------------------------------------------- */
+
+/* A refused call: `want` status, a message holding one of the needles, and
+ * the session serving the next good call. */
+static void expect_refused(stria_session_t *s, const stria_session_spec_t *sp,
+                           const stria_call_t *bad, stria_status_t want, const char *const *needles,
+                           const char *what, uint64_t seed)
+{
+    fu_job_t j;
+    stria_call_t shape = *bad; /* tensors of a size the call names, at least one row */
+    if (shape.batch < 1)
+        shape.batch = 1;
+    if (shape.seq_len < 1)
+        shape.seq_len = 1;
+    call_tensors(&j, sp, &shape, seed);
+    stria_status_t st = stria_session_forward(s, bad, j.q, j.k, j.v, j.o, j.lse);
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+    cr_expect_eq(st, want, "%s: %s, expected %s: %s", what, stria_status_name(st),
+                 stria_status_name(want), msg);
+    bool named = needles == NULL;
+    for (size_t i = 0; needles != NULL && needles[i] != NULL; i++)
+        named |= strstr(msg, needles[i]) != NULL;
+    cr_expect(named, "%s: the message does not name %s ('%s')", what, needles ? needles[0] : "",
+              msg);
+    cr_log_info("refused, %s: %s", what, msg);
+    fu_job_free(&j);
+    stria_call_t good = call_of(1, 64, true);
+    char after[128];
+    snprintf(after, sizeof(after), "the good call after '%s'", what);
+    check_call(s, sp, &good, true, seed + 1, after);
+}
+
+Test(session, call_beyond_the_bounds_is_refused_naming_the_bound, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp = spec_of(3, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_AUTO, 2);
+    stria_session_t *s = open_session(cl, &sp);
+    cr_expect_eq(stria_session_layout(s), STRIA_LAYOUT_STRIPED, "a session's AUTO is striped");
+
+    stria_call_t bad = call_of(4, 32, true);
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG,
+                   (const char *const[]){"max_batch", "batch 4", "at most 3", NULL},
+                   "batch 4 of at most 3", 10);
+    bad = call_of(1, 289, true); /* 289 > 3 x 96 */
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG,
+                   (const char *const[]){"288", "max_seq_len", "96", NULL},
+                   "1 x 289 tokens of at most 288", 20);
+    bad = call_of(3, 97, true);
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG,
+                   (const char *const[]){"288", "max_seq_len", "96", NULL},
+                   "3 x 97 tokens of at most 288", 30);
+    bad = call_of(0, 32, true);
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"batch", NULL},
+                   "batch 0", 40);
+    bad = call_of(1, 0, true);
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"seq_len", NULL},
+                   "seq_len 0", 50);
+
+    /* within the bounds: batch x seq_len at most 3 x 96, in any split */
+    stria_call_t ok = call_of(1, 288, true);
+    check_call(s, &sp, &ok, true, 60, "1 x 288 tokens");
+    ok = call_of(3, 96, false);
+    check_call(s, &sp, &ok, true, 70, "3 x 96 tokens");
+
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(st.generation, 1u, "a refused call reopened the session (generation %u)",
+                 st.generation);
+    cr_expect_eq(st.retries, 0u, "a refused call was retried %llu times",
+                 (unsigned long long)st.retries);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, bad_input_gets_a_clear_error_and_the_session_serves_on, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+
+    /* a session without bounds, or sharded without a ring size, never opens */
+    stria_session_spec_t sp = spec_of(0, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_t *s = NULL;
+    cr_expect_eq(stria_session_open(cl, &sp, &s), STRIA_ERR_INVALID_ARG, "max_batch 0: %s",
+                 stria_error_msg());
+    cr_expect_null(s);
+    sp = spec_of(2, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 0);
+    sp.sharded = true;
+    cr_expect_eq(stria_session_open(cl, &sp, &s), STRIA_ERR_INVALID_ARG, "sharded, ring_size 0: %s",
+                 stria_error_msg());
+    cr_expect_null(s);
+    sp = spec_of(2, 96, 3, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    cr_expect_eq(stria_session_open(cl, &sp, &s), STRIA_ERR_INVALID_ARG,
+                 "3 heads over 2 kv_heads: %s", stria_error_msg());
+    cr_expect_null(s);
+
+    sp = spec_of(2, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    s = open_session(cl, &sp);
+    static const int64_t short_docs[] = {0, 10, 30};
+    static const int64_t late_docs[] = {5, 20, 40};
+    static const int64_t back_docs[] = {0, 30, 20, 40};
+    stria_call_t bad = call_of(1, 40, true);
+    bad.cu_seqlens = short_docs;
+    bad.n_cu_seqlens = 3;
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"cu_seqlens", NULL},
+                   "cu_seqlens ending at 30 of 40", 100);
+    bad.cu_seqlens = late_docs;
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"cu_seqlens", NULL},
+                   "cu_seqlens starting at 5", 110);
+    bad.cu_seqlens = back_docs;
+    bad.n_cu_seqlens = 4;
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"cu_seqlens", NULL},
+                   "cu_seqlens decreasing", 120);
+    bad = call_of(1, 40, true);
+    bad.has_window = true;
+    bad.window_left = 8;
+    bad.window_right = 5;
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"window", NULL},
+                   "a causal window reaching 5 tokens ahead", 130);
+    bad = call_of(1, 40, false);
+    bad.window_left = 8;
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"window", NULL},
+                   "window_left without has_window", 140);
+    bad = call_of(1, 40, true);
+    bad.struct_size = 0;
+    expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"struct_size", NULL},
+                   "struct_size 0", 150);
+
+    /* missing tensors */
+    fu_job_t j;
+    stria_call_t good = call_of(1, 40, true);
+    call_tensors(&j, &sp, &good, 160);
+    cr_expect_eq(stria_session_forward(s, &good, NULL, j.k, j.v, j.o, j.lse), STRIA_ERR_INVALID_ARG,
+                 "q NULL: %s", stria_error_msg());
+    cr_expect_eq(stria_session_forward(s, &good, j.q, j.k, j.v, j.o, NULL), STRIA_ERR_INVALID_ARG,
+                 "lse NULL: %s", stria_error_msg());
+    cr_expect_eq(
+        stria_session_backward(s, &good, j.q, j.k, j.v, j.o, j.lse, NULL, j.dq, j.dk, j.dv),
+        STRIA_ERR_INVALID_ARG, "d_o NULL: %s", stria_error_msg());
+    cr_expect_eq(stria_session_forward(s, NULL, j.q, j.k, j.v, j.o, j.lse), STRIA_ERR_INVALID_ARG,
+                 "call NULL: %s", stria_error_msg());
+    /* a shard call on a whole-sequence session */
+    cr_expect_neq(stria_session_forward_shard(s, &good, 0, j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
+                  "forward_shard on a whole-sequence session succeeded");
+    fu_job_free(&j);
+    check_call(s, &sp, &good, true, 170, "the good call after missing tensors");
+
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(st.generation, 1u, "bad input reopened the session (generation %u)",
+                 st.generation);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+/* ---- the workers' resources over many calls ----------------------------------------- */
+
+static int count_dir(pid_t pid, const char *what)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, what);
+    DIR *d = opendir(path);
+    cr_assert_not_null(d, "%s", path);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static int count_lines(pid_t pid, const char *what)
+{
+    char path[64], line[4096];
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, what);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    int n = 0;
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strchr(line, '\n') != NULL;
+    fclose(f);
+    return n;
+}
+
+static int status_threads(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    int n = -1;
+    while (fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    fclose(f);
+    return n;
+}
+
+#define N_SAMPLES 11 /* after 20, 40, ..., 220 calls */
+
+static void many_calls(bool arena)
+{
+    dcluster_t c;
+    stria_client_t *cl = start(&c, 2, arena);
+    stria_session_spec_t sp = spec_of(1, 64, 2, 1, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_t *s = open_session(cl, &sp);
+    /* [worker (2: this process)][fds, threads, maps][sample] */
+    int v[3][3][N_SAMPLES];
+    static const char *const names[3] = {"descriptors", "threads", "mappings"};
+    static const int slack[3] = {1, 1, 2};
+    pid_t pids[3] = {test_proc_pid(c.workers[0]), test_proc_pid(c.workers[1]), getpid()};
+    fu_job_t j;
+    stria_call_t call = call_of(1, 48, true);
+    call_tensors(&j, &sp, &call, 300);
+    int calls = 0, fault_calls = 0;
+    uint64_t faults = 0;
+    for (int i = 1; i <= 220; i++) {
+        stria_status_t st = stria_session_forward(s, &call, j.q, j.k, j.v, j.o, j.lse);
+        cr_assert_eq(st, STRIA_OK, "call %d: %s", i, stria_error_msg());
+        calls++;
+        if (i % 2 == 0) {
+            st = stria_session_backward(s, &call, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv);
+            cr_assert_eq(st, STRIA_OK, "call %d (backward): %s", i, stria_error_msg());
+            calls++;
+        }
+        /* (from call 10 on: the in-process ring's threads get this
+         * process's malloc arenas before the first sample) */
+        if (i % 40 == 0 || i == 10) {
+            char why[256];
+            cr_expect(ref_equal(&j, &call, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
+                      "call %d: %s", i, why);
+        }
+        stria_session_stats_t cs = STRIA_SESSION_STATS_INIT;
+        if (i > 20 && stria_session_stats(s, &cs) == STRIA_OK) {
+            faults += cs.last_minflt; /* the last call's (the backward on even i) */
+            fault_calls++;
+        }
+        if (i % 20 == 0)
+            for (int w = 0; w < 3; w++) {
+                v[w][0][i / 20 - 1] = count_dir(pids[w], "fd");
+                v[w][1][i / 20 - 1] = status_threads(pids[w]);
+                v[w][2][i / 20 - 1] = count_lines(pids[w], "maps");
+            }
+    }
+    for (int w = 0; w < 3; w++)
+        for (int m = 0; m < 3; m++) {
+            char seq[256] = "";
+            int first_max = 0, second_max = 0;
+            for (int k = 0; k < N_SAMPLES; k++) {
+                size_t n = strlen(seq);
+                snprintf(seq + n, sizeof(seq) - n, "%s%d", k ? " " : "", v[w][m][k]);
+                if (k < N_SAMPLES / 2)
+                    first_max = v[w][m][k] > first_max ? v[w][m][k] : first_max;
+                else
+                    second_max = v[w][m][k] > second_max ? v[w][m][k] : second_max;
+            }
+            const char *who = w < 2 ? (w ? "worker 1" : "worker 0") : "the client";
+            cr_expect_leq(v[w][m][N_SAMPLES - 1], v[w][m][0] + slack[m],
+                          "%s's %s grew from call 20 to call 220: %s", who, names[m], seq);
+            cr_expect_leq(second_max, first_max + (m == 2 ? 1 : 0),
+                          "%s's %s grow over the calls: %s", who, names[m], seq);
+        }
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(st.calls, (uint64_t)calls, "%llu calls counted of %d",
+                 (unsigned long long)st.calls, calls);
+    cr_expect_eq(st.generation, 1u);
+    cr_log_info("220 calls%s: last call %.3f ms (pass %.3f ms); the workers' minor faults in "
+                "the last call of each of iterations 21..220: %.2f on average, %llu in all",
+                arena ? " through the arena" : "", st.last_call_s * 1e3, st.last_pass_s * 1e3,
+                (double)faults / fault_calls, (unsigned long long)faults);
+    fu_job_free(&j);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, many_calls_leave_the_workers_resources_alone, .timeout = T_TIMEOUT)
+{
+    many_calls(false);
+}
+
+Test(session, many_calls_through_the_arena_leave_the_workers_resources_alone, .timeout = T_TIMEOUT)
+{
+    many_calls(true);
+}
+
+/* ---- sessions side by side, threads on one session ------------------------------------ */
+
+Test(session, two_sessions_on_the_same_workers_never_mix, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t spa = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_spec_t spb = spec_of(2, 64, 4, 2, 32, STRIA_DTYPE_BF16, STRIA_LAYOUT_ZIGZAG, 2);
+    stria_session_t *a = open_session(cl, &spa);
+    stria_session_t *b = open_session(cl, &spb);
+    cr_expect_neq(stria_session_id(a), stria_session_id(b));
+    for (int i = 0; i < 4; i++) {
+        stria_call_t ca = call_of(1, 96 - 8 * i, true), cb = call_of(2, 64 - 5 * i, i % 2 == 0);
+        check_call(a, &spa, &ca, true, 400 + (uint64_t)i, "session A");
+        check_call(b, &spb, &cb, true, 500 + (uint64_t)i, "session B");
+    }
+    /* forward of A, forward of B, then both backwards: nothing is held
+     * between calls, so the interleaving changes nothing */
+    fu_job_t ja, jb;
+    stria_call_t ca = call_of(1, 80, true), cb = call_of(2, 50, true);
+    call_tensors(&ja, &spa, &ca, 600);
+    call_tensors(&jb, &spb, &cb, 700);
+    cr_assert_eq(stria_session_forward(a, &ca, ja.q, ja.k, ja.v, ja.o, ja.lse), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_session_forward(b, &cb, jb.q, jb.k, jb.v, jb.o, jb.lse), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(
+        stria_session_backward(a, &ca, ja.q, ja.k, ja.v, ja.o, ja.lse, ja.g, ja.dq, ja.dk, ja.dv),
+        STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(
+        stria_session_backward(b, &cb, jb.q, jb.k, jb.v, jb.o, jb.lse, jb.g, jb.dq, jb.dk, jb.dv),
+        STRIA_OK, "%s", stria_error_msg());
+    char why[256];
+    cr_expect(ref_equal(&ja, &ca, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
+              "A, interleaved: %s", why);
+    cr_expect(ref_equal(&jb, &cb, 2, STRIA_LAYOUT_ZIGZAG, true, why, sizeof(why)),
+              "B, interleaved: %s", why);
+    fu_job_free(&ja);
+    fu_job_free(&jb);
+    cr_expect_eq(stria_session_close(a), STRIA_OK, "%s", stria_error_msg());
+    /* B outlives A */
+    stria_call_t cb2 = call_of(1, 128, true);
+    check_call(b, &spb, &cb2, true, 800, "session B after A closed");
+    cr_expect_eq(stria_session_close(b), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+typedef struct {
+    stria_session_t *s;
+    fu_job_t j;
+    stria_call_t call;
+    int calls;
+    stria_status_t st;
+    char msg[512];
+    int failed_call;
+} caller_t;
+
+static void *caller_main(void *arg)
+{
+    caller_t *t = arg;
+    t->st = STRIA_OK;
+    for (int i = 0; i < t->calls && t->st == STRIA_OK; i++) {
+        t->st = stria_session_forward(t->s, &t->call, t->j.q, t->j.k, t->j.v, t->j.o, t->j.lse);
+        if (t->st == STRIA_OK)
+            t->st = stria_session_backward(t->s, &t->call, t->j.q, t->j.k, t->j.v, t->j.o, t->j.lse,
+                                           t->j.g, t->j.dq, t->j.dk, t->j.dv);
+        if (t->st != STRIA_OK) {
+            snprintf(t->msg, sizeof(t->msg), "%s", stria_error_msg());
+            t->failed_call = i;
+        }
+    }
+    return NULL;
+}
+
+Test(session, threads_calling_one_session_are_served_one_at_a_time, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp = spec_of(2, 96, 4, 2, 16, STRIA_DTYPE_BF16, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_t *s = open_session(cl, &sp);
+    caller_t t[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&t[i], 0, sizeof(t[i]));
+        t[i].s = s;
+        t[i].calls = 12;
+        t[i].call = call_of(i == 1 ? 2 : 1, 96 - 16 * i, i != 2);
+        call_tensors(&t[i].j, &sp, &t[i].call, 900 + 10 * (uint64_t)i);
+    }
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, caller_main, &t[i]), 0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(t[i].st, STRIA_OK, "thread %d, call %d: %s: %s", i, t[i].failed_call,
+                     stria_status_name(t[i].st), t[i].msg);
+        char why[256];
+        if (t[i].st == STRIA_OK)
+            cr_expect(
+                ref_equal(&t[i].j, &t[i].call, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
+                "thread %d: %s", i, why);
+        fu_job_free(&t[i].j);
+    }
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(st.calls, 72u, "3 threads x 12 forward and backward calls: %llu",
+                 (unsigned long long)st.calls);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, two_sessions_called_at_once_from_two_clients_never_mix, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_client_t *cl[2] = {dc_client(&c, NULL, "test_session A", 0),
+                             dc_client(&c, NULL, "test_session B", 0)};
+    stria_session_spec_t sp[2] = {
+        spec_of(1, 128, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2),
+        spec_of(2, 64, 4, 2, 32, STRIA_DTYPE_BF16, STRIA_LAYOUT_ZIGZAG, 2)};
+    caller_t t[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&t[i], 0, sizeof(t[i]));
+        t[i].s = open_session(cl[i], &sp[i]);
+        t[i].calls = 15;
+        t[i].call = i == 0 ? call_of(1, 128, true) : call_of(2, 60, false);
+        call_tensors(&t[i].j, &sp[i], &t[i].call, 950 + 10 * (uint64_t)i);
+    }
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, caller_main, &t[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(t[i].st, STRIA_OK, "session %c, call %d: %s: %s", 'A' + i, t[i].failed_call,
+                     stria_status_name(t[i].st), t[i].msg);
+        char why[256];
+        if (t[i].st == STRIA_OK)
+            cr_expect(ref_equal(&t[i].j, &t[i].call, 2, sp[i].layout, true, why, sizeof(why)),
+                      "session %c: %s", 'A' + i, why);
+        fu_job_free(&t[i].j);
+        cr_expect_eq(stria_session_close(t[i].s), STRIA_OK, "%s", stria_error_msg());
+        stria_client_close(cl[i]);
+    }
+    dc_stop(&c);
+}
+
+/* ---- sharded sessions ---------------------------------------------------------------- */
+
+typedef struct {
+    stria_session_t *s;
+    int rank;
+    fu_job_t *j;       /* full tensors: inputs read, outputs written at the rank's positions */
+    stria_call_t call; /* this rank's call */
+    bool backward;
+    stria_status_t st;
+    bool retryable;
+    char msg[1024];
+} rank_t;
+
+/* rows [b, pos[i]] of a full [B, S, row] tensor <-> [B, T, row] */
+static void gather_rows(const char *full, char *shard, int64_t B, int64_t S, int64_t T,
+                        const int64_t *pos, size_t row, bool to_shard)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < T; i++) {
+            char *f = (char *)full + (size_t)(b * S + pos[i]) * row;
+            char *x = shard + (size_t)(b * T + i) * row;
+            memcpy(to_shard ? x : f, to_shard ? f : x, row);
+        }
+}
+
+static void *rank_main(void *arg)
+{
+    rank_t *r = arg;
+    fu_job_t *j = r->j;
+    const stria_job_spec_t *sp = &j->spec;
+    int64_t B = r->call.batch, S = r->call.seq_len, H = sp->heads, Hkv = sp->kv_heads;
+    int64_t T = stria_session_shard_tokens(r->s, S, r->rank);
+    size_t rq = (size_t)(H * sp->head_dim) * j->es, rk = (size_t)(Hkv * sp->head_dim) * j->es;
+    r->st = STRIA_ERR_INVALID_ARG;
+    if (T < 0) {
+        snprintf(r->msg, sizeof(r->msg), "stria_session_shard_tokens(%lld, %d) = %lld",
+                 (long long)S, r->rank, (long long)T);
+        return NULL;
+    }
+    int64_t *pos = malloc((size_t)(T + 1) * sizeof(int64_t));
+    /* q k v do | o dq dk dv (rows of bytes[i]) | lse */
+    char *t[9];
+    size_t bytes[8] = {rq, rk, rk, rq, rq, rq, rk, rk};
+    for (int i = 0; i < 9; i++)
+        t[i] = calloc(1, i < 8 ? (size_t)(B * T) * bytes[i] + 1 : (size_t)(B * H * T) * 4 + 1);
+    if ((r->st = stria_session_positions(r->s, S, r->rank, pos)) != STRIA_OK) {
+        snprintf(r->msg, sizeof(r->msg), "positions: %s", stria_error_msg());
+        goto out;
+    }
+    for (int64_t i = 0; i < T; i++)
+        if (pos[i] < 0 || pos[i] >= S) {
+            r->st = STRIA_ERR_INTERNAL;
+            snprintf(r->msg, sizeof(r->msg), "position %lld of rank %d is %lld, not in [0, %lld)",
+                     (long long)i, r->rank, (long long)pos[i], (long long)S);
+            goto out;
+        }
+    const void *in[4] = {j->q, j->k, j->v, j->g};
+    for (int i = 0; i < 4; i++)
+        gather_rows(in[i], t[i], B, S, T, pos, bytes[i], true);
+    r->st =
+        stria_session_forward_shard(r->s, &r->call, r->rank, t[0], t[1], t[2], t[4], (float *)t[8]);
+    if (r->st == STRIA_OK && r->backward)
+        r->st = stria_session_backward_shard(r->s, &r->call, r->rank, t[0], t[1], t[2], t[4],
+                                             (float *)t[8], t[3], t[5], t[6], t[7]);
+    if (r->st != STRIA_OK) {
+        snprintf(r->msg, sizeof(r->msg), "%s", stria_error_msg());
+        r->retryable = stria_error_retryable();
+        goto out;
+    }
+    void *out[4] = {j->o, j->dq, j->dk, j->dv};
+    for (int i = 0; i < 4; i++)
+        gather_rows(out[i], t[4 + i], B, S, T, pos, bytes[4 + i], false);
+    for (int64_t bh = 0; bh < B * H; bh++)
+        for (int64_t i = 0; i < T; i++)
+            j->lse[bh * S + pos[i]] = ((float *)t[8])[bh * T + i];
+out:
+    for (int i = 0; i < 9; i++)
+        free(t[i]);
+    free(pos);
+    return NULL;
+}
+
+/* One call on every rank at once (rank r's call calls[r]); statuses in r[]. */
+static void sharded_call(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
+                         bool backward, rank_t *r)
+{
+    pthread_t th[8];
+    for (int i = 0; i < n; i++) {
+        r[i] = (rank_t){.s = h[i], .rank = i, .j = j, .call = calls[i], .backward = backward};
+        cr_assert_eq(pthread_create(&th[i], NULL, rank_main, &r[i]), 0);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+}
+
+static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
+{
+    dcluster_t c;
+    dc_start(&c, n, NULL);
+    stria_client_t *cl[8];
+    stria_session_t *h[8];
+    for (int i = 0; i < n; i++)
+        cl[i] = dc_client(&c, NULL, "test_session rank", 0);
+    stria_session_spec_t sp = spec_of(2, 128, 4, 2, 16, dtype, layout, n);
+    sp.sharded = true;
+    sp.arrival_timeout_s = 15;
+    h[0] = open_session(cl[0], &sp);
+    uint8_t ex[STRIA_SESSION_EXPORT_BYTES];
+    size_t len = 0;
+    cr_assert_eq(stria_session_export(h[0], ex, sizeof(ex), &len), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_gt(len, 0u);
+    for (int i = 1; i < n; i++) {
+        h[i] = NULL;
+        cr_assert_eq(stria_session_import(cl[i], ex, len, &h[i]), STRIA_OK, "import on rank %d: %s",
+                     i, stria_error_msg());
+        cr_expect_eq(stria_session_ring_size(h[i]), n);
+        cr_expect_eq(stria_session_layout(h[i]), layout);
+        cr_expect_eq(stria_session_id(h[i]), stria_session_id(h[0]));
+    }
+    static const int64_t docs[] = {0, 40, 41, 100};
+    stria_call_t calls[4] = {call_of(1, 128, true), call_of(2, 100, true), call_of(1, 77, false),
+                             call_of(2, 100, true)};
+    calls[3].cu_seqlens = docs;
+    calls[3].n_cu_seqlens = 4;
+    rank_t r[8];
+    for (int k = 0; k < 4; k++) {
+        stria_call_t per[8];
+        for (int i = 0; i < n; i++)
+            per[i] = calls[k];
+        fu_job_t j;
+        call_tensors(&j, &sp, &calls[k], 1000 + (uint64_t)k);
+        sharded_call(h, n, &j, per, true, r);
+        bool all = true;
+        for (int i = 0; i < n; i++) {
+            cr_expect_eq(r[i].st, STRIA_OK, "call %d, rank %d: %s: %s", k, i,
+                         stria_status_name(r[i].st), r[i].msg);
+            all &= r[i].st == STRIA_OK;
+        }
+        char why[256];
+        if (all)
+            cr_expect(ref_equal(&j, &calls[k], n, layout, true, why, sizeof(why)), "call %d: %s", k,
+                      why);
+        fu_job_free(&j);
+    }
+
+    /* the last rank disagrees on causality, then on the length: every rank
+     * fails, the message naming a rank; then all agree again */
+    for (int k = 0; k < 2; k++) {
+        stria_call_t per[8];
+        for (int i = 0; i < n; i++)
+            per[i] = call_of(1, 96, true);
+        if (k == 0)
+            per[n - 1].causal = false;
+        else
+            per[n - 1].seq_len = 88;
+        fu_job_t j;
+        call_tensors(&j, &sp, &per[0], 1100 + (uint64_t)k);
+        double t0 = stria_time_now();
+        sharded_call(h, n, &j, per, false, r);
+        double took = stria_time_now() - t0;
+        for (int i = 0; i < n; i++) {
+            cr_expect_neq(r[i].st, STRIA_OK, "rank %d's call succeeded though rank %d's %s differs",
+                          i, n - 1, k ? "seq_len" : "causal flag");
+            cr_expect(strstr(r[i].msg, "rank") != NULL,
+                      "rank %d: the failure does not name a rank: %s", i, r[i].msg);
+            cr_expect(!r[i].retryable, "rank %d: a disagreement is not retryable, yet: %s: %s", i,
+                      stria_status_name(r[i].st), r[i].msg);
+            cr_log_info("disagreement on %s, rank %d: %s: %s", k ? "seq_len" : "causal", i,
+                        stria_status_name(r[i].st), r[i].msg);
+        }
+        cr_expect_lt(took, 10.0, "the disagreeing call took %.1f s to fail", took);
+        fu_job_free(&j);
+    }
+    stria_call_t per[8];
+    for (int i = 0; i < n; i++)
+        per[i] = call_of(2, 64, true);
+    fu_job_t j;
+    call_tensors(&j, &sp, &per[0], 1200);
+    sharded_call(h, n, &j, per, true, r);
+    bool all = true;
+    for (int i = 0; i < n; i++) {
+        cr_expect_eq(r[i].st, STRIA_OK, "after the disagreements, rank %d: %s: %s", i,
+                     stria_status_name(r[i].st), r[i].msg);
+        all &= r[i].st == STRIA_OK;
+    }
+    char why[256];
+    if (all)
+        cr_expect(ref_equal(&j, &per[0], n, layout, true, why, sizeof(why)),
+                  "after the disagreements: %s", why);
+    fu_job_free(&j);
+
+    for (int i = n - 1; i >= 0; i--) {
+        cr_expect_eq(stria_session_close(h[i]), STRIA_OK, "close on rank %d: %s", i,
+                     stria_error_msg());
+        stria_client_close(cl[i]);
+    }
+    dc_stop(&c);
+}
+
+Test(session, sharded_two_ranks_zigzag_bf16_equal_the_in_process_ring, .timeout = T_TIMEOUT)
+{
+    sharded_case(2, STRIA_LAYOUT_ZIGZAG, STRIA_DTYPE_BF16);
+}
+
+Test(session, sharded_four_ranks_striped_fp32_equal_the_in_process_ring, .timeout = T_TIMEOUT)
+{
+    sharded_case(4, STRIA_LAYOUT_STRIPED, STRIA_DTYPE_F32);
+}
+
+/* ---- failures between calls ------------------------------------------------------------- */
+
+/* The index of the worker serving rank `rank` of session s, from `striactl
+ * --json job`; -1 when not found. */
+static int worker_of_rank(const dcluster_t *c, stria_session_t *s, int rank)
+{
+    char *js = dc_job_json(c, NULL, stria_session_id(s));
+    cr_assert_not_null(js, "striactl job %llu failed", (unsigned long long)stria_session_id(s));
+    char key[32];
+    snprintf(key, sizeof(key), "{\"rank\":%d,", rank);
+    const char *at = strstr(js, key), *addr = at ? strstr(at, "\"rpc_address\":\"") : NULL;
+    int found = -1;
+    for (int i = 0; addr != NULL && i < c->n_workers; i++) {
+        const char *a = addr + strlen("\"rpc_address\":\"");
+        size_t n = strlen(c->worker_rpc[i]);
+        if (strncmp(a, c->worker_rpc[i], n) == 0 && a[n] == '"')
+            found = i;
+    }
+    cr_assert_geq(found, 0, "rank %d of session %llu not found in %s", rank,
+                  (unsigned long long)stria_session_id(s), js);
+    free(js);
+    return found;
+}
+
+static void worker_killed_case(int workers, int ring)
+{
+    dcluster_t c;
+    dc_start(&c, workers, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp =
+        spec_of(1, 128, 4, 2, 16, STRIA_DTYPE_BF16, STRIA_LAYOUT_STRIPED, ring);
+    stria_session_t *s = open_session(cl, &sp);
+    int first_ring = stria_session_ring_size(s);
+    cr_expect_eq(first_ring, ring ? ring : workers);
+    stria_call_t call = call_of(1, 128, true);
+    check_call(s, &sp, &call, true, 1300, "before the kill");
+    uint64_t id = stria_session_id(s);
+    int victim = worker_of_rank(&c, s, 1);
+    test_proc_stop(c.workers[victim], SIGKILL, 5);
+    c.workers[victim] = NULL;
+
+    double t0 = stria_time_now();
+    check_call(s, &sp, &call, true, 1310, "the first call after the kill");
+    double took = stria_time_now() - t0;
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_geq(st.reopened, 1u, "the session was not reopened");
+    cr_expect_geq(st.retries, 1u, "no retry counted");
+    cr_expect_geq(st.generation, 2u);
+    cr_expect_eq(st.failed, 0u, "%llu calls failed", (unsigned long long)st.failed);
+    cr_expect_neq(stria_session_id(s), id, "a reopened session has a new id");
+    cr_expect_eq(stria_session_ring_size(s), ring ? ring : workers - 1);
+    cr_log_info("worker %d killed: the next call took %.3f s (%u opens, %llu retries)", victim,
+                took, st.generation, (unsigned long long)st.retries);
+    /* and on */
+    stria_call_t call2 = call_of(1, 100, false);
+    check_call(s, &sp, &call2, true, 1320, "the second call after the kill");
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, worker_killed_between_calls_fixed_ring_takes_the_spare, .timeout = T_TIMEOUT)
+{
+    worker_killed_case(3, 2);
+}
+
+Test(session, worker_killed_between_calls_free_ring_goes_on_with_the_rest, .timeout = T_TIMEOUT)
+{
+    worker_killed_case(3, 0);
+}
+
+/* `striactl --json sessions`'s calls of the first session it lists, once
+ * they reach `want` (the workers report them in their heartbeats); NAN when
+ * they do not within 5 s. */
+static double listed_calls(const dcluster_t *c, double want)
+{
+    double got = NAN;
+    for (int t = 0; t < 100 && got != want; t++, usleep(50000)) {
+        char *out = NULL;
+        got = dc_striactl(c, NULL, &out, NULL, "--json", "sessions", NULL) == 0
+                  ? dc_json_number(out, "calls")
+                  : NAN;
+        free(out);
+    }
+    return got;
+}
+
+Test(session, drained_worker_moves_at_the_next_call, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 3, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_t *s = open_session(cl, &sp);
+    stria_call_t call = call_of(1, 96, true);
+    for (int i = 0; i < 5; i++)
+        check_call(s, &sp, &call, true, 1600 + (uint64_t)i, "before the drain");
+    cr_expect_eq(listed_calls(&c, 10), 10, "striactl sessions does not count the 10 calls");
+    uint64_t id = stria_session_id(s);
+    int victim = worker_of_rank(&c, s, 1);
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(dc_striactl(&c, NULL, &out, &err, "drain", c.worker_rpc[victim], NULL), 0,
+                 "striactl drain: %s", err);
+    free(out), free(err);
+    usleep(600000); /* heartbeats of 0.2 s tell the worker */
+    check_call(s, &sp, &call, true, 1610, "the first call after the drain");
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_geq(st.reopened, 1u, "the session stayed on the drained worker");
+    cr_expect_eq(st.failed, 0u);
+    cr_expect_neq(stria_session_id(s), id);
+    for (int r = 0; r < 2; r++)
+        cr_expect_neq(worker_of_rank(&c, s, r), victim, "rank %d is still on the drained worker",
+                      r);
+    check_call(s, &sp, &call, true, 1620, "the second call after the drain");
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    out = NULL;
+    cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "sessions", NULL), 0);
+    cr_expect(strstr(out, "\"id\":") == NULL, "a closed session is listed as open: %s", out);
+    free(out);
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, coordinator_restarted_between_calls, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp = spec_of(1, 128, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_ZIGZAG, 2);
+    stria_session_t *s = open_session(cl, &sp);
+    stria_call_t call = call_of(1, 128, true);
+    check_call(s, &sp, &call, true, 1400, "before the restart");
+    uint64_t id = stria_session_id(s);
+    dc_restart_coordinator(&c, NULL, SIGKILL, 0.3);
+    check_call(s, &sp, &call, true, 1410, "right after the coordinator's restart");
+    /* once the workers have re-registered (heartbeats of 0.2 s) */
+    dc_wait_healthy(&c, 2, NULL);
+    usleep(1000000);
+    check_call(s, &sp, &call, true, 1420, "after the workers re-registered");
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(st.failed, 0u);
+    cr_log_info("after the coordinator's restart: session %llu (was %llu), generation %u",
+                (unsigned long long)stria_session_id(s), (unsigned long long)id, st.generation);
+    char *js = dc_job_json(&c, NULL, stria_session_id(s));
+    cr_expect_not_null(js, "the restarted coordinator does not know session %llu",
+                       (unsigned long long)stria_session_id(s));
+    free(js);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "close after the restart: %s",
+                 stria_error_msg());
+    /* a new session on the new coordinator */
+    s = open_session(cl, &sp);
+    check_call(s, &sp, &call, true, 1430, "a session opened after the restart");
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, expired_session_is_opened_again_by_the_next_call, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    sp.idle_timeout_s = 1;
+    stria_session_t *s = open_session(cl, &sp);
+    stria_call_t call = call_of(1, 96, true);
+    check_call(s, &sp, &call, true, 1450, "before the idle timeout");
+    uint64_t id = stria_session_id(s);
+    usleep(4000000); /* 4 idle timeouts */
+    check_call(s, &sp, &call, true, 1460, "after the idle timeout");
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_geq(st.reopened, 1u,
+                  "a session idle for 4 s of 1 s was not reopened (id %llu, "
+                  "was %llu)",
+                  (unsigned long long)stria_session_id(s), (unsigned long long)id);
+    cr_expect_eq(st.failed, 0u);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+/* ---- closing ------------------------------------------------------------------------------ */
+
+/* The unfinished jobs `striactl --json jobs` lists. */
+static int active_jobs(const dcluster_t *c)
+{
+    char *out = NULL;
+    cr_assert_eq(dc_striactl(c, NULL, &out, NULL, "--json", "jobs", NULL), 0);
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, "\"state\":")) != NULL; p++)
+        n++;
+    free(out);
+    return n;
+}
+
+Test(session, close_frees_the_sessions_memory, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_opts_t o = {.worker_memory = "64M"};
+    dc_start(&c, 1, &o);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    /* bounds whose need is more than half of the worker's memory */
+    int64_t seq = 64;
+    uint64_t need = 0, cap = (uint64_t)64 << 20;
+    for (;; seq += 64) {
+        cr_assert_eq(stria_rank_memory(1, seq + 64, 4, 4, 64, STRIA_DTYPE_F32, &need), STRIA_OK);
+        if (need > cap * 6 / 10)
+            break;
+    }
+    cr_assert_eq(stria_rank_memory(1, seq, 4, 4, 64, STRIA_DTYPE_F32, &need), STRIA_OK);
+    cr_assert(2 * need > cap && need < cap);
+    stria_session_spec_t sp = spec_of(1, seq, 4, 4, 64, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 1);
+    sp.no_queue = true;
+    stria_session_t *a = NULL, *b = NULL;
+    cr_assert_eq(stria_session_open(cl, &sp, &a), STRIA_OK,
+                 "a session of %lld tokens (%llu of %llu bytes): %s", (long long)seq,
+                 (unsigned long long)need, (unsigned long long)cap, stria_error_msg());
+    stria_call_t call = call_of(1, seq, true);
+    check_call(a, &sp, &call, true, 1500, "the first session");
+    cr_expect_eq(active_jobs(&c), 1, "the open session is an active job");
+    stria_status_t st = stria_session_open(cl, &sp, &b);
+    cr_expect(st == STRIA_ERR_BUSY || st == STRIA_ERR_NO_MEMORY,
+              "a second session of more than half the memory: %s: %s", stria_status_name(st),
+              stria_error_msg());
+    cr_expect_null(b);
+    if (b != NULL)
+        stria_session_close(b), b = NULL;
+    cr_expect_eq(stria_session_close(a), STRIA_OK, "%s", stria_error_msg());
+    double t0 = stria_time_now();
+    cr_expect_eq(active_jobs(&c), 0, "the closed session is still listed as active");
+    while ((st = stria_session_open(cl, &sp, &b)) != STRIA_OK && stria_time_now() - t0 < 5)
+        usleep(50000);
+    cr_assert_eq(st, STRIA_OK, "no session opens after the close: %s", stria_error_msg());
+    cr_log_info("a session of the whole memory opened %.3f s after the close",
+                stria_time_now() - t0);
+    cr_expect_lt(stria_time_now() - t0, 1.0, "the close freed the memory only %.3f s later",
+                 stria_time_now() - t0);
+    check_call(b, &sp, &call, true, 1510, "the session opened after the close");
+    cr_expect_eq(stria_session_close(b), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(stria_session_close(NULL), STRIA_OK);
+    stria_client_close(cl);
+    dc_stop(&c);
+}
