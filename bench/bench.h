@@ -10,5 +10,6 @@ int stria_bench_simulate(int argc, char **argv);
 int stria_bench_datapath(int argc, char **argv);
 int stria_bench_auth(int argc, char **argv);
 int stria_bench_soak(int argc, char **argv);
+int stria_bench_calls(int argc, char **argv);
 
 #endif

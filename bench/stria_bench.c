@@ -35,6 +35,9 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_SOAK
     {"soak", stria_bench_soak, "jobs for minutes or hours, workers killed: failures, memory"},
 #endif
+#ifdef STRIA_BENCH_CALLS
+    {"calls", stria_bench_calls, "one call's cost: job path, session, in-process ring"},
+#endif
     {NULL, NULL, NULL},
 };
 
