@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "deploy_util.h"
@@ -1152,6 +1153,74 @@ Test(session, close_frees_the_sessions_memory, .timeout = T_TIMEOUT)
     check_call(b, &sp, &call, true, 1510, "the session opened after the close");
     cr_expect_eq(stria_session_close(b), STRIA_OK, "%s", stria_error_msg());
     cr_expect_eq(stria_session_close(NULL), STRIA_OK);
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+/* ---- a client that dies, a child that forks --------------------------------------- */
+
+Test(session, a_killed_clients_session_is_freed_by_its_idle_deadline, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_session_spec_t sp = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    sp.idle_timeout_s = 1;
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) { /* a trainer that opens a session, calls it once and dies */
+        test_proc_child_setup(getppid());
+        stria_client_t *cl = dc_client(&c, NULL, "test_session child", 0);
+        stria_session_t *s = NULL;
+        stria_call_t call = call_of(1, 96, true);
+        static float q[96 * 2 * 16], o[96 * 2 * 16], lse[2 * 96];
+        if (stria_session_open(cl, &sp, &s) != STRIA_OK ||
+            stria_session_forward(s, &call, q, q, q, o, lse) != STRIA_OK)
+            _exit(1);
+        kill(getpid(), SIGKILL);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+              "the child did not open and call its session (status 0x%x)", status);
+    cr_expect_eq(active_jobs(&c), 1, "the dead client's session is not listed");
+    /* its idle deadline (1 s) and a heartbeat later, the workers dropped it */
+    double t0 = stria_time_now();
+    while (active_jobs(&c) > 0 && stria_time_now() - t0 < 10)
+        usleep(200000);
+    cr_expect_eq(active_jobs(&c), 0, "the session outlived its idle deadline by 10 s");
+    char *out = NULL;
+    cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "workers", NULL), 0);
+    cr_expect(strstr(out, "\"memory_reserved_bytes\":0") != NULL,
+              "a worker still reserves the session's memory: %s", out);
+    free(out);
+    dc_stop(&c);
+}
+
+Test(session, a_forked_child_gets_a_clear_error_and_the_parent_goes_on, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 2, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_t *s = open_session(cl, &sp);
+    stria_call_t call = call_of(1, 96, true);
+    check_call(s, &sp, &call, true, 1600, "before the fork");
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) { /* a DataLoader worker that touches its parent's session */
+        static float q[96 * 2 * 16], o[96 * 2 * 16], lse[2 * 96];
+        stria_status_t st = stria_session_forward(s, &call, q, q, q, o, lse);
+        _exit(st == STRIA_ERR_INVALID_ARG && strstr(stria_error_msg(), "forked child") != NULL ? 0
+                                                                                               : 1);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the child's call was not refused as a forked child's (status 0x%x)", status);
+    check_call(s, &sp, &call, true, 1610, "after the child's refused call");
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
     stria_client_close(cl);
     dc_stop(&c);
 }
