@@ -559,7 +559,8 @@ Test(kernel_ops, row_merge_matches)
 
 /* The bf16 GEMM (where a variant has one and the CPU runs it) against an
  * fp64 sum of the same bf16 products: products of bf16 are exact in fp32,
- * so only the fp32 additions round. */
+ * so only the fp32 additions round. A in rows and in pairs along k (trans_a),
+ * C written, accumulated and scaled per row. */
 static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
 {
     static const int ms[] = {1, 5, 6, 7, 64};
@@ -573,42 +574,55 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
     }
     for (size_t im = 0; im < sizeof(ms) / sizeof(ms[0]); im++)
         for (size_t in = 0; in < sizeof(ns) / sizeof(ns[0]); in++)
-            for (size_t ik = 0; ik < sizeof(ks) / sizeof(ks[0]); ik++) {
-                int m = ms[im], n = ns[in], k = ks[ik];
-                ptrdiff_t lda = k + 8, ldb = 2 * n + 32, ldc = n + 16;
-                size_t na = (size_t)(m * lda), nb = (size_t)(k / 2 * ldb), nc = (size_t)(m * ldc);
-                float *af = malloc(na * 4), *bf = malloc((size_t)k * (size_t)n * 4);
-                uint16_t *a = malloc(na * 2), *b = calloc(nb, 2);
-                float *c = malloc(nc * 4);
-                ref_fill(af, na, (uint64_t)(m + 7 * k), 2.0f, STRIA_DTYPE_BF16);
-                ref_fill(bf, (size_t)(k * n), (uint64_t)(n + 3 * k), 2.0f, STRIA_DTYPE_BF16);
-                ref_to_dtype(af, na, STRIA_DTYPE_BF16, a);
-                for (int p = 0; p < k; p++)
-                    for (int j = 0; j < n; j++)
-                        b[(p / 2) * ldb + 2 * j + p % 2] = stria_f32_to_bf16(bf[p * n + j]);
-                for (size_t i = 0; i < nc; i++)
-                    c[i] = -7.0f;
-                simd->gemm_bf16(m, n, k, a, lda, b, ldb, c, ldc);
-                for (int i = 0; i < m; i++)
-                    for (int j = 0; j < ldc; j++) {
-                        float got = c[i * ldc + j];
-                        if (j >= n) {
-                            cr_assert_eq(got, -7.0f, "%s bf16 gemm wrote C[%d][%d] beyond n=%d",
-                                         simd->name, i, j, n);
-                            continue;
-                        }
-                        double want = 0.0, mag = 0.0;
-                        for (int p = 0; p < k; p++) {
-                            double x = (double)af[i * lda + p] * (double)bf[p * n + j];
-                            want += x;
-                            mag += fabs(x);
-                        }
-                        cr_assert(fabs((double)got - want) <= 1.2e-7 * k * mag + 1e-30,
-                                  "%s bf16 gemm m=%d n=%d k=%d C[%d][%d] = %.9g, want %.9g",
-                                  simd->name, m, n, k, i, j, got, want);
+            for (size_t ik = 0; ik < sizeof(ks) / sizeof(ks[0]); ik++)
+                for (int mode = 0; mode < 3; mode++) {
+                    /* mode 0: A rows, C written; 1: A pairs, C scaled and
+                     * accumulated; 2: A rows, C accumulated */
+                    int m = ms[im], n = ns[in], k = ks[ik];
+                    bool trans_a = mode == 1;
+                    ptrdiff_t lda = trans_a ? 2 * m + 6 : k + 8, ldb = 2 * n + 32, ldc = n + 16;
+                    size_t na = trans_a ? (size_t)(k / 2 * lda) : (size_t)(m * lda);
+                    size_t nb = (size_t)(k / 2 * ldb), nc = (size_t)(m * ldc);
+                    float *af = malloc((size_t)(m * k) * 4), *bf = malloc((size_t)(k * n) * 4);
+                    uint16_t *a = calloc(na, 2), *b = calloc(nb, 2);
+                    float *c = malloc(nc * 4), *beta = malloc((size_t)m * 4);
+                    ref_fill(af, (size_t)(m * k), (uint64_t)(m + 7 * k), 2.0f, STRIA_DTYPE_BF16);
+                    ref_fill(bf, (size_t)(k * n), (uint64_t)(n + 3 * k), 2.0f, STRIA_DTYPE_BF16);
+                    for (int i = 0; i < m; i++) {
+                        beta[i] = 0.25f * (float)(i % 5);
+                        for (int p = 0; p < k; p++)
+                            a[trans_a ? (p / 2) * lda + 2 * i + p % 2 : i * lda + p] =
+                                stria_f32_to_bf16(af[i * k + p]);
                     }
-                free(af), free(bf), free(a), free(b), free(c);
-            }
+                    for (int p = 0; p < k; p++)
+                        for (int j = 0; j < n; j++)
+                            b[(p / 2) * ldb + 2 * j + p % 2] = stria_f32_to_bf16(bf[p * n + j]);
+                    for (size_t i = 0; i < nc; i++)
+                        c[i] = -7.0f;
+                    simd->gemm_bf16(m, n, k, a, lda, trans_a, b, ldb, c, ldc,
+                                    mode == 1 ? beta : NULL, mode != 0);
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < ldc; j++) {
+                            float got = c[i * ldc + j];
+                            if (j >= n) {
+                                cr_assert_eq(got, -7.0f, "%s bf16 gemm wrote C[%d][%d] beyond n=%d",
+                                             simd->name, i, j, n);
+                                continue;
+                            }
+                            double want = mode == 0 ? 0.0 : mode == 1 ? -7.0 * beta[i] : -7.0;
+                            double mag = fabs(want);
+                            for (int p = 0; p < k; p++) {
+                                double x = (double)af[i * k + p] * (double)bf[p * n + j];
+                                want += x;
+                                mag += fabs(x);
+                            }
+                            cr_assert(fabs((double)got - want) <= 1.2e-7 * (k + 2) * mag + 1e-30,
+                                      "%s bf16 gemm mode %d m=%d n=%d k=%d C[%d][%d] = %.9g, "
+                                      "want %.9g",
+                                      simd->name, mode, m, n, k, i, j, got, want);
+                        }
+                    free(af), free(bf), free(a), free(b), free(c), free(beta);
+                }
 }
 
 Test(kernel_ops, bf16_gemm_exact_products)
