@@ -117,6 +117,12 @@ bool stria_kernels_variant_available(const char *name)
     return ops != NULL && ops->cpu_ok();
 }
 
+bool stria_kernels_variant_bf16_dot(const char *name)
+{
+    const stria_kern_ops_t *ops = name ? stria__find(name) : NULL;
+    return ops != NULL && ops->cpu_ok() && ops->gemm_bf16 != NULL && ops->gemm_bf16_ok();
+}
+
 const char *const *stria_kernels_variant_names(void)
 {
     return stria__variant_names;

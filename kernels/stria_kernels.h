@@ -287,6 +287,11 @@ stria_status_t stria_kernels_set_variant(const char *name);
 /* Whether the named variant exists in this build and runs on this CPU. */
 bool stria_kernels_variant_available(const char *name);
 
+/* Whether the named variant runs the products of bf16 inputs on a bf16 dot
+ * product on this CPU (avx512 with AVX512-BF16); false: bf16 inputs are
+ * computed in fp32 there, and for unknown or unavailable variants. */
+bool stria_kernels_variant_bf16_dot(const char *name);
+
 /* Names of all variants compiled in, NULL-terminated, best last. */
 const char *const *stria_kernels_variant_names(void);
 

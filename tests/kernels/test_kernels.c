@@ -903,6 +903,24 @@ Test(kernels, variant_selection)
     cr_assert(stria_kernels_variant_available("portable"));
     cr_assert_eq(stria_kernels_set_variant("portable"), STRIA_OK);
     cr_assert_str_eq(stria_kernels_variant(), "portable");
+    /* the bf16 dot product: where the CPU has it, in avx512 only */
+    for (size_t i = 0; names[i] != NULL; i++)
+        cr_expect_eq(stria_kernels_variant_bf16_dot(names[i]), ref_bf16_dot(names[i]),
+                     "variant %s: bf16 dot product %d, the CPU's flags say %d", names[i],
+                     stria_kernels_variant_bf16_dot(names[i]), ref_bf16_dot(names[i]));
+    cr_expect(!stria_kernels_variant_bf16_dot("sse9"));
+}
+
+/* STRIA_KERNEL=avx512-nobf16 forces avx512 without the bf16 dot product. */
+Test(kernels, env_forces_avx512_without_bf16_dot)
+{
+    if (!stria_kernels_variant_available("avx512")) {
+        cr_log_info("no avx512 on this CPU: nothing to check");
+        return;
+    }
+    setenv("STRIA_KERNEL", "avx512-nobf16", 1);
+    cr_assert_str_eq(stria_kernels_variant(), "avx512-nobf16");
+    cr_expect(!stria_kernels_variant_bf16_dot(stria_kernels_variant()));
 }
 
 /* STRIA_KERNEL forces a variant on first use (each Criterion test runs in a
