@@ -267,6 +267,12 @@ bool ref_bf16_dot(const char *variant)
 #endif
 }
 
+bool ref_bf16_dot_default(void)
+{
+    const char *env = getenv("STRIA_KERNEL");
+    return ref_bf16_dot(env != NULL && env[0] != '\0' ? env : "avx512");
+}
+
 void ref_f64_run(const ref_shape_t *s, const float *q, const float *k, const float *v,
                  const float *d_o, ref_out_t *out)
 {

@@ -65,6 +65,9 @@ void ref_bf16_run_masks(const ref_shape_t *s, const ref_masks_t *m, const float 
 /* Whether kernel variant `name` runs bf16 inputs on the bf16 dot product on
  * this CPU (decided from the CPU's flags, not by asking the kernels). */
 bool ref_bf16_dot(const char *variant);
+/* ref_bf16_dot() of the variant other processes (workers) choose by default:
+ * STRIA_KERNEL when set, else the best one the CPU has. */
+bool ref_bf16_dot_default(void);
 
 /* max |a[i] - ref[i]| over n elements; -inf/-inf pairs count as 0, any other
  * non-finite mismatch as +inf. */
