@@ -232,6 +232,110 @@ Test(kernel_ops, softmax_fwd_online_steps)
     for_each_simd(softmax_fwd_steps);
 }
 
+/* bf16 value of element (j, i) of a tile stored in pairs of rows. */
+static float pair_at(const uint16_t *pb, ptrdiff_t ldp, int j, int i)
+{
+    return stria_bf16_to_f32(pb[(j / 2) * ldp + 2 * i + j % 2]);
+}
+
+/* Whether x is got rounded to bf16, to nearest (a bf16 ulp of slack: the
+ * probabilities themselves differ by a few fp32 ulps). */
+static bool bf16_of(float got, float x)
+{
+    return fabsf(got - x) <= fabsf(x) * 0x1p-8f + 1e-37f;
+}
+
+/* The bf16 path's softmax step (odd rows, masked entries, empty columns,
+ * a jump of the running max) against the portable fp32 step: the same
+ * statistics, P as its bf16 rounding in pairs of rows, the odd row's partner
+ * 0. */
+static void softmax_fwd_bf16_steps(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { R = 37, C = 48 };
+    float s1[R * C], s2[R * C], m1[C], m2[C], l1[C], l2[C], a1[C], a2[C];
+    uint16_t pb[(R + 1) * C];
+    if (simd->softmax_fwd_bf16 == NULL || !simd->gemm_bf16_ok()) {
+        cr_log_info("variant %s: no bf16 softmax step", simd->name);
+        return;
+    }
+    for (int i = 0; i < C; i++) {
+        m1[i] = m2[i] = -INFINITY;
+        l1[i] = l2[i] = 0.0f;
+    }
+    for (int step = 0; step < 4; step++) {
+        ref_fill(s1, R * C, (uint64_t)(60 + step), 8.0f, STRIA_DTYPE_F32);
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < C; i++) {
+                float *x = &s1[j * C + i];
+                if ((i < 8 && step < 2) || (i + j) % 3 == 0)
+                    *x = -INFINITY;
+                else if (i >= 40 && step == 3)
+                    *x += 1000.0f;
+            }
+        memcpy(s2, s1, sizeof(s1));
+        memset(pb, 0xff, sizeof(pb));
+        port->softmax_fwd(s1, R, C, C, 0.3f, m1, l1, a1);
+        simd->softmax_fwd_bf16(s2, R, C, C, 0.3f, m2, l2, a2, pb, 2 * C);
+        for (int i = 0; i < C; i++) {
+            cr_expect(m2[i] == m1[i], "%s step %d col %d: m %g vs %g", simd->name, step, i, m2[i],
+                      m1[i]);
+            cr_expect(fabsf(l2[i] - l1[i]) <= 2e-5f * fabsf(l1[i]),
+                      "%s step %d col %d: l %.9g vs %.9g", simd->name, step, i, l2[i], l1[i]);
+            cr_expect(fabsf(a2[i] - a1[i]) <= 1e-6f * fabsf(a1[i]) + 1e-37f,
+                      "%s step %d col %d: alpha %.9g vs %.9g", simd->name, step, i, a2[i], a1[i]);
+            cr_expect(pair_at(pb, 2 * C, R, i) == 0.0f, "%s: odd row's partner %g", simd->name,
+                      pair_at(pb, 2 * C, R, i));
+            for (int j = 0; j < R; j++)
+                cr_expect(bf16_of(pair_at(pb, 2 * C, j, i), s1[j * C + i]),
+                          "%s step %d: p[%d][%d] %.9g, want bf16 of %.9g", simd->name, step, j, i,
+                          pair_at(pb, 2 * C, j, i), s1[j * C + i]);
+        }
+    }
+}
+
+Test(kernel_ops, softmax_fwd_bf16_pairs)
+{
+    for_each_simd(softmax_fwd_bf16_steps);
+}
+
+/* The bf16 path's dS pass against the portable fp32 one: P^T and dS^T as
+ * bf16 rows and dS^T in pairs of rows (odd row's partner 0). */
+static void softmax_ds_bf16(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { R = 13, C = 32 };
+    float p[R * C], g1[R * C], g2[R * C], delta[C];
+    uint16_t pr[R * C], dr[R * C], d2[(R + 1) * C];
+    if (simd->softmax_bwd_ds_bf16 == NULL || !simd->gemm_bf16_ok()) {
+        cr_log_info("variant %s: no bf16 dS pass", simd->name);
+        return;
+    }
+    ref_fill(p, R * C, 52, 1.0f, STRIA_DTYPE_F32);
+    ref_fill(g1, R * C, 53, 3.0f, STRIA_DTYPE_F32);
+    ref_fill(delta, C, 54, 2.0f, STRIA_DTYPE_F32);
+    memcpy(g2, g1, sizeof(g1));
+    port->softmax_bwd_ds(p, g1, R, C, C, delta, 0.125f);
+    simd->softmax_bwd_ds_bf16(p, g2, R, C, C, delta, 0.125f, pr, dr, d2);
+    for (int j = 0; j < R; j++)
+        for (int i = 0; i < C; i++) {
+            float ds = g1[j * C + i];
+            cr_expect(stria_bf16_to_f32(pr[j * C + i]) ==
+                          stria_bf16_to_f32(stria_f32_to_bf16(p[j * C + i])),
+                      "%s: P row %d col %d", simd->name, j, i);
+            cr_expect(bf16_of(stria_bf16_to_f32(dr[j * C + i]), ds),
+                      "%s: dS row %d col %d: %g vs %g", simd->name, j, i,
+                      stria_bf16_to_f32(dr[j * C + i]), ds);
+            cr_expect(pair_at(d2, 2 * C, j, i) == stria_bf16_to_f32(dr[j * C + i]),
+                      "%s: dS pair %d %d", simd->name, j, i);
+            if (j == R - 1)
+                cr_expect(pair_at(d2, 2 * C, R, i) == 0.0f, "%s: odd row's partner", simd->name);
+        }
+}
+
+Test(kernel_ops, softmax_ds_bf16_rows_and_pairs)
+{
+    for_each_simd(softmax_ds_bf16);
+}
+
 static void softmax_ds(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
 {
     enum { R = 13, C = 32 };
