@@ -1,16 +1,20 @@
 /* stria-bench kernels: attention kernel throughput against this machine's own
- * fp32 FMA peak, measured in the same run.
+ * peak for the dtype, measured in the same run.
  *
- * The peak comes from a loop of independent FMA chains (512-bit for the
- * avx512 variant, 256-bit for avx2; the portable variant is measured against
- * the widest the CPU has, so its fraction shows the distance to the machine's
- * best). With T threads every thread runs the loop at once and the peak is
- * their sum. The peak is always the fp32 one: bf16 inputs use a bf16 dot
- * product for the score products where the CPU has one, so their fraction
- * can pass 100%. Attention throughput counts useful FLOPs only: forward
- * 4 * Tq * Tk * D * H (half of it when causal with equal blocks), backward
- * 2.5 x forward; each figure is the median of --reps timed runs after one
- * warm-up run. */
+ * The peak is that of the instruction the dtype's products use: a loop of
+ * independent FMA chains for fp32 (and fp16, converted to fp32; 512-bit for
+ * the avx512 variants, 256-bit for avx2; the portable variant is measured
+ * against the widest the CPU has, so its fraction shows the distance to the
+ * machine's best), a loop of independent vdpbf16ps chains for bf16 where the
+ * variant runs bf16 products on the bf16 dot product. With T threads every
+ * thread runs the loop at once and the peak is their sum. Beside the peak,
+ * each pass is compared with the ceiling its mix of products allows: every
+ * product's FLOPs at the rate of the instruction it runs on (forward: K Q^T
+ * and P V; backward: K Q^T, V dO^T, P^T dO, dS^T Q, dS K; all of them on
+ * one instruction today, so the ceiling equals the peak). Attention
+ * throughput counts useful FLOPs only: forward 4 * Tq * Tk * D * H (half of
+ * it when causal with equal blocks), backward 2.5 x forward; each figure is
+ * the median of --reps timed runs after one warm-up run. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -52,16 +56,19 @@ typedef struct {
 } stria__kb_opts_t;
 
 static const char stria__kb_description[] =
-    "Measures this machine's fp32 FMA peak, then forward and backward attention\n"
-    "throughput (one batch, Q/K/V of --seq tokens), and prints GFLOP/s and the\n"
-    "fraction of the peak. Figures are medians of --reps runs.";
+    "Measures this machine's peak for the dtype's products (fp32 FMA, or the bf16\n"
+    "dot product), then forward and backward attention throughput (one batch,\n"
+    "Q/K/V of --seq tokens), and prints GFLOP/s and the fractions of the peak and\n"
+    "of the ceiling the kernel's mix of products allows. Figures are medians of\n"
+    "--reps runs.";
 
 static const char stria__kb_epilog[] =
     "FLOPs counted: forward 4*S*S*D*H (2*S*S*D*H causal), backward 2.5x forward.\n"
-    "The peak is the fp32 FMA peak (best of " STRIA__STR(
+    "The peak is that of the dtype's products (best of " STRIA__STR(
         STRIA__PEAK_TRIES) " tries, every thread "
-                           "busy); bf16 runs\n"
-                           "use a bf16 dot product where the CPU has one and may exceed it.\n"
+                           "busy): the bf16\n"
+                           "dot product (vdpbf16ps) for bf16 where the variant uses it, else "
+                           "the fp32 FMA.\n"
                            "Beside the wall-clock figures, GFLOP/s per CPU-second (FLOPs over the "
                            "CPU time\n"
                            "all threads really ran, against the peak loop's own per-CPU-second "
@@ -90,8 +97,8 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
         STRIA_OPTION("reps", INT, &reps, "N", "timed runs per pass, median reported", .dflt = "5",
                      .min = 1, .max = 1000),
         STRIA_OPTION("variant", STRING, &o->variant, "V",
-                     "kernel variant: portable | avx2 | avx512 | all (every one this CPU runs, "
-                     "side by side); default: the best available"),
+                     "kernel variant: portable | avx2 | avx512-nobf16 | avx512 | all (every one "
+                     "this CPU runs, side by side); default: the best available"),
         STRIA_OPTION("device", CUSTOM, &o->device, "X",
                      "cpu, or cuda / cuda:N: the GPU kernels, timed with CUDA events, against the "
                      "GPU's cuBLAS bf16 GEMM rate measured in the same run",
@@ -135,7 +142,7 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
         if (!known)
             return stria_bench_usage_error("kernels",
                                            "--variant '%s': unknown (expected portable, avx2, "
-                                           "avx512 or all)",
+                                           "avx512-nobf16, avx512 or all)",
                                            o->variant);
         if (!stria_kernels_variant_available(o->variant)) {
             fprintf(stderr, "stria-bench kernels: variant %s is not supported by this CPU\n",
@@ -150,6 +157,7 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
 
 typedef struct {
     int width; /* vector bits: 512, 256 */
+    bool dot;  /* the bf16 dot product (512-bit) instead of the fp32 FMA */
     double seconds;
     pthread_barrier_t *barrier;
     double flops, elapsed, cpu;
@@ -195,6 +203,37 @@ stria__peak_avx512(double seconds, double *elapsed, float *sink)
     STRIA__PEAK_LOOP(__m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps, 16)
 }
 
+/* vdpbf16ps chains: acc += a . b over a pair per lane, 2 products (4 FLOPs)
+ * per lane; a = 1 and b = 2^-30 keep acc normal and finite for hours. */
+__attribute__((target("avx512f,avx512bf16"))) static double
+stria__peak_bf16(double seconds, double *elapsed, float *sink)
+{
+    __m512 acc[STRIA__PEAK_CHAINS];
+    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1.0f), _mm512_set1_ps(1.0f));
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0x1p-30f), _mm512_set1_ps(0x1p-30f));
+    double t0, t;
+    long long iters = 0;
+    for (int c = 0; c < STRIA__PEAK_CHAINS; c++)
+        acc[c] = _mm512_set1_ps(1.0f + (float)c);
+    t0 = stria_time_now();
+    do {
+        for (int it = 0; it < 4096; it++) {
+#pragma GCC unroll 12
+            for (int c = 0; c < STRIA__PEAK_CHAINS; c++)
+                acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+        }
+        iters += 4096;
+        t = stria_time_now();
+    } while (t - t0 < seconds);
+    for (int c = 1; c < STRIA__PEAK_CHAINS; c++)
+        acc[0] = _mm512_add_ps(acc[0], acc[c]);
+    float out[16];
+    _mm512_storeu_ps(out, acc[0]);
+    *sink = out[0];
+    *elapsed = t - t0;
+    return (double)iters * STRIA__PEAK_CHAINS * 16 * 4.0;
+}
+
 __attribute__((target("avx2,fma"))) static double stria__peak_avx2(double seconds, double *elapsed,
                                                                    float *sink)
 {
@@ -232,7 +271,9 @@ static void *stria__peak_thread(void *p)
     pthread_barrier_wait(a->barrier);
     c0 = stria_time_thread_cpu();
 #ifdef STRIA__BENCH_X86
-    if (a->width == 512)
+    if (a->dot)
+        a->flops = stria__peak_bf16(a->seconds, &a->elapsed, &a->sink);
+    else if (a->width == 512)
         a->flops = stria__peak_avx512(a->seconds, &a->elapsed, &a->sink);
     else if (a->width == 256)
         a->flops = stria__peak_avx2(a->seconds, &a->elapsed, &a->sink);
@@ -250,7 +291,7 @@ static int stria__peak_width(const char *variant)
     __builtin_cpu_init();
     bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
     bool has256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (strcmp(variant, "avx512") == 0 && has512)
+    if ((strcmp(variant, "avx512") == 0 || strcmp(variant, "avx512-nobf16") == 0) && has512)
         return 512;
     if (strcmp(variant, "avx2") == 0 && has256)
         return 256;
@@ -266,7 +307,7 @@ static int stria__peak_width(const char *variant)
  * timing itself: the best of STRIA__PEAK_TRIES tries, since a peak is what the
  * cores can do when nothing else gets in the way (on a shared machine a
  * median would drift with the neighbours' load). */
-static stria_status_t stria__peak_measure(int width, int threads, stria__peak_t *out)
+static stria_status_t stria__peak_measure(int width, bool dot, int threads, stria__peak_t *out)
 {
     stria__peak_t best = {0.0, 0.0};
     pthread_barrier_t barrier;
@@ -284,6 +325,7 @@ static stria_status_t stria__peak_measure(int width, int threads, stria__peak_t 
         pthread_barrier_init(&barrier, NULL, (unsigned)threads);
         for (int t = 0; t < threads; t++) {
             args[t].width = width;
+            args[t].dot = dot;
             args[t].seconds = 0.1;
             args[t].barrier = &barrier;
         }
@@ -423,67 +465,133 @@ static stria__kb_time_t stria__kb_median(const stria__kb_time_t *v, int n, doubl
     return m;
 }
 
+/* The peaks of one variant and dtype: the fp32 FMA one, and the bf16 dot
+ * product's where the variant runs bf16 products on it (dot). */
+typedef struct {
+    stria__peak_t fma, dot_peak;
+    bool dot;
+    int width;
+} stria__kb_peaks_t;
+
+/* What the dtype's products run on: its peak and the peak's name. */
+static stria__peak_t stria__kb_own_peak(const stria__kb_peaks_t *pk, const char **kind)
+{
+    static char name[32];
+    if (pk->dot) {
+        *kind = "bf16-dot-512";
+        return pk->dot_peak;
+    }
+    if (pk->width == 32)
+        snprintf(name, sizeof(name), "fp32-fma-scalar");
+    else
+        snprintf(name, sizeof(name), "fp32-fma-%d", pk->width);
+    *kind = name;
+    return pk->fma;
+}
+
+/* The ceiling of a pass of n_products equal products of which n_dot run on
+ * the bf16 dot product and the rest on the fp32 FMA: every product's FLOPs
+ * at its instruction's rate. */
+static double stria__kb_ceiling(double fma, double dot, int n_products, int n_dot)
+{
+    double t = (double)(n_products - n_dot) / fma + (n_dot > 0 ? (double)n_dot / dot : 0.0);
+    return t > 0.0 ? (double)n_products / t : 0.0;
+}
+
 /* Wall-clock figures are what a caller gets; the CPU-time figures divide the
  * FLOPs by the CPU-seconds the threads really ran, against the per-CPU-second
- * peak, so neighbours that take the cores away do not distort them. */
+ * peak, so neighbours that take the cores away do not distort them. Each
+ * pass is a fraction of its dtype's peak and of the ceiling of its products
+ * (n_products, of which the bf16 dot product runs all when pk->dot). */
 static void stria__kb_report(const stria__kb_opts_t *o, const char *variant, const char *pass,
-                             stria__kb_time_t t, double flops, const stria__peak_t *peak)
+                             stria__kb_time_t t, double flops, const stria__kb_peaks_t *pk,
+                             int n_products)
 {
+    const char *kind;
+    const stria__peak_t peak = stria__kb_own_peak(pk, &kind);
+    const int n_dot = pk->dot ? n_products : 0;
+    double ceil = stria__kb_ceiling(pk->fma.wall, pk->dot_peak.wall, n_products, n_dot);
+    double ceil_cpu = stria__kb_ceiling(pk->fma.per_cpu, pk->dot_peak.per_cpu, n_products, n_dot);
     double gflops = t.wall > 0.0 ? flops / t.wall * 1e-9 : 0.0;
     double per_cpu = t.cpu > 0.0 ? flops / t.cpu * 1e-9 : 0.0;
-    double frac = peak->wall > 0 ? gflops / peak->wall : 0.0;
-    double frac_cpu = peak->per_cpu > 0 ? per_cpu / peak->per_cpu : 0.0;
+    double frac = peak.wall > 0 ? gflops / peak.wall : 0.0;
+    double frac_ceil = ceil > 0 ? gflops / ceil : 0.0;
+    double frac_cpu = peak.per_cpu > 0 ? per_cpu / peak.per_cpu : 0.0;
+    double frac_ceil_cpu = ceil_cpu > 0 ? per_cpu / ceil_cpu : 0.0;
     if (o->json) {
         printf("{\"name\":\"attention\",\"pass\":\"%s\",\"seq\":%lld,\"head_dim\":%lld,"
                "\"heads\":%lld,\"kv_heads\":%lld,\"threads\":%d,\"dtype\":\"%s\","
                "\"causal\":%s,\"variant\":\"%s\",\"reps\":%d,\"seconds\":%.6f,"
-               "\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
-               "\"cpu_seconds\":%.6f,\"gflops_per_cpu\":%.3f,\"peak_gflops_per_cpu\":%.3f,"
-               "\"fraction_of_peak_cpu\":%.4f}\n",
+               "\"gflops\":%.3f,\"peak_gflops\":%.3f,\"peak_kind\":\"%s\","
+               "\"fraction_of_peak\":%.4f,\"ceiling_gflops\":%.3f,\"fraction_of_ceiling\":%.4f,"
+               "\"fma_peak_gflops\":%.3f,\"cpu_seconds\":%.6f,\"gflops_per_cpu\":%.3f,"
+               "\"peak_gflops_per_cpu\":%.3f,\"fraction_of_peak_cpu\":%.4f,"
+               "\"fraction_of_ceiling_cpu\":%.4f}\n",
                pass, (long long)o->seq, (long long)o->head_dim, (long long)o->heads,
                (long long)o->kv_heads, o->threads, stria_dtype_name(o->dtype),
-               o->causal ? "true" : "false", variant, o->reps, t.wall, gflops, peak->wall, frac,
-               t.cpu, per_cpu, peak->per_cpu, frac_cpu);
+               o->causal ? "true" : "false", variant, o->reps, t.wall, gflops, peak.wall, kind,
+               frac, ceil, frac_ceil, pk->fma.wall, t.cpu, per_cpu, peak.per_cpu, frac_cpu,
+               frac_ceil_cpu);
     } else {
-        printf("  %-9s %-4s %9.4f s %8.1f GFLOP/s %6.1f%% of peak   (CPU time: %6.1f GFLOP/s per "
-               "CPU-s, %5.1f%%)\n",
-               variant, pass, t.wall, gflops, 100.0 * frac, per_cpu, 100.0 * frac_cpu);
+        printf("  %-13s %-4s %9.4f s %8.1f GFLOP/s %6.1f%% of %s peak, %5.1f%% of ceiling "
+               "(CPU time: %6.1f GFLOP/s per CPU-s, %5.1f%%)\n",
+               variant, pass, t.wall, gflops, 100.0 * frac, kind, 100.0 * frac_ceil, per_cpu,
+               100.0 * frac_cpu);
     }
     fflush(stdout);
+}
+
+/* Prints one measured peak (kind: "fp32-fma-512", "bf16-dot-512", ...). */
+static void stria__kb_print_peak(const stria__kb_opts_t *o, const char *variant, const char *name,
+                                 const char *kind, const char *dtype, int width,
+                                 const stria__peak_t *peak)
+{
+    if (o->json) {
+        printf("{\"name\":\"%s\",\"pass\":\"peak\",\"seq\":%lld,\"head_dim\":%lld,"
+               "\"heads\":%lld,\"kv_heads\":%lld,\"threads\":%d,\"dtype\":\"%s\","
+               "\"causal\":%s,\"variant\":\"%s\",\"reps\":%d,\"vector_bits\":%d,\"chains\":%d,"
+               "\"peak_kind\":\"%s\",\"seconds\":0.1,\"gflops\":%.3f,\"peak_gflops\":%.3f,"
+               "\"fraction_of_peak\":1,\"peak_gflops_per_cpu\":%.3f}\n",
+               name, (long long)o->seq, (long long)o->head_dim, (long long)o->heads,
+               (long long)o->kv_heads, o->threads, dtype, o->causal ? "true" : "false", variant,
+               STRIA__PEAK_TRIES, width, STRIA__PEAK_CHAINS, kind, peak->wall, peak->wall,
+               peak->per_cpu);
+    } else {
+        printf("  %-13s peak %d x %d-bit %s chains, %d thread(s) busy: %.1f GFLOP/s "
+               "(%.1f per core; %.1f per CPU-second)\n",
+               variant, STRIA__PEAK_CHAINS, width,
+               strcmp(name, "bf16_dot_peak") == 0 ? "vdpbf16ps" : "FMA", o->threads, peak->wall,
+               peak->wall / o->threads, peak->per_cpu);
+    }
 }
 
 static int stria__kb_run_variant(const stria__kb_opts_t *o, const char *variant,
                                  stria__kb_data_t *d)
 {
-    int width = stria__peak_width(variant);
-    stria__peak_t peak = {0.0, 0.0};
+    stria__kb_peaks_t pk = {.width = stria__peak_width(variant)};
     stria__kb_time_t *times = NULL, warm;
     double fwd_flops, *scratch = NULL;
+    const char *kind;
     stria_status_t st;
 
     if (stria_kernels_set_variant(variant) != STRIA_OK) {
         fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
         return 1;
     }
-    if (stria__peak_measure(width, o->threads, &peak) != STRIA_OK) {
+#ifdef STRIA__BENCH_X86
+    pk.dot = o->dtype == STRIA_DTYPE_BF16 && stria_kernels_variant_bf16_dot(variant);
+#endif
+    if (stria__peak_measure(pk.width, false, o->threads, &pk.fma) != STRIA_OK ||
+        (pk.dot && stria__peak_measure(512, true, o->threads, &pk.dot_peak) != STRIA_OK)) {
         fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
         return 1;
     }
-    if (o->json) {
-        printf("{\"name\":\"fma_peak\",\"pass\":\"peak\",\"seq\":%lld,\"head_dim\":%lld,"
-               "\"heads\":%lld,\"kv_heads\":%lld,\"threads\":%d,\"dtype\":\"fp32\","
-               "\"causal\":%s,\"variant\":\"%s\",\"reps\":%d,\"vector_bits\":%d,\"chains\":%d,"
-               "\"seconds\":0.1,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":1,"
-               "\"peak_gflops_per_cpu\":%.3f}\n",
-               (long long)o->seq, (long long)o->head_dim, (long long)o->heads,
-               (long long)o->kv_heads, o->threads, o->causal ? "true" : "false", variant,
-               STRIA__PEAK_TRIES, width, STRIA__PEAK_CHAINS, peak.wall, peak.wall, peak.per_cpu);
-    } else {
-        printf("  %-9s peak %d x %d-bit FMA chains, %d thread(s) busy: %.1f GFLOP/s "
-               "(%.1f per core; %.1f per CPU-second)\n",
-               variant, STRIA__PEAK_CHAINS, width, o->threads, peak.wall, peak.wall / o->threads,
-               peak.per_cpu);
-    }
+    pk.dot = pk.dot && pk.dot_peak.wall > 0.0;
+    stria__kb_own_peak(&(stria__kb_peaks_t){.width = pk.width}, &kind);
+    stria__kb_print_peak(o, variant, "fma_peak", kind, "fp32", pk.width, &pk.fma);
+    if (pk.dot)
+        stria__kb_print_peak(o, variant, "bf16_dot_peak", "bf16-dot-512", "bf16", 512,
+                             &pk.dot_peak);
     fwd_flops = 4.0 * (double)o->seq * (double)o->seq * (double)o->head_dim * (double)o->heads;
     if (o->causal)
         fwd_flops *= 0.5;
@@ -501,13 +609,14 @@ static int stria__kb_run_variant(const stria__kb_opts_t *o, const char *variant,
     for (int r = 0; r < o->reps; r++)
         if ((st = stria__kb_fwd(d, &times[r])) != STRIA_OK)
             goto fail;
-    stria__kb_report(o, variant, "fwd", stria__kb_median(times, o->reps, scratch), fwd_flops,
-                     &peak);
+    /* forward: K Q^T and P V; backward: K Q^T, V dO^T, P^T dO, dS^T Q, dS K */
+    stria__kb_report(o, variant, "fwd", stria__kb_median(times, o->reps, scratch), fwd_flops, &pk,
+                     2);
     for (int r = 0; r < o->reps; r++)
         if ((st = stria__kb_bwd(d, &times[r])) != STRIA_OK)
             goto fail;
     stria__kb_report(o, variant, "bwd", stria__kb_median(times, o->reps, scratch), 2.5 * fwd_flops,
-                     &peak);
+                     &pk, 5);
     free(times);
     free(scratch);
     return 0;

@@ -298,6 +298,35 @@ static void stria__pack_rows_bf16(const stria__ctx_t *c, const stria_tensor_t *t
     }
 }
 
+/* rows [t0, t0+n) of head h of a bf16 tensor, bit for bit, in pairs of rows:
+ * element (i, d) at dst[(i / 2) * 2 * Dp + 2 * d + i % 2], zero padded to
+ * `rows` rows (even) and Dp columns. The B operand of a product that sums
+ * over these rows (P V, dS K, P^T dO, dS^T Q). */
+void stria__pack_pairs(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                       int64_t t0, int n, int rows, uint16_t *dst)
+{
+    const int64_t D = c->D, Dp = c->Dp;
+    for (int i = 0; i < rows; i += 2) {
+        uint16_t *d = dst + (size_t)i * (size_t)Dp;
+        const uint16_t *r0 = NULL, *r1 = NULL;
+        stria__prefetch_ahead(t, b, h, t0, i, n, D, 0);
+        stria__prefetch_ahead(t, b, h, t0, i + 1, n, D, 0);
+        if (i < n)
+            r0 = (const uint16_t *)stria__row_ptr(t, b, t0 + i, h);
+        if (i + 1 < n)
+            r1 = (const uint16_t *)stria__row_ptr(t, b, t0 + i + 1, h);
+        if (r0 == NULL) {
+            memset(d, 0, 2 * (size_t)Dp * sizeof(uint16_t));
+            continue;
+        }
+        for (int64_t x = 0; x < D; x++) {
+            d[2 * x] = r0[x];
+            d[2 * x + 1] = r1 != NULL ? r1[x] : 0;
+        }
+        memset(d + 2 * D, 0, 2 * (size_t)(Dp - D) * sizeof(uint16_t));
+    }
+}
+
 /* dst[Dp/2][BQ] pairs = transpose of src[BQ][Dp] bf16 taken as 32-bit pairs:
  * the B operand layout of the bf16 GEMM. */
 static void stria__transpose_pairs(const stria__ctx_t *c, const uint16_t *src, uint16_t *dst)
@@ -358,8 +387,8 @@ void stria__score_gemm(const stria__ctx_t *c, int j0, int rows, int i0, int cols
     float *dst = st + (size_t)j0 * STRIA__BQ + (size_t)i0;
     if (c->bf16)
         c->ops->gemm_bf16(rows, cols, (int)c->Dp, (const uint16_t *)a.p + (ptrdiff_t)j0 * a.ld,
-                          a.ld, (const uint16_t *)b + 2 * (size_t)i0, 2 * STRIA__BQ, dst,
-                          STRIA__BQ);
+                          a.ld, false, (const uint16_t *)b + 2 * (size_t)i0, 2 * STRIA__BQ, dst,
+                          STRIA__BQ, NULL, false);
     else
         c->ops->gemm(rows, cols, (int)c->D, a.p + (ptrdiff_t)j0 * a.ld, a.ld, false, b + i0,
                      STRIA__BQ, dst, STRIA__BQ, NULL, false);

@@ -23,7 +23,8 @@ typedef struct {
     const stria_tensor_t *q, *k, *v, *d_o, *dq, *dk, *dv;
     const float *lse, *delta;
     /* fp32 rows, [B][H][nqt][BQ][Dp] and [B][Hkv][nkt][BK][Dp] (k_packed:
-     * unless kin) */
+     * unless kin), or with c->bf16 bf16 in pairs of rows (stria__pack_pairs),
+     * the B operands of the gradient products */
     float *q_packed, *do_packed, *k_packed;
     /* score operands, fp32 or bf16 (q_stile / k_stile floats per tile):
      * Q^T, dO^T [B][H][nqt][Dp][BQ]; K, V rows [B][Hkv][nkt][BK][Dp]
@@ -68,10 +69,14 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     float *tmp = stria__bwd_dq_tile(job, 0, task); /* zeroed below */
 
     (void)thread;
-    stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, qp, tmp,
+    stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, c->bf16 ? NULL : qp, tmp,
                       job->qt_packed + task * job->q_stile);
-    stria__pack_qside(c, job->d_o, t.b, t.h, t.q0, t.n, dop, tmp,
+    stria__pack_qside(c, job->d_o, t.b, t.h, t.q0, t.n, c->bf16 ? NULL : dop, tmp,
                       job->dot_packed + task * job->q_stile);
+    if (c->bf16) {
+        stria__pack_pairs(c, job->q, t.b, t.h, t.q0, t.n, STRIA__BQ, (uint16_t *)qp);
+        stria__pack_pairs(c, job->d_o, t.b, t.h, t.q0, t.n, STRIA__BQ, (uint16_t *)dop);
+    }
     for (int i = 0; i < job->n_dq; i++)
         memset(stria__bwd_dq_tile(job, i, task), 0, tile * sizeof(float));
 }
@@ -95,7 +100,10 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
     size_t tile = (size_t)STRIA__BK * (size_t)c->Dp;
 
     (void)thread;
-    if (!job->kin)
+    if (c->bf16)
+        stria__pack_pairs(c, job->k, t.b, t.hk, t.k0, t.n, STRIA__BK,
+                          (uint16_t *)(job->k_packed + task * tile));
+    else if (!job->kin)
         stria__pack_rows(c, job->k, t.b, t.hk, t.k0, t.n, STRIA__BK, job->k_packed + task * tile);
     if (c->bf16 && !c->kdirect)
         stria__pack_kside(c, job->k, t.b, t.hk, t.k0, t.n, job->ks_packed + task * job->k_stile);
@@ -111,6 +119,9 @@ typedef struct {
     float *dv;    /* [kblock][BK][Dp] */
     float *lse;   /* [BQ] LSE of the query tile, +inf for rows without keys */
     float *delta; /* [BQ] */
+    /* c->bf16: P^T and dS^T rounded to bf16, [BK][BQ], and dS^T in pairs of
+     * rows, [BK/2][BQ][2] */
+    uint16_t *ptb, *dsb, *ds2;
 } stria__bwd_scratch_t;
 
 static stria__bwd_scratch_t stria__bwd_scratch(stria__bwd_job_t *job, int thread)
@@ -123,6 +134,9 @@ static stria__bwd_scratch_t stria__bwd_scratch(stria__bwd_job_t *job, int thread
     s.dv = s.dk + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
     s.lse = s.dv + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
     s.delta = s.lse + STRIA__BQ;
+    s.ptb = (uint16_t *)(s.delta + STRIA__BQ);
+    s.dsb = s.ptb + STRIA__BQ * STRIA__BK;
+    s.ds2 = s.dsb + STRIA__BQ * STRIA__BK;
     return s;
 }
 
@@ -168,6 +182,17 @@ static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, i
             continue;
         stria__mask_chunk(c, &pl, s->pt, qc);
         ops->softmax_bwd_p(s->pt + off, nk, STRIA__SB, STRIA__BQ, c->scale, s->lse + i0);
+        if (c->bf16) {
+            const uint16_t *ds2 = s->ds2 + stria__pair_off(klo, i0);
+            ops->softmax_bwd_ds_bf16(s->pt + off, s->dst + off, nk, STRIA__SB, STRIA__BQ,
+                                     s->delta + i0, c->scale, s->ptb + off, s->dsb + off,
+                                     s->ds2 + stria__pair_off(klo, i0));
+            if (dq != NULL)
+                ops->gemm_bf16(ni, (int)Dp, stria__k2(nk), ds2, 2 * STRIA__BQ, true,
+                               (const uint16_t *)kp.p + (size_t)klo * (size_t)Dp, 2 * Dp,
+                               dq + (size_t)i0 * (size_t)Dp, Dp, NULL, true);
+            continue;
+        }
         ops->softmax_bwd_ds(s->pt + off, s->dst + off, nk, STRIA__SB, STRIA__BQ, s->delta + i0,
                             c->scale);
         if (dq != NULL)
@@ -191,6 +216,14 @@ static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, i
             /* queries [i0, i1) of the run of chunks [qa, qc) */
             int i0 = qa * STRIA__SB, i1 = qc * STRIA__SB < pl.bq ? qc * STRIA__SB : pl.bq;
             size_t off = (size_t)j0 * STRIA__BQ + (size_t)i0;
+            if (c->bf16) {
+                const size_t po = (size_t)i0 * (size_t)Dp; /* pair row i0 / 2 */
+                ops->gemm_bf16(nj, (int)Dp, stria__k2(i1 - i0), s->ptb + off, STRIA__BQ, false,
+                               (const uint16_t *)dop + po, 2 * Dp, dv + jo, Dp, NULL, true);
+                ops->gemm_bf16(nj, (int)Dp, stria__k2(i1 - i0), s->dsb + off, STRIA__BQ, false,
+                               (const uint16_t *)qp + po, 2 * Dp, dk + jo, Dp, NULL, true);
+                continue;
+            }
             ops->gemm(nj, (int)Dp, i1 - i0, s->pt + off, STRIA__BQ, false,
                       dop + (size_t)i0 * (size_t)Dp, Dp, dv + jo, Dp, NULL, true);
             ops->gemm(nj, (int)Dp, i1 - i0, s->dst + off, STRIA__BQ, false,
@@ -241,6 +274,21 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     ops->softmax_bwd_p(s->pt, bk, STRIA__BQ, STRIA__BQ, c->scale, s->lse);
     /* dP^T = V dO^T, then dS^T = P^T (dP^T - D) scale */
     stria__score_gemm(c, 0, bk, 0, STRIA__BQ, vp, dotp, s->dst);
+    if (c->bf16) {
+        /* the products on P^T and dS^T rounded to bf16 */
+        ops->softmax_bwd_ds_bf16(s->pt, s->dst, bk, STRIA__BQ, STRIA__BQ, s->delta, c->scale,
+                                 s->ptb, s->dsb, s->ds2);
+        if (dk != NULL) {
+            ops->gemm_bf16(bk, (int)Dp, stria__k2(bq), s->ptb, STRIA__BQ, false,
+                           (const uint16_t *)dop, 2 * Dp, dv, Dp, NULL, true);
+            ops->gemm_bf16(bk, (int)Dp, stria__k2(bq), s->dsb, STRIA__BQ, false,
+                           (const uint16_t *)qp, 2 * Dp, dk, Dp, NULL, true);
+        }
+        if (dq_acc != NULL)
+            ops->gemm_bf16(bq, (int)Dp, stria__k2(bk), s->ds2, 2 * STRIA__BQ, true,
+                           (const uint16_t *)kp.p, 2 * Dp, dq_acc + qidx * qtile, Dp, NULL, true);
+        return;
+    }
     ops->softmax_bwd_ds(s->pt, s->dst, bk, STRIA__BQ, STRIA__BQ, s->delta, c->scale);
     if (dk != NULL) {
         /* dV += P^T dO, dK += dS^T Q */
@@ -480,8 +528,9 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     n_k = (size_t)(c.dims.B * c.dims.Hkv * c.nkt);
     job.k_stile = stria__score_tile_floats(&c, ktile);
     job.nkb = (c.nkt + job.kblock - 1) / job.kblock;
-    job.scratch_floats = (size_t)(2 * STRIA__BQ * STRIA__BK +
-                                  2 * (int64_t)job.kblock * STRIA__BK * c.Dp + 2 * STRIA__BQ);
+    job.scratch_floats =
+        (size_t)(2 * STRIA__BQ * STRIA__BK + 2 * (int64_t)job.kblock * STRIA__BK * c.Dp +
+                 2 * STRIA__BQ + (c.bf16 ? 3 * STRIA__BQ * STRIA__BK / 2 : 0));
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* operands read in place need no packed tiles; fp32 K rows only when a
      * head's rows are adjacent (a token stride apart, the dQ product runs

@@ -11,7 +11,7 @@ typedef struct {
     float *lse;
     bool accumulate;
     float *k_packed; /* [B][Hkv][nkt][BK][Dp], fp32 or bf16 (k_tile floats each) */
-    float *v_packed; /* [B][Hkv][nkt][BK][Dp] */
+    float *v_packed; /* [B][Hkv][nkt][BK][Dp] fp32, or bf16 in pairs of rows */
     size_t k_tile;
     float *scratch; /* per thread */
     size_t scratch_floats;
@@ -31,8 +31,34 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
     (void)thread;
     if (!c->kdirect)
         stria__pack_kside(c, job->k, t.b, t.hk, t.k0, t.n, job->k_packed + task * job->k_tile);
-    if (!c->vdirect)
+    if (c->bf16)
+        stria__pack_pairs(c, job->v, t.b, t.hk, t.k0, t.n, STRIA__BK,
+                          (uint16_t *)(job->v_packed + task * tile));
+    else if (!c->vdirect)
         stria__pack_rows(c, job->v, t.b, t.hk, t.k0, t.n, STRIA__BK, job->v_packed + task * tile);
+}
+
+/* The softmax step and O = diag(alpha) O + P V of rows [klo, klo + nk) of a
+ * score tile, for m queries from column i0 (cols of the tile: a multiple of
+ * 16); o: their output rows, m, l, alpha: their statistics. bf16: P rounded
+ * to bf16 in pairs of rows (pb) times V in pairs of rows. */
+static void stria__fwd_pv(const stria__ctx_t *c, float *st, uint16_t *pb, int klo, int nk, int i0,
+                          int cols, int m_rows, const float *vp, float *o, float *m, float *l,
+                          float *alpha, bool first)
+{
+    const int64_t Dp = c->Dp;
+    float *sc = st + (size_t)klo * STRIA__BQ + (size_t)i0;
+    if (c->bf16) {
+        uint16_t *pa = pb + stria__pair_off(klo, i0);
+        c->ops->softmax_fwd_bf16(sc, nk, cols, STRIA__BQ, c->scale, m, l, alpha, pa, 2 * STRIA__BQ);
+        c->ops->gemm_bf16(m_rows, (int)Dp, stria__k2(nk), pa, 2 * STRIA__BQ, true,
+                          (const uint16_t *)vp + (size_t)klo * (size_t)Dp, 2 * Dp, o, Dp, alpha,
+                          !first);
+        return;
+    }
+    c->ops->softmax_fwd(sc, nk, cols, STRIA__BQ, c->scale, m, l, alpha);
+    c->ops->gemm(m_rows, (int)Dp, nk, sc, STRIA__BQ, true, vp + (size_t)klo * (size_t)Dp, Dp, o, Dp,
+                 alpha, !first);
 }
 
 /* A straddling tile pair of the forward pass, query chunk by query chunk
@@ -41,8 +67,8 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
  * they would add exp(-inf) = 0 to the sums and products. first: O holds
  * nothing yet (it is written, not accumulated). */
 static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__kop_t kp,
-                               const float *vp, const float *qt_buf, float *st, float *oacc,
-                               float *m, float *l, float *alpha, bool first)
+                               const float *vp, const float *qt_buf, float *st, uint16_t *pb,
+                               float *oacc, float *m, float *l, float *alpha, bool first)
 {
     const int64_t Dp = c->Dp;
     stria__plan_t pl;
@@ -53,16 +79,14 @@ static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, st
         const int i0 = qc * STRIA__SB, ni = stria__plan_chunk(&pl, qc);
         const int klo = pl.klo[qc], nk = pl.khi[qc] - pl.klo[qc];
         float *o = oacc + (size_t)i0 * (size_t)Dp;
-        float *sc = st + (size_t)klo * STRIA__BQ + (size_t)i0;
         if (nk == 0) { /* no key of this tile is visible to the chunk */
             if (first)
                 memset(o, 0, (size_t)ni * (size_t)Dp * sizeof(float));
             continue;
         }
         stria__mask_chunk(c, &pl, st, qc);
-        c->ops->softmax_fwd(sc, nk, STRIA__SB, STRIA__BQ, c->scale, m + i0, l + i0, alpha + i0);
-        c->ops->gemm(ni, (int)Dp, nk, sc, STRIA__BQ, true, vp + (size_t)klo * (size_t)Dp, Dp, o, Dp,
-                     alpha + i0, !first);
+        stria__fwd_pv(c, st, pb, klo, nk, i0, STRIA__SB, ni, vp, o, m + i0, l + i0, alpha + i0,
+                      first);
     }
 }
 
@@ -89,6 +113,7 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     float *m = st + STRIA__BQ * STRIA__BK;
     float *l = m + STRIA__BQ;
     float *alpha = l + STRIA__BQ;
+    uint16_t *pb = (uint16_t *)(alpha + STRIA__BQ); /* [BK/2][BQ] bf16 pairs */
     bool first = true;
 
     const float *qtp = qt_buf; /* the tile's packed Q^T */
@@ -112,11 +137,10 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
                                      : job->v_packed + tidx * tile;
 
         if (cls == STRIA__TILE_PARTIAL) {
-            stria__fwd_partial(c, qt, kt, kp, vp, qtp, st, oacc, m, l, alpha, first);
+            stria__fwd_partial(c, qt, kt, kp, vp, qtp, st, pb, oacc, m, l, alpha, first);
         } else {
             stria__score_gemm(c, 0, bk, 0, STRIA__BQ, kp, qtp, st);
-            ops->softmax_fwd(st, bk, STRIA__BQ, STRIA__BQ, c->scale, m, l, alpha);
-            ops->gemm(bq, (int)Dp, bk, st, STRIA__BQ, true, vp, Dp, oacc, Dp, alpha, !first);
+            stria__fwd_pv(c, st, pb, 0, bk, 0, STRIA__BQ, bq, vp, oacc, m, l, alpha, first);
         }
         first = false;
     }
@@ -173,7 +197,8 @@ static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const st
     n_ktiles = (size_t)(c.dims.B * c.dims.Hkv * c.nkt);
     job.k_tile = stria__score_tile_floats(&c, tile);
     job.q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
-    job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ);
+    job.scratch_floats = (size_t)(2 * STRIA__BQ * c.Dp + STRIA__BQ * STRIA__BK + 3 * STRIA__BQ +
+                                  (c.bf16 ? STRIA__BQ * STRIA__BK / 2 : 0));
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* operands read in place need no packed tiles */
     size_t k_area = c.kdirect ? 0 : n_ktiles * job.k_tile, v_area = c.vdirect ? 0 : n_ktiles * tile;

@@ -71,8 +71,10 @@ typedef struct {
     int64_t *lomin, *lomax, *himin, *himax;         /* per query tile */
     int64_t *lomin_s, *lomax_s, *himin_s, *himax_s; /* per query sub-block */
     int n_threads;
-    /* bf16 inputs on a CPU with a bf16 dot product: the score products
-     * (K Q^T, V dO^T) run on packed bf16 pairs, everything else in fp32 */
+    /* bf16 inputs on a CPU with a bf16 dot product: every product runs on
+     * bf16 pairs (the score products K Q^T and V dO^T on the inputs, P V,
+     * P^T dO, dS^T Q and dS K on P and dS rounded to bf16), accumulation and
+     * the softmax in fp32 */
     bool bf16;
     /* the key-side A operands of the score products (K, V rows) are read
      * from the caller's tensors in place, not packed: their rows already
@@ -256,6 +258,20 @@ static inline void stria__merge_row(const stria_kern_ops_t *ops, float *oa, floa
     *lsea = lse;
 }
 
+/* Offset, in bf16 elements, of element (j, i) (j even) of a [BK][BQ] tile
+ * stored in pairs of rows (the trans_a operand of gemm_bf16). */
+static inline size_t stria__pair_off(int j, int i)
+{
+    return (size_t)j * STRIA__BQ + 2 * (size_t)i;
+}
+
+/* k of a bf16 product over n rows: rounded up to a pair (the partner of an
+ * odd last row is 0 in both operands). */
+static inline int stria__k2(int n)
+{
+    return (n + 1) & ~1;
+}
+
 /* ---- shared by the rooms (defined in attn.c and attn_fwd.c) ------------------- */
 
 void stria__ctx_free(stria__ctx_t *c);
@@ -267,6 +283,8 @@ void stria__plan(const stria__ctx_t *c, int64_t qt, int64_t kt, stria__plan_t *p
 void stria__mask_chunk(const stria__ctx_t *c, const stria__plan_t *pl, float *st, int qc);
 void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
                       int64_t t0, int n, int rows, float *dst);
+void stria__pack_pairs(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
+                       int64_t t0, int n, int rows, uint16_t *dst);
 void stria__pack_qside(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
                        int64_t q0, int n, float *rows_f32, float *tmp, float *dst);
 void stria__pack_kside(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,

@@ -9,6 +9,8 @@ static const stria_kern_ops_t *const stria__variants[] = {
     &stria__kern_portable,
 #ifdef STRIA_HAVE_X86_VARIANTS
     &stria__kern_avx2,
+    /* before avx512: the default is the last one the CPU runs */
+    &stria__kern_avx512_nobf16,
     &stria__kern_avx512,
 #endif
 };
@@ -17,8 +19,7 @@ static const stria_kern_ops_t *const stria__variants[] = {
 static const char *const stria__variant_names[] = {
     "portable",
 #ifdef STRIA_HAVE_X86_VARIANTS
-    "avx2",
-    "avx512",
+    "avx2",     "avx512-nobf16", "avx512",
 #endif
     NULL,
 };
@@ -53,7 +54,7 @@ static void stria__select_default(void)
             stria__select_status = STRIA_ERR_NOT_FOUND;
             snprintf(stria__select_msg, sizeof(stria__select_msg),
                      "STRIA_KERNEL=%s: unknown kernel variant (this build has portable%s)", env,
-                     STRIA__N_VARIANTS > 1 ? ", avx2, avx512" : "");
+                     STRIA__N_VARIANTS > 1 ? ", avx2, avx512-nobf16, avx512" : "");
         } else if (!ops->cpu_ok()) {
             stria__select_status = STRIA_ERR_UNSUPPORTED;
             snprintf(stria__select_msg, sizeof(stria__select_msg),
@@ -114,6 +115,12 @@ bool stria_kernels_variant_available(const char *name)
 {
     const stria_kern_ops_t *ops = name ? stria__find(name) : NULL;
     return ops != NULL && ops->cpu_ok();
+}
+
+bool stria_kernels_variant_bf16_dot(const char *name)
+{
+    const stria_kern_ops_t *ops = name ? stria__find(name) : NULL;
+    return ops != NULL && ops->cpu_ok() && ops->gemm_bf16 != NULL && ops->gemm_bf16_ok();
 }
 
 const char *const *stria_kernels_variant_names(void)

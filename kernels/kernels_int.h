@@ -82,13 +82,32 @@ typedef struct {
     void (*transpose32)(const void *src, ptrdiff_t lds, void *dst, ptrdiff_t ldd, int rows,
                         int cols);
     /* Optional (NULL when absent; usable only when gemm_bf16_ok() says so):
-     * C[i][j] = sum_{p<k} A[i][p] * B(p, j) with bf16 inputs and fp32
-     * accumulation, C overwritten. A: bf16 rows lda elements apart. B: bf16
-     * interleaved in pairs along k, B(p, j) = b[(p / 2) * ldb + 2 * j + p % 2].
-     * k even, n a multiple of 16. Denormal inputs count as zero. */
-    void (*gemm_bf16)(int m, int n, int k, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
-                      ptrdiff_t ldb, float *c, ptrdiff_t ldc);
+     * the bf16 operations, which every product of bf16 inputs runs on.
+     * gemm_bf16: C[i][j] = beta_i * C[i][j] + sum_{p<k} A(i, p) * B(p, j)
+     * with bf16 inputs and fp32 accumulation, beta_i as in gemm. A(i, p) =
+     * a[i * lda + p] when !trans_a, else A is stored in pairs along k:
+     * a[(p / 2) * lda + 2 * i + p % 2]. B is stored in pairs along k:
+     * B(p, j) = b[(p / 2) * ldb + 2 * j + p % 2]. k even, n a multiple of 16.
+     * Denormal inputs count as zero. */
+    void (*gemm_bf16)(int m, int n, int k, const uint16_t *a, ptrdiff_t lda, bool trans_a,
+                      const uint16_t *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                      const float *c_scale, bool accumulate);
     bool (*gemm_bf16_ok)(void);
+    /* softmax_fwd, but P is written (rounded to bf16, to nearest even) in
+     * pairs of rows instead of over st: P^T[j][i] goes to pb[(j / 2) * ldp +
+     * 2 * i + j % 2], the A operand of the P V product (trans_a); st is left
+     * undefined. With odd rows the last pair's second half is 0. m, l and
+     * alpha are computed from the fp32 probabilities. */
+    void (*softmax_fwd_bf16)(float *st, int rows, int cols, ptrdiff_t ld, float scale, float *m,
+                             float *l, float *alpha, uint16_t *pb, ptrdiff_t ldp);
+    /* softmax_bwd_ds, its outputs rounded to bf16 (nearest even) for the
+     * three gradient products instead of written over dpt: P^T into p_rows
+     * and dS^T into ds_rows (both [rows][cols], ld apart), and dS^T in pairs
+     * of rows into ds_pairs (element (j, i) at (j / 2) * 2 * ld + 2 * i +
+     * j % 2; with odd rows the last pair's second half is 0). */
+    void (*softmax_bwd_ds_bf16)(const float *pt, const float *dpt, int rows, int cols, ptrdiff_t ld,
+                                const float *delta, float scale, uint16_t *p_rows,
+                                uint16_t *ds_rows, uint16_t *ds_pairs);
 } stria_kern_ops_t;
 
 /* The table of a variant whose functions are named PREFIX_gemm,
@@ -104,6 +123,9 @@ extern const stria_kern_ops_t stria__kern_portable;
 #ifdef STRIA_HAVE_X86_VARIANTS
 extern const stria_kern_ops_t stria__kern_avx2;
 extern const stria_kern_ops_t stria__kern_avx512;
+/* avx512 without the bf16 operations: bf16 inputs take the fp32 path there,
+ * as on a CPU without AVX512-BF16 (STRIA_KERNEL=avx512-nobf16) */
+extern const stria_kern_ops_t stria__kern_avx512_nobf16;
 #endif
 
 /* A workspace buffer (64-byte aligned, `size` usable bytes). Released buffers

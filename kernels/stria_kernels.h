@@ -25,9 +25,14 @@
  * LSE = -inf and a zero partial output; merging handles such rows exactly.
  *
  * Several CPU variants exist (portable C, AVX2+FMA, AVX-512); the best one the
- * CPU supports is chosen once, on first use. STRIA_KERNEL=portable|avx2|avx512
- * in the environment forces one (an unavailable choice is an error reported by
- * the first kernel call).
+ * CPU supports is chosen once, on first use. STRIA_KERNEL=portable|avx2|
+ * avx512-nobf16|avx512 in the environment forces one (an unavailable choice is
+ * an error reported by the first kernel call). With bf16 inputs, avx512 on a
+ * CPU with AVX512-BF16 runs every product on the bf16 dot product, as
+ * FlashAttention does: P and dS are rounded to bf16 before their products,
+ * accumulation and the softmax statistics stay fp32. Every other variant
+ * (avx512-nobf16 is avx512 without the bf16 dot product) computes bf16 inputs
+ * in fp32.
  *
  * Threading: every call may run on a thread pool (params->pool); NULL runs on
  * the calling thread. Calls do not keep pointers after they return.
@@ -271,7 +276,7 @@ stria_status_t stria_attn_work(const stria_attn_params_t *params, int64_t tile_q
 
 /* ---- CPU variants ------------------------------------------------------ */
 
-/* Name of the variant in use ("portable", "avx2", "avx512"), selecting it on
+/* Name of the variant in use ("portable", "avx2", "avx512-nobf16", "avx512"), selecting it on
  * first use. */
 const char *stria_kernels_variant(void);
 
@@ -281,6 +286,11 @@ stria_status_t stria_kernels_set_variant(const char *name);
 
 /* Whether the named variant exists in this build and runs on this CPU. */
 bool stria_kernels_variant_available(const char *name);
+
+/* Whether the named variant runs the products of bf16 inputs on a bf16 dot
+ * product on this CPU (avx512 with AVX512-BF16); false: bf16 inputs are
+ * computed in fp32 there, and for unknown or unavailable variants. */
+bool stria_kernels_variant_bf16_dot(const char *name);
 
 /* Names of all variants compiled in, NULL-terminated, best last. */
 const char *const *stria_kernels_variant_names(void);

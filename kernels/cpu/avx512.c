@@ -131,10 +131,12 @@ static bool stria__avx512_bf16_ok(void)
 
 /* As stria__uk, but every step takes a pair of k: vdpbf16ps multiplies two
  * bf16 pairs per lane into the fp32 accumulator, twice the work of an fp32
- * FMA per instruction. A pair of A is broadcast as one 32-bit word. */
-STRIA__INLINE void stria__uk_bf16(const int mr, const int nv, int k, const uint16_t *a,
-                                  ptrdiff_t lda, const uint16_t *b, ptrdiff_t ldb, float *c,
-                                  ptrdiff_t ldc)
+ * FMA per instruction. A pair of A is broadcast as one 32-bit word: adjacent
+ * in a row of A, or (trans_a) a word of A's pairs along k. */
+STRIA__INLINE void stria__uk_bf16(const int mr, const int nv, const bool trans_a, int k,
+                                  const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                                  ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *c_scale,
+                                  bool accumulate)
 {
     __m512 acc[STRIA__MR][STRIA__NV];
     STRIA__ACC_ZERO(acc, mr, nv);
@@ -147,7 +149,9 @@ STRIA__INLINE void stria__uk_bf16(const int mr, const int nv, int k, const uint1
 #pragma GCC unroll 6
         for (int i = 0; i < mr; i++) {
             int32_t pair;
-            __builtin_memcpy(&pair, a + (ptrdiff_t)i * lda + p, sizeof(pair));
+            __builtin_memcpy(
+                &pair, trans_a ? a + (ptrdiff_t)(p / 2) * lda + 2 * i : a + (ptrdiff_t)i * lda + p,
+                sizeof(pair));
             __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
 #pragma GCC unroll 4
             for (int j = 0; j < nv; j++)
@@ -155,21 +159,40 @@ STRIA__INLINE void stria__uk_bf16(const int mr, const int nv, int k, const uint1
         }
     }
 #pragma GCC unroll 6
-    for (int i = 0; i < mr; i++)
+    for (int i = 0; i < mr; i++) {
+        float *cr = c + (ptrdiff_t)i * ldc;
+        if (!accumulate) {
 #pragma GCC unroll 4
-        for (int j = 0; j < nv; j++)
-            _mm512_storeu_ps(c + (ptrdiff_t)i * ldc + 16 * j, acc[i][j]);
+            for (int j = 0; j < nv; j++)
+                _mm512_storeu_ps(cr + 16 * j, acc[i][j]);
+        } else if (c_scale != NULL) {
+            __m512 beta = _mm512_set1_ps(c_scale[i]);
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++)
+                _mm512_storeu_ps(cr + 16 * j,
+                                 _mm512_fmadd_ps(_mm512_loadu_ps(cr + 16 * j), beta, acc[i][j]));
+        } else {
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++)
+                _mm512_storeu_ps(cr + 16 * j,
+                                 _mm512_add_ps(_mm512_loadu_ps(cr + 16 * j), acc[i][j]));
+        }
+    }
 }
 
 #define STRIA__UKB_CASE(MR, NV)                                                                    \
     case (MR)*8 + (NV):                                                                            \
-        stria__uk_bf16(MR, NV, k, a, lda, b, ldb, c, ldc);                                         \
+        if (trans_a)                                                                               \
+            stria__uk_bf16(MR, NV, true, k, a, lda, b, ldb, c, ldc, c_scale, accumulate);          \
+        else                                                                                       \
+            stria__uk_bf16(MR, NV, false, k, a, lda, b, ldb, c, ldc, c_scale, accumulate);         \
         break;
 #define STRIA__UKB_ROW(MR)                                                                         \
     STRIA__UKB_CASE(MR, 1) STRIA__UKB_CASE(MR, 2) STRIA__UKB_CASE(MR, 3) STRIA__UKB_CASE(MR, 4)
 
-static void stria__ukb_dispatch(int mr, int nv, int k, const uint16_t *a, ptrdiff_t lda,
-                                const uint16_t *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc)
+static void stria__ukb_dispatch(int mr, int nv, bool trans_a, int k, const uint16_t *a,
+                                ptrdiff_t lda, const uint16_t *b, ptrdiff_t ldb, float *c,
+                                ptrdiff_t ldc, const float *c_scale, bool accumulate)
 {
     switch (mr * 8 + nv) {
         STRIA__UKB_ROW(1)
@@ -184,14 +207,17 @@ static void stria__ukb_dispatch(int mr, int nv, int k, const uint16_t *a, ptrdif
 }
 
 static void stria__avx512_gemm_bf16(int m, int n, int k, const uint16_t *a, ptrdiff_t lda,
-                                    const uint16_t *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc)
+                                    bool trans_a, const uint16_t *b, ptrdiff_t ldb, float *c,
+                                    ptrdiff_t ldc, const float *c_scale, bool accumulate)
 {
     for (int j0 = 0; j0 < n; j0 += 16 * STRIA__NV) {
         int nv = (n - j0) / 16 < STRIA__NV ? (n - j0) / 16 : STRIA__NV;
         for (int i0 = 0; i0 < m; i0 += STRIA__MR) {
             int mr = m - i0 < STRIA__MR ? m - i0 : STRIA__MR;
-            stria__ukb_dispatch(mr, nv, k, a + (ptrdiff_t)i0 * lda, lda, b + 2 * j0, ldb,
-                                c + (ptrdiff_t)i0 * ldc + j0, ldc);
+            const uint16_t *ai = trans_a ? a + 2 * (ptrdiff_t)i0 : a + (ptrdiff_t)i0 * lda;
+            stria__ukb_dispatch(mr, nv, trans_a, k, ai, lda, b + 2 * j0, ldb,
+                                c + (ptrdiff_t)i0 * ldc + j0, ldc,
+                                c_scale != NULL ? c_scale + i0 : NULL, accumulate);
         }
     }
 }
@@ -219,6 +245,120 @@ STRIA__INLINE __m512 stria__exp(__m512 x)
 STRIA__INLINE __m512 stria__sub_of(__m512 m, __m512 ninf)
 {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_EQ_OQ), m, _mm512_setzero_ps());
+}
+
+/* ---- the softmax passes of the bf16 products ---------------------------- */
+
+/* The bf16 pairs (x0[i], x1[i]) as 16 words, rounded to nearest even; *rows
+ * gets bf16(x0) in its low and bf16(x1) in its high 256 bits. */
+STRIA__INLINE __m512i stria__bf16_pairs(__m512 x0, __m512 x1, __m512i *rows)
+{
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512i r = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    if (rows != NULL)
+        *rows = r;
+    return _mm512_permutexvar_epi16(idx, r);
+}
+
+/* exp(x) to about 1 ulp where it matters, for the bf16 path's softmax: 2^t
+ * for t = x log2(e), t split into round(t) (applied with vscalefps) and a
+ * fraction in [-1/2, 1/2] whose 2^f is a degree-6 polynomial (relative error
+ * 0.7 ulp; fitted to 2^f in relative terms). Three operations fewer than
+ * stria__exp's Cody-Waite reduction; the product's rounding costs a relative
+ * error of about |x| 2^-24, which only the terms far below the row's max
+ * (exp(x) < e^-16 for more than 1 ulp) see. x < -87.3 (t < -126) gives
+ * exactly 0, so -inf does; NaN stays NaN. */
+STRIA__INLINE __m512 stria__exp_bf16(__m512 x)
+{
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+    __m512 n = stria__round(t);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 y = _mm512_set1_ps(1.5345810970757157e-4f);
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3399930903688073e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.618489071726799e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.550328642129898e-2f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022646248340607e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931471824645996e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, y, n);
+}
+
+/* See stria_kern_ops_t.softmax_fwd_bf16: softmax_fwd's arithmetic (its exp
+ * cheaper, stria__exp_bf16), with the probabilities of each pair of rows
+ * stored once, as bf16 pairs. */
+static void stria__avx512_softmax_fwd_bf16(float *st, int rows, int cols, ptrdiff_t ld, float scale,
+                                           float *m, float *l, float *alpha, uint16_t *pb,
+                                           ptrdiff_t ldp)
+{
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+
+    for (int i = 0; i < cols; i += 16) {
+        float *col = st + i;
+        __m512 mx0 = ninf, mx1 = ninf;
+        int j = 0;
+        for (; j + 1 < rows; j += 2) {
+            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (ptrdiff_t)j * ld));
+            mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(col + (ptrdiff_t)(j + 1) * ld));
+        }
+        if (j < rows)
+            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(col + (ptrdiff_t)j * ld));
+        __m512 m_old = _mm512_loadu_ps(m + i);
+        __m512 m_new = _mm512_max_ps(_mm512_mul_ps(_mm512_max_ps(mx0, mx1), vscale), m_old);
+        /* columns that have seen no key subtract 0: their scores are all -inf */
+        __m512 sub = stria__sub_of(m_new, ninf);
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        for (j = 0; j < rows; j += 2) {
+            const float *r0 = col + (ptrdiff_t)j * ld;
+            __m512 p0 = stria__exp_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(r0), vscale, sub));
+            __m512 p1 = _mm512_setzero_ps();
+            if (j + 1 < rows)
+                p1 = stria__exp_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(r0 + ld), vscale, sub));
+            _mm512_storeu_si512(pb + (ptrdiff_t)(j / 2) * ldp + 2 * i,
+                                stria__bf16_pairs(p0, p1, NULL));
+            s0 = _mm512_add_ps(s0, p0);
+            s1 = _mm512_add_ps(s1, p1);
+        }
+        __m512 a = stria__exp_bf16(_mm512_sub_ps(m_old, sub));
+        _mm512_storeu_ps(alpha + i, a);
+        _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), a, _mm512_add_ps(s0, s1)));
+        _mm512_storeu_ps(m + i, m_new);
+    }
+}
+
+/* See stria_kern_ops_t.softmax_bwd_ds_bf16. */
+static void stria__avx512_softmax_bwd_ds_bf16(const float *pt, const float *dpt, int rows, int cols,
+                                              ptrdiff_t ld, const float *delta, float scale,
+                                              uint16_t *p_rows, uint16_t *ds_rows,
+                                              uint16_t *ds_pairs)
+{
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int i = 0; i < cols; i += 16) {
+        __m512 d = _mm512_loadu_ps(delta + i);
+        for (int j = 0; j < rows; j += 2) {
+            const ptrdiff_t o0 = (ptrdiff_t)j * ld + i, o1 = o0 + ld;
+            const bool two = j + 1 < rows;
+            __m512 p0 = _mm512_loadu_ps(pt + o0);
+            __m512 p1 = two ? _mm512_loadu_ps(pt + o1) : _mm512_setzero_ps();
+            __m512 g0 = _mm512_mul_ps(
+                _mm512_mul_ps(p0, _mm512_sub_ps(_mm512_loadu_ps(dpt + o0), d)), vscale);
+            __m512 g1 =
+                two ? _mm512_mul_ps(_mm512_mul_ps(p1, _mm512_sub_ps(_mm512_loadu_ps(dpt + o1), d)),
+                                    vscale)
+                    : _mm512_setzero_ps();
+            __m512i pr = (__m512i)_mm512_cvtne2ps_pbh(p1, p0), gr;
+            _mm512_storeu_si512(ds_pairs + (ptrdiff_t)(j / 2) * 2 * ld + 2 * i,
+                                stria__bf16_pairs(g0, g1, &gr));
+            _mm256_storeu_si256((__m256i *)(p_rows + o0), _mm512_castsi512_si256(pr));
+            _mm256_storeu_si256((__m256i *)(ds_rows + o0), _mm512_castsi512_si256(gr));
+            if (two) {
+                _mm256_storeu_si256((__m256i *)(p_rows + o1), _mm512_extracti64x4_epi64(pr, 1));
+                _mm256_storeu_si256((__m256i *)(ds_rows + o1), _mm512_extracti64x4_epi64(gr, 1));
+            }
+        }
+    }
 }
 
 /* ---- causal mask ------------------------------------------------------- */
@@ -339,4 +479,11 @@ const stria_kern_ops_t stria__kern_avx512 = {
     .name = "avx512",
     .gemm_bf16 = stria__avx512_gemm_bf16,
     .gemm_bf16_ok = stria__avx512_bf16_ok,
+    .softmax_fwd_bf16 = stria__avx512_softmax_fwd_bf16,
+    .softmax_bwd_ds_bf16 = stria__avx512_softmax_bwd_ds_bf16,
+};
+
+const stria_kern_ops_t stria__kern_avx512_nobf16 = {
+    STRIA_KERN_OPS(stria__avx512),
+    .name = "avx512-nobf16",
 };

@@ -140,6 +140,139 @@ bool ref_visible(const ref_shape_t *s, const ref_masks_t *m, int64_t qp, int64_t
 REF_DEFINE(ref_f64_run_masks, double, exp, log)
 REF_DEFINE(ref_f32_run_masks, float, expf, logf)
 
+static double ref__bf(double x)
+{
+    return (double)stria_bf16_to_f32(stria_f32_to_bf16((float)x));
+}
+
+void ref_bf16_run_masks(const ref_shape_t *s, const ref_masks_t *mk, const float *q, const float *k,
+                        const float *v, const float *d_o, ref_out_t *out)
+{
+    int64_t B = s->batch, Tq = s->q_tokens, Tk = s->kv_tokens, H = s->heads;
+    int64_t Hk = s->kv_heads, D = s->head_dim, G = H / Hk;
+    size_t nq = (size_t)(B * Tq * H * D), nk = (size_t)(B * Tk * Hk * D);
+    double sc = sqrt(s->scale);
+    double *qs = malloc(nq * sizeof(double)), *ks = malloc(nk * sizeof(double));
+    double *p = malloc((size_t)Tk * sizeof(double)), *dp = malloc((size_t)Tk * sizeof(double));
+    double *dks = d_o ? calloc(nk, sizeof(double)) : NULL;
+    double *dvs = d_o ? calloc(nk, sizeof(double)) : NULL;
+
+    memset(out, 0, sizeof(*out));
+    out->o = calloc(nq, sizeof(double));
+    out->lse = calloc((size_t)(B * H * Tq), sizeof(double));
+    if (d_o) {
+        out->dq = calloc(nq, sizeof(double));
+        out->dk = calloc(nk, sizeof(double));
+        out->dv = calloc(nk, sizeof(double));
+    }
+    for (size_t x = 0; x < nq; x++)
+        qs[x] = ref__bf((double)q[x] * sc);
+    for (size_t x = 0; x < nk; x++)
+        ks[x] = ref__bf((double)k[x] * sc);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            int64_t hk = h / G;
+            for (int64_t i = 0; i < Tq; i++) {
+                size_t qi = (size_t)(((b * Tq + i) * H + h) * D);
+                int64_t qp = ref__pos(s->q_pos, i);
+                double m = -INFINITY, l = 0;
+                for (int64_t j = 0; j < Tk; j++) {
+                    size_t kj = (size_t)(((b * Tk + j) * Hk + hk) * D);
+                    double dot = 0;
+                    if (!ref_visible(s, mk, qp, ref__pos(s->kv_pos, j))) {
+                        p[j] = -INFINITY;
+                        continue;
+                    }
+                    for (int64_t d = 0; d < D; d++)
+                        dot += qs[qi + (size_t)d] * ks[kj + (size_t)d];
+                    p[j] = ref__bf(dot);
+                    m = p[j] > m ? p[j] : m;
+                }
+                double *lse = out->lse + (b * H + h) * Tq + i;
+                if (m == -INFINITY) {
+                    *lse = -INFINITY;
+                    continue;
+                }
+                for (int64_t j = 0; j < Tk; j++) {
+                    p[j] = exp(p[j] - m);
+                    l += p[j];
+                }
+                *lse = m + log(l);
+                for (int64_t j = 0; j < Tk; j++)
+                    p[j] = ref__bf(p[j] / l);
+                for (int64_t d = 0; d < D; d++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < Tk; j++)
+                        acc += p[j] * (double)v[((b * Tk + j) * Hk + hk) * D + d];
+                    out->o[qi + (size_t)d] = ref__bf(acc);
+                }
+                if (!d_o)
+                    continue;
+                const float *gi = d_o + qi;
+                double dsum = 0;
+                for (int64_t j = 0; j < Tk; j++) {
+                    double acc = 0;
+                    if (p[j] == 0) {
+                        dp[j] = 0;
+                        continue;
+                    }
+                    for (int64_t d = 0; d < D; d++)
+                        acc += (double)gi[d] * (double)v[((b * Tk + j) * Hk + hk) * D + d];
+                    dp[j] = ref__bf(acc);
+                    dsum += p[j] * dp[j];
+                }
+                for (int64_t j = 0; j < Tk; j++) /* dS, over dP */
+                    dp[j] = ref__bf(p[j] * (dp[j] - dsum));
+                for (int64_t d = 0; d < D; d++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < Tk; j++)
+                        acc += dp[j] * ks[((b * Tk + j) * Hk + hk) * D + d];
+                    out->dq[qi + (size_t)d] = ref__bf(ref__bf(acc) * sc);
+                }
+                for (int64_t j = 0; j < Tk; j++) {
+                    size_t kj = (size_t)(((b * Tk + j) * Hk + hk) * D);
+                    if (p[j] == 0 && dp[j] == 0)
+                        continue;
+                    for (int64_t d = 0; d < D; d++) {
+                        dvs[kj + (size_t)d] += p[j] * (double)gi[d];
+                        dks[kj + (size_t)d] += dp[j] * qs[qi + (size_t)d];
+                    }
+                }
+            }
+        }
+    if (d_o)
+        for (size_t x = 0; x < nk; x++) {
+            out->dv[x] = ref__bf(dvs[x]);
+            out->dk[x] = ref__bf(ref__bf(dks[x]) * sc);
+        }
+    free(qs);
+    free(ks);
+    free(p);
+    free(dp);
+    free(dks);
+    free(dvs);
+}
+
+bool ref_bf16_dot(const char *variant)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return strcmp(variant, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("avx512bf16");
+#else
+    (void)variant;
+    return false;
+#endif
+}
+
+bool ref_bf16_dot_default(void)
+{
+    const char *env = getenv("STRIA_KERNEL");
+    return ref_bf16_dot(env != NULL && env[0] != '\0' ? env : "avx512");
+}
+
 void ref_f64_run(const ref_shape_t *s, const float *q, const float *k, const float *v,
                  const float *d_o, ref_out_t *out)
 {

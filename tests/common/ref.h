@@ -51,6 +51,24 @@ void ref_f32_run(const ref_shape_t *s, const float *q, const float *k, const flo
                  const float *d_o, ref_out_t *out);
 void ref_out_free(ref_out_t *out);
 
+/* The same computation done in bf16 the way PyTorch's math SDPA does it on
+ * bf16 tensors (the yardstick of bf16 kernels that run every product on bf16,
+ * as FlashAttention's tests judge theirs): q and k scaled by sqrt(scale),
+ * scores, probabilities, O and every gradient product rounded to bf16 (to
+ * nearest even), each product accumulated exactly (in fp64) before its one
+ * rounding, the softmax and its backward in fp64 on the rounded operands.
+ * Inputs are bf16 values stored as fp32. Rows without a visible key get a
+ * zero O (PyTorch would give NaN); lse is the fp64 one of the rounded scores. */
+void ref_bf16_run_masks(const ref_shape_t *s, const ref_masks_t *m, const float *q, const float *k,
+                        const float *v, const float *d_o, ref_out_t *out);
+
+/* Whether kernel variant `name` runs bf16 inputs on the bf16 dot product on
+ * this CPU (decided from the CPU's flags, not by asking the kernels). */
+bool ref_bf16_dot(const char *variant);
+/* ref_bf16_dot() of the variant other processes (workers) choose by default:
+ * STRIA_KERNEL when set, else the best one the CPU has. */
+bool ref_bf16_dot_default(void);
+
 /* max |a[i] - ref[i]| over n elements; -inf/-inf pairs count as 0, any other
  * non-finite mismatch as +inf. */
 double ref_max_err_f32(const float *a, const double *ref, size_t n);

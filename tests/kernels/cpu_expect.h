@@ -21,8 +21,10 @@ static inline size_t cpu_expected_simd(const char **names)
         names[n++] = "avx2";
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("fma"))
+        __builtin_cpu_supports("fma")) {
+        names[n++] = "avx512-nobf16";
         names[n++] = "avx512";
+    }
 #endif
     names[n] = NULL;
     return n;

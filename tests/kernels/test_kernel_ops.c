@@ -232,6 +232,110 @@ Test(kernel_ops, softmax_fwd_online_steps)
     for_each_simd(softmax_fwd_steps);
 }
 
+/* bf16 value of element (j, i) of a tile stored in pairs of rows. */
+static float pair_at(const uint16_t *pb, ptrdiff_t ldp, int j, int i)
+{
+    return stria_bf16_to_f32(pb[(j / 2) * ldp + 2 * i + j % 2]);
+}
+
+/* Whether x is got rounded to bf16, to nearest (a bf16 ulp of slack: the
+ * probabilities themselves differ by a few fp32 ulps). */
+static bool bf16_of(float got, float x)
+{
+    return fabsf(got - x) <= fabsf(x) * 0x1p-8f + 1e-37f;
+}
+
+/* The bf16 path's softmax step (odd rows, masked entries, empty columns,
+ * a jump of the running max) against the portable fp32 step: the same
+ * statistics, P as its bf16 rounding in pairs of rows, the odd row's partner
+ * 0. */
+static void softmax_fwd_bf16_steps(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { R = 37, C = 48 };
+    float s1[R * C], s2[R * C], m1[C], m2[C], l1[C], l2[C], a1[C], a2[C];
+    uint16_t pb[(R + 1) * C];
+    if (simd->softmax_fwd_bf16 == NULL || !simd->gemm_bf16_ok()) {
+        cr_log_info("variant %s: no bf16 softmax step", simd->name);
+        return;
+    }
+    for (int i = 0; i < C; i++) {
+        m1[i] = m2[i] = -INFINITY;
+        l1[i] = l2[i] = 0.0f;
+    }
+    for (int step = 0; step < 4; step++) {
+        ref_fill(s1, R * C, (uint64_t)(60 + step), 8.0f, STRIA_DTYPE_F32);
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < C; i++) {
+                float *x = &s1[j * C + i];
+                if ((i < 8 && step < 2) || (i + j) % 3 == 0)
+                    *x = -INFINITY;
+                else if (i >= 40 && step == 3)
+                    *x += 1000.0f;
+            }
+        memcpy(s2, s1, sizeof(s1));
+        memset(pb, 0xff, sizeof(pb));
+        port->softmax_fwd(s1, R, C, C, 0.3f, m1, l1, a1);
+        simd->softmax_fwd_bf16(s2, R, C, C, 0.3f, m2, l2, a2, pb, 2 * C);
+        for (int i = 0; i < C; i++) {
+            cr_expect(m2[i] == m1[i], "%s step %d col %d: m %g vs %g", simd->name, step, i, m2[i],
+                      m1[i]);
+            cr_expect(fabsf(l2[i] - l1[i]) <= 2e-5f * fabsf(l1[i]),
+                      "%s step %d col %d: l %.9g vs %.9g", simd->name, step, i, l2[i], l1[i]);
+            cr_expect(fabsf(a2[i] - a1[i]) <= 1e-6f * fabsf(a1[i]) + 1e-37f,
+                      "%s step %d col %d: alpha %.9g vs %.9g", simd->name, step, i, a2[i], a1[i]);
+            cr_expect(pair_at(pb, 2 * C, R, i) == 0.0f, "%s: odd row's partner %g", simd->name,
+                      pair_at(pb, 2 * C, R, i));
+            for (int j = 0; j < R; j++)
+                cr_expect(bf16_of(pair_at(pb, 2 * C, j, i), s1[j * C + i]),
+                          "%s step %d: p[%d][%d] %.9g, want bf16 of %.9g", simd->name, step, j, i,
+                          pair_at(pb, 2 * C, j, i), s1[j * C + i]);
+        }
+    }
+}
+
+Test(kernel_ops, softmax_fwd_bf16_pairs)
+{
+    for_each_simd(softmax_fwd_bf16_steps);
+}
+
+/* The bf16 path's dS pass against the portable fp32 one: P^T and dS^T as
+ * bf16 rows and dS^T in pairs of rows (odd row's partner 0). */
+static void softmax_ds_bf16(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { R = 13, C = 32 };
+    float p[R * C], g1[R * C], g2[R * C], delta[C];
+    uint16_t pr[R * C], dr[R * C], d2[(R + 1) * C];
+    if (simd->softmax_bwd_ds_bf16 == NULL || !simd->gemm_bf16_ok()) {
+        cr_log_info("variant %s: no bf16 dS pass", simd->name);
+        return;
+    }
+    ref_fill(p, R * C, 52, 1.0f, STRIA_DTYPE_F32);
+    ref_fill(g1, R * C, 53, 3.0f, STRIA_DTYPE_F32);
+    ref_fill(delta, C, 54, 2.0f, STRIA_DTYPE_F32);
+    memcpy(g2, g1, sizeof(g1));
+    port->softmax_bwd_ds(p, g1, R, C, C, delta, 0.125f);
+    simd->softmax_bwd_ds_bf16(p, g2, R, C, C, delta, 0.125f, pr, dr, d2);
+    for (int j = 0; j < R; j++)
+        for (int i = 0; i < C; i++) {
+            float ds = g1[j * C + i];
+            cr_expect(stria_bf16_to_f32(pr[j * C + i]) ==
+                          stria_bf16_to_f32(stria_f32_to_bf16(p[j * C + i])),
+                      "%s: P row %d col %d", simd->name, j, i);
+            cr_expect(bf16_of(stria_bf16_to_f32(dr[j * C + i]), ds),
+                      "%s: dS row %d col %d: %g vs %g", simd->name, j, i,
+                      stria_bf16_to_f32(dr[j * C + i]), ds);
+            cr_expect(pair_at(d2, 2 * C, j, i) == stria_bf16_to_f32(dr[j * C + i]),
+                      "%s: dS pair %d %d", simd->name, j, i);
+            if (j == R - 1)
+                cr_expect(pair_at(d2, 2 * C, R, i) == 0.0f, "%s: odd row's partner", simd->name);
+        }
+}
+
+Test(kernel_ops, softmax_ds_bf16_rows_and_pairs)
+{
+    for_each_simd(softmax_ds_bf16);
+}
+
 static void softmax_ds(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
 {
     enum { R = 13, C = 32 };
@@ -559,7 +663,8 @@ Test(kernel_ops, row_merge_matches)
 
 /* The bf16 GEMM (where a variant has one and the CPU runs it) against an
  * fp64 sum of the same bf16 products: products of bf16 are exact in fp32,
- * so only the fp32 additions round. */
+ * so only the fp32 additions round. A in rows and in pairs along k (trans_a),
+ * C written, accumulated and scaled per row. */
 static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
 {
     static const int ms[] = {1, 5, 6, 7, 64};
@@ -573,42 +678,55 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
     }
     for (size_t im = 0; im < sizeof(ms) / sizeof(ms[0]); im++)
         for (size_t in = 0; in < sizeof(ns) / sizeof(ns[0]); in++)
-            for (size_t ik = 0; ik < sizeof(ks) / sizeof(ks[0]); ik++) {
-                int m = ms[im], n = ns[in], k = ks[ik];
-                ptrdiff_t lda = k + 8, ldb = 2 * n + 32, ldc = n + 16;
-                size_t na = (size_t)(m * lda), nb = (size_t)(k / 2 * ldb), nc = (size_t)(m * ldc);
-                float *af = malloc(na * 4), *bf = malloc((size_t)k * (size_t)n * 4);
-                uint16_t *a = malloc(na * 2), *b = calloc(nb, 2);
-                float *c = malloc(nc * 4);
-                ref_fill(af, na, (uint64_t)(m + 7 * k), 2.0f, STRIA_DTYPE_BF16);
-                ref_fill(bf, (size_t)(k * n), (uint64_t)(n + 3 * k), 2.0f, STRIA_DTYPE_BF16);
-                ref_to_dtype(af, na, STRIA_DTYPE_BF16, a);
-                for (int p = 0; p < k; p++)
-                    for (int j = 0; j < n; j++)
-                        b[(p / 2) * ldb + 2 * j + p % 2] = stria_f32_to_bf16(bf[p * n + j]);
-                for (size_t i = 0; i < nc; i++)
-                    c[i] = -7.0f;
-                simd->gemm_bf16(m, n, k, a, lda, b, ldb, c, ldc);
-                for (int i = 0; i < m; i++)
-                    for (int j = 0; j < ldc; j++) {
-                        float got = c[i * ldc + j];
-                        if (j >= n) {
-                            cr_assert_eq(got, -7.0f, "%s bf16 gemm wrote C[%d][%d] beyond n=%d",
-                                         simd->name, i, j, n);
-                            continue;
-                        }
-                        double want = 0.0, mag = 0.0;
-                        for (int p = 0; p < k; p++) {
-                            double x = (double)af[i * lda + p] * (double)bf[p * n + j];
-                            want += x;
-                            mag += fabs(x);
-                        }
-                        cr_assert(fabs((double)got - want) <= 1.2e-7 * k * mag + 1e-30,
-                                  "%s bf16 gemm m=%d n=%d k=%d C[%d][%d] = %.9g, want %.9g",
-                                  simd->name, m, n, k, i, j, got, want);
+            for (size_t ik = 0; ik < sizeof(ks) / sizeof(ks[0]); ik++)
+                for (int mode = 0; mode < 3; mode++) {
+                    /* mode 0: A rows, C written; 1: A pairs, C scaled and
+                     * accumulated; 2: A rows, C accumulated */
+                    int m = ms[im], n = ns[in], k = ks[ik];
+                    bool trans_a = mode == 1;
+                    ptrdiff_t lda = trans_a ? 2 * m + 6 : k + 8, ldb = 2 * n + 32, ldc = n + 16;
+                    size_t na = trans_a ? (size_t)(k / 2 * lda) : (size_t)(m * lda);
+                    size_t nb = (size_t)(k / 2 * ldb), nc = (size_t)(m * ldc);
+                    float *af = malloc((size_t)(m * k) * 4), *bf = malloc((size_t)(k * n) * 4);
+                    uint16_t *a = calloc(na, 2), *b = calloc(nb, 2);
+                    float *c = malloc(nc * 4), *beta = malloc((size_t)m * 4);
+                    ref_fill(af, (size_t)(m * k), (uint64_t)(m + 7 * k), 2.0f, STRIA_DTYPE_BF16);
+                    ref_fill(bf, (size_t)(k * n), (uint64_t)(n + 3 * k), 2.0f, STRIA_DTYPE_BF16);
+                    for (int i = 0; i < m; i++) {
+                        beta[i] = 0.25f * (float)(i % 5);
+                        for (int p = 0; p < k; p++)
+                            a[trans_a ? (p / 2) * lda + 2 * i + p % 2 : i * lda + p] =
+                                stria_f32_to_bf16(af[i * k + p]);
                     }
-                free(af), free(bf), free(a), free(b), free(c);
-            }
+                    for (int p = 0; p < k; p++)
+                        for (int j = 0; j < n; j++)
+                            b[(p / 2) * ldb + 2 * j + p % 2] = stria_f32_to_bf16(bf[p * n + j]);
+                    for (size_t i = 0; i < nc; i++)
+                        c[i] = -7.0f;
+                    simd->gemm_bf16(m, n, k, a, lda, trans_a, b, ldb, c, ldc,
+                                    mode == 1 ? beta : NULL, mode != 0);
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < ldc; j++) {
+                            float got = c[i * ldc + j];
+                            if (j >= n) {
+                                cr_assert_eq(got, -7.0f, "%s bf16 gemm wrote C[%d][%d] beyond n=%d",
+                                             simd->name, i, j, n);
+                                continue;
+                            }
+                            double want = mode == 0 ? 0.0 : mode == 1 ? -7.0 * beta[i] : -7.0;
+                            double mag = fabs(want);
+                            for (int p = 0; p < k; p++) {
+                                double x = (double)af[i * k + p] * (double)bf[p * n + j];
+                                want += x;
+                                mag += fabs(x);
+                            }
+                            cr_assert(fabs((double)got - want) <= 1.2e-7 * (k + 2) * mag + 1e-30,
+                                      "%s bf16 gemm mode %d m=%d n=%d k=%d C[%d][%d] = %.9g, "
+                                      "want %.9g",
+                                      simd->name, mode, m, n, k, i, j, got, want);
+                        }
+                    free(af), free(bf), free(a), free(b), free(c), free(beta);
+                }
 }
 
 Test(kernel_ops, bf16_gemm_exact_products)

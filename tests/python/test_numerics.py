@@ -72,3 +72,32 @@ def test_against_float64(client, shape, dtype, layout):
         allowed = factor[name] * bar[name] + floor
         report.append(f"{name}: {err:.3g} (allowed {allowed:.3g}, plain {bar[name]:.3g})")
         assert err <= allowed, "; ".join(report)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=_id)
+def test_bfloat16_within_twice_math_sdpa(client, shape):
+    """FlashAttention's bar for bf16 kernels that round P and dS to bf16: O,
+    dQ, dK, dV within 2x the error of PyTorch's math SDPA computing in bf16 on
+    the same tensors, plus the floor. (Since torch 2.5 the math backend
+    computes bf16 in fp32 unless bf16 reductions are allowed: that would be a
+    plain fp32 implementation, the yardstick of test_against_float64.)"""
+    (q, k, v, do), truth, _ = case(shape, torch.bfloat16)
+    causal = shape[5]
+    qm, km, vm = (t.clone().requires_grad_() for t in (q, k, v))
+    allowed_before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
+    try:
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            om = sdpa(qm, km, vm, causal)
+        om.backward(do)
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allowed_before)
+    bar = {"o": om, "dq": qm.grad, "dk": km.grad, "dv": vm.grad}
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+    o = stria.attention(qs, ks, vs, causal=causal, layout="striped")
+    o.backward(do)
+    got = {"o": o, "dq": qs.grad, "dk": ks.grad, "dv": vs.grad}
+    for name, x in got.items():
+        err, plain = max_err(x, truth[name]), max_err(bar[name], truth[name])
+        allowed = 2.0 * plain + 2.0**-20 * truth[name].abs().max().item()
+        assert err <= allowed, f"{name}: {err:.3g} > {allowed:.3g} (math SDPA bf16 {plain:.3g})"
