@@ -107,7 +107,7 @@ static const char stria__run_epilog[] =
     "  stria-run local --q q.npy --k k.npy --v v.npy --dtype bf16 --out out\n"
     "  stria-run submit --coordinator 127.0.0.1:7400 --q q.npy --k k.npy --v v.npy --check \\\n"
     "      --out out\n"
-    "Environment: STRIA_KERNEL=portable|avx2|avx512 forces a CPU kernel variant;\n"
+    "Environment: STRIA_KERNEL=portable|avx2|avx512-nobf16|avx512 forces a CPU kernel variant;\n"
     "STRIA_LOG_LEVEL=error|warn|info|debug; STRIA_TOKEN_FILE is the default of\n"
     "submit's --token-file.\n"
     "Exit status: 0 success, 1 computation, service or file error, 2 usage error.";
