@@ -19,7 +19,7 @@ typedef struct stria__rpc_arena {
 
 /* Unpacked bytes may grow by this factor (plus a floor) before the budget
  * refuses: enough for any legitimate message of stria.proto. */
-#define STRIA__RPC_ARENA_FACTOR 64
+#define STRIA__RPC_ARENA_FACTOR 96
 #define STRIA__RPC_ARENA_FLOOR  (256u << 10)
 #define STRIA__RPC_ARENA_MAX    ((size_t)256 << 20)
 

@@ -860,16 +860,24 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         double t0 = stria_time_now();
         sharded_call(h, n, &j, per, false, r);
         double took = stria_time_now() - t0;
+        /* a rank that compared the differing calls fails as for bad input,
+         * not retryable, naming both ranks; the others fail with the abort
+         * (or a neighbour's link closing first: then retryable) */
+        int found = 0;
         for (int i = 0; i < n; i++) {
             cr_expect_neq(r[i].st, STRIA_OK, "rank %d's call succeeded though rank %d's %s differs",
                           i, n - 1, k ? "seq_len" : "causal flag");
             cr_expect(strstr(r[i].msg, "rank") != NULL,
                       "rank %d: the failure does not name a rank: %s", i, r[i].msg);
-            cr_expect(!r[i].retryable, "rank %d: a disagreement is not retryable, yet: %s: %s", i,
-                      stria_status_name(r[i].st), r[i].msg);
+            if (r[i].st == STRIA_ERR_INVALID_ARG && strstr(r[i].msg, "differs") != NULL) {
+                found++;
+                cr_expect(!r[i].retryable, "rank %d: a disagreement is not retryable, yet: %s", i,
+                          r[i].msg);
+            }
             cr_log_info("disagreement on %s, rank %d: %s: %s", k ? "seq_len" : "causal", i,
                         stria_status_name(r[i].st), r[i].msg);
         }
+        cr_expect_geq(found, 1, "no rank named the disagreement");
         cr_expect_lt(took, 10.0, "the disagreeing call took %.1f s to fail", took);
         fu_job_free(&j);
     }
