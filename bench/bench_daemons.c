@@ -55,7 +55,7 @@ void stria_bench_daemons_stop(void)
     }
 }
 
-static void stria__on_signal(int sig)
+static void stria__bench_on_signal(int sig)
 {
     stria_bench_daemons_stop();
     signal(sig, SIG_DFL);
@@ -115,8 +115,8 @@ static int stria__start_proc(char *const argv[], const char *name, const char *p
     return -1;
 }
 
-static stria_status_t stria__coord_call(const char *coord, const char *token, uint32_t method,
-                                        const ProtobufCMessage *req, stria_rpc_reply_t *reply)
+static stria_status_t stria__bench_coord_call(const char *coord, const char *token, uint32_t method,
+                                              const ProtobufCMessage *req, stria_rpc_reply_t *reply)
 {
     stria_rpc_client_params_t p;
     stria_rpc_client_t *c = NULL;
@@ -146,8 +146,8 @@ static bool stria__wait_healthy(const char *coord, const char *token, unsigned n
     for (int i = 0; i < 200; i++) {
         Stria__V1__GetStatusRequest req = STRIA__V1__GET_STATUS_REQUEST__INIT;
         stria_rpc_reply_t reply;
-        if (stria__coord_call(coord, token, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply) ==
-            STRIA_OK) {
+        if (stria__bench_coord_call(coord, token, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base,
+                                    &reply) == STRIA_OK) {
             unsigned got = ((Stria__V1__GetStatusReply *)reply.msg)->workers_healthy;
             stria_rpc_reply_free(&reply);
             if (got >= n)
@@ -184,7 +184,7 @@ static struct {
 
 /* Starts a worker of the last service started into procs slot `slot` (a new
  * slot when slot == stria__n_procs). Returns 0 or -1. */
-static int stria__start_worker(int slot)
+static int stria__bench_start_worker(int slot)
 {
     char line[512], name[32];
     snprintf(name, sizeof(name), "worker%d", slot - 1);
@@ -237,8 +237,8 @@ int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
                 stria__wcfg.bin);
         return 1;
     }
-    signal(SIGINT, stria__on_signal);
-    signal(SIGTERM, stria__on_signal);
+    signal(SIGINT, stria__bench_on_signal);
+    signal(SIGTERM, stria__bench_on_signal);
     setenv("UCX_HANDLE_ERRORS", "none", 0);
 
     char line[512], token[256] = "";
@@ -285,7 +285,7 @@ int stria_bench_daemons_start_creds(const char *cmd, int n, int tpr,
         snprintf(stria__wcfg.rundir, sizeof(stria__wcfg.rundir), "--runtime-dir=%s",
                  stria__run_dir);
     for (int i = 0; i < n; i++) {
-        if (stria__start_worker(stria__n_procs) != 0) {
+        if (stria__bench_start_worker(stria__n_procs) != 0) {
             fprintf(stderr, "stria-bench %s: worker %d did not start\n", cmd, i);
             stria_bench_daemons_stop();
             return 1;
@@ -327,7 +327,7 @@ int stria_bench_worker_restart(int i)
 {
     if (i < 0 || i + 1 >= stria__n_procs || stria__procs[i + 1].pid > 0)
         return -1;
-    return stria__start_worker(i + 1);
+    return stria__bench_start_worker(i + 1);
 }
 
 long long stria_bench_worker_minflt(int i)
@@ -357,7 +357,7 @@ stria_status_t stria_bench_pools(const char *coord, stria_bench_pools_t *out)
     stria_rpc_reply_t reply;
     memset(out, 0, sizeof(*out));
     stria_status_t st =
-        stria__coord_call(coord, NULL, STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &reply);
+        stria__bench_coord_call(coord, NULL, STRIA_RPC_COORDINATOR_LIST_WORKERS, &req.base, &reply);
     if (st != STRIA_OK)
         return st;
     const Stria__V1__ListWorkersReply *r = (const Stria__V1__ListWorkersReply *)reply.msg;
@@ -381,7 +381,7 @@ stria_status_t stria_bench_coord_status(const char *coord, stria_bench_coord_sta
     stria_rpc_reply_t reply;
     memset(out, 0, sizeof(*out));
     stria_status_t st =
-        stria__coord_call(coord, NULL, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply);
+        stria__bench_coord_call(coord, NULL, STRIA_RPC_COORDINATOR_GET_STATUS, &req.base, &reply);
     if (st != STRIA_OK)
         return st;
     const Stria__V1__GetStatusReply *r = (const Stria__V1__GetStatusReply *)reply.msg;

@@ -262,7 +262,7 @@ static stria_status_t stria__set(stria_cli_t *cli, struct stria_cli_state *s, co
 
 /* ---- the command path and its options --------------------------------------- */
 
-static struct stria_cli_state *stria__find(const stria_cli_t *cli, const char *name, size_t len)
+static struct stria_cli_state *stria__opt_find(const stria_cli_t *cli, const char *name, size_t len)
 {
     /* the innermost command's options first: they may shadow the program's */
     for (size_t i = cli->n_state; i-- > 0;)
@@ -350,7 +350,7 @@ static stria_status_t stria__file_line(stria_cli_t *cli, char *line, const char 
                                lineno, s);
     *eq = '\0';
     char *key = stria__trim(s);
-    struct stria_cli_state *e = stria__find(cli, key, strlen(key));
+    struct stria_cli_state *e = stria__opt_find(cli, key, strlen(key));
     if (e == NULL || (!stria__takes_value(e->o) && e->o->type != STRIA_OPT_BOOL) ||
         (e->o->flags & STRIA_OPT_FLAG_ONLY))
         return stria_error_set(STRIA_ERR_FORMAT, "%s:%d: unknown setting '%s'", path, lineno, key);
@@ -404,7 +404,7 @@ static stria_status_t stria__flag(stria_cli_t *cli, int argc, char **argv, int *
         cli->config_path = value ? value : argv[*i];
         return STRIA_OK;
     }
-    struct stria_cli_state *e = stria__find(cli, name, len);
+    struct stria_cli_state *e = stria__opt_find(cli, name, len);
     if (e == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "unknown option '--%.*s'", (int)len, name);
     if (value == NULL && stria__takes_value(e->o)) {
@@ -656,7 +656,7 @@ int stria_cli_main(const stria_command_t *root, int argc, char **argv, stria_cli
 
 static const struct stria_cli_state *stria__state(const stria_cli_t *cli, const char *name)
 {
-    return stria__find(cli, name, strlen(name));
+    return stria__opt_find(cli, name, strlen(name));
 }
 
 stria_opt_from_t stria_cli_from(const stria_cli_t *cli, const char *name)

@@ -30,7 +30,7 @@ static char stria__select_msg[256];
 static pthread_once_t stria__select_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t stria__select_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static const stria_kern_ops_t *stria__find(const char *name)
+static const stria_kern_ops_t *stria__variant_find(const char *name)
 {
     for (size_t i = 0; i < STRIA__N_VARIANTS; i++)
         if (strcmp(stria__variants[i]->name, name) == 0)
@@ -49,7 +49,7 @@ static void stria__select_default(void)
         return;
     }
     if (env != NULL && env[0] != '\0') {
-        ops = stria__find(env);
+        ops = stria__variant_find(env);
         if (ops == NULL) {
             stria__select_status = STRIA_ERR_NOT_FOUND;
             snprintf(stria__select_msg, sizeof(stria__select_msg),
@@ -97,7 +97,7 @@ const char *stria_kernels_variant(void)
 
 stria_status_t stria_kernels_set_variant(const char *name)
 {
-    const stria_kern_ops_t *ops = name ? stria__find(name) : NULL;
+    const stria_kern_ops_t *ops = name ? stria__variant_find(name) : NULL;
     if (ops == NULL)
         return stria_error_set(STRIA_ERR_NOT_FOUND, "unknown kernel variant '%s'",
                                name ? name : "(null)");
@@ -113,13 +113,13 @@ stria_status_t stria_kernels_set_variant(const char *name)
 
 bool stria_kernels_variant_available(const char *name)
 {
-    const stria_kern_ops_t *ops = name ? stria__find(name) : NULL;
+    const stria_kern_ops_t *ops = name ? stria__variant_find(name) : NULL;
     return ops != NULL && ops->cpu_ok();
 }
 
 bool stria_kernels_variant_bf16_dot(const char *name)
 {
-    const stria_kern_ops_t *ops = name ? stria__find(name) : NULL;
+    const stria_kern_ops_t *ops = name ? stria__variant_find(name) : NULL;
     return ops != NULL && ops->cpu_ok() && ops->gemm_bf16 != NULL && ops->gemm_bf16_ok();
 }
 

@@ -202,7 +202,7 @@ static void *stria__arena_alloc(void *data, size_t size)
     return chunk + 1;
 }
 
-static void stria__arena_free(void *data, void *ptr)
+static void stria__rpc_arena_free(void *data, void *ptr)
 {
     /* Freed with the whole arena. */
     (void)data;
@@ -221,7 +221,7 @@ stria__rpc_arena_t *stria__rpc_arena_create(size_t pb_len)
     else
         budget += pb_len * STRIA__RPC_ARENA_FACTOR;
     arena->allocator.alloc = stria__arena_alloc;
-    arena->allocator.free = stria__arena_free;
+    arena->allocator.free = stria__rpc_arena_free;
     arena->allocator.allocator_data = arena;
     arena->budget = budget;
     return arena;

@@ -536,7 +536,7 @@ static void stria__on_sweep(uv_timer_t *timer)
     }
 }
 
-static void stria__on_tick(uv_timer_t *timer)
+static void stria__rpcs_on_tick(uv_timer_t *timer)
 {
     stria_rpc_server_t *srv = timer->data;
     srv->tick_cb(srv->ctx);
@@ -677,7 +677,7 @@ stria_status_t stria_rpc_server_start(const stria_rpc_server_params_t *p,
     uv_timer_start(&srv->sweep, stria__on_sweep, 250, 250);
     if (srv->tick_cb != NULL) {
         uint64_t ms = (uint64_t)ceil(srv->tick_period_s * 1000.0);
-        uv_timer_start(&srv->tick, stria__on_tick, ms, ms);
+        uv_timer_start(&srv->tick, stria__rpcs_on_tick, ms, ms);
     }
     srv->no_thread = p->no_thread;
     rc = p->no_thread ? 0 : pthread_create(&srv->thread, NULL, stria__loop_main, srv);

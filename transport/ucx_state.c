@@ -294,8 +294,9 @@ static bool stria__state_live(stria__ucx_link_state_t st)
 /* Under the lock: fails the link once a dropped connection has settled,
  * takes the owner's destroy request, and moves NEW on to CONNECTING. Returns
  * the state the rest of the step works from. */
-static stria__ucx_link_state_t stria__step_begin(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link,
-                                                 stria__step_t *step, bool *connect, bool *destroy)
+static stria__ucx_link_state_t stria__ucx_step_begin(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link,
+                                                     stria__step_t *step, bool *connect,
+                                                     bool *destroy)
 {
     pthread_mutex_lock(&ctx->lock);
     if (link->settle_at > 0 && !link->failed) {
@@ -486,7 +487,7 @@ static double stria__run_link(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link, dou
 {
     stria__step_t step = {.now = now, .due = 0, .any = any};
     bool connect, destroy;
-    stria__ucx_link_state_t st = stria__step_begin(ctx, link, &step, &connect, &destroy);
+    stria__ucx_link_state_t st = stria__ucx_step_begin(ctx, link, &step, &connect, &destroy);
     if (connect)
         stria__step_connect(ctx, link, &step);
     if (stria__state_live(st) && link->retry_at > 0)

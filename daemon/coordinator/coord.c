@@ -168,7 +168,7 @@ void stria__job_unreserve(stria__cjob_t *j)
     j->reserved = false;
 }
 
-static void stria__job_free(stria_coord_t *co, stria__cjob_t *j)
+static void stria__cjob_free(stria_coord_t *co, stria__cjob_t *j)
 {
     stria__job_unreserve(j);
     stria__timeline_drop(co, j);
@@ -197,7 +197,7 @@ static void stria__jobs_prune(stria_coord_t *co)
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
         if (drop > 0 && stria__terminal(j->state) && !stria__replace_live(co, j)) {
-            stria__job_free(co, j);
+            stria__cjob_free(co, j);
             drop--;
         } else {
             co->jobs[k++] = j;
@@ -538,7 +538,7 @@ static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
     return changed;
 }
 
-static void stria__on_tick(void *arg)
+static void stria__coord_on_tick(void *arg)
 {
     stria_coord_t *co = arg;
     double now = stria_time_now();
@@ -690,7 +690,7 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     sp.token = p->token;
     sp.worker_token = p->worker_token;
     sp.admin_token = p->admin_token;
-    sp.tick = stria__on_tick;
+    sp.tick = stria__coord_on_tick;
     /* Dead workers are noticed within a quarter period of the deadline. */
     sp.tick_period_s = stria__tick_period(co);
     sp.name = "coordinator";
@@ -745,7 +745,7 @@ void stria_coord_stop(stria_coord_t *co)
             free(co->workers[i]);
     }
     for (uint32_t i = 0; i < co->n_jobs; i++)
-        stria__job_free(co, co->jobs[i]);
+        stria__cjob_free(co, co->jobs[i]);
     free(co->jobs);
     free(co->workers);
     stria__index_free(&co->worker_ids);

@@ -46,7 +46,7 @@ void stria__index_free(stria__index_t *x)
     x->cap = x->n = 0;
 }
 
-static stria__slot_t *stria__find(const stria__index_t *x, uint64_t a, uint64_t b)
+static stria__slot_t *stria__cindex_find(const stria__index_t *x, uint64_t a, uint64_t b)
 {
     if (x->cap == 0)
         return NULL;
@@ -61,7 +61,7 @@ static stria__slot_t *stria__find(const stria__index_t *x, uint64_t a, uint64_t 
 
 void *stria__index_get(const stria__index_t *x, uint64_t a, uint64_t b)
 {
-    stria__slot_t *s = stria__find(x, a, b);
+    stria__slot_t *s = stria__cindex_find(x, a, b);
     return s ? s->v : NULL;
 }
 
@@ -76,7 +76,7 @@ static void stria__insert(stria__index_t *x, uint64_t a, uint64_t b, void *v)
 
 stria_status_t stria__index_put(stria__index_t *x, uint64_t a, uint64_t b, void *v)
 {
-    stria__slot_t *s = stria__find(x, a, b);
+    stria__slot_t *s = stria__cindex_find(x, a, b);
     if (s != NULL) {
         s->v = v;
         return STRIA_OK;
@@ -101,7 +101,7 @@ stria_status_t stria__index_put(stria__index_t *x, uint64_t a, uint64_t b, void 
 
 void stria__index_del(stria__index_t *x, uint64_t a, uint64_t b)
 {
-    stria__slot_t *s = stria__find(x, a, b);
+    stria__slot_t *s = stria__cindex_find(x, a, b);
     size_t hole, i;
     if (s == NULL)
         return;

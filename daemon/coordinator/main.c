@@ -84,7 +84,7 @@ free_tmp:
     return st;
 }
 
-static void stria__on_signal(void *arg, int signum)
+static void stria__coord_on_signal(void *arg, int signum)
 {
     stria__main_loop_t *ml = arg;
     stria_log_info("signal %d: shutting down", signum);
@@ -276,7 +276,7 @@ int main(int argc, char **argv)
 
     memset(&ml, 0, sizeof(ml));
     uv_loop_init(&ml.loop);
-    st = stria_service_start(&ml.loop, stria__on_signal, &ml, &ml.svc);
+    st = stria_service_start(&ml.loop, stria__coord_on_signal, &ml, &ml.svc);
     if (st == STRIA_OK)
         stria_service_watch_rpc(ml.svc, stria_coord_server(co));
     if (st == STRIA_OK && c.metrics_listen != NULL)
@@ -285,7 +285,7 @@ int main(int argc, char **argv)
         st = stria__write_port_file(c.port_file, stria_coord_port(co));
     if (st != STRIA_OK) {
         fprintf(stderr, "stria-coordinator: %s\n", stria_error_msg());
-        stria__on_signal(&ml, 0);
+        stria__coord_on_signal(&ml, 0);
         uv_run(&ml.loop, UV_RUN_DEFAULT);
         uv_loop_close(&ml.loop);
         goto stop_coord;

@@ -212,7 +212,7 @@ nomem:
     return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the shards of rank %d", rank);
 }
 
-static void stria__rank_fail(stria__local_t *run, int rank, stria_status_t st)
+static void stria__local_rank_fail(stria__local_t *run, int rank, stria_status_t st)
 {
     stria__rank_result_t *res = &run->res[rank];
     if (res->st == STRIA_OK) {
@@ -313,7 +313,7 @@ static void *stria__rank_main(void *arg)
     if (st == STRIA_OK && run->staged)
         st = stria__dev_shards_upload(run, dev, &s, &ds);
     if (st != STRIA_OK)
-        stria__rank_fail(run, rank, stria_error_wrap(st, "rank %d", rank));
+        stria__local_rank_fail(run, rank, stria_error_wrap(st, "rank %d", rank));
 
     stria_tensor_t tq = stria_tensor_contiguous(t->q, sh->dtype, L, H, D);
     stria_tensor_t tk = stria_tensor_contiguous(t->k, sh->dtype, L, Hkv, D);
@@ -328,7 +328,7 @@ static void *stria__rank_main(void *arg)
         run->res[rank].fwd_t1 = stria_time_now();
         stria__copy_stats(rank, pass, run->stats ? run->stats->fwd_steps : NULL);
         if (st != STRIA_OK)
-            stria__rank_fail(run, rank, st);
+            stria__local_rank_fail(run, rank, st);
     }
     if (stria__phase_ok(run) && do_bwd) {
         stria_tensor_t tg = stria_tensor_contiguous(t->d_o, sh->dtype, L, H, D);
@@ -342,11 +342,11 @@ static void *stria__rank_main(void *arg)
         run->res[rank].bwd_t1 = stria_time_now();
         stria__copy_stats(rank, pass, run->stats ? run->stats->bwd_steps : NULL);
         if (st != STRIA_OK)
-            stria__rank_fail(run, rank, st);
+            stria__local_rank_fail(run, rank, st);
     }
     if (run->staged && stria__phase_ok(run) &&
         (st = stria__dev_shards_download(run, dev, &ds, &s, do_fwd, do_bwd)) != STRIA_OK)
-        stria__rank_fail(run, rank, stria_error_wrap(st, "rank %d", rank));
+        stria__local_rank_fail(run, rank, stria_error_wrap(st, "rank %d", rank));
     if (stria__phase_ok(run)) {
         size_t orow = (size_t)(H * D) * stria_dtype_size(io->o_dtype);
         size_t gq = (size_t)(H * D) * stria_dtype_size(io->grad_dtype);

@@ -100,7 +100,7 @@ stria_status_t stria__check_shape(const stria_ring_shape_t *s)
     return stria__check_masks(s);
 }
 
-static void stria__arena_free(stria_ring_pass_t *p);
+static void stria__ring_arena_free(stria_ring_pass_t *p);
 
 void stria_ring_pass_destroy(stria_ring_pass_t *pass)
 {
@@ -108,7 +108,7 @@ void stria_ring_pass_destroy(stria_ring_pass_t *pass)
         return;
     stria__pass_positions_free(pass);
     free(pass->stats);
-    stria__arena_free(pass);
+    stria__ring_arena_free(pass);
     if (pass->dev != NULL) {
         stria_device_free(pass->dev, pass->dmem);
         stria_device_host_free(pass->dev, pass->hmem);
@@ -262,7 +262,7 @@ static size_t stria__round64(size_t x)
  * passes on one object, and fresh buffers would cost a page fault per 4 KiB
  * every time. Large ones ask for transparent huge pages. From the options'
  * allocator when there is one (a worker's pool, which does the same). */
-static void stria__arena_free(stria_ring_pass_t *p)
+static void stria__ring_arena_free(stria_ring_pass_t *p)
 {
     if (p->mem.alloc != NULL)
         p->mem.free(p->mem.ctx, p->arena);
@@ -279,7 +279,7 @@ static char *stria__arena(stria_ring_pass_t *p, size_t size)
 
     if (p->arena != NULL && p->arena_size >= size)
         return p->arena;
-    stria__arena_free(p);
+    stria__ring_arena_free(p);
     size = (size + align - 1) / align * align;
     if (p->mem.alloc != NULL) {
         if ((ptr = p->mem.alloc(p->mem.ctx, size)) == NULL)

@@ -54,7 +54,7 @@ static void stria__conn_handle_closed(uv_handle_t *h)
     stria__http_maybe_free(srv);
 }
 
-static void stria__conn_close(stria__http_conn_t *c)
+static void stria__http_conn_close(stria__http_conn_t *c)
 {
     if (c->closing_handles > 0)
         return;
@@ -75,7 +75,7 @@ static void stria__conn_written(uv_write_t *w, int status)
     stria__http_conn_t *c = w->data;
     (void)status;
     free(w);
-    stria__conn_close(c);
+    stria__http_conn_close(c);
 }
 
 static void stria__conn_respond(stria__http_conn_t *c, int code, const char *reason,
@@ -90,7 +90,7 @@ static void stria__conn_respond(stria__http_conn_t *c, int code, const char *rea
     c->resp = malloc((size_t)n + body_len);
     if (w == NULL || c->resp == NULL) {
         free(w);
-        stria__conn_close(c);
+        stria__http_conn_close(c);
         return;
     }
     memcpy(c->resp, head, (size_t)n);
@@ -101,7 +101,7 @@ static void stria__conn_respond(stria__http_conn_t *c, int code, const char *rea
     w->data = c;
     if (uv_write(w, (uv_stream_t *)&c->tcp, &buf, 1, stria__conn_written) != 0) {
         free(w);
-        stria__conn_close(c);
+        stria__http_conn_close(c);
     }
 }
 
@@ -162,7 +162,7 @@ static void stria__conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     stria__http_conn_t *c = s->data;
     (void)buf;
     if (nread < 0) {
-        stria__conn_close(c);
+        stria__http_conn_close(c);
         return;
     }
     if (nread == 0 || c->responded)
@@ -177,7 +177,7 @@ static void stria__conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 static void stria__conn_idle(uv_timer_t *t)
 {
-    stria__conn_close(t->data);
+    stria__http_conn_close(t->data);
 }
 
 static void stria__http_accept(uv_stream_t *server, int status)
@@ -201,7 +201,7 @@ static void stria__http_accept(uv_stream_t *server, int status)
     srv->conns = c;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
         uv_read_start((uv_stream_t *)&c->tcp, stria__conn_alloc, stria__conn_read) != 0) {
-        stria__conn_close(c);
+        stria__http_conn_close(c);
         return;
     }
     uv_timer_start(&c->idle, stria__conn_idle, STRIA__HTTP_IDLE_MS, 0);
@@ -268,7 +268,7 @@ void stria_http_metrics_stop(stria_http_metrics_t *srv)
         return;
     srv->stopping = true;
     while (srv->conns != NULL)
-        stria__conn_close(srv->conns);
+        stria__http_conn_close(srv->conns);
     uv_close((uv_handle_t *)&srv->listener, stria__http_listener_closed);
 }
 

@@ -65,7 +65,7 @@ typedef struct {
     int signum;
 } stria__svc_loop_t;
 
-static void stria__on_signal(void *arg, int signum)
+static void stria__wmain_on_signal(void *arg, int signum)
 {
     stria__svc_loop_t *sl = arg;
     pthread_mutex_lock(&sl->lock);
@@ -99,7 +99,7 @@ static void *stria__svc_thread(void *arg)
     uv_async_init(&sl->loop, &sl->stop, stria__svc_stop);
     uv_async_init(&sl->loop, &sl->watch, stria__svc_watch);
     sl->stop.data = sl->watch.data = sl;
-    st = stria_service_start(&sl->loop, stria__on_signal, sl, &sl->svc);
+    st = stria_service_start(&sl->loop, stria__wmain_on_signal, sl, &sl->svc);
     if (st == STRIA_OK && c->metrics_listen != NULL && c->metrics_listen[0])
         st = stria_http_metrics_start(&sl->loop, c->metrics_listen, sl->m->metrics, &sl->http);
     pthread_mutex_lock(&sl->lock);
@@ -331,7 +331,7 @@ static stria_status_t stria__configure(stria__main_t *m)
     return st;
 }
 
-static stria_status_t stria__start_worker(stria__main_t *m)
+static stria_status_t stria__wmain_start(stria__main_t *m)
 {
     const stria_worker_config_t *c = &m->cfg;
     stria_worker_params_t p = c->p;
@@ -431,7 +431,7 @@ int main(int argc, char **argv)
     if ((st = stria_metrics_create(&m->metrics)) != STRIA_OK ||
         (st = stria__svc_begin(&sl, &svc_th)) != STRIA_OK)
         goto fail;
-    if ((st = stria__start_worker(m)) != STRIA_OK)
+    if ((st = stria__wmain_start(m)) != STRIA_OK)
         goto fail;
     uv_async_send(&sl.watch);
     stria__print_listening(m, &sl);

@@ -21,7 +21,7 @@ stria__wjob_t *stria__wjob_find(stria_worker_t *w, uint64_t id)
     return NULL;
 }
 
-static void stria__job_free(stria_worker_t *w, stria__wjob_t *j)
+static void stria__wjob_free(stria_worker_t *w, stria__wjob_t *j)
 {
     stria__wpass_free(j); /* before the device it borrows */
     stria__wsess_free(w, j);
@@ -67,7 +67,7 @@ void stria__wjob_drop_locked(stria_worker_t *w, stria__wjob_t *j)
         j->dropped = true;
         return;
     }
-    stria__job_free(w, j);
+    stria__wjob_free(w, j);
 }
 
 void stria__wjob_fail_locked(stria_worker_t *w, stria__wjob_t *j, const char *message)
@@ -89,7 +89,7 @@ void stria__wjob_unref(stria_worker_t *w, stria__wjob_t *j)
 {
     pthread_mutex_lock(&w->lock);
     if (--j->refs == 0 && j->dropped)
-        stria__job_free(w, j);
+        stria__wjob_free(w, j);
     pthread_mutex_unlock(&w->lock);
 }
 
@@ -334,7 +334,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     st = shared ? stria__wjob_mem_alloc(j) : j->session ? STRIA_OK : stria__wpool_tensors(w, j);
     if (st != STRIA_OK) {
         pthread_mutex_lock(&w->lock);
-        stria__job_free(w, j);
+        stria__wjob_free(w, j);
         pthread_mutex_unlock(&w->lock);
         j = NULL;
         goto out;

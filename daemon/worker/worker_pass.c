@@ -21,7 +21,7 @@ typedef struct {
 
 /* A tensor of the job as the pass sees it: the host buffer, or its device
  * copy on a staged device. */
-static stria_tensor_t stria__tensor(const stria__wjob_t *j, int t)
+static stria_tensor_t stria__wpass_tensor(const stria__wjob_t *j, int t)
 {
     int64_t heads = (t == STRIA__T_K || t == STRIA__T_V || t == STRIA__T_DK || t == STRIA__T_DV)
                         ? j->kv_heads
@@ -235,14 +235,16 @@ static stria_status_t stria__pass_compute(stria_worker_t *w, stria__wjob_t *j, b
                                           Stria__V1__PassStats *stats)
 {
     stria_status_t st;
-    stria_tensor_t q = stria__tensor(j, STRIA__T_Q), k = stria__tensor(j, STRIA__T_K);
-    stria_tensor_t v = stria__tensor(j, STRIA__T_V), o = stria__tensor(j, STRIA__T_O);
+    stria_tensor_t q = stria__wpass_tensor(j, STRIA__T_Q), k = stria__wpass_tensor(j, STRIA__T_K);
+    stria_tensor_t v = stria__wpass_tensor(j, STRIA__T_V), o = stria__wpass_tensor(j, STRIA__T_O);
     float *lse = j->dev != NULL ? j->dbuf[STRIA__T_LSE] : j->buf[STRIA__T_LSE];
     if (!backward) {
         st = stria_ring_fwd(j->pass, &q, &k, &v, &o, lse);
     } else {
-        stria_tensor_t g = stria__tensor(j, STRIA__T_DO), dq = stria__tensor(j, STRIA__T_DQ);
-        stria_tensor_t dk = stria__tensor(j, STRIA__T_DK), dv = stria__tensor(j, STRIA__T_DV);
+        stria_tensor_t g = stria__wpass_tensor(j, STRIA__T_DO),
+                       dq = stria__wpass_tensor(j, STRIA__T_DQ);
+        stria_tensor_t dk = stria__wpass_tensor(j, STRIA__T_DK),
+                       dv = stria__wpass_tensor(j, STRIA__T_DV);
         st = stria_ring_bwd(j->pass, &q, &k, &v, &o, lse, &g, &dq, &dk, &dv);
     }
     size_t n = 0;

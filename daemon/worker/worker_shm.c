@@ -180,7 +180,7 @@ static stria_status_t stria__shm_send_layout(stria__shm_conn_t *c, const stria__
     return stria_shm_send(c->fd, &rep.base, j->memfd);
 }
 
-static stria_status_t stria__shm_attach(stria__shm_conn_t *c, const Stria__V1__ShmRequest *req)
+static stria_status_t stria__wshm_attach(stria__shm_conn_t *c, const Stria__V1__ShmRequest *req)
 {
     stria_worker_t *w = c->srv->w;
     stria__wjob_t *j;
@@ -220,7 +220,7 @@ static stria_status_t stria__shm_attach(stria__shm_conn_t *c, const Stria__V1__S
     return st;
 }
 
-static stria_status_t stria__shm_commit(stria__shm_conn_t *c, const Stria__V1__ShmRequest *req)
+static stria_status_t stria__wshm_commit(stria__shm_conn_t *c, const Stria__V1__ShmRequest *req)
 {
     stria_worker_t *w = c->srv->w;
     stria__wjob_t *j;
@@ -276,8 +276,8 @@ static void stria__shm_lost(stria__shm_conn_t *c)
 }
 
 /* OP_ARENA: a session's arena, the memfd passed along. */
-static stria_status_t stria__shm_arena(stria__shm_conn_t *c, const Stria__V1__ShmRequest *req,
-                                       int fd)
+static stria_status_t stria__wshm_arena(stria__shm_conn_t *c, const Stria__V1__ShmRequest *req,
+                                        int fd)
 {
     stria_worker_t *w = c->srv->w;
     stria_status_t st = STRIA_OK;
@@ -326,13 +326,13 @@ static void *stria__shm_conn_main(void *arg)
         const Stria__V1__ShmRequest *req = (const Stria__V1__ShmRequest *)msg;
         switch (req->op) {
         case STRIA__V1__SHM_REQUEST__OP__OP_ARENA: /* mapped or refused: the descriptor goes */
-            st = stria__shm_arena(c, req, fd);
+            st = stria__wshm_arena(c, req, fd);
             break;
         case STRIA__V1__SHM_REQUEST__OP__OP_ATTACH:
-            st = stria__shm_attach(c, req);
+            st = stria__wshm_attach(c, req);
             break;
         case STRIA__V1__SHM_REQUEST__OP__OP_COMMIT:
-            st = stria__shm_commit(c, req);
+            st = stria__wshm_commit(c, req);
             break;
         default:
             st = stria__shm_reply_error(
