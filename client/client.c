@@ -1132,7 +1132,8 @@ stria_status_t stria_client_release(stria_job_t *job)
             req.n_ranks = n_used;
         }
         memset(&reply, 0, sizeof(reply));
-        st = stria__coord_call(c, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, job, &reply);
+        st = stria__coord_call_ex(c, STRIA_RPC_COORDINATOR_RELEASE_JOB, &req.base, job, &reply,
+                                  !job->release_once);
         stria_rpc_reply_free(&reply);
     }
     free(ranks);

@@ -110,6 +110,10 @@ struct stria_job {
     bool forward_done;
     bool sharded;
     bool session; /* JobSpec.session: a session's job (client_session.c) */
+    /* the release tries the coordinator once (a session closed while the
+     * coordinator is out of reach: its workers dropped it already, and its
+     * idle deadline ends it there) */
+    bool release_once;
     /* The job's capability, from the coordinator at submission (or the
      * export bytes): every request about the job proves it (never sends it
      * over the network); the shared-memory attach hands it to the worker

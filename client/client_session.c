@@ -509,6 +509,9 @@ stria_status_t stria_session_import(stria_client_t *client, const void *bytes, s
     sp.layout = job->spec.layout;
     sp.ring_size = job->n_ranks;
     sp.sharded = true;
+    sp.idle_timeout_s = job->spec.ttl_s;
+    sp.step_timeout_s = job->spec.step_timeout_s;
+    sp.arrival_timeout_s = job->spec.arrival_timeout_s;
     s->spec = sp;
     stria__sess_link(s);
     *session_out = s;
@@ -1107,6 +1110,18 @@ stria_layout_kind_t stria_session_layout(const stria_session_t *s)
     return s != NULL ? s->spec.layout : STRIA_LAYOUT_STRIPED;
 }
 
+stria_status_t stria_session_spec_get(const stria_session_t *s, stria_session_spec_t *out)
+{
+    if (s == NULL || out == NULL || out->struct_size != sizeof(*out))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_session_spec_get: NULL argument or a struct_size this "
+                               "library cannot fill (start from STRIA_SESSION_SPEC_INIT)");
+    *out = s->spec; /* its strings and arrays were not kept */
+    if (s->job != NULL)
+        out->ring_size = s->job->n_ranks;
+    return STRIA_OK;
+}
+
 uint64_t stria_session_id(const stria_session_t *s)
 {
     return s != NULL && s->job != NULL ? s->job->id : 0;
@@ -1133,8 +1148,10 @@ stria_status_t stria_session_close(stria_session_t *s)
         return STRIA_OK;
     pthread_mutex_lock(&s->lock); /* a call still running ends first */
     stria_status_t st = STRIA_OK;
-    if (s->job != NULL)
+    if (s->job != NULL) {
+        s->job->release_once = true;
         st = stria_client_release(s->job);
+    }
     for (int i = 0; s->job != NULL && i < s->job->n_ranks; i++) {
         stria_free(s->up[i]);
         stria_free(s->down[i]);

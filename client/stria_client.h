@@ -371,6 +371,10 @@ stria_layout_kind_t stria_job_layout(const stria_job_t *job);
  * forward_retries), whole-sequence sessions only; a session that expired
  * (idle_timeout_s without a call) is opened again by the next call.
  *
+ * Sharded sessions are not opened again by libstria (a sharded call that
+ * finds its session expired fails with STRIA_ERR_NOT_FOUND on every rank:
+ * the group opens a new one together, as it opened the first).
+ *
  * Sharded sessions: one trainer rank opens the session with sharded set
  * and ring_size its world size, exports it (stria_session_export()) and its
  * peers import it; each rank then issues the same calls in the same order
@@ -503,6 +507,11 @@ stria_status_t stria_session_positions(const stria_session_t *session, int64_t s
 stria_status_t stria_session_buffer(stria_session_t *session, const stria_call_t *call, int rank,
                                     stria_tensor_id_t tensor, stria_shard_buffer_t *out);
 int stria_session_ring_size(const stria_session_t *session);
+/* What the session fixes, as opened or imported (an import learns it from
+ * the coordinator): bounds, heads, kv_heads, head_dim, dtype, layout, ring
+ * size (the current one), sharded. The label and placement are not kept
+ * (NULL). `out` starts from STRIA_SESSION_SPEC_INIT. */
+stria_status_t stria_session_spec_get(const stria_session_t *session, stria_session_spec_t *out);
 stria_layout_kind_t stria_session_layout(const stria_session_t *session);
 /* The session's id at the service (its job id; a reopened session has a
  * new one). */
