@@ -4,6 +4,8 @@
     o = stria.attention(q, k, v)              # q [B, S, H, D], k, v [B, S, Hkv, D]
     o.sum().backward()
 
+Calls run on sessions (a ring opened once, reused by every call that fits
+it) that the Client opens on first use; stria.Session is the explicit form.
 flash_attn users switch by import (stria.flash_attn_func,
 stria.flash_attn_varlen_func); Hugging Face models through stria.hf.register();
 torch.distributed trainers holding shards of a sequence through
@@ -18,6 +20,7 @@ from ._errors import (AuthError, BusyError, InvalidArgumentError, NoMemoryError,
 from ._lib import ABI_VERSION
 from .attention import AttentionFunction, attention, flash_attn_func, flash_attn_varlen_func
 from .client import Client, Job, default_client, set_default_client
+from .session import Session
 from .sharded import (ShardedAttentionFunction, shard, shard_positions, sharded_attention,
                       unshard)
 
@@ -25,7 +28,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ABI_VERSION", "AttentionFunction", "AuthError", "BusyError", "Client",
-    "InvalidArgumentError", "Job", "NoMemoryError", "ShardedAttentionFunction", "StriaError",
+    "InvalidArgumentError", "Job", "NoMemoryError", "Session", "ShardedAttentionFunction",
+    "StriaError",
     "UnreachableError", "attention", "default_client", "flash_attn_func",
     "flash_attn_varlen_func", "set_default_client", "shard", "shard_positions",
     "sharded_attention", "unshard",

@@ -20,6 +20,8 @@ LAYOUTS = {"striped": 0, "contiguous": 1, "zigzag": 2, "auto": 3}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
 #: Bytes of a sharded job's export (STRIA_JOB_EXPORT_BYTES).
 JOB_EXPORT_BYTES = 48
+#: Bytes of a session's export (STRIA_SESSION_EXPORT_BYTES).
+SESSION_EXPORT_BYTES = JOB_EXPORT_BYTES
 
 
 class ClientParams(ctypes.Structure):
@@ -83,7 +85,62 @@ class CallStats(ctypes.Structure):
     ]
 
 
+class SessionSpec(ctypes.Structure):  # stria_session_spec_t
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("max_batch", ctypes.c_int64),
+        ("max_seq_len", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("layout", ctypes.c_int),
+        ("ring_size", ctypes.c_int),
+        ("sharded", ctypes.c_bool),
+        ("idle_timeout_s", ctypes.c_double),
+        ("step_timeout_s", ctypes.c_double),
+        ("arrival_timeout_s", ctypes.c_double),
+        ("no_queue", ctypes.c_bool),
+        ("label", ctypes.c_char_p),
+        ("placement_hosts", ctypes.POINTER(ctypes.c_char_p)),
+        ("placement_devices", ctypes.POINTER(ctypes.c_int)),
+        ("placement_fallback", ctypes.c_bool),
+    ]
+
+
+class Call(ctypes.Structure):  # stria_call_t
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("batch", ctypes.c_int64),
+        ("seq_len", ctypes.c_int64),
+        ("causal", ctypes.c_bool),
+        ("scale", ctypes.c_float),
+        ("cu_seqlens", ctypes.POINTER(ctypes.c_int64)),
+        ("n_cu_seqlens", ctypes.c_size_t),
+        ("has_window", ctypes.c_bool),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+    ]
+
+
+class SessionStats(ctypes.Structure):  # stria_session_stats_t
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("calls", ctypes.c_uint64),
+        ("failed", ctypes.c_uint64),
+        ("retries", ctypes.c_uint64),
+        ("reopened", ctypes.c_uint64),
+        ("bytes_up", ctypes.c_uint64),
+        ("bytes_down", ctypes.c_uint64),
+        ("last_call_s", ctypes.c_double),
+        ("last_pass_s", ctypes.c_double),
+        ("last_minflt", ctypes.c_uint64),
+        ("generation", ctypes.c_uint32),
+    ]
+
+
 _P = ctypes.c_void_p
+_CALL = ctypes.POINTER(Call)
 _SIGNATURES = {
     "stria_client_abi_version": (ctypes.c_uint, []),
     "stria_status_name": (ctypes.c_char_p, [ctypes.c_int]),
@@ -111,6 +168,23 @@ _SIGNATURES = {
     "stria_client_forward_shard": (ctypes.c_int, [_P, ctypes.c_int, _P, _P, _P, _P, _P]),
     "stria_client_backward_shard": (ctypes.c_int, [_P, ctypes.c_int, _P, _P, _P, _P]),
     "stria_job_data_path": (ctypes.c_int, [_P, ctypes.c_int]),
+    # sessions
+    "stria_session_open": (ctypes.c_int, [_P, ctypes.POINTER(SessionSpec), ctypes.POINTER(_P)]),
+    "stria_session_forward": (ctypes.c_int, [_P, _CALL, _P, _P, _P, _P, _P]),
+    "stria_session_backward": (ctypes.c_int, [_P, _CALL, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
+    "stria_session_forward_shard": (ctypes.c_int, [_P, _CALL, ctypes.c_int, _P, _P, _P, _P, _P]),
+    "stria_session_backward_shard": (
+        ctypes.c_int, [_P, _CALL, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
+    "stria_session_export": (
+        ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "stria_session_import": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.POINTER(_P)]),
+    "stria_session_shard_tokens": (ctypes.c_int64, [_P, ctypes.c_int64, ctypes.c_int]),
+    "stria_session_positions": (ctypes.c_int, [_P, ctypes.c_int64, ctypes.c_int, _P]),
+    "stria_session_ring_size": (ctypes.c_int, [_P]),
+    "stria_session_layout": (ctypes.c_int, [_P]),
+    "stria_session_id": (ctypes.c_uint64, [_P]),
+    "stria_session_stats": (ctypes.c_int, [_P, ctypes.POINTER(SessionStats)]),
+    "stria_session_close": (ctypes.c_int, [_P]),
 }
 
 _lib = None

@@ -1,5 +1,12 @@
 """Whole-sequence attention through the service, as a torch.autograd.Function,
-and flash_attn-compatible calls."""
+and flash_attn-compatible calls.
+
+Calls run on the client's cached sessions (session.py): forward sends Q, K,
+V and gets O and LSE; autograd saves Q, K, V, O and LSE, and backward sends
+them with dO (stria_session_backward), so the forward runs once and nothing
+is held on the workers in between. A client with keep_jobs > 0 takes the
+job path of before (stria_client_forward, a job kept for backward or the
+forward recomputed)."""
 
 import ctypes
 import math
@@ -10,10 +17,8 @@ from torch.autograd.function import once_differentiable
 
 from . import _lib
 from ._errors import StriaError
+from ._tensors import _DTYPES, _back, _empty, _host, _ptr  # noqa: F401 (sharded.py's too)
 from .client import default_client
-
-_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16,
-           torch.float16: _lib.DTYPE_F16}
 
 
 class _Config:
@@ -56,28 +61,76 @@ class _Config:
             s.window_left, s.window_right = self.window
         return s, arr
 
+    def call(self, batch, seq_len):
+        """The stria_call_t of a session call (and the array to keep alive)."""
+        from .session import make_call
 
-def _host(t):
-    """A contiguous host tensor with t's values: t itself when it already is
-    one; a CUDA tensor goes through pinned memory."""
-    if t.device.type == "cpu":
-        return t.contiguous()
-    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    h.copy_(t)
-    return h
+        return make_call(batch, seq_len, self.causal, self.scale, self.window, self.cu_seqlens)
+
+    def session_spec(self, q, k, seq_len=None, sharded=False):
+        """open_spec(max_batch, max_seq_len): the spec of a session for
+        calls like this one."""
+        from .session import make_spec
+
+        _, _, H, D = q.shape
+        ring = self.ring_size
+        return lambda mb, msl: make_spec(
+            self.client, max_batch=mb, max_seq_len=msl, heads=H, kv_heads=k.shape[2],
+            head_dim=D, dtype=_DTYPES[q.dtype], layout=self.layout, ring_size=ring,
+            sharded=sharded)
+
+    def fixed(self, q, k, kind="whole"):
+        """What a session for this call fixes: the session cache's key."""
+        _, _, H, D = q.shape
+        return (kind, self.ring_size, self.layout, _DTYPES[q.dtype], H, k.shape[2], D)
 
 
-def _empty(shape, dtype, device):
-    pin = device.type == "cuda"
-    return torch.empty(shape, dtype=dtype, pin_memory=pin)
+class _TooShort(Exception):
+    """A call shorter than its session's ring has chunks (libstria's
+    sessions refuse it; a job takes it)."""
 
 
-def _back(t, device):
-    return t if device.type == "cpu" else t.to(device, non_blocking=False)
+def _on_session(cfg, q, k, run):
+    """run(session) on the client's session for the call, under its lock."""
+    S = q.shape[1]
+
+    def checked(s):
+        if S < s.ring_size * (2 if s.layout == "zigzag" else 1):
+            raise _TooShort
+        return run(s)
+
+    return cfg.client._on_session(cfg.fixed(q, k), q.shape[0], S, cfg.session_spec(q, k),
+                                  checked)
 
 
-def _ptr(t):
-    return ctypes.c_void_p(t.data_ptr())
+def _session_forward(cfg, q, k, v):
+    """O and LSE on q's device, on the client's session for the call."""
+    from .session import _forward_tensors
+
+    call, arr = cfg.call(q.shape[0], q.shape[1])
+    try:
+        out = _forward_tensors(lambda *p: _on_session(
+            cfg, q, k, lambda s: s._forward_locked(call, *p)), q, k, v)
+    except _TooShort:  # a few tokens: a job (released at once)
+        out = _forward(cfg, q, k, v, keep=False)[:2]
+    del arr
+    return out
+
+
+def _session_backward(cfg, q, k, v, o, lse, do):
+    """dQ, dK, dV: the saved tensors and dO sent to a session of the call's
+    fixed part (the forward's, unless it was closed since: any covering one
+    computes the same)."""
+    from .session import _backward_tensors
+
+    call, arr = cfg.call(q.shape[0], q.shape[1])
+    try:
+        out = _backward_tensors(lambda *p: _on_session(
+            cfg, q, k, lambda s: s._backward_locked(call, *p)), q, k, v, o, lse, do)
+    except _TooShort:  # a few tokens: a job, forward again then backward
+        out = _backward(cfg, None, q, k, v, do)
+    del arr
+    return out
 
 
 def _forward(cfg, q, k, v, keep):
@@ -128,19 +181,26 @@ class AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cfg):
-        o, lse, job = _forward(cfg, q, k, v, keep=cfg.client._may_keep())
         ctx.cfg = cfg
-        ctx.job = job
-        ctx.save_for_backward(q, k, v)
+        ctx.job = None
+        if cfg.client.keep_jobs:
+            o, lse, ctx.job = _forward(cfg, q, k, v, keep=cfg.client._may_keep())
+            ctx.save_for_backward(q, k, v)
+        else:
+            o, lse = _session_forward(cfg, q, k, v)
+            ctx.save_for_backward(q, k, v, o, lse)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do, _dlse):
-        q, k, v = ctx.saved_tensors
-        job, ctx.job = ctx.job, None
-        dq, dk, dv = _backward(ctx.cfg, job, q, k, v, do)
+        saved = ctx.saved_tensors
+        if len(saved) == 5:
+            dq, dk, dv = _session_backward(ctx.cfg, *saved, do)
+        else:
+            job, ctx.job = ctx.job, None
+            dq, dk, dv = _backward(ctx.cfg, job, *saved, do)
         return dq, dk, dv, None
 
 
@@ -245,8 +305,10 @@ def attention(q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1),
     chooses; "striped", "contiguous", "zigzag"); ring_size: ranks (0: every
     healthy worker). client: a stria.Client (default: stria.default_client()).
 
-    Differentiable in q, k and v. Under no_grad (or when no input requires
-    grad) the service's job is released at once.
+    Runs on a session of the client's (opened on first use, kept for the
+    calls after it: see stria.Client). Differentiable in q, k and v:
+    autograd keeps O and LSE besides q, k and v, and backward sends them, so
+    the forward runs once.
     """
     _check_shapes(q, k, v)
     softmax_scale = _scale(softmax_scale)
@@ -257,8 +319,10 @@ def attention(q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1),
                   _layout(layout), ring_size)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         o, lse = AttentionFunction.apply(q, k, v, cfg)
-    else:
+    elif cfg.client.keep_jobs:
         o, lse, _ = _forward(cfg, q.detach(), k.detach(), v.detach(), keep=False)
+    else:
+        o, lse = _session_forward(cfg, q.detach(), k.detach(), v.detach())
     return (o, lse) if return_lse else o
 
 

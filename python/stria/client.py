@@ -1,12 +1,18 @@
 """stria.Client: one connection to the coordinator, safe to share between
-threads.
+threads, and the sessions it opens for calls.
 
 libstria's rule is one thread at a time per client and its jobs, so every
 call takes the client's lock (PyTorch runs backward on its own threads); the
 GIL is released during the C calls (ctypes does), so other Python threads
-run meanwhile. Jobs whose last Python reference goes away (a graph dropped
-without backward) are released by a finalizer: at once when the lock is
-free, otherwise by the thread that holds it, before it lets go.
+run meanwhile. Jobs and sessions whose last Python reference goes away (a
+graph dropped without backward, a Session dropped unclosed) are released by
+a finalizer: at once when the lock is free, otherwise by the thread that
+holds it, before it lets go.
+
+The calls of stria.attention and stria.sharded_attention run on sessions the
+client opens on first use and keeps (session.py's _Cache): one per what a
+session fixes, bounded by max_sessions, least recently used closed first;
+all closed with the client, and at interpreter exit.
 """
 
 import atexit
@@ -107,40 +113,69 @@ class Client:
 
     coordinator: "HOST:PORT"; default ``$STRIA_COORDINATOR``, else
     127.0.0.1:7400. token_file: the service's token file; default
-    ``$STRIA_TOKEN_FILE`` (none when unset). keep_jobs: how many jobs forward
-    may keep open for backward (0, the default: forward releases its job and
-    backward recomputes the forward pass on the service, so no worker memory
-    is held between them; beyond the bound forward falls back to that).
-    step_timeout, ttl: per-job deadlines in seconds (0: the service's).
-    no_queue: fail with BusyError instead of waiting for workers.
-    arrival_timeout: sharded jobs: how long a pass waits for the other ranks
-    once one arrived (0: the service's 60 s).
-    forward_retries: how many times libstria submits a forward again, inside
-    the call, after a retryable failure (a worker died or left); 0: its
-    default (2), negative: never. A failed call's StriaError says whether it
-    is retryable (``.retryable``).
+    ``$STRIA_TOKEN_FILE`` (none when unset).
+
+    Calls (stria.attention, the flash_attn calls, Hugging Face models,
+    stria.sharded_attention) run on sessions the client opens on first use
+    and reuses: one per ring size, layout, dtype, heads, kv_heads and
+    head_dim (and torch.distributed group), bounded by the calls' batch and
+    batch * length rounded up to powers of two (at least
+    stria.session.MIN_TOKENS tokens), so a model's layers and a run's
+    lengths share a few sessions. Backward sends the saved Q, K, V, O and
+    LSE: the forward runs once, and the workers hold nothing between calls
+    but the sessions' buffers. max_sessions: how many sessions the client
+    keeps for calls (whole-sequence ones, and each group's sharded ones),
+    the least recently used closed first. idle_timeout: the service closes a
+    session idle this long (0: 60 s); libstria opens it again on the next
+    call. ``sessions`` lists the open ones; ``close()`` closes them.
+
+    keep_jobs: the job path of before sessions, kept for compatibility: N >
+    0 runs every call of this client as a job, forward keeping up to N jobs
+    open for backward (beyond that bound backward recomputes the forward on
+    the service).
+
+    step_timeout: the deadline of a ring step in seconds; ttl: the job
+    path's job TTL (0: the service's). no_queue: fail with BusyError instead
+    of waiting for workers. arrival_timeout: sharded calls: how long a call
+    waits for the other ranks once one arrived (0: the service's 60 s).
+    forward_retries: how many times libstria tries a call again, inside the
+    call, after a retryable failure (a worker died or left; whole-sequence
+    calls); 0: its default (2), negative: never. A failed call's StriaError
+    says whether it is retryable (``.retryable``).
     """
 
     def __init__(self, coordinator=None, token_file=None, *, connect_timeout=0.0,
                  rpc_timeout=0.0, name="stria-python", keep_jobs=0, step_timeout=0.0, ttl=0.0,
-                 no_queue=False, arrival_timeout=0.0, forward_retries=0):
+                 no_queue=False, arrival_timeout=0.0, forward_retries=0, max_sessions=4,
+                 idle_timeout=0.0):
+        self.closed = True  # until connected (__del__ of a failed constructor)
         L = _lib.lib()
         self.coordinator = coordinator or os.environ.get("STRIA_COORDINATOR") or \
             DEFAULT_COORDINATOR
         token_file = token_file or os.environ.get("STRIA_TOKEN_FILE") or None
         if keep_jobs < 0:
             raise ValueError(f"keep_jobs must be >= 0, not {keep_jobs}")
+        if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or \
+                max_sessions < 1:
+            raise ValueError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
         self.keep_jobs = int(keep_jobs)
+        self.max_sessions = max_sessions
+        self.idle_timeout = float(idle_timeout)
+        self.name = name
         self.step_timeout = float(step_timeout)
         self.ttl = float(ttl)
         self.no_queue = bool(no_queue)
         self.arrival_timeout = float(arrival_timeout)
-        self.closed = False
         self._lock = threading.Lock()
-        self._pending = []  # job pointers a finalizer could not release at once
+        self._pending = []  # (kind, pointer, token) a finalizer could not release at once
         self._pending_lock = threading.Lock()
         self._kept = 0
         self._ptrs = {}  # open jobs' pointers -> whether they count as kept
+        self._session_ptrs = {}  # open sessions' pointer values -> (token, pointer)
+        self._cache = None  # whole-sequence calls' sessions (session._Cache)
+        self._group_caches = {}  # a torch.distributed group -> its sharded calls' _Cache
+        self._group_caches_lock = threading.Lock()
+        self._pid = os.getpid()
         p = _lib.ClientParams()
         p.struct_size = ctypes.sizeof(p)
         p.coordinator = self.coordinator.encode()
@@ -152,6 +187,8 @@ class Client:
         ptr = ctypes.c_void_p()
         _lib.check(L.stria_client_connect(ctypes.byref(p), ctypes.byref(ptr)))
         self._ptr = ptr
+        self.closed = False
+        _clients.add(self)
 
     # ---- locking ---------------------------------------------------------
 
@@ -160,8 +197,11 @@ class Client:
             with self._pending_lock:
                 if not self._pending:
                     return
-                ptr = self._pending.pop()
-            self._release_locked(ptr)
+                kind, ptr, token = self._pending.pop()
+            if kind == "job":
+                self._release_locked(ptr)
+            else:
+                self._close_session_locked(ptr, token)
 
     def _unlock(self):
         """Lets go of the lock, first releasing what finalizers queued; a
@@ -194,12 +234,124 @@ class Client:
 
     def _release_ptr(self, ptr):
         """A Job's finalizer: any thread, maybe one that holds the lock."""
+        self._queue("job", ptr, None)
+
+    def _queue_close(self, ptr, token):
+        """A Session's finalizer: any thread, maybe one that holds the lock."""
+        self._queue("session", ptr, token)
+
+    def _queue(self, kind, ptr, token):
         if self.closed:
             return
         with self._pending_lock:
-            self._pending.append(ptr)
+            self._pending.append((kind, ptr, token))
         if self._lock.acquire(blocking=False):
             self._unlock()
+
+    # ---- sessions ----------------------------------------------------------
+
+    def _open_session_locked(self, spec, into=None):
+        """Opens a session (the lock held); `into`: the Session to fill in
+        (stria.Session's constructor), else a new one."""
+        ptr = ctypes.c_void_p()
+        _lib.check(_lib.lib().stria_session_open(self._ptr, ctypes.byref(spec),
+                                                 ctypes.byref(ptr)))
+        return self._adopt_locked(ptr, into, spec.max_batch, spec.max_seq_len, spec.heads,
+                                  spec.kv_heads or spec.heads, spec.head_dim, spec.dtype,
+                                  spec.sharded)
+
+    def _import_session_locked(self, data, **info):
+        ptr = ctypes.c_void_p()
+        _lib.check(_lib.lib().stria_session_import(self._ptr, data, len(data),
+                                                   ctypes.byref(ptr)))
+        return self._adopt_locked(ptr, None, **info)
+
+    def _adopt_locked(self, ptr, into, *args, **kw):
+        from .session import Session
+
+        try:
+            s = (into if into is not None else Session._blank())._setup(self, ptr, *args, **kw)
+        except BaseException:
+            _lib.lib().stria_session_close(ptr)
+            raise
+        self._session_ptrs[ptr.value] = (s._token, ptr)
+        return s
+
+    def _close_session_locked(self, ptr, token):
+        if self._session_ptrs.get(ptr.value, (None,))[0] == token:
+            del self._session_ptrs[ptr.value]
+            _lib.lib().stria_session_close(ptr)  # frees the handle whatever it says
+
+    def import_session(self, data):
+        """A Session from another process's ``Session.export()`` bytes (a
+        sharded session's other ranks)."""
+        from .session import Session
+
+        info, raw = Session._parse_export(data)
+        return self._locked(lambda: self._import_session_locked(raw, **info))
+
+    def _whole_cache(self):
+        if self._cache is None:
+            from .session import _Cache
+
+            self._cache = _Cache(self.max_sessions, evict_on_busy=True)
+        return self._cache
+
+    def _group_cache(self, group):
+        """The sharded sessions' cache of a torch.distributed group."""
+        with self._group_caches_lock:
+            c = self._group_caches.get(group)
+            if c is None:
+                from .session import _Cache
+
+                c = self._group_caches[group] = _Cache(self.max_sessions)
+            return c
+
+    def _on_session(self, fixed, batch, seq_len, open_spec, fn):
+        """fn(session) on the cached whole-sequence session for `fixed`
+        covering the call (opened with open_spec(max_batch, max_seq_len)
+        when none does), all under the lock."""
+        cache = self._whole_cache()
+
+        def open_fn(mb, msl, no_queue):
+            from ._errors import NoMemoryError
+
+            def opened(b, s):
+                spec = open_spec(b, s)
+                spec.no_queue = spec.no_queue or no_queue
+                return self._open_session_locked(spec)
+
+            try:
+                return opened(mb, msl)
+            except NoMemoryError:
+                if mb * msl <= batch * seq_len:
+                    raise
+            # the rounded bounds are beyond the workers' memory: the call's own
+            return opened(batch, seq_len)
+
+        def run():
+            s = cache.session(fixed, batch, seq_len, open_fn, lambda s: s._close_locked())
+            return fn(s)
+
+        return self._locked(run)
+
+    @property
+    def sessions(self):
+        """The open sessions the client keeps for calls (whole-sequence and
+        sharded; not the stria.Session objects opened through it)."""
+        out = []
+        for cache in [self._cache, *list(self._group_caches.values())]:
+            if cache is not None:
+                out += cache.open_sessions()
+        return out
+
+    @property
+    def open_session_ids(self):
+        """The service's ids of every open session of this client (cached
+        or explicit)."""
+        L = _lib.lib()
+        return self._locked(lambda: [int(L.stria_session_id(p))
+                                     for _, p in self._session_ptrs.values()])
 
     # ---- calls -----------------------------------------------------------
 
@@ -251,15 +403,26 @@ class Client:
                           keep)
 
     def close(self):
-        """Releases every open job and closes the connection (idempotent)."""
+        """Closes every session, releases every open job and closes the
+        connection (idempotent). In a process forked from the one that
+        connected, it only forgets them (they are the parent's)."""
         if self.closed:
             return
         with self._lock:
             if self.closed:
                 return
             self.closed = True
+            L = _lib.lib()
+            if os.getpid() == self._pid:
+                for _, ptr in list(self._session_ptrs.values()):
+                    L.stria_session_close(ptr)
+            self._session_ptrs.clear()
+            for cache in [self._cache, *self._group_caches.values()]:
+                if cache is not None:
+                    cache.forget()
             self._ptrs.clear()
-            _lib.lib().stria_client_close(self._ptr)
+            if os.getpid() == self._pid:
+                L.stria_client_close(self._ptr)
 
     @property
     def jobs_kept(self):
@@ -282,6 +445,7 @@ class Client:
         return f"stria.Client({self.coordinator!r}{', closed' if self.closed else ''})"
 
 
+_clients = weakref.WeakSet()  # every connected client, closed at exit
 _default = None
 _default_lock = threading.Lock()
 
@@ -305,7 +469,31 @@ def set_default_client(client):
         return prev
 
 
+#: How long interpreter exit waits for the clients to close their sessions
+#: (closing tells the coordinator, which libstria waits for while it is out
+#: of reach; the service closes an abandoned session at its idle timeout).
+EXIT_CLOSE_S = 10.0
+
+
 @atexit.register
-def _close_default():
-    if _default is not None:
-        _default.close()
+def _close_all():
+    """At exit: every client's sessions closed, its connection too, on a
+    daemon thread given EXIT_CLOSE_S."""
+    clients = [c for c in list(_clients) if not c.closed]
+    if not clients:
+        return
+
+    def close():
+        for c in clients:
+            try:
+                c.close()
+            except Exception:
+                pass
+
+    try:
+        t = threading.Thread(target=close, name="stria-exit", daemon=True)
+        t.start()
+    except RuntimeError:  # no new threads at this point of the shutdown
+        close()
+        return
+    t.join(EXIT_CLOSE_S)

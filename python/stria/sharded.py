@@ -10,15 +10,22 @@ padded positions S, S+1, ... dropped:
 Positions increase within every shard, so a rank's real tokens are a prefix
 of its padded shard, in this order.
 
-sharded_attention over N ranks of a torch.distributed group runs one
-sharded job of ring size N: the ranks first all-gather what each passes
-(shapes, options: a mismatch fails on every rank, naming the rank); group
-rank 0 submits the job and broadcasts its 48-byte export; every other rank
-imports it; each rank runs its part of the pass with its own tokens
-(libstria's stria_client_forward_shard) and releases its handle. Backward
-repeats that with a fresh job (forward again, then backward: no worker
-memory held in between), or, with Client(keep_jobs=N) on group rank 0,
-runs on the job kept since forward.
+sharded_attention over N ranks of a torch.distributed group runs on a
+sharded session of ring size N that the group opens together once per what
+a session fixes (dtype, heads, kv_heads, head_dim, layout; bounds rounded up
+as for whole sequences, see stria.Client): the ranks all-gather what each
+passes (shapes, options: a mismatch fails on every rank, naming the rank),
+group rank 0 opens the session and broadcasts its export, every other rank
+imports it. Each rank's client keeps the group's sessions; after the open a
+call runs no torch.distributed collective: each rank makes its part of the
+call with its own tokens (stria_session_forward_shard), and libstria
+compares the ranks' calls (a mismatch fails the call on every rank, naming
+the ranks). Backward sends the saved Q, K, V, O and LSE with dO
+(stria_session_backward_shard): the forward runs once.
+
+Clients with keep_jobs > 0 (on every rank of the group) take the job path
+of before: a collective submit per call, backward on the kept job or on a
+fresh one (forward again, then backward).
 """
 
 import struct
@@ -30,7 +37,9 @@ from torch.autograd.function import once_differentiable
 from . import _lib
 from .attention import (_DTYPES, _back, _Config, _check_shapes, _cu_seqlens, _empty, _host,
                         _ptr, _scale, _window)
+from ._errors import NoMemoryError, StriaError
 from .client import default_client
+from .session import _backward_tensors, _forward_tensors
 
 _SHARD_LAYOUTS = ("striped", "contiguous", "zigzag")
 
@@ -121,6 +130,8 @@ _DESC = ("error", "batch", "tokens", "heads", "kv_heads", "head_dim", "dtype", "
          "seq_len", "softmax_scale", "window_left", "window_right", "cu_seqlens", "keep")
 _NAMES = {_DTYPES[d]: str(d).replace("torch.", "") for d in _DTYPES}
 _HEADER = 8 + _lib.JOB_EXPORT_BYTES  # ok, keep, export length, 5 spare, the export
+# a session's: ok, export length, 6 spare, max_batch and max_seq_len (int64), the export
+_SHEADER = 24 + _lib.SESSION_EXPORT_BYTES
 
 
 class _Sharded:
@@ -135,6 +146,8 @@ class _Sharded:
         self.seq_len = seq_len
         self.layout_name = layout_name
         self.src = 0 if group is None else _dist().get_global_rank(group, 0)
+        # the key of the group's sessions in a client
+        self.group_key = group if group is not None else _dist().group.WORLD
         self.device = torch.device("cpu")
         if _dist().get_backend(group) == "nccl":  # NCCL moves CUDA tensors only
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -280,24 +293,152 @@ def _sharded_backward(sh, job, q, k, v, do):
     return _back(dq, q.device), _back(dk, k.device), _back(dv, v.device)
 
 
+# ---- the session path -----------------------------------------------------------
+
+def _open_session(sh, q, k, mb, msl):
+    """The group's collective open of a sharded session bounded by (mb,
+    msl): agree, open on group rank 0 and broadcast its export, import on
+    the others. Every rank of the group runs it at the same call: the one
+    its cache (the same on every rank) has no session for."""
+    _agree(sh, _describe(sh, q, k, False), None)
+    client = sh.cfg.client
+    header = torch.zeros(_SHEADER, dtype=torch.uint8)
+    session = error = None
+    if sh.rank == 0:
+        open_spec = sh.cfg.session_spec(q, k, sharded=True)
+
+        def opened(b, s):
+            return client._locked(lambda: client._open_session_locked(open_spec(b, s)))
+
+        try:
+            try:
+                session = opened(mb, msl)
+            except NoMemoryError:
+                # the rounded bounds are beyond the workers' memory: the call's own
+                if mb * msl <= q.shape[0] * sh.seq_len:
+                    raise
+                session = opened(q.shape[0], sh.seq_len)
+            data = session._raw_export()
+            header[0], header[1] = 1, len(data)
+            head = struct.pack("<qq", session.max_batch, session.max_seq_len) + data
+            header[8:24 + len(data)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+        except BaseException as e:  # the peers must hear of it, then it is raised here
+            error = e
+            if session is not None:
+                session.close()
+                session = None
+    header = header.to(sh.device)
+    _dist().broadcast(header, sh.src, group=sh.group)
+    if error is not None:
+        raise error
+    header = header.cpu()
+    if not header[0]:
+        raise RuntimeError("stria: sharded_attention: rank 0 of the group could not open the "
+                           "session (its own error says why)")
+    if session is None:
+        mb, msl = struct.unpack("<qq", bytes(header[8:24].tolist()))
+        data = bytes(header[24:24 + int(header[1])].tolist())
+        _, _, H, D = q.shape
+        session = client._locked(lambda: client._import_session_locked(
+            data, max_batch=mb, max_seq_len=msl, heads=H, kv_heads=k.shape[2], head_dim=D,
+            dtype=_DTYPES[q.dtype], sharded=True))
+    return session
+
+
+def _on_group_session(sh, q, k, fn):
+    """fn(session) on the client's session of the group for this call
+    (opened collectively when the group has none that covers it), under
+    the client's lock; no collective otherwise."""
+    client = sh.cfg.client
+    cache = client._group_cache(sh.group_key)
+    fixed = sh.cfg.fixed(q, k, "sharded")
+    with cache.lock:
+        for again in (False, True):
+            s = cache.session(fixed, q.shape[0], sh.seq_len,
+                              lambda mb, msl, _no_queue: _open_session(sh, q, k, mb, msl),
+                              lambda old: old.close())
+            n = s.shard_tokens(sh.seq_len, sh.rank)
+            if n != q.shape[1]:
+                raise ValueError(f"stria: sharded_attention: rank {sh.rank} passes "
+                                 f"{q.shape[1]} tokens, it holds {n} of {sh.seq_len} under "
+                                 f"{sh.layout_name} over {sh.world} ranks (see "
+                                 f"stria.shard_positions)")
+            try:
+                return s._call(lambda L: fn(s))
+            except StriaError as e:
+                # The service closed the session, idle past its deadline
+                # (libstria opens only whole-sequence ones again): every
+                # rank's call finds so, so the group opens it again together.
+                if again or e.name != "STRIA_ERR_NOT_FOUND":
+                    raise
+                cache.drop(fixed, lambda old: old.close())
+
+
+def _session_forward(sh, q, k, v):
+    call, arr = sh.cfg.call(q.shape[0], sh.seq_len)
+    out = _forward_tensors(lambda *p: _on_group_session(
+        sh, q, k, lambda s: s._forward_shard_locked(call, sh.rank, *p)), q, k, v)
+    del arr
+    return out
+
+
+def _session_backward(sh, q, k, v, o, lse, do):
+    call, arr = sh.cfg.call(q.shape[0], sh.seq_len)
+    out = _backward_tensors(lambda *p: _on_group_session(
+        sh, q, k, lambda s: s._backward_shard_locked(call, sh.rank, *p)), q, k, v, o, lse, do)
+    del arr
+    return out
+
+
+def _peers_open(sh, client, q, k):
+    """Whether, as far as this rank can tell from its own (refused)
+    arguments, its peers are about to open a session together: its client
+    has no session of the group, or none of these heads and head size (and
+    dtype, when it is one) that covers the call."""
+    if client.keep_jobs:
+        return True  # the job path agrees on every call
+    cache = client._group_caches.get(sh.group_key)
+    sessions = [] if cache is None else [(f, s) for f, s in cache.entries.items() if s.alive]
+    if not sessions:
+        return True
+    try:
+        B, H, Hkv, D = q.shape[0], q.shape[2], k.shape[2], q.shape[3]
+    except Exception:
+        return False  # not even shapes: raised here only
+    dtype = _DTYPES.get(getattr(q, "dtype", None))
+    for fixed, s in sessions:
+        if fixed[1:3] == (sh.world, _lib.LAYOUTS[sh.layout_name]) and \
+                fixed[4:] == (H, Hkv, D) and dtype in (None, fixed[3]) and \
+                s.covers(B, sh.seq_len):
+            return False
+    return True
+
+
 class ShardedAttentionFunction(torch.autograd.Function):
     """The differentiable sharded call; use stria.sharded_attention()."""
 
     @staticmethod
     def forward(ctx, q, k, v, sh):
-        o, lse, job = _sharded_forward(sh, q, k, v, want_keep=sh.cfg.client.keep_jobs > 0)
         ctx.sh = sh
-        ctx.job = job
-        ctx.save_for_backward(q, k, v)
+        ctx.job = None
+        if sh.cfg.client.keep_jobs:
+            o, lse, ctx.job = _sharded_forward(sh, q, k, v, want_keep=True)
+            ctx.save_for_backward(q, k, v)
+        else:
+            o, lse = _session_forward(sh, q, k, v)
+            ctx.save_for_backward(q, k, v, o, lse)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do, _dlse):
-        q, k, v = ctx.saved_tensors
-        job, ctx.job = ctx.job, None
-        dq, dk, dv = _sharded_backward(ctx.sh, job, q, k, v, do)
+        saved = ctx.saved_tensors
+        if len(saved) == 5:
+            dq, dk, dv = _session_backward(ctx.sh, *saved, do)
+        else:
+            job, ctx.job = ctx.job, None
+            dq, dk, dv = _sharded_backward(ctx.sh, job, *saved, do)
         return dq, dk, dv, None
 
 
@@ -314,15 +455,25 @@ def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=
     stria.attention; layout: "striped", "contiguous" or "zigzag" (named: the
     shards depend on it); causal, softmax_scale, window_size and cu_seqlens
     (global positions) as in stria.attention; with return_lse also LSE
-    [B, H, T]. Every rank must pass the same shapes and options, and call
-    together (a collective: rank 0 submits the job and broadcasts its handle
-    over `group`; gloo, or NCCL with CUDA tensors for the handle). client:
-    this process's stria.Client (default: stria.default_client()).
+    [B, H, T]. Every rank must pass the same shapes and options, and make
+    the same calls in the same order. client: this process's stria.Client
+    (default: stria.default_client()); every rank's must have the same
+    max_sessions and keep_jobs.
 
-    Differentiable in q, k and v: backward is a second collective job (the
-    forward pass runs again on the service, then backward), unless rank 0's
-    client keeps jobs (Client(keep_jobs=N)): then backward runs on the job
-    forward kept. Under no_grad the job is released at once.
+    The first call of a kind (what a session fixes, within its bounds) is a
+    collective over `group`: the ranks compare their arguments (a mismatch
+    fails on every rank, naming the rank), rank 0 opens a session and
+    broadcasts its handle (gloo, or NCCL with CUDA tensors for the handle),
+    the others import it. Later calls run no collective: libstria compares
+    the ranks' calls and fails one that differs on every rank, naming the
+    ranks; a rank whose own arguments are refused raises at once, and its
+    peers' call fails when it does not arrive (arrival_timeout). A session
+    the service closed, idle past its deadline (Client's idle_timeout), is
+    opened again by the group at the next call (a collective once more).
+
+    Differentiable in q, k and v: backward sends the saved q, k, v, O and LSE
+    with dO, so the forward runs once. (Clients with keep_jobs: a job per
+    call, as before sessions.)
     """
     if layout not in _SHARD_LAYOUTS:
         raise ValueError(f"stria: sharded calls name their layout: one of "
@@ -339,21 +490,26 @@ def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ValueError(f"stria: seq_len must be an int >= 1, not {seq_len!r}")
     sh = _Sharded(None, group, rank, world, seq_len, layout)
+    client = client if client is not None else default_client()
     try:  # a rank's own mistakes reach its peers through the all-gather
         _check_shapes(q, k, v, tokens="number of tokens")
         cu = _cu_seqlens(cu_seqlens)
         if cu is not None and (len(cu) < 2 or cu[0] != 0 or cu[-1] != seq_len):
             raise ValueError(f"stria: cu_seqlens must run from 0 to seq_len {seq_len} "
                              f"(got {cu[0] if cu else None} .. {cu[-1] if cu else None})")
-        sh.cfg = _Config(client if client is not None else default_client(), bool(causal),
-                         _scale(softmax_scale), _window(window_size, bool(causal)), cu,
-                         _lib.LAYOUTS[layout], world)
+        sh.cfg = _Config(client, bool(causal), _scale(softmax_scale),
+                         _window(window_size, bool(causal)), cu, _lib.LAYOUTS[layout], world)
     except (TypeError, ValueError, NotImplementedError) as e:
-        _agree(sh, None, e)
-        raise  # not reached: _agree raises e
+        # when the peers open a session now, they hear of it through their
+        # all-gather; on an open session they fail at their arrival timeout
+        if _peers_open(sh, client, q, k):
+            _agree(sh, None, e)
+        raise
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad:
         o, lse = ShardedAttentionFunction.apply(q, k, v, sh)
-    else:
+    elif client.keep_jobs:
         o, lse, _ = _sharded_forward(sh, q.detach(), k.detach(), v.detach(), want_keep=False)
+    else:
+        o, lse = _session_forward(sh, q.detach(), k.detach(), v.detach())
     return (o, lse) if return_lse else o

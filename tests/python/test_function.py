@@ -175,32 +175,35 @@ def _inputs(seed=20):
     return [rand(1, 64, 2, 16, seed=seed + i).requires_grad_() for i in range(3)]
 
 
-def test_no_job_stays_after_backward(cluster, client, no_active_jobs):
+def test_calls_hold_nothing_but_the_clients_sessions(cluster, client, no_active_jobs):
+    """Forward, backward and a no_grad call leave on the service only the
+    sessions the client keeps (no job between forward and backward)."""
+    from conftest import stray_jobs
+
     q, k, v = _inputs()
     o = stria.attention(q, k, v)
-    assert cluster.active_jobs() == []  # recompute mode: forward released its job
+    assert stray_jobs(cluster) == [] and client.sessions
     o.sum().backward()
-    assert cluster.active_jobs() == []
-
-
-def test_no_job_stays_under_no_grad(cluster, client, no_active_jobs):
-    q, k, v = _inputs()
+    assert stray_jobs(cluster) == []
     with torch.no_grad():
         o = stria.attention(q, k, v)
     assert not o.requires_grad
-    assert cluster.active_jobs() == []
+    assert stray_jobs(cluster) == []
+    assert sorted(j["id"] for j in cluster.active_jobs()) == sorted(client.open_session_ids)
 
 
 def test_kept_jobs_go_after_backward_and_with_a_dropped_graph(cluster, no_active_jobs):
+    from conftest import stray_jobs
+
     with stria.Client(cluster.address, keep_jobs=2) as c:
         q, k, v = _inputs()
         want_q = None
         o = stria.attention(q, k, v, client=c)
-        assert c.jobs_kept == 1 and len(cluster.active_jobs()) == 1
+        assert c.jobs_kept == 1 and len(stray_jobs(cluster)) == 1
         o.sum().backward()
         want_q = q.grad.clone()
-        assert c.jobs_kept == 0 and cluster.active_jobs() == []
-        # the same gradient as recompute mode
+        assert c.jobs_kept == 0 and stray_jobs(cluster) == []
+        # the same gradient as the session path
         q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
         stria.attention(q2, k2, v2).sum().backward()
         assert torch.equal(q2.grad, want_q)
@@ -208,15 +211,17 @@ def test_kept_jobs_go_after_backward_and_with_a_dropped_graph(cluster, no_active
         o = stria.attention(q, k, v, client=c)
         o2 = stria.attention(q, k, v, client=c)
         o3 = stria.attention(q, k, v, client=c)  # over the bound: not kept
-        assert c.jobs_kept == 2 and len(cluster.active_jobs()) == 2
+        assert c.jobs_kept == 2 and len(stray_jobs(cluster)) == 2
         del o, o2, o3
         gc.collect()
-        assert c.jobs_kept == 0 and cluster.active_jobs() == []
+        assert c.jobs_kept == 0 and stray_jobs(cluster) == []
 
 
 def test_a_dropped_graph_on_another_thread(cluster, no_active_jobs):
     """A finalizer that runs while another thread holds the client releases
     through that thread."""
+    from conftest import stray_jobs
+
     with stria.Client(cluster.address, keep_jobs=4) as c:
         q, k, v = _inputs()
         o = stria.attention(q, k, v, client=c)
@@ -227,7 +232,7 @@ def test_a_dropped_graph_on_another_thread(cluster, no_active_jobs):
         t.join()
         stria.attention(*_inputs(40), client=c).detach()  # a call after: the queue is empty
         gc.collect()
-        assert c.jobs_kept == 0 and cluster.active_jobs() == []
+        assert c.jobs_kept == 0 and stray_jobs(cluster) == []
 
 
 # ---- errors ------------------------------------------------------------------
@@ -295,16 +300,19 @@ def test_a_dead_coordinator_is_unreachable():
 
 
 def test_a_coordinator_that_dies_mid_session(tmp_path):
+    """A session's calls need no coordinator; opening one does."""
     from conftest import Cluster
 
     c = Cluster(n_workers=1)
     try:
         cl = stria.Client(c.address, connect_timeout=2)
         x = rand(1, 16, 2, 16)
-        stria.attention(x, x, x, client=cl)
+        want = stria.attention(x, x, x, client=cl)
         c.coordinator.stop()
+        assert torch.equal(stria.attention(x, x, x, client=cl), want)  # its session
+        y = rand(1, 16, 4, 16)  # 4 heads: another session
         with pytest.raises(stria.StriaError) as e:
-            stria.attention(x, x, x, client=cl)
+            stria.attention(y, y, y, client=cl)
         assert isinstance(e.value, stria.UnreachableError), e.value
         cl.close()
     finally:
@@ -445,15 +453,27 @@ def test_cuda_tensors(client):  # pragma: no cover - needs a GPU
 def test_ctypes_structs_mirror_the_header(tmp_path):
     """Every field the package declares sits at the offset the C compiler
     gives it in client/stria_client.h, and the sizes agree (a field added or
-    moved in the header without the package fails here)."""
+    moved in the header without the package fails here); the export sizes
+    and the *_INIT macros' struct_size agree too."""
     import ctypes
 
     from conftest import ROOT
     from stria import _lib
 
     structs = {"stria_client_params_t": _lib.ClientParams, "stria_job_spec_t": _lib.JobSpec,
-               "stria_call_stats_t": _lib.CallStats}
+               "stria_call_stats_t": _lib.CallStats,
+               "stria_session_spec_t": _lib.SessionSpec, "stria_call_t": _lib.Call,
+               "stria_session_stats_t": _lib.SessionStats}
     lines, want = [], []
+    for macro, value in (("STRIA_JOB_EXPORT_BYTES", _lib.JOB_EXPORT_BYTES),
+                         ("STRIA_SESSION_EXPORT_BYTES", _lib.SESSION_EXPORT_BYTES)):
+        lines.append(f'printf("%zu\\n", (size_t){macro});')
+        want.append(value)
+    for cname, init in (("stria_session_spec_t", "STRIA_SESSION_SPEC_INIT"),
+                        ("stria_call_t", "STRIA_CALL_INIT"),
+                        ("stria_session_stats_t", "STRIA_SESSION_STATS_INIT")):
+        lines.append(f'{{ {cname} x = {init}; printf("%zu\\n", x.struct_size); }}')
+        want.append(ctypes.sizeof(structs[cname]))
     for cname, py in structs.items():
         lines.append(f'printf("%zu\\n", sizeof({cname}));')
         want.append(ctypes.sizeof(py))

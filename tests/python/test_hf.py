@@ -65,11 +65,17 @@ def registered(client):
     stria.hf.register()
 
 
-def test_tiny_llama_matches_sdpa(cluster):
+def test_tiny_llama_matches_sdpa(cluster, client):
+    """Both layers (and forward and backward) on one session of the
+    client's; nothing else left on the service."""
+    from conftest import stray_jobs
+
     ref, ours = twins(llama_config)
     ids = torch.randint(0, 256, (2, 150), generator=torch.Generator().manual_seed(1))
+    before = client.open_session_ids
     compare(ref, ours, ids)
-    assert cluster.active_jobs() == []
+    assert stray_jobs(cluster) == []
+    assert len(set(client.open_session_ids) - set(before)) <= 1
 
 
 def test_tiny_llama_all_ones_mask_is_accepted():

@@ -191,12 +191,36 @@ def _opts(name):
     return opts
 
 
+def _count_collectives(dist):
+    """Counts the torch.distributed collectives sharded_attention runs."""
+    counts = {"all_gather": 0, "broadcast": 0}
+    for name in counts:
+        real = getattr(dist, name)
+
+        def counting(*a, _real=real, _name=name, **kw):
+            counts[_name] += 1
+            return _real(*a, **kw)
+
+        setattr(dist, name, counting)
+    return counts
+
+
+def _refused(fn):
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def _sharded_rank(rank, world, init, address, out, device):
-    """One rank: every case, then the refusals; results to files."""
+    """One rank: every case, calls that reuse a session, then the refusals;
+    results to files."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    counts = _count_collectives(dist)
     plain = stria.Client(address, step_timeout=60, arrival_timeout=30)
     keeping = stria.Client(address, step_timeout=60, arrival_timeout=30, keep_jobs=2)
     try:
@@ -212,34 +236,44 @@ def _sharded_rank(rank, world, init, address, out, device):
             res[name] = dict(o=o.detach().cpu(), lse=lse.cpu(), dq=q.grad.cpu(),
                              dk=k.grad.cpu(), dv=v.grad.cpu(), kept=kept, after=c.jobs_kept,
                              device=str(o.device))
-        # no_grad: one collective job, released at once
+        # no_grad, on the striped case's session
         q, k, v, _ = (stria.shard(t, 1, rank=rank, world_size=world, layout="striped")
                       for t in _inputs("striped"))
         with torch.no_grad():
             res["no_grad"] = stria.sharded_attention(q.to(device), k.to(device), v.to(device),
                                                      seq_len=S, client=plain).cpu()
-        # refusals: every rank raises, naming the rank at fault
+        # more calls of the striped case's session, other lengths within its
+        # bounds: no collective, no other session
+        before = dict(counts)
+        for n in (S, 50, 33, S, 64):
+            xs = [stria.shard(t[:, :n], 1, rank=rank, world_size=world, layout="striped")
+                  .to(device).requires_grad_() for t in _inputs("striped")]
+            stria.sharded_attention(*xs[:3], seq_len=n, client=plain).backward(xs[3].detach())
+        res["reuse"] = dict(before=before, after=dict(counts),
+                            sessions=len(plain.sessions), kept=len(keeping.sessions))
+        # refusals at a session's opening (a kind no session of the group
+        # has: 3, 5, 6 heads; head_dim 20): every rank raises, naming the
+        # rank at fault
         errors = {}
+
+        def x(H, D=16, n=S):
+            t = torch.zeros(1, stria.shard_positions(n, rank, world, "striped").numel(), H, D)
+            return t.to(device)
+
+        t3 = x(3)
         cut = slice(0, -1 if rank == 2 else None)
-        try:
-            stria.sharded_attention(q[:, cut], k[:, cut], v[:, cut], seq_len=S, client=plain)
-        except Exception as e:
-            errors["tokens"] = f"{type(e).__name__}: {e}"
-        bad = q.double() if rank == 1 else q
-        try:
-            stria.sharded_attention(bad, k, v, seq_len=S, client=plain)
-        except Exception as e:
-            errors["dtype"] = f"{type(e).__name__}: {e}"
-        try:
-            stria.sharded_attention(q, k, v, seq_len=S, client=plain,
-                                    causal=rank != 3)
-        except Exception as e:
-            errors["causal"] = f"{type(e).__name__}: {e}"
-        x = torch.zeros(1, stria.shard_positions(S, rank, world, "striped").numel(), 2, 20)
-        try:  # head_dim 20: the service refuses rank 0's submission
-            stria.sharded_attention(x, x, x, seq_len=S, client=plain)
-        except Exception as e:
-            errors["submit"] = f"{type(e).__name__}: {e}"
+        errors["tokens"] = _refused(lambda: stria.sharded_attention(
+            t3[:, cut], t3[:, cut], t3[:, cut], seq_len=S, client=plain))
+        t5 = x(5)
+        bad = t5.double() if rank == 1 else t5
+        errors["dtype"] = _refused(lambda: stria.sharded_attention(bad, t5, t5, seq_len=S,
+                                                                   client=plain))
+        t6 = x(6)
+        errors["causal"] = _refused(lambda: stria.sharded_attention(
+            t6, t6, t6, seq_len=S, client=plain, causal=rank != 3))
+        t20 = x(2, 20)  # head_dim 20: the service refuses rank 0's session
+        errors["submit"] = _refused(lambda: stria.sharded_attention(t20, t20, t20, seq_len=S,
+                                                                    client=plain))
         res["errors"] = errors
         torch.save(res, f"{out}.{rank}")
     finally:
@@ -310,20 +344,23 @@ def test_sharded_equals_the_whole_sequence(sharded_runs, client, name):
 
 
 def test_sharded_job_lifetime(sharded_runs, no_active_jobs):
-    """Recompute mode keeps nothing between forward and backward; keep mode
-    holds the job until backward; every rank released its handles (the
-    fixture: no job left on the service)."""
+    """The session path keeps no job between forward and backward; keep mode
+    holds the job until backward; every rank released its handles and
+    closed its sessions (the fixture: no job left on the service)."""
     for r in sharded_runs:
         assert (r["striped"]["kept"], r["striped"]["after"]) == (0, 0)
         assert (r["keep-striped"]["kept"], r["keep-striped"]["after"]) == (1, 0)
 
 
-def test_sharded_no_grad(sharded_runs, client):
-    q, k, v, _ = _inputs("striped")
-    with torch.no_grad():
-        want = stria.attention(q, k, v, layout="striped", ring_size=WORLD)
-    got = stria.unshard([r["no_grad"] for r in sharded_runs], 1, seq_len=S, layout="striped")
-    assert torch.equal(got, want)
+def test_sharded_calls_after_the_first_run_no_collective(sharded_runs):
+    """Five more forward and backward calls of the striped case, three other
+    lengths: no torch.distributed collective, no new session."""
+    for r in sharded_runs:
+        reuse = r["reuse"]
+        assert reuse["after"] == reuse["before"], reuse
+        # 5 kinds (the job-path case keeps none), at most max_sessions
+        assert reuse["sessions"] == 4 and reuse["kept"] == 0
+
 
 
 def test_sharded_refusals_name_the_rank(sharded_runs):
@@ -342,7 +379,79 @@ def test_sharded_refusals_name_the_rank(sharded_runs):
             assert e["submit"].startswith("InvalidArgumentError") and "head_dim" in e["submit"]
         else:
             assert e["submit"].startswith("RuntimeError") and "rank 0 of the group could not " \
-                "submit" in e["submit"], e["submit"]
+                "open the session" in e["submit"], e["submit"]
+
+
+def _mismatch_rank(rank, world, init, address, out):
+    """Rank 1 passes causal=False on an open session: libstria (not a
+    collective) fails that call on every rank; then a call that agrees.
+    Then a session that expires."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    counts = _count_collectives(dist)
+    c = stria.Client(address, step_timeout=60, arrival_timeout=30)
+    try:
+        q, k, v, _ = (stria.shard(t, 1, rank=rank, world_size=world, layout="striped")
+                      for t in _inputs("striped"))
+        first = stria.sharded_attention(q, k, v, seq_len=S, client=c)
+        before = dict(counts)
+        res = {"error": _refused(lambda: stria.sharded_attention(q, k, v, seq_len=S, client=c,
+                                                                 causal=rank != 1))}
+        try:
+            res["after"] = stria.sharded_attention(q, k, v, seq_len=S, client=c)
+            res["same"] = torch.equal(res["after"], first)
+        except Exception as e:
+            res["after"] = f"{type(e).__name__}: {e}"
+        res["collectives"] = (before, dict(counts))
+        # a session the service closed, idle past its deadline (1 s): the
+        # group opens it again together, once
+        with stria.Client(address, step_timeout=60, arrival_timeout=30, idle_timeout=1) as short:
+            first = stria.sharded_attention(q, k, v, seq_len=S, client=short)
+            ids = short.open_session_ids
+            time.sleep(3)
+            before = dict(counts)
+            res["expired"] = _refused(lambda: res.setdefault("again", stria.sharded_attention(
+                q, k, v, seq_len=S, client=short)))
+            res["reopened"] = (ids, short.open_session_ids, before, dict(counts))
+            res["same_again"] = torch.equal(res.get("again", first * 0), first)
+        torch.save(res, f"{out}.{rank}")
+    finally:
+        c.close()
+        dist.destroy_process_group()
+
+
+def test_a_call_that_differs_between_ranks_fails_on_every_rank(tmp_path):
+    """On an open session the ranks' calls are compared by libstria, not by
+    a collective: rank 1's causal=False fails the call on every rank, naming
+    the ranks; the session then serves the next call. And a session the
+    service closed for idleness is opened again by the group at the next
+    call. (A service of its own: a worker that fails here must not take the
+    suite's with it.)"""
+    import torch.multiprocessing as mp
+
+    from conftest import Cluster
+
+    cl = Cluster(n_workers=2)
+    try:
+        out = str(tmp_path / "rank")
+        mp.start_processes(_mismatch_rank, nprocs=2, start_method="fork",
+                           args=(2, f"file://{tmp_path}/rendezvous", cl.address, out))
+        runs = [torch.load(f"{out}.{r}") for r in range(2)]
+    finally:
+        bad = cl.stop()
+    for r in runs:
+        assert r["error"] is not None and "STRIA_ERR_INVALID_ARG" in r["error"] and \
+            "differs between rank" in r["error"], r["error"]
+        before, after = r["collectives"]
+        assert before == after
+        assert r.get("same") is True, r["after"]
+        assert r["expired"] is None and r["same_again"]
+        ids, ids_again, before, after = r["reopened"]
+        assert len(ids) == len(ids_again) == 1 and ids != ids_again
+        assert {n: after[n] - before[n] for n in after} == {"all_gather": 1, "broadcast": 1}
+    assert not bad, f"{', '.join(bad)} did not exit cleanly"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible: sharded_attention "

@@ -1,0 +1,35 @@
+"""Tensors to and from libstria: the dtypes it takes, contiguous host copies
+(pinned for CUDA tensors), results back on the caller's device."""
+
+import ctypes
+
+import torch
+
+from . import _lib
+
+_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16,
+           torch.float16: _lib.DTYPE_F16}
+_TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
+
+
+def _host(t):
+    """A contiguous host tensor with t's values: t itself when it already is
+    one; a CUDA tensor goes through pinned memory."""
+    if t.device.type == "cpu":
+        return t.contiguous()
+    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    h.copy_(t)
+    return h
+
+
+def _empty(shape, dtype, device):
+    pin = device.type == "cuda"
+    return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+
+def _back(t, device):
+    return t if device.type == "cpu" else t.to(device, non_blocking=False)
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr())
