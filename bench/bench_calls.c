@@ -20,9 +20,12 @@
  * in-process ring, the workers' minor page faults per call, and whether the
  * outputs equal the in-process ring's bit for bit.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "bench_daemons.h"
@@ -67,7 +70,9 @@ typedef struct {
     stria_dtype_t dtype;
     bool held; /* --job-mode held */
     bool json;
+    bool sharded; /* --sharded: also a sharded session from one client process per rank */
     const char *job_mode;
+    char coord[512];
 } calls_cfg_t;
 
 /* One shape's tensors: the inputs, and each arm's outputs. */
@@ -106,6 +111,10 @@ static int calls_parse(int argc, char **argv, calls_cfg_t *c, stria_cli_t *cli)
         STRIA_OPTION("job-mode", STRING, &c->job_mode, "recompute|held",
                      "the job path's fwdbwd: its backward on a new job that recomputes the "
                      "forward (the default of stria's Python package), or on the forward's job"),
+        STRIA_OPTION("sharded", FLAG, &c->sharded, NULL,
+                     "for rings of 2 or more, also a sharded session called by one client "
+                     "process per rank, each with its own tokens (in its arena when the "
+                     "workers offer one), against the same in-process ring"),
         STRIA_OPTION("json", FLAG, &c->json, NULL, "one JSON object per line"),
         {.name = NULL},
     };
@@ -389,6 +398,140 @@ static int calls_measure(calls_row_t *r, int reps, int warmup, calls_result_t *r
     return rc;
 }
 
+/* ---- a sharded session: one client process per rank ------------------------- */
+
+/* Rank `rank`'s part, in a child process: its own client, the session
+ * imported, its tokens built in the arena when it has one (else in buffers
+ * of its own), warm-up and measured calls; rank 0 writes the medians (ms,
+ * forward then forward+backward) to `out`. */
+static int calls_rank_main(const calls_cfg_t *c, const calls_shape_t *s, const calls_tensors_t *x,
+                           const uint8_t *ex, int rank, int reps, int warmup, int out)
+{
+    stria_client_t *cl = NULL;
+    stria_session_t *ss = NULL;
+    if (stria_bench_client(c->coord, "stria-bench calls rank", STRIA_DATA_PATH_AUTO, &cl) !=
+            STRIA_OK ||
+        stria_session_import(cl, ex, STRIA_SESSION_EXPORT_BYTES, &ss) != STRIA_OK) {
+        fprintf(stderr, "stria-bench calls: rank %d: %s\n", rank, stria_error_msg());
+        return 1;
+    }
+    stria_call_t call = STRIA_CALL_INIT;
+    call.batch = s->batch, call.seq_len = s->seq, call.causal = true;
+    int64_t n = stria_session_shard_tokens(ss, s->seq, rank);
+    int64_t *pos = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    stria_session_positions(ss, s->seq, rank, pos);
+    size_t row = (size_t)(s->heads * s->head_dim) * stria_dtype_size(c->dtype);
+    void *t[10] = {0}; /* by stria_tensor_id_t: in the arena, or our own */
+    for (int id = STRIA_TENSOR_Q; id <= STRIA_TENSOR_DV; id++) {
+        stria_shard_buffer_t b = STRIA_SHARD_BUFFER_INIT;
+        size_t bytes =
+            (size_t)(s->batch * n) * (id == STRIA_TENSOR_LSE ? 4 * (size_t)s->heads : row);
+        t[id] = stria_session_buffer(ss, &call, rank, (stria_tensor_id_t)id, &b) == STRIA_OK
+                    ? b.data
+                    : calloc(1, bytes ? bytes : 1);
+    }
+    const void *full[5] = {NULL, x->t.q, x->t.k, x->t.v, x->t.g};
+    for (int id = STRIA_TENSOR_Q; id <= STRIA_TENSOR_DO; id++)
+        for (int64_t b = 0; b < s->batch; b++)
+            for (int64_t i = 0; i < n; i++)
+                memcpy((char *)t[id] + (size_t)(b * n + i) * row,
+                       (const char *)full[id] + (size_t)(b * s->seq + pos[i]) * row, row);
+    double *ms[2] = {calloc((size_t)reps, sizeof(double)), calloc((size_t)reps, sizeof(double))};
+    int rc = 0;
+    for (int pass = 0; pass < 2 && rc == 0; pass++)
+        for (int i = -warmup; i < reps && rc == 0; i++) {
+            double t0 = stria_time_now();
+            stria_status_t st = stria_session_forward_shard(ss, &call, rank, t[STRIA_TENSOR_Q],
+                                                            t[STRIA_TENSOR_K], t[STRIA_TENSOR_V],
+                                                            t[STRIA_TENSOR_O], t[STRIA_TENSOR_LSE]);
+            if (st == STRIA_OK && pass == 1)
+                st = stria_session_backward_shard(
+                    ss, &call, rank, t[STRIA_TENSOR_Q], t[STRIA_TENSOR_K], t[STRIA_TENSOR_V],
+                    t[STRIA_TENSOR_O], t[STRIA_TENSOR_LSE], t[STRIA_TENSOR_DO], t[STRIA_TENSOR_DQ],
+                    t[STRIA_TENSOR_DK], t[STRIA_TENSOR_DV]);
+            if (st != STRIA_OK) {
+                fprintf(stderr, "stria-bench calls: sharded rank %d: %s\n", rank,
+                        stria_error_msg());
+                rc = 1;
+            } else if (i >= 0) {
+                ms[pass][i] = (stria_time_now() - t0) * 1e3;
+            }
+        }
+    if (rc == 0 && rank == 0) {
+        char line[128];
+        int len = snprintf(line, sizeof(line), "%.4f %.4f\n", stria_bench_median(ms[0], reps),
+                           stria_bench_median(ms[1], reps));
+        rc = write(out, line, (size_t)len) == len ? 0 : 1;
+    }
+    stria_session_close(ss);
+    stria_client_close(cl);
+    return rc;
+}
+
+/* The sharded session's row of a shape and ring: medians of rank 0's
+ * calls, forward and forward+backward, beside the in-process ring's. */
+static int calls_sharded(calls_row_t *r, int reps, int warmup, const double inproc_ms[2])
+{
+    const calls_shape_t *s = r->shape;
+    const calls_cfg_t *c = r->cfg;
+    stria_session_spec_t sp = STRIA_SESSION_SPEC_INIT;
+    sp.max_batch = s->batch, sp.max_seq_len = s->seq;
+    sp.heads = sp.kv_heads = s->heads, sp.head_dim = s->head_dim;
+    sp.dtype = c->dtype, sp.layout = STRIA_LAYOUT_STRIPED, sp.ring_size = r->ranks;
+    sp.sharded = true, sp.label = "stria-bench calls sharded";
+    stria_session_t *ss = NULL;
+    uint8_t ex[STRIA_SESSION_EXPORT_BYTES];
+    size_t len;
+    int fds[2];
+    if (stria_session_open(r->client, &sp, &ss) != STRIA_OK ||
+        stria_session_export(ss, ex, sizeof(ex), &len) != STRIA_OK || pipe(fds) != 0) {
+        fprintf(stderr, "stria-bench calls: a sharded session of %s: %s\n", s->name,
+                stria_error_msg());
+        stria_session_close(ss);
+        return 1;
+    }
+    fflush(NULL);
+    pid_t pids[STRIA_BENCH_MAX_WORKERS];
+    for (int k = 0; k < r->ranks; k++)
+        if ((pids[k] = fork()) == 0) {
+            close(fds[0]);
+            _exit(calls_rank_main(c, s, r->x, ex, k, reps, warmup, fds[1]));
+        }
+    close(fds[1]);
+    char line[128] = "";
+    ssize_t got = read(fds[0], line, sizeof(line) - 1);
+    close(fds[0]);
+    int rc = 0;
+    for (int k = 0; k < r->ranks; k++) {
+        int status = 0;
+        if (pids[k] < 0 || waitpid(pids[k], &status, 0) != pids[k] || !WIFEXITED(status) ||
+            WEXITSTATUS(status) != 0)
+            rc = 1;
+    }
+    stria_session_close(ss);
+    double med[2] = {0, 0};
+    if (rc != 0 || got <= 0 || sscanf(line, "%lf %lf", &med[0], &med[1]) != 2) {
+        fprintf(stderr, "stria-bench calls: the sharded ranks of %s on %d failed\n", s->name,
+                r->ranks);
+        return 1;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        if (c->json)
+            printf("{\"name\":\"calls\",\"path\":\"session\",\"shape\":\"%s\",\"ranks\":%d,"
+                   "\"pass\":\"%s\",\"mode\":\"sharded\",\"dtype\":\"%s\",\"call_ms\":%.4f,"
+                   "\"inprocess_ms\":%.4f,\"overhead_ms\":%.4f,\"worker_forward_passes\":1,"
+                   "\"reps\":%d,\"loadavg\":%.2f}\n",
+                   s->name, r->ranks, pass ? "fwdbwd" : "fwd", stria_dtype_name(c->dtype),
+                   med[pass], inproc_ms[pass], med[pass] - inproc_ms[pass], reps, calls_loadavg());
+        else
+            printf("%-10s %-14s %5d %-7s %10.3f %10.3f %10.3f %11s %6d %5s %5.2f\n", "sharded",
+                   s->name, r->ranks, pass ? "fwdbwd" : "fwd", med[pass], inproc_ms[pass],
+                   med[pass] - inproc_ms[pass], "-", 1, "-", calls_loadavg());
+    }
+    fflush(stdout);
+    return 0;
+}
+
 /* Every ring and pass of one shape. */
 static int calls_shape(const calls_cfg_t *c, const calls_shape_t *s, stria_client_t *client,
                        int workers)
@@ -421,6 +564,7 @@ static int calls_shape(const calls_cfg_t *c, const calls_shape_t *s, stria_clien
             rc = 1;
             break;
         }
+        double inproc[2] = {0, 0};
         for (size_t p = 0; p < c->passes.n && rc == 0; p++) {
             r.backward = strcmp(c->passes.v[p], "fwdbwd") == 0;
             calls_result_t res;
@@ -428,8 +572,11 @@ static int calls_shape(const calls_cfg_t *c, const calls_shape_t *s, stria_clien
             rc = calls_measure(&r, reps, warmup, &res);
             if (rc == 0)
                 calls_print(&r, &res);
+            inproc[r.backward] = res.ms[CALLS_INPROCESS];
         }
         stria_session_close(r.session);
+        if (rc == 0 && c->sharded && ranks >= 2)
+            rc = calls_sharded(&r, reps, warmup, inproc);
     }
     calls_tensors_free(&x);
     return rc;
@@ -453,6 +600,7 @@ int stria_bench_calls(int argc, char **argv)
         stria_cli_free(&cli);
         return 1;
     }
+    snprintf(c.coord, sizeof(c.coord), "%s", coord);
     stria_client_t *client = NULL;
     stria_status_t st =
         stria_bench_client(coord, "stria-bench calls", STRIA_DATA_PATH_AUTO, &client);
