@@ -31,6 +31,7 @@ static const char soak_description[] =
     "Starts a coordinator and W workers on loopback and C client threads, each\n"
     "running small causal or full forward+backward jobs of mixed sizes, dtypes,\n"
     "layouts and ring sizes back to back (libstria's default automatic retries),\n"
+    "about half of them as calls on sessions each client keeps per shape family,\n"
     "for --minutes or --seconds. With --kill-every K, a worker is SIGKILLed every K\n"
     "seconds (in turn among the upper half of the workers; the lower half is never\n"
     "killed, so that its memory is measured over the whole run) and started again\n"
@@ -183,9 +184,54 @@ static bool soak_finite(stria_dtype_t dtype, const void *buf, size_t n)
     return nonzero;
 }
 
-/* One forward+backward job of a shape drawn from s; returns the status of
- * the client's connection (STRIA_ERR_IO or _CLOSED: connect anew). */
-static stria_status_t soak_job(soak_state_t *st, stria_client_t *cl, uint64_t *s)
+/* A client thread's sessions, one per shape family its calls take (at
+ * most SOAK_SESSIONS; beyond, the call runs as a job). */
+#define SOAK_SESSIONS 8
+typedef struct {
+    stria_session_spec_t spec[SOAK_SESSIONS];
+    stria_session_t *s[SOAK_SESSIONS];
+    int n;
+    uint64_t calls; /* jobs run as session calls */
+} soak_sessions_t;
+
+static stria_session_t *soak_session(soak_sessions_t *ss, stria_client_t *cl,
+                                     const stria_job_spec_t *js, stria_status_t *st)
+{
+    *st = STRIA_OK;
+    for (int i = 0; i < ss->n; i++)
+        if (ss->spec[i].heads == js->heads && ss->spec[i].kv_heads == js->kv_heads &&
+            ss->spec[i].head_dim == js->head_dim && ss->spec[i].dtype == js->dtype &&
+            ss->spec[i].layout == js->layout && ss->spec[i].ring_size == js->ring_size)
+            return ss->s[i];
+    if (ss->n == SOAK_SESSIONS)
+        return NULL;
+    stria_session_spec_t sp = STRIA_SESSION_SPEC_INIT;
+    sp.max_batch = 2, sp.max_seq_len = 512;
+    sp.heads = js->heads, sp.kv_heads = js->kv_heads, sp.head_dim = js->head_dim;
+    sp.dtype = js->dtype, sp.layout = js->layout, sp.ring_size = js->ring_size;
+    sp.step_timeout_s = js->step_timeout_s;
+    sp.label = "stria-bench soak";
+    stria_session_t *s = NULL;
+    if ((*st = stria_session_open(cl, &sp, &s)) != STRIA_OK)
+        return NULL;
+    sp.label = NULL;
+    ss->spec[ss->n] = sp;
+    ss->s[ss->n++] = s;
+    return s;
+}
+
+static void soak_sessions_close(soak_sessions_t *ss)
+{
+    for (int i = 0; i < ss->n; i++)
+        stria_session_close(ss->s[i]);
+    ss->n = 0;
+}
+
+/* One forward+backward job of a shape drawn from s (every other one as a
+ * call on one of the client's sessions); returns the status of the
+ * client's connection (STRIA_ERR_IO or _CLOSED: connect anew). */
+static stria_status_t soak_job(soak_state_t *st, stria_client_t *cl, soak_sessions_t *ss,
+                               uint64_t *s)
 {
     static const int64_t seqs[] = {64, 100, 128, 256, 384, 512}, two[] = {0, 1};
     static const int64_t dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16, STRIA_DTYPE_F16};
@@ -209,12 +255,34 @@ static stria_status_t soak_job(soak_state_t *st, stria_client_t *cl, uint64_t *s
     stria_call_stats_t fs = STRIA_CALL_STATS_INIT;
     stria_job_t *job = NULL;
     double start = stria_time_now() - st->t0;
-    stria_status_t rc =
-        stria_client_forward(cl, &spec, t.q, t.k, t.v, t.o, t.lse, NULL, NULL, &fs, &job);
+    stria_status_t rc = STRIA_OK;
     const char *phase = "forward";
-    if (rc == STRIA_OK) {
-        phase = "backward";
-        rc = stria_client_backward(job, t.g, t.dq, t.dk, t.dv, NULL, NULL, NULL);
+    if (spec.layout == STRIA_LAYOUT_AUTO && soak_pick(s, two, 2))
+        spec.layout = STRIA_LAYOUT_STRIPED; /* a session's auto */
+    stria_session_t *sess =
+        spec.layout != STRIA_LAYOUT_AUTO ? soak_session(ss, cl, &spec, &rc) : NULL;
+    if (sess != NULL) {
+        stria_session_stats_t a = STRIA_SESSION_STATS_INIT, b = STRIA_SESSION_STATS_INIT;
+        stria_call_t call = STRIA_CALL_INIT;
+        call.batch = t.batch, call.seq_len = t.seq, call.causal = causal;
+        stria_session_stats(sess, &a);
+        rc = stria_session_forward(sess, &call, t.q, t.k, t.v, t.o, t.lse);
+        if (rc == STRIA_OK) {
+            phase = "backward";
+            rc = stria_session_backward(sess, &call, t.q, t.k, t.v, t.o, t.lse, t.g, t.dq, t.dk,
+                                        t.dv);
+        }
+        stria_session_stats(sess, &b);
+        fs.retries = (uint32_t)(b.retries - a.retries);
+        ss->calls++;
+    } else if (rc == STRIA_OK) {
+        rc = stria_client_forward(cl, &spec, t.q, t.k, t.v, t.o, t.lse, NULL, NULL, &fs, &job);
+        if (rc == STRIA_OK) {
+            phase = "backward";
+            rc = stria_client_backward(job, t.g, t.dq, t.dk, t.dv, NULL, NULL, NULL);
+        }
+    } else {
+        phase = "session open";
     }
     double end = stria_time_now() - st->t0;
     bool retryable = rc != STRIA_OK && stria_error_retryable();
@@ -256,6 +324,7 @@ static void *soak_client(void *p)
     char name[32];
     snprintf(name, sizeof(name), "stria-bench soak %d", a->index);
     stria_client_t *cl = NULL;
+    soak_sessions_t ss = {.n = 0};
     while (!atomic_load(&st->stop)) {
         if (cl == NULL &&
             stria_bench_client(st->coord, name, STRIA_DATA_PATH_AUTO, &cl) != STRIA_OK) {
@@ -265,11 +334,13 @@ static void *soak_client(void *p)
             sleep(1);
             continue;
         }
-        if (soak_job(st, cl, &s) != STRIA_OK) {
+        if (soak_job(st, cl, &ss, &s) != STRIA_OK) {
+            soak_sessions_close(&ss);
             stria_client_close(cl);
             cl = NULL;
         }
     }
+    soak_sessions_close(&ss);
     stria_client_close(cl);
     return NULL;
 }
