@@ -476,3 +476,35 @@ Test(arena, bad_arenas_are_refused_and_the_worker_serves_on, .timeout = 120)
     stria_client_close(c0);
     stop_cluster();
 }
+
+/* ---- a whole job over the job path's shared memory ----------------------------- */
+
+Test(arena, a_whole_job_over_shared_memory_unpacks_every_row, .timeout = 120)
+{
+    start_cluster();
+    stria_client_t *c = client(STRIA_DATA_PATH_SHM);
+    io_t *x = inputs(21), *r = inputs(21);
+    reference(r, S);
+    stria_job_spec_t js = STRIA_JOB_SPEC_INIT;
+    js.batch = 1, js.seq_len = S, js.heads = H, js.kv_heads = HKV, js.head_dim = D;
+    js.dtype = STRIA_DTYPE_F32, js.causal = true, js.layout = STRIA_LAYOUT_STRIPED;
+    js.ring_size = N;
+    stria_job_t *job = NULL;
+    cr_assert_eq(
+        stria_client_forward(c, &js, x->q, x->k, x->v, x->o, x->lse, NULL, NULL, NULL, &job),
+        STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_job_data_path(job, 0), STRIA_DATA_PATH_SHM);
+    cr_assert_eq(stria_client_backward(job, x->d_o, x->dq, x->dk, x->dv, NULL, NULL, NULL),
+                 STRIA_OK, "%s", stria_error_msg());
+    stria_client_release(job);
+    /* every head's LSE row and every token's output row where it belongs */
+    cr_expect_eq(memcmp(x->o, r->o, sizeof(x->o)), 0, "O");
+    cr_expect_eq(memcmp(x->lse, r->lse, sizeof(x->lse)), 0, "LSE");
+    cr_expect_eq(memcmp(x->dq, r->dq, sizeof(x->dq)), 0, "dQ");
+    cr_expect_eq(memcmp(x->dk, r->dk, sizeof(x->dk)), 0, "dK");
+    cr_expect_eq(memcmp(x->dv, r->dv, sizeof(x->dv)), 0, "dV");
+    free(x);
+    free(r);
+    stria_client_close(c);
+    stop_cluster();
+}
