@@ -107,6 +107,11 @@ stria_status_t stria__coord_call_ex(stria_client_t *c, uint32_t method, const Pr
         stria_status_t st = stria_rpc_client_call(c->coord, &rq, reply);
         if (st == STRIA_OK)
             return STRIA_OK;
+        /* one try: but a connection found broken (a coordinator that
+         * restarted since) is connected anew at once, once */
+        if (!patient && tries == 1 && st != STRIA_ERR_TIMEOUT &&
+            stria__coord_transient(c, method, st) && !stria_rpc_client_server_error(c->coord))
+            continue;
         if (!patient || !stria__coord_transient(c, method, st) || stria_time_now() >= give_up)
             return stria_error_wrap(st, "coordinator %s%s", c->coordinator,
                                     tries > 1 ? " (out of reach or recovering for too long)" : "");
