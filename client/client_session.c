@@ -646,6 +646,7 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
     stria__sess_out_t o[n > 0 ? n : 1];
     bool sent[n > 0 ? n : 1];
     size_t out_off[n > 0 ? n : 1], arena_in_cap = 0;
+    uint8_t bound[n > 0 ? n : 1][STRIA_CALL_BINDING_BYTES];
     stria__sess_arena_bytes(s, &arena_in_cap);
     uint64_t call = s->next_call++;
     uint64_t digest = stria_call_shape_digest(c, call, backward);
@@ -701,6 +702,9 @@ static stria_status_t stria__sess_try(stria_session_t *s, const stria_call_shape
         memset(&rq[i], 0, sizeof(rq[i]));
         rq[i].method = STRIA_RPC_WORKER_SESSION_CALL;
         rq[i].request = &req[i].base;
+        stria_call_binding(c, call, s->epoch, backward, arena, 0, arena ? out_off[i] : 0, bound[i]);
+        rq[i].proof_extra = bound[i];
+        rq[i].proof_extra_len = STRIA_CALL_BINDING_BYTES;
         if (arena) {
             req[i].arena = true;
             req[i].arena_in = 0;

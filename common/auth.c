@@ -242,9 +242,10 @@ stria_status_t stria_job_secret_generate(stria_job_secret_t *out)
     return stria_auth_random(out->bytes, sizeof(out->bytes));
 }
 
-void stria_job_secret_prove(const stria_job_secret_t *secret, const stria_auth_session_t *s,
-                            uint64_t request_id, uint32_t method, uint64_t job_id,
-                            uint8_t out[STRIA_AUTH_MAC_BYTES])
+void stria_job_secret_prove_extra(const stria_job_secret_t *secret, const stria_auth_session_t *s,
+                                  uint64_t request_id, uint32_t method, uint64_t job_id,
+                                  const void *extra, size_t extra_len,
+                                  uint8_t out[STRIA_AUTH_MAC_BYTES])
 {
     static const char label[] = "stria job request v1";
     uint8_t fields[20];
@@ -256,18 +257,35 @@ void stria_job_secret_prove(const stria_job_secret_t *secret, const stria_auth_s
         {s->client_nonce, STRIA_AUTH_NONCE_BYTES},
         {s->server_nonce, STRIA_AUTH_NONCE_BYTES},
         {fields, sizeof(fields)},
+        {extra, extra_len},
     };
-    stria_auth_hmac(secret->bytes, sizeof(secret->bytes), parts, 4, out);
+    stria_auth_hmac(secret->bytes, sizeof(secret->bytes), parts, extra_len > 0 ? 5 : 4, out);
+}
+
+void stria_job_secret_prove(const stria_job_secret_t *secret, const stria_auth_session_t *s,
+                            uint64_t request_id, uint32_t method, uint64_t job_id,
+                            uint8_t out[STRIA_AUTH_MAC_BYTES])
+{
+    stria_job_secret_prove_extra(secret, s, request_id, method, job_id, NULL, 0, out);
+}
+
+bool stria_job_secret_check_extra(const stria_job_secret_t *secret, const stria_auth_session_t *s,
+                                  uint64_t request_id, uint32_t method, uint64_t job_id,
+                                  const void *extra, size_t extra_len, const uint8_t *proof,
+                                  size_t proof_len)
+{
+    uint8_t want[STRIA_AUTH_MAC_BYTES];
+    stria_job_secret_prove_extra(secret, s, request_id, method, job_id, extra, extra_len, want);
+    return proof != NULL && proof_len == STRIA_AUTH_MAC_BYTES &&
+           stria_auth_equal(want, proof, STRIA_AUTH_MAC_BYTES);
 }
 
 bool stria_job_secret_check(const stria_job_secret_t *secret, const stria_auth_session_t *s,
                             uint64_t request_id, uint32_t method, uint64_t job_id,
                             const uint8_t *proof, size_t proof_len)
 {
-    uint8_t want[STRIA_AUTH_MAC_BYTES];
-    stria_job_secret_prove(secret, s, request_id, method, job_id, want);
-    return proof != NULL && proof_len == STRIA_AUTH_MAC_BYTES &&
-           stria_auth_equal(want, proof, STRIA_AUTH_MAC_BYTES);
+    return stria_job_secret_check_extra(secret, s, request_id, method, job_id, NULL, 0, proof,
+                                        proof_len);
 }
 
 void stria_auth_wipe(void *p, size_t n)

@@ -120,6 +120,17 @@ void stria_job_secret_prove(const stria_job_secret_t *secret, const stria_auth_s
 bool stria_job_secret_check(const stria_job_secret_t *secret, const stria_auth_session_t *session,
                             uint64_t request_id, uint32_t method, uint64_t job_id,
                             const uint8_t *proof, size_t proof_len);
+/* The same, binding `extra` bytes of the request too (a session call's
+ * number, link epoch, shape digest and arena places: what an on-path
+ * attacker must not change); with extra_len 0 exactly the proof above. */
+void stria_job_secret_prove_extra(const stria_job_secret_t *secret,
+                                  const stria_auth_session_t *session, uint64_t request_id,
+                                  uint32_t method, uint64_t job_id, const void *extra,
+                                  size_t extra_len, uint8_t out[STRIA_AUTH_MAC_BYTES]);
+bool stria_job_secret_check_extra(const stria_job_secret_t *secret,
+                                  const stria_auth_session_t *session, uint64_t request_id,
+                                  uint32_t method, uint64_t job_id, const void *extra,
+                                  size_t extra_len, const uint8_t *proof, size_t proof_len);
 
 #ifdef __cplusplus
 }

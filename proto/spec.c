@@ -142,3 +142,15 @@ uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, boo
     h = stria__fnv(h, (uint64_t)c->window_left);
     return stria__fnv(h, (uint64_t)c->window_right);
 }
+
+void stria_call_binding(const stria_call_shape_t *c, uint64_t call, uint64_t link_epoch,
+                        bool backward, bool arena, uint64_t arena_in, uint64_t arena_out,
+                        uint8_t out[STRIA_CALL_BINDING_BYTES])
+{
+    stria_put_le64(out, call);
+    stria_put_le64(out + 8, link_epoch);
+    stria_put_le64(out + 16, stria_call_shape_digest(c, call, backward));
+    out[24] = arena ? 1 : 0;
+    stria_put_le64(out + 25, arena ? arena_in : 0);
+    stria_put_le64(out + 33, arena ? arena_out : 0);
+}

@@ -67,6 +67,13 @@ void stria_call_shape_to_pb(const stria_call_shape_t *c, Stria__V1__CallShape *p
 void stria_call_shape_from_pb(const Stria__V1__CallShape *pb, stria_call_shape_t *c);
 /* A digest of a call (its shape, number and direction) that ranks compare. */
 uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward);
+/* The bytes of a SessionCall its proof binds (stria_rpc_request_t.proof_extra):
+ * the call's number, link epoch, shape digest (and direction) and arena
+ * places, so that an attacker on the path can change none of them. */
+#define STRIA_CALL_BINDING_BYTES 41
+void stria_call_binding(const stria_call_shape_t *c, uint64_t call, uint64_t link_epoch,
+                        bool backward, bool arena, uint64_t arena_in, uint64_t arena_out,
+                        uint8_t out[STRIA_CALL_BINDING_BYTES]);
 
 #ifdef __cplusplus
 }

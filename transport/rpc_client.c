@@ -518,8 +518,8 @@ static stria_status_t stria__cl_frame(stria_rpc_client_t *cl, const stria_rpc_re
     if (copy == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory building the request");
     memcpy(copy, req->request, d->sizeof_message);
-    stria_job_secret_prove(req->job_secret, &cl->session, h->request_id, h->method, req->job_id,
-                           proof);
+    stria_job_secret_prove_extra(req->job_secret, &cl->session, h->request_id, h->method,
+                                 req->job_id, req->proof_extra, req->proof_extra_len, proof);
     ProtobufCBinaryData *bd = (ProtobufCBinaryData *)(void *)((char *)copy + f->offset);
     bd->data = proof;
     bd->len = sizeof(proof);

@@ -209,6 +209,13 @@ bool stria__rpc_method_allowed(const stria__rpc_conn_t *c, unsigned flags, const
 stria_status_t stria_rpc_call_check_job(stria_rpc_call_t *call, const stria_job_secret_t *secret,
                                         uint64_t job_id)
 {
+    return stria_rpc_call_check_job_extra(call, secret, job_id, NULL, 0);
+}
+
+stria_status_t stria_rpc_call_check_job_extra(stria_rpc_call_t *call,
+                                              const stria_job_secret_t *secret, uint64_t job_id,
+                                              const void *extra, size_t extra_len)
+{
     stria__rpc_conn_t *c = call->conn;
     const ProtobufCMethodDescriptor *md = &c->server->service->methods[call->method];
     const ProtobufCFieldDescriptor *f =
@@ -220,8 +227,8 @@ stria_status_t stria_rpc_call_check_job(stria_rpc_call_t *call, const stria_job_
     if (proof->len == 0)
         return stria_error_set(STRIA_ERR_AUTH, "%s: missing job secret proof for job %llu",
                                md->name, (unsigned long long)job_id);
-    if (!stria_job_secret_check(secret, &c->session, call->request_id, call->method, job_id,
-                                proof->data, proof->len))
+    if (!stria_job_secret_check_extra(secret, &c->session, call->request_id, call->method, job_id,
+                                      extra, extra_len, proof->data, proof->len))
         return stria_error_set(STRIA_ERR_AUTH, "%s: wrong job secret for job %llu", md->name,
                                (unsigned long long)job_id);
     /* A request may be checked twice (its payload, then its handler); an

@@ -254,6 +254,12 @@ uint64_t stria_rpc_call_request_id(const stria_rpc_call_t *call);
  * ("missing job secret proof", "wrong job secret"). Loop thread only. */
 stria_status_t stria_rpc_call_check_job(stria_rpc_call_t *call, const stria_job_secret_t *secret,
                                         uint64_t job_id);
+/* The same, the proof binding `extra` bytes of the request too (see
+ * stria_rpc_request_t.proof_extra): a request whose bytes an attacker on
+ * the path changed is refused as a wrong proof. */
+stria_status_t stria_rpc_call_check_job_extra(stria_rpc_call_t *call,
+                                              const stria_job_secret_t *secret, uint64_t job_id,
+                                              const void *extra, size_t extra_len);
 /* When the client gives up waiting, on the stria_time_now() clock; 0 when the
  * client set no deadline. */
 double stria_rpc_call_deadline(const stria_rpc_call_t *call);
@@ -361,6 +367,10 @@ typedef struct {
      * job job_id, on whatever connection the call goes out on. NULL: none. */
     const stria_job_secret_t *job_secret;
     uint64_t job_id;
+    /* Bytes of the request the proof binds too (stria_job_secret_prove_extra();
+     * the server checks them with stria_rpc_call_check_job_extra()); NULL: none. */
+    const void *proof_extra;
+    size_t proof_extra_len;
 } stria_rpc_request_t;
 
 /* A reply. Free with stria_rpc_reply_free(). */

@@ -425,7 +425,8 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
     if (st == STRIA_OK && (s->link == NULL || s->epoch != req->link_epoch))
         st = stria__sess_connect(w, j, req->link_epoch);
     if (st == STRIA_OK && j->sharded)
-        st = stria__sess_agree(j, req->call, req->digest);
+        st = stria__sess_agree(j, req->call,
+                               stria_call_shape_digest(&shape, req->call, req->backward));
     if (st == STRIA_OK && (st = stria__sess_views(w, j, &g, in, out, &v)) != STRIA_OK)
         stria_link_abort(s->link, st, stria_error_msg());
     if (st == STRIA_OK && (st = stria__sess_pass(w, j, &shape)) != STRIA_OK)
@@ -881,9 +882,20 @@ static stria_status_t stria__call_accept(stria_worker_t *w, stria_rpc_call_t *ca
     stria__wjob_t *j;
     stria__wcall_t g;
     stria_call_shape_t shape;
-    stria_status_t st = stria__wjob_get_checked(w, call, req->job_id, req->rank, false, &j);
+    /* the proof binds the call's number, epoch, shape and arena places */
+    uint8_t bound[STRIA_CALL_BINDING_BYTES];
+    Stria__V1__CallShape none = STRIA__V1__CALL_SHAPE__INIT;
+    stria_call_shape_from_pb(req->shape != NULL ? req->shape : &none, &shape);
+    stria_call_binding(&shape, req->call, req->link_epoch, req->backward, req->arena, req->arena_in,
+                       req->arena_out, bound);
+    stria_status_t st = stria__wjob_get(w, req->job_id, req->rank, false, &j);
     if (st != STRIA_OK)
         return st;
+    if ((st = stria_rpc_call_check_job_extra(call, &j->secret, req->job_id, bound,
+                                             sizeof(bound))) != STRIA_OK) {
+        stria__wjob_unref(w, j);
+        return st;
+    }
     pthread_mutex_lock(&w->lock);
     stria__wsess_t *s = j->sess;
     bool open = s != NULL && s->started && s->link_up;
@@ -899,10 +911,8 @@ static stria_status_t stria__call_accept(stria_worker_t *w, stria_rpc_call_t *ca
                              (unsigned long long)w->worker_id, (unsigned long long)req->job_id);
     if (st == STRIA_OK && req->shape == NULL)
         st = stria_error_set(STRIA_ERR_INVALID_ARG, "SessionCall: no shape");
-    if (st == STRIA_OK) {
-        stria_call_shape_from_pb(req->shape, &shape);
+    if (st == STRIA_OK)
         st = stria__call_geom(j, &shape, req->backward, &g);
-    }
     uint64_t in_bytes = st == STRIA_OK ? stria__call_in_bytes(&g) : 0;
     uint64_t out_bytes = st == STRIA_OK ? stria__call_out_bytes(&g) : 0;
     if (st == STRIA_OK && req->arena && payload_len != 0)
