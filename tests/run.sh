@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds stria and runs every test twice: in the Release build (build/) and in
 # an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/); after
-# the Release tests, the Python package's pytest suite (tests/python) against
-# the Release build, in a virtual environment made once per
-# python/requirements-test.txt and kept in ${XDG_CACHE_HOME:-~/.cache}/stria/;
+# the Release tests, the Python package's wheel (assembled from build/,
+# installed and run outside the source tree) and its pytest suite
+# (tests/python) against the Release build, in a virtual environment made once
+# per python/requirements-test.txt and kept in ${XDG_CACHE_HOME:-~/.cache}/stria/;
 # then the fuzz targets (build-fuzz/, clang + libFuzzer) replay their corpora
 # and run a fixed number of executions with a fixed seed.
 # Installs missing dependencies first. Exits non-zero on the first failure; the
@@ -55,6 +56,37 @@ chaos_test() {
   (cd "$root/build" && STRIA_TEST_RUN=$run_id ctest --output-on-failure --timeout 900 -L chaos)
 }
 
+# The wheel (python/build_wheel.py): assembled from build/ (nothing
+# compiled), installed into a fresh environment over the cached one (its
+# torch, through a .pth file), and run from a scratch folder with no source
+# tree on sys.path and no STRIA_LIB: stria.local with 2 workers from the wheel,
+# one stria.attention checked against SDPA (tests/python/wheel_smoke.py).
+python_wheel_test() {
+  local venv=$1 tmp rc=0 t0=$SECONDS site
+  echo "== test python wheel (assembled from build/, installed in a fresh environment)"
+  tmp=$(mktemp -d)
+  (
+    set -e
+    "$venv/bin/python" "$root/python/build_wheel.py" --build-dir "$root/build" --out "$tmp/dist"
+    "$venv/bin/python" -m venv --without-pip "$tmp/venv"
+    site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' \
+      >"$site/_stria_ci_base.pth"
+    "$tmp/venv/bin/python" -m pip install --quiet --no-deps --no-index "$tmp"/dist/stria-*.whl
+    mkdir "$tmp/run"
+    cp "$root/tests/python/wheel_smoke.py" "$tmp/run/"
+    cd "$tmp/run"
+    env -u STRIA_LIB -u STRIA_BIN_DIR -u PYTHONPATH STRIA_TEST_RUN="$run_id" \
+      "$tmp/venv/bin/python" wheel_smoke.py
+  ) || rc=$?
+  rm -rf "$tmp"
+  if ((rc != 0)); then
+    echo "tests/run.sh: the wheel's check failed" >&2
+    return "$rc"
+  fi
+  echo "== python wheel: ok in $((SECONDS - t0)) s"
+}
+
 # The Python suite: a virtual environment with the pinned torch and
 # transformers (PyPI), made once per requirements file, Python version and
 # machine (the key), then reused; the package is installed from python/ as pip
@@ -80,6 +112,7 @@ python_tests() {
     echo "== python: environment ready in $((SECONDS - t0)) s"
   fi
   exec {lock_fd}>&-
+  python_wheel_test "$venv" || return
   # pip builds in the folder it is given: a copy, so the tree stays clean
   target=$(mktemp -d)
   cp -r "$root/python" "$target/src"

@@ -24,7 +24,21 @@ from .session import Session
 from .sharded import (ShardedAttentionFunction, shard, shard_positions, sharded_attention,
                       unshard)
 
-__version__ = "0.1.0"
+
+def _version():
+    """stria/VERSION: the version's one place (the C build reads it too)."""
+    import os
+
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "VERSION")) as f:
+            return f.read().strip()
+    except OSError:
+        from importlib.metadata import version
+
+        return version("stria")
+
+
+__version__ = _version()
 
 __all__ = [
     "ABI_VERSION", "AttentionFunction", "AuthError", "BusyError", "Client",

@@ -8,6 +8,7 @@ fields named below.
 
 import ctypes
 import os
+import re
 import threading
 
 from ._errors import raise_status
@@ -191,15 +192,49 @@ _lib = None
 _lib_lock = threading.Lock()
 
 
+#: The Debian/Ubuntu package that provides each shared library the wheel's
+#: libstria and daemons link from the distribution (a missing one is named in
+#: the error at import or at a daemon's start).
+SYSTEM_PACKAGES = {
+    "libucp.so.0": "libucx0", "libucs.so.0": "libucx0", "libuct.so.0": "libucx0",
+    "libucm.so.0": "libucx0", "libprotobuf-c.so.1": "libprotobuf-c1", "libuv.so.1": "libuv1",
+    "libcrypto.so.3": "libssl3", "libssl.so.3": "libssl3", "libnuma.so.1": "libnuma1",
+    "libstdc++.so.6": "libstdc++6", "libgcc_s.so.1": "libgcc-s1",
+}
+
+#: The folders of an installed wheel: the daemons, libstria (and a CUDA
+#: runtime, for a build that links one).
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_BIN = os.path.join(PACKAGE_DIR, "_bin")
+PACKAGE_LIB = os.path.join(PACKAGE_DIR, "_lib")
+
+_MISSING = re.compile(r"([^\s:]+\.so[.\d]*): cannot open shared object file")
+
+
+def missing_library_hint(message):
+    """For a dynamic loader's error ("libuv.so.1: cannot open shared object
+    file"), a sentence naming the missing library and the package that
+    provides it; None for any other message."""
+    m = _MISSING.search(message or "")
+    if not m:
+        return None
+    soname = os.path.basename(m.group(1))
+    pkg = SYSTEM_PACKAGES.get(soname)
+    if pkg:
+        return (f"the system library {soname} is missing: install it from the distribution "
+                f"(apt-get install {pkg})")
+    return f"the shared library {soname} is missing"
+
+
 def _candidates():
-    """Where libstria may be, in order: STRIA_LIB, the build tree of the
-    source checkout this package sits in, the install prefix."""
+    """Where libstria may be, in order: STRIA_LIB; the package's own _lib
+    (a wheel carries it there); the build tree of the source checkout this
+    package sits in; the install prefix; the dynamic loader's search."""
     env = os.environ.get("STRIA_LIB")
     if env:
         return [env], True
-    out = []
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))  # python/stria -> repository root
+    out = [os.path.join(PACKAGE_LIB, "libstria.so.1")]
+    root = os.path.dirname(os.path.dirname(PACKAGE_DIR))  # python/stria -> repository root
     for build in ("build", "build-release"):
         out.append(os.path.join(root, build, "lib", "libstria.so.1"))
     import sys
@@ -222,6 +257,9 @@ def _load():
         try:
             lib = ctypes.CDLL(path)
         except OSError as e:
+            hint = missing_library_hint(str(e))
+            if hint and os.sep in path:  # found, but what it links is not: say so first
+                raise ImportError(f"cannot load libstria at {path}: {hint} ({e})") from None
             errors.append(f"{path}: {e}")
             continue
         if not hasattr(lib, "stria_client_abi_version"):
@@ -244,7 +282,8 @@ def _load():
             fn.argtypes = args
         lib.path = path
         return lib
-    where = "STRIA_LIB" if explicit else "STRIA_LIB (unset), the build tree, the install prefix"
+    where = ("STRIA_LIB" if explicit else
+             "STRIA_LIB (unset), the package, the build tree, the install prefix")
     raise ImportError(f"cannot load libstria (looked in {where}): " + "; ".join(errors or
                       ["not found; build it (cmake --build build) or set STRIA_LIB"]))
 

@@ -4,11 +4,18 @@ workers on loopback, for tests, benchmarks and notebooks.
     with stria.local.LocalService(workers=4) as svc:
         client = stria.Client(svc.address)
 
-The daemons come from `bin_dir` (default $STRIA_BIN_DIR, the build/bin of the
-source checkout this package sits in, else PATH). They get SIGKILL if this
-process dies (a parent-death signal), and SIGTERM from stop().
+The daemons come from `bin_dir` (default $STRIA_BIN_DIR, the package's own
+_bin (a wheel carries them there), the build/bin of the source checkout this
+package sits in, else PATH). They get SIGKILL if this process dies (a
+parent-death signal), and SIGTERM from stop(). From a shell,
+
+    python -m stria.local --workers 4
+
+starts the same service, prints its address and the STRIA_COORDINATOR= line,
+and stops it on Ctrl-C or SIGTERM.
 """
 
+import argparse
 import ctypes
 import json
 import os
@@ -16,8 +23,11 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+
+from ._lib import PACKAGE_BIN, PACKAGE_LIB, missing_library_hint
 
 _PR_SET_PDEATHSIG = 1
 
@@ -33,13 +43,17 @@ def _child_setup(parent):
 
 
 def find_bin_dir():
+    """Where the daemons are: $STRIA_BIN_DIR, the package's _bin (a wheel),
+    the source checkout's build/bin, else the folder of stria-coordinator on
+    PATH (the build tree's path when none has it, for the error)."""
     env = os.environ.get("STRIA_BIN_DIR")
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
     build = os.path.join(os.path.dirname(os.path.dirname(here)), "build", "bin")
-    if os.access(os.path.join(build, "stria-coordinator"), os.X_OK):
-        return build
+    for d in (PACKAGE_BIN, build):
+        if os.access(os.path.join(d, "stria-coordinator"), os.X_OK):
+            return d
     found = shutil.which("stria-coordinator")
     return os.path.dirname(found) if found else build
 
@@ -61,8 +75,17 @@ class Daemon:
                 break
             if line.startswith(prefix):
                 return line[len(prefix):].strip()
-        raise RuntimeError(f"{os.path.basename(self.proc.args[0])} did not print {prefix!r} "
-                           f"(log: {self.log_path})")
+        prog = os.path.basename(self.proc.args[0])
+        try:
+            self.proc.wait(1)
+            self.log.flush()
+            with open(self.log_path, errors="replace") as f:
+                hint = missing_library_hint(f.read())
+        except (OSError, subprocess.TimeoutExpired):
+            hint = None
+        if hint:  # the dynamic loader could not start it
+            raise RuntimeError(f"{prog} cannot start: {hint} (log: {self.log_path})")
+        raise RuntimeError(f"{prog} did not print {prefix!r} (log: {self.log_path})")
 
     def stop(self, timeout=15):
         """SIGTERM, SIGKILL after `timeout`; returns the exit status."""
@@ -80,7 +103,7 @@ class Daemon:
 
 
 class LocalService:
-    """A coordinator on 127.0.0.1 (a free port) and `workers` workers, each
+    """A coordinator on 127.0.0.1 (`port`, default 0: a free one) and `workers` workers, each
     with `threads` kernel threads and `memory` to offer. `address` is the
     coordinator's HOST:PORT once the constructor returns (every worker
     healthy). token_file: the clients' credential (the workers and striactl
@@ -89,7 +112,7 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
     (default: a temporary folder, removed by a clean stop)."""
 
     def __init__(self, workers=4, *, bin_dir=None, token_file=None, threads=1, memory="2G",
-                 step_timeout="60", heartbeat_period=None, log_dir=None, env=None):
+                 step_timeout="60", heartbeat_period=None, log_dir=None, env=None, port=0):
         self.bin_dir = bin_dir or find_bin_dir()
         for prog in ("stria-coordinator", "stria-worker", "striactl"):
             if not os.access(os.path.join(self.bin_dir, prog), os.X_OK):
@@ -110,11 +133,15 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
         self.env = dict(os.environ, **{"UCX_HANDLE_ERRORS": "none",
                                        "STRIA_LOG_LEVEL": os.environ.get("STRIA_LOG_LEVEL",
                                                                          "error")})
+        if os.path.abspath(self.bin_dir) == PACKAGE_BIN and os.path.isdir(PACKAGE_LIB):
+            # a wheel's daemons: what it carries beside libstria (a CUDA runtime)
+            path = self.env.get("LD_LIBRARY_PATH")
+            self.env["LD_LIBRARY_PATH"] = PACKAGE_LIB + (os.pathsep + path if path else "")
         self.env.update(env or {})
         self.workers = []
         hb = ["--heartbeat-period", str(heartbeat_period)] if heartbeat_period else []
         self.coordinator = Daemon([os.path.join(self.bin_dir, "stria-coordinator"), "--listen",
-                                   "127.0.0.1:0", *hb, *coord_auth],
+                                   f"127.0.0.1:{int(port)}", *hb, *coord_auth],
                                   os.path.join(self.dir, "coordinator.log"), self.env)
         try:
             self.address = self.coordinator.wait_line("stria-coordinator listening on ")
@@ -176,3 +203,72 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def main(argv=None):
+    """python -m stria.local: a coordinator and workers on loopback until
+    Ctrl-C or SIGTERM; stops every daemon it started."""
+    ap = argparse.ArgumentParser(
+        prog="python -m stria.local",
+        description="Start a stria coordinator and workers on loopback (127.0.0.1), print the "
+                    "address, and stop them on Ctrl-C or SIGTERM.")
+    ap.add_argument("--workers", type=int, default=4, help="workers to start (default 4)")
+    ap.add_argument("--threads", type=int, default=1, help="kernel threads a worker (default 1)")
+    ap.add_argument("--memory", default="2G", help="memory a worker offers (default 2G)")
+    ap.add_argument("--port", type=int, default=0,
+                    help="the coordinator's port on 127.0.0.1 (default 0: a free one)")
+    ap.add_argument("--heartbeat-period", type=float,
+                    help="the coordinator's heartbeat period in seconds (default its own, 1; "
+                    "a longer one keeps a busy machine's workers from being marked dead)")
+    ap.add_argument("--token-file", help="the clients' credential (default: no authentication)")
+    ap.add_argument("--bin-dir", help="the daemons' folder (default: $STRIA_BIN_DIR, the "
+                    "package's, the build tree's, PATH)")
+    ap.add_argument("--log-dir", help="the daemons' logs (default: a temporary folder, removed "
+                    "by a clean stop)")
+    args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error("--workers must be at least 1")
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
+    svc = None
+    try:
+        svc = LocalService(args.workers, bin_dir=args.bin_dir, token_file=args.token_file,
+                           threads=args.threads, memory=args.memory, port=args.port,
+                           heartbeat_period=args.heartbeat_period, log_dir=args.log_dir)
+        print(f"stria: coordinator on {svc.address}, {args.workers} workers "
+              f"(daemons in {svc.bin_dir}, logs in {svc.dir})")
+        print(f"STRIA_COORDINATOR={svc.address}")
+        if args.token_file:
+            print(f"STRIA_TOKEN_FILE={os.path.abspath(args.token_file)}")
+        print("stria: Ctrl-C or SIGTERM stops them", flush=True)
+        while True:
+            dead = [name for name, d in [("coordinator", svc.coordinator)] +
+                    [(f"worker {i}", w) for i, w in enumerate(svc.workers)]
+                    if d.proc.poll() is not None]
+            if dead:
+                print(f"stria: {', '.join(dead)} exited (logs in {svc.dir}); stopping",
+                      file=sys.stderr)
+                return 1
+            time.sleep(1)
+    except KeyboardInterrupt:
+        return 0
+    except (FileNotFoundError, RuntimeError) as e:
+        print(f"stria: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if svc is not None:
+            # a second Ctrl-C while stopping must not leave daemons behind
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            bad = svc.stop()
+            print("stria: stopped" + (f" ({', '.join(bad)} not cleanly; logs in {svc.dir})"
+                                      if bad else ""), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
