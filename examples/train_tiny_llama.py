@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Trains a tiny Llama (2 layers, hidden 128, 4 heads, 2 KV heads, byte vocab
 of 256, built from a config: nothing is downloaded) on a text that ships with
-Debian, its attention running through a stria service. Prints the loss of
-every step.
+Debian, its attention running through a stria service. Prints the loss and
+the time of every step.
 
     python examples/train_tiny_llama.py                   # attention through stria
     python examples/train_tiny_llama.py --attn sdpa       # PyTorch's SDPA
     python examples/train_tiny_llama.py --attn both       # both, side by side,
-                                                          # checked within --tol
+                                                          # checked within --tol,
+                                                          # with the median step
+                                                          # time ratio
 
 The service is --coordinator or $STRIA_COORDINATOR; without either, the script
 starts its own on this machine (a coordinator and --workers workers on
@@ -17,7 +19,9 @@ torch and transformers.
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 import torch
 
@@ -45,24 +49,28 @@ def make_model(attn, seed):
 
 
 def train(attn, data, steps, batch, seq, lr, seed, log=None):
-    """Losses of `steps` AdamW steps on random windows of `data` (the same
-    windows and initial weights for every attention)."""
+    """Losses and times (seconds: forward, backward and optimizer step) of
+    `steps` AdamW steps on random windows of `data` (the same windows and
+    initial weights for every attention); log(step, loss, seconds) after
+    each."""
     model = make_model(attn, seed)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
-    losses = []
+    losses, times = [], []
     for step in range(steps):
         starts = torch.randint(0, len(data) - seq, (batch,), generator=g)
         ids = torch.stack([data[s:s + seq] for s in starts.tolist()])
+        t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
+        times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         if log:
-            log(step, loss.item())
-    return losses
+            log(step, losses[-1], times[-1])
+    return losses, times
 
 
 def main(argv=None):
@@ -105,23 +113,29 @@ def main(argv=None):
         kw = dict(data=data, steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr,
                   seed=args.seed)
         if args.attn != "both":
-            train(args.attn, log=lambda s, l: print(f"step {s + 1:3d}  loss {l:.5f}",
-                                                    flush=True), **kw)
+            _, times = train(args.attn, log=lambda s, l, t: print(
+                f"step {s + 1:3d}  loss {l:.5f}  {t * 1e3:7.1f} ms", flush=True), **kw)
+            print(f"median step {statistics.median(times) * 1e3:.1f} ms", flush=True)
             return 0
-        ref = train("sdpa", **kw)
+        ref, ref_times = train("sdpa", **kw)
         worst = 0.0
+        print(f"{'':8}  {'loss stria':>10}  {'sdpa':>8}  {'':16}  {'ms stria':>9}  "
+              f"{'sdpa':>7}", flush=True)
 
-        def log(step, loss):
+        def log(step, loss, secs):
             nonlocal worst
             d = abs(loss - ref[step]) / abs(ref[step])
             worst = max(worst, d)
-            print(f"step {step + 1:3d}  loss stria {loss:.5f}  sdpa {ref[step]:.5f}  "
-                  f"rel diff {d:.1e}", flush=True)
+            print(f"step {step + 1:3d}  {loss:10.5f}  {ref[step]:8.5f}  rel diff {d:.1e}  "
+                  f"{secs * 1e3:9.1f}  {ref_times[step] * 1e3:7.1f}", flush=True)
 
-        train("stria", log=log, **kw)
+        _, times = train("stria", log=log, **kw)
         ok = worst <= args.tol
         print(f"largest relative difference {worst:.1e} ({'within' if ok else 'OVER'} "
               f"{args.tol:g})", flush=True)
+        ms, ref_ms = statistics.median(times) * 1e3, statistics.median(ref_times) * 1e3
+        print(f"median step: stria {ms:.1f} ms, sdpa {ref_ms:.1f} ms, stria / sdpa "
+              f"{ms / ref_ms:.2f}", flush=True)
         return 0 if ok else 1
     finally:
         if client is not None:
