@@ -6,7 +6,9 @@ V and gets O and LSE; autograd saves Q, K, V, O and LSE, and backward sends
 them with dO (stria_session_backward), so the forward runs once and nothing
 is held on the workers in between. A client with keep_jobs > 0 takes the
 job path of before (stria_client_forward, a job kept for backward or the
-forward recomputed)."""
+forward recomputed). stria.attention calls the torch custom ops of _ops.py
+(what torch.compile traces); AttentionFunction remains for keep_jobs clients
+in eager mode."""
 
 import ctypes
 import math
@@ -15,7 +17,7 @@ import numbers
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _lib
+from . import _lib, _ops
 from ._errors import StriaError
 from ._tensors import _DTYPES, _back, _empty, _host, _ptr  # noqa: F401 (sharded.py's too)
 from .client import default_client
@@ -310,13 +312,30 @@ def attention(q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1),
     autograd keeps O and LSE besides q, k and v, and backward sends them, so
     the forward runs once.
     """
+    return _attention(q, k, v, causal, softmax_scale, window_size, cu_seqlens, layout, ring_size,
+                      return_lse, client)
+
+
+def _attention(q, k, v, causal, softmax_scale, window_size, cu_seqlens, layout, ring_size,
+               return_lse, client, positions=None):
+    """stria.attention; positions (stria.hf, compiling): position_ids whose
+    restarts the ops turn into cu_seqlens when they run."""
     _check_shapes(q, k, v)
     softmax_scale = _scale(softmax_scale)
     if not isinstance(ring_size, int) or ring_size < 0:
         raise ValueError(f"stria: ring_size must be an int >= 0, not {ring_size!r}")
+    window, cu, layout = _window(window_size, bool(causal)), _cu_seqlens(cu_seqlens), \
+        _layout(layout)
+    if torch.compiler.is_compiling() or \
+            not (client if client is not None else default_client()).keep_jobs:
+        # the custom ops (_ops.py): what torch.compile traces
+        o, lse = _ops.attention_forward(
+            q, k, v, _ops.client_key(client), bool(causal), softmax_scale,
+            None if window is None else list(window), None if cu is None else list(cu),
+            positions, layout, ring_size)
+        return (o, lse) if return_lse else o
     cfg = _Config(client if client is not None else default_client(), bool(causal),
-                  softmax_scale, _window(window_size, bool(causal)), _cu_seqlens(cu_seqlens),
-                  _layout(layout), ring_size)
+                  softmax_scale, window, cu, layout, ring_size)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         o, lse = AttentionFunction.apply(q, k, v, cfg)
     elif cfg.client.keep_jobs:

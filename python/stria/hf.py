@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from .attention import attention
+from .attention import _attention as _call, attention
 
 
 def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
@@ -91,9 +91,16 @@ def _attention(opts, module, query, key, value, attention_mask, dropout=0.0, sca
         if not causal:
             raise NotImplementedError("stria: a sliding window on a non-causal model")
         window = (int(sliding_window) - 1, 0)
-    out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                    causal=causal, softmax_scale=scaling, window_size=window,
-                    cu_seqlens=_documents(kwargs.get("position_ids"), S), **opts)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    position_ids = kwargs.get("position_ids")
+    if torch.compiler.is_compiling() and position_ids is not None:
+        # the documents depend on the values: the op finds them when it runs
+        out = _call(q, k, v, causal, scaling, window, None, opts["layout"],
+                    opts["ring_size"], False, opts["client"],
+                    positions=position_ids.reshape(-1, position_ids.shape[-1]))
+    else:
+        out = attention(q, k, v, causal=causal, softmax_scale=scaling, window_size=window,
+                        cu_seqlens=_documents(position_ids, S), **opts)
     return out, None
 
 

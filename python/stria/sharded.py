@@ -34,7 +34,7 @@ import zlib
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _lib
+from . import _lib, _ops
 from .attention import (_DTYPES, _back, _Config, _check_shapes, _cu_seqlens, _empty, _host,
                         _ptr, _scale, _window)
 from ._errors import NoMemoryError, StriaError
@@ -478,6 +478,9 @@ def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=
     if layout not in _SHARD_LAYOUTS:
         raise ValueError(f"stria: sharded calls name their layout: one of "
                          f"{', '.join(_SHARD_LAYOUTS)} (not {layout!r})")
+    if torch.compiler.is_compiling():
+        return _traced(q, k, v, group, seq_len, layout, causal, softmax_scale, window_size,
+                       cu_seqlens, return_lse, client)
     dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("stria.sharded_attention is a collective over a torch.distributed "
@@ -505,6 +508,11 @@ def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=
         if _peers_open(sh, client, q, k):
             _agree(sh, None, e)
         raise
+    if not client.keep_jobs:  # the custom ops (_ops.py)
+        c = sh.cfg
+        o, lse = _ops.sharded_forward(q, k, v, _ops.sharded_key(client, group, seq_len, layout),
+                                      c.causal, c.scale, _list(c.window), _list(c.cu_seqlens))
+        return (o, lse) if return_lse else o
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad:
         o, lse = ShardedAttentionFunction.apply(q, k, v, sh)
@@ -512,4 +520,27 @@ def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=
         o, lse, _ = _sharded_forward(sh, q.detach(), k.detach(), v.detach(), want_keep=False)
     else:
         o, lse = _session_forward(sh, q.detach(), k.detach(), v.detach())
+    return (o, lse) if return_lse else o
+
+
+def _list(t):
+    return None if t is None else list(t)
+
+
+def _traced(q, k, v, group, seq_len, layout, causal, softmax_scale, window_size, cu_seqlens,
+            return_lse, client):
+    """sharded_attention under torch.compile: the arguments' checks (a
+    rank's own mistakes raise here, without reaching its peers), then the
+    custom op, which runs eagerly (its first call of a kind is the
+    collective open)."""
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        raise ValueError(f"stria: seq_len must be an int >= 1, not {seq_len!r}")
+    _check_shapes(q, k, v, tokens="number of tokens")
+    cu = _cu_seqlens(cu_seqlens)
+    if cu is not None and (len(cu) < 2 or cu[0] != 0 or cu[-1] != seq_len):
+        raise ValueError(f"stria: cu_seqlens must run from 0 to seq_len {seq_len} "
+                         f"(got {cu[0] if cu else None} .. {cu[-1] if cu else None})")
+    o, lse = _ops.sharded_forward(q, k, v, _ops.sharded_key(client, group, seq_len, layout),
+                                  bool(causal), _scale(softmax_scale),
+                                  _list(_window(window_size, bool(causal))), _list(cu))
     return (o, lse) if return_lse else o
