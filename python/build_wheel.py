@@ -120,7 +120,7 @@ def main():
     for dirpath, dirnames, filenames in os.walk(PKG):
         dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "_bin", "_lib"))
         for fn in sorted(filenames):
-            if fn.endswith(".py") or fn == "VERSION":
+            if fn.endswith(".py") or fn in ("VERSION", "py.typed"):
                 src = os.path.join(dirpath, fn)
                 files.append((os.path.relpath(src, HERE), src, False))
     binaries = [("stria/_lib/libstria.so.1", os.path.realpath(lib))]

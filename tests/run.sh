@@ -112,6 +112,12 @@ python_tests() {
     echo "== python: environment ready in $((SECONDS - t0)) s"
   fi
   exec {lock_fd}>&-
+  # the package's annotations (python/pyproject.toml's [tool.mypy]: torch and
+  # transformers are not analysed); any error fails the run
+  echo "== mypy --strict python/stria"
+  local t1=$SECONDS
+  (cd "$root/python" && "$venv/bin/python" -m mypy --strict --cache-dir=/dev/null stria) || return
+  echo "== mypy: ok in $((SECONDS - t1)) s"
   python_wheel_test "$venv" || return
   # pip builds in the folder it is given: a copy, so the tree stays clean
   target=$(mktemp -d)

@@ -15,6 +15,8 @@ through $STRIA_LIB, the build tree of its source checkout, or the install
 prefix.
 """
 
+from typing import Any
+
 from ._errors import (AuthError, BusyError, InvalidArgumentError, NoMemoryError, StriaError,
                       UnreachableError)
 from ._lib import ABI_VERSION
@@ -25,7 +27,7 @@ from .sharded import (ShardedAttentionFunction, shard, shard_positions, sharded_
                       unshard)
 
 
-def _version():
+def _version() -> str:
     """stria/VERSION: the version's one place (the C build reads it too)."""
     import os
 
@@ -50,7 +52,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in ("hf", "local"):  # stria.hf imports transformers only when asked for
         import importlib
 

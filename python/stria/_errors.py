@@ -1,6 +1,9 @@
 """Exceptions: every libstria failure is a StriaError carrying the status."""
 
 
+from typing import NoReturn
+
+
 class StriaError(RuntimeError):
     """A libstria call failed.
 
@@ -11,7 +14,7 @@ class StriaError(RuntimeError):
     died, left or was drained, a ring link broke).
     """
 
-    def __init__(self, status, name, message, retryable=False):
+    def __init__(self, status: int, name: str, message: str, retryable: bool = False) -> None:
         self.status = status
         self.name = name
         self.message = message
@@ -51,5 +54,6 @@ _BY_NAME = {
 }
 
 
-def raise_status(status, name, message, retryable=False):
+def raise_status(status: int, name: str, message: str, retryable: bool = False) -> NoReturn:
+    """Raises the StriaError subclass for the status name `name`."""
     raise _BY_NAME.get(name, StriaError)(status, name, message, retryable)

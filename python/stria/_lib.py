@@ -10,6 +10,7 @@ import ctypes
 import os
 import re
 import threading
+from typing import List, Optional, Tuple
 
 from ._errors import raise_status
 
@@ -211,7 +212,7 @@ PACKAGE_LIB = os.path.join(PACKAGE_DIR, "_lib")
 _MISSING = re.compile(r"([^\s:]+\.so[.\d]*): cannot open shared object file")
 
 
-def missing_library_hint(message):
+def missing_library_hint(message: Optional[str]) -> Optional[str]:
     """For a dynamic loader's error ("libuv.so.1: cannot open shared object
     file"), a sentence naming the missing library and the package that
     provides it; None for any other message."""
@@ -226,7 +227,7 @@ def missing_library_hint(message):
     return f"the shared library {soname} is missing"
 
 
-def _candidates():
+def _candidates() -> Tuple[List[str], bool]:
     """Where libstria may be, in order: STRIA_LIB; the package's own _lib
     (a wheel carries it there); the build tree of the source checkout this
     package sits in; the install prefix; the dynamic loader's search."""
@@ -246,7 +247,7 @@ def _candidates():
     return out, False
 
 
-def _load():
+def _load() -> ctypes.CDLL:
     cands, explicit = _candidates()
     errors = []
     for path in cands:
@@ -280,7 +281,7 @@ def _load():
             fn = getattr(lib, name)
             fn.restype = res
             fn.argtypes = args
-        lib.path = path
+        lib.path = path  # type: ignore[attr-defined]
         return lib
     where = ("STRIA_LIB" if explicit else
              "STRIA_LIB (unset), the package, the build tree, the install prefix")
@@ -288,7 +289,7 @@ def _load():
                       ["not found; build it (cmake --build build) or set STRIA_LIB"]))
 
 
-def lib():
+def lib() -> ctypes.CDLL:
     """The loaded library (loaded on first use)."""
     global _lib
     if _lib is None:
@@ -298,7 +299,7 @@ def lib():
     return _lib
 
 
-def check(status):
+def check(status: int) -> None:
     """Raises the StriaError of a failed call, with the calling thread's
     library message (thread-local in libstria: read it right after the call,
     on the same thread)."""

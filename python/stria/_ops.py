@@ -9,19 +9,23 @@ ctypes, so CUDA graphs cannot capture them."""
 
 import threading
 import weakref
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
-from .client import default_client
+from .client import Client, default_client
+
+if TYPE_CHECKING:
+    from .attention import _Config
+    from .sharded import _Sharded
 
 _lock = threading.Lock()
-_clients = {}  # key -> weakref to a Client
-_keys = {}  # id(client) -> key
+_clients: Dict[int, "weakref.ref[Client]"] = {}  # key -> weakref to a Client
+_keys: Dict[int, int] = {}  # id(client) -> key
 
 
-@torch.compiler.assume_constant_result
-def client_key(client):
+@torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
+def client_key(client: Optional[Client]) -> int:
     """The integer key of `client` (None: 0, the default client at call
     time). torch.compile takes it as a constant when it traces a call."""
     if client is None:
@@ -36,7 +40,7 @@ def client_key(client):
         return key
 
 
-def _client(key):
+def _client(key: int) -> Client:
     if key == 0:
         return default_client()
     client = _clients[key]()
@@ -45,7 +49,9 @@ def _client(key):
     return client
 
 
-def _config(q, key, causal, scale, window, cu_seqlens, positions, layout, ring_size):
+def _config(q: torch.Tensor, key: int, causal: bool, scale: Optional[float],
+            window: Optional[List[int]], cu_seqlens: Optional[Sequence[int]],
+            positions: Optional[torch.Tensor], layout: int, ring_size: int) -> "_Config":
     from .attention import _Config
 
     if positions is not None:  # documents from restarting position_ids (stria.hf)
@@ -56,7 +62,8 @@ def _config(q, key, causal, scale, window, cu_seqlens, positions, layout, ring_s
                    None if cu_seqlens is None else tuple(cu_seqlens), layout, ring_size)
 
 
-@torch.library.custom_op("stria::attention_forward", mutates_args=())
+@torch.library.custom_op(  # type: ignore[untyped-decorator]
+    "stria::attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: int, causal: bool,
                       scale: Optional[float], window: Optional[List[int]],
                       cu_seqlens: Optional[List[int]], positions: Optional[torch.Tensor],
@@ -66,17 +73,22 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: in
 
     cfg = _config(q, key, causal, scale, window, cu_seqlens, positions, layout, ring_size)
     if cfg.client.keep_jobs:  # a job, released at once (backward recomputes)
-        return tuple(_forward(cfg, q, k, v, keep=False)[:2])
-    return tuple(_session_forward(cfg, q, k, v))
+        return cast(Tuple[torch.Tensor, torch.Tensor],
+                    tuple(_forward(cfg, q, k, v, keep=False)[:2]))
+    return cast(Tuple[torch.Tensor, torch.Tensor], tuple(_session_forward(cfg, q, k, v)))
 
 
-@attention_forward.register_fake
-def _(q, k, v, key, causal, scale, window, cu_seqlens, positions, layout, ring_size):
+@attention_forward.register_fake  # type: ignore[untyped-decorator]
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: int, causal: bool,
+      scale: Optional[float], window: Optional[List[int]], cu_seqlens: Optional[List[int]],
+      positions: Optional[torch.Tensor], layout: int, ring_size: int
+      ) -> Tuple[torch.Tensor, torch.Tensor]:
     B, S, H, _ = q.shape
     return (q.new_empty(q.shape), q.new_empty((B, H, S), dtype=torch.float32))
 
 
-@torch.library.custom_op("stria::attention_backward", mutates_args=())
+@torch.library.custom_op(  # type: ignore[untyped-decorator]
+    "stria::attention_backward", mutates_args=())
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, do: torch.Tensor, key: int, causal: bool,
                        scale: Optional[float], window: Optional[List[int]],
@@ -88,13 +100,18 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
 
     cfg = _config(q, key, causal, scale, window, cu_seqlens, positions, layout, ring_size)
     if cfg.client.keep_jobs:
-        return tuple(_backward(cfg, None, q, k, v, do))
-    return tuple(_session_backward(cfg, q, k, v, o, lse, do))
+        return cast(Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                    tuple(_backward(cfg, None, q, k, v, do)))
+    return cast(Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                tuple(_session_backward(cfg, q, k, v, o, lse, do)))
 
 
-@attention_backward.register_fake
-def _(q, k, v, o, lse, do, key, causal, scale, window, cu_seqlens, positions, layout,
-      ring_size):
+@attention_backward.register_fake  # type: ignore[untyped-decorator]
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+      do: torch.Tensor, key: int, causal: bool, scale: Optional[float],
+      window: Optional[List[int]], cu_seqlens: Optional[List[int]],
+      positions: Optional[torch.Tensor], layout: int, ring_size: int
+      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -102,7 +119,8 @@ _N_OPTIONS = 8  # the forward's arguments after q, k, v
 _POSITIONS = 5  # positions' index among them
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx: Any, inputs: Tuple[Any, ...],
+                   output: Tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, v = inputs[:3]
     o, lse = output
     options = list(inputs[3:])
@@ -112,7 +130,8 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward_fn(ctx, do, _dlse):
+def _backward_fn(ctx: Any, do: torch.Tensor, _dlse: Optional[torch.Tensor]
+                 ) -> Tuple[Optional[torch.Tensor], ...]:
     q, k, v, o, lse, *positions = ctx.saved_tensors
     options = list(ctx.options)
     if positions:
@@ -126,12 +145,14 @@ attention_forward.register_autograd(_backward_fn, setup_context=_setup_context)
 
 # ---- sharded_attention ----------------------------------------------------------
 
-_groups = {}  # key -> (client key, group, seq_len, layout name)
-_group_keys = {}  # (client key, id(group), seq_len, layout name) -> key
+# key -> (client key, group, seq_len, layout name)
+_groups: Dict[int, Tuple[int, Any, int, str]] = {}
+# (client key, id(group), seq_len, layout name) -> key
+_group_keys: Dict[Tuple[int, Optional[int], int, str], int] = {}
 
 
-@torch.compiler.assume_constant_result
-def sharded_key(client, group, seq_len, layout_name):
+@torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
+def sharded_key(client: Optional[Client], group: Any, seq_len: int, layout_name: str) -> int:
     """The integer key of a sharded call's client, group (None: the world),
     sequence length and layout; the group is held here."""
     ck = client_key(client)
@@ -145,7 +166,8 @@ def sharded_key(client, group, seq_len, layout_name):
         return key
 
 
-def _sharded(key, causal, scale, window, cu_seqlens):
+def _sharded(key: int, causal: bool, scale: Optional[float], window: Optional[List[int]],
+             cu_seqlens: Optional[List[int]]) -> "_Sharded":
     from . import _lib
     from .attention import _Config
     from .sharded import _dist, _Sharded
@@ -159,7 +181,8 @@ def _sharded(key, causal, scale, window, cu_seqlens):
     return _Sharded(cfg, group, rank, world, seq_len, layout_name)
 
 
-@torch.library.custom_op("stria::sharded_forward", mutates_args=())
+@torch.library.custom_op(  # type: ignore[untyped-decorator]
+    "stria::sharded_forward", mutates_args=())
 def sharded_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: int, causal: bool,
                     scale: Optional[float], window: Optional[List[int]],
                     cu_seqlens: Optional[List[int]]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -169,17 +192,21 @@ def sharded_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: int,
 
     sh = _sharded(key, causal, scale, window, cu_seqlens)
     if sh.cfg.client.keep_jobs:
-        return tuple(_sharded_forward(sh, q, k, v, want_keep=False)[:2])
-    return tuple(_session_forward(sh, q, k, v))
+        return cast(Tuple[torch.Tensor, torch.Tensor],
+                    tuple(_sharded_forward(sh, q, k, v, want_keep=False)[:2]))
+    return cast(Tuple[torch.Tensor, torch.Tensor], tuple(_session_forward(sh, q, k, v)))
 
 
-@sharded_forward.register_fake
-def _(q, k, v, key, causal, scale, window, cu_seqlens):
+@sharded_forward.register_fake  # type: ignore[untyped-decorator]
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: int, causal: bool,
+      scale: Optional[float], window: Optional[List[int]], cu_seqlens: Optional[List[int]]
+      ) -> Tuple[torch.Tensor, torch.Tensor]:
     B, T, H, _ = q.shape
     return (q.new_empty(q.shape), q.new_empty((B, H, T), dtype=torch.float32))
 
 
-@torch.library.custom_op("stria::sharded_backward", mutates_args=())
+@torch.library.custom_op(  # type: ignore[untyped-decorator]
+    "stria::sharded_backward", mutates_args=())
 def sharded_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                      lse: torch.Tensor, do: torch.Tensor, key: int, causal: bool,
                      scale: Optional[float], window: Optional[List[int]],
@@ -190,22 +217,29 @@ def sharded_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
 
     sh = _sharded(key, causal, scale, window, cu_seqlens)
     if sh.cfg.client.keep_jobs:
-        return tuple(_sharded_backward(sh, None, q, k, v, do))
-    return tuple(_session_backward(sh, q, k, v, o, lse, do))
+        return cast(Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                    tuple(_sharded_backward(sh, None, q, k, v, do)))
+    return cast(Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                tuple(_session_backward(sh, q, k, v, o, lse, do)))
 
 
-@sharded_backward.register_fake
-def _(q, k, v, o, lse, do, key, causal, scale, window, cu_seqlens):
+@sharded_backward.register_fake  # type: ignore[untyped-decorator]
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+      do: torch.Tensor, key: int, causal: bool, scale: Optional[float],
+      window: Optional[List[int]], cu_seqlens: Optional[List[int]]
+      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _sharded_setup_context(ctx, inputs, output):
+def _sharded_setup_context(ctx: Any, inputs: Tuple[Any, ...],
+                           output: Tuple[torch.Tensor, torch.Tensor]) -> None:
     ctx.save_for_backward(*inputs[:3], *output)
     ctx.options = inputs[3:]
     ctx.mark_non_differentiable(output[1])
 
 
-def _sharded_backward_fn(ctx, do, _dlse):
+def _sharded_backward_fn(ctx: Any, do: torch.Tensor, _dlse: Optional[torch.Tensor]
+                         ) -> Tuple[Optional[torch.Tensor], ...]:
     dq, dk, dv = sharded_backward(*ctx.saved_tensors, do, *ctx.options)
     return (dq, dk, dv) + (None,) * len(ctx.options)
 

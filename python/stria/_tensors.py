@@ -2,6 +2,7 @@
 (pinned for CUDA tensors), results back on the caller's device."""
 
 import ctypes
+from typing import Sequence
 
 import torch
 
@@ -12,7 +13,7 @@ _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16,
 _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
 
 
-def _host(t):
+def _host(t: torch.Tensor) -> torch.Tensor:
     """A contiguous host tensor with t's values: t itself when it already is
     one; a CUDA tensor goes through pinned memory."""
     if t.device.type == "cpu":
@@ -22,14 +23,14 @@ def _host(t):
     return h
 
 
-def _empty(shape, dtype, device):
+def _empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     pin = device.type == "cuda"
     return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
 
-def _back(t, device):
+def _back(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if device.type == "cpu" else t.to(device, non_blocking=False)
 
 
-def _ptr(t):
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())

@@ -13,14 +13,22 @@ in eager mode."""
 import ctypes
 import math
 import numbers
+from typing import (TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, TypeVar, Union,
+                    cast)
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from . import _lib, _ops
 from ._errors import StriaError
-from ._tensors import _DTYPES, _back, _empty, _host, _ptr  # noqa: F401 (sharded.py's too)
-from .client import default_client
+from ._tensors import (_DTYPES as _DTYPES, _back as _back, _empty as _empty,  # noqa: F401
+                       _host as _host, _ptr as _ptr)  # (sharded.py's too)
+from .client import Client, Job, default_client
+
+if TYPE_CHECKING:
+    from .session import Session
+
+_R = TypeVar("_R")
 
 
 class _Config:
@@ -28,7 +36,9 @@ class _Config:
 
     __slots__ = ("client", "causal", "scale", "window", "cu_seqlens", "layout", "ring_size")
 
-    def __init__(self, client, causal, scale, window, cu_seqlens, layout, ring_size):
+    def __init__(self, client: Client, causal: bool, scale: Optional[float],
+                 window: Optional[Tuple[int, ...]], cu_seqlens: Optional[Tuple[int, ...]],
+                 layout: int, ring_size: int) -> None:
         self.client = client
         self.causal = causal
         self.scale = scale
@@ -37,7 +47,8 @@ class _Config:
         self.layout = layout
         self.ring_size = ring_size
 
-    def spec(self, q, k, seq_len=None):
+    def spec(self, q: torch.Tensor, k: torch.Tensor, seq_len: Optional[int] = None
+             ) -> Tuple[_lib.JobSpec, Any]:
         """The job spec (and the ctypes array it points to, to keep alive);
         seq_len: the whole sequence's (a sharded job's), else q's."""
         B, S, H, D = q.shape
@@ -63,13 +74,14 @@ class _Config:
             s.window_left, s.window_right = self.window
         return s, arr
 
-    def call(self, batch, seq_len):
+    def call(self, batch: int, seq_len: int) -> Tuple[_lib.Call, Any]:
         """The stria_call_t of a session call (and the array to keep alive)."""
         from .session import make_call
 
         return make_call(batch, seq_len, self.causal, self.scale, self.window, self.cu_seqlens)
 
-    def session_spec(self, q, k, seq_len=None, sharded=False):
+    def session_spec(self, q: torch.Tensor, k: torch.Tensor, seq_len: Optional[int] = None,
+                     sharded: bool = False) -> Callable[[int, int], _lib.SessionSpec]:
         """open_spec(max_batch, max_seq_len): the spec of a session for
         calls like this one."""
         from .session import make_spec
@@ -81,7 +93,8 @@ class _Config:
             head_dim=D, dtype=_DTYPES[q.dtype], layout=self.layout, ring_size=ring,
             sharded=sharded)
 
-    def fixed(self, q, k, kind="whole"):
+    def fixed(self, q: torch.Tensor, k: torch.Tensor, kind: str = "whole"
+              ) -> Tuple[Any, ...]:
         """What a session for this call fixes: the session cache's key."""
         _, _, H, D = q.shape
         return (kind, self.ring_size, self.layout, _DTYPES[q.dtype], H, k.shape[2], D)
@@ -92,11 +105,12 @@ class _TooShort(Exception):
     sessions refuse it; a job takes it)."""
 
 
-def _on_session(cfg, q, k, run):
+def _on_session(cfg: _Config, q: torch.Tensor, k: torch.Tensor,
+                run: Callable[["Session"], _R]) -> _R:
     """run(session) on the client's session for the call, under its lock."""
     S = q.shape[1]
 
-    def checked(s):
+    def checked(s: "Session") -> _R:
         if S < s.ring_size * (2 if s.layout == "zigzag" else 1):
             raise _TooShort
         return run(s)
@@ -105,7 +119,8 @@ def _on_session(cfg, q, k, run):
                                   checked)
 
 
-def _session_forward(cfg, q, k, v):
+def _session_forward(cfg: _Config, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     """O and LSE on q's device, on the client's session for the call."""
     from .session import _forward_tensors
 
@@ -119,7 +134,9 @@ def _session_forward(cfg, q, k, v):
     return out
 
 
-def _session_backward(cfg, q, k, v, o, lse, do):
+def _session_backward(cfg: _Config, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV: the saved tensors and dO sent to a session of the call's
     fixed part (the forward's, unless it was closed since: any covering one
     computes the same)."""
@@ -135,7 +152,8 @@ def _session_backward(cfg, q, k, v, o, lse, do):
     return out
 
 
-def _forward(cfg, q, k, v, keep):
+def _forward(cfg: _Config, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: bool
+             ) -> Tuple[torch.Tensor, torch.Tensor, Optional[Job]]:
     """Runs the forward pass: (O, LSE, Job or None), on q's device."""
     qh, kh, vh = _host(q), _host(k), _host(v)
     B, S, H, _ = q.shape
@@ -150,7 +168,9 @@ def _forward(cfg, q, k, v, keep):
 _BACKWARD_RETRIES = 2  # forward + backward again after a retryable backward failure
 
 
-def _backward(cfg, job, q, k, v, do):
+def _backward(cfg: _Config, job: Optional[Job], q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor, do: torch.Tensor
+              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV: on the kept job, or (recompute mode, or a job lost since)
     by running the forward pass again on the service first."""
     doh = _host(do)
@@ -161,6 +181,7 @@ def _backward(cfg, job, q, k, v, do):
     while True:
         if job is None or not job.alive:
             _, _, job = _forward(cfg, q, k, v, keep=True)
+        assert job is not None  # keep=True: a Job
         try:
             job.backward(_ptr(doh), _ptr(dq), _ptr(dk), _ptr(dv))
             break
@@ -177,12 +198,13 @@ def _backward(cfg, job, q, k, v, do):
     return _back(dq, q.device), _back(dk, k.device), _back(dv, v.device)
 
 
-class AttentionFunction(torch.autograd.Function):
+class AttentionFunction(torch.autograd.Function):  # type: ignore[misc]
     """The differentiable call; use stria.attention(). LSE is an output but
     not differentiable (as in flash_attn)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cfg):
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: _Config
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         ctx.cfg = cfg
         ctx.job = None
         if cfg.client.keep_jobs:
@@ -195,18 +217,21 @@ class AttentionFunction(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, do, _dlse):
-        saved = ctx.saved_tensors
+    @once_differentiable  # type: ignore[untyped-decorator]
+    def backward(ctx: Any, do: torch.Tensor, _dlse: Optional[torch.Tensor]
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        saved: Tuple[torch.Tensor, ...] = ctx.saved_tensors
         if len(saved) == 5:
             dq, dk, dv = _session_backward(ctx.cfg, *saved, do)
         else:
             job, ctx.job = ctx.job, None
-            dq, dk, dv = _backward(ctx.cfg, job, *saved, do)
+            dq, dk, dv = _backward(
+                ctx.cfg, job, *cast(Tuple[torch.Tensor, torch.Tensor, torch.Tensor], saved), do)
         return dq, dk, dv, None
 
 
-def _check_tensors(q, k, v, what="q, k, v"):
+def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str = "q, k, v"
+                   ) -> None:
     for name, t in zip("qkv", (q, k, v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"stria: {name} must be a torch.Tensor, not {type(t).__name__}")
@@ -221,7 +246,8 @@ def _check_tensors(q, k, v, what="q, k, v"):
         raise ValueError(f"stria: tensors on {q.device} are not supported (cpu or cuda)")
 
 
-def _check_shapes(q, k, v, tokens="sequence length"):
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  tokens: str = "sequence length") -> None:
     """The checks of q [B, S, H, D], k, v [B, S, Hkv, D] (S: `tokens`)."""
     _check_tensors(q, k, v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -244,7 +270,7 @@ def _check_shapes(q, k, v, tokens="sequence length"):
         raise ValueError(f"stria: q's {H} heads are not a multiple of k's {k.shape[2]}")
 
 
-def _scale(softmax_scale):
+def _scale(softmax_scale: Optional[float]) -> Optional[float]:
     if softmax_scale is None:
         return None
     if not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale) or \
@@ -254,7 +280,7 @@ def _scale(softmax_scale):
     return float(softmax_scale)
 
 
-def _window(window_size, causal):
+def _window(window_size: Sequence[int], causal: bool) -> Optional[Tuple[int, int]]:
     try:
         left, right = (int(x) for x in window_size)
     except (TypeError, ValueError):
@@ -270,7 +296,7 @@ def _window(window_size, causal):
     return (left, right)
 
 
-def _cu_seqlens(cu):
+def _cu_seqlens(cu: Union[torch.Tensor, Sequence[int], None]) -> Optional[Tuple[int, ...]]:
     if cu is None:
         return None
     if isinstance(cu, torch.Tensor):
@@ -283,15 +309,18 @@ def _cu_seqlens(cu):
         raise ValueError(f"stria: cu_seqlens must be a sequence of ints, not {cu!r}")
 
 
-def _layout(layout):
+def _layout(layout: str) -> int:
     if layout not in _lib.LAYOUTS:
         raise ValueError(f"stria: unknown layout {layout!r} (expected one of "
                          f"{', '.join(_lib.LAYOUTS)})")
     return _lib.LAYOUTS[layout]
 
 
-def attention(q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1), cu_seqlens=None,
-              layout="auto", ring_size=0, return_lse=False, client=None):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+              softmax_scale: Optional[float] = None, window_size: Sequence[int] = (-1, -1),
+              cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None, layout: str = "auto",
+              ring_size: int = 0, return_lse: bool = False, client: Optional[Client] = None
+              ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention over whole sequences through the stria service.
 
     q: [B, S, H, D]; k, v: [B, S, Hkv, D] (H a multiple of Hkv), float32,
@@ -311,20 +340,42 @@ def attention(q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1),
     calls after it: see stria.Client). Differentiable in q, k and v:
     autograd keeps O and LSE besides q, k and v, and backward sends them, so
     the forward runs once.
+
+    Arguments:
+        q: (batch_size, seqlen, nheads, headdim)
+        k: (batch_size, seqlen, nheads_k, headdim)
+        v: (batch_size, seqlen, nheads_k, headdim)
+        causal: bool. Whether to apply causal attention mask.
+        softmax_scale: float. The scaling of QK^T before softmax (default 1/sqrt(headdim)).
+        window_size: (left, right). If not (-1, -1), implements sliding window local attention.
+        cu_seqlens: None, or (n_docs + 1,) ints: the documents of every batch row.
+        layout: "auto", "striped", "contiguous" or "zigzag".
+        ring_size: int. Ranks of the ring (0: every healthy worker).
+        return_lse: bool. Whether to return the logsumexp too.
+        client: stria.Client, or None for stria.default_client().
+    Returns:
+        out: (batch_size, seqlen, nheads, headdim).
+        softmax_lse [optional, if return_lse=True]: (batch_size, nheads, seqlen). The
+            logsumexp of each row of the matrix QK^T * scaling (e.g., log of the softmax
+            normalization factor).
     """
     return _attention(q, k, v, causal, softmax_scale, window_size, cu_seqlens, layout, ring_size,
                       return_lse, client)
 
 
-def _attention(q, k, v, causal, softmax_scale, window_size, cu_seqlens, layout, ring_size,
-               return_lse, client, positions=None):
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+               softmax_scale: Optional[float], window_size: Sequence[int],
+               cu_seqlens: Union[torch.Tensor, Sequence[int], None], layout: str, ring_size: int,
+               return_lse: bool, client: Optional[Client],
+               positions: Optional[torch.Tensor] = None
+               ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """stria.attention; positions (stria.hf, compiling): position_ids whose
     restarts the ops turn into cu_seqlens when they run."""
     _check_shapes(q, k, v)
     softmax_scale = _scale(softmax_scale)
     if not isinstance(ring_size, int) or ring_size < 0:
         raise ValueError(f"stria: ring_size must be an int >= 0, not {ring_size!r}")
-    window, cu, layout = _window(window_size, bool(causal)), _cu_seqlens(cu_seqlens), \
+    window, cu, layout_id = _window(window_size, bool(causal)), _cu_seqlens(cu_seqlens), \
         _layout(layout)
     if torch.compiler.is_compiling() or \
             not (client if client is not None else default_client()).keep_jobs:
@@ -332,10 +383,10 @@ def _attention(q, k, v, causal, softmax_scale, window_size, cu_seqlens, layout, 
         o, lse = _ops.attention_forward(
             q, k, v, _ops.client_key(client), bool(causal), softmax_scale,
             None if window is None else list(window), None if cu is None else list(cu),
-            positions, layout, ring_size)
+            positions, layout_id, ring_size)
         return (o, lse) if return_lse else o
     cfg = _Config(client if client is not None else default_client(), bool(causal),
-                  softmax_scale, window, cu, layout, ring_size)
+                  softmax_scale, window, cu, layout_id, ring_size)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         o, lse = AttentionFunction.apply(q, k, v, cfg)
     elif cfg.client.keep_jobs:
@@ -345,7 +396,7 @@ def _attention(q, k, v, causal, softmax_scale, window_size, cu_seqlens, layout, 
     return (o, lse) if return_lse else o
 
 
-def _unsupported(dropout_p, softcap, alibi_slopes):
+def _unsupported(dropout_p: float, softcap: float, alibi_slopes: Optional[torch.Tensor]) -> None:
     if dropout_p:
         raise NotImplementedError(f"stria: dropout_p={dropout_p} is not supported (0.0 only)")
     if softcap:
@@ -355,23 +406,45 @@ def _unsupported(dropout_p, softcap, alibi_slopes):
 
 
 def flash_attn_func(
-    q,
-    k,
-    v,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),  # -1 means infinite context window
+    softcap: float = 0.0,  # 0.0 means deactivated
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, None]]:
     """flash_attn.flash_attn_func (2.8) through stria: q [B, S, H, D], k, v
     [B, S, Hkv, D]. Always deterministic. With return_attn_probs returns
     (out, softmax_lse [B, H, S], None): stria never forms the probabilities.
     dropout_p, softcap and alibi_slopes other than the defaults raise
-    NotImplementedError."""
+    NotImplementedError.
+
+    Arguments:
+        q: (batch_size, seqlen, nheads, headdim)
+        k: (batch_size, seqlen, nheads_k, headdim)
+        v: (batch_size, seqlen, nheads_k, headdim)
+        dropout_p: float. Dropout probability (0.0 only).
+        softmax_scale: float. The scaling of QK^T before applying softmax.
+            Default to 1 / sqrt(headdim).
+        causal: bool. Whether to apply causal attention mask (e.g., for auto-regressive modeling).
+        window_size: (left, right). If not (-1, -1), implements sliding window local attention.
+        softcap: float. Anything > 0 activates softcapping attention (0.0 only).
+        alibi_slopes: (nheads,) or (batch_size, nheads), fp32 (None only).
+        deterministic: bool. Ignored: stria's backward is always deterministic.
+        return_attn_probs: bool. Whether to return the logsumexp too (the probabilities
+            are never formed: None in their place).
+    Return:
+        out: (batch_size, seqlen, nheads, headdim).
+        softmax_lse [optional, if return_attn_probs=True]: (batch_size, nheads, seqlen). The
+            logsumexp of each row of the matrix QK^T * scaling (e.g., log of the softmax
+            normalization factor).
+        S_dmask [optional, if return_attn_probs=True]: None.
+    """
     _unsupported(dropout_p, softcap, alibi_slopes)
     out = attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
                     window_size=window_size, return_lse=return_attn_probs)
@@ -381,28 +454,56 @@ def flash_attn_func(
 
 
 def flash_attn_varlen_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    block_table=None,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Union[torch.Tensor, Sequence[int]],
+    cu_seqlens_k: Union[torch.Tensor, Sequence[int]],
+    max_seqlen_q: Optional[int],
+    max_seqlen_k: Optional[int],
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),  # -1 means infinite context window
+    softcap: float = 0.0,  # 0.0 means deactivated
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Optional[torch.Tensor] = None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, None]]:
     """flash_attn.flash_attn_varlen_func (2.8) through stria: q [total, H, D],
     k, v [total, Hkv, D], documents cu_seqlens_q (which must equal
     cu_seqlens_k). With return_attn_probs returns (out, softmax_lse
     [H, total], None). Different q/k documents, block_table, dropout_p,
-    softcap and alibi_slopes raise NotImplementedError."""
+    softcap and alibi_slopes raise NotImplementedError.
+
+    Arguments:
+        q: (total_q, nheads, headdim), where total_q = total number of query tokens in the batch.
+        k: (total_k, nheads_k, headdim), where total_k = total number of key tokens in the batch.
+        v: (total_k, nheads_k, headdim), where total_k = total number of key tokens in the batch.
+        cu_seqlens_q: (batch_size + 1,), dtype torch.int32. The cumulative sequence lengths
+           of the sequences in the batch, used to index into q.
+        cu_seqlens_k: (batch_size + 1,), dtype torch.int32. Must equal cu_seqlens_q.
+        max_seqlen_q: int. Maximum query sequence length in the batch.
+        max_seqlen_k: int. Maximum key sequence length in the batch (unused).
+        dropout_p: float. Dropout probability (0.0 only).
+        softmax_scale: float. The scaling of QK^T before applying softmax.
+            Default to 1 / sqrt(headdim).
+        causal: bool. Whether to apply causal attention mask (e.g., for auto-regressive modeling).
+        window_size: (left, right). If not (-1, -1), implements sliding window local attention.
+        softcap: float. Anything > 0 activates softcapping attention (0.0 only).
+        alibi_slopes: (nheads,) or (batch_size, nheads), fp32 (None only).
+        deterministic: bool. Ignored: stria's backward is always deterministic.
+        return_attn_probs: bool. Whether to return the logsumexp too (the probabilities
+            are never formed: None in their place).
+        block_table: paged KV cache (None only).
+    Return:
+        out: (total, nheads, headdim).
+        softmax_lse [optional, if return_attn_probs=True]: (nheads, total_q_seqlen). The
+            logsumexp of each row of the matrix QK^T * scaling (e.g., log of the softmax
+            normalization factor).
+        S_dmask [optional, if return_attn_probs=True]: None.
+    """
     _unsupported(dropout_p, softcap, alibi_slopes)
     if block_table is not None:
         raise NotImplementedError("stria: block_table (paged KV cache) is not supported")
@@ -424,4 +525,4 @@ def flash_attn_varlen_func(
                     return_lse=return_attn_probs)
     if return_attn_probs:
         return out[0].squeeze(0), out[1].squeeze(0), None
-    return out.squeeze(0)
+    return cast(torch.Tensor, out).squeeze(0)

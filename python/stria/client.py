@@ -20,8 +20,19 @@ import ctypes
 import os
 import threading
 import weakref
+from types import TracebackType
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar,
+                    Union)
 
 from . import _lib
+
+if TYPE_CHECKING:
+    import torch
+
+    from .session import Session, _Cache
+
+_T = TypeVar("_T")
+_Buf = Union[ctypes.c_void_p, int, None]  # a host buffer's address
 
 DEFAULT_COORDINATOR = "127.0.0.1:7400"
 
@@ -32,7 +43,7 @@ class Job:
     ``release()`` frees the workers' memory; it also happens when the object
     is garbage-collected and when its client closes."""
 
-    def __init__(self, client, ptr):
+    def __init__(self, client: "Client", ptr: ctypes.c_void_p) -> None:
         self._client = client
         self._ptr = ptr
         L = _lib.lib()
@@ -41,14 +52,14 @@ class Job:
         self.layout = _lib.LAYOUT_NAMES.get(int(L.stria_job_layout(ptr)), "unknown")
         self._finalizer = weakref.finalize(self, client._release_ptr, ptr)
 
-    def _call(self, fn):
+    def _call(self, fn: Callable[[ctypes.CDLL], _T]) -> _T:
         """fn(L) under the client's lock, on a live handle."""
         if not self.alive:
             raise RuntimeError(f"stria job {self.id} was released")
         return self._client._locked(lambda: fn(_lib.lib()))
 
     @property
-    def id(self):
+    def id(self) -> int:
         """The job's id: a sharded job that lost a worker moves to its
         replacement (a new id) inside forward_shard, and this follows."""
         if self.alive:
@@ -56,10 +67,11 @@ class Job:
         return self._id
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         return self._finalizer.alive and not self._client.closed
 
-    def backward(self, d_o, dq, dk, dv, stats=None):
+    def backward(self, d_o: _Buf, dq: _Buf, dk: _Buf, dv: _Buf,
+                 stats: Optional[_lib.CallStats] = None) -> None:
         """dO in, dQ/dK/dV out (addresses of contiguous host buffers)."""
         st = ctypes.byref(stats) if stats is not None else None
         self._call(lambda L: _lib.check(L.stria_client_backward(
@@ -67,7 +79,7 @@ class Job:
 
     # ---- sharded jobs (Client.submit / Client.import_job) ----------------
 
-    def export(self):
+    def export(self) -> bytes:
         """The handle's bytes for the other ranks (they hold the job's
         secret: hand them only to the trainer's own processes)."""
         buf = ctypes.create_string_buffer(_lib.JOB_EXPORT_BYTES)
@@ -76,7 +88,7 @@ class Job:
             self._ptr, buf, len(buf), ctypes.byref(n))))
         return buf.raw[:n.value]
 
-    def shard_tokens(self, rank):
+    def shard_tokens(self, rank: int) -> int:
         """How many tokens ring rank `rank` holds."""
         n = self._call(lambda L: int(L.stria_job_shard_tokens(self._ptr, rank)))
         if n < 0:
@@ -84,7 +96,7 @@ class Job:
                              f"{self.ring_size}")
         return n
 
-    def positions(self, rank):
+    def positions(self, rank: int) -> "torch.Tensor":
         """The global positions of rank `rank`'s tokens, in its order (int64)."""
         import torch
 
@@ -93,18 +105,19 @@ class Job:
             self._ptr, rank, ctypes.c_void_p(out.data_ptr()))))
         return out
 
-    def forward_shard(self, rank, q, k, v, o, lse):
+    def forward_shard(self, rank: int, q: _Buf, k: _Buf, v: _Buf, o: _Buf, lse: _Buf) -> None:
         """Rank `rank`'s forward pass (addresses of contiguous host buffers
         of its tokens); returns when every rank's pass is done."""
         self._call(lambda L: _lib.check(L.stria_client_forward_shard(
             self._ptr, rank, q, k, v, o, lse)))
 
-    def backward_shard(self, rank, d_o, dq, dk, dv):
+    def backward_shard(self, rank: int, d_o: _Buf, dq: _Buf, dk: _Buf, dv: _Buf) -> None:
         """Rank `rank`'s backward pass, after its forward pass."""
         self._call(lambda L: _lib.check(L.stria_client_backward_shard(
             self._ptr, rank, d_o, dq, dk, dv)))
 
-    def release(self):
+    def release(self) -> None:
+        """Frees the job on the service (idempotent)."""
         self._finalizer()
 
 
@@ -144,13 +157,15 @@ class Client:
     says whether it is retryable (``.retryable``).
     """
 
-    def __init__(self, coordinator=None, token_file=None, *, connect_timeout=0.0,
-                 rpc_timeout=0.0, name="stria-python", keep_jobs=0, step_timeout=0.0, ttl=0.0,
-                 no_queue=False, arrival_timeout=0.0, forward_retries=0, max_sessions=4,
-                 idle_timeout=0.0):
+    def __init__(self, coordinator: Optional[str] = None, token_file: Optional[str] = None, *,
+                 connect_timeout: float = 0.0, rpc_timeout: float = 0.0,
+                 name: str = "stria-python", keep_jobs: int = 0, step_timeout: float = 0.0,
+                 ttl: float = 0.0, no_queue: bool = False, arrival_timeout: float = 0.0,
+                 forward_retries: int = 0, max_sessions: int = 4,
+                 idle_timeout: float = 0.0) -> None:
         self.closed = True  # until connected (__del__ of a failed constructor)
         L = _lib.lib()
-        self.coordinator = coordinator or os.environ.get("STRIA_COORDINATOR") or \
+        self.coordinator: str = coordinator or os.environ.get("STRIA_COORDINATOR") or \
             DEFAULT_COORDINATOR
         token_file = token_file or os.environ.get("STRIA_TOKEN_FILE") or None
         if keep_jobs < 0:
@@ -167,13 +182,17 @@ class Client:
         self.no_queue = bool(no_queue)
         self.arrival_timeout = float(arrival_timeout)
         self._lock = threading.Lock()
-        self._pending = []  # (kind, pointer, token) a finalizer could not release at once
+        # (kind, pointer, token) a finalizer could not release at once
+        self._pending: List[Tuple[str, ctypes.c_void_p, Optional[int]]] = []
         self._pending_lock = threading.Lock()
         self._kept = 0
-        self._ptrs = {}  # open jobs' pointers -> whether they count as kept
-        self._session_ptrs = {}  # open sessions' pointer values -> (token, pointer)
-        self._cache = None  # whole-sequence calls' sessions (session._Cache)
-        self._group_caches = {}  # a torch.distributed group -> its sharded calls' _Cache
+        # open jobs' pointers -> whether they count as kept
+        self._ptrs: Dict[Optional[int], bool] = {}
+        # open sessions' pointer values -> (token, pointer)
+        self._session_ptrs: Dict[Optional[int], Tuple[int, ctypes.c_void_p]] = {}
+        self._cache: Optional["_Cache"] = None  # whole-sequence calls' sessions (session._Cache)
+        # a torch.distributed group -> its sharded calls' _Cache
+        self._group_caches: Dict[Any, "_Cache"] = {}
         self._group_caches_lock = threading.Lock()
         self._pid = os.getpid()
         p = _lib.ClientParams()
@@ -192,7 +211,7 @@ class Client:
 
     # ---- locking ---------------------------------------------------------
 
-    def _drain_locked(self):
+    def _drain_locked(self) -> None:
         while True:
             with self._pending_lock:
                 if not self._pending:
@@ -203,7 +222,7 @@ class Client:
             else:
                 self._close_session_locked(ptr, token)
 
-    def _unlock(self):
+    def _unlock(self) -> None:
         """Lets go of the lock, first releasing what finalizers queued; a
         finalizer that queued while we held the lock relies on this."""
         while True:
@@ -215,7 +234,7 @@ class Client:
             if not self._lock.acquire(blocking=False):
                 return  # the new holder drains
 
-    def _locked(self, fn):
+    def _locked(self, fn: Callable[[], _T]) -> _T:
         if self.closed:
             raise RuntimeError("stria client is closed")
         self._lock.acquire()
@@ -226,21 +245,21 @@ class Client:
         finally:
             self._unlock()
 
-    def _release_locked(self, ptr):
+    def _release_locked(self, ptr: ctypes.c_void_p) -> None:
         if ptr.value in self._ptrs:
             if self._ptrs.pop(ptr.value):
                 self._kept -= 1
             _lib.lib().stria_client_release(ptr)
 
-    def _release_ptr(self, ptr):
+    def _release_ptr(self, ptr: ctypes.c_void_p) -> None:
         """A Job's finalizer: any thread, maybe one that holds the lock."""
         self._queue("job", ptr, None)
 
-    def _queue_close(self, ptr, token):
+    def _queue_close(self, ptr: ctypes.c_void_p, token: int) -> None:
         """A Session's finalizer: any thread, maybe one that holds the lock."""
         self._queue("session", ptr, token)
 
-    def _queue(self, kind, ptr, token):
+    def _queue(self, kind: str, ptr: ctypes.c_void_p, token: Optional[int]) -> None:
         if self.closed:
             return
         with self._pending_lock:
@@ -250,7 +269,8 @@ class Client:
 
     # ---- sessions ----------------------------------------------------------
 
-    def _open_session_locked(self, spec, into=None):
+    def _open_session_locked(self, spec: _lib.SessionSpec, into: Optional["Session"] = None
+                             ) -> "Session":
         """Opens a session (the lock held); `into`: the Session to fill in
         (stria.Session's constructor), else a new one."""
         ptr = ctypes.c_void_p()
@@ -260,13 +280,14 @@ class Client:
                                   spec.kv_heads or spec.heads, spec.head_dim, spec.dtype,
                                   spec.sharded)
 
-    def _import_session_locked(self, data, **info):
+    def _import_session_locked(self, data: bytes, **info: Any) -> "Session":
         ptr = ctypes.c_void_p()
         _lib.check(_lib.lib().stria_session_import(self._ptr, data, len(data),
                                                    ctypes.byref(ptr)))
         return self._adopt_locked(ptr, None, **info)
 
-    def _adopt_locked(self, ptr, into, *args, **kw):
+    def _adopt_locked(self, ptr: ctypes.c_void_p, into: Optional["Session"], *args: Any,
+                      **kw: Any) -> "Session":
         from .session import Session
 
         try:
@@ -277,27 +298,33 @@ class Client:
         self._session_ptrs[ptr.value] = (s._token, ptr)
         return s
 
-    def _close_session_locked(self, ptr, token):
+    def _close_session_locked(self, ptr: ctypes.c_void_p, token: Optional[int]) -> None:
         if self._session_ptrs.get(ptr.value, (None,))[0] == token:
             del self._session_ptrs[ptr.value]
             _lib.lib().stria_session_close(ptr)  # frees the handle whatever it says
 
-    def import_session(self, data):
+    def import_session(self, data: bytes) -> "Session":
         """A Session from another process's ``Session.export()`` bytes (a
-        sharded session's other ranks)."""
+        sharded session's other ranks).
+
+        Arguments:
+            data: the bytes of Session.export() (another rank's).
+        Returns:
+            the Session, open on this client.
+        """
         from .session import Session
 
         info, raw = Session._parse_export(data)
         return self._locked(lambda: self._import_session_locked(raw, **info))
 
-    def _whole_cache(self):
+    def _whole_cache(self) -> "_Cache":
         if self._cache is None:
             from .session import _Cache
 
             self._cache = _Cache(self.max_sessions, evict_on_busy=True)
         return self._cache
 
-    def _group_cache(self, group):
+    def _group_cache(self, group: Any) -> "_Cache":
         """The sharded sessions' cache of a torch.distributed group."""
         with self._group_caches_lock:
             c = self._group_caches.get(group)
@@ -307,16 +334,18 @@ class Client:
                 c = self._group_caches[group] = _Cache(self.max_sessions)
             return c
 
-    def _on_session(self, fixed, batch, seq_len, open_spec, fn):
+    def _on_session(self, fixed: Tuple[Any, ...], batch: int, seq_len: int,
+                    open_spec: Callable[[int, int], _lib.SessionSpec],
+                    fn: Callable[["Session"], _T]) -> _T:
         """fn(session) on the cached whole-sequence session for `fixed`
         covering the call (opened with open_spec(max_batch, max_seq_len)
         when none does), all under the lock."""
         cache = self._whole_cache()
 
-        def open_fn(mb, msl, no_queue):
+        def open_fn(mb: int, msl: int, no_queue: bool) -> "Session":
             from ._errors import NoMemoryError
 
-            def opened(b, s):
+            def opened(b: int, s: int) -> "Session":
                 spec = open_spec(b, s)
                 spec.no_queue = spec.no_queue or no_queue
                 return self._open_session_locked(spec)
@@ -329,24 +358,24 @@ class Client:
             # the rounded bounds are beyond the workers' memory: the call's own
             return opened(batch, seq_len)
 
-        def run():
+        def run() -> _T:
             s = cache.session(fixed, batch, seq_len, open_fn, lambda s: s._close_locked())
             return fn(s)
 
         return self._locked(run)
 
     @property
-    def sessions(self):
+    def sessions(self) -> List["Session"]:
         """The open sessions the client keeps for calls (whole-sequence and
         sharded; not the stria.Session objects opened through it)."""
-        out = []
+        out: List["Session"] = []
         for cache in [self._cache, *list(self._group_caches.values())]:
             if cache is not None:
                 out += cache.open_sessions()
         return out
 
     @property
-    def open_session_ids(self):
+    def open_session_ids(self) -> List[int]:
         """The service's ids of every open session of this client (cached
         or explicit)."""
         L = _lib.lib()
@@ -355,15 +384,25 @@ class Client:
 
     # ---- calls -----------------------------------------------------------
 
-    def _may_keep(self):
+    def _may_keep(self) -> bool:
         return self._kept < self.keep_jobs
 
-    def forward(self, spec, q, k, v, o, lse, keep, stats=None):
+    def forward(self, spec: _lib.JobSpec, q: _Buf, k: _Buf, v: _Buf, o: _Buf, lse: _Buf,
+                keep: bool, stats: Optional[_lib.CallStats] = None) -> Optional[Job]:
         """One forward call (addresses of contiguous host buffers). Returns a
-        Job when keep is true, else releases the job and returns None."""
+        Job when keep is true, else releases the job and returns None.
+
+        Arguments:
+            spec: the job's stria_job_spec_t.
+            q, k, v: the inputs' addresses; o, lse: the outputs'.
+            keep: hold the job on the service for backward.
+            stats: a CallStats to fill in, or None.
+        Returns:
+            the Job (keep), else None.
+        """
         L = _lib.lib()
 
-        def call():
+        def call() -> Optional[ctypes.c_void_p]:
             job = ctypes.c_void_p()
             _lib.check(L.stria_client_forward(
                 self._ptr, ctypes.byref(spec), q, k, v, o, lse, None, None,
@@ -378,10 +417,10 @@ class Client:
         ptr = self._locked(call)
         return Job(self, ptr) if ptr is not None else None
 
-    def _open(self, make, keep):
+    def _open(self, make: Callable[[ctypes.CDLL, Any], int], keep: bool) -> Job:
         """A Job from make(L, &ptr) (a sharded job's handle); keep: it counts
         against keep_jobs until released."""
-        def call():
+        def call() -> ctypes.c_void_p:
             ptr = ctypes.c_void_p()
             _lib.check(make(_lib.lib(), ctypes.byref(ptr)))
             self._ptrs[ptr.value] = bool(keep)
@@ -390,19 +429,33 @@ class Client:
 
         return Job(self, self._locked(call))
 
-    def submit(self, spec, keep=False):
+    def submit(self, spec: _lib.JobSpec, keep: bool = False) -> Job:
         """Submits a sharded job (spec.ring_size ranks, a named layout) and
-        returns its Job once its workers are reserved; nothing runs yet."""
+        returns its Job once its workers are reserved; nothing runs yet.
+
+        Arguments:
+            spec: the job's stria_job_spec_t.
+            keep: the job counts against keep_jobs until released.
+        Returns:
+            the Job.
+        """
         return self._open(lambda L, out: L.stria_client_submit(self._ptr, ctypes.byref(spec),
                                                                out), keep)
 
-    def import_job(self, data, keep=False):
-        """Opens a sharded job from another process's Job.export() bytes."""
+    def import_job(self, data: bytes, keep: bool = False) -> Job:
+        """Opens a sharded job from another process's Job.export() bytes.
+
+        Arguments:
+            data: the bytes of Job.export() (another rank's).
+            keep: the job counts against keep_jobs until released.
+        Returns:
+            the Job.
+        """
         data = bytes(data)
         return self._open(lambda L, out: L.stria_job_import(self._ptr, data, len(data), out),
                           keep)
 
-    def close(self):
+    def close(self) -> None:
         """Closes every session, releases every open job and closes the
         connection (idempotent). In a process forked from the one that
         connected, it only forgets them (they are the parent's)."""
@@ -425,32 +478,32 @@ class Client:
                 L.stria_client_close(self._ptr)
 
     @property
-    def jobs_kept(self):
+    def jobs_kept(self) -> int:
         """Jobs held open for backward now."""
         return self._kept
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"stria.Client({self.coordinator!r}{', closed' if self.closed else ''})"
 
 
-_clients = weakref.WeakSet()  # every connected client, closed at exit
-_default = None
+_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()  # every connected client, closed at exit
+_default: Optional[Client] = None
 _default_lock = threading.Lock()
 
 
-def default_client():
+def default_client() -> Client:
     """The client that calls without ``client=`` use: made on first use from
     the environment (STRIA_COORDINATOR, STRIA_TOKEN_FILE), closed at exit."""
     global _default
@@ -460,9 +513,15 @@ def default_client():
         return _default
 
 
-def set_default_client(client):
+def set_default_client(client: Optional[Client]) -> Optional[Client]:
     """Makes `client` (or None: a fresh one from the environment on next
-    use) the default; returns the previous one (not closed)."""
+    use) the default; returns the previous one (not closed).
+
+    Arguments:
+        client: the new default Client, or None.
+    Returns:
+        the previous default Client, or None.
+    """
     global _default
     with _default_lock:
         prev, _default = _default, client
@@ -476,14 +535,14 @@ EXIT_CLOSE_S = 10.0
 
 
 @atexit.register
-def _close_all():
+def _close_all() -> None:
     """At exit: every client's sessions closed, its connection too, on a
     daemon thread given EXIT_CLOSE_S."""
     clients = [c for c in list(_clients) if not c.closed]
     if not clients:
         return
 
-    def close():
+    def close() -> None:
         for c in clients:
             try:
                 c.close()

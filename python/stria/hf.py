@@ -11,14 +11,17 @@ sequences instead); a None, all-ones or plain causal mask is accepted.
 """
 
 import functools
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from .attention import _attention as _call, attention
+from .client import Client
 
 
-def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-          attention_mask=None, **kwargs):
+def _mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
+          kv_offset: int = 0, mask_function: Any = None,
+          attention_mask: Optional[torch.Tensor] = None, **kwargs: Any) -> Optional[torch.Tensor]:
     """The mask builder registered next to the attention: hands the 2-D
     padding mask through (None when it has no padding), like transformers'
     flash-attention builder, so that the attention sees padding and refuses
@@ -30,7 +33,7 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
     return attention_mask
 
 
-def _mask_causality(mask, S):
+def _mask_causality(mask: torch.Tensor, S: int) -> Optional[bool]:
     """True for a plain causal mask, False for an all-visible one; raises for
     anything else (padding, custom patterns)."""
     if mask.dim() == 2:
@@ -51,7 +54,7 @@ def _mask_causality(mask, S):
                      "this one hides other keys (padding?): pack the sequences instead")
 
 
-def _documents(position_ids, S):
+def _documents(position_ids: Optional[torch.Tensor], S: int) -> Optional[List[int]]:
     """cu_seqlens from position_ids that restart (packed sequences), or None
     for one sequence per row. Every batch row must split the same way (the
     service takes one list for the batch)."""
@@ -65,14 +68,34 @@ def _documents(position_ids, S):
     if not bool((starts == starts[:1]).all()):
         raise ValueError("stria: packed sequences must split every batch row at the same tokens "
                          "(the service takes one cu_seqlens for the batch); use batch 1")
-    idx = torch.nonzero(starts[0]).flatten().tolist()
+    idx: List[int] = torch.nonzero(starts[0]).flatten().tolist()
     if len(idx) <= 1:
         return None
     return idx + [S]
 
 
-def _attention(opts, module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-               sliding_window=None, softcap=None, is_causal=None, s_aux=None, **kwargs):
+def _attention(opts: Dict[str, Any], module: Any, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, attention_mask: Optional[torch.Tensor],
+               dropout: float = 0.0, scaling: Optional[float] = None,
+               sliding_window: Optional[int] = None, softcap: Optional[float] = None,
+               is_causal: Optional[bool] = None, s_aux: Optional[torch.Tensor] = None,
+               **kwargs: Any) -> Tuple[torch.Tensor, None]:
+    """The attention registered with transformers (the signature of its
+    AttentionInterface functions).
+
+    Arguments:
+        opts: stria.attention's client, layout and ring_size (bound by register).
+        module: the model's attention module (its is_causal is read).
+        query, key, value: (batch, heads, seqlen, headdim), as transformers passes them.
+        attention_mask: None, a 2-D all-ones mask, or a 4-D causal/all-visible mask.
+        dropout, softcap, s_aux: must be off (refused otherwise).
+        scaling: the softmax scale (None: 1/sqrt(headdim)).
+        sliding_window: the model's window W (keys with q - k < W are visible).
+        is_causal: overrides module.is_causal when given.
+        kwargs: position_ids (packed sequences become documents) and the rest, ignored.
+    Returns:
+        (out, None): out is (batch, seqlen, heads, headdim); no attention weights.
+    """
     if dropout:
         raise NotImplementedError(f"stria: attention dropout ({dropout}) is not supported; set "
                                   f"the config's attention_dropout to 0")
@@ -104,11 +127,21 @@ def _attention(opts, module, query, key, value, attention_mask, dropout=0.0, sca
     return out, None
 
 
-def register(name="stria", *, client=None, layout="auto", ring_size=0):
+def register(name: str = "stria", *, client: Optional["Client"] = None, layout: str = "auto",
+             ring_size: int = 0) -> str:
     """Registers stria as attention implementation `name` with transformers
     (attention and mask builder), so that
     ``attn_implementation=name`` runs the model's attention through the
-    service; client, layout and ring_size go to stria.attention."""
+    service; client, layout and ring_size go to stria.attention.
+
+    Arguments:
+        name: the attn_implementation name to register.
+        client: the stria.Client the calls use (None: the default client).
+        layout: the sequence layout on the ring ("auto", "striped", "contiguous", "zigzag").
+        ring_size: workers in the ring (0: the service chooses).
+    Returns:
+        name.
+    """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

@@ -26,23 +26,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, cast
 
 from ._lib import PACKAGE_BIN, PACKAGE_LIB, missing_library_hint
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _child_setup(parent):
+def _child_setup(parent: int) -> Callable[[], None]:
     libc = ctypes.CDLL(None, use_errno=True)
 
-    def setup():
+    def setup() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before prctl
             os._exit(126)
     return setup
 
 
-def find_bin_dir():
+def find_bin_dir() -> str:
     """Where the daemons are: $STRIA_BIN_DIR, the package's _bin (a wheel),
     the source checkout's build/bin, else the folder of stria-coordinator on
     PATH (the build tree's path when none has it, for the error)."""
@@ -61,21 +62,21 @@ def find_bin_dir():
 class Daemon:
     """One daemon process: stdout read for its start line, stderr to a log."""
 
-    def __init__(self, argv, log_path, env):
+    def __init__(self, argv: Sequence[str], log_path: str, env: Mapping[str, str]) -> None:
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log, env=env,
                                      preexec_fn=_child_setup(os.getpid()))
 
-    def wait_line(self, prefix, timeout=30):
+    def wait_line(self, prefix: str, timeout: float = 30) -> str:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            line = self.proc.stdout.readline().decode(errors="replace")
+            line = cast(IO[bytes], self.proc.stdout).readline().decode(errors="replace")
             if not line:
                 break
             if line.startswith(prefix):
                 return line[len(prefix):].strip()
-        prog = os.path.basename(self.proc.args[0])
+        prog = os.path.basename(cast(Sequence[str], self.proc.args)[0])
         try:
             self.proc.wait(1)
             self.log.flush()
@@ -87,7 +88,7 @@ class Daemon:
             raise RuntimeError(f"{prog} cannot start: {hint} (log: {self.log_path})")
         raise RuntimeError(f"{prog} did not print {prefix!r} (log: {self.log_path})")
 
-    def stop(self, timeout=15):
+    def stop(self, timeout: float = 15) -> int:
         """SIGTERM, SIGKILL after `timeout`; returns the exit status."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -96,8 +97,9 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if not self.proc.stdout.closed:
-            self.proc.stdout.close()
+        stdout = cast(IO[bytes], self.proc.stdout)
+        if not stdout.closed:
+            stdout.close()
         self.log.close()
         return self.proc.returncode
 
@@ -111,8 +113,11 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
     short one marks workers of a busy machine dead). Logs go to `log_dir`
     (default: a temporary folder, removed by a clean stop)."""
 
-    def __init__(self, workers=4, *, bin_dir=None, token_file=None, threads=1, memory="2G",
-                 step_timeout="60", heartbeat_period=None, log_dir=None, env=None, port=0):
+    def __init__(self, workers: int = 4, *, bin_dir: Optional[str] = None,
+                 token_file: Optional[str] = None, threads: int = 1, memory: str = "2G",
+                 step_timeout: str = "60", heartbeat_period: Optional[float] = None,
+                 log_dir: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                 port: int = 0) -> None:
         self.bin_dir = bin_dir or find_bin_dir()
         for prog in ("stria-coordinator", "stria-worker", "striactl"):
             if not os.access(os.path.join(self.bin_dir, prog), os.X_OK):
@@ -120,7 +125,9 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
                                         f"(cmake --build build) or set STRIA_BIN_DIR")
         self._own_dir = log_dir is None
         self.dir = log_dir or tempfile.mkdtemp(prefix="stria_local_")
-        coord_auth, worker_auth, self.auth = [], [], []
+        coord_auth: List[str] = []
+        worker_auth: List[str] = []
+        self.auth: List[str] = []
         if token_file:  # clients prove token_file; workers and operators their own
             worker_tok = self._credential("worker.token")
             admin_tok = self._credential("admin.token")
@@ -138,7 +145,7 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
             path = self.env.get("LD_LIBRARY_PATH")
             self.env["LD_LIBRARY_PATH"] = PACKAGE_LIB + (os.pathsep + path if path else "")
         self.env.update(env or {})
-        self.workers = []
+        self.workers: List[Daemon] = []
         hb = ["--heartbeat-period", str(heartbeat_period)] if heartbeat_period else []
         self.coordinator = Daemon([os.path.join(self.bin_dir, "stria-coordinator"), "--listen",
                                    f"127.0.0.1:{int(port)}", *hb, *coord_auth],
@@ -157,7 +164,7 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
             self.stop()
             raise
 
-    def _credential(self, name):
+    def _credential(self, name: str) -> str:
         """A fresh random credential in `dir` (mode 0600); its path."""
         path = os.path.join(self.dir, name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -165,7 +172,7 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
             f.write(secrets.token_hex(32) + "\n")
         return path
 
-    def ctl(self, *args):
+    def ctl(self, *args: str) -> Any:
         """`striactl --json ARGS` against this service, parsed."""
         r = subprocess.run([os.path.join(self.bin_dir, "striactl"), "--coordinator",
                             self.address, *self.auth, "--json", *args], capture_output=True,
@@ -174,7 +181,7 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
             raise RuntimeError(f"striactl {' '.join(args)}: {r.stderr.strip()}")
         return json.loads(r.stdout)
 
-    def wait_healthy(self, n, timeout=30):
+    def wait_healthy(self, n: int, timeout: float = 30) -> None:
         end = time.monotonic() + timeout
         got = None
         while time.monotonic() < end:
@@ -184,11 +191,11 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
             time.sleep(0.05)
         raise RuntimeError(f"{got} healthy workers, expected {n} (logs in {self.dir})")
 
-    def active_jobs(self):
+    def active_jobs(self) -> List[Dict[str, Any]]:
         """The jobs striactl lists (active or queued)."""
-        return self.ctl("jobs")["jobs"]
+        return cast(List[Dict[str, Any]], self.ctl("jobs")["jobs"])
 
-    def stop(self):
+    def stop(self) -> List[str]:
         """Stops every daemon (SIGTERM); returns the names of those that did
         not exit cleanly (their logs stay in `dir`)."""
         bad = [f"worker {i}" for i, w in enumerate(self.workers) if w.stop() != 0]
@@ -198,14 +205,14 @@ get fresh ones of their own in `dir`). heartbeat_period: the coordinator's (defa
             shutil.rmtree(self.dir, ignore_errors=True)
         return bad
 
-    def __enter__(self):
+    def __enter__(self) -> "LocalService":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.stop()
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """python -m stria.local: a coordinator and workers on loopback until
     Ctrl-C or SIGTERM; stops every daemon it started."""
     ap = argparse.ArgumentParser(
@@ -229,7 +236,7 @@ def main(argv=None):
     if args.workers < 1:
         ap.error("--workers must be at least 1")
 
-    def terminate(signum, frame):
+    def terminate(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     old = {s: signal.signal(s, terminate) for s in (signal.SIGTERM, signal.SIGHUP)}

@@ -18,12 +18,19 @@ import itertools
 import struct
 import threading
 import weakref
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
 import torch
 
 from . import _lib
 from ._errors import BusyError
 from ._tensors import _DTYPES, _TORCH_DTYPES, _back, _empty, _host, _ptr
+
+if TYPE_CHECKING:
+    from .client import Client
+
+_T = TypeVar("_T")
 
 #: The fewest tokens (batch * seq_len) the sessions a client opens for its
 #: calls are bounded by: bounds are rounded up to a power of two, at least
@@ -37,12 +44,12 @@ _EXPORT_MAGIC = b"stS1"
 _EXPORT_HEADER = struct.Struct("<4sqqqqqi?3x")
 
 
-def _pow2(n):
+def _pow2(n: int) -> int:
     n = int(n)
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def rounded_bounds(batch, seq_len):
+def rounded_bounds(batch: int, seq_len: int) -> Tuple[int, int]:
     """(max_batch, max_seq_len) of the session the cache opens for a call:
     the batch rounded up to a power of two, and the tokens (batch *
     seq_len) rounded up to a power of two, at least MIN_TOKENS."""
@@ -51,7 +58,9 @@ def rounded_bounds(batch, seq_len):
     return mb, tokens // mb
 
 
-def make_call(batch, seq_len, causal, scale, window, cu_seqlens):
+def make_call(batch: int, seq_len: int, causal: bool, scale: Optional[float],
+              window: Optional[Tuple[int, ...]], cu_seqlens: Optional[Sequence[int]]
+              ) -> Tuple[_lib.Call, Any]:
     """A stria_call_t and the ctypes array it points to (keep both alive
     during the call)."""
     c = _lib.Call()
@@ -70,8 +79,10 @@ def make_call(batch, seq_len, causal, scale, window, cu_seqlens):
     return c, arr
 
 
-def make_spec(client, *, max_batch, max_seq_len, heads, kv_heads, head_dim, dtype, layout,
-              ring_size, sharded, idle_timeout=None, label=None):
+def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int, kv_heads: int,
+              head_dim: int, dtype: int, layout: int, ring_size: int, sharded: bool,
+              idle_timeout: Optional[float] = None, label: Optional[str] = None
+              ) -> _lib.SessionSpec:
     """A stria_session_spec_t with the client's deadlines and queueing
     (dtype and layout as libstria's numbers); the label's bytes are kept on
     the returned object."""
@@ -92,7 +103,7 @@ def make_spec(client, *, max_batch, max_seq_len, heads, kv_heads, head_dim, dtyp
 _tokens = itertools.count(1)
 
 
-def _close_later(client_ref, ptr, token):
+def _close_later(client_ref: "weakref.ref[Client]", ptr: ctypes.c_void_p, token: int) -> None:
     """A Session's finalizer: closes its handle through the client (at once
     when its lock is free, else by the thread that holds it)."""
     client = client_ref()
@@ -100,7 +111,8 @@ def _close_later(client_ref, ptr, token):
         client._queue_close(ptr, token)
 
 
-def _forward_tensors(run, q, k, v):
+def _forward_tensors(run: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     """run(q, k, v, o, lse) on host buffers (addresses); (O, LSE) on q's
     device."""
     qh, kh, vh = _host(q), _host(k), _host(v)
@@ -111,7 +123,9 @@ def _forward_tensors(run, q, k, v):
     return _back(o, q.device), _back(lse, q.device)
 
 
-def _backward_tensors(run, q, k, v, o, lse, do):
+def _backward_tensors(run: Callable[..., Any], q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """run(q, k, v, o, lse, dO, dQ, dK, dV) on host buffers; (dQ, dK, dV) on
     the inputs' devices."""
     hosts = [_host(t) for t in (q, k, v, o, lse, do)]
@@ -148,9 +162,11 @@ class Session:
     collected, when its client closes and at interpreter exit.
     """
 
-    def __init__(self, *, heads, head_dim, max_seq_len, max_batch=1, kv_heads=None,
-                 dtype=torch.bfloat16, layout="striped", ring_size=0, sharded=False,
-                 idle_timeout=0.0, label=None, client=None):
+    def __init__(self, *, heads: int, head_dim: int, max_seq_len: int, max_batch: int = 1,
+                 kv_heads: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
+                 layout: str = "striped", ring_size: int = 0, sharded: bool = False,
+                 idle_timeout: float = 0.0, label: Optional[str] = None,
+                 client: Optional["Client"] = None) -> None:
         from .client import default_client
 
         if dtype not in _DTYPES:
@@ -175,8 +191,9 @@ class Session:
 
     # ---- construction (Client) ----------------------------------------------
 
-    def _setup(self, client, ptr, max_batch, max_seq_len, heads, kv_heads, head_dim, dtype,
-               sharded):
+    def _setup(self, client: "Client", ptr: ctypes.c_void_p, max_batch: int, max_seq_len: int,
+               heads: int, kv_heads: int, head_dim: int, dtype: int, sharded: bool
+               ) -> "Session":
         """Fills in an opened or imported handle (dtype: libstria's number);
         the client registers it."""
         L = _lib.lib()
@@ -196,53 +213,55 @@ class Session:
         return self
 
     @classmethod
-    def _blank(cls):
+    def _blank(cls) -> "Session":
         return cls.__new__(cls)
 
     # ---- state --------------------------------------------------------------
 
     @property
-    def client(self):
+    def client(self) -> "Client":
+        """The Client the session was opened through."""
         return self._client
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         """Open (not closed, nor its client)."""
         c = self._client
         return not c.closed and c._session_ptrs.get(self._ptr.value, (None,))[0] == self._token
 
-    def _check_alive(self):
+    def _check_alive(self) -> None:
         if not self.alive:
             raise RuntimeError(f"stria session {self._id} is closed")
 
     @property
-    def id(self):
+    def id(self) -> int:
         """The session's id at the service (its job's id; a session opened
         anew, after it expired or for a retry, has a new one)."""
         if self.alive:
             self._id = int(_lib.lib().stria_session_id(self._ptr))
         return self._id
 
-    def covers(self, batch, seq_len):
+    def covers(self, batch: int, seq_len: int) -> bool:
         """Whether a call of `batch` rows of `seq_len` tokens is within the
         bounds."""
         return batch <= self.max_batch and batch * seq_len <= self.max_batch * self.max_seq_len
 
-    def _call(self, fn):
+    def _call(self, fn: Callable[[ctypes.CDLL], _T]) -> _T:
         """fn(L) under the client's lock, on an open handle."""
-        def run():
+        def run() -> _T:
             self._check_alive()
             return fn(_lib.lib())
         return self._client._locked(run)
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """What the session did so far (stria_session_stats_t as a dict)."""
         st = _lib.SessionStats()
         st.struct_size = ctypes.sizeof(st)
         self._call(lambda L: _lib.check(L.stria_session_stats(self._ptr, ctypes.byref(st))))
-        return {name: getattr(st, name) for name, _ in st._fields_ if name != "struct_size"}
+        return {name: getattr(st, name)  # type: ignore[misc]
+                for name, _ in st._fields_ if name != "struct_size"}
 
-    def close(self):
+    def close(self) -> None:
         """Closes the session (idempotent): the workers free its memory."""
         c = self._client
         if c.closed:
@@ -250,17 +269,17 @@ class Session:
             return
         c._locked(lambda: self._close_locked())
 
-    def _close_locked(self):
+    def _close_locked(self) -> None:
         self._finalizer.detach()
         self._client._close_session_locked(self._ptr, self._token)
 
-    def __enter__(self):
+    def __enter__(self) -> "Session":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "" if self.alive else ", closed"
         kind = "sharded " if self.sharded else ""
         return (f"<stria.Session {self._id}: {kind}{self.ring_size} ranks {self.layout}, "
@@ -270,7 +289,7 @@ class Session:
 
     # ---- export / import ----------------------------------------------------
 
-    def _raw_export(self):
+    def _raw_export(self) -> bytes:
         """libstria's export (stria_session_export)."""
         buf = ctypes.create_string_buffer(_lib.SESSION_EXPORT_BYTES)
         n = ctypes.c_size_t()
@@ -278,7 +297,7 @@ class Session:
                                                                ctypes.byref(n))))
         return buf.raw[:n.value]
 
-    def export(self):
+    def export(self) -> bytes:
         """Bytes for ``Client.import_session`` in the trainer's other
         processes (a sharded session's ranks). They hold the session's
         secret: hand them only to the trainer's own processes."""
@@ -289,7 +308,7 @@ class Session:
         return head + raw
 
     @staticmethod
-    def _parse_export(data):
+    def _parse_export(data: bytes) -> Tuple[Dict[str, Any], bytes]:
         data = bytes(data)
         if len(data) <= _EXPORT_HEADER.size or data[:4] != _EXPORT_MAGIC:
             raise ValueError("stria: not a Session.export() of this package")
@@ -299,7 +318,7 @@ class Session:
 
     # ---- sharded sessions: which tokens a rank holds ------------------------
 
-    def shard_tokens(self, seq_len, rank):
+    def shard_tokens(self, seq_len: int, rank: int) -> int:
         """How many tokens ring rank `rank` holds in a call of `seq_len`."""
         n = self._call(lambda L: int(L.stria_session_shard_tokens(self._ptr, int(seq_len),
                                                                   int(rank))))
@@ -308,7 +327,7 @@ class Session:
                              f"{self._id} (a ring of {self.ring_size})")
         return n
 
-    def positions(self, seq_len, rank):
+    def positions(self, seq_len: int, rank: int) -> torch.Tensor:
         """The global positions of rank `rank`'s tokens in a call of
         `seq_len`, in its order (int64)."""
         out = torch.empty(self.shard_tokens(seq_len, rank), dtype=torch.int64)
@@ -318,7 +337,8 @@ class Session:
 
     # ---- calls ----------------------------------------------------------------
 
-    def _check(self, q, k, v, rank=None, seq_len=None):
+    def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: Optional[int] = None,
+               seq_len: Optional[int] = None) -> Tuple[int, int]:
         """The tensors against what the session fixes (libstria reads the
         buffers by the session's shapes); (batch, seq_len) of the call."""
         from .attention import _check_shapes
@@ -351,7 +371,8 @@ class Session:
                                  f"{S} in session {self._id}")
         return B, S
 
-    def _check_outputs(self, q, o, lse, do):
+    def _check_outputs(self, q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                       do: torch.Tensor) -> None:
         B, T, H, _ = q.shape
         for name, t in (("o", o), ("do", do)):
             if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype:
@@ -362,7 +383,10 @@ class Session:
             raise ValueError(f"stria: lse must be a float32 tensor of shape {(B, H, T)}")
 
     @staticmethod
-    def _options(causal, softmax_scale, window_size, cu_seqlens):
+    def _options(causal: bool, softmax_scale: Optional[float], window_size: Sequence[int],
+                 cu_seqlens: Union[torch.Tensor, Sequence[int], None]
+                 ) -> Tuple[bool, Optional[float], Optional[Tuple[int, int]],
+                            Optional[Tuple[int, ...]]]:
         from .attention import _cu_seqlens, _scale, _window
 
         return (bool(causal), _scale(softmax_scale), _window(window_size, bool(causal)),
@@ -371,28 +395,43 @@ class Session:
     # The _locked calls: the client's lock held, the handle open; pointers
     # of contiguous host buffers of the call's shape.
 
-    def _forward_locked(self, call, q, k, v, o, lse):
+    def _forward_locked(self, call: _lib.Call, q: Any, k: Any, v: Any, o: Any, lse: Any) -> None:
         _lib.check(_lib.lib().stria_session_forward(self._ptr, ctypes.byref(call), q, k, v, o,
                                                     lse))
 
-    def _backward_locked(self, call, q, k, v, o, lse, do, dq, dk, dv):
+    def _backward_locked(self, call: _lib.Call, q: Any, k: Any, v: Any, o: Any, lse: Any,
+                         do: Any, dq: Any, dk: Any, dv: Any) -> None:
         _lib.check(_lib.lib().stria_session_backward(self._ptr, ctypes.byref(call), q, k, v,
                                                      o, lse, do, dq, dk, dv))
 
-    def _forward_shard_locked(self, call, rank, q, k, v, o, lse):
+    def _forward_shard_locked(self, call: _lib.Call, rank: int, q: Any, k: Any, v: Any, o: Any,
+                              lse: Any) -> None:
         _lib.check(_lib.lib().stria_session_forward_shard(self._ptr, ctypes.byref(call), rank,
                                                           q, k, v, o, lse))
 
-    def _backward_shard_locked(self, call, rank, q, k, v, o, lse, do, dq, dk, dv):
+    def _backward_shard_locked(self, call: _lib.Call, rank: int, q: Any, k: Any, v: Any,
+                               o: Any, lse: Any, do: Any, dq: Any, dk: Any, dv: Any) -> None:
         _lib.check(_lib.lib().stria_session_backward_shard(
             self._ptr, ctypes.byref(call), rank, q, k, v, o, lse, do, dq, dk, dv))
 
-    def forward(self, q, k, v, *, causal=True, softmax_scale=None, window_size=(-1, -1),
-                cu_seqlens=None):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                softmax_scale: Optional[float] = None, window_size: Sequence[int] = (-1, -1),
+                cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         """A whole-sequence call: q [B, S, H, D], k, v [B, S, Hkv, D] in the
         session's dtype; returns (O [B, S, H, D], LSE [B, H, S] float32) on
         q's device. Options as in stria.attention. Not differentiable: pass
-        O and LSE to backward."""
+        O and LSE to backward.
+
+        Arguments:
+            q: (batch_size, seqlen, nheads, headdim)
+            k: (batch_size, seqlen, nheads_k, headdim)
+            v: (batch_size, seqlen, nheads_k, headdim)
+            causal, softmax_scale, window_size, cu_seqlens: as in stria.attention.
+        Returns:
+            out: (batch_size, seqlen, nheads, headdim).
+            softmax_lse: (batch_size, nheads, seqlen), float32.
+        """
         B, S = self._check(q, k, v)
         call, arr = make_call(B, S, *self._options(causal, softmax_scale, window_size,
                                                    cu_seqlens))
@@ -401,10 +440,22 @@ class Session:
         del arr
         return out
 
-    def backward(self, q, k, v, o, lse, do, *, causal=True, softmax_scale=None,
-                 window_size=(-1, -1), cu_seqlens=None):
+    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                 lse: torch.Tensor, do: torch.Tensor, *, causal: bool = True,
+                 softmax_scale: Optional[float] = None, window_size: Sequence[int] = (-1, -1),
+                 cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The backward of a forward call with the same tensors and options:
-        returns (dQ, dK, dV)."""
+        returns (dQ, dK, dV).
+
+        Arguments:
+            q, k, v: the forward's inputs.
+            o, lse: the forward's outputs.
+            do: (batch_size, seqlen, nheads, headdim), the gradient of o.
+            causal, softmax_scale, window_size, cu_seqlens: the forward's.
+        Returns:
+            dq, dk, dv: the shapes of q, k, v.
+        """
         B, S = self._check(q, k, v)
         self._check_outputs(q, o, lse, do)
         call, arr = make_call(B, S, *self._options(causal, softmax_scale, window_size,
@@ -415,12 +466,26 @@ class Session:
         del arr
         return out
 
-    def forward_shard(self, rank, q, k, v, *, seq_len, causal=True, softmax_scale=None,
-                      window_size=(-1, -1), cu_seqlens=None):
+    def forward_shard(self, rank: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                      seq_len: int, causal: bool = True, softmax_scale: Optional[float] = None,
+                      window_size: Sequence[int] = (-1, -1),
+                      cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rank `rank`'s part of a sharded session's call over `seq_len`
         global tokens: its tokens only (``shard_tokens``/``positions``);
         every rank makes the same calls in the same order. Returns its
-        (O, LSE) when every rank's pass is done."""
+        (O, LSE) when every rank's pass is done.
+
+        Arguments:
+            rank: this process's ring rank.
+            q: (batch_size, shard_tokens, nheads, headdim)
+            k, v: (batch_size, shard_tokens, nheads_k, headdim)
+            seq_len: the global sequence length.
+            causal, softmax_scale, window_size, cu_seqlens: as in stria.attention.
+        Returns:
+            out: (batch_size, shard_tokens, nheads, headdim).
+            softmax_lse: (batch_size, nheads, shard_tokens), float32.
+        """
         B, S = self._check(q, k, v, rank, seq_len)
         call, arr = make_call(B, S, *self._options(causal, softmax_scale, window_size,
                                                    cu_seqlens))
@@ -430,10 +495,23 @@ class Session:
         del arr
         return out
 
-    def backward_shard(self, rank, q, k, v, o, lse, do, *, seq_len, causal=True,
-                       softmax_scale=None, window_size=(-1, -1), cu_seqlens=None):
+    def backward_shard(self, rank: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, *, seq_len: int,
+                       causal: bool = True, softmax_scale: Optional[float] = None,
+                       window_size: Sequence[int] = (-1, -1),
+                       cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rank `rank`'s part of a sharded backward call: (dQ, dK, dV) of its
-        tokens."""
+        tokens.
+
+        Arguments:
+            rank: this process's ring rank.
+            q, k, v, o, lse: the forward_shard's inputs and outputs.
+            do: the gradient of o.
+            seq_len, causal, softmax_scale, window_size, cu_seqlens: the forward_shard's.
+        Returns:
+            dq, dk, dv: the shapes of q, k, v.
+        """
         B, S = self._check(q, k, v, rank, seq_len)
         self._check_outputs(q, o, lse, do)
         call, arr = make_call(B, S, *self._options(causal, softmax_scale, window_size,
@@ -458,13 +536,16 @@ class _Cache:
     session() and its call, so that no session closes under a call.
     """
 
-    def __init__(self, limit, evict_on_busy=False):
+    def __init__(self, limit: int, evict_on_busy: bool = False) -> None:
         self.limit = limit
         self.evict_on_busy = evict_on_busy
-        self.entries = collections.OrderedDict()  # fixed -> Session
+        # fixed -> Session
+        self.entries: "collections.OrderedDict[Any, Session]" = collections.OrderedDict()
         self.lock = threading.RLock()
 
-    def session(self, fixed, batch, seq_len, open_fn, close_fn):
+    def session(self, fixed: Any, batch: int, seq_len: int,
+                open_fn: Callable[[int, int, bool], Session],
+                close_fn: Callable[[Session], Any]) -> Session:
         """The session for a call; open_fn(max_batch, max_seq_len, no_queue)
         opens one (no_queue: fail busy rather than wait, whatever the
         client says), close_fn(session) closes one.
@@ -505,14 +586,14 @@ class _Cache:
         self.entries[fixed] = s
         return s
 
-    def drop(self, fixed, close_fn):
+    def drop(self, fixed: Any, close_fn: Callable[[Session], Any]) -> None:
         """Forgets (and closes) the session for `fixed`."""
         s = self.entries.pop(fixed, None)
         if s is not None and s.alive:
             close_fn(s)
 
-    def open_sessions(self):
+    def open_sessions(self) -> List[Session]:
         return [s for s in self.entries.values() if s.alive]
 
-    def forget(self):
+    def forget(self) -> None:
         self.entries.clear()

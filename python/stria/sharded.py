@@ -30,6 +30,8 @@ fresh one (forward again, then backward).
 
 import struct
 import zlib
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Tuple,
+                    TypeVar, Union, cast)
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -38,13 +40,15 @@ from . import _lib, _ops
 from .attention import (_DTYPES, _back, _Config, _check_shapes, _cu_seqlens, _empty, _host,
                         _ptr, _scale, _window)
 from ._errors import NoMemoryError, StriaError
-from .client import default_client
-from .session import _backward_tensors, _forward_tensors
+from .client import Client, Job, default_client
+from .session import Session, _backward_tensors, _forward_tensors
+
+_R = TypeVar("_R")
 
 _SHARD_LAYOUTS = ("striped", "contiguous", "zigzag")
 
 
-def _check(seq_len, rank, world_size, layout):
+def _check(seq_len: int, rank: int, world_size: int, layout: str) -> None:
     if layout not in _SHARD_LAYOUTS:
         raise ValueError(f"stria: sharded calls name their layout: one of "
                          f"{', '.join(_SHARD_LAYOUTS)} (not {layout!r})")
@@ -56,10 +60,20 @@ def _check(seq_len, rank, world_size, layout):
         raise ValueError(f"stria: seq_len must be an int >= 1, not {seq_len!r}")
 
 
-def shard_positions(seq_len, rank, world_size, layout="striped"):
+def shard_positions(seq_len: int, rank: int, world_size: int, layout: str = "striped"
+                    ) -> torch.Tensor:
     """The positions (int64 tensor, increasing) of the real tokens that rank
     `rank` of `world_size` holds under `layout`, in the order of its shard:
-    the positions to give rotary embeddings, and the rows shard() takes."""
+    the positions to give rotary embeddings, and the rows shard() takes.
+
+    Arguments:
+        seq_len: int. The whole sequence's length.
+        rank: int. The rank, 0 <= rank < world_size.
+        world_size: int. The ranks of the ring.
+        layout: "striped", "contiguous" or "zigzag".
+    Returns:
+        positions: (shard_tokens,), int64, increasing.
+    """
     _check(seq_len, rank, world_size, layout)
     n = world_size
     unit = 2 * n if layout == "zigzag" else n
@@ -77,22 +91,43 @@ def shard_positions(seq_len, rank, world_size, layout="striped"):
     return pos[pos < seq_len]
 
 
-def shard(x, dim=1, *, rank, world_size, layout="striped"):
+def shard(x: torch.Tensor, dim: int = 1, *, rank: int, world_size: int,
+          layout: str = "striped") -> torch.Tensor:
     """This rank's tokens of a whole-sequence tensor (tokens along `dim`,
-    default 1 as in [B, S, H, D]), in shard order."""
+    default 1 as in [B, S, H, D]), in shard order.
+
+    Arguments:
+        x: a whole-sequence tensor, e.g. (batch_size, seqlen, nheads, headdim).
+        dim: int. The tokens' dimension.
+        rank, world_size, layout: as in stria.shard_positions.
+    Returns:
+        x's rows of this rank's tokens along dim, in shard order.
+    """
     seq_len = x.shape[dim]
     return x.index_select(dim, shard_positions(seq_len, rank, world_size, layout).to(x.device))
 
 
-def unshard(x, dim=1, *, seq_len, layout="striped", group=None):
+def unshard(x: Union[torch.Tensor, Sequence[torch.Tensor]], dim: int = 1, *, seq_len: int,
+            layout: str = "striped", group: Any = None) -> torch.Tensor:
     """The whole sequence back from shards: `x` is either the list of every
     rank's shard (rank order), or this rank's shard, gathered over the
-    torch.distributed `group` (default: the world)."""
+    torch.distributed `group` (default: the world).
+
+    Arguments:
+        x: every rank's shard (a list, rank order), or this rank's shard (a tensor).
+        dim: int. The tokens' dimension.
+        seq_len: int. The whole sequence's length.
+        layout: "striped", "contiguous" or "zigzag".
+        group: the torch.distributed group (None: the world), for a single shard.
+    Returns:
+        the whole sequence: x's shape with seq_len tokens along dim.
+    """
     if isinstance(x, (list, tuple)):
         shards = list(x)
     else:
         import torch.distributed as dist
 
+        x = cast(torch.Tensor, x)
         n = dist.get_world_size(group)
         rank = dist.get_rank(group)
         mine = shard_positions(seq_len, rank, n, layout).numel()
@@ -138,7 +173,8 @@ class _Sharded:
     """One sharded_attention call's settings: the job's _Config plus the
     group and this rank's place in it."""
 
-    def __init__(self, cfg, group, rank, world, seq_len, layout_name):
+    def __init__(self, cfg: _Config, group: Any, rank: int, world: int, seq_len: int,
+                 layout_name: str) -> None:
         self.cfg = cfg
         self.group = group
         self.rank = rank
@@ -153,13 +189,13 @@ class _Sharded:
             self.device = torch.device("cuda", torch.cuda.current_device())
 
 
-def _dist():
+def _dist() -> Any:
     import torch.distributed as dist
 
     return dist
 
 
-def _describe(sh, q, k, keep):
+def _describe(sh: _Sharded, q: torch.Tensor, k: torch.Tensor, keep: bool) -> List[int]:
     c = sh.cfg
     B, T, H, D = q.shape
     wl, wr = c.window if c.window is not None else (-2, -2)
@@ -169,7 +205,8 @@ def _describe(sh, q, k, keep):
             wl, wr, cu, int(keep)]
 
 
-def _agree(sh, mine, local_error):
+def _agree(sh: _Sharded, mine: Optional[List[int]], local_error: Optional[BaseException]
+           ) -> bool:
     """All-gathers every rank's description; raises on every rank when one
     failed its local checks or differs from rank 0 (naming it). Returns rank
     0's wish to keep the job."""
@@ -205,15 +242,16 @@ def _agree(sh, mine, local_error):
     return bool(ref[-1])
 
 
-def _open_job(sh, q, k, want_keep, local_error=None):
+def _open_job(sh: _Sharded, q: torch.Tensor, k: torch.Tensor, want_keep: bool,
+              local_error: Optional[BaseException] = None) -> Tuple[Job, bool]:
     """The collective part: agree, submit on rank 0, broadcast, import.
     Returns (this rank's Job, keep)."""
     keep = _agree(sh, _describe(sh, q, k, want_keep) if local_error is None else None,
                   local_error)
     client = sh.cfg.client
     header = torch.zeros(_HEADER, dtype=torch.uint8)
-    job = None
-    error = None
+    job: Optional[Job] = None
+    error: Optional[BaseException] = None
     if sh.rank == 0:
         keep = keep and client._may_keep()
         spec, arr = sh.cfg.spec(q, k, sh.seq_len)
@@ -249,7 +287,8 @@ def _open_job(sh, q, k, want_keep, local_error=None):
     return job, keep
 
 
-def _run_forward(sh, job, q, k, v):
+def _run_forward(sh: _Sharded, job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     qh, kh, vh = _host(q), _host(k), _host(v)
     B, T, H, _ = q.shape
     o = _empty(qh.shape, q.dtype, q.device)
@@ -258,8 +297,11 @@ def _run_forward(sh, job, q, k, v):
     return _back(o, q.device), _back(lse, q.device)
 
 
-def _sharded_forward(sh, q, k, v, want_keep):
+def _sharded_forward(sh: _Sharded, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     want_keep: bool
+                     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[Job]]:
     """(O, LSE, the kept Job or None)."""
+    job: Optional[Job]
     job, keep = _open_job(sh, q, k, want_keep)
     try:
         o, lse = _run_forward(sh, job, q, k, v)
@@ -272,7 +314,9 @@ def _sharded_forward(sh, q, k, v, want_keep):
     return o, lse, job
 
 
-def _sharded_backward(sh, job, q, k, v, do):
+def _sharded_backward(sh: _Sharded, job: Optional[Job], q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, do: torch.Tensor
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of this rank's tokens: on the kept job, or by a second
     collective submit (forward, then backward)."""
     doh = _host(do)
@@ -295,7 +339,7 @@ def _sharded_backward(sh, job, q, k, v, do):
 
 # ---- the session path -----------------------------------------------------------
 
-def _open_session(sh, q, k, mb, msl):
+def _open_session(sh: _Sharded, q: torch.Tensor, k: torch.Tensor, mb: int, msl: int) -> Session:
     """The group's collective open of a sharded session bounded by (mb,
     msl): agree, open on group rank 0 and broadcast its export, import on
     the others. Every rank of the group runs it at the same call: the one
@@ -303,11 +347,12 @@ def _open_session(sh, q, k, mb, msl):
     _agree(sh, _describe(sh, q, k, False), None)
     client = sh.cfg.client
     header = torch.zeros(_SHEADER, dtype=torch.uint8)
-    session = error = None
+    session: Optional[Session] = None
+    error: Optional[BaseException] = None
     if sh.rank == 0:
         open_spec = sh.cfg.session_spec(q, k, sharded=True)
 
-        def opened(b, s):
+        def opened(b: int, s: int) -> Session:
             return client._locked(lambda: client._open_session_locked(open_spec(b, s)))
 
         try:
@@ -345,7 +390,8 @@ def _open_session(sh, q, k, mb, msl):
     return session
 
 
-def _on_group_session(sh, q, k, fn):
+def _on_group_session(  # type: ignore[return]  # the loop returns or raises
+        sh: _Sharded, q: torch.Tensor, k: torch.Tensor, fn: Callable[[Session], _R]) -> _R:
     """fn(session) on the client's session of the group for this call
     (opened collectively when the group has none that covers it), under
     the client's lock; no collective otherwise."""
@@ -374,7 +420,8 @@ def _on_group_session(sh, q, k, fn):
                 cache.drop(fixed, lambda old: old.close())
 
 
-def _session_forward(sh, q, k, v):
+def _session_forward(sh: _Sharded, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     call, arr = sh.cfg.call(q.shape[0], sh.seq_len)
     out = _forward_tensors(lambda *p: _on_group_session(
         sh, q, k, lambda s: s._forward_shard_locked(call, sh.rank, *p)), q, k, v)
@@ -382,7 +429,9 @@ def _session_forward(sh, q, k, v):
     return out
 
 
-def _session_backward(sh, q, k, v, o, lse, do):
+def _session_backward(sh: _Sharded, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     call, arr = sh.cfg.call(q.shape[0], sh.seq_len)
     out = _backward_tensors(lambda *p: _on_group_session(
         sh, q, k, lambda s: s._backward_shard_locked(call, sh.rank, *p)), q, k, v, o, lse, do)
@@ -390,7 +439,7 @@ def _session_backward(sh, q, k, v, o, lse, do):
     return out
 
 
-def _peers_open(sh, client, q, k):
+def _peers_open(sh: _Sharded, client: Client, q: Any, k: Any) -> bool:
     """Whether, as far as this rank can tell from its own (refused)
     arguments, its peers are about to open a session together: its client
     has no session of the group, or none of these heads and head size (and
@@ -414,11 +463,12 @@ def _peers_open(sh, client, q, k):
     return True
 
 
-class ShardedAttentionFunction(torch.autograd.Function):
+class ShardedAttentionFunction(torch.autograd.Function):  # type: ignore[misc]
     """The differentiable sharded call; use stria.sharded_attention()."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sh):
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sh: _Sharded
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         ctx.sh = sh
         ctx.job = None
         if sh.cfg.client.keep_jobs:
@@ -431,20 +481,26 @@ class ShardedAttentionFunction(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, do, _dlse):
-        saved = ctx.saved_tensors
+    @once_differentiable  # type: ignore[untyped-decorator]
+    def backward(ctx: Any, do: torch.Tensor, _dlse: Optional[torch.Tensor]
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        saved: Tuple[torch.Tensor, ...] = ctx.saved_tensors
         if len(saved) == 5:
             dq, dk, dv = _session_backward(ctx.sh, *saved, do)
         else:
             job, ctx.job = ctx.job, None
-            dq, dk, dv = _sharded_backward(ctx.sh, job, *saved, do)
+            dq, dk, dv = _sharded_backward(
+                ctx.sh, job, *cast(Tuple[torch.Tensor, torch.Tensor, torch.Tensor], saved), do)
         return dq, dk, dv, None
 
 
-def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=True,
-                      softmax_scale=None, window_size=(-1, -1), cu_seqlens=None,
-                      return_lse=False, client=None):
+def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: Any = None,
+                      seq_len: int, layout: str = "striped", causal: bool = True,
+                      softmax_scale: Optional[float] = None,
+                      window_size: Sequence[int] = (-1, -1),
+                      cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None,
+                      return_lse: bool = False, client: Optional[Client] = None
+                      ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention for torch.distributed trainers (context parallelism):
     each rank of `group` (default: the world) passes only the tokens it holds
     of a `seq_len`-token sequence, in stria.shard_positions(seq_len, rank,
@@ -474,6 +530,23 @@ def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=
     Differentiable in q, k and v: backward sends the saved q, k, v, O and LSE
     with dO, so the forward runs once. (Clients with keep_jobs: a job per
     call, as before sessions.)
+
+    Arguments:
+        q: (batch_size, shard_tokens, nheads, headdim): this rank's tokens.
+        k: (batch_size, shard_tokens, nheads_k, headdim)
+        v: (batch_size, shard_tokens, nheads_k, headdim)
+        group: the torch.distributed group (None: the world).
+        seq_len: int. The whole sequence's length.
+        layout: "striped", "contiguous" or "zigzag".
+        causal: bool. Whether to apply causal attention mask.
+        softmax_scale: float. The scaling of QK^T before softmax (default 1/sqrt(headdim)).
+        window_size: (left, right). If not (-1, -1), implements sliding window local attention.
+        cu_seqlens: None, or (n_docs + 1,) global positions: the documents of every batch row.
+        return_lse: bool. Whether to return the logsumexp too.
+        client: stria.Client, or None for stria.default_client().
+    Returns:
+        out: (batch_size, shard_tokens, nheads, headdim).
+        softmax_lse [optional, if return_lse=True]: (batch_size, nheads, shard_tokens).
     """
     if layout not in _SHARD_LAYOUTS:
         raise ValueError(f"stria: sharded calls name their layout: one of "
@@ -492,7 +565,7 @@ def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=
         raise ValueError("stria: sharded_attention: this process is not in `group`")
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ValueError(f"stria: seq_len must be an int >= 1, not {seq_len!r}")
-    sh = _Sharded(None, group, rank, world, seq_len, layout)
+    sh = _Sharded(None, group, rank, world, seq_len, layout)  # type: ignore[arg-type]  # cfg below
     client = client if client is not None else default_client()
     try:  # a rank's own mistakes reach its peers through the all-gather
         _check_shapes(q, k, v, tokens="number of tokens")
@@ -523,12 +596,15 @@ def sharded_attention(q, k, v, *, group=None, seq_len, layout="striped", causal=
     return (o, lse) if return_lse else o
 
 
-def _list(t):
+def _list(t: Optional[Iterable[int]]) -> Optional[List[int]]:
     return None if t is None else list(t)
 
 
-def _traced(q, k, v, group, seq_len, layout, causal, softmax_scale, window_size, cu_seqlens,
-            return_lse, client):
+def _traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, seq_len: int,
+            layout: str, causal: bool, softmax_scale: Optional[float],
+            window_size: Sequence[int], cu_seqlens: Union[torch.Tensor, Sequence[int], None],
+            return_lse: bool, client: Optional[Client]
+            ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """sharded_attention under torch.compile: the arguments' checks (a
     rank's own mistakes raise here, without reaching its peers), then the
     custom op, which runs eagerly (its first call of a kind is the
