@@ -1152,14 +1152,15 @@ stria_status_t stria_session_close(stria_session_t *s)
         return STRIA_OK;
     pthread_mutex_lock(&s->lock); /* a call still running ends first */
     stria_status_t st = STRIA_OK;
-    if (s->job != NULL) {
-        s->job->release_once = true;
-        st = stria_client_release(s->job);
-    }
-    for (int i = 0; s->job != NULL && i < s->job->n_ranks; i++) {
+    int n = s->job != NULL ? s->job->n_ranks : 0;
+    for (int i = 0; i < n; i++) {
         stria_free(s->up[i]);
         stria_free(s->down[i]);
         s->up[i] = s->down[i] = NULL;
+    }
+    if (s->job != NULL) {
+        s->job->release_once = true;
+        st = stria_client_release(s->job); /* frees it */
     }
     s->job = NULL;
     pthread_mutex_unlock(&s->lock);

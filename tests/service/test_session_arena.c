@@ -201,8 +201,10 @@ Test(arena, whole_calls_have_the_rings_bits_and_fault_nothing, .timeout = 120)
             cr_expect_eq(memcmp(x->dv, r->dv, (size_t)(seq * HKV * D) * 4), 0, "dV");
             stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
             cr_assert_eq(stria_session_stats(s, &st), STRIA_OK);
+#if !defined(__SANITIZE_ADDRESS__) /* its allocator does not reuse freed memory at once */
             cr_expect_eq(st.last_minflt, 0, "the workers faulted %llu pages in a warm call",
                          (unsigned long long)st.last_minflt);
+#endif
             cr_expect_eq(st.bytes_up, 0, "%llu input bytes went over TCP",
                          (unsigned long long)st.bytes_up);
         }
