@@ -125,6 +125,17 @@ class Call(ctypes.Structure):  # stria_call_t
     ]
 
 
+class ShardBuffer(ctypes.Structure):  # stria_shard_buffer_t
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("outer", ctypes.c_int64),
+        ("tokens", ctypes.c_int64),
+        ("row_bytes", ctypes.c_int64),
+        ("outer_stride", ctypes.c_int64),
+    ]
+
+
 class SessionStats(ctypes.Structure):  # stria_session_stats_t
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
@@ -182,6 +193,8 @@ _SIGNATURES = {
     "stria_session_import": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.POINTER(_P)]),
     "stria_session_shard_tokens": (ctypes.c_int64, [_P, ctypes.c_int64, ctypes.c_int]),
     "stria_session_positions": (ctypes.c_int, [_P, ctypes.c_int64, ctypes.c_int, _P]),
+    "stria_session_buffer": (
+        ctypes.c_int, [_P, _CALL, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ShardBuffer)]),
     "stria_session_ring_size": (ctypes.c_int, [_P]),
     "stria_session_layout": (ctypes.c_int, [_P]),
     "stria_session_id": (ctypes.c_uint64, [_P]),

@@ -335,6 +335,60 @@ class Session:
             self._ptr, int(seq_len), int(rank), ctypes.c_void_p(out.data_ptr()))))
         return out
 
+    # ---- the arena: tensors built where the workers read them ----------------
+
+    _TENSORS = {"q": 1, "k": 2, "v": 3, "do": 4, "o": 5, "lse": 6, "dq": 7, "dk": 8, "dv": 9}
+
+    def empty(self, tensor: str, *, rank: int, seq_len: int, batch: int = 1) -> torch.Tensor:
+        """A sharded session's rank `rank`'s tensor for calls of `batch` x
+        `seq_len`, in the rank's arena (memory of this process the rank's
+        worker on this host maps): build Q, K, V (and dO) there and the calls
+        given these tensors move none of their bytes; a forward's O and LSE
+        land where a backward of the same shape reads them.
+
+        Arguments:
+            tensor: "q", "k", "v", "do" (inputs), "o", "lse" (the forward's
+                outputs, the backward's inputs), "dq", "dk", "dv".
+            rank: this process's ring rank (its first use opens the rank on
+                its worker: every rank must).
+            seq_len: the calls' global sequence length.
+            batch: the calls' batch size.
+        Returns:
+            A CPU tensor of the session's dtype (LSE float32): (batch,
+            shard_tokens, nheads or nheads_k, headdim), LSE (batch, nheads,
+            shard_tokens). Valid until the session is closed or opened anew;
+            its contents are whatever the last call left.
+        Raises:
+            StriaError (STRIA_ERR_UNSUPPORTED) when the rank's worker is not on
+            this host or offers no arena (the message says why), or the
+            session is whole-sequence.
+        """
+        if tensor not in self._TENSORS:
+            raise ValueError(f"stria: tensor {tensor!r} is none of "
+                             f"{', '.join(self._TENSORS)}")
+        if not self.covers(batch, seq_len):
+            raise ValueError(f"stria: a call of batch {batch} x {seq_len} tokens is beyond "
+                             f"session {self._id}'s bounds")
+        call, arr = make_call(batch, seq_len, True, None, None, None)
+        buf = _lib.ShardBuffer()
+        buf.struct_size = ctypes.sizeof(buf)
+        self._call(lambda L: _lib.check(L.stria_session_buffer(
+            self._ptr, ctypes.byref(call), int(rank), self._TENSORS[tensor], ctypes.byref(buf))))
+        del arr
+        n = int(buf.tokens)
+        lse = tensor == "lse"
+        dtype = torch.float32 if lse else self.dtype
+        heads = self.kv_heads if tensor in ("k", "v", "dk", "dv") else self.heads
+        shape = (batch, self.heads, n) if lse else (batch, n, heads, self.head_dim)
+        count = batch * n * (self.heads if lse else heads * self.head_dim)
+        size = torch.empty((), dtype=dtype).element_size()
+        raw = (ctypes.c_char * max(count * size, 1)).from_address(int(buf.data or 0))
+        t = torch.frombuffer(raw, dtype=dtype, count=count) if count > 0 else \
+            torch.empty(0, dtype=dtype)
+        out = t.view(shape)
+        out._stria_session = self  # the arena outlives the view
+        return out
+
     # ---- calls ----------------------------------------------------------------
 
     def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: Optional[int] = None,

@@ -305,3 +305,61 @@ def test_a_session_the_workers_have_no_room_for_closes_the_clients_own(no_active
             assert max_err(done[0], ref_attention(a, b, b)[0]) < 1e-5
     finally:
         c.stop()
+
+
+def test_sharded_ranks_build_their_tensors_in_the_arena(tmp_path):
+    """Session.empty: a sharded rank's Q, K, V and dO built in its arena (its
+    worker on this host maps it) move no byte over TCP, and the results are
+    those of tensors of its own."""
+    import os
+
+    from stria.local import LocalService
+
+    from conftest import BIN
+
+    S, layout = 96, "striped"
+    q, k, v, do = (rand(1, S, 2, 16, seed=s) for s in range(4))
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (tmp_path / "logs").mkdir()
+    svc = LocalService(2, bin_dir=BIN, log_dir=str(tmp_path / "logs"), heartbeat_period=2,
+                       env={"UCX_TLS": "tcp,sm,self", "RUNTIME_DIRECTORY": str(run)})
+    try:
+        with stria.Client(svc.address, step_timeout=60, arrival_timeout=30) as c0, \
+                stria.Client(svc.address, step_timeout=60, arrival_timeout=30) as c1:
+            s0 = stria.Session(heads=2, head_dim=16, max_seq_len=S, dtype=torch.float32,
+                               layout=layout, ring_size=2, sharded=True, client=c0)
+            s1 = c1.import_session(s0.export())
+            out, errors = {}, []
+
+            def rank(r, s):
+                try:
+                    t = {name: s.empty(name, rank=r, seq_len=S) for name in ("q", "k", "v", "do")}
+                    for name, full in (("q", q), ("k", k), ("v", v), ("do", do)):
+                        t[name].copy_(stria.shard(full, 1, rank=r, world_size=2, layout=layout))
+                    o, lse = s.forward_shard(r, t["q"], t["k"], t["v"], seq_len=S)
+                    grads = s.backward_shard(r, t["q"], t["k"], t["v"], o, lse, t["do"], seq_len=S)
+                    out[r] = (o,) + grads + (s.stats()["bytes_up"],)
+                except Exception as e:  # pragma: no cover - reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=rank, args=(r, s)) for r, s in ((0, s0), (1, s1))]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(120)
+            assert not errors, errors
+            assert out[0][4] == 0 and out[1][4] == 0, "inputs went over TCP"
+            ref = [t.double().requires_grad_() for t in (q, k, v)]
+            ro, _ = ref_attention(*ref)
+            ro.backward(do.double())
+            for i, want in enumerate((ro, ref[0].grad, ref[1].grad, ref[2].grad)):
+                got = stria.unshard([out[0][i], out[1][i]], 1, seq_len=S, layout=layout)
+                assert max_err(got, want) < 1e-4, i
+            with pytest.raises(ValueError, match="none of"):
+                s0.empty("x", rank=0, seq_len=S)
+            s1.close()
+            s0.close()
+    finally:
+        assert not svc.stop()
+    assert os.path.isdir(run)
