@@ -320,6 +320,10 @@ void stria__w_on_backward(void *ctx, stria_rpc_call_t *call);
 void stria__wpass_park_init(stria__wjob_t *j);
 /* Destroys a job's pass object (with the job). */
 void stria__wpass_free(stria__wjob_t *j);
+/* Connects the job's ring link (to its next rank) through the link factory,
+ * for ring number ring_id; the caller publishes the link. */
+stria_status_t stria__wjob_connect(stria_worker_t *w, stria__wjob_t *j, uint32_t ring_id,
+                                   stria_link_t **link_out);
 
 /* ---- worker_session.c ---- */
 void stria__w_on_open_session(void *ctx, stria_rpc_call_t *call);

@@ -156,21 +156,27 @@ static void stria__on_step(void *arg, int step, int n_steps)
     pthread_mutex_unlock(&j->w->lock);
 }
 
-/* Connects the pass's ring link through the link factory and publishes it,
- * for a drop or a shutdown that cannot wait for the pass any longer. */
-static stria_status_t stria__pass_link(stria_worker_t *w, stria__wjob_t *j, uint32_t pass_id,
-                                       stria_link_t **link_out)
+stria_status_t stria__wjob_connect(stria_worker_t *w, stria__wjob_t *j, uint32_t ring_id,
+                                   stria_link_t **link_out)
 {
     const stria_worker_link_request_t rq = {.job_id = j->id,
-                                            .ring_id = pass_id,
+                                            .ring_id = ring_id,
                                             .rank = j->rank,
                                             .size = j->n_ranks,
                                             .next_address = j->next_ucx,
                                             .connect_timeout_s = w->connect_timeout_s,
                                             .key = j->ring_key,
                                             .cancel = &j->connect_cancel};
+    return w->factory.connect(w->factory.ctx, &rq, link_out);
+}
+
+/* Connects the pass's ring link through the link factory and publishes it,
+ * for a drop or a shutdown that cannot wait for the pass any longer. */
+static stria_status_t stria__pass_link(stria_worker_t *w, stria__wjob_t *j, uint32_t pass_id,
+                                       stria_link_t **link_out)
+{
     stria_link_t *link = NULL;
-    stria_status_t st = w->factory.connect(w->factory.ctx, &rq, &link);
+    stria_status_t st = stria__wjob_connect(w, j, pass_id, &link);
     if (st != STRIA_OK)
         return st;
     pthread_mutex_lock(&w->lock);

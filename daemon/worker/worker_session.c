@@ -182,16 +182,9 @@ static stria_status_t stria__sess_connect(stria_worker_t *w, stria__wjob_t *j, u
         stria_link_destroy(s->link);
         s->link = NULL;
     }
-    const stria_worker_link_request_t rq = {.job_id = j->id,
-                                            .ring_id = 0x80000000u | (uint32_t)(epoch & 0x7fffffff),
-                                            .rank = j->rank,
-                                            .size = j->n_ranks,
-                                            .next_address = j->next_ucx,
-                                            .connect_timeout_s = w->connect_timeout_s,
-                                            .key = j->ring_key,
-                                            .cancel = &j->connect_cancel};
     stria_link_t *link = NULL;
-    stria_status_t st = w->factory.connect(w->factory.ctx, &rq, &link);
+    stria_status_t st =
+        stria__wjob_connect(w, j, 0x80000000u | (uint32_t)(epoch & 0x7fffffff), &link);
     if (st != STRIA_OK)
         return stria_error_wrap(st, "session %llu rank %d: ring link to %s",
                                 (unsigned long long)j->id, j->rank, j->next_ucx);
