@@ -182,6 +182,7 @@ Test(arena, whole_calls_have_the_rings_bits_and_fault_nothing, .timeout = 120)
      * and heaps settle within the first hundred or so calls (then no call
      * faults a page: measured over 3000) */
     const int64_t lens[3] = {S, 100, 64};
+    int warm = 0, faulting = 0; /* of the last 60 calls */
     for (int i = 0; i < 300; i++) {
         int64_t seq = lens[i % 3];
         stria_call_t call = STRIA_CALL_INIT;
@@ -191,6 +192,14 @@ Test(arena, whole_calls_have_the_rings_bits_and_fault_nothing, .timeout = 120)
         cr_assert_eq(stria_session_backward(s, &call, x->q, x->k, x->v, x->o, x->lse, x->d_o, x->dq,
                                             x->dk, x->dv),
                      STRIA_OK, "%s", stria_error_msg());
+        if (i >= 240) {
+            stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+            cr_assert_eq(stria_session_stats(s, &st), STRIA_OK);
+            warm++;
+            faulting += st.last_minflt > 0;
+            cr_expect_eq(st.bytes_up, 0, "%llu input bytes went over TCP",
+                         (unsigned long long)st.bytes_up);
+        }
         if (i >= 297) { /* every length, once warm */
             reference(r, seq);
             cr_expect_eq(memcmp(x->o, r->o, (size_t)(seq * H * D) * 4), 0, "O, seq %lld",
@@ -199,16 +208,15 @@ Test(arena, whole_calls_have_the_rings_bits_and_fault_nothing, .timeout = 120)
             cr_expect_eq(memcmp(x->dq, r->dq, (size_t)(seq * H * D) * 4), 0, "dQ");
             cr_expect_eq(memcmp(x->dk, r->dk, (size_t)(seq * HKV * D) * 4), 0, "dK");
             cr_expect_eq(memcmp(x->dv, r->dv, (size_t)(seq * HKV * D) * 4), 0, "dV");
-            stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
-            cr_assert_eq(stria_session_stats(s, &st), STRIA_OK);
-#if !defined(__SANITIZE_ADDRESS__) /* its allocator does not reuse freed memory at once */
-            cr_expect_eq(st.last_minflt, 0, "the workers faulted %llu pages in a warm call",
-                         (unsigned long long)st.last_minflt);
-#endif
-            cr_expect_eq(st.bytes_up, 0, "%llu input bytes went over TCP",
-                         (unsigned long long)st.bytes_up);
         }
     }
+#if !defined(__SANITIZE_ADDRESS__) /* its allocator does not reuse freed memory at once */
+    /* a call that took fresh memory would fault on every call; a loaded
+     * machine reclaiming a page now and then faults on a few */
+    cr_expect_leq(faulting, 3, "the workers faulted pages in %d of %d warm calls", faulting, warm);
+#else
+    (void)warm, (void)faulting;
+#endif
     cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
     free(x);
     free(r);
