@@ -31,6 +31,26 @@ static bool stria__avx512_ok(void)
         _Pragma("GCC unroll 4") for (int j_ = 0; j_ < (nv); j_++)(acc)[i_][j_] =                   \
             _mm512_setzero_ps()
 
+/* Writes the mr x nv accumulators to C [mr][16 nv]: stored, or added to C
+ * (scaled per row by c_scale when given); see stria_kern_ops_t.gemm. */
+#define STRIA__ACC_STORE(acc, mr, nv, c, ldc, c_scale, accumulate)                                 \
+    _Pragma("GCC unroll 6") for (int i_ = 0; i_ < (mr); i_++)                                      \
+    {                                                                                              \
+        float *cr_ = (c) + (ptrdiff_t)i_ * (ldc);                                                  \
+        if (!(accumulate)) {                                                                       \
+            _Pragma("GCC unroll 4") for (int j_ = 0; j_ < (nv); j_++)                              \
+                _mm512_storeu_ps(cr_ + 16 * j_, (acc)[i_][j_]);                                    \
+        } else if ((c_scale) != NULL) {                                                            \
+            __m512 beta_ = _mm512_set1_ps((c_scale)[i_]);                                          \
+            _Pragma("GCC unroll 4") for (int j_ = 0; j_ < (nv); j_++)                              \
+                _mm512_storeu_ps(cr_ + 16 * j_, _mm512_fmadd_ps(_mm512_loadu_ps(cr_ + 16 * j_),    \
+                                                                beta_, (acc)[i_][j_]));            \
+        } else {                                                                                   \
+            _Pragma("GCC unroll 4") for (int j_ = 0; j_ < (nv); j_++) _mm512_storeu_ps(            \
+                cr_ + 16 * j_, _mm512_add_ps(_mm512_loadu_ps(cr_ + 16 * j_), (acc)[i_][j_]));      \
+        }                                                                                          \
+    }
+
 /* C block [mr][16 nv] (see stria_kern_ops_t.gemm); a points at row 0 of the
  * block (column 0 when trans_a). mr, nv and trans_a are compile-time
  * constants after inlining, so the accumulators live in registers. */
@@ -55,26 +75,7 @@ STRIA__INLINE void stria__uk(const int mr, const int nv, const bool trans_a, int
                 acc[i][j] = _mm512_fmadd_ps(av, bv[j], acc[i][j]);
         }
     }
-#pragma GCC unroll 6
-    for (int i = 0; i < mr; i++) {
-        float *cr = c + (ptrdiff_t)i * ldc;
-        if (!accumulate) {
-#pragma GCC unroll 4
-            for (int j = 0; j < nv; j++)
-                _mm512_storeu_ps(cr + 16 * j, acc[i][j]);
-        } else if (c_scale != NULL) {
-            __m512 beta = _mm512_set1_ps(c_scale[i]);
-#pragma GCC unroll 4
-            for (int j = 0; j < nv; j++)
-                _mm512_storeu_ps(cr + 16 * j,
-                                 _mm512_fmadd_ps(_mm512_loadu_ps(cr + 16 * j), beta, acc[i][j]));
-        } else {
-#pragma GCC unroll 4
-            for (int j = 0; j < nv; j++)
-                _mm512_storeu_ps(cr + 16 * j,
-                                 _mm512_add_ps(_mm512_loadu_ps(cr + 16 * j), acc[i][j]));
-        }
-    }
+    STRIA__ACC_STORE(acc, mr, nv, c, ldc, c_scale, accumulate);
 }
 
 #define STRIA__UK_CASE(MR, NV)                                                                     \
@@ -158,26 +159,7 @@ STRIA__INLINE void stria__uk_bf16(const int mr, const int nv, const bool trans_a
                 acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
         }
     }
-#pragma GCC unroll 6
-    for (int i = 0; i < mr; i++) {
-        float *cr = c + (ptrdiff_t)i * ldc;
-        if (!accumulate) {
-#pragma GCC unroll 4
-            for (int j = 0; j < nv; j++)
-                _mm512_storeu_ps(cr + 16 * j, acc[i][j]);
-        } else if (c_scale != NULL) {
-            __m512 beta = _mm512_set1_ps(c_scale[i]);
-#pragma GCC unroll 4
-            for (int j = 0; j < nv; j++)
-                _mm512_storeu_ps(cr + 16 * j,
-                                 _mm512_fmadd_ps(_mm512_loadu_ps(cr + 16 * j), beta, acc[i][j]));
-        } else {
-#pragma GCC unroll 4
-            for (int j = 0; j < nv; j++)
-                _mm512_storeu_ps(cr + 16 * j,
-                                 _mm512_add_ps(_mm512_loadu_ps(cr + 16 * j), acc[i][j]));
-        }
-    }
+    STRIA__ACC_STORE(acc, mr, nv, c, ldc, c_scale, accumulate);
 }
 
 #define STRIA__UKB_CASE(MR, NV)                                                                    \
