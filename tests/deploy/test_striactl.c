@@ -588,8 +588,10 @@ Test(striactl, cancel_stops_a_running_pass, .timeout = SUITE_TIMEOUT)
     /* Three steps of about a second each here (two in the sanitizer build),
      * several times longer on a loaded machine: the step deadline (5 s, and
      * 20 s by the end of a pass of three ranks) must not be what ends a pass
-     * in this test. */
-    dc_opts_t o = {.step_timeout_s = 60.0};
+     * in this test. Heartbeats every 0.5 s: the cancel still reaches the
+     * workers within a step, and a worker starved of the CPU for 0.6 s by
+     * the sanitizer build's other suites is not declared dead (3 periods). */
+    dc_opts_t o = {.heartbeat_period_s = 0.5, .step_timeout_s = 60.0};
     dc_start(&c, 3, &o);
     const int64_t seq = STRIA_TEST_SANITIZE ? 16384 : 32768;
     dc_job_t a;
