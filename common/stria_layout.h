@@ -1,0 +1,117 @@
+/*
+ * stria layout: which global token positions each rank of a ring holds (the
+ * core of striped attention), the scatter and gather of tensors between a
+ * whole sequence and a rank's shard, and the memory one rank of a ring job
+ * needs.
+ *
+ * How the tokens of one global sequence are spread over the N ranks of a ring.
+ * Every rank holds a shard of the same length (shard_tokens); the sequence is
+ * padded internally up to seq_padded = N * shard_tokens, and padded tokens get
+ * the global positions seq, seq + 1, ... Within every shard the positions
+ * increase, so a shard's real tokens are a prefix of it
+ * (stria_layout_shard_valid() of them) and its padding is the rest.
+ *
+ *   striped:    rank r holds positions r, r + N, r + 2N, ... (the default)
+ *   contiguous: rank r holds [r * L, (r + 1) * L), L = shard_tokens
+ *   zigzag:     2N chunks of C = L / 2 tokens; rank r holds chunks r and
+ *               2N - 1 - r
+ *
+ * Ownership: a stria_layout_t is a plain value (nothing allocated); the
+ * buffers of scatter and gather belong to the caller. Threads: no state;
+ * every function may be called from any thread.
+ */
+#ifndef STRIA_LAYOUT_H
+#define STRIA_LAYOUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stria_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STRIA_LAYOUT_MAX_RANKS 65535
+#define STRIA_LAYOUT_MAX_SEQ   ((int64_t)1 << 48)
+/* Most runs a shard needs (zigzag: two). */
+#define STRIA_LAYOUT_MAX_RUNS 2
+
+typedef struct {
+    stria_layout_kind_t kind;
+    int n_ranks;
+    int64_t seq;          /* real tokens */
+    int64_t seq_padded;   /* n_ranks * shard_tokens */
+    int64_t shard_tokens; /* tokens per rank, padding included */
+} stria_layout_t;
+
+/* Global positions first, first + stride, ..., first + (count - 1) * stride:
+ * the same shape as the kernels' stria_pos_run_t. */
+typedef struct {
+    int64_t first;
+    int64_t stride;
+    int64_t count;
+} stria_layout_run_t;
+
+/* "striped", "contiguous", "zigzag", "auto"; "unknown" otherwise. */
+const char *stria_layout_kind_name(stria_layout_kind_t kind);
+/* Parses the names above; STRIA_ERR_INVALID_ARG otherwise. */
+stria_status_t stria_layout_kind_parse(const char *name, stria_layout_kind_t *kind_out);
+/* The layout STRIA_LAYOUT_AUTO stands for: contiguous for a job with a
+ * window, striped otherwise. Any other kind is returned as it is. */
+stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window);
+
+/* Describes `seq` tokens (1..STRIA_LAYOUT_MAX_SEQ) over n_ranks ranks
+ * (1..STRIA_LAYOUT_MAX_RANKS). Pads to a multiple of n_ranks (striped,
+ * contiguous) or 2 * n_ranks (zigzag). */
+stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq,
+                                 stria_layout_t *layout_out);
+
+/* Global position of token `index` (0..shard_tokens-1) of `rank`'s shard;
+ * positions >= layout->seq are padding. -1 for an index or rank out of range. */
+int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t index);
+
+/* Inverse of stria_layout_position() for pos in [0, seq_padded). */
+stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, int *rank_out,
+                                   int64_t *index_out);
+
+/* Memory of one rank of a ring job, in bytes, for admission (the coordinator)
+ * and reservation (the worker): its Q, K, V, dO, O, dQ, dK, dV shards in the
+ * job dtype and its fp32 LSE, the ring buffers (K/V double-buffered in the
+ * job dtype, dK/dV double-buffered in fp32, the fp32 output accumulators) and
+ * the kernels' fp32 workspaces, all for shard_tokens (padded) tokens.
+ * STRIA_ERR_INVALID_ARG for sizes <= 0 or an unknown dtype;
+ * STRIA_ERR_NO_MEMORY when the result does not fit in 63 bits. */
+stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                 uint64_t *bytes_out);
+
+/* Real (unpadded) tokens of `rank`'s shard: its first ones. 0 for a bad rank. */
+int64_t stria_layout_shard_valid(const stria_layout_t *layout, int rank);
+
+/* Position runs of `rank`'s shard in shard order: of its real tokens only, or
+ * with_padding of all shard_tokens. Writes at most STRIA_LAYOUT_MAX_RUNS runs
+ * with count > 0 and returns how many (0 for a shard without real tokens, or a
+ * bad rank). */
+size_t stria_layout_shard_runs(const stria_layout_t *layout, int rank, bool with_padding,
+                               stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS]);
+
+/* Scatter and gather between a full tensor and one rank's shard. Both are
+ * contiguous [outer][tokens][row_bytes] arrays: full has layout->seq tokens,
+ * shard has layout->shard_tokens. A [batch, tokens, heads, head_dim] tensor is
+ * outer = batch, row_bytes = heads * head_dim * element size; an LSE
+ * [batch, heads, tokens] is outer = batch * heads, row_bytes = 4.
+ * Scatter zero-fills the padded rows of the shard; gather writes only the real
+ * rows of this rank into full and reads nothing else of the shard. Buffers
+ * belong to the caller and must not overlap. */
+stria_status_t stria_layout_scatter(const stria_layout_t *layout, int rank, int64_t outer,
+                                    size_t row_bytes, const void *full, void *shard);
+stria_status_t stria_layout_gather(const stria_layout_t *layout, int rank, int64_t outer,
+                                   size_t row_bytes, const void *shard, void *full);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRIA_LAYOUT_H */
