@@ -1,4 +1,4 @@
-#include "stria_common.h"
+#include "stria_dtype.h"
 
 #include <string.h>
 

@@ -4,7 +4,8 @@
  * >= seq) always sits at the end of a shard; the ring engine relies on that
  * to hand the kernels only the real prefix of every block.
  */
-#include "stria_common.h"
+#include "stria_layout.h"
+#include "stria_dtype.h"
 
 #include <string.h>
 

@@ -1,6 +1,7 @@
-#include "stria_common.h"
+#include "stria_log.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -13,7 +13,9 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "stria_common.h"
+#include "stria_mempool.h"
+#include "stria_log.h"
+#include "stria_util.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define STRIA__MP_ASAN 1

@@ -1,8 +1,10 @@
-#include "stria_common.h"
+#include "stria_metrics.h"
 
 #include <ctype.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

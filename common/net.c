@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "stria_common.h"
+#include "stria_net.h"
 
 stria_status_t stria_addr_parse(const char *addr, char *host, size_t host_cap, uint16_t *port_out)
 {

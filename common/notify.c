@@ -1,6 +1,7 @@
-#include "stria_common.h"
+#include "stria_notify.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>

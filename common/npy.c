@@ -1,4 +1,6 @@
-#include "stria_common.h"
+#include "stria_npy.h"
+#include "stria_dtype.h"
+#include "stria_util.h"
 
 #include <errno.h>
 #include <stdio.h>

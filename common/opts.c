@@ -3,7 +3,10 @@
  * the flags, the configuration file's `name = value` lines and generates the
  * --help text; each value remembers where it came from.
  */
-#include "stria_common.h"
+#include "stria_opts.h"
+#include "stria_log.h"
+#include "stria_net.h"
+#include "stria_util.h"
 
 #include <ctype.h>
 #include <errno.h>

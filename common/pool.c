@@ -1,4 +1,5 @@
-#include "stria_common.h"
+#include "stria_pool.h"
+#include "stria_log.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -2,7 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stria_common.h"
+#include "stria_ranges.h"
+#include "stria_util.h"
 
 /* Index of the first range whose end reaches `start` (ranges that touch or
  * overlap [start, ...) begin there), by binary search. */

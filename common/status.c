@@ -1,5 +1,6 @@
-#include "stria_common.h"
+#include "stria_status.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 

@@ -1,7 +1,8 @@
 /* Per-rank timelines of ring passes as one self-contained SVG (see
  * stria_common.h): the one place that draws them, for stria-bench and
  * striactl. */
-#include "stria_common.h"
+#include "stria_timeline.h"
+#include "stria_util.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,6 +1,7 @@
-#include "stria_common.h"
+#include "stria_util.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
