@@ -613,9 +613,10 @@ static stria_status_t timeline_entry(stria_timeline_t *tl, int panel, int row,
     return st;
 }
 
-/* One panel per direction of the job's latest passes, a row per rank. */
+/* One panel per direction of the job's latest passes (a session's latest
+ * sampled calls), a row per rank. */
 static stria_status_t timeline_panels(stria_timeline_t *tl, const Stria__V1__JobInfo *j,
-                                      int n_ranks)
+                                      int n_ranks, bool session)
 {
     stria_status_t st = STRIA_OK;
     for (int d = 0; d < 2 && st == STRIA_OK; d++) {
@@ -634,7 +635,8 @@ static stria_status_t timeline_panels(stria_timeline_t *tl, const Stria__V1__Job
             continue;
         char name[64], note[128];
         int panel;
-        snprintf(name, sizeof(name), "%s pass %u", d ? "backward" : "forward", pass);
+        snprintf(name, sizeof(name), "%s %s %u", d ? "backward" : "forward",
+                 session ? "call" : "pass", pass);
         snprintf(note, sizeof(note), "%zu of %d ranks reported; the slowest took %.4f s", seen,
                  n_ranks, end);
         if ((st = stria_timeline_panel(tl, name, note, n_ranks, &panel)) != STRIA_OK)
@@ -651,35 +653,46 @@ static stria_status_t timeline_panels(stria_timeline_t *tl, const Stria__V1__Job
     return st;
 }
 
-/* Draws the job's latest forward and backward passes into path. */
+/* Draws the job's latest forward and backward passes (a session's latest
+ * sampled forward and backward calls) into path. */
 static stria_status_t job_timeline(const Stria__V1__JobInfo *j, const char *path)
 {
     const Stria__V1__Assignment *a = j->assignment;
     const Stria__V1__JobSpec *s = a != NULL ? a->spec : NULL;
-    char title[512], sub[256];
+    char title[512], sub[384];
     bool summarised = false;
     stria_timeline_t *tl = NULL;
     if (s == NULL || a->n_ranks == 0)
         return stria_error_set(STRIA_ERR_PROTOCOL, "the coordinator sent no assignment");
+    const bool session = s->session;
+    if (j->n_timelines == 0 && session)
+        return stria_error_set(STRIA_ERR_NOT_FOUND,
+                               "session %" PRIu64 " has no call timelines yet (the workers keep "
+                               "those of calls 0, 64, 128, ... and report them in their next "
+                               "heartbeat; or the coordinator dropped them for newer jobs)",
+                               j->job_id);
     if (j->n_timelines == 0)
         return stria_error_set(STRIA_ERR_NOT_FOUND,
                                "job %" PRIu64 " has no pass timelines (no pass finished yet, or "
                                "the coordinator dropped them for newer jobs)",
                                j->job_id);
     snprintf(title, sizeof(title),
-             "job %" PRIu64 ": %zu ranks, seq %" PRIu64 ", batch %u, heads %u/%u, dim %u, %s, "
+             "%s %" PRIu64 ": %zu ranks, seq %" PRIu64 ", batch %u, heads %u/%u, dim %u, %s, "
              "%s, %s layout%s%s",
-             j->job_id, a->n_ranks, s->seq_len, s->batch, s->heads, s->kv_heads, s->head_dim,
-             dtype_name(s->dtype), s->causal ? "causal" : "non-causal", layout_name(s->layout),
-             s->label != NULL && s->label[0] ? ", " : "", s->label != NULL ? s->label : "");
+             session ? "session" : "job", j->job_id, a->n_ranks, s->seq_len, s->batch, s->heads,
+             s->kv_heads, s->head_dim, dtype_name(s->dtype), s->causal ? "causal" : "non-causal",
+             layout_name(s->layout), s->label != NULL && s->label[0] ? ", " : "",
+             s->label != NULL ? s->label : "");
     for (size_t i = 0; i < j->n_timelines; i++)
         summarised = summarised || j->timelines[i]->summarised;
     snprintf(sub, sizeof(sub),
-             "step times reported by the workers; each rank's row starts at its own pass start "
+             "step times reported by the workers%s; each rank's row starts at its own pass start "
              "(the hosts' clocks are not compared)%s",
+             session ? " for the latest sampled calls (every 64th); seq and batch are the bounds"
+                     : "",
              summarised ? "; groups of steps drawn as their compute, then their wait" : "");
     stria_status_t st = stria_timeline_create(title, sub, &tl);
-    if (st == STRIA_OK && (st = timeline_panels(tl, j, (int)a->n_ranks)) == STRIA_OK)
+    if (st == STRIA_OK && (st = timeline_panels(tl, j, (int)a->n_ranks, session)) == STRIA_OK)
         st = stria_timeline_write_svg(tl, path);
     stria_timeline_destroy(tl);
     return st;
@@ -735,6 +748,8 @@ static int cmd_job(ctl_t *c, uint64_t id)
         return fail(STRIA_ERR_PROTOCOL);
     }
     if (c->timeline != NULL) {
+        const bool session =
+            j->assignment != NULL && j->assignment->spec != NULL && j->assignment->spec->session;
         st = job_timeline(j, c->timeline);
         stria_rpc_reply_free(&reply);
         if (st != STRIA_OK) { /* nothing to draw, or the file: not the coordinator's doing */
@@ -742,7 +757,8 @@ static int cmd_job(ctl_t *c, uint64_t id)
             return EXIT_REFUSED;
         }
         if (!c->json)
-            printf("job %" PRIu64 ": timeline written to %s\n", id, c->timeline);
+            printf("%s %" PRIu64 ": timeline written to %s\n", session ? "session" : "job", id,
+                   c->timeline);
         else {
             printf("{\"job_id\":%" PRIu64 ",\"timeline\":", id);
             json_str(c->timeline);

@@ -404,11 +404,11 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call);
 
 /* coord_timeline.c: the passes' step times the workers report */
 #define STRIA__TIMELINE_BUDGET ((size_t)256 << 20)
-/* Keeps the timeline of a report (if any, and well-formed: else it is
- * ignored with a warning); drops the oldest jobs' timelines beyond the
- * budget. */
-void stria__timeline_store(stria_coord_t *co, stria__cjob_t *j,
-                           const Stria__V1__ReportJobRequest *req);
+/* Keeps rank `rank`'s timeline t (a ReportJob's, or a session call's from a
+ * heartbeat) if well-formed, else ignores it with a warning; drops the
+ * oldest jobs' timelines beyond the budget. */
+void stria__timeline_store(stria_coord_t *co, stria__cjob_t *j, uint32_t rank,
+                           const Stria__V1__PassTimeline *t);
 /* Frees a job's timelines. */
 void stria__timeline_drop(stria_coord_t *co, stria__cjob_t *j);
 /* The job's timelines into info->timelines, unpacked into *held (an array

@@ -1,5 +1,7 @@
-/* The step times of a job's passes (ReportJob.timeline), kept with the job
- * for `striactl job ID --timeline`: per direction the latest pass, one packed
+/* The step times of a job's passes (ReportJob.timeline) and of a session's
+ * sampled calls (WorkerJobStatus.timeline in heartbeats; pass is the call's
+ * number), kept with the job for `striactl job|session ID --timeline`: per
+ * direction the latest pass, one packed
  * PassTimeline per rank, checked on arrival (a malformed one is dropped with
  * a warning; the report's event still counts); all jobs together hold at
  * most STRIA__TIMELINE_BUDGET bytes, the oldest jobs' timelines going first.
@@ -43,11 +45,11 @@ static bool stria__tl_spans(size_t n, const uint64_t *v, uint64_t lo, uint64_t h
 }
 
 /* Why the timeline of a report is malformed, or NULL. */
-static const char *stria__tl_check(const stria__cjob_t *j, const Stria__V1__ReportJobRequest *req)
+static const char *stria__tl_check(const stria__cjob_t *j, uint32_t rank,
+                                   const Stria__V1__PassTimeline *t)
 {
-    const Stria__V1__PassTimeline *t = req->timeline;
     uint32_t next = 0;
-    if (t->rank != req->rank)
+    if (t->rank != rank)
         return "its rank is not the reporting rank";
     if (t->steps < 1 || t->steps > j->n_ranks)
         return "its step count is outside 1..ring size";
@@ -84,15 +86,14 @@ static void stria__tl_evict(stria_coord_t *co, const stria__cjob_t *keep)
             stria__timeline_drop(co, co->jobs[i]);
 }
 
-void stria__timeline_store(stria_coord_t *co, stria__cjob_t *j,
-                           const Stria__V1__ReportJobRequest *req)
+void stria__timeline_store(stria_coord_t *co, stria__cjob_t *j, uint32_t rank,
+                           const Stria__V1__PassTimeline *t)
 {
-    const Stria__V1__PassTimeline *t = req->timeline;
-    const char *why = stria__tl_check(j, req);
+    const char *why = stria__tl_check(j, rank, t);
     const int d = t->backward ? 1 : 0;
     if (why != NULL) {
         stria_log_warn("job %llu rank %u: ignoring its pass timeline: %s",
-                       (unsigned long long)j->id, req->rank, why);
+                       (unsigned long long)j->id, rank, why);
         return;
     }
     if (j->tl[d].buf == NULL || j->tl[d].pass != t->pass) { /* a newer pass: start over */

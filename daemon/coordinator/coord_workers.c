@@ -242,6 +242,8 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
                 cr->s_p50_ms = js->session->call_p50_ms;
                 cr->s_p99_ms = js->session->call_p99_ms;
             }
+            if (js->timeline != NULL && j->spec.session)
+                stria__timeline_store(co, j, (uint32_t)r, js->timeline);
         } else {
             bool known = false; /* refused above: in drop already */
             for (size_t k = 0; k < refused && !known; k++)
@@ -352,7 +354,7 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
     cr->step = req->step;
     cr->steps_total = req->steps_total;
     if (req->timeline != NULL)
-        stria__timeline_store(co, j, req);
+        stria__timeline_store(co, j, req->rank, req->timeline);
     /* the pass a STARTED or DONE event is of */
     const bool bwd = req->event == STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED ||
                      req->event == STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE;

@@ -257,6 +257,7 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     Stria__V1__HeartbeatRequest req = STRIA__V1__HEARTBEAT_REQUEST__INIT;
     Stria__V1__WorkerJobStatus *st_arr = NULL, **st_ptrs = NULL;
     Stria__V1__SessionStats *ss_arr = NULL;
+    stria__wtimeline_t *tl_arr = NULL;
     size_t n = 0;
     stria_rpc_reply_t reply;
     stria_status_t st;
@@ -273,11 +274,13 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     st_arr = calloc(n + 1, sizeof(*st_arr));
     st_ptrs = calloc(n + 1, sizeof(*st_ptrs));
     ss_arr = calloc(n + 1, sizeof(*ss_arr));
-    if (st_arr == NULL || st_ptrs == NULL || ss_arr == NULL) {
+    tl_arr = calloc(n + 1, sizeof(*tl_arr));
+    if (st_arr == NULL || st_ptrs == NULL || ss_arr == NULL || tl_arr == NULL) {
         pthread_mutex_unlock(&w->lock);
         free(st_arr);
         free(st_ptrs);
         free(ss_arr);
+        free(tl_arr);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "heartbeat: out of memory");
     }
     size_t i = 0;
@@ -294,6 +297,8 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
         if (j->sess != NULL) {
             stria__wsess_stats_locked(j, &ss_arr[i]);
             st_arr[i].session = &ss_arr[i];
+            if (stria__wsess_timeline_take_locked(j, &tl_arr[i]))
+                st_arr[i].timeline = &tl_arr[i].msg;
         }
         st_ptrs[i] = &st_arr[i];
     }
@@ -319,6 +324,9 @@ static stria_status_t stria__heartbeat(stria_worker_t *w)
     free(st_arr);
     free(st_ptrs);
     free(ss_arr);
+    for (size_t k = 0; k < n; k++)
+        stria__wtimeline_free(&tl_arr[k]);
+    free(tl_arr);
     stria__held_free(&held);
     if (st != STRIA_OK)
         return st;

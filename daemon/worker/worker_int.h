@@ -365,8 +365,8 @@ void *stria__wcoord_thread(void *arg);
 void stria__wcoord_leave(stria_worker_t *w, const char *reason);
 
 /* ---- worker_timeline.c ---- */
-/* The step times of the job's last pass as a PassTimeline (msg), with the
- * memory behind it. */
+/* The step times of a pass object's last pass (a job's, or a session's
+ * call) as a PassTimeline (msg), with the memory behind it. */
 typedef struct {
     Stria__V1__PassTimeline msg;
     Stria__V1__StepTimes *entries, **ptrs;
@@ -374,9 +374,13 @@ typedef struct {
 } stria__wtimeline_t;
 /* STRIA_ERR_NOT_FOUND: nothing recorded; STRIA_ERR_NO_MEMORY. No message is
  * set: a pass goes on without its timeline. */
-stria_status_t stria__wtimeline_build(const stria__wjob_t *j, uint32_t pass, bool backward,
-                                      stria__wtimeline_t *tl);
+stria_status_t stria__wtimeline_build(const stria__wjob_t *j, const stria_ring_pass_t *rp,
+                                      uint32_t pass, bool backward, stria__wtimeline_t *tl);
 void stria__wtimeline_free(stria__wtimeline_t *tl);
+/* The step times of a session's latest sampled call (worker_session.c), if
+ * no heartbeat took them yet: moved to *out, which the caller frees (lock
+ * held). */
+bool stria__wsess_timeline_take_locked(stria__wjob_t *j, stria__wtimeline_t *out);
 /* Fills the state of a STARTED report: every rank arrived; the job's failure
  * text and the status to fail a pass with. */
 typedef struct {

@@ -390,7 +390,8 @@ static void *stria__pass_thread(void *arg)
      * while the job still counts as running: no other pass can start on its
      * pass object */
     stria__wtimeline_t tl;
-    bool have_tl = j->pass != NULL && stria__wtimeline_build(j, pass_id, b == 1, &tl) == STRIA_OK;
+    bool have_tl =
+        j->pass != NULL && stria__wtimeline_build(j, j->pass, pass_id, b == 1, &tl) == STRIA_OK;
 
     pthread_mutex_lock(&w->lock);
     j->running = false;

@@ -30,6 +30,11 @@
 
 #define STRIA__LAT_KEPT    256
 #define STRIA__PASSES_KEPT 4
+/* Calls whose number is a multiple of this keep their step times for the
+ * next heartbeat (striactl session ID --timeline): every rank samples the
+ * same calls, so the coordinator gets whole rings, at a cost of one
+ * timeline per 64 calls. */
+#define STRIA__TL_EVERY 64
 
 struct stria__wsess {
     stria__wjob_t *j;
@@ -72,6 +77,10 @@ struct stria__wsess {
     uint64_t calls, failed, bytes;
     float lat[STRIA__LAT_KEPT];
     unsigned n_lat;
+    /* under w->lock: the step times of the latest sampled call
+     * (STRIA__TL_EVERY), until a heartbeat takes them */
+    stria__wtimeline_t tl;
+    bool tl_new;
 };
 
 /* The geometry of one call on this rank. */
@@ -408,6 +417,9 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
     uint64_t flt0 = stria__minflt();
     double t0 = stria_time_now();
     int b = req->backward ? 1 : 0;
+    stria__wtimeline_t tl;
+    bool have_tl = false;
+    memset(&tl, 0, sizeof(tl));
 
     /* the arena's place was checked when the call was accepted; it stays
      * mapped until this thread unmaps it */
@@ -440,6 +452,9 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
             stria_metric_add(w->m_bytes_recv, (double)ss[i].bytes_recv);
         }
         stats.steps = (uint32_t)stria_ring_pass_steps(s->pass);
+        have_tl =
+            st == STRIA_OK && req->call % STRIA__TL_EVERY == 0 &&
+            stria__wtimeline_build(j, s->pass, (uint32_t)req->call, req->backward, &tl) == STRIA_OK;
     }
     if (st == STRIA_OK && g.padded)
         stria__sess_compact_out(j, &g, out);
@@ -457,10 +472,18 @@ static void stria__sess_run(stria_worker_t *w, stria__wjob_t *j, stria_rpc_call_
         s->calls++;
         s->bytes += stria__call_in_bytes(&g) + stria__call_out_bytes(&g);
         s->lat[s->n_lat++ % STRIA__LAT_KEPT] = (float)stats.seconds;
+        if (have_tl) {
+            stria__wtimeline_free(&s->tl);
+            s->tl = tl;
+            s->tl_new = true;
+            have_tl = false;
+        }
     } else {
         s->failed++;
     }
     pthread_mutex_unlock(&w->lock);
+    if (have_tl)
+        stria__wtimeline_free(&tl);
 
     if (st == STRIA_OK) {
         Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
@@ -647,6 +670,17 @@ void stria__wsess_stats_locked(const stria__wjob_t *j, Stria__V1__SessionStats *
     out->call_p99_ms = 1000.0f * sorted[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
 }
 
+bool stria__wsess_timeline_take_locked(stria__wjob_t *j, stria__wtimeline_t *out)
+{
+    stria__wsess_t *s = j->sess;
+    if (s == NULL || !s->tl_new)
+        return false;
+    *out = s->tl;
+    memset(&s->tl, 0, sizeof(s->tl));
+    s->tl_new = false;
+    return true;
+}
+
 void stria__wsess_stop_locked(stria__wjob_t *j)
 {
     if (j->sess == NULL)
@@ -662,6 +696,7 @@ void stria__wsess_free(stria_worker_t *w, stria__wjob_t *j)
         return;
     stria_mempool_free(w->mem_jobs, s->in);
     stria_mempool_free(w->mem_jobs, s->out);
+    stria__wtimeline_free(&s->tl);
     pthread_cond_destroy(&s->cv);
     free(s);
     j->sess = NULL;

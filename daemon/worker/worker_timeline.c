@@ -66,12 +66,12 @@ static void stria__tl_step_spans(const stria_ring_step_times_t *t, Stria__V1__St
     *cur += e->n_send_spans;
 }
 
-stria_status_t stria__wtimeline_build(const stria__wjob_t *j, uint32_t pass, bool backward,
-                                      stria__wtimeline_t *tl)
+stria_status_t stria__wtimeline_build(const stria__wjob_t *j, const stria_ring_pass_t *rp,
+                                      uint32_t pass, bool backward, stria__wtimeline_t *tl)
 {
     size_t n = 0;
-    const stria_ring_step_stats_t *ss = stria_ring_pass_stats(j->pass, &n);
-    const int steps = stria_ring_pass_steps(j->pass);
+    const stria_ring_step_stats_t *ss = stria_ring_pass_stats(rp, &n);
+    const int steps = stria_ring_pass_steps(rp);
     memset(tl, 0, sizeof(*tl));
     stria__v1__pass_timeline__init(&tl->msg);
     if (ss == NULL || steps < 1 || (size_t)steps > n || ss[0].times.origin == 0.0)

@@ -566,6 +566,86 @@ Test(striactl, status_shows_the_running_job_and_its_step, .timeout = SUITE_TIMEO
     dc_stop(&c);
 }
 
+/* striactl session ID --timeline: every rank keeps the step times of the
+ * calls numbered 0, 64, 128, ... and reports them in its next heartbeat; the
+ * SVG holds the latest sampled forward and backward call, a row per rank. */
+static const char session_svg_check[] =
+    "import sys, xml.etree.ElementTree as ET\n"
+    "NS = '{http://www.w3.org/2000/svg}'\n"
+    "root = ET.parse(sys.argv[1]).getroot()\n"
+    "cls = lambda e: e.get('class', '')\n"
+    "panels = [g for g in root.iter(NS + 'g') if cls(g) == 'panel']\n"
+    "names = [p.get('data-name') for p in panels]\n"
+    "assert names == ['forward call 0', 'backward call 64'], names\n"
+    "for p in panels:\n"
+    "    rows = [g for g in p.iter(NS + 'g') if cls(g) == 'row']\n"
+    "    assert [int(r.get('data-rank')) for r in rows] == [0, 1, 2], rows\n"
+    "texts = {cls(t): ''.join(t.itertext()) for t in root.iter(NS + 'text')}\n"
+    "assert texts['title'].startswith('session '), texts['title']\n"
+    "assert 'sampled calls' in texts['subtitle'], texts['subtitle']\n";
+
+Test(striactl, session_timeline_draws_the_sampled_calls, .timeout = SUITE_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 3, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_striactl", 0);
+    stria_session_spec_t sp = STRIA_SESSION_SPEC_INIT;
+    sp.max_batch = 1;
+    sp.max_seq_len = 96;
+    sp.heads = sp.kv_heads = 2;
+    sp.head_dim = 16;
+    sp.dtype = STRIA_DTYPE_F32;
+    sp.layout = STRIA_LAYOUT_STRIPED;
+    sp.ring_size = 3;
+    stria_session_t *s = NULL;
+    cr_assert_eq(stria_session_open(cl, &sp, &s), STRIA_OK, "%s", stria_error_msg());
+    char path[300], id[24];
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)stria_session_id(s));
+    snprintf(path, sizeof(path), "%s/session-timeline.svg", c.dir);
+    char *err = CTL_ERR(&c, NULL, 1, "session", id, "--timeline", path);
+    expect_has("session --timeline before a call", err, "no call timelines yet");
+    free(err);
+    err = NULL;
+
+    enum { N = 96 * 2 * 16 };
+    float *t = calloc(8 * (size_t)N + 96 * 2, sizeof(float));
+    cr_assert_not_null(t);
+    float *q = t, *k = t + N, *v = t + 2 * N, *o = t + 3 * N, *d_o = t + 4 * N, *dq = t + 5 * N,
+          *dk = t + 6 * N, *dv = t + 7 * N, *lse = t + 8 * N;
+    for (int i = 0; i < 5 * N; i++)
+        t[i] = (float)((i * 37 % 101) - 50) / 64.0f;
+    stria_call_t call = STRIA_CALL_INIT;
+    call.batch = 1;
+    call.seq_len = 96;
+    call.causal = true;
+    for (int i = 0; i < 64; i++) /* calls 0..63 */
+        cr_assert_eq(stria_session_forward(s, &call, q, k, v, o, lse), STRIA_OK, "call %d: %s", i,
+                     stria_error_msg());
+    cr_assert_eq(stria_session_backward(s, &call, q, k, v, o, lse, d_o, dq, dk, dv), STRIA_OK,
+                 "call 64: %s", stria_error_msg());
+    /* heartbeats every 0.2 s bring every rank's timelines */
+    int rc = -1;
+    for (int tries = 0; tries < 50 && rc != 0; tries++) {
+        char *out = NULL;
+        free(err);
+        err = NULL;
+        if (dc_striactl(&c, NULL, &out, &err, "session", id, "--timeline", path, NULL) == 0 &&
+            strstr(out, "timeline written to") != NULL) {
+            free(err);
+            rc = dc_python(session_svg_check, path, &err);
+        }
+        free(out);
+        if (rc != 0)
+            usleep(100000);
+    }
+    cr_expect_eq(rc, 0, "the SVG of striactl session --timeline: %s", err);
+    free(err);
+    free(t);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
 /* A job cancelled while its forward pass runs: every worker aborts the pass
  * at its next step (it hears of the cancel in a heartbeat reply) instead of
  * computing to the end; the workers log the failure, the client gets an
