@@ -39,7 +39,7 @@ PATH = re.compile(r"(?<![\w/.:\-<>*{])((?:[\w.*?<>{},\-]+/)+[\w.*?<>{},\-]*)")
 NAME = re.compile(r"(?<![\w.])((?:stria|STRIA)_(?:[\w*]|<\w+>)*)")
 # A bare source file name inside a `code` span.
 CODE = re.compile(r"`([^`]*)`")
-BARE = re.compile(r"(?<![\w/.\-{,])([\w\-*<>]+\.(?:c|h|cu|cuh|py|sh|proto|cmake))(?![\w/])")
+BARE = re.compile(r"(?<![\w/.\-{,<>*])([\w\-*<>]+\.(?:c|h|cu|cuh|py|sh|proto|cmake))(?![\w/])")
 IDENT = re.compile(r"\b(?:stria|STRIA)_\w*")
 
 
