@@ -1,0 +1,270 @@
+/* Ring engine suite, documents and sliding windows: the masks in every
+ * layout, hops a window skips, one document against none, and bad masks. */
+#include <criterion/criterion.h>
+
+#include "ring_test_util.h"
+
+/* ---- documents and sliding windows ----------------------------------- */
+
+static stria_status_t ring_run_masks(const rcase_t *c, const ref_masks_t *m, rdata_t *d,
+                                     stria_ring_local_stats_t *stats)
+{
+    stria_ring_shape_t shape = shape_of(c);
+    if (m != NULL) {
+        shape.cu_seqlens = m->cu_seqlens;
+        shape.n_cu_seqlens = m->n_cu;
+        shape.has_window = m->has_window;
+        shape.window_left = m->left;
+        shape.window_right = m->right;
+    }
+    stria_ring_local_opts_t opts = {.layout = c->layout,
+                                    .n_ranks = c->n,
+                                    .passes = STRIA_RING_PASS_FWD_BWD,
+                                    .step_timeout_s = 60};
+    stria_ring_local_io_t io = {.q = d->qs,
+                                .k = d->ks,
+                                .v = d->vs,
+                                .o = d->o,
+                                .o_dtype = STRIA_DTYPE_F32,
+                                .lse = d->lse,
+                                .d_o = d->gs,
+                                .dq = d->dq,
+                                .dk = d->dk,
+                                .dv = d->dv,
+                                .grad_dtype = STRIA_DTYPE_F32};
+    return stria_ring_run_local(&shape, &opts, &io, stats);
+}
+
+/* The ring's results against the fp64 and fp32 references, within the
+ * tolerance rule; ry (NULL: none) the bf16 math yardstick of O and the
+ * gradients (see check_case). */
+static void check_vs_refs(const rcase_t *c, const rdata_t *d, const ref_out_t *r64,
+                          const ref_out_t *r32, const ref_out_t *ry, const char *name)
+{
+    const ref_out_t *y = ry != NULL ? ry : r32;
+    errs_t e = errs_vs(d, r64);
+    char w[5][96];
+    const char *what[5] = {"O", "LSE", "dQ", "dK", "dV"};
+    for (int i = 0; i < 5; i++)
+        snprintf(w[i], sizeof(w[i]), "%s (%s)", what[i], name);
+    check_err(w[0], e.o, ref_max_err_f64(y->o, r64->o, d->nq), ref_max_abs(r64->o, d->nq), c);
+    check_err(w[1], e.lse, ref_max_err_f64(r32->lse, r64->lse, d->nl), ref_max_abs(r64->lse, d->nl),
+              c);
+    check_err(w[2], e.dq, ref_max_err_f64(y->dq, r64->dq, d->nq), ref_max_abs(r64->dq, d->nq), c);
+    check_err(w[3], e.dk, ref_max_err_f64(y->dk, r64->dk, d->nk), ref_max_abs(r64->dk, d->nk), c);
+    check_err(w[4], e.dv, ref_max_err_f64(y->dv, r64->dv, d->nk), ref_max_abs(r64->dv, d->nk), c);
+}
+
+/* The ring with masks, in every layout, against the fp64 reference with the
+ * same masks (computed once), within the tolerance rule. */
+static void check_masks_every_layout(rcase_t c, const ref_masks_t *m, const char *name)
+{
+    rdata_t d;
+    ref_out_t r64, r32, ry;
+    ref_shape_t rs = ref_shape(&c);
+    const bool bf16_dot = c.dtype == STRIA_DTYPE_BF16 && ref_bf16_dot(stria_kernels_variant());
+    data_init(&c, &d, (uint64_t)(c.S * 17 + c.n));
+    ref_f64_run_masks(&rs, m, d.q, d.k, d.v, d.g, &r64);
+    ref_f32_run_masks(&rs, m, d.q, d.k, d.v, d.g, &r32);
+    if (bf16_dot)
+        ref_bf16_run_masks(&rs, m, d.q, d.k, d.v, d.g, &ry);
+    for (size_t k = 0; k < 3; k++) {
+        c.layout = all_layouts[k];
+        cr_assert_eq(ring_run_masks(&c, m, &d, NULL), STRIA_OK, "%s, %s: %s", name,
+                     stria_layout_kind_name(c.layout), stria_error_msg());
+        check_vs_refs(&c, &d, &r64, &r32, bf16_dot ? &ry : NULL, name);
+    }
+    ref_out_free(&r64);
+    ref_out_free(&r32);
+    if (bf16_dot)
+        ref_out_free(&ry);
+    data_free(&d);
+}
+
+static const int64_t docs_1024[] = {0, 1, 17, 300, 301, 1024};
+
+Test(ring, documents_every_layout_causal, .timeout = 600)
+{
+    rcase_t c = {.n = 4,
+                 .causal = true,
+                 .B = 1,
+                 .S = 1024,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 64,
+                 .dtype = STRIA_DTYPE_F32};
+    ref_masks_t m = {.cu_seqlens = docs_1024, .n_cu = 6};
+    check_masks_every_layout(c, &m, "documents, causal");
+}
+
+Test(ring, documents_every_layout_non_causal, .timeout = 600)
+{
+    rcase_t c = {.n = 4,
+                 .causal = false,
+                 .B = 1,
+                 .S = 1024,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 64,
+                 .dtype = STRIA_DTYPE_F32};
+    ref_masks_t m = {.cu_seqlens = docs_1024, .n_cu = 6};
+    check_masks_every_layout(c, &m, "documents, non-causal");
+}
+
+Test(ring, causal_window_every_layout, .timeout = 600)
+{
+    rcase_t c = {.n = 4,
+                 .causal = true,
+                 .B = 1,
+                 .S = 512,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 64,
+                 .dtype = STRIA_DTYPE_F32};
+    ref_masks_t m = {.has_window = true, .left = 255, .right = 0};
+    check_masks_every_layout(c, &m, "window 255,0, causal");
+}
+
+/* A causal window of 255 tokens at S = 2048 over 4 ranks, contiguous
+ * (shards of 512): rank r sees only its own block and rank r - 1's, so the
+ * forward runs 2 steps and each rank sends one K/V block (and the 3 tokens
+ * of the closing agreement), not 3. The backward keeps its N steps (its
+ * dK/dV sums travel home). Results within the tolerance of the fp64
+ * reference. */
+Test(ring, causal_window_skips_hops_under_contiguous, .timeout = 600)
+{
+    enum { N = 4 };
+    rcase_t c = {.n = N,
+                 .layout = STRIA_LAYOUT_CONTIGUOUS,
+                 .causal = true,
+                 .B = 1,
+                 .S = 2048,
+                 .H = 4,
+                 .Hkv = 2,
+                 .D = 64,
+                 .dtype = STRIA_DTYPE_F32};
+    ref_masks_t m = {.has_window = true, .left = 255, .right = 0};
+    stria_ring_step_stats_t fwd[N * N], bwd[N * N];
+    stria_ring_local_stats_t stats = {.fwd_steps = fwd, .bwd_steps = bwd};
+    const uint64_t msg = 2u * 512 * 2 * 64 * 4, agree = (N - 1) * sizeof(uint64_t);
+    rdata_t d;
+    ref_out_t r64, r32;
+    ref_shape_t rs = ref_shape(&c);
+    data_init(&c, &d, 2048);
+    cr_assert_eq(ring_run_masks(&c, &m, &d, &stats), STRIA_OK, "%s", stria_error_msg());
+    for (int r = 0; r < N; r++) {
+        const stria_ring_step_stats_t *f = fwd + r * N, *b = bwd + r * N;
+        uint64_t sent = 0;
+        for (int s = 0; s < N; s++)
+            sent += f[s].bytes_sent;
+        cr_expect_eq(f[0].bytes_sent, msg, "rank %d step 0 sent %llu bytes, one K/V block is %llu",
+                     r, (unsigned long long)f[0].bytes_sent, (unsigned long long)msg);
+        cr_expect_eq(f[1].bytes_sent, agree, "rank %d: the last step carries only the agreement",
+                     r);
+        cr_expect_eq(f[2].bytes_sent + f[3].bytes_sent + f[2].bytes_recv + f[3].bytes_recv, 0,
+                     "rank %d ran steps 2 and 3", r);
+        cr_expect(!f[2].computed && !f[3].computed, "rank %d computed past step 1", r);
+        cr_expect_eq(sent, msg + agree, "rank %d forward sent %llu bytes", r,
+                     (unsigned long long)sent);
+        cr_expect_eq(f[1].computed, r > 0, "rank %d step 1 (block of rank %d)", r, f[1].src_rank);
+        cr_expect_gt(b[N - 1].bytes_sent, 0, "rank %d: the backward lost its last step", r);
+    }
+    ref_f64_run_masks(&rs, &m, d.q, d.k, d.v, d.g, &r64);
+    ref_f32_run_masks(&rs, &m, d.q, d.k, d.v, d.g, &r32);
+    check_vs_refs(&c, &d, &r64, &r32, NULL, "window 255,0 over 2048 tokens, contiguous");
+    /* Striped spreads every window over every rank: all N steps. */
+    c.layout = STRIA_LAYOUT_STRIPED;
+    cr_assert_eq(ring_run_masks(&c, &m, &d, &stats), STRIA_OK, "%s", stria_error_msg());
+    for (int r = 0; r < N; r++)
+        cr_expect_eq(fwd[r * N + N - 2].bytes_sent, msg, "striped rank %d skipped a hop", r);
+    check_vs_refs(&c, &d, &r64, &r32, NULL, "window 255,0 over 2048 tokens, striped");
+    ref_out_free(&r64);
+    ref_out_free(&r32);
+    data_free(&d);
+}
+
+Test(ring, window_and_documents_every_layout, .timeout = 600)
+{
+    /* S not a multiple of 2N (padding), bf16, a two-sided window. */
+    static const int64_t cu[] = {0, 40, 40, 170, 301};
+    rcase_t c = {.n = 3,
+                 .causal = false,
+                 .B = 2,
+                 .S = 301,
+                 .H = 4,
+                 .Hkv = 1,
+                 .D = 32,
+                 .dtype = STRIA_DTYPE_BF16};
+    ref_masks_t m = {.cu_seqlens = cu, .n_cu = 5, .has_window = true, .left = 33, .right = 70};
+    check_masks_every_layout(c, &m, "documents and window 33,70");
+    c.causal = true;
+    m.right = -1;
+    m.left = 20;
+    check_masks_every_layout(c, &m, "documents and window 20,-1, causal");
+}
+
+/* One document over the whole sequence changes no bit. */
+Test(ring, one_document_is_bit_identical_to_none)
+{
+    int64_t cu[] = {0, 200};
+    ref_masks_t m = {.cu_seqlens = cu, .n_cu = 2};
+    for (size_t k = 0; k < 3; k++)
+        for (int causal = 0; causal < 2; causal++) {
+            rcase_t c = {.n = 4,
+                         .layout = all_layouts[k],
+                         .causal = causal,
+                         .B = 1,
+                         .S = 200,
+                         .H = 4,
+                         .Hkv = 2,
+                         .D = 64,
+                         .dtype = STRIA_DTYPE_F32};
+            rdata_t a, b;
+            data_init(&c, &a, 7);
+            data_init(&c, &b, 7);
+            cr_assert_eq(ring_run_masks(&c, NULL, &a, NULL), STRIA_OK, "%s", stria_error_msg());
+            cr_assert_eq(ring_run_masks(&c, &m, &b, NULL), STRIA_OK, "%s", stria_error_msg());
+            cr_expect(memcmp(a.o, b.o, a.nq * 4) == 0, "O differs (%s)",
+                      stria_layout_kind_name(c.layout));
+            cr_expect(memcmp(a.lse, b.lse, a.nl * 4) == 0, "LSE differs");
+            cr_expect(memcmp(a.dq, b.dq, a.nq * 4) == 0, "dQ differs");
+            cr_expect(memcmp(a.dk, b.dk, a.nk * 4) == 0, "dK differs");
+            cr_expect(memcmp(a.dv, b.dv, a.nk * 4) == 0, "dV differs");
+            data_free(&a);
+            data_free(&b);
+        }
+}
+
+Test(ring, bad_masks_refused)
+{
+    rcase_t c = {.n = 2,
+                 .layout = STRIA_LAYOUT_STRIPED,
+                 .causal = true,
+                 .B = 1,
+                 .S = 64,
+                 .H = 2,
+                 .Hkv = 2,
+                 .D = 16,
+                 .dtype = STRIA_DTYPE_F32};
+    static const int64_t starts1[] = {1, 64}, short_end[] = {0, 10, 63}, dec[] = {0, 30, 20, 64};
+    struct {
+        ref_masks_t m;
+        const char *needle;
+    } bad[] = {
+        {{.cu_seqlens = starts1, .n_cu = 2}, "start at 0 and end at seq"},
+        {{.cu_seqlens = short_end, .n_cu = 3}, "end at seq (64)"},
+        {{.cu_seqlens = dec, .n_cu = 4}, "decreases at entry 2"},
+        {{.cu_seqlens = NULL, .n_cu = 3}, "cu_seqlens is NULL"},
+        {{.has_window = true, .left = -2}, "window_left (-2)"},
+        {{.has_window = true, .left = 3, .right = 1}, "window_right is 1 with causal"},
+        {{.has_window = false, .left = 3}, "has_window is false"},
+    };
+    rdata_t d;
+    data_init(&c, &d, 3);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_expect_eq(ring_run_masks(&c, &bad[i].m, &d, NULL), STRIA_ERR_INVALID_ARG, "case %zu", i);
+        cr_expect(strstr(stria_error_msg(), bad[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i,
+                  stria_error_msg(), bad[i].needle);
+    }
+    data_free(&d);
+}
