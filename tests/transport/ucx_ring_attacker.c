@@ -31,13 +31,13 @@
  * set-up errors.
  */
 #include <arpa/inet.h>
-#include <getopt.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "tucx.h"
 #include "ucx_int.h"
 
 #define MAX_EPS 256
@@ -195,13 +195,6 @@ static bool wait_ctrl(int i, uint16_t type, double timeout_s)
     return false;
 }
 
-/* The ring key of --key-seed N, as ucx_ring_rank makes it. */
-static void key_of_seed(int seed, uint8_t key[STRIA_AUTH_KEY_BYTES])
-{
-    for (int i = 0; i < STRIA_AUTH_KEY_BYTES; i++)
-        key[i] = (uint8_t)(seed * 31 + i * 7 + 1);
-}
-
 typedef struct {
     const char *host, *mode;
     int port, rank, size, slots, passes, conns, key_seed, inflight;
@@ -261,7 +254,7 @@ static int do_replay(const opts_t *o)
 {
     uint8_t key[STRIA_AUTH_KEY_BYTES], nonce[STRIA_AUTH_NONCE_BYTES] = {42, 1, 2, 3};
     stria__ctrl_t proof;
-    key_of_seed(o->key_seed, key);
+    tucx_key_of_seed(o->key_seed, key);
     int a = connect_ep(o->host, o->port), b = connect_ep(o->host, o->port);
     if (a < 0 || b < 0)
         return 2;
@@ -360,78 +353,25 @@ int main(int argc, char **argv)
                 .bytes = 4096,
                 .duration = 2,
                 .inflight = 256};
-    static const struct option longopts[] = {{"host", required_argument, 0, 'h'},
-                                             {"port", required_argument, 0, 'p'},
-                                             {"mode", required_argument, 0, 'm'},
-                                             {"key-seed", required_argument, 0, 'k'},
-                                             {"rank", required_argument, 0, 'r'},
-                                             {"size", required_argument, 0, 'n'},
-                                             {"slots", required_argument, 0, 's'},
-                                             {"passes", required_argument, 0, 'P'},
-                                             {"conns", required_argument, 0, 'c'},
-                                             {"job", required_argument, 0, 'j'},
-                                             {"ring", required_argument, 0, 'g'},
-                                             {"bytes", required_argument, 0, 'b'},
-                                             {"duration", required_argument, 0, 'u'},
-                                             {"engine-tags", no_argument, 0, 'E'},
-                                             {"repeat", no_argument, 0, 'R'},
-                                             {"inflight", required_argument, 0, 'I'},
-                                             {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'h':
-            o.host = optarg;
-            break;
-        case 'p':
-            o.port = atoi(optarg);
-            break;
-        case 'm':
-            o.mode = optarg;
-            break;
-        case 'k':
-            o.key_seed = atoi(optarg);
-            break;
-        case 'r':
-            o.rank = atoi(optarg);
-            break;
-        case 'n':
-            o.size = atoi(optarg);
-            break;
-        case 's':
-            o.slots = atoi(optarg);
-            break;
-        case 'P':
-            o.passes = atoi(optarg);
-            break;
-        case 'c':
-            o.conns = atoi(optarg);
-            break;
-        case 'j':
-            o.job = strtoull(optarg, NULL, 0);
-            break;
-        case 'g':
-            o.ring = strtoull(optarg, NULL, 0);
-            break;
-        case 'b':
-            o.bytes = strtoull(optarg, NULL, 0);
-            break;
-        case 'u':
-            o.duration = atof(optarg);
-            break;
-        case 'E':
-            o.engine_tags = true;
-            break;
-        case 'R':
-            o.repeat = true;
-            break;
-        case 'I':
-            o.inflight = atoi(optarg);
-            break;
-        default:
-            return 2;
-        }
-    }
+    const tucx_opt_t opts[] = {{"host", TUCX_STR, &o.host},
+                               {"port", TUCX_INT, &o.port},
+                               {"mode", TUCX_STR, &o.mode},
+                               {"key-seed", TUCX_INT, &o.key_seed},
+                               {"rank", TUCX_INT, &o.rank},
+                               {"size", TUCX_INT, &o.size},
+                               {"slots", TUCX_INT, &o.slots},
+                               {"passes", TUCX_INT, &o.passes},
+                               {"conns", TUCX_INT, &o.conns},
+                               {"job", TUCX_U64, &o.job},
+                               {"ring", TUCX_U64, &o.ring},
+                               {"bytes", TUCX_SIZE, &o.bytes},
+                               {"duration", TUCX_DOUBLE, &o.duration},
+                               {"engine-tags", TUCX_FLAG, &o.engine_tags},
+                               {"repeat", TUCX_FLAG, &o.repeat},
+                               {"inflight", TUCX_INT, &o.inflight},
+                               {NULL, 0, NULL}};
+    if (!tucx_parse(argc, argv, opts))
+        return 2;
     if (o.port <= 0 || o.bytes == 0 || o.conns < 1 || o.conns > MAX_EPS - 2 || setup() != 0) {
         fprintf(stderr, "ucx_ring_attacker: bad arguments or no UCX\n");
         return 2;

@@ -27,7 +27,6 @@
  * Exit status: 0 ok, 1 ring error (reported in result.R), 2 usage.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +35,7 @@
 
 #include "stria_auth.h"
 #include "stria_transport.h"
+#include "tucx.h"
 #include "ucx_engine_case.h"
 
 typedef struct {
@@ -61,13 +61,6 @@ typedef struct {
     double handshake_timeout_s;
     int max_pending;
 } opts_t;
-
-/* The ring key of --key-seed N (ucx_ring_attacker makes the same). */
-static void key_of_seed(int seed, uint8_t key[STRIA_AUTH_KEY_BYTES])
-{
-    for (int i = 0; i < STRIA_AUTH_KEY_BYTES; i++)
-        key[i] = (uint8_t)(seed * 31 + i * 7 + 1);
-}
 
 static int write_file(const char *dir, const char *name, int rank, const char *text);
 
@@ -326,110 +319,34 @@ int main(int argc, char **argv)
                 .connect_timeout_s = 10,
                 .mode = "ring",
                 .key_seed = -1};
-    static const struct option longopts[] = {{"rank", required_argument, 0, 'r'},
-                                             {"size", required_argument, 0, 'n'},
-                                             {"dir", required_argument, 0, 'd'},
-                                             {"listen-host", required_argument, 0, 'L'},
-                                             {"port", required_argument, 0, 'p'},
-                                             {"next-host", required_argument, 0, 'H'},
-                                             {"next-port", required_argument, 0, 'P'},
-                                             {"tls", required_argument, 0, 't'},
-                                             {"net-devices", required_argument, 0, 'D'},
-                                             {"job", required_argument, 0, 'j'},
-                                             {"ring", required_argument, 0, 'g'},
-                                             {"bytes", required_argument, 0, 'b'},
-                                             {"passes", required_argument, 0, 'k'},
-                                             {"duration", required_argument, 0, 'u'},
-                                             {"step-timeout", required_argument, 0, 's'},
-                                             {"connect-timeout", required_argument, 0, 'c'},
-                                             {"late-recv", required_argument, 0, 'l'},
-                                             {"mode", required_argument, 0, 'm'},
-                                             {"engine", required_argument, 0, 'e'},
-                                             {"heartbeat", required_argument, 0, 'T'},
-                                             {"stall", required_argument, 0, 'S'},
-                                             {"key-seed", required_argument, 0, 'K'},
-                                             {"handshake-timeout", required_argument, 0, 'W'},
-                                             {"max-pending", required_argument, 0, 'M'},
-                                             {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'r':
-            o.rank = atoi(optarg);
-            break;
-        case 'n':
-            o.size = atoi(optarg);
-            break;
-        case 'd':
-            o.dir = optarg;
-            break;
-        case 'L':
-            o.listen_host = optarg;
-            break;
-        case 'p':
-            o.listen_port = atoi(optarg);
-            break;
-        case 'H':
-            o.next_host = optarg;
-            break;
-        case 'P':
-            o.next_port = atoi(optarg);
-            break;
-        case 't':
-            o.tls = optarg;
-            break;
-        case 'D':
-            o.net_devices = optarg;
-            break;
-        case 'j':
-            o.job_id = strtoull(optarg, NULL, 0);
-            break;
-        case 'g':
-            o.ring_id = strtoull(optarg, NULL, 0);
-            break;
-        case 'b':
-            o.bytes = strtoull(optarg, NULL, 0);
-            break;
-        case 'k':
-            o.passes = atoi(optarg);
-            break;
-        case 'u':
-            o.duration_s = atof(optarg);
-            break;
-        case 's':
-            o.step_timeout_s = atof(optarg);
-            break;
-        case 'c':
-            o.connect_timeout_s = atof(optarg);
-            break;
-        case 'T':
-            o.heartbeat_s = atof(optarg);
-            break;
-        case 'S':
-            o.stall_s = atof(optarg);
-            break;
-        case 'l':
-            o.late_recv_ms = atoi(optarg);
-            break;
-        case 'm':
-            o.mode = optarg;
-            break;
-        case 'e':
-            o.engine = optarg;
-            break;
-        case 'K':
-            o.key_seed = atoi(optarg);
-            break;
-        case 'W':
-            o.handshake_timeout_s = atof(optarg);
-            break;
-        case 'M':
-            o.max_pending = atoi(optarg);
-            break;
-        default:
-            usage();
-            return 2;
-        }
+    const tucx_opt_t opts[] = {{"rank", TUCX_INT, &o.rank},
+                               {"size", TUCX_INT, &o.size},
+                               {"dir", TUCX_STR, &o.dir},
+                               {"listen-host", TUCX_STR, &o.listen_host},
+                               {"port", TUCX_INT, &o.listen_port},
+                               {"next-host", TUCX_STR, &o.next_host},
+                               {"next-port", TUCX_INT, &o.next_port},
+                               {"tls", TUCX_STR, &o.tls},
+                               {"net-devices", TUCX_STR, &o.net_devices},
+                               {"job", TUCX_U64, &o.job_id},
+                               {"ring", TUCX_U64, &o.ring_id},
+                               {"bytes", TUCX_SIZE, &o.bytes},
+                               {"passes", TUCX_INT, &o.passes},
+                               {"duration", TUCX_DOUBLE, &o.duration_s},
+                               {"step-timeout", TUCX_DOUBLE, &o.step_timeout_s},
+                               {"connect-timeout", TUCX_DOUBLE, &o.connect_timeout_s},
+                               {"late-recv", TUCX_INT, &o.late_recv_ms},
+                               {"mode", TUCX_STR, &o.mode},
+                               {"engine", TUCX_STR, &o.engine},
+                               {"heartbeat", TUCX_DOUBLE, &o.heartbeat_s},
+                               {"stall", TUCX_DOUBLE, &o.stall_s},
+                               {"key-seed", TUCX_INT, &o.key_seed},
+                               {"handshake-timeout", TUCX_DOUBLE, &o.handshake_timeout_s},
+                               {"max-pending", TUCX_INT, &o.max_pending},
+                               {NULL, 0, NULL}};
+    if (!tucx_parse(argc, argv, opts)) {
+        usage();
+        return 2;
     }
     if (o.rank < 0 || o.size < 1 || o.rank >= o.size || o.dir == NULL || o.bytes == 0 ||
         o.listen_port < 0 || o.listen_port > 65535 || o.next_port < 0 || o.next_port > 65535) {
@@ -478,7 +395,7 @@ int main(int argc, char **argv)
                                   .connect_timeout_s = o.connect_timeout_s};
     uint8_t key[STRIA_AUTH_KEY_BYTES];
     if (o.key_seed >= 0) {
-        key_of_seed(o.key_seed, key);
+        tucx_key_of_seed(o.key_seed, key);
         lp.key = key;
     }
     stria_link_t *link = NULL;
