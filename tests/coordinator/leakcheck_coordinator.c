@@ -8,16 +8,7 @@
 
 #include "../rpc/rpc_testutil.h"
 #include "stria_coordinator.h"
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "leakcheck: line %d: ", __LINE__);                                     \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (%s)\n", stria_error_msg());                                         \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "tleak.h"
 
 /* Jobs submitted, with their secrets. */
 static uint64_t g_ids[8];

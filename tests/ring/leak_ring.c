@@ -9,18 +9,7 @@
 #include <string.h>
 
 #include "stria_ring.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "leak_ring: %s:%d: ", __FILE__, __LINE__);                             \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tleak.h"
 
 static const stria_ring_shape_t shape = {.batch = 2,
                                          .seq = 45,
@@ -109,6 +98,9 @@ static int run_ranks(int n, stria_inproc_fault_t fault, uint64_t after, bool bac
 
 int main(void)
 {
+    tleak.prog = "leak_ring";
+    tleak.fatal = false;
+    tleak.error_msg = false;
     static const char *const devices[] = {NULL, "cpu:staged"};
     for (int di = 0; di < 2; di++) {
         rank_device = devices[di];
@@ -162,8 +154,8 @@ int main(void)
     CHECK(stria_ring_run_local(&bad, &lo, &io, NULL) == STRIA_ERR_UNSUPPORTED, "bad head_dim");
     free(m);
 
-    if (failures != 0) {
-        fprintf(stderr, "leak_ring: %d checks failed\n", failures);
+    if (tleak.failures != 0) {
+        fprintf(stderr, "leak_ring: %d checks failed\n", tleak.failures);
         return 1;
     }
     printf("leak_ring: ok\n");

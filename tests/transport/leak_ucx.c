@@ -21,19 +21,7 @@
 #include <unistd.h>
 
 #include "stria_transport.h"
-
-static int failures;
-static int my_rank;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "leak_ucx: rank %d: line %d: ", my_rank, __LINE__);                    \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (%s)\n", stria_error_msg());                                         \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tleak.h"
 
 /* The pipe ends this rank writes to and reads from. */
 static int to_peer = -1, from_peer = -1;
@@ -43,7 +31,7 @@ static int to_peer = -1, from_peer = -1;
 static uint32_t exchange(uint32_t v)
 {
     if (write(to_peer, &v, sizeof(v)) != (ssize_t)sizeof(v)) {
-        fprintf(stderr, "leak_ucx: rank %d: the other rank is gone (write: %s)\n", my_rank,
+        fprintf(stderr, "leak_ucx: rank %d: the other rank is gone (write: %s)\n", tleak.rank,
                 strerror(errno));
         exit(1);
     }
@@ -53,7 +41,7 @@ static uint32_t exchange(uint32_t v)
         n = read(from_peer, &got, sizeof(got));
     } while (n < 0 && errno == EINTR);
     if (n != (ssize_t)sizeof(got)) {
-        fprintf(stderr, "leak_ucx: rank %d: the other rank is gone\n", my_rank);
+        fprintf(stderr, "leak_ucx: rank %d: the other rank is gone\n", tleak.rank);
         exit(1);
     }
     return got;
@@ -70,7 +58,7 @@ static stria_link_t *ring(stria_ucx_ctx_t *ctx, uint16_t peer_port, uint64_t rin
 {
     stria_ucx_link_params_t p = {.job_id = 1,
                                  .ring_id = ring_id,
-                                 .rank = my_rank,
+                                 .rank = tleak.rank,
                                  .size = 2,
                                  .next_host = "127.0.0.1",
                                  .next_port = peer_port,
@@ -91,7 +79,7 @@ static stria_link_t *ring(stria_ucx_ctx_t *ctx, uint16_t peer_port, uint64_t rin
 static void early_arrivals(stria_link_t *link, uint8_t *a, uint8_t *b, size_t big)
 {
     stria_link_req_t *sq, *rq, *sq2;
-    if (my_rank == 0) {
+    if (tleak.rank == 0) {
         CHECK(stria_link_isend(link, 1, a, 100, &sq) == STRIA_OK, "isend");
         CHECK(stria_link_isend(link, 2, a, big, &sq2) == STRIA_OK, "isend");
         barrier();
@@ -118,7 +106,7 @@ static void early_arrivals(stria_link_t *link, uint8_t *a, uint8_t *b, size_t bi
 static void length_mismatch(stria_link_t *link, uint8_t *a, uint8_t *b)
 {
     stria_link_req_t *rq, *sq;
-    if (my_rank == 1) {
+    if (tleak.rank == 1) {
         CHECK(stria_link_irecv(link, 1, b, 1000, &rq) == STRIA_OK, "irecv");
         barrier();
         CHECK(stria_link_wait(link, rq, 10) == STRIA_ERR_PROTOCOL, "mismatch");
@@ -134,12 +122,12 @@ static void length_mismatch(stria_link_t *link, uint8_t *a, uint8_t *b)
 static void torn_down(stria_link_t *link, uint8_t *a, uint8_t *b, size_t big)
 {
     stria_link_req_t *q;
-    if (my_rank == 0)
+    if (tleak.rank == 0)
         CHECK(stria_link_isend(link, 1, a, big, &q) == STRIA_OK, "isend");
     else
         CHECK(stria_link_irecv(link, 7, b, 64, &q) == STRIA_OK, "irecv");
     usleep(50000);
-    if (my_rank == 0)
+    if (tleak.rank == 0)
         stria_link_cancel(link, q);
     else
         stria_link_abort(link, STRIA_ERR_INTERNAL, "leak check");
@@ -177,20 +165,20 @@ static int run_rank(void)
     barrier();
     /* A link left open is destroyed with its context. */
     stria_link_req_t *rq;
-    if ((link = ring(ctx, (uint16_t)peer_port, 4)) != NULL && my_rank == 1)
+    if ((link = ring(ctx, (uint16_t)peer_port, 4)) != NULL && tleak.rank == 1)
         CHECK(stria_link_irecv(link, 1, b, 64, &rq) == STRIA_OK, "irecv");
     barrier();
     stria_ucx_ctx_destroy(ctx);
     free(a);
     free(b);
-    return failures == 0 ? 0 : 1;
+    return tleak.failures == 0 ? 0 : 1;
 }
 
 /* Runs this process as `rank`, writing to pipe `to` and reading from pipe
  * `from` (the other ends belong to the other rank). */
 static int run_as(int rank, int to[2], int from[2])
 {
-    my_rank = rank;
+    tleak.rank = rank;
     to_peer = to[1];
     from_peer = from[0];
     close(to[0]);
@@ -203,6 +191,8 @@ static int run_as(int rank, int to[2], int from[2])
 
 int main(int argc, char **argv)
 {
+    tleak.prog = "leak_ucx";
+    tleak.fatal = false;
     /* Each rank reads the transports from the environment, where a forked
      * child sees them too. */
     if (setenv("LEAK_UCX_TLS", argc > 1 ? argv[1] : "tcp", 1) != 0) {

@@ -10,16 +10,7 @@
 #include <unistd.h>
 
 #include "worker_fixture.h"
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "leakcheck: line %d: ", __LINE__);                                     \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (%s)\n", stria_error_msg());                                         \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "tleak.h"
 
 typedef struct {
     wf_t *f;
