@@ -13,7 +13,7 @@
 
 #include "rpc_testutil.h"
 
-/* One timeout for every test of the binary (see test_rpc.c). */
+/* One timeout for every test of the binary (see rpc_test_services.h). */
 #define TEST_TIMEOUT_S 30
 
 static double now_s(void)
