@@ -224,7 +224,7 @@ bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState 
     stria__job_unreserve(j);
     for (uint32_t r = 0; r < j->n_ranks; r++)
         stria__index_del(&co->members, j->id, j->ranks[r].worker->id);
-    stria__count_finished(co, state);
+    stria__cmet_count_finished(co, state);
     if (state != S_RELEASED)
         co->jobs_failed++;
     if (state == S_RELEASED)
@@ -444,7 +444,7 @@ void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *wh
             co->workers[k++] = co->workers[i];
     co->n_workers = k;
     stria__index_del(&co->worker_ids, w->id, 0);
-    stria__worker_metrics_forget(co, w);
+    stria__cmet_worker_forget(co, w);
     stria__recover_worker_gone(co, w);
     w->forgotten = true;
     if (w->job_refs == 0)
@@ -475,7 +475,7 @@ static double stria__tick_stall(stria_coord_t *co, double now)
         stria_log_warn("the coordinator's loop stalled for %.3f s: worker and job deadlines "
                        "move by as much",
                        late);
-        stria__count_stall(co, late);
+        stria__cmet_count_stall(co, late);
     }
     return late;
 }
@@ -517,7 +517,7 @@ static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
                  now - w->last_seen);
         stria_log_warn("worker %llu (%s, %s) is dead: %s", (unsigned long long)w->id, w->host,
                        w->rpc_address, why);
-        stria__count_error(co, STRIA__E_WORKER_DEAD);
+        stria__cmet_count_error(co, STRIA__E_WORKER_DEAD);
         stria__fail_jobs_of(co, w, why);
         stria__replace_lost(co, w);
         stria__recover_worker_gone(co, w);
@@ -565,7 +565,7 @@ static void stria__coord_on_tick(void *arg)
         stria__schedule(co);
     /* Only here: handlers may hold pointers to finished jobs. */
     stria__jobs_prune(co);
-    stria__metrics_update(co);
+    stria__cmet_update(co);
 }
 
 /* ---- lifecycle ----------------------------------------------------------- */
@@ -667,7 +667,7 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     co->auth_required = has_client;
     co->metrics = p->metrics;
     co->notify_status = p->notify_status;
-    stria__metrics_init(co);
+    stria__cmet_init(co);
     co->started_at = stria_time_now();
     co->last_tick = co->started_at;
     co->started_ms = stria__coord_wall_ms();

@@ -233,14 +233,14 @@ static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
             stria__choose_placed(co, s, ring, count, n, need, chosen, fallback, now);
         if (st == STRIA_OK)
             return true;
-        stria__count_error(co, st == STRIA_ERR_NO_MEMORY ? STRIA__E_SUBMIT_NO_MEMORY
-                                                         : STRIA__E_SUBMIT_NO_WORKERS);
+        stria__cmet_count_error(co, st == STRIA_ERR_NO_MEMORY ? STRIA__E_SUBMIT_NO_MEMORY
+                                                              : STRIA__E_SUBMIT_NO_WORKERS);
         stria_rpc_call_fail(call, st, "SubmitJob: %s", stria_error_msg());
         return false;
     }
     int64_t start = stria__choose_window(co, ring, count, n, need, now, &best_cap);
     if (start < 0) {
-        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
                             "SubmitJob: the job needs %llu MiB per rank (%u ranks of %lld tokens) "
                             "but the workers of the best ring of %u offer %llu MiB each; use a "
@@ -280,17 +280,17 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
 {
     const Stria__V1__JobSpec *s = req->spec;
     if (s == NULL) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: the spec is missing");
         return false;
     }
     if (stria__spec_check(s) != STRIA_OK) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         return false;
     }
     if (s->step_timeout_ms > co->max_step_timeout_ms) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                             "SubmitJob: step_timeout_ms must be at most %u (the coordinator's "
                             "--max-step-timeout) (got %u)",
@@ -298,14 +298,14 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
         return false;
     }
     if (req->n_exclude_worker_ids > STRIA__MAX_EXCLUDE) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                             "SubmitJob: exclude_worker_ids has %zu entries, more than %d",
                             req->n_exclude_worker_ids, STRIA__MAX_EXCLUDE);
         return false;
     }
     if (req->submit_key.len != 0 && req->submit_key.len != STRIA__SUBMIT_KEY_BYTES) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                             "SubmitJob: submit_key has %zu bytes (%d, or none)",
                             req->submit_key.len, STRIA__SUBMIT_KEY_BYTES);
@@ -315,7 +315,7 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
     if ((*again = stria__submitted_before(co, client, &req->submit_key)) != NULL)
         return true; /* a resend: its job counts already */
     if (stria__count_unfinished(co, client) >= co->max_jobs_per_client) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: client %s holds %u pending or active jobs, the "
                             "coordinator's limit per client (--max-jobs-per-client); release "
@@ -325,7 +325,7 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
     }
     uint64_t held = 0;
     if (s->session && stria__count_sessions(co, client, &held) >= co->max_sessions_per_client) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: client %s holds %u open sessions, the coordinator's limit "
                             "per client (--max-sessions-per-client); close some first",
@@ -334,7 +334,7 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
     }
     if (s->session && co->max_session_bytes_per_client > 0 &&
         held >= co->max_session_bytes_per_client) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: client %s's open sessions hold %llu MiB of worker memory, "
                             "the coordinator's limit per client (--max-session-memory-per-client "
@@ -344,7 +344,7 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
         return false;
     }
     if (stria__count_unfinished(co, NULL) >= co->max_jobs) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: %u jobs are pending or active, the coordinator's limit",
                             co->max_jobs);
@@ -411,7 +411,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     stria__count_workers(co, &healthy, &draining, &dead, &left);
     n = s->ring_size ? s->ring_size : count;
     if (count == 0 || n > count) {
-        stria__count_error(co, STRIA__E_SUBMIT_NO_WORKERS);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_NO_WORKERS);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: the job needs %u workers but %u are available (%u "
                             "healthy, %u draining, %u dead, %u left; %u excluded by the "
@@ -422,13 +422,13 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     if (stria_layout_init(
             stria_layout_kind_resolve((stria_layout_kind_t)s->layout, s->window != NULL), (int)n,
             (int64_t)s->seq_len, &layout) != STRIA_OK) {
-        stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         goto free_ring;
     }
     for (uint32_t r = 0; r < n; r++) {
         if (stria_layout_shard_valid(&layout, (int)r) < 1) {
-            stria__count_error(co, STRIA__E_SUBMIT_INVALID);
+            stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
             stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                                 "SubmitJob: seq_len %llu leaves rank %u of a %u-rank ring "
                                 "without tokens; use a longer sequence or a smaller ring_size",
@@ -438,7 +438,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     }
     if (stria_rank_memory(s->batch, layout.shard_tokens, s->heads, s->kv_heads, s->head_dim,
                           (stria_dtype_t)s->dtype, &need) != STRIA_OK) {
-        stria__count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
                             "SubmitJob: the job needs more memory per rank than any worker has "
                             "(%s)",
@@ -454,7 +454,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
     if (!stria__submit_workers(co, call, s, ring, count, n, &layout, need, chosen, fallback, &now))
         goto free_ring;
     if (!now && s->no_queue) {
-        stria__count_error(co, STRIA__E_SUBMIT_BUSY);
+        stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: not enough free memory on the workers now (the job needs "
                             "%llu MiB per rank) and no_queue is set",
@@ -470,11 +470,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
         memcpy(j->submit_key, req->submit_key.data, sizeof(j->submit_key));
         j->keyed = true;
     }
-    if (co->metrics != NULL)
-        stria_metric_add(stria_metrics_get(co->metrics, STRIA_METRIC_COUNTER,
-                                           "stria_coordinator_jobs_submitted_total",
-                                           "Jobs admitted since start.", NULL, NULL, 0),
-                         1);
+    stria__cmet_count_submitted(co);
     stria_log_info("job %llu submitted: batch %u, seq %llu, heads %u/%u, dim %u, %s, %u ranks "
                    "from worker %llu%s, %llu MiB per rank%s%s",
                    (unsigned long long)j->id, j->spec.batch, (unsigned long long)j->spec.seq_len,
@@ -820,7 +816,7 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
     if (w == NULL)
         return;
     if (strlen(req->reason) > 256) {
-        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                             "DeregisterWorker: reason is longer than 256 bytes");
         return;

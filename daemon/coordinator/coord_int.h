@@ -233,6 +233,16 @@ static inline bool stria__terminal(Stria__V1__JobState s)
     return s >= S_FAILED;
 }
 
+static inline Stria__V1__WorkerState stria__worker_state(const stria__cworker_t *w)
+{
+    if (w->left)
+        return STRIA__V1__WORKER_STATE__WORKER_STATE_LEFT;
+    if (w->dead)
+        return STRIA__V1__WORKER_STATE__WORKER_STATE_DEAD;
+    return w->draining ? STRIA__V1__WORKER_STATE__WORKER_STATE_DRAINING
+                       : STRIA__V1__WORKER_STATE__WORKER_STATE_HEALTHY;
+}
+
 /* Nested reply messages live in this scratch list until the reply is
  * serialised. */
 typedef struct stria__bchunk {
@@ -247,6 +257,8 @@ typedef struct {
     bool oom;
 } stria__b_t;
 
+/* ---- coord_metrics.c: metrics series, the STATUS= line ------------------- */
+
 /* Errors the coordinator counts, by kind (stria_coordinator_errors_total). */
 typedef enum {
     STRIA__E_SUBMIT_INVALID = 0, /* a spec outside the limits */
@@ -260,10 +272,30 @@ typedef enum {
     STRIA__E_COUNT,
 } stria__error_kind_t;
 
+/* Series that exist from the start, so that rates and alerts see zeros. */
+void stria__cmet_init(stria_coord_t *co);
+/* At a tick: the gauges (workers and jobs by state, each worker's), the
+ * uptime, and the STATUS= line when it changed. */
+void stria__cmet_update(stria_coord_t *co);
+void stria__cmet_count_error(stria_coord_t *co, stria__error_kind_t kind);
+void stria__cmet_count_finished(stria_coord_t *co, Stria__V1__JobState state);
+/* A job admitted (SubmitJob). */
+void stria__cmet_count_submitted(stria_coord_t *co);
+/* A pass completed on every rank; times in Unix milliseconds. */
+void stria__cmet_count_pass(stria_coord_t *co, bool backward, uint64_t started_ms,
+                            uint64_t done_ms);
+/* The loop was stalled for `seconds` (0: only makes the series). */
+void stria__cmet_count_stall(stria_coord_t *co, double seconds);
+/* Drops a worker's per-worker metric series (they are made again when
+ * needed). */
+void stria__cmet_worker_forget(stria_coord_t *co, stria__cworker_t *w);
+
+/* ---- other rooms ---------------------------------------------------------- */
+
 #define STRIA__REQ(type, call) ((const type *)stria_rpc_call_request(call))
 
 /* coord.c: job math, the job state machine, periodic work, lifecycle */
-/* coord_reply.c: reply building and metrics */
+/* coord_reply.c: reply building */
 /* coord_workers.c, coord_clients.c: the service's handlers */
 const char *stria__state_name(Stria__V1__JobState s);
 stria_status_t stria__spec_check(const Stria__V1__JobSpec *s);
@@ -279,13 +311,6 @@ void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t
 Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t *j);
 uint32_t stria__queue_position(const stria_coord_t *co, const stria__cjob_t *j);
 Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, const stria__cjob_t *j);
-void stria__count_error(stria_coord_t *co, stria__error_kind_t kind);
-void stria__count_finished(stria_coord_t *co, Stria__V1__JobState state);
-void stria__count_pass(stria_coord_t *co, bool backward, uint64_t started_ms, uint64_t done_ms);
-/* The loop was stalled for `seconds` (0: only makes the series). */
-void stria__count_stall(stria_coord_t *co, double seconds);
-void stria__metrics_init(stria_coord_t *co);
-void stria__metrics_update(stria_coord_t *co);
 /* A job's memory on its members: reserved while it runs (and while a failed
  * job waits for its replacement); unreserve does nothing when none is. */
 void stria__job_reserve(stria__cjob_t *j);
@@ -385,9 +410,6 @@ int stria__job_rank_of(const stria_coord_t *co, const stria__cjob_t *j, const st
 /* Takes a worker out of the table, its metric series too; frees it unless
  * jobs still name it (then the last of them does). */
 void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *why);
-/* Drops a worker's per-worker metric series (they are made again when
- * needed). */
-void stria__worker_metrics_forget(stria_coord_t *co, stria__cworker_t *w);
 void stria__on_register(void *ctx, stria_rpc_call_t *call);
 void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call);
 void stria__on_report(void *ctx, stria_rpc_call_t *call);

@@ -240,7 +240,7 @@ static void stria__rjob_relink(stria_coord_t *co, const stria__rjob_t *rj, stria
     stria__cjob_t *x = stria__job_find(co, rj->replaces);
     const stria_job_secret_t *xs = x != NULL ? &x->secret : xr != NULL ? &xr->secret : NULL;
     if (xs != NULL && !stria_auth_equal(xs->bytes, rj->secret.bytes, sizeof(xs->bytes))) {
-        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
         stria_log_warn("job %llu: not linked to job %llu, which it says it replaces: their "
                        "secrets differ",
                        (unsigned long long)y->id, (unsigned long long)rj->replaces);
@@ -338,7 +338,7 @@ bool stria__recover_held(stria_coord_t *co, stria_rpc_call_t *call, stria__cwork
     stria_auth_wipe(&secret, sizeof(secret));
     stria_auth_wipe(ring_key, sizeof(ring_key));
     if (why != NULL) {
-        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
         stria_log_warn("worker %llu (%s): description of job %llu rank %u refused (the worker "
                        "drops it): %s",
                        (unsigned long long)w->id, w->rpc_address, (unsigned long long)h->job_id,

@@ -76,12 +76,12 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
     memset(&tmp, 0, sizeof(tmp));
     if (stria__check_address("rpc_address", req->rpc_address) != STRIA_OK ||
         stria__check_address("ucx_address", req->ucx_address) != STRIA_OK) {
-        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "RegisterWorker: %s", stria_error_msg());
         return;
     }
     if (req->host[0] == '\0' || req->device[0] == '\0' || req->memory_bytes == 0) {
-        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
                             "RegisterWorker: host, device and memory_bytes are required");
         return;
@@ -103,7 +103,7 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
     if (w != NULL) {
         rejoined = true;
         if (w->incarnation != req->incarnation && !w->left) {
-            stria__count_error(co, STRIA__E_WORKER_RESTARTED);
+            stria__cmet_count_error(co, STRIA__E_WORKER_RESTARTED);
             stria__fail_jobs_of(co, w, "restarted and lost the job");
             stria__replace_lost(co, w);
         }
@@ -113,7 +113,7 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
         tmp.registered_ms = w->registered_ms;
         tmp.job_refs = w->job_refs;
         if (strcmp(w->host, tmp.host) != 0)
-            stria__worker_metrics_forget(co, w); /* labelled with the old host */
+            stria__cmet_worker_forget(co, w); /* labelled with the old host */
         tmp.m_age = w->m_age;
         tmp.m_in_use = w->m_in_use;
         tmp.m_reserved = w->m_reserved;
@@ -193,7 +193,7 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
         return;
     if (req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ||
         req->n_held_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS) {
-        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(
             call, STRIA_ERR_INVALID_ARG, "Heartbeat: %zu job %s, more than the limit of %d",
             req->n_jobs > STRIA_COORD_MAX_HEARTBEAT_JOBS ? req->n_jobs : req->n_held_jobs,
@@ -313,8 +313,8 @@ static void stria__pass_done(stria_coord_t *co, stria__cjob_t *j, stria__crank_t
         uint64_t *done_ms = bwd ? &j->times.backward_done_ms : &j->times.forward_done_ms;
         j->state = bwd ? S_DONE : S_FORWARD_DONE;
         *done_ms = stria__coord_wall_ms();
-        stria__count_pass(co, bwd, bwd ? j->times.backward_started_ms : j->times.forward_started_ms,
-                          *done_ms);
+        stria__cmet_count_pass(
+            co, bwd, bwd ? j->times.backward_started_ms : j->times.forward_started_ms, *done_ms);
     }
 }
 
@@ -333,7 +333,7 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         return;
     }
     if (req->rank >= j->n_ranks || j->ranks[req->rank].worker->id != req->worker_id) {
-        stria__count_error(co, STRIA__E_BAD_REQUEST);
+        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
         stria_rpc_call_fail(
             call, STRIA_ERR_INVALID_ARG, "ReportJob: worker %llu is not rank %u of job %llu",
             (unsigned long long)req->worker_id, req->rank, (unsigned long long)req->job_id);
@@ -377,7 +377,7 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         stria__pass_done(co, j, cr, w, bwd);
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED:
-        stria__count_error(co, STRIA__E_PASS_FAILED);
+        stria__cmet_count_error(co, STRIA__E_PASS_FAILED);
         if (stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s): %.400s", req->rank,
                               (unsigned long long)w->id, w->rpc_address,
                               req->message[0] ? req->message : "failed without a reason") &&
