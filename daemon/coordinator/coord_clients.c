@@ -360,18 +360,18 @@ static bool stria__submit_reply(stria_coord_t *co, stria_rpc_call_t *call, const
 {
     Stria__V1__SubmitJobReply rep = STRIA__V1__SUBMIT_JOB_REPLY__INIT;
     uint8_t sealed[STRIA_AUTH_SEALED_BYTES];
-    stria__b_t b = {0};
+    stria__scratch_t b = {0};
     if (stria_auth_seal(stria_rpc_call_session(call), "job secret", j->id, j->secret.bytes,
                         sealed) != STRIA_OK) {
         stria_rpc_call_fail(call, STRIA_ERR_INTERNAL, "SubmitJob: %s", stria_error_msg());
         return false;
     }
     rep.state = j->state;
-    rep.assignment = stria__fill_assignment(&b, j);
+    rep.assignment = stria__reply_assignment(&b, j);
     rep.queue_position = stria__queue_position(co, j);
     rep.job_secret.data = sealed;
     rep.job_secret.len = sizeof(sealed);
-    stria__b_reply(&b, call, &rep.base);
+    stria__reply_send(&b, call, &rep.base);
     stria_auth_wipe(sealed, sizeof(sealed));
     return true;
 }
@@ -561,7 +561,7 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
     stria__cjob_t *j = stria__call_job(co, call, "GetJob", req->job_id, req->job_proof.len > 0);
     uint8_t secret[STRIA_AUTH_SEALED_BYTES], ring[STRIA_AUTH_SEALED_BYTES];
     bool owner;
-    stria__b_t b = {0};
+    stria__scratch_t b = {0};
 
     if (j == NULL || !stria__get_job_access(call, req, j, &owner, secret, ring))
         return;
@@ -570,7 +570,7 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
         j->last_activity = stria_time_now();
     if (owner && j->client[0] == '\0') /* rebuilt after a restart: its owner is back */
         stria__client_of(call, j->client, sizeof(j->client));
-    rep.job = stria__fill_job(&b, co, j);
+    rep.job = stria__reply_job(&b, co, j);
     if (rep.job == NULL)
         b.oom = true;
     Stria__V1__PassTimeline **held = NULL;
@@ -584,7 +584,7 @@ void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
         rep.ring_key.data = ring;
         rep.ring_key.len = sizeof(ring);
     }
-    stria__b_reply(&b, call, &rep.base);
+    stria__reply_send(&b, call, &rep.base);
     stria__timeline_release(held, n_held);
 }
 
@@ -688,7 +688,7 @@ static void stria__on_workers(stria_coord_t *co, stria_rpc_call_t *call, bool as
     Stria__V1__ListWorkersReply list_rep = STRIA__V1__LIST_WORKERS_REPLY__INIT;
     uint32_t n_ring = 0;
     stria__cworker_t **all = stria__workers_ordered(co, &n_ring);
-    stria__b_t b = {0};
+    stria__scratch_t b = {0};
     size_t n = co->n_workers;
     Stria__V1__RingMember **members = NULL;
     Stria__V1__WorkerInfo **infos = NULL;
@@ -697,17 +697,17 @@ static void stria__on_workers(stria_coord_t *co, stria_rpc_call_t *call, bool as
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    infos = stria__b_alloc(&b, (n + 1) * sizeof(*infos));
+    infos = stria__scratch_alloc(&b, (n + 1) * sizeof(*infos));
     if (as_members)
-        members = stria__b_alloc(&b, (n + 1) * sizeof(*members));
+        members = stria__scratch_alloc(&b, (n + 1) * sizeof(*members));
     for (size_t i = 0; i < n && !b.oom; i++) {
         int idx = i < n_ring ? (int)i : -1;
-        infos[i] = stria__b_alloc(&b, sizeof(**infos));
+        infos[i] = stria__scratch_alloc(&b, sizeof(**infos));
         if (infos[i] == NULL)
             break;
-        stria__fill_worker(&b, co, all[i], idx, infos[i]);
+        stria__reply_worker(&b, co, all[i], idx, infos[i]);
         if (as_members) {
-            members[i] = stria__b_alloc(&b, sizeof(**members));
+            members[i] = stria__scratch_alloc(&b, sizeof(**members));
             if (members[i] == NULL)
                 break;
             stria__v1__ring_member__init(members[i]);
@@ -719,11 +719,11 @@ static void stria__on_workers(stria_coord_t *co, stria_rpc_call_t *call, bool as
     if (as_members) {
         ring_rep.n_members = n;
         ring_rep.members = members;
-        stria__b_reply(&b, call, &ring_rep.base);
+        stria__reply_send(&b, call, &ring_rep.base);
     } else {
         list_rep.n_workers = n;
         list_rep.workers = infos;
-        stria__b_reply(&b, call, &list_rep.base);
+        stria__reply_send(&b, call, &list_rep.base);
     }
 }
 
@@ -742,14 +742,14 @@ void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call)
     stria_coord_t *co = ctx;
     const Stria__V1__ListJobsRequest *req = STRIA__REQ(Stria__V1__ListJobsRequest, call);
     Stria__V1__ListJobsReply rep = STRIA__V1__LIST_JOBS_REPLY__INIT;
-    stria__b_t b = {0};
-    Stria__V1__JobInfo **jobs = stria__b_alloc(&b, (co->n_jobs + 1) * sizeof(*jobs));
+    stria__scratch_t b = {0};
+    Stria__V1__JobInfo **jobs = stria__scratch_alloc(&b, (co->n_jobs + 1) * sizeof(*jobs));
 
     for (uint32_t i = 0; i < co->n_jobs && jobs != NULL; i++) {
         const stria__cjob_t *j = co->jobs[i];
         if (stria__terminal(j->state) && !req->include_finished)
             continue;
-        jobs[rep.n_jobs] = stria__fill_job(&b, co, j);
+        jobs[rep.n_jobs] = stria__reply_job(&b, co, j);
         if (jobs[rep.n_jobs] == NULL) {
             b.oom = true;
             break;
@@ -760,7 +760,7 @@ void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call)
         rep.n_jobs++;
     }
     rep.jobs = jobs;
-    stria__b_reply(&b, call, &rep.base);
+    stria__reply_send(&b, call, &rep.base);
 }
 
 void stria__on_drain(void *ctx, stria_rpc_call_t *call)
@@ -773,7 +773,7 @@ void stria__on_drain(void *ctx, stria_rpc_call_t *call)
     stria__cworker_t **ring;
     int idx = -1;
     uint32_t n;
-    stria__b_t b = {0};
+    stria__scratch_t b = {0};
 
     if (w == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "DrainWorker: worker %llu is unknown",
@@ -796,9 +796,9 @@ void stria__on_drain(void *ctx, stria_rpc_call_t *call)
         if (ring[i] == w)
             idx = (int)i;
     free(ring);
-    stria__fill_worker(&b, co, w, idx, &info);
+    stria__reply_worker(&b, co, w, idx, &info);
     rep.worker = &info;
-    stria__b_reply(&b, call, &rep.base);
+    stria__reply_send(&b, call, &rep.base);
 }
 
 /* A worker shutting down: out of the ring now, not after missed heartbeats,

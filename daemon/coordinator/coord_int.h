@@ -243,19 +243,26 @@ static inline Stria__V1__WorkerState stria__worker_state(const stria__cworker_t 
                        : STRIA__V1__WORKER_STATE__WORKER_STATE_HEALTHY;
 }
 
+/* ---- coord_scratch.c: the scratch list replies are built on -------------- */
+
 /* Nested reply messages live in this scratch list until the reply is
  * serialised. */
-typedef struct stria__bchunk {
+typedef struct stria__scratch_chunk {
     union {
-        struct stria__bchunk *next;
+        struct stria__scratch_chunk *next;
         max_align_t align;
     } h;
-} stria__bchunk_t;
+} stria__scratch_chunk_t;
 
 typedef struct {
-    stria__bchunk_t *chunks;
+    stria__scratch_chunk_t *chunks;
     bool oom;
-} stria__b_t;
+} stria__scratch_t;
+
+/* n zeroed bytes on the list; NULL (and oom set) when out of memory. */
+void *stria__scratch_alloc(stria__scratch_t *b, size_t n);
+/* Frees what was built (stria__reply_send() does it too). */
+void stria__scratch_free(stria__scratch_t *b);
 
 /* ---- coord_metrics.c: metrics series, the STATUS= line ------------------- */
 
@@ -299,18 +306,18 @@ void stria__cmet_worker_forget(stria_coord_t *co, stria__cworker_t *w);
 /* coord_workers.c, coord_clients.c: the service's handlers */
 const char *stria__state_name(Stria__V1__JobState s);
 stria_status_t stria__spec_check(const Stria__V1__JobSpec *s);
-void *stria__b_alloc(stria__b_t *b, size_t n);
-void stria__b_reply(stria__b_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg);
-/* Frees what was built (stria__b_reply() does it too). */
-void stria__b_free(stria__b_t *b);
+/* coord_reply.c: replies, or fails the call when building ran out of
+ * memory; frees the scratch list. */
+void stria__reply_send(stria__scratch_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg);
 uint32_t stria__ring_build(const stria_coord_t *co, stria__cworker_t **out);
 stria__cworker_t **stria__workers_ordered(const stria_coord_t *co, uint32_t *n_ring_out);
 bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w);
-void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t *w, int ring_index,
-                        Stria__V1__WorkerInfo *out);
-Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t *j);
+void stria__reply_worker(stria__scratch_t *b, const stria_coord_t *co, stria__cworker_t *w,
+                         int ring_index, Stria__V1__WorkerInfo *out);
+Stria__V1__Assignment *stria__reply_assignment(stria__scratch_t *b, const stria__cjob_t *j);
 uint32_t stria__queue_position(const stria_coord_t *co, const stria__cjob_t *j);
-Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, const stria__cjob_t *j);
+Stria__V1__JobInfo *stria__reply_job(stria__scratch_t *b, const stria_coord_t *co,
+                                     const stria__cjob_t *j);
 /* A job's memory on its members: reserved while it runs (and while a failed
  * job waits for its replacement); unreserve does nothing when none is. */
 void stria__job_reserve(stria__cjob_t *j);
@@ -436,7 +443,7 @@ void stria__timeline_drop(stria_coord_t *co, stria__cjob_t *j);
 /* The job's timelines into info->timelines, unpacked into *held (an array
  * of n_held messages to free with stria__timeline_release() once the reply
  * is built). False when out of memory. */
-bool stria__timeline_fill(stria__b_t *b, const stria__cjob_t *j, Stria__V1__JobInfo *info,
+bool stria__timeline_fill(stria__scratch_t *b, const stria__cjob_t *j, Stria__V1__JobInfo *info,
                           Stria__V1__PassTimeline ***held, size_t *n_held);
 void stria__timeline_release(Stria__V1__PassTimeline **held, size_t n_held);
 

@@ -115,10 +115,10 @@ static void stria__failure_add(stria__cjob_t *j, const char *fmt, ...)
 static stria__cjob_t *stria__replacement_add(stria_coord_t *co, stria__cjob_t *j,
                                              stria__cworker_t **ring, const bool *fallback)
 {
-    stria__b_t b = {0};
+    stria__scratch_t b = {0};
     stria_layout_t layout;
     stria__cjob_t keys, *y = NULL;
-    Stria__V1__Assignment *a = stria__fill_assignment(&b, j);
+    Stria__V1__Assignment *a = stria__reply_assignment(&b, j);
     memset(&keys, 0, sizeof(keys));
     keys.secret = j->secret; /* the old job's exports prove the new one */
     if (a != NULL && !b.oom &&
@@ -128,7 +128,7 @@ static stria__cjob_t *stria__replacement_add(stria_coord_t *co, stria__cjob_t *j
         y = stria__job_add(co, a->spec, &layout, ring, fallback, j->n_ranks, j->mem_per_rank,
                            j->client, &keys);
     stria_auth_wipe(&keys, sizeof(keys));
-    stria__b_free(&b);
+    stria__scratch_free(&b);
     if (y == NULL)
         return NULL;
     y->spec.scale = j->spec.scale;

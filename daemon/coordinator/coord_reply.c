@@ -1,5 +1,6 @@
 /* The coordinator's replies: ring views, job and worker records and
- * assignments, built from a scratch list. */
+ * assignments, built on a scratch list (coord_scratch.c), and the sending
+ * of a reply so built. */
 #include "coord_int.h"
 #include "stria_kernels.h"
 
@@ -12,35 +13,14 @@
 
 /* ---- reply building ------------------------------------------------------ */
 
-void *stria__b_alloc(stria__b_t *b, size_t n)
-{
-    stria__bchunk_t *c = calloc(1, sizeof(*c) + n);
-    if (c == NULL) {
-        b->oom = true;
-        return NULL;
-    }
-    c->h.next = b->chunks;
-    b->chunks = c;
-    return c + 1;
-}
-
-void stria__b_free(stria__b_t *b)
-{
-    while (b->chunks != NULL) {
-        stria__bchunk_t *next = b->chunks->h.next;
-        free(b->chunks);
-        b->chunks = next;
-    }
-}
-
 /* Replies, or fails the call when building ran out of memory. */
-void stria__b_reply(stria__b_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg)
+void stria__reply_send(stria__scratch_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg)
 {
     if (b->oom)
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "the coordinator ran out of memory");
     else
         stria_rpc_call_reply(call, msg, NULL, 0, NULL, NULL);
-    stria__b_free(b);
+    stria__scratch_free(b);
 }
 
 static int stria__ring_cmp(const void *a, const void *b)
@@ -94,8 +74,8 @@ bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w)
     return false;
 }
 
-void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t *w, int ring_index,
-                        Stria__V1__WorkerInfo *out)
+void stria__reply_worker(stria__scratch_t *b, const stria_coord_t *co, stria__cworker_t *w,
+                         int ring_index, Stria__V1__WorkerInfo *out)
 {
     double now = stria_time_now();
     double age_ms = (now - w->last_seen) * 1000.0;
@@ -134,7 +114,7 @@ void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t
     }
     if (n == 0)
         return;
-    out->job_ids = stria__b_alloc(b, n * sizeof(uint64_t));
+    out->job_ids = stria__scratch_alloc(b, n * sizeof(uint64_t));
     if (out->job_ids == NULL)
         return;
     for (uint32_t i = 0; i < co->n_jobs; i++) {
@@ -145,15 +125,16 @@ void stria__fill_worker(stria__b_t *b, const stria_coord_t *co, stria__cworker_t
 }
 
 /* The spec's placement, one entry per rank; false when out of memory. */
-static bool stria__fill_placement(stria__b_t *b, const stria__cjob_t *j, Stria__V1__JobSpec *s)
+static bool stria__fill_placement(stria__scratch_t *b, const stria__cjob_t *j,
+                                  Stria__V1__JobSpec *s)
 {
     Stria__V1__JobSpec__Placement **pl;
     if (!j->placed)
         return true;
-    if ((pl = stria__b_alloc(b, j->n_ranks * sizeof(*pl))) == NULL)
+    if ((pl = stria__scratch_alloc(b, j->n_ranks * sizeof(*pl))) == NULL)
         return false;
     for (uint32_t r = 0; r < j->n_ranks; r++) {
-        if ((pl[r] = stria__b_alloc(b, sizeof(**pl))) == NULL)
+        if ((pl[r] = stria__scratch_alloc(b, sizeof(**pl))) == NULL)
             return false;
         stria__v1__job_spec__placement__init(pl[r]);
         pl[r]->host = j->ranks[r].place_host;
@@ -165,11 +146,11 @@ static bool stria__fill_placement(stria__b_t *b, const stria__cjob_t *j, Stria__
     return true;
 }
 
-Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t *j)
+Stria__V1__Assignment *stria__reply_assignment(stria__scratch_t *b, const stria__cjob_t *j)
 {
-    Stria__V1__Assignment *a = stria__b_alloc(b, sizeof(*a));
-    Stria__V1__JobSpec *spec = stria__b_alloc(b, sizeof(*spec));
-    Stria__V1__RankAssignment **ranks = stria__b_alloc(b, j->n_ranks * sizeof(*ranks));
+    Stria__V1__Assignment *a = stria__scratch_alloc(b, sizeof(*a));
+    Stria__V1__JobSpec *spec = stria__scratch_alloc(b, sizeof(*spec));
+    Stria__V1__RankAssignment **ranks = stria__scratch_alloc(b, j->n_ranks * sizeof(*ranks));
 
     if (a == NULL || spec == NULL || ranks == NULL)
         return NULL;
@@ -184,8 +165,8 @@ Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t
     a->ranks = ranks;
     for (uint32_t r = 0; r < j->n_ranks; r++) {
         const stria__crank_t *cr = &j->ranks[r];
-        Stria__V1__RankAssignment *ra = stria__b_alloc(b, sizeof(*ra));
-        Stria__V1__PositionRun **runs = stria__b_alloc(b, (cr->n_runs + 1) * sizeof(*runs));
+        Stria__V1__RankAssignment *ra = stria__scratch_alloc(b, sizeof(*ra));
+        Stria__V1__PositionRun **runs = stria__scratch_alloc(b, (cr->n_runs + 1) * sizeof(*runs));
         if (ra == NULL || runs == NULL)
             return NULL;
         stria__v1__rank_assignment__init(ra);
@@ -202,7 +183,7 @@ Stria__V1__Assignment *stria__fill_assignment(stria__b_t *b, const stria__cjob_t
         ra->tokens = cr->tokens;
         ra->runs = runs;
         for (size_t k = 0; k < cr->n_runs; k++) {
-            Stria__V1__PositionRun *pr = stria__b_alloc(b, sizeof(*pr));
+            Stria__V1__PositionRun *pr = stria__scratch_alloc(b, sizeof(*pr));
             if (pr == NULL)
                 return NULL;
             stria__v1__position_run__init(pr);
@@ -227,10 +208,11 @@ uint32_t stria__queue_position(const stria_coord_t *co, const stria__cjob_t *j)
     return pos + 1;
 }
 
-Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, const stria__cjob_t *j)
+Stria__V1__JobInfo *stria__reply_job(stria__scratch_t *b, const stria_coord_t *co,
+                                     const stria__cjob_t *j)
 {
-    Stria__V1__JobInfo *info = stria__b_alloc(b, sizeof(*info));
-    Stria__V1__JobTimings *t = stria__b_alloc(b, sizeof(*t));
+    Stria__V1__JobInfo *info = stria__scratch_alloc(b, sizeof(*info));
+    Stria__V1__JobTimings *t = stria__scratch_alloc(b, sizeof(*t));
     uint64_t idle_ms;
 
     if (info == NULL || t == NULL)
@@ -238,7 +220,7 @@ Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, cons
     stria__v1__job_info__init(info);
     info->job_id = j->id;
     info->state = j->state;
-    info->assignment = stria__fill_assignment(b, j);
+    info->assignment = stria__reply_assignment(b, j);
     info->timings = t;
     info->failure = (char *)j->failure;
     info->failure_retryable = j->failure_retryable;
@@ -251,7 +233,8 @@ Stria__V1__JobInfo *stria__fill_job(stria__b_t *b, const stria_coord_t *co, cons
     info->replaces = j->replaces;
     info->generation = j->generation;
     info->replacement_pending = stria__replace_pending(j);
-    if (j->spec.session && (info->session = stria__b_alloc(b, sizeof(*info->session))) != NULL) {
+    if (j->spec.session &&
+        (info->session = stria__scratch_alloc(b, sizeof(*info->session))) != NULL) {
         Stria__V1__SessionStats *ss = info->session;
         stria__v1__session_stats__init(ss);
         for (uint32_t r = 0; r < j->n_ranks; r++) {

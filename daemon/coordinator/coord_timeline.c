@@ -128,7 +128,7 @@ void stria__timeline_release(Stria__V1__PassTimeline **held, size_t n_held)
     free(held);
 }
 
-bool stria__timeline_fill(stria__b_t *b, const stria__cjob_t *j, Stria__V1__JobInfo *info,
+bool stria__timeline_fill(stria__scratch_t *b, const stria__cjob_t *j, Stria__V1__JobInfo *info,
                           Stria__V1__PassTimeline ***held, size_t *n_held)
 {
     size_t n = 0;
@@ -139,7 +139,7 @@ bool stria__timeline_fill(stria__b_t *b, const stria__cjob_t *j, Stria__V1__JobI
     *n_held = 0;
     if (n == 0)
         return true;
-    Stria__V1__PassTimeline **list = stria__b_alloc(b, n * sizeof(*list));
+    Stria__V1__PassTimeline **list = stria__scratch_alloc(b, n * sizeof(*list));
     if (list == NULL || (*held = calloc(n, sizeof(**held))) == NULL)
         return false;
     for (int d = 0; d < 2; d++)
