@@ -229,8 +229,7 @@ static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
 {
     uint64_t best_cap = 0;
     if (s->n_placement > 0) {
-        stria_status_t st =
-            stria__choose_placed(co, s, ring, count, n, need, chosen, fallback, now);
+        stria_status_t st = stria__place_named(co, s, ring, count, n, need, chosen, fallback, now);
         if (st == STRIA_OK)
             return true;
         stria__cmet_count_error(co, st == STRIA_ERR_NO_MEMORY ? STRIA__E_SUBMIT_NO_MEMORY
@@ -238,7 +237,7 @@ static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
         stria_rpc_call_fail(call, st, "SubmitJob: %s", stria_error_msg());
         return false;
     }
-    int64_t start = stria__choose_window(co, ring, count, n, need, now, &best_cap);
+    int64_t start = stria__place_window(co, ring, count, n, need, now, &best_cap);
     if (start < 0) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
@@ -404,7 +403,7 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory");
         return;
     }
-    count = stria__ring_build(co, ring);
+    count = stria__place_ring(co, ring);
     uint32_t excluded =
         stria__ring_exclude(ring, count, req->exclude_worker_ids, req->n_exclude_worker_ids);
     count -= excluded;
@@ -687,7 +686,7 @@ static void stria__on_workers(stria_coord_t *co, stria_rpc_call_t *call, bool as
     Stria__V1__GetRingReply ring_rep = STRIA__V1__GET_RING_REPLY__INIT;
     Stria__V1__ListWorkersReply list_rep = STRIA__V1__LIST_WORKERS_REPLY__INIT;
     uint32_t n_ring = 0;
-    stria__cworker_t **all = stria__workers_ordered(co, &n_ring);
+    stria__cworker_t **all = stria__place_ordered(co, &n_ring);
     stria__scratch_t b = {0};
     size_t n = co->n_workers;
     Stria__V1__RingMember **members = NULL;
@@ -791,7 +790,7 @@ void stria__on_drain(void *ctx, stria_rpc_call_t *call)
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "DrainWorker: out of memory");
         return;
     }
-    n = stria__ring_build(co, ring);
+    n = stria__place_ring(co, ring);
     for (uint32_t i = 0; i < n; i++)
         if (ring[i] == w)
             idx = (int)i;

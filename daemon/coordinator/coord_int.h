@@ -309,8 +309,6 @@ stria_status_t stria__spec_check(const Stria__V1__JobSpec *s);
 /* coord_reply.c: replies, or fails the call when building ran out of
  * memory; frees the scratch list. */
 void stria__reply_send(stria__scratch_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg);
-uint32_t stria__ring_build(const stria_coord_t *co, stria__cworker_t **out);
-stria__cworker_t **stria__workers_ordered(const stria_coord_t *co, uint32_t *n_ring_out);
 bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w);
 void stria__reply_worker(stria__scratch_t *b, const stria_coord_t *co, stria__cworker_t *w,
                          int ring_index, Stria__V1__WorkerInfo *out);
@@ -355,18 +353,25 @@ void stria__recover_worker_gone(stria_coord_t *co, const stria__cworker_t *w);
  * true when it did anything. */
 bool stria__recover_tick(stria_coord_t *co, double now);
 void stria__recover_free(stria_coord_t *co);
-/* coord_place.c: where a job runs. A window of n consecutive ring workers
- * for a job needing `need` bytes each: the first that can start now, else
- * the least loaded with the capacity; -1 when none has it (*best_cap_out:
- * the largest per-rank capacity of any window). */
-int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count, uint32_t n,
-                             uint64_t need, bool *now_out, uint64_t *best_cap_out);
-/* The workers of a placed spec, rank by rank into out[0 .. n) (fallback[r]:
- * off its host); a refusal names the rank and host. */
-stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec *s,
-                                    stria__cworker_t **ring, uint32_t count, uint32_t n,
-                                    uint64_t need, stria__cworker_t **out, bool *fallback,
-                                    bool *now_out);
+/* coord_place.c: ring order; where a job runs. The ring: healthy,
+ * non-draining workers by (host, RPC address). `out` has room for every
+ * worker. */
+uint32_t stria__place_ring(const stria_coord_t *co, stria__cworker_t **out);
+/* Workers in ring order, then draining, then dead ones (each by host and
+ * address); *n_ring_out of them form the ring. NULL when out of memory. */
+stria__cworker_t **stria__place_ordered(const stria_coord_t *co, uint32_t *n_ring_out);
+/* A window of n consecutive ring workers for a job needing `need` bytes
+ * each: the first that can start now, else the least loaded with the
+ * capacity; -1 when none has it (*best_cap_out: the largest per-rank
+ * capacity of any window). */
+int64_t stria__place_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count, uint32_t n,
+                            uint64_t need, bool *now_out, uint64_t *best_cap_out);
+/* The workers a spec's placement names, rank by rank into out[0 .. n)
+ * (fallback[r]: off its host); a refusal names the rank and host. */
+stria_status_t stria__place_named(stria_coord_t *co, const Stria__V1__JobSpec *s,
+                                  stria__cworker_t **ring, uint32_t count, uint32_t n,
+                                  uint64_t need, stria__cworker_t **out, bool *fallback,
+                                  bool *now_out);
 /* coord_replace.c: a sharded job that lost a worker is replaced by a job of
  * the same secret and ranks, the lost worker's rank on a spare (the ring
  * size of a sharded job must stay). A failed sharded job's first report
@@ -398,9 +403,9 @@ stria_status_t stria__job_new_keys(stria_coord_t *co, stria__cjob_t *j, bool kee
  * worker's host; not a member of j nor in taken[0 .. n_taken); with room
  * now, idle ones first, then the lightest load. NULL when none (*why says
  * why). */
-stria__cworker_t *stria__choose_spare(stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
-                                      stria__cworker_t **taken, uint32_t n_taken, bool *fallback,
-                                      char *why, size_t why_len);
+stria__cworker_t *stria__place_spare(stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
+                                     stria__cworker_t **taken, uint32_t n_taken, bool *fallback,
+                                     char *why, size_t why_len);
 /* coord.c: a sharded job's arrival at pass `pass` of rank r (a worker's
  * STARTED report); whether every rank has arrived. */
 bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward);

@@ -1,11 +1,59 @@
-/* Where a job runs: a window of consecutive ring workers, or the workers a
- * spec's placement names, rank by rank. Everything runs on the RPC loop
+/* Where a job runs: the ring order of the workers, a window of consecutive
+ * ring workers, the workers a spec's placement names rank by rank, or a
+ * spare for a replacement's lost rank. Everything runs on the RPC loop
  * thread. */
 #include "coord_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- ring order ---------------------------------------------------------- */
+
+static int stria__ring_cmp(const void *a, const void *b)
+{
+    const stria__cworker_t *x = *(stria__cworker_t *const *)a;
+    const stria__cworker_t *y = *(stria__cworker_t *const *)b;
+    int c = strcmp(x->host, y->host);
+    return c != 0 ? c : strcmp(x->rpc_address, y->rpc_address);
+}
+
+/* The ring: healthy, non-draining workers by (host, RPC address). `out` has
+ * room for every worker. */
+uint32_t stria__place_ring(const stria_coord_t *co, stria__cworker_t **out)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < co->n_workers; i++)
+        if (!co->workers[i]->dead && !co->workers[i]->draining)
+            out[n++] = co->workers[i];
+    qsort(out, n, sizeof(*out), stria__ring_cmp);
+    return n;
+}
+
+/* Workers in ring order, then draining, then dead ones (each by host and
+ * address); *n_ring_out of them form the ring. NULL when out of memory. */
+stria__cworker_t **stria__place_ordered(const stria_coord_t *co, uint32_t *n_ring_out)
+{
+    stria__cworker_t **all = malloc((co->n_workers + 1) * sizeof(*all));
+    uint32_t n, k;
+    if (all == NULL)
+        return NULL;
+    n = stria__place_ring(co, all);
+    *n_ring_out = n;
+    k = n;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t first = k;
+        for (uint32_t i = 0; i < co->n_workers; i++) {
+            stria__cworker_t *w = co->workers[i];
+            if ((pass == 0 && !w->dead && w->draining) || (pass == 1 && w->dead))
+                all[k++] = w;
+        }
+        qsort(all + first, k - first, sizeof(*all), stria__ring_cmp);
+    }
+    return all;
+}
+
+/* ---- windows and placement ----------------------------------------------- */
 
 /* Free memory is what is not reserved and not promised to queued jobs:
  * marks every worker's queued demand, and blocks the workers of queued jobs
@@ -33,8 +81,8 @@ static bool stria__fits_worker(const stria__cworker_t *w, uint64_t need)
     return !w->blocked && w->memory_bytes >= w->reserved && w->memory_bytes - w->reserved >= need;
 }
 
-int64_t stria__choose_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count, uint32_t n,
-                             uint64_t need, bool *now_out, uint64_t *best_cap_out)
+int64_t stria__place_window(stria_coord_t *co, stria__cworker_t **ring, uint32_t count, uint32_t n,
+                            uint64_t need, bool *now_out, uint64_t *best_cap_out)
 {
     int64_t best = -1;
     uint64_t best_load = UINT64_MAX, best_cap = 0;
@@ -154,10 +202,10 @@ static stria_status_t stria__place_refusal(stria__cworker_t **ring, uint32_t cou
                            r, h, (unsigned long long)(cap >> 20), (unsigned long long)(need >> 20));
 }
 
-stria_status_t stria__choose_placed(stria_coord_t *co, const Stria__V1__JobSpec *s,
-                                    stria__cworker_t **ring, uint32_t count, uint32_t n,
-                                    uint64_t need, stria__cworker_t **out, bool *fallback,
-                                    bool *now_out)
+stria_status_t stria__place_named(stria_coord_t *co, const Stria__V1__JobSpec *s,
+                                  stria__cworker_t **ring, uint32_t count, uint32_t n,
+                                  uint64_t need, stria__cworker_t **out, bool *fallback,
+                                  bool *now_out)
 {
     stria__mark_queued(co);
     *now_out = true;
@@ -205,9 +253,9 @@ static int stria__spare_score(const stria_coord_t *co, const stria__cjob_t *j, u
     return (device ? 4 : 0) + (w->reserved == 0 ? 2 : 0) + (strcmp(w->host, lost->host) == 0);
 }
 
-stria__cworker_t *stria__choose_spare(stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
-                                      stria__cworker_t **taken, uint32_t n_taken, bool *fallback,
-                                      char *why, size_t why_len)
+stria__cworker_t *stria__place_spare(stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
+                                     stria__cworker_t **taken, uint32_t n_taken, bool *fallback,
+                                     char *why, size_t why_len)
 {
     stria__cworker_t **ring = malloc((co->n_workers + 1) * sizeof(*ring));
     stria__cworker_t *best = NULL;
@@ -216,7 +264,7 @@ stria__cworker_t *stria__choose_spare(stria_coord_t *co, const stria__cjob_t *j,
         snprintf(why, why_len, "out of memory");
         return NULL;
     }
-    uint32_t count = stria__ring_build(co, ring);
+    uint32_t count = stria__place_ring(co, ring);
     stria__mark_queued(co);
     *fallback = false;
     for (int pass = 0; pass < 2 && best == NULL; pass++) {

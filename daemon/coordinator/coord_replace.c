@@ -169,7 +169,7 @@ static bool stria__replace(stria_coord_t *co, stria__cjob_t *j, const stria__cwo
             ok = false;
             break;
         }
-        ring[r] = stria__choose_spare(co, j, r, spares, n_lost, &fallback[r], why, sizeof(why));
+        ring[r] = stria__place_spare(co, j, r, spares, n_lost, &fallback[r], why, sizeof(why));
         if (ring[r] == NULL) {
             ok = false;
             break;

@@ -1,5 +1,5 @@
-/* The coordinator's replies: ring views, job and worker records and
- * assignments, built on a scratch list (coord_scratch.c), and the sending
+/* The coordinator's replies: job and worker records and assignments,
+ * built on a scratch list (coord_scratch.c), and the sending
  * of a reply so built. */
 #include "coord_int.h"
 #include "stria_kernels.h"
@@ -21,49 +21,6 @@ void stria__reply_send(stria__scratch_t *b, stria_rpc_call_t *call, const Protob
     else
         stria_rpc_call_reply(call, msg, NULL, 0, NULL, NULL);
     stria__scratch_free(b);
-}
-
-static int stria__ring_cmp(const void *a, const void *b)
-{
-    const stria__cworker_t *x = *(stria__cworker_t *const *)a;
-    const stria__cworker_t *y = *(stria__cworker_t *const *)b;
-    int c = strcmp(x->host, y->host);
-    return c != 0 ? c : strcmp(x->rpc_address, y->rpc_address);
-}
-
-/* The ring: healthy, non-draining workers by (host, RPC address). `out` has
- * room for every worker. */
-uint32_t stria__ring_build(const stria_coord_t *co, stria__cworker_t **out)
-{
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < co->n_workers; i++)
-        if (!co->workers[i]->dead && !co->workers[i]->draining)
-            out[n++] = co->workers[i];
-    qsort(out, n, sizeof(*out), stria__ring_cmp);
-    return n;
-}
-
-/* Workers in ring order, then draining, then dead ones (each by host and
- * address); *n_ring_out of them form the ring. NULL when out of memory. */
-stria__cworker_t **stria__workers_ordered(const stria_coord_t *co, uint32_t *n_ring_out)
-{
-    stria__cworker_t **all = malloc((co->n_workers + 1) * sizeof(*all));
-    uint32_t n, k;
-    if (all == NULL)
-        return NULL;
-    n = stria__ring_build(co, all);
-    *n_ring_out = n;
-    k = n;
-    for (int pass = 0; pass < 2; pass++) {
-        uint32_t first = k;
-        for (uint32_t i = 0; i < co->n_workers; i++) {
-            stria__cworker_t *w = co->workers[i];
-            if ((pass == 0 && !w->dead && w->draining) || (pass == 1 && w->dead))
-                all[k++] = w;
-        }
-        qsort(all + first, k - first, sizeof(*all), stria__ring_cmp);
-    }
-    return all;
 }
 
 bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w)
