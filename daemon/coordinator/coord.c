@@ -1,455 +1,15 @@
-/* The coordinator: job math, the job state machine and its queue, heartbeat
- * and TTL timers, start and stop. Reply building and metrics are in
- * coord_reply.c, the service's handlers in coord_workers.c and
- * coord_clients.c. Everything runs on the RPC loop thread. */
+/* The coordinator: its periodic work (the tick: heartbeat and TTL timers,
+ * arrival deadlines, the end of the recovery window, the history pruned),
+ * start and stop. It stands above every other room: the job table is in
+ * coord_jobs.c, the service's handlers in coord_workers.c and
+ * coord_clients.c (the rooms are listed in coord_int.h). Everything runs on
+ * the RPC loop thread. */
 #include "coord_int.h"
-#include "stria_kernels.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-uint64_t stria__coord_wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-const char *stria__state_name(Stria__V1__JobState s)
-{
-    static const char *const names[] = {
-        "unspecified",  "pending",          "loading", "running forward",
-        "forward done", "running backward", "done",    "failed",
-        "cancelled",    "released",         "expired"};
-    return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "unknown";
-}
-
-/* ---- job math ---------------------------------------------------------- */
-
-/* The documents and window of a spec (checked after seq_len and causal). */
-static stria_status_t stria__spec_check_masks(const Stria__V1__JobSpec *s)
-{
-    const int64_t *cu = s->cu_seqlens;
-    size_t n = s->n_cu_seqlens;
-    if (n > STRIA_COORD_MAX_CU_SEQLENS)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "cu_seqlens has %zu entries, more than the limit of %d", n,
-                               STRIA_COORD_MAX_CU_SEQLENS);
-    if (n > 0 && cu[0] != 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "cu_seqlens must start at 0 (got %lld)",
-                               (long long)cu[0]);
-    for (size_t i = 1; i < n; i++)
-        if (cu[i] < cu[i - 1])
-            return stria_error_set(STRIA_ERR_INVALID_ARG,
-                                   "cu_seqlens must not decrease (entry %zu is %lld after %lld)", i,
-                                   (long long)cu[i], (long long)cu[i - 1]);
-    if (n > 0 && (cu[n - 1] < 0 || (uint64_t)cu[n - 1] != s->seq_len))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "cu_seqlens must end at seq_len (%llu) (got %lld)",
-                               (unsigned long long)s->seq_len, (long long)cu[n - 1]);
-    if (s->window == NULL)
-        return STRIA_OK;
-    if (s->window->left < -1 || s->window->right < -1)
-        return stria_error_set(
-            STRIA_ERR_INVALID_ARG, "window.%s must be >= -1 (-1: unbounded) (got %lld)",
-            s->window->left < -1 ? "left" : "right",
-            (long long)(s->window->left < -1 ? s->window->left : s->window->right));
-    if (s->causal && s->window->right > 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "window.right must be 0 or -1 with causal attention (got %lld)",
-                               (long long)s->window->right);
-    return STRIA_OK;
-}
-
-/* Sharded jobs, their arrival deadline and placement. */
-static stria_status_t stria__spec_check_sharded(const Stria__V1__JobSpec *s)
-{
-    if (!isfinite(s->arrival_timeout_s) || s->arrival_timeout_s < 0 ||
-        s->arrival_timeout_s > STRIA_COORD_MAX_TTL_S)
-        return stria_error_set(
-            STRIA_ERR_INVALID_ARG, "arrival_timeout_s must be in [0, %u] seconds (0: %g) (got %g)",
-            STRIA_COORD_MAX_TTL_S, STRIA__DEFAULT_ARRIVAL_S, s->arrival_timeout_s);
-    if (s->sharded && s->ring_size == 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "a sharded job needs ring_size: the trainer's world size");
-    if (s->sharded && s->layout == STRIA__V1__LAYOUT__LAYOUT_AUTO)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "a sharded job must name its layout (striped, contiguous or "
-                               "zigzag), not auto: its ranks bring their tokens in that order");
-    if (s->n_placement > 0 && s->n_placement != s->ring_size)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "placement has %zu entries; it needs one per rank (ring_size %u)",
-                               s->n_placement, s->ring_size);
-    for (size_t r = 0; r < s->n_placement; r++) {
-        const char *h = s->placement[r]->host;
-        if (h[0] == '\0' || strlen(h) >= STRIA__COORD_STR)
-            return stria_error_set(STRIA_ERR_INVALID_ARG,
-                                   "placement[%zu].host must be 1..%d bytes (got %zu)", r,
-                                   STRIA__COORD_STR - 1, strlen(h));
-    }
-    return STRIA_OK;
-}
-
-/* Checks a submitted spec; the message names the field. */
-stria_status_t stria__spec_check(const Stria__V1__JobSpec *s)
-{
-    if (s->batch < 1 || s->batch > STRIA_COORD_MAX_BATCH)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "batch must be 1..%d (got %u)",
-                               STRIA_COORD_MAX_BATCH, s->batch);
-    if (s->seq_len < 1 || s->seq_len > STRIA_COORD_MAX_SEQ)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "seq_len must be 1..%llu (got %llu)",
-                               (unsigned long long)STRIA_COORD_MAX_SEQ,
-                               (unsigned long long)s->seq_len);
-    if (s->heads < 1 || s->heads > STRIA_COORD_MAX_HEADS)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "heads must be 1..%d (got %u)",
-                               STRIA_COORD_MAX_HEADS, s->heads);
-    if (s->kv_heads < 1 || s->kv_heads > s->heads)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "kv_heads must be 1..heads (%u) (got %u)",
-                               s->heads, s->kv_heads);
-    if (s->heads % s->kv_heads != 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "heads (%u) must be a multiple of kv_heads (%u)", s->heads,
-                               s->kv_heads);
-    if (s->head_dim < STRIA_HEAD_DIM_MIN || s->head_dim > STRIA_HEAD_DIM_MAX ||
-        s->head_dim % 8 != 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "head_dim must be a multiple of 8 in %d..%d (got %u)",
-                               STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX, s->head_dim);
-    if ((unsigned)s->dtype > STRIA__V1__DTYPE__DTYPE_FP16)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "dtype %d is none of fp32 (0), bf16 (1), fp16 (2)", (int)s->dtype);
-    if ((unsigned)s->layout > STRIA__V1__LAYOUT__LAYOUT_AUTO)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "layout %d is none of striped (0), contiguous (1), zigzag (2), "
-                               "auto (3)",
-                               (int)s->layout);
-    if (s->ring_size > STRIA_COORD_MAX_RING)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "ring_size must be 0..%d (got %u)",
-                               STRIA_COORD_MAX_RING, s->ring_size);
-    if (!isfinite(s->scale) || s->scale < 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "scale must be finite and >= 0 (0: 1/sqrt(head_dim)) (got %g)",
-                               (double)s->scale);
-    if (s->ttl_s > STRIA_COORD_MAX_TTL_S)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "ttl_s must be at most %u (got %u)",
-                               STRIA_COORD_MAX_TTL_S, s->ttl_s);
-    if (strlen(s->label) > STRIA_COORD_MAX_LABEL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "label is longer than %d bytes",
-                               STRIA_COORD_MAX_LABEL);
-    stria_status_t st = stria__spec_check_masks(s);
-    return st != STRIA_OK ? st : stria__spec_check_sharded(s);
-}
-
-/* ---- job state ----------------------------------------------------------- */
-
-void stria__job_reserve(stria__cjob_t *j)
-{
-    for (uint32_t r = 0; r < j->n_ranks; r++)
-        j->ranks[r].worker->reserved += j->mem_per_rank;
-    j->reserved = true;
-}
-
-void stria__job_unreserve(stria__cjob_t *j)
-{
-    if (!j->reserved)
-        return;
-    for (uint32_t r = 0; r < j->n_ranks; r++) {
-        stria__cworker_t *w = j->ranks[r].worker;
-        w->reserved -= j->mem_per_rank;
-        if (w->current_job == j->id) {
-            w->current_job = 0;
-            w->step = w->steps_total = 0;
-        }
-    }
-    j->reserved = false;
-}
-
-static void stria__cjob_free(stria_coord_t *co, stria__cjob_t *j)
-{
-    stria__job_unreserve(j);
-    stria__timeline_drop(co, j);
-    for (uint32_t r = 0; r < j->n_ranks; r++)
-        free(j->ranks[r].place_host);
-    stria_job_masks_free(&j->masks);
-    stria__index_del(&co->job_ids, j->id, 0);
-    for (uint32_t r = 0; r < j->n_ranks; r++) {
-        stria__cworker_t *w = j->ranks[r].worker;
-        if (--w->job_refs == 0 && w->forgotten)
-            free(w);
-    }
-    free(j->ranks);
-    free(j);
-}
-
-/* Drops the oldest finished jobs beyond the history size. */
-static void stria__jobs_prune(stria_coord_t *co)
-{
-    uint32_t finished = 0, drop, k = 0;
-    for (uint32_t i = 0; i < co->n_jobs; i++)
-        finished += stria__terminal(co->jobs[i]->state);
-    if (finished <= co->history)
-        return;
-    drop = finished - co->history;
-    for (uint32_t i = 0; i < co->n_jobs; i++) {
-        stria__cjob_t *j = co->jobs[i];
-        if (drop > 0 && stria__terminal(j->state) && !stria__replace_live(co, j)) {
-            stria__cjob_free(co, j);
-            drop--;
-        } else {
-            co->jobs[k++] = j;
-        }
-    }
-    co->n_jobs = k;
-}
-
-/* Moves a job to a terminal state and frees its reservation. */
-bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
-                       const char *fmt, ...)
-{
-    if (stria__terminal(j->state))
-        return false;
-    if (fmt != NULL) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(j->failure, sizeof(j->failure), fmt, ap);
-        va_end(ap);
-    }
-    j->failed_in = j->state;
-    j->state = state;
-    j->times.finished_ms = stria__coord_wall_ms();
-    stria__job_unreserve(j);
-    for (uint32_t r = 0; r < j->n_ranks; r++)
-        stria__index_del(&co->members, j->id, j->ranks[r].worker->id);
-    stria__cmet_count_finished(co, state);
-    if (state != S_RELEASED)
-        co->jobs_failed++;
-    if (state == S_RELEASED)
-        stria_log_info("job %llu released", (unsigned long long)j->id);
-    else
-        stria_log_warn("job %llu %s: %s", (unsigned long long)j->id, stria__state_name(state),
-                       j->failure);
-    return true;
-}
-
-void stria__job_retryable(stria__cjob_t *j, const stria__cworker_t *w)
-{
-    j->failure_retryable = j->state == S_FAILED;
-    j->blamed_worker = w != NULL ? w->id : 0;
-}
-
-static void stria__job_start(stria__cjob_t *j)
-{
-    stria__job_reserve(j);
-    j->state = S_LOADING;
-    j->times.started_ms = stria__coord_wall_ms();
-    /* Time in the queue does not count against the client. */
-    j->last_activity = stria_time_now();
-    if (j->replaces != 0) { /* its ranks follow now, or the job is over */
-        j->arrival_pass = 1;
-        j->arrival_deadline = j->last_activity + j->spec.arrival_timeout_s;
-    }
-    stria_log_info("job %llu starts on %u workers", (unsigned long long)j->id, j->n_ranks);
-}
-
-void stria__job_adopt(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state)
-{
-    (void)co;
-    stria__job_reserve(j);
-    j->state = state;
-    j->times.started_ms = stria__coord_wall_ms();
-    j->last_activity = stria_time_now();
-}
-
-static bool stria__fits_now(const stria__cjob_t *j)
-{
-    for (uint32_t r = 0; r < j->n_ranks; r++) {
-        const stria__cworker_t *w = j->ranks[r].worker;
-        if (w->dead || w->blocked || w->awaiting_jobs || w->memory_bytes < w->reserved ||
-            w->memory_bytes - w->reserved < j->mem_per_rank)
-            return false;
-    }
-    return true;
-}
-
-/* Starts the queued jobs that fit, in submission order: a job that must wait
- * blocks its workers for every later job, so no job is overtaken forever.
- * A queued job on a dead or draining worker fails: its workers were bound at
- * submission, and a drained worker must run down, so the client hears it
- * now and can submit again (new jobs skip draining workers). */
-void stria__schedule(stria_coord_t *co)
-{
-    for (uint32_t i = 0; i < co->n_workers; i++)
-        co->workers[i]->blocked = false;
-    for (uint32_t i = 0; i < co->n_jobs; i++) {
-        stria__cjob_t *j = co->jobs[i];
-        stria__cworker_t *gone = NULL;
-        if (j->state != S_PENDING)
-            continue;
-        for (uint32_t r = 0; r < j->n_ranks && gone == NULL; r++)
-            if (j->ranks[r].worker->dead || j->ranks[r].worker->draining)
-                gone = j->ranks[r].worker;
-        if (gone != NULL) {
-            if (stria__job_finish(co, j, S_FAILED,
-                                  gone->dead ? "worker %llu (%s) died while the job was queued"
-                                             : "worker %llu (%s) was drained while the job was "
-                                               "queued: submit it again (new jobs skip draining "
-                                               "workers)",
-                                  (unsigned long long)gone->id, gone->rpc_address))
-                stria__job_retryable(j, gone);
-            continue;
-        }
-        if (stria__fits_now(j)) {
-            stria__job_start(j);
-            continue;
-        }
-        for (uint32_t r = 0; r < j->n_ranks; r++)
-            j->ranks[r].worker->blocked = true;
-    }
-}
-
-bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward)
-{
-    uint32_t mark = pass + 1;
-    bool all = true, all_now = true;
-    if (!j->spec.sharded)
-        return true;
-    if (j->ranks[r].arrived < mark)
-        j->ranks[r].arrived = mark;
-    if (j->arrival_pass < mark) {
-        j->arrival_pass = mark;
-        j->arrival_deadline = stria_time_now() + j->spec.arrival_timeout_s;
-        j->arrival_backward = backward;
-    }
-    for (uint32_t k = 0; k < j->n_ranks; k++) {
-        all = all && j->ranks[k].arrived >= mark;
-        all_now = all_now && j->ranks[k].arrived >= j->arrival_pass;
-    }
-    if (all_now)
-        j->arrival_deadline = 0;
-    return all;
-}
-
-/* "rank 3" or "ranks 0, 2, 3": the ranks that arrived at the pass of the
- * arrival round (arrived) or not; returns how many. */
-void stria__rank_list_add(char *out, size_t len, size_t *used, uint32_t *n, uint32_t r)
-{
-    if (*n == 0)
-        out[0] = '\0';
-    if (*used + 16 < len)
-        *used += (size_t)snprintf(out + *used, len - *used, "%s%u", *n ? ", " : "", r);
-    else if (*used + 5 < len && out[*used - 1] != '.')
-        *used += (size_t)snprintf(out + *used, len - *used, ", ...");
-    (*n)++;
-}
-
-static uint32_t stria__rank_list(const stria__cjob_t *j, bool arrived, char *out, size_t len)
-{
-    uint32_t n = 0;
-    size_t used = 0;
-    out[0] = '\0';
-    for (uint32_t r = 0; r < j->n_ranks; r++)
-        if ((j->ranks[r].arrived >= j->arrival_pass) == arrived)
-            stria__rank_list_add(out, len, &used, &n, r);
-    return n;
-}
-
-/* A sharded job whose ranks did not all arrive in time fails, naming them. */
-static bool stria__arrival_expired(stria_coord_t *co, stria__cjob_t *j, double now)
-{
-    char missing[200], waiting[200];
-    if (j->arrival_deadline <= 0 || now <= j->arrival_deadline || stria__terminal(j->state))
-        return false;
-    uint32_t n_missing = stria__rank_list(j, false, missing, sizeof(missing));
-    uint32_t n_waiting = stria__rank_list(j, true, waiting, sizeof(waiting));
-    /* Whether a missing rank's worker died decides the class: wait until
-     * each has been heard of since the deadline or is marked dead (at most
-     * 3 heartbeat periods; a death fails the job, retryable, by itself). */
-    const stria__cworker_t *gone = NULL;
-    for (uint32_t r = 0; r < j->n_ranks; r++) {
-        const stria__cworker_t *w = j->ranks[r].worker;
-        if (j->ranks[r].arrived >= j->arrival_pass)
-            continue;
-        if (!w->dead && w->last_seen < j->arrival_deadline)
-            return false;
-        if (w->dead && gone == NULL)
-            gone = w;
-    }
-    if (n_waiting == 0) /* a replacement no rank moved to */
-        stria__job_finish(co, j, S_FAILED,
-                          "no rank came to this replacement of job %llu within %g s "
-                          "(arrival_timeout_s) of its start%s",
-                          (unsigned long long)j->replaces, j->spec.arrival_timeout_s,
-                          gone != NULL ? " (a rank's worker is dead)" : "");
-    else
-        stria__job_finish(co, j, S_FAILED,
-                          "rank%s %s did not arrive for the %s pass within %g s "
-                          "(arrival_timeout_s) of the first; rank%s %s had their inputs in and "
-                          "waited%s",
-                          n_missing == 1 ? "" : "s", missing,
-                          j->arrival_backward ? "backward" : "forward", j->spec.arrival_timeout_s,
-                          n_waiting == 1 ? "" : "s", waiting,
-                          gone != NULL ? " (a missing rank's worker is dead)" : "");
-    if (gone != NULL)
-        stria__job_retryable(j, gone);
-    j->arrival_deadline = 0;
-    j->failure_status = STRIA_ERR_TIMEOUT;
-    return true;
-}
-
-/* Fails every unfinished job that uses worker w. */
-void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why)
-{
-    for (uint32_t i = 0; i < co->n_jobs; i++) {
-        stria__cjob_t *j = co->jobs[i];
-        if (stria__terminal(j->state))
-            continue;
-        for (uint32_t r = 0; r < j->n_ranks; r++) {
-            if (j->ranks[r].worker == w) {
-                if (stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s) %s", r,
-                                      (unsigned long long)w->id, w->rpc_address, why))
-                    stria__job_retryable(j, w);
-                break;
-            }
-        }
-    }
-}
-
-stria__cjob_t *stria__job_find(stria_coord_t *co, uint64_t id)
-{
-    return stria__index_get(&co->job_ids, id, 0);
-}
-
-stria__cworker_t *stria__worker_find(stria_coord_t *co, uint64_t id)
-{
-    return stria__index_get(&co->worker_ids, id, 0);
-}
-
-int stria__job_rank_of(const stria_coord_t *co, const stria__cjob_t *j, const stria__cworker_t *w)
-{
-    uintptr_t r = (uintptr_t)stria__index_get(&co->members, j->id, w->id);
-    return r == 0 ? -1 : (int)(r - 1);
-}
-
-void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *why)
-{
-    uint32_t k = 0;
-    stria_log_info("worker %llu (%s, %s) forgotten: %s", (unsigned long long)w->id, w->host,
-                   w->rpc_address, why);
-    for (uint32_t i = 0; i < co->n_workers; i++)
-        if (co->workers[i] != w)
-            co->workers[k++] = co->workers[i];
-    co->n_workers = k;
-    stria__index_del(&co->worker_ids, w->id, 0);
-    stria__cmet_worker_forget(co, w);
-    stria__recover_worker_gone(co, w);
-    w->forgotten = true;
-    if (w->job_refs == 0)
-        free(w);
-}
 
 /* ---- periodic work ------------------------------------------------------- */
 
@@ -518,7 +78,7 @@ static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
         stria_log_warn("worker %llu (%s, %s) is dead: %s", (unsigned long long)w->id, w->host,
                        w->rpc_address, why);
         stria__cmet_count_error(co, STRIA__E_WORKER_DEAD);
-        stria__fail_jobs_of(co, w, why);
+        stria__cjob_fail_worker(co, w, why);
         stria__replace_lost(co, w);
         stria__recover_worker_gone(co, w);
         changed = true;
@@ -529,7 +89,7 @@ static bool stria__tick_workers(stria_coord_t *co, double now, double stall)
             char why[96];
             snprintf(why, sizeof(why), "%s %.0f s ago", w->left ? "left" : "last heard of",
                      now - w->last_seen);
-            stria__worker_forget(co, w, why); /* the next one moves to i */
+            stria__cworker_forget(co, w, why); /* the next one moves to i */
             changed = true;
         } else {
             i++;
@@ -554,17 +114,17 @@ static void stria__coord_on_tick(void *arg)
             if (j->arrival_deadline > 0) /* the late tick's own stall is no rank's lateness */
                 j->arrival_deadline += stall;
         }
-        changed = stria__arrival_expired(co, j, now) || changed;
+        changed = stria__cjob_arrival_expired(co, j, now) || changed;
         if (stria__terminal(j->state) || now - j->last_activity <= j->spec.ttl_s)
             continue;
-        stria__job_finish(co, j, S_EXPIRED, "abandoned: no client activity for %u s (its TTL)",
-                          j->spec.ttl_s);
+        stria__cjob_finish(co, j, S_EXPIRED, "abandoned: no client activity for %u s (its TTL)",
+                           j->spec.ttl_s);
         changed = true;
     }
     if (changed)
-        stria__schedule(co);
+        stria__cjob_schedule(co);
     /* Only here: handlers may hold pointers to finished jobs. */
-    stria__jobs_prune(co);
+    stria__cjob_prune(co);
     stria__cmet_update(co);
 }
 
@@ -734,10 +294,10 @@ void stria_coord_stop(stria_coord_t *co)
      * jobs for a coordinator started again (it rebuilds them); say in the
      * log which jobs this one leaves. */
     for (uint32_t i = 0; i < co->n_jobs; i++)
-        if (stria__job_finish(co, co->jobs[i], S_FAILED,
-                              "the coordinator shut down (its workers keep the job for a "
-                              "restarted coordinator)"))
-            stria__job_retryable(co->jobs[i], NULL);
+        if (stria__cjob_finish(co, co->jobs[i], S_FAILED,
+                               "the coordinator shut down (its workers keep the job for a "
+                               "restarted coordinator)"))
+            stria__cjob_retryable(co->jobs[i], NULL);
     stria__recover_free(co);
     for (uint32_t i = 0; i < co->n_workers; i++) { /* the others go with their last job */
         co->workers[i]->forgotten = true;

@@ -12,34 +12,6 @@
 
 /* ---- handlers: clients --------------------------------------------------- */
 
-/* Pending and active jobs, of one client (its host address) or of all
- * (NULL). */
-static uint32_t stria__count_unfinished(const stria_coord_t *co, const char *client)
-{
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < co->n_jobs; i++)
-        n += !stria__terminal(co->jobs[i]->state) &&
-             (client == NULL || strcmp(co->jobs[i]->client, client) == 0);
-    return n;
-}
-
-/* A client's open sessions and the memory they hold on the workers. */
-static uint32_t stria__count_sessions(const stria_coord_t *co, const char *client,
-                                      uint64_t *bytes_out)
-{
-    uint32_t n = 0;
-    uint64_t bytes = 0;
-    for (uint32_t i = 0; i < co->n_jobs; i++) {
-        const stria__cjob_t *j = co->jobs[i];
-        if (!j->spec.session || stria__terminal(j->state) || strcmp(j->client, client) != 0)
-            continue;
-        n++;
-        bytes += j->mem_per_rank * j->n_ranks;
-    }
-    *bytes_out = bytes;
-    return n;
-}
-
 /* The client of a call: the host of its peer address, without the port. */
 static void stria__client_of(stria_rpc_call_t *call, char *out, size_t cap)
 {
@@ -64,141 +36,6 @@ static void stria__count_workers(const stria_coord_t *co, uint32_t *healthy, uin
         else
             (*healthy)++;
     }
-}
-
-/* A new job's id, secret and ring key: the id random and unique among the
- * jobs kept, so that an id says nothing about the others (the secret, not
- * the id, is what opens a job); 53 bits, not 0, so that JSON readers that
- * hold numbers as doubles (jq, JavaScript) keep it exact. The keys come
- * from the system's generator. */
-stria_status_t stria__job_new_keys(stria_coord_t *co, stria__cjob_t *j, bool keep_secret)
-{
-    stria_status_t st = STRIA_OK;
-    do {
-        uint8_t raw[8];
-        st = stria_auth_random(raw, sizeof(raw));
-        j->id = stria_get_le64(raw) >> 11;
-    } while (st == STRIA_OK && (j->id == 0 || stria__job_find(co, j->id) != NULL ||
-                                stria__recover_pending(co, j->id)));
-    if (st == STRIA_OK && !keep_secret)
-        st = stria_job_secret_generate(&j->secret);
-    if (st == STRIA_OK)
-        st = stria_auth_random(j->ring_key, sizeof(j->ring_key));
-    return st;
-}
-
-/* The placement of a job's ranks (their strings copied); false when out of
- * memory. */
-static bool stria__job_add_placement(stria__cjob_t *j, const Stria__V1__JobSpec *s,
-                                     const bool *fallback)
-{
-    j->placed = s->n_placement > 0;
-    for (uint32_t r = 0; r < j->n_ranks && j->placed; r++) {
-        stria__crank_t *cr = &j->ranks[r];
-        cr->fallback = fallback[r];
-        cr->place_has_device = s->placement[r]->has_device_index;
-        cr->place_device = s->placement[r]->device_index;
-        if ((cr->place_host = strdup(s->placement[r]->host)) == NULL)
-            return false;
-    }
-    return true;
-}
-
-/* Frees a job stria__job_add() could not complete. */
-static void stria__job_add_undo(stria__cjob_t *j)
-{
-    if (j == NULL)
-        return;
-    for (uint32_t r = 0; j->ranks != NULL && r < j->n_ranks; r++)
-        free(j->ranks[r].place_host);
-    stria_job_masks_free(&j->masks);
-    free(j->ranks);
-    free(j);
-}
-
-/* Appends an admitted job (state PENDING) on the workers ring[0 .. n) (the
- * ranks' workers in order; fallback[r]: rank r placed off its host) to the
- * job table; NULL when out of memory or without random bytes. */
-stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
-                              const stria_layout_t *layout, stria__cworker_t **ring,
-                              const bool *fallback, uint32_t n, uint64_t need, const char *client,
-                              const stria__cjob_t *keys)
-{
-    stria__cjob_t *j;
-    stria__cjob_t **jobs = stria_grow(co->jobs, &co->cap_jobs, co->n_jobs + 1, sizeof(*jobs), 64);
-    if (jobs == NULL)
-        return NULL;
-    co->jobs = jobs;
-    j = calloc(1, sizeof(*j));
-    if (j != NULL)
-        j->ranks = calloc(n, sizeof(*j->ranks));
-    if (j != NULL && j->ranks != NULL)
-        j->n_ranks = n;
-    if (j != NULL && keys != NULL) { /* a rebuilt job keeps its own */
-        j->id = keys->id;
-        j->secret = keys->secret;
-        memcpy(j->ring_key, keys->ring_key, sizeof(j->ring_key));
-    }
-    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks) ||
-        (keys == NULL && stria__job_new_keys(co, j, false) != STRIA_OK) ||
-        !stria__job_add_placement(j, s, fallback) ||
-        stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
-        stria__job_add_undo(j);
-        return NULL;
-    }
-    for (uint32_t r = 0; r < n; r++) {
-        if (stria__index_put(&co->members, j->id, ring[r]->id, (void *)(uintptr_t)(r + 1)) !=
-            STRIA_OK) {
-            for (uint32_t k = 0; k < r; k++)
-                stria__index_del(&co->members, j->id, ring[k]->id);
-            stria__index_del(&co->job_ids, j->id, 0);
-            stria__job_add_undo(j);
-            return NULL;
-        }
-    }
-    j->spec = *s; /* what it points to is replaced below */
-    j->spec.base.n_unknown_fields = 0;
-    j->spec.base.unknown_fields = NULL;
-    j->spec.layout = (Stria__V1__Layout)layout->kind; /* auto resolved */
-    j->spec.ring_size = n;
-    j->spec.scale = s->scale > 0 ? s->scale : (float)(1.0 / sqrt((double)s->head_dim));
-    /* a session's TTL is its idle deadline, kept by its workers' heartbeats */
-    j->spec.ttl_s = s->ttl_s     ? s->ttl_s
-                    : s->session ? STRIA__DEFAULT_SESSION_IDLE_S
-                                 : (uint32_t)ceil(co->job_ttl_s);
-    if (s->arrival_timeout_s <= 0)
-        j->spec.arrival_timeout_s = STRIA__DEFAULT_ARRIVAL_S;
-    snprintf(j->label, sizeof(j->label), "%s", s->label);
-    j->spec.label = j->label;
-    j->spec.cu_seqlens = j->masks.cu_seqlens;
-    j->spec.n_cu_seqlens = j->masks.n_cu_seqlens;
-    j->spec.window = NULL;
-    if (j->masks.has_window) {
-        stria__v1__job_spec__window__init(&j->window);
-        j->window.left = j->masks.window_left;
-        j->window.right = j->masks.window_right;
-        j->spec.window = &j->window;
-    }
-    j->spec.placement = NULL;
-    j->spec.n_placement = 0;
-    j->n_ranks = n;
-    j->shard_tokens = (uint64_t)layout->shard_tokens;
-    j->mem_per_rank = need;
-    snprintf(j->client, sizeof(j->client), "%s", client);
-    for (uint32_t r = 0; r < n; r++) {
-        stria__crank_t *cr = &j->ranks[r];
-        cr->worker = ring[r];
-        ring[r]->job_refs++;
-        cr->n_runs = stria_layout_shard_runs(layout, (int)r, false, cr->runs);
-        cr->tokens = (uint64_t)stria_layout_shard_valid(layout, (int)r);
-    }
-    stria__v1__job_timings__init(&j->times);
-    j->times.submitted_ms = stria__coord_wall_ms();
-    j->last_activity = stria_time_now();
-    j->state = S_PENDING;
-    co->jobs[co->n_jobs++] = j;
-    co->jobs_submitted++;
-    return j;
 }
 
 #define STRIA__MAX_EXCLUDE 1024
@@ -252,22 +89,6 @@ static bool stria__submit_workers(stria_coord_t *co, stria_rpc_call_t *call,
     return true;
 }
 
-/* The unfinished job an earlier copy of a submission made (the same client
- * host and submit_key: its reply was lost with the connection), or NULL. */
-static stria__cjob_t *stria__submitted_before(const stria_coord_t *co, const char *client,
-                                              const ProtobufCBinaryData *key)
-{
-    if (key->len != STRIA__SUBMIT_KEY_BYTES)
-        return NULL;
-    for (uint32_t i = 0; i < co->n_jobs; i++) {
-        stria__cjob_t *j = co->jobs[i];
-        if (j->keyed && !stria__terminal(j->state) && strcmp(j->client, client) == 0 &&
-            stria_auth_equal(j->submit_key, key->data, sizeof(j->submit_key)))
-            return j;
-    }
-    return NULL;
-}
-
 /* The checks of a submission before the workers are chosen: the spec, the
  * request's exclusions and key, the client's and the coordinator's job
  * limits. False when refused (the call is answered); `client` is set, and
@@ -283,7 +104,7 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: the spec is missing");
         return false;
     }
-    if (stria__spec_check(s) != STRIA_OK) {
+    if (stria__cjob_spec_check(s) != STRIA_OK) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         return false;
@@ -311,9 +132,9 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
         return false;
     }
     stria__client_of(call, client, cap);
-    if ((*again = stria__submitted_before(co, client, &req->submit_key)) != NULL)
+    if ((*again = stria__cjob_submitted_before(co, client, &req->submit_key)) != NULL)
         return true; /* a resend: its job counts already */
-    if (stria__count_unfinished(co, client) >= co->max_jobs_per_client) {
+    if (stria__cjob_count_unfinished(co, client) >= co->max_jobs_per_client) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: client %s holds %u pending or active jobs, the "
@@ -323,7 +144,8 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
         return false;
     }
     uint64_t held = 0;
-    if (s->session && stria__count_sessions(co, client, &held) >= co->max_sessions_per_client) {
+    if (s->session &&
+        stria__cjob_count_sessions(co, client, &held) >= co->max_sessions_per_client) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: client %s holds %u open sessions, the coordinator's limit "
@@ -342,7 +164,7 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
                             (unsigned long long)(co->max_session_bytes_per_client >> 20));
         return false;
     }
-    if (stria__count_unfinished(co, NULL) >= co->max_jobs) {
+    if (stria__cjob_count_unfinished(co, NULL) >= co->max_jobs) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
                             "SubmitJob: %u jobs are pending or active, the coordinator's limit",
@@ -367,7 +189,7 @@ static bool stria__submit_reply(stria_coord_t *co, stria_rpc_call_t *call, const
     }
     rep.state = j->state;
     rep.assignment = stria__reply_assignment(&b, j);
-    rep.queue_position = stria__queue_position(co, j);
+    rep.queue_position = stria__cjob_queue_position(co, j);
     rep.job_secret.data = sealed;
     rep.job_secret.len = sizeof(sealed);
     stria__reply_send(&b, call, &rep.base);
@@ -460,7 +282,11 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                             (unsigned long long)(need >> 20));
         goto free_ring;
     }
-    j = stria__job_add(co, s, &layout, chosen, fallback, n, need, client, NULL);
+    stria__cjob_t keys;
+    memset(&keys, 0, sizeof(keys));
+    if (stria__recover_new_keys(co, &keys, false) == STRIA_OK)
+        j = stria__cjob_add(co, s, &layout, chosen, fallback, n, need, client, &keys);
+    stria_auth_wipe(&keys, sizeof(keys));
     if (j == NULL) {
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "SubmitJob: out of memory or no secret");
         goto free_ring;
@@ -478,9 +304,9 @@ void stria__on_submit(void *ctx, stria_rpc_call_t *call)
                    (unsigned long long)chosen[0]->id, j->placed ? " (placed)" : "",
                    (unsigned long long)(need >> 20), j->spec.sharded ? ", sharded" : "",
                    now ? "" : ", queued");
-    stria__schedule(co);
+    stria__cjob_schedule(co);
     if (!stria__submit_reply(co, call, j))
-        stria__job_finish(co, j, S_FAILED, "the job's secret could not be sealed for its client");
+        stria__cjob_finish(co, j, S_FAILED, "the job's secret could not be sealed for its client");
 free_ring:
     free(ring);
     free(chosen);
@@ -546,7 +372,7 @@ static void stria__unknown_job(const stria_coord_t *co, stria_rpc_call_t *call, 
 static stria__cjob_t *stria__call_job(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
                                       uint64_t id, bool owner)
 {
-    stria__cjob_t *j = stria__job_find(co, id);
+    stria__cjob_t *j = stria__cjob_find(co, id);
     if (j == NULL)
         stria__unknown_job(co, call, method, id, owner);
     return j;
@@ -598,8 +424,8 @@ static uint32_t stria__release_ranks(stria_coord_t *co, stria__cjob_t *j,
     for (uint32_t r = 0; r < j->n_ranks && req->n_ranks > 0; r++)
         held += !j->ranks[r].released;
     if (!stria__terminal(j->state) && held == 0) {
-        stria__job_finish(co, j, S_RELEASED, NULL);
-        stria__schedule(co);
+        stria__cjob_finish(co, j, S_RELEASED, NULL);
+        stria__cjob_schedule(co);
     } else if (!stria__terminal(j->state)) {
         j->last_activity = stria_time_now();
     }
@@ -626,8 +452,8 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
     rep.ranks_held = stria__release_ranks(co, j, req);
     /* A rank that never moved to the job's replacement releases it too (a
      * replacement has the same ranks; its chain is short). */
-    for (stria__cjob_t *y = stria__job_find(co, j->replaced_by); y != NULL;
-         y = stria__job_find(co, y->replaced_by))
+    for (stria__cjob_t *y = stria__cjob_find(co, j->replaced_by); y != NULL;
+         y = stria__cjob_find(co, y->replaced_by))
         stria__release_ranks(co, y, req);
     rep.state = j->state;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
@@ -643,9 +469,9 @@ void stria__on_cancel(void *ctx, stria_rpc_call_t *call)
     if (j == NULL)
         return;
     if (!stria__terminal(j->state)) {
-        stria__job_finish(co, j, S_CANCELLED, "cancelled by an admin from %s%s%.300s",
-                          stria_rpc_call_peer(call), req->reason[0] ? ": " : "", req->reason);
-        stria__schedule(co);
+        stria__cjob_finish(co, j, S_CANCELLED, "cancelled by an admin from %s%s%.300s",
+                           stria_rpc_call_peer(call), req->reason[0] ? ": " : "", req->reason);
+        stria__cjob_schedule(co);
     }
     rep.state = j->state;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
@@ -768,7 +594,7 @@ void stria__on_drain(void *ctx, stria_rpc_call_t *call)
     const Stria__V1__DrainWorkerRequest *req = STRIA__REQ(Stria__V1__DrainWorkerRequest, call);
     Stria__V1__DrainWorkerReply rep = STRIA__V1__DRAIN_WORKER_REPLY__INIT;
     Stria__V1__WorkerInfo info;
-    stria__cworker_t *w = stria__worker_find(co, req->worker_id);
+    stria__cworker_t *w = stria__cworker_find(co, req->worker_id);
     stria__cworker_t **ring;
     int idx = -1;
     uint32_t n;
@@ -783,7 +609,7 @@ void stria__on_drain(void *ctx, stria_rpc_call_t *call)
         w->draining = req->drain;
         stria_log_info("worker %llu (%s) %s by %s", (unsigned long long)w->id, w->rpc_address,
                        req->drain ? "drained" : "undrained", stria_rpc_call_peer(call));
-        stria__schedule(co);
+        stria__cjob_schedule(co);
     }
     ring = malloc((co->n_workers + 1) * sizeof(*ring));
     if (ring == NULL) {
@@ -825,10 +651,10 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
                  w->rpc_address, req->reason[0] ? req->reason : "shut down");
         for (uint32_t i = 0; i < co->n_jobs; i++) {
             stria__cjob_t *j = co->jobs[i];
-            if (stria__terminal(j->state) || !stria__job_has_worker(j, w))
+            if (stria__terminal(j->state) || !stria__cjob_has_worker(j, w))
                 continue;
-            if (stria__job_finish(co, j, S_FAILED, "%s", why))
-                stria__job_retryable(j, w);
+            if (stria__cjob_finish(co, j, S_FAILED, "%s", why))
+                stria__cjob_retryable(j, w);
             rep.jobs_failed++;
         }
         w->left = true;
@@ -841,7 +667,7 @@ void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
         stria_log_info("worker %llu (%s, %s) left the ring: %s; %u unfinished job(s) failed",
                        (unsigned long long)w->id, w->host, w->rpc_address,
                        req->reason[0] ? req->reason : "shut down", rep.jobs_failed);
-        stria__schedule(co);
+        stria__cjob_schedule(co);
     }
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }

@@ -1,5 +1,24 @@
-/* Internals of the coordinator: its worker and job tables. Everything here is
- * touched only on the RPC loop thread. */
+/* Internals of the coordinator: its worker and job tables, and its rooms.
+ * Everything here is touched only on the RPC loop thread.
+ *
+ * A room is a file; the names it shares here carry its prefix. From the
+ * ground up (a room calls only rooms listed above it):
+ *
+ *   coord_index.c     stria__index_*     hash indexes of the tables
+ *   coord_scratch.c   stria__scratch_*   the scratch list replies are built on
+ *   coord_metrics.c   stria__cmet_*      metrics series and the STATUS= line
+ *   coord_timeline.c  stria__timeline_*  the passes' step times kept with a job
+ *   coord_jobs.c      stria__cjob_*      the job (and session) table: specs,
+ *                                        state machine, queue, arrival rounds
+ *   coord_place.c     stria__place_*     ring order; where a job runs
+ *   coord_recover.c   stria__recover_*   jobs rebuilt after a restart; the ids
+ *                                        and keys of new jobs
+ *   coord_replace.c   stria__replace_*   a sharded job's lost worker replaced
+ *   coord_reply.c     stria__reply_*     worker and job records, assignments
+ *   coord_workers.c   stria__cworker_*   the worker table; the workers' handlers
+ *   coord_clients.c   stria__on_*        the clients' and admins' handlers
+ *   coord.c           stria__coord_*     the tick, start and stop
+ */
 #ifndef STRIA_COORD_INT_H
 #define STRIA_COORD_INT_H
 
@@ -8,6 +27,8 @@
 #include "stria_spec.h"
 #include "stria_coordinator.h"
 #include "stria_rpc.h"
+
+#include <time.h>
 
 #define STRIA__COORD_STR     256          /* longest host, device, address or version string */
 #define STRIA__MAX_WORKER_ID (1ull << 48) /* a larger previous id is not taken back */
@@ -19,7 +40,9 @@
 /* The largest message of a request other than SubmitJob and Heartbeat. */
 #define STRIA__COORD_SMALL_REQUEST (64u << 10)
 
-/* A hash index from a pair of 64-bit keys to a pointer (coord_index.c). */
+/* ---- coord_index.c: hash indexes ---------------------------------------- */
+
+/* A hash index from a pair of 64-bit keys to a pointer. */
 typedef struct {
     uint64_t a, b;
     void *v; /* NULL: an empty slot */
@@ -37,6 +60,9 @@ stria_status_t stria__index_put(stria__index_t *x, uint64_t a, uint64_t b, void 
 void *stria__index_get(const stria__index_t *x, uint64_t a, uint64_t b);
 void stria__index_del(stria__index_t *x, uint64_t a, uint64_t b);
 
+/* ---- the tables ---------------------------------------------------------- */
+
+/* A worker of the worker table (coord_workers.c). */
 typedef struct {
     uint64_t id;
     char rpc_address[STRIA__COORD_STR];
@@ -98,6 +124,8 @@ typedef struct {
 
 typedef struct stria__rjob stria__rjob_t; /* coord_recover.c */
 
+/* A job of the job table (coord_jobs.c); a session is a job whose spec has
+ * `session` set. */
 typedef struct {
     uint64_t id; /* random, unique among the jobs kept */
     /* The job's capability: whoever proves it owns the job. Handed sealed
@@ -207,14 +235,6 @@ struct stria_coord {
     char last_status[256]; /* last STATUS= sent to the service manager */
 };
 
-/* stria_coord_start(); with no_thread the RPC server has no thread of its
- * own and runs in stria_rpc_server_run(co->server) (tests, fuzzing). */
-stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
-                                  stria_coord_t **coord_out);
-
-/* Wall clock in milliseconds since the Unix epoch. */
-uint64_t stria__coord_wall_ms(void);
-
 /* ---- shared by the coordinator's rooms ------------------------------------ */
 
 #define S_PENDING          STRIA__V1__JOB_STATE__JOB_STATE_PENDING
@@ -228,9 +248,20 @@ uint64_t stria__coord_wall_ms(void);
 #define S_RELEASED         STRIA__V1__JOB_STATE__JOB_STATE_RELEASED
 #define S_EXPIRED          STRIA__V1__JOB_STATE__JOB_STATE_EXPIRED
 
+#define STRIA__REQ(type, call) ((const type *)stria_rpc_call_request(call))
+
 static inline bool stria__terminal(Stria__V1__JobState s)
 {
     return s >= S_FAILED;
+}
+
+static inline const char *stria__state_name(Stria__V1__JobState s)
+{
+    static const char *const names[] = {
+        "unspecified",  "pending",          "loading", "running forward",
+        "forward done", "running backward", "done",    "failed",
+        "cancelled",    "released",         "expired"};
+    return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "unknown";
 }
 
 static inline Stria__V1__WorkerState stria__worker_state(const stria__cworker_t *w)
@@ -241,6 +272,14 @@ static inline Stria__V1__WorkerState stria__worker_state(const stria__cworker_t 
         return STRIA__V1__WORKER_STATE__WORKER_STATE_DEAD;
     return w->draining ? STRIA__V1__WORKER_STATE__WORKER_STATE_DRAINING
                        : STRIA__V1__WORKER_STATE__WORKER_STATE_HEALTHY;
+}
+
+/* Wall clock in milliseconds since the Unix epoch. */
+static inline uint64_t stria__coord_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* ---- coord_scratch.c: the scratch list replies are built on -------------- */
@@ -297,65 +336,97 @@ void stria__cmet_count_stall(stria_coord_t *co, double seconds);
  * needed). */
 void stria__cmet_worker_forget(stria_coord_t *co, stria__cworker_t *w);
 
-/* ---- other rooms ---------------------------------------------------------- */
+/* ---- coord_timeline.c: the passes' step times the workers report --------- */
 
-#define STRIA__REQ(type, call) ((const type *)stria_rpc_call_request(call))
+#define STRIA__TIMELINE_BUDGET ((size_t)256 << 20)
+/* Keeps rank `rank`'s timeline t (a ReportJob's, or a session call's from a
+ * heartbeat) if well-formed, else ignores it with a warning; drops the
+ * oldest jobs' timelines beyond the budget. */
+void stria__timeline_store(stria_coord_t *co, stria__cjob_t *j, uint32_t rank,
+                           const Stria__V1__PassTimeline *t);
+/* Frees a job's timelines. */
+void stria__timeline_drop(stria_coord_t *co, stria__cjob_t *j);
+/* The job's timelines into info->timelines, unpacked into *held (an array
+ * of n_held messages to free with stria__timeline_release() once the reply
+ * is built). False when out of memory. */
+bool stria__timeline_fill(stria__scratch_t *b, const stria__cjob_t *j, Stria__V1__JobInfo *info,
+                          Stria__V1__PassTimeline ***held, size_t *n_held);
+void stria__timeline_release(Stria__V1__PassTimeline **held, size_t n_held);
 
-/* coord.c: job math, the job state machine, periodic work, lifecycle */
-/* coord_reply.c: reply building */
-/* coord_workers.c, coord_clients.c: the service's handlers */
-const char *stria__state_name(Stria__V1__JobState s);
-stria_status_t stria__spec_check(const Stria__V1__JobSpec *s);
-/* coord_reply.c: replies, or fails the call when building ran out of
- * memory; frees the scratch list. */
-void stria__reply_send(stria__scratch_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg);
-bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w);
-void stria__reply_worker(stria__scratch_t *b, const stria_coord_t *co, stria__cworker_t *w,
-                         int ring_index, Stria__V1__WorkerInfo *out);
-Stria__V1__Assignment *stria__reply_assignment(stria__scratch_t *b, const stria__cjob_t *j);
-uint32_t stria__queue_position(const stria_coord_t *co, const stria__cjob_t *j);
-Stria__V1__JobInfo *stria__reply_job(stria__scratch_t *b, const stria_coord_t *co,
-                                     const stria__cjob_t *j);
+/* ---- coord_jobs.c: the job (and session) table ---------------------------- */
+
+/* Checks a submitted spec; the message names the field. */
+stria_status_t stria__cjob_spec_check(const Stria__V1__JobSpec *s);
+
+stria__cjob_t *stria__cjob_find(stria_coord_t *co, uint64_t id);
+/* The rank of worker w in unfinished job j, or -1. */
+int stria__cjob_rank_of(const stria_coord_t *co, const stria__cjob_t *j, const stria__cworker_t *w);
+/* Whether w is a worker of one of j's ranks. */
+bool stria__cjob_has_worker(const stria__cjob_t *j, const stria__cworker_t *w);
+/* Appends a job (state PENDING) on the workers ring[0 .. n) (fallback[r]:
+ * rank r placed off its host) to the job table, its id, secret and ring key
+ * those of `keys` (new ones from stria__recover_new_keys(), or a rebuilt
+ * job's). NULL when out of memory. */
+stria__cjob_t *stria__cjob_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
+                               const stria_layout_t *layout, stria__cworker_t **ring,
+                               const bool *fallback, uint32_t n, uint64_t need, const char *client,
+                               const stria__cjob_t *keys);
+/* Frees a job (stria_coord_stop(); the tick prunes the others). */
+void stria__cjob_free(stria_coord_t *co, stria__cjob_t *j);
+/* Drops the oldest finished jobs beyond the history size (at a tick only:
+ * handlers may hold pointers to finished jobs). */
+void stria__cjob_prune(stria_coord_t *co);
+
+/* Pending and active jobs, of one client (its host address) or of all
+ * (NULL). */
+uint32_t stria__cjob_count_unfinished(const stria_coord_t *co, const char *client);
+/* A client's open sessions and the memory they hold on the workers. */
+uint32_t stria__cjob_count_sessions(const stria_coord_t *co, const char *client,
+                                    uint64_t *bytes_out);
+/* The unfinished job an earlier copy of a submission made (the same client
+ * host and submit_key), or NULL. */
+stria__cjob_t *stria__cjob_submitted_before(const stria_coord_t *co, const char *client,
+                                            const ProtobufCBinaryData *key);
+/* A pending job's place in the queue (1: next); 0 for any other. */
+uint32_t stria__cjob_queue_position(const stria_coord_t *co, const stria__cjob_t *j);
+/* The spec's placement (the ranks hold it) into s, one entry per rank, on
+ * the scratch list; false when out of memory. */
+bool stria__cjob_placement(stria__scratch_t *b, const stria__cjob_t *j, Stria__V1__JobSpec *s);
+
 /* A job's memory on its members: reserved while it runs (and while a failed
  * job waits for its replacement); unreserve does nothing when none is. */
-void stria__job_reserve(stria__cjob_t *j);
-void stria__job_unreserve(stria__cjob_t *j);
+void stria__cjob_reserve(stria__cjob_t *j);
+void stria__cjob_unreserve(stria__cjob_t *j);
 /* Moves a job to a terminal state (false: it was in one already: the first
  * verdict stands). */
-bool stria__job_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
-                       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-/* A job that just failed (stria__job_finish() returned true) failed for a
+bool stria__cjob_finish(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* A job that just failed (stria__cjob_finish() returned true) failed for a
  * cause outside it: retryable, blamed on worker w (NULL: none). */
-void stria__job_retryable(stria__cjob_t *j, const stria__cworker_t *w);
+void stria__cjob_retryable(stria__cjob_t *j, const stria__cworker_t *w);
 /* A job rebuilt after a restart (coord_recover.c) is active again in
  * `state`: its memory reserved on its workers. */
-void stria__job_adopt(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state);
-void stria__schedule(stria_coord_t *co);
-/* coord_clients.c: appends a job (state PENDING) on the workers ring[0 ..
- * n) to the job table; with `keys`, its id, secret and ring key are those
- * (a rebuilt job), else new ones. NULL when out of memory. */
-stria__cjob_t *stria__job_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
-                              const stria_layout_t *layout, stria__cworker_t **ring,
-                              const bool *fallback, uint32_t n, uint64_t need, const char *client,
-                              const stria__cjob_t *keys);
-/* coord_recover.c: rebuilding jobs after a restart. */
-bool stria__recovering(const stria_coord_t *co);
-double stria__recovery_left(const stria_coord_t *co);
-/* A job of which some ranks were described and not all yet. */
-bool stria__recover_pending(const stria_coord_t *co, uint64_t id);
-/* One description of a worker's heartbeat; false: the worker must drop the
- * job (refused, or over); *describe: ask the worker to describe again. */
-bool stria__recover_held(stria_coord_t *co, stria_rpc_call_t *call, stria__cworker_t *w,
-                         const Stria__V1__HeldJob *h, bool *describe);
-/* A worker died or is forgotten: its descriptions no longer count. */
-void stria__recover_worker_gone(stria_coord_t *co, const stria__cworker_t *w);
-/* At the end of the window: fails the jobs with ranks nobody described;
- * true when it did anything. */
-bool stria__recover_tick(stria_coord_t *co, double now);
-void stria__recover_free(stria_coord_t *co);
-/* coord_place.c: ring order; where a job runs. The ring: healthy,
- * non-draining workers by (host, RPC address). `out` has room for every
- * worker. */
+void stria__cjob_adopt(stria_coord_t *co, stria__cjob_t *j, Stria__V1__JobState state);
+/* Starts the queued jobs that fit, in submission order; fails the queued
+ * jobs of dead or draining workers. */
+void stria__cjob_schedule(stria_coord_t *co);
+/* Fails every unfinished job that uses worker w (retryable, blamed on w). */
+void stria__cjob_fail_worker(stria_coord_t *co, stria__cworker_t *w, const char *why);
+
+/* A sharded job's arrival at pass `pass` of rank r (a worker's STARTED
+ * report); whether every rank has arrived. */
+bool stria__cjob_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward);
+/* Adds rank r to a list "0, 3, 7" in out[0 .. len) (used: its length, n:
+ * ranks listed so far), ending in ", ..." when it runs out of room. */
+void stria__cjob_rank_list_add(char *out, size_t len, size_t *used, uint32_t *n, uint32_t r);
+/* At a tick: a sharded job whose ranks did not all arrive in time fails,
+ * naming them; true when it did. */
+bool stria__cjob_arrival_expired(stria_coord_t *co, stria__cjob_t *j, double now);
+
+/* ---- coord_place.c: ring order; where a job runs -------------------------- */
+
+/* The ring: healthy, non-draining workers by (host, RPC address). `out` has
+ * room for every worker. */
 uint32_t stria__place_ring(const stria_coord_t *co, stria__cworker_t **out);
 /* Workers in ring order, then draining, then dead ones (each by host and
  * address); *n_ring_out of them form the ring. NULL when out of memory. */
@@ -372,11 +443,44 @@ stria_status_t stria__place_named(stria_coord_t *co, const Stria__V1__JobSpec *s
                                   stria__cworker_t **ring, uint32_t count, uint32_t n,
                                   uint64_t need, stria__cworker_t **out, bool *fallback,
                                   bool *now_out);
-/* coord_replace.c: a sharded job that lost a worker is replaced by a job of
- * the same secret and ranks, the lost worker's rank on a spare (the ring
- * size of a sharded job must stay). A failed sharded job's first report
- * (a peer's: its link broke) comes before the verdict on the worker, so it
- * waits for it a few heartbeat periods. */
+/* A worker of the ring for rank r of job j in place of its lost worker: on
+ * the rank's placed host (device preferred; another host only when the spec
+ * allows fallback), else any, preferring the lost worker's host; not a
+ * member of j nor in taken[0 .. n_taken); with room now, idle ones first,
+ * then the lightest load. NULL when none (*why says why). */
+stria__cworker_t *stria__place_spare(stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
+                                     stria__cworker_t **taken, uint32_t n_taken, bool *fallback,
+                                     char *why, size_t why_len);
+
+/* ---- coord_recover.c: jobs rebuilt after a restart; new jobs' keys -------- */
+
+/* Whether the recovery window is open. */
+bool stria__recovering(const stria_coord_t *co);
+/* Seconds left of the recovery window (0: over). */
+double stria__recovery_left(const stria_coord_t *co);
+/* A job of which some ranks were described and not all yet. */
+bool stria__recover_pending(const stria_coord_t *co, uint64_t id);
+/* A new job id and ring key into j (the secret: a new one unless
+ * keep_secret): the id unused by the jobs kept and the jobs being rebuilt. */
+stria_status_t stria__recover_new_keys(stria_coord_t *co, stria__cjob_t *j, bool keep_secret);
+/* One description of a worker's heartbeat; false: the worker must drop the
+ * job (refused, or over); *describe: ask the worker to describe again. */
+bool stria__recover_held(stria_coord_t *co, stria_rpc_call_t *call, stria__cworker_t *w,
+                         const Stria__V1__HeldJob *h, bool *describe);
+/* A worker died or is forgotten: its descriptions no longer count. */
+void stria__recover_worker_gone(stria_coord_t *co, const stria__cworker_t *w);
+/* At the end of the window: fails the jobs with ranks nobody described;
+ * true when it did anything. */
+bool stria__recover_tick(stria_coord_t *co, double now);
+void stria__recover_free(stria_coord_t *co);
+
+/* ---- coord_replace.c: a sharded job's lost worker replaced ---------------- */
+
+/* A sharded job that lost a worker is replaced by a job of the same secret
+ * and ranks, the lost worker's rank on a spare (the ring size of a sharded
+ * job must stay). A failed sharded job's first report (a peer's: its link
+ * broke) comes before the verdict on the worker, so it waits for it a few
+ * heartbeat periods. */
 #define STRIA__MAX_GENERATIONS 8 /* replacements of one job at most */
 /* A sharded job j just failed retryably without a verdict on a worker yet:
  * it waits for one, keeping its members' memory reserved meanwhile (so no
@@ -388,43 +492,38 @@ bool stria__replace_pending(const stria__cjob_t *j);
  * failed for it (or waits for a verdict) is replaced when a spare worker
  * fits; true when any was. Called after its unfinished jobs were failed. */
 bool stria__replace_lost(stria_coord_t *co, stria__cworker_t *w);
-/* Whether a job replaced by a chain ending in an unfinished job (kept in
- * the history until that one ends: ranks still follow it). */
-bool stria__replace_live(stria_coord_t *co, const stria__cjob_t *j);
 /* At a tick: closes the waits past their end (no worker was lost) and
  * frees what a job no longer waiting holds; true when memory came free. */
 bool stria__replace_tick(stria_coord_t *co, double now);
-/* coord_clients.c: a new job id and ring key (the secret: a new one unless
- * keep_secret). */
-stria_status_t stria__job_new_keys(stria_coord_t *co, stria__cjob_t *j, bool keep_secret);
-/* coord_place.c: a worker of the ring for rank r of job j in place of its
- * lost worker: on the rank's placed host (device preferred; another host
- * only when the spec allows fallback), else any, preferring the lost
- * worker's host; not a member of j nor in taken[0 .. n_taken); with room
- * now, idle ones first, then the lightest load. NULL when none (*why says
- * why). */
-stria__cworker_t *stria__place_spare(stria_coord_t *co, const stria__cjob_t *j, uint32_t r,
-                                     stria__cworker_t **taken, uint32_t n_taken, bool *fallback,
-                                     char *why, size_t why_len);
-/* coord.c: a sharded job's arrival at pass `pass` of rank r (a worker's
- * STARTED report); whether every rank has arrived. */
-bool stria__job_arrive(stria__cjob_t *j, uint32_t r, uint32_t pass, bool backward);
+
+/* ---- coord_reply.c: worker and job records, assignments ------------------ */
+
+/* Replies, or fails the call when building ran out of memory; frees the
+ * scratch list. */
+void stria__reply_send(stria__scratch_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg);
+void stria__reply_worker(stria__scratch_t *b, const stria_coord_t *co, stria__cworker_t *w,
+                         int ring_index, Stria__V1__WorkerInfo *out);
+Stria__V1__Assignment *stria__reply_assignment(stria__scratch_t *b, const stria__cjob_t *j);
+Stria__V1__JobInfo *stria__reply_job(stria__scratch_t *b, const stria_coord_t *co,
+                                     const stria__cjob_t *j);
+
+/* ---- coord_workers.c: the worker table and the workers' handlers ---------- */
+
+stria__cworker_t *stria__cworker_find(stria_coord_t *co, uint64_t id);
+/* Takes a worker out of the table, its metric series too; frees it unless
+ * jobs still name it (then the last of them does). */
+void stria__cworker_forget(stria_coord_t *co, stria__cworker_t *w, const char *why);
 /* The registered worker a call names by id and incarnation, or NULL after
  * failing the call (not found); with `heartbeat`, a worker that left counts
  * as not registered and the message says to register again. */
 stria__cworker_t *stria__call_worker(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
                                      uint64_t id, uint64_t incarnation, bool heartbeat);
-void stria__fail_jobs_of(stria_coord_t *co, stria__cworker_t *w, const char *why);
-stria__cjob_t *stria__job_find(stria_coord_t *co, uint64_t id);
-stria__cworker_t *stria__worker_find(stria_coord_t *co, uint64_t id);
-/* The rank of worker w in unfinished job j, or -1. */
-int stria__job_rank_of(const stria_coord_t *co, const stria__cjob_t *j, const stria__cworker_t *w);
-/* Takes a worker out of the table, its metric series too; frees it unless
- * jobs still name it (then the last of them does). */
-void stria__worker_forget(stria_coord_t *co, stria__cworker_t *w, const char *why);
 void stria__on_register(void *ctx, stria_rpc_call_t *call);
 void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call);
 void stria__on_report(void *ctx, stria_rpc_call_t *call);
+
+/* ---- coord_clients.c: the clients' and admins' handlers ------------------- */
+
 void stria__on_submit(void *ctx, stria_rpc_call_t *call);
 void stria__on_get_job(void *ctx, stria_rpc_call_t *call);
 void stria__on_release(void *ctx, stria_rpc_call_t *call);
@@ -436,24 +535,11 @@ void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call);
 void stria__on_drain(void *ctx, stria_rpc_call_t *call);
 void stria__on_deregister(void *ctx, stria_rpc_call_t *call);
 
-/* coord_timeline.c: the passes' step times the workers report */
-#define STRIA__TIMELINE_BUDGET ((size_t)256 << 20)
-/* Keeps rank `rank`'s timeline t (a ReportJob's, or a session call's from a
- * heartbeat) if well-formed, else ignores it with a warning; drops the
- * oldest jobs' timelines beyond the budget. */
-void stria__timeline_store(stria_coord_t *co, stria__cjob_t *j, uint32_t rank,
-                           const Stria__V1__PassTimeline *t);
-/* Frees a job's timelines. */
-void stria__timeline_drop(stria_coord_t *co, stria__cjob_t *j);
-/* The job's timelines into info->timelines, unpacked into *held (an array
- * of n_held messages to free with stria__timeline_release() once the reply
- * is built). False when out of memory. */
-bool stria__timeline_fill(stria__scratch_t *b, const stria__cjob_t *j, Stria__V1__JobInfo *info,
-                          Stria__V1__PassTimeline ***held, size_t *n_held);
-void stria__timeline_release(Stria__V1__PassTimeline **held, size_t n_held);
+/* ---- coord.c: the tick, start and stop ------------------------------------ */
 
-/* Adds rank r to a list "0, 3, 7" in out[0 .. len) (used: its length, n:
- * ranks listed so far), ending in ", ..." when it runs out of room. */
-void stria__rank_list_add(char *out, size_t len, size_t *used, uint32_t *n, uint32_t r);
+/* stria_coord_start(); with no_thread the RPC server has no thread of its
+ * own and runs in stria_rpc_server_run(co->server) (tests, fuzzing). */
+stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
+                                  stria_coord_t **coord_out);
 
 #endif /* STRIA_COORD_INT_H */

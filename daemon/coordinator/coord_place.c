@@ -238,7 +238,7 @@ static int stria__spare_score(const stria_coord_t *co, const stria__cjob_t *j, u
                               stria__cworker_t **taken, uint32_t n_taken)
 {
     const stria__crank_t *cr = &j->ranks[r];
-    if (stria__job_has_worker(j, w) || w->awaiting_jobs || !stria__fits_worker(w, j->mem_per_rank))
+    if (stria__cjob_has_worker(j, w) || w->awaiting_jobs || !stria__fits_worker(w, j->mem_per_rank))
         return -1;
     /* silent for two periods: maybe the next to die */
     if (stria_time_now() - w->last_seen > 2 * co->heartbeat_period_s)

@@ -22,7 +22,11 @@
  * that job's record went with the restart (its workers had dropped it), so
  * it comes back failed, naming the replacement in replaced_by, with the
  * replacement's spec and secret (a replacement keeps its job's secret); the
- * ranks still on the old job follow as before the restart. */
+ * ranks still on the old job follow as before the restart.
+ *
+ * New jobs (submitted, or replacements) draw their ids and keys here too
+ * (stria__recover_new_keys): the id of a job being rebuilt is taken until
+ * its window ends, which the job table alone does not know. */
 #include "coord_int.h"
 
 #include <math.h>
@@ -90,6 +94,27 @@ bool stria__recover_pending(const stria_coord_t *co, uint64_t id)
     return stria__rjob_find(co, id, NULL) != NULL;
 }
 
+/* A new job's id, secret and ring key: the id random and unique among the
+ * jobs kept, so that an id says nothing about the others (the secret, not
+ * the id, is what opens a job); 53 bits, not 0, so that JSON readers that
+ * hold numbers as doubles (jq, JavaScript) keep it exact. The keys come
+ * from the system's generator. */
+stria_status_t stria__recover_new_keys(stria_coord_t *co, stria__cjob_t *j, bool keep_secret)
+{
+    stria_status_t st = STRIA_OK;
+    do {
+        uint8_t raw[8];
+        st = stria_auth_random(raw, sizeof(raw));
+        j->id = stria_get_le64(raw) >> 11;
+    } while (st == STRIA_OK && (j->id == 0 || stria__cjob_find(co, j->id) != NULL ||
+                                stria__recover_pending(co, j->id)));
+    if (st == STRIA_OK && !keep_secret)
+        st = stria_job_secret_generate(&j->secret);
+    if (st == STRIA_OK)
+        st = stria_auth_random(j->ring_key, sizeof(j->ring_key));
+    return st;
+}
+
 static void stria__rjob_remove(stria_coord_t *co, uint32_t at)
 {
     stria__rjob_free(co->rjobs[at]);
@@ -107,7 +132,7 @@ static stria_status_t stria__held_check(const stria_coord_t *co, const Stria__V1
                                (unsigned long long)h->job_id);
     if (s == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "the spec is missing");
-    if (stria__spec_check(s) != STRIA_OK)
+    if (stria__cjob_spec_check(s) != STRIA_OK)
         return stria_error_wrap(STRIA_ERR_INVALID_ARG, "the spec");
     if (s->ring_size == 0 || h->rank >= s->ring_size)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "rank %u of a ring of %u", h->rank,
@@ -213,8 +238,8 @@ static stria__cjob_t *stria__rjob_add(stria_coord_t *co, const stria__rjob_t *rj
         keys.id = id;
         keys.secret = rj->secret;
         memcpy(keys.ring_key, rj->ring_key, sizeof(keys.ring_key));
-        j = stria__job_add(co, rj->spec, &rj->layout, ring, fallback, rj->n_ranks, rj->need, "",
-                           &keys);
+        j = stria__cjob_add(co, rj->spec, &rj->layout, ring, fallback, rj->n_ranks, rj->need, "",
+                            &keys);
         stria_auth_wipe(&keys, sizeof(keys));
     }
     free(ring);
@@ -237,7 +262,7 @@ static void stria__rjob_relink(stria_coord_t *co, const stria__rjob_t *rj, stria
         return;
     /* a replacement has its job's secret: a link to another job is refused */
     stria__rjob_t *xr = stria__rjob_find(co, rj->replaces, &at);
-    stria__cjob_t *x = stria__job_find(co, rj->replaces);
+    stria__cjob_t *x = stria__cjob_find(co, rj->replaces);
     const stria_job_secret_t *xs = x != NULL ? &x->secret : xr != NULL ? &xr->secret : NULL;
     if (xs != NULL && !stria_auth_equal(xs->bytes, rj->secret.bytes, sizeof(xs->bytes))) {
         stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
@@ -251,11 +276,11 @@ static void stria__rjob_relink(stria_coord_t *co, const stria__rjob_t *rj, stria
         stria__rjob_remove(co, at);
     if (x == NULL && (x = stria__rjob_add(co, rj, rj->replaces, true)) == NULL)
         return;
-    if (stria__job_finish(co, x, S_FAILED,
-                          "a worker was lost; replaced by job %llu (this record was rebuilt from "
-                          "the replacement's after a coordinator restart)",
-                          (unsigned long long)y->id))
-        stria__job_retryable(x, NULL);
+    if (stria__cjob_finish(co, x, S_FAILED,
+                           "a worker was lost; replaced by job %llu (this record was rebuilt from "
+                           "the replacement's after a coordinator restart)",
+                           (unsigned long long)y->id))
+        stria__cjob_retryable(x, NULL);
     x->replaced_by = y->id;
     x->replace_until = -1;
     x->generation = rj->generation - 1;
@@ -280,7 +305,7 @@ static void stria__rjob_complete(stria_coord_t *co, const stria__rjob_t *rj)
         cr->bwd_done = ph == S_DONE;
         cr->arrived = rj->passes[r]; /* 1 + the last pass it started */
     }
-    stria__job_adopt(co, j, state);
+    stria__cjob_adopt(co, j, state);
     stria__rjob_relink(co, rj, j);
     co->jobs_recovered++;
     stria_log_info("job %llu rebuilt from its %u workers' reports (%s, %.1f s after start)",
@@ -291,7 +316,7 @@ static void stria__rjob_complete(stria_coord_t *co, const stria__rjob_t *rj)
 bool stria__recover_held(stria_coord_t *co, stria_rpc_call_t *call, stria__cworker_t *w,
                          const Stria__V1__HeldJob *h, bool *describe)
 {
-    stria__cjob_t *known = stria__job_find(co, h->job_id);
+    stria__cjob_t *known = stria__cjob_find(co, h->job_id);
     stria_job_secret_t secret;
     uint8_t ring_key[STRIA_AUTH_KEY_BYTES];
     stria_layout_t layout;
@@ -300,7 +325,7 @@ bool stria__recover_held(stria_coord_t *co, stria_rpc_call_t *call, stria__cwork
     char msg[400];
 
     if (known != NULL) /* the heartbeat's status of the job says the rest */
-        return !stria__terminal(known->state) && stria__job_rank_of(co, known, w) == (int)h->rank;
+        return !stria__terminal(known->state) && stria__cjob_rank_of(co, known, w) == (int)h->rank;
     if (!stria__recovering(co) || h->phase >= S_FAILED) /* a failed rank: reported as such */
         return false;
     if (stria__held_check(co, h, &layout, &need) != STRIA_OK) {
@@ -380,7 +405,7 @@ static void stria__missing_list(const stria__rjob_t *rj, char *out, size_t len)
     out[0] = '\0';
     for (uint32_t r = 0; r < rj->n_ranks; r++)
         if (rj->workers[r] == NULL)
-            stria__rank_list_add(out, len, &used, &n, r);
+            stria__cjob_rank_list_add(out, len, &used, &n, r);
 }
 
 bool stria__recover_tick(stria_coord_t *co, double now)
@@ -397,12 +422,12 @@ bool stria__recover_tick(stria_coord_t *co, double now)
         stria__cjob_t *j = stria__rjob_add(co, rj, rj->id, false);
         if (j == NULL)
             continue;
-        if (stria__job_finish(co, j, S_FAILED,
-                              "the coordinator restarted and no worker reported rank(s) %s of "
-                              "the job within its recovery window of %g s (their workers died, "
-                              "restarted or lost the job); %u of %u ranks were found",
-                              missing, co->recovery_window_s, rj->found, rj->n_ranks))
-            stria__job_retryable(j, NULL);
+        if (stria__cjob_finish(co, j, S_FAILED,
+                               "the coordinator restarted and no worker reported rank(s) %s of "
+                               "the job within its recovery window of %g s (their workers died, "
+                               "restarted or lost the job); %u of %u ranks were found",
+                               missing, co->recovery_window_s, rj->found, rj->n_ranks))
+            stria__cjob_retryable(j, NULL);
         co->jobs_unrecovered++;
     }
     for (uint32_t i = 0; i < co->n_rjobs; i++)

@@ -58,22 +58,12 @@ void stria__replace_wait(stria_coord_t *co, stria__cjob_t *j)
         return;
     j->replace_until = stria_time_now() + STRIA__REPLACE_WAIT_PERIODS * co->heartbeat_period_s;
     if (!j->reserved && j->failed_in != S_PENDING)
-        stria__job_reserve(j);
+        stria__cjob_reserve(j);
 }
 
 bool stria__replace_pending(const stria__cjob_t *j)
 {
     return j->replace_until > 0 && stria__replaceable(j);
-}
-
-bool stria__replace_live(stria_coord_t *co, const stria__cjob_t *j)
-{
-    for (int hops = 0; j != NULL && j->replaced_by != 0 && hops <= STRIA__MAX_GENERATIONS; hops++) {
-        j = stria__job_find(co, j->replaced_by);
-        if (j != NULL && !stria__terminal(j->state))
-            return true;
-    }
-    return false;
 }
 
 bool stria__replace_tick(stria_coord_t *co, double now)
@@ -91,7 +81,7 @@ bool stria__replace_tick(stria_coord_t *co, double now)
         }
         /* over, or released by a rank meanwhile: its room goes to the queue */
         if (j->reserved && stria__terminal(j->state) && !stria__replace_pending(j)) {
-            stria__job_unreserve(j);
+            stria__cjob_unreserve(j);
             freed = true;
         }
     }
@@ -118,15 +108,16 @@ static stria__cjob_t *stria__replacement_add(stria_coord_t *co, stria__cjob_t *j
     stria__scratch_t b = {0};
     stria_layout_t layout;
     stria__cjob_t keys, *y = NULL;
-    Stria__V1__Assignment *a = stria__reply_assignment(&b, j);
+    Stria__V1__JobSpec spec = j->spec; /* its placement is the ranks' */
+    bool placed = stria__cjob_placement(&b, j, &spec);
     memset(&keys, 0, sizeof(keys));
     keys.secret = j->secret; /* the old job's exports prove the new one */
-    if (a != NULL && !b.oom &&
+    if (placed &&
         stria_layout_init((stria_layout_kind_t)j->spec.layout, (int)j->n_ranks,
                           (int64_t)j->spec.seq_len, &layout) == STRIA_OK &&
-        stria__job_new_keys(co, &keys, true) == STRIA_OK)
-        y = stria__job_add(co, a->spec, &layout, ring, fallback, j->n_ranks, j->mem_per_rank,
-                           j->client, &keys);
+        stria__recover_new_keys(co, &keys, true) == STRIA_OK)
+        y = stria__cjob_add(co, &spec, &layout, ring, fallback, j->n_ranks, j->mem_per_rank,
+                            j->client, &keys);
     stria_auth_wipe(&keys, sizeof(keys));
     stria__scratch_free(&b);
     if (y == NULL)
@@ -182,8 +173,8 @@ static bool stria__replace(stria_coord_t *co, stria__cjob_t *j, const stria__cwo
         snprintf(why, sizeof(why), "out of memory");
     free(ring);
     free(fallback);
-    j->replace_until = -1;   /* tried: whatever comes, once */
-    stria__job_unreserve(j); /* held while it waited: y's now, or the queue's */
+    j->replace_until = -1;    /* tried: whatever comes, once */
+    stria__cjob_unreserve(j); /* held while it waited: y's now, or the queue's */
     if (j->blamed_worker == 0)
         j->blamed_worker = w->id;
     if (y == NULL) {
@@ -213,7 +204,7 @@ bool stria__replace_lost(stria_coord_t *co, stria__cworker_t *w)
      * w (nor is it failed): the loop passes over it. */
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         stria__cjob_t *j = co->jobs[i];
-        if (!stria__replaceable(j) || !stria__job_has_worker(j, w))
+        if (!stria__replaceable(j) || !stria__cjob_has_worker(j, w))
             continue;
         /* failed just now for w (blamed on it; every path that does so
          * comes here), or waiting for a verdict */

@@ -1,17 +1,7 @@
-/* The coordinator's replies: job and worker records and assignments,
- * built on a scratch list (coord_scratch.c), and the sending
- * of a reply so built. */
+/* The coordinator's replies: worker and job records and assignments, built
+ * on a scratch list (coord_scratch.c), and the sending of a reply so built.
+ * Everything runs on the RPC loop thread. */
 #include "coord_int.h"
-#include "stria_kernels.h"
-
-#include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-/* ---- reply building ------------------------------------------------------ */
 
 /* Replies, or fails the call when building ran out of memory. */
 void stria__reply_send(stria__scratch_t *b, stria_rpc_call_t *call, const ProtobufCMessage *msg)
@@ -21,14 +11,6 @@ void stria__reply_send(stria__scratch_t *b, stria_rpc_call_t *call, const Protob
     else
         stria_rpc_call_reply(call, msg, NULL, 0, NULL, NULL);
     stria__scratch_free(b);
-}
-
-bool stria__job_has_worker(const stria__cjob_t *j, const stria__cworker_t *w)
-{
-    for (uint32_t r = 0; r < j->n_ranks; r++)
-        if (j->ranks[r].worker == w)
-            return true;
-    return false;
 }
 
 void stria__reply_worker(stria__scratch_t *b, const stria_coord_t *co, stria__cworker_t *w,
@@ -66,7 +48,7 @@ void stria__reply_worker(stria__scratch_t *b, const stria_coord_t *co, stria__cw
     out->device_index = w->device_index;
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         const stria__cjob_t *j = co->jobs[i];
-        if (j->reserved && stria__job_has_worker(j, w))
+        if (j->reserved && stria__cjob_has_worker(j, w))
             n++;
     }
     if (n == 0)
@@ -76,31 +58,9 @@ void stria__reply_worker(stria__scratch_t *b, const stria_coord_t *co, stria__cw
         return;
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         const stria__cjob_t *j = co->jobs[i];
-        if (j->reserved && stria__job_has_worker(j, w))
+        if (j->reserved && stria__cjob_has_worker(j, w))
             out->job_ids[out->n_job_ids++] = j->id;
     }
-}
-
-/* The spec's placement, one entry per rank; false when out of memory. */
-static bool stria__fill_placement(stria__scratch_t *b, const stria__cjob_t *j,
-                                  Stria__V1__JobSpec *s)
-{
-    Stria__V1__JobSpec__Placement **pl;
-    if (!j->placed)
-        return true;
-    if ((pl = stria__scratch_alloc(b, j->n_ranks * sizeof(*pl))) == NULL)
-        return false;
-    for (uint32_t r = 0; r < j->n_ranks; r++) {
-        if ((pl[r] = stria__scratch_alloc(b, sizeof(**pl))) == NULL)
-            return false;
-        stria__v1__job_spec__placement__init(pl[r]);
-        pl[r]->host = j->ranks[r].place_host;
-        pl[r]->has_device_index = j->ranks[r].place_has_device;
-        pl[r]->device_index = j->ranks[r].place_device;
-    }
-    s->placement = pl;
-    s->n_placement = j->n_ranks;
-    return true;
 }
 
 Stria__V1__Assignment *stria__reply_assignment(stria__scratch_t *b, const stria__cjob_t *j)
@@ -113,7 +73,7 @@ Stria__V1__Assignment *stria__reply_assignment(stria__scratch_t *b, const stria_
         return NULL;
     stria__v1__assignment__init(a);
     *spec = j->spec;
-    if (!stria__fill_placement(b, j, spec))
+    if (!stria__cjob_placement(b, j, spec))
         return NULL;
     a->job_id = j->id;
     a->spec = spec;
@@ -154,17 +114,6 @@ Stria__V1__Assignment *stria__reply_assignment(stria__scratch_t *b, const stria_
     return a;
 }
 
-uint32_t stria__queue_position(const stria_coord_t *co, const stria__cjob_t *j)
-{
-    uint32_t pos = 0;
-    if (j->state != S_PENDING)
-        return 0;
-    for (uint32_t i = 0; i < co->n_jobs && co->jobs[i] != j; i++)
-        if (co->jobs[i]->state == S_PENDING)
-            pos++;
-    return pos + 1;
-}
-
 Stria__V1__JobInfo *stria__reply_job(stria__scratch_t *b, const stria_coord_t *co,
                                      const stria__cjob_t *j)
 {
@@ -185,7 +134,7 @@ Stria__V1__JobInfo *stria__reply_job(stria__scratch_t *b, const stria_coord_t *c
         info->blamed_worker_ids = (uint64_t *)&j->blamed_worker;
         info->n_blamed_worker_ids = 1;
     }
-    info->queue_position = stria__queue_position(co, j);
+    info->queue_position = stria__cjob_queue_position(co, j);
     info->replaced_by = j->replaced_by;
     info->replaces = j->replaces;
     info->generation = j->generation;

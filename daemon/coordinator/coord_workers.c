@@ -1,5 +1,5 @@
-/* The coordinator's handlers for workers: registration, heartbeats, job
- * reports, deregistration. */
+/* The coordinator's workers: their table (a worker found by id, forgotten)
+ * and their handlers: registration, heartbeats, job reports. */
 #include "coord_int.h"
 #include "stria_kernels.h"
 
@@ -35,6 +35,28 @@ static stria_status_t stria__check_address(const char *what, const char *addr)
     return STRIA_OK;
 }
 
+stria__cworker_t *stria__cworker_find(stria_coord_t *co, uint64_t id)
+{
+    return stria__index_get(&co->worker_ids, id, 0);
+}
+
+void stria__cworker_forget(stria_coord_t *co, stria__cworker_t *w, const char *why)
+{
+    uint32_t k = 0;
+    stria_log_info("worker %llu (%s, %s) forgotten: %s", (unsigned long long)w->id, w->host,
+                   w->rpc_address, why);
+    for (uint32_t i = 0; i < co->n_workers; i++)
+        if (co->workers[i] != w)
+            co->workers[k++] = co->workers[i];
+    co->n_workers = k;
+    stria__index_del(&co->worker_ids, w->id, 0);
+    stria__cmet_worker_forget(co, w);
+    stria__recover_worker_gone(co, w);
+    w->forgotten = true;
+    if (w->job_refs == 0)
+        free(w);
+}
+
 /* A full table: forgets the dead or departed worker silent longest, if
  * any, to make room for a registration. */
 static bool stria__make_room(stria_coord_t *co)
@@ -47,7 +69,7 @@ static bool stria__make_room(stria_coord_t *co)
     }
     if (oldest == NULL)
         return false;
-    stria__worker_forget(co, oldest, "the worker table is full");
+    stria__cworker_forget(co, oldest, "the worker table is full");
     return true;
 }
 
@@ -104,7 +126,7 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
         rejoined = true;
         if (w->incarnation != req->incarnation && !w->left) {
             stria__cmet_count_error(co, STRIA__E_WORKER_RESTARTED);
-            stria__fail_jobs_of(co, w, "restarted and lost the job");
+            stria__cjob_fail_worker(co, w, "restarted and lost the job");
             stria__replace_lost(co, w);
         }
         tmp.id = w->id;
@@ -162,14 +184,14 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
     rep.worker_id = w->id;
     rep.heartbeat_period_ms = (uint32_t)ceil(co->heartbeat_period_s * 1000.0);
     rep.rejoined = rejoined;
-    stria__schedule(co);
+    stria__cjob_schedule(co);
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
 stria__cworker_t *stria__call_worker(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
                                      uint64_t id, uint64_t incarnation, bool heartbeat)
 {
-    stria__cworker_t *w = stria__worker_find(co, id);
+    stria__cworker_t *w = stria__cworker_find(co, id);
     if (w != NULL && w->incarnation == incarnation && !(heartbeat && w->left))
         return w;
     stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
@@ -229,8 +251,8 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     w->awaiting_jobs = false;
     for (size_t i = 0; i < req->n_jobs; i++) {
         const Stria__V1__WorkerJobStatus *js = req->jobs[i];
-        stria__cjob_t *j = stria__job_find(co, js->job_id);
-        int r = j != NULL && !stria__terminal(j->state) ? stria__job_rank_of(co, j, w) : -1;
+        stria__cjob_t *j = stria__cjob_find(co, js->job_id);
+        int r = j != NULL && !stria__terminal(j->state) ? stria__cjob_rank_of(co, j, w) : -1;
         if (r >= 0) {
             stria__crank_t *cr = &j->ranks[r];
             cr->step = js->step;
@@ -270,19 +292,19 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
     rep.draining = w->draining;
     rep.describe_jobs = describe;
     if (rep.rejoined || req->n_held_jobs > 0)
-        stria__schedule(co);
+        stria__cjob_schedule(co);
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
     free(drop);
 }
 
 /* A rank of job j (on worker w) starts a forward (`bwd` false) or backward
  * pass (req: its report); returns whether every rank has arrived at that pass
- * (stria__job_arrive). The first rank moves the job to running it and clears
+ * (stria__cjob_arrive). The first rank moves the job to running it and clears
  * every rank's done flag of that pass. */
 static bool stria__pass_started(stria__cjob_t *j, const Stria__V1__ReportJobRequest *req,
                                 stria__cworker_t *w, bool bwd)
 {
-    bool all_arrived = stria__job_arrive(j, req->rank, req->pass, bwd);
+    bool all_arrived = stria__cjob_arrive(j, req->rank, req->pass, bwd);
     Stria__V1__JobState running = bwd ? S_RUNNING_BACKWARD : S_RUNNING_FORWARD;
     if (j->state != running) {
         if (bwd && j->times.forward_done_ms == 0)
@@ -323,7 +345,7 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
     stria_coord_t *co = ctx;
     const Stria__V1__ReportJobRequest *req = STRIA__REQ(Stria__V1__ReportJobRequest, call);
     Stria__V1__ReportJobReply rep = STRIA__V1__REPORT_JOB_REPLY__INIT;
-    stria__cjob_t *j = stria__job_find(co, req->job_id);
+    stria__cjob_t *j = stria__cjob_find(co, req->job_id);
     stria__crank_t *cr;
     stria__cworker_t *w;
 
@@ -378,14 +400,14 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED:
         stria__cmet_count_error(co, STRIA__E_PASS_FAILED);
-        if (stria__job_finish(co, j, S_FAILED, "rank %u (worker %llu at %s): %.400s", req->rank,
-                              (unsigned long long)w->id, w->rpc_address,
-                              req->message[0] ? req->message : "failed without a reason") &&
+        if (stria__cjob_finish(co, j, S_FAILED, "rank %u (worker %llu at %s): %.400s", req->rank,
+                               (unsigned long long)w->id, w->rpc_address,
+                               req->message[0] ? req->message : "failed without a reason") &&
             req->retryable) {
-            stria__job_retryable(j, NULL);
+            stria__cjob_retryable(j, NULL);
             stria__replace_wait(co, j); /* its worker may be the one lost */
         }
-        stria__schedule(co);
+        stria__cjob_schedule(co);
         break;
     default:
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "ReportJob: unknown event %d",
