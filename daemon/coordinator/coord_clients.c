@@ -197,7 +197,7 @@ static bool stria__submit_reply(stria_coord_t *co, stria_rpc_call_t *call, const
     return true;
 }
 
-void stria__on_submit(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_submit(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__SubmitJobRequest *req = STRIA__REQ(Stria__V1__SubmitJobRequest, call);
@@ -352,17 +352,17 @@ static bool stria__get_job_access(stria_rpc_call_t *call, const Stria__V1__GetJo
 static void stria__unknown_job(const stria_coord_t *co, stria_rpc_call_t *call, const char *method,
                                uint64_t id, bool owner)
 {
-    if (stria__recovering(co) && owner)
+    if (stria__recover_active(co) && owner)
         stria_rpc_call_fail_r(call, STRIA_ERR_BUSY, true,
                               "%s: job %llu is not known yet: the coordinator restarted and "
                               "rebuilds its jobs from the workers' reports for %.1f s more; try "
                               "again",
-                              method, (unsigned long long)id, stria__recovery_left(co));
-    else if (stria__recovering(co))
+                              method, (unsigned long long)id, stria__recover_left(co));
+    else if (stria__recover_active(co))
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND,
                             "%s: job %llu is unknown (the coordinator restarted and rebuilds its "
                             "jobs from the workers' reports for %.1f s more)",
-                            method, (unsigned long long)id, stria__recovery_left(co));
+                            method, (unsigned long long)id, stria__recover_left(co));
     else
         stria_rpc_call_fail(call, STRIA_ERR_NOT_FOUND, "%s: job %llu is unknown", method,
                             (unsigned long long)id);
@@ -378,7 +378,7 @@ static stria__cjob_t *stria__call_job(stria_coord_t *co, stria_rpc_call_t *call,
     return j;
 }
 
-void stria__on_get_job(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_get_job(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__GetJobRequest *req = STRIA__REQ(Stria__V1__GetJobRequest, call);
@@ -432,7 +432,7 @@ static uint32_t stria__release_ranks(stria_coord_t *co, stria__cjob_t *j,
     return held;
 }
 
-void stria__on_release(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_release(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__ReleaseJobRequest *req = STRIA__REQ(Stria__V1__ReleaseJobRequest, call);
@@ -459,7 +459,7 @@ void stria__on_release(void *ctx, stria_rpc_call_t *call)
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
-void stria__on_cancel(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_cancel(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__CancelJobRequest *req = STRIA__REQ(Stria__V1__CancelJobRequest, call);
@@ -479,7 +479,7 @@ void stria__on_cancel(void *ctx, stria_rpc_call_t *call)
 
 /* ---- handlers: status ---------------------------------------------------- */
 
-void stria__on_status(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_status(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     Stria__V1__GetStatusReply rep = STRIA__V1__GET_STATUS_REPLY__INIT;
@@ -499,7 +499,7 @@ void stria__on_status(void *ctx, stria_rpc_call_t *call)
     }
     rep.jobs_submitted = co->jobs_submitted;
     rep.jobs_failed = co->jobs_failed;
-    rep.recovery_left_ms = (uint32_t)ceil(1000.0 * stria__recovery_left(co));
+    rep.recovery_left_ms = (uint32_t)ceil(1000.0 * stria__recover_left(co));
     rep.jobs_recovered = (uint32_t)co->jobs_recovered;
     rep.auth_required = co->auth_required;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
@@ -507,7 +507,7 @@ void stria__on_status(void *ctx, stria_rpc_call_t *call)
 
 /* Ring (as_members) or worker list: every worker in ring order, then the
  * draining and dead ones. */
-static void stria__on_workers(stria_coord_t *co, stria_rpc_call_t *call, bool as_members)
+static void stria__cclient_on_workers(stria_coord_t *co, stria_rpc_call_t *call, bool as_members)
 {
     Stria__V1__GetRingReply ring_rep = STRIA__V1__GET_RING_REPLY__INIT;
     Stria__V1__ListWorkersReply list_rep = STRIA__V1__LIST_WORKERS_REPLY__INIT;
@@ -552,17 +552,17 @@ static void stria__on_workers(stria_coord_t *co, stria_rpc_call_t *call, bool as
     }
 }
 
-void stria__on_ring(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_ring(void *ctx, stria_rpc_call_t *call)
 {
-    stria__on_workers(ctx, call, true);
+    stria__cclient_on_workers(ctx, call, true);
 }
 
-void stria__on_list_workers(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_list_workers(void *ctx, stria_rpc_call_t *call)
 {
-    stria__on_workers(ctx, call, false);
+    stria__cclient_on_workers(ctx, call, false);
 }
 
-void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_list_jobs(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__ListJobsRequest *req = STRIA__REQ(Stria__V1__ListJobsRequest, call);
@@ -588,7 +588,7 @@ void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call)
     stria__reply_send(&b, call, &rep.base);
 }
 
-void stria__on_drain(void *ctx, stria_rpc_call_t *call)
+void stria__cclient_on_drain(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__DrainWorkerRequest *req = STRIA__REQ(Stria__V1__DrainWorkerRequest, call);
@@ -624,50 +624,4 @@ void stria__on_drain(void *ctx, stria_rpc_call_t *call)
     stria__reply_worker(&b, co, w, idx, &info);
     rep.worker = &info;
     stria__reply_send(&b, call, &rep.base);
-}
-
-/* A worker shutting down: out of the ring now, not after missed heartbeats,
- * and its jobs fail at once with a reason an operator understands. */
-void stria__on_deregister(void *ctx, stria_rpc_call_t *call)
-{
-    stria_coord_t *co = ctx;
-    const Stria__V1__DeregisterWorkerRequest *req =
-        STRIA__REQ(Stria__V1__DeregisterWorkerRequest, call);
-    Stria__V1__DeregisterWorkerReply rep = STRIA__V1__DEREGISTER_WORKER_REPLY__INIT;
-    stria__cworker_t *w =
-        stria__call_worker(co, call, "DeregisterWorker", req->worker_id, req->incarnation, false);
-    char why[600];
-
-    if (w == NULL)
-        return;
-    if (strlen(req->reason) > 256) {
-        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
-                            "DeregisterWorker: reason is longer than 256 bytes");
-        return;
-    }
-    if (!w->left) {
-        snprintf(why, sizeof(why), "worker %llu (%s) %.256s", (unsigned long long)w->id,
-                 w->rpc_address, req->reason[0] ? req->reason : "shut down");
-        for (uint32_t i = 0; i < co->n_jobs; i++) {
-            stria__cjob_t *j = co->jobs[i];
-            if (stria__terminal(j->state) || !stria__cjob_has_worker(j, w))
-                continue;
-            if (stria__cjob_finish(co, j, S_FAILED, "%s", why))
-                stria__cjob_retryable(j, w);
-            rep.jobs_failed++;
-        }
-        w->left = true;
-        w->dead = true;
-        w->last_seen = stria_time_now(); /* the retention counts from here */
-        w->current_job = 0;
-        w->step = w->steps_total = 0;
-        w->in_use = 0;
-        stria__replace_lost(co, w);
-        stria_log_info("worker %llu (%s, %s) left the ring: %s; %u unfinished job(s) failed",
-                       (unsigned long long)w->id, w->host, w->rpc_address,
-                       req->reason[0] ? req->reason : "shut down", rep.jobs_failed);
-        stria__cjob_schedule(co);
-    }
-    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }

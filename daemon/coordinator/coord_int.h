@@ -15,8 +15,8 @@
  *                                        and keys of new jobs
  *   coord_replace.c   stria__replace_*   a sharded job's lost worker replaced
  *   coord_reply.c     stria__reply_*     worker and job records, assignments
- *   coord_workers.c   stria__cworker_*   the worker table; the workers' handlers
- *   coord_clients.c   stria__on_*        the clients' and admins' handlers
+ *   coord_workers.c   stria__cworker_*   the worker table, the workers' handlers
+ *   coord_clients.c   stria__cclient_*   the clients' and admins' handlers
  *   coord.c           stria__coord_*     the tick, start and stop
  */
 #ifndef STRIA_COORD_INT_H
@@ -455,9 +455,9 @@ stria__cworker_t *stria__place_spare(stria_coord_t *co, const stria__cjob_t *j, 
 /* ---- coord_recover.c: jobs rebuilt after a restart; new jobs' keys -------- */
 
 /* Whether the recovery window is open. */
-bool stria__recovering(const stria_coord_t *co);
+bool stria__recover_active(const stria_coord_t *co);
 /* Seconds left of the recovery window (0: over). */
-double stria__recovery_left(const stria_coord_t *co);
+double stria__recover_left(const stria_coord_t *co);
 /* A job of which some ranks were described and not all yet. */
 bool stria__recover_pending(const stria_coord_t *co, uint64_t id);
 /* A new job id and ring key into j (the secret: a new one unless
@@ -516,24 +516,25 @@ void stria__cworker_forget(stria_coord_t *co, stria__cworker_t *w, const char *w
 /* The registered worker a call names by id and incarnation, or NULL after
  * failing the call (not found); with `heartbeat`, a worker that left counts
  * as not registered and the message says to register again. */
-stria__cworker_t *stria__call_worker(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
-                                     uint64_t id, uint64_t incarnation, bool heartbeat);
-void stria__on_register(void *ctx, stria_rpc_call_t *call);
-void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call);
-void stria__on_report(void *ctx, stria_rpc_call_t *call);
+stria__cworker_t *stria__cworker_of_call(stria_coord_t *co, stria_rpc_call_t *call,
+                                         const char *method, uint64_t id, uint64_t incarnation,
+                                         bool heartbeat);
+void stria__cworker_on_register(void *ctx, stria_rpc_call_t *call);
+void stria__cworker_on_heartbeat(void *ctx, stria_rpc_call_t *call);
+void stria__cworker_on_report(void *ctx, stria_rpc_call_t *call);
+void stria__cworker_on_deregister(void *ctx, stria_rpc_call_t *call);
 
 /* ---- coord_clients.c: the clients' and admins' handlers ------------------- */
 
-void stria__on_submit(void *ctx, stria_rpc_call_t *call);
-void stria__on_get_job(void *ctx, stria_rpc_call_t *call);
-void stria__on_release(void *ctx, stria_rpc_call_t *call);
-void stria__on_cancel(void *ctx, stria_rpc_call_t *call);
-void stria__on_status(void *ctx, stria_rpc_call_t *call);
-void stria__on_ring(void *ctx, stria_rpc_call_t *call);
-void stria__on_list_workers(void *ctx, stria_rpc_call_t *call);
-void stria__on_list_jobs(void *ctx, stria_rpc_call_t *call);
-void stria__on_drain(void *ctx, stria_rpc_call_t *call);
-void stria__on_deregister(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_submit(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_get_job(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_release(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_cancel(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_status(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_ring(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_list_workers(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_list_jobs(void *ctx, stria_rpc_call_t *call);
+void stria__cclient_on_drain(void *ctx, stria_rpc_call_t *call);
 
 /* ---- coord.c: the tick, start and stop ------------------------------------ */
 

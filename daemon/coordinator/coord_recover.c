@@ -51,12 +51,12 @@ struct stria__rjob {
     uint32_t generation;
 };
 
-bool stria__recovering(const stria_coord_t *co)
+bool stria__recover_active(const stria_coord_t *co)
 {
     return co->recover_until > 0 && stria_time_now() < co->recover_until;
 }
 
-double stria__recovery_left(const stria_coord_t *co)
+double stria__recover_left(const stria_coord_t *co)
 {
     double left = co->recover_until - stria_time_now();
     return co->recover_until > 0 && left > 0 ? left : 0;
@@ -326,7 +326,7 @@ bool stria__recover_held(stria_coord_t *co, stria_rpc_call_t *call, stria__cwork
 
     if (known != NULL) /* the heartbeat's status of the job says the rest */
         return !stria__terminal(known->state) && stria__cjob_rank_of(co, known, w) == (int)h->rank;
-    if (!stria__recovering(co) || h->phase >= S_FAILED) /* a failed rank: reported as such */
+    if (!stria__recover_active(co) || h->phase >= S_FAILED) /* a failed rank: reported as such */
         return false;
     if (stria__held_check(co, h, &layout, &need) != STRIA_OK) {
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());

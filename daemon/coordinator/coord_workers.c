@@ -1,5 +1,6 @@
 /* The coordinator's workers: their table (a worker found by id, forgotten)
- * and their handlers: registration, heartbeats, job reports. */
+ * and their handlers: registration, heartbeats, job reports,
+ * deregistration. */
 #include "coord_int.h"
 #include "stria_kernels.h"
 
@@ -86,7 +87,7 @@ static uint64_t stria__new_worker_id(stria_coord_t *co, uint64_t previous)
     return previous;
 }
 
-void stria__on_register(void *ctx, stria_rpc_call_t *call)
+void stria__cworker_on_register(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__RegisterWorkerRequest *req =
@@ -176,7 +177,7 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
     tmp.memory_bytes = req->memory_bytes;
     tmp.incarnation = req->incarnation;
     /* its jobs come in its next heartbeat: nothing new starts there before */
-    tmp.awaiting_jobs = req->held_jobs > 0 && stria__recovering(co);
+    tmp.awaiting_jobs = req->held_jobs > 0 && stria__recover_active(co);
     tmp.has_device_index = req->has_device_index;
     tmp.device_index = req->device_index;
     tmp.last_seen = stria_time_now();
@@ -188,8 +189,9 @@ void stria__on_register(void *ctx, stria_rpc_call_t *call)
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
-stria__cworker_t *stria__call_worker(stria_coord_t *co, stria_rpc_call_t *call, const char *method,
-                                     uint64_t id, uint64_t incarnation, bool heartbeat)
+stria__cworker_t *stria__cworker_of_call(stria_coord_t *co, stria_rpc_call_t *call,
+                                         const char *method, uint64_t id, uint64_t incarnation,
+                                         bool heartbeat)
 {
     stria__cworker_t *w = stria__cworker_find(co, id);
     if (w != NULL && w->incarnation == incarnation && !(heartbeat && w->left))
@@ -201,13 +203,13 @@ stria__cworker_t *stria__call_worker(stria_coord_t *co, stria_rpc_call_t *call, 
     return NULL;
 }
 
-void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
+void stria__cworker_on_heartbeat(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__HeartbeatRequest *req = STRIA__REQ(Stria__V1__HeartbeatRequest, call);
     Stria__V1__HeartbeatReply rep = STRIA__V1__HEARTBEAT_REPLY__INIT;
     stria__cworker_t *w =
-        stria__call_worker(co, call, "Heartbeat", req->worker_id, req->incarnation, true);
+        stria__cworker_of_call(co, call, "Heartbeat", req->worker_id, req->incarnation, true);
     double now = stria_time_now();
     uint64_t *drop;
 
@@ -270,7 +272,7 @@ void stria__on_heartbeat(void *ctx, stria_rpc_call_t *call)
             bool known = false; /* refused above: in drop already */
             for (size_t k = 0; k < refused && !known; k++)
                 known = drop[k] == js->job_id;
-            if (j == NULL && !known && stria__recovering(co)) {
+            if (j == NULL && !known && stria__recover_active(co)) {
                 /* may be rebuilt yet: kept, described if it was not */
                 describe = describe || !stria__recover_pending(co, js->job_id);
                 continue;
@@ -340,7 +342,7 @@ static void stria__pass_done(stria_coord_t *co, stria__cjob_t *j, stria__crank_t
     }
 }
 
-void stria__on_report(void *ctx, stria_rpc_call_t *call)
+void stria__cworker_on_report(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
     const Stria__V1__ReportJobRequest *req = STRIA__REQ(Stria__V1__ReportJobRequest, call);
@@ -418,5 +420,51 @@ void stria__on_report(void *ctx, stria_rpc_call_t *call)
     rep.failure = j->failure;
     rep.failure_status = j->failure_status;
     rep.failure_retryable = j->failure_retryable;
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
+
+/* A worker shutting down: out of the ring now, not after missed heartbeats,
+ * and its jobs fail at once with a reason an operator understands. */
+void stria__cworker_on_deregister(void *ctx, stria_rpc_call_t *call)
+{
+    stria_coord_t *co = ctx;
+    const Stria__V1__DeregisterWorkerRequest *req =
+        STRIA__REQ(Stria__V1__DeregisterWorkerRequest, call);
+    Stria__V1__DeregisterWorkerReply rep = STRIA__V1__DEREGISTER_WORKER_REPLY__INIT;
+    stria__cworker_t *w = stria__cworker_of_call(co, call, "DeregisterWorker", req->worker_id,
+                                                 req->incarnation, false);
+    char why[600];
+
+    if (w == NULL)
+        return;
+    if (strlen(req->reason) > 256) {
+        stria__cmet_count_error(co, STRIA__E_BAD_REQUEST);
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG,
+                            "DeregisterWorker: reason is longer than 256 bytes");
+        return;
+    }
+    if (!w->left) {
+        snprintf(why, sizeof(why), "worker %llu (%s) %.256s", (unsigned long long)w->id,
+                 w->rpc_address, req->reason[0] ? req->reason : "shut down");
+        for (uint32_t i = 0; i < co->n_jobs; i++) {
+            stria__cjob_t *j = co->jobs[i];
+            if (stria__terminal(j->state) || !stria__cjob_has_worker(j, w))
+                continue;
+            if (stria__cjob_finish(co, j, S_FAILED, "%s", why))
+                stria__cjob_retryable(j, w);
+            rep.jobs_failed++;
+        }
+        w->left = true;
+        w->dead = true;
+        w->last_seen = stria_time_now(); /* the retention counts from here */
+        w->current_job = 0;
+        w->step = w->steps_total = 0;
+        w->in_use = 0;
+        stria__replace_lost(co, w);
+        stria_log_info("worker %llu (%s, %s) left the ring: %s; %u unfinished job(s) failed",
+                       (unsigned long long)w->id, w->host, w->rpc_address,
+                       req->reason[0] ? req->reason : "shut down", rep.jobs_failed);
+        stria__cjob_schedule(co);
+    }
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
