@@ -1,5 +1,5 @@
 /* Memory pools: memory reserved once and kept, handed out lowest address
- * first. See stria_common.h.
+ * first. See stria_mempool.h.
  *
  * The pool keeps an array of blocks sorted by (region, offset): used and free
  * ranges that together cover every region. A host pool has one region, its

@@ -1,4 +1,4 @@
-/* Covered byte ranges of a chunked transfer (stria_common.h). */
+/* Covered byte ranges of a chunked transfer (stria_ranges.h). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* Per-rank timelines of ring passes as one self-contained SVG (see
- * stria_common.h): the one place that draws them, for stria-bench and
+ * stria_timeline.h): the one place that draws them, for stria-bench and
  * striactl. */
 #include "stria_timeline.h"
 #include "stria_util.h"

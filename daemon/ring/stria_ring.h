@@ -2,7 +2,7 @@
  * stria ring engine: exact attention over a ring of N ranks.
  *
  * Every rank holds one shard of the global sequence (a layout from
- * stria_common.h: striped, contiguous or zigzag) for Q, K, V and, in the
+ * stria_layout.h: striped, contiguous or zigzag) for Q, K, V and, in the
  * backward pass, O, LSE and dO. The engine runs one rank's side of a pass on
  * the calling thread and talks to its neighbours only through a ring link
  * (stria_transport.h), so the same code runs over the in-process link and
