@@ -7,7 +7,6 @@
  * docs/SECURITY.md. */
 #include <criterion/criterion.h>
 
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +16,11 @@
 #include <unistd.h>
 
 #include "deploy_util.h"
-#include "ref.h"
 #include "stria.pb-c.h"
 #include "stria_auth.h"
 #include "stria_rpc.h"
+#include "tcheck.h"
+#include "tjob.h"
 
 #define SUITE_TIMEOUT 300
 
@@ -104,9 +104,7 @@ static stria_status_t rpc_call(stria_rpc_client_t *cl, uint32_t method, const Pr
 typedef struct {
     stria_client_t *client;
     stria_job_t *job;
-    stria_job_spec_t spec;
-    size_t n, nl;
-    float *q, *k, *v, *g, *o, *lse, *dq, *dk, *dv;
+    tjob_t t; /* fp32: the values are the inputs */
 } owned_t;
 
 /* Submits a causal fp32 job (kv_heads = heads) with `token` and runs its
@@ -122,27 +120,12 @@ static void owned_start(owned_t *j, const dcluster_t *c, const char *token, int6
     p.client_name = "owner";
     p.rpc_timeout_s = 60;
     cr_assert_eq(stria_client_connect(&p, &j->client), STRIA_OK, "%s", stria_error_msg());
-    j->spec.struct_size = sizeof(j->spec);
-    j->spec.batch = 1;
-    j->spec.seq_len = seq;
-    j->spec.heads = heads;
-    j->spec.kv_heads = heads;
-    j->spec.head_dim = dim;
-    j->spec.dtype = STRIA_DTYPE_F32;
-    j->spec.causal = true;
-    j->spec.ring_size = ring;
-    j->spec.step_timeout_s = 60;
-    j->n = (size_t)(seq * heads * dim);
-    j->nl = (size_t)(heads * seq);
-    float **in[4] = {&j->q, &j->k, &j->v, &j->g};
-    for (int i = 0; i < 4; i++) {
-        *in[i] = malloc(j->n * sizeof(float));
-        ref_fill(*in[i], j->n, 700 + (uint64_t)i, 1.0f, STRIA_DTYPE_F32);
-    }
-    j->o = calloc(j->n, 4), j->dq = calloc(j->n, 4), j->dk = calloc(j->n, 4);
-    j->dv = calloc(j->n, 4), j->lse = calloc(j->nl, 4);
-    cr_assert_eq(stria_client_forward(j->client, &j->spec, j->q, j->k, j->v, j->o, j->lse, NULL,
-                                      NULL, NULL, &j->job),
+    cr_assert(tjob_init(&j->t, 1, seq, heads, heads, dim, STRIA_DTYPE_F32, true, 700),
+              "out of memory");
+    j->t.spec.ring_size = ring;
+    j->t.spec.step_timeout_s = 60;
+    cr_assert_eq(stria_client_forward(j->client, &j->t.spec, j->t.q, j->t.k, j->t.v, j->t.o,
+                                      j->t.lse, NULL, NULL, NULL, &j->job),
                  STRIA_OK, "the owner's forward: %s", stria_error_msg());
 }
 
@@ -150,40 +133,13 @@ static void owned_start(owned_t *j, const dcluster_t *c, const char *token, int6
  * tolerance of the kernels' tests), then the release. */
 static void owned_finish(owned_t *j)
 {
-    cr_assert_eq(stria_client_backward(j->job, j->g, j->dq, j->dk, j->dv, NULL, NULL, NULL),
+    cr_assert_eq(stria_client_backward(j->job, j->t.g, j->t.dq, j->t.dk, j->t.dv, NULL, NULL, NULL),
                  STRIA_OK, "the owner's backward: %s", stria_error_msg());
-    const stria_job_spec_t *s = &j->spec;
-    ref_shape_t rs = {s->batch,
-                      s->seq_len,
-                      s->seq_len,
-                      s->heads,
-                      s->kv_heads,
-                      s->head_dim,
-                      1.0 / sqrt((double)s->head_dim),
-                      true,
-                      NULL,
-                      NULL};
-    ref_out_t r64, r32;
-    ref_f64_run(&rs, j->q, j->k, j->v, j->g, &r64);
-    ref_f32_run(&rs, j->q, j->k, j->v, j->g, &r32);
-    const float *got[5] = {j->o, j->lse, j->dq, j->dk, j->dv};
-    const double *want64[5] = {r64.o, r64.lse, r64.dq, r64.dk, r64.dv};
-    const double *want32[5] = {r32.o, r32.lse, r32.dq, r32.dk, r32.dv};
-    const size_t n[5] = {j->n, j->nl, j->n, j->n, j->n};
-    const char *names[5] = {"O", "LSE", "dQ", "dK", "dV"};
-    for (int i = 0; i < 5; i++) {
-        double err = ref_max_err_f32(got[i], want64[i], n[i]);
-        double naive = ref_max_err_f64(want32[i], want64[i], n[i]);
-        double tol = 2 * naive + 2e-6 * (1 + ref_max_abs(want64[i], n[i]));
-        cr_expect(err <= tol, "%s of the owner's job: error %.3g > %.3g", names[i], err, tol);
-    }
-    ref_out_free(&r64);
-    ref_out_free(&r32);
+    tcheck_job(&j->t, true, false, "the owner's job");
     cr_expect_eq(stria_client_release(j->job), STRIA_OK, "%s", stria_error_msg());
     j->job = NULL;
     stria_client_close(j->client);
-    free(j->q), free(j->k), free(j->v), free(j->g), free(j->o), free(j->lse), free(j->dq);
-    free(j->dk), free(j->dv);
+    tjob_free(&j->t);
 }
 
 /* ---- another client's job ------------------------------------------------------ */

@@ -12,6 +12,7 @@
 
 #include "ref.h"
 #include "sim.h"
+#include "tref.h"
 
 static const stria_layout_kind_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED,
                                               STRIA_LAYOUT_ZIGZAG};
@@ -90,19 +91,10 @@ static void check_against_run(stria_layout_kind_t layout, int n, int64_t seq, bo
     ref_fill(g, nq, 4, 1, STRIA_DTYPE_F32);
     stria_ring_local_opts_t lo = {
         .layout = layout, .n_ranks = n, .passes = STRIA_RING_PASS_FWD_BWD, .step_timeout_s = 60};
-    stria_ring_local_io_t io = {.q = q,
-                                .k = k,
-                                .v = v,
-                                .o = o,
-                                .o_dtype = STRIA_DTYPE_F32,
-                                .lse = lse,
-                                .d_o = g,
-                                .dq = dq,
-                                .dk = dk,
-                                .dv = dv,
-                                .grad_dtype = STRIA_DTYPE_F32};
     stria_ring_local_stats_t stats = {.fwd_steps = fwd, .bwd_steps = bwd};
-    cr_assert_eq(stria_ring_run_local(&shape, &lo, &io, &stats), STRIA_OK, "%s", stria_error_msg());
+    void *const out[TJ_N_OUT] = {o, lse, dq, dk, dv};
+    cr_assert_eq(tref_ring_run(&shape, &lo, q, k, v, g, out, &stats), STRIA_OK, "%s",
+                 stria_error_msg());
     stria_sim_table_t t;
     cr_assert_eq(stria_sim_table(&shape, layout, n, 0, 0, &t), STRIA_OK);
     stria_sim_costs_t costs;

@@ -1,8 +1,9 @@
-/* Test-only helpers of the fault suites (test_faults, test_chaos and the
- * chaos_client helper): a job's random inputs in any dtype, and the check
+/* Test-only helpers of the fault suites (test_faults, test_restart,
+ * test_session, test_netns, test_chaos and the chaos_client helper): a
+ * job's random inputs in any dtype (tests/support/tjob.h), and the check
  * that a job's outputs are bit for bit those of the in-process ring of the
- * size and layout that finally ran it. No Criterion here: chaos_client is a
- * process of its own. */
+ * size and layout that finally ran it (tests/support/tref.h). No Criterion
+ * here: chaos_client is a process of its own. */
 #ifndef STRIA_TEST_FAULT_UTIL_H
 #define STRIA_TEST_FAULT_UTIL_H
 
@@ -11,18 +12,14 @@
 #include <stdint.h>
 
 #include "stria_client.h"
+#include "tjob.h"
 
-typedef struct {
-    stria_job_spec_t spec;
-    void *q, *k, *v, *g;    /* inputs in spec.dtype (g: dO) */
-    void *o, *dq, *dk, *dv; /* outputs in spec.dtype */
-    float *lse;
-    size_t nq, nk, nl, es; /* elements of Q, K, LSE; bytes of an element */
-} fu_job_t;
+typedef tjob_t fu_job_t;
 
 /* A job of [batch, seq, heads|kv_heads, head_dim] with inputs uniform in
- * [-1, 1) from `seed`; the spec's other fields zero (ring_size, layout:
- * set them after). Returns false when out of memory. */
+ * [-1, 1) from `seed` (tjob_init() from seed * 4 + 1); the spec's other
+ * fields zero (ring_size, layout: set them after). Returns false when out
+ * of memory. */
 bool fu_job_init(fu_job_t *j, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                  int64_t head_dim, stria_dtype_t dtype, bool causal, uint64_t seed);
 void fu_job_free(fu_job_t *j);

@@ -18,11 +18,12 @@
 
 #include "deploy_util.h"
 #include "proc.h"
-#include "ref.h"
 #include "stria.pb-c.h"
 #include "stria_client.h"
 #include "stria_ring.h"
 #include "stria_rpc.h"
+#include "tcheck.h"
+#include "tjob.h"
 
 #define T_TIMEOUT 240
 #define MiB       ((uint64_t)1 << 20)
@@ -144,56 +145,20 @@ static Stria__V1__JobState job_state(const dcluster_t *c, uint64_t id, uint64_t 
 
 /* ---- a job's tensors and its in-process reference ----------------------------- */
 
-typedef struct {
-    stria_job_spec_t spec;
-    size_t nq, nk, nl, es;
-    void *q, *k, *v, *g, *o, *lse, *dq, *dk, *dv;
-} tj_t;
-
-static void tj_init(tj_t *t, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+/* A causal job's tensors (tests/support/tjob.h) for a ring of `ring` in
+ * `layout`, with steps of 10 s at most. */
+static void tj_init(tjob_t *t, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                     stria_dtype_t dt, stria_layout_kind_t layout, int ring, uint64_t seed)
 {
-    memset(t, 0, sizeof(*t));
-    t->spec = (stria_job_spec_t)STRIA_JOB_SPEC_INIT;
-    t->spec.batch = B;
-    t->spec.seq_len = S;
-    t->spec.heads = H;
-    t->spec.kv_heads = Hkv;
-    t->spec.head_dim = D;
-    t->spec.dtype = dt;
-    t->spec.causal = true;
+    cr_assert(tjob_init(t, B, S, H, Hkv, D, dt, true, seed), "out of memory");
     t->spec.layout = layout;
     t->spec.ring_size = ring;
     t->spec.step_timeout_s = 10;
-    t->es = stria_dtype_size(dt);
-    t->nq = (size_t)(B * S * H * D);
-    t->nk = (size_t)(B * S * Hkv * D);
-    t->nl = (size_t)(B * H * S);
-    void **in[4] = {&t->q, &t->k, &t->v, &t->g};
-    size_t n[4] = {t->nq, t->nk, t->nk, t->nq};
-    for (int i = 0; i < 4; i++) {
-        float *f = malloc(n[i] * 4);
-        ref_fill(f, n[i], seed + (uint64_t)i, 1.0f, dt);
-        *in[i] = malloc(n[i] * t->es);
-        ref_to_dtype(f, n[i], dt, *in[i]);
-        free(f);
-    }
-    t->o = calloc(t->nq, t->es);
-    t->dq = calloc(t->nq, t->es);
-    t->dk = calloc(t->nk, t->es);
-    t->dv = calloc(t->nk, t->es);
-    t->lse = calloc(t->nl, 4);
-}
-
-static void tj_free(tj_t *t)
-{
-    free(t->q), free(t->k), free(t->v), free(t->g), free(t->o), free(t->lse), free(t->dq);
-    free(t->dk), free(t->dv);
 }
 
 /* Forward and backward through libstria; the job's id and its admission
  * figure per rank. */
-static void tj_run(const dcluster_t *c, tj_t *t, uint64_t *id, uint64_t *per_rank)
+static void tj_run(const dcluster_t *c, tjob_t *t, uint64_t *id, uint64_t *per_rank)
 {
     stria_client_params_t p = STRIA_CLIENT_PARAMS_INIT;
     stria_client_t *client = NULL;
@@ -213,39 +178,11 @@ static void tj_run(const dcluster_t *c, tj_t *t, uint64_t *id, uint64_t *per_ran
 }
 
 /* The same job through the in-process ring: every output bit for bit. */
-static void tj_expect_in_process(const tj_t *t, const char *what)
+static void tj_expect_in_process(const tjob_t *t, const char *what)
 {
-    const stria_job_spec_t *s = &t->spec;
-    stria_ring_shape_t shape = {.batch = s->batch,
-                                .seq = s->seq_len,
-                                .heads = s->heads,
-                                .kv_heads = s->kv_heads,
-                                .head_dim = s->head_dim,
-                                .causal = s->causal,
-                                .dtype = s->dtype};
     stria_ring_local_opts_t lo = {
-        .layout = s->layout, .n_ranks = s->ring_size, .passes = STRIA_RING_PASS_FWD_BWD};
-    tj_t r = *t;
-    r.o = calloc(t->nq, t->es), r.dq = calloc(t->nq, t->es), r.dk = calloc(t->nk, t->es);
-    r.dv = calloc(t->nk, t->es), r.lse = calloc(t->nl, 4);
-    stria_ring_local_io_t io = {.q = t->q,
-                                .k = t->k,
-                                .v = t->v,
-                                .o = r.o,
-                                .o_dtype = s->dtype,
-                                .lse = r.lse,
-                                .d_o = t->g,
-                                .dq = r.dq,
-                                .dk = r.dk,
-                                .dv = r.dv,
-                                .grad_dtype = s->dtype};
-    cr_assert_eq(stria_ring_run_local(&shape, &lo, &io, NULL), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(memcmp(r.o, t->o, t->nq * t->es), 0, "%s: O differs", what);
-    cr_expect_eq(memcmp(r.lse, t->lse, t->nl * 4), 0, "%s: LSE differs", what);
-    cr_expect_eq(memcmp(r.dq, t->dq, t->nq * t->es), 0, "%s: dQ differs", what);
-    cr_expect_eq(memcmp(r.dk, t->dk, t->nk * t->es), 0, "%s: dK differs", what);
-    cr_expect_eq(memcmp(r.dv, t->dv, t->nk * t->es), 0, "%s: dV differs", what);
-    free(r.o), free(r.dq), free(r.dk), free(r.dv), free(r.lse);
+        .layout = t->spec.layout, .n_ranks = t->spec.ring_size, .passes = STRIA_RING_PASS_FWD_BWD};
+    tcheck_in_process(t, &lo, what);
 }
 
 /* ---- tests --------------------------------------------------------------------- */
@@ -262,7 +199,7 @@ static void reuse_case(const char *device, stria_layout_kind_t layout)
     dc_opts_t o = {.worker_device = device};
     dc_init(&c);
     dc_start(&c, 2, &o);
-    tj_t t;
+    tjob_t t;
     tj_init(&t, 3, 203, 4, 2, 64, STRIA_DTYPE_BF16, layout, 2, 7);
     uint64_t id, per_rank;
     tj_run(&c, &t, &id, &per_rank);
@@ -303,7 +240,7 @@ static void reuse_case(const char *device, stria_layout_kind_t layout)
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         cr_expect(strstr(body, want[i]) != NULL, "/metrics lacks '%s'", want[i]);
     free(body);
-    tj_free(&t);
+    tjob_free(&t);
     dc_stop(&c);
 }
 
@@ -390,7 +327,7 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
     stria_client_t *client = NULL;
     cp.coordinator = c.coord_addr;
     cr_assert_eq(stria_client_connect(&cp, &client), STRIA_OK, "%s", stria_error_msg());
-    tj_t t;
+    tjob_t t;
     stria_job_t *job = NULL;
 
     /* more than the worker offers: the coordinator refuses, naming both */
@@ -405,7 +342,7 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
     cr_expect(strstr(stria_error_msg(), want) != NULL &&
                   strstr(stria_error_msg(), "offer 20 MiB") != NULL,
               "%s", stria_error_msg());
-    tj_free(&t);
+    tjob_free(&t);
 
     tj_init(&t, 1, 512, 4, 4, 64, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 1, 4);
     cr_assert_eq(stria_rank_memory(1, 512, 4, 4, 64, STRIA_DTYPE_F32, &need), STRIA_OK);
@@ -466,7 +403,7 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
     stria_rpc_client_close(w);
     stria_rpc_client_close(co);
     stria_client_close(client);
-    tj_free(&t);
+    tjob_free(&t);
     dc_stop(&c);
 }
 
@@ -553,12 +490,12 @@ Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_
     cr_expect_gt(after.committed, before.committed, "the job's memory is kept for the next");
 
     /* the worker serves on */
-    tj_t t;
+    tjob_t t;
     uint64_t id2, per_rank;
     tj_init(&t, 1, 300, 4, 4, 64, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 1, 9);
     tj_run(&c, &t, &id2, &per_rank);
     tj_expect_in_process(&t, "the next job");
-    tj_free(&t);
+    tjob_free(&t);
     dc_stop(&c);
 }
 

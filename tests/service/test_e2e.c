@@ -23,20 +23,11 @@
 #include "stria_kernels.h"
 #include "stria_ring.h"
 #include "stria_rpc.h"
+#include "tcheck.h"
+#include "tcluster.h"
+#include "tjob.h"
 
-#define MAX_WORKERS 4
-
-typedef struct {
-    test_proc_t *coord;
-    char coord_addr[256];
-    test_proc_t *workers[MAX_WORKERS];
-    char worker_rpc[MAX_WORKERS][256];
-    int n_workers;
-    char dir[128];
-    char token_path[200];
-} cluster_t;
-
-static cluster_t cl;
+static tcluster_t cl;
 
 static char *const ucx_env[] = {"UCX_HANDLE_ERRORS=none", "UCX_TLS=tcp,sm,self",
                                 "STRIA_LOG_LEVEL=info", NULL};
@@ -55,8 +46,7 @@ static void worker_token_arg(const char *token_file, char *out, size_t len)
 
 static void start_coordinator(const char *token_file)
 {
-    char log[256], tok[256] = "", wtok[320] = "";
-    snprintf(log, sizeof(log), "%s/coordinator.log", cl.dir);
+    char tok[256] = "", wtok[320] = "";
     if (token_file) {
         snprintf(tok, sizeof(tok), "--token-file=%s", token_file);
         worker_token_arg(token_file, wtok, sizeof(wtok));
@@ -71,22 +61,14 @@ static void start_coordinator(const char *token_file)
                     token_file ? tok : NULL,
                     wtok,
                     NULL};
-    cl.coord = test_proc_start(argv, log, ucx_env);
-    cr_assert_not_null(cl.coord);
-    char line[256];
-    cr_assert(
-        test_proc_wait_line(cl.coord, "stria-coordinator listening on ", 10, line, sizeof(line)),
-        "the coordinator did not start (see %s)", log);
-    snprintf(cl.coord_addr, sizeof(cl.coord_addr), "%s",
-             line + strlen("stria-coordinator listening on "));
+    tcl_start_coordinator(&cl, argv);
 }
 
 static const char *worker_device; /* --device of the workers started next; NULL: none */
 
 static void start_worker(int i, const char *token_file)
 {
-    char log[256], tok[256] = "", wtok[320] = "";
-    snprintf(log, sizeof(log), "%s/worker%d.log", cl.dir, i);
+    char tok[256] = "", wtok[320] = "";
     if (token_file) {
         snprintf(tok, sizeof(tok), "--token-file=%s", token_file);
         worker_token_arg(token_file, wtok, sizeof(wtok));
@@ -110,15 +92,7 @@ static void start_worker(int i, const char *token_file)
         argv[at] = "--device";
         argv[at + 1] = (char *)worker_device;
     }
-    cl.workers[i] = test_proc_start(argv, log, ucx_env);
-    cr_assert_not_null(cl.workers[i]);
-    char line[256];
-    cr_assert(
-        test_proc_wait_line(cl.workers[i], "stria-worker listening rpc=", 10, line, sizeof(line)),
-        "worker %d did not start (see %s)", i, log);
-    char *rpc = line + strlen("stria-worker listening rpc=");
-    rpc[strcspn(rpc, " ")] = '\0';
-    snprintf(cl.worker_rpc[i], sizeof(cl.worker_rpc[i]), "%s", rpc);
+    tcl_start_worker(&cl, i, argv);
 }
 
 static stria_rpc_client_t *coord_client(const char *token)
@@ -158,157 +132,33 @@ static void wait_healthy(unsigned healthy, const char *token)
 
 static void start_cluster(int n, const char *token_file, const char *token)
 {
-    memset(&cl, 0, sizeof(cl));
-    snprintf(cl.dir, sizeof(cl.dir), "/tmp/stria_e2e_%d", (int)getpid());
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir -p %s", cl.dir, cl.dir);
-    cr_assert_eq(system(cmd), 0);
+    tcl_init(&cl, "e2e", ucx_env);
     start_coordinator(token_file);
     for (int i = 0; i < n; i++)
         start_worker(i, token_file);
-    cl.n_workers = n;
     wait_healthy((unsigned)n, token);
 }
 
 static void stop_cluster(void)
 {
-    for (int i = 0; i < cl.n_workers; i++)
-        if (cl.workers[i] != NULL) {
-            int st = test_proc_stop(cl.workers[i], SIGTERM, 15);
-            cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                      "worker %d did not exit cleanly on SIGTERM (status %#x)", i, st);
-        }
-    if (cl.coord != NULL) {
-        int st = test_proc_stop(cl.coord, SIGTERM, 10);
-        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                  "the coordinator did not exit cleanly on SIGTERM (status %#x)", st);
-    }
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", cl.dir);
-    (void)system(cmd);
+    tcl_stop(&cl);
 }
 
 /* ---- a job and its in-process reference ------------------------------------ */
 
-typedef struct {
-    stria_job_spec_t spec;
-    size_t nq, nk, nl, es;
-    float *qf, *kf, *vf, *gf; /* fp32 values (rounded to dtype) */
-    void *q, *k, *v, *g;      /* storage dtype */
-    void *o, *dq, *dk, *dv;   /* service outputs, storage dtype */
-    float *lse;
-} job_data_t;
-
-static void job_data_init(job_data_t *j, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+/* A job's tensors (tests/support/tjob.h) with steps of 5 s at most. */
+static void job_data_init(tjob_t *j, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                           stria_dtype_t dt, bool causal, uint64_t seed)
 {
-    memset(j, 0, sizeof(*j));
-    j->spec.struct_size = sizeof(j->spec);
-    j->spec.batch = B;
-    j->spec.seq_len = S;
-    j->spec.heads = H;
-    j->spec.kv_heads = Hkv;
-    j->spec.head_dim = D;
-    j->spec.dtype = dt;
-    j->spec.causal = causal;
+    cr_assert(tjob_init(j, B, S, H, Hkv, D, dt, causal, seed), "out of memory");
     j->spec.step_timeout_s = 5;
-    j->nq = (size_t)(B * S * H * D);
-    j->nk = (size_t)(B * S * Hkv * D);
-    j->nl = (size_t)(B * H * S);
-    j->es = stria_dtype_size(dt);
-    j->qf = malloc(j->nq * 4);
-    j->kf = malloc(j->nk * 4);
-    j->vf = malloc(j->nk * 4);
-    j->gf = malloc(j->nq * 4);
-    ref_fill(j->qf, j->nq, seed, 1.0f, dt);
-    ref_fill(j->kf, j->nk, seed + 1, 1.0f, dt);
-    ref_fill(j->vf, j->nk, seed + 2, 1.0f, dt);
-    ref_fill(j->gf, j->nq, seed + 3, 1.0f, dt);
-    j->q = malloc(j->nq * j->es);
-    j->k = malloc(j->nk * j->es);
-    j->v = malloc(j->nk * j->es);
-    j->g = malloc(j->nq * j->es);
-    ref_to_dtype(j->qf, j->nq, dt, j->q);
-    ref_to_dtype(j->kf, j->nk, dt, j->k);
-    ref_to_dtype(j->vf, j->nk, dt, j->v);
-    ref_to_dtype(j->gf, j->nq, dt, j->g);
-    j->o = calloc(j->nq, j->es);
-    j->dq = calloc(j->nq, j->es);
-    j->dk = calloc(j->nk, j->es);
-    j->dv = calloc(j->nk, j->es);
-    j->lse = calloc(j->nl, 4);
 }
 
-static void job_data_free(job_data_t *j)
+/* The service's outputs against the fp64 reference (tests/support/tcheck.h),
+ * bf16 on the workers' bf16 dot product judged by the kernels' bf16 bar. */
+static void check_outputs(const tjob_t *j, bool backward)
 {
-    free(j->qf), free(j->kf), free(j->vf), free(j->gf), free(j->q), free(j->k), free(j->v);
-    free(j->g), free(j->o), free(j->dq), free(j->dk), free(j->dv), free(j->lse);
-}
-
-/* Checks the service's outputs against the fp64 reference with the kernel
- * tolerance rule, loosened by the rounding of the outputs to the storage
- * dtype (bf16 on the workers' bf16 dot product: the kernels' bf16 bar, 2x
- * the error of the computation done in bf16, where that is wider). */
-static void check_outputs(const job_data_t *j, bool backward)
-{
-    const stria_job_spec_t *s = &j->spec;
-    ref_shape_t rs = {s->batch,
-                      s->seq_len,
-                      s->seq_len,
-                      s->heads,
-                      s->kv_heads,
-                      s->head_dim,
-                      1.0 / sqrt((double)s->head_dim),
-                      s->causal,
-                      NULL,
-                      NULL};
-    ref_out_t r64, r32, ry;
-    ref_masks_t m = {.cu_seqlens = s->cu_seqlens,
-                     .n_cu = s->n_cu_seqlens,
-                     .has_window = s->has_window,
-                     .left = s->window_left,
-                     .right = s->window_right};
-    ref_f64_run_masks(&rs, &m, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &r64);
-    ref_f32_run_masks(&rs, &m, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &r32);
-    const bool bf16_dot = s->dtype == STRIA_DTYPE_BF16 && ref_bf16_dot_default();
-    if (bf16_dot)
-        ref_bf16_run_masks(&rs, &m, j->qf, j->kf, j->vf, backward ? j->gf : NULL, &ry);
-    double round = s->dtype == STRIA_DTYPE_F32    ? 0
-                   : s->dtype == STRIA_DTYPE_BF16 ? 1.0 / 256
-                                                  : 1.0 / 2048;
-    struct {
-        const char *name;
-        const void *got;
-        stria_dtype_t dt;
-        const double *r64, *r32, *ry;
-        size_t n;
-    } outs[5] = {
-        {"O", j->o, s->dtype, r64.o, r32.o, bf16_dot ? ry.o : NULL, j->nq},
-        {"LSE", j->lse, STRIA_DTYPE_F32, r64.lse, r32.lse, NULL, j->nl},
-        {"dQ", j->dq, s->dtype, r64.dq, r32.dq, bf16_dot ? ry.dq : NULL, j->nq},
-        {"dK", j->dk, s->dtype, r64.dk, r32.dk, bf16_dot ? ry.dk : NULL, j->nk},
-        {"dV", j->dv, s->dtype, r64.dv, r32.dv, bf16_dot ? ry.dv : NULL, j->nk},
-    };
-    for (int i = 0; i < (backward ? 5 : 2); i++) {
-        float *f = malloc(outs[i].n * 4);
-        stria_dtype_convert(outs[i].dt, outs[i].got, STRIA_DTYPE_F32, f, outs[i].n);
-        double err = ref_max_err_f32(f, outs[i].r64, outs[i].n);
-        double naive = ref_max_err_f64(outs[i].r32, outs[i].r64, outs[i].n);
-        double mag = ref_max_abs(outs[i].r64, outs[i].n);
-        double r = outs[i].dt == STRIA_DTYPE_F32 ? 0 : round;
-        double tol = 2 * naive + 2e-6 * (1 + mag) + r * mag;
-        if (outs[i].ry != NULL)
-            tol = fmax(tol,
-                       2 * ref_max_err_f64(outs[i].ry, outs[i].r64, outs[i].n) + 2e-6 * (1 + mag));
-        cr_expect(err <= tol, "%s: error %.3g > tolerance %.3g (ring of %d, S=%lld, %s)",
-                  outs[i].name, err, tol, s->ring_size, (long long)s->seq_len,
-                  stria_dtype_name(s->dtype));
-        free(f);
-    }
-    ref_out_free(&r64);
-    ref_out_free(&r32);
-    if (bf16_dot)
-        ref_out_free(&ry);
+    tcheck_job(j, backward, ref_bf16_dot_default(), "the service's outputs");
 }
 
 static stria_client_t *connect_client(const char *token)
@@ -324,7 +174,7 @@ static stria_client_t *connect_client(const char *token)
     return c;
 }
 
-static void run_job(stria_client_t *c, job_data_t *j)
+static void run_job(stria_client_t *c, tjob_t *j)
 {
     stria_job_t *job = NULL;
     cr_assert_eq(
@@ -333,7 +183,7 @@ static void run_job(stria_client_t *c, job_data_t *j)
     cr_assert_eq(stria_client_backward(job, j->g, j->dq, j->dk, j->dv, NULL, NULL, NULL), STRIA_OK,
                  "backward: %s", stria_error_msg());
     int alive = 0;
-    for (int i = 0; i < cl.n_workers; i++)
+    for (int i = 0; i < cl.n; i++)
         alive += cl.workers[i] != NULL;
     cr_expect_eq(stria_job_ring_size(job), j->spec.ring_size ? j->spec.ring_size : alive);
     cr_expect_eq(stria_job_layout(job),
@@ -360,21 +210,21 @@ Test(e2e, rings_of_2_3_4_workers_gqa_and_odd_lengths, .timeout = 300)
         {4, 130, 2, 2, STRIA_DTYPE_F16, true, STRIA_LAYOUT_CONTIGUOUS},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        job_data_t j;
+        tjob_t j;
         job_data_init(&j, 2, cases[i].S, cases[i].H, cases[i].Hkv, 32, cases[i].dt, cases[i].causal,
                       10 + i);
         j.spec.ring_size = cases[i].ring;
         j.spec.layout = cases[i].layout;
         run_job(c, &j);
         check_outputs(&j, true);
-        job_data_free(&j);
+        tjob_free(&j);
     }
     stria_client_close(c);
     stop_cluster();
 }
 
 typedef struct {
-    job_data_t j;
+    tjob_t j;
     stria_status_t st;
     char err[512];
 } concurrent_t;
@@ -417,7 +267,7 @@ Test(e2e, two_clients_at_the_same_time, .timeout = 300)
         cr_expect_eq(cc[i].st, STRIA_OK, "client %d: %s", i, cc[i].err);
         if (cc[i].st == STRIA_OK)
             check_outputs(&cc[i].j, true);
-        job_data_free(&cc[i].j);
+        tjob_free(&cc[i].j);
     }
     stop_cluster();
 }
@@ -426,7 +276,7 @@ Test(e2e, killed_worker_fails_the_job_and_the_ring_goes_on, .timeout = 300)
 {
     start_cluster(3, NULL, NULL);
     stria_client_t *c = connect_client(NULL);
-    job_data_t j;
+    tjob_t j;
     job_data_init(&j, 1, 90, 2, 2, 32, STRIA_DTYPE_F32, true, 70);
     stria_job_t *job = NULL;
     cr_assert_eq(
@@ -451,12 +301,12 @@ Test(e2e, killed_worker_fails_the_job_and_the_ring_goes_on, .timeout = 300)
 
     /* the coordinator notices the dead worker; the next job runs on the other two */
     wait_healthy(2, NULL);
-    job_data_t j2;
+    tjob_t j2;
     job_data_init(&j2, 1, 64, 2, 1, 32, STRIA_DTYPE_BF16, true, 80);
     run_job(c, &j2);
     check_outputs(&j2, true);
-    job_data_free(&j);
-    job_data_free(&j2);
+    tjob_free(&j);
+    tjob_free(&j2);
     stria_client_close(c);
     stop_cluster();
 }
@@ -809,11 +659,11 @@ Test(e2e, token_required_everywhere, .timeout = 300)
     stria_client_close(c);
     /* the right token runs a job (the workers check it too) */
     c = connect_client("s3cret-token");
-    job_data_t j;
+    tjob_t j;
     job_data_init(&j, 1, 50, 2, 2, 16, STRIA_DTYPE_F32, true, 90);
     run_job(c, &j);
     check_outputs(&j, true);
-    job_data_free(&j);
+    tjob_free(&j);
     stria_client_close(c);
     stop_cluster();
     unlink(path);
@@ -870,11 +720,11 @@ Test(e2e, nonsense_specs_get_clear_errors, .timeout = 300)
                   "spec %zu: message '%s' lacks '%s'", i, stria_error_msg(), bad[i].needle);
     }
     /* still serving */
-    job_data_t j;
+    tjob_t j;
     job_data_init(&j, 1, 40, 2, 2, 16, STRIA_DTYPE_F32, false, 95);
     run_job(c, &j);
     check_outputs(&j, true);
-    job_data_free(&j);
+    tjob_free(&j);
     stria_client_close(c);
     stop_cluster();
 }
@@ -887,45 +737,15 @@ Test(e2e, nonsense_specs_get_clear_errors, .timeout = 300)
 /* The service's outputs of a job are bit for bit those of the same ring
  * (spec's ring_size and layout, documents and window) in this process, on
  * the plain cpu device. */
-static void expect_in_process_ring(const job_data_t *j, size_t i)
+static void expect_in_process_ring(const tjob_t *j, size_t i)
 {
     const stria_job_spec_t *s = &j->spec;
-    stria_ring_shape_t shape = {.batch = s->batch,
-                                .seq = s->seq_len,
-                                .heads = s->heads,
-                                .kv_heads = s->kv_heads,
-                                .head_dim = s->head_dim,
-                                .causal = s->causal,
-                                .dtype = s->dtype,
-                                .cu_seqlens = s->cu_seqlens,
-                                .n_cu_seqlens = s->n_cu_seqlens,
-                                .has_window = s->has_window,
-                                .window_left = s->window_left,
-                                .window_right = s->window_right};
     stria_ring_local_opts_t lo = {.layout = stria_layout_kind_resolve(s->layout, s->has_window),
                                   .n_ranks = s->ring_size,
                                   .passes = STRIA_RING_PASS_FWD_BWD};
-    void *o = calloc(j->nq, j->es), *dq = calloc(j->nq, j->es), *dk = calloc(j->nk, j->es),
-         *dv = calloc(j->nk, j->es);
-    float *lse = calloc(j->nl, 4);
-    stria_ring_local_io_t io = {.q = j->q,
-                                .k = j->k,
-                                .v = j->v,
-                                .o = o,
-                                .o_dtype = s->dtype,
-                                .lse = lse,
-                                .d_o = j->g,
-                                .dq = dq,
-                                .dk = dk,
-                                .dv = dv,
-                                .grad_dtype = s->dtype};
-    cr_assert_eq(stria_ring_run_local(&shape, &lo, &io, NULL), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(memcmp(o, j->o, j->nq * j->es), 0, "case %zu: O differs", i);
-    cr_expect_eq(memcmp(lse, j->lse, j->nl * 4), 0, "case %zu: LSE differs", i);
-    cr_expect_eq(memcmp(dq, j->dq, j->nq * j->es), 0, "case %zu: dQ differs", i);
-    cr_expect_eq(memcmp(dk, j->dk, j->nk * j->es), 0, "case %zu: dK differs", i);
-    cr_expect_eq(memcmp(dv, j->dv, j->nk * j->es), 0, "case %zu: dV differs", i);
-    free(o), free(dq), free(dk), free(dv), free(lse);
+    char what[32];
+    snprintf(what, sizeof(what), "case %zu", i);
+    tcheck_in_process(j, &lo, what);
 }
 
 Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
@@ -937,7 +757,7 @@ Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
     start_cluster(4, NULL, NULL);
     stria_client_t *c = connect_client(NULL);
     for (size_t i = 0; i < 3; i++) {
-        job_data_t j;
+        tjob_t j;
         job_data_init(&j, 1, 1024, 4, 2, 64, STRIA_DTYPE_BF16, true, 60 + i);
         j.spec.ring_size = 4;
         j.spec.layout = layouts[i];
@@ -968,11 +788,11 @@ Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
                          (unsigned long long)fs.ring_bytes_sent);
             cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
         }
-        job_data_free(&j);
+        tjob_free(&j);
     }
     /* The service refuses bad documents with the coordinator's message. */
     static const int64_t bad[] = {0, 17, 1000};
-    job_data_t j;
+    tjob_t j;
     stria_job_t *job = NULL;
     job_data_init(&j, 1, 1024, 4, 2, 64, STRIA_DTYPE_F32, true, 70);
     j.spec.cu_seqlens = bad;
@@ -982,7 +802,7 @@ Test(e2e, documents_and_window_through_4_workers, .timeout = 300)
         STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "cu_seqlens must end at seq_len (1024)") != NULL, "%s",
               stria_error_msg());
-    job_data_free(&j);
+    tjob_free(&j);
     stria_client_close(c);
     stop_cluster();
 }
@@ -1006,7 +826,7 @@ Test(e2e, staged_device_workers_equal_the_in_process_ring, .timeout = 300)
         {2, 77, 4, 1, STRIA_DTYPE_F32, false, STRIA_LAYOUT_ZIGZAG},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        job_data_t j;
+        tjob_t j;
         job_data_init(&j, 2, cases[i].S, cases[i].H, cases[i].Hkv, 32, cases[i].dt, cases[i].causal,
                       40 + i);
         j.spec.ring_size = cases[i].ring;
@@ -1014,7 +834,7 @@ Test(e2e, staged_device_workers_equal_the_in_process_ring, .timeout = 300)
         run_job(c, &j);
         expect_in_process_ring(&j, i);
         check_outputs(&j, true);
-        job_data_free(&j);
+        tjob_free(&j);
     }
     stria_client_close(c);
     FILE *f = fopen(log, "r");

@@ -23,34 +23,22 @@
 #include "stria_ring.h"
 #include "stria_rpc.h"
 #include "stria_shm.h"
+#include "tcluster.h"
+#include "tref.h"
 
 #define N 2
 
-static struct {
-    test_proc_t *coord, *workers[N];
-    char coord_addr[256];
-    char dir[128];
-} cl;
+static tcluster_t cl;
 
 static char *const env[] = {"UCX_HANDLE_ERRORS=none", "UCX_TLS=tcp,sm,self", NULL};
 
 static void start_cluster(void)
 {
-    char log[256], line[256], cmd[300];
-    memset(&cl, 0, sizeof(cl));
-    snprintf(cl.dir, sizeof(cl.dir), "/tmp/stria_arena_%d", (int)getpid());
-    snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir -p %s", cl.dir, cl.dir);
-    cr_assert_eq(system(cmd), 0);
-    snprintf(log, sizeof(log), "%s/coordinator.log", cl.dir);
+    tcl_init(&cl, "arena", env);
     char *cargv[] = {STRIA_COORDINATOR_BIN, "--listen", "127.0.0.1:0",
                      "--heartbeat-period",  "0.5",      NULL};
-    cl.coord = test_proc_start(cargv, log, env);
-    cr_assert(
-        test_proc_wait_line(cl.coord, "stria-coordinator listening on ", 10, line, sizeof(line)));
-    snprintf(cl.coord_addr, sizeof(cl.coord_addr), "%s",
-             line + strlen("stria-coordinator listening on "));
+    tcl_start_coordinator(&cl, cargv);
     for (int i = 0; i < N; i++) {
-        snprintf(log, sizeof(log), "%s/worker%d.log", cl.dir, i);
         char *argv[] = {STRIA_WORKER_BIN,
                         "--coordinator",
                         cl.coord_addr,
@@ -67,10 +55,7 @@ static void start_cluster(void)
                         "--runtime-dir",
                         cl.dir,
                         NULL};
-        cl.workers[i] = test_proc_start(argv, log, env);
-        cr_assert(
-            test_proc_wait_line(cl.workers[i], "stria-worker listening", 10, line, sizeof(line)),
-            "worker %d did not start (see %s)", i, log);
+        tcl_start_worker(&cl, i, argv);
     }
     /* both registered: a session of 2 opens */
     for (int t = 0; t < 100; t++) {
@@ -95,12 +80,7 @@ static void start_cluster(void)
 
 static void stop_cluster(void)
 {
-    char cmd[300];
-    for (int i = 0; i < N; i++)
-        cr_expect_eq(test_proc_stop(cl.workers[i], SIGTERM, 20), 0, "worker %d did not stop", i);
-    cr_expect_eq(test_proc_stop(cl.coord, SIGTERM, 20), 0);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", cl.dir);
-    cr_expect_eq(system(cmd), 0);
+    tcl_stop(&cl);
 }
 
 static stria_client_t *client(stria_data_path_t path)
@@ -137,18 +117,9 @@ static void reference(io_t *x, int64_t seq)
     stria_ring_shape_t shape = stria_ring_shape_of(1, seq, H, HKV, D, STRIA_DTYPE_F32, true);
     stria_ring_local_opts_t lo = {
         .layout = STRIA_LAYOUT_STRIPED, .n_ranks = N, .passes = STRIA_RING_PASS_FWD_BWD};
-    stria_ring_local_io_t io = {.q = x->q,
-                                .k = x->k,
-                                .v = x->v,
-                                .o = x->o,
-                                .o_dtype = STRIA_DTYPE_F32,
-                                .lse = x->lse,
-                                .d_o = x->d_o,
-                                .dq = x->dq,
-                                .dk = x->dk,
-                                .dv = x->dv,
-                                .grad_dtype = STRIA_DTYPE_F32};
-    cr_assert_eq(stria_ring_run_local(&shape, &lo, &io, NULL), STRIA_OK, "%s", stria_error_msg());
+    void *const out[TJ_N_OUT] = {x->o, x->lse, x->dq, x->dk, x->dv};
+    cr_assert_eq(tref_ring_run(&shape, &lo, x->q, x->k, x->v, x->d_o, out, NULL), STRIA_OK, "%s",
+                 stria_error_msg());
 }
 
 static io_t *inputs(unsigned seed)

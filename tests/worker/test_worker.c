@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tref.h"
 #include "worker_fixture.h"
 
 #define TEST_TIMEOUT_S 60
@@ -96,18 +97,8 @@ Test(worker, job_lifecycle_matches_the_local_ring, .timeout = TEST_TIMEOUT_S)
     float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4);
     stria_ring_local_opts_t lo = {
         .layout = STRIA_LAYOUT_STRIPED, .n_ranks = job.n, .passes = STRIA_RING_PASS_FWD_BWD};
-    stria_ring_local_io_t io = {.q = q,
-                                .k = k,
-                                .v = v,
-                                .o = o,
-                                .o_dtype = STRIA_DTYPE_F32,
-                                .lse = lse,
-                                .d_o = d_o,
-                                .dq = dq,
-                                .dk = dk,
-                                .dv = dv,
-                                .grad_dtype = STRIA_DTYPE_F32};
-    cr_assert_eq(stria_ring_run_local(&job.shape, &lo, &io, NULL), STRIA_OK, "%s",
+    void *const out[TJ_N_OUT] = {o, lse, dq, dk, dv};
+    cr_assert_eq(tref_ring_run(&job.shape, &lo, q, k, v, d_o, out, NULL), STRIA_OK, "%s",
                  stria_error_msg());
 
     cr_assert_eq(wf_put_all(&f, &job, q, k, v, d_o), STRIA_OK, "%s", stria_error_msg());
