@@ -12,10 +12,8 @@
  * threads calling one session are served one at a time; a sharded
  * session's ranks (threads with clients of their own) get the reference's
  * bits, and a call on which the ranks disagree fails on every rank, not
- * retryably, naming a rank, and the next agreed call succeeds; a worker
- * killed or drained between calls costs the next call a reopening, not a
- * failure; so does an idle timeout; a restarted coordinator is not on a
- * call's path; and closing a session frees its memory at once. */
+ * retryably, naming a rank, and the next agreed call succeeds. (Failures
+ * between calls and closing: test_session_failures.) */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
@@ -30,134 +28,9 @@
 
 #include "deploy_util.h"
 #include "fault_util.h"
+#include "session_util.h"
 #include "stria_common.h"
 #include "stria_ring.h"
-
-#define T_TIMEOUT 120
-
-/* ---- calls and their reference ------------------------------------------------ */
-
-static stria_call_t call_of(int64_t batch, int64_t seq, bool causal)
-{
-    stria_call_t c = STRIA_CALL_INIT;
-    c.batch = batch;
-    c.seq_len = seq;
-    c.causal = causal;
-    return c;
-}
-
-static stria_session_spec_t spec_of(int64_t max_batch, int64_t max_seq, int64_t heads,
-                                    int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
-                                    stria_layout_kind_t layout, int ring)
-{
-    stria_session_spec_t s = STRIA_SESSION_SPEC_INIT;
-    s.max_batch = max_batch;
-    s.max_seq_len = max_seq;
-    s.heads = heads;
-    s.kv_heads = kv_heads;
-    s.head_dim = head_dim;
-    s.dtype = dtype;
-    s.layout = layout;
-    s.ring_size = ring;
-    s.label = "test_session";
-    return s;
-}
-
-static stria_session_t *open_session(stria_client_t *cl, const stria_session_spec_t *spec)
-{
-    stria_session_t *s = NULL;
-    cr_assert_eq(stria_session_open(cl, spec, &s), STRIA_OK, "stria_session_open: %s",
-                 stria_error_msg());
-    cr_assert_not_null(s);
-    return s;
-}
-
-/* Inputs of one call: [batch, seq, heads|kv_heads, head_dim] in the
- * session's dtype, from `seed`; outputs zeroed. */
-static void call_tensors(fu_job_t *j, const stria_session_spec_t *sp, const stria_call_t *c,
-                         uint64_t seed)
-{
-    cr_assert(fu_job_init(j, c->batch, c->seq_len, sp->heads,
-                          sp->kv_heads ? sp->kv_heads : sp->heads, sp->head_dim, sp->dtype,
-                          c->causal, seed),
-              "out of memory");
-}
-
-/* Whether j's outputs (O and LSE; with backward dQ, dK, dV too) are the
- * in-process ring's (n_ranks in `layout`) for call c, bit for bit. */
-static bool ref_equal(const fu_job_t *j, const stria_call_t *c, int n_ranks,
-                      stria_layout_kind_t layout, bool backward, char *why, size_t len)
-{
-    const stria_job_spec_t *s = &j->spec;
-    stria_ring_shape_t shape = stria_ring_shape_of(s->batch, s->seq_len, s->heads, s->kv_heads,
-                                                   s->head_dim, s->dtype, c->causal);
-    shape.scale = c->scale;
-    stria_ring_shape_set_masks(&shape, c->cu_seqlens, c->n_cu_seqlens, c->has_window,
-                               c->window_left, c->window_right);
-    stria_ring_local_opts_t lo = {.layout = layout,
-                                  .n_ranks = n_ranks,
-                                  .passes =
-                                      backward ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD,
-                                  .step_timeout_s = 30};
-    void *o = calloc(j->nq, j->es), *dq = calloc(j->nq, j->es), *dk = calloc(j->nk, j->es);
-    void *dv = calloc(j->nk, j->es);
-    float *lse = calloc(j->nl, sizeof(float));
-    cr_assert(o && dq && dk && dv && lse, "out of memory");
-    stria_ring_local_io_t io = {.q = j->q,
-                                .k = j->k,
-                                .v = j->v,
-                                .o = o,
-                                .o_dtype = s->dtype,
-                                .lse = lse,
-                                .d_o = j->g,
-                                .dq = dq,
-                                .dk = dk,
-                                .dv = dv,
-                                .grad_dtype = s->dtype};
-    bool ok = true;
-    const char *bad = NULL;
-    if (stria_ring_run_local(&shape, &lo, &io, NULL) != STRIA_OK) {
-        snprintf(why, len, "in-process ring: %s", stria_error_msg());
-        ok = false;
-    } else if (memcmp(o, j->o, j->nq * j->es) != 0)
-        bad = "O";
-    else if (memcmp(lse, j->lse, j->nl * sizeof(float)) != 0)
-        bad = "LSE";
-    else if (backward && memcmp(dq, j->dq, j->nq * j->es) != 0)
-        bad = "dQ";
-    else if (backward && memcmp(dk, j->dk, j->nk * j->es) != 0)
-        bad = "dK";
-    else if (backward && memcmp(dv, j->dv, j->nk * j->es) != 0)
-        bad = "dV";
-    if (bad != NULL) {
-        snprintf(why, len, "%s differs from the in-process ring of %d ranks (%s)", bad, n_ranks,
-                 stria_layout_kind_name(layout));
-        ok = false;
-    }
-    free(o), free(dq), free(dk), free(dv), free(lse);
-    return ok;
-}
-
-/* One call on a whole-sequence session (forward, then backward when asked)
- * with fresh inputs from `seed`, checked against the in-process ring of the
- * session's size and layout. */
-static void check_call(stria_session_t *s, const stria_session_spec_t *sp, const stria_call_t *c,
-                       bool backward, uint64_t seed, const char *what)
-{
-    fu_job_t j;
-    call_tensors(&j, sp, c, seed);
-    cr_assert_eq(stria_session_forward(s, c, j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
-                 "%s: forward: %s", what, stria_error_msg());
-    if (backward)
-        cr_assert_eq(stria_session_backward(s, c, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
-                     STRIA_OK, "%s: backward: %s", what, stria_error_msg());
-    char why[256];
-    cr_expect(ref_equal(&j, c, stria_session_ring_size(s), stria_session_layout(s), backward, why,
-                        sizeof(why)),
-              "%s (batch %lld, seq_len %lld, %scausal): %s", what, (long long)c->batch,
-              (long long)c->seq_len, c->causal ? "" : "not ", why);
-    fu_job_free(&j);
-}
 
 /* A cluster of n workers and a client of it. With `arena` the workers have
  * a runtime directory (their Unix sockets) and the client requires the
@@ -188,8 +61,8 @@ static void every_kind_of_call(stria_layout_kind_t layout, stria_dtype_t dtype, 
 {
     dcluster_t c;
     stria_client_t *cl = start(&c, workers, arena);
-    stria_session_spec_t sp = spec_of(2, 160, 4, 2, 32, dtype, layout, ring);
-    stria_session_t *s = open_session(cl, &sp);
+    stria_session_spec_t sp = se_spec_of(2, 160, 4, 2, 32, dtype, layout, ring);
+    stria_session_t *s = se_open_session(cl, &sp);
     int want_ring = ring > 0 ? ring : workers;
     cr_expect_eq(stria_session_ring_size(s), want_ring);
     cr_expect_eq(stria_session_layout(s), layout);
@@ -197,27 +70,27 @@ static void every_kind_of_call(stria_layout_kind_t layout, stria_dtype_t dtype, 
 
     static const int64_t docs[] = {0, 17, 60, 96};
     stria_call_t calls[8];
-    calls[0] = call_of(1, 160, true); /* the bounds' length */
-    calls[1] = call_of(2, 72, true);
-    calls[2] = call_of(1, 101, false);
-    calls[3] = call_of(2, 96, true); /* documents */
+    calls[0] = se_call_of(1, 160, true); /* the bounds' length */
+    calls[1] = se_call_of(2, 72, true);
+    calls[2] = se_call_of(1, 101, false);
+    calls[3] = se_call_of(2, 96, true); /* documents */
     calls[3].cu_seqlens = docs;
     calls[3].n_cu_seqlens = 4;
-    calls[4] = call_of(1, 128, true); /* a causal window */
+    calls[4] = se_call_of(1, 128, true); /* a causal window */
     calls[4].has_window = true;
     calls[4].window_left = 24;
-    calls[5] = call_of(1, 90, false); /* a two-sided window and a scale */
+    calls[5] = se_call_of(1, 90, false); /* a two-sided window and a scale */
     calls[5].has_window = true;
     calls[5].window_left = 10;
     calls[5].window_right = 20;
     calls[5].scale = 0.1f;
-    calls[6] = call_of(2, 160, false); /* the whole bounds */
-    calls[7] = call_of(1, 40, true);   /* forward only, then the first shape again */
+    calls[6] = se_call_of(2, 160, false); /* the whole bounds */
+    calls[7] = se_call_of(1, 40, true);   /* forward only, then the first shape again */
     const char *what[8] = {"160 tokens",    "batch 2",          "not causal",   "documents",
                            "causal window", "window and scale", "whole bounds", "forward only"};
     for (int i = 0; i < 8; i++)
-        check_call(s, &sp, &calls[i], i != 7, 100 + (uint64_t)i, what[i]);
-    check_call(s, &sp, &calls[0], true, 200, "160 tokens again");
+        se_check_call(s, &sp, &calls[i], i != 7, 100 + (uint64_t)i, what[i]);
+    se_check_call(s, &sp, &calls[0], true, 200, "160 tokens again");
 
     stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
     cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
@@ -271,7 +144,7 @@ static void expect_refused(stria_session_t *s, const stria_session_spec_t *sp,
         shape.batch = 1;
     if (shape.seq_len < 1)
         shape.seq_len = 1;
-    call_tensors(&j, sp, &shape, seed);
+    se_call_tensors(&j, sp, &shape, seed);
     stria_status_t st = stria_session_forward(s, bad, j.q, j.k, j.v, j.o, j.lse);
     char msg[1024];
     snprintf(msg, sizeof(msg), "%s", stria_error_msg());
@@ -284,10 +157,10 @@ static void expect_refused(stria_session_t *s, const stria_session_spec_t *sp,
               msg);
     cr_log_info("refused, %s: %s", what, msg);
     fu_job_free(&j);
-    stria_call_t good = call_of(1, 64, true);
+    stria_call_t good = se_call_of(1, 64, true);
     char after[128];
     snprintf(after, sizeof(after), "the good call after '%s'", what);
-    check_call(s, sp, &good, true, seed + 1, after);
+    se_check_call(s, sp, &good, true, seed + 1, after);
 }
 
 Test(session, call_beyond_the_bounds_is_refused_naming_the_bound, .timeout = T_TIMEOUT)
@@ -295,34 +168,34 @@ Test(session, call_beyond_the_bounds_is_refused_naming_the_bound, .timeout = T_T
     dcluster_t c;
     dc_start(&c, 2, NULL);
     stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    stria_session_spec_t sp = spec_of(3, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_AUTO, 2);
-    stria_session_t *s = open_session(cl, &sp);
+    stria_session_spec_t sp = se_spec_of(3, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_AUTO, 2);
+    stria_session_t *s = se_open_session(cl, &sp);
     cr_expect_eq(stria_session_layout(s), STRIA_LAYOUT_STRIPED, "a session's AUTO is striped");
 
-    stria_call_t bad = call_of(4, 32, true);
+    stria_call_t bad = se_call_of(4, 32, true);
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG,
                    (const char *const[]){"max_batch", "batch 4", "at most 3", NULL},
                    "batch 4 of at most 3", 10);
-    bad = call_of(1, 289, true); /* 289 > 3 x 96 */
+    bad = se_call_of(1, 289, true); /* 289 > 3 x 96 */
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG,
                    (const char *const[]){"288", "max_seq_len", "96", NULL},
                    "1 x 289 tokens of at most 288", 20);
-    bad = call_of(3, 97, true);
+    bad = se_call_of(3, 97, true);
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG,
                    (const char *const[]){"288", "max_seq_len", "96", NULL},
                    "3 x 97 tokens of at most 288", 30);
-    bad = call_of(0, 32, true);
+    bad = se_call_of(0, 32, true);
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"batch", NULL},
                    "batch 0", 40);
-    bad = call_of(1, 0, true);
+    bad = se_call_of(1, 0, true);
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"seq_len", NULL},
                    "seq_len 0", 50);
 
     /* within the bounds: batch x seq_len at most 3 x 96, in any split */
-    stria_call_t ok = call_of(1, 288, true);
-    check_call(s, &sp, &ok, true, 60, "1 x 288 tokens");
-    ok = call_of(3, 96, false);
-    check_call(s, &sp, &ok, true, 70, "3 x 96 tokens");
+    stria_call_t ok = se_call_of(1, 288, true);
+    se_check_call(s, &sp, &ok, true, 60, "1 x 288 tokens");
+    ok = se_call_of(3, 96, false);
+    se_check_call(s, &sp, &ok, true, 70, "3 x 96 tokens");
 
     stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
     cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
@@ -342,27 +215,27 @@ Test(session, bad_input_gets_a_clear_error_and_the_session_serves_on, .timeout =
     stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
 
     /* a session without bounds, or sharded without a ring size, never opens */
-    stria_session_spec_t sp = spec_of(0, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_spec_t sp = se_spec_of(0, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
     stria_session_t *s = NULL;
     cr_expect_eq(stria_session_open(cl, &sp, &s), STRIA_ERR_INVALID_ARG, "max_batch 0: %s",
                  stria_error_msg());
     cr_expect_null(s);
-    sp = spec_of(2, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 0);
+    sp = se_spec_of(2, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 0);
     sp.sharded = true;
     cr_expect_eq(stria_session_open(cl, &sp, &s), STRIA_ERR_INVALID_ARG, "sharded, ring_size 0: %s",
                  stria_error_msg());
     cr_expect_null(s);
-    sp = spec_of(2, 96, 3, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    sp = se_spec_of(2, 96, 3, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
     cr_expect_eq(stria_session_open(cl, &sp, &s), STRIA_ERR_INVALID_ARG,
                  "3 heads over 2 kv_heads: %s", stria_error_msg());
     cr_expect_null(s);
 
-    sp = spec_of(2, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
-    s = open_session(cl, &sp);
+    sp = se_spec_of(2, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    s = se_open_session(cl, &sp);
     static const int64_t short_docs[] = {0, 10, 30};
     static const int64_t late_docs[] = {5, 20, 40};
     static const int64_t back_docs[] = {0, 30, 20, 40};
-    stria_call_t bad = call_of(1, 40, true);
+    stria_call_t bad = se_call_of(1, 40, true);
     bad.cu_seqlens = short_docs;
     bad.n_cu_seqlens = 3;
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"cu_seqlens", NULL},
@@ -374,25 +247,25 @@ Test(session, bad_input_gets_a_clear_error_and_the_session_serves_on, .timeout =
     bad.n_cu_seqlens = 4;
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"cu_seqlens", NULL},
                    "cu_seqlens decreasing", 120);
-    bad = call_of(1, 40, true);
+    bad = se_call_of(1, 40, true);
     bad.has_window = true;
     bad.window_left = 8;
     bad.window_right = 5;
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"window", NULL},
                    "a causal window reaching 5 tokens ahead", 130);
-    bad = call_of(1, 40, false);
+    bad = se_call_of(1, 40, false);
     bad.window_left = 8;
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"window", NULL},
                    "window_left without has_window", 140);
-    bad = call_of(1, 40, true);
+    bad = se_call_of(1, 40, true);
     bad.struct_size = 0;
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG, (const char *const[]){"struct_size", NULL},
                    "struct_size 0", 150);
 
     /* missing tensors */
     fu_job_t j;
-    stria_call_t good = call_of(1, 40, true);
-    call_tensors(&j, &sp, &good, 160);
+    stria_call_t good = se_call_of(1, 40, true);
+    se_call_tensors(&j, &sp, &good, 160);
     cr_expect_eq(stria_session_forward(s, &good, NULL, j.k, j.v, j.o, j.lse), STRIA_ERR_INVALID_ARG,
                  "q NULL: %s", stria_error_msg());
     cr_expect_eq(stria_session_forward(s, &good, j.q, j.k, j.v, j.o, NULL), STRIA_ERR_INVALID_ARG,
@@ -406,7 +279,7 @@ Test(session, bad_input_gets_a_clear_error_and_the_session_serves_on, .timeout =
     cr_expect_neq(stria_session_forward_shard(s, &good, 0, j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
                   "forward_shard on a whole-sequence session succeeded");
     fu_job_free(&j);
-    check_call(s, &sp, &good, true, 170, "the good call after missing tensors");
+    se_check_call(s, &sp, &good, true, 170, "the good call after missing tensors");
 
     stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
     cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
@@ -481,16 +354,16 @@ static void many_calls(bool arena)
 {
     dcluster_t c;
     stria_client_t *cl = start(&c, 2, arena);
-    stria_session_spec_t sp = spec_of(1, 64, 2, 1, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
-    stria_session_t *s = open_session(cl, &sp);
+    stria_session_spec_t sp = se_spec_of(1, 64, 2, 1, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_t *s = se_open_session(cl, &sp);
     /* [worker (2: this process)][fds, threads, maps, RssAnon KiB][sample] */
     int v[3][4][N_SAMPLES];
     static const char *const names[4] = {"descriptors", "threads", "mappings", "RssAnon (KiB)"};
     static const int slack[4] = {1, 1, 2, 2048}, trend[4] = {0, 0, 1, 1024};
     pid_t pids[3] = {test_proc_pid(c.workers[0]), test_proc_pid(c.workers[1]), getpid()};
     fu_job_t j;
-    stria_call_t call = call_of(1, 48, true);
-    call_tensors(&j, &sp, &call, 300);
+    stria_call_t call = se_call_of(1, 48, true);
+    se_call_tensors(&j, &sp, &call, 300);
     int calls = 0, fault_calls = 0;
     uint64_t faults = 0;
     for (int i = 1; i <= N_ITER; i++) {
@@ -506,7 +379,7 @@ static void many_calls(bool arena)
          * process's malloc arenas before the first sample) */
         if (i % 40 == 0 || i == 10) {
             char why[256];
-            cr_expect(ref_equal(&j, &call, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
+            cr_expect(se_ref_equal(&j, &call, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
                       "call %d: %s", i, why);
         }
         stria_session_stats_t cs = STRIA_SESSION_STATS_INIT;
@@ -573,22 +446,25 @@ Test(session, two_sessions_on_the_same_workers_never_mix, .timeout = T_TIMEOUT)
     dcluster_t c;
     dc_start(&c, 2, NULL);
     stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    stria_session_spec_t spa = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
-    stria_session_spec_t spb = spec_of(2, 64, 4, 2, 32, STRIA_DTYPE_BF16, STRIA_LAYOUT_ZIGZAG, 2);
-    stria_session_t *a = open_session(cl, &spa);
-    stria_session_t *b = open_session(cl, &spb);
+    stria_session_spec_t spa =
+        se_spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_spec_t spb =
+        se_spec_of(2, 64, 4, 2, 32, STRIA_DTYPE_BF16, STRIA_LAYOUT_ZIGZAG, 2);
+    stria_session_t *a = se_open_session(cl, &spa);
+    stria_session_t *b = se_open_session(cl, &spb);
     cr_expect_neq(stria_session_id(a), stria_session_id(b));
     for (int i = 0; i < 4; i++) {
-        stria_call_t ca = call_of(1, 96 - 8 * i, true), cb = call_of(2, 64 - 5 * i, i % 2 == 0);
-        check_call(a, &spa, &ca, true, 400 + (uint64_t)i, "session A");
-        check_call(b, &spb, &cb, true, 500 + (uint64_t)i, "session B");
+        stria_call_t ca = se_call_of(1, 96 - 8 * i, true),
+                     cb = se_call_of(2, 64 - 5 * i, i % 2 == 0);
+        se_check_call(a, &spa, &ca, true, 400 + (uint64_t)i, "session A");
+        se_check_call(b, &spb, &cb, true, 500 + (uint64_t)i, "session B");
     }
     /* forward of A, forward of B, then both backwards: nothing is held
      * between calls, so the interleaving changes nothing */
     fu_job_t ja, jb;
-    stria_call_t ca = call_of(1, 80, true), cb = call_of(2, 50, true);
-    call_tensors(&ja, &spa, &ca, 600);
-    call_tensors(&jb, &spb, &cb, 700);
+    stria_call_t ca = se_call_of(1, 80, true), cb = se_call_of(2, 50, true);
+    se_call_tensors(&ja, &spa, &ca, 600);
+    se_call_tensors(&jb, &spb, &cb, 700);
     cr_assert_eq(stria_session_forward(a, &ca, ja.q, ja.k, ja.v, ja.o, ja.lse), STRIA_OK, "%s",
                  stria_error_msg());
     cr_assert_eq(stria_session_forward(b, &cb, jb.q, jb.k, jb.v, jb.o, jb.lse), STRIA_OK, "%s",
@@ -600,16 +476,16 @@ Test(session, two_sessions_on_the_same_workers_never_mix, .timeout = T_TIMEOUT)
         stria_session_backward(b, &cb, jb.q, jb.k, jb.v, jb.o, jb.lse, jb.g, jb.dq, jb.dk, jb.dv),
         STRIA_OK, "%s", stria_error_msg());
     char why[256];
-    cr_expect(ref_equal(&ja, &ca, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
+    cr_expect(se_ref_equal(&ja, &ca, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
               "A, interleaved: %s", why);
-    cr_expect(ref_equal(&jb, &cb, 2, STRIA_LAYOUT_ZIGZAG, true, why, sizeof(why)),
+    cr_expect(se_ref_equal(&jb, &cb, 2, STRIA_LAYOUT_ZIGZAG, true, why, sizeof(why)),
               "B, interleaved: %s", why);
     fu_job_free(&ja);
     fu_job_free(&jb);
     cr_expect_eq(stria_session_close(a), STRIA_OK, "%s", stria_error_msg());
     /* B outlives A */
-    stria_call_t cb2 = call_of(1, 128, true);
-    check_call(b, &spb, &cb2, true, 800, "session B after A closed");
+    stria_call_t cb2 = se_call_of(1, 128, true);
+    se_check_call(b, &spb, &cb2, true, 800, "session B after A closed");
     cr_expect_eq(stria_session_close(b), STRIA_OK, "%s", stria_error_msg());
     stria_client_close(cl);
     dc_stop(&c);
@@ -647,16 +523,17 @@ Test(session, threads_calling_one_session_are_served_one_at_a_time, .timeout = T
     dcluster_t c;
     dc_start(&c, 2, NULL);
     stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    stria_session_spec_t sp = spec_of(2, 96, 4, 2, 16, STRIA_DTYPE_BF16, STRIA_LAYOUT_STRIPED, 2);
-    stria_session_t *s = open_session(cl, &sp);
+    stria_session_spec_t sp =
+        se_spec_of(2, 96, 4, 2, 16, STRIA_DTYPE_BF16, STRIA_LAYOUT_STRIPED, 2);
+    stria_session_t *s = se_open_session(cl, &sp);
     caller_t t[3];
     pthread_t th[3];
     for (int i = 0; i < 3; i++) {
         memset(&t[i], 0, sizeof(t[i]));
         t[i].s = s;
         t[i].calls = 12;
-        t[i].call = call_of(i == 1 ? 2 : 1, 96 - 16 * i, i != 2);
-        call_tensors(&t[i].j, &sp, &t[i].call, 900 + 10 * (uint64_t)i);
+        t[i].call = se_call_of(i == 1 ? 2 : 1, 96 - 16 * i, i != 2);
+        se_call_tensors(&t[i].j, &sp, &t[i].call, 900 + 10 * (uint64_t)i);
     }
     for (int i = 0; i < 3; i++)
         cr_assert_eq(pthread_create(&th[i], NULL, caller_main, &t[i]), 0);
@@ -668,7 +545,7 @@ Test(session, threads_calling_one_session_are_served_one_at_a_time, .timeout = T
         char why[256];
         if (t[i].st == STRIA_OK)
             cr_expect(
-                ref_equal(&t[i].j, &t[i].call, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
+                se_ref_equal(&t[i].j, &t[i].call, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
                 "thread %d: %s", i, why);
         fu_job_free(&t[i].j);
     }
@@ -688,16 +565,16 @@ Test(session, two_sessions_called_at_once_from_two_clients_never_mix, .timeout =
     stria_client_t *cl[2] = {dc_client(&c, NULL, "test_session A", 0),
                              dc_client(&c, NULL, "test_session B", 0)};
     stria_session_spec_t sp[2] = {
-        spec_of(1, 128, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2),
-        spec_of(2, 64, 4, 2, 32, STRIA_DTYPE_BF16, STRIA_LAYOUT_ZIGZAG, 2)};
+        se_spec_of(1, 128, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2),
+        se_spec_of(2, 64, 4, 2, 32, STRIA_DTYPE_BF16, STRIA_LAYOUT_ZIGZAG, 2)};
     caller_t t[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
         memset(&t[i], 0, sizeof(t[i]));
-        t[i].s = open_session(cl[i], &sp[i]);
+        t[i].s = se_open_session(cl[i], &sp[i]);
         t[i].calls = 15;
-        t[i].call = i == 0 ? call_of(1, 128, true) : call_of(2, 60, false);
-        call_tensors(&t[i].j, &sp[i], &t[i].call, 950 + 10 * (uint64_t)i);
+        t[i].call = i == 0 ? se_call_of(1, 128, true) : se_call_of(2, 60, false);
+        se_call_tensors(&t[i].j, &sp[i], &t[i].call, 950 + 10 * (uint64_t)i);
     }
     for (int i = 0; i < 2; i++)
         cr_assert_eq(pthread_create(&th[i], NULL, caller_main, &t[i]), 0);
@@ -708,7 +585,7 @@ Test(session, two_sessions_called_at_once_from_two_clients_never_mix, .timeout =
                      stria_status_name(t[i].st), t[i].msg);
         char why[256];
         if (t[i].st == STRIA_OK)
-            cr_expect(ref_equal(&t[i].j, &t[i].call, 2, sp[i].layout, true, why, sizeof(why)),
+            cr_expect(se_ref_equal(&t[i].j, &t[i].call, 2, sp[i].layout, true, why, sizeof(why)),
                       "session %c: %s", 'A' + i, why);
         fu_job_free(&t[i].j);
         cr_expect_eq(stria_session_close(t[i].s), STRIA_OK, "%s", stria_error_msg());
@@ -820,10 +697,10 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
     stria_session_t *h[8];
     for (int i = 0; i < n; i++)
         cl[i] = dc_client(&c, NULL, "test_session rank", 0);
-    stria_session_spec_t sp = spec_of(2, 128, 4, 2, 16, dtype, layout, n);
+    stria_session_spec_t sp = se_spec_of(2, 128, 4, 2, 16, dtype, layout, n);
     sp.sharded = true;
     sp.arrival_timeout_s = 15;
-    h[0] = open_session(cl[0], &sp);
+    h[0] = se_open_session(cl[0], &sp);
     uint8_t ex[STRIA_SESSION_EXPORT_BYTES];
     size_t len = 0;
     cr_assert_eq(stria_session_export(h[0], ex, sizeof(ex), &len), STRIA_OK, "%s",
@@ -838,8 +715,8 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         cr_expect_eq(stria_session_id(h[i]), stria_session_id(h[0]));
     }
     static const int64_t docs[] = {0, 40, 41, 100};
-    stria_call_t calls[4] = {call_of(1, 128, true), call_of(2, 100, true), call_of(1, 77, false),
-                             call_of(2, 100, true)};
+    stria_call_t calls[4] = {se_call_of(1, 128, true), se_call_of(2, 100, true),
+                             se_call_of(1, 77, false), se_call_of(2, 100, true)};
     calls[3].cu_seqlens = docs;
     calls[3].n_cu_seqlens = 4;
     rank_t r[8];
@@ -848,7 +725,7 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         for (int i = 0; i < n; i++)
             per[i] = calls[k];
         fu_job_t j;
-        call_tensors(&j, &sp, &calls[k], 1000 + (uint64_t)k);
+        se_call_tensors(&j, &sp, &calls[k], 1000 + (uint64_t)k);
         sharded_call(h, n, &j, per, true, r);
         bool all = true;
         for (int i = 0; i < n; i++) {
@@ -858,8 +735,8 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         }
         char why[256];
         if (all)
-            cr_expect(ref_equal(&j, &calls[k], n, layout, true, why, sizeof(why)), "call %d: %s", k,
-                      why);
+            cr_expect(se_ref_equal(&j, &calls[k], n, layout, true, why, sizeof(why)), "call %d: %s",
+                      k, why);
         fu_job_free(&j);
     }
 
@@ -868,13 +745,13 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
     for (int k = 0; k < 2; k++) {
         stria_call_t per[8];
         for (int i = 0; i < n; i++)
-            per[i] = call_of(1, 96, true);
+            per[i] = se_call_of(1, 96, true);
         if (k == 0)
             per[n - 1].causal = false;
         else
             per[n - 1].seq_len = 88;
         fu_job_t j;
-        call_tensors(&j, &sp, &per[0], 1100 + (uint64_t)k);
+        se_call_tensors(&j, &sp, &per[0], 1100 + (uint64_t)k);
         double t0 = stria_time_now();
         sharded_call(h, n, &j, per, false, r);
         double took = stria_time_now() - t0;
@@ -901,9 +778,9 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
     }
     stria_call_t per[8];
     for (int i = 0; i < n; i++)
-        per[i] = call_of(2, 64, true);
+        per[i] = se_call_of(2, 64, true);
     fu_job_t j;
-    call_tensors(&j, &sp, &per[0], 1200);
+    se_call_tensors(&j, &sp, &per[0], 1200);
     sharded_call(h, n, &j, per, true, r);
     bool all = true;
     for (int i = 0; i < n; i++) {
@@ -913,7 +790,7 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
     }
     char why[256];
     if (all)
-        cr_expect(ref_equal(&j, &per[0], n, layout, true, why, sizeof(why)),
+        cr_expect(se_ref_equal(&j, &per[0], n, layout, true, why, sizeof(why)),
                   "after the disagreements: %s", why);
     fu_job_free(&j);
 
@@ -933,320 +810,4 @@ Test(session, sharded_two_ranks_zigzag_bf16_equal_the_in_process_ring, .timeout 
 Test(session, sharded_four_ranks_striped_fp32_equal_the_in_process_ring, .timeout = T_TIMEOUT)
 {
     sharded_case(4, STRIA_LAYOUT_STRIPED, STRIA_DTYPE_F32);
-}
-
-/* ---- failures between calls ------------------------------------------------------------- */
-
-/* The index of the worker serving rank `rank` of session s, from `striactl
- * --json job`; -1 when not found. */
-static int worker_of_rank(const dcluster_t *c, stria_session_t *s, int rank)
-{
-    char *js = dc_job_json(c, NULL, stria_session_id(s));
-    cr_assert_not_null(js, "striactl job %llu failed", (unsigned long long)stria_session_id(s));
-    char key[32];
-    snprintf(key, sizeof(key), "{\"rank\":%d,", rank);
-    const char *at = strstr(js, key), *addr = at ? strstr(at, "\"rpc_address\":\"") : NULL;
-    int found = -1;
-    for (int i = 0; addr != NULL && i < c->n_workers; i++) {
-        const char *a = addr + strlen("\"rpc_address\":\"");
-        size_t n = strlen(c->worker_rpc[i]);
-        if (strncmp(a, c->worker_rpc[i], n) == 0 && a[n] == '"')
-            found = i;
-    }
-    cr_assert_geq(found, 0, "rank %d of session %llu not found in %s", rank,
-                  (unsigned long long)stria_session_id(s), js);
-    free(js);
-    return found;
-}
-
-static void worker_killed_case(int workers, int ring)
-{
-    dcluster_t c;
-    dc_start(&c, workers, NULL);
-    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    stria_session_spec_t sp =
-        spec_of(1, 128, 4, 2, 16, STRIA_DTYPE_BF16, STRIA_LAYOUT_STRIPED, ring);
-    stria_session_t *s = open_session(cl, &sp);
-    int first_ring = stria_session_ring_size(s);
-    cr_expect_eq(first_ring, ring ? ring : workers);
-    stria_call_t call = call_of(1, 128, true);
-    check_call(s, &sp, &call, true, 1300, "before the kill");
-    uint64_t id = stria_session_id(s);
-    int victim = worker_of_rank(&c, s, 1);
-    test_proc_stop(c.workers[victim], SIGKILL, 5);
-    c.workers[victim] = NULL;
-
-    double t0 = stria_time_now();
-    check_call(s, &sp, &call, true, 1310, "the first call after the kill");
-    double took = stria_time_now() - t0;
-    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
-    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_geq(st.reopened, 1u, "the session was not reopened");
-    cr_expect_geq(st.retries, 1u, "no retry counted");
-    cr_expect_geq(st.generation, 2u);
-    cr_expect_eq(st.failed, 0u, "%llu calls failed", (unsigned long long)st.failed);
-    cr_expect_neq(stria_session_id(s), id, "a reopened session has a new id");
-    cr_expect_eq(stria_session_ring_size(s), ring ? ring : workers - 1);
-    cr_log_info("worker %d killed: the next call took %.3f s (%u opens, %llu retries)", victim,
-                took, st.generation, (unsigned long long)st.retries);
-    /* and on */
-    stria_call_t call2 = call_of(1, 100, false);
-    check_call(s, &sp, &call2, true, 1320, "the second call after the kill");
-    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
-    stria_client_close(cl);
-    dc_stop(&c);
-}
-
-Test(session, worker_killed_between_calls_fixed_ring_takes_the_spare, .timeout = T_TIMEOUT)
-{
-    worker_killed_case(3, 2);
-}
-
-Test(session, worker_killed_between_calls_free_ring_goes_on_with_the_rest, .timeout = T_TIMEOUT)
-{
-    worker_killed_case(3, 0);
-}
-
-/* `striactl --json sessions`'s calls of the first session it lists, once
- * they reach `want` (the workers report them in their heartbeats); NAN when
- * they do not within 5 s. */
-static double listed_calls(const dcluster_t *c, double want)
-{
-    double got = NAN;
-    for (int t = 0; t < 100 && got != want; t++, usleep(50000)) {
-        char *out = NULL;
-        got = dc_striactl(c, NULL, &out, NULL, "--json", "sessions", NULL) == 0
-                  ? dc_json_number(out, "calls")
-                  : NAN;
-        free(out);
-    }
-    return got;
-}
-
-Test(session, drained_worker_moves_at_the_next_call, .timeout = T_TIMEOUT)
-{
-    dcluster_t c;
-    dc_start(&c, 3, NULL);
-    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    stria_session_spec_t sp = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
-    stria_session_t *s = open_session(cl, &sp);
-    stria_call_t call = call_of(1, 96, true);
-    for (int i = 0; i < 5; i++)
-        check_call(s, &sp, &call, true, 1600 + (uint64_t)i, "before the drain");
-    cr_expect_eq(listed_calls(&c, 10), 10, "striactl sessions does not count the 10 calls");
-    uint64_t id = stria_session_id(s);
-    int victim = worker_of_rank(&c, s, 1);
-    char *out = NULL, *err = NULL;
-    cr_assert_eq(dc_striactl(&c, NULL, &out, &err, "drain", c.worker_rpc[victim], NULL), 0,
-                 "striactl drain: %s", err);
-    free(out), free(err);
-    usleep(600000); /* heartbeats of 0.2 s tell the worker */
-    check_call(s, &sp, &call, true, 1610, "the first call after the drain");
-    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
-    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_geq(st.reopened, 1u, "the session stayed on the drained worker");
-    cr_expect_eq(st.failed, 0u);
-    cr_expect_neq(stria_session_id(s), id);
-    for (int r = 0; r < 2; r++)
-        cr_expect_neq(worker_of_rank(&c, s, r), victim, "rank %d is still on the drained worker",
-                      r);
-    check_call(s, &sp, &call, true, 1620, "the second call after the drain");
-    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
-    out = NULL;
-    cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "sessions", NULL), 0);
-    cr_expect(strstr(out, "\"id\":") == NULL, "a closed session is listed as open: %s", out);
-    free(out);
-    stria_client_close(cl);
-    dc_stop(&c);
-}
-
-Test(session, coordinator_restarted_between_calls, .timeout = T_TIMEOUT)
-{
-    dcluster_t c;
-    dc_start(&c, 2, NULL);
-    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    stria_session_spec_t sp = spec_of(1, 128, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_ZIGZAG, 2);
-    stria_session_t *s = open_session(cl, &sp);
-    stria_call_t call = call_of(1, 128, true);
-    check_call(s, &sp, &call, true, 1400, "before the restart");
-    uint64_t id = stria_session_id(s);
-    dc_restart_coordinator(&c, NULL, SIGKILL, 0.3);
-    check_call(s, &sp, &call, true, 1410, "right after the coordinator's restart");
-    /* once the workers have re-registered (heartbeats of 0.2 s) */
-    dc_wait_healthy(&c, 2, NULL);
-    usleep(1000000);
-    check_call(s, &sp, &call, true, 1420, "after the workers re-registered");
-    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
-    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(st.failed, 0u);
-    cr_log_info("after the coordinator's restart: session %llu (was %llu), generation %u",
-                (unsigned long long)stria_session_id(s), (unsigned long long)id, st.generation);
-    char *js = dc_job_json(&c, NULL, stria_session_id(s));
-    cr_expect_not_null(js, "the restarted coordinator does not know session %llu",
-                       (unsigned long long)stria_session_id(s));
-    free(js);
-    cr_expect_eq(stria_session_close(s), STRIA_OK, "close after the restart: %s",
-                 stria_error_msg());
-    /* a new session on the new coordinator */
-    s = open_session(cl, &sp);
-    check_call(s, &sp, &call, true, 1430, "a session opened after the restart");
-    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
-    stria_client_close(cl);
-    dc_stop(&c);
-}
-
-Test(session, expired_session_is_opened_again_by_the_next_call, .timeout = T_TIMEOUT)
-{
-    dcluster_t c;
-    dc_start(&c, 2, NULL);
-    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    stria_session_spec_t sp = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
-    sp.idle_timeout_s = 1;
-    stria_session_t *s = open_session(cl, &sp);
-    stria_call_t call = call_of(1, 96, true);
-    check_call(s, &sp, &call, true, 1450, "before the idle timeout");
-    uint64_t id = stria_session_id(s);
-    usleep(4000000); /* 4 idle timeouts */
-    check_call(s, &sp, &call, true, 1460, "after the idle timeout");
-    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
-    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_geq(st.reopened, 1u,
-                  "a session idle for 4 s of 1 s was not reopened (id %llu, "
-                  "was %llu)",
-                  (unsigned long long)stria_session_id(s), (unsigned long long)id);
-    cr_expect_eq(st.failed, 0u);
-    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
-    stria_client_close(cl);
-    dc_stop(&c);
-}
-
-/* ---- closing ------------------------------------------------------------------------------ */
-
-/* The unfinished jobs `striactl --json jobs` lists. */
-static int active_jobs(const dcluster_t *c)
-{
-    char *out = NULL;
-    cr_assert_eq(dc_striactl(c, NULL, &out, NULL, "--json", "jobs", NULL), 0);
-    int n = 0;
-    for (const char *p = out; (p = strstr(p, "\"state\":")) != NULL; p++)
-        n++;
-    free(out);
-    return n;
-}
-
-Test(session, close_frees_the_sessions_memory, .timeout = T_TIMEOUT)
-{
-    dcluster_t c;
-    dc_opts_t o = {.worker_memory = "64M"};
-    dc_start(&c, 1, &o);
-    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    /* bounds whose need is more than half of the worker's memory */
-    int64_t seq = 64;
-    uint64_t need = 0, cap = (uint64_t)64 << 20;
-    for (;; seq += 64) {
-        cr_assert_eq(stria_rank_memory(1, seq + 64, 4, 4, 64, STRIA_DTYPE_F32, &need), STRIA_OK);
-        if (need > cap * 6 / 10)
-            break;
-    }
-    cr_assert_eq(stria_rank_memory(1, seq, 4, 4, 64, STRIA_DTYPE_F32, &need), STRIA_OK);
-    cr_assert(2 * need > cap && need < cap);
-    stria_session_spec_t sp = spec_of(1, seq, 4, 4, 64, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 1);
-    sp.no_queue = true;
-    stria_session_t *a = NULL, *b = NULL;
-    cr_assert_eq(stria_session_open(cl, &sp, &a), STRIA_OK,
-                 "a session of %lld tokens (%llu of %llu bytes): %s", (long long)seq,
-                 (unsigned long long)need, (unsigned long long)cap, stria_error_msg());
-    stria_call_t call = call_of(1, seq, true);
-    check_call(a, &sp, &call, true, 1500, "the first session");
-    cr_expect_eq(active_jobs(&c), 1, "the open session is an active job");
-    stria_status_t st = stria_session_open(cl, &sp, &b);
-    cr_expect(st == STRIA_ERR_BUSY || st == STRIA_ERR_NO_MEMORY,
-              "a second session of more than half the memory: %s: %s", stria_status_name(st),
-              stria_error_msg());
-    cr_expect_null(b);
-    if (b != NULL)
-        stria_session_close(b), b = NULL;
-    cr_expect_eq(stria_session_close(a), STRIA_OK, "%s", stria_error_msg());
-    double t0 = stria_time_now();
-    cr_expect_eq(active_jobs(&c), 0, "the closed session is still listed as active");
-    while ((st = stria_session_open(cl, &sp, &b)) != STRIA_OK && stria_time_now() - t0 < 5)
-        usleep(50000);
-    cr_assert_eq(st, STRIA_OK, "no session opens after the close: %s", stria_error_msg());
-    cr_log_info("a session of the whole memory opened %.3f s after the close",
-                stria_time_now() - t0);
-    cr_expect_lt(stria_time_now() - t0, 1.0, "the close freed the memory only %.3f s later",
-                 stria_time_now() - t0);
-    check_call(b, &sp, &call, true, 1510, "the session opened after the close");
-    cr_expect_eq(stria_session_close(b), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(stria_session_close(NULL), STRIA_OK);
-    stria_client_close(cl);
-    dc_stop(&c);
-}
-
-/* ---- a client that dies, a child that forks --------------------------------------- */
-
-Test(session, a_killed_clients_session_is_freed_by_its_idle_deadline, .timeout = T_TIMEOUT)
-{
-    dcluster_t c;
-    dc_start(&c, 2, NULL);
-    stria_session_spec_t sp = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
-    sp.idle_timeout_s = 1;
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) { /* a trainer that opens a session, calls it once and dies */
-        test_proc_child_setup(getppid());
-        stria_client_t *cl = dc_client(&c, NULL, "test_session child", 0);
-        stria_session_t *s = NULL;
-        stria_call_t call = call_of(1, 96, true);
-        static float q[96 * 2 * 16], o[96 * 2 * 16], lse[2 * 96];
-        if (stria_session_open(cl, &sp, &s) != STRIA_OK ||
-            stria_session_forward(s, &call, q, q, q, o, lse) != STRIA_OK)
-            _exit(1);
-        kill(getpid(), SIGKILL);
-    }
-    int status = 0;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
-              "the child did not open and call its session (status 0x%x)", status);
-    cr_expect_eq(active_jobs(&c), 1, "the dead client's session is not listed");
-    /* its idle deadline (1 s) and a heartbeat later, the workers dropped it */
-    double t0 = stria_time_now();
-    while (active_jobs(&c) > 0 && stria_time_now() - t0 < 10)
-        usleep(200000);
-    cr_expect_eq(active_jobs(&c), 0, "the session outlived its idle deadline by 10 s");
-    char *out = NULL;
-    cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "workers", NULL), 0);
-    cr_expect(strstr(out, "\"memory_reserved_bytes\":0") != NULL,
-              "a worker still reserves the session's memory: %s", out);
-    free(out);
-    dc_stop(&c);
-}
-
-Test(session, a_forked_child_gets_a_clear_error_and_the_parent_goes_on, .timeout = T_TIMEOUT)
-{
-    dcluster_t c;
-    dc_start(&c, 2, NULL);
-    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
-    stria_session_spec_t sp = spec_of(1, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 2);
-    stria_session_t *s = open_session(cl, &sp);
-    stria_call_t call = call_of(1, 96, true);
-    check_call(s, &sp, &call, true, 1600, "before the fork");
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) { /* a DataLoader worker that touches its parent's session */
-        static float q[96 * 2 * 16], o[96 * 2 * 16], lse[2 * 96];
-        stria_status_t st = stria_session_forward(s, &call, q, q, q, o, lse);
-        _exit(st == STRIA_ERR_INVALID_ARG && strstr(stria_error_msg(), "forked child") != NULL ? 0
-                                                                                               : 1);
-    }
-    int status = 0;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "the child's call was not refused as a forked child's (status 0x%x)", status);
-    check_call(s, &sp, &call, true, 1610, "after the child's refused call");
-    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
-    stria_client_close(cl);
-    dc_stop(&c);
 }

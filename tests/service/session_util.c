@@ -1,0 +1,85 @@
+#include "session_util.h"
+
+#include <criterion/criterion.h>
+
+#include "stria_ring.h"
+#include "tref.h"
+
+stria_call_t se_call_of(int64_t batch, int64_t seq, bool causal)
+{
+    stria_call_t c = STRIA_CALL_INIT;
+    c.batch = batch;
+    c.seq_len = seq;
+    c.causal = causal;
+    return c;
+}
+
+stria_session_spec_t se_spec_of(int64_t max_batch, int64_t max_seq, int64_t heads, int64_t kv_heads,
+                                int64_t head_dim, stria_dtype_t dtype, stria_layout_kind_t layout,
+                                int ring)
+{
+    stria_session_spec_t s = STRIA_SESSION_SPEC_INIT;
+    s.max_batch = max_batch;
+    s.max_seq_len = max_seq;
+    s.heads = heads;
+    s.kv_heads = kv_heads;
+    s.head_dim = head_dim;
+    s.dtype = dtype;
+    s.layout = layout;
+    s.ring_size = ring;
+    s.label = "test_session";
+    return s;
+}
+
+stria_session_t *se_open_session(stria_client_t *cl, const stria_session_spec_t *spec)
+{
+    stria_session_t *s = NULL;
+    cr_assert_eq(stria_session_open(cl, spec, &s), STRIA_OK, "stria_session_open: %s",
+                 stria_error_msg());
+    cr_assert_not_null(s);
+    return s;
+}
+
+void se_call_tensors(fu_job_t *j, const stria_session_spec_t *sp, const stria_call_t *c,
+                     uint64_t seed)
+{
+    cr_assert(fu_job_init(j, c->batch, c->seq_len, sp->heads,
+                          sp->kv_heads ? sp->kv_heads : sp->heads, sp->head_dim, sp->dtype,
+                          c->causal, seed),
+              "out of memory");
+}
+
+bool se_ref_equal(const fu_job_t *j, const stria_call_t *c, int n_ranks, stria_layout_kind_t layout,
+                  bool backward, char *why, size_t len)
+{
+    const stria_job_spec_t *s = &j->spec;
+    stria_ring_shape_t shape = stria_ring_shape_of(s->batch, s->seq_len, s->heads, s->kv_heads,
+                                                   s->head_dim, s->dtype, c->causal);
+    shape.scale = c->scale;
+    stria_ring_shape_set_masks(&shape, c->cu_seqlens, c->n_cu_seqlens, c->has_window,
+                               c->window_left, c->window_right);
+    stria_ring_local_opts_t lo = {.layout = layout,
+                                  .n_ranks = n_ranks,
+                                  .passes =
+                                      backward ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD,
+                                  .step_timeout_s = 30};
+    return tref_job_equal(j, &shape, &lo, why, len);
+}
+
+void se_check_call(stria_session_t *s, const stria_session_spec_t *sp, const stria_call_t *c,
+                   bool backward, uint64_t seed, const char *what)
+{
+    fu_job_t j;
+    se_call_tensors(&j, sp, c, seed);
+    cr_assert_eq(stria_session_forward(s, c, j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
+                 "%s: forward: %s", what, stria_error_msg());
+    if (backward)
+        cr_assert_eq(stria_session_backward(s, c, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
+                     STRIA_OK, "%s: backward: %s", what, stria_error_msg());
+    char why[256];
+    cr_expect(se_ref_equal(&j, c, stria_session_ring_size(s), stria_session_layout(s), backward,
+                           why, sizeof(why)),
+              "%s (batch %lld, seq_len %lld, %scausal): %s", what, (long long)c->batch,
+              (long long)c->seq_len, c->causal ? "" : "not ", why);
+    fu_job_free(&j);
+}

@@ -1,0 +1,36 @@
+/* Test-only helpers of the session suites (test_session,
+ * test_session_failures): calls, session specs, and a call checked against
+ * the in-process ring of the session's size and layout. */
+#ifndef STRIA_TEST_SESSION_UTIL_H
+#define STRIA_TEST_SESSION_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fault_util.h"
+#include "stria_client.h"
+
+#define T_TIMEOUT 120
+
+stria_call_t se_call_of(int64_t batch, int64_t seq, bool causal);
+stria_session_spec_t se_spec_of(int64_t max_batch, int64_t max_seq, int64_t heads, int64_t kv_heads,
+                                int64_t head_dim, stria_dtype_t dtype, stria_layout_kind_t layout,
+                                int ring);
+/* stria_session_open(), or the test fails. */
+stria_session_t *se_open_session(stria_client_t *cl, const stria_session_spec_t *spec);
+/* Inputs of one call: [batch, seq, heads|kv_heads, head_dim] in the
+ * session's dtype, from `seed`; outputs zeroed. */
+void se_call_tensors(fu_job_t *j, const stria_session_spec_t *sp, const stria_call_t *c,
+                     uint64_t seed);
+/* Whether j's outputs (O and LSE; with backward dQ, dK, dV too) are the
+ * in-process ring's (n_ranks in `layout`) for call c, bit for bit. */
+bool se_ref_equal(const fu_job_t *j, const stria_call_t *c, int n_ranks, stria_layout_kind_t layout,
+                  bool backward, char *why, size_t len);
+/* One call on a whole-sequence session (forward, then backward when asked)
+ * with fresh inputs from `seed`, checked against the in-process ring of the
+ * session's size and layout. */
+void se_check_call(stria_session_t *s, const stria_session_spec_t *sp, const stria_call_t *c,
+                   bool backward, uint64_t seed, const char *what);
+
+#endif
