@@ -9,6 +9,7 @@
  * the ring never waits on a slow upload.
  */
 #include "client_int.h"
+#include "stria_spec.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -526,6 +527,21 @@ static stria_status_t stria__run_phase(stria__phase_t *ph, const char *name,
 
 /* ---- jobs --------------------------------------------------------------- */
 
+/* A job is one call: its record (documents borrowed from the spec), checked
+ * and sent as a session's calls are. */
+static stria_call_shape_t stria__job_call(const stria_job_spec_t *s)
+{
+    return (stria_call_shape_t){.batch = s->batch,
+                                .seq_len = s->seq_len,
+                                .causal = s->causal,
+                                .scale = s->scale,
+                                .cu_seqlens = s->cu_seqlens,
+                                .n_cu_seqlens = s->n_cu_seqlens,
+                                .has_window = s->has_window,
+                                .window_left = s->window_left,
+                                .window_right = s->window_right};
+}
+
 static stria_status_t stria__check_spec(const stria_job_spec_t *s)
 {
     if (s == NULL)
@@ -539,15 +555,9 @@ static stria_status_t stria__check_spec(const stria_job_spec_t *s)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: a field is out of range");
     if (stria_dtype_size(s->dtype) == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: unknown dtype");
-    if (s->n_cu_seqlens > 0 && s->cu_seqlens == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "job spec: cu_seqlens is NULL but n_cu_seqlens is %zu",
-                               s->n_cu_seqlens);
-    if (!s->has_window && (s->window_left != 0 || s->window_right != 0))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "job spec: window_left/window_right are set (%lld, %lld) but "
-                               "has_window is false",
-                               (long long)s->window_left, (long long)s->window_right);
+    const stria_call_shape_t call = stria__job_call(s);
+    if (stria_call_masks_check(&call) != STRIA_OK)
+        return stria_error_wrap(STRIA_ERR_INVALID_ARG, "job spec");
     if (!isfinite(s->arrival_timeout_s) || s->arrival_timeout_s < 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "job spec: arrival_timeout_s must be finite and >= 0 (got %g)",
@@ -672,27 +682,18 @@ static stria_status_t stria__spec_to_proto(const stria_job_spec_t *s, bool shard
                                            Stria__V1__JobSpec__Placement **pl,
                                            Stria__V1__JobSpec__Placement *pls)
 {
-    spec->batch = (uint32_t)s->batch;
-    spec->seq_len = (uint64_t)s->seq_len;
+    const stria_call_shape_t call = stria__job_call(s);
+    stria_call_shape_to_spec(&call, spec, win);
     spec->heads = (uint32_t)s->heads;
     spec->kv_heads = (uint32_t)s->kv_heads;
     spec->head_dim = (uint32_t)s->head_dim;
     spec->dtype = (Stria__V1__Dtype)s->dtype;
-    spec->causal = s->causal;
     spec->layout = (Stria__V1__Layout)s->layout;
     spec->ring_size = (uint32_t)s->ring_size;
-    spec->scale = s->scale;
     spec->ttl_s = (uint32_t)ceil(s->ttl_s);
     spec->step_timeout_ms = (uint32_t)ceil(s->step_timeout_s * 1000.0);
     spec->no_queue = s->no_queue;
     spec->label = (char *)(s->label ? s->label : "");
-    spec->cu_seqlens = (int64_t *)s->cu_seqlens;
-    spec->n_cu_seqlens = s->n_cu_seqlens;
-    if (s->has_window) {
-        win->left = s->window_left;
-        win->right = s->window_right;
-        spec->window = win;
-    }
     spec->sharded = sharded;
     spec->arrival_timeout_s = s->arrival_timeout_s;
     spec->placement_fallback = s->placement_fallback;

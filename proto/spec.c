@@ -28,10 +28,47 @@ void stria_job_masks_free(stria_job_masks_t *m)
 
 /* ---- a session call's shape --------------------------------------------- */
 
-stria_status_t stria_call_shape_check(const stria_call_shape_t *c, const stria_call_bounds_t *b)
+stria_status_t stria_call_masks_check(const stria_call_shape_t *c)
 {
     const int64_t *cu = c->cu_seqlens;
     size_t n = c->n_cu_seqlens;
+    if (n > STRIA_CALL_MAX_CU_SEQLENS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "cu_seqlens has %zu entries, more than the limit of %d", n,
+                               STRIA_CALL_MAX_CU_SEQLENS);
+    if (n > 0 && cu == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "cu_seqlens is NULL with %zu entries", n);
+    if (n > 0 && cu[0] != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "cu_seqlens must start at 0 (got %lld)",
+                               (long long)cu[0]);
+    for (size_t i = 1; i < n; i++)
+        if (cu[i] < cu[i - 1])
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "cu_seqlens must not decrease (entry %zu is %lld after %lld)", i,
+                                   (long long)cu[i], (long long)cu[i - 1]);
+    if (n > 0 && cu[n - 1] != c->seq_len)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "cu_seqlens must end at seq_len (%lld) (got %lld)",
+                               (long long)c->seq_len, (long long)cu[n - 1]);
+    if (!c->has_window && (c->window_left != 0 || c->window_right != 0))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "window_left/window_right are set (%lld, %lld) but has_window is "
+                               "false",
+                               (long long)c->window_left, (long long)c->window_right);
+    if (c->has_window && (c->window_left < -1 || c->window_right < -1))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "window.%s must be >= -1 (-1: unbounded) (got %lld)",
+                               c->window_left < -1 ? "left" : "right",
+                               (long long)(c->window_left < -1 ? c->window_left : c->window_right));
+    if (c->has_window && c->causal && c->window_right > 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "window.right must be 0 or -1 with causal attention (got %lld)",
+                               (long long)c->window_right);
+    return STRIA_OK;
+}
+
+stria_status_t stria_call_shape_check(const stria_call_shape_t *c, const stria_call_bounds_t *b)
+{
     if (c->batch < 1 || c->batch > b->max_batch)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "call batch must be 1..%lld, the session's max_batch (got %lld)",
@@ -50,36 +87,8 @@ stria_status_t stria_call_shape_check(const stria_call_shape_t *c, const stria_c
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "call scale must be finite and >= 0 (0: 1/sqrt(head_dim)) (got %g)",
                                (double)c->scale);
-    if (n > STRIA_CALL_MAX_CU_SEQLENS)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "call cu_seqlens has %zu entries, more than the limit of %d", n,
-                               STRIA_CALL_MAX_CU_SEQLENS);
-    if (n > 0 && cu == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "call cu_seqlens is NULL with %zu entries",
-                               n);
-    if (n == 1 || (n > 0 && (cu[0] != 0 || cu[n - 1] != c->seq_len)))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "call cu_seqlens must start at 0 and end at seq_len (%lld) (got "
-                               "%zu entries, %lld .. %lld)",
-                               (long long)c->seq_len, n, (long long)cu[0], (long long)cu[n - 1]);
-    for (size_t i = 1; i < n; i++)
-        if (cu[i] < cu[i - 1])
-            return stria_error_set(STRIA_ERR_INVALID_ARG,
-                                   "call cu_seqlens must not decrease (entry %zu is %lld after "
-                                   "%lld)",
-                                   i, (long long)cu[i], (long long)cu[i - 1]);
-    if (!c->has_window && (c->window_left != 0 || c->window_right != 0))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "call window_left/window_right are set but has_window is false");
-    if (c->has_window && (c->window_left < -1 || c->window_right < -1))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "call window bounds must be >= -1 (-1: unbounded) (got %lld, %lld)",
-                               (long long)c->window_left, (long long)c->window_right);
-    if (c->has_window && c->causal && c->window_right > 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "call window_right must be 0 or -1 with causal attention (got %lld)",
-                               (long long)c->window_right);
-    return STRIA_OK;
+    stria_status_t st = stria_call_masks_check(c);
+    return st == STRIA_OK ? st : stria_error_wrap(st, "call");
 }
 
 void stria_call_shape_to_pb(const stria_call_shape_t *c, Stria__V1__CallShape *pb,
@@ -97,6 +106,38 @@ void stria_call_shape_to_pb(const stria_call_shape_t *c, Stria__V1__CallShape *p
         win->left = c->window_left;
         win->right = c->window_right;
         pb->window = win;
+    }
+}
+
+void stria_call_shape_from_spec(const Stria__V1__JobSpec *s, stria_call_shape_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->batch = s->batch;
+    c->seq_len = s->seq_len > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)s->seq_len;
+    c->causal = s->causal;
+    c->scale = s->scale;
+    c->cu_seqlens = s->cu_seqlens;
+    c->n_cu_seqlens = s->n_cu_seqlens;
+    c->has_window = s->window != NULL;
+    c->window_left = s->window != NULL ? s->window->left : 0;
+    c->window_right = s->window != NULL ? s->window->right : 0;
+}
+
+void stria_call_shape_to_spec(const stria_call_shape_t *c, Stria__V1__JobSpec *s,
+                              Stria__V1__JobSpec__Window *win)
+{
+    stria__v1__job_spec__window__init(win);
+    s->batch = (uint32_t)c->batch;
+    s->seq_len = (uint64_t)c->seq_len;
+    s->causal = c->causal;
+    s->scale = c->scale;
+    s->cu_seqlens = (int64_t *)c->cu_seqlens;
+    s->n_cu_seqlens = c->n_cu_seqlens;
+    s->window = NULL;
+    if (c->has_window) {
+        win->left = c->window_left;
+        win->right = c->window_right;
+        s->window = win;
     }
 }
 

@@ -59,12 +59,24 @@ typedef struct {
 /* Checks a call against a session's bounds: STRIA_ERR_INVALID_ARG with a
  * message naming the field or the bound. */
 stria_status_t stria_call_shape_check(const stria_call_shape_t *c, const stria_call_bounds_t *b);
+/* The documents and window of a call against its seq_len and causal flag
+ * (the part of stria_call_shape_check() a job's spec shares at every door:
+ * libstria, the coordinator, the worker): STRIA_ERR_INVALID_ARG naming the
+ * field ("cu_seqlens must end at seq_len (1024) (got 1000)"). */
+stria_status_t stria_call_masks_check(const stria_call_shape_t *c);
 /* The protocol's form: pb and win are filled (win used when the call has a
  * window); the documents are borrowed from c. */
 void stria_call_shape_to_pb(const stria_call_shape_t *c, Stria__V1__CallShape *pb,
                             Stria__V1__JobSpec__Window *win);
 /* The C record of a decoded message (documents borrowed from it). */
 void stria_call_shape_from_pb(const Stria__V1__CallShape *pb, stria_call_shape_t *c);
+/* A job is one call: the record of a JobSpec's batch, seq_len, causal,
+ * scale, documents and window (documents borrowed from s), and those fields
+ * of a JobSpec from the record (documents borrowed from c; win used when the
+ * call has a window). */
+void stria_call_shape_from_spec(const Stria__V1__JobSpec *s, stria_call_shape_t *c);
+void stria_call_shape_to_spec(const stria_call_shape_t *c, Stria__V1__JobSpec *s,
+                              Stria__V1__JobSpec__Window *win);
 /* A digest of a call (its shape, number and direction) that ranks compare. */
 uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward);
 /* The bytes of a SessionCall its proof binds (stria_rpc_request_t.proof_extra):

@@ -17,39 +17,15 @@
 
 /* ---- specs --------------------------------------------------------------- */
 
-/* The documents and window of a spec (checked after seq_len and causal). */
+/* The documents and window of a spec (checked after seq_len and causal), by
+ * the function every door uses (libstria, the worker, a session's calls). */
+_Static_assert(STRIA_COORD_MAX_CU_SEQLENS == STRIA_CALL_MAX_CU_SEQLENS,
+               "the coordinator's documents limit is the call record's");
 static stria_status_t stria__spec_check_masks(const Stria__V1__JobSpec *s)
 {
-    const int64_t *cu = s->cu_seqlens;
-    size_t n = s->n_cu_seqlens;
-    if (n > STRIA_COORD_MAX_CU_SEQLENS)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "cu_seqlens has %zu entries, more than the limit of %d", n,
-                               STRIA_COORD_MAX_CU_SEQLENS);
-    if (n > 0 && cu[0] != 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "cu_seqlens must start at 0 (got %lld)",
-                               (long long)cu[0]);
-    for (size_t i = 1; i < n; i++)
-        if (cu[i] < cu[i - 1])
-            return stria_error_set(STRIA_ERR_INVALID_ARG,
-                                   "cu_seqlens must not decrease (entry %zu is %lld after %lld)", i,
-                                   (long long)cu[i], (long long)cu[i - 1]);
-    if (n > 0 && (cu[n - 1] < 0 || (uint64_t)cu[n - 1] != s->seq_len))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "cu_seqlens must end at seq_len (%llu) (got %lld)",
-                               (unsigned long long)s->seq_len, (long long)cu[n - 1]);
-    if (s->window == NULL)
-        return STRIA_OK;
-    if (s->window->left < -1 || s->window->right < -1)
-        return stria_error_set(
-            STRIA_ERR_INVALID_ARG, "window.%s must be >= -1 (-1: unbounded) (got %lld)",
-            s->window->left < -1 ? "left" : "right",
-            (long long)(s->window->left < -1 ? s->window->left : s->window->right));
-    if (s->causal && s->window->right > 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "window.right must be 0 or -1 with causal attention (got %lld)",
-                               (long long)s->window->right);
-    return STRIA_OK;
+    stria_call_shape_t c;
+    stria_call_shape_from_spec(s, &c);
+    return stria_call_masks_check(&c);
 }
 
 /* Sharded jobs, their arrival deadline and placement. */

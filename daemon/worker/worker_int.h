@@ -85,12 +85,13 @@ typedef struct stria__wjob {
     stria_job_secret_t secret;              /* what its clients prove on every request */
     uint8_t ring_key[STRIA_AUTH_KEY_BYTES]; /* what its ring links prove */
     /* the spec */
-    int64_t batch, seq, heads, kv_heads, head_dim;
+    int64_t batch, seq, heads, kv_heads, head_dim; /* a session's: its bounds */
     stria_dtype_t dtype;
-    bool causal;
-    stria_job_masks_t masks; /* documents and window, owned */
+    /* the job's one call: batch, seq_len, causal, scale, documents (owned by
+     * masks) and window; a session's calls bring their own */
+    stria_call_shape_t call;
+    stria_job_masks_t masks;
     stria_layout_kind_t layout_kind;
-    float scale;
     double step_timeout_s;
     char next_ucx[300]; /* successor's ring link address */
     /* The assignment's spec, packed: what a restarted coordinator rebuilds
@@ -324,6 +325,9 @@ void stria__wpass_free(stria__wjob_t *j);
  * for ring number ring_id; the caller publishes the link. */
 stria_status_t stria__wjob_connect(stria_worker_t *w, stria__wjob_t *j, uint32_t ring_id,
                                    stria_link_t **link_out);
+/* The ring engine's shape of call c on this job's heads, dims and dtype (a
+ * job's pass and a session's call alike; documents borrowed from c). */
+stria_ring_shape_t stria__wjob_ring_shape(const stria__wjob_t *j, const stria_call_shape_t *c);
 
 /* ---- worker_session.c ---- */
 void stria__w_on_open_session(void *ctx, stria_rpc_call_t *call);

@@ -216,15 +216,21 @@ static stria_status_t stria__job_spec(stria__wjob_t *j, stria_worker_t *w, uint6
     j->heads = s->heads;
     j->kv_heads = s->kv_heads;
     j->head_dim = s->head_dim;
-    j->causal = s->causal;
     j->spec_len = stria__v1__job_spec__get_packed_size(s);
     j->spec_pb = malloc(j->spec_len + 1);
     if (j->spec_pb == NULL || !stria_job_masks_copy(s, &j->masks))
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
+    /* the call record, checked here as libstria and the coordinator did */
+    stria_call_shape_from_spec(s, &j->call);
+    j->call.cu_seqlens = j->masks.cu_seqlens;
+    const stria_call_bounds_t bounds = {
+        .max_batch = j->batch, .max_seq_len = j->seq, .n_ranks = j->n_ranks, .layout = s->layout};
+    if (stria_call_shape_check(&j->call, &bounds) != STRIA_OK)
+        return stria_error_wrap(STRIA_ERR_INVALID_ARG, "job %llu's assignment",
+                                (unsigned long long)job_id);
     stria__v1__job_spec__pack(s, j->spec_pb);
     j->dtype = (stria_dtype_t)s->dtype;
     j->layout_kind = (stria_layout_kind_t)s->layout;
-    j->scale = s->scale;
     j->step_timeout_s = s->step_timeout_ms > 0 ? s->step_timeout_ms / 1000.0 : w->step_timeout_s;
     if (j->step_timeout_s > STRIA__MAX_STEP_TIMEOUT_S) /* whatever the coordinator allowed */
         j->step_timeout_s = STRIA__MAX_STEP_TIMEOUT_S;

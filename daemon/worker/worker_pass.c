@@ -210,20 +210,25 @@ static void stria__pass_unlink(stria_worker_t *w, stria__wjob_t *j, stria_link_t
     stria_link_destroy(link);
 }
 
+stria_ring_shape_t stria__wjob_ring_shape(const stria__wjob_t *j, const stria_call_shape_t *c)
+{
+    stria_ring_shape_t rs = stria_ring_shape_of(c->batch, c->seq_len, j->heads, j->kv_heads,
+                                                j->head_dim, j->dtype, c->causal);
+    rs.scale = c->scale;
+    stria_ring_shape_set_masks(&rs, c->cu_seqlens, c->n_cu_seqlens, c->has_window, c->window_left,
+                               c->window_right);
+    return rs;
+}
+
 /* The job's pass object: made by its first pass on `link`, rebound to
  * `link` by the later ones. */
 static stria_status_t stria__pass_object(stria_worker_t *w, stria__wjob_t *j, stria_link_t *link)
 {
     if (j->pass != NULL)
         return stria_ring_pass_set_link(j->pass, link);
-    stria_ring_shape_t shape;
     stria_ring_opts_t opts;
-    shape = stria_ring_shape_of(j->batch, j->seq, j->heads, j->kv_heads, j->head_dim, j->dtype,
-                                j->causal);
-    shape.scale = j->scale;
-    /* the job outlives its pass object */
-    stria_ring_shape_set_masks(&shape, j->masks.cu_seqlens, j->masks.n_cu_seqlens,
-                               j->masks.has_window, j->masks.window_left, j->masks.window_right);
+    /* the job (and its documents) outlives its pass object */
+    stria_ring_shape_t shape = stria__wjob_ring_shape(j, &j->call);
     memset(&opts, 0, sizeof(opts));
     opts.step_timeout_s = j->step_timeout_s;
     opts.pool = w->pool;

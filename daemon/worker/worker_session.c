@@ -250,11 +250,7 @@ static stria_status_t stria__sess_pass(stria_worker_t *w, stria__wjob_t *j,
     s->passes[slot].shape = *shape;
     s->passes[slot].shape.cu_seqlens = m->cu_seqlens;
     s->passes[slot].used = ++s->uses;
-    stria_ring_shape_t rs = stria_ring_shape_of(shape->batch, shape->seq_len, j->heads, j->kv_heads,
-                                                j->head_dim, j->dtype, shape->causal);
-    rs.scale = shape->scale;
-    stria_ring_shape_set_masks(&rs, m->cu_seqlens, m->n_cu_seqlens, shape->has_window,
-                               shape->window_left, shape->window_right);
+    stria_ring_shape_t rs = stria__wjob_ring_shape(j, &s->passes[slot].shape);
     stria_ring_opts_t opts;
     memset(&opts, 0, sizeof(opts));
     opts.step_timeout_s = j->step_timeout_s;
