@@ -21,7 +21,7 @@ stria_status_t stria_dtype_parse(const char *name, stria_dtype_t *dtype_out)
         const char *name;
         stria_dtype_t dtype;
     } names[] = {
-        {"fp32", STRIA_DTYPE_F32},  {"f32", STRIA_DTYPE_F32},      {"float32", STRIA_DTYPE_F32},
+        {"fp32", STRIA_DTYPE_F32},  {"f32", STRIA_DTYPE_F32},       {"float32", STRIA_DTYPE_F32},
         {"bf16", STRIA_DTYPE_BF16}, {"bfloat16", STRIA_DTYPE_BF16}, {"fp16", STRIA_DTYPE_F16},
         {"f16", STRIA_DTYPE_F16},   {"float16", STRIA_DTYPE_F16},
     };
@@ -31,7 +31,8 @@ stria_status_t stria_dtype_parse(const char *name, stria_dtype_t *dtype_out)
             return STRIA_OK;
         }
     }
-    return stria_error_set(STRIA_ERR_INVALID_ARG, "unknown dtype '%s' (expected fp32, bf16 or fp16)",
+    return stria_error_set(STRIA_ERR_INVALID_ARG,
+                           "unknown dtype '%s' (expected fp32, bf16 or fp16)",
                            name ? name : "(null)");
 }
 
