@@ -54,6 +54,28 @@ static inline void case_masks(const kcase_t *c, stria_attn_params_t *p, ref_mask
     m->right = c->right;
 }
 
+/* The kernels' parameters of case c (positions and masks from the case,
+ * the masks' storage in *m), on `pool`. */
+static inline stria_attn_params_t case_params(const kcase_t *c, stria_pool_t *pool, ref_masks_t *m)
+{
+    stria_attn_params_t p = {0};
+    p.batch = c->B;
+    p.q_tokens = c->Tq;
+    p.kv_tokens = c->Tk;
+    p.heads = c->H;
+    p.kv_heads = c->Hkv;
+    p.head_dim = c->D;
+    p.scale = c->scale;
+    p.causal = c->causal;
+    p.q_pos.runs = c->n_qruns ? c->qruns : NULL;
+    p.q_pos.n_runs = c->n_qruns;
+    p.kv_pos.runs = c->n_kruns ? c->kruns : NULL;
+    p.kv_pos.n_runs = c->n_kruns;
+    p.pool = pool;
+    case_masks(c, &p, m);
+    return p;
+}
+
 static inline int64_t *expand(const stria_pos_run_t *runs, size_t n_runs, int64_t tokens)
 {
     int64_t *pos = malloc((size_t)tokens * sizeof(int64_t));
@@ -120,22 +142,8 @@ static inline void run_case(const kcase_t *c, const char *variant)
     ref_to_dtype(v, nk, c->dtype, vs);
     ref_to_dtype(g, nq, c->dtype, gs);
 
-    stria_attn_params_t p = {0};
-    p.batch = c->B;
-    p.q_tokens = c->Tq;
-    p.kv_tokens = c->Tk;
-    p.heads = c->H;
-    p.kv_heads = c->Hkv;
-    p.head_dim = c->D;
-    p.scale = c->scale;
-    p.causal = c->causal;
-    p.q_pos.runs = c->n_qruns ? c->qruns : NULL;
-    p.q_pos.n_runs = c->n_qruns;
-    p.kv_pos.runs = c->n_kruns ? c->kruns : NULL;
-    p.kv_pos.n_runs = c->n_kruns;
-    p.pool = pool;
     ref_masks_t masks;
-    case_masks(c, &p, &masks);
+    stria_attn_params_t p = case_params(c, pool, &masks);
     stria_tensor_t tq = stria_tensor_contiguous(qs, c->dtype, c->Tq, c->H, c->D);
     stria_tensor_t tk = stria_tensor_contiguous(ks, c->dtype, c->Tk, c->Hkv, c->D);
     stria_tensor_t tv = stria_tensor_contiguous(vs, c->dtype, c->Tk, c->Hkv, c->D);
@@ -247,22 +255,8 @@ static inline void run_outputs(const kcase_t *c, const char *variant, float amp,
     ref_fill(f, nk, 24, 1.0f, c->dtype);
     ref_to_dtype(f, nk, c->dtype, vs);
 
-    stria_attn_params_t p = {0};
-    p.batch = c->B;
-    p.q_tokens = c->Tq;
-    p.kv_tokens = c->Tk;
-    p.heads = c->H;
-    p.kv_heads = c->Hkv;
-    p.head_dim = c->D;
-    p.scale = c->scale;
-    p.causal = c->causal;
-    p.q_pos.runs = c->n_qruns ? c->qruns : NULL;
-    p.q_pos.n_runs = c->n_qruns;
-    p.kv_pos.runs = c->n_kruns ? c->kruns : NULL;
-    p.kv_pos.n_runs = c->n_kruns;
-    p.pool = pool;
     ref_masks_t unused;
-    case_masks(c, &p, &unused);
+    stria_attn_params_t p = case_params(c, pool, &unused);
     stria_tensor_t tq = stria_tensor_contiguous(qs, c->dtype, c->Tq, c->H, c->D);
     stria_tensor_t tk = stria_tensor_contiguous(ks, c->dtype, c->Tk, c->Hkv, c->D);
     stria_tensor_t tv = stria_tensor_contiguous(vs, c->dtype, c->Tk, c->Hkv, c->D);
