@@ -9,7 +9,7 @@ optimised libraries inline many, so the binaries cannot tell) and fails
 naming each name defined in more than one module.
 
 A module is a top-level folder (common, kernels, transport, proto, client,
-bench), or daemon/<part> (ring, service, coordinator, worker). Definitions
+tools, bench), or daemon/<part> (ring, service, coordinator, worker). Definitions
 in headers are templates compiled into each file that includes them (the
 x86 kernel variants): they are not read.
 
@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-MODULES = ("common", "kernels", "transport", "proto", "client", "bench", "daemon")
+MODULES = ("common", "kernels", "transport", "proto", "client", "tools", "bench", "daemon")
 # A definition: at column 0, a return type and the name, the parameter list
 # closed on this line or a later one, then a body (not a ';').
 HEAD = re.compile(r"^(?!typedef\b)(?:[A-Za-z_][\w]*[\s\*]+)+?(stria__\w+)\s*\(")
