@@ -18,7 +18,9 @@
  * after warm-up rounds, and reports the median wall time per call (a call:
  * the forward, or the forward and the backward), its overhead over the
  * in-process ring, the workers' minor page faults per call, and whether the
- * outputs equal the in-process ring's bit for bit.
+ * outputs equal the in-process ring's bit for bit; and, per shape and ring,
+ * the median time to open a session (session_open_ms: admission, every
+ * rank's buffers and ring link; each open closed before the next).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -49,8 +51,10 @@ static const char calls_description[] =
     "stria_session_backward) and (c) through the in-process ring\n"
     "(stria_ring_run_local, one thread per rank), alternately after warm-up rounds;\n"
     "prints the medians, the overhead over the in-process ring, the workers' minor\n"
-    "page faults per call and whether the outputs equal the in-process ring's, one\n"
-    "JSON object per line with --json. Causal, striped; the daemons are found\n"
+    "page faults per call and whether the outputs equal the in-process ring's, and\n"
+    "the median time to open a session of each shape and ring (path session_open:\n"
+    "admission, buffers and ring links; at least 11 opens), one JSON object per\n"
+    "line with --json. Causal, striped; the daemons are found\n"
     "beside this program.";
 
 typedef enum { CALLS_JOB = 0, CALLS_SESSION = 1, CALLS_INPROCESS = 2 } calls_arm_t;
@@ -532,6 +536,46 @@ static int calls_sharded(calls_row_t *r, int reps, int warmup, const double inpr
     return 0;
 }
 
+/* The median wall time of opening a session of the row's shape and ring
+ * (stria_session_open(): admission, every rank's buffers and ring link),
+ * over `reps` opens, each closed before the next (the close not timed). */
+static int calls_open_ms(const calls_row_t *r, const stria_session_spec_t *sp, int reps,
+                         double *median_out)
+{
+    double *ms = calloc((size_t)reps, sizeof(double));
+    int rc = ms == NULL;
+    for (int i = 0; i < reps && rc == 0; i++) {
+        stria_session_t *s = NULL;
+        double t0 = stria_time_now();
+        stria_status_t st = stria_session_open(r->client, sp, &s);
+        ms[i] = (stria_time_now() - t0) * 1e3;
+        if (st != STRIA_OK) {
+            fprintf(stderr, "stria-bench calls: opening a session of %s on %d ranks: %s: %s\n",
+                    r->shape->name, r->ranks, stria_status_name(st), stria_error_msg());
+            rc = 1;
+        }
+        stria_session_close(s);
+    }
+    if (rc == 0)
+        *median_out = stria_bench_median(ms, reps);
+    free(ms);
+    return rc;
+}
+
+static void calls_print_open(const calls_row_t *r, double open_ms, int reps)
+{
+    const calls_cfg_t *c = r->cfg;
+    if (c->json)
+        printf("{\"name\":\"calls\",\"path\":\"session_open\",\"shape\":\"%s\",\"ranks\":%d,"
+               "\"dtype\":\"%s\",\"session_open_ms\":%.4f,\"reps\":%d,\"loadavg\":%.2f}\n",
+               r->shape->name, r->ranks, stria_dtype_name(c->dtype), open_ms, reps,
+               calls_loadavg());
+    else
+        printf("%-10s %-14s %5d %-7s %10.3f %10s %10s %11s %6s %5s %5.2f\n", "open", r->shape->name,
+               r->ranks, "-", open_ms, "-", "-", "-", "-", "-", calls_loadavg());
+    fflush(stdout);
+}
+
 /* Every ring and pass of one shape. */
 static int calls_shape(const calls_cfg_t *c, const calls_shape_t *s, stria_client_t *client,
                        int workers)
@@ -557,6 +601,11 @@ static int calls_shape(const calls_cfg_t *c, const calls_shape_t *s, stria_clien
         sp.layout = STRIA_LAYOUT_STRIPED;
         sp.ring_size = ranks;
         sp.label = "stria-bench calls";
+        double open_ms = 0;
+        int open_reps = reps < 11 ? 11 : reps;
+        if ((rc = calls_open_ms(&r, &sp, open_reps, &open_ms)) != 0)
+            break;
+        calls_print_open(&r, open_ms, open_reps);
         stria_status_t st = stria_session_open(client, &sp, &r.session);
         if (st != STRIA_OK) {
             fprintf(stderr, "stria-bench calls: opening a session of %s on %d ranks: %s: %s\n",
