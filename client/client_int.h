@@ -1,15 +1,38 @@
-/* libstria internals: the client, its jobs and ranks, and what the rooms
- * share:
- *   client.c        ABI, connect, submit and the queue, whole-sequence calls
- *                   (phases of one thread per rank), release, accessors
- *   client_data.c   one rank's data: connect, its path (shared memory or
- *                   TCP), the pass call, the phases' rank functions
- *   client_xfer.c   the TCP path: PutInput and GetOutput pipelined in
- *                   chunks, straight from and into the caller's rows
- *   client_shard.c  sharded jobs: submit, export, import, positions, the
- *                   per-rank forward and backward
- *   client_shm.c    the shared-memory path: attach, commit, shard buffers
- *   client_session.c sessions: open, calls on the ranks' connections, close */
+/* libstria internals: the client, its sessions and their calls.
+ *
+ * One data plane. Every job is a session at the service (opened with the
+ * job's shape as its bounds, its forward a call whose inputs the workers
+ * hold for its backward, its backward the next call, then closed): the
+ * library has one way to move tensors and run a pass, a session's call.
+ *
+ * Rooms, from the ground up (a room calls only rooms listed above it; the
+ * names it shares here carry its prefix):
+ *
+ *   client_abi.c     stria__labi_*    the ABI of the public structs: sizes read and written
+ *   client_coord.c   stria__lcoord_*  calls to the coordinator: submit and the queue, the
+ *                                     verdict on a session that failed, its replacement
+ *   client_rank.c    stria__lrank_*   one rank of a session: its worker's connection, its
+ *                                     open, its data path and arena (shared memory)
+ *   client_call.c    stria__lcall_*   one try of a call on some ranks: their inputs placed
+ *                                     (payload, pieces or arena), requests, replies, the
+ *                                     outputs gathered, progress, the try's verdict
+ *   client_session.c stria__lsess_*   sessions (stria_session_*): open, import, calls with
+ *                                     their retries (opened anew, or following a
+ *                                     replacement), held forwards, buffers, close
+ *   client_job.c                      the job API (stria_client_forward, _submit, ...)
+ *                                     over sessions
+ *   client.c                          connect, close
+ *
+ * Threads: a session is used by one thread at a time (its lock serialises
+ * calls from several); a call runs on its caller's thread, with one helper
+ * thread only when the caller wants progress (the helper talks to the
+ * workers; the caller polls and reports). A client's own list of sessions
+ * and jobs belongs to the thread that opens and closes them.
+ *
+ * Ownership: a session owns its ranks, their connections, payload buffers
+ * and arenas (mapped until the session closes, also across a reopening or
+ * a replacement: pointers handed out stay valid); a job owns its session
+ * and a copy of its documents. */
 #ifndef STRIA_CLIENT_INT_H
 #define STRIA_CLIENT_INT_H
 
@@ -19,32 +42,50 @@
 #include "stria_client.h"
 #include "stria_rpc.h"
 #include "stria_shm.h"
+#include "stria_spec.h"
 
 #define STRIA__COORD_TIMEOUT_S 10.0
 #define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
 #define STRIA__POLL_S          0.2
-/* How long the ranks still running get once another rank failed the phase,
- * or the coordinator ended the job: an alive worker hears of it at once and
- * answers with its own account; one silent past this is cut off or stopped,
- * and given up on. */
-#define STRIA__ABANDON_S 2.0
-/* How often a phase asks the coordinator whether the job is still on (a
- * worker it declared lost may never answer the phase's call). */
-#define STRIA__WATCH_S         1.0
-#define STRIA__N_TENSORS       9  /* stria_tensor_id_t: 1 .. 9 */
 #define STRIA__MAX_BLAMED      64 /* workers one try blames */
 #define STRIA__DEFAULT_RETRIES 2
 /* How long a coordinator call keeps trying while the coordinator is out of
  * reach (a restart) or rebuilds its jobs (busy). */
 #define STRIA__RECONNECT_S 60.0
-/* How long a sharded job's rank waits at most for the coordinator's verdict
- * on replacing the job after a failure (the coordinator says how long it
- * waits: a few heartbeat periods). */
+/* How long a sharded rank waits at most for the coordinator's verdict on
+ * replacing its session after a failure (the coordinator waits a few
+ * heartbeat periods for a verdict on a worker). */
 #define STRIA__REPLACE_WAIT_S 120.0
 /* How long a rank whose worker was lost (refused, closed, silent) waits for
  * the coordinator to see it too (its verdict takes 3 heartbeat periods)
- * while the job is still on there. */
+ * while the session is still on there. */
 #define STRIA__VERDICT_WAIT_S 30.0
+/* The inputs of one request at most, whatever the worker takes: a larger
+ * call's inputs go in pieces of this size. */
+#define STRIA__PIECE_MAX ((uint64_t)64 << 20)
+/* Forwards a session may hold (the coordinator's STRIA_COORD_MAX_HELD). */
+#define STRIA__MAX_HELD 63
+
+/* ---- records ----------------------------------------------------------------- */
+
+/* What the sessions of a client leave for the next ones (client_rank.c):
+ * connections to workers (a hello is a round trip and a key exchange) and
+ * arenas (a memfd allocated, sealed and mapped, which the workers keep
+ * mapped for a while too: a job on the same workers faults no page). */
+#define STRIA__KEPT_CONNS       32
+#define STRIA__KEPT_ARENAS      16
+#define STRIA__KEPT_ARENA_BYTES ((size_t)1 << 30)
+
+typedef struct {
+    char address[300];
+    stria_rpc_client_t *conn;
+} stria__lconn_t;
+
+typedef struct {
+    int fd;
+    char *base;
+    size_t size;
+} stria__larena_t;
 
 struct stria_client {
     stria_client_params_t params;
@@ -52,215 +93,274 @@ struct stria_client {
     char *token;
     char *client_name;
     stria_rpc_client_t *coord;
-    stria_job_t *jobs;         /* open jobs, released by stria_client_close() */
     stria_session_t *sessions; /* open sessions, closed by stria_client_close() */
+    stria_job_t *jobs;         /* open jobs, released by stria_client_close() */
+    /* kept for the next sessions (keep_lock; sessions of several threads) */
+    pthread_mutex_t keep_lock;
+    stria__lconn_t kept_conns[STRIA__KEPT_CONNS];
+    int n_kept_conns;
+    stria__larena_t kept_arenas[STRIA__KEPT_ARENAS];
+    int n_kept_arenas;
+    size_t kept_arena_bytes;
 };
 
-/* Where a tensor lies in a rank's shared memory (ShmTensor). */
-typedef struct {
-    uint64_t offset, outer, outer_stride, row_bytes;
-} stria__shm_tensor_t;
-
-/* A rank's shared memory with its worker: the socket (-1: none) and the
- * mapping of the job's memfd (fd: the memfd, open while base is mapped). */
-typedef struct {
-    int sock;
-    int fd;
-    void *base;
-    size_t size;
-    stria__shm_tensor_t t[STRIA__N_TENSORS + 1]; /* by stria_tensor_id_t */
-} stria__shm_t;
-
+/* One rank of a session, as this handle reaches it. */
 typedef struct {
     int rank;
     char rpc_address[300];
-    char shm_socket[STRIA_SHM_MAX_PATH]; /* the worker's; "" : none */
+    char shm_socket[STRIA_SHM_MAX_PATH]; /* the worker's; "": none */
     uint64_t worker_id;
-    int64_t tokens;
     stria_rpc_client_t *conn;
-    stria__shm_t shm;
-    bool shm_tried;    /* the path is decided */
-    char shm_why[300]; /* why the rank uses TCP under STRIA_DATA_PATH_AUTO */
-    bool used;         /* sharded: this handle reached the rank's worker (ran it) */
-    bool fwd_done;     /* sharded: its forward pass succeeded */
-    /* result of the rank's part of the current phase */
-    stria_status_t status;
-    char error[768];
-    bool retryable; /* the failure is (see stria_error_retryable()) */
-    bool conn_lost; /* its worker was lost: refused, closed, silent (blame it) */
-    bool abandoned; /* its call was given up on (see stria__phase_t.abandoned) */
-    bool done;      /* its part of the current phase ended (under the phase's lock) */
-    double compute_s, wait_s;
-    uint32_t steps;      /* of the last pass */
-    uint64_t bytes_sent; /* over the ring in the last pass */
-    uint64_t bytes;      /* moved in the current phase, read by the progress poller */
-    void *stage;         /* staging of short rows (client_xfer.c), kept between calls */
-    size_t stage_cap;
-} stria__rank_t;
+    bool opened;    /* OpenSession answered on this handle */
+    bool used;      /* this handle runs the rank (sharded: its own) */
+    bool path_done; /* its data path is decided */
+    char tcp_why[300];
+    /* The arena: a sealed memfd of this process, mapped here, registered
+     * with the rank's worker while arena_sock is open. Kept when the
+     * session is opened anew or replaced (registered again there). */
+    int arena_fd, arena_sock;
+    char *arena;
+    size_t arena_size;
+    /* a payload call's inputs and outputs (grown, kept) */
+    void *up, *down;
+    size_t up_cap, down_cap;
+} stria__lrank_t;
 
-struct stria_job {
-    stria_client_t *client;
-    stria_job_t *next;
-    uint64_t id;
-    stria_job_spec_t spec; /* as assigned: defaults filled in */
-    stria_layout_t layout;
-    int n_ranks;
-    stria__rank_t *ranks;
-    double pass_timeout_s;
-    bool forward_done;
+/* The spec a session is submitted with: the job API's (a job's call and
+ * its bounds alike), or a session's bounds. */
+typedef struct {
+    stria_job_spec_t js; /* strings and arrays borrowed until the submission */
+    bool session;        /* JobSpec.session: its calls are not reported */
     bool sharded;
-    bool session; /* JobSpec.session: a session's job (client_session.c) */
-    /* the release tries the coordinator once (a session closed while the
-     * coordinator is out of reach: its workers dropped it already, and its
-     * idle deadline ends it there) */
-    bool release_once;
-    /* The job's capability, from the coordinator at submission (or the
-     * export bytes): every request about the job proves it (never sends it
-     * over the network); the shared-memory attach hands it to the worker
-     * over the host's Unix socket. */
+    uint32_t max_held;
+    /* workers the first submission excludes (earlier tries blamed them);
+     * with `blame`, a failed open adds the workers it blames there (at most
+     * STRIA__MAX_BLAMED in all) */
+    uint64_t *exclude;
+    size_t *n_exclude;
+    bool blame;
+    /* times a whole-sequence open that failed retryably is tried again (a
+     * worker lost as it opened); < 0: the client's forward_retries */
+    int retries;
+} stria__lopen_t;
+
+struct stria_session {
+    stria_client_t *client;
+    stria_session_t *next;     /* client->sessions (not a job's) */
+    pthread_mutex_t lock;      /* one call at a time */
+    stria_session_spec_t spec; /* as opened or imported, without strings and arrays */
+    stria__lopen_t open;       /* how to open it anew (its strings and arrays cleared) */
+    bool sharded;
+    bool job; /* a job's session (client_job.c) */
+    /* at the service now (id 0: none) */
+    uint64_t id;
     stria_job_secret_t secret;
-    /* Retries (client.c): workers the submission excludes (the blamed ones
-     * of earlier tries; not owned), and what a failed try found: whether it
-     * is retryable and the workers it is blamed on. */
-    const uint64_t *exclude;
-    size_t n_exclude;
+    stria_layout_kind_t layout; /* as assigned */
+    int n_ranks;
+    stria__lrank_t *ranks;
+    double call_timeout_s;
+    /* calls */
+    uint64_t next_call;
+    uint64_t epoch;     /* the ring links' generation (see stria__lcall_epoch()) */
+    uint64_t held_mask; /* regions held by forwards (index 0 .. max_held) */
+    uint64_t held_call[STRIA__MAX_HELD + 1];
+    pid_t pid;
+    stria_session_stats_t stats;
+    /* workers a retry must not use (the failed tries'); the next submission's */
+    uint64_t blamed[STRIA__MAX_BLAMED];
+    size_t n_blamed;
+    bool release_once; /* its release tries the coordinator once (closing) */
+};
+
+/* ---- client_abi.c ---- */
+/* The sizes of the structs as ABI 1 declared them: the smallest a caller may
+ * pass. Later versions add fields at the end and keep these. */
+#define STRIA__V1_END(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+/* Whether `theirs`, a caller's struct_size, can be the size of a version of
+ * a struct whose ABI 1 size is v1 and whose current size is ours. */
+stria_status_t stria__labi_size_ok(size_t theirs, size_t v1, size_t ours, const char *what,
+                                   const char *init);
+/* Reads a caller's struct that starts with its struct_size into ours
+ * (`size` bytes, zeroed first): a smaller struct (an older header; at least
+ * `v1`) leaves our later fields zero, a larger one is accepted only when the
+ * bytes this library does not know are all zero. */
+stria_status_t stria__labi_read(void *dst, size_t size, size_t v1, const void *src,
+                                const char *what, const char *init);
+/* A caller's stats struct: its size checked; ours written into it as far
+ * as its struct_size reaches (fields this library does not fill zeroed). */
+stria_status_t stria__labi_check_stats(const stria_call_stats_t *stats);
+void stria__labi_write_stats(stria_call_stats_t *out, const stria_call_stats_t *ours);
+/* The caller's call record into the one shape record (documents borrowed). */
+stria_status_t stria__labi_call(const stria_call_t *in, stria_call_shape_t *out);
+
+/* ---- client_coord.c ---- */
+/* A call to the coordinator, about session `id` (its secret proven) unless
+ * secret is NULL. With `patient`, a connection that broke or was refused (a
+ * restarting coordinator) and a job-scoped call answered busy (a restarted
+ * coordinator rebuilding its jobs) are tried again for up to
+ * STRIA__RECONNECT_S. */
+stria_status_t stria__lcoord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
+                                  const stria_job_secret_t *secret, uint64_t id,
+                                  stria_rpc_reply_t *reply, bool patient);
+/* What the coordinator says of a session (GetJob). */
+typedef struct {
+    Stria__V1__JobState state;
+    uint32_t queue_position;
+    uint32_t step, steps_total; /* the slowest rank's, as the heartbeats tell */
+    uint64_t replaced_by;
+    bool replacement_pending;
+    bool failure_retryable;
+    char failure[512];
+    uint64_t blamed[STRIA__MAX_BLAMED];
+    size_t n_blamed;
+} stria__linfo_t;
+/* A submission's outcome: the session's id and secret, and the reply whose
+ * assignment names its ranks (free it with stria_rpc_reply_free()); on a
+ * failure the workers it blames. */
+typedef struct {
+    uint64_t id;
+    stria_job_secret_t secret;
+    stria_rpc_reply_t reply;
+    const Stria__V1__Assignment *assignment;
     bool retryable;
     uint64_t blamed[STRIA__MAX_BLAMED];
     size_t n_blamed;
-    /* Sharded: the shared memory of the ranks of the jobs this one replaced
-     * (client_shard.c), kept mapped until the handle is released: a caller
-     * may still read and write the buffers it was handed. */
-    struct stria__retired *retired;
-    size_t n_retired;
-};
-/* A replaced job's rank's shared memory, still mapped (see retired). */
-typedef struct stria__retired {
-    int rank;
-    stria__shm_t shm;
-} stria__retired_t;
+} stria__lsubmit_t;
+/* Submits `o` (on a ring without the workers exclude[0 .. n)) and waits
+ * while it is queued (progress QUEUED). A queued session the coordinator
+ * forgot (a restart: nothing of it ran) is submitted again, a few times. An
+ * error with out->id set: admitted, then failed (the caller releases it). */
+stria_status_t stria__lcoord_submit(stria_client_t *c, const stria__lopen_t *o,
+                                    const uint64_t *exclude, size_t n_exclude,
+                                    stria_progress_cb progress, void *arg, stria__lsubmit_t *out);
+/* The coordinator's record of session `id` (GetJob, its secret proven);
+ * `patient` as in stria__lcoord_call(); with `reply` (may be NULL) the
+ * reply is kept there (its assignment), else freed. STRIA_ERR_NOT_FOUND:
+ * the coordinator does not know it (any more). */
+stria_status_t stria__lcoord_info(stria_client_t *c, uint64_t id, const stria_job_secret_t *secret,
+                                  bool patient, stria__linfo_t *out, stria_rpc_reply_t *reply);
+/* The session that replaces session `id`, at the end of its chain, waiting
+ * while the coordinator waits for a verdict (and, with `lost`: this rank's
+ * worker was lost, while the session is still on, for the coordinator to
+ * see it); 0 when none. */
+uint64_t stria__lcoord_replacement(stria_client_t *c, uint64_t id, const stria_job_secret_t *secret,
+                                   bool lost);
+/* Tells the coordinator that ranks[0 .. n) of session `id` are done with it
+ * (all of them: n 0), trying once unless `patient`. */
+stria_status_t stria__lcoord_release(stria_client_t *c, uint64_t id,
+                                     const stria_job_secret_t *secret, const uint32_t *ranks,
+                                     size_t n, bool patient);
 
-/* ---- the phases of a whole-sequence call (client.c) ---- */
-typedef struct stria__phase stria__phase_t;
-typedef void (*stria__rank_fn)(stria__phase_t *ph, stria__rank_t *r);
+/* ---- client_rank.c ---- */
+/* The ranks of an assignment into the session (its layout checked); the
+ * arenas of the ranks it had are kept, by rank. */
+stria_status_t stria__lrank_assign(stria_session_t *s, const Stria__V1__Assignment *a);
+/* Opens the given ranks on their workers (OpenSession: every request first,
+ * then the replies; `early`: without waiting for their ring links, which
+ * their first call waits for) and decides their data paths; the outcome of
+ * each in out[i] (see stria__lout_t). */
+typedef struct {
+    stria_status_t st;
+    bool lost; /* its worker was lost (refused, closed, silent) or leaves */
+    bool retryable;
+    bool abandoned; /* given up on for another rank's failure: explains nothing */
+    char error[768];
+} stria__lout_t;
+void stria__lrank_open(stria_session_t *s, const int *ranks, int n, bool early, stria__lout_t *out);
+/* Records rank r's failure `st` (the thread's message) into *o. */
+void stria__lrank_fail(const stria__lrank_t *r, stria_status_t st, stria__lout_t *o);
+/* How well a rank's failure explains a try's (the one rule of the verdicts):
+ * its own failure best, then a peer's abort (an echo of another rank's),
+ * last a rank given up on. */
+int stria__lrank_explains(const stria__lout_t *o);
+/* The bytes of one call's region at the session's bounds; of its inputs. */
+size_t stria__lrank_region(const stria_session_t *s, size_t *in_room_out);
+/* Lets the session's ranks go at its workers (DropJob on the ranks this
+ * handle used) and forgets them, their connections kept for the client's
+ * next sessions when they are sound; arenas stay with the session unless
+ * `arenas` (the session closes: they are kept for the next sessions). */
+void stria__lrank_drop_all(stria_session_t *s, bool arenas);
+/* Closes and unmaps what the client's sessions left (stria_client_close()). */
+void stria__lrank_forget_kept(stria_client_t *c);
+/* Tells rank r's worker that held forward `call` will not be used. */
+stria_status_t stria__lrank_release_held(stria_session_t *s, stria__lrank_t *r, uint64_t call);
 
-struct stria__phase {
-    stria_job_t *job;
-    stria__rank_fn fn;
-    /* inputs and outputs of the phase, full tensors */
-    const void *in[3];
-    int n_in;
+/* ---- client_call.c ---- */
+/* A call's tensors as the caller gives them: full tensors of the call's
+ * batch and seq_len (whole-sequence sessions) or the rank's own tokens
+ * (sharded). Inputs in payload order (forward Q, K, V; backward Q, K, V, O,
+ * LSE, dO), outputs (forward O, LSE; backward dQ, dK, dV). A held forward's
+ * backward reads only in[5] (dO). */
+typedef struct {
+    const void *in[6];
     void *out[3];
-    float *lse_out;
-    int n_out;
+} stria__lio_t;
+/* What a try of a call does. */
+typedef struct {
+    const stria_call_shape_t *shape;
     bool backward;
-    /* completion */
-    pthread_mutex_t lock;
-    pthread_cond_t cv;
-    int remaining;
-    /* Giving up on ranks that do not answer once the phase has failed:
-     * another rank failed it at first_fail, or the coordinator ended the job
-     * (abandon_why says which; abandon_retryable is its verdict). */
-    double first_fail;
-    double ended_at; /* when the coordinator was seen to have ended the job (0: not) */
-    bool ended_retryable;
-    char ended_why[512];
-    bool abandoned;
-    bool abandon_retryable;
-    char abandon_why[512];
-};
+    bool hold;     /* keep the forward for its backward (held forwards) */
+    bool use_held; /* the backward of the held forward `held_call` */
+    uint64_t held_call;
+    int region;    /* the arena region the call uses */
+    uint64_t call; /* its number */
+    const stria__lio_t *io;
+    stria_progress_cb progress;
+    void *progress_arg;
+} stria__lcall_t;
+/* What the try found: per rank, and over the ranks. */
+typedef struct {
+    stria__lout_t *out; /* per rank of the try */
+    bool retryable, expired;
+    double pass_max_s, compute_max_s, compute_min_s, wait_max_s, upload_s, download_s;
+    uint32_t steps;
+    uint64_t ring_bytes, up_bytes, down_bytes, minflt;
+} stria__lresult_t;
+/* One try of call c on ranks[0 .. n) (all of a whole-sequence session; the
+ * caller's own of a sharded one); STRIA_OK when every rank succeeded. The
+ * failure's status and message name the rank whose failure explains the
+ * others; res->retryable is the try's verdict; the workers lost are added
+ * to the session's blamed. */
+stria_status_t stria__lcall_try(stria_session_t *s, const stria__lcall_t *c, const int *ranks,
+                                int n, stria__lresult_t *res);
+/* The ring links' generation of the calls after call `call` failed on its
+ * try `attempt` (every rank computes the same). */
+uint64_t stria__lcall_epoch(uint64_t call, int attempt);
 
-/* ---- client.c ---- */
-size_t stria__row_bytes(const stria_job_t *job, int64_t heads);
-/* A call to the coordinator; about `job` (its secret proven) unless NULL.
- * A connection that broke or was refused (a restarting coordinator), and a
- * job-scoped call answered busy (a restarted coordinator rebuilding its
- * jobs), are tried again for up to STRIA__RECONNECT_S. */
-stria_status_t stria__coord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
-                                 const stria_job_t *job, stria_rpc_reply_t *reply);
-/* The same; `patient` false: one try only (the progress poller, the phase's
- * watch). */
-stria_status_t stria__coord_call_ex(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
-                                    const stria_job_t *job, stria_rpc_reply_t *reply, bool patient);
-/* How many times a forward that failed retryably is tried again. */
-int stria__retries(const stria_client_t *c);
-/* A caller's spec read into ours (ABI) and checked. */
-stria_status_t stria__read_spec(const stria_job_spec_t *in, stria_job_spec_t *out);
-/* Submits job->spec (sharded or not) and waits while the job is queued;
- * job->id is set once the coordinator admitted it. */
-stria_status_t stria__submit(stria_client_t *c, stria_job_t *job, bool sharded,
-                             stria_progress_cb progress, void *arg);
-/* Waits while the job is PENDING (state and position as last seen). */
-stria_status_t stria__wait_queued(stria_client_t *c, stria_job_t *job, Stria__V1__JobState state,
-                                  uint32_t qpos, stria_progress_cb progress, void *arg);
-/* The job's ranks from the coordinator's assignment, checked against the
- * layout this library scatters with. */
-stria_status_t stria__job_from_assignment(stria_job_t *job, const Stria__V1__Assignment *a);
-void stria__job_free(stria_job_t *job);
-/* Whether the coordinator ended the job (failed, cancelled or expired it);
- * its reason into why[0 .. len) and its verdict into *retryable. */
-bool stria__job_ended(stria_job_t *job, char *why, size_t len, bool *retryable);
-/* The calling thread's error message about a failed call of the job, into
- * msg[0 .. len), with the coordinator's verdict taken (retryable, blamed
- * workers) and its reason added: the ranks may only have heard that the job
- * is over, while the coordinator's reason names the rank that caused it. */
-void stria__failure_msg(stria_job_t *job, char *msg, size_t len);
-/* Links an open job into its client (released by stria_client_close()). */
-void stria__job_link(stria_job_t *job);
-
-/* ---- client_data.c ---- */
-/* The rank's connection to its worker and, as the client's path says,
- * its shared memory. */
-stria_status_t stria__rank_connect(stria_job_t *job, stria__rank_t *r);
-/* Bytes of the compact form of a rank's tensor. */
-uint64_t stria__rank_bytes(const stria_job_t *job, const stria__rank_t *r, stria_tensor_id_t t);
-/* A rank's input from its compact form (or in place), by its path. */
-stria_status_t stria__rank_put(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t,
-                               const void *compact);
-/* A rank's output into its compact form (or in place), by its path. */
-stria_status_t stria__rank_get(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t,
-                               void *compact);
-/* RunForward / RunBackward of the rank, with `extra_s` more patience (a
- * sharded pass waits for the other ranks). */
-stria_status_t stria__rank_run(stria_job_t *job, stria__rank_t *r, bool backward, double extra_s);
-/* Whether a failure `st` of a rank's call means its worker is lost: no
- * answer (refused, closed, silent past the deadline), not an error it
- * replied (a retryable failure, that worker to blame). */
-bool stria__rank_lost(const stria__rank_t *r, stria_status_t st);
-/* Records a rank's failure of the current phase (status, message, whether
- * it is retryable and whether its worker was lost). */
-void stria__rank_fail(stria__rank_t *r, stria_status_t st, const char *what);
-/* DropJob on the rank's worker (its memory goes back now). */
-void stria__rank_drop(stria_job_t *job, stria__rank_t *r);
-/* The phases' rank functions. */
-void stria__rank_upload(stria__phase_t *ph, stria__rank_t *r);
-void stria__rank_pass(stria__phase_t *ph, stria__rank_t *r);
-void stria__rank_download(stria__phase_t *ph, stria__rank_t *r);
-
-/* ---- client_shm.c ---- */
-/* Attaches the rank's shared memory through its worker's socket. */
-stria_status_t stria__shm_attach(stria_job_t *job, stria__rank_t *r);
-/* A rank's memory from before its job was replaced: adopted by the rank's
- * new mapping (stria__shm_attach() maps the new job's memory at the same
- * address, with its bytes), so the caller's pointers into it stay good. Over
- * TCP it cannot be: a call with such a pointer fails (an error, never other
- * bytes), and this says so. */
-stria_status_t stria__retired_check(const stria_job_t *job, const stria__rank_t *r, const void *p);
-/* Tells the worker an input is written in full. */
-stria_status_t stria__shm_commit(stria_job_t *job, stria__rank_t *r, stria_tensor_id_t t);
-void stria__shm_detach(stria__shm_t *shm);
-/* A session rank's arena (client_session.c): `size` bytes of a sealed memfd
- * of this process, its pages allocated, mapped here (r->shm) and registered
- * with the rank's worker through its socket (ShmRequest OP_ARENA), which
- * maps it too. */
-stria_status_t stria__shm_arena(stria_job_t *job, stria__rank_t *r, size_t size);
-/* Writes rank r's shard of input t into its shared memory (with pwritev:
- * see client_shm.c): from a full [outer, seq_len, row] tensor, the rank's
- * tokens at their positions (full), or from a compact shard (job may then
- * be NULL). */
-void stria__shm_write(const stria_job_t *job, const stria__rank_t *r, stria_tensor_id_t t,
-                      const void *src, bool full);
-/* Copies between a compact tensor and the rank's shared one (unless they
- * are the same memory). */
-void stria__shm_copy(const stria__rank_t *r, stria_tensor_id_t t, void *compact, bool to_shared);
+/* ---- client_session.c ---- */
+/* Opens a session (submits it, waits in the queue with `progress`, opens
+ * every rank of a whole-sequence one) into *out, not yet linked into the
+ * client. The open's strings and arrays are read during the call only. */
+stria_status_t stria__lsess_open(stria_client_t *c, const stria__lopen_t *o,
+                                 const stria_session_spec_t *spec, stria_progress_cb progress,
+                                 void *arg, stria_session_t **out);
+/* The session of an export (session or job). */
+stria_status_t stria__lsess_import(stria_client_t *c, const void *bytes, size_t len, bool job,
+                                   stria_session_t **out);
+/* A call with its retries (a whole-sequence session opened anew without the
+ * blamed workers; a sharded one following its replacement, or on a fresh
+ * link), its stats into `stats` (may be NULL); held is the held forward's
+ * handle (hold: out; use_held: in). rank -1: whole-sequence. */
+typedef struct {
+    const stria_call_shape_t *shape;
+    int rank;
+    bool backward, hold, use_held;
+    uint64_t held;
+    const stria__lio_t *io;
+    int retries; /* of a forward that failed retryably; < 0: the client's */
+    stria_progress_cb progress;
+    void *progress_arg;
+    stria_call_stats_t *stats;
+} stria__lreq_t;
+stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria__lreq_t *r,
+                                 uint64_t *held_out);
+/* Where tensor t of a call of shape c lies in rank `rank`'s arena (region
+ * 0), opening the rank if no call did yet. */
+stria_status_t stria__lsess_buffer(stria_session_t *s, const char *fn, const stria_call_shape_t *c,
+                                   int rank, stria_tensor_id_t t, stria_shard_buffer_t *out);
+/* Closes the session at the service and frees the handle. */
+stria_status_t stria__lsess_close(stria_session_t *s);
+/* How many times a call that failed retryably is tried again. */
+int stria__lsess_retries(const stria_client_t *c);
 
 #endif /* STRIA_CLIENT_INT_H */

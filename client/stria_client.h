@@ -410,6 +410,11 @@ typedef struct {
     const char *const *placement_hosts;
     const int *placement_devices;
     bool placement_fallback;
+    /* Added after `placement_fallback` (older callers' struct_size ends
+     * there and it reads as 0). Forwards the workers may hold at once for
+     * their backward (stria_session_forward_held()), 0..63: admitted as that
+     * much more memory per rank (one call's region at the bounds each). */
+    uint32_t max_held;
 } stria_session_spec_t;
 #define STRIA_SESSION_SPEC_INIT                                                                    \
     {                                                                                              \
@@ -482,6 +487,24 @@ stria_status_t stria_session_backward_shard(stria_session_t *session, const stri
                                             int rank, const void *q, const void *k, const void *v,
                                             const void *o, const float *lse, const void *d_o,
                                             void *dq, void *dk, void *dv);
+/* Held forwards (a session with max_held > 0). A forward that holds keeps
+ * its Q, K, V, O and LSE on the workers (in this process's arena where the
+ * rank has one), so that its backward brings only dO and its inputs travel
+ * once; it returns the forward's handle in *held_out. Its backward, with
+ * the same call record, uses and then lets go of it; a held forward whose
+ * backward will not run is let go with stria_session_release_held(). `rank`
+ * is -1 for a whole-sequence session, the caller's rank for a sharded one
+ * (whose tensors are then its own tokens). A held forward lives on the
+ * session as it is: a call that fails over to a session opened anew or a
+ * replacement loses it (its backward then fails, retryable: run the
+ * forward again). */
+stria_status_t stria_session_forward_held(stria_session_t *session, const stria_call_t *call,
+                                          int rank, const void *q, const void *k, const void *v,
+                                          void *o, float *lse, uint64_t *held_out);
+stria_status_t stria_session_backward_held(stria_session_t *session, const stria_call_t *call,
+                                           int rank, uint64_t held, const void *d_o, void *dq,
+                                           void *dk, void *dv);
+stria_status_t stria_session_release_held(stria_session_t *session, int rank, uint64_t held);
 /* Bytes of a session's export, and the export and import (as for jobs: the
  * bytes are the session's capability). */
 #define STRIA_SESSION_EXPORT_BYTES STRIA_JOB_EXPORT_BYTES

@@ -299,3 +299,40 @@ stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t he
     *bytes_out = (uint64_t)total;
     return STRIA_OK;
 }
+
+uint64_t stria_session_region_bytes(int64_t batch, int64_t shard_tokens, int64_t heads,
+                                    int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                    uint64_t *in_room_out)
+{
+    size_t es = stria_dtype_size(dtype);
+    if (batch <= 0 || shard_tokens <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 || es == 0)
+        return 0;
+    unsigned __int128 rows = (unsigned __int128)(uint64_t)batch * (uint64_t)shard_tokens;
+    unsigned __int128 q = (unsigned __int128)(uint64_t)heads * (uint64_t)head_dim * es;
+    unsigned __int128 kv = (unsigned __int128)(uint64_t)kv_heads * (uint64_t)head_dim * es;
+    unsigned __int128 l = (unsigned __int128)(uint64_t)heads * 4;
+    unsigned __int128 in = rows * (3 * q + 2 * kv + l), all = in + rows * (q + 2 * kv);
+    if (all >> 62)
+        return 0;
+    if (in_room_out != NULL)
+        *in_room_out = (uint64_t)in;
+    return (uint64_t)all;
+}
+
+stria_status_t stria_session_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
+                                         int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                         uint32_t max_held, uint64_t *bytes_out)
+{
+    uint64_t base;
+    stria_status_t st =
+        stria_rank_memory(batch, shard_tokens, heads, kv_heads, head_dim, dtype, &base);
+    if (st != STRIA_OK)
+        return st;
+    uint64_t region =
+        stria_session_region_bytes(batch, shard_tokens, heads, kv_heads, head_dim, dtype, NULL);
+    unsigned __int128 total = (unsigned __int128)base + (unsigned __int128)region * (1u + max_held);
+    if (region == 0 || (total >> 63))
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "rank memory: more than 2^63 bytes");
+    *bytes_out = (uint64_t)total;
+    return STRIA_OK;
+}

@@ -84,3 +84,9 @@ bool stria_error_set_retryable(bool retryable)
     stria__err_retryable = retryable;
     return retryable;
 }
+
+bool stria_status_retryable(stria_status_t st)
+{
+    return st == STRIA_ERR_PEER || st == STRIA_ERR_TRANSPORT || st == STRIA_ERR_CLOSED ||
+           st == STRIA_ERR_TIMEOUT || st == STRIA_ERR_IO;
+}

@@ -87,6 +87,24 @@ stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t he
                                  int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
                                  uint64_t *bytes_out);
 
+/* The bytes of one call's region of a session rank (see stria.proto,
+ * SessionCallRequest): the inputs Q, K, V, O, LSE, dO, then a backward's
+ * outputs dQ, dK, dV, each of batch x shard_tokens rows; *in_room_out
+ * (may be NULL) the inputs' part. 0 for sizes <= 0, an unknown dtype or a
+ * result beyond 2^62. */
+uint64_t stria_session_region_bytes(int64_t batch, int64_t shard_tokens, int64_t heads,
+                                    int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                    uint64_t *in_room_out);
+
+/* Memory of one rank of a session (a job is one), for admission (the
+ * coordinator) and reservation (the worker): stria_rank_memory() for its
+ * bounds and 1 + max_held regions (stria_session_region_bytes()): the call
+ * running and the forwards held for their backward. Errors as
+ * stria_rank_memory(). */
+stria_status_t stria_session_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
+                                         int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
+                                         uint32_t max_held, uint64_t *bytes_out);
+
 /* Real (unpadded) tokens of `rank`'s shard: its first ones. 0 for a bad rank. */
 int64_t stria_layout_shard_valid(const stria_layout_t *layout, int rank);
 

@@ -38,6 +38,13 @@ stria_status_t stria_error_wrap(stria_status_t status, const char *fmt, ...)
 /* Clears the calling thread's message. */
 void stria_error_clear(void);
 
+/* Whether a call that failed with `status` may succeed when it is tried
+ * again: its cause lay outside the call (a ring link broke; a peer stalled,
+ * vanished, left or was lost; a connection closed; an I/O error), not in
+ * the call itself (bad input, no memory, cancelled, authentication). The
+ * one rule every door applies to a status. */
+bool stria_status_retryable(stria_status_t status);
+
 /* Marks the calling thread's last error retryable or not (see
  * stria_error_retryable()); stria_error_set() clears the mark,
  * stria_error_wrap() keeps it. Returns `retryable`. */

@@ -184,14 +184,46 @@ uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, boo
     return stria__fnv(h, (uint64_t)c->window_right);
 }
 
-void stria_call_binding(const stria_call_shape_t *c, uint64_t call, uint64_t link_epoch,
-                        bool backward, bool arena, uint64_t arena_in, uint64_t arena_out,
+void stria_call_place_from_pb(const Stria__V1__SessionCallRequest *req, stria_call_place_t *p)
+{
+    *p = (stria_call_place_t){.call = req->call,
+                              .link_epoch = req->link_epoch,
+                              .backward = req->backward,
+                              .arena = req->arena,
+                              .arena_in = req->arena_in,
+                              .arena_out = req->arena_out,
+                              .more = req->more,
+                              .piece_offset = req->piece_offset,
+                              .hold = req->hold,
+                              .use_held = req->use_held,
+                              .held_call = req->held_call};
+}
+
+void stria_call_place_to_pb(const stria_call_place_t *p, Stria__V1__SessionCallRequest *req)
+{
+    req->call = p->call;
+    req->link_epoch = p->link_epoch;
+    req->backward = p->backward;
+    req->arena = p->arena;
+    req->arena_in = p->arena ? p->arena_in : 0;
+    req->arena_out = p->arena ? p->arena_out : 0;
+    req->more = p->more;
+    req->piece_offset = p->piece_offset;
+    req->hold = p->hold;
+    req->use_held = p->use_held;
+    req->held_call = p->use_held ? p->held_call : 0;
+}
+
+void stria_call_binding(const stria_call_shape_t *c, const stria_call_place_t *p,
                         uint8_t out[STRIA_CALL_BINDING_BYTES])
 {
-    stria_put_le64(out, call);
-    stria_put_le64(out + 8, link_epoch);
-    stria_put_le64(out + 16, stria_call_shape_digest(c, call, backward));
-    out[24] = arena ? 1 : 0;
-    stria_put_le64(out + 25, arena ? arena_in : 0);
-    stria_put_le64(out + 33, arena ? arena_out : 0);
+    stria_put_le64(out, p->call);
+    stria_put_le64(out + 8, p->link_epoch);
+    stria_put_le64(out + 16, stria_call_shape_digest(c, p->call, p->backward));
+    out[24] = (uint8_t)((p->arena ? 1 : 0) | (p->more ? 2 : 0) | (p->hold ? 4 : 0) |
+                        (p->use_held ? 8 : 0));
+    stria_put_le64(out + 25, p->arena ? p->arena_in : 0);
+    stria_put_le64(out + 33, p->arena ? p->arena_out : 0);
+    stria_put_le64(out + 41, p->piece_offset);
+    stria_put_le64(out + 49, p->use_held ? p->held_call : 0);
 }

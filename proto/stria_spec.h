@@ -79,12 +79,28 @@ void stria_call_shape_to_spec(const stria_call_shape_t *c, Stria__V1__JobSpec *s
                               Stria__V1__JobSpec__Window *win);
 /* A digest of a call (its shape, number and direction) that ranks compare. */
 uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward);
+/* Where a SessionCall's tensors are and what it asks beyond its shape: the
+ * request's fields other than the shape and the ids. */
+typedef struct {
+    uint64_t call, link_epoch;
+    bool backward;
+    bool arena; /* inputs at arena_in, outputs at arena_out of the client's arena */
+    uint64_t arena_in, arena_out;
+    bool more; /* a piece of the inputs at piece_offset; more follow */
+    uint64_t piece_offset;
+    bool hold;     /* a forward kept for its backward */
+    bool use_held; /* the backward of held call held_call */
+    uint64_t held_call;
+} stria_call_place_t;
+/* The place of a decoded request, and the request's fields from a place. */
+void stria_call_place_from_pb(const Stria__V1__SessionCallRequest *req, stria_call_place_t *p);
+void stria_call_place_to_pb(const stria_call_place_t *p, Stria__V1__SessionCallRequest *req);
 /* The bytes of a SessionCall its proof binds (stria_rpc_request_t.proof_extra):
- * the call's number, link epoch, shape digest (and direction) and arena
- * places, so that an attacker on the path can change none of them. */
-#define STRIA_CALL_BINDING_BYTES 41
-void stria_call_binding(const stria_call_shape_t *c, uint64_t call, uint64_t link_epoch,
-                        bool backward, bool arena, uint64_t arena_in, uint64_t arena_out,
+ * the call's number, link epoch, shape digest (and direction), arena
+ * places, piece and held forward, so that an attacker on the path can change
+ * none of them. */
+#define STRIA_CALL_BINDING_BYTES 57
+void stria_call_binding(const stria_call_shape_t *c, const stria_call_place_t *p,
                         uint8_t out[STRIA_CALL_BINDING_BYTES]);
 
 #ifdef __cplusplus

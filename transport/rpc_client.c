@@ -486,6 +486,20 @@ void stria_rpc_client_abort(stria_rpc_client_t *cl)
         (void)eventfd_write(cl->abort_fd, 1);
 }
 
+bool stria_rpc_client_check_idle(stria_rpc_client_t *cl)
+{
+    if (__atomic_load_n(&cl->aborted, __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&cl->lock);
+    if (cl->fd >= 0) {
+        struct pollfd p = {.fd = cl->fd, .events = POLLIN};
+        if (poll(&p, 1, 0) != 0) /* readable (EOF, a reset, bytes unasked) or an error */
+            stria__cl_drop(cl);
+    }
+    pthread_mutex_unlock(&cl->lock);
+    return true;
+}
+
 bool stria_rpc_client_admin(const stria_rpc_client_t *cl)
 {
     return (cl->roles & STRIA_RPC_ROLE_ADMIN) != 0;

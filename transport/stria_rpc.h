@@ -58,7 +58,7 @@ extern "C" {
 /* ---- frames ------------------------------------------------------------ */
 
 #define STRIA_RPC_MAGIC       0x41525453u /* "STRA" as little-endian bytes */
-#define STRIA_RPC_VERSION     1
+#define STRIA_RPC_VERSION     2
 #define STRIA_RPC_HEADER_SIZE 40
 #define STRIA_RPC_FLAG_REPLY  0x1u
 #define STRIA_RPC_FLAG_HELLO  0x2u
@@ -167,7 +167,7 @@ typedef struct {
 } stria_rpc_method_t;
 
 /* An entry of a method table, in its slot and with its name, for a method
- * of stria_methods.h: STRIA_RPC_SERVE(WORKER_PUT_INPUT, .handler = fn). */
+ * of stria_methods.h: STRIA_RPC_SERVE(WORKER_SESSION_CALL, .handler = fn). */
 #define STRIA_RPC_SERVE(id, ...) [STRIA_RPC_##id] = {.name = STRIA_RPC_##id##_NAME, __VA_ARGS__}
 
 /* Zero-initialise and set the fields; zero means the default. */
@@ -330,6 +330,12 @@ void stria_rpc_client_close(stria_rpc_client_t *client);
  * the client is good only for stria_rpc_client_close() afterwards. Safe from
  * any thread while the client is open. */
 void stria_rpc_client_abort(stria_rpc_client_t *client);
+
+/* For a client kept idle between uses: if the server closed its
+ * connection (or sent anything unasked), the connection is dropped, and the
+ * next call connects and says hello anew. False for a client that is good
+ * only for closing (stria_rpc_client_abort()). Never waits. */
+bool stria_rpc_client_check_idle(stria_rpc_client_t *client);
 
 /* Whether the server granted the admin role at the last hello. */
 bool stria_rpc_client_admin(const stria_rpc_client_t *client);

@@ -214,7 +214,7 @@ stria_status_t stria__coord_start(const stria_coord_params_t *p, bool no_thread,
     co->max_jobs = p->max_jobs ? p->max_jobs : 4096;
     co->history = p->history ? p->history : 1024;
     co->max_jobs_per_client = p->max_jobs_per_client ? p->max_jobs_per_client : 256;
-    co->max_sessions_per_client = p->max_sessions_per_client ? p->max_sessions_per_client : 64;
+    co->max_sessions_per_client = p->max_sessions_per_client ? p->max_sessions_per_client : 256;
     co->max_session_bytes_per_client = p->max_session_bytes_per_client;
     co->max_step_timeout_ms =
         (uint32_t)ceil(1000.0 * (p->max_step_timeout_s > 0 ? p->max_step_timeout_s : 600.0));

@@ -144,20 +144,20 @@ static bool stria__submit_checks(stria_coord_t *co, stria_rpc_call_t *call,
         return false;
     }
     uint64_t held = 0;
-    if (s->session &&
-        stria__cjob_count_sessions(co, client, &held) >= co->max_sessions_per_client) {
+    if (stria__cjob_count_sessions(co, client, &held) >= co->max_sessions_per_client) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
-                            "SubmitJob: client %s holds %u open sessions, the coordinator's limit "
-                            "per client (--max-sessions-per-client); close some first",
+                            "SubmitJob: client %s holds %u open sessions and jobs, the "
+                            "coordinator's limit per client (--max-sessions-per-client); close "
+                            "some first",
                             client, co->max_sessions_per_client);
         return false;
     }
-    if (s->session && co->max_session_bytes_per_client > 0 &&
-        held >= co->max_session_bytes_per_client) {
+    if (co->max_session_bytes_per_client > 0 && held >= co->max_session_bytes_per_client) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_BUSY);
         stria_rpc_call_fail(call, STRIA_ERR_BUSY,
-                            "SubmitJob: client %s's open sessions hold %llu MiB of worker memory, "
+                            "SubmitJob: client %s's open sessions and jobs hold %llu MiB of "
+                            "worker memory, "
                             "the coordinator's limit per client (--max-session-memory-per-client "
                             "%llu MiB); close some first",
                             client, (unsigned long long)(held >> 20),
@@ -257,8 +257,8 @@ void stria__cclient_on_submit(void *ctx, stria_rpc_call_t *call)
             goto free_ring;
         }
     }
-    if (stria_rank_memory(s->batch, layout.shard_tokens, s->heads, s->kv_heads, s->head_dim,
-                          (stria_dtype_t)s->dtype, &need) != STRIA_OK) {
+    if (stria_session_rank_memory(s->batch, layout.shard_tokens, s->heads, s->kv_heads, s->head_dim,
+                                  (stria_dtype_t)s->dtype, s->max_held, &need) != STRIA_OK) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_NO_MEMORY);
         stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY,
                             "SubmitJob: the job needs more memory per rank than any worker has "

@@ -103,6 +103,10 @@ stria_status_t stria__cjob_spec_check(const Stria__V1__JobSpec *s)
     if (strlen(s->label) > STRIA_COORD_MAX_LABEL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "label is longer than %d bytes",
                                STRIA_COORD_MAX_LABEL);
+    if (s->max_held > STRIA_COORD_MAX_HELD)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "max_held must be at most %d forwards (got %u)",
+                               STRIA_COORD_MAX_HELD, s->max_held);
     stria_status_t st = stria__spec_check_masks(s);
     return st != STRIA_OK ? st : stria__spec_check_sharded(s);
 }
@@ -307,7 +311,8 @@ uint32_t stria__cjob_count_unfinished(const stria_coord_t *co, const char *clien
     return n;
 }
 
-/* A client's open sessions and the memory they hold on the workers. */
+/* A client's open sessions (a job is one) and the memory they hold on the
+ * workers: the one account of a client against its caps. */
 uint32_t stria__cjob_count_sessions(const stria_coord_t *co, const char *client,
                                     uint64_t *bytes_out)
 {
@@ -315,7 +320,7 @@ uint32_t stria__cjob_count_sessions(const stria_coord_t *co, const char *client,
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < co->n_jobs; i++) {
         const stria__cjob_t *j = co->jobs[i];
-        if (!j->spec.session || stria__terminal(j->state) || strcmp(j->client, client) != 0)
+        if (stria__terminal(j->state) || strcmp(j->client, client) != 0)
             continue;
         n++;
         bytes += j->mem_per_rank * j->n_ranks;

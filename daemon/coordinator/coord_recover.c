@@ -160,8 +160,9 @@ static stria_status_t stria__held_check(const stria_coord_t *co, const Stria__V1
     for (uint32_t r = 0; r < s->ring_size; r++)
         if (stria_layout_shard_valid(layout, (int)r) < 1)
             return stria_error_set(STRIA_ERR_INVALID_ARG, "rank %u has no tokens", r);
-    if (stria_rank_memory(s->batch, layout->shard_tokens, s->heads, s->kv_heads, s->head_dim,
-                          (stria_dtype_t)s->dtype, need) != STRIA_OK)
+    if (stria_session_rank_memory(s->batch, layout->shard_tokens, s->heads, s->kv_heads,
+                                  s->head_dim, (stria_dtype_t)s->dtype, s->max_held,
+                                  need) != STRIA_OK)
         return stria_error_wrap(STRIA_ERR_INVALID_ARG, "the memory per rank");
     return STRIA_OK;
 }

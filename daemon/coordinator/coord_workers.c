@@ -203,6 +203,32 @@ stria__cworker_t *stria__cworker_of_call(stria_coord_t *co, stria_rpc_call_t *ca
     return NULL;
 }
 
+/* Job j starts its forward (`bwd` false) or backward pass, begun at
+ * `started_ms` (0: now): it moves to running it and every rank's done flag
+ * of that pass clears. Only from the state before the pass (a late or
+ * repeated report of a pass that is over changes nothing). */
+static void stria__pass_begin(stria__cjob_t *j, bool bwd, uint64_t started_ms)
+{
+    Stria__V1__JobState running = bwd ? S_RUNNING_BACKWARD : S_RUNNING_FORWARD;
+    if (j->state == running)
+        return;
+    if (bwd && j->times.forward_done_ms == 0)
+        j->times.forward_done_ms = stria__coord_wall_ms();
+    j->state = running;
+    *(bwd ? &j->times.backward_started_ms : &j->times.forward_started_ms) =
+        started_ms > 0 ? started_ms : stria__coord_wall_ms();
+    *(bwd ? &j->times.backward_done_ms : &j->times.forward_done_ms) = 0;
+    for (uint32_t r = 0; r < j->n_ranks; r++)
+        *(bwd ? &j->ranks[r].bwd_done : &j->ranks[r].fwd_done) = false;
+}
+
+/* Whether job j is where pass `bwd` may begin: loading for the forward,
+ * the forward done for the backward. */
+static bool stria__pass_due(const stria__cjob_t *j, bool bwd)
+{
+    return bwd ? j->state == S_FORWARD_DONE : j->state == S_LOADING;
+}
+
 void stria__cworker_on_heartbeat(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -285,6 +311,11 @@ void stria__cworker_on_heartbeat(void *ctx, stria_rpc_call_t *call)
             w->current_job = j->id;
             w->step = js->step;
             w->steps_total = js->steps_total;
+            /* a job's call under way: its pass is running (its outcome
+             * comes with the call's report) */
+            bool bwd = js->phase == S_RUNNING_BACKWARD;
+            if (!j->spec.session && stria__pass_due(j, bwd))
+                stria__pass_begin(j, bwd, 0);
         }
         if (js->idle_ms < 1000.0 * (now - j->last_activity))
             j->last_activity = now - js->idle_ms / 1000.0;
@@ -301,23 +332,12 @@ void stria__cworker_on_heartbeat(void *ctx, stria_rpc_call_t *call)
 
 /* A rank of job j (on worker w) starts a forward (`bwd` false) or backward
  * pass (req: its report); returns whether every rank has arrived at that pass
- * (stria__cjob_arrive). The first rank moves the job to running it and clears
- * every rank's done flag of that pass. */
+ * (stria__cjob_arrive). The first rank moves the job to running it. */
 static bool stria__pass_started(stria__cjob_t *j, const Stria__V1__ReportJobRequest *req,
                                 stria__cworker_t *w, bool bwd)
 {
     bool all_arrived = stria__cjob_arrive(j, req->rank, req->pass, bwd);
-    Stria__V1__JobState running = bwd ? S_RUNNING_BACKWARD : S_RUNNING_FORWARD;
-    if (j->state != running) {
-        if (bwd && j->times.forward_done_ms == 0)
-            j->times.forward_done_ms = stria__coord_wall_ms();
-        j->state = running;
-        *(bwd ? &j->times.backward_started_ms : &j->times.forward_started_ms) =
-            stria__coord_wall_ms();
-        *(bwd ? &j->times.backward_done_ms : &j->times.forward_done_ms) = 0;
-        for (uint32_t r = 0; r < j->n_ranks; r++)
-            *(bwd ? &j->ranks[r].bwd_done : &j->ranks[r].fwd_done) = false;
-    }
+    stria__pass_begin(j, bwd, 0);
     w->current_job = j->id;
     return all_arrived;
 }
@@ -398,6 +418,10 @@ void stria__cworker_on_report(void *ctx, stria_rpc_call_t *call)
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_DONE:
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_DONE:
+        /* a call's outcome carries its start: the pass began then if no
+         * rank's report or heartbeat said so yet */
+        if (stria__pass_due(j, bwd))
+            stria__pass_begin(j, bwd, req->started_ms);
         stria__pass_done(co, j, cr, w, bwd);
         break;
     case STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED:

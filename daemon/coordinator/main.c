@@ -175,12 +175,13 @@ static int stria__coord_options(int argc, char **argv, stria__coord_config_t *c,
                      "pending and active jobs of one client (host address) at most", .dflt = "256",
                      .min = 1, .max = 1 << 20),
         STRIA_OPTION("max-sessions-per-client", INT, &c->max_sessions_per_client, "N",
-                     "open sessions of one client (host address) at most", .dflt = "64", .min = 1,
-                     .max = 1 << 20),
+                     "open sessions and jobs (a job is a session of two calls) of one client "
+                     "(host address) at most",
+                     .dflt = "256", .min = 1, .max = 1 << 20),
         STRIA_OPTION("max-session-memory-per-client", BYTES, &c->max_session_bytes_per_client,
                      "SIZE",
-                     "worker memory the open sessions of one client may hold in all (0: no limit "
-                     "beyond the workers' pools)",
+                     "worker memory the open sessions and jobs of one client may hold in all (0: "
+                     "no limit beyond the workers' pools)",
                      .dflt = "0", .min = 0, .max = 9e18),
         STRIA_OPTION("max-step-timeout", DURATION, &c->max_step_timeout_s, "TIME",
                      "longest ring step deadline a job may ask for (step_timeout_ms)",

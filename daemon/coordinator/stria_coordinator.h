@@ -57,7 +57,9 @@ extern "C" {
 #define STRIA_COORD_MAX_SEQ   ((uint64_t)1 << 40)
 #define STRIA_COORD_MAX_TTL_S (7u * 86400u)
 #define STRIA_COORD_MAX_LABEL 256
-#define STRIA_COORD_MAX_RING  4096
+/* Held forwards a session may ask for (JobSpec.max_held). */
+#define STRIA_COORD_MAX_HELD 63
+#define STRIA_COORD_MAX_RING 4096
 /* Entries of a spec's cu_seqlens. */
 #define STRIA_COORD_MAX_CU_SEQLENS 65536
 /* The largest step deadline a coordinator may allow (max_step_timeout_s). */
@@ -90,9 +92,10 @@ typedef struct {
     /* Pending and active jobs one client (its host address) may hold; more
      * are refused with STRIA_ERR_BUSY. Default 256. */
     uint32_t max_jobs_per_client;
-    /* Open sessions one client (host address) may hold (default 64), and the
-     * worker memory they may hold in all (0: no limit beyond the pools);
-     * more are refused with STRIA_ERR_BUSY. */
+    /* Open sessions and jobs (a job is a session of two calls) one client
+     * (host address) may hold (default 256), and the worker memory they may
+     * hold in all (0: no limit beyond the pools): one account of both; more
+     * are refused with STRIA_ERR_BUSY. */
     uint32_t max_sessions_per_client;
     uint64_t max_session_bytes_per_client;
     /* A dead or departed worker is forgotten (its entry, its metric series)

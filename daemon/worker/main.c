@@ -47,12 +47,12 @@ typedef struct {
     stria_cli_t cli;
     bool memory_by_rule; /* --memory unset or 0: half of physical memory, or a GPU's free */
     char listen_buf[300], ucx_buf[300], metrics_buf[300];
-} stria__main_t;
+} main_t;
 
 /* ---- service loop: metrics endpoint, watchdog, signals ------------------------- */
 
 typedef struct {
-    stria__main_t *m;
+    main_t *m;
     uv_loop_t loop;
     uv_async_t stop, watch;
     stria_service_t *svc;
@@ -63,20 +63,20 @@ typedef struct {
     pthread_cond_t cv;
     int state; /* 0 starting, 1 running, 2 failed */
     int signum;
-} stria__svc_loop_t;
+} svc_loop_t;
 
-static void stria__wmain_on_signal(void *arg, int signum)
+static void wmain_on_signal(void *arg, int signum)
 {
-    stria__svc_loop_t *sl = arg;
+    svc_loop_t *sl = arg;
     pthread_mutex_lock(&sl->lock);
     sl->signum = signum;
     pthread_cond_broadcast(&sl->cv);
     pthread_mutex_unlock(&sl->lock);
 }
 
-static void stria__svc_stop(uv_async_t *a)
+static void svc_stop(uv_async_t *a)
 {
-    stria__svc_loop_t *sl = a->data;
+    svc_loop_t *sl = a->data;
     stria_http_metrics_stop(sl->http);
     stria_service_stop(sl->svc);
     uv_close((uv_handle_t *)&sl->watch, NULL);
@@ -84,22 +84,22 @@ static void stria__svc_stop(uv_async_t *a)
 }
 
 /* Once the worker serves: the watchdog pings only while its RPC loop runs. */
-static void stria__svc_watch(uv_async_t *a)
+static void svc_watch(uv_async_t *a)
 {
-    stria__svc_loop_t *sl = a->data;
+    svc_loop_t *sl = a->data;
     stria_service_watch_rpc(sl->svc, stria_worker_server(sl->m->worker));
 }
 
-static void *stria__svc_thread(void *arg)
+static void *svc_thread(void *arg)
 {
-    stria__svc_loop_t *sl = arg;
+    svc_loop_t *sl = arg;
     const stria_worker_config_t *c = &sl->m->cfg;
     stria_status_t st;
     uv_loop_init(&sl->loop);
-    uv_async_init(&sl->loop, &sl->stop, stria__svc_stop);
-    uv_async_init(&sl->loop, &sl->watch, stria__svc_watch);
+    uv_async_init(&sl->loop, &sl->stop, svc_stop);
+    uv_async_init(&sl->loop, &sl->watch, svc_watch);
     sl->stop.data = sl->watch.data = sl;
-    st = stria_service_start(&sl->loop, stria__wmain_on_signal, sl, &sl->svc);
+    st = stria_service_start(&sl->loop, wmain_on_signal, sl, &sl->svc);
     if (st == STRIA_OK && c->metrics_listen != NULL && c->metrics_listen[0])
         st = stria_http_metrics_start(&sl->loop, c->metrics_listen, sl->m->metrics, &sl->http);
     pthread_mutex_lock(&sl->lock);
@@ -110,16 +110,16 @@ static void *stria__svc_thread(void *arg)
     pthread_cond_broadcast(&sl->cv);
     pthread_mutex_unlock(&sl->lock);
     if (st != STRIA_OK)
-        stria__svc_stop(&sl->stop);
+        svc_stop(&sl->stop);
     uv_run(&sl->loop, UV_RUN_DEFAULT);
     uv_loop_close(&sl->loop);
     return NULL;
 }
 
 /* Starts the service loop's thread and waits until it serves (or failed). */
-static stria_status_t stria__svc_begin(stria__svc_loop_t *sl, pthread_t *th)
+static stria_status_t svc_begin(svc_loop_t *sl, pthread_t *th)
 {
-    if (pthread_create(th, NULL, stria__svc_thread, sl) != 0)
+    if (pthread_create(th, NULL, svc_thread, sl) != 0)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the service thread");
     pthread_mutex_lock(&sl->lock);
     while (sl->state == 0)
@@ -134,13 +134,13 @@ static stria_status_t stria__svc_begin(stria__svc_loop_t *sl, pthread_t *th)
 
 /* ---- configuration --------------------------------------------------------------- */
 
-static const char stria__worker_description[] =
+static const char worker_description[] =
     "One worker of the stria attention service: it registers with the coordinator,\n"
-    "receives the shards of jobs from clients and runs ring passes with the other\n"
-    "workers of each job over UCX. Every option is also a 'name = value' setting of\n"
+    "runs the calls of clients' sessions and jobs as ring passes with the other\n"
+    "workers of each over UCX. Every option is also a 'name = value' setting of\n"
     "the --config file.";
 
-static const char stria__worker_epilog[] =
+static const char worker_epilog[] =
     "With --instance N (the GPU index, as in the systemd unit stria-worker@N), the\n"
     "ports of --listen, --ucx-listen and --metrics-listen are bases and N is added\n"
     "to each (port 0 stays a free port); their defaults become 127.0.0.1:7500,\n"
@@ -151,8 +151,8 @@ static const char stria__worker_epilog[] =
 
 /* The address of `instance`: the port of `given` (else of `dflt`) plus the
  * instance number; port 0 stays 0 (a free port). */
-static stria_status_t stria__instance_addr(const char *what, const char *given, const char *dflt,
-                                           int64_t instance, char *out, size_t len)
+static stria_status_t instance_addr(const char *what, const char *given, const char *dflt,
+                                    int64_t instance, char *out, size_t len)
 {
     char host[256];
     uint16_t base;
@@ -170,7 +170,7 @@ static stria_status_t stria__instance_addr(const char *what, const char *given, 
     return STRIA_OK;
 }
 
-static stria_status_t stria__config_finish(stria__main_t *m, size_t len)
+static stria_status_t config_finish(main_t *m, size_t len)
 {
     stria_worker_config_t *c = &m->cfg;
     char *listen_buf = m->listen_buf, *ucx_buf = m->ucx_buf, *metrics_buf = m->metrics_buf;
@@ -178,12 +178,12 @@ static stria_status_t stria__config_finish(stria__main_t *m, size_t len)
     if (c->instance >= 0) {
         /* One configuration file serves every instance of a host: its ports
          * are bases, and instance N listens N ports above them. */
-        if ((st = stria__instance_addr("--listen", c->p.listen, "127.0.0.1:7500", c->instance,
-                                       listen_buf, len)) != STRIA_OK ||
-            (st = stria__instance_addr("--ucx-listen", c->p.ucx_listen, "127.0.0.1:7600",
-                                       c->instance, ucx_buf, len)) != STRIA_OK ||
-            (st = stria__instance_addr("--metrics-listen", c->metrics_listen, "127.0.0.1:9500",
-                                       c->instance, metrics_buf, len)) != STRIA_OK)
+        if ((st = instance_addr("--listen", c->p.listen, "127.0.0.1:7500", c->instance, listen_buf,
+                                len)) != STRIA_OK ||
+            (st = instance_addr("--ucx-listen", c->p.ucx_listen, "127.0.0.1:7600", c->instance,
+                                ucx_buf, len)) != STRIA_OK ||
+            (st = instance_addr("--metrics-listen", c->metrics_listen, "127.0.0.1:9500",
+                                c->instance, metrics_buf, len)) != STRIA_OK)
             return st;
         c->p.listen = listen_buf;
         c->p.ucx_listen = ucx_buf;
@@ -204,7 +204,7 @@ static stria_status_t stria__config_finish(stria__main_t *m, size_t len)
 /* Opens the device of --device (auto: cuda:N of --instance N, or cuda:0,
  * when a GPU is visible; else cpu) over the program's pool; a GPU's memory
  * bounds what is offered to jobs unless --memory says otherwise. */
-static stria_status_t stria__device_start(stria__main_t *m)
+static stria_status_t device_start(main_t *m)
 {
     stria_worker_config_t *c = &m->cfg;
     char name[32];
@@ -227,7 +227,7 @@ static stria_status_t stria__device_start(stria__main_t *m)
 
 /* Parses the flags and the configuration file into m->cfg, with help and
  * usage errors handled; returns -1 to go on, else the exit status. */
-static int stria__options(stria__main_t *m, int argc, char **argv)
+static int options(main_t *m, int argc, char **argv)
 {
     stria_worker_config_t *c = &m->cfg;
     const stria_option_t opts[] = {
@@ -272,11 +272,11 @@ static int stria__options(stria__main_t *m, int argc, char **argv)
             "credential of the workers, proven to the coordinator (the same on every worker)"),
         {.name = NULL},
     };
-    _Static_assert(sizeof(opts) <= sizeof(m->opts), "stria__main_t.opts is too small");
+    _Static_assert(sizeof(opts) <= sizeof(m->opts), "main_t.opts is too small");
     memcpy(m->opts, opts, sizeof(opts));
     m->cmd = (stria_command_t){.name = "stria-worker",
-                               .description = stria__worker_description,
-                               .epilog = stria__worker_epilog,
+                               .description = worker_description,
+                               .epilog = worker_epilog,
                                .options = m->opts,
                                .config = true};
     return stria_cli_main(&m->cmd, argc, argv, &m->cli);
@@ -284,7 +284,7 @@ static int stria__options(stria__main_t *m, int argc, char **argv)
 
 /* Reads the credentials (both or neither) and applies the exposure rule to
  * the three listeners. */
-static stria_status_t stria__credentials(stria__main_t *m)
+static stria_status_t credentials(main_t *m)
 {
     stria_worker_config_t *c = &m->cfg;
     char what[512];
@@ -318,20 +318,20 @@ static stria_status_t stria__credentials(stria__main_t *m)
 /* The configuration file's checks beyond the table, the credentials, the
  * pool and the device: a failure here is a configuration error (exit status
  * 2). */
-static stria_status_t stria__configure(stria__main_t *m)
+static stria_status_t configure(main_t *m)
 {
     stria_worker_config_t *c = &m->cfg;
-    stria_status_t st = stria__config_finish(m, sizeof(m->listen_buf));
+    stria_status_t st = config_finish(m, sizeof(m->listen_buf));
     if (st == STRIA_OK)
-        st = stria__credentials(m);
+        st = credentials(m);
     if (st == STRIA_OK && (st = stria_pool_create((int)c->threads, &m->pool)) == STRIA_OK)
-        st = stria__device_start(m);
+        st = device_start(m);
     if (st == STRIA_OK)
         stria_cli_log(&m->cli);
     return st;
 }
 
-static stria_status_t stria__wmain_start(stria__main_t *m)
+static stria_status_t wmain_start(main_t *m)
 {
     const stria_worker_config_t *c = &m->cfg;
     stria_worker_params_t p = c->p;
@@ -351,7 +351,7 @@ static stria_status_t stria__wmain_start(stria__main_t *m)
 }
 
 /* Machine-readable lines for scripts and tests that start workers on port 0. */
-static void stria__print_listening(const stria__main_t *m, const stria__svc_loop_t *sl)
+static void print_listening(const main_t *m, const svc_loop_t *sl)
 {
     char metrics_addr[300] = "";
     if (sl->http) {
@@ -370,7 +370,7 @@ static void stria__print_listening(const stria__main_t *m, const stria__svc_loop
 }
 
 /* Waits for SIGTERM/SIGINT and shuts down; 0 unless a pass still runs. */
-static int stria__serve_until_signal(stria__main_t *m, stria__svc_loop_t *sl, pthread_t svc_th)
+static int serve_until_signal(main_t *m, svc_loop_t *sl, pthread_t svc_th)
 {
     char reason[64];
     pthread_mutex_lock(&sl->lock);
@@ -393,7 +393,7 @@ static int stria__serve_until_signal(stria__main_t *m, stria__svc_loop_t *sl, pt
 }
 
 /* Frees what the program owns; returns rc. */
-static int stria__main_free(stria__main_t *m, int rc)
+static int main_free(main_t *m, int rc)
 {
     stria_device_close(m->dev);
     stria_pool_destroy(m->pool);
@@ -407,8 +407,8 @@ static int stria__main_free(stria__main_t *m, int rc)
 
 int main(int argc, char **argv)
 {
-    stria__main_t *m = calloc(1, sizeof(*m));
-    stria__svc_loop_t sl;
+    main_t *m = calloc(1, sizeof(*m));
+    svc_loop_t sl;
     pthread_t svc_th;
     stria_status_t st;
 
@@ -416,29 +416,29 @@ int main(int argc, char **argv)
         return 1;
     if (getenv("STRIA_LOG_LEVEL") == NULL)
         stria_log_set_level(STRIA_LOG_INFO);
-    int rc = stria__options(m, argc, argv);
-    if (rc < 0 && (st = stria__configure(m)) != STRIA_OK) {
+    int rc = options(m, argc, argv);
+    if (rc < 0 && (st = configure(m)) != STRIA_OK) {
         /* configuration errors: exit status 2, nothing left behind */
         fprintf(stderr, "stria-worker: %s\n(see stria-worker --help)\n", stria_error_msg());
         rc = 2;
     }
     if (rc >= 0)
-        return stria__main_free(m, rc);
+        return main_free(m, rc);
     memset(&sl, 0, sizeof(sl));
     pthread_mutex_init(&sl.lock, NULL);
     pthread_cond_init(&sl.cv, NULL);
     sl.m = m;
     if ((st = stria_metrics_create(&m->metrics)) != STRIA_OK ||
-        (st = stria__svc_begin(&sl, &svc_th)) != STRIA_OK)
+        (st = svc_begin(&sl, &svc_th)) != STRIA_OK)
         goto fail;
-    if ((st = stria__wmain_start(m)) != STRIA_OK)
+    if ((st = wmain_start(m)) != STRIA_OK)
         goto fail;
     uv_async_send(&sl.watch);
-    stria__print_listening(m, &sl);
-    if (stria__serve_until_signal(m, &sl, svc_th) > 0)
+    print_listening(m, &sl);
+    if (serve_until_signal(m, &sl, svc_th) > 0)
         return 0;
     stria_worker_stop(m->worker);
-    return stria__main_free(m, 0);
+    return main_free(m, 0);
 
 fail:
     return stria_cli_exit("stria-worker", st);

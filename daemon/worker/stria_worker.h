@@ -1,30 +1,32 @@
 /*
- * stria worker: one rank of any job's ring, per GPU (or CPU) of a host.
+ * stria worker: one rank of any session's ring, per GPU (or CPU) of a host.
  *
  * It serves the stria.v1.Worker service (proto/stria.proto) over the RPC
- * layer: clients put the input shards of a job's rank (PutInput), run its
- * forward and backward passes (RunForward/RunBackward) and read the outputs
- * (GetOutput); DropJob frees a job. It registers with the coordinator,
- * heartbeats (with the state of every job it holds) and reports the phases
- * of each pass; the coordinator names in its heartbeat replies the jobs to
- * drop (cancelled, failed, expired or released).
+ * layer. A client opens a session's rank on it once (OpenSession), then
+ * each call brings its inputs (SessionCall: in its payload, or in the
+ * client's own shared memory registered through the worker's Unix socket)
+ * and takes its outputs with the reply; DropJob closes the session. A job
+ * is a session with one forward and one backward call, whose outcomes the
+ * worker reports to the coordinator. It registers with the coordinator and
+ * heartbeats (with the state of every session it holds); the coordinator
+ * names in its heartbeat replies the sessions to drop (cancelled, failed,
+ * expired or released).
  *
- * Jobs. A job is created by its first PutInput (or shared-memory attach),
- * from the assignment the coordinator gives for it (with the job's secret,
- * which every request of the job's clients must prove, and its ring key,
- * which the ring link handshake proves), with every buffer allocated: memory is bounded
- * by `memory_bytes`, and a job that does not fit is refused then, never
- * mid-pass. Job tensors, ring buffers and kernel workspaces come from memory
- * pools the worker reserves at start (address space, committed on first
- * use) and keeps, so that a job reuses the pages of the jobs before it. A job keeps one ring pass
- * object (its working buffers, and on a GPU its device and device buffers) for all its passes; each
- * pass joins the job's ring over a fresh ring link made by the link factory. A drop while a
- * transfer or a pass uses the job's buffers frees them when that ends; a drop aborts the job's
- * running pass.
+ * Sessions. A session is created by its first open from the assignment the
+ * coordinator gives for it (with its secret, which every request of its
+ * clients must prove, and its ring key, which its ring link proves), with
+ * its memory admitted: memory is bounded by `memory_bytes`, and a session
+ * that does not fit is refused then, never mid-call. Its buffers, ring
+ * buffers and kernel workspaces come from memory pools the worker reserves
+ * at start (address space, committed on first use) and keeps, so that a
+ * session reuses the pages of the sessions before it. A session's ring link
+ * is bound once at its open, on the endpoint the worker keeps to the next
+ * rank's worker, and again only after a failed call. A drop while a call
+ * runs aborts it.
  *
  * Threads: the RPC server's loop thread runs every handler (never blocked by
- * a pass); one thread per running pass; the heartbeat thread. The functions
- * below are called from any single thread.
+ * a call); one pass thread per open session; the heartbeat thread. The
+ * functions below are called from any single thread.
  */
 #ifndef STRIA_WORKER_H
 #define STRIA_WORKER_H
@@ -40,12 +42,13 @@ extern "C" {
 
 typedef struct stria_worker stria_worker_t;
 
-/* What a pass asks of the link factory: rank `rank` of the ring of pass
- * `ring_id` of job `job_id`, `size` ranks. Every rank of the pass asks for
- * the same (job_id, ring_id), in any order, from its own worker. */
+/* What a session asks of the link factory: rank `rank` of its ring number
+ * `ring_id` (its link's generation), `size` ranks. Every rank of the
+ * session asks for the same (job_id, ring_id), in any order, from its own
+ * worker. */
 typedef struct {
     uint64_t job_id;
-    uint32_t ring_id; /* the job's pass number: every pass has a ring of its own */
+    uint32_t ring_id; /* the session's link generation: a failed call's next call binds anew */
     int rank;
     int size;
     /* The ring link address the successor rank's worker registered. */
@@ -54,22 +57,23 @@ typedef struct {
     /* The job's ring key (STRIA_AUTH_KEY_BYTES), from the coordinator: the
      * ring link handshake proves it. */
     const uint8_t *key;
-    /* Set (with __atomic_store_n) when the pass is to end before its link
-     * connected (the job was dropped, the worker shuts down): a factory whose
+    /* Set (with __atomic_store_n) when the session is to end before its link
+     * connected (it was dropped, the worker shuts down): a factory whose
      * connect waits for its neighbours gives up then (see
      * stria_ucx_link_params_t.cancel). */
     const bool *cancel;
 } stria_worker_link_request_t;
 
-/* Makes the ring links of the passes. The default is a UCX link on the
+/* Makes the ring links of the sessions. The default is a UCX link on the
  * worker's own UCX context (stria_worker_ucx_links()); an in-process
  * program with several workers, which may hold only one UCX context, passes
  * one shared context's factory or an in-process one
  * (stria_worker_inproc_links()). */
 typedef struct {
     /* Connects the link of req->rank (see stria_link_ucx_connect() for what
-     * connecting means) and returns it; the worker destroys it after the
-     * pass. Called on the pass's thread, by several threads at once. */
+     * connecting means) and returns it; the worker destroys it when the
+     * session closes or binds anew. Called on the sessions' pass threads,
+     * by several threads at once. */
     stria_status_t (*connect)(void *ctx, const stria_worker_link_request_t *req,
                               stria_link_t **link_out);
     void *ctx; /* borrowed: must outlive every worker using the factory */
@@ -99,9 +103,9 @@ typedef struct {
      * `threads` threads (0: online CPUs) owned by the worker. */
     stria_pool_t *pool;
     int threads;
-    /* The device the jobs run on, borrowed (must outlive the worker); NULL:
+    /* The device the sessions run on, borrowed (must outlive the worker); NULL:
      * "cpu" over the pool. A device whose memory is not host memory (a GPU,
-     * "cpu:staged") gives each job a device object and device buffers of its
+     * "cpu:staged") gives each session a device object and device buffers of its
      * own. */
     stria_device_t *device;
     /* Optional registry that receives the worker's metrics (stria_worker_*);
@@ -127,6 +131,9 @@ typedef struct {
      * cuda:N device's own N takes precedence. */
     bool has_device_index;
     uint32_t device_index;
+    /* The largest payload of one request (a call's inputs beyond it come in
+     * pieces); 0: STRIA_RPC_DEFAULT_MAX_PAYLOAD. */
+    uint64_t max_payload_bytes;
 } stria_worker_params_t;
 
 /* Starts serving and registering with the coordinator (in the background:
@@ -148,8 +155,8 @@ const stria_rpc_server_t *stria_worker_server(const stria_worker_t *worker);
 /* The id the coordinator gave at registration; 0 until registered. */
 uint64_t stria_worker_id(const stria_worker_t *worker);
 
-/* The jobs held and the memory they reserve (a dropped job still in use by
- * a transfer or a pass counts until that ends), and the figures of the
+/* The sessions (jobs included) held and the memory they reserve (a dropped
+ * session still in use by a call counts until that ends), and the figures of the
  * memory pool that bounds them (the device's on a staged device, else the
  * host's): its capacity (the memory offered), what is allocated now, the
  * most ever allocated at once, and what it has made usable and keeps (host:
@@ -165,18 +172,18 @@ typedef struct {
 } stria_worker_usage_t;
 void stria_worker_usage(stria_worker_t *worker, stria_worker_usage_t *out);
 
-/* Graceful shutdown, the first half of stria_worker_stop(): no new jobs or
- * passes; a running pass gets one step deadline (the longest of its job's
- * and step_timeout_s) to end on its own, then its ring link is aborted;
+/* Graceful shutdown, the first half of stria_worker_stop(): no new sessions
+ * or calls; a running call gets one step deadline (the longest of any
+ * session's and step_timeout_s) to end on its own, then its ring link is aborted;
  * heartbeats go on meanwhile; then the worker deregisters (`reason`, e.g.
  * "shut down (SIGTERM)", is what the coordinator fails its unfinished jobs
- * with). The RPC server keeps answering (refusals). Returns the passes
+ * with). The RPC server keeps answering (refusals). Returns the calls
  * still running after the aborts had connect_timeout_s + 25 s to end them.
  * Once only; later calls return at once. */
 int stria_worker_shutdown(stria_worker_t *worker, const char *reason);
 
 /* Shuts down as above (reason "shut down") unless done, waits for every
- * pass to end, stops serving and frees everything, the jobs included; NULL
+ * call to end, stops serving and frees everything, the sessions included; NULL
  * is ignored. */
 void stria_worker_stop(stria_worker_t *worker);
 

@@ -2,21 +2,7 @@
  * stria worker: start, accessors, graceful shutdown and stop (see
  * stria_worker.h; the rooms are listed in worker_int.h).
  *
- * Threads:
- *   - the RPC loop thread (stria_rpc_server): serves the Worker service;
- *     every handler runs there, and never blocks on a pass;
- *   - one pass thread per running RunForward/RunBackward: joins the job's ring
- *     over the ring link, runs the ring engine and replies;
- *   - one thread per PutInput of a job not held yet (at most
- *     STRIA__MAX_FETCHES): fetches its assignment from the coordinator and
- *     names the payload's buffer, so the RPC loop never waits for the
- *     coordinator;
- *   - the heartbeat thread: registers with the coordinator, heartbeats, drops
- *     the jobs the coordinator names;
- *   - the caller's thread: start, shutdown and stop.
- * The job table is guarded by one mutex; a job's buffers are pinned by a
- * reference count while a transfer or a pass uses them, so a drop never frees
- * memory in use.
+ * Its threads, locks and ownership are described in worker_int.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,10 +13,10 @@
 #include "stria_kernels.h"
 #include "worker_int.h"
 
-/* Waits until no pass runs or `until` (stria_time_now()) passes. Lock held. */
-static void stria__wait_passes_locked(stria_worker_t *w, double until)
+/* Waits until no call runs or `until` (stria_time_now()) passes. Lock held. */
+static void wait_calls_locked(stria_worker_t *w, double until)
 {
-    while (w->running_passes > 0 && stria_time_now() < until) {
+    while (w->running_calls > 0 && stria_time_now() < until) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
@@ -38,54 +24,55 @@ static void stria__wait_passes_locked(stria_worker_t *w, double until)
     }
 }
 
-/* Graceful shutdown: no new jobs or passes. A running pass gets one step
+/* Graceful shutdown: no new sessions or calls. A running call gets one step
  * deadline to end on its own; then its ring link is aborted, which fails its
  * current step cleanly (its peers hear that this rank left) and it ends
- * within a ring link set-up or the release of its transfers. Heartbeats go
- * on meanwhile, so the coordinator does not take the worker for dead; then
- * the worker deregisters, which takes it out of the ring at once and fails
- * its unfinished jobs with a reason naming it. Returns the passes still
- * running. */
+ * within a ring link bind or the release of its transfers. Heartbeats go on
+ * meanwhile, so the coordinator does not take the worker for dead; then the
+ * worker deregisters, which takes it out of the ring at once and fails its
+ * unfinished jobs with a reason naming it. Returns the calls still running. */
 int stria_worker_shutdown(stria_worker_t *w, const char *reason)
 {
     char status[128];
     pthread_mutex_lock(&w->lock);
     if (w->shut_down) {
-        int still = w->running_passes;
+        int still = w->running_calls;
         pthread_mutex_unlock(&w->lock);
         return still;
     }
     w->shut_down = true;
     w->stopping = true;
-    int running = w->running_passes;
+    int running = w->running_calls;
     double deadline = w->step_timeout_s;
-    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
-        if (j->running && j->step_timeout_s > deadline)
-            deadline = j->step_timeout_s;
+    for (stria__wsess_t *s = w->sessions; s != NULL; s = s->next)
+        if (s->step_timeout_s > deadline)
+            deadline = s->step_timeout_s;
     pthread_mutex_unlock(&w->lock);
     if (running > 0) {
-        snprintf(status, sizeof(status), "STATUS=shutting down: finishing %d running pass(es)",
+        snprintf(status, sizeof(status), "STATUS=shutting down: finishing %d running call(s)",
                  running);
         if (w->notify_status)
             stria_notify(status);
-        stria_log_info("shutting down: %d running pass(es) get %.1f s to finish", running,
-                       deadline);
+        stria_log_info("shutting down: %d running call(s) get %.1f s to finish", running, deadline);
     }
     pthread_mutex_lock(&w->lock);
-    stria__wait_passes_locked(w, stria_time_now() + deadline);
-    if (w->running_passes > 0) {
-        stria_log_warn("shutting down: aborting %d pass(es) still running", w->running_passes);
+    wait_calls_locked(w, stria_time_now() + deadline);
+    if (w->running_calls > 0) {
+        stria_log_warn("shutting down: aborting %d call(s) still running", w->running_calls);
         snprintf(w->abort_reason, sizeof(w->abort_reason), "worker %s", reason);
-        w->abort_passes = true;
-        for (size_t i = 0; i < w->n_links; i++)
-            stria_link_abort(w->links[i], STRIA_ERR_CANCELLED, w->abort_reason);
-        for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next) /* links still connecting */
-            __atomic_store_n(&j->connect_cancel, true, __ATOMIC_RELEASE);
-        /* An aborted pass ends once the transport has its transfers in
+        w->abort_calls = true;
+        for (stria__wsess_t *s = w->sessions; s != NULL; s = s->next) {
+            __atomic_store_n(&s->sh.connect_cancel, true, __ATOMIC_RELEASE); /* binds under way */
+            pthread_mutex_lock(&s->lock);
+            if (s->sh.link != NULL)
+                stria_link_abort(s->sh.link, STRIA_ERR_CANCELLED, w->abort_reason);
+            pthread_mutex_unlock(&s->lock);
+        }
+        /* An aborted call ends once the transport has its transfers in
          * flight back (seconds each). */
-        stria__wait_passes_locked(w, stria_time_now() + w->connect_timeout_s + 25.0);
+        wait_calls_locked(w, stria_time_now() + w->connect_timeout_s + 25.0);
     }
-    int still_running = w->running_passes;
+    int still_running = w->running_calls;
     w->heartbeat_stop = true;
     pthread_cond_broadcast(&w->cv);
     bool registered = w->registered;
@@ -96,14 +83,14 @@ int stria_worker_shutdown(stria_worker_t *w, const char *reason)
     if (!registered)
         return still_running;
 
-    stria__wcoord_leave(w, reason);
+    stria__wbeat_leave(w, reason);
     return still_running;
 }
 
 /* The address others use for a listener bound to `bound` (HOST:PORT): the
  * advertised host if set, else the bound host; the real port. */
-static stria_status_t stria__advertised(const char *advertise, const char *bound, int port,
-                                        char *out, size_t len)
+static stria_status_t advertised(const char *advertise, const char *bound, int port, char *out,
+                                 size_t len)
 {
     char host[256];
     uint16_t ignored;
@@ -121,7 +108,7 @@ static stria_status_t stria__advertised(const char *advertise, const char *bound
 }
 
 /* The default link factory: a UCX context of the worker's own. */
-static stria_status_t stria__ucx_start(stria_worker_t *w, const stria_worker_params_t *p)
+static stria_status_t ucx_start(stria_worker_t *w, const stria_worker_params_t *p)
 {
     stria_ucx_ctx_params_t up;
     char ucx_host[256];
@@ -137,15 +124,15 @@ static stria_status_t stria__ucx_start(stria_worker_t *w, const stria_worker_par
     up.net_devices = p->ucx_net_devices;
     if ((st = stria_ucx_ctx_create(&up, &w->ucx)) != STRIA_OK)
         return st;
-    if ((st = stria__advertised(p->advertise, listen, stria_ucx_ctx_port(w->ucx), w->ucx_address,
-                                sizeof(w->ucx_address))) != STRIA_OK)
+    if ((st = advertised(p->advertise, listen, stria_ucx_ctx_port(w->ucx), w->ucx_address,
+                         sizeof(w->ucx_address))) != STRIA_OK)
         return st;
     w->factory = stria_worker_ucx_links(w->ucx, w->ucx_address);
     return STRIA_OK;
 }
 
 /* Settings, and what the worker owns unless the caller lends it. */
-static stria_status_t stria__setup(stria_worker_t *w, const stria_worker_params_t *p)
+static stria_status_t setup(stria_worker_t *w, const stria_worker_params_t *p)
 {
     stria_status_t st;
     if (p->coordinator == NULL || p->coordinator[0] == '\0')
@@ -199,22 +186,17 @@ static stria_status_t stria__setup(stria_worker_t *w, const stria_worker_params_
             return st;
         w->own_metrics = true;
     }
-    stria__wmetrics_init(w);
+    stria__wmet_init(w);
     return STRIA_OK;
 }
 
-static stria_status_t stria__serve(stria_worker_t *w, const stria_worker_params_t *p)
+static stria_status_t serve(stria_worker_t *w, const stria_worker_params_t *p)
 {
     static const stria_rpc_method_t methods[STRIA_RPC_WORKER_N_METHODS] = {
-        STRIA_RPC_SERVE(WORKER_PUT_INPUT, .handler = stria__w_on_put,
-                        .payload = stria__w_on_put_payload),
-        STRIA_RPC_SERVE(WORKER_RUN_FORWARD, .handler = stria__w_on_forward),
-        STRIA_RPC_SERVE(WORKER_RUN_BACKWARD, .handler = stria__w_on_backward),
-        STRIA_RPC_SERVE(WORKER_GET_OUTPUT, .handler = stria__w_on_get),
-        STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = stria__w_on_drop),
-        STRIA_RPC_SERVE(WORKER_OPEN_SESSION, .handler = stria__w_on_open_session),
-        STRIA_RPC_SERVE(WORKER_SESSION_CALL, .handler = stria__w_on_call,
-                        .payload = stria__w_on_call_payload),
+        STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = stria__wrpc_on_drop),
+        STRIA_RPC_SERVE(WORKER_OPEN_SESSION, .handler = stria__wrpc_on_open),
+        STRIA_RPC_SERVE(WORKER_SESSION_CALL, .handler = stria__wrpc_on_call,
+                        .payload = stria__wrpc_on_call_payload),
     };
     stria_rpc_server_params_t sp;
     stria_status_t st;
@@ -224,11 +206,12 @@ static stria_status_t stria__serve(stria_worker_t *w, const stria_worker_params_
     sp.methods = methods;
     sp.ctx = w;
     sp.token = w->token;
+    sp.max_payload_bytes = p->max_payload_bytes;
     sp.name = "worker";
     if ((st = stria_rpc_server_start(&sp, &w->server)) != STRIA_OK)
         return st;
-    return stria__advertised(p->advertise, sp.listen, stria_rpc_server_port(w->server),
-                             w->rpc_address, sizeof(w->rpc_address));
+    return advertised(p->advertise, sp.listen, stria_rpc_server_port(w->server), w->rpc_address,
+                      sizeof(w->rpc_address));
 }
 
 stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_worker_t **worker_out)
@@ -242,11 +225,12 @@ stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_wor
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_init(&w->lock, NULL);
     pthread_mutex_init(&w->coord_lock, NULL);
+    pthread_mutex_init(&w->maps_lock, NULL);
     pthread_cond_init(&w->cv, NULL);
-    if ((st = stria__setup(w, params)) != STRIA_OK)
+    if ((st = setup(w, params)) != STRIA_OK)
         goto fail;
     if (params->links == NULL) {
-        if ((st = stria__ucx_start(w, params)) != STRIA_OK)
+        if ((st = ucx_start(w, params)) != STRIA_OK)
             goto fail;
     } else if (params->links->connect == NULL) {
         st = stria_error_set(STRIA_ERR_INVALID_ARG, "the link factory has no connect function");
@@ -254,9 +238,9 @@ stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_wor
     } else {
         w->factory = *params->links;
     }
-    if ((st = stria__serve(w, params)) != STRIA_OK)
+    if ((st = serve(w, params)) != STRIA_OK)
         goto fail;
-    if (params->runtime_dir != NULL && (st = stria__shm_start(w, params->runtime_dir)) != STRIA_OK)
+    if (params->runtime_dir != NULL && (st = stria__wshm_start(w, params->runtime_dir)) != STRIA_OK)
         goto fail;
     if (w->ucx == NULL)
         snprintf(w->ucx_address, sizeof(w->ucx_address), "%s",
@@ -267,7 +251,7 @@ stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_wor
                    stria_device_name(w->dev), stria_device_description(w->dev),
                    stria_kernels_variant(), stria_pool_size(w->pool),
                    (long long)(w->memory_bytes >> 20));
-    if (pthread_create(&w->hb_thread, NULL, stria__wcoord_thread, w) != 0) {
+    if (pthread_create(&w->hb_thread, NULL, stria__wbeat_thread, w) != 0) {
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the heartbeat thread");
         goto fail;
     }
@@ -284,17 +268,17 @@ void stria_worker_stop(stria_worker_t *w)
     if (w == NULL)
         return;
     stria_worker_shutdown(w, "shut down");
-    /* Aborted passes end within their deadlines: wait for every one, as
-     * each holds the server's call and the job's buffers. */
+    /* Aborted calls end within their deadlines: wait for every one, as each
+     * holds the server's call and the session's buffers. */
     pthread_mutex_lock(&w->lock);
-    while (w->running_passes > 0 || w->fetching > 0)
+    while (w->running_calls > 0 || w->fetching > 0)
         pthread_cond_wait(&w->cv, &w->lock);
     pthread_mutex_unlock(&w->lock);
-    stria__shm_stop(w);
+    stria__wshm_stop(w);
     stria_rpc_server_stop(w->server);
     pthread_mutex_lock(&w->lock);
-    while (w->jobs != NULL)
-        stria__wjob_drop_locked(w, w->jobs);
+    while (w->sessions != NULL)
+        stria__wsess_drop_locked(w->sessions, STRIA_ERR_CANCELLED, "the worker stops");
     while (w->session_threads > 0) /* they use the link factory to the end */
         pthread_cond_wait(&w->cv, &w->lock);
     while (w->fails != NULL) { /* not reported: the worker left */
@@ -308,6 +292,7 @@ void stria_worker_stop(stria_worker_t *w)
     stria__wpool_stop(w); /* before the device its segments come from */
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->coord_lock);
+    pthread_mutex_destroy(&w->maps_lock);
     pthread_mutex_destroy(&w->lock);
     if (w->own_dev)
         stria_device_close(w->dev);
@@ -315,7 +300,6 @@ void stria_worker_stop(stria_worker_t *w)
         stria_pool_destroy(w->pool);
     if (w->own_metrics)
         stria_metrics_destroy(w->metrics);
-    free(w->links);
     stria_auth_free_secret(w->token);
     stria_auth_free_secret(w->worker_token);
     free(w);
@@ -359,9 +343,9 @@ void stria_worker_usage(stria_worker_t *w, stria_worker_usage_t *out)
 {
     memset(out, 0, sizeof(*out));
     pthread_mutex_lock(&w->lock);
-    for (stria__wjob_t *j = w->jobs; j != NULL; j = j->next)
+    for (stria__wsess_t *s = w->sessions; s != NULL; s = s->next)
         out->jobs++;
-    out->running_passes = (uint32_t)w->running_passes;
+    out->running_passes = (uint32_t)w->running_calls;
     pthread_mutex_unlock(&w->lock);
     stria_mempool_stats_t s;
     stria__wpool_figures(w, &s);

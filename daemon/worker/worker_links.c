@@ -8,8 +8,8 @@
 
 /* ---- UCX --------------------------------------------------------------------- */
 
-static stria_status_t stria__ucx_connect(void *ctx, const stria_worker_link_request_t *req,
-                                         stria_link_t **link_out)
+static stria_status_t ucx_connect(void *ctx, const stria_worker_link_request_t *req,
+                                  stria_link_t **link_out)
 {
     char next_host[256];
     uint16_t next_port;
@@ -31,24 +31,24 @@ static stria_status_t stria__ucx_connect(void *ctx, const stria_worker_link_requ
 
 stria_worker_link_factory_t stria_worker_ucx_links(stria_ucx_ctx_t *ctx, const char *address)
 {
-    stria_worker_link_factory_t f = {stria__ucx_connect, ctx, address};
+    stria_worker_link_factory_t f = {ucx_connect, ctx, address};
     return f;
 }
 
 /* ---- in-process ---------------------------------------------------------------- */
 
 /* A ring some of whose ranks have not connected yet. */
-typedef struct stria__inproc_ring {
-    struct stria__inproc_ring *next;
+typedef struct inproc_ring {
+    struct inproc_ring *next;
     uint64_t job_id;
     uint32_t ring_id;
     int size, joined;
     stria_inproc_hub_t *hub;
-} stria__inproc_ring_t;
+} inproc_ring_t;
 
 struct stria_worker_inproc_links {
     pthread_mutex_t lock;
-    stria__inproc_ring_t *rings;
+    inproc_ring_t *rings;
 };
 
 stria_status_t stria_worker_inproc_links_create(stria_worker_inproc_links_t **out)
@@ -66,7 +66,7 @@ void stria_worker_inproc_links_destroy(stria_worker_inproc_links_t *l)
     if (l == NULL)
         return;
     while (l->rings != NULL) {
-        stria__inproc_ring_t *r = l->rings;
+        inproc_ring_t *r = l->rings;
         l->rings = r->next;
         stria_inproc_hub_release(r->hub);
         free(r);
@@ -75,11 +75,11 @@ void stria_worker_inproc_links_destroy(stria_worker_inproc_links_t *l)
     free(l);
 }
 
-static stria_status_t stria__inproc_connect(void *ctx, const stria_worker_link_request_t *req,
-                                            stria_link_t **link_out)
+static stria_status_t inproc_connect(void *ctx, const stria_worker_link_request_t *req,
+                                     stria_link_t **link_out)
 {
     stria_worker_inproc_links_t *l = ctx;
-    stria__inproc_ring_t **pp, *r;
+    inproc_ring_t **pp, *r;
     stria_status_t st = STRIA_OK;
     pthread_mutex_lock(&l->lock);
     for (pp = &l->rings; *pp != NULL; pp = &(*pp)->next)
@@ -117,6 +117,6 @@ static stria_status_t stria__inproc_connect(void *ctx, const stria_worker_link_r
 
 stria_worker_link_factory_t stria_worker_inproc_links(stria_worker_inproc_links_t *l)
 {
-    stria_worker_link_factory_t f = {stria__inproc_connect, l, NULL};
+    stria_worker_link_factory_t f = {inproc_connect, l, NULL};
     return f;
 }

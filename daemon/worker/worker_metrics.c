@@ -1,4 +1,5 @@
-/* The worker's metrics. */
+/* The worker's metrics: every series made at start, and the gauges the
+ * heartbeat thread sets (what the ring link refused, the C heap). */
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -14,15 +15,14 @@
 /* ---- configuration --------------------------------------------------------------- */
 
 /* The two counters of a family whose label takes two values. */
-static void stria__wm_counter_pair(stria_metrics_t *m, const char *name, const char *help,
-                                   const char *label0, const char *label1, stria_metric_t **out0,
-                                   stria_metric_t **out1)
+static void counter_pair(stria_metrics_t *m, const char *name, const char *help, const char *label0,
+                         const char *label1, stria_metric_t **out0, stria_metric_t **out1)
 {
     *out0 = stria_metrics_get(m, STRIA_METRIC_COUNTER, name, help, label0, NULL, 0);
     *out1 = stria_metrics_get(m, STRIA_METRIC_COUNTER, name, help, label1, NULL, 0);
 }
 
-void stria__wmetrics_init(stria_worker_t *w)
+void stria__wmet_init(stria_worker_t *w)
 {
     static const double step_buckets[] = {0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
     static const double call_buckets[] = {0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005,
@@ -33,13 +33,14 @@ void stria__wmetrics_init(stria_worker_t *w)
     for (int b = 0; b < 2; b++) {
         w->m_passes[b] =
             stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_passes_total",
-                              "Ring passes run by this worker.", pass_labels[b], NULL, 0);
+                              "Calls (ring passes) run by this worker.", pass_labels[b], NULL, 0);
         w->m_pass_fail[b] =
             stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_pass_failures_total",
-                              "Ring passes that failed.", pass_labels[b], NULL, 0);
-        w->m_pass_s[b] = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_pass_seconds",
-                                           "Wall time of a ring pass.", pass_labels[b],
-                                           pass_buckets, sizeof(pass_buckets) / sizeof(double));
+                              "Calls (ring passes) that failed.", pass_labels[b], NULL, 0);
+        w->m_pass_s[b] = stria_metrics_get(
+            m, STRIA_METRIC_HISTOGRAM, "stria_worker_pass_seconds",
+            "Wall time of a call on this worker, from its inputs in to its reply.", pass_labels[b],
+            pass_buckets, sizeof(pass_buckets) / sizeof(double));
         w->m_call_s[b] = stria_metrics_get(
             m, STRIA_METRIC_HISTOGRAM, "stria_worker_session_call_seconds",
             "Wall time of a session call on this worker, from its inputs in to its reply.",
@@ -51,15 +52,14 @@ void stria__wmetrics_init(stria_worker_t *w)
     w->m_step_wait = stria_metrics_get(m, STRIA_METRIC_HISTOGRAM, "stria_worker_step_seconds",
                                        "Time of one ring step, by kind.", "kind=\"communication\"",
                                        step_buckets, sizeof(step_buckets) / sizeof(double));
-    stria__wm_counter_pair(m, "stria_worker_ring_bytes_total", "Bytes moved over the ring link.",
-                           "direction=\"sent\"", "direction=\"received\"", &w->m_bytes_sent,
-                           &w->m_bytes_recv);
-    stria__wm_counter_pair(m, "stria_worker_rpc_bytes_total",
-                           "Tensor bytes moved to and from clients.", "direction=\"in\"",
-                           "direction=\"out\"", &w->m_in_bytes, &w->m_out_bytes);
-    w->m_memory =
-        stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_memory_in_use_bytes",
-                          "Memory reserved by the jobs this worker holds.", NULL, NULL, 0);
+    counter_pair(m, "stria_worker_ring_bytes_total", "Bytes moved over the ring link.",
+                 "direction=\"sent\"", "direction=\"received\"", &w->m_bytes_sent,
+                 &w->m_bytes_recv);
+    counter_pair(m, "stria_worker_rpc_bytes_total", "Tensor bytes moved to and from clients.",
+                 "direction=\"in\"", "direction=\"out\"", &w->m_in_bytes, &w->m_out_bytes);
+    w->m_memory = stria_metrics_get(
+        m, STRIA_METRIC_GAUGE, "stria_worker_memory_in_use_bytes",
+        "Memory reserved by the sessions (jobs included) this worker holds.", NULL, NULL, 0);
     static const char *const pool_labels[3] = {"pool=\"host\"", "pool=\"device\"",
                                                "pool=\"pinned\""};
     stria_mempool_t *pools[3] = {w->mem_host, w->mem_dev, w->mem_pinned};
@@ -95,7 +95,7 @@ void stria__wmetrics_init(stria_worker_t *w)
         NULL, NULL, 0);
 #endif
     w->m_jobs = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_jobs",
-                                  "Jobs held by this worker.", NULL, NULL, 0);
+                                  "Sessions (jobs included) held by this worker.", NULL, NULL, 0);
     w->m_hb_age = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_heartbeat_age_seconds",
                                     "Seconds since the last heartbeat the coordinator answered "
                                     "(-1: not registered).",
@@ -141,7 +141,7 @@ void stria__wmetrics_init(stria_worker_t *w)
     stria__wpool_publish(w);
 }
 
-void stria__wmetrics_ring(stria_worker_t *w)
+void stria__wmet_ring(stria_worker_t *w)
 {
     stria_ucx_ctx_stats_t s;
     if (w->ucx == NULL)
@@ -163,16 +163,16 @@ void stria__wmetrics_ring(stria_worker_t *w)
  * the first mallinfo2() itself, and that set-up assumes one thread; two
  * workers of one process heartbeating at once corrupted it (a crash in
  * int_mallinfo, or glibc's "a->attached_threads > 0" at a thread's exit). */
-static pthread_mutex_t stria__mallinfo_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t mallinfo_lock = PTHREAD_MUTEX_INITIALIZER;
 #endif
 
-void stria__wmetrics_heap(stria_worker_t *w)
+void stria__wmet_heap(stria_worker_t *w)
 {
 #ifdef STRIA__HAVE_MALLINFO2
     /* walks every arena's bins under its lock: cheap at a heartbeat's pace */
-    pthread_mutex_lock(&stria__mallinfo_lock);
+    pthread_mutex_lock(&mallinfo_lock);
     struct mallinfo2 mi = mallinfo2();
-    pthread_mutex_unlock(&stria__mallinfo_lock);
+    pthread_mutex_unlock(&mallinfo_lock);
     stria_metric_set(w->m_heap[0], (double)(mi.uordblks + mi.hblkhd));
     stria_metric_set(w->m_heap[1], (double)mi.fordblks);
 #else

@@ -16,13 +16,13 @@
 #define STRIA__TL_DETAIL  120u
 #define STRIA__TL_SUMMARY 48u
 
-static uint64_t stria__us(double s)
+static uint64_t us(double s)
 {
     return s <= 0 ? 0 : (uint64_t)(s * 1e6 + 0.5);
 }
 
 /* The byte budget of one rank's timeline in a ring of n. */
-static size_t stria__tl_budget(int n)
+static size_t tl_budget(int n)
 {
     size_t b = STRIA__TL_SHARE / (size_t)(n > 0 ? n : 1);
     return b < STRIA__TL_MIN ? STRIA__TL_MIN : b > STRIA__TL_MAX ? STRIA__TL_MAX : b;
@@ -37,36 +37,35 @@ void stria__wtimeline_free(stria__wtimeline_t *tl)
 }
 
 /* One step's spans: (begin, end) pairs in microseconds. */
-static void stria__tl_step_spans(const stria_ring_step_times_t *t, Stria__V1__StepTimes *e,
-                                 uint64_t **cur)
+static void step_spans(const stria_ring_step_times_t *t, Stria__V1__StepTimes *e, uint64_t **cur)
 {
     e->compute_spans = *cur;
     for (int i = 0; i < t->n_spans; i++)
         if (t->spans[i].kind == STRIA_RING_SPAN_COMPUTE) {
-            e->compute_spans[e->n_compute_spans++] = stria__us(t->spans[i].begin);
-            e->compute_spans[e->n_compute_spans++] = stria__us(t->spans[i].end);
+            e->compute_spans[e->n_compute_spans++] = us(t->spans[i].begin);
+            e->compute_spans[e->n_compute_spans++] = us(t->spans[i].end);
         }
     *cur += e->n_compute_spans;
     e->wait_spans = *cur;
     for (int i = 0; i < t->n_spans; i++)
         if (t->spans[i].kind == STRIA_RING_SPAN_WAIT) {
-            e->wait_spans[e->n_wait_spans++] = stria__us(t->spans[i].begin);
-            e->wait_spans[e->n_wait_spans++] = stria__us(t->spans[i].end);
+            e->wait_spans[e->n_wait_spans++] = us(t->spans[i].begin);
+            e->wait_spans[e->n_wait_spans++] = us(t->spans[i].end);
         }
     *cur += e->n_wait_spans;
     e->send_spans = *cur;
     if (t->send_begin >= 0 && t->send_end >= t->send_begin) {
-        e->send_spans[e->n_send_spans++] = stria__us(t->send_begin);
-        e->send_spans[e->n_send_spans++] = stria__us(t->send_end);
+        e->send_spans[e->n_send_spans++] = us(t->send_begin);
+        e->send_spans[e->n_send_spans++] = us(t->send_end);
     }
     if (t->sum_send_begin >= 0 && t->sum_send_end >= t->sum_send_begin) {
-        e->send_spans[e->n_send_spans++] = stria__us(t->sum_send_begin);
-        e->send_spans[e->n_send_spans++] = stria__us(t->sum_send_end);
+        e->send_spans[e->n_send_spans++] = us(t->sum_send_begin);
+        e->send_spans[e->n_send_spans++] = us(t->sum_send_end);
     }
     *cur += e->n_send_spans;
 }
 
-stria_status_t stria__wtimeline_build(const stria__wjob_t *j, const stria_ring_pass_t *rp,
+stria_status_t stria__wtimeline_build(int rank, int n_ranks, const stria_ring_pass_t *rp,
                                       uint32_t pass, bool backward, stria__wtimeline_t *tl)
 {
     size_t n = 0;
@@ -76,7 +75,7 @@ stria_status_t stria__wtimeline_build(const stria__wjob_t *j, const stria_ring_p
     stria__v1__pass_timeline__init(&tl->msg);
     if (ss == NULL || steps < 1 || (size_t)steps > n || ss[0].times.origin == 0.0)
         return STRIA_ERR_NOT_FOUND; /* nothing recorded (recording off, or no step ran) */
-    const size_t budget = stria__tl_budget(j->n_ranks);
+    const size_t budget = tl_budget(n_ranks);
     const bool detail = (size_t)steps * STRIA__TL_DETAIL <= budget;
     const size_t groups = detail ? (size_t)steps : budget / STRIA__TL_SUMMARY;
     const size_t per = ((size_t)steps + groups - 1) / groups;
@@ -99,23 +98,23 @@ stria_status_t stria__wtimeline_build(const stria__wjob_t *j, const stria_ring_p
         tl->ptrs[g] = e;
         e->first_step = (uint32_t)first;
         e->steps = (uint32_t)(last - first + 1);
-        e->begin_us = stria__us(ss[first].times.begin);
-        e->end_us = stria__us(ss[last].times.end);
+        e->begin_us = us(ss[first].times.begin);
+        e->end_us = us(ss[last].times.end);
         for (int s = first; s <= last; s++) {
             compute += ss[s].compute_wall_s;
             wait += ss[s].wait_s;
             e->computed += ss[s].computed;
         }
-        e->compute_us = stria__us(compute);
-        e->wait_us = stria__us(wait);
+        e->compute_us = us(compute);
+        e->wait_us = us(wait);
         if (detail)
-            stria__tl_step_spans(&ss[first].times, e, &cur);
+            step_spans(&ss[first].times, e, &cur);
     }
-    tl->msg.rank = (uint32_t)j->rank;
+    tl->msg.rank = (uint32_t)rank;
     tl->msg.pass = pass;
     tl->msg.backward = backward;
     tl->msg.steps = (uint32_t)steps;
-    tl->msg.seconds_us = stria__us(ss[steps - 1].times.end);
+    tl->msg.seconds_us = us(ss[steps - 1].times.end);
     tl->msg.summarised = !detail;
     tl->msg.n_entries = n_entries;
     tl->msg.entries = tl->ptrs;

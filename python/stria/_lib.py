@@ -107,6 +107,7 @@ class SessionSpec(ctypes.Structure):  # stria_session_spec_t
         ("placement_hosts", ctypes.POINTER(ctypes.c_char_p)),
         ("placement_devices", ctypes.POINTER(ctypes.c_int)),
         ("placement_fallback", ctypes.c_bool),
+        ("max_held", ctypes.c_uint32),
     ]
 
 

@@ -239,11 +239,13 @@ static inline Stria__V1__JobSpec spec_default(void)
     return s;
 }
 
-/* Per-rank memory of spec_default() on n ranks. */
+/* Per-rank memory of spec_default() on n ranks: the pass and one call's
+ * region (max_held 0). */
 static inline uint64_t mem_default(int n)
 {
     uint64_t m = 0;
-    cr_assert_eq(stria_rank_memory(1, (1024 + n - 1) / n, 4, 2, 64, STRIA_DTYPE_F32, &m), STRIA_OK);
+    cr_assert_eq(stria_session_rank_memory(1, (1024 + n - 1) / n, 4, 2, 64, STRIA_DTYPE_F32, 0, &m),
+                 STRIA_OK);
     return m;
 }
 

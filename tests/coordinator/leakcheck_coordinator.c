@@ -136,7 +136,7 @@ int main(void)
 
     /* Bad frames: a malformed body (kept), then an oversized one (closed). */
     fd = rt_connect(stria_coord_port(co));
-    CHECK(fd >= 0 && rt_hello(fd, "stria.v1.Coordinator", 1) &&
+    CHECK(fd >= 0 && rt_hello(fd, "stria.v1.Coordinator", STRIA_RPC_VERSION) &&
               rt_prove(fd, "stria.v1.Coordinator", "tok"),
           "raw hello");
     CHECK(rt_read_reply(fd, &rr, 5000) && rr.h.status == 0, "raw hello reply");
@@ -155,7 +155,7 @@ int main(void)
     close(fd);
     /* A truncated frame left behind on a connection the server must clean. */
     fd = rt_connect(stria_coord_port(co));
-    CHECK(fd >= 0 && rt_hello(fd, "stria.v1.Coordinator", 1) &&
+    CHECK(fd >= 0 && rt_hello(fd, "stria.v1.Coordinator", STRIA_RPC_VERSION) &&
               rt_prove(fd, "stria.v1.Coordinator", "tok"),
           "raw hello");
     CHECK(rt_read_reply(fd, &rr, 5000), "hello reply");

@@ -8,8 +8,8 @@
  *     that comes later must get in, the fake ones' metric series go);
  *   - a coordinator whose loop stalls (SIGSTOP) must not declare its workers
  *     dead when it resumes;
- *   - pipelined GetOutput requests across batch rows, never read (the
- *     worker's memory must stay bounded);
+ *   - pipelined calls whose replies are never read (the worker's memory
+ *     must stay bounded);
  *   - a slow coordinator must not block the worker's RPC loop;
  *   - control characters in peers' strings must not reach a terminal raw. */
 #include <criterion/criterion.h>
@@ -27,6 +27,7 @@
 #include "deploy_util.h"
 #include "stria.pb-c.h"
 #include "stria_rpc.h"
+#include "stria_spec.h"
 
 static double now_s(void)
 {
@@ -306,7 +307,7 @@ static void *hb_flood(void *arg)
 Test(bounds, heartbeat_entries_do_not_stall_loop, .timeout = 240)
 {
     dcluster_t c;
-    char *args[] = {"--max-jobs-per-client=5000", NULL};
+    char *args[] = {"--max-jobs-per-client=5000", "--max-sessions-per-client=5000", NULL};
     coordinator_with(&c, 5, args);
     stria_rpc_client_t *cl = rpc_open(c.coord_addr, &stria__v1__coordinator__descriptor);
     uint64_t id = fake_worker(cl, "127.0.0.1:10001", "node-a", 1ull << 60);
@@ -515,7 +516,37 @@ static void raw_hello(int fd, stria_auth_session_t *session)
     stria_auth_session_derive(session, NULL);
 }
 
-Test(bounds, pipelined_get_output_memory_bounded, .timeout = 240)
+/* Sends a request frame with a payload (its proof binding `extra`). */
+static void raw_send_payload(int fd, uint32_t method, uint64_t id, const ProtobufCMessage *m,
+                             const void *payload, uint64_t len)
+{
+    size_t pb = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(STRIA_RPC_HEADER_SIZE + pb);
+    stria_rpc_header_t h = {.magic = STRIA_RPC_MAGIC,
+                            .version = STRIA_RPC_VERSION,
+                            .method = method,
+                            .request_id = id,
+                            .pb_len = (uint32_t)pb,
+                            .payload_len = len};
+    stria_rpc_header_encode(&h, buf);
+    protobuf_c_message_pack(m, buf + STRIA_RPC_HEADER_SIZE);
+    cr_assert_eq(send(fd, buf, STRIA_RPC_HEADER_SIZE + pb, MSG_NOSIGNAL),
+                 (ssize_t)(STRIA_RPC_HEADER_SIZE + pb));
+    for (uint64_t sent = 0; sent < len;) {
+        ssize_t n = send(fd, (const char *)payload + sent, (size_t)(len - sent), MSG_NOSIGNAL);
+        cr_assert_gt(n, 0, "the worker stopped reading: %s", strerror(errno));
+        sent += (uint64_t)n;
+    }
+    free(buf);
+}
+
+/* Pipelined calls whose replies are never read: a session runs one call at
+ * a time and sends its outputs from its own buffer, so the calls behind the
+ * first are refused (busy) and the worker holds one call's outputs, not one
+ * copy per request (a worker used to copy up to 1 GiB per request and keep
+ * each copy until the reply was written, which a client that does not read
+ * never lets happen). */
+Test(bounds, pipelined_calls_memory_bounded, .timeout = 240)
 {
     dcluster_t c;
     char *wargs[] = {"--memory=3G", NULL};
@@ -530,7 +561,9 @@ Test(bounds, pipelined_get_output_memory_bounded, .timeout = 240)
     job.spec.batch = batch;
     job.spec.causal = false;
     free(job.q), free(job.k), free(job.v), free(job.o), free(job.lse);
-    job.q = calloc(n, 4), job.k = calloc(n, 4), job.v = calloc(n, 4), job.o = calloc(n, 4);
+    float *qkv = calloc(3 * n, 4);
+    job.q = qkv, job.k = qkv + n, job.v = qkv + 2 * n;
+    job.o = calloc(n, 4);
     job.lse = calloc((size_t)(batch * 32 * 16), 4);
     for (size_t i = 0; i < n; i++)
         job.q[i] = job.k[i] = job.v[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
@@ -542,40 +575,56 @@ Test(bounds, pipelined_get_output_memory_bounded, .timeout = 240)
     stria_auth_session_t session;
     raw_hello(fd, &session);
     stria_job_secret_t secret;
-    job_secret(c.coord_addr, stria_job_id(job.job), &secret);
-    /* 64 requests for "everything from byte 4": each range crosses every
-     * batch row; the worker used to copy up to 1 GiB per request and keep
-     * each copy until the reply was written, which a client that does not
-     * read never lets happen */
-    Stria__V1__GetOutputRequest get = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    get.job_id = stria_job_id(job.job);
-    get.tensor = STRIA__V1__TENSOR__TENSOR_O;
-    get.offset = 4;
-    uint8_t proof[STRIA_AUTH_MAC_BYTES];
-    get.job_proof.data = proof;
-    get.job_proof.len = sizeof(proof);
-    for (int i = 0; i < 64; i++) {
-        stria_job_secret_prove(&secret, &session, 2 + (uint64_t)i, STRIA_RPC_WORKER_GET_OUTPUT,
-                               get.job_id, proof);
-        raw_send(fd, 0, STRIA_RPC_WORKER_GET_OUTPUT, 2 + (uint64_t)i, &get.base);
+    uint64_t id = stria_job_id(job.job);
+    job_secret(c.coord_addr, id, &secret);
+    /* 16 forward calls of the job's shape (its own forward holds the other
+     * region), their 96 MiB of inputs each sent at once */
+    enum { CALLS = 16 };
+    Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    Stria__V1__CallShape shape = STRIA__V1__CALL_SHAPE__INIT;
+    const stria_call_shape_t cs = {.batch = batch, .seq_len = 16};
+    const stria_call_place_t place = {.call = 7};
+    Stria__V1__JobSpec__Window win;
+    uint8_t bound[STRIA_CALL_BINDING_BYTES], proof[STRIA_AUTH_MAC_BYTES];
+    stria_call_shape_to_pb(&cs, &shape, &win);
+    stria_call_place_to_pb(&place, &req);
+    stria_call_binding(&cs, &place, bound);
+    req.job_id = id;
+    req.shape = &shape;
+    req.job_proof.data = proof;
+    req.job_proof.len = sizeof(proof);
+    for (int i = 0; i < CALLS; i++) {
+        stria_job_secret_prove_extra(&secret, &session, 2 + (uint64_t)i,
+                                     STRIA_RPC_WORKER_SESSION_CALL, id, bound, sizeof(bound),
+                                     proof);
+        raw_send_payload(fd, STRIA_RPC_WORKER_SESSION_CALL, 2 + (uint64_t)i, &req.base, qkv,
+                         3 * n * 4);
     }
     sleep(2);
     long grown = rss_kib(pid) - before;
     cr_assert_lt(grown, 256 * 1024, "the worker's memory grew by %ld MiB", grown / 1024);
 
-    /* read everything: every reply is a correct piece of O (sent from the
-     * tensor itself where the range is contiguous there, else a copy of at
-     * most 1 MiB: either way the memory above stayed bounded) */
+    /* read everything: the first reply is the call's outputs (the job's
+     * own, bit for bit), the others refusals naming the running call */
     stria_rpc_header_t h;
     uint8_t *payload;
-    for (int i = 0; i < 64; i++) {
+    int ran = 0, busy = 0;
+    for (int i = 0; i < CALLS; i++) {
         uint64_t len = raw_reply(fd, &h, &payload);
-        cr_assert_eq(h.status, 0);
-        cr_assert(len > 0 && len <= n * 4 - 4, "reply of %llu bytes", (unsigned long long)len);
-        cr_assert_eq(memcmp(payload, (const char *)job.o + 4, len), 0);
+        if (h.status == 0) {
+            ran++;
+            cr_assert_eq(len, n * 4 + (uint64_t)(batch * 32 * 16) * 4);
+            cr_assert_eq(memcmp(payload, job.o, n * 4), 0, "call %d's O", i);
+        } else {
+            busy += h.status == STRIA_ERR_BUSY;
+        }
         free(payload);
     }
+    cr_expect_geq(ran, 1);
+    cr_expect_eq(ran + busy, CALLS, "every call ran or was refused busy");
     close(fd);
+    job.q = job.k = job.v = NULL;
+    free(qkv);
     dc_job_free(&job);
     dc_stop(&c);
 }
@@ -632,23 +681,17 @@ typedef struct {
     stria_status_t st;
     char msg[512];
     double seconds;
-} put_t;
+} open_t;
 
-static void *put_main(void *arg)
+static void *open_main(void *arg)
 {
-    put_t *p = arg;
-    static uint8_t bytes[4096];
+    open_t *p = arg;
     stria_rpc_client_t *cl = rpc_open(p->addr, &stria__v1__worker__descriptor);
-    Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_PUT_INPUT,
-                              .request = &req.base,
-                              .payload = bytes,
-                              .payload_len = sizeof(bytes),
-                              .timeout_s = 30};
+    Stria__V1__OpenSessionRequest req = STRIA__V1__OPEN_SESSION_REQUEST__INIT;
+    stria_rpc_request_t rq = {
+        .method = STRIA_RPC_WORKER_OPEN_SESSION, .request = &req.base, .timeout_s = 30};
     stria_rpc_reply_t rep = {0};
     req.job_id = 7;
-    req.tensor = STRIA__V1__TENSOR__TENSOR_Q;
-    req.total_bytes = sizeof(bytes);
     double t0 = now_s();
     p->st = stria_rpc_client_call(cl, &rq, &rep);
     p->seconds = now_s() - t0;
@@ -682,12 +725,12 @@ Test(bounds, slow_coordinator_does_not_block_worker_loop, .timeout = 120)
     dc_start_worker(&c, 0, NULL);
     sleep(1); /* registered */
 
-    /* a PutInput of a job the worker does not hold: it asks the slow
+    /* the open of a session the worker does not hold: it asks the slow
      * coordinator for the assignment */
     stria_rpc_client_t *cl = rpc_open(c.worker_rpc[0], &stria__v1__worker__descriptor);
-    put_t put = {.addr = c.worker_rpc[0]};
+    open_t put = {.addr = c.worker_rpc[0]};
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, put_main, &put), 0);
+    cr_assert_eq(pthread_create(&th, NULL, open_main, &put), 0);
     usleep(500000);
     /* meanwhile another client is served at once */
     Stria__V1__DropJobRequest drop = STRIA__V1__DROP_JOB_REQUEST__INIT;
@@ -698,7 +741,7 @@ Test(bounds, slow_coordinator_does_not_block_worker_loop, .timeout = 120)
     double took = now_s() - t0;
     cr_assert_lt(took, 1.0, "the worker's RPC loop waited %.2f s for the coordinator", took);
     pthread_join(th, NULL);
-    /* the upload fails with the coordinator's answer once it comes */
+    /* the open fails with the coordinator's answer once it comes */
     cr_assert_eq(put.st, STRIA_ERR_NOT_FOUND, "%d: %s", put.st, put.msg);
     cr_assert(strstr(put.msg, "job 7 is unknown") != NULL, "%s", put.msg);
     cr_assert_geq(put.seconds, 3.0);

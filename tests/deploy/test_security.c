@@ -144,45 +144,49 @@ static void owned_finish(owned_t *j)
 
 /* ---- another client's job ------------------------------------------------------ */
 
-/* The job-scoped methods of the Worker service, as an attacker calls them
- * for `job` on `rank`. */
+/* The job-scoped requests of the Worker service, as an attacker sends them
+ * for `job` on `rank`: a forward call (inputs of its own over the owner's,
+ * a pass run), a backward of the owner's held forward (its outputs read),
+ * a piece of a call's inputs, the held forward let go, the job dropped, its
+ * rank opened. */
+#define N_ATTEMPTS 6
+static const char *const attempt_names[N_ATTEMPTS] = {"SessionCall",
+                                                      "SessionCall (held backward)",
+                                                      "SessionCall (a piece)",
+                                                      "DropJob (held forward)",
+                                                      "DropJob",
+                                                      "OpenSession"};
+
 static stria_status_t worker_attempt(stria_rpc_client_t *w, int m, uint64_t job, uint32_t rank,
                                      const stria_job_secret_t *secret)
 {
     static uint8_t zeros[4096];
-    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    Stria__V1__GetOutputRequest get = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    Stria__V1__RunForwardRequest fw = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
-    Stria__V1__RunBackwardRequest bw = STRIA__V1__RUN_BACKWARD_REQUEST__INIT;
     Stria__V1__DropJobRequest dr = STRIA__V1__DROP_JOB_REQUEST__INIT;
     Stria__V1__OpenSessionRequest os = STRIA__V1__OPEN_SESSION_REQUEST__INIT;
     Stria__V1__SessionCallRequest sc = STRIA__V1__SESSION_CALL_REQUEST__INIT;
     Stria__V1__CallShape shape = STRIA__V1__CALL_SHAPE__INIT;
-    put.job_id = get.job_id = fw.job_id = bw.job_id = dr.job_id = os.job_id = sc.job_id = job;
-    put.rank = get.rank = fw.rank = bw.rank = os.rank = sc.rank = rank;
+    dr.job_id = os.job_id = sc.job_id = job;
+    dr.rank = os.rank = sc.rank = rank;
     shape.batch = 1;
     shape.seq_len = 64;
     sc.shape = &shape; /* a call with inputs: its proof is checked before they are read */
-    put.tensor = STRIA__V1__TENSOR__TENSOR_Q; /* overwrite the owner's Q */
-    put.total_bytes = sizeof(zeros);
-    get.tensor = STRIA__V1__TENSOR__TENSOR_O; /* read the owner's O */
     switch (m) {
     case 0:
-        return rpc_call(w, STRIA_RPC_WORKER_PUT_INPUT, &put.base, zeros, sizeof(zeros), secret, job,
-                        NULL);
-    case 1:
-        return rpc_call(w, STRIA_RPC_WORKER_GET_OUTPUT, &get.base, NULL, 0, secret, job, NULL);
-    case 2:
-        return rpc_call(w, STRIA_RPC_WORKER_RUN_FORWARD, &fw.base, NULL, 0, secret, job, NULL);
-    case 3:
-        return rpc_call(w, STRIA_RPC_WORKER_RUN_BACKWARD, &bw.base, NULL, 0, secret, job, NULL);
-    case 5:
-        return rpc_call(w, STRIA_RPC_WORKER_OPEN_SESSION, &os.base, NULL, 0, secret, job, NULL);
-    case 6:
         return rpc_call(w, STRIA_RPC_WORKER_SESSION_CALL, &sc.base, zeros, sizeof(zeros), secret,
                         job, NULL);
-    default:
+    case 1:
+        sc.backward = sc.use_held = true; /* the owner's forward is call 0 */
+        return rpc_call(w, STRIA_RPC_WORKER_SESSION_CALL, &sc.base, zeros, 1024, secret, job, NULL);
+    case 2:
+        sc.more = true;
+        return rpc_call(w, STRIA_RPC_WORKER_SESSION_CALL, &sc.base, zeros, 1024, secret, job, NULL);
+    case 3:
+        dr.release_held = true;
         return rpc_call(w, STRIA_RPC_WORKER_DROP_JOB, &dr.base, NULL, 0, secret, job, NULL);
+    case 4:
+        return rpc_call(w, STRIA_RPC_WORKER_DROP_JOB, &dr.base, NULL, 0, secret, job, NULL);
+    default:
+        return rpc_call(w, STRIA_RPC_WORKER_OPEN_SESSION, &os.base, NULL, 0, secret, job, NULL);
     }
 }
 
@@ -196,8 +200,6 @@ static void expect_no_token(const creds_t *cr, const char *what, const char *tex
 Test(security, another_clients_job_cannot_be_read_overwritten_run_or_dropped,
      .timeout = SUITE_TIMEOUT)
 {
-    static const char *const wm[7] = {"PutInput", "GetOutput",   "RunForward", "RunBackward",
-                                      "DropJob",  "OpenSession", "SessionCall"};
     dcluster_t c;
     creds_t cr;
     dc_init(&c);
@@ -254,16 +256,17 @@ Test(security, another_clients_job_cannot_be_read_overwritten_run_or_dropped,
         stria_rpc_client_t *wc =
             rpc_open(c.worker_rpc[w], &stria__v1__worker__descriptor, cr.token[CLIENT], &st);
         cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
-        for (int m = 0; m < 7; m++) {
+        for (int m = 0; m < N_ATTEMPTS; m++) {
             int auth = 0;
             for (uint32_t r = 0; r < 2; r++)
                 for (int s = 0; s < 2; s++) {
                     st = worker_attempt(wc, m, id, r, secrets[s]);
                     cr_expect_neq(st, STRIA_OK, "%s of another client's job on worker %d rank %u",
-                                  wm[m], w, r);
+                                  attempt_names[m], w, r);
                     auth += st == STRIA_ERR_AUTH;
                 }
-            cr_expect_geq(auth, 2, "%s on worker %d: not refused for the secret", wm[m], w);
+            cr_expect_geq(auth, 2, "%s on worker %d: not refused for the secret", attempt_names[m],
+                          w);
         }
         stria_rpc_client_close(wc);
     }

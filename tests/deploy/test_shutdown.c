@@ -142,8 +142,8 @@ static bool file_has(const char *path, const char *needle)
 static void *trigger_thread(void *arg)
 {
     during_t *d = arg;
-    /* the ring link's debug line: the handshake is done, the steps run */
-    while (!d->give_up && !file_has(d->log_path, " ring 0) connected"))
+    /* the worker's debug line: the link is bound, the ring steps run */
+    while (!d->give_up && !file_has(d->log_path, "(forward) runs its ring pass"))
         usleep(2000);
     if (d->give_up)
         return NULL;

@@ -11,7 +11,8 @@
  *      or with the buffer named later from another thread), reply with
  *      payloads (copied or sent in place), and reply later from the loop or
  *      from another thread; they check the job proof of jobs from
- *      FUZZ_PROVEN_JOBS on with the secret fuzz_job_secret;
+ *      FUZZ_PROVEN_JOBS on with the secret fuzz_job_secret (see "the stub
+ *      Worker service" below for which method does what);
  *   2. the real coordinator with a client, a worker and an admin credential
  *      (the roles of its methods).
  * They run without a loop thread (no_thread): this thread drives their
@@ -51,11 +52,21 @@ static stria_job_secret_t fuzz_job_secret;
 static bool verbose; /* STRIA_FUZZ_VERBOSE: print the replies */
 
 /* ---- the stub Worker service ---------------------------------------------- */
+/* SessionCall (client): a forward call (backward unset) is a put: its
+ * payload is taken in one of five ways by job_id % 5 (refused, into a
+ * buffer, without a buffer, into a buffer named later from another thread,
+ * refused later from another thread) and the reply counts its bytes
+ * (worker_minflt); a backward call is a get: the reply payload is at most
+ * `call` bytes (64 KiB), copied, or sent in place when piece_offset is odd,
+ * and use_held is refused. Jobs from FUZZ_PROVEN_JOBS on need their proof.
+ * OpenSession (admin): replies later by job_id % 3: 0 at once with an error
+ * (busy), 1 from the loop (posted), 2 from the helper thread.
+ * DropJob (client): proven; replies at once. */
 
 static uint8_t out_bytes[1 << 16];
 
-/* Work of the helper thread, in order: replies to RunBackward, and payload
- * buffers of PutInputs whose callback answered "later". */
+/* Work of the helper thread, in order: replies to OpenSession, and payload
+ * buffers of puts whose callback answered "later". */
 typedef enum { HELP_REPLY, HELP_BUFFER, HELP_REFUSE } help_kind_t;
 typedef struct {
     stria_rpc_call_t *call;
@@ -70,7 +81,7 @@ static size_t q_head, q_len;
 
 static void help(const help_t *h)
 {
-    Stria__V1__RunBackwardReply rep = STRIA__V1__RUN_BACKWARD_REPLY__INIT;
+    Stria__V1__OpenSessionReply rep = STRIA__V1__OPEN_SESSION_REPLY__INIT;
     switch (h->kind) {
     case HELP_REPLY:
         stria_rpc_call_reply(h->call, &rep.base, NULL, 0, NULL, NULL);
@@ -134,30 +145,27 @@ static bool job_refused(stria_rpc_call_t *call, uint64_t job_id)
     return true;
 }
 
-static void on_backward(void *ctx, stria_rpc_call_t *call)
+static void reply_open_later(void *arg)
 {
-    (void)ctx;
-    help_later(call, HELP_REPLY, NULL);
-}
-
-static void reply_forward_later(void *arg)
-{
-    Stria__V1__RunForwardReply rep = STRIA__V1__RUN_FORWARD_REPLY__INIT;
+    Stria__V1__OpenSessionReply rep = STRIA__V1__OPEN_SESSION_REPLY__INIT;
     stria_rpc_call_reply(arg, &rep.base, NULL, 0, NULL, NULL);
 }
 
-static void on_forward(void *ctx, stria_rpc_call_t *call)
+static void on_open(void *ctx, stria_rpc_call_t *call)
 {
-    const Stria__V1__RunForwardRequest *req = (const void *)stria_rpc_call_request(call);
+    const Stria__V1__OpenSessionRequest *req = (const void *)stria_rpc_call_request(call);
     (void)ctx;
-    if (req->job_id % 2 == 0 || stria_rpc_server_post(wsrv, reply_forward_later, call) != STRIA_OK)
+    if (req->job_id % 3 == 2)
+        help_later(call, HELP_REPLY, NULL);
+    else if (req->job_id % 3 == 0 ||
+             stria_rpc_server_post(wsrv, reply_open_later, call) != STRIA_OK)
         stria_rpc_call_fail(call, STRIA_ERR_BUSY, "job %llu is busy",
                             (unsigned long long)req->job_id);
 }
 
-static stria_status_t on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t len, void **buf)
+static stria_status_t on_call_payload(void *ctx, stria_rpc_call_t *call, uint64_t len, void **buf)
 {
-    const Stria__V1__PutInputRequest *req = (const void *)stria_rpc_call_request(call);
+    const Stria__V1__SessionCallRequest *req = (const void *)stria_rpc_call_request(call);
     (void)ctx;
     void *b;
     if (!job_proven(call, req->job_id))
@@ -188,13 +196,12 @@ static stria_status_t on_put_payload(void *ctx, stria_rpc_call_t *call, uint64_t
     }
 }
 
-static void on_put(void *ctx, stria_rpc_call_t *call)
+static void on_put(stria_rpc_call_t *call)
 {
-    Stria__V1__PutInputReply rep = STRIA__V1__PUT_INPUT_REPLY__INIT;
+    Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
     uint64_t len = 0;
-    (void)ctx;
     stria_rpc_call_payload(call, &len);
-    rep.received_bytes = len;
+    rep.worker_minflt = len;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
@@ -203,22 +210,30 @@ static void nothing(void *arg)
     (void)arg;
 }
 
-static void on_get(void *ctx, stria_rpc_call_t *call)
+static void on_get(stria_rpc_call_t *call)
 {
-    const Stria__V1__GetOutputRequest *req = (const void *)stria_rpc_call_request(call);
-    Stria__V1__GetOutputReply rep = STRIA__V1__GET_OUTPUT_REPLY__INIT;
-    uint64_t n = req->max_bytes < sizeof(out_bytes) ? req->max_bytes : sizeof(out_bytes);
-    (void)ctx;
+    const Stria__V1__SessionCallRequest *req = (const void *)stria_rpc_call_request(call);
+    Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
+    uint64_t n = req->call < sizeof(out_bytes) ? req->call : sizeof(out_bytes);
     if (job_refused(call, req->job_id))
         return;
-    if (req->tensor == STRIA__V1__TENSOR__TENSOR_Q) {
-        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "tensor %d is not an output",
-                            (int)req->tensor);
+    if (req->use_held) {
+        stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "call %llu holds no forward",
+                            (unsigned long long)req->held_call);
         return;
     }
-    rep.offset = req->offset;
-    rep.total_bytes = sizeof(out_bytes);
-    stria_rpc_call_reply(call, &rep.base, out_bytes, n, req->offset % 2 ? nothing : NULL, NULL);
+    stria_rpc_call_reply(call, &rep.base, out_bytes, n, req->piece_offset % 2 ? nothing : NULL,
+                         NULL);
+}
+
+static void on_call(void *ctx, stria_rpc_call_t *call)
+{
+    const Stria__V1__SessionCallRequest *req = (const void *)stria_rpc_call_request(call);
+    (void)ctx;
+    if (req->backward)
+        on_get(call);
+    else
+        on_put(call);
 }
 
 static void on_drop(void *ctx, stria_rpc_call_t *call)
@@ -277,12 +292,9 @@ static stria_rpc_server_t *server_for(int i)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     static const stria_rpc_method_t methods[STRIA_RPC_WORKER_N_METHODS] = {
-        STRIA_RPC_SERVE(WORKER_PUT_INPUT, .handler = on_put, .payload = on_put_payload),
-        STRIA_RPC_SERVE(WORKER_RUN_FORWARD, .handler = on_forward),
-        STRIA_RPC_SERVE(WORKER_RUN_BACKWARD, .handler = on_backward,
-                        .flags = STRIA_RPC_METHOD_ADMIN),
-        STRIA_RPC_SERVE(WORKER_GET_OUTPUT, .handler = on_get),
         STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = on_drop),
+        STRIA_RPC_SERVE(WORKER_OPEN_SESSION, .handler = on_open, .flags = STRIA_RPC_METHOD_ADMIN),
+        STRIA_RPC_SERVE(WORKER_SESSION_CALL, .handler = on_call, .payload = on_call_payload),
     };
     stria_rpc_server_params_t sp;
     pthread_t th;

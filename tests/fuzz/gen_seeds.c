@@ -435,8 +435,10 @@ static void coordinator_role_seeds(void)
     free(b.b);
 }
 
-/* Seeds of the stub worker (client and admin credentials): each way it
- * takes a payload, unproven (job ids under FUZZ_PROVEN_JOBS) and proven. */
+/* Seeds of the stub worker (client and admin credentials, see
+ * fuzz_rpc_stream.c): each way its SessionCall takes a payload (a forward
+ * call) and replies with one (a backward call), unproven (job ids under
+ * FUZZ_PROVEN_JOBS) and proven; its admin's OpenSession replying later. */
 static void worker_seeds(void)
 {
     const char *svc = stria__v1__worker__descriptor.name;
@@ -449,47 +451,42 @@ static void worker_seeds(void)
     memset(secret.bytes, FUZZ_JOB_SECRET_BYTE, sizeof(secret.bytes));
     seed_begin(&b, sel);
     hello(&b, svc, HELLO_PROOF, FUZZ_TOKEN);
-    Stria__V1__PutInputRequest pi = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    pi.tensor = STRIA__V1__TENSOR__TENSOR_K;
-    pi.offset = 0;
-    pi.total_bytes = sizeof(bytes);
+    Stria__V1__SessionCallRequest put = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    put.piece_offset = 0;
     for (uint64_t job = 0; job < 5; job++) { /* each way the stub takes a payload */
-        pi.job_id = job + 5;
-        req(&b, STRIA_RPC_WORKER_PUT_INPUT, &pi.base, bytes, sizeof(bytes));
+        put.job_id = job + 5;
+        req(&b, STRIA_RPC_WORKER_SESSION_CALL, &put.base, bytes, sizeof(bytes));
     }
     for (uint64_t job = 0; job < 5; job++) { /* the same, proven */
-        pi.job_id = job + FUZZ_PROVEN_JOBS;
-        prove(&pi.job_proof, mac, &secret, STRIA_RPC_WORKER_PUT_INPUT, pi.job_id);
-        req(&b, STRIA_RPC_WORKER_PUT_INPUT, &pi.base, bytes, sizeof(bytes));
+        put.job_id = job + FUZZ_PROVEN_JOBS;
+        prove(&put.job_proof, mac, &secret, STRIA_RPC_WORKER_SESSION_CALL, put.job_id);
+        req(&b, STRIA_RPC_WORKER_SESSION_CALL, &put.base, bytes, sizeof(bytes));
     }
-    Stria__V1__RunForwardRequest rf = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
-    rf.job_id = 5;
-    req(&b, STRIA_RPC_WORKER_RUN_FORWARD, &rf.base, NULL, 0);
-    Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    go.job_id = 5;
-    go.tensor = STRIA__V1__TENSOR__TENSOR_O;
-    go.offset = 1;
-    go.max_bytes = 100;
-    req(&b, STRIA_RPC_WORKER_GET_OUTPUT, &go.base, NULL, 0);
-    go.offset = 0;
-    go.job_id = FUZZ_PROVEN_JOBS;
-    prove(&go.job_proof, mac, &secret, STRIA_RPC_WORKER_GET_OUTPUT, go.job_id);
-    req(&b, STRIA_RPC_WORKER_GET_OUTPUT, &go.base, NULL, 0);
+    Stria__V1__SessionCallRequest get = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    get.backward = true;
+    get.job_id = 5;
+    get.piece_offset = 1; /* sent in place */
+    get.call = 100;       /* at most 100 bytes */
+    req(&b, STRIA_RPC_WORKER_SESSION_CALL, &get.base, NULL, 0);
+    get.piece_offset = 0;
+    get.job_id = FUZZ_PROVEN_JOBS;
+    prove(&get.job_proof, mac, &secret, STRIA_RPC_WORKER_SESSION_CALL, get.job_id);
+    req(&b, STRIA_RPC_WORKER_SESSION_CALL, &get.base, NULL, 0);
     Stria__V1__DropJobRequest dj = STRIA__V1__DROP_JOB_REQUEST__INIT;
     dj.job_id = FUZZ_PROVEN_JOBS + 1;
     prove(&dj.job_proof, mac, &secret, STRIA_RPC_WORKER_DROP_JOB, dj.job_id);
     req(&b, STRIA_RPC_WORKER_DROP_JOB, &dj.base, NULL, 0);
-    Stria__V1__RunBackwardRequest rb = STRIA__V1__RUN_BACKWARD_REQUEST__INIT;
-    rb.job_id = 5;
-    req(&b, STRIA_RPC_WORKER_RUN_BACKWARD, &rb.base, NULL, 0); /* an admin's */
+    Stria__V1__OpenSessionRequest os = STRIA__V1__OPEN_SESSION_REQUEST__INIT;
+    os.job_id = 5;
+    req(&b, STRIA_RPC_WORKER_OPEN_SESSION, &os.base, NULL, 0); /* an admin's */
     save("rpc_stream", "worker-client", &b);
 
     /* wrong proofs: another job's, a replayed request id, none */
     seed_begin(&b, sel);
     hello(&b, svc, HELLO_PROOF, FUZZ_TOKEN);
-    pi.job_id = FUZZ_PROVEN_JOBS + 1;
-    prove(&pi.job_proof, mac, &secret, STRIA_RPC_WORKER_PUT_INPUT, FUZZ_PROVEN_JOBS + 6);
-    req(&b, STRIA_RPC_WORKER_PUT_INPUT, &pi.base, bytes, sizeof(bytes));
+    put.job_id = FUZZ_PROVEN_JOBS + 1;
+    prove(&put.job_proof, mac, &secret, STRIA_RPC_WORKER_SESSION_CALL, FUZZ_PROVEN_JOBS + 6);
+    req(&b, STRIA_RPC_WORKER_SESSION_CALL, &put.base, bytes, sizeof(bytes));
     dj.job_id = FUZZ_PROVEN_JOBS + 2;
     next_id += 5;
     prove(&dj.job_proof, mac, &secret, STRIA_RPC_WORKER_DROP_JOB, dj.job_id);
@@ -497,15 +494,20 @@ static void worker_seeds(void)
     next_id -= 3;
     prove(&dj.job_proof, mac, &secret, STRIA_RPC_WORKER_DROP_JOB, dj.job_id);
     req(&b, STRIA_RPC_WORKER_DROP_JOB, &dj.base, NULL, 0);
-    go.job_proof.len = 0;
-    req(&b, STRIA_RPC_WORKER_GET_OUTPUT, &go.base, NULL, 0);
+    get.job_proof.len = 0;
+    req(&b, STRIA_RPC_WORKER_SESSION_CALL, &get.base, NULL, 0);
     save("rpc_stream", "worker-bad-proof", &b);
 
+    /* the admin's OpenSession: replied from the helper thread, at once
+     * (busy), and from the loop, more than the server's in-flight limit */
     seed_begin(&b, sel);
     hello(&b, svc, HELLO_PROOF, FUZZ_ADMIN_TOKEN);
-    req(&b, STRIA_RPC_WORKER_RUN_BACKWARD, &rb.base, NULL, 0);
-    for (int i = 0; i < 12; i++) /* more than the server's in-flight limit */
-        req(&b, STRIA_RPC_WORKER_RUN_FORWARD, &rf.base, NULL, 0);
+    req(&b, STRIA_RPC_WORKER_OPEN_SESSION, &os.base, NULL, 0);
+    os.job_id = 6;
+    req(&b, STRIA_RPC_WORKER_OPEN_SESSION, &os.base, NULL, 0);
+    os.job_id = 7;
+    for (int i = 0; i < 12; i++)
+        req(&b, STRIA_RPC_WORKER_OPEN_SESSION, &os.base, NULL, 0);
     save("rpc_stream", "worker-admin", &b);
 
     seed_begin(&b, sel);

@@ -30,25 +30,26 @@ static stria_status_t put_payload(void *ctx, stria_rpc_call_t *call, uint64_t le
     return STRIA_OK;
 }
 
-static void put_handler(void *ctx, stria_rpc_call_t *call)
-{
-    Stria__V1__PutInputReply rep = STRIA__V1__PUT_INPUT_REPLY__INIT;
-    (void)ctx;
-    stria_rpc_call_payload(call, &rep.received_bytes);
-    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
-}
-
 static void nothing(void *arg)
 {
     (void)arg;
 }
 
-static void get_handler(void *ctx, stria_rpc_call_t *call)
+/* SessionCall: a forward call uploads (its payload lands in g_dst, the
+ * reply counts the bytes), a backward call downloads (g_src as the reply
+ * payload, sent in place). */
+static void call_handler(void *ctx, stria_rpc_call_t *call)
 {
-    Stria__V1__GetOutputReply rep = STRIA__V1__GET_OUTPUT_REPLY__INIT;
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
     (void)ctx;
-    rep.total_bytes = g_len;
-    stria_rpc_call_reply(call, &rep.base, g_src, g_len, nothing, NULL);
+    if (req->backward) {
+        stria_rpc_call_reply(call, &rep.base, g_src, g_len, nothing, NULL);
+        return;
+    }
+    stria_rpc_call_payload(call, &rep.worker_minflt);
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
 static void drop_handler(void *ctx, stria_rpc_call_t *call)
@@ -140,10 +141,10 @@ int main(int argc, char **argv)
     g_dst = malloc(g_len);
     memset(g_src, 0x5a, g_len);
     memset(g_dst, 0, g_len);
-    methods[STRIA_RPC_WORKER_PUT_INPUT] = (stria_rpc_method_t){
-        .handler = put_handler, .payload = put_payload, .name = STRIA_RPC_WORKER_PUT_INPUT_NAME};
-    methods[STRIA_RPC_WORKER_GET_OUTPUT] =
-        (stria_rpc_method_t){.handler = get_handler, .name = STRIA_RPC_WORKER_GET_OUTPUT_NAME};
+    methods[STRIA_RPC_WORKER_SESSION_CALL] =
+        (stria_rpc_method_t){.handler = call_handler,
+                             .payload = put_payload,
+                             .name = STRIA_RPC_WORKER_SESSION_CALL_NAME};
     methods[STRIA_RPC_WORKER_DROP_JOB] =
         (stria_rpc_method_t){.handler = drop_handler, .name = STRIA_RPC_WORKER_DROP_JOB_NAME};
     sp.listen = "127.0.0.1:0";
@@ -173,8 +174,8 @@ int main(int argc, char **argv)
     dt = stria_time_now() - t0;
     printf("small call round trip:    %8.1f us  (%d calls)\n", dt / calls * 1e6, calls);
 
-    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    stria_rpc_request_t up = {.method = STRIA_RPC_WORKER_PUT_INPUT,
+    Stria__V1__SessionCallRequest put = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    stria_rpc_request_t up = {.method = STRIA_RPC_WORKER_SESSION_CALL,
                               .request = &put.base,
                               .payload = g_src,
                               .payload_len = g_len,
@@ -186,13 +187,14 @@ int main(int argc, char **argv)
         stria_rpc_reply_free(&rep);
     }
     dt = stria_time_now() - t0;
-    printf("upload (PutInput):        %8.2f GB/s  (%d x %d MiB)\n",
+    printf("upload (SessionCall):     %8.2f GB/s  (%d x %d MiB)\n",
            (double)g_len * frames / dt / 1e9, frames, mib);
     if (memcmp(g_dst, g_src, g_len) != 0)
         return 1;
 
-    Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    stria_rpc_request_t down = {.method = STRIA_RPC_WORKER_GET_OUTPUT,
+    Stria__V1__SessionCallRequest go = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    go.backward = true;
+    stria_rpc_request_t down = {.method = STRIA_RPC_WORKER_SESSION_CALL,
                                 .request = &go.base,
                                 .reply_buf = g_dst,
                                 .reply_buf_cap = g_len,
@@ -204,7 +206,7 @@ int main(int argc, char **argv)
         stria_rpc_reply_free(&rep);
     }
     dt = stria_time_now() - t0;
-    printf("download (GetOutput):     %8.2f GB/s  (%d x %d MiB)\n",
+    printf("download (SessionCall):   %8.2f GB/s  (%d x %d MiB)\n",
            (double)g_len * frames / dt / 1e9, frames, mib);
 
     printf("raw TCP loopback stream:  %8.2f GB/s  (same bytes, no framing)\n",

@@ -28,11 +28,14 @@
 #define M_GETJOB STRIA_RPC_COORDINATOR_GET_JOB
 #define M_CANCEL STRIA_RPC_COORDINATOR_CANCEL_JOB /* admin */
 #define M_STATUS STRIA_RPC_COORDINATOR_GET_STATUS /* replies inline */
-#define M_PUT    STRIA_RPC_WORKER_PUT_INPUT       /* payload into a buffer of the test */
-#define M_GET    STRIA_RPC_WORKER_GET_OUTPUT      /* replies with a payload */
-#define M_DROP   STRIA_RPC_WORKER_DROP_JOB        /* not served */
+/* Worker.SessionCall, a payload both ways: a put (put_req(), backward
+ * unset) lands its payload in a buffer of the test; a get (get_req(),
+ * backward set) replies with a payload */
+#define M_CALL STRIA_RPC_WORKER_SESSION_CALL
+#define M_OPEN STRIA_RPC_WORKER_OPEN_SESSION /* replies inline; takes no payload */
+#define M_DROP STRIA_RPC_WORKER_DROP_JOB     /* not served */
 
-static uint8_t *g_dest; /* where PutInput payloads land */
+static uint8_t *g_dest; /* where put payloads land */
 static size_t g_dest_cap;
 static int g_cleanups;        /* cleanup callbacks run (loop thread) */
 static double g_hold_s = 0.3; /* SubmitJob reply delay */
@@ -114,35 +117,72 @@ static inline void count_cleanup(void *arg)
     __atomic_add_fetch(&g_cleanups, 1, __ATOMIC_SEQ_CST);
 }
 
+/* A put: its payload lands at byte `offset` of g_dest (SessionCallRequest
+ * .piece_offset). The payload callback takes rank 0 only. */
+static inline Stria__V1__SessionCallRequest put_req(uint64_t offset)
+{
+    Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    req.piece_offset = offset;
+    return req;
+}
+
+/* What a put's reply reports: the byte sum of what landed (worker_minflt),
+ * and whether it landed in g_dest (stats.steps 1). */
+static inline uint64_t put_sum(const stria_rpc_reply_t *rep)
+{
+    return ((const Stria__V1__SessionCallReply *)rep->msg)->worker_minflt;
+}
+
+static inline bool put_in_place(const stria_rpc_reply_t *rep)
+{
+    const Stria__V1__SessionCallReply *m = (const Stria__V1__SessionCallReply *)rep->msg;
+    return m->stats != NULL && m->stats->steps == 1;
+}
+
+/* A get: the reply payload is bytes [offset, offset + n) of g_out, n the
+ * rest of g_out, or at most max_bytes when not 0 (piece_offset and call of
+ * a backward SessionCallRequest). */
+static inline Stria__V1__SessionCallRequest get_req(uint64_t offset, uint64_t max_bytes)
+{
+    Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    req.backward = true;
+    req.piece_offset = offset;
+    req.call = max_bytes;
+    return req;
+}
+
 static inline stria_status_t put_payload(void *ctx, stria_rpc_call_t *call, uint64_t len,
                                          void **buf_out)
 {
-    const Stria__V1__PutInputRequest *req =
-        (const Stria__V1__PutInputRequest *)stria_rpc_call_request(call);
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
     (void)ctx;
-    if (req->tensor != STRIA__V1__TENSOR__TENSOR_Q)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "only Q is accepted here");
-    if (req->offset + len > g_dest_cap)
+    if (req->backward)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "a get takes no payload");
+    if (req->rank != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "only rank 0 is accepted here");
+    if (req->piece_offset + len > g_dest_cap)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "bytes [%llu, %llu) outside the tensor",
-                               (unsigned long long)req->offset,
-                               (unsigned long long)(req->offset + len));
+                               (unsigned long long)req->piece_offset,
+                               (unsigned long long)(req->piece_offset + len));
     stria_rpc_call_set_cleanup(call, count_cleanup, NULL);
-    *buf_out = g_dest + req->offset;
+    *buf_out = g_dest + req->piece_offset;
     return STRIA_OK;
 }
 
-static inline void put_handler(void *ctx, stria_rpc_call_t *call)
+static inline void put_handler(stria_rpc_call_t *call)
 {
-    Stria__V1__PutInputReply rep = STRIA__V1__PUT_INPUT_REPLY__INIT;
+    Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
+    Stria__V1__PassStats stats = STRIA__V1__PASS_STATS__INIT;
     uint64_t len = 0;
     uint8_t *p = stria_rpc_call_payload(call, &len);
     uint64_t sum = 0;
-    (void)ctx;
     for (uint64_t i = 0; i < len; i++)
         sum += p[i];
     /* The reply reports the checksum of what landed, and where it landed. */
-    rep.received_bytes = sum;
-    rep.complete = p >= g_dest && p < g_dest + g_dest_cap;
+    rep.worker_minflt = sum;
+    stats.steps = p >= g_dest && p < g_dest + g_dest_cap;
+    rep.stats = &stats;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
@@ -156,24 +196,39 @@ static inline void out_done(void *arg)
     __atomic_add_fetch(&g_out_done, 1, __ATOMIC_SEQ_CST);
 }
 
-static inline void get_handler(void *ctx, stria_rpc_call_t *call)
+static inline void get_handler(stria_rpc_call_t *call)
 {
-    const Stria__V1__GetOutputRequest *req =
-        (const Stria__V1__GetOutputRequest *)stria_rpc_call_request(call);
-    Stria__V1__GetOutputReply rep = STRIA__V1__GET_OUTPUT_REPLY__INIT;
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
     uint64_t n;
-    (void)ctx;
-    if (req->offset > g_out_len) {
+    if (req->piece_offset > g_out_len) {
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "offset past the end");
         return;
     }
-    n = g_out_len - req->offset;
-    if (req->max_bytes && req->max_bytes < n)
-        n = req->max_bytes;
-    rep.tensor = req->tensor;
-    rep.total_bytes = g_out_len;
-    rep.offset = req->offset;
-    stria_rpc_call_reply(call, &rep.base, g_out + req->offset, n, out_done, NULL);
+    n = g_out_len - req->piece_offset;
+    if (req->call && req->call < n)
+        n = req->call;
+    stria_rpc_call_reply(call, &rep.base, g_out + req->piece_offset, n, out_done, NULL);
+}
+
+/* SessionCall: a put or a get. */
+static inline void call_handler(void *ctx, stria_rpc_call_t *call)
+{
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    (void)ctx;
+    if (req->backward)
+        get_handler(call);
+    else
+        put_handler(call);
+}
+
+static inline void open_handler(void *ctx, stria_rpc_call_t *call)
+{
+    Stria__V1__OpenSessionReply rep = STRIA__V1__OPEN_SESSION_REPLY__INIT;
+    (void)ctx;
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
 static inline void posted(void *arg)
@@ -223,10 +278,11 @@ static inline stria_rpc_server_t *start_worker(uint64_t max_payload)
     stria_rpc_server_params_t p = {0};
     stria_rpc_server_t *srv = NULL;
     memset(g_worker_methods, 0, sizeof(g_worker_methods));
-    g_worker_methods[M_PUT] = (stria_rpc_method_t){
-        .handler = put_handler, .payload = put_payload, .name = STRIA_RPC_WORKER_PUT_INPUT_NAME};
-    g_worker_methods[M_GET] =
-        (stria_rpc_method_t){.handler = get_handler, .name = STRIA_RPC_WORKER_GET_OUTPUT_NAME};
+    g_worker_methods[M_CALL] = (stria_rpc_method_t){.handler = call_handler,
+                                                    .payload = put_payload,
+                                                    .name = STRIA_RPC_WORKER_SESSION_CALL_NAME};
+    g_worker_methods[M_OPEN] =
+        (stria_rpc_method_t){.handler = open_handler, .name = STRIA_RPC_WORKER_OPEN_SESSION_NAME};
     p.listen = "127.0.0.1:0";
     p.service = &stria__v1__worker__descriptor;
     p.methods = g_worker_methods;

@@ -344,29 +344,29 @@ Test(rpc_auth, the_token_never_travels_and_the_server_must_prove_it, .timeout = 
     stria_rpc_server_stop(srv);
 }
 
-/* A GetOutput handler that serves job 7 only to who proves g_job_secret. */
+/* A SessionCall handler that serves job 7 only to who proves g_job_secret. */
 static stria_job_secret_t g_job_secret = {{7, 7, 7}};
 
 static void proof_handler(void *ctx, stria_rpc_call_t *call)
 {
-    const Stria__V1__GetOutputRequest *req =
-        (const Stria__V1__GetOutputRequest *)stria_rpc_call_request(call);
-    Stria__V1__GetOutputReply rep = STRIA__V1__GET_OUTPUT_REPLY__INIT;
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
     (void)ctx;
     if (stria_rpc_call_check_job(call, &g_job_secret, req->job_id) != STRIA_OK) {
         stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
         return;
     }
-    rep.offset = req->job_id;
+    rep.worker_minflt = req->job_id;
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
-static stria_status_t get_output(stria_rpc_client_t *cl, uint64_t job,
-                                 const stria_job_secret_t *secret, uint64_t proven_job)
+static stria_status_t session_call(stria_rpc_client_t *cl, uint64_t job,
+                                   const stria_job_secret_t *secret, uint64_t proven_job)
 {
-    Stria__V1__GetOutputRequest req = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+    Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
     req.job_id = job;
-    stria_rpc_request_t r = {.method = M_GET,
+    stria_rpc_request_t r = {.method = M_CALL,
                              .request = &req.base,
                              .timeout_s = 5,
                              .job_secret = secret,
@@ -377,19 +377,19 @@ static stria_status_t get_output(stria_rpc_client_t *cl, uint64_t job,
     return st;
 }
 
-/* A GetOutput frame of job 7 with a proof for the session (cn, sn). */
-static void raw_get_proven(int fd, uint64_t id, const uint8_t *cn, const uint8_t *sn)
+/* A SessionCall frame of job 7 with a proof for the session (cn, sn). */
+static void raw_call_proven(int fd, uint64_t id, const uint8_t *cn, const uint8_t *sn)
 {
     stria_auth_session_t session;
     uint8_t proof[STRIA_AUTH_MAC_BYTES];
-    Stria__V1__GetOutputRequest req = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
+    Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
     memcpy(session.client_nonce, cn, STRIA_AUTH_NONCE_BYTES);
     memcpy(session.server_nonce, sn, STRIA_AUTH_NONCE_BYTES);
-    stria_job_secret_prove(&g_job_secret, &session, id, M_GET, 7, proof);
+    stria_job_secret_prove(&g_job_secret, &session, id, M_CALL, 7, proof);
     req.job_id = 7;
     req.job_proof.data = proof;
     req.job_proof.len = sizeof(proof);
-    cr_assert(rt_send_frame(fd, rt_header(M_GET, id), &req.base, NULL, 0));
+    cr_assert(rt_send_frame(fd, rt_header(M_CALL, id), &req.base, NULL, 0));
 }
 
 Test(rpc_auth, job_secrets_are_proven_per_request_never_sent, .timeout = TEST_TIMEOUT_S)
@@ -399,8 +399,8 @@ Test(rpc_auth, job_secrets_are_proven_per_request_never_sent, .timeout = TEST_TI
     stria_job_secret_t wrong = {{8}};
     stria_status_t st;
     memset(g_worker_methods, 0, sizeof(g_worker_methods));
-    g_worker_methods[M_GET] =
-        (stria_rpc_method_t){.handler = proof_handler, .name = STRIA_RPC_WORKER_GET_OUTPUT_NAME};
+    g_worker_methods[M_CALL] =
+        (stria_rpc_method_t){.handler = proof_handler, .name = STRIA_RPC_WORKER_SESSION_CALL_NAME};
     p.listen = "127.0.0.1:0";
     p.service = &stria__v1__worker__descriptor;
     p.methods = g_worker_methods;
@@ -409,15 +409,15 @@ Test(rpc_auth, job_secrets_are_proven_per_request_never_sent, .timeout = TEST_TI
 
     stria_rpc_client_t *cl = connect_to(port, &stria__v1__worker__descriptor, NULL, &st);
     cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(get_output(cl, 7, &g_job_secret, 7), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(get_output(cl, 7, NULL, 0), STRIA_ERR_AUTH);
+    cr_expect_eq(session_call(cl, 7, &g_job_secret, 7), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(session_call(cl, 7, NULL, 0), STRIA_ERR_AUTH);
     cr_expect(strstr(stria_error_msg(), "missing job secret proof") != NULL, "%s",
               stria_error_msg());
-    cr_expect_eq(get_output(cl, 7, &wrong, 7), STRIA_ERR_AUTH);
+    cr_expect_eq(session_call(cl, 7, &wrong, 7), STRIA_ERR_AUTH);
     cr_expect(strstr(stria_error_msg(), "wrong job secret") != NULL, "%s", stria_error_msg());
-    cr_expect_eq(get_output(cl, 8, &g_job_secret, 7), STRIA_ERR_AUTH,
+    cr_expect_eq(session_call(cl, 8, &g_job_secret, 7), STRIA_ERR_AUTH,
                  "a proof for job 7 does not open job 8");
-    cr_expect_eq(get_output(cl, 7, &g_job_secret, 7), STRIA_OK, "refusals keep the connection");
+    cr_expect_eq(session_call(cl, 7, &g_job_secret, 7), STRIA_OK, "refusals keep the connection");
     stria_rpc_client_close(cl);
 
     /* A proven request captured on one connection and replayed on another,
@@ -430,15 +430,15 @@ Test(rpc_auth, job_secrets_are_proven_per_request_never_sent, .timeout = TEST_TI
     memcpy(cn, rt_client_nonce, sizeof(cn));
     raw_challenge(fd, sn, &challenge);
     cr_assert(!challenge, "no credentials: the hello is done at once");
-    raw_get_proven(fd, 5, cn, sn);
+    raw_call_proven(fd, 5, cn, sn);
     cr_assert(rt_read_reply(fd, &r, 5000));
     cr_expect_eq(r.h.status, 0, "%s", r.err ? r.err->message : "");
     rt_reply_free(&r);
-    raw_get_proven(fd, 6, cn, sn);
+    raw_call_proven(fd, 6, cn, sn);
     cr_assert(rt_read_reply(fd, &r, 5000));
     cr_expect_eq(r.h.status, 0, "%s", r.err ? r.err->message : "");
     rt_reply_free(&r);
-    raw_get_proven(fd, 5, cn, sn);
+    raw_call_proven(fd, 5, cn, sn);
     cr_assert(rt_read_reply(fd, &r, 5000));
     cr_expect_eq(r.h.status, STRIA_ERR_AUTH, "an older request id replayed in the connection");
     rt_reply_free(&r);
@@ -446,7 +446,7 @@ Test(rpc_auth, job_secrets_are_proven_per_request_never_sent, .timeout = TEST_TI
     cr_assert(rt_hello(fd2, "stria.v1.Worker", STRIA_RPC_VERSION));
     uint8_t sn2[STRIA_AUTH_NONCE_BYTES];
     raw_challenge(fd2, sn2, &challenge);
-    raw_get_proven(fd2, 7, cn, sn); /* the first connection's proof */
+    raw_call_proven(fd2, 7, cn, sn); /* the first connection's proof */
     cr_assert(rt_read_reply(fd2, &r, 5000));
     cr_expect_eq(r.h.status, STRIA_ERR_AUTH, "a proof of another connection");
     cr_expect(r.err && strstr(r.err->message, "wrong job secret") != NULL, "%s",

@@ -11,33 +11,37 @@ Test(rpc_bad, version_and_service_mismatch, .timeout = TEST_TIMEOUT_S)
 {
     stria_rpc_server_t *srv = start_coord(NULL, NULL, 0);
     uint16_t port = stria_rpc_server_port(srv);
+    const unsigned wrong = STRIA_RPC_VERSION + 1; /* a version the server does not speak */
+    char want[64];
     stria_status_t st;
     rt_reply_t r;
     int fd;
 
-    /* Version 2 in the frame header. */
+    /* A wrong version in the frame header. */
     fd = rt_connect(port);
     Stria__V1__HelloRequest hello = STRIA__V1__HELLO_REQUEST__INIT;
-    hello.protocol_version = 2;
+    hello.protocol_version = wrong;
     hello.service = (char *)"stria.v1.Coordinator";
     stria_rpc_header_t h = rt_header(0, 1);
     h.flags = STRIA_RPC_FLAG_HELLO;
-    h.version = 2;
+    h.version = (uint16_t)wrong;
     cr_assert(rt_send_frame(fd, h, &hello.base, NULL, 0));
     cr_assert(rt_read_reply(fd, &r, 5000));
     cr_expect_eq(r.h.status, STRIA_ERR_PROTOCOL);
     cr_expect_eq(r.h.version, STRIA_RPC_VERSION, "the error names the server's version");
-    cr_expect(strstr(r.err->message, "version 2") != NULL, "%s", r.err->message);
+    snprintf(want, sizeof(want), "version %u", wrong);
+    cr_expect(strstr(r.err->message, want) != NULL, "%s", r.err->message);
     rt_reply_free(&r);
     cr_expect(rt_wait_closed(fd, 5000));
     close(fd);
 
-    /* Version 2 in the hello message. */
+    /* A wrong version in the hello message. */
     fd = rt_connect(port);
-    cr_assert(rt_hello(fd, "stria.v1.Coordinator", 2));
+    cr_assert(rt_hello(fd, "stria.v1.Coordinator", wrong));
     cr_assert(rt_read_reply(fd, &r, 5000));
     cr_expect_eq(r.h.status, STRIA_ERR_PROTOCOL);
-    cr_expect(strstr(r.err->message, "protocol version 2") != NULL, "%s", r.err->message);
+    snprintf(want, sizeof(want), "protocol version %u", wrong);
+    cr_expect(strstr(r.err->message, want) != NULL, "%s", r.err->message);
     rt_reply_free(&r);
     cr_expect(rt_wait_closed(fd, 5000));
     close(fd);
@@ -204,19 +208,19 @@ Test(rpc_bad, handler_tables_must_match_the_descriptor, .timeout = TEST_TIMEOUT_
     p.service = &stria__v1__worker__descriptor;
     p.methods = m;
     memset(m, 0, sizeof(m));
-    /* GetOutput's handler in RunForward's slot */
-    m[STRIA_RPC_WORKER_RUN_FORWARD] =
-        (stria_rpc_method_t){.handler = get_handler, .name = STRIA_RPC_WORKER_GET_OUTPUT_NAME};
+    /* SessionCall's handler in OpenSession's slot */
+    m[STRIA_RPC_WORKER_OPEN_SESSION] =
+        (stria_rpc_method_t){.handler = call_handler, .name = STRIA_RPC_WORKER_SESSION_CALL_NAME};
     cr_expect_eq(stria_rpc_server_start(&p, &srv), STRIA_ERR_INVALID_ARG);
-    cr_expect(strstr(stria_error_msg(), "slot 1 is for 'GetOutput'") != NULL &&
-                  strstr(stria_error_msg(), "method 1 is 'RunForward'") != NULL,
+    cr_expect(strstr(stria_error_msg(), "slot 1 is for 'SessionCall'") != NULL &&
+                  strstr(stria_error_msg(), "method 1 is 'OpenSession'") != NULL,
               "%s", stria_error_msg());
     memset(m, 0, sizeof(m));
-    m[STRIA_RPC_WORKER_GET_OUTPUT].handler = get_handler;
+    m[STRIA_RPC_WORKER_SESSION_CALL].handler = call_handler;
     cr_expect_eq(stria_rpc_server_start(&p, &srv), STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "(no name)") != NULL, "%s", stria_error_msg());
     memset(m, 0, sizeof(m));
-    m[STRIA_RPC_WORKER_PUT_INPUT].payload = put_payload;
+    m[STRIA_RPC_WORKER_SESSION_CALL].payload = put_payload;
     cr_expect_eq(stria_rpc_server_start(&p, &srv), STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "payload callback but no handler") != NULL, "%s",
               stria_error_msg());

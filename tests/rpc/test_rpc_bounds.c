@@ -23,10 +23,10 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* ---- a Worker service whose PutInput names its buffer 0.5 s later ---------- */
+/* ---- a Worker service whose SessionCall names its buffer 0.5 s later ------- */
 
 static uint8_t g_buf[4096];
-static int g_cleanups; /* cleanups of PutInput calls (loop thread) */
+static int g_cleanups; /* cleanups of SessionCall calls (loop thread) */
 static bool g_refuse;  /* the later answer is an error */
 static double g_later_s = 0.5;
 
@@ -69,11 +69,11 @@ static stria_status_t put_payload(void *ctx, stria_rpc_call_t *call, uint64_t le
 
 static void put_handler(void *ctx, stria_rpc_call_t *call)
 {
-    Stria__V1__PutInputReply rep = STRIA__V1__PUT_INPUT_REPLY__INIT;
+    Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
     uint64_t len = 0;
     (void)ctx;
     cr_assert_eq(stria_rpc_call_payload(call, &len), g_buf);
-    rep.received_bytes = len;
+    rep.worker_minflt = len; /* the bytes received */
     stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
 }
 
@@ -87,7 +87,7 @@ static void drop_handler(void *ctx, stria_rpc_call_t *call)
 static stria_rpc_server_t *start_worker(bool no_thread)
 {
     static const stria_rpc_method_t methods[STRIA_RPC_WORKER_N_METHODS] = {
-        STRIA_RPC_SERVE(WORKER_PUT_INPUT, .handler = put_handler, .payload = put_payload),
+        STRIA_RPC_SERVE(WORKER_SESSION_CALL, .handler = put_handler, .payload = put_payload),
         /* a small limit: DropJob messages are a few bytes */
         STRIA_RPC_SERVE(WORKER_DROP_JOB, .handler = drop_handler, .max_pb_bytes = 16),
     };
@@ -118,8 +118,8 @@ static stria_rpc_client_t *connect_worker(uint16_t port)
 static stria_status_t put(stria_rpc_client_t *cl, size_t len)
 {
     static uint8_t bytes[4096];
-    Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_PUT_INPUT,
+    Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_SESSION_CALL,
                               .request = &req.base,
                               .payload = bytes,
                               .payload_len = len,
@@ -129,7 +129,7 @@ static stria_status_t put(stria_rpc_client_t *cl, size_t len)
     req.job_id = 5;
     stria_status_t st = stria_rpc_client_call(cl, &rq, &rep);
     if (st == STRIA_OK)
-        cr_assert_eq(((Stria__V1__PutInputReply *)rep.msg)->received_bytes, len);
+        cr_assert_eq(((Stria__V1__SessionCallReply *)rep.msg)->worker_minflt, len);
     stria_rpc_reply_free(&rep);
     return st;
 }
@@ -197,7 +197,7 @@ Test(rpc_later, payload_named_later_while_the_loop_serves_others, .timeout = TES
      * skipped, the connection serves the next request */
     g_refuse = true;
     cr_assert_eq(put(other, 3000), STRIA_ERR_NOT_FOUND);
-    cr_assert(strstr(stria_error_msg(), "PutInput: job 5 is unknown") != NULL, "%s",
+    cr_assert(strstr(stria_error_msg(), "SessionCall: job 5 is unknown") != NULL, "%s",
               stria_error_msg());
     cr_assert_eq(drop(other, NULL), STRIA_OK, "%s", stria_error_msg());
     stria_rpc_client_close(other);
@@ -214,8 +214,8 @@ Test(rpc_later, connection_closed_while_waiting, .timeout = TEST_TIMEOUT_S)
     g_refuse = false;
     g_cleanups = 0;
     cr_assert(rt_hello(fd, stria__v1__worker__descriptor.name, STRIA_RPC_VERSION));
-    Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    cr_assert(rt_send_frame(fd, rt_header(STRIA_RPC_WORKER_PUT_INPUT, 2), &req.base, payload,
+    Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    cr_assert(rt_send_frame(fd, rt_header(STRIA_RPC_WORKER_SESSION_CALL, 2), &req.base, payload,
                             sizeof(payload)));
     usleep(100000);
     close(fd); /* before the buffer is named */

@@ -157,52 +157,55 @@ Test(rpc, payloads_land_in_place, .timeout = TEST_TIMEOUT_S)
     cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
 
     /* Two frames, each straight into its half of the destination. */
-    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
+    Stria__V1__SessionCallRequest put = put_req(0);
     stria_rpc_reply_t rep = {0};
     uint64_t got = 0;
-    put.tensor = STRIA__V1__TENSOR__TENSOR_Q;
-    put.total_bytes = n;
     for (size_t off = 0; off < n; off += n / 2) {
-        stria_rpc_request_t r = {.method = M_PUT,
+        stria_rpc_request_t r = {.method = M_CALL,
                                  .request = &put.base,
                                  .payload = src + off,
                                  .payload_len = n / 2,
                                  .timeout_s = 10};
-        put.offset = off;
+        put.piece_offset = off;
         cr_assert_eq(stria_rpc_client_call(cl, &r, &rep), STRIA_OK, "%s", stria_error_msg());
-        got += ((Stria__V1__PutInputReply *)rep.msg)->received_bytes;
-        cr_expect(((Stria__V1__PutInputReply *)rep.msg)->complete);
+        got += put_sum(&rep);
+        cr_expect(put_in_place(&rep));
         stria_rpc_reply_free(&rep);
     }
     cr_expect_eq(got, sum);
     cr_expect_eq(memcmp(g_dest, src, n), 0, "payload bytes differ at the destination");
 
     /* Refused by the payload callback: skipped, error, connection in step. */
-    stria_rpc_request_t bad = {.method = M_PUT,
+    stria_rpc_request_t bad = {.method = M_CALL,
                                .request = &put.base,
                                .payload = src,
                                .payload_len = 4096,
                                .timeout_s = 10};
-    put.offset = n - 100;
+    put.piece_offset = n - 100;
     cr_expect_eq(stria_rpc_client_call(cl, &bad, &rep), STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "outside the tensor") != NULL, "%s", stria_error_msg());
-    put.offset = 0;
-    put.tensor = STRIA__V1__TENSOR__TENSOR_K;
+    put.piece_offset = 0;
+    put.rank = 1;
     cr_expect_eq(stria_rpc_client_call(cl, &bad, &rep), STRIA_ERR_INVALID_ARG);
-    cr_expect(strstr(stria_error_msg(), "only Q") != NULL, "%s", stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), "only rank 0") != NULL, "%s", stria_error_msg());
 
     /* A payload to a method that takes none. */
-    Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    stria_rpc_request_t gp = {
-        .method = M_GET, .request = &go.base, .payload = src, .payload_len = 10, .timeout_s = 10};
-    cr_expect_eq(stria_rpc_client_call(cl, &gp, &rep), STRIA_ERR_INVALID_ARG);
-    cr_expect(strstr(stria_error_msg(), "takes no payload") != NULL, "%s", stria_error_msg());
+    Stria__V1__OpenSessionRequest os = STRIA__V1__OPEN_SESSION_REQUEST__INIT;
+    stria_rpc_request_t op = {
+        .method = M_OPEN, .request = &os.base, .payload = src, .payload_len = 10, .timeout_s = 10};
+    cr_expect_eq(stria_rpc_client_call(cl, &op, &rep), STRIA_ERR_INVALID_ARG);
+    cr_expect(strstr(stria_error_msg(), "OpenSession takes no payload") != NULL, "%s",
+              stria_error_msg());
+    op.payload_len = 0; /* served without one */
+    cr_expect_eq(stria_rpc_client_call(cl, &op, &rep), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
 
     /* Reply payload into the caller's buffer, sent from the handler's. */
     g_out = src;
     g_out_len = n;
     uint8_t *dst = calloc(1, n);
-    stria_rpc_request_t gr = {.method = M_GET,
+    Stria__V1__SessionCallRequest go = get_req(0, 0);
+    stria_rpc_request_t gr = {.method = M_CALL,
                               .request = &go.base,
                               .reply_buf = dst,
                               .reply_buf_cap = n,
@@ -217,8 +220,7 @@ Test(rpc, payloads_land_in_place, .timeout = TEST_TIMEOUT_S)
     cr_expect_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_ERR_NO_MEMORY);
     cr_expect(strstr(stria_error_msg(), "does not fit") != NULL, "%s", stria_error_msg());
     /* An allocated reply payload, part of the tensor. */
-    go.offset = 5;
-    go.max_bytes = 1000;
+    go = get_req(5, 1000);
     gr.reply_buf = NULL;
     cr_assert_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_OK, "%s", stria_error_msg());
     cr_expect_eq(rep.payload_len, 1000);
@@ -285,10 +287,8 @@ Test(rpc, scattered_payloads_in_pieces, .timeout = TEST_TIMEOUT_S)
 
     /* A request payload gathered from the pieces lands as their concatenation. */
     struct iovec *iov = pieces(src, n, count, &order);
-    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    put.tensor = STRIA__V1__TENSOR__TENSOR_Q;
-    put.total_bytes = n;
-    stria_rpc_request_t r = {.method = M_PUT,
+    Stria__V1__SessionCallRequest put = put_req(0);
+    stria_rpc_request_t r = {.method = M_CALL,
                              .request = &put.base,
                              .payload_iov = iov,
                              .payload_iovcnt = count,
@@ -308,8 +308,8 @@ Test(rpc, scattered_payloads_in_pieces, .timeout = TEST_TIMEOUT_S)
     g_out = src;
     g_out_len = n;
     iov = pieces(dst, n, count, &order);
-    Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    stria_rpc_request_t gr = {.method = M_GET,
+    Stria__V1__SessionCallRequest go = get_req(0, 0);
+    stria_rpc_request_t gr = {.method = M_CALL,
                               .request = &go.base,
                               .reply_iov = iov,
                               .reply_iovcnt = count,
@@ -323,7 +323,7 @@ Test(rpc, scattered_payloads_in_pieces, .timeout = TEST_TIMEOUT_S)
                      "reply piece %zu (of %zu bytes) wrong", i, iov[i].iov_len);
     /* a shorter reply fills the first pieces only */
     memset(dst, 0, n);
-    go.max_bytes = 1000;
+    go.call = 1000; /* at most 1000 bytes (get_req) */
     cr_assert_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_OK, "%s", stria_error_msg());
     cr_expect_eq(rep.payload_len, 1000);
     stria_rpc_reply_free(&rep);
@@ -333,7 +333,7 @@ Test(rpc, scattered_payloads_in_pieces, .timeout = TEST_TIMEOUT_S)
         cr_assert_eq(memcmp(iov[i].iov_base, src + at, len), 0);
     }
     /* pieces too small for the reply: a clear error, the connection in step */
-    go.max_bytes = 0;
+    go.call = 0;
     gr.reply_iovcnt = 1;
     cr_expect_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_ERR_NO_MEMORY);
     cr_expect(strstr(stria_error_msg(), "does not fit") != NULL, "%s", stria_error_msg());
@@ -341,7 +341,7 @@ Test(rpc, scattered_payloads_in_pieces, .timeout = TEST_TIMEOUT_S)
     r.payload = src;
     cr_expect_eq(stria_rpc_client_call(cl, &r, &rep), STRIA_ERR_INVALID_ARG);
     r.payload = NULL;
-    go.max_bytes = 10;
+    go.call = 10;
     gr.reply_iovcnt = count;
     cr_assert_eq(stria_rpc_client_call(cl, &gr, &rep), STRIA_OK, "%s", stria_error_msg());
     stria_rpc_reply_free(&rep);
@@ -372,15 +372,12 @@ Test(rpc, pipelined_batch, .timeout = TEST_TIMEOUT_S)
     cl = connect_to(stria_rpc_server_port(srv), &stria__v1__worker__descriptor, NULL, &st);
     cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
 
-    Stria__V1__PutInputRequest put[6];
+    Stria__V1__SessionCallRequest put[6];
     stria_rpc_request_t rq[6];
     stria_rpc_reply_t rep[6];
     for (size_t i = 0; i < k; i++) {
-        put[i] = (Stria__V1__PutInputRequest)STRIA__V1__PUT_INPUT_REQUEST__INIT;
-        put[i].tensor = STRIA__V1__TENSOR__TENSOR_Q;
-        put[i].offset = i * part;
-        put[i].total_bytes = n;
-        rq[i] = (stria_rpc_request_t){.method = M_PUT,
+        put[i] = put_req(i * part);
+        rq[i] = (stria_rpc_request_t){.method = M_CALL,
                                       .request = &put[i].base,
                                       .payload = src + i * part,
                                       .payload_len = part,
@@ -391,15 +388,14 @@ Test(rpc, pipelined_batch, .timeout = TEST_TIMEOUT_S)
         uint64_t sum = 0;
         for (size_t b = 0; b < part; b++)
             sum += src[i * part + b];
-        cr_expect_eq(((Stria__V1__PutInputReply *)rep[i].msg)->received_bytes, sum,
-                     "reply %zu is not its own request's", i);
+        cr_expect_eq(put_sum(&rep[i]), sum, "reply %zu is not its own request's", i);
         stria_rpc_reply_free(&rep[i]);
     }
     cr_expect_eq(memcmp(g_dest, src, n), 0);
 
     /* the third is refused (outside the tensor): its error, the rest lands */
     memset(g_dest, 0, n);
-    put[2].offset = n;
+    put[2].piece_offset = n;
     cr_expect_eq(stria_rpc_client_call_batch(cl, rq, k, rep), STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "outside the tensor") != NULL, "%s", stria_error_msg());
     for (size_t i = 0; i < k; i++) {
@@ -407,17 +403,15 @@ Test(rpc, pipelined_batch, .timeout = TEST_TIMEOUT_S)
         if (i != 2)
             cr_expect_eq(memcmp(g_dest + i * part, src + i * part, part), 0, "part %zu", i);
     }
-    put[2].offset = 2 * part;
+    put[2].piece_offset = 2 * part;
 
     /* pipelined replies into their own buffers */
     g_out = src;
     g_out_len = n;
-    Stria__V1__GetOutputRequest go[6];
+    Stria__V1__SessionCallRequest go[6];
     for (size_t i = 0; i < k; i++) {
-        go[i] = (Stria__V1__GetOutputRequest)STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-        go[i].offset = i * part;
-        go[i].max_bytes = part;
-        rq[i] = (stria_rpc_request_t){.method = M_GET,
+        go[i] = get_req(i * part, part);
+        rq[i] = (stria_rpc_request_t){.method = M_CALL,
                                       .request = &go[i].base,
                                       .reply_buf = dst + (k - 1 - i) * part,
                                       .reply_buf_cap = part,
@@ -446,8 +440,8 @@ Test(rpc, oversized_payload_refused_before_sending, .timeout = TEST_TIMEOUT_S)
     stria_rpc_client_t *cl =
         connect_to(stria_rpc_server_port(srv), &stria__v1__worker__descriptor, NULL, &st);
     uint8_t buf[2000] = {0};
-    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    stria_rpc_request_t r = {.method = M_PUT,
+    Stria__V1__SessionCallRequest put = put_req(0);
+    stria_rpc_request_t r = {.method = M_CALL,
                              .request = &put.base,
                              .payload = buf,
                              .payload_len = sizeof(buf),
@@ -484,8 +478,8 @@ Test(rpc, oversized_reply_refused_by_the_client, .timeout = TEST_TIMEOUT_S)
     p.max_payload_bytes = CAP;
     cr_assert_eq(stria_rpc_client_connect(&p, &cl), STRIA_OK, "%s", stria_error_msg());
 
-    Stria__V1__GetOutputRequest go = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    stria_rpc_request_t gr = {.method = M_GET, .request = &go.base, .timeout_s = 10};
+    Stria__V1__SessionCallRequest go = get_req(0, 0);
+    stria_rpc_request_t gr = {.method = M_CALL, .request = &go.base, .timeout_s = 10};
     stria_rpc_reply_t rep = {0};
     /* At the cap: accepted. */
     g_out_len = CAP;

@@ -122,11 +122,11 @@ Test(rpc_frame, no_recursive_message_types, .timeout = TEST_TIMEOUT_S)
             }
         }
     }
-    cr_expect_eq(checked, 2 * (13 + 7));
+    cr_expect_eq(checked, 2 * (13 + 3));
     cr_expect_eq(stria__v1__coordinator__descriptor.n_methods, 13);
-    cr_expect_eq(stria__v1__worker__descriptor.n_methods, 7);
+    cr_expect_eq(stria__v1__worker__descriptor.n_methods, 3);
     cr_expect_str_eq(stria__v1__coordinator__descriptor.methods[M_CANCEL].name, "CancelJob");
-    cr_expect_str_eq(stria__v1__worker__descriptor.methods[M_PUT].name, "PutInput");
+    cr_expect_str_eq(stria__v1__worker__descriptor.methods[M_CALL].name, "SessionCall");
 }
 
 Test(rpc_frame, decoding_budget_refuses_expansion, .timeout = TEST_TIMEOUT_S)

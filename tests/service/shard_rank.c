@@ -6,8 +6,9 @@
  *   shard_rank COORD EXPORT_HEX RANK PATH MODE OUTDIR B S H HKV D DTYPE SEED
  *
  * PATH: auto, tcp or shm. MODE: run (the rank's own buffers), inplace (the
- * worker's shared buffers, filled and read in place), die-tcp (sends half
- * of its Q over a raw connection to its worker, then SIGKILLs itself),
+ * rank's arena, filled and read in place), die-tcp (opens its rank over a
+ * raw connection to its worker and sends half of its forward's inputs,
+ * then SIGKILLs itself),
  * die-shm (writes half of its Q into the shared buffer, then SIGKILLs
  * itself); run-again and inplace-again: as run and inplace, and a pass that
  * failed retryably (its job replaced after a lost worker) runs forward and
@@ -32,6 +33,7 @@
 #include "stria.pb-c.h"
 #include "stria_client.h"
 #include "stria_rpc.h"
+#include "tsess.h"
 
 typedef struct {
     int64_t B, S, H, Hkv, D;
@@ -107,48 +109,61 @@ static int worker_address(const char *coord, uint64_t job_id, int rank, char *ou
     return 0;
 }
 
-/* A client killed in the middle of a PutInput: a PutInput announcing all of
- * Q (its job's secret proven) whose payload becomes unreadable after half
- * of it, so the connection stops there; then SIGKILL. */
-static int die_tcp(const char *coord, const stria_job_t *job, int rank, uint64_t q_bytes)
+/* A client killed in the middle of a call's inputs: the rank opened on its
+ * worker over a raw connection (its job's secret proven), then a forward
+ * call announcing all of Q, K and V whose payload becomes unreadable after
+ * half of Q, so the connection stops there; then SIGKILL. */
+static int die_tcp(const char *coord, const stria_job_t *job, const shape_t *s)
 {
     char addr[300];
     uint8_t ex[STRIA_JOB_EXPORT_BYTES];
     size_t len;
-    stria_job_secret_t secret;
     uint64_t job_id = stria_job_id(job);
-    if (worker_address(coord, job_id, rank, addr, sizeof(addr)) != 0)
+    uint64_t q_bytes = (uint64_t)(s->B * s->T * s->H * s->D) * s->es;
+    uint64_t kv_bytes = (uint64_t)(s->B * s->T * s->Hkv * s->D) * s->es;
+    if (worker_address(coord, job_id, s->rank, addr, sizeof(addr)) != 0)
         return fail(STRIA_ERR_IO, "the worker's address");
     if (stria_job_export(job, ex, sizeof(ex), &len) != STRIA_OK)
         return fail(STRIA_ERR_INTERNAL, "export");
-    memcpy(secret.bytes, ex + 16, sizeof(secret.bytes));
+    tsess_rank_t r = {.id = job_id, .rank = (uint32_t)s->rank, .timeout_s = 30};
+    memcpy(r.secret.bytes, ex + 16, sizeof(r.secret.bytes));
     stria_rpc_client_params_t p;
-    stria_rpc_client_t *w = NULL;
     memset(&p, 0, sizeof(p));
     p.address = addr;
     p.service = &stria__v1__worker__descriptor;
     p.client_name = "shard_rank (dies)";
     p.connect_timeout_s = 10;
-    stria_status_t st = stria_rpc_client_connect(&p, &w);
+    stria_status_t st = stria_rpc_client_connect(&p, &r.c);
     if (st != STRIA_OK)
         return fail(st, "connect to the worker");
+    if ((st = tsess_open(&r)) != STRIA_OK)
+        return fail(st, "open the rank");
     char *half = calloc(1, q_bytes / 2);
     char *bad = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    struct iovec iov[2] = {{half, q_bytes / 2}, {bad, q_bytes - q_bytes / 2}};
-    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    put.job_id = job_id;
-    put.rank = (uint32_t)rank;
-    put.tensor = STRIA__V1__TENSOR__TENSOR_Q;
-    put.total_bytes = q_bytes;
-    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_PUT_INPUT,
-                              .request = &put.base,
+    struct iovec iov[2] = {{half, q_bytes / 2}, {bad, q_bytes - q_bytes / 2 + 2 * kv_bytes}};
+    const stria_call_shape_t shape = {.batch = s->B, .seq_len = s->S, .causal = true};
+    const stria_call_place_t place = {.call = 0};
+    Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+    Stria__V1__CallShape pb;
+    Stria__V1__JobSpec__Window win;
+    uint8_t bound[STRIA_CALL_BINDING_BYTES];
+    stria_call_shape_to_pb(&shape, &pb, &win);
+    req.job_id = job_id;
+    req.rank = (uint32_t)s->rank;
+    req.shape = &pb;
+    stria_call_place_to_pb(&place, &req);
+    stria_call_binding(&shape, &place, bound);
+    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_SESSION_CALL,
+                              .request = &req.base,
                               .payload_iov = iov,
                               .payload_iovcnt = 2,
                               .timeout_s = 10,
-                              .job_secret = &secret,
-                              .job_id = job_id};
+                              .job_secret = &r.secret,
+                              .job_id = job_id,
+                              .proof_extra = bound,
+                              .proof_extra_len = sizeof(bound)};
     stria_rpc_reply_t rep = {0};
-    (void)stria_rpc_client_call(w, &rq, &rep); /* fails at the unreadable half */
+    (void)stria_rpc_client_call(r.c, &rq, &rep); /* fails at the unreadable half */
     printf("shard_rank: dying mid-upload\n");
     fflush(stdout);
     usleep(500000);
@@ -274,7 +289,7 @@ int main(int argc, char **argv)
     if (s.T < 1 || (st = stria_job_positions(job, s.rank, s.pos)) != STRIA_OK)
         return fail(st, "positions");
     if (strcmp(mode, "die-tcp") == 0)
-        return die_tcp(argv[1], job, s.rank, (uint64_t)(s.B * s.T * s.H * s.D) * s.es);
+        return die_tcp(argv[1], job, &s);
     if (strcmp(mode, "die-shm") == 0)
         return die_shm(job, s.rank);
     int rc = run(job, &s, seed, strncmp(mode, "inplace", 7) == 0, strstr(mode, "-again") != NULL,

@@ -1,10 +1,10 @@
 /* The data path with real daemons on loopback: the workers' memory pools
  * (a second identical job reuses the first one's memory; a job that does not
  * fit is refused at admission naming the need and the offer, and runs once
- * memory is free; a client that dies mid-upload leaves the pool where it
- * was), on a host worker and on a staged device (cpu:staged: device and
- * pinned pools), and libstria's transfers (scattered I/O) against the
- * in-process ring, bit for bit. */
+ * memory is free; a client that dies in the middle of a call's inputs
+ * leaves the pool where it was), on a host worker and on a staged device
+ * (cpu:staged: device and pinned pools), and libstria's transfers against
+ * the in-process ring, bit for bit. */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -24,6 +24,7 @@
 #include "stria_rpc.h"
 #include "tcheck.h"
 #include "tjob.h"
+#include "tsess.h"
 
 #define T_TIMEOUT 240
 #define MiB       ((uint64_t)1 << 20)
@@ -270,6 +271,7 @@ static uint64_t submit_raw(const dcluster_t *c, int64_t seq, uint32_t ttl_s)
     spec.ring_size = 1;
     spec.ttl_s = ttl_s;
     spec.no_queue = true;
+    spec.max_held = 1; /* as libstria submits a job */
     req.spec = &spec;
     stria_rpc_reply_t rep;
     cr_assert_eq(call(cl, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, 0, &rep), STRIA_OK,
@@ -287,20 +289,25 @@ static uint64_t submit_raw(const dcluster_t *c, int64_t seq, uint32_t ttl_s)
     return id;
 }
 
-/* PutInput of bytes [off, off + len) of Q (of `total`) of job `id`. */
-static stria_status_t put_q(stria_rpc_client_t *w, uint64_t id, const void *bytes, uint64_t total,
-                            uint64_t off, uint64_t len)
+/* The raw session of job `id`'s rank 0 on a worker connection. */
+static tsess_rank_t rank0(stria_rpc_client_t *w, uint64_t id)
 {
-    Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    req.job_id = id;
-    req.rank = 0;
-    req.tensor = STRIA__V1__TENSOR__TENSOR_Q;
-    req.offset = off;
-    req.total_bytes = total;
-    stria_rpc_reply_t rep;
-    stria_status_t st = call_job(w, STRIA_RPC_WORKER_PUT_INPUT, &req.base, id, bytes, len, &rep);
-    stria_rpc_reply_free(&rep);
-    return st;
+    tsess_rank_t r = {.c = w, .id = id, .timeout_s = 20};
+    const stria_job_secret_t *secret = secret_of(id);
+    cr_assert_not_null(secret);
+    r.secret = *secret;
+    return r;
+}
+
+/* A piece of bytes [off, off + len) of the inputs of call 0 of job `id`
+ * (seq tokens), more to come. */
+static stria_status_t put_piece(stria_rpc_client_t *w, uint64_t id, int64_t seq, const void *bytes,
+                                uint64_t off, uint64_t len)
+{
+    tsess_rank_t r = rank0(w, id);
+    const stria_call_shape_t shape = {.batch = 1, .seq_len = seq, .causal = true};
+    const stria_call_place_t place = {.more = true, .piece_offset = off};
+    return tsess_call(&r, &shape, &place, (const char *)bytes + off, len, NULL, 0, NULL);
 }
 
 static bool log_has(const char *path, const char *needle)
@@ -336,7 +343,7 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
         stria_client_forward(client, &t.spec, t.q, t.k, t.v, t.o, t.lse, NULL, NULL, NULL, &job),
         STRIA_ERR_NO_MEMORY);
     uint64_t big = 0, need = 0;
-    cr_assert_eq(stria_rank_memory(1, 4096, 4, 4, 64, STRIA_DTYPE_F32, &big), STRIA_OK);
+    cr_assert_eq(stria_session_rank_memory(1, 4096, 4, 4, 64, STRIA_DTYPE_F32, 1, &big), STRIA_OK);
     char want[160];
     snprintf(want, sizeof(want), "needs %llu MiB per rank", (unsigned long long)(big >> 20));
     cr_expect(strstr(stria_error_msg(), want) != NULL &&
@@ -344,10 +351,17 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
               "%s", stria_error_msg());
     tjob_free(&t);
 
-    tj_init(&t, 1, 512, 4, 4, 64, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 1, 4);
-    cr_assert_eq(stria_rank_memory(1, 512, 4, 4, 64, STRIA_DTYPE_F32, &need), STRIA_OK);
+    /* a job that fits once, not twice */
     uint64_t cap = 20 * MiB;
+    int64_t seq = 512;
+    for (; seq > 64; seq -= 32) {
+        cr_assert_eq(stria_session_rank_memory(1, seq, 4, 4, 64, STRIA_DTYPE_F32, 1, &need),
+                     STRIA_OK);
+        if (need < cap && 2 * need > cap)
+            break;
+    }
     cr_assert(need < cap && 2 * need > cap, "the test's job must fit once, not twice");
+    tj_init(&t, 1, seq, 4, 4, 64, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 1, 4);
     /* the need rounded up, the offer down */
     snprintf(want, sizeof(want), "needs %llu MiB of the host pool, %llu MiB of %llu MiB are free",
              (unsigned long long)((need + MiB - 1) >> 20), (unsigned long long)((cap - need) >> 20),
@@ -357,8 +371,9 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
     bool refused = false;
     for (int round = 0; round < 3 && !refused; round++) {
         /* job A holds the worker's memory, released at the coordinator only */
-        uint64_t a = submit_raw(&c, 512, 600);
-        cr_assert_eq(put_q(w, a, t.q, t.nq * 4, 0, 4096), STRIA_OK, "%s", stria_error_msg());
+        uint64_t a = submit_raw(&c, seq, 600);
+        tsess_rank_t ra = rank0(w, a);
+        cr_assert_eq(tsess_open(&ra), STRIA_OK, "%s", stria_error_msg());
         Stria__V1__ReleaseJobRequest rel = STRIA__V1__RELEASE_JOB_REQUEST__INIT;
         stria_rpc_reply_t rep;
         rel.job_id = a;
@@ -381,7 +396,7 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
         refused = true;
         cr_expect_eq(st, STRIA_ERR_NO_MEMORY, "%s", stria_error_msg());
         const char *msg = stria_error_msg();
-        cr_expect(strstr(msg, "upload") != NULL && strstr(msg, want) != NULL,
+        cr_expect(strstr(msg, "open") != NULL && strstr(msg, want) != NULL,
                   "the refusal names the need and the offer ('%s'): %s", want, msg);
         pool_t p = pool_of(&c, 0);
         cr_expect_leq(p.in_use, p.reserved);
@@ -407,10 +422,10 @@ Test(datapath, pool_exhaustion_refused_at_admission, .timeout = T_TIMEOUT)
     dc_stop(&c);
 }
 
-/* A client killed in the middle of its upload (one chunk in, the next cut
- * mid-payload): the job expires, its worker frees it, and the pool is back
- * where it was before the job, memory kept for the next; the worker serves
- * on. */
+/* A client killed in the middle of a call's inputs (one piece in, the last
+ * cut mid-payload): the job fails, its worker frees it, and the pool is
+ * back where it was before the job, memory kept for the next; the worker
+ * serves on. */
 Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_TIMEOUT)
 {
     dcluster_t c;
@@ -418,7 +433,7 @@ Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_
     dc_start(&c, 1, NULL);
     pool_t before = wait_pool_idle(&c, 0);
     uint64_t id = submit_raw(&c, 512, 2);
-    uint64_t total = 512 * 4 * 64 * 4;
+    uint64_t total = 3 * 512 * 4 * 64 * 4; /* the forward's Q, K, V */
     int fds[2], back[2];
     cr_assert_eq(pipe(fds), 0);
     cr_assert_eq(pipe(back), 0);
@@ -433,8 +448,12 @@ Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_
         p.service = &stria__v1__worker__descriptor;
         p.connect_timeout_s = 5;
         char *buf = calloc(1, total);
-        if (stria_rpc_client_connect(&p, &w) != STRIA_OK || buf == NULL ||
-            put_q(w, id, buf, total, 0, total / 2) != STRIA_OK)
+        tsess_rank_t r = {.id = id, .timeout_s = 5};
+        r.secret = *secret_of(id);
+        if (stria_rpc_client_connect(&p, &w) != STRIA_OK || buf == NULL)
+            _exit(3);
+        r.c = w;
+        if (tsess_open(&r) != STRIA_OK || put_piece(w, id, 512, buf, 0, total / 2) != STRIA_OK)
             _exit(3);
         /* the first half is in: the parent looks at the pool, then says go */
         char go = '1';
@@ -442,18 +461,26 @@ Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_
             _exit(4);
         /* the second half stops after 64 KiB: the rest is unreadable */
         char *bad = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        struct iovec iov[2] = {{buf, 65536}, {bad, total / 2 - 65536}};
-        Stria__V1__PutInputRequest req = STRIA__V1__PUT_INPUT_REQUEST__INIT;
+        struct iovec iov[2] = {{buf, 65536}, {bad, total - total / 2 - 65536}};
+        const stria_call_shape_t shape = {.batch = 1, .seq_len = 512, .causal = true};
+        const stria_call_place_t place = {.piece_offset = total / 2};
+        Stria__V1__SessionCallRequest req = STRIA__V1__SESSION_CALL_REQUEST__INIT;
+        Stria__V1__CallShape pb;
+        Stria__V1__JobSpec__Window win;
+        uint8_t bound[STRIA_CALL_BINDING_BYTES];
+        stria_call_shape_to_pb(&shape, &pb, &win);
         req.job_id = id;
-        req.tensor = STRIA__V1__TENSOR__TENSOR_Q;
-        req.offset = total / 2;
-        req.total_bytes = total;
-        stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_PUT_INPUT,
+        req.shape = &pb;
+        stria_call_place_to_pb(&place, &req);
+        stria_call_binding(&shape, &place, bound);
+        stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_SESSION_CALL,
                                   .request = &req.base,
                                   .payload_iov = iov,
                                   .payload_iovcnt = 2,
                                   .job_secret = secret_of(id),
                                   .job_id = id,
+                                  .proof_extra = bound,
+                                  .proof_extra_len = sizeof(bound),
                                   .timeout_s = 5};
         stria_rpc_reply_t rep = {0};
         stria_status_t st = stria_rpc_client_call(w, &rq, &rep);

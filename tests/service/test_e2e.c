@@ -26,6 +26,7 @@
 #include "tcheck.h"
 #include "tcluster.h"
 #include "tjob.h"
+#include "tsess.h"
 
 static tcluster_t cl;
 
@@ -365,96 +366,40 @@ static void worker_still_serves(int w)
     stria_rpc_reply_free(&reply);
 
     /* a nonsense request through a proper connection gets a clear error */
-    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    put.job_id = 999999;
-    put.tensor = STRIA__V1__TENSOR__TENSOR_Q;
-    put.total_bytes = 16;
+    tsess_rank_t r = {.c = c, .id = 999999, .timeout_s = 5};
+    const stria_call_shape_t shape = {.batch = 1, .seq_len = 16, .causal = true};
+    const stria_call_place_t place = {.call = 0};
     char payload[16] = {0};
-    stria_rpc_request_t rq2 = {.method = STRIA_RPC_WORKER_PUT_INPUT,
-                               .request = &put.base,
-                               .payload = payload,
-                               .payload_len = 16,
-                               .timeout_s = 5};
-    memset(&reply, 0, sizeof(reply));
-    stria_status_t st = stria_rpc_client_call(c, &rq2, &reply);
+    stria_status_t st = tsess_call(&r, &shape, &place, payload, sizeof(payload), NULL, 0, NULL);
     cr_expect_neq(st, STRIA_OK);
     cr_expect(strstr(stria_error_msg(), "999999") != NULL, "unclear error: %s", stria_error_msg());
-    Stria__V1__GetOutputRequest get = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    get.job_id = 1;
-    get.tensor = STRIA__V1__TENSOR__TENSOR_Q; /* not an output */
-    stria_rpc_request_t rq3 = {
-        .method = STRIA_RPC_WORKER_GET_OUTPUT, .request = &get.base, .timeout_s = 5};
-    memset(&reply, 0, sizeof(reply));
-    cr_expect_neq(stria_rpc_client_call(c, &rq3, &reply), STRIA_OK);
-    cr_expect(strstr(stria_error_msg(), "not an output") != NULL, "unclear error: %s",
+    /* letting go of a held forward of a session it does not hold */
+    r.id = 1;
+    cr_expect_neq(tsess_drop(&r, true, 7), STRIA_OK);
+    cr_expect(strstr(stria_error_msg(), "not held by this worker") != NULL, "unclear error: %s",
               stria_error_msg());
     stria_rpc_client_close(c);
 }
 
-/* ---- upload accounting, through the worker's RPC directly ------------------- */
+/* ---- a call's inputs in pieces, through the worker's RPC directly ------------ */
 
-typedef struct {
-    stria_rpc_client_t *c;
-    uint64_t job;
-    stria_job_secret_t secret; /* the job's, from its submission */
-    const uint8_t *src[3];     /* Q, K, V as the tensors' bytes */
-    uint64_t total;
-} upload_t;
-
-/* PutInput of bytes [off, off + len) of input t (0 Q, 1 K, 2 V); returns the
- * reply's counted bytes and completion. */
-static stria_status_t put_range(const upload_t *u, int t, uint64_t off, uint64_t len, uint64_t *got,
-                                bool *complete)
+/* One piece of call `call`'s inputs (bytes [off, off + len) of src), with
+ * more to come or not; the outputs of the last piece into out. */
+static stria_status_t piece(const tsess_rank_t *r, uint64_t call, uint64_t epoch,
+                            const uint8_t *src, uint64_t off, uint64_t len, bool more, void *out,
+                            uint64_t cap)
 {
-    static const Stria__V1__Tensor ids[3] = {
-        STRIA__V1__TENSOR__TENSOR_Q, STRIA__V1__TENSOR__TENSOR_K, STRIA__V1__TENSOR__TENSOR_V};
-    Stria__V1__PutInputRequest put = STRIA__V1__PUT_INPUT_REQUEST__INIT;
-    put.job_id = u->job;
-    put.rank = 0;
-    put.tensor = ids[t];
-    put.offset = off;
-    put.total_bytes = u->total;
-    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_PUT_INPUT,
-                              .request = &put.base,
-                              .payload = u->src[t] + off,
-                              .payload_len = len,
-                              .timeout_s = 10,
-                              .job_secret = &u->secret,
-                              .job_id = u->job};
-    stria_rpc_reply_t reply;
-    memset(&reply, 0, sizeof(reply));
-    stria_status_t st = stria_rpc_client_call(u->c, &rq, &reply);
-    if (st == STRIA_OK) {
-        *got = ((Stria__V1__PutInputReply *)reply.msg)->received_bytes;
-        *complete = ((Stria__V1__PutInputReply *)reply.msg)->complete;
-        stria_rpc_reply_free(&reply);
-    }
-    return st;
+    const stria_call_shape_t shape = {.batch = 1, .seq_len = 64, .causal = true};
+    const stria_call_place_t place = {
+        .call = call, .link_epoch = epoch, .more = more, .piece_offset = off};
+    return tsess_call(r, &shape, &place, src + off, len, out, cap, NULL);
 }
 
-static stria_status_t run_forward(const upload_t *u)
-{
-    Stria__V1__RunForwardRequest req = STRIA__V1__RUN_FORWARD_REQUEST__INIT;
-    req.job_id = u->job;
-    req.rank = 0;
-    stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_RUN_FORWARD,
-                              .request = &req.base,
-                              .timeout_s = 30,
-                              .job_secret = &u->secret,
-                              .job_id = u->job};
-    stria_rpc_reply_t reply;
-    memset(&reply, 0, sizeof(reply));
-    stria_status_t st = stria_rpc_client_call(u->c, &rq, &reply);
-    if (st == STRIA_OK)
-        stria_rpc_reply_free(&reply);
-    return st;
-}
-
-/* A pass starts only when every byte of every input is in: chunks in any
- * order count exactly, a re-sent range counts once, and a missing byte is
- * refused naming the tensor and where the hole is. The output proves that
- * the chunks landed where their offsets said. */
-Test(e2e, uploads_count_every_byte_once, .timeout = 300)
+/* A call whose inputs come in pieces runs only when every byte of them is
+ * in: pieces in any order count exactly, a re-sent piece counts once, and a
+ * missing byte is refused naming where the hole is. The output proves that
+ * the pieces landed where their offsets said. */
+Test(e2e, pieces_count_every_byte_once, .timeout = 300)
 {
     enum { S = 64, H = 2, D = 16 };
     start_cluster(1, NULL, NULL);
@@ -468,6 +413,7 @@ Test(e2e, uploads_count_every_byte_once, .timeout = 300)
     spec.dtype = STRIA__V1__DTYPE__DTYPE_FP32;
     spec.causal = true;
     spec.ring_size = 1;
+    spec.session = true;
     Stria__V1__SubmitJobRequest sreq = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
     sreq.spec = &spec;
     stria_rpc_request_t srq = {
@@ -480,82 +426,60 @@ Test(e2e, uploads_count_every_byte_once, .timeout = 300)
     cr_assert_eq(as->n_ranks, 1);
 
     size_t n = (size_t)S * H * D;
-    float *in[3], o[S * H * D];
+    const uint64_t tensor = n * sizeof(float), total = 3 * tensor;
+    uint8_t *in = malloc(total);
+    float *qkv[3], o[S * H * D + S * H]; /* O, then LSE */
     for (int t = 0; t < 3; t++) {
-        in[t] = malloc(n * sizeof(float));
-        ref_fill(in[t], n, 100 + (uint64_t)t, 1.0f, STRIA_DTYPE_F32);
+        qkv[t] = (float *)(in + (size_t)t * tensor);
+        ref_fill(qkv[t], n, 100 + (uint64_t)t, 1.0f, STRIA_DTYPE_F32);
     }
     stria_rpc_client_params_t wp;
     memset(&wp, 0, sizeof(wp));
     wp.address = as->ranks[0]->rpc_address;
     wp.service = &stria__v1__worker__descriptor;
     wp.connect_timeout_s = 5;
-    upload_t u = {.job = as->job_id, .total = n * sizeof(float)};
+    tsess_rank_t r = {.id = as->job_id, .timeout_s = 10};
     const Stria__V1__SubmitJobReply *sr = (const Stria__V1__SubmitJobReply *)sreply.msg;
     cr_assert_eq(stria_auth_open(&sreply.session, "job secret", as->job_id, sr->job_secret.data,
-                                 sr->job_secret.len, u.secret.bytes),
+                                 sr->job_secret.len, r.secret.bytes),
                  STRIA_OK, "%s", stria_error_msg());
-    for (int t = 0; t < 3; t++)
-        u.src[t] = (const uint8_t *)in[t];
-    cr_assert_eq(stria_rpc_client_connect(&wp, &u.c), STRIA_OK, "%s", stria_error_msg());
-    const uint64_t half = u.total / 2;
-    uint64_t got = 0;
-    bool complete = false;
+    cr_assert_eq(stria_rpc_client_connect(&wp, &r.c), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(tsess_open(&r), STRIA_OK, "%s", stria_error_msg());
+    const uint64_t half = tensor / 2;
 
-    /* Q: second half first, then the first. */
-    cr_assert_eq(put_range(&u, 0, half, half, &got, &complete), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(got, half);
-    cr_expect(!complete);
-    cr_assert_eq(put_range(&u, 0, 0, half, &got, &complete), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(got, u.total);
-    cr_expect(complete, "Q is complete once both halves are in, in any order");
-    /* V: whole. */
-    cr_assert_eq(put_range(&u, 2, 0, u.total, &got, &complete), STRIA_OK, "%s", stria_error_msg());
-    cr_expect(complete);
-    /* K: the first half twice. Counted once: the pass is refused, naming K. */
-    for (int k = 0; k < 2; k++) {
-        cr_assert_eq(put_range(&u, 1, 0, half, &got, &complete), STRIA_OK, "%s", stria_error_msg());
-        cr_expect_eq(got, half, "a re-sent range was counted again (%llu bytes)",
-                     (unsigned long long)got);
-        cr_expect(!complete);
-    }
-    cr_expect_eq(run_forward(&u), STRIA_ERR_INVALID_ARG);
-    char want[160];
-    snprintf(want, sizeof(want), "input K incomplete (%llu of %llu bytes", (unsigned long long)half,
-             (unsigned long long)u.total);
-    cr_expect(strstr(stria_error_msg(), want) != NULL, "not \"%s\": %s", want, stria_error_msg());
-    /* All of K but its last byte: still refused, the hole named. */
-    cr_assert_eq(put_range(&u, 1, half / 2, u.total - half / 2 - 1, &got, &complete), STRIA_OK,
-                 "%s", stria_error_msg());
-    cr_expect_eq(got, u.total - 1);
-    cr_expect(!complete, "one byte of K is missing");
-    cr_expect_eq(run_forward(&u), STRIA_ERR_INVALID_ARG);
-    snprintf(want, sizeof(want), "first missing byte is at offset %llu",
-             (unsigned long long)(u.total - 1));
-    cr_expect(strstr(stria_error_msg(), "input K incomplete") != NULL &&
-                  strstr(stria_error_msg(), want) != NULL,
-              "not naming K and \"%s\": %s", want, stria_error_msg());
-    /* The last byte: the pass runs, on exactly the bytes sent. */
-    cr_assert_eq(put_range(&u, 1, u.total - 1, 1, &got, &complete), STRIA_OK, "%s",
+    /* Call 0: Q's second half, then its first; V; K's first half twice;
+     * all of K but its last byte; then the last piece lies elsewhere and
+     * leaves that byte out: refused, the hole named. */
+    cr_assert_eq(piece(&r, 0, 0, in, half, half, true, NULL, 0), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(piece(&r, 0, 0, in, 0, half, true, NULL, 0), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(piece(&r, 0, 0, in, 2 * tensor, tensor, true, NULL, 0), STRIA_OK, "%s",
                  stria_error_msg());
-    cr_expect(complete);
-    cr_assert_eq(run_forward(&u), STRIA_OK, "%s", stria_error_msg());
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(piece(&r, 0, 0, in, tensor, half, true, NULL, 0), STRIA_OK, "%s",
+                     stria_error_msg());
+    cr_assert_eq(piece(&r, 0, 0, in, tensor + half / 2, tensor - half / 2 - 2, true, NULL, 0),
+                 STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(piece(&r, 0, 0, in, 2 * tensor - 1, 1, false, o, sizeof(o)),
+                 STRIA_ERR_INVALID_ARG);
+    char want[160];
+    snprintf(want, sizeof(want), "%llu of %llu bytes; the first missing byte is at %llu",
+             (unsigned long long)(total - 1), (unsigned long long)total,
+             (unsigned long long)(2 * tensor - 2));
+    cr_expect(strstr(stria_error_msg(), "inputs are incomplete") != NULL &&
+                  strstr(stria_error_msg(), want) != NULL,
+              "not naming the hole (\"%s\"): %s", want, stria_error_msg());
 
-    Stria__V1__GetOutputRequest get = STRIA__V1__GET_OUTPUT_REQUEST__INIT;
-    get.job_id = u.job;
-    get.tensor = STRIA__V1__TENSOR__TENSOR_O;
-    stria_rpc_request_t grq = {.method = STRIA_RPC_WORKER_GET_OUTPUT,
-                               .request = &get.base,
-                               .reply_buf = o,
-                               .reply_buf_cap = sizeof(o),
-                               .timeout_s = 10,
-                               .job_secret = &u.secret,
-                               .job_id = u.job};
-    stria_rpc_reply_t greply;
-    memset(&greply, 0, sizeof(greply));
-    cr_assert_eq(stria_rpc_client_call(u.c, &grq, &greply), STRIA_OK, "%s", stria_error_msg());
-    cr_assert_eq(greply.payload_len, sizeof(o));
-    stria_rpc_reply_free(&greply);
+    /* Call 1 (a fresh link after the failed call): the same pieces, a
+     * repeat, and the missing byte; it runs on exactly the bytes sent. */
+    const uint64_t epoch = 1u << 8;
+    cr_assert_eq(piece(&r, 1, epoch, in, half, tensor + half, true, NULL, 0), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(piece(&r, 1, epoch, in, half, half, true, NULL, 0), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(piece(&r, 1, epoch, in, 2 * tensor, tensor, true, NULL, 0), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(piece(&r, 1, epoch, in, 0, half, false, o, sizeof(o)), STRIA_OK, "%s",
+                 stria_error_msg());
     ref_shape_t rs = {.batch = 1,
                       .q_tokens = S,
                       .kv_tokens = S,
@@ -565,8 +489,8 @@ Test(e2e, uploads_count_every_byte_once, .timeout = 300)
                       .scale = 1.0 / sqrt((double)D),
                       .causal = true};
     ref_out_t r64, r32;
-    ref_f64_run(&rs, in[0], in[1], in[2], NULL, &r64);
-    ref_f32_run(&rs, in[0], in[1], in[2], NULL, &r32);
+    ref_f64_run(&rs, qkv[0], qkv[1], qkv[2], NULL, &r64);
+    ref_f32_run(&rs, qkv[0], qkv[1], qkv[2], NULL, &r32);
     float o32[S * H * D];
     for (size_t i = 0; i < n; i++)
         o32[i] = (float)r32.o[i];
@@ -575,11 +499,10 @@ Test(e2e, uploads_count_every_byte_once, .timeout = 300)
     ref_out_free(&r64);
     ref_out_free(&r32);
 
-    stria_rpc_client_close(u.c);
+    stria_rpc_client_close(r.c);
     stria_rpc_reply_free(&sreply);
     stria_rpc_client_close(cc);
-    for (int t = 0; t < 3; t++)
-        free(in[t]);
+    free(in);
     stop_cluster();
 }
 

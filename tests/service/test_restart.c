@@ -18,6 +18,7 @@
 
 #include "deploy_util.h"
 #include "fault_util.h"
+#include "stria_layout.h"
 
 #define WINDOW_S "3" /* the coordinator's --recovery-window in these tests */
 
@@ -264,8 +265,13 @@ Test(restart, queued_job_is_submitted_again, .timeout = 300)
 {
     dcluster_t c;
     char *cargs[] = {"--recovery-window=" WINDOW_S, NULL};
-    /* room for one job of this shape per worker (106752 bytes a rank) */
-    dc_opts_t o = {.coord_args = cargs, .worker_memory = "200000"};
+    /* room for one job of this shape per worker: 1.5 times its admission
+     * (a job holds one call: max_held 1) */
+    uint64_t need = 0;
+    cr_assert_eq(stria_session_rank_memory(1, 32, 2, 2, 16, STRIA_DTYPE_F32, 1, &need), STRIA_OK);
+    char mem[32];
+    snprintf(mem, sizeof(mem), "%llu", (unsigned long long)(need + need / 2));
+    dc_opts_t o = {.coord_args = cargs, .worker_memory = mem};
     dc_start(&c, 3, &o);
     stria_client_t *cl = connect_client(&c), *cl2 = connect_client(&c);
     fu_job_t a, b;

@@ -229,11 +229,12 @@ Test(session, close_frees_the_sessions_memory, .timeout = T_TIMEOUT)
     int64_t seq = 64;
     uint64_t need = 0, cap = (uint64_t)64 << 20;
     for (;; seq += 64) {
-        cr_assert_eq(stria_rank_memory(1, seq + 64, 4, 4, 64, STRIA_DTYPE_F32, &need), STRIA_OK);
+        cr_assert_eq(stria_session_rank_memory(1, seq + 64, 4, 4, 64, STRIA_DTYPE_F32, 0, &need),
+                     STRIA_OK);
         if (need > cap * 6 / 10)
             break;
     }
-    cr_assert_eq(stria_rank_memory(1, seq, 4, 4, 64, STRIA_DTYPE_F32, &need), STRIA_OK);
+    cr_assert_eq(stria_session_rank_memory(1, seq, 4, 4, 64, STRIA_DTYPE_F32, 0, &need), STRIA_OK);
     cr_assert(2 * need > cap && need < cap);
     stria_session_spec_t sp =
         se_spec_of(1, seq, 4, 4, 64, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 1);

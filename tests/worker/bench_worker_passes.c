@@ -1,11 +1,12 @@
-/* Times repeated forwards of one held job through worker processes:
- *   bench_worker_passes BINDIR [N_PASSES] [SEQ] [DEVICE]
+/* Times repeated calls of one session (or job) through worker processes:
+ *   bench_worker_passes BINDIR [N_CALLS] [SEQ] [DEVICE] [session|job]
  * starts BINDIR/stria-coordinator and two BINDIR/stria-worker on loopback,
- * submits one job (batch 1, SEQ tokens, 8 heads, 2 kv heads, head_dim 64,
- * fp32, causal), puts its inputs and times N_PASSES RunForward calls of
- * both ranks; prints each pass's wall time (client side) and the mean of
- * the passes after the first. Not a test: a measurement tool. */
-#include <pthread.h>
+ * submits one session (batch 1, SEQ tokens, 8 heads, 2 kv heads, head_dim
+ * 64, fp32; causal calls) or one job of that shape, opens both ranks and
+ * times N_CALLS forward calls of both ranks at once (SessionCall, inputs in
+ * each call's payload, in pieces above the workers' payload limit); prints
+ * each call's wall time (client side) and the mean of the calls after the
+ * first. Not a test: a measurement tool. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,18 +37,12 @@ static pid_t spawn(char *const argv[], char *line, size_t cap)
     return pid;
 }
 
-static void *fwd_thread(void *arg)
-{
-    void **a = arg;
-    *(stria_status_t *)a[3] = wf_pass_on(a[0], a[1], (int)(intptr_t)a[2], false);
-    return NULL;
-}
-
 int main(int argc, char **argv)
 {
     char bin[512], line[512], coord[64], port_arg[64], rpc[2][128];
     int n = argc > 2 ? atoi(argv[2]) : 10;
     char *dev = argc > 4 ? argv[4] : "cpu";
+    bool session = argc <= 5 || strcmp(argv[5], "job") != 0;
     int64_t seq = argc > 3 ? atoll(argv[3]) : 8192;
     if (argc < 2)
         return 2;
@@ -104,57 +99,50 @@ int main(int argc, char **argv)
     Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
     stria_rpc_reply_t rep;
     s.batch = 1, s.seq_len = (uint64_t)seq, s.heads = 8, s.kv_heads = 2, s.head_dim = 64;
-    s.causal = true, s.ring_size = 2;
+    s.causal = true, s.ring_size = 2, s.session = session, s.max_held = 1;
     req.spec = &s;
     if (wf_call(f.cc, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, 0, &rep) != STRIA_OK) {
         fprintf(stderr, "submit: %s\n", stria_error_msg());
         return 1;
     }
-    const Stria__V1__Assignment *a = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
     wf_job_t job;
-    memset(&job, 0, sizeof(job));
-    job.id = a->job_id;
-    if (wf_open_secret(&rep, &job) != STRIA_OK) {
+    const char *const addrs[2] = {rpc[0], rpc[1]};
+    stria_status_t st = wf_job_of(&rep, &s, addrs, 2, &job);
+    stria_rpc_reply_free(&rep);
+    if (st != STRIA_OK) {
         fprintf(stderr, "submit: %s\n", stria_error_msg());
         return 1;
     }
-    job.n = 2;
-    job.shape = (stria_ring_shape_t){
-        .batch = 1, .seq = seq, .heads = 8, .kv_heads = 2, .head_dim = 64, .causal = true};
-    for (int r = 0; r < 2; r++)
-        job.widx[r] = strcmp(a->ranks[r]->rpc_address, rpc[0]) == 0 ? 0 : 1;
-    stria_rpc_reply_free(&rep);
-    stria_layout_init(STRIA_LAYOUT_STRIPED, 2, seq, &job.layout);
-    for (int r = 0; r < 2; r++)
-        job.valid[r] = stria_layout_shard_valid(&job.layout, r);
     float *q = wf_tensor(&job, 8, 1), *k = wf_tensor(&job, 2, 2), *v = wf_tensor(&job, 2, 3);
-    if (wf_put_all(&f, &job, q, k, v, NULL) != STRIA_OK) {
-        fprintf(stderr, "put: %s\n", stria_error_msg());
+    wf_io_t io[WF_MAX] = {0};
+    wf_io_inputs(&job, io, q, k, v, NULL);
+    double t_open = stria_time_now();
+    if (wf_open_all(&f, &job) != STRIA_OK) {
+        fprintf(stderr, "open: %s\n", stria_error_msg());
         return 1;
     }
+    printf("open: %.2f ms\n", (stria_time_now() - t_open) * 1e3);
+    uint64_t max = stria_rpc_client_max_payload(f.wc[0]);
+    const wf_call_opts_t o = {.piece = max < (64u << 20) ? max : (64u << 20)};
     double sum = 0;
     for (int i = 0; i < n; i++) {
-        pthread_t th[2];
-        stria_status_t st[2];
-        void *args[2][4];
         double t0 = stria_time_now();
-        for (int r = 0; r < 2; r++) {
-            args[r][0] = f.wc[job.widx[r]], args[r][1] = &job, args[r][2] = (void *)(intptr_t)r;
-            args[r][3] = &st[r];
-            pthread_create(&th[r], NULL, fwd_thread, args[r]);
-        }
-        for (int r = 0; r < 2; r++)
-            pthread_join(th[r], NULL);
-        double dt = stria_time_now() - t0;
-        if (st[0] != STRIA_OK || st[1] != STRIA_OK) {
-            fprintf(stderr, "forward %d failed\n", i);
+        if (wf_call_all(&f, &job, (uint64_t)i, &o, io) != STRIA_OK) {
+            fprintf(stderr, "call %d failed: %s\n", i, stria_error_msg());
             return 1;
         }
-        printf("pass %d: %.2f ms\n", i, dt * 1e3);
+        double dt = stria_time_now() - t0;
+        printf("call %d: %.2f ms\n", i, dt * 1e3);
         if (i > 0)
             sum += dt;
     }
-    printf("mean of passes 1..%d: %.2f ms\n", n - 1, sum / (n - 1) * 1e3);
+    if (n > 1)
+        printf("mean of calls 1..%d: %.2f ms\n", n - 1, sum / (n - 1) * 1e3);
+    wf_io_free(io, WF_MAX);
+    free(q), free(k), free(v);
+    for (int i = 0; i < 2; i++)
+        stria_rpc_client_close(f.wc[i]);
+    stria_rpc_client_close(f.cc);
     for (int i = 0; i < 3; i++) {
         kill(pids[i], SIGTERM);
         waitpid(pids[i], NULL, 0);

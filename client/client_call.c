@@ -1,0 +1,561 @@
+/* libstria: one try of a call on some ranks of a session.
+ *
+ * Each rank's inputs are placed: in the rank's arena (this process's own
+ * memory, registered with a worker of this host) at the call's region, or
+ * in the request's payload (a whole-sequence call's rank gathered into the
+ * rank's buffer; a sharded rank's own tensors sent as they lie); inputs
+ * larger than the worker takes in one request go first in pieces. Every
+ * rank's request is sent before any reply is read (the workers meet on
+ * their ring), then the replies are read and the outputs gathered (from the
+ * arena, or straight into the caller's tensors). The try's verdict: the
+ * rank whose failure explains the others, whether another try may succeed,
+ * and the workers lost (blamed). With a progress callback the requests and
+ * replies go through a helper thread while the caller's thread reports. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#include "client_int.h"
+
+uint64_t stria__lcall_epoch(uint64_t call, int attempt)
+{
+    return (call << 8) | (uint64_t)((attempt + 1) & 0xff);
+}
+
+/* ---- the geometry of one rank's part -------------------------------------------- */
+
+enum { T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_DQ, T_DK, T_DV, T_N };
+
+/* One rank's part of a try. */
+typedef struct {
+    stria__lrank_t *r;
+    stria__lout_t *o;
+    int64_t valid;
+    uint64_t bytes[T_N], at[T_N]; /* compact bytes, offsets in a region */
+    size_t row[T_N];              /* bytes per token */
+    int64_t outer[T_N];           /* outer rows (batch; batch x heads for LSE) */
+    bool arena;                   /* the rank's inputs and outputs are in its arena */
+    char *region;                 /* arena: the call's region */
+    stria_call_place_t place;
+    uint8_t bound[STRIA_CALL_BINDING_BYTES];
+    Stria__V1__SessionCallRequest req;
+    stria_rpc_request_t rq;
+    stria_rpc_pending_t pend;
+    struct iovec in_iov[6], out_iov[3];
+    uint64_t in_bytes, out_bytes;
+    bool sent;
+    double pass_s, compute_s, wait_s;
+    uint32_t steps;
+    uint64_t ring_bytes, minflt;
+} part_t;
+
+/* What the whole try shares with its helper thread. */
+typedef struct {
+    stria_session_t *s;
+    const stria__lcall_t *c;
+    part_t *p;
+    int n;
+    stria_layout_t lay;
+    Stria__V1__CallShape shape;
+    Stria__V1__JobSpec__Window win;
+    /* progress (lock) */
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    stria_phase_t phase;
+    uint64_t sent_bytes, total_up;
+    bool done;
+    double t_sent, t_first_reply;
+} try_t;
+
+static void geometry(const stria_session_t *s, const stria__lcall_t *c, const stria_layout_t *lay,
+                     size_t in_room, part_t *p)
+{
+    size_t es = stria_dtype_size(s->spec.dtype);
+    size_t q = (size_t)(s->spec.heads * s->spec.head_dim) * es;
+    size_t kv = (size_t)(s->spec.kv_heads * s->spec.head_dim) * es;
+    const size_t row[T_N] = {q, kv, kv, q, 4, q, q, kv, kv};
+    p->valid = stria_layout_shard_valid(lay, p->r->rank);
+    uint64_t at = 0;
+    for (int t = 0; t < T_N; t++) {
+        if (t == T_DQ)
+            at = in_room;
+        p->row[t] = row[t];
+        p->outer[t] = t == T_LSE ? c->shape->batch * s->spec.heads : c->shape->batch;
+        p->bytes[t] = (uint64_t)p->outer[t] * (uint64_t)p->valid * row[t];
+        p->at[t] = at;
+        at += p->bytes[t];
+    }
+}
+
+/* The tensors of the call's kind: inputs in payload order, then outputs. */
+static int inputs_of(const stria__lcall_t *c, int ids[6])
+{
+    if (!c->backward) {
+        ids[0] = T_Q, ids[1] = T_K, ids[2] = T_V;
+        return 3;
+    }
+    if (c->use_held) {
+        ids[0] = T_DO;
+        return 1;
+    }
+    for (int i = 0; i < 6; i++)
+        ids[i] = T_Q + i;
+    return 6;
+}
+
+static int outputs_of(const stria__lcall_t *c, int ids[3])
+{
+    if (!c->backward) {
+        ids[0] = T_O, ids[1] = T_LSE;
+        return 2;
+    }
+    ids[0] = T_DQ, ids[1] = T_DK, ids[2] = T_DV;
+    return 3;
+}
+
+/* The caller's tensor of input t (io->in is in payload order). */
+static const void *io_in(const stria__lcall_t *c, int t)
+{
+    return c->io->in[t == T_DO ? 5 : t];
+}
+
+static void *io_out(const stria__lcall_t *c, int t)
+{
+    return c->io->out[t == T_O ? 0 : t == T_LSE ? 1 : t - T_DQ];
+}
+
+/* Moves a rank's real tokens between a full [outer][seq_len][row] tensor
+ * and its compact [outer][valid][row] shard. */
+static void move(const stria_layout_t *lay, const part_t *p, int t, char *compact, void *full,
+                 bool to_full)
+{
+    stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
+    size_t nr = stria_layout_shard_runs(lay, p->r->rank, false, runs);
+    size_t row = p->row[t];
+    for (int64_t o = 0; o < p->outer[t]; o++) {
+        char *f = (char *)full + (size_t)(o * lay->seq) * row;
+        char *cp = compact + (size_t)(o * p->valid) * row;
+        for (size_t k = 0; k < nr; k++) {
+            if (runs[k].stride == 1) {
+                size_t n = (size_t)runs[k].count * row;
+                if (to_full)
+                    memcpy(f + (size_t)runs[k].first * row, cp, n);
+                else
+                    memcpy(cp, f + (size_t)runs[k].first * row, n);
+                cp += n;
+                continue;
+            }
+            for (int64_t i = 0; i < runs[k].count; i++, cp += row) {
+                char *x = f + (size_t)(runs[k].first + i * runs[k].stride) * row;
+                if (to_full)
+                    memcpy(x, cp, row);
+                else
+                    memcpy(cp, x, row);
+            }
+        }
+    }
+}
+
+static stria_status_t grow(void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return STRIA_OK;
+    void *p = stria_malloc_aligned(need);
+    if (p == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory for %zu bytes", need);
+    stria_free(*buf);
+    *buf = p;
+    *cap = need;
+    return STRIA_OK;
+}
+
+/* ---- placing a rank's inputs ------------------------------------------------------ */
+
+/* Places rank p's inputs and builds its request. */
+static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
+{
+    stria_session_t *s = x->s;
+    const stria__lcall_t *c = x->c;
+    stria__lrank_t *r = p->r;
+    int in[6], out[3];
+    int n_in = inputs_of(c, in), n_out = outputs_of(c, out);
+    size_t in_room = 0, region = stria__lrank_region(s, &in_room);
+    p->arena = r->arena != NULL && r->arena_sock >= 0;
+    p->region = p->arena ? r->arena + (size_t)c->region * region : NULL;
+    uint64_t out_at = p->at[out[0]];
+    p->in_bytes = p->out_bytes = 0;
+    for (int i = 0; i < n_in; i++)
+        p->in_bytes += p->bytes[in[i]];
+    for (int i = 0; i < n_out; i++)
+        p->out_bytes += p->bytes[out[i]];
+    p->place = (stria_call_place_t){.call = c->call,
+                                    .link_epoch = epoch,
+                                    .backward = c->backward,
+                                    .arena = p->arena,
+                                    .hold = c->hold && !p->arena,
+                                    .use_held = c->use_held && !p->arena,
+                                    .held_call = c->held_call};
+    if (p->arena) { /* a held forward's inputs and outputs stay in its region */
+        p->place.arena_in = (uint64_t)c->region * region;
+        p->place.arena_out = p->place.arena_in + out_at;
+        for (int i = 0; i < n_in; i++) {
+            int t = in[i];
+            char *dst = p->region + p->at[t];
+            if (s->sharded) {
+                if (io_in(c, t) != dst) /* else built in place */
+                    memcpy(dst, io_in(c, t), p->bytes[t]);
+            } else {
+                move(&x->lay, p, t, dst, (void *)io_in(c, t), false);
+            }
+        }
+        p->in_bytes = 0;     /* nothing travels */
+    } else if (s->sharded) { /* its own tensors, sent as they lie */
+        for (int i = 0; i < n_in; i++)
+            p->in_iov[i] = (struct iovec){(void *)io_in(c, in[i]), p->bytes[in[i]]};
+        for (int i = 0; i < n_out; i++)
+            p->out_iov[i] = (struct iovec){io_out(c, out[i]), p->bytes[out[i]]};
+    } else { /* gathered from the full tensors */
+        stria_status_t st = grow(&r->up, &r->up_cap, p->in_bytes);
+        if (st == STRIA_OK)
+            st = grow(&r->down, &r->down_cap, p->out_bytes);
+        if (st != STRIA_OK)
+            return st;
+        char *up = r->up;
+        for (int i = 0; i < n_in; i++) {
+            move(&x->lay, p, in[i], up, (void *)io_in(c, in[i]), false);
+            up += p->bytes[in[i]];
+        }
+        p->in_iov[0] = (struct iovec){r->up, p->in_bytes};
+        p->out_iov[0] = (struct iovec){r->down, p->out_bytes};
+    }
+    stria__v1__session_call_request__init(&p->req);
+    p->req.job_id = s->id;
+    p->req.rank = (uint32_t)r->rank;
+    p->req.shape = &x->shape;
+    p->req.digest = stria_call_shape_digest(c->shape, c->call, c->backward);
+    memset(&p->rq, 0, sizeof(p->rq));
+    p->rq.method = STRIA_RPC_WORKER_SESSION_CALL;
+    p->rq.request = &p->req.base;
+    p->rq.timeout_s = s->call_timeout_s;
+    p->rq.job_secret = &s->secret;
+    p->rq.job_id = s->id;
+    p->rq.proof_extra = p->bound;
+    p->rq.proof_extra_len = STRIA_CALL_BINDING_BYTES;
+    return STRIA_OK;
+}
+
+/* The iovecs of bytes [off, off + len) of a list (into out, at most cap). */
+static size_t slice(const struct iovec *iov, size_t n, uint64_t off, uint64_t len,
+                    struct iovec *out, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && len > 0 && k < cap; i++) {
+        if (off >= iov[i].iov_len) {
+            off -= iov[i].iov_len;
+            continue;
+        }
+        size_t take = iov[i].iov_len - off < len ? iov[i].iov_len - (size_t)off : (size_t)len;
+        out[k++] = (struct iovec){(char *)iov[i].iov_base + off, take};
+        len -= take;
+        off = 0;
+    }
+    return k;
+}
+
+/* Sends rank p's request: its inputs beyond what the worker takes at once
+ * first, in pieces (each answered), then the call itself. */
+static stria_status_t send_part(try_t *x, part_t *p)
+{
+    stria__lrank_t *r = p->r;
+    uint64_t max = stria_rpc_client_max_payload(r->conn);
+    uint64_t piece = p->in_bytes > max ? (max < STRIA__PIECE_MAX ? max : STRIA__PIECE_MAX) : 0;
+    size_t n_iov = p->arena ? 0 : x->s->sharded ? (size_t)inputs_of(x->c, (int[6]){0}) : 1;
+    struct iovec cut[8];
+    uint64_t off = 0;
+    stria_status_t st = STRIA_OK;
+    if (piece == 0 && p->in_bytes > 0 && max == 0)
+        return stria_error_set(STRIA_ERR_PROTOCOL, "worker %s takes no payload", r->rpc_address);
+    while (piece > 0 && p->in_bytes - off > piece) { /* pieces with more to come */
+        stria_rpc_reply_t reply;
+        p->place.more = true;
+        p->place.piece_offset = off;
+        stria_call_place_to_pb(&p->place, &p->req);
+        stria_call_binding(x->c->shape, &p->place, p->bound);
+        p->rq.payload_iov = cut;
+        p->rq.payload_iovcnt = slice(p->in_iov, n_iov, off, piece, cut, 8);
+        p->rq.payload_len = piece;
+        p->rq.reply_iov = NULL;
+        p->rq.reply_iovcnt = 0;
+        if ((st = stria_rpc_client_call(r->conn, &p->rq, &reply)) != STRIA_OK)
+            return st;
+        stria_rpc_reply_free(&reply);
+        off += piece;
+        pthread_mutex_lock(&x->lock);
+        x->sent_bytes += piece;
+        pthread_mutex_unlock(&x->lock);
+    }
+    p->place.more = false;
+    p->place.piece_offset = off;
+    stria_call_place_to_pb(&p->place, &p->req);
+    stria_call_binding(x->c->shape, &p->place, p->bound);
+    p->rq.payload_iov = n_iov > 0 ? cut : NULL;
+    p->rq.payload_iovcnt = n_iov > 0 ? slice(p->in_iov, n_iov, off, p->in_bytes - off, cut, 8) : 0;
+    p->rq.payload_len = p->in_bytes - off;
+    if (!p->arena) {
+        p->rq.reply_iov = p->out_iov;
+        p->rq.reply_iovcnt = x->s->sharded ? (size_t)outputs_of(x->c, (int[3]){0}) : 1;
+    }
+    if ((st = stria_rpc_client_send(r->conn, &p->rq, &p->pend)) == STRIA_OK) {
+        p->sent = true;
+        pthread_mutex_lock(&x->lock);
+        x->sent_bytes += p->in_bytes - off;
+        pthread_mutex_unlock(&x->lock);
+    }
+    return st;
+}
+
+/* Reads rank p's reply and gathers its outputs. */
+static stria_status_t recv_part(try_t *x, part_t *p)
+{
+    stria_rpc_reply_t reply;
+    const stria__lcall_t *c = x->c;
+    stria_status_t st = stria_rpc_client_recv(p->r->conn, &p->rq, &p->pend, &reply);
+    if (st != STRIA_OK)
+        return st;
+    const Stria__V1__SessionCallReply *rep = (const Stria__V1__SessionCallReply *)reply.msg;
+    uint64_t want = p->arena ? 0 : p->out_bytes;
+    if (reply.payload_len != want) {
+        stria_rpc_reply_free(&reply);
+        return stria_error_set(
+            STRIA_ERR_PROTOCOL, "rank %d: the reply carries %llu bytes of outputs, not %llu",
+            p->r->rank, (unsigned long long)reply.payload_len, (unsigned long long)want);
+    }
+    if (rep->stats != NULL) {
+        p->pass_s = rep->stats->seconds;
+        p->compute_s = rep->stats->compute_seconds;
+        p->wait_s = rep->stats->wait_seconds;
+        p->steps = rep->stats->steps;
+        p->ring_bytes = rep->stats->bytes_sent;
+    }
+    p->minflt = rep->worker_minflt;
+    stria_rpc_reply_free(&reply);
+    int out[3], n_out = outputs_of(c, out);
+    if (p->arena) {
+        for (int i = 0; i < n_out; i++) {
+            int t = out[i];
+            char *src = p->region + p->at[t];
+            if (x->s->sharded) {
+                if (io_out(c, t) != src) /* else read in place */
+                    memcpy(io_out(c, t), src, p->bytes[t]);
+            } else {
+                move(&x->lay, p, t, src, io_out(c, t), true);
+            }
+        }
+    } else if (!x->s->sharded) {
+        char *down = p->r->down;
+        for (int i = 0; i < n_out; i++) {
+            move(&x->lay, p, out[i], down, io_out(c, out[i]), true);
+            down += p->bytes[out[i]];
+        }
+    }
+    return STRIA_OK;
+}
+
+/* Every rank's request, then every reply (the helper thread's work, or the
+ * caller's without progress). */
+static void exchange(try_t *x)
+{
+    for (int i = 0; i < x->n; i++) {
+        part_t *p = &x->p[i];
+        if (p->o->st != STRIA_OK)
+            continue;
+        stria_status_t st = send_part(x, p);
+        if (st != STRIA_OK)
+            stria__lrank_fail(p->r, st, p->o);
+    }
+    pthread_mutex_lock(&x->lock);
+    x->t_sent = stria_time_now();
+    x->phase = x->c->backward ? STRIA_PHASE_BACKWARD : STRIA_PHASE_FORWARD;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->lock);
+    for (int i = 0; i < x->n; i++) {
+        part_t *p = &x->p[i];
+        if (!p->sent)
+            continue;
+        stria_status_t st = recv_part(x, p);
+        pthread_mutex_lock(&x->lock);
+        if (x->t_first_reply == 0)
+            x->t_first_reply = stria_time_now();
+        x->phase = STRIA_PHASE_DOWNLOAD;
+        pthread_mutex_unlock(&x->lock);
+        if (st != STRIA_OK)
+            stria__lrank_fail(p->r, st, p->o);
+    }
+    pthread_mutex_lock(&x->lock);
+    x->done = true;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->lock);
+}
+
+static void *exchange_main(void *arg)
+{
+    exchange(arg);
+    return NULL;
+}
+
+/* With a progress callback: the exchange on a helper thread, the caller
+ * reporting bytes sent, the slowest rank's ring step (from the
+ * coordinator) and the download. */
+static void exchange_reporting(try_t *x)
+{
+    pthread_t th;
+    const stria__lcall_t *c = x->c;
+    if (pthread_create(&th, NULL, exchange_main, x) != 0) {
+        exchange(x);
+        return;
+    }
+    pthread_mutex_lock(&x->lock);
+    while (!x->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(STRIA__POLL_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&x->cv, &x->lock, &ts);
+        if (x->done)
+            break;
+        stria_phase_t phase = x->phase;
+        double sent = (double)x->sent_bytes, total = (double)x->total_up;
+        pthread_mutex_unlock(&x->lock);
+        if (phase == STRIA_PHASE_UPLOAD) {
+            c->progress(c->progress_arg, phase, sent, total);
+        } else if (phase != STRIA_PHASE_DOWNLOAD) {
+            stria__linfo_t info;
+            if (stria__lcoord_info(x->s->client, x->s->id, &x->s->secret, false, &info, NULL) ==
+                    STRIA_OK &&
+                info.steps_total > 0)
+                c->progress(c->progress_arg, phase, info.step, info.steps_total);
+        }
+        pthread_mutex_lock(&x->lock);
+    }
+    pthread_mutex_unlock(&x->lock);
+    pthread_join(th, NULL);
+}
+
+/* ---- the verdict ------------------------------------------------------------------ */
+
+/* The try's verdict over its ranks: the first failure that is not an echo
+ * of another rank's (a peer's abort) names the cause; the try is retryable
+ * when a worker was lost or that cause is. */
+static stria_status_t verdict(stria_session_t *s, try_t *x, const char *what, stria__lresult_t *res)
+{
+    int pick = -1;
+    for (int i = 0; i < x->n; i++) {
+        const stria__lout_t *o = x->p[i].o;
+        if (o->st == STRIA_OK)
+            continue;
+        res->expired = res->expired || o->st == STRIA_ERR_NOT_FOUND;
+        if (pick < 0 || stria__lrank_explains(o) > stria__lrank_explains(x->p[pick].o))
+            pick = i;
+    }
+    if (pick < 0)
+        return STRIA_OK;
+    bool retryable = false;
+    for (int i = 0; i < x->n; i++) {
+        const stria__lout_t *o = x->p[i].o;
+        if (o->st == STRIA_OK || !o->lost)
+            continue;
+        retryable = true;
+        bool known = false; /* not on the next open */
+        for (size_t k = 0; k < s->n_blamed && !known; k++)
+            known = s->blamed[k] == x->p[i].r->worker_id;
+        if (!known && s->n_blamed < STRIA__MAX_BLAMED)
+            s->blamed[s->n_blamed++] = x->p[i].r->worker_id;
+    }
+    const stria__lout_t *o = x->p[pick].o;
+    retryable = retryable || (o->retryable && o->st != STRIA_ERR_INVALID_ARG);
+    res->retryable = retryable;
+    stria_error_set(o->st, "%s %llu %s, rank %d (worker %s): %s", s->job ? "job" : "session",
+                    (unsigned long long)s->id, what, x->p[pick].r->rank, x->p[pick].r->rpc_address,
+                    o->error);
+    stria_error_set_retryable(retryable);
+    return o->st;
+}
+
+/* ---- the try ---------------------------------------------------------------------- */
+
+stria_status_t stria__lcall_try(stria_session_t *s, const stria__lcall_t *c, const int *ranks,
+                                int n, stria__lresult_t *res)
+{
+    try_t x;
+    size_t in_room = 0;
+    memset(&x, 0, sizeof(x));
+    x.s = s;
+    x.c = c;
+    x.n = n;
+    x.phase = STRIA_PHASE_UPLOAD;
+    stria_status_t st = stria_layout_init(s->layout, s->n_ranks, c->shape->seq_len, &x.lay);
+    if (st != STRIA_OK)
+        return st;
+    stria__lrank_region(s, &in_room);
+    x.p = calloc((size_t)(n > 0 ? n : 1), sizeof(*x.p));
+    if (x.p == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
+    pthread_mutex_init(&x.lock, NULL);
+    pthread_cond_init(&x.cv, NULL);
+    stria_call_shape_to_pb(c->shape, &x.shape, &x.win);
+    uint64_t epoch = s->epoch;
+    double t0 = stria_time_now();
+    for (int i = 0; i < n; i++) {
+        part_t *p = &x.p[i];
+        p->r = &s->ranks[ranks[i]];
+        p->o = &res->out[i];
+        memset(p->o, 0, sizeof(*p->o));
+        if (!p->r->opened) /* this handle's first call of the rank */
+            stria__lrank_open(s, &ranks[i], 1, s->sharded, p->o);
+        if (p->o->st != STRIA_OK)
+            continue;
+        geometry(s, c, &x.lay, in_room, p);
+        if ((st = prepare(&x, p, epoch)) != STRIA_OK)
+            stria__lrank_fail(p->r, st, p->o);
+        x.total_up += p->in_bytes;
+    }
+    if (c->progress != NULL)
+        exchange_reporting(&x);
+    else
+        exchange(&x);
+    double t_end = stria_time_now();
+    res->upload_s = x.t_sent > 0 ? x.t_sent - t0 : t_end - t0;
+    res->download_s = x.t_first_reply > 0 ? t_end - x.t_first_reply : 0;
+    res->compute_min_s = INFINITY;
+    for (int i = 0; i < n; i++) {
+        const part_t *p = &x.p[i];
+        if (!p->sent || p->o->st != STRIA_OK)
+            continue;
+        res->pass_max_s = fmax(res->pass_max_s, p->pass_s);
+        res->compute_max_s = fmax(res->compute_max_s, p->compute_s);
+        res->compute_min_s = fmin(res->compute_min_s, p->compute_s);
+        res->wait_max_s = fmax(res->wait_max_s, p->wait_s);
+        res->steps = p->steps > res->steps ? p->steps : res->steps;
+        res->ring_bytes += p->ring_bytes;
+        res->up_bytes += p->in_bytes;
+        res->down_bytes += p->arena ? 0 : p->out_bytes;
+        res->minflt += p->minflt;
+    }
+    if (!isfinite(res->compute_min_s))
+        res->compute_min_s = 0;
+    /* a job's call is its pass (one each way) */
+    st = verdict(s, &x,
+                 c->backward ? (s->job ? "backward pass" : "backward call")
+                             : (s->job ? "forward pass" : "forward call"),
+                 res);
+    pthread_cond_destroy(&x.cv);
+    pthread_mutex_destroy(&x.lock);
+    free(x.p);
+    return st;
+}

@@ -1,0 +1,481 @@
+/* The Worker service: OpenSession (the session's assignment fetched on a
+ * thread of its own when this worker does not hold it yet), SessionCall
+ * (checked before a byte of it is read, its inputs read straight into
+ * their place, the pieces of large inputs put together, then handed to the
+ * session's pass thread) and DropJob. Every handler runs on the RPC loop
+ * thread and never waits for a pass or for the coordinator. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker_int.h"
+
+/* ---- OpenSession ------------------------------------------------------------------ */
+
+typedef struct {
+    stria_worker_t *w;
+    stria_rpc_call_t *call;
+    uint64_t id;
+    uint32_t rank;
+    stria__wsess_t *s;
+    stria_status_t st;
+    char error[512];
+} fetch_t;
+
+/* On the loop thread again: the proof, then the open. */
+static void fetched(void *arg)
+{
+    fetch_t *f = arg;
+    if (f->st != STRIA_OK) {
+        stria_rpc_call_fail(f->call, f->st, "%s", f->error);
+    } else if (stria_rpc_call_check_job(f->call, &f->s->secret, f->id) != STRIA_OK) {
+        stria_rpc_call_fail(f->call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+        stria__wsess_unref(f->s);
+    } else {
+        const Stria__V1__OpenSessionRequest *req =
+            (const Stria__V1__OpenSessionRequest *)stria_rpc_call_request(f->call);
+        stria__wsess_open(f->s, f->call, req->early);
+    }
+    free(f);
+}
+
+static void *fetch_main(void *arg)
+{
+    fetch_t *f = arg;
+    stria_worker_t *w = f->w;
+    f->st = stria__wsess_get(w, f->id, f->rank, true, &f->s);
+    if (f->st != STRIA_OK)
+        snprintf(f->error, sizeof(f->error), "%s", stria_error_msg());
+    if (stria_rpc_server_post(w->server, fetched, f) != STRIA_OK) {
+        stria_rpc_call_fail(f->call, STRIA_ERR_NO_MEMORY, "out of memory");
+        if (f->st == STRIA_OK)
+            stria__wsess_unref(f->s);
+        free(f);
+    }
+    pthread_mutex_lock(&w->lock);
+    w->fetching--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+void stria__wrpc_on_open(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__OpenSessionRequest *req =
+        (const Stria__V1__OpenSessionRequest *)stria_rpc_call_request(call);
+    stria__wsess_t *s;
+    stria_status_t st = stria__wsess_get(w, req->job_id, req->rank, false, &s);
+    if (st == STRIA_OK) {
+        if (stria_rpc_call_check_job(call, &s->secret, req->job_id) != STRIA_OK) {
+            stria__wsess_unref(s);
+            stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+        } else {
+            stria__wsess_open(s, call, req->early);
+        }
+        return;
+    }
+    if (st != STRIA_ERR_NOT_FOUND) {
+        stria_rpc_call_fail(call, st, "%s", stria_error_msg());
+        return;
+    }
+    /* not held yet: its assignment from the coordinator, off the loop */
+    fetch_t *f = calloc(1, sizeof(*f));
+    pthread_mutex_lock(&w->lock);
+    bool room = w->fetching < STRIA__MAX_FETCHES && !w->stopping;
+    if (room && f != NULL)
+        w->fetching++;
+    pthread_mutex_unlock(&w->lock);
+    if (f == NULL || !room) {
+        free(f);
+        stria_rpc_call_fail_r(call, STRIA_ERR_BUSY, true,
+                              "this worker is fetching %d job assignments already, or stopping",
+                              STRIA__MAX_FETCHES);
+        return;
+    }
+    *f = (fetch_t){.w = w, .call = call, .id = req->job_id, .rank = req->rank};
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&th, &attr, fetch_main, f);
+    pthread_attr_destroy(&attr);
+    if (rc == 0)
+        return;
+    free(f);
+    pthread_mutex_lock(&w->lock);
+    w->fetching--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    stria_rpc_call_fail(call, STRIA_ERR_NO_MEMORY, "cannot start a thread");
+}
+
+/* ---- SessionCall ------------------------------------------------------------------ */
+
+/* An accepted call is destroyed: one that was neither handed to the pass
+ * thread nor answered lost its connection in the middle of its inputs, so
+ * it cannot run, and the ring it was to join fails now. */
+static void accepted_done(void *arg)
+{
+    stria__waccept_t *acc = arg;
+    stria__wsess_t *s = acc->s;
+    if (!acc->handed && !acc->answered) {
+        pthread_mutex_lock(&s->lock);
+        s->sh.busy = false;
+        s->sh.assembling = false;
+        pthread_cond_broadcast(&s->sh.cv);
+        pthread_mutex_unlock(&s->lock);
+        char msg[256];
+        snprintf(msg, sizeof(msg),
+                 "rank %d: its client's connection was lost in the middle of an upload", s->rank);
+        stria__wsess_fail(s, msg);
+    }
+    stria__wsess_unref(s);
+    free(acc);
+}
+
+/* Whether [off, off + len) lies inside `size` bytes. */
+static bool inside(uint64_t off, uint64_t len, uint64_t size)
+{
+    return off <= size && len <= size - off;
+}
+
+/* Whether a request is a piece of a call's inputs (or the last of them). */
+static bool is_piece(const stria__wsess_t *s, const stria_call_place_t *p)
+{
+    return p->more || p->piece_offset > 0 || (s->sh.assembling && s->sh.asm_call == p->call);
+}
+
+/* What a call's place asks, against the session (s->lock held). */
+static stria_status_t check_place(const stria__wsess_t *s, const stria_call_place_t *p,
+                                  const stria__wgeom_t *g, uint64_t payload_len)
+{
+    const stria__wshared_t *sh = &s->sh;
+    const unsigned long long id = (unsigned long long)s->id, call = (unsigned long long)p->call;
+    if (p->hold && p->backward)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session %llu call %llu: a backward call holds nothing", id, call);
+    if (p->use_held && !p->backward)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session %llu call %llu: only a backward call uses a held forward",
+                               id, call);
+    if (p->hold && __builtin_popcountll(sh->held_mask) >= (int)s->max_held)
+        return stria_error_set(STRIA_ERR_BUSY,
+                               "session %llu call %llu: %u forward(s) held already, the session's "
+                               "max_held (run their backward, or release them)",
+                               id, call, s->max_held);
+    if (p->arena) {
+        if (payload_len != 0)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu: inputs in the arena and a payload too",
+                                   id, call);
+        if (p->hold || p->use_held || p->more || p->piece_offset != 0)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu: an arena call keeps its forwards in "
+                                   "the arena and never comes in pieces",
+                                   id, call);
+        uint64_t size = sh->arena != NULL && !sh->arena_closed ? sh->arena_size : 0;
+        if (size == 0)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu rank %d: no arena is registered with "
+                                   "this worker (or its connection closed)",
+                                   id, call, s->rank);
+        if (!inside(p->arena_in, g->in_bytes, size) || !inside(p->arena_out, g->out_bytes, size))
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu rank %d: inputs at %llu (%llu bytes) "
+                                   "or outputs at %llu (%llu bytes) outside the %llu-byte arena",
+                                   id, call, s->rank, (unsigned long long)p->arena_in,
+                                   (unsigned long long)g->in_bytes,
+                                   (unsigned long long)p->arena_out,
+                                   (unsigned long long)g->out_bytes, (unsigned long long)size);
+        return STRIA_OK;
+    }
+    if (is_piece(s, p)) {
+        if (!inside(p->piece_offset, payload_len, g->in_bytes))
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu rank %d: a piece of %llu bytes at %llu "
+                                   "lies outside the call's %llu bytes of inputs",
+                                   id, call, s->rank, (unsigned long long)payload_len,
+                                   (unsigned long long)p->piece_offset,
+                                   (unsigned long long)g->in_bytes);
+        return STRIA_OK;
+    }
+    if (payload_len != g->in_bytes)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session %llu call %llu rank %d: the payload is %llu bytes; the "
+                               "call's %s inputs are %llu",
+                               id, call, s->rank, (unsigned long long)payload_len,
+                               !p->backward  ? "forward"
+                               : p->use_held ? "held backward's"
+                                             : "backward",
+                               (unsigned long long)g->in_bytes);
+    return STRIA_OK;
+}
+
+/* The region a call's inputs go to (s->lock held): a held forward's for
+ * its backward, else one no forward holds; -1 for an arena call. */
+static stria_status_t pick_slot(stria__wsess_t *s, const stria_call_place_t *p,
+                                const stria__wgeom_t *g, int *slot_out)
+{
+    *slot_out = -1;
+    if (p->arena)
+        return STRIA_OK;
+    if (!p->use_held) {
+        *slot_out = stria__wcall_free_slot(s);
+        return STRIA_OK; /* there is always one: at most max_held are held */
+    }
+    int slot = stria__wcall_held_slot(s, p->held_call);
+    if (slot < 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session %llu rank %d: call %llu holds no forward here (never held, "
+                               "used by its backward or released)",
+                               (unsigned long long)s->id, s->rank,
+                               (unsigned long long)p->held_call);
+    if (s->sh.held_digest[slot] != stria_call_shape_digest(&g->shape, 0, false))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session %llu rank %d: call %llu's shape is not the held forward's "
+                               "(call %llu)",
+                               (unsigned long long)s->id, s->rank, (unsigned long long)p->call,
+                               (unsigned long long)p->held_call);
+    *slot_out = slot;
+    return STRIA_OK;
+}
+
+/* The checks of a call before anything of it is read: the proof (binding
+ * its number, epoch, shape, places, piece and held forward), the session
+ * open here, the shape against the bounds (from the worker's own decoded
+ * copy), its inputs (payload bytes, or their place in the arena), one call
+ * at a time; then the region its inputs go to. On success the call carries
+ * its accepted record (the cleanup's argument, which holds the session's
+ * reference). A refused call aborts the ring link: the other ranks may be
+ * in it already, and fail now. */
+static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t payload_len,
+                             stria__waccept_t **out)
+{
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    Stria__V1__CallShape none = STRIA__V1__CALL_SHAPE__INIT;
+    stria_call_shape_t shape;
+    stria_call_place_t p;
+    uint8_t bound[STRIA_CALL_BINDING_BYTES], identity[STRIA_CALL_BINDING_BYTES];
+    stria_call_shape_from_pb(req->shape != NULL ? req->shape : &none, &shape);
+    stria_call_place_from_pb(req, &p);
+    stria_call_binding(&shape, &p, bound);
+    stria_call_place_t whole = p; /* what every piece of one call names alike */
+    whole.more = false;
+    whole.piece_offset = 0;
+    stria_call_binding(&shape, &whole, identity);
+
+    stria__wsess_t *s;
+    stria_status_t st = stria__wsess_get(w, req->job_id, req->rank, false, &s);
+    if (st != STRIA_OK)
+        return st;
+    if ((st = stria_rpc_call_check_job_extra(call, &s->secret, req->job_id, bound,
+                                             sizeof(bound))) != STRIA_OK) {
+        stria__wsess_unref(s);
+        return st;
+    }
+    pthread_mutex_lock(&w->lock);
+    bool draining = w->draining;
+    pthread_mutex_unlock(&w->lock);
+    stria__wgeom_t g;
+    int slot = -1;
+    bool open = false;
+    pthread_mutex_lock(&s->lock);
+    stria__wshared_t *sh = &s->sh;
+    open = sh->started; /* its link bound, or being bound: the thread waits for it */
+    if (!open)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG, "session %llu rank %u is not open here",
+                             (unsigned long long)req->job_id, req->rank);
+    else if (draining && !s->report_calls && !req->use_held)
+        /* at a call boundary: the client opens the session elsewhere (a
+         * job's passes, and a backward of a forward held here, finish) */
+        st = stria_error_set(STRIA_ERR_CLOSED,
+                             "worker %llu is draining: session %llu moves off it at this call",
+                             (unsigned long long)w->worker_id, (unsigned long long)req->job_id);
+    else if (req->shape == NULL)
+        st = stria_error_set(STRIA_ERR_INVALID_ARG, "SessionCall: no shape");
+    if (st == STRIA_OK) {
+        st = stria__wcall_geom(s, &shape, req->backward, req->use_held, &g);
+        if (st == STRIA_OK && sh->assembling && sh->asm_call != p.call) {
+            /* a call whose pieces stopped coming: its client moved on */
+            stria_log_info("session %llu: the pieces of call %llu stopped coming; dropped",
+                           (unsigned long long)s->id, (unsigned long long)sh->asm_call);
+            sh->assembling = false;
+            sh->busy = false;
+        }
+    }
+    if (st == STRIA_OK)
+        st = check_place(s, &p, &g, payload_len);
+    bool piece = st == STRIA_OK && !p.arena && is_piece(s, &p);
+    if (st == STRIA_OK && piece && sh->assembling) { /* a later piece of the call */
+        if (memcmp(identity, sh->asm_binding, sizeof(identity)) != 0)
+            st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                                 "session %llu call %llu rank %d: a piece that differs from the "
+                                 "call's first (shape, direction, held forward)",
+                                 (unsigned long long)s->id, (unsigned long long)p.call, s->rank);
+        slot = sh->asm_slot;
+    } else if (st == STRIA_OK) {
+        if (sh->busy)
+            st = stria_error_set(STRIA_ERR_BUSY,
+                                 "session %llu rank %u: a call is running (calls of a session "
+                                 "run one at a time)",
+                                 (unsigned long long)s->id, req->rank);
+        else if ((st = pick_slot(s, &p, &g, &slot)) == STRIA_OK) {
+            sh->busy = true;
+            if (piece) {
+                sh->assembling = true;
+                sh->asm_call = p.call;
+                sh->asm_slot = slot;
+                memcpy(sh->asm_binding, identity, sizeof(identity));
+                stria_ranges_free(&sh->asm_got); /* empty again */
+            }
+        }
+    }
+    stria_link_t *link = open ? sh->link : NULL;
+    if (st != STRIA_OK && st != STRIA_ERR_BUSY && link != NULL) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria_link_abort(link, st, msg);
+        stria_error_set(st, "%s", msg);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (st != STRIA_OK) {
+        stria__wsess_unref(s);
+        return st;
+    }
+    stria__waccept_t *acc = calloc(1, sizeof(*acc));
+    if (acc == NULL) {
+        pthread_mutex_lock(&s->lock);
+        sh->busy = sh->assembling = false;
+        pthread_mutex_unlock(&s->lock);
+        stria__wsess_unref(s);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    }
+    acc->s = s;
+    acc->g = g;
+    acc->slot = slot;
+    acc->region = slot >= 0 ? s->slots + (uint64_t)slot * s->region : NULL;
+    stria_rpc_call_set_cleanup(call, accepted_done, acc);
+    stria_metric_add(w->m_in_bytes, (double)payload_len);
+    *out = acc;
+    return STRIA_OK;
+}
+
+/* A call with inputs in its payload: read straight into their place. */
+stria_status_t stria__wrpc_on_call_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
+                                           void **buf_out)
+{
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    stria__waccept_t *acc;
+    stria_status_t st = accept(ctx, call, payload_len, &acc);
+    if (st == STRIA_OK)
+        *buf_out = acc->region + acc->g.in_off + req->piece_offset;
+    return st;
+}
+
+void stria__wrpc_on_call(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__SessionCallRequest *req =
+        (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+    stria__waccept_t *acc = stria_rpc_call_cleanup_arg(call);
+    if (acc == NULL) { /* no payload: inputs in the arena, or none */
+        stria_status_t st = accept(w, call, 0, &acc);
+        if (st != STRIA_OK) {
+            stria_rpc_call_fail(call, st, "%s", stria_error_msg());
+            return;
+        }
+    }
+    stria__wsess_t *s = acc->s;
+    pthread_mutex_lock(&s->lock);
+    stria__wshared_t *sh = &s->sh;
+    if (sh->assembling && sh->asm_call == req->call) {
+        uint64_t len = 0;
+        stria_rpc_call_payload(call, &len);
+        stria_status_t st = stria_ranges_add(&sh->asm_got, req->piece_offset, len);
+        uint64_t got = sh->asm_got.covered,
+                 gap = stria_ranges_first_gap(&sh->asm_got, acc->g.in_bytes);
+        if (st == STRIA_OK && req->more) { /* more to come: this piece is in */
+            sh->last_activity = stria_time_now();
+            pthread_mutex_unlock(&s->lock);
+            acc->answered = true;
+            Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
+            stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+            return;
+        }
+        if (st == STRIA_OK && got < acc->g.in_bytes)
+            st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                                 "session %llu call %llu rank %d: its inputs are incomplete (%llu "
+                                 "of %llu bytes; the first missing byte is at %llu)",
+                                 (unsigned long long)s->id, (unsigned long long)req->call, s->rank,
+                                 (unsigned long long)got, (unsigned long long)acc->g.in_bytes,
+                                 (unsigned long long)gap);
+        sh->assembling = false;
+        if (st != STRIA_OK) {
+            char msg[512];
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            sh->busy = false;
+            if (sh->link != NULL)
+                stria_link_abort(sh->link, st, msg);
+            pthread_mutex_unlock(&s->lock);
+            acc->answered = true;
+            stria_rpc_call_fail(call, st, "%s", msg);
+            return;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    stria__wsess_hand(s, call);
+}
+
+/* ---- DropJob ---------------------------------------------------------------------- */
+
+void stria__wrpc_on_drop(void *ctx, stria_rpc_call_t *call)
+{
+    stria_worker_t *w = ctx;
+    const Stria__V1__DropJobRequest *req =
+        (const Stria__V1__DropJobRequest *)stria_rpc_call_request(call);
+    Stria__V1__DropJobReply rep = STRIA__V1__DROP_JOB_REPLY__INIT;
+    stria__wsess_t *s = NULL;
+    pthread_mutex_lock(&w->lock);
+    stria__wsess_t *f = stria__wsess_find(w, req->job_id);
+    if (f != NULL) {
+        s = f;
+        s->refs++;
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (s != NULL && stria_rpc_call_check_job(call, &s->secret, req->job_id) != STRIA_OK) {
+        stria__wsess_unref(s);
+        stria_rpc_call_fail(call, STRIA_ERR_AUTH, "%s", stria_error_msg());
+        return;
+    }
+    if (req->release_held) {
+        stria_status_t st =
+            s == NULL ? stria_error_set(STRIA_ERR_NOT_FOUND, "job %llu is not held by this worker",
+                                        (unsigned long long)req->job_id)
+            : (uint32_t)s->rank != req->rank
+                ? stria_error_set(STRIA_ERR_INVALID_ARG,
+                                  "job %llu: this worker holds rank %d, not %u",
+                                  (unsigned long long)req->job_id, s->rank, req->rank)
+                : stria__wsess_release_held(s, req->held_call);
+        if (s != NULL)
+            stria__wsess_unref(s);
+        if (st != STRIA_OK)
+            stria_rpc_call_fail(call, st, "%s", stria_error_msg());
+        else
+            stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+        return;
+    }
+    if (s != NULL) {
+        pthread_mutex_lock(&w->lock);
+        if (!s->dropped) {
+            rep.dropped = true;
+            rep.freed_bytes = s->bytes;
+            stria__wsess_drop_locked(s, STRIA_ERR_CANCELLED, "its client closed it");
+        }
+        pthread_mutex_unlock(&w->lock);
+        stria__wsess_unref(s);
+    }
+    stria_rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+}
