@@ -85,12 +85,11 @@ typedef struct stria__wjob {
     stria_job_secret_t secret;              /* what its clients prove on every request */
     uint8_t ring_key[STRIA_AUTH_KEY_BYTES]; /* what its ring links prove */
     /* the spec */
-    int64_t batch, seq, heads, kv_heads, head_dim; /* a session's: its bounds */
+    int64_t batch, seq_len, heads, kv_heads, head_dim; /* a session's: its bounds */
     stria_dtype_t dtype;
-    /* the job's one call: batch, seq_len, causal, scale, documents (owned by
-     * masks) and window; a session's calls bring their own */
+    /* the job's one call, an owning copy (its documents freed with the job);
+     * a session's calls bring their own */
     stria_call_shape_t call;
-    stria_job_masks_t masks;
     stria_layout_kind_t layout_kind;
     double step_timeout_s;
     char next_ucx[300]; /* successor's ring link address */

@@ -34,7 +34,7 @@ static void stria__wjob_free(stria_worker_t *w, stria__wjob_t *j)
         stria_ranges_free(&j->received[t]);
     }
     stria_device_close(j->dev);
-    stria_job_masks_free(&j->masks);
+    stria_call_shape_free(&j->call);
     free(j->spec_pb);
     stria__wpool_retire(w, j);
     stria__wpool_publish(w);
@@ -212,19 +212,22 @@ static stria_status_t stria__job_spec(stria__wjob_t *j, stria_worker_t *w, uint6
     j->rank = (int)rank;
     j->n_ranks = (int)a->n_ranks;
     j->batch = s->batch;
-    j->seq = (int64_t)s->seq_len;
+    j->seq_len = (int64_t)s->seq_len;
     j->heads = s->heads;
     j->kv_heads = s->kv_heads;
     j->head_dim = s->head_dim;
     j->spec_len = stria__v1__job_spec__get_packed_size(s);
     j->spec_pb = malloc(j->spec_len + 1);
-    if (j->spec_pb == NULL || !stria_job_masks_copy(s, &j->masks))
+    /* the call record (the job's own copy), checked here as libstria and the
+     * coordinator did */
+    stria_call_shape_t call;
+    stria_call_shape_from_spec(s, &call);
+    if (j->spec_pb == NULL || stria_call_shape_copy(&call, &j->call) != STRIA_OK)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate job");
-    /* the call record, checked here as libstria and the coordinator did */
-    stria_call_shape_from_spec(s, &j->call);
-    j->call.cu_seqlens = j->masks.cu_seqlens;
-    const stria_call_bounds_t bounds = {
-        .max_batch = j->batch, .max_seq_len = j->seq, .n_ranks = j->n_ranks, .layout = s->layout};
+    const stria_call_bounds_t bounds = {.max_batch = j->batch,
+                                        .max_seq_len = j->seq_len,
+                                        .n_ranks = j->n_ranks,
+                                        .layout = s->layout};
     if (stria_call_shape_check(&j->call, &bounds) != STRIA_OK)
         return stria_error_wrap(STRIA_ERR_INVALID_ARG, "job %llu's assignment",
                                 (unsigned long long)job_id);
@@ -303,7 +306,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
         goto out;
     }
     snprintf(j->next_ucx, sizeof(j->next_ucx), "%s", next);
-    st = stria_layout_init(j->layout_kind, j->n_ranks, j->seq, &j->layout);
+    st = stria_layout_init(j->layout_kind, j->n_ranks, j->seq_len, &j->layout);
     if (st != STRIA_OK)
         goto out;
     j->valid = stria_layout_shard_valid(&j->layout, j->rank);
@@ -322,7 +325,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     if (other != NULL) { /* created meanwhile by another request */
         other->refs++;   /* taken under the lock: a drop cannot free it now */
         pthread_mutex_unlock(&w->lock);
-        stria_job_masks_free(&j->masks);
+        stria_call_shape_free(&j->call);
         free(j->spec_pb);
         free(j);
         j = NULL;
@@ -347,7 +350,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     }
     stria_log_info("job %llu rank %d/%d: %lld of %lld tokens (%s), %llu MiB reserved",
                    (unsigned long long)j->id, j->rank, j->n_ranks, (long long)j->valid,
-                   (long long)j->seq, stria_layout_kind_name(j->layout_kind),
+                   (long long)j->seq_len, stria_layout_kind_name(j->layout_kind),
                    (unsigned long long)(j->bytes >> 20));
     pthread_mutex_lock(&w->lock);
     j->refs = 1; /* the caller's, taken before a drop can see the job */
@@ -360,7 +363,7 @@ static stria_status_t stria__job_create(stria_worker_t *w, uint64_t job_id, uint
     st = STRIA_OK;
 out:
     if (j != NULL) {
-        stria_job_masks_free(&j->masks);
+        stria_call_shape_free(&j->call);
         free(j->spec_pb);
     }
     free(j);

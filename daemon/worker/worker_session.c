@@ -55,8 +55,7 @@ struct stria__wsess {
      * first (a model's layers alternate a few shapes: none is remade) */
     struct {
         stria_ring_pass_t *pass;
-        stria_call_shape_t shape; /* documents in masks */
-        stria_job_masks_t masks;
+        stria_call_shape_t shape; /* an owning copy */
         uint64_t used;
     } passes[STRIA__PASSES_KEPT];
     stria_ring_pass_t *pass; /* the current call's */
@@ -98,7 +97,7 @@ static stria_status_t stria__call_geom(const stria__wjob_t *j, const stria_call_
                                        bool backward, stria__wcall_t *g)
 {
     const stria_call_bounds_t b = {.max_batch = j->batch,
-                                   .max_seq_len = j->seq,
+                                   .max_seq_len = j->seq_len,
                                    .n_ranks = j->n_ranks,
                                    .layout = (int)j->layout_kind};
     stria_status_t st = stria_call_shape_check(shape, &b);
@@ -207,16 +206,6 @@ static stria_status_t stria__sess_connect(stria_worker_t *w, stria__wjob_t *j, u
     return STRIA_OK; /* the kept pass objects are bound to it when used */
 }
 
-static bool stria__same_shape(const stria_call_shape_t *a, const stria_call_shape_t *b)
-{
-    return a->batch == b->batch && a->seq_len == b->seq_len && a->causal == b->causal &&
-           a->scale == b->scale && a->has_window == b->has_window &&
-           a->window_left == b->window_left && a->window_right == b->window_right &&
-           a->n_cu_seqlens == b->n_cu_seqlens &&
-           (a->n_cu_seqlens == 0 ||
-            memcmp(a->cu_seqlens, b->cu_seqlens, a->n_cu_seqlens * sizeof(int64_t)) == 0);
-}
-
 /* The pass object of the call's shape, bound to the session's link: a kept
  * one of the same shape, else a new one (its buffers from the worker's
  * pool) in place of the least recently used. */
@@ -226,7 +215,7 @@ static stria_status_t stria__sess_pass(stria_worker_t *w, stria__wjob_t *j,
     stria__wsess_t *s = j->sess;
     int slot = 0;
     for (int i = 0; i < STRIA__PASSES_KEPT; i++) {
-        if (s->passes[i].pass != NULL && stria__same_shape(&s->passes[i].shape, shape)) {
+        if (s->passes[i].pass != NULL && stria_call_shape_equal(&s->passes[i].shape, shape)) {
             s->passes[i].used = ++s->uses;
             s->pass = s->passes[i].pass;
             return stria_ring_pass_set_link(s->pass, s->link);
@@ -237,18 +226,9 @@ static stria_status_t stria__sess_pass(stria_worker_t *w, stria__wjob_t *j,
     s->pass = NULL;
     stria_ring_pass_destroy(s->passes[slot].pass);
     s->passes[slot].pass = NULL;
-    stria_job_masks_t *m = &s->passes[slot].masks;
-    stria_job_masks_free(m);
-    if (shape->n_cu_seqlens > 0) {
-        m->cu_seqlens = malloc(shape->n_cu_seqlens * sizeof(int64_t));
-        if (m->cu_seqlens == NULL)
-            return stria_error_set(STRIA_ERR_NO_MEMORY, "session %llu: out of memory",
-                                   (unsigned long long)j->id);
-        memcpy(m->cu_seqlens, shape->cu_seqlens, shape->n_cu_seqlens * sizeof(int64_t));
-        m->n_cu_seqlens = shape->n_cu_seqlens;
-    }
-    s->passes[slot].shape = *shape;
-    s->passes[slot].shape.cu_seqlens = m->cu_seqlens;
+    stria_call_shape_free(&s->passes[slot].shape);
+    if (stria_call_shape_copy(shape, &s->passes[slot].shape) != STRIA_OK)
+        return stria_error_wrap(STRIA_ERR_NO_MEMORY, "session %llu", (unsigned long long)j->id);
     s->passes[slot].used = ++s->uses;
     stria_ring_shape_t rs = stria__wjob_ring_shape(j, &s->passes[slot].shape);
     stria_ring_opts_t opts;
@@ -619,7 +599,7 @@ static void *stria__sess_thread(void *arg)
     for (int i = 0; i < STRIA__PASSES_KEPT; i++) {
         stria_ring_pass_destroy(s->passes[i].pass);
         s->passes[i].pass = NULL;
-        stria_job_masks_free(&s->passes[i].masks);
+        stria_call_shape_free(&s->passes[i].shape);
     }
     s->pass = NULL;
     pthread_mutex_lock(&w->lock);
