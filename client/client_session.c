@@ -590,7 +590,7 @@ static void stria__sess_move(const stria_layout_t *lay, int rank, const stria__s
     size_t nr = stria_layout_shard_runs(lay, rank, false, runs);
     int64_t valid = stria_layout_shard_valid(lay, rank);
     for (int64_t o = 0; o < t->outer; o++) {
-        char *f = (char *)full + (size_t)(o * lay->seq) * t->row;
+        char *f = (char *)full + (size_t)(o * lay->seq_len) * t->row;
         char *c = compact + (size_t)(o * valid) * t->row;
         for (size_t k = 0; k < nr; k++) {
             if (runs[k].stride == 1) {

@@ -23,7 +23,7 @@ typedef struct {
     char *base;
     int64_t outer;
     size_t row;
-    int64_t tokens_per_outer; /* of base: layout->seq (full) or the shard's tokens */
+    int64_t tokens_per_outer; /* of base: layout->seq_len (full) or the shard's tokens */
     bool full;
     stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
     int64_t run_start[STRIA_LAYOUT_MAX_RUNS]; /* shard index of each run's first token */
@@ -40,7 +40,7 @@ static void stria__geom(stria__geom_t *g, const stria__xfer_t *x, void *base, in
     g->outer = outer;
     g->row = row;
     g->full = full;
-    g->tokens_per_outer = full ? x->layout->seq : x->tokens;
+    g->tokens_per_outer = full ? x->layout->seq_len : x->tokens;
     if (!full) {
         g->runs[0] = (stria_layout_run_t){0, 1, x->tokens};
         g->n_runs = 1;

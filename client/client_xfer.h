@@ -24,7 +24,7 @@ typedef struct {
 } stria__xfer_t;
 
 /* A tensor of a transfer: the rank's shard of a full tensor
- * [outer][layout->seq][row] (a [batch, seq, heads, head_dim] tensor: outer =
+ * [outer][layout->seq_len][row] (a [batch, seq, heads, head_dim] tensor: outer =
  * batch; LSE [batch, heads, seq]: outer = batch * heads, row = 4), or with
  * `compact` a shard the caller holds, [outer][tokens][row]. */
 typedef struct {
