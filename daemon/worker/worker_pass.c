@@ -212,12 +212,11 @@ static void stria__pass_unlink(stria_worker_t *w, stria__wjob_t *j, stria_link_t
 
 stria_ring_shape_t stria__wjob_ring_shape(const stria__wjob_t *j, const stria_call_shape_t *c)
 {
-    stria_ring_shape_t rs = stria_ring_shape_of(c->batch, c->seq_len, j->heads, j->kv_heads,
-                                                j->head_dim, j->dtype, c->causal);
-    rs.scale = c->scale;
-    stria_ring_shape_set_masks(&rs, c->cu_seqlens, c->n_cu_seqlens, c->has_window, c->window_left,
-                               c->window_right);
-    return rs;
+    return (stria_ring_shape_t){.call = *c,
+                                .heads = j->heads,
+                                .kv_heads = j->kv_heads,
+                                .head_dim = j->head_dim,
+                                .dtype = j->dtype};
 }
 
 /* The job's pass object: made by its first pass on `link`, rebound to

@@ -119,8 +119,10 @@ int main(int argc, char **argv)
         return 1;
     }
     job.n = 2;
-    job.shape = (stria_ring_shape_t){
-        .batch = 1, .seq = seq, .heads = 8, .kv_heads = 2, .head_dim = 64, .causal = true};
+    job.shape = (stria_ring_shape_t){.call = {.batch = 1, .seq_len = seq, .causal = true},
+                                     .heads = 8,
+                                     .kv_heads = 2,
+                                     .head_dim = 64};
     for (int r = 0; r < 2; r++)
         job.widx[r] = strcmp(a->ranks[r]->rpc_address, rpc[0]) == 0 ? 0 : 1;
     stria_rpc_reply_free(&rep);

@@ -25,8 +25,8 @@ static void start(wf_t *f, int n, double step_timeout_s)
 static void expect_shard(const wf_job_t *job, int rank, const float *got, uint64_t len,
                          const float *ref, int64_t heads, bool lse, const char *what)
 {
-    int64_t v = job->valid[rank], d = job->shape.head_dim, seq = job->shape.seq;
-    uint64_t want = (uint64_t)(job->shape.batch * v * heads * (lse ? 1 : d)) * sizeof(float);
+    int64_t v = job->valid[rank], d = job->shape.head_dim, seq = job->shape.call.seq_len;
+    uint64_t want = (uint64_t)(job->shape.call.batch * v * heads * (lse ? 1 : d)) * sizeof(float);
     cr_assert_eq(len, want, "%s rank %d: %llu bytes, want %llu", what, rank,
                  (unsigned long long)len, (unsigned long long)want);
     for (int64_t h = 0; h < (lse ? heads : 1); h++)
@@ -92,8 +92,8 @@ Test(worker, job_lifecycle_matches_the_local_ring, .timeout = TEST_TIMEOUT_S)
     cr_assert_eq(job.n, 3);
     float *q = wf_tensor(&job, 2, 1), *k = wf_tensor(&job, 1, 2), *v = wf_tensor(&job, 1, 3);
     float *d_o = wf_tensor(&job, 2, 4);
-    size_t nq = (size_t)(job.shape.seq * 2 * 16), nk = nq / 2;
-    float *o = calloc(nq, 4), *lse = calloc((size_t)(2 * job.shape.seq), 4);
+    size_t nq = (size_t)(job.shape.call.seq_len * 2 * 16), nk = nq / 2;
+    float *o = calloc(nq, 4), *lse = calloc((size_t)(2 * job.shape.call.seq_len), 4);
     float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4);
     stria_ring_local_opts_t lo = {
         .layout = STRIA_LAYOUT_STRIPED, .n_ranks = job.n, .passes = STRIA_RING_PASS_FWD_BWD};

@@ -147,14 +147,12 @@ stria_status_t wf_submit(wf_t *f, int64_t seq, uint32_t step_timeout_ms, wf_job_
         return st;
     }
     job->n = (int)a->n_ranks;
-    job->shape = (stria_ring_shape_t){.batch = 1,
-                                      .seq = seq,
+    job->shape = (stria_ring_shape_t){.call = {.batch = 1, .seq_len = seq, .causal = true},
                                       .heads = 2,
                                       .kv_heads = 1,
                                       .head_dim = 16,
-                                      .causal = true,
                                       .dtype = STRIA_DTYPE_F32};
-    job->shape.scale = a->spec->scale;
+    job->shape.call.scale = a->spec->scale;
     for (size_t r = 0; r < a->n_ranks; r++) {
         job->widx[r] = -1;
         for (int i = 0; i < f->n; i++)
@@ -171,7 +169,8 @@ stria_status_t wf_submit(wf_t *f, int64_t seq, uint32_t step_timeout_ms, wf_job_
 
 float *wf_tensor(const wf_job_t *job, int64_t heads, unsigned seed)
 {
-    size_t n = (size_t)(job->shape.batch * job->shape.seq * heads * job->shape.head_dim);
+    size_t n =
+        (size_t)(job->shape.call.batch * job->shape.call.seq_len * heads * job->shape.head_dim);
     float *t = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) {
         seed = seed * 1103515245u + 12345u;
@@ -184,14 +183,14 @@ void *wf_shard(const wf_job_t *job, int rank, const float *full, int64_t heads, 
 {
     size_t row = (size_t)(heads * job->shape.head_dim);
     int64_t v = job->valid[rank];
-    float *s = malloc((size_t)(job->shape.batch * v) * row * sizeof(float) + 1);
-    for (int64_t b = 0; b < job->shape.batch; b++)
+    float *s = malloc((size_t)(job->shape.call.batch * v) * row * sizeof(float) + 1);
+    for (int64_t b = 0; b < job->shape.call.batch; b++)
         for (int64_t i = 0; i < v; i++) {
             int64_t pos = stria_layout_position(&job->layout, rank, i);
-            memcpy(s + (size_t)(b * v + i) * row, full + (size_t)(b * job->shape.seq + pos) * row,
-                   row * sizeof(float));
+            memcpy(s + (size_t)(b * v + i) * row,
+                   full + (size_t)(b * job->shape.call.seq_len + pos) * row, row * sizeof(float));
         }
-    *len = (uint64_t)(job->shape.batch * v) * row * sizeof(float);
+    *len = (uint64_t)(job->shape.call.batch * v) * row * sizeof(float);
     return s;
 }
 
