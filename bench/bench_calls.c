@@ -294,8 +294,11 @@ static stria_status_t calls_session(calls_row_t *r)
 static stria_status_t calls_inprocess(calls_row_t *r)
 {
     stria_bench_job_t *t = &r->x->t;
-    stria_ring_shape_t shape =
-        stria_ring_shape_of(t->batch, t->seq, t->heads, t->kv_heads, t->head_dim, t->dtype, true);
+    stria_ring_shape_t shape = {.call = {.batch = t->batch, .seq_len = t->seq, .causal = true},
+                                .heads = t->heads,
+                                .kv_heads = t->kv_heads,
+                                .head_dim = t->head_dim,
+                                .dtype = t->dtype};
     const stria_ring_local_opts_t ro = {.layout = STRIA_LAYOUT_STRIPED,
                                         .n_ranks = r->ranks,
                                         .passes = r->backward ? STRIA_RING_PASS_FWD_BWD

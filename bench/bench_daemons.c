@@ -485,8 +485,11 @@ stria_status_t stria_bench_service_fwd_bwd(stria_client_t *client, const stria_j
 stria_status_t stria_bench_local_fwd_bwd(stria_bench_job_t *t, bool causal, int ranks, int tpr,
                                          double *seconds)
 {
-    stria_ring_shape_t shape =
-        stria_ring_shape_of(t->batch, t->seq, t->heads, t->kv_heads, t->head_dim, t->dtype, causal);
+    stria_ring_shape_t shape = {.call = {.batch = t->batch, .seq_len = t->seq, .causal = causal},
+                                .heads = t->heads,
+                                .kv_heads = t->kv_heads,
+                                .head_dim = t->head_dim,
+                                .dtype = t->dtype};
     const stria_ring_local_opts_t ro = {.layout = STRIA_LAYOUT_STRIPED,
                                         .n_ranks = ranks,
                                         .passes = STRIA_RING_PASS_FWD_BWD,

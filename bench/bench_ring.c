@@ -263,18 +263,18 @@ typedef struct {
 /* The ring shape of the job the options and data describe. */
 static stria_ring_shape_t stria__rb_shape(const stria__rb_opts_t *o, const stria__rb_data_t *d)
 {
-    stria_ring_shape_t shape = {.batch = o->batch,
-                                .seq = d->seq,
+    stria_ring_shape_t shape = {.call = {.batch = o->batch,
+                                         .seq_len = d->seq,
+                                         .causal = o->causal,
+                                         .cu_seqlens = d->cu,
+                                         .n_cu_seqlens = d->n_cu,
+                                         .has_window = o->has_window,
+                                         .window_left = o->window_left,
+                                         .window_right = o->window_right},
                                 .heads = o->heads,
                                 .kv_heads = o->kv_heads,
                                 .head_dim = o->head_dim,
-                                .causal = o->causal,
-                                .dtype = o->dtype,
-                                .cu_seqlens = d->cu,
-                                .n_cu_seqlens = d->n_cu,
-                                .has_window = o->has_window,
-                                .window_left = o->window_left,
-                                .window_right = o->window_right};
+                                .dtype = o->dtype};
     return shape;
 }
 
@@ -556,7 +556,11 @@ static stria_status_t stria__rb_blocks(const stria__rb_opts_t *o, const stria__r
     };
 
     for (int c = 0; c < 4 && st == STRIA_OK; c++) {
-        stria_ring_shape_t shape = stria_ring_shape_of(B, L, H, Hkv, D, o->dtype, true);
+        stria_ring_shape_t shape = {.call = {.batch = B, .seq_len = L, .causal = true},
+                                    .heads = H,
+                                    .kv_heads = Hkv,
+                                    .head_dim = D,
+                                    .dtype = o->dtype};
         stria_attn_params_t p = stria_ring_shape_attn_params(&shape);
         p.q_pos.runs = &cases[c].q;
         p.q_pos.n_runs = 1;

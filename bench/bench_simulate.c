@@ -114,7 +114,7 @@ static int stria__sim_check(stria__sim_opts_t *o, const stria_cli_t *cli, const 
     o->do_bwd = strcmp(pass, "bwd") == 0 || strcmp(pass, "both") == 0;
     if (!o->do_fwd && !o->do_bwd)
         return stria_bench_usage_error("simulate", "--pass '%s': expected fwd, bwd or both", pass);
-    int rc = stria_bench_masks("simulate", o->shape.causal, docs, win, &o->masks);
+    int rc = stria_bench_masks("simulate", o->shape.call.causal, docs, win, &o->masks);
     if (rc >= 0)
         return rc;
     if (o->calibrate == (o->tflops > 0))
@@ -169,8 +169,8 @@ static size_t stria__sim_options_job(stria__sim_opts_t *o, stria__sim_args_t *a,
         STRIA_OPTION("pass", STRING, &a->pass, "P", "fwd | bwd | both", .dflt = "both"),
         STRIA_OPTION("batch", INT, &a->batch, "B", "batch size", .dflt = "1", .min = 1,
                      .max = 1024),
-        STRIA_OPTION("causal", FLAG, &o->shape.causal, NULL, "causal mask (the default)"),
-        STRIA_OPTION("no-causal", UNFLAG, &o->shape.causal, NULL, "no mask"),
+        STRIA_OPTION("causal", FLAG, &o->shape.call.causal, NULL, "causal mask (the default)"),
+        STRIA_OPTION("no-causal", UNFLAG, &o->shape.call.causal, NULL, "no mask"),
         STRIA_OPTION("documents", STRING, &a->docs, "lognormal:MEDIAN[:SIGMA]",
                      "packed documents with log-normal lengths (as stria-bench ring)"),
         STRIA_OPTION("window", INTS, &a->win, "LEFT[,RIGHT]", "sliding window", .min = -1,
@@ -295,12 +295,12 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
                                  .options = opts};
     stria_cli_t cli;
 
-    o->shape.causal = true;
+    o->shape.call.causal = true;
     int rc = stria_bench_parse(&cmd, argc, argv, &cli);
     if (rc < 0 && stria_bench_shape_check("simulate", &shape) >= 0)
         rc = 2;
     if (rc < 0) {
-        o->shape.batch = a.batch;
+        o->shape.call.batch = a.batch;
         o->shape.heads = shape.heads;
         o->shape.kv_heads = shape.kv_heads;
         o->shape.head_dim = shape.head_dim;
@@ -374,7 +374,7 @@ static void stria__sim_case_free(stria__sim_case_t *c)
             stria_sim_table_free(&c->t[k]);
     if (c->have_in)
         stria_sim_inputs_free(&c->in);
-    free((void *)c->shape.cu_seqlens);
+    free((void *)c->shape.call.cu_seqlens);
     memset(c, 0, sizeof(*c));
 }
 
@@ -385,10 +385,10 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
     memset(c, 0, sizeof(*c));
     c->n = n;
     c->shape = o->shape;
-    c->shape.seq = seq;
-    c->shape.has_window = o->masks.has_window;
-    c->shape.window_left = o->masks.window_left;
-    c->shape.window_right = o->masks.window_right;
+    c->shape.call.seq_len = seq;
+    c->shape.call.has_window = o->masks.has_window;
+    c->shape.call.window_left = o->masks.window_left;
+    c->shape.call.window_right = o->masks.window_right;
     c->costs = &o->costs;
     snprintf(c->source, sizeof(c->source), "%s", o->source);
     if (o->cal_each) { /* calibrated now, at the ring's own shard length */
@@ -420,8 +420,8 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
                  100 * o->cal_err[best][1]);
     }
     if (o->masks.doc_median > 0 &&
-        (c->shape.cu_seqlens = stria_bench_documents(o->masks.doc_median, o->masks.doc_sigma, seq,
-                                                     &c->shape.n_cu_seqlens)) == NULL)
+        (c->shape.call.cu_seqlens = stria_bench_documents(
+             o->masks.doc_median, o->masks.doc_sigma, seq, &c->shape.call.n_cu_seqlens)) == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the documents");
     double t0 = stria_time_now(), c0 = stria_bench_process_cpu();
     for (int i = 0; i < 3 && st == STRIA_OK; i++) {
@@ -442,14 +442,14 @@ static void stria__sim_shape_text(const stria__sim_case_t *c, char *out, size_t 
 {
     const stria_ring_shape_t *s = &c->shape;
     int at = snprintf(out, cap, "N=%d S=%lld B=%lld H=%lld/%lld D=%lld %s %s", c->n,
-                      (long long)s->seq, (long long)s->batch, (long long)s->heads,
+                      (long long)s->call.seq_len, (long long)s->call.batch, (long long)s->heads,
                       (long long)s->kv_heads, (long long)s->head_dim, stria_dtype_name(s->dtype),
-                      s->causal ? "causal" : "non-causal");
-    if (s->n_cu_seqlens > 0 && at > 0 && (size_t)at < cap)
-        at += snprintf(out + at, cap - (size_t)at, ", %zu documents", s->n_cu_seqlens - 1);
-    if (s->has_window && at > 0 && (size_t)at < cap)
-        snprintf(out + at, cap - (size_t)at, ", window (%lld, %lld)", (long long)s->window_left,
-                 (long long)s->window_right);
+                      s->call.causal ? "causal" : "non-causal");
+    if (s->call.n_cu_seqlens > 0 && at > 0 && (size_t)at < cap)
+        at += snprintf(out + at, cap - (size_t)at, ", %zu documents", s->call.n_cu_seqlens - 1);
+    if (s->call.has_window && at > 0 && (size_t)at < cap)
+        snprintf(out + at, cap - (size_t)at, ", window (%lld, %lld)",
+                 (long long)s->call.window_left, (long long)s->call.window_right);
 }
 
 static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t *c, bool bwd,
@@ -485,10 +485,10 @@ static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t
                    "\"bytes_sent_per_rank\":%llu,\"full_tiles\":%lld,\"partial_tiles\":%lld,"
                    "\"subblocks\":%lld,\"block_pair_classes\":%d,\"simulate_s\":%.3f,"
                    "\"simulate_cpu_s\":%.3f",
-                   stria_layout_kind_name(k), c->n, (long long)c->shape.seq, pass,
+                   stria_layout_kind_name(k), c->n, (long long)c->shape.call.seq_len, pass,
                    (long long)c->shape.heads, (long long)c->shape.kv_heads,
                    (long long)c->shape.head_dim, stria_dtype_name(c->shape.dtype),
-                   c->shape.causal ? "true" : "false", r->r.pass_s, r->r.critical_s, x, busy,
+                   c->shape.call.causal ? "true" : "false", r->r.pass_s, r->r.critical_s, x, busy,
                    r->r.steps, (unsigned long long)r->r.bytes_sent, (long long)c->t[k].full_tiles,
                    (long long)c->t[k].partial_tiles, (long long)c->t[k].subblocks,
                    c->t[k].memo_keys, sim_s, sim_cpu_s);
@@ -585,8 +585,8 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
 static void stria__sim_e2e(const stria__sim_opts_t *o, const stria__sim_case_t *c,
                            const stria__sim_row_t f[3], const stria__sim_row_t b[3])
 {
-    const double devices = (double)c->n * (double)o->tp, tokens = (double)c->shape.seq;
-    const double other = (o->remat ? 8.0 : 6.0) * o->params_b * 1e9 * tokens * c->shape.batch /
+    const double devices = (double)c->n * (double)o->tp, tokens = (double)c->shape.call.seq_len;
+    const double other = (o->remat ? 8.0 : 6.0) * o->params_b * 1e9 * tokens * c->shape.call.batch /
                          (devices * o->matmul_tflops * 1e12);
     const double base =
         other + (double)o->layers * ((o->remat ? 2 : 1) * f[STRIA_LAYOUT_CONTIGUOUS].r.pass_s +
@@ -606,8 +606,8 @@ static void stria__sim_e2e(const stria__sim_opts_t *o, const stria__sim_case_t *
             printf("{\"layout\":\"%s\",\"ranks\":%d,\"seq\":%lld,\"end_to_end\":true,"
                    "\"step_s\":%.6g,\"attention_s\":%.6g,\"other_s\":%.6g,"
                    "\"speedup_vs_contiguous\":%.4f}\n",
-                   stria_layout_kind_name(k), c->n, (long long)c->shape.seq, step, attn, other,
-                   base / step);
+                   stria_layout_kind_name(k), c->n, (long long)c->shape.call.seq_len, step, attn,
+                   other, base / step);
         else
             printf("  %-11s step %10.4g s, attention %5.1f%%, speedup %6.3f\n",
                    stria_layout_kind_name(k), step, 100 * attn / step, base / step);

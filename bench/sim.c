@@ -166,7 +166,7 @@ static stria_status_t stria__sim_plans(stria_ring_plan_t *plan, const stria_sim_
 static stria_status_t stria__sim_cells(stria_ring_plan_t *plan, stria_sim_table_t *t, int64_t tq,
                                        int64_t tk)
 {
-    const bool docs = t->shape.n_cu_seqlens > 0, relabel = !docs && !t->shape.has_window;
+    const bool docs = t->shape.call.n_cu_seqlens > 0, relabel = !docs && !t->shape.call.has_window;
     stria__sim_memo_t memo = {0};
     stria_attn_plan_t **kp = docs ? calloc((size_t)t->n, sizeof(*kp)) : NULL;
     stria_status_t st = docs && kp == NULL
@@ -221,7 +221,7 @@ stria_status_t stria_sim_table(const stria_ring_shape_t *shape, stria_layout_kin
     t->fwd_steps = stria_ring_plan_steps(plan, false);
     const stria_layout_t *l = stria_ring_plan_layout(plan);
     const uint64_t kv =
-        (uint64_t)(shape->batch * l->shard_tokens * shape->kv_heads * shape->head_dim);
+        (uint64_t)(shape->call.batch * l->shard_tokens * shape->kv_heads * shape->head_dim);
     t->msg_bytes = 2 * kv * stria_dtype_size(shape->dtype);
     t->dkv_bytes = 2 * kv * sizeof(float);
     t->cells = calloc((size_t)n * (size_t)n, sizeof(*t->cells));
@@ -245,7 +245,7 @@ stria_status_t stria_sim_table(const stria_ring_shape_t *shape, stria_layout_kin
 void stria_sim_features(const stria_sim_table_t *t, int r, int s, bool bwd, double *x)
 {
     const stria_sim_cell_t *c = &t->cells[r * t->n + s];
-    const double bhd = (double)(t->shape.batch * t->shape.heads * t->shape.head_dim);
+    const double bhd = (double)(t->shape.call.batch * t->shape.heads * t->shape.head_dim);
     memset(x, 0, STRIA_SIM_NCOEF * sizeof(double));
     if (c->computed) {
         x[STRIA_SIM_FULL] = (double)c->full_elems * bhd;

@@ -67,7 +67,7 @@ typedef struct {
     int memo_keys; /* distinct block pairs classified */
 } stria_sim_table_t;
 
-/* Builds the table (shape->cu_seqlens borrowed). Block pairs that are the
+/* Builds the table (shape->call.cu_seqlens borrowed). Block pairs that are the
  * same up to a shift of positions (no documents), or up to an
  * order-preserving relabelling of contiguous runs (no documents, no window),
  * are classified once: the kernels' classes depend only on that. */

@@ -20,15 +20,18 @@ void stria_sim_inputs_free(stria_sim_inputs_t *in)
 stria_status_t stria_sim_inputs(const stria_ring_shape_t *shape, stria_sim_inputs_t *in)
 {
     const size_t es = stria_dtype_size(shape->dtype);
-    const size_t nq = (size_t)(shape->batch * shape->seq * shape->heads * shape->head_dim);
-    const size_t nk = (size_t)(shape->batch * shape->seq * shape->kv_heads * shape->head_dim);
+    const size_t nq =
+        (size_t)(shape->call.batch * shape->call.seq_len * shape->heads * shape->head_dim);
+    const size_t nk =
+        (size_t)(shape->call.batch * shape->call.seq_len * shape->kv_heads * shape->head_dim);
     memset(in, 0, sizeof(*in));
     in->q = stria_malloc_aligned(nq * es);
     in->d_o = stria_malloc_aligned(nq * es);
     in->o = stria_malloc_aligned(nq * es);
     in->k = stria_malloc_aligned(nk * es);
     in->v = stria_malloc_aligned(nk * es);
-    in->lse = stria_malloc_aligned((size_t)(shape->batch * shape->heads * shape->seq) * 4);
+    in->lse =
+        stria_malloc_aligned((size_t)(shape->call.batch * shape->heads * shape->call.seq_len) * 4);
     in->dq = stria_malloc_aligned(nq * sizeof(float));
     in->dk = stria_malloc_aligned(nk * sizeof(float));
     in->dv = stria_malloc_aligned(nk * sizeof(float));
@@ -36,7 +39,7 @@ stria_status_t stria_sim_inputs(const stria_ring_shape_t *shape, stria_sim_input
         in->lse == NULL || in->dq == NULL || in->dk == NULL || in->dv == NULL) {
         stria_sim_inputs_free(in);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the tensors of S=%lld",
-                               (long long)shape->seq);
+                               (long long)shape->call.seq_len);
     }
     stria_bench_fill(in->q, shape->dtype, nq, 1);
     stria_bench_fill(in->k, shape->dtype, nk, 2);
@@ -171,12 +174,12 @@ stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shar
      * size (the caches) would otherwise be averaged over the two lengths. */
     for (int half = halves ? 1 : 0; half >= 0 && st == STRIA_OK; half--) {
         stria_ring_shape_t cal = *shape;
-        cal.seq = STRIA_SIM_CAL_RANKS * (half ? (shard + 1) / 2 : shard);
-        cal.cu_seqlens = NULL; /* the work counts carry the masks; costs per unit of work */
-        cal.n_cu_seqlens = 0;
-        cal.has_window = false;
-        cal.window_left = cal.window_right = 0;
-        cal.causal = true;
+        cal.call.seq_len = STRIA_SIM_CAL_RANKS * (half ? (shard + 1) / 2 : shard);
+        cal.call.cu_seqlens = NULL; /* the work counts carry the masks; costs per unit of work */
+        cal.call.n_cu_seqlens = 0;
+        cal.call.has_window = false;
+        cal.call.window_left = cal.call.window_right = 0;
+        cal.call.causal = true;
         st = stria__sim_cal_shape(&cal, STRIA_SIM_CAL_RANKS, reps, fit);
     }
     if (st == STRIA_OK) {

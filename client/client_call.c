@@ -136,7 +136,7 @@ static void move(const stria_layout_t *lay, const part_t *p, int t, char *compac
     size_t nr = stria_layout_shard_runs(lay, p->r->rank, false, runs);
     size_t row = p->row[t];
     for (int64_t o = 0; o < p->outer[t]; o++) {
-        char *f = (char *)full + (size_t)(o * lay->seq) * row;
+        char *f = (char *)full + (size_t)(o * lay->seq_len) * row;
         char *cp = compact + (size_t)(o * p->valid) * row;
         for (size_t k = 0; k < nr; k++) {
             if (runs[k].stride == 1) {

@@ -1,7 +1,7 @@
 /*
  * Layouts: which global token positions each rank of a ring holds. All three
  * layouts keep positions increasing within a shard, so padding (positions
- * >= seq) always sits at the end of a shard; the ring engine relies on that
+ * >= seq_len) always sits at the end of a shard; the ring engine relies on that
  * to hand the kernels only the real prefix of every block.
  */
 #include "stria_layout.h"
@@ -40,7 +40,7 @@ stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has
     return has_window ? STRIA_LAYOUT_CONTIGUOUS : STRIA_LAYOUT_STRIPED;
 }
 
-stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq,
+stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq_len,
                                  stria_layout_t *layout_out)
 {
     stria_layout_t l;
@@ -58,15 +58,15 @@ stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t 
     if (n_ranks < 1 || n_ranks > STRIA_LAYOUT_MAX_RANKS)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: %d ranks (must be 1..%d)",
                                n_ranks, STRIA_LAYOUT_MAX_RANKS);
-    if (seq < 1 || seq > STRIA_LAYOUT_MAX_SEQ)
+    if (seq_len < 1 || seq_len > STRIA_LAYOUT_MAX_SEQ)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_layout_init: sequence of %lld tokens (must be 1..2^48)",
-                               (long long)seq);
+                               (long long)seq_len);
     unit = kind == STRIA_LAYOUT_ZIGZAG ? 2 * (int64_t)n_ranks : (int64_t)n_ranks;
     l.kind = kind;
     l.n_ranks = n_ranks;
-    l.seq = seq;
-    l.seq_padded = (seq + unit - 1) / unit * unit;
+    l.seq_len = seq_len;
+    l.seq_padded = (seq_len + unit - 1) / unit * unit;
     l.shard_tokens = l.seq_padded / n_ranks;
     *layout_out = l;
     return STRIA_OK;
@@ -154,8 +154,8 @@ size_t stria_layout_shard_runs(const stria_layout_t *layout, int rank, bool with
         return 0;
     n = l->n_ranks;
     L = l->shard_tokens;
-    /* Padded positions are the highest ones, so "real only" is a cut at seq. */
-    S = with_padding ? l->seq_padded : l->seq;
+    /* Padded positions are the highest ones, so "real only" is a cut at seq_len. */
+    S = with_padding ? l->seq_padded : l->seq_len;
     switch (l->kind) {
     case STRIA_LAYOUT_STRIPED:
         tmp[n_tmp++] =
@@ -212,7 +212,7 @@ static void stria__layout_copy(const stria_layout_t *l, int rank, int64_t outer,
 {
     stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
     size_t n_runs = stria_layout_shard_runs(l, rank, false, runs);
-    int64_t L = l->shard_tokens, S = l->seq;
+    int64_t L = l->shard_tokens, S = l->seq_len;
 
     for (int64_t o = 0; o < outer; o++) {
         char *f = full + (size_t)(o * S) * row_bytes;

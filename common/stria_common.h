@@ -17,6 +17,7 @@
  *   stria_notify.h    systemd notification
  *   stria_metrics.h   Prometheus metrics
  *   stria_layout.h    layouts: which tokens each rank of a ring holds
+ *   stria_call.h      the call record (a call's shape) and its mask rules
  *   stria_timeline.h  per-rank timelines of ring passes as SVG
  *
  * Not included: stria_auth.h, the service's cryptography, in a library of
@@ -45,6 +46,7 @@
 #include "stria_notify.h"
 #include "stria_metrics.h"
 #include "stria_layout.h"
+#include "stria_call.h"
 #include "stria_timeline.h"
 
 #endif /* STRIA_COMMON_H */

@@ -7,7 +7,7 @@
  * How the tokens of one global sequence are spread over the N ranks of a ring.
  * Every rank holds a shard of the same length (shard_tokens); the sequence is
  * padded internally up to seq_padded = N * shard_tokens, and padded tokens get
- * the global positions seq, seq + 1, ... Within every shard the positions
+ * the global positions seq_len, seq_len + 1, ... Within every shard the positions
  * increase, so a shard's real tokens are a prefix of it
  * (stria_layout_shard_valid() of them) and its padding is the rest.
  *
@@ -41,7 +41,7 @@ extern "C" {
 typedef struct {
     stria_layout_kind_t kind;
     int n_ranks;
-    int64_t seq;          /* real tokens */
+    int64_t seq_len;      /* real tokens of the global sequence (stria_call.h) */
     int64_t seq_padded;   /* n_ranks * shard_tokens */
     int64_t shard_tokens; /* tokens per rank, padding included */
 } stria_layout_t;
@@ -62,14 +62,14 @@ stria_status_t stria_layout_kind_parse(const char *name, stria_layout_kind_t *ki
  * window, striped otherwise. Any other kind is returned as it is. */
 stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window);
 
-/* Describes `seq` tokens (1..STRIA_LAYOUT_MAX_SEQ) over n_ranks ranks
+/* Describes `seq_len` tokens (1..STRIA_LAYOUT_MAX_SEQ) over n_ranks ranks
  * (1..STRIA_LAYOUT_MAX_RANKS). Pads to a multiple of n_ranks (striped,
  * contiguous) or 2 * n_ranks (zigzag). */
-stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq,
+stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq_len,
                                  stria_layout_t *layout_out);
 
 /* Global position of token `index` (0..shard_tokens-1) of `rank`'s shard;
- * positions >= layout->seq are padding. -1 for an index or rank out of range. */
+ * positions >= layout->seq_len are padding. -1 for an index or rank out of range. */
 int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t index);
 
 /* Inverse of stria_layout_position() for pos in [0, seq_padded). */
@@ -116,7 +116,7 @@ size_t stria_layout_shard_runs(const stria_layout_t *layout, int rank, bool with
                                stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS]);
 
 /* Scatter and gather between a full tensor and one rank's shard. Both are
- * contiguous [outer][tokens][row_bytes] arrays: full has layout->seq tokens,
+ * contiguous [outer][tokens][row_bytes] arrays: full has layout->seq_len tokens,
  * shard has layout->shard_tokens. A [batch, tokens, heads, head_dim] tensor is
  * outer = batch, row_bytes = heads * head_dim * element size; an LSE
  * [batch, heads, tokens] is outer = batch * heads, row_bytes = 4.

@@ -99,8 +99,9 @@ typedef struct {
     stria_positions_t kv_pos;
     stria_pool_t *pool; /* NULL: run on the calling thread */
     /* Documents (flash_attn varlen's cu_seqlens), one list for every batch
-     * row: n_cu_seqlens entries, starting at 0, non-decreasing, the last one
-     * past every query and key position of the call. Document d holds
+     * row: n_cu_seqlens entries, starting at 0, non-decreasing (the call
+     * record's rules, stria_call.h), the last one past every query and key
+     * position of the call. Document d holds
      * positions [cu_seqlens[d], cu_seqlens[d + 1]) (empty documents allowed);
      * a query sees only keys of its own document. n_cu_seqlens == 0: one
      * document holding everything (cu_seqlens is then ignored). */

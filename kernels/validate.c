@@ -12,6 +12,17 @@
             return st_;                                                                            \
     } while (0)
 
+/* The documents list and window: the call record's rules (stria_call.h);
+ * where the list must end is checked against the positions
+ * (stria__validate_doc_end()). */
+static stria_status_t stria__validate_masks(const stria_attn_params_t *p, const char *fn)
+{
+    stria_status_t st = stria_call_docs_check(p->cu_seqlens, p->n_cu_seqlens);
+    if (st == STRIA_OK)
+        st = stria_call_window_check(p->has_window, p->window_left, p->window_right, p->causal);
+    return st == STRIA_OK ? st : stria_error_wrap(st, "%s: params", fn);
+}
+
 stria_status_t stria__validate_shape(const stria_attn_params_t *p, const char *fn)
 {
     if (p == NULL)
@@ -39,43 +50,6 @@ stria_status_t stria__validate_shape(const stria_attn_params_t *p, const char *f
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "%s: scale must be a finite number > 0 (or 0 for the default)", fn);
     return stria__validate_masks(p, fn);
-}
-
-stria_status_t stria__validate_masks(const stria_attn_params_t *p, const char *fn)
-{
-    const int64_t *cu = p->cu_seqlens;
-    if (p->n_cu_seqlens > 0 && cu == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: params.cu_seqlens is NULL but n_cu_seqlens is %zu", fn,
-                               p->n_cu_seqlens);
-    if (p->n_cu_seqlens > 0 && cu[0] != 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: params.cu_seqlens[0] is %lld; the documents must start at 0",
-                               fn, (long long)cu[0]);
-    for (size_t i = 1; i < p->n_cu_seqlens; i++)
-        if (cu[i] < cu[i - 1])
-            return stria_error_set(STRIA_ERR_INVALID_ARG,
-                                   "%s: params.cu_seqlens decreases at entry %zu (%lld after %lld)",
-                                   fn, i, (long long)cu[i], (long long)cu[i - 1]);
-    if (!p->has_window) {
-        if (p->window_left != 0 || p->window_right != 0)
-            return stria_error_set(STRIA_ERR_INVALID_ARG,
-                                   "%s: params.window_left/window_right are set (%lld, %lld) but "
-                                   "params.has_window is false",
-                                   fn, (long long)p->window_left, (long long)p->window_right);
-        return STRIA_OK;
-    }
-    if (p->window_left < -1 || p->window_right < -1)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: params.%s is %lld; it must be >= 0, or -1 for unbounded", fn,
-                               p->window_left < -1 ? "window_left" : "window_right",
-                               (long long)(p->window_left < -1 ? p->window_left : p->window_right));
-    if (p->causal && p->window_right > 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "%s: params.window_right is %lld with causal attention, which "
-                               "sees no key after the query; use 0 or -1",
-                               fn, (long long)p->window_right);
-    return STRIA_OK;
 }
 
 stria_status_t stria__validate_doc_end(const stria_attn_params_t *p, const int64_t *pos, int64_t n,

@@ -16,12 +16,11 @@ extern "C" {
 /* Positions must lie in [0, 2^62). */
 #define STRIA__POS_LIMIT_V ((int64_t)1 << 62)
 
-/* Sizes, head_dim and scale of a block-pair call. */
+/* Sizes, head_dim and scale of a block-pair call, and its documents list and
+ * window by the call record's rules (stria_call_docs_check(),
+ * stria_call_window_check(); the message "<fn>: params: <rule>"), except
+ * the end of the documents against the positions (stria__validate_doc_end). */
 stria_status_t stria__validate_shape(const stria_attn_params_t *p, const char *fn);
-/* Documents (cu_seqlens) and window fields, except the end of the documents
- * against the positions (stria__validate_doc_end). Part of
- * stria__validate_shape. */
-stria_status_t stria__validate_masks(const stria_attn_params_t *p, const char *fn);
 /* The last cu_seqlens entry must be past every one of the n positions (when
  * there are documents). which: "query" or "key". */
 stria_status_t stria__validate_doc_end(const stria_attn_params_t *p, const int64_t *pos, int64_t n,

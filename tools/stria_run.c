@@ -420,12 +420,20 @@ static stria_status_t stria__alloc_outputs(stria__run_data_t *d, bool backward)
  * scale, causality, documents and window. */
 static stria_ring_shape_t stria__run_shape(const stria__run_opts_t *o, const stria__run_data_t *d)
 {
-    stria_ring_shape_t s = stria_ring_shape_of(d->B, d->T, d->H, d->Hkv, d->D, d->dtype, o->causal);
     bool win = o->window.n == 2;
-    s.scale = o->scale;
-    stria_ring_shape_set_masks(&s, o->cu_seqlens.v, o->cu_seqlens.n, win, win ? o->window.v[0] : 0,
-                               win ? o->window.v[1] : 0);
-    return s;
+    return (stria_ring_shape_t){.call = {.batch = d->B,
+                                         .seq_len = d->T,
+                                         .causal = o->causal,
+                                         .scale = o->scale,
+                                         .cu_seqlens = o->cu_seqlens.v,
+                                         .n_cu_seqlens = o->cu_seqlens.n,
+                                         .has_window = win,
+                                         .window_left = win ? o->window.v[0] : 0,
+                                         .window_right = win ? o->window.v[1] : 0},
+                                .heads = d->H,
+                                .kv_heads = d->Hkv,
+                                .head_dim = d->D,
+                                .dtype = d->dtype};
 }
 
 /* Single-process attention over the whole sequence. */
@@ -468,7 +476,7 @@ static stria_status_t stria__compute_ring(const stria__run_opts_t *o, stria__run
     stria_ring_local_io_t io;
 
     memset(&ro, 0, sizeof(ro));
-    ro.layout = stria_layout_kind_resolve(o->layout, shape.has_window);
+    ro.layout = stria_layout_kind_resolve(o->layout, shape.call.has_window);
     ro.n_ranks = o->ranks > 0 ? o->ranks : 1;
     ro.device = o->device;
     ro.passes = d->d_o ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD;

@@ -141,7 +141,7 @@ typedef struct {
     Stria__V1__JobSpec spec;
     Stria__V1__JobSpec__Window window;
     char label[STRIA_COORD_MAX_LABEL + 1];
-    stria_job_masks_t masks; /* documents and window, owned */
+    stria_call_shape_t call; /* the job's one call, an owning copy */
     char client[64];         /* the submitting client's host address */
     /* SubmitJobRequest.submit_key (keyed): a resend of the submission gets
      * this job back */

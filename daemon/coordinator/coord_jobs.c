@@ -156,7 +156,7 @@ static void stria__cjob_add_undo(stria__cjob_t *j)
         return;
     for (uint32_t r = 0; j->ranks != NULL && r < j->n_ranks; r++)
         free(j->ranks[r].place_host);
-    stria_job_masks_free(&j->masks);
+    stria_call_shape_free(&j->call);
     free(j->ranks);
     free(j);
 }
@@ -185,7 +185,9 @@ stria__cjob_t *stria__cjob_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
         j->secret = keys->secret;
         memcpy(j->ring_key, keys->ring_key, sizeof(j->ring_key));
     }
-    if (j == NULL || j->ranks == NULL || !stria_job_masks_copy(s, &j->masks) ||
+    stria_call_shape_t call; /* its documents copied into the job */
+    stria_call_shape_from_spec(s, &call);
+    if (j == NULL || j->ranks == NULL || stria_call_shape_copy(&call, &j->call) != STRIA_OK ||
         !stria__cjob_add_placement(j, s, fallback) ||
         stria__index_put(&co->job_ids, j->id, 0, j) != STRIA_OK) {
         stria__cjob_add_undo(j);
@@ -215,13 +217,13 @@ stria__cjob_t *stria__cjob_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
         j->spec.arrival_timeout_s = STRIA__DEFAULT_ARRIVAL_S;
     snprintf(j->label, sizeof(j->label), "%s", s->label);
     j->spec.label = j->label;
-    j->spec.cu_seqlens = j->masks.cu_seqlens;
-    j->spec.n_cu_seqlens = j->masks.n_cu_seqlens;
+    j->spec.cu_seqlens = (int64_t *)j->call.cu_seqlens;
+    j->spec.n_cu_seqlens = j->call.n_cu_seqlens;
     j->spec.window = NULL;
-    if (j->masks.has_window) {
+    if (j->call.has_window) {
         stria__v1__job_spec__window__init(&j->window);
-        j->window.left = j->masks.window_left;
-        j->window.right = j->masks.window_right;
+        j->window.left = j->call.window_left;
+        j->window.right = j->call.window_right;
         j->spec.window = &j->window;
     }
     j->spec.placement = NULL;
@@ -254,7 +256,7 @@ void stria__cjob_free(stria_coord_t *co, stria__cjob_t *j)
     stria__timeline_drop(co, j);
     for (uint32_t r = 0; r < j->n_ranks; r++)
         free(j->ranks[r].place_host);
-    stria_job_masks_free(&j->masks);
+    stria_call_shape_free(&j->call);
     stria__index_del(&co->job_ids, j->id, 0);
     for (uint32_t r = 0; r < j->n_ranks; r++) {
         stria__cworker_t *w = j->ranks[r].worker;

@@ -93,7 +93,7 @@ static void stria__shards_list(stria__shards_t *s, void ***out)
 static void stria__shards_sizes(const stria__local_t *run, size_t *bytes)
 {
     const stria_ring_shape_t *sh = run->shape;
-    int64_t B = sh->batch, L = run->layout.shard_tokens;
+    int64_t B = sh->call.batch, L = run->layout.shard_tokens;
     size_t qn = (size_t)(B * L * sh->heads * sh->head_dim);
     size_t kn = (size_t)(B * L * sh->kv_heads * sh->head_dim);
     size_t es = stria_dtype_size(sh->dtype), gs = stria_dtype_size(run->io->grad_dtype);
@@ -169,7 +169,7 @@ static stria_status_t stria__shards_alloc(const stria__local_t *run, int rank, b
     const stria_ring_shape_t *sh = run->shape;
     const stria_ring_local_io_t *io = run->io;
     const stria_layout_t *l = &run->layout;
-    int64_t B = sh->batch, L = l->shard_tokens;
+    int64_t B = sh->call.batch, L = l->shard_tokens;
     size_t qn = (size_t)(B * L * sh->heads * sh->head_dim);
     size_t kn = (size_t)(B * L * sh->kv_heads * sh->head_dim);
     size_t es = stria_dtype_size(sh->dtype);
@@ -273,7 +273,7 @@ static void *stria__rank_main(void *arg)
     const stria_layout_t *l = &run->layout;
     const bool do_fwd = (run->opts->passes & STRIA_RING_PASS_FWD) != 0;
     const bool do_bwd = (run->opts->passes & STRIA_RING_PASS_BWD) != 0;
-    const int64_t B = sh->batch, L = l->shard_tokens, H = sh->heads, Hkv = sh->kv_heads;
+    const int64_t B = sh->call.batch, L = l->shard_tokens, H = sh->heads, Hkv = sh->kv_heads;
     const int64_t D = sh->head_dim;
     stria_link_t *link = NULL;
     stria_pool_t *pool = NULL;
@@ -418,7 +418,7 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
     if ((st = stria__check_local(shape, opts, io)) != STRIA_OK)
         return st;
     n = opts->n_ranks;
-    if ((st = stria_layout_init(opts->layout, n, shape->seq, &run.layout)) != STRIA_OK)
+    if ((st = stria_layout_init(opts->layout, n, shape->call.seq_len, &run.layout)) != STRIA_OK)
         return st;
     /* Shape errors are reported once here rather than by every rank. */
     {

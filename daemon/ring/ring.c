@@ -36,51 +36,14 @@ stria_status_t stria_ring_pass_set_call(stria_ring_pass_t *pass, uint64_t call_i
 
 /* ---- creation ------------------------------------------------------------ */
 
-/* Documents and window of a ring shape: the kernels' rules, with the
- * documents covering exactly the global sequence. */
-static stria_status_t stria__check_masks(const stria_ring_shape_t *s)
-{
-    const int64_t *cu = s->cu_seqlens;
-    size_t n = s->n_cu_seqlens;
-    if (n > 0 && cu == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "ring shape: cu_seqlens is NULL but n_cu_seqlens is %zu", n);
-    if (n == 1 || (n > 0 && (cu[0] != 0 || cu[n - 1] != s->seq)))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "ring shape: cu_seqlens must start at 0 and end at seq (%lld); it "
-                               "has %zu entries, from %lld to %lld",
-                               (long long)s->seq, n, (long long)cu[0], (long long)cu[n - 1]);
-    for (size_t i = 1; i < n; i++)
-        if (cu[i] < cu[i - 1])
-            return stria_error_set(
-                STRIA_ERR_INVALID_ARG,
-                "ring shape: cu_seqlens decreases at entry %zu (%lld after %lld)", i,
-                (long long)cu[i], (long long)cu[i - 1]);
-    if (!s->has_window && (s->window_left != 0 || s->window_right != 0))
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "ring shape: window_left/window_right are set (%lld, %lld) but "
-                               "has_window is false",
-                               (long long)s->window_left, (long long)s->window_right);
-    if (s->window_left < -1 || s->window_right < -1)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "ring shape: window_left (%lld) and window_right (%lld) must be "
-                               ">= -1 (-1: unbounded)",
-                               (long long)s->window_left, (long long)s->window_right);
-    if (s->causal && s->window_right > 0)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "ring shape: window_right is %lld with causal attention, which "
-                               "takes 0 or -1 only",
-                               (long long)s->window_right);
-    return STRIA_OK;
-}
-
 stria_status_t stria__check_shape(const stria_ring_shape_t *s)
 {
-    if (s->batch < 1 || s->seq < 1 || s->heads < 1 || s->kv_heads < 1)
+    const stria_call_shape_t *c = &s->call;
+    if (c->batch < 1 || c->seq_len < 1 || s->heads < 1 || s->kv_heads < 1)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "ring shape: batch (%lld), seq (%lld), heads (%lld) and kv_heads "
-                               "(%lld) must be >= 1",
-                               (long long)s->batch, (long long)s->seq, (long long)s->heads,
+                               "ring shape: batch (%lld), seq_len (%lld), heads (%lld) and "
+                               "kv_heads (%lld) must be >= 1",
+                               (long long)c->batch, (long long)c->seq_len, (long long)s->heads,
                                (long long)s->kv_heads);
     if (s->heads % s->kv_heads != 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -91,13 +54,14 @@ stria_status_t stria__check_shape(const stria_ring_shape_t *s)
         return stria_error_set(STRIA_ERR_UNSUPPORTED,
                                "ring shape: head_dim %lld unsupported (a multiple of 8 in %d..%d)",
                                (long long)s->head_dim, STRIA_HEAD_DIM_MIN, STRIA_HEAD_DIM_MAX);
-    if (!(s->scale >= 0.0f) || isinf(s->scale))
+    if (!(c->scale >= 0.0f) || isinf(c->scale))
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "ring shape: scale must be finite and > 0 (0 for the default)");
     if (stria_dtype_size(s->dtype) == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "ring shape: unknown dtype %d",
                                (int)s->dtype);
-    return stria__check_masks(s);
+    stria_status_t st = stria_call_masks_check(c);
+    return st == STRIA_OK ? st : stria_error_wrap(st, "ring shape");
 }
 
 static void stria__ring_arena_free(stria_ring_pass_t *p);
@@ -145,20 +109,21 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
     p = calloc(1, sizeof(*p));
     if (p == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_ring_pass_create: out of memory");
-    if ((st = stria_layout_init(layout, stria_link_size(link), shape->seq, &p->layout)) != STRIA_OK)
+    if ((st = stria_layout_init(layout, stria_link_size(link), shape->call.seq_len, &p->layout)) !=
+        STRIA_OK)
         goto err;
     /* Every buffer of a pass must be addressable: reject shapes whose largest
      * tensor (a shard of Q or K/V in fp32, twice) does not fit in memory
      * sizes. */
     if (p->layout.shard_tokens > INT32_MAX ||
-        __builtin_mul_overflow(shape->batch, p->layout.shard_tokens, &elems) ||
+        __builtin_mul_overflow(shape->call.batch, p->layout.shard_tokens, &elems) ||
         __builtin_mul_overflow(elems, shape->heads, &elems) ||
         __builtin_mul_overflow(elems, shape->head_dim, &elems) ||
         __builtin_mul_overflow(elems, (int64_t)8, &elems)) {
         st = stria_error_set(STRIA_ERR_INVALID_ARG,
                              "stria_ring_pass_create: shards of %lld tokens x batch %lld x %lld "
                              "heads x %lld are too large",
-                             (long long)p->layout.shard_tokens, (long long)shape->batch,
+                             (long long)p->layout.shard_tokens, (long long)shape->call.batch,
                              (long long)shape->heads, (long long)shape->head_dim);
         goto err;
     }
@@ -421,9 +386,9 @@ static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, 
     c->what = what;
     c->k = k;
     c->v = v;
-    c->kv_bytes =
-        (size_t)(p->shape.batch * p->layout.shard_tokens * p->shape.kv_heads * p->shape.head_dim) *
-        stria_dtype_size(p->shape.dtype);
+    c->kv_bytes = (size_t)(p->shape.call.batch * p->layout.shard_tokens * p->shape.kv_heads *
+                           p->shape.head_dim) *
+                  stria_dtype_size(p->shape.dtype);
     c->msg = 2 * c->kv_bytes;
     c->steps = steps;
     p->steps_run = steps;
@@ -453,7 +418,7 @@ static stria_status_t stria__call_mem(stria__call_t *c, size_t host_bytes, size_
                                       char **hcur)
 {
     stria_ring_pass_t *p = c->p;
-    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, Hkv = p->shape.kv_heads;
+    const int64_t B = p->shape.call.batch, L = p->layout.shard_tokens, Hkv = p->shape.kv_heads;
     const int64_t D = p->shape.head_dim;
     const size_t msg64 = stria__round64(c->msg);
     stria_status_t st;
@@ -638,7 +603,7 @@ static const stria__dir_ops_t stria__fwd_ops = {
 static stria_status_t stria__fwd_buffers(stria__fwd_t *f)
 {
     stria_ring_pass_t *p = f->c.p;
-    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, H = p->shape.heads;
+    const int64_t B = p->shape.call.batch, L = p->layout.shard_tokens, H = p->shape.heads;
     const int64_t D = p->shape.head_dim, qv = p->valid[p->rank];
     const size_t msg64 = stria__round64(f->c.msg);
     const size_t o_bytes = (size_t)(B * L * H * D) * sizeof(float);
@@ -665,7 +630,7 @@ static stria_status_t stria__fwd_buffers(stria__fwd_t *f)
 static stria_status_t stria__fwd_store(stria__fwd_t *f, const stria_tensor_t *o, float *lse)
 {
     stria_ring_pass_t *p = f->c.p;
-    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, H = p->shape.heads;
+    const int64_t B = p->shape.call.batch, L = p->layout.shard_tokens, H = p->shape.heads;
     const int64_t D = p->shape.head_dim, qv = p->valid[p->rank];
     stria_attn_params_t base = stria__params(p, p->rank);
     stria_status_t st;
@@ -712,7 +677,7 @@ static stria_status_t stria__fwd(stria_ring_pass_t *p, const stria_tensor_t *q,
 static stria_status_t stria__store_grad(stria_ring_pass_t *p, const stria_attn_params_t *base,
                                         float *acc, int64_t heads, const stria_tensor_t *t)
 {
-    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, D = p->shape.head_dim;
+    const int64_t B = p->shape.call.batch, L = p->layout.shard_tokens, D = p->shape.head_dim;
     const int64_t valid = p->valid[p->rank];
     stria_status_t st;
     if (!p->staged) {
@@ -869,7 +834,7 @@ static const stria__dir_ops_t stria__bwd_ops = {.open = stria__bwd_open,
 static stria_status_t stria__bwd_buffers(stria__bwd_t *b)
 {
     stria_ring_pass_t *p = b->c.p;
-    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, H = p->shape.heads;
+    const int64_t B = p->shape.call.batch, L = p->layout.shard_tokens, H = p->shape.heads;
     const int64_t D = p->shape.head_dim, qv = p->valid[p->rank], rows = qv > 0 ? qv : 1;
     const size_t msg64 = stria__round64(b->c.msg), dkv64 = stria__round64(b->dkv_bytes);
     const size_t dq_bytes = (size_t)(B * L * H * D) * sizeof(float);

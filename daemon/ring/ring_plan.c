@@ -6,48 +6,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-stria_ring_shape_t stria_ring_shape_of(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
-                                       int64_t head_dim, stria_dtype_t dtype, bool causal)
-{
-    stria_ring_shape_t s;
-    memset(&s, 0, sizeof(s));
-    s.batch = batch;
-    s.seq = seq;
-    s.heads = heads;
-    s.kv_heads = kv_heads;
-    s.head_dim = head_dim;
-    s.dtype = dtype;
-    s.causal = causal;
-    return s;
-}
-
-void stria_ring_shape_set_masks(stria_ring_shape_t *shape, const int64_t *cu_seqlens,
-                                size_t n_cu_seqlens, bool has_window, int64_t window_left,
-                                int64_t window_right)
-{
-    shape->cu_seqlens = cu_seqlens;
-    shape->n_cu_seqlens = n_cu_seqlens;
-    shape->has_window = has_window;
-    shape->window_left = has_window ? window_left : 0;
-    shape->window_right = has_window ? window_right : 0;
-}
-
 stria_attn_params_t stria_ring_shape_attn_params(const stria_ring_shape_t *shape)
 {
+    const stria_call_shape_t *c = &shape->call;
     stria_attn_params_t a;
     memset(&a, 0, sizeof(a));
-    a.batch = shape->batch;
-    a.q_tokens = a.kv_tokens = shape->seq;
+    a.batch = c->batch;
+    a.q_tokens = a.kv_tokens = c->seq_len;
     a.heads = shape->heads;
     a.kv_heads = shape->kv_heads;
     a.head_dim = shape->head_dim;
-    a.scale = shape->scale;
-    a.causal = shape->causal;
-    a.cu_seqlens = shape->cu_seqlens;
-    a.n_cu_seqlens = shape->n_cu_seqlens;
-    a.has_window = shape->has_window;
-    a.window_left = shape->window_left;
-    a.window_right = shape->window_right;
+    a.scale = c->scale;
+    a.causal = c->causal;
+    a.cu_seqlens = c->cu_seqlens;
+    a.n_cu_seqlens = c->n_cu_seqlens;
+    a.has_window = c->has_window;
+    a.window_left = c->window_left;
+    a.window_right = c->window_right;
     return a;
 }
 
@@ -113,7 +88,7 @@ stria_status_t stria_ring_plan_create(const stria_ring_shape_t *shape, stria_lay
         return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_ring_plan_create: out of memory");
     pl->p.shape = *shape;
     pl->p.n = n_ranks;
-    if ((st = stria_layout_init(layout, n_ranks, shape->seq, &pl->p.layout)) != STRIA_OK ||
+    if ((st = stria_layout_init(layout, n_ranks, shape->call.seq_len, &pl->p.layout)) != STRIA_OK ||
         (st = stria__pass_positions(&pl->p)) != STRIA_OK) {
         stria_ring_plan_destroy(pl);
         return st;
@@ -145,8 +120,8 @@ stria_status_t stria_ring_plan_step(stria_ring_plan_t *plan, int rank, int step,
                                "stria_ring_plan_step: rank %d, step %d of a %s pass of %d steps "
                                "in a ring of %d",
                                rank, step, backward ? "backward" : "forward", N, p->n);
-    const uint64_t kv = (uint64_t)(p->shape.batch * p->layout.shard_tokens * p->shape.kv_heads *
-                                   p->shape.head_dim),
+    const uint64_t kv = (uint64_t)(p->shape.call.batch * p->layout.shard_tokens *
+                                   p->shape.kv_heads * p->shape.head_dim),
                    msg = 2 * kv * stria_dtype_size(p->shape.dtype), dkv = 2 * kv * sizeof(float);
     p->rank = rank;
     out->src_rank = (rank - step + p->n) % p->n;

@@ -79,7 +79,7 @@ static stria_status_t stria__download_view(stria_ring_pass_t *p, const stria_ten
 stria_status_t stria__download_kv(stria_ring_pass_t *p, const stria_tensor_t *k,
                                   const stria_tensor_t *v, char *dst, char *tmp)
 {
-    const int64_t B = p->shape.batch, L = p->layout.shard_tokens, Hkv = p->shape.kv_heads;
+    const int64_t B = p->shape.call.batch, L = p->layout.shard_tokens, Hkv = p->shape.kv_heads;
     const int64_t D = p->shape.head_dim;
     const size_t kv_bytes = (size_t)(B * L * Hkv * D) * stria_dtype_size(p->shape.dtype);
     stria_status_t st;
@@ -126,8 +126,8 @@ stria_status_t stria__device_drain(stria_ring_pass_t *p)
 
 /* Index i of the document holding position x: cu[i] <= x < cu[i + 1]
  * (the last of equal entries: empty documents hold nothing). x must lie in
- * [0, seq). Its start is cu[i], its end cu[i + 1]. */
-static size_t stria__doc_of(const stria_ring_shape_t *s, int64_t x)
+ * [0, seq_len). Its start is cu[i], its end cu[i + 1]. */
+static size_t stria__doc_of(const stria_call_shape_t *s, int64_t x)
 {
     size_t lo = 0, hi = s->n_cu_seqlens - 1; /* cu[lo] <= x < cu[hi] */
     while (hi - lo > 1) {
@@ -151,7 +151,7 @@ static size_t stria__doc_of(const stria_ring_shape_t *s, int64_t x)
  * conservative (never hides a visible key) for the others. */
 bool stria__sees(const stria_ring_pass_t *p, int r, int j)
 {
-    const stria_ring_shape_t *s = &p->shape;
+    const stria_call_shape_t *s = &p->shape.call;
     int64_t qa = p->pos_min[r], qb = p->pos_max[r], ka = p->pos_min[j], kb = p->pos_max[j];
     int64_t right = s->causal ? 0 : -1;
 
@@ -190,7 +190,8 @@ bool stria__visible(const stria_ring_pass_t *p, int j)
 int stria__fwd_steps(const stria_ring_pass_t *p)
 {
     int far = 0;
-    if (p->n > STRIA__MAX_HOP_SCAN || (!p->shape.has_window && p->shape.n_cu_seqlens == 0))
+    if (p->n > STRIA__MAX_HOP_SCAN ||
+        (!p->shape.call.has_window && p->shape.call.n_cu_seqlens == 0))
         return p->n;
     for (int r = 0; r < p->n && far < p->n - 1; r++)
         for (int hop = p->n - 1; hop > far; hop--)

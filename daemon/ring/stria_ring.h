@@ -69,45 +69,26 @@
 extern "C" {
 #endif
 
-/* The global problem, identical on every rank. */
+/* The global problem, identical on every rank: the call record (batch,
+ * seq_len, causal, scale, documents and window; stria_call.h, where its
+ * rules and the names of lengths are) and the dimensions a call of a session
+ * or job keeps. The record's documents are borrowed: the array must stay
+ * valid and unchanged for the pass object's (or plan's) life. The ring skips
+ * the compute of blocks the masks hide from a whole shard (and, in the
+ * forward, the hops no rank needs: stria_ring_pass_fwd_steps()); the kernels
+ * skip the tiles the masks hide. */
 typedef struct {
-    int64_t batch;
-    int64_t seq; /* real tokens of the global sequence */
+    stria_call_shape_t call;
     int64_t heads;
-    int64_t kv_heads; /* heads must be a multiple; only kv_heads travel */
-    int64_t head_dim; /* as the kernels accept: 16..256, a multiple of 8 */
-    float scale;      /* 0: 1/sqrt(head_dim) */
-    bool causal;
+    int64_t kv_heads;    /* heads must be a multiple; only kv_heads travel */
+    int64_t head_dim;    /* as the kernels accept: 16..256, a multiple of 8 */
     stria_dtype_t dtype; /* storage dtype of q, k, v and d_o */
-    /* Documents (flash_attn varlen's cu_seqlens) over the global sequence,
-     * one list for every batch row: n_cu_seqlens entries, starting at 0,
-     * non-decreasing, ending at seq; 0 entries: one document. Borrowed: the
-     * array must stay valid and unchanged for the pass object's life. */
-    const int64_t *cu_seqlens;
-    size_t n_cu_seqlens;
-    /* Sliding window, as in stria_attn_params_t: with has_window a query at
-     * position p sees keys in [p - window_left, p + window_right] (-1: that
-     * side unbounded); causal takes window_right 0 or -1 only. Without
-     * has_window both must be 0. The ring skips the compute of blocks the
-     * masks hide from a whole shard (and, in the forward, the hops no rank
-     * needs: stria_ring_pass_fwd_steps()); the kernels skip the tiles the
-     * masks hide. */
-    bool has_window;
-    int64_t window_left, window_right;
 } stria_ring_shape_t;
 
-/* A shape of those dimensions, storage dtype and causality, with the default
- * scale, one document and no window (set the other fields after). */
-stria_ring_shape_t stria_ring_shape_of(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
-                                       int64_t head_dim, stria_dtype_t dtype, bool causal);
-/* Sets the shape's documents (cu_seqlens borrowed, as in the shape) and
- * window (left and right kept only with has_window, else 0). */
-void stria_ring_shape_set_masks(stria_ring_shape_t *shape, const int64_t *cu_seqlens,
-                                size_t n_cu_seqlens, bool has_window, int64_t window_left,
-                                int64_t window_right);
 /* The kernels' parameters of the whole shape in one call: q_tokens and
- * kv_tokens the sequence, the shape's scale, causality, documents and window;
- * no positions, pool or workspace. */
+ * kv_tokens the global seq_len, the record's scale, causality, documents and
+ * window; no positions, pool or workspace. Every kernel call of the engine
+ * starts from these. */
 stria_attn_params_t stria_ring_shape_attn_params(const stria_ring_shape_t *shape);
 
 /* Options of a pass object. Zero-initialise; zero is the default of every
@@ -343,7 +324,7 @@ bool stria_ring_plan_params(stria_ring_plan_t *plan, int rank, int src, stria_at
 /* ---- single-process convenience ---------------------------------------- */
 
 /* Full (unsharded) tensors of stria_ring_run_local(), all contiguous and
- * owned by the caller. Tokens are the shape's seq. */
+ * owned by the caller. Tokens are the shape's call.seq_len (seq below). */
 typedef struct {
     const void *q;     /* [batch, seq, heads, head_dim], shape->dtype */
     const void *k, *v; /* [batch, seq, kv_heads, head_dim], shape->dtype */

@@ -377,20 +377,10 @@ static void on_step(void *arg, int step, int n_steps)
     pthread_mutex_unlock(&s->lock);
 }
 
-static bool same_shape(const stria_call_shape_t *a, const stria_call_shape_t *b)
-{
-    return a->batch == b->batch && a->seq_len == b->seq_len && a->causal == b->causal &&
-           a->scale == b->scale && a->has_window == b->has_window &&
-           a->window_left == b->window_left && a->window_right == b->window_right &&
-           a->n_cu_seqlens == b->n_cu_seqlens &&
-           (a->n_cu_seqlens == 0 ||
-            memcmp(a->cu_seqlens, b->cu_seqlens, a->n_cu_seqlens * sizeof(int64_t)) == 0);
-}
-
 static void forget_pass(stria__wsess_t *s, int i)
 {
     stria_ring_pass_destroy(s->eng.passes[i].pass);
-    free((void *)s->eng.passes[i].shape.cu_seqlens);
+    stria_call_shape_free(&s->eng.passes[i].shape);
     memset(&s->eng.passes[i], 0, sizeof(s->eng.passes[i]));
 }
 
@@ -403,7 +393,8 @@ static stria_status_t pass_of(stria__wsess_t *s, const stria_call_shape_t *shape
     stria_worker_t *w = s->w;
     int slot = 0;
     for (int i = 0; i < STRIA__PASSES_KEPT; i++) {
-        if (s->eng.passes[i].pass != NULL && same_shape(&s->eng.passes[i].shape, shape)) {
+        if (s->eng.passes[i].pass != NULL &&
+            stria_call_shape_equal(&s->eng.passes[i].shape, shape)) {
             s->eng.passes[i].used = ++s->eng.uses;
             *out = s->eng.passes[i].pass;
             return stria_ring_pass_set_link(*out, s->eng.link);
@@ -412,20 +403,16 @@ static stria_status_t pass_of(stria__wsess_t *s, const stria_call_shape_t *shape
             slot = i;
     }
     forget_pass(s, slot);
-    stria_call_shape_t kept = *shape;
-    if (shape->n_cu_seqlens > 0) {
-        int64_t *cu = malloc(shape->n_cu_seqlens * sizeof(int64_t));
-        if (cu == NULL)
-            return stria_error_set(STRIA_ERR_NO_MEMORY, "session %llu: out of memory",
-                                   (unsigned long long)s->id);
-        memcpy(cu, shape->cu_seqlens, shape->n_cu_seqlens * sizeof(int64_t));
-        kept.cu_seqlens = cu;
-    }
-    stria_ring_shape_t rs = stria_ring_shape_of(kept.batch, kept.seq_len, s->heads, s->kv_heads,
-                                                s->head_dim, s->dtype, kept.causal);
-    rs.scale = kept.scale;
-    stria_ring_shape_set_masks(&rs, kept.cu_seqlens, kept.n_cu_seqlens, kept.has_window,
-                               kept.window_left, kept.window_right);
+    /* the pass keeps the record it is made for: an owning copy */
+    stria_call_shape_t kept;
+    if (stria_call_shape_copy(shape, &kept) != STRIA_OK)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "session %llu: out of memory",
+                               (unsigned long long)s->id);
+    const stria_ring_shape_t rs = {.call = kept,
+                                   .heads = s->heads,
+                                   .kv_heads = s->kv_heads,
+                                   .head_dim = s->head_dim,
+                                   .dtype = s->dtype};
     stria_ring_opts_t opts;
     memset(&opts, 0, sizeof(opts));
     opts.step_timeout_s = s->step_timeout_s;
@@ -437,7 +424,7 @@ static stria_status_t pass_of(stria__wsess_t *s, const stria_call_shape_t *shape
     stria_ring_pass_t *pass = NULL;
     stria_status_t st = stria_ring_pass_create(s->eng.link, &rs, s->layout_kind, &opts, &pass);
     if (st != STRIA_OK) {
-        free((void *)kept.cu_seqlens);
+        stria_call_shape_free(&kept);
         return st;
     }
     s->eng.passes[slot].pass = pass;

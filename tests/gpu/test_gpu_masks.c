@@ -358,9 +358,9 @@ Test(gpu_masks, bad_masks_match_cpu)
         const char *msg;
     } bad[] = {
         {cu_short, 3, false, 0, 0, "params.cu_seqlens ends at 3"},
-        {cu_dec, 4, false, 0, 0, "params.cu_seqlens decreases at entry 2"},
-        {NULL, 0, true, -2, 0, "params.window_left is -2"},
-        {NULL, 0, true, 4, 1, "params.window_right is 1 with causal"},
+        {cu_dec, 4, false, 0, 0, "params: cu_seqlens must not decrease (entry 2"},
+        {NULL, 0, true, -2, 0, "params: window.left must be >= -1"},
+        {NULL, 0, true, 4, 1, "params: window.right must be 0 or -1 with causal attention"},
     };
     stria_device_t *dev = gpu_open();
     float *buf = NULL, *lse = NULL, *o = NULL, *g = NULL;

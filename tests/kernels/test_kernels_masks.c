@@ -261,15 +261,19 @@ Test(kernels, masks_bad_arguments_get_clear_errors)
         int64_t left, right;
         const char *needle;
     } bad[] = {
-        {NULL, 2, true, false, 0, 0, "params.cu_seqlens is NULL"},
-        {cu_bad0, 2, true, false, 0, 0, "params.cu_seqlens[0] is 1"},
-        {cu_dec, 4, true, false, 0, 0, "params.cu_seqlens decreases at entry 2"},
+        {NULL, 2, true, false, 0, 0, "params: cu_seqlens is NULL with 2 entries"},
+        {cu_bad0, 2, true, false, 0, 0, "params: cu_seqlens must start at 0 (got 1)"},
+        {cu_dec, 4, true, false, 0, 0,
+         "params: cu_seqlens must not decrease (entry 2 is 2 after 3)"},
         {cu_short, 3, true, false, 0, 0, "params.cu_seqlens ends at 3"},
-        {NULL, 0, true, true, -2, 0, "params.window_left is -2"},
-        {NULL, 0, false, true, 0, -5, "params.window_right is -5"},
-        {NULL, 0, true, true, 4, 1, "params.window_right is 1 with causal"},
-        {NULL, 0, true, false, 3, 0, "params.has_window is false"},
-        {cu_ok, 2, false, false, 0, 7, "params.has_window is false"},
+        {NULL, 0, true, true, -2, 0, "params: window.left must be >= -1 (-1: unbounded) (got -2)"},
+        {NULL, 0, false, true, 0, -5,
+         "params: window.right must be >= -1 (-1: unbounded) (got -5)"},
+        {NULL, 0, true, true, 4, 1, "params: window.right must be 0 or -1 with causal attention"},
+        {NULL, 0, true, false, 3, 0,
+         "params: window_left/window_right are set (3, 0) but "
+         "has_window is false"},
+        {cu_ok, 2, false, false, 0, 7, "has_window is false"},
     };
     cr_assert_eq(stria_kernels_set_variant("portable"), STRIA_OK);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

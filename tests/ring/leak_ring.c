@@ -11,12 +11,10 @@
 #include "stria_ring.h"
 #include "tleak.h"
 
-static const stria_ring_shape_t shape = {.batch = 2,
-                                         .seq = 45,
+static const stria_ring_shape_t shape = {.call = {.batch = 2, .seq_len = 45, .causal = true},
                                          .heads = 2,
                                          .kv_heads = 1,
                                          .head_dim = 16,
-                                         .causal = true,
                                          .dtype = STRIA_DTYPE_F32};
 
 typedef struct {
@@ -49,8 +47,8 @@ static void *rank_main(void *arg)
         x->st = stria_ring_pass_create(link, &shape, STRIA_LAYOUT_ZIGZAG, &opts, &pass);
     if (x->st == STRIA_OK) {
         int64_t L = stria_ring_pass_layout(pass)->shard_tokens;
-        size_t qn = (size_t)(shape.batch * L * shape.heads * shape.head_dim);
-        buf = calloc(9 * qn + (size_t)(shape.batch * shape.heads * L), sizeof(float));
+        size_t qn = (size_t)(shape.call.batch * L * shape.heads * shape.head_dim);
+        buf = calloc(9 * qn + (size_t)(shape.call.batch * shape.heads * L), sizeof(float));
         stria_tensor_t t[9];
         for (int i = 0; i < 9; i++)
             t[i] = stria_tensor_contiguous(buf + (size_t)i * qn, STRIA_DTYPE_F32, L,
@@ -117,7 +115,7 @@ int main(void)
     }
 
     /* stria_ring_run_local: success, and a bad shape */
-    size_t qn = (size_t)(shape.batch * shape.seq * shape.heads * shape.head_dim);
+    size_t qn = (size_t)(shape.call.batch * shape.call.seq_len * shape.heads * shape.head_dim);
     float *m = calloc(10 * qn, sizeof(float));
     for (size_t i = 0; i < 3 * qn; i++)
         m[i] = (float)(i % 11) * 0.05f;

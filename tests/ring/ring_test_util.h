@@ -72,12 +72,10 @@ static inline void data_free(rdata_t *d)
 
 static inline stria_ring_shape_t shape_of(const rcase_t *c)
 {
-    stria_ring_shape_t s = {.batch = c->B,
-                            .seq = c->S,
+    stria_ring_shape_t s = {.call = {.batch = c->B, .seq_len = c->S, .causal = c->causal},
                             .heads = c->H,
                             .kv_heads = c->Hkv,
                             .head_dim = c->D,
-                            .causal = c->causal,
                             .dtype = c->dtype};
     return s;
 }

@@ -17,7 +17,7 @@ static void check_layout(stria_layout_kind_t kind, int n, int64_t seq)
     int64_t unit = kind == STRIA_LAYOUT_ZIGZAG ? 2 * n : n;
 
     cr_assert_eq(stria_layout_init(kind, n, seq, &l), STRIA_OK, "%s", stria_error_msg());
-    cr_assert_eq(l.seq, seq);
+    cr_assert_eq(l.seq_len, seq);
     cr_assert_eq(l.seq_padded % unit, 0, "%s N=%d S=%lld: padded %lld", name, n, (long long)seq,
                  (long long)l.seq_padded);
     cr_assert(l.seq_padded >= seq && l.seq_padded < seq + unit);

@@ -11,11 +11,11 @@ static stria_status_t ring_run_masks(const rcase_t *c, const ref_masks_t *m, rda
 {
     stria_ring_shape_t shape = shape_of(c);
     if (m != NULL) {
-        shape.cu_seqlens = m->cu_seqlens;
-        shape.n_cu_seqlens = m->n_cu;
-        shape.has_window = m->has_window;
-        shape.window_left = m->left;
-        shape.window_right = m->right;
+        shape.call.cu_seqlens = m->cu_seqlens;
+        shape.call.n_cu_seqlens = m->n_cu;
+        shape.call.has_window = m->has_window;
+        shape.call.window_left = m->left;
+        shape.call.window_right = m->right;
     }
     stria_ring_local_opts_t opts = {.layout = c->layout,
                                     .n_ranks = c->n,
@@ -235,6 +235,10 @@ Test(ring, one_document_is_bit_identical_to_none)
         }
 }
 
+/* Bad masks are refused by the ring with the call record's rule, in its
+ * words (common/call.c): the same message as the record's own check at the
+ * service's doors, and as the kernels' check of the lists they share (all but
+ * the end, which they check against their positions). */
 Test(ring, bad_masks_refused)
 {
     rcase_t c = {.n = 2,
@@ -250,21 +254,52 @@ Test(ring, bad_masks_refused)
     struct {
         ref_masks_t m;
         const char *needle;
+        bool end; /* the end against seq_len: not a kernel rule */
     } bad[] = {
-        {{.cu_seqlens = starts1, .n_cu = 2}, "start at 0 and end at seq"},
-        {{.cu_seqlens = short_end, .n_cu = 3}, "end at seq (64)"},
-        {{.cu_seqlens = dec, .n_cu = 4}, "decreases at entry 2"},
-        {{.cu_seqlens = NULL, .n_cu = 3}, "cu_seqlens is NULL"},
-        {{.has_window = true, .left = -2}, "window_left (-2)"},
-        {{.has_window = true, .left = 3, .right = 1}, "window_right is 1 with causal"},
-        {{.has_window = false, .left = 3}, "has_window is false"},
+        {{.cu_seqlens = starts1, .n_cu = 2},
+         "ring shape: cu_seqlens must start at 0 (got 1)",
+         false},
+        {{.cu_seqlens = short_end, .n_cu = 3},
+         "cu_seqlens must end at seq_len (64) (got 63)",
+         true},
+        {{.cu_seqlens = dec, .n_cu = 4},
+         "cu_seqlens must not decrease (entry 2 is 20 after 30)",
+         false},
+        {{.cu_seqlens = NULL, .n_cu = 3}, "cu_seqlens is NULL with 3 entries", false},
+        {{.has_window = true, .left = -2},
+         "window.left must be >= -1 (-1: unbounded) (got -2)",
+         false},
+        {{.has_window = true, .left = 3, .right = 1},
+         "window.right must be 0 or -1 with causal attention (got 1)",
+         false},
+        {{.has_window = false, .left = 3}, "has_window is false", false},
     };
     rdata_t d;
     data_init(&c, &d, 3);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char ring_msg[1024];
         cr_expect_eq(ring_run_masks(&c, &bad[i].m, &d, NULL), STRIA_ERR_INVALID_ARG, "case %zu", i);
-        cr_expect(strstr(stria_error_msg(), bad[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i,
-                  stria_error_msg(), bad[i].needle);
+        snprintf(ring_msg, sizeof(ring_msg), "%s", stria_error_msg());
+        cr_expect(strstr(ring_msg, bad[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i, ring_msg,
+                  bad[i].needle);
+
+        stria_ring_shape_t shape = shape_of(&c);
+        shape.call.cu_seqlens = bad[i].m.cu_seqlens;
+        shape.call.n_cu_seqlens = bad[i].m.n_cu;
+        shape.call.has_window = bad[i].m.has_window;
+        shape.call.window_left = bad[i].m.left;
+        shape.call.window_right = bad[i].m.right;
+        cr_expect_eq(stria_call_masks_check(&shape.call), STRIA_ERR_INVALID_ARG, "case %zu", i);
+        cr_expect(strstr(ring_msg, stria_error_msg()) != NULL, "case %zu: '%s' is not '%s'", i,
+                  ring_msg, stria_error_msg());
+        if (bad[i].end)
+            continue;
+        char rule[512];
+        snprintf(rule, sizeof(rule), "stria_attn_fwd: params: %s", stria_error_msg());
+        const stria_attn_params_t p = stria_ring_shape_attn_params(&shape);
+        cr_expect_eq(stria_attn_fwd(&p, NULL, NULL, NULL, NULL, NULL, false), STRIA_ERR_INVALID_ARG,
+                     "case %zu", i);
+        cr_expect_str_eq(stria_error_msg(), rule, "case %zu", i);
     }
     data_free(&d);
 }

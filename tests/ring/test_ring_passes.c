@@ -371,8 +371,11 @@ Test(ring, set_link_refusals)
     stria_inproc_hub_t *hub4, *hub3, *hub1;
     stria_link_t *l4[4], *l3, *l1;
     stria_ring_pass_t *pass;
-    stria_ring_shape_t s = {
-        .batch = 1, .seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .dtype = STRIA_DTYPE_F32};
+    stria_ring_shape_t s = {.call = {.batch = 1, .seq_len = 40},
+                            .heads = 2,
+                            .kv_heads = 1,
+                            .head_dim = 16,
+                            .dtype = STRIA_DTYPE_F32};
 
     cr_assert_eq(stria_inproc_hub_create(4, &hub4), STRIA_OK);
     cr_assert_eq(stria_inproc_hub_create(3, &hub3), STRIA_OK);

@@ -27,18 +27,18 @@ typedef struct {
 
 static stria_ring_shape_t shape_of(const pcase_t *c)
 {
-    stria_ring_shape_t s = {.batch = 1,
-                            .seq = c->S,
+    stria_ring_shape_t s = {.call = {.batch = 1,
+                                     .seq_len = c->S,
+                                     .causal = c->causal,
+                                     .cu_seqlens = c->cu,
+                                     .n_cu_seqlens = c->n_cu,
+                                     .has_window = c->has_window,
+                                     .window_left = c->has_window ? c->left : 0,
+                                     .window_right = 0},
                             .heads = 2,
                             .kv_heads = 1,
                             .head_dim = 32,
-                            .causal = c->causal,
-                            .dtype = STRIA_DTYPE_BF16,
-                            .cu_seqlens = c->cu,
-                            .n_cu_seqlens = c->n_cu,
-                            .has_window = c->has_window,
-                            .window_left = c->has_window ? c->left : 0,
-                            .window_right = 0};
+                            .dtype = STRIA_DTYPE_BF16};
     return s;
 }
 
@@ -281,21 +281,24 @@ Test(ring_plan, refusals)
     stria_ring_plan_destroy(plan);
 }
 
-/* The shape constructors: dimensions kept, masks dropped without a window,
- * and the whole-sequence kernel parameters carrying both. */
-Test(ring_plan, shape_constructors)
+/* The whole-sequence kernel parameters: the dimensions and the call record's
+ * length, scale, causality, documents and window, nothing of a block. */
+Test(ring_plan, shape_attn_params_carry_the_call_record)
 {
     static const int64_t cu[] = {0, 40, 96};
-    stria_ring_shape_t s = stria_ring_shape_of(2, 96, 8, 2, 64, STRIA_DTYPE_BF16, true);
-    cr_assert(s.batch == 2 && s.seq == 96 && s.heads == 8 && s.kv_heads == 2 && s.head_dim == 64);
-    cr_assert(s.dtype == STRIA_DTYPE_BF16 && s.causal && s.scale == 0.0f);
-    cr_assert(s.cu_seqlens == NULL && s.n_cu_seqlens == 0 && !s.has_window);
-    stria_ring_shape_set_masks(&s, cu, 3, false, 7, 5);
-    cr_assert(s.cu_seqlens == cu && s.n_cu_seqlens == 3);
-    cr_assert(!s.has_window && s.window_left == 0 && s.window_right == 0);
-    stria_ring_shape_set_masks(&s, cu, 3, true, 7, -1);
-    cr_assert(s.has_window && s.window_left == 7 && s.window_right == -1);
-    s.scale = 0.25f;
+    const stria_ring_shape_t s = {.call = {.batch = 2,
+                                           .seq_len = 96,
+                                           .causal = true,
+                                           .scale = 0.25f,
+                                           .cu_seqlens = cu,
+                                           .n_cu_seqlens = 3,
+                                           .has_window = true,
+                                           .window_left = 7,
+                                           .window_right = -1},
+                                  .heads = 8,
+                                  .kv_heads = 2,
+                                  .head_dim = 64,
+                                  .dtype = STRIA_DTYPE_BF16};
     stria_attn_params_t a = stria_ring_shape_attn_params(&s);
     cr_assert(a.batch == 2 && a.q_tokens == 96 && a.kv_tokens == 96 && a.heads == 8);
     cr_assert(a.kv_heads == 2 && a.head_dim == 64 && a.scale == 0.25f && a.causal);

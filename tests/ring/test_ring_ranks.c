@@ -564,8 +564,11 @@ Test(ring, bad_shapes_and_options)
     stria_inproc_hub_t *hub;
     stria_link_t *link;
     stria_ring_pass_t *pass = NULL;
-    stria_ring_shape_t s = {
-        .batch = 1, .seq = 10, .heads = 4, .kv_heads = 3, .head_dim = 32, .dtype = STRIA_DTYPE_F32};
+    stria_ring_shape_t s = {.call = {.batch = 1, .seq_len = 10},
+                            .heads = 4,
+                            .kv_heads = 3,
+                            .head_dim = 32,
+                            .dtype = STRIA_DTYPE_F32};
 
     cr_assert_eq(stria_inproc_hub_create(1, &hub), STRIA_OK);
     cr_assert_eq(stria_inproc_link_create(hub, 0, &link), STRIA_OK);
@@ -578,10 +581,10 @@ Test(ring, bad_shapes_and_options)
                  STRIA_ERR_UNSUPPORTED);
     cr_expect(strstr(stria_error_msg(), "head_dim 20"), "%s", stria_error_msg());
     s.head_dim = 32;
-    s.seq = 0;
+    s.call.seq_len = 0;
     cr_expect_eq(stria_ring_pass_create(link, &s, STRIA_LAYOUT_STRIPED, NULL, &pass),
                  STRIA_ERR_INVALID_ARG);
-    s.seq = 10;
+    s.call.seq_len = 10;
     cr_expect_eq(stria_ring_pass_create(link, &s, (stria_layout_kind_t)5, NULL, &pass),
                  STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "layout"), "%s", stria_error_msg());

@@ -19,12 +19,10 @@ static const stria_layout_kind_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAY
 
 static stria_ring_shape_t shape_of(int64_t seq, bool causal)
 {
-    stria_ring_shape_t s = {.batch = 1,
-                            .seq = seq,
+    stria_ring_shape_t s = {.call = {.batch = 1, .seq_len = seq, .causal = causal},
                             .heads = 2,
                             .kv_heads = 1,
                             .head_dim = 32,
-                            .causal = causal,
                             .dtype = STRIA_DTYPE_F32};
     return s;
 }
@@ -46,9 +44,9 @@ static void check_memo(const stria_ring_shape_t *shape, stria_layout_kind_t layo
                 continue;
             cr_assert_eq(stria_attn_work(&a, tq, tk, &w), STRIA_OK);
             cr_assert_eq(c->full_elems, w.full_elems, "%s N=%d S=%lld rank %d step %d",
-                         stria_layout_kind_name(layout), n, (long long)shape->seq, r, s);
+                         stria_layout_kind_name(layout), n, (long long)shape->call.seq_len, r, s);
             cr_assert_eq(c->partial_elems, w.partial_elems, "%s N=%d S=%lld rank %d step %d",
-                         stria_layout_kind_name(layout), n, (long long)shape->seq, r, s);
+                         stria_layout_kind_name(layout), n, (long long)shape->call.seq_len, r, s);
         }
     stria_ring_plan_destroy(plan);
     stria_sim_table_free(&t);
@@ -63,8 +61,8 @@ Test(sim, classifying_once_per_class_equals_classifying_every_pair)
                 stria_ring_shape_t s = shape_of(seqs[i], true);
                 check_memo(&s, layouts[l], n, 0, 0);
                 check_memo(&s, layouts[l], n, 96, 80);
-                s.has_window = true; /* windows: shifts only */
-                s.window_left = 150;
+                s.call.has_window = true; /* windows: shifts only */
+                s.call.window_left = 150;
                 check_memo(&s, layouts[l], n, 0, 0);
                 s = shape_of(seqs[i], false);
                 check_memo(&s, layouts[l], n, 0, 0);
@@ -77,8 +75,8 @@ static void check_against_run(stria_layout_kind_t layout, int n, int64_t seq, bo
 {
     stria_ring_shape_t shape = shape_of(seq, true);
     if (window) {
-        shape.has_window = true;
-        shape.window_left = 100;
+        shape.call.has_window = true;
+        shape.call.window_left = 100;
     }
     const size_t nq = (size_t)(seq * 2 * 32), nk = (size_t)(seq * 32), nn = (size_t)(n * n);
     float *buf = calloc(5 * nq + 4 * nk + 2 * (size_t)seq, sizeof(float));

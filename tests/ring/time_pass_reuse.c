@@ -52,15 +52,15 @@ static void *rank_main(void *arg)
     void *buf[5] = {NULL};
     float *lse = NULL;
 
-    if (stria_layout_init(STRIA_LAYOUT_STRIPED, b->n, s->seq, &l) != STRIA_OK ||
+    if (stria_layout_init(STRIA_LAYOUT_STRIPED, b->n, s->call.seq_len, &l) != STRIA_OK ||
         stria_device_open(b->device, NULL, &dev) != STRIA_OK)
         fail(b, rank, "setup");
     const int64_t L = l.shard_tokens;
     const size_t es = stria_dtype_size(s->dtype);
-    const size_t qn = (size_t)(s->batch * L * s->heads * s->head_dim);
-    const size_t kn = (size_t)(s->batch * L * s->kv_heads * s->head_dim);
+    const size_t qn = (size_t)(s->call.batch * L * s->heads * s->head_dim);
+    const size_t kn = (size_t)(s->call.batch * L * s->kv_heads * s->head_dim);
     const size_t bytes[5] = {qn * es, kn * es, kn * es, qn * es,
-                             (size_t)(s->batch * s->heads * L) * 4};
+                             (size_t)(s->call.batch * s->heads * L) * 4};
     float *host = malloc(qn * sizeof(float));
     void *conv = malloc(qn * es);
     for (size_t i = 0; i < qn; i++)
@@ -143,12 +143,10 @@ static double median(double *v, int n)
 
 int main(int argc, char **argv)
 {
-    bench_t b = {.shape = {.batch = 1,
-                           .seq = 4096,
+    bench_t b = {.shape = {.call = {.batch = 1, .seq_len = 4096, .causal = true},
                            .heads = 8,
                            .kv_heads = 8,
                            .head_dim = 128,
-                           .causal = true,
                            .dtype = STRIA_DTYPE_BF16},
                  .n = 4,
                  .passes = 10,
@@ -157,7 +155,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--no-causal") == 0) {
-            b.shape.causal = false;
+            b.shape.call.causal = false;
             continue;
         }
         if (v == NULL) {
@@ -168,7 +166,7 @@ int main(int argc, char **argv)
         if (strcmp(a, "--ranks") == 0)
             b.n = atoi(v);
         else if (strcmp(a, "--seq") == 0)
-            b.shape.seq = atoll(v);
+            b.shape.call.seq_len = atoll(v);
         else if (strcmp(a, "--heads") == 0)
             b.shape.heads = b.shape.kv_heads = atoll(v);
         else if (strcmp(a, "--head-dim") == 0)
@@ -219,9 +217,9 @@ int main(int argc, char **argv)
 
     printf("forward, N=%d, seq %lld, heads %lld, head_dim %lld, %s, %s, device %s: %d passes "
            "per round (first not counted), %d rounds\n",
-           b.n, (long long)b.shape.seq, (long long)b.shape.heads, (long long)b.shape.head_dim,
-           stria_dtype_name(b.shape.dtype), b.shape.causal ? "causal" : "non-causal", b.device,
-           b.passes, b.rounds);
+           b.n, (long long)b.shape.call.seq_len, (long long)b.shape.heads,
+           (long long)b.shape.head_dim, stria_dtype_name(b.shape.dtype),
+           b.shape.call.causal ? "causal" : "non-causal", b.device, b.passes, b.rounds);
     double per[2][64];
     for (int round = 0; round < b.rounds && round < 64; round++) {
         for (int way = 0; way < 2; way++) {

@@ -52,12 +52,15 @@ void se_call_tensors(fu_job_t *j, const stria_session_spec_t *sp, const stria_ca
 bool se_ref_equal(const fu_job_t *j, const stria_call_t *c, int n_ranks, stria_layout_kind_t layout,
                   bool backward, char *why, size_t len)
 {
-    const stria_job_spec_t *s = &j->spec;
-    stria_ring_shape_t shape = stria_ring_shape_of(s->batch, s->seq_len, s->heads, s->kv_heads,
-                                                   s->head_dim, s->dtype, c->causal);
-    shape.scale = c->scale;
-    stria_ring_shape_set_masks(&shape, c->cu_seqlens, c->n_cu_seqlens, c->has_window,
-                               c->window_left, c->window_right);
+    /* the spec's dimensions and bounds, the call's masks */
+    stria_ring_shape_t shape = tjob_ring_shape(j);
+    shape.call.causal = c->causal;
+    shape.call.scale = c->scale;
+    shape.call.cu_seqlens = c->cu_seqlens;
+    shape.call.n_cu_seqlens = c->n_cu_seqlens;
+    shape.call.has_window = c->has_window;
+    shape.call.window_left = c->has_window ? c->window_left : 0;
+    shape.call.window_right = c->has_window ? c->window_right : 0;
     stria_ring_local_opts_t lo = {.layout = layout,
                                   .n_ranks = n_ranks,
                                   .passes =

@@ -114,7 +114,11 @@ static void fill(float *x, size_t n, unsigned seed)
 /* The in-process ring's results for x's inputs, causal, fp32. */
 static void reference(io_t *x, int64_t seq)
 {
-    stria_ring_shape_t shape = stria_ring_shape_of(1, seq, H, HKV, D, STRIA_DTYPE_F32, true);
+    stria_ring_shape_t shape = {.call = {.batch = 1, .seq_len = seq, .causal = true},
+                                .heads = H,
+                                .kv_heads = HKV,
+                                .head_dim = D,
+                                .dtype = STRIA_DTYPE_F32};
     stria_ring_local_opts_t lo = {
         .layout = STRIA_LAYOUT_STRIPED, .n_ranks = N, .passes = STRIA_RING_PASS_FWD_BWD};
     void *const out[TJ_N_OUT] = {x->o, x->lse, x->dq, x->dk, x->dv};

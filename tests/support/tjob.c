@@ -70,9 +70,16 @@ void tjob_outputs(const tjob_t *j, void *out[TJ_N_OUT], size_t bytes[TJ_N_OUT])
 stria_ring_shape_t tjob_ring_shape(const tjob_t *j)
 {
     const stria_job_spec_t *s = &j->spec;
-    stria_ring_shape_t shape = stria_ring_shape_of(s->batch, s->seq_len, s->heads, s->kv_heads,
-                                                   s->head_dim, s->dtype, s->causal);
-    stria_ring_shape_set_masks(&shape, s->cu_seqlens, s->n_cu_seqlens, s->has_window,
-                               s->window_left, s->window_right);
-    return shape;
+    return (stria_ring_shape_t){.call = {.batch = s->batch,
+                                         .seq_len = s->seq_len,
+                                         .causal = s->causal,
+                                         .cu_seqlens = s->cu_seqlens,
+                                         .n_cu_seqlens = s->n_cu_seqlens,
+                                         .has_window = s->has_window,
+                                         .window_left = s->has_window ? s->window_left : 0,
+                                         .window_right = s->has_window ? s->window_right : 0},
+                                .heads = s->heads,
+                                .kv_heads = s->kv_heads,
+                                .head_dim = s->head_dim,
+                                .dtype = s->dtype};
 }

@@ -53,13 +53,12 @@ static inline int engine_case_parse(const char *s, engine_case_t *c)
 
 static inline stria_ring_shape_t engine_case_shape(const engine_case_t *c)
 {
-    stria_ring_shape_t s = {.batch = c->batch,
-                            .seq = c->seq,
-                            .heads = c->heads,
-                            .kv_heads = c->kv_heads,
-                            .head_dim = c->head_dim,
-                            .causal = c->causal != 0,
-                            .dtype = c->dtype};
+    stria_ring_shape_t s = {
+        .call = {.batch = c->batch, .seq_len = c->seq, .causal = c->causal != 0},
+        .heads = c->heads,
+        .kv_heads = c->kv_heads,
+        .head_dim = c->head_dim,
+        .dtype = c->dtype};
     return s;
 }
 

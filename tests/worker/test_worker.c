@@ -48,9 +48,9 @@ typedef struct {
 static void ref_make(ref_t *r, const wf_job_t *job, unsigned seed)
 {
     const stria_ring_shape_t *s = &job->shape;
-    size_t nq = (size_t)(s->batch * s->seq * s->heads * s->head_dim);
-    size_t nk = (size_t)(s->batch * s->seq * s->kv_heads * s->head_dim);
-    size_t nl = (size_t)(s->batch * s->heads * s->seq);
+    size_t nq = (size_t)(s->call.batch * s->call.seq_len * s->heads * s->head_dim);
+    size_t nk = (size_t)(s->call.batch * s->call.seq_len * s->kv_heads * s->head_dim);
+    size_t nl = (size_t)(s->call.batch * s->heads * s->call.seq_len);
     r->q = wf_tensor(job, s->heads, seed);
     r->k = wf_tensor(job, s->kv_heads, seed + 1);
     r->v = wf_tensor(job, s->kv_heads, seed + 2);
@@ -78,8 +78,8 @@ static void ref_free(ref_t *r)
 static void expect_shard(const wf_job_t *job, int rank, const float *got, uint64_t len,
                          const float *ref, int64_t heads, bool lse, const char *what)
 {
-    int64_t v = job->valid[rank], d = job->shape.head_dim, seq = job->shape.seq;
-    int64_t batch = job->shape.batch;
+    int64_t v = job->valid[rank], d = job->shape.head_dim, seq = job->shape.call.seq_len;
+    int64_t batch = job->shape.call.batch;
     uint64_t want = (uint64_t)(batch * v * heads * (lse ? 1 : d)) * sizeof(float);
     cr_assert_eq(len, want, "%s rank %d: %llu bytes, want %llu", what, rank,
                  (unsigned long long)len, (unsigned long long)want);
@@ -211,9 +211,13 @@ Test(worker, session_calls_of_other_shapes_and_held_forwards, .timeout = TEST_TI
      * padding only) */
     wf_job_t va = wf_job_resized(&job, 1, 101), vb = wf_job_resized(&job, 2, 64);
     wf_job_t vc = wf_job_resized(&job, 1, 1);
-    va.shape.causal = true;
+    va.shape.call.causal = true;
     static const int64_t docs[] = {0, 20, 64};
-    stria_ring_shape_set_masks(&vb.shape, docs, 3, true, 16, 8);
+    vb.shape.call.cu_seqlens = docs;
+    vb.shape.call.n_cu_seqlens = 3;
+    vb.shape.call.has_window = true;
+    vb.shape.call.window_left = 16;
+    vb.shape.call.window_right = 8;
     cr_assert_neq(va.valid[0], va.valid[1]);
     cr_assert_eq(vc.valid[1], 0);
     ref_make(&ra, &va, 11);
@@ -651,7 +655,7 @@ Test(worker, a_job_and_a_session_on_the_same_workers_never_mix, .timeout = TEST_
     cr_assert_eq(wf_submit(&f, 96, 0, &job), STRIA_OK, "%s", stria_error_msg());
     const wf_spec_t sp = {.seq_len = 96, .session = true, .max_held = 1};
     submit(&f, &sp, &sess);
-    sess.shape.causal = true; /* the same shape as the job's; other inputs */
+    sess.shape.call.causal = true; /* the same shape as the job's; other inputs */
     ref_make(&rj, &job, 1);
     ref_make(&rs, &sess, 101);
     wf_io_inputs(&job, ij, rj.q, rj.k, rj.v, rj.d_o);

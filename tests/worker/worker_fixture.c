@@ -147,7 +147,8 @@ stria_rpc_client_t *wf_client(wf_t *f, int widx)
 
 static stria_status_t job_layout(wf_job_t *job)
 {
-    stria_status_t st = stria_layout_init(job->layout.kind, job->n, job->shape.seq, &job->layout);
+    stria_status_t st =
+        stria_layout_init(job->layout.kind, job->n, job->shape.call.seq_len, &job->layout);
     if (st != STRIA_OK)
         return st;
     for (int r = 0; r < job->n; r++)
@@ -169,10 +170,14 @@ stria_status_t wf_job_of(const stria_rpc_reply_t *rep, const Stria__V1__JobSpec 
     job->n = (int)a->n_ranks;
     job->session = spec->session;
     job->max_held = a->spec->max_held;
-    job->shape = stria_ring_shape_of((int64_t)spec->batch, (int64_t)spec->seq_len, spec->heads,
-                                     spec->kv_heads, spec->head_dim, (stria_dtype_t)spec->dtype,
-                                     spec->causal);
-    job->shape.scale = a->spec->scale;
+    job->shape = (stria_ring_shape_t){.call = {.batch = (int64_t)spec->batch,
+                                               .seq_len = (int64_t)spec->seq_len,
+                                               .causal = spec->causal,
+                                               .scale = a->spec->scale},
+                                      .heads = spec->heads,
+                                      .kv_heads = spec->kv_heads,
+                                      .head_dim = spec->head_dim,
+                                      .dtype = (stria_dtype_t)spec->dtype};
     for (size_t r = 0; r < a->n_ranks; r++) {
         job->widx[r] = -1;
         for (int i = 0; i < n_workers; i++)
@@ -220,11 +225,10 @@ stria_status_t wf_submit(wf_t *f, int64_t seq, uint32_t step_timeout_ms, wf_job_
 wf_job_t wf_job_resized(const wf_job_t *job, int64_t batch, int64_t seq)
 {
     wf_job_t v = *job;
-    stria_ring_shape_t s =
-        stria_ring_shape_of(batch, seq, job->shape.heads, job->shape.kv_heads, job->shape.head_dim,
-                            job->shape.dtype, job->shape.causal);
-    s.scale = job->shape.scale;
-    v.shape = s;
+    v.shape.call = (stria_call_shape_t){.batch = batch,
+                                        .seq_len = seq,
+                                        .causal = job->shape.call.causal,
+                                        .scale = job->shape.call.scale};
     if (job_layout(&v) != STRIA_OK)
         memset(v.valid, 0, sizeof(v.valid));
     return v;
@@ -232,23 +236,15 @@ wf_job_t wf_job_resized(const wf_job_t *job, int64_t batch, int64_t seq)
 
 stria_call_shape_t wf_shape(const wf_job_t *job)
 {
-    const stria_ring_shape_t *s = &job->shape;
-    return (stria_call_shape_t){.batch = s->batch,
-                                .seq_len = s->seq,
-                                .causal = s->causal,
-                                .scale = s->scale,
-                                .cu_seqlens = s->cu_seqlens,
-                                .n_cu_seqlens = s->n_cu_seqlens,
-                                .has_window = s->has_window,
-                                .window_left = s->window_left,
-                                .window_right = s->window_right};
+    return job->shape.call;
 }
 
 /* ---- tensors ----------------------------------------------------------------- */
 
 float *wf_tensor(const wf_job_t *job, int64_t heads, unsigned seed)
 {
-    size_t n = (size_t)(job->shape.batch * job->shape.seq * heads * job->shape.head_dim);
+    size_t n =
+        (size_t)(job->shape.call.batch * job->shape.call.seq_len * heads * job->shape.head_dim);
     float *t = malloc(n * sizeof(float) + 1);
     for (size_t i = 0; i < n; i++) {
         seed = seed * 1103515245u + 12345u;
@@ -261,21 +257,21 @@ void *wf_shard(const wf_job_t *job, int rank, const float *full, int64_t heads, 
 {
     size_t row = (size_t)(heads * job->shape.head_dim);
     int64_t v = job->valid[rank];
-    float *s = malloc((size_t)(job->shape.batch * v) * row * sizeof(float) + 1);
-    for (int64_t b = 0; b < job->shape.batch; b++)
+    float *s = malloc((size_t)(job->shape.call.batch * v) * row * sizeof(float) + 1);
+    for (int64_t b = 0; b < job->shape.call.batch; b++)
         for (int64_t i = 0; i < v; i++) {
             int64_t pos = stria_layout_position(&job->layout, rank, i);
-            memcpy(s + (size_t)(b * v + i) * row, full + (size_t)(b * job->shape.seq + pos) * row,
-                   row * sizeof(float));
+            memcpy(s + (size_t)(b * v + i) * row,
+                   full + (size_t)(b * job->shape.call.seq_len + pos) * row, row * sizeof(float));
         }
-    *len = (uint64_t)(job->shape.batch * v) * row * sizeof(float);
+    *len = (uint64_t)(job->shape.call.batch * v) * row * sizeof(float);
     return s;
 }
 
 uint64_t wf_tensor_bytes(const wf_job_t *job, int rank, int t)
 {
     const stria_ring_shape_t *s = &job->shape;
-    uint64_t tokens = (uint64_t)s->batch * (uint64_t)job->valid[rank];
+    uint64_t tokens = (uint64_t)s->call.batch * (uint64_t)job->valid[rank];
     if (t == WF_LSE)
         return tokens * (uint64_t)s->heads * 4u;
     bool kv = t == WF_K || t == WF_V || t == WF_DK || t == WF_DV;
