@@ -267,11 +267,45 @@ stria_status_t stria_layout_gather(const stria_layout_t *layout, int rank, int64
                               "stria_layout_gather");
 }
 
+/* The product of n factors, false when it passes 2^63. */
+static bool stria__grant_mul(const uint64_t *f, int n, uint64_t *out)
+{
+    uint64_t x = 1;
+    for (int i = 0; i < n; i++)
+        if (__builtin_mul_overflow(x, f[i], &x))
+            return false;
+    *out = x;
+    return x >> 63 == 0;
+}
+
+stria_status_t stria_kernel_grant(int64_t batch, int64_t q_tokens, int64_t kv_tokens, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim,
+                                  stria_kernel_grant_t *grant_out)
+{
+    uint64_t query, kv;
+
+    if (batch <= 0 || q_tokens <= 0 || kv_tokens <= 0 || heads <= 0 || kv_heads <= 0 ||
+        head_dim <= 0 || grant_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "kernel workspace: sizes must be positive");
+    const uint64_t fq[] = {5 * sizeof(float), (uint64_t)batch, (uint64_t)heads, (uint64_t)q_tokens,
+                           (uint64_t)head_dim};
+    const uint64_t fk[] = {3 * sizeof(float), (uint64_t)batch, (uint64_t)kv_heads,
+                           (uint64_t)kv_tokens, (uint64_t)head_dim};
+    if (!stria__grant_mul(fq, 5, &query) || !stria__grant_mul(fk, 5, &kv) || (query | kv) >> 62)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "kernel workspace: 2^62 bytes or more");
+    grant_out->query = query;
+    grant_out->kv = kv;
+    grant_out->total = query + kv;
+    return STRIA_OK;
+}
+
 stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
                                  uint64_t *bytes_out)
 {
-    unsigned __int128 B, L, es, qrow, kvrow, tensors, ring, kern, total;
+    unsigned __int128 B, L, es, qrow, kvrow, tensors, ring, total;
+    stria_kernel_grant_t kern; /* also bounds the sizes for the products below */
+    stria_status_t st;
 
     if (batch <= 0 || shard_tokens <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 ||
         bytes_out == NULL)
@@ -279,6 +313,9 @@ stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t he
     es = stria_dtype_size(dtype);
     if (es == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "rank memory: unknown dtype %d", (int)dtype);
+    if ((st = stria_kernel_grant(batch, shard_tokens, shard_tokens, heads, kv_heads, head_dim,
+                                 &kern)) != STRIA_OK)
+        return st;
     B = (uint64_t)batch;
     L = (uint64_t)shard_tokens;
     qrow = (unsigned __int128)(uint64_t)heads * (uint64_t)head_dim;
@@ -288,12 +325,7 @@ stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t he
     /* K/V in flight, double-buffered; dK/dV in flight in fp32, double-buffered;
      * fp32 output and dQ accumulators. */
     ring = B * L * kvrow * (4 * es + 4 * 4) + B * L * qrow * 4 * 2;
-    /* Kernel workspaces, fp32: the backward pass holds Q, dO, their
-     * transposes and dQ (5 x Q; one more dQ per kernel thread beyond the
-     * first with 2..8 threads, not counted) while each step packs K and V
-     * (up to 3 x K); the forward pass needs less. */
-    kern = B * L * (5 * qrow + 3 * kvrow) * 4;
-    total = tensors + ring + kern;
+    total = tensors + ring + kern.total;
     if (total >> 63)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "rank memory: more than 2^63 bytes");
     *bytes_out = (uint64_t)total;

@@ -76,11 +76,35 @@ int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t in
 stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, int *rank_out,
                                    int64_t *index_out);
 
+/* The workspace the CPU kernels take from their allocator
+ * (stria_attn_params_t.workspace) during a forward or a backward pass whose
+ * query block has at most q_tokens tokens and whose K/V blocks have at most
+ * kv_tokens: the kernels' part of stria_rank_memory(), in bytes. It lives
+ * here because admission (common) must not depend on kernels/.
+ *   query: what a pass holds from its begin to its end, 5 x the query rows
+ *          in fp32 (the backward pass's Q, dO, their transposes and dQ; one
+ *          more dQ per kernel thread beyond the first with 2..8 threads, not
+ *          counted);
+ *   kv:    what one block packs, up to 3 x the K/V rows in fp32;
+ *   total: their sum.
+ * STRIA_ERR_INVALID_ARG for sizes <= 0; STRIA_ERR_NO_MEMORY when a part
+ * reaches 2^62 bytes. */
+typedef struct {
+    uint64_t query;
+    uint64_t kv;
+    uint64_t total;
+} stria_kernel_grant_t;
+
+stria_status_t stria_kernel_grant(int64_t batch, int64_t q_tokens, int64_t kv_tokens, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim,
+                                  stria_kernel_grant_t *grant_out);
+
 /* Memory of one rank of a ring job, in bytes, for admission (the coordinator)
  * and reservation (the worker): its Q, K, V, dO, O, dQ, dK, dV shards in the
  * job dtype and its fp32 LSE, the ring buffers (K/V double-buffered in the
  * job dtype, dK/dV double-buffered in fp32, the fp32 output accumulators) and
- * the kernels' fp32 workspaces, all for shard_tokens (padded) tokens.
+ * the kernels' workspaces (stria_kernel_grant() of shard_tokens query and
+ * K/V tokens), all for shard_tokens (padded) tokens.
  * STRIA_ERR_INVALID_ARG for sizes <= 0 or an unknown dtype;
  * STRIA_ERR_NO_MEMORY when the result does not fit in 63 bits. */
 stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
