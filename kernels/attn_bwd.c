@@ -42,11 +42,11 @@ typedef struct {
     /* mode C: tasks add their dQ tiles into dq_packed under these locks
      * (STRIA__BWD_DQ_LOCKS); NULL: each task owns the dQ rows it writes */
     pthread_mutex_t *dq_locks;
-    float *scratch; /* per thread */
-    size_t scratch_floats;
-    int kblock;  /* key tiles per task (stria__bwd_kblock) */
-    int64_t nkb; /* key-tile blocks per kv head */
-    bool kin;    /* fp32 K rows read in place (k_packed unused) */
+    size_t scratch_floats; /* per task (stria__thread_scratch()) */
+    int failed;            /* a task had no scratch */
+    int kblock;            /* key tiles per task (stria__bwd_kblock) */
+    int64_t nkb;           /* key-tile blocks per kv head */
+    bool kin;              /* fp32 K rows read in place (k_packed unused) */
 } stria__bwd_job_t;
 
 static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
@@ -129,21 +129,23 @@ typedef struct {
     uint16_t *ptb, *dsb, *ds2;
 } stria__bwd_scratch_t;
 
-static stria__bwd_scratch_t stria__bwd_scratch(stria__bwd_job_t *job, int thread)
+/* The calling thread's scratch for a task of job; false when out of memory
+ * (the task then does nothing, job->failed is set). */
+static bool stria__bwd_scratch(stria__bwd_job_t *job, stria__bwd_scratch_t *s)
 {
-    stria__bwd_scratch_t s;
     int64_t Dp = job->c->Dp;
-    s.pt = job->scratch + (size_t)thread * job->scratch_floats;
-    s.dst = s.pt + STRIA__BQ * STRIA__BK;
-    s.dk = s.dst + STRIA__BQ * STRIA__BK;
-    s.dv = s.dk + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
-    s.lse = s.dv + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
-    s.delta = s.lse + STRIA__BQ;
-    s.dq = s.delta + STRIA__BQ;
-    s.ptb = (uint16_t *)(s.dq + (job->dq_locks != NULL ? (size_t)STRIA__BQ * (size_t)Dp : 0));
-    s.dsb = s.ptb + STRIA__BQ * STRIA__BK;
-    s.ds2 = s.dsb + STRIA__BQ * STRIA__BK;
-    return s;
+    if ((s->pt = stria__task_scratch(job->scratch_floats, &job->failed)) == NULL)
+        return false;
+    s->dst = s->pt + STRIA__BQ * STRIA__BK;
+    s->dk = s->dst + STRIA__BQ * STRIA__BK;
+    s->dv = s->dk + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
+    s->lse = s->dv + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
+    s->delta = s->lse + STRIA__BQ;
+    s->dq = s->delta + STRIA__BQ;
+    s->ptb = (uint16_t *)(s->dq + (job->dq_locks != NULL ? (size_t)STRIA__BQ * (size_t)Dp : 0));
+    s->dsb = s->ptb + STRIA__BQ * STRIA__BK;
+    s->ds2 = s->dsb + STRIA__BQ * STRIA__BK;
+    return true;
 }
 
 /* LSE and D of query tile qt of head h into the scratch. A row that saw no key
@@ -261,10 +263,9 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     const float *dotp = job->dot_packed + qidx * job->q_stile;
     /* fp32 K rows (for dQ), in place or packed; in fp32 they are the score
      * operand too */
-    stria__kop_t kp = {job->k_packed + kidx * ktile, (ptrdiff_t)Dp};
-    if (job->kin)
-        kp = (stria__kop_t){(const float *)stria__row_ptr(job->k, b, k0, hk),
-                            (ptrdiff_t)job->k->stride_token};
+    stria__kop_t kp = job->kin ? (stria__kop_t){(const float *)stria__row_ptr(job->k, b, k0, hk),
+                                                (ptrdiff_t)job->k->stride_token}
+                               : (stria__kop_t){job->k_packed + kidx * ktile, (ptrdiff_t)Dp};
     stria__kop_t ksp =
         c->bf16 ? stria__kside(c, job->k, job->ks_packed, job->k_stile, b, hk, kt) : kp;
     stria__kop_t vp = stria__kside(c, job->v, job->v_packed, job->k_stile, b, hk, kt);
@@ -366,7 +367,10 @@ static void stria__bwd_group_task(void *arg, size_t task, int thread)
     stria__ctx_t *c = job->c;
     int64_t hk = (int64_t)task % c->dims.Hkv;
     int64_t b = (int64_t)task / c->dims.Hkv;
-    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    stria__bwd_scratch_t s;
+    (void)thread;
+    if (!stria__bwd_scratch(job, &s))
+        return;
     for (int64_t kb = 0; kb < job->nkb; kb++)
         stria__bwd_kblock_run(job, &s, b, hk, kb, true);
 }
@@ -378,7 +382,10 @@ static void stria__bwd_kblock_task(void *arg, size_t task, int thread)
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
     stria__ktask_t tk = stria__ktask(c, job->nkb, task);
-    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    stria__bwd_scratch_t s;
+    (void)thread;
+    if (!stria__bwd_scratch(job, &s))
+        return;
     stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k, true);
 }
 
@@ -388,7 +395,10 @@ static void stria__bwd_dkdv_task(void *arg, size_t task, int thread)
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
     stria__ktask_t tk = stria__ktask(c, job->nkb, task);
-    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    stria__bwd_scratch_t s;
+    (void)thread;
+    if (!stria__bwd_scratch(job, &s))
+        return;
     stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k, false);
 }
 
@@ -399,7 +409,10 @@ static void stria__bwd_dq_task(void *arg, size_t task, int thread)
     stria__ctx_t *c = job->c;
     stria__qtask_t tk = stria__qtask(c, task);
     int64_t qt = tk.qt, h = tk.h, b = tk.b;
-    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    stria__bwd_scratch_t s;
+    (void)thread;
+    if (!stria__bwd_scratch(job, &s))
+        return;
 
     stria__bwd_load_stats(job, &s, b, h, qt);
     for (int64_t kt = 0; kt < c->nkt; kt++) {
@@ -558,9 +571,9 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     job.kin = c.kdirect && !c.bf16 && k->stride_token == c.D;
     size_t k_area = job.kin ? 0 : n_k * ktile, v_area = c.kdirect ? 0 : n_k * job.k_stile;
     size_t ks_area = c.bf16 && !c.kdirect ? n_k * job.k_stile : 0;
-    const size_t sizes[] = {k_area, v_area, ks_area, (size_t)c.n_threads * job.scratch_floats};
-    float **const at[] = {&job.k_packed, &job.v_packed, &job.ks_packed, &job.scratch};
-    if ((st = stria__ws_areas(params->workspace, 3.0 * (double)n_k * (double)ktile, 4, sizes, at,
+    const size_t sizes[] = {k_area, v_area, ks_area};
+    float **const at[] = {&job.k_packed, &job.v_packed, &job.ks_packed};
+    if ((st = stria__ws_areas(params->workspace, 3.0 * (double)n_k * (double)ktile, 3, sizes, at,
                               &ws, fn)) != STRIA_OK)
         goto out;
     if (!job.kin || !c.kdirect)
@@ -578,7 +591,7 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
         stria_pool_run(pass->pool, n_kb, stria__bwd_dkdv_task, &job);
         stria_pool_run(pass->pool, pass->n_q, stria__bwd_dq_task, &job);
     }
-    st = STRIA_OK;
+    st = stria__scratch_status(job.failed, job.scratch_floats, fn);
 out:
     stria__ws_put(&ws);
     stria__ctx_free(&c);

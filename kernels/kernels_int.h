@@ -142,6 +142,14 @@ bool stria__ws_get(const stria_allocator_t *mem, size_t size, stria__ws_t *ws);
 /* Gives a buffer back (to the cache or to the system); resets *ws. */
 void stria__ws_put(stria__ws_t *ws);
 
+/* The calling thread's scratch (64-byte aligned, at least `floats` floats,
+ * contents undefined): the per-thread memory of a task of a parallel loop.
+ * It is the thread's, like its stack, never a call's workspace: each thread
+ * keeps its largest until it exits (the main thread's: until the process
+ * exits), so that a pool's threads pay for it once. NULL when out of
+ * memory. */
+float *stria__thread_scratch(size_t floats);
+
 /* The variant in use (selected on first call). Returns NULL and sets the error
  * message when STRIA_KERNEL names an unusable variant. */
 const stria_kern_ops_t *stria__kern_ops(void);
