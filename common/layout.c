@@ -282,15 +282,17 @@ stria_status_t stria_kernel_grant(int64_t batch, int64_t q_tokens, int64_t kv_to
                                   int64_t kv_heads, int64_t head_dim,
                                   stria_kernel_grant_t *grant_out)
 {
-    uint64_t query, kv;
+    const uint64_t TQ = STRIA_KERNEL_TILE_Q, TK = STRIA_KERNEL_TILE_K, DP = STRIA_KERNEL_DPAD;
+    uint64_t Dp, query, kv;
 
     if (batch <= 0 || q_tokens <= 0 || kv_tokens <= 0 || heads <= 0 || kv_heads <= 0 ||
         head_dim <= 0 || grant_out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "kernel workspace: sizes must be positive");
-    const uint64_t fq[] = {5 * sizeof(float), (uint64_t)batch, (uint64_t)heads, (uint64_t)q_tokens,
-                           (uint64_t)head_dim};
-    const uint64_t fk[] = {3 * sizeof(float), (uint64_t)batch, (uint64_t)kv_heads,
-                           (uint64_t)kv_tokens, (uint64_t)head_dim};
+    Dp = ((uint64_t)head_dim + DP - 1) / DP * DP;
+    const uint64_t fq[] = {5 * sizeof(float), (uint64_t)batch, (uint64_t)heads,
+                           ((uint64_t)q_tokens + TQ - 1) / TQ * TQ, Dp};
+    const uint64_t fk[] = {2 * sizeof(float), (uint64_t)batch, (uint64_t)kv_heads,
+                           ((uint64_t)kv_tokens + TK - 1) / TK * TK, Dp};
     if (!stria__grant_mul(fq, 5, &query) || !stria__grant_mul(fk, 5, &kv) || (query | kv) >> 62)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "kernel workspace: 2^62 bytes or more");
     grant_out->query = query;

@@ -76,17 +76,30 @@ int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t in
 stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, int *rank_out,
                                    int64_t *index_out);
 
-/* The workspace the CPU kernels take from their allocator
- * (stria_attn_params_t.workspace) during a forward or a backward pass whose
- * query block has at most q_tokens tokens and whose K/V blocks have at most
- * kv_tokens: the kernels' part of stria_rank_memory(), in bytes. It lives
- * here because admission (common) must not depend on kernels/.
+/* The tiles of the CPU kernels (kernels/ reads them from here, because the
+ * admission rule below counts whole tiles): queries and keys per tile, and
+ * the multiple that head_dim rows are padded to. */
+#define STRIA_KERNEL_TILE_Q 64
+#define STRIA_KERNEL_TILE_K 64
+#define STRIA_KERNEL_DPAD   16
+
+/* The most the CPU kernels take from their workspace allocator
+ * (stria_attn_params_t.workspace) at once during a forward or a backward
+ * pass (its begin and every block) whose query block has at most q_tokens
+ * tokens and whose K/V blocks have at most kv_tokens, whatever the number of
+ * kernel threads: the kernels' part of stria_rank_memory(), in bytes. The
+ * kernels keep to it; the rule lives here because admission (common) must
+ * not depend on kernels/. Rows are counted as the kernels pack them: fp32,
+ * tokens padded to whole tiles, head_dim padded to STRIA_KERNEL_DPAD.
  *   query: what a pass holds from its begin to its end, 5 x the query rows
- *          in fp32 (the backward pass's Q, dO, their transposes and dQ; one
- *          more dQ per kernel thread beyond the first with 2..8 threads, not
- *          counted);
- *   kv:    what one block packs, up to 3 x the K/V rows in fp32;
+ *          (the backward pass's Q, dO, their transposes and one dQ, shared
+ *          by its threads; the forward pass holds Q^T);
+ *   kv:    what one block packs, 2 x the K/V rows (K and V; with the bf16
+ *          products K in pairs and K and V as bf16 rows, half each);
  *   total: their sum.
+ * Per-thread scratch (a few hundred KiB a thread) is not counted: it is the
+ * kernel threads' own memory, like their stacks, and never comes from the
+ * workspace allocator (stria_kernels.h, Memory).
  * STRIA_ERR_INVALID_ARG for sizes <= 0; STRIA_ERR_NO_MEMORY when a part
  * reaches 2^62 bytes. */
 typedef struct {

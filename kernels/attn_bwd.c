@@ -513,7 +513,7 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     pass->n_q = (size_t)(c.dims.B * c.dims.H * c.nqt);
     pass->q_stile = stria__score_tile_floats(&c, qtile);
     /* every area is a multiple of 16 floats: 64-byte aligned like the buffer;
-     * one dQ, whatever the number of threads: 5 x the query rows at most */
+     * at most 5 x the padded query rows, the query part of the grant */
     const size_t sizes[] = {pass->n_q * qtile, pass->n_q * qtile, pass->n_q * qtile,
                             pass->n_q * pass->q_stile, pass->n_q * pass->q_stile};
     float **const at[] = {&pass->q_packed, &pass->do_packed, &pass->dq_packed, &pass->qt_packed,
@@ -571,6 +571,7 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     job.kin = c.kdirect && !c.bf16 && k->stride_token == c.D;
     size_t k_area = job.kin ? 0 : n_k * ktile, v_area = c.kdirect ? 0 : n_k * job.k_stile;
     size_t ks_area = c.bf16 && !c.kdirect ? n_k * job.k_stile : 0;
+    /* at most 2 x the padded K/V rows, the K/V part of the grant */
     const size_t sizes[] = {k_area, v_area, ks_area};
     float **const at[] = {&job.k_packed, &job.v_packed, &job.ks_packed};
     if ((st = stria__ws_areas(params->workspace, 3.0 * (double)n_k * (double)ktile, 3, sizes, at,
