@@ -301,11 +301,18 @@ stria_status_t stria_kernel_grant(int64_t batch, int64_t q_tokens, int64_t kv_to
     return STRIA_OK;
 }
 
+/* x rounded up to 64 bytes: what a worker's pool hands out for x bytes, and
+ * how the ring engine carves its arena. */
+static unsigned __int128 stria__rank_round64(unsigned __int128 x)
+{
+    return (x + 63) / 64 * 64;
+}
+
 stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
                                  uint64_t *bytes_out)
 {
-    unsigned __int128 B, L, es, qrow, kvrow, tensors, ring, total;
+    unsigned __int128 B, L, es, qrows, kvrows, lse, tensors, ring, total;
     stria_kernel_grant_t kern; /* also bounds the sizes for the products below */
     stria_status_t st;
 
@@ -320,13 +327,20 @@ stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t he
         return st;
     B = (uint64_t)batch;
     L = (uint64_t)shard_tokens;
-    qrow = (unsigned __int128)(uint64_t)heads * (uint64_t)head_dim;
-    kvrow = (unsigned __int128)(uint64_t)kv_heads * (uint64_t)head_dim;
-    /* Q, K, V, dO, O, dQ, dK, dV in the job dtype, LSE in fp32. */
-    tensors = B * L * (4 * qrow + 4 * kvrow) * es + B * (uint64_t)heads * L * 4;
-    /* K/V in flight, double-buffered; dK/dV in flight in fp32, double-buffered;
-     * fp32 output and dQ accumulators. */
-    ring = B * L * kvrow * (4 * es + 4 * 4) + B * L * qrow * 4 * 2;
+    qrows = B * L * (uint64_t)heads * (uint64_t)head_dim; /* elements of Q */
+    kvrows = B * L * (uint64_t)kv_heads * (uint64_t)head_dim;
+    lse = stria__rank_round64(B * (uint64_t)heads * L * 4);
+    /* Q, O, dO, dQ and K, V, dK, dV in the job dtype, LSE in fp32: one
+     * allocation each. */
+    tensors = 4 * stria__rank_round64(qrows * es) + 4 * stria__rank_round64(kvrows * es) + lse;
+    /* The ring engine's arena for its larger pass, the backward
+     * (daemon/ring/ring.c): two K/V messages in the job dtype, three fp32
+     * dK/dV buffers (this rank's contribution, double-buffered, and the
+     * running sum received), the fp32 dQ accumulator and the LSE and D rows.
+     * The forward's (two messages, the fp32 O accumulator and LSE rows) is
+     * smaller; staged, the device's and the pinned part are each smaller. */
+    ring = 2 * stria__rank_round64(2 * kvrows * es) + 3 * stria__rank_round64(2 * kvrows * 4) +
+           stria__rank_round64(qrows * 4) + 2 * lse;
     total = tensors + ring + kern.total;
     if (total >> 63)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "rank memory: more than 2^63 bytes");

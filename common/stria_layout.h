@@ -114,10 +114,11 @@ stria_status_t stria_kernel_grant(int64_t batch, int64_t q_tokens, int64_t kv_to
 
 /* Memory of one rank of a ring job, in bytes, for admission (the coordinator)
  * and reservation (the worker): its Q, K, V, dO, O, dQ, dK, dV shards in the
- * job dtype and its fp32 LSE, the ring buffers (K/V double-buffered in the
- * job dtype, dK/dV double-buffered in fp32, the fp32 output accumulators) and
- * the kernels' workspaces (stria_kernel_grant() of shard_tokens query and
- * K/V tokens), all for shard_tokens (padded) tokens.
+ * job dtype and its fp32 LSE, the ring engine's buffers of its backward pass
+ * (the larger: K/V messages double-buffered in the job dtype, three fp32
+ * dK/dV buffers, the fp32 dQ accumulator, LSE and D rows) and the kernels'
+ * workspaces (stria_kernel_grant() of shard_tokens query and K/V tokens), all
+ * for shard_tokens (padded) tokens, each allocation in 64-byte units.
  * STRIA_ERR_INVALID_ARG for sizes <= 0 or an unknown dtype;
  * STRIA_ERR_NO_MEMORY when the result does not fit in 63 bits. */
 stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
