@@ -267,11 +267,54 @@ stria_status_t stria_layout_gather(const stria_layout_t *layout, int rank, int64
                               "stria_layout_gather");
 }
 
+/* The product of n factors, false when it passes 2^63. */
+static bool stria__grant_mul(const uint64_t *f, int n, uint64_t *out)
+{
+    uint64_t x = 1;
+    for (int i = 0; i < n; i++)
+        if (__builtin_mul_overflow(x, f[i], &x))
+            return false;
+    *out = x;
+    return x >> 63 == 0;
+}
+
+stria_status_t stria_kernel_grant(int64_t batch, int64_t q_tokens, int64_t kv_tokens, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim,
+                                  stria_kernel_grant_t *grant_out)
+{
+    const uint64_t TQ = STRIA_KERNEL_TILE_Q, TK = STRIA_KERNEL_TILE_K, DP = STRIA_KERNEL_DPAD;
+    uint64_t Dp, query, kv;
+
+    if (batch <= 0 || q_tokens <= 0 || kv_tokens <= 0 || heads <= 0 || kv_heads <= 0 ||
+        head_dim <= 0 || grant_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "kernel workspace: sizes must be positive");
+    Dp = ((uint64_t)head_dim + DP - 1) / DP * DP;
+    const uint64_t fq[] = {5 * sizeof(float), (uint64_t)batch, (uint64_t)heads,
+                           ((uint64_t)q_tokens + TQ - 1) / TQ * TQ, Dp};
+    const uint64_t fk[] = {2 * sizeof(float), (uint64_t)batch, (uint64_t)kv_heads,
+                           ((uint64_t)kv_tokens + TK - 1) / TK * TK, Dp};
+    if (!stria__grant_mul(fq, 5, &query) || !stria__grant_mul(fk, 5, &kv) || (query | kv) >> 62)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "kernel workspace: 2^62 bytes or more");
+    grant_out->query = query;
+    grant_out->kv = kv;
+    grant_out->total = query + kv;
+    return STRIA_OK;
+}
+
+/* x rounded up to 64 bytes: what a worker's pool hands out for x bytes, and
+ * how the ring engine carves its arena. */
+static unsigned __int128 stria__rank_round64(unsigned __int128 x)
+{
+    return (x + 63) / 64 * 64;
+}
+
 stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim, stria_dtype_t dtype,
                                  uint64_t *bytes_out)
 {
-    unsigned __int128 B, L, es, qrow, kvrow, tensors, ring, kern, total;
+    unsigned __int128 B, L, es, qrows, kvrows, lse, tensors, ring, total;
+    stria_kernel_grant_t kern; /* also bounds the sizes for the products below */
+    stria_status_t st;
 
     if (batch <= 0 || shard_tokens <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 ||
         bytes_out == NULL)
@@ -279,21 +322,26 @@ stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t he
     es = stria_dtype_size(dtype);
     if (es == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "rank memory: unknown dtype %d", (int)dtype);
+    if ((st = stria_kernel_grant(batch, shard_tokens, shard_tokens, heads, kv_heads, head_dim,
+                                 &kern)) != STRIA_OK)
+        return st;
     B = (uint64_t)batch;
     L = (uint64_t)shard_tokens;
-    qrow = (unsigned __int128)(uint64_t)heads * (uint64_t)head_dim;
-    kvrow = (unsigned __int128)(uint64_t)kv_heads * (uint64_t)head_dim;
-    /* Q, K, V, dO, O, dQ, dK, dV in the job dtype, LSE in fp32. */
-    tensors = B * L * (4 * qrow + 4 * kvrow) * es + B * (uint64_t)heads * L * 4;
-    /* K/V in flight, double-buffered; dK/dV in flight in fp32, double-buffered;
-     * fp32 output and dQ accumulators. */
-    ring = B * L * kvrow * (4 * es + 4 * 4) + B * L * qrow * 4 * 2;
-    /* Kernel workspaces, fp32: the backward pass holds Q, dO, their
-     * transposes and dQ (5 x Q; one more dQ per kernel thread beyond the
-     * first with 2..8 threads, not counted) while each step packs K and V
-     * (up to 3 x K); the forward pass needs less. */
-    kern = B * L * (5 * qrow + 3 * kvrow) * 4;
-    total = tensors + ring + kern;
+    qrows = B * L * (uint64_t)heads * (uint64_t)head_dim; /* elements of Q */
+    kvrows = B * L * (uint64_t)kv_heads * (uint64_t)head_dim;
+    lse = stria__rank_round64(B * (uint64_t)heads * L * 4);
+    /* Q, O, dO, dQ and K, V, dK, dV in the job dtype, LSE in fp32: one
+     * allocation each. */
+    tensors = 4 * stria__rank_round64(qrows * es) + 4 * stria__rank_round64(kvrows * es) + lse;
+    /* The ring engine's arena for its larger pass, the backward
+     * (daemon/ring/ring.c): two K/V messages in the job dtype, three fp32
+     * dK/dV buffers (this rank's contribution, double-buffered, and the
+     * running sum received), the fp32 dQ accumulator and the LSE and D rows.
+     * The forward's (two messages, the fp32 O accumulator and LSE rows) is
+     * smaller; staged, the device's and the pinned part are each smaller. */
+    ring = 2 * stria__rank_round64(2 * kvrows * es) + 3 * stria__rank_round64(2 * kvrows * 4) +
+           stria__rank_round64(qrows * 4) + 2 * lse;
+    total = tensors + ring + kern.total;
     if (total >> 63)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "rank memory: more than 2^63 bytes");
     *bytes_out = (uint64_t)total;

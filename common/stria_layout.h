@@ -76,11 +76,49 @@ int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t in
 stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, int *rank_out,
                                    int64_t *index_out);
 
+/* The tiles of the CPU kernels (kernels/ reads them from here, because the
+ * admission rule below counts whole tiles): queries and keys per tile, and
+ * the multiple that head_dim rows are padded to. */
+#define STRIA_KERNEL_TILE_Q 64
+#define STRIA_KERNEL_TILE_K 64
+#define STRIA_KERNEL_DPAD   16
+
+/* The most the CPU kernels take from their workspace allocator
+ * (stria_attn_params_t.workspace) at once during a forward or a backward
+ * pass (its begin and every block) whose query block has at most q_tokens
+ * tokens and whose K/V blocks have at most kv_tokens, whatever the number of
+ * kernel threads: the kernels' part of stria_rank_memory(), in bytes. The
+ * kernels keep to it; the rule lives here because admission (common) must
+ * not depend on kernels/. Rows are counted as the kernels pack them: fp32,
+ * tokens padded to whole tiles, head_dim padded to STRIA_KERNEL_DPAD.
+ *   query: what a pass holds from its begin to its end, 5 x the query rows
+ *          (the backward pass's Q, dO, their transposes and one dQ, shared
+ *          by its threads; the forward pass holds Q^T);
+ *   kv:    what one block packs, 2 x the K/V rows (K and V; with the bf16
+ *          products K in pairs and K and V as bf16 rows, half each);
+ *   total: their sum.
+ * Per-thread scratch (a few hundred KiB a thread) is not counted: it is the
+ * kernel threads' own memory, like their stacks, and never comes from the
+ * workspace allocator (stria_kernels.h, Memory).
+ * STRIA_ERR_INVALID_ARG for sizes <= 0; STRIA_ERR_NO_MEMORY when a part
+ * reaches 2^62 bytes. */
+typedef struct {
+    uint64_t query;
+    uint64_t kv;
+    uint64_t total;
+} stria_kernel_grant_t;
+
+stria_status_t stria_kernel_grant(int64_t batch, int64_t q_tokens, int64_t kv_tokens, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim,
+                                  stria_kernel_grant_t *grant_out);
+
 /* Memory of one rank of a ring job, in bytes, for admission (the coordinator)
  * and reservation (the worker): its Q, K, V, dO, O, dQ, dK, dV shards in the
- * job dtype and its fp32 LSE, the ring buffers (K/V double-buffered in the
- * job dtype, dK/dV double-buffered in fp32, the fp32 output accumulators) and
- * the kernels' fp32 workspaces, all for shard_tokens (padded) tokens.
+ * job dtype and its fp32 LSE, the ring engine's buffers of its backward pass
+ * (the larger: K/V messages double-buffered in the job dtype, three fp32
+ * dK/dV buffers, the fp32 dQ accumulator, LSE and D rows) and the kernels'
+ * workspaces (stria_kernel_grant() of shard_tokens query and K/V tokens), all
+ * for shard_tokens (padded) tokens, each allocation in 64-byte units.
  * STRIA_ERR_INVALID_ARG for sizes <= 0 or an unknown dtype;
  * STRIA_ERR_NO_MEMORY when the result does not fit in 63 bits. */
 stria_status_t stria_rank_memory(int64_t batch, int64_t shard_tokens, int64_t heads,

@@ -436,10 +436,14 @@ void stria__ctx_set_dtype(stria__ctx_t *c, stria_dtype_t dtype)
 
 /* Takes a workspace of `floats` floats from `mem` (the params' workspace
  * allocator) or the cache; `bound` is the same size computed in double (with
- * any factor the caller multiplies it by), to refuse sizes that overflow. */
+ * any factor the caller multiplies it by), to refuse sizes that overflow.
+ * None for 0 floats (every operand read in place): ws stays empty. */
 stria_status_t stria__ws_floats(const stria_allocator_t *mem, double bound, size_t floats,
                                 stria__ws_t *ws, const char *fn)
 {
+    memset(ws, 0, sizeof(*ws));
+    if (floats == 0)
+        return STRIA_OK;
     if (bound > 0x1p58)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu MiB of workspace", fn,
                                (floats * sizeof(float)) >> 20);
@@ -451,6 +455,14 @@ stria_status_t stria__ws_floats(const stria_allocator_t *mem, double bound, size
                                      "%s: cannot allocate %zu MiB of workspace", fn,
                                      (floats * sizeof(float)) >> 20);
     return STRIA_OK;
+}
+
+stria_status_t stria__scratch_status(int failed, size_t floats, const char *fn)
+{
+    if (!failed)
+        return STRIA_OK;
+    return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: cannot allocate %zu KiB of per-thread scratch",
+                           fn, (floats * sizeof(float)) >> 10);
 }
 
 /* One workspace (stria__ws_floats(), bound as there) for n areas of sizes[i]

@@ -3,10 +3,16 @@
  * its dK/dV) and query tiles for dQ. */
 #include "attn_int.h"
 
+#include <pthread.h>
+
 /* ---- backward ---------------------------------------------------------- */
 
-/* Most threads for which the backward pass keeps one dQ copy per thread. */
-#define STRIA__BWD_MAX_DQ_COPIES 8
+/* Most threads for which the backward pass runs one task per key-tile block
+ * for everything (mode C, stria__bwd_begin). */
+#define STRIA__BWD_KBLOCK_THREADS 8
+/* Locks of the shared dQ in mode C: query tile i is guarded by lock
+ * i % STRIA__BWD_DQ_LOCKS. */
+#define STRIA__BWD_DQ_LOCKS 64
 /* Key tiles a backward task walks together: each query-side tile (Q, Q^T,
  * dO, dO^T, dQ) it loads serves this many key tiles while in cache, instead
  * of being streamed again for every key tile. Their K, V, dK and dV stay in
@@ -32,14 +38,15 @@ typedef struct {
      * v_packed: unless read in place) */
     float *qt_packed, *dot_packed, *ks_packed, *v_packed;
     size_t q_stile, k_stile;
-    float *dq_packed; /* [n_dq][B][H][nqt][BQ][Dp] dQ accumulators */
-    int n_dq;         /* copies of the dQ accumulators (one per thread in mode C) */
-    size_t dq_floats; /* floats per copy */
-    float *scratch;   /* per thread */
-    size_t scratch_floats;
-    int kblock;  /* key tiles per task (stria__bwd_kblock) */
-    int64_t nkb; /* key-tile blocks per kv head */
-    bool kin;    /* fp32 K rows read in place (k_packed unused) */
+    float *dq_packed; /* [B][H][nqt][BQ][Dp] dQ accumulators */
+    /* mode C: tasks add their dQ tiles into dq_packed under these locks
+     * (STRIA__BWD_DQ_LOCKS); NULL: each task owns the dQ rows it writes */
+    pthread_mutex_t *dq_locks;
+    size_t scratch_floats; /* per task (stria__thread_scratch()) */
+    int failed;            /* a task had no scratch */
+    int kblock;            /* key tiles per task (stria__bwd_kblock) */
+    int64_t nkb;           /* key-tile blocks per kv head */
+    bool kin;              /* fp32 K rows read in place (k_packed unused) */
 } stria__bwd_job_t;
 
 static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
@@ -52,11 +59,10 @@ static void stria__bwd_add_rows(const stria__ctx_t *c, const stria_tensor_t *t, 
     }
 }
 
-/* Copy i of the dQ accumulators of query tile `task` (BQ * Dp floats). */
-static float *stria__bwd_dq_tile(const stria__bwd_job_t *job, int i, size_t task)
+/* The dQ accumulator of query tile `task` (BQ * Dp floats). */
+static float *stria__bwd_dq_tile(const stria__bwd_job_t *job, size_t task)
 {
-    return job->dq_packed + (size_t)i * job->dq_floats +
-           task * (size_t)STRIA__BQ * (size_t)job->c->Dp;
+    return job->dq_packed + task * (size_t)STRIA__BQ * (size_t)job->c->Dp;
 }
 
 static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
@@ -66,7 +72,7 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     stria__qtask_t t = stria__qtask(c, task);
     size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
     float *qp = job->q_packed + task * tile, *dop = job->do_packed + task * tile;
-    float *tmp = stria__bwd_dq_tile(job, 0, task); /* zeroed below */
+    float *tmp = stria__bwd_dq_tile(job, task); /* zeroed below */
 
     (void)thread;
     stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, c->bf16 ? NULL : qp, tmp,
@@ -77,8 +83,7 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
         stria__pack_pairs(c, job->q, t.b, t.h, t.q0, t.n, STRIA__BQ, (uint16_t *)qp);
         stria__pack_pairs(c, job->d_o, t.b, t.h, t.q0, t.n, STRIA__BQ, (uint16_t *)dop);
     }
-    for (int i = 0; i < job->n_dq; i++)
-        memset(stria__bwd_dq_tile(job, i, task), 0, tile * sizeof(float));
+    memset(stria__bwd_dq_tile(job, task), 0, tile * sizeof(float));
 }
 
 /* Adds the dQ accumulators of one query tile to the caller's dq. */
@@ -88,8 +93,7 @@ static void stria__bwd_unpack_dq_task(void *arg, size_t task, int thread)
     stria__qtask_t t = stria__qtask(job->c, task);
 
     (void)thread;
-    for (int i = 0; i < job->n_dq; i++)
-        stria__bwd_add_rows(job->c, job->dq, t.b, t.h, t.q0, t.n, stria__bwd_dq_tile(job, i, task));
+    stria__bwd_add_rows(job->c, job->dq, t.b, t.h, t.q0, t.n, stria__bwd_dq_tile(job, task));
 }
 
 static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
@@ -119,25 +123,29 @@ typedef struct {
     float *dv;    /* [kblock][BK][Dp] */
     float *lse;   /* [BQ] LSE of the query tile, +inf for rows without keys */
     float *delta; /* [BQ] */
+    float *dq;    /* [BQ][Dp] a task's dQ of one query tile (mode C) */
     /* c->bf16: P^T and dS^T rounded to bf16, [BK][BQ], and dS^T in pairs of
      * rows, [BK/2][BQ][2] */
     uint16_t *ptb, *dsb, *ds2;
 } stria__bwd_scratch_t;
 
-static stria__bwd_scratch_t stria__bwd_scratch(stria__bwd_job_t *job, int thread)
+/* The calling thread's scratch for a task of job; false when out of memory
+ * (the task then does nothing, job->failed is set). */
+static bool stria__bwd_scratch(stria__bwd_job_t *job, stria__bwd_scratch_t *s)
 {
-    stria__bwd_scratch_t s;
     int64_t Dp = job->c->Dp;
-    s.pt = job->scratch + (size_t)thread * job->scratch_floats;
-    s.dst = s.pt + STRIA__BQ * STRIA__BK;
-    s.dk = s.dst + STRIA__BQ * STRIA__BK;
-    s.dv = s.dk + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
-    s.lse = s.dv + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
-    s.delta = s.lse + STRIA__BQ;
-    s.ptb = (uint16_t *)(s.delta + STRIA__BQ);
-    s.dsb = s.ptb + STRIA__BQ * STRIA__BK;
-    s.ds2 = s.dsb + STRIA__BQ * STRIA__BK;
-    return s;
+    if ((s->pt = stria__task_scratch(job->scratch_floats, &job->failed)) == NULL)
+        return false;
+    s->dst = s->pt + STRIA__BQ * STRIA__BK;
+    s->dk = s->dst + STRIA__BQ * STRIA__BK;
+    s->dv = s->dk + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
+    s->lse = s->dv + (size_t)job->kblock * STRIA__BK * (size_t)Dp;
+    s->delta = s->lse + STRIA__BQ;
+    s->dq = s->delta + STRIA__BQ;
+    s->ptb = (uint16_t *)(s->dq + (job->dq_locks != NULL ? (size_t)STRIA__BQ * (size_t)Dp : 0));
+    s->dsb = s->ptb + STRIA__BQ * STRIA__BK;
+    s->ds2 = s->dsb + STRIA__BQ * STRIA__BK;
+    return true;
 }
 
 /* LSE and D of query tile qt of head h into the scratch. A row that saw no key
@@ -234,11 +242,10 @@ static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, i
 
 /* One (query tile, key tile) pair of head h, transposed: recomputes P^T, then
  * accumulates dV and dK of the key tile into dv, dk (NULL: not wanted) and dQ
- * of the query tile into its tile of the dQ accumulators dq_acc (one copy of
- * job->dq_packed; NULL: no dQ). The LSE and D of the query tile must be in s
- * (stria__bwd_load_stats). */
+ * of the query tile into dq (BQ * Dp floats; NULL: no dQ). The LSE and D of
+ * the query tile must be in s (stria__bwd_load_stats). */
 static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b, int64_t h,
-                            int64_t qt, int64_t kt, int cls, float *dk, float *dv, float *dq_acc)
+                            int64_t qt, int64_t kt, int cls, float *dk, float *dv, float *dq)
 {
     stria__ctx_t *c = job->c;
     const stria_kern_ops_t *ops = c->ops;
@@ -256,17 +263,15 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
     const float *dotp = job->dot_packed + qidx * job->q_stile;
     /* fp32 K rows (for dQ), in place or packed; in fp32 they are the score
      * operand too */
-    stria__kop_t kp = {job->k_packed + kidx * ktile, (ptrdiff_t)Dp};
-    if (job->kin)
-        kp = (stria__kop_t){(const float *)stria__row_ptr(job->k, b, k0, hk),
-                            (ptrdiff_t)job->k->stride_token};
+    stria__kop_t kp = job->kin ? (stria__kop_t){(const float *)stria__row_ptr(job->k, b, k0, hk),
+                                                (ptrdiff_t)job->k->stride_token}
+                               : (stria__kop_t){job->k_packed + kidx * ktile, (ptrdiff_t)Dp};
     stria__kop_t ksp =
         c->bf16 ? stria__kside(c, job->k, job->ks_packed, job->k_stile, b, hk, kt) : kp;
     stria__kop_t vp = stria__kside(c, job->v, job->v_packed, job->k_stile, b, hk, kt);
 
     if (cls == STRIA__TILE_PARTIAL) {
-        stria__bwd_partial(c, s, qt, kt, qp, qtp, dop, dotp, kp, ksp, vp, dk, dv,
-                           dq_acc != NULL ? dq_acc + qidx * qtile : NULL);
+        stria__bwd_partial(c, s, qt, kt, qp, qtp, dop, dotp, kp, ksp, vp, dk, dv, dq);
         return;
     }
     /* P^T = exp(scale K Q^T - lse) */
@@ -284,9 +289,9 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
             ops->gemm_bf16(bk, (int)Dp, stria__k2(bq), s->dsb, STRIA__BQ, false,
                            (const uint16_t *)qp, 2 * Dp, dk, Dp, NULL, true);
         }
-        if (dq_acc != NULL)
+        if (dq != NULL)
             ops->gemm_bf16(bq, (int)Dp, stria__k2(bk), s->ds2, 2 * STRIA__BQ, true,
-                           (const uint16_t *)kp.p, 2 * Dp, dq_acc + qidx * qtile, Dp, NULL, true);
+                           (const uint16_t *)kp.p, 2 * Dp, dq, Dp, NULL, true);
         return;
     }
     ops->softmax_bwd_ds(s->pt, s->dst, bk, STRIA__BQ, STRIA__BQ, s->delta, c->scale);
@@ -295,19 +300,30 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
         ops->gemm(bk, (int)Dp, bq, s->pt, STRIA__BQ, false, dop, Dp, dv, Dp, NULL, true);
         ops->gemm(bk, (int)Dp, bq, s->dst, STRIA__BQ, false, qp, Dp, dk, Dp, NULL, true);
     }
-    if (dq_acc != NULL) /* dQ += dS K */
-        ops->gemm(bq, (int)Dp, bk, s->dst, STRIA__BQ, true, kp.p, kp.ld, dq_acc + qidx * qtile, Dp,
-                  NULL, true);
+    if (dq != NULL) /* dQ += dS K */
+        ops->gemm(bq, (int)Dp, bk, s->dst, STRIA__BQ, true, kp.p, kp.ld, dq, Dp, NULL, true);
+}
+
+/* Adds a task's dQ of query tile qidx (s->dq) into the shared accumulators
+ * (mode C). The lock is held for one tile's add, against the many products
+ * that made the tile, so that threads seldom wait. */
+static void stria__bwd_dq_add(const stria__bwd_job_t *job, size_t qidx, const float *dq)
+{
+    pthread_mutex_t *lock = &job->dq_locks[qidx % STRIA__BWD_DQ_LOCKS];
+    pthread_mutex_lock(lock);
+    job->c->ops->row_acc(stria__bwd_dq_tile(job, qidx), dq, STRIA__BQ * (int)job->c->Dp);
+    pthread_mutex_unlock(lock);
 }
 
 /* dK/dV of key-tile block kb (job->kblock tiles) of kv head hk, over every
- * query head of its group, and dQ contributions into dq_acc (NULL: none). No
- * two concurrent tasks may share a dq_acc unless they own disjoint query rows. */
+ * query head of its group, and with dq the dQ contributions: into the shared
+ * accumulators through the scratch and the locks when job->dq_locks (mode
+ * C), else straight into them (the task owns the query rows). */
 static void stria__bwd_kblock_run(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int64_t b,
-                                  int64_t hk, int64_t kb, float *dq_acc)
+                                  int64_t hk, int64_t kb, bool dq)
 {
     stria__ctx_t *c = job->c;
-    size_t ktile = (size_t)STRIA__BK * (size_t)c->Dp;
+    size_t ktile = (size_t)STRIA__BK * (size_t)c->Dp, qtile = (size_t)STRIA__BQ * (size_t)c->Dp;
     int64_t kt0 = kb * job->kblock;
     int64_t kt1 = kt0 + job->kblock < c->nkt ? kt0 + job->kblock : c->nkt;
 
@@ -316,6 +332,8 @@ static void stria__bwd_kblock_run(stria__bwd_job_t *job, stria__bwd_scratch_t *s
     for (int64_t g = 0; g < c->dims.G; g++) {
         int64_t h = hk * c->dims.G + g;
         for (int64_t qt = 0; qt < c->nqt; qt++) {
+            size_t qidx = (size_t)((b * c->dims.H + h) * c->nqt + qt);
+            float *dqt = !dq ? NULL : job->dq_locks != NULL ? s->dq : stria__bwd_dq_tile(job, qidx);
             bool loaded = false;
             for (int64_t kt = kt0; kt < kt1; kt++) {
                 int cls = stria__tile_class(c, qt, kt);
@@ -323,11 +341,15 @@ static void stria__bwd_kblock_run(stria__bwd_job_t *job, stria__bwd_scratch_t *s
                     continue;
                 if (!loaded) {
                     stria__bwd_load_stats(job, s, b, h, qt);
+                    if (dqt == s->dq)
+                        memset(s->dq, 0, qtile * sizeof(float));
                     loaded = true;
                 }
                 stria__bwd_tile(job, s, b, h, qt, kt, cls, s->dk + (size_t)(kt - kt0) * ktile,
-                                s->dv + (size_t)(kt - kt0) * ktile, dq_acc);
+                                s->dv + (size_t)(kt - kt0) * ktile, dqt);
             }
+            if (loaded && dqt == s->dq)
+                stria__bwd_dq_add(job, qidx, s->dq);
         }
     }
     for (int64_t kt = kt0; kt < kt1; kt++) {
@@ -345,22 +367,26 @@ static void stria__bwd_group_task(void *arg, size_t task, int thread)
     stria__ctx_t *c = job->c;
     int64_t hk = (int64_t)task % c->dims.Hkv;
     int64_t b = (int64_t)task / c->dims.Hkv;
-    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    stria__bwd_scratch_t s;
+    (void)thread;
+    if (!stria__bwd_scratch(job, &s))
+        return;
     for (int64_t kb = 0; kb < job->nkb; kb++)
-        stria__bwd_kblock_run(job, &s, b, hk, kb, job->dq_packed);
+        stria__bwd_kblock_run(job, &s, b, hk, kb, true);
 }
 
 /* Mode C: one task per (batch, kv head, key-tile block) for everything; dQ
- * goes to the executing thread's own copy of the accumulators, summed at the
- * end. */
+ * goes to the shared accumulators a query tile at a time, under a lock. */
 static void stria__bwd_kblock_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
     stria__ktask_t tk = stria__ktask(c, job->nkb, task);
-    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
-    stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k,
-                          job->dq_packed + (size_t)thread * job->dq_floats);
+    stria__bwd_scratch_t s;
+    (void)thread;
+    if (!stria__bwd_scratch(job, &s))
+        return;
+    stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k, true);
 }
 
 /* Mode B, pass 1: one task per (batch, kv head, key-tile block) for dK, dV. */
@@ -369,8 +395,11 @@ static void stria__bwd_dkdv_task(void *arg, size_t task, int thread)
     stria__bwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
     stria__ktask_t tk = stria__ktask(c, job->nkb, task);
-    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
-    stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k, NULL);
+    stria__bwd_scratch_t s;
+    (void)thread;
+    if (!stria__bwd_scratch(job, &s))
+        return;
+    stria__bwd_kblock_run(job, &s, tk.b, tk.hk, tk.k, false);
 }
 
 /* Mode B, pass 2: one task per (batch, head, query tile) for dQ. */
@@ -380,13 +409,17 @@ static void stria__bwd_dq_task(void *arg, size_t task, int thread)
     stria__ctx_t *c = job->c;
     stria__qtask_t tk = stria__qtask(c, task);
     int64_t qt = tk.qt, h = tk.h, b = tk.b;
-    stria__bwd_scratch_t s = stria__bwd_scratch(job, thread);
+    stria__bwd_scratch_t s;
+    (void)thread;
+    if (!stria__bwd_scratch(job, &s))
+        return;
 
     stria__bwd_load_stats(job, &s, b, h, qt);
     for (int64_t kt = 0; kt < c->nkt; kt++) {
         int cls = stria__tile_class(c, qt, kt);
         if (cls != STRIA__TILE_SKIP)
-            stria__bwd_tile(job, &s, b, h, qt, kt, cls, NULL, NULL, job->dq_packed);
+            stria__bwd_tile(job, &s, b, h, qt, kt, cls, NULL, NULL,
+                            stria__bwd_dq_tile(job, (size_t)task));
     }
 }
 
@@ -397,11 +430,10 @@ struct stria_attn_bwd_pass {
     stria_tensor_t q, d_o;    /* views (their data is packed at begin) */
     const float *lse, *delta; /* read by every block */
     stria_pool_t *pool;
-    char mode; /* schedule (stria__bwd_blocks) */
-    int n_dq;  /* copies of the dQ accumulators */
+    char mode; /* schedule (stria__bwd_begin) */
     stria__ws_t ws;
     float *q_packed, *do_packed, *qt_packed, *dot_packed, *dq_packed;
-    size_t q_stile, dq_floats, n_q;
+    size_t q_stile, n_q;
 };
 
 /* The pass's params with a one-token K/V block, for a context that only
@@ -429,8 +461,6 @@ static void stria__bwd_job_from_pass(stria__bwd_job_t *job, stria__ctx_t *c,
     job->dot_packed = pass->dot_packed;
     job->dq_packed = pass->dq_packed;
     job->q_stile = pass->q_stile;
-    job->n_dq = pass->n_dq;
-    job->dq_floats = pass->dq_floats;
     job->kblock = stria__bwd_kblock(c->Dp);
 }
 
@@ -465,34 +495,31 @@ static stria_status_t stria__bwd_begin(const stria_attn_params_t *params, const 
     n_threads = c.n_threads;
     /* Schedules: mode A, one task per (batch, kv head), needs nothing extra
      * but balances only with enough groups per thread. Mode C, one task per
-     * (batch, kv head, key tile) with a dQ copy per thread, balances at any
-     * shape for the price of zeroing and summing the copies: used for a few
-     * threads. Mode B splits key tiles for dK/dV and query tiles for dQ,
-     * recomputing P once more: for many threads and few groups. */
+     * (batch, kv head, key-tile block), balances at any shape for the price
+     * of adding each task's dQ tiles into the shared dQ under a lock: used
+     * for a few threads. Mode B splits key tiles for dK/dV and query tiles
+     * for dQ, recomputing P once more: for many threads and few groups. */
     n_groups = (size_t)(c.dims.B * c.dims.Hkv);
     if (n_threads == 1)
         pass->mode = 'A';
-    else if (n_threads <= STRIA__BWD_MAX_DQ_COPIES)
+    else if (n_threads <= STRIA__BWD_KBLOCK_THREADS)
         pass->mode = 'C';
     else if (n_groups >= 4 * (size_t)n_threads ||
              (n_groups >= (size_t)n_threads && n_groups % (size_t)n_threads == 0))
         pass->mode = 'A';
     else
         pass->mode = 'B';
-    pass->n_dq = pass->mode == 'C' ? n_threads : 1;
     qtile = (size_t)STRIA__BQ * (size_t)c.Dp;
     pass->n_q = (size_t)(c.dims.B * c.dims.H * c.nqt);
     pass->q_stile = stria__score_tile_floats(&c, qtile);
-    pass->dq_floats = pass->n_q * qtile;
-    /* every area is a multiple of 16 floats: 64-byte aligned like the buffer */
-    const size_t sizes[] = {pass->n_q * qtile, pass->n_q * qtile,
-                            (size_t)pass->n_dq * pass->dq_floats, pass->n_q * pass->q_stile,
-                            pass->n_q * pass->q_stile};
+    /* every area is a multiple of 16 floats: 64-byte aligned like the buffer;
+     * at most 5 x the padded query rows, the query part of the grant */
+    const size_t sizes[] = {pass->n_q * qtile, pass->n_q * qtile, pass->n_q * qtile,
+                            pass->n_q * pass->q_stile, pass->n_q * pass->q_stile};
     float **const at[] = {&pass->q_packed, &pass->do_packed, &pass->dq_packed, &pass->qt_packed,
                           &pass->dot_packed};
-    if ((st = stria__ws_areas(params->workspace,
-                              (6.0 + pass->n_dq) * (double)pass->n_q * (double)qtile, 5, sizes, at,
-                              &pass->ws, fn)) != STRIA_OK)
+    if ((st = stria__ws_areas(params->workspace, 5.0 * (double)pass->n_q * (double)qtile, 5, sizes,
+                              at, &pass->ws, fn)) != STRIA_OK)
         return stria__begin_fail(&c, pass->q_runs, pass, st);
     stria__bwd_job_from_pass(&job, &c, pass);
     stria_pool_run(pass->pool, pass->n_q, stria__bwd_pack_q_task, &job);
@@ -510,8 +537,9 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     stria__bwd_job_t job;
     stria__ctx_t c;
     stria_status_t st;
-    size_t ktile, n_k;
+    size_t ktile, n_k, n_kb;
     stria__ws_t ws = {0};
+    pthread_mutex_t dq_locks[STRIA__BWD_DQ_LOCKS];
 
     a.q_pos = pass->p.q_pos;
     a.pool = pass->pool;
@@ -527,10 +555,15 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     ktile = (size_t)STRIA__BK * (size_t)c.Dp;
     n_k = (size_t)(c.dims.B * c.dims.Hkv * c.nkt);
     job.k_stile = stria__score_tile_floats(&c, ktile);
+    if (job.kblock > c.nkt) /* dK/dV scratch for the tiles there are */
+        job.kblock = (int)c.nkt;
     job.nkb = (c.nkt + job.kblock - 1) / job.kblock;
+    if (pass->mode == 'C')
+        job.dq_locks = dq_locks;
     job.scratch_floats =
         (size_t)(2 * STRIA__BQ * STRIA__BK + 2 * (int64_t)job.kblock * STRIA__BK * c.Dp +
-                 2 * STRIA__BQ + (c.bf16 ? 3 * STRIA__BQ * STRIA__BK / 2 : 0));
+                 2 * STRIA__BQ + (job.dq_locks != NULL ? STRIA__BQ * c.Dp : 0) +
+                 (c.bf16 ? 3 * STRIA__BQ * STRIA__BK / 2 : 0));
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* operands read in place need no packed tiles; fp32 K rows only when a
      * head's rows are adjacent (a token stride apart, the dQ product runs
@@ -538,24 +571,28 @@ static stria_status_t stria__bwd_block(stria_attn_bwd_pass_t *pass,
     job.kin = c.kdirect && !c.bf16 && k->stride_token == c.D;
     size_t k_area = job.kin ? 0 : n_k * ktile, v_area = c.kdirect ? 0 : n_k * job.k_stile;
     size_t ks_area = c.bf16 && !c.kdirect ? n_k * job.k_stile : 0;
-    const size_t sizes[] = {k_area, v_area, ks_area, (size_t)c.n_threads * job.scratch_floats};
-    float **const at[] = {&job.k_packed, &job.v_packed, &job.ks_packed, &job.scratch};
-    if ((st = stria__ws_areas(params->workspace, 3.0 * (double)n_k * (double)ktile, 4, sizes, at,
+    /* at most 2 x the padded K/V rows, the K/V part of the grant */
+    const size_t sizes[] = {k_area, v_area, ks_area};
+    float **const at[] = {&job.k_packed, &job.v_packed, &job.ks_packed};
+    if ((st = stria__ws_areas(params->workspace, 3.0 * (double)n_k * (double)ktile, 3, sizes, at,
                               &ws, fn)) != STRIA_OK)
         goto out;
     if (!job.kin || !c.kdirect)
         stria_pool_run(pass->pool, n_k, stria__bwd_pack_k_task, &job);
+    n_kb = (size_t)(c.dims.B * c.dims.Hkv * job.nkb);
     if (pass->mode == 'A') {
         stria_pool_run(pass->pool, (size_t)(c.dims.B * c.dims.Hkv), stria__bwd_group_task, &job);
     } else if (pass->mode == 'C') {
-        stria_pool_run(pass->pool, (size_t)(c.dims.B * c.dims.Hkv * job.nkb),
-                       stria__bwd_kblock_task, &job);
+        for (int i = 0; i < STRIA__BWD_DQ_LOCKS; i++)
+            pthread_mutex_init(&dq_locks[i], NULL);
+        stria_pool_run(pass->pool, n_kb, stria__bwd_kblock_task, &job);
+        for (int i = 0; i < STRIA__BWD_DQ_LOCKS; i++)
+            pthread_mutex_destroy(&dq_locks[i]);
     } else {
-        stria_pool_run(pass->pool, (size_t)(c.dims.B * c.dims.Hkv * job.nkb), stria__bwd_dkdv_task,
-                       &job);
+        stria_pool_run(pass->pool, n_kb, stria__bwd_dkdv_task, &job);
         stria_pool_run(pass->pool, pass->n_q, stria__bwd_dq_task, &job);
     }
-    st = STRIA_OK;
+    st = stria__scratch_status(job.failed, job.scratch_floats, fn);
 out:
     stria__ws_put(&ws);
     stria__ctx_free(&c);

@@ -13,8 +13,8 @@ typedef struct {
     float *k_packed; /* [B][Hkv][nkt][BK][Dp], fp32 or bf16 (k_tile floats each) */
     float *v_packed; /* [B][Hkv][nkt][BK][Dp] fp32, or bf16 in pairs of rows */
     size_t k_tile;
-    float *scratch; /* per thread */
-    size_t scratch_floats;
+    size_t scratch_floats; /* per task (stria__thread_scratch()) */
+    int failed;            /* a task had no scratch */
     /* a forward pass's query side ([B][H][nqt], q_tile floats each), packed
      * by stria__fwd_begin_task, or NULL: each task packs its Q tile */
     float *q_packed;
@@ -107,9 +107,12 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
     int bq = stria__tile_len(c->dims.Tq, q0, STRIA__BQ);
     int64_t Dp = c->Dp;
     size_t tile = (size_t)Dp * STRIA__BK;
-    float *qt_buf = job->scratch + (size_t)thread * job->scratch_floats; /* [Dp][BQ] */
-    float *oacc = qt_buf + STRIA__BQ * Dp;                               /* [BQ][Dp] */
-    float *st = oacc + STRIA__BQ * Dp;                                   /* [BK][BQ] */
+    float *qt_buf = stria__task_scratch(job->scratch_floats, &job->failed); /* [Dp][BQ] */
+    (void)thread;
+    if (qt_buf == NULL)
+        return;
+    float *oacc = qt_buf + STRIA__BQ * Dp; /* [BQ][Dp] */
+    float *st = oacc + STRIA__BQ * Dp;     /* [BK][BQ] */
     float *m = st + STRIA__BQ * STRIA__BK;
     float *l = m + STRIA__BQ;
     float *alpha = l + STRIA__BQ;
@@ -202,15 +205,15 @@ static stria_status_t stria__fwd_run(const stria_attn_params_t *params, const st
     job.scratch_floats = (size_t)stria__round_up((int64_t)job.scratch_floats, 16);
     /* operands read in place need no packed tiles */
     size_t k_area = c.kdirect ? 0 : n_ktiles * job.k_tile, v_area = c.vdirect ? 0 : n_ktiles * tile;
-    const size_t sizes[] = {k_area, v_area, (size_t)c.n_threads * job.scratch_floats};
-    float **const at[] = {&job.k_packed, &job.v_packed, &job.scratch};
-    if ((st = stria__ws_areas(params->workspace, 2.0 * (double)n_ktiles * (double)tile, 3, sizes,
+    const size_t sizes[] = {k_area, v_area};
+    float **const at[] = {&job.k_packed, &job.v_packed};
+    if ((st = stria__ws_areas(params->workspace, 2.0 * (double)n_ktiles * (double)tile, 2, sizes,
                               at, &ws, fn)) != STRIA_OK)
         goto out;
     if (!c.kdirect || !c.vdirect)
         stria_pool_run(params->pool, n_ktiles, stria__fwd_pack_task, &job);
     stria_pool_run(params->pool, (size_t)(c.dims.B * c.dims.H * c.nqt), stria__fwd_task, &job);
-    st = STRIA_OK;
+    st = stria__scratch_status(job.failed, job.scratch_floats, fn);
 out:
     stria__ws_put(&ws);
     stria__ctx_free(&c);
@@ -280,16 +283,17 @@ struct stria_attn_fwd_pass {
 };
 
 /* A forward pass's begin: packs the query side of one query tile into
- * job->q_packed (job: c, q, q_packed, q_tile and BQ * Dp scratch floats per
- * thread). */
+ * job->q_packed (job: c, q, q_packed, q_tile and BQ * Dp scratch floats). */
 static void stria__fwd_begin_task(void *arg, size_t task, int thread)
 {
     stria__fwd_job_t *job = arg;
     stria__ctx_t *c = job->c;
     stria__qtask_t t = stria__qtask(c, task);
-    float *tmp = job->scratch + (size_t)thread * job->scratch_floats;
-    stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, NULL, tmp,
-                      job->q_packed + task * job->q_tile);
+    float *tmp = stria__task_scratch(job->scratch_floats, &job->failed);
+    (void)thread;
+    if (tmp != NULL)
+        stria__pack_qside(c, job->q, t.b, t.h, t.q0, t.n, NULL, tmp,
+                          job->q_packed + task * job->q_tile);
 }
 
 /* The pass's params with a one-token K/V block, for a context that only
@@ -369,17 +373,20 @@ stria_status_t stria_attn_fwd_begin(const stria_attn_params_t *params, const str
     n_q = (size_t)(c.dims.B * c.dims.H * c.nqt);
     pass->q_tile = stria__score_tile_floats(&c, (size_t)c.Dp * STRIA__BQ);
     job.scratch_floats = (size_t)(STRIA__BQ * c.Dp);
-    const size_t sizes[] = {n_q * pass->q_tile, (size_t)c.n_threads * job.scratch_floats};
-    float **const at[] = {&pass->q_packed, &job.scratch};
-    if ((st = stria__ws_areas(params->workspace, (double)n_q * (double)pass->q_tile, 2, sizes, at,
-                              &pass->ws, fn)) != STRIA_OK)
+    if ((st = stria__ws_floats(params->workspace, (double)n_q * (double)pass->q_tile,
+                               n_q * pass->q_tile, &pass->ws, fn)) != STRIA_OK)
         return stria__begin_fail(&c, pass->q_runs, pass, st);
+    pass->q_packed = pass->ws.ptr;
     job.c = &c;
     job.q = q;
     job.q_packed = pass->q_packed;
     job.q_tile = pass->q_tile;
     stria_pool_run(params->pool, n_q, stria__fwd_begin_task, &job);
     stria__ctx_free(&c);
+    if ((st = stria__scratch_status(job.failed, job.scratch_floats, fn)) != STRIA_OK) {
+        stria__ws_put(&pass->ws);
+        return stria__begin_fail(NULL, pass->q_runs, pass, st);
+    }
     *out = pass;
     return STRIA_OK;
 }

@@ -302,6 +302,18 @@ stria_status_t stria__ws_floats(const stria_allocator_t *mem, double bound, size
 stria_status_t stria__ws_areas(const stria_allocator_t *mem, double bound, int n,
                                const size_t *sizes, float **const *at, stria__ws_t *ws,
                                const char *fn);
+/* The calling thread's scratch of `floats` floats for a task of a parallel
+ * loop (stria__thread_scratch()); NULL when out of memory, with *failed set:
+ * the task then does nothing and its call reports STRIA_ERR_NO_MEMORY
+ * (stria__scratch_status(), once the loop is over). */
+static inline float *stria__task_scratch(size_t floats, int *failed)
+{
+    float *p = stria__thread_scratch(floats);
+    if (p == NULL)
+        __atomic_store_n(failed, 1, __ATOMIC_RELAXED);
+    return p;
+}
+stria_status_t stria__scratch_status(int failed, size_t floats, const char *fn);
 stria_status_t stria__same_query(const stria_attn_params_t *b, const stria_attn_params_t *p,
                                  const char *fn);
 stria_attn_params_t stria__query_side(const stria_attn_params_t *p);

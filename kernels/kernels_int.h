@@ -4,6 +4,7 @@
 #define STRIA_KERNELS_INT_H
 
 #include "stria_kernels.h"
+#include "stria_layout.h"
 
 #include <stddef.h>
 
@@ -13,11 +14,13 @@
  * reductions. Packed fp32 rows are padded to STRIA__DPAD elements so vector
  * code needs no tails. STRIA__BQ must be a multiple of 16. Tiles that straddle
  * the causal mask are computed by sub-blocks of STRIA__SB x STRIA__SB (attn.c),
- * which divides both tile sizes and is a multiple of 16. */
-#define STRIA__BQ   64
-#define STRIA__BK   64
+ * which divides both tile sizes and is a multiple of 16. The tile sizes and
+ * the padding live in stria_layout.h, beside the admission rule that counts
+ * the workspaces in whole tiles (stria_kernel_grant()). */
+#define STRIA__BQ   STRIA_KERNEL_TILE_Q
+#define STRIA__BK   STRIA_KERNEL_TILE_K
 #define STRIA__SB   16
-#define STRIA__DPAD 16
+#define STRIA__DPAD STRIA_KERNEL_DPAD
 
 static inline int64_t stria__round_up(int64_t x, int64_t m)
 {
@@ -141,6 +144,14 @@ typedef struct {
 bool stria__ws_get(const stria_allocator_t *mem, size_t size, stria__ws_t *ws);
 /* Gives a buffer back (to the cache or to the system); resets *ws. */
 void stria__ws_put(stria__ws_t *ws);
+
+/* The calling thread's scratch (64-byte aligned, at least `floats` floats,
+ * contents undefined): the per-thread memory of a task of a parallel loop.
+ * It is the thread's, like its stack, never a call's workspace: each thread
+ * keeps its largest until it exits (the main thread's: until the process
+ * exits), so that a pool's threads pay for it once. NULL when out of
+ * memory. */
+float *stria__thread_scratch(size_t floats);
 
 /* The variant in use (selected on first call). Returns NULL and sets the error
  * message when STRIA_KERNEL names an unusable variant. */

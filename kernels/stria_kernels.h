@@ -38,12 +38,16 @@
  * the calling thread. Calls do not keep pointers after they return.
  *
  * Memory: stria_attn_fwd() and stria_attn_bwd() pack their operands into a
- * workspace about the size of their inputs (backward: about 5x Q plus 2x K;
- * one more copy of dQ per thread for 2..8 threads); K and V rows that are
- * already fp32 (or bf16 on a CPU with a bf16 dot product) with head_dim a
- * multiple of 16 are read in place where that is faster. Up to four workspace
- * buffers, 1 GiB in all, are kept between calls for reuse, so that repeated
- * calls do not pay page faults again; they are freed at exit.
+ * workspace about the size of their inputs (backward: at most 5x Q plus 2x K
+ * in fp32, whatever the number of threads); K and V rows that are already
+ * fp32 (or bf16 on a CPU with a bf16 dot product) with head_dim a multiple of
+ * 16 are read in place where that is faster. What a call or a pass takes from
+ * its workspace at once never passes stria_kernel_grant() (stria_layout.h) of
+ * its shape. Without params->workspace, up to four workspace buffers, 1 GiB in
+ * all, are kept between calls for reuse, so that repeated calls do not pay
+ * page faults again; they are freed at exit. Each thread that runs tasks of a
+ * call also keeps scratch of its own (a few hundred KiB, never from
+ * params->workspace) until it exits.
  */
 #ifndef STRIA_KERNELS_H
 #define STRIA_KERNELS_H
@@ -213,7 +217,7 @@ void stria_attn_fwd_end(stria_attn_fwd_pass_t *pass);
  * begin: params as for stria_attn_bwd() except that kv_tokens and kv_pos are
  * not used; q and d_o are read during the call; lse and delta are read by
  * every block and must stay valid and unchanged until end. The pass keeps
- * about 4x Q (fp32) of memory (plus one dQ copy per thread for 2..8 threads).
+ * at most 5x Q (fp32) of memory, whatever the number of threads.
  * block: params must match begin's in every query-side field (batch,
  * q_tokens, heads, kv_heads, head_dim, scale, causal, q_pos, pool,
  * cu_seqlens, window); the K/V fields describe this block. k and v have q's dtype.

@@ -1,11 +1,18 @@
-/* Workspace buffers kept between kernel calls.
+/* Workspace buffers kept between kernel calls, and the threads' scratch.
  *
  * A forward or backward call packs its operands into a workspace that is as
  * large as its inputs. Allocating that afresh on every call costs a page fault
  * and a page clear per 4 KiB (measured at 10-15% of a backward pass), so
  * released buffers go back into a small cache and the next call of a similar
  * size reuses them. The cache is bounded (entries and bytes) and freed at
- * exit. */
+ * exit.
+ *
+ * The tasks of a call's parallel loops also need scratch of their own (score
+ * tiles, a task's dK/dV): a few hundred KiB a thread, whatever the shape.
+ * That is the thread's: it would make a call's workspace grow with the pool
+ * (and the admission of every job with the largest pool a worker may run),
+ * so each thread keeps one buffer, grown to the largest asked for, and frees
+ * it when it exits. */
 #include "kernels_int.h"
 
 #include <pthread.h>
@@ -109,8 +116,51 @@ void stria__ws_put(stria__ws_t *ws)
     ws->size = 0;
 }
 
+/* The calling thread's scratch; the key frees it when the thread exits. */
+static _Thread_local void *stria__scratch_ptr;
+static _Thread_local size_t stria__scratch_size;
+static pthread_key_t stria__scratch_key;
+static pthread_once_t stria__scratch_once = PTHREAD_ONCE_INIT;
+static bool stria__scratch_key_ok;
+
+static void stria__scratch_key_make(void)
+{
+    stria__scratch_key_ok = pthread_key_create(&stria__scratch_key, free) == 0;
+}
+
+float *stria__thread_scratch(size_t floats)
+{
+    size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
+    void *ptr = NULL;
+
+    if (stria__scratch_size >= bytes && stria__scratch_ptr != NULL)
+        return stria__scratch_ptr;
+    pthread_once(&stria__scratch_once, stria__scratch_key_make);
+    if (!stria__scratch_key_ok || posix_memalign(&ptr, 64, bytes > 0 ? bytes : 64) != 0)
+        return NULL;
+    if (pthread_setspecific(stria__scratch_key, ptr) != 0) {
+        free(ptr);
+        return NULL;
+    }
+    free(stria__scratch_ptr);
+    stria__scratch_ptr = ptr;
+    stria__scratch_size = bytes;
+    return ptr;
+}
+
+/* At exit: the exiting thread's scratch (thread exits free the others'). */
+static void stria__scratch_release(void)
+{
+    if (stria__scratch_key_ok)
+        (void)pthread_setspecific(stria__scratch_key, NULL);
+    free(stria__scratch_ptr);
+    stria__scratch_ptr = NULL;
+    stria__scratch_size = 0;
+}
+
 __attribute__((destructor)) static void stria__ws_release_all(void)
 {
+    stria__scratch_release();
     pthread_mutex_lock(&stria__ws_lock);
     for (int i = 0; i < STRIA__WS_SLOTS; i++) {
         free(stria__ws_cache[i].ptr);

@@ -275,7 +275,8 @@ Test(kernels, fwd_pass_bad_arguments_get_clear_errors)
  * positions, one block per rank) against one stria_attn_bwd() call per block
  * on one thread: the same sums in another order (dQ summed in the pass, then
  * added once). For the three schedules of the pass (1 thread: one task per
- * group; 3 threads: a dQ copy per thread; 9 threads: separate dQ tasks),
+ * group; 3 threads: tasks per key-tile block adding into one dQ under
+ * locks; 9 threads: separate dQ tasks),
  * fp32 and bf16, head_dim read in place (64) and packed (40). */
 static void bwd_pass_case(stria_dtype_t dtype, int threads, int64_t D, bool masked)
 {

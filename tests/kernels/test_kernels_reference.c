@@ -218,10 +218,10 @@ Test(kernels, rows_without_visible_keys)
     for_each_variant(&c);
 }
 
-/* Every backward schedule: with 2..8 threads one task per key tile and a dQ
- * copy per thread (a, b); beyond 8 threads one task per kv-head group when
- * the groups divide among the threads (c), else key tiles for dK/dV and query
- * tiles for dQ in two passes (d). */
+/* Every backward schedule: with 2..8 threads one task per key tile, adding
+ * its dQ tiles into the shared dQ under locks (a, b); beyond 8 threads one
+ * task per kv-head group when the groups divide among the threads (c), else
+ * key tiles for dK/dV and query tiles for dQ in two passes (d). */
 Test(kernels, threaded_backward_schedules)
 {
     kcase_t a = {.B = 1,

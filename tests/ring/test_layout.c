@@ -182,3 +182,50 @@ Test(layout, names_and_errors)
     cr_expect_eq(stria_layout_gather(&l, 0, 0, 4, buf, buf + 2), STRIA_ERR_INVALID_ARG);
     cr_expect_eq(stria_layout_gather(&l, 0, 1, 4, NULL, buf), STRIA_ERR_INVALID_ARG);
 }
+
+/* The kernels' workspace rule (stria_kernel_grant()) and the rank memory
+ * built on it: whole tiles, head_dim padded, 5 x the query rows and 2 x the
+ * K/V rows in fp32; the kernel suite (test_kernels_memory) holds the kernels
+ * to it. */
+Test(layout, kernel_grant_and_rank_memory)
+{
+    stria_kernel_grant_t g, h;
+    uint64_t m;
+
+    /* the service job that outgrew its admission: B=3, 102 tokens a shard,
+     * 4 heads over 2 K/V heads of 64: 128 tokens in tiles */
+    cr_assert_eq(stria_kernel_grant(3, 102, 102, 4, 2, 64, &g), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(g.query, 5ull * 3 * 4 * 128 * 64 * 4);
+    cr_expect_eq(g.kv, 2ull * 3 * 2 * 128 * 64 * 4);
+    cr_expect_eq(g.total, g.query + g.kv);
+    cr_expect_eq(g.total, 2359296);
+    /* its rank memory: the tensors (4 x 156672 + 4 x 78336 + LSE 4896 in
+     * 64-byte units), the ring's backward arena (2 messages of 156672, 3
+     * fp32 dK/dV of 313344, fp32 dQ of 313344, LSE and D rows) and the grant:
+     * what a worker's pool held at most for it (tests/service/test_datapath) */
+    cr_assert_eq(stria_rank_memory(3, 102, 4, 2, 64, STRIA_DTYPE_BF16, &m), STRIA_OK);
+    cr_expect_eq(m, 944960 + 1576576 + g.total);
+    cr_expect_eq(m, 4880832);
+
+    /* tokens count in whole tiles, head_dim in multiples of 16 */
+    cr_assert_eq(stria_kernel_grant(1, 1, 1, 2, 1, 40, &g), STRIA_OK);
+    cr_assert_eq(stria_kernel_grant(1, 64, 64, 2, 1, 48, &h), STRIA_OK);
+    cr_expect_eq(g.total, h.total);
+    cr_assert_eq(stria_kernel_grant(1, 65, 64, 2, 1, 48, &h), STRIA_OK);
+    cr_expect_eq(h.query, 2 * g.query);
+    cr_expect_eq(h.kv, g.kv);
+    /* 3 key tiles, head_dim 49 padded to 64 */
+    cr_assert_eq(stria_kernel_grant(1, 64, 129, 2, 1, 49, &h), STRIA_OK);
+    cr_expect_eq(h.kv, g.kv * 3 * 64 / 48);
+    cr_expect_eq(h.query, g.query * 64 / 48);
+
+    cr_expect_eq(stria_kernel_grant(0, 1, 1, 1, 1, 16, &g), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(stria_kernel_grant(1, 1, 0, 1, 1, 16, &g), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(stria_kernel_grant(1, 1, 1, 1, 1, 16, NULL), STRIA_ERR_INVALID_ARG);
+    cr_expect_eq(stria_kernel_grant(INT64_MAX, 1, 1, 1, 1, 16, &g), STRIA_ERR_NO_MEMORY);
+    cr_expect_eq(stria_kernel_grant(1, INT64_MAX, 1, 1, 1, 16, &g), STRIA_ERR_NO_MEMORY);
+    cr_expect_eq(stria_kernel_grant(1, 1, (int64_t)1 << 40, 1 << 20, 1 << 20, 256, &g),
+                 STRIA_ERR_NO_MEMORY);
+    cr_expect_eq(stria_rank_memory(1, (int64_t)1 << 50, 1 << 10, 1 << 10, 256, STRIA_DTYPE_F32, &m),
+                 STRIA_ERR_NO_MEMORY);
+}
