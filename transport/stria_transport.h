@@ -78,14 +78,35 @@ stria_status_t stria_link_irecv(stria_link_t *link, uint64_t tag, void *buf, siz
                                 stria_link_req_t **req_out);
 /* Waits for a request (timeout_s < 0: forever) and releases it. Errors:
  * STRIA_ERR_TIMEOUT, STRIA_ERR_PEER (the message names the rank),
- * STRIA_ERR_CANCELLED, STRIA_ERR_TRANSPORT. */
+ * STRIA_ERR_CANCELLED, STRIA_ERR_TRANSPORT, STRIA_ERR_PROTOCOL, and after
+ * another rank's abort the status of that abort (see below). */
 stria_status_t stria_link_wait(stria_link_t *link, stria_link_req_t *req, double timeout_s);
 /* Cancels and releases a pending request; NULL is ignored. */
 void stria_link_cancel(stria_link_t *link, stria_link_req_t *req);
 /* Makes the other ranks' pending and future operations of this pass fail
- * with STRIA_ERR_PEER naming this rank. */
+ * with stria_link_abort_status(reason), the message naming this rank and
+ * `msg`; this rank's own fail with `reason` (STRIA_OK: STRIA_ERR_CANCELLED).
+ *
+ * Failures by kind: what a rank reports after a failure elsewhere in the
+ * ring says what kind of failure it was, so that callers decide retries and
+ * what a client is told from status codes alone, never from messages:
+ * - a rank that aborted the pass for its own reason (a bad input, no
+ *   memory, a cancellation, a kernel error: anything but a link's failure)
+ *   makes every other rank report that reason's status, e.g.
+ *   STRIA_ERR_INVALID_ARG;
+ * - a failure of the link itself anywhere (a rank died, stalled or left, a
+ *   missed deadline, a transport or protocol error), or an abort whose
+ *   reason is one (STRIA_ERR_PEER, STRIA_ERR_TRANSPORT, STRIA_ERR_TIMEOUT,
+ *   STRIA_ERR_PROTOCOL, STRIA_ERR_CLOSED), is STRIA_ERR_PEER on the ranks
+ *   that heard of it; the rank that saw it first reports its own status.
+ * Either way the message names the rank at fault. */
 void stria_link_abort(stria_link_t *link, stria_status_t reason, const char *msg);
 void stria_link_destroy(stria_link_t *link);
+
+/* The status the other ranks report after an abort for `reason` (the rule
+ * above): STRIA_ERR_PEER for a link's failure, else the reason itself
+ * (STRIA_OK counts as STRIA_ERR_CANCELLED). */
+stria_status_t stria_link_abort_status(stria_status_t reason);
 
 /* ---- in-process link ------------------------------------------------------
  *
@@ -97,9 +118,10 @@ void stria_link_destroy(stria_link_t *link);
  * fails both requests with STRIA_ERR_PROTOCOL.
  *
  * stria_link_abort() marks the hub aborted: from then on every pending and
- * new operation of every rank fails with STRIA_ERR_PEER and a message naming
- * the aborting rank (the first abort wins). stria_inproc_hub_reset() clears
- * that state for the next pass.
+ * new operation of every rank fails, the aborting rank's with its reason,
+ * the others' with stria_link_abort_status(reason), each with a message
+ * naming the aborting rank (the first abort wins). stria_inproc_hub_reset()
+ * clears that state for the next pass.
  */
 
 typedef struct stria_inproc_hub stria_inproc_hub_t;
@@ -119,13 +141,16 @@ stria_status_t stria_inproc_link_create(stria_inproc_hub_t *hub, int rank, stria
  * request pending. */
 void stria_inproc_hub_reset(stria_inproc_hub_t *hub);
 
+/* The rank whose abort (or injected failure) ended the pass, or -1. */
+int stria_inproc_hub_aborted_by(stria_inproc_hub_t *hub);
+
 /* Faults injected into one rank, counted in posted operations (isend and
  * irecv calls) of that rank since the fault was set. */
 typedef enum {
     STRIA_INPROC_FAULT_NONE = 0,
     /* The rank dies: its operation number after_ops + 1 and all later ones
      * fail with STRIA_ERR_TRANSPORT, and the hub is aborted in its name, as a
-     * transport would report a dead peer. */
+     * transport would report a dead peer (the others: STRIA_ERR_PEER). */
     STRIA_INPROC_FAULT_FAIL = 1,
     /* The rank hangs: sends from operation after_ops + 1 on are accepted but
      * never delivered, so only deadlines (or an abort) end the pass. */
