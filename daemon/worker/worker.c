@@ -135,7 +135,18 @@ static stria_status_t stria__ucx_start(stria_worker_t *w, const stria_worker_par
     up.listen_port = ucx_port;
     up.tls = p->ucx_tls;
     up.net_devices = p->ucx_net_devices;
-    if ((st = stria_ucx_ctx_create(&up, &w->ucx)) != STRIA_OK)
+    /* With the workers' credential, ring endpoints prove a key derived
+     * from it: only workers of this service keep endpoints with each other. */
+    uint8_t ep_key[STRIA_AUTH_MAC_BYTES];
+    if (w->worker_token != NULL) {
+        static const char label[] = "stria ring endpoint key v1";
+        stria_auth_part_t part = {label, sizeof(label)};
+        stria_auth_hmac(w->worker_token, strlen(w->worker_token), &part, 1, ep_key);
+        up.endpoint_key = ep_key;
+    }
+    st = stria_ucx_ctx_create(&up, &w->ucx);
+    stria_auth_wipe(ep_key, sizeof(ep_key));
+    if (st != STRIA_OK)
         return st;
     if ((st = stria__advertised(p->advertise, listen, stria_ucx_ctx_port(w->ucx), w->ucx_address,
                                 sizeof(w->ucx_address))) != STRIA_OK)
