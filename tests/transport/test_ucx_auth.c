@@ -397,9 +397,14 @@ Test(ucx_auth, endpoints_prove_the_endpoint_key, .init = setup, .fini = teardown
     const char *inject[] = {"--mode", "inject",     "--slots", "1", "--passes",
                             "200",    "--duration", "1",       NULL};
     attack(port_of(1), inject, "sent ", out, sizeof(out));
+    /* a proof made with another endpoint key */
+    const char *wrong[] = {"--mode", "replay", "--key-seed", "5", "--endpoint-key-seed",
+                           "12",     NULL};
+    attack(port_of(1), wrong, "handshake ", out, sizeof(out));
+    cr_expect(strstr(out, "STRIA_ERR_AUTH") != NULL, "a wrong endpoint key was taken: %s", out);
     cr_expect(rank_finish(p0, 0, msg, sizeof(msg)), "rank 0: %s", msg);
     cr_expect(rank_finish(p1, 1, msg, sizeof(msg)), "rank 1: %s", msg);
-    cr_expect_geq(stat_of(1, "refused"), 1, "the keyless hello was not refused: %s",
+    cr_expect_geq(stat_of(1, "refused"), 3, "the keyless hello and the wrong proofs: %s",
                   read_text("stats", 1));
     cr_expect_gt(stat_of(1, "dropped"), 0, "%s", read_text("stats", 1));
     teardown();
