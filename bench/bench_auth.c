@@ -1,10 +1,13 @@
 /*
  * stria-bench auth: what the security costs, each side by side in one run.
  *
- *  ring     the set-up of a ring link of two processes over UCX (connect to
- *           READY on both ranks), with and without a ring key (the keyed
- *           handshake is a challenge and response: one more round trip and
- *           four HMACs), alternately;
+ *  ring     the set-up of a ring link over UCX between processes (rings of
+ *           2 and 4 ranks, connect to READY on every rank): the first link
+ *           on fresh contexts (it makes the pooled endpoints, with their
+ *           handshake, then binds) against the later links (a bind on the
+ *           pooled endpoints: one round trip), without keys and with a ring
+ *           key and an endpoint key (what a worker with credentials does);
+ *           configurations alternate round by round;
  *  service  a small job (submit, forward, backward, release, with a new
  *           client connection each time) through a service without
  *           credentials and through one with them (a two-frame hello on
@@ -30,16 +33,18 @@
 #include "stria_transport.h"
 
 typedef struct {
-    int reps, ranks;
+    int reps, ranks, later;
     int64_t seq;
     bool json;
 } auth_cfg_t;
 
 static const char auth_description[] =
-    "Measures, side by side in one run: the set-up of a ring link of two processes\n"
-    "with and without a ring key; a small job through a service without and with\n"
-    "credentials (started side by side, a new client connection per job); and one\n"
-    "job proof and one hello's cryptography. Medians of --reps alternated runs.";
+    "Measures, side by side in one run: the set-up of a ring link between processes\n"
+    "(rings of 2 and 4), the first link on fresh contexts (endpoints and bind) against\n"
+    "the later ones (a bind on the pooled endpoints), without and with keys; a small\n"
+    "job through a service without and with credentials (started side by side, a new\n"
+    "client connection per job); and one job proof and one hello's cryptography.\n"
+    "Medians of --reps alternated runs.";
 
 /* ---- ring set-up ------------------------------------------------------------------ */
 
@@ -58,92 +63,148 @@ static int rw_all(int fd, void *buf, size_t n, bool wr)
     return 0;
 }
 
-/* One rank of the two-process ring: for every rep, waits for the go (keyed
- * or not), connects ring `rep`, reports its connect time, destroys. */
-static int ring_rank(int rank, int rfd, int wfd, int reps, double *times)
+/* One rank of a round, a process of its own: a fresh context, then `links`
+ * links in a row (the first makes the pooled endpoints), each connected on
+ * the parent's go, timed and destroyed; the times go to the parent. */
+static int ring_rank(int rank, int size, bool keyed, int links, uint64_t ring0, int rfd, int wfd)
 {
     static const uint8_t key[STRIA_AUTH_KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8};
-    stria_ucx_ctx_params_t cp = {.listen_host = "127.0.0.1", .tls = "tcp"};
+    static const uint8_t ep_key[STRIA_AUTH_KEY_BYTES] = {9, 8, 7, 6, 5, 4, 3, 2};
+    stria_ucx_ctx_params_t cp = {
+        .listen_host = "127.0.0.1", .tls = "tcp", .endpoint_key = keyed ? ep_key : NULL};
     stria_ucx_ctx_t *ctx = NULL;
     if (stria_ucx_ctx_create(&cp, &ctx) != STRIA_OK)
         return -1;
-    uint16_t mine = stria_ucx_ctx_port(ctx), theirs = 0;
+    uint16_t mine = stria_ucx_ctx_port(ctx), next = 0;
     int rc = -1;
-    if (rw_all(wfd, &mine, sizeof(mine), true) != 0 ||
-        rw_all(rfd, &theirs, sizeof(theirs), false) != 0)
+    if (rw_all(wfd, &mine, sizeof(mine), true) != 0 || rw_all(rfd, &next, sizeof(next), false) != 0)
         goto out;
-    for (int i = 0; i < 2 * reps; i++) {
+    for (int i = 0; i < links; i++) {
         uint8_t go = 0;
-        if (rank == 0) {
-            go = (uint8_t)(i % 2);
-            if (rw_all(wfd, &go, 1, true) != 0)
-                goto out;
-        } else if (rw_all(rfd, &go, 1, false) != 0) {
+        if (rw_all(rfd, &go, 1, false) != 0)
             goto out;
-        }
         stria_ucx_link_params_t lp = {.job_id = 7,
-                                      .ring_id = (uint64_t)i + 1,
+                                      .ring_id = ring0 + (uint64_t)i,
                                       .rank = rank,
-                                      .size = 2,
+                                      .size = size,
                                       .next_host = "127.0.0.1",
-                                      .next_port = theirs,
+                                      .next_port = next,
                                       .connect_timeout_s = 20,
-                                      .key = go ? key : NULL};
+                                      .key = keyed ? key : NULL};
         stria_link_t *link = NULL;
         double t0 = stria_time_now();
-        if (stria_link_ucx_connect(ctx, &lp, &link) != STRIA_OK)
+        if (stria_link_ucx_connect(ctx, &lp, &link) != STRIA_OK) {
+            fprintf(stderr, "stria-bench auth: rank %d: %s\n", rank, stria_error_msg());
             goto out;
+        }
         double dt = stria_time_now() - t0;
         stria_link_destroy(link);
-        if (rank == 1) {
-            if (rw_all(wfd, &dt, sizeof(dt), true) != 0)
-                goto out;
-        } else {
-            double other = 0;
-            if (rw_all(rfd, &other, sizeof(other), false) != 0)
-                goto out;
-            times[i] = dt > other ? dt : other;
-        }
+        if (rw_all(wfd, &dt, sizeof(dt), true) != 0)
+            goto out;
     }
-    rc = 0;
+    uint8_t end = 0;
+    rc = rw_all(rfd, &end, 1, false);
 out:
     stria_ucx_ctx_destroy(ctx);
     return rc;
 }
 
-/* Medians of the plain and keyed set-up times; 0 on success. */
-static int measure_ring(int reps, double *plain, double *keyed)
+/* One round on fresh processes: times[0] is the first link's set-up (of the
+ * slowest rank), times[1..links-1] the later links'. The parent touches no
+ * UCX (the ranks are forked from it). */
+static int ring_round(int size, bool keyed, int links, uint64_t ring0, double *times)
 {
-    int p2c[2], c2p[2];
-    if (pipe(p2c) != 0 || pipe(c2p) != 0)
-        return -1;
+    int to[4][2], from[4][2];
+    pid_t pid[4];
+    int started = 0, rc = -1;
     fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        close(p2c[1]);
-        close(c2p[0]);
-        _exit(ring_rank(1, p2c[0], c2p[1], reps, NULL) == 0 ? 0 : 1);
+    for (; started < size; started++) {
+        if (pipe(to[started]) != 0 || pipe(from[started]) != 0)
+            goto out;
+        pid[started] = fork();
+        if (pid[started] < 0)
+            goto out;
+        if (pid[started] == 0) {
+            for (int k = 0; k <= started; k++) {
+                close(to[k][1]);
+                close(from[k][0]);
+            }
+            _exit(ring_rank(started, size, keyed, links, ring0, to[started][0], from[started][1]) ==
+                          0
+                      ? 0
+                      : 1);
+        }
+        close(to[started][0]);
+        close(from[started][1]);
     }
-    close(p2c[0]);
-    close(c2p[1]);
-    double *t = calloc((size_t)(2 * reps), sizeof(double));
-    double *a = calloc((size_t)reps, sizeof(double)), *b = calloc((size_t)reps, sizeof(double));
-    int rc = ring_rank(0, c2p[0], p2c[1], reps, t);
-    close(p2c[1]);
-    close(c2p[0]);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (rc == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-        for (int i = 0; i < reps; i++)
-            a[i] = t[2 * i], b[i] = t[2 * i + 1];
-        *plain = stria_bench_median(a, reps);
-        *keyed = stria_bench_median(b, reps);
-    } else {
-        rc = -1;
+    uint16_t ports[4];
+    for (int r = 0; r < size; r++)
+        if (rw_all(from[r][0], &ports[r], sizeof(ports[r]), false) != 0)
+            goto out;
+    for (int r = 0; r < size; r++)
+        if (rw_all(to[r][1], &ports[(r + 1) % size], sizeof(ports[0]), true) != 0)
+            goto out;
+    for (int i = 0; i < links; i++) {
+        uint8_t go = 1;
+        for (int r = 0; r < size; r++)
+            if (rw_all(to[r][1], &go, 1, true) != 0)
+                goto out;
+        times[i] = 0;
+        for (int r = 0; r < size; r++) {
+            double dt;
+            if (rw_all(from[r][0], &dt, sizeof(dt), false) != 0)
+                goto out;
+            times[i] = dt > times[i] ? dt : times[i];
+        }
     }
-    free(t), free(a), free(b);
+    uint8_t end = 1;
+    for (int r = 0; r < size; r++)
+        rw_all(to[r][1], &end, 1, true);
+    rc = 0;
+out:
+    for (int r = 0; r < started; r++) {
+        int st = 0;
+        close(to[r][1]);
+        close(from[r][0]);
+        waitpid(pid[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            rc = -1;
+    }
+    return rc;
+}
+
+/* The ring set-ups measured: rings of 2 and 4, without and with keys. */
+#define RING_CFGS 4
+static const int ring_sizes[RING_CFGS] = {2, 2, 4, 4};
+static const bool ring_keyed[RING_CFGS] = {false, true, false, true};
+
+/* Medians of the first and of the later links' set-up, per configuration;
+ * rounds alternate the configurations. 0 on success. */
+static int measure_ring(int reps, int later, double first[RING_CFGS], double pooled[RING_CFGS])
+{
+    int links = 1 + later, rc = 0;
+    double *f[RING_CFGS], *p[RING_CFGS], *times = calloc((size_t)links, sizeof(double));
+    for (int k = 0; k < RING_CFGS; k++) {
+        f[k] = calloc((size_t)reps, sizeof(double));
+        p[k] = calloc((size_t)(reps * later), sizeof(double));
+    }
+    uint64_t ring0 = 1;
+    for (int r = 0; r < reps && rc == 0; r++)
+        for (int j = 0; j < RING_CFGS && rc == 0; j++) {
+            int k = (r % 2) ? RING_CFGS - 1 - j : j; /* alternate who goes first */
+            rc = ring_round(ring_sizes[k], ring_keyed[k], links, ring0, times);
+            ring0 += (uint64_t)links;
+            f[k][r] = times[0];
+            for (int i = 1; i < links; i++)
+                p[k][r * later + i - 1] = times[i];
+        }
+    for (int k = 0; k < RING_CFGS && rc == 0; k++) {
+        first[k] = stria_bench_median(f[k], reps);
+        pooled[k] = later > 0 ? stria_bench_median(p[k], reps * later) : 0;
+    }
+    for (int k = 0; k < RING_CFGS; k++)
+        free(f[k]), free(p[k]);
+    free(times);
     return rc;
 }
 
@@ -326,13 +387,17 @@ static void measure_crypto(double *proof_s, double *hello_s)
 int stria_bench_auth(int argc, char **argv)
 {
     auth_cfg_t c = {.json = false};
-    int64_t reps = 0, ranks = 0;
+    int64_t reps = 0, ranks = 0, later = 0;
     const stria_option_t opts[] = {
         STRIA_OPTION("reps", INT, &reps, "R", "alternated runs of each, medians reported",
                      .dflt = "20", .min = 1, .max = 1000),
         STRIA_OPTION("ranks", INT, &ranks, "N",
                      "workers of each service (and ranks of the small job)", .dflt = "2", .min = 1,
                      .max = 16),
+        STRIA_OPTION("later", INT, &later, "L",
+                     "links after the first in each ring set-up round (binds on the pooled "
+                     "endpoints)",
+                     .dflt = "10", .min = 1, .max = 1000),
         STRIA_OPTION("seq", INT, &c.seq, "S",
                      "tokens of the small job (4 heads of 64, fp32, causal)", .dflt = "1024",
                      .min = 16, .max = 1 << 20),
@@ -347,38 +412,48 @@ int stria_bench_auth(int argc, char **argv)
         return prc;
     c.reps = (int)reps;
     c.ranks = (int)ranks;
+    c.later = (int)later;
 
-    double plain = 0, keyed = 0, conn[2] = {0}, job[2] = {0}, proof = 0, hello = 0;
+    double first[RING_CFGS] = {0}, pooled[RING_CFGS] = {0}, conn[2] = {0}, job[2] = {0};
+    double proof = 0, hello = 0;
     measure_crypto(&proof, &hello);
-    if (measure_ring(c.reps, &plain, &keyed) != 0) {
-        fprintf(stderr, "stria-bench auth: the ring set-up failed: %s\n", stria_error_msg());
+    if (measure_ring(c.reps, c.later, first, pooled) != 0) {
+        fprintf(stderr, "stria-bench auth: the ring set-up failed\n");
         return 1;
     }
     if (measure_service(&c, conn, job) != 0)
         return 1;
     if (c.json) {
-        printf("{\"name\":\"auth\",\"reps\":%d,\"ranks\":%d,\"seq\":%lld,"
-               "\"ring_setup_s\":%.6f,\"ring_setup_keyed_s\":%.6f,\"ring_ratio\":%.4f,"
-               "\"connect_open_s\":%.6f,\"connect_secure_s\":%.6f,"
+        printf("{\"name\":\"auth\",\"reps\":%d,\"ranks\":%d,\"seq\":%lld,\"later\":%d,"
+               "\"ring\":[",
+               c.reps, c.ranks, (long long)c.seq, c.later);
+        for (int k = 0; k < RING_CFGS; k++)
+            printf("%s{\"ranks\":%d,\"keys\":%s,\"first_link_s\":%.6f,\"later_link_s\":%.6f}",
+                   k ? "," : "", ring_sizes[k], ring_keyed[k] ? "true" : "false", first[k],
+                   pooled[k]);
+        printf("],\"connect_open_s\":%.6f,\"connect_secure_s\":%.6f,"
                "\"job_open_s\":%.6f,\"job_secure_s\":%.6f,\"job_ratio\":%.4f,"
                "\"proof_s\":%.9f,\"hello_crypto_s\":%.9f}\n",
-               c.reps, c.ranks, (long long)c.seq, plain, keyed, keyed / plain, conn[0], conn[1],
-               job[0], job[1], job[1] / job[0], proof, hello);
+               conn[0], conn[1], job[0], job[1], job[1] / job[0], proof, hello);
         return 0;
     }
     printf("security costs, medians of %d alternated runs:\n"
-           "  ring link set-up, 2 processes over UCX/tcp\n"
-           "    without a ring key   %8.3f ms\n"
-           "    with a ring key      %8.3f ms   ratio %.3f\n"
-           "  small job (S=%lld, 4 heads x 64, fp32, causal, %d ranks: submit, forward,\n"
+           "  ring link set-up over UCX/tcp, ranks as processes on loopback (connect to READY,\n"
+           "  the slowest rank; first: fresh contexts, endpoints made then a bind; later: %d\n"
+           "  more links per round, a bind each on the pooled endpoints)\n"
+           "    ranks  keys                 first link   later links\n",
+           c.reps, c.later);
+    for (int k = 0; k < RING_CFGS; k++)
+        printf("    %5d  %-19s  %7.3f ms   %8.3f ms\n", ring_sizes[k],
+               ring_keyed[k] ? "ring + endpoint key" : "none", first[k] * 1e3, pooled[k] * 1e3);
+    printf("  small job (S=%lld, 4 heads x 64, fp32, causal, %d ranks: submit, forward,\n"
            "  backward, release; job secrets proven on every call of both)\n"
            "    no credentials       connect %7.3f ms   job %8.3f ms\n"
            "    credentials          connect %7.3f ms   job %8.3f ms   job ratio %.3f\n"
            "  cryptography on this CPU\n"
            "    a job proof made and checked        %6.2f us (every job-scoped call)\n"
            "    a hello's MACs and session keys     %6.2f us (every connection)\n",
-           c.reps, plain * 1e3, keyed * 1e3, keyed / plain, (long long)c.seq, c.ranks,
-           conn[0] * 1e3, job[0] * 1e3, conn[1] * 1e3, job[1] * 1e3, job[1] / job[0], proof * 1e6,
-           hello * 1e6);
+           (long long)c.seq, c.ranks, conn[0] * 1e3, job[0] * 1e3, conn[1] * 1e3, job[1] * 1e3,
+           job[1] / job[0], proof * 1e6, hello * 1e6);
     return 0;
 }

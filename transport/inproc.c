@@ -115,9 +115,14 @@ static bool stria__hub_aborted(const stria_inproc_hub_t *hub)
     return __atomic_load_n(&hub->aborted, __ATOMIC_ACQUIRE) != 0;
 }
 
-static stria_status_t stria__hub_abort_error(const stria_inproc_hub_t *hub)
+/* The error of rank `rank`'s operations once the hub is aborted: the
+ * aborting rank's own reason, the kind of the failure for the others
+ * (stria_link_abort_status()). */
+static stria_status_t stria__hub_abort_error(const stria_inproc_hub_t *hub, int rank)
 {
-    return stria_error_set(STRIA_ERR_PEER, "rank %d aborted the pass (%s): %s", hub->abort_rank,
+    stria_status_t own = hub->abort_reason == STRIA_OK ? STRIA_ERR_CANCELLED : hub->abort_reason;
+    return stria_error_set(rank == hub->abort_rank ? own : stria_link_abort_status(own),
+                           "rank %d aborted the pass (%s): %s", hub->abort_rank,
                            stria_status_name(hub->abort_reason), hub->abort_msg);
 }
 
@@ -171,6 +176,7 @@ stria_status_t stria_inproc_hub_create(int size, stria_inproc_hub_t **hub_out)
     pthread_mutex_init(&hub->state_lock, NULL);
     hub->size = size;
     hub->refs = 1;
+    hub->abort_rank = -1;
     hub->boxes = calloc((size_t)size, sizeof(*hub->boxes));
     hub->faults = calloc((size_t)size, sizeof(*hub->faults));
     hub->has_link = calloc((size_t)size, sizeof(*hub->has_link));
@@ -212,6 +218,13 @@ void stria_inproc_hub_reset(stria_inproc_hub_t *hub)
     hub->abort_msg[0] = '\0';
     memset(hub->faults, 0, (size_t)hub->size * sizeof(*hub->faults));
     pthread_mutex_unlock(&hub->state_lock);
+}
+
+int stria_inproc_hub_aborted_by(stria_inproc_hub_t *hub)
+{
+    if (hub == NULL || !stria__hub_aborted(hub))
+        return -1;
+    return hub->abort_rank; /* fixed once the flag is set */
 }
 
 stria_status_t stria_inproc_fault_inject(stria_inproc_hub_t *hub, int rank,
@@ -300,7 +313,7 @@ static stria_status_t stria__pre_post(stria__inproc_link_t *l, bool *stalled)
 
     *stalled = false;
     if (stria__hub_aborted(hub))
-        return stria__hub_abort_error(hub);
+        return stria__hub_abort_error(hub, rank);
     f = stria__fault_tick(hub, rank);
     if (f == STRIA_INPROC_FAULT_FAIL) {
         char msg[128];
@@ -387,7 +400,7 @@ static stria_status_t stria__inproc_wait(stria_link_t *link, stria_link_req_t *r
     struct timespec deadline;
     stria_status_t st = STRIA_OK;
     char msg[STRIA__INPROC_MSG_LEN];
-    bool timed_out = false;
+    bool timed_out = false, aborted = false;
 
     if (timeout_s >= 0) {
         double t = timeout_s > 1e9 ? 1e9 : timeout_s;
@@ -413,14 +426,14 @@ static stria_status_t stria__inproc_wait(stria_link_t *link, stria_link_req_t *r
         st = req->status;
         memcpy(msg, req->msg, sizeof(msg));
     } else if (req->state == STRIA__REQ_PENDING && !timed_out) {
-        st = STRIA_ERR_PEER;
+        aborted = true;
     } else if (req->state == STRIA__REQ_PENDING) {
         st = STRIA_ERR_TIMEOUT;
     }
     pthread_mutex_unlock(&box->lock);
 
-    if (st == STRIA_ERR_PEER && msg[0] == '\0')
-        stria__hub_abort_error(l->hub);
+    if (aborted)
+        st = stria__hub_abort_error(l->hub, link->rank);
     else if (st == STRIA_ERR_TIMEOUT && req->kind == STRIA__REQ_SEND)
         stria_error_set(st, "rank %d did not take message tag %#llx (%zu bytes) within %.3g s",
                         stria_link_next(link), (unsigned long long)req->tag, req->len, timeout_s);

@@ -40,3 +40,19 @@ void stria_link_destroy(stria_link_t *link)
     if (link != NULL)
         link->ops->destroy(link);
 }
+
+stria_status_t stria_link_abort_status(stria_status_t reason)
+{
+    switch (reason) {
+    case STRIA_OK:
+        return STRIA_ERR_CANCELLED;
+    case STRIA_ERR_PEER:
+    case STRIA_ERR_TRANSPORT:
+    case STRIA_ERR_TIMEOUT:
+    case STRIA_ERR_PROTOCOL:
+    case STRIA_ERR_CLOSED:
+        return STRIA_ERR_PEER;
+    default:
+        return reason;
+    }
+}

@@ -2,15 +2,17 @@
  * The UCX ring link's API: connect, isend/irecv, wait, cancel, abort and
  * destroy. These run on the callers' threads and only take ctx->lock: they
  * queue requests and flag links for the progress thread, wake it, and wait
- * on ctx->cond.
+ * on ctx->cond. A connect registers the link under a slot; the progress
+ * thread takes the pooled endpoint to the successor and binds both sides
+ * (ucx_state.c, ucx_bind.c).
  */
 #include "ucx_int.h"
 
 #include <stdio.h>
 #include <string.h>
 
-static stria_status_t stria__ucx_post(stria_link_t *base, bool is_send, uint64_t tag, void *buf,
-                                      size_t len, stria_link_req_t **req_out)
+static stria_status_t post(stria_link_t *base, bool is_send, uint64_t tag, void *buf, size_t len,
+                           stria_link_req_t **req_out)
 {
     stria__ucx_link_t *link = (stria__ucx_link_t *)base;
     stria_ucx_ctx_t *ctx = link->ctx;
@@ -42,21 +44,21 @@ static stria_status_t stria__ucx_post(stria_link_t *base, bool is_send, uint64_t
     return STRIA_OK;
 }
 
-static stria_status_t stria__ucx_isend(stria_link_t *base, uint64_t tag, const void *buf,
-                                       size_t len, stria_link_req_t **req_out)
+static stria_status_t ucx_isend(stria_link_t *base, uint64_t tag, const void *buf, size_t len,
+                                stria_link_req_t **req_out)
 {
-    return stria__ucx_post(base, true, tag, (void *)buf, len, req_out);
+    return post(base, true, tag, (void *)buf, len, req_out);
 }
 
-static stria_status_t stria__ucx_irecv(stria_link_t *base, uint64_t tag, void *buf, size_t len,
-                                       stria_link_req_t **req_out)
+static stria_status_t ucx_irecv(stria_link_t *base, uint64_t tag, void *buf, size_t len,
+                                stria_link_req_t **req_out)
 {
-    return stria__ucx_post(base, false, tag, buf, len, req_out);
+    return post(base, false, tag, buf, len, req_out);
 }
 
 /* Waits (lock held) until UCX lets go of a request of a failed link. Returns
  * false when the safety bound passed first. */
-static bool stria__wait_release_locked(stria_ucx_ctx_t *ctx, stria_link_req_t *req)
+static bool wait_release_locked(stria_ucx_ctx_t *ctx, stria_link_req_t *req)
 {
     double until = stria_time_now() + STRIA__UCX_RELEASE_WAIT_S;
     while (req->state != STRIA__REQ_DONE && stria_time_now() < until)
@@ -70,7 +72,7 @@ static bool stria__wait_release_locked(stria_ucx_ctx_t *ctx, stria_link_req_t *r
 }
 
 /* Releases a finished request and returns its status (setting the message). */
-static stria_status_t stria__req_release_locked(stria__ucx_link_t *link, stria_link_req_t *req)
+static stria_status_t req_release_locked(stria__ucx_link_t *link, stria_link_req_t *req)
 {
     stria_status_t st = req->status;
     if (st != STRIA_OK && req->msg[0] == '\0' && link->failed)
@@ -88,8 +90,7 @@ static stria_status_t stria__req_release_locked(stria__ucx_link_t *link, stria_l
  * deadline passes; a request that failed with a dropped connection also
  * waits for the link's verdict on whom to blame (a notice from the ring,
  * or the drop itself). */
-static void stria__wait_done_locked(stria__ucx_link_t *link, stria_link_req_t *req,
-                                    double timeout_s)
+static void wait_done_locked(stria__ucx_link_t *link, stria_link_req_t *req, double timeout_s)
 {
     stria_ucx_ctx_t *ctx = link->ctx;
     double deadline = timeout_s < 0 ? 0 : stria_time_now() + timeout_s;
@@ -109,7 +110,7 @@ static void stria__wait_done_locked(stria__ucx_link_t *link, stria_link_req_t *r
 }
 
 /* When the last time `req`'s peer was heard. */
-static double stria__peer_heard_locked(const stria__ucx_link_t *link, const stria_link_req_t *req)
+static double peer_heard_locked(const stria__ucx_link_t *link, const stria_link_req_t *req)
 {
     return link->hb.nb[req->is_send ? STRIA__FROM_NEXT : STRIA__FROM_PREV].last;
 }
@@ -118,14 +119,14 @@ static double stria__peer_heard_locked(const stria__ucx_link_t *link, const stri
  * quiet. A peer that is alive is itself waiting on someone: the stalled rank
  * the heartbeats report is named, or that rank's own report is given a
  * moment to arrive (this waits for it). */
-static void stria__wait_for_culprit_locked(stria__ucx_link_t *link, stria_link_req_t *req,
-                                           double timeout_s)
+static void wait_for_culprit_locked(stria__ucx_link_t *link, stria_link_req_t *req,
+                                    double timeout_s)
 {
     stria_ucx_ctx_t *ctx = link->ctx;
     double now = stria_time_now();
     int reporter;
     double silence;
-    if (!(now - stria__peer_heard_locked(link, req) < ctx->stale_s &&
+    if (!(now - peer_heard_locked(link, req) < ctx->stale_s &&
           stria__ucx_hb_suspect(&link->hb, now, -1, &reporter, &silence) < 0))
         return;
     double grace = timeout_s < 0.2 ? 0.2 : timeout_s;
@@ -138,13 +139,12 @@ static void stria__wait_for_culprit_locked(stria__ucx_link_t *link, stria_link_r
 
 /* Fails the link for a missed deadline (lock held), naming the rank at
  * fault: the silent peer, else the stalled rank the heartbeats report. */
-static void stria__wait_blame_locked(stria__ucx_link_t *link, stria_link_req_t *req,
-                                     double timeout_s)
+static void wait_blame_locked(stria__ucx_link_t *link, stria_link_req_t *req, double timeout_s)
 {
     stria_ucx_ctx_t *ctx = link->ctx;
     int peer = req->is_send ? stria_link_next(&link->base) : stria_link_prev(&link->base);
     double now = stria_time_now();
-    double quiet = now - stria__peer_heard_locked(link, req);
+    double quiet = now - peer_heard_locked(link, req);
     int reporter;
     double silence;
     int suspect = stria__ucx_hb_suspect(&link->hb, now, -1, &reporter, &silence);
@@ -174,26 +174,26 @@ static void stria__wait_blame_locked(stria__ucx_link_t *link, stria_link_req_t *
     stria__ucx_kick(ctx);
 }
 
-static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req, double timeout_s)
+static stria_status_t ucx_wait(stria_link_t *base, stria_link_req_t *req, double timeout_s)
 {
     stria__ucx_link_t *link = (stria__ucx_link_t *)base;
     stria_ucx_ctx_t *ctx = link->ctx;
 
     pthread_mutex_lock(&ctx->lock);
-    stria__wait_done_locked(link, req, timeout_s);
+    wait_done_locked(link, req, timeout_s);
     if (req->state != STRIA__REQ_DONE && !link->failed)
-        stria__wait_for_culprit_locked(link, req, timeout_s);
+        wait_for_culprit_locked(link, req, timeout_s);
     if (req->state == STRIA__REQ_DONE) {
-        stria_status_t st = stria__req_release_locked(link, req);
+        stria_status_t st = req_release_locked(link, req);
         pthread_mutex_unlock(&ctx->lock);
         return st;
     }
     if (!link->failed)
-        stria__wait_blame_locked(link, req, timeout_s);
+        wait_blame_locked(link, req, timeout_s);
     stria_status_t st = link->fail_status;
     char msg[sizeof(link->fail_msg)];
     snprintf(msg, sizeof(msg), "%s", link->fail_msg);
-    if (stria__wait_release_locked(ctx, req)) {
+    if (wait_release_locked(ctx, req)) {
         stria__list_del(&req->link_node);
         free(req);
     }
@@ -201,7 +201,7 @@ static stria_status_t stria__ucx_wait(stria_link_t *base, stria_link_req_t *req,
     return stria_error_set(st, "%s", msg);
 }
 
-static void stria__ucx_cancel(stria_link_t *base, stria_link_req_t *req)
+static void ucx_cancel(stria_link_t *base, stria_link_req_t *req)
 {
     stria__ucx_link_t *link = (stria__ucx_link_t *)base;
     stria_ucx_ctx_t *ctx = link->ctx;
@@ -220,7 +220,7 @@ static void stria__ucx_cancel(stria_link_t *base, stria_link_req_t *req)
             "rank %d cancelled a %s of tag %#llx (%zu bytes) in flight", base->rank,
             stria__req_kind(req), (unsigned long long)req->tag, req->len);
         stria__ucx_kick(ctx);
-        if (!stria__wait_release_locked(ctx, req)) {
+        if (!wait_release_locked(ctx, req)) {
             pthread_mutex_unlock(&ctx->lock);
             return;
         }
@@ -230,16 +230,18 @@ static void stria__ucx_cancel(stria_link_t *base, stria_link_req_t *req)
     pthread_mutex_unlock(&ctx->lock);
 }
 
-static void stria__ucx_abort(stria_link_t *base, stria_status_t reason, const char *msg)
+static void ucx_abort(stria_link_t *base, stria_status_t reason, const char *msg)
 {
     stria__ucx_link_t *link = (stria__ucx_link_t *)base;
     stria_ucx_ctx_t *ctx = link->ctx;
     pthread_mutex_lock(&ctx->lock);
     if (!link->failed) {
-        stria__ucx_link_fail_locked(
-            link, STRIA_ERR_PEER, base->rank, STRIA__NOTIFY_NEXT | STRIA__NOTIFY_PREV,
-            "rank %d aborted the pass (%s): %s", base->rank, stria_status_str(reason), msg);
-        link->fail_status = reason == STRIA_OK ? STRIA_ERR_CANCELLED : reason;
+        stria_status_t own = reason == STRIA_OK ? STRIA_ERR_CANCELLED : reason;
+        stria__ucx_link_fail_locked(link, own, base->rank, STRIA__NOTIFY_NEXT | STRIA__NOTIFY_PREV,
+                                    "rank %d aborted the pass (%s): %s", base->rank,
+                                    stria_status_str(own), msg);
+        /* The other ranks report the kind of the failure, not a peer's. */
+        link->notify_status = stria_link_abort_status(own);
     }
     pthread_mutex_unlock(&ctx->lock);
     stria__ucx_kick(ctx);
@@ -280,8 +282,11 @@ void stria__ucx_link_destroy(stria_link_t *base)
     }
     bool closed = link->state == STRIA__LINK_CLOSED;
     stria__list_del(&link->ctx_node);
-    if (ctx->slots[link->in_slot] == link)
-        ctx->slots[link->in_slot] = NULL;
+    uint32_t index = STRIA__UCX_SLOT_INDEX(link->in_slot);
+    if (ctx->slots[index] == link) {
+        ctx->slots[index] = NULL;
+        ctx->slot_gen[index]++; /* what comes for this link now finds no link */
+    }
     while (!stria__list_empty(&link->reqs)) {
         stria_link_req_t *r = STRIA__OF(link->reqs.next, stria_link_req_t, link_node);
         stria__list_del(&r->link_node);
@@ -292,7 +297,8 @@ void stria__ucx_link_destroy(stria_link_t *base)
     pthread_mutex_unlock(&ctx->lock);
     if (!closed) {
         /* The progress thread may still touch the link: keep its memory. */
-        stria_log_error("ucx link of rank %d: UCX did not close its endpoints; leaking the link",
+        stria_log_error("ucx link of rank %d: UCX did not give its transfers back; leaking the "
+                        "link",
                         base->rank);
         return;
     }
@@ -300,15 +306,10 @@ void stria__ucx_link_destroy(stria_link_t *base)
 }
 
 /* name, isend, irecv, wait, cancel, abort, destroy */
-static const stria_link_ops_t stria__ucx_ops = {"ucx",
-                                                stria__ucx_isend,
-                                                stria__ucx_irecv,
-                                                stria__ucx_wait,
-                                                stria__ucx_cancel,
-                                                stria__ucx_abort,
-                                                stria__ucx_link_destroy};
+static const stria_link_ops_t ucx_ops = {
+    "ucx", ucx_isend, ucx_irecv, ucx_wait, ucx_cancel, ucx_abort, stria__ucx_link_destroy};
 
-static stria_status_t stria__connect_check(const stria_ucx_link_params_t *params)
+static stria_status_t connect_check(const stria_ucx_link_params_t *params)
 {
     if (params->size < 1 || params->size > 65535)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "ucx link: ring size %d is not in 1..65535",
@@ -326,13 +327,13 @@ static stria_status_t stria__connect_check(const stria_ucx_link_params_t *params
 }
 
 /* A new link (state NEW), not yet known to the context. */
-static stria_status_t stria__link_new(stria_ucx_ctx_t *ctx, const stria_ucx_link_params_t *params,
-                                      stria__ucx_link_t **link_out)
+static stria_status_t link_new(stria_ucx_ctx_t *ctx, const stria_ucx_link_params_t *params,
+                               stria__ucx_link_t **link_out)
 {
     stria__ucx_link_t *link = calloc(1, sizeof(*link));
     if (link == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx link: out of memory");
-    link->base.ops = &stria__ucx_ops;
+    link->base.ops = &ucx_ops;
     link->base.rank = params->rank;
     link->base.size = params->size;
     link->ctx = ctx;
@@ -363,7 +364,7 @@ static stria_status_t stria__link_new(stria_ucx_ctx_t *ctx, const stria_ucx_link
 }
 
 /* Gives the link a slot and hands it to the progress thread (lock held). */
-static stria_status_t stria__link_register_locked(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link)
+static stria_status_t link_register_locked(stria_ucx_ctx_t *ctx, stria__ucx_link_t *link)
 {
     for (stria__node_t *n = ctx->links.next; n != &ctx->links; n = n->next) {
         stria__ucx_link_t *l = STRIA__OF(n, stria__ucx_link_t, ctx_node);
@@ -372,26 +373,26 @@ static stria_status_t stria__link_register_locked(stria_ucx_ctx_t *ctx, stria__u
                 STRIA_ERR_BUSY, "ucx link: this context already has ring %llu of job %llu",
                 (unsigned long long)link->ring_id, (unsigned long long)link->job_id);
     }
-    uint32_t slot = 0;
+    uint32_t index = 0;
     for (uint32_t i = 0; i < STRIA__UCX_SLOTS - 1; i++) {
         uint32_t s = ctx->next_slot;
         ctx->next_slot = ctx->next_slot + 1 >= STRIA__UCX_SLOTS ? 1 : ctx->next_slot + 1;
         if (ctx->slots[s] == NULL) {
-            slot = s;
+            index = s;
             break;
         }
     }
-    if (slot == 0)
+    if (index == 0)
         return stria_error_set(STRIA_ERR_BUSY, "ucx link: the context has no free link slot");
-    link->in_slot = slot;
-    ctx->slots[slot] = link;
+    link->in_slot = ((uint32_t)ctx->slot_gen[index] << 16) | index;
+    ctx->slots[index] = link;
     stria__list_push(&ctx->links, &link->ctx_node);
     return STRIA_OK;
 }
 
 /* Fails a link whose neighbours did not both connect in time (lock held),
  * saying which did not. */
-static void stria__connect_timeout_locked(stria__ucx_link_t *link, double timeout)
+static void connect_timeout_locked(stria__ucx_link_t *link, double timeout)
 {
     char what[800];
     int prev = stria_link_prev(&link->base), next = stria_link_next(&link->base);
@@ -403,15 +404,15 @@ static void stria__connect_timeout_locked(stria__ucx_link_t *link, double timeou
                  next, link->next_desc, prev);
     else if (!out_up)
         snprintf(what, sizeof(what),
-                 "successor rank %d at %s did not accept the handshake (not listening, or no "
-                 "ring %llu of job %llu there)",
+                 "successor rank %d at %s did not accept the handshake (not listening, another "
+                 "link protocol version, or no ring %llu of job %llu there)",
                  next, link->next_desc, (unsigned long long)link->ring_id,
                  (unsigned long long)link->job_id);
     else
         snprintf(what, sizeof(what),
-                 "predecessor rank %d did not connect to port %u for ring %llu of job %llu", prev,
-                 (unsigned)link->ctx->port, (unsigned long long)link->ring_id,
-                 (unsigned long long)link->job_id);
+                 "predecessor rank %d did not bind ring %llu of job %llu on port %u", prev,
+                 (unsigned long long)link->ring_id, (unsigned long long)link->job_id,
+                 (unsigned)link->ctx->port);
     stria__ucx_link_fail_locked(link, STRIA_ERR_TIMEOUT, out_up ? prev : next,
                                 STRIA__NOTIFY_NEXT | STRIA__NOTIFY_PREV,
                                 "connect timeout of %.3g s: %s", timeout, what);
@@ -423,9 +424,9 @@ stria_status_t stria_link_ucx_connect(stria_ucx_ctx_t *ctx, const stria_ucx_link
     if (ctx == NULL || params == NULL || link_out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_link_ucx_connect: NULL argument");
     stria__ucx_link_t *link = NULL;
-    stria_status_t st = stria__connect_check(params);
+    stria_status_t st = connect_check(params);
     if (st == STRIA_OK)
-        st = stria__link_new(ctx, params, &link);
+        st = link_new(ctx, params, &link);
     if (st != STRIA_OK)
         return st;
     double timeout =
@@ -433,7 +434,7 @@ stria_status_t stria_link_ucx_connect(stria_ucx_ctx_t *ctx, const stria_ucx_link
     link->connect_deadline = stria_time_now() + timeout;
 
     pthread_mutex_lock(&ctx->lock);
-    st = stria__link_register_locked(ctx, link);
+    st = link_register_locked(ctx, link);
     pthread_mutex_unlock(&ctx->lock);
     if (st != STRIA_OK) {
         free(link);
@@ -469,7 +470,7 @@ stria_status_t stria_link_ucx_connect(stria_ucx_ctx_t *ctx, const stria_ucx_link
         return STRIA_OK;
     }
     if (!link->failed)
-        stria__connect_timeout_locked(link, timeout);
+        connect_timeout_locked(link, timeout);
     st = stria__ucx_link_error_locked(link);
     char msg[sizeof(link->fail_msg)];
     snprintf(msg, sizeof(msg), "%s", link->fail_msg);

@@ -1,9 +1,8 @@
 /*
  * The UCX context of the ring link: configuration (parameters and the
  * environment UCX reads), the ucp context and worker, the listener, the
- * progress thread's wake-up fds, and create/destroy. Also the small helpers
- * every part of the link uses: waking the progress thread, timed waits on
- * ctx->cond, and socket addresses.
+ * progress thread's wake-up fds, create/destroy, what it counted, the list
+ * of its endpoints and their drop.
  */
 #include "ucx_int.h"
 
@@ -18,68 +17,11 @@
 
 #include <arpa/inet.h>
 
-/* ---- helpers ------------------------------------------------------------------- */
-
-void stria__ucx_kick(stria_ucx_ctx_t *ctx)
-{
-    uint64_t one = 1;
-    ssize_t n;
-    do {
-        n = write(ctx->kick_fd, &one, sizeof(one));
-    } while (n < 0 && errno == EINTR);
-}
-
-static struct timespec stria__abs_time(double t)
-{
-    /* ctx->cond runs on CLOCK_MONOTONIC, the clock of stria_time_now(). */
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double delta = t - stria_time_now();
-    if (delta < 0)
-        delta = 0;
-    if (delta > 3600)
-        delta = 3600;
-    long sec = (long)delta;
-    long nsec = (long)((delta - (double)sec) * 1e9);
-    now.tv_sec += sec;
-    now.tv_nsec += nsec;
-    if (now.tv_nsec >= 1000000000L) {
-        now.tv_sec++;
-        now.tv_nsec -= 1000000000L;
-    }
-    return now;
-}
-
-void stria__ucx_cond_wait_until(stria_ucx_ctx_t *ctx, double t)
-{
-    struct timespec ts = stria__abs_time(t);
-    pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
-}
-
-void stria__ucx_addr_str(const struct sockaddr *sa, char *out, size_t n)
-{
-    char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (sa->sa_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
-        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-        port = ntohs(in->sin_port);
-        snprintf(out, n, "%s:%d", host, port);
-    } else if (sa->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)sa;
-        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-        port = ntohs(in6->sin6_port);
-        snprintf(out, n, "[%s]:%d", host, port);
-    } else {
-        snprintf(out, n, "(address family %d)", sa->sa_family);
-    }
-}
-
 /* ---- environment ------------------------------------------------------------------- */
 
 /* Whether a UCX_TLS list can select one of the named transports (UCX's
  * aliases "all", "sm" and "shm" and exclusion lists included). */
-static bool stria__tls_may_use(const char *tls, const char *const *names)
+static bool tls_may_use(const char *tls, const char *const *names)
 {
     if (tls == NULL || tls[0] == '^')
         return true;
@@ -96,7 +38,7 @@ static bool stria__tls_may_use(const char *tls, const char *const *names)
     return false;
 }
 
-static void stria__env_default(const char *name, const char *value)
+static void env_default(const char *name, const char *value)
 {
     if (setenv(name, value, 0) != 0)
         stria_log_warn("ucx link: cannot set %s=%s: %s", name, value, strerror(errno));
@@ -125,7 +67,7 @@ static void stria__env_default(const char *name, const char *value)
  *   the link never completed its handshake, every later link between the
  *   pair queued behind it, and the progress thread logged the error in a
  *   busy loop. */
-static void stria__env_defaults(const char *tls)
+static void env_defaults(const char *tls)
 {
     static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
     static const char *const posix[] = {"posix", NULL};
@@ -133,26 +75,25 @@ static void stria__env_defaults(const char *tls)
     static const char *const cma[] = {"cma", NULL};
     const char *eff = tls != NULL ? tls : getenv("UCX_TLS");
     pthread_mutex_lock(&env_lock);
-    stria__env_default("UCX_TCP_CM_REUSEADDR", "y");
-    if (stria__tls_may_use(eff, posix)) {
-        stria__env_default("UCX_POSIX_ERROR_HANDLING", "y");
-        stria__env_default("UCX_POSIX_FIFO_ELEM_SIZE", STRIA__UCX_MM_ELEM);
+    env_default("UCX_TCP_CM_REUSEADDR", "y");
+    if (tls_may_use(eff, posix)) {
+        env_default("UCX_POSIX_ERROR_HANDLING", "y");
+        env_default("UCX_POSIX_FIFO_ELEM_SIZE", STRIA__UCX_MM_ELEM);
     }
-    if (stria__tls_may_use(eff, sysv)) {
-        stria__env_default("UCX_SYSV_ERROR_HANDLING", "y");
-        stria__env_default("UCX_SYSV_FIFO_ELEM_SIZE", STRIA__UCX_MM_ELEM);
+    if (tls_may_use(eff, sysv)) {
+        env_default("UCX_SYSV_ERROR_HANDLING", "y");
+        env_default("UCX_SYSV_FIFO_ELEM_SIZE", STRIA__UCX_MM_ELEM);
     }
-    if (stria__tls_may_use(eff, cma))
-        stria__env_default("UCX_CMA_MEMORY_INVALIDATE", "y");
+    if (tls_may_use(eff, cma))
+        env_default("UCX_CMA_MEMORY_INVALIDATE", "y");
     pthread_mutex_unlock(&env_lock);
 }
 
 /* ---- create ---------------------------------------------------------------------------- */
 
 /* Checks the parameters and resolves the listen address. */
-static stria_status_t stria__ctx_check(const stria_ucx_ctx_params_t *params, double *ping_s,
-                                       double *stale_s, struct sockaddr_storage *addr,
-                                       socklen_t *addrlen)
+static stria_status_t ctx_check(const stria_ucx_ctx_params_t *params, double *ping_s,
+                                double *stale_s, struct sockaddr_storage *addr, socklen_t *addrlen)
 {
     const char *host = params->listen_host != NULL ? params->listen_host : "0.0.0.0";
     if (host[0] == '\0')
@@ -184,7 +125,7 @@ static stria_status_t stria__ctx_check(const stria_ucx_ctx_params_t *params, dou
 }
 
 /* Frees what create made so far (every field NULL or -1 when not made). */
-static void stria__ctx_unwind(stria_ucx_ctx_t *ctx)
+static void ctx_unwind(stria_ucx_ctx_t *ctx)
 {
     if (ctx->kick_fd >= 0)
         close(ctx->kick_fd);
@@ -201,12 +142,14 @@ static void stria__ctx_unwind(stria_ucx_ctx_t *ctx)
         pthread_mutex_destroy(&ctx->lock);
     }
     free(ctx->slots);
+    free(ctx->slot_gen);
+    stria_auth_wipe(ctx->ep_key, sizeof(ctx->ep_key));
     free(ctx);
 }
 
 /* The context's memory, lists, lock and condition variable. */
-static stria_status_t stria__ctx_alloc(const stria_ucx_ctx_params_t *params, double ping_s,
-                                       double stale_s, stria_ucx_ctx_t **ctx_out)
+static stria_status_t ctx_alloc(const stria_ucx_ctx_params_t *params, double ping_s, double stale_s,
+                                stria_ucx_ctx_t **ctx_out)
 {
     stria_ucx_ctx_t *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
@@ -214,7 +157,7 @@ static stria_status_t stria__ctx_alloc(const stria_ucx_ctx_params_t *params, dou
     ctx->ucp_fd = ctx->kick_fd = ctx->ep_fd = -1;
     stria__list_init(&ctx->links);
     stria__list_init(&ctx->queue);
-    stria__list_init(&ctx->conns);
+    stria__list_init(&ctx->eps);
     stria__list_init(&ctx->events);
     stria__list_init(&ctx->starts);
     ctx->next_slot = 1;
@@ -228,9 +171,15 @@ static stria_status_t stria__ctx_alloc(const stria_ucx_ctx_params_t *params, dou
     ctx->max_pending_per_source = params->max_pending_per_source > 0
                                       ? params->max_pending_per_source
                                       : STRIA__UCX_PENDING_PER_SOURCE;
+    if (params->endpoint_key != NULL) {
+        ctx->has_ep_key = true;
+        memcpy(ctx->ep_key, params->endpoint_key, sizeof(ctx->ep_key));
+    }
     ctx->slots = calloc(STRIA__UCX_SLOTS, sizeof(*ctx->slots));
-    if (ctx->slots == NULL) {
-        stria__ctx_unwind(ctx);
+    ctx->slot_gen = calloc(STRIA__UCX_SLOTS, sizeof(*ctx->slot_gen));
+    if (ctx->slots == NULL || ctx->slot_gen == NULL ||
+        stria_auth_random(&ctx->incarnation, sizeof(ctx->incarnation)) != STRIA_OK) {
+        ctx_unwind(ctx);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "ucx context: out of memory");
     }
     pthread_mutex_init(&ctx->lock, NULL);
@@ -246,21 +195,20 @@ static stria_status_t stria__ctx_alloc(const stria_ucx_ctx_params_t *params, dou
 
 /* The transport error of a failed UCX call of the context's set-up:
  * "ucx context: WHAT: UCX's reason". */
-static stria_status_t stria__ucs_error(ucs_status_t s, const char *what)
+static stria_status_t ucs_error(ucs_status_t s, const char *what)
 {
     return stria_error_set(STRIA_ERR_TRANSPORT, "ucx context: %s: %s", what, ucs_status_string(s));
 }
 
 /* Reads the UCX configuration and applies the transports and devices. */
-static stria_status_t stria__ctx_config(const stria_ucx_ctx_params_t *params,
-                                        ucp_config_t **config_out)
+static stria_status_t ctx_config(const stria_ucx_ctx_params_t *params, ucp_config_t **config_out)
 {
     ucp_config_t *config = NULL;
     ucs_status_t s;
-    stria__env_defaults(params->tls);
+    env_defaults(params->tls);
     s = ucp_config_read(NULL, NULL, &config);
     if (s != UCS_OK)
-        return stria__ucs_error(s, "cannot read the UCX configuration");
+        return ucs_error(s, "cannot read the UCX configuration");
     if (params->tls != NULL && (s = ucp_config_modify(config, "TLS", params->tls)) != UCS_OK) {
         ucp_config_release(config);
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -278,11 +226,10 @@ static stria_status_t stria__ctx_config(const stria_ucx_ctx_params_t *params,
 }
 
 /* The ucp context, the worker, its message handlers and its event fd. */
-static stria_status_t stria__ctx_ucp_init(stria_ucx_ctx_t *ctx,
-                                          const stria_ucx_ctx_params_t *params)
+static stria_status_t ctx_ucp_init(stria_ucx_ctx_t *ctx, const stria_ucx_ctx_params_t *params)
 {
     ucp_config_t *config = NULL;
-    stria_status_t st = stria__ctx_config(params, &config);
+    stria_status_t st = ctx_config(params, &config);
     if (st != STRIA_OK)
         return st;
     ucp_params_t ucp_params;
@@ -294,7 +241,7 @@ static stria_status_t stria__ctx_ucp_init(stria_ucx_ctx_t *ctx,
     ucp_config_release(config);
     if (s != UCS_OK) {
         ctx->context = NULL;
-        return stria__ucs_error(s, "ucp_init failed");
+        return ucs_error(s, "ucp_init failed");
     }
 
     ucp_worker_params_t wparams;
@@ -304,7 +251,7 @@ static stria_status_t stria__ctx_ucp_init(stria_ucx_ctx_t *ctx,
     s = ucp_worker_create(ctx->context, &wparams, &ctx->worker);
     if (s != UCS_OK) {
         ctx->worker = NULL;
-        return stria__ucs_error(s, "cannot create a worker");
+        return ucs_error(s, "cannot create a worker");
     }
 
     ucp_am_handler_param_t am;
@@ -321,16 +268,16 @@ static stria_status_t stria__ctx_ucp_init(stria_ucx_ctx_t *ctx,
         s = ucp_worker_set_am_recv_handler(ctx->worker, &am);
     }
     if (s != UCS_OK)
-        return stria__ucs_error(s, "cannot set message handlers");
+        return ucs_error(s, "cannot set message handlers");
     s = ucp_worker_get_efd(ctx->worker, &ctx->ucp_fd);
     if (s != UCS_OK)
-        return stria__ucs_error(s, "no worker event fd");
+        return ucs_error(s, "no worker event fd");
     return STRIA_OK;
 }
 
 /* Listens on the address and reads back the port. */
-static stria_status_t stria__ctx_listen(stria_ucx_ctx_t *ctx, const struct sockaddr_storage *addr,
-                                        socklen_t addrlen)
+static stria_status_t ctx_listen(stria_ucx_ctx_t *ctx, const struct sockaddr_storage *addr,
+                                 socklen_t addrlen)
 {
     ucp_listener_params_t lparams;
     memset(&lparams, 0, sizeof(lparams));
@@ -352,7 +299,7 @@ static stria_status_t stria__ctx_listen(stria_ucx_ctx_t *ctx, const struct socka
     lattr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
     s = ucp_listener_query(ctx->listener, &lattr);
     if (s != UCS_OK)
-        return stria__ucs_error(s, "cannot query the listener");
+        return ucs_error(s, "cannot query the listener");
     if (lattr.sockaddr.ss_family == AF_INET)
         ctx->port = ntohs(((struct sockaddr_in *)(void *)&lattr.sockaddr)->sin_port);
     else
@@ -361,7 +308,7 @@ static stria_status_t stria__ctx_listen(stria_ucx_ctx_t *ctx, const struct socka
 }
 
 /* The eventfd and epoll set the progress thread sleeps on, and the thread. */
-static stria_status_t stria__ctx_start(stria_ucx_ctx_t *ctx)
+static stria_status_t ctx_start(stria_ucx_ctx_t *ctx)
 {
     ctx->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ctx->ep_fd = epoll_create1(EPOLL_CLOEXEC);
@@ -393,18 +340,18 @@ stria_status_t stria_ucx_ctx_create(const stria_ucx_ctx_params_t *params, stria_
 
     if (params == NULL || ctx_out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_ucx_ctx_create: NULL argument");
-    stria_status_t st = stria__ctx_check(params, &ping_s, &stale_s, &addr, &addrlen);
+    stria_status_t st = ctx_check(params, &ping_s, &stale_s, &addr, &addrlen);
     if (st == STRIA_OK)
-        st = stria__ctx_alloc(params, ping_s, stale_s, &ctx);
+        st = ctx_alloc(params, ping_s, stale_s, &ctx);
     if (st != STRIA_OK)
         return st;
-    st = stria__ctx_ucp_init(ctx, params);
+    st = ctx_ucp_init(ctx, params);
     if (st == STRIA_OK)
-        st = stria__ctx_listen(ctx, &addr, addrlen);
+        st = ctx_listen(ctx, &addr, addrlen);
     if (st == STRIA_OK)
-        st = stria__ctx_start(ctx);
+        st = ctx_start(ctx);
     if (st != STRIA_OK) {
-        stria__ctx_unwind(ctx);
+        ctx_unwind(ctx);
         return st;
     }
     stria_log_debug("ucx context listening on port %u", (unsigned)ctx->port);
@@ -424,7 +371,59 @@ void stria_ucx_ctx_stats(stria_ucx_ctx_t *ctx, stria_ucx_ctx_stats_t *out)
         return;
     pthread_mutex_lock(&ctx->lock);
     *out = ctx->stats;
+    for (stria__node_t *n = ctx->eps.next; n != &ctx->eps; n = n->next) {
+        const stria__ucx_ep_t *e = STRIA__OF(n, stria__ucx_ep_t, node);
+        out->endpoints_open += e->state == STRIA__EP_READY;
+    }
     pthread_mutex_unlock(&ctx->lock);
+}
+
+size_t stria_ucx_ctx_endpoints(stria_ucx_ctx_t *ctx, stria_ucx_endpoint_info_t *out, size_t max)
+{
+    size_t n = 0;
+    if (ctx == NULL)
+        return 0;
+    double now = stria_time_now();
+    pthread_mutex_lock(&ctx->lock);
+    for (stria__node_t *x = ctx->eps.next; x != &ctx->eps; x = x->next) {
+        const stria__ucx_ep_t *e = STRIA__OF(x, stria__ucx_ep_t, node);
+        if (e->state != STRIA__EP_READY)
+            continue;
+        if (n < max && out != NULL) {
+            stria_ucx_endpoint_info_t *i = &out[n];
+            memset(i, 0, sizeof(*i));
+            snprintf(i->peer, sizeof(i->peer), "%s", e->peer);
+            i->outgoing = e->outgoing;
+            i->incarnation = e->peer_incarnation;
+            i->age_s = now - e->ready_at;
+            i->links = e->links;
+            i->binds = e->binds;
+            i->authenticated = e->keyed;
+            i->dropping = e->drop;
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
+int stria_ucx_ctx_drop_endpoints(stria_ucx_ctx_t *ctx, const char *peer)
+{
+    int n = 0;
+    if (ctx == NULL)
+        return 0;
+    pthread_mutex_lock(&ctx->lock);
+    for (stria__node_t *x = ctx->eps.next; x != &ctx->eps; x = x->next) {
+        stria__ucx_ep_t *e = STRIA__OF(x, stria__ucx_ep_t, node);
+        if (e->drop || e->state == STRIA__EP_CLOSING ||
+            (peer != NULL && strcmp(peer, e->peer) != 0))
+            continue;
+        e->drop = true;
+        n++;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    stria__ucx_kick(ctx);
+    return n;
 }
 
 /* ---- destroy --------------------------------------------------------------------------- */
@@ -442,9 +441,9 @@ void stria_ucx_ctx_stats(stria_ucx_ctx_t *ctx, stria_ucx_ctx_stats_t *out)
  * and refused ("shutting down") right before the listener goes; a refused
  * peer tries again 50 ms later at the soonest, when the listening socket is
  * closed. The accepted connections stay open until the listener is gone
- * (stria__ctx_close_conns): a peer whose handshake is under way waits on its
+ * (ctx_close_eps): a peer whose handshake is under way waits on its
  * connection, and the retry that closing it prompts finds no listener. */
-static void stria__ctx_close_listener(stria_ucx_ctx_t *ctx)
+static void ctx_close_listener(stria_ucx_ctx_t *ctx)
 {
     stria__ucx_run_events(ctx);
     double quiet_until = stria_time_now() + STRIA__UCX_QUIET_S;
@@ -470,30 +469,31 @@ static void stria__ctx_close_listener(stria_ucx_ctx_t *ctx)
     ctx->listener = NULL;
 }
 
-/* With the listener gone: closes every connection and waits (a bounded
- * time) for UCX to finish the closes. */
-static void stria__ctx_close_conns(stria_ucx_ctx_t *ctx)
+/* With the listener gone: closes every endpoint, waits (a bounded time)
+ * for UCX to finish the closes, and frees the records. */
+static void ctx_close_eps(stria_ucx_ctx_t *ctx)
 {
     stria__ucx_run_events(ctx);
-    for (stria__node_t *n = ctx->conns.next; n != &ctx->conns;) {
-        stria__ucx_conn_t *c = STRIA__OF(n, stria__ucx_conn_t, node);
-        n = n->next;
-        if (!c->closing) {
-            c->closing = true;
-            stria__ucx_ep_close(ctx, c->ep, true, NULL, c);
-        }
-    }
-    double until = stria_time_now() + 2.0;
-    while ((ctx->closing > 0 || !stria__list_empty(&ctx->events)) && stria_time_now() < until) {
-        ucp_worker_progress(ctx->worker);
-        stria__ucx_run_events(ctx);
-    }
-    if (ctx->closing > 0)
-        stria_log_warn("ucx context: %d endpoint closes did not finish", ctx->closing);
+    stria__ucx_eps_close_all(ctx);
     while (!stria__list_empty(&ctx->events)) {
         stria__node_t *n = ctx->events.next;
         stria__list_del(n);
         free(STRIA__OF(n, stria__event_t, node));
+    }
+}
+
+/* Frees the endpoint records left (the worker is gone: no callback comes). */
+static void ctx_free_eps(stria_ucx_ctx_t *ctx)
+{
+    while (!stria__list_empty(&ctx->eps)) {
+        stria__ucx_ep_t *e = STRIA__OF(ctx->eps.next, stria__ucx_ep_t, node);
+        stria__list_del(&e->node);
+        while (!stria__list_empty(&e->parked)) {
+            stria__node_t *n = e->parked.next;
+            stria__list_del(n);
+            free(STRIA__OF(n, stria__parked_t, node));
+        }
+        free(e);
     }
 }
 
@@ -520,15 +520,18 @@ void stria_ucx_ctx_destroy(stria_ucx_ctx_t *ctx)
     pthread_join(ctx->thread, NULL);
 
     /* The progress thread is gone: this thread now owns the worker. */
-    stria__ctx_close_listener(ctx);
-    stria__ctx_close_conns(ctx);
+    ctx_close_listener(ctx);
+    ctx_close_eps(ctx);
     ucp_worker_destroy(ctx->worker);
     ucp_cleanup(ctx->context);
+    ctx_free_eps(ctx);
     close(ctx->kick_fd);
     close(ctx->ep_fd);
     pthread_cond_destroy(&ctx->cond);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx->step_links);
     free(ctx->slots);
+    free(ctx->slot_gen);
+    stria_auth_wipe(ctx->ep_key, sizeof(ctx->ep_key));
     free(ctx);
 }

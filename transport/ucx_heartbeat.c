@@ -2,7 +2,8 @@
  * Heartbeats of the UCX ring link and the stalled-rank logic, as pure
  * functions over a link's view of its neighbours (stria__ucx_hb_link_t): no
  * UCX, no locks, no clock. The progress thread calls them under ctx->lock
- * with the current time and sends what they say (ucx_state.c).
+ * with the current time and sends what they say (ucx_state.c); a missed
+ * deadline asks them whom to blame (ucx.c).
  *
  * They never fail a link by themselves (a busy host may delay heartbeats);
  * they tell a missed deadline whether the peer is stalled or alive and
@@ -60,13 +61,13 @@ void stria__ucx_hb_heard(stria__ucx_hb_link_t *link, int side, double now)
 }
 
 bool stria__ucx_hb_report(stria__ucx_hb_link_t *link, int side, double now, int origin,
-                          uint32_t slot, int sender, int32_t silence_ms)
+                          int reporter_in, int sender, int32_t silence_ms)
 {
     /* A heartbeat's origin names the rank its sender (or someone before
-     * it) found silent, its slot the rank that saw it, its status the
+     * it) found silent, its reporter the rank that saw it, its status the
      * silence in ms. Suspicion of ourselves is not ours to pass on, nor our
      * own report come round the ring. */
-    int reporter = slot < (uint32_t)link->size ? (int)slot : sender;
+    int reporter = reporter_in >= 0 && reporter_in < link->size ? reporter_in : sender;
     if (origin < 0 || origin >= link->size || origin == link->rank || reporter == link->rank ||
         silence_ms < 0)
         return false;

@@ -475,10 +475,13 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
     pthread_mutex_destroy(&run.barrier.lock);
     pthread_mutex_destroy(&run.work_lock);
 
-    /* Report where the failure started: the first rank whose error is its
-     * own rather than a peer's abort. */
+    /* Report where the failure started: the rank whose abort ended the pass
+     * (the others report its status too, see stria_link_abort()), else the
+     * first rank whose error is its own rather than a peer's. */
     st = STRIA_OK;
-    int culprit = -1;
+    int culprit = stria_inproc_hub_aborted_by(run.hub);
+    if (culprit >= 0 && (culprit >= n || run.res[culprit].st == STRIA_OK))
+        culprit = -1;
     for (int i = 0; i < n && culprit < 0; i++)
         if (run.res[i].st != STRIA_OK && run.res[i].st != STRIA_ERR_PEER)
             culprit = i;

@@ -49,7 +49,9 @@
  * Errors: a failing rank (kernel error, link error, missed deadline) aborts
  * the link, so the other ranks fail fast, and returns a status whose message
  * starts with "rank R, forward step S:"; an abort seen from another rank
- * returns STRIA_ERR_PEER with a message naming the rank that aborted and why.
+ * returns the status the link gives it (stria_link_abort_status(): the
+ * aborting rank's own status, e.g. STRIA_ERR_INVALID_ARG, or STRIA_ERR_PEER
+ * when a link failed) with a message naming the rank that aborted and why.
  * A pass ends with an agreement (N - 1 rounds of 8-byte messages), so a rank
  * returns success only when every rank finished its part: a failure anywhere
  * in the pass fails it on every rank. Every pending request is cancelled and

@@ -65,7 +65,9 @@ int stria_worker_shutdown(stria_worker_t *w, const char *reason)
             __atomic_store_n(&s->sh.connect_cancel, true, __ATOMIC_RELEASE); /* binds under way */
             pthread_mutex_lock(&s->lock);
             if (s->sh.link != NULL)
-                stria_link_abort(s->sh.link, STRIA_ERR_CANCELLED, w->abort_reason);
+                /* this rank leaves: its peers fail as for a lost peer
+                 * (retryable), not as for a cancelled session */
+                stria_link_abort(s->sh.link, STRIA_ERR_CLOSED, w->abort_reason);
             pthread_mutex_unlock(&s->lock);
         }
         /* An aborted call ends once the transport has its transfers in
@@ -122,7 +124,18 @@ static stria_status_t ucx_start(stria_worker_t *w, const stria_worker_params_t *
     up.listen_port = ucx_port;
     up.tls = p->ucx_tls;
     up.net_devices = p->ucx_net_devices;
-    if ((st = stria_ucx_ctx_create(&up, &w->ucx)) != STRIA_OK)
+    /* With the workers' credential, ring endpoints prove a key derived
+     * from it: only workers of this service keep endpoints with each other. */
+    uint8_t ep_key[STRIA_AUTH_MAC_BYTES];
+    if (w->worker_token != NULL) {
+        static const char label[] = "stria ring endpoint key v1";
+        stria_auth_part_t part = {label, sizeof(label)};
+        stria_auth_hmac(w->worker_token, strlen(w->worker_token), &part, 1, ep_key);
+        up.endpoint_key = ep_key;
+    }
+    st = stria_ucx_ctx_create(&up, &w->ucx);
+    stria_auth_wipe(ep_key, sizeof(ep_key));
+    if (st != STRIA_OK)
         return st;
     if ((st = advertised(p->advertise, listen, stria_ucx_ctx_port(w->ucx), w->ucx_address,
                          sizeof(w->ucx_address))) != STRIA_OK)

@@ -200,6 +200,8 @@ static stria_status_t heartbeat(stria_worker_t *w)
         stria_log_info("%s", r->draining ? "draining: sessions move off this worker at their next "
                                            "call"
                                          : "no longer draining");
+    if (r->draining && !w->draining && w->ucx != NULL) /* idle endpoints close now */
+        stria_ucx_ctx_drop_endpoints(w->ucx, NULL);
     w->draining = r->draining;
     for (size_t d = 0; d < r->n_drop_job_ids; d++) {
         stria__wsess_t *s = stria__wsess_find(w, r->drop_job_ids[d]);

@@ -201,9 +201,12 @@ stria_status_t stria__wcall_bind(stria__wsess_t *s, uint64_t epoch)
         return stria_error_wrap(st, "session %llu rank %d: ring link to %s",
                                 (unsigned long long)s->id, s->rank, s->next_ucx);
     char reason[128] = "";
+    stria_status_t why = STRIA_ERR_CANCELLED;
     pthread_mutex_lock(&w->lock);
-    if (w->abort_calls)
+    if (w->abort_calls) { /* the worker leaves (see stria_worker_shutdown()) */
         snprintf(reason, sizeof(reason), "%s", w->abort_reason);
+        why = STRIA_ERR_CLOSED;
+    }
     pthread_mutex_unlock(&w->lock);
     pthread_mutex_lock(&s->lock);
     s->sh.link = link; /* a drop or a shutdown aborts it */
@@ -211,7 +214,7 @@ stria_status_t stria__wcall_bind(stria__wsess_t *s, uint64_t epoch)
         snprintf(reason, sizeof(reason), "session %llu is closing", (unsigned long long)s->id);
     pthread_mutex_unlock(&s->lock);
     if (reason[0] != '\0')
-        stria_link_abort(link, STRIA_ERR_CANCELLED, reason);
+        stria_link_abort(link, why, reason);
     s->eng.link = link;
     s->eng.epoch = epoch;
     return STRIA_OK; /* the kept pass objects are bound to it when used */

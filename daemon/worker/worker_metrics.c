@@ -14,6 +14,31 @@
 
 /* ---- configuration --------------------------------------------------------------- */
 
+static const char refused_help[] =
+    "What the ring link refused, by reason: data_dropped (a data block from an endpoint not "
+    "bound to its slot), handshake_refused (a wrong or missing endpoint or ring key proof), "
+    "handshake_timeout (an accepted endpoint not trusted in time), connection_rejected (too "
+    "many untrusted endpoints from one source), bind_refused (a bind with a wrong or missing "
+    "ring key proof), bind_replayed (a bind whose counter was used before on its endpoint), "
+    "version (a peer of another link protocol version).";
+static const char *const refused_labels[7] = {"reason=\"data_dropped\"",
+                                              "reason=\"handshake_refused\"",
+                                              "reason=\"handshake_timeout\"",
+                                              "reason=\"connection_rejected\"",
+                                              "reason=\"bind_refused\"",
+                                              "reason=\"bind_replayed\"",
+                                              "reason=\"version\""};
+static const char ev_help[] =
+    "Pooled ring endpoints to peer workers, by event: made (its handshake done), replaced (a "
+    "stale one replaced, or a restarted peer's), dropped (closed after it was made).";
+static const char *const ev_labels[3] = {"event=\"made\"", "event=\"replaced\"",
+                                         "event=\"dropped\""};
+static const char binds_help[] =
+    "Ring links bound on this worker's pooled endpoints (one per link, the predecessor's bind).";
+static const char late_help[] = "Ring data blocks dropped because their link had failed or was "
+                                "gone (a neighbour's last blocks; not an attack).";
+static const char endpoints_help[] = "Pooled ring endpoints ready now (to and from peer workers).";
+
 /* The two counters of a family whose label takes two values. */
 static void counter_pair(stria_metrics_t *m, const char *name, const char *help, const char *label0,
                          const char *label1, stria_metric_t **out0, stria_metric_t **out1)
@@ -112,18 +137,23 @@ void stria__wmet_init(stria_worker_t *w)
                                       err_help, "kind=\"pass\"", NULL, 0);
     w->m_err_coord = stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_errors_total",
                                        err_help, "kind=\"coordinator\"", NULL, 0);
-    static const char *const refused_help =
-        "What the ring link's listener refused, by reason: data_dropped (a data block from an "
-        "endpoint that did not complete the handshake of its slot), handshake_refused (a wrong "
-        "ring key proof), handshake_timeout (a connection that did not complete a handshake in "
-        "time), connection_rejected (too many unfinished handshakes from one source).";
-    static const char *const refused_labels[4] = {
-        "reason=\"data_dropped\"", "reason=\"handshake_refused\"", "reason=\"handshake_timeout\"",
-        "reason=\"connection_rejected\""};
     for (int i = 0; i < 4; i++)
         w->m_ring_refused[i] =
             stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_refused_total",
                               refused_help, refused_labels[i], NULL, 0);
+    /* the ring link's pooled endpoints (stria__wmet_ring() looks them up) */
+    for (int i = 4; i < 7; i++)
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_refused_total", refused_help,
+                          refused_labels[i], NULL, 0);
+    for (int i = 0; i < 3; i++)
+        stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_endpoint_events_total",
+                          ev_help, ev_labels[i], NULL, 0);
+    stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_binds_total", binds_help, NULL,
+                      NULL, 0);
+    stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_data_late_total", late_help, NULL,
+                      NULL, 0);
+    stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_ring_endpoints", endpoints_help, NULL,
+                      NULL, 0);
     for (int b = 0; b < 2; b++)
         w->m_steps[b] =
             stria_metrics_get(m, STRIA_METRIC_COUNTER, "stria_worker_ring_steps_total",
@@ -141,19 +171,75 @@ void stria__wmet_init(stria_worker_t *w)
     stria__wpool_publish(w);
 }
 
+/* The ring link's pooled endpoints, one series each (replaced every time:
+ * endpoints come and go). */
+static void ring_endpoints(stria_worker_t *w)
+{
+    stria_ucx_endpoint_info_t eps[64];
+    size_t n = stria_ucx_ctx_endpoints(w->ucx, eps, 64);
+    stria_metrics_forget(w->metrics, "ring_endpoint=\"");
+    for (size_t i = 0; i < n && i < 64; i++) {
+        char peer[400], labels[600];
+        stria_metrics_escape(eps[i].peer, peer, sizeof(peer));
+        snprintf(labels, sizeof(labels),
+                 "ring_endpoint=\"%s\",direction=\"%s\",incarnation=\"%016llx\"", peer,
+                 eps[i].outgoing ? "out" : "in", (unsigned long long)eps[i].incarnation);
+        stria_metric_set(stria_metrics_get(w->metrics, STRIA_METRIC_GAUGE,
+                                           "stria_worker_ring_endpoint_links",
+                                           "Ring links bound now on each pooled endpoint to a "
+                                           "peer worker (out: to a successor's listener; in: "
+                                           "accepted from a predecessor).",
+                                           labels, NULL, 0),
+                         eps[i].links);
+        stria_metric_set(stria_metrics_get(w->metrics, STRIA_METRIC_GAUGE,
+                                           "stria_worker_ring_endpoint_age_seconds",
+                                           "Seconds since each pooled ring endpoint was made.",
+                                           labels, NULL, 0),
+                         eps[i].age_s);
+    }
+}
+
+/* Adds what a counter of the ring link's stats grew by since it was seen. */
+static void grew(stria_worker_t *w, const char *name, const char *help, const char *labels,
+                 uint64_t now, uint64_t seen)
+{
+    if (now > seen)
+        stria_metric_add(
+            stria_metrics_get(w->metrics, STRIA_METRIC_COUNTER, name, help, labels, NULL, 0),
+            (double)(now - seen));
+}
+
 void stria__wmet_ring(stria_worker_t *w)
 {
     stria_ucx_ctx_stats_t s;
+    const stria_ucx_ctx_stats_t *o = &w->ring_seen;
     if (w->ucx == NULL)
         return;
     stria_ucx_ctx_stats(w->ucx, &s);
-    const uint64_t now[4] = {s.data_dropped, s.handshakes_refused, s.handshakes_timed_out,
-                             s.connections_rejected};
-    const uint64_t seen[4] = {w->ring_seen.data_dropped, w->ring_seen.handshakes_refused,
-                              w->ring_seen.handshakes_timed_out, w->ring_seen.connections_rejected};
+    const uint64_t now[7] = {s.data_dropped,         s.handshakes_refused, s.handshakes_timed_out,
+                             s.connections_rejected, s.binds_refused,      s.binds_replayed,
+                             s.version_refused};
+    const uint64_t seen[7] = {
+        o->data_dropped,  o->handshakes_refused, o->handshakes_timed_out, o->connections_rejected,
+        o->binds_refused, o->binds_replayed,     o->version_refused};
     for (int i = 0; i < 4; i++)
         if (now[i] > seen[i])
             stria_metric_add(w->m_ring_refused[i], (double)(now[i] - seen[i]));
+    for (int i = 4; i < 7; i++)
+        grew(w, "stria_worker_ring_refused_total", refused_help, refused_labels[i], now[i],
+             seen[i]);
+    const uint64_t ev_now[3] = {s.endpoints_made, s.endpoints_replaced, s.endpoints_dropped};
+    const uint64_t ev_seen[3] = {o->endpoints_made, o->endpoints_replaced, o->endpoints_dropped};
+    for (int i = 0; i < 3; i++)
+        grew(w, "stria_worker_ring_endpoint_events_total", ev_help, ev_labels[i], ev_now[i],
+             ev_seen[i]);
+    grew(w, "stria_worker_ring_binds_total", binds_help, NULL, s.binds_done, o->binds_done);
+    grew(w, "stria_worker_ring_data_late_total", late_help, NULL, s.data_late, o->data_late);
+    stria_metric_set(stria_metrics_get(w->metrics, STRIA_METRIC_GAUGE,
+                                       "stria_worker_ring_endpoints", endpoints_help, NULL, NULL,
+                                       0),
+                     (double)s.endpoints_open);
+    ring_endpoints(w);
     w->ring_seen = s;
 }
 

@@ -1,7 +1,9 @@
-/* Fuzz target: the UCX ring link's control-message decoder and data header
- * (transport/ucx_wire.c), which read bytes from any peer that reaches a
- * worker's ring port. A message the decoder accepts re-encodes to the same
- * bytes, text aside (control characters in the text become '?'). */
+/* Fuzz target: the UCX ring link's control-message decoder, its version
+ * check and version 2 refusal, and the data header (transport/ucx_wire.c),
+ * which read bytes from any peer that reaches a worker's ring port. A
+ * message the decoder accepts re-encodes to the same bytes, text aside
+ * (control characters in the text become '?'); a link message names a
+ * valid rank of a valid ring, an endpoint message none. */
 #include <string.h>
 
 #include "fuzz_util.h"
@@ -29,10 +31,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (memcmp(hdr, data, 4) != 0 || memcmp(hdr + 8, data + 8, 8) != 0)
             fuzz_fail("data header does not round-trip");
     }
+    uint8_t refusal[STRIA__UCX_CTRL_MAX];
+    size_t rn = stria__ucx_v2_refusal(data, size, "refused: version", refusal);
+    if (rn > 0 && (stria__ucx_ctrl_version(data, size) != 2 || rn != 110 + 16 ||
+                   stria__ucx_ctrl_version(refusal, rn) != 2 || stria_get_le16(refusal + 6) != 2 ||
+                   memcmp(refusal + 8, data + 8, 16) != 0))
+        fuzz_fail("a version 2 refusal of %zu bytes is not an acknowledgement of its hello", rn);
     if (stria__ucx_ctrl_decode(data, size, &c) != STRIA_OK)
         return 0;
-    if (c.rank < 0 || c.rank >= c.size || c.size > 65535)
+    if (stria__ucx_ctrl_version(data, size) != STRIA__UCX_VERSION)
+        fuzz_fail("accepted a message of version %d", stria__ucx_ctrl_version(data, size));
+    bool link = c.type >= STRIA__CTRL_BIND;
+    if (c.type < STRIA__CTRL_EP_HELLO || c.type > STRIA__CTRL_LAST)
+        fuzz_fail("accepted type %u", c.type);
+    if (link && (c.rank < 0 || c.rank >= c.size || c.size > 65535))
         fuzz_fail("accepted rank %d of %d", (int)c.rank, (int)c.size);
+    if (!link && (c.rank != 0 || c.size != 0))
+        fuzz_fail("accepted an endpoint message with rank %d of %d", (int)c.rank, (int)c.size);
     size_t tl = strlen(c.text);
     if (tl > STRIA__UCX_TEXT_MAX || STRIA__UCX_CTRL_HDR + tl != size)
         fuzz_fail("accepted text of %zu bytes in a %zu-byte message", tl, size);

@@ -578,20 +578,27 @@ static void proto_seeds(void)
 
 static void ucx_seeds(void)
 {
-    static const char *const names[] = {"",    "hello", "ack",       "abort",
-                                        "bye", "ping",  "challenge", "proof"};
-    for (uint16_t type = STRIA__CTRL_HELLO; type <= STRIA__CTRL_PROOF; type++) {
+    static const char *const names[] = {"",     "ep-hello", "ep-welcome", "ep-proof", "ep-ready",
+                                        "bind", "bound",    "abort",      "bye",      "ping"};
+    for (uint16_t type = STRIA__CTRL_EP_HELLO; type <= STRIA__CTRL_LAST; type++) {
         stria__ctrl_t c;
         uint8_t out[STRIA__UCX_CTRL_MAX];
+        bool link = type >= STRIA__CTRL_BIND;
         memset(&c, 0, sizeof(c));
         c.type = type;
-        c.job_id = 7;
-        c.ring_id = 3;
-        c.rank = 1;
-        c.size = 4;
-        c.slot = 2;
+        c.flags =
+            type == STRIA__CTRL_BIND || type == STRIA__CTRL_EP_HELLO ? STRIA__CTRL_FLAG_KEYED : 0;
+        c.job_id = link ? 7 : 0;
+        c.ring_id = link ? 3 : 0;
+        c.rank = link ? 1 : 0;
+        c.size = link ? 4 : 0;
+        c.slot = type == STRIA__CTRL_EP_HELLO ? 7600 : 0x10002;
+        c.dst = link ? 0x30001 : 0;
         c.origin = type == STRIA__CTRL_ABORT ? 2 : -1;
-        c.status = type == STRIA__CTRL_ABORT ? STRIA_ERR_PEER : 0;
+        c.reporter = type == STRIA__CTRL_ABORT ? 3 : -1;
+        c.status = type == STRIA__CTRL_ABORT ? STRIA_ERR_INVALID_ARG : 0;
+        c.counter = type == STRIA__CTRL_BIND || type == STRIA__CTRL_BOUND ? 5 : 0;
+        c.incarnation = type <= STRIA__CTRL_EP_WELCOME ? 0x1234567890abcdefull : 0;
         snprintf(c.text, sizeof(c.text), "%s", type == STRIA__CTRL_ABORT ? "rank 2: stalled" : "");
         for (size_t i = 0; i < sizeof(c.nonce); i++) { /* read by the types that carry them */
             c.nonce[i] = (uint8_t)(0x10 + i);
@@ -602,6 +609,21 @@ static void ucx_seeds(void)
         save("ucx_ctrl", names[type], &b);
         free(b.b);
     }
+    /* A version 2 worker's HELLO (the version refusal answers it in its
+     * own format). */
+    uint8_t v2[110];
+    memset(v2, 0, sizeof(v2));
+    stria_put_le32(v2, STRIA__UCX_MAGIC);
+    stria_put_le16(v2 + 4, 2);
+    stria_put_le16(v2 + 6, 1);
+    stria_put_le64(v2 + 8, 7);
+    stria_put_le64(v2 + 16, 3);
+    stria_put_le32(v2 + 24, 1);
+    stria_put_le32(v2 + 28, 4);
+    buf_t b = {0};
+    put(&b, v2, sizeof(v2));
+    save("ucx_ctrl", "v2-hello", &b);
+    free(b.b);
 }
 
 /* ---- files ---------------------------------------------------------------------- */

@@ -171,6 +171,7 @@ Test(inproc, abort_wakes_every_waiter_and_reset_clears_it)
     }
     struct timespec ts = {0, 50 * 1000 * 1000};
     nanosleep(&ts, NULL);
+    /* a deadline is a link's failure: the others report a peer's */
     stria_link_abort(r.links[3], STRIA_ERR_TIMEOUT, "rank 3 gave up");
     for (int i = 0; i < 3; i++) {
         pthread_join(th[i], NULL);
@@ -178,12 +179,15 @@ Test(inproc, abort_wakes_every_waiter_and_reset_clears_it)
         cr_expect(strstr(w[i].msg, "rank 3 aborted the pass (STRIA_ERR_TIMEOUT): rank 3 gave up"),
                   "%s", w[i].msg);
     }
+    cr_expect_eq(stria_inproc_hub_aborted_by(r.hub), 3);
     /* later operations fail at once; a second abort does not replace the first */
     stria_link_abort(r.links[0], STRIA_ERR_IO, "other");
     stria_link_req_t *q;
     int v = 0;
     cr_expect_eq(stria_link_isend(r.links[1], 1, &v, sizeof(v), &q), STRIA_ERR_PEER);
     cr_expect(strstr(stria_error_msg(), "rank 3 aborted"), "%s", stria_error_msg());
+    /* the aborting rank's own operations give its reason */
+    cr_expect_eq(stria_link_isend(r.links[3], 1, &v, sizeof(v), &q), STRIA_ERR_TIMEOUT);
     stria_inproc_hub_reset(r.hub);
     stria_link_req_t *s;
     cr_assert_eq(stria_link_isend(r.links[1], 1, &v, sizeof(v), &s), STRIA_OK);
@@ -191,6 +195,38 @@ Test(inproc, abort_wakes_every_waiter_and_reset_clears_it)
     cr_expect_eq(stria_link_wait(r.links[2], q, 1.0), STRIA_OK);
     cr_expect_eq(stria_link_wait(r.links[1], s, 1.0), STRIA_OK);
     ring_close(&r);
+}
+
+/* Failures by kind: an abort for a rank's own reason gives every other
+ * rank that reason's status, the message naming the rank; a link's
+ * failure (or an abort for one) gives STRIA_ERR_PEER. */
+Test(inproc, an_abort_gives_the_others_its_kind)
+{
+    static const stria_status_t reasons[] = {
+        STRIA_ERR_INVALID_ARG, STRIA_ERR_CANCELLED, STRIA_ERR_NO_MEMORY, STRIA_ERR_INTERNAL,
+        STRIA_ERR_TRANSPORT,   STRIA_ERR_PROTOCOL,  STRIA_ERR_CLOSED,    STRIA_OK};
+    for (size_t k = 0; k < sizeof(reasons) / sizeof(reasons[0]); k++) {
+        ring_t r;
+        ring_open(&r, 3);
+        stria_status_t own = reasons[k] == STRIA_OK ? STRIA_ERR_CANCELLED : reasons[k];
+        stria_status_t kind = stria_link_abort_status(reasons[k]);
+        bool link_kind =
+            own == STRIA_ERR_TRANSPORT || own == STRIA_ERR_PROTOCOL || own == STRIA_ERR_CLOSED;
+        cr_expect_eq(kind, link_kind ? STRIA_ERR_PEER : own, "%s", stria_status_name(own));
+        waiter_t w = {.link = r.links[0]};
+        pthread_t th;
+        cr_assert_eq(pthread_create(&th, NULL, wait_forever, &w), 0);
+        stria_link_abort(r.links[2], reasons[k], "bad input");
+        pthread_join(th, NULL);
+        cr_expect_eq(w.st, kind, "%s: %s", stria_status_name(own), stria_status_name(w.st));
+        cr_expect(strstr(w.msg, "rank 2 aborted the pass") && strstr(w.msg, "bad input"), "%s",
+                  w.msg);
+        stria_link_req_t *q;
+        int v = 0;
+        cr_expect_eq(stria_link_irecv(r.links[1], 1, &v, sizeof(v), &q), kind);
+        cr_expect_eq(stria_link_isend(r.links[2], 1, &v, sizeof(v), &q), own);
+        ring_close(&r);
+    }
 }
 
 Test(inproc, injected_failure_and_stall)

@@ -2,9 +2,12 @@
  * (ucx_ring_rank, with a ring key) as real processes on loopback, and an
  * attacker (ucx_ring_attacker) that reaches their ring port without the
  * key: injected data blocks are dropped and counted and the ring's results
- * stay right, a captured handshake replayed is refused, a wrong key is
- * refused on both sides, connections that never finish a handshake time out
- * and are capped per source. */
+ * stay right, a captured bind replayed (on another endpoint, or on its own)
+ * is refused, forged binds are refused and counted while the ring serves
+ * on, a wrong ring or endpoint key is refused on both sides, a peer of
+ * another link protocol version is refused naming both versions, and
+ * connections that never finish a handshake time out and are capped per
+ * source. */
 #include <criterion/criterion.h>
 
 #include <signal.h>
@@ -106,7 +109,8 @@ static bool rank_finish(test_proc_t *p, int rank, char *msg, size_t len)
 }
 
 /* A counter of a rank's stats file ("dropped", "refused", "timed_out",
- * "rejected"), -1 when missing. */
+ * "rejected", "bind_refused", "replayed", "version", "endpoints", ...: see
+ * ucx_ring_rank.c), -1 when missing. */
 static long stat_of(int rank, const char *name)
 {
     const char *t = read_text("stats", rank);
@@ -146,6 +150,20 @@ static void attack(int port, const char *const *extra, const char *prefix, char 
     cr_assert(got, "the attacker printed no '%s' line (status 0x%x)", prefix, status);
 }
 
+/* A keyed ring of two running small blocks (eager) in passes checked
+ * block by block (every block must hold its origin's pattern), for a few
+ * seconds (3000 passes of at least a millisecond), once both ranks are
+ * under way. */
+static void keyed_ring_start(test_proc_t **p0, test_proc_t **p1)
+{
+    const char *ring[] = {"--key-seed", "5",           "--bytes", "4096", "--passes",
+                          "3000",       "--late-recv", "1",       NULL};
+    *p0 = rank_start(0, 2, ring);
+    *p1 = rank_start(1, 2, ring);
+    cr_assert(wait_file("ready", 1, 30), "the ring did not start; log:\n%s",
+              read_text("stderr", 1));
+}
+
 Test(ucx_auth, a_keyed_ring_runs_and_a_wrong_or_missing_key_is_refused, .init = setup,
      .fini = teardown, .timeout = 120)
 {
@@ -173,7 +191,7 @@ Test(ucx_auth, a_keyed_ring_runs_and_a_wrong_or_missing_key_is_refused, .init = 
         for_key += strstr(msg, "STRIA_ERR_AUTH") != NULL && strstr(msg, "ring key") != NULL;
     }
     cr_expect_geq(for_key, 1, "no rank failed for the ring key: %s", msg);
-    cr_expect_geq(stat_of(0, "refused") + stat_of(1, "refused"), 1, "%s / %s",
+    cr_expect_geq(stat_of(0, "bind_refused") + stat_of(1, "bind_refused"), 1, "%s / %s",
                   read_text("stats", 0), read_text("stats", 1));
     teardown();
     setup();
@@ -244,15 +262,8 @@ Test(ucx_auth, injected_blocks_are_dropped_and_counted_and_the_results_stay_righ
      .fini = teardown, .timeout = 120)
 {
     char msg[2048], out[256];
-    /* Small blocks (eager) in passes checked block by block (every block
-     * must hold its origin's pattern), for a few seconds (3000 passes of at
-     * least a millisecond). */
-    const char *ring[] = {"--key-seed", "5",           "--bytes", "4096", "--passes",
-                          "3000",       "--late-recv", "1",       NULL};
-    test_proc_t *p0 = rank_start(0, 2, ring);
-    test_proc_t *p1 = rank_start(1, 2, ring);
-    cr_assert(wait_file("ready", 1, 30), "the ring did not start; log:\n%s",
-              read_text("stderr", 1));
+    test_proc_t *p0, *p1;
+    keyed_ring_start(&p0, &p1);
     /* The attacker claims to be rank 0 of job 1, ring 1 and sprays blocks
      * of the right size at the ring's slot (the first) with the tag of
      * every pass; without the check, the rank would take one of them for
@@ -268,8 +279,10 @@ Test(ucx_auth, injected_blocks_are_dropped_and_counted_and_the_results_stay_righ
     cr_expect_eq(stat_of(0, "dropped"), 0, "%s", read_text("stats", 0));
 }
 
-Test(ucx_auth, a_captured_handshake_replayed_on_a_new_connection_is_refused, .init = setup,
-     .fini = teardown, .timeout = 120)
+/* A bind captured on one endpoint and replayed on another meets other
+ * endpoint nonces; replayed on its own endpoint, a counter used before.
+ * Both are refused and counted; the proof was good where it was made. */
+Test(ucx_auth, a_captured_bind_replayed_is_refused, .init = setup, .fini = teardown, .timeout = 120)
 {
     char msg[2048], out[256];
     /* The victim is rank 1 of job 1, ring 1; its successor (rank 0) never
@@ -278,14 +291,144 @@ Test(ucx_auth, a_captured_handshake_replayed_on_a_new_connection_is_refused, .in
     test_proc_t *p1 = rank_start(1, 2, victim);
     const char *replay[] = {"--mode", "replay", "--key-seed", "5", NULL};
     int port = port_of(1);
-    usleep(300000); /* the link exists: the handshakes are challenged */
-    attack(port, replay, "replayed ", out, sizeof(out));
-    cr_expect(strncmp(out, "replayed STRIA_ERR_AUTH honest", 30) == 0,
-              "the replayed proof was taken: %s", out);
-    /* The captured proof was good on the connection it was made for. */
-    cr_expect(strstr(out, "honest STRIA_OK") != NULL, "%s", out);
+    usleep(300000); /* the link exists: binds are checked at once */
+    attack(port, replay, "elsewhere ", out, sizeof(out));
+    cr_expect(strncmp(out, "elsewhere STRIA_ERR_AUTH ", 25) == 0,
+              "the bind replayed on another endpoint was taken: %s", out);
+    cr_expect(strstr(out, "honest STRIA_OK") != NULL, "the captured bind was not good: %s", out);
+    cr_expect(strstr(out, "same STRIA_ERR_AUTH") != NULL,
+              "the bind replayed on its own endpoint was taken: %s", out);
     rank_finish(p1, 1, msg, sizeof(msg));
-    cr_expect_geq(stat_of(1, "refused"), 1, "%s", read_text("stats", 1));
+    cr_expect_geq(stat_of(1, "bind_refused"), 1, "%s", read_text("stats", 1));
+    cr_expect_geq(stat_of(1, "replayed"), 1, "%s", read_text("stats", 1));
+}
+
+/* Binds with a wrong ring key for a running ring's slot, and one with a
+ * stale counter, over an endpoint the attacker made: refused and counted,
+ * and the ring runs on with right results. */
+Test(ucx_auth, forged_binds_are_refused_and_counted_and_the_ring_serves_on, .init = setup,
+     .fini = teardown, .timeout = 120)
+{
+    char msg[2048], out[256];
+    test_proc_t *p0, *p1;
+    keyed_ring_start(&p0, &p1);
+    const char *forge[] = {"--mode", "forge", "--key-seed", "5", "--binds", "20", NULL};
+    attack(port_of(1), forge, "forged ", out, sizeof(out));
+    cr_expect(strncmp(out, "forged STRIA_ERR_AUTH stale STRIA_ERR_AUTH", 42) == 0, "%s", out);
+    cr_expect(rank_finish(p0, 0, msg, sizeof(msg)), "rank 0: %s", msg);
+    cr_expect(rank_finish(p1, 1, msg, sizeof(msg)), "rank 1 under forged binds: %s", msg);
+    cr_expect_geq(stat_of(1, "bind_refused"), 20, "%s", read_text("stats", 1));
+    cr_expect_geq(stat_of(1, "replayed"), 1, "%s", read_text("stats", 1));
+    /* the ring's own endpoints only: one out, one in (the attacker's is gone) */
+    cr_expect_eq(stat_of(0, "endpoints"), 2, "%s", read_text("stats", 0));
+}
+
+/* A peer of another link protocol version is refused, the answer naming
+ * both versions (version 2 in its own format, so that a worker of that
+ * version fails its link with it), counted, and the ring serves on. And a
+ * successor of another version fails the connect at once, naming both. */
+Test(ucx_auth, a_peer_of_another_link_version_is_refused_naming_both, .init = setup,
+     .fini = teardown, .timeout = 120)
+{
+    char msg[2048], out[512];
+    const char *ring[] = {"--bytes", "4096", "--passes", "3000", "--late-recv", "1", NULL};
+    test_proc_t *p0 = rank_start(0, 2, ring);
+    test_proc_t *p1 = rank_start(1, 2, ring);
+    cr_assert(wait_file("ready", 1, 30), "the ring did not start");
+    const char *v2[] = {"--mode", "version", "--version", "2", NULL};
+    attack(port_of(1), v2, "answer ", out, sizeof(out));
+    cr_expect(strstr(out, "answer STRIA_ERR_PROTOCOL") != NULL && strstr(out, "version 3") &&
+                  strstr(out, "version 2"),
+              "a version 2 worker's hello: %s", out);
+    const char *v4[] = {"--mode", "version", "--version", "4", NULL};
+    attack(port_of(1), v4, "answer ", out, sizeof(out));
+    cr_expect(strstr(out, "answer STRIA_ERR_PROTOCOL") != NULL && strstr(out, "version 3") &&
+                  strstr(out, "version 4"),
+              "a version 4 worker's hello: %s", out);
+    cr_expect(rank_finish(p0, 0, msg, sizeof(msg)), "rank 0: %s", msg);
+    cr_expect(rank_finish(p1, 1, msg, sizeof(msg)), "rank 1: %s", msg);
+    cr_expect_eq(stat_of(1, "version"), 2, "%s", read_text("stats", 1));
+    teardown();
+    setup();
+
+    /* A successor that answers in version 4. */
+    char log[256];
+    snprintf(log, sizeof(log), "%s/attacker.log", g_dir);
+    const char *argv[] = {STRIA_UCX_RING_ATTACKER,
+                          "--mode",
+                          "listen-version",
+                          "--version",
+                          "4",
+                          "--duration",
+                          "20",
+                          NULL};
+    const char *env[] = {"UCX_TLS=tcp", NULL};
+    test_proc_t *atk = test_proc_start((char *const *)argv, log, (char *const *)env);
+    cr_assert_not_null(atk);
+    cr_assert(test_proc_wait_line(atk, "port ", 20, out, sizeof(out)),
+              "the listener did not start");
+    char next_port[16];
+    snprintf(next_port, sizeof(next_port), "%d", atoi(out + 5));
+    const char *conn[] = {"--next-port", next_port, "--connect-timeout", "15", NULL};
+    double t0 = stria_time_now();
+    test_proc_t *p = rank_start(1, 2, conn);
+    cr_expect(!rank_finish(p, 1, msg, sizeof(msg)), "a successor of version 4 was taken");
+    cr_expect_lt(stria_time_now() - t0, 10.0, "the refusal waited for the connect timeout");
+    cr_expect(strstr(msg, "STRIA_ERR_PROTOCOL") != NULL && strstr(msg, "version 4") != NULL &&
+                  strstr(msg, "version 3") != NULL,
+              "%s", msg);
+    cr_expect_eq(stat_of(1, "version"), 1, "%s", read_text("stats", 1));
+    test_proc_stop(atk, SIGKILL, 5);
+}
+
+/* With an endpoint key, a ring whose ranks share it runs (its endpoints
+ * proven both ways), a rank with another endpoint key or none is refused
+ * for it and counted, and blocks an attacker without it injects are
+ * dropped. */
+Test(ucx_auth, endpoints_prove_the_endpoint_key, .init = setup, .fini = teardown, .timeout = 120)
+{
+    char msg[2048], out[256];
+    const char *ring[] = {"--endpoint-key-seed", "11", "--key-seed", "5", "--passes", "3000",
+                          "--late-recv",         "1",  NULL};
+    test_proc_t *p0 = rank_start(0, 2, ring);
+    test_proc_t *p1 = rank_start(1, 2, ring);
+    cr_assert(wait_file("ready", 1, 30), "the ring did not start; log:\n%s",
+              read_text("stderr", 1));
+    const char *inject[] = {"--mode", "inject",     "--slots", "1", "--passes",
+                            "200",    "--duration", "1",       NULL};
+    attack(port_of(1), inject, "sent ", out, sizeof(out));
+    /* a proof made with another endpoint key */
+    const char *wrong[] = {"--mode", "replay", "--key-seed", "5", "--endpoint-key-seed",
+                           "12",     NULL};
+    attack(port_of(1), wrong, "handshake ", out, sizeof(out));
+    cr_expect(strstr(out, "STRIA_ERR_AUTH") != NULL, "a wrong endpoint key was taken: %s", out);
+    cr_expect(rank_finish(p0, 0, msg, sizeof(msg)), "rank 0: %s", msg);
+    cr_expect(rank_finish(p1, 1, msg, sizeof(msg)), "rank 1: %s", msg);
+    cr_expect_geq(stat_of(1, "refused"), 3, "the keyless hello and the wrong proofs: %s",
+                  read_text("stats", 1));
+    cr_expect_gt(stat_of(1, "dropped"), 0, "%s", read_text("stats", 1));
+    teardown();
+    setup();
+
+    const char *k11[] = {"--endpoint-key-seed", "11", "--connect-timeout", "5", NULL};
+    const char *k12[] = {"--endpoint-key-seed", "12", "--connect-timeout", "5", NULL};
+    const char *none[] = {"--connect-timeout", "5", NULL};
+    const char *const *other[2] = {k12, none};
+    for (int c = 0; c < 2; c++) {
+        p0 = rank_start(0, 2, k11);
+        p1 = rank_start(1, 2, other[c]);
+        int for_key = 0;
+        for (int r = 0; r < 2; r++) {
+            cr_expect(!rank_finish(r == 0 ? p0 : p1, r, msg, sizeof(msg)),
+                      "case %d: rank %d joined", c, r);
+            for_key += strstr(msg, "STRIA_ERR_AUTH") != NULL && strstr(msg, "endpoint key") != NULL;
+        }
+        cr_expect_geq(for_key, 1, "case %d: no rank failed for the endpoint key: %s", c, msg);
+        cr_expect_geq(stat_of(0, "refused") + stat_of(1, "refused"), 1, "case %d: %s / %s", c,
+                      read_text("stats", 0), read_text("stats", 1));
+        teardown();
+        setup();
+    }
 }
 
 Test(ucx_auth, silent_connections_time_out_and_are_capped_per_source, .init = setup,

@@ -16,32 +16,6 @@ typedef struct {
     stria_link_t *link[MAX_RING];
 } ring_t;
 
-typedef struct {
-    stria_ucx_ctx_t *ctx;
-    stria_ucx_link_params_t p;
-    stria_link_t *link;
-    stria_status_t st;
-    char msg[512];
-} connect_arg_t;
-
-static void *connect_main(void *arg)
-{
-    connect_arg_t *c = arg;
-    c->st = stria_link_ucx_connect(c->ctx, &c->p, &c->link);
-    snprintf(c->msg, sizeof(c->msg), "%s", stria_error_msg());
-    return NULL;
-}
-
-static stria_ucx_ctx_t *ctx_new(const char *tls)
-{
-    stria_ucx_ctx_params_t p = {.listen_host = "127.0.0.1", .tls = tls};
-    stria_ucx_ctx_t *ctx = NULL;
-    stria_status_t st = stria_ucx_ctx_create(&p, &ctx);
-    cr_assert_eq(st, STRIA_OK, "ctx: %s", stria_error_msg());
-    cr_assert_neq(stria_ucx_ctx_port(ctx), 0);
-    return ctx;
-}
-
 /* Connects args[i] concurrently (every connect waits for its neighbours). */
 static void connect_all(connect_arg_t *args, int n)
 {
@@ -259,8 +233,26 @@ Test(ucx, cancel_send_in_flight_tears_down, .init = setup, .fini = teardown, .ti
     ring_close(&ring);
 }
 
-/* An abort reaches every rank of the ring, not only the neighbours. */
-Test(ucx, abort_reaches_every_rank, .init = setup, .fini = teardown, .timeout = 60)
+/* An abort reaches every rank of the ring, not only the neighbours, each
+ * reporting the aborting rank's own status (the kind of the failure) with a
+ * message naming it. An abort for a link's reason (a deadline) is a peer's
+ * failure to the others. */
+typedef struct {
+    stria_status_t reason; /* what rank 0 aborts with */
+    stria_status_t others; /* what the other ranks report */
+} abort_case_t;
+
+ParameterizedTestParameters(ucx, abort_reaches_every_rank)
+{
+    static abort_case_t cases[] = {
+        {STRIA_ERR_INTERNAL, STRIA_ERR_INTERNAL},   {STRIA_ERR_INVALID_ARG, STRIA_ERR_INVALID_ARG},
+        {STRIA_ERR_CANCELLED, STRIA_ERR_CANCELLED}, {STRIA_ERR_NO_MEMORY, STRIA_ERR_NO_MEMORY},
+        {STRIA_ERR_TIMEOUT, STRIA_ERR_PEER},        {STRIA_ERR_PEER, STRIA_ERR_PEER}};
+    return cr_make_param_array(abort_case_t, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(abort_case_t *c, ucx, abort_reaches_every_rank, .init = setup, .fini = teardown,
+                  .timeout = 60)
 {
     ring_t ring;
     ring_open(&ring, 4, "tcp", 1);
@@ -269,15 +261,21 @@ Test(ucx, abort_reaches_every_rank, .init = setup, .fini = teardown, .timeout = 
     for (int r = 1; r < 4; r++)
         cr_assert_eq(stria_link_irecv(ring.link[r], 1, &in[r], 8, &rq[r]), STRIA_OK);
     double t0 = stria_time_now();
-    stria_link_abort(ring.link[0], STRIA_ERR_INTERNAL, "kernel failed");
+    stria_link_abort(ring.link[0], c->reason, "kernel failed");
     for (int r = 1; r < 4; r++) {
         stria_status_t st = stria_link_wait(ring.link[r], rq[r], 10);
-        cr_expect_eq(st, STRIA_ERR_PEER, "rank %d: %s", r, stria_error_msg());
+        cr_expect_eq(st, c->others, "rank %d: %s: %s", r, stria_status_name(st), stria_error_msg());
         cr_expect(strstr(stria_error_msg(), "rank 0 aborted") != NULL &&
                       strstr(stria_error_msg(), "kernel failed") != NULL,
                   "rank %d: %s", r, stria_error_msg());
     }
     cr_expect_lt(stria_time_now() - t0, 2.0);
+    /* the aborting rank's own operations fail with its reason */
+    stria_link_req_t *q;
+    uint64_t x = 0;
+    cr_expect_eq(stria_link_isend(ring.link[0], 2, &x, 8, &q), c->reason);
+    /* later operations of the others give the same kind */
+    cr_expect_eq(stria_link_irecv(ring.link[2], 3, &x, 8, &q), c->others);
     ring_close(&ring);
 }
 

@@ -15,17 +15,29 @@
  * waits --step-timeout for a message nobody sends (a deadline with every rank
  * alive).
  *
+ * With --mode links it connects --links links in a row over its one
+ * context (ring ids --ring, --ring + 1, ...), runs one pass on each and
+ * destroys it, writing res.R: the process's descriptors, threads, ready
+ * endpoints and RssAnon after the first tenth ("warm") and at the end
+ * ("end"). With --mode rings it does the same for the ring ids of --rings
+ * (a comma-separated list), waiting for a file go.ID.R before ring
+ * --go-before, writing done.ID.R after each, and with --hold stays (idle)
+ * afterwards until killed (restart tests).
+ *
  * With --key-seed N the ring link proves the ring key N stands for (every
- * rank of a ring must give the same N); --handshake-timeout and
- * --max-pending set the context's limits on connections that do not
- * complete a handshake.
+ * rank of a ring must give the same N); with --endpoint-key-seed N the
+ * context's endpoints prove the endpoint key N stands for;
+ * --handshake-timeout and --max-pending set the context's limits on
+ * endpoints that do not complete a handshake.
  *
  * Files in DIR: port.R (written once listening), ready.R (after the first
  * pass), result.R (at the end: "ok" or "err", the status name, the message),
- * stats.R (at the end: the context's refusals, "dropped D refused R
- * timed_out T rejected J").
+ * stats.R (at the end: what the context counted, "dropped D refused R
+ * timed_out T rejected J bind_refused B replayed P version V endpoints E
+ * made M replaced X eps_dropped Y binds N late L").
  * Exit status: 0 ok, 1 ring error (reported in result.R), 2 usage.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -57,9 +69,14 @@ typedef struct {
     int late_recv_ms;
     const char *mode;
     const char *engine;
-    int key_seed; /* -1: no ring key */
+    int key_seed;    /* -1: no ring key */
+    int ep_key_seed; /* -1: no endpoint key */
     double handshake_timeout_s;
     int max_pending;
+    int links;         /* --mode links */
+    const char *rings; /* --mode rings */
+    int go_before;     /* --mode rings: wait for go.ID.R before this ring id */
+    bool hold;         /* --mode rings: stay afterwards */
 } opts_t;
 
 static int write_file(const char *dir, const char *name, int rank, const char *text);
@@ -70,11 +87,45 @@ static void write_stats(const opts_t *o, stria_ucx_ctx_t *ctx)
     stria_ucx_ctx_stats_t s;
     char text[256];
     stria_ucx_ctx_stats(ctx, &s);
-    snprintf(text, sizeof(text), "dropped %llu refused %llu timed_out %llu rejected %llu\n",
+    snprintf(text, sizeof(text),
+             "dropped %llu refused %llu timed_out %llu rejected %llu bind_refused %llu replayed "
+             "%llu version %llu endpoints %llu made %llu replaced %llu eps_dropped %llu binds %llu "
+             "late %llu\n",
              (unsigned long long)s.data_dropped, (unsigned long long)s.handshakes_refused,
-             (unsigned long long)s.handshakes_timed_out,
-             (unsigned long long)s.connections_rejected);
+             (unsigned long long)s.handshakes_timed_out, (unsigned long long)s.connections_rejected,
+             (unsigned long long)s.binds_refused, (unsigned long long)s.binds_replayed,
+             (unsigned long long)s.version_refused, (unsigned long long)s.endpoints_open,
+             (unsigned long long)s.endpoints_made, (unsigned long long)s.endpoints_replaced,
+             (unsigned long long)s.endpoints_dropped, (unsigned long long)s.binds_done,
+             (unsigned long long)s.data_late);
     write_file(o->dir, "stats", o->rank, text);
+}
+
+/* The process's open descriptors, threads and RssAnon (kB), and the
+ * context's ready endpoints, as one line after `label`. */
+static void resources(stria_ucx_ctx_t *ctx, const char *label, char *out, size_t len)
+{
+    int fds = 0, threads = 0;
+    long rss = -1;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        fds += e->d_name[0] != '.';
+    if (d != NULL)
+        closedir(d);
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, "Threads:", 8) == 0)
+            threads = atoi(line + 8);
+        else if (strncmp(line, "RssAnon:", 8) == 0)
+            rss = atol(line + 8);
+    }
+    if (f != NULL)
+        fclose(f);
+    stria_ucx_ctx_stats_t s;
+    stria_ucx_ctx_stats(ctx, &s);
+    snprintf(out, len, "%s fds %d threads %d endpoints %llu rss %ld\n", label, fds - 1, threads,
+             (unsigned long long)s.endpoints_open, rss);
 }
 
 static void usage(void)
@@ -84,8 +135,9 @@ static void usage(void)
             "       [--next-host H] [--next-port P] [--tls T] [--net-devices D] [--job J]\n"
             "       [--ring G] [--bytes B] [--passes P] [--duration S] [--step-timeout S]\n"
             "       [--connect-timeout S] [--heartbeat S] [--stall S] [--late-recv MS]\n"
-            "       [--mode ring|engine|listen|idle] [--key-seed N]\n"
-            "       [--handshake-timeout S] [--max-pending N]\n"
+            "       [--mode ring|engine|listen|idle|links|rings] [--key-seed N]\n"
+            "       [--endpoint-key-seed N] [--handshake-timeout S] [--max-pending N]\n"
+            "       [--links N] [--rings ID,ID,...] [--go-before ID] [--hold]\n"
             "       [--engine B:S:H:HKV:D:CAUSAL:DTYPE:LAYOUT:SEED]\n");
 }
 
@@ -292,6 +344,87 @@ out:
     return st;
 }
 
+/* One link of a sequence: connect, one pass, destroy. */
+static stria_status_t one_link(stria_ucx_ctx_t *ctx, const opts_t *o, stria_ucx_link_params_t *lp,
+                               int pass, uint8_t *bufs[2])
+{
+    stria_link_t *link = NULL;
+    stria_link_req_t *reqs[2] = {NULL, NULL};
+    stria_status_t st = stria_link_ucx_connect(ctx, lp, &link);
+    if (st != STRIA_OK)
+        return st;
+    st = ring_pass(link, o, pass, bufs, reqs);
+    if (st != STRIA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        stria_link_abort(link, st, msg);
+        stria_link_cancel(link, reqs[0]);
+        stria_link_cancel(link, reqs[1]);
+        stria_link_destroy(link);
+        return stria_error_set(st, "%s", msg);
+    }
+    stria_link_destroy(link);
+    return STRIA_OK;
+}
+
+/* Waits (up to two minutes) for DIR/NAME.ID.RANK. */
+static void wait_go(const opts_t *o, const char *name, long id)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s.%ld.%d", o->dir, name, id, o->rank);
+    double until = stria_time_now() + 120;
+    while (access(path, F_OK) != 0 && stria_time_now() < until)
+        usleep(5000);
+}
+
+/* --mode links and --mode rings: links one after the other on one context. */
+static stria_status_t run_sequence(stria_ucx_ctx_t *ctx, const opts_t *o,
+                                   stria_ucx_link_params_t *lp)
+{
+    uint8_t *bufs[2] = {malloc(o->bytes), malloc(o->bytes)};
+    stria_status_t st = STRIA_OK;
+    char res[512] = "";
+    if (bufs[0] == NULL || bufs[1] == NULL) {
+        st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+    } else if (strcmp(o->mode, "links") == 0) {
+        int warm = o->links / 10 > 0 ? o->links / 10 : 1;
+        for (int i = 0; i < o->links && st == STRIA_OK; i++) {
+            lp->ring_id = o->ring_id + (uint64_t)i;
+            if ((st = one_link(ctx, o, lp, i, bufs)) != STRIA_OK)
+                st = stria_error_wrap(st, "link %d of %d", i + 1, o->links);
+            else if (i + 1 == warm)
+                resources(ctx, "warm", res, sizeof(res));
+        }
+        size_t n = strlen(res);
+        resources(ctx, "end", res + n, sizeof(res) - n);
+        write_file(o->dir, "res", o->rank, res);
+    } else {
+        char list[256];
+        snprintf(list, sizeof(list), "%s", o->rings != NULL ? o->rings : "1");
+        char *save = NULL;
+        for (char *t = strtok_r(list, ",", &save); t != NULL && st == STRIA_OK;
+             t = strtok_r(NULL, ",", &save)) {
+            long id = atol(t);
+            if (id == o->go_before)
+                wait_go(o, "go", id);
+            lp->ring_id = (uint64_t)id;
+            if ((st = one_link(ctx, o, lp, (int)id, bufs)) != STRIA_OK)
+                st = stria_error_wrap(st, "ring %ld", id);
+            else {
+                char name[32];
+                snprintf(name, sizeof(name), "done.%ld", id);
+                write_file(o->dir, name, o->rank, "1\n");
+            }
+        }
+        write_stats(o, ctx);
+        if (o->hold && st == STRIA_OK)
+            wait_go(o, "never", 0);
+    }
+    free(bufs[0]);
+    free(bufs[1]);
+    return st;
+}
+
 static int finish(const opts_t *o, stria_status_t st, const char *msg)
 {
     char text[2048];
@@ -318,7 +451,10 @@ int main(int argc, char **argv)
                 .step_timeout_s = 10,
                 .connect_timeout_s = 10,
                 .mode = "ring",
-                .key_seed = -1};
+                .key_seed = -1,
+                .ep_key_seed = -1,
+                .links = 100,
+                .go_before = -1};
     const tucx_opt_t opts[] = {{"rank", TUCX_INT, &o.rank},
                                {"size", TUCX_INT, &o.size},
                                {"dir", TUCX_STR, &o.dir},
@@ -341,8 +477,13 @@ int main(int argc, char **argv)
                                {"heartbeat", TUCX_DOUBLE, &o.heartbeat_s},
                                {"stall", TUCX_DOUBLE, &o.stall_s},
                                {"key-seed", TUCX_INT, &o.key_seed},
+                               {"endpoint-key-seed", TUCX_INT, &o.ep_key_seed},
                                {"handshake-timeout", TUCX_DOUBLE, &o.handshake_timeout_s},
                                {"max-pending", TUCX_INT, &o.max_pending},
+                               {"links", TUCX_INT, &o.links},
+                               {"rings", TUCX_STR, &o.rings},
+                               {"go-before", TUCX_INT, &o.go_before},
+                               {"hold", TUCX_FLAG, &o.hold},
                                {NULL, 0, NULL}};
     if (!tucx_parse(argc, argv, opts)) {
         usage();
@@ -363,6 +504,11 @@ int main(int argc, char **argv)
                                  .stall_s = o.stall_s,
                                  .handshake_timeout_s = o.handshake_timeout_s,
                                  .max_pending_per_source = o.max_pending};
+    uint8_t ep_key[STRIA_AUTH_KEY_BYTES];
+    if (o.ep_key_seed >= 0) {
+        tucx_key_of_seed(o.ep_key_seed, ep_key);
+        cp.endpoint_key = ep_key;
+    }
     stria_ucx_ctx_t *ctx = NULL;
     stria_status_t st = stria_ucx_ctx_create(&cp, &ctx);
     if (st != STRIA_OK)
@@ -397,6 +543,14 @@ int main(int argc, char **argv)
     if (o.key_seed >= 0) {
         tucx_key_of_seed(o.key_seed, key);
         lp.key = key;
+    }
+    if (strcmp(o.mode, "links") == 0 || strcmp(o.mode, "rings") == 0) {
+        char msg[1024] = "";
+        if ((st = run_sequence(ctx, &o, &lp)) != STRIA_OK)
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+        write_stats(&o, ctx);
+        stria_ucx_ctx_destroy(ctx);
+        return finish(&o, st, msg);
     }
     stria_link_t *link = NULL;
     st = stria_link_ucx_connect(ctx, &lp, &link);

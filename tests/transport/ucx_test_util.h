@@ -209,12 +209,13 @@ typedef struct {
     int late_recv_ms;
     const char *mode;
     const char *engine; /* --mode engine: the problem spec */
+    int links;          /* --mode links: how many (0: the rank's default) */
 } rank_args_t;
 
 static inline pid_t spawn_rank(int rank, int size, const rank_args_t *a)
 {
     char s_rank[16], s_size[16], s_bytes[32], s_passes[16], s_dur[32], s_step[32], s_port[16],
-        s_next_port[16], s_late[16], s_hb[32], s_stall[32], tag[16];
+        s_next_port[16], s_late[16], s_hb[32], s_stall[32], s_links[16], tag[16];
     char *argv[64];
     int n = 0;
     if (a->netns != NULL) {
@@ -289,9 +290,45 @@ static inline pid_t spawn_rank(int rank, int size, const rank_args_t *a)
         argv[n++] = "--engine";
         argv[n++] = (char *)a->engine;
     }
+    if (a->links > 0) {
+        snprintf(s_links, sizeof(s_links), "%d", a->links);
+        argv[n++] = "--links";
+        argv[n++] = s_links;
+    }
     argv[n] = NULL;
     snprintf(tag, sizeof(tag), "%d", rank);
     return spawn(argv, tag);
+}
+
+/* ---- contexts of this process ------------------------------------------- */
+
+/* One connect, run on a thread of its own (every connect waits for its
+ * neighbours). */
+typedef struct {
+    stria_ucx_ctx_t *ctx;
+    stria_ucx_link_params_t p;
+    stria_link_t *link;
+    stria_status_t st;
+    char msg[512];
+} connect_arg_t;
+
+static inline void *connect_main(void *arg)
+{
+    connect_arg_t *c = arg;
+    c->st = stria_link_ucx_connect(c->ctx, &c->p, &c->link);
+    snprintf(c->msg, sizeof(c->msg), "%s", stria_error_msg());
+    return NULL;
+}
+
+/* A context on loopback over `tls`, or the test fails. */
+static inline stria_ucx_ctx_t *ctx_new(const char *tls)
+{
+    stria_ucx_ctx_params_t p = {.listen_host = "127.0.0.1", .tls = tls};
+    stria_ucx_ctx_t *ctx = NULL;
+    stria_status_t st = stria_ucx_ctx_create(&p, &ctx);
+    cr_assert_eq(st, STRIA_OK, "ctx: %s", stria_error_msg());
+    cr_assert_neq(stria_ucx_ctx_port(ctx), 0);
+    return ctx;
 }
 
 /* Transport choices of parameterized tests (Criterion copies parameters
