@@ -150,13 +150,17 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
         const float *orow = oacc + (size_t)i * (size_t)Dp;
         float *out = (float *)stria__row_ptr(job->o, b, q0 + i, h);
         float *lse_out = job->lse + (size_t)((b * c->dims.H + h) * c->dims.Tq + q0 + i);
-        /* the row is normalised by 1 / l on its way out */
-        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        float lse_new = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+        /* the row is normalised by 1 / l on its way out. l == 0: no key
+         * seen (LSE -inf, a zero row); l NaN: a NaN or +inf score reached
+         * the row, and the NaN goes on into its output and LSE (never an
+         * empty row: the numerics rule) */
+        const bool seen = l[i] != 0.0f;
+        float inv = seen ? 1.0f / l[i] : 0.0f;
+        float lse_new = seen ? m[i] + logf(l[i]) : -INFINITY;
         if (job->accumulate) {
             stria__merge_row(ops, out, lse_out, orow, inv, lse_new, c->D);
         } else {
-            if (l[i] > 0.0f)
+            if (seen)
                 ops->row_merge(out, orow, inv, 0.0f, 0.0f, false, (int)c->D);
             else
                 memset(out, 0, (size_t)c->D * sizeof(float));
