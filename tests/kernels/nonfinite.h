@@ -10,13 +10,14 @@
  * equal (to summation order) to those of a run with a finite value at the
  * spot. Inside the spot's group a kernel may poison more than the
  * dependency (0 x NaN at a masked position, as SDPA's math path does).
- * Static inline: each suite is one file. */
+ * Static inline, C and C++ (tests/gpu/test_kernel_emu.cu runs the CUDA
+ * kernels against it), no test framework: failures go to a report
+ * callback. */
 #ifndef STRIA_TEST_NONFINITE_H
 #define STRIA_TEST_NONFINITE_H
 
-#include <criterion/criterion.h>
-
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +68,26 @@ static inline int64_t nf_pos(const int64_t *pos, int64_t i)
     return pos != NULL ? pos[i] : i;
 }
 
+/* A token of the spot's side (queries: qside) that some query sees
+ * (visible) or that none does, searched from `from` on; -1 when there is
+ * none. */
+static inline int64_t nf_token(const ref_shape_t *rs, const ref_masks_t *m, bool qside,
+                               bool visible, int64_t from)
+{
+    const int64_t n = qside ? rs->q_tokens : rs->kv_tokens;
+    const int64_t other = qside ? rs->kv_tokens : rs->q_tokens;
+    for (int64_t s = 0; s < n; s++) {
+        const int64_t t = (from + s) % n;
+        bool seen = false;
+        for (int64_t o = 0; o < other && !seen; o++)
+            seen = qside ? ref_visible(rs, m, nf_pos(rs->q_pos, t), nf_pos(rs->kv_pos, o))
+                         : ref_visible(rs, m, nf_pos(rs->q_pos, o), nf_pos(rs->kv_pos, t));
+        if (seen == visible)
+            return t;
+    }
+    return -1;
+}
+
 /* The reference (see the top): fp64, d_o required, outputs allocated as by
  * ref_f64_run_masks(). */
 static inline void nf_ref_run(const ref_shape_t *s, const ref_masks_t *mk, const float *q,
@@ -74,13 +95,14 @@ static inline void nf_ref_run(const ref_shape_t *s, const ref_masks_t *mk, const
 {
     const int64_t B = s->batch, Tq = s->q_tokens, Tk = s->kv_tokens, H = s->heads;
     const int64_t Hk = s->kv_heads, D = s->head_dim, G = H / Hk;
-    double *p = malloc((size_t)Tk * sizeof(double)), *acc = malloc((size_t)D * sizeof(double));
-    bool *vis = malloc((size_t)Tk * sizeof(bool));
-    out->o = calloc((size_t)(B * Tq * H * D), sizeof(double));
-    out->lse = calloc((size_t)(B * H * Tq), sizeof(double));
-    out->dq = calloc((size_t)(B * Tq * H * D), sizeof(double));
-    out->dk = calloc((size_t)(B * Tk * Hk * D), sizeof(double));
-    out->dv = calloc((size_t)(B * Tk * Hk * D), sizeof(double));
+    double *p = (double *)malloc((size_t)Tk * sizeof(double));
+    double *acc = (double *)malloc((size_t)D * sizeof(double));
+    bool *vis = (bool *)malloc((size_t)Tk * sizeof(bool));
+    out->o = (double *)calloc((size_t)(B * Tq * H * D), sizeof(double));
+    out->lse = (double *)calloc((size_t)(B * H * Tq), sizeof(double));
+    out->dq = (double *)calloc((size_t)(B * Tq * H * D), sizeof(double));
+    out->dk = (double *)calloc((size_t)(B * Tk * Hk * D), sizeof(double));
+    out->dv = (double *)calloc((size_t)(B * Tk * Hk * D), sizeof(double));
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < Tq; i++) {
@@ -154,24 +176,29 @@ static inline void nf_ref_run(const ref_shape_t *s, const ref_masks_t *mk, const
 typedef struct {
     size_t must;    /* outputs the spot reaches, all non-finite as they must be */
     size_t outside; /* outputs of other groups checked finite and equal */
+    size_t failed;  /* checks that failed (each reported) */
 } nf_counts_t;
 
-/* Checks one output tensor of n elements, rows of D values (LSE: D = 1) and
- * `heads` heads per token (LSE: [B][H][T], heads_first): every element the
+/* Where failures go: one line each. */
+typedef void (*nf_report_fn)(void *ctx, const char *msg);
+
+/* Checks one output tensor of rows of D values (LSE: D = 1) and `heads`
+ * heads per token (LSE: [B][H][T], heads_first): every element the
  * reference makes non-finite is non-finite in got; every element outside
  * the spot's group is finite and equal to the clean run's to 1e-4 of the
  * clean tensor's largest value. An LSE of -inf (a row that sees no key) is
- * an ordinary value there. */
+ * an ordinary value there, and never a poisoned one. */
 static inline void nf_check_tensor(const char *what, const float *got, const float *clean,
                                    const double *ref, const nf_dims_t *n, int64_t T, int64_t heads,
                                    int64_t G, int64_t D, bool heads_first, int64_t group,
-                                   const char *label, nf_counts_t *cnt)
+                                   const char *label, nf_counts_t *cnt, nf_report_fn report,
+                                   void *ctx)
 {
     const size_t total = (size_t)(n->B * T * heads * D);
     double big = 0.0;
     for (size_t x = 0; x < total; x++)
         big = isfinite(clean[x]) && fabs((double)clean[x]) > big ? fabs((double)clean[x]) : big;
-    size_t bad_must = 0, bad_out = 0, first_must = total, first_out = total;
+    size_t bad_must = 0, bad_out = 0, first_must = 0, first_out = 0;
     for (size_t x = 0; x < total; x++) {
         const int64_t row = (int64_t)(x / (size_t)D); /* [B][T][heads] or [B][heads][T] */
         const int64_t b = row / (T * heads);
@@ -180,8 +207,11 @@ static inline void nf_check_tensor(const char *what, const float *got, const flo
         /* an LSE of -inf is a row that sees no key, not a poisoned one */
         const bool empty_row = heads_first && ref[x] == -INFINITY;
         if (!isfinite(ref[x]) && !empty_row) {
+            /* poisoned: an LSE of -inf would say "no key seen" instead */
+            const bool poisoned =
+                heads_first ? isnan(got[x]) || got[x] == INFINITY : !isfinite(got[x]);
             cnt->must++;
-            if (isfinite(got[x]) && bad_must++ == 0)
+            if (!poisoned && bad_must++ == 0)
                 first_must = x;
         } else if (!in_group) {
             const bool same =
@@ -193,35 +223,58 @@ static inline void nf_check_tensor(const char *what, const float *got, const flo
                 first_out = x;
         }
     }
-    cr_expect(bad_must == 0,
-              "%s: %s: %zu outputs that depend on the non-finite value are finite (first at %zu: "
-              "%g, reference %g)",
-              label, what, bad_must, first_must, first_must < total ? got[first_must] : 0.0,
-              first_must < total ? ref[first_must] : 0.0);
-    cr_expect(bad_out == 0,
-              "%s: %s: %zu outputs outside the value's group changed (first at %zu: %g, without "
-              "the value %g)",
-              label, what, bad_out, first_out, first_out < total ? got[first_out] : 0.0,
-              first_out < total ? clean[first_out] : 0.0);
+    char msg[512];
+    if (bad_must > 0) {
+        snprintf(msg, sizeof(msg),
+                 "%s: %s: %zu outputs that depend on the non-finite value are finite (first at "
+                 "%zu: %g, reference %g)",
+                 label, what, bad_must, first_must, (double)got[first_must], ref[first_must]);
+        report(ctx, msg);
+        cnt->failed++;
+    }
+    if (bad_out > 0) {
+        snprintf(msg, sizeof(msg),
+                 "%s: %s: %zu outputs outside the value's group changed (first at %zu: %g, "
+                 "without the value %g)",
+                 label, what, bad_out, first_out, (double)got[first_out], (double)clean[first_out]);
+        report(ctx, msg);
+        cnt->failed++;
+    }
 }
 
 /* Every output of a run with the spot against the reference of the same
- * inputs (ref) and the run without it (clean); returns the counts. */
-static inline nf_counts_t nf_check(const nf_dims_t *n, const nf_spot_t *s, const nf_outs_t *got,
-                                   const nf_outs_t *clean, const ref_out_t *ref, const char *label)
+ * inputs (ref) and the run without it (clean); also that a spot the mask
+ * lets some query see reaches some output (visible) and a hidden one none,
+ * and that some output outside the spot's group was checked. */
+static inline nf_counts_t nf_check(const nf_dims_t *n, const nf_spot_t *s, bool visible,
+                                   const nf_outs_t *got, const nf_outs_t *clean,
+                                   const ref_out_t *ref, const char *label, nf_report_fn report,
+                                   void *ctx)
 {
-    nf_counts_t cnt = {0, 0};
+    nf_counts_t cnt = {0, 0, 0};
     const int64_t G = n->H / n->Hkv, grp = nf_spot_group(n, s);
-    nf_check_tensor("O", got->o, clean->o, ref->o, n, n->Tq, n->H, G, n->D, false, grp, label,
-                    &cnt);
+    nf_check_tensor("O", got->o, clean->o, ref->o, n, n->Tq, n->H, G, n->D, false, grp, label, &cnt,
+                    report, ctx);
     nf_check_tensor("LSE", got->lse, clean->lse, ref->lse, n, n->Tq, n->H, G, 1, true, grp, label,
-                    &cnt);
+                    &cnt, report, ctx);
     nf_check_tensor("dQ", got->dq, clean->dq, ref->dq, n, n->Tq, n->H, G, n->D, false, grp, label,
-                    &cnt);
+                    &cnt, report, ctx);
     nf_check_tensor("dK", got->dk, clean->dk, ref->dk, n, n->Tk, n->Hkv, 1, n->D, false, grp, label,
-                    &cnt);
+                    &cnt, report, ctx);
     nf_check_tensor("dV", got->dv, clean->dv, ref->dv, n, n->Tk, n->Hkv, 1, n->D, false, grp, label,
-                    &cnt);
+                    &cnt, report, ctx);
+    char msg[512];
+    if (visible != (cnt.must > 0)) {
+        snprintf(msg, sizeof(msg), "%s: a %s value reaches %zu outputs", label,
+                 visible ? "visible" : "hidden", cnt.must);
+        report(ctx, msg);
+        cnt.failed++;
+    }
+    if (cnt.outside == 0) {
+        snprintf(msg, sizeof(msg), "%s: no output outside the value's group", label);
+        report(ctx, msg);
+        cnt.failed++;
+    }
     return cnt;
 }
 
