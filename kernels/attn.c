@@ -476,9 +476,10 @@ stria_status_t stria__ws_areas(const stria_allocator_t *mem, double bound, int n
 /* ---- init, merge, finalize, delta --------------------------------------- */
 
 /* Writes every [batch][q_tokens][heads] row of dst: src's fp32 row converted
- * to dst's dtype, or zeros when src is NULL. */
-static void stria__rows_write(const stria_attn_params_t *p, const stria_tensor_t *src,
-                              const stria_tensor_t *dst)
+ * to dst's dtype (vectorised by the variant, ops not NULL), or zeros when src
+ * is NULL. */
+static void stria__rows_write(const stria_kern_ops_t *ops, const stria_attn_params_t *p,
+                              const stria_tensor_t *src, const stria_tensor_t *dst)
 {
     const size_t n = (size_t)p->head_dim;
     for (int64_t b = 0; b < p->batch; b++)
@@ -488,8 +489,8 @@ static void stria__rows_write(const stria_attn_params_t *p, const stria_tensor_t
                 if (src == NULL)
                     memset(row, 0, n * stria_dtype_size(dst->dtype));
                 else
-                    stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(src, b, t, h), dst->dtype,
-                                        row, n);
+                    ops->row_store(dst->dtype, (const float *)stria__row_ptr(src, b, t, h), row,
+                                   (int)n);
             }
 }
 
@@ -500,7 +501,7 @@ stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const 
     stria_status_t st = stria__validate_partial_init(params, o, lse, fn);
     if (st != STRIA_OK)
         return st;
-    stria__rows_write(params, NULL, o);
+    stria__rows_write(NULL, params, NULL, o);
     for (int64_t i = 0; i < params->batch * params->heads * params->q_tokens; i++)
         lse[i] = -INFINITY;
     return STRIA_OK;
@@ -536,7 +537,10 @@ stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stri
     stria_status_t st = stria__validate_finalize(params, o_part, o_out, fn);
     if (st != STRIA_OK)
         return st;
-    stria__rows_write(p, o_part, o_out);
+    const stria_kern_ops_t *ops = stria__kern_ops();
+    if (ops == NULL)
+        return stria__kern_ops_status(); /* message set by stria__kern_ops() */
+    stria__rows_write(ops, p, o_part, o_out);
     return STRIA_OK;
 }
 

@@ -68,6 +68,9 @@ typedef struct {
                         const int64_t *qlo, const int64_t *qhi);
     /* dst[0..n) = fp32 of the n elements of `dtype` at src; n a multiple of 8. */
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
+    /* dst[0..n) = the n fp32 values of src in `dtype` (to nearest even; a NaN
+     * stays a NaN, quiet: stria_dtype_store()'s bits); n a multiple of 8. */
+    void (*row_store)(stria_dtype_t dtype, const float *src, void *dst, int n);
     /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */
     void (*row_acc)(float *dst, const float *src, int n);
     /* dst[0..n) = src[0..n) * inv when !accumulate (dst is only written), else
@@ -116,8 +119,8 @@ typedef struct {
     .cpu_ok = prefix##_ok, .gemm = prefix##_gemm, .softmax_fwd = prefix##_softmax_fwd,             \
     .softmax_bwd_p = prefix##_softmax_bwd_p, .softmax_bwd_ds = prefix##_softmax_bwd_ds,            \
     .mask_causal = prefix##_mask_causal, .mask_bounds = prefix##_mask_bounds,                      \
-    .row_load = prefix##_row_load, .row_acc = prefix##_row_acc, .row_merge = prefix##_row_merge,   \
-    .transpose32 = prefix##_transpose32
+    .row_load = prefix##_row_load, .row_store = prefix##_row_store, .row_acc = prefix##_row_acc,   \
+    .row_merge = prefix##_row_merge, .transpose32 = prefix##_transpose32
 
 extern const stria_kern_ops_t stria__kern_portable;
 #ifdef STRIA_HAVE_X86_VARIANTS

@@ -422,6 +422,50 @@ static void stria__avx512_row_load(stria_dtype_t dtype, const void *src, float *
     }
 }
 
+/* 16 values of x in `dtype` (16-bit: bf16, fp16) as stria_dtype_store()
+ * makes them: to nearest even, a NaN quiet (bf16: its high bits and 0x40;
+ * fp16: its sign and 0x7e00). */
+STRIA__INLINE __m256i stria__store16(stria_dtype_t dtype, __m512 x)
+{
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    if (dtype == STRIA_DTYPE_F16) {
+        const __m256i r = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i q = _mm256_or_si256(_mm256_and_si256(r, _mm256_set1_epi16((short)0x8000)),
+                                          _mm256_set1_epi16(0x7e00));
+        return _mm256_mask_blend_epi16(nan, r, q);
+    }
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
+                                             _mm512_set1_epi32(0x7fff))),
+        16);
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static void stria__avx512_row_store(stria_dtype_t dtype, const float *src, void *dst, int n)
+{
+    int i = 0;
+    if (dtype == STRIA_DTYPE_F32) {
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps((float *)dst + i, _mm512_loadu_ps(src + i));
+        if (i < n) {
+            __mmask16 mk = (__mmask16)((1u << (n - i)) - 1u);
+            _mm512_mask_storeu_ps((float *)dst + i, mk, _mm512_maskz_loadu_ps(mk, src + i));
+        }
+        return;
+    }
+    uint16_t *h = dst;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(h + i), stria__store16(dtype, _mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 mk = (__mmask16)((1u << (n - i)) - 1u);
+        _mm256_mask_storeu_epi16(h + i, mk,
+                                 stria__store16(dtype, _mm512_maskz_loadu_ps(mk, src + i)));
+    }
+}
+
 static void stria__avx512_row_acc(float *dst, const float *src, int n)
 {
     int i = 0;

@@ -77,6 +77,12 @@ static void stria__portable_row_load(stria_dtype_t dtype, const void *src, float
         dst[i] = stria_dtype_load(dtype, src, (size_t)i);
 }
 
+static void stria__portable_row_store(stria_dtype_t dtype, const float *src, void *dst, int n)
+{
+    for (int i = 0; i < n; i++)
+        stria_dtype_store(dtype, dst, (size_t)i, src[i]);
+}
+
 static void stria__portable_row_acc(float *dst, const float *src, int n)
 {
     for (int i = 0; i < n; i++)

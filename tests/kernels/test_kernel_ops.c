@@ -515,6 +515,52 @@ Test(kernel_ops, conversions_exact)
     for_each_simd(conversions);
 }
 
+/* row_store against stria_dtype_store(), bit for bit: every bf16 and fp16
+ * rounding case (values halfway between two of the dtype, overflow to inf,
+ * fp16 subnormals and below, NaNs of any payload and sign, infinities), and
+ * lengths that are not a multiple of the vector width write exactly n
+ * elements. */
+static void stores(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { N = 4096 };
+    float *x = malloc(N * 4);
+    uint16_t *h1 = malloc(N * 4 + 64), *h2 = malloc(N * 4 + 64);
+    uint32_t s = 12345;
+    for (int i = 0; i < N; i++) {
+        s = s * 1664525u + 1013904223u;
+        uint32_t u = s;
+        if (i % 4 == 0) /* halfway cases of bf16 and fp16 */
+            u = (u & 0xffff0000u) | (i % 8 ? 0x8000u : 0x1000u);
+        if (i % 16 == 1) /* NaNs, infinities, zeros and tiny values */
+            u = (u & 0x80000000u) |
+                (uint32_t[]){0x7f800001u, 0x7fc00000u, 0x7f800000u, 0x0u,
+                             0x00000001u, 0x33800000u, 0x387fe000u, 0x477ff000u}[(i / 16) % 8];
+        memcpy(&x[i], &u, 4);
+        if (i % 5 == 2) /* ordinary values of fp16 range */
+            x[i] = (float)((int)(s >> 16) - 32768) / 256.0f;
+    }
+    static const stria_dtype_t dts[] = {STRIA_DTYPE_BF16, STRIA_DTYPE_F16, STRIA_DTYPE_F32};
+    for (size_t d = 0; d < 3; d++) {
+        const size_t es = stria_dtype_size(dts[d]);
+        for (int n = 8; n <= 72; n += 8)
+            for (int at = 0; at + n <= N; at += 503) {
+                memset(h1, 0x5a, (size_t)(n + 16) * es);
+                memset(h2, 0x5a, (size_t)(n + 16) * es);
+                port->row_store(dts[d], x + at, h1, n);
+                simd->row_store(dts[d], x + at, h2, n);
+                cr_assert(memcmp(h1, h2, (size_t)(n + 16) * es) == 0,
+                          "%s row_store %s n=%d from %d differs from stria_dtype_store()",
+                          simd->name, stria_dtype_name(dts[d]), n, at);
+            }
+    }
+    free(x), free(h1), free(h2);
+}
+
+Test(kernel_ops, row_store_exact)
+{
+    for_each_simd(stores);
+}
+
 static void accumulate_rows(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
 {
     float src[272], d1[272], d2[272];
