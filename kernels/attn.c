@@ -327,6 +327,19 @@ void stria__pack_pairs(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b
     }
 }
 
+/* rows [t0, t0+n) of head h of a bf16 tensor transposed: dst[d][i] = element
+ * d of row i, [Dp][BK] bf16, zero padded (the tile path's A operand of a
+ * product that sums over these rows: V^T, K^T). Pairs of rows taken as
+ * 32-bit words, transposed: a word of row pair i / 2 at column d becomes
+ * elements i and i + 1 of row d. */
+void stria__pack_t(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h, int64_t t0,
+                   int n, uint16_t *dst)
+{
+    uint16_t pairs[STRIA__BK * STRIA_HEAD_DIM_MAX];
+    stria__pack_pairs(c, t, b, h, t0, n, STRIA__BK, pairs);
+    c->ops->transpose32(pairs, c->Dp, dst, STRIA__BK / 2, STRIA__BK / 2, (int)c->Dp);
+}
+
 /* dst[Dp/2][BQ] pairs = transpose of src[BQ][Dp] bf16 taken as 32-bit pairs:
  * the B operand layout of the bf16 GEMM. */
 static void stria__transpose_pairs(const stria__ctx_t *c, const uint16_t *src, uint16_t *dst)
@@ -429,6 +442,8 @@ size_t stria__score_tile_floats(const stria__ctx_t *c, size_t tile)
 void stria__ctx_set_dtype(stria__ctx_t *c, stria_dtype_t dtype)
 {
     c->bf16 = dtype == STRIA_DTYPE_BF16 && c->ops->gemm_bf16 != NULL && c->ops->gemm_bf16_ok();
+    c->tiles = c->bf16 && c->ops->tiles;
+    c->Dp = stria__round_up(c->D, c->tiles ? STRIA__TILE_K : STRIA__DPAD);
     c->kdirect = c->D == c->Dp && (c->bf16 || dtype == STRIA_DTYPE_F32);
 }
 

@@ -1,5 +1,7 @@
-/* AVX-512 variant (F, BW, VL, DQ). Compiled with the AVX-512 flags and only
- * called after stria__avx512_ok() said yes.
+/* AVX-512 variant (F, BW, VL, DQ), and the amx variant: the same operations
+ * with every bf16 product on AMX tiles (amx_gemm.h). Compiled with the
+ * AVX-512 flags (and AMX's, where the compiler has them: STRIA_HAVE_AMX) and
+ * only called after stria__avx512_ok() (stria__amx_ok()) said yes.
  *
  * The GEMM micro-kernel keeps a 6 x 64 block of C in 24 zmm accumulators:
  * every k step loads four vectors of B and broadcasts six scalars of A, so 24
@@ -513,3 +515,29 @@ const stria_kern_ops_t stria__kern_avx512_nobf16 = {
     STRIA_KERN_OPS(stria__avx512),
     .name = "avx512-nobf16",
 };
+
+#ifdef STRIA_HAVE_AMX
+/* ---- amx: avx512 with the bf16 products on matrix tiles ------------------ */
+
+#include "amx_tile.h"
+#define STRIA__AMX_NAME amx
+#define STRIA__AMX_VEC  stria__avx512_gemm_bf16
+#include "amx_gemm.h"
+
+static bool stria__amx_ok(void)
+{
+    return stria__amx_why_not() == NULL;
+}
+
+const stria_kern_ops_t stria__kern_amx = {
+    .cpu_ok = stria__amx_ok,
+    STRIA_KERN_OPS_BODY(stria__avx512),
+    .name = "amx",
+    .gemm_bf16 = stria__amx_gemm_bf16,
+    .gemm_bf16_ok = stria__amx_ok,
+    .softmax_fwd_bf16 = stria__avx512_softmax_fwd_bf16,
+    .softmax_bwd_ds_bf16 = stria__avx512_softmax_bwd_ds_bf16,
+    .tiles = true,
+    .why_not = stria__amx_why_not,
+};
+#endif

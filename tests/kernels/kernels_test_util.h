@@ -203,7 +203,7 @@ static inline void run_case(const kcase_t *c, const char *variant)
 static inline void for_each_variant(const kcase_t *c)
 {
     const char *const *names = stria_kernels_variant_names();
-    const char *expected[4];
+    const char *expected[CPU_EXPECT_MAX];
     size_t n_expected = cpu_expected_simd(expected), simd_ran = 0;
     bool portable = false;
     for (size_t i = 0; names[i] != NULL; i++) {

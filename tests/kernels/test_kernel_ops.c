@@ -28,12 +28,12 @@ static int for_each_simd(void (*fn)(const stria_kern_ops_t *simd, const stria_ke
 {
     const char *const *names = stria_kernels_variant_names();
     const stria_kern_ops_t *port = ops_of("portable");
-    const char *expected[4], *ran_names[8];
+    const char *expected[CPU_EXPECT_MAX], *ran_names[8];
     size_t n_expected = cpu_expected_simd(expected);
     int ran = 0;
     for (size_t i = 0; names[i] != NULL; i++) {
-        if (strcmp(names[i], "portable") == 0)
-            continue;
+        if (strcmp(names[i], "portable") == 0 || strcmp(names[i], "amx-emu") == 0)
+            continue; /* amx-emu: the portable operations, but its bf16 product (below) */
         if (!stria_kernels_variant_available(names[i])) {
             cr_log_info("variant %s not supported by this CPU: skipped", names[i]);
             continue;
@@ -715,7 +715,7 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
 {
     static const int ms[] = {1, 5, 6, 7, 64};
     static const int ns[] = {16, 48, 64, 80};
-    static const int ks[] = {2, 16, 128, 256};
+    static const int ks[] = {2, 16, 48, 128, 256};
     (void)port;
     if (simd->gemm_bf16 == NULL || !simd->gemm_bf16_ok()) {
         cr_log_info("variant %s: no bf16 GEMM (none in the variant, or no AVX512-BF16)",
@@ -725,9 +725,10 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
     for (size_t im = 0; im < sizeof(ms) / sizeof(ms[0]); im++)
         for (size_t in = 0; in < sizeof(ns) / sizeof(ns[0]); in++)
             for (size_t ik = 0; ik < sizeof(ks) / sizeof(ks[0]); ik++)
-                for (int mode = 0; mode < 3; mode++) {
+                for (int mode = 0; mode < 4; mode++) {
                     /* mode 0: A rows, C written; 1: A pairs, C scaled and
-                     * accumulated; 2: A rows, C accumulated */
+                     * accumulated; 2: A rows, C accumulated; 3: A rows, C
+                     * scaled and accumulated */
                     int m = ms[im], n = ns[in], k = ks[ik];
                     bool trans_a = mode == 1;
                     ptrdiff_t lda = trans_a ? 2 * m + 6 : k + 8, ldb = 2 * n + 32, ldc = n + 16;
@@ -750,7 +751,7 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
                     for (size_t i = 0; i < nc; i++)
                         c[i] = -7.0f;
                     simd->gemm_bf16(m, n, k, a, lda, trans_a, b, ldb, c, ldc,
-                                    mode == 1 ? beta : NULL, mode != 0);
+                                    mode % 2 ? beta : NULL, mode != 0);
                     for (int i = 0; i < m; i++)
                         for (int j = 0; j < ldc; j++) {
                             float got = c[i * ldc + j];
@@ -759,7 +760,7 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
                                              simd->name, i, j, n);
                                 continue;
                             }
-                            double want = mode == 0 ? 0.0 : mode == 1 ? -7.0 * beta[i] : -7.0;
+                            double want = mode == 0 ? 0.0 : mode % 2 ? -7.0 * beta[i] : -7.0;
                             double mag = fabs(want);
                             for (int p = 0; p < k; p++) {
                                 double x = (double)af[i * k + p] * (double)bf[p * n + j];
@@ -778,13 +779,15 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
 Test(kernel_ops, bf16_gemm_exact_products)
 {
     for_each_simd(bf16_gemm);
+    /* the amx variant's tile product (emulated tiles) on any CPU */
+    bf16_gemm(ops_of("amx-emu"), ops_of("portable"));
 }
 
 Test(kernel_ops, f32_add_every_variant_and_length)
 {
     const char *const *names = stria_kernels_variant_names();
     static float dst[3000], src[3000], want[3000];
-    const char *expected[4];
+    const char *expected[CPU_EXPECT_MAX];
     size_t n_expected = cpu_expected_simd(expected), checked = 0;
     for (size_t v = 0; names[v] != NULL; v++) {
         if (!stria_kernels_variant_available(names[v]))

@@ -172,7 +172,7 @@ static void nf_tensor_cases(const kcase_t *c, int cfg, nf_tensor_t t, const char
 static void nf_tensor_all(nf_tensor_t t)
 {
     const char *const *names = stria_kernels_variant_names();
-    const char *expected[4];
+    const char *expected[CPU_EXPECT_MAX];
     size_t n_expected = cpu_expected_simd(expected), simd_ran = 0;
     for (size_t i = 0; names[i] != NULL; i++) {
         if (!stria_kernels_variant_available(names[i])) {

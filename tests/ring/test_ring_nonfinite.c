@@ -87,7 +87,7 @@ static void ring_nf_case(const rcase_t *c, const ref_masks_t *m, nf_tensor_t t, 
 static void ring_nf_all(nf_tensor_t t)
 {
     const char *const *names = stria_kernels_variant_names();
-    const char *expected[4];
+    const char *expected[CPU_EXPECT_MAX];
     size_t n_expected = cpu_expected_simd(expected), simd_ran = 0;
     const ref_masks_t docs_window = {ring_nf_cu, 5, true, 20, 0};
     for (size_t i = 0; names[i] != NULL; i++) {
