@@ -502,13 +502,17 @@ static void stria__avx512_row_merge(float *dst, const float *src, float inv, flo
     }
 }
 
+/* The softmax passes of the bf16 products (avx512 and amx). */
+#define STRIA__AVX512_BF16_PASSES                                                                  \
+    .softmax_fwd_bf16 = stria__avx512_softmax_fwd_bf16,                                            \
+    .softmax_bwd_ds_bf16 = stria__avx512_softmax_bwd_ds_bf16
+
 const stria_kern_ops_t stria__kern_avx512 = {
     STRIA_KERN_OPS(stria__avx512),
     .name = "avx512",
     .gemm_bf16 = stria__avx512_gemm_bf16,
     .gemm_bf16_ok = stria__avx512_bf16_ok,
-    .softmax_fwd_bf16 = stria__avx512_softmax_fwd_bf16,
-    .softmax_bwd_ds_bf16 = stria__avx512_softmax_bwd_ds_bf16,
+    STRIA__AVX512_BF16_PASSES,
 };
 
 const stria_kern_ops_t stria__kern_avx512_nobf16 = {
@@ -535,8 +539,7 @@ const stria_kern_ops_t stria__kern_amx = {
     .name = "amx",
     .gemm_bf16 = stria__amx_gemm_bf16,
     .gemm_bf16_ok = stria__amx_ok,
-    .softmax_fwd_bf16 = stria__avx512_softmax_fwd_bf16,
-    .softmax_bwd_ds_bf16 = stria__avx512_softmax_bwd_ds_bf16,
+    STRIA__AVX512_BF16_PASSES,
     .tiles = true,
     .why_not = stria__amx_why_not,
 };
