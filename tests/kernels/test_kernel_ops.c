@@ -808,3 +808,36 @@ Test(kernel_ops, f32_add_every_variant_and_length)
                  checked, n_expected);
     stria_kernels_set_variant(names[0]);
 }
+
+/* The emulated tiles follow TDPBF16PS (Intel SDM): subnormal bf16 inputs
+ * count as zero, subnormal sums are flushed, 0 x inf is NaN and a NaN
+ * spreads to its row and column of C only. Through the amx variant's
+ * product on a 16 x 16 x 32 block, which is one tile product. */
+Test(kernel_ops, amx_emu_tiles_follow_tdpbf16ps)
+{
+    const stria_kern_ops_t *emu = ops_of("amx-emu");
+    uint16_t a[16 * 32], b[16 * 32]; /* A rows along k; B in pairs along k */
+    float c[16 * 16];
+    for (int i = 0; i < 16 * 32; i++)
+        a[i] = b[i] = 0x3f80; /* 1.0 */
+    a[0] = 0x0001;            /* A[0][0]: a subnormal bf16 */
+    b[0] = 0x7f00;            /* B[0][0]: 2^127, would make the subnormal 2^-6 */
+    emu->gemm_bf16(16, 16, 32, a, 32, false, b, 32, c, 16, NULL, false);
+    cr_expect_eq(c[0], 31.0f, "a subnormal input counts as zero: %g", c[0]);
+    cr_expect_eq(c[1], 31.0f, "row 0 of A holds the subnormal: %g", c[1]);
+    cr_expect_eq(c[17], 32.0f, "row 1 of A does not: %g", c[17]);
+    /* a sum that falls below FLT_MIN is flushed to zero */
+    for (int i = 0; i < 16 * 32; i++)
+        a[i] = b[i] = 0;
+    a[0] = 0x0100; /* 2^-125 */
+    b[0] = 0x3e80; /* 0.25: the product 2^-127 is subnormal */
+    emu->gemm_bf16(16, 16, 32, a, 32, false, b, 32, c, 16, NULL, false);
+    cr_expect_eq(c[0], 0.0f, "a subnormal sum is flushed: %g", c[0]);
+    /* 0 x inf is NaN, in row 2 and column 3 of C only */
+    a[2 * 32 + 4] = 0;                /* A[2][4] = 0 */
+    b[(4 / 2) * 32 + 2 * 3] = 0x7f80; /* B[4][3] = +inf */
+    emu->gemm_bf16(16, 16, 32, a, 32, false, b, 32, c, 16, NULL, false);
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++)
+            cr_expect(isnan(c[i * 16 + j]) == (j == 3), "C[%d][%d] = %g", i, j, c[i * 16 + j]);
+}
