@@ -210,3 +210,44 @@ Test(kernels_nonfinite, in_do, .timeout = 600)
 {
     nf_tensor_all(NF_DO);
 }
+
+/* A call whose inputs are all NaN leaves NaN in every workspace and scratch
+ * buffer it used; the next call, reusing them (kernels/workspace.c), must
+ * not read any of it: a query chunk that sees no key of its first key tile
+ * but keys of a later one (the window) starts its output afresh. Every
+ * output of the clean call is finite, on every variant and dtype. */
+Test(kernels_nonfinite, a_poisoned_call_leaves_nothing_behind)
+{
+    const char *const *names = stria_kernels_variant_names();
+    for (size_t i = 0; names[i] != NULL; i++) {
+        if (!stria_kernels_variant_available(names[i]))
+            continue;
+        cr_assert_eq(stria_kernels_set_variant(names[i]), STRIA_OK, "%s", stria_error_msg());
+        for (size_t d = 0; d < 3; d++) {
+            kcase_t c = nf_case(CFG_WINDOW_DOCS, all_dtypes[d]);
+            nf_inputs_t in;
+            nf_outs_t bad, good;
+            nf_inputs(&c, &in);
+            for (int t = 0; t < NF_N_TENSORS; t++)
+                for (size_t x = 0; x < in.n[t]; x++)
+                    in.f[t][x] = t == NF_DO ? in.f[t][x] : NAN;
+            nf_run(&c, &in, &bad);
+            nf_outs_free(&bad);
+            for (int t = 0; t < NF_N_TENSORS; t++)
+                free(in.f[t]);
+            nf_inputs(&c, &in);
+            nf_run(&c, &in, &good);
+            const float *outs[] = {good.o, good.dq, good.dk, good.dv};
+            const size_t ns[] = {in.n[NF_Q], in.n[NF_Q], in.n[NF_K], in.n[NF_K]};
+            size_t bad_n = 0;
+            for (int o = 0; o < 4; o++)
+                for (size_t x = 0; x < ns[o]; x++)
+                    bad_n += !isfinite(outs[o][x]);
+            cr_expect(bad_n == 0, "%s %s: %zu non-finite outputs of a clean call after a NaN one",
+                      names[i], stria_dtype_name(c.dtype), bad_n);
+            nf_outs_free(&good);
+            for (int t = 0; t < NF_N_TENSORS; t++)
+                free(in.f[t]);
+        }
+    }
+}
