@@ -278,4 +278,24 @@ static inline nf_counts_t nf_check(const nf_dims_t *n, const nf_spot_t *s, bool 
     return cnt;
 }
 
+/* Four Criterion tests of one suite, one per tensor the value goes in:
+ * fn(NF_Q), ... (for the suites that include Criterion before this). */
+#define NF_TESTS_PER_TENSOR(suite, fn)                                                             \
+    Test(suite, in_q, .timeout = 600)                                                              \
+    {                                                                                              \
+        fn(NF_Q);                                                                                  \
+    }                                                                                              \
+    Test(suite, in_k, .timeout = 600)                                                              \
+    {                                                                                              \
+        fn(NF_K);                                                                                  \
+    }                                                                                              \
+    Test(suite, in_v, .timeout = 600)                                                              \
+    {                                                                                              \
+        fn(NF_V);                                                                                  \
+    }                                                                                              \
+    Test(suite, in_do, .timeout = 600)                                                             \
+    {                                                                                              \
+        fn(NF_DO);                                                                                 \
+    }
+
 #endif

@@ -191,25 +191,7 @@ static void nf_tensor_all(nf_tensor_t t)
                  simd_ran, n_expected);
 }
 
-Test(kernels_nonfinite, in_q, .timeout = 600)
-{
-    nf_tensor_all(NF_Q);
-}
-
-Test(kernels_nonfinite, in_k, .timeout = 600)
-{
-    nf_tensor_all(NF_K);
-}
-
-Test(kernels_nonfinite, in_v, .timeout = 600)
-{
-    nf_tensor_all(NF_V);
-}
-
-Test(kernels_nonfinite, in_do, .timeout = 600)
-{
-    nf_tensor_all(NF_DO);
-}
+NF_TESTS_PER_TENSOR(kernels_nonfinite, nf_tensor_all)
 
 /* A call whose inputs are all NaN leaves NaN in every workspace and scratch
  * buffer it used; the next call, reusing them (kernels/workspace.c), must

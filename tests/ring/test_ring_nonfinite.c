@@ -117,22 +117,4 @@ static void ring_nf_all(nf_tensor_t t)
                  simd_ran, n_expected);
 }
 
-Test(ring_nonfinite, in_q, .timeout = 600)
-{
-    ring_nf_all(NF_Q);
-}
-
-Test(ring_nonfinite, in_k, .timeout = 600)
-{
-    ring_nf_all(NF_K);
-}
-
-Test(ring_nonfinite, in_v, .timeout = 600)
-{
-    ring_nf_all(NF_V);
-}
-
-Test(ring_nonfinite, in_do, .timeout = 600)
-{
-    ring_nf_all(NF_DO);
-}
+NF_TESTS_PER_TENSOR(ring_nonfinite, ring_nf_all)
