@@ -110,16 +110,22 @@ Test(kernels, env_forces_variant)
         cr_log_info("default would have been %s", last);
 }
 
-Test(kernels, env_unknown_variant_is_a_clear_error)
+/* A small forward with STRIA_KERNEL=name: its status (the variant is chosen
+ * on this first kernel call). */
+static stria_status_t fwd_with_env(const char *name)
 {
     float buf[4 * 32] = {0}, o[4 * 32], lse[4];
     stria_attn_params_t p;
-    cr_assert_eq(setenv("STRIA_KERNEL", "sse9", 1), 0);
+    cr_assert_eq(setenv("STRIA_KERNEL", name, 1), 0);
     block_params(&p, 4, 4, 1, 32);
     stria_tensor_t t = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, 4, 1, 32);
     stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, 4, 1, 32);
-    expect_error(stria_attn_fwd(&p, &t, &t, &t, &to, lse, false), STRIA_ERR_NOT_FOUND,
-                 "STRIA_KERNEL=sse9");
+    return stria_attn_fwd(&p, &t, &t, &t, &to, lse, false);
+}
+
+Test(kernels, env_unknown_variant_is_a_clear_error)
+{
+    expect_error(fwd_with_env("sse9"), STRIA_ERR_NOT_FOUND, "STRIA_KERNEL=sse9");
     cr_expect_str_eq(stria_kernels_variant(), "none");
 }
 
@@ -163,16 +169,9 @@ Test(kernels, env_amx_is_chosen_honestly)
         cr_expect(stria_kernels_variant_bf16_dot("amx"));
         return;
     }
-    float buf[4 * 32] = {0}, o[4 * 32], lse[4];
-    stria_attn_params_t p;
-    cr_assert_eq(setenv("STRIA_KERNEL", "amx", 1), 0);
-    block_params(&p, 4, 4, 1, 32);
-    stria_tensor_t t = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, 4, 1, 32);
-    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, 4, 1, 32);
     const char *why = stria__amx_why_not();
     cr_assert_not_null(why);
-    expect_error(stria_attn_fwd(&p, &t, &t, &t, &to, lse, false), STRIA_ERR_UNSUPPORTED,
-                 "STRIA_KERNEL=amx");
+    expect_error(fwd_with_env("amx"), STRIA_ERR_UNSUPPORTED, "STRIA_KERNEL=amx");
     cr_expect(strstr(stria_error_msg(), why) != NULL, "'%s' lacks the reason '%s'",
               stria_error_msg(), why);
     cr_log_info("refused as it must be: %s", stria_error_msg());

@@ -100,21 +100,8 @@ static void nf_run(const kcase_t *c, const nf_inputs_t *in, nf_outs_t *out)
     }
     if (c->threads > 1)
         cr_assert_eq(stria_pool_create(c->threads, &pool), STRIA_OK);
-    ref_masks_t unused;
-    stria_attn_params_t p = case_params(c, pool, &unused);
-    stria_tensor_t tq = stria_tensor_contiguous(st[NF_Q], c->dtype, c->Tq, c->H, c->D);
-    stria_tensor_t tk = stria_tensor_contiguous(st[NF_K], c->dtype, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tv = stria_tensor_contiguous(st[NF_V], c->dtype, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tg = stria_tensor_contiguous(st[NF_DO], c->dtype, c->Tq, c->H, c->D);
-    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
-    stria_tensor_t tdq = stria_tensor_contiguous(dq, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
-    stria_tensor_t tdk = stria_tensor_contiguous(dk, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tdv = stria_tensor_contiguous(dv, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
-    cr_assert_eq(stria_attn_fwd(&p, &tq, &tk, &tv, &to, lse, false), STRIA_OK, "%s",
-                 stria_error_msg());
-    cr_assert_eq(stria_attn_bwd_delta(&p, &to, &tg, delta), STRIA_OK, "%s", stria_error_msg());
-    cr_assert_eq(stria_attn_bwd(&p, &tq, &tk, &tv, &tg, lse, delta, &tdq, &tdk, &tdv), STRIA_OK,
-                 "%s", stria_error_msg());
+    const outs_t o4 = {o, lse, dq, dk, dv};
+    case_fwd_bwd(c, pool, st[NF_Q], st[NF_K], st[NF_V], st[NF_DO], &o4, delta);
     stria_pool_destroy(pool);
     for (int t = 0; t < NF_N_TENSORS; t++)
         free(st[t]);
