@@ -1,20 +1,21 @@
 /* stria-bench kernels: attention kernel throughput against this machine's own
  * peak for the dtype, measured in the same run.
  *
- * The peak is that of the instruction the dtype's products use: a loop of
- * independent FMA chains for fp32 (and fp16, converted to fp32; 512-bit for
- * the avx512 variants, 256-bit for avx2; the portable variant is measured
- * against the widest the CPU has, so its fraction shows the distance to the
- * machine's best), a loop of independent vdpbf16ps chains for bf16 where the
- * variant runs bf16 products on the bf16 dot product. With T threads every
- * thread runs the loop at once and the peak is their sum. Beside the peak,
- * each pass is compared with the ceiling its mix of products allows: every
- * product's FLOPs at the rate of the instruction it runs on (forward: K Q^T
- * and P V; backward: K Q^T, V dO^T, P^T dO, dS^T Q, dS K; all of them on
- * one instruction today, so the ceiling equals the peak). Attention
- * throughput counts useful FLOPs only: forward 4 * Tq * Tk * D * H (half of
- * it when causal with equal blocks), backward 2.5 x forward; each figure is
- * the median of --reps timed runs after one warm-up run. */
+ * The peak (peak_kind) is that of the fastest product the core has for the
+ * dtype: for fp32 (and fp16, converted to fp32) a loop of independent FMA
+ * chains (512-bit for the avx512 and amx variants, 256-bit for avx2; the
+ * portable variant is measured against the widest the CPU has, so its
+ * fraction shows the distance to the machine's best); for bf16 the AMX tile
+ * product (tdpbf16ps on four accumulator tiles) where the core has AMX,
+ * else the bf16 dot product (vdpbf16ps chains) where it has AVX512-BF16,
+ * else the FMA, whichever variant runs: a variant that leaves the tiles idle
+ * is judged against them. The other peaks measured are printed beside it.
+ * With T threads every thread runs the loop at once and the peak is their
+ * sum. Each pass is also compared with the ceiling of the unit its products
+ * run on (the variant's: tiles, dot product or FMA). Attention throughput
+ * counts useful FLOPs only: forward 4 * Tq * Tk * D * H (half of it when
+ * causal with equal blocks), backward 2.5 x forward; each figure is the
+ * median of --reps timed runs after one warm-up run. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -56,24 +57,25 @@ typedef struct {
 } stria__kb_opts_t;
 
 static const char stria__kb_description[] =
-    "Measures this machine's peak for the dtype's products (fp32 FMA, or the bf16\n"
-    "dot product), then forward and backward attention throughput (one batch,\n"
+    "Measures this machine's peak for the dtype's products (fp32 FMA; for bf16 the\n"
+    "AMX tiles, the bf16 dot product or the FMA, the fastest the core has), then\n"
+    "forward and backward attention throughput (one batch,\n"
     "Q/K/V of --seq tokens), and prints GFLOP/s and the fractions of the peak and\n"
     "of the ceiling the kernel's mix of products allows. Figures are medians of\n"
     "--reps runs.";
 
 static const char stria__kb_epilog[] =
     "FLOPs counted: forward 4*S*S*D*H (2*S*S*D*H causal), backward 2.5x forward.\n"
-    "The peak is that of the dtype's products (best of " STRIA__STR(
-        STRIA__PEAK_TRIES) " tries, every thread "
-                           "busy): the bf16\n"
-                           "dot product (vdpbf16ps) for bf16 where the variant uses it, else "
-                           "the fp32 FMA.\n"
-                           "Beside the wall-clock figures, GFLOP/s per CPU-second (FLOPs over the "
-                           "CPU time\n"
-                           "all threads really ran, against the peak loop's own per-CPU-second "
-                           "rate) stay\n"
-                           "meaningful when other processes share the cores.";
+    "The peak (peak_kind) is the fastest product the core has for the dtype (best\n"
+    "of " STRIA__STR(STRIA__PEAK_TRIES) " tries, every thread busy): for bf16 the AMX tiles "
+                                        "(tdpbf16ps), else\n"
+                                        "the bf16 dot product (vdpbf16ps), else the fp32 FMA; "
+                                        "for fp32 and fp16 the FMA.\n"
+                                        "Beside the wall-clock figures, GFLOP/s per CPU-second "
+                                        "(FLOPs over the CPU time\n"
+                                        "all threads really ran, against the peak loop's own "
+                                        "per-CPU-second rate) stay\n"
+                                        "meaningful when other processes share the cores.";
 
 static stria_status_t stria__kb_parse_device(const char *text, void *dst)
 {
@@ -96,9 +98,10 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
         STRIA_OPTION("no-causal", UNFLAG, &o->causal, NULL, "no mask"),
         STRIA_OPTION("reps", INT, &reps, "N", "timed runs per pass, median reported", .dflt = "5",
                      .min = 1, .max = 1000),
-        STRIA_OPTION("variant", STRING, &o->variant, "V",
-                     "kernel variant: portable | avx2 | avx512-nobf16 | avx512 | all (every one "
-                     "this CPU runs, side by side); default: the best available"),
+        STRIA_OPTION(
+            "variant", STRING, &o->variant, "V",
+            "kernel variant: portable | avx2 | avx512-nobf16 | avx512 | amx | all (every one "
+            "this CPU runs, side by side); default: the best available"),
         STRIA_OPTION("device", CUSTOM, &o->device, "X",
                      "cpu, or cuda / cuda:N: the GPU kernels, timed with CUDA events, against the "
                      "GPU's cuBLAS bf16 GEMM rate measured in the same run",
@@ -142,7 +145,7 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
         if (!known)
             return stria_bench_usage_error("kernels",
                                            "--variant '%s': unknown (expected portable, avx2, "
-                                           "avx512-nobf16, avx512 or all)",
+                                           "avx512-nobf16, avx512, amx or all)",
                                            o->variant);
         if (!stria_kernels_variant_available(o->variant)) {
             fprintf(stderr, "stria-bench kernels: variant %s is not supported by this CPU\n",
@@ -155,9 +158,13 @@ static int stria__kb_parse(int argc, char **argv, stria__kb_opts_t *o)
 
 /* ---- FMA peak ---------------------------------------------------------- */
 
+/* What a peak loop runs: the fp32 FMA (of a vector width), the 512-bit bf16
+ * dot product (vdpbf16ps) or the AMX tile product (tdpbf16ps). */
+enum { STRIA__UNIT_FMA = 0, STRIA__UNIT_DOT = 1, STRIA__UNIT_AMX = 2 };
+
 typedef struct {
     int width; /* vector bits: 512, 256 */
-    bool dot;  /* the bf16 dot product (512-bit) instead of the fp32 FMA */
+    int unit;  /* STRIA__UNIT_* */
     double seconds;
     pthread_barrier_t *barrier;
     double flops, elapsed, cpu;
@@ -234,6 +241,59 @@ stria__peak_bf16(double seconds, double *elapsed, float *sink)
     return (double)iters * STRIA__PEAK_CHAINS * 16 * 4.0;
 }
 
+/* tdpbf16ps on four independent accumulator tiles (C0..C3 += A4/A5 . B6/B7),
+ * 16 x 16 x 32 products each: 16384 FLOPs an instruction. a = 1 and b =
+ * 2^-30 keep the sums normal and finite. Only run where the amx variant is
+ * (its probe asked the kernel for the tile state). */
+__attribute__((target("amx-tile,amx-bf16"))) static double
+stria__peak_amx(double seconds, double *elapsed, float *sink)
+{
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } __attribute__((aligned(64))) cfg;
+    uint16_t a[16 * 32] __attribute__((aligned(64))), b[16 * 32] __attribute__((aligned(64)));
+    float out[16 * 16] __attribute__((aligned(64)));
+    double t0, t;
+    long long iters = 0;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    for (int i = 0; i < 16 * 32; i++) {
+        a[i] = 0x3f80; /* 1.0 */
+        b[i] = 0x3080; /* 2^-30 */
+    }
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b, 64);
+    t0 = stria_time_now();
+    do {
+        for (int it = 0; it < 1024; it++) {
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        iters += 1024;
+        t = stria_time_now();
+    } while (t - t0 < seconds);
+    _tile_stored(0, out, 64);
+    _tile_release();
+    *sink = out[0];
+    *elapsed = t - t0;
+    return (double)iters * 4 * 16.0 * 16.0 * 32.0 * 2.0;
+}
+
 __attribute__((target("avx2,fma"))) static double stria__peak_avx2(double seconds, double *elapsed,
                                                                    float *sink)
 {
@@ -271,7 +331,9 @@ static void *stria__peak_thread(void *p)
     pthread_barrier_wait(a->barrier);
     c0 = stria_time_thread_cpu();
 #ifdef STRIA__BENCH_X86
-    if (a->dot)
+    if (a->unit == STRIA__UNIT_AMX)
+        a->flops = stria__peak_amx(a->seconds, &a->elapsed, &a->sink);
+    else if (a->unit == STRIA__UNIT_DOT)
         a->flops = stria__peak_bf16(a->seconds, &a->elapsed, &a->sink);
     else if (a->width == 512)
         a->flops = stria__peak_avx512(a->seconds, &a->elapsed, &a->sink);
@@ -291,7 +353,9 @@ static int stria__peak_width(const char *variant)
     __builtin_cpu_init();
     bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
     bool has256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if ((strcmp(variant, "avx512") == 0 || strcmp(variant, "avx512-nobf16") == 0) && has512)
+    if ((strcmp(variant, "avx512") == 0 || strcmp(variant, "avx512-nobf16") == 0 ||
+         strcmp(variant, "amx") == 0) &&
+        has512)
         return 512;
     if (strcmp(variant, "avx2") == 0 && has256)
         return 256;
@@ -307,7 +371,7 @@ static int stria__peak_width(const char *variant)
  * timing itself: the best of STRIA__PEAK_TRIES tries, since a peak is what the
  * cores can do when nothing else gets in the way (on a shared machine a
  * median would drift with the neighbours' load). */
-static stria_status_t stria__peak_measure(int width, bool dot, int threads, stria__peak_t *out)
+static stria_status_t stria__peak_measure(int width, int unit, int threads, stria__peak_t *out)
 {
     stria__peak_t best = {0.0, 0.0};
     pthread_barrier_t barrier;
@@ -325,7 +389,7 @@ static stria_status_t stria__peak_measure(int width, bool dot, int threads, stri
         pthread_barrier_init(&barrier, NULL, (unsigned)threads);
         for (int t = 0; t < threads; t++) {
             args[t].width = width;
-            args[t].dot = dot;
+            args[t].unit = unit;
             args[t].seconds = 0.1;
             args[t].barrier = &barrier;
         }
@@ -465,19 +529,26 @@ static stria__kb_time_t stria__kb_median(const stria__kb_time_t *v, int n, doubl
     return m;
 }
 
-/* The peaks of one variant and dtype: the fp32 FMA one, and the bf16 dot
- * product's where the variant runs bf16 products on it (dot). */
+/* The peaks of one variant and dtype: the fp32 FMA one; for bf16, also the
+ * bf16 dot product's and the AMX tiles' where the core has them (has_dot,
+ * has_amx); the unit the variant's bf16 products run on (dot, amx). */
 typedef struct {
-    stria__peak_t fma, dot_peak;
-    bool dot;
+    stria__peak_t fma, dot_peak, amx_peak;
+    bool dot, amx, has_dot, has_amx, bf16;
     int width;
 } stria__kb_peaks_t;
 
-/* What the dtype's products run on: its peak and the peak's name. */
+/* What a pass is judged against: for bf16 the fastest bf16 product the core
+ * has (AMX tiles, else the dot product, else the FMA), whatever the variant
+ * runs on; else the FMA of the variant's width. Its peak and name. */
 static stria__peak_t stria__kb_own_peak(const stria__kb_peaks_t *pk, const char **kind)
 {
     static char name[32];
-    if (pk->dot) {
+    if (pk->bf16 && pk->has_amx) {
+        *kind = "bf16-amx-tile";
+        return pk->amx_peak;
+    }
+    if (pk->bf16 && pk->has_dot) {
         *kind = "bf16-dot-512";
         return pk->dot_peak;
     }
@@ -489,29 +560,25 @@ static stria__peak_t stria__kb_own_peak(const stria__kb_peaks_t *pk, const char 
     return pk->fma;
 }
 
-/* The ceiling of a pass of n_products equal products of which n_dot run on
- * the bf16 dot product and the rest on the fp32 FMA: every product's FLOPs
- * at its instruction's rate. */
-static double stria__kb_ceiling(double fma, double dot, int n_products, int n_dot)
+/* The ceiling of a pass of equal products all run on one unit: that unit's
+ * rate (the variant's: AMX tiles, the dot product or the FMA). */
+static double stria__kb_ceiling(const stria__kb_peaks_t *pk, bool per_cpu)
 {
-    double t = (double)(n_products - n_dot) / fma + (n_dot > 0 ? (double)n_dot / dot : 0.0);
-    return t > 0.0 ? (double)n_products / t : 0.0;
+    const stria__peak_t *p = pk->amx ? &pk->amx_peak : pk->dot ? &pk->dot_peak : &pk->fma;
+    return per_cpu ? p->per_cpu : p->wall;
 }
 
 /* Wall-clock figures are what a caller gets; the CPU-time figures divide the
  * FLOPs by the CPU-seconds the threads really ran, against the per-CPU-second
  * peak, so neighbours that take the cores away do not distort them. Each
- * pass is a fraction of its dtype's peak and of the ceiling of its products
- * (n_products, of which the bf16 dot product runs all when pk->dot). */
+ * pass is a fraction of its dtype's peak (peak_kind) and of the ceiling of
+ * the unit its products run on; the peaks measured are beside them. */
 static void stria__kb_report(const stria__kb_opts_t *o, const char *variant, const char *pass,
-                             stria__kb_time_t t, double flops, const stria__kb_peaks_t *pk,
-                             int n_products)
+                             stria__kb_time_t t, double flops, const stria__kb_peaks_t *pk)
 {
     const char *kind;
     const stria__peak_t peak = stria__kb_own_peak(pk, &kind);
-    const int n_dot = pk->dot ? n_products : 0;
-    double ceil = stria__kb_ceiling(pk->fma.wall, pk->dot_peak.wall, n_products, n_dot);
-    double ceil_cpu = stria__kb_ceiling(pk->fma.per_cpu, pk->dot_peak.per_cpu, n_products, n_dot);
+    double ceil = stria__kb_ceiling(pk, false), ceil_cpu = stria__kb_ceiling(pk, true);
     double gflops = t.wall > 0.0 ? flops / t.wall * 1e-9 : 0.0;
     double per_cpu = t.cpu > 0.0 ? flops / t.cpu * 1e-9 : 0.0;
     double frac = peak.wall > 0 ? gflops / peak.wall : 0.0;
@@ -524,13 +591,15 @@ static void stria__kb_report(const stria__kb_opts_t *o, const char *variant, con
                "\"causal\":%s,\"variant\":\"%s\",\"reps\":%d,\"seconds\":%.6f,"
                "\"gflops\":%.3f,\"peak_gflops\":%.3f,\"peak_kind\":\"%s\","
                "\"fraction_of_peak\":%.4f,\"ceiling_gflops\":%.3f,\"fraction_of_ceiling\":%.4f,"
-               "\"fma_peak_gflops\":%.3f,\"cpu_seconds\":%.6f,\"gflops_per_cpu\":%.3f,"
+               "\"fma_peak_gflops\":%.3f,\"dot_peak_gflops\":%.3f,\"amx_peak_gflops\":%.3f,"
+               "\"cpu_seconds\":%.6f,\"gflops_per_cpu\":%.3f,"
                "\"peak_gflops_per_cpu\":%.3f,\"fraction_of_peak_cpu\":%.4f,"
                "\"fraction_of_ceiling_cpu\":%.4f}\n",
                pass, (long long)o->seq, (long long)o->head_dim, (long long)o->heads,
                (long long)o->kv_heads, o->threads, stria_dtype_name(o->dtype),
                o->causal ? "true" : "false", variant, o->reps, t.wall, gflops, peak.wall, kind,
-               frac, ceil, frac_ceil, pk->fma.wall, t.cpu, per_cpu, peak.per_cpu, frac_cpu,
+               frac, ceil, frac_ceil, pk->fma.wall, pk->has_dot ? pk->dot_peak.wall : 0.0,
+               pk->has_amx ? pk->amx_peak.wall : 0.0, t.cpu, per_cpu, peak.per_cpu, frac_cpu,
                frac_ceil_cpu);
     } else {
         printf("  %-13s %-4s %9.4f s %8.1f GFLOP/s %6.1f%% of %s peak, %5.1f%% of ceiling "
@@ -557,11 +626,16 @@ static void stria__kb_print_peak(const stria__kb_opts_t *o, const char *variant,
                STRIA__PEAK_TRIES, width, STRIA__PEAK_CHAINS, kind, peak->wall, peak->wall,
                peak->per_cpu);
     } else {
-        printf("  %-13s peak %d x %d-bit %s chains, %d thread(s) busy: %.1f GFLOP/s "
-               "(%.1f per core; %.1f per CPU-second)\n",
-               variant, STRIA__PEAK_CHAINS, width,
-               strcmp(name, "bf16_dot_peak") == 0 ? "vdpbf16ps" : "FMA", o->threads, peak->wall,
-               peak->wall / o->threads, peak->per_cpu);
+        if (strcmp(name, "bf16_amx_peak") == 0)
+            printf("  %-13s peak tdpbf16ps on 4 accumulator tiles, %d thread(s) busy: %.1f "
+                   "GFLOP/s (%.1f per core; %.1f per CPU-second)\n",
+                   variant, o->threads, peak->wall, peak->wall / o->threads, peak->per_cpu);
+        else
+            printf("  %-13s peak %d x %d-bit %s chains, %d thread(s) busy: %.1f GFLOP/s "
+                   "(%.1f per core; %.1f per CPU-second)\n",
+                   variant, STRIA__PEAK_CHAINS, width,
+                   strcmp(name, "bf16_dot_peak") == 0 ? "vdpbf16ps" : "FMA", o->threads, peak->wall,
+                   peak->wall / o->threads, peak->per_cpu);
     }
 }
 
@@ -578,20 +652,37 @@ static int stria__kb_run_variant(const stria__kb_opts_t *o, const char *variant,
         fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
         return 1;
     }
+    pk.bf16 = o->dtype == STRIA_DTYPE_BF16;
 #ifdef STRIA__BENCH_X86
-    pk.dot = o->dtype == STRIA_DTYPE_BF16 && stria_kernels_variant_bf16_dot(variant);
+    __builtin_cpu_init();
+    pk.has_dot =
+        pk.bf16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    /* the amx variant is there only where the CPU has AMX and the kernel
+     * granted the tile state (asked by its probe), which the loop needs */
+    pk.has_amx = pk.bf16 && stria_kernels_variant_available("amx");
+    pk.amx = pk.bf16 && strcmp(variant, "amx") == 0 && pk.has_amx;
+    pk.dot = pk.bf16 && !pk.amx && stria_kernels_variant_bf16_dot(variant);
 #endif
-    if (stria__peak_measure(pk.width, false, o->threads, &pk.fma) != STRIA_OK ||
-        (pk.dot && stria__peak_measure(512, true, o->threads, &pk.dot_peak) != STRIA_OK)) {
+    if (stria__peak_measure(pk.width, STRIA__UNIT_FMA, o->threads, &pk.fma) != STRIA_OK ||
+        (pk.has_dot &&
+         stria__peak_measure(512, STRIA__UNIT_DOT, o->threads, &pk.dot_peak) != STRIA_OK) ||
+        (pk.has_amx &&
+         stria__peak_measure(512, STRIA__UNIT_AMX, o->threads, &pk.amx_peak) != STRIA_OK)) {
         fprintf(stderr, "stria-bench kernels: %s\n", stria_error_msg());
         return 1;
     }
-    pk.dot = pk.dot && pk.dot_peak.wall > 0.0;
+    pk.has_dot = pk.has_dot && pk.dot_peak.wall > 0.0;
+    pk.has_amx = pk.has_amx && pk.amx_peak.wall > 0.0;
+    pk.dot = pk.dot && pk.has_dot;
+    pk.amx = pk.amx && pk.has_amx;
     stria__kb_own_peak(&(stria__kb_peaks_t){.width = pk.width}, &kind);
     stria__kb_print_peak(o, variant, "fma_peak", kind, "fp32", pk.width, &pk.fma);
-    if (pk.dot)
+    if (pk.has_dot)
         stria__kb_print_peak(o, variant, "bf16_dot_peak", "bf16-dot-512", "bf16", 512,
                              &pk.dot_peak);
+    if (pk.has_amx)
+        stria__kb_print_peak(o, variant, "bf16_amx_peak", "bf16-amx-tile", "bf16", 512,
+                             &pk.amx_peak);
     fwd_flops = 4.0 * (double)o->seq * (double)o->seq * (double)o->head_dim * (double)o->heads;
     if (o->causal)
         fwd_flops *= 0.5;
@@ -610,13 +701,12 @@ static int stria__kb_run_variant(const stria__kb_opts_t *o, const char *variant,
         if ((st = stria__kb_fwd(d, &times[r])) != STRIA_OK)
             goto fail;
     /* forward: K Q^T and P V; backward: K Q^T, V dO^T, P^T dO, dS^T Q, dS K */
-    stria__kb_report(o, variant, "fwd", stria__kb_median(times, o->reps, scratch), fwd_flops, &pk,
-                     2);
+    stria__kb_report(o, variant, "fwd", stria__kb_median(times, o->reps, scratch), fwd_flops, &pk);
     for (int r = 0; r < o->reps; r++)
         if ((st = stria__kb_bwd(d, &times[r])) != STRIA_OK)
             goto fail;
     stria__kb_report(o, variant, "bwd", stria__kb_median(times, o->reps, scratch), 2.5 * fwd_flops,
-                     &pk, 5);
+                     &pk);
     free(times);
     free(scratch);
     return 0;

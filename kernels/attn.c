@@ -327,6 +327,19 @@ void stria__pack_pairs(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b
     }
 }
 
+/* rows [t0, t0+n) of head h of a bf16 tensor transposed: dst[d][i] = element
+ * d of row i, [Dp][BK] bf16, zero padded (the tile path's A operand of a
+ * product that sums over these rows: V^T, K^T). Pairs of rows taken as
+ * 32-bit words, transposed: a word of row pair i / 2 at column d becomes
+ * elements i and i + 1 of row d. */
+void stria__pack_t(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h, int64_t t0,
+                   int n, uint16_t *dst)
+{
+    uint16_t pairs[STRIA__BK * STRIA_HEAD_DIM_MAX];
+    stria__pack_pairs(c, t, b, h, t0, n, STRIA__BK, pairs);
+    c->ops->transpose32(pairs, c->Dp, dst, STRIA__BK / 2, STRIA__BK / 2, (int)c->Dp);
+}
+
 /* dst[Dp/2][BQ] pairs = transpose of src[BQ][Dp] bf16 taken as 32-bit pairs:
  * the B operand layout of the bf16 GEMM. */
 static void stria__transpose_pairs(const stria__ctx_t *c, const uint16_t *src, uint16_t *dst)
@@ -429,6 +442,8 @@ size_t stria__score_tile_floats(const stria__ctx_t *c, size_t tile)
 void stria__ctx_set_dtype(stria__ctx_t *c, stria_dtype_t dtype)
 {
     c->bf16 = dtype == STRIA_DTYPE_BF16 && c->ops->gemm_bf16 != NULL && c->ops->gemm_bf16_ok();
+    c->tiles = c->bf16 && c->ops->tiles;
+    c->Dp = stria__round_up(c->D, c->tiles ? STRIA__TILE_K : STRIA__DPAD);
     c->kdirect = c->D == c->Dp && (c->bf16 || dtype == STRIA_DTYPE_F32);
 }
 
@@ -488,9 +503,10 @@ stria_status_t stria__ws_areas(const stria_allocator_t *mem, double bound, int n
 /* ---- init, merge, finalize, delta --------------------------------------- */
 
 /* Writes every [batch][q_tokens][heads] row of dst: src's fp32 row converted
- * to dst's dtype, or zeros when src is NULL. */
-static void stria__rows_write(const stria_attn_params_t *p, const stria_tensor_t *src,
-                              const stria_tensor_t *dst)
+ * to dst's dtype (vectorised by the variant, ops not NULL), or zeros when src
+ * is NULL. */
+static void stria__rows_write(const stria_kern_ops_t *ops, const stria_attn_params_t *p,
+                              const stria_tensor_t *src, const stria_tensor_t *dst)
 {
     const size_t n = (size_t)p->head_dim;
     for (int64_t b = 0; b < p->batch; b++)
@@ -500,8 +516,8 @@ static void stria__rows_write(const stria_attn_params_t *p, const stria_tensor_t
                 if (src == NULL)
                     memset(row, 0, n * stria_dtype_size(dst->dtype));
                 else
-                    stria_dtype_convert(STRIA_DTYPE_F32, stria__row_ptr(src, b, t, h), dst->dtype,
-                                        row, n);
+                    ops->row_store(dst->dtype, (const float *)stria__row_ptr(src, b, t, h), row,
+                                   (int)n);
             }
 }
 
@@ -512,7 +528,7 @@ stria_status_t stria_attn_partial_init(const stria_attn_params_t *params, const 
     stria_status_t st = stria__validate_partial_init(params, o, lse, fn);
     if (st != STRIA_OK)
         return st;
-    stria__rows_write(params, NULL, o);
+    stria__rows_write(NULL, params, NULL, o);
     for (int64_t i = 0; i < params->batch * params->heads * params->q_tokens; i++)
         lse[i] = -INFINITY;
     return STRIA_OK;
@@ -548,7 +564,10 @@ stria_status_t stria_attn_finalize(const stria_attn_params_t *params, const stri
     stria_status_t st = stria__validate_finalize(params, o_part, o_out, fn);
     if (st != STRIA_OK)
         return st;
-    stria__rows_write(p, o_part, o_out);
+    const stria_kern_ops_t *ops = stria__kern_ops();
+    if (ops == NULL)
+        return stria__kern_ops_status(); /* message set by stria__kern_ops() */
+    stria__rows_write(ops, p, o_part, o_out);
     return STRIA_OK;
 }
 

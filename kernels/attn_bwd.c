@@ -86,14 +86,24 @@ static void stria__bwd_pack_q_task(void *arg, size_t task, int thread)
     memset(stria__bwd_dq_tile(job, task), 0, tile * sizeof(float));
 }
 
-/* Adds the dQ accumulators of one query tile to the caller's dq. */
+/* Adds the dQ accumulators of one query tile to the caller's dq. On the tile
+ * path they are dQ^T: turned into rows in the
+ * tile's own packed Q (no longer needed), then added. */
 static void stria__bwd_unpack_dq_task(void *arg, size_t task, int thread)
 {
     stria__bwd_job_t *job = arg;
-    stria__qtask_t t = stria__qtask(job->c, task);
+    stria__ctx_t *c = job->c;
+    stria__qtask_t t = stria__qtask(c, task);
+    const size_t tile = (size_t)STRIA__BQ * (size_t)c->Dp;
 
     (void)thread;
-    stria__bwd_add_rows(job->c, job->dq, t.b, t.h, t.q0, t.n, stria__bwd_dq_tile(job, task));
+    if (c->tiles) {
+        float *sum = stria__bwd_dq_tile(job, task), *rows = job->q_packed + task * tile;
+        c->ops->transpose32(sum, STRIA__BQ, rows, c->Dp, (int)c->Dp, STRIA__BQ);
+        stria__bwd_add_rows(c, job->dq, t.b, t.h, t.q0, t.n, rows);
+        return;
+    }
+    stria__bwd_add_rows(c, job->dq, t.b, t.h, t.q0, t.n, stria__bwd_dq_tile(job, task));
 }
 
 static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
@@ -104,7 +114,9 @@ static void stria__bwd_pack_k_task(void *arg, size_t task, int thread)
     size_t tile = (size_t)STRIA__BK * (size_t)c->Dp;
 
     (void)thread;
-    if (c->bf16)
+    if (c->tiles) /* K^T, the A operand of dQ^T += K^T dS^T */
+        stria__pack_t(c, job->k, t.b, t.hk, t.k0, t.n, (uint16_t *)(job->k_packed + task * tile));
+    else if (c->bf16)
         stria__pack_pairs(c, job->k, t.b, t.hk, t.k0, t.n, STRIA__BK,
                           (uint16_t *)(job->k_packed + task * tile));
     else if (!job->kin)
@@ -195,7 +207,11 @@ static void stria__bwd_partial(const stria__ctx_t *c, stria__bwd_scratch_t *s, i
             ops->softmax_bwd_ds_bf16(s->pt + off, s->dst + off, nk, STRIA__SB, STRIA__BQ,
                                      s->delta + i0, c->scale, s->ptb + off, s->dsb + off,
                                      s->ds2 + stria__pair_off(klo, i0));
-            if (dq != NULL)
+            if (dq != NULL && c->tiles) /* dQ^T += K^T dS^T on the chunk's columns */
+                ops->gemm_bf16((int)Dp, STRIA__SB, stria__k2(nk), (const uint16_t *)kp.p + klo,
+                               STRIA__BK, false, ds2, 2 * STRIA__BQ, dq + i0, STRIA__BQ, NULL,
+                               true);
+            else if (dq != NULL)
                 ops->gemm_bf16(ni, (int)Dp, stria__k2(nk), ds2, 2 * STRIA__BQ, true,
                                (const uint16_t *)kp.p + (size_t)klo * (size_t)Dp, 2 * Dp,
                                dq + (size_t)i0 * (size_t)Dp, Dp, NULL, true);
@@ -289,7 +305,10 @@ static void stria__bwd_tile(stria__bwd_job_t *job, stria__bwd_scratch_t *s, int6
             ops->gemm_bf16(bk, (int)Dp, stria__k2(bq), s->dsb, STRIA__BQ, false,
                            (const uint16_t *)qp, 2 * Dp, dk, Dp, NULL, true);
         }
-        if (dq != NULL)
+        if (dq != NULL && c->tiles) /* dQ^T += K^T dS^T */
+            ops->gemm_bf16((int)Dp, STRIA__BQ, stria__k2(bk), (const uint16_t *)kp.p, STRIA__BK,
+                           false, s->ds2, 2 * STRIA__BQ, dq, STRIA__BQ, NULL, true);
+        else if (dq != NULL)
             ops->gemm_bf16(bq, (int)Dp, stria__k2(bk), s->ds2, 2 * STRIA__BQ, true,
                            (const uint16_t *)kp.p, 2 * Dp, dq, Dp, NULL, true);
         return;

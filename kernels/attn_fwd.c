@@ -31,7 +31,9 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
     (void)thread;
     if (!c->kdirect)
         stria__pack_kside(c, job->k, t.b, t.hk, t.k0, t.n, job->k_packed + task * job->k_tile);
-    if (c->bf16)
+    if (c->tiles)
+        stria__pack_t(c, job->v, t.b, t.hk, t.k0, t.n, (uint16_t *)(job->v_packed + task * tile));
+    else if (c->bf16)
         stria__pack_pairs(c, job->v, t.b, t.hk, t.k0, t.n, STRIA__BK,
                           (uint16_t *)(job->v_packed + task * tile));
     else if (!c->vdirect)
@@ -40,14 +42,27 @@ static void stria__fwd_pack_task(void *arg, size_t task, int thread)
 
 /* The softmax step and O = diag(alpha) O + P V of rows [klo, klo + nk) of a
  * score tile, for m queries from column i0 (cols of the tile: a multiple of
- * 16); o: their output rows, m, l, alpha: their statistics. bf16: P rounded
- * to bf16 in pairs of rows (pb) times V in pairs of rows. */
+ * 16); oacc: the tile's output accumulator, m, l, alpha: the statistics of
+ * the queries. bf16: P rounded to bf16 in pairs of rows (pb) times V in
+ * pairs of rows; on tiles O^T = O^T diag(alpha) + V^T P^T on the columns of
+ * the queries (all cols of them: the ones past the block are padding). */
 static void stria__fwd_pv(const stria__ctx_t *c, float *st, uint16_t *pb, int klo, int nk, int i0,
-                          int cols, int m_rows, const float *vp, float *o, float *m, float *l,
+                          int cols, int m_rows, const float *vp, float *oacc, float *m, float *l,
                           float *alpha, bool first)
 {
     const int64_t Dp = c->Dp;
     float *sc = st + (size_t)klo * STRIA__BQ + (size_t)i0;
+    float *o = oacc + (size_t)i0 * (size_t)Dp;
+    if (c->tiles) {
+        uint16_t *pa = pb + stria__pair_off(klo, i0);
+        float *ot = oacc + i0;
+        c->ops->softmax_fwd_bf16(sc, nk, cols, STRIA__BQ, c->scale, m, l, alpha, pa, 2 * STRIA__BQ);
+        if (!first)
+            c->ops->scale_cols(ot, (int)Dp, cols, STRIA__BQ, alpha);
+        c->ops->gemm_bf16((int)Dp, cols, stria__k2(nk), (const uint16_t *)vp + klo, STRIA__BK,
+                          false, pa, 2 * STRIA__BQ, ot, STRIA__BQ, NULL, !first);
+        return;
+    }
     if (c->bf16) {
         uint16_t *pa = pb + stria__pair_off(klo, i0);
         c->ops->softmax_fwd_bf16(sc, nk, cols, STRIA__BQ, c->scale, m, l, alpha, pa, 2 * STRIA__BQ);
@@ -78,14 +93,16 @@ static void stria__fwd_partial(const stria__ctx_t *c, int64_t qt, int64_t kt, st
     for (int qc = 0; qc < pl.nqc; qc++) {
         const int i0 = qc * STRIA__SB, ni = stria__plan_chunk(&pl, qc);
         const int klo = pl.klo[qc], nk = pl.khi[qc] - pl.klo[qc];
-        float *o = oacc + (size_t)i0 * (size_t)Dp;
-        if (nk == 0) { /* no key of this tile is visible to the chunk */
-            if (first)
-                memset(o, 0, (size_t)ni * (size_t)Dp * sizeof(float));
+        if (nk == 0) {             /* no key of this tile is visible to the chunk */
+            if (first && c->tiles) /* its columns of O^T */
+                for (int64_t d = 0; d < Dp; d++)
+                    memset(oacc + d * STRIA__BQ + i0, 0, STRIA__SB * sizeof(float));
+            else if (first)
+                memset(oacc + (size_t)i0 * (size_t)Dp, 0, (size_t)ni * (size_t)Dp * sizeof(float));
             continue;
         }
         stria__mask_chunk(c, &pl, st, qc);
-        stria__fwd_pv(c, st, pb, klo, nk, i0, STRIA__SB, ni, vp, o, m + i0, l + i0, alpha + i0,
+        stria__fwd_pv(c, st, pb, klo, nk, i0, STRIA__SB, ni, vp, oacc, m + i0, l + i0, alpha + i0,
                       first);
     }
 }
@@ -148,18 +165,26 @@ static void stria__fwd_task(void *arg, size_t task, int thread)
         first = false;
     }
     if (first) /* every key tile was masked */
-        memset(oacc, 0, (size_t)bq * (size_t)Dp * sizeof(float));
+        memset(oacc, 0, (size_t)STRIA__BQ * (size_t)Dp * sizeof(float));
+    if (c->tiles) { /* O^T to rows, into qt_buf (the Q^T operand is done) */
+        ops->transpose32(oacc, STRIA__BQ, qt_buf, Dp, (int)Dp, STRIA__BQ);
+        oacc = qt_buf;
+    }
     for (int i = 0; i < bq; i++) {
         const float *orow = oacc + (size_t)i * (size_t)Dp;
         float *out = (float *)stria__row_ptr(job->o, b, q0 + i, h);
         float *lse_out = job->lse + (size_t)((b * c->dims.H + h) * c->dims.Tq + q0 + i);
-        /* the row is normalised by 1 / l on its way out */
-        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        float lse_new = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+        /* the row is normalised by 1 / l on its way out. l == 0: no key
+         * seen (LSE -inf, a zero row); l NaN: a NaN or +inf score reached
+         * the row, and the NaN goes on into its output and LSE (never an
+         * empty row: the numerics rule) */
+        const bool seen = l[i] != 0.0f;
+        float inv = seen ? 1.0f / l[i] : 0.0f;
+        float lse_new = seen ? m[i] + logf(l[i]) : -INFINITY;
         if (job->accumulate) {
             stria__merge_row(ops, out, lse_out, orow, inv, lse_new, c->D);
         } else {
-            if (l[i] > 0.0f)
+            if (seen)
                 ops->row_merge(out, orow, inv, 0.0f, 0.0f, false, (int)c->D);
             else
                 memset(out, 0, (size_t)c->D * sizeof(float));

@@ -76,6 +76,15 @@ typedef struct {
      * P^T dO, dS^T Q and dS K on P and dS rounded to bf16), accumulation and
      * the softmax in fp32 */
     bool bf16;
+    /* bf16 products on matrix tiles (the variant's `tiles`): the tile path.
+     * V (forward) and K (backward's dQ) are packed transposed once per key
+     * tile, [Dp][BK] bf16 (stria__pack_t), the A operand of O^T += V^T P^T
+     * and dQ^T += K^T dS^T, whose B operands (P^T, dS^T in pairs of key rows)
+     * the softmax passes write anyway; O and dQ are accumulated transposed,
+     * [Dp][BQ] per query tile (the online softmax's rescale a column scale),
+     * and turned into rows once at the end; head_dim is padded to
+     * STRIA__TILE_K. */
+    bool tiles;
     /* the key-side A operands of the score products (K, V rows) are read
      * from the caller's tensors in place, not packed: their rows already
      * hold what a packed tile would (fp32, or bf16 for the bf16 products,
@@ -285,6 +294,8 @@ void stria__pack_rows(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b,
                       int64_t t0, int n, int rows, float *dst);
 void stria__pack_pairs(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
                        int64_t t0, int n, int rows, uint16_t *dst);
+void stria__pack_t(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h, int64_t t0,
+                   int n, uint16_t *dst);
 void stria__pack_qside(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,
                        int64_t q0, int n, float *rows_f32, float *tmp, float *dst);
 void stria__pack_kside(const stria__ctx_t *c, const stria_tensor_t *t, int64_t b, int64_t h,

@@ -71,6 +71,13 @@ typedef struct {
                         const int64_t *qlo, const int64_t *qhi);
     /* dst[0..n) = fp32 of the n elements of `dtype` at src; n a multiple of 8. */
     void (*row_load)(stria_dtype_t dtype, const void *src, float *dst, int n);
+    /* dst[0..n) = the n fp32 values of src in `dtype` (to nearest even; a NaN
+     * stays a NaN, quiet: stria_dtype_store()'s bits); n a multiple of 8. */
+    void (*row_store)(stria_dtype_t dtype, const float *src, void *dst, int n);
+    /* c[r][j] *= scale[j] for r < rows, j < cols (a multiple of 16), rows ld
+     * apart: the online softmax's rescale of a transposed output (columns
+     * are queries), on the tile path. */
+    void (*scale_cols)(float *c, int rows, int cols, ptrdiff_t ld, const float *scale);
     /* dst[0..n) += src[0..n); n a multiple of 8; the rows do not overlap. */
     void (*row_acc)(float *dst, const float *src, int n);
     /* dst[0..n) = src[0..n) * inv when !accumulate (dst is only written), else
@@ -111,16 +118,33 @@ typedef struct {
     void (*softmax_bwd_ds_bf16)(const float *pt, const float *dpt, int rows, int cols, ptrdiff_t ld,
                                 const float *delta, float scale, uint16_t *p_rows,
                                 uint16_t *ds_rows, uint16_t *ds_pairs);
+    /* Whether gemm_bf16 runs on matrix tiles (AMX): a product is then
+     * cheapest with its A operand as rows along k and B in pairs along k,
+     * so the driver's tile path (attn_int.h) lays V and K out transposed once
+     * per key tile, keeps O and dQ transposed (their per-query rescale a
+     * column scale) and pads head_dim to STRIA__TILE_K. gemm_bf16 keeps its
+     * whole contract (trans_a included) either way. */
+    bool tiles;
+    /* Optional: why this CPU cannot run the variant (NULL: it can, or no
+     * reason beyond cpu_ok()); named by the error of an explicit choice. */
+    const char *(*why_not)(void);
 } stria_kern_ops_t;
+
+/* The k of a tile product, to which the tile path pads head_dim. */
+#define STRIA__TILE_K 32
 
 /* The table of a variant whose functions are named PREFIX_gemm,
  * PREFIX_softmax_fwd, ...: {STRIA_KERN_OPS(stria__avx2), .name = "avx2"}. */
-#define STRIA_KERN_OPS(prefix)                                                                     \
-    .cpu_ok = prefix##_ok, .gemm = prefix##_gemm, .softmax_fwd = prefix##_softmax_fwd,             \
+#define STRIA_KERN_OPS(prefix) .cpu_ok = prefix##_ok, STRIA_KERN_OPS_BODY(prefix)
+/* The table's operations without cpu_ok: a variant that shares another's
+ * operations with a check of its own. */
+#define STRIA_KERN_OPS_BODY(prefix)                                                                \
+    .gemm = prefix##_gemm, .softmax_fwd = prefix##_softmax_fwd,                                    \
     .softmax_bwd_p = prefix##_softmax_bwd_p, .softmax_bwd_ds = prefix##_softmax_bwd_ds,            \
     .mask_causal = prefix##_mask_causal, .mask_bounds = prefix##_mask_bounds,                      \
-    .row_load = prefix##_row_load, .row_acc = prefix##_row_acc, .row_merge = prefix##_row_merge,   \
-    .transpose32 = prefix##_transpose32
+    .row_load = prefix##_row_load, .row_store = prefix##_row_store, .row_acc = prefix##_row_acc,   \
+    .row_merge = prefix##_row_merge, .transpose32 = prefix##_transpose32,                          \
+    .scale_cols = prefix##_scale_cols
 
 extern const stria_kern_ops_t stria__kern_portable;
 #ifdef STRIA_HAVE_X86_VARIANTS
@@ -130,6 +154,27 @@ extern const stria_kern_ops_t stria__kern_avx512;
  * as on a CPU without AVX512-BF16 (STRIA_KERNEL=avx512-nobf16) */
 extern const stria_kern_ops_t stria__kern_avx512_nobf16;
 #endif
+#ifdef STRIA_HAVE_AMX
+/* avx512 with every bf16 product on AMX tiles (cpu/amx_gemm.h) */
+extern const stria_kern_ops_t stria__kern_amx;
+#endif
+
+/* Why the amx variant cannot run here, NULL when it can: the CPU's
+ * features (AVX512-BF16, AMX-BF16 and AMX-TILE by CPUID) and the kernel's
+ * grant of the tile state to this process (arch_prctl(ARCH_REQ_XCOMP_PERM),
+ * asked once). Defined on every build (dispatch.c). */
+const char *stria__amx_why_not(void);
+/* The verdict itself, from what was found: avx512_bf16, the CPUID bits,
+ * and the errno of the permission request (0: granted; ignored unless the
+ * rest is there). */
+const char *stria__amx_verdict(bool avx512_bf16, bool amx_bf16, bool amx_tile, int perm_errno);
+
+/* Adds a variant that only an explicit choice selects (STRIA_KERNEL or
+ * stria_kernels_set_variant), never the default: the test builds' emulated
+ * ones (tests/kernels/amx_emu.c). Call before the first kernel call (a
+ * constructor); ops must stay valid for the process's life. false: no
+ * room (a few slots). */
+bool stria__kern_register(const stria_kern_ops_t *ops);
 
 /* A workspace buffer (64-byte aligned, `size` usable bytes). Released buffers
  * are cached for the next call (workspace.c); contents are undefined. */

@@ -24,15 +24,22 @@
  * that are fully visible run without a mask. A query row that sees no key of the block gets
  * LSE = -inf and a zero partial output; merging handles such rows exactly.
  *
- * Several CPU variants exist (portable C, AVX2+FMA, AVX-512); the best one the
- * CPU supports is chosen once, on first use. STRIA_KERNEL=portable|avx2|
- * avx512-nobf16|avx512 in the environment forces one (an unavailable choice is
- * an error reported by the first kernel call). With bf16 inputs, avx512 on a
- * CPU with AVX512-BF16 runs every product on the bf16 dot product, as
- * FlashAttention does: P and dS are rounded to bf16 before their products,
- * accumulation and the softmax statistics stay fp32. Every other variant
- * (avx512-nobf16 is avx512 without the bf16 dot product) computes bf16 inputs
- * in fp32.
+ * Several CPU variants exist (portable C, AVX2+FMA, AVX-512, AMX); the best one
+ * the CPU supports is chosen once, on first use. STRIA_KERNEL=portable|avx2|
+ * avx512-nobf16|avx512|amx in the environment forces one (an unavailable choice
+ * is an error reported by the first kernel call, naming the reason). With
+ * bf16 inputs, avx512 on a CPU with AVX512-BF16 runs every product on the bf16
+ * dot product, and amx (a CPU with AMX-BF16 whose kernel grants the process
+ * the tile state) on the AMX tiles, as FlashAttention does on tensor cores: P
+ * and dS are rounded to bf16 before their products, accumulation and the
+ * softmax statistics stay fp32. Every other variant (avx512-nobf16 is avx512
+ * without the bf16 dot product) computes bf16 inputs in fp32.
+ *
+ * A NaN or an infinity is never hidden: every output that depends on one
+ * (through the positions the mask lets it see) is non-finite, as with
+ * PyTorch's SDPA: a NaN or +inf score poisons its query's row (NaN output and
+ * LSE), a -inf score is a zero weight. Outputs of other batch rows and kv
+ * head groups are not affected.
  *
  * Threading: every call may run on a thread pool (params->pool); NULL runs on
  * the calling thread. Calls do not keep pointers after they return.
@@ -281,8 +288,8 @@ stria_status_t stria_attn_work(const stria_attn_params_t *params, int64_t tile_q
 
 /* ---- CPU variants ------------------------------------------------------ */
 
-/* Name of the variant in use ("portable", "avx2", "avx512-nobf16", "avx512"), selecting it on
- * first use. */
+/* Name of the variant in use ("portable", "avx2", "avx512-nobf16", "avx512", "amx"),
+ * selecting it on first use. */
 const char *stria_kernels_variant(void);
 
 /* Forces a variant by name for the whole process. Errors:
@@ -293,8 +300,9 @@ stria_status_t stria_kernels_set_variant(const char *name);
 bool stria_kernels_variant_available(const char *name);
 
 /* Whether the named variant runs the products of bf16 inputs on a bf16 dot
- * product on this CPU (avx512 with AVX512-BF16); false: bf16 inputs are
- * computed in fp32 there, and for unknown or unavailable variants. */
+ * product on this CPU (avx512 with AVX512-BF16, amx on its tiles); false:
+ * bf16 inputs are computed in fp32 there, and for unknown or unavailable
+ * variants. */
 bool stria_kernels_variant_bf16_dot(const char *name);
 
 /* Names of all variants compiled in, NULL-terminated, best last. */

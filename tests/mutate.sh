@@ -11,9 +11,13 @@
 #   survived      every named suite passed (the tests missed it)
 #   build-failed  the mutant does not compile (an error in the list, not a kill)
 #   error         its text is missing or ambiguous, its file or a suite unknown
+#   n/a           it needs a CPU feature this machine lacks ("needs:" in the
+#                 list, e.g. amx: code only the hardware runs), so it is not
+#                 run; not a failure
 # The list file documents its own format. Exit status: 0 when every selected
 # mutation was killed, 1 otherwise, 2 when the run could not start (bad
-# arguments or list, a failing build or a red baseline).
+# arguments or list, a failing build or a red baseline); n/a entries count as
+# neither.
 set -euo pipefail
 
 usage() {
@@ -86,7 +90,7 @@ command -v perl >/dev/null || die "perl is needed to apply mutations"
 
 # ---- the list -----------------------------------------------------------------
 
-ids=() files=() finds=() repls=() occs=() suites=() descs=() lines=()
+ids=() files=() finds=() repls=() occs=() suites=() descs=() lines=() needs=()
 declare -A seen_id=()
 list_errors=0
 
@@ -96,7 +100,7 @@ list_error() {
 }
 
 # Appends the record being read (if any) after checking its fields.
-cur_id="" cur_file="" cur_find="" cur_repl="" cur_occ="" cur_suites="" cur_desc=""
+cur_id="" cur_file="" cur_find="" cur_repl="" cur_occ="" cur_suites="" cur_desc="" cur_needs=""
 cur_line=0 have_find=false have_repl=false
 flush_record() {
   [[ -n $cur_id || $cur_line -gt 0 ]] || return 0
@@ -123,6 +127,10 @@ flush_record() {
   fi
   [[ -n $cur_suites ]] || { list_error "$cur_line" "'$cur_id' has no 'suites:'"; ok=false; }
   [[ -n $cur_desc ]] || { list_error "$cur_line" "'$cur_id' has no 'desc:'"; ok=false; }
+  if [[ -n $cur_needs && ! $cur_needs =~ ^(amx|avx512bf16)$ ]]; then
+    list_error "$cur_line" "'$cur_id': needs '$cur_needs' is not one of amx, avx512bf16"
+    ok=false
+  fi
   if [[ -n $cur_occ && ! $cur_occ =~ ^[1-9][0-9]*$ ]]; then
     list_error "$cur_line" "'$cur_id': occurrence '$cur_occ' is not a positive integer"
     ok=false
@@ -136,8 +144,9 @@ flush_record() {
     seen_id[$cur_id]=$cur_line
     ids+=("$cur_id") files+=("$cur_file") finds+=("$cur_find") repls+=("$cur_repl")
     occs+=("$cur_occ") suites+=("${names[*]}") descs+=("$cur_desc") lines+=("$cur_line")
+    needs+=("$cur_needs")
   fi
-  cur_id="" cur_file="" cur_find="" cur_repl="" cur_occ="" cur_suites="" cur_desc=""
+  cur_id="" cur_file="" cur_find="" cur_repl="" cur_occ="" cur_suites="" cur_desc="" cur_needs=""
   cur_line=0 have_find=false have_repl=false
 }
 
@@ -147,7 +156,7 @@ while IFS= read -r line || [[ -n $line ]]; do
   line=${line%$'\r'}
   [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
   if [[ ! $line =~ ^([a-z]+):(.*)$ ]]; then
-    list_error "$lineno" "expected 'key: value' (keys: id file find replace occurrence suites desc)"
+    list_error "$lineno" "expected 'key: value' (keys: id file find replace occurrence suites desc needs)"
     continue
   fi
   key=${BASH_REMATCH[1]}
@@ -167,7 +176,8 @@ while IFS= read -r line || [[ -n $line ]]; do
     occurrence) cur_occ=$value ;;
     suites) cur_suites=$value ;;
     desc) cur_desc=$value ;;
-    *) list_error "$lineno" "unknown key '$key' (keys: id file find replace occurrence suites desc)" ;;
+    needs) cur_needs=$value ;;
+    *) list_error "$lineno" "unknown key '$key' (keys: id file find replace occurrence suites desc needs)" ;;
   esac
 done <"$list_file"
 flush_record
@@ -243,6 +253,7 @@ if $list_only; then
     printf '  file:     %s%s\n' "${files[$i]}" "${occs[$i]:+  (occurrence ${occs[$i]})}"
     printf '  find:     %s\n  replace:  %s\n' "${finds[$i]}" "${repls[$i]}"
     printf '  suites:   %s\n  desc:     %s\n' "${suites[$i]}" "${descs[$i]}"
+    [[ -z ${needs[$i]} ]] || printf '  needs:    %s\n' "${needs[$i]}"
     if why=$(apply_mutation "$root" "$i" check); then
       printf '  status:   ok in the working tree\n'
     else
@@ -303,6 +314,29 @@ for i in "${sel[@]}"; do
     say "ERROR ${ids[$i]} (${files[$i]}, list line ${lines[$i]}): $why"
   fi
 done
+
+# A CPU feature an entry needs (its code runs only there): /proc/cpuinfo's
+# flags. Entries that need one this machine lacks are not run (n/a).
+cpu_has() {
+  local flags
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+  case $1 in
+    amx) [[ $flags =~ (^| )amx_bf16( |$) && $flags =~ (^| )amx_tile( |$) &&
+      $flags =~ (^| )avx512_bf16( |$) ]] ;;
+    avx512bf16) [[ $flags =~ (^| )avx512_bf16( |$) ]] ;;
+    *) return 1 ;;
+  esac
+}
+runs_here=()
+for i in "${checked[@]}"; do
+  if [[ -n ${needs[$i]} ]] && ! cpu_has "${needs[$i]}"; then
+    result[$i]=n/a detail[$i]="needs ${needs[$i]}, which this CPU lacks" secs[$i]=0
+    say "N/A ${ids[$i]}: needs ${needs[$i]}, which this CPU lacks"
+  else
+    runs_here+=("$i")
+  fi
+done
+checked=("${runs_here[@]}")
 
 export UCX_HANDLE_ERRORS=none
 export STRIA_LOG_LEVEL=error
@@ -428,7 +462,7 @@ done
 
 # ---- report -------------------------------------------------------------------
 
-killed=0 survived=0 errors=0
+killed=0 survived=0 errors=0 na=0
 fmt='%-24s %-30s %-12s %-30s %7s  %s\n'
 echo
 # shellcheck disable=SC2059 # the format is ours
@@ -437,6 +471,7 @@ for i in "${sel[@]}"; do
   case ${result[$i]} in
     killed) killed=$((killed + 1)) ;;
     survived) survived=$((survived + 1)) ;;
+    n/a) na=$((na + 1)) ;;
     *) errors=$((errors + 1)) ;;
   esac
   # shellcheck disable=SC2059 # the format is ours
@@ -448,9 +483,11 @@ for i in "${sel[@]}"; do
     survived) printf 'SURVIVED %s: %s (suites %s passed)\n' "${ids[$i]}" "${descs[$i]}" "${suites[$i]}" ;;
     build-failed) printf 'BUILD-FAILED %s: the mutant does not compile (%s)\n' "${ids[$i]}" "${detail[$i]}" ;;
     error) printf 'ERROR %s: %s (list line %s)\n' "${ids[$i]}" "${detail[$i]}" "${lines[$i]}" ;;
+    n/a) printf 'N/A %s: %s\n' "${ids[$i]}" "${detail[$i]}" ;;
   esac
 done
 printf 'total time: %d s\n' "$((SECONDS - t_start))"
-printf 'mutations: %d killed, %d survived, %d errors\n' "$killed" "$survived" "$errors"
+printf 'mutations: %d killed, %d survived, %d errors, %d not applicable on this CPU\n' \
+  "$killed" "$survived" "$errors" "$na"
 [[ $survived -eq 0 && $errors -eq 0 ]] || exit 1
 exit 0

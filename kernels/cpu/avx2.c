@@ -150,6 +150,53 @@ static void stria__avx2_row_load(stria_dtype_t dtype, const void *src, float *ds
     }
 }
 
+/* Eight bf16 of x in the low half of each 128-bit lane pair, rounded to
+ * nearest even, NaN quiet (stria_f32_to_bf16()'s bits). */
+STRIA__INLINE __m128i stria__avx2_bf16x8(__m256 x)
+{
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)),
+                           nan);
+    /* 32-bit lanes 0-3 | 4-7 to 16-bit: pack within the 128-bit halves */
+    const __m256i packed = _mm256_packus_epi32(r, r);
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+static void stria__avx2_row_store(stria_dtype_t dtype, const float *src, void *dst, int n)
+{
+    uint16_t *h = dst;
+    switch (dtype) {
+    case STRIA_DTYPE_BF16:
+        for (int i = 0; i < n; i += 8)
+            _mm_storeu_si128((__m128i *)(h + i), stria__avx2_bf16x8(_mm256_loadu_ps(src + i)));
+        break;
+    case STRIA_DTYPE_F16:
+        for (int i = 0; i < n; i += 8) {
+            const __m256 x = _mm256_loadu_ps(src + i);
+            __m128i r = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            /* a NaN becomes the sign and 0x7e00, as stria_f32_to_f16() makes it */
+            const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+            const __m128i nan16 =
+                _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+            r = _mm_blendv_epi8(r,
+                                _mm_or_si128(_mm_and_si128(r, _mm_set1_epi16((short)0x8000)),
+                                             _mm_set1_epi16(0x7e00)),
+                                nan16);
+            _mm_storeu_si128((__m128i *)(h + i), r);
+        }
+        break;
+    case STRIA_DTYPE_F32:
+    default:
+        for (int i = 0; i < n; i += 8)
+            _mm256_storeu_ps((float *)dst + i, _mm256_loadu_ps(src + i));
+        break;
+    }
+}
+
 static void stria__avx2_row_acc(float *dst, const float *src, int n)
 {
     for (int i = 0; i < n; i += 8)

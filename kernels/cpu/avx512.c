@@ -1,5 +1,7 @@
-/* AVX-512 variant (F, BW, VL, DQ). Compiled with the AVX-512 flags and only
- * called after stria__avx512_ok() said yes.
+/* AVX-512 variant (F, BW, VL, DQ), and the amx variant: the same operations
+ * with every bf16 product on AMX tiles (amx_gemm.h). Compiled with the
+ * AVX-512 flags (and AMX's, where the compiler has them: STRIA_HAVE_AMX) and
+ * only called after stria__avx512_ok() (stria__amx_ok()) said yes.
  *
  * The GEMM micro-kernel keeps a 6 x 64 block of C in 24 zmm accumulators:
  * every k step loads four vectors of B and broadcasts six scalars of A, so 24
@@ -422,6 +424,50 @@ static void stria__avx512_row_load(stria_dtype_t dtype, const void *src, float *
     }
 }
 
+/* 16 values of x in `dtype` (16-bit: bf16, fp16) as stria_dtype_store()
+ * makes them: to nearest even, a NaN quiet (bf16: its high bits and 0x40;
+ * fp16: its sign and 0x7e00). */
+STRIA__INLINE __m256i stria__store16(stria_dtype_t dtype, __m512 x)
+{
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    if (dtype == STRIA_DTYPE_F16) {
+        const __m256i r = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i q = _mm256_or_si256(_mm256_and_si256(r, _mm256_set1_epi16((short)0x8000)),
+                                          _mm256_set1_epi16(0x7e00));
+        return _mm256_mask_blend_epi16(nan, r, q);
+    }
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
+                                             _mm512_set1_epi32(0x7fff))),
+        16);
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static void stria__avx512_row_store(stria_dtype_t dtype, const float *src, void *dst, int n)
+{
+    int i = 0;
+    if (dtype == STRIA_DTYPE_F32) {
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps((float *)dst + i, _mm512_loadu_ps(src + i));
+        if (i < n) {
+            __mmask16 mk = (__mmask16)((1u << (n - i)) - 1u);
+            _mm512_mask_storeu_ps((float *)dst + i, mk, _mm512_maskz_loadu_ps(mk, src + i));
+        }
+        return;
+    }
+    uint16_t *h = dst;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(h + i), stria__store16(dtype, _mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 mk = (__mmask16)((1u << (n - i)) - 1u);
+        _mm256_mask_storeu_epi16(h + i, mk,
+                                 stria__store16(dtype, _mm512_maskz_loadu_ps(mk, src + i)));
+    }
+}
+
 static void stria__avx512_row_acc(float *dst, const float *src, int n)
 {
     int i = 0;
@@ -456,16 +502,45 @@ static void stria__avx512_row_merge(float *dst, const float *src, float inv, flo
     }
 }
 
+/* The softmax passes of the bf16 products (avx512 and amx). */
+#define STRIA__AVX512_BF16_PASSES                                                                  \
+    .softmax_fwd_bf16 = stria__avx512_softmax_fwd_bf16,                                            \
+    .softmax_bwd_ds_bf16 = stria__avx512_softmax_bwd_ds_bf16
+
 const stria_kern_ops_t stria__kern_avx512 = {
     STRIA_KERN_OPS(stria__avx512),
     .name = "avx512",
     .gemm_bf16 = stria__avx512_gemm_bf16,
     .gemm_bf16_ok = stria__avx512_bf16_ok,
-    .softmax_fwd_bf16 = stria__avx512_softmax_fwd_bf16,
-    .softmax_bwd_ds_bf16 = stria__avx512_softmax_bwd_ds_bf16,
+    STRIA__AVX512_BF16_PASSES,
 };
 
 const stria_kern_ops_t stria__kern_avx512_nobf16 = {
     STRIA_KERN_OPS(stria__avx512),
     .name = "avx512-nobf16",
 };
+
+#ifdef STRIA_HAVE_AMX
+/* ---- amx: avx512 with the bf16 products on matrix tiles ------------------ */
+
+#include "amx_tile.h"
+#define STRIA__AMX_NAME amx
+#define STRIA__AMX_VEC  stria__avx512_gemm_bf16
+#include "amx_gemm.h"
+
+static bool stria__amx_ok(void)
+{
+    return stria__amx_why_not() == NULL;
+}
+
+const stria_kern_ops_t stria__kern_amx = {
+    .cpu_ok = stria__amx_ok,
+    STRIA_KERN_OPS_BODY(stria__avx512),
+    .name = "amx",
+    .gemm_bf16 = stria__amx_gemm_bf16,
+    .gemm_bf16_ok = stria__amx_ok,
+    STRIA__AVX512_BF16_PASSES,
+    .tiles = true,
+    .why_not = stria__amx_why_not,
+};
+#endif

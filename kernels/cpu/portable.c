@@ -71,10 +71,57 @@ static void stria__portable_softmax_bwd_ds(const float *pt, float *dpt, int rows
     }
 }
 
+/* The bf16 operations' softmax passes, as the oracle of the SIMD ones and
+ * for the test builds' emulated tile variant (tests/kernels/amx_emu.c): the
+ * portable variant itself has no bf16 product (gemm_bf16 NULL), so the
+ * driver never calls them on it. */
+static void stria__portable_softmax_fwd_bf16(float *st, int rows, int cols, ptrdiff_t ld,
+                                             float scale, float *m, float *l, float *alpha,
+                                             uint16_t *pb, ptrdiff_t ldp)
+{
+    stria__portable_softmax_fwd(st, rows, cols, ld, scale, m, l, alpha);
+    for (int j = 0; j < rows + rows % 2; j++)
+        for (int i = 0; i < cols; i++)
+            pb[(ptrdiff_t)(j / 2) * ldp + 2 * i + j % 2] =
+                j < rows ? stria_f32_to_bf16(st[(ptrdiff_t)j * ld + i]) : 0;
+}
+
+static void stria__portable_softmax_bwd_ds_bf16(const float *pt, const float *dpt, int rows,
+                                                int cols, ptrdiff_t ld, const float *delta,
+                                                float scale, uint16_t *p_rows, uint16_t *ds_rows,
+                                                uint16_t *ds_pairs)
+{
+    for (int j = 0; j < rows + rows % 2; j++)
+        for (int i = 0; i < cols; i++) {
+            const ptrdiff_t o = (ptrdiff_t)j * ld + i;
+            uint16_t ds = 0;
+            if (j < rows) {
+                ds = stria_f32_to_bf16(pt[o] * (dpt[o] - delta[i]) * scale);
+                p_rows[o] = stria_f32_to_bf16(pt[o]);
+                ds_rows[o] = ds;
+            }
+            ds_pairs[(ptrdiff_t)(j / 2) * 2 * ld + 2 * i + j % 2] = ds;
+        }
+}
+
+static void stria__portable_scale_cols(float *c, int rows, int cols, ptrdiff_t ld,
+                                       const float *scale)
+{
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < cols; i++)
+            c[(ptrdiff_t)r * ld + i] *= scale[i];
+}
+
 static void stria__portable_row_load(stria_dtype_t dtype, const void *src, float *dst, int n)
 {
     for (int i = 0; i < n; i++)
         dst[i] = stria_dtype_load(dtype, src, (size_t)i);
+}
+
+static void stria__portable_row_store(stria_dtype_t dtype, const float *src, void *dst, int n)
+{
+    for (int i = 0; i < n; i++)
+        stria_dtype_store(dtype, dst, (size_t)i, src[i]);
 }
 
 static void stria__portable_row_acc(float *dst, const float *src, int n)
@@ -133,4 +180,6 @@ static void stria__portable_mask_bounds(float *st, int rows, int cols, ptrdiff_t
 const stria_kern_ops_t stria__kern_portable = {
     STRIA_KERN_OPS(stria__portable),
     .name = "portable",
+    .softmax_fwd_bf16 = stria__portable_softmax_fwd_bf16,
+    .softmax_bwd_ds_bf16 = stria__portable_softmax_bwd_ds_bf16,
 };

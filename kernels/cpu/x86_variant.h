@@ -1,7 +1,7 @@
 /* What the x86 variants share: the softmax passes, the polynomial of their
- * exp and the transpose entry, written once over a vector of STRIA__X86_BITS / 32 floats (see
- * stria_kern_ops_t for what each pass computes). Each variant includes this
- * file once, after defining STRIA__INLINE (static inline, always inlined),
+ * exp, the column scale of the tile path and the transpose entry, written once over a vector of
+ * STRIA__X86_BITS / 32 floats (see stria_kern_ops_t for what each pass computes). Each variant
+ * includes this file once, after defining STRIA__INLINE (static inline, always inlined),
  * STRIA__X86_BITS (256 or 512: its vectors are __m256, its intrinsics
  * _mm256_*) and STRIA__X86_NAME (avx2: its functions are
  * stria__avx2_softmax_fwd, ...); after the include it defines
@@ -113,6 +113,17 @@ static void STRIA__VFN(softmax_bwd_ds)(const float *pt, float *dpt, int rows, in
             STRIA__V x = STRIA__VX(mul_ps)(STRIA__VX(loadu_ps)(p),
                                            STRIA__VX(sub_ps)(STRIA__VX(loadu_ps)(g), d));
             STRIA__VX(storeu_ps)(g, STRIA__VX(mul_ps)(x, vscale));
+        }
+    }
+}
+
+static void STRIA__VFN(scale_cols)(float *c, int rows, int cols, ptrdiff_t ld, const float *scale)
+{
+    for (int i = 0; i < cols; i += STRIA__VW) {
+        const STRIA__V s = STRIA__VX(loadu_ps)(scale + i);
+        for (int r = 0; r < rows; r++) {
+            float *p = c + (ptrdiff_t)r * ld + i;
+            STRIA__VX(storeu_ps)(p, STRIA__VX(mul_ps)(STRIA__VX(loadu_ps)(p), s));
         }
     }
 }

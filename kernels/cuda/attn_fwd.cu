@@ -178,9 +178,11 @@ __global__ void __launch_bounds__(STRIA__FWD_NT, 1) stria__fwd_mma_k(stria_cu_at
         l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
         l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
         l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-        const float lse0 = l0 > 0.0f ? (m0 + log2f(l0)) * STRIA__LN2 : -INFINITY;
-        const float lse1 = l1 > 0.0f ? (m1 + log2f(l1)) * STRIA__LN2 : -INFINITY;
+        /* l == 0: no key seen; l NaN: a NaN or +inf score reached the row,
+         * and the NaN goes on into O and the LSE (attn_fwd.c's rule) */
+        const float inv0 = l0 != 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 != 0.0f ? 1.0f / l1 : 0.0f;
+        const float lse0 = l0 != 0.0f ? (m0 + log2f(l0)) * STRIA__LN2 : -INFINITY;
+        const float lse1 = l1 != 0.0f ? (m1 + log2f(l1)) * STRIA__LN2 : -INFINITY;
         const int64_t li = (b * a.H + h) * a.Tq;
 
         float la0 = 0.0f, la1 = 0.0f;

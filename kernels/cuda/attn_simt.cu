@@ -82,8 +82,11 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS) stria__fwd_simt_k(stria_c
             }
             s = stria__warp_sum(s) * a.scale;
             float mn = fmaxf(m, s);
-            float al = expf(m - mn); /* m = -inf: 0 */
-            float p = expf(s - mn);
+            /* nothing but -inf scores yet (an input's -inf: a zero weight):
+             * subtract 0, not -inf, which would make NaN of -inf - -inf */
+            float mu = mn == -INFINITY ? 0.0f : mn;
+            float al = expf(m - mu); /* m = -inf: 0 */
+            float p = expf(s - mu);
             l = l * al + p;
 #pragma unroll
             for (int j = 0; j < STRIA__SIMT_NPL; j++) {
@@ -93,8 +96,9 @@ __global__ void __launch_bounds__(STRIA__SIMT_THREADS) stria__fwd_simt_k(stria_c
             }
             m = mn;
         }
-        float lse = l > 0.0f ? m + logf(l) : -INFINITY;
-        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        /* l == 0: no key seen; l NaN: poisoned (see attn_fwd.cu) */
+        float lse = l != 0.0f ? m + logf(l) : -INFINITY;
+        float inv = l != 0.0f ? 1.0f / l : 0.0f;
         float *orow = stria__cu_row_f32(a.o, b, i, h);
         if (!a.accumulate) {
 #pragma unroll

@@ -4,6 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 static int64_t ref__pos(const int64_t *pos, int64_t i)
 {
     return pos ? pos[i] : i;
@@ -255,12 +261,19 @@ void ref_bf16_run_masks(const ref_shape_t *s, const ref_masks_t *mk, const float
 
 bool ref_bf16_dot(const char *variant)
 {
+    if (strcmp(variant, "amx-emu") == 0) /* the test builds' emulated tiles: any CPU */
+        return true;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    return strcmp(variant, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("avx512bf16");
+    bool avx512_bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                       __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512bf16");
+    if (strcmp(variant, "amx") == 0) { /* AMX-BF16, AMX-TILE, and the tile state granted */
+        unsigned a, b, c, d;
+        return avx512_bf16 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u) &&
+               (d >> 24 & 1u) && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    }
+    return strcmp(variant, "avx512") == 0 && avx512_bf16;
 #else
     (void)variant;
     return false;

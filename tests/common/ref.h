@@ -63,7 +63,9 @@ void ref_bf16_run_masks(const ref_shape_t *s, const ref_masks_t *m, const float 
                         const float *v, const float *d_o, ref_out_t *out);
 
 /* Whether kernel variant `name` runs bf16 inputs on the bf16 dot product on
- * this CPU (decided from the CPU's flags, not by asking the kernels). */
+ * this CPU (decided from the CPU's flags, not by asking the kernels): avx512
+ * with AVX512-BF16, amx with AMX as well (and the tile state granted), and
+ * the test builds' amx-emu anywhere. */
 bool ref_bf16_dot(const char *variant);
 /* ref_bf16_dot() of the variant other processes (workers) choose by default:
  * STRIA_KERNEL when set, else the best one the CPU has. */

@@ -243,6 +243,11 @@ void run_case_out(const gcase_t *c, gpu_outs_t *out)
     ref_fill(k, nk, 2 + (uint64_t)Tk, 1.0f, c->dtype);
     ref_fill(v, nk, 3, 1.0f, c->dtype);
     ref_fill(g, nq, 4, 1.0f, c->dtype);
+    if (c->spot != NULL) {
+        const nf_dims_t dims = {B, Tq, Tk, H, Hkv, D};
+        float *const in[NF_N_TENSORS] = {q, k, v, g};
+        in[c->spot->t][nf_index(&dims, c->spot)] = c->spot->value;
+    }
     ref_to_dtype(q, nq, c->dtype, qs);
     ref_to_dtype(k, nk, c->dtype, ks);
     ref_to_dtype(v, nk, c->dtype, vs);
@@ -321,12 +326,18 @@ void run_case_out(const gcase_t *c, gpu_outs_t *out)
         gdv[i] -= ACC_INIT;
     }
 
-    check_case(c, qpos, kpos, q, k, v, g, (const float *const[]){o, lse, delta, dq, dk, dv},
-               (const float *const[]){go, glse, gdelta, gdq, gdk, gdv});
+    if (c->spot == NULL)
+        check_case(c, qpos, kpos, q, k, v, g, (const float *const[]){o, lse, delta, dq, dk, dv},
+                   (const float *const[]){go, glse, gdelta, gdq, gdk, gdv});
     if (out != NULL) {
+        memset(out, 0, sizeof(*out));
         out->nq = nq, out->nk = nk, out->nl = nl;
         out->o = go, out->lse = glse, out->dq = gdq, out->dk = gdk, out->dv = gdv;
         go = glse = gdq = gdk = gdv = NULL; /* kept */
+        if (c->spot != NULL) {
+            out->in[NF_Q] = q, out->in[NF_K] = k, out->in[NF_V] = v, out->in[NF_DO] = g;
+            q = k = v = g = NULL;
+        }
     }
 
     stria_device_free(dev, dq_.data), stria_device_free(dev, dk_.data);
@@ -350,5 +361,7 @@ void run_case(const gcase_t *c)
 void gpu_outs_free(gpu_outs_t *out)
 {
     free(out->o), free(out->lse), free(out->dq), free(out->dk), free(out->dv);
+    for (int t = 0; t < NF_N_TENSORS; t++)
+        free(out->in[t]);
     memset(out, 0, sizeof(*out));
 }

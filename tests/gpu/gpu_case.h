@@ -5,6 +5,7 @@
 #ifndef STRIA_TEST_GPU_CASE_H
 #define STRIA_TEST_GPU_CASE_H
 
+#include "nonfinite.h"
 #include "stria_device.h"
 #include "stria_kernels.h"
 
@@ -23,6 +24,10 @@ typedef struct {
     size_t n_cu;
     bool has_window;
     int64_t left, right;
+    /* a non-finite value put into the inputs (NULL: none): the outputs are
+     * not checked against the CPU's but kept, with the inputs, for the
+     * caller (nonfinite.h) */
+    const nf_spot_t *spot;
 } gcase_t;
 
 /* The GPU's outputs of a case, contiguous: O [B][Tq][H][D], LSE [B][H][Tq],
@@ -30,6 +35,7 @@ typedef struct {
 typedef struct {
     float *o, *lse, *dq, *dk, *dv;
     size_t nq, nk, nl;
+    float *in[NF_N_TENSORS]; /* with a spot: Q, K, V, dO as fp32 */
 } gpu_outs_t;
 
 extern const stria_dtype_t all_dtypes[3]; /* fp32, bf16, fp16 */

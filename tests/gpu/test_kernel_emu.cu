@@ -28,6 +28,10 @@
 #include <stdlib.h>
 
 #include "stria_kernels.h"
+extern "C" {
+#include "ref.h"
+}
+#include "nonfinite.h"
 
 thread_local stria_emu_dim stria_emu_tid;
 stria_emu_dim stria_emu_bid, stria_emu_gdim, stria_emu_bdim;
@@ -77,12 +81,17 @@ struct ecase {
     emask m = {};                           /* none */
     stria_pos_run_t qrun2 = {}, krun2 = {}; /* a second run of each block (zigzag), count 0: none */
     bool accumulate = true;                 /* also run the forward's accumulate path */
+    /* a non-finite value at a spot of the inputs (nonfinite.h): the outputs
+     * are not compared with the CPU's, but returned with the inputs */
+    bool has_spot = false;
+    nf_spot_t spot = {};
 };
 
 /* The outputs of one run of the kernels: O and LSE of the forward, dQ, dK, dV
  * of the backward. */
 struct eouts {
     std::vector<float> o, lse, dq, dk, dv;
+    std::vector<float> in[NF_N_TENSORS]; /* with a spot: Q, K, V, dO as fp32 */
 };
 
 static int failures = 0;
@@ -211,6 +220,61 @@ static void grains(const std::vector<int64_t> &p, std::vector<int64_t> &mn,
     }
 }
 
+/* The backward kernels of a case (the SIMT ones, or the tensor cores' dK/dV
+ * and dQ), emulated, on a (its LSE, D and gradient views set). */
+template <typename T, int D, bool SIMT> static void launch_bwd(const ecase &c, stria_cu_attn_t &a)
+{
+    if constexpr (SIMT) {
+        stria_emu_launch(dim3(2, 1), STRIA__SIMT_THREADS, [&a] { stria__dq_simt_k<T>(a); });
+        stria_emu_launch(dim3(2, 1), STRIA__SIMT_THREADS, [&a] { stria__dkdv_simt_k<T>(a); });
+    } else {
+        stria_emu_launch(
+            dim3((unsigned)((c.Tk + STRIA__KV_BK - 1) / STRIA__KV_BK), (unsigned)(c.B * c.Hkv)),
+            STRIA__KV_NT, [&a] { stria__dkdv_mma_k<T, D>(a); });
+        stria_emu_launch(
+            dim3((unsigned)((c.Tq + STRIA__DQ_BQ - 1) / STRIA__DQ_BQ), (unsigned)(c.B * c.H)),
+            STRIA__DQ_NT, [&a] { stria__dq_mma_k<T, D>(a); });
+    }
+}
+
+/* The rest of a case with a non-finite spot, after its forward: merging
+ * the partial into itself (accumulate) keeps every non-finite output
+ * non-finite; then the backward on the emulated forward's LSE and its D
+ * (the delta kernel). Outputs to *out. */
+template <typename T, int D, bool SIMT, typename F>
+static void run_spot_bwd(const ecase &c, stria_cu_attn_t &a, const F &fwd, std::vector<float> &eo,
+                         std::vector<float> &el, eouts *out)
+{
+    const size_t nq = eo.size(), nl = el.size(), nk = (size_t)(c.B * c.Tk * c.Hkv * D);
+    if (c.accumulate) {
+        const std::vector<float> o1 = eo, l1 = el;
+        a.accumulate = true;
+        fwd();
+        a.accumulate = false;
+        size_t hidden = 0;
+        for (size_t i = 0; i < nq; i++)
+            hidden += !isfinite(o1[i]) && isfinite(eo[i]);
+        for (size_t i = 0; i < nl; i++)
+            hidden += isnan(l1[i]) && !isnan(el[i]);
+        printf("  %-32s O+=  %s\n", c.name,
+               hidden ? "a merge hid non-finite values: FAILED" : "non-finite values kept");
+        failures += hidden ? 1 : 0;
+        eo = o1, el = l1;
+    }
+    std::vector<float> delta(nl), edq(nq, 0.0f), edk(nk, 0.0f), edv(nk, 0.0f);
+    float *dl = delta.data();
+    stria_emu_launch(dim3(2, 1), STRIA__SIMT_THREADS,
+                     [&a, dl] { stria__delta_k(a, STRIA_DTYPE_F32, dl); });
+    a.lse_in = el.data();
+    a.delta = delta.data();
+    a.dq = {edq.data(), c.Tq * c.H * D, c.H * D, D};
+    a.dk = {edk.data(), c.Tk * c.Hkv * D, c.Hkv * D, D};
+    a.dv = {edv.data(), c.Tk * c.Hkv * D, c.Hkv * D, D};
+    launch_bwd<T, D, SIMT>(c, a);
+    if (out != nullptr)
+        out->o = eo, out->lse = el, out->dq = edq, out->dk = edk, out->dv = edv;
+}
+
 /* The tensor-core kernels for T in {bf16, fp16} and D in {64, 128}; with
  * SIMT, the SIMT kernels (any T, D). Compared with the portable CPU kernels
  * on the same call; the emulated outputs of the first forward and the
@@ -226,6 +290,18 @@ template <typename T, int D, bool SIMT> static void run(const ecase &c, eouts *o
     fill(k.data(), nk, 2, c.dtype, ks.data());
     fill(v.data(), nk, 3, c.dtype, vs.data());
     fill(g.data(), nq, 4, c.dtype, gs.data());
+    if (c.has_spot) {
+        const nf_dims_t dims = {B, Tq, Tk, H, Hkv, D};
+        const size_t at = c.spot.t < NF_N_TENSORS ? nf_index(&dims, &c.spot) : 0;
+        std::vector<float> *f[] = {&q, &k, &v, &g};
+        void *st[] = {qs.data(), ks.data(), vs.data(), gs.data()};
+        if (c.spot.t < NF_N_TENSORS) { /* NF_N_TENSORS: none (a clean run) */
+            (*f[c.spot.t])[at] = c.spot.value;
+            stria_dtype_store(c.dtype, st[c.spot.t], at, c.spot.value);
+        }
+        if (out != nullptr)
+            out->in[NF_Q] = q, out->in[NF_K] = k, out->in[NF_V] = v, out->in[NF_DO] = g;
+    }
 
     /* the portable CPU kernels */
     const std::vector<stria_pos_run_t> qruns = runs_of(c.qrun, c.qrun2),
@@ -293,6 +369,10 @@ template <typename T, int D, bool SIMT> static void run(const ecase &c, eouts *o
     };
 
     fwd();
+    if (c.has_spot) { /* checked by the caller; the backward on this forward */
+        run_spot_bwd<T, D, SIMT>(c, a, fwd, eo, else_v, out);
+        return;
+    }
     compare(c, "O", eo.data(), o.data(), nq, rel);
     compare(c, "LSE", else_v.data(), lse.data(), nl, 1e-5);
     const std::vector<bool> no_keys = rows_without_keys(c, lse);
@@ -317,17 +397,7 @@ template <typename T, int D, bool SIMT> static void run(const ecase &c, eouts *o
     a.dq = {edq.data(), Tq * H * D, H * D, D};
     a.dk = {edk.data(), Tk * Hkv * D, Hkv * D, D};
     a.dv = {edv.data(), Tk * Hkv * D, Hkv * D, D};
-    if constexpr (SIMT) {
-        stria_emu_launch(dim3(2, 1), STRIA__SIMT_THREADS, [&a] { stria__dq_simt_k<T>(a); });
-        stria_emu_launch(dim3(2, 1), STRIA__SIMT_THREADS, [&a] { stria__dkdv_simt_k<T>(a); });
-    } else {
-        stria_emu_launch(
-            dim3((unsigned)((Tk + STRIA__KV_BK - 1) / STRIA__KV_BK), (unsigned)(B * Hkv)),
-            STRIA__KV_NT, [&a] { stria__dkdv_mma_k<T, D>(a); });
-        stria_emu_launch(
-            dim3((unsigned)((Tq + STRIA__DQ_BQ - 1) / STRIA__DQ_BQ), (unsigned)(B * H)),
-            STRIA__DQ_NT, [&a] { stria__dq_mma_k<T, D>(a); });
-    }
+    launch_bwd<T, D, SIMT>(c, a);
     compare(c, "dQ", edq.data(), dq.data(), nq, rel);
     compare(c, "dK", edk.data(), dk.data(), nk, rel);
     compare(c, "dV", edv.data(), dv.data(), nk, rel);
@@ -668,19 +738,92 @@ static void run_masks_that_mask_nothing()
     }
 }
 
+/* ---- non-finite inputs ------------------------------------------------------ */
+
+static void nf_print_report(void *ctx, const char *msg)
+{
+    (void)ctx;
+    printf("    %s  FAILED\n", msg);
+}
+
+/* A NaN or an infinity in Q, K, V or dO of a causal call over two batch
+ * rows, where queries see it: every output that depends on it is non-finite
+ * (after the forward, after merging the partial into itself, and through
+ * the backward) and the other batch row and kv head group keep their
+ * outputs (nonfinite.h); the tensor-core kernels and the SIMT ones. */
+static void run_nonfinite()
+{
+    static const struct {
+        nf_tensor_t t;
+        int64_t tok;
+        float value;
+    } spots[] = {{NF_Q, 12, NAN}, {NF_K, 3, INFINITY}, {NF_V, 5, NAN}, {NF_DO, 9, INFINITY}};
+    /* two batch rows of one head: small, the emulation runs a host thread
+     * per CUDA thread */
+    const struct {
+        ecase c;
+        bool simt;
+    } kinds[] = {
+        {{"nonfinite causal bf16 d64", 2, 70, 70, 1, 1, 64, true, STRIA_DTYPE_BF16, {}, {}}, false},
+        {{"nonfinite simt causal fp32 d48", 2, 16, 16, 1, 1, 48, true, STRIA_DTYPE_F32, {}, {}},
+         true},
+    };
+    for (const auto &k : kinds) {
+        eouts clean;
+        ecase c0 = k.c;
+        c0.has_spot = true; /* no value put anywhere: the clean run */
+        c0.spot = {NF_N_TENSORS, 0, 0, 0, 0, 0.0f};
+        run_case(c0, k.simt, &clean);
+        size_t bad = 0;
+        for (const std::vector<float> *x : {&clean.o, &clean.lse, &clean.dq, &clean.dk, &clean.dv})
+            for (float e : *x)
+                bad += isnan(e) || e == INFINITY;
+        printf("  %-32s %zu non-finite outputs without a non-finite input%s\n", k.c.name, bad,
+               bad ? ": FAILED" : "");
+        failures += bad ? 1 : 0;
+        for (const auto &sp : spots) {
+            ecase c = k.c;
+            char name[128];
+            snprintf(name, sizeof(name), "%s, %s %g", k.c.name, nf_tensor_names[sp.t],
+                     (double)sp.value);
+            c.name = name;
+            c.has_spot = true;
+            c.spot = {sp.t, 1, sp.tok, 0, 5, sp.value};
+            eouts got;
+            run_case(c, k.simt, &got);
+            const nf_dims_t dims = {c.B, c.Tq, c.Tk, c.H, c.Hkv, c.D};
+            ref_shape_t rs = {c.B,      c.Tq,    c.Tk,   c.H, c.Hkv, c.D, 1.0 / sqrt((double)c.D),
+                              c.causal, nullptr, nullptr};
+            ref_out_t ref;
+            nf_ref_run(&rs, nullptr, got.in[NF_Q].data(), got.in[NF_K].data(), got.in[NF_V].data(),
+                       got.in[NF_DO].data(), &ref);
+            const nf_outs_t g = {got.o.data(), got.lse.data(), got.dq.data(), got.dk.data(),
+                                 got.dv.data()};
+            const nf_outs_t cl = {clean.o.data(), clean.lse.data(), clean.dq.data(),
+                                  clean.dk.data(), clean.dv.data()};
+            nf_counts_t n =
+                nf_check(&dims, &c.spot, true, &g, &cl, &ref, name, nf_print_report, nullptr);
+            printf("  %-32s %zu outputs reached, all non-finite; %zu outside kept%s\n", name,
+                   n.must, n.outside, n.failed ? ": FAILED" : "");
+            failures += n.failed ? 1 : 0;
+            ref_out_free(&ref);
+        }
+    }
+}
+
 /* No argument: every group. "base": the unmasked and causal matrix and the
  * row-wise kernels; "docs": documents, windows with documents and the masks
- * that mask nothing; "windows": windows alone (ctest runs the three as
- * separate tests). */
+ * that mask nothing; "windows": windows alone; "nonfinite": non-finite
+ * inputs (ctest runs the four as separate tests). */
 int main(int argc, char **argv)
 {
-    static const char *const groups[] = {"all", "base", "docs", "windows"};
+    static const char *const groups[] = {"all", "base", "docs", "windows", "nonfinite"};
     const char *group = argc > 1 ? argv[1] : "all";
     size_t gi = 0;
-    while (gi < 4 && strcmp(group, groups[gi]) != 0)
+    while (gi < 5 && strcmp(group, groups[gi]) != 0)
         gi++;
-    if (gi == 4) {
-        fprintf(stderr, "usage: %s [base|docs|windows]\n", argv[0]);
+    if (gi == 5) {
+        fprintf(stderr, "usage: %s [base|docs|windows|nonfinite]\n", argv[0]);
         return 2;
     }
     if (gi == 0 || gi == 1)
@@ -692,6 +835,8 @@ int main(int argc, char **argv)
     }
     if (gi == 0 || gi == 3)
         run_windows();
+    if (gi == 0 || gi == 4)
+        run_nonfinite();
     if (failures) {
         printf("test_kernel_emu: %d outputs out of tolerance\n", failures);
         return 1;

@@ -9,8 +9,18 @@
 #include <stddef.h>
 #include <string.h>
 
-/* Fills names (at least 4 entries) with the variants this CPU supports, NULL
- * terminated; returns how many. */
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* Room for cpu_expected_simd()'s names. */
+#define CPU_EXPECT_MAX 8
+
+/* Fills names (CPU_EXPECT_MAX entries) with the variants this CPU supports,
+ * NULL terminated; returns how many. amx: AVX512-BF16, AMX-BF16 and AMX-TILE
+ * by CPUID, and the kernel grants this process the tile state. */
 static inline size_t cpu_expected_simd(const char **names)
 {
     size_t n = 0;
@@ -24,6 +34,10 @@ static inline size_t cpu_expected_simd(const char **names)
         __builtin_cpu_supports("fma")) {
         names[n++] = "avx512-nobf16";
         names[n++] = "avx512";
+        unsigned a, b, c, d;
+        if (__builtin_cpu_supports("avx512bf16") && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+            (d >> 22 & 1u) && (d >> 24 & 1u) && syscall(SYS_arch_prctl, 0x1023, 18) == 0)
+            names[n++] = "amx";
     }
 #endif
     names[n] = NULL;

@@ -116,6 +116,33 @@ static inline void check_err(const char *what, double err, double naive_err, dou
               (long long)c->kruns[0].stride, err, tol, naive_err, maxabs);
 }
 
+typedef struct {
+    float *o, *lse, *dq, *dk, *dv;
+} outs_t;
+
+/* Forward, delta and backward of case c on the current variant, on `pool`:
+ * inputs qs, ks, vs, gs stored in the case's dtype, contiguous; outputs into
+ * out's arrays (dq, dk, dv zeroed by the caller) and delta. */
+static inline void case_fwd_bwd(const kcase_t *c, stria_pool_t *pool, void *qs, void *ks, void *vs,
+                                void *gs, const outs_t *out, float *delta)
+{
+    ref_masks_t unused;
+    stria_attn_params_t p = case_params(c, pool, &unused);
+    stria_tensor_t tq = stria_tensor_contiguous(qs, c->dtype, c->Tq, c->H, c->D);
+    stria_tensor_t tk = stria_tensor_contiguous(ks, c->dtype, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tv = stria_tensor_contiguous(vs, c->dtype, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tg = stria_tensor_contiguous(gs, c->dtype, c->Tq, c->H, c->D);
+    stria_tensor_t to = stria_tensor_contiguous(out->o, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
+    stria_tensor_t tdq = stria_tensor_contiguous(out->dq, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
+    stria_tensor_t tdk = stria_tensor_contiguous(out->dk, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
+    stria_tensor_t tdv = stria_tensor_contiguous(out->dv, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
+    cr_assert_eq(stria_attn_fwd(&p, &tq, &tk, &tv, &to, out->lse, false), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_attn_bwd_delta(&p, &to, &tg, delta), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_attn_bwd(&p, &tq, &tk, &tv, &tg, out->lse, delta, &tdq, &tdk, &tdv),
+                 STRIA_OK, "%s", stria_error_msg());
+}
+
 static inline void run_case(const kcase_t *c, const char *variant)
 {
     size_t nq = (size_t)(c->B * c->Tq * c->H * c->D);
@@ -143,21 +170,9 @@ static inline void run_case(const kcase_t *c, const char *variant)
     ref_to_dtype(g, nq, c->dtype, gs);
 
     ref_masks_t masks;
-    stria_attn_params_t p = case_params(c, pool, &masks);
-    stria_tensor_t tq = stria_tensor_contiguous(qs, c->dtype, c->Tq, c->H, c->D);
-    stria_tensor_t tk = stria_tensor_contiguous(ks, c->dtype, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tv = stria_tensor_contiguous(vs, c->dtype, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tg = stria_tensor_contiguous(gs, c->dtype, c->Tq, c->H, c->D);
-    stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
-    stria_tensor_t tdq = stria_tensor_contiguous(dq, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
-    stria_tensor_t tdk = stria_tensor_contiguous(dk, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tdv = stria_tensor_contiguous(dv, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
-
-    cr_assert_eq(stria_attn_fwd(&p, &tq, &tk, &tv, &to, lse, false), STRIA_OK, "%s",
-                 stria_error_msg());
-    cr_assert_eq(stria_attn_bwd_delta(&p, &to, &tg, delta), STRIA_OK, "%s", stria_error_msg());
-    cr_assert_eq(stria_attn_bwd(&p, &tq, &tk, &tv, &tg, lse, delta, &tdq, &tdk, &tdv), STRIA_OK,
-                 "%s", stria_error_msg());
+    (void)case_params(c, pool, &masks);
+    const outs_t outs = {o, lse, dq, dk, dv};
+    case_fwd_bwd(c, pool, qs, ks, vs, gs, &outs, delta);
 
     ref_shape_t rs = {c->B,
                       c->Tq,
@@ -203,7 +218,7 @@ static inline void run_case(const kcase_t *c, const char *variant)
 static inline void for_each_variant(const kcase_t *c)
 {
     const char *const *names = stria_kernels_variant_names();
-    const char *expected[4];
+    const char *expected[CPU_EXPECT_MAX];
     size_t n_expected = cpu_expected_simd(expected), simd_ran = 0;
     bool portable = false;
     for (size_t i = 0; names[i] != NULL; i++) {
@@ -221,10 +236,6 @@ static inline void for_each_variant(const kcase_t *c)
 }
 
 static const stria_dtype_t all_dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16, STRIA_DTYPE_F16};
-typedef struct {
-    float *o, *lse, *dq, *dk, *dv;
-} outs_t;
-
 /* Forward and backward of one case with one variant; inputs in amp-scaled
  * pseudo-random values so that scores span a wide range. */
 static inline void run_outputs(const kcase_t *c, const char *variant, float amp, outs_t *out)
@@ -255,21 +266,7 @@ static inline void run_outputs(const kcase_t *c, const char *variant, float amp,
     ref_fill(f, nk, 24, 1.0f, c->dtype);
     ref_to_dtype(f, nk, c->dtype, vs);
 
-    ref_masks_t unused;
-    stria_attn_params_t p = case_params(c, pool, &unused);
-    stria_tensor_t tq = stria_tensor_contiguous(qs, c->dtype, c->Tq, c->H, c->D);
-    stria_tensor_t tk = stria_tensor_contiguous(ks, c->dtype, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tv = stria_tensor_contiguous(vs, c->dtype, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tg = stria_tensor_contiguous(gs, c->dtype, c->Tq, c->H, c->D);
-    stria_tensor_t to = stria_tensor_contiguous(out->o, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
-    stria_tensor_t tdq = stria_tensor_contiguous(out->dq, STRIA_DTYPE_F32, c->Tq, c->H, c->D);
-    stria_tensor_t tdk = stria_tensor_contiguous(out->dk, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
-    stria_tensor_t tdv = stria_tensor_contiguous(out->dv, STRIA_DTYPE_F32, c->Tk, c->Hkv, c->D);
-    cr_assert_eq(stria_attn_fwd(&p, &tq, &tk, &tv, &to, out->lse, false), STRIA_OK, "%s",
-                 stria_error_msg());
-    cr_assert_eq(stria_attn_bwd_delta(&p, &to, &tg, delta), STRIA_OK, "%s", stria_error_msg());
-    cr_assert_eq(stria_attn_bwd(&p, &tq, &tk, &tv, &tg, out->lse, delta, &tdq, &tdk, &tdv),
-                 STRIA_OK, "%s", stria_error_msg());
+    case_fwd_bwd(c, pool, qs, ks, vs, gs, out, delta);
     stria_pool_destroy(pool);
     free(f), free(qs), free(ks), free(vs), free(gs), free(delta);
 }

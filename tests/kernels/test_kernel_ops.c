@@ -28,12 +28,12 @@ static int for_each_simd(void (*fn)(const stria_kern_ops_t *simd, const stria_ke
 {
     const char *const *names = stria_kernels_variant_names();
     const stria_kern_ops_t *port = ops_of("portable");
-    const char *expected[4], *ran_names[8];
+    const char *expected[CPU_EXPECT_MAX], *ran_names[8];
     size_t n_expected = cpu_expected_simd(expected);
     int ran = 0;
     for (size_t i = 0; names[i] != NULL; i++) {
-        if (strcmp(names[i], "portable") == 0)
-            continue;
+        if (strcmp(names[i], "portable") == 0 || strcmp(names[i], "amx-emu") == 0)
+            continue; /* amx-emu: the portable operations, but its bf16 product (below) */
         if (!stria_kernels_variant_available(names[i])) {
             cr_log_info("variant %s not supported by this CPU: skipped", names[i]);
             continue;
@@ -515,6 +515,52 @@ Test(kernel_ops, conversions_exact)
     for_each_simd(conversions);
 }
 
+/* row_store against stria_dtype_store(), bit for bit: every bf16 and fp16
+ * rounding case (values halfway between two of the dtype, overflow to inf,
+ * fp16 subnormals and below, NaNs of any payload and sign, infinities), and
+ * lengths that are not a multiple of the vector width write exactly n
+ * elements. */
+static void stores(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
+{
+    enum { N = 4096 };
+    float *x = malloc(N * 4);
+    uint16_t *h1 = malloc(N * 4 + 64), *h2 = malloc(N * 4 + 64);
+    uint32_t s = 12345;
+    for (int i = 0; i < N; i++) {
+        s = s * 1664525u + 1013904223u;
+        uint32_t u = s;
+        if (i % 4 == 0) /* halfway cases of bf16 and fp16 */
+            u = (u & 0xffff0000u) | (i % 8 ? 0x8000u : 0x1000u);
+        if (i % 16 == 1) /* NaNs, infinities, zeros and tiny values */
+            u = (u & 0x80000000u) |
+                (uint32_t[]){0x7f800001u, 0x7fc00000u, 0x7f800000u, 0x0u,
+                             0x00000001u, 0x33800000u, 0x387fe000u, 0x477ff000u}[(i / 16) % 8];
+        memcpy(&x[i], &u, 4);
+        if (i % 5 == 2) /* ordinary values of fp16 range */
+            x[i] = (float)((int)(s >> 16) - 32768) / 256.0f;
+    }
+    static const stria_dtype_t dts[] = {STRIA_DTYPE_BF16, STRIA_DTYPE_F16, STRIA_DTYPE_F32};
+    for (size_t d = 0; d < 3; d++) {
+        const size_t es = stria_dtype_size(dts[d]);
+        for (int n = 8; n <= 72; n += 8)
+            for (int at = 0; at + n <= N; at += 503) {
+                memset(h1, 0x5a, (size_t)(n + 16) * es);
+                memset(h2, 0x5a, (size_t)(n + 16) * es);
+                port->row_store(dts[d], x + at, h1, n);
+                simd->row_store(dts[d], x + at, h2, n);
+                cr_assert(memcmp(h1, h2, (size_t)(n + 16) * es) == 0,
+                          "%s row_store %s n=%d from %d differs from stria_dtype_store()",
+                          simd->name, stria_dtype_name(dts[d]), n, at);
+            }
+    }
+    free(x), free(h1), free(h2);
+}
+
+Test(kernel_ops, row_store_exact)
+{
+    for_each_simd(stores);
+}
+
 static void accumulate_rows(const stria_kern_ops_t *simd, const stria_kern_ops_t *port)
 {
     float src[272], d1[272], d2[272];
@@ -669,7 +715,7 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
 {
     static const int ms[] = {1, 5, 6, 7, 64};
     static const int ns[] = {16, 48, 64, 80};
-    static const int ks[] = {2, 16, 128, 256};
+    static const int ks[] = {2, 16, 48, 128, 256};
     (void)port;
     if (simd->gemm_bf16 == NULL || !simd->gemm_bf16_ok()) {
         cr_log_info("variant %s: no bf16 GEMM (none in the variant, or no AVX512-BF16)",
@@ -679,9 +725,10 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
     for (size_t im = 0; im < sizeof(ms) / sizeof(ms[0]); im++)
         for (size_t in = 0; in < sizeof(ns) / sizeof(ns[0]); in++)
             for (size_t ik = 0; ik < sizeof(ks) / sizeof(ks[0]); ik++)
-                for (int mode = 0; mode < 3; mode++) {
+                for (int mode = 0; mode < 4; mode++) {
                     /* mode 0: A rows, C written; 1: A pairs, C scaled and
-                     * accumulated; 2: A rows, C accumulated */
+                     * accumulated; 2: A rows, C accumulated; 3: A rows, C
+                     * scaled and accumulated */
                     int m = ms[im], n = ns[in], k = ks[ik];
                     bool trans_a = mode == 1;
                     ptrdiff_t lda = trans_a ? 2 * m + 6 : k + 8, ldb = 2 * n + 32, ldc = n + 16;
@@ -704,7 +751,7 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
                     for (size_t i = 0; i < nc; i++)
                         c[i] = -7.0f;
                     simd->gemm_bf16(m, n, k, a, lda, trans_a, b, ldb, c, ldc,
-                                    mode == 1 ? beta : NULL, mode != 0);
+                                    mode % 2 ? beta : NULL, mode != 0);
                     for (int i = 0; i < m; i++)
                         for (int j = 0; j < ldc; j++) {
                             float got = c[i * ldc + j];
@@ -713,7 +760,7 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
                                              simd->name, i, j, n);
                                 continue;
                             }
-                            double want = mode == 0 ? 0.0 : mode == 1 ? -7.0 * beta[i] : -7.0;
+                            double want = mode == 0 ? 0.0 : mode % 2 ? -7.0 * beta[i] : -7.0;
                             double mag = fabs(want);
                             for (int p = 0; p < k; p++) {
                                 double x = (double)af[i * k + p] * (double)bf[p * n + j];
@@ -732,13 +779,15 @@ static void bf16_gemm(const stria_kern_ops_t *simd, const stria_kern_ops_t *port
 Test(kernel_ops, bf16_gemm_exact_products)
 {
     for_each_simd(bf16_gemm);
+    /* the amx variant's tile product (emulated tiles) on any CPU */
+    bf16_gemm(ops_of("amx-emu"), ops_of("portable"));
 }
 
 Test(kernel_ops, f32_add_every_variant_and_length)
 {
     const char *const *names = stria_kernels_variant_names();
     static float dst[3000], src[3000], want[3000];
-    const char *expected[4];
+    const char *expected[CPU_EXPECT_MAX];
     size_t n_expected = cpu_expected_simd(expected), checked = 0;
     for (size_t v = 0; names[v] != NULL; v++) {
         if (!stria_kernels_variant_available(names[v]))
@@ -758,4 +807,37 @@ Test(kernel_ops, f32_add_every_variant_and_length)
     cr_assert_eq(checked, n_expected, "%zu of the %zu SIMD variants this CPU supports checked",
                  checked, n_expected);
     stria_kernels_set_variant(names[0]);
+}
+
+/* The emulated tiles follow TDPBF16PS (Intel SDM): subnormal bf16 inputs
+ * count as zero, subnormal sums are flushed, 0 x inf is NaN and a NaN
+ * spreads to its row and column of C only. Through the amx variant's
+ * product on a 16 x 16 x 32 block, which is one tile product. */
+Test(kernel_ops, amx_emu_tiles_follow_tdpbf16ps)
+{
+    const stria_kern_ops_t *emu = ops_of("amx-emu");
+    uint16_t a[16 * 32], b[16 * 32]; /* A rows along k; B in pairs along k */
+    float c[16 * 16];
+    for (int i = 0; i < 16 * 32; i++)
+        a[i] = b[i] = 0x3f80; /* 1.0 */
+    a[0] = 0x0001;            /* A[0][0]: a subnormal bf16 */
+    b[0] = 0x7f00;            /* B[0][0]: 2^127, would make the subnormal 2^-6 */
+    emu->gemm_bf16(16, 16, 32, a, 32, false, b, 32, c, 16, NULL, false);
+    cr_expect_eq(c[0], 31.0f, "a subnormal input counts as zero: %g", c[0]);
+    cr_expect_eq(c[1], 31.0f, "row 0 of A holds the subnormal: %g", c[1]);
+    cr_expect_eq(c[17], 32.0f, "row 1 of A does not: %g", c[17]);
+    /* a sum that falls below FLT_MIN is flushed to zero */
+    for (int i = 0; i < 16 * 32; i++)
+        a[i] = b[i] = 0;
+    a[0] = 0x0100; /* 2^-125 */
+    b[0] = 0x3e80; /* 0.25: the product 2^-127 is subnormal */
+    emu->gemm_bf16(16, 16, 32, a, 32, false, b, 32, c, 16, NULL, false);
+    cr_expect_eq(c[0], 0.0f, "a subnormal sum is flushed: %g", c[0]);
+    /* 0 x inf is NaN, in row 2 and column 3 of C only */
+    a[2 * 32 + 4] = 0;                /* A[2][4] = 0 */
+    b[(4 / 2) * 32 + 2 * 3] = 0x7f80; /* B[4][3] = +inf */
+    emu->gemm_bf16(16, 16, 32, a, 32, false, b, 32, c, 16, NULL, false);
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++)
+            cr_expect(isnan(c[i * 16 + j]) == (j == 3), "C[%d][%d] = %g", i, j, c[i * 16 + j]);
 }

@@ -2,6 +2,9 @@
  * a SIMD variant, by call or by STRIA_KERNEL. */
 #include <criterion/criterion.h>
 
+#include <errno.h>
+
+#include "kernels_int.h"
 #include "kernels_test_util.h"
 
 /* ---- bad arguments --------------------------------------------------------- */
@@ -107,15 +110,70 @@ Test(kernels, env_forces_variant)
         cr_log_info("default would have been %s", last);
 }
 
-Test(kernels, env_unknown_variant_is_a_clear_error)
+/* A small forward with STRIA_KERNEL=name: its status (the variant is chosen
+ * on this first kernel call). */
+static stria_status_t fwd_with_env(const char *name)
 {
     float buf[4 * 32] = {0}, o[4 * 32], lse[4];
     stria_attn_params_t p;
-    cr_assert_eq(setenv("STRIA_KERNEL", "sse9", 1), 0);
+    cr_assert_eq(setenv("STRIA_KERNEL", name, 1), 0);
     block_params(&p, 4, 4, 1, 32);
     stria_tensor_t t = stria_tensor_contiguous(buf, STRIA_DTYPE_F32, 4, 1, 32);
     stria_tensor_t to = stria_tensor_contiguous(o, STRIA_DTYPE_F32, 4, 1, 32);
-    expect_error(stria_attn_fwd(&p, &t, &t, &t, &to, lse, false), STRIA_ERR_NOT_FOUND,
-                 "STRIA_KERNEL=sse9");
+    return stria_attn_fwd(&p, &t, &t, &t, &to, lse, false);
+}
+
+Test(kernels, env_unknown_variant_is_a_clear_error)
+{
+    expect_error(fwd_with_env("sse9"), STRIA_ERR_NOT_FOUND, "STRIA_KERNEL=sse9");
     cr_expect_str_eq(stria_kernels_variant(), "none");
+}
+
+/* The amx variant is offered only with AVX512-BF16, AMX-BF16 and AMX-TILE
+ * (CPUID) and the tile state granted by the kernel; each refusal names its
+ * reason (the verdict from what was found, checked here with every case). */
+Test(kernels, amx_verdict_names_its_reason)
+{
+    cr_expect_null(stria__amx_verdict(true, true, true, 0));
+    const char *why = stria__amx_verdict(false, true, true, 0);
+    cr_expect(why != NULL && strstr(why, "AVX512-BF16") != NULL, "%s", why ? why : "(null)");
+    why = stria__amx_verdict(true, false, true, 0);
+    cr_expect(why != NULL && strstr(why, "AMX-BF16") != NULL && strstr(why, "CPUID") != NULL, "%s",
+              why ? why : "(null)");
+    why = stria__amx_verdict(true, true, false, 0);
+    cr_expect(why != NULL && strstr(why, "CPUID") != NULL, "%s", why ? why : "(null)");
+    why = stria__amx_verdict(true, true, true, EPERM);
+    cr_expect(why != NULL && strstr(why, "ARCH_REQ_XCOMP_PERM") != NULL &&
+                  strstr(why, strerror(EPERM)) != NULL,
+              "%s", why ? why : "(null)");
+}
+
+/* STRIA_KERNEL=amx where the CPU (or the kernel) cannot run it is an error
+ * naming the reason; where it can, amx is the default and runs bf16 on its
+ * tiles. */
+Test(kernels, env_amx_is_chosen_honestly)
+{
+    const char *expected[CPU_EXPECT_MAX];
+    cpu_expected_simd(expected);
+    const bool have = cpu_name_in(expected, "amx");
+    bool built = false;
+    for (const char *const *n = stria_kernels_variant_names(); *n != NULL; n++)
+        built = built || strcmp(*n, "amx") == 0;
+    if (!built) {
+        cr_log_info("this build has no amx variant (the compiler lacks -mamx-tile): skipped");
+        return;
+    }
+    cr_expect_eq(stria_kernels_variant_available("amx"), have);
+    if (have) {
+        cr_expect_str_eq(stria_kernels_variant(), "amx", "the default where AMX runs");
+        cr_expect(stria_kernels_variant_bf16_dot("amx"));
+        return;
+    }
+    const char *why = stria__amx_why_not();
+    cr_assert_not_null(why);
+    expect_error(fwd_with_env("amx"), STRIA_ERR_UNSUPPORTED, "STRIA_KERNEL=amx");
+    cr_expect(strstr(stria_error_msg(), why) != NULL, "'%s' lacks the reason '%s'",
+              stria_error_msg(), why);
+    cr_log_info("refused as it must be: %s", stria_error_msg());
+    expect_error(stria_kernels_set_variant("amx"), STRIA_ERR_UNSUPPORTED, why);
 }

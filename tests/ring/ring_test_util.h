@@ -80,9 +80,19 @@ static inline stria_ring_shape_t shape_of(const rcase_t *c)
     return s;
 }
 
-static inline stria_status_t ring_run(const rcase_t *c, rdata_t *d, stria_ring_local_stats_t *stats)
+/* The ring over in-process links, forward and backward, with the masks m
+ * (NULL: none). */
+static inline stria_status_t ring_run_masks(const rcase_t *c, const ref_masks_t *m, rdata_t *d,
+                                            stria_ring_local_stats_t *stats)
 {
     stria_ring_shape_t shape = shape_of(c);
+    if (m != NULL) {
+        shape.call.cu_seqlens = m->cu_seqlens;
+        shape.call.n_cu_seqlens = m->n_cu;
+        shape.call.has_window = m->has_window;
+        shape.call.window_left = m->left;
+        shape.call.window_right = m->right;
+    }
     stria_ring_local_opts_t opts = {.layout = c->layout,
                                     .n_ranks = c->n,
                                     .passes = STRIA_RING_PASS_FWD_BWD,
@@ -99,6 +109,11 @@ static inline stria_status_t ring_run(const rcase_t *c, rdata_t *d, stria_ring_l
                                 .dv = d->dv,
                                 .grad_dtype = STRIA_DTYPE_F32};
     return stria_ring_run_local(&shape, &opts, &io, stats);
+}
+
+static inline stria_status_t ring_run(const rcase_t *c, rdata_t *d, stria_ring_local_stats_t *stats)
+{
+    return ring_run_masks(c, NULL, d, stats);
 }
 
 typedef struct {

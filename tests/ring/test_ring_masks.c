@@ -6,35 +6,6 @@
 
 /* ---- documents and sliding windows ----------------------------------- */
 
-static stria_status_t ring_run_masks(const rcase_t *c, const ref_masks_t *m, rdata_t *d,
-                                     stria_ring_local_stats_t *stats)
-{
-    stria_ring_shape_t shape = shape_of(c);
-    if (m != NULL) {
-        shape.call.cu_seqlens = m->cu_seqlens;
-        shape.call.n_cu_seqlens = m->n_cu;
-        shape.call.has_window = m->has_window;
-        shape.call.window_left = m->left;
-        shape.call.window_right = m->right;
-    }
-    stria_ring_local_opts_t opts = {.layout = c->layout,
-                                    .n_ranks = c->n,
-                                    .passes = STRIA_RING_PASS_FWD_BWD,
-                                    .step_timeout_s = 60};
-    stria_ring_local_io_t io = {.q = d->qs,
-                                .k = d->ks,
-                                .v = d->vs,
-                                .o = d->o,
-                                .o_dtype = STRIA_DTYPE_F32,
-                                .lse = d->lse,
-                                .d_o = d->gs,
-                                .dq = d->dq,
-                                .dk = d->dk,
-                                .dv = d->dv,
-                                .grad_dtype = STRIA_DTYPE_F32};
-    return stria_ring_run_local(&shape, &opts, &io, stats);
-}
-
 /* The ring's results against the fp64 and fp32 references, within the
  * tolerance rule; ry (NULL: none) the bf16 math yardstick of O and the
  * gradients (see check_case). */
