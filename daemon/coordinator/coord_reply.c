@@ -130,6 +130,7 @@ Stria__V1__JobInfo *stria__reply_job(stria__scratch_t *b, const stria_coord_t *c
     info->timings = t;
     info->failure = (char *)j->failure;
     info->failure_retryable = j->failure_retryable;
+    info->failure_status = j->state == S_FAILED ? j->failure_status : 0;
     if (j->blamed_worker != 0) {
         info->blamed_worker_ids = (uint64_t *)&j->blamed_worker;
         info->n_blamed_worker_ids = 1;

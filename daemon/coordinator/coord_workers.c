@@ -337,7 +337,10 @@ static bool stria__pass_started(stria__cjob_t *j, const Stria__V1__ReportJobRequ
                                 stria__cworker_t *w, bool bwd)
 {
     bool all_arrived = stria__cjob_arrive(j, req->rank, req->pass, bwd);
-    stria__pass_begin(j, bwd, 0);
+    /* (a rank's arrival may come after its own or every rank's outcome: the
+     * pass then began already) */
+    if (stria__pass_due(j, bwd))
+        stria__pass_begin(j, bwd, 0);
     w->current_job = j->id;
     return all_arrived;
 }
@@ -353,6 +356,8 @@ static void stria__pass_done(stria_coord_t *co, stria__cjob_t *j, stria__crank_t
         w->current_job = 0;
     for (uint32_t r = 0; r < j->n_ranks; r++)
         all = all && (bwd ? j->ranks[r].bwd_done : j->ranks[r].fwd_done);
+    if (all)
+        j->arrival_deadline = 0; /* every rank came: none is late */
     if (all && j->state == (bwd ? S_RUNNING_BACKWARD : S_RUNNING_FORWARD)) {
         uint64_t *done_ms = bwd ? &j->times.backward_done_ms : &j->times.forward_done_ms;
         j->state = bwd ? S_DONE : S_FORWARD_DONE;

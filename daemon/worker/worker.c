@@ -294,9 +294,9 @@ void stria_worker_stop(stria_worker_t *w)
         stria__wsess_drop_locked(w->sessions, STRIA_ERR_CANCELLED, "the worker stops");
     while (w->session_threads > 0) /* they use the link factory to the end */
         pthread_cond_wait(&w->cv, &w->lock);
-    while (w->fails != NULL) { /* not reported: the worker left */
-        stria__wfail_t *f = w->fails;
-        w->fails = f->next;
+    while (w->later != NULL) { /* not reported: the worker left */
+        stria__wlater_t *f = w->later;
+        w->later = f->next;
         free(f);
     }
     pthread_mutex_unlock(&w->lock);

@@ -264,7 +264,7 @@ void *stria__wbeat_thread(void *arg)
         bool registered = w->registered;
         pthread_mutex_unlock(&w->lock);
         if (registered)
-            stria__wcoord_report_fails(w);
+            stria__wcoord_report_later(w);
         stria_status_t st = registered ? heartbeat(w) : register_worker(w);
         if (st != STRIA_OK && st != STRIA_ERR_NOT_FOUND)
             stria_metric_add(w->m_err_coord, 1);

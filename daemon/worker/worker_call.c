@@ -456,6 +456,14 @@ void stria__wcall_engine_free(stria__wsess_t *s)
  * 0, waiting up to the arrival timeout for it: a rank whose trainer rank
  * did not call in time is named, and ranks that disagree are refused; the
  * rank that finds it aborts the link with it, so every rank fails so. */
+static double heartbeat_s(stria_worker_t *w)
+{
+    pthread_mutex_lock(&w->lock);
+    double s = w->heartbeat_ms / 1000.0;
+    pthread_mutex_unlock(&w->lock);
+    return s;
+}
+
 static stria_status_t agree(stria__wsess_t *s, uint64_t call, bool backward, uint64_t digest)
 {
     stria_link_t *link = s->eng.link;
@@ -470,8 +478,15 @@ static stria_status_t agree(stria__wsess_t *s, uint64_t call, bool backward, uin
     stria_status_t st = stria_link_isend(link, tag, mine, sizeof(mine), &sreq);
     if (st == STRIA_OK)
         st = stria_link_irecv(link, tag, theirs, sizeof(theirs), &rreq);
+    /* a job's ranks report their arrival: the coordinator names every rank
+     * that did not come (within arrival_timeout_s of the first, and a few
+     * heartbeats to hear of its worker) before this wait, which names only
+     * the predecessor, gives up */
+    double wait_s = s->arrival_timeout_s;
+    if (s->report_calls)
+        wait_s += 4.0 * heartbeat_s(s->w) + 2.0;
     if (st == STRIA_OK) {
-        st = stria_link_wait(link, rreq, s->arrival_timeout_s);
+        st = stria_link_wait(link, rreq, wait_s);
         rreq = NULL;
         if (st == STRIA_ERR_TIMEOUT) {
             char why[400];

@@ -79,39 +79,67 @@ void stria__wcoord_report(stria_worker_t *w, const stria__wreport_t *r, stria__w
         *out = v;
 }
 
-void stria__wcoord_fail_later(stria_worker_t *w, uint64_t job_id, int rank, bool retryable,
-                              const char *message)
+static void later(stria_worker_t *w, stria__wlater_t *l)
 {
-    stria__wfail_t *f = calloc(1, sizeof(*f));
-    stria_log_warn("job %llu: %s", (unsigned long long)job_id, message);
-    if (f == NULL) /* the job then fails at the coordinator by its TTL */
-        return;
-    f->job_id = job_id;
-    f->rank = rank;
-    f->retryable = retryable;
-    snprintf(f->message, sizeof(f->message), "%s", message);
     pthread_mutex_lock(&w->lock);
-    f->next = w->fails;
-    w->fails = f;
+    l->next = w->later;
+    w->later = l;
     pthread_cond_broadcast(&w->cv); /* the heartbeat thread reports it */
     pthread_mutex_unlock(&w->lock);
 }
 
-void stria__wcoord_report_fails(stria_worker_t *w)
+void stria__wcoord_fail_later(stria_worker_t *w, uint64_t job_id, int rank, bool retryable,
+                              const char *message)
+{
+    stria__wlater_t *l = calloc(1, sizeof(*l));
+    stria_log_warn("job %llu: %s", (unsigned long long)job_id, message);
+    if (l == NULL) /* the job then fails at the coordinator by its TTL */
+        return;
+    l->job_id = job_id;
+    l->rank = rank;
+    l->event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED;
+    l->retryable = retryable;
+    snprintf(l->message, sizeof(l->message), "%s", message);
+    later(w, l);
+}
+
+void stria__wcoord_arrived_later(stria_worker_t *w, uint64_t job_id, int rank, uint64_t pass,
+                                 bool backward)
+{
+    stria__wlater_t *l = calloc(1, sizeof(*l));
+    if (l == NULL) /* the other ranks' wait then names this one */
+        return;
+    l->job_id = job_id;
+    l->rank = rank;
+    l->event = backward ? STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_BACKWARD_STARTED
+                        : STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FORWARD_STARTED;
+    l->pass = pass;
+    later(w, l);
+}
+
+void stria__wcoord_report_later(stria_worker_t *w)
 {
     pthread_mutex_lock(&w->lock);
-    stria__wfail_t *f = w->fails;
-    w->fails = NULL;
+    stria__wlater_t *l = w->later, *oldest = NULL;
+    w->later = NULL;
     pthread_mutex_unlock(&w->lock);
-    while (f != NULL) {
-        stria__wfail_t *next = f->next;
-        const stria__wreport_t r = {.job_id = f->job_id,
-                                    .rank = f->rank,
-                                    .event = STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED,
-                                    .message = f->message,
-                                    .retryable = f->retryable};
+    while (l != NULL) { /* newest first: turned around */
+        stria__wlater_t *next = l->next;
+        l->next = oldest;
+        oldest = l;
+        l = next;
+    }
+    while (oldest != NULL) {
+        stria__wlater_t *next = oldest->next;
+        const bool failed = oldest->event == STRIA__V1__REPORT_JOB_REQUEST__EVENT__EVENT_FAILED;
+        const stria__wreport_t r = {.job_id = oldest->job_id,
+                                    .rank = oldest->rank,
+                                    .event = oldest->event,
+                                    .message = failed ? oldest->message : NULL,
+                                    .pass = (uint32_t)oldest->pass,
+                                    .retryable = oldest->retryable};
         stria__wcoord_report(w, &r, NULL);
-        free(f);
-        f = next;
+        free(oldest);
+        oldest = next;
     }
 }

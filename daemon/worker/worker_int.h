@@ -266,15 +266,18 @@ struct stria__wsess {
     stria__wengine_t eng;
 };
 
-/* A failure the heartbeat thread reports for the RPC loop (which must not
- * block on the coordinator). */
-typedef struct stria__wfail {
-    struct stria__wfail *next;
+/* A report the heartbeat thread makes for the RPC loop (which must not
+ * block on the coordinator): a failure, or a sharded job's rank whose
+ * inputs are in (the coordinator judges who did not arrive). */
+typedef struct stria__wlater {
+    struct stria__wlater *next;
     uint64_t job_id;
     int rank;
+    Stria__V1__ReportJobRequest__Event event;
+    uint64_t pass; /* the call, for an arrival */
     bool retryable;
     char message[512];
-} stria__wfail_t;
+} stria__wlater_t;
 
 typedef struct stria__wshm_srv stria__wshm_srv_t;
 
@@ -327,7 +330,7 @@ struct stria_worker {
     bool heartbeat_stop; /* running calls are over: the heartbeat thread ends */
     bool abort_calls;    /* shutdown: running calls must fail now */
     char abort_reason[96];
-    stria__wfail_t *fails; /* failures to report, oldest last */
+    stria__wlater_t *later; /* reports to make, newest first */
     pthread_t hb_thread;
     bool hb_started;
     bool registered;
@@ -437,8 +440,12 @@ void stria__wcoord_report(stria_worker_t *w, const stria__wreport_t *r, stria__w
 /* Queues a failure for the heartbeat thread to report (any thread). */
 void stria__wcoord_fail_later(stria_worker_t *w, uint64_t job_id, int rank, bool retryable,
                               const char *message);
-/* Reports the queued failures (the heartbeat thread). */
-void stria__wcoord_report_fails(stria_worker_t *w);
+/* Queues a sharded job's arrival: rank's inputs of call `pass` are in
+ * (FORWARD_STARTED or BACKWARD_STARTED; any thread). */
+void stria__wcoord_arrived_later(stria_worker_t *w, uint64_t job_id, int rank, uint64_t pass,
+                                 bool backward);
+/* Makes the queued reports, oldest first (the heartbeat thread). */
+void stria__wcoord_report_later(stria_worker_t *w);
 
 /* ---- worker_call.c ---- */
 /* The geometry of a call of session s with this shape, checked against the

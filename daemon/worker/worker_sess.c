@@ -681,6 +681,11 @@ void stria__wsess_hand(stria__wsess_t *s, stria_rpc_call_t *call)
                               stopping ? "this worker is shutting down" : "the session is closed");
         return;
     }
+    if (s->sharded && s->report_calls) { /* the coordinator judges who did not arrive */
+        const Stria__V1__SessionCallRequest *req =
+            (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
+        stria__wcoord_arrived_later(w, s->id, s->rank, req->call, req->backward);
+    }
     s->sh.call = call;
     s->sh.running = true;
     s->sh.step = 0;

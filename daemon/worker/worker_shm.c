@@ -61,7 +61,9 @@ static stria_status_t register_arena(conn_t *c, const Stria__V1__ShmRequest *req
 {
     stria_worker_t *w = c->srv->w;
     stria_status_t st = STRIA_OK;
-    uint64_t me = stria_worker_id(w);
+    pthread_mutex_lock(&w->lock); /* this worker's id once registered (0 before) */
+    uint64_t me = w->registered ? w->worker_id : 0;
+    pthread_mutex_unlock(&w->lock);
     if (c->arena)
         st = stria_error_set(STRIA_ERR_INVALID_ARG,
                              "this connection serves job %llu rank %u already: open another",
