@@ -12,6 +12,7 @@
  * and the workers lost (blamed). With a progress callback the requests and
  * replies go through a helper thread while the caller's thread reports. */
 #include <math.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,14 +47,21 @@ typedef struct {
     stria_rpc_pending_t pend;
     struct iovec in_iov[6], out_iov[3];
     uint64_t in_bytes, out_bytes;
-    bool sent;
+    bool sent, received;
+    /* a sender thread of its own (large uploads): running until sent_done */
+    pthread_t sender;
+    bool sending, sent_done, aborted;
+    stria_status_t send_st;
+    char send_error[512];
+    struct try *x;
     double pass_s, compute_s, wait_s;
     uint32_t steps;
     uint64_t ring_bytes, minflt;
 } part_t;
 
 /* What the whole try shares with its helper thread. */
-typedef struct {
+typedef struct
+try {
     stria_session_t *s;
     const stria__lcall_t *c;
     part_t *p;
@@ -68,7 +76,8 @@ typedef struct {
     uint64_t sent_bytes, total_up;
     bool done;
     double t_sent, t_first_reply;
-} try_t;
+}
+try_t;
 
 static void geometry(const stria_session_t *s, const stria__lcall_t *c, const stria_layout_t *lay,
                      size_t in_room, part_t *p)
@@ -364,14 +373,122 @@ static stria_status_t recv_part(try_t *x, part_t *p)
     return STRIA_OK;
 }
 
-/* Every rank's request, then every reply (the helper thread's work, or the
- * caller's without progress). */
+/* Gives up on rank p, silent STRIA__ABANDON_S after another rank failed
+ * the call: its connection goes (its reply would come later, out of step),
+ * and its outcome explains nothing. */
+static void abandon(part_t *p)
+{
+    stria_rpc_client_close(p->r->conn);
+    p->r->conn = NULL; /* the next call connects anew; the rank stays open there */
+    p->received = true;
+    *p->o = (stria__lout_t){.st = STRIA_ERR_CANCELLED, .retryable = true, .abandoned = true};
+    snprintf(p->o->error, sizeof(p->o->error),
+             "given up on: no answer %.0f s after another rank failed the call", STRIA__ABANDON_S);
+}
+
+/* The next rank whose reply is there to read (waiting for the first of
+ * them), or NULL once every rank's is read or given up on. Without a
+ * failure yet it waits up to the call's deadline (the rank whose deadline
+ * comes first is then read, to fail with it). */
+static part_t *pick_reply(try_t *x, double *t_failed_io)
+{
+    double next_watch = stria_time_now() + STRIA__WATCH_S;
+    for (;;) {
+        double t_failed = *t_failed_io;
+        struct pollfd fds[x->n];
+        part_t *who[x->n];
+        int n = 0;
+        double deadline = 0;
+        part_t *first_due = NULL;
+        bool sending = false;
+        for (int i = 0; i < x->n; i++) {
+            part_t *p = &x->p[i];
+            if (p->sending && !__atomic_load_n(&p->sent_done, __ATOMIC_ACQUIRE)) {
+                sending = true;
+                continue;
+            }
+            if (!p->sent || p->received)
+                continue;
+            int fd = stria_rpc_client_fd(p->r->conn);
+            if (fd < 0) /* closed: its receive says so */
+                return p;
+            fds[n] = (struct pollfd){.fd = fd, .events = POLLIN};
+            who[n++] = p;
+            if (first_due == NULL)
+                first_due = p;
+            if (p->pend.deadline > 0 && (deadline <= 0 || p->pend.deadline < deadline)) {
+                first_due = p;
+                deadline = p->pend.deadline;
+            }
+        }
+        if (n == 0 && !sending)
+            return NULL;
+        double now = stria_time_now(), until = deadline;
+        if (t_failed > 0 && (until <= 0 || t_failed + STRIA__ABANDON_S < until))
+            until = t_failed + STRIA__ABANDON_S;
+        if (until > 0 && now >= until) {
+            if (t_failed > 0 && now >= t_failed + STRIA__ABANDON_S) {
+                for (int i = 0; i < n; i++)
+                    abandon(who[i]);
+                for (int i = 0; i < x->n; i++) /* an upload stuck on a silent worker */
+                    if (x->p[i].sending && !__atomic_load_n(&x->p[i].sent_done, __ATOMIC_ACQUIRE)) {
+                        x->p[i].aborted = true;
+                        stria_rpc_client_abort(x->p[i].r->conn);
+                    }
+                return NULL;
+            }
+            if (first_due != NULL)
+                return first_due; /* past its deadline: its receive fails with it */
+        }
+        if (t_failed == 0 && now >= next_watch) { /* over at the coordinator: no reply comes */
+            stria__linfo_t info;
+            stria_status_t st =
+                stria__lcoord_info(x->s->client, x->s->id, &x->s->secret, false, &info, NULL);
+            if (st == STRIA_ERR_NOT_FOUND ||
+                (st == STRIA_OK && info.state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED)) {
+                *t_failed_io = now - STRIA__ABANDON_S;
+                continue;
+            }
+            next_watch = now + 1.0;
+        }
+        int ms = until > 0 ? (int)ceil((until - now) * 1000.0) : 1000;
+        if (sending && ms > 20) /* a sender finishing adds its reply to wait for */
+            ms = 20;
+        int rc = poll(fds, (nfds_t)n, ms > 1000 ? 1000 : ms);
+        for (int i = 0; rc > 0 && i < n; i++)
+            if (fds[i].revents != 0)
+                return who[i];
+    }
+}
+
+/* Every rank's request, then every reply as it comes (the helper thread's
+ * work, or the caller's without progress). */
+static void *sender_main(void *arg)
+{
+    part_t *p = arg;
+    p->send_st = send_part(p->x, p);
+    if (p->send_st != STRIA_OK)
+        snprintf(p->send_error, sizeof(p->send_error), "%s", stria_error_msg());
+    __atomic_store_n(&p->sent_done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 static void exchange(try_t *x)
 {
+    /* Uploads of a megabyte or more a rank go on a thread per rank, so that
+     * a rank whose worker stopped answering holds up neither the others'
+     * uploads nor the replies (or the coordinator's word) that tell of the
+     * failure; smaller ones fit the sockets' buffers and go in turn. */
+    bool threads = x->total_up >= ((uint64_t)1 << 20) * (uint64_t)x->n;
     for (int i = 0; i < x->n; i++) {
         part_t *p = &x->p[i];
         if (p->o->st != STRIA_OK)
             continue;
+        p->x = x;
+        if (threads && pthread_create(&p->sender, NULL, sender_main, p) == 0) {
+            p->sending = true;
+            continue;
+        }
         stria_status_t st = send_part(x, p);
         if (st != STRIA_OK)
             stria__lrank_fail(p->r, st, p->o);
@@ -381,18 +498,36 @@ static void exchange(try_t *x)
     x->phase = x->c->backward ? STRIA_PHASE_BACKWARD : STRIA_PHASE_FORWARD;
     pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->lock);
-    for (int i = 0; i < x->n; i++) {
-        part_t *p = &x->p[i];
-        if (!p->sent)
-            continue;
-        stria_status_t st = recv_part(x, p);
+    double t_failed = 0;
+    for (;;) {
+        part_t *next = pick_reply(x, &t_failed);
+        if (next == NULL)
+            break;
+        stria_status_t st = recv_part(x, next);
+        next->received = true;
         pthread_mutex_lock(&x->lock);
         if (x->t_first_reply == 0)
             x->t_first_reply = stria_time_now();
         x->phase = STRIA_PHASE_DOWNLOAD;
         pthread_mutex_unlock(&x->lock);
-        if (st != STRIA_OK)
-            stria__lrank_fail(p->r, st, p->o);
+        if (st != STRIA_OK) {
+            stria__lrank_fail(next->r, st, next->o);
+            if (t_failed == 0)
+                t_failed = stria_time_now();
+        }
+    }
+    for (int i = 0; i < x->n; i++) { /* the senders are done (or aborted) */
+        part_t *p = &x->p[i];
+        if (!p->sending)
+            continue;
+        pthread_join(p->sender, NULL);
+        p->sending = false;
+        if (p->aborted) /* given up on mid-upload: its connection goes */
+            abandon(p);
+        else if (p->send_st != STRIA_OK && !p->received) {
+            stria_error_set(p->send_st, "%s", p->send_error);
+            stria__lrank_fail(p->r, p->send_st, p->o);
+        }
     }
     pthread_mutex_lock(&x->lock);
     x->done = true;

@@ -72,6 +72,7 @@ static void info_of(const Stria__V1__JobInfo *j, stria__linfo_t *out)
     out->replaced_by = j->replaced_by;
     out->replacement_pending = j->replacement_pending;
     out->failure_retryable = j->failure_retryable;
+    out->failure_status = (stria_status_t)j->failure_status;
     snprintf(out->failure, sizeof(out->failure), "%s", j->failure ? j->failure : "");
     for (size_t i = 0; i < j->n_blamed_worker_ids && out->n_blamed < STRIA__MAX_BLAMED; i++)
         out->blamed[out->n_blamed++] = j->blamed_worker_ids[i];

@@ -47,6 +47,16 @@
 #define STRIA__COORD_TIMEOUT_S 10.0
 #define STRIA__DEFAULT_STEP_S  60.0 /* the workers' default step deadline */
 #define STRIA__POLL_S          0.2
+/* Once a rank's reply says its call failed, how long the ranks still
+ * silent get to answer (a healthy one hears of the failure from the ring
+ * at once) before the try gives up on them (a stalled or cut-off worker
+ * would keep it waiting for the whole call deadline). */
+#define STRIA__ABANDON_S 2.0
+/* A call still waiting for a worker after this long asks the coordinator
+ * whether its session is still on, every second after: a worker cut off
+ * from this client and its peers never answers, but the coordinator ends
+ * the session (its heartbeats stop), and the call fails then. */
+#define STRIA__WATCH_S         2.0
 #define STRIA__MAX_BLAMED      64 /* workers one try blames */
 #define STRIA__DEFAULT_RETRIES 2
 /* How long a coordinator call keeps trying while the coordinator is out of
@@ -85,6 +95,7 @@ typedef struct {
     int fd;
     char *base;
     size_t size;
+    char address[300]; /* the worker it was last registered with (which keeps it mapped) */
 } stria__larena_t;
 
 struct stria_client {
@@ -210,6 +221,7 @@ typedef struct {
     uint64_t replaced_by;
     bool replacement_pending;
     bool failure_retryable;
+    stria_status_t failure_status; /* FAILED: the status to report it with (0: none) */
     char failure[512];
     uint64_t blamed[STRIA__MAX_BLAMED];
     size_t n_blamed;

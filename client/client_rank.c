@@ -53,24 +53,31 @@ static void conn_give(stria_client_t *c, const char *address, stria_rpc_client_t
     stria_rpc_client_close(gone);
 }
 
-/* A kept arena of exactly `size` bytes into rank r (false: none). */
+/* A kept arena of exactly `size` bytes into rank r (false: none): one the
+ * rank's worker still has mapped first. */
 static bool arena_take(stria_client_t *c, stria__lrank_t *r, size_t size)
 {
-    bool found = false;
     pthread_mutex_lock(&c->keep_lock);
-    for (int i = 0; i < c->n_kept_arenas && !found; i++) {
-        stria__larena_t *a = &c->kept_arenas[i];
+    int pick = -1;
+    for (int i = 0; i < c->n_kept_arenas; i++) {
+        const stria__larena_t *a = &c->kept_arenas[i];
         if (a->size != size)
             continue;
+        if (pick < 0 || strcmp(a->address, r->rpc_address) == 0)
+            pick = i;
+        if (strcmp(a->address, r->rpc_address) == 0)
+            break;
+    }
+    if (pick >= 0) {
+        stria__larena_t *a = &c->kept_arenas[pick];
         r->arena = a->base;
         r->arena_fd = a->fd;
         r->arena_size = a->size;
         c->kept_arena_bytes -= a->size;
         *a = c->kept_arenas[--c->n_kept_arenas];
-        found = true;
     }
     pthread_mutex_unlock(&c->keep_lock);
-    return found;
+    return pick >= 0;
 }
 
 /* Keeps rank r's arena for the next session, or unmaps it (too many, or
@@ -83,8 +90,9 @@ static void arena_give(stria_client_t *c, stria__lrank_t *r)
     pthread_mutex_lock(&c->keep_lock);
     if (c->n_kept_arenas < STRIA__KEPT_ARENAS &&
         c->kept_arena_bytes + r->arena_size <= STRIA__KEPT_ARENA_BYTES) {
-        c->kept_arenas[c->n_kept_arenas++] =
-            (stria__larena_t){.fd = r->arena_fd, .base = r->arena, .size = r->arena_size};
+        stria__larena_t *a = &c->kept_arenas[c->n_kept_arenas++];
+        *a = (stria__larena_t){.fd = r->arena_fd, .base = r->arena, .size = r->arena_size};
+        snprintf(a->address, sizeof(a->address), "%s", r->rpc_address);
         c->kept_arena_bytes += r->arena_size;
         kept = true;
     }

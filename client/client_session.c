@@ -298,9 +298,10 @@ stria_status_t stria__lsess_import(stria_client_t *c, const void *bytes, size_t 
  * cause outside it: a worker died or left), or still on. */
 enum { ENDED_ON, ENDED_FINAL, ENDED_EXPIRED, ENDED_LOST };
 
-static int ended(stria_session_t *s, char *why, size_t len)
+static int ended(stria_session_t *s, char *why, size_t len, stria_status_t *status)
 {
     stria__linfo_t info;
+    *status = STRIA_ERR_CANCELLED;
     stria_status_t st = stria__lcoord_info(s->client, s->id, &s->secret, false, &info, NULL);
     if (st == STRIA_ERR_NOT_FOUND)
         return ENDED_EXPIRED;
@@ -310,6 +311,8 @@ static int ended(stria_session_t *s, char *why, size_t len)
              (unsigned long long)s->id,
              info.state == STRIA__V1__JOB_STATE__JOB_STATE_CANCELLED ? "cancelled" : "failed",
              info.failure[0] ? info.failure : "no reason given");
+    if (info.state == STRIA__V1__JOB_STATE__JOB_STATE_FAILED && info.failure_status < 0)
+        *status = info.failure_status; /* e.g. a rank that never arrived: a deadline */
     switch (info.state) {
     case STRIA__V1__JOB_STATE__JOB_STATE_EXPIRED:
     case STRIA__V1__JOB_STATE__JOB_STATE_RELEASED:
@@ -440,8 +443,12 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
         return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: NULL session", fn);
     pthread_mutex_lock(&s->lock);
     stria_status_t st = STRIA_OK;
-    if (s->id == 0 && !s->sharded && s->pid == getpid()) /* closed by a failed reopening */
+    int retries = r->retries >= 0 ? r->retries : stria__lsess_retries(s->client), reopens = 1;
+    if (s->id == 0 && !s->sharded && s->pid == getpid()) { /* closed by a failed reopening */
         st = submit(s, NULL, NULL);
+        if (st != STRIA_OK && stria_error_retryable() && retries > 0) /* a worker lost as it opened */
+            st = reopen(s, &retries, NULL, NULL);
+    }
     if (st == STRIA_OK)
         st = check(s, fn, r);
     if (st != STRIA_OK) {
@@ -449,17 +456,29 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
         pthread_mutex_unlock(&s->lock);
         return st;
     }
-    int n = s->sharded ? 1 : s->n_ranks;
-    int ranks_all[n > 0 ? n : 1];
-    stria__lout_t out[n > 0 ? n : 1];
+    /* the ranks of each try: a session opened anew may have another ring
+     * size (its ring_size 0: as many as the coordinator finds) */
+    int n = 0, cap = 0, *ranks_all = NULL;
+    stria__lout_t *out = NULL;
     uint64_t call = s->next_call++;
-    int retries = r->retries >= 0 ? r->retries : stria__lsess_retries(s->client), reopens = 1;
     int attempt = 0;
     double t0 = stria_time_now();
     stria_call_stats_t stats = STRIA_CALL_STATS_INIT;
     stria__lresult_t res;
     for (;; attempt++) {
         n = s->sharded ? 1 : s->n_ranks;
+        if (n > cap) {
+            int *rk = realloc(ranks_all, (size_t)n * sizeof(*rk));
+            if (rk != NULL)
+                ranks_all = rk;
+            stria__lout_t *o = rk != NULL ? realloc(out, (size_t)n * sizeof(*o)) : NULL;
+            if (o == NULL) {
+                st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+                break;
+            }
+            out = o;
+            cap = n;
+        }
         for (int i = 0; i < n; i++)
             ranks_all[i] = s->sharded ? r->rank : i;
         int region = pick_region(s, r);
@@ -505,13 +524,16 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
          * or failed for its own cause: the call fails with its reason) */
         int v = ENDED_ON;
         if (res.expired || st == STRIA_ERR_CANCELLED || (s->sharded && retryable)) {
-            v = ended(s, why, sizeof(why));
+            stria_status_t over;
+            v = ended(s, why, sizeof(why), &over);
             if (v == ENDED_FINAL) {
-                st = stria_error_set(STRIA_ERR_CANCELLED, "%s: %s", fn, why);
+                st = stria_error_set(over, "%s: %s", fn, why);
                 break;
             }
             res.expired = res.expired || v == ENDED_EXPIRED;
             retryable = retryable || v == ENDED_LOST;
+            if (v == ENDED_LOST) /* the ranks may only echo it: the coordinator's account */
+                snprintf(msg, sizeof(msg), "%s", why);
         }
         stria_error_set(st, "%s", msg);
         stria_error_set_retryable(retryable);
@@ -566,6 +588,8 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
             break;
         }
     }
+    free(ranks_all);
+    free(out);
     if (st == STRIA_OK)
         s->stats.calls++;
     else

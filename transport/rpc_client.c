@@ -486,6 +486,14 @@ void stria_rpc_client_abort(stria_rpc_client_t *cl)
         (void)eventfd_write(cl->abort_fd, 1);
 }
 
+int stria_rpc_client_fd(stria_rpc_client_t *cl)
+{
+    pthread_mutex_lock(&cl->lock);
+    int fd = cl->fd;
+    pthread_mutex_unlock(&cl->lock);
+    return fd;
+}
+
 bool stria_rpc_client_check_idle(stria_rpc_client_t *cl)
 {
     if (__atomic_load_n(&cl->aborted, __ATOMIC_ACQUIRE))

@@ -337,6 +337,11 @@ void stria_rpc_client_abort(stria_rpc_client_t *client);
  * only for closing (stria_rpc_client_abort()). Never waits. */
 bool stria_rpc_client_check_idle(stria_rpc_client_t *client);
 
+/* The connection's descriptor, for a caller that waits on several
+ * connections with poll(2) for the first reply to read (-1: not
+ * connected). Only for readiness: all reading goes through the client. */
+int stria_rpc_client_fd(stria_rpc_client_t *client);
+
 /* Whether the server granted the admin role at the last hello. */
 bool stria_rpc_client_admin(const stria_rpc_client_t *client);
 /* The roles the server granted at the last hello (STRIA_RPC_ROLE_*). */
