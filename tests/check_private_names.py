@@ -13,6 +13,12 @@ tools, bench), or daemon/<part> (ring, service, coordinator, worker). Definition
 in headers are templates compiled into each file that includes them (the
 x86 kernel variants): they are not read.
 
+In the rooms that follow libuv's naming (NAMED_ROOMS: the worker, libstria
+and the UCX link), a name also says how far it reaches: `stria_` public,
+`stria__` shared between the files of a module (and declared in one of its
+*_int.h headers), plain names for statics. There a static function named
+stria__* or a stria__ function that no *_int.h of its module declares fails.
+
 usage: check_private_names.py [ROOT]   (default: the repository holding this file)
 """
 import os
@@ -23,6 +29,52 @@ MODULES = ("common", "kernels", "transport", "proto", "client", "tools", "bench"
 # A definition: at column 0, a return type and the name, the parameter list
 # closed on this line or a later one, then a body (not a ';').
 HEAD = re.compile(r"^(?!typedef\b)(?:[A-Za-z_][\w]*[\s\*]+)+?(stria__\w+)\s*\(")
+
+
+# (folder, file name prefix) of the rooms whose names say how far they reach
+NAMED_ROOMS = (("daemon/worker", "worker"), ("client", "client"), ("transport", "ucx"))
+STATIC_HEAD = re.compile(r"^static\b[^=;(]*?\b(stria__\w+)\s*\(")
+DECL = re.compile(r"\b(stria__\w+)\s*\(")
+
+
+def named_room(rel):
+    folder, name = os.path.split(rel)
+    for room, prefix in NAMED_ROOMS:
+        if folder == room and name.startswith(prefix) and name.endswith(".c"):
+            return room
+    return None
+
+
+def shared_declarations(root, room):
+    """stria__ names declared in the *_int.h headers of a room's folder."""
+    names = set()
+    folder = os.path.join(root, room)
+    for name in os.listdir(folder):
+        if name.endswith("_int.h"):
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                names.update(DECL.findall(f.read()))
+    return names
+
+
+def naming_faults(root, rel, path):
+    """What breaks the naming rule in one file of a named room."""
+    room = named_room(rel)
+    if room is None:
+        return []
+    declared = shared_declarations(root, room)
+    faults = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        m = STATIC_HEAD.match(line)
+        if m is not None:
+            faults.append("%s:%d: static %s: a static's name is plain (no stria__)" %
+                          (rel, i + 1, m.group(1)))
+    for fn, line in definitions(path):
+        if fn not in declared and not lines[line - 1].startswith("static"):
+            faults.append("%s:%d: %s is shared but no *_int.h of %s declares it" %
+                          (rel, line, fn, room))
+    return faults
 
 
 def module_of(path):
@@ -58,6 +110,7 @@ def main():
         os.path.dirname(os.path.abspath(__file__)))
     where = {}
     files = 0
+    faults = []
     for top in MODULES:
         for dirpath, _, names in os.walk(os.path.join(root, top)):
             for name in sorted(names):
@@ -68,16 +121,21 @@ def main():
                 files += 1
                 for fn, line in definitions(path):
                     where.setdefault(fn, []).append((module_of(rel), "%s:%d" % (rel, line)))
+                faults.extend(naming_faults(root, rel, path))
     clashes = {fn: places for fn, places in where.items()
                if len({m for m, _ in places}) > 1}
     for fn in sorted(clashes):
         print("%s is defined in %d modules: %s" % (
             fn, len({m for m, _ in clashes[fn]}), ", ".join(p for _, p in clashes[fn])))
-    print("%d stria__ functions in %d files: %d defined in more than one module" % (
-        len(where), files, len(clashes)))
+    for fault in faults:
+        print(fault)
+    print("%d stria__ functions in %d files: %d defined in more than one module; %d against "
+          "the naming rule of %s" % (len(where), files, len(clashes), len(faults),
+                                      ", ".join(r for r, _ in NAMED_ROOMS)))
+    failed = int(bool(clashes)) + int(bool(faults))
     # the runner's summary line
-    print("%d passed, %d failed" % (0 if clashes else 1, 1 if clashes else 0))
-    return 1 if clashes else 0
+    print("%d passed, %d failed" % (2 - failed, failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
