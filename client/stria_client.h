@@ -1,19 +1,33 @@
 /*
  * libstria: the client library of the stria attention service.
  *
- * A trainer connects to the coordinator, submits a job with its full Q, K, V
- * tensors and gets O and LSE back; later it sends dO and gets dQ, dK, dV. The
- * library does the rest: it submits the job spec, waits in the queue when the
- * workers are busy, scatters each rank's shard (striped by default) to the
- * workers in parallel, runs the ring passes, and gathers and un-permutes the
- * results. The caller only sees plain contiguous tensors:
+ * A trainer connects to the coordinator (stria_client_connect()) and runs
+ * attention through the service's workers. There is one data plane, the
+ * session, and two ways in:
+ *
+ *   - sessions (stria_session_open() and the calls below): a trainer's ring
+ *     opened once for the bounds of its calls, then any number of calls,
+ *     each one request per rank straight to that rank's worker, no
+ *     coordinator on the way;
+ *   - jobs (stria_client_forward(), stria_client_backward(),
+ *     stria_client_release()): a job is a session with one call each way.
+ *     The library opens a session with the job's shape as its bounds
+ *     (waiting in the queue when the workers are busy), runs the forward as
+ *     a call whose Q, K, V, O and LSE the workers hold for the backward,
+ *     runs the backward as the next call (it brings only dO), and closes the
+ *     session at the release. The coordinator follows the job through its
+ *     states from its workers' reports.
+ *
+ * Either way the library sends each rank its shard (striped by default),
+ * the workers run the ring passes, and the library gathers and un-permutes
+ * the results. The caller only sees plain contiguous tensors:
  *
  *   Q, O, dO, dQ: [batch, seq_len, heads, head_dim]     in spec->dtype
  *   K, V, dK, dV: [batch, seq_len, kv_heads, head_dim]  in spec->dtype
  *   LSE:          [batch, heads, seq_len]               fp32, natural log
  *
- * Sharded jobs (context parallelism): each trainer rank holds only its own
- * tokens. One rank submits the job without running anything
+ * Sharded jobs and sessions (context parallelism): each trainer rank holds
+ * only its own tokens. One rank submits the job without running anything
  * (stria_client_submit(), ring_size = the trainer's world size), exports it
  * (stria_job_export()) and hands the bytes to its peers over the trainer's
  * own channel; each imports them (stria_job_import()), asks which global
@@ -25,25 +39,33 @@
  *   K, V, dK, dV: [batch, tokens, kv_heads, head_dim]
  *   LSE:          [batch, heads, tokens]
  *
- * A pass starts on the workers when every rank's inputs are in; a rank that
- * does not arrive within the spec's arrival_timeout_s fails the job with a
- * message naming it. Each rank releases its handle (stria_client_release());
- * the job ends when every rank has, or at its TTL.
+ * A call runs on the ring when every rank's inputs are in; a rank that
+ * does not arrive within the spec's arrival_timeout_s fails the call with
+ * a message naming it. Each rank releases its handle (stria_client_release());
+ * the job ends when every rank has, or at its TTL. Sharded sessions are
+ * shared the same way (stria_session_export(), stria_session_import()).
  *
- * Data paths: with a worker on this host, tensors move through shared memory
- * (the worker's buffers mapped here; stria_job_shard_buffer() hands out the
- * pointer, so a rank can fill its inputs in place and read its outputs in
- * place, and nothing is copied); otherwise over TCP. The client's data_path
- * chooses.
+ * Data paths: with a worker on this host, a rank's tensors go through an
+ * arena: memory of this process (a sealed memfd) that the rank's worker
+ * maps, registered once over the worker's Unix socket. A call then names
+ * places in it, and no tensor byte crosses a socket; stria_job_shard_buffer()
+ * and stria_session_buffer() hand out those places, so a rank can build its
+ * inputs and read its outputs in place and nothing is copied. Otherwise the
+ * tensors travel over TCP in the calls' requests and replies. The client's
+ * data_path chooses. Sound worker connections and arenas are kept for the
+ * client's next sessions.
  *
- * Threads: a client and its jobs are used by one thread at a time; the library
- * starts and joins its own threads (one per rank) inside each call. Every
- * failure returns a status whose message says which rank and worker failed,
- * in which phase, and why, and stria_error_retryable() (stria_types.h) says
- * whether the same job submitted again may succeed (a worker died, left, was
- * drained or cut off; a ring link broke) or would fail again (bad input, no
- * memory, cancelled, authentication). A whole-sequence forward that failed
- * retryably is submitted again inside the call (forward_retries).
+ * Threads: a client and its jobs are used by one thread at a time; a
+ * session's handle is thread-safe (calls from several threads are queued).
+ * A call runs on the calling thread (with one helper thread while a
+ * progress callback reports). Every failure returns a status whose message
+ * says which rank and worker failed and why, and stria_error_retryable()
+ * (stria_types.h) says whether the same call made again may succeed (a
+ * worker died, left, was drained or cut off; a ring link broke) or would fail
+ * again (bad input, no memory, cancelled, authentication). A forward that
+ * failed retryably is tried again inside the call (forward_retries): a
+ * whole-sequence one on a ring without the workers blamed, a sharded one on
+ * the coordinator's replacement of a lost worker.
  *
  * ABI: the structs below start with `struct_size`, which the caller sets to
  * sizeof the struct as its header declares it (the *_INIT macros do), so
