@@ -239,6 +239,7 @@ stria_status_t stria_worker_start(const stria_worker_params_t *params, stria_wor
     pthread_mutex_init(&w->lock, NULL);
     pthread_mutex_init(&w->coord_lock, NULL);
     pthread_mutex_init(&w->maps_lock, NULL);
+    stria__wthr_init(w);
     pthread_cond_init(&w->cv, NULL);
     if ((st = setup(w, params)) != STRIA_OK)
         goto fail;
@@ -300,6 +301,7 @@ void stria_worker_stop(stria_worker_t *w)
         free(f);
     }
     pthread_mutex_unlock(&w->lock);
+    stria__wthr_stop(w); /* the pass threads ended their sessions */
     stria_ucx_ctx_destroy(w->ucx);
     stria_rpc_client_close(w->coord);
     stria__wpool_stop(w); /* before the device its segments come from */

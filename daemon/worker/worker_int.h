@@ -11,6 +11,7 @@
  * Rooms, from the ground up (a room calls only rooms listed above it; the
  * names it shares here carry its prefix):
  *
+ *   worker_threads.c  stria__wthr_*      threads kept for the next pass thread or fetch
  *   worker_metrics.c  stria__wmet_*      the metrics series and gauges
  *   worker_pool.c     stria__wpool_*     the memory pools: admission, buffers, figures
  *   worker_links.c    (public)           the link factories: UCX (the default), in-process
@@ -35,9 +36,10 @@
  *     handed to it one at a time and replies;
  *   - one short thread per OpenSession of a session not held yet (at most
  *     STRIA__MAX_FETCHES at once): fetches the assignment from the
- *     coordinator;
+ *     coordinator; these and the pass threads are kept idle for the next
+ *     (worker_threads.c, w->thr_lock: a leaf);
  *   - the heartbeat thread (worker_beat.c); the shared-memory socket's
- *     threads (worker_shm.c); the caller's thread (start, shutdown, stop).
+ *     thread (worker_shm.c); the caller's thread (start, shutdown, stop).
  *
  * Ownership and locks (lock order: w->lock, then a session's lock):
  *   - w->lock guards the session table (w->sessions, each session's `next`,
@@ -75,6 +77,10 @@
 /* Session entries of one heartbeat: the coordinator refuses more
  * (STRIA_COORD_MAX_HEARTBEAT_JOBS); a worker never holds that many. */
 #define STRIA__HB_MAX_JOBS 16384
+/* Threads a worker keeps idle for the next pass thread or fetch, and for
+ * how long each waits. */
+#define STRIA__THREADS_IDLE  16
+#define STRIA__THREAD_IDLE_S 60
 /* Arena mappings a worker keeps after their sessions, and for how long:
  * libstria keeps a client's arenas for its next sessions, whose
  * registrations then map nothing anew (a job's pages fault once). */
@@ -352,6 +358,12 @@ struct stria_worker {
     stria_metric_t *m_ring_refused[4];
     stria_ucx_ctx_stats_t ring_seen;
     double pool_trim_at; /* the next trim of the host pool (stria__wpool_trim()) */
+    /* threads kept for the next work (worker_threads.c; thr_lock, a leaf) */
+    pthread_mutex_t thr_lock;
+    pthread_cond_t thr_cv; /* a thread ended */
+    struct stria__wthr *idle;
+    int n_idle, n_threads;
+    bool thr_stop;
     /* arena mappings kept after their sessions (stria__wpool_map()) */
     pthread_mutex_t maps_lock; /* a leaf: taken under any other lock, none under it */
     stria__wmap_t maps[STRIA__MAPS_KEPT];
@@ -359,6 +371,15 @@ struct stria_worker {
     /* the C heap: in use, free in the arenas (glibc's mallinfo2()) */
     stria_metric_t *m_heap[2];
 };
+
+/* ---- worker_threads.c ---- */
+typedef struct stria__wthr stria__wthr_t;
+void stria__wthr_init(stria_worker_t *w);
+/* Runs fn(arg) on a kept idle thread, or a new one (detached either way). */
+stria_status_t stria__wthr_run(stria_worker_t *w, void *(*fn)(void *), void *arg);
+/* Ends the idle threads and waits for the busy ones to end (the worker's
+ * stop, once no session or fetch is left). */
+void stria__wthr_stop(stria_worker_t *w);
 
 /* ---- worker_metrics.c ---- */
 void stria__wmet_init(stria_worker_t *w);

@@ -94,13 +94,7 @@ void stria__wrpc_on_open(void *ctx, stria_rpc_call_t *call)
         return;
     }
     *f = (fetch_t){.w = w, .call = call, .id = req->job_id, .rank = req->rank};
-    pthread_t th;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&th, &attr, fetch_main, f);
-    pthread_attr_destroy(&attr);
-    if (rc == 0)
+    if (stria__wthr_run(w, fetch_main, f) == STRIA_OK)
         return;
     free(f);
     pthread_mutex_lock(&w->lock);

@@ -625,16 +625,11 @@ void stria__wsess_open(stria__wsess_t *s, stria_rpc_call_t *call, bool early)
     if (st != STRIA_OK) {
         stria_error_wrap(st, "session %llu: its buffers", (unsigned long long)s->id);
     } else {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         pthread_mutex_lock(&w->lock);
         w->session_threads++;
         w->running_calls++; /* the link's bind, as a call */
         pthread_mutex_unlock(&w->lock);
-        int rc = pthread_create(&th, &attr, pass_thread, s);
-        pthread_attr_destroy(&attr);
+        int rc = stria__wthr_run(w, pass_thread, s) == STRIA_OK ? 0 : -1;
         if (rc == 0 && early) /* its thread binds the link meanwhile */
             open_reply(s, call, 0);
         if (rc == 0)

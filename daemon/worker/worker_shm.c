@@ -2,8 +2,8 @@
  * over which a client of this host registers its own memory (an arena,
  * its sealed memfd passed along) with a session's rank, proving the
  * session's secret (ShmRequest in proto/stria.proto). The arena stays
- * mapped while the connection lasts. One thread accepts; one thread serves
- * each connection. */
+ * mapped while the connection lasts. One thread accepts and serves every
+ * connection (a request is one small message: served as it comes). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -24,11 +24,8 @@
 /* ---- the socket ------------------------------------------------------------- */
 
 typedef struct conn {
-    struct conn *next;
     stria__wshm_srv_t *srv;
     int fd;
-    pthread_t th;
-    bool done; /* the thread has ended: join it */
     pid_t pid;
     uint64_t job_id;
     uint32_t rank;
@@ -38,12 +35,10 @@ typedef struct conn {
 struct stria__wshm_srv {
     stria_worker_t *w;
     int lfd;
-    int wake[2]; /* the stop signal of the accepting thread */
+    int wake[2]; /* the stop signal of the thread */
     pthread_t th;
-    pthread_mutex_t lock; /* conns, n_conns, stopping */
-    conn_t *conns;
+    conn_t *conns[SHM_MAX_CONNS]; /* the thread's own */
     int n_conns;
-    bool stopping;
 };
 
 static stria_status_t reply_error(conn_t *c, stria_status_t st)
@@ -92,63 +87,42 @@ static stria_status_t register_arena(conn_t *c, const Stria__V1__ShmRequest *req
     return stria_shm_send(c->fd, &rep.base, -1);
 }
 
-static void *conn_main(void *arg)
+/* Serves one request of connection c (readable); false once the
+ * connection is over (closed by the client, or a request it got wrong). */
+static bool serve_one(conn_t *c)
 {
-    conn_t *c = arg;
-    for (;;) {
-        ProtobufCMessage *msg = NULL;
-        int fd = -1;
-        stria_status_t st =
-            stria_shm_recv(c->fd, &stria__v1__shm_request__descriptor, 0, &msg, &fd);
-        if (st != STRIA_OK) {
-            if (fd >= 0)
-                close(fd);
-            break;
-        }
-        const Stria__V1__ShmRequest *req = (const Stria__V1__ShmRequest *)msg;
-        switch (req->op) {
-        case STRIA__V1__SHM_REQUEST__OP__OP_ARENA: /* mapped or refused: the descriptor goes */
-            st = register_arena(c, req, fd);
-            break;
-        default:
-            st = reply_error(
-                c, stria_error_set(STRIA_ERR_INVALID_ARG, "unknown request %d", (int)req->op));
-        }
-        if (fd >= 0) /* only an arena's is kept, mapped */
+    ProtobufCMessage *msg = NULL;
+    int fd = -1;
+    stria_status_t st = stria_shm_recv(c->fd, &stria__v1__shm_request__descriptor, 0, &msg, &fd);
+    if (st != STRIA_OK) {
+        if (fd >= 0)
             close(fd);
-        protobuf_c_message_free_unpacked(msg, NULL);
-        if (st != STRIA_OK)
-            break;
+        return false;
     }
-    if (c->arena)
-        stria__wsess_arena_closed(c->srv->w, c->job_id, c->rank, (int)c->pid);
-    pthread_mutex_lock(&c->srv->lock);
-    c->done = true;
-    pthread_mutex_unlock(&c->srv->lock);
-    return NULL;
+    const Stria__V1__ShmRequest *req = (const Stria__V1__ShmRequest *)msg;
+    switch (req->op) {
+    case STRIA__V1__SHM_REQUEST__OP__OP_ARENA: /* mapped or refused: the descriptor goes */
+        st = register_arena(c, req, fd);
+        break;
+    default:
+        st = reply_error(
+            c, stria_error_set(STRIA_ERR_INVALID_ARG, "unknown request %d", (int)req->op));
+    }
+    if (fd >= 0) /* only an arena's is kept, mapped */
+        close(fd);
+    protobuf_c_message_free_unpacked(msg, NULL);
+    return st == STRIA_OK;
 }
 
-/* Joins and frees the connections whose threads ended (all, with `all`,
- * after their sockets were shut down). */
-static void reap(stria__wshm_srv_t *srv, bool all)
+/* Closes connection i: its arena, if any, goes from its session. */
+static void conn_close(stria__wshm_srv_t *srv, int i)
 {
-    for (;;) {
-        conn_t *c = NULL, **pp;
-        pthread_mutex_lock(&srv->lock);
-        for (pp = &srv->conns; *pp != NULL; pp = &(*pp)->next)
-            if ((*pp)->done || all) {
-                c = *pp;
-                *pp = c->next;
-                srv->n_conns--;
-                break;
-            }
-        pthread_mutex_unlock(&srv->lock);
-        if (c == NULL)
-            return;
-        pthread_join(c->th, NULL);
-        close(c->fd);
-        free(c);
-    }
+    conn_t *c = srv->conns[i];
+    if (c->arena)
+        stria__wsess_arena_closed(srv->w, c->job_id, c->rank, (int)c->pid);
+    close(c->fd);
+    free(c);
+    srv->conns[i] = srv->conns[--srv->n_conns];
 }
 
 static void accept_one(stria__wshm_srv_t *srv)
@@ -159,47 +133,42 @@ static void accept_one(stria__wshm_srv_t *srv)
     struct ucred cred = {0};
     socklen_t cl = sizeof(cred);
     getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
-    conn_t *c = calloc(1, sizeof(*c));
-    pthread_mutex_lock(&srv->lock);
     bool full = srv->n_conns >= SHM_MAX_CONNS;
-    pthread_mutex_unlock(&srv->lock);
-    if (c == NULL || full) {
+    conn_t *c = full ? NULL : calloc(1, sizeof(*c));
+    if (c == NULL) {
         stria_log_warn("shared-memory socket: refusing client pid %d: %s", (int)cred.pid,
                        full ? "too many connections" : "out of memory");
-        free(c);
         close(fd);
         return;
     }
     c->srv = srv;
     c->fd = fd;
     c->pid = cred.pid;
-    pthread_mutex_lock(&srv->lock);
-    if (pthread_create(&c->th, NULL, conn_main, c) != 0) {
-        pthread_mutex_unlock(&srv->lock);
-        close(fd);
-        free(c);
-        return;
-    }
-    c->next = srv->conns;
-    srv->conns = c;
-    srv->n_conns++;
-    pthread_mutex_unlock(&srv->lock);
+    srv->conns[srv->n_conns++] = c;
 }
 
-static void *accept_main(void *arg)
+static void *serve_main(void *arg)
 {
     stria__wshm_srv_t *srv = arg;
+    struct pollfd p[SHM_MAX_CONNS + 2];
     for (;;) {
-        struct pollfd p[2] = {{.fd = srv->lfd, .events = POLLIN},
-                              {.fd = srv->wake[0], .events = POLLIN}};
-        int rc = poll(p, 2, 1000);
+        int n = srv->n_conns;
+        p[0] = (struct pollfd){.fd = srv->wake[0], .events = POLLIN};
+        p[1] = (struct pollfd){.fd = srv->lfd, .events = POLLIN};
+        for (int i = 0; i < n; i++)
+            p[i + 2] = (struct pollfd){.fd = srv->conns[i]->fd, .events = POLLIN};
+        int rc = poll(p, (nfds_t)(n + 2), -1);
         if (rc < 0 && errno != EINTR)
             break;
-        if (p[1].revents != 0)
+        if (rc <= 0)
+            continue;
+        if (p[0].revents != 0)
             break;
-        if (rc > 0 && (p[0].revents & POLLIN))
+        for (int i = n - 1; i >= 0; i--) /* from the end: a closed one takes the last's place */
+            if (p[i + 2].revents != 0 && !serve_one(srv->conns[i]))
+                conn_close(srv, i);
+        if (p[1].revents & POLLIN)
             accept_one(srv);
-        reap(srv, false);
     }
     return NULL;
 }
@@ -219,7 +188,6 @@ stria_status_t stria__wshm_start(stria_worker_t *w, const char *dir)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     srv->w = w;
     srv->wake[0] = srv->wake[1] = -1;
-    pthread_mutex_init(&srv->lock, NULL);
     struct stat sb;
     if (lstat(a.sun_path, &sb) == 0 && S_ISSOCK(sb.st_mode))
         unlink(a.sun_path); /* left by an earlier worker on this port */
@@ -230,7 +198,7 @@ stria_status_t stria__wshm_start(stria_worker_t *w, const char *dir)
         pipe2(srv->wake, O_CLOEXEC) != 0)
         st = stria_error_set(STRIA_ERR_IO, "runtime directory: cannot listen on %s: %s", a.sun_path,
                              strerror(errno));
-    if (st == STRIA_OK && pthread_create(&srv->th, NULL, accept_main, srv) != 0)
+    if (st == STRIA_OK && pthread_create(&srv->th, NULL, serve_main, srv) != 0)
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "cannot start the shared-memory thread");
     if (st != STRIA_OK) {
         if (srv->lfd >= 0) {
@@ -241,7 +209,6 @@ stria_status_t stria__wshm_start(stria_worker_t *w, const char *dir)
             close(srv->wake[0]);
             close(srv->wake[1]);
         }
-        pthread_mutex_destroy(&srv->lock);
         free(srv);
         return st;
     }
@@ -259,15 +226,10 @@ void stria__wshm_stop(stria_worker_t *w)
     pthread_join(srv->th, NULL);
     close(srv->lfd);
     unlink(w->shm_socket);
-    pthread_mutex_lock(&srv->lock);
-    srv->stopping = true;
-    for (conn_t *c = srv->conns; c != NULL; c = c->next)
-        shutdown(c->fd, SHUT_RDWR);
-    pthread_mutex_unlock(&srv->lock);
-    reap(srv, true);
+    while (srv->n_conns > 0)
+        conn_close(srv, srv->n_conns - 1);
     close(srv->wake[0]);
     close(srv->wake[1]);
-    pthread_mutex_destroy(&srv->lock);
     free(srv);
     w->shm = NULL;
 }
