@@ -134,7 +134,8 @@ typedef struct {
      * The secrets of the client's jobs stay in their handles. */
     const char *token;
     double connect_timeout_s; /* default 10 */
-    double rpc_timeout_s;     /* one upload/download request; default 120 */
+    double rpc_timeout_s;     /* one request to a worker or the coordinator other than a
+                                 call (a call's deadline follows its steps'); default 120 */
     const char *client_name;  /* shown in the daemons' logs; default "libstria" */
     /* Added in ABI 1 after `client_name` (older callers' struct_size ends
      * there and it reads as NULL). A file holding the token on its first
@@ -332,10 +333,11 @@ stria_status_t stria_client_forward_shard(stria_job_t *job, int rank, const void
 stria_status_t stria_client_backward_shard(stria_job_t *job, int rank, const void *d_o, void *dq,
                                            void *dk, void *dv);
 
-/* Where a rank's tensor lies in its worker's shared memory: `outer` rows
- * (batch; batch * heads for LSE) of `tokens` tokens of `row_bytes` each,
- * `outer_stride` bytes from one outer row to the next (more than
- * tokens * row_bytes only when the rank's shard is padded). */
+/* Where a rank's tensor lies in the rank's arena (this process's memory,
+ * shared with the rank's worker on this host): `outer` rows (batch; batch *
+ * heads for LSE) of `tokens` tokens of `row_bytes` each, `outer_stride`
+ * bytes from one outer row to the next (tokens * row_bytes: the rows are
+ * compact). */
 typedef struct {
     size_t struct_size; /* sizeof(stria_shard_buffer_t) */
     void *data;
@@ -350,9 +352,11 @@ typedef struct {
         .struct_size = sizeof(stria_shard_buffer_t)                                                \
     }
 
-/* The shared buffer of a rank's tensor (connecting to the rank's worker if
- * needed): valid until the handle is released. STRIA_ERR_UNSUPPORTED when
- * the rank's tensors go over TCP (the message says why). */
+/* The buffer of a rank's tensor in its arena (opening the rank on its
+ * worker if needed): valid until the handle is released (the memory is then
+ * kept for the client's next jobs: do not use the pointer after).
+ * STRIA_ERR_UNSUPPORTED when the rank's tensors go over TCP (the message
+ * says why). */
 stria_status_t stria_job_shard_buffer(stria_job_t *job, int rank, stria_tensor_id_t tensor,
                                       stria_shard_buffer_t *out);
 
@@ -381,9 +385,12 @@ stria_layout_kind_t stria_job_layout(const stria_job_t *job);
  * A call names its own shape and masks (stria_call_t): any batch and
  * sequence length within the session's bounds, causal or not, scale,
  * documents and window, so one session serves every layer of a model and
- * every length up to its bounds. The backward call brings everything it
- * needs (Q, K, V, O, LSE, dO, what autograd keeps anyway): nothing is held
- * on the workers between calls, and the forward never runs twice.
+ * every length up to its bounds. The default backward call brings
+ * everything it needs (Q, K, V, O, LSE, dO, what autograd keeps anyway):
+ * nothing is held on the workers between calls, and the forward never runs
+ * twice. A session opened with max_held > 0 may instead keep a forward's
+ * inputs and outputs on the workers for its backward, which then brings dO
+ * alone (stria_session_forward_held() below).
  *
  * Calls on one session run one at a time, in order; the handle is
  * thread-safe (calls from several threads are queued). A call is all or

@@ -1,9 +1,10 @@
 /*
  * stria local channel: protobuf messages over a Unix SOCK_SEQPACKET socket,
  * one message a packet, with an optional file descriptor passed along
- * (SCM_RIGHTS). The worker serves co-located clients on it: they attach to a
- * job's rank and receive the memfd that holds its tensors (ShmRequest and
- * ShmReply in proto/stria.proto).
+ * (SCM_RIGHTS). The worker serves co-located clients on it: a client
+ * registers its own memory with a session's rank, an arena (a sealed memfd
+ * passed along), where that rank's calls then find their inputs and leave
+ * their outputs (ShmRequest and ShmReply in proto/stria.proto).
  */
 #ifndef STRIA_SHM_H
 #define STRIA_SHM_H

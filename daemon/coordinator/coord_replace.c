@@ -6,7 +6,7 @@
  * ranks, the lost worker's rank on a spare worker (coord_place.c), and the
  * failed job names it (JobInfo.replaced_by). The exports of the old job
  * prove the new one (same secret); every rank's forward_shard follows the
- * link and sends its stripe again inside the same call (client_shard.c).
+ * link and sends its stripe again inside the same call (client_session.c).
  * The new job has an id and ring key of its own, so nothing of the old
  * ring (its links, its buffers on the survivors) can mix with it.
  *

@@ -18,7 +18,8 @@
  *
  * Jobs. A job of ring size n takes n consecutive workers of the ring. It is
  * admitted when every member has the capacity for its per-rank memory
- * estimate (stria_rank_memory() in stria_layout.h); otherwise it is refused with a clear
+ * estimate (stria_session_rank_memory() in stria_layout.h: the pass and
+ * its call regions, one more per held forward); otherwise it is refused with a clear
  * error (too few workers: STRIA_ERR_BUSY; too little memory:
  * STRIA_ERR_NO_MEMORY). It starts (LOADING) once its members have that memory
  * free and no earlier queued job waits for one of them; until then it is
