@@ -424,7 +424,14 @@ Test(sharded, no_job_maps_another_jobs_bytes, .timeout = 300)
     char sock[STRIA_SHM_MAX_PATH], rpc[300], msg[600];
     uint64_t wid;
     uint8_t ea[STRIA_JOB_EXPORT_BYTES];
-    size_t len, size_a = 16384; /* within the rank's bound: two regions of its shard */
+    /* the rank's bound, two regions of its shard: the size of the arenas
+     * libstria makes for job C's ranks (a worker that took a kept mapping
+     * for a registration of the same size alone would give C A's memory) */
+    stria_layout_t lay;
+    cr_assert_eq(stria_layout_init(c.j.spec.layout, N_WORKERS, c.j.spec.seq_len, &lay), STRIA_OK);
+    size_t len, size_a = 2 * (size_t)stria_session_region_bytes(
+                                 c.j.spec.batch, lay.shard_tokens, c.j.spec.heads,
+                                 c.j.spec.kv_heads, c.j.spec.head_dim, c.j.spec.dtype, NULL);
     cr_assert_eq(stria_job_export(a, ea, sizeof(ea), &len), STRIA_OK);
     rank0_of(a, sock, rpc, &wid);
     open_rank0_early(a, rpc);

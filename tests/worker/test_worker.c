@@ -3,9 +3,11 @@
  * raw RPC as libstria drives them (OpenSession, SessionCall, DropJob): a
  * job's calls against the in-process ring (a held forward's backward equal
  * to the default one bit for bit), calls of other shapes and held forwards,
- * refusals, uploads above the payload cap in pieces, drops during
- * transfers and while a ring link binds, a job and a session side by side,
- * and stopping a worker that holds a job and runs a call. */
+ * refusals, a sharded session's ranks agreeing on each call (a missing rank
+ * named, calls that differ refused), uploads above the payload cap in
+ * pieces, drops during transfers and while a ring link binds, a job and a
+ * session side by side, and stopping a worker that holds a job and runs a
+ * call. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -428,6 +430,66 @@ Test(worker, refusals_name_the_problem, .timeout = TEST_TIMEOUT_S)
     (void)epoch;
     wf_io_free(io, WF_MAX);
     wf_io_free(other, WF_MAX);
+    ref_free(&ref);
+    wf_stop(&f);
+}
+
+/* ---- a sharded session's agreement --------------------------------------------- */
+
+/* A sharded session's ranks compare their calls before step 0 (the
+ * coordinator judges a job's arrivals; a session's are the workers' alone):
+ * a rank whose trainer rank does not call is named after the arrival
+ * timeout, ranks whose calls differ are refused, and the session serves on. */
+Test(worker, a_sharded_sessions_ranks_agree_on_each_call, .timeout = TEST_TIMEOUT_S)
+{
+    wf_t f;
+    wf_job_t job;
+    ref_t ref;
+    wf_io_t io[WF_MAX] = {0};
+    start(&f, 2, 5.0);
+    Stria__V1__JobSpec sp = STRIA__V1__JOB_SPEC__INIT;
+    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    const char *rpc[WF_MAX];
+    sp.batch = 1, sp.seq_len = 64, sp.heads = 2, sp.kv_heads = 1, sp.head_dim = 16;
+    sp.ring_size = 2, sp.session = true, sp.sharded = true, sp.arrival_timeout_s = 0.5;
+    req.spec = &sp;
+    cr_assert_eq(wf_call(f.cc, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, 0, &rep),
+                 STRIA_OK, "%s", stria_error_msg());
+    for (int i = 0; i < f.n; i++)
+        rpc[i] = stria_worker_address(f.w[i]);
+    cr_assert_eq(wf_job_of(&rep, &sp, rpc, f.n, &job), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    ref_make(&ref, &job, 41);
+    wf_io_inputs(&job, io, ref.q, ref.k, ref.v, NULL);
+    cr_assert_eq(wf_open_all(&f, &job), STRIA_OK, "%s", stria_error_msg());
+
+    /* rank 0 calls alone: rank 1 is named once the arrival timeout passes */
+    const wf_call_opts_t fwd = {0};
+    double t0 = stria_time_now();
+    cr_expect_eq(wf_call_rank(&f, &job, 0, 0, &fwd, &io[0]), STRIA_ERR_TIMEOUT);
+    expect_msg("a call of rank 0 alone", "rank 1 did not arrive for the forward pass (call 0)");
+    cr_expect_lt(stria_time_now() - t0, 4.0, "named only at a step's deadline");
+
+    /* the ranks' calls differ (rank 1's is causal): refused on both */
+    stria_call_shape_t causal = wf_shape(&job);
+    causal.causal = true;
+    const wf_call_opts_t e1 = {.epoch = 1}, e1c = {.epoch = 1, .shape = &causal};
+    wf_bg_t bg;
+    cr_assert_eq(wf_bg_start(&bg, &f, &job, 0, false, 1, &e1, &io[0]), 0);
+    stria_status_t st = wf_call_rank(&f, &job, 1, 1, &e1c, &io[1]);
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+    cr_expect_eq(wf_bg_join(&bg), STRIA_ERR_INVALID_ARG, "rank 0: %s", bg.msg);
+    cr_expect(strstr(bg.msg, "call 1 differs between rank") != NULL, "rank 0: %s", bg.msg);
+    cr_expect_eq(st, STRIA_ERR_INVALID_ARG, "rank 1: %s", msg);
+    cr_expect(strstr(msg, "call 1 differs between rank") != NULL, "rank 1: %s", msg);
+
+    /* the same call on both: served */
+    const wf_call_opts_t e2 = {.epoch = 2};
+    cr_expect_eq(wf_call_all(&f, &job, 2, &e2, io), STRIA_OK, "%s", stria_error_msg());
+    expect_outputs(&job, io, &ref, false, "the call both ranks made");
+    wf_io_free(io, WF_MAX);
     ref_free(&ref);
     wf_stop(&f);
 }
