@@ -47,6 +47,8 @@ typedef struct {
     stria_rpc_pending_t pend;
     struct iovec in_iov[6], out_iov[3];
     uint64_t in_bytes, out_bytes;
+    uint64_t moved_in, moved_out; /* the bytes that reach the worker and come back (arena too) */
+    double t_sent_done;           /* when its request and inputs were sent */
     bool sent, received;
     /* a sender thread of its own (large uploads): running until sent_done */
     pthread_t sender;
@@ -168,19 +170,6 @@ static void move(const stria_layout_t *lay, const part_t *p, int t, char *compac
     }
 }
 
-static stria_status_t grow(void **buf, size_t *cap, size_t need)
-{
-    if (need <= *cap)
-        return STRIA_OK;
-    void *p = stria_malloc_aligned(need);
-    if (p == NULL)
-        return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory for %zu bytes", need);
-    stria_free(*buf);
-    *buf = p;
-    *cap = need;
-    return STRIA_OK;
-}
-
 /* ---- placing a rank's inputs ------------------------------------------------------ */
 
 /* Places rank p's inputs and builds its request. */
@@ -200,6 +189,8 @@ static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
         p->in_bytes += p->bytes[in[i]];
     for (int i = 0; i < n_out; i++)
         p->out_bytes += p->bytes[out[i]];
+    p->moved_in = p->in_bytes; /* written into the arena, or sent */
+    p->moved_out = p->out_bytes;
     p->place = (stria_call_place_t){.call = c->call,
                                     .link_epoch = epoch,
                                     .backward = c->backward,
@@ -227,9 +218,9 @@ static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
         for (int i = 0; i < n_out; i++)
             p->out_iov[i] = (struct iovec){io_out(c, out[i]), p->bytes[out[i]]};
     } else { /* gathered from the full tensors */
-        stria_status_t st = grow(&r->up, &r->up_cap, p->in_bytes);
+        stria_status_t st = stria__lrank_grow(s->client, &r->up, &r->up_cap, p->in_bytes);
         if (st == STRIA_OK)
-            st = grow(&r->down, &r->down_cap, p->out_bytes);
+            st = stria__lrank_grow(s->client, &r->down, &r->down_cap, p->out_bytes);
         if (st != STRIA_OK)
             return st;
         char *up = r->up;
@@ -467,6 +458,7 @@ static void *sender_main(void *arg)
 {
     part_t *p = arg;
     p->send_st = send_part(p->x, p);
+    p->t_sent_done = stria_time_now();
     if (p->send_st != STRIA_OK)
         snprintf(p->send_error, sizeof(p->send_error), "%s", stria_error_msg());
     __atomic_store_n(&p->sent_done, true, __ATOMIC_RELEASE);
@@ -490,6 +482,7 @@ static void exchange(try_t *x)
             continue;
         }
         stria_status_t st = send_part(x, p);
+        p->t_sent_done = stria_time_now();
         if (st != STRIA_OK)
             stria__lrank_fail(p->r, st, p->o);
     }
@@ -503,13 +496,13 @@ static void exchange(try_t *x)
         part_t *next = pick_reply(x, &t_failed);
         if (next == NULL)
             break;
-        stria_status_t st = recv_part(x, next);
-        next->received = true;
-        pthread_mutex_lock(&x->lock);
+        pthread_mutex_lock(&x->lock); /* its reply is there: the download starts */
         if (x->t_first_reply == 0)
             x->t_first_reply = stria_time_now();
         x->phase = STRIA_PHASE_DOWNLOAD;
         pthread_mutex_unlock(&x->lock);
+        stria_status_t st = recv_part(x, next);
+        next->received = true;
         if (st != STRIA_OK) {
             stria__lrank_fail(next->r, st, next->o);
             if (t_failed == 0)
@@ -664,8 +657,10 @@ stria_status_t stria__lcall_try(stria_session_t *s, const stria__lcall_t *c, con
         exchange_reporting(&x);
     else
         exchange(&x);
-    double t_end = stria_time_now();
-    res->upload_s = x.t_sent > 0 ? x.t_sent - t0 : t_end - t0;
+    double t_end = stria_time_now(), t_sent = 0;
+    for (int i = 0; i < n; i++) /* the upload ends with the last rank's */
+        t_sent = fmax(t_sent, x.p[i].t_sent_done);
+    res->upload_s = (t_sent > 0 ? t_sent : t_end) - t0;
     res->download_s = x.t_first_reply > 0 ? t_end - x.t_first_reply : 0;
     res->compute_min_s = INFINITY;
     for (int i = 0; i < n; i++) {
@@ -678,8 +673,10 @@ stria_status_t stria__lcall_try(stria_session_t *s, const stria__lcall_t *c, con
         res->wait_max_s = fmax(res->wait_max_s, p->wait_s);
         res->steps = p->steps > res->steps ? p->steps : res->steps;
         res->ring_bytes += p->ring_bytes;
-        res->up_bytes += p->in_bytes;
-        res->down_bytes += p->arena ? 0 : p->out_bytes;
+        res->up_bytes += p->moved_in;
+        res->down_bytes += p->moved_out;
+        res->tcp_up_bytes += p->in_bytes; /* an arena's travel no byte */
+        res->tcp_down_bytes += p->arena ? 0 : p->out_bytes;
         res->minflt += p->minflt;
     }
     if (!isfinite(res->compute_min_s))

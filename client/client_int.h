@@ -84,7 +84,7 @@
  * mapped for a while too: a job on the same workers faults no page). */
 #define STRIA__KEPT_CONNS       32
 #define STRIA__KEPT_ARENAS      16
-#define STRIA__KEPT_ARENA_BYTES ((size_t)1 << 30)
+#define STRIA__KEPT_ARENA_BYTES ((size_t)4 << 30)
 
 typedef struct {
     char address[300];
@@ -112,7 +112,12 @@ struct stria_client {
     int n_kept_conns;
     stria__larena_t kept_arenas[STRIA__KEPT_ARENAS];
     int n_kept_arenas;
-    size_t kept_arena_bytes;
+    size_t kept_arena_bytes; /* arenas and payload buffers kept */
+    struct {
+        void *p;
+        size_t size;
+    } kept_bufs[STRIA__KEPT_ARENAS]; /* TCP ranks' payload buffers, their pages touched */
+    int n_kept_bufs;
 };
 
 /* One rank of a session, as this handle reaches it. */
@@ -294,6 +299,9 @@ size_t stria__lrank_region(const stria_session_t *s, size_t *in_room_out);
 void stria__lrank_drop_all(stria_session_t *s, bool arenas);
 /* Closes and unmaps what the client's sessions left (stria_client_close()). */
 void stria__lrank_forget_kept(stria_client_t *c);
+/* Makes *buf (of *cap bytes) hold `need`: a payload buffer a session left
+ * (its pages faulted in once) or a new one. */
+stria_status_t stria__lrank_grow(stria_client_t *c, void **buf, size_t *cap, size_t need);
 /* Tells rank r's worker that held forward `call` will not be used. */
 stria_status_t stria__lrank_release_held(stria_session_t *s, stria__lrank_t *r, uint64_t call);
 
@@ -326,7 +334,9 @@ typedef struct {
     bool retryable, expired;
     double pass_max_s, compute_max_s, compute_min_s, wait_max_s, upload_s, download_s;
     uint32_t steps;
-    uint64_t ring_bytes, up_bytes, down_bytes, minflt;
+    uint64_t ring_bytes, minflt;
+    uint64_t up_bytes, down_bytes;         /* tensor bytes that reached the workers and came back */
+    uint64_t tcp_up_bytes, tcp_down_bytes; /* of them, over TCP */
 } stria__lresult_t;
 /* One try of call c on ranks[0 .. n) (all of a whole-sequence session; the
  * caller's own of a sharded one); STRIA_OK when every rank succeeded. The

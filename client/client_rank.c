@@ -106,9 +106,60 @@ static void arena_give(stria_client_t *c, stria__lrank_t *r)
     r->arena_size = 0;
 }
 
+/* Keeps a payload buffer for the next session (within the kept bytes), or
+ * frees it. */
+static void buf_give(stria_client_t *c, void *p, size_t size)
+{
+    if (p == NULL)
+        return;
+    pthread_mutex_lock(&c->keep_lock);
+    bool kept = c->n_kept_bufs < STRIA__KEPT_ARENAS &&
+                c->kept_arena_bytes + size <= STRIA__KEPT_ARENA_BYTES;
+    if (kept) {
+        c->kept_bufs[c->n_kept_bufs].p = p;
+        c->kept_bufs[c->n_kept_bufs++].size = size;
+        c->kept_arena_bytes += size;
+    }
+    pthread_mutex_unlock(&c->keep_lock);
+    if (!kept)
+        stria_free(p);
+}
+
+stria_status_t stria__lrank_grow(stria_client_t *c, void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return STRIA_OK;
+    void *p = NULL;
+    size_t size = 0;
+    pthread_mutex_lock(&c->keep_lock); /* the smallest kept one that holds it */
+    int pick = -1;
+    for (int i = 0; i < c->n_kept_bufs; i++)
+        if (c->kept_bufs[i].size >= need &&
+            (pick < 0 || c->kept_bufs[i].size < c->kept_bufs[pick].size))
+            pick = i;
+    if (pick >= 0) {
+        p = c->kept_bufs[pick].p;
+        size = c->kept_bufs[pick].size;
+        c->kept_arena_bytes -= size;
+        c->kept_bufs[pick] = c->kept_bufs[--c->n_kept_bufs];
+    }
+    pthread_mutex_unlock(&c->keep_lock);
+    if (p == NULL && (p = stria_malloc_aligned(need)) != NULL)
+        size = need;
+    if (p == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory for %zu bytes", need);
+    buf_give(c, *buf, *cap);
+    *buf = p;
+    *cap = size;
+    return STRIA_OK;
+}
+
 void stria__lrank_forget_kept(stria_client_t *c)
 {
     pthread_mutex_lock(&c->keep_lock);
+    for (int i = 0; i < c->n_kept_bufs; i++)
+        stria_free(c->kept_bufs[i].p);
+    c->n_kept_bufs = 0;
     for (int i = 0; i < c->n_kept_conns; i++)
         stria_rpc_client_close(c->kept_conns[i].conn);
     for (int i = 0; i < c->n_kept_arenas; i++) {
@@ -485,8 +536,8 @@ void stria__lrank_drop_all(stria_session_t *s, bool arenas)
         if (r->arena_sock >= 0)
             close(r->arena_sock);
         r->arena_sock = -1;
-        stria_free(r->up);
-        stria_free(r->down);
+        buf_give(s->client, r->up, r->up_cap);
+        buf_give(s->client, r->down, r->down_cap);
         r->up = r->down = NULL;
         r->up_cap = r->down_cap = 0;
         if (arenas)

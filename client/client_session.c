@@ -446,7 +446,8 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
     int retries = r->retries >= 0 ? r->retries : stria__lsess_retries(s->client), reopens = 1;
     if (s->id == 0 && !s->sharded && s->pid == getpid()) { /* closed by a failed reopening */
         st = submit(s, NULL, NULL);
-        if (st != STRIA_OK && stria_error_retryable() && retries > 0) /* a worker lost as it opened */
+        if (st != STRIA_OK && stria_error_retryable() &&
+            retries > 0) /* a worker lost as it opened */
             st = reopen(s, &retries, NULL, NULL);
     }
     if (st == STRIA_OK)
@@ -496,8 +497,8 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
         res.out = out;
         double t_try = stria_time_now();
         st = stria__lcall_try(s, &c, ranks_all, n, &res);
-        s->stats.bytes_up += res.up_bytes;
-        s->stats.bytes_down += res.down_bytes;
+        s->stats.bytes_up += res.tcp_up_bytes;
+        s->stats.bytes_down += res.tcp_down_bytes;
         if (st == STRIA_OK) {
             if (r->hold) {
                 s->held_mask |= UINT64_C(1) << c.region;

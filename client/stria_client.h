@@ -230,10 +230,13 @@ typedef void (*stria_progress_cb)(void *arg, stria_phase_t phase, double done, d
 typedef struct {
     size_t struct_size; /* sizeof(stria_call_stats_t) */
     double queued_s, upload_s, pass_s, download_s;
-    double rank_compute_s_max; /* slowest rank's kernel time */
-    double rank_compute_s_min; /* fastest rank's kernel time */
-    double rank_wait_s_max;    /* longest time a rank waited on the ring */
-    uint64_t bytes_up, bytes_down;
+    /* (upload: from the call until every rank's inputs are sent or in its
+     * arena; download: from the first reply until the outputs are in the
+     * caller's buffers) */
+    double rank_compute_s_max;     /* slowest rank's kernel time */
+    double rank_compute_s_min;     /* fastest rank's kernel time */
+    double rank_wait_s_max;        /* longest time a rank waited on the ring */
+    uint64_t bytes_up, bytes_down; /* tensor bytes to and from the workers (arenas too) */
     /* Since ABI 1's first release (zero from an older library): */
     uint32_t ring_steps;      /* K/V steps of the pass (most over the ranks): N, or fewer
                                * when a window let the forward stop early */
@@ -256,7 +259,11 @@ typedef struct {
  * newer header set), STRIA_ERR_IO (cannot connect), STRIA_ERR_AUTH. */
 stria_status_t stria_client_connect(const stria_client_params_t *params,
                                     stria_client_t **client_out);
-/* Closes the client; jobs still open are released first. NULL is ignored. */
+/* Closes the client; jobs still open are released first. NULL is ignored.
+ * What a client's ended jobs and sessions leave for its next ones goes
+ * with it: its connections to workers (32 at most) and its arenas (16 and
+ * 4 GiB at most: the shared memory of co-located ranks, reused by the next
+ * job of the same shape, whose worker then maps nothing anew). */
 void stria_client_close(stria_client_t *client);
 
 /* Submits a job and runs its forward pass. q, k, v are read during the call
