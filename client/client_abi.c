@@ -86,3 +86,16 @@ stria_status_t stria__labi_call(const stria_call_t *in, stria_call_shape_t *out)
                                 .window_right = in->window_right};
     return STRIA_OK;
 }
+
+stria_call_shape_t stria__labi_job_call(const stria_job_spec_t *s)
+{
+    return (stria_call_shape_t){.batch = s->batch,
+                                .seq_len = s->seq_len,
+                                .causal = s->causal,
+                                .scale = s->scale,
+                                .cu_seqlens = s->cu_seqlens,
+                                .n_cu_seqlens = s->n_cu_seqlens,
+                                .has_window = s->has_window,
+                                .window_left = s->window_left,
+                                .window_right = s->window_right};
+}

@@ -169,15 +169,7 @@ static void spec_to_proto(const stria__lopen_t *o, Stria__V1__JobSpec *spec,
                           Stria__V1__JobSpec__Placement *pls)
 {
     const stria_job_spec_t *s = &o->js;
-    const stria_call_shape_t call = {.batch = s->batch,
-                                     .seq_len = s->seq_len,
-                                     .causal = s->causal,
-                                     .scale = s->scale,
-                                     .cu_seqlens = s->cu_seqlens,
-                                     .n_cu_seqlens = s->n_cu_seqlens,
-                                     .has_window = s->has_window,
-                                     .window_left = s->window_left,
-                                     .window_right = s->window_right};
+    const stria_call_shape_t call = stria__labi_job_call(s);
     stria_call_shape_to_spec(&call, spec, win);
     spec->heads = (uint32_t)s->heads;
     spec->kv_heads = (uint32_t)s->kv_heads;

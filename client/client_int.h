@@ -208,6 +208,8 @@ stria_status_t stria__labi_check_stats(const stria_call_stats_t *stats);
 void stria__labi_write_stats(stria_call_stats_t *out, const stria_call_stats_t *ours);
 /* The caller's call record into the one shape record (documents borrowed). */
 stria_status_t stria__labi_call(const stria_call_t *in, stria_call_shape_t *out);
+/* The call record of a job spec (its documents borrowed). */
+stria_call_shape_t stria__labi_job_call(const stria_job_spec_t *s);
 
 /* ---- client_coord.c ---- */
 /* A call to the coordinator, about session `id` (its secret proven) unless

@@ -31,19 +31,6 @@ struct stria_job {
 
 /* ---- specs ---------------------------------------------------------------------- */
 
-static stria_call_shape_t call_of(const stria_job_spec_t *s)
-{
-    return (stria_call_shape_t){.batch = s->batch,
-                                .seq_len = s->seq_len,
-                                .causal = s->causal,
-                                .scale = s->scale,
-                                .cu_seqlens = s->cu_seqlens,
-                                .n_cu_seqlens = s->n_cu_seqlens,
-                                .has_window = s->has_window,
-                                .window_left = s->window_left,
-                                .window_right = s->window_right};
-}
-
 static stria_status_t check_spec(const stria_job_spec_t *s)
 {
     if (s->batch < 1 || s->seq_len < 1 || s->heads < 1 || s->kv_heads < 1 || s->head_dim < 1)
@@ -55,7 +42,7 @@ static stria_status_t check_spec(const stria_job_spec_t *s)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: a field is out of range");
     if (stria_dtype_size(s->dtype) == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "job spec: unknown dtype");
-    const stria_call_shape_t call = call_of(s);
+    const stria_call_shape_t call = stria__labi_job_call(s);
     if (stria_call_masks_check(&call) != STRIA_OK)
         return stria_error_wrap(STRIA_ERR_INVALID_ARG, "job spec");
     if (!isfinite(s->arrival_timeout_s) || s->arrival_timeout_s < 0)
@@ -146,7 +133,7 @@ static stria_status_t job_new(stria_client_t *c, stria_session_t *s, const stria
     job->spec.placement_devices = NULL;
     job->spec.ring_size = s->n_ranks;
     job->spec.layout = s->layout;
-    job->call = call_of(&job->spec);
+    job->call = stria__labi_job_call(&job->spec);
     *out = job;
     return STRIA_OK;
 }
@@ -188,7 +175,7 @@ static stria_status_t forward_try(stria_client_t *c, const stria_job_spec_t *sp,
     stria_status_t st = stria__lsess_open(c, &o, &bounds, progress, arg, &s);
     local->queued_s += stria_time_now() - t0;
     if (st == STRIA_OK) {
-        const stria_call_shape_t call = call_of(sp);
+        const stria_call_shape_t call = stria__labi_job_call(sp);
         const stria__lreq_t r = {.shape = &call,
                                  .rank = -1,
                                  .hold = true,

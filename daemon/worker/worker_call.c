@@ -174,17 +174,22 @@ static stria_status_t solo_link(int n_ranks, stria_link_t **out)
     return st;
 }
 
+void stria__wcall_unbind(stria__wsess_t *s)
+{
+    if (s->eng.link == NULL)
+        return;
+    stria__wcall_park(s);
+    pthread_mutex_lock(&s->lock);
+    s->sh.link = NULL; /* no drop aborts it any more */
+    pthread_mutex_unlock(&s->lock);
+    stria_link_destroy(s->eng.link);
+    s->eng.link = NULL;
+}
+
 stria_status_t stria__wcall_bind(stria__wsess_t *s, uint64_t epoch)
 {
     stria_worker_t *w = s->w;
-    if (s->eng.link != NULL) {
-        stria__wcall_park(s);
-        pthread_mutex_lock(&s->lock);
-        s->sh.link = NULL;
-        pthread_mutex_unlock(&s->lock);
-        stria_link_destroy(s->eng.link);
-        s->eng.link = NULL;
-    }
+    stria__wcall_unbind(s);
     const stria_worker_link_request_t rq = {.job_id = s->id,
                                             .ring_id = 0x80000000u | (uint32_t)(epoch & 0x7fffffff),
                                             .rank = s->rank,
@@ -519,6 +524,12 @@ static stria_status_t agree(stria__wsess_t *s, uint64_t call, bool backward, uin
 
 /* ---- the run --------------------------------------------------------------------- */
 
+/* Whether tensor t has the K/V heads (K, V, dK, dV) rather than the query's. */
+static bool kv_tensor(int t)
+{
+    return t == STRIA__T_K || t == STRIA__T_V || t == STRIA__T_DK || t == STRIA__T_DV;
+}
+
 static uint64_t wall_ms(void)
 {
     struct timespec ts;
@@ -588,27 +599,19 @@ stria_status_t stria__wcall_run(stria__wsess_t *s, const Stria__V1__SessionCallR
         stria_log_debug("session %llu rank %d: call %llu (%s) runs its ring pass",
                         (unsigned long long)s->id, s->rank, (unsigned long long)req->call,
                         req->backward ? "backward" : "forward");
-        stria_tensor_t q =
-            stria_tensor_contiguous(view[STRIA__T_Q], s->dtype, L, s->heads, s->head_dim);
-        stria_tensor_t k =
-            stria_tensor_contiguous(view[STRIA__T_K], s->dtype, L, s->kv_heads, s->head_dim);
-        stria_tensor_t v =
-            stria_tensor_contiguous(view[STRIA__T_V], s->dtype, L, s->kv_heads, s->head_dim);
-        stria_tensor_t o =
-            stria_tensor_contiguous(view[STRIA__T_O], s->dtype, L, s->heads, s->head_dim);
-        if (!req->backward) {
-            st = stria_ring_fwd(pass, &q, &k, &v, &o, view[STRIA__T_LSE]);
-        } else {
-            stria_tensor_t d_o =
-                stria_tensor_contiguous(view[STRIA__T_DO], s->dtype, L, s->heads, s->head_dim);
-            stria_tensor_t dq =
-                stria_tensor_contiguous(view[STRIA__T_DQ], s->dtype, L, s->heads, s->head_dim);
-            stria_tensor_t dk =
-                stria_tensor_contiguous(view[STRIA__T_DK], s->dtype, L, s->kv_heads, s->head_dim);
-            stria_tensor_t dv =
-                stria_tensor_contiguous(view[STRIA__T_DV], s->dtype, L, s->kv_heads, s->head_dim);
-            st = stria_ring_bwd(pass, &q, &k, &v, &o, view[STRIA__T_LSE], &d_o, &dq, &dk, &dv);
-        }
+        stria_tensor_t t[STRIA__T_COUNT];
+        for (int i = 0; i < STRIA__T_COUNT; i++)
+            if (i != STRIA__T_LSE)
+                t[i] = stria_tensor_contiguous(view[i], s->dtype, L,
+                                               kv_tensor(i) ? s->kv_heads : s->heads, s->head_dim);
+        float *lse = view[STRIA__T_LSE];
+        if (!req->backward)
+            st = stria_ring_fwd(pass, &t[STRIA__T_Q], &t[STRIA__T_K], &t[STRIA__T_V],
+                                &t[STRIA__T_O], lse);
+        else
+            st = stria_ring_bwd(pass, &t[STRIA__T_Q], &t[STRIA__T_K], &t[STRIA__T_V],
+                                &t[STRIA__T_O], lse, &t[STRIA__T_DO], &t[STRIA__T_DQ],
+                                &t[STRIA__T_DK], &t[STRIA__T_DV]);
         records(s, pass, req->backward, &run->stats);
         if (st == STRIA_OK && (st = views_out(s, g, ptr)) != STRIA_OK)
             stria_error_wrap(st, "rank %d: the outputs", s->rank);

@@ -489,6 +489,9 @@ typedef struct {
     double started; /* stria_time_now() at its start */
     uint64_t started_ms;
 } stria__wrun_t;
+/* Destroys the session's link (its kept pass objects parked first, so
+ * that a drop no longer aborts it); nothing without one (pass thread). */
+void stria__wcall_unbind(stria__wsess_t *s);
 /* Binds the session's ring link of `epoch` (its ring id: every rank of a
  * call asks for the same) through the link factory, in place of the one it
  * had, and publishes it for a drop or a shutdown to abort. Pass thread. */

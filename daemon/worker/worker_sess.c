@@ -558,12 +558,7 @@ static void *pass_thread(void *arg)
         stria_error_set(STRIA_ERR_CANCELLED, "session %llu is closed", (unsigned long long)s->id);
         answer_opens(s, STRIA_ERR_CANCELLED, 0);
     }
-    stria__wcall_park(s);
-    pthread_mutex_lock(&s->lock);
-    s->sh.link = NULL;
-    pthread_mutex_unlock(&s->lock);
-    stria_link_destroy(s->eng.link);
-    s->eng.link = NULL;
+    stria__wcall_unbind(s);
     stria__wcall_engine_free(s);
     stria_log_info("session %llu rank %d closed after %llu calls (%llu failed)",
                    (unsigned long long)s->id, s->rank, (unsigned long long)s->sh.calls,
