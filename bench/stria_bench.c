@@ -38,6 +38,9 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_CALLS
     {"calls", stria_bench_calls, "one call's cost: job path, session, in-process ring"},
 #endif
+#ifdef STRIA_BENCH_DOCPLAN
+    {"docplan", stria_bench_docplan, "packed documents placed by their work, counted"},
+#endif
     {NULL, NULL, NULL},
 };
 

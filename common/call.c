@@ -4,6 +4,7 @@
 
 #include "stria_layout.h"
 #include "stria_net.h"
+#include "stria_util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -119,33 +120,23 @@ void stria_call_shape_free(stria_call_shape_t *c)
     memset(c, 0, sizeof(*c));
 }
 
-/* FNV-1a over the fields, in a fixed order and width. */
-static uint64_t stria__fnv(uint64_t h, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        h ^= (v >> (8 * i)) & 0xffu;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
 uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward)
 {
     uint32_t scale_bits;
     memcpy(&scale_bits, &c->scale, sizeof(scale_bits));
-    uint64_t h = 14695981039346656037ull;
-    h = stria__fnv(h, call);
-    h = stria__fnv(h, backward);
-    h = stria__fnv(h, (uint64_t)c->batch);
-    h = stria__fnv(h, (uint64_t)c->seq_len);
-    h = stria__fnv(h, c->causal);
-    h = stria__fnv(h, scale_bits);
-    h = stria__fnv(h, c->n_cu_seqlens);
+    uint64_t h = STRIA_FNV64_INIT;
+    h = stria_fnv64(h, call);
+    h = stria_fnv64(h, backward);
+    h = stria_fnv64(h, (uint64_t)c->batch);
+    h = stria_fnv64(h, (uint64_t)c->seq_len);
+    h = stria_fnv64(h, c->causal);
+    h = stria_fnv64(h, scale_bits);
+    h = stria_fnv64(h, c->n_cu_seqlens);
     for (size_t i = 0; i < c->n_cu_seqlens; i++)
-        h = stria__fnv(h, (uint64_t)c->cu_seqlens[i]);
-    h = stria__fnv(h, c->has_window);
-    h = stria__fnv(h, (uint64_t)c->window_left);
-    return stria__fnv(h, (uint64_t)c->window_right);
+        h = stria_fnv64(h, (uint64_t)c->cu_seqlens[i]);
+    h = stria_fnv64(h, c->has_window);
+    h = stria_fnv64(h, (uint64_t)c->window_left);
+    return stria_fnv64(h, (uint64_t)c->window_right);
 }
 
 void stria_call_binding(const stria_call_shape_t *c, const stria_call_place_t *p,

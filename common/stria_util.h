@@ -1,6 +1,6 @@
 /*
- * stria util: clocks, 64-byte aligned allocation, arrays that grow, and
- * random bytes from the kernel.
+ * stria util: clocks, 64-byte aligned allocation, arrays that grow, a
+ * digest of fields, and random bytes from the kernel.
  *
  * Ownership: memory from stria_malloc_aligned() and stria_calloc_aligned(),
  * and the arrays stria_grow() reallocates, belong to the caller, who frees
@@ -11,6 +11,7 @@
 #define STRIA_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "stria_status.h"
 
@@ -43,6 +44,14 @@ void stria_free_n(void *const *ptrs, size_t n);
 #define STRIA_FREE_ALL(...)                                                                        \
     stria_free_n((void *const[]){__VA_ARGS__},                                                     \
                  sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))
+
+/* ---- digests ----------------------------------------------------------- */
+
+/* FNV-1a, 64 bits, of v's 8 bytes (little-endian) after h: fields hashed in
+ * a fixed order and width give the same digest on every host. Start from
+ * STRIA_FNV64_INIT. Not a MAC: for comparing records, never for secrets. */
+#define STRIA_FNV64_INIT 14695981039346656037ull
+uint64_t stria_fnv64(uint64_t h, uint64_t v);
 
 /* Fills buf with n bytes from the kernel's random source (getrandom()):
  * unguessable values such as a job's secret. STRIA_ERR_IO when the source

@@ -80,3 +80,12 @@ stria_status_t stria_random_bytes(void *buf, size_t n)
     }
     return STRIA_OK;
 }
+
+uint64_t stria_fnv64(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xffu;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
