@@ -120,6 +120,11 @@ void stria_call_shape_free(stria_call_shape_t *c)
     memset(c, 0, sizeof(*c));
 }
 
+float stria_call_scale(float scale, int64_t head_dim)
+{
+    return scale > 0 ? scale : (float)(1.0 / sqrt((double)head_dim));
+}
+
 uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward)
 {
     uint32_t scale_bits;

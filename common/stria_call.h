@@ -102,6 +102,13 @@ stria_status_t stria_call_shape_copy(const stria_call_shape_t *src, stria_call_s
  * zeroed one) and zeroes it. */
 void stria_call_shape_free(stria_call_shape_t *c);
 
+/* The softmax scale a call computes with: scale, or for 0 (the default)
+ * 1/sqrt(head_dim), rounded to float alike everywhere. The one statement of
+ * that rule: the coordinator records jobs with it, and ranks compare their
+ * calls' digests with it applied, so a rank that passes 0 and one that
+ * passes the value it stands for make the same call. */
+float stria_call_scale(float scale, int64_t head_dim);
+
 /* A digest of a call (its shape, number and direction) that ranks compare. */
 uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward);
 /* Where a SessionCall's tensors are and what it asks beyond its shape: the

@@ -208,7 +208,7 @@ stria__cjob_t *stria__cjob_add(stria_coord_t *co, const Stria__V1__JobSpec *s,
     j->spec.base.unknown_fields = NULL;
     j->spec.layout = (Stria__V1__Layout)layout->kind; /* auto resolved */
     j->spec.ring_size = n;
-    j->spec.scale = s->scale > 0 ? s->scale : (float)(1.0 / sqrt((double)s->head_dim));
+    j->spec.scale = stria_call_scale(s->scale, s->head_dim);
     /* a session's TTL is its idle deadline, kept by its workers' heartbeats */
     j->spec.ttl_s = s->ttl_s     ? s->ttl_s
                     : s->session ? STRIA__DEFAULT_SESSION_IDLE_S

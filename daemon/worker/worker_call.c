@@ -577,9 +577,13 @@ stria_status_t stria__wcall_run(stria__wsess_t *s, const Stria__V1__SessionCallR
     stria_status_t st = STRIA_OK;
     if (s->eng.link == NULL || s->eng.epoch != req->link_epoch)
         st = stria__wcall_bind(s, req->link_epoch);
-    if (st == STRIA_OK && s->sharded)
+    if (st == STRIA_OK && s->sharded) {
+        /* a scale of 0 and the value it stands for are one call */
+        stria_call_shape_t same = g->shape;
+        same.scale = stria_call_scale(same.scale, s->head_dim);
         st = agree(s, req->call, req->backward,
-                   stria_call_shape_digest(&g->shape, req->call, req->backward));
+                   stria_call_shape_digest(&same, req->call, req->backward));
+    }
     bool own = false; /* a failure of this rank's own: the others must hear of it */
     if (st == STRIA_OK && (st = views_in(s, g, ptr, view)) != STRIA_OK)
         own = true;

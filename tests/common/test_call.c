@@ -205,3 +205,17 @@ Test(call, digest_covers_every_field_and_binding_its_bytes)
               "without an arena its places are not bound");
     cr_expect_eq(stria_get_le64(b + 49), 0, "nor a held call without use_held");
 }
+
+/* A scale of 0 stands for 1/sqrt(head_dim): one rule, so the coordinator's
+ * record of a job and a trainer rank that passes 0 make the same call. */
+Test(call, scale_zero_is_one_over_sqrt_head_dim)
+{
+    cr_expect_eq(stria_call_scale(0.0f, 64), 0.125f);
+    cr_expect_eq(stria_call_scale(0.0f, 32), (float)(1.0 / sqrt(32.0)));
+    cr_expect_eq(stria_call_scale(0.5f, 64), 0.5f, "a scale given is kept");
+    stria_call_shape_t a = {.batch = 2, .seq_len = 77, .causal = true, .scale = 0.0f};
+    stria_call_shape_t b = a;
+    b.scale = stria_call_scale(0.0f, 32);
+    a.scale = stria_call_scale(a.scale, 32);
+    cr_expect_eq(stria_call_shape_digest(&a, 0, false), stria_call_shape_digest(&b, 0, false));
+}
