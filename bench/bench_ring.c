@@ -36,7 +36,7 @@ typedef struct {
     size_t n_ranks;
     int64_t seqs[STRIA__RB_MAX_LIST];
     size_t n_seqs;
-    bool layout_on[3]; /* by stria_layout_kind_t */
+    bool layout_on[5]; /* by stria_layout_kind_t (3, auto, unused) */
     bool do_fwd, do_bwd;
     int64_t batch, heads, kv_heads, head_dim;
     stria_dtype_t dtype;
@@ -56,9 +56,10 @@ typedef struct {
 } stria__rb_opts_t;
 
 /* Results per layout kind, and the contiguous ring without hop skipping
- * (measured beside it when a window is set). */
+ * (measured beside it when a window is set) in the row of auto. Packed
+ * (row 4) is measured with documents only. */
 #define STRIA__RB_FULL 3
-#define STRIA__RB_ROWS 4
+#define STRIA__RB_ROWS 5
 
 static const char stria__rb_description[] =
     "Runs the in-process ring for the contiguous layout (the baseline) and the\n"
@@ -78,11 +79,12 @@ static int stria__rb_choices(stria__rb_opts_t *o, const char *layout, const char
     stria_layout_kind_t k;
     if (strcmp(layout, "all") == 0) {
         o->layout_on[0] = o->layout_on[1] = o->layout_on[2] = true;
-    } else if (stria_layout_kind_parse(layout, &k) == STRIA_OK) {
+        o->layout_on[STRIA_LAYOUT_PACKED] = true; /* with documents */
+    } else if (stria_layout_kind_parse(layout, &k) == STRIA_OK && k != STRIA_LAYOUT_AUTO) {
         o->layout_on[k] = true;
     } else {
         return stria_bench_usage_error(
-            "ring", "--layout '%s': expected striped, contiguous, zigzag or all", layout);
+            "ring", "--layout '%s': expected striped, contiguous, zigzag, packed or all", layout);
     }
     o->do_fwd = strcmp(pass, "fwd") == 0 || strcmp(pass, "both") == 0;
     o->do_bwd = strcmp(pass, "bwd") == 0 || strcmp(pass, "both") == 0;
@@ -360,6 +362,8 @@ static bool stria__rb_row_on(const stria__rb_opts_t *o, int k)
 {
     if (k == STRIA__RB_FULL)
         return o->has_window || o->doc_median > 0;
+    if (k == STRIA_LAYOUT_PACKED)
+        return o->layout_on[k] && o->doc_median > 0;
     return o->layout_on[k] || k == STRIA_LAYOUT_CONTIGUOUS;
 }
 
@@ -615,7 +619,8 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, const stria__rb_d
     double ideal = o->causal && !masked ? 2.0 - 1.0 / n : 1.0;
     const stria__rb_result_t *base = &res[STRIA_LAYOUT_CONTIGUOUS];
     static const int order[STRIA__RB_ROWS] = {STRIA_LAYOUT_CONTIGUOUS, STRIA__RB_FULL,
-                                              STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG};
+                                              STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG,
+                                              STRIA_LAYOUT_PACKED};
 
     if (d->cu != NULL)
         snprintf(masks, sizeof(masks), ", %zu documents (log-normal, median %lld)", d->n_cu - 1,
@@ -638,7 +643,8 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, const stria__rb_d
         int k = order[i];
         const stria__rb_result_t *r = &res[k];
         char wall[32], wall_x[32], wall_min_x[32], par_x[32], block_json[256] = "";
-        if (k == STRIA__RB_FULL ? !stria__rb_row_on(o, k) : !o->layout_on[k])
+        if (k == STRIA__RB_FULL || k == STRIA_LAYOUT_PACKED ? !stria__rb_row_on(o, k)
+                                                            : !o->layout_on[k])
             continue;
         if (o->causal)
             snprintf(block_json, sizeof(block_json),
@@ -710,7 +716,7 @@ static void stria__rb_report(const stria__rb_opts_t *o, int n, const stria__rb_d
         printf("  from the fastest run of every (rank, step):");
         for (int i = 2; i < STRIA__RB_ROWS; i++) {
             const stria__rb_result_t *r = &res[order[i]];
-            if (!o->layout_on[order[i]])
+            if (!o->layout_on[order[i]] || !stria__rb_row_on(o, order[i]))
                 continue;
             double x = base->critical_best_s / r->critical_best_s;
             printf(" %s %.3f (%.1f%% of ideal)", stria_layout_kind_name(order[i]), x,
@@ -901,7 +907,7 @@ static stria_status_t stria__rb_panel(stria_timeline_t *tl, const char *name, in
 static stria_status_t stria__rb_timeline(const stria__rb_opts_t *o, stria__rb_data_t *d, int n)
 {
     static const int order[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA__RB_FULL, STRIA_LAYOUT_STRIPED,
-                                STRIA_LAYOUT_ZIGZAG};
+                                STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_PACKED};
     char title[256], sub[256], name[64];
     stria_ring_step_stats_t *st = calloc((size_t)(n * n), sizeof(*st));
     stria_timeline_t *tl = NULL;

@@ -153,6 +153,10 @@ stria_status_t stria__lsess_open(stria_client_t *c, const stria__lopen_t *o,
                                  const stria_session_spec_t *spec, stria_progress_cb progress,
                                  void *arg, stria_session_t **out)
 {
+    if (o->js.layout == STRIA_LAYOUT_PACKED)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "layout packed is not served yet: it runs in the in-process ring "
+                               "(stria-run local, stria_ring_run_local)");
     stria_session_t *s = sess_new(c);
     if (s == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");

@@ -1,15 +1,18 @@
 /*
- * Layouts: which global token positions each rank of a ring holds. All three
- * layouts keep positions increasing within a shard, so padding (positions
- * >= seq_len) always sits at the end of a shard; the ring engine relies on that
- * to hand the kernels only the real prefix of every block.
+ * Layouts: which global token positions each rank of a ring holds. Every
+ * layout puts padding (positions >= seq_len) at the end of a shard; the ring
+ * engine relies on that to hand the kernels only the real prefix of every
+ * block. The arithmetic ones keep positions increasing within a shard; a
+ * packed one reads its plan's runs (stria_docplan.h).
  */
 #include "stria_layout.h"
+#include "stria_docplan.h"
 #include "stria_dtype.h"
 
 #include <string.h>
 
-static const char *const stria__layout_names[] = {"striped", "contiguous", "zigzag", "auto"};
+static const char *const stria__layout_names[] = {"striped", "contiguous", "zigzag", "auto",
+                                                  "packed"};
 
 const char *stria_layout_kind_name(stria_layout_kind_t kind)
 {
@@ -28,9 +31,9 @@ stria_status_t stria_layout_kind_parse(const char *name, stria_layout_kind_t *ki
             return STRIA_OK;
         }
     }
-    return stria_error_set(STRIA_ERR_INVALID_ARG,
-                           "unknown layout '%s' (expected striped, contiguous, zigzag or auto)",
-                           name);
+    return stria_error_set(
+        STRIA_ERR_INVALID_ARG,
+        "unknown layout '%s' (expected striped, contiguous, zigzag, packed or auto)", name);
 }
 
 stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window)
@@ -51,6 +54,10 @@ stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t 
     if (kind == STRIA_LAYOUT_AUTO)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: layout auto must be "
                                                       "resolved first (stria_layout_kind_resolve)");
+    if (kind == STRIA_LAYOUT_PACKED)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_layout_init: a packed layout comes from its call's document "
+                               "plan (stria_layout_init_plan)");
     if (kind != STRIA_LAYOUT_STRIPED && kind != STRIA_LAYOUT_CONTIGUOUS &&
         kind != STRIA_LAYOUT_ZIGZAG)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: unknown layout %d",
@@ -69,6 +76,19 @@ stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t 
     l.seq_padded = (seq_len + unit - 1) / unit * unit;
     l.shard_tokens = l.seq_padded / n_ranks;
     *layout_out = l;
+    return STRIA_OK;
+}
+
+stria_status_t stria_layout_init_plan(const stria_docplan_t *plan, stria_layout_t *layout_out)
+{
+    if (plan == NULL || layout_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init_plan: NULL argument");
+    *layout_out = (stria_layout_t){.kind = STRIA_LAYOUT_PACKED,
+                                   .n_ranks = plan->n_ranks,
+                                   .seq_len = plan->seq_len,
+                                   .seq_padded = (int64_t)plan->n_ranks * plan->shard_tokens,
+                                   .shard_tokens = plan->shard_tokens,
+                                   .plan = plan};
     return STRIA_OK;
 }
 
@@ -92,10 +112,33 @@ int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t in
     case STRIA_LAYOUT_ZIGZAG:
         c = l->shard_tokens / 2;
         return index < c ? rank * c + index : (2 * n - 1 - rank) * c + (index - c);
+    case STRIA_LAYOUT_PACKED:
+        return stria_docplan_position(l->plan, rank, index);
     case STRIA_LAYOUT_AUTO: /* never in an initialised layout */
         break;
     }
     return -1;
+}
+
+/* A packed layout's inverse: a search of every rank's runs. */
+static stria_status_t stria__locate_runs(const stria_layout_t *l, int64_t pos, int *rank_out,
+                                         int64_t *index_out)
+{
+    for (int r = 0; r < l->n_ranks; r++) {
+        size_t n;
+        const stria_layout_run_t *runs = stria_layout_runs(l, r, true, &n, NULL);
+        int64_t idx = 0;
+        for (size_t k = 0; k < n; idx += runs[k].count, k++) {
+            int64_t off = pos - runs[k].first;
+            if (off < 0 || off % runs[k].stride != 0 || off / runs[k].stride >= runs[k].count)
+                continue;
+            *rank_out = r;
+            *index_out = idx + off / runs[k].stride;
+            return STRIA_OK;
+        }
+    }
+    return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_locate: position %lld not placed",
+                           (long long)pos);
 }
 
 stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, int *rank_out,
@@ -128,6 +171,8 @@ stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, in
         rank = (int)(chunk < n ? chunk : 2 * n - 1 - chunk);
         index = (chunk < n ? 0 : c) + pos % c;
         break;
+    case STRIA_LAYOUT_PACKED:
+        return stria__locate_runs(l, pos, rank_out, index_out);
     default:
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_locate: unknown layout %d",
                                (int)l->kind);
@@ -170,6 +215,15 @@ size_t stria_layout_shard_runs(const stria_layout_t *layout, int rank, bool with
         tmp[n_tmp++] = (stria_layout_run_t){(2 * n - 1 - rank) * c, 1,
                                             stria__clamp(S - (2 * n - 1 - rank) * c, c)};
         break;
+    case STRIA_LAYOUT_PACKED: {
+        size_t n_all;
+        const stria_layout_run_t *all = stria_layout_runs(l, rank, with_padding, &n_all, NULL);
+        if (n_all > STRIA_LAYOUT_MAX_RUNS)
+            return 0;
+        memcpy(tmp, all, n_all * sizeof(*all));
+        n_tmp = n_all;
+        break;
+    }
     default:
         return 0;
     }
@@ -179,10 +233,31 @@ size_t stria_layout_shard_runs(const stria_layout_t *layout, int rank, bool with
     return n_out;
 }
 
+const stria_layout_run_t *stria_layout_runs(const stria_layout_t *layout, int rank,
+                                            bool with_padding, size_t *n_out,
+                                            stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS])
+{
+    *n_out = 0;
+    if (!stria__layout_ok(layout, rank))
+        return NULL;
+    if (layout->kind != STRIA_LAYOUT_PACKED) {
+        *n_out = stria_layout_shard_runs(layout, rank, with_padding, tmp);
+        return tmp;
+    }
+    const stria_docplan_t *p = layout->plan;
+    size_t first = p->run_start[rank], end = p->run_start[rank + 1];
+    /* padding runs hold positions >= seq_len only, and come last */
+    while (!with_padding && end > first && p->runs[end - 1].first >= p->seq_len)
+        end--;
+    *n_out = end - first;
+    return p->runs + first;
+}
+
 int64_t stria_layout_shard_valid(const stria_layout_t *layout, int rank)
 {
-    stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
-    size_t n = stria_layout_shard_runs(layout, rank, false, runs);
+    stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS];
+    size_t n;
+    const stria_layout_run_t *runs = stria_layout_runs(layout, rank, false, &n, tmp);
     int64_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += runs[i].count;
@@ -210,8 +285,9 @@ static stria_status_t stria__layout_check_copy(const stria_layout_t *l, int rank
 static void stria__layout_copy(const stria_layout_t *l, int rank, int64_t outer, size_t row_bytes,
                                char *full, char *shard, bool to_shard)
 {
-    stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
-    size_t n_runs = stria_layout_shard_runs(l, rank, false, runs);
+    stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS];
+    size_t n_runs;
+    const stria_layout_run_t *runs = stria_layout_runs(l, rank, false, &n_runs, tmp);
     int64_t L = l->shard_tokens, S = l->seq_len;
 
     for (int64_t o = 0; o < outer; o++) {

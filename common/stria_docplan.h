@@ -71,7 +71,7 @@ extern "C" {
 /* Rounds of step 4 before falling back to striping. */
 #define STRIA_DOCPLAN_MAX_ROUNDS 8
 
-typedef struct {
+typedef struct stria_docplan {
     uint32_t version;        /* STRIA_DOCPLAN_VERSION */
     uint64_t digest;         /* of the inputs and the version (stria_docplan_digest()) */
     stria_call_shape_t call; /* the inputs' masks: an owning copy */

@@ -15,9 +15,14 @@
  *   contiguous: rank r holds [r * L, (r + 1) * L), L = shard_tokens
  *   zigzag:     2N chunks of C = L / 2 tokens; rank r holds chunks r and
  *               2N - 1 - r
+ *   packed:     a document plan's placement (stria_docplan.h): documents
+ *               kept whole on one rank, the rest dealt as striping deals
+ *               them; a shard's rows are its spread tokens, its kept tokens,
+ *               then padding (positions increase within each part only)
  *
- * Ownership: a stria_layout_t is a plain value (nothing allocated); the
- * buffers of scatter and gather belong to the caller. Threads: no state;
+ * Ownership: a stria_layout_t is a plain value (nothing allocated; a packed
+ * one borrows its plan, which must outlive it); the buffers of scatter and
+ * gather belong to the caller. Threads: no state;
  * every function may be called from any thread.
  */
 #ifndef STRIA_LAYOUT_H
@@ -38,12 +43,15 @@ extern "C" {
 /* Most runs a shard needs (zigzag: two). */
 #define STRIA_LAYOUT_MAX_RUNS 2
 
+struct stria_docplan; /* stria_docplan.h */
+
 typedef struct {
     stria_layout_kind_t kind;
     int n_ranks;
-    int64_t seq_len;      /* real tokens of the global sequence (stria_call.h) */
-    int64_t seq_padded;   /* n_ranks * shard_tokens */
-    int64_t shard_tokens; /* tokens per rank, padding included */
+    int64_t seq_len;                  /* real tokens of the global sequence (stria_call.h) */
+    int64_t seq_padded;               /* n_ranks * shard_tokens */
+    int64_t shard_tokens;             /* tokens per rank, padding included */
+    const struct stria_docplan *plan; /* packed only: the placement (borrowed) */
 } stria_layout_t;
 
 /* Global positions first, first + stride, ..., first + (count - 1) * stride:
@@ -64,9 +72,14 @@ stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has
 
 /* Describes `seq_len` tokens (1..STRIA_LAYOUT_MAX_SEQ) over n_ranks ranks
  * (1..STRIA_LAYOUT_MAX_RANKS). Pads to a multiple of n_ranks (striped,
- * contiguous) or 2 * n_ranks (zigzag). */
+ * contiguous) or 2 * n_ranks (zigzag). Packed layouts come from their plan
+ * (stria_layout_init_plan()); here they are refused. */
 stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq_len,
                                  stria_layout_t *layout_out);
+
+/* The packed layout of a document plan (borrowed: it must outlive the
+ * layout). */
+stria_status_t stria_layout_init_plan(const struct stria_docplan *plan, stria_layout_t *layout_out);
 
 /* Global position of token `index` (0..shard_tokens-1) of `rank`'s shard;
  * positions >= layout->seq_len are padding. -1 for an index or rank out of range. */
@@ -149,9 +162,17 @@ int64_t stria_layout_shard_valid(const stria_layout_t *layout, int rank);
 /* Position runs of `rank`'s shard in shard order: of its real tokens only, or
  * with_padding of all shard_tokens. Writes at most STRIA_LAYOUT_MAX_RUNS runs
  * with count > 0 and returns how many (0 for a shard without real tokens, or a
- * bad rank). */
+ * bad rank; 0 for a packed layout whose shard has more runs: see
+ * stria_layout_runs()). */
 size_t stria_layout_shard_runs(const stria_layout_t *layout, int rank, bool with_padding,
                                stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS]);
+
+/* The same runs, as many as the shard has (every layout, packed included):
+ * a pointer to them (into tmp, or into a packed layout's plan, valid while
+ * it lives) and their number in *n_out; NULL and 0 for a bad rank. */
+const stria_layout_run_t *stria_layout_runs(const stria_layout_t *layout, int rank,
+                                            bool with_padding, size_t *n_out,
+                                            stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS]);
 
 /* Scatter and gather between a full tensor and one rank's shard. Both are
  * contiguous [outer][tokens][row_bytes] arrays: full has layout->seq_len tokens,

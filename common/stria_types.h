@@ -76,6 +76,10 @@ typedef enum {
      * contiguous and need fewer hops), striped otherwise. Never reaches a
      * worker; sharded jobs must name their layout. */
     STRIA_LAYOUT_AUTO = 3,
+    /* Documents placed by their work (stria_docplan.h): made per call from
+     * its documents (stria_layout_init_plan()). Runs in the in-process ring;
+     * the service does not take it yet. */
+    STRIA_LAYOUT_PACKED = 4,
 } stria_layout_kind_t;
 
 #ifdef __cplusplus

@@ -2,7 +2,7 @@
  * stria_ring_run_local(): the whole ring in one process, one thread per rank
  * over the in-process link. Used by stria-run, the tests and the benchmark.
  */
-#include "stria_ring.h"
+#include "ring_int.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -60,6 +60,7 @@ typedef struct {
     const stria_ring_local_opts_t *opts;
     const stria_ring_local_io_t *io;
     stria_layout_t layout;
+    stria_docplan_t *plan; /* packed: the layout's plan */
     stria_inproc_hub_t *hub;
     stria__barrier_t barrier;
     int failed; /* atomic: some rank failed, the others skip what follows */
@@ -418,7 +419,7 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
     if ((st = stria__check_local(shape, opts, io)) != STRIA_OK)
         return st;
     n = opts->n_ranks;
-    if ((st = stria_layout_init(opts->layout, n, shape->call.seq_len, &run.layout)) != STRIA_OK)
+    if ((st = stria__layout_of(opts->layout, &shape->call, n, &run.layout, &run.plan)) != STRIA_OK)
         return st;
     /* Shape errors are reported once here rather than by every rank. */
     {
@@ -438,11 +439,15 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
         stria_ring_pass_destroy(pass);
         stria_link_destroy(probe);
         stria_inproc_hub_release(probe_hub);
-        if (st != STRIA_OK)
+        if (st != STRIA_OK) {
+            stria_docplan_unref(run.plan);
             return st;
+        }
     }
-    if ((st = stria_inproc_hub_create(n, &run.hub)) != STRIA_OK)
+    if ((st = stria_inproc_hub_create(n, &run.hub)) != STRIA_OK) {
+        stria_docplan_unref(run.plan);
         return st;
+    }
     run.res = calloc((size_t)n, sizeof(*run.res));
     args = calloc((size_t)n, sizeof(*args));
     threads = calloc((size_t)n, sizeof(*threads));
@@ -507,5 +512,6 @@ out_free:
     free(args);
     free(run.res);
     stria_inproc_hub_release(run.hub);
+    stria_docplan_unref(run.plan);
     return st;
 }

@@ -71,6 +71,7 @@ void stria_ring_pass_destroy(stria_ring_pass_t *pass)
     if (pass == NULL)
         return;
     stria__pass_positions_free(pass);
+    stria_docplan_unref(pass->plan);
     free(pass->stats);
     stria__ring_arena_free(pass);
     if (pass->dev != NULL) {
@@ -109,8 +110,8 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
     p = calloc(1, sizeof(*p));
     if (p == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_ring_pass_create: out of memory");
-    if ((st = stria_layout_init(layout, stria_link_size(link), shape->call.seq_len, &p->layout)) !=
-        STRIA_OK)
+    if ((st = stria__layout_of(layout, &shape->call, stria_link_size(link), &p->layout,
+                               &p->plan)) != STRIA_OK)
         goto err;
     /* Every buffer of a pass must be addressable: reject shapes whose largest
      * tensor (a shard of Q or K/V in fp32, twice) does not fit in memory
@@ -138,6 +139,13 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
         p->own_dev = true;
     }
     p->staged = !stria_device_host_visible(p->dev);
+    if (p->staged && p->plan != NULL) {
+        st = stria_error_set(STRIA_ERR_INVALID_ARG,
+                             "stria_ring_pass_create: the packed layout "
+                             "runs on host memory only (device %s)",
+                             stria_device_name(p->dev));
+        goto err;
+    }
     p->dev_timed = stria_device_kind(p->dev) != STRIA_DEVICE_CPU;
     p->hooks = *opts;
     if (opts->host_memory != NULL)
@@ -375,6 +383,15 @@ typedef struct {
 
 /* Starts a call of `steps` K/V steps: its number (part of every tag), its
  * clock (deadlines), and the checks of the views both directions take. */
+/* Bytes of K (or V) in rank j's message: its stria__msg_rows() rows of every
+ * batch row, head-major. */
+static size_t stria__kv_half(const stria_ring_pass_t *p, int j)
+{
+    return (size_t)(p->shape.call.batch * stria__msg_rows(p, j) * p->shape.kv_heads *
+                    p->shape.head_dim) *
+           stria_dtype_size(p->shape.dtype);
+}
+
 static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, int steps,
                                         const char *fn, const char *what, const stria_tensor_t *q,
                                         const stria_tensor_t *k, const stria_tensor_t *v,
@@ -386,9 +403,9 @@ static stria_status_t stria__call_begin(stria__call_t *c, stria_ring_pass_t *p, 
     c->what = what;
     c->k = k;
     c->v = v;
-    c->kv_bytes = (size_t)(p->shape.call.batch * p->layout.shard_tokens * p->shape.kv_heads *
-                           p->shape.head_dim) *
-                  stria_dtype_size(p->shape.dtype);
+    c->kv_bytes = 0; /* the largest block's */
+    for (int j = 0; j < p->n; j++)
+        c->kv_bytes = stria__kv_half(p, j) > c->kv_bytes ? stria__kv_half(p, j) : c->kv_bytes;
     c->msg = 2 * c->kv_bytes;
     c->steps = steps;
     p->steps_run = steps;
@@ -436,8 +453,11 @@ static stria_status_t stria__call_mem(stria__call_t *c, size_t host_bytes, size_
         c->kvh[1] = c->kvd[1] = stria__carve(&arena, msg64);
         *dcur = NULL;
         *hcur = arena;
-        stria__pack_view(c->k, B, L, Hkv, D, c->kvh[0]);
-        stria__pack_view(c->v, B, L, Hkv, D, c->kvh[0] + c->kv_bytes);
+        /* the rows that travel (packed: its spread rows, a prefix) */
+        const int64_t rows = stria__msg_rows(p, p->rank);
+        stria__pack_view(c->k, B, rows, Hkv, D, c->kvh[0]);
+        stria__pack_view(c->v, B, rows, Hkv, D, c->kvh[0] + stria__kv_half(p, p->rank));
+        (void)L;
         return STRIA_OK;
     }
     if ((st = stria__staged_mem(p, dev_bytes, pinned_bytes, dcur, hcur)) != STRIA_OK)
@@ -486,30 +506,37 @@ static stria_status_t stria__kv_step(stria__call_t *c, const stria__dir_ops_t *o
     const int N = p->n, r = p->rank;
     const int64_t L = p->layout.shard_tokens, Hkv = p->shape.kv_heads, D = p->shape.head_dim;
     stria_ring_step_stats_t *ss = &p->stats[step];
-    int j = (r - step + N) % N;
+    int j = (r - step + N) % N, next = (r - step - 1 + N) % N;
     char *blk = c->kvd[step % 2];
-    bool own = p->staged && step == 0;
+    /* step 0 reads this rank's k and v in place when its message is not the
+     * whole shard (staged: downloaded; packed: its travelling rows only) */
+    bool own = (p->staged || p->plan != NULL) && step == 0;
+    const int64_t Lj = stria__msg_rows(p, j);
+    const size_t half = stria__kv_half(p, j);
     double t_dev0 = 0.0;
     stria_status_t st;
 
     stria__step_begin(p, step);
     ss->src_rank = j;
     if (step + 1 < c->steps &&
-        ((st = stria__post(p, false, step + 1, STRIA__MSG_KV, c->kvh[(step + 1) % 2], c->msg,
-                           &c->reqs.kv_recv, ss)) != STRIA_OK ||
-         (st = stria__post(p, true, step + 1, STRIA__MSG_KV, c->kvh[step % 2], c->msg,
-                           &c->reqs.kv_send, ss)) != STRIA_OK))
+        ((st = stria__post(p, false, step + 1, STRIA__MSG_KV, c->kvh[(step + 1) % 2],
+                           p->plan != NULL ? 2 * stria__kv_half(p, next) : c->msg, &c->reqs.kv_recv,
+                           ss)) != STRIA_OK ||
+         (st = stria__post(p, true, step + 1, STRIA__MSG_KV, c->kvh[step % 2],
+                           p->plan != NULL ? 2 * half : c->msg, &c->reqs.kv_send, ss)) != STRIA_OK))
         return st;
     if (p->staged && step + 1 < c->steps &&
         (st = stria_device_order(p->dev, STRIA_STREAM_COPY, STRIA_STREAM_COMPUTE)) != STRIA_OK)
         return st;
     if (ops->prepare != NULL && (st = ops->prepare(c, step, ss)) != STRIA_OK)
         return st;
-    stria_attn_params_t a = stria__params(p, j);
-    stria_tensor_t tk = stria_tensor_head_major(blk, p->shape.dtype, L, Hkv, D);
-    stria_tensor_t tv = stria_tensor_head_major(blk + c->kv_bytes, p->shape.dtype, L, Hkv, D);
-    if ((st = ops->compute(c, step, stria__visible(p, j), &a, own ? c->k : &tk, own ? c->v : &tv,
-                           ss, &t_dev0)) != STRIA_OK)
+    stria_attn_params_t a = stria__params(p, j, step > 0);
+    stria_tensor_t tk = stria_tensor_head_major(blk, p->shape.dtype, Lj, Hkv, D);
+    stria_tensor_t tv = stria_tensor_head_major(blk + (p->plan != NULL ? half : c->kv_bytes),
+                                                p->shape.dtype, Lj, Hkv, D);
+    (void)L;
+    if ((st = ops->compute(c, step, stria__visible(p, j, step), &a, own ? c->k : &tk,
+                           own ? c->v : &tv, ss, &t_dev0)) != STRIA_OK)
         return st;
     if (!p->staged && ops->traffic != NULL && (st = ops->traffic(c, step, ss)) != STRIA_OK)
         return st;
@@ -566,7 +593,7 @@ typedef struct {
 static stria_status_t stria__fwd_open(stria__call_t *c)
 {
     stria__fwd_t *f = (stria__fwd_t *)c;
-    stria_attn_params_t base = stria__params(c->p, c->p->rank);
+    stria_attn_params_t base = stria__params(c->p, c->p->rank, false);
     stria_status_t st = stria_device_attn_partial_init(c->p->dev, &base, &f->to, f->lse_acc);
     if (st == STRIA_OK)
         st = stria_device_attn_fwd_begin(c->p->dev, &base, f->q, &f->fpass);
@@ -632,7 +659,7 @@ static stria_status_t stria__fwd_store(stria__fwd_t *f, const stria_tensor_t *o,
     stria_ring_pass_t *p = f->c.p;
     const int64_t B = p->shape.call.batch, L = p->layout.shard_tokens, H = p->shape.heads;
     const int64_t D = p->shape.head_dim, qv = p->valid[p->rank];
-    stria_attn_params_t base = stria__params(p, p->rank);
+    stria_attn_params_t base = stria__params(p, p->rank, false);
     stria_status_t st;
     if (qv > 0 && (st = stria_device_attn_finalize(p->dev, &base, &f->to, o)) != STRIA_OK)
         return st;
@@ -705,16 +732,31 @@ typedef struct {
      * D]. Staged, the kernel writes a contribution into part_d on the device
      * and it is copied to part[step % 2] for the sum and the send. */
     float *part[2], *dkv_in, *part_d;
-    float *total; /* where the finished dK/dV sum of this rank's block is */
-    size_t dkv_elems, dkv_bytes;
+    /* Packed: this rank's own contribution to its whole block at step 0,
+     * kept here (fp32 [B, L, Hkv, D], dK then dV); the sum of its travelling
+     * rows from the other ranks is added to it at the end. */
+    float *own;
+    float *total, *total_dv;             /* where the finished dK and dV of this rank's block are */
+    size_t dkv_elems, dkv_bytes;         /* of the largest travelling block */
+    size_t dkv_elems_own, dkv_bytes_own; /* packed: of the whole own block */
 } stria__bwd_t;
+
+/* Floats of dK (or dV) of rank j's block as it travels: packed, its
+ * travelling rows; else the whole shard. */
+static size_t stria__dkv_half(const stria__bwd_t *b, int j)
+{
+    const stria_ring_pass_t *p = b->c.p;
+    if (p->plan == NULL)
+        return b->dkv_elems / 2;
+    return (size_t)(p->shape.call.batch * p->travel[j] * p->shape.kv_heads * p->shape.head_dim);
+}
 
 /* D = rowsum(dO * O), then the device backward pass over Q and dO. */
 static stria_status_t stria__bwd_open(stria__call_t *c)
 {
     stria__bwd_t *b = (stria__bwd_t *)c;
     stria_ring_pass_t *p = c->p;
-    stria_attn_params_t base = stria__params(p, p->rank);
+    stria_attn_params_t base = stria__params(p, p->rank, false);
     stria_tensor_t tdq = stria_tensor_contiguous(b->dq_acc, STRIA_DTYPE_F32, p->layout.shard_tokens,
                                                  p->shape.heads, p->shape.head_dim);
     stria_status_t st = stria_device_attn_bwd_delta(p->dev, &base, b->o, b->d_o, b->delta);
@@ -731,14 +773,23 @@ static stria_status_t stria__bwd_prepare(stria__call_t *c, int step, stria_ring_
 {
     stria__bwd_t *b = (stria__bwd_t *)c;
     stria_ring_pass_t *p = c->p;
+    const int j = (p->rank - step + p->n) % p->n;
+    const size_t bytes = 2 * stria__dkv_half(b, j) * sizeof(float);
     stria_status_t st;
-    if (step > 0 && (st = stria__post(p, false, step, STRIA__MSG_DKV, b->dkv_in, b->dkv_bytes,
-                                      &c->reqs.dkv_recv, ss)) != STRIA_OK)
+    /* packed: a block's running sum starts at step 1, on the rank after its
+     * owner */
+    if (step > (p->plan != NULL ? 1 : 0) &&
+        (st = stria__post(p, false, step, STRIA__MSG_DKV, b->dkv_in, bytes, &c->reqs.dkv_recv,
+                          ss)) != STRIA_OK)
         return st;
     if ((st = stria__wait(p, &c->reqs.dkv_send[step % 2], step, ss)) != STRIA_OK)
         return st;
+    if (p->plan != NULL && step == 0) {
+        memset(b->own, 0, b->dkv_bytes_own);
+        return STRIA_OK;
+    }
     if (!p->staged) {
-        memset(b->part[step % 2], 0, b->dkv_bytes);
+        memset(b->part[step % 2], 0, bytes);
         return STRIA_OK;
     }
     return stria_device_zero(p->dev, STRIA_STREAM_COMPUTE, b->part_d, b->dkv_bytes);
@@ -753,15 +804,18 @@ static stria_status_t stria__bwd_compute(stria__call_t *c, int step, bool visibl
 {
     stria__bwd_t *b = (stria__bwd_t *)c;
     stria_ring_pass_t *p = c->p;
-    const int64_t L = p->layout.shard_tokens, Hkv = p->shape.kv_heads, D = p->shape.head_dim;
-    float *mine = b->part[step % 2], *acc = p->staged ? b->part_d : mine;
+    const int64_t Hkv = p->shape.kv_heads, D = p->shape.head_dim;
+    const int j = (p->rank - step + p->n) % p->n;
+    const bool own = p->plan != NULL && step == 0; /* packed: the whole own block, kept */
+    const int64_t rows = own ? p->layout.shard_tokens : stria__msg_rows(p, j);
+    float *mine = b->part[step % 2], *acc = own ? b->own : p->staged ? b->part_d : mine;
+    const size_t half = own ? b->dkv_elems_own / 2 : stria__dkv_half(b, j);
     stria_status_t st = STRIA_OK;
     stria__clock_t clk;
     stria__compute_begin(&clk);
     if (visible) {
-        stria_tensor_t tdk = stria_tensor_contiguous(acc, STRIA_DTYPE_F32, L, Hkv, D);
-        stria_tensor_t tdv =
-            stria_tensor_contiguous(acc + b->dkv_elems / 2, STRIA_DTYPE_F32, L, Hkv, D);
+        stria_tensor_t tdk = stria_tensor_contiguous(acc, STRIA_DTYPE_F32, rows, Hkv, D);
+        stria_tensor_t tdv = stria_tensor_contiguous(acc + half, STRIA_DTYPE_F32, rows, Hkv, D);
         st = stria_device_attn_bwd_block(b->bpass, a, k, v, &tdk, &tdv);
         ss->computed = true;
     }
@@ -779,22 +833,41 @@ static stria_status_t stria__bwd_traffic(stria__call_t *c, int step, stria_ring_
 {
     stria__bwd_t *b = (stria__bwd_t *)c;
     stria_ring_pass_t *p = c->p;
+    const bool packed = p->plan != NULL;
+    const size_t half = stria__dkv_half(b, (p->rank - step + p->n) % p->n);
     float *mine = b->part[step % 2];
     stria_status_t st;
     if (p->staged && (st = stria_device_sync(p->dev, STRIA_STREAM_COMPUTE)) != STRIA_OK)
         return st;
-    if (step > 0) {
+    if (packed && step == 0) /* the own block's part stays home */
+        return STRIA_OK;
+    if (step > (packed ? 1 : 0)) {
         stria__clock_t clk;
         if ((st = stria__wait(p, &c->reqs.dkv_recv, step, ss)) != STRIA_OK)
             return st;
         stria__compute_begin(&clk);
-        stria_f32_add(mine, b->dkv_in, b->dkv_elems);
+        stria_f32_add(mine, b->dkv_in, 2 * half);
         stria__compute_end(p, &clk, ss);
     }
     if (p->n > 1)
-        return stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, b->dkv_bytes,
+        return stria__post(p, true, step + 1, STRIA__MSG_DKV, mine, 2 * half * sizeof(float),
                            &c->reqs.dkv_send[step % 2], ss);
     return STRIA_OK;
+}
+
+/* Packed: the other ranks' sum of this rank's travelling rows ([B, T, Hkv,
+ * D] dK then dV, `half` floats each) into its own whole-block part. */
+static void stria__bwd_add_home(stria__bwd_t *b, size_t half)
+{
+    stria_ring_pass_t *p = b->c.p;
+    const int64_t B = p->shape.call.batch, L = p->layout.shard_tokens, T = p->travel[p->rank];
+    const size_t row = (size_t)(p->shape.kv_heads * p->shape.head_dim);
+    if (T == 0)
+        return;
+    for (int part = 0; part < 2; part++)
+        for (int64_t i = 0; i < B; i++)
+            stria_f32_add(b->own + part * (b->dkv_elems_own / 2) + (size_t)(i * L) * row,
+                          b->dkv_in + part * half + (size_t)(i * T) * row, (size_t)T * row);
 }
 
 /* After N hops the sum of this rank's own block comes back from r - 1. */
@@ -804,19 +877,26 @@ static stria_status_t stria__bwd_tail(stria__call_t *c)
     stria_ring_pass_t *p = c->p;
     const int N = p->n;
     stria_ring_step_stats_t *ss = &p->stats[N - 1];
+    const size_t half = stria__dkv_half(b, p->rank);
     stria_status_t st;
-    b->total = p->staged ? b->part_d : b->part[0];
+    b->total = p->plan != NULL ? b->own : p->staged ? b->part_d : b->part[0];
+    b->total_dv = b->total + (p->plan != NULL ? b->dkv_elems_own : b->dkv_elems) / 2;
     if (N == 1)
         return STRIA_OK;
-    if ((st = stria__post(p, false, N, STRIA__MSG_DKV, b->dkv_in, b->dkv_bytes, &c->reqs.dkv_recv,
-                          ss)) == STRIA_OK &&
+    if ((st = stria__post(p, false, N, STRIA__MSG_DKV, b->dkv_in, 2 * half * sizeof(float),
+                          &c->reqs.dkv_recv, ss)) == STRIA_OK &&
         (st = stria__wait(p, &c->reqs.dkv_recv, N, ss)) == STRIA_OK &&
         (st = stria__wait(p, &c->reqs.dkv_send[0], N, ss)) == STRIA_OK)
         st = stria__wait(p, &c->reqs.dkv_send[1], N, ss);
+    if (st == STRIA_OK && p->plan != NULL) {
+        stria__bwd_add_home(b, half);
+        return STRIA_OK;
+    }
     if (!p->staged)
         b->total = b->dkv_in;
     else if (st == STRIA_OK)
         st = stria_device_copy(p->dev, STRIA_STREAM_COMPUTE, b->part_d, b->dkv_in, b->dkv_bytes);
+    b->total_dv = b->total + b->dkv_elems / 2;
     return st;
 }
 
@@ -846,9 +926,11 @@ static stria_status_t stria__bwd_buffers(stria__bwd_t *b)
     stria_status_t st;
 
     memset(p->stats, 0, (size_t)p->n * sizeof(*p->stats));
-    if ((st = stria__call_mem(&b->c, 2 * msg64 + 3 * dkv64 + q_side,
-                              2 * b->c.msg + 3 * b->dkv_bytes, 2 * msg64 + dkv64 + q_side,
-                              2 * msg64 + 3 * dkv64 + lse_all, &dcur, &hcur)) != STRIA_OK)
+    const size_t own64 = stria__round64(b->dkv_bytes_own); /* 0 unless packed */
+    if ((st = stria__call_mem(&b->c, 2 * msg64 + 3 * dkv64 + own64 + q_side,
+                              2 * b->c.msg + 3 * b->dkv_bytes + b->dkv_bytes_own,
+                              2 * msg64 + dkv64 + q_side, 2 * msg64 + 3 * dkv64 + lse_all, &dcur,
+                              &hcur)) != STRIA_OK)
         return st;
     if (p->staged)
         b->part_d = stria__carve(&dcur, b->dkv_bytes);
@@ -857,6 +939,8 @@ static stria_status_t stria__bwd_buffers(stria__bwd_t *b)
         b->part[0] = stria__carve(&hcur, b->dkv_bytes);
         b->part[1] = stria__carve(&hcur, b->dkv_bytes);
         b->dkv_in = stria__carve(&hcur, b->dkv_bytes);
+        if (p->plan != NULL)
+            b->own = stria__carve(&hcur, b->dkv_bytes_own);
     }
     b->dq_acc = stria__carve(qside, dq_bytes);
     b->lse_c = stria__carve(qside, row_bytes);
@@ -894,7 +978,7 @@ static stria_status_t stria__bwd_store(stria__bwd_t *b, const stria_tensor_t *dq
                                        const stria_tensor_t *dk, const stria_tensor_t *dv)
 {
     stria_ring_pass_t *p = b->c.p;
-    stria_attn_params_t base = stria__params(p, p->rank);
+    stria_attn_params_t base = stria__params(p, p->rank, false);
     const int64_t H = p->shape.heads, Hkv = p->shape.kv_heads;
     stria_status_t st;
     if (b->bpass != NULL) { /* the pass's dQ into dq_acc */
@@ -908,7 +992,7 @@ static stria_status_t stria__bwd_store(stria__bwd_t *b, const stria_tensor_t *dq
     }
     if ((st = stria__store_grad(p, &base, b->dq_acc, H, dq)) != STRIA_OK ||
         (st = stria__store_grad(p, &base, b->total, Hkv, dk)) != STRIA_OK ||
-        (st = stria__store_grad(p, &base, b->total + b->dkv_elems / 2, Hkv, dv)) != STRIA_OK)
+        (st = stria__store_grad(p, &base, b->total_dv, Hkv, dv)) != STRIA_OK)
         return st;
     return p->staged ? stria__device_drain(p) : STRIA_OK;
 }
@@ -942,6 +1026,11 @@ static stria_status_t stria__bwd(stria_ring_pass_t *p, const stria_tensor_t *q,
             "backward", 0);
     b.dkv_elems = 2 * (b.c.kv_bytes / stria_dtype_size(p->shape.dtype));
     b.dkv_bytes = b.dkv_elems * sizeof(float);
+    if (p->plan != NULL) {
+        b.dkv_elems_own = (size_t)(2 * p->shape.call.batch * p->layout.shard_tokens *
+                                   p->shape.kv_heads * p->shape.head_dim);
+        b.dkv_bytes_own = b.dkv_elems_own * sizeof(float);
+    }
     if ((st = stria__bwd_buffers(&b)) != STRIA_OK)
         st = stria__fail(p, &b.c.reqs, st, "backward", 0);
     else if ((st = stria__ring_steps(&b.c, &stria__bwd_ops)) == STRIA_OK &&

@@ -7,6 +7,7 @@
 
 #include <stdatomic.h>
 
+#include "stria_docplan.h"
 #include "stria_ring.h"
 
 /* Message kinds, the low byte of a tag. */
@@ -33,10 +34,18 @@ struct stria_ring_pass {
     atomic_bool running;
     /* Per rank of the ring: the runs of its real tokens, their number, and
      * the lowest and highest real position (for skipping masked blocks). */
-    stria_pos_run_t (*runs)[STRIA_LAYOUT_MAX_RUNS];
+    stria_pos_run_t **runs;
     size_t *n_runs;
     int64_t *valid;
     int64_t *pos_min, *pos_max;
+    /* What of each rank's K/V block travels, at the steps after the first:
+     * all of it (travel = valid, the same runs and bounds) or, under a packed
+     * layout, its spread rows: a prefix of the shard, the first travel_runs
+     * runs, with their own bounds. Messages then carry travel rows only (see
+     * stria__msg_rows). */
+    int64_t *travel, *tpos_min, *tpos_max;
+    size_t *travel_runs;
+    stria_docplan_t *plan; /* packed: the call's document plan, a reference */
     /* K/V steps a forward call runs: N, or fewer when no rank sees a block
      * more than fwd_steps - 1 hops away (a window under contiguous). Every
      * rank computes the same value from the shape. */
@@ -94,12 +103,19 @@ stria_status_t stria__download_kv(stria_ring_pass_t *p, const stria_tensor_t *k,
 stria_status_t stria__device_zero_rows(stria_ring_pass_t *p, const stria_tensor_t *t, int64_t B,
                                        int64_t from, int64_t L, int64_t heads, int64_t D);
 stria_status_t stria__device_drain(stria_ring_pass_t *p);
-bool stria__visible(const stria_ring_pass_t *p, int j);
+/* Whether block j, as it is at `step` (whole at step 0, its travelling rows
+ * after), holds a key some real query of this rank may see. */
+bool stria__visible(const stria_ring_pass_t *p, int j, int step);
 /* Whether some real query of rank r may see some real key of rank j. */
 bool stria__sees(const stria_ring_pass_t *p, int r, int j);
+/* Rows per batch of rank j's K/V message: the shard (shard_tokens) or,
+ * packed, its travelling rows. */
+int64_t stria__msg_rows(const stria_ring_pass_t *p, int j);
 /* K/V steps a forward pass needs (see fwd_steps). */
 int stria__fwd_steps(const stria_ring_pass_t *p);
-stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j);
+/* Kernel parameters of this rank's queries against block j, whole (step 0)
+ * or its travelling rows (travel). */
+stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j, bool travel);
 void stria__step_begin(stria_ring_pass_t *p, int step);
 void stria__compute_begin(stria__clock_t *clk);
 void stria__compute_end(const stria_ring_pass_t *p, const stria__clock_t *clk,
@@ -123,8 +139,13 @@ stria_status_t stria__store_lse(stria_ring_pass_t *p, const float *lse_acc, floa
 
 /* ---- ring_plan.c: the ranks' positions (pass objects and plans) ----------- */
 
-/* Fills runs, n_runs, valid, pos_min and pos_max (allocated) for the p->n
- * ranks of p->layout. */
+/* The layout of a ring of n ranks for this call: the kind's, or for
+ * STRIA_LAYOUT_PACKED the call's document plan (made here: *plan holds the
+ * reference, NULL for the other kinds). */
+stria_status_t stria__layout_of(stria_layout_kind_t kind, const stria_call_shape_t *call, int n,
+                                stria_layout_t *layout, stria_docplan_t **plan);
+/* Fills runs, n_runs, valid, pos_min and pos_max and the travel fields
+ * (allocated) for the p->n ranks of p->layout. */
 stria_status_t stria__pass_positions(stria_ring_pass_t *p);
 /* Frees what stria__pass_positions() allocated. */
 void stria__pass_positions_free(stria_ring_pass_t *p);

@@ -149,14 +149,11 @@ static size_t stria__doc_of(const stria_call_shape_t *s, int64_t x)
  * hides the block from every query between (the documents a query sees
  * only move forward with its position). Exact for contiguous shards,
  * conservative (never hides a visible key) for the others. */
-bool stria__sees(const stria_ring_pass_t *p, int r, int j)
+static bool stria__sees_ranges(const stria_ring_pass_t *p, int64_t qa, int64_t qb, int64_t ka,
+                               int64_t kb)
 {
     const stria_call_shape_t *s = &p->shape.call;
-    int64_t qa = p->pos_min[r], qb = p->pos_max[r], ka = p->pos_min[j], kb = p->pos_max[j];
     int64_t right = s->causal ? 0 : -1;
-
-    if (p->valid[r] == 0 || p->valid[j] == 0)
-        return false;
     if (s->has_window && s->window_right >= 0 && (right < 0 || s->window_right < right))
         right = s->window_right;
     if (right >= 0 && ka - qb > right)
@@ -169,13 +166,32 @@ bool stria__sees(const stria_ring_pass_t *p, int r, int j)
     return true;
 }
 
+bool stria__sees(const stria_ring_pass_t *p, int r, int j)
+{
+    if (p->valid[r] == 0 || p->valid[j] == 0)
+        return false;
+    return stria__sees_ranges(p, p->pos_min[r], p->pos_max[r], p->pos_min[j], p->pos_max[j]);
+}
+
 /* Whether some real key of block j is visible to some real query of this
  * rank's shard. Skipping the others is Ring Attention's causal block
  * skipping (and that of windows and documents); the kernel would skip their
- * tiles anyway, this also saves the packing. */
-bool stria__visible(const stria_ring_pass_t *p, int j)
+ * tiles anyway, this also saves the packing. After step 0 a packed block is
+ * its travelling rows, which only this rank's travelling queries may see
+ * (its kept documents lie on it whole). */
+bool stria__visible(const stria_ring_pass_t *p, int j, int step)
 {
-    return stria__sees(p, p->rank, j);
+    const int r = p->rank;
+    if (step == 0 || p->plan == NULL)
+        return stria__sees(p, r, j);
+    if (p->travel[r] == 0 || p->travel[j] == 0)
+        return false;
+    return stria__sees_ranges(p, p->tpos_min[r], p->tpos_max[r], p->tpos_min[j], p->tpos_max[j]);
+}
+
+int64_t stria__msg_rows(const stria_ring_pass_t *p, int j)
+{
+    return p->plan != NULL ? p->travel[j] : p->layout.shard_tokens;
 }
 
 /* Rings up to this size get the forward's hop count worked out (N^2 tests
@@ -190,6 +206,8 @@ bool stria__visible(const stria_ring_pass_t *p, int j)
 int stria__fwd_steps(const stria_ring_pass_t *p)
 {
     int far = 0;
+    if (p->plan != NULL) /* counted by the plan, alike on every rank */
+        return p->plan->steps;
     if (p->n > STRIA__MAX_HOP_SCAN ||
         (!p->shape.call.has_window && p->shape.call.n_cu_seqlens == 0))
         return p->n;
@@ -202,15 +220,16 @@ int stria__fwd_steps(const stria_ring_pass_t *p)
     return far + 1;
 }
 
-stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j)
+stria_attn_params_t stria__params(const stria_ring_pass_t *p, int j, bool travel)
 {
     stria_attn_params_t a = stria_ring_shape_attn_params(&p->shape);
+    const int64_t kv = travel ? p->travel[j] : p->valid[j];
     a.q_tokens = p->valid[p->rank];
-    a.kv_tokens = p->valid[j] > 0 ? p->valid[j] : 1;
+    a.kv_tokens = kv > 0 ? kv : 1;
     a.q_pos.runs = p->runs[p->rank];
     a.q_pos.n_runs = p->n_runs[p->rank];
     a.kv_pos.runs = p->runs[j];
-    a.kv_pos.n_runs = p->n_runs[j];
+    a.kv_pos.n_runs = travel ? p->travel_runs[j] : p->n_runs[j];
     a.pool = p->pool;
     a.workspace = p->mem.alloc != NULL ? &p->mem : NULL;
     return a;

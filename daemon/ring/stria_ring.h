@@ -2,7 +2,8 @@
  * stria ring engine: exact attention over a ring of N ranks.
  *
  * Every rank holds one shard of the global sequence (a layout from
- * stria_layout.h: striped, contiguous or zigzag) for Q, K, V and, in the
+ * stria_layout.h: striped, contiguous, zigzag, or packed: the call's
+ * documents placed by their work, stria_docplan.h) for Q, K, V and, in the
  * backward pass, O, LSE and dO. The engine runs one rank's side of a pass on
  * the calling thread and talks to its neighbours only through a ring link
  * (stria_transport.h), so the same code runs over the in-process link and
@@ -39,6 +40,14 @@
  * the rank and step numbers, never by message arrival, so any link gives
  * bit-identical results for the same inputs, and the staged path gives the
  * host path's results bit for bit on the same kernels.
+ *
+ * Packed: a pass makes its call's document plan at creation (every rank the
+ * same). Step 0 computes the rank's whole shard against itself, which
+ * covers its kept documents; after it only the spread rows travel (a prefix
+ * of each shard, its `travel` rows): K/V messages and the backward's dK/dV
+ * sums carry those rows only, a rank's own part of its block stays home and
+ * the others' sum of its spread rows is added to it at the end. The forward
+ * runs the plan's steps. Host memory only (a staged device is refused).
  *
  * Padding: the layout pads the sequence to a multiple of N (2N for zigzag);
  * padded tokens sit at the end of each shard and the engine gives the kernels

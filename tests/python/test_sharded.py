@@ -14,9 +14,10 @@ import stria
 from stria import _lib
 
 
-class _Layout(ctypes.Structure):  # stria_layout_t (common/stria_common.h)
+class _Layout(ctypes.Structure):  # stria_layout_t (common/stria_layout.h)
     _fields_ = [("kind", ctypes.c_int), ("n_ranks", ctypes.c_int), ("seq", ctypes.c_int64),
-                ("seq_padded", ctypes.c_int64), ("shard_tokens", ctypes.c_int64)]
+                ("seq_padded", ctypes.c_int64), ("shard_tokens", ctypes.c_int64),
+                ("plan", ctypes.c_void_p)]
 
 
 def c_positions(seq_len, rank, n, layout):

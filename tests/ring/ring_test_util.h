@@ -80,10 +80,8 @@ static inline stria_ring_shape_t shape_of(const rcase_t *c)
     return s;
 }
 
-/* The ring over in-process links, forward and backward, with the masks m
- * (NULL: none). */
-static inline stria_status_t ring_run_masks(const rcase_t *c, const ref_masks_t *m, rdata_t *d,
-                                            stria_ring_local_stats_t *stats)
+/* The case's shape with the masks m (NULL: none). */
+static inline stria_ring_shape_t shape_with_masks(const rcase_t *c, const ref_masks_t *m)
 {
     stria_ring_shape_t shape = shape_of(c);
     if (m != NULL) {
@@ -93,6 +91,15 @@ static inline stria_status_t ring_run_masks(const rcase_t *c, const ref_masks_t 
         shape.call.window_left = m->left;
         shape.call.window_right = m->right;
     }
+    return shape;
+}
+
+/* The ring over in-process links, forward and backward, with the masks m
+ * (NULL: none). */
+static inline stria_status_t ring_run_masks(const rcase_t *c, const ref_masks_t *m, rdata_t *d,
+                                            stria_ring_local_stats_t *stats)
+{
+    stria_ring_shape_t shape = shape_with_masks(c, m);
     stria_ring_local_opts_t opts = {.layout = c->layout,
                                     .n_ranks = c->n,
                                     .passes = STRIA_RING_PASS_FWD_BWD,

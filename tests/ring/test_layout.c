@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "stria_common.h"
+#include "stria_docplan.h"
 
 static const stria_layout_kind_t all_kinds[] = {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS,
                                                 STRIA_LAYOUT_ZIGZAG};
@@ -228,4 +229,69 @@ Test(layout, kernel_grant_and_rank_memory)
                  STRIA_ERR_NO_MEMORY);
     cr_expect_eq(stria_rank_memory(1, (int64_t)1 << 50, 1 << 10, 1 << 10, 256, STRIA_DTYPE_F32, &m),
                  STRIA_ERR_NO_MEMORY);
+}
+
+/* A packed layout reads its plan: positions and locate are inverse, the
+ * runs of every shard (more than two) cover its rows in order, padding
+ * comes last, and scatter then gather gives the full array back. */
+Test(layout, packed_follows_its_plan)
+{
+    /* documents of 5 tokens and one of 113: the short ones kept, a few to a
+     * rank (a run each), the long one spread */
+    int64_t cu[20];
+    size_t n_cu = 0;
+    for (int64_t p = 0; p <= 90; p += 5)
+        cu[n_cu++] = p;
+    cu[n_cu++] = 203;
+    stria_call_shape_t call = {
+        .batch = 1, .seq_len = 203, .causal = true, .cu_seqlens = cu, .n_cu_seqlens = n_cu};
+    stria_docplan_t *plan;
+    stria_layout_t l;
+    const int n = 3;
+    cr_assert_eq(stria_docplan_make(&call, n, 68, &plan), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(stria_layout_init_plan(plan, &l), STRIA_OK);
+    cr_expect_eq(l.kind, STRIA_LAYOUT_PACKED);
+    cr_expect_eq(l.seq_padded, 204);
+    cr_expect_str_eq(stria_layout_kind_name(l.kind), "packed");
+    stria_layout_kind_t k;
+    cr_expect_eq(stria_layout_kind_parse("packed", &k), STRIA_OK);
+    cr_expect_eq(k, STRIA_LAYOUT_PACKED);
+    cr_expect_eq(stria_layout_init(STRIA_LAYOUT_PACKED, n, 203, &l), STRIA_ERR_INVALID_ARG,
+                 "a packed layout comes from a plan");
+    cr_assert_eq(stria_layout_init_plan(plan, &l), STRIA_OK);
+
+    const size_t row = 2;
+    uint16_t full[203], shard[68], back[203];
+    for (int i = 0; i < 203; i++)
+        full[i] = (uint16_t)(i * 7 + 1);
+    memset(back, 0, sizeof(back));
+    size_t most_runs = 0;
+    for (int r = 0; r < n; r++) {
+        size_t nr;
+        stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS];
+        const stria_layout_run_t *runs = stria_layout_runs(&l, r, true, &nr, tmp);
+        int64_t idx = 0;
+        for (size_t j = 0; j < nr; j++)
+            for (int64_t i = 0; i < runs[j].count; i++, idx++) {
+                int64_t pos = runs[j].first + i * runs[j].stride;
+                int rr;
+                int64_t ii;
+                cr_assert_eq(stria_layout_position(&l, r, idx), pos);
+                cr_assert_eq(stria_layout_locate(&l, pos, &rr, &ii), STRIA_OK);
+                cr_assert(rr == r && ii == idx, "position %lld: rank %d row %lld, not %d %lld",
+                          (long long)pos, rr, (long long)ii, r, (long long)idx);
+                cr_assert_eq(pos < 203, idx < stria_layout_shard_valid(&l, r), "padding last");
+            }
+        cr_assert_eq(idx, 68);
+        most_runs = nr > most_runs ? nr : most_runs;
+        cr_assert_eq(stria_layout_scatter(&l, r, 1, row, full, shard), STRIA_OK);
+        for (int64_t i = 0; i < 68; i++) {
+            int64_t pos = stria_layout_position(&l, r, i);
+            cr_assert_eq(shard[i], pos < 203 ? full[pos] : 0, "rank %d row %lld", r, (long long)i);
+        }
+        cr_assert_eq(stria_layout_gather(&l, r, 1, row, shard, back), STRIA_OK);
+    }
+    cr_expect(most_runs > STRIA_LAYOUT_MAX_RUNS, "a shard of more runs than the arithmetic kinds");
+    cr_expect_eq(memcmp(full, back, sizeof(full)), 0);
+    stria_docplan_unref(plan);
 }

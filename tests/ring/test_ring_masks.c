@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 
 #include "ring_test_util.h"
+#include "stria_docplan.h"
 
 /* ---- documents and sliding windows ----------------------------------- */
 
@@ -26,30 +27,124 @@ static void check_vs_refs(const rcase_t *c, const rdata_t *d, const ref_out_t *r
     check_err(w[4], e.dv, ref_max_err_f64(y->dv, r64->dv, d->nk), ref_max_abs(r64->dv, d->nk), c);
 }
 
-/* The ring with masks, in every layout, against the fp64 reference with the
- * same masks (computed once), within the tolerance rule. */
-static void check_masks_every_layout(rcase_t c, const ref_masks_t *m, const char *name)
+/* The layouts the mask tests run: the three of all_layouts and packed (the
+ * call's documents placed by their work). */
+static const stria_layout_kind_t mask_layouts[] = {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS,
+                                                   STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_PACKED};
+
+/* A packed run's forward sent its travelling rows only: over all ranks,
+ * (steps - 1) x every rank's travelling K/V rows, and the agreement. */
+static void check_packed_traffic(const rcase_t *c, const ref_masks_t *m,
+                                 const stria_ring_step_stats_t *fwd)
+{
+    stria_ring_shape_t shape = shape_with_masks(c, m);
+    stria_docplan_t *plan;
+    cr_assert_eq(stria_docplan_make(&shape.call, c->n, (c->S + c->n - 1) / c->n, &plan), STRIA_OK);
+    uint64_t travel = 0, sent = 0;
+    for (int r = 0; r < c->n; r++) {
+        travel += (uint64_t)plan->travel[r];
+        for (int s = 0; s < c->n; s++)
+            sent += fwd[r * c->n + s].bytes_sent;
+    }
+    const uint64_t row = (uint64_t)(c->B * c->Hkv * c->D) * stria_dtype_size(c->dtype);
+    const uint64_t want = (uint64_t)(plan->steps - 1) * travel * 2 * row +
+                          (uint64_t)c->n * (uint64_t)(c->n - 1) * sizeof(uint64_t);
+    cr_expect_eq(sent, want,
+                 "N=%d: the forward sent %llu bytes, %d steps of %llu travelling rows make %llu",
+                 c->n, (unsigned long long)sent, plan->steps, (unsigned long long)travel,
+                 (unsigned long long)want);
+    stria_docplan_unref(plan);
+}
+
+/* The ring with masks, in the given layouts, against the fp64 reference with
+ * the same masks (computed once), within the tolerance rule; packed runs
+ * also have their traffic checked. */
+static void check_masks_layouts(rcase_t c, const ref_masks_t *m, const char *name,
+                                const stria_layout_kind_t *layouts, size_t n_layouts)
 {
     rdata_t d;
     ref_out_t r64, r32, ry;
     ref_shape_t rs = ref_shape(&c);
     const bool bf16_dot = c.dtype == STRIA_DTYPE_BF16 && ref_bf16_dot(stria_kernels_variant());
+    stria_ring_step_stats_t *fwd = calloc((size_t)(c.n * c.n), sizeof(*fwd));
+    stria_ring_step_stats_t *bwd = calloc((size_t)(c.n * c.n), sizeof(*bwd));
+    stria_ring_local_stats_t stats = {.fwd_steps = fwd, .bwd_steps = bwd};
     data_init(&c, &d, (uint64_t)(c.S * 17 + c.n));
     ref_f64_run_masks(&rs, m, d.q, d.k, d.v, d.g, &r64);
     ref_f32_run_masks(&rs, m, d.q, d.k, d.v, d.g, &r32);
     if (bf16_dot)
         ref_bf16_run_masks(&rs, m, d.q, d.k, d.v, d.g, &ry);
-    for (size_t k = 0; k < 3; k++) {
-        c.layout = all_layouts[k];
-        cr_assert_eq(ring_run_masks(&c, m, &d, NULL), STRIA_OK, "%s, %s: %s", name,
+    for (size_t k = 0; k < n_layouts; k++) {
+        c.layout = layouts[k];
+        cr_assert_eq(ring_run_masks(&c, m, &d, &stats), STRIA_OK, "%s, %s: %s", name,
                      stria_layout_kind_name(c.layout), stria_error_msg());
         check_vs_refs(&c, &d, &r64, &r32, bf16_dot ? &ry : NULL, name);
+        if (c.layout == STRIA_LAYOUT_PACKED && m != NULL)
+            check_packed_traffic(&c, m, fwd);
     }
     ref_out_free(&r64);
     ref_out_free(&r32);
     if (bf16_dot)
         ref_out_free(&ry);
     data_free(&d);
+    free(fwd);
+    free(bwd);
+}
+
+static void check_masks_every_layout(rcase_t c, const ref_masks_t *m, const char *name)
+{
+    check_masks_layouts(c, m, name, mask_layouts, 4);
+}
+
+/* Packed documents of 1 token to longer than a shard, a length divisible by
+ * nothing, rings of 1 to 8, causal or not, every dtype, GQA and not, one and
+ * two batch rows; then with a window. */
+Test(ring, packed_documents_every_ring_size, .timeout = 600)
+{
+    static const int64_t cu[] = {0, 1, 2, 40, 41, 250, 251, 263, 500, 501, 777};
+    static const stria_layout_kind_t packed[] = {STRIA_LAYOUT_PACKED};
+    static const stria_dtype_t dtypes[] = {STRIA_DTYPE_F32, STRIA_DTYPE_BF16, STRIA_DTYPE_F16};
+    for (int n = 1; n <= 8; n++) {
+        rcase_t c = {.n = n,
+                     .causal = n % 3 != 0,
+                     .B = 1 + n % 2,
+                     .S = 777,
+                     .H = 4,
+                     .Hkv = n % 2 ? 2 : 4,
+                     .D = 32,
+                     .dtype = dtypes[n % 3]};
+        ref_masks_t m = {.cu_seqlens = cu, .n_cu = 11};
+        check_masks_layouts(c, &m, "packed documents", packed, 1);
+        if (n % 4 == 2) {
+            m.has_window = true;
+            m.left = 60;
+            m.right = c.causal ? 0 : 9;
+            check_masks_layouts(c, &m, "packed documents, a window", packed, 1);
+        }
+    }
+}
+
+/* One document per token: every document stays home, nothing travels, one
+ * step; one document over everything: striping's traffic. */
+Test(ring, packed_extremes, .timeout = 600)
+{
+    static const stria_layout_kind_t packed[] = {STRIA_LAYOUT_PACKED};
+    int64_t cu[130];
+    for (int i = 0; i < 130; i++)
+        cu[i] = i;
+    rcase_t c = {.n = 4,
+                 .causal = true,
+                 .B = 1,
+                 .S = 129,
+                 .H = 2,
+                 .Hkv = 2,
+                 .D = 16,
+                 .dtype = STRIA_DTYPE_F32};
+    ref_masks_t m = {.cu_seqlens = cu, .n_cu = 130};
+    check_masks_layouts(c, &m, "one document per token", packed, 1);
+    int64_t one[] = {0, 129};
+    m = (ref_masks_t){.cu_seqlens = one, .n_cu = 2};
+    check_masks_layouts(c, &m, "one document", packed, 1);
 }
 
 static const int64_t docs_1024[] = {0, 1, 17, 300, 301, 1024};
@@ -179,10 +274,10 @@ Test(ring, one_document_is_bit_identical_to_none)
 {
     int64_t cu[] = {0, 200};
     ref_masks_t m = {.cu_seqlens = cu, .n_cu = 2};
-    for (size_t k = 0; k < 3; k++)
+    for (size_t k = 0; k < 4; k++)
         for (int causal = 0; causal < 2; causal++) {
             rcase_t c = {.n = 4,
-                         .layout = all_layouts[k],
+                         .layout = mask_layouts[k],
                          .causal = causal,
                          .B = 1,
                          .S = 200,
