@@ -461,12 +461,14 @@ static stria_status_t plan_fill(const build_t *b, stria_docplan_t *p)
         runs_t kept = {p->runs + at + b->spread[r].n, 0, SIZE_MAX};
         p->run_start[r] = at;
         p->travel_runs[r] = b->spread[r].n;
-        memcpy(p->runs + at, b->spread[r].runs, b->spread[r].n * sizeof(*p->runs));
+        if (b->spread[r].n > 0) /* runs is NULL when none was pushed */
+            memcpy(p->runs + at, b->spread[r].runs, b->spread[r].n * sizeof(*p->runs));
         for (size_t d = 0; d < b->n_docs; d++)
             if (b->rank[d] == (int32_t)r)
                 runs_push_range(&kept, b->docs[d].start, b->docs[d].len);
         at += b->spread[r].n + kept.n;
-        memcpy(p->runs + at, b->padr[r].runs, b->padr[r].n * sizeof(*p->runs));
+        if (b->padr[r].n > 0)
+            memcpy(p->runs + at, b->padr[r].runs, b->padr[r].n * sizeof(*p->runs));
         at += b->padr[r].n;
         p->valid[r] = b->L - b->pad[r];
         p->travel[r] = p->valid[r] - b->kept_tok[r];
