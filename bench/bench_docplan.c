@@ -16,7 +16,8 @@ static const char description[] =
     "Counts how each layout places a call's documents on a ring: the busiest rank's work over\n"
     "the mean (query-key pairs under the masks), the K/V steps a pass needs, the rows that\n"
     "travel and the MiB a forward sends (K and V of the travelling rows, once per step after\n"
-    "the first); then times the document plan: made, and found in the cache.";
+    "the first), and the forward's critical path in pairs (the sum over steps of the busiest\n"
+    "rank's pairs) over striped's; then times the document plan: made, and found in the cache.";
 static const char epilog[] =
     "example: stria-bench docplan --ranks 8 --seq 65536 --heads 4 --head-dim 64 \\\n"
     "             --documents lognormal:1024";
@@ -25,13 +26,68 @@ typedef struct {
     const char *name;
     uint64_t most, total;
     int steps;
-    int64_t travel; /* rows that travel, all ranks */
-    double mib;     /* forward K/V bytes sent */
+    int64_t travel;  /* rows that travel, all ranks */
+    double mib;      /* forward K/V bytes sent */
+    double critical; /* forward critical path in pairs; < 0: not counted */
 } row_t;
+
+/* Most ranks whose steps are counted (an N x N table). */
+#define MAX_STEP_RANKS 1024
+
+/* The critical path of a forward pass counted in pairs: the sum over steps
+ * of the busiest rank's (query, key) pairs, rank r at step s computing its
+ * queries against rank (r - s) mod N's block: whole at step 0, after it the
+ * rows that travel (moves[p]: position p does). Without a window only (-1
+ * otherwise, or for more than MAX_STEP_RANKS ranks). A plan balances each
+ * rank's total; this shows how even each step is, which is what a ring
+ * waits for. */
+static double step_critical(const stria_call_shape_t *call, int n, const int32_t *rank_of,
+                            const uint8_t *moves)
+{
+    if (call->has_window || n > MAX_STEP_RANKS)
+        return -1.0;
+    double *w = calloc((size_t)n * (size_t)n, sizeof(*w)), critical = 0;
+    int64_t *all = calloc((size_t)n, sizeof(*all)), *trav = calloc((size_t)n, sizeof(*trav));
+    const size_t n_docs = call->n_cu_seqlens > 1 ? call->n_cu_seqlens - 1 : 1;
+    if (w == NULL || all == NULL || trav == NULL) {
+        critical = -1.0;
+        goto out;
+    }
+    for (size_t d = 0; d < n_docs; d++) {
+        int64_t a = call->n_cu_seqlens > 1 ? call->cu_seqlens[d] : 0;
+        int64_t z = call->n_cu_seqlens > 1 ? call->cu_seqlens[d + 1] : call->seq_len;
+        memset(all, 0, (size_t)n * sizeof(*all));
+        memset(trav, 0, (size_t)n * sizeof(*trav));
+        /* causal: the keys up to the query; else the whole document's */
+        for (int64_t p = a; p < z && !call->causal; p++)
+            all[rank_of[p]]++, trav[rank_of[p]] += moves[p];
+        for (int64_t p = a; p < z; p++) {
+            const int r = rank_of[p];
+            if (call->causal)
+                all[r]++, trav[r] += moves[p];
+            w[(size_t)r * (size_t)n] += (double)all[r];
+            for (int s = 1; s < n && moves[p]; s++)
+                w[(size_t)r * (size_t)n + (size_t)s] += (double)trav[(r - s + n) % n];
+        }
+    }
+    for (int s = 0; s < n; s++) {
+        double most = 0;
+        for (int r = 0; r < n; r++)
+            most = w[(size_t)r * (size_t)n + (size_t)s] > most
+                       ? w[(size_t)r * (size_t)n + (size_t)s]
+                       : most;
+        critical += most;
+    }
+out:
+    free(w);
+    free(all);
+    free(trav);
+    return critical;
+}
 
 /* A layout's counts from a rank per position. */
 static stria_status_t count_row(const stria_call_shape_t *call, int n, const int32_t *rank_of,
-                                int64_t travel, double row_bytes, row_t *row)
+                                const uint8_t *moves, int64_t travel, double row_bytes, row_t *row)
 {
     uint64_t *work = calloc((size_t)n, sizeof(*work));
     if (work == NULL)
@@ -44,12 +100,13 @@ static stria_status_t count_row(const stria_call_shape_t *call, int n, const int
     }
     row->travel = travel;
     row->mib = (double)(row->steps - 1) * (double)travel * 2.0 * row_bytes / (1 << 20);
+    row->critical = step_critical(call, n, rank_of, moves);
     free(work);
     return st;
 }
 
 static stria_status_t layout_row(const stria_call_shape_t *call, int n, stria_layout_kind_t kind,
-                                 int32_t *rank_of, double row_bytes, row_t *row)
+                                 int32_t *rank_of, uint8_t *moves, double row_bytes, row_t *row)
 {
     stria_layout_t lay;
     stria_status_t st = stria_layout_init(kind, n, call->seq_len, &lay);
@@ -58,14 +115,15 @@ static stria_status_t layout_row(const stria_call_shape_t *call, int n, stria_la
         int64_t idx;
         st = stria_layout_locate(&lay, p, &r, &idx);
         rank_of[p] = r;
+        moves[p] = 1;
     }
     row->name = stria_layout_kind_name(kind);
     /* a ring pass sends whole shards */
-    return st == STRIA_OK ? count_row(call, n, rank_of, lay.seq_padded, row_bytes, row) : st;
+    return st == STRIA_OK ? count_row(call, n, rank_of, moves, lay.seq_padded, row_bytes, row) : st;
 }
 
 static stria_status_t plan_row(const stria_call_shape_t *call, const stria_docplan_t *p,
-                               int32_t *rank_of, double row_bytes, row_t *row)
+                               int32_t *rank_of, uint8_t *moves, double row_bytes, row_t *row)
 {
     int64_t travel = 0;
     int64_t *pos = malloc((size_t)p->shard_tokens * sizeof(*pos));
@@ -73,13 +131,15 @@ static stria_status_t plan_row(const stria_call_shape_t *call, const stria_docpl
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     for (int r = 0; r < p->n_ranks; r++) {
         stria_docplan_positions(p, r, pos);
-        for (int64_t i = 0; i < p->valid[r]; i++)
+        for (int64_t i = 0; i < p->valid[r]; i++) {
             rank_of[pos[i]] = r;
+            moves[pos[i]] = i < p->travel[r];
+        }
         travel += p->travel[r];
     }
     free(pos);
     row->name = "packed";
-    return count_row(call, p->n_ranks, rank_of, travel, row_bytes, row);
+    return count_row(call, p->n_ranks, rank_of, moves, travel, row_bytes, row);
 }
 
 /* Plan times: made afresh `reps` times, and found in a cache. */
@@ -122,14 +182,18 @@ static void print_rows(const row_t *rows, int n_rows, int n, bool json)
         const row_t *r = &rows[k];
         double max_mean = r->total > 0 ? (double)r->most * n / (double)r->total : 1.0;
         double vs = striped->mib > 0 ? r->mib / striped->mib : 0.0;
+        double crit =
+            r->critical >= 0 && striped->critical > 0 ? r->critical / striped->critical : -1.0;
         if (json)
             printf("{\"layout\":\"%s\",\"ranks\":%d,\"max_mean_rank_work_counted\":%.4f,"
                    "\"steps\":%d,\"travel_rows\":%lld,\"fwd_mib_sent\":%.2f,"
-                   "\"fwd_bytes_vs_striped\":%.4f}\n",
-                   r->name, n, max_mean, r->steps, (long long)r->travel, r->mib, vs);
+                   "\"fwd_bytes_vs_striped\":%.4f,\"critical_path_pairs\":%.6g,"
+                   "\"critical_path_vs_striped\":%.4f}\n",
+                   r->name, n, max_mean, r->steps, (long long)r->travel, r->mib, vs, r->critical,
+                   crit);
         else
-            printf("%-12s %10.4f %6d %12lld %12.1f %10.3f\n", r->name, max_mean, r->steps,
-                   (long long)r->travel, r->mib, vs);
+            printf("%-12s %10.4f %6d %12lld %12.1f %10.3f %10.3f\n", r->name, max_mean, r->steps,
+                   (long long)r->travel, r->mib, vs, crit);
     }
 }
 
@@ -140,6 +204,7 @@ static int run(int n, int64_t seq, const stria_bench_masks_t *m, bool causal,
     int64_t *cu =
         m->doc_median > 0 ? stria_bench_documents(m->doc_median, m->doc_sigma, seq, &n_cu) : NULL;
     int32_t *rank_of = malloc((size_t)seq * sizeof(*rank_of));
+    uint8_t *moves = malloc((size_t)seq);
     stria_call_shape_t call = {.batch = 1,
                                .seq_len = seq,
                                .causal = causal,
@@ -155,17 +220,17 @@ static int run(int n, int64_t seq, const stria_bench_masks_t *m, bool causal,
     stria_docplan_cache_stats_t cs;
     double make_ms = 0, hit_us = 0;
     row_t rows[3];
-    stria_status_t st = rank_of == NULL || (m->doc_median > 0 && cu == NULL)
+    stria_status_t st = rank_of == NULL || moves == NULL || (m->doc_median > 0 && cu == NULL)
                             ? stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory")
                             : STRIA_OK;
     if (st == STRIA_OK)
         st = stria_docplan_make(&call, n, L, &plan);
     if (st == STRIA_OK)
-        st = plan_row(&call, plan, rank_of, row_bytes, &rows[0]);
+        st = plan_row(&call, plan, rank_of, moves, row_bytes, &rows[0]);
     if (st == STRIA_OK)
-        st = layout_row(&call, n, STRIA_LAYOUT_STRIPED, rank_of, row_bytes, &rows[1]);
+        st = layout_row(&call, n, STRIA_LAYOUT_STRIPED, rank_of, moves, row_bytes, &rows[1]);
     if (st == STRIA_OK)
-        st = layout_row(&call, n, STRIA_LAYOUT_CONTIGUOUS, rank_of, row_bytes, &rows[2]);
+        st = layout_row(&call, n, STRIA_LAYOUT_CONTIGUOUS, rank_of, moves, row_bytes, &rows[2]);
     if (st == STRIA_OK)
         st = plan_times(&call, n, L, reps, &make_ms, &hit_us, &cs);
     if (st != STRIA_OK) {
@@ -176,8 +241,8 @@ static int run(int n, int64_t seq, const stria_bench_masks_t *m, bool causal,
                    "bytes\n",
                    (long long)seq, n, (long long)L, n_cu > 1 ? n_cu - 1 : 1,
                    m->has_window ? ", a window" : "", causal ? "causal" : "not causal", row_bytes);
-            printf("%-12s %10s %6s %12s %12s %10s\n", "layout", "max/mean", "steps", "travel rows",
-                   "fwd MiB", "vs striped");
+            printf("%-12s %10s %6s %12s %12s %10s %10s\n", "layout", "max/mean", "steps",
+                   "travel rows", "fwd MiB", "vs striped", "critical");
         }
         print_rows(rows, 3, n, json);
         if (json)
@@ -195,6 +260,7 @@ static int run(int n, int64_t seq, const stria_bench_masks_t *m, bool causal,
     }
     stria_docplan_unref(plan);
     free(rank_of);
+    free(moves);
     free(cu);
     return st == STRIA_OK ? 0 : 1;
 }

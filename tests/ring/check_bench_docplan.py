@@ -5,7 +5,7 @@ benchmark's shape: the packed layout's rank work within 5% of the mean and
 fewer bytes than striping with documents around 1,024 tokens; the same as
 striping with documents longer than a shard and with no documents; the
 counts of striping and contiguous shards as docs/BENCHMARKS.md states them
-(896 and 256 MiB, 8 and 3 steps)."""
+(896 and 256 MiB, 8 and 3 steps), and the critical paths counted in pairs."""
 import json
 import subprocess
 import sys
@@ -46,6 +46,11 @@ def main():
         fail("packed sends %s of striped's bytes" % p["fwd_bytes_vs_striped"])
     if (s["fwd_mib_sent"], s["steps"], c["fwd_mib_sent"], c["steps"]) != (896.0, 8, 256.0, 3):
         fail("striped/contiguous counts: %s %s" % (s, c))
+    # the critical path in pairs, against striped's: striping is its own unit,
+    # contiguous's causal imbalance shows, packed's is counted
+    if s["critical_path_vs_striped"] != 1.0 or not c["critical_path_vs_striped"] > 2.0 or \
+            not p["critical_path_pairs"] > 0:
+        fail("critical paths: %s %s %s" % (p, s, c))
     if not (plan["kept"] > 0 and plan["cache_entries"] == 1 and plan["cache_bytes"] > 0):
         fail("plan: %s" % plan)
     for docs in ("lognormal:8192", "none"):
