@@ -475,23 +475,25 @@ static void serve(stria__wsess_t *s, stria_rpc_call_t *call)
     pthread_mutex_unlock(&s->lock);
     if (run.have_tl)
         stria__wtimeline_free(&run.tl);
+    if (st != STRIA_OK) {
+        stria_rpc_call_fail_r(call, st, retryable, "%s", msg);
+    } else {
+        stria_metric_add(w->m_out_bytes, (double)out_bytes);
+        Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
+        rep.stats = &run.stats;
+        rep.worker_minflt = minflt() - flt0;
+        uint64_t call_no = req->call;
+        if (stria_rpc_call_reply(call, &rep.base, out_bytes ? acc->region + acc->g.out_off : NULL,
+                                 out_bytes, out_bytes ? reply_written : NULL, s) != STRIA_OK)
+            stria_log_warn("session %llu: the reply to call %llu could not be sent",
+                           (unsigned long long)s->id, (unsigned long long)call_no);
+    }
+    /* answered: only now may a stopping worker free the server the call
+     * belongs to (stria_worker_stop waits for running_calls) */
     pthread_mutex_lock(&w->lock);
     w->running_calls--;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->lock);
-    if (st != STRIA_OK) {
-        stria_rpc_call_fail_r(call, st, retryable, "%s", msg);
-        return;
-    }
-    stria_metric_add(w->m_out_bytes, (double)out_bytes);
-    Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
-    rep.stats = &run.stats;
-    rep.worker_minflt = minflt() - flt0;
-    uint64_t call_no = req->call;
-    if (stria_rpc_call_reply(call, &rep.base, out_bytes ? acc->region + acc->g.out_off : NULL,
-                             out_bytes, out_bytes ? reply_written : NULL, s) != STRIA_OK)
-        stria_log_warn("session %llu: the reply to call %llu could not be sent",
-                       (unsigned long long)s->id, (unsigned long long)call_no);
 }
 
 static void *pass_thread(void *arg)
