@@ -380,17 +380,21 @@ static void usage_sample(usage_t *u)
 }
 
 /* Neither the last sample past the first (by more than slack[m]) nor the
- * second half's highest past the first half's (by more than trend[m]). */
+ * second half's highest past the first half's (by more than trend[m]),
+ * unless the samples rose in at most two steps: what appears once, when the
+ * load first calls for it (a thread kept idle, its stack and malloc arena),
+ * is a step, where a leak rises sample after sample. */
 static void usage_judge(const usage_t *u, const char *over, const int slack[4], const int trend[4])
 {
     static const char *const names[4] = {"descriptors", "threads", "mappings", "RssAnon (KiB)"};
     for (int w = 0; w < 3; w++)
         for (int m = 0; m < (w < 2 && RSS_CHECKED ? 4 : 3); m++) { /* the client's: the test's */
             char seq[256] = "";
-            int first_max = 0, second_max = 0;
+            int first_max = 0, second_max = 0, rises = 0;
             for (int k = 0; k < u->n; k++) {
                 size_t n = strlen(seq);
                 snprintf(seq + n, sizeof(seq) - n, "%s%d", k ? " " : "", u->v[w][m][k]);
+                rises += k > 0 && u->v[w][m][k] > u->v[w][m][k - 1];
                 if (k < u->n / 2)
                     first_max = u->v[w][m][k] > first_max ? u->v[w][m][k] : first_max;
                 else
@@ -399,8 +403,8 @@ static void usage_judge(const usage_t *u, const char *over, const int slack[4], 
             const char *who = w < 2 ? (w ? "worker 1" : "worker 0") : "the client";
             cr_expect_leq(u->v[w][m][u->n - 1], u->v[w][m][0] + slack[m],
                           "%s's %s grew over the %s: %s", who, names[m], over, seq);
-            cr_expect_leq(second_max, first_max + trend[m], "%s's %s grow over the %s: %s", who,
-                          names[m], over, seq);
+            cr_expect(second_max <= first_max + trend[m] || rises <= 2,
+                      "%s's %s grow over the %s (%d rises): %s", who, names[m], over, rises, seq);
         }
 }
 
@@ -492,9 +496,10 @@ Test(session, a_thousand_jobs_leave_the_workers_resources_alone, .timeout = T_TI
      * growth: a thread the worker keeps idle for the next session (a job's
      * pass thread still ending as the next one opens), the stacks glibc
      * keeps (2 mappings each, 40 MiB of them at most), a thread's malloc
-     * arena (2), one more arena mapping the worker keeps (8 at most); a leak
-     * of one mapping every 100 jobs fails the second check (5 over 500
-     * jobs), one every 70 the first, a thread every 200 jobs the first */
+     * arena (2), one more arena mapping the worker keeps (8 at most), each
+     * a step; a leak of one mapping every 100 jobs fails the second check
+     * (5 over 500 jobs, rising at every sample), one every 70 the first, a
+     * thread every 200 jobs the first */
     static const int slack[4] = {1, 3, 12, 2048}, trend[4] = {0, 1, 4, 1024};
     usage_judge(&u, "jobs", slack, trend);
     /* the ring's endpoints were made once (one each way between the two
