@@ -440,6 +440,46 @@ static stria_status_t check(stria_session_t *s, const char *fn, const stria__lre
     return st != STRIA_OK ? stria_error_wrap(st, "%s", fn) : STRIA_OK;
 }
 
+/* The ranks a try calls (every rank, or a sharded rank its own) in
+ * *ranks_all, with room for their outcomes in *out (both grown to n). */
+static stria_status_t try_ranks(stria_session_t *s, const char *fn, int rank, int n, int *cap,
+                                int **ranks_all, stria__lout_t **out)
+{
+    if (n > *cap) {
+        int *rk = realloc(*ranks_all, (size_t)n * sizeof(*rk));
+        if (rk != NULL)
+            *ranks_all = rk;
+        stria__lout_t *o = rk != NULL ? realloc(*out, (size_t)n * sizeof(*o)) : NULL;
+        if (o == NULL)
+            return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+        *out = o;
+        *cap = n;
+    }
+    for (int i = 0; i < n; i++)
+        (*ranks_all)[i] = s->sharded ? rank : i;
+    return STRIA_OK;
+}
+
+/* A call that succeeded: its held forward recorded (or released), its
+ * figures in the session's stats and the caller's. */
+static void call_done(stria_session_t *s, const stria__lreq_t *r, const stria__lcall_t *c,
+                      const stria__lresult_t *res, double call_s, uint64_t *held_out,
+                      stria_call_stats_t *stats)
+{
+    if (r->hold) {
+        s->held_mask |= UINT64_C(1) << c->region;
+        s->held_call[c->region] = c->call;
+        if (held_out != NULL)
+            *held_out = c->call;
+    }
+    if (r->use_held)
+        s->held_mask &= ~(UINT64_C(1) << c->region);
+    s->stats.last_call_s = call_s;
+    s->stats.last_pass_s = res->pass_max_s;
+    s->stats.last_minflt = res->minflt;
+    fill_stats(stats, res, res->pass_max_s);
+}
+
 stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria__lreq_t *r,
                                  uint64_t *held_out)
 {
@@ -472,20 +512,8 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
     stria__lresult_t res;
     for (;; attempt++) {
         n = s->sharded ? 1 : s->n_ranks;
-        if (n > cap) {
-            int *rk = realloc(ranks_all, (size_t)n * sizeof(*rk));
-            if (rk != NULL)
-                ranks_all = rk;
-            stria__lout_t *o = rk != NULL ? realloc(out, (size_t)n * sizeof(*o)) : NULL;
-            if (o == NULL) {
-                st = stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
-                break;
-            }
-            out = o;
-            cap = n;
-        }
-        for (int i = 0; i < n; i++)
-            ranks_all[i] = s->sharded ? r->rank : i;
+        if ((st = try_ranks(s, fn, r->rank, n, &cap, &ranks_all, &out)) != STRIA_OK)
+            break;
         int region = pick_region(s, r);
         const stria__lcall_t c = {.shape = r->shape,
                                   .backward = r->backward,
@@ -504,18 +532,7 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
         s->stats.bytes_up += res.tcp_up_bytes;
         s->stats.bytes_down += res.tcp_down_bytes;
         if (st == STRIA_OK) {
-            if (r->hold) {
-                s->held_mask |= UINT64_C(1) << c.region;
-                s->held_call[c.region] = call;
-                if (held_out != NULL)
-                    *held_out = call;
-            }
-            if (r->use_held)
-                s->held_mask &= ~(UINT64_C(1) << c.region);
-            s->stats.last_call_s = stria_time_now() - t_try;
-            s->stats.last_pass_s = res.pass_max_s;
-            s->stats.last_minflt = res.minflt;
-            fill_stats(&stats, &res, res.pass_max_s);
+            call_done(s, r, &c, &res, stria_time_now() - t_try, held_out, &stats);
             break;
         }
         /* the next call binds fresh links (every rank computes the same) */
