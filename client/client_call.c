@@ -69,6 +69,7 @@ try {
     part_t *p;
     int n;
     stria_layout_t lay;
+    stria_docplan_t *plan; /* packed with documents: the call's plan, which lay borrows */
     Stria__V1__CallShape shape;
     Stria__V1__JobSpec__Window win;
     /* progress (lock) */
@@ -143,8 +144,9 @@ static void *io_out(const stria__lcall_t *c, int t)
 static void move(const stria_layout_t *lay, const part_t *p, int t, char *compact, void *full,
                  bool to_full)
 {
-    stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
-    size_t nr = stria_layout_shard_runs(lay, p->r->rank, false, runs);
+    stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS];
+    size_t nr;
+    const stria_layout_run_t *runs = stria_layout_runs(lay, p->r->rank, false, &nr, tmp);
     size_t row = p->row[t];
     for (int64_t o = 0; o < p->outer[t]; o++) {
         char *f = (char *)full + (size_t)(o * lay->seq_len) * row;
@@ -235,7 +237,7 @@ static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
     p->req.job_id = s->id;
     p->req.rank = (uint32_t)r->rank;
     p->req.shape = &x->shape;
-    p->req.digest = stria_call_shape_digest(c->shape, c->call, c->backward);
+    p->req.digest = stria_call_shape_digest(c->shape, (int)s->layout, c->call, c->backward);
     memset(&p->rq, 0, sizeof(p->rq));
     p->rq.method = STRIA_RPC_WORKER_SESSION_CALL;
     p->rq.request = &p->req.base;
@@ -283,7 +285,7 @@ static stria_status_t send_part(try_t *x, part_t *p)
         p->place.more = true;
         p->place.piece_offset = off;
         stria_call_place_to_pb(&p->place, &p->req);
-        stria_call_binding(x->c->shape, &p->place, p->bound);
+        stria_call_binding(x->c->shape, (int)x->s->layout, &p->place, p->bound);
         p->rq.payload_iov = cut;
         p->rq.payload_iovcnt = slice(p->in_iov, n_iov, off, piece, cut, 8);
         p->rq.payload_len = piece;
@@ -300,7 +302,7 @@ static stria_status_t send_part(try_t *x, part_t *p)
     p->place.more = false;
     p->place.piece_offset = off;
     stria_call_place_to_pb(&p->place, &p->req);
-    stria_call_binding(x->c->shape, &p->place, p->bound);
+    stria_call_binding(x->c->shape, (int)x->s->layout, &p->place, p->bound);
     p->rq.payload_iov = n_iov > 0 ? cut : NULL;
     p->rq.payload_iovcnt = n_iov > 0 ? slice(p->in_iov, n_iov, off, p->in_bytes - off, cut, 8) : 0;
     p->rq.payload_len = p->in_bytes - off;
@@ -627,13 +629,15 @@ stria_status_t stria__lcall_try(stria_session_t *s, const stria__lcall_t *c, con
     x.c = c;
     x.n = n;
     x.phase = STRIA_PHASE_UPLOAD;
-    stria_status_t st = stria_layout_init(s->layout, s->n_ranks, c->shape->seq_len, &x.lay);
+    stria_status_t st = stria_docplan_layout(s->layout, c->shape, s->n_ranks, &x.lay, &x.plan);
     if (st != STRIA_OK)
         return st;
     stria__lrank_region(s, &in_room);
     x.p = calloc((size_t)(n > 0 ? n : 1), sizeof(*x.p));
-    if (x.p == NULL)
+    if (x.p == NULL) {
+        stria_docplan_unref(x.plan);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
+    }
     pthread_mutex_init(&x.lock, NULL);
     pthread_cond_init(&x.cv, NULL);
     stria_call_shape_to_pb(c->shape, &x.shape, &x.win);
@@ -689,5 +693,6 @@ stria_status_t stria__lcall_try(stria_session_t *s, const stria__lcall_t *c, con
     pthread_cond_destroy(&x.cv);
     pthread_mutex_destroy(&x.lock);
     free(x.p);
+    stria_docplan_unref(x.plan);
     return st;
 }

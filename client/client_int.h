@@ -40,6 +40,7 @@
 
 #include "stria.pb-c.h"
 #include "stria_client.h"
+#include "stria_docplan.h"
 #include "stria_rpc.h"
 #include "stria_shm.h"
 #include "stria_spec.h"
@@ -208,6 +209,13 @@ stria_status_t stria__labi_check_stats(const stria_call_stats_t *stats);
 void stria__labi_write_stats(stria_call_stats_t *out, const stria_call_stats_t *ours);
 /* The caller's call record into the one shape record (documents borrowed). */
 stria_status_t stria__labi_call(const stria_call_t *in, stria_call_shape_t *out);
+/* How many tokens rank `rank` of a ring of n_ranks holds in `call` under
+ * `layout` (*count_out), and their global positions in the order the rank
+ * holds them (positions_out, may be NULL): the call checked, its layout by
+ * stria_docplan_layout(). fn names the caller in errors. */
+stria_status_t stria__lcall_positions(const char *fn, stria_layout_kind_t layout, int n_ranks,
+                                      const stria_call_shape_t *call, int rank, int64_t *count_out,
+                                      int64_t *positions_out);
 /* The call record of a job spec (its documents borrowed). */
 stria_call_shape_t stria__labi_job_call(const stria_job_spec_t *s);
 

@@ -431,14 +431,20 @@ stria_status_t stria_job_import(stria_client_t *client, const void *bytes, size_
 
 int64_t stria_job_shard_tokens(const stria_job_t *job, int rank)
 {
-    return job != NULL ? stria_session_shard_tokens(job->s, job->spec.seq_len, rank) : -1;
+    int64_t n;
+    if (job == NULL || job->s->id == 0 ||
+        stria__lcall_positions("stria_job_shard_tokens", job->s->layout, job->s->n_ranks,
+                               &job->call, rank, &n, NULL) != STRIA_OK)
+        return -1;
+    return n;
 }
 
 stria_status_t stria_job_positions(const stria_job_t *job, int rank, int64_t *positions_out)
 {
-    if (job == NULL)
-        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_job_positions: NULL job");
-    return stria_session_positions(job->s, job->spec.seq_len, rank, positions_out);
+    if (job == NULL || positions_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_job_positions: NULL argument");
+    return stria__lcall_positions("stria_job_positions", job->s->layout, job->s->n_ranks,
+                                  &job->call, rank, NULL, positions_out);
 }
 
 static stria_status_t shard_rank(const stria_job_t *job, int rank, const char *fn)

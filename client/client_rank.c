@@ -189,7 +189,8 @@ stria_status_t stria__lrank_assign(stria_session_t *s, const Stria__V1__Assignme
     /* The assignment names the layout the coordinator chose (auto resolved);
      * a layout the caller named must come back as it was. */
     stria_layout_kind_t asked = s->open.js.layout;
-    if ((unsigned)sp->layout > STRIA__V1__LAYOUT__LAYOUT_ZIGZAG ||
+    if ((unsigned)sp->layout > STRIA__V1__LAYOUT__LAYOUT_PACKED ||
+        sp->layout == STRIA__V1__LAYOUT__LAYOUT_AUTO ||
         (asked != STRIA_LAYOUT_AUTO && (stria_layout_kind_t)sp->layout != asked))
         return stria_error_set(STRIA_ERR_PROTOCOL,
                                "coordinator assigned layout %d to a job submitted as %s",

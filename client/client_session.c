@@ -153,10 +153,6 @@ stria_status_t stria__lsess_open(stria_client_t *c, const stria__lopen_t *o,
                                  const stria_session_spec_t *spec, stria_progress_cb progress,
                                  void *arg, stria_session_t **out)
 {
-    if (o->js.layout == STRIA_LAYOUT_PACKED)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "layout packed is not served yet: it runs in the in-process ring "
-                               "(stria-run local, stria_ring_run_local)");
     stria_session_t *s = sess_new(c);
     if (s == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
@@ -477,6 +473,8 @@ static void call_done(stria_session_t *s, const stria__lreq_t *r, const stria__l
     s->stats.last_call_s = call_s;
     s->stats.last_pass_s = res->pass_max_s;
     s->stats.last_minflt = res->minflt;
+    s->stats.last_ring_bytes = res->ring_bytes;
+    s->stats.last_steps = res->steps;
     fill_stats(stats, res, res->pass_max_s);
 }
 
@@ -632,6 +630,7 @@ stria_status_t stria__lsess_buffer(stria_session_t *s, const char *fn, const str
                                    int rank, stria_tensor_id_t tensor, stria_shard_buffer_t *out)
 {
     stria_layout_t lay;
+    stria_docplan_t *plan = NULL;
     if (s == NULL || out == NULL || out->struct_size < sizeof(*out))
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "%s: NULL argument (or a stria_shard_buffer_t without its "
@@ -668,7 +667,7 @@ stria_status_t stria__lsess_buffer(stria_session_t *s, const char *fn, const str
                              "%s: rank %d's tensors go over TCP (%s): pass buffers of your own", fn,
                              rank, r->tcp_why[0] ? r->tcp_why : "no arena");
     if (st == STRIA_OK)
-        st = stria_layout_init(s->layout, s->n_ranks, c->seq_len, &lay);
+        st = stria_docplan_layout(s->layout, c, s->n_ranks, &lay, &plan);
     if (st != STRIA_OK) {
         pthread_mutex_unlock(&s->lock);
         return st;
@@ -679,6 +678,7 @@ stria_status_t stria__lsess_buffer(stria_session_t *s, const char *fn, const str
     size_t in_room = 0;
     stria__lrank_region(s, &in_room);
     int64_t valid = stria_layout_shard_valid(&lay, rank);
+    stria_docplan_unref(plan);
     size_t es = stria_dtype_size(s->spec.dtype);
     size_t qrow = (size_t)(s->spec.heads * s->spec.head_dim) * es;
     size_t kvrow = (size_t)(s->spec.kv_heads * s->spec.head_dim) * es;
@@ -749,8 +749,6 @@ static stria_status_t read_session_spec(const stria_session_spec_t *in, stria_se
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "session spec: max_held must be at most %d forwards (got %u)",
                                STRIA__MAX_HELD, out->max_held);
-    if (out->layout == STRIA_LAYOUT_AUTO) /* a call's window is not known at open */
-        out->layout = STRIA_LAYOUT_STRIPED;
     return STRIA_OK;
 }
 
@@ -968,28 +966,87 @@ stria_status_t stria_session_buffer(stria_session_t *s, const stria_call_t *call
 
 int64_t stria_session_shard_tokens(const stria_session_t *s, int64_t seq_len, int rank)
 {
-    stria_layout_t lay;
-    if (s == NULL || s->id == 0 || rank < 0 || rank >= s->n_ranks ||
-        stria_layout_init(s->layout, s->n_ranks, seq_len, &lay) != STRIA_OK)
+    if (s == NULL || s->id == 0)
         return -1;
-    return stria_layout_shard_valid(&lay, rank);
+    stria_call_t call = STRIA_CALL_INIT;
+    call.seq_len = seq_len;
+    return stria_call_shard_tokens(s->layout, s->n_ranks, &call, rank);
 }
 
 stria_status_t stria_session_positions(const stria_session_t *s, int64_t seq_len, int rank,
                                        int64_t *positions_out)
 {
-    stria_layout_t lay;
-    if (s == NULL || s->id == 0 || positions_out == NULL || rank < 0 || rank >= s->n_ranks)
+    if (s == NULL || s->id == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_session_positions: NULL argument or rank %d out of range",
-                               rank);
-    stria_status_t st = stria_layout_init(s->layout, s->n_ranks, seq_len, &lay);
-    if (st != STRIA_OK)
-        return st;
-    int64_t n = stria_layout_shard_valid(&lay, rank);
-    for (int64_t i = 0; i < n; i++)
-        positions_out[i] = stria_layout_position(&lay, rank, i);
+                               "stria_session_positions: NULL or unopened session");
+    stria_call_t call = STRIA_CALL_INIT;
+    call.seq_len = seq_len;
+    return stria_call_positions(s->layout, s->n_ranks, &call, rank, positions_out);
+}
+
+stria_status_t stria__lcall_positions(const char *fn, stria_layout_kind_t layout, int n_ranks,
+                                      const stria_call_shape_t *call, int rank, int64_t *count_out,
+                                      int64_t *positions_out)
+{
+    stria_status_t st;
+    if (layout == STRIA_LAYOUT_AUTO)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: layout auto places no tokens (name the layout, or ask the "
+                               "session's: stria_session_layout())",
+                               fn);
+    if (n_ranks < 1 || n_ranks > STRIA_LAYOUT_MAX_RANKS || rank < 0 || rank >= n_ranks)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "%s: rank %d of a ring of %d ranks", fn, rank,
+                               n_ranks);
+    stria_call_shape_t shape = *call;
+    if (shape.batch < 1) /* positions do not depend on it */
+        shape.batch = 1;
+    const stria_call_bounds_t b = {.max_batch = shape.batch,
+                                   .max_seq_len = shape.seq_len,
+                                   .n_ranks = n_ranks,
+                                   .layout = (int)layout};
+    stria_layout_t lay;
+    stria_docplan_t *plan = NULL;
+    if ((st = stria_call_shape_check(&shape, &b)) != STRIA_OK ||
+        (st = stria_docplan_layout(layout, &shape, n_ranks, &lay, &plan)) != STRIA_OK)
+        return stria_error_wrap(st, "%s", fn);
+    stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS];
+    size_t nr;
+    const stria_layout_run_t *runs = stria_layout_runs(&lay, rank, false, &nr, tmp);
+    int64_t n = 0;
+    for (size_t k = 0; k < nr; k++)
+        for (int64_t i = 0; i < runs[k].count; i++, n++)
+            if (positions_out != NULL)
+                positions_out[n] = runs[k].first + i * runs[k].stride;
+    if (count_out != NULL)
+        *count_out = n;
+    stria_docplan_unref(plan);
     return STRIA_OK;
+}
+
+int64_t stria_call_shard_tokens(stria_layout_kind_t layout, int n_ranks, const stria_call_t *call,
+                                int rank)
+{
+    stria_call_shape_t shape;
+    int64_t n;
+    if (stria__labi_call(call, &shape) != STRIA_OK ||
+        stria__lcall_positions("stria_call_shard_tokens", layout, n_ranks, &shape, rank, &n,
+                               NULL) != STRIA_OK)
+        return -1;
+    return n;
+}
+
+stria_status_t stria_call_positions(stria_layout_kind_t layout, int n_ranks,
+                                    const stria_call_t *call, int rank, int64_t *positions_out)
+{
+    stria_call_shape_t shape;
+    if (positions_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_call_positions: positions_out is NULL");
+    stria_status_t st = stria__labi_call(call, &shape);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "stria_call_positions");
+    return stria__lcall_positions("stria_call_positions", layout, n_ranks, &shape, rank, NULL,
+                                  positions_out);
 }
 
 int stria_session_ring_size(const stria_session_t *s)
@@ -999,7 +1056,9 @@ int stria_session_ring_size(const stria_session_t *s)
 
 stria_layout_kind_t stria_session_layout(const stria_session_t *s)
 {
-    return s != NULL ? s->spec.layout : STRIA_LAYOUT_STRIPED;
+    if (s == NULL)
+        return STRIA_LAYOUT_STRIPED;
+    return s->id != 0 ? s->layout : s->spec.layout; /* auto: as the coordinator chose */
 }
 
 stria_status_t stria_session_spec_get(const stria_session_t *s, stria_session_spec_t *out)
@@ -1009,8 +1068,10 @@ stria_status_t stria_session_spec_get(const stria_session_t *s, stria_session_sp
                                "stria_session_spec_get: NULL argument or a struct_size this "
                                "library cannot fill (start from STRIA_SESSION_SPEC_INIT)");
     *out = s->spec; /* its strings and arrays were not kept */
-    if (s->id != 0)
+    if (s->id != 0) {
         out->ring_size = s->n_ranks;
+        out->layout = s->layout;
+    }
     return STRIA_OK;
 }
 

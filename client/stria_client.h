@@ -432,9 +432,10 @@ typedef struct {
     int64_t head_dim;
     stria_dtype_t dtype;
     stria_layout_kind_t
-        layout;            /* default striped (AUTO is striped: a call's window is not known) */
-    int ring_size;         /* 0: every healthy worker (whole-sequence sessions) */
-    bool sharded;          /* calls come from ring_size processes, one rank each */
+        layout;    /* default striped; AUTO: the coordinator's choice (packed on workers of host
+                    * memory, striped otherwise; stria_session_layout() says which) */
+    int ring_size; /* 0: every healthy worker (whole-sequence sessions) */
+    bool sharded;  /* calls come from ring_size processes, one rank each */
     double idle_timeout_s; /* the service closes a session idle this long; 0: 60 */
     double step_timeout_s; /* deadline of one ring step; 0: the workers' default */
     /* Sharded: how long a call's first step waits for the ranks still to
@@ -488,6 +489,12 @@ typedef struct {
     double last_pass_s;            /* the slowest rank's pass in it */
     uint64_t last_minflt;          /* minor page faults of the workers during it, all ranks */
     uint32_t generation;           /* the session's opens: 1, then one more per reopening */
+    /* Added after `generation` (older callers' struct_size ends there). The
+     * last call's ring: bytes all ranks sent each other, and the steps its
+     * ranks ran (a packed call with documents runs only the steps its plan
+     * needs; 1: none of its tokens travelled). */
+    uint64_t last_ring_bytes;
+    uint32_t last_steps;
 } stria_session_stats_t;
 #define STRIA_SESSION_STATS_INIT                                                                   \
     {                                                                                              \
@@ -548,11 +555,25 @@ stria_status_t stria_session_export(const stria_session_t *session, void *out, s
                                     size_t *len_out);
 stria_status_t stria_session_import(stria_client_t *client, const void *bytes, size_t len,
                                     stria_session_t **session_out);
-/* Tokens rank `rank` holds in a call of seq_len tokens (-1 for a bad rank
- * or length), and their global positions. */
+/* Tokens rank `rank` holds in a call of seq_len tokens without documents
+ * (-1 for a bad rank or length), and their global positions. A packed
+ * session's calls with documents place their tokens by their plan: ask
+ * stria_call_shard_tokens() and stria_call_positions(). */
 int64_t stria_session_shard_tokens(const stria_session_t *session, int64_t seq_len, int rank);
 stria_status_t stria_session_positions(const stria_session_t *session, int64_t seq_len, int rank,
                                        int64_t *positions_out);
+/* Tokens rank `rank` of a ring of n_ranks ranks holds in `call` under
+ * `layout` (-1, the error set, for bad arguments), and their global
+ * positions in the order the rank holds them (the rows of its shard; the
+ * positions for its rotary embeddings). Striped, contiguous and zigzag
+ * follow from seq_len; packed from the call's documents, window and
+ * causality (its document plan: computed once per distinct documents in
+ * this process and cached, the same plan every worker computes). No
+ * session is needed: a trainer rank asks before it cuts its tokens. */
+int64_t stria_call_shard_tokens(stria_layout_kind_t layout, int n_ranks, const stria_call_t *call,
+                                int rank);
+stria_status_t stria_call_positions(stria_layout_kind_t layout, int n_ranks,
+                                    const stria_call_t *call, int rank, int64_t *positions_out);
 /* Sharded sessions, with a worker on this host: where rank `rank`'s tensor
  * lies in the rank's arena for calls of `call`'s shape (its tokens only,
  * compact: outer_stride = tokens * row_bytes), so that the trainer builds

@@ -2,6 +2,7 @@
  * every door has shown since the record existed: users and tests read them. */
 #include "stria_call.h"
 
+#include "stria_docplan.h"
 #include "stria_layout.h"
 #include "stria_net.h"
 #include "stria_util.h"
@@ -125,13 +126,17 @@ float stria_call_scale(float scale, int64_t head_dim)
     return scale > 0 ? scale : (float)(1.0 / sqrt((double)head_dim));
 }
 
-uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward)
+uint64_t stria_call_shape_digest(const stria_call_shape_t *c, int layout, uint64_t call,
+                                 bool backward)
 {
     uint32_t scale_bits;
     memcpy(&scale_bits, &c->scale, sizeof(scale_bits));
     uint64_t h = STRIA_FNV64_INIT;
     h = stria_fnv64(h, call);
     h = stria_fnv64(h, backward);
+    h = stria_fnv64(h, (uint64_t)layout);
+    if (layout == STRIA_LAYOUT_PACKED)
+        h = stria_fnv64(h, STRIA_DOCPLAN_VERSION);
     h = stria_fnv64(h, (uint64_t)c->batch);
     h = stria_fnv64(h, (uint64_t)c->seq_len);
     h = stria_fnv64(h, c->causal);
@@ -144,12 +149,12 @@ uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, boo
     return stria_fnv64(h, (uint64_t)c->window_right);
 }
 
-void stria_call_binding(const stria_call_shape_t *c, const stria_call_place_t *p,
+void stria_call_binding(const stria_call_shape_t *c, int layout, const stria_call_place_t *p,
                         uint8_t out[STRIA_CALL_BINDING_BYTES])
 {
     stria_put_le64(out, p->call);
     stria_put_le64(out + 8, p->link_epoch);
-    stria_put_le64(out + 16, stria_call_shape_digest(c, p->call, p->backward));
+    stria_put_le64(out + 16, stria_call_shape_digest(c, layout, p->call, p->backward));
     out[24] = (uint8_t)((p->arena ? 1 : 0) | (p->more ? 2 : 0) | (p->hold ? 4 : 0) |
                         (p->use_held ? 8 : 0));
     stria_put_le64(out + 25, p->arena ? p->arena_in : 0);

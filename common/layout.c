@@ -36,11 +36,13 @@ stria_status_t stria_layout_kind_parse(const char *name, stria_layout_kind_t *ki
         "unknown layout '%s' (expected striped, contiguous, zigzag, packed or auto)", name);
 }
 
-stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window)
+stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window, bool packs)
 {
     if (kind != STRIA_LAYOUT_AUTO)
         return kind;
-    return has_window ? STRIA_LAYOUT_CONTIGUOUS : STRIA_LAYOUT_STRIPED;
+    if (has_window)
+        return STRIA_LAYOUT_CONTIGUOUS;
+    return packs ? STRIA_LAYOUT_PACKED : STRIA_LAYOUT_STRIPED;
 }
 
 stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq_len,
@@ -54,12 +56,8 @@ stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t 
     if (kind == STRIA_LAYOUT_AUTO)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: layout auto must be "
                                                       "resolved first (stria_layout_kind_resolve)");
-    if (kind == STRIA_LAYOUT_PACKED)
-        return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "stria_layout_init: a packed layout comes from its call's document "
-                               "plan (stria_layout_init_plan)");
-    if (kind != STRIA_LAYOUT_STRIPED && kind != STRIA_LAYOUT_CONTIGUOUS &&
-        kind != STRIA_LAYOUT_ZIGZAG)
+    if (kind != STRIA_LAYOUT_PACKED && kind != STRIA_LAYOUT_STRIPED &&
+        kind != STRIA_LAYOUT_CONTIGUOUS && kind != STRIA_LAYOUT_ZIGZAG)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_layout_init: unknown layout %d",
                                (int)kind);
     if (n_ranks < 1 || n_ranks > STRIA_LAYOUT_MAX_RANKS)
@@ -92,6 +90,13 @@ stria_status_t stria_layout_init_plan(const stria_docplan_t *plan, stria_layout_
     return STRIA_OK;
 }
 
+/* The arithmetic a layout follows: its kind's, striping for a packed layout
+ * without a plan (a call without documents, a session's sizing). */
+static stria_layout_kind_t stria__layout_rule(const stria_layout_t *l)
+{
+    return l->kind == STRIA_LAYOUT_PACKED && l->plan == NULL ? STRIA_LAYOUT_STRIPED : l->kind;
+}
+
 static bool stria__layout_ok(const stria_layout_t *l, int rank)
 {
     return l != NULL && rank >= 0 && rank < l->n_ranks;
@@ -104,7 +109,7 @@ int64_t stria_layout_position(const stria_layout_t *layout, int rank, int64_t in
 
     if (!stria__layout_ok(l, rank) || index < 0 || index >= l->shard_tokens)
         return -1;
-    switch (l->kind) {
+    switch (stria__layout_rule(l)) {
     case STRIA_LAYOUT_STRIPED:
         return rank + index * n;
     case STRIA_LAYOUT_CONTIGUOUS:
@@ -156,7 +161,7 @@ stria_status_t stria_layout_locate(const stria_layout_t *layout, int64_t pos, in
                                "stria_layout_locate: position %lld outside [0, %lld)",
                                (long long)pos, (long long)l->seq_padded);
     n = l->n_ranks;
-    switch (l->kind) {
+    switch (stria__layout_rule(l)) {
     case STRIA_LAYOUT_STRIPED:
         rank = (int)(pos % n);
         index = pos / n;
@@ -201,7 +206,7 @@ size_t stria_layout_shard_runs(const stria_layout_t *layout, int rank, bool with
     L = l->shard_tokens;
     /* Padded positions are the highest ones, so "real only" is a cut at seq_len. */
     S = with_padding ? l->seq_padded : l->seq_len;
-    switch (l->kind) {
+    switch (stria__layout_rule(l)) {
     case STRIA_LAYOUT_STRIPED:
         tmp[n_tmp++] =
             (stria_layout_run_t){rank, n, rank >= S ? 0 : stria__clamp((S - rank + n - 1) / n, L)};
@@ -240,7 +245,7 @@ const stria_layout_run_t *stria_layout_runs(const stria_layout_t *layout, int ra
     *n_out = 0;
     if (!stria__layout_ok(layout, rank))
         return NULL;
-    if (layout->kind != STRIA_LAYOUT_PACKED) {
+    if (stria__layout_rule(layout) != STRIA_LAYOUT_PACKED) {
         *n_out = stria_layout_shard_runs(layout, rank, with_padding, tmp);
         return tmp;
     }

@@ -109,8 +109,12 @@ void stria_call_shape_free(stria_call_shape_t *c);
  * passes the value it stands for make the same call. */
 float stria_call_scale(float scale, int64_t head_dim);
 
-/* A digest of a call (its shape, number and direction) that ranks compare. */
-uint64_t stria_call_shape_digest(const stria_call_shape_t *c, uint64_t call, bool backward);
+/* A digest of a call (its shape, the layout it runs under, number and
+ * direction) that ranks compare; a packed call's also covers the document
+ * plan's version (STRIA_DOCPLAN_VERSION), so ranks that would place its
+ * tokens differently never run it together. */
+uint64_t stria_call_shape_digest(const stria_call_shape_t *c, int layout, uint64_t call,
+                                 bool backward);
 /* Where a SessionCall's tensors are and what it asks beyond its shape: the
  * request's fields other than the shape and the ids. */
 typedef struct {
@@ -129,7 +133,7 @@ typedef struct {
  * places, piece and held forward, so that an attacker on the path can change
  * none of them. */
 #define STRIA_CALL_BINDING_BYTES 57
-void stria_call_binding(const stria_call_shape_t *c, const stria_call_place_t *p,
+void stria_call_binding(const stria_call_shape_t *c, int layout, const stria_call_place_t *p,
                         uint8_t out[STRIA_CALL_BINDING_BYTES]);
 
 #ifdef __cplusplus

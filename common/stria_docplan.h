@@ -153,6 +153,28 @@ stria_status_t stria_docplan_cache_get(stria_docplan_cache_t *cache, const stria
                                        stria_docplan_t **plan_out);
 void stria_docplan_cache_stats(stria_docplan_cache_t *cache, stria_docplan_cache_stats_t *out);
 
+/* ---- a call's layout ------------------------------------------------------ */
+
+/* Plans the process's layouts keep (stria_docplan_shared()). */
+#define STRIA_DOCPLAN_SHARED_PLANS 32
+
+/* The process's cache of plans, made on first use (thread-safe) and never
+ * freed: what stria_docplan_layout() takes its plans from, so a model's
+ * layers, which repeat their documents, plan them once. */
+stria_docplan_cache_t *stria_docplan_shared(void);
+
+/* The layout of `call` over n_ranks ranks of a session (or job) of layout
+ * `kind`: the one rule libstria, the workers, the ring engine and the Python
+ * package follow. Striped, contiguous and zigzag come from seq_len alone
+ * (stria_layout_init()); packed with at least two documents from the call's
+ * plan (stria_docplan_shared()'s, shard_tokens ceil(seq_len / n_ranks)),
+ * whose reference *plan_out holds and the layout borrows (unref it after
+ * the layout's last use); packed with one document is striping, with no
+ * plan. *plan_out is NULL without a plan. */
+stria_status_t stria_docplan_layout(stria_layout_kind_t kind, const stria_call_shape_t *call,
+                                    int n_ranks, stria_layout_t *layout_out,
+                                    stria_docplan_t **plan_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -62,23 +62,32 @@ typedef struct {
     int64_t count;
 } stria_layout_run_t;
 
-/* "striped", "contiguous", "zigzag", "auto"; "unknown" otherwise. */
+/* "striped", "contiguous", "zigzag", "auto", "packed"; "unknown" otherwise. */
 const char *stria_layout_kind_name(stria_layout_kind_t kind);
 /* Parses the names above; STRIA_ERR_INVALID_ARG otherwise. */
 stria_status_t stria_layout_kind_parse(const char *name, stria_layout_kind_t *kind_out);
 /* The layout STRIA_LAYOUT_AUTO stands for: contiguous for a job with a
- * window, striped otherwise. Any other kind is returned as it is. */
-stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window);
+ * window (windows balance under contiguous and need fewer hops); packed
+ * where `packs` says documents may be placed by their work (a job with
+ * documents, or a session, whose calls bring their own, on a ring whose
+ * devices run packed passes: host memory), each call's plan then keeping
+ * documents where its counts show a balanced placement and striping where
+ * they do not; striped otherwise. Any other kind is returned as it is. */
+stria_layout_kind_t stria_layout_kind_resolve(stria_layout_kind_t kind, bool has_window,
+                                              bool packs);
 
 /* Describes `seq_len` tokens (1..STRIA_LAYOUT_MAX_SEQ) over n_ranks ranks
  * (1..STRIA_LAYOUT_MAX_RANKS). Pads to a multiple of n_ranks (striped,
- * contiguous) or 2 * n_ranks (zigzag). Packed layouts come from their plan
- * (stria_layout_init_plan()); here they are refused. */
+ * contiguous, packed) or 2 * n_ranks (zigzag). A packed layout made here has
+ * no plan and places its tokens as striping does: what a packed call without
+ * documents does, and the shard_tokens that sizes a packed session (a packed
+ * call's shard_tokens never depend on its documents; its valid tokens per
+ * rank do: a call's layout comes from stria_docplan_layout()). */
 stria_status_t stria_layout_init(stria_layout_kind_t kind, int n_ranks, int64_t seq_len,
                                  stria_layout_t *layout_out);
 
 /* The packed layout of a document plan (borrowed: it must outlive the
- * layout). */
+ * layout). stria_docplan_layout() makes a call's plan and layout. */
 stria_status_t stria_layout_init_plan(const struct stria_docplan *plan, stria_layout_t *layout_out);
 
 /* Global position of token `index` (0..shard_tokens-1) of `rank`'s shard;

@@ -477,7 +477,8 @@ static stria_status_t stria__compute_ring(const stria__run_opts_t *o, stria__run
     stria_ring_local_io_t io;
 
     memset(&ro, 0, sizeof(ro));
-    ro.layout = stria_layout_kind_resolve(o->layout, shape.call.has_window);
+    ro.layout = stria_layout_kind_resolve(o->layout, shape.call.has_window,
+                                          shape.call.n_cu_seqlens > 2 && o->device == NULL);
     ro.n_ranks = o->ranks > 0 ? o->ranks : 1;
     ro.device = o->device;
     ro.passes = d->d_o ? STRIA_RING_PASS_FWD_BWD : STRIA_RING_PASS_FWD;

@@ -197,6 +197,16 @@ static bool stria__submit_reply(stria_coord_t *co, stria_rpc_call_t *call, const
     return true;
 }
 
+/* Whether every worker of these runs its passes on host memory (device
+ * "cpu"), where packed passes run. */
+static bool on_host(stria__cworker_t *const *ring, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(ring[i]->device, "cpu") != 0)
+            return false;
+    return true;
+}
+
 void stria__cclient_on_submit(void *ctx, stria_rpc_call_t *call)
 {
     stria_coord_t *co = ctx;
@@ -240,9 +250,12 @@ void stria__cclient_on_submit(void *ctx, stria_rpc_call_t *call)
                             n ? n : 1, count, healthy, draining, dead, left, excluded);
         goto free_ring;
     }
+    /* auto takes packed for documents (a job's, or a session's calls') on
+     * workers whose devices run packed passes (host memory) */
+    const bool packs = (s->session || s->n_cu_seqlens > 2) && on_host(ring, count);
     if (stria_layout_init(
-            stria_layout_kind_resolve((stria_layout_kind_t)s->layout, s->window != NULL), (int)n,
-            (int64_t)s->seq_len, &layout) != STRIA_OK) {
+            stria_layout_kind_resolve((stria_layout_kind_t)s->layout, s->window != NULL, packs),
+            (int)n, (int64_t)s->seq_len, &layout) != STRIA_OK) {
         stria__cmet_count_error(co, STRIA__E_SUBMIT_INVALID);
         stria_rpc_call_fail(call, STRIA_ERR_INVALID_ARG, "SubmitJob: %s", stria_error_msg());
         goto free_ring;

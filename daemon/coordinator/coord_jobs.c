@@ -41,8 +41,9 @@ static stria_status_t stria__spec_check_sharded(const Stria__V1__JobSpec *s)
                                "a sharded job needs ring_size: the trainer's world size");
     if (s->sharded && s->layout == STRIA__V1__LAYOUT__LAYOUT_AUTO)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
-                               "a sharded job must name its layout (striped, contiguous or "
-                               "zigzag), not auto: its ranks bring their tokens in that order");
+                               "a sharded job must name its layout (striped, contiguous, "
+                               "zigzag or packed), not auto: its ranks bring their tokens in "
+                               "that order");
     if (s->n_placement > 0 && s->n_placement != s->ring_size)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "placement has %zu entries; it needs one per rank (ring_size %u)",
@@ -85,10 +86,10 @@ stria_status_t stria__cjob_spec_check(const Stria__V1__JobSpec *s)
     if ((unsigned)s->dtype > STRIA__V1__DTYPE__DTYPE_FP16)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "dtype %d is none of fp32 (0), bf16 (1), fp16 (2)", (int)s->dtype);
-    if ((unsigned)s->layout > STRIA__V1__LAYOUT__LAYOUT_AUTO)
+    if ((unsigned)s->layout > STRIA__V1__LAYOUT__LAYOUT_PACKED)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "layout %d is none of striped (0), contiguous (1), zigzag (2), "
-                               "auto (3)",
+                               "auto (3), packed (4)",
                                (int)s->layout);
     if (s->ring_size > STRIA_COORD_MAX_RING)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "ring_size must be 0..%d (got %u)",

@@ -154,7 +154,7 @@ static stria_status_t stria__held_check(const stria_coord_t *co, const Stria__V1
     if (h->job_secret.len != STRIA_AUTH_SEALED_BYTES || h->ring_key.len != STRIA_AUTH_SEALED_BYTES)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "the sealed keys are missing");
     if (stria_layout_init(
-            stria_layout_kind_resolve((stria_layout_kind_t)s->layout, s->window != NULL),
+            stria_layout_kind_resolve((stria_layout_kind_t)s->layout, s->window != NULL, false),
             (int)s->ring_size, (int64_t)s->seq_len, layout) != STRIA_OK)
         return stria_error_wrap(STRIA_ERR_INVALID_ARG, "the layout");
     for (uint32_t r = 0; r < s->ring_size; r++)

@@ -419,7 +419,8 @@ stria_status_t stria_ring_run_local(const stria_ring_shape_t *shape,
     if ((st = stria__check_local(shape, opts, io)) != STRIA_OK)
         return st;
     n = opts->n_ranks;
-    if ((st = stria__layout_of(opts->layout, &shape->call, n, &run.layout, &run.plan)) != STRIA_OK)
+    if ((st = stria_docplan_layout(opts->layout, &shape->call, n, &run.layout, &run.plan)) !=
+        STRIA_OK)
         return st;
     /* Shape errors are reported once here rather than by every rank. */
     {

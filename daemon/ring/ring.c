@@ -110,8 +110,8 @@ stria_status_t stria_ring_pass_create(stria_link_t *link, const stria_ring_shape
     p = calloc(1, sizeof(*p));
     if (p == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_ring_pass_create: out of memory");
-    if ((st = stria__layout_of(layout, &shape->call, stria_link_size(link), &p->layout,
-                               &p->plan)) != STRIA_OK)
+    if ((st = stria_docplan_layout(layout, &shape->call, stria_link_size(link), &p->layout,
+                                   &p->plan)) != STRIA_OK)
         goto err;
     /* Every buffer of a pass must be addressable: reject shapes whose largest
      * tensor (a shard of Q or K/V in fp32, twice) does not fit in memory

@@ -139,11 +139,6 @@ stria_status_t stria__store_lse(stria_ring_pass_t *p, const float *lse_acc, floa
 
 /* ---- ring_plan.c: the ranks' positions (pass objects and plans) ----------- */
 
-/* The layout of a ring of n ranks for this call: the kind's, or for
- * STRIA_LAYOUT_PACKED the call's document plan (made here: *plan holds the
- * reference, NULL for the other kinds). */
-stria_status_t stria__layout_of(stria_layout_kind_t kind, const stria_call_shape_t *call, int n,
-                                stria_layout_t *layout, stria_docplan_t **plan);
 /* Fills runs, n_runs, valid, pos_min and pos_max and the travel fields
  * (allocated) for the p->n ranks of p->layout. */
 stria_status_t stria__pass_positions(stria_ring_pass_t *p);

@@ -30,19 +30,6 @@ struct stria_ring_plan {
     stria_ring_pass_t p; /* the fields the engine's rules read; rank set per query */
 };
 
-stria_status_t stria__layout_of(stria_layout_kind_t kind, const stria_call_shape_t *call, int n,
-                                stria_layout_t *layout, stria_docplan_t **plan)
-{
-    stria_status_t st;
-    *plan = NULL;
-    if (kind != STRIA_LAYOUT_PACKED)
-        return stria_layout_init(kind, n, call->seq_len, layout);
-    if ((st = stria_docplan_make(call, n, call->seq_len > 0 ? (call->seq_len + n - 1) / n : 1,
-                                 plan)) != STRIA_OK)
-        return st;
-    return stria_layout_init_plan(*plan, layout);
-}
-
 /* The lowest and highest position of n runs. */
 static void stria__run_bounds(const stria_pos_run_t *runs, size_t n, int64_t *lo, int64_t *hi)
 {
@@ -144,7 +131,7 @@ stria_status_t stria_ring_plan_create(const stria_ring_shape_t *shape, stria_lay
         return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_ring_plan_create: out of memory");
     pl->p.shape = *shape;
     pl->p.n = n_ranks;
-    if ((st = stria__layout_of(layout, &shape->call, n_ranks, &pl->p.layout, &pl->p.plan)) !=
+    if ((st = stria_docplan_layout(layout, &shape->call, n_ranks, &pl->p.layout, &pl->p.plan)) !=
             STRIA_OK ||
         (st = stria__pass_positions(&pl->p)) != STRIA_OK) {
         stria_ring_plan_destroy(pl);

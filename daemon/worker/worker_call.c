@@ -32,9 +32,13 @@ stria_status_t stria__wcall_geom(const stria__wsess_t *s, const stria_call_shape
     g->shape = *shape;
     g->backward = backward;
     g->use_held = backward && use_held;
-    if ((st = stria_layout_init(s->layout_kind, s->n_ranks, shape->seq_len, &g->layout)) !=
+    stria_docplan_t *plan; /* packed: the call's plan; the pass keeps its own reference */
+    if ((st = stria_docplan_layout(s->layout_kind, shape, s->n_ranks, &g->layout, &plan)) !=
         STRIA_OK)
         return st;
+    g->valid = stria_layout_shard_valid(&g->layout, s->rank);
+    g->layout.plan = NULL;
+    stria_docplan_unref(plan);
     uint64_t rows = (uint64_t)shape->batch * (uint64_t)g->layout.shard_tokens;
     uint64_t bound = (uint64_t)s->max_batch * (uint64_t)s->layout.shard_tokens;
     if (rows > bound)
@@ -43,7 +47,6 @@ stria_status_t stria__wcall_geom(const stria__wsess_t *s, const stria_call_shape
                                "%d, more than the session's bounds hold (%llu)",
                                (long long)shape->batch, (long long)shape->seq_len,
                                (unsigned long long)rows, s->rank, (unsigned long long)bound);
-    g->valid = stria_layout_shard_valid(&g->layout, s->rank);
     g->shard = g->layout.shard_tokens;
     size_t es = stria_dtype_size(s->dtype);
     g->qrow = (size_t)(s->heads * s->head_dim) * es;
@@ -582,7 +585,7 @@ stria_status_t stria__wcall_run(stria__wsess_t *s, const Stria__V1__SessionCallR
         stria_call_shape_t same = g->shape;
         same.scale = stria_call_scale(same.scale, s->head_dim);
         st = agree(s, req->call, req->backward,
-                   stria_call_shape_digest(&same, req->call, req->backward));
+                   stria_call_shape_digest(&same, (int)s->layout_kind, req->call, req->backward));
     }
     bool own = false; /* a failure of this rank's own: the others must hear of it */
     if (st == STRIA_OK && (st = views_in(s, g, ptr, view)) != STRIA_OK)

@@ -64,6 +64,7 @@
 #include "stria_auth.h"
 #include "stria_common.h"
 #include "stria_device.h"
+#include "stria_docplan.h"
 #include "stria_ring.h"
 #include "stria_rpc.h"
 #include "stria_shm.h"
@@ -153,7 +154,7 @@ typedef struct {
 typedef struct {
     stria_call_shape_t shape; /* documents borrowed from the request */
     bool backward, use_held;
-    stria_layout_t layout;
+    stria_layout_t layout; /* its sizes; a packed call's plan is not kept (plan NULL) */
     int64_t valid, shard;
     size_t qrow, kvrow, lrow;       /* bytes per token */
     uint64_t bytes[STRIA__T_COUNT]; /* compact, batch x valid rows */

@@ -225,7 +225,8 @@ static stria_status_t pick_slot(stria__wsess_t *s, const stria_call_place_t *p,
                                "used by its backward or released)",
                                (unsigned long long)s->id, s->rank,
                                (unsigned long long)p->held_call);
-    if (s->sh.held_digest[slot] != stria_call_shape_digest(&g->shape, 0, false))
+    if (s->sh.held_digest[slot] !=
+        stria_call_shape_digest(&g->shape, (int)s->layout_kind, 0, false))
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "session %llu rank %d: call %llu's shape is not the held forward's "
                                "(call %llu)",
@@ -254,16 +255,16 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
     uint8_t bound[STRIA_CALL_BINDING_BYTES], identity[STRIA_CALL_BINDING_BYTES];
     stria_call_shape_from_pb(req->shape != NULL ? req->shape : &none, &shape);
     stria_call_place_from_pb(req, &p);
-    stria_call_binding(&shape, &p, bound);
-    stria_call_place_t whole = p; /* what every piece of one call names alike */
-    whole.more = false;
-    whole.piece_offset = 0;
-    stria_call_binding(&shape, &whole, identity);
 
     stria__wsess_t *s;
     stria_status_t st = stria__wsess_get(w, req->job_id, req->rank, false, &s);
     if (st != STRIA_OK)
         return st;
+    stria_call_binding(&shape, (int)s->layout_kind, &p, bound);
+    stria_call_place_t whole = p; /* what every piece of one call names alike */
+    whole.more = false;
+    whole.piece_offset = 0;
+    stria_call_binding(&shape, (int)s->layout_kind, &whole, identity);
     if ((st = stria_rpc_call_check_job_extra(call, &s->secret, req->job_id, bound,
                                              sizeof(bound))) != STRIA_OK) {
         stria__wsess_unref(s);

@@ -382,7 +382,8 @@ static void account(stria__wsess_t *s, const stria__waccept_t *acc,
     if (acc->slot >= 0 && req->hold) { /* kept for its backward */
         sh->held_mask |= UINT64_C(1) << acc->slot;
         sh->held_call[acc->slot] = req->call;
-        sh->held_digest[acc->slot] = stria_call_shape_digest(&acc->g.shape, 0, false);
+        sh->held_digest[acc->slot] =
+            stria_call_shape_digest(&acc->g.shape, (int)s->layout_kind, 0, false);
     }
     if (acc->slot >= 0 && req->use_held) /* its backward ran: let go */
         sh->held_mask &= ~(UINT64_C(1) << acc->slot);

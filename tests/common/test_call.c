@@ -161,12 +161,17 @@ Test(call, digest_covers_every_field_and_binding_its_bytes)
 {
     static const int64_t cu[] = {0, 7, 64}, cu2[] = {0, 7, 64}, cu3[] = {0, 8, 64};
     const stria_call_shape_t c = full_call(cu);
-    const uint64_t d = stria_call_shape_digest(&c, 5, false);
+    const uint64_t d = stria_call_shape_digest(&c, STRIA_LAYOUT_STRIPED, 5, false);
     stria_call_shape_t x = c;
     x.cu_seqlens = cu2;
-    cr_expect_eq(stria_call_shape_digest(&x, 5, false), d, "documents by value");
-    cr_expect_neq(stria_call_shape_digest(&c, 6, false), d);
-    cr_expect_neq(stria_call_shape_digest(&c, 5, true), d);
+    cr_expect_eq(stria_call_shape_digest(&x, STRIA_LAYOUT_STRIPED, 5, false), d,
+                 "documents by value");
+    cr_expect_neq(stria_call_shape_digest(&c, STRIA_LAYOUT_STRIPED, 6, false), d);
+    cr_expect_neq(stria_call_shape_digest(&c, STRIA_LAYOUT_STRIPED, 5, true), d);
+    cr_expect_neq(stria_call_shape_digest(&c, STRIA_LAYOUT_ZIGZAG, 5, false), d, "the layout");
+    cr_expect_neq(stria_call_shape_digest(&c, STRIA_LAYOUT_PACKED, 5, false),
+                  stria_call_shape_digest(&c, STRIA_LAYOUT_STRIPED, 5, false),
+                  "packed against striped");
     stria_call_shape_t v[8];
     for (int i = 0; i < 8; i++)
         v[i] = c;
@@ -179,7 +184,8 @@ Test(call, digest_covers_every_field_and_binding_its_bytes)
     v[6].has_window = false;
     v[7].window_right = -1;
     for (int i = 0; i < 8; i++)
-        cr_expect_neq(stria_call_shape_digest(&v[i], 5, false), d, "field %d", i);
+        cr_expect_neq(stria_call_shape_digest(&v[i], STRIA_LAYOUT_STRIPED, 5, false), d, "field %d",
+                      i);
 
     uint8_t b[STRIA_CALL_BINDING_BYTES];
     stria_call_place_t p = {.call = 5,
@@ -191,7 +197,7 @@ Test(call, digest_covers_every_field_and_binding_its_bytes)
                             .piece_offset = 65536,
                             .use_held = true,
                             .held_call = 4};
-    stria_call_binding(&c, &p, b);
+    stria_call_binding(&c, STRIA_LAYOUT_STRIPED, &p, b);
     cr_expect_eq(stria_get_le64(b), 5);
     cr_expect_eq(stria_get_le64(b + 8), 9);
     cr_expect_eq(stria_get_le64(b + 16), d);
@@ -200,7 +206,7 @@ Test(call, digest_covers_every_field_and_binding_its_bytes)
     cr_expect(stria_get_le64(b + 41) == 65536 && stria_get_le64(b + 49) == 4);
     p.arena = p.more = p.use_held = false;
     p.hold = true;
-    stria_call_binding(&c, &p, b);
+    stria_call_binding(&c, STRIA_LAYOUT_STRIPED, &p, b);
     cr_expect(b[24] == 4 && stria_get_le64(b + 25) == 0 && stria_get_le64(b + 33) == 0,
               "without an arena its places are not bound");
     cr_expect_eq(stria_get_le64(b + 49), 0, "nor a held call without use_held");
@@ -217,5 +223,6 @@ Test(call, scale_zero_is_one_over_sqrt_head_dim)
     stria_call_shape_t b = a;
     b.scale = stria_call_scale(0.0f, 32);
     a.scale = stria_call_scale(a.scale, 32);
-    cr_expect_eq(stria_call_shape_digest(&a, 0, false), stria_call_shape_digest(&b, 0, false));
+    cr_expect_eq(stria_call_shape_digest(&a, STRIA_LAYOUT_STRIPED, 0, false),
+                 stria_call_shape_digest(&b, STRIA_LAYOUT_STRIPED, 0, false));
 }

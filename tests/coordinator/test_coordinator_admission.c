@@ -273,8 +273,9 @@ Test(coord, assignment_stripes_and_defaults, .timeout = TEST_TIMEOUT_S)
     cr_expect_eq(as->spec->window->left, 3);
     cr_expect_eq(as->spec->window->right, -1);
     stria_rpc_reply_free(&rep);
-    /* auto: contiguous with a window, striped without; the assignment (what
-     * workers and the client see) names the layout chosen. */
+    /* auto: contiguous with a window; packed with documents on workers of
+     * host memory (these say "cpu"); striped without either; the assignment
+     * (what workers and the client see) names the layout chosen. */
     s.layout = STRIA__V1__LAYOUT__LAYOUT_AUTO;
     cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK, "%s", stria_error_msg());
     as = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
@@ -284,8 +285,18 @@ Test(coord, assignment_stripes_and_defaults, .timeout = TEST_TIMEOUT_S)
     s.window = NULL;
     cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK, "%s", stria_error_msg());
     as = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
+    cr_expect_eq(as->spec->layout, STRIA__V1__LAYOUT__LAYOUT_PACKED);
+    cr_expect_eq(as->ranks[1]->runs[0]->first, 1, "packed shards are sized as striped ones");
+    cr_expect_eq(as->ranks[1]->tokens, 5);
+    stria_rpc_reply_free(&rep);
+    s.cu_seqlens = NULL;
+    s.n_cu_seqlens = 0;
+    cr_assert_eq(submit(&fx, &s, &rep), STRIA_OK, "%s", stria_error_msg());
+    as = ((Stria__V1__SubmitJobReply *)rep.msg)->assignment;
     cr_expect_eq(as->spec->layout, STRIA__V1__LAYOUT__LAYOUT_STRIPED);
     stria_rpc_reply_free(&rep);
+    s.cu_seqlens = cu;
+    s.n_cu_seqlens = 5;
     s.window = &win;
     s.layout = STRIA__V1__LAYOUT__LAYOUT_STRIPED;
     Stria__V1__JobInfo *info = get_job(&fx, masked_id, &rep);

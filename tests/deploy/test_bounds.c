@@ -588,7 +588,7 @@ Test(bounds, pipelined_calls_memory_bounded, .timeout = 240)
     uint8_t bound[STRIA_CALL_BINDING_BYTES], proof[STRIA_AUTH_MAC_BYTES];
     stria_call_shape_to_pb(&cs, &shape, &win);
     stria_call_place_to_pb(&place, &req);
-    stria_call_binding(&cs, &place, bound);
+    stria_call_binding(&cs, STRIA_LAYOUT_STRIPED, &place, bound);
     req.job_id = id;
     req.shape = &shape;
     req.job_proof.data = proof;

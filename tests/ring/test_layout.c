@@ -158,11 +158,15 @@ Test(layout, names_and_errors)
     cr_assert_eq(stria_layout_kind_parse("auto", &kind), STRIA_OK);
     cr_assert_eq(kind, STRIA_LAYOUT_AUTO);
     cr_expect_str_eq(stria_layout_kind_name(STRIA_LAYOUT_AUTO), "auto");
-    cr_expect_eq(stria_layout_kind_resolve(STRIA_LAYOUT_AUTO, true), STRIA_LAYOUT_CONTIGUOUS);
-    cr_expect_eq(stria_layout_kind_resolve(STRIA_LAYOUT_AUTO, false), STRIA_LAYOUT_STRIPED);
+    cr_expect_eq(stria_layout_kind_resolve(STRIA_LAYOUT_AUTO, true, false),
+                 STRIA_LAYOUT_CONTIGUOUS);
+    cr_expect_eq(stria_layout_kind_resolve(STRIA_LAYOUT_AUTO, true, true), STRIA_LAYOUT_CONTIGUOUS,
+                 "a window: contiguous, documents or not");
+    cr_expect_eq(stria_layout_kind_resolve(STRIA_LAYOUT_AUTO, false, false), STRIA_LAYOUT_STRIPED);
+    cr_expect_eq(stria_layout_kind_resolve(STRIA_LAYOUT_AUTO, false, true), STRIA_LAYOUT_PACKED);
     for (size_t k = 0; k < 3; k++) {
-        cr_expect_eq(stria_layout_kind_resolve(all_kinds[k], true), all_kinds[k]);
-        cr_expect_eq(stria_layout_kind_resolve(all_kinds[k], false), all_kinds[k]);
+        cr_expect_eq(stria_layout_kind_resolve(all_kinds[k], true, true), all_kinds[k]);
+        cr_expect_eq(stria_layout_kind_resolve(all_kinds[k], false, false), all_kinds[k]);
     }
     cr_expect_eq(stria_layout_init(STRIA_LAYOUT_AUTO, 2, 4, &l), STRIA_ERR_INVALID_ARG);
     cr_expect(strstr(stria_error_msg(), "resolved") != NULL, "%s", stria_error_msg());
@@ -256,8 +260,33 @@ Test(layout, packed_follows_its_plan)
     stria_layout_kind_t k;
     cr_expect_eq(stria_layout_kind_parse("packed", &k), STRIA_OK);
     cr_expect_eq(k, STRIA_LAYOUT_PACKED);
-    cr_expect_eq(stria_layout_init(STRIA_LAYOUT_PACKED, n, 203, &l), STRIA_ERR_INVALID_ARG,
-                 "a packed layout comes from a plan");
+    /* without a plan (a call without documents, a session's sizing): striping */
+    stria_layout_t bare, striped;
+    cr_assert_eq(stria_layout_init(STRIA_LAYOUT_PACKED, n, 203, &bare), STRIA_OK);
+    cr_assert_eq(stria_layout_init(STRIA_LAYOUT_STRIPED, n, 203, &striped), STRIA_OK);
+    cr_expect_eq(bare.kind, STRIA_LAYOUT_PACKED);
+    cr_expect_null(bare.plan);
+    cr_expect_eq(bare.shard_tokens, striped.shard_tokens);
+    for (int r = 0; r < n; r++) {
+        cr_expect_eq(stria_layout_shard_valid(&bare, r), stria_layout_shard_valid(&striped, r));
+        for (int64_t i = 0; i < bare.shard_tokens; i++)
+            cr_expect_eq(stria_layout_position(&bare, r, i), stria_layout_position(&striped, r, i));
+    }
+    /* a call's layout: its plan with documents, striping with one */
+    stria_layout_t lc;
+    stria_docplan_t *pc;
+    cr_assert_eq(stria_docplan_layout(STRIA_LAYOUT_PACKED, &call, n, &lc, &pc), STRIA_OK);
+    cr_assert_not_null(pc);
+    cr_expect_eq(pc->digest, plan->digest, "the shared cache's plan is the plan");
+    cr_expect_eq(lc.plan, pc);
+    stria_docplan_unref(pc);
+    stria_call_shape_t one = call;
+    one.cu_seqlens = NULL;
+    one.n_cu_seqlens = 0;
+    cr_assert_eq(stria_docplan_layout(STRIA_LAYOUT_PACKED, &one, n, &lc, &pc), STRIA_OK);
+    cr_expect_null(pc);
+    cr_expect_eq(lc.kind, STRIA_LAYOUT_PACKED);
+    cr_expect_eq(stria_layout_position(&lc, 1, 2), 1 + 2 * n);
     cr_assert_eq(stria_layout_init_plan(plan, &l), STRIA_OK);
 
     const size_t row = 2;

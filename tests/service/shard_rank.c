@@ -152,7 +152,7 @@ static int die_tcp(const char *coord, const stria_job_t *job, const shape_t *s)
     req.rank = (uint32_t)s->rank;
     req.shape = &pb;
     stria_call_place_to_pb(&place, &req);
-    stria_call_binding(&shape, &place, bound);
+    stria_call_binding(&shape, (int)stria_job_layout(job), &place, bound);
     stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_SESSION_CALL,
                               .request = &req.base,
                               .payload_iov = iov,

@@ -472,7 +472,7 @@ Test(datapath, client_killed_mid_upload_leaves_the_pool_as_it_was, .timeout = T_
         req.job_id = id;
         req.shape = &pb;
         stria_call_place_to_pb(&place, &req);
-        stria_call_binding(&shape, &place, bound);
+        stria_call_binding(&shape, STRIA_LAYOUT_STRIPED, &place, bound);
         stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_SESSION_CALL,
                                   .request = &req.base,
                                   .payload_iov = iov,

@@ -30,6 +30,7 @@
 #include "fault_util.h"
 #include "session_util.h"
 #include "stria_common.h"
+#include "stria_docplan.h"
 #include "stria_ring.h"
 
 /* A cluster of n workers and a client of it. With `arena` the workers have
@@ -55,6 +56,50 @@ static stria_client_t *start(dcluster_t *c, int n, bool arena)
 
 /* ---- every kind of call on one session ----------------------------------------- */
 
+/* A packed forward of call c on session s ran only the steps its document
+ * plan needs and sent only its spread rows: per step after the first, every
+ * rank's travelling K and V rows, and the ring's closing agreement. */
+static void check_packed_ring(stria_session_t *s, const stria_session_spec_t *sp,
+                              const stria_call_t *c)
+{
+    const int n = stria_session_ring_size(s);
+    const stria_call_shape_t shape = {.batch = c->batch,
+                                      .seq_len = c->seq_len,
+                                      .causal = c->causal,
+                                      .scale = c->scale,
+                                      .cu_seqlens = c->cu_seqlens,
+                                      .n_cu_seqlens = c->n_cu_seqlens,
+                                      .has_window = c->has_window,
+                                      .window_left = c->window_left,
+                                      .window_right = c->window_right};
+    stria_layout_t lay;
+    stria_docplan_t *plan;
+    cr_assert_eq(stria_docplan_layout(STRIA_LAYOUT_PACKED, &shape, n, &lay, &plan), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_not_null(plan, "a call with documents has a plan");
+    fu_job_t j;
+    se_call_tensors(&j, sp, c, 4242);
+    cr_assert_eq(stria_session_forward(s, c, j.q, j.k, j.v, j.o, j.lse), STRIA_OK, "%s",
+                 stria_error_msg());
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    uint64_t travel = 0;
+    for (int r = 0; r < n; r++)
+        travel += (uint64_t)plan->travel[r];
+    const uint64_t row = (uint64_t)(c->batch * sp->kv_heads * sp->head_dim) * j.es;
+    const uint64_t want = (uint64_t)(plan->steps - 1) * travel * 2 * row +
+                          (uint64_t)n * (uint64_t)(n > 1 ? n - 1 : 0) * sizeof(uint64_t);
+    cr_expect_eq(st.last_steps, (uint32_t)plan->steps, "the plan needs %d steps; the call ran %u",
+                 plan->steps, st.last_steps);
+    cr_expect_eq(st.last_ring_bytes, want,
+                 "%d steps of %llu travelling rows (of %lld tokens) make %llu bytes; the ring sent "
+                 "%llu",
+                 plan->steps, (unsigned long long)travel, (long long)c->seq_len,
+                 (unsigned long long)want, (unsigned long long)st.last_ring_bytes);
+    fu_job_free(&j);
+    stria_docplan_unref(plan);
+}
+
 /* Calls of every kind within bounds of batch 2 x 160 tokens. */
 static void every_kind_of_call(stria_layout_kind_t layout, stria_dtype_t dtype, int workers,
                                int ring, bool arena)
@@ -69,7 +114,9 @@ static void every_kind_of_call(stria_layout_kind_t layout, stria_dtype_t dtype, 
     cr_expect_neq(stria_session_id(s), 0u);
 
     static const int64_t docs[] = {0, 17, 60, 96};
-    stria_call_t calls[8];
+    /* lengths 1 to longer than a shard, not divisible by anything */
+    static const int64_t many[] = {0, 1, 3, 6, 11, 19, 32, 53, 87, 120, 150};
+    stria_call_t calls[10];
     calls[0] = se_call_of(1, 160, true); /* the bounds' length */
     calls[1] = se_call_of(2, 72, true);
     calls[2] = se_call_of(1, 101, false);
@@ -86,15 +133,30 @@ static void every_kind_of_call(stria_layout_kind_t layout, stria_dtype_t dtype, 
     calls[5].scale = 0.1f;
     calls[6] = se_call_of(2, 160, false); /* the whole bounds */
     calls[7] = se_call_of(1, 40, true);   /* forward only, then the first shape again */
-    const char *what[8] = {"160 tokens",    "batch 2",          "not causal",   "documents",
-                           "causal window", "window and scale", "whole bounds", "forward only"};
-    for (int i = 0; i < 8; i++)
+    calls[8] = se_call_of(2, 150, true);  /* many documents */
+    calls[8].cu_seqlens = many;
+    calls[8].n_cu_seqlens = 11;
+    calls[9] = calls[8]; /* documents and a window, not causal */
+    calls[9].causal = false;
+    calls[9].has_window = true;
+    calls[9].window_left = 6;
+    calls[9].window_right = 9;
+    const char *what[10] = {"160 tokens",          "batch 2",       "not causal",
+                            "documents",           "causal window", "window and scale",
+                            "whole bounds",        "forward only",  "many documents",
+                            "documents and window"};
+    for (int i = 0; i < 10; i++)
         se_check_call(s, &sp, &calls[i], i != 7, 100 + (uint64_t)i, what[i]);
     se_check_call(s, &sp, &calls[0], true, 200, "160 tokens again");
+    if (layout == STRIA_LAYOUT_PACKED)
+        check_packed_ring(s, &sp, &calls[8]);
 
     stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
     cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(st.calls, 17u, "8 forward and backward calls, 1 forward: %llu calls",
+    const uint64_t calls_made = layout == STRIA_LAYOUT_PACKED ? 22u : 21u;
+    cr_expect_eq(st.calls, calls_made,
+                 "10 forward and backward calls, 1 forward (packed: 2): %llu "
+                 "calls",
                  (unsigned long long)st.calls);
     cr_expect_eq(st.failed, 0u);
     cr_expect_eq(st.generation, 1u, "opened %u times", st.generation);
@@ -128,6 +190,20 @@ Test(session, zigzag_bf16_ring_of_3_through_the_arena_equals_the_in_process_ring
      .timeout = T_TIMEOUT)
 {
     every_kind_of_call(STRIA_LAYOUT_ZIGZAG, STRIA_DTYPE_BF16, 3, 3, true);
+}
+
+/* Packed: the calls with documents placed by their plan (the in-process ring
+ * runs the same plan; tests/ring holds both to the fp64 reference), the
+ * others striped. */
+Test(session, packed_fp32_gqa_ring_of_4_equals_the_in_process_ring, .timeout = T_TIMEOUT)
+{
+    every_kind_of_call(STRIA_LAYOUT_PACKED, STRIA_DTYPE_F32, 4, 0, false);
+}
+
+Test(session, packed_fp16_ring_of_3_through_the_arena_equals_the_in_process_ring,
+     .timeout = T_TIMEOUT)
+{
+    every_kind_of_call(STRIA_LAYOUT_PACKED, STRIA_DTYPE_F16, 3, 3, true);
 }
 
 /* ---- refusals ---------------------------------------------------------------------- */
@@ -170,7 +246,8 @@ Test(session, call_beyond_the_bounds_is_refused_naming_the_bound, .timeout = T_T
     stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
     stria_session_spec_t sp = se_spec_of(3, 96, 2, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_AUTO, 2);
     stria_session_t *s = se_open_session(cl, &sp);
-    cr_expect_eq(stria_session_layout(s), STRIA_LAYOUT_STRIPED, "a session's AUTO is striped");
+    cr_expect_eq(stria_session_layout(s), STRIA_LAYOUT_PACKED,
+                 "a session's AUTO on workers of host memory is packed");
 
     stria_call_t bad = se_call_of(4, 32, true);
     expect_refused(s, &sp, &bad, STRIA_ERR_INVALID_ARG,
@@ -718,12 +795,14 @@ static void *rank_main(void *arg)
     fu_job_t *j = r->j;
     const stria_job_spec_t *sp = &j->spec;
     int64_t B = r->call.batch, S = r->call.seq_len, H = sp->heads, Hkv = sp->kv_heads;
-    int64_t T = stria_session_shard_tokens(r->s, S, r->rank);
+    const stria_layout_kind_t layout = stria_session_layout(r->s);
+    const int n = stria_session_ring_size(r->s);
+    int64_t T = stria_call_shard_tokens(layout, n, &r->call, r->rank);
     size_t rq = (size_t)(H * sp->head_dim) * j->es, rk = (size_t)(Hkv * sp->head_dim) * j->es;
     r->st = STRIA_ERR_INVALID_ARG;
     if (T < 0) {
-        snprintf(r->msg, sizeof(r->msg), "stria_session_shard_tokens(%lld, %d) = %lld",
-                 (long long)S, r->rank, (long long)T);
+        snprintf(r->msg, sizeof(r->msg), "stria_call_shard_tokens(%lld, %d) = %lld: %s",
+                 (long long)S, r->rank, (long long)T, stria_error_msg());
         return NULL;
     }
     int64_t *pos = malloc((size_t)(T + 1) * sizeof(int64_t));
@@ -732,7 +811,7 @@ static void *rank_main(void *arg)
     size_t bytes[8] = {rq, rk, rk, rq, rq, rq, rk, rk};
     for (int i = 0; i < 9; i++)
         t[i] = calloc(1, i < 8 ? (size_t)(B * T) * bytes[i] + 1 : (size_t)(B * H * T) * 4 + 1);
-    if ((r->st = stria_session_positions(r->s, S, r->rank, pos)) != STRIA_OK) {
+    if ((r->st = stria_call_positions(layout, n, &r->call, r->rank, pos)) != STRIA_OK) {
         snprintf(r->msg, sizeof(r->msg), "positions: %s", stria_error_msg());
         goto out;
     }
@@ -808,12 +887,16 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         cr_expect_eq(stria_session_id(h[i]), stria_session_id(h[0]));
     }
     static const int64_t docs[] = {0, 40, 41, 100};
-    stria_call_t calls[4] = {se_call_of(1, 128, true), se_call_of(2, 100, true),
-                             se_call_of(1, 77, false), se_call_of(2, 100, true)};
+    static const int64_t many[] = {0, 5, 9, 30, 31, 44, 60, 61, 90, 100};
+    stria_call_t calls[5] = {se_call_of(1, 128, true), se_call_of(2, 100, true),
+                             se_call_of(1, 77, false), se_call_of(2, 100, true),
+                             se_call_of(2, 100, true)};
     calls[3].cu_seqlens = docs;
     calls[3].n_cu_seqlens = 4;
+    calls[4].cu_seqlens = many;
+    calls[4].n_cu_seqlens = 10;
     rank_t r[8];
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         stria_call_t per[8];
         for (int i = 0; i < n; i++)
             per[i] = calls[k];
@@ -833,15 +916,23 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         fu_job_free(&j);
     }
 
-    /* the last rank disagrees on causality, then on the length: every rank
-     * fails, the message naming a rank; then all agree again */
-    for (int k = 0; k < 2; k++) {
+    /* the last rank disagrees on causality, then on the length, then on the
+     * documents: every rank fails, the message naming a rank; then all agree
+     * again */
+    static const int64_t mine[] = {0, 10, 50, 96}, theirs[] = {0, 10, 51, 96};
+    static const char *const what[] = {"causal flag", "seq_len", "documents"};
+    for (int k = 0; k < 3; k++) {
         stria_call_t per[8];
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             per[i] = se_call_of(1, 96, true);
+            if (k == 2) {
+                per[i].cu_seqlens = i == n - 1 ? theirs : mine;
+                per[i].n_cu_seqlens = 4;
+            }
+        }
         if (k == 0)
             per[n - 1].causal = false;
-        else
+        else if (k == 1)
             per[n - 1].seq_len = 88;
         fu_job_t j;
         se_call_tensors(&j, &sp, &per[0], 1100 + (uint64_t)k);
@@ -854,7 +945,7 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         int found = 0;
         for (int i = 0; i < n; i++) {
             cr_expect_neq(r[i].st, STRIA_OK, "rank %d's call succeeded though rank %d's %s differs",
-                          i, n - 1, k ? "seq_len" : "causal flag");
+                          i, n - 1, what[k]);
             cr_expect(strstr(r[i].msg, "rank") != NULL,
                       "rank %d: the failure does not name a rank: %s", i, r[i].msg);
             if (r[i].st == STRIA_ERR_INVALID_ARG && strstr(r[i].msg, "differs") != NULL) {
@@ -862,7 +953,7 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
                 cr_expect(!r[i].retryable, "rank %d: a disagreement is not retryable, yet: %s", i,
                           r[i].msg);
             }
-            cr_log_info("disagreement on %s, rank %d: %s: %s", k ? "seq_len" : "causal", i,
+            cr_log_info("disagreement on %s, rank %d: %s: %s", what[k], i,
                         stria_status_name(r[i].st), r[i].msg);
         }
         cr_expect_geq(found, 1, "no rank named the disagreement");
@@ -903,4 +994,9 @@ Test(session, sharded_two_ranks_zigzag_bf16_equal_the_in_process_ring, .timeout 
 Test(session, sharded_four_ranks_striped_fp32_equal_the_in_process_ring, .timeout = T_TIMEOUT)
 {
     sharded_case(4, STRIA_LAYOUT_STRIPED, STRIA_DTYPE_F32);
+}
+
+Test(session, sharded_three_ranks_packed_bf16_equal_the_in_process_ring, .timeout = T_TIMEOUT)
+{
+    sharded_case(3, STRIA_LAYOUT_PACKED, STRIA_DTYPE_BF16);
 }

@@ -37,9 +37,9 @@ stria_status_t tsess_call(const tsess_rank_t *r, const stria_call_shape_t *shape
     req.job_id = r->id;
     req.rank = r->rank;
     req.shape = &pb;
-    req.digest = stria_call_shape_digest(shape, place->call, place->backward);
+    req.digest = stria_call_shape_digest(shape, r->layout, place->call, place->backward);
     stria_call_place_to_pb(place, &req);
-    stria_call_binding(shape, place, bound);
+    stria_call_binding(shape, r->layout, place, bound);
     stria_rpc_request_t rq = {.method = STRIA_RPC_WORKER_SESSION_CALL,
                               .request = &req.base,
                               .payload = in,

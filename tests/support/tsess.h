@@ -18,6 +18,7 @@ typedef struct {
     uint32_t rank;
     stria_job_secret_t secret;
     double timeout_s; /* of each request; 0: 30 */
+    int layout;       /* the session's stria_layout_kind_t (its calls' digests) */
 } tsess_rank_t;
 
 /* OpenSession of the rank (the worker fetches the assignment and binds the

@@ -416,11 +416,11 @@ stria_status_t wf_request(stria_rpc_client_t *cl, const wf_job_t *job, int rank,
     stria_call_place_t bound_place = place;
     if (o->forge)
         bound_place.call++;
-    stria_call_binding(shape, &bound_place, bound);
+    stria_call_binding(shape, (int)job->layout.kind, &bound_place, bound);
     req.job_id = job->id;
     req.rank = (uint32_t)rank;
     req.shape = &pb;
-    req.digest = stria_call_shape_digest(shape, call, o->backward);
+    req.digest = stria_call_shape_digest(shape, (int)job->layout.kind, call, o->backward);
     return request(cl, STRIA_RPC_WORKER_SESSION_CALL, &req.base, payload, len, job, bound,
                    sizeof(bound), rep);
 }
