@@ -18,7 +18,7 @@ from ._errors import raise_status
 ABI_VERSION = 1
 
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
-LAYOUTS = {"striped": 0, "contiguous": 1, "zigzag": 2, "auto": 3}
+LAYOUTS = {"striped": 0, "contiguous": 1, "zigzag": 2, "auto": 3, "packed": 4}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
 #: Bytes of a sharded job's export (STRIA_JOB_EXPORT_BYTES).
 JOB_EXPORT_BYTES = 48
@@ -150,6 +150,8 @@ class SessionStats(ctypes.Structure):  # stria_session_stats_t
         ("last_pass_s", ctypes.c_double),
         ("last_minflt", ctypes.c_uint64),
         ("generation", ctypes.c_uint32),
+        ("last_ring_bytes", ctypes.c_uint64),
+        ("last_steps", ctypes.c_uint32),
     ]
 
 
@@ -194,6 +196,8 @@ _SIGNATURES = {
     "stria_session_import": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.POINTER(_P)]),
     "stria_session_shard_tokens": (ctypes.c_int64, [_P, ctypes.c_int64, ctypes.c_int]),
     "stria_session_positions": (ctypes.c_int, [_P, ctypes.c_int64, ctypes.c_int, _P]),
+    "stria_call_shard_tokens": (ctypes.c_int64, [ctypes.c_int, ctypes.c_int, _CALL, ctypes.c_int]),
+    "stria_call_positions": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, _CALL, ctypes.c_int, _P]),
     "stria_session_buffer": (
         ctypes.c_int, [_P, _CALL, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ShardBuffer)]),
     "stria_session_ring_size": (ctypes.c_int, [_P]),

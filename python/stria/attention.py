@@ -333,8 +333,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     bounds the right side at 0) and cu_seqlens (documents, as flash_attn
     varlen: 0 first, S last, applied to every batch row) say what is
     computed. layout: how tokens are dealt to the ring ("auto": the service
-    chooses; "striped", "contiguous", "zigzag"); ring_size: ranks (0: every
-    healthy worker). client: a stria.Client (default: stria.default_client()).
+    chooses, "packed" on workers of host memory, so that each call's
+    documents are placed by their work where that balances, striped
+    otherwise; "striped", "contiguous", "zigzag", "packed"); ring_size:
+    ranks (0: every healthy worker). client: a stria.Client (default: stria.default_client()).
 
     Runs on a session of the client's (opened on first use, kept for the
     calls after it: see stria.Client). Differentiable in q, k and v:
@@ -349,7 +351,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         softmax_scale: float. The scaling of QK^T before softmax (default 1/sqrt(headdim)).
         window_size: (left, right). If not (-1, -1), implements sliding window local attention.
         cu_seqlens: None, or (n_docs + 1,) ints: the documents of every batch row.
-        layout: "auto", "striped", "contiguous" or "zigzag".
+        layout: "auto", "striped", "contiguous", "zigzag" or "packed".
         ring_size: int. Ranks of the ring (0: every healthy worker).
         return_lse: bool. Whether to return the logsumexp too.
         client: stria.Client, or None for stria.default_client().

@@ -146,7 +146,10 @@ class Session:
     (through ``client``, default ``stria.default_client()``): heads,
     kv_heads (default heads), head_dim and dtype fixed; a call's batch at most
     max_batch and its batch * seq_len at most max_batch * max_seq_len;
-    layout "striped" (default), "contiguous" or "zigzag"; ring_size ranks (0:
+    layout "striped" (default), "contiguous", "zigzag", "packed" (each
+    call's documents placed by their work; a sharded rank's tokens then come
+    from stria.shard_positions with the call's cu_seqlens) or "auto" (the
+    service chooses); ring_size ranks (0:
     every healthy worker); sharded: calls come from ring_size processes, one
     rank each (open it in one, hand ``export()`` to the others,
     ``Client.import_session``); idle_timeout: the service closes it after

@@ -1,14 +1,22 @@
 """Sharded mode for torch.distributed trainers: which tokens a rank holds
-(the service's layout math, common/layout.c), moving tensors between whole
-sequences and shards, and sharded_attention.
+(the service's layout rule, libstria's stria_call_positions: one
+implementation), moving tensors between whole sequences and shards, and
+sharded_attention.
 
 Layouts over N ranks, the sequence padded to a multiple of N (2N for zigzag),
 padded positions S, S+1, ... dropped:
   striped:    rank r holds r, r+N, r+2N, ...
   contiguous: rank r holds [r*L, (r+1)*L), L the padded length / N
   zigzag:     2N chunks of c = L/2; rank r holds chunks r and 2N-1-r
-Positions increase within every shard, so a rank's real tokens are a prefix
-of its padded shard, in this order.
+  packed:     documents placed by their work (the call's document plan, from
+              cu_seqlens, causal and window_size): short documents kept whole
+              on one rank, the rest spread as striping spreads them; a rank
+              holds its spread tokens, then its kept ones. Without documents
+              it is striped.
+Positions increase within every shard of striped, contiguous and zigzag, so
+a rank's real tokens are a prefix of its padded shard, in this order; a
+packed shard's positions increase within its spread part and within its
+kept part.
 
 sharded_attention over N ranks of a torch.distributed group runs on a
 sharded session of ring size N that the group opens together once per what
@@ -28,6 +36,7 @@ of before: a collective submit per call, backward on the kept job or on a
 fresh one (forward again, then backward).
 """
 
+import ctypes
 import struct
 import zlib
 from typing import (TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Tuple,
@@ -41,74 +50,112 @@ from .attention import (_DTYPES, _back, _Config, _check_shapes, _cu_seqlens, _em
                         _ptr, _scale, _window)
 from ._errors import NoMemoryError, StriaError
 from .client import Client, Job, default_client
-from .session import Session, _backward_tensors, _forward_tensors
+from .session import Session, _backward_tensors, _forward_tensors, make_call
 
 _R = TypeVar("_R")
 
-_SHARD_LAYOUTS = ("striped", "contiguous", "zigzag")
+_SHARD_LAYOUTS = ("striped", "contiguous", "zigzag", "packed")
+
+# The masks a shard's positions depend on (packed: the call's documents,
+# causality and window; the other layouts: none of them).
+_Masks = Tuple[Optional[Tuple[int, ...]], bool, Optional[Tuple[int, int]]]
 
 
 def _check(seq_len: int, rank: int, world_size: int, layout: str) -> None:
     if layout not in _SHARD_LAYOUTS:
         raise ValueError(f"stria: sharded calls name their layout: one of "
                          f"{', '.join(_SHARD_LAYOUTS)} (not {layout!r})")
-    if not isinstance(world_size, int) or world_size < 1:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"stria: world_size must be an int >= 1, not {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
         raise ValueError(f"stria: rank {rank!r} outside 0..{world_size - 1}")
-    if not isinstance(seq_len, int) or seq_len < 1:
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ValueError(f"stria: seq_len must be an int >= 1, not {seq_len!r}")
 
 
-def shard_positions(seq_len: int, rank: int, world_size: int, layout: str = "striped"
+def _masks(layout: str, cu_seqlens: Union[torch.Tensor, Sequence[int], None], causal: bool,
+           window_size: Sequence[int]) -> _Masks:
+    """The masks as the layout rule reads them; documents for packed only
+    (the others place tokens by seq_len alone)."""
+    if layout != "packed":
+        return None, True, None
+    return _cu_seqlens(cu_seqlens), bool(causal), _window(window_size, bool(causal))
+
+
+def _positions(seq_len: int, rank: int, world_size: int, layout: str, masks: _Masks
+               ) -> torch.Tensor:
+    """libstria's positions of rank's tokens (stria_call_shard_tokens,
+    stria_call_positions)."""
+    cu, causal, window = masks
+    call, arr = make_call(1, seq_len, causal, None, window, cu)
+    L = _lib.lib()
+    kind = _lib.LAYOUTS[layout]
+    n = int(L.stria_call_shard_tokens(kind, world_size, ctypes.byref(call), rank))
+    if n < 0:  # refused: the library's message names what
+        _lib.check(L.stria_call_positions(kind, world_size, ctypes.byref(call), rank,
+                                          ctypes.byref(ctypes.c_int64())))
+        raise ValueError(f"stria: no positions for rank {rank} of {world_size} under {layout}")
+    out = torch.empty(max(n, 1), dtype=torch.int64)
+    _lib.check(L.stria_call_positions(kind, world_size, ctypes.byref(call), rank,
+                                      ctypes.c_void_p(out.data_ptr())))
+    del arr
+    return out[:n]
+
+
+def shard_positions(seq_len: int, rank: int, world_size: int, layout: str = "striped", *,
+                    cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None,
+                    causal: bool = True, window_size: Sequence[int] = (-1, -1)
                     ) -> torch.Tensor:
-    """The positions (int64 tensor, increasing) of the real tokens that rank
-    `rank` of `world_size` holds under `layout`, in the order of its shard:
-    the positions to give rotary embeddings, and the rows shard() takes.
+    """The positions (int64 tensor) of the real tokens that rank `rank` of
+    `world_size` holds under `layout`, in the order of its shard: the
+    positions to give rotary embeddings, and the rows shard() takes. The
+    service's own rule (libstria), so trainer and workers always agree.
 
     Arguments:
         seq_len: int. The whole sequence's length.
         rank: int. The rank, 0 <= rank < world_size.
         world_size: int. The ranks of the ring.
-        layout: "striped", "contiguous" or "zigzag".
+        layout: "striped", "contiguous", "zigzag" or "packed".
+        cu_seqlens: packed only: None, or (n_docs + 1,) positions from 0 to seq_len, the
+            documents the call will pass (the plan places them by their work).
+        causal, window_size: packed only: the call's, as in stria.attention (the work
+            of a document depends on them).
     Returns:
-        positions: (shard_tokens,), int64, increasing.
+        positions: (shard_tokens,), int64; increasing for striped, contiguous and zigzag,
+        for packed increasing within the spread tokens, then within the kept ones.
+    Raises:
+        ValueError naming the bad argument (a layout, rank or cu_seqlens the service
+        would refuse).
     """
     _check(seq_len, rank, world_size, layout)
-    n = world_size
-    unit = 2 * n if layout == "zigzag" else n
-    padded = (seq_len + unit - 1) // unit * unit
-    L = padded // n
-    if layout == "striped":
-        pos = torch.arange(rank, padded, n, dtype=torch.int64)
-    elif layout == "contiguous":
-        pos = torch.arange(rank * L, (rank + 1) * L, dtype=torch.int64)
-    else:
-        c = L // 2
-        lo = (2 * n - 1 - rank) * c
-        pos = torch.cat([torch.arange(rank * c, (rank + 1) * c, dtype=torch.int64),
-                         torch.arange(lo, lo + c, dtype=torch.int64)])
-    return pos[pos < seq_len]
+    return _positions(seq_len, rank, world_size, layout,
+                      _masks(layout, cu_seqlens, causal, window_size))
 
 
 def shard(x: torch.Tensor, dim: int = 1, *, rank: int, world_size: int,
-          layout: str = "striped") -> torch.Tensor:
+          layout: str = "striped", cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None,
+          causal: bool = True, window_size: Sequence[int] = (-1, -1)) -> torch.Tensor:
     """This rank's tokens of a whole-sequence tensor (tokens along `dim`,
     default 1 as in [B, S, H, D]), in shard order.
 
     Arguments:
         x: a whole-sequence tensor, e.g. (batch_size, seqlen, nheads, headdim).
         dim: int. The tokens' dimension.
-        rank, world_size, layout: as in stria.shard_positions.
+        rank, world_size, layout, cu_seqlens, causal, window_size: as in
+            stria.shard_positions (packed needs the call's documents).
     Returns:
         x's rows of this rank's tokens along dim, in shard order.
     """
     seq_len = x.shape[dim]
-    return x.index_select(dim, shard_positions(seq_len, rank, world_size, layout).to(x.device))
+    pos = shard_positions(seq_len, rank, world_size, layout, cu_seqlens=cu_seqlens,
+                          causal=causal, window_size=window_size)
+    return x.index_select(dim, pos.to(x.device))
 
 
 def unshard(x: Union[torch.Tensor, Sequence[torch.Tensor]], dim: int = 1, *, seq_len: int,
-            layout: str = "striped", group: Any = None) -> torch.Tensor:
+            layout: str = "striped", group: Any = None,
+            cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None, causal: bool = True,
+            window_size: Sequence[int] = (-1, -1)) -> torch.Tensor:
     """The whole sequence back from shards: `x` is either the list of every
     rank's shard (rank order), or this rank's shard, gathered over the
     torch.distributed `group` (default: the world).
@@ -117,11 +164,19 @@ def unshard(x: Union[torch.Tensor, Sequence[torch.Tensor]], dim: int = 1, *, seq
         x: every rank's shard (a list, rank order), or this rank's shard (a tensor).
         dim: int. The tokens' dimension.
         seq_len: int. The whole sequence's length.
-        layout: "striped", "contiguous" or "zigzag".
+        layout: "striped", "contiguous", "zigzag" or "packed".
         group: the torch.distributed group (None: the world), for a single shard.
+        cu_seqlens, causal, window_size: packed only, the call's (as in
+            stria.shard_positions).
     Returns:
         the whole sequence: x's shape with seq_len tokens along dim.
     """
+    masks = _masks(layout, cu_seqlens, causal, window_size)
+
+    def positions(r: int, n: int) -> torch.Tensor:
+        _check(seq_len, r, n, layout)
+        return _positions(seq_len, r, n, layout, masks)
+
     if isinstance(x, (list, tuple)):
         shards = list(x)
     else:
@@ -130,19 +185,18 @@ def unshard(x: Union[torch.Tensor, Sequence[torch.Tensor]], dim: int = 1, *, seq
         x = cast(torch.Tensor, x)
         n = dist.get_world_size(group)
         rank = dist.get_rank(group)
-        mine = shard_positions(seq_len, rank, n, layout).numel()
+        mine = positions(rank, n).numel()
         if x.shape[dim] != mine:
             raise ValueError(f"stria: rank {rank} holds {mine} tokens of {seq_len} under "
                              f"{layout}, the shard has {x.shape[dim]}")
         # Shards differ in length by the padding: gather padded, then cut.
-        longest = max(shard_positions(seq_len, r, n, layout).numel() for r in range(n))
+        longest = max(positions(r, n).numel() for r in range(n))
         pad = list(x.shape)
         pad[dim] = longest - mine
         padded = torch.cat([x, x.new_zeros(pad)], dim).contiguous()
         got = [torch.empty_like(padded) for _ in range(n)]
         dist.all_gather(got, padded, group=group)
-        shards = [g.narrow(dim, 0, shard_positions(seq_len, r, n, layout).numel())
-                  for r, g in enumerate(got)]
+        shards = [g.narrow(dim, 0, positions(r, n).numel()) for r, g in enumerate(got)]
     n = len(shards)
     if n < 1:
         raise ValueError("stria: unshard needs at least one shard")
@@ -150,7 +204,7 @@ def unshard(x: Union[torch.Tensor, Sequence[torch.Tensor]], dim: int = 1, *, seq
     shape[dim] = seq_len
     out = shards[0].new_empty(shape)
     for r, s in enumerate(shards):
-        pos = shard_positions(seq_len, r, n, layout).to(s.device)
+        pos = positions(r, n).to(s.device)
         if s.shape[dim] != pos.numel():
             raise ValueError(f"stria: shard {r} has {s.shape[dim]} tokens, rank {r} of {n} "
                              f"holds {pos.numel()} of {seq_len} under {layout}")
@@ -188,6 +242,14 @@ class _Sharded:
         if _dist().get_backend(group) == "nccl":  # NCCL moves CUDA tensors only
             self.device = torch.device("cuda", torch.cuda.current_device())
 
+    def tokens(self, rank: int) -> int:
+        """The tokens rank `rank` holds in this call (its layout's rule;
+        packed: the call's documents, causality and window)."""
+        c = self.cfg
+        masks: _Masks = (c.cu_seqlens, c.causal, c.window) if self.layout_name == "packed" \
+            else (None, True, None)
+        return _positions(self.seq_len, rank, self.world, self.layout_name, masks).numel()
+
 
 def _dist() -> Any:
     import torch.distributed as dist
@@ -224,7 +286,7 @@ def _agree(sh: _Sharded, mine: Optional[List[int]], local_error: Optional[BaseEx
                                f"arguments (its own error says why)")
     ref = rows[0]
     for r, row in enumerate(rows):
-        want = shard_positions(sh.seq_len, r, sh.world, sh.layout_name).numel()
+        want = sh.tokens(r)
         if row[2] != want:
             raise ValueError(f"stria: sharded_attention: rank {r} passes {row[2]} tokens, it "
                              f"holds {want} of {sh.seq_len} under {sh.layout_name} over "
@@ -403,7 +465,7 @@ def _on_group_session(  # type: ignore[return]  # the loop returns or raises
             s = cache.session(fixed, q.shape[0], sh.seq_len,
                               lambda mb, msl, _no_queue: _open_session(sh, q, k, mb, msl),
                               lambda old: old.close())
-            n = s.shard_tokens(sh.seq_len, sh.rank)
+            n = sh.tokens(sh.rank)
             if n != q.shape[1]:
                 raise ValueError(f"stria: sharded_attention: rank {sh.rank} passes "
                                  f"{q.shape[1]} tokens, it holds {n} of {sh.seq_len} under "
@@ -508,8 +570,10 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     O back; the service runs one ring of the group's size over them.
 
     q: [B, T, H, D], k, v: [B, T, Hkv, D] (T: this rank's tokens), as in
-    stria.attention; layout: "striped", "contiguous" or "zigzag" (named: the
-    shards depend on it); causal, softmax_scale, window_size and cu_seqlens
+    stria.attention; layout: "striped", "contiguous", "zigzag" or "packed"
+    (named: the shards depend on it; packed places the documents of
+    cu_seqlens by their work, so stria.shard_positions takes the same
+    cu_seqlens, causal and window_size); causal, softmax_scale, window_size and cu_seqlens
     (global positions) as in stria.attention; with return_lse also LSE
     [B, H, T]. Every rank must pass the same shapes and options, and make
     the same calls in the same order. client: this process's stria.Client
@@ -537,7 +601,7 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
         v: (batch_size, shard_tokens, nheads_k, headdim)
         group: the torch.distributed group (None: the world).
         seq_len: int. The whole sequence's length.
-        layout: "striped", "contiguous" or "zigzag".
+        layout: "striped", "contiguous", "zigzag" or "packed".
         causal: bool. Whether to apply causal attention mask.
         softmax_scale: float. The scaling of QK^T before softmax (default 1/sqrt(headdim)).
         window_size: (left, right). If not (-1, -1), implements sliding window local attention.

@@ -57,6 +57,98 @@ def test_shard_unshard_round_trip(layout):
     assert torch.equal(stria.unshard(shards, 0, seq_len=301, layout=layout), y)
 
 
+def c_plan_positions(cu, seq_len, n, causal=True, window=None):
+    """Every rank's positions from the C document plan itself
+    (stria_docplan_make, bypassing the cache and the public call), the
+    reference for stria.shard_positions(layout="packed")."""
+    from stria.session import make_call  # noqa: F401  (the Call record's layout)
+
+    L = _lib.lib()
+
+    class Shape(ctypes.Structure):  # stria_call_shape_t (common/stria_call.h)
+        _fields_ = [("batch", ctypes.c_int64), ("seq_len", ctypes.c_int64),
+                    ("causal", ctypes.c_bool), ("scale", ctypes.c_float),
+                    ("cu_seqlens", ctypes.POINTER(ctypes.c_int64)),
+                    ("n_cu_seqlens", ctypes.c_size_t), ("has_window", ctypes.c_bool),
+                    ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64)]
+
+    arr = (ctypes.c_int64 * len(cu))(*cu)
+    shape = Shape(1, seq_len, causal, 0.0, arr, len(cu), window is not None,
+                  *(window or (0, 0)))
+    L.stria_docplan_make.argtypes = [ctypes.POINTER(Shape), ctypes.c_int, ctypes.c_int64,
+                                     ctypes.POINTER(ctypes.c_void_p)]
+    L.stria_docplan_position.restype = ctypes.c_int64
+    L.stria_docplan_position.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    L.stria_docplan_unref.argtypes = [ctypes.c_void_p]
+    plan = ctypes.c_void_p()
+    shard = (seq_len + n - 1) // n
+    assert L.stria_docplan_make(ctypes.byref(shape), n, shard, ctypes.byref(plan)) == 0
+    try:
+        out = []
+        for r in range(n):
+            pos = [L.stria_docplan_position(plan, r, i) for i in range(shard)]
+            out.append([p for p in pos if p < seq_len])
+        return out
+    finally:
+        L.stria_docplan_unref(plan)
+
+
+def _random_documents(g, seq_len, median):
+    cu = [0]
+    while cu[-1] < seq_len:
+        cu.append(min(seq_len, cu[-1] + max(1, int(torch.empty(1).log_normal_(
+            float(torch.tensor(median).log()), 1.0, generator=g).item()))))
+    return cu
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_packed_positions_are_the_c_plan(seed):
+    """A sweep of random documents (lengths 1 to longer than a shard, none
+    divisible by anything in particular), ranks 1..8, causal or not, with and
+    without a window: stria.shard_positions(layout="packed") is the C plan's
+    placement, every token placed once, most short documents whole on one
+    rank, and striping when there is one document."""
+    g = torch.Generator().manual_seed(seed)
+    n = 1 + seed % 8
+    seq_len = int(torch.randint(n, 3000, (1,), generator=g))
+    cu = _random_documents(g, seq_len, [4, 40, 400][seed % 3])
+    causal = seed % 2 == 0
+    window = (16, 0 if causal else 16) if seed % 4 >= 2 else None
+    ws = window if window is not None else (-1, -1)
+    got = [stria.shard_positions(seq_len, r, n, "packed", cu_seqlens=cu, causal=causal,
+                                 window_size=ws).tolist() for r in range(n)]
+    want = c_plan_positions(cu, seq_len, n, causal, window) if len(cu) > 2 else \
+        [stria.shard_positions(seq_len, r, n, "striped").tolist() for r in range(n)]
+    assert got == want
+    assert sorted(p for r in got for p in r) == list(range(seq_len))
+    owner = {p: r for r, ps in enumerate(got) for p in ps}
+    whole = sum(len({owner[p] for p in range(a, b)}) == 1 for a, b in zip(cu, cu[1:]) if b > a)
+    if seed % 3 == 0 and window is None:  # hundreds of short documents: most fit a rank
+        assert whole > (len(cu) - 1) // 2, f"{whole} of {len(cu) - 1} documents kept whole"
+    # the same answer again (the process's plan cache) and through shard()
+    x = torch.arange(seq_len).view(1, seq_len, 1, 1)
+    for r in range(n):
+        s = stria.shard(x, 1, rank=r, world_size=n, layout="packed", cu_seqlens=cu,
+                        causal=causal, window_size=ws)
+        assert s.flatten().tolist() == got[r]
+    shards = [stria.shard(x, 1, rank=r, world_size=n, layout="packed", cu_seqlens=cu,
+                          causal=causal, window_size=ws) for r in range(n)]
+    assert torch.equal(stria.unshard(shards, 1, seq_len=seq_len, layout="packed",
+                                     cu_seqlens=cu, causal=causal, window_size=ws), x)
+
+
+def test_packed_bad_documents_are_refused_as_the_service_refuses_them():
+    with pytest.raises(ValueError, match="cu_seqlens must end at seq_len"):
+        stria.shard_positions(100, 0, 4, "packed", cu_seqlens=[0, 10, 90])
+    with pytest.raises(ValueError, match="cu_seqlens must not decrease"):
+        stria.shard_positions(100, 0, 4, "packed", cu_seqlens=[0, 50, 40, 100])
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        stria.shard_positions(100, 0, 4, "packed", cu_seqlens=[5, 50, 100])
+    # one document, or none: striped
+    assert stria.shard_positions(100, 1, 4, "packed").tolist() == \
+        stria.shard_positions(100, 1, 4, "striped").tolist()
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="name their layout"):
         stria.shard_positions(10, 0, 2, "auto")
@@ -176,6 +268,10 @@ CASES = {
     "noncausal-window-scale": ("striped", 2, 2, 16,
                                dict(causal=False, window_size=(9, 5), softmax_scale=0.3)),
     "keep-striped": ("striped", 4, 2, 32, dict(keep=True)),
+    # documents placed by their work: short ones kept whole on a rank
+    "packed-docs": ("packed", 4, 2, 32, dict(cu_seqlens=[0, 3, 10, 11, 40, 77])),
+    "packed-docs-window": ("packed", 2, 1, 16,
+                           dict(cu_seqlens=[0, 1, 9, 30, 31, 52, 77], window_size=(6, 0))),
 }
 
 
@@ -190,6 +286,12 @@ def _opts(name):
     opts = dict(CASES[name][4])
     opts.pop("keep", None)
     return opts
+
+
+def _masks(name):
+    """What the case's shards depend on (packed: its documents and masks)."""
+    opts = _opts(name)
+    return {k: opts[k] for k in ("cu_seqlens", "causal", "window_size") if k in opts}
 
 
 def _count_collectives(dist):
@@ -228,7 +330,8 @@ def _sharded_rank(rank, world, init, address, out, device):
         res = {}
         for name, (layout, *_rest) in CASES.items():
             c = keeping if CASES[name][4].get("keep") else plain
-            q, k, v, do = (stria.shard(t, 1, rank=rank, world_size=world, layout=layout)
+            q, k, v, do = (stria.shard(t, 1, rank=rank, world_size=world, layout=layout,
+                                       **_masks(name))
                            .to(device).requires_grad_() for t in _inputs(name))
             o, lse = stria.sharded_attention(q, k, v, seq_len=S, layout=layout,
                                              return_lse=True, client=c, **_opts(name))
@@ -319,7 +422,8 @@ def _whole(name):
 def _unshard(runs, name, key):
     layout = CASES[name][0]
     dim = 2 if key == "lse" else 1
-    return stria.unshard([r[name][key] for r in runs], dim, seq_len=S, layout=layout)
+    return stria.unshard([r[name][key] for r in runs], dim, seq_len=S, layout=layout,
+                         **_masks(name))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -338,7 +442,7 @@ def test_sharded_equals_the_whole_sequence(sharded_runs, client, name):
     q, k, v, do = (t.double().requires_grad_() for t in _inputs(name))
     opts = _opts(name)
     o, _ = ref_attention(q, k, v, opts.get("causal", True), opts.get("softmax_scale"),
-                         opts.get("window_size"))
+                         opts.get("window_size"), opts.get("cu_seqlens"))
     o.backward(do)
     for key, ref in (("o", o), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
         assert max_err(_unshard(sharded_runs, name, key), ref) < 1e-4, (name, key)
@@ -359,7 +463,7 @@ def test_sharded_calls_after_the_first_run_no_collective(sharded_runs):
     for r in sharded_runs:
         reuse = r["reuse"]
         assert reuse["after"] == reuse["before"], reuse
-        # 5 kinds (the job-path case keeps none), at most max_sessions
+        # 7 kinds (the job-path case keeps none), at most max_sessions
         assert reuse["sessions"] == 4 and reuse["kept"] == 0
 
 
