@@ -38,8 +38,13 @@ typedef struct {
     uint64_t bytes[T_N], at[T_N]; /* compact bytes, offsets in a region */
     size_t row[T_N];              /* bytes per token */
     int64_t outer[T_N];           /* outer rows (batch; batch x heads for LSE) */
-    bool arena;                   /* the rank's inputs and outputs are in its arena */
-    char *region;                 /* arena: the call's region */
+    /* a head group's rows within the caller's full tensors (client_groups.c):
+     * bytes per token there, where the group's start in one, and the group's
+     * heads and all heads (LSE's outer rows); a plain session's are its own */
+    size_t full_row[T_N], full_off[T_N];
+    int64_t heads, full_heads, head0;
+    bool arena;   /* the rank's inputs and outputs are in its arena */
+    char *region; /* arena: the call's region */
     stria_call_place_t place;
     uint8_t bound[STRIA_CALL_BINDING_BYTES];
     Stria__V1__SessionCallRequest req;
@@ -90,11 +95,17 @@ static void geometry(const stria_session_t *s, const stria__lcall_t *c, const st
     size_t kv = (size_t)(s->spec.kv_heads * s->spec.head_dim) * es;
     const size_t row[T_N] = {q, kv, kv, q, 4, q, q, kv, kv};
     p->valid = stria_layout_shard_valid(lay, p->r->rank);
+    const int64_t G = s->group_of > 1 ? s->group_of : 1;
+    p->heads = s->spec.heads;
+    p->full_heads = p->heads * G;
+    p->head0 = p->heads * s->group;
     uint64_t at = 0;
     for (int t = 0; t < T_N; t++) {
         if (t == T_DQ)
             at = in_room;
         p->row[t] = row[t];
+        p->full_row[t] = t == T_LSE ? row[t] : row[t] * (size_t)G;
+        p->full_off[t] = t == T_LSE ? 0 : row[t] * (size_t)s->group;
         p->outer[t] = t == T_LSE ? c->shape->batch * s->spec.heads : c->shape->batch;
         p->bytes[t] = (uint64_t)p->outer[t] * (uint64_t)p->valid * row[t];
         p->at[t] = at;
@@ -139,20 +150,32 @@ static void *io_out(const stria__lcall_t *c, int t)
     return c->io->out[t == T_O ? 0 : t == T_LSE ? 1 : t - T_DQ];
 }
 
-/* Moves a rank's real tokens between a full [outer][seq_len][row] tensor
- * and its compact [outer][valid][row] shard. */
+/* The caller's outer row of a part's outer row o of tensor t: itself, or
+ * for a head group's LSE ([batch][heads] rows) the group's heads' place
+ * among all heads. */
+static int64_t full_outer(const part_t *p, int t, int64_t o)
+{
+    if (t != T_LSE || p->full_heads == p->heads)
+        return o;
+    return o / p->heads * p->full_heads + p->head0 + o % p->heads;
+}
+
+/* Moves a rank's real tokens between a full [outer][seq_len][full_row]
+ * tensor (a head group's: its heads' bytes of every row) and its compact
+ * [outer][valid][row] shard. */
 static void move(const stria_layout_t *lay, const part_t *p, int t, char *compact, void *full,
                  bool to_full)
 {
     stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS];
     size_t nr;
     const stria_layout_run_t *runs = stria_layout_runs(lay, p->r->rank, false, &nr, tmp);
-    size_t row = p->row[t];
+    const size_t row = p->row[t], frow = p->full_row[t];
     for (int64_t o = 0; o < p->outer[t]; o++) {
-        char *f = (char *)full + (size_t)(o * lay->seq_len) * row;
+        char *f =
+            (char *)full + (size_t)(full_outer(p, t, o) * lay->seq_len) * frow + p->full_off[t];
         char *cp = compact + (size_t)(o * p->valid) * row;
         for (size_t k = 0; k < nr; k++) {
-            if (runs[k].stride == 1) {
+            if (runs[k].stride == 1 && frow == row) {
                 size_t n = (size_t)runs[k].count * row;
                 if (to_full)
                     memcpy(f + (size_t)runs[k].first * row, cp, n);
@@ -162,7 +185,7 @@ static void move(const stria_layout_t *lay, const part_t *p, int t, char *compac
                 continue;
             }
             for (int64_t i = 0; i < runs[k].count; i++, cp += row) {
-                char *x = f + (size_t)(runs[k].first + i * runs[k].stride) * row;
+                char *x = f + (size_t)(runs[k].first + i * runs[k].stride) * frow;
                 if (to_full)
                     memcpy(x, cp, row);
                 else

@@ -187,6 +187,12 @@ struct stria_session {
     uint64_t blamed[STRIA__MAX_BLAMED];
     size_t n_blamed;
     bool release_once; /* its release tries the coordinator once (closing) */
+    /* head groups (spec.head_groups > 1): a parent's rings, one session of
+     * heads / n_groups per head group (the parent itself has no ranks); in
+     * such a ring, its place (head group `group` of `group_of`; 0 of 0 in
+     * a session that is not a head group's) */
+    stria_session_t **groups;
+    int n_groups, group, group_of;
 };
 
 /* ---- client_abi.c ---- */

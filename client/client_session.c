@@ -45,6 +45,7 @@ static stria_session_t *sess_new(stria_client_t *client)
 
 static void sess_free(stria_session_t *s)
 {
+    free(s->groups);
     stria__lrank_drop_all(s, true);
     free(s->ranks);
     free((void *)s->open.js.cu_seqlens);
@@ -714,11 +715,212 @@ stria_status_t stria__lsess_close(stria_session_t *s)
     if (s == NULL)
         return STRIA_OK;
     pthread_mutex_lock(&s->lock); /* a call still running ends first */
+    stria_status_t gst = STRIA_OK;
+    for (int g = 0; g < s->n_groups; g++) { /* a head-grouped session's rings */
+        stria_status_t st = stria__lsess_close(s->groups[g]);
+        gst = gst != STRIA_OK ? gst : st;
+    }
     s->release_once = true;
-    stria_status_t st = sess_end(s);
+    stria_status_t st = s->n_groups > 0 ? gst : sess_end(s);
     pthread_mutex_unlock(&s->lock);
     sess_free(s);
     return st;
+}
+
+/* ---- head groups ------------------------------------------------------------------ */
+
+/* A head-grouped session (spec.head_groups G > 1) is G sessions, one per
+ * head group: heads / G and kv_heads / G over R = ring_size / G ranks each,
+ * opened one after the other, each without the workers of the groups
+ * before it (the coordinator orders a ring's workers by host, so a group's
+ * ring takes the next R of them: a host's neighbours before another
+ * host's). A call runs on the G rings at once, each moving its heads' bytes
+ * of every row between the caller's tensors and its shards (client_call.c,
+ * full_row and full_off): routing the upload is the all-to-all of head
+ * parallelism. Each ring retries on its own, as any session does. */
+
+#define STRIA__MAX_GROUPS 64
+
+static stria_status_t group_spec_check(const stria_session_spec_t *sp)
+{
+    const uint32_t G = sp->head_groups;
+    if (G > STRIA__MAX_GROUPS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: head_groups must be at most %d (got %u)",
+                               STRIA__MAX_GROUPS, G);
+    if (sp->kv_heads % G != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: head_groups %u must divide kv_heads %lld (a GQA "
+                               "group of query heads stays whole)",
+                               G, (long long)sp->kv_heads);
+    if (sp->ring_size < 1 || sp->ring_size % (int)G != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: head_groups %u needs ring_size, a multiple of it "
+                               "(head_groups x the ranks of each ring; got %d)",
+                               G, sp->ring_size);
+    if (sp->sharded)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "session spec: head groups are built for whole-sequence sessions "
+                               "only (a sharded session takes head_groups 0 or 1)");
+    if (sp->max_held > 0)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "session spec: held forwards are built for sessions without head "
+                               "groups only (max_held 0 with head_groups %u)",
+                               G);
+    return STRIA_OK;
+}
+
+static stria_status_t group_open(stria_client_t *c, const stria__lopen_t *o,
+                                 const stria_session_spec_t *sp, stria_session_t **out)
+{
+    stria_status_t st = group_spec_check(sp);
+    if (st != STRIA_OK)
+        return st;
+    const int G = (int)sp->head_groups, R = sp->ring_size / G;
+    stria_session_t *p = sess_new(c);
+    uint64_t *taken = calloc((size_t)sp->ring_size, sizeof(*taken));
+    if (p == NULL || taken == NULL || (p->groups = calloc((size_t)G, sizeof(*p->groups))) == NULL) {
+        free(taken);
+        if (p != NULL)
+            sess_free(p);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
+    }
+    p->spec = *sp;
+    p->spec.label = NULL;
+    p->spec.placement_hosts = NULL;
+    p->spec.placement_devices = NULL;
+    size_t n_taken = 0;
+    for (int g = 0; g < G && st == STRIA_OK; g++) {
+        stria_session_spec_t gs = *sp;
+        gs.heads /= G;
+        gs.kv_heads /= G;
+        gs.ring_size = R;
+        gs.head_groups = 0;
+        stria__lopen_t go = *o;
+        go.js.heads = gs.heads;
+        go.js.kv_heads = gs.kv_heads;
+        go.js.ring_size = R;
+        go.exclude = taken;
+        go.n_exclude = &n_taken;
+        go.blame = false;
+        stria_session_t *r = NULL;
+        if ((st = stria__lsess_open(c, &go, &gs, NULL, NULL, &r)) != STRIA_OK) {
+            char msg[1024];
+            bool retryable = stria_error_retryable();
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            stria_error_set(st, "head group %d of %d (its ring of %d): %s", g, G, R, msg);
+            stria_error_set_retryable(retryable);
+            break;
+        }
+        r->group = g;
+        r->group_of = G;
+        p->groups[p->n_groups++] = r;
+        for (int i = 0; i < r->n_ranks && n_taken < (size_t)sp->ring_size; i++)
+            taken[n_taken++] = r->ranks[i].worker_id;
+    }
+    free(taken);
+    if (st != STRIA_OK) {
+        stria__lsess_close(p);
+        return st;
+    }
+    p->id = p->groups[0]->id;
+    p->layout = p->groups[0]->layout;
+    *out = p;
+    return STRIA_OK;
+}
+
+/* One head group's part of a call, on a thread of its own. */
+typedef struct {
+    stria_session_t *s;
+    const char *fn;
+    stria__lreq_t r;
+    stria_status_t st;
+    bool retryable;
+    char msg[1024];
+} group_call_t;
+
+static void *group_call_main(void *arg)
+{
+    group_call_t *gc = arg;
+    gc->st = stria__lsess_call(gc->s, gc->fn, &gc->r, NULL);
+    if (gc->st != STRIA_OK) {
+        gc->retryable = stria_error_retryable();
+        snprintf(gc->msg, sizeof(gc->msg), "%s", stria_error_msg());
+    }
+    return NULL;
+}
+
+static stria_status_t group_call(stria_session_t *p, const char *fn, const stria__lreq_t *r)
+{
+    if (r->hold || r->use_held)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "%s: held forwards are built for sessions without head groups only",
+                               fn);
+    pthread_mutex_lock(&p->lock);
+    const int G = p->n_groups;
+    group_call_t *gc = calloc((size_t)G, sizeof(*gc));
+    pthread_t *th = calloc((size_t)G, sizeof(*th));
+    bool *started = calloc((size_t)G, sizeof(*started));
+    if (gc == NULL || th == NULL || started == NULL) {
+        free(gc), free(th), free(started);
+        pthread_mutex_unlock(&p->lock);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    const double t0 = stria_time_now();
+    for (int g = 0; g < G; g++) {
+        gc[g] = (group_call_t){.s = p->groups[g], .fn = fn, .r = *r};
+        gc[g].r.progress = NULL; /* (one ring's progress is not the call's) */
+        if (g > 0)
+            started[g] = pthread_create(&th[g], NULL, group_call_main, &gc[g]) == 0;
+    }
+    group_call_main(&gc[0]);
+    for (int g = 1; g < G; g++) {
+        if (started[g])
+            pthread_join(th[g], NULL);
+        else /* no thread: this one runs it */
+            group_call_main(&gc[g]);
+    }
+    stria_status_t st = STRIA_OK;
+    stria_session_stats_t *ps = &p->stats;
+    ps->last_pass_s = 0;
+    ps->last_ring_bytes = ps->last_minflt = 0;
+    ps->last_steps = 0;
+    for (int g = 0; g < G; g++) {
+        if (gc[g].st != STRIA_OK && st == STRIA_OK) {
+            st = stria_error_set(gc[g].st, "head group %d of %d: %s", g, G, gc[g].msg);
+            stria_error_set_retryable(gc[g].retryable);
+        }
+        const stria_session_stats_t *gs = &p->groups[g]->stats;
+        ps->last_pass_s = fmax(ps->last_pass_s, gs->last_pass_s);
+        ps->last_ring_bytes += gs->last_ring_bytes;
+        ps->last_minflt += gs->last_minflt;
+        ps->last_steps = gs->last_steps > ps->last_steps ? gs->last_steps : ps->last_steps;
+    }
+    ps->last_call_s = stria_time_now() - t0;
+    if (st == STRIA_OK)
+        ps->calls++;
+    else
+        ps->failed++;
+    free(gc), free(th), free(started);
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+/* A head-grouped session's figures: its own calls, its rings' traffic and
+ * openings. */
+static void group_stats(const stria_session_t *p, stria_session_stats_t *out)
+{
+    for (int g = 0; g < p->n_groups; g++) {
+        stria_session_t *r = p->groups[g];
+        pthread_mutex_lock(&r->lock);
+        out->retries += r->stats.retries;
+        out->reopened += r->stats.reopened;
+        out->bytes_up += r->stats.bytes_up;
+        out->bytes_down += r->stats.bytes_down;
+        out->generation =
+            r->stats.generation > out->generation ? r->stats.generation : out->generation;
+        pthread_mutex_unlock(&r->lock);
+    }
 }
 
 /* ---- the public session API ---------------------------------------------------- */
@@ -798,7 +1000,9 @@ stria_status_t stria_session_open(stria_client_t *client, const stria_session_sp
     o.js.placement_devices = sp.placement_devices;
     o.js.placement_fallback = sp.placement_fallback;
     stria_session_t *s = NULL;
-    if ((st = stria__lsess_open(client, &o, &sp, NULL, NULL, &s)) != STRIA_OK) {
+    if ((st = sp.head_groups > 1
+                  ? group_open(client, &o, &sp, &s)
+                  : stria__lsess_open(client, &o, &sp, NULL, NULL, &s)) != STRIA_OK) {
         char msg[1024];
         bool retryable = stria_error_retryable();
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
@@ -853,6 +1057,8 @@ static stria_status_t public_call(stria_session_t *s, const char *fn, const stri
         return st;
     r->shape = &c;
     r->retries = -1;
+    if (s != NULL && s->n_groups > 0)
+        return group_call(s, fn, r);
     return stria__lsess_call(s, fn, r, held_out);
 }
 
@@ -1051,6 +1257,8 @@ stria_status_t stria_call_positions(stria_layout_kind_t layout, int n_ranks,
 
 int stria_session_ring_size(const stria_session_t *s)
 {
+    if (s != NULL && s->n_groups > 0) /* head groups x the ranks of each ring */
+        return s->n_groups * s->groups[0]->n_ranks;
     return s != NULL && s->id != 0 ? s->n_ranks : 0;
 }
 
@@ -1069,7 +1277,7 @@ stria_status_t stria_session_spec_get(const stria_session_t *s, stria_session_sp
                                "library cannot fill (start from STRIA_SESSION_SPEC_INIT)");
     *out = s->spec; /* its strings and arrays were not kept */
     if (s->id != 0) {
-        out->ring_size = s->n_ranks;
+        out->ring_size = stria_session_ring_size(s);
         out->layout = s->layout;
     }
     return STRIA_OK;
@@ -1090,6 +1298,7 @@ stria_status_t stria_session_stats(const stria_session_t *s, stria_session_stats
     pthread_mutex_lock((pthread_mutex_t *)&s->lock);
     stria_session_stats_t ours = s->stats;
     pthread_mutex_unlock((pthread_mutex_t *)&s->lock);
+    group_stats(s, &ours);
     ours.struct_size = size;
     memcpy(out, &ours, size);
     return STRIA_OK;

@@ -452,6 +452,15 @@ typedef struct {
      * their backward (stria_session_forward_held()), 0..63: admitted as that
      * much more memory per rank (one call's region at the bounds each). */
     uint32_t max_held;
+    /* Added after `max_held`. Head groups G (0 or 1: none): the session is
+     * G rings of ring_size / G ranks, ring g computing query heads
+     * [g H/G, (g+1) H/G) and their kv heads, so a call's upload sends each
+     * head group's bytes to its own ring (the all-to-all of head
+     * parallelism, done by routing) and each ring passes 1/G of the K/V of
+     * a 1-D ring of ring_size. G must divide kv_heads (a GQA group stays
+     * whole) and ring_size (required). Whole-sequence sessions without
+     * held forwards only, for now (sharded or max_held > 0: refused). */
+    uint32_t head_groups;
 } stria_session_spec_t;
 #define STRIA_SESSION_SPEC_INIT                                                                    \
     {                                                                                              \

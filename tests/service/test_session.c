@@ -1000,3 +1000,160 @@ Test(session, sharded_three_ranks_packed_bf16_equal_the_in_process_ring, .timeou
 {
     sharded_case(3, STRIA_LAYOUT_PACKED, STRIA_DTYPE_BF16);
 }
+
+/* ---- head groups ------------------------------------------------------------------ */
+
+/* Head group g's part of a [B, S, X, D] tensor (X = x heads, es bytes each
+ * element) into [B, S, X / G, D], or of an LSE [B, H, S] into
+ * [B, H / G, S]. */
+static void group_slice(const void *full, void *part, int64_t outer, int64_t S, int64_t x,
+                        int64_t D, size_t es, int g, int G, bool lse)
+{
+    const int64_t xg = x / G;
+    for (int64_t b = 0; b < outer; b++) {
+        if (lse) { /* [B][H][S]: the group's heads are one block of rows */
+            memcpy((char *)part + (size_t)(b * xg * S) * es,
+                   (const char *)full + (size_t)((b * x + g * xg) * S) * es, (size_t)(xg * S) * es);
+            continue;
+        }
+        for (int64_t t = 0; t < S; t++)
+            memcpy((char *)part + (size_t)((b * S + t) * xg * D) * es,
+                   (const char *)full + (size_t)(((b * S + t) * x + g * xg) * D) * es,
+                   (size_t)(xg * D) * es);
+    }
+}
+
+/* The whole call's inputs and outputs, head group g's part of them: what
+ * that group's ring computed, so the in-process ring of R ranks over the
+ * same heads must give it bit for bit. */
+static void group_job(const fu_job_t *j, int g, int G, fu_job_t *gj)
+{
+    const stria_job_spec_t *sp = &j->spec;
+    const int64_t B = sp->batch, S = sp->seq_len, H = sp->heads, Hkv = sp->kv_heads,
+                  D = sp->head_dim;
+    cr_assert(fu_job_init(gj, B, S, H / G, Hkv / G, D, sp->dtype, sp->causal, 1), "out of memory");
+    gj->spec = *sp;
+    gj->spec.heads = H / G;
+    gj->spec.kv_heads = Hkv / G;
+    const struct {
+        const void *full;
+        void *part;
+        int64_t x;
+        size_t es;
+    } t[] = {{j->q, gj->q, H, j->es},     {j->k, gj->k, Hkv, j->es},   {j->v, gj->v, Hkv, j->es},
+             {j->g, gj->g, H, j->es},     {j->o, gj->o, H, j->es},     {j->dq, gj->dq, H, j->es},
+             {j->dk, gj->dk, Hkv, j->es}, {j->dv, gj->dv, Hkv, j->es}, {j->qf, gj->qf, H, 4},
+             {j->kf, gj->kf, Hkv, 4},     {j->vf, gj->vf, Hkv, 4},     {j->gf, gj->gf, H, 4}};
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+        group_slice(t[i].full, t[i].part, B, S, t[i].x, D, t[i].es, g, G, false);
+    group_slice(j->lse, gj->lse, B, S, H, 1, 4, g, G, true);
+}
+
+/* A session of G head groups over `workers` workers: every call's every
+ * output, head group by head group, equals that group's heads on an
+ * in-process ring of workers / G ranks, bit for bit. */
+static void head_groups_case(int workers, int G, stria_layout_kind_t layout, stria_dtype_t dtype,
+                             int64_t H, int64_t Hkv)
+{
+    dcluster_t c;
+    stria_client_t *cl = start(&c, workers, false);
+    stria_session_spec_t sp = se_spec_of(2, 160, H, Hkv, 32, dtype, layout, workers);
+    sp.head_groups = (uint32_t)G;
+    stria_session_t *s = se_open_session(cl, &sp);
+    cr_expect_eq(stria_session_ring_size(s), workers);
+    const int R = workers / G;
+    static const int64_t docs[] = {0, 3, 17, 60, 61, 96};
+    stria_call_t calls[4] = {se_call_of(2, 160, true), se_call_of(1, 96, true),
+                             se_call_of(1, 101, false), se_call_of(2, 128, true)};
+    calls[1].cu_seqlens = docs;
+    calls[1].n_cu_seqlens = 6;
+    calls[2].has_window = true;
+    calls[2].window_left = 9;
+    calls[2].window_right = 4;
+    calls[3].has_window = true;
+    calls[3].window_left = 30;
+    const char *what[4] = {"causal", "documents", "two-sided window", "causal window"};
+    for (int k = 0; k < 4; k++) {
+        fu_job_t j;
+        se_call_tensors(&j, &sp, &calls[k], 300 + (uint64_t)k);
+        cr_assert_eq(stria_session_forward(s, &calls[k], j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
+                     "%s: forward: %s", what[k], stria_error_msg());
+        cr_assert_eq(
+            stria_session_backward(s, &calls[k], j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
+            STRIA_OK, "%s: backward: %s", what[k], stria_error_msg());
+        for (int g = 0; g < G; g++) {
+            fu_job_t gj;
+            group_job(&j, g, G, &gj);
+            char why[256];
+            cr_expect(
+                se_ref_equal(&gj, &calls[k], R, stria_session_layout(s), true, why, sizeof(why)),
+                "%s, head group %d of %d (a ring of %d): %s", what[k], g, G, R, why);
+            fu_job_free(&gj);
+        }
+        fu_job_free(&j);
+    }
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(st.calls, 8u, "4 forward and backward calls: %llu", (unsigned long long)st.calls);
+    cr_expect_eq(st.failed, 0u);
+    cr_expect_leq(st.last_steps, (uint32_t)R, "a ring of %d ran %u steps", R, st.last_steps);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, head_groups_2x2_striped_fp32_gqa_equal_each_group_s_ring, .timeout = T_TIMEOUT)
+{
+    head_groups_case(4, 2, STRIA_LAYOUT_STRIPED, STRIA_DTYPE_F32, 4, 2);
+}
+
+Test(session, head_groups_2x2_packed_bf16_equal_each_group_s_ring, .timeout = T_TIMEOUT)
+{
+    head_groups_case(4, 2, STRIA_LAYOUT_PACKED, STRIA_DTYPE_BF16, 4, 4);
+}
+
+Test(session, head_groups_4x1_zigzag_fp16_equal_each_group_s_ring, .timeout = T_TIMEOUT)
+{
+    head_groups_case(4, 4, STRIA_LAYOUT_ZIGZAG, STRIA_DTYPE_F16, 8, 4);
+}
+
+/* A spec whose head groups do not divide kv_heads or the ring, or that
+ * asks what head groups do not do yet, is refused naming it. */
+Test(session, head_groups_that_do_not_fit_are_refused_naming_why, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    stria_client_t *cl = start(&c, 2, false);
+    struct {
+        uint32_t G;
+        int64_t Hkv;
+        int ring;
+        bool sharded;
+        uint32_t max_held;
+        stria_status_t want;
+        const char *needle;
+    } cases[] = {
+        {2, 3, 2, false, 0, STRIA_ERR_INVALID_ARG, "must divide kv_heads 3"},
+        {2, 2, 3, false, 0, STRIA_ERR_INVALID_ARG, "needs ring_size, a multiple of it"},
+        {2, 2, 0, false, 0, STRIA_ERR_INVALID_ARG, "needs ring_size"},
+        {2, 2, 2, true, 0, STRIA_ERR_UNSUPPORTED, "whole-sequence sessions only"},
+        {2, 2, 2, false, 1, STRIA_ERR_UNSUPPORTED, "held forwards"},
+        {65, 2, 2, false, 0, STRIA_ERR_INVALID_ARG, "at most 64"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        stria_session_spec_t sp = se_spec_of(1, 64, 6, cases[i].Hkv, 16, STRIA_DTYPE_F32,
+                                             STRIA_LAYOUT_STRIPED, cases[i].ring);
+        sp.head_groups = cases[i].G;
+        sp.sharded = cases[i].sharded;
+        sp.max_held = cases[i].max_held;
+        stria_session_t *s = NULL;
+        stria_status_t st = stria_session_open(cl, &sp, &s);
+        cr_expect_eq(st, cases[i].want, "case %zu: %s: %s", i, stria_status_name(st),
+                     stria_error_msg());
+        cr_expect(strstr(stria_error_msg(), cases[i].needle) != NULL, "case %zu: %s", i,
+                  stria_error_msg());
+        if (st == STRIA_OK)
+            stria_session_close(s);
+    }
+    stria_client_close(cl);
+    dc_stop(&c);
+}
