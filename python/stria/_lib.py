@@ -108,6 +108,7 @@ class SessionSpec(ctypes.Structure):  # stria_session_spec_t
         ("placement_devices", ctypes.POINTER(ctypes.c_int)),
         ("placement_fallback", ctypes.c_bool),
         ("max_held", ctypes.c_uint32),
+        ("head_groups", ctypes.c_uint32),
     ]
 
 

@@ -86,12 +86,16 @@ class _Config:
         calls like this one."""
         from .session import make_spec
 
+        from .session import _check_head_groups
+
         _, _, H, D = q.shape
         ring = self.ring_size
+        groups = 0 if sharded else self.client.head_groups
+        _check_head_groups(groups, k.shape[2], ring)
         return lambda mb, msl: make_spec(
             self.client, max_batch=mb, max_seq_len=msl, heads=H, kv_heads=k.shape[2],
             head_dim=D, dtype=_DTYPES[q.dtype], layout=self.layout, ring_size=ring,
-            sharded=sharded)
+            sharded=sharded, head_groups=groups)
 
     def fixed(self, q: torch.Tensor, k: torch.Tensor, kind: str = "whole"
               ) -> Tuple[Any, ...]:

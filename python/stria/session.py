@@ -81,8 +81,8 @@ def make_call(batch: int, seq_len: int, causal: bool, scale: Optional[float],
 
 def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int, kv_heads: int,
               head_dim: int, dtype: int, layout: int, ring_size: int, sharded: bool,
-              idle_timeout: Optional[float] = None, label: Optional[str] = None
-              ) -> _lib.SessionSpec:
+              idle_timeout: Optional[float] = None, label: Optional[str] = None,
+              head_groups: int = 0) -> _lib.SessionSpec:
     """A stria_session_spec_t with the client's deadlines and queueing
     (dtype and layout as libstria's numbers); the label's bytes are kept on
     the returned object."""
@@ -91,6 +91,7 @@ def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int,
     s.max_batch, s.max_seq_len = int(max_batch), int(max_seq_len)
     s.heads, s.kv_heads, s.head_dim = int(heads), int(kv_heads), int(head_dim)
     s.dtype, s.layout, s.ring_size, s.sharded = dtype, layout, int(ring_size), bool(sharded)
+    s.head_groups = int(head_groups)
     s.idle_timeout_s = client.idle_timeout if idle_timeout is None else float(idle_timeout)
     s.step_timeout_s = client.step_timeout
     s.arrival_timeout_s = client.arrival_timeout
@@ -98,6 +99,21 @@ def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int,
     s._label = (label if label is not None else client.name + " session").encode()
     s.label = s._label
     return s
+
+
+def _check_head_groups(head_groups: int, kv_heads: Optional[int], ring_size: int) -> None:
+    """head_groups as libstria takes it (libstria checks it again, with the
+    same words): an int >= 0 dividing kv_heads and ring_size."""
+    if not isinstance(head_groups, int) or isinstance(head_groups, bool) or head_groups < 0:
+        raise ValueError(f"stria: head_groups must be an int >= 0, not {head_groups!r}")
+    if head_groups <= 1:
+        return
+    if kv_heads is not None and kv_heads % head_groups:
+        raise ValueError(f"stria: head_groups {head_groups} must divide kv_heads {kv_heads} "
+                         f"(a GQA group of query heads stays whole)")
+    if ring_size < 1 or ring_size % head_groups:
+        raise ValueError(f"stria: head_groups {head_groups} needs ring_size, a multiple of it "
+                         f"(head_groups x the ranks of each ring; got {ring_size})")
 
 
 _tokens = itertools.count(1)
@@ -154,7 +170,12 @@ class Session:
     rank each (open it in one, hand ``export()`` to the others,
     ``Client.import_session``); idle_timeout: the service closes it after
     this long without a call (0: 60 s; libstria opens it again on the next
-    call); label: what striactl shows.
+    call); label: what striactl shows. head_groups G (0 or 1: none): G
+    rings of ring_size / G ranks, ring g computing query heads
+    [g H/G, (g+1) H/G) and their kv heads, a call's upload sending each
+    group's heads to its ring (head parallelism, its all-to-all done by
+    the upload); G divides kv_heads and ring_size (required); whole-sequence
+    sessions only.
 
     ``forward``/``backward`` (whole sequences) and
     ``forward_shard``/``backward_shard`` (a sharded session's rank) take
@@ -169,7 +190,7 @@ class Session:
                  kv_heads: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
                  layout: str = "striped", ring_size: int = 0, sharded: bool = False,
                  idle_timeout: float = 0.0, label: Optional[str] = None,
-                 client: Optional["Client"] = None) -> None:
+                 client: Optional["Client"] = None, head_groups: int = 0) -> None:
         from .client import default_client
 
         if dtype not in _DTYPES:
@@ -185,11 +206,12 @@ class Session:
                 raise ValueError(f"stria: {name} must be an int >= 1, not {val!r}")
         if not isinstance(ring_size, int) or ring_size < 0:
             raise ValueError(f"stria: ring_size must be an int >= 0, not {ring_size!r}")
+        _check_head_groups(head_groups, kv_heads, ring_size)
         client = client if client is not None else default_client()
         spec = make_spec(client, max_batch=max_batch, max_seq_len=max_seq_len, heads=heads,
                          kv_heads=kv_heads, head_dim=head_dim, dtype=_DTYPES[dtype],
                          layout=_lib.LAYOUTS[layout], ring_size=ring_size, sharded=sharded,
-                         idle_timeout=idle_timeout, label=label)
+                         idle_timeout=idle_timeout, label=label, head_groups=head_groups)
         client._locked(lambda: client._open_session_locked(spec, self))
 
     # ---- construction (Client) ----------------------------------------------

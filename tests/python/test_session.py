@@ -218,6 +218,45 @@ def test_explicit_session(fresh, no_active_jobs):
         s.forward(q, k, v)
 
 
+def test_head_groups_session_and_client(cluster, no_active_jobs):
+    """A session of 2 head groups x rings of 2 (the suite's 4 workers):
+    the fp64 reference's values, GQA and documents; stria.attention through
+    a Client(head_groups=2); and the refusals, named."""
+    with stria.Client(cluster.address, step_timeout=60, head_groups=2) as c:
+        s = stria.Session(heads=4, kv_heads=2, head_dim=16, max_seq_len=256, dtype=torch.float32,
+                          ring_size=4, head_groups=2, client=c)
+        try:
+            assert s.ring_size == 4
+            q, k, v, do = rand(1, 200, 4, 16, seed=5), rand(1, 200, 2, 16, seed=6), \
+                rand(1, 200, 2, 16, seed=7), rand(1, 200, 4, 16, seed=8)
+            docs = [0, 7, 90, 91, 200]
+            o, lse = s.forward(q, k, v, cu_seqlens=docs)
+            dq, dk, dv = s.backward(q, k, v, o, lse, do, cu_seqlens=docs)
+            ref = [t.double().requires_grad_() for t in (q, k, v)]
+            ro, rlse = ref_attention(*ref, cu_seqlens=docs)
+            ro.backward(do.double())
+            assert max_err(o, ro) < 1e-5 and max_err(lse, rlse) < 1e-5
+            for got, want in zip((dq, dk, dv), ref):
+                assert max_err(got, want.grad) < 1e-4
+            assert s.stats()["calls"] == 2
+        finally:
+            s.close()
+        # the client's whole-sequence calls run head-grouped sessions too
+        q2 = rand(2, 96, 4, 16, seed=9).requires_grad_()
+        o2 = stria.attention(q2, q2[..., :2, :], q2[..., :2, :], ring_size=4, client=c)
+        want = ref_attention(q2.double(), q2[..., :2, :].double(), q2[..., :2, :].double())[0]
+        assert max_err(o2, want) < 1e-5
+        with pytest.raises(ValueError, match="needs ring_size"):
+            stria.attention(q2, q2, q2, client=c)
+        with pytest.raises(ValueError, match="must divide kv_heads 3"):
+            stria.Session(heads=6, kv_heads=3, head_dim=16, max_seq_len=64, ring_size=4,
+                          head_groups=2, client=c)
+    with stria.Client(cluster.address) as c:
+        with pytest.raises(stria.StriaError, match="whole-sequence sessions only"):
+            stria.Session(heads=4, head_dim=16, max_seq_len=64, ring_size=2, head_groups=2,
+                          sharded=True, client=c)
+
+
 def test_explicit_sharded_session_export_import(cluster, no_active_jobs):
     """A sharded session of 2 ranks: opened through one client, imported
     through another, the two ranks' calls from two threads; the halves put
