@@ -12,5 +12,6 @@ int stria_bench_auth(int argc, char **argv);
 int stria_bench_soak(int argc, char **argv);
 int stria_bench_calls(int argc, char **argv);
 int stria_bench_docplan(int argc, char **argv);
+int stria_bench_slowlink(int argc, char **argv);
 
 #endif

@@ -41,6 +41,9 @@ static const stria__bench_cmd_t stria__cmds[] = {
 #ifdef STRIA_BENCH_DOCPLAN
     {"docplan", stria_bench_docplan, "packed documents placed by their work, counted"},
 #endif
+#ifdef STRIA_BENCH_SLOWLINK
+    {"slowlink", stria_bench_slowlink, "the service across hosts joined by rate-limited links"},
+#endif
     {NULL, NULL, NULL},
 };
 
