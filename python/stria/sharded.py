@@ -58,7 +58,7 @@ _SHARD_LAYOUTS = ("striped", "contiguous", "zigzag", "packed")
 
 # The masks a shard's positions depend on (packed: the call's documents,
 # causality and window; the other layouts: none of them).
-_Masks = Tuple[Optional[Tuple[int, ...]], bool, Optional[Tuple[int, int]]]
+_Masks = Tuple[Optional[Tuple[int, ...]], bool, Optional[Tuple[int, ...]]]
 
 
 def _check(seq_len: int, rank: int, world_size: int, layout: str) -> None:
@@ -248,7 +248,7 @@ class _Sharded:
         c = self.cfg
         masks: _Masks = (c.cu_seqlens, c.causal, c.window) if self.layout_name == "packed" \
             else (None, True, None)
-        return _positions(self.seq_len, rank, self.world, self.layout_name, masks).numel()
+        return int(_positions(self.seq_len, rank, self.world, self.layout_name, masks).numel())
 
 
 def _dist() -> Any:

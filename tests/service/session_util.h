@@ -33,4 +33,10 @@ bool se_ref_equal(const fu_job_t *j, const stria_call_t *c, int n_ranks, stria_l
 void se_check_call(stria_session_t *s, const stria_session_spec_t *sp, const stria_call_t *c,
                    bool backward, uint64_t seed, const char *what);
 
+/* A head-grouped call's outputs (forward and backward), head group by head
+ * group, are those of that group's heads on an in-process ring of R ranks
+ * in `layout`, bit for bit (a failed expectation names the group). */
+void se_groups_equal(const fu_job_t *j, const stria_call_t *c, int G, int R,
+                     stria_layout_kind_t layout, const char *what);
+
 #endif

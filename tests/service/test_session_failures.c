@@ -92,6 +92,54 @@ Test(session, worker_killed_between_calls_free_ring_goes_on_with_the_rest, .time
     worker_killed_case(3, 0);
 }
 
+/* A head-grouped session (2 groups x rings of 2, a fifth worker spare): a
+ * worker of a group's ring killed between calls costs that ring a
+ * reopening inside the next call, whose every output is still each group's
+ * in-process ring's, bit for bit. */
+Test(session, worker_killed_in_a_head_grouped_session_is_retried_and_correct, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 5, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp =
+        se_spec_of(1, 128, 4, 2, 16, STRIA_DTYPE_BF16, STRIA_LAYOUT_STRIPED, 4);
+    sp.head_groups = 2;
+    stria_session_t *s = se_open_session(cl, &sp);
+    cr_expect_eq(stria_session_ring_size(s), 4);
+    stria_call_t call = se_call_of(1, 128, true);
+    fu_job_t j;
+    se_call_tensors(&j, &sp, &call, 1400);
+    cr_assert_eq(stria_session_forward(s, &call, j.q, j.k, j.v, j.o, j.lse), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_session_backward(s, &call, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
+                 STRIA_OK, "%s", stria_error_msg());
+    se_groups_equal(&j, &call, 2, 2, stria_session_layout(s), "before the kill");
+    fu_job_free(&j);
+    int victim = worker_of_rank(&c, s, 1); /* head group 0's ring (the session's id) */
+    test_proc_stop(c.workers[victim], SIGKILL, 5);
+    c.workers[victim] = NULL;
+    for (int k = 0; k < 2; k++) {
+        se_call_tensors(&j, &sp, &call, 1410 + (uint64_t)k);
+        cr_assert_eq(stria_session_forward(s, &call, j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
+                     "call %d after the kill: %s", k, stria_error_msg());
+        cr_assert_eq(
+            stria_session_backward(s, &call, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
+            STRIA_OK, "call %d after the kill: %s", k, stria_error_msg());
+        se_groups_equal(&j, &call, 2, 2, stria_session_layout(s),
+                        k ? "the second call after the kill" : "the first call after the kill");
+        fu_job_free(&j);
+    }
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_geq(st.reopened, 1u, "no ring was reopened");
+    cr_expect_geq(st.retries, 1u, "no retry counted");
+    cr_expect_eq(st.failed, 0u, "%llu calls failed", (unsigned long long)st.failed);
+    cr_expect_eq(st.calls, 6u);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
 /* `striactl --json sessions`'s calls of the first session it lists, once
  * they reach `want` (the workers report them in their heartbeats); NAN when
  * they do not within 5 s. */
