@@ -286,3 +286,25 @@ stria_status_t stria__lcoord_submit(stria_client_t *c, const stria__lopen_t *o,
         memset(out, 0, sizeof(*out));
     }
 }
+
+stria_status_t stria__lcoord_ring_hosts(stria_client_t *c, char (*hosts)[STRIA__HOST_LEN],
+                                        size_t cap, size_t *n_out)
+{
+    Stria__V1__GetRingRequest req = STRIA__V1__GET_RING_REQUEST__INIT;
+    stria_rpc_reply_t r;
+    *n_out = 0;
+    stria_status_t st =
+        stria__lcoord_call(c, STRIA_RPC_COORDINATOR_GET_RING, &req.base, NULL, 0, &r, true);
+    if (st != STRIA_OK)
+        return st;
+    const Stria__V1__GetRingReply *ring = (const Stria__V1__GetRingReply *)r.msg;
+    for (size_t i = 0; i < ring->n_members && *n_out < cap; i++) {
+        const Stria__V1__RingMember *m = ring->members[i];
+        if (m == NULL || m->rank < 0 || m->worker == NULL || m->worker->host == NULL)
+            continue;
+        snprintf(hosts[*n_out], STRIA__HOST_LEN, "%s", m->worker->host);
+        (*n_out)++;
+    }
+    stria_rpc_reply_free(&r);
+    return STRIA_OK;
+}

@@ -234,6 +234,11 @@ stria_call_shape_t stria__labi_job_call(const stria_job_spec_t *s);
 stria_status_t stria__lcoord_call(stria_client_t *c, uint32_t method, const ProtobufCMessage *req,
                                   const stria_job_secret_t *secret, uint64_t id,
                                   stria_rpc_reply_t *reply, bool patient);
+/* The hosts of the ring's workers in the coordinator's ring order
+ * (GetRing: healthy workers only), at most cap, into hosts. */
+#define STRIA__HOST_LEN 256
+stria_status_t stria__lcoord_ring_hosts(stria_client_t *c, char (*hosts)[STRIA__HOST_LEN],
+                                        size_t cap, size_t *n_out);
 /* What the coordinator says of a session (GetJob). */
 typedef struct {
     Stria__V1__JobState state;

@@ -770,6 +770,50 @@ static stria_status_t group_spec_check(const stria_session_spec_t *sp)
     return STRIA_OK;
 }
 
+/* STRIA_HEAD_GROUPS_AUTO: one group per host of the ring's first
+ * ring_size workers (0: all), when each host holds as many and their
+ * number divides kv_heads; else 1. Fills in sp's head_groups and
+ * ring_size. */
+static stria_status_t group_auto(stria_client_t *c, stria_session_spec_t *sp)
+{
+    const size_t cap = 4096;
+    char(*hosts)[STRIA__HOST_LEN] = calloc(cap, sizeof(*hosts));
+    if (hosts == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
+    size_t n = 0;
+    stria_status_t st = stria__lcoord_ring_hosts(c, hosts, cap, &n);
+    if (st != STRIA_OK) {
+        free(hosts);
+        return stria_error_wrap(st, "session spec: head_groups auto (the coordinator's ring)");
+    }
+    if (sp->ring_size > 0 && (size_t)sp->ring_size < n)
+        n = (size_t)sp->ring_size;
+    /* hosts come in runs in ring order: count the runs, check they are even */
+    size_t runs = 0, run_len = 0, len = 0;
+    bool even = n > 0;
+    for (size_t i = 0; i < n; i++) {
+        bool same = i > 0 && strcmp(hosts[i], hosts[i - 1]) == 0;
+        len = same ? len + 1 : 1;
+        if (!same)
+            runs++;
+        if (i + 1 == n || strcmp(hosts[i + 1], hosts[i]) != 0) {
+            even = even && (run_len == 0 || run_len == len);
+            run_len = len;
+        }
+    }
+    free(hosts);
+    uint32_t G = even && runs > 1 && sp->kv_heads % (int64_t)runs == 0 ? (uint32_t)runs : 1;
+    if (sp->ring_size == 0 && G > 1)
+        sp->ring_size = (int)n;
+    sp->head_groups = G;
+    stria_log_info("session: head_groups auto: %u (%zu workers on %zu hosts%s)", G, n, runs,
+                   G > 1       ? ""
+                   : runs <= 1 ? ": one host"
+                   : !even     ? ": hosts hold unequal shares"
+                               : ": the hosts do not divide kv_heads");
+    return STRIA_OK;
+}
+
 static stria_status_t group_open(stria_client_t *c, const stria__lopen_t *o,
                                  const stria_session_spec_t *sp, stria_session_t **out)
 {
@@ -978,6 +1022,11 @@ stria_status_t stria_session_open(stria_client_t *client, const stria_session_sp
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_session_open: NULL argument");
     if ((st = read_session_spec(spec, &sp)) != STRIA_OK)
         return st;
+    if (sp.head_groups == STRIA_HEAD_GROUPS_AUTO && !sp.sharded && sp.max_held == 0 &&
+        (st = group_auto(client, &sp)) != STRIA_OK)
+        return st;
+    if (sp.head_groups == STRIA_HEAD_GROUPS_AUTO) /* sharded or held: one ring */
+        sp.head_groups = 1;
     /* the job spec of a session: its bounds as batch and seq_len */
     stria__lopen_t o = {
         .session = true, .sharded = sp.sharded, .max_held = sp.max_held, .retries = -1};

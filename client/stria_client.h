@@ -458,10 +458,17 @@ typedef struct {
      * head group's bytes to its own ring (the all-to-all of head
      * parallelism, done by routing) and each ring passes 1/G of the K/V of
      * a 1-D ring of ring_size. G must divide kv_heads (a GQA group stays
-     * whole) and ring_size (required). Whole-sequence sessions without
-     * held forwards only, for now (sharded or max_held > 0: refused). */
+     * whole) and ring_size (required; with STRIA_HEAD_GROUPS_AUTO, 0 takes
+     * every worker of the ring). Whole-sequence sessions without held
+     * forwards only, for now (sharded or max_held > 0: refused). */
     uint32_t head_groups;
 } stria_session_spec_t;
+/* head_groups: one group per host of the ring (stria_session_open() asks
+ * the coordinator's ring, and stria_session_spec_get() says what it chose):
+ * with H hosts each holding ring_size / H of the ring's workers and H
+ * dividing kv_heads, H groups whose rings each lie inside one host (no ring
+ * byte between hosts); otherwise 1. */
+#define STRIA_HEAD_GROUPS_AUTO UINT32_MAX
 #define STRIA_SESSION_SPEC_INIT                                                                    \
     {                                                                                              \
         .struct_size = sizeof(stria_session_spec_t)                                                \

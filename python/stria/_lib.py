@@ -18,6 +18,7 @@ from ._errors import raise_status
 ABI_VERSION = 1
 
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
+HEAD_GROUPS_AUTO = 0xFFFFFFFF  # STRIA_HEAD_GROUPS_AUTO
 LAYOUTS = {"striped": 0, "contiguous": 1, "zigzag": 2, "auto": 3, "packed": 4}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
 #: Bytes of a sharded job's export (STRIA_JOB_EXPORT_BYTES).
@@ -197,6 +198,7 @@ _SIGNATURES = {
     "stria_session_import": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.POINTER(_P)]),
     "stria_session_shard_tokens": (ctypes.c_int64, [_P, ctypes.c_int64, ctypes.c_int]),
     "stria_session_positions": (ctypes.c_int, [_P, ctypes.c_int64, ctypes.c_int, _P]),
+    "stria_session_spec_get": (ctypes.c_int, [_P, _P]),
     "stria_call_shard_tokens": (ctypes.c_int64, [ctypes.c_int, ctypes.c_int, _CALL, ctypes.c_int]),
     "stria_call_positions": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, _CALL, ctypes.c_int, _P]),
     "stria_session_buffer": (

@@ -158,7 +158,8 @@ class Client:
 
     head_groups: whole-sequence calls' sessions run as head_groups rings of
     ring_size / head_groups ranks each, one per group of heads (see
-    stria.Session); the calls must then name ring_size, and head_groups must
+    stria.Session; "auto": one per host of the ring where that fits); the
+    calls must then name ring_size (not with "auto"), and head_groups must
     divide their kv_heads. Sharded calls keep one ring.
     """
 
@@ -167,7 +168,7 @@ class Client:
                  name: str = "stria-python", keep_jobs: int = 0, step_timeout: float = 0.0,
                  ttl: float = 0.0, no_queue: bool = False, arrival_timeout: float = 0.0,
                  forward_retries: int = 0, max_sessions: int = 4,
-                 idle_timeout: float = 0.0, head_groups: int = 0) -> None:
+                 idle_timeout: float = 0.0, head_groups: Union[int, str] = 0) -> None:
         self.closed = True  # until connected (__del__ of a failed constructor)
         L = _lib.lib()
         self.coordinator: str = coordinator or os.environ.get("STRIA_COORDINATOR") or \
@@ -178,8 +179,10 @@ class Client:
         if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or \
                 max_sessions < 1:
             raise ValueError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
-        if not isinstance(head_groups, int) or isinstance(head_groups, bool) or head_groups < 0:
-            raise ValueError(f"head_groups must be an int >= 0, not {head_groups!r}")
+        if head_groups != "auto" and (not isinstance(head_groups, int) or
+                                      isinstance(head_groups, bool) or head_groups < 0):
+            raise ValueError(f"head_groups must be \"auto\" or an int >= 0, not "
+                             f"{head_groups!r}")
         self.keep_jobs = int(keep_jobs)
         self.head_groups = head_groups
         self.max_sessions = max_sessions

@@ -82,7 +82,7 @@ def make_call(batch: int, seq_len: int, causal: bool, scale: Optional[float],
 def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int, kv_heads: int,
               head_dim: int, dtype: int, layout: int, ring_size: int, sharded: bool,
               idle_timeout: Optional[float] = None, label: Optional[str] = None,
-              head_groups: int = 0) -> _lib.SessionSpec:
+              head_groups: Union[int, str] = 0) -> _lib.SessionSpec:
     """A stria_session_spec_t with the client's deadlines and queueing
     (dtype and layout as libstria's numbers); the label's bytes are kept on
     the returned object."""
@@ -91,7 +91,7 @@ def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int,
     s.max_batch, s.max_seq_len = int(max_batch), int(max_seq_len)
     s.heads, s.kv_heads, s.head_dim = int(heads), int(kv_heads), int(head_dim)
     s.dtype, s.layout, s.ring_size, s.sharded = dtype, layout, int(ring_size), bool(sharded)
-    s.head_groups = int(head_groups)
+    s.head_groups = _lib.HEAD_GROUPS_AUTO if head_groups == "auto" else int(head_groups)
     s.idle_timeout_s = client.idle_timeout if idle_timeout is None else float(idle_timeout)
     s.step_timeout_s = client.step_timeout
     s.arrival_timeout_s = client.arrival_timeout
@@ -101,11 +101,15 @@ def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int,
     return s
 
 
-def _check_head_groups(head_groups: int, kv_heads: Optional[int], ring_size: int) -> None:
+def _check_head_groups(head_groups: Union[int, str], kv_heads: Optional[int],
+                       ring_size: int) -> None:
     """head_groups as libstria takes it (libstria checks it again, with the
-    same words): an int >= 0 dividing kv_heads and ring_size."""
+    same words): "auto", or an int >= 0 dividing kv_heads and ring_size."""
+    if head_groups == "auto":
+        return
     if not isinstance(head_groups, int) or isinstance(head_groups, bool) or head_groups < 0:
-        raise ValueError(f"stria: head_groups must be an int >= 0, not {head_groups!r}")
+        raise ValueError(f"stria: head_groups must be \"auto\" or an int >= 0, not "
+                         f"{head_groups!r}")
     if head_groups <= 1:
         return
     if kv_heads is not None and kv_heads % head_groups:
@@ -175,7 +179,9 @@ class Session:
     [g H/G, (g+1) H/G) and their kv heads, a call's upload sending each
     group's heads to its ring (head parallelism, its all-to-all done by
     the upload); G divides kv_heads and ring_size (required); whole-sequence
-    sessions only.
+    sessions only. head_groups "auto": one group per host of the ring when
+    the hosts hold equal shares and divide kv_heads, else 1 (``head_groups``
+    then says which).
 
     ``forward``/``backward`` (whole sequences) and
     ``forward_shard``/``backward_shard`` (a sharded session's rank) take
@@ -190,7 +196,8 @@ class Session:
                  kv_heads: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
                  layout: str = "striped", ring_size: int = 0, sharded: bool = False,
                  idle_timeout: float = 0.0, label: Optional[str] = None,
-                 client: Optional["Client"] = None, head_groups: int = 0) -> None:
+                 client: Optional["Client"] = None, head_groups: Union[int, str] = 0
+                 ) -> None:
         from .client import default_client
 
         if dtype not in _DTYPES:
@@ -230,6 +237,10 @@ class Session:
         self.dtype = _TORCH_DTYPES[int(dtype)]
         self.sharded = bool(sharded)
         self.ring_size = int(L.stria_session_ring_size(ptr))
+        fixed = _lib.SessionSpec()
+        fixed.struct_size = ctypes.sizeof(fixed)
+        self.head_groups = max(1, int(fixed.head_groups)) \
+            if L.stria_session_spec_get(ptr, ctypes.byref(fixed)) == 0 else 1
         self.layout = _lib.LAYOUT_NAMES.get(int(L.stria_session_layout(ptr)), "unknown")
         self._id = int(L.stria_session_id(ptr))
         self._finalizer = weakref.finalize(self, _close_later, weakref.ref(client), ptr,

@@ -226,7 +226,7 @@ def test_head_groups_session_and_client(cluster, no_active_jobs):
         s = stria.Session(heads=4, kv_heads=2, head_dim=16, max_seq_len=256, dtype=torch.float32,
                           ring_size=4, head_groups=2, client=c)
         try:
-            assert s.ring_size == 4
+            assert s.ring_size == 4 and s.head_groups == 2
             q, k, v, do = rand(1, 200, 4, 16, seed=5), rand(1, 200, 2, 16, seed=6), \
                 rand(1, 200, 2, 16, seed=7), rand(1, 200, 4, 16, seed=8)
             docs = [0, 7, 90, 91, 200]
@@ -252,6 +252,14 @@ def test_head_groups_session_and_client(cluster, no_active_jobs):
             stria.Session(heads=6, kv_heads=3, head_dim=16, max_seq_len=64, ring_size=4,
                           head_groups=2, client=c)
     with stria.Client(cluster.address) as c:
+        # auto: the suite's workers share one host, so one ring, and it says so
+        s = stria.Session(heads=4, head_dim=16, max_seq_len=64, head_groups="auto", client=c)
+        try:
+            assert s.head_groups == 1 and s.ring_size == 4
+        finally:
+            s.close()
+        with pytest.raises(ValueError, match="head_groups must be"):
+            stria.Session(heads=4, head_dim=16, max_seq_len=64, head_groups="many", client=c)
         with pytest.raises(stria.StriaError, match="whole-sequence sessions only"):
             stria.Session(heads=4, head_dim=16, max_seq_len=64, ring_size=2, head_groups=2,
                           sharded=True, client=c)

@@ -1103,3 +1103,54 @@ Test(session, head_groups_that_do_not_fit_are_refused_naming_why, .timeout = T_T
     stria_client_close(cl);
     dc_stop(&c);
 }
+
+/* head_groups auto: one group per host of the ring where the hosts hold
+ * equal shares (workers on hosts "ha" and "hb", two each: 2 groups whose
+ * rings lie each inside one host), one ring otherwise (1 and 2 workers). */
+static void auto_case(const char *const *hosts, int n, uint32_t want_groups)
+{
+    dcluster_t c;
+    dc_init(&c);
+    dc_start_coordinator(&c, NULL);
+    char flags[8][64];
+    char *args[8][2];
+    for (int i = 0; i < n; i++) {
+        snprintf(flags[i], sizeof(flags[i]), "--host=%s", hosts[i]);
+        args[i][0] = flags[i];
+        args[i][1] = NULL;
+        dc_opts_t o = {.worker_args = args[i]};
+        dc_start_worker(&c, i, &o);
+    }
+    dc_wait_healthy(&c, n, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    stria_session_spec_t sp =
+        se_spec_of(1, 128, 4, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 0);
+    sp.head_groups = STRIA_HEAD_GROUPS_AUTO;
+    stria_session_t *s = se_open_session(cl, &sp);
+    stria_session_spec_t got = STRIA_SESSION_SPEC_INIT;
+    cr_assert_eq(stria_session_spec_get(s, &got), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(got.head_groups, want_groups, "%d workers: head groups %u, want %u", n,
+                 got.head_groups, want_groups);
+    cr_expect_eq(stria_session_ring_size(s), n);
+    stria_call_t call = se_call_of(1, 128, true);
+    fu_job_t j;
+    se_call_tensors(&j, &sp, &call, 1500);
+    cr_assert_eq(stria_session_forward(s, &call, j.q, j.k, j.v, j.o, j.lse), STRIA_OK, "%s",
+                 stria_error_msg());
+    cr_assert_eq(stria_session_backward(s, &call, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
+                 STRIA_OK, "%s", stria_error_msg());
+    const int G = (int)want_groups;
+    se_groups_equal(&j, &call, G, n / G, stria_session_layout(s), "head_groups auto");
+    fu_job_free(&j);
+    cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
+Test(session, head_groups_auto_takes_one_group_per_host, .timeout = T_TIMEOUT)
+{
+    static const char *const two_hosts[] = {"ha", "hb", "ha", "hb"};
+    auto_case(two_hosts, 4, 2);
+    static const char *const uneven[] = {"ha", "hb", "hb"};
+    auto_case(uneven, 3, 1);
+}
