@@ -2,14 +2,16 @@
  * jobs of mixed sizes, layouts and dtypes through the service, each with
  * libstria's default retries, at least N of them and for at least SECONDS,
  * every other one as a call on a session (kept per shape, reopened by
- * libstria when a worker is lost), and writes one line per job to OUT:
+ * libstria when a worker is lost; a ring of 4 with an even number of kv
+ * heads as 2 head groups x rings of 2), and writes one line per job to OUT:
  *
  *   job I ok id=ID ring=N layout=L retries=R backward=0|1 [session]
  *   job I error status=S retryable=0|1 retries=R: MESSAGE
  *   job I MISMATCH ring=N layout=L: WHAT
  *
  * An ok job's outputs are checked bit for bit against the in-process ring of
- * the size and layout that finally ran it. Exit status 0 when every job was
+ * the size and layout that finally ran it (a head-grouped session's, group
+ * by group against each group's ring). Exit status 0 when every job was
  * ok or failed with a message after its retries (or for a cause that is not
  * retryable, or refused busy on a retry: libstria stops retrying when the
  * workers it excluded leave too few for the ring, "too few workers left for
@@ -64,6 +66,7 @@ static stria_session_t *session_for(stria_client_t *cl, const stria_job_spec_t *
     sp.max_batch = 2, sp.max_seq_len = 256;
     sp.heads = js->heads, sp.kv_heads = js->kv_heads, sp.head_dim = js->head_dim;
     sp.dtype = js->dtype, sp.layout = js->layout, sp.ring_size = js->ring_size;
+    sp.head_groups = js->ring_size == 4 && js->kv_heads % 2 == 0 ? 2 : 0;
     sp.step_timeout_s = js->step_timeout_s;
     sp.label = "chaos";
     stria_session_t *s = NULL;
@@ -81,7 +84,7 @@ static stria_session_t *session_for(stria_client_t *cl, const stria_job_spec_t *
  * and only the forward's outputs can be held to a ring's bits. */
 static stria_status_t session_job(stria_client_t *cl, fu_job_t *j, bool backward, int *ring,
                                   stria_layout_kind_t *layout, uint64_t *id, uint32_t *retries,
-                                  bool *moved)
+                                  bool *moved, int *groups)
 {
     stria_status_t st;
     stria_session_t *s = session_for(cl, &j->spec, &st);
@@ -106,6 +109,9 @@ static stria_status_t session_job(stria_client_t *cl, fu_job_t *j, bool backward
     *ring = *moved ? ring_fwd : stria_session_ring_size(s);
     *layout = stria_session_layout(s);
     *id = stria_session_id(s);
+    stria_session_spec_t sp = STRIA_SESSION_SPEC_INIT;
+    *groups =
+        stria_session_spec_get(s, &sp) == STRIA_OK && sp.head_groups > 1 ? (int)sp.head_groups : 1;
     return st;
 }
 
@@ -145,7 +151,9 @@ static bool one_job(stria_client_t *cl, int i, uint64_t seed, FILE *out)
         uint64_t id = 0;
         uint32_t retries = 0;
         bool moved = false;
-        stria_status_t st = session_job(cl, &j, backward, &ring, &layout, &id, &retries, &moved);
+        int groups = 1;
+        stria_status_t st =
+            session_job(cl, &j, backward, &ring, &layout, &id, &retries, &moved, &groups);
         char why[256];
         if (st != STRIA_OK) {
             bool retryable = stria_error_retryable();
@@ -154,10 +162,14 @@ static bool one_job(stria_client_t *cl, int i, uint64_t seed, FILE *out)
                  (!retryable || retries == 2 || st == STRIA_ERR_BUSY);
             fprintf(out, "job %d error status=%s retryable=%d retries=%u (session): %s\n", i,
                     stria_status_name(st), retryable, retries, stria_error_msg());
-        } else if ((ok = fu_ring_equal(&j, ring, layout, backward && !moved, why, sizeof(why)))) {
+        } else if ((ok = groups > 1 ? fu_groups_equal(&j, groups, ring / groups, layout,
+                                                      backward && !moved, why, sizeof(why))
+                                    : fu_ring_equal(&j, ring, layout, backward && !moved, why,
+                                                    sizeof(why)))) {
             fprintf(out,
-                    "job %d ok id=%" PRIu64 " ring=%d layout=%s retries=%u backward=%d session\n",
-                    i, id, ring, stria_layout_kind_name(layout), retries, backward);
+                    "job %d ok id=%" PRIu64 " ring=%d layout=%s retries=%u backward=%d session%s\n",
+                    i, id, ring, stria_layout_kind_name(layout), retries, backward,
+                    groups > 1 ? " head-groups=2" : "");
         } else {
             fprintf(out, "job %d MISMATCH ring=%d layout=%s (session): %s\n", i, ring,
                     stria_layout_kind_name(layout), why);

@@ -29,5 +29,14 @@ void fu_job_free(fu_job_t *j);
  * for bit; else false with what differs in why[0 .. len). */
 bool fu_ring_equal(const fu_job_t *j, int n_ranks, stria_layout_kind_t layout, bool backward,
                    char *why, size_t len);
+/* Head group g of G's part of a whole call's tensors (inputs and outputs,
+ * fp32 copies too) into *gj: heads / G and kv_heads / G of every row, LSE
+ * by its head rows. False when out of memory. */
+bool fu_group_job(const fu_job_t *j, int g, int G, fu_job_t *gj);
+/* A head-grouped call's outputs, group by group, are those of each group's
+ * heads on an in-process ring of R ranks in `layout`, bit for bit (why
+ * names the first group and output that differ). */
+bool fu_groups_equal(const fu_job_t *j, int G, int R, stria_layout_kind_t layout, bool backward,
+                     char *why, size_t len);
 
 #endif
