@@ -840,7 +840,11 @@ static stria_status_t group_open(stria_client_t *c, const stria__lopen_t *o,
         gs.kv_heads /= G;
         gs.ring_size = R;
         gs.head_groups = 0;
+        char label[256]; /* what striactl shows: the group and its session */
+        snprintf(label, sizeof(label), "%s%shead group %d of %d", o->js.label ? o->js.label : "",
+                 o->js.label ? ", " : "", g, G);
         stria__lopen_t go = *o;
+        go.js.label = label;
         go.js.heads = gs.heads;
         go.js.kv_heads = gs.kv_heads;
         go.js.ring_size = R;
