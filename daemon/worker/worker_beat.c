@@ -232,6 +232,7 @@ static void between_beats(stria_worker_t *w, stria_status_t st)
     stria_metric_set(w->m_jobs, (double)n);
     stria__wmet_ring(w);
     stria__wmet_heap(w);
+    stria__wmet_plans(w);
     stria__wpool_trim(w);
     /* out of reach: try again every period, at most every second (a
      * restarted coordinator hears of our sessions within its window) */

@@ -371,6 +371,10 @@ struct stria_worker {
     int n_maps;
     /* the C heap: in use, free in the arenas (glibc's mallinfo2()) */
     stria_metric_t *m_heap[2];
+    /* the process's document plans (stria_docplan_shared()): plans and
+     * bytes held, hits, misses; the cache's figures at the last report */
+    stria_metric_t *m_plans[4];
+    stria_docplan_cache_stats_t plans_seen;
 };
 
 /* ---- worker_threads.c ---- */
@@ -392,6 +396,8 @@ void stria__wmet_ring(stria_worker_t *w);
 #define STRIA__HAVE_MALLINFO2 1
 #endif
 void stria__wmet_heap(stria_worker_t *w);
+/* The document plan cache's figures into the metrics (heartbeat thread). */
+void stria__wmet_plans(stria_worker_t *w);
 
 /* ---- worker_pool.c ---- */
 stria_status_t stria__wpool_start(stria_worker_t *w);

@@ -119,6 +119,16 @@ void stria__wmet_init(stria_worker_t *w)
         "mallinfo2().",
         NULL, NULL, 0);
 #endif
+    w->m_plans[0] = stria_metrics_get(
+        m, STRIA_METRIC_GAUGE, "stria_worker_doc_plans",
+        "Document plans (packed layout) the worker keeps for calls with the same documents.", NULL,
+        NULL, 0);
+    w->m_plans[1] = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_doc_plan_bytes",
+                                      "Memory the kept document plans hold.", NULL, NULL, 0);
+    counter_pair(m, "stria_worker_doc_plan_lookups_total",
+                 "Calls' document plans looked up, by result: hit (kept from an earlier call "
+                 "with the same documents) or made.",
+                 "result=\"hit\"", "result=\"made\"", &w->m_plans[2], &w->m_plans[3]);
     w->m_jobs = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_jobs",
                                   "Sessions (jobs included) held by this worker.", NULL, NULL, 0);
     w->m_hb_age = stria_metrics_get(m, STRIA_METRIC_GAUGE, "stria_worker_heartbeat_age_seconds",
@@ -251,6 +261,20 @@ void stria__wmet_ring(stria_worker_t *w)
  * int_mallinfo, or glibc's "a->attached_threads > 0" at a thread's exit). */
 static pthread_mutex_t mallinfo_lock = PTHREAD_MUTEX_INITIALIZER;
 #endif
+
+void stria__wmet_plans(stria_worker_t *w)
+{
+    stria_docplan_cache_t *cache = stria_docplan_shared();
+    if (cache == NULL)
+        return;
+    stria_docplan_cache_stats_t s;
+    stria_docplan_cache_stats(cache, &s);
+    stria_metric_set(w->m_plans[0], (double)s.entries);
+    stria_metric_set(w->m_plans[1], (double)s.bytes);
+    stria_metric_add(w->m_plans[2], (double)(s.hits - w->plans_seen.hits));
+    stria_metric_add(w->m_plans[3], (double)(s.misses - w->plans_seen.misses));
+    w->plans_seen = s;
+}
 
 void stria__wmet_heap(stria_worker_t *w)
 {
