@@ -17,10 +17,14 @@
 #include "stria_kernels.h"
 
 #define STRIA__SIM_MAX_LIST 16
+/* Tables and rows are indexed by layout kind (STRIA_LAYOUT_AUTO's slot
+ * unused); STRIA__SIM_NL layouts are simulated, in stria__sim_order. */
+#define STRIA__SIM_KINDS (STRIA_LAYOUT_PACKED + 1)
+#define STRIA__SIM_NL    4
 
 typedef struct {
     stria_int_list_t ranks, seqs, cal_at;
-    bool layout_on[3];
+    bool layout_on[STRIA__SIM_KINDS];
     bool do_fwd, do_bwd;
     stria_ring_shape_t shape;
     stria_bench_masks_t masks;
@@ -28,6 +32,8 @@ typedef struct {
     int reps, cal_reps;
     double tflops, bwd_ratio, call_us, host_add_gbs;
     int64_t tile_q, tile_k;
+    int64_t exact_pairs; /* --count-pairs */
+    int64_t per_rank;    /* --seq-per-rank: S = per_rank x N (0: --seq) */
     stria_sim_link_t link;
     const char *timeline;
     stria_sim_costs_t costs; /* --device-tflops */
@@ -44,23 +50,28 @@ typedef struct {
 } stria__sim_opts_t;
 
 static const char stria__sim_description[] =
-    "Predicts the time of ring passes per layout (contiguous, striped, zigzag) for\n"
-    "rings of up to 65536 ranks, without running them: the engine's own plan of every\n"
-    "(rank, step) (which block, computed or skipped, bytes), the kernels' own\n"
-    "classification of the tiles and 16 x 16 sub-blocks each call computes, a cost\n"
-    "per unit of that work, and an event model of the ring: double-buffered K/V\n"
-    "transfers overlapping compute, the backward's dK/dV sum one step behind, the\n"
-    "closing agreement, links inside and between hosts in the coordinator's ring\n"
-    "order (the devices of a host are neighbours), and on a device that is not host\n"
-    "memory the engine's staging copies and host-side dK/dV sums.\n"
-    "Costs: --calibrate measures this machine's kernels on small rings and fits\n"
-    "them per unit of work; --device-tflops gives a device's attention rate instead.";
+    "Predicts the time of ring passes per layout (contiguous, striped, zigzag, and with\n"
+    "--documents packed: the call's document plan, its kept documents computed whole at\n"
+    "step 0, only its spread rows travelling) for rings of up to 65536 ranks, without\n"
+    "running them: the engine's own plan of every (rank, step) (which block, computed\n"
+    "or skipped, bytes), the kernels' own classification of the tiles and 16 x 16\n"
+    "sub-blocks each call computes, a cost per unit of that work, and an event model\n"
+    "of the ring: double-buffered K/V transfers overlapping compute, the backward's\n"
+    "dK/dV sum one step behind, the closing agreement, links inside and between hosts\n"
+    "in the coordinator's ring order (the devices of a host are neighbours), and on a\n"
+    "device that is not host memory the engine's staging copies and host-side dK/dV\n"
+    "sums.\n"
+    "Costs: --calibrate measures this machine's kernels on small rings (with\n"
+    "--documents, also with documents) and fits them per unit of work;\n"
+    "--device-tflops gives a device's attention rate instead.";
 
 static const char stria__sim_epilog[] =
     "--measure also runs every pass in process (one rank computing at a time, as\n"
     "stria-bench ring) and prints the measured critical path beside the predicted\n"
     "one (pred/meas), and the same ratio for every rank's compute added up (total\n"
-    "p/m), which no maximum over noisy ranks biases: the check of the model.\n"
+    "p/m), which no maximum over noisy ranks biases: the check of the model; a pass\n"
+    "whose steps, bytes or (rank, step) sources differ from the prediction's is\n"
+    "named.\n"
     "Predicted pass: first rank's start to last rank's end; critical: sum over steps\n"
     "of the slowest rank's compute (stria-bench ring's figure).";
 
@@ -103,13 +114,23 @@ static int stria__sim_check(stria__sim_opts_t *o, const stria_cli_t *cli, const 
                             const char *pass, const char *docs, const stria_int_list_t *win)
 {
     stria_layout_kind_t k;
-    if (strcmp(layout, "all") == 0)
-        o->layout_on[0] = o->layout_on[1] = o->layout_on[2] = true;
-    else if (stria_layout_kind_parse(layout, &k) == STRIA_OK && k <= STRIA_LAYOUT_ZIGZAG)
+    const bool staged = o->link.staging_Bps > 0;
+    if (strcmp(layout, "all") == 0) {
+        o->layout_on[STRIA_LAYOUT_CONTIGUOUS] = o->layout_on[STRIA_LAYOUT_STRIPED] = true;
+        o->layout_on[STRIA_LAYOUT_ZIGZAG] = true;
+        /* packed with documents, on host memory (the engine stages no packed pass) */
+        o->layout_on[STRIA_LAYOUT_PACKED] = docs != NULL && !staged;
+    } else if (stria_layout_kind_parse(layout, &k) == STRIA_OK && k != STRIA_LAYOUT_AUTO &&
+               k < STRIA__SIM_KINDS)
         o->layout_on[k] = true;
     else
         return stria_bench_usage_error(
-            "simulate", "--layout '%s': expected striped, contiguous, zigzag or all", layout);
+            "simulate", "--layout '%s': expected striped, contiguous, zigzag, packed or all",
+            layout);
+    if (o->layout_on[STRIA_LAYOUT_PACKED] && staged)
+        return stria_bench_usage_error("simulate", "--layout packed runs on host memory only "
+                                                   "(the engine stages no packed pass): "
+                                                   "--staging 0");
     o->do_fwd = strcmp(pass, "fwd") == 0 || strcmp(pass, "both") == 0;
     o->do_bwd = strcmp(pass, "bwd") == 0 || strcmp(pass, "both") == 0;
     if (!o->do_fwd && !o->do_bwd)
@@ -134,6 +155,10 @@ static int stria__sim_check(stria__sim_opts_t *o, const stria_cli_t *cli, const 
         if (o->ranks.v[i] > 64)
             return stria_bench_usage_error("simulate", "--measure runs the ring in process: "
                                                        "--ranks up to 64");
+    if (stria_cli_given(cli, "seq-per-rank") && stria_cli_given(cli, "seq"))
+        return stria_bench_usage_error("simulate", "give --seq or --seq-per-rank, not both");
+    if (o->per_rank > 0)
+        o->seqs.n = 1; /* one length per ring, made of the ring's size */
     if (o->timeline != NULL && (o->ranks.n != 1 || o->seqs.n != 1))
         return stria_bench_usage_error("simulate", "--timeline draws one ring: give one --ranks "
                                                    "and one --seq");
@@ -162,10 +187,14 @@ static size_t stria__sim_options_job(stria__sim_opts_t *o, stria__sim_args_t *a,
         STRIA_OPTION("seq", INTS, &o->seqs, "S[,S...]", "global sequence lengths",
                      .dflt = "1048576", .min = 1, .max = (double)((int64_t)1 << 36),
                      .max_items = STRIA__SIM_MAX_LIST),
-        STRIA_OPTION(
-            "layout", STRING, &a->layout, "L",
-            "striped | contiguous | zigzag | all (contiguous, the baseline, is always simulated)",
-            .dflt = "all"),
+        STRIA_OPTION("seq-per-rank", INT, &o->per_rank, "L",
+                     "instead of --seq: L tokens per rank, a sequence of L x N for each ring "
+                     "(weak scaling)",
+                     .min = 1, .max = (double)((int64_t)1 << 30)),
+        STRIA_OPTION("layout", STRING, &a->layout, "L",
+                     "striped | contiguous | zigzag | packed | all (packed with --documents; "
+                     "contiguous, the baseline, is always simulated)",
+                     .dflt = "all"),
         STRIA_OPTION("pass", STRING, &a->pass, "P", "fwd | bwd | both", .dflt = "both"),
         STRIA_OPTION("batch", INT, &a->batch, "B", "batch size", .dflt = "1", .min = 1,
                      .max = 1024),
@@ -184,6 +213,10 @@ static size_t stria__sim_options_job(stria__sim_opts_t *o, stria__sim_args_t *a,
                      "draw the predicted passes (one --ranks, one --seq)"),
         STRIA_OPTION("json", FLAG, &o->json, NULL,
                      "one JSON object per (layout, ranks, seq, pass) per line"),
+        STRIA_OPTION("count-pairs", INT, &o->exact_pairs, "P",
+                     "with documents: tile pairs classified per table at most; past it a stride "
+                     "of steps is counted and the others take the nearest counted step's work",
+                     .dflt = "536870912", .min = 1, .max = (double)((int64_t)1 << 50)),
     };
     memcpy(t, own, sizeof(own));
     return sizeof(own) / sizeof(own[0]);
@@ -339,8 +372,8 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
 
 /* ---- simulation and reports ------------------------------------------------ */
 
-static const stria_layout_kind_t stria__sim_order[3] = {STRIA_LAYOUT_CONTIGUOUS,
-                                                        STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG};
+static const stria_layout_kind_t stria__sim_order[STRIA__SIM_NL] = {
+    STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_PACKED};
 
 static bool stria__sim_on(const stria__sim_opts_t *o, stria_layout_kind_t k)
 {
@@ -354,8 +387,8 @@ typedef struct {
     const stria_sim_costs_t *costs;
     stria_sim_costs_t own; /* --calibrate-each */
     char source[240];
-    stria_sim_table_t t[3];
-    bool have[3];
+    stria_sim_table_t t[STRIA__SIM_KINDS];
+    bool have[STRIA__SIM_KINDS];
     double table_s, table_cpu_s;
     stria_sim_inputs_t in;
     bool have_in;
@@ -363,13 +396,14 @@ typedef struct {
 
 typedef struct {
     stria_sim_result_t r;
-    double measured_s;       /* critical path measured in process (< 0: none) */
-    double measured_total_s; /* all ranks' compute, measured */
+    double measured_s;           /* critical path measured in process (< 0: none) */
+    double measured_total_s;     /* all ranks' compute, measured */
+    stria_sim_counted_t counted; /* the measured pass's steps and bytes */
 } stria__sim_row_t;
 
 static void stria__sim_case_free(stria__sim_case_t *c)
 {
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < STRIA__SIM_KINDS; k++)
         if (c->have[k])
             stria_sim_table_free(&c->t[k]);
     if (c->have_in)
@@ -398,7 +432,9 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
         cal.heads = o->shape.heads / o->shape.kv_heads;
         cal.kv_heads = 1;
         double t0 = stria_time_now();
-        stria_status_t cst = stria_sim_calibrate(&cal, L, false, o->cal_reps, &c->own, &ef, &eb);
+        stria_status_t cst =
+            stria_sim_calibrate(&cal, L, false, o->masks.doc_median, o->masks.doc_sigma,
+                                o->cal_reps, &c->own, &ef, &eb);
         if (cst != STRIA_OK)
             return cst;
         c->costs = &c->own;
@@ -424,11 +460,12 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
              o->masks.doc_median, o->masks.doc_sigma, seq, &c->shape.call.n_cu_seqlens)) == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "cannot allocate the documents");
     double t0 = stria_time_now(), c0 = stria_bench_process_cpu();
-    for (int i = 0; i < 3 && st == STRIA_OK; i++) {
+    for (int i = 0; i < STRIA__SIM_NL && st == STRIA_OK; i++) {
         stria_layout_kind_t k = stria__sim_order[i];
         if (!stria__sim_on(o, k))
             continue;
-        st = stria_sim_table(&c->shape, k, n, c->costs->tile_q, c->costs->tile_k, &c->t[k]);
+        st = stria_sim_table_bounded(&c->shape, k, n, c->costs->tile_q, c->costs->tile_k,
+                                     o->exact_pairs, &c->t[k]);
         c->have[k] = st == STRIA_OK;
     }
     c->table_s = stria_time_now() - t0;
@@ -452,6 +489,41 @@ static void stria__sim_shape_text(const stria__sim_case_t *c, char *out, size_t 
                  (long long)s->call.window_left, (long long)s->call.window_right);
 }
 
+/* The table's plan and how much of its work was counted, as JSON fields. */
+static void stria__sim_json_counts(const stria__sim_case_t *c, stria_layout_kind_t k)
+{
+    const stria_sim_table_t *t = &c->t[k];
+    int64_t elems = 0; /* every computed cell's, counted or taken from the nearest counted */
+    for (int64_t i = 0; i < (int64_t)t->n * t->n; i++)
+        elems += t->cells[i].full_elems + t->cells[i].partial_elems;
+    printf(",\"computed_elems\":%lld,\"plan_s\":%.4f,\"count_stride\":%d,\"cells_counted\":%lld",
+           (long long)elems, t->plan_s, t->count_stride, (long long)t->cells_counted);
+    if (k == STRIA_LAYOUT_PACKED)
+        printf(",\"documents\":%zu,\"documents_kept\":%zu,\"documents_spread\":%zu",
+               c->shape.call.n_cu_seqlens > 0 ? c->shape.call.n_cu_seqlens - 1 : 0, t->docs_kept,
+               t->docs_spread);
+}
+
+/* The same in words, under the table: the document plan, and the work
+ * counts where they were not all classified. */
+static void stria__sim_text_counts(const stria__sim_case_t *c)
+{
+    for (int i = 0; i < STRIA__SIM_NL; i++) {
+        const stria_layout_kind_t k = stria__sim_order[i];
+        const stria_sim_table_t *t = &c->t[k];
+        if (!c->have[k])
+            continue;
+        if (k == STRIA_LAYOUT_PACKED)
+            printf("  packed: %zu documents kept whole, %zu spread; the engine's plan made in "
+                   "%.3f s\n",
+                   t->docs_kept, t->docs_spread, t->plan_s);
+        if (t->count_stride > 1)
+            printf("  %s: work classified for %lld (rank, step)s, every %d-th step (the others "
+                   "from the nearest counted step)\n",
+                   stria_layout_kind_name(k), (long long)t->cells_counted, t->count_stride);
+    }
+}
+
 static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t *c, bool bwd,
                              const stria__sim_row_t *rows, double sim_s, double sim_cpu_s)
 {
@@ -469,7 +541,7 @@ static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t
                "speedup", "busy", "steps", "MB sent/rank",
                o->measure ? "  measured crit (s)  pred/meas  meas x  total p/m" : "");
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < STRIA__SIM_NL; i++) {
         stria_layout_kind_t k = stria__sim_order[i];
         const stria__sim_row_t *r = &rows[k];
         if (!c->have[k])
@@ -492,13 +564,17 @@ static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t
                    r->r.steps, (unsigned long long)r->r.bytes_sent, (long long)c->t[k].full_tiles,
                    (long long)c->t[k].partial_tiles, (long long)c->t[k].subblocks,
                    c->t[k].memo_keys, sim_s, sim_cpu_s);
+            stria__sim_json_counts(c, k);
             if (r->measured_s >= 0)
                 printf(",\"measured_critical_s\":%.6g,\"predicted_over_measured\":%.4f,"
                        "\"measured_speedup_vs_contiguous\":%.4f,\"predicted_total_s\":%.6g,"
-                       "\"measured_total_s\":%.6g,\"total_predicted_over_measured\":%.4f",
+                       "\"measured_total_s\":%.6g,\"total_predicted_over_measured\":%.4f,"
+                       "\"measured_steps\":%d,\"measured_bytes_sent_per_rank\":%llu,"
+                       "\"cells_differing_from_the_pass\":%d",
                        r->measured_s, r->r.critical_s / r->measured_s,
                        base->measured_s / r->measured_s, r->r.compute_s, r->measured_total_s,
-                       r->r.compute_s / r->measured_total_s);
+                       r->r.compute_s / r->measured_total_s, r->counted.steps,
+                       (unsigned long long)r->counted.bytes_sent, r->counted.cells_differ);
             printf("}\n");
             continue;
         }
@@ -507,16 +583,22 @@ static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t
         if (r->measured_s >= 0)
             printf("  %17.4f  %9.3f  %6.3f  %9.3f", r->measured_s, r->r.critical_s / r->measured_s,
                    base->measured_s / r->measured_s, r->r.compute_s / r->measured_total_s);
+        if (r->measured_s >= 0 &&
+            (r->counted.steps != r->r.steps || r->counted.bytes_sent != r->r.bytes_sent ||
+             r->counted.cells_differ != 0))
+            printf("  the pass ran %d steps, sent %.2f MB, %d (rank, step)s differ",
+                   r->counted.steps, (double)r->counted.bytes_sent / 1e6, r->counted.cells_differ);
         printf("\n");
     }
     if (!o->json) {
         printf("  simulated in %.2f s, %.2f s of CPU (block-pair classes classified:", sim_s,
                sim_cpu_s);
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < STRIA__SIM_NL; i++)
             if (c->have[stria__sim_order[i]])
                 printf(" %s %d", stria_layout_kind_name(stria__sim_order[i]),
                        c->t[stria__sim_order[i]].memo_keys);
         printf(")\n");
+        stria__sim_text_counts(c);
     }
     fflush(stdout);
 }
@@ -547,7 +629,7 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
     for (int b = 0; b < 2 && x.st == STRIA_OK; b++) {
         if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
             continue;
-        for (int i = 0; i < 3 && x.st == STRIA_OK; i++) {
+        for (int i = 0; i < STRIA__SIM_NL && x.st == STRIA_OK; i++) {
             stria_layout_kind_t k = stria__sim_order[i];
             stria_sim_result_t r;
             if (!c->have[k])
@@ -583,7 +665,8 @@ static stria_status_t stria__sim_timeline(const stria__sim_opts_t *o, const stri
  * --params, its attention from the simulated passes and the rest as dense
  * matrix products spread over every device. */
 static void stria__sim_e2e(const stria__sim_opts_t *o, const stria__sim_case_t *c,
-                           const stria__sim_row_t f[3], const stria__sim_row_t b[3])
+                           const stria__sim_row_t f[STRIA__SIM_KINDS],
+                           const stria__sim_row_t b[STRIA__SIM_KINDS])
 {
     const double devices = (double)c->n * (double)o->tp, tokens = (double)c->shape.call.seq_len;
     const double other = (o->remat ? 8.0 : 6.0) * o->params_b * 1e9 * tokens * c->shape.call.batch /
@@ -596,7 +679,7 @@ static void stria__sim_e2e(const stria__sim_opts_t *o, const stria__sim_case_t *
                "devices at %.0f TFLOP/s):\n",
                (long long)o->layers, o->params_b, o->remat ? "forward recomputed" : "no remat",
                other, devices, o->matmul_tflops);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < STRIA__SIM_NL; i++) {
         stria_layout_kind_t k = stria__sim_order[i];
         if (!c->have[k])
             continue;
@@ -621,25 +704,25 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
     double *med = st == STRIA_OK && o->measure ? calloc((size_t)(n * n), sizeof(double)) : NULL;
     if (st == STRIA_OK && o->measure && med == NULL)
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
-    stria__sim_row_t all[2][3];
+    stria__sim_row_t all[2][STRIA__SIM_KINDS];
     memset(all, 0, sizeof(all));
     for (int b = 0; b < 2 && st == STRIA_OK; b++) {
         stria__sim_row_t *rows = all[b];
         if ((b == 0 && !o->do_fwd) || (b == 1 && !o->do_bwd))
             continue;
         double t0 = stria_time_now(), c0 = stria_bench_process_cpu();
-        for (int k = 0; k < 3 && st == STRIA_OK; k++) {
+        for (int k = 0; k < STRIA__SIM_KINDS && st == STRIA_OK; k++) {
             rows[k].measured_s = -1;
             if (c.have[k])
                 st = stria_sim_pass(&c.t[k], c.costs, &o->link, b == 1, &rows[k].r, NULL, NULL);
         }
         double sim_s = stria_time_now() - t0 + c.table_s;
         double sim_cpu_s = stria_bench_process_cpu() - c0 + c.table_cpu_s;
-        for (int k = 0; k < 3 && st == STRIA_OK && o->measure; k++) {
+        for (int k = 0; k < STRIA__SIM_KINDS && st == STRIA_OK && o->measure; k++) {
             if (!c.have[k])
                 continue;
-            st =
-                stria_sim_measure(&c.shape, (stria_layout_kind_t)k, n, b == 1, o->reps, &c.in, med);
+            st = stria_sim_measure(&c.shape, (stria_layout_kind_t)k, n, b == 1, o->reps, &c.in, med,
+                                   &c.t[k], &rows[k].counted);
             if (st == STRIA_OK)
                 rows[k].measured_s = stria_sim_critical(med, n, rows[k].r.steps);
             rows[k].measured_total_s = 0;
@@ -660,16 +743,18 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
 
 static stria_status_t stria__sim_calibrate(stria__sim_opts_t *o)
 {
-    static const char *const names[STRIA_SIM_NCOEF] = {
-        "full elem", "partial elem", "token", "call", "open token", "dkv add", "dq end"};
+    static const char *const names[STRIA_SIM_NCOEF] = {"full elem", "partial elem", "token",
+                                                       "call",      "open token",   "dkv add",
+                                                       "dq end",    "hole elem"};
     stria_ring_shape_t cal = o->shape;
     /* one K/V head and the query heads of one GQA group: costs are per head */
     cal.heads = o->shape.heads / o->shape.kv_heads;
     cal.kv_heads = 1;
     for (size_t i = 0; i < o->cal_at.n; i++) {
         double t0 = stria_time_now();
-        stria_status_t st = stria_sim_calibrate(&cal, o->cal_at.v[i], true, o->cal_reps, &o->cal[i],
-                                                &o->cal_err[i][0], &o->cal_err[i][1]);
+        stria_status_t st =
+            stria_sim_calibrate(&cal, o->cal_at.v[i], true, o->masks.doc_median, o->masks.doc_sigma,
+                                o->cal_reps, &o->cal[i], &o->cal_err[i][0], &o->cal_err[i][1]);
         if (st != STRIA_OK)
             return st;
         if (o->json)
@@ -697,7 +782,8 @@ int stria_bench_simulate(int argc, char **argv)
         st = stria__sim_calibrate(&o);
     for (size_t si = 0; si < o.seqs.n && st == STRIA_OK; si++)
         for (size_t ni = 0; ni < o.ranks.n && st == STRIA_OK; ni++)
-            st = stria__sim_one(&o, (int)o.ranks.v[ni], o.seqs.v[si]);
+            st = stria__sim_one(&o, (int)o.ranks.v[ni],
+                                o.per_rank > 0 ? o.per_rank * o.ranks.v[ni] : o.seqs.v[si]);
     free(o.ranks.v);
     return stria_cli_exit("stria-bench simulate", st);
 }

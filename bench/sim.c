@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "stria_docplan.h"
+#include "stria_util.h"
+
 /* ---- work of block pairs, classified once per equivalence class ------------ */
 
 /* A block pair up to what the kernels' classes cannot see: the runs of both
@@ -145,97 +148,256 @@ void stria_sim_table_free(stria_sim_table_t *t)
         return;
     free(t->cells);
     free(t->valid);
+    free(t->kv_bytes);
     memset(t, 0, sizeof(*t));
 }
 
-/* Documents: no two block pairs are alike; one kernel plan per rank. */
+/* Documents: no two block pairs are alike. One kernel plan per block side,
+ * from the engine's own kernel parameters: every rank's whole shard (its
+ * queries, and its keys at step 0) in kq, and in kk the keys of a block as
+ * it travels after step 0 where that is not the whole shard (packed: its
+ * spread rows; NULL otherwise, kq's then). */
 static stria_status_t stria__sim_plans(stria_ring_plan_t *plan, const stria_sim_table_t *t,
-                                       int64_t tq, int64_t tk, stria_attn_plan_t **kp)
+                                       int64_t tq, int64_t tk, stria_attn_plan_t **kq,
+                                       stria_attn_plan_t **kk)
 {
-    for (int r = 0; r < t->n; r++) {
+    stria_status_t st = STRIA_OK;
+    for (int r = 0; r < t->n && st == STRIA_OK; r++) {
         stria_attn_params_t a;
-        if (!stria_ring_plan_params(plan, r, r, &a))
-            continue;
-        stria_status_t st = stria_attn_plan_create(&a, tq, tk, &kp[r]);
-        if (st != STRIA_OK)
-            return st;
+        if (stria_ring_plan_params(plan, r, r, &a))
+            st = stria_attn_plan_create(&a, tq, tk, &kq[r]);
     }
-    return STRIA_OK;
+    for (int j = 0; j < t->n && st == STRIA_OK; j++) {
+        stria_attn_params_t a, own;
+        bool found = false;
+        /* block j as another rank computes it; no such rank: never computed */
+        for (int hop = 1; hop < t->n && !found; hop++)
+            found = stria_ring_plan_params(plan, (j + hop) % t->n, j, &a);
+        if (!found || !stria_ring_plan_params(plan, j, j, &own) ||
+            (a.kv_tokens == own.q_tokens && a.kv_pos.n_runs == own.q_pos.n_runs))
+            continue;
+        a.q_pos = a.kv_pos;
+        a.q_tokens = a.kv_tokens;
+        st = stria_attn_plan_create(&a, tq, tk, &kk[j]);
+    }
+    return st;
+}
+
+/* The kernels' sub-blocks (stria_kernels.h: 16 x 16 in their own tiles). */
+#define STRIA__SIM_SUB 16
+
+/* The work of one computed (rank, step) into its cell and the totals. */
+static void stria__sim_count(stria_sim_table_t *t, stria_sim_cell_t *c,
+                             const stria_attn_params_t *a, const stria_attn_work_t *w)
+{
+    c->full_elems = w->full_elems;
+    c->partial_elems = w->partial_elems;
+    c->hole_elems = w->sub_hole * STRIA__SIM_SUB * STRIA__SIM_SUB; /* edges: a little less */
+    if (c->hole_elems > c->partial_elems)
+        c->hole_elems = c->partial_elems;
+    c->tokens = a->q_tokens + a->kv_tokens;
+    t->full_tiles += w->full;
+    t->partial_tiles += w->partial;
+    t->subblocks += w->sub_full + w->sub_masked + w->sub_hole;
+    t->full_elems += w->full_elems;
+    t->partial_elems += w->partial_elems;
+}
+
+/* Documents: the tile pairs classifying every computed cell would take (the
+ * kernels' own tiles are 64 x 64), and from them the stride of counted steps
+ * (sim.h, STRIA_SIM_EXACT_PAIRS). */
+static int stria__sim_stride(stria_ring_plan_t *plan, const stria_sim_table_t *t, int64_t tq,
+                             int64_t tk, int64_t exact_pairs)
+{
+    const int64_t bq = tq > 0 ? tq : 64, bk = tk > 0 ? tk : 64;
+    double pairs = 0;
+    for (int r = 0; r < t->n; r++)
+        for (int s = 0; s < t->n; s++) {
+            const stria_sim_cell_t *c = &t->cells[r * t->n + s];
+            stria_attn_params_t a;
+            if (c->computed && stria_ring_plan_params(plan, r, c->src, &a))
+                pairs +=
+                    (double)((a.q_tokens + bq - 1) / bq) * (double)((a.kv_tokens + bk - 1) / bk);
+        }
+    const double k = ceil(pairs / (double)exact_pairs);
+    return k < 1 ? 1 : k > t->n ? t->n : (int)k;
+}
+
+/* Whether step s of rank r is counted under a stride: step 0 (the rank's own
+ * block), every stride-th step, and the last step whose block comes from a
+ * rank before r and the first from a rank after it, so that both sides of
+ * the causal diagonal have a counted step. */
+static bool stria__sim_counted(int r, int s, int stride)
+{
+    return stride == 1 || s == 0 || s % stride == 0 || s == r || s == r + 1;
+}
+
+/* An uncounted computed step takes the work of the nearest counted computed
+ * step of the same rank on the same side of the diagonal (its block from a
+ * rank before r: steps 1..r; after it: r + 1..n - 1); -1 when there is
+ * none. */
+static int stria__sim_nearest(const stria_sim_table_t *t, int r, int s, int stride)
+{
+    const int lo = s <= r ? 1 : r + 1, hi = s <= r ? r : t->n - 1;
+    for (int d = 1; d <= hi - lo; d++)
+        for (int sign = -1; sign <= 1; sign += 2) {
+            const int u = s + sign * d;
+            if (u >= lo && u <= hi && stria__sim_counted(r, u, stride) &&
+                t->cells[r * t->n + u].computed)
+                return u;
+        }
+    return -1;
 }
 
 static stria_status_t stria__sim_cells(stria_ring_plan_t *plan, stria_sim_table_t *t, int64_t tq,
-                                       int64_t tk)
+                                       int64_t tk, int64_t exact_pairs)
 {
+    const int n = t->n;
     const bool docs = t->shape.call.n_cu_seqlens > 0, relabel = !docs && !t->shape.call.has_window;
     stria__sim_memo_t memo = {0};
-    stria_attn_plan_t **kp = docs ? calloc((size_t)t->n, sizeof(*kp)) : NULL;
-    stria_status_t st = docs && kp == NULL
+    stria_attn_plan_t **kq = docs ? calloc(2 * (size_t)n, sizeof(*kq)) : NULL, **kk = kq + n;
+    stria_status_t st = docs && kq == NULL
                             ? stria_error_set(STRIA_ERR_NO_MEMORY, "simulate: out of memory")
                             : STRIA_OK;
-    if (st == STRIA_OK && docs)
-        st = stria__sim_plans(plan, t, tq, tk, kp);
-    for (int r = 0; r < t->n && st == STRIA_OK; r++)
-        for (int s = 0; s < t->n && st == STRIA_OK; s++) {
-            stria_sim_cell_t *c = &t->cells[r * t->n + s];
+    for (int r = 0; r < n && st == STRIA_OK; r++)
+        for (int s = 0; s < n && st == STRIA_OK; s++) {
             stria_ring_plan_step_t ps;
-            stria_attn_params_t a;
-            stria_attn_work_t w;
             if ((st = stria_ring_plan_step(plan, r, s, true, &ps)) != STRIA_OK)
                 break;
-            c->src = ps.src_rank;
-            c->computed = ps.computed;
-            if (!ps.computed || !stria_ring_plan_params(plan, r, ps.src_rank, &a))
-                continue;
-            if (docs)
-                st = stria_attn_plan_work(kp[r], kp[ps.src_rank], &w);
-            else
-                st = stria__sim_pair(&memo, relabel, &a, tq, tk, &w, &t->memo_keys);
-            if (st != STRIA_OK)
-                break;
-            c->full_elems = w.full_elems;
-            c->partial_elems = w.partial_elems;
-            t->full_tiles += w.full;
-            t->partial_tiles += w.partial;
-            t->subblocks += w.sub_full + w.sub_masked + w.sub_hole;
-            t->full_elems += w.full_elems;
-            t->partial_elems += w.partial_elems;
+            t->cells[r * n + s].src = ps.src_rank;
+            t->cells[r * n + s].computed = ps.computed;
         }
-    for (int r = 0; kp != NULL && r < t->n; r++)
-        stria_attn_plan_destroy(kp[r]);
-    free(kp);
+    t->count_stride = st == STRIA_OK && docs ? stria__sim_stride(plan, t, tq, tk, exact_pairs) : 1;
+    if (st == STRIA_OK && docs)
+        st = stria__sim_plans(plan, t, tq, tk, kq, kk);
+    /* counted steps first, then the others from them */
+    for (int pass = 0; pass < 2 && st == STRIA_OK; pass++)
+        for (int r = 0; r < n && st == STRIA_OK; r++)
+            for (int s = 0; s < n && st == STRIA_OK; s++) {
+                stria_sim_cell_t *c = &t->cells[r * n + s];
+                stria_attn_params_t a;
+                stria_attn_work_t w;
+                const bool counted = stria__sim_counted(r, s, t->count_stride);
+                if ((pass == 0) != counted || !c->computed ||
+                    !stria_ring_plan_params(plan, r, c->src, &a))
+                    continue;
+                const int u = counted ? -1 : stria__sim_nearest(t, r, s, t->count_stride);
+                if (u >= 0) {
+                    const stria_sim_cell_t *from = &t->cells[r * n + u];
+                    c->full_elems = from->full_elems;
+                    c->partial_elems = from->partial_elems;
+                    c->hole_elems = from->hole_elems;
+                    c->tokens = a.q_tokens + a.kv_tokens;
+                    continue;
+                }
+                if (docs) /* step 0: the whole own block; after it, as the block travels */
+                    st = stria_attn_plan_work(
+                        kq[r], c->src != r && kk[c->src] != NULL ? kk[c->src] : kq[c->src], &w);
+                else
+                    st = stria__sim_pair(&memo, relabel, &a, tq, tk, &w, &t->memo_keys);
+                if (st == STRIA_OK) {
+                    stria__sim_count(t, c, &a, &w);
+                    t->cells_counted++;
+                }
+            }
+    for (int i = 0; kq != NULL && i < 2 * n; i++)
+        stria_attn_plan_destroy(kq[i]);
+    free(kq);
     free(memo.slots);
+    return st;
+}
+
+/* The bytes a step of `rank` sends besides its dK/dV sum, the K/V message of
+ * block `src` to the next rank (but at the last step) and the agreement (at
+ * the last step), as the table has them. */
+static uint64_t stria__sim_kv_sent(const stria_sim_table_t *t, int src, int step, int steps)
+{
+    return (step + 1 < steps ? t->kv_bytes[src] : 0) + (step == steps - 1 ? t->agree_bytes : 0);
+}
+
+/* The engine's bytes (stria_ring_plan_step()) taken apart: a block's K/V
+ * message is what its rank sends at its forward's step 0 (a forward of one
+ * step sends none: then a plan of all hops tells), the agreement is all a
+ * forward's last step sends, and a backward step's dK/dV sum is what it
+ * sends beyond those two. Every step's total is checked against the
+ * engine's. */
+static stria_status_t stria__sim_bytes(stria_ring_plan_t *plan, stria_sim_table_t *t)
+{
+    const int n = t->n, F = t->fwd_steps;
+    stria_ring_plan_t *hops = NULL;
+    stria_ring_plan_step_t ps;
+    stria_status_t st = STRIA_OK;
+    if (n > 1 && F < 2 &&
+        (st = stria_ring_plan_create(&t->shape, t->layout, n, true, &hops)) != STRIA_OK)
+        return st;
+    for (int j = 0; n > 1 && j < n && st == STRIA_OK; j++)
+        if ((st = stria_ring_plan_step(hops != NULL ? hops : plan, j, 0, false, &ps)) == STRIA_OK) {
+            t->kv_bytes[j] = ps.bytes_sent;
+            t->msg_bytes = ps.bytes_sent > t->msg_bytes ? ps.bytes_sent : t->msg_bytes;
+        }
+    stria_ring_plan_destroy(hops);
+    if (st == STRIA_OK && (st = stria_ring_plan_step(plan, 0, F - 1, false, &ps)) == STRIA_OK)
+        t->agree_bytes = ps.bytes_sent;
+    for (int b = 0; b < 2 && st == STRIA_OK; b++)
+        for (int r = 0; r < n && st == STRIA_OK; r++)
+            for (int s = 0; s < (b ? n : F) && st == STRIA_OK; s++) {
+                stria_sim_cell_t *c = &t->cells[r * n + s];
+                if ((st = stria_ring_plan_step(plan, r, s, b == 1, &ps)) != STRIA_OK)
+                    break;
+                const uint64_t rest = stria__sim_kv_sent(t, ps.src_rank, s, b ? n : F);
+                if (ps.bytes_sent < rest || (b == 0 && ps.bytes_sent != rest))
+                    return stria_error_set(STRIA_ERR_INTERNAL,
+                                           "simulate: the engine's %s step %d of rank %d sends "
+                                           "%llu bytes, not the %llu of its K/V block and the "
+                                           "agreement",
+                                           b ? "backward" : "forward", s, r,
+                                           (unsigned long long)ps.bytes_sent,
+                                           (unsigned long long)rest);
+                if (b == 1)
+                    c->dkv_bytes = ps.bytes_sent - rest;
+                t->dkv_bytes = c->dkv_bytes > t->dkv_bytes ? c->dkv_bytes : t->dkv_bytes;
+            }
     return st;
 }
 
 stria_status_t stria_sim_table(const stria_ring_shape_t *shape, stria_layout_kind_t layout, int n,
                                int64_t tile_q, int64_t tile_k, stria_sim_table_t *t)
 {
+    return stria_sim_table_bounded(shape, layout, n, tile_q, tile_k, STRIA_SIM_EXACT_PAIRS, t);
+}
+
+stria_status_t stria_sim_table_bounded(const stria_ring_shape_t *shape, stria_layout_kind_t layout,
+                                       int n, int64_t tile_q, int64_t tile_k, int64_t exact_pairs,
+                                       stria_sim_table_t *t)
+{
     stria_ring_plan_t *plan = NULL;
     stria_status_t st;
     memset(t, 0, sizeof(*t));
+    if (exact_pairs < 1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "simulate: bound of %lld tile pairs",
+                               (long long)exact_pairs);
+    const double t0 = stria_time_now();
     if ((st = stria_ring_plan_create(shape, layout, n, false, &plan)) != STRIA_OK)
         return st;
+    t->plan_s = stria_time_now() - t0;
+    const stria_docplan_t *dp = stria_ring_plan_layout(plan)->plan;
+    t->docs_kept = dp != NULL ? dp->n_kept : 0;
+    t->docs_spread = dp != NULL ? dp->n_spread : 0;
     t->shape = *shape;
     t->layout = layout;
     t->n = n;
     t->fwd_steps = stria_ring_plan_steps(plan, false);
-    const stria_layout_t *l = stria_ring_plan_layout(plan);
-    const uint64_t kv =
-        (uint64_t)(shape->call.batch * l->shard_tokens * shape->kv_heads * shape->head_dim);
-    t->msg_bytes = 2 * kv * stria_dtype_size(shape->dtype);
-    t->dkv_bytes = 2 * kv * sizeof(float);
     t->cells = calloc((size_t)n * (size_t)n, sizeof(*t->cells));
     t->valid = calloc((size_t)n, sizeof(*t->valid));
-    if (t->cells == NULL || t->valid == NULL)
+    t->kv_bytes = calloc((size_t)n, sizeof(*t->kv_bytes));
+    if (t->cells == NULL || t->valid == NULL || t->kv_bytes == NULL)
         st = stria_error_set(STRIA_ERR_NO_MEMORY, "simulate: out of memory for %d ranks", n);
-    for (int r = 0; st == STRIA_OK && r < n; r++) {
-        stria_layout_run_t runs[STRIA_LAYOUT_MAX_RUNS];
-        size_t nr = stria_layout_shard_runs(l, r, false, runs);
-        for (size_t i = 0; i < nr; i++)
-            t->valid[r] += runs[i].count;
-    }
+    for (int r = 0; st == STRIA_OK && r < n; r++)
+        t->valid[r] = stria_layout_shard_valid(stria_ring_plan_layout(plan), r);
     if (st == STRIA_OK)
-        st = stria__sim_cells(plan, t, tile_q, tile_k);
+        st = stria__sim_bytes(plan, t);
+    if (st == STRIA_OK)
+        st = stria__sim_cells(plan, t, tile_q, tile_k, exact_pairs);
     stria_ring_plan_destroy(plan);
     if (st != STRIA_OK)
         stria_sim_table_free(t);
@@ -244,20 +406,23 @@ stria_status_t stria_sim_table(const stria_ring_shape_t *shape, stria_layout_kin
 
 void stria_sim_features(const stria_sim_table_t *t, int r, int s, bool bwd, double *x)
 {
-    const stria_sim_cell_t *c = &t->cells[r * t->n + s];
+    const int n = t->n;
+    const stria_sim_cell_t *c = &t->cells[r * n + s];
     const double bhd = (double)(t->shape.call.batch * t->shape.heads * t->shape.head_dim);
     memset(x, 0, STRIA_SIM_NCOEF * sizeof(double));
     if (c->computed) {
         x[STRIA_SIM_FULL] = (double)c->full_elems * bhd;
-        x[STRIA_SIM_PART] = (double)c->partial_elems * bhd;
-        x[STRIA_SIM_TOK] = (double)(t->valid[r] + t->valid[c->src]) * bhd;
+        x[STRIA_SIM_PART] = (double)(c->partial_elems - c->hole_elems) * bhd;
+        x[STRIA_SIM_HOLE] = (double)c->hole_elems * bhd;
+        x[STRIA_SIM_TOK] = (double)c->tokens * bhd;
         x[STRIA_SIM_CALL] = 1;
     }
     if (s == 0)
         x[STRIA_SIM_OPEN] = (double)t->valid[r] * bhd;
-    if (bwd && s > 0 && t->n > 1)
-        x[STRIA_SIM_ADD] = (double)(t->dkv_bytes / sizeof(float));
-    if (bwd && s == t->n - 1 && t->valid[r] > 0)
+    if (bwd && s > 0 && n > 1) /* the running sum received from r - 1, added */
+        x[STRIA_SIM_ADD] =
+            (double)(t->cells[((r - 1 + n) % n) * n + s - 1].dkv_bytes / sizeof(float));
+    if (bwd && s == n - 1 && t->valid[r] > 0)
         x[STRIA_SIM_LAST] = (double)t->valid[r] * bhd;
 }
 
@@ -323,27 +488,37 @@ static double stria__sim_cost(const stria__sim_run_t *x, int r, int s, bool bwd,
     return c;
 }
 
+/* The dK/dV sum rank r sends on in step s (0: none). */
+static uint64_t stria__sim_dkv(const stria_sim_table_t *t, int r, int s)
+{
+    return t->cells[r * t->n + s].dkv_bytes;
+}
+
 /* The transfers of step s on every link: block s + 1 (both ends posted at
- * their step's start) and, backward, the dK/dV sum sent in step s - 1. */
+ * their step's start; its own size: a packed block's travelling rows) and,
+ * backward, the dK/dV sum sent in step s - 1, if one was (a packed rank
+ * keeps its own block's part at step 0: nothing to receive at step 1). */
 static void stria__sim_links(const stria__sim_run_t *x, stria__sim_state_t *z, int s, int steps,
                              bool bwd)
 {
-    const int n = x->t->n;
+    const stria_sim_table_t *t = x->t;
+    const int n = t->n;
     for (int r = 0; r < n; r++) {
-        const int p = (r - 1 + n) % n;
-        const bool kv = s + 1 < steps, dkv = bwd && s > 0 && n > 1;
+        const int p = (r - 1 + n) % n, blk = ((r - s - 1) % n + n) % n;
+        const uint64_t sum = bwd && s > 0 && n > 1 ? stria__sim_dkv(t, p, s - 1) : 0;
+        const bool kv = s + 1 < steps, dkv = sum > 0;
         double rk = z->start[p] > z->start[r] ? z->start[p] : z->start[r];
         double rd = dkv ? (z->dkv_post[p] > z->start[r] ? z->dkv_post[p] : z->start[r]) : 0;
         if (kv && (!dkv || rk <= rd)) {
-            z->kv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rk, x->t->msg_bytes);
+            z->kv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rk, t->kv_bytes[blk]);
             z->kv_done[p] = z->kv_arr[r];
         }
-        if (dkv) {
-            z->dkv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rd, x->t->dkv_bytes);
+        if (bwd && s > 0) { /* no sum: nothing to wait for, the buffer free */
+            z->dkv_arr[r] = dkv ? stria__sim_xfer(x->link, n, r, z->link_free, rd, sum) : 0;
             z->dkv_done[(s - 1) % 2][p] = z->dkv_arr[r];
         }
         if (kv && dkv && rk > rd) {
-            z->kv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rk, x->t->msg_bytes);
+            z->kv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rk, t->kv_bytes[blk]);
             z->kv_done[p] = z->kv_arr[r];
         }
     }
@@ -371,7 +546,8 @@ static double stria__sim_step(stria__sim_run_t *x, stria__sim_state_t *z, int r,
 {
     const stria_sim_link_t *l = x->link;
     const bool staged = l->staging_Bps > 0, kv = s + 1 < steps;
-    const double c = stria__sim_cost(x, r, s, bwd, STRIA_SIM_FULL, STRIA_SIM_OPEN);
+    const double c = stria__sim_cost(x, r, s, bwd, STRIA_SIM_FULL, STRIA_SIM_OPEN) +
+                     stria__sim_cost(x, r, s, bwd, STRIA_SIM_HOLE, STRIA_SIM_HOLE + 1);
     const double add = stria__sim_cost(x, r, s, bwd, STRIA_SIM_ADD, STRIA_SIM_ADD + 1);
     double t = z->start[r], kv_next = 0;
     if (bwd && s >= 2) /* the contribution buffer of step s - 2 is free */
@@ -389,13 +565,15 @@ static double stria__sim_step(stria__sim_run_t *x, stria__sim_state_t *z, int r,
         kv_next = z->kv_arr[r];
         if (staged) { /* block s + 1 up, on the copy stream */
             double c0 = t > z->copy_free[r] ? t : z->copy_free[r];
-            z->copy_free[r] = kv_next = c0 + (double)x->t->msg_bytes / l->staging_Bps;
+            const int blk = ((r - s - 1) % x->t->n + x->t->n) % x->t->n;
+            z->copy_free[r] = kv_next = c0 + (double)x->t->kv_bytes[blk] / l->staging_Bps;
         }
         if (x->span != NULL)
             x->span(x->span_ctx, r, 3, z->start[r], z->kv_done[r]);
     }
     if (staged) { /* the kernel (and backward its contribution coming down) */
-        t = stria__sim_wait(x, r, t, k1 + (bwd ? (double)x->t->dkv_bytes / l->staging_Bps : 0));
+        const double down = bwd ? (double)stria__sim_dkv(x->t, r, s) / l->staging_Bps : 0;
+        t = stria__sim_wait(x, r, t, k1 + down);
         if (bwd)
             t = stria__sim_sum(x, z, r, s, t, add);
     }
@@ -428,7 +606,8 @@ static void stria__sim_close(stria__sim_run_t *x, stria__sim_state_t *z, bool bw
         for (int r = 0; r < n; r++) { /* the sum sent in the last step: tag N */
             int p = (r - 1 + n) % n;
             double ready = z->dkv_post[p] > z->T[r] ? z->dkv_post[p] : z->T[r];
-            z->dkv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, ready, x->t->dkv_bytes);
+            z->dkv_arr[r] =
+                stria__sim_xfer(x->link, n, r, z->link_free, ready, stria__sim_dkv(x->t, p, n - 1));
             z->dkv_done[(n - 1) % 2][p] = z->dkv_arr[r];
         }
         for (int r = 0; r < n; r++) {
@@ -450,7 +629,7 @@ static void stria__sim_close(stria__sim_run_t *x, stria__sim_state_t *z, bool bw
     for (int r = 0; r < n; r++) {
         z->T[r] = stria__sim_wait(x, r, z->T[r], z->agree[r]);
         if (bwd) {
-            double c = stria__sim_cost(x, r, n - 1, true, STRIA_SIM_LAST, STRIA_SIM_NCOEF);
+            double c = stria__sim_cost(x, r, n - 1, true, STRIA_SIM_LAST, STRIA_SIM_LAST + 1);
             stria__sim_emit(x, r, 1, z->T[r], z->T[r] + c);
             z->T[r] += c;
         }
@@ -469,10 +648,10 @@ stria_status_t stria_sim_pass(const stria_sim_table_t *t, const stria_sim_costs_
         return st;
     memset(res, 0, sizeof(*res));
     res->steps = steps;
-    const double down = link->staging_Bps > 0 && steps > 1
-                            ? (double)t->msg_bytes / link->staging_Bps
-                            : 0.0; /* own K/V to the host, for sending */
     for (int r = 0; r < n; r++) {
+        const double down = link->staging_Bps > 0 && steps > 1
+                                ? (double)t->kv_bytes[r] / link->staging_Bps
+                                : 0.0; /* own K/V to the host, for sending */
         double open = stria__sim_cost(&x, r, 0, bwd, STRIA_SIM_OPEN, STRIA_SIM_OPEN + 1);
         stria__sim_emit(&x, r, 1, down, down + open);
         z.T[r] = z.kv_dev[r] = down + open;
@@ -487,7 +666,7 @@ stria_status_t stria_sim_pass(const stria_sim_table_t *t, const stria_sim_costs_
             if (s == 0)
                 c += stria__sim_cost(&x, r, 0, bwd, STRIA_SIM_OPEN, STRIA_SIM_OPEN + 1);
             if (bwd && s == n - 1)
-                c += stria__sim_cost(&x, r, s, true, STRIA_SIM_LAST, STRIA_SIM_NCOEF);
+                c += stria__sim_cost(&x, r, s, true, STRIA_SIM_LAST, STRIA_SIM_LAST + 1);
             res->compute_s += c;
             mx = c > mx ? c : mx;
         }
@@ -498,8 +677,13 @@ stria_status_t stria_sim_pass(const stria_sim_table_t *t, const stria_sim_costs_
     for (int r = 0; r < n; r++)
         res->pass_s = z.T[r] > res->pass_s ? z.T[r] : res->pass_s;
     res->waited_s = x.waited;
-    res->bytes_sent = (uint64_t)(steps - 1) * t->msg_bytes + 8 * (uint64_t)(n - 1) +
-                      (bwd && n > 1 ? (uint64_t)n * t->dkv_bytes : 0);
+    for (int r = 0; r < n; r++) { /* the busiest rank's, as the engine counts them */
+        uint64_t sent = 0;
+        for (int s = 0; s < steps; s++)
+            sent += stria__sim_kv_sent(t, t->cells[r * n + s].src, s, steps) +
+                    (bwd ? stria__sim_dkv(t, r, s) : 0);
+        res->bytes_sent = sent > res->bytes_sent ? sent : res->bytes_sent;
+    }
     free(z.T);
     return STRIA_OK;
 }

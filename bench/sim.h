@@ -25,6 +25,10 @@ enum {
     STRIA_SIM_OPEN,     /* per query token x head x dim, step 0: the query side */
     STRIA_SIM_ADD,      /* backward: per dK/dV element added on the host (steps > 0) */
     STRIA_SIM_LAST,     /* backward: per query token x head x dim, last step: dQ home */
+    /* per (query, key) element x head x dim of the holes of partial pairs (16 x
+     * 16 sub-blocks inside a chunk's hull, fully masked: set, not computed;
+     * counted apart from PART, which has them out): documents make many */
+    STRIA_SIM_HOLE,
     STRIA_SIM_NCOEF
 };
 
@@ -51,6 +55,9 @@ typedef struct {
     int src;
     bool computed;
     int64_t full_elems, partial_elems; /* per (batch row, head) */
+    int64_t hole_elems;                /* of partial_elems, in holes (kernels' tiles only) */
+    int64_t tokens;                    /* query + key tokens of the call, when computed */
+    uint64_t dkv_bytes;                /* backward: the dK/dV sum sent on in this step (0: none) */
 } stria_sim_cell_t;
 
 /* What the engine does in both directions of a pass of a shape: its plan and
@@ -61,18 +68,46 @@ typedef struct {
     int n, fwd_steps;
     stria_sim_cell_t *cells; /* [rank][step], n x n */
     int64_t *valid;          /* real tokens per rank */
-    uint64_t msg_bytes, dkv_bytes;
-    /* totals over every computed (rank, step), per (batch row, head) */
+    /* The bytes the engine counts (stria_ring_plan_step()), taken apart: the
+     * K/V message of each rank's block ([n]: a packed block's travelling rows
+     * only), the closing agreement's per rank, and the largest K/V message
+     * and dK/dV sum of any block. */
+    uint64_t *kv_bytes;
+    uint64_t agree_bytes, msg_bytes, dkv_bytes;
+    /* totals over the counted (rank, step)s, per (batch row, head) */
     int64_t full_tiles, partial_tiles, subblocks, full_elems, partial_elems;
-    int memo_keys; /* distinct block pairs classified */
+    int memo_keys;                 /* distinct block pairs classified */
+    int count_stride;              /* 1: every computed (rank, step) counted; see below */
+    int64_t cells_counted;         /* computed (rank, step)s whose work was classified */
+    size_t docs_kept, docs_spread; /* packed: the document plan's */
+    double plan_s;                 /* the engine's plan's wall time (packed: a docplan) */
 } stria_sim_table_t;
 
-/* Builds the table (shape->call.cu_seqlens borrowed). Block pairs that are the
- * same up to a shift of positions (no documents), or up to an
- * order-preserving relabelling of contiguous runs (no documents, no window),
- * are classified once: the kernels' classes depend only on that. */
+/* With documents no two block pairs are alike, and classifying every
+ * computed (rank, step) costs N^2 tile loops: about 10 s at N = 1024 with
+ * shards of 8192 tokens. Past this many tile pairs (about a second), the
+ * table counts step 0 of every rank, every count_stride-th step, and the
+ * steps on either side of the rank's causal diagonal (its block from the
+ * last rank before it and from the first after it); every other computed
+ * step takes the work of the nearest counted one of the same rank on the
+ * same side of the diagonal. Sources, computed steps, tokens and bytes stay
+ * the engine's for every cell. */
+#define STRIA_SIM_EXACT_PAIRS ((int64_t)1 << 29)
+
+/* Builds the table (shape->call.cu_seqlens borrowed) from the engine's plan
+ * of the layout (packed: the call's document plan, whose kept documents are
+ * computed whole at step 0 and whose spread rows alone travel after it).
+ * Block pairs that are the same up to a shift of positions (no documents),
+ * or up to an order-preserving relabelling of contiguous runs (no
+ * documents, no window), are classified once: the kernels' classes depend
+ * only on that. With documents every computed pair is classified, by one
+ * kernel plan per block side; see STRIA_SIM_EXACT_PAIRS for large rings. */
 stria_status_t stria_sim_table(const stria_ring_shape_t *shape, stria_layout_kind_t layout, int n,
                                int64_t tile_q, int64_t tile_k, stria_sim_table_t *t);
+/* The same with another bound than STRIA_SIM_EXACT_PAIRS (>= 1). */
+stria_status_t stria_sim_table_bounded(const stria_ring_shape_t *shape, stria_layout_kind_t layout,
+                                       int n, int64_t tile_q, int64_t tile_k, int64_t exact_pairs,
+                                       stria_sim_table_t *t);
 void stria_sim_table_free(stria_sim_table_t *t);
 
 /* The features of step s of rank r (x[STRIA_SIM_NCOEF]). */

@@ -80,8 +80,34 @@ static stria_status_t stria__sim_run(const stria_ring_shape_t *shape, stria_layo
     return st;
 }
 
+/* The counts of a pass's statistics ([rank][step], n x n) against table t:
+ * steps run (the last step in which a rank computed or posted anything),
+ * the busiest rank's bytes, the cells that differ. */
+static void stria__sim_counts(const stria_ring_step_stats_t *steps, int n, bool bwd,
+                              const stria_sim_table_t *t, stria_sim_counted_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    for (int r = 0; r < n; r++) {
+        uint64_t sent = 0;
+        for (int s = 0; s < n; s++) {
+            const stria_ring_step_stats_t *ss = &steps[r * n + s];
+            const stria_sim_cell_t *c = &t->cells[r * n + s];
+            sent += ss->bytes_sent;
+            if (ss->computed || ss->bytes_sent > 0 || ss->bytes_recv > 0)
+                out->steps = s + 1 > out->steps ? s + 1 : out->steps;
+            if (s < (bwd ? n : t->fwd_steps) &&
+                (ss->src_rank != c->src || ss->computed != c->computed))
+                out->cells_differ++;
+        }
+        out->bytes_sent = sent > out->bytes_sent ? sent : out->bytes_sent;
+    }
+    if (n == 1)
+        out->steps = 1;
+}
+
 stria_status_t stria_sim_measure(const stria_ring_shape_t *shape, stria_layout_kind_t layout, int n,
-                                 bool bwd, int reps, stria_sim_inputs_t *in, double *fastest)
+                                 bool bwd, int reps, stria_sim_inputs_t *in, double *fastest,
+                                 const stria_sim_table_t *t, stria_sim_counted_t *counted)
 {
     const size_t nn = (size_t)n * (size_t)n;
     stria_ring_step_stats_t *steps = calloc(nn, sizeof(*steps));
@@ -106,6 +132,8 @@ stria_status_t stria_sim_measure(const stria_ring_shape_t *shape, stria_layout_k
         stria_bench_median(tmp, reps); /* sorts */
         fastest[i] = tmp[0];
     }
+    if (st == STRIA_OK && t != NULL && counted != NULL)
+        stria__sim_counts(steps, n, bwd, t, counted);
     free(steps);
     free(comp);
     return st;
@@ -123,26 +151,28 @@ double stria_sim_critical(const double *comp, int n, int steps)
     return crit;
 }
 
-/* The samples of one calibration shape: every (rank, step) of every layout,
- * forward and backward, appended to the rows of fit. */
+/* The samples of one calibration shape: every (rank, step) of every layout
+ * (packed too with documents), forward and backward, appended to the rows of
+ * fit. */
 static stria_status_t stria__sim_cal_shape(const stria_ring_shape_t *shape, int n, int reps,
                                            stria_sim_fit_rows_t *fit)
 {
     static const stria_layout_kind_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED,
-                                                  STRIA_LAYOUT_ZIGZAG};
+                                                  STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_PACKED};
+    const size_t n_layouts = shape->call.n_cu_seqlens > 0 ? 4 : 3;
     const size_t nn = (size_t)n * (size_t)n;
     double *med = calloc(nn, sizeof(double));
     stria_sim_inputs_t in;
     stria_status_t st = med == NULL ? stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory")
                                     : stria_sim_inputs(shape, &in);
-    for (size_t li = 0; li < 3 && st == STRIA_OK; li++) {
+    for (size_t li = 0; li < n_layouts && st == STRIA_OK; li++) {
         stria_sim_table_t t;
         if ((st = stria_sim_table(shape, layouts[li], n, 0, 0, &t)) != STRIA_OK)
             break;
         for (int b = 0; b < 2 && st == STRIA_OK; b++) {
             double *x = b ? fit->xb : fit->xf, *y = b ? fit->yb : fit->yf;
             int *rows = b ? &fit->nb : &fit->nf;
-            st = stria_sim_measure(shape, layouts[li], n, b == 1, reps, &in, med);
+            st = stria_sim_measure(shape, layouts[li], n, b == 1, reps, &in, med, NULL, NULL);
             const int steps = b ? n : t.fwd_steps;
             for (int r = 0; st == STRIA_OK && r < n; r++)
                 for (int s = 0; s < steps && *rows < STRIA_SIM_MAX_ROWS; s++, (*rows)++) {
@@ -159,8 +189,8 @@ static stria_status_t stria__sim_cal_shape(const stria_ring_shape_t *shape, int 
 }
 
 stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shard, bool halves,
-                                   int reps, stria_sim_costs_t *costs, double *err_fwd,
-                                   double *err_bwd)
+                                   int64_t doc_median, double doc_sigma, int reps,
+                                   stria_sim_costs_t *costs, double *err_fwd, double *err_bwd)
 {
     stria_sim_fit_rows_t *fit = calloc(1, sizeof(*fit));
     stria_status_t st = STRIA_OK;
@@ -172,15 +202,25 @@ stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shar
      * calibrated length itself does not need them apart (its blocks are the
      * calibration's), and a cost per element that changes with the block's
      * size (the caches) would otherwise be averaged over the two lengths. */
-    for (int half = halves ? 1 : 0; half >= 0 && st == STRIA_OK; half--) {
+    for (int run = halves ? 3 : 1; run >= 0 && st == STRIA_OK; run--) {
+        const bool half = run >= 2, docs = run % 2 == 1;
         stria_ring_shape_t cal = *shape;
+        int64_t *cu = NULL;
+        if (docs && doc_median <= 0)
+            continue;
         cal.call.seq_len = STRIA_SIM_CAL_RANKS * (half ? (shard + 1) / 2 : shard);
         cal.call.cu_seqlens = NULL; /* the work counts carry the masks; costs per unit of work */
         cal.call.n_cu_seqlens = 0;
+        if (docs && (cu = stria_bench_documents(doc_median, doc_sigma, cal.call.seq_len,
+                                                &cal.call.n_cu_seqlens)) == NULL)
+            st = stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+        cal.call.cu_seqlens = cu;
         cal.call.has_window = false;
         cal.call.window_left = cal.call.window_right = 0;
         cal.call.causal = true;
-        st = stria__sim_cal_shape(&cal, STRIA_SIM_CAL_RANKS, reps, fit);
+        if (st == STRIA_OK)
+            st = stria__sim_cal_shape(&cal, STRIA_SIM_CAL_RANKS, reps, fit);
+        free(cu);
     }
     if (st == STRIA_OK) {
         memset(costs, 0, sizeof(*costs));

@@ -19,11 +19,23 @@ typedef struct {
 stria_status_t stria_sim_inputs(const stria_ring_shape_t *shape, stria_sim_inputs_t *in);
 void stria_sim_inputs_free(stria_sim_inputs_t *in);
 
-/* Median over reps of every (rank, step)'s compute (thread CPU time, one
- * rank working at a time) of a pass: median[rank * n + step]. A backward
- * pass runs its layout's forward first (untimed) for O and LSE. */
+/* What a measured pass did, counted (no timing): the K/V steps it ran, the
+ * bytes its busiest rank sent, and the (rank, step)s whose source or
+ * computed flag differ from a table's (0: the table is the pass's). */
+typedef struct {
+    int steps;
+    uint64_t bytes_sent;
+    int cells_differ;
+} stria_sim_counted_t;
+
+/* The fastest over reps of every (rank, step)'s compute (thread CPU time,
+ * one rank working at a time) of a pass: fastest[rank * n + step]. A
+ * backward pass runs its layout's forward first (untimed) for O and LSE.
+ * With t and counted (both or neither), the last run's counts against the
+ * table t of the same shape, layout and ring. */
 stria_status_t stria_sim_measure(const stria_ring_shape_t *shape, stria_layout_kind_t layout, int n,
-                                 bool bwd, int reps, stria_sim_inputs_t *in, double *median);
+                                 bool bwd, int reps, stria_sim_inputs_t *in, double *fastest,
+                                 const stria_sim_table_t *t, stria_sim_counted_t *counted);
 
 /* Sum over steps of the slowest rank's compute ([rank][step], n x n). */
 double stria_sim_critical(const double *comp, int n, int steps);
@@ -40,9 +52,14 @@ typedef struct {
  * shape's batch, heads, head_dim and dtype), fitted together, and fits the
  * kernels' costs (tiles 0 x 0) per unit of work; err_*: RMS relative error
  * of the fits per step. Without `halves` the costs are for blocks of `shard`
- * tokens only (per-token and per-call costs are not told apart). */
+ * tokens only (per-token and per-call costs are not told apart). With
+ * doc_median > 0 the same rings run again with documents drawn as the bench
+ * draws them (stria_bench_documents(doc_median, doc_sigma)), packed among the
+ * layouts: under causality alone a call's partial tiles are its diagonal's,
+ * as many in every call, so their cost cannot be told from a call's; a call
+ * with documents has many more, in other proportions. */
 stria_status_t stria_sim_calibrate(const stria_ring_shape_t *shape, int64_t shard, bool halves,
-                                   int reps, stria_sim_costs_t *costs, double *err_fwd,
-                                   double *err_bwd);
+                                   int64_t doc_median, double doc_sigma, int reps,
+                                   stria_sim_costs_t *costs, double *err_fwd, double *err_bwd);
 
 #endif
