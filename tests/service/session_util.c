@@ -102,3 +102,16 @@ void se_groups_equal(const fu_job_t *j, const stria_call_t *c, int G, int R,
         fu_job_free(&gj);
     }
 }
+
+void se_check_groups_call(stria_session_t *s, const stria_session_spec_t *sp, const stria_call_t *c,
+                          uint64_t seed, int G, int R, const char *what)
+{
+    fu_job_t j;
+    se_call_tensors(&j, sp, c, seed);
+    cr_assert_eq(stria_session_forward(s, c, j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
+                 "%s: forward: %s", what, stria_error_msg());
+    cr_assert_eq(stria_session_backward(s, c, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
+                 STRIA_OK, "%s: backward: %s", what, stria_error_msg());
+    se_groups_equal(&j, c, G, R, stria_session_layout(s), what);
+    fu_job_free(&j);
+}

@@ -38,5 +38,9 @@ void se_check_call(stria_session_t *s, const stria_session_spec_t *sp, const str
  * in `layout`, bit for bit (a failed expectation names the group). */
 void se_groups_equal(const fu_job_t *j, const stria_call_t *c, int G, int R,
                      stria_layout_kind_t layout, const char *what);
+/* One call (forward and backward) with fresh inputs from `seed` on a
+ * session of G head groups x rings of R, checked by se_groups_equal(). */
+void se_check_groups_call(stria_session_t *s, const stria_session_spec_t *sp, const stria_call_t *c,
+                          uint64_t seed, int G, int R, const char *what);
 
 #endif

@@ -1027,17 +1027,8 @@ static void head_groups_case(int workers, int G, stria_layout_kind_t layout, str
     calls[3].has_window = true;
     calls[3].window_left = 30;
     const char *what[4] = {"causal", "documents", "two-sided window", "causal window"};
-    for (int k = 0; k < 4; k++) {
-        fu_job_t j;
-        se_call_tensors(&j, &sp, &calls[k], 300 + (uint64_t)k);
-        cr_assert_eq(stria_session_forward(s, &calls[k], j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
-                     "%s: forward: %s", what[k], stria_error_msg());
-        cr_assert_eq(
-            stria_session_backward(s, &calls[k], j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
-            STRIA_OK, "%s: backward: %s", what[k], stria_error_msg());
-        se_groups_equal(&j, &calls[k], G, R, stria_session_layout(s), what[k]);
-        fu_job_free(&j);
-    }
+    for (int k = 0; k < 4; k++)
+        se_check_groups_call(s, &sp, &calls[k], 300 + (uint64_t)k, G, R, what[k]);
     stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
     cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
     cr_expect_eq(st.calls, 8u, "4 forward and backward calls: %llu", (unsigned long long)st.calls);
@@ -1133,15 +1124,8 @@ static void auto_case(const char *const *hosts, int n, uint32_t want_groups)
                  got.head_groups, want_groups);
     cr_expect_eq(stria_session_ring_size(s), n);
     stria_call_t call = se_call_of(1, 128, true);
-    fu_job_t j;
-    se_call_tensors(&j, &sp, &call, 1500);
-    cr_assert_eq(stria_session_forward(s, &call, j.q, j.k, j.v, j.o, j.lse), STRIA_OK, "%s",
-                 stria_error_msg());
-    cr_assert_eq(stria_session_backward(s, &call, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
-                 STRIA_OK, "%s", stria_error_msg());
-    const int G = (int)want_groups;
-    se_groups_equal(&j, &call, G, n / G, stria_session_layout(s), "head_groups auto");
-    fu_job_free(&j);
+    se_check_groups_call(s, &sp, &call, 1500, (int)want_groups, n / (int)want_groups,
+                         "head_groups auto");
     cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
     stria_client_close(cl);
     dc_stop(&c);

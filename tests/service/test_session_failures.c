@@ -107,28 +107,14 @@ Test(session, worker_killed_in_a_head_grouped_session_is_retried_and_correct, .t
     stria_session_t *s = se_open_session(cl, &sp);
     cr_expect_eq(stria_session_ring_size(s), 4);
     stria_call_t call = se_call_of(1, 128, true);
-    fu_job_t j;
-    se_call_tensors(&j, &sp, &call, 1400);
-    cr_assert_eq(stria_session_forward(s, &call, j.q, j.k, j.v, j.o, j.lse), STRIA_OK, "%s",
-                 stria_error_msg());
-    cr_assert_eq(stria_session_backward(s, &call, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
-                 STRIA_OK, "%s", stria_error_msg());
-    se_groups_equal(&j, &call, 2, 2, stria_session_layout(s), "before the kill");
-    fu_job_free(&j);
+    se_check_groups_call(s, &sp, &call, 1400, 2, 2, "before the kill");
     int victim = worker_of_rank(&c, s, 1); /* head group 0's ring (the session's id) */
     test_proc_stop(c.workers[victim], SIGKILL, 5);
     c.workers[victim] = NULL;
-    for (int k = 0; k < 2; k++) {
-        se_call_tensors(&j, &sp, &call, 1410 + (uint64_t)k);
-        cr_assert_eq(stria_session_forward(s, &call, j.q, j.k, j.v, j.o, j.lse), STRIA_OK,
-                     "call %d after the kill: %s", k, stria_error_msg());
-        cr_assert_eq(
-            stria_session_backward(s, &call, j.q, j.k, j.v, j.o, j.lse, j.g, j.dq, j.dk, j.dv),
-            STRIA_OK, "call %d after the kill: %s", k, stria_error_msg());
-        se_groups_equal(&j, &call, 2, 2, stria_session_layout(s),
-                        k ? "the second call after the kill" : "the first call after the kill");
-        fu_job_free(&j);
-    }
+    for (int k = 0; k < 2; k++)
+        se_check_groups_call(s, &sp, &call, 1410 + (uint64_t)k, 2, 2,
+                             k ? "the second call after the kill"
+                               : "the first call after the kill");
     stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
     cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
     cr_expect_geq(st.reopened, 1u, "no ring was reopened");
