@@ -24,6 +24,7 @@
 
 typedef struct {
     stria_int_list_t ranks, seqs, cal_at;
+    stria_int_list_t groups; /* --head-groups: G rings of N / G ranks beside the 1-D ring */
     bool layout_on[STRIA__SIM_KINDS];
     bool do_fwd, do_bwd;
     stria_ring_shape_t shape;
@@ -31,6 +32,7 @@ typedef struct {
     bool calibrate, cal_each, measure, json;
     int reps, cal_reps;
     double tflops, bwd_ratio, call_us, host_add_gbs;
+    double compute_scale; /* every compute cost times this (ranks sharing cores) */
     int64_t tile_q, tile_k;
     int64_t exact_pairs; /* --count-pairs */
     int64_t per_rank;    /* --seq-per-rank: S = per_rank x N (0: --seq) */
@@ -73,7 +75,14 @@ static const char stria__sim_epilog[] =
     "whose steps, bytes or (rank, step) sources differ from the prediction's is\n"
     "named.\n"
     "Predicted pass: first rank's start to last rank's end; critical: sum over steps\n"
-    "of the slowest rank's compute (stria-bench ring's figure).";
+    "of the slowest rank's compute (stria-bench ring's figure).\n"
+    "--head-groups G[,G...] adds, per pass, the same ring of N ranks run as G head\n"
+    "groups: G rings of R = N / G ranks, each over heads / G and kv_heads / G (the\n"
+    "engine's plan of that shape), ring g on the ring-order ranks g x R .. g x R + R - 1\n"
+    "(so on hosts by --devices-per-host), the G rings at once and sharing no link;\n"
+    "beside the 1-D ring: its speedup, the bytes a rank sends, and their K/V and dK/dV\n"
+    "parts against the 1-D ring's with the expected (R - 1) / (N - 1) and R / N.\n"
+    "--measure, --timeline and --layers stay with the 1-D ring.";
 
 /* --tile QxK */
 static stria_status_t stria__sim_tile(const char *text, void *dst)
@@ -213,6 +222,11 @@ static size_t stria__sim_options_job(stria__sim_opts_t *o, stria__sim_args_t *a,
                      "draw the predicted passes (one --ranks, one --seq)"),
         STRIA_OPTION("json", FLAG, &o->json, NULL,
                      "one JSON object per (layout, ranks, seq, pass) per line"),
+        STRIA_OPTION("head-groups", INTS, &o->groups, "G[,G...]",
+                     "also the ring as G head groups (rings of N / G ranks over heads / G and "
+                     "kv_heads / G); each G must divide --kv-heads (a G that does not divide N "
+                     "is skipped for that N)",
+                     .dflt = "1", .min = 1, .max = 65536, .max_items = STRIA__SIM_MAX_LIST),
         STRIA_OPTION("count-pairs", INT, &o->exact_pairs, "P",
                      "with documents: tile pairs classified per table at most; past it a stride "
                      "of steps is counted and the others take the nearest counted step's work",
@@ -247,6 +261,10 @@ static size_t stria__sim_options_model(stria__sim_opts_t *o, stria__sim_args_t *
                      "costs from a device's forward attention rate (TFLOP/s achieved on full "
                      "tiles) instead of --calibrate",
                      .min = 0, .max = 1e6, .flags = STRIA_OPT_ABOVE_MIN),
+        STRIA_OPTION("compute-scale", DOUBLE, &o->compute_scale, "X",
+                     "every compute cost times X, e.g. the ranks per core where the workers "
+                     "share a machine's cores (4 workers on 2 cores: 2)",
+                     .dflt = "1", .min = 0, .max = 1e6, .flags = STRIA_OPT_ABOVE_MIN),
         STRIA_OPTION("bwd-ratio", DOUBLE, &o->bwd_ratio, "X",
                      "device: backward time over forward time for the same tiles", .dflt = "2.5",
                      .min = 0.1, .max = 100),
@@ -352,19 +370,26 @@ static int stria__sim_parse(int argc, char **argv, stria__sim_opts_t *o)
             rc = stria_bench_usage_error("simulate", "--layers needs --pass both");
         o->shape.heads /= o->tp; /* what one rank of the ring holds */
         o->shape.kv_heads /= o->tp;
+        for (size_t i = 0; rc < 0 && i < o->groups.n; i++)
+            if (o->shape.kv_heads % o->groups.v[i] != 0)
+                rc = stria_bench_usage_error("simulate",
+                                             "--head-groups %lld must divide the K/V heads a "
+                                             "ring holds (%lld)",
+                                             (long long)o->groups.v[i],
+                                             (long long)o->shape.kv_heads);
     }
     /* the lists live in cli: copied out before it is freed */
-    int64_t *lists =
-        rc < 0 ? malloc((o->ranks.n + o->seqs.n + o->cal_at.n) * sizeof(int64_t)) : NULL;
+    stria_int_list_t *all[] = {&o->ranks, &o->seqs, &o->cal_at, &o->groups};
+    size_t n_all = 0;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        n_all += all[i]->n;
+    int64_t *lists = rc < 0 ? malloc(n_all * sizeof(int64_t)) : NULL;
     if (rc < 0 && lists == NULL)
         rc = 1;
-    if (rc < 0) {
-        memcpy(lists, o->ranks.v, o->ranks.n * sizeof(int64_t));
-        memcpy(lists + o->ranks.n, o->seqs.v, o->seqs.n * sizeof(int64_t));
-        memcpy(lists + o->ranks.n + o->seqs.n, o->cal_at.v, o->cal_at.n * sizeof(int64_t));
-        o->ranks.v = lists;
-        o->seqs.v = lists + o->ranks.n;
-        o->cal_at.v = lists + o->ranks.n + o->seqs.n;
+    for (size_t i = 0, at = 0; rc < 0 && i < sizeof(all) / sizeof(all[0]); i++) {
+        memcpy(lists + at, all[i]->v, all[i]->n * sizeof(int64_t));
+        all[i]->v = lists + at; /* ranks first: freed with it */
+        at += all[i]->n;
     }
     stria_cli_free(&cli);
     return rc;
@@ -385,7 +410,8 @@ typedef struct {
     stria_ring_shape_t shape;
     int n;
     const stria_sim_costs_t *costs;
-    stria_sim_costs_t own; /* --calibrate-each */
+    stria_sim_costs_t own;    /* --calibrate-each */
+    stria_sim_costs_t scaled; /* --compute-scale */
     char source[240];
     stria_sim_table_t t[STRIA__SIM_KINDS];
     bool have[STRIA__SIM_KINDS];
@@ -454,6 +480,16 @@ static stria_status_t stria__sim_case(const stria__sim_opts_t *o, int n, int64_t
                  "fwd, %.1f%% bwd)",
                  (long long)o->cal_at.v[best], stria_kernels_variant(), 100 * o->cal_err[best][0],
                  100 * o->cal_err[best][1]);
+    }
+    if (o->compute_scale != 1.0) {
+        c->scaled = *c->costs;
+        for (int i = 0; i < STRIA_SIM_NCOEF; i++) {
+            c->scaled.fwd[i] *= o->compute_scale;
+            c->scaled.bwd[i] *= o->compute_scale;
+        }
+        c->costs = &c->scaled;
+        const size_t at = strlen(c->source);
+        snprintf(c->source + at, sizeof(c->source) - at, "; compute x %.3g", o->compute_scale);
     }
     if (o->masks.doc_median > 0 &&
         (c->shape.call.cu_seqlens = stria_bench_documents(
@@ -533,7 +569,7 @@ static void stria__sim_print(const stria__sim_opts_t *o, const stria__sim_case_t
     stria__sim_shape_text(c, shape, sizeof(shape));
     if (!o->json) {
         printf("stria-bench simulate: %s, %s pass\n  costs: %s\n", shape, pass, c->source);
-        printf("  links: %d devices per host, %.0f GB/s inside, %.0f GB/s between hosts, %.1f us"
+        printf("  links: %d devices per host, %.4g GB/s inside, %.4g GB/s between hosts, %.1f us"
                "; staging %s\n",
                o->link.devices_per_host, o->link.intra_Bps / 1e9, o->link.inter_Bps / 1e9,
                o->link.latency_s * 1e6, o->link.staging_Bps > 0 ? "yes" : "none (host memory)");
@@ -697,6 +733,140 @@ static void stria__sim_e2e(const stria__sim_opts_t *o, const stria__sim_case_t *
     }
 }
 
+/* ---- head groups --------------------------------------------------------------- */
+
+/* One head-group count's passes per layout: [pass][layout]. */
+typedef struct {
+    int groups;
+    stria_sim_result_t r[2][STRIA__SIM_KINDS];
+} stria__sim_grouped_t;
+
+static bool stria__sim_groups_on(const stria__sim_opts_t *o)
+{
+    return o->groups.n > 1 || (o->groups.n == 1 && o->groups.v[0] != 1);
+}
+
+/* The passes of N ranks as G head groups: for G = 1 the 1-D table itself
+ * through the groups' model; else a case of G rings of R = N / G ranks over
+ * heads / G and kv_heads / G (the engine's plan of that shape; calibrated
+ * costs of its own shard length). */
+static stria_status_t stria__sim_grouped(const stria__sim_opts_t *o, const stria__sim_case_t *c,
+                                         int G, stria__sim_grouped_t *out)
+{
+    stria__sim_opts_t og = *o;
+    stria__sim_case_t cg;
+    const stria__sim_case_t *use = c;
+    stria_status_t st = STRIA_OK;
+    memset(out, 0, sizeof(*out));
+    out->groups = G;
+    if (G > 1) {
+        og.shape.heads /= G;
+        og.shape.kv_heads /= G;
+        og.measure = false;
+        if ((st = stria__sim_case(&og, c->n / G, c->shape.call.seq_len, &cg)) != STRIA_OK) {
+            stria__sim_case_free(&cg);
+            return st;
+        }
+        use = &cg;
+    }
+    for (int b = 0; b < 2 && st == STRIA_OK; b++)
+        for (int k = 0; k < STRIA__SIM_KINDS && st == STRIA_OK; k++)
+            if (use->have[k] && ((b == 0 && o->do_fwd) || (b == 1 && o->do_bwd)))
+                st = stria_sim_groups(&use->t[k], use->costs, &o->link, G, b == 1, &out->r[b][k]);
+    if (G > 1)
+        stria__sim_case_free(&cg);
+    return st;
+}
+
+/* A part of a grouped rank's bytes over the 1-D rank's (0 where it has none). */
+static double stria__sim_ratio(uint64_t grouped, uint64_t one_d)
+{
+    return one_d > 0 ? (double)grouped / (double)one_d : 0.0;
+}
+
+static void stria__sim_groups_json(const stria__sim_case_t *c, bool bwd, stria_layout_kind_t k,
+                                   const stria_sim_result_t *one_d, const stria__sim_grouped_t *g)
+{
+    const stria_sim_result_t *r = &g->r[bwd][k];
+    const int R = c->n / g->groups;
+    printf("{\"layout\":\"%s\",\"ranks\":%d,\"head_groups\":%d,\"ring_ranks\":%d,\"seq\":%lld,"
+           "\"pass\":\"%s\",\"heads\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,"
+           "\"dtype\":\"%s\",\"predicted_pass_s\":%.6g,\"predicted_critical_s\":%.6g,"
+           "\"busy\":%.4f,\"speedup_vs_1d\":%.4f,\"steps\":%d,\"bytes_sent_per_rank\":%llu,"
+           "\"kv_bytes_per_rank\":%llu,\"dkv_bytes_per_rank\":%llu,\"agree_bytes_per_rank\":%llu,"
+           "\"kv_vs_1d\":%.6f,\"dkv_vs_1d\":%.6f,\"kv_expected\":%.6f,\"dkv_expected\":%.6f}\n",
+           stria_layout_kind_name(k), c->n, g->groups, R, (long long)c->shape.call.seq_len,
+           bwd ? "bwd" : "fwd", (long long)c->shape.heads, (long long)c->shape.kv_heads,
+           (long long)c->shape.head_dim, stria_dtype_name(c->shape.dtype), r->pass_s, r->critical_s,
+           r->compute_s / (c->n * r->pass_s), one_d->pass_s / r->pass_s, r->steps,
+           (unsigned long long)r->bytes_sent, (unsigned long long)r->kv_sent,
+           (unsigned long long)r->dkv_sent, (unsigned long long)r->agree_sent,
+           stria__sim_ratio(r->kv_sent, one_d->kv_sent),
+           stria__sim_ratio(r->dkv_sent, one_d->dkv_sent),
+           c->n > 1 ? (double)(R - 1) / (c->n - 1) : 1.0, bwd ? (double)R / c->n : 0.0);
+}
+
+/* One pass's head-group block: per layout, per G. */
+static void stria__sim_groups_print(const stria__sim_opts_t *o, const stria__sim_case_t *c,
+                                    bool bwd, const stria__sim_row_t *one_d,
+                                    const stria__sim_grouped_t *g, int n_g)
+{
+    if (!o->json) {
+        printf("  head groups, %s: G rings of R = N/G ranks at once, each over heads/G and "
+               "kv_heads/G, ring g on ring-order ranks g*R..g*R+R-1 (no link shared)\n",
+               bwd ? "bwd" : "fwd");
+        printf("  %-11s %5s %6s %12s %12s %8s %6s %12s %8s %11s %8s %6s\n", "layout", "G", "R",
+               "pass (s)", "critical (s)", "x 1-D", "busy", "MB sent/rank", "K/V x", "(R-1)/(N-1)",
+               "dK/dV x", "R/N");
+    }
+    for (int i = 0; i < STRIA__SIM_NL; i++) {
+        const stria_layout_kind_t k = stria__sim_order[i];
+        if (!c->have[k])
+            continue;
+        for (int j = 0; j < n_g; j++) {
+            const stria_sim_result_t *r = &g[j].r[bwd][k], *b = &one_d[k].r;
+            const int R = c->n / g[j].groups;
+            if (o->json) {
+                stria__sim_groups_json(c, bwd, k, b, &g[j]);
+                continue;
+            }
+            printf("  %-11s %5d %6d %12.6g %12.6g %8.3f %5.0f%% %12.2f %8.4f %11.4f",
+                   stria_layout_kind_name(k), g[j].groups, R, r->pass_s, r->critical_s,
+                   b->pass_s / r->pass_s, 100.0 * r->compute_s / (c->n * r->pass_s),
+                   (double)r->bytes_sent / 1e6, stria__sim_ratio(r->kv_sent, b->kv_sent),
+                   c->n > 1 ? (double)(R - 1) / (c->n - 1) : 1.0);
+            if (bwd)
+                printf(" %8.4f %6.4f\n", stria__sim_ratio(r->dkv_sent, b->dkv_sent),
+                       (double)R / c->n);
+            else
+                printf(" %8s %6s\n", "-", "-");
+        }
+    }
+    fflush(stdout);
+}
+
+/* Every G of --head-groups that divides N, beside the 1-D ring's rows. */
+static stria_status_t stria__sim_groups(const stria__sim_opts_t *o, const stria__sim_case_t *c,
+                                        const stria__sim_row_t one_d[2][STRIA__SIM_KINDS])
+{
+    stria__sim_grouped_t g[STRIA__SIM_MAX_LIST];
+    int n_g = 0;
+    stria_status_t st = STRIA_OK;
+    for (size_t i = 0; i < o->groups.n && st == STRIA_OK; i++) {
+        const int G = (int)o->groups.v[i];
+        if (c->n % G != 0) {
+            if (!o->json)
+                printf("  head groups: G = %d does not divide N = %d, skipped\n", G, c->n);
+            continue;
+        }
+        st = stria__sim_grouped(o, c, G, &g[n_g++]);
+    }
+    for (int b = 0; b < 2 && st == STRIA_OK && n_g > 0; b++)
+        if ((b == 0 && o->do_fwd) || (b == 1 && o->do_bwd))
+            stria__sim_groups_print(o, c, b == 1, one_d[b], g, n_g);
+    return st;
+}
+
 static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t seq)
 {
     stria__sim_case_t c;
@@ -732,6 +902,8 @@ static stria_status_t stria__sim_one(const stria__sim_opts_t *o, int n, int64_t 
         if (st == STRIA_OK)
             stria__sim_print(o, &c, b == 1, rows, sim_s, sim_cpu_s);
     }
+    if (st == STRIA_OK && stria__sim_groups_on(o))
+        st = stria__sim_groups(o, &c, (const stria__sim_row_t(*)[STRIA__SIM_KINDS])all);
     if (st == STRIA_OK && o->layers > 0)
         stria__sim_e2e(o, &c, all[0], all[1]);
     if (st == STRIA_OK && o->timeline != NULL)

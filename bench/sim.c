@@ -435,6 +435,7 @@ typedef struct {
     stria_sim_span_cb span;
     void *span_ctx;
     double waited;
+    int first; /* ring-order position of the ring's rank 0 (stria_sim_pass_at()) */
 } stria__sim_run_t;
 
 static void stria__sim_emit(stria__sim_run_t *x, int r, int kind, double b, double e)
@@ -455,19 +456,23 @@ static double stria__sim_wait(stria__sim_run_t *x, int r, double t, double until
     return t;
 }
 
-static double stria__sim_bw(const stria_sim_link_t *l, int n, int to)
+/* The link into ring rank `to` from `to` - 1: inside a host or between two,
+ * the ring's ranks sitting at ring-order positions first + rank. */
+static double stria__sim_bw(const stria__sim_run_t *x, int to)
 {
-    const int from = (to - 1 + n) % n, dph = l->devices_per_host;
-    const bool same_host = dph <= 0 || from / dph == to / dph;
+    const stria_sim_link_t *l = x->link;
+    const int n = x->t->n, from = (to - 1 + n) % n, dph = l->devices_per_host;
+    const bool same_host = dph <= 0 || (x->first + from) / dph == (x->first + to) / dph;
     return same_host ? l->intra_Bps : l->inter_Bps;
 }
 
 /* A transfer on the link into rank `to`, ready at `ready`: first come, first
  * served; returns its arrival. */
-static double stria__sim_xfer(const stria_sim_link_t *l, int n, int to, double *link_free,
-                              double ready, uint64_t bytes)
+static double stria__sim_xfer(const stria__sim_run_t *x, int to, double *link_free, double ready,
+                              uint64_t bytes)
 {
-    double bw = stria__sim_bw(l, n, to), begin = ready > link_free[to] ? ready : link_free[to];
+    const stria_sim_link_t *l = x->link;
+    double bw = stria__sim_bw(x, to), begin = ready > link_free[to] ? ready : link_free[to];
     double busy = bw > 0 ? (double)bytes / bw : 0.0;
     link_free[to] = begin + busy;
     return begin + busy + l->latency_s;
@@ -510,15 +515,15 @@ static void stria__sim_links(const stria__sim_run_t *x, stria__sim_state_t *z, i
         double rk = z->start[p] > z->start[r] ? z->start[p] : z->start[r];
         double rd = dkv ? (z->dkv_post[p] > z->start[r] ? z->dkv_post[p] : z->start[r]) : 0;
         if (kv && (!dkv || rk <= rd)) {
-            z->kv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rk, t->kv_bytes[blk]);
+            z->kv_arr[r] = stria__sim_xfer(x, r, z->link_free, rk, t->kv_bytes[blk]);
             z->kv_done[p] = z->kv_arr[r];
         }
         if (bwd && s > 0) { /* no sum: nothing to wait for, the buffer free */
-            z->dkv_arr[r] = dkv ? stria__sim_xfer(x->link, n, r, z->link_free, rd, sum) : 0;
+            z->dkv_arr[r] = dkv ? stria__sim_xfer(x, r, z->link_free, rd, sum) : 0;
             z->dkv_done[(s - 1) % 2][p] = z->dkv_arr[r];
         }
         if (kv && dkv && rk > rd) {
-            z->kv_arr[r] = stria__sim_xfer(x->link, n, r, z->link_free, rk, t->kv_bytes[blk]);
+            z->kv_arr[r] = stria__sim_xfer(x, r, z->link_free, rk, t->kv_bytes[blk]);
             z->kv_done[p] = z->kv_arr[r];
         }
     }
@@ -607,7 +612,7 @@ static void stria__sim_close(stria__sim_run_t *x, stria__sim_state_t *z, bool bw
             int p = (r - 1 + n) % n;
             double ready = z->dkv_post[p] > z->T[r] ? z->dkv_post[p] : z->T[r];
             z->dkv_arr[r] =
-                stria__sim_xfer(x->link, n, r, z->link_free, ready, stria__sim_dkv(x->t, p, n - 1));
+                stria__sim_xfer(x, r, z->link_free, ready, stria__sim_dkv(x->t, p, n - 1));
             z->dkv_done[(n - 1) % 2][p] = z->dkv_arr[r];
         }
         for (int r = 0; r < n; r++) {
@@ -636,12 +641,38 @@ static void stria__sim_close(stria__sim_run_t *x, stria__sim_state_t *z, bool bw
     }
 }
 
+/* The busiest rank's bytes, as the engine counts them, taken apart. */
+static void stria__sim_sent(const stria_sim_table_t *t, bool bwd, stria_sim_result_t *res)
+{
+    const int n = t->n, steps = bwd ? n : t->fwd_steps;
+    for (int r = 0; r < n; r++) {
+        uint64_t kv = 0, dkv = 0;
+        for (int s = 0; s < steps; s++) {
+            kv += stria__sim_kv_sent(t, t->cells[r * n + s].src, s, steps);
+            dkv += bwd ? stria__sim_dkv(t, r, s) : 0;
+        }
+        if (kv + dkv > res->bytes_sent || r == 0) {
+            res->bytes_sent = kv + dkv;
+            res->agree_sent = t->agree_bytes;
+            res->kv_sent = kv - t->agree_bytes;
+            res->dkv_sent = dkv;
+        }
+    }
+}
+
 stria_status_t stria_sim_pass(const stria_sim_table_t *t, const stria_sim_costs_t *costs,
                               const stria_sim_link_t *link, bool bwd, stria_sim_result_t *res,
                               stria_sim_span_cb span, void *span_ctx)
 {
+    return stria_sim_pass_at(t, costs, link, 0, bwd, res, span, span_ctx);
+}
+
+stria_status_t stria_sim_pass_at(const stria_sim_table_t *t, const stria_sim_costs_t *costs,
+                                 const stria_sim_link_t *link, int first, bool bwd,
+                                 stria_sim_result_t *res, stria_sim_span_cb span, void *span_ctx)
+{
     const int n = t->n, steps = bwd ? n : t->fwd_steps;
-    stria__sim_run_t x = {t, bwd ? costs->bwd : costs->fwd, link, span, span_ctx, 0};
+    stria__sim_run_t x = {t, bwd ? costs->bwd : costs->fwd, link, span, span_ctx, 0, first};
     stria__sim_state_t z;
     stria_status_t st = stria__sim_alloc(&z, n);
     if (st != STRIA_OK)
@@ -677,14 +708,31 @@ stria_status_t stria_sim_pass(const stria_sim_table_t *t, const stria_sim_costs_
     for (int r = 0; r < n; r++)
         res->pass_s = z.T[r] > res->pass_s ? z.T[r] : res->pass_s;
     res->waited_s = x.waited;
-    for (int r = 0; r < n; r++) { /* the busiest rank's, as the engine counts them */
-        uint64_t sent = 0;
-        for (int s = 0; s < steps; s++)
-            sent += stria__sim_kv_sent(t, t->cells[r * n + s].src, s, steps) +
-                    (bwd ? stria__sim_dkv(t, r, s) : 0);
-        res->bytes_sent = sent > res->bytes_sent ? sent : res->bytes_sent;
-    }
+    stria__sim_sent(t, bwd, res);
     free(z.T);
+    return STRIA_OK;
+}
+
+stria_status_t stria_sim_groups(const stria_sim_table_t *t, const stria_sim_costs_t *costs,
+                                const stria_sim_link_t *link, int groups, bool bwd,
+                                stria_sim_result_t *res)
+{
+    if (groups < 1)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "simulate: %d head groups", groups);
+    memset(res, 0, sizeof(*res));
+    for (int g = 0; g < groups; g++) {
+        stria_sim_result_t one;
+        stria_status_t st = stria_sim_pass_at(t, costs, link, g * t->n, bwd, &one, NULL, NULL);
+        if (st != STRIA_OK)
+            return st;
+        if (g == 0 || one.pass_s > res->pass_s) { /* the slowest ring's pass, bytes and steps */
+            const double compute = res->compute_s, waited = res->waited_s;
+            *res = one;
+            res->compute_s = compute, res->waited_s = waited;
+        }
+        res->compute_s += one.compute_s;
+        res->waited_s += one.waited_s;
+    }
     return STRIA_OK;
 }
 

@@ -120,6 +120,9 @@ typedef struct {
     double waited_s;   /* all ranks' time blocked on the link */
     int steps;
     uint64_t bytes_sent; /* by the busiest rank */
+    /* bytes_sent taken apart: its K/V messages, its dK/dV sums (backward),
+     * the closing agreement */
+    uint64_t kv_sent, dkv_sent, agree_sent;
 } stria_sim_result_t;
 
 /* Spans of a simulated pass, for timelines: kind as stria_timeline_kind_t. */
@@ -129,6 +132,25 @@ typedef void (*stria_sim_span_cb)(void *ctx, int rank, int kind, double begin, d
 stria_status_t stria_sim_pass(const stria_sim_table_t *t, const stria_sim_costs_t *costs,
                               const stria_sim_link_t *link, bool bwd, stria_sim_result_t *res,
                               stria_sim_span_cb span, void *span_ctx);
+
+/* The same for a ring whose rank 0 sits at ring-order position `first` of
+ * the machine (ring rank j on host (first + j) / devices_per_host): its
+ * links inside a host or between hosts by those positions. */
+stria_status_t stria_sim_pass_at(const stria_sim_table_t *t, const stria_sim_costs_t *costs,
+                                 const stria_sim_link_t *link, int first, bool bwd,
+                                 stria_sim_result_t *res, stria_sim_span_cb span, void *span_ctx);
+
+/* Head groups: `groups` rings of the table's t->n ranks at once (the table
+ * built for heads / G and kv_heads / G), ring g at ring-order positions
+ * g * t->n + j (the coordinator gives group g the next t->n workers of its
+ * ring order). The rings share no link: the model has one link into each
+ * rank and no host-wide NIC, so rings on the same hosts do not contend.
+ * pass_s, critical_s, steps and bytes: the slowest ring's (the rings are
+ * the same table, so bytes and critical path are every ring's); compute_s
+ * and waited_s: summed over every rank of every ring. */
+stria_status_t stria_sim_groups(const stria_sim_table_t *t, const stria_sim_costs_t *costs,
+                                const stria_sim_link_t *link, int groups, bool bwd,
+                                stria_sim_result_t *res);
 
 /* Least-squares fit of non-negative coefficients: rows of x (n_rows x
  * STRIA_SIM_NCOEF) against y, each row weighted by 1 / y (relative error).
