@@ -7,6 +7,7 @@
 #
 #   ./deploy/quickstart.sh                  # S=32768, 8 heads, head_dim 128, bf16, 4 workers
 #   SEQ=8192 WORKERS=2 ./deploy/quickstart.sh
+#   HEAD_GROUPS=2 ./deploy/quickstart.sh    # the session as 2 head groups x rings of 2
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,6 +16,15 @@ heads=${HEADS:-8}
 kv_heads=${KV_HEADS:-8}
 head_dim=${HEAD_DIM:-128}
 workers=${WORKERS:-4}
+head_groups=${HEAD_GROUPS:-1}
+case $head_groups in
+''|*[!0-9]*|0) echo "quickstart: HEAD_GROUPS must be a number >= 1 (got '$head_groups')" >&2; exit 2 ;;
+esac
+if (( workers % head_groups != 0 || 4 % head_groups != 0 )); then
+  echo "quickstart: HEAD_GROUPS=$head_groups must divide the workers ($workers) and the" \
+    "session's 4 K/V heads" >&2
+  exit 2
+fi
 jobs=$(nproc 2>/dev/null || echo 2)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/stria-quickstart.XXXXXX")
@@ -93,7 +103,12 @@ echo "   1 x $seq tokens x $heads heads ($kv_heads K/V heads) x $head_dim, bf16;
   --v "$work/v.npy" --do "$work/do.npy" --dtype bf16 --causal --layout striped \
   --label quickstart --check --out "$work/out"
 echo
-echo "== 5/5 a session: the ring opened once, then 64 calls of 1 x 256 x 4 x 64 (bf16)"
+if (( head_groups > 1 )); then
+  echo "== 5/5 a session of $head_groups head groups x rings of $((workers / head_groups)):" \
+    "opened once, then 64 calls of 1 x 256 x 4 x 64 (bf16)"
+else
+  echo "== 5/5 a session: the ring opened once, then 64 calls of 1 x 256 x 4 x 64 (bf16)"
+fi
 echo "   the same calls first as a job each, then on the session; per call, beside the job's"
 "$bin/stria-run" random --shape "1,256,4,64" --seed 5 --out "$work/sq.npy"
 "$bin/stria-run" random --shape "1,256,4,64" --seed 6 --out "$work/sk.npy"
@@ -101,7 +116,7 @@ echo "   the same calls first as a job each, then on the session; per call, besi
 "$bin/stria-run" random --shape "1,256,4,64" --seed 8 --out "$work/sdo.npy"
 "$bin/stria-run" submit --coordinator "$coord" --q "$work/sq.npy" --k "$work/sk.npy" \
   --v "$work/sv.npy" --do "$work/sdo.npy" --dtype bf16 --causal --layout striped \
-  --label quickstart-session --session-calls 64 --out "$work/sout"
+  --label quickstart-session --session-calls 64 --head-groups "$head_groups" --out "$work/sout"
 echo
 "$bin/striactl" --coordinator "$coord" jobs --all
 echo
