@@ -155,8 +155,8 @@ static void stria__run_common_opts(stria__run_opts_t *o, stria_option_t *t)
                      .min = 1, .max = 256),
         STRIA_OPTION("layout", CUSTOM, &o->layout, "auto|striped|contiguous|zigzag|packed",
                      "how the tokens are spread over the ranks (default auto: contiguous with "
-                     "--window, striped otherwise; packed: --cu-seqlens documents placed by "
-                     "their work, local only)",
+                     "--window; packed with --cu-seqlens on host memory, documents placed by "
+                     "their work where that balances; striped otherwise)",
                      .parse = stria__parse_layout),
         STRIA_OPTION("cu-seqlens", INTS, &o->cu_seqlens, "0,N1,...,TOKENS",
                      "documents (flash_attn varlen's cu_seqlens) of every batch row: a token sees "
