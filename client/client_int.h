@@ -16,9 +16,13 @@
  *   client_call.c    stria__lcall_*   one try of a call on some ranks: their inputs placed
  *                                     (payload, pieces or arena), requests, replies, the
  *                                     outputs gathered, progress, the try's verdict
- *   client_session.c stria__lsess_*   sessions (stria_session_*): open, import, calls with
- *                                     their retries (opened anew, or following a
- *                                     replacement), held forwards, buffers, close
+ *   client_session.c stria__lsess_*   sessions: open, import, calls with their retries
+ *                                     (opened anew, or following a replacement), held
+ *                                     forwards, buffers, a call's positions, close
+ *   client_groups.c  stria__lgroup_*  head groups: a session of G rings (sessions of
+ *                                     heads / G), calls run on all at once, auto G
+ *   client_api.c                      the session API (stria_session_*, stria_call_*
+ *                                     positions) over sessions and head groups
  *   client_job.c                      the job API (stria_client_forward, _submit, ...)
  *                                     over sessions
  *   client.c                          connect, close
@@ -401,8 +405,32 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
  * 0), opening the rank if no call did yet. */
 stria_status_t stria__lsess_buffer(stria_session_t *s, const char *fn, const stria_call_shape_t *c,
                                    int rank, stria_tensor_id_t t, stria_shard_buffer_t *out);
-/* Closes the session at the service and frees the handle. */
+/* Closes the session at the service and frees the handle (a head-grouped
+ * one's rings with it). */
 stria_status_t stria__lsess_close(stria_session_t *s);
+/* A handle of no session yet (a head-grouped session's parent). */
+stria_session_t *stria__lsess_new(stria_client_t *client);
+/* Lets held forward `held` go on rank `rank`'s workers (every rank's for a
+ * whole-sequence session). STRIA_ERR_NOT_FOUND when it is not held. */
+stria_status_t stria__lsess_release_held(stria_session_t *s, const char *fn, int rank,
+                                         uint64_t held);
+/* The first bytes of an export: a session's, a job's. */
+#define STRIA__SESSION_EXPORT_MAGIC "STRIASS1"
+#define STRIA__JOB_EXPORT_MAGIC     "STRIAJB2"
+
+/* ---- client_groups.c ---- */
+/* STRIA_HEAD_GROUPS_AUTO: one group per host of the coordinator's ring
+ * where the hosts hold equal shares and divide kv_heads, else 1 (sets sp's
+ * head_groups, and ring_size when it was 0 and groups were chosen). */
+stria_status_t stria__lgroup_auto(stria_client_t *c, stria_session_spec_t *sp);
+/* Opens a session of sp->head_groups > 1 rings (its spec checked, naming
+ * what does not fit) into *out, not linked into the client. */
+stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
+                                  const stria_session_spec_t *sp, stria_session_t **out);
+/* A call on every ring of head-grouped session p at once. */
+stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stria__lreq_t *r);
+/* Adds p's rings' traffic, retries and reopenings to *out. */
+void stria__lgroup_stats(const stria_session_t *p, stria_session_stats_t *out);
 /* How many times a call that failed retryably is tried again. */
 int stria__lsess_retries(const stria_client_t *c);
 

@@ -1,0 +1,252 @@
+/* libstria's head groups (stria_session_spec_t.head_groups): a session of
+ * G rings, each a session of its own over heads / G, and a call run on all
+ * of them at once; the automatic choice of G from the coordinator's ring.
+ * Above the sessions (client_session.c), below the public session API. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_int.h"
+
+/* A head-grouped session (spec.head_groups G > 1) is G sessions, one per
+ * head group: heads / G and kv_heads / G over R = ring_size / G ranks each,
+ * opened one after the other, each without the workers of the groups
+ * before it (the coordinator orders a ring's workers by host, so a group's
+ * ring takes the next R of them: a host's neighbours before another
+ * host's). A call runs on the G rings at once, each moving its heads' bytes
+ * of every row between the caller's tensors and its shards (client_call.c,
+ * full_row and full_off): routing the upload is the all-to-all of head
+ * parallelism. Each ring retries on its own, as any session does. */
+
+#define STRIA__MAX_GROUPS 64
+
+static stria_status_t group_spec_check(const stria_session_spec_t *sp)
+{
+    const uint32_t G = sp->head_groups;
+    if (G > STRIA__MAX_GROUPS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: head_groups must be at most %d (got %u)",
+                               STRIA__MAX_GROUPS, G);
+    if (sp->kv_heads % G != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: head_groups %u must divide kv_heads %lld (a GQA "
+                               "group of query heads stays whole)",
+                               G, (long long)sp->kv_heads);
+    if (sp->ring_size < 1 || sp->ring_size % (int)G != 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: head_groups %u needs ring_size, a multiple of it "
+                               "(head_groups x the ranks of each ring; got %d)",
+                               G, sp->ring_size);
+    if (sp->sharded)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "session spec: head groups are built for whole-sequence sessions "
+                               "only (a sharded session takes head_groups 0 or 1)");
+    if (sp->max_held > 0)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "session spec: held forwards are built for sessions without head "
+                               "groups only (max_held 0 with head_groups %u)",
+                               G);
+    return STRIA_OK;
+}
+
+/* STRIA_HEAD_GROUPS_AUTO: one group per host of the ring's first
+ * ring_size workers (0: all), when each host holds as many and their
+ * number divides kv_heads; else 1. Fills in sp's head_groups and
+ * ring_size. */
+stria_status_t stria__lgroup_auto(stria_client_t *c, stria_session_spec_t *sp)
+{
+    const size_t cap = 4096;
+    char(*hosts)[STRIA__HOST_LEN] = calloc(cap, sizeof(*hosts));
+    if (hosts == NULL)
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
+    size_t n = 0;
+    stria_status_t st = stria__lcoord_ring_hosts(c, hosts, cap, &n);
+    if (st != STRIA_OK) {
+        free(hosts);
+        return stria_error_wrap(st, "session spec: head_groups auto (the coordinator's ring)");
+    }
+    if (sp->ring_size > 0 && (size_t)sp->ring_size < n)
+        n = (size_t)sp->ring_size;
+    /* hosts come in runs in ring order: count the runs, check they are even */
+    size_t runs = 0, run_len = 0, len = 0;
+    bool even = n > 0;
+    for (size_t i = 0; i < n; i++) {
+        bool same = i > 0 && strcmp(hosts[i], hosts[i - 1]) == 0;
+        len = same ? len + 1 : 1;
+        if (!same)
+            runs++;
+        if (i + 1 == n || strcmp(hosts[i + 1], hosts[i]) != 0) {
+            even = even && (run_len == 0 || run_len == len);
+            run_len = len;
+        }
+    }
+    free(hosts);
+    uint32_t G = even && runs > 1 && sp->kv_heads % (int64_t)runs == 0 ? (uint32_t)runs : 1;
+    if (sp->ring_size == 0 && G > 1)
+        sp->ring_size = (int)n;
+    sp->head_groups = G;
+    stria_log_info("session: head_groups auto: %u (%zu workers on %zu hosts%s)", G, n, runs,
+                   G > 1       ? ""
+                   : runs <= 1 ? ": one host"
+                   : !even     ? ": hosts hold unequal shares"
+                               : ": the hosts do not divide kv_heads");
+    return STRIA_OK;
+}
+
+stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
+                                  const stria_session_spec_t *sp, stria_session_t **out)
+{
+    stria_status_t st = group_spec_check(sp);
+    if (st != STRIA_OK)
+        return st;
+    const int G = (int)sp->head_groups, R = sp->ring_size / G;
+    stria_session_t *p = stria__lsess_new(c);
+    uint64_t *taken = calloc((size_t)sp->ring_size, sizeof(*taken));
+    if (p == NULL || taken == NULL || (p->groups = calloc((size_t)G, sizeof(*p->groups))) == NULL) {
+        free(taken);
+        stria__lsess_close(p);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
+    }
+    p->spec = *sp;
+    p->spec.label = NULL;
+    p->spec.placement_hosts = NULL;
+    p->spec.placement_devices = NULL;
+    size_t n_taken = 0;
+    for (int g = 0; g < G && st == STRIA_OK; g++) {
+        stria_session_spec_t gs = *sp;
+        gs.heads /= G;
+        gs.kv_heads /= G;
+        gs.ring_size = R;
+        gs.head_groups = 0;
+        char label[256]; /* what striactl shows: the group and its session */
+        snprintf(label, sizeof(label), "%s%shead group %d of %d", o->js.label ? o->js.label : "",
+                 o->js.label ? ", " : "", g, G);
+        stria__lopen_t go = *o;
+        go.js.label = label;
+        go.js.heads = gs.heads;
+        go.js.kv_heads = gs.kv_heads;
+        go.js.ring_size = R;
+        go.exclude = taken;
+        go.n_exclude = &n_taken;
+        go.blame = false;
+        stria_session_t *r = NULL;
+        if ((st = stria__lsess_open(c, &go, &gs, NULL, NULL, &r)) != STRIA_OK) {
+            char msg[1024];
+            bool retryable = stria_error_retryable();
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            stria_error_set(st, "head group %d of %d (its ring of %d): %s", g, G, R, msg);
+            stria_error_set_retryable(retryable);
+            break;
+        }
+        r->group = g;
+        r->group_of = G;
+        p->groups[p->n_groups++] = r;
+        for (int i = 0; i < r->n_ranks && n_taken < (size_t)sp->ring_size; i++)
+            taken[n_taken++] = r->ranks[i].worker_id;
+    }
+    free(taken);
+    if (st != STRIA_OK) {
+        stria__lsess_close(p);
+        return st;
+    }
+    p->id = p->groups[0]->id;
+    p->layout = p->groups[0]->layout;
+    *out = p;
+    return STRIA_OK;
+}
+
+/* One head group's part of a call, on a thread of its own. */
+typedef struct {
+    stria_session_t *s;
+    const char *fn;
+    stria__lreq_t r;
+    stria_status_t st;
+    bool retryable;
+    char msg[1024];
+} group_call_t;
+
+static void *group_call_main(void *arg)
+{
+    group_call_t *gc = arg;
+    gc->st = stria__lsess_call(gc->s, gc->fn, &gc->r, NULL);
+    if (gc->st != STRIA_OK) {
+        gc->retryable = stria_error_retryable();
+        snprintf(gc->msg, sizeof(gc->msg), "%s", stria_error_msg());
+    }
+    return NULL;
+}
+
+stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stria__lreq_t *r)
+{
+    if (r->hold || r->use_held)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "%s: held forwards are built for sessions without head groups only",
+                               fn);
+    pthread_mutex_lock(&p->lock);
+    const int G = p->n_groups;
+    group_call_t *gc = calloc((size_t)G, sizeof(*gc));
+    pthread_t *th = calloc((size_t)G, sizeof(*th));
+    bool *started = calloc((size_t)G, sizeof(*started));
+    if (gc == NULL || th == NULL || started == NULL) {
+        free(gc), free(th), free(started);
+        pthread_mutex_unlock(&p->lock);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    const double t0 = stria_time_now();
+    for (int g = 0; g < G; g++) {
+        gc[g] = (group_call_t){.s = p->groups[g], .fn = fn, .r = *r};
+        gc[g].r.progress = NULL; /* (one ring's progress is not the call's) */
+        if (g > 0)
+            started[g] = pthread_create(&th[g], NULL, group_call_main, &gc[g]) == 0;
+    }
+    group_call_main(&gc[0]);
+    for (int g = 1; g < G; g++) {
+        if (started[g])
+            pthread_join(th[g], NULL);
+        else /* no thread: this one runs it */
+            group_call_main(&gc[g]);
+    }
+    stria_status_t st = STRIA_OK;
+    stria_session_stats_t *ps = &p->stats;
+    ps->last_pass_s = 0;
+    ps->last_ring_bytes = ps->last_minflt = 0;
+    ps->last_steps = 0;
+    for (int g = 0; g < G; g++) {
+        if (gc[g].st != STRIA_OK && st == STRIA_OK) {
+            st = stria_error_set(gc[g].st, "head group %d of %d: %s", g, G, gc[g].msg);
+            stria_error_set_retryable(gc[g].retryable);
+        }
+        const stria_session_stats_t *gs = &p->groups[g]->stats;
+        ps->last_pass_s = fmax(ps->last_pass_s, gs->last_pass_s);
+        ps->last_ring_bytes += gs->last_ring_bytes;
+        ps->last_minflt += gs->last_minflt;
+        ps->last_steps = gs->last_steps > ps->last_steps ? gs->last_steps : ps->last_steps;
+    }
+    ps->last_call_s = stria_time_now() - t0;
+    if (st == STRIA_OK)
+        ps->calls++;
+    else
+        ps->failed++;
+    free(gc), free(th), free(started);
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+/* A head-grouped session's figures: its own calls, its rings' traffic and
+ * openings. */
+void stria__lgroup_stats(const stria_session_t *p, stria_session_stats_t *out)
+{
+    for (int g = 0; g < p->n_groups; g++) {
+        stria_session_t *r = p->groups[g];
+        pthread_mutex_lock(&r->lock);
+        out->retries += r->stats.retries;
+        out->reopened += r->stats.reopened;
+        out->bytes_up += r->stats.bytes_up;
+        out->bytes_down += r->stats.bytes_down;
+        out->generation =
+            r->stats.generation > out->generation ? r->stats.generation : out->generation;
+        pthread_mutex_unlock(&r->lock);
+    }
+}
