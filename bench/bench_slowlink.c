@@ -1128,7 +1128,9 @@ static int sl_dirs(const sl_cfg_t *c, sl_run_t *r)
         }
         return 0;
     }
-    snprintf(r->log_dir, sizeof(r->log_dir), "/tmp/stria-slowlink-XXXXXX");
+    const char *tmp = getenv("TMPDIR");
+    snprintf(r->log_dir, sizeof(r->log_dir), "%s/stria-slowlink-XXXXXX",
+             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
     if (mkdtemp(r->log_dir) == NULL) {
         fprintf(stderr, "stria-bench slowlink: cannot make a log folder: %s\n", strerror(errno));
         return -1;
