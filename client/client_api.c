@@ -110,6 +110,8 @@ stria_status_t stria_session_export(const stria_session_t *s, void *out, size_t 
     uint8_t *b = out;
     if (s == NULL || out == NULL || len_out == NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_session_export: NULL argument");
+    if (s->n_groups > 0)
+        return stria__lgroup_export(s, out, cap, len_out);
     if (!s->sharded || s->id == 0)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_session_export: only a sharded session can be shared");
@@ -128,7 +130,11 @@ stria_status_t stria_session_import(stria_client_t *client, const void *bytes, s
                                     stria_session_t **session_out)
 {
     stria_session_t *s = NULL;
-    stria_status_t st = stria__lsess_import(client, bytes, len, false, &s);
+    if (client == NULL || bytes == NULL || session_out == NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_session_import: NULL argument");
+    stria_status_t st = stria__lgroup_is_export(bytes, len)
+                            ? stria__lgroup_import(client, bytes, len, &s)
+                            : stria__lsess_import(client, bytes, len, false, &s);
     if (st != STRIA_OK)
         return st;
     link_session(s);
@@ -232,7 +238,19 @@ stria_status_t stria_session_buffer(stria_session_t *s, const stria_call_t *call
     stria_status_t st = stria__labi_call(call, &c);
     if (st != STRIA_OK)
         return st;
+    if (s != NULL && s->n_groups > 0)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "stria_session_buffer: a head-grouped session's rank sends each "
+                               "ring its heads' bytes of its tensors (no one buffer holds a "
+                               "rank's tensor): pass buffers of your own");
     return stria__lsess_buffer(s, "stria_session_buffer", &c, rank, tensor, out);
+}
+
+int stria_session_ranks(const stria_session_t *s)
+{
+    if (s != NULL && s->n_groups > 0)
+        return s->groups[0]->n_ranks;
+    return s != NULL && s->id != 0 ? s->n_ranks : 0;
 }
 
 int64_t stria_session_shard_tokens(const stria_session_t *s, int64_t seq_len, int rank)
@@ -241,7 +259,7 @@ int64_t stria_session_shard_tokens(const stria_session_t *s, int64_t seq_len, in
         return -1;
     stria_call_t call = STRIA_CALL_INIT;
     call.seq_len = seq_len;
-    return stria_call_shard_tokens(s->layout, s->n_ranks, &call, rank);
+    return stria_call_shard_tokens(s->layout, stria_session_ranks(s), &call, rank);
 }
 
 stria_status_t stria_session_positions(const stria_session_t *s, int64_t seq_len, int rank,
@@ -252,7 +270,7 @@ stria_status_t stria_session_positions(const stria_session_t *s, int64_t seq_len
                                "stria_session_positions: NULL or unopened session");
     stria_call_t call = STRIA_CALL_INIT;
     call.seq_len = seq_len;
-    return stria_call_positions(s->layout, s->n_ranks, &call, rank, positions_out);
+    return stria_call_positions(s->layout, stria_session_ranks(s), &call, rank, positions_out);
 }
 
 int64_t stria_call_shard_tokens(stria_layout_kind_t layout, int n_ranks, const stria_call_t *call,
@@ -311,6 +329,8 @@ stria_status_t stria_session_spec_get(const stria_session_t *s, stria_session_sp
 
 uint64_t stria_session_id(const stria_session_t *s)
 {
+    if (s != NULL && s->n_groups > 0) /* head groups: its first ring's (replaced or not) */
+        return s->groups[0]->id;
     return s != NULL ? s->id : 0;
 }
 

@@ -3,7 +3,8 @@
  * Each rank's inputs are placed: in the rank's arena (this process's own
  * memory, registered with a worker of this host) at the call's region, or
  * in the request's payload (a whole-sequence call's rank gathered into the
- * rank's buffer; a sharded rank's own tensors sent as they lie); inputs
+ * rank's buffer; a sharded rank's own tensors sent as they lie, or for a
+ * head group its heads' bytes of them gathered like a whole call's); inputs
  * larger than the worker takes in one request go first in pieces. Every
  * rank's request is sent before any reply is read (the workers meet on
  * their ring), then the replies are read and the outputs gathered (from the
@@ -160,19 +161,31 @@ static int64_t full_outer(const part_t *p, int t, int64_t o)
     return o / p->heads * p->full_heads + p->head0 + o % p->heads;
 }
 
-/* Moves a rank's real tokens between a full [outer][seq_len][full_row]
+/* Whether the caller's tensors are the rank's shard as the worker takes
+ * it (a sharded session's own tokens, all its heads), sent and received as
+ * they lie; else each part moves its rows (and a head group its heads'
+ * bytes of them) between the caller's tensors and a compact shard. */
+static bool as_they_lie(const stria_session_t *s)
+{
+    return s->sharded && s->group_of <= 1;
+}
+
+/* Moves a rank's real tokens between the caller's [outer][tokens][full_row]
  * tensor (a head group's: its heads' bytes of every row) and its compact
- * [outer][valid][row] shard. */
-static void move(const stria_layout_t *lay, const part_t *p, int t, char *compact, void *full,
-                 bool to_full)
+ * [outer][valid][row] shard: the whole sequence's tokens at the layout's
+ * positions, or a sharded rank's own tokens, in their order. */
+static void move(const stria_session_t *s, const stria_layout_t *lay, const part_t *p, int t,
+                 char *compact, void *full, bool to_full)
 {
     stria_layout_run_t tmp[STRIA_LAYOUT_MAX_RUNS];
-    size_t nr;
-    const stria_layout_run_t *runs = stria_layout_runs(lay, p->r->rank, false, &nr, tmp);
+    size_t nr = 1;
+    const stria_layout_run_t own = {.first = 0, .stride = 1, .count = p->valid};
+    const stria_layout_run_t *runs =
+        s->sharded ? &own : stria_layout_runs(lay, p->r->rank, false, &nr, tmp);
+    const int64_t tokens = s->sharded ? p->valid : lay->seq_len;
     const size_t row = p->row[t], frow = p->full_row[t];
     for (int64_t o = 0; o < p->outer[t]; o++) {
-        char *f =
-            (char *)full + (size_t)(full_outer(p, t, o) * lay->seq_len) * frow + p->full_off[t];
+        char *f = (char *)full + (size_t)(full_outer(p, t, o) * tokens) * frow + p->full_off[t];
         char *cp = compact + (size_t)(o * p->valid) * row;
         for (size_t k = 0; k < nr; k++) {
             if (runs[k].stride == 1 && frow == row) {
@@ -229,20 +242,20 @@ static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
         for (int i = 0; i < n_in; i++) {
             int t = in[i];
             char *dst = p->region + p->at[t];
-            if (s->sharded) {
+            if (as_they_lie(s)) {
                 if (io_in(c, t) != dst) /* else built in place */
                     memcpy(dst, io_in(c, t), p->bytes[t]);
             } else {
-                move(&x->lay, p, t, dst, (void *)io_in(c, t), false);
+                move(s, &x->lay, p, t, dst, (void *)io_in(c, t), false);
             }
         }
-        p->in_bytes = 0;     /* nothing travels */
-    } else if (s->sharded) { /* its own tensors, sent as they lie */
+        p->in_bytes = 0;         /* nothing travels */
+    } else if (as_they_lie(s)) { /* its own tensors, sent as they lie */
         for (int i = 0; i < n_in; i++)
             p->in_iov[i] = (struct iovec){(void *)io_in(c, in[i]), p->bytes[in[i]]};
         for (int i = 0; i < n_out; i++)
             p->out_iov[i] = (struct iovec){io_out(c, out[i]), p->bytes[out[i]]};
-    } else { /* gathered from the full tensors */
+    } else { /* gathered from the caller's tensors */
         stria_status_t st = stria__lrank_grow(s->client, &r->up, &r->up_cap, p->in_bytes);
         if (st == STRIA_OK)
             st = stria__lrank_grow(s->client, &r->down, &r->down_cap, p->out_bytes);
@@ -250,7 +263,7 @@ static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
             return st;
         char *up = r->up;
         for (int i = 0; i < n_in; i++) {
-            move(&x->lay, p, in[i], up, (void *)io_in(c, in[i]), false);
+            move(s, &x->lay, p, in[i], up, (void *)io_in(c, in[i]), false);
             up += p->bytes[in[i]];
         }
         p->in_iov[0] = (struct iovec){r->up, p->in_bytes};
@@ -297,7 +310,7 @@ static stria_status_t send_part(try_t *x, part_t *p)
     stria__lrank_t *r = p->r;
     uint64_t max = stria_rpc_client_max_payload(r->conn);
     uint64_t piece = p->in_bytes > max ? (max < STRIA__PIECE_MAX ? max : STRIA__PIECE_MAX) : 0;
-    size_t n_iov = p->arena ? 0 : x->s->sharded ? (size_t)inputs_of(x->c, (int[6]){0}) : 1;
+    size_t n_iov = p->arena ? 0 : as_they_lie(x->s) ? (size_t)inputs_of(x->c, (int[6]){0}) : 1;
     struct iovec cut[8];
     uint64_t off = 0;
     stria_status_t st = STRIA_OK;
@@ -331,7 +344,7 @@ static stria_status_t send_part(try_t *x, part_t *p)
     p->rq.payload_len = p->in_bytes - off;
     if (!p->arena) {
         p->rq.reply_iov = p->out_iov;
-        p->rq.reply_iovcnt = x->s->sharded ? (size_t)outputs_of(x->c, (int[3]){0}) : 1;
+        p->rq.reply_iovcnt = as_they_lie(x->s) ? (size_t)outputs_of(x->c, (int[3]){0}) : 1;
     }
     if ((st = stria_rpc_client_send(r->conn, &p->rq, &p->pend)) == STRIA_OK) {
         p->sent = true;
@@ -372,17 +385,17 @@ static stria_status_t recv_part(try_t *x, part_t *p)
         for (int i = 0; i < n_out; i++) {
             int t = out[i];
             char *src = p->region + p->at[t];
-            if (x->s->sharded) {
+            if (as_they_lie(x->s)) {
                 if (io_out(c, t) != src) /* else read in place */
                     memcpy(io_out(c, t), src, p->bytes[t]);
             } else {
-                move(&x->lay, p, t, src, io_out(c, t), true);
+                move(x->s, &x->lay, p, t, src, io_out(c, t), true);
             }
         }
-    } else if (!x->s->sharded) {
+    } else if (!as_they_lie(x->s)) {
         char *down = p->r->down;
         for (int i = 0; i < n_out; i++) {
-            move(&x->lay, p, out[i], down, io_out(c, out[i]), true);
+            move(x->s, &x->lay, p, out[i], down, io_out(c, out[i]), true);
             down += p->bytes[out[i]];
         }
     }

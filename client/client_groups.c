@@ -18,7 +18,13 @@
  * host's). A call runs on the G rings at once, each moving its heads' bytes
  * of every row between the caller's tensors and its shards (client_call.c,
  * full_row and full_off): routing the upload is the all-to-all of head
- * parallelism. Each ring retries on its own, as any session does. */
+ * parallelism. Each ring retries on its own, as any session does.
+ *
+ * A sharded one is called by R trainer ranks: rank j holds ring rank j's
+ * tokens with all their heads, and its call sends each group's heads' bytes
+ * of them to worker j of that group's ring (each ring a sharded session of
+ * R ranks, following its own replacement). Its export holds every ring's
+ * id and secret, so that the trainer's other ranks import the same rings. */
 
 #define STRIA__MAX_GROUPS 64
 
@@ -39,10 +45,6 @@ static stria_status_t group_spec_check(const stria_session_spec_t *sp)
                                "session spec: head_groups %u needs ring_size, a multiple of it "
                                "(head_groups x the ranks of each ring; got %d)",
                                G, sp->ring_size);
-    if (sp->sharded)
-        return stria_error_set(STRIA_ERR_UNSUPPORTED,
-                               "session spec: head groups are built for whole-sequence sessions "
-                               "only (a sharded session takes head_groups 0 or 1)");
     if (sp->max_held > 0)
         return stria_error_set(STRIA_ERR_UNSUPPORTED,
                                "session spec: held forwards are built for sessions without head "
@@ -110,6 +112,7 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
         return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
     }
     p->spec = *sp;
+    p->sharded = sp->sharded;
     p->spec.label = NULL;
     p->spec.placement_hosts = NULL;
     p->spec.placement_devices = NULL;
@@ -140,9 +143,7 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
             stria_error_set_retryable(retryable);
             break;
         }
-        r->group = g;
-        r->group_of = G;
-        p->groups[p->n_groups++] = r;
+        stria__lgroup_adopt(p, r, G);
         for (int i = 0; i < r->n_ranks && n_taken < (size_t)sp->ring_size; i++)
             taken[n_taken++] = r->ranks[i].worker_id;
     }
@@ -156,6 +157,114 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
     *out = p;
     return STRIA_OK;
 }
+
+void stria__lgroup_adopt(stria_session_t *p, stria_session_t *r, int G)
+{
+    r->group = p->n_groups;
+    r->group_of = G;
+    p->groups[p->n_groups++] = r;
+}
+
+/* ---- a sharded one shared: export and import ------------------------------------ */
+
+/* "STRIASG1", G (le32), 0 (le32), then per ring its id (le64) and secret. */
+#define GROUP_EXPORT_MAGIC "STRIASG1"
+#define GROUP_ENTRY_BYTES  (8 + (int)sizeof(((stria_job_secret_t *)0)->bytes))
+
+stria_status_t stria__lgroup_export(const stria_session_t *p, void *out, size_t cap,
+                                    size_t *len_out)
+{
+    uint8_t *b = out;
+    const size_t need = 16 + (size_t)p->n_groups * GROUP_ENTRY_BYTES;
+    if (!p->sharded)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_session_export: only a sharded session can be shared");
+    if (cap < need)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_session_export: %zu bytes of room, %zu needed (a session "
+                               "of %d head groups; STRIA_SESSION_EXPORT_MAX_BYTES always do)",
+                               cap, need, p->n_groups);
+    memcpy(b, GROUP_EXPORT_MAGIC, 8);
+    stria_put_le32(b + 8, (uint32_t)p->n_groups);
+    stria_put_le32(b + 12, 0);
+    for (int g = 0; g < p->n_groups; g++) {
+        uint8_t *e = b + 16 + (size_t)g * GROUP_ENTRY_BYTES;
+        stria_put_le64(e, p->groups[g]->id);
+        memcpy(e + 8, p->groups[g]->secret.bytes, sizeof(p->groups[g]->secret.bytes));
+    }
+    *len_out = need;
+    return STRIA_OK;
+}
+
+bool stria__lgroup_is_export(const void *bytes, size_t len)
+{
+    return len >= 16 && memcmp(bytes, GROUP_EXPORT_MAGIC, 8) == 0;
+}
+
+/* Whether ring r fits beside ring 0 of the same session (the export of a
+ * head-grouped session names rings of one shape). */
+static bool same_shape(const stria_session_t *a, const stria_session_t *r)
+{
+    const stria_session_spec_t *x = &a->spec, *y = &r->spec;
+    return r->n_ranks == a->n_ranks && r->layout == a->layout && x->heads == y->heads &&
+           x->kv_heads == y->kv_heads && x->head_dim == y->head_dim && x->dtype == y->dtype &&
+           x->max_batch == y->max_batch && x->max_seq_len == y->max_seq_len;
+}
+
+stria_status_t stria__lgroup_import(stria_client_t *c, const void *bytes, size_t len,
+                                    stria_session_t **out)
+{
+    const uint8_t *b = bytes;
+    const uint32_t G = stria_get_le32(b + 8);
+    if (G < 2 || G > STRIA__MAX_GROUPS || len != 16 + (size_t)G * GROUP_ENTRY_BYTES)
+        return stria_error_set(STRIA_ERR_FORMAT,
+                               "stria_session_import: a head-grouped export of %zu bytes that "
+                               "names %u groups (2..%d, 16 + 40 bytes each)",
+                               len, G, STRIA__MAX_GROUPS);
+    stria_session_t *p = stria__lsess_new(c);
+    if (p == NULL || (p->groups = calloc(G, sizeof(*p->groups))) == NULL) {
+        stria__lsess_close(p);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_session_import: out of memory");
+    }
+    stria_status_t st = STRIA_OK;
+    for (uint32_t g = 0; g < G && st == STRIA_OK; g++) {
+        uint8_t one[STRIA_SESSION_EXPORT_BYTES];
+        memcpy(one, STRIA__SESSION_EXPORT_MAGIC, 8);
+        memcpy(one + 8, b + 16 + (size_t)g * GROUP_ENTRY_BYTES, GROUP_ENTRY_BYTES);
+        stria_session_t *r = NULL;
+        st = stria__lsess_import(c, one, sizeof(one), false, &r);
+        stria_auth_wipe(one, sizeof(one));
+        if (st != STRIA_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            stria_error_set(st, "head group %u of %u: %s", g, G, msg);
+            break;
+        }
+        stria__lgroup_adopt(p, r, (int)G);
+        if (!same_shape(p->groups[0], r))
+            st = stria_error_set(STRIA_ERR_FORMAT,
+                                 "stria_session_import: head group %u's session (%llu) differs "
+                                 "from group 0's in its ring, layout, heads, dtype or bounds",
+                                 g, (unsigned long long)r->id);
+    }
+    if (st != STRIA_OK) {
+        stria__lsess_close(p);
+        return st;
+    }
+    const stria_session_t *r0 = p->groups[0];
+    p->spec = r0->spec;
+    p->spec.heads *= G;
+    p->spec.kv_heads *= G;
+    p->spec.ring_size = r0->n_ranks * (int)G;
+    p->spec.head_groups = G;
+    p->sharded = true;
+    p->id = r0->id;
+    p->layout = r0->layout;
+    *out = p;
+    return STRIA_OK;
+}
+
+/* ---- calls ---------------------------------------------------------------------- */
 
 /* One head group's part of a call, on a thread of its own. */
 typedef struct {

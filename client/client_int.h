@@ -427,6 +427,15 @@ stria_status_t stria__lgroup_auto(stria_client_t *c, stria_session_spec_t *sp);
  * what does not fit) into *out, not linked into the client. */
 stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
                                   const stria_session_spec_t *sp, stria_session_t **out);
+/* Makes session r (a ring of heads / G) p's next head group. */
+void stria__lgroup_adopt(stria_session_t *p, stria_session_t *r, int G);
+/* A sharded head-grouped session's export (every ring's id and secret),
+ * and its import; stria__lgroup_is_export() tells such an export. */
+stria_status_t stria__lgroup_export(const stria_session_t *p, void *out, size_t cap,
+                                    size_t *len_out);
+bool stria__lgroup_is_export(const void *bytes, size_t len);
+stria_status_t stria__lgroup_import(stria_client_t *c, const void *bytes, size_t len,
+                                    stria_session_t **out);
 /* A call on every ring of head-grouped session p at once. */
 stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stria__lreq_t *r);
 /* Adds p's rings' traffic, retries and reopenings to *out. */

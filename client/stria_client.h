@@ -435,7 +435,8 @@ typedef struct {
         layout;    /* default striped; AUTO: the coordinator's choice (packed on workers of host
                     * memory, striped otherwise; stria_session_layout() says which) */
     int ring_size; /* 0: every healthy worker (whole-sequence sessions) */
-    bool sharded;  /* calls come from ring_size processes, one rank each */
+    bool sharded;  /* calls come from ring_size processes (ring_size / head_groups with head
+                    * groups), one rank each */
     double idle_timeout_s; /* the service closes a session idle this long; 0: 60 */
     double step_timeout_s; /* deadline of one ring step; 0: the workers' default */
     /* Sharded: how long a call's first step waits for the ranks still to
@@ -459,8 +460,12 @@ typedef struct {
      * parallelism, done by routing) and each ring passes 1/G of the K/V of
      * a 1-D ring of ring_size. G must divide kv_heads (a GQA group stays
      * whole) and ring_size (required; with STRIA_HEAD_GROUPS_AUTO, 0 takes
-     * every worker of the ring). Whole-sequence sessions without held
-     * forwards only, for now (sharded or max_held > 0: refused). */
+     * every worker of the ring). Sharded: ring_size / G trainer ranks call
+     * it (stria_session_ranks()), rank j holding ring rank j's tokens (the
+     * layout's shard over ring_size / G ranks) with all their heads; its
+     * call sends each head group's bytes of them to worker j of that
+     * group's ring. Sessions without held forwards only, for now
+     * (max_held > 0: refused). */
     uint32_t head_groups;
 } stria_session_spec_t;
 /* head_groups: one group per host of the ring (stria_session_open() asks
@@ -565,8 +570,12 @@ stria_status_t stria_session_backward_held(stria_session_t *session, const stria
                                            void *dk, void *dv);
 stria_status_t stria_session_release_held(stria_session_t *session, int rank, uint64_t held);
 /* Bytes of a session's export, and the export and import (as for jobs: the
- * bytes are the session's capability). */
-#define STRIA_SESSION_EXPORT_BYTES STRIA_JOB_EXPORT_BYTES
+ * bytes are the session's capability). A head-grouped session's export
+ * holds each ring's: 16 + 40 x head_groups bytes, at most
+ * STRIA_SESSION_EXPORT_MAX_BYTES (stria_session_export() says how many in
+ * *len_out, and refuses a smaller cap naming the size). */
+#define STRIA_SESSION_EXPORT_BYTES     STRIA_JOB_EXPORT_BYTES
+#define STRIA_SESSION_EXPORT_MAX_BYTES (16 + 40 * 64)
 stria_status_t stria_session_export(const stria_session_t *session, void *out, size_t cap,
                                     size_t *len_out);
 stria_status_t stria_session_import(stria_client_t *client, const void *bytes, size_t len,
@@ -602,7 +611,13 @@ stria_status_t stria_call_positions(stria_layout_kind_t layout, int n_ranks,
  * says why) or the session is whole-sequence. */
 stria_status_t stria_session_buffer(stria_session_t *session, const stria_call_t *call, int rank,
                                     stria_tensor_id_t tensor, stria_shard_buffer_t *out);
+/* Workers of the session: head groups x the ranks of each ring. */
 int stria_session_ring_size(const stria_session_t *session);
+/* Ranks of each of its rings: the ranks that call a sharded session (its
+ * trainer's world size: ring_size / head_groups), and the n_ranks of
+ * stria_call_shard_tokens() and stria_call_positions() for its calls.
+ * 0 for NULL or a session not open. */
+int stria_session_ranks(const stria_session_t *session);
 /* What the session fixes, as opened or imported (an import learns it from
  * the coordinator): bounds, heads, kv_heads, head_dim, dtype, layout, ring
  * size (the current one), sharded. The label and placement are not kept

@@ -25,6 +25,9 @@ LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
 JOB_EXPORT_BYTES = 48
 #: Bytes of a session's export (STRIA_SESSION_EXPORT_BYTES).
 SESSION_EXPORT_BYTES = JOB_EXPORT_BYTES
+#: Bytes of any session's export, a head-grouped one's included
+#: (STRIA_SESSION_EXPORT_MAX_BYTES: 16 + 40 per head group, at most 64).
+SESSION_EXPORT_MAX_BYTES = 16 + 40 * 64
 
 
 class ClientParams(ctypes.Structure):
@@ -204,6 +207,7 @@ _SIGNATURES = {
     "stria_session_buffer": (
         ctypes.c_int, [_P, _CALL, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ShardBuffer)]),
     "stria_session_ring_size": (ctypes.c_int, [_P]),
+    "stria_session_ranks": (ctypes.c_int, [_P]),
     "stria_session_layout": (ctypes.c_int, [_P]),
     "stria_session_id": (ctypes.c_uint64, [_P]),
     "stria_session_stats": (ctypes.c_int, [_P, ctypes.POINTER(SessionStats)]),

@@ -90,7 +90,10 @@ class _Config:
 
         _, _, H, D = q.shape
         ring = self.ring_size
-        groups = 0 if sharded else self.client.head_groups
+        groups = self.client.head_groups
+        if sharded:  # the trainer's world size is each ring's size: G x it workers
+            groups = groups if isinstance(groups, int) and groups > 1 else 0
+            ring *= max(groups, 1)
         _check_head_groups(groups, k.shape[2], ring)
         return lambda mb, msl: make_spec(
             self.client, max_batch=mb, max_seq_len=msl, heads=H, kv_heads=k.shape[2],

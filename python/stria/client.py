@@ -160,7 +160,10 @@ class Client:
     ring_size / head_groups ranks each, one per group of heads (see
     stria.Session; "auto": one per host of the ring where that fits); the
     calls must then name ring_size (not with "auto"), and head_groups must
-    divide their kv_heads. Sharded calls keep one ring.
+    divide their kv_heads. Sharded calls (stria.sharded_attention) of a
+    world of W ranks run on head_groups rings of W workers each, rank j's
+    tokens going to worker j of every ring, each ring its group's heads
+    ("auto": one ring of W).
     """
 
     def __init__(self, coordinator: Optional[str] = None, token_file: Optional[str] = None, *,

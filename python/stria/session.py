@@ -170,16 +170,19 @@ class Session:
     call's documents placed by their work; a sharded rank's tokens then come
     from stria.shard_positions with the call's cu_seqlens) or "auto" (the
     service chooses); ring_size ranks (0:
-    every healthy worker); sharded: calls come from ring_size processes, one
-    rank each (open it in one, hand ``export()`` to the others,
-    ``Client.import_session``); idle_timeout: the service closes it after
+    every healthy worker); sharded: calls come from ``ranks`` processes
+    (ring_size / head_groups), one rank each (open it in one, hand
+    ``export()`` to the others, ``Client.import_session``); idle_timeout: the service closes it after
     this long without a call (0: 60 s; libstria opens it again on the next
     call); label: what striactl shows. head_groups G (0 or 1: none): G
     rings of ring_size / G ranks, ring g computing query heads
     [g H/G, (g+1) H/G) and their kv heads, a call's upload sending each
     group's heads to its ring (head parallelism, its all-to-all done by
-    the upload); G divides kv_heads and ring_size (required); whole-sequence
-    sessions only. head_groups "auto": one group per host of the ring when
+    the upload); G divides kv_heads and ring_size (required). Sharded with
+    G groups: ring_size / G trainer ranks, rank j passing ring rank j's
+    tokens with all their heads (``shard_tokens``/``positions`` over
+    ``ranks``), each group's heads going to worker j of its ring; no
+    ``empty()`` buffers then. head_groups "auto": one group per host of the ring when
     the hosts hold equal shares and divide kv_heads, else 1 (``head_groups``
     then says which).
 
@@ -237,6 +240,7 @@ class Session:
         self.dtype = _TORCH_DTYPES[int(dtype)]
         self.sharded = bool(sharded)
         self.ring_size = int(L.stria_session_ring_size(ptr))
+        self.ranks = int(L.stria_session_ranks(ptr))
         fixed = _lib.SessionSpec()
         fixed.struct_size = ctypes.sizeof(fixed)
         self.head_groups = max(1, int(fixed.head_groups)) \
@@ -327,7 +331,7 @@ class Session:
 
     def _raw_export(self) -> bytes:
         """libstria's export (stria_session_export)."""
-        buf = ctypes.create_string_buffer(_lib.SESSION_EXPORT_BYTES)
+        buf = ctypes.create_string_buffer(_lib.SESSION_EXPORT_MAX_BYTES)
         n = ctypes.c_size_t()
         self._call(lambda L: _lib.check(L.stria_session_export(self._ptr, buf, len(buf),
                                                                ctypes.byref(n))))
@@ -360,7 +364,7 @@ class Session:
                                                                   int(rank))))
         if n < 0:
             raise ValueError(f"stria: rank {rank} or seq_len {seq_len} outside session "
-                             f"{self._id} (a ring of {self.ring_size})")
+                             f"{self._id} (rings of {self.ranks})")
         return n
 
     def positions(self, seq_len: int, rank: int) -> torch.Tensor:

@@ -220,7 +220,7 @@ _DESC = ("error", "batch", "tokens", "heads", "kv_heads", "head_dim", "dtype", "
 _NAMES = {_DTYPES[d]: str(d).replace("torch.", "") for d in _DTYPES}
 _HEADER = 8 + _lib.JOB_EXPORT_BYTES  # ok, keep, export length, 5 spare, the export
 # a session's: ok, export length, 6 spare, max_batch and max_seq_len (int64), the export
-_SHEADER = 24 + _lib.SESSION_EXPORT_BYTES
+_SHEADER = 24 + _lib.SESSION_EXPORT_MAX_BYTES
 
 
 class _Sharded:
@@ -567,7 +567,9 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     each rank of `group` (default: the world) passes only the tokens it holds
     of a `seq_len`-token sequence, in stria.shard_positions(seq_len, rank,
     world_size, layout) order (stria.shard cuts them), and gets its tokens'
-    O back; the service runs one ring of the group's size over them.
+    O back; the service runs one ring of the group's size over them (with a
+    Client(head_groups=G): G rings of the group's size, each over its
+    group of heads, rank r's tokens going to worker r of every ring).
 
     q: [B, T, H, D], k, v: [B, T, Hkv, D] (T: this rank's tokens), as in
     stria.attention; layout: "striped", "contiguous", "zigzag" or "packed"

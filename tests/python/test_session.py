@@ -260,23 +260,26 @@ def test_head_groups_session_and_client(cluster, no_active_jobs):
             s.close()
         with pytest.raises(ValueError, match="head_groups must be"):
             stria.Session(heads=4, head_dim=16, max_seq_len=64, head_groups="many", client=c)
-        with pytest.raises(stria.StriaError, match="whole-sequence sessions only"):
-            stria.Session(heads=4, head_dim=16, max_seq_len=64, ring_size=2, head_groups=2,
-                          sharded=True, client=c)
 
 
-def test_explicit_sharded_session_export_import(cluster, no_active_jobs):
-    """A sharded session of 2 ranks: opened through one client, imported
-    through another, the two ranks' calls from two threads; the halves put
-    together are the whole-sequence result."""
+@pytest.mark.parametrize("groups", [0, 2])
+def test_explicit_sharded_session_export_import(cluster, no_active_jobs, groups):
+    """A sharded session of 2 ranks (with head groups: 2 rings of 2, the
+    suite's 4 workers): opened through one client, imported through
+    another, the two ranks' calls from two threads; the halves put together
+    are the whole-sequence result."""
     S, layout = 61, "zigzag"
+    ring = 2 * max(groups, 1)
     q, k, v, do = (rand(1, S, 2, 16, seed=s) for s in range(4))
     with stria.Client(cluster.address, step_timeout=60, arrival_timeout=30) as c0, \
             stria.Client(cluster.address, step_timeout=60, arrival_timeout=30) as c1:
         s0 = stria.Session(heads=2, head_dim=16, max_seq_len=128, dtype=torch.float32,
-                           layout=layout, ring_size=2, sharded=True, client=c0)
+                           layout=layout, ring_size=ring, sharded=True, client=c0,
+                           head_groups=groups)
         s1 = c1.import_session(s0.export())
-        assert (s1.ring_size, s1.layout, s1.heads, s1.max_seq_len) == (2, layout, 2, 128)
+        assert (s1.ring_size, s1.ranks, s1.layout, s1.heads, s1.max_seq_len) == \
+            (ring, 2, layout, 2, 128)
+        assert s1.head_groups == max(groups, 1)
         for r in range(2):
             assert torch.equal(s0.positions(S, r), stria.shard_positions(S, r, 2, layout))
         out, errors = {}, []

@@ -563,6 +563,71 @@ def test_a_call_that_differs_between_ranks_fails_on_every_rank(tmp_path):
     assert not bad, f"{', '.join(bad)} did not exit cleanly"
 
 
+GROUPED = ("striped", "packed-docs")  # the cases a head-grouped client runs
+
+
+def _grouped_rank(rank, world, init, address, out):
+    """One of 2 ranks with a Client(head_groups=2): each call runs on 2
+    rings of 2 workers (the suite's 4), rank r's tokens going to worker r
+    of both rings; results to files."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    c = stria.Client(address, step_timeout=60, arrival_timeout=30, head_groups=2)
+    try:
+        res = {}
+        for name in GROUPED:
+            layout = CASES[name][0]
+            q, k, v, do = (stria.shard(t, 1, rank=rank, world_size=world, layout=layout,
+                                       **_masks(name)).requires_grad_()
+                           for t in _inputs(name))
+            o, lse = stria.sharded_attention(q, k, v, seq_len=S, layout=layout,
+                                             return_lse=True, client=c, **_opts(name))
+            o.backward(do.detach())
+            res[name] = dict(o=o.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
+        s = next(iter(c.sessions))
+        res["rings"] = (s.ring_size, s.ranks, s.head_groups)
+        torch.save(res, f"{out}.{rank}")
+    finally:
+        c.close()
+        dist.destroy_process_group()
+
+
+def test_sharded_head_groups_over_a_gloo_group(cluster, tmp_path, no_active_jobs):
+    """sharded_attention of 2 ranks through a Client(head_groups=2): sessions
+    of 2 head groups x rings of 2; put together, O, LSE and every gradient
+    are the whole-sequence call's bits on the same rings (a head-grouped
+    client's stria.attention) and the float64 reference's values."""
+    import torch.multiprocessing as mp
+
+    from reference import attention as ref_attention, max_err
+
+    out = str(tmp_path / "rank")
+    mp.start_processes(_grouped_rank, nprocs=2, start_method="fork",
+                       args=(2, f"file://{tmp_path}/rendezvous", cluster.address, out))
+    runs = [torch.load(f"{out}.{r}") for r in range(2)]
+    assert all(r["rings"] == (4, 2, 2) for r in runs), [r["rings"] for r in runs]
+    with stria.Client(cluster.address, step_timeout=60, head_groups=2) as c:
+        for name in GROUPED:
+            layout = CASES[name][0]
+            q, k, v, do = (t.requires_grad_() for t in _inputs(name))
+            o, lse = stria.attention(q, k, v, layout=layout, ring_size=4, return_lse=True,
+                                     client=c, **_opts(name))
+            o.backward(do)
+            want = dict(o=o.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
+            for key in want:
+                got = stria.unshard([r[name][key] for r in runs], 2 if key == "lse" else 1,
+                                    seq_len=S, layout=layout, **_masks(name))
+                assert torch.equal(got, want[key]), (name, key)
+            rq, rk, rv, rdo = (t.double().requires_grad_() for t in _inputs(name))
+            opts = _opts(name)
+            ro, _ = ref_attention(rq, rk, rv, opts.get("causal", True), opts.get("softmax_scale"),
+                                  opts.get("window_size"), opts.get("cu_seqlens"))
+            ro.backward(rdo)
+            assert max_err(want["o"], ro) < 1e-4 and max_err(want["dk"], rk.grad) < 1e-4, name
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible: sharded_attention "
                     "with CUDA tensors (pinned host staging) is tested only where torch sees "
                     "a GPU")

@@ -1,8 +1,12 @@
 #include "session_util.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "stria_layout.h"
 #include "stria_ring.h"
 #include "tref.h"
 
@@ -114,4 +118,107 @@ void se_check_groups_call(stria_session_t *s, const stria_session_spec_t *sp, co
                  STRIA_OK, "%s: backward: %s", what, stria_error_msg());
     se_groups_equal(&j, c, G, R, stria_session_layout(s), what);
     fu_job_free(&j);
+}
+
+/* ---- sharded calls ---------------------------------------------------------------- */
+
+/* rows [b, pos[i]] of a full [B, S, row] tensor <-> [B, T, row] */
+static void gather_rows(const char *full, char *shard, int64_t B, int64_t S, int64_t T,
+                        const int64_t *pos, size_t row, bool to_shard)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < T; i++) {
+            char *f = (char *)full + (size_t)(b * S + pos[i]) * row;
+            char *x = shard + (size_t)(b * T + i) * row;
+            memcpy(to_shard ? x : f, to_shard ? f : x, row);
+        }
+}
+
+static void *rank_main(void *arg)
+{
+    se_rank_t *r = arg;
+    fu_job_t *j = r->j;
+    const stria_job_spec_t *sp = &j->spec;
+    int64_t B = r->call.batch, S = r->call.seq_len, H = sp->heads, Hkv = sp->kv_heads;
+    const stria_layout_kind_t layout = stria_session_layout(r->s);
+    const int n = stria_session_ranks(r->s); /* the trainer's ranks (a head group's ring's) */
+    int64_t T = stria_call_shard_tokens(layout, n, &r->call, r->rank);
+    size_t rq = (size_t)(H * sp->head_dim) * j->es, rk = (size_t)(Hkv * sp->head_dim) * j->es;
+    r->st = STRIA_ERR_INVALID_ARG;
+    if (T < 0) {
+        snprintf(r->msg, sizeof(r->msg), "stria_call_shard_tokens(%lld, %d) = %lld: %s",
+                 (long long)S, r->rank, (long long)T, stria_error_msg());
+        return NULL;
+    }
+    int64_t *pos = malloc((size_t)(T + 1) * sizeof(int64_t));
+    /* q k v do | o dq dk dv (rows of bytes[i]) | lse */
+    char *t[9];
+    size_t bytes[8] = {rq, rk, rk, rq, rq, rq, rk, rk};
+    for (int i = 0; i < 9; i++)
+        t[i] = calloc(1, i < 8 ? (size_t)(B * T) * bytes[i] + 1 : (size_t)(B * H * T) * 4 + 1);
+    if ((r->st = stria_call_positions(layout, n, &r->call, r->rank, pos)) != STRIA_OK) {
+        snprintf(r->msg, sizeof(r->msg), "positions: %s", stria_error_msg());
+        goto out;
+    }
+    for (int64_t i = 0; i < T; i++)
+        if (pos[i] < 0 || pos[i] >= S) {
+            r->st = STRIA_ERR_INTERNAL;
+            snprintf(r->msg, sizeof(r->msg), "position %lld of rank %d is %lld, not in [0, %lld)",
+                     (long long)i, r->rank, (long long)pos[i], (long long)S);
+            goto out;
+        }
+    const void *in[4] = {j->q, j->k, j->v, j->g};
+    for (int i = 0; i < 4; i++)
+        gather_rows(in[i], t[i], B, S, T, pos, bytes[i], true);
+    r->st =
+        stria_session_forward_shard(r->s, &r->call, r->rank, t[0], t[1], t[2], t[4], (float *)t[8]);
+    if (r->st == STRIA_OK && r->backward)
+        r->st = stria_session_backward_shard(r->s, &r->call, r->rank, t[0], t[1], t[2], t[4],
+                                             (float *)t[8], t[3], t[5], t[6], t[7]);
+    if (r->st != STRIA_OK) {
+        snprintf(r->msg, sizeof(r->msg), "%s", stria_error_msg());
+        r->retryable = stria_error_retryable();
+        goto out;
+    }
+    void *out[4] = {j->o, j->dq, j->dk, j->dv};
+    for (int i = 0; i < 4; i++)
+        gather_rows(out[i], t[4 + i], B, S, T, pos, bytes[4 + i], false);
+    for (int64_t bh = 0; bh < B * H; bh++)
+        for (int64_t i = 0; i < T; i++)
+            j->lse[bh * S + pos[i]] = ((float *)t[8])[bh * T + i];
+out:
+    for (int i = 0; i < 9; i++)
+        free(t[i]);
+    free(pos);
+    return NULL;
+}
+
+void se_open_sharded(stria_client_t **cl, int n, const stria_session_spec_t *sp,
+                     stria_session_t **h, size_t *len_out)
+{
+    h[0] = se_open_session(cl[0], sp);
+    uint8_t ex[STRIA_SESSION_EXPORT_MAX_BYTES];
+    size_t len = 0;
+    cr_assert_eq(stria_session_export(h[0], ex, sizeof(ex), &len), STRIA_OK, "export: %s",
+                 stria_error_msg());
+    cr_assert_gt(len, 0u);
+    for (int i = 1; i < n; i++) {
+        h[i] = NULL;
+        cr_assert_eq(stria_session_import(cl[i], ex, len, &h[i]), STRIA_OK, "import on rank %d: %s",
+                     i, stria_error_msg());
+    }
+    if (len_out != NULL)
+        *len_out = len;
+}
+
+void se_sharded_call(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
+                     bool backward, se_rank_t *r)
+{
+    pthread_t th[8];
+    for (int i = 0; i < n; i++) {
+        r[i] = (se_rank_t){.s = h[i], .rank = i, .j = j, .call = calls[i], .backward = backward};
+        cr_assert_eq(pthread_create(&th[i], NULL, rank_main, &r[i]), 0);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
 }

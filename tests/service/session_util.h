@@ -43,4 +43,30 @@ void se_groups_equal(const fu_job_t *j, const stria_call_t *c, int G, int R,
 void se_check_groups_call(stria_session_t *s, const stria_session_spec_t *sp, const stria_call_t *c,
                           uint64_t seed, int G, int R, const char *what);
 
+/* ---- sharded calls ---- */
+/* One trainer rank of a sharded call: its session handle and rank, the
+ * call's full tensors (it cuts its own tokens out of them, at
+ * stria_call_positions() of stria_session_ranks() ranks, and writes its
+ * outputs back there), and its outcome. */
+typedef struct {
+    stria_session_t *s;
+    int rank;
+    fu_job_t *j;       /* full tensors: inputs read, outputs written at the rank's positions */
+    stria_call_t call; /* this rank's call */
+    bool backward;
+    stria_status_t st;
+    bool retryable;
+    char msg[1024];
+} se_rank_t;
+
+/* A sharded session for n trainer ranks: opened through cl[0] from sp,
+ * exported and imported through cl[1 .. n) (or the test fails), into
+ * h[0 .. n); the export's length in *len_out (may be NULL). */
+void se_open_sharded(stria_client_t **cl, int n, const stria_session_spec_t *sp,
+                     stria_session_t **h, size_t *len_out);
+/* One call on every rank at once, each on a thread of its own (rank i on
+ * h[i] with calls[i]; forward, then backward when asked); outcomes in r[]. */
+void se_sharded_call(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
+                     bool backward, se_rank_t *r);
+
 #endif

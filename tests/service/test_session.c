@@ -766,101 +766,6 @@ Test(session, two_sessions_called_at_once_from_two_clients_never_mix, .timeout =
 
 /* ---- sharded sessions ---------------------------------------------------------------- */
 
-typedef struct {
-    stria_session_t *s;
-    int rank;
-    fu_job_t *j;       /* full tensors: inputs read, outputs written at the rank's positions */
-    stria_call_t call; /* this rank's call */
-    bool backward;
-    stria_status_t st;
-    bool retryable;
-    char msg[1024];
-} rank_t;
-
-/* rows [b, pos[i]] of a full [B, S, row] tensor <-> [B, T, row] */
-static void gather_rows(const char *full, char *shard, int64_t B, int64_t S, int64_t T,
-                        const int64_t *pos, size_t row, bool to_shard)
-{
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < T; i++) {
-            char *f = (char *)full + (size_t)(b * S + pos[i]) * row;
-            char *x = shard + (size_t)(b * T + i) * row;
-            memcpy(to_shard ? x : f, to_shard ? f : x, row);
-        }
-}
-
-static void *rank_main(void *arg)
-{
-    rank_t *r = arg;
-    fu_job_t *j = r->j;
-    const stria_job_spec_t *sp = &j->spec;
-    int64_t B = r->call.batch, S = r->call.seq_len, H = sp->heads, Hkv = sp->kv_heads;
-    const stria_layout_kind_t layout = stria_session_layout(r->s);
-    const int n = stria_session_ring_size(r->s);
-    int64_t T = stria_call_shard_tokens(layout, n, &r->call, r->rank);
-    size_t rq = (size_t)(H * sp->head_dim) * j->es, rk = (size_t)(Hkv * sp->head_dim) * j->es;
-    r->st = STRIA_ERR_INVALID_ARG;
-    if (T < 0) {
-        snprintf(r->msg, sizeof(r->msg), "stria_call_shard_tokens(%lld, %d) = %lld: %s",
-                 (long long)S, r->rank, (long long)T, stria_error_msg());
-        return NULL;
-    }
-    int64_t *pos = malloc((size_t)(T + 1) * sizeof(int64_t));
-    /* q k v do | o dq dk dv (rows of bytes[i]) | lse */
-    char *t[9];
-    size_t bytes[8] = {rq, rk, rk, rq, rq, rq, rk, rk};
-    for (int i = 0; i < 9; i++)
-        t[i] = calloc(1, i < 8 ? (size_t)(B * T) * bytes[i] + 1 : (size_t)(B * H * T) * 4 + 1);
-    if ((r->st = stria_call_positions(layout, n, &r->call, r->rank, pos)) != STRIA_OK) {
-        snprintf(r->msg, sizeof(r->msg), "positions: %s", stria_error_msg());
-        goto out;
-    }
-    for (int64_t i = 0; i < T; i++)
-        if (pos[i] < 0 || pos[i] >= S) {
-            r->st = STRIA_ERR_INTERNAL;
-            snprintf(r->msg, sizeof(r->msg), "position %lld of rank %d is %lld, not in [0, %lld)",
-                     (long long)i, r->rank, (long long)pos[i], (long long)S);
-            goto out;
-        }
-    const void *in[4] = {j->q, j->k, j->v, j->g};
-    for (int i = 0; i < 4; i++)
-        gather_rows(in[i], t[i], B, S, T, pos, bytes[i], true);
-    r->st =
-        stria_session_forward_shard(r->s, &r->call, r->rank, t[0], t[1], t[2], t[4], (float *)t[8]);
-    if (r->st == STRIA_OK && r->backward)
-        r->st = stria_session_backward_shard(r->s, &r->call, r->rank, t[0], t[1], t[2], t[4],
-                                             (float *)t[8], t[3], t[5], t[6], t[7]);
-    if (r->st != STRIA_OK) {
-        snprintf(r->msg, sizeof(r->msg), "%s", stria_error_msg());
-        r->retryable = stria_error_retryable();
-        goto out;
-    }
-    void *out[4] = {j->o, j->dq, j->dk, j->dv};
-    for (int i = 0; i < 4; i++)
-        gather_rows(out[i], t[4 + i], B, S, T, pos, bytes[4 + i], false);
-    for (int64_t bh = 0; bh < B * H; bh++)
-        for (int64_t i = 0; i < T; i++)
-            j->lse[bh * S + pos[i]] = ((float *)t[8])[bh * T + i];
-out:
-    for (int i = 0; i < 9; i++)
-        free(t[i]);
-    free(pos);
-    return NULL;
-}
-
-/* One call on every rank at once (rank r's call calls[r]); statuses in r[]. */
-static void sharded_call(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
-                         bool backward, rank_t *r)
-{
-    pthread_t th[8];
-    for (int i = 0; i < n; i++) {
-        r[i] = (rank_t){.s = h[i], .rank = i, .j = j, .call = calls[i], .backward = backward};
-        cr_assert_eq(pthread_create(&th[i], NULL, rank_main, &r[i]), 0);
-    }
-    for (int i = 0; i < n; i++)
-        pthread_join(th[i], NULL);
-}
-
 static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
 {
     dcluster_t c;
@@ -872,16 +777,10 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
     stria_session_spec_t sp = se_spec_of(2, 128, 4, 2, 16, dtype, layout, n);
     sp.sharded = true;
     sp.arrival_timeout_s = 15;
-    h[0] = se_open_session(cl[0], &sp);
-    uint8_t ex[STRIA_SESSION_EXPORT_BYTES];
     size_t len = 0;
-    cr_assert_eq(stria_session_export(h[0], ex, sizeof(ex), &len), STRIA_OK, "%s",
-                 stria_error_msg());
-    cr_assert_gt(len, 0u);
+    se_open_sharded(cl, n, &sp, h, &len);
+    cr_expect_eq(len, (size_t)STRIA_SESSION_EXPORT_BYTES);
     for (int i = 1; i < n; i++) {
-        h[i] = NULL;
-        cr_assert_eq(stria_session_import(cl[i], ex, len, &h[i]), STRIA_OK, "import on rank %d: %s",
-                     i, stria_error_msg());
         cr_expect_eq(stria_session_ring_size(h[i]), n);
         cr_expect_eq(stria_session_layout(h[i]), layout);
         cr_expect_eq(stria_session_id(h[i]), stria_session_id(h[0]));
@@ -895,14 +794,14 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
     calls[3].n_cu_seqlens = 4;
     calls[4].cu_seqlens = many;
     calls[4].n_cu_seqlens = 10;
-    rank_t r[8];
+    se_rank_t r[8];
     for (int k = 0; k < 5; k++) {
         stria_call_t per[8];
         for (int i = 0; i < n; i++)
             per[i] = calls[k];
         fu_job_t j;
         se_call_tensors(&j, &sp, &calls[k], 1000 + (uint64_t)k);
-        sharded_call(h, n, &j, per, true, r);
+        se_sharded_call(h, n, &j, per, true, r);
         bool all = true;
         for (int i = 0; i < n; i++) {
             cr_expect_eq(r[i].st, STRIA_OK, "call %d, rank %d: %s: %s", k, i,
@@ -937,7 +836,7 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         fu_job_t j;
         se_call_tensors(&j, &sp, &per[0], 1100 + (uint64_t)k);
         double t0 = stria_time_now();
-        sharded_call(h, n, &j, per, false, r);
+        se_sharded_call(h, n, &j, per, false, r);
         double took = stria_time_now() - t0;
         /* a rank that compared the differing calls fails as for bad input,
          * not retryable, naming both ranks; the others fail with the abort
@@ -965,7 +864,7 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
         per[i] = se_call_of(2, 64, true);
     fu_job_t j;
     se_call_tensors(&j, &sp, &per[0], 1200);
-    sharded_call(h, n, &j, per, true, r);
+    se_sharded_call(h, n, &j, per, true, r);
     bool all = true;
     for (int i = 0; i < n; i++) {
         cr_expect_eq(r[i].st, STRIA_OK, "after the disagreements, rank %d: %s: %s", i,
@@ -1003,6 +902,26 @@ Test(session, sharded_three_ranks_packed_bf16_equal_the_in_process_ring, .timeou
 
 /* ---- head groups ------------------------------------------------------------------ */
 
+/* The calls the head-group cases make (bounds 2 x 160): causal, with
+ * documents, a two-sided window, a causal window. */
+static void group_calls(stria_call_t calls[4], const char *what[4])
+{
+    static const int64_t docs[] = {0, 3, 17, 60, 61, 96};
+    calls[0] = se_call_of(2, 160, true);
+    calls[1] = se_call_of(1, 96, true);
+    calls[2] = se_call_of(1, 101, false);
+    calls[3] = se_call_of(2, 128, true);
+    calls[1].cu_seqlens = docs;
+    calls[1].n_cu_seqlens = 6;
+    calls[2].has_window = true;
+    calls[2].window_left = 9;
+    calls[2].window_right = 4;
+    calls[3].has_window = true;
+    calls[3].window_left = 30;
+    what[0] = "causal", what[1] = "documents", what[2] = "two-sided window";
+    what[3] = "causal window";
+}
+
 /* A session of G head groups over `workers` workers: every call's every
  * output, head group by head group, equals that group's heads on an
  * in-process ring of workers / G ranks, bit for bit. */
@@ -1016,17 +935,9 @@ static void head_groups_case(int workers, int G, stria_layout_kind_t layout, str
     stria_session_t *s = se_open_session(cl, &sp);
     cr_expect_eq(stria_session_ring_size(s), workers);
     const int R = workers / G;
-    static const int64_t docs[] = {0, 3, 17, 60, 61, 96};
-    stria_call_t calls[4] = {se_call_of(2, 160, true), se_call_of(1, 96, true),
-                             se_call_of(1, 101, false), se_call_of(2, 128, true)};
-    calls[1].cu_seqlens = docs;
-    calls[1].n_cu_seqlens = 6;
-    calls[2].has_window = true;
-    calls[2].window_left = 9;
-    calls[2].window_right = 4;
-    calls[3].has_window = true;
-    calls[3].window_left = 30;
-    const char *what[4] = {"causal", "documents", "two-sided window", "causal window"};
+    stria_call_t calls[4];
+    const char *what[4];
+    group_calls(calls, what);
     for (int k = 0; k < 4; k++)
         se_check_groups_call(s, &sp, &calls[k], 300 + (uint64_t)k, G, R, what[k]);
     stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
@@ -1054,6 +965,95 @@ Test(session, head_groups_4x1_zigzag_fp16_equal_each_group_s_ring, .timeout = T_
     head_groups_case(4, 4, STRIA_LAYOUT_ZIGZAG, STRIA_DTYPE_F16, 8, 4);
 }
 
+/* A sharded session of G head groups over `workers` workers, called by
+ * R = workers / G trainer ranks (rank 0 opens and exports it, the others
+ * import it), each passing its own tokens with all their heads: every
+ * output, head group by head group, equals that group's heads on an
+ * in-process ring of R ranks, bit for bit. */
+static void sharded_groups_case(int workers, int G, stria_layout_kind_t layout, stria_dtype_t dtype,
+                                int64_t H, int64_t Hkv)
+{
+    dcluster_t c;
+    dc_start(&c, workers, NULL);
+    const int R = workers / G;
+    stria_client_t *cl[8];
+    stria_session_t *h[8];
+    for (int i = 0; i < R; i++)
+        cl[i] = dc_client(&c, NULL, "test_session rank", 0);
+    stria_session_spec_t sp = se_spec_of(2, 160, H, Hkv, 32, dtype, layout, workers);
+    sp.sharded = true;
+    sp.head_groups = (uint32_t)G;
+    sp.arrival_timeout_s = 15;
+    size_t len = 0;
+    se_open_sharded(cl, R, &sp, h, &len);
+    cr_expect_eq(len, 16u + 40u * (size_t)G);
+    uint8_t small[STRIA_SESSION_EXPORT_BYTES];
+    cr_expect_eq(stria_session_export(h[0], small, sizeof(small), &len), STRIA_ERR_INVALID_ARG,
+                 "a head-grouped export fit %zu bytes", sizeof(small));
+    cr_expect(strstr(stria_error_msg(), "needed") != NULL, "%s", stria_error_msg());
+    for (int i = 0; i < R; i++) {
+        stria_session_spec_t got = STRIA_SESSION_SPEC_INIT;
+        cr_assert_eq(stria_session_spec_get(h[i], &got), STRIA_OK, "%s", stria_error_msg());
+        cr_expect_eq(got.head_groups, (uint32_t)G, "rank %d: head groups %u", i, got.head_groups);
+        cr_expect_eq(got.heads, H, "rank %d: heads %lld", i, (long long)got.heads);
+        cr_expect_eq(stria_session_ring_size(h[i]), workers);
+        cr_expect_eq(stria_session_ranks(h[i]), R);
+        cr_expect_eq(stria_session_layout(h[i]), layout);
+        cr_expect_eq(stria_session_id(h[i]), stria_session_id(h[0]));
+    }
+    stria_shard_buffer_t buf = STRIA_SHARD_BUFFER_INIT;
+    stria_call_t one = se_call_of(1, 64, true);
+    cr_expect_eq(stria_session_buffer(h[0], &one, 0, STRIA_TENSOR_Q, &buf), STRIA_ERR_UNSUPPORTED,
+                 "a head-grouped session lent a buffer");
+    stria_call_t calls[4];
+    const char *what[4];
+    group_calls(calls, what);
+    se_rank_t r[8];
+    for (int k = 0; k < 4; k++) {
+        stria_call_t per[8];
+        for (int i = 0; i < R; i++)
+            per[i] = calls[k];
+        fu_job_t j;
+        se_call_tensors(&j, &sp, &calls[k], 500 + (uint64_t)k);
+        se_sharded_call(h, R, &j, per, true, r);
+        bool all = true;
+        for (int i = 0; i < R; i++) {
+            cr_expect_eq(r[i].st, STRIA_OK, "%s, rank %d: %s: %s", what[k], i,
+                         stria_status_name(r[i].st), r[i].msg);
+            all &= r[i].st == STRIA_OK;
+        }
+        if (all)
+            se_groups_equal(&j, &calls[k], G, R, layout, what[k]);
+        fu_job_free(&j);
+    }
+    stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
+    cr_assert_eq(stria_session_stats(h[0], &st), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(st.calls, 8u, "4 forward and backward calls: %llu", (unsigned long long)st.calls);
+    cr_expect_leq(st.last_steps, (uint32_t)R, "a ring of %d ran %u steps", R, st.last_steps);
+    for (int i = R - 1; i >= 0; i--) {
+        cr_expect_eq(stria_session_close(h[i]), STRIA_OK, "close on rank %d: %s", i,
+                     stria_error_msg());
+        stria_client_close(cl[i]);
+    }
+    dc_stop(&c);
+}
+
+Test(session, sharded_head_groups_2x2_striped_fp32_gqa_equal_each_group_s_ring,
+     .timeout = T_TIMEOUT)
+{
+    sharded_groups_case(4, 2, STRIA_LAYOUT_STRIPED, STRIA_DTYPE_F32, 4, 2);
+}
+
+Test(session, sharded_head_groups_2x3_zigzag_bf16_equal_each_group_s_ring, .timeout = T_TIMEOUT)
+{
+    sharded_groups_case(6, 2, STRIA_LAYOUT_ZIGZAG, STRIA_DTYPE_BF16, 4, 4);
+}
+
+Test(session, sharded_head_groups_2x2_packed_fp16_equal_each_group_s_ring, .timeout = T_TIMEOUT)
+{
+    sharded_groups_case(4, 2, STRIA_LAYOUT_PACKED, STRIA_DTYPE_F16, 2, 2);
+}
+
 /* A spec whose head groups do not divide kv_heads or the ring, or that
  * asks what head groups do not do yet, is refused naming it. */
 Test(session, head_groups_that_do_not_fit_are_refused_naming_why, .timeout = T_TIMEOUT)
@@ -1072,7 +1072,6 @@ Test(session, head_groups_that_do_not_fit_are_refused_naming_why, .timeout = T_T
         {2, 3, 2, false, 0, STRIA_ERR_INVALID_ARG, "must divide kv_heads 3"},
         {2, 2, 3, false, 0, STRIA_ERR_INVALID_ARG, "needs ring_size, a multiple of it"},
         {2, 2, 0, false, 0, STRIA_ERR_INVALID_ARG, "needs ring_size"},
-        {2, 2, 2, true, 0, STRIA_ERR_UNSUPPORTED, "whole-sequence sessions only"},
         {2, 2, 2, false, 1, STRIA_ERR_UNSUPPORTED, "held forwards"},
         {65, 2, 2, false, 0, STRIA_ERR_INVALID_ARG, "at most 64"},
     };
