@@ -184,6 +184,9 @@ static void spec_to_proto(const stria__lopen_t *o, Stria__V1__JobSpec *spec,
     spec->sharded = o->sharded;
     spec->session = o->session;
     spec->max_held = o->max_held;
+    spec->head_group = o->head_group;
+    spec->head_groups = o->head_groups;
+    spec->head_group_tag = o->head_group_tag;
     spec->arrival_timeout_s = s->arrival_timeout_s;
     spec->placement_fallback = s->placement_fallback;
     for (int r = 0; s->placement_hosts != NULL && r < s->ring_size; r++) {

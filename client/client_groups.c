@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "client_int.h"
+#include "stria_auth.h"
 
 /* A head-grouped session (spec.head_groups G > 1) is G sessions, one per
  * head group: heads / G and kv_heads / G over R = ring_size / G ranks each,
@@ -50,50 +51,97 @@ static stria_status_t group_spec_check(const stria_session_spec_t *sp)
                                "session spec: held forwards are built for sessions without head "
                                "groups only (max_held 0 with head_groups %u)",
                                G);
+    if (sp->head_group_rings != STRIA_GROUP_RINGS_INSIDE &&
+        sp->head_group_rings != STRIA_GROUP_RINGS_ACROSS)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: head_group_rings %d is neither INSIDE (0) nor "
+                               "ACROSS (1)",
+                               sp->head_group_rings);
+    if (sp->head_group_rings == STRIA_GROUP_RINGS_ACROSS && sp->placement_hosts != NULL)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: head_group_rings ACROSS places the rings itself; "
+                               "with placement_hosts, ring g takes entries [g R, (g+1) R)");
     return STRIA_OK;
 }
 
-/* STRIA_HEAD_GROUPS_AUTO: one group per host of the ring's first
- * ring_size workers (0: all), when each host holds as many and their
- * number divides kv_heads; else 1. Fills in sp's head_groups and
- * ring_size. */
-stria_status_t stria__lgroup_auto(stria_client_t *c, stria_session_spec_t *sp)
+/* The hosts of the coordinator's ring in ring order (workers by host),
+ * its first `limit` (0: all) workers', as runs: host run_of[k]'s name at
+ * hosts[first[k]], run_len[k] workers. Returns the number of runs (the
+ * arrays hold STRIA__MAX_RUNS), or -1 with the error set. */
+#define STRIA__MAX_RUNS 1024
+typedef struct {
+    char (*hosts)[STRIA__HOST_LEN];
+    size_t n, runs;
+    size_t first[STRIA__MAX_RUNS], len[STRIA__MAX_RUNS];
+} ring_hosts_t;
+
+static stria_status_t ring_hosts(stria_client_t *c, size_t limit, ring_hosts_t *h)
 {
     const size_t cap = 4096;
-    char(*hosts)[STRIA__HOST_LEN] = calloc(cap, sizeof(*hosts));
-    if (hosts == NULL)
+    memset(h, 0, sizeof(*h));
+    if ((h->hosts = calloc(cap, sizeof(*h->hosts))) == NULL)
         return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
-    size_t n = 0;
-    stria_status_t st = stria__lcoord_ring_hosts(c, hosts, cap, &n);
-    if (st != STRIA_OK) {
-        free(hosts);
-        return stria_error_wrap(st, "session spec: head_groups auto (the coordinator's ring)");
+    stria_status_t st = stria__lcoord_ring_hosts(c, h->hosts, cap, &h->n);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "the coordinator's ring");
+    if (limit > 0 && limit < h->n)
+        h->n = limit;
+    for (size_t i = 0; i < h->n && h->runs < STRIA__MAX_RUNS; i++) {
+        if (i == 0 || strcmp(h->hosts[i], h->hosts[i - 1]) != 0)
+            h->first[h->runs++] = i;
+        h->len[h->runs - 1]++;
     }
-    if (sp->ring_size > 0 && (size_t)sp->ring_size < n)
-        n = (size_t)sp->ring_size;
-    /* hosts come in runs in ring order: count the runs, check they are even */
-    size_t runs = 0, run_len = 0, len = 0;
-    bool even = n > 0;
-    for (size_t i = 0; i < n; i++) {
-        bool same = i > 0 && strcmp(hosts[i], hosts[i - 1]) == 0;
-        len = same ? len + 1 : 1;
-        if (!same)
-            runs++;
-        if (i + 1 == n || strcmp(hosts[i + 1], hosts[i]) != 0) {
-            even = even && (run_len == 0 || run_len == len);
-            run_len = len;
-        }
-    }
-    free(hosts);
-    uint32_t G = even && runs > 1 && sp->kv_heads % (int64_t)runs == 0 ? (uint32_t)runs : 1;
+    return STRIA_OK;
+}
+
+/* STRIA_HEAD_GROUPS_AUTO over the ring's first ring_size workers (0:
+ * all): where every host holds as many workers, one group per host (rings
+ * inside hosts), or with ACROSS one per worker of a host (rings across
+ * them), when that number divides kv_heads; else 1. Fills in sp's
+ * head_groups and ring_size. */
+stria_status_t stria__lgroup_auto(stria_client_t *c, stria_session_spec_t *sp)
+{
+    ring_hosts_t h;
+    stria_status_t st = ring_hosts(c, sp->ring_size > 0 ? (size_t)sp->ring_size : 0, &h);
+    free(h.hosts);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "session spec: head_groups auto");
+    bool even = h.runs > 0;
+    for (size_t k = 1; k < h.runs; k++)
+        even = even && h.len[k] == h.len[0];
+    const bool across = sp->head_group_rings == STRIA_GROUP_RINGS_ACROSS;
+    size_t want = across ? (h.runs > 0 ? h.len[0] : 0) : h.runs;
+    uint32_t G =
+        even && h.runs > 1 && want > 1 && sp->kv_heads % (int64_t)want == 0 ? (uint32_t)want : 1;
     if (sp->ring_size == 0 && G > 1)
-        sp->ring_size = (int)n;
+        sp->ring_size = (int)h.n;
     sp->head_groups = G;
-    stria_log_info("session: head_groups auto: %u (%zu workers on %zu hosts%s)", G, n, runs,
-                   G > 1       ? ""
-                   : runs <= 1 ? ": one host"
-                   : !even     ? ": hosts hold unequal shares"
-                               : ": the hosts do not divide kv_heads");
+    stria_log_info("session: head_groups auto: %u (%zu workers on %zu hosts%s)", G, h.n, h.runs,
+                   G > 1                 ? (across ? ", rings across them" : ", a ring inside each")
+                   : h.runs <= 1         ? ": one host"
+                   : !even               ? ": hosts hold unequal shares"
+                   : across && want <= 1 ? ": one worker per host"
+                                         : ": that number does not divide kv_heads");
+    return STRIA_OK;
+}
+
+/* ACROSS: the hosts of ring rank 0 .. R-1 (the first R hosts of the ring
+ * with G workers free at least), into names[] (pointing into h). */
+static stria_status_t across_hosts(stria_client_t *c, int G, int R, ring_hosts_t *h,
+                                   const char **names)
+{
+    stria_status_t st = ring_hosts(c, 0, h);
+    if (st != STRIA_OK)
+        return stria_error_wrap(st, "head groups across hosts");
+    int found = 0;
+    for (size_t k = 0; k < h->runs && found < R; k++)
+        if (h->len[k] >= (size_t)G)
+            names[found++] = h->hosts[h->first[k]];
+    if (found < R)
+        return stria_error_set(STRIA_ERR_BUSY,
+                               "head groups across hosts: %d rings of %d need %d hosts with %d "
+                               "workers each; the ring has %d such host(s) of %zu",
+                               G, R, R, G, found, h->runs);
     return STRIA_OK;
 }
 
@@ -116,6 +164,17 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
     p->spec.label = NULL;
     p->spec.placement_hosts = NULL;
     p->spec.placement_devices = NULL;
+    ring_hosts_t h = {0};
+    const char **across = NULL;
+    if (sp->head_group_rings == STRIA_GROUP_RINGS_ACROSS) {
+        if ((across = calloc((size_t)R, sizeof(*across))) == NULL)
+            st = stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
+        else
+            st = across_hosts(c, G, R, &h, across);
+    }
+    uint64_t tag = 0; /* what the rings' specs share (striactl's grid) */
+    while (st == STRIA_OK && tag == 0)
+        st = stria_auth_random(&tag, sizeof(tag));
     size_t n_taken = 0;
     for (int g = 0; g < G && st == STRIA_OK; g++) {
         stria_session_spec_t gs = *sp;
@@ -134,6 +193,18 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
         go.exclude = taken;
         go.n_exclude = &n_taken;
         go.blame = false;
+        go.head_group = (uint32_t)g;
+        go.head_groups = (uint32_t)G;
+        go.head_group_tag = tag;
+        if (across != NULL) { /* ring rank j on host j, the groups' other workers excluded */
+            go.js.placement_hosts = across;
+            go.js.placement_devices = NULL;
+            go.js.placement_fallback = false;
+        } else if (o->js.placement_hosts != NULL) { /* the spec's own: this group's entries */
+            go.js.placement_hosts = o->js.placement_hosts + (size_t)g * (size_t)R;
+            go.js.placement_devices =
+                o->js.placement_devices ? o->js.placement_devices + (size_t)g * (size_t)R : NULL;
+        }
         stria_session_t *r = NULL;
         if ((st = stria__lsess_open(c, &go, &gs, NULL, NULL, &r)) != STRIA_OK) {
             char msg[1024];
@@ -148,6 +219,8 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
             taken[n_taken++] = r->ranks[i].worker_id;
     }
     free(taken);
+    free(across);
+    free(h.hosts);
     if (st != STRIA_OK) {
         stria__lsess_close(p);
         return st;

@@ -154,6 +154,10 @@ typedef struct {
     bool session;        /* JobSpec.session: its calls are not reported */
     bool sharded;
     uint32_t max_held;
+    /* a head group's ring: its group of head_groups, the tag they share
+     * (JobSpec.head_group*: what striactl draws as one grid) */
+    uint32_t head_group, head_groups;
+    uint64_t head_group_tag;
     /* workers the first submission excludes (earlier tries blamed them);
      * with `blame`, a failed open adds the workers it blames there (at most
      * STRIA__MAX_BLAMED in all) */

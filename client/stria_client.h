@@ -467,12 +467,33 @@ typedef struct {
      * group's ring. Sessions without held forwards only, for now
      * (max_held > 0: refused). */
     uint32_t head_groups;
+    /* Added after `head_groups`. Where the head groups' rings lie (see
+     * stria_group_rings_t; 0: inside hosts). */
+    int head_group_rings;
 } stria_session_spec_t;
+/* Where a head-grouped session's G rings of R workers lie.
+ *   INSIDE (the default): ring g takes the next R workers of the
+ *     coordinator's ring, which orders workers by host: with G hosts of R
+ *     workers each ring lies inside one host and no ring byte crosses
+ *     hosts (a client elsewhere sends each host its group's heads).
+ *   ACROSS: ring rank j of every ring on host j (R hosts with G workers
+ *     each, the first of the coordinator's ring): each ring spans the
+ *     hosts and a host's workers hold the G head groups of the same ring
+ *     rank (Transformer Engine's a2a+p2p hierarchy); a sharded trainer
+ *     whose rank j runs on host j then uploads to its own host only.
+ * With the spec's own placement_hosts, group g's ring takes entries
+ * [g R, (g + 1) R) of them instead (ACROSS is then refused). */
+typedef enum {
+    STRIA_GROUP_RINGS_INSIDE = 0,
+    STRIA_GROUP_RINGS_ACROSS = 1,
+} stria_group_rings_t;
 /* head_groups: one group per host of the ring (stria_session_open() asks
  * the coordinator's ring, and stria_session_spec_get() says what it chose):
  * with H hosts each holding ring_size / H of the ring's workers and H
  * dividing kv_heads, H groups whose rings each lie inside one host (no ring
- * byte between hosts); otherwise 1. */
+ * byte between hosts); otherwise 1. With head_group_rings ACROSS: one
+ * group per worker of a host (W workers on each of the H hosts, W dividing
+ * kv_heads: W rings of H), otherwise 1. */
 #define STRIA_HEAD_GROUPS_AUTO UINT32_MAX
 #define STRIA_SESSION_SPEC_INIT                                                                    \
     {                                                                                              \

@@ -48,6 +48,7 @@ typedef struct {
     int64_t retries;       /* of a forward that failed retryably */
     int64_t session_calls; /* the same calls again on a session, this many times */
     int64_t head_groups;   /* that session's head groups (0, 1: one ring) */
+    int group_rings;       /* where their rings lie (stria_group_rings_t) */
     /* random */
     stria_int_list_t shape;
     int64_t seed;
@@ -84,6 +85,18 @@ static stria_status_t stria__parse_path(const char *text, void *dst)
         }
     return stria_error_set(STRIA_ERR_INVALID_ARG, "unknown path '%s' (expected auto, tcp or shm)",
                            text);
+}
+
+/* --head-group-rings: inside or across. */
+static stria_status_t stria__parse_group_rings(const char *text, void *dst)
+{
+    if (strcmp(text, "inside") == 0 || strcmp(text, "across") == 0) {
+        *(int *)dst =
+            strcmp(text, "inside") == 0 ? STRIA_GROUP_RINGS_INSIDE : STRIA_GROUP_RINGS_ACROSS;
+        return STRIA_OK;
+    }
+    return stria_error_set(STRIA_ERR_INVALID_ARG,
+                           "unknown head group rings '%s' (expected inside or across)", text);
 }
 
 /* A device name that stria_device_open() accepts on this machine. */
@@ -207,7 +220,7 @@ static int stria__run_check_masks(const stria__run_opts_t *o, const char *cmd, i
  * cli->cmd, else the exit status (help printed, or a usage error). */
 static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_cli_t *cli)
 {
-    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 10];
+    stria_option_t local[STRIA__RUN_N_COMMON + 2], submit[STRIA__RUN_N_COMMON + 11];
     const stria_option_t local_only[] = {
         STRIA_OPTION("device", CUSTOM, &o->device, "NAME",
                      "where the ring's ranks compute: cpu (default), cuda:N (cuda = cuda:0), "
@@ -245,6 +258,11 @@ static int stria__run_parse(int argc, char **argv, stria__run_opts_t *o, stria_c
                      "results are then held to the dtype's tolerance, not the job's bits (each "
                      "ring is shorter)",
                      .dflt = "1", .min = 1, .max = 64),
+        STRIA_OPTION("head-group-rings", CUSTOM, &o->group_rings, "inside|across",
+                     "where those rings lie: inside hosts (ring g on the next ring/G workers of "
+                     "the coordinator's host-ordered ring; the default) or across them (ring "
+                     "rank j of every ring on host j)",
+                     .dflt = "inside", .parse = stria__parse_group_rings),
         STRIA_OPTION("path", CUSTOM, &o->path, "auto|tcp|shm",
                      "how tensors reach the workers: shared memory with a worker of this host, TCP "
                      "otherwise (auto, the default), only TCP, or only shared memory",
@@ -902,6 +920,7 @@ static stria_status_t stria__submit_session(const stria__run_opts_t *o, stria_cl
     sp.layout = r->layout; /* the job's, as assigned */
     sp.ring_size = r->ring;
     sp.head_groups = (uint32_t)o->head_groups;
+    sp.head_group_rings = o->group_rings;
     sp.step_timeout_s = js.step_timeout_s;
     sp.label = js.label;
     double t0 = stria_time_now(), t_open = 0;

@@ -412,6 +412,9 @@ static void json_job(const Stria__V1__JobInfo *j)
         json_str(s->label);
         printf(",\"sharded\":%s,\"arrival_timeout_s\":%g,\"session\":%s",
                s->sharded ? "true" : "false", s->arrival_timeout_s, s->session ? "true" : "false");
+        if (s->head_groups > 0)
+            printf(",\"head_group\":%u,\"head_groups\":%u,\"head_group_tag\":\"%016" PRIx64 "\"",
+                   s->head_group, s->head_groups, s->head_group_tag);
         printf("}");
     }
     if (j->session != NULL)
@@ -732,6 +735,54 @@ static void job_ranks(const Stria__V1__Assignment *a, const Stria__V1__JobSpec *
     table_print(&t);
 }
 
+/* The G x R grid of a head-grouped session (libstria's G sessions, one
+ * per group of heads, sharing s's head_group_tag): a row per group, its
+ * session, heads and ring (each rank's host and worker). */
+static void head_group_grid(ctl_t *c, const Stria__V1__JobSpec *s)
+{
+    Stria__V1__ListJobsRequest req = STRIA__V1__LIST_JOBS_REQUEST__INIT;
+    stria_rpc_reply_t reply;
+    if (call(c, STRIA_RPC_COORDINATOR_LIST_JOBS, &req.base, &reply) != STRIA_OK) {
+        printf("head groups: %u (the grid: %s)\n", s->head_groups, stria_error_msg());
+        return;
+    }
+    const Stria__V1__ListJobsReply *r = (const Stria__V1__ListJobsReply *)reply.msg;
+    const uint32_t G = s->head_groups;
+    printf("head groups: %u rings of %u ranks, ring g computing query heads [g*%u, (g+1)*%u) "
+           "and kv heads [g*%u, (g+1)*%u)\n",
+           G, s->ring_size, s->heads, s->heads, s->kv_heads, s->kv_heads);
+    table_t t = {.ncols = 4};
+    const char *head[] = {"GROUP", "SESSION", "HEADS", "RING (rank: host/worker)"};
+    table_add(&t, head);
+    for (uint32_t g = 0; g < G; g++) {
+        const Stria__V1__JobInfo *found = NULL;
+        for (size_t i = 0; i < r->n_jobs; i++) {
+            const Stria__V1__Assignment *a = r->jobs[i]->assignment;
+            if (a != NULL && a->spec != NULL && a->spec->head_group_tag == s->head_group_tag &&
+                a->spec->head_groups == G && a->spec->head_group == g &&
+                (found == NULL || r->jobs[i]->job_id > found->job_id))
+                found = r->jobs[i];
+        }
+        char grp[16], id[24], heads[48], ring[1024] = "";
+        snprintf(grp, sizeof(grp), "%u", g);
+        snprintf(heads, sizeof(heads), "%u-%u", g * s->heads, (g + 1) * s->heads - 1);
+        snprintf(id, sizeof(id), found ? "%" PRIu64 : "-", found ? found->job_id : 0);
+        size_t used = 0;
+        for (size_t k = 0; found != NULL && k < found->assignment->n_ranks; k++) {
+            const Stria__V1__RankAssignment *ra = found->assignment->ranks[k];
+            int n = snprintf(ring + used, sizeof(ring) - used, "%s%u: %.64s/%" PRIu64,
+                             k ? "  " : "", ra->rank, ra->host, ra->worker_id);
+            if (n < 0 || (size_t)n >= sizeof(ring) - used)
+                break;
+            used += (size_t)n;
+        }
+        const char *cells[] = {grp, id, heads, found ? ring : "(not open)"};
+        table_add(&t, cells);
+    }
+    table_print(&t);
+    stria_rpc_reply_free(&reply);
+}
+
 static int cmd_job(ctl_t *c, uint64_t id)
 {
     Stria__V1__GetJobRequest req = STRIA__V1__GET_JOB_REQUEST__INIT;
@@ -815,6 +866,8 @@ static int cmd_job(ctl_t *c, uint64_t id)
                    (double)j->session->call_p99_ms);
         if (a && a->n_ranks)
             job_ranks(a, s);
+        if (s && s->head_groups > 1)
+            head_group_grid(c, s);
         const Stria__V1__JobTimings *t = j->timings;
         if (t) {
             printf("timings (UTC):\n");

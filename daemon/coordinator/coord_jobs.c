@@ -108,6 +108,13 @@ stria_status_t stria__cjob_spec_check(const Stria__V1__JobSpec *s)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "max_held must be at most %d forwards (got %u)",
                                STRIA_COORD_MAX_HELD, s->max_held);
+    if (s->head_groups > STRIA_COORD_MAX_HEAD_GROUPS ||
+        (s->head_groups > 0 && (s->head_group >= s->head_groups || s->head_group_tag == 0)))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "head_group %u of head_groups %u (tag %llu): the groups are at "
+                               "most %d, the group one of them, the tag nonzero",
+                               s->head_group, s->head_groups, (unsigned long long)s->head_group_tag,
+                               STRIA_COORD_MAX_HEAD_GROUPS);
     stria_status_t st = stria__spec_check_masks(s);
     return st != STRIA_OK ? st : stria__spec_check_sharded(s);
 }

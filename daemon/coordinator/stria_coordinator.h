@@ -60,6 +60,8 @@ extern "C" {
 #define STRIA_COORD_MAX_LABEL 256
 /* Held forwards a session may ask for (JobSpec.max_held). */
 #define STRIA_COORD_MAX_HELD 63
+/* Head groups of a session (JobSpec.head_groups), as libstria allows. */
+#define STRIA_COORD_MAX_HEAD_GROUPS 64
 #define STRIA_COORD_MAX_RING 4096
 /* Entries of a spec's cu_seqlens. */
 #define STRIA_COORD_MAX_CU_SEQLENS 65536

@@ -28,6 +28,8 @@ SESSION_EXPORT_BYTES = JOB_EXPORT_BYTES
 #: Bytes of any session's export, a head-grouped one's included
 #: (STRIA_SESSION_EXPORT_MAX_BYTES: 16 + 40 per head group, at most 64).
 SESSION_EXPORT_MAX_BYTES = 16 + 40 * 64
+#: Where head groups' rings lie (stria_group_rings_t).
+GROUP_RINGS = {"inside": 0, "across": 1}
 
 
 class ClientParams(ctypes.Structure):
@@ -113,6 +115,7 @@ class SessionSpec(ctypes.Structure):  # stria_session_spec_t
         ("placement_fallback", ctypes.c_bool),
         ("max_held", ctypes.c_uint32),
         ("head_groups", ctypes.c_uint32),
+        ("head_group_rings", ctypes.c_int),
     ]
 
 

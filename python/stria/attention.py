@@ -98,7 +98,8 @@ class _Config:
         return lambda mb, msl: make_spec(
             self.client, max_batch=mb, max_seq_len=msl, heads=H, kv_heads=k.shape[2],
             head_dim=D, dtype=_DTYPES[q.dtype], layout=self.layout, ring_size=ring,
-            sharded=sharded, head_groups=groups)
+            sharded=sharded, head_groups=groups,
+            head_group_rings=self.client.head_group_rings)
 
     def fixed(self, q: torch.Tensor, k: torch.Tensor, kind: str = "whole"
               ) -> Tuple[Any, ...]:

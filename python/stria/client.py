@@ -163,7 +163,8 @@ class Client:
     divide their kv_heads. Sharded calls (stria.sharded_attention) of a
     world of W ranks run on head_groups rings of W workers each, rank j's
     tokens going to worker j of every ring, each ring its group's heads
-    ("auto": one ring of W).
+    ("auto": one ring of W). head_group_rings: where those rings lie,
+    "inside" hosts (default) or "across" them (see stria.Session).
     """
 
     def __init__(self, coordinator: Optional[str] = None, token_file: Optional[str] = None, *,
@@ -171,7 +172,8 @@ class Client:
                  name: str = "stria-python", keep_jobs: int = 0, step_timeout: float = 0.0,
                  ttl: float = 0.0, no_queue: bool = False, arrival_timeout: float = 0.0,
                  forward_retries: int = 0, max_sessions: int = 4,
-                 idle_timeout: float = 0.0, head_groups: Union[int, str] = 0) -> None:
+                 idle_timeout: float = 0.0, head_groups: Union[int, str] = 0,
+                 head_group_rings: str = "inside") -> None:
         self.closed = True  # until connected (__del__ of a failed constructor)
         L = _lib.lib()
         self.coordinator: str = coordinator or os.environ.get("STRIA_COORDINATOR") or \
@@ -187,7 +189,11 @@ class Client:
             raise ValueError(f"head_groups must be \"auto\" or an int >= 0, not "
                              f"{head_groups!r}")
         self.keep_jobs = int(keep_jobs)
+        from .session import _group_rings
+
+        _group_rings(head_group_rings)
         self.head_groups = head_groups
+        self.head_group_rings = head_group_rings
         self.max_sessions = max_sessions
         self.idle_timeout = float(idle_timeout)
         self.name = name

@@ -82,7 +82,8 @@ def make_call(batch: int, seq_len: int, causal: bool, scale: Optional[float],
 def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int, kv_heads: int,
               head_dim: int, dtype: int, layout: int, ring_size: int, sharded: bool,
               idle_timeout: Optional[float] = None, label: Optional[str] = None,
-              head_groups: Union[int, str] = 0) -> _lib.SessionSpec:
+              head_groups: Union[int, str] = 0, head_group_rings: str = "inside"
+              ) -> _lib.SessionSpec:
     """A stria_session_spec_t with the client's deadlines and queueing
     (dtype and layout as libstria's numbers); the label's bytes are kept on
     the returned object."""
@@ -92,6 +93,7 @@ def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int,
     s.heads, s.kv_heads, s.head_dim = int(heads), int(kv_heads), int(head_dim)
     s.dtype, s.layout, s.ring_size, s.sharded = dtype, layout, int(ring_size), bool(sharded)
     s.head_groups = _lib.HEAD_GROUPS_AUTO if head_groups == "auto" else int(head_groups)
+    s.head_group_rings = _group_rings(head_group_rings)
     s.idle_timeout_s = client.idle_timeout if idle_timeout is None else float(idle_timeout)
     s.step_timeout_s = client.step_timeout
     s.arrival_timeout_s = client.arrival_timeout
@@ -99,6 +101,14 @@ def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int,
     s._label = (label if label is not None else client.name + " session").encode()
     s.label = s._label
     return s
+
+
+def _group_rings(name: str) -> int:
+    """head_group_rings as libstria's number: "inside" or "across"."""
+    if name not in _lib.GROUP_RINGS:
+        raise ValueError(f"stria: head_group_rings must be \"inside\" or \"across\", not "
+                         f"{name!r}")
+    return _lib.GROUP_RINGS[name]
 
 
 def _check_head_groups(head_groups: Union[int, str], kv_heads: Optional[int],
@@ -184,7 +194,13 @@ class Session:
     ``ranks``), each group's heads going to worker j of its ring; no
     ``empty()`` buffers then. head_groups "auto": one group per host of the ring when
     the hosts hold equal shares and divide kv_heads, else 1 (``head_groups``
-    then says which).
+    then says which). head_group_rings: where the G rings lie: "inside"
+    (default: ring g on the next ring_size / G workers of the service's
+    ring, which lists workers host by host, so with one host per group
+    no ring byte crosses hosts) or "across" (ring rank j of every ring on
+    host j, each ring spanning the hosts: a sharded trainer whose rank j
+    runs on host j then uploads to its own host only); with "auto", one
+    group per host ("inside") or per worker of a host ("across").
 
     ``forward``/``backward`` (whole sequences) and
     ``forward_shard``/``backward_shard`` (a sharded session's rank) take
@@ -199,8 +215,8 @@ class Session:
                  kv_heads: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
                  layout: str = "striped", ring_size: int = 0, sharded: bool = False,
                  idle_timeout: float = 0.0, label: Optional[str] = None,
-                 client: Optional["Client"] = None, head_groups: Union[int, str] = 0
-                 ) -> None:
+                 client: Optional["Client"] = None, head_groups: Union[int, str] = 0,
+                 head_group_rings: str = "inside") -> None:
         from .client import default_client
 
         if dtype not in _DTYPES:
@@ -221,7 +237,8 @@ class Session:
         spec = make_spec(client, max_batch=max_batch, max_seq_len=max_seq_len, heads=heads,
                          kv_heads=kv_heads, head_dim=head_dim, dtype=_DTYPES[dtype],
                          layout=_lib.LAYOUTS[layout], ring_size=ring_size, sharded=sharded,
-                         idle_timeout=idle_timeout, label=label, head_groups=head_groups)
+                         idle_timeout=idle_timeout, label=label, head_groups=head_groups,
+                         head_group_rings=head_group_rings)
         client._locked(lambda: client._open_session_locked(spec, self))
 
     # ---- construction (Client) ----------------------------------------------

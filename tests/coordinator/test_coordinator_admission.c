@@ -123,6 +123,18 @@ static void m_win_causal(Stria__V1__JobSpec *s)
 {
     s->window = &win_causal_right;
 }
+static void m_group_past(Stria__V1__JobSpec *s)
+{
+    s->head_group = 2, s->head_groups = 2, s->head_group_tag = 9;
+}
+static void m_groups_many(Stria__V1__JobSpec *s)
+{
+    s->head_group = 0, s->head_groups = 65, s->head_group_tag = 9;
+}
+static void m_group_untagged(Stria__V1__JobSpec *s)
+{
+    s->head_group = 0, s->head_groups = 2, s->head_group_tag = 0;
+}
 
 Test(coord, nonsense_specs_are_refused, .timeout = TEST_TIMEOUT_S)
 {
@@ -152,6 +164,9 @@ Test(coord, nonsense_specs_are_refused, .timeout = TEST_TIMEOUT_S)
         {"window left -2", m_win_left, "window.left must be >= -1"},
         {"window right -7", m_win_right, "window.right must be >= -1 (-1: unbounded) (got -7)"},
         {"causal window right 1", m_win_causal, "window.right must be 0 or -1 with causal"},
+        {"head group 2 of 2", m_group_past, "head_group 2 of head_groups 2 (tag 9)"},
+        {"head groups 65", m_groups_many, "head_groups 65 (tag 9): the groups are at most 64"},
+        {"head groups untagged", m_group_untagged, "the tag nonzero"},
     };
     fx_t fx;
     stria_rpc_reply_t rep;

@@ -260,6 +260,13 @@ def test_head_groups_session_and_client(cluster, no_active_jobs):
             s.close()
         with pytest.raises(ValueError, match="head_groups must be"):
             stria.Session(heads=4, head_dim=16, max_seq_len=64, head_groups="many", client=c)
+        with pytest.raises(ValueError, match="head_group_rings must be"):
+            stria.Session(heads=4, head_dim=16, max_seq_len=64, ring_size=4, head_groups=2,
+                          head_group_rings="sideways", client=c)
+        # rings across hosts need a host per ring rank: the suite has one
+        with pytest.raises(stria.StriaError, match="need 2 hosts with 2 workers each"):
+            stria.Session(heads=4, head_dim=16, max_seq_len=64, ring_size=4, head_groups=2,
+                          head_group_rings="across", client=c)
 
 
 @pytest.mark.parametrize("groups", [0, 2])

@@ -1137,3 +1137,93 @@ Test(session, head_groups_auto_takes_one_group_per_host, .timeout = T_TIMEOUT)
     static const char *const uneven[] = {"ha", "hb", "hb"};
     auto_case(uneven, 3, 1);
 }
+
+/* The hosts of head group g's ring in `striactl --json sessions` output
+ * (its spec's head_group, then its ranks' hosts in rank order): R of them
+ * into hosts[][16]; false when not found. */
+static bool group_hosts(const char *json, int g, int R, char hosts[][16])
+{
+    char key[48];
+    snprintf(key, sizeof(key), "\"head_group\":%d,", g);
+    const char *at = strstr(json, key);
+    at = at != NULL ? strstr(at, "\"ranks\":[") : NULL;
+    for (int j = 0; j < R && at != NULL; j++) {
+        at = strstr(at + 1, "\"host\":\"");
+        if (at == NULL)
+            return false;
+        at += strlen("\"host\":\"");
+        size_t n = strcspn(at, "\"");
+        snprintf(hosts[j], 16, "%.*s", (int)(n < 15 ? n : 15), at);
+    }
+    return at != NULL;
+}
+
+/* head_group_rings ACROSS (hosts ha, hb, hc with two workers each): auto
+ * takes one group per worker of a host (2 rings of 3), ring rank j of
+ * both rings on the same host, the three ranks on three hosts; the calls
+ * equal each group's in-process ring bit for bit; striactl draws the
+ * grid. INSIDE on the same workers: one group per host (3 rings of 2). */
+Test(session, head_groups_across_hosts_put_ring_rank_j_on_host_j, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_init(&c);
+    dc_start_coordinator(&c, NULL);
+    static const char *const hosts[6] = {"ha", "hb", "hc", "ha", "hb", "hc"};
+    char flags[6][64];
+    char *args[6][2];
+    for (int i = 0; i < 6; i++) {
+        snprintf(flags[i], sizeof(flags[i]), "--host=%s", hosts[i]);
+        args[i][0] = flags[i];
+        args[i][1] = NULL;
+        dc_opts_t o = {.worker_args = args[i]};
+        dc_start_worker(&c, i, &o);
+    }
+    dc_wait_healthy(&c, 6, NULL);
+    stria_client_t *cl = dc_client(&c, NULL, "test_session", 0);
+    for (int across = 1; across >= 0; across--) {
+        const int G = across ? 2 : 3, R = 6 / G;
+        stria_session_spec_t sp =
+            se_spec_of(1, 128, 6, 6, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 0);
+        sp.head_groups = STRIA_HEAD_GROUPS_AUTO;
+        sp.head_group_rings = across ? STRIA_GROUP_RINGS_ACROSS : STRIA_GROUP_RINGS_INSIDE;
+        stria_session_t *s = se_open_session(cl, &sp);
+        stria_session_spec_t got = STRIA_SESSION_SPEC_INIT;
+        cr_assert_eq(stria_session_spec_get(s, &got), STRIA_OK, "%s", stria_error_msg());
+        cr_expect_eq(got.head_groups, (uint32_t)G, "across %d: head groups %u, want %d", across,
+                     got.head_groups, G);
+        cr_expect_eq(stria_session_ring_size(s), 6);
+        stria_call_t call = se_call_of(1, 128, true);
+        se_check_groups_call(s, &sp, &call, 1600 + (uint64_t)across, G, R,
+                             across ? "rings across hosts" : "rings inside hosts");
+        char *out = NULL;
+        cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "--json", "sessions", NULL), 0);
+        char h[3][3][16];
+        for (int g = 0; g < G; g++) {
+            cr_assert(group_hosts(out, g, R, h[g]), "group %d's ring not in %s", g, out);
+            for (int j = 0; j < R; j++) {
+                if (across) { /* rank j on the same host in every ring, the ranks apart */
+                    cr_expect_str_eq(h[g][j], h[0][j], "ring %d's rank %d on %s, ring 0's on %s", g,
+                                     j, h[g][j], h[0][j]);
+                    cr_expect(j == 0 || strcmp(h[g][j], h[g][j - 1]) != 0,
+                              "ring %d's ranks %d and %d share host %s", g, j - 1, j, h[g][j]);
+                } else { /* each ring inside one host */
+                    cr_expect_str_eq(h[g][j], h[g][0], "ring %d spans %s and %s", g, h[g][0],
+                                     h[g][j]);
+                }
+            }
+        }
+        free(out);
+        out = NULL;
+        char id[24];
+        snprintf(id, sizeof(id), "%llu", (unsigned long long)stria_session_id(s));
+        cr_assert_eq(dc_striactl(&c, NULL, &out, NULL, "session", id, NULL), 0);
+        char want[64];
+        snprintf(want, sizeof(want), "head groups: %d rings of %d ranks", G, R);
+        cr_expect(strstr(out, want) != NULL, "no grid in %s", out);
+        cr_expect(strstr(out, across ? "3-5" : "4-5") != NULL, "the last group's heads: %s", out);
+        free(out);
+        cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
+    }
+    stria_client_close(cl);
+    dc_stop(&c);
+}
