@@ -153,7 +153,7 @@ static stria_status_t public_call(stria_session_t *s, const char *fn, const stri
     r->shape = &c;
     r->retries = -1;
     if (s != NULL && s->n_groups > 0)
-        return stria__lgroup_call(s, fn, r);
+        return stria__lgroup_call(s, fn, r, held_out);
     return stria__lsess_call(s, fn, r, held_out);
 }
 
@@ -228,6 +228,8 @@ stria_status_t stria_session_backward_held(stria_session_t *session, const stria
 
 stria_status_t stria_session_release_held(stria_session_t *s, int rank, uint64_t held)
 {
+    if (s != NULL && s->n_groups > 0)
+        return stria__lgroup_release_held(s, "stria_session_release_held", rank, held);
     return stria__lsess_release_held(s, "stria_session_release_held", rank, held);
 }
 

@@ -46,11 +46,6 @@ static stria_status_t group_spec_check(const stria_session_spec_t *sp)
                                "session spec: head_groups %u needs ring_size, a multiple of it "
                                "(head_groups x the ranks of each ring; got %d)",
                                G, sp->ring_size);
-    if (sp->max_held > 0)
-        return stria_error_set(STRIA_ERR_UNSUPPORTED,
-                               "session spec: held forwards are built for sessions without head "
-                               "groups only (max_held 0 with head_groups %u)",
-                               G);
     if (sp->head_group_rings != STRIA_GROUP_RINGS_INSIDE &&
         sp->head_group_rings != STRIA_GROUP_RINGS_ACROSS)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -154,7 +149,9 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
     const int G = (int)sp->head_groups, R = sp->ring_size / G;
     stria_session_t *p = stria__lsess_new(c);
     uint64_t *taken = calloc((size_t)sp->ring_size, sizeof(*taken));
-    if (p == NULL || taken == NULL || (p->groups = calloc((size_t)G, sizeof(*p->groups))) == NULL) {
+    if (p == NULL || taken == NULL || (p->groups = calloc((size_t)G, sizeof(*p->groups))) == NULL ||
+        (sp->max_held > 0 &&
+         (p->group_held = calloc((size_t)sp->max_held * (size_t)G, sizeof(uint64_t))) == NULL)) {
         free(taken);
         stria__lsess_close(p);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "session: out of memory");
@@ -331,6 +328,11 @@ stria_status_t stria__lgroup_import(stria_client_t *c, const void *bytes, size_t
     p->spec.ring_size = r0->n_ranks * (int)G;
     p->spec.head_groups = G;
     p->sharded = true;
+    if (p->spec.max_held > 0 &&
+        (p->group_held = calloc((size_t)p->spec.max_held * G, sizeof(uint64_t))) == NULL) {
+        stria__lsess_close(p);
+        return stria_error_set(STRIA_ERR_NO_MEMORY, "stria_session_import: out of memory");
+    }
     p->id = r0->id;
     p->layout = r0->layout;
     *out = p;
@@ -344,6 +346,7 @@ typedef struct {
     stria_session_t *s;
     const char *fn;
     stria__lreq_t r;
+    uint64_t held; /* its ring's handle of a forward it held */
     stria_status_t st;
     bool retryable;
     char msg[1024];
@@ -352,7 +355,7 @@ typedef struct {
 static void *group_call_main(void *arg)
 {
     group_call_t *gc = arg;
-    gc->st = stria__lsess_call(gc->s, gc->fn, &gc->r, NULL);
+    gc->st = stria__lsess_call(gc->s, gc->fn, &gc->r, gc->r.hold ? &gc->held : NULL);
     if (gc->st != STRIA_OK) {
         gc->retryable = stria_error_retryable();
         snprintf(gc->msg, sizeof(gc->msg), "%s", stria_error_msg());
@@ -360,14 +363,73 @@ static void *group_call_main(void *arg)
     return NULL;
 }
 
-stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stria__lreq_t *r)
+/* Held forwards: a head-grouped session's handle of one is its first
+ * ring's; slot i of p->held_call holds it, and p->group_held[i G + g] ring
+ * g's. The slot of `held`, or -1. */
+static int held_slot(const stria_session_t *p, uint64_t held)
 {
-    if (r->hold || r->use_held)
-        return stria_error_set(STRIA_ERR_UNSUPPORTED,
-                               "%s: held forwards are built for sessions without head groups only",
-                               fn);
+    for (uint32_t i = 0; i < p->spec.max_held && i < 64; i++)
+        if ((p->held_mask >> i & 1) && p->held_call[i] == held)
+            return (int)i;
+    return -1;
+}
+
+/* Lets slot i's forwards go on every ring that still holds one (rank:
+ * a sharded rank's own), and frees the slot. */
+static stria_status_t held_drop(stria_session_t *p, const char *fn, int rank, int i,
+                                const bool *keep_gone)
+{
+    stria_status_t st = STRIA_OK;
+    for (int g = 0; g < p->n_groups; g++) {
+        if (keep_gone != NULL && keep_gone[g])
+            continue;
+        stria_status_t gs = stria__lsess_release_held(p->groups[g], fn, rank,
+                                                      p->group_held[(size_t)i * p->n_groups + g]);
+        if (gs != STRIA_OK && gs != STRIA_ERR_NOT_FOUND && st == STRIA_OK)
+            st = stria_error_wrap(gs, "head group %d of %d", g, p->n_groups);
+    }
+    p->held_mask &= ~(UINT64_C(1) << i);
+    return st;
+}
+
+stria_status_t stria__lgroup_release_held(stria_session_t *p, const char *fn, int rank,
+                                          uint64_t held)
+{
+    pthread_mutex_lock(&p->lock);
+    int i = held_slot(p, held);
+    stria_status_t st =
+        i < 0 ? stria_error_set(STRIA_ERR_NOT_FOUND,
+                                "%s: held forward %llu is not held (its backward ran, or it was "
+                                "released)",
+                                fn, (unsigned long long)held)
+              : held_drop(p, fn, rank, i, NULL);
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stria__lreq_t *r,
+                                  uint64_t *held_out)
+{
     pthread_mutex_lock(&p->lock);
     const int G = p->n_groups;
+    int slot = -1;
+    if (r->use_held && (slot = held_slot(p, r->held)) < 0) {
+        pthread_mutex_unlock(&p->lock);
+        return stria_error_set(STRIA_ERR_NOT_FOUND,
+                               "%s: held forward %llu is not held (its backward ran, or it was "
+                               "released)",
+                               fn, (unsigned long long)r->held);
+    }
+    for (uint32_t i = 0; r->hold && slot < 0 && i < p->spec.max_held && i < 64; i++)
+        if (!(p->held_mask >> i & 1))
+            slot = (int)i;
+    if (r->hold && (slot < 0 || p->group_held == NULL)) {
+        pthread_mutex_unlock(&p->lock);
+        return stria_error_set(STRIA_ERR_BUSY,
+                               "%s: the session holds %u forwards already (max_held): run or "
+                               "release one's backward first",
+                               fn, p->spec.max_held);
+    }
     group_call_t *gc = calloc((size_t)G, sizeof(*gc));
     pthread_t *th = calloc((size_t)G, sizeof(*th));
     bool *started = calloc((size_t)G, sizeof(*started));
@@ -380,6 +442,8 @@ stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stri
     for (int g = 0; g < G; g++) {
         gc[g] = (group_call_t){.s = p->groups[g], .fn = fn, .r = *r};
         gc[g].r.progress = NULL; /* (one ring's progress is not the call's) */
+        if (r->use_held)
+            gc[g].r.held = p->group_held[(size_t)slot * G + g];
         if (g > 0)
             started[g] = pthread_create(&th[g], NULL, group_call_main, &gc[g]) == 0;
     }
@@ -395,16 +459,40 @@ stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stri
     ps->last_pass_s = 0;
     ps->last_ring_bytes = ps->last_minflt = 0;
     ps->last_steps = 0;
+    bool *gone = started; /* reused: per ring, whether it holds nothing of the call */
     for (int g = 0; g < G; g++) {
         if (gc[g].st != STRIA_OK && st == STRIA_OK) {
             st = stria_error_set(gc[g].st, "head group %d of %d: %s", g, G, gc[g].msg);
             stria_error_set_retryable(gc[g].retryable);
         }
+        gone[g] = r->use_held ? gc[g].st == STRIA_OK : gc[g].st != STRIA_OK;
+        if (r->hold)
+            p->group_held[(size_t)slot * G + g] = gc[g].held;
         const stria_session_stats_t *gs = &p->groups[g]->stats;
         ps->last_pass_s = fmax(ps->last_pass_s, gs->last_pass_s);
         ps->last_ring_bytes += gs->last_ring_bytes;
         ps->last_minflt += gs->last_minflt;
         ps->last_steps = gs->last_steps > ps->last_steps ? gs->last_steps : ps->last_steps;
+    }
+    /* a held forward is the rings' together: one that failed on a ring is
+     * let go on the others (the caller runs the forward again), and so is
+     * what a backward left behind where it failed */
+    if (r->hold && st == STRIA_OK) {
+        p->held_mask |= UINT64_C(1) << slot;
+        p->held_call[slot] = gc[0].held;
+        if (held_out != NULL)
+            *held_out = gc[0].held;
+    } else if (r->hold || r->use_held) {
+        char msg[1024];
+        bool retryable = stria_error_retryable();
+        snprintf(msg, sizeof(msg), "%s", st != STRIA_OK ? stria_error_msg() : "");
+        p->held_mask |= UINT64_C(1) << slot; /* held_drop frees it */
+        held_drop(p, fn, r->rank, slot, gone);
+        if (st != STRIA_OK) {
+            stria_error_set(st, "%s%s", msg,
+                            r->hold ? "" : "; the held forward is let go: run the forward again");
+            stria_error_set_retryable(retryable);
+        }
     }
     ps->last_call_s = stria_time_now() - t0;
     if (st == STRIA_OK)

@@ -201,6 +201,9 @@ struct stria_session {
      * a session that is not a head group's) */
     stria_session_t **groups;
     int n_groups, group, group_of;
+    /* a parent's held forwards: slot i (held_mask, held_call: its first
+     * ring's handle) is ring g's group_held[i * n_groups + g] */
+    uint64_t *group_held;
 };
 
 /* ---- client_abi.c ---- */
@@ -440,8 +443,13 @@ stria_status_t stria__lgroup_export(const stria_session_t *p, void *out, size_t 
 bool stria__lgroup_is_export(const void *bytes, size_t len);
 stria_status_t stria__lgroup_import(stria_client_t *c, const void *bytes, size_t len,
                                     stria_session_t **out);
-/* A call on every ring of head-grouped session p at once. */
-stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stria__lreq_t *r);
+/* A call on every ring of head-grouped session p at once; a held forward's
+ * handle (its first ring's) into *held_out. */
+stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stria__lreq_t *r,
+                                  uint64_t *held_out);
+/* Lets held forward `held` go on every ring of p. */
+stria_status_t stria__lgroup_release_held(stria_session_t *p, const char *fn, int rank,
+                                          uint64_t held);
 /* Adds p's rings' traffic, retries and reopenings to *out. */
 void stria__lgroup_stats(const stria_session_t *p, stria_session_stats_t *out);
 /* How many times a call that failed retryably is tried again. */

@@ -49,6 +49,7 @@ stria_session_t *stria__lsess_new(stria_client_t *client)
 static void sess_free(stria_session_t *s)
 {
     free(s->groups);
+    free(s->group_held);
     stria__lrank_drop_all(s, true);
     free(s->ranks);
     free((void *)s->open.js.cu_seqlens);

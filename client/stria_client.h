@@ -464,8 +464,8 @@ typedef struct {
      * it (stria_session_ranks()), rank j holding ring rank j's tokens (the
      * layout's shard over ring_size / G ranks) with all their heads; its
      * call sends each head group's bytes of them to worker j of that
-     * group's ring. Sessions without held forwards only, for now
-     * (max_held > 0: refused). */
+     * group's ring. Held forwards are held on every ring (one handle; a
+     * ring that fails one lets it go on all). */
     uint32_t head_groups;
     /* Added after `head_groups`. Where the head groups' rings lie (see
      * stria_group_rings_t; 0: inside hosts). */
@@ -582,7 +582,7 @@ stria_status_t stria_session_backward_shard(stria_session_t *session, const stri
  * (whose tensors are then its own tokens). A held forward lives on the
  * session as it is: a call that fails over to a session opened anew or a
  * replacement loses it (its backward then fails, retryable: run the
- * forward again). */
+ * forward again); a head-grouped session's, on any of its rings. */
 stria_status_t stria_session_forward_held(stria_session_t *session, const stria_call_t *call,
                                           int rank, const void *q, const void *k, const void *v,
                                           void *o, float *lse, uint64_t *held_out);
