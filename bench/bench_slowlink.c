@@ -63,6 +63,12 @@ static const char sl_description[] =
     "layouts alternated in each of --reps rounds after one warm-up call each;\n"
     "reports per layout the medians of the call's wall time, the ring pass alone\n"
     "(the slowest rank's) and the bytes that crossed the rate-limited interfaces.\n"
+    "With --sharded, each layout and head groups is also measured as a sharded\n"
+    "session, called as a context-parallel trainer calls it: its workers / G\n"
+    "trainer ranks, a thread and a client each, rank 0 opening and exporting it,\n"
+    "the others importing it, each calling with its own tokens (cut from the same\n"
+    "tensors), forward on every rank at once, then backward; its row (\"sh\")\n"
+    "beside the whole-sequence one in the same rounds, its pass the slowest rank's.\n"
     "A layout the service refuses is a row that says so. Then, unless\n"
     "--no-baseline, the first layout again with the rate limit lifted: the ratio\n"
     "of the two times is how far its pass is bound by the links. Everything it\n"
@@ -155,6 +161,11 @@ static int sl_parse(int argc, char **argv, sl_cfg_t *c)
                      "head groups of each layout's sessions: G rings of workers / G ranks, each "
                      "over heads / G (1: one ring of every worker)",
                      .dflt = "1", .min = 1, .max = 64, .max_items = SL_MAX_GROUPS),
+        STRIA_OPTION(
+            "sharded", FLAG, &c->sharded, NULL,
+            "also a sharded session of each layout and head groups: workers / G trainer "
+            "ranks (threads, a client each) calling with their own tokens, measured beside "
+            "the whole-sequence one"),
         STRIA_OPTION("seq", INT, &c->seq, "S", "tokens of a call", .dflt = "4096", .min = 1,
                      .max = 1 << 24),
         STRIA_OPTION("heads", INT, &c->heads, "H", "query heads", .dflt = "4", .min = 1,
@@ -183,7 +194,7 @@ static int sl_parse(int argc, char **argv, sl_cfg_t *c)
         STRIA_OPTION("log-dir", STRING, &c->log_dir, "DIR",
                      "keep the daemons' logs there (default: a temporary folder, removed after a "
                      "run that succeeded)"),
-        STRIA_OPTION("json", FLAG, &c->json, NULL, "one JSON object per layout, then a summary"),
+        STRIA_OPTION("json", FLAG, &c->json, NULL, "one JSON object per row, then a summary"),
         {.name = NULL},
     };
     const stria_command_t cmd = {
@@ -768,8 +779,8 @@ static int sl_dirs(const sl_cfg_t *c, sl_run_t *r)
     return 0;
 }
 
-/* What each worker offers: the sessions' admission at these bounds, doubled
- * (--memory otherwise). */
+/* What each worker offers: the sessions' admission at these bounds (whole
+ * and, with --sharded, sharded), doubled (--memory otherwise). */
 static int64_t sl_memory(const sl_cfg_t *c, int n)
 {
     if (c->memory > 0)
@@ -784,7 +795,8 @@ static int64_t sl_memory(const sl_cfg_t *c, int n)
             per = (uint64_t)1 << 30;
         all += per;
     }
-    int64_t m = (int64_t)(2 * all * (uint64_t)c->n_layouts) + ((int64_t)256 << 20);
+    uint64_t sessions = (uint64_t)c->n_layouts * (c->sharded ? 2 : 1); /* whole and sharded */
+    int64_t m = (int64_t)(2 * all * sessions) + ((int64_t)256 << 20);
     return m;
 }
 

@@ -1,8 +1,9 @@
 /* stria-bench slowlink's measuring (bench_slowlink.c makes the network and
- * starts the daemons): one session per layout and head groups, a warm-up
- * call each, rounds with them alternated, the medians printed; the ring
- * bytes counted from the engine's plan; the first layout again with the
- * rate limit lifted. */
+ * starts the daemons): one session per layout and head groups (and with
+ * --sharded a sharded one beside it, slowlink_sharded.c), a warm-up call
+ * each, rounds with them alternated, the medians printed; the ring bytes
+ * counted from the engine's plan; the first layout again with the rate
+ * limit lifted. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,20 +15,6 @@
 #include "stria_client.h"
 #include "stria_common.h"
 #include "stria_ring.h"
-
-/* One layout's session (of `groups` head groups) and what its calls
- * measured. */
-typedef struct {
-    stria_layout_kind_t kind;
-    int groups;
-    const char *name;
-    char name_buf[32];
-    stria_session_t *s;
-    bool ok;
-    bool refused;  /* not ok because the open was refused (a row, not an error) */
-    char msg[512]; /* why not ok */
-    double fwd[100], fwd_bwd[100], pass_f[100], pass_b[100], mib_f[100], mib_b[100];
-} sl_row_t;
 
 static void sl_fail(sl_row_t *row, const char *what)
 {
@@ -41,6 +28,8 @@ static void sl_fail(sl_row_t *row, const char *what)
  * not recorded). */
 static void sl_call(sl_row_t *row, const stria_call_t *call, stria_bench_job_t *t, int r)
 {
+    if (row->sharded)
+        return sl__sharded_call(row, call, r);
     stria_session_stats_t ss = STRIA_SESSION_STATS_INIT;
     uint64_t b0 = sl__fabric_bytes();
     double t0 = stria_time_now();
@@ -49,7 +38,7 @@ static void sl_call(sl_row_t *row, const stria_call_t *call, stria_bench_job_t *
     double t1 = stria_time_now();
     uint64_t b1 = sl__fabric_bytes();
     stria_session_stats(row->s, &ss);
-    double pf = ss.last_pass_s;
+    double pf = ss.last_pass_s, rf = (double)ss.last_ring_bytes;
     if (stria_session_backward(row->s, call, t->q, t->k, t->v, t->o, t->lse, t->g, t->dq, t->dk,
                                t->dv) != STRIA_OK)
         return sl_fail(row, "backward");
@@ -64,9 +53,14 @@ static void sl_call(sl_row_t *row, const stria_call_t *call, stria_bench_job_t *
     row->pass_b[r] = ss.last_pass_s;
     row->mib_f[r] = (double)(b1 - b0) / 1048576.0;
     row->mib_b[r] = (double)(b2 - b1) / 1048576.0;
+    row->ring_f[r] = rf / 1048576.0;
+    row->ring_b[r] = (double)ss.last_ring_bytes / 1048576.0;
 }
 
-static int sl_open(sl_row_t *row, stria_client_t *cl, const sl_cfg_t *c, int n)
+/* Opens row's session: whole-sequence on `cl`, or sharded (its ranks'
+ * clients at `coord`, their tokens of `call` cut from t). */
+static int sl_open(sl_row_t *row, stria_client_t *cl, const sl_cfg_t *c, int n, const char *coord,
+                   const stria_call_t *call, const stria_bench_job_t *t)
 {
     stria_session_spec_t sp = STRIA_SESSION_SPEC_INIT;
     char label[64];
@@ -84,6 +78,8 @@ static int sl_open(sl_row_t *row, stria_client_t *cl, const sl_cfg_t *c, int n)
     sp.step_timeout_s = c->step_timeout_s;
     sp.no_queue = true;
     sp.label = label;
+    if (row->sharded)
+        return sl__sharded_open(row, &sp, coord, call, t);
     row->ok = stria_session_open(cl, &sp, &row->s) == STRIA_OK;
     row->refused = !row->ok;
     if (!row->ok)
@@ -93,7 +89,7 @@ static int sl_open(sl_row_t *row, stria_client_t *cl, const sl_cfg_t *c, int n)
 
 static double sl_med(const double *v, int n)
 {
-    double tmp[100];
+    double tmp[SL_MAX_REPS];
     memcpy(tmp, v, (size_t)n * sizeof(double));
     return stria_bench_median(tmp, n);
 }
@@ -117,10 +113,13 @@ static void sl_header(const sl_cfg_t *c, int n, size_t docs)
            stria_dtype_name(c->dtype), c->reps);
     if (docs > 0)
         printf("%zu documents (log-normal, median %lld tokens)\n", docs, (long long)c->doc_median);
+    if (c->sharded)
+        printf("sh: the same session sharded, its workers / G trainer ranks (a thread and client "
+               "each) calling with their own tokens\n");
     if (c->rate_bits > 0)
         printf("a ring step's K/V block (striped): %.2f MiB, %.0f ms at %s\n", block / 1048576.0,
                block * 8 / c->rate_bits * 1e3, c->rate_text);
-    printf("%-15s %9s %9s %9s %9s %9s %9s  %s\n", "layout", "fwd s", "fwd+bwd s", "pass fwd",
+    printf("%-18s %9s %9s %9s %9s %9s %9s  %s\n", "layout", "fwd s", "fwd+bwd s", "pass fwd",
            "pass bwd", "MiB fwd", "MiB bwd", "");
 }
 
@@ -128,9 +127,9 @@ static void sl_print_row(const sl_cfg_t *c, const sl_row_t *row, int n, size_t d
 {
     int reps = c->reps;
     if (c->json) {
-        printf("{\"name\":\"slowlink\",\"layout\":\"%s\",\"head_groups\":%d,\"status\":\"%s\","
-               "\"message\":",
-               stria_layout_kind_name(row->kind), row->groups,
+        printf("{\"name\":\"slowlink\",\"layout\":\"%s\",\"head_groups\":%d,\"sharded\":%s,"
+               "\"status\":\"%s\",\"message\":",
+               stria_layout_kind_name(row->kind), row->groups, row->sharded ? "true" : "false",
                row->ok        ? "ok"
                : row->refused ? "refused"
                               : "failed");
@@ -143,16 +142,18 @@ static void sl_print_row(const sl_cfg_t *c, const sl_row_t *row, int n, size_t d
                stria_dtype_name(c->dtype), docs, reps);
         if (row->ok)
             printf(",\"fwd_s\":%.6f,\"fwd_bwd_s\":%.6f,\"pass_fwd_s\":%.6f,\"pass_bwd_s\":%.6f,"
-                   "\"link_mib_fwd\":%.3f,\"link_mib_bwd\":%.3f",
+                   "\"link_mib_fwd\":%.3f,\"link_mib_bwd\":%.3f,\"ring_mib_fwd\":%.6f,"
+                   "\"ring_mib_bwd\":%.6f",
                    sl_med(row->fwd, reps), sl_med(row->fwd_bwd, reps), sl_med(row->pass_f, reps),
-                   sl_med(row->pass_b, reps), sl_med(row->mib_f, reps), sl_med(row->mib_b, reps));
+                   sl_med(row->pass_b, reps), sl_med(row->mib_f, reps), sl_med(row->mib_b, reps),
+                   sl_med(row->ring_f, reps), sl_med(row->ring_b, reps));
         printf("}\n");
     } else if (row->ok) {
-        printf("%-15s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f\n", row->name, sl_med(row->fwd, reps),
+        printf("%-18s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f\n", row->name, sl_med(row->fwd, reps),
                sl_med(row->fwd_bwd, reps), sl_med(row->pass_f, reps), sl_med(row->pass_b, reps),
                sl_med(row->mib_f, reps), sl_med(row->mib_b, reps));
     } else {
-        printf("%-15s %s\n", row->name, row->msg);
+        printf("%-18s %s\n", row->name, row->msg);
     }
     fflush(stdout);
 }
@@ -191,7 +192,7 @@ static int sl_baseline(const sl_cfg_t *c, sl_net_t *net, sl_row_t *row, const st
                    row->name, f, fb, sl_med(base->pass_f, reps), sl_med(base->pass_b, reps), bf,
                    bfb);
         else
-            printf("%-15s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f  (no rate limit)\n"
+            printf("%-18s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f  (no rate limit)\n"
                    "the %s pass is %.2fx (fwd) and %.2fx (fwd+bwd) its time without the limit\n",
                    row->name, f, fb, sl_med(base->pass_f, reps), sl_med(base->pass_b, reps),
                    sl_med(base->mib_f, reps), sl_med(base->mib_b, reps), row->name, bf, bfb);
@@ -276,7 +277,8 @@ int sl__measure(const sl_cfg_t *c, sl_net_t *net, const char *coord)
         return 1;
     }
     sl_row_t *rows = calloc(SL_MAX_ROWS, sizeof(*rows));
-    const int n_rows = c->n_layouts * c->n_groups;
+    const int per = c->sharded ? 2 : 1; /* rows of a layout and head groups */
+    const int n_rows = c->n_layouts * c->n_groups * per;
     stria_client_t *cl = NULL;
     if (rows == NULL || stria_bench_job_alloc(&t, true) != 0) {
         free(rows), free(cu);
@@ -296,16 +298,17 @@ int sl__measure(const sl_cfg_t *c, sl_net_t *net, const char *coord)
     call.n_cu_seqlens = n_cu;
     size_t docs = n_cu > 0 ? n_cu - 1 : 0;
     for (int i = 0; i < n_rows; i++) {
-        rows[i].kind = c->layouts[i / c->n_groups];
-        rows[i].groups = c->groups[i % c->n_groups];
+        const int l = i / per / c->n_groups, g = i / per % c->n_groups;
+        rows[i].kind = c->layouts[l];
+        rows[i].groups = c->groups[g];
+        rows[i].sharded = i % per == 1;
+        char gs[16] = "";
         if (rows[i].groups > 1)
-            snprintf(rows[i].name_buf, sizeof(rows[i].name_buf), "%s G=%d",
-                     c->layout_names[i / c->n_groups], rows[i].groups);
-        else
-            snprintf(rows[i].name_buf, sizeof(rows[i].name_buf), "%s",
-                     c->layout_names[i / c->n_groups]);
+            snprintf(gs, sizeof(gs), " G=%d", rows[i].groups);
+        snprintf(rows[i].name_buf, sizeof(rows[i].name_buf), "%s%s%s", c->layout_names[l], gs,
+                 rows[i].sharded ? " sh" : "");
         rows[i].name = rows[i].name_buf;
-        if (sl_open(&rows[i], cl, c, n) == 0)
+        if (sl_open(&rows[i], cl, c, n, coord, &call, &t) == 0)
             sl_call(&rows[i], &call, &t, -1);
         if (!c->json)
             fprintf(stderr, "  %s: %s\n", rows[i].name,
@@ -340,8 +343,10 @@ int sl__measure(const sl_cfg_t *c, sl_net_t *net, const char *coord)
         fprintf(stderr, "stria-bench slowlink: no layout could be measured\n");
         rc = 1;
     }
-    for (int i = 0; i < n_rows; i++)
+    for (int i = 0; i < n_rows; i++) {
         stria_session_close(rows[i].s);
+        sl__sharded_close(&rows[i]);
+    }
     stria_client_close(cl);
     stria_bench_job_free(&t);
     free(rows), free(cu);

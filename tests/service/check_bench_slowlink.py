@@ -8,6 +8,10 @@ by rate-limited links) at a small shape and checks what it promises:
   tensors stay off them;
 - the rate limit holds: the forward pass is no faster than its link's bytes
   at the rate allow, and slower than without the limit;
+- --sharded: each layout and head groups (1 and 2) also runs as a sharded
+  session, one thread and client per trainer rank, and its ring moves the
+  same K/V as the whole-sequence session's: the ring bytes its ranks counted
+  equal the whole row's, and as many bytes cross the host links;
 - nothing is left behind (namespaces, daemons), also after Ctrl-C.
 
 Where namespaces or tc cannot be used (not root, no iproute2) the command
@@ -21,6 +25,7 @@ import time
 
 SKIP = 77
 SEQ, HEADS, HEAD_DIM, RANKS, RATE = 2048, 2, 32, 4, 20e6
+GROUPS = (1, 2)
 BURST = 131072  # the shaper's bucket: this much passes at once
 
 
@@ -36,7 +41,8 @@ def namespaces(pid):
 
 def measured(bench):
     cmd = [bench, "slowlink", "--seq", str(SEQ), "--heads", str(HEADS), "--head-dim",
-           str(HEAD_DIM), "--rate", "20mbit", "--layouts", "striped", "--reps", "1", "--json"]
+           str(HEAD_DIM), "--rate", "20mbit", "--layouts", "striped", "--reps", "1", "--json",
+           "--head-groups", ",".join(map(str, GROUPS)), "--sharded"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = p.communicate(timeout=120)
@@ -52,11 +58,17 @@ def measured(bench):
     if left:
         fail("namespaces left behind: %s" % left)
     rows = [json.loads(l) for l in out.splitlines()]
-    row = [r for r in rows if r.get("layout") == "striped"]
+    striped = [r for r in rows if r.get("layout") == "striped"]
     base = [r for r in rows if "baseline" in r]
-    if len(row) != 1 or len(base) != 1 or row[0]["status"] != "ok":
-        fail("expected one striped row and a baseline: %s" % rows)
-    return row[0], base[0]
+    keys = sorted((r["head_groups"], r["sharded"]) for r in striped)
+    if keys != sorted((g, sh) for g in GROUPS for sh in (False, True)) or len(base) != 1:
+        fail("expected a whole and a sharded striped row per head groups %s and a baseline: %s"
+             % (GROUPS, rows))
+    bad = [r for r in striped if r["status"] != "ok"]
+    if bad:
+        fail("rows not ok: %s" % bad)
+    row = [r for r in striped if r["head_groups"] == 1 and not r["sharded"]]
+    return row[0], base[0], striped
 
 
 def check_figures(row, base):
@@ -79,6 +91,27 @@ def check_figures(row, base):
         fail("times out of order: %s" % row)
     if not base["bound_fwd"] > 1.2:
         fail("the rate limit does not slow the pass: %s" % base)
+
+
+def check_sharded(rows):
+    for g in GROUPS:
+        whole = [r for r in rows if r["head_groups"] == g and not r["sharded"]][0]
+        sh = [r for r in rows if r["head_groups"] == g and r["sharded"]][0]
+        print("G=%d: ring %.3f/%.3f MiB (whole) and %.3f/%.3f MiB (sharded) fwd/bwd; host links "
+              "%.3f/%.3f and %.3f/%.3f MiB; fwd+bwd %.3f and %.3f s"
+              % (g, whole["ring_mib_fwd"], whole["ring_mib_bwd"], sh["ring_mib_fwd"],
+                 sh["ring_mib_bwd"], whole["link_mib_fwd"], whole["link_mib_bwd"],
+                 sh["link_mib_fwd"], sh["link_mib_bwd"], whole["fwd_bwd_s"], sh["fwd_bwd_s"]))
+        for k in ("ring_mib_fwd", "ring_mib_bwd"):
+            if not (whole[k] > 0 and abs(sh[k] - whole[k]) < 1e-5):
+                fail("G=%d: the sharded session's ring counted %s %.6f MiB, the whole one's %.6f"
+                     % (g, k, sh[k], whole[k]))
+        for k in ("link_mib_fwd", "link_mib_bwd"):
+            if not abs(sh[k] - whole[k]) <= 0.1 * whole[k] + 0.05:
+                fail("G=%d: %.3f MiB crossed the host links in the sharded session's %s, %.3f in "
+                     "the whole one's" % (g, sh[k], k, whole[k]))
+        if not sh["fwd_bwd_s"] > sh["fwd_s"] >= sh["pass_fwd_s"] > 0:
+            fail("G=%d: sharded times out of order: %s" % (g, sh))
 
 
 def interrupted(bench):
@@ -125,8 +158,9 @@ def interrupted(bench):
 
 def main():
     bench = sys.argv[1]
-    row, base = measured(bench)
+    row, base, rows = measured(bench)
     check_figures(row, base)
+    check_sharded(rows)
     interrupted(bench)
     print("ok")
 
