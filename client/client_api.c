@@ -62,10 +62,10 @@ stria_status_t stria_session_open(stria_client_t *client, const stria_session_sp
         return stria_error_set(STRIA_ERR_INVALID_ARG, "stria_session_open: NULL argument");
     if ((st = read_session_spec(spec, &sp)) != STRIA_OK)
         return st;
-    if (sp.head_groups == STRIA_HEAD_GROUPS_AUTO && !sp.sharded && sp.max_held == 0 &&
+    if (sp.head_groups == STRIA_HEAD_GROUPS_AUTO && !sp.sharded &&
         (st = stria__lgroup_auto(client, &sp)) != STRIA_OK)
         return st;
-    if (sp.head_groups == STRIA_HEAD_GROUPS_AUTO) /* sharded or held: one ring */
+    if (sp.head_groups == STRIA_HEAD_GROUPS_AUTO) /* sharded: one ring (its world size) */
         sp.head_groups = 1;
     /* the job spec of a session: its bounds as batch and seq_len */
     stria__lopen_t o = {

@@ -148,7 +148,11 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
         return st;
     const int G = (int)sp->head_groups, R = sp->ring_size / G;
     stria_session_t *p = stria__lsess_new(c);
-    uint64_t *taken = calloc((size_t)sp->ring_size, sizeof(*taken));
+    /* the workers the open excludes (a job's earlier tries blamed them),
+     * then those the earlier groups took */
+    const size_t n_out = o->exclude != NULL ? *o->n_exclude : 0;
+    const size_t cap = n_out + (size_t)sp->ring_size;
+    uint64_t *taken = calloc(cap, sizeof(*taken));
     if (p == NULL || taken == NULL || (p->groups = calloc((size_t)G, sizeof(*p->groups))) == NULL ||
         (sp->max_held > 0 &&
          (p->group_held = calloc((size_t)sp->max_held * (size_t)G, sizeof(uint64_t))) == NULL)) {
@@ -172,7 +176,9 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
     uint64_t tag = 0; /* what the rings' specs share (striactl's grid) */
     while (st == STRIA_OK && tag == 0)
         st = stria_auth_random(&tag, sizeof(tag));
-    size_t n_taken = 0;
+    size_t n_taken = n_out;
+    if (taken != NULL && n_out > 0)
+        memcpy(taken, o->exclude, n_out * sizeof(*taken));
     for (int g = 0; g < G && st == STRIA_OK; g++) {
         stria_session_spec_t gs = *sp;
         gs.heads /= G;
@@ -212,7 +218,7 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
             break;
         }
         stria__lgroup_adopt(p, r, G);
-        for (int i = 0; i < r->n_ranks && n_taken < (size_t)sp->ring_size; i++)
+        for (int i = 0; i < r->n_ranks && n_taken < cap; i++)
             taken[n_taken++] = r->ranks[i].worker_id;
     }
     free(taken);

@@ -88,6 +88,8 @@ static stria_session_spec_t bounds_of(const stria_job_spec_t *js, bool sharded)
     sp.step_timeout_s = js->step_timeout_s;
     sp.arrival_timeout_s = js->arrival_timeout_s;
     sp.max_held = 1;
+    sp.head_groups = js->head_groups;
+    sp.head_group_rings = js->head_group_rings;
     return sp;
 }
 
@@ -110,8 +112,9 @@ static stria_status_t job_new(stria_client_t *c, stria_session_t *s, const stria
 {
     stria_job_t *job = calloc(1, sizeof(*job));
     int64_t *cu = sp->n_cu_seqlens > 0 ? malloc(sp->n_cu_seqlens * sizeof(int64_t)) : NULL;
-    bool *fwd = calloc((size_t)s->n_ranks, sizeof(bool));
-    uint64_t *held = calloc((size_t)s->n_ranks, sizeof(uint64_t));
+    const int ranks = stria_session_ranks(s); /* a head-grouped one's: each ring's */
+    bool *fwd = calloc((size_t)ranks + 1, sizeof(bool));
+    uint64_t *held = calloc((size_t)ranks + 1, sizeof(uint64_t));
     if (job == NULL || (sp->n_cu_seqlens > 0 && cu == NULL) || fwd == NULL || held == NULL) {
         free(job);
         free(cu);
@@ -131,8 +134,9 @@ static stria_status_t job_new(stria_client_t *c, stria_session_t *s, const stria
     job->spec.label = NULL;
     job->spec.placement_hosts = NULL;
     job->spec.placement_devices = NULL;
-    job->spec.ring_size = s->n_ranks;
+    job->spec.ring_size = stria_session_ring_size(s);
     job->spec.layout = s->layout;
+    job->spec.head_groups = s->n_groups > 0 ? (uint32_t)s->n_groups : 0;
     job->call = stria__labi_job_call(&job->spec);
     *out = job;
     return STRIA_OK;
@@ -169,10 +173,18 @@ static stria_status_t forward_try(stria_client_t *c, const stria_job_spec_t *sp,
                               .n_exclude = n_blamed,
                               .blame = true,
                               .retries = 0};
-    const stria_session_spec_t bounds = bounds_of(sp, false);
+    stria_session_spec_t bounds = bounds_of(sp, false);
+    stria_status_t st = STRIA_OK;
+    if (bounds.head_groups == STRIA_HEAD_GROUPS_AUTO &&
+        (st = stria__lgroup_auto(c, &bounds)) != STRIA_OK) {
+        *retryable = stria_error_retryable();
+        return st;
+    }
+    const bool grouped = bounds.head_groups > 1;
     stria_session_t *s = NULL;
     double t0 = stria_time_now();
-    stria_status_t st = stria__lsess_open(c, &o, &bounds, progress, arg, &s);
+    st = grouped ? stria__lgroup_open(c, &o, &bounds, &s)
+                 : stria__lsess_open(c, &o, &bounds, progress, arg, &s);
     local->queued_s += stria_time_now() - t0;
     if (st == STRIA_OK) {
         const stria_call_shape_t call = stria__labi_job_call(sp);
@@ -186,7 +198,8 @@ static stria_status_t forward_try(stria_client_t *c, const stria_job_spec_t *sp,
                                  .stats = local};
         uint64_t held = 0;
         double q = local->queued_s;
-        st = stria__lsess_call(s, "stria_client_forward", &r, &held);
+        st = grouped ? stria__lgroup_call(s, "stria_client_forward", &r, &held)
+                     : stria__lsess_call(s, "stria_client_forward", &r, &held);
         local->queued_s = q;
         if (st == STRIA_OK && (st = job_new(c, s, sp, false, job_out)) == STRIA_OK) {
             (*job_out)->forward_done = true;
@@ -195,12 +208,15 @@ static stria_status_t forward_try(stria_client_t *c, const stria_job_spec_t *sp,
         }
     }
     *retryable = stria_error_retryable();
-    for (size_t i = 0; s != NULL && i < s->n_blamed; i++) {
-        bool known = false;
-        for (size_t k = 0; k < *n_blamed && !known; k++)
-            known = blamed[k] == s->blamed[i];
-        if (!known && *n_blamed < STRIA__MAX_BLAMED)
-            blamed[(*n_blamed)++] = s->blamed[i];
+    for (int g = 0; s != NULL && g < (s->n_groups > 0 ? s->n_groups : 1); g++) {
+        const stria_session_t *x = s->n_groups > 0 ? s->groups[g] : s; /* a ring's blamed */
+        for (size_t i = 0; i < x->n_blamed; i++) {
+            bool known = false;
+            for (size_t k = 0; k < *n_blamed && !known; k++)
+                known = blamed[k] == x->blamed[i];
+            if (!known && *n_blamed < STRIA__MAX_BLAMED)
+                blamed[(*n_blamed)++] = x->blamed[i];
+        }
     }
     if (s != NULL) {
         char msg[1024];
@@ -303,7 +319,8 @@ stria_status_t stria_client_backward(stria_job_t *job, const void *d_o, void *dq
                              .progress = progress,
                              .progress_arg = progress_arg,
                              .stats = stats};
-    st = stria__lsess_call(job->s, "stria_client_backward", &r, NULL);
+    st = job->s->n_groups > 0 ? stria__lgroup_call(job->s, "stria_client_backward", &r, NULL)
+                              : stria__lsess_call(job->s, "stria_client_backward", &r, NULL);
     if (st == STRIA_OK)
         job->forward_done = false; /* its held forward is used */
     return st;
@@ -326,7 +343,7 @@ uint64_t stria_job_id(const stria_job_t *job)
 
 int stria_job_ring_size(const stria_job_t *job)
 {
-    return job ? job->s->n_ranks : 0;
+    return job ? stria_session_ring_size(job->s) : 0;
 }
 
 stria_layout_kind_t stria_job_layout(const stria_job_t *job)
@@ -349,6 +366,12 @@ stria_status_t stria_client_submit(stria_client_t *client, const stria_job_spec_
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_submit: ring_size is required: the trainer's world "
                                "size");
+    if (sp.head_groups > 1)
+        return stria_error_set(STRIA_ERR_UNSUPPORTED,
+                               "stria_client_submit: a sharded job takes head_groups 0 or 1 (got "
+                               "%u; its export is STRIA_JOB_EXPORT_BYTES): open a sharded "
+                               "session with head groups instead",
+                               sp.head_groups);
     if (sp.layout == STRIA_LAYOUT_AUTO)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "stria_client_submit: a sharded job must name its layout (striped, "

@@ -206,6 +206,15 @@ typedef struct {
     const char *const *placement_hosts;
     const int *placement_devices;
     bool placement_fallback;
+    /* Added after `placement_fallback` (older callers' struct_size ends
+     * there and these read as 0). Head groups of a whole-sequence job, as
+     * in stria_session_spec_t (G rings of ring_size / G workers, each over
+     * heads / G; STRIA_HEAD_GROUPS_AUTO picks G from the coordinator's
+     * ring); its forward is held on every ring for its backward. Sharded
+     * jobs take 0 or 1 (their export is STRIA_JOB_EXPORT_BYTES: a sharded
+     * session takes head groups). */
+    uint32_t head_groups;
+    int head_group_rings; /* stria_group_rings_t */
 } stria_job_spec_t;
 
 #define STRIA_JOB_SPEC_INIT                                                                        \

@@ -1103,6 +1103,47 @@ Test(session, head_groups_hold_forwards_for_their_backward, .timeout = T_TIMEOUT
     dc_stop(&c);
 }
 
+/* A whole-sequence job of 2 head groups x rings of 2 (its forward held on
+ * both rings for its backward): its outputs equal each group's in-process
+ * ring bit for bit; a sharded job with head groups is refused, naming the
+ * sharded session that takes them. */
+Test(session, a_job_with_head_groups_equals_each_group_s_ring, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    stria_client_t *cl = start(&c, 4, false);
+    stria_session_spec_t sp =
+        se_spec_of(1, 128, 4, 2, 16, STRIA_DTYPE_F32, STRIA_LAYOUT_STRIPED, 4);
+    stria_call_t call = se_call_of(1, 128, true);
+    fu_job_t j;
+    se_call_tensors(&j, &sp, &call, 1800);
+    stria_job_spec_t js = STRIA_JOB_SPEC_INIT;
+    js.batch = 1;
+    js.seq_len = 128;
+    js.heads = 4;
+    js.kv_heads = 2;
+    js.head_dim = 16;
+    js.dtype = STRIA_DTYPE_F32;
+    js.causal = true;
+    js.layout = STRIA_LAYOUT_STRIPED;
+    js.ring_size = 4;
+    js.head_groups = 2;
+    stria_job_t *job = NULL;
+    cr_assert_eq(stria_client_forward(cl, &js, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, NULL, &job),
+                 STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(stria_job_ring_size(job), 4);
+    cr_assert_eq(stria_client_backward(job, j.g, j.dq, j.dk, j.dv, NULL, NULL, NULL), STRIA_OK,
+                 "%s", stria_error_msg());
+    se_groups_equal(&j, &call, 2, 2, STRIA_LAYOUT_STRIPED, "a head-grouped job");
+    cr_expect_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
+    job = NULL;
+    cr_expect_eq(stria_client_submit(cl, &js, &job), STRIA_ERR_UNSUPPORTED);
+    cr_expect(strstr(stria_error_msg(), "sharded session with head groups") != NULL, "%s",
+              stria_error_msg());
+    fu_job_free(&j);
+    stria_client_close(cl);
+    dc_stop(&c);
+}
+
 /* A spec whose head groups do not divide kv_heads or the ring, or that
  * asks what head groups do not do yet, is refused naming it. */
 Test(session, head_groups_that_do_not_fit_are_refused_naming_why, .timeout = T_TIMEOUT)
