@@ -248,6 +248,17 @@ stria_status_t stria_session_buffer(stria_session_t *s, const stria_call_t *call
     return stria__lsess_buffer(s, "stria_session_buffer", &c, rank, tensor, out);
 }
 
+stria_session_t *stria_session_head_group(stria_session_t *s, int g)
+{
+    if (s == NULL || g < 0 || g >= s->n_groups) {
+        stria_error_set(STRIA_ERR_INVALID_ARG,
+                        "stria_session_head_group: group %d of a session of %d head groups", g,
+                        s != NULL ? s->n_groups : 0);
+        return NULL;
+    }
+    return s->groups[g];
+}
+
 int stria_session_ranks(const stria_session_t *s)
 {
     if (s != NULL && s->n_groups > 0)
@@ -356,6 +367,11 @@ stria_status_t stria_session_close(stria_session_t *s)
 {
     if (s == NULL)
         return STRIA_OK;
+    if (s->group_of > 1) /* a ring of a head-grouped session (stria_session_head_group) */
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_session_close: head group %d's ring is borrowed from its "
+                               "session: close that one",
+                               s->group);
     unlink_session(s);
     return stria__lsess_close(s);
 }

@@ -96,17 +96,20 @@ static void geometry(const stria_session_t *s, const stria__lcall_t *c, const st
     size_t kv = (size_t)(s->spec.kv_heads * s->spec.head_dim) * es;
     const size_t row[T_N] = {q, kv, kv, q, 4, q, q, kv, kv};
     p->valid = stria_layout_shard_valid(lay, p->r->rank);
-    const int64_t G = s->group_of > 1 ? s->group_of : 1;
+    /* a head group's part of a parent's call: its heads among all of the
+     * caller's (a call on the ring's own handle brings its heads only) */
+    const int64_t G = c->all_heads && s->group_of > 1 ? s->group_of : 1;
+    const int group = G > 1 ? s->group : 0;
     p->heads = s->spec.heads;
     p->full_heads = p->heads * G;
-    p->head0 = p->heads * s->group;
+    p->head0 = p->heads * group;
     uint64_t at = 0;
     for (int t = 0; t < T_N; t++) {
         if (t == T_DQ)
             at = in_room;
         p->row[t] = row[t];
         p->full_row[t] = t == T_LSE ? row[t] : row[t] * (size_t)G;
-        p->full_off[t] = t == T_LSE ? 0 : row[t] * (size_t)s->group;
+        p->full_off[t] = t == T_LSE ? 0 : row[t] * (size_t)group;
         p->outer[t] = t == T_LSE ? c->shape->batch * s->spec.heads : c->shape->batch;
         p->bytes[t] = (uint64_t)p->outer[t] * (uint64_t)p->valid * row[t];
         p->at[t] = at;
@@ -165,9 +168,9 @@ static int64_t full_outer(const part_t *p, int t, int64_t o)
  * it (a sharded session's own tokens, all its heads), sent and received as
  * they lie; else each part moves its rows (and a head group its heads'
  * bytes of them) between the caller's tensors and a compact shard. */
-static bool as_they_lie(const stria_session_t *s)
+static bool as_they_lie(const stria_session_t *s, const stria__lcall_t *c)
 {
-    return s->sharded && s->group_of <= 1;
+    return s->sharded && !(c->all_heads && s->group_of > 1);
 }
 
 /* Moves a rank's real tokens between the caller's [outer][tokens][full_row]
@@ -242,15 +245,15 @@ static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
         for (int i = 0; i < n_in; i++) {
             int t = in[i];
             char *dst = p->region + p->at[t];
-            if (as_they_lie(s)) {
+            if (as_they_lie(s, c)) {
                 if (io_in(c, t) != dst) /* else built in place */
                     memcpy(dst, io_in(c, t), p->bytes[t]);
             } else {
                 move(s, &x->lay, p, t, dst, (void *)io_in(c, t), false);
             }
         }
-        p->in_bytes = 0;         /* nothing travels */
-    } else if (as_they_lie(s)) { /* its own tensors, sent as they lie */
+        p->in_bytes = 0;            /* nothing travels */
+    } else if (as_they_lie(s, c)) { /* its own tensors, sent as they lie */
         for (int i = 0; i < n_in; i++)
             p->in_iov[i] = (struct iovec){(void *)io_in(c, in[i]), p->bytes[in[i]]};
         for (int i = 0; i < n_out; i++)
@@ -310,7 +313,9 @@ static stria_status_t send_part(try_t *x, part_t *p)
     stria__lrank_t *r = p->r;
     uint64_t max = stria_rpc_client_max_payload(r->conn);
     uint64_t piece = p->in_bytes > max ? (max < STRIA__PIECE_MAX ? max : STRIA__PIECE_MAX) : 0;
-    size_t n_iov = p->arena ? 0 : as_they_lie(x->s) ? (size_t)inputs_of(x->c, (int[6]){0}) : 1;
+    size_t n_iov = p->arena                  ? 0
+                   : as_they_lie(x->s, x->c) ? (size_t)inputs_of(x->c, (int[6]){0})
+                                             : 1;
     struct iovec cut[8];
     uint64_t off = 0;
     stria_status_t st = STRIA_OK;
@@ -344,7 +349,7 @@ static stria_status_t send_part(try_t *x, part_t *p)
     p->rq.payload_len = p->in_bytes - off;
     if (!p->arena) {
         p->rq.reply_iov = p->out_iov;
-        p->rq.reply_iovcnt = as_they_lie(x->s) ? (size_t)outputs_of(x->c, (int[3]){0}) : 1;
+        p->rq.reply_iovcnt = as_they_lie(x->s, x->c) ? (size_t)outputs_of(x->c, (int[3]){0}) : 1;
     }
     if ((st = stria_rpc_client_send(r->conn, &p->rq, &p->pend)) == STRIA_OK) {
         p->sent = true;
@@ -385,14 +390,14 @@ static stria_status_t recv_part(try_t *x, part_t *p)
         for (int i = 0; i < n_out; i++) {
             int t = out[i];
             char *src = p->region + p->at[t];
-            if (as_they_lie(x->s)) {
+            if (as_they_lie(x->s, x->c)) {
                 if (io_out(c, t) != src) /* else read in place */
                     memcpy(io_out(c, t), src, p->bytes[t]);
             } else {
                 move(x->s, &x->lay, p, t, src, io_out(c, t), true);
             }
         }
-    } else if (!as_they_lie(x->s)) {
+    } else if (!as_they_lie(x->s, x->c)) {
         char *down = p->r->down;
         for (int i = 0; i < n_out; i++) {
             move(x->s, &x->lay, p, out[i], down, io_out(c, out[i]), true);

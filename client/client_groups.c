@@ -447,7 +447,8 @@ stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stri
     const double t0 = stria_time_now();
     for (int g = 0; g < G; g++) {
         gc[g] = (group_call_t){.s = p->groups[g], .fn = fn, .r = *r};
-        gc[g].r.progress = NULL; /* (one ring's progress is not the call's) */
+        gc[g].r.progress = NULL;  /* (one ring's progress is not the call's) */
+        gc[g].r.all_heads = true; /* the caller's tensors: every group's heads */
         if (r->use_held)
             gc[g].r.held = p->group_held[(size_t)slot * G + g];
         if (g > 0)

@@ -356,6 +356,9 @@ typedef struct {
     uint64_t held_call;
     int region;    /* the arena region the call uses */
     uint64_t call; /* its number */
+    /* a head group's part of its parent's call: the caller's tensors hold
+     * every group's heads, this ring's taken out of them */
+    bool all_heads;
     const stria__lio_t *io;
     stria_progress_cb progress;
     void *progress_arg;
@@ -401,7 +404,8 @@ typedef struct {
     bool backward, hold, use_held;
     uint64_t held;
     const stria__lio_t *io;
-    int retries; /* of a forward that failed retryably; < 0: the client's */
+    int retries;    /* of a forward that failed retryably; < 0: the client's */
+    bool all_heads; /* a parent's call on one of its rings (see stria__lcall_t) */
     stria_progress_cb progress;
     void *progress_arg;
     stria_call_stats_t *stats;

@@ -525,6 +525,7 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
                                   .held_call = r->held,
                                   .region = region < 0 ? 0 : region,
                                   .call = call,
+                                  .all_heads = r->all_heads,
                                   .io = r->io,
                                   .progress = r->progress,
                                   .progress_arg = r->progress_arg};

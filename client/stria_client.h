@@ -641,6 +641,15 @@ stria_status_t stria_call_positions(stria_layout_kind_t layout, int n_ranks,
  * says why) or the session is whole-sequence. */
 stria_status_t stria_session_buffer(stria_session_t *session, const stria_call_t *call, int rank,
                                     stria_tensor_id_t tensor, stria_shard_buffer_t *out);
+/* Ring g (0 <= g < head_groups) of a head-grouped session: a session of
+ * heads / G and kv_heads / G over ring_size / G ranks, borrowed (valid
+ * while `session` is; stria_session_close() refuses it). A sharded trainer
+ * that splits heads itself (tensor parallelism inside a host, context
+ * parallelism across hosts: its rank (j, g) holding ring rank j's tokens
+ * of head group g) calls ring g as rank j with its own heads: each caller
+ * brings exactly one worker's bytes and nothing is routed. NULL for a
+ * session without head groups or g out of range. */
+stria_session_t *stria_session_head_group(stria_session_t *session, int g);
 /* Workers of the session: head groups x the ranks of each ring. */
 int stria_session_ring_size(const stria_session_t *session);
 /* Ranks of each of its rings: the ranks that call a sharded session (its

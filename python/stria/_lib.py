@@ -211,6 +211,7 @@ _SIGNATURES = {
         ctypes.c_int, [_P, _CALL, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ShardBuffer)]),
     "stria_session_ring_size": (ctypes.c_int, [_P]),
     "stria_session_ranks": (ctypes.c_int, [_P]),
+    "stria_session_head_group": (ctypes.c_void_p, [_P, ctypes.c_int]),
     "stria_session_layout": (ctypes.c_int, [_P]),
     "stria_session_id": (ctypes.c_uint64, [_P]),
     "stria_session_stats": (ctypes.c_int, [_P, ctypes.POINTER(SessionStats)]),

@@ -211,6 +211,8 @@ class Session:
     collected, when its client closes and at interpreter exit.
     """
 
+    _parent: Optional["Session"] = None  # a head group's ring: the session it is borrowed from
+
     def __init__(self, *, heads: int, head_dim: int, max_seq_len: int, max_batch: int = 1,
                  kv_heads: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
                  layout: str = "striped", ring_size: int = 0, sharded: bool = False,
@@ -283,6 +285,8 @@ class Session:
     @property
     def alive(self) -> bool:
         """Open (not closed, nor its client)."""
+        if self._parent is not None:  # a head group's ring lives as long as its session
+            return self._parent.alive
         c = self._client
         return not c.closed and c._session_ptrs.get(self._ptr.value, (None,))[0] == self._token
 
@@ -318,8 +322,30 @@ class Session:
         return {name: getattr(st, name)  # type: ignore[misc]
                 for name, _ in st._fields_ if name != "struct_size"}
 
+    def head_group(self, g: int) -> "Session":
+        """Ring g of a session of head groups: a Session of heads / G and
+        kv_heads / G over ring_size / G ranks, borrowed from this one (it
+        lives and closes with it; its own close() does nothing). A
+        tensor-parallel x context-parallel trainer's rank (j, g), holding
+        ring rank j's tokens of head group g, calls it as rank j with its
+        own heads (``forward_shard``/``backward_shard``): nothing is routed.
+        """
+        G = self.head_groups
+        if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < max(G, 1) or G < 2:
+            raise ValueError(f"stria: head group {g!r} of session {self._id} (head_groups {G})")
+        ptr = self._call(lambda L: L.stria_session_head_group(self._ptr, g))
+        view = Session._blank()
+        view._setup(self._client, ctypes.c_void_p(ptr), self.max_batch, self.max_seq_len,
+                    self.heads // G, self.kv_heads // G, self.head_dim, _DTYPES[self.dtype],
+                    self.sharded)
+        view._finalizer.detach()
+        view._parent = self
+        return view
+
     def close(self) -> None:
         """Closes the session (idempotent): the workers free its memory."""
+        if self._parent is not None:
+            return  # a head group's ring: its session closes it
         c = self._client
         if c.closed:
             self._finalizer.detach()

@@ -318,6 +318,61 @@ def test_explicit_sharded_session_export_import(cluster, no_active_jobs, groups)
         stria.Client.import_session(c0, b"nope")
 
 
+def test_tensor_parallel_ranks_call_their_head_group(cluster, no_active_jobs):
+    """A tensor-parallel x context-parallel trainer (2 x 2 ranks, a thread
+    and a client each) on a sharded session of 2 head groups x rings of 2:
+    rank (j, g) passes ring rank j's tokens of head group g to ring g
+    (Session.head_group); put together, the fp64 reference's values."""
+    S, H, G, R = 70, 4, 2, 2
+    q, k, v, do = (rand(1, S, H, 16, seed=20 + s) for s in range(4))
+    clients = [stria.Client(cluster.address, step_timeout=60, arrival_timeout=30)
+               for _ in range(R * G)]
+    try:
+        s0 = stria.Session(heads=H, head_dim=16, max_seq_len=128, dtype=torch.float32,
+                           ring_size=R * G, sharded=True, head_groups=G, client=clients[0])
+        data = s0.export()
+        sessions = [s0] + [c.import_session(data) for c in clients[1:]]
+        ring = sessions[0].head_group(1)
+        assert (ring.heads, ring.ring_size, ring.alive) == (H // G, R, True)
+        with pytest.raises(ValueError, match="head group 2"):
+            sessions[0].head_group(2)
+        out, errors = {}, []
+
+        def rank(j, g, s):
+            try:
+                heads = slice(g * H // G, (g + 1) * H // G)
+                qs, ks, vs, dos = (stria.shard(t[:, :, heads], 1, rank=j, world_size=R)
+                                   for t in (q, k, v, do))
+                r = s.head_group(g)
+                o, lse = r.forward_shard(j, qs, ks, vs, seq_len=S)
+                out[j, g] = (o,) + r.backward_shard(j, qs, ks, vs, o, lse, dos, seq_len=S)
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=rank, args=(i % R, i // R, sessions[i]))
+                   for i in range(R * G)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        ref = [t.double().requires_grad_() for t in (q, k, v)]
+        ro, _ = ref_attention(*ref)
+        ro.backward(do.double())
+        for i, want in enumerate((ro, ref[0].grad, ref[1].grad, ref[2].grad)):
+            got = torch.cat([stria.unshard([out[j, g][i] for j in range(R)], 1, seq_len=S)
+                             for g in range(G)], dim=2)
+            assert max_err(got, want) < 1e-4, i
+        ring.close()  # borrowed: nothing happens
+        assert ring.alive
+        for s in reversed(sessions):
+            s.close()
+        assert not ring.alive
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_sessions_close_at_interpreter_exit(cluster, client, no_active_jobs):
     """A process that exits without closing its client leaves no session on
     the service (cached and explicit ones)."""

@@ -123,12 +123,14 @@ void se_check_groups_call(stria_session_t *s, const stria_session_spec_t *sp, co
 /* ---- sharded calls ---------------------------------------------------------------- */
 
 /* rows [b, pos[i]] of a full [B, S, row] tensor <-> [B, T, row] */
+/* rows [b, pos[i]] of a full [B, S, row * G] tensor (bytes [g row,
+ * (g+1) row) of each: a head group's) <-> [B, T, row] */
 static void gather_rows(const char *full, char *shard, int64_t B, int64_t S, int64_t T,
-                        const int64_t *pos, size_t row, bool to_shard)
+                        const int64_t *pos, size_t row, int g, int G, bool to_shard)
 {
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < T; i++) {
-            char *f = (char *)full + (size_t)(b * S + pos[i]) * row;
+            char *f = (char *)full + (size_t)(b * S + pos[i]) * row * (size_t)G + row * (size_t)g;
             char *x = shard + (size_t)(b * T + i) * row;
             memcpy(to_shard ? x : f, to_shard ? f : x, row);
         }
@@ -139,7 +141,14 @@ static void *rank_main(void *arg)
     se_rank_t *r = arg;
     fu_job_t *j = r->j;
     const stria_job_spec_t *sp = &j->spec;
-    int64_t B = r->call.batch, S = r->call.seq_len, H = sp->heads, Hkv = sp->kv_heads;
+    const int G = r->groups > 1 ? r->groups : 1, g = r->groups > 1 ? r->group : 0;
+    const int64_t B = r->call.batch, S = r->call.seq_len, H = sp->heads / G, Hkv = sp->kv_heads / G;
+    stria_session_t *s = G > 1 ? stria_session_head_group(r->s, g) : r->s;
+    if (s == NULL) {
+        r->st = STRIA_ERR_INVALID_ARG;
+        snprintf(r->msg, sizeof(r->msg), "head group %d: %s", g, stria_error_msg());
+        return NULL;
+    }
     const stria_layout_kind_t layout = stria_session_layout(r->s);
     const int n = stria_session_ranks(r->s); /* the trainer's ranks (a head group's ring's) */
     int64_t T = stria_call_shard_tokens(layout, n, &r->call, r->rank);
@@ -169,11 +178,11 @@ static void *rank_main(void *arg)
         }
     const void *in[4] = {j->q, j->k, j->v, j->g};
     for (int i = 0; i < 4; i++)
-        gather_rows(in[i], t[i], B, S, T, pos, bytes[i], true);
+        gather_rows(in[i], t[i], B, S, T, pos, bytes[i], g, G, true);
     r->st =
-        stria_session_forward_shard(r->s, &r->call, r->rank, t[0], t[1], t[2], t[4], (float *)t[8]);
+        stria_session_forward_shard(s, &r->call, r->rank, t[0], t[1], t[2], t[4], (float *)t[8]);
     if (r->st == STRIA_OK && r->backward)
-        r->st = stria_session_backward_shard(r->s, &r->call, r->rank, t[0], t[1], t[2], t[4],
+        r->st = stria_session_backward_shard(s, &r->call, r->rank, t[0], t[1], t[2], t[4],
                                              (float *)t[8], t[3], t[5], t[6], t[7]);
     if (r->st != STRIA_OK) {
         snprintf(r->msg, sizeof(r->msg), "%s", stria_error_msg());
@@ -182,10 +191,11 @@ static void *rank_main(void *arg)
     }
     void *out[4] = {j->o, j->dq, j->dk, j->dv};
     for (int i = 0; i < 4; i++)
-        gather_rows(out[i], t[4 + i], B, S, T, pos, bytes[4 + i], false);
-    for (int64_t bh = 0; bh < B * H; bh++)
-        for (int64_t i = 0; i < T; i++)
-            j->lse[bh * S + pos[i]] = ((float *)t[8])[bh * T + i];
+        gather_rows(out[i], t[4 + i], B, S, T, pos, bytes[4 + i], g, G, false);
+    for (int64_t b = 0; b < B; b++) /* [B][H][T] of the group's heads among all G x H */
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++)
+                j->lse[((b * G + g) * H + h) * S + pos[i]] = ((float *)t[8])[(b * H + h) * T + i];
 out:
     for (int i = 0; i < 9; i++)
         free(t[i]);
@@ -214,11 +224,24 @@ void se_open_sharded(stria_client_t **cl, int n, const stria_session_spec_t *sp,
 void se_sharded_call(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
                      bool backward, se_rank_t *r)
 {
-    pthread_t th[8];
-    for (int i = 0; i < n; i++) {
-        r[i] = (se_rank_t){.s = h[i], .rank = i, .j = j, .call = calls[i], .backward = backward};
+    se_sharded_call_tp(h, n, 1, j, calls, backward, r);
+}
+
+void se_sharded_call_tp(stria_session_t **h, int n, int G, fu_job_t *j, const stria_call_t *calls,
+                        bool backward, se_rank_t *r)
+{
+    pthread_t th[16];
+    cr_assert_leq(n * G, 16);
+    for (int i = 0; i < n * G; i++) {
+        r[i] = (se_rank_t){.s = h[i],
+                           .rank = i % n,
+                           .j = j,
+                           .call = calls[i % n],
+                           .backward = backward,
+                           .group = i / n,
+                           .groups = G};
         cr_assert_eq(pthread_create(&th[i], NULL, rank_main, &r[i]), 0);
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n * G; i++)
         pthread_join(th[i], NULL);
 }

@@ -54,6 +54,10 @@ typedef struct {
     fu_job_t *j;       /* full tensors: inputs read, outputs written at the rank's positions */
     stria_call_t call; /* this rank's call */
     bool backward;
+    /* a tensor-parallel rank's heads: it calls ring `group` of a session of
+     * `groups` head groups (stria_session_head_group) with heads / groups
+     * of them; groups 0: every head, on s itself */
+    int group, groups;
     stria_status_t st;
     bool retryable;
     char msg[1024];
@@ -68,5 +72,10 @@ void se_open_sharded(stria_client_t **cl, int n, const stria_session_spec_t *sp,
  * h[i] with calls[i]; forward, then backward when asked); outcomes in r[]. */
 void se_sharded_call(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
                      bool backward, se_rank_t *r);
+/* The same for a tensor-parallel trainer of n x G ranks on a session of G
+ * head groups: rank i (h[i], r[i]) is ring rank i % n of head group i / n,
+ * calling that group's ring (stria_session_head_group) with its heads. */
+void se_sharded_call_tp(stria_session_t **h, int n, int G, fu_job_t *j, const stria_call_t *calls,
+                        bool backward, se_rank_t *r);
 
 #endif

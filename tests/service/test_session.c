@@ -1054,6 +1054,61 @@ Test(session, sharded_head_groups_2x2_packed_fp16_equal_each_group_s_ring, .time
     sharded_groups_case(4, 2, STRIA_LAYOUT_PACKED, STRIA_DTYPE_F16, 2, 2);
 }
 
+/* A tensor-parallel x context-parallel trainer (2 x 2 ranks) on a sharded
+ * session of 2 head groups x rings of 2: rank (j, g) holds ring rank j's
+ * tokens of head group g and calls ring g (stria_session_head_group) as
+ * rank j, every rank with its own import of the session; every output
+ * equals each group's in-process ring bit for bit. The ring handle is
+ * borrowed: closing it is refused. */
+Test(session, tensor_parallel_ranks_call_their_head_group_s_ring, .timeout = T_TIMEOUT)
+{
+    dcluster_t c;
+    dc_start(&c, 4, NULL);
+    const int R = 2, G = 2;
+    stria_client_t *cl[4];
+    stria_session_t *h[4];
+    for (int i = 0; i < R * G; i++)
+        cl[i] = dc_client(&c, NULL, "test_session rank", 0);
+    stria_session_spec_t sp =
+        se_spec_of(2, 160, 4, 2, 32, STRIA_DTYPE_BF16, STRIA_LAYOUT_STRIPED, R * G);
+    sp.sharded = true;
+    sp.head_groups = (uint32_t)G;
+    sp.arrival_timeout_s = 15;
+    se_open_sharded(cl, R * G, &sp, h, NULL);
+    stria_session_t *ring = stria_session_head_group(h[0], 1);
+    cr_assert_not_null(ring, "%s", stria_error_msg());
+    cr_expect_eq(stria_session_ring_size(ring), R);
+    cr_expect_eq(stria_session_close(ring), STRIA_ERR_INVALID_ARG, "a borrowed ring closed");
+    cr_expect_null(stria_session_head_group(h[0], 2));
+    stria_call_t calls[4];
+    const char *what[4];
+    group_calls(calls, what);
+    se_rank_t r[16];
+    for (int k = 0; k < 4; k++) {
+        stria_call_t per[8];
+        for (int i = 0; i < R; i++)
+            per[i] = calls[k];
+        fu_job_t j;
+        se_call_tensors(&j, &sp, &calls[k], 600 + (uint64_t)k);
+        se_sharded_call_tp(h, R, G, &j, per, true, r);
+        bool all = true;
+        for (int i = 0; i < R * G; i++) {
+            cr_expect_eq(r[i].st, STRIA_OK, "%s, ring %d rank %d: %s: %s", what[k], i / R, i % R,
+                         stria_status_name(r[i].st), r[i].msg);
+            all &= r[i].st == STRIA_OK;
+        }
+        if (all)
+            se_groups_equal(&j, &calls[k], G, R, STRIA_LAYOUT_STRIPED, what[k]);
+        fu_job_free(&j);
+    }
+    for (int i = R * G - 1; i >= 0; i--) {
+        cr_expect_eq(stria_session_close(h[i]), STRIA_OK, "close on rank %d: %s", i,
+                     stria_error_msg());
+        stria_client_close(cl[i]);
+    }
+    dc_stop(&c);
+}
+
 /* Held forwards on a head-grouped session (2 x 2, max_held 2): two
  * forwards held, their backwards run in the other order bringing only dO,
  * and every output equals each group's in-process ring bit for bit; a
