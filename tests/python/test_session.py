@@ -269,6 +269,24 @@ def test_head_groups_session_and_client(cluster, no_active_jobs):
                           head_group_rings="across", client=c)
 
 
+def _run_ranks(target, args, errors):
+    """target(*a) for each a of args, a thread each, all at once."""
+    threads = [threading.Thread(target=target, args=a) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+
+
+def _reference(q, k, v, do):
+    """The fp64 reference's O, dQ, dK, dV of a causal call."""
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    ro, _ = ref_attention(*ref)
+    ro.backward(do.double())
+    return ro, ref[0].grad, ref[1].grad, ref[2].grad
+
+
 @pytest.mark.parametrize("groups", [0, 2])
 def test_explicit_sharded_session_export_import(cluster, no_active_jobs, groups):
     """A sharded session of 2 ranks (with head groups: 2 rings of 2, the
@@ -300,16 +318,8 @@ def test_explicit_sharded_session_export_import(cluster, no_active_jobs, groups)
             except Exception as e:  # pragma: no cover - reported below
                 errors.append(e)
 
-        threads = [threading.Thread(target=rank, args=(r, s)) for r, s in ((0, s0), (1, s1))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
-        ref = [t.double().requires_grad_() for t in (q, k, v)]
-        ro, _ = ref_attention(*ref)
-        ro.backward(do.double())
-        for i, want in enumerate((ro, ref[0].grad, ref[1].grad, ref[2].grad)):
+        _run_ranks(rank, [(0, s0), (1, s1)], errors)
+        for i, want in enumerate(_reference(q, k, v, do)):
             got = stria.unshard([out[0][i], out[1][i]], 1, seq_len=S, layout=layout)
             assert max_err(got, want) < 1e-4, i
         s1.close()
@@ -349,17 +359,8 @@ def test_tensor_parallel_ranks_call_their_head_group(cluster, no_active_jobs):
             except Exception as e:  # pragma: no cover - reported below
                 errors.append(e)
 
-        threads = [threading.Thread(target=rank, args=(i % R, i // R, sessions[i]))
-                   for i in range(R * G)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
-        ref = [t.double().requires_grad_() for t in (q, k, v)]
-        ro, _ = ref_attention(*ref)
-        ro.backward(do.double())
-        for i, want in enumerate((ro, ref[0].grad, ref[1].grad, ref[2].grad)):
+        _run_ranks(rank, [(i % R, i // R, sessions[i]) for i in range(R * G)], errors)
+        for i, want in enumerate(_reference(q, k, v, do)):
             got = torch.cat([stria.unshard([out[j, g][i] for j in range(R)], 1, seq_len=S)
                              for g in range(G)], dim=2)
             assert max_err(got, want) < 1e-4, i
