@@ -62,7 +62,7 @@ extern "C" {
 #define STRIA_COORD_MAX_HELD 63
 /* Head groups of a session (JobSpec.head_groups), as libstria allows. */
 #define STRIA_COORD_MAX_HEAD_GROUPS 64
-#define STRIA_COORD_MAX_RING 4096
+#define STRIA_COORD_MAX_RING        4096
 /* Entries of a spec's cu_seqlens. */
 #define STRIA_COORD_MAX_CU_SEQLENS 65536
 /* The largest step deadline a coordinator may allow (max_step_timeout_s). */
