@@ -116,7 +116,16 @@ echo "   the same calls first as a job each, then on the session; per call, besi
 "$bin/stria-run" random --shape "1,256,4,64" --seed 8 --out "$work/sdo.npy"
 "$bin/stria-run" submit --coordinator "$coord" --q "$work/sq.npy" --k "$work/sk.npy" \
   --v "$work/sv.npy" --do "$work/sdo.npy" --dtype bf16 --causal --layout striped \
-  --label quickstart-session --session-calls 64 --head-groups "$head_groups" --out "$work/sout"
+  --label quickstart-session --session-calls 64 --head-groups "$head_groups" --out "$work/sout" |
+  tee "$work/session.txt"
+if (( head_groups > 1 )); then # the grid of its rings, as the coordinator placed them
+  sid=$(sed -n 's/.*session \([0-9][0-9]*\) (opened.*/\1/p' "$work/session.txt" | head -n 1)
+  if [[ -n $sid ]]; then
+    echo
+    "$bin/striactl" --coordinator "$coord" session "$sid" | sed -n '/^head groups:/,/^timings/p' |
+      grep -v '^timings'
+  fi
+fi
 echo
 "$bin/striactl" --coordinator "$coord" jobs --all
 echo

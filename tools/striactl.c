@@ -737,11 +737,13 @@ static void job_ranks(const Stria__V1__Assignment *a, const Stria__V1__JobSpec *
 
 /* The G x R grid of a head-grouped session (libstria's G sessions, one
  * per group of heads, sharing s's head_group_tag): a row per group, its
- * session, heads and ring (each rank's host and worker). */
+ * latest session (open or over: replaced rings and closed sessions are
+ * drawn too), its state, heads and ring (each rank's host and worker). */
 static void head_group_grid(ctl_t *c, const Stria__V1__JobSpec *s)
 {
     Stria__V1__ListJobsRequest req = STRIA__V1__LIST_JOBS_REQUEST__INIT;
     stria_rpc_reply_t reply;
+    req.include_finished = true;
     if (call(c, STRIA_RPC_COORDINATOR_LIST_JOBS, &req.base, &reply) != STRIA_OK) {
         printf("head groups: %u (the grid: %s)\n", s->head_groups, stria_error_msg());
         return;
@@ -751,8 +753,8 @@ static void head_group_grid(ctl_t *c, const Stria__V1__JobSpec *s)
     printf("head groups: %u rings of %u ranks, ring g computing query heads [g*%u, (g+1)*%u) "
            "and kv heads [g*%u, (g+1)*%u)\n",
            G, s->ring_size, s->heads, s->heads, s->kv_heads, s->kv_heads);
-    table_t t = {.ncols = 4};
-    const char *head[] = {"GROUP", "SESSION", "HEADS", "RING (rank: host/worker)"};
+    table_t t = {.ncols = 5};
+    const char *head[] = {"GROUP", "SESSION", "STATE", "HEADS", "RING (rank: host/worker)"};
     table_add(&t, head);
     for (uint32_t g = 0; g < G; g++) {
         const Stria__V1__JobInfo *found = NULL;
@@ -776,7 +778,8 @@ static void head_group_grid(ctl_t *c, const Stria__V1__JobSpec *s)
                 break;
             used += (size_t)n;
         }
-        const char *cells[] = {grp, id, heads, found ? ring : "(not open)"};
+        const char *cells[] = {grp, id, found ? job_state_name(found->state) : "-", heads,
+                               found ? ring : "(unknown to the coordinator)"};
         table_add(&t, cells);
     }
     table_print(&t);

@@ -72,6 +72,8 @@ class JobSpec(ctypes.Structure):
         ("placement_hosts", ctypes.POINTER(ctypes.c_char_p)),
         ("placement_devices", ctypes.POINTER(ctypes.c_int)),
         ("placement_fallback", ctypes.c_bool),
+        ("head_groups", ctypes.c_uint32),
+        ("head_group_rings", ctypes.c_int),
     ]
 
 

@@ -472,7 +472,10 @@ def test_ctypes_structs_mirror_the_header(tmp_path):
                "stria_session_stats_t": _lib.SessionStats}
     lines, want = [], []
     for macro, value in (("STRIA_JOB_EXPORT_BYTES", _lib.JOB_EXPORT_BYTES),
-                         ("STRIA_SESSION_EXPORT_BYTES", _lib.SESSION_EXPORT_BYTES)):
+                         ("STRIA_SESSION_EXPORT_BYTES", _lib.SESSION_EXPORT_BYTES),
+                         ("STRIA_SESSION_EXPORT_MAX_BYTES", _lib.SESSION_EXPORT_MAX_BYTES),
+                         ("STRIA_HEAD_GROUPS_AUTO", _lib.HEAD_GROUPS_AUTO),
+                         ("STRIA_GROUP_RINGS_ACROSS", _lib.GROUP_RINGS["across"])):
         lines.append(f'printf("%zu\\n", (size_t){macro});')
         want.append(value)
     for cname, init in (("stria_session_spec_t", "STRIA_SESSION_SPEC_INIT"),
