@@ -19,6 +19,7 @@ typedef struct {
     uint32_t rank;
     stria__wsess_t *s;
     stria_status_t st;
+    bool retryable;
     char error[512];
 } fetch_t;
 
@@ -27,7 +28,7 @@ static void fetched(void *arg)
 {
     fetch_t *f = arg;
     if (f->st != STRIA_OK) {
-        stria_rpc_call_fail(f->call, f->st, "%s", f->error);
+        stria_rpc_call_fail_r(f->call, f->st, f->retryable, "%s", f->error);
     } else if (stria_rpc_call_check_job(f->call, &f->s->secret, f->id) != STRIA_OK) {
         stria_rpc_call_fail(f->call, STRIA_ERR_AUTH, "%s", stria_error_msg());
         stria__wsess_unref(f->s);
@@ -44,8 +45,10 @@ static void *fetch_main(void *arg)
     fetch_t *f = arg;
     stria_worker_t *w = f->w;
     f->st = stria__wsess_get(w, f->id, f->rank, true, &f->s);
-    if (f->st != STRIA_OK)
+    if (f->st != STRIA_OK) {
         snprintf(f->error, sizeof(f->error), "%s", stria_error_msg());
+        f->retryable = stria_error_retryable();
+    }
     if (stria_rpc_server_post(w->server, fetched, f) != STRIA_OK) {
         stria_rpc_call_fail(f->call, STRIA_ERR_NO_MEMORY, "out of memory");
         if (f->st == STRIA_OK)

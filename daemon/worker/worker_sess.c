@@ -220,6 +220,9 @@ static stria_status_t create(stria_worker_t *w, uint64_t id, uint32_t rank, stri
     } else if (info->state >= STRIA__V1__JOB_STATE__JOB_STATE_FAILED) {
         st = stria_error_set(STRIA_ERR_CANCELLED, "job %llu is over (%s)", (unsigned long long)id,
                              info->failure && info->failure[0] ? info->failure : "released");
+        /* failed for a cause outside it (a worker restarted or left as it
+         * opened): the client opens it anew */
+        stria_error_set_retryable(info->failure_retryable);
     } else if (a->ranks[rank]->worker_id != w->worker_id) {
         st = stria_error_set(STRIA_ERR_INVALID_ARG,
                              "job %llu rank %u belongs to worker %llu, not to this worker (%llu)",

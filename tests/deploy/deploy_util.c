@@ -508,7 +508,14 @@ int dc_free_port(void)
         fclose(f);
     }
     int top = lo - 1, bottom = lo > 12000 ? lo - 10000 : 1024;
-    unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+    /* a seed of its own per call (two calls in one second, or two test
+     * processes whose pid and second happen to mix alike, must not draw
+     * the same port: a test's port freed a moment ago may still be held) */
+    static unsigned calls;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)now.tv_nsec ^
+                    (unsigned)now.tv_sec * 40503u ^ __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
     for (int attempt = 0; attempt < 1000 && top > bottom; attempt++) {
         int port = bottom + (int)(rand_r(&seed) % (unsigned)(top - bottom + 1));
         int fd = socket(AF_INET, SOCK_STREAM, 0);
