@@ -161,6 +161,10 @@ static int sl_parse(int argc, char **argv, sl_cfg_t *c)
                      "head groups of each layout's sessions: G rings of workers / G ranks, each "
                      "over heads / G (1: one ring of every worker)",
                      .dflt = "1", .min = 1, .max = 64, .max_items = SL_MAX_GROUPS),
+        STRIA_OPTION("across", FLAG, &c->across, NULL,
+                     "also each G > 1 with its rings across the hosts (ring rank j of every "
+                     "ring on host j: head_group_rings ACROSS; rows \"G=2 x\"), beside the "
+                     "default rings inside hosts"),
         STRIA_OPTION(
             "sharded", FLAG, &c->sharded, NULL,
             "also a sharded session of each layout and head groups: workers / G trainer "
@@ -795,7 +799,8 @@ static int64_t sl_memory(const sl_cfg_t *c, int n)
             per = (uint64_t)1 << 30;
         all += per;
     }
-    uint64_t sessions = (uint64_t)c->n_layouts * (c->sharded ? 2 : 1); /* whole and sharded */
+    /* whole and sharded; inside and across */
+    uint64_t sessions = (uint64_t)c->n_layouts * (c->sharded ? 2 : 1) * (c->across ? 2 : 1);
     int64_t m = (int64_t)(2 * all * sessions) + ((int64_t)256 << 20);
     return m;
 }

@@ -17,11 +17,12 @@
 #define SL_MAX_WPH     8
 #define SL_MAX_WORKERS 64
 #define SL_MAX_LAYOUTS 4
-#define SL_MAX_GROUPS  4                                    /* --head-groups entries */
-#define SL_MAX_ROWS    (SL_MAX_LAYOUTS * SL_MAX_GROUPS * 2) /* whole and sharded */
-#define SL_MAX_REPS    100
-#define SL_FABRIC      "10.201.0." /* the workers' `nic` addresses, .1 up */
-#define SL_CONTROL     "10.202.0." /* their `mgmt` addresses, .1 up; the head .254 */
+#define SL_MAX_GROUPS  4 /* --head-groups entries */
+/* whole and sharded; G > 1 inside and across hosts */
+#define SL_MAX_ROWS (SL_MAX_LAYOUTS * SL_MAX_GROUPS * 4)
+#define SL_MAX_REPS 100
+#define SL_FABRIC   "10.201.0." /* the workers' `nic` addresses, .1 up */
+#define SL_CONTROL  "10.202.0." /* their `mgmt` addresses, .1 up; the head .254 */
 
 typedef struct {
     int hosts, wph, reps, tpr;
@@ -38,6 +39,7 @@ typedef struct {
     double doc_sigma;
     bool baseline, json;
     bool sharded; /* each layout and head groups also as a sharded session */
+    bool across;  /* each G > 1 also with its rings across the hosts */
     double step_timeout_s;
     const char *log_dir; /* NULL: a temporary one */
 } sl_cfg_t;
@@ -60,6 +62,7 @@ typedef struct {
     stria_layout_kind_t kind;
     int groups;
     bool sharded;
+    bool across; /* the head groups' rings across hosts (stria_group_rings_t) */
     const char *name;
     char name_buf[32];
     stria_session_t *s; /* whole-sequence */

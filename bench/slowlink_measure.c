@@ -74,6 +74,7 @@ static int sl_open(sl_row_t *row, stria_client_t *cl, const sl_cfg_t *c, int n, 
     sp.layout = row->kind;
     sp.ring_size = n;
     sp.head_groups = (uint32_t)row->groups;
+    sp.head_group_rings = row->across ? STRIA_GROUP_RINGS_ACROSS : STRIA_GROUP_RINGS_INSIDE;
     sp.idle_timeout_s = 3600;
     sp.step_timeout_s = c->step_timeout_s;
     sp.no_queue = true;
@@ -119,7 +120,7 @@ static void sl_header(const sl_cfg_t *c, int n, size_t docs)
     if (c->rate_bits > 0)
         printf("a ring step's K/V block (striped): %.2f MiB, %.0f ms at %s\n", block / 1048576.0,
                block * 8 / c->rate_bits * 1e3, c->rate_text);
-    printf("%-18s %9s %9s %9s %9s %9s %9s  %s\n", "layout", "fwd s", "fwd+bwd s", "pass fwd",
+    printf("%-20s %9s %9s %9s %9s %9s %9s  %s\n", "layout", "fwd s", "fwd+bwd s", "pass fwd",
            "pass bwd", "MiB fwd", "MiB bwd", "");
 }
 
@@ -127,9 +128,11 @@ static void sl_print_row(const sl_cfg_t *c, const sl_row_t *row, int n, size_t d
 {
     int reps = c->reps;
     if (c->json) {
-        printf("{\"name\":\"slowlink\",\"layout\":\"%s\",\"head_groups\":%d,\"sharded\":%s,"
+        printf("{\"name\":\"slowlink\",\"layout\":\"%s\",\"head_groups\":%d,\"across\":%s,"
+               "\"sharded\":%s,"
                "\"status\":\"%s\",\"message\":",
-               stria_layout_kind_name(row->kind), row->groups, row->sharded ? "true" : "false",
+               stria_layout_kind_name(row->kind), row->groups, row->across ? "true" : "false",
+               row->sharded ? "true" : "false",
                row->ok        ? "ok"
                : row->refused ? "refused"
                               : "failed");
@@ -149,11 +152,11 @@ static void sl_print_row(const sl_cfg_t *c, const sl_row_t *row, int n, size_t d
                    sl_med(row->ring_f, reps), sl_med(row->ring_b, reps));
         printf("}\n");
     } else if (row->ok) {
-        printf("%-18s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f\n", row->name, sl_med(row->fwd, reps),
+        printf("%-20s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f\n", row->name, sl_med(row->fwd, reps),
                sl_med(row->fwd_bwd, reps), sl_med(row->pass_f, reps), sl_med(row->pass_b, reps),
                sl_med(row->mib_f, reps), sl_med(row->mib_b, reps));
     } else {
-        printf("%-18s %s\n", row->name, row->msg);
+        printf("%-20s %s\n", row->name, row->msg);
     }
     fflush(stdout);
 }
@@ -192,7 +195,7 @@ static int sl_baseline(const sl_cfg_t *c, sl_net_t *net, sl_row_t *row, const st
                    row->name, f, fb, sl_med(base->pass_f, reps), sl_med(base->pass_b, reps), bf,
                    bfb);
         else
-            printf("%-18s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f  (no rate limit)\n"
+            printf("%-20s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f  (no rate limit)\n"
                    "the %s pass is %.2fx (fwd) and %.2fx (fwd+bwd) its time without the limit\n",
                    row->name, f, fb, sl_med(base->pass_f, reps), sl_med(base->pass_b, reps),
                    sl_med(base->mib_f, reps), sl_med(base->mib_b, reps), row->name, bf, bfb);
@@ -277,8 +280,25 @@ int sl__measure(const sl_cfg_t *c, sl_net_t *net, const char *coord)
         return 1;
     }
     sl_row_t *rows = calloc(SL_MAX_ROWS, sizeof(*rows));
-    const int per = c->sharded ? 2 : 1; /* rows of a layout and head groups */
-    const int n_rows = c->n_layouts * c->n_groups * per;
+    /* the rows: per layout, per head groups (G > 1 inside, and across with
+     * --across), whole (and sharded with --sharded) */
+    int n_rows = 0;
+    for (int l = 0; rows != NULL && l < c->n_layouts; l++)
+        for (int g = 0; g < c->n_groups; g++)
+            for (int a = 0; a < (c->across && c->groups[g] > 1 ? 2 : 1); a++)
+                for (int sh = 0; sh < (c->sharded ? 2 : 1); sh++) {
+                    sl_row_t *r = &rows[n_rows++];
+                    r->kind = c->layouts[l];
+                    r->groups = c->groups[g];
+                    r->across = a == 1;
+                    r->sharded = sh == 1;
+                    char gs[24] = "";
+                    if (r->groups > 1)
+                        snprintf(gs, sizeof(gs), " G=%d%s", r->groups, r->across ? " x" : "");
+                    snprintf(r->name_buf, sizeof(r->name_buf), "%s%s%s", c->layout_names[l], gs,
+                             r->sharded ? " sh" : "");
+                    r->name = r->name_buf;
+                }
     stria_client_t *cl = NULL;
     if (rows == NULL || stria_bench_job_alloc(&t, true) != 0) {
         free(rows), free(cu);
@@ -298,16 +318,6 @@ int sl__measure(const sl_cfg_t *c, sl_net_t *net, const char *coord)
     call.n_cu_seqlens = n_cu;
     size_t docs = n_cu > 0 ? n_cu - 1 : 0;
     for (int i = 0; i < n_rows; i++) {
-        const int l = i / per / c->n_groups, g = i / per % c->n_groups;
-        rows[i].kind = c->layouts[l];
-        rows[i].groups = c->groups[g];
-        rows[i].sharded = i % per == 1;
-        char gs[16] = "";
-        if (rows[i].groups > 1)
-            snprintf(gs, sizeof(gs), " G=%d", rows[i].groups);
-        snprintf(rows[i].name_buf, sizeof(rows[i].name_buf), "%s%s%s", c->layout_names[l], gs,
-                 rows[i].sharded ? " sh" : "");
-        rows[i].name = rows[i].name_buf;
         if (sl_open(&rows[i], cl, c, n, coord, &call, &t) == 0)
             sl_call(&rows[i], &call, &t, -1);
         if (!c->json)
