@@ -796,3 +796,32 @@ Test(worker, stop_with_a_job_held_and_a_pass_running, .timeout = TEST_TIMEOUT_S)
     free(q), free(k), free(v);
     wf_stop(&f); /* the other worker, with its rank of the held job */
 }
+
+/* A session failed for a cause outside it (one of its workers shut down
+ * before the other rank opened): the open on the other worker is refused
+ * as over, and marked retryable (libstria then opens the session anew);
+ * a session cancelled for good is refused without the mark. */
+Test(worker, an_open_of_a_session_lost_to_a_leaving_worker_is_retryable, .timeout = TEST_TIMEOUT_S)
+{
+    wf_t f;
+    wf_job_t lost, gone;
+    start(&f, 2, 0.3);
+    const wf_spec_t sp = {.seq_len = 64, .session = true};
+    cr_assert_eq(wf_submit_spec(&f, &sp, &gone), STRIA_OK, "%s", stria_error_msg());
+    cr_assert_eq(wf_release(&f, &gone), STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(wf_open(&f, &gone, 0), STRIA_ERR_CANCELLED, "%s", stria_error_msg());
+    cr_expect(!stria_error_retryable(), "a released session's open is retryable: %s",
+              stria_error_msg());
+
+    cr_assert_eq(wf_submit_spec(&f, &sp, &lost), STRIA_OK, "%s", stria_error_msg());
+    int w1 = lost.widx[1];
+    cr_expect_eq(stria_worker_shutdown(f.w[w1], "shut down (test)"), 0);
+    stria_worker_stop(f.w[w1]);
+    f.w[w1] = NULL;
+    stria_rpc_client_close(f.wc[w1]);
+    f.wc[w1] = NULL;
+    cr_expect_eq(wf_open(&f, &lost, 0), STRIA_ERR_CANCELLED, "%s", stria_error_msg());
+    expect_msg("the open of a session whose worker left", "is over");
+    cr_expect(stria_error_retryable(), "not retryable: %s", stria_error_msg());
+    wf_stop(&f);
+}
