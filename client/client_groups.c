@@ -416,6 +416,9 @@ stria_status_t stria__lgroup_release_held(stria_session_t *p, const char *fn, in
 stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stria__lreq_t *r,
                                   uint64_t *held_out)
 {
+    if (r->hold && p->spec.max_held == 0) /* as a session without head groups says it */
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: the session holds no forwards (its spec's max_held is 0)", fn);
     pthread_mutex_lock(&p->lock);
     const int G = p->n_groups;
     int slot = -1;
@@ -429,7 +432,7 @@ stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stri
     for (uint32_t i = 0; r->hold && slot < 0 && i < p->spec.max_held && i < 64; i++)
         if (!(p->held_mask >> i & 1))
             slot = (int)i;
-    if (r->hold && (slot < 0 || p->group_held == NULL)) {
+    if (r->hold && slot < 0) {
         pthread_mutex_unlock(&p->lock);
         return stria_error_set(STRIA_ERR_BUSY,
                                "%s: the session holds %u forwards already (max_held): run or "

@@ -944,6 +944,14 @@ static void head_groups_case(int workers, int G, stria_layout_kind_t layout, str
     cr_assert_eq(stria_session_stats(s, &st), STRIA_OK, "%s", stria_error_msg());
     cr_expect_eq(st.calls, 8u, "4 forward and backward calls: %llu", (unsigned long long)st.calls);
     cr_expect_eq(st.failed, 0u);
+    uint64_t held = 0; /* no max_held: refused as for a session without head groups */
+    fu_job_t hj;
+    se_call_tensors(&hj, &sp, &calls[0], 399);
+    cr_expect_eq(
+        stria_session_forward_held(s, &calls[0], -1, hj.q, hj.k, hj.v, hj.o, hj.lse, &held),
+        STRIA_ERR_INVALID_ARG, "a held forward on a session without max_held");
+    cr_expect(strstr(stria_error_msg(), "max_held is 0") != NULL, "%s", stria_error_msg());
+    fu_job_free(&hj);
     cr_expect_leq(st.last_steps, (uint32_t)R, "a ring of %d ran %u steps", R, st.last_steps);
     cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
     stria_client_close(cl);
