@@ -77,12 +77,13 @@ int stria_worker_shutdown(stria_worker_t *w, const char *reason)
     int still_running = w->running_calls;
     w->heartbeat_stop = true;
     pthread_cond_broadcast(&w->cv);
-    bool registered = w->registered;
     pthread_mutex_unlock(&w->lock);
     if (w->hb_started)
         pthread_join(w->hb_thread, NULL);
     w->hb_started = false;
-    if (!registered)
+    /* Read only now: a registration in flight when the stop came lands
+     * before the join, and the coordinator must hear this worker leave. */
+    if (!w->registered)
         return still_running;
 
     stria__wbeat_leave(w, reason);
