@@ -161,4 +161,6 @@ void stria_call_binding(const stria_call_shape_t *c, int layout, const stria_cal
     stria_put_le64(out + 33, p->arena ? p->arena_out : 0);
     stria_put_le64(out + 41, p->piece_offset);
     stria_put_le64(out + 49, p->use_held ? p->held_call : 0);
+    stria_put_le16(out + 57, (uint16_t)p->part);
+    stria_put_le16(out + 59, (uint16_t)p->parts);
 }

@@ -127,12 +127,17 @@ typedef struct {
     bool hold;     /* a forward kept for its backward */
     bool use_held; /* the backward of held call held_call */
     uint64_t held_call;
+    /* part `part` of `parts` of the rank's inputs, from one trainer rank
+     * each (SessionCallRequest.parts; 0: the whole shard) */
+    uint32_t part, parts;
 } stria_call_place_t;
+/* Most parts one rank's call comes in (one per head group). */
+#define STRIA_CALL_MAX_PARTS 64
 /* The bytes of a SessionCall its proof binds (stria_rpc_request_t.proof_extra):
  * the call's number, link epoch, shape digest (and direction), arena
- * places, piece and held forward, so that an attacker on the path can change
- * none of them. */
-#define STRIA_CALL_BINDING_BYTES 57
+ * places, piece, held forward and part, so that an attacker on the path can
+ * change none of them. */
+#define STRIA_CALL_BINDING_BYTES 61
 void stria_call_binding(const stria_call_shape_t *c, int layout, const stria_call_place_t *p,
                         uint8_t out[STRIA_CALL_BINDING_BYTES]);
 

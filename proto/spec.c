@@ -78,7 +78,9 @@ void stria_call_place_from_pb(const Stria__V1__SessionCallRequest *req, stria_ca
                               .piece_offset = req->piece_offset,
                               .hold = req->hold,
                               .use_held = req->use_held,
-                              .held_call = req->held_call};
+                              .held_call = req->held_call,
+                              .part = req->part,
+                              .parts = req->parts};
 }
 
 void stria_call_place_to_pb(const stria_call_place_t *p, Stria__V1__SessionCallRequest *req)
@@ -94,4 +96,6 @@ void stria_call_place_to_pb(const stria_call_place_t *p, Stria__V1__SessionCallR
     req->hold = p->hold;
     req->use_held = p->use_held;
     req->held_call = p->use_held ? p->held_call : 0;
+    req->part = p->part;
+    req->parts = p->parts;
 }

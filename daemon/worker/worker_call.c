@@ -76,6 +76,69 @@ stria_status_t stria__wcall_geom(const stria__wsess_t *s, const stria_call_shape
     return STRIA_OK;
 }
 
+/* Bytes of one row of tensor t as it lies ([outer][tokens][row]; LSE's
+ * rows are [batch][heads][tokens] floats). */
+static size_t row_bytes(const stria__wgeom_t *g, int t)
+{
+    if (t == STRIA__T_LSE)
+        return 4;
+    return t == STRIA__T_K || t == STRIA__T_V || t == STRIA__T_DK || t == STRIA__T_DV ? g->kvrow
+                                                                                      : g->qrow;
+}
+
+/* Outer rows of tensor t (batch; batch x heads for LSE). */
+static int64_t outer_rows(const stria__wgeom_t *g, int t)
+{
+    return t == STRIA__T_LSE ? g->shape.batch * (int64_t)(g->lrow / 4) : g->shape.batch;
+}
+
+void stria__wcall_inputs(const stria__wgeom_t *g, int *t0, int *t1)
+{
+    *t0 = g->use_held ? STRIA__T_DO : STRIA__T_Q;
+    *t1 = g->backward ? STRIA__T_DO + 1 : STRIA__T_O;
+}
+
+void stria__wcall_outputs(const stria__wgeom_t *g, int *t0, int *t1)
+{
+    *t0 = g->backward ? STRIA__T_DQ : STRIA__T_O;
+    *t1 = g->backward ? STRIA__T_DV + 1 : STRIA__T_LSE + 1;
+}
+
+int64_t stria__wcall_part_rows(const stria__wsess_t *s, const stria__wgeom_t *g, uint32_t part,
+                               uint32_t parts)
+{
+    stria_layout_t all;
+    if (stria_layout_init(STRIA_LAYOUT_STRIPED, s->n_ranks * (int)parts, g->shape.seq_len, &all) !=
+        STRIA_OK)
+        return -1;
+    return stria_layout_shard_valid(&all, (int)part * s->n_ranks + s->rank);
+}
+
+uint64_t stria__wcall_part_bytes(const stria__wgeom_t *g, int64_t rows, int t0, int t1)
+{
+    uint64_t n = 0;
+    for (int t = t0; t < t1; t++)
+        n += (uint64_t)outer_rows(g, t) * (uint64_t)rows * row_bytes(g, t);
+    return n;
+}
+
+void stria__wcall_part_move(const stria__wgeom_t *g, uint32_t part, uint32_t parts, int64_t rows,
+                            int t0, int t1, char *region, char *buf, bool to_region)
+{
+    for (int t = t0; t < t1; t++) {
+        const size_t row = row_bytes(g, t);
+        for (int64_t o = 0; o < outer_rows(g, t); o++) {
+            char *r = region + g->at[t] + ((size_t)(o * g->valid) + part) * row;
+            for (int64_t m = 0; m < rows; m++, buf += row, r += (size_t)parts * row) {
+                if (to_region)
+                    memcpy(r, buf, row);
+                else
+                    memcpy(buf, r, row);
+            }
+        }
+    }
+}
+
 uint64_t stria__wcall_region_bytes(const stria__wsess_t *s, uint64_t *in_room_out)
 {
     return stria_session_region_bytes(s->max_batch, s->layout.shard_tokens, s->heads, s->kv_heads,

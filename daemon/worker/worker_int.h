@@ -23,7 +23,7 @@
  *   worker_sess.c     stria__wsess_*     the session table: creation from the assignment,
  *                                        references, drop, the pass thread, the arena
  *   worker_rpc.c      stria__wrpc_*      the Worker service: OpenSession, SessionCall
- *                                        (pieces included), DropJob
+ *                                        (pieces and parts included), DropJob
  *   worker_shm.c      stria__wshm_*      the Unix socket of co-located clients (arenas)
  *   worker_beat.c     stria__wbeat_*     registration and the heartbeat thread
  *   worker.c          (public)           start, accessors, graceful shutdown and stop
@@ -52,6 +52,10 @@
  *   - What the pass thread alone uses (`eng`: link, pass objects, device,
  *     padded tensors) needs no lock; the slots and held forwards are read by
  *     the loop thread's checks and changed by the pass thread, under s->lock.
+ *   - A call in parts: each part's RPC call waits in sh.part_calls (s->lock)
+ *     with its own buffer (its accepted record's `stage`, freed with the
+ *     record or, once it carries the part's reply, after the write); the
+ *     pass thread takes them all when it runs the call and answers each.
  *   - Fixed at creation and read without a lock: ids, keys, dims, bounds,
  *     layout, the buffers' addresses.
  */
@@ -174,6 +178,14 @@ typedef struct {
     int slot;     /* its index (-1: arena) */
     bool handed;
     bool answered;
+    /* part `part` of `parts` (SessionCallRequest.parts; 0: none): its
+     * trainer rank's `rows` tokens, compact in `stage` (its inputs as they
+     * came, then its outputs for its reply; freed with the record) */
+    stria_rpc_call_t *call;
+    uint32_t part, parts;
+    int64_t rows;
+    char *stage;
+    uint64_t stage_in, stage_out;
 } stria__waccept_t;
 
 /* ---- the session (worker_sess.c; its engine in worker_call.c) -------------- */
@@ -197,6 +209,12 @@ typedef struct {
     uint8_t asm_binding[STRIA_CALL_BINDING_BYTES]; /* every piece names the same call */
     int asm_slot;
     stria_ranges_t asm_got;
+    /* parts of a call (SessionCallRequest.parts): asm_parts of them, those
+     * accepted (their calls waiting here) and those whose inputs are in */
+    uint32_t asm_parts;
+    uint64_t asm_epoch; /* the try they belong to (a later try's parts replace them) */
+    uint64_t parts_accepted, parts_in;
+    stria_rpc_call_t *part_calls[STRIA_CALL_MAX_PARTS];
     stria_link_t *link; /* the bound link, for an abort from a drop or a shutdown */
     bool connect_cancel;
     /* A co-located client's arena: its memfd mapped here; `arena_closed`
@@ -480,6 +498,20 @@ void stria__wcoord_report_later(stria_worker_t *w);
  * session's bounds by the one rule libstria and the coordinator use. */
 stria_status_t stria__wcall_geom(const stria__wsess_t *s, const stria_call_shape_t *shape,
                                  bool backward, bool use_held, stria__wgeom_t *g);
+/* Tokens of trainer rank (part, parts) of this rank in a call of geometry
+ * g: global stripe part x n_ranks + rank of a striping over n_ranks x parts
+ * (which are ring rows part, part + parts, ... of the rank's shard); and
+ * the bytes of its compact tensors [t0, t1) (payload order). */
+int64_t stria__wcall_part_rows(const stria__wsess_t *s, const stria__wgeom_t *g, uint32_t part,
+                               uint32_t parts);
+uint64_t stria__wcall_part_bytes(const stria__wgeom_t *g, int64_t rows, int t0, int t1);
+/* Moves a part's rows of tensors [t0, t1) between its compact buffer and
+ * the region (to_region: its inputs; else its outputs, for its reply). */
+void stria__wcall_part_move(const stria__wgeom_t *g, uint32_t part, uint32_t parts, int64_t rows,
+                            int t0, int t1, char *region, char *buf, bool to_region);
+/* The tensors [t0, t1) a call of geometry g takes in, and gives back. */
+void stria__wcall_inputs(const stria__wgeom_t *g, int *t0, int *t1);
+void stria__wcall_outputs(const stria__wgeom_t *g, int *t0, int *t1);
 /* A session's regions and their bytes, for its bounds and held forwards;
  * the memory it is admitted with. */
 uint64_t stria__wcall_region_bytes(const stria__wsess_t *s, uint64_t *in_room_out);
@@ -537,6 +569,12 @@ void stria__wsess_fail(stria__wsess_t *s, const char *message);
  * it; answers the call once the link is bound (an early open: at once).
  * Consumes the reference. */
 void stria__wsess_open(stria__wsess_t *s, stria_rpc_call_t *call, bool early);
+/* Takes the parts of a call waiting on session s (s->lock held): the
+ * calls of those whose inputs are in, marked answered, into out (their
+ * count returned; the caller fails them once it let go of the lock); one
+ * still reading its payload is refused once that is in. The session then
+ * waits for no part. */
+int stria__wsess_take_parts(stria__wsess_t *s, stria_rpc_call_t *out[STRIA_CALL_MAX_PARTS]);
 /* Hands an accepted call to the pass thread (refused if the session
  * closes). */
 void stria__wsess_hand(stria__wsess_t *s, stria_rpc_call_t *call);

@@ -109,6 +109,13 @@ void stria__wrpc_on_open(void *ctx, stria_rpc_call_t *call)
 
 /* ---- SessionCall ------------------------------------------------------------------ */
 
+/* Fails parts taken from the session (its lock not held). */
+static void fail_parts(stria_rpc_call_t **calls, int n, stria_status_t st, const char *msg)
+{
+    for (int i = 0; i < n; i++)
+        stria_rpc_call_fail_r(calls[i], st, stria_status_retryable(st), "%s", msg);
+}
+
 /* An accepted call is destroyed: one that was neither handed to the pass
  * thread nor answered lost its connection in the middle of its inputs, so
  * it cannot run, and the ring it was to join fails now. */
@@ -117,7 +124,13 @@ static void accepted_done(void *arg)
     stria__waccept_t *acc = arg;
     stria__wsess_t *s = acc->s;
     if (!acc->handed && !acc->answered) {
+        stria_rpc_call_t *others[STRIA_CALL_MAX_PARTS];
+        int n = 0;
         pthread_mutex_lock(&s->lock);
+        if (acc->parts > 0 && s->sh.part_calls[acc->part] == acc->call)
+            s->sh.part_calls[acc->part] = NULL;
+        if (acc->parts > 0 || s->sh.asm_parts > 0)
+            n = stria__wsess_take_parts(s, others);
         s->sh.busy = false;
         s->sh.assembling = false;
         pthread_cond_broadcast(&s->sh.cv);
@@ -125,9 +138,11 @@ static void accepted_done(void *arg)
         char msg[256];
         snprintf(msg, sizeof(msg),
                  "rank %d: its client's connection was lost in the middle of an upload", s->rank);
+        fail_parts(others, n, STRIA_ERR_PEER, msg);
         stria__wsess_fail(s, msg);
     }
     stria__wsess_unref(s);
+    free(acc->stage);
     free(acc);
 }
 
@@ -161,6 +176,39 @@ static stria_status_t check_place(const stria__wsess_t *s, const stria_call_plac
                                "session %llu call %llu: %u forward(s) held already, the session's "
                                "max_held (run their backward, or release them)",
                                id, call, s->max_held);
+    if (p->parts > 0) {
+        if (p->parts < 2 || p->parts > STRIA_CALL_MAX_PARTS || p->part >= p->parts)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu: part %u of %u (parts: 2..%d, each "
+                                   "below their number)",
+                                   id, call, p->part, p->parts, STRIA_CALL_MAX_PARTS);
+        if (!s->sharded || s->layout_kind != STRIA_LAYOUT_STRIPED)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu: only a sharded striped session takes "
+                                   "a rank's inputs in parts",
+                                   id, call);
+        if (p->arena || p->more || p->piece_offset != 0)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu: a part comes whole in its payload "
+                                   "(never in the arena or in pieces)",
+                                   id, call);
+        if ((int64_t)s->n_ranks * p->parts > STRIA_LAYOUT_MAX_RANKS)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu: %d ranks x %u parts is more than %d "
+                                   "stripes",
+                                   id, call, s->n_ranks, p->parts, STRIA_LAYOUT_MAX_RANKS);
+        int t0, t1;
+        stria__wcall_inputs(g, &t0, &t1);
+        int64_t rows = stria__wcall_part_rows(s, g, p->part, p->parts);
+        uint64_t want = stria__wcall_part_bytes(g, rows < 0 ? 0 : rows, t0, t1);
+        if (payload_len != want)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu rank %d: the payload is %llu bytes; "
+                                   "part %u of %u brings %llu (%lld tokens)",
+                                   id, call, s->rank, (unsigned long long)payload_len, p->part,
+                                   p->parts, (unsigned long long)want, (long long)rows);
+        return STRIA_OK;
+    }
     if (p->arena) {
         if (payload_len != 0)
             return stria_error_set(STRIA_ERR_INVALID_ARG,
@@ -264,9 +312,10 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
     if (st != STRIA_OK)
         return st;
     stria_call_binding(&shape, (int)s->layout_kind, &p, bound);
-    stria_call_place_t whole = p; /* what every piece of one call names alike */
+    stria_call_place_t whole = p; /* what every piece or part of one call names alike */
     whole.more = false;
     whole.piece_offset = 0;
+    whole.part = 0;
     stria_call_binding(&shape, (int)s->layout_kind, &whole, identity);
     if ((st = stria_rpc_call_check_job_extra(call, &s->secret, req->job_id, bound,
                                              sizeof(bound))) != STRIA_OK) {
@@ -293,25 +342,44 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
                              (unsigned long long)w->worker_id, (unsigned long long)req->job_id);
     else if (req->shape == NULL)
         st = stria_error_set(STRIA_ERR_INVALID_ARG, "SessionCall: no shape");
+    stria_rpc_call_t *stale[STRIA_CALL_MAX_PARTS];
+    int n_stale = 0;
+    stria_status_t stale_st = STRIA_ERR_CANCELLED;
+    char stale_msg[600] = "";
     if (st == STRIA_OK) {
         st = stria__wcall_geom(s, &shape, req->backward, req->use_held, &g);
-        if (st == STRIA_OK && sh->assembling && sh->asm_call != p.call) {
-            /* a call whose pieces stopped coming: its client moved on */
-            stria_log_info("session %llu: the pieces of call %llu stopped coming; dropped",
-                           (unsigned long long)s->id, (unsigned long long)sh->asm_call);
+        if (st == STRIA_OK && sh->assembling &&
+            (sh->asm_call != p.call ||
+             (sh->asm_parts > 0 && p.parts > 0 && sh->asm_epoch != p.link_epoch))) {
+            /* a call whose pieces or parts stopped coming: its clients
+             * moved on (to a later call, or a later try of this one) */
+            stria_log_info("session %llu: the %s of call %llu stopped coming; dropped",
+                           (unsigned long long)s->id, sh->asm_parts > 0 ? "parts" : "pieces",
+                           (unsigned long long)sh->asm_call);
+            n_stale = stria__wsess_take_parts(s, stale);
+            snprintf(stale_msg, sizeof(stale_msg),
+                     "session %llu rank %d: the call's other parts did not come (call %llu came "
+                     "instead)",
+                     (unsigned long long)s->id, s->rank, (unsigned long long)p.call);
             sh->assembling = false;
             sh->busy = false;
         }
     }
     if (st == STRIA_OK)
         st = check_place(s, &p, &g, payload_len);
-    bool piece = st == STRIA_OK && !p.arena && is_piece(s, &p);
-    if (st == STRIA_OK && piece && sh->assembling) { /* a later piece of the call */
+    const bool part = st == STRIA_OK && p.parts > 0;
+    bool piece = st == STRIA_OK && !p.arena && !part && is_piece(s, &p);
+    if (st == STRIA_OK && (piece || part) && sh->assembling) { /* a later piece or part */
         if (memcmp(identity, sh->asm_binding, sizeof(identity)) != 0)
             st = stria_error_set(STRIA_ERR_INVALID_ARG,
-                                 "session %llu call %llu rank %d: a piece that differs from the "
-                                 "call's first (shape, direction, held forward)",
-                                 (unsigned long long)s->id, (unsigned long long)p.call, s->rank);
+                                 "session %llu call %llu rank %d: a %s that differs from the "
+                                 "call's first (shape, direction, held forward, parts)",
+                                 (unsigned long long)s->id, (unsigned long long)p.call, s->rank,
+                                 part ? "part" : "piece");
+        else if (part && (sh->parts_accepted >> p.part & 1))
+            st = stria_error_set(
+                STRIA_ERR_INVALID_ARG, "session %llu call %llu rank %d: part %u of %u came twice",
+                (unsigned long long)s->id, (unsigned long long)p.call, s->rank, p.part, p.parts);
         slot = sh->asm_slot;
     } else if (st == STRIA_OK) {
         if (sh->busy)
@@ -321,16 +389,33 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
                                  (unsigned long long)s->id, req->rank);
         else if ((st = pick_slot(s, &p, &g, &slot)) == STRIA_OK) {
             sh->busy = true;
-            if (piece) {
+            if (piece || part) {
                 sh->assembling = true;
                 sh->asm_call = p.call;
                 sh->asm_slot = slot;
                 memcpy(sh->asm_binding, identity, sizeof(identity));
                 stria_ranges_free(&sh->asm_got); /* empty again */
+                sh->asm_parts = part ? p.parts : 0;
+                sh->asm_epoch = p.link_epoch;
+                sh->parts_accepted = sh->parts_in = 0;
             }
         }
     }
+    if (st == STRIA_OK && part) { /* it waits here for the others */
+        sh->parts_accepted |= UINT64_C(1) << p.part;
+        sh->part_calls[p.part] = call;
+    }
     stria_link_t *link = open ? sh->link : NULL;
+    if (st != STRIA_OK && st != STRIA_ERR_BUSY && sh->assembling && sh->asm_parts > 0 &&
+        sh->asm_call == p.call && n_stale == 0) {
+        /* a part of the call refused: the call cannot run, nor its other
+         * parts wait for it */
+        stale_st = st;
+        snprintf(stale_msg, sizeof(stale_msg), "%s", stria_error_msg());
+        n_stale = stria__wsess_take_parts(s, stale);
+        sh->assembling = false;
+        sh->busy = false;
+    }
     if (st != STRIA_OK && st != STRIA_ERR_BUSY && link != NULL) {
         char msg[512];
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
@@ -338,14 +423,39 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
         stria_error_set(st, "%s", msg);
     }
     pthread_mutex_unlock(&s->lock);
+    if (n_stale > 0) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", stria_error_msg()); /* the refusal's, kept */
+        fail_parts(stale, n_stale, stale_st, stale_msg);
+        if (st != STRIA_OK)
+            stria_error_set(st, "%s", msg);
+    }
     if (st != STRIA_OK) {
         stria__wsess_unref(s);
         return st;
     }
     stria__waccept_t *acc = calloc(1, sizeof(*acc));
+    if (acc != NULL && part) {
+        int t0, t1, u0, u1;
+        stria__wcall_inputs(&g, &t0, &t1);
+        stria__wcall_outputs(&g, &u0, &u1);
+        acc->rows = stria__wcall_part_rows(s, &g, p.part, p.parts);
+        acc->stage_in = stria__wcall_part_bytes(&g, acc->rows, t0, t1);
+        acc->stage_out = stria__wcall_part_bytes(&g, acc->rows, u0, u1);
+        acc->stage = malloc(acc->stage_in > acc->stage_out ? acc->stage_in : acc->stage_out);
+        if (acc->stage == NULL) {
+            free(acc);
+            acc = NULL;
+        }
+    }
     if (acc == NULL) {
         pthread_mutex_lock(&s->lock);
-        sh->busy = sh->assembling = false;
+        if (part) {
+            sh->parts_accepted &= ~(UINT64_C(1) << p.part);
+            sh->part_calls[p.part] = NULL;
+        }
+        if (!part || sh->parts_accepted == 0)
+            sh->busy = sh->assembling = false;
         pthread_mutex_unlock(&s->lock);
         stria__wsess_unref(s);
         return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
@@ -354,6 +464,9 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
     acc->g = g;
     acc->slot = slot;
     acc->region = slot >= 0 ? s->slots + (uint64_t)slot * s->region : NULL;
+    acc->call = call;
+    acc->part = part ? p.part : 0;
+    acc->parts = part ? p.parts : 0;
     stria_rpc_call_set_cleanup(call, accepted_done, acc);
     stria_metric_add(w->m_in_bytes, (double)payload_len);
     *out = acc;
@@ -369,7 +482,7 @@ stria_status_t stria__wrpc_on_call_payload(void *ctx, stria_rpc_call_t *call, ui
     stria__waccept_t *acc;
     stria_status_t st = accept(ctx, call, payload_len, &acc);
     if (st == STRIA_OK)
-        *buf_out = acc->region + acc->g.in_off + req->piece_offset;
+        *buf_out = acc->parts > 0 ? acc->stage : acc->region + acc->g.in_off + req->piece_offset;
     return st;
 }
 
@@ -389,6 +502,30 @@ void stria__wrpc_on_call(void *ctx, stria_rpc_call_t *call)
     stria__wsess_t *s = acc->s;
     pthread_mutex_lock(&s->lock);
     stria__wshared_t *sh = &s->sh;
+    if (acc->parts > 0) { /* the call runs once every part is in */
+        bool current = sh->assembling && sh->asm_parts == acc->parts && sh->asm_call == req->call &&
+                       sh->part_calls[acc->part] == call;
+        if (!current) {
+            pthread_mutex_unlock(&s->lock);
+            acc->answered = true;
+            stria_rpc_call_fail(call, STRIA_ERR_CANCELLED,
+                                "session %llu rank %d: call %llu part %u gave way to a later try "
+                                "or call",
+                                (unsigned long long)s->id, s->rank, (unsigned long long)req->call,
+                                acc->part);
+            return;
+        }
+        sh->parts_in |= UINT64_C(1) << acc->part;
+        sh->last_activity = stria_time_now();
+        bool all =
+            sh->parts_in == (acc->parts == 64 ? UINT64_MAX : (UINT64_C(1) << acc->parts) - 1);
+        if (all)
+            sh->assembling = false;
+        pthread_mutex_unlock(&s->lock);
+        if (all)
+            stria__wsess_hand(s, call);
+        return;
+    }
     if (sh->assembling && sh->asm_call == req->call) {
         uint64_t len = 0;
         stria_rpc_call_payload(call, &len);

@@ -398,6 +398,62 @@ static void account(stria__wsess_t *s, const stria__waccept_t *acc,
     }
 }
 
+/* A call in parts: their calls (in part order) taken from the session,
+ * each part's rows put in their place in the shard (rows part, part +
+ * parts, ... of each input tensor). */
+static void parts_in(stria__wsess_t *s, const stria__waccept_t *acc, stria_rpc_call_t **parts)
+{
+    int t0, t1;
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t i = 0; i < acc->parts; i++) {
+        parts[i] = s->sh.part_calls[i];
+        s->sh.part_calls[i] = NULL;
+    }
+    s->sh.asm_parts = 0;
+    s->sh.parts_accepted = s->sh.parts_in = 0;
+    pthread_mutex_unlock(&s->lock);
+    stria__wcall_inputs(&acc->g, &t0, &t1);
+    for (uint32_t i = 0; i < acc->parts; i++) {
+        stria__waccept_t *a = stria_rpc_call_cleanup_arg(parts[i]);
+        stria__wcall_part_move(&acc->g, a->part, a->parts, a->rows, t0, t1, acc->region, a->stage,
+                               true);
+    }
+}
+
+/* Each part's rows of the outputs, into its own buffer for its reply (the
+ * region is then free for the next call). */
+static void parts_out(const stria__waccept_t *acc, stria_rpc_call_t **parts)
+{
+    int t0, t1;
+    stria__wcall_outputs(&acc->g, &t0, &t1);
+    for (uint32_t i = 0; i < acc->parts; i++) {
+        stria__waccept_t *a = stria_rpc_call_cleanup_arg(parts[i]);
+        stria__wcall_part_move(&acc->g, a->part, a->parts, a->rows, t0, t1, acc->region, a->stage,
+                               false);
+    }
+}
+
+/* Answers every part of a call: its rows of the outputs, or the failure. */
+static void parts_reply(stria_worker_t *w, stria_rpc_call_t **parts, int n, stria_status_t st,
+                        bool retryable, const char *msg, stria__wrun_t *run, uint64_t minflt)
+{
+    for (int i = 0; i < n; i++) {
+        if (st != STRIA_OK) {
+            stria_rpc_call_fail_r(parts[i], st, retryable, "%s", msg);
+            continue;
+        }
+        stria__waccept_t *a = stria_rpc_call_cleanup_arg(parts[i]);
+        Stria__V1__SessionCallReply rep = STRIA__V1__SESSION_CALL_REPLY__INIT;
+        rep.stats = &run->stats;
+        rep.worker_minflt = minflt;
+        char *out = a->stage; /* the reply's now: freed once written */
+        a->stage = NULL;
+        stria_metric_add(w->m_out_bytes, (double)a->stage_out);
+        if (stria_rpc_call_reply(parts[i], &rep.base, out, a->stage_out, free, out) != STRIA_OK)
+            stria_log_warn("the reply to part %d of %d of a call could not be sent", i, n);
+    }
+}
+
 /* Runs one call handed to the thread and answers it. */
 static void serve(stria__wsess_t *s, stria_rpc_call_t *call)
 {
@@ -408,6 +464,10 @@ static void serve(stria__wsess_t *s, stria_rpc_call_t *call)
     const int b = req->backward ? 1 : 0;
     uint64_t flt0 = minflt();
     stria__wrun_t run;
+    stria_rpc_call_t *parts[STRIA_CALL_MAX_PARTS];
+    const int n_parts = (int)acc->parts;
+    if (n_parts > 0) /* each trainer rank's rows to their place in the shard */
+        parts_in(s, acc, parts);
     stria_status_t st = stria__wcall_run(s, req, &acc->g, acc->region, &run);
     char msg[1024] = "";
     if (st != STRIA_OK) {
@@ -469,7 +529,9 @@ static void serve(stria__wsess_t *s, stria_rpc_call_t *call)
         stria_log_debug("session %llu %s pass done (call %llu) in %.3f s",
                         (unsigned long long)s->id, b ? "backward" : "forward",
                         (unsigned long long)req->call, run.stats.seconds);
-    uint64_t out_bytes = st == STRIA_OK && !req->arena ? acc->g.out_bytes : 0;
+    uint64_t out_bytes = st == STRIA_OK && !req->arena && n_parts == 0 ? acc->g.out_bytes : 0;
+    if (n_parts > 0 && st == STRIA_OK)
+        parts_out(acc, parts);
     pthread_mutex_lock(&s->lock);
     account(s, acc, req, st, &run);
     if (out_bytes == 0) {
@@ -479,7 +541,9 @@ static void serve(stria__wsess_t *s, stria_rpc_call_t *call)
     pthread_mutex_unlock(&s->lock);
     if (run.have_tl)
         stria__wtimeline_free(&run.tl);
-    if (st != STRIA_OK) {
+    if (n_parts > 0) {
+        parts_reply(w, parts, n_parts, st, retryable, msg, &run, minflt() - flt0);
+    } else if (st != STRIA_OK) {
         stria_rpc_call_fail_r(call, st, retryable, "%s", msg);
     } else {
         stria_metric_add(w->m_out_bytes, (double)out_bytes);
@@ -652,6 +716,23 @@ void stria__wsess_open(stria__wsess_t *s, stria_rpc_call_t *call, bool early)
     stria__wsess_unref(s);
 }
 
+int stria__wsess_take_parts(stria__wsess_t *s, stria_rpc_call_t *out[STRIA_CALL_MAX_PARTS])
+{
+    stria__wshared_t *sh = &s->sh;
+    int n = 0;
+    for (uint32_t i = 0; i < sh->asm_parts && i < STRIA_CALL_MAX_PARTS; i++) {
+        stria_rpc_call_t *c = sh->part_calls[i];
+        sh->part_calls[i] = NULL;
+        if (c == NULL || !(sh->parts_in >> i & 1))
+            continue; /* still reading its payload: refused once it is in */
+        ((stria__waccept_t *)stria_rpc_call_cleanup_arg(c))->answered = true;
+        out[n++] = c;
+    }
+    sh->asm_parts = 0;
+    sh->parts_accepted = sh->parts_in = 0;
+    return n;
+}
+
 void stria__wsess_hand(stria__wsess_t *s, stria_rpc_call_t *call)
 {
     stria_worker_t *w = s->w;
@@ -664,9 +745,16 @@ void stria__wsess_hand(stria__wsess_t *s, stria_rpc_call_t *call)
     pthread_mutex_lock(&s->lock);
     acc->handed = true; /* from here on the thread, or this refusal, ends busy */
     if (s->sh.stop || stopping) {
+        stria_rpc_call_t *parts[STRIA_CALL_MAX_PARTS];
+        int n = acc->parts > 0 ? stria__wsess_take_parts(s, parts) : 0;
         s->sh.busy = false;
         pthread_cond_broadcast(&s->sh.cv);
         pthread_mutex_unlock(&s->lock);
+        for (int i = 0; i < n; i++)
+            if (parts[i] != call)
+                stria_rpc_call_fail_r(
+                    parts[i], stopping ? STRIA_ERR_BUSY : STRIA_ERR_CANCELLED, stopping, "%s",
+                    stopping ? "this worker is shutting down" : "the session is closed");
         if (!stopping) {
             pthread_mutex_lock(&w->lock);
             w->running_calls--;
@@ -682,6 +770,9 @@ void stria__wsess_hand(stria__wsess_t *s, stria_rpc_call_t *call)
             (const Stria__V1__SessionCallRequest *)stria_rpc_call_request(call);
         stria__wcoord_arrived_later(w, s->id, s->rank, req->call, req->backward);
     }
+    for (uint32_t i = 0; i < acc->parts; i++) /* the thread answers every part */
+        if (s->sh.part_calls[i] != NULL)
+            ((stria__waccept_t *)stria_rpc_call_cleanup_arg(s->sh.part_calls[i]))->handed = true;
     s->sh.call = call;
     s->sh.running = true;
     s->sh.step = 0;

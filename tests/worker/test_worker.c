@@ -436,6 +436,32 @@ Test(worker, refusals_name_the_problem, .timeout = TEST_TIMEOUT_S)
 
 /* ---- a sharded session's agreement --------------------------------------------- */
 
+/* A sharded session of 2 ranks on 2 workers (batch 1, seq_len tokens, 2
+ * heads over 1 kv head of 16), opened on both, with its reference and each
+ * rank's inputs from `seed`. */
+static void sharded_session(wf_t *f, wf_job_t *job, ref_t *ref, wf_io_t io[WF_MAX], int64_t seq_len,
+                            double arrival_timeout_s, unsigned seed)
+{
+    start(f, 2, 5.0);
+    Stria__V1__JobSpec sp = STRIA__V1__JOB_SPEC__INIT;
+    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
+    stria_rpc_reply_t rep;
+    const char *rpc[WF_MAX];
+    sp.batch = 1, sp.seq_len = seq_len, sp.heads = 2, sp.kv_heads = 1, sp.head_dim = 16;
+    sp.ring_size = 2, sp.session = true, sp.sharded = true;
+    sp.arrival_timeout_s = arrival_timeout_s;
+    req.spec = &sp;
+    cr_assert_eq(wf_call(f->cc, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, 0, &rep),
+                 STRIA_OK, "%s", stria_error_msg());
+    for (int i = 0; i < f->n; i++)
+        rpc[i] = stria_worker_address(f->w[i]);
+    cr_assert_eq(wf_job_of(&rep, &sp, rpc, f->n, job), STRIA_OK, "%s", stria_error_msg());
+    stria_rpc_reply_free(&rep);
+    ref_make(ref, job, seed);
+    wf_io_inputs(job, io, ref->q, ref->k, ref->v, NULL);
+    cr_assert_eq(wf_open_all(f, job), STRIA_OK, "%s", stria_error_msg());
+}
+
 /* A sharded session's ranks compare their calls before step 0 (the
  * coordinator judges a job's arrivals; a session's are the workers' alone):
  * a rank whose trainer rank does not call is named after the arrival
@@ -446,23 +472,7 @@ Test(worker, a_sharded_sessions_ranks_agree_on_each_call, .timeout = TEST_TIMEOU
     wf_job_t job;
     ref_t ref;
     wf_io_t io[WF_MAX] = {0};
-    start(&f, 2, 5.0);
-    Stria__V1__JobSpec sp = STRIA__V1__JOB_SPEC__INIT;
-    Stria__V1__SubmitJobRequest req = STRIA__V1__SUBMIT_JOB_REQUEST__INIT;
-    stria_rpc_reply_t rep;
-    const char *rpc[WF_MAX];
-    sp.batch = 1, sp.seq_len = 64, sp.heads = 2, sp.kv_heads = 1, sp.head_dim = 16;
-    sp.ring_size = 2, sp.session = true, sp.sharded = true, sp.arrival_timeout_s = 0.5;
-    req.spec = &sp;
-    cr_assert_eq(wf_call(f.cc, STRIA_RPC_COORDINATOR_SUBMIT_JOB, &req.base, NULL, 0, &rep),
-                 STRIA_OK, "%s", stria_error_msg());
-    for (int i = 0; i < f.n; i++)
-        rpc[i] = stria_worker_address(f.w[i]);
-    cr_assert_eq(wf_job_of(&rep, &sp, rpc, f.n, &job), STRIA_OK, "%s", stria_error_msg());
-    stria_rpc_reply_free(&rep);
-    ref_make(&ref, &job, 41);
-    wf_io_inputs(&job, io, ref.q, ref.k, ref.v, NULL);
-    cr_assert_eq(wf_open_all(&f, &job), STRIA_OK, "%s", stria_error_msg());
+    sharded_session(&f, &job, &ref, io, 64, 0.5, 41);
 
     /* rank 0 calls alone: rank 1 is named once the arrival timeout passes */
     const wf_call_opts_t fwd = {0};
@@ -489,6 +499,176 @@ Test(worker, a_sharded_sessions_ranks_agree_on_each_call, .timeout = TEST_TIMEOU
     const wf_call_opts_t e2 = {.epoch = 2};
     cr_expect_eq(wf_call_all(&f, &job, 2, &e2, io), STRIA_OK, "%s", stria_error_msg());
     expect_outputs(&job, io, &ref, false, "the call both ranks made");
+    wf_io_free(io, WF_MAX);
+    ref_free(&ref);
+    wf_stop(&f);
+}
+
+/* ---- a rank's inputs in parts ---------------------------------------------------- */
+
+/* One part of a rank's forward on a thread and a connection of its own:
+ * rows part, part + parts, ... of the rank's Q, K, V (ring rows of the
+ * trainer rank's stripe); its O and LSE rows in `out`. */
+typedef struct {
+    wf_t *f;
+    const wf_job_t *job;
+    int rank;
+    uint64_t call;
+    wf_call_opts_t o;
+    const wf_io_t *io;
+    char *payload;
+    uint64_t len;
+    stria_rpc_reply_t rep;
+    pthread_t th;
+    stria_status_t st;
+    char msg[512];
+} part_t;
+
+/* Rows part, part + parts, ... of tensor t of io (its outer rows: batch,
+ * or batch x heads for LSE), appended at dst (or, back, from src into io). */
+static uint64_t part_rows(const wf_job_t *job, int rank, const wf_io_t *io, int t, uint32_t part,
+                          uint32_t parts, char *buf, bool back)
+{
+    const int64_t v = job->valid[rank];
+    const int64_t outer = job->shape.call.batch * (t == WF_LSE ? job->shape.heads : 1);
+    const uint64_t row = wf_tensor_bytes(job, rank, t) / (uint64_t)(outer * v);
+    uint64_t n = 0;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t k = part; k < v; k += parts, n += row) {
+            char *x = (char *)io->t[t] + (uint64_t)(o * v + k) * row;
+            memcpy(back ? x : buf + n, back ? buf + n : x, row);
+        }
+    return n;
+}
+
+static void *part_main(void *arg)
+{
+    part_t *p = arg;
+    stria_rpc_client_t *cl = wf_client(p->f, p->job->widx[p->rank]);
+    memset(&p->rep, 0, sizeof(p->rep));
+    p->st = cl == NULL ? STRIA_ERR_IO
+                       : wf_request(cl, p->job, p->rank, p->call, &p->o, 0, false, p->payload,
+                                    p->len, &p->rep);
+    snprintf(p->msg, sizeof(p->msg), "%s", p->st != STRIA_OK ? stria_error_msg() : "");
+    if (cl != NULL)
+        stria_rpc_client_close(cl);
+    return NULL;
+}
+
+/* Part `part` of rank's forward inputs from io (len_add: bytes more or
+ * fewer than it should carry). */
+static void part_prepare(part_t *p, wf_t *f, const wf_job_t *job, int rank, uint64_t call,
+                         const wf_call_opts_t *o, const wf_io_t *io, int64_t len_add)
+{
+    *p = (part_t){.f = f, .job = job, .rank = rank, .call = call, .o = *o, .io = io};
+    uint64_t all = 0;
+    for (int t = WF_Q; t <= WF_V; t++)
+        all += wf_tensor_bytes(job, rank, t);
+    p->payload = calloc(1, all + 64);
+    for (int t = WF_Q; t <= WF_V; t++)
+        p->len += part_rows(job, rank, io, t, o->part, o->parts, p->payload + p->len, false);
+    p->len = (uint64_t)((int64_t)p->len + len_add);
+}
+
+/* A sharded session's rank takes its forward's inputs in parts, one per
+ * trainer rank (SessionCallRequest.parts): each part's rows go to ring
+ * rows part, part + parts, ... and each reply carries the part's rows of
+ * O and LSE, equal to the in-process ring; a part out of range, of the
+ * wrong size, or that comes twice is refused naming it, and the session
+ * serves on. */
+Test(worker, a_ranks_inputs_come_in_parts_one_per_trainer_rank, .timeout = TEST_TIMEOUT_S)
+{
+    wf_t f;
+    wf_job_t job;
+    ref_t ref;
+    wf_io_t io[WF_MAX] = {0};
+    sharded_session(&f, &job, &ref, io, 61, 5, 43);
+
+    /* refused on rank 0 alone, each naming what is wrong */
+    struct {
+        uint32_t part, parts;
+        int64_t len_add;
+        const char *needle;
+    } bad[] = {
+        {0, 1, 0, "part 0 of 1 (parts: 2..64"},
+        {2, 2, 0, "part 2 of 2 (parts: 2..64"},
+        {0, 65, 0, "part 0 of 65 (parts: 2..64"},
+        {1, 2, -4, "part 1 of 2 brings"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const wf_call_opts_t o = {.epoch = 10 + i, .part = bad[i].part, .parts = bad[i].parts};
+        part_t p;
+        part_prepare(&p, &f, &job, 0, 10 + i, &o, &io[0], bad[i].len_add);
+        part_main(&p);
+        cr_expect_eq(p.st, STRIA_ERR_INVALID_ARG, "case %zu: %s", i, p.msg);
+        cr_expect(strstr(p.msg, bad[i].needle) != NULL, "case %zu: %s", i, p.msg);
+        free(p.payload);
+        stria_rpc_reply_free(&p.rep);
+    }
+
+    /* parts 0 and 1 of both ranks at once, call after call (the second
+     * with the parts sent in the other order) */
+    for (uint64_t call = 20; call < 22; call++) {
+        part_t p[4];
+        for (int i = 0; i < 4; i++) {
+            int rank = i / 2;
+            uint32_t part = (uint32_t)(call == 20 ? i % 2 : 1 - i % 2);
+            const wf_call_opts_t o = {.epoch = 20, .part = part, .parts = 2};
+            part_prepare(&p[i], &f, &job, rank, call, &o, &io[rank], 0);
+            cr_assert_eq(pthread_create(&p[i].th, NULL, part_main, &p[i]), 0);
+        }
+        wf_io_t got[WF_MAX] = {0};
+        for (int i = 0; i < 4; i++) {
+            pthread_join(p[i].th, NULL);
+            cr_expect_eq(p[i].st, STRIA_OK, "call %llu, rank %d part %u: %s",
+                         (unsigned long long)call, i / 2, p[i].o.part, p[i].msg);
+            int rank = i / 2;
+            for (int t = WF_O; t <= WF_LSE; t++)
+                if (got[rank].t[t] == NULL) {
+                    got[rank].t[t] = calloc(1, wf_tensor_bytes(&job, rank, t) + 1);
+                    got[rank].len[t] = wf_tensor_bytes(&job, rank, t);
+                }
+            uint64_t o_part = 0, want = 0;
+            for (int t = WF_O; t <= WF_LSE; t++)
+                want += wf_tensor_bytes(&job, rank, t) *
+                        (uint64_t)((job.valid[rank] + 1 - p[i].o.part) / 2) /
+                        (uint64_t)job.valid[rank];
+            cr_expect_eq(p[i].rep.payload_len, want, "call %llu, rank %d part %u: %llu bytes back",
+                         (unsigned long long)call, rank, p[i].o.part,
+                         (unsigned long long)p[i].rep.payload_len);
+            if (p[i].st == STRIA_OK && p[i].rep.payload_len == want)
+                for (int t = WF_O; t <= WF_LSE; t++)
+                    o_part += part_rows(&job, rank, &got[rank], t, p[i].o.part, 2,
+                                        (char *)p[i].rep.payload + o_part, true);
+            free(p[i].payload);
+            stria_rpc_reply_free(&p[i].rep);
+        }
+        expect_outputs(&job, got, &ref, false, call == 20 ? "parts in order" : "parts reversed");
+        wf_io_free(got, WF_MAX);
+    }
+
+    /* a part that comes twice */
+    {
+        const wf_call_opts_t o = {.epoch = 30, .part = 0, .parts = 2};
+        part_t p0, p1;
+        part_prepare(&p0, &f, &job, 0, 30, &o, &io[0], 0);
+        part_prepare(&p1, &f, &job, 0, 30, &o, &io[0], 0);
+        cr_assert_eq(pthread_create(&p0.th, NULL, part_main, &p0), 0);
+        usleep(200000);
+        part_main(&p1);
+        cr_expect_eq(p1.st, STRIA_ERR_INVALID_ARG, "%s", p1.msg);
+        cr_expect(strstr(p1.msg, "part 0 of 2 came twice") != NULL, "%s", p1.msg);
+        pthread_join(p0.th, NULL); /* the call cannot run: the waiting part fails at once */
+        cr_expect_eq(p0.st, STRIA_ERR_INVALID_ARG, "the first of a doubled part: %s", p0.msg);
+        cr_expect(strstr(p0.msg, "came twice") != NULL, "%s", p0.msg);
+        free(p0.payload), free(p1.payload);
+        stria_rpc_reply_free(&p0.rep), stria_rpc_reply_free(&p1.rep);
+    }
+
+    /* and the session serves on: a whole call of both ranks */
+    const wf_call_opts_t e = {.epoch = 40};
+    cr_expect_eq(wf_call_all(&f, &job, 40, &e, io), STRIA_OK, "%s", stria_error_msg());
+    expect_outputs(&job, io, &ref, false, "a whole call after the parts");
     wf_io_free(io, WF_MAX);
     ref_free(&ref);
     wf_stop(&f);

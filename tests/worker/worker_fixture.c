@@ -410,7 +410,9 @@ stria_status_t wf_request(stria_rpc_client_t *cl, const wf_job_t *job, int rank,
                                       .piece_offset = piece_offset,
                                       .hold = o->hold,
                                       .use_held = o->use_held,
-                                      .held_call = o->held_call};
+                                      .held_call = o->held_call,
+                                      .part = o->part,
+                                      .parts = o->parts};
     stria_call_shape_to_pb(shape, &pb, &win);
     stria_call_place_to_pb(&place, &req);
     stria_call_place_t bound_place = place;

@@ -138,6 +138,7 @@ typedef struct {
     uint64_t piece;                  /* bytes of inputs per request; 0: one request */
     const stria_call_shape_t *shape; /* NULL: wf_shape(job) */
     bool forge;                      /* the proof binds call + 1 (a request changed on the way) */
+    uint32_t part, parts;            /* part `part` of `parts` (SessionCallRequest.parts) */
 } wf_call_opts_t;
 
 /* The tensors of a call's payload (inputs, in order) and reply (outputs). */
