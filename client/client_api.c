@@ -35,6 +35,16 @@ static stria_status_t read_session_spec(const stria_session_spec_t *in, stria_se
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "session spec: max_held must be at most %d forwards (got %u)",
                                STRIA__MAX_HELD, out->max_held);
+    if (out->trainer_ranks != 0 && !out->sharded)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: trainer_ranks %d is for a sharded session (a "
+                               "whole-sequence one has one caller)",
+                               out->trainer_ranks);
+    if (out->trainer_ranks != 0 && out->head_groups <= 1 && out->trainer_ranks != out->ring_size)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: trainer_ranks %d: without head groups a sharded "
+                               "session's trainer ranks are its ring_size (%d)",
+                               out->trainer_ranks, out->ring_size);
     return STRIA_OK;
 }
 
@@ -261,8 +271,8 @@ stria_session_t *stria_session_head_group(stria_session_t *s, int g)
 
 int stria_session_ranks(const stria_session_t *s)
 {
-    if (s != NULL && s->n_groups > 0)
-        return s->groups[0]->n_ranks;
+    if (s != NULL && s->n_groups > 0) /* a ring's ranks, or with parts every worker */
+        return s->groups[0]->n_ranks * (s->parts ? s->n_groups : 1);
     return s != NULL && s->id != 0 ? s->n_ranks : 0;
 }
 
@@ -272,7 +282,10 @@ int64_t stria_session_shard_tokens(const stria_session_t *s, int64_t seq_len, in
         return -1;
     stria_call_t call = STRIA_CALL_INIT;
     call.seq_len = seq_len;
-    return stria_call_shard_tokens(s->layout, stria_session_ranks(s), &call, rank);
+    if (rank < 0 || rank >= stria_session_ranks(s))
+        return -1;
+    return stria_call_shard_tokens(s->layout, stria_session_ranks(s), &call,
+                                   stria__lgroup_stripe(s, rank));
 }
 
 stria_status_t stria_session_positions(const stria_session_t *s, int64_t seq_len, int rank,
@@ -283,7 +296,12 @@ stria_status_t stria_session_positions(const stria_session_t *s, int64_t seq_len
                                "stria_session_positions: NULL or unopened session");
     stria_call_t call = STRIA_CALL_INIT;
     call.seq_len = seq_len;
-    return stria_call_positions(s->layout, stria_session_ranks(s), &call, rank, positions_out);
+    if (rank < 0 || rank >= stria_session_ranks(s))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "stria_session_positions: rank %d of a session of %d ranks", rank,
+                               stria_session_ranks(s));
+    return stria_call_positions(s->layout, stria_session_ranks(s), &call,
+                                stria__lgroup_stripe(s, rank), positions_out);
 }
 
 int64_t stria_call_shard_tokens(stria_layout_kind_t layout, int n_ranks, const stria_call_t *call,

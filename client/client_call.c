@@ -96,6 +96,10 @@ static void geometry(const stria_session_t *s, const stria__lcall_t *c, const st
     size_t kv = (size_t)(s->spec.kv_heads * s->spec.head_dim) * es;
     const size_t row[T_N] = {q, kv, kv, q, 4, q, q, kv, kv};
     p->valid = stria_layout_shard_valid(lay, p->r->rank);
+    stria_layout_t all; /* a part: its trainer rank's stripe of a striping over all parts */
+    if (c->parts > 0 && stria_layout_init(STRIA_LAYOUT_STRIPED, s->n_ranks * (int)c->parts,
+                                          lay->seq_len, &all) == STRIA_OK)
+        p->valid = stria_layout_shard_valid(&all, (int)c->part * s->n_ranks + p->r->rank);
     /* a head group's part of a parent's call: its heads among all of the
      * caller's (a call on the ring's own handle brings its heads only) */
     const int64_t G = c->all_heads && s->group_of > 1 ? s->group_of : 1;
@@ -222,7 +226,7 @@ static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
     int in[6], out[3];
     int n_in = inputs_of(c, in), n_out = outputs_of(c, out);
     size_t in_room = 0, region = stria__lrank_region(s, &in_room);
-    p->arena = r->arena != NULL && r->arena_sock >= 0;
+    p->arena = r->arena != NULL && r->arena_sock >= 0 && c->parts == 0; /* parts: TCP */
     p->region = p->arena ? r->arena + (size_t)c->region * region : NULL;
     uint64_t out_at = p->at[out[0]];
     p->in_bytes = p->out_bytes = 0;
@@ -238,7 +242,9 @@ static stria_status_t prepare(try_t *x, part_t *p, uint64_t epoch)
                                     .arena = p->arena,
                                     .hold = c->hold && !p->arena,
                                     .use_held = c->use_held && !p->arena,
-                                    .held_call = c->held_call};
+                                    .held_call = c->held_call,
+                                    .part = c->part,
+                                    .parts = c->parts};
     if (p->arena) { /* a held forward's inputs and outputs stay in its region */
         p->place.arena_in = (uint64_t)c->region * region;
         p->place.arena_out = p->place.arena_in + out_at;
@@ -321,6 +327,14 @@ static stria_status_t send_part(try_t *x, part_t *p)
     stria_status_t st = STRIA_OK;
     if (piece == 0 && p->in_bytes > 0 && max == 0)
         return stria_error_set(STRIA_ERR_PROTOCOL, "worker %s takes no payload", r->rpc_address);
+    if (piece > 0 && p->place.parts > 0)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "part %u of %u of rank %d's inputs is %llu bytes; worker %s takes "
+                               "%llu at once and a part never comes in pieces (a smaller batch "
+                               "or seq_len per call)",
+                               p->place.part, p->place.parts, r->rank,
+                               (unsigned long long)p->in_bytes, r->rpc_address,
+                               (unsigned long long)max);
     while (piece > 0 && p->in_bytes - off > piece) { /* pieces with more to come */
         stria_rpc_reply_t reply;
         p->place.more = true;

@@ -25,7 +25,10 @@
  * tokens with all their heads, and its call sends each group's heads' bytes
  * of them to worker j of that group's ring (each ring a sharded session of
  * R ranks, following its own replacement). Its export holds every ring's
- * id and secret, so that the trainer's other ranks import the same rings. */
+ * id and secret, so that the trainer's other ranks import the same rings.
+ * With trainer_ranks = ring_size (`parts`), N = G R trainer ranks call it:
+ * rank h G + l holds stripe l R + h of a striping over N, and its call on
+ * ring g is part l of ring rank h's (the worker puts the G parts together). */
 
 #define STRIA__MAX_GROUPS 64
 
@@ -52,6 +55,16 @@ static stria_status_t group_spec_check(const stria_session_spec_t *sp)
                                "session spec: head_group_rings %d is neither INSIDE (0) nor "
                                "ACROSS (1)",
                                sp->head_group_rings);
+    const int R = sp->ring_size / (int)G;
+    if (sp->trainer_ranks != 0 && sp->trainer_ranks != R && sp->trainer_ranks != sp->ring_size)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: trainer_ranks %d is neither 0, the ranks of a ring "
+                               "(%d) nor ring_size (%d)",
+                               sp->trainer_ranks, R, sp->ring_size);
+    if (sp->trainer_ranks == sp->ring_size && sp->layout != STRIA_LAYOUT_STRIPED)
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "session spec: trainer_ranks ring_size (one trainer rank per "
+                               "worker, each holding one stripe) needs the striped layout");
     if (sp->head_group_rings == STRIA_GROUP_RINGS_ACROSS && sp->placement_hosts != NULL)
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "session spec: head_group_rings ACROSS places the rings itself; "
@@ -162,6 +175,7 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
     }
     p->spec = *sp;
     p->sharded = sp->sharded;
+    p->parts = sp->sharded && sp->trainer_ranks == sp->ring_size;
     p->spec.label = NULL;
     p->spec.placement_hosts = NULL;
     p->spec.placement_devices = NULL;
@@ -185,6 +199,7 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
         gs.kv_heads /= G;
         gs.ring_size = R;
         gs.head_groups = 0;
+        gs.trainer_ranks = 0;
         char label[256]; /* what striactl shows: the group and its session */
         snprintf(label, sizeof(label), "%s%shead group %d of %d", o->js.label ? o->js.label : "",
                  o->js.label ? ", " : "", g, G);
@@ -243,7 +258,8 @@ void stria__lgroup_adopt(stria_session_t *p, stria_session_t *r, int G)
 
 /* ---- a sharded one shared: export and import ------------------------------------ */
 
-/* "STRIASG1", G (le32), 0 (le32), then per ring its id (le64) and secret. */
+/* "STRIASG1", G (le32), flags (le32: bit 0, one trainer rank per worker),
+ * then per ring its id (le64) and secret. */
 #define GROUP_EXPORT_MAGIC "STRIASG1"
 #define GROUP_ENTRY_BYTES  (8 + (int)sizeof(((stria_job_secret_t *)0)->bytes))
 
@@ -262,7 +278,7 @@ stria_status_t stria__lgroup_export(const stria_session_t *p, void *out, size_t 
                                cap, need, p->n_groups);
     memcpy(b, GROUP_EXPORT_MAGIC, 8);
     stria_put_le32(b + 8, (uint32_t)p->n_groups);
-    stria_put_le32(b + 12, 0);
+    stria_put_le32(b + 12, p->parts ? 1u : 0u);
     for (int g = 0; g < p->n_groups; g++) {
         uint8_t *e = b + 16 + (size_t)g * GROUP_ENTRY_BYTES;
         stria_put_le64(e, p->groups[g]->id);
@@ -291,12 +307,17 @@ stria_status_t stria__lgroup_import(stria_client_t *c, const void *bytes, size_t
                                     stria_session_t **out)
 {
     const uint8_t *b = bytes;
-    const uint32_t G = stria_get_le32(b + 8);
+    const uint32_t G = stria_get_le32(b + 8), flags = stria_get_le32(b + 12);
     if (G < 2 || G > STRIA__MAX_GROUPS || len != 16 + (size_t)G * GROUP_ENTRY_BYTES)
         return stria_error_set(STRIA_ERR_FORMAT,
                                "stria_session_import: a head-grouped export of %zu bytes that "
                                "names %u groups (2..%d, 16 + 40 bytes each)",
                                len, G, STRIA__MAX_GROUPS);
+    if (flags > 1)
+        return stria_error_set(STRIA_ERR_FORMAT,
+                               "stria_session_import: a head-grouped export with flags %#x this "
+                               "library does not know (a newer one made it)",
+                               flags);
     stria_session_t *p = stria__lsess_new(c);
     if (p == NULL || (p->groups = calloc(G, sizeof(*p->groups))) == NULL) {
         stria__lsess_close(p);
@@ -334,6 +355,8 @@ stria_status_t stria__lgroup_import(stria_client_t *c, const void *bytes, size_t
     p->spec.ring_size = r0->n_ranks * (int)G;
     p->spec.head_groups = G;
     p->sharded = true;
+    p->parts = flags & 1;
+    p->spec.trainer_ranks = p->parts ? p->spec.ring_size : 0;
     if (p->spec.max_held > 0 &&
         (p->group_held = calloc((size_t)p->spec.max_held * G, sizeof(uint64_t))) == NULL) {
         stria__lsess_close(p);
@@ -346,6 +369,20 @@ stria_status_t stria__lgroup_import(stria_client_t *c, const void *bytes, size_t
 }
 
 /* ---- calls ---------------------------------------------------------------------- */
+
+int stria__lgroup_stripe(const stria_session_t *p, int rank)
+{
+    if (!p->parts || p->n_groups < 2) /* its ring rank's own shard */
+        return rank;
+    const int G = p->n_groups, R = p->groups[0]->n_ranks;
+    return rank % G * R + rank / G;
+}
+
+/* The ring rank whose worker of each ring trainer rank `rank` calls. */
+static int ring_rank(const stria_session_t *p, int rank)
+{
+    return p->parts ? rank / p->n_groups : rank;
+}
 
 /* One head group's part of a call, on a thread of its own. */
 typedef struct {
@@ -401,6 +438,7 @@ static stria_status_t held_drop(stria_session_t *p, const char *fn, int rank, in
 stria_status_t stria__lgroup_release_held(stria_session_t *p, const char *fn, int rank,
                                           uint64_t held)
 {
+    rank = rank >= 0 ? ring_rank(p, rank) : rank;
     pthread_mutex_lock(&p->lock);
     int i = held_slot(p, held);
     stria_status_t st =
@@ -419,6 +457,12 @@ stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stri
     if (r->hold && p->spec.max_held == 0) /* as a session without head groups says it */
         return stria_error_set(STRIA_ERR_INVALID_ARG,
                                "%s: the session holds no forwards (its spec's max_held is 0)", fn);
+    const int ranks = p->groups[0]->n_ranks * (p->parts ? p->n_groups : 1);
+    if (p->parts && (r->rank < 0 || r->rank >= ranks))
+        return stria_error_set(STRIA_ERR_INVALID_ARG,
+                               "%s: rank %d of a session called by %d trainer ranks (one per "
+                               "worker)",
+                               fn, r->rank == INT32_MAX ? -1 : r->rank, ranks);
     pthread_mutex_lock(&p->lock);
     const int G = p->n_groups;
     int slot = -1;
@@ -452,6 +496,11 @@ stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stri
         gc[g] = (group_call_t){.s = p->groups[g], .fn = fn, .r = *r};
         gc[g].r.progress = NULL;  /* (one ring's progress is not the call's) */
         gc[g].r.all_heads = true; /* the caller's tensors: every group's heads */
+        if (p->parts) {           /* trainer rank h G + l: part l of ring rank h's shard */
+            gc[g].r.rank = ring_rank(p, r->rank);
+            gc[g].r.part = (uint32_t)(r->rank % G);
+            gc[g].r.parts = (uint32_t)G;
+        }
         if (r->use_held)
             gc[g].r.held = p->group_held[(size_t)slot * G + g];
         if (g > 0)
@@ -497,7 +546,8 @@ stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stri
         bool retryable = stria_error_retryable();
         snprintf(msg, sizeof(msg), "%s", st != STRIA_OK ? stria_error_msg() : "");
         p->held_mask |= UINT64_C(1) << slot; /* held_drop frees it */
-        held_drop(p, fn, r->rank, slot, gone);
+        held_drop(p, fn, r->rank >= 0 && r->rank != INT32_MAX ? ring_rank(p, r->rank) : r->rank,
+                  slot, gone);
         if (st != STRIA_OK) {
             stria_error_set(st, "%s%s", msg,
                             r->hold ? "" : "; the held forward is let go: run the forward again");

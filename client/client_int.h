@@ -201,6 +201,9 @@ struct stria_session {
      * a session that is not a head group's) */
     stria_session_t **groups;
     int n_groups, group, group_of;
+    /* a parent called by one trainer rank per worker (trainer_ranks): each
+     * ring rank's n_groups parts come from n_groups trainer ranks */
+    bool parts;
     /* a parent's held forwards: slot i (held_mask, held_call: its first
      * ring's handle) is ring g's group_held[i * n_groups + g] */
     uint64_t *group_held;
@@ -359,6 +362,9 @@ typedef struct {
     /* a head group's part of its parent's call: the caller's tensors hold
      * every group's heads, this ring's taken out of them */
     bool all_heads;
+    /* the caller is trainer rank `part` of the `parts` that call this
+     * ring rank (stria_session_spec_t.trainer_ranks; 0: its only one) */
+    uint32_t part, parts;
     const stria__lio_t *io;
     stria_progress_cb progress;
     void *progress_arg;
@@ -404,8 +410,9 @@ typedef struct {
     bool backward, hold, use_held;
     uint64_t held;
     const stria__lio_t *io;
-    int retries;    /* of a forward that failed retryably; < 0: the client's */
-    bool all_heads; /* a parent's call on one of its rings (see stria__lcall_t) */
+    int retries;          /* of a forward that failed retryably; < 0: the client's */
+    bool all_heads;       /* a parent's call on one of its rings (see stria__lcall_t) */
+    uint32_t part, parts; /* (see stria__lcall_t) */
     stria_progress_cb progress;
     void *progress_arg;
     stria_call_stats_t *stats;
@@ -454,6 +461,9 @@ stria_status_t stria__lgroup_call(stria_session_t *p, const char *fn, const stri
 /* Lets held forward `held` go on every ring of p. */
 stria_status_t stria__lgroup_release_held(stria_session_t *p, const char *fn, int rank,
                                           uint64_t held);
+/* The stripe of a striping over all p's workers that trainer rank `rank`
+ * holds (a parent with parts), or `rank`. */
+int stria__lgroup_stripe(const stria_session_t *p, int rank);
 /* Adds p's rings' traffic, retries and reopenings to *out. */
 void stria__lgroup_stats(const stria_session_t *p, stria_session_stats_t *out);
 /* How many times a call that failed retryably is tried again. */

@@ -526,6 +526,8 @@ stria_status_t stria__lsess_call(stria_session_t *s, const char *fn, const stria
                                   .region = region < 0 ? 0 : region,
                                   .call = call,
                                   .all_heads = r->all_heads,
+                                  .part = r->part,
+                                  .parts = r->parts,
                                   .io = r->io,
                                   .progress = r->progress,
                                   .progress_arg = r->progress_arg};

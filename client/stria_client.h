@@ -479,6 +479,19 @@ typedef struct {
     /* Added after `head_groups`. Where the head groups' rings lie (see
      * stria_group_rings_t; 0: inside hosts). */
     int head_group_rings;
+    /* Added after `head_group_rings`. A sharded head-grouped striped
+     * session: how many trainer ranks call it. 0 (or ring_size / G): one
+     * per ring rank, as above. ring_size (N = G x R): one per worker, the
+     * layout of Transformer Engine's a2a+p2p: trainer rank t = h G + l (the
+     * l-th of the G ranks on host h) holds global stripe l R + h of a
+     * striping over N (stria_session_positions() gives its tokens), and its
+     * call sends each head group's bytes of them to worker h of that
+     * group's ring, part l of that worker's shard: with the rings ACROSS
+     * hosts and rank t on host t / G, every upload stays on its host. Each
+     * worker runs the call once its G parts have come (over TCP; each part
+     * within the worker's payload limit) and answers each part with its
+     * rows. */
+    int trainer_ranks;
 } stria_session_spec_t;
 /* Where a head-grouped session's G rings of R workers lie.
  *   INSIDE (the default): ring g takes the next R workers of the
@@ -652,10 +665,12 @@ stria_status_t stria_session_buffer(stria_session_t *session, const stria_call_t
 stria_session_t *stria_session_head_group(stria_session_t *session, int g);
 /* Workers of the session: head groups x the ranks of each ring. */
 int stria_session_ring_size(const stria_session_t *session);
-/* Ranks of each of its rings: the ranks that call a sharded session (its
- * trainer's world size: ring_size / head_groups), and the n_ranks of
- * stria_call_shard_tokens() and stria_call_positions() for its calls.
- * 0 for NULL or a session not open. */
+/* The ranks that call a sharded session (its trainer's world size:
+ * ring_size / head_groups, the ranks of each of its rings, or ring_size
+ * with trainer_ranks ring_size), and the n_ranks of
+ * stria_call_shard_tokens() and stria_call_positions() for its calls
+ * (with trainer_ranks ring_size, rank t's are stripe t % G x R + t / G's:
+ * ask stria_session_positions()). 0 for NULL or a session not open. */
 int stria_session_ranks(const stria_session_t *session);
 /* What the session fixes, as opened or imported (an import learns it from
  * the coordinator): bounds, heads, kv_heads, head_dim, dtype, layout, ring

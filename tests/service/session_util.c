@@ -151,7 +151,11 @@ static void *rank_main(void *arg)
     }
     const stria_layout_kind_t layout = stria_session_layout(r->s);
     const int n = stria_session_ranks(r->s); /* the trainer's ranks (a head group's ring's) */
-    int64_t T = stria_call_shard_tokens(layout, n, &r->call, r->rank);
+    /* striped: the session's own word (a rank of a session called by one
+     * trainer rank per worker holds a stripe other than its number) */
+    const bool own = layout == STRIA_LAYOUT_STRIPED && G == 1;
+    int64_t T = own ? stria_session_shard_tokens(r->s, S, r->rank)
+                    : stria_call_shard_tokens(layout, n, &r->call, r->rank);
     size_t rq = (size_t)(H * sp->head_dim) * j->es, rk = (size_t)(Hkv * sp->head_dim) * j->es;
     r->st = STRIA_ERR_INVALID_ARG;
     if (T < 0) {
@@ -165,7 +169,8 @@ static void *rank_main(void *arg)
     size_t bytes[8] = {rq, rk, rk, rq, rq, rq, rk, rk};
     for (int i = 0; i < 9; i++)
         t[i] = calloc(1, i < 8 ? (size_t)(B * T) * bytes[i] + 1 : (size_t)(B * H * T) * 4 + 1);
-    if ((r->st = stria_call_positions(layout, n, &r->call, r->rank, pos)) != STRIA_OK) {
+    if ((r->st = own ? stria_session_positions(r->s, S, r->rank, pos)
+                     : stria_call_positions(layout, n, &r->call, r->rank, pos)) != STRIA_OK) {
         snprintf(r->msg, sizeof(r->msg), "positions: %s", stria_error_msg());
         goto out;
     }
@@ -179,11 +184,16 @@ static void *rank_main(void *arg)
     const void *in[4] = {j->q, j->k, j->v, j->g};
     for (int i = 0; i < 4; i++)
         gather_rows(in[i], t[i], B, S, T, pos, bytes[i], g, G, true);
-    r->st =
-        stria_session_forward_shard(s, &r->call, r->rank, t[0], t[1], t[2], t[4], (float *)t[8]);
+    uint64_t held = 0;
+    r->st = r->held ? stria_session_forward_held(s, &r->call, r->rank, t[0], t[1], t[2], t[4],
+                                                 (float *)t[8], &held)
+                    : stria_session_forward_shard(s, &r->call, r->rank, t[0], t[1], t[2], t[4],
+                                                  (float *)t[8]);
     if (r->st == STRIA_OK && r->backward)
-        r->st = stria_session_backward_shard(s, &r->call, r->rank, t[0], t[1], t[2], t[4],
-                                             (float *)t[8], t[3], t[5], t[6], t[7]);
+        r->st = r->held ? stria_session_backward_held(s, &r->call, r->rank, held, t[3], t[5], t[6],
+                                                      t[7])
+                        : stria_session_backward_shard(s, &r->call, r->rank, t[0], t[1], t[2], t[4],
+                                                       (float *)t[8], t[3], t[5], t[6], t[7]);
     if (r->st != STRIA_OK) {
         snprintf(r->msg, sizeof(r->msg), "%s", stria_error_msg());
         r->retryable = stria_error_retryable();
@@ -221,14 +231,29 @@ void se_open_sharded(stria_client_t **cl, int n, const stria_session_spec_t *sp,
         *len_out = len;
 }
 
+static void ranks_call(stria_session_t **h, int n, int G, fu_job_t *j, const stria_call_t *calls,
+                       bool backward, bool held, se_rank_t *r);
+
 void se_sharded_call(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
                      bool backward, se_rank_t *r)
 {
-    se_sharded_call_tp(h, n, 1, j, calls, backward, r);
+    ranks_call(h, n, 1, j, calls, backward, false, r);
+}
+
+void se_sharded_call_held(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
+                          se_rank_t *r)
+{
+    ranks_call(h, n, 1, j, calls, true, true, r);
 }
 
 void se_sharded_call_tp(stria_session_t **h, int n, int G, fu_job_t *j, const stria_call_t *calls,
                         bool backward, se_rank_t *r)
+{
+    ranks_call(h, n, G, j, calls, backward, false, r);
+}
+
+static void ranks_call(stria_session_t **h, int n, int G, fu_job_t *j, const stria_call_t *calls,
+                       bool backward, bool held, se_rank_t *r)
 {
     pthread_t th[16];
     cr_assert_leq(n * G, 16);
@@ -238,6 +263,7 @@ void se_sharded_call_tp(stria_session_t **h, int n, int G, fu_job_t *j, const st
                            .j = j,
                            .call = calls[i % n],
                            .backward = backward,
+                           .held = held,
                            .group = i / n,
                            .groups = G};
         cr_assert_eq(pthread_create(&th[i], NULL, rank_main, &r[i]), 0);

@@ -54,6 +54,7 @@ typedef struct {
     fu_job_t *j;       /* full tensors: inputs read, outputs written at the rank's positions */
     stria_call_t call; /* this rank's call */
     bool backward;
+    bool held; /* the forward held for its backward (forward_held, backward_held) */
     /* a tensor-parallel rank's heads: it calls ring `group` of a session of
      * `groups` head groups (stria_session_head_group) with heads / groups
      * of them; groups 0: every head, on s itself */
@@ -72,6 +73,10 @@ void se_open_sharded(stria_client_t **cl, int n, const stria_session_spec_t *sp,
  * h[i] with calls[i]; forward, then backward when asked); outcomes in r[]. */
 void se_sharded_call(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
                      bool backward, se_rank_t *r);
+/* The same with the forward held for its backward (forward_held, then
+ * backward_held on the handle it gave). */
+void se_sharded_call_held(stria_session_t **h, int n, fu_job_t *j, const stria_call_t *calls,
+                          se_rank_t *r);
 /* The same for a tensor-parallel trainer of n x G ranks on a session of G
  * head groups: rank i (h[i], r[i]) is ring rank i % n of head group i / n,
  * calling that group's ring (stria_session_head_group) with its heads. */

@@ -977,13 +977,15 @@ Test(session, head_groups_4x1_zigzag_fp16_equal_each_group_s_ring, .timeout = T_
  * R = workers / G trainer ranks (rank 0 opens and exports it, the others
  * import it), each passing its own tokens with all their heads: every
  * output, head group by head group, equals that group's heads on an
- * in-process ring of R ranks, bit for bit. */
-static void sharded_groups_case(int workers, int G, stria_layout_kind_t layout, stria_dtype_t dtype,
-                                int64_t H, int64_t Hkv)
+ * in-process ring of R ranks, bit for bit. With `per_worker`, `workers`
+ * trainer ranks call it (trainer_ranks): rank h G + l holds stripe l R + h
+ * and its call is part l of ring rank h's shard on every ring. */
+static void sharded_groups_case_of(int workers, int G, stria_layout_kind_t layout,
+                                   stria_dtype_t dtype, int64_t H, int64_t Hkv, bool per_worker)
 {
     dcluster_t c;
     dc_start(&c, workers, NULL);
-    const int R = workers / G;
+    const int R = per_worker ? workers : workers / G;
     stria_client_t *cl[8];
     stria_session_t *h[8];
     for (int i = 0; i < R; i++)
@@ -992,6 +994,8 @@ static void sharded_groups_case(int workers, int G, stria_layout_kind_t layout, 
     sp.sharded = true;
     sp.head_groups = (uint32_t)G;
     sp.arrival_timeout_s = 15;
+    sp.trainer_ranks = per_worker ? workers : 0;
+    sp.max_held = 1;
     size_t len = 0;
     se_open_sharded(cl, R, &sp, h, &len);
     cr_expect_eq(len, 16u + 40u * (size_t)G);
@@ -1006,6 +1010,8 @@ static void sharded_groups_case(int workers, int G, stria_layout_kind_t layout, 
         cr_expect_eq(got.heads, H, "rank %d: heads %lld", i, (long long)got.heads);
         cr_expect_eq(stria_session_ring_size(h[i]), workers);
         cr_expect_eq(stria_session_ranks(h[i]), R);
+        cr_expect_eq(got.trainer_ranks, per_worker ? workers : 0, "rank %d: trainer_ranks %d", i,
+                     got.trainer_ranks);
         cr_expect_eq(stria_session_layout(h[i]), layout);
         cr_expect_eq(stria_session_id(h[i]), stria_session_id(h[0]));
     }
@@ -1031,19 +1037,56 @@ static void sharded_groups_case(int workers, int G, stria_layout_kind_t layout, 
             all &= r[i].st == STRIA_OK;
         }
         if (all)
-            se_groups_equal(&j, &calls[k], G, R, layout, what[k]);
+            se_groups_equal(&j, &calls[k], G, workers / G, layout, what[k]);
+        fu_job_free(&j);
+    }
+    /* a forward held for its backward, on every ring (the parts of the
+     * held forward's backward bring dO alone) */
+    {
+        stria_call_t per[8];
+        for (int i = 0; i < R; i++)
+            per[i] = calls[0];
+        fu_job_t j;
+        se_call_tensors(&j, &sp, &calls[0], 590);
+        se_sharded_call_held(h, R, &j, per, r);
+        bool all = true;
+        for (int i = 0; i < R; i++) {
+            cr_expect_eq(r[i].st, STRIA_OK, "held, rank %d: %s: %s", i, stria_status_name(r[i].st),
+                         r[i].msg);
+            all &= r[i].st == STRIA_OK;
+        }
+        if (all)
+            se_groups_equal(&j, &calls[0], G, workers / G, layout, "held");
         fu_job_free(&j);
     }
     stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
     cr_assert_eq(stria_session_stats(h[0], &st), STRIA_OK, "%s", stria_error_msg());
-    cr_expect_eq(st.calls, 8u, "4 forward and backward calls: %llu", (unsigned long long)st.calls);
-    cr_expect_leq(st.last_steps, (uint32_t)R, "a ring of %d ran %u steps", R, st.last_steps);
+    cr_expect_eq(st.calls, 10u, "5 forward and backward calls: %llu", (unsigned long long)st.calls);
+    cr_expect_leq(st.last_steps, (uint32_t)(workers / G), "a ring of %d ran %u steps", workers / G,
+                  st.last_steps);
     for (int i = R - 1; i >= 0; i--) {
         cr_expect_eq(stria_session_close(h[i]), STRIA_OK, "close on rank %d: %s", i,
                      stria_error_msg());
         stria_client_close(cl[i]);
     }
     dc_stop(&c);
+}
+
+static void sharded_groups_case(int workers, int G, stria_layout_kind_t layout, stria_dtype_t dtype,
+                                int64_t H, int64_t Hkv)
+{
+    sharded_groups_case_of(workers, G, layout, dtype, H, Hkv, false);
+}
+
+Test(session, one_trainer_rank_per_worker_2x2_fp32_gqa_equals_each_group_s_ring,
+     .timeout = T_TIMEOUT)
+{
+    sharded_groups_case_of(4, 2, STRIA_LAYOUT_STRIPED, STRIA_DTYPE_F32, 4, 2, true);
+}
+
+Test(session, one_trainer_rank_per_worker_3x2_bf16_equals_each_group_s_ring, .timeout = T_TIMEOUT)
+{
+    sharded_groups_case_of(6, 3, STRIA_LAYOUT_STRIPED, STRIA_DTYPE_BF16, 6, 3, true);
 }
 
 Test(session, sharded_head_groups_2x2_striped_fp32_gqa_equal_each_group_s_ring,
@@ -1219,20 +1262,34 @@ Test(session, head_groups_that_do_not_fit_are_refused_naming_why, .timeout = T_T
         int ring;
         bool sharded;
         uint32_t max_held;
+        int trainers;
+        stria_layout_kind_t layout;
         stria_status_t want;
         const char *needle;
     } cases[] = {
-        {2, 3, 2, false, 0, STRIA_ERR_INVALID_ARG, "must divide kv_heads 3"},
-        {2, 2, 3, false, 0, STRIA_ERR_INVALID_ARG, "needs ring_size, a multiple of it"},
-        {2, 2, 0, false, 0, STRIA_ERR_INVALID_ARG, "needs ring_size"},
-        {65, 2, 2, false, 0, STRIA_ERR_INVALID_ARG, "at most 64"},
+        {2, 3, 2, false, 0, 0, STRIA_LAYOUT_STRIPED, STRIA_ERR_INVALID_ARG,
+         "must divide kv_heads 3"},
+        {2, 2, 3, false, 0, 0, STRIA_LAYOUT_STRIPED, STRIA_ERR_INVALID_ARG,
+         "needs ring_size, a multiple of it"},
+        {2, 2, 0, false, 0, 0, STRIA_LAYOUT_STRIPED, STRIA_ERR_INVALID_ARG, "needs ring_size"},
+        {65, 2, 2, false, 0, 0, STRIA_LAYOUT_STRIPED, STRIA_ERR_INVALID_ARG, "at most 64"},
+        /* one trainer rank per worker: striped, sharded, and 0, R or N of them */
+        {2, 2, 2, true, 0, 2, STRIA_LAYOUT_ZIGZAG, STRIA_ERR_INVALID_ARG,
+         "needs the striped layout"},
+        {2, 2, 2, true, 0, 3, STRIA_LAYOUT_STRIPED, STRIA_ERR_INVALID_ARG,
+         "trainer_ranks 3 is neither 0, the ranks of a ring (1) nor ring_size (2)"},
+        {2, 2, 2, false, 0, 2, STRIA_LAYOUT_STRIPED, STRIA_ERR_INVALID_ARG,
+         "trainer_ranks 2 is for a sharded session"},
+        {1, 2, 2, true, 0, 1, STRIA_LAYOUT_STRIPED, STRIA_ERR_INVALID_ARG,
+         "without head groups a sharded session's trainer ranks are its ring_size (2)"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        stria_session_spec_t sp = se_spec_of(1, 64, 6, cases[i].Hkv, 16, STRIA_DTYPE_F32,
-                                             STRIA_LAYOUT_STRIPED, cases[i].ring);
+        stria_session_spec_t sp =
+            se_spec_of(1, 64, 6, cases[i].Hkv, 16, STRIA_DTYPE_F32, cases[i].layout, cases[i].ring);
         sp.head_groups = cases[i].G;
         sp.sharded = cases[i].sharded;
         sp.max_held = cases[i].max_held;
+        sp.trainer_ranks = cases[i].trainers;
         stria_session_t *s = NULL;
         stria_status_t st = stria_session_open(cl, &sp, &s);
         cr_expect_eq(st, cases[i].want, "case %zu: %s: %s", i, stria_status_name(st),

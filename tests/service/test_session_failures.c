@@ -126,20 +126,22 @@ Test(session, worker_killed_in_a_head_grouped_session_is_retried_and_correct, .t
     dc_stop(&c);
 }
 
-/* One sharded call (forward and backward) of the R trainer ranks of a
- * session of G head groups, checked head group by head group. */
-static void sharded_groups_call(stria_session_t **h, int R, int G, const stria_session_spec_t *sp,
-                                const stria_call_t *call, uint64_t seed, const char *what)
+/* One sharded call (forward and backward) of the n trainer ranks of a
+ * session of G head groups x rings of R, checked head group by head
+ * group. */
+static void sharded_groups_call(stria_session_t **h, int n, int R, int G,
+                                const stria_session_spec_t *sp, const stria_call_t *call,
+                                uint64_t seed, const char *what)
 {
     stria_call_t per[8];
     se_rank_t r[8];
-    for (int i = 0; i < R; i++)
+    for (int i = 0; i < n; i++)
         per[i] = *call;
     fu_job_t j;
     se_call_tensors(&j, sp, call, seed);
-    se_sharded_call(h, R, &j, per, true, r);
+    se_sharded_call(h, n, &j, per, true, r);
     bool all = true;
-    for (int i = 0; i < R; i++) {
+    for (int i = 0; i < n; i++) {
         cr_expect_eq(r[i].st, STRIA_OK, "%s, rank %d: %s: %s", what, i, stria_status_name(r[i].st),
                      r[i].msg);
         all &= r[i].st == STRIA_OK;
@@ -149,49 +151,62 @@ static void sharded_groups_call(stria_session_t **h, int R, int G, const stria_s
     fu_job_free(&j);
 }
 
-/* A worker killed in a sharded 2 x 2 session (two trainer ranks, a spare
- * beside the four workers): its ring's two ranks follow the spare that
- * takes its place and retry inside the call, bit for bit; the other ring
- * goes on as it was. */
-Test(session, worker_killed_in_a_sharded_head_grouped_session_is_retried_and_correct,
-     .timeout = T_TIMEOUT)
+/* A worker killed in a sharded 2 x 2 session (`n` trainer ranks: 2, one
+ * per ring rank, or 4, one per worker; a spare beside the four workers):
+ * its ring's ranks follow the spare that takes its place and retry inside
+ * the call, bit for bit; the other ring goes on as it was. */
+static void sharded_groups_kill_case(int n)
 {
     dcluster_t c;
     dc_start(&c, 5, NULL);
-    stria_client_t *cl[2];
-    stria_session_t *h[2];
-    for (int i = 0; i < 2; i++)
+    stria_client_t *cl[4];
+    stria_session_t *h[4];
+    for (int i = 0; i < n; i++)
         cl[i] = dc_client(&c, NULL, "test_session rank", 0);
     stria_session_spec_t sp =
         se_spec_of(1, 128, 4, 2, 16, STRIA_DTYPE_BF16, STRIA_LAYOUT_STRIPED, 4);
     sp.sharded = true;
     sp.head_groups = 2;
     sp.arrival_timeout_s = 15;
-    se_open_sharded(cl, 2, &sp, h, NULL);
+    sp.trainer_ranks = n == 4 ? 4 : 0;
+    se_open_sharded(cl, n, &sp, h, NULL);
     stria_call_t call = se_call_of(1, 128, true);
-    sharded_groups_call(h, 2, 2, &sp, &call, 1450, "before the kill");
+    sharded_groups_call(h, n, 2, 2, &sp, &call, 1450, "before the kill");
     uint64_t id = stria_session_id(h[0]);
     int victim = worker_of_rank(&c, h[0], 1); /* head group 0's ring (the session's id) */
     test_proc_stop(c.workers[victim], SIGKILL, 5);
     c.workers[victim] = NULL;
     for (int k = 0; k < 2; k++)
-        sharded_groups_call(h, 2, 2, &sp, &call, 1460 + (uint64_t)k,
+        sharded_groups_call(h, n, 2, 2, &sp, &call, 1460 + (uint64_t)k,
                             k ? "the second call after the kill" : "the first call after the kill");
     cr_expect_neq(stria_session_id(h[0]), id, "head group 0's ring was not replaced");
-    cr_expect_eq(stria_session_id(h[1]), stria_session_id(h[0]), "the ranks' rings differ");
-    for (int i = 0; i < 2; i++) {
+    for (int i = 1; i < n; i++)
+        cr_expect_eq(stria_session_id(h[i]), stria_session_id(h[0]), "rank %d's rings differ", i);
+    for (int i = 0; i < n; i++) {
         stria_session_stats_t st = STRIA_SESSION_STATS_INIT;
         cr_assert_eq(stria_session_stats(h[i], &st), STRIA_OK, "%s", stria_error_msg());
         cr_expect_geq(st.retries, 1u, "rank %d: no retry counted", i);
         cr_expect_eq(st.failed, 0u, "rank %d: %llu calls failed", i, (unsigned long long)st.failed);
         cr_expect_eq(st.calls, 6u, "rank %d: %llu calls", i, (unsigned long long)st.calls);
     }
-    for (int i = 1; i >= 0; i--) {
+    for (int i = n - 1; i >= 0; i--) {
         cr_expect_eq(stria_session_close(h[i]), STRIA_OK, "close on rank %d: %s", i,
                      stria_error_msg());
         stria_client_close(cl[i]);
     }
     dc_stop(&c);
+}
+
+Test(session, worker_killed_in_a_sharded_head_grouped_session_is_retried_and_correct,
+     .timeout = T_TIMEOUT)
+{
+    sharded_groups_kill_case(2);
+}
+
+Test(session, worker_killed_under_one_trainer_rank_per_worker_is_retried_and_correct,
+     .timeout = T_TIMEOUT)
+{
+    sharded_groups_kill_case(4);
 }
 
 /* `striactl --json sessions`'s calls of the first session it lists, once
