@@ -118,6 +118,7 @@ class SessionSpec(ctypes.Structure):  # stria_session_spec_t
         ("max_held", ctypes.c_uint32),
         ("head_groups", ctypes.c_uint32),
         ("head_group_rings", ctypes.c_int),
+        ("trainer_ranks", ctypes.c_int),
     ]
 
 

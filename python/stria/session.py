@@ -82,8 +82,8 @@ def make_call(batch: int, seq_len: int, causal: bool, scale: Optional[float],
 def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int, kv_heads: int,
               head_dim: int, dtype: int, layout: int, ring_size: int, sharded: bool,
               idle_timeout: Optional[float] = None, label: Optional[str] = None,
-              head_groups: Union[int, str] = 0, head_group_rings: str = "inside"
-              ) -> _lib.SessionSpec:
+              head_groups: Union[int, str] = 0, head_group_rings: str = "inside",
+              trainer_ranks: int = 0) -> _lib.SessionSpec:
     """A stria_session_spec_t with the client's deadlines and queueing
     (dtype and layout as libstria's numbers); the label's bytes are kept on
     the returned object."""
@@ -94,6 +94,7 @@ def make_spec(client: "Client", *, max_batch: int, max_seq_len: int, heads: int,
     s.dtype, s.layout, s.ring_size, s.sharded = dtype, layout, int(ring_size), bool(sharded)
     s.head_groups = _lib.HEAD_GROUPS_AUTO if head_groups == "auto" else int(head_groups)
     s.head_group_rings = _group_rings(head_group_rings)
+    s.trainer_ranks = int(trainer_ranks)
     s.idle_timeout_s = client.idle_timeout if idle_timeout is None else float(idle_timeout)
     s.step_timeout_s = client.step_timeout
     s.arrival_timeout_s = client.arrival_timeout
@@ -201,6 +202,14 @@ class Session:
     host j, each ring spanning the hosts: a sharded trainer whose rank j
     runs on host j then uploads to its own host only); with "auto", one
     group per host ("inside") or per worker of a host ("across").
+    trainer_ranks (sharded, striped, with G groups): 0 (default) for the
+    ring_size / G ranks above, or ring_size for one trainer rank per
+    worker (Transformer Engine's a2a+p2p layout): rank t = h G + l holds
+    stripe l (ring_size / G) + h of a striping over ring_size
+    (``positions``, or ``stria.shard(..., head_groups=G)``) and each
+    group's heads of it go to worker h of that group's ring; with
+    head_group_rings "across" and rank t on host t // G, every upload
+    stays on its host.
 
     ``forward``/``backward`` (whole sequences) and
     ``forward_shard``/``backward_shard`` (a sharded session's rank) take
@@ -218,7 +227,7 @@ class Session:
                  layout: str = "striped", ring_size: int = 0, sharded: bool = False,
                  idle_timeout: float = 0.0, label: Optional[str] = None,
                  client: Optional["Client"] = None, head_groups: Union[int, str] = 0,
-                 head_group_rings: str = "inside") -> None:
+                 head_group_rings: str = "inside", trainer_ranks: int = 0) -> None:
         from .client import default_client
 
         if dtype not in _DTYPES:
@@ -235,12 +244,15 @@ class Session:
         if not isinstance(ring_size, int) or ring_size < 0:
             raise ValueError(f"stria: ring_size must be an int >= 0, not {ring_size!r}")
         _check_head_groups(head_groups, kv_heads, ring_size)
+        if not isinstance(trainer_ranks, int) or isinstance(trainer_ranks, bool) or \
+                trainer_ranks < 0:
+            raise ValueError(f"stria: trainer_ranks must be an int >= 0, not {trainer_ranks!r}")
         client = client if client is not None else default_client()
         spec = make_spec(client, max_batch=max_batch, max_seq_len=max_seq_len, heads=heads,
                          kv_heads=kv_heads, head_dim=head_dim, dtype=_DTYPES[dtype],
                          layout=_lib.LAYOUTS[layout], ring_size=ring_size, sharded=sharded,
                          idle_timeout=idle_timeout, label=label, head_groups=head_groups,
-                         head_group_rings=head_group_rings)
+                         head_group_rings=head_group_rings, trainer_ranks=trainer_ranks)
         client._locked(lambda: client._open_session_locked(spec, self))
 
     # ---- construction (Client) ----------------------------------------------

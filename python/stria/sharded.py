@@ -73,6 +73,23 @@ def _check(seq_len: int, rank: int, world_size: int, layout: str) -> None:
         raise ValueError(f"stria: seq_len must be an int >= 1, not {seq_len!r}")
 
 
+def _stripe(rank: int, world_size: int, layout: str, head_groups: int) -> int:
+    """The stripe trainer rank `rank` holds: with G head groups and one
+    trainer rank per worker, rank h G + l holds stripe l (N / G) + h of a
+    striping over N (Session(trainer_ranks=N)); else its own."""
+    if not isinstance(head_groups, int) or isinstance(head_groups, bool) or head_groups < 1:
+        raise ValueError(f"stria: head_groups must be an int >= 1, not {head_groups!r}")
+    if head_groups == 1:
+        return rank
+    if layout != "striped":
+        raise ValueError(f"stria: head_groups {head_groups} (one trainer rank per worker) "
+                         f"needs the striped layout, not {layout!r}")
+    if world_size % head_groups:
+        raise ValueError(f"stria: head_groups {head_groups} must divide world_size "
+                         f"{world_size}")
+    return rank % head_groups * (world_size // head_groups) + rank // head_groups
+
+
 def _masks(layout: str, cu_seqlens: Union[torch.Tensor, Sequence[int], None], causal: bool,
            window_size: Sequence[int]) -> _Masks:
     """The masks as the layout rule reads them; documents for packed only
@@ -104,8 +121,8 @@ def _positions(seq_len: int, rank: int, world_size: int, layout: str, masks: _Ma
 
 def shard_positions(seq_len: int, rank: int, world_size: int, layout: str = "striped", *,
                     cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None,
-                    causal: bool = True, window_size: Sequence[int] = (-1, -1)
-                    ) -> torch.Tensor:
+                    causal: bool = True, window_size: Sequence[int] = (-1, -1),
+                    head_groups: int = 1) -> torch.Tensor:
     """The positions (int64 tensor) of the real tokens that rank `rank` of
     `world_size` holds under `layout`, in the order of its shard: the
     positions to give rotary embeddings, and the rows shard() takes. The
@@ -120,6 +137,10 @@ def shard_positions(seq_len: int, rank: int, world_size: int, layout: str = "str
             documents the call will pass (the plan places them by their work).
         causal, window_size: packed only: the call's, as in stria.attention (the work
             of a document depends on them).
+        head_groups: int. Striped only: a session of G head groups called by one
+            trainer rank per worker (Session(trainer_ranks=world_size)): rank h G + l
+            holds stripe l (world_size / G) + h, so that the G ranks of host h hold
+            together what ring rank h holds. 1 (default): rank r holds stripe r.
     Returns:
         positions: (shard_tokens,), int64; increasing for striped, contiguous and zigzag,
         for packed increasing within the spread tokens, then within the kept ones.
@@ -128,34 +149,35 @@ def shard_positions(seq_len: int, rank: int, world_size: int, layout: str = "str
         would refuse).
     """
     _check(seq_len, rank, world_size, layout)
-    return _positions(seq_len, rank, world_size, layout,
-                      _masks(layout, cu_seqlens, causal, window_size))
+    return _positions(seq_len, _stripe(rank, world_size, layout, head_groups), world_size,
+                      layout, _masks(layout, cu_seqlens, causal, window_size))
 
 
 def shard(x: torch.Tensor, dim: int = 1, *, rank: int, world_size: int,
           layout: str = "striped", cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None,
-          causal: bool = True, window_size: Sequence[int] = (-1, -1)) -> torch.Tensor:
+          causal: bool = True, window_size: Sequence[int] = (-1, -1),
+          head_groups: int = 1) -> torch.Tensor:
     """This rank's tokens of a whole-sequence tensor (tokens along `dim`,
     default 1 as in [B, S, H, D]), in shard order.
 
     Arguments:
         x: a whole-sequence tensor, e.g. (batch_size, seqlen, nheads, headdim).
         dim: int. The tokens' dimension.
-        rank, world_size, layout, cu_seqlens, causal, window_size: as in
+        rank, world_size, layout, cu_seqlens, causal, window_size, head_groups: as in
             stria.shard_positions (packed needs the call's documents).
     Returns:
         x's rows of this rank's tokens along dim, in shard order.
     """
     seq_len = x.shape[dim]
     pos = shard_positions(seq_len, rank, world_size, layout, cu_seqlens=cu_seqlens,
-                          causal=causal, window_size=window_size)
+                          causal=causal, window_size=window_size, head_groups=head_groups)
     return x.index_select(dim, pos.to(x.device))
 
 
 def unshard(x: Union[torch.Tensor, Sequence[torch.Tensor]], dim: int = 1, *, seq_len: int,
             layout: str = "striped", group: Any = None,
             cu_seqlens: Union[torch.Tensor, Sequence[int], None] = None, causal: bool = True,
-            window_size: Sequence[int] = (-1, -1)) -> torch.Tensor:
+            window_size: Sequence[int] = (-1, -1), head_groups: int = 1) -> torch.Tensor:
     """The whole sequence back from shards: `x` is either the list of every
     rank's shard (rank order), or this rank's shard, gathered over the
     torch.distributed `group` (default: the world).
@@ -168,6 +190,7 @@ def unshard(x: Union[torch.Tensor, Sequence[torch.Tensor]], dim: int = 1, *, seq
         group: the torch.distributed group (None: the world), for a single shard.
         cu_seqlens, causal, window_size: packed only, the call's (as in
             stria.shard_positions).
+        head_groups: int. As in stria.shard_positions (one trainer rank per worker).
     Returns:
         the whole sequence: x's shape with seq_len tokens along dim.
     """
@@ -175,7 +198,7 @@ def unshard(x: Union[torch.Tensor, Sequence[torch.Tensor]], dim: int = 1, *, seq
 
     def positions(r: int, n: int) -> torch.Tensor:
         _check(seq_len, r, n, layout)
-        return _positions(seq_len, r, n, layout, masks)
+        return _positions(seq_len, _stripe(r, n, layout, head_groups), n, layout, masks)
 
     if isinstance(x, (list, tuple)):
         shards = list(x)

@@ -374,6 +374,59 @@ def test_tensor_parallel_ranks_call_their_head_group(cluster, no_active_jobs):
             c.close()
 
 
+def test_one_trainer_rank_per_worker(cluster, no_active_jobs):
+    """A sharded session of 2 head groups x rings of 2 called by 4 trainer
+    ranks (trainer_ranks=4, a thread and a client each): rank h G + l
+    passes stripe l R + h with all its heads (stria.shard(...,
+    head_groups=2)), part l of ring rank h's shard on both rings; put
+    together, the fp64 reference's values."""
+    S, H, G, N = 75, 4, 2, 4
+    q, k, v, do = (rand(1, S, H, 16, seed=40 + s) for s in range(4))
+    clients = [stria.Client(cluster.address, step_timeout=60, arrival_timeout=30)
+               for _ in range(N)]
+    try:
+        s0 = stria.Session(heads=H, head_dim=16, max_seq_len=128, dtype=torch.float32,
+                           ring_size=N, sharded=True, head_groups=G, trainer_ranks=N,
+                           client=clients[0])
+        sessions = [s0] + [c.import_session(s0.export()) for c in clients[1:]]
+        for s in sessions:
+            assert (s.ranks, s.head_groups, s.ring_size) == (N, G, N)
+        for t in range(N):
+            pos = stria.shard_positions(S, t, N, head_groups=G)
+            assert torch.equal(s0.positions(S, t), pos)
+            assert torch.equal(pos, stria.shard_positions(S, t % G * (N // G) + t // G, N))
+        out, errors = {}, []
+
+        def rank(t, s):
+            try:
+                qs, ks, vs, dos = (stria.shard(x, 1, rank=t, world_size=N, head_groups=G)
+                                   for x in (q, k, v, do))
+                o, lse = s.forward_shard(t, qs, ks, vs, seq_len=S)
+                out[t] = (o,) + s.backward_shard(t, qs, ks, vs, o, lse, dos, seq_len=S)
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        _run_ranks(rank, list(enumerate(sessions)), errors)
+        for i, want in enumerate(_reference(q, k, v, do)):
+            got = stria.unshard([out[t][i] for t in range(N)], 1, seq_len=S, head_groups=G)
+            assert max_err(got, want) < 1e-4, i
+        with pytest.raises(ValueError, match="needs the striped layout"):
+            stria.shard_positions(S, 0, N, "zigzag", head_groups=G)
+        with pytest.raises(ValueError, match="must divide world_size"):
+            stria.shard_positions(S, 0, 3, head_groups=G)
+        with pytest.raises(ValueError, match="trainer_ranks must be"):
+            stria.Session(heads=H, head_dim=16, max_seq_len=128, ring_size=N, sharded=True,
+                          head_groups=G, trainer_ranks=-1, client=clients[0])
+        with pytest.raises(stria.StriaError, match="needs the striped layout"):
+            stria.Session(heads=H, head_dim=16, max_seq_len=128, ring_size=N, sharded=True,
+                          head_groups=G, trainer_ranks=N, layout="zigzag", client=clients[0])
+        for s in reversed(sessions):
+            s.close()
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_sessions_close_at_interpreter_exit(cluster, client, no_active_jobs):
     """A process that exits without closing its client leaves no session on
     the service (cached and explicit ones)."""
