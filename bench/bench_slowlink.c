@@ -170,6 +170,10 @@ static int sl_parse(int argc, char **argv, sl_cfg_t *c)
             "also a sharded session of each layout and head groups: workers / G trainer "
             "ranks (threads, a client each) calling with their own tokens, measured beside "
             "the whole-sequence one"),
+        STRIA_OPTION("per-worker", FLAG, &c->per_worker, NULL,
+                     "with --sharded: also each striped G > 1 called by one trainer rank per "
+                     "worker (trainer_ranks; rows \"sh/w\"), whose G uploads per worker the "
+                     "worker puts together"),
         STRIA_OPTION("seq", INT, &c->seq, "S", "tokens of a call", .dflt = "4096", .min = 1,
                      .max = 1 << 24),
         STRIA_OPTION("heads", INT, &c->heads, "H", "query heads", .dflt = "4", .min = 1,
@@ -800,7 +804,8 @@ static int64_t sl_memory(const sl_cfg_t *c, int n)
         all += per;
     }
     /* whole and sharded; inside and across */
-    uint64_t sessions = (uint64_t)c->n_layouts * (c->sharded ? 2 : 1) * (c->across ? 2 : 1);
+    uint64_t sessions =
+        (uint64_t)c->n_layouts * (c->sharded ? (c->per_worker ? 3 : 2) : 1) * (c->across ? 2 : 1);
     int64_t m = (int64_t)(2 * all * sessions) + ((int64_t)256 << 20);
     return m;
 }

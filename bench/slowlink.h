@@ -18,8 +18,9 @@
 #define SL_MAX_WORKERS 64
 #define SL_MAX_LAYOUTS 4
 #define SL_MAX_GROUPS  4 /* --head-groups entries */
-/* whole and sharded; G > 1 inside and across hosts */
-#define SL_MAX_ROWS (SL_MAX_LAYOUTS * SL_MAX_GROUPS * 4)
+/* whole, sharded and sharded by one trainer rank per worker; G > 1 inside
+ * and across hosts */
+#define SL_MAX_ROWS (SL_MAX_LAYOUTS * SL_MAX_GROUPS * 6)
 #define SL_MAX_REPS 100
 #define SL_FABRIC   "10.201.0." /* the workers' `nic` addresses, .1 up */
 #define SL_CONTROL  "10.202.0." /* their `mgmt` addresses, .1 up; the head .254 */
@@ -38,8 +39,9 @@ typedef struct {
     int64_t doc_median;
     double doc_sigma;
     bool baseline, json;
-    bool sharded; /* each layout and head groups also as a sharded session */
-    bool across;  /* each G > 1 also with its rings across the hosts */
+    bool sharded;    /* each layout and head groups also as a sharded session */
+    bool per_worker; /* each sharded striped G > 1 also called by one trainer rank per worker */
+    bool across;     /* each G > 1 also with its rings across the hosts */
     double step_timeout_s;
     const char *log_dir; /* NULL: a temporary one */
 } sl_cfg_t;
@@ -62,7 +64,8 @@ typedef struct {
     stria_layout_kind_t kind;
     int groups;
     bool sharded;
-    bool across; /* the head groups' rings across hosts (stria_group_rings_t) */
+    bool across;     /* the head groups' rings across hosts (stria_group_rings_t) */
+    bool per_worker; /* sharded, called by one trainer rank per worker (trainer_ranks) */
     const char *name;
     char name_buf[32];
     stria_session_t *s; /* whole-sequence */

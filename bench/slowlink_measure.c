@@ -75,6 +75,7 @@ static int sl_open(sl_row_t *row, stria_client_t *cl, const sl_cfg_t *c, int n, 
     sp.ring_size = n;
     sp.head_groups = (uint32_t)row->groups;
     sp.head_group_rings = row->across ? STRIA_GROUP_RINGS_ACROSS : STRIA_GROUP_RINGS_INSIDE;
+    sp.trainer_ranks = row->per_worker ? n : 0;
     sp.idle_timeout_s = 3600;
     sp.step_timeout_s = c->step_timeout_s;
     sp.no_queue = true;
@@ -117,6 +118,9 @@ static void sl_header(const sl_cfg_t *c, int n, size_t docs)
     if (c->sharded)
         printf("sh: the same session sharded, its workers / G trainer ranks (a thread and client "
                "each) calling with their own tokens\n");
+    if (c->sharded && c->per_worker)
+        printf("sh/w: sharded, one trainer rank per worker (trainer_ranks), rank h G + l holding "
+               "stripe l R + h\n");
     if (c->rate_bits > 0)
         printf("a ring step's K/V block (striped): %.2f MiB, %.0f ms at %s\n", block / 1048576.0,
                block * 8 / c->rate_bits * 1e3, c->rate_text);
@@ -129,10 +133,10 @@ static void sl_print_row(const sl_cfg_t *c, const sl_row_t *row, int n, size_t d
     int reps = c->reps;
     if (c->json) {
         printf("{\"name\":\"slowlink\",\"layout\":\"%s\",\"head_groups\":%d,\"across\":%s,"
-               "\"sharded\":%s,"
+               "\"sharded\":%s,\"per_worker\":%s,"
                "\"status\":\"%s\",\"message\":",
                stria_layout_kind_name(row->kind), row->groups, row->across ? "true" : "false",
-               row->sharded ? "true" : "false",
+               row->sharded ? "true" : "false", row->per_worker ? "true" : "false",
                row->ok        ? "ok"
                : row->refused ? "refused"
                               : "failed");
@@ -281,24 +285,31 @@ int sl__measure(const sl_cfg_t *c, sl_net_t *net, const char *coord)
     }
     sl_row_t *rows = calloc(SL_MAX_ROWS, sizeof(*rows));
     /* the rows: per layout, per head groups (G > 1 inside, and across with
-     * --across), whole (and sharded with --sharded) */
+     * --across), whole (and sharded with --sharded; a striped G > 1 also
+     * by one trainer rank per worker with --per-worker) */
     int n_rows = 0;
     for (int l = 0; rows != NULL && l < c->n_layouts; l++)
         for (int g = 0; g < c->n_groups; g++)
-            for (int a = 0; a < (c->across && c->groups[g] > 1 ? 2 : 1); a++)
-                for (int sh = 0; sh < (c->sharded ? 2 : 1); sh++) {
+            for (int a = 0; a < (c->across && c->groups[g] > 1 ? 2 : 1); a++) {
+                const bool pw = c->sharded && c->per_worker && c->groups[g] > 1 &&
+                                c->layouts[l] == STRIA_LAYOUT_STRIPED;
+                for (int sh = 0; sh < (c->sharded ? 2 : 1) + (pw ? 1 : 0); sh++) {
                     sl_row_t *r = &rows[n_rows++];
                     r->kind = c->layouts[l];
                     r->groups = c->groups[g];
                     r->across = a == 1;
-                    r->sharded = sh == 1;
+                    r->sharded = sh >= 1;
+                    r->per_worker = sh == 2;
                     char gs[24] = "";
                     if (r->groups > 1)
                         snprintf(gs, sizeof(gs), " G=%d%s", r->groups, r->across ? " x" : "");
                     snprintf(r->name_buf, sizeof(r->name_buf), "%s%s%s", c->layout_names[l], gs,
-                             r->sharded ? " sh" : "");
+                             r->per_worker ? " sh/w"
+                             : r->sharded  ? " sh"
+                                           : "");
                     r->name = r->name_buf;
                 }
+            }
     stria_client_t *cl = NULL;
     if (rows == NULL || stria_bench_job_alloc(&t, true) != 0) {
         free(rows), free(cu);

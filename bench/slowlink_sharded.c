@@ -68,7 +68,11 @@ void sl__sharded_close(sl_row_t *row)
 static int sl_cut(const sl_row_t *row, sl_rank_t *k, int n, const stria_call_t *call,
                   const stria_bench_job_t *t)
 {
-    k->tokens = stria_call_shard_tokens(row->kind, n, call, k->j);
+    /* striped: the session's word (one trainer rank per worker holds a
+     * stripe other than its number) */
+    const bool own = row->kind == STRIA_LAYOUT_STRIPED;
+    k->tokens = own ? stria_session_shard_tokens(k->s, call->seq_len, k->j)
+                    : stria_call_shard_tokens(row->kind, n, call, k->j);
     if (k->tokens < 0)
         return -1;
     size_t m = (size_t)(k->tokens > 0 ? k->tokens : 1), es = stria_dtype_size(t->dtype);
@@ -87,7 +91,8 @@ static int sl_cut(const sl_row_t *row, sl_rank_t *k, int n, const stria_call_t *
         stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory for rank %d's tokens", k->j);
         return -1;
     }
-    if (stria_call_positions(row->kind, n, call, k->j, pos) != STRIA_OK) {
+    if ((own ? stria_session_positions(k->s, call->seq_len, k->j, pos)
+             : stria_call_positions(row->kind, n, call, k->j, pos)) != STRIA_OK) {
         free(pos);
         return -1;
     }
@@ -185,7 +190,8 @@ static void *sl_rank_main(void *arg)
 
 /* The forward (or backward) on every rank at once: *t0 the first rank's
  * start, *t1 the last one's end, *pass the slowest rank's pass, *ring the
- * bytes all ranks sent on the ring. Returns false with row->msg (the ranks
+ * bytes all ring ranks sent on the ring (with one trainer rank per worker,
+ * each worker's counted once). Returns false with row->msg (the ranks
  * closed). */
 static bool sl_phase(sl_row_t *row, bool backward, const stria_call_t *call, double *t0, double *t1,
                      double *pass, double *ring)
@@ -217,6 +223,8 @@ static bool sl_phase(sl_row_t *row, bool backward, const stria_call_t *call, dou
             *ring += (double)ss.last_ring_bytes;
         }
     }
+    if (row->per_worker) /* each worker's pass, reported by its G trainer ranks */
+        *ring /= row->groups;
     if (bad >= 0) {
         char head[64], why[512];
         snprintf(head, sizeof(head), "%s, rank %d", what, bad);

@@ -11,7 +11,8 @@ by rate-limited links) at a small shape and checks what it promises:
 - --sharded: each layout and head groups (1 and 2) also runs as a sharded
   session, one thread and client per trainer rank, and its ring moves the
   same K/V as the whole-sequence session's: the ring bytes its ranks counted
-  equal the whole row's, and as many bytes cross the host links;
+  equal the whole row's, and as many bytes cross the host links; so does
+  the G = 2 session called by one trainer rank per worker (--per-worker);
 - nothing is left behind (namespaces, daemons), also after Ctrl-C.
 
 Where namespaces or tc cannot be used (not root, no iproute2) the command
@@ -42,7 +43,7 @@ def namespaces(pid):
 def measured(bench):
     cmd = [bench, "slowlink", "--seq", str(SEQ), "--heads", str(HEADS), "--head-dim",
            str(HEAD_DIM), "--rate", "20mbit", "--layouts", "striped", "--reps", "1", "--json",
-           "--head-groups", ",".join(map(str, GROUPS)), "--sharded"]
+           "--head-groups", ",".join(map(str, GROUPS)), "--sharded", "--per-worker"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = p.communicate(timeout=120)
@@ -60,10 +61,12 @@ def measured(bench):
     rows = [json.loads(l) for l in out.splitlines()]
     striped = [r for r in rows if r.get("layout") == "striped"]
     base = [r for r in rows if "baseline" in r]
-    keys = sorted((r["head_groups"], r["sharded"]) for r in striped)
-    if keys != sorted((g, sh) for g in GROUPS for sh in (False, True)) or len(base) != 1:
-        fail("expected a whole and a sharded striped row per head groups %s and a baseline: %s"
-             % (GROUPS, rows))
+    keys = sorted((r["head_groups"], r["sharded"], r["per_worker"]) for r in striped)
+    want = sorted([(g, sh, False) for g in GROUPS for sh in (False, True)] +
+                  [(g, True, True) for g in GROUPS if g > 1])
+    if keys != want or len(base) != 1:
+        fail("expected a whole and a sharded striped row per head groups %s, a sharded one by "
+             "one trainer rank per worker for each G > 1, and a baseline: %s" % (GROUPS, rows))
     bad = [r for r in striped if r["status"] != "ok"]
     if bad:
         fail("rows not ok: %s" % bad)
@@ -94,9 +97,12 @@ def check_figures(row, base):
 
 
 def check_sharded(rows):
-    for g in GROUPS:
+    for g, pw in [(g, False) for g in GROUPS] + [(g, True) for g in GROUPS if g > 1]:
         whole = [r for r in rows if r["head_groups"] == g and not r["sharded"]][0]
-        sh = [r for r in rows if r["head_groups"] == g and r["sharded"]][0]
+        sh = [r for r in rows
+              if r["head_groups"] == g and r["sharded"] and r["per_worker"] == pw][0]
+        if pw:
+            print("G=%d, one trainer rank per worker:" % g)
         print("G=%d: ring %.3f/%.3f MiB (whole) and %.3f/%.3f MiB (sharded) fwd/bwd; host links "
               "%.3f/%.3f and %.3f/%.3f MiB; fwd+bwd %.3f and %.3f s"
               % (g, whole["ring_mib_fwd"], whole["ring_mib_bwd"], sh["ring_mib_fwd"],
