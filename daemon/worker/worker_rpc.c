@@ -287,14 +287,139 @@ static stria_status_t pick_slot(stria__wsess_t *s, const stria_call_place_t *p,
     return STRIA_OK;
 }
 
+/* Parts of a call that can no longer run, taken from the session under its
+ * lock and failed once it is let go. */
+typedef struct {
+    stria_rpc_call_t *calls[STRIA_CALL_MAX_PARTS];
+    int n;
+    stria_status_t st;
+    char msg[600];
+} stale_t;
+
+/* Takes the parts waiting on s, to fail with `st` and msg (s->lock held);
+ * the session then assembles nothing and is free. */
+static void stale_take_locked(stria__wsess_t *s, stale_t *x, stria_status_t st, const char *msg)
+{
+    x->n = stria__wsess_take_parts(s, x->calls);
+    x->st = st;
+    snprintf(x->msg, sizeof(x->msg), "%s", msg);
+    s->sh.assembling = false;
+    s->sh.busy = false;
+}
+
+/* Fails what stale_take_locked() took (s->lock not held), keeping the
+ * thread's error of `st` (the refusal of the call at hand, if any). */
+static void stale_fail(stale_t *x, stria_status_t st)
+{
+    if (x->n == 0)
+        return;
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+    fail_parts(x->calls, x->n, x->st, x->msg);
+    if (st != STRIA_OK)
+        stria_error_set(st, "%s", msg);
+}
+
+/* Where call p goes among the session's (s->lock held): a later piece or
+ * part of the call being put together (named alike: `identity`), or a new
+ * call, which takes the session (one at a time) and a region (*slot_out).
+ * A part waits in the session for the others. */
+static stria_status_t join_locked(stria__wsess_t *s, stria_rpc_call_t *call,
+                                  const stria_call_place_t *p, const stria__wgeom_t *g,
+                                  const uint8_t *identity, bool piece, bool part, int *slot_out)
+{
+    stria__wshared_t *sh = &s->sh;
+    const unsigned long long id = (unsigned long long)s->id, no = (unsigned long long)p->call;
+    stria_status_t st = STRIA_OK;
+    if ((piece || part) && sh->assembling) { /* a later piece or part */
+        if (memcmp(identity, sh->asm_binding, STRIA_CALL_BINDING_BYTES) != 0)
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu rank %d: a %s that differs from the "
+                                   "call's first (shape, direction, held forward, parts)",
+                                   id, no, s->rank, part ? "part" : "piece");
+        if (part && (sh->parts_accepted >> p->part & 1))
+            return stria_error_set(STRIA_ERR_INVALID_ARG,
+                                   "session %llu call %llu rank %d: part %u of %u came twice", id,
+                                   no, s->rank, p->part, p->parts);
+        *slot_out = sh->asm_slot;
+    } else {
+        if (sh->busy)
+            return stria_error_set(STRIA_ERR_BUSY,
+                                   "session %llu rank %d: a call is running (calls of a session "
+                                   "run one at a time)",
+                                   id, s->rank);
+        if ((st = pick_slot(s, p, g, slot_out)) != STRIA_OK)
+            return st;
+        sh->busy = true;
+        if (piece || part) {
+            sh->assembling = true;
+            sh->asm_call = p->call;
+            sh->asm_slot = *slot_out;
+            memcpy(sh->asm_binding, identity, STRIA_CALL_BINDING_BYTES);
+            stria_ranges_free(&sh->asm_got); /* empty again */
+            sh->asm_parts = part ? p->parts : 0;
+            sh->asm_epoch = p->link_epoch;
+            sh->parts_accepted = sh->parts_in = 0;
+        }
+    }
+    if (part) { /* it waits here for the others */
+        sh->parts_accepted |= UINT64_C(1) << p->part;
+        sh->part_calls[p->part] = call;
+    }
+    return STRIA_OK;
+}
+
+/* The accepted record of call p (a part's with its own buffer, sized for
+ * its inputs and its outputs); NULL when out of memory, the call then
+ * given up in the session. */
+static stria__waccept_t *record(stria__wsess_t *s, stria_rpc_call_t *call,
+                                const stria_call_place_t *p, const stria__wgeom_t *g, int slot,
+                                bool part)
+{
+    stria__waccept_t *acc = calloc(1, sizeof(*acc));
+    if (acc != NULL && part) {
+        int t0, t1, u0, u1;
+        stria__wcall_inputs(g, &t0, &t1);
+        stria__wcall_outputs(g, &u0, &u1);
+        acc->rows = stria__wcall_part_rows(s, g, p->part, p->parts);
+        acc->stage_in = stria__wcall_part_bytes(g, acc->rows, t0, t1);
+        acc->stage_out = stria__wcall_part_bytes(g, acc->rows, u0, u1);
+        acc->stage = malloc(acc->stage_in > acc->stage_out ? acc->stage_in : acc->stage_out);
+        if (acc->stage == NULL) {
+            free(acc);
+            acc = NULL;
+        }
+    }
+    if (acc == NULL) {
+        pthread_mutex_lock(&s->lock);
+        if (part) {
+            s->sh.parts_accepted &= ~(UINT64_C(1) << p->part);
+            s->sh.part_calls[p->part] = NULL;
+        }
+        if (!part || s->sh.parts_accepted == 0)
+            s->sh.busy = s->sh.assembling = false;
+        pthread_mutex_unlock(&s->lock);
+        return NULL;
+    }
+    acc->s = s;
+    acc->g = *g;
+    acc->slot = slot;
+    acc->region = slot >= 0 ? s->slots + (uint64_t)slot * s->region : NULL;
+    acc->call = call;
+    acc->part = part ? p->part : 0;
+    acc->parts = part ? p->parts : 0;
+    return acc;
+}
+
 /* The checks of a call before anything of it is read: the proof (binding
- * its number, epoch, shape, places, piece and held forward), the session
- * open here, the shape against the bounds (from the worker's own decoded
- * copy), its inputs (payload bytes, or their place in the arena), one call
- * at a time; then the region its inputs go to. On success the call carries
- * its accepted record (the cleanup's argument, which holds the session's
- * reference). A refused call aborts the ring link: the other ranks may be
- * in it already, and fail now. */
+ * its number, epoch, shape, places, piece, held forward and part), the
+ * session open here, the shape against the bounds (from the worker's own
+ * decoded copy), its inputs (payload bytes, or their place in the arena),
+ * one call at a time (its pieces or parts put together); then the region
+ * its inputs go to. On success the call carries its accepted record (the
+ * cleanup's argument, which holds the session's reference). A refused call
+ * aborts the ring link: the other ranks may be in it already, and fail
+ * now; so do the parts of its call waiting here. */
 static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t payload_len,
                              stria__waccept_t **out)
 {
@@ -327,10 +452,10 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
     pthread_mutex_unlock(&w->lock);
     stria__wgeom_t g;
     int slot = -1;
-    bool open = false;
+    stale_t stale = {.n = 0};
     pthread_mutex_lock(&s->lock);
     stria__wshared_t *sh = &s->sh;
-    open = sh->started; /* its link bound, or being bound: the thread waits for it */
+    const bool open = sh->started; /* its link bound, or being bound: the thread waits for it */
     if (!open)
         st = stria_error_set(STRIA_ERR_INVALID_ARG, "session %llu rank %u is not open here",
                              (unsigned long long)req->job_id, req->rank);
@@ -342,80 +467,33 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
                              (unsigned long long)w->worker_id, (unsigned long long)req->job_id);
     else if (req->shape == NULL)
         st = stria_error_set(STRIA_ERR_INVALID_ARG, "SessionCall: no shape");
-    stria_rpc_call_t *stale[STRIA_CALL_MAX_PARTS];
-    int n_stale = 0;
-    stria_status_t stale_st = STRIA_ERR_CANCELLED;
-    char stale_msg[600] = "";
-    if (st == STRIA_OK) {
+    if (st == STRIA_OK)
         st = stria__wcall_geom(s, &shape, req->backward, req->use_held, &g);
-        if (st == STRIA_OK && sh->assembling &&
-            (sh->asm_call != p.call ||
-             (sh->asm_parts > 0 && p.parts > 0 && sh->asm_epoch != p.link_epoch))) {
-            /* a call whose pieces or parts stopped coming: its clients
-             * moved on (to a later call, or a later try of this one) */
-            stria_log_info("session %llu: the %s of call %llu stopped coming; dropped",
-                           (unsigned long long)s->id, sh->asm_parts > 0 ? "parts" : "pieces",
-                           (unsigned long long)sh->asm_call);
-            n_stale = stria__wsess_take_parts(s, stale);
-            snprintf(stale_msg, sizeof(stale_msg),
-                     "session %llu rank %d: the call's other parts did not come (call %llu came "
-                     "instead)",
-                     (unsigned long long)s->id, s->rank, (unsigned long long)p.call);
-            sh->assembling = false;
-            sh->busy = false;
-        }
+    if (st == STRIA_OK && sh->assembling &&
+        (sh->asm_call != p.call ||
+         (sh->asm_parts > 0 && p.parts > 0 && sh->asm_epoch != p.link_epoch))) {
+        /* a call whose pieces or parts stopped coming: its clients moved
+         * on (to a later call, or a later try of this one) */
+        char why[256];
+        stria_log_info("session %llu: the %s of call %llu stopped coming; dropped",
+                       (unsigned long long)s->id, sh->asm_parts > 0 ? "parts" : "pieces",
+                       (unsigned long long)sh->asm_call);
+        snprintf(why, sizeof(why),
+                 "session %llu rank %d: the call's other parts did not come (call %llu came "
+                 "instead)",
+                 (unsigned long long)s->id, s->rank, (unsigned long long)p.call);
+        stale_take_locked(s, &stale, STRIA_ERR_CANCELLED, why);
     }
     if (st == STRIA_OK)
         st = check_place(s, &p, &g, payload_len);
     const bool part = st == STRIA_OK && p.parts > 0;
-    bool piece = st == STRIA_OK && !p.arena && !part && is_piece(s, &p);
-    if (st == STRIA_OK && (piece || part) && sh->assembling) { /* a later piece or part */
-        if (memcmp(identity, sh->asm_binding, sizeof(identity)) != 0)
-            st = stria_error_set(STRIA_ERR_INVALID_ARG,
-                                 "session %llu call %llu rank %d: a %s that differs from the "
-                                 "call's first (shape, direction, held forward, parts)",
-                                 (unsigned long long)s->id, (unsigned long long)p.call, s->rank,
-                                 part ? "part" : "piece");
-        else if (part && (sh->parts_accepted >> p.part & 1))
-            st = stria_error_set(
-                STRIA_ERR_INVALID_ARG, "session %llu call %llu rank %d: part %u of %u came twice",
-                (unsigned long long)s->id, (unsigned long long)p.call, s->rank, p.part, p.parts);
-        slot = sh->asm_slot;
-    } else if (st == STRIA_OK) {
-        if (sh->busy)
-            st = stria_error_set(STRIA_ERR_BUSY,
-                                 "session %llu rank %u: a call is running (calls of a session "
-                                 "run one at a time)",
-                                 (unsigned long long)s->id, req->rank);
-        else if ((st = pick_slot(s, &p, &g, &slot)) == STRIA_OK) {
-            sh->busy = true;
-            if (piece || part) {
-                sh->assembling = true;
-                sh->asm_call = p.call;
-                sh->asm_slot = slot;
-                memcpy(sh->asm_binding, identity, sizeof(identity));
-                stria_ranges_free(&sh->asm_got); /* empty again */
-                sh->asm_parts = part ? p.parts : 0;
-                sh->asm_epoch = p.link_epoch;
-                sh->parts_accepted = sh->parts_in = 0;
-            }
-        }
-    }
-    if (st == STRIA_OK && part) { /* it waits here for the others */
-        sh->parts_accepted |= UINT64_C(1) << p.part;
-        sh->part_calls[p.part] = call;
-    }
-    stria_link_t *link = open ? sh->link : NULL;
+    const bool piece = st == STRIA_OK && !p.arena && !part && is_piece(s, &p);
+    if (st == STRIA_OK)
+        st = join_locked(s, call, &p, &g, identity, piece, part, &slot);
     if (st != STRIA_OK && st != STRIA_ERR_BUSY && sh->assembling && sh->asm_parts > 0 &&
-        sh->asm_call == p.call && n_stale == 0) {
-        /* a part of the call refused: the call cannot run, nor its other
-         * parts wait for it */
-        stale_st = st;
-        snprintf(stale_msg, sizeof(stale_msg), "%s", stria_error_msg());
-        n_stale = stria__wsess_take_parts(s, stale);
-        sh->assembling = false;
-        sh->busy = false;
-    }
+        sh->asm_call == p.call && stale.n == 0) /* the call cannot run: its parts fail too */
+        stale_take_locked(s, &stale, st, stria_error_msg());
+    stria_link_t *link = open ? sh->link : NULL;
     if (st != STRIA_OK && st != STRIA_ERR_BUSY && link != NULL) {
         char msg[512];
         snprintf(msg, sizeof(msg), "%s", stria_error_msg());
@@ -423,50 +501,12 @@ static stria_status_t accept(stria_worker_t *w, stria_rpc_call_t *call, uint64_t
         stria_error_set(st, "%s", msg);
     }
     pthread_mutex_unlock(&s->lock);
-    if (n_stale > 0) {
-        char msg[512];
-        snprintf(msg, sizeof(msg), "%s", stria_error_msg()); /* the refusal's, kept */
-        fail_parts(stale, n_stale, stale_st, stale_msg);
-        if (st != STRIA_OK)
-            stria_error_set(st, "%s", msg);
-    }
-    if (st != STRIA_OK) {
-        stria__wsess_unref(s);
-        return st;
-    }
-    stria__waccept_t *acc = calloc(1, sizeof(*acc));
-    if (acc != NULL && part) {
-        int t0, t1, u0, u1;
-        stria__wcall_inputs(&g, &t0, &t1);
-        stria__wcall_outputs(&g, &u0, &u1);
-        acc->rows = stria__wcall_part_rows(s, &g, p.part, p.parts);
-        acc->stage_in = stria__wcall_part_bytes(&g, acc->rows, t0, t1);
-        acc->stage_out = stria__wcall_part_bytes(&g, acc->rows, u0, u1);
-        acc->stage = malloc(acc->stage_in > acc->stage_out ? acc->stage_in : acc->stage_out);
-        if (acc->stage == NULL) {
-            free(acc);
-            acc = NULL;
-        }
-    }
+    stale_fail(&stale, st);
+    stria__waccept_t *acc = st == STRIA_OK ? record(s, call, &p, &g, slot, part) : NULL;
     if (acc == NULL) {
-        pthread_mutex_lock(&s->lock);
-        if (part) {
-            sh->parts_accepted &= ~(UINT64_C(1) << p.part);
-            sh->part_calls[p.part] = NULL;
-        }
-        if (!part || sh->parts_accepted == 0)
-            sh->busy = sh->assembling = false;
-        pthread_mutex_unlock(&s->lock);
         stria__wsess_unref(s);
-        return stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
+        return st != STRIA_OK ? st : stria_error_set(STRIA_ERR_NO_MEMORY, "out of memory");
     }
-    acc->s = s;
-    acc->g = g;
-    acc->slot = slot;
-    acc->region = slot >= 0 ? s->slots + (uint64_t)slot * s->region : NULL;
-    acc->call = call;
-    acc->part = part ? p.part : 0;
-    acc->parts = part ? p.parts : 0;
     stria_rpc_call_set_cleanup(call, accepted_done, acc);
     stria_metric_add(w->m_in_bytes, (double)payload_len);
     *out = acc;
