@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,32 @@
 #include "stria_ring.h"
 
 /* ---- failures between calls ------------------------------------------------------------- */
+
+/* A worker killed in the middle of a call: stopped (SIGSTOP) before the
+ * call starts, so that the call is under way on the others and waits for
+ * it, then killed `after` seconds later from a thread of its own while the
+ * test's thread is in the call. */
+typedef struct {
+    test_proc_t *p;
+    double after;
+    pthread_t th;
+} killer_t;
+
+static void *killer_main(void *arg)
+{
+    killer_t *k = arg;
+    usleep((useconds_t)(k->after * 1e6));
+    test_proc_stop(k->p, SIGKILL, 5);
+    return NULL;
+}
+
+static void kill_in_the_call(dcluster_t *c, int victim, killer_t *k)
+{
+    cr_assert_eq(kill(test_proc_pid(c->workers[victim]), SIGSTOP), 0);
+    *k = (killer_t){.p = c->workers[victim], .after = 0.5};
+    c->workers[victim] = NULL;
+    cr_assert_eq(pthread_create(&k->th, NULL, killer_main, k), 0);
+}
 
 /* The index of the worker serving rank `rank` of session s, from `striactl
  * --json job`; -1 when not found. */
@@ -93,10 +120,10 @@ Test(session, worker_killed_between_calls_free_ring_goes_on_with_the_rest, .time
 }
 
 /* A head-grouped session (2 groups x rings of 2, a fifth worker spare): a
- * worker of a group's ring killed between calls costs that ring a
- * reopening inside the next call, whose every output is still each group's
- * in-process ring's, bit for bit. */
-Test(session, worker_killed_in_a_head_grouped_session_is_retried_and_correct, .timeout = T_TIMEOUT)
+ * worker of a group's ring killed between calls or (`mid`) in the middle
+ * of one costs that ring a reopening inside the call, whose every output
+ * is still each group's in-process ring's, bit for bit. */
+static void groups_kill_case(bool mid)
 {
     dcluster_t c;
     dc_start(&c, 5, NULL);
@@ -109,8 +136,15 @@ Test(session, worker_killed_in_a_head_grouped_session_is_retried_and_correct, .t
     stria_call_t call = se_call_of(1, 128, true);
     se_check_groups_call(s, &sp, &call, 1400, 2, 2, "before the kill");
     int victim = worker_of_rank(&c, s, 1); /* head group 0's ring (the session's id) */
-    test_proc_stop(c.workers[victim], SIGKILL, 5);
-    c.workers[victim] = NULL;
+    killer_t killer;
+    if (mid) {
+        kill_in_the_call(&c, victim, &killer);
+        se_check_groups_call(s, &sp, &call, 1405, 2, 2, "the call the kill lands in");
+        pthread_join(killer.th, NULL);
+    } else {
+        test_proc_stop(c.workers[victim], SIGKILL, 5);
+        c.workers[victim] = NULL;
+    }
     for (int k = 0; k < 2; k++)
         se_check_groups_call(s, &sp, &call, 1410 + (uint64_t)k, 2, 2,
                              k ? "the second call after the kill"
@@ -120,10 +154,21 @@ Test(session, worker_killed_in_a_head_grouped_session_is_retried_and_correct, .t
     cr_expect_geq(st.reopened, 1u, "no ring was reopened");
     cr_expect_geq(st.retries, 1u, "no retry counted");
     cr_expect_eq(st.failed, 0u, "%llu calls failed", (unsigned long long)st.failed);
-    cr_expect_eq(st.calls, 6u);
+    cr_expect_eq(st.calls, mid ? 8u : 6u);
     cr_expect_eq(stria_session_close(s), STRIA_OK, "%s", stria_error_msg());
     stria_client_close(cl);
     dc_stop(&c);
+}
+
+Test(session, worker_killed_in_a_head_grouped_session_is_retried_and_correct, .timeout = T_TIMEOUT)
+{
+    groups_kill_case(false);
+}
+
+Test(session, worker_killed_mid_call_in_a_head_grouped_session_is_retried_and_correct,
+     .timeout = T_TIMEOUT)
+{
+    groups_kill_case(true);
 }
 
 /* One sharded call (forward and backward) of the n trainer ranks of a
@@ -152,10 +197,11 @@ static void sharded_groups_call(stria_session_t **h, int n, int R, int G,
 }
 
 /* A worker killed in a sharded 2 x 2 session (`n` trainer ranks: 2, one
- * per ring rank, or 4, one per worker; a spare beside the four workers):
- * its ring's ranks follow the spare that takes its place and retry inside
- * the call, bit for bit; the other ring goes on as it was. */
-static void sharded_groups_kill_case(int n)
+ * per ring rank, or 4, one per worker; a spare beside the four workers),
+ * between calls or (`mid`) in the middle of one: its ring's ranks follow
+ * the spare that takes its place and retry inside the call, bit for bit;
+ * the other ring goes on as it was. */
+static void sharded_groups_kill_case(int n, bool mid)
 {
     dcluster_t c;
     dc_start(&c, 5, NULL);
@@ -174,8 +220,15 @@ static void sharded_groups_kill_case(int n)
     sharded_groups_call(h, n, 2, 2, &sp, &call, 1450, "before the kill");
     uint64_t id = stria_session_id(h[0]);
     int victim = worker_of_rank(&c, h[0], 1); /* head group 0's ring (the session's id) */
-    test_proc_stop(c.workers[victim], SIGKILL, 5);
-    c.workers[victim] = NULL;
+    killer_t killer;
+    if (mid) {
+        kill_in_the_call(&c, victim, &killer);
+        sharded_groups_call(h, n, 2, 2, &sp, &call, 1455, "the call the kill lands in");
+        pthread_join(killer.th, NULL);
+    } else {
+        test_proc_stop(c.workers[victim], SIGKILL, 5);
+        c.workers[victim] = NULL;
+    }
     for (int k = 0; k < 2; k++)
         sharded_groups_call(h, n, 2, 2, &sp, &call, 1460 + (uint64_t)k,
                             k ? "the second call after the kill" : "the first call after the kill");
@@ -187,7 +240,8 @@ static void sharded_groups_kill_case(int n)
         cr_assert_eq(stria_session_stats(h[i], &st), STRIA_OK, "%s", stria_error_msg());
         cr_expect_geq(st.retries, 1u, "rank %d: no retry counted", i);
         cr_expect_eq(st.failed, 0u, "rank %d: %llu calls failed", i, (unsigned long long)st.failed);
-        cr_expect_eq(st.calls, 6u, "rank %d: %llu calls", i, (unsigned long long)st.calls);
+        cr_expect_eq(st.calls, mid ? 8u : 6u, "rank %d: %llu calls", i,
+                     (unsigned long long)st.calls);
     }
     for (int i = n - 1; i >= 0; i--) {
         cr_expect_eq(stria_session_close(h[i]), STRIA_OK, "close on rank %d: %s", i,
@@ -200,13 +254,13 @@ static void sharded_groups_kill_case(int n)
 Test(session, worker_killed_in_a_sharded_head_grouped_session_is_retried_and_correct,
      .timeout = T_TIMEOUT)
 {
-    sharded_groups_kill_case(2);
+    sharded_groups_kill_case(2, false);
 }
 
-Test(session, worker_killed_under_one_trainer_rank_per_worker_is_retried_and_correct,
+Test(session, worker_killed_mid_call_under_one_trainer_rank_per_worker_is_retried_and_correct,
      .timeout = T_TIMEOUT)
 {
-    sharded_groups_kill_case(4);
+    sharded_groups_kill_case(4, true);
 }
 
 /* `striactl --json sessions`'s calls of the first session it lists, once
