@@ -556,7 +556,10 @@ typedef struct {
     /* Added after `generation` (older callers' struct_size ends there). The
      * last call's ring: bytes all ranks sent each other, and the steps its
      * ranks ran (a packed call with documents runs only the steps its plan
-     * needs; 1: none of its tokens travelled). */
+     * needs; 1: none of its tokens travelled). A sharded rank's handle
+     * counts its own ranks' (a head-grouped one's: its ring rank on every
+     * ring; with trainer_ranks ring_size each of a worker's G trainer ranks
+     * counts that worker's pass). */
     uint64_t last_ring_bytes;
     uint32_t last_steps;
 } stria_session_stats_t;

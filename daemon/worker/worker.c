@@ -221,6 +221,8 @@ static stria_status_t serve(stria_worker_t *w, const stria_worker_params_t *p)
     sp.ctx = w;
     sp.token = w->token;
     sp.max_payload_bytes = p->max_payload_bytes;
+    sp.tick = stria__wrpc_on_tick;
+    sp.tick_period_s = STRIA__TICK_S;
     sp.name = "worker";
     if ((st = stria_rpc_server_start(&sp, &w->server)) != STRIA_OK)
         return st;

@@ -598,6 +598,10 @@ void stria__wrpc_on_open(void *ctx, stria_rpc_call_t *call);
 stria_status_t stria__wrpc_on_call_payload(void *ctx, stria_rpc_call_t *call, uint64_t payload_len,
                                            void **buf_out);
 void stria__wrpc_on_call(void *ctx, stria_rpc_call_t *call);
+/* The loop's tick: parts that waited past their session's arrival timeout
+ * fail. */
+#define STRIA__TICK_S 0.25
+void stria__wrpc_on_tick(void *ctx);
 
 /* ---- worker_shm.c ---- */
 /* The Unix socket of co-located clients in `dir` (its path in

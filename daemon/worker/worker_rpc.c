@@ -362,9 +362,10 @@ static stria_status_t join_locked(stria__wsess_t *s, stria_rpc_call_t *call,
             sh->parts_accepted = sh->parts_in = 0;
         }
     }
-    if (part) { /* it waits here for the others */
+    if (part) { /* it waits here for the others (the arrival timeout counts from now) */
         sh->parts_accepted |= UINT64_C(1) << p->part;
         sh->part_calls[p->part] = call;
+        sh->last_activity = stria_time_now();
     }
     return STRIA_OK;
 }
@@ -602,6 +603,55 @@ void stria__wrpc_on_call(void *ctx, stria_rpc_call_t *call)
     }
     pthread_mutex_unlock(&s->lock);
     stria__wsess_hand(s, call);
+}
+
+/* Parts that waited longer than their session's arrival timeout for the
+ * others (since the last part came) fail, naming the parts that did not
+ * come, and so does the call on the other ranks (the link aborted): the
+ * loop's tick. */
+void stria__wrpc_on_tick(void *ctx)
+{
+    stria_worker_t *w = ctx;
+    const double now = stria_time_now();
+    for (;;) { /* one late session at a time, its reference held */
+        stria__wsess_t *late = NULL;
+        pthread_mutex_lock(&w->lock);
+        for (stria__wsess_t *s = w->sessions; s != NULL && late == NULL; s = s->next) {
+            pthread_mutex_lock(&s->lock);
+            if (s->sh.assembling && s->sh.asm_parts > 0 &&
+                now - s->sh.last_activity > s->arrival_timeout_s) {
+                late = s;
+                s->refs++;
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        pthread_mutex_unlock(&w->lock);
+        if (late == NULL)
+            return;
+        stale_t stale = {.n = 0};
+        pthread_mutex_lock(&late->lock);
+        stria__wshared_t *sh = &late->sh;
+        if (sh->assembling && sh->asm_parts > 0) {
+            char why[512], missing[256] = "";
+            size_t at = 0;
+            for (uint32_t i = 0; i < sh->asm_parts && at < sizeof(missing) - 8; i++)
+                if (!(sh->parts_in >> i & 1))
+                    at += (size_t)snprintf(missing + at, sizeof(missing) - at, "%s%u",
+                                           at > 0 ? ", " : "", i);
+            snprintf(why, sizeof(why),
+                     "session %llu rank %d: call %llu: part(s) %s of %u did not come within the "
+                     "arrival timeout (%.1f s)",
+                     (unsigned long long)late->id, late->rank, (unsigned long long)sh->asm_call,
+                     missing, sh->asm_parts, late->arrival_timeout_s);
+            stale_take_locked(late, &stale, STRIA_ERR_TIMEOUT, why);
+            if (sh->link != NULL)
+                stria_link_abort(sh->link, STRIA_ERR_TIMEOUT, why);
+            stria_log_info("%s", why);
+        }
+        pthread_mutex_unlock(&late->lock);
+        stale_fail(&stale, STRIA_OK);
+        stria__wsess_unref(late);
+    }
 }
 
 /* ---- DropJob ---------------------------------------------------------------------- */

@@ -574,15 +574,15 @@ static void part_prepare(part_t *p, wf_t *f, const wf_job_t *job, int rank, uint
  * trainer rank (SessionCallRequest.parts): each part's rows go to ring
  * rows part, part + parts, ... and each reply carries the part's rows of
  * O and LSE, equal to the in-process ring; a part out of range, of the
- * wrong size, or that comes twice is refused naming it, and the session
- * serves on. */
+ * wrong size, or that comes twice is refused naming it, one whose sibling
+ * never comes fails at the arrival timeout, and the session serves on. */
 Test(worker, a_ranks_inputs_come_in_parts_one_per_trainer_rank, .timeout = TEST_TIMEOUT_S)
 {
     wf_t f;
     wf_job_t job;
     ref_t ref;
     wf_io_t io[WF_MAX] = {0};
-    sharded_session(&f, &job, &ref, io, 61, 5, 43);
+    sharded_session(&f, &job, &ref, io, 61, 2, 43);
 
     /* refused on rank 0 alone, each naming what is wrong */
     struct {
@@ -663,6 +663,23 @@ Test(worker, a_ranks_inputs_come_in_parts_one_per_trainer_rank, .timeout = TEST_
         cr_expect(strstr(p0.msg, "came twice") != NULL, "%s", p0.msg);
         free(p0.payload), free(p1.payload);
         stria_rpc_reply_free(&p0.rep), stria_rpc_reply_free(&p1.rep);
+    }
+
+    /* a part whose sibling never comes fails once the session's arrival
+     * timeout (2 s) passed, naming the part that did not come */
+    {
+        const wf_call_opts_t o = {.epoch = 35, .part = 1, .parts = 2};
+        part_t p1;
+        part_prepare(&p1, &f, &job, 0, 35, &o, &io[0], 0);
+        double t0 = stria_time_now();
+        part_main(&p1);
+        double took = stria_time_now() - t0;
+        cr_expect_eq(p1.st, STRIA_ERR_TIMEOUT, "%s", p1.msg);
+        cr_expect(strstr(p1.msg, "part(s) 0 of 2 did not come within the arrival timeout") != NULL,
+                  "%s", p1.msg);
+        cr_expect(took >= 1.9 && took < 6.0, "the lone part failed after %.2f s", took);
+        free(p1.payload);
+        stria_rpc_reply_free(&p1.rep);
     }
 
     /* and the session serves on: a whole call of both ranks */
