@@ -91,15 +91,27 @@ class _Config:
         _, _, H, D = q.shape
         ring = self.ring_size
         groups = self.client.head_groups
-        if sharded:  # the trainer's world size is each ring's size: G x it workers
+        trainers = 0
+        if sharded:
             groups = groups if isinstance(groups, int) and groups > 1 else 0
-            ring *= max(groups, 1)
+            if self.per_worker():  # the trainer's world is every worker
+                trainers = ring
+            else:  # the trainer's world size is each ring's size: G x it workers
+                ring *= max(groups, 1)
         _check_head_groups(groups, k.shape[2], ring)
         return lambda mb, msl: make_spec(
             self.client, max_batch=mb, max_seq_len=msl, heads=H, kv_heads=k.shape[2],
             head_dim=D, dtype=_DTYPES[q.dtype], layout=self.layout, ring_size=ring,
             sharded=sharded, head_groups=groups,
-            head_group_rings=self.client.head_group_rings)
+            head_group_rings=self.client.head_group_rings, trainer_ranks=trainers)
+
+    def per_worker(self) -> int:
+        """Sharded calls with one trainer rank per worker (the client's
+        trainer_ranks "worker" with G > 1 head groups): G, else 0."""
+        groups = self.client.head_groups
+        if self.client.trainer_ranks == "worker" and isinstance(groups, int) and groups > 1:
+            return groups
+        return 0
 
     def fixed(self, q: torch.Tensor, k: torch.Tensor, kind: str = "whole"
               ) -> Tuple[Any, ...]:

@@ -165,6 +165,11 @@ class Client:
     tokens going to worker j of every ring, each ring its group's heads
     ("auto": one ring of W). head_group_rings: where those rings lie,
     "inside" hosts (default) or "across" them (see stria.Session).
+    trainer_ranks: with head_groups G > 1, "ring" (default: as above) or
+    "worker": a sharded world of W ranks runs on G rings of W / G workers,
+    one trainer rank per worker, rank h G + l passing stripe l W/G + h
+    with all its heads (stria.shard(..., head_groups=G)), its heads going
+    to worker h of every ring (see stria.Session's trainer_ranks).
     """
 
     def __init__(self, coordinator: Optional[str] = None, token_file: Optional[str] = None, *,
@@ -173,7 +178,7 @@ class Client:
                  ttl: float = 0.0, no_queue: bool = False, arrival_timeout: float = 0.0,
                  forward_retries: int = 0, max_sessions: int = 4,
                  idle_timeout: float = 0.0, head_groups: Union[int, str] = 0,
-                 head_group_rings: str = "inside") -> None:
+                 head_group_rings: str = "inside", trainer_ranks: str = "ring") -> None:
         self.closed = True  # until connected (__del__ of a failed constructor)
         L = _lib.lib()
         self.coordinator: str = coordinator or os.environ.get("STRIA_COORDINATOR") or \
@@ -192,8 +197,12 @@ class Client:
         from .session import _group_rings
 
         _group_rings(head_group_rings)
+        if trainer_ranks not in ("ring", "worker"):
+            raise ValueError(f"trainer_ranks must be \"ring\" or \"worker\", not "
+                             f"{trainer_ranks!r}")
         self.head_groups = head_groups
         self.head_group_rings = head_group_rings
+        self.trainer_ranks = trainer_ranks
         self.max_sessions = max_sessions
         self.idle_timeout = float(idle_timeout)
         self.name = name

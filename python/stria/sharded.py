@@ -271,7 +271,9 @@ class _Sharded:
         c = self.cfg
         masks: _Masks = (c.cu_seqlens, c.causal, c.window) if self.layout_name == "packed" \
             else (None, True, None)
-        return int(_positions(self.seq_len, rank, self.world, self.layout_name, masks).numel())
+        stripe = _stripe(rank, self.world, self.layout_name, c.per_worker() or 1)
+        return int(_positions(self.seq_len, stripe, self.world, self.layout_name,
+                              masks).numel())
 
 
 def _dist() -> Any:
@@ -592,7 +594,10 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     world_size, layout) order (stria.shard cuts them), and gets its tokens'
     O back; the service runs one ring of the group's size over them (with a
     Client(head_groups=G): G rings of the group's size, each over its
-    group of heads, rank r's tokens going to worker r of every ring).
+    group of heads, rank r's tokens going to worker r of every ring; with a
+    Client(head_groups=G, trainer_ranks="worker"): G rings of the group's
+    size / G, one rank per worker, rank r's tokens cut by
+    stria.shard(..., head_groups=G)).
 
     q: [B, T, H, D], k, v: [B, T, Hkv, D] (T: this rank's tokens), as in
     stria.attention; layout: "striped", "contiguous", "zigzag" or "packed"

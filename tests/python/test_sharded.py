@@ -628,6 +628,62 @@ def test_sharded_head_groups_over_a_gloo_group(cluster, tmp_path, no_active_jobs
             assert max_err(want["o"], ro) < 1e-4 and max_err(want["dk"], rk.grad) < 1e-4, name
 
 
+def _per_worker_rank(rank, world, init, address, out):
+    """One of 4 ranks with a Client(head_groups=2, trainer_ranks="worker"):
+    each call runs on 2 rings of 2 workers (the suite's 4), rank h 2 + l
+    passing stripe l 2 + h with all its heads; results to files."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    c = stria.Client(address, step_timeout=60, arrival_timeout=30, head_groups=2,
+                     trainer_ranks="worker")
+    try:
+        res = {}
+        for name in ("striped", "noncausal-window-scale"):
+            q, k, v, do = (stria.shard(t, 1, rank=rank, world_size=world, head_groups=2)
+                           .requires_grad_() for t in _inputs(name))
+            o, lse = stria.sharded_attention(q, k, v, seq_len=S, return_lse=True, client=c,
+                                             **_opts(name))
+            o.backward(do.detach())
+            res[name] = dict(o=o.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
+        s = next(iter(c.sessions))
+        res["rings"] = (s.ring_size, s.ranks, s.head_groups)
+        torch.save(res, f"{out}.{rank}")
+    finally:
+        c.close()
+        dist.destroy_process_group()
+
+
+def test_sharded_one_trainer_rank_per_worker_over_a_gloo_group(cluster, tmp_path,
+                                                               no_active_jobs):
+    """sharded_attention of 4 ranks through a Client(head_groups=2,
+    trainer_ranks="worker"): sessions of 2 head groups x rings of 2 called
+    by one rank per worker; put together (stria.unshard(...,
+    head_groups=2)), O, LSE and every gradient are the whole-sequence
+    call's bits on the same rings."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank")
+    mp.start_processes(_per_worker_rank, nprocs=4, start_method="fork",
+                       args=(4, f"file://{tmp_path}/rendezvous", cluster.address, out))
+    runs = [torch.load(f"{out}.{r}") for r in range(4)]
+    assert all(r["rings"] == (4, 4, 2) for r in runs), [r["rings"] for r in runs]
+    with stria.Client(cluster.address, step_timeout=60, head_groups=2) as c:
+        for name in ("striped", "noncausal-window-scale"):
+            q, k, v, do = (t.requires_grad_() for t in _inputs(name))
+            o, lse = stria.attention(q, k, v, ring_size=4, return_lse=True, client=c,
+                                     **_opts(name))
+            o.backward(do)
+            want = dict(o=o.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
+            for key in want:
+                got = stria.unshard([r[name][key] for r in runs], 2 if key == "lse" else 1,
+                                    seq_len=S, head_groups=2)
+                assert torch.equal(got, want[key]), (name, key)
+    with pytest.raises(ValueError, match="trainer_ranks must be"):
+        stria.Client(cluster.address, trainer_ranks="host")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible: sharded_attention "
                     "with CUDA tensors (pinned host staging) is tested only where torch sees "
                     "a GPU")
