@@ -162,9 +162,10 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
     const int G = (int)sp->head_groups, R = sp->ring_size / G;
     stria_session_t *p = stria__lsess_new(c);
     /* the workers the open excludes (a job's earlier tries blamed them),
-     * then those the earlier groups took */
+     * then those the earlier groups took, then those a failed group's open
+     * blamed (at most STRIA__MAX_BLAMED in all, as that open adds them) */
     const size_t n_out = o->exclude != NULL ? *o->n_exclude : 0;
-    const size_t cap = n_out + (size_t)sp->ring_size;
+    const size_t cap = n_out + (size_t)sp->ring_size + STRIA__MAX_BLAMED;
     uint64_t *taken = calloc(cap, sizeof(*taken));
     if (p == NULL || taken == NULL || (p->groups = calloc((size_t)G, sizeof(*p->groups))) == NULL ||
         (sp->max_held > 0 &&
@@ -210,7 +211,8 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
         go.js.ring_size = R;
         go.exclude = taken;
         go.n_exclude = &n_taken;
-        go.blame = false;
+        go.blame = o->blame;
+        const size_t n_before = n_taken;
         go.head_group = (uint32_t)g;
         go.head_groups = (uint32_t)G;
         go.head_group_tag = tag;
@@ -228,6 +230,15 @@ stria_status_t stria__lgroup_open(stria_client_t *c, const stria__lopen_t *o,
             char msg[1024];
             bool retryable = stria_error_retryable();
             snprintf(msg, sizeof(msg), "%s", stria_error_msg());
+            /* the workers this open blamed: the caller's next try goes
+             * without them (a job's) */
+            for (size_t i = n_before; o->blame && i < n_taken; i++) {
+                bool known = false;
+                for (size_t k = 0; k < *o->n_exclude && !known; k++)
+                    known = o->exclude[k] == taken[i];
+                if (!known && *o->n_exclude < STRIA__MAX_BLAMED)
+                    o->exclude[(*o->n_exclude)++] = taken[i];
+            }
             stria_error_set(st, "head group %d of %d (its ring of %d): %s", g, G, R, msg);
             stria_error_set_retryable(retryable);
             break;

@@ -115,6 +115,62 @@ Test(faults, worker_killed_after_submit_retries_on_the_rest, .timeout = 300)
     dc_stop(&c);
 }
 
+/* A whole-sequence job of 2 head groups x rings of 2 (5 workers: a spare)
+ * whose worker is killed after its submission: the open of the ring that
+ * got it fails, and the job's next try goes without the worker that open
+ * blamed, so one retry succeeds (the coordinator still counts the worker
+ * healthy for 3 s); every group's outputs equal its in-process ring. The
+ * victim is the first worker of the coordinator's ring order (host, then
+ * RPC address), which head group 0's ring takes first. */
+Test(faults, a_head_grouped_jobs_retry_goes_without_the_blamed_worker, .timeout = 300)
+{
+    dcluster_t c;
+    dc_opts_t o = {.heartbeat_period_s = 1.0};
+    dc_start(&c, 5, &o);
+    fu_job_t j;
+    cr_assert(fu_job_init(&j, 1, 96, 4, 2, 16, STRIA_DTYPE_F32, true, 21));
+    j.spec.ring_size = 4;
+    j.spec.head_groups = 2;
+    int victim = 0;
+    for (int i = 1; i < c.n_workers; i++)
+        if (strcmp(c.worker_rpc[i], c.worker_rpc[victim]) < 0)
+            victim = i;
+    kill_worker(&c, victim);
+
+    /* without retries: the worker was assigned (the failure names it) */
+    stria_client_t *none = dc_client(&c, NULL, "test_faults", -1);
+    stria_job_t *job = NULL;
+    stria_status_t st =
+        stria_client_forward(none, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, NULL, &job);
+    cr_assert_neq(st, STRIA_OK, "a job assigned a killed worker succeeded");
+    cr_expect(stria_error_retryable(), "a lost worker is retryable: %s", stria_error_msg());
+    cr_expect(strstr(stria_error_msg(), c.worker_rpc[victim]) != NULL, "'%s' does not name %s",
+              stria_error_msg(), c.worker_rpc[victim]);
+    stria_client_close(none);
+
+    stria_client_t *cl = dc_client(&c, NULL, "test_faults", 0);
+    stria_call_stats_t fs = STRIA_CALL_STATS_INIT;
+    double t0 = stria_time_now();
+    st = stria_client_forward(cl, &j.spec, j.q, j.k, j.v, j.o, j.lse, NULL, NULL, &fs, &job);
+    cr_assert_eq(st, STRIA_OK, "%s", stria_error_msg());
+    cr_expect_eq(fs.retries, 1u, "one retry expected, %u", fs.retries);
+    cr_expect_lt(stria_time_now() - t0, 2.5, "the retry waited for the coordinator's verdict");
+    cr_assert_eq(stria_client_backward(job, j.g, j.dq, j.dk, j.dv, NULL, NULL, NULL), STRIA_OK,
+                 "%s", stria_error_msg());
+    cr_assert_eq(stria_client_release(job), STRIA_OK, "%s", stria_error_msg());
+    for (int g = 0; g < 2; g++) {
+        fu_job_t gj;
+        char why[256];
+        cr_assert(fu_group_job(&j, g, 2, &gj), "out of memory");
+        cr_expect(fu_ring_equal(&gj, 2, STRIA_LAYOUT_STRIPED, true, why, sizeof(why)),
+                  "head group %d: %s", g, why);
+        fu_job_free(&gj);
+    }
+    stria_client_close(cl);
+    fu_job_free(&j);
+    dc_stop(&c);
+}
+
 /* The index of the worker at rpc address `addr`, -1 if none. */
 static int worker_index(const dcluster_t *c, const char *addr, size_t len)
 {
