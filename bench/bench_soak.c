@@ -76,6 +76,7 @@ typedef struct {
     atomic_bool stop;
     pthread_mutex_t mu;
     long jobs, ok, retries, retried_jobs, fail_retryable, fail_kill, fail_unexplained, bad_output;
+    long session_ok; /* of the jobs ok, those run as calls on a session (no submission) */
     long fail_retryable_no_kill; /* retryable, yet no kill during the call or its grace */
     long slow_jobs;              /* jobs whose calls took longer than SOAK_SLOW_S */
     double longest_s;            /* the longest job's calls */
@@ -294,6 +295,7 @@ static stria_status_t soak_job(soak_state_t *st, stria_client_t *cl, soak_sessio
     pthread_mutex_lock(&st->mu);
     st->jobs++;
     st->ok += rc == STRIA_OK && good;
+    st->session_ok += sess != NULL && rc == STRIA_OK && good;
     st->bad_output += !good;
     st->retries += fs.retries;
     st->retried_jobs += fs.retries > 0;
@@ -486,18 +488,19 @@ static void soak_report_json(const soak_state_t *st, const soak_series_t *ser,
     const soak_cfg_t *c = st->cfg;
     printf("{\"name\":\"soak\",\"seconds\":%.1f,\"drain_s\":%.1f,\"workers\":%d,\"clients\":%d,"
            "\"kill_every_s\":%g,\"kills\":%d,\"load_start\":%.2f,\"load_end\":%.2f,"
-           "\"jobs\":%ld,\"jobs_ok\":%ld,\"jobs_per_s\":%.3f,\"forward_retries\":%ld,"
+           "\"jobs\":%ld,\"jobs_ok\":%ld,\"session_calls_ok\":%ld,\"jobs_per_s\":%.3f,"
+           "\"forward_retries\":%ld,"
            "\"jobs_retried\":%ld,\"slow_jobs\":%ld,\"longest_job_s\":%.1f,"
            "\"failures\":{\"total\":%ld,\"retryable\":%ld,"
            "\"not_retryable_after_kill\":%ld,\"unexplained\":%ld,\"bad_output\":%ld,"
            "\"retryable_without_kill\":%ld,"
            "\"other_classes\":%ld},\"failure_classes\":[",
            r->seconds, r->drain_s, c->workers, c->clients, c->kill_every, st->n_kills,
-           r->load_start, r->load_end, st->jobs, st->ok, (double)st->jobs / r->seconds, st->retries,
-           st->retried_jobs, st->slow_jobs, st->longest_s,
-           st->fail_retryable + st->fail_kill + st->fail_unexplained, st->fail_retryable,
-           st->fail_kill, st->fail_unexplained, st->bad_output, st->fail_retryable_no_kill,
-           st->other_classes);
+           r->load_start, r->load_end, st->jobs, st->ok, st->session_ok,
+           (double)st->jobs / r->seconds, st->retries, st->retried_jobs, st->slow_jobs,
+           st->longest_s, st->fail_retryable + st->fail_kill + st->fail_unexplained,
+           st->fail_retryable, st->fail_kill, st->fail_unexplained, st->bad_output,
+           st->fail_retryable_no_kill, st->other_classes);
     for (int i = 0; i < st->n_classes; i++) {
         const soak_class_t *k = &st->classes[i];
         printf("%s{\"status\":\"%s\",\"phase\":\"%s\",\"retryable\":%s,\"after_kill\":%s,"
@@ -547,8 +550,10 @@ static void soak_report_text(const soak_state_t *st, const soak_series_t *ser,
         printf("no kills");
     printf(", load average %.2f -> %.2f; the jobs under way at the end took %.1f s more\n",
            r->load_start, r->load_end, r->drain_s);
-    printf("  jobs        %ld (%.2f/s), ok %ld; forward retries %ld (in %ld jobs)\n", st->jobs,
-           (double)st->jobs / r->seconds, st->ok, st->retries, st->retried_jobs);
+    printf("  jobs        %ld (%.2f/s), ok %ld (%ld as session calls); forward retries %ld (in %ld "
+           "jobs)\n",
+           st->jobs, (double)st->jobs / r->seconds, st->ok, st->session_ok, st->retries,
+           st->retried_jobs);
     printf("  longest job %.1f s (%s); %ld jobs took over %g s\n", st->longest_s, st->longest_how,
            st->slow_jobs, SOAK_SLOW_S);
     printf("  failures    %ld: retryable %ld (%ld with no kill near), not retryable during a kill "

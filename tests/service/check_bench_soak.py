@@ -10,7 +10,7 @@ import sys
 
 WORKERS = 3
 TOP = ("name", "seconds", "workers", "clients", "kill_every_s", "kills", "load_start", "load_end",
-       "jobs", "jobs_ok", "jobs_per_s", "forward_retries", "jobs_retried", "slow_jobs", "longest_job_s", "failures",
+       "jobs", "jobs_ok", "session_calls_ok", "jobs_per_s", "forward_retries", "jobs_retried", "slow_jobs", "longest_job_s", "failures",
        "failure_classes", "pool_in_use_bytes_start", "pool_in_use_bytes_end", "coordinator_end", "daemons",
        "unexplained")
 FAILURES = ("total", "retryable", "not_retryable_after_kill", "unexplained", "bad_output",
@@ -54,8 +54,14 @@ def check_run(bench):
     need(obj["coordinator_end"], COORD_END, "coordinator_end")
     f = obj["failures"]
     ce = obj["coordinator_end"]
-    if ce["jobs_submitted"] < obj["jobs_ok"] or ce["workers_healthy"] != WORKERS:
-        fail("the coordinator at the end: %s" % ce)
+    # the jobs ok that ran as jobs (not as calls on a session the client
+    # keeps) were each submitted at least once
+    if ce["jobs_submitted"] < obj["jobs_ok"] - obj["session_calls_ok"] or \
+            ce["workers_healthy"] != WORKERS:
+        fail("the coordinator at the end: %s (jobs ok %d, %d of them session calls)"
+             % (ce, obj["jobs_ok"], obj["session_calls_ok"]))
+    if not 0 <= obj["session_calls_ok"] <= obj["jobs_ok"]:
+        fail("session_calls_ok %d of %d jobs ok" % (obj["session_calls_ok"], obj["jobs_ok"]))
     if obj["name"] != "soak" or obj["workers"] != WORKERS or obj["clients"] != 2:
         fail("name/workers/clients: %s" % lines[0])
     if obj["seconds"] < 6 or obj["kills"] != 1:
