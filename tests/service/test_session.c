@@ -856,7 +856,14 @@ static void sharded_case(int n, stria_layout_kind_t layout, stria_dtype_t dtype)
                         stria_status_name(r[i].st), r[i].msg);
         }
         cr_expect_geq(found, 1, "no rank named the disagreement");
-        cr_expect_lt(took, 10.0, "the disagreeing call took %.1f s to fail", took);
+        char ranks[2048] = "";
+        size_t at = 0;
+        for (int i = 0; i < n && at < sizeof(ranks) - 1; i++) /* what each rank saw */
+            at += (size_t)snprintf(ranks + at, sizeof(ranks) - at, "; rank %d: %s%s: %.200s", i,
+                                   stria_status_name(r[i].st), r[i].retryable ? " (retryable)" : "",
+                                   r[i].msg);
+        cr_expect_lt(took, 10.0, "the disagreeing call (%s) took %.1f s to fail%s", what[k], took,
+                     ranks);
         fu_job_free(&j);
     }
     stria_call_t per[8];
