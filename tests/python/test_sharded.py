@@ -566,21 +566,27 @@ def test_a_call_that_differs_between_ranks_fails_on_every_rank(tmp_path):
 GROUPED = ("striped", "packed-docs")  # the cases a head-grouped client runs
 
 
-def _grouped_rank(rank, world, init, address, out):
-    """One of 2 ranks with a Client(head_groups=2): each call runs on 2
-    rings of 2 workers (the suite's 4), rank r's tokens going to worker r
-    of both rings; results to files."""
+PER_WORKER = ("striped", "noncausal-window-scale")  # striped: one trainer rank per worker
+
+
+def _grouped_rank(rank, world, init, address, out, per_worker=False):
+    """One rank with a Client(head_groups=2) on the suite's 4 workers: of 2
+    ranks, each call on 2 rings of 2 workers, rank r's tokens going to
+    worker r of both rings; with `per_worker`, of 4 ranks
+    (trainer_ranks="worker"), rank h 2 + l passing stripe l 2 + h with all
+    its heads. Results to files."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    c = stria.Client(address, step_timeout=60, arrival_timeout=30, head_groups=2)
+    c = stria.Client(address, step_timeout=60, arrival_timeout=30, head_groups=2,
+                     trainer_ranks="worker" if per_worker else "ring")
     try:
         res = {}
-        for name in GROUPED:
+        for name in PER_WORKER if per_worker else GROUPED:
             layout = CASES[name][0]
-            q, k, v, do = (stria.shard(t, 1, rank=rank, world_size=world, layout=layout,
-                                       **_masks(name)).requires_grad_()
+            cut = dict(head_groups=2) if per_worker else dict(layout=layout, **_masks(name))
+            q, k, v, do = (stria.shard(t, 1, rank=rank, world_size=world, **cut).requires_grad_()
                            for t in _inputs(name))
             o, lse = stria.sharded_attention(q, k, v, seq_len=S, layout=layout,
                                              return_lse=True, client=c, **_opts(name))
@@ -628,33 +634,6 @@ def test_sharded_head_groups_over_a_gloo_group(cluster, tmp_path, no_active_jobs
             assert max_err(want["o"], ro) < 1e-4 and max_err(want["dk"], rk.grad) < 1e-4, name
 
 
-def _per_worker_rank(rank, world, init, address, out):
-    """One of 4 ranks with a Client(head_groups=2, trainer_ranks="worker"):
-    each call runs on 2 rings of 2 workers (the suite's 4), rank h 2 + l
-    passing stripe l 2 + h with all its heads; results to files."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    c = stria.Client(address, step_timeout=60, arrival_timeout=30, head_groups=2,
-                     trainer_ranks="worker")
-    try:
-        res = {}
-        for name in ("striped", "noncausal-window-scale"):
-            q, k, v, do = (stria.shard(t, 1, rank=rank, world_size=world, head_groups=2)
-                           .requires_grad_() for t in _inputs(name))
-            o, lse = stria.sharded_attention(q, k, v, seq_len=S, return_lse=True, client=c,
-                                             **_opts(name))
-            o.backward(do.detach())
-            res[name] = dict(o=o.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
-        s = next(iter(c.sessions))
-        res["rings"] = (s.ring_size, s.ranks, s.head_groups)
-        torch.save(res, f"{out}.{rank}")
-    finally:
-        c.close()
-        dist.destroy_process_group()
-
-
 def test_sharded_one_trainer_rank_per_worker_over_a_gloo_group(cluster, tmp_path,
                                                                no_active_jobs):
     """sharded_attention of 4 ranks through a Client(head_groups=2,
@@ -665,12 +644,12 @@ def test_sharded_one_trainer_rank_per_worker_over_a_gloo_group(cluster, tmp_path
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "rank")
-    mp.start_processes(_per_worker_rank, nprocs=4, start_method="fork",
-                       args=(4, f"file://{tmp_path}/rendezvous", cluster.address, out))
+    mp.start_processes(_grouped_rank, nprocs=4, start_method="fork",
+                       args=(4, f"file://{tmp_path}/rendezvous", cluster.address, out, True))
     runs = [torch.load(f"{out}.{r}") for r in range(4)]
     assert all(r["rings"] == (4, 4, 2) for r in runs), [r["rings"] for r in runs]
     with stria.Client(cluster.address, step_timeout=60, head_groups=2) as c:
-        for name in ("striped", "noncausal-window-scale"):
+        for name in PER_WORKER:
             q, k, v, do = (t.requires_grad_() for t in _inputs(name))
             o, lse = stria.attention(q, k, v, ring_size=4, return_lse=True, client=c,
                                      **_opts(name))
